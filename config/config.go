@@ -1,0 +1,321 @@
+// Package config reads the gateway's settings from environment variables
+// prefixed MEMCGATE_. It knows nothing about the other packages: cmd/memcgate
+// maps a Config onto their options. Defaults live in the envDefault tags and
+// nowhere else; Load reports every bad variable at once.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+)
+
+// Prefix is prepended to every variable name.
+const Prefix = "MEMCGATE_"
+
+// Config is the whole configuration. Each field's env tag names its variable
+// (without Prefix), envDefault holds its default and help says what it means;
+// Usage renders all three.
+type Config struct {
+	Servers      []Server `env:"SERVERS" envDefault:"127.0.0.1:11211" help:"memcached nodes, host:port[:weight] separated by commas; the ring hashes these names as written"`
+	Distribution string   `env:"DISTRIBUTION" envDefault:"ketama" help:"key placement: ketama (libmemcached/php-memcached OPT_LIBKETAMA_COMPATIBLE), modula (php-memcached default) or nginx (nginx hash $key consistent)"`
+
+	ListenAddr string `env:"LISTEN_ADDR" envDefault:":8080" help:"data listener (GET/PUT/DELETE/POST /{key})"`
+	AdminAddr  string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9090" help:"admin listener (/metrics /healthz /readyz /debug/nodes /debug/pprof/); loopback only unless you change it"`
+
+	Timeout          time.Duration `env:"TIMEOUT" envDefault:"500ms" help:"per-operation socket timeout to memcached (dial, read, write)"`
+	Keepalive        int           `env:"KEEPALIVE" envDefault:"64" help:"idle keepalive connections kept per node"`
+	MaxConnsPerNode  int           `env:"MAX_CONNS_PER_NODE" envDefault:"64" help:"cap on in-flight operations (and so open connections) per node; requests beyond it wait"`
+	MaxAttempts      int           `env:"MAX_ATTEMPTS" envDefault:"2" help:"distinct nodes tried per operation (reads retry on transport errors, writes only when the connection was never made)"`
+	RequestTimeout   time.Duration `env:"REQUEST_TIMEOUT" envDefault:"2s" help:"deadline for all memcached work of one request; keep it >= MAX_ATTEMPTS x TIMEOUT"`
+	MaxValueBytes    int64         `env:"MAX_VALUE_BYTES" envDefault:"1048000" help:"largest value accepted (413 beyond); the default fits memcached's default 1 MiB item with a 250-byte key"`
+	DefaultTTL       time.Duration `env:"DEFAULT_TTL" envDefault:"0s" help:"expiry used when a write has no ?exptime= (0 = never)"`
+	KeyPrefix        string        `env:"KEY_PREFIX" help:"namespace prepended to every key stored in memcached (placement hashes the unprefixed key, like php-memcached OPT_PREFIX_KEY)"`
+	HashWithPrefix   bool          `env:"HASH_WITH_PREFIX" envDefault:"false" help:"hash the prefixed key instead (libmemcached HASH_WITH_PREFIX_KEY)"`
+	ShutdownTimeout  time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"15s" help:"how long in-flight requests may take to finish after the drain delay"`
+	DrainDelay       time.Duration `env:"DRAIN_DELAY" envDefault:"5s" help:"after SIGTERM, /readyz answers 503 for this long before the listener closes, so load balancers stop sending"`
+	MaxHeaderBytes   int           `env:"MAX_HEADER_BYTES" envDefault:"16384" help:"largest request header block"`
+	ReadHeaderTimout time.Duration `env:"READ_HEADER_TIMEOUT" envDefault:"5s" help:"time allowed to send request headers (slowloris guard)"`
+	ReadTimeout      time.Duration `env:"READ_TIMEOUT" envDefault:"30s" help:"time allowed to read a whole request including its body"`
+	WriteTimeout     time.Duration `env:"WRITE_TIMEOUT" envDefault:"30s" help:"time allowed to write a response"`
+	IdleTimeout      time.Duration `env:"IDLE_TIMEOUT" envDefault:"120s" help:"how long an idle client keepalive connection is kept"`
+
+	HealthInterval time.Duration `env:"HEALTH_INTERVAL" envDefault:"1s" help:"active probe (memcached version) interval per node"`
+	HealthTimeout  time.Duration `env:"HEALTH_TIMEOUT" envDefault:"300ms" help:"timeout of one probe"`
+	HealthFall     int           `env:"HEALTH_FALL" envDefault:"2" help:"consecutive failed probes that mark a node down"`
+	HealthRise     int           `env:"HEALTH_RISE" envDefault:"2" help:"consecutive passed probes that bring a node back"`
+	PassiveFails   int           `env:"PASSIVE_FAILS" envDefault:"3" help:"consecutive data-path timeouts that eject a node (refused/reset connections eject at once; 0 turns passive ejection off)"`
+
+	AccessLog bool   `env:"ACCESS_LOG" envDefault:"true" help:"one log line per request (never values; keys only at debug level)"`
+	LogLevel  string `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
+	LogFormat string `env:"LOG_FORMAT" envDefault:"json" help:"json or text"`
+}
+
+// Server is one memcached node as configured.
+type Server struct {
+	Host   string // as written: a name or an IP, never resolved here
+	Port   int
+	Weight int // 1 unless given
+}
+
+// Addr returns host:port, with brackets for IPv6 literals.
+func (s Server) Addr() string { return net.JoinHostPort(s.Host, strconv.Itoa(s.Port)) }
+
+// String returns the server as it would be written in MEMCGATE_SERVERS.
+func (s Server) String() string {
+	if s.Weight == 1 {
+		return s.Addr()
+	}
+	return s.Addr() + ":" + strconv.Itoa(s.Weight)
+}
+
+// ParseServer parses host:port[:weight]. IPv6 literals must be bracketed:
+// [::1]:11211:2.
+func ParseServer(s string) (Server, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return Server{}, errors.New("empty server")
+	}
+	var host, rest string
+	if strings.HasPrefix(s, "[") {
+		end := strings.IndexByte(s, ']')
+		if end < 0 {
+			return Server{}, fmt.Errorf("%q: missing ']'", s)
+		}
+		host, rest = s[1:end], s[end+1:]
+		if !strings.HasPrefix(rest, ":") {
+			return Server{}, fmt.Errorf("%q: want [ipv6]:port", s)
+		}
+		rest = rest[1:]
+	} else {
+		var ok bool
+		host, rest, ok = strings.Cut(s, ":")
+		if !ok {
+			return Server{}, fmt.Errorf("%q: want host:port[:weight]", s)
+		}
+	}
+	if host == "" {
+		return Server{}, fmt.Errorf("%q: empty host", s)
+	}
+	portStr, weightStr, hasWeight := strings.Cut(rest, ":")
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port < 1 || port > 65535 {
+		return Server{}, fmt.Errorf("%q: port %q is not a number from 1 to 65535", s, portStr)
+	}
+	weight := 1
+	if hasWeight {
+		weight, err = strconv.Atoi(weightStr)
+		if err != nil || weight < 1 || weight > 1000 {
+			return Server{}, fmt.Errorf("%q: weight %q is not a number from 1 to 1000", s, weightStr)
+		}
+	}
+	return Server{Host: host, Port: port, Weight: weight}, nil
+}
+
+var serverType = reflect.TypeFor[Server]()
+
+// Load reads the configuration from environ (variable name → value; use
+// env.ToMap(os.Environ()) for the process environment), applies defaults and
+// validates it. The error names every bad variable.
+func Load(environ map[string]string) (Config, error) {
+	var c Config
+	err := env.ParseWithOptions(&c, env.Options{
+		Environment: environ,
+		Prefix:      Prefix,
+		FuncMap: map[reflect.Type]env.ParserFunc{
+			serverType: func(v string) (any, error) { return ParseServer(v) },
+		},
+	})
+	var errs []error
+	if err != nil {
+		errs = describe(err)
+	}
+	// A variable that failed to parse is left at its zero value; do not
+	// report it a second time as invalid.
+	for _, e := range unjoin(c.Validate()) {
+		if !mentionsAny(e, errs) {
+			errs = append(errs, e)
+		}
+	}
+	if len(errs) > 0 {
+		return c, errors.Join(errs...)
+	}
+	return c, nil
+}
+
+// Validate checks values that parse but make no sense.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(name, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s%s: %s", Prefix, name, fmt.Sprintf(format, args...)))
+	}
+	if len(c.Servers) == 0 {
+		bad("SERVERS", "at least one server is required")
+	}
+	seen := map[string]bool{}
+	for _, s := range c.Servers {
+		if seen[s.Addr()] {
+			bad("SERVERS", "%s is listed twice", s.Addr())
+		}
+		seen[s.Addr()] = true
+	}
+	switch c.Distribution {
+	case "ketama", "modula", "nginx":
+	default:
+		bad("DISTRIBUTION", "%q is not ketama, modula or nginx", c.Distribution)
+	}
+	positive := []struct {
+		name string
+		v    time.Duration
+	}{
+		{"TIMEOUT", c.Timeout}, {"REQUEST_TIMEOUT", c.RequestTimeout},
+		{"HEALTH_INTERVAL", c.HealthInterval}, {"HEALTH_TIMEOUT", c.HealthTimeout},
+		{"READ_HEADER_TIMEOUT", c.ReadHeaderTimout}, {"READ_TIMEOUT", c.ReadTimeout},
+		{"WRITE_TIMEOUT", c.WriteTimeout}, {"IDLE_TIMEOUT", c.IdleTimeout},
+	}
+	for _, p := range positive {
+		if p.v <= 0 {
+			bad(p.name, "must be positive, got %s", p.v)
+		}
+	}
+	nonNegative := []struct {
+		name string
+		v    time.Duration
+	}{{"DEFAULT_TTL", c.DefaultTTL}, {"SHUTDOWN_TIMEOUT", c.ShutdownTimeout}, {"DRAIN_DELAY", c.DrainDelay}}
+	for _, p := range nonNegative {
+		if p.v < 0 {
+			bad(p.name, "must not be negative, got %s", p.v)
+		}
+	}
+	if c.DefaultTTL%time.Second != 0 {
+		bad("DEFAULT_TTL", "memcached expiry has whole seconds, got %s", c.DefaultTTL)
+	}
+	atLeast := []struct {
+		name   string
+		v, min int
+	}{
+		{"KEEPALIVE", c.Keepalive, 0}, {"MAX_CONNS_PER_NODE", c.MaxConnsPerNode, 1},
+		{"MAX_ATTEMPTS", c.MaxAttempts, 1}, {"HEALTH_FALL", c.HealthFall, 1},
+		{"HEALTH_RISE", c.HealthRise, 1}, {"PASSIVE_FAILS", c.PassiveFails, 0},
+		{"MAX_HEADER_BYTES", c.MaxHeaderBytes, 1024},
+	}
+	for _, a := range atLeast {
+		if a.v < a.min {
+			bad(a.name, "must be at least %d, got %d", a.min, a.v)
+		}
+	}
+	if c.MaxValueBytes < 1 || c.MaxValueBytes > 1<<30 {
+		bad("MAX_VALUE_BYTES", "must be from 1 to 1073741824, got %d", c.MaxValueBytes)
+	}
+	if len(c.KeyPrefix) > 200 {
+		bad("KEY_PREFIX", "is %d bytes; keep it well under memcached's 250-byte key limit", len(c.KeyPrefix))
+	}
+	for i := 0; i < len(c.KeyPrefix); i++ {
+		if b := c.KeyPrefix[i]; b <= ' ' || b == 0x7f {
+			bad("KEY_PREFIX", "contains byte 0x%02x at offset %d; memcached keys cannot hold spaces or control bytes", b, i)
+			break
+		}
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("LOG_LEVEL", "%q is not debug, info, warn or error", c.LogLevel)
+	}
+	switch c.LogFormat {
+	case "json", "text":
+	default:
+		bad("LOG_FORMAT", "%q is not json or text", c.LogFormat)
+	}
+	return errors.Join(errs...)
+}
+
+// describe turns env's aggregate error into one error per variable, each
+// naming the variable instead of the Go field.
+func describe(err error) []error {
+	var agg env.AggregateError
+	if !errors.As(err, &agg) {
+		return []error{err}
+	}
+	var out []error
+	for _, e := range agg.Errors {
+		var pe env.ParseError
+		if errors.As(e, &pe) {
+			out = append(out, fmt.Errorf("%s: %w", varName(pe.Name), pe.Err))
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// varName maps a Config field name to its variable.
+func varName(field string) string {
+	f, ok := reflect.TypeFor[Config]().FieldByName(field)
+	if !ok {
+		return field
+	}
+	name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+	return Prefix + name
+}
+
+func unjoin(err error) []error {
+	if err == nil {
+		return nil
+	}
+	if u, ok := err.(interface{ Unwrap() []error }); ok {
+		return u.Unwrap()
+	}
+	return []error{err}
+}
+
+func mentionsAny(e error, errs []error) bool {
+	name, _, _ := strings.Cut(e.Error(), ":")
+	for _, o := range errs {
+		if strings.HasPrefix(o.Error(), name+":") {
+			return true
+		}
+	}
+	return false
+}
+
+// Var describes one configuration variable, for -help and the README.
+type Var struct {
+	Name    string
+	Default string
+	Help    string
+}
+
+// Vars lists every variable in declaration order.
+func Vars() []Var {
+	t := reflect.TypeFor[Config]()
+	vars := make([]Var, 0, t.NumField())
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+		if name == "" {
+			continue
+		}
+		vars = append(vars, Var{Name: Prefix + name, Default: f.Tag.Get("envDefault"), Help: f.Tag.Get("help")})
+	}
+	return vars
+}
+
+// Usage renders Vars as the text that -help prints.
+func Usage() string {
+	var b strings.Builder
+	b.WriteString("memcgate: an HTTP gateway to a cluster of memcached servers.\n\nConfiguration comes from the environment:\n\n")
+	for _, v := range Vars() {
+		def := v.Default
+		if def == "" {
+			def = `""`
+		}
+		fmt.Fprintf(&b, "  %s (default %s)\n      %s\n", v.Name, def, v.Help)
+	}
+	return b.String()
+}

@@ -1,0 +1,146 @@
+package config
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestLoadDefaults(t *testing.T) {
+	c, err := Load(map[string]string{})
+	if err != nil {
+		t.Fatalf("Load(empty) = %v, want nil", err)
+	}
+	if got, want := c.ListenAddr, ":8080"; got != want {
+		t.Errorf("ListenAddr = %q, want %q", got, want)
+	}
+	if got, want := c.MaxConnsPerNode, 64; got != want {
+		t.Errorf("MaxConnsPerNode = %d, want %d", got, want)
+	}
+	if got, want := c.Servers, []Server{{"127.0.0.1", 11211, 1}}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("Servers = %v, want %v", got, want)
+	}
+	if got, want := c.Timeout, 500*time.Millisecond; got != want {
+		t.Errorf("Timeout = %v, want %v", got, want)
+	}
+}
+
+func TestLoad(t *testing.T) {
+	tests := []struct {
+		name    string
+		env     map[string]string
+		wantErr []string // each must appear in the error
+		check   func(Config) error
+	}{
+		{
+			name: "servers with weights and ipv6",
+			env:  map[string]string{"MEMCGATE_SERVERS": "mc1:11211, 10.0.0.2:11212:3,[::1]:11213:2"},
+			check: func(c Config) error {
+				want := "[mc1:11211 10.0.0.2:11212:3 [::1]:11213:2]"
+				if got := fmt.Sprint(c.Servers); got != want {
+					return fmt.Errorf("Servers = %s, want %s", got, want)
+				}
+				return nil
+			},
+		},
+		{
+			name:    "every bad variable at once",
+			env:     map[string]string{"MEMCGATE_SERVERS": "nope", "MEMCGATE_TIMEOUT": "soon", "MEMCGATE_MAX_CONNS_PER_NODE": "0", "MEMCGATE_DISTRIBUTION": "random"},
+			wantErr: []string{"MEMCGATE_SERVERS", "MEMCGATE_TIMEOUT", "MEMCGATE_MAX_CONNS_PER_NODE", "MEMCGATE_DISTRIBUTION"},
+		},
+		{
+			name:    "bad port and weight",
+			env:     map[string]string{"MEMCGATE_SERVERS": "a:0,b:1:x"},
+			wantErr: []string{"MEMCGATE_SERVERS", `port "0"`},
+		},
+		{
+			name:    "duplicate server",
+			env:     map[string]string{"MEMCGATE_SERVERS": "a:1,a:1"},
+			wantErr: []string{"a:1 is listed twice"},
+		},
+		{
+			name:    "negative ttl and fractional",
+			env:     map[string]string{"MEMCGATE_DEFAULT_TTL": "1500ms"},
+			wantErr: []string{"MEMCGATE_DEFAULT_TTL", "whole seconds"},
+		},
+		{
+			name:    "prefix with space",
+			env:     map[string]string{"MEMCGATE_KEY_PREFIX": "a b"},
+			wantErr: []string{"MEMCGATE_KEY_PREFIX", "0x20"},
+		},
+		{
+			name:    "log level",
+			env:     map[string]string{"MEMCGATE_LOG_LEVEL": "loud"},
+			wantErr: []string{"MEMCGATE_LOG_LEVEL"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Load(tt.env)
+			if len(tt.wantErr) == 0 {
+				if err != nil {
+					t.Fatalf("Load(%v) = %v, want nil", tt.env, err)
+				}
+				if err := tt.check(c); err != nil {
+					t.Error(err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Load(%v) = nil, want error mentioning %v", tt.env, tt.wantErr)
+			}
+			for _, w := range tt.wantErr {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("Load(%v) = %q, want it to mention %q", tt.env, err, w)
+				}
+			}
+			if strings.Contains(err.Error(), "parse error on field") {
+				t.Errorf("Load(%v) = %q, want variable names, not Go field names", tt.env, err)
+			}
+		})
+	}
+}
+
+func TestVarsDocumented(t *testing.T) {
+	for _, v := range Vars() {
+		if v.Help == "" {
+			t.Errorf("%s has no help text", v.Name)
+		}
+		if !strings.Contains(Usage(), v.Name) {
+			t.Errorf("Usage() does not list %s", v.Name)
+		}
+	}
+}
+
+func FuzzParseServer(f *testing.F) {
+	for _, s := range []string{"a:1", "[::1]:2:3", "a:b:c", ":1", "[", "a:65536"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		srv, err := ParseServer(s)
+		if err != nil {
+			return
+		}
+		if srv.Port < 1 || srv.Port > 65535 || srv.Weight < 1 || srv.Host == "" {
+			t.Fatalf("ParseServer(%q) = %+v, want a valid server or an error", s, srv)
+		}
+		again, err := ParseServer(srv.String())
+		if err != nil || again != srv {
+			t.Fatalf("ParseServer(%q).String() = %q does not round-trip: %+v, %v", s, srv.String(), again, err)
+		}
+	})
+}
+
+func ExampleLoad() {
+	c, err := Load(map[string]string{
+		"MEMCGATE_SERVERS":            "mc-0.mc:11211,mc-1.mc:11211,mc-2.mc:11211:2",
+		"MEMCGATE_MAX_CONNS_PER_NODE": "32",
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(c.Servers, c.MaxConnsPerNode, c.Distribution)
+	// Output: [mc-0.mc:11211 mc-1.mc:11211 mc-2.mc:11211:2] 32 ketama
+}
