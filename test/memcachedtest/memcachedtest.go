@@ -1,0 +1,216 @@
+// Package memcachedtest starts real memcached processes on free loopback
+// ports for tests, and kills, pauses, resumes and restarts them for fault
+// tests. It needs the memcached binary (Debian package memcached): without
+// it tests are skipped, unless CI or MEMCGATE_TEST_REQUIRE_MEMCACHED is set,
+// in which case they fail.
+package memcachedtest
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Server is one memcached process. Its methods are safe for concurrent use.
+type Server struct {
+	Addr string // 127.0.0.1:port
+	Port int
+
+	t    testing.TB
+	bin  string
+	args []string
+
+	mu  sync.Mutex // guards cmd
+	cmd *exec.Cmd
+}
+
+// Binary returns the path of memcached, or skips (fails under CI) t.
+func Binary(t testing.TB) string {
+	t.Helper()
+	p, err := exec.LookPath("memcached")
+	if err == nil {
+		return p
+	}
+	if required() {
+		t.Fatalf("memcached is not installed (apt-get install memcached); CI requires it: %v", err)
+	}
+	t.Skipf("memcached is not installed (apt-get install memcached): %v", err)
+	return ""
+}
+
+func required() bool {
+	return os.Getenv("CI") != "" || os.Getenv("MEMCGATE_TEST_REQUIRE_MEMCACHED") != ""
+}
+
+// Start runs memcached on a free loopback port with extra args (for
+// example "-m", "16") and waits until it accepts connections. The process
+// is killed when the test ends.
+func Start(t testing.TB, args ...string) *Server {
+	t.Helper()
+	bin := Binary(t)
+	var lastErr error
+	for range 5 {
+		port, err := FreePort()
+		if err != nil {
+			t.Fatalf("free port: %v", err)
+		}
+		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, t: t, bin: bin, args: args}
+		if lastErr = s.start(); lastErr == nil {
+			t.Cleanup(s.Kill)
+			return s
+		}
+	}
+	t.Fatalf("starting memcached: %v", lastErr)
+	return nil
+}
+
+// StartN starts n servers.
+func StartN(t testing.TB, n int, args ...string) []*Server {
+	t.Helper()
+	out := make([]*Server, n)
+	for i := range out {
+		out[i] = Start(t, args...)
+	}
+	return out
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (s *Server) start() error {
+	args := append([]string{"-l", "127.0.0.1", "-p", strconv.Itoa(s.Port), "-U", "0"}, s.args...)
+	if os.Geteuid() == 0 {
+		args = append(args, "-u", "nobody")
+	}
+	cmd := exec.Command(s.bin, args...)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-exited:
+			return fmt.Errorf("memcached on port %d exited: %v", s.Port, err)
+		default:
+		}
+		c, err := net.DialTimeout("tcp", s.Addr, 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+			s.mu.Lock()
+			s.cmd = cmd
+			s.mu.Unlock()
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	_ = cmd.Process.Kill()
+	return fmt.Errorf("memcached on port %d did not accept connections within 5s", s.Port)
+}
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Signal(sig)
+	}
+}
+
+// Kill sends SIGKILL and waits until the port refuses connections.
+func (s *Server) Kill() {
+	s.signal(syscall.SIGCONT) // a stopped process dies only once resumed on some kernels
+	s.signal(syscall.SIGKILL)
+	s.mu.Lock()
+	s.cmd = nil
+	s.mu.Unlock()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		c, err := net.DialTimeout("tcp", s.Addr, 50*time.Millisecond)
+		if err != nil {
+			return
+		}
+		c.Close()
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Pause stops the process (SIGSTOP): connections stay open, nothing answers.
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused process (SIGCONT).
+func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+
+// Restart starts a killed server again on the same port (empty cache).
+func (s *Server) Restart() {
+	s.t.Helper()
+	var err error
+	for range 50 { // the port may linger for a moment
+		if err = s.start(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	s.t.Fatalf("restarting memcached on %s: %v", s.Addr, err)
+}
+
+// Stats returns the server's "stats" answer as a map.
+func (s *Server) Stats() (map[string]string, error) {
+	return Stats(s.Addr)
+}
+
+// Stats asks memcached at addr for its general statistics.
+func Stats(addr string) (map[string]string, error) {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write([]byte("stats\r\n")); err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	sc := bufio.NewScanner(c)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "END" {
+			return out, nil
+		}
+		f := strings.Fields(line)
+		if len(f) == 3 && f[0] == "STAT" {
+			out[f[1]] = f[2]
+		}
+	}
+	return nil, fmt.Errorf("stats from %s: %v", addr, sc.Err())
+}
+
+// CurrConnections returns memcached's curr_connections, which counts the
+// connection that asks, so the result has it subtracted.
+func CurrConnections(addr string) (int, error) {
+	st, err := Stats(addr)
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(st["curr_connections"])
+	if err != nil {
+		return 0, fmt.Errorf("curr_connections %q: %w", st["curr_connections"], err)
+	}
+	return n - 1, nil
+}
