@@ -1,0 +1,39 @@
+# memcgate: make run (local cluster + gateway), make test (what CI runs).
+GO      ?= go
+BIN     := bin/memcgate
+PKGS    := ./...
+FUZZTIME ?= 5s
+
+.PHONY: all build run test vet fmt-check fuzz bench clean deps-run deps-test
+
+all: build
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN) ./cmd/memcgate
+
+deps-run:
+	@bash test/scripts/deps.sh run
+
+deps-test:
+	@bash test/scripts/deps.sh test
+
+run: deps-run build
+	@bash deploy/local/run.sh $(BIN)
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet $(PKGS)
+
+# Short, fixed-time runs of every fuzz target (a regression net, not a hunt).
+fuzz:
+	@bash test/scripts/fuzz.sh $(FUZZTIME)
+
+test: deps-test fmt-check vet
+	CI=$${CI:-} MEMCGATE_TEST_REQUIRE_MEMCACHED=1 $(GO) test -race -count=1 -timeout 15m $(PKGS)
+	$(MAKE) --no-print-directory fuzz
+
+clean:
+	rm -rf bin

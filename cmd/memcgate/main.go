@@ -1,0 +1,235 @@
+// Command memcgate is an HTTP gateway to a cluster of memcached servers.
+// Run it with -help for the configuration variables.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/memcgate/memcgate/config"
+	"github.com/memcgate/memcgate/gateway"
+	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/hashring"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], env.ToMap(os.Environ()), os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "memcgate:", err)
+		os.Exit(1)
+	}
+}
+
+// run parses arguments and configuration, opens the listeners and serves
+// until ctx is done.
+func run(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
+	if len(args) > 0 {
+		switch args[0] {
+		case "-h", "-help", "--help", "help":
+			fmt.Fprint(stdout, config.Usage())
+			return nil
+		case "healthcheck":
+			return healthcheck(ctx, environ, args[1:])
+		default:
+			return fmt.Errorf("unknown argument %q (memcgate takes its configuration from MEMCGATE_* variables; see -help)", args[0])
+		}
+	}
+	cfg, err := config.Load(environ)
+	if err != nil {
+		return fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	log := newLogger(cfg, stderr)
+	var lc net.ListenConfig
+	dataLn, err := lc.Listen(ctx, "tcp", cfg.ListenAddr)
+	if err != nil {
+		return fmt.Errorf("data listener: %w", err)
+	}
+	adminLn, err := lc.Listen(ctx, "tcp", cfg.AdminAddr)
+	if err != nil {
+		dataLn.Close()
+		return fmt.Errorf("admin listener: %w", err)
+	}
+	return serve(ctx, cfg, dataLn, adminLn, log)
+}
+
+func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.LogFormat == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// upstreamOptions maps the configuration onto the upstream package; the
+// only place that knows both.
+func upstreamOptions(cfg config.Config) upstream.Options {
+	servers := make([]upstream.Server, len(cfg.Servers))
+	for i, s := range cfg.Servers {
+		servers[i] = upstream.Server{Host: s.Host, Port: s.Port, Weight: s.Weight}
+	}
+	return upstream.Options{
+		Servers:        servers,
+		Distribution:   hashring.Distribution(cfg.Distribution),
+		KeyPrefix:      cfg.KeyPrefix,
+		HashWithPrefix: cfg.HashWithPrefix,
+		Timeout:        cfg.Timeout,
+		MaxIdleConns:   cfg.Keepalive,
+		MaxConns:       cfg.MaxConnsPerNode,
+		MaxAttempts:    cfg.MaxAttempts,
+		Health: upstream.HealthOptions{
+			Interval:     cfg.HealthInterval,
+			Timeout:      cfg.HealthTimeout,
+			Fall:         cfg.HealthFall,
+			Rise:         cfg.HealthRise,
+			PassiveFails: cfg.PassiveFails,
+		},
+	}
+}
+
+// serve wires the cluster and both servers, and owns every long-lived
+// goroutine. When ctx is done it marks the gateway not ready, waits
+// DrainDelay so load balancers notice, shuts both servers down (letting
+// requests in flight finish within ShutdownTimeout), stops health checks
+// and closes the pools.
+func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener, log *slog.Logger) error {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cluster, err := upstream.New(upstreamOptions(cfg), log, reg)
+	if err != nil {
+		dataLn.Close()
+		adminLn.Close()
+		return err
+	}
+	defer cluster.Close()
+
+	var draining atomic.Bool
+	data := &http.Server{
+		Handler: gateway.NewHandler(cluster, log, reg, gateway.Options{
+			MaxKeyLen:      gateway.MaxKeyLen - len(cfg.KeyPrefix),
+			MaxValueBytes:  cfg.MaxValueBytes,
+			DefaultTTL:     cfg.DefaultTTL,
+			RequestTimeout: cfg.RequestTimeout,
+			AccessLog:      cfg.AccessLog,
+		}),
+		ReadHeaderTimeout: cfg.ReadHeaderTimout,
+		ReadTimeout:       cfg.ReadTimeout,
+		WriteTimeout:      cfg.WriteTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    cfg.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	admin := &http.Server{
+		Handler: gateway.NewAdminHandler(reg, gateway.Admin{
+			Ready:  func() bool { return !draining.Load() && cluster.Ready() },
+			Nodes:  func() any { return cluster.Nodes() },
+			Owners: func(key string) any { return cluster.Owners(key) },
+		}),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      60 * time.Second, // pprof profiles take 30s by default
+		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    cfg.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+
+	healthCtx, stopHealth := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopHealth()
+	var wg sync.WaitGroup
+	errc := make(chan error, 3)
+	wg.Go(func() { errc <- cluster.Run(healthCtx) })
+	wg.Go(func() { errc <- ignoreClosed(data.Serve(dataLn)) })
+	wg.Go(func() { errc <- ignoreClosed(admin.Serve(adminLn)) })
+	log.Info("memcgate started", "listen", dataLn.Addr().String(), "admin", adminLn.Addr().String(),
+		"servers", len(cfg.Servers), "distribution", cfg.Distribution)
+
+	var first error
+	select {
+	case <-ctx.Done():
+	case first = <-errc: // a server failed on its own
+	}
+	draining.Store(true)
+	if first == nil && cfg.DrainDelay > 0 {
+		log.Info("draining", "delay", cfg.DrainDelay.String())
+		time.Sleep(cfg.DrainDelay)
+	}
+	shutCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	if err := data.Shutdown(shutCtx); err != nil {
+		log.Warn("data server shutdown", "err", err.Error())
+		data.Close()
+	}
+	if err := admin.Shutdown(shutCtx); err != nil {
+		admin.Close()
+	}
+	stopHealth()
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		if first == nil {
+			first = err
+		}
+	}
+	log.Info("memcgate stopped")
+	return first
+}
+
+func ignoreClosed(err error) error {
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// healthcheck is the container health check: it asks the admin listener's
+// /readyz (or the path given) and fails unless it answers 200, so images
+// need no curl.
+func healthcheck(ctx context.Context, environ map[string]string, args []string) error {
+	path := "/healthz"
+	if len(args) > 0 {
+		path = args[0]
+	}
+	addr := environ[config.Prefix+"ADMIN_ADDR"]
+	if addr == "" {
+		addr = "127.0.0.1:9090"
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("healthcheck: %s: %w", addr, err)
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+path, nil)
+	if err != nil {
+		return fmt.Errorf("healthcheck: %w", err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("healthcheck: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("healthcheck: %s answered %s", path, resp.Status)
+	}
+	return nil
+}

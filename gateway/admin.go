@@ -1,0 +1,78 @@
+package gateway
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/pprof"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Admin is what the admin endpoints show. Every field may be nil.
+type Admin struct {
+	// Ready reports whether this gateway should get traffic: upstream
+	// healthy enough and not draining. /readyz answers 503 while false.
+	Ready func() bool
+	// Nodes returns the state of every memcached node, for /debug/nodes.
+	Nodes func() any
+	// Owners returns the nodes of a key in failover order, for
+	// /debug/owners?key=.
+	Owners func(key string) any
+}
+
+// NewAdminHandler returns the admin-plane handler: /metrics from g,
+// /healthz (the process is alive), /readyz, /debug/nodes, /debug/owners and
+// /debug/pprof/. It uses its own mux, never http.DefaultServeMux.
+func NewAdminHandler(g prometheus.Gatherer, a Admin) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		text(w, http.StatusOK, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if a.Ready != nil && !a.Ready() {
+			text(w, http.StatusServiceUnavailable, "not ready\n")
+			return
+		}
+		text(w, http.StatusOK, "ready\n")
+	})
+	mux.HandleFunc("GET /debug/nodes", func(w http.ResponseWriter, r *http.Request) {
+		if a.Nodes == nil {
+			text(w, http.StatusNotFound, "no node information\n")
+			return
+		}
+		writeJSON(w, a.Nodes())
+	})
+	mux.HandleFunc("GET /debug/owners", func(w http.ResponseWriter, r *http.Request) {
+		key := r.URL.Query().Get("key")
+		if err := checkKey(key, MaxKeyLen); err != nil {
+			text(w, http.StatusBadRequest, err.Error()+"\n")
+			return
+		}
+		if a.Owners == nil {
+			text(w, http.StatusNotFound, "no ring information\n")
+			return
+		}
+		writeJSON(w, map[string]any{"key": key, "owners": a.Owners(key)})
+	})
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	return mux
+}
+
+func text(w http.ResponseWriter, status int, body string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(body))
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}

@@ -1,0 +1,395 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/memcgate/memcgate/upstream"
+)
+
+// fakeStore is a map with error injection: err, when set, is returned by
+// every call, so each status mapping can be driven through HTTP.
+type fakeStore struct {
+	mu    sync.Mutex
+	items map[string]upstream.Item
+	cas   uint64
+	err   error
+	calls int
+}
+
+func newFake() *fakeStore { return &fakeStore{items: map[string]upstream.Item{}} }
+
+func (f *fakeStore) begin() error {
+	f.calls++
+	return f.err
+}
+
+func (f *fakeStore) Get(_ context.Context, key string) (upstream.Item, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.begin(); err != nil {
+		return upstream.Item{}, err
+	}
+	it, ok := f.items[key]
+	if !ok {
+		return upstream.Item{}, upstream.ErrNotFound
+	}
+	return it, nil
+}
+
+func (f *fakeStore) put(it upstream.Item) {
+	f.cas++
+	it.CAS = f.cas
+	f.items[it.Key] = it
+}
+
+func (f *fakeStore) Set(_ context.Context, it upstream.Item) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.begin(); err != nil {
+		return err
+	}
+	f.put(it)
+	return nil
+}
+
+func (f *fakeStore) Add(_ context.Context, it upstream.Item) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.begin(); err != nil {
+		return err
+	}
+	if _, ok := f.items[it.Key]; ok {
+		return upstream.ErrExists
+	}
+	f.put(it)
+	return nil
+}
+
+func (f *fakeStore) Replace(_ context.Context, it upstream.Item) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.begin(); err != nil {
+		return err
+	}
+	if _, ok := f.items[it.Key]; !ok {
+		return upstream.ErrNotFound
+	}
+	f.put(it)
+	return nil
+}
+
+func (f *fakeStore) CompareAndSwap(_ context.Context, it upstream.Item) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.begin(); err != nil {
+		return err
+	}
+	old, ok := f.items[it.Key]
+	if !ok {
+		return upstream.ErrNotFound
+	}
+	if old.CAS != it.CAS {
+		return upstream.ErrCASConflict
+	}
+	f.put(it)
+	return nil
+}
+
+func (f *fakeStore) concat(it upstream.Item, after bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.begin(); err != nil {
+		return err
+	}
+	old, ok := f.items[it.Key]
+	if !ok {
+		return upstream.ErrNotFound
+	}
+	if after {
+		old.Value = append(old.Value, it.Value...)
+	} else {
+		old.Value = append(it.Value, old.Value...)
+	}
+	f.put(old)
+	return nil
+}
+
+func (f *fakeStore) Append(_ context.Context, it upstream.Item) error  { return f.concat(it, true) }
+func (f *fakeStore) Prepend(_ context.Context, it upstream.Item) error { return f.concat(it, false) }
+
+func (f *fakeStore) Delete(_ context.Context, key string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.begin(); err != nil {
+		return err
+	}
+	if _, ok := f.items[key]; !ok {
+		return upstream.ErrNotFound
+	}
+	delete(f.items, key)
+	return nil
+}
+
+func (f *fakeStore) Incr(ctx context.Context, key string, d uint64) (uint64, error) {
+	return f.Decr(ctx, key, -d)
+}
+
+func (f *fakeStore) Decr(_ context.Context, key string, d uint64) (uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.begin(); err != nil {
+		return 0, err
+	}
+	return 42 - d, nil
+}
+
+func (f *fakeStore) Touch(_ context.Context, key string, _ int32) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.begin(); err != nil {
+		return err
+	}
+	if _, ok := f.items[key]; !ok {
+		return upstream.ErrNotFound
+	}
+	return nil
+}
+
+func newTestHandler(t *testing.T, s Store) http.Handler {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	return NewHandler(s, log, prometheus.NewRegistry(), Options{MaxValueBytes: 64})
+}
+
+func do(h http.Handler, method, target, body string, hdr ...string) *httptest.ResponseRecorder {
+	var r io.Reader
+	if body != "" {
+		r = strings.NewReader(body)
+	}
+	req := httptest.NewRequest(method, target, r)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	return w
+}
+
+func TestRequests(t *testing.T) {
+	tests := []struct {
+		name       string
+		method     string
+		target     string
+		body       string
+		hdr        []string
+		preset     map[string]string
+		wantStatus int
+		wantBody   string // prefix of the body
+		wantHdr    map[string]string
+		wantCalls  int // -1: any
+	}{
+		{name: "get hit", method: "GET", target: "/a/b", preset: map[string]string{"a/b": "v"}, wantStatus: 200, wantBody: "v",
+			wantHdr: map[string]string{"Etag": `"1"`, "X-Memcached-Flags": "0", "Content-Length": "1"}, wantCalls: 1},
+		{name: "get percent-decoded", method: "GET", target: "/caf%C3%A9%2Fx", preset: map[string]string{"café/x": "v"}, wantStatus: 200, wantBody: "v", wantCalls: 1},
+		{name: "get miss", method: "GET", target: "/nope", wantStatus: 404, wantBody: "not found", wantCalls: 1},
+		{name: "head hit", method: "HEAD", target: "/k", preset: map[string]string{"k": "value"}, wantStatus: 200, wantHdr: map[string]string{"Content-Length": "5"}, wantCalls: 1},
+		{name: "get 304", method: "GET", target: "/k", hdr: []string{"If-None-Match", `"1"`}, preset: map[string]string{"k": "v"}, wantStatus: 304, wantCalls: 1},
+		{name: "empty key", method: "GET", target: "/", wantStatus: 400, wantBody: "empty key", wantCalls: 0},
+		{name: "key 251 bytes", method: "GET", target: "/" + strings.Repeat("k", 251), wantStatus: 400, wantBody: "key is 251 bytes", wantCalls: 0},
+		{name: "key 250 bytes", method: "GET", target: "/" + strings.Repeat("k", 250), wantStatus: 404, wantCalls: 1},
+		{name: "key with space", method: "PUT", target: "/a%20b", body: "x", wantStatus: 400, wantBody: "key has byte 0x20 at offset 1", wantCalls: 0},
+		{name: "key with CRLF", method: "PUT", target: "/a%0D%0Aget%20x", body: "x", wantStatus: 400, wantBody: "key has byte 0x0d", wantCalls: 0},
+		{name: "key with DEL", method: "DELETE", target: "/a%7F", wantStatus: 400, wantBody: "key has byte 0x7f", wantCalls: 0},
+		{name: "put", method: "PUT", target: "/k?exptime=10&flags=7", body: "v", wantStatus: 201, wantCalls: 1},
+		{name: "put bad exptime", method: "PUT", target: "/k?exptime=soon", body: "v", wantStatus: 400, wantBody: `exptime "soon"`, wantCalls: 0},
+		{name: "put exptime overflow", method: "PUT", target: "/k?exptime=2147483648", body: "v", wantStatus: 400, wantCalls: 0},
+		{name: "put bad flags", method: "PUT", target: "/k?flags=-1", body: "v", wantStatus: 400, wantBody: `flags "-1"`, wantCalls: 0},
+		{name: "put flags overflow", method: "PUT", target: "/k?flags=4294967296", body: "v", wantStatus: 400, wantCalls: 0},
+		{name: "put too large", method: "PUT", target: "/k", body: strings.Repeat("x", 65), wantStatus: 413, wantBody: "value is 65 bytes; at most 64", wantCalls: 0},
+		{name: "put at limit", method: "PUT", target: "/k", body: strings.Repeat("x", 64), wantStatus: 201, wantCalls: 1},
+		{name: "add new", method: "PUT", target: "/k", body: "v", hdr: []string{"If-None-Match", "*"}, wantStatus: 201, wantCalls: 1},
+		{name: "add exists", method: "PUT", target: "/k", body: "v", hdr: []string{"If-None-Match", "*"}, preset: map[string]string{"k": "v"}, wantStatus: 412, wantBody: "key exists", wantCalls: 1},
+		{name: "replace missing", method: "PUT", target: "/k", body: "v", hdr: []string{"If-Match", "*"}, wantStatus: 412, wantBody: "key does not exist", wantCalls: 1},
+		{name: "replace exists", method: "PUT", target: "/k", body: "v", hdr: []string{"If-Match", "*"}, preset: map[string]string{"k": "v"}, wantStatus: 201, wantCalls: 1},
+		{name: "cas ok", method: "PUT", target: "/k", body: "v", hdr: []string{"If-Match", `"1"`}, preset: map[string]string{"k": "v"}, wantStatus: 201, wantCalls: 1},
+		{name: "cas conflict", method: "PUT", target: "/k", body: "v", hdr: []string{"If-Match", `"9"`}, preset: map[string]string{"k": "v"}, wantStatus: 412, wantBody: "item changed", wantCalls: 1},
+		{name: "cas malformed", method: "PUT", target: "/k", body: "v", hdr: []string{"If-Match", `W/"x"`}, wantStatus: 400, wantCalls: 0},
+		{name: "both conditions", method: "PUT", target: "/k", body: "v", hdr: []string{"If-Match", "*", "If-None-Match", "*"}, wantStatus: 400, wantCalls: 0},
+		{name: "delete", method: "DELETE", target: "/k", preset: map[string]string{"k": "v"}, wantStatus: 204, wantCalls: 1},
+		{name: "delete missing", method: "DELETE", target: "/k", wantStatus: 404, wantCalls: 1},
+		{name: "append", method: "POST", target: "/k?op=append", body: "w", preset: map[string]string{"k": "v"}, wantStatus: 201, wantCalls: 1},
+		{name: "append missing", method: "POST", target: "/k?op=append", body: "w", wantStatus: 404, wantCalls: 1},
+		{name: "prepend", method: "POST", target: "/k?op=prepend", body: "w", preset: map[string]string{"k": "v"}, wantStatus: 201, wantCalls: 1},
+		{name: "incr", method: "POST", target: "/k?op=incr&delta=2", wantStatus: 200, wantBody: "44", wantCalls: 1},
+		{name: "decr default delta", method: "POST", target: "/k?op=decr", wantStatus: 200, wantBody: "41", wantCalls: 1},
+		{name: "incr bad delta", method: "POST", target: "/k?op=incr&delta=-1", wantStatus: 400, wantBody: `delta "-1"`, wantCalls: 0},
+		{name: "touch", method: "POST", target: "/k?op=touch&exptime=5", preset: map[string]string{"k": "v"}, wantStatus: 204, wantCalls: 1},
+		{name: "touch missing", method: "POST", target: "/k?op=touch&exptime=5", wantStatus: 404, wantCalls: 1},
+		{name: "touch without exptime", method: "POST", target: "/k?op=touch", wantStatus: 400, wantCalls: 0},
+		{name: "post no op", method: "POST", target: "/k", wantStatus: 400, wantBody: "POST needs ?op=", wantCalls: 0},
+		{name: "post bad op", method: "POST", target: "/k?op=explode", wantStatus: 400, wantBody: `unknown op "explode"`, wantCalls: 0},
+		{name: "patch", method: "PATCH", target: "/k", wantStatus: 405, wantHdr: map[string]string{"Allow": allowed}, wantCalls: 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newFake()
+			for k, v := range tt.preset {
+				s.put(upstream.Item{Key: k, Value: []byte(v)})
+			}
+			h := newTestHandler(t, s)
+			w := do(h, tt.method, tt.target, tt.body, tt.hdr...)
+			if w.Code != tt.wantStatus {
+				t.Errorf("%s %s = %d %q, want %d", tt.method, tt.target, w.Code, w.Body.String(), tt.wantStatus)
+			}
+			if !strings.HasPrefix(w.Body.String(), tt.wantBody) {
+				t.Errorf("%s %s body = %q, want prefix %q", tt.method, tt.target, w.Body.String(), tt.wantBody)
+			}
+			for k, v := range tt.wantHdr {
+				if got := w.Header().Get(k); got != v {
+					t.Errorf("%s %s header %s = %q, want %q", tt.method, tt.target, k, got, v)
+				}
+			}
+			if w.Code >= 400 && !strings.HasPrefix(w.Header().Get("Content-Type"), "text/plain") {
+				t.Errorf("%s %s error Content-Type = %q, want text/plain", tt.method, tt.target, w.Header().Get("Content-Type"))
+			}
+			if got := s.calls; tt.wantCalls >= 0 && got != tt.wantCalls {
+				t.Errorf("%s %s made %d store calls, want %d", tt.method, tt.target, got, tt.wantCalls)
+			}
+		})
+	}
+}
+
+func TestErrorStatus(t *testing.T) {
+	tests := []struct {
+		name       string
+		err        error
+		wantStatus int
+		wantRetry  bool
+	}{
+		{"not found", upstream.ErrNotFound, 404, false},
+		{"exists", upstream.ErrExists, 409, false},
+		{"cas", upstream.ErrCASConflict, 412, false},
+		{"not numeric", upstream.ErrNotNumeric, 409, false},
+		{"bad key", upstream.ErrBadKey, 400, false},
+		{"too large", upstream.ErrTooLarge, 413, false},
+		{"no nodes", upstream.ErrNoNodes, 503, true},
+		{"refused", &upstream.NodeError{Node: "n", Op: "get", Err: errors.New("connection refused")}, 502, true},
+		{"server error", upstream.ErrServer, 502, false},
+		{"deadline", context.DeadlineExceeded, 504, false},
+		{"canceled", context.Canceled, 499, false},
+		{"wrapped", errors.Join(errors.New("x"), upstream.ErrNotFound), 404, false},
+		{"unknown", errors.New("boom"), 500, false},
+		{"request", badRequest("bad"), 400, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			status, msg, retry := errorStatus(tt.err)
+			if status != tt.wantStatus || retry != tt.wantRetry {
+				t.Errorf("errorStatus(%v) = %d, %v, want %d, %v", tt.err, status, retry, tt.wantStatus, tt.wantRetry)
+			}
+			if msg == "" || strings.Contains(msg, "\n") {
+				t.Errorf("errorStatus(%v) message %q, want one non-empty line", tt.err, msg)
+			}
+		})
+	}
+}
+
+func TestUpstreamErrorsOverHTTP(t *testing.T) {
+	s := newFake()
+	s.err = upstream.ErrNoNodes
+	w := do(newTestHandler(t, s), "GET", "/k", "")
+	if w.Code != 503 || w.Header().Get("Retry-After") == "" {
+		t.Errorf("GET with no nodes = %d Retry-After %q, want 503 with Retry-After", w.Code, w.Header().Get("Retry-After"))
+	}
+}
+
+func TestPanicBecomes500(t *testing.T) {
+	s := newFake()
+	h := newTestHandler(t, panicStore{s})
+	w := do(h, "GET", "/k", "")
+	if w.Code != 500 {
+		t.Errorf("GET with a panicking store = %d, want 500", w.Code)
+	}
+}
+
+type panicStore struct{ *fakeStore }
+
+func (panicStore) Get(context.Context, string) (upstream.Item, error) { panic("boom") }
+
+func TestCheckKey(t *testing.T) {
+	tests := []struct {
+		key    string
+		maxLen int
+		ok     bool
+	}{
+		{"a", 250, true},
+		{strings.Repeat("x", 250), 250, true},
+		{strings.Repeat("x", 251), 250, false},
+		{strings.Repeat("x", 241), 240, false},
+		{"", 250, false},
+		{"a b", 250, false},
+		{"a\tb", 250, false},
+		{"a\x00", 250, false},
+		{"a\x7f", 250, false},
+		{"café/ü", 250, true},
+		{"a/b/c", 250, true},
+		{"\xff\xfe", 250, true},
+	}
+	for _, tt := range tests {
+		err := checkKey(tt.key, tt.maxLen)
+		if (err == nil) != tt.ok {
+			t.Errorf("checkKey(%q, %d) = %v, want ok=%v", tt.key, tt.maxLen, err, tt.ok)
+		}
+	}
+}
+
+func TestQuery(t *testing.T) {
+	tests := []struct {
+		raw, name, want string
+		ok              bool
+	}{
+		{"a=1&b=2", "b", "2", true},
+		{"a=1&a=2", "a", "1", true},
+		{"a=%31+x", "a", "1 x", true},
+		{"a", "a", "", true},
+		{"b=1", "a", "", false},
+		{"", "a", "", false},
+	}
+	for _, tt := range tests {
+		got, ok := query(tt.raw, tt.name)
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("query(%q, %q) = %q, %v, want %q, %v", tt.raw, tt.name, got, ok, tt.want, tt.ok)
+		}
+	}
+}
+
+// FuzzCheckKey: any key that passes can be put on a memcached command line
+// without changing its meaning.
+func FuzzCheckKey(f *testing.F) {
+	for _, s := range []string{"a", "a b", "a\r\nset x 0 0 1", strings.Repeat("k", 251), "é", "\x7f"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, key string) {
+		if checkKey(key, MaxKeyLen) != nil {
+			return
+		}
+		if len(key) == 0 || len(key) > MaxKeyLen || strings.ContainsAny(key, " \r\n\t\x00\x7f") {
+			t.Fatalf("checkKey(%q) passed a key memcached would misread", key)
+		}
+		for i := 0; i < len(key); i++ {
+			if key[i] <= ' ' {
+				t.Fatalf("checkKey(%q) passed control byte at %d", key, i)
+			}
+		}
+	})
+}

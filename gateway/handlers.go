@@ -1,0 +1,238 @@
+package gateway
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/memcgate/memcgate/upstream"
+)
+
+// get serves GET and HEAD /{key}: 200 with the raw value, its flags in
+// X-Memcached-Flags and its CAS as a strong ETag; 304 when If-None-Match
+// names that ETag; 404 on a miss.
+func (h *handler) get(w http.ResponseWriter, r *http.Request) {
+	key, err := keyFromPath(r, h.opts.MaxKeyLen)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	it, err := h.store.Get(r.Context(), key)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	hd := w.Header()
+	etag := formatETag(it.CAS)
+	hd["Etag"] = []string{etag}
+	hd["X-Memcached-Flags"] = []string{strconv.FormatUint(uint64(it.Flags), 10)}
+	if inm := r.Header.Get("If-None-Match"); inm != "" && etagListHas(inm, etag) {
+		w.WriteHeader(http.StatusNotModified)
+		return
+	}
+	hd["Content-Type"] = []string{"application/octet-stream"}
+	hd["Content-Length"] = []string{strconv.Itoa(len(it.Value))}
+	w.WriteHeader(http.StatusOK)
+	if r.Method != http.MethodHead {
+		_, _ = w.Write(it.Value)
+	}
+}
+
+// put serves PUT /{key}: set, or add with If-None-Match: *, replace with
+// If-Match: *, cas with If-Match: "<cas>". 201 when stored, 412 when the
+// condition fails.
+func (h *handler) put(w http.ResponseWriter, r *http.Request) {
+	key, err := keyFromPath(r, h.opts.MaxKeyLen)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	it, err := h.item(r, key)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if it.Value, err = h.readValue(r); err != nil {
+		writeError(w, err)
+		return
+	}
+	ctx := r.Context()
+	ifMatch, ifNone := r.Header.Get("If-Match"), r.Header.Get("If-None-Match")
+	switch {
+	case ifMatch == "" && ifNone == "":
+		err = h.store.Set(ctx, it)
+	case ifMatch == "" && ifNone == "*":
+		if err = h.store.Add(ctx, it); errors.Is(err, upstream.ErrExists) {
+			err = &preconditionError{err, "key exists (If-None-Match: *)"}
+		}
+	case ifMatch == "*" && ifNone == "":
+		if err = h.store.Replace(ctx, it); errors.Is(err, upstream.ErrNotFound) {
+			err = &preconditionError{err, "key does not exist (If-Match: *)"}
+		}
+	case ifMatch != "" && ifNone == "":
+		if it.CAS, err = parseETag(ifMatch); err != nil {
+			break
+		}
+		switch err = h.store.CompareAndSwap(ctx, it); {
+		case errors.Is(err, upstream.ErrCASConflict):
+			err = &preconditionError{err, "item changed since ETag " + ifMatch + " was read"}
+		case errors.Is(err, upstream.ErrNotFound):
+			err = &preconditionError{err, "key does not exist (If-Match: " + ifMatch + ")"}
+		}
+	default:
+		err = badRequest("use If-None-Match: * (add), If-Match: * (replace) or If-Match: \"<etag>\" (cas), not both")
+	}
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusCreated)
+}
+
+// delete serves DELETE /{key}: 204, or 404 when the key was not there.
+func (h *handler) delete(w http.ResponseWriter, r *http.Request) {
+	key, err := keyFromPath(r, h.opts.MaxKeyLen)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := h.store.Delete(r.Context(), key); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// post serves POST /{key}?op=append|prepend|incr|decr|touch.
+func (h *handler) post(w http.ResponseWriter, r *http.Request) {
+	key, err := keyFromPath(r, h.opts.MaxKeyLen)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	ctx := r.Context()
+	op, _ := query(r.URL.RawQuery, "op")
+	switch op {
+	case "append", "prepend":
+		it := upstream.Item{Key: key}
+		if it.Value, err = h.readValue(r); err != nil {
+			break
+		}
+		if op == "append" {
+			err = h.store.Append(ctx, it)
+		} else {
+			err = h.store.Prepend(ctx, it)
+		}
+		if err == nil {
+			w.WriteHeader(http.StatusCreated)
+			return
+		}
+	case "incr", "decr":
+		var delta, v uint64
+		if delta, err = parseDelta(r.URL.RawQuery); err != nil {
+			break
+		}
+		if op == "incr" {
+			v, err = h.store.Incr(ctx, key, delta)
+		} else {
+			v, err = h.store.Decr(ctx, key, delta)
+		}
+		if err == nil {
+			body := strconv.FormatUint(v, 10)
+			hd := w.Header()
+			hd["Content-Type"] = []string{"text/plain; charset=utf-8"}
+			hd["Content-Length"] = []string{strconv.Itoa(len(body))}
+			w.WriteHeader(http.StatusOK)
+			_, _ = io.WriteString(w, body)
+			return
+		}
+	case "touch":
+		if _, ok := query(r.URL.RawQuery, "exptime"); !ok {
+			err = badRequest("touch needs ?exptime=<seconds>")
+			break
+		}
+		var exp int32
+		if exp, err = parseExptime(r.URL.RawQuery, 0); err != nil {
+			break
+		}
+		if err = h.store.Touch(ctx, key, exp); err == nil {
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+	case "":
+		err = badRequest("POST needs ?op=append, prepend, incr, decr or touch")
+	default:
+		err = badRequest("unknown op " + strconv.Quote(op) + "; use append, prepend, incr, decr or touch")
+	}
+	writeError(w, err)
+}
+
+// item builds the item of a write from ?exptime= and ?flags=.
+func (h *handler) item(r *http.Request, key string) (upstream.Item, error) {
+	exp, err := parseExptime(r.URL.RawQuery, h.defaultTTL)
+	if err != nil {
+		return upstream.Item{}, err
+	}
+	flags, err := parseFlags(r.URL.RawQuery)
+	if err != nil {
+		return upstream.Item{}, err
+	}
+	return upstream.Item{Key: key, Flags: flags, Expiration: exp}, nil
+}
+
+// readValue reads the whole request body (Content-Length or chunked). A
+// body over MaxValueBytes is refused with 413 before it is read when its
+// length is declared, and as soon as it passes the limit when chunked.
+func (h *handler) readValue(r *http.Request) ([]byte, error) {
+	limit := h.opts.MaxValueBytes
+	tooLarge := func(n string) error {
+		return &requestError{http.StatusRequestEntityTooLarge, "value is " + n + " bytes; at most " + strconv.FormatInt(limit, 10) + " are accepted"}
+	}
+	if r.ContentLength > limit {
+		return nil, tooLarge(strconv.FormatInt(r.ContentLength, 10))
+	}
+	if r.ContentLength >= 0 {
+		buf := make([]byte, r.ContentLength)
+		if n, err := io.ReadFull(r.Body, buf); err != nil {
+			return nil, badRequest("request body ended after " + strconv.Itoa(n) + " of " + strconv.FormatInt(r.ContentLength, 10) + " bytes")
+		}
+		return buf, nil
+	}
+	buf, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		return nil, badRequest("reading request body: " + err.Error())
+	}
+	if int64(len(buf)) > limit {
+		return nil, tooLarge("more than " + strconv.FormatInt(limit, 10))
+	}
+	return buf, nil
+}
+
+func formatETag(cas uint64) string { return `"` + strconv.FormatUint(cas, 10) + `"` }
+
+// parseETag reads the CAS out of a strong ETag as formatETag writes it.
+func parseETag(s string) (uint64, error) {
+	s = strings.TrimSpace(s)
+	if len(s) < 3 || s[0] != '"' || s[len(s)-1] != '"' {
+		return 0, badRequest("If-Match takes * or one ETag as GET returned it, like \"12345\"")
+	}
+	v, err := strconv.ParseUint(s[1:len(s)-1], 10, 64)
+	if err != nil {
+		return 0, badRequest("If-Match " + s + " is not an ETag this gateway issued")
+	}
+	return v, nil
+}
+
+// etagListHas reports whether an If-None-Match list names etag (weak
+// comparison, as RFC 9110 §13.1.2 asks for If-None-Match).
+func etagListHas(list, etag string) bool {
+	for part := range strings.SplitSeq(list, ",") {
+		part = strings.TrimPrefix(strings.TrimSpace(part), "W/")
+		if part == "*" || part == etag {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,142 @@
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// statusWriter records the status and size of a response.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+	bytes  int64
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	n, err := w.ResponseWriter.Write(b)
+	w.bytes += int64(n)
+	return n, err
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// observer is the outermost middleware: request ID, metrics, access log and
+// panic recovery, in one wrapper so a request costs one statusWriter.
+type observer struct {
+	log       *slog.Logger
+	accessLog bool
+	requests  *prometheus.CounterVec
+	duration  *prometheus.HistogramVec
+	inFlight  prometheus.Gauge
+	idPrefix  string
+	seq       atomic.Uint64
+}
+
+func newObserver(log *slog.Logger, reg prometheus.Registerer, accessLog bool) *observer {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	o := &observer{
+		log:       log,
+		accessLog: accessLog,
+		idPrefix:  hex.EncodeToString(b[:]) + "-",
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "memcgate_http_requests_total",
+			Help: "HTTP requests answered, by method and status code.",
+		}, []string{"method", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "memcgate_http_request_duration_seconds",
+			Help:    "Time from request headers read to response written, by method.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}, []string{"method"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "memcgate_http_in_flight_requests",
+			Help: "HTTP requests being served.",
+		}),
+	}
+	reg.MustRegister(o.requests, o.duration, o.inFlight)
+	return o
+}
+
+type ctxKey struct{}
+
+// RequestID returns the request ID the gateway assigned (or accepted from
+// X-Request-Id), or "".
+func RequestID(ctx context.Context) string {
+	id, _ := ctx.Value(ctxKey{}).(string)
+	return id
+}
+
+// method bounds the method label to known methods.
+func method(m string) string {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPut, http.MethodPost, http.MethodDelete, http.MethodOptions, http.MethodPatch:
+		return m
+	}
+	return "OTHER"
+}
+
+func (o *observer) middleware(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		o.inFlight.Inc()
+		id := r.Header.Get("X-Request-Id")
+		if id == "" || len(id) > 128 {
+			id = o.idPrefix + strconv.FormatUint(o.seq.Add(1), 10)
+		}
+		sw := &statusWriter{ResponseWriter: w}
+		defer func() {
+			if p := recover(); p != nil {
+				if p == http.ErrAbortHandler {
+					panic(p)
+				}
+				o.log.Error("handler panicked", "request_id", id, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+				if sw.status == 0 {
+					writeError(sw, fmt.Errorf("panic: %v", p))
+				}
+				sw.status = http.StatusInternalServerError
+			}
+			if sw.status == 0 {
+				sw.status = http.StatusOK
+			}
+			d := time.Since(start)
+			m := method(r.Method)
+			o.inFlight.Dec()
+			o.requests.WithLabelValues(m, strconv.Itoa(sw.status)).Inc()
+			o.duration.WithLabelValues(m).Observe(d.Seconds())
+			if o.accessLog {
+				attrs := []slog.Attr{
+					slog.String("request_id", id), slog.String("method", r.Method),
+					slog.Int("status", sw.status), slog.Int64("bytes", sw.bytes),
+					slog.Float64("duration_ms", float64(d.Microseconds())/1000), slog.String("remote", r.RemoteAddr),
+				}
+				if o.log.Enabled(r.Context(), slog.LevelDebug) {
+					attrs = append(attrs, slog.String("path", r.URL.Path))
+				}
+				o.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+			}
+		}()
+		ctx := context.WithValue(r.Context(), ctxKey{}, id)
+		next.ServeHTTP(sw, r.WithContext(ctx))
+	})
+}

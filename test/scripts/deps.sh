@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# deps.sh PROFILE: installs, with apt-get, the Debian packages a make target
+# needs when they are missing. PROFILE is "run" (memcached) or "test"
+# (memcached, php-cli with the curl and memcached extensions).
+# It fails, never skips, when something cannot be installed.
+set -euo pipefail
+profile=${1:-test}
+need=()
+command -v memcached >/dev/null 2>&1 || need+=(memcached)
+if [ "$profile" = test ]; then
+  command -v php >/dev/null 2>&1 || need+=(php-cli)
+  php -m 2>/dev/null | grep -qx curl || need+=(php-curl)
+  php -m 2>/dev/null | grep -qx memcached || need+=(php-memcached)
+fi
+[ ${#need[@]} -eq 0 ] && exit 0
+echo "deps: installing ${need[*]}" >&2
+if [ "$(id -u)" != 0 ]; then
+  SUDO=sudo
+  command -v sudo >/dev/null 2>&1 || { echo "deps: need root to apt-get install ${need[*]}" >&2; exit 1; }
+else
+  SUDO=
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+# Debian starts the packaged memcached on 11211; our tests and make run use
+# their own ports and processes, so the system service is left as it is.
+for cmd in memcached; do command -v "$cmd" >/dev/null || { echo "deps: $cmd still missing" >&2; exit 1; }; done

@@ -1,0 +1,132 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"syscall"
+
+	"github.com/bradfitz/gomemcache/memcache"
+)
+
+// Protocol outcomes. They are answers from a healthy memcached: none of them
+// counts against a node's health and none of them is retried elsewhere.
+var (
+	// ErrNotFound: the key does not exist (get miss, delete/incr/touch
+	// NOT_FOUND, and replace/append/prepend NOT_STORED, which memcached
+	// answers only when the key is missing).
+	ErrNotFound = errors.New("upstream: not found")
+	// ErrExists: add found the key already present.
+	ErrExists = errors.New("upstream: key exists")
+	// ErrCASConflict: the item changed since the CAS value was read.
+	ErrCASConflict = errors.New("upstream: cas conflict")
+	// ErrNotNumeric: incr/decr on a value that is not a decimal number.
+	ErrNotNumeric = errors.New("upstream: value is not a number")
+	// ErrBadKey: a key memcached cannot carry (empty, over 250 bytes, spaces
+	// or control bytes). Checked before anything is sent.
+	ErrBadKey = errors.New("upstream: malformed key")
+	// ErrTooLarge: memcached refused the value as too large for an item.
+	ErrTooLarge = errors.New("upstream: value too large for memcached")
+	// ErrServer: memcached answered with an error line we did not expect.
+	ErrServer = errors.New("upstream: memcached error reply")
+)
+
+// ErrNoNodes means no node could take the operation: every candidate is
+// down, or the failover policy refuses to move the key.
+var ErrNoNodes = errors.New("upstream: no live nodes")
+
+// NodeError reports a transport failure talking to one node: the
+// connection could not be made, broke, or timed out.
+type NodeError struct {
+	Node string // the node as configured, host:port
+	Op   string // the memcached operation, e.g. "get"
+	Err  error  // the underlying network error
+
+	dial    bool // the connection was never made; nothing was sent
+	timeout bool
+}
+
+func (e *NodeError) Error() string {
+	return "upstream: " + e.Op + " " + e.Node + ": " + e.Err.Error()
+}
+
+// Unwrap returns the underlying error.
+func (e *NodeError) Unwrap() error { return e.Err }
+
+// Timeout reports whether the node did not answer in time.
+func (e *NodeError) Timeout() bool { return e.timeout }
+
+// Dial reports whether the failure happened before a connection existed,
+// so that the node cannot have applied the operation.
+func (e *NodeError) Dial() bool { return e.dial }
+
+// classify translates a gomemcache result into this package's errors. It is
+// the only place that knows gomemcache's error values and texts.
+func classify(node, op string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, memcache.ErrCacheMiss):
+		return ErrNotFound
+	case errors.Is(err, memcache.ErrCASConflict):
+		return ErrCASConflict
+	case errors.Is(err, memcache.ErrNotStored):
+		if op == "add" {
+			return ErrExists
+		}
+		return ErrNotFound
+	case errors.Is(err, memcache.ErrMalformedKey):
+		return ErrBadKey
+	}
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "non-numeric value"):
+		return ErrNotNumeric
+	case strings.Contains(msg, "object too large"), strings.Contains(msg, "out of memory storing object"):
+		return fmt.Errorf("%w: %s %s", ErrTooLarge, op, node)
+	case strings.HasPrefix(msg, "memcache: unexpected response line"),
+		strings.HasPrefix(msg, "memcache: client error"):
+		return fmt.Errorf("%w: %s %s: %s", ErrServer, op, node, strings.TrimPrefix(msg, "memcache: "))
+	}
+	ne := &NodeError{Node: node, Op: op, Err: err}
+	var cte *memcache.ConnectTimeoutError
+	var oe *net.OpError
+	switch {
+	case errors.As(err, &cte):
+		ne.dial, ne.timeout = true, true
+	case errors.As(err, &oe) && oe.Op == "dial":
+		ne.dial = true
+		ne.timeout = oe.Timeout()
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		ne.timeout = true
+	default:
+		var nerr net.Error
+		ne.timeout = errors.As(err, &nerr) && nerr.Timeout()
+	}
+	return ne
+}
+
+// hardFailure reports whether err says the node is not there at all (refused
+// or reset connection, closed socket), which ejects it at once, as opposed
+// to a timeout, which may be a slow moment and is counted.
+func hardFailure(err error) bool {
+	var ne *NodeError
+	if !errors.As(err, &ne) || ne.timeout {
+		return false
+	}
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH)
+}
+
+// ctxError wraps a context error met while waiting for a node.
+func ctxError(node, op string, err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return &NodeError{Node: node, Op: op, Err: fmt.Errorf("waiting for a connection: %w", err), timeout: true, dial: true}
+	}
+	return err
+}

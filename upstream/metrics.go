@@ -1,0 +1,127 @@
+package upstream
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// op is a memcached operation as counted in metrics; an index into opNames.
+type op uint8
+
+const (
+	opGet op = iota
+	opSet
+	opAdd
+	opReplace
+	opCAS
+	opAppend
+	opPrepend
+	opDelete
+	opIncr
+	opDecr
+	opTouch
+	numOps
+)
+
+var opNames = [numOps]string{"get", "set", "add", "replace", "cas", "append", "prepend", "delete", "incr", "decr", "touch"}
+
+func (o op) String() string { return opNames[o] }
+
+// result is the outcome of one operation on one node, as counted in metrics.
+type result uint8
+
+const (
+	resOK       result = iota // hit, stored, deleted, touched
+	resMiss                   // not found
+	resRejected               // exists, cas conflict, not numeric, too large: a protocol refusal
+	resError                  // transport failure or unexpected reply
+	resTimeout                // no answer in time
+	numResults
+)
+
+var resultNames = [numResults]string{"ok", "miss", "rejected", "error", "timeout"}
+
+// metrics holds every collector of the package. Counters for a node are
+// resolved once per node (nodeMetrics) so the hot path does no label lookups.
+type metrics struct {
+	ops      *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+	up       *prometheus.GaugeVec
+	ejects   *prometheus.CounterVec
+	probes   *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		ops: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "memcgate_upstream_ops_total",
+			Help: "Operations sent to memcached, by node, operation and result (ok, miss, rejected, error, timeout).",
+		}, []string{"node", "op", "result"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "memcgate_upstream_op_duration_seconds",
+			Help:    "Time of one memcached operation including the wait for a connection slot.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+		}, []string{"node", "op"}),
+		up: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "memcgate_upstream_node_up",
+			Help: "1 while the node takes traffic, 0 while it is ejected.",
+		}, []string{"node"}),
+		ejects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "memcgate_upstream_ejections_total",
+			Help: "Times a node was taken out of service, by reason (probe, refused, timeouts).",
+		}, []string{"node", "reason"}),
+		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "memcgate_upstream_probes_total",
+			Help: "Active health probes (memcached version), by node and result (ok, fail).",
+		}, []string{"node", "result"}),
+	}
+	reg.MustRegister(m.ops, m.duration, m.up, m.ejects, m.probes)
+	return m
+}
+
+// nodeMetrics are one node's pre-resolved collectors.
+type nodeMetrics struct {
+	ops      [numOps][numResults]prometheus.Counter
+	duration [numOps]prometheus.Observer
+	up       prometheus.Gauge
+}
+
+func (m *metrics) forNode(name string) *nodeMetrics {
+	nm := &nodeMetrics{up: m.up.WithLabelValues(name)}
+	for o := range numOps {
+		nm.duration[o] = m.duration.WithLabelValues(name, opNames[o])
+		for r := range numResults {
+			nm.ops[o][r] = m.ops.WithLabelValues(name, opNames[o], resultNames[r])
+		}
+	}
+	return nm
+}
+
+// poolCollector reports each node's connections, split into in-use and
+// idle, from the node's atomic counters at scrape time.
+type poolCollector struct {
+	nodes []*node
+	desc  *prometheus.Desc
+	inFl  *prometheus.Desc
+}
+
+func newPoolCollector(nodes []*node) *poolCollector {
+	return &poolCollector{
+		nodes: nodes,
+		desc: prometheus.NewDesc("memcgate_upstream_connections",
+			"Open connections to each node, by state (in_use, idle).", []string{"node", "state"}, nil),
+		inFl: prometheus.NewDesc("memcgate_upstream_in_flight",
+			"Operations in flight on each node (bounded by MAX_CONNS_PER_NODE).", []string{"node"}, nil),
+	}
+}
+
+func (p *poolCollector) Describe(ch chan<- *prometheus.Desc) { ch <- p.desc; ch <- p.inFl }
+
+func (p *poolCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, n := range p.nodes {
+		open, inUse := n.conns.Load(), int64(len(n.sem))
+		idle := max(open-inUse, 0)
+		ch <- prometheus.MustNewConstMetric(p.desc, prometheus.GaugeValue, float64(min(inUse, open)), n.name, "in_use")
+		ch <- prometheus.MustNewConstMetric(p.desc, prometheus.GaugeValue, float64(idle), n.name, "idle")
+		ch <- prometheus.MustNewConstMetric(p.inFl, prometheus.GaugeValue, float64(inUse), n.name)
+	}
+}

@@ -1,0 +1,314 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/memcgate/memcgate/test/memcachedtest"
+)
+
+func TestClassify(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+	reset := &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}
+	timeout := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+	tests := []struct {
+		name        string
+		op          string
+		in          error
+		want        error // errors.Is target, or nil for *NodeError checks
+		wantNode    bool
+		wantDial    bool
+		wantTimeout bool
+		wantHard    bool
+	}{
+		{name: "nil", op: "get", in: nil},
+		{name: "miss", op: "get", in: memcache.ErrCacheMiss, want: ErrNotFound},
+		{name: "add not stored", op: "add", in: memcache.ErrNotStored, want: ErrExists},
+		{name: "replace not stored", op: "replace", in: memcache.ErrNotStored, want: ErrNotFound},
+		{name: "append not stored", op: "append", in: memcache.ErrNotStored, want: ErrNotFound},
+		{name: "cas conflict", op: "cas", in: memcache.ErrCASConflict, want: ErrCASConflict},
+		{name: "bad key", op: "get", in: memcache.ErrMalformedKey, want: ErrBadKey},
+		{name: "non-numeric", op: "incr", in: errors.New("memcache: client error: cannot increment or decrement non-numeric value"), want: ErrNotNumeric},
+		{name: "too large", op: "set", in: errors.New(`memcache: unexpected response line from "set": "SERVER_ERROR object too large for cache\r\n"`), want: ErrTooLarge},
+		{name: "other server error", op: "set", in: errors.New(`memcache: unexpected response line from "set": "SERVER_ERROR out of memory\r\n"`), want: ErrServer},
+		{name: "connect timeout", op: "get", in: &memcache.ConnectTimeoutError{Addr: addr("n:1")}, wantNode: true, wantDial: true, wantTimeout: true},
+		{name: "refused", op: "set", in: refused, wantNode: true, wantDial: true, wantHard: true},
+		{name: "reset", op: "set", in: reset, wantNode: true, wantHard: true},
+		{name: "eof", op: "get", in: io.EOF, wantNode: true, wantHard: true},
+		{name: "read timeout", op: "get", in: timeout, wantNode: true, wantTimeout: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := classify("n:1", tt.op, tt.in)
+			if tt.in == nil {
+				if got != nil {
+					t.Errorf("classify(nil) = %v, want nil", got)
+				}
+				return
+			}
+			if tt.want != nil && !errors.Is(got, tt.want) {
+				t.Errorf("classify(%v) = %v, want %v", tt.in, got, tt.want)
+			}
+			var ne *NodeError
+			if isNode := errors.As(got, &ne); isNode != tt.wantNode {
+				t.Fatalf("classify(%v) = %T, NodeError=%v, want %v", tt.in, got, isNode, tt.wantNode)
+			}
+			if ne == nil {
+				return
+			}
+			if ne.Dial() != tt.wantDial || ne.Timeout() != tt.wantTimeout {
+				t.Errorf("classify(%v): Dial()=%v Timeout()=%v, want %v %v", tt.in, ne.Dial(), ne.Timeout(), tt.wantDial, tt.wantTimeout)
+			}
+			if h := hardFailure(got); h != tt.wantHard {
+				t.Errorf("hardFailure(classify(%v)) = %v, want %v", tt.in, h, tt.wantHard)
+			}
+		})
+	}
+}
+
+func testLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func newTestCluster(t *testing.T, mcs []*memcachedtest.Server, mod func(*Options)) (*Cluster, *prometheus.Registry) {
+	t.Helper()
+	var servers []Server
+	for _, m := range mcs {
+		servers = append(servers, Server{Host: "127.0.0.1", Port: m.Port, Weight: 1})
+	}
+	o := Options{Servers: servers, Timeout: 300 * time.Millisecond, MaxConns: 8, MaxIdleConns: 8,
+		Health: HealthOptions{Interval: 50 * time.Millisecond, Timeout: 100 * time.Millisecond, Fall: 2, Rise: 2, PassiveFails: 2}}
+	if mod != nil {
+		mod(&o)
+	}
+	reg := prometheus.NewRegistry()
+	c, err := New(o, testLogger(), reg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, reg
+}
+
+func TestOperations(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 3)
+	c, reg := newTestCluster(t, mcs, func(o *Options) { o.KeyPrefix = "app:" })
+	ctx := t.Context()
+	mustNil := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s = %v, want nil", what, err)
+		}
+	}
+	mustIs := func(what string, err, want error) {
+		t.Helper()
+		if !errors.Is(err, want) {
+			t.Fatalf("%s = %v, want %v", what, err, want)
+		}
+	}
+	mustNil("Set", c.Set(ctx, Item{Key: "k", Value: []byte("v"), Flags: 7}))
+	it, err := c.Get(ctx, "k")
+	mustNil("Get", err)
+	if string(it.Value) != "v" || it.Flags != 7 || it.CAS == 0 || it.Key != "k" {
+		t.Errorf("Get(k) = %+v, want value v, flags 7, a CAS, key k", it)
+	}
+	// The prefix is applied on the wire.
+	raw := memcache.New(c.Owners("k")[0])
+	if got, err := raw.Get("app:k"); err != nil || string(got.Value) != "v" {
+		t.Errorf("raw get app:k on the owner = %v, %v, want v", got, err)
+	}
+	mustIs("Add existing", c.Add(ctx, Item{Key: "k", Value: []byte("x")}), ErrExists)
+	mustNil("Add new", c.Add(ctx, Item{Key: "k2", Value: []byte("x")}))
+	mustIs("Replace missing", c.Replace(ctx, Item{Key: "nope", Value: []byte("x")}), ErrNotFound)
+	mustNil("Replace", c.Replace(ctx, Item{Key: "k2", Value: []byte("y")}))
+	mustIs("CAS stale", c.CompareAndSwap(ctx, Item{Key: "k", Value: []byte("z"), CAS: it.CAS + 100}), ErrCASConflict)
+	mustNil("CAS", c.CompareAndSwap(ctx, Item{Key: "k", Value: []byte("z"), CAS: it.CAS}))
+	mustIs("CAS missing", c.CompareAndSwap(ctx, Item{Key: "nope", Value: []byte("z"), CAS: 1}), ErrNotFound)
+	mustNil("Append", c.Append(ctx, Item{Key: "k", Value: []byte(">")}))
+	mustNil("Prepend", c.Prepend(ctx, Item{Key: "k", Value: []byte("<")}))
+	mustIs("Append missing", c.Append(ctx, Item{Key: "nope", Value: []byte(">")}), ErrNotFound)
+	it, _ = c.Get(ctx, "k")
+	if string(it.Value) != "<z>" {
+		t.Errorf("after append/prepend Get(k) = %q, want %q", it.Value, "<z>")
+	}
+	mustNil("Set n", c.Set(ctx, Item{Key: "n", Value: []byte("5")}))
+	if v, err := c.Incr(ctx, "n", 10); err != nil || v != 15 {
+		t.Errorf("Incr(n, 10) = %d, %v, want 15", v, err)
+	}
+	if v, err := c.Decr(ctx, "n", 100); err != nil || v != 0 {
+		t.Errorf("Decr(n, 100) = %d, %v, want 0", v, err)
+	}
+	_, err = c.Incr(ctx, "k", 1)
+	mustIs("Incr non-numeric", err, ErrNotNumeric)
+	_, err = c.Incr(ctx, "nope", 1)
+	mustIs("Incr missing", err, ErrNotFound)
+	mustNil("Touch", c.Touch(ctx, "k", 100))
+	mustIs("Touch missing", c.Touch(ctx, "nope", 100), ErrNotFound)
+	mustNil("Delete", c.Delete(ctx, "k"))
+	mustIs("Delete again", c.Delete(ctx, "k"), ErrNotFound)
+	_, err = c.Get(ctx, "k")
+	mustIs("Get deleted", err, ErrNotFound)
+	err = c.Set(ctx, Item{Key: "big", Value: make([]byte, 2<<20)})
+	mustIs("Set 2 MiB", err, ErrTooLarge)
+
+	node := c.nodes[0].name
+	if got := testutil.ToFloat64(c.m.up.WithLabelValues(node)); got != 1 {
+		t.Errorf("node_up{%s} = %v, want 1", node, got)
+	}
+	if n, err := testutil.GatherAndCount(reg, "memcgate_upstream_ops_total"); err != nil || n == 0 {
+		t.Errorf("GatherAndCount(ops) = %d, %v, want > 0", n, err)
+	}
+}
+
+func TestMaxConnsBoundsConnections(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 1)
+	const limit = 3
+	c, _ := newTestCluster(t, mcs, func(o *Options) { o.MaxConns, o.MaxIdleConns = limit, limit })
+	ctx := t.Context()
+	errs := make(chan error, 200)
+	for i := range 200 {
+		go func() {
+			key := fmt.Sprint("k", i)
+			err := c.Set(ctx, Item{Key: key, Value: []byte(strings.Repeat("v", 400))})
+			if err == nil {
+				_, err = c.Get(ctx, key)
+			}
+			errs <- err
+		}()
+	}
+	for range 200 {
+		if err := <-errs; err != nil {
+			t.Errorf("op under load: %v", err)
+		}
+	}
+	if got := c.nodes[0].conns.Load(); got > limit {
+		t.Errorf("open connections after load = %d, want <= %d", got, limit)
+	}
+	n, err := memcachedtest.CurrConnections(mcs[0].Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n > limit {
+		t.Errorf("memcached curr_connections from the cluster = %d, want <= %d", n, limit)
+	}
+}
+
+func TestWaitForSlotFollowsContext(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 1)
+	c, _ := newTestCluster(t, mcs, func(o *Options) { o.MaxConns = 1 })
+	n := c.nodes[0]
+	n.sem <- struct{}{} // the only slot is taken
+	defer func() { <-n.sem }()
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := c.Get(ctx, "k")
+	var ne *NodeError
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Errorf("Get with no free slot = %v, want a timeout NodeError", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("Get with no free slot took %v, want about the 50ms deadline", d)
+	}
+	if !n.available() {
+		t.Error("waiting for our own slot ejected the node")
+	}
+}
+
+func TestPassiveEjectionAndProbeReadmission(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 2)
+	c, _ := newTestCluster(t, mcs, nil)
+	ctx := t.Context()
+	c.checkAll(ctx)
+	close(c.probed)
+	if !c.Ready() {
+		t.Fatal("Ready() = false with both nodes up")
+	}
+	// Find a key owned by node 0, kill node 0: the first failed operation
+	// ejects it (refused), the read retries on node 1.
+	key := keyOwnedBy(t, c, 0)
+	mcs[0].Kill()
+	if _, err := c.Get(ctx, key); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Get(%s) after its owner died = %v, want a miss from the next node", key, err)
+	}
+	if c.nodes[0].available() {
+		t.Error("node 0 still available after a refused connection")
+	}
+	// Writes now go to node 1 directly (the ring skips node 0).
+	if err := c.Set(ctx, Item{Key: key, Value: []byte("v")}); err != nil {
+		t.Errorf("Set(%s) with its owner down = %v, want nil (rehash)", key, err)
+	}
+	// Probes keep it down, and bring it back only after Rise passes.
+	c.checkAll(ctx)
+	if c.nodes[0].available() {
+		t.Error("node 0 up after a failed probe")
+	}
+	mcs[0].Restart()
+	c.checkAll(ctx)
+	if c.nodes[0].available() {
+		t.Error("node 0 up after one passed probe, want Rise=2")
+	}
+	c.checkAll(ctx)
+	if !c.nodes[0].available() {
+		t.Error("node 0 still down after two passed probes")
+	}
+	// All nodes down: ErrNoNodes at once.
+	c.nodes[0].eject("test", errors.New("x"))
+	c.nodes[1].eject("test", errors.New("x"))
+	start := time.Now()
+	if _, err := c.Get(ctx, key); !errors.Is(err, ErrNoNodes) {
+		t.Errorf("Get with all nodes down = %v, want ErrNoNodes", err)
+	}
+	if d := time.Since(start); d > 10*time.Millisecond {
+		t.Errorf("Get with all nodes down took %v, want immediate", d)
+	}
+	if c.Ready() {
+		t.Error("Ready() = true with all nodes down")
+	}
+}
+
+func TestTimeoutsEjectAfterPassiveFails(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 1)
+	c, _ := newTestCluster(t, mcs, func(o *Options) { o.Timeout = 100 * time.Millisecond })
+	ctx := t.Context()
+	if err := c.Set(ctx, Item{Key: "k", Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	mcs[0].Pause()
+	defer mcs[0].Resume()
+	_, err := c.Get(ctx, "k")
+	var ne *NodeError
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("Get from a paused node = %v, want a timeout", err)
+	}
+	if !c.nodes[0].available() {
+		t.Error("one timeout ejected the node, want PassiveFails=2")
+	}
+	_, _ = c.Get(ctx, "k")
+	if c.nodes[0].available() {
+		t.Error("node still available after 2 timeouts")
+	}
+}
+
+func keyOwnedBy(t *testing.T, c *Cluster, idx int) string {
+	t.Helper()
+	for i := range 10000 {
+		k := fmt.Sprint("key-", i)
+		if c.Owners(k)[0] == c.nodes[idx].name {
+			return k
+		}
+	}
+	t.Fatalf("no key owned by node %d", idx)
+	return ""
+}
