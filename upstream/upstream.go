@@ -57,9 +57,9 @@ type healthPolicy struct {
 // Options configures a Cluster. Zero values take the defaults named on each
 // field.
 type Options struct {
-	Servers      []Server               // required
-	Distribution hashring.Distribution  // if empty, hashring.Ketama
-	KeyPrefix    string                 // prepended to every key sent to memcached
+	Servers      []Server              // required
+	Distribution hashring.Distribution // if empty, hashring.Ketama
+	KeyPrefix    string                // prepended to every key sent to memcached
 	// HashWithPrefix places keys by the prefixed key. By default the
 	// unprefixed key is hashed, as php-memcached does with OPT_PREFIX_KEY.
 	HashWithPrefix bool
