@@ -51,6 +51,15 @@ type Config struct {
 	HealthFall     int           `env:"HEALTH_FALL" envDefault:"2" help:"consecutive failed probes that mark a node down"`
 	HealthRise     int           `env:"HEALTH_RISE" envDefault:"2" help:"consecutive passed probes that bring a node back"`
 	PassiveFails   int           `env:"PASSIVE_FAILS" envDefault:"3" help:"consecutive data-path timeouts that eject a node (refused/reset connections eject at once; 0 turns passive ejection off)"`
+	Failover       string        `env:"FAILOVER" envDefault:"rehash" help:"what happens to a down node's keys: rehash (next live node on the ring; no other key moves) or fail (fast 503, the ring stays)"`
+	FailoverTTL    time.Duration `env:"FAILOVER_TTL" envDefault:"60s" help:"expiry cap for writes that land on a node other than the key's owner, so stale copies age out once the owner is back (0 = no cap)"`
+	ReadmitFlush   bool          `env:"READMIT_FLUSH" envDefault:"false" help:"flush_all a node before re-admitting it, so it cannot serve values older than its failover successors got"`
+	MaxEjectedPct  int           `env:"MAX_EJECTED_PERCENT" envDefault:"50" help:"most nodes (percent, at least one) that passive ejection may hold down at once; probes are not capped"`
+	PanicPct       int           `env:"PANIC_PERCENT" envDefault:"0" help:"while fewer than this percent of nodes are up (but some), route as if all were up (Envoy's panic threshold); 0 = off"`
+	ReadyMinUpPct  int           `env:"READY_MIN_UP_PERCENT" envDefault:"0" help:"/readyz needs at least this percent of nodes up (and always at least one)"`
+	FlapWindow     time.Duration `env:"FLAP_WINDOW" envDefault:"60s" help:"an ejection this soon after a re-admission counts as a flap"`
+	FlapBackoff    time.Duration `env:"FLAP_BACKOFF" envDefault:"5s" help:"after a flap, probe passes count only after this hold-down, doubled per further flap"`
+	FlapBackoffMax time.Duration `env:"FLAP_BACKOFF_MAX" envDefault:"2m" help:"cap of the flap hold-down (plus up to 50% jitter)"`
 
 	AccessLog bool   `env:"ACCESS_LOG" envDefault:"true" help:"one log line per request (never values; keys only at debug level)"`
 	LogLevel  string `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
@@ -221,6 +230,33 @@ func (c Config) Validate() error {
 			bad("KEY_PREFIX", "contains byte 0x%02x at offset %d; memcached keys cannot hold spaces or control bytes", b, i)
 			break
 		}
+	}
+	switch c.Failover {
+	case "rehash", "fail":
+	default:
+		bad("FAILOVER", "%q is not rehash or fail", c.Failover)
+	}
+	for _, p := range []struct {
+		name   string
+		v, min int
+	}{{"MAX_EJECTED_PERCENT", c.MaxEjectedPct, 1}, {"PANIC_PERCENT", c.PanicPct, 0}, {"READY_MIN_UP_PERCENT", c.ReadyMinUpPct, 0}} {
+		if p.v < p.min || p.v > 100 {
+			bad(p.name, "must be a percentage from %d to 100, got %d", p.min, p.v)
+		}
+	}
+	if c.FailoverTTL < 0 || c.FailoverTTL%time.Second != 0 {
+		bad("FAILOVER_TTL", "must be whole seconds, not negative, got %s", c.FailoverTTL)
+	}
+	for _, p := range []struct {
+		name string
+		v    time.Duration
+	}{{"FLAP_WINDOW", c.FlapWindow}, {"FLAP_BACKOFF", c.FlapBackoff}, {"FLAP_BACKOFF_MAX", c.FlapBackoffMax}} {
+		if p.v <= 0 {
+			bad(p.name, "must be positive, got %s", p.v)
+		}
+	}
+	if c.FlapBackoffMax < c.FlapBackoff {
+		bad("FLAP_BACKOFF_MAX", "%s is shorter than FLAP_BACKOFF %s", c.FlapBackoffMax, c.FlapBackoff)
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

@@ -16,8 +16,8 @@ type Admin struct {
 	Ready func() bool
 	// Nodes returns the state of every memcached node, for /debug/nodes.
 	Nodes func() any
-	// Owners returns the nodes of a key in failover order, for
-	// /debug/owners?key=.
+	// Owners returns where a key lives (owner, failover chain, the node
+	// serving it now), for /debug/owners?key=.
 	Owners func(key string) any
 }
 
@@ -54,7 +54,7 @@ func NewAdminHandler(g prometheus.Gatherer, a Admin) http.Handler {
 			text(w, http.StatusNotFound, "no ring information\n")
 			return
 		}
-		writeJSON(w, map[string]any{"key": key, "owners": a.Owners(key)})
+		writeJSON(w, a.Owners(key))
 	})
 	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 	mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)

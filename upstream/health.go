@@ -2,33 +2,213 @@ package upstream
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
+// The health model, in one place:
+//
+//   - Active: every Interval each node gets a `version` probe on its own
+//     one-connection client. Fall failures in a row take it down; Rise
+//     passes in a row bring it back (hysteresis). Only probes re-admit.
+//   - Passive: on the data path a refused or reset connection ejects the
+//     node at once; PassiveFails timeouts in a row eject it; any answer
+//     from memcached resets the count. Passive ejections are capped at
+//     MaxEjectedPercent of the nodes (at least one), so a fault on the
+//     gateway's side cannot empty the ring; probes are not capped, because
+//     they confirm a node is gone.
+//   - Flapping: an ejection that follows a re-admission within FlapWindow is
+//     a flap; after k flaps in a row, probe passes only start to count after
+//     FlapBackoff·2^(k-1) (capped at FlapBackoffMax) plus up to 50% jitter.
+//   - Panic: while fewer than PanicPercent of the nodes are up (but at least
+//     one), routing ignores health, as Envoy does.
+
+// prober is what health checking needs from a node's probe client.
+// *memcache.Client implements it.
+type prober interface {
+	Ping() error
+	FlushAll() error
+	Close() error
+}
+
+// healthPolicy is the cluster-wide part of health checking, shared by all
+// nodes. It holds atomics: it must not be copied.
+type healthPolicy struct {
+	HealthOptions
+	down       atomic.Int32 // nodes currently down
+	maxPassive int32        // most nodes passive ejection may take down at once
+	ejected    func(node, reason string)
+	refused    func(node string)
+}
+
+// reservePassive counts one more node down if passive ejection may take it.
+func (p *healthPolicy) reservePassive() bool {
+	for {
+		d := p.down.Load()
+		if d >= p.maxPassive {
+			return false
+		}
+		if p.down.CompareAndSwap(d, d+1) {
+			return true
+		}
+	}
+}
+
+// backoff is how long re-admission waits after the flaps-th flap in a row.
+func (p *healthPolicy) backoff(flaps int) time.Duration {
+	if flaps <= 0 || p.FlapBackoff <= 0 {
+		return 0
+	}
+	d := p.FlapBackoff
+	for i := 1; i < flaps && d < p.FlapBackoffMax; i++ {
+		d *= 2
+	}
+	d = min(d, p.FlapBackoffMax)
+	return d + rand.N(d/2+1)
+}
+
+// available reports whether the node takes traffic.
+func (n *node) available() bool { return n.up.Load() }
+
+// observe is passive health checking of one data-path result.
+func (n *node) observe(err error) {
+	var ne *NodeError
+	if !errors.As(err, &ne) {
+		if n.passiveRuns.Load() != 0 {
+			n.passiveRuns.Store(0)
+		}
+		return
+	}
+	if n.h.PassiveFails <= 0 || errors.Is(err, context.DeadlineExceeded) {
+		return // waiting for our own semaphore says nothing about the node
+	}
+	switch {
+	case hardFailure(err):
+		n.eject("refused", err, true)
+	case ne.timeout && int(n.passiveRuns.Add(1)) >= n.h.PassiveFails:
+		n.eject("timeouts", err, true)
+	}
+}
+
+// eject takes the node out of service. It logs and counts only when the
+// state changes. Idle data connections are closed: they lead to a process
+// that is dead or hung.
+func (n *node) eject(reason string, cause error, passive bool) {
+	if !n.up.Load() {
+		return
+	}
+	if passive && !n.h.reservePassive() {
+		n.h.refused(n.name)
+		return
+	}
+	n.mu.Lock()
+	if !n.up.CompareAndSwap(true, false) {
+		n.mu.Unlock()
+		if passive {
+			n.h.down.Add(-1)
+		}
+		return
+	}
+	if !passive {
+		n.h.down.Add(1)
+	}
+	now := time.Now()
+	n.passes = 0
+	n.passiveRuns.Store(0)
+	if !n.readmittedAt.IsZero() && now.Sub(n.readmittedAt) < n.h.FlapWindow {
+		n.flaps++
+	} else {
+		n.flaps = 0
+	}
+	hold := n.h.backoff(n.flaps)
+	n.holdUntil = now.Add(hold)
+	n.since, n.reason = now, reason+": "+cause.Error()
+	flaps := n.flaps
+	n.mu.Unlock()
+
+	n.m.up.Set(0)
+	n.h.ejected(n.name, reason)
+	n.log.Warn("node down", "reason", reason, "err", cause.Error(), "flaps", flaps, "readmit_hold", hold.String())
+	_ = n.client.Close()
+}
+
+type probeAction uint8
+
+const (
+	probeNone probeAction = iota
+	probeEject
+	probeReadmit
+)
+
+// probeResult applies one probe's result to the counters and says what to
+// do; the caller acts without holding the lock.
+func (n *node) probeResult(err error) probeAction {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err != nil {
+		n.passes = 0
+		n.fails++
+		if n.up.Load() && n.fails >= n.h.Fall {
+			return probeEject
+		}
+		return probeNone
+	}
+	n.fails = 0
+	if n.up.Load() || time.Now().Before(n.holdUntil) {
+		return probeNone
+	}
+	n.passes++
+	if n.passes >= n.h.Rise {
+		return probeReadmit
+	}
+	return probeNone
+}
+
+// admit puts a node back into service.
+func (n *node) admit() {
+	n.mu.Lock()
+	if !n.up.CompareAndSwap(false, true) {
+		n.mu.Unlock()
+		return
+	}
+	n.h.down.Add(-1)
+	now := time.Now()
+	passes := n.passes
+	n.readmittedAt, n.passes = now, 0
+	n.since, n.reason = now, fmt.Sprintf("%d probes passed", passes)
+	n.mu.Unlock()
+	n.m.up.Set(1)
+	n.log.Info("node up", "passes", passes)
+}
+
 // Run checks every node actively until ctx is done: a round at once, then
-// one every Health.Interval. Each round probes all nodes in parallel with
-// memcached's version command over each node's own one-connection probe
-// client (never the data pool) and waits for every probe, so rounds never
-// overlap. Run returns nil when ctx is done.
+// one every Health.Interval. Rounds never overlap: each waits for all its
+// probes. Run returns nil when ctx is done.
 func (c *Cluster) Run(ctx context.Context) error {
 	t := time.NewTicker(c.opts.Health.Interval)
 	defer t.Stop()
 	c.checkAll(ctx)
-	close(c.probed)
+	c.probedOnce.Do(func() { close(c.probed) })
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 			c.checkAll(ctx)
+			// A round that waited for timeouts must not be followed at once
+			// by the tick that queued meanwhile: Rise passes in a row should
+			// span Rise intervals.
+			t.Reset(c.opts.Health.Interval)
 		}
 	}
 }
 
-// checkAll runs one probe round synchronously.
+// checkAll runs one probe round: every node in parallel, synchronously.
 func (c *Cluster) checkAll(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, n := range c.nodes {
@@ -38,17 +218,53 @@ func (c *Cluster) checkAll(ctx context.Context) {
 					c.log.Error("probe panicked", "node", n.name, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 				}
 			}()
-			err := n.probe.Ping()
-			if ctx.Err() != nil {
-				return // shutting down: a failed probe says nothing
-			}
-			if err != nil {
-				c.m.probes.WithLabelValues(n.name, "fail").Inc()
-			} else {
-				c.m.probes.WithLabelValues(n.name, "ok").Inc()
-			}
-			n.probeResult(classify(n.name, "probe", err))
+			c.checkNode(ctx, n)
 		})
 	}
 	wg.Wait()
+}
+
+func (c *Cluster) checkNode(ctx context.Context, n *node) {
+	err := n.probe.Ping()
+	if ctx.Err() != nil {
+		return // shutting down: a failed probe says nothing
+	}
+	if err != nil {
+		c.m.probes.WithLabelValues(n.name, "fail").Inc()
+		err = classify(n.name, "probe", err)
+	} else {
+		c.m.probes.WithLabelValues(n.name, "ok").Inc()
+	}
+	switch n.probeResult(err) {
+	case probeEject:
+		n.eject("probe", err, false)
+	case probeReadmit:
+		if c.opts.Health.ReadmitFlush {
+			// The node may hold values older than what its failover
+			// successors got meanwhile; start it empty instead.
+			if ferr := n.probe.FlushAll(); ferr != nil {
+				n.log.Warn("flush before re-admission failed; staying down", "err", ferr.Error())
+				n.mu.Lock()
+				n.passes = 0
+				n.mu.Unlock()
+				return
+			}
+		}
+		n.admit()
+	}
+}
+
+// up is the number of nodes taking traffic.
+func (c *Cluster) up() int { return len(c.nodes) - int(c.health.down.Load()) }
+
+// panicking reports whether routing should ignore health: fewer than
+// PanicPercent of the nodes are up, but not none (then there is nothing to
+// route to, and failing fast is better).
+func (c *Cluster) panicking() bool {
+	p := c.opts.Health.PanicPercent
+	if p <= 0 {
+		return false
+	}
+	up := c.up()
+	return up > 0 && up*100 < p*len(c.nodes)
 }

@@ -43,11 +43,13 @@ var resultNames = [numResults]string{"ok", "miss", "rejected", "error", "timeout
 // metrics holds every collector of the package. Counters for a node are
 // resolved once per node (nodeMetrics) so the hot path does no label lookups.
 type metrics struct {
-	ops      *prometheus.CounterVec
-	duration *prometheus.HistogramVec
-	up       *prometheus.GaugeVec
-	ejects   *prometheus.CounterVec
-	probes   *prometheus.CounterVec
+	ops           *prometheus.CounterVec
+	duration      *prometheus.HistogramVec
+	up            *prometheus.GaugeVec
+	ejects        *prometheus.CounterVec
+	ejectsRefused *prometheus.CounterVec
+	probes        *prometheus.CounterVec
+	failovers     *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -69,24 +71,33 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "memcgate_upstream_ejections_total",
 			Help: "Times a node was taken out of service, by reason (probe, refused, timeouts).",
 		}, []string{"node", "reason"}),
+		ejectsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "memcgate_upstream_ejections_refused_total",
+			Help: "Passive ejections not made because MAX_EJECTED_PERCENT of the nodes were already down.",
+		}, []string{"node"}),
+		failovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "memcgate_upstream_failovers_total",
+			Help: "Operations served by another node than the key's owner, by owner.",
+		}, []string{"node"}),
 		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "memcgate_upstream_probes_total",
 			Help: "Active health probes (memcached version), by node and result (ok, fail).",
 		}, []string{"node", "result"}),
 	}
-	reg.MustRegister(m.ops, m.duration, m.up, m.ejects, m.probes)
+	reg.MustRegister(m.ops, m.duration, m.up, m.ejects, m.ejectsRefused, m.probes, m.failovers)
 	return m
 }
 
 // nodeMetrics are one node's pre-resolved collectors.
 type nodeMetrics struct {
-	ops      [numOps][numResults]prometheus.Counter
-	duration [numOps]prometheus.Observer
-	up       prometheus.Gauge
+	ops       [numOps][numResults]prometheus.Counter
+	duration  [numOps]prometheus.Observer
+	up        prometheus.Gauge
+	failovers prometheus.Counter
 }
 
 func (m *metrics) forNode(name string) *nodeMetrics {
-	nm := &nodeMetrics{up: m.up.WithLabelValues(name)}
+	nm := &nodeMetrics{up: m.up.WithLabelValues(name), failovers: m.failovers.WithLabelValues(name)}
 	for o := range numOps {
 		nm.duration[o] = m.duration.WithLabelValues(name, opNames[o])
 		for r := range numResults {

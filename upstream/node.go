@@ -21,21 +21,24 @@ import (
 type node struct {
 	name   string // host:port as configured; what the ring hashes and what metrics show
 	client *memcache.Client
-	probe  *memcache.Client
+	probe  prober        // its own one-connection client; never the data pool
 	sem    chan struct{} // a token per operation in flight
 	conns  atomic.Int64  // open data connections (dialled and not yet closed)
 	m      *nodeMetrics
 	log    *slog.Logger
-	h      healthPolicy
+	h      *healthPolicy
 
 	up          atomic.Bool
 	passiveRuns atomic.Int32 // consecutive data-path timeouts
 
-	mu     sync.Mutex // guards the fields below; never held across I/O
-	fails  int        // consecutive failed probes
-	passes int        // consecutive passed probes
-	since  time.Time  // last state change
-	reason string     // why the node is in its state
+	mu           sync.Mutex // guards the fields below; never held across I/O
+	fails        int        // consecutive failed probes
+	passes       int        // consecutive passed probes (counted only after holdUntil)
+	since        time.Time  // last state change
+	reason       string     // why the node is in its state
+	flaps        int        // ejections that followed a re-admission within FlapWindow
+	readmittedAt time.Time  // last re-admission; zero if never ejected
+	holdUntil    time.Time  // no re-admission before this (flap back-off)
 }
 
 // addr is the net.Addr gomemcache dials. String returns the configured
@@ -53,7 +56,7 @@ type selector struct{ a addr }
 func (s selector) PickServer(string) (net.Addr, error) { return s.a, nil }
 func (s selector) Each(f func(net.Addr) error) error   { return f(s.a) }
 
-func newNode(name string, o *Options, pol healthPolicy, m *nodeMetrics, log *slog.Logger) *node {
+func newNode(name string, o *Options, pol *healthPolicy, m *nodeMetrics, log *slog.Logger) *node {
 	n := &node{
 		name: name,
 		sem:  make(chan struct{}, o.MaxConns),
@@ -77,16 +80,21 @@ func newNode(name string, o *Options, pol healthPolicy, m *nodeMetrics, log *slo
 		n.conns.Add(1)
 		return &countedConn{Conn: c, n: &n.conns}, nil
 	}
-	n.probe = memcache.NewFromSelector(selector{addr(name)})
-	n.probe.Timeout = o.Health.Timeout
-	n.probe.MaxIdleConns = 1
-	n.probe.DialContext = dialer
+	probe := memcache.NewFromSelector(selector{addr(name)})
+	probe.Timeout = o.Health.Timeout
+	probe.MaxIdleConns = 1
+	probe.DialContext = dialer
+	n.probe = probe
 	n.up.Store(true)
 	n.since = time.Now()
 	n.reason = "configured"
 	m.up.Set(1)
 	return n
 }
+
+// opFunc runs one operation on a node's client. failover is true when the
+// node is not the key's owner, so writes can cap their TTL.
+type opFunc func(mc *memcache.Client, failover bool) error
 
 // countedConn decrements the node's open-connection count once on Close.
 type countedConn struct {
@@ -106,7 +114,7 @@ func (c *countedConn) Close() error {
 // for a slot follows ctx; gomemcache itself has no context, so its socket
 // timeout bounds the call. The result is classified, counted, and fed to
 // passive health checking.
-func (n *node) do(ctx context.Context, o op, f func(*memcache.Client) error) error {
+func (n *node) do(ctx context.Context, o op, failover bool, f opFunc) error {
 	start := time.Now()
 	select {
 	case n.sem <- struct{}{}:
@@ -119,7 +127,7 @@ func (n *node) do(ctx context.Context, o op, f func(*memcache.Client) error) err
 			return err
 		}
 	}
-	err := classify(n.name, o.String(), f(n.client))
+	err := classify(n.name, o.String(), f(n.client, failover))
 	<-n.sem
 	n.m.duration[o].Observe(time.Since(start).Seconds())
 	n.m.ops[o][resultOf(err)].Inc()
@@ -139,80 +147,10 @@ func resultOf(err error) result {
 			return resTimeout
 		}
 		return resError
-	case errors.Is(err, ErrServer):
-		return resError
-	case errors.Is(err, context.Canceled):
+	case errors.Is(err, ErrServer), errors.Is(err, context.Canceled):
 		return resError
 	}
 	return resRejected
-}
-
-// available reports whether the node takes traffic.
-func (n *node) available() bool { return n.up.Load() }
-
-// observe is passive health checking: a refused or reset connection ejects
-// the node at once; timeouts eject after PassiveFails in a row; anything
-// else memcached answered resets the count. Only probes re-admit.
-func (n *node) observe(err error) {
-	var ne *NodeError
-	if !errors.As(err, &ne) {
-		if n.passiveRuns.Load() != 0 {
-			n.passiveRuns.Store(0)
-		}
-		return
-	}
-	if n.h.PassiveFails <= 0 || errors.Is(err, context.DeadlineExceeded) {
-		return // waiting for our own semaphore says nothing about the node
-	}
-	if hardFailure(err) {
-		n.eject("refused", err)
-		return
-	}
-	if ne.timeout && int(n.passiveRuns.Add(1)) >= n.h.PassiveFails {
-		n.eject("timeouts", err)
-	}
-}
-
-// eject takes the node out of service; it logs and counts only when the
-// state actually changes.
-func (n *node) eject(reason string, err error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.passes = 0
-	if !n.up.CompareAndSwap(true, false) {
-		return
-	}
-	n.passiveRuns.Store(0)
-	n.since, n.reason = time.Now(), reason+": "+err.Error()
-	n.m.up.Set(0)
-	n.h.ejected(n.name, reason)
-	n.log.Warn("node down", "reason", reason, "err", err.Error())
-}
-
-// probeResult applies one active probe's result with hysteresis: Fall
-// failures in a row take the node down, Rise passes bring it back.
-func (n *node) probeResult(err error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if err != nil {
-		n.passes = 0
-		n.fails++
-		if n.fails >= n.h.Fall && n.up.CompareAndSwap(true, false) {
-			n.passiveRuns.Store(0)
-			n.since, n.reason = time.Now(), "probe: "+err.Error()
-			n.m.up.Set(0)
-			n.h.ejected(n.name, "probe")
-			n.log.Warn("node down", "reason", "probe", "fails", n.fails, "err", err.Error())
-		}
-		return
-	}
-	n.fails = 0
-	n.passes++
-	if n.passes >= n.h.Rise && n.up.CompareAndSwap(false, true) {
-		n.since, n.reason = time.Now(), "probes passed"
-		n.m.up.Set(1)
-		n.log.Info("node up", "passes", n.passes)
-	}
 }
 
 // NodeStatus is a snapshot of one node for the admin API.
@@ -223,7 +161,9 @@ type NodeStatus struct {
 	Reason      string    `json:"reason"`
 	ProbeFails  int       `json:"consecutive_probe_fails"`
 	ProbePasses int       `json:"consecutive_probe_passes"`
-	PassiveRuns int       `json:"consecutive_timeouts"`
+	Timeouts    int       `json:"consecutive_timeouts"`
+	Flaps       int       `json:"flaps"`
+	HoldUntil   time.Time `json:"readmit_hold_until,omitzero"`
 	InFlight    int       `json:"in_flight"`
 	Connections int64     `json:"connections"`
 }
@@ -231,9 +171,13 @@ type NodeStatus struct {
 func (n *node) status() NodeStatus {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return NodeStatus{
+	st := NodeStatus{
 		Node: n.name, Up: n.up.Load(), Since: n.since, Reason: n.reason,
-		ProbeFails: n.fails, ProbePasses: n.passes, PassiveRuns: int(n.passiveRuns.Load()),
-		InFlight: len(n.sem), Connections: n.conns.Load(),
+		ProbeFails: n.fails, ProbePasses: n.passes, Timeouts: int(n.passiveRuns.Load()),
+		Flaps: n.flaps, InFlight: len(n.sem), Connections: n.conns.Load(),
 	}
+	if !st.Up && time.Now().Before(n.holdUntil) {
+		st.HoldUntil = n.holdUntil
+	}
+	return st
 }

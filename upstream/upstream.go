@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
@@ -39,20 +40,42 @@ type Server struct {
 	Weight int // share on the ring; < 1 means 1
 }
 
-// HealthOptions configures active and passive health checking.
+// HealthOptions configures active and passive health checking (see the
+// comment at the top of health.go for the model).
 type HealthOptions struct {
 	Interval     time.Duration // between probe rounds; if zero, 1s
 	Timeout      time.Duration // of one probe; if zero, 300ms
 	Fall         int           // consecutive failed probes that eject a node; if zero, 2
 	Rise         int           // consecutive passed probes that re-admit it; if zero, 2
 	PassiveFails int           // consecutive data-path timeouts that eject it; 0 disables passive ejection
+	// MaxEjectedPercent caps how many nodes passive ejection may hold down
+	// at once (at least one); probes are not capped. If zero, 50.
+	MaxEjectedPercent int
+	// PanicPercent: while fewer than this share of nodes is up (but at
+	// least one), route as if all were up. 0 disables panic mode.
+	PanicPercent int
+	// ReadyMinUpPercent is the share of nodes that must be up for Ready;
+	// at least one node always. 0 means one node.
+	ReadyMinUpPercent int
+	FlapWindow        time.Duration // an ejection this soon after a re-admission is a flap; if zero, 60s
+	FlapBackoff       time.Duration // hold-down after the first flap, doubling per flap; if zero, 5s
+	FlapBackoffMax    time.Duration // cap of the hold-down; if zero, 2m
+	// ReadmitFlush sends flush_all to a node before re-admitting it, so it
+	// cannot serve values older than what its failover successors got.
+	ReadmitFlush bool
 }
 
-// healthPolicy is HealthOptions plus the cluster's hooks.
-type healthPolicy struct {
-	HealthOptions
-	ejected func(node, reason string)
-}
+// FailoverPolicy says what happens to the keys of a node that is down.
+type FailoverPolicy string
+
+const (
+	// Rehash sends a down node's keys to the next live node on the ring;
+	// no other key moves.
+	Rehash FailoverPolicy = "rehash"
+	// FailFast answers ErrNoNodes at once for a down node's keys and never
+	// tries another node; the ring stays as it is.
+	FailFast FailoverPolicy = "fail"
+)
 
 // Options configures a Cluster. Zero values take the defaults named on each
 // field.
@@ -63,11 +86,16 @@ type Options struct {
 	// HashWithPrefix places keys by the prefixed key. By default the
 	// unprefixed key is hashed, as php-memcached does with OPT_PREFIX_KEY.
 	HashWithPrefix bool
-	Timeout        time.Duration // socket dial/read/write timeout per operation; if zero, 500ms
-	MaxIdleConns   int           // idle keepalive connections per node; if zero, 64
-	MaxConns       int           // operations in flight per node; if zero, 64
-	MaxAttempts    int           // distinct nodes tried per operation; if zero, 2
-	Health         HealthOptions
+	Timeout        time.Duration  // socket dial/read/write timeout per operation; if zero, 500ms
+	MaxIdleConns   int            // idle keepalive connections per node; if zero, 64
+	MaxConns       int            // operations in flight per node; if zero, 64
+	MaxAttempts    int            // distinct nodes tried per operation; if zero, 2
+	Failover       FailoverPolicy // if empty, Rehash
+	// FailoverTTL caps the expiration of writes that land on a node other
+	// than the key's owner, so that when the owner returns the copies
+	// elsewhere age out. 0 means no cap.
+	FailoverTTL time.Duration
+	Health      HealthOptions
 	// Dialer opens data and probe connections; if nil, a net.Dialer with
 	// Timeout. TLS to memcached plugs in here.
 	Dialer func(ctx context.Context, network, address string) (net.Conn, error)
@@ -89,6 +117,9 @@ func (o *Options) withDefaults() {
 	if o.MaxAttempts <= 0 {
 		o.MaxAttempts = 2
 	}
+	if o.Failover == "" {
+		o.Failover = Rehash
+	}
 	h := &o.Health
 	if h.Interval <= 0 {
 		h.Interval = time.Second
@@ -102,6 +133,18 @@ func (o *Options) withDefaults() {
 	if h.Rise <= 0 {
 		h.Rise = 2
 	}
+	if h.MaxEjectedPercent <= 0 {
+		h.MaxEjectedPercent = 50
+	}
+	if h.FlapWindow <= 0 {
+		h.FlapWindow = time.Minute
+	}
+	if h.FlapBackoff <= 0 {
+		h.FlapBackoff = 5 * time.Second
+	}
+	if h.FlapBackoffMax <= 0 {
+		h.FlapBackoffMax = 2 * time.Minute
+	}
 }
 
 // Cluster is a set of memcached nodes behind a consistent-hash ring. It is
@@ -109,12 +152,14 @@ func (o *Options) withDefaults() {
 // down is skipped while walking the ring, which places its keys exactly
 // where a ring without it would, and no other key moves.
 type Cluster struct {
-	nodes  []*node
-	ring   *hashring.Ring
-	opts   Options
-	m      *metrics
-	log    *slog.Logger
-	probed chan struct{} // closed after the first probe round
+	nodes      []*node
+	ring       *hashring.Ring
+	opts       Options
+	health     *healthPolicy
+	m          *metrics
+	log        *slog.Logger
+	probed     chan struct{} // closed after the first probe round
+	probedOnce sync.Once
 }
 
 // New builds a cluster. It opens no connection and starts no goroutine.
@@ -133,12 +178,20 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Cluster, e
 	}
 	m := newMetrics(reg)
 	c := &Cluster{ring: ring, opts: opts, m: m, log: log, probed: make(chan struct{})}
-	pol := healthPolicy{HealthOptions: opts.Health, ejected: func(node, reason string) {
-		m.ejects.WithLabelValues(node, reason).Inc()
-	}}
+	switch opts.Failover {
+	case Rehash, FailFast:
+	default:
+		return nil, fmt.Errorf("upstream: unknown failover policy %q", opts.Failover)
+	}
+	c.health = &healthPolicy{
+		HealthOptions: opts.Health,
+		maxPassive:    int32(max(1, len(opts.Servers)*opts.Health.MaxEjectedPercent/100)),
+		ejected:       func(node, reason string) { m.ejects.WithLabelValues(node, reason).Inc() },
+		refused:       func(node string) { m.ejectsRefused.WithLabelValues(node).Inc() },
+	}
 	for _, s := range opts.Servers {
 		name := net.JoinHostPort(s.Host, strconv.Itoa(s.Port))
-		c.nodes = append(c.nodes, newNode(name, &c.opts, pol, m.forNode(name), log))
+		c.nodes = append(c.nodes, newNode(name, &c.opts, c.health, m.forNode(name), log))
 	}
 	reg.MustRegister(newPoolCollector(c.nodes))
 	return c, nil
@@ -165,30 +218,43 @@ func (c *Cluster) keys(key string) (store, hash string) {
 	return store, key
 }
 
-// route runs f on the key's owner and, on a transport failure that allows
-// it, on the next live nodes of the key's ring order, at most MaxAttempts
-// nodes in all. Reads retry after any transport failure; writes only when
-// the connection was never made, because otherwise the first node may have
-// applied the write.
-func (c *Cluster) route(ctx context.Context, o op, hashKey string, write bool, f func(*memcache.Client) error) error {
+// route runs f on the key's owner or, if the owner is down and the policy
+// is Rehash, on the next live node of the key's ring order. After a
+// transport failure it tries the next live node, at most MaxAttempts nodes
+// in all: reads after any transport failure, writes only when the
+// connection was never made, because otherwise the first node may have
+// applied the write. f learns whether its node is not the owner.
+func (c *Cluster) route(ctx context.Context, o op, hashKey string, write bool, f opFunc) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	attempts := 0
+	ignoreHealth := c.panicking()
+	failFast := c.opts.Failover == FailFast
+	attempts, owner := 0, -1
 	var last error
 	for i := range c.ring.Owners(hashKey) {
+		if owner < 0 {
+			owner = i
+		}
 		n := c.nodes[i]
-		if !n.available() {
+		if !ignoreHealth && !n.available() {
+			if failFast {
+				return fmt.Errorf("%w: %s, the key's node, is down (failover policy %q)", ErrNoNodes, n.name, FailFast)
+			}
 			continue
 		}
 		attempts++
-		err := n.do(ctx, o, f)
+		failover := i != owner
+		if failover {
+			c.nodes[owner].m.failovers.Inc()
+		}
+		err := n.do(ctx, o, failover, f)
 		var ne *NodeError
 		if !errors.As(err, &ne) {
 			return err
 		}
 		last = err
-		if attempts >= c.opts.MaxAttempts || (write && !ne.dial) || ctx.Err() != nil {
+		if failFast || attempts >= c.opts.MaxAttempts || (write && !ne.dial) || ctx.Err() != nil {
 			return last
 		}
 	}
@@ -198,11 +264,33 @@ func (c *Cluster) route(ctx context.Context, o op, hashKey string, write bool, f
 	return ErrNoNodes
 }
 
+// capTTL applies FailoverTTL to an expiration (memcached semantics:
+// relative seconds up to 30 days, a Unix time above).
+func (c *Cluster) capTTL(exp int32) int32 {
+	limit := int32(c.opts.FailoverTTL / time.Second)
+	if limit <= 0 || exp < 0 {
+		return exp
+	}
+	if exp > relativeExpiryMax {
+		if remaining := int64(exp) - time.Now().Unix(); remaining <= int64(limit) {
+			return exp
+		}
+		return limit
+	}
+	if exp == 0 || exp > limit {
+		return limit
+	}
+	return exp
+}
+
+// relativeExpiryMax is memcached's 30 days: larger expirations are Unix times.
+const relativeExpiryMax = 60 * 60 * 24 * 30
+
 // Get reads one item.
 func (c *Cluster) Get(ctx context.Context, key string) (Item, error) {
 	sk, hk := c.keys(key)
 	var it *memcache.Item
-	err := c.route(ctx, opGet, hk, false, func(mc *memcache.Client) (err error) {
+	err := c.route(ctx, opGet, hk, false, func(mc *memcache.Client, _ bool) (err error) {
 		it, err = mc.Get(sk)
 		return err
 	})
@@ -215,7 +303,14 @@ func (c *Cluster) Get(ctx context.Context, key string) (Item, error) {
 func (c *Cluster) store(ctx context.Context, o op, it Item, f func(*memcache.Client, *memcache.Item) error) error {
 	sk, hk := c.keys(it.Key)
 	mi := &memcache.Item{Key: sk, Value: it.Value, Flags: it.Flags, Expiration: it.Expiration, CasID: it.CAS}
-	return c.route(ctx, o, hk, true, func(mc *memcache.Client) error { return f(mc, mi) })
+	return c.route(ctx, o, hk, true, func(mc *memcache.Client, failover bool) error {
+		if failover {
+			capped := *mi
+			capped.Expiration = c.capTTL(mi.Expiration)
+			return f(mc, &capped)
+		}
+		return f(mc, mi)
+	})
 }
 
 // Set stores an item unconditionally.
@@ -254,7 +349,7 @@ func (c *Cluster) Prepend(ctx context.Context, it Item) error {
 // Delete removes a key; ErrNotFound if it was not there.
 func (c *Cluster) Delete(ctx context.Context, key string) error {
 	sk, hk := c.keys(key)
-	return c.route(ctx, opDelete, hk, true, func(mc *memcache.Client) error { return mc.Delete(sk) })
+	return c.route(ctx, opDelete, hk, true, func(mc *memcache.Client, _ bool) error { return mc.Delete(sk) })
 }
 
 // Incr adds delta to a decimal value and returns the new value (wrapping
@@ -271,7 +366,7 @@ func (c *Cluster) Decr(ctx context.Context, key string, delta uint64) (uint64, e
 func (c *Cluster) incrDecr(ctx context.Context, o op, key string, delta uint64, f func(*memcache.Client, string, uint64) (uint64, error)) (uint64, error) {
 	sk, hk := c.keys(key)
 	var v uint64
-	err := c.route(ctx, o, hk, true, func(mc *memcache.Client) (err error) {
+	err := c.route(ctx, o, hk, true, func(mc *memcache.Client, _ bool) (err error) {
 		v, err = f(mc, sk, delta)
 		return err
 	})
@@ -281,23 +376,26 @@ func (c *Cluster) incrDecr(ctx context.Context, o op, key string, delta uint64, 
 // Touch sets a new expiration on an existing key; ErrNotFound if missing.
 func (c *Cluster) Touch(ctx context.Context, key string, exptime int32) error {
 	sk, hk := c.keys(key)
-	return c.route(ctx, opTouch, hk, true, func(mc *memcache.Client) error { return mc.Touch(sk, exptime) })
+	return c.route(ctx, opTouch, hk, true, func(mc *memcache.Client, failover bool) error {
+		if failover {
+			return mc.Touch(sk, c.capTTL(exptime))
+		}
+		return mc.Touch(sk, exptime)
+	})
 }
 
 // Ready reports whether the cluster can serve: the first probe round has
-// finished and at least one node is up.
+// finished and at least ReadyMinUpPercent of the nodes (and at least one)
+// are up.
 func (c *Cluster) Ready() bool {
 	select {
 	case <-c.probed:
 	default:
 		return false
 	}
-	for _, n := range c.nodes {
-		if n.available() {
-			return true
-		}
-	}
-	return false
+	n := len(c.nodes)
+	need := max(1, (n*c.opts.Health.ReadyMinUpPercent+99)/100)
+	return c.up() >= need
 }
 
 // Nodes returns a snapshot of every node's state, in configured order.
@@ -309,12 +407,42 @@ func (c *Cluster) Nodes() []NodeStatus {
 	return out
 }
 
+// Placement describes where a key lives, for the admin API.
+type Placement struct {
+	Key      string      `json:"key"`
+	StoreKey string      `json:"store_key"` // with the prefix, as sent to memcached
+	Serving  string      `json:"serving"`   // the node a request would use now; "" if none
+	Chain    []ChainNode `json:"chain"`     // the key's nodes in failover order; the first is the owner
+}
+
+// ChainNode is one node of a key's failover chain.
+type ChainNode struct {
+	Node string `json:"node"`
+	Up   bool   `json:"up"`
+}
+
+// Placement returns the key's owner and failover chain and the node that
+// would serve it now under the failover policy.
+func (c *Cluster) Placement(key string) Placement {
+	sk, hk := c.keys(key)
+	p := Placement{Key: key, StoreKey: sk}
+	ignoreHealth := c.panicking()
+	for i := range c.ring.Owners(hk) {
+		n := c.nodes[i]
+		up := n.available()
+		p.Chain = append(p.Chain, ChainNode{Node: n.name, Up: up})
+		if p.Serving == "" && (up || ignoreHealth) && (len(p.Chain) == 1 || c.opts.Failover == Rehash) {
+			p.Serving = n.name
+		}
+	}
+	return p
+}
+
 // Owners returns the key's nodes in failover order (first is the owner).
 func (c *Cluster) Owners(key string) []string {
-	_, hk := c.keys(key)
 	var out []string
-	for i := range c.ring.Owners(hk) {
-		out = append(out, c.nodes[i].name)
+	for _, n := range c.Placement(key).Chain {
+		out = append(out, n.Node)
 	}
 	return out
 }

@@ -231,7 +231,7 @@ func TestPassiveEjectionAndProbeReadmission(t *testing.T) {
 	c, _ := newTestCluster(t, mcs, nil)
 	ctx := t.Context()
 	c.checkAll(ctx)
-	close(c.probed)
+	c.probedOnce.Do(func() { close(c.probed) })
 	if !c.Ready() {
 		t.Fatal("Ready() = false with both nodes up")
 	}
@@ -264,8 +264,8 @@ func TestPassiveEjectionAndProbeReadmission(t *testing.T) {
 		t.Error("node 0 still down after two passed probes")
 	}
 	// All nodes down: ErrNoNodes at once.
-	c.nodes[0].eject("test", errors.New("x"))
-	c.nodes[1].eject("test", errors.New("x"))
+	c.nodes[0].eject("test", errors.New("x"), false)
+	c.nodes[1].eject("test", errors.New("x"), false)
 	start := time.Now()
 	if _, err := c.Get(ctx, key); !errors.Is(err, ErrNoNodes) {
 		t.Errorf("Get with all nodes down = %v, want ErrNoNodes", err)

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
@@ -281,6 +284,38 @@ func TestEndpoints(t *testing.T) {
 		resp.Body.Close()
 	}
 
+	// Admin introspection.
+	resp, err := http.Get(g.Admin + "/debug/nodes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodes []struct {
+		Node string `json:"node"`
+		Up   bool   `json:"up"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&nodes); err != nil || len(nodes) != 3 || !nodes[0].Up {
+		t.Errorf("/debug/nodes = %+v, %v, want 3 nodes up", nodes, err)
+	}
+	resp.Body.Close()
+	resp, err = http.Get(g.Admin + "/debug/owners?key=cond")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var place struct {
+		Serving string `json:"serving"`
+		Chain   []struct {
+			Node string `json:"node"`
+		} `json:"chain"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&place); err != nil || len(place.Chain) != 3 || place.Serving != place.Chain[0].Node {
+		t.Errorf("/debug/owners?key=cond = %+v, %v, want a chain of 3 served by its owner", place, err)
+	}
+	resp.Body.Close()
+	raw := memcachedClient(t, place.Serving)
+	if v, err := raw.Get("cond"); err != nil || string(v.Value) != "cas" {
+		t.Errorf("memcached %s (the owner /debug/owners named) has cond = %v, %v, want cas", place.Serving, v, err)
+	}
+
 	// Every write reached memcached through the ring: all three nodes hold keys.
 	for _, m := range mcs {
 		st, err := m.Stats()
@@ -301,6 +336,13 @@ func (zeros) Read(p []byte) (int, error) {
 }
 
 func ptr(s string) *string { return &s }
+
+func memcachedClient(t *testing.T, addr string) *memcache.Client {
+	t.Helper()
+	c := memcache.New(addr)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
 
 func TestConcurrentClientsAndConnectionCap(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 3)

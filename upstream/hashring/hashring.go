@@ -34,7 +34,9 @@ const (
 
 	// Modula is php-memcached's default placement: Jenkins one-at-a-time
 	// hash of the key modulo the number of servers, in configured order.
-	// Weights are ignored, as libmemcached ignores them for modula.
+	// Weights are ignored, as libmemcached ignores them for modula. Key bytes
+	// >= 0x80 are sign-extended as libhashkit does where C's char is signed
+	// (x86-64); libmemcached on arm64 places such keys differently.
 	Modula Distribution = "modula"
 
 	// Nginx is nginx's `hash $key consistent` (Cache::Memcached::Fast
@@ -167,7 +169,7 @@ func (r *Ring) point(key string) int {
 //     equals a ring built without the dead members, for any weights. The one
 //     exception is a CRC32 collision that nginx's de-duplication resolved in
 //     favour of a dead member: nginx drops the live member's copy of that
-//     point, so does this walk.
+//     point, and so does this walk.
 //   - Ketama: it equals New(Ketama, members without the dead ones) exactly
 //     when every surviving member keeps the same number of points in that
 //     smaller ring, because then the surviving points are the same strings

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -512,17 +513,31 @@ func FuzzOwners(f *testing.F) {
 	f.Add("", uint8(1), uint8(2), []byte{})
 	f.Add("\xff\x00é", uint8(70), uint8(0), []byte{0, 255})
 	f.Add(strings.Repeat("z", 300), uint8(65), uint8(2), []byte{3})
+	// Building a ring costs far more than a lookup, so rings are reused
+	// while only the key mutates.
+	var mu sync.Mutex
+	rings := map[string]*Ring{}
 	f.Fuzz(func(t *testing.T, key string, n, d uint8, weights []byte) {
 		ms := make([]Member, 1+int(n)%80)
+		id := []byte{d % 3}
 		for i := range ms {
 			w := 1
 			if len(weights) > 0 {
 				w = int(weights[i%len(weights)]) % 5 // includes 0, treated as 1
 			}
 			ms[i] = Member{fmt.Sprintf("h%d", i), 11211 + i%2, w}
+			id = append(id, byte(w))
 		}
-		dist := []Distribution{Ketama, Modula, Nginx}[int(d)%3]
-		r := mustNew(t, dist, ms)
+		mu.Lock()
+		r := rings[string(id)]
+		if r == nil {
+			if len(rings) > 512 {
+				clear(rings)
+			}
+			r = mustNew(t, []Distribution{Ketama, Modula, Nginx}[d%3], ms)
+			rings[string(id)] = r
+		}
+		mu.Unlock()
 		checkOwners(t, r, key)
 	})
 }

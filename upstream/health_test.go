@@ -1,0 +1,269 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// fakeProber answers probes from a switch the test flips; it stands in for
+// the probe connection where time, not sockets, is under test.
+type fakeProber struct {
+	ok      atomic.Bool
+	flushes atomic.Int32
+}
+
+func (f *fakeProber) Ping() error {
+	if f.ok.Load() {
+		return nil
+	}
+	return &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+}
+func (f *fakeProber) FlushAll() error { f.flushes.Add(1); return nil }
+func (f *fakeProber) Close() error    { return nil }
+
+// fakeCluster builds a cluster of n nodes at unused addresses whose probes
+// are fakes, all answering ok.
+func fakeCluster(t *testing.T, n int, mod func(*Options)) (*Cluster, []*fakeProber) {
+	t.Helper()
+	o := Options{Health: HealthOptions{Interval: time.Second, Fall: 2, Rise: 2, PassiveFails: 3,
+		FlapWindow: time.Minute, FlapBackoff: 10 * time.Second, FlapBackoffMax: 40 * time.Second}}
+	for i := range n {
+		o.Servers = append(o.Servers, Server{Host: fmt.Sprintf("node%d.invalid", i), Port: 11211})
+	}
+	if mod != nil {
+		mod(&o)
+	}
+	c, err := New(o, testLogger(), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	probes := make([]*fakeProber, n)
+	for i, nd := range c.nodes {
+		probes[i] = &fakeProber{}
+		probes[i].ok.Store(true)
+		nd.probe = probes[i]
+	}
+	return c, probes
+}
+
+// waitUntil advances the bubble's clock second by second until cond holds
+// and returns how long that took.
+func waitUntil(t *testing.T, limit time.Duration, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > limit {
+			t.Fatalf("condition not met within %v", limit)
+		}
+		time.Sleep(100 * time.Millisecond)
+		synctest.Wait()
+	}
+	return time.Since(start)
+}
+
+func TestFallRiseAndFlapBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, probes := fakeCluster(t, 3, nil)
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		go c.Run(ctx)
+		synctest.Wait()
+		if !c.Ready() {
+			t.Fatal("Ready() = false after the first round with all probes passing")
+		}
+		n := c.nodes[1]
+
+		probes[1].ok.Store(false)
+		down := waitUntil(t, time.Minute, func() bool { return !n.available() })
+		if down < time.Second || down > 2*time.Second {
+			t.Errorf("node down after %v of failed probes, want Fall=2 rounds (1s..2s)", down)
+		}
+		probes[1].ok.Store(true)
+		up := waitUntil(t, time.Minute, func() bool { return n.available() })
+		if up < time.Second || up > 2*time.Second {
+			t.Errorf("first re-admission after %v, want Rise=2 rounds (1s..2s)", up)
+		}
+
+		// It fails again within the flap window: the next re-admission waits
+		// the back-off (10s plus up to 50% jitter) before passes count.
+		for flap, base := range []time.Duration{10 * time.Second, 20 * time.Second, 40 * time.Second, 40 * time.Second} {
+			probes[1].ok.Store(false)
+			waitUntil(t, time.Minute, func() bool { return !n.available() })
+			probes[1].ok.Store(true)
+			up := waitUntil(t, 5*time.Minute, func() bool { return n.available() })
+			if up < base || up > base+base/2+3*time.Second {
+				t.Errorf("re-admission after flap %d took %v, want %v..%v", flap+1, up, base, base+base/2+3*time.Second)
+			}
+		}
+		if got := n.status().Flaps; got != 4 {
+			t.Errorf("flaps = %d, want 4", got)
+		}
+
+		// A stable minute forgets the flaps: the next ejection is a first one.
+		time.Sleep(2 * time.Minute)
+		probes[1].ok.Store(false)
+		waitUntil(t, time.Minute, func() bool { return !n.available() })
+		probes[1].ok.Store(true)
+		if up := waitUntil(t, time.Minute, func() bool { return n.available() }); up > 2*time.Second {
+			t.Errorf("re-admission after a stable period took %v, want Rise rounds only", up)
+		}
+	})
+}
+
+func TestPassiveEjectionCap(t *testing.T) {
+	c, _ := fakeCluster(t, 4, func(o *Options) { o.Health.MaxEjectedPercent = 50 })
+	refused := &NodeError{Node: "x", Op: "get", Err: fmt.Errorf("read: %w", syscall.ECONNRESET)}
+	for i := range 4 {
+		c.nodes[i].observe(refused)
+	}
+	if got, want := c.up(), 2; got != want {
+		t.Errorf("after passive failures on all 4 nodes, %d are up, want %d (cap 50%%)", got, want)
+	}
+	refusedMetric := testutil.ToFloat64(c.m.ejectsRefused.WithLabelValues(c.nodes[3].name))
+	if refusedMetric != 1 {
+		t.Errorf("ejections_refused_total{%s} = %v, want 1", c.nodes[3].name, refusedMetric)
+	}
+	// Probes are not capped: they confirm the node is gone.
+	c.nodes[3].eject("probe", errors.New("probe failed"), false)
+	if got, want := c.up(), 1; got != want {
+		t.Errorf("after a probe ejection beyond the cap, %d are up, want %d", got, want)
+	}
+	// Re-admission frees a passive slot again.
+	c.nodes[0].mu.Lock()
+	c.nodes[0].passes = 2
+	c.nodes[0].mu.Unlock()
+	c.nodes[0].admit()
+	if got, want := c.up(), 2; got != want {
+		t.Errorf("after re-admitting one node, %d are up, want %d", got, want)
+	}
+}
+
+func TestPanicMode(t *testing.T) {
+	c, _ := fakeCluster(t, 4, func(o *Options) { o.Health.PanicPercent = 50 })
+	key := "k"
+	owner := c.Placement(key).Chain[0].Node
+	var ownerNode *node
+	for _, n := range c.nodes {
+		if n.name == owner {
+			ownerNode = n
+		}
+	}
+	ownerNode.eject("probe", errors.New("down"), false)
+	if got := c.Placement(key).Serving; got == owner || got == "" {
+		t.Errorf("with 3 of 4 up, key served by %q, want the next live node", got)
+	}
+	// Take two more down: 1 of 4 up (25% < 50%): panic, route as if all up.
+	downed := 1
+	for _, n := range c.nodes {
+		if n != ownerNode && downed < 3 {
+			n.eject("probe", errors.New("down"), false)
+			downed++
+		}
+	}
+	if !c.panicking() {
+		t.Fatal("panicking() = false with 1 of 4 nodes up and PanicPercent 50")
+	}
+	if got := c.Placement(key).Serving; got != owner {
+		t.Errorf("in panic mode key served by %q, want its owner %q", got, owner)
+	}
+	// All down: no panic, fail fast.
+	for _, n := range c.nodes {
+		n.eject("probe", errors.New("down"), false)
+	}
+	if c.panicking() {
+		t.Error("panicking() = true with no node up")
+	}
+	start := time.Now()
+	if _, err := c.Get(t.Context(), key); !errors.Is(err, ErrNoNodes) {
+		t.Errorf("Get with all nodes down = %v, want ErrNoNodes", err)
+	}
+	if d := time.Since(start); d > 5*time.Millisecond {
+		t.Errorf("Get with all nodes down took %v", d)
+	}
+}
+
+func TestFailFastPolicy(t *testing.T) {
+	c, _ := fakeCluster(t, 3, func(o *Options) { o.Failover = FailFast })
+	key := "k"
+	p := c.Placement(key)
+	for _, n := range c.nodes {
+		if n.name == p.Chain[0].Node {
+			n.eject("probe", errors.New("down"), false)
+		}
+	}
+	if _, err := c.Get(t.Context(), key); !errors.Is(err, ErrNoNodes) {
+		t.Errorf("Get with the owner down under %q = %v, want ErrNoNodes", FailFast, err)
+	}
+	if got := c.Placement(key).Serving; got != "" {
+		t.Errorf("Placement().Serving with the owner down under %q = %q, want none", FailFast, got)
+	}
+}
+
+func TestReadmitFlush(t *testing.T) {
+	c, probes := fakeCluster(t, 2, func(o *Options) { o.Health.ReadmitFlush = true })
+	ctx := t.Context()
+	c.nodes[0].eject("probe", errors.New("down"), false)
+	c.checkAll(ctx)
+	c.checkAll(ctx)
+	if !c.nodes[0].available() {
+		t.Fatal("node not re-admitted after Rise passes")
+	}
+	if got := probes[0].flushes.Load(); got != 1 {
+		t.Errorf("flush_all sent %d times before re-admission, want 1", got)
+	}
+	if got := probes[1].flushes.Load(); got != 0 {
+		t.Errorf("flush_all sent to a node that never went down")
+	}
+}
+
+func TestCapTTL(t *testing.T) {
+	c := &Cluster{opts: Options{FailoverTTL: 60 * time.Second}}
+	now := int32(time.Now().Unix())
+	tests := []struct {
+		in, want int32
+	}{
+		{0, 60},
+		{10, 10},
+		{60, 60},
+		{3600, 60},
+		{-1, -1},
+		{relativeExpiryMax, 60},
+		{now + 30, now + 30},
+		{now + 3600, 60},
+	}
+	for _, tt := range tests {
+		if got := c.capTTL(tt.in); got != tt.want {
+			t.Errorf("capTTL(%d) = %d, want %d", tt.in, got, tt.want)
+		}
+	}
+	c.opts.FailoverTTL = 0
+	if got := c.capTTL(3600); got != 3600 {
+		t.Errorf("capTTL(3600) without a cap = %d, want 3600", got)
+	}
+}
+
+func TestReadyMinUpPercent(t *testing.T) {
+	c, _ := fakeCluster(t, 4, func(o *Options) { o.Health.ReadyMinUpPercent = 75 })
+	c.probedOnce.Do(func() { close(c.probed) })
+	if !c.Ready() {
+		t.Fatal("Ready() = false with 4 of 4 up")
+	}
+	c.nodes[0].eject("probe", errors.New("down"), false)
+	if !c.Ready() {
+		t.Error("Ready() = false with 3 of 4 up and 75% needed")
+	}
+	c.nodes[1].eject("probe", errors.New("down"), false)
+	if c.Ready() {
+		t.Error("Ready() = true with 2 of 4 up and 75% needed")
+	}
+}
