@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # deps.sh PROFILE: installs, with apt-get, the Debian packages a make target
 # needs when they are missing. PROFILE is "run" (memcached) or "test"
-# (memcached, php-cli with the curl and memcached extensions).
+# (memcached, php-cli with the curl and memcached extensions, nginx with the
+# memc module and haproxy for the interop and load-balancer tests).
 # It fails, never skips, when something cannot be installed.
 set -euo pipefail
 profile=${1:-test}
@@ -11,6 +12,9 @@ if [ "$profile" = test ]; then
   command -v php >/dev/null 2>&1 || need+=(php-cli)
   php -m 2>/dev/null | grep -qx curl || need+=(php-curl)
   php -m 2>/dev/null | grep -qx memcached || need+=(php-memcached)
+  command -v nginx >/dev/null 2>&1 || need+=(nginx)
+  [ -e /usr/lib/nginx/modules/ngx_http_memc_module.so ] || need+=(libnginx-mod-http-memc)
+  command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
 fi
 [ ${#need[@]} -eq 0 ] && exit 0
 echo "deps: installing ${need[*]}" >&2
@@ -23,6 +27,6 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-# Debian starts the packaged memcached on 11211; our tests and make run use
-# their own ports and processes, so the system service is left as it is.
+# Debian may start the packaged memcached and nginx services; our tests and
+# make run use their own ports and processes, so they are left as they are.
 for cmd in memcached; do command -v "$cmd" >/dev/null || { echo "deps: $cmd still missing" >&2; exit 1; }; done
