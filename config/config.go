@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"reflect"
 	"strconv"
 	"strings"
@@ -60,6 +61,25 @@ type Config struct {
 	FlapWindow     time.Duration `env:"FLAP_WINDOW" envDefault:"60s" help:"an ejection this soon after a re-admission counts as a flap"`
 	FlapBackoff    time.Duration `env:"FLAP_BACKOFF" envDefault:"5s" help:"after a flap, probe passes count only after this hold-down, doubled per further flap"`
 	FlapBackoffMax time.Duration `env:"FLAP_BACKOFF_MAX" envDefault:"2m" help:"cap of the flap hold-down (plus up to 50% jitter)"`
+
+	AuthTokens     string `env:"AUTH_TOKENS" help:"bearer tokens, scopes:token separated by commas, scopes read, write, admin joined by + (e.g. read:abc…,read+write:def…); empty = no authentication"`
+	AuthTokensFile string `env:"AUTH_TOKENS_FILE" help:"file with more scopes:token entries, one per line (# comments); keeps secrets out of the environment"`
+	ReadOnly       bool   `env:"READ_ONLY" envDefault:"false" help:"refuse every write with 403"`
+	MaxRequests    int    `env:"MAX_REQUESTS" envDefault:"10000" help:"requests in flight beyond which the gateway answers 503 with Retry-After (0 = no cap)"`
+
+	TLSCertFile        string `env:"TLS_CERT_FILE" help:"PEM certificate (chain) for HTTPS on the data listener; with TLS_KEY_FILE"`
+	TLSKeyFile         string `env:"TLS_KEY_FILE" help:"PEM private key for the data listener"`
+	AdminTLSCertFile   string `env:"ADMIN_TLS_CERT_FILE" help:"PEM certificate for HTTPS on the admin listener; with ADMIN_TLS_KEY_FILE"`
+	AdminTLSKeyFile    string `env:"ADMIN_TLS_KEY_FILE" help:"PEM private key for the admin listener"`
+	UpstreamTLS        bool   `env:"UPSTREAM_TLS" envDefault:"false" help:"talk TLS to memcached (memcached -Z / --enable-ssl)"`
+	UpstreamTLSCAFile  string `env:"UPSTREAM_TLS_CA_FILE" help:"PEM CA bundle that signs the memcached certificates (default: the system roots)"`
+	UpstreamTLSName    string `env:"UPSTREAM_TLS_SERVER_NAME" help:"name to verify in memcached certificates (default: each server's host)"`
+	UpstreamTLSCert    string `env:"UPSTREAM_TLS_CERT_FILE" help:"PEM client certificate for memcached's ssl_verify_mode; with UPSTREAM_TLS_KEY_FILE"`
+	UpstreamTLSKey     string `env:"UPSTREAM_TLS_KEY_FILE" help:"PEM client key"`
+	UpstreamTLSNoCheck bool   `env:"UPSTREAM_TLS_INSECURE_SKIP_VERIFY" envDefault:"false" help:"do not verify memcached certificates (testing only)"`
+
+	// Memc configures the HttpMemcModule-compatible endpoints (config/memc.go).
+	Memc Memc `envPrefix:"MEMC_"`
 
 	AccessLog bool   `env:"ACCESS_LOG" envDefault:"true" help:"one log line per request (never values; keys only at debug level)"`
 	LogLevel  string `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
@@ -258,6 +278,23 @@ func (c Config) Validate() error {
 	if c.FlapBackoffMax < c.FlapBackoff {
 		bad("FLAP_BACKOFF_MAX", "%s is shorter than FLAP_BACKOFF %s", c.FlapBackoffMax, c.FlapBackoff)
 	}
+	errs = append(errs, c.Memc.validate()...)
+	if _, err := c.Tokens(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.MaxRequests < 0 {
+		bad("MAX_REQUESTS", "must not be negative, got %d", c.MaxRequests)
+	}
+	pairs := []struct{ cert, key, certVal, keyVal string }{
+		{"TLS_CERT_FILE", "TLS_KEY_FILE", c.TLSCertFile, c.TLSKeyFile},
+		{"ADMIN_TLS_CERT_FILE", "ADMIN_TLS_KEY_FILE", c.AdminTLSCertFile, c.AdminTLSKeyFile},
+		{"UPSTREAM_TLS_CERT_FILE", "UPSTREAM_TLS_KEY_FILE", c.UpstreamTLSCert, c.UpstreamTLSKey},
+	}
+	for _, p := range pairs {
+		if (p.certVal == "") != (p.keyVal == "") {
+			bad(p.cert, "and %s%s must be set together", Prefix, p.key)
+		}
+	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:
@@ -290,14 +327,15 @@ func describe(err error) []error {
 	return out
 }
 
-// varName maps a Config field name to its variable.
+// varName maps a Config field name (nested structs included) to its
+// variable.
 func varName(field string) string {
-	f, ok := reflect.TypeFor[Config]().FieldByName(field)
-	if !ok {
-		return field
+	for _, v := range vars(reflect.TypeFor[Config](), Prefix) {
+		if v.field == field {
+			return v.Name
+		}
 	}
-	name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
-	return Prefix + name
+	return field
 }
 
 func unjoin(err error) []error {
@@ -320,6 +358,68 @@ func mentionsAny(e error, errs []error) bool {
 	return false
 }
 
+// Token is one bearer token and its scopes.
+type Token struct {
+	Secret             string
+	Read, Write, Admin bool
+}
+
+// ParseTokens reads scopes:token entries separated by commas or newlines;
+// scopes are read, write and admin joined by '+'. Blank lines and lines
+// starting with '#' are skipped.
+func ParseTokens(s string) ([]Token, error) {
+	var out []Token
+	for entry := range strings.FieldsFuncSeq(s, func(r rune) bool { return r == ',' || r == '\n' || r == '\r' }) {
+		entry = strings.TrimSpace(entry)
+		if entry == "" || strings.HasPrefix(entry, "#") {
+			continue
+		}
+		scopes, secret, ok := strings.Cut(entry, ":")
+		if !ok || secret == "" {
+			return nil, errors.New("an entry is not scopes:token (e.g. read+write:s3cr3t-at-least-16)")
+		}
+		if len(secret) < 16 {
+			return nil, fmt.Errorf("the %s token has %d characters; use at least 16", scopes, len(secret))
+		}
+		t := Token{Secret: secret}
+		for name := range strings.SplitSeq(scopes, "+") {
+			switch strings.TrimSpace(name) {
+			case "read":
+				t.Read = true
+			case "write":
+				t.Write = true
+			case "admin":
+				t.Admin = true
+			default:
+				return nil, fmt.Errorf("unknown scope %q (use read, write, admin)", name)
+			}
+		}
+		out = append(out, t)
+	}
+	return out, nil
+}
+
+// Tokens returns every configured token: AUTH_TOKENS plus the entries of
+// AUTH_TOKENS_FILE.
+func (c Config) Tokens() ([]Token, error) {
+	toks, err := ParseTokens(c.AuthTokens)
+	if err != nil {
+		return nil, fmt.Errorf("%sAUTH_TOKENS: %w", Prefix, err)
+	}
+	if c.AuthTokensFile == "" {
+		return toks, nil
+	}
+	b, err := os.ReadFile(c.AuthTokensFile)
+	if err != nil {
+		return nil, fmt.Errorf("%sAUTH_TOKENS_FILE: %w", Prefix, err)
+	}
+	more, err := ParseTokens(string(b))
+	if err != nil {
+		return nil, fmt.Errorf("%sAUTH_TOKENS_FILE %s: %w", Prefix, c.AuthTokensFile, err)
+	}
+	return append(toks, more...), nil
+}
+
 // Var describes one configuration variable, for -help and the README.
 type Var struct {
 	Name    string
@@ -329,17 +429,36 @@ type Var struct {
 
 // Vars lists every variable in declaration order.
 func Vars() []Var {
-	t := reflect.TypeFor[Config]()
-	vars := make([]Var, 0, t.NumField())
+	vs := vars(reflect.TypeFor[Config](), Prefix)
+	out := make([]Var, len(vs))
+	for i, v := range vs {
+		out[i] = v.Var
+	}
+	return out
+}
+
+type fieldVar struct {
+	Var
+	field string
+}
+
+// vars walks t's fields: env tags are variables, struct fields with an
+// envPrefix tag are walked with that prefix added.
+func vars(t reflect.Type, prefix string) []fieldVar {
+	var out []fieldVar
 	for i := range t.NumField() {
 		f := t.Field(i)
+		if p, ok := f.Tag.Lookup("envPrefix"); ok && f.Type.Kind() == reflect.Struct {
+			out = append(out, vars(f.Type, prefix+p)...)
+			continue
+		}
 		name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
 		if name == "" {
 			continue
 		}
-		vars = append(vars, Var{Name: Prefix + name, Default: f.Tag.Get("envDefault"), Help: f.Tag.Get("help")})
+		out = append(out, fieldVar{Var{Name: prefix + name, Default: f.Tag.Get("envDefault"), Help: f.Tag.Get("help")}, f.Name})
 	}
-	return vars
+	return out
 }
 
 // Usage renders Vars as the text that -help prints.

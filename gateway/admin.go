@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// Admin is what the admin endpoints show. Every field may be nil.
+// Admin is what the admin endpoints show. Every func field may be nil.
 type Admin struct {
 	// Ready reports whether this gateway should get traffic: upstream
 	// healthy enough and not draining. /readyz answers 503 while false.
@@ -19,6 +19,9 @@ type Admin struct {
 	// Owners returns where a key lives (owner, failover chain, the node
 	// serving it now), for /debug/owners?key=.
 	Owners func(key string) any
+	// Tokens, if any are set, guard every endpoint but /healthz and
+	// /readyz with the admin scope.
+	Tokens Tokens
 }
 
 // NewAdminHandler returns the admin-plane handler: /metrics from g,
@@ -61,7 +64,15 @@ func NewAdminHandler(g prometheus.Gatherer, a Admin) http.Handler {
 	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
-	return mux
+	if !a.Tokens.Enabled() {
+		return mux
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/healthz" && r.URL.Path != "/readyz" && !a.Tokens.require(w, r, ScopeAdmin) {
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
 }
 
 func text(w http.ResponseWriter, status int, body string) {

@@ -49,6 +49,16 @@ type Options struct {
 	RequestTimeout time.Duration
 	// AccessLog writes one log line per request.
 	AccessLog bool
+	// Memc, if set, adds the HttpMemcModule-compatible endpoints.
+	Memc *MemcOptions
+	// Tokens, if any are set, are required as bearer tokens: read scope
+	// for GET/HEAD, write scope for everything else (401/403).
+	Tokens Tokens
+	// ReadOnly refuses every write with 403.
+	ReadOnly bool
+	// MaxRequests caps requests in flight; beyond it 503 with Retry-After.
+	// Zero means no cap.
+	MaxRequests int
 }
 
 func (o *Options) withDefaults() {
@@ -78,13 +88,22 @@ const allowed = "GET, HEAD, PUT, DELETE, POST"
 func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Options) http.Handler {
 	opts.withDefaults()
 	h := &handler{store: s, opts: opts, defaultTTL: int32(opts.DefaultTTL / time.Second), log: log}
+	lim := &limiter{max: int64(opts.MaxRequests)}
 	r := chi.NewRouter()
-	r.Use(newObserver(log, reg, opts.AccessLog).middleware, h.deadline)
-	r.Get("/*", h.get)
-	r.Head("/*", h.get)
-	r.Put("/*", h.put)
-	r.Delete("/*", h.delete)
-	r.Post("/*", h.post)
+	r.Use(newObserver(log, reg, opts.AccessLog).middleware, lim.middleware, h.deadline)
+	if opts.Memc != nil {
+		// The compatible endpoints authorize per command, not per method
+		// (GET ?cmd=set is a write): see mountMemc.
+		h.mountMemc(r, opts.Memc)
+	}
+	r.Group(func(r chi.Router) {
+		r.Use(h.authorize)
+		r.Get("/*", h.get)
+		r.Head("/*", h.get)
+		r.Put("/*", h.put)
+		r.Delete("/*", h.delete)
+		r.Post("/*", h.post)
+	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", allowed)
 		writeError(w, &requestError{http.StatusMethodNotAllowed, "method " + r.Method + " is not allowed; use " + allowed})

@@ -312,3 +312,37 @@ func keyOwnedBy(t *testing.T, c *Cluster, idx int) string {
 	t.Fatalf("no key owned by node %d", idx)
 	return ""
 }
+
+func TestClusterCommands(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 2)
+	c, _ := newTestCluster(t, mcs, nil)
+	ctx := t.Context()
+	for _, r := range c.Version(ctx) {
+		if r.Err != nil || !strings.HasPrefix(string(r.Reply), "VERSION ") {
+			t.Errorf("Version on %s = %q, %v, want VERSION x.y.z", r.Node, r.Reply, r.Err)
+		}
+	}
+	for _, r := range c.Stats(ctx) {
+		if r.Err != nil || !strings.HasPrefix(string(r.Reply), "STAT pid ") || !strings.HasSuffix(string(r.Reply), "END\r\n") {
+			t.Errorf("Stats on %s = %.40q…, %v, want STAT lines then END", r.Node, r.Reply, r.Err)
+		}
+	}
+	if err := c.Set(ctx, Item{Key: "k", Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range c.FlushAll(ctx, 0) {
+		if r.Err != nil || string(r.Reply) != "OK\r\n" {
+			t.Errorf("FlushAll on %s = %q, %v, want OK", r.Node, r.Reply, r.Err)
+		}
+	}
+	if _, err := c.Get(ctx, "k"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Get after FlushAll = %v, want ErrNotFound", err)
+	}
+	c.nodes[1].eject("test", errors.New("down"), false)
+	if r := c.FlushAll(ctx, 5)[1]; !errors.Is(r.Err, ErrNoNodes) {
+		t.Errorf("FlushAll on a down node = %v, want ErrNoNodes", r.Err)
+	}
+	if n := c.nodes[0].conns.Load(); n > 1 {
+		t.Errorf("%d connections open after commands, want the pooled one at most", n)
+	}
+}

@@ -119,9 +119,18 @@ func upstreamOptions(cfg config.Config) upstream.Options {
 // requests in flight finish within ShutdownTimeout), stops health checks
 // and closes the pools.
 func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener, log *slog.Logger) error {
+	sec, err := newSecurity(cfg)
+	if err != nil {
+		dataLn.Close()
+		adminLn.Close()
+		return err
+	}
+	dataLn, adminLn = sec.wrap(dataLn, adminLn)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	cluster, err := upstream.New(upstreamOptions(cfg), log, reg)
+	uo := upstreamOptions(cfg)
+	uo.Dialer = sec.dialer
+	cluster, err := upstream.New(uo, log, reg)
 	if err != nil {
 		dataLn.Close()
 		adminLn.Close()
@@ -137,6 +146,10 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 			DefaultTTL:     cfg.DefaultTTL,
 			RequestTimeout: cfg.RequestTimeout,
 			AccessLog:      cfg.AccessLog,
+			Memc:           memcOptions(cfg.Memc, cluster),
+			Tokens:         sec.tokens,
+			ReadOnly:       cfg.ReadOnly,
+			MaxRequests:    cfg.MaxRequests,
 		}),
 		ReadHeaderTimeout: cfg.ReadHeaderTimout,
 		ReadTimeout:       cfg.ReadTimeout,
@@ -150,6 +163,7 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 			Ready:  func() bool { return !draining.Load() && cluster.Ready() },
 			Nodes:  func() any { return cluster.Nodes() },
 			Owners: func(key string) any { return cluster.Placement(key) },
+			Tokens: sec.tokens,
 		}),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,

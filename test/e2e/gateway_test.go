@@ -82,6 +82,13 @@ func serversEnv(ms []*memcachedtest.Server) string {
 // picked here) and waits until /readyz answers 200.
 func startGateway(t *testing.T, env map[string]string) *gateway {
 	t.Helper()
+	return startGatewayScheme(t, "http", env)
+}
+
+// startGatewayScheme is startGateway for a data listener speaking scheme
+// (http or https); the admin listener stays plain HTTP.
+func startGatewayScheme(t *testing.T, scheme string, env map[string]string) *gateway {
+	t.Helper()
 	dataPort, err1 := memcachedtest.FreePort()
 	adminPort, err2 := memcachedtest.FreePort()
 	if err1 != nil || err2 != nil {
@@ -89,7 +96,7 @@ func startGateway(t *testing.T, env map[string]string) *gateway {
 	}
 	g := &gateway{
 		t:     t,
-		URL:   "http://127.0.0.1:" + strconv.Itoa(dataPort),
+		URL:   scheme + "://127.0.0.1:" + strconv.Itoa(dataPort),
 		Admin: "http://127.0.0.1:" + strconv.Itoa(adminPort),
 		logs:  &syncBuffer{},
 		done:  make(chan error, 1),

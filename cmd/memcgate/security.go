@@ -1,0 +1,99 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"github.com/memcgate/memcgate/config"
+	"github.com/memcgate/memcgate/gateway"
+)
+
+// security is what the configuration says about tokens and TLS, loaded
+// once at start so that a bad file fails the start, not a request.
+type security struct {
+	tokens   gateway.Tokens
+	dataTLS  *tls.Config // nil: plain HTTP
+	adminTLS *tls.Config
+	dialer   func(ctx context.Context, network, address string) (net.Conn, error) // nil: plain TCP
+}
+
+func newSecurity(cfg config.Config) (*security, error) {
+	var s security
+	toks, err := cfg.Tokens()
+	if err != nil {
+		return nil, err
+	}
+	secrets := make(map[string]gateway.Scope, len(toks))
+	for _, t := range toks {
+		var sc gateway.Scope
+		if t.Read {
+			sc |= gateway.ScopeRead
+		}
+		if t.Write {
+			sc |= gateway.ScopeWrite
+		}
+		if t.Admin {
+			sc |= gateway.ScopeAdmin
+		}
+		secrets[t.Secret] |= sc
+	}
+	s.tokens = gateway.NewTokens(secrets)
+	if s.dataTLS, err = serverTLS(cfg.TLSCertFile, cfg.TLSKeyFile, "TLS_CERT_FILE"); err != nil {
+		return nil, err
+	}
+	if s.adminTLS, err = serverTLS(cfg.AdminTLSCertFile, cfg.AdminTLSKeyFile, "ADMIN_TLS_CERT_FILE"); err != nil {
+		return nil, err
+	}
+	if cfg.UpstreamTLS {
+		tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: cfg.UpstreamTLSName, InsecureSkipVerify: cfg.UpstreamTLSNoCheck}
+		if cfg.UpstreamTLSCAFile != "" {
+			pem, err := os.ReadFile(cfg.UpstreamTLSCAFile)
+			if err != nil {
+				return nil, fmt.Errorf("%sUPSTREAM_TLS_CA_FILE: %w", config.Prefix, err)
+			}
+			tc.RootCAs = x509.NewCertPool()
+			if !tc.RootCAs.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("%sUPSTREAM_TLS_CA_FILE: no PEM certificate in %s", config.Prefix, cfg.UpstreamTLSCAFile)
+			}
+		}
+		if cfg.UpstreamTLSCert != "" {
+			cert, err := tls.LoadX509KeyPair(cfg.UpstreamTLSCert, cfg.UpstreamTLSKey)
+			if err != nil {
+				return nil, fmt.Errorf("%sUPSTREAM_TLS_CERT_FILE: %w", config.Prefix, err)
+			}
+			tc.Certificates = []tls.Certificate{cert}
+		}
+		// The name is resolved on every dial (see upstream), and the TLS
+		// handshake is part of the dial, so it counts against TIMEOUT.
+		d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}, Config: tc}
+		s.dialer = d.DialContext
+	}
+	return &s, nil
+}
+
+func serverTLS(certFile, keyFile, name string) (*tls.Config, error) {
+	if certFile == "" {
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("%s%s: %w", config.Prefix, name, err)
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}, nil
+}
+
+// wrap puts TLS on the listeners that have a certificate.
+func (s *security) wrap(data, admin net.Listener) (net.Listener, net.Listener) {
+	if s.dataTLS != nil {
+		data = tls.NewListener(data, s.dataTLS)
+	}
+	if s.adminTLS != nil {
+		admin = tls.NewListener(admin, s.adminTLS)
+	}
+	return data, admin
+}

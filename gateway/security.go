@@ -1,0 +1,141 @@
+package gateway
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"net/http"
+	"strings"
+	"sync/atomic"
+)
+
+// Scope is what a bearer token allows.
+type Scope uint8
+
+const (
+	// ScopeRead allows GET and HEAD of items (and multi-get).
+	ScopeRead Scope = 1 << iota
+	// ScopeWrite allows PUT, DELETE and POST operations on items.
+	ScopeWrite
+	// ScopeAdmin allows the admin listener's endpoints other than /healthz
+	// and /readyz, and cluster-wide commands (flush_all, stats).
+	ScopeAdmin
+)
+
+// Tokens maps bearer tokens to their scopes. Lookups compare SHA-256
+// digests of every configured token in constant time, so neither a token's
+// content nor its length leaks through timing. The zero value (no tokens)
+// lets every request through.
+type Tokens struct {
+	entries []tokenEntry
+}
+
+type tokenEntry struct {
+	digest [sha256.Size]byte
+	scopes Scope
+}
+
+// NewTokens hashes the given secrets with their scopes.
+func NewTokens(secrets map[string]Scope) Tokens {
+	var t Tokens
+	for secret, sc := range secrets {
+		t.entries = append(t.entries, tokenEntry{digest: sha256.Sum256([]byte(secret)), scopes: sc})
+	}
+	return t
+}
+
+// Enabled reports whether any token is configured.
+func (t Tokens) Enabled() bool { return len(t.entries) > 0 }
+
+// scopes returns the scopes of the request's bearer token and whether a
+// known token was presented.
+func (t Tokens) scopes(r *http.Request) (Scope, bool) {
+	h := r.Header.Get("Authorization")
+	const prefix = "Bearer "
+	if len(h) <= len(prefix) || !strings.EqualFold(h[:len(prefix)], prefix) {
+		return 0, false
+	}
+	d := sha256.Sum256([]byte(strings.TrimSpace(h[len(prefix):])))
+	var found Scope
+	ok := 0
+	for _, e := range t.entries { // no early exit: every entry costs the same
+		eq := subtle.ConstantTimeCompare(d[:], e.digest[:])
+		ok |= eq
+		found |= e.scopes & Scope(-eq) // all ones or zero: a mask
+	}
+	return found, ok == 1
+}
+
+// require answers 401 without a valid token and 403 without the scope.
+func (t Tokens) require(w http.ResponseWriter, r *http.Request, need Scope) bool {
+	if !t.Enabled() {
+		return true
+	}
+	have, ok := t.scopes(r)
+	if !ok {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="memcgate"`)
+		writeError(w, &requestError{http.StatusUnauthorized, "missing or unknown bearer token"})
+		return false
+	}
+	if have&need == 0 {
+		writeError(w, &requestError{http.StatusForbidden, "token lacks the " + need.String() + " scope"})
+		return false
+	}
+	return true
+}
+
+func (s Scope) String() string {
+	switch s {
+	case ScopeRead:
+		return "read"
+	case ScopeWrite:
+		return "write"
+	case ScopeAdmin:
+		return "admin"
+	}
+	return "unknown"
+}
+
+// scopeFor is the scope a data-plane request needs.
+func scopeFor(method string) Scope {
+	if method == http.MethodGet || method == http.MethodHead {
+		return ScopeRead
+	}
+	return ScopeWrite
+}
+
+// authorize enforces tokens and read-only mode on the data plane.
+func (h *handler) authorize(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		need := scopeFor(r.Method)
+		if h.opts.ReadOnly && need == ScopeWrite && r.Method != http.MethodOptions {
+			writeError(w, &requestError{http.StatusForbidden, "read-only mode: writes are disabled (MEMCGATE_READ_ONLY)"})
+			return
+		}
+		if !h.opts.Tokens.require(w, r, need) {
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// limiter answers 503 with Retry-After once max requests are in flight,
+// instead of queueing without bound. A zero max disables it.
+type limiter struct {
+	max      int64
+	inFlight atomic.Int64
+}
+
+func (l *limiter) middleware(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if l.max > 0 {
+			if l.inFlight.Add(1) > l.max {
+				l.inFlight.Add(-1)
+				w.Header().Set("Retry-After", "1")
+				writeError(w, &requestError{http.StatusServiceUnavailable, "too many requests in flight; retry shortly"})
+				return
+			}
+			defer l.inFlight.Add(-1)
+		}
+		next.ServeHTTP(w, r)
+	})
+}

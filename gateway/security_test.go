@@ -1,0 +1,126 @@
+package gateway
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/memcgate/memcgate/upstream"
+)
+
+func TestTokens(t *testing.T) {
+	toks := NewTokens(map[string]Scope{
+		"reader-0123456789": ScopeRead,
+		"writer-0123456789": ScopeRead | ScopeWrite,
+		"admin-01234567890": ScopeAdmin,
+	})
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	s := newFake()
+	h := NewHandler(s, log, prometheus.NewRegistry(), Options{Tokens: toks})
+	tests := []struct {
+		name, method, auth string
+		want               int
+	}{
+		{"no token", "GET", "", 401},
+		{"unknown token", "GET", "Bearer nope-0123456789", 401},
+		{"not bearer", "GET", "Basic cmVhZGVyOng=", 401},
+		{"reader reads", "GET", "Bearer reader-0123456789", 404},
+		{"reader writes", "PUT", "Bearer reader-0123456789", 403},
+		{"writer writes", "PUT", "Bearer writer-0123456789", 201},
+		{"lower-case scheme", "PUT", "bearer writer-0123456789", 201},
+		{"admin is not data", "GET", "Bearer admin-01234567890", 403},
+	}
+	for _, tt := range tests {
+		var hdr []string
+		if tt.auth != "" {
+			hdr = []string{"Authorization", tt.auth}
+		}
+		w := do(h, tt.method, "/k2", "v", hdr...)
+		if w.Code != tt.want {
+			t.Errorf("%s: %s with %q = %d %q, want %d", tt.name, tt.method, tt.auth, w.Code, w.Body.String(), tt.want)
+		}
+		if w.Code == 401 && w.Header().Get("WWW-Authenticate") == "" {
+			t.Errorf("%s: 401 without WWW-Authenticate", tt.name)
+		}
+	}
+	admin := NewAdminHandler(prometheus.NewRegistry(), Admin{Tokens: toks})
+	for _, tt := range []struct {
+		path, auth string
+		want       int
+	}{
+		{"/healthz", "", 200},
+		{"/readyz", "", 200},
+		{"/metrics", "", 401},
+		{"/metrics", "Bearer reader-0123456789", 403},
+		{"/metrics", "Bearer admin-01234567890", 200},
+	} {
+		var hdr []string
+		if tt.auth != "" {
+			hdr = []string{"Authorization", tt.auth}
+		}
+		if w := do(admin, "GET", tt.path, "", hdr...); w.Code != tt.want {
+			t.Errorf("admin GET %s with %q = %d, want %d", tt.path, tt.auth, w.Code, tt.want)
+		}
+	}
+}
+
+func TestReadOnly(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	s := newFake()
+	h := NewHandler(s, log, prometheus.NewRegistry(), Options{ReadOnly: true})
+	for _, m := range []string{"PUT", "DELETE", "POST"} {
+		if w := do(h, m, "/k?op=incr", "v"); w.Code != 403 {
+			t.Errorf("%s in read-only mode = %d, want 403", m, w.Code)
+		}
+	}
+	if w := do(h, "GET", "/k", ""); w.Code != 404 {
+		t.Errorf("GET in read-only mode = %d, want 404 (reads work)", w.Code)
+	}
+	if s.calls != 1 {
+		t.Errorf("read-only writes reached the store: %d calls, want 1", s.calls)
+	}
+}
+
+// blockingStore holds every Get until released, to fill the limiter.
+type blockingStore struct {
+	*fakeStore
+	entered chan struct{}
+	release chan struct{}
+}
+
+func TestMaxRequests(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	bs := &blockingStore{fakeStore: newFake(), entered: make(chan struct{}, 2), release: make(chan struct{})}
+	h := NewHandler(blockingGet{bs}, log, prometheus.NewRegistry(), Options{MaxRequests: 2})
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() { do(h, "GET", "/k", "") })
+	}
+	<-bs.entered
+	<-bs.entered
+	w := do(h, "GET", "/k", "")
+	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" {
+		t.Errorf("third request with MaxRequests=2 = %d (Retry-After %q), want 503 with Retry-After", w.Code, w.Header().Get("Retry-After"))
+	}
+	close(bs.release)
+	wg.Wait()
+	if w := do(h, "GET", "/k", ""); w.Code != 404 {
+		t.Errorf("request after the others finished = %d, want 404", w.Code)
+	}
+}
+
+type blockingGet struct{ *blockingStore }
+
+func (b blockingGet) Get(ctx context.Context, key string) (upstream.Item, error) {
+	select {
+	case b.entered <- struct{}{}:
+		<-b.release
+	default:
+	}
+	return b.fakeStore.Get(ctx, key)
+}

@@ -1,0 +1,137 @@
+package e2e
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/memcgate/memcgate/test/memcachedtest"
+)
+
+// writeCert makes a throwaway CA and a server certificate for 127.0.0.1
+// and localhost, and returns the PEM file paths.
+func writeCert(t *testing.T) (caFile, certFile, keyFile string) {
+	t.Helper()
+	dir := t.TempDir()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "memcgate test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "localhost"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, _ := x509.MarshalECPrivateKey(key)
+	write := func(name, typ string, b []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: b}), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	return write("ca.pem", "CERTIFICATE", caDER), write("cert.pem", "CERTIFICATE", der), write("key.pem", "EC PRIVATE KEY", keyDER)
+}
+
+// TestTLSBothWays runs HTTPS on the data listener and TLS to a memcached
+// started with --enable-ssl.
+func TestTLSBothWays(t *testing.T) {
+	caFile, certFile, keyFile := writeCert(t)
+	mc := memcachedtest.Start(t, "-Z", "-o", "ssl_chain_cert="+certFile+",ssl_key="+keyFile)
+	g := startGatewayScheme(t, "https", map[string]string{
+		"MEMCGATE_SERVERS":              mc.Addr,
+		"MEMCGATE_TLS_CERT_FILE":        certFile,
+		"MEMCGATE_TLS_KEY_FILE":         keyFile,
+		"MEMCGATE_UPSTREAM_TLS":         "true",
+		"MEMCGATE_UPSTREAM_TLS_CA_FILE": caFile,
+	})
+	client := httpsClient(t, caFile)
+	req, _ := http.NewRequest("PUT", g.URL+"/secret", strings.NewReader("over tls"))
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("PUT over HTTPS: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 201 {
+		t.Fatalf("PUT over HTTPS = %d, want 201", resp.StatusCode)
+	}
+	resp, err = client.Get(g.URL + "/secret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != "over tls" {
+		t.Errorf("GET over HTTPS = %d %q, want 200 %q", resp.StatusCode, b, "over tls")
+	}
+	// Plain text to memcached's TLS port does not work: the value really
+	// went over TLS.
+	if _, err := memcachedtest.Stats(mc.Addr); err == nil {
+		t.Error("plain-text stats to a TLS memcached answered; TLS is not really on")
+	}
+}
+
+func httpsClient(t *testing.T, caFile string) *http.Client {
+	t.Helper()
+	pemBytes, err := os.ReadFile(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pemBytes)
+	return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+}
+
+func TestTokensAndReadOnlyEndToEnd(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 1)
+	tokFile := filepath.Join(t.TempDir(), "tokens")
+	os.WriteFile(tokFile, []byte("# operators\nadmin:admin-token-0123456789\n"), 0o600)
+	g := startGateway(t, map[string]string{
+		"MEMCGATE_SERVERS":          serversEnv(mcs),
+		"MEMCGATE_AUTH_TOKENS":      "read:reader-token-0123456789,read+write:writer-token-0123456789",
+		"MEMCGATE_AUTH_TOKENS_FILE": tokFile,
+	})
+	if r := g.do("PUT", "/k", []byte("v")); r.status != 401 {
+		t.Errorf("PUT without a token = %d, want 401", r.status)
+	}
+	if r := g.do("PUT", "/k", []byte("v"), "Authorization", "Bearer reader-token-0123456789"); r.status != 403 {
+		t.Errorf("PUT with a read token = %d, want 403", r.status)
+	}
+	if r := g.do("PUT", "/k", []byte("v"), "Authorization", "Bearer writer-token-0123456789"); r.status != 201 {
+		t.Errorf("PUT with a write token = %d, want 201", r.status)
+	}
+	if r := g.do("GET", "/k", nil, "Authorization", "Bearer reader-token-0123456789"); r.status != 200 {
+		t.Errorf("GET with a read token = %d, want 200", r.status)
+	}
+	req, _ := http.NewRequest("GET", g.Admin+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer admin-token-0123456789")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Errorf("GET /metrics with the admin token from the file = %v %v, want 200", resp, err)
+	}
+	if resp != nil {
+		resp.Body.Close()
+	}
+}

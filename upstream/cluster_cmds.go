@@ -1,0 +1,108 @@
+package upstream
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// NodeReply is one node's answer to a cluster-wide command.
+type NodeReply struct {
+	Node  string // host:port as configured
+	Reply []byte // memcached's raw reply, e.g. "OK\r\n" or the STAT lines and "END\r\n"
+	Err   error  // transport failure or ErrNoNodes (the node is down); nil if it answered
+}
+
+// FlushAll sends flush_all (with a delay in seconds, if positive) to every
+// node that is up, in parallel, and returns each node's reply. Nodes that
+// are down are reported with ErrNoNodes and not contacted.
+func (c *Cluster) FlushAll(ctx context.Context, delay int32) []NodeReply {
+	cmd := "flush_all\r\n"
+	if delay > 0 {
+		cmd = "flush_all " + strconv.Itoa(int(delay)) + "\r\n"
+	}
+	return c.everyNode(ctx, cmd, false)
+}
+
+// Stats sends stats to every node that is up and returns the raw replies.
+func (c *Cluster) Stats(ctx context.Context) []NodeReply {
+	return c.everyNode(ctx, "stats\r\n", true)
+}
+
+// Version asks every node that is up for its version.
+func (c *Cluster) Version(ctx context.Context) []NodeReply {
+	return c.everyNode(ctx, "version\r\n", false)
+}
+
+func (c *Cluster) everyNode(ctx context.Context, cmd string, multiline bool) []NodeReply {
+	out := make([]NodeReply, len(c.nodes))
+	var wg sync.WaitGroup
+	for i, n := range c.nodes {
+		out[i].Node = n.name
+		if !n.available() {
+			out[i].Err = fmt.Errorf("%w: %s is down", ErrNoNodes, n.name)
+			continue
+		}
+		wg.Go(func() { out[i].Reply, out[i].Err = n.command(ctx, cmd, multiline) })
+	}
+	wg.Wait()
+	return out
+}
+
+// command sends one raw text-protocol command that gomemcache does not
+// offer (stats, version, flush_all with a delay) on a fresh connection,
+// within the node's in-flight cap and socket timeout. It reads one line,
+// or, if multiline, lines up to "END\r\n" or an error line. Such commands
+// are rare (admin and compatibility endpoints), so they do not take or
+// return pooled connections.
+func (n *node) command(ctx context.Context, cmd string, multiline bool) ([]byte, error) {
+	select {
+	case n.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctxError(n.name, "command", ctx.Err())
+	}
+	defer func() { <-n.sem }()
+	dctx, cancel := context.WithTimeout(ctx, n.client.Timeout)
+	defer cancel()
+	conn, err := n.client.DialContext(dctx, "tcp", n.name)
+	if err != nil {
+		return nil, classify(n.name, "command", err)
+	}
+	defer conn.Close()
+	deadline := time.Now().Add(n.client.Timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	_ = conn.SetDeadline(deadline)
+	if _, err := conn.Write([]byte(cmd)); err != nil {
+		return nil, classify(n.name, "command", err)
+	}
+	r := bufio.NewReader(conn)
+	var reply []byte
+	for {
+		line, err := r.ReadSlice('\n')
+		if err != nil {
+			if errors.Is(err, bufio.ErrBufferFull) {
+				return nil, fmt.Errorf("%w: %s: reply line too long", ErrServer, n.name)
+			}
+			return nil, classify(n.name, "command", err)
+		}
+		reply = append(reply, line...)
+		if !multiline || bytes.Equal(line, []byte("END\r\n")) || isErrorLine(line) {
+			return reply, nil
+		}
+		if len(reply) > 1<<20 {
+			return nil, fmt.Errorf("%w: %s: reply over 1 MiB", ErrServer, n.name)
+		}
+	}
+}
+
+func isErrorLine(line []byte) bool {
+	return bytes.HasPrefix(line, []byte("ERROR")) || bytes.HasPrefix(line, []byte("CLIENT_ERROR")) ||
+		bytes.HasPrefix(line, []byte("SERVER_ERROR"))
+}
