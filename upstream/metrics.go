@@ -19,10 +19,12 @@ const (
 	opIncr
 	opDecr
 	opTouch
+	opGetMulti
+	opSetUDP
 	numOps
 )
 
-var opNames = [numOps]string{"get", "set", "add", "replace", "cas", "append", "prepend", "delete", "incr", "decr", "touch"}
+var opNames = [numOps]string{"get", "set", "add", "replace", "cas", "append", "prepend", "delete", "incr", "decr", "touch", "get_multi", "set_udp"}
 
 func (o op) String() string { return opNames[o] }
 

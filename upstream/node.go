@@ -22,6 +22,7 @@ type node struct {
 	name   string // host:port as configured; what the ring hashes and what metrics show
 	client *memcache.Client
 	probe  prober        // its own one-connection client; never the data pool
+	udp    *udpSender    // nil unless the node has a UDP port
 	sem    chan struct{} // a token per operation in flight
 	conns  atomic.Int64  // open data connections (dialled and not yet closed)
 	m      *nodeMetrics

@@ -38,6 +38,9 @@ type Server struct {
 	Host   string // name or IP as written; hashed by the ring, resolved on every dial
 	Port   int
 	Weight int // share on the ring; < 1 means 1
+	// UDPPort, if not zero, is the node's memcached UDP port (memcached -U):
+	// SetQuiet then sends sets there as datagrams without waiting.
+	UDPPort int
 }
 
 // HealthOptions configures active and passive health checking (see the
@@ -191,7 +194,11 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Cluster, e
 	}
 	for _, s := range opts.Servers {
 		name := net.JoinHostPort(s.Host, strconv.Itoa(s.Port))
-		c.nodes = append(c.nodes, newNode(name, &c.opts, c.health, m.forNode(name), log))
+		n := newNode(name, &c.opts, c.health, m.forNode(name), log)
+		if s.UDPPort > 0 {
+			n.udp = &udpSender{addr: net.JoinHostPort(s.Host, strconv.Itoa(s.UDPPort))}
+		}
+		c.nodes = append(c.nodes, n)
 	}
 	reg.MustRegister(newPoolCollector(c.nodes))
 	return c, nil
@@ -202,6 +209,9 @@ func (c *Cluster) Close() error {
 	var errs []error
 	for _, n := range c.nodes {
 		errs = append(errs, n.client.Close(), n.probe.Close())
+		if n.udp != nil {
+			n.udp.close()
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -426,14 +436,11 @@ type ChainNode struct {
 func (c *Cluster) Placement(key string) Placement {
 	sk, hk := c.keys(key)
 	p := Placement{Key: key, StoreKey: sk}
-	ignoreHealth := c.panicking()
+	if idx, _, err := c.pick(hk); err == nil {
+		p.Serving = c.nodes[idx].name
+	}
 	for i := range c.ring.Owners(hk) {
-		n := c.nodes[i]
-		up := n.available()
-		p.Chain = append(p.Chain, ChainNode{Node: n.name, Up: up})
-		if p.Serving == "" && (up || ignoreHealth) && (len(p.Chain) == 1 || c.opts.Failover == Rehash) {
-			p.Serving = n.name
-		}
+		p.Chain = append(p.Chain, ChainNode{Node: c.nodes[i].name, Up: c.nodes[i].available()})
 	}
 	return p
 }

@@ -346,3 +346,85 @@ func TestClusterCommands(t *testing.T) {
 		t.Errorf("%d connections open after commands, want the pooled one at most", n)
 	}
 }
+
+func TestGetMulti(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 3)
+	c, _ := newTestCluster(t, mcs, func(o *Options) { o.KeyPrefix = "p:" })
+	ctx := t.Context()
+	var keys []string
+	for i := range 250 {
+		k := fmt.Sprint("m", i)
+		keys = append(keys, k)
+		if i%5 != 0 {
+			if err := c.Set(ctx, Item{Key: k, Value: []byte("v" + k), Flags: uint32(i)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	found, failed := c.GetMulti(ctx, keys)
+	if len(failed) != 0 {
+		t.Errorf("GetMulti failed keys: %v", failed)
+	}
+	for i, k := range keys {
+		it, ok := found[k]
+		if i%5 == 0 {
+			if ok {
+				t.Errorf("GetMulti found %s, which was never set", k)
+			}
+			continue
+		}
+		if !ok || string(it.Value) != "v"+k || it.Flags != uint32(i) || it.Key != k || it.CAS == 0 {
+			t.Errorf("GetMulti[%s] = %+v, %v, want value v%s flags %d", k, it, ok, k, i)
+		}
+	}
+	// A node that dies mid-way: its keys are read through failover (misses).
+	mcs[0].Kill()
+	found, failed = c.GetMulti(ctx, keys)
+	if len(failed) != 0 {
+		t.Errorf("GetMulti with a dead node: %d keys failed, want failover (first: %v)", len(failed), failed)
+	}
+	if len(found) == 0 {
+		t.Error("GetMulti with a dead node found nothing on the live ones")
+	}
+}
+
+func TestSetQuietOverUDP(t *testing.T) {
+	mc := memcachedtest.StartUDP(t)
+	c, err := New(Options{Servers: []Server{{Host: "127.0.0.1", Port: mc.Port, UDPPort: mc.UDPPort}}}, testLogger(), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := t.Context()
+	for i := range 101 {
+		if err := c.SetQuiet(ctx, Item{Key: fmt.Sprint("udp_", i), Value: []byte(fmt.Sprint(i))}); err != nil {
+			t.Fatalf("SetQuiet: %v", err)
+		}
+	}
+	big := Item{Key: "udp_big", Value: make([]byte, 4000)}
+	if err := c.SetQuiet(ctx, big); err != nil {
+		t.Fatalf("SetQuiet of a value that needs TCP: %v", err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for i := 0; i < 101; {
+		it, err := c.Get(ctx, fmt.Sprint("udp_", i))
+		if err == nil && string(it.Value) == fmt.Sprint(i) {
+			i++
+			continue
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("udp_%d not readable after a UDP set: %v", i, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := c.Get(ctx, "udp_big"); err != nil {
+		t.Errorf("the oversize value was not stored over TCP: %v", err)
+	}
+	if got := testutil.ToFloat64(c.nodes[0].m.ops[opSetUDP][resOK]); got != 101 {
+		t.Errorf("set_udp ok = %v, want 101", got)
+	}
+	st, _ := mc.Stats()
+	if st["cmd_set"] != "102" {
+		t.Errorf("memcached cmd_set = %s, want 102 (101 UDP + 1 TCP)", st["cmd_set"])
+	}
+}

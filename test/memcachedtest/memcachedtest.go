@@ -21,8 +21,9 @@ import (
 
 // Server is one memcached process. Its methods are safe for concurrent use.
 type Server struct {
-	Addr string // 127.0.0.1:port
-	Port int
+	Addr    string // 127.0.0.1:port
+	Port    int
+	UDPPort int // 0 unless started with StartUDP
 
 	t    testing.TB
 	bin  string
@@ -72,6 +73,41 @@ func Start(t testing.TB, args ...string) *Server {
 	return nil
 }
 
+// StartUDP is Start with memcached's UDP port open too (memcached -U, off
+// by default since 1.5.6).
+func StartUDP(t testing.TB, args ...string) *Server {
+	t.Helper()
+	bin := Binary(t)
+	var lastErr error
+	for range 5 {
+		port, err := FreePort()
+		if err != nil {
+			t.Fatalf("free port: %v", err)
+		}
+		udp, err := FreeUDPPort()
+		if err != nil {
+			t.Fatalf("free UDP port: %v", err)
+		}
+		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, UDPPort: udp, t: t, bin: bin, args: args}
+		if lastErr = s.start(); lastErr == nil {
+			t.Cleanup(s.Kill)
+			return s
+		}
+	}
+	t.Fatalf("starting memcached with UDP: %v", lastErr)
+	return nil
+}
+
+// FreeUDPPort returns a loopback UDP port that was free a moment ago.
+func FreeUDPPort() (int, error) {
+	c, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).Port, nil
+}
+
 // StartN starts n servers.
 func StartN(t testing.TB, n int, args ...string) []*Server {
 	t.Helper()
@@ -93,7 +129,7 @@ func FreePort() (int, error) {
 }
 
 func (s *Server) start() error {
-	args := append([]string{"-l", "127.0.0.1", "-p", strconv.Itoa(s.Port), "-U", "0"}, s.args...)
+	args := append([]string{"-l", "127.0.0.1", "-p", strconv.Itoa(s.Port), "-U", strconv.Itoa(s.UDPPort)}, s.args...)
 	if os.Geteuid() == 0 {
 		args = append(args, "-u", "nobody")
 	}

@@ -1,0 +1,206 @@
+package upstream
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/bradfitz/gomemcache/memcache"
+)
+
+// maxKeysPerGet bounds one multi-key get command line (250-byte keys make
+// a 25 KB line at most), well inside what memcached reads in one go.
+const maxKeysPerGet = 100
+
+// pick returns the node that serves a key now under the failover policy,
+// and whether it is not the key's owner.
+func (c *Cluster) pick(hashKey string) (idx int, failover bool, err error) {
+	ignoreHealth := c.panicking()
+	owner := -1
+	for i := range c.ring.Owners(hashKey) {
+		if owner < 0 {
+			owner = i
+		}
+		if ignoreHealth || c.nodes[i].available() {
+			return i, i != owner, nil
+		}
+		if c.opts.Failover == FailFast {
+			return -1, false, fmt.Errorf("%w: %s, the key's node, is down (failover policy %q)", ErrNoNodes, c.nodes[i].name, FailFast)
+		}
+	}
+	return -1, false, ErrNoNodes
+}
+
+// GetMulti reads many keys with one multi-key get per node (up to 100 keys
+// per command), all nodes in parallel. It returns the items found and, for
+// keys that could not be read, why; a key in neither map is a miss. Keys
+// whose node fails are retried one by one through Get, which fails over
+// like any read.
+func (c *Cluster) GetMulti(ctx context.Context, keys []string) (map[string]Item, map[string]error) {
+	found := make(map[string]Item, len(keys))
+	failed := map[string]error{}
+	var mu sync.Mutex // guards found and failed
+	type batch struct {
+		node     int
+		failover bool
+		store    []string          // keys as sent
+		client   map[string]string // store key → client key
+	}
+	batches := map[int][]*batch{}
+	for _, k := range keys {
+		sk, hk := c.keys(k)
+		idx, fo, err := c.pick(hk)
+		if err != nil {
+			failed[k] = err
+			continue
+		}
+		bs := batches[idx]
+		if len(bs) == 0 || len(bs[len(bs)-1].store) == maxKeysPerGet {
+			bs = append(bs, &batch{node: idx, failover: fo, client: map[string]string{}})
+			batches[idx] = bs
+		}
+		b := bs[len(bs)-1]
+		b.store = append(b.store, sk)
+		b.client[sk] = k
+	}
+	var wg sync.WaitGroup
+	for _, bs := range batches {
+		for _, b := range bs {
+			wg.Go(func() {
+				var items map[string]*memcache.Item
+				err := c.nodes[b.node].do(ctx, opGetMulti, b.failover, func(mc *memcache.Client, _ bool) (err error) {
+					items, err = mc.GetMulti(b.store)
+					return err
+				})
+				var ne *NodeError
+				if errors.As(err, &ne) {
+					// The node failed mid-batch: read its keys one by one,
+					// which retries on the next node.
+					for _, sk := range b.store {
+						k := b.client[sk]
+						it, err := c.Get(ctx, k)
+						mu.Lock()
+						if err == nil {
+							found[k] = it
+						} else if !errors.Is(err, ErrNotFound) {
+							failed[k] = err
+						}
+						mu.Unlock()
+					}
+					return
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil && !errors.Is(err, ErrNotFound) {
+					for _, sk := range b.store {
+						failed[b.client[sk]] = err
+					}
+					return
+				}
+				for sk, it := range items {
+					k := b.client[sk]
+					found[k] = Item{Key: k, Value: it.Value, Flags: it.Flags, CAS: it.CasID}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return found, failed
+}
+
+// udpSender sends fire-and-forget sets to one node's UDP port in
+// memcached's UDP framing: an 8-byte header (request id, sequence number,
+// datagram count, reserved; big-endian uint16s) before the command. It
+// never reads: the sets carry noreply.
+type udpSender struct {
+	addr string // host:udpport; resolved on first use
+	mu   sync.Mutex
+	conn *net.UDPConn // guarded by mu; nil until first use or after an error
+	id   atomic.Uint32
+}
+
+// maxUDPRequest keeps a request inside one datagram on any path with a
+// 1500-byte MTU; memcached refuses requests split over datagrams.
+const maxUDPRequest = 1400
+
+// errUDPTooLarge says the set does not fit one datagram; callers use TCP.
+var errUDPTooLarge = errors.New("upstream: set too large for one UDP datagram")
+
+func (u *udpSender) set(it *memcache.Item) error {
+	head := "set " + it.Key + " " + strconv.FormatUint(uint64(it.Flags), 10) + " " +
+		strconv.FormatInt(int64(it.Expiration), 10) + " " + strconv.Itoa(len(it.Value)) + " noreply\r\n"
+	size := 8 + len(head) + len(it.Value) + 2
+	if size > maxUDPRequest {
+		return errUDPTooLarge
+	}
+	b := make([]byte, 8, size)
+	binary.BigEndian.PutUint16(b[0:], uint16(u.id.Add(1)))
+	binary.BigEndian.PutUint16(b[2:], 0) // sequence number
+	binary.BigEndian.PutUint16(b[4:], 1) // datagrams in this request
+	binary.BigEndian.PutUint16(b[6:], 0) // reserved
+	b = append(b, head...)
+	b = append(b, it.Value...)
+	b = append(b, '\r', '\n')
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.conn == nil {
+		ua, err := net.ResolveUDPAddr("udp", u.addr)
+		if err != nil {
+			return err
+		}
+		if u.conn, err = net.DialUDP("udp", nil, ua); err != nil {
+			return err
+		}
+	}
+	if _, err := u.conn.Write(b); err != nil {
+		u.conn.Close()
+		u.conn = nil
+		return err
+	}
+	return nil
+}
+
+func (u *udpSender) close() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.conn != nil {
+		u.conn.Close()
+		u.conn = nil
+	}
+}
+
+// SetQuiet stores an item without waiting for memcached to confirm it
+// when the serving node has a UDP port (Server.UDPPort): the set goes out
+// as one UDP datagram with noreply, and nothing says whether it arrived.
+// Without a UDP port, or for a value that does not fit one datagram, it is
+// an ordinary Set over TCP.
+func (c *Cluster) SetQuiet(ctx context.Context, it Item) error {
+	sk, hk := c.keys(it.Key)
+	idx, failover, err := c.pick(hk)
+	if err != nil {
+		return err
+	}
+	n := c.nodes[idx]
+	if n.udp == nil {
+		return c.Set(ctx, it)
+	}
+	mi := &memcache.Item{Key: sk, Value: it.Value, Flags: it.Flags, Expiration: it.Expiration}
+	if failover {
+		mi.Expiration = c.capTTL(mi.Expiration)
+	}
+	switch err := n.udp.set(mi); {
+	case err == nil:
+		n.m.ops[opSetUDP][resOK].Inc()
+		return nil
+	case errors.Is(err, errUDPTooLarge):
+		return c.Set(ctx, it)
+	default:
+		n.m.ops[opSetUDP][resError].Inc()
+		return c.Set(ctx, it) // e.g. ICMP port unreachable: try TCP
+	}
+}
