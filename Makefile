@@ -4,7 +4,7 @@ BIN     := bin/memcgate
 PKGS    := ./...
 FUZZTIME ?= 5s
 
-.PHONY: all build run test vet fmt-check fuzz bench clean deps-run deps-test
+.PHONY: all build run test vet fmt-check fuzz bench seed clean deps-run deps-test
 
 all: build
 
@@ -34,6 +34,11 @@ fuzz:
 test: deps-test fmt-check vet
 	CI=$${CI:-} MEMCGATE_TEST_REQUIRE_MEMCACHED=1 $(GO) test -race -count=1 -timeout 15m $(PKGS)
 	$(MAKE) --no-print-directory fuzz
+
+# Seed 000 reproduced: 101 keys through a 100 ms-per-direction delay relay,
+# serial vs batch vs async vs UDP; prints the table.
+seed: deps-run
+	MEMCGATE_SEED_DELAY=$${MEMCGATE_SEED_DELAY:-100ms} $(GO) test -count=1 -run '^TestSeedLatency$$' -v ./test/e2e | grep -E '\||delay|PASS|FAIL|ok'
 
 clean:
 	rm -rf bin

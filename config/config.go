@@ -78,6 +78,12 @@ type Config struct {
 	UpstreamTLSKey     string `env:"UPSTREAM_TLS_KEY_FILE" help:"PEM client key"`
 	UpstreamTLSNoCheck bool   `env:"UPSTREAM_TLS_INSECURE_SKIP_VERIFY" envDefault:"false" help:"do not verify memcached certificates (testing only)"`
 
+	BatchMaxOps   int    `env:"BATCH_MAX_OPS" envDefault:"1000" help:"most operations in one POST / batch, and keys in one multi-get (400 beyond)"`
+	BatchMaxBytes int64  `env:"BATCH_MAX_BYTES" envDefault:"16777216" help:"largest POST / batch body (413 beyond)"`
+	AsyncQueue    int    `env:"ASYNC_QUEUE" envDefault:"10000" help:"writes accepted with Prefer: respond-async and not yet applied; when full, 503"`
+	AsyncWorkers  int    `env:"ASYNC_WORKERS" envDefault:"64" help:"goroutines applying asynchronous writes (writes to one key stay in order)"`
+	UDPPorts      string `env:"UDP_PORTS" help:"memcached UDP ports for fire-and-forget async sets, server=port separated by commas, server as in SERVERS (e.g. 10.0.0.1:11211=11213); off when empty"`
+
 	// Memc configures the HttpMemcModule-compatible endpoints (config/memc.go).
 	Memc Memc `envPrefix:"MEMC_"`
 
@@ -282,6 +288,17 @@ func (c Config) Validate() error {
 	if _, err := c.Tokens(); err != nil {
 		errs = append(errs, err)
 	}
+	if _, err := c.UDPPortMap(); err != nil {
+		errs = append(errs, err)
+	}
+	for _, p := range []struct {
+		name string
+		v    int64
+	}{{"BATCH_MAX_OPS", int64(c.BatchMaxOps)}, {"BATCH_MAX_BYTES", c.BatchMaxBytes}, {"ASYNC_QUEUE", int64(c.AsyncQueue)}, {"ASYNC_WORKERS", int64(c.AsyncWorkers)}} {
+		if p.v < 1 {
+			bad(p.name, "must be at least 1, got %d", p.v)
+		}
+	}
 	if c.MaxRequests < 0 {
 		bad("MAX_REQUESTS", "must not be negative, got %d", c.MaxRequests)
 	}
@@ -356,6 +373,34 @@ func mentionsAny(e error, errs []error) bool {
 		}
 	}
 	return false
+}
+
+// UDPPortMap parses UDP_PORTS into server address → UDP port; every server
+// must be one of SERVERS.
+func (c Config) UDPPortMap() (map[string]int, error) {
+	out := map[string]int{}
+	known := map[string]bool{}
+	for _, s := range c.Servers {
+		known[s.Addr()] = true
+	}
+	for entry := range strings.SplitSeq(c.UDPPorts, ",") {
+		entry = strings.TrimSpace(entry)
+		if entry == "" {
+			continue
+		}
+		server, port, ok := strings.Cut(entry, "=")
+		p, err := strconv.Atoi(port)
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("%sUDP_PORTS: %q is not server=port", Prefix, entry)
+		case err != nil || p < 1 || p > 65535:
+			return nil, fmt.Errorf("%sUDP_PORTS: port %q is not a number from 1 to 65535", Prefix, port)
+		case !known[server]:
+			return nil, fmt.Errorf("%sUDP_PORTS: %s is not one of MEMCGATE_SERVERS", Prefix, server)
+		}
+		out[server] = p
+	}
+	return out, nil
 }
 
 // Token is one bearer token and its scopes.

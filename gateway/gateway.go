@@ -31,6 +31,8 @@ type Store interface {
 	Incr(ctx context.Context, key string, delta uint64) (uint64, error)
 	Decr(ctx context.Context, key string, delta uint64) (uint64, error)
 	Touch(ctx context.Context, key string, exptime int32) error
+	// GetMulti reads many keys; a key in neither map is a miss.
+	GetMulti(ctx context.Context, keys []string) (found map[string]upstream.Item, failed map[string]error)
 }
 
 // Options configures the data handler. Zero values take the defaults named
@@ -59,6 +61,16 @@ type Options struct {
 	// MaxRequests caps requests in flight; beyond it 503 with Retry-After.
 	// Zero means no cap.
 	MaxRequests int
+	// BatchMaxOps caps the operations of a batch or keys of a multi-get;
+	// if zero, 1000.
+	BatchMaxOps int
+	// BatchMaxBytes caps a batch body; if zero, 16 MiB.
+	BatchMaxBytes int64
+	// AsyncQueue caps writes accepted with Prefer: respond-async and not
+	// yet applied; if zero, 10000.
+	AsyncQueue int
+	// AsyncWorkers is the number of goroutines applying them; if zero, 64.
+	AsyncWorkers int
 }
 
 func (o *Options) withDefaults() {
@@ -71,6 +83,18 @@ func (o *Options) withDefaults() {
 	if o.RequestTimeout <= 0 {
 		o.RequestTimeout = 2 * time.Second
 	}
+	if o.BatchMaxOps <= 0 {
+		o.BatchMaxOps = 1000
+	}
+	if o.BatchMaxBytes <= 0 {
+		o.BatchMaxBytes = 16 << 20
+	}
+	if o.AsyncQueue <= 0 {
+		o.AsyncQueue = 10000
+	}
+	if o.AsyncWorkers <= 0 {
+		o.AsyncWorkers = 64
+	}
 }
 
 // handler holds what the data endpoints share.
@@ -79,15 +103,29 @@ type handler struct {
 	opts       Options
 	defaultTTL int32
 	log        *slog.Logger
+	async      *asyncQueue
 }
+
+// Handler is the data-plane HTTP handler. Run must run for writes sent with
+// Prefer: respond-async to be applied.
+type Handler struct {
+	http.Handler
+	h *handler
+}
+
+// Run applies asynchronous writes until ctx is done, then applies the ones
+// still queued and returns. Stop the HTTP server before cancelling ctx.
+func (h *Handler) Run(ctx context.Context) error { return h.h.async.Run(ctx) }
 
 // allowed is the Allow header of every 405 on /{key}.
 const allowed = "GET, HEAD, PUT, DELETE, POST"
 
 // NewHandler returns the data-plane handler. Metrics are registered on reg.
-func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Options) http.Handler {
+// It starts no goroutine; see Run.
+func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Options) *Handler {
 	opts.withDefaults()
 	h := &handler{store: s, opts: opts, defaultTTL: int32(opts.DefaultTTL / time.Second), log: log}
+	h.async = newAsyncQueue(s, opts.AsyncWorkers, opts.AsyncQueue, opts.RequestTimeout, log, reg)
 	lim := &limiter{max: int64(opts.MaxRequests)}
 	r := chi.NewRouter()
 	r.Use(newObserver(log, reg, opts.AccessLog).middleware, lim.middleware, h.deadline)
@@ -98,6 +136,8 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 	}
 	r.Group(func(r chi.Router) {
 		r.Use(h.authorize)
+		r.Get("/", h.multiGet)
+		r.Post("/", h.batch)
 		r.Get("/*", h.get)
 		r.Head("/*", h.get)
 		r.Put("/*", h.put)
@@ -108,7 +148,7 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 		w.Header().Set("Allow", allowed)
 		writeError(w, &requestError{http.StatusMethodNotAllowed, "method " + r.Method + " is not allowed; use " + allowed})
 	})
-	return r
+	return &Handler{Handler: r, h: h}
 }
 
 // deadline bounds the request's memcached work by RequestTimeout.

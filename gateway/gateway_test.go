@@ -393,3 +393,21 @@ func FuzzCheckKey(f *testing.F) {
 		}
 	})
 }
+
+func (f *fakeStore) GetMulti(_ context.Context, keys []string) (map[string]upstream.Item, map[string]error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	found, failed := map[string]upstream.Item{}, map[string]error{}
+	if err := f.begin(); err != nil {
+		for _, k := range keys {
+			failed[k] = err
+		}
+		return found, failed
+	}
+	for _, k := range keys {
+		if it, ok := f.items[k]; ok {
+			found[k] = it
+		}
+	}
+	return found, failed
+}

@@ -60,6 +60,12 @@ func (h *handler) put(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	ifMatch, ifNone := r.Header.Get("If-Match"), r.Header.Get("If-None-Match")
+	if ifMatch == "" && ifNone == "" && preferAsync(r) {
+		// Conditional writes need memcached's answer, so only plain sets
+		// are queued (RFC 7240 lets a server ignore the preference).
+		h.accepted(w, []parsedOp{{kind: "set", item: it}}, false)
+		return
+	}
 	switch {
 	case ifMatch == "" && ifNone == "":
 		err = h.store.Set(ctx, it)
@@ -96,6 +102,10 @@ func (h *handler) delete(w http.ResponseWriter, r *http.Request) {
 	key, err := keyFromPath(r, h.opts.MaxKeyLen)
 	if err != nil {
 		writeError(w, err)
+		return
+	}
+	if preferAsync(r) {
+		h.accepted(w, []parsedOp{{kind: "delete", item: upstream.Item{Key: key}}}, false)
 		return
 	}
 	if err := h.store.Delete(r.Context(), key); err != nil {

@@ -81,9 +81,10 @@ func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
 // upstreamOptions maps the configuration onto the upstream package; the
 // only place that knows both.
 func upstreamOptions(cfg config.Config) upstream.Options {
+	udp, _ := cfg.UDPPortMap() // validated by config.Load
 	servers := make([]upstream.Server, len(cfg.Servers))
 	for i, s := range cfg.Servers {
-		servers[i] = upstream.Server{Host: s.Host, Port: s.Port, Weight: s.Weight}
+		servers[i] = upstream.Server{Host: s.Host, Port: s.Port, Weight: s.Weight, UDPPort: udp[s.Addr()]}
 	}
 	return upstream.Options{
 		Servers:        servers,
@@ -139,18 +140,23 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 	defer cluster.Close()
 
 	var draining atomic.Bool
+	handler := gateway.NewHandler(cluster, log, reg, gateway.Options{
+		MaxKeyLen:      gateway.MaxKeyLen - len(cfg.KeyPrefix),
+		MaxValueBytes:  cfg.MaxValueBytes,
+		DefaultTTL:     cfg.DefaultTTL,
+		RequestTimeout: cfg.RequestTimeout,
+		AccessLog:      cfg.AccessLog,
+		Memc:           memcOptions(cfg.Memc, cluster),
+		Tokens:         sec.tokens,
+		ReadOnly:       cfg.ReadOnly,
+		MaxRequests:    cfg.MaxRequests,
+		BatchMaxOps:    cfg.BatchMaxOps,
+		BatchMaxBytes:  cfg.BatchMaxBytes,
+		AsyncQueue:     cfg.AsyncQueue,
+		AsyncWorkers:   cfg.AsyncWorkers,
+	})
 	data := &http.Server{
-		Handler: gateway.NewHandler(cluster, log, reg, gateway.Options{
-			MaxKeyLen:      gateway.MaxKeyLen - len(cfg.KeyPrefix),
-			MaxValueBytes:  cfg.MaxValueBytes,
-			DefaultTTL:     cfg.DefaultTTL,
-			RequestTimeout: cfg.RequestTimeout,
-			AccessLog:      cfg.AccessLog,
-			Memc:           memcOptions(cfg.Memc, cluster),
-			Tokens:         sec.tokens,
-			ReadOnly:       cfg.ReadOnly,
-			MaxRequests:    cfg.MaxRequests,
-		}),
+		Handler:           handler,
 		ReadHeaderTimeout: cfg.ReadHeaderTimout,
 		ReadTimeout:       cfg.ReadTimeout,
 		WriteTimeout:      cfg.WriteTimeout,
@@ -175,9 +181,13 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 
 	healthCtx, stopHealth := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopHealth()
+	asyncCtx, stopAsync := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopAsync()
 	var wg sync.WaitGroup
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	wg.Go(func() { errc <- cluster.Run(healthCtx) })
+	asyncDone := make(chan struct{})
+	wg.Go(func() { defer close(asyncDone); errc <- handler.Run(asyncCtx) })
 	wg.Go(func() { errc <- ignoreClosed(data.Serve(dataLn)) })
 	wg.Go(func() { errc <- ignoreClosed(admin.Serve(adminLn)) })
 	log.Info("memcgate started", "listen", dataLn.Addr().String(), "admin", adminLn.Addr().String(),
@@ -199,6 +209,10 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 		log.Warn("data server shutdown", "err", err.Error())
 		data.Close()
 	}
+	// No request can queue an asynchronous write any more: apply what is
+	// queued, with health checks still running so failover stays right.
+	stopAsync()
+	<-asyncDone
 	if err := admin.Shutdown(shutCtx); err != nil {
 		admin.Close()
 	}

@@ -1,0 +1,213 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/memcgate/memcgate/upstream"
+)
+
+type results struct {
+	Results []batchResult `json:"results"`
+}
+
+func decodeResults(t *testing.T, body string) []batchResult {
+	t.Helper()
+	var r results
+	if err := json.Unmarshal([]byte(body), &r); err != nil {
+		t.Fatalf("response %q is not results JSON: %v", body, err)
+	}
+	return r.Results
+}
+
+func TestMultiGet(t *testing.T) {
+	s := newFake()
+	s.put(upstream.Item{Key: "a", Value: []byte("text"), Flags: 3})
+	s.put(upstream.Item{Key: "bin", Value: []byte{0xff, 0x00, 0x01}})
+	h := newTestHandler(t, s)
+	w := do(h, "GET", "/?key=a&key=missing&key=bin", "")
+	if w.Code != 200 || w.Header().Get("Content-Type") != "application/json" {
+		t.Fatalf("multi-get = %d %s %q, want 200 JSON", w.Code, w.Header().Get("Content-Type"), w.Body.String())
+	}
+	res := decodeResults(t, w.Body.String())
+	if len(res) != 3 {
+		t.Fatalf("multi-get gave %d results, want 3", len(res))
+	}
+	if r := res[0]; r.Key != "a" || r.Status != 200 || *r.Value != "text" || *r.Flags != 3 || r.CAS != "1" || r.Encoding != "" {
+		t.Errorf("result a = %+v", r)
+	}
+	if r := res[1]; r.Key != "missing" || r.Status != 404 || r.Value != nil {
+		t.Errorf("result missing = %+v, want 404 without value", r)
+	}
+	if r := res[2]; r.Status != 200 || r.Encoding != "base64" || *r.Value != "/wAB" {
+		t.Errorf("result bin = %+v, want base64 /wAB", r)
+	}
+	if s.calls != 1 {
+		t.Errorf("multi-get made %d store calls, want 1 GetMulti", s.calls)
+	}
+	for _, target := range []string{"/", "/?key=a%20b", "/?key=" + strings.Repeat("k", 251)} {
+		if w := do(h, "GET", target, ""); w.Code != 400 {
+			t.Errorf("GET %s = %d, want 400", target, w.Code)
+		}
+	}
+}
+
+func TestBatch(t *testing.T) {
+	s := newFake()
+	s.put(upstream.Item{Key: "old", Value: []byte("x")})
+	h := newTestHandler(t, s)
+	body := `{"ops":[
+		{"op":"set","key":"a","value":"1","exptime":10,"flags":2},
+		{"op":"incr","key":"a","delta":5},
+		{"op":"get","key":"a"},
+		{"op":"get","key":"old"},
+		{"op":"add","key":"old","value":"y"},
+		{"op":"replace","key":"nope","value":"y"},
+		{"op":"delete","key":"old"},
+		{"op":"set","key":"b","value":"AAEC","encoding":"base64"},
+		{"op":"get","key":"bad key"},
+		{"op":"explode","key":"k"},
+		{"op":"set","key":"c"},
+		{"op":"touch","key":"a"},
+		{"op":"cas","key":"a","value":"z","cas":"999"},
+		{"op":"get","key":"never"}
+	]}`
+	w := do(h, "POST", "/", body)
+	if w.Code != 200 {
+		t.Fatalf("batch = %d %q, want 200", w.Code, w.Body.String())
+	}
+	res := decodeResults(t, w.Body.String())
+	want := []int{201, 200, 200, 200, 412, 412, 204, 201, 400, 400, 400, 400, 412, 404}
+	if len(res) != len(want) {
+		t.Fatalf("batch gave %d results, want %d", len(res), len(want))
+	}
+	for i, r := range res {
+		if r.Status != want[i] {
+			t.Errorf("op %d (%s) status = %d %q, want %d", i, r.Key, r.Status, r.Error, want[i])
+		}
+	}
+	if *res[1].Value != "47" { // the fake's incr answers 42+delta
+		t.Errorf("incr result value = %q, want 47", *res[1].Value)
+	}
+	if got := string(s.items["b"].Value); got != "\x00\x01\x02" {
+		t.Errorf("base64 set stored %q, want 00 01 02", got)
+	}
+	for _, tt := range []struct {
+		body string
+		want int
+	}{
+		{`not json`, 400},
+		{`{"ops":[]}`, 400},
+		{`{"ops":[{"op":"get","key":"a","bogus":1}]}`, 400},
+		{`[{"op":"get","key":"a"}]`, 200},
+		{`{"ops":[{"op":"get","key":"a"}]} trailing`, 400},
+		{`{"ops":[` + strings.Repeat(`{"op":"get","key":"a"},`, 1000) + `{"op":"get","key":"a"}]}`, 400},
+	} {
+		if w := do(h, "POST", "/", tt.body); w.Code != tt.want {
+			t.Errorf("batch %.50q… = %d %q, want %d", tt.body, w.Code, w.Body.String(), tt.want)
+		}
+	}
+}
+
+func TestBatchTooLarge(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	h := NewHandler(newFake(), log, prometheus.NewRegistry(), Options{BatchMaxBytes: 100})
+	if w := do(h, "POST", "/", `{"ops":[{"op":"set","key":"a","value":"`+strings.Repeat("x", 200)+`"}]}`); w.Code != 413 {
+		t.Errorf("batch over BatchMaxBytes = %d, want 413", w.Code)
+	}
+}
+
+func TestAsyncWrites(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	s := newFake()
+	reg := prometheus.NewRegistry()
+	h := NewHandler(s, log, reg, Options{AsyncQueue: 3, AsyncWorkers: 2})
+	// Not running yet: writes queue up to the capacity, then 503.
+	for i, want := range []int{202, 202, 202, 503} {
+		req := httptest.NewRequest("PUT", "/k"+string(rune('0'+i)), strings.NewReader("v"))
+		req.Header.Set("Prefer", "respond-async")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		if w.Code != want {
+			t.Errorf("async PUT %d = %d, want %d", i, w.Code, want)
+		}
+		if w.Code == 202 && w.Header().Get("Preference-Applied") != "respond-async" {
+			t.Errorf("202 without Preference-Applied")
+		}
+	}
+	// A batch that does not fit is refused whole.
+	req := httptest.NewRequest("POST", "/", strings.NewReader(`[{"op":"set","key":"x","value":"1"}]`))
+	req.Header.Set("Prefer", "respond-async")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	if w.Code != 503 {
+		t.Errorf("async batch into a full queue = %d, want 503", w.Code)
+	}
+	// Run applies them; cancelling Run drains the rest before it returns.
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { h.Run(ctx); close(done) }()
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+	for i := range 3 {
+		if _, ok := s.items["k"+string(rune('0'+i))]; !ok {
+			t.Errorf("accepted async write k%d was not applied before Run returned", i)
+		}
+	}
+	if got := testutil.ToFloat64(h.h.async.applied); got != 3 {
+		t.Errorf("async applied = %v, want 3", got)
+	}
+	// After Run, nothing is accepted.
+	req = httptest.NewRequest("DELETE", "/k0", nil)
+	req.Header.Set("Prefer", "wait=1, respond-async")
+	w = httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	if w.Code != 503 {
+		t.Errorf("async DELETE after shutdown = %d, want 503", w.Code)
+	}
+}
+
+func TestAsyncKeepsPerKeyOrder(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	s := newFake()
+	h := NewHandler(s, log, prometheus.NewRegistry(), Options{AsyncWorkers: 8})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { h.Run(ctx); close(done) }()
+	for i := range 200 {
+		req := httptest.NewRequest("PUT", "/same", strings.NewReader(string(rune('a'+i%26))))
+		req.Header.Set("Prefer", "respond-async")
+		h.ServeHTTP(httptest.NewRecorder(), req)
+	}
+	cancel()
+	<-done
+	if got, want := string(s.items["same"].Value), string(rune('a'+199%26)); got != want {
+		t.Errorf("after 200 async PUTs of one key the value is %q, want the last one %q", got, want)
+	}
+}
+
+func FuzzBatch(f *testing.F) {
+	f.Add(`{"ops":[{"op":"set","key":"a","value":"1"},{"op":"get","key":"a"}]}`)
+	f.Add(`[{"op":"cas","key":"a","value":"AA==","encoding":"base64","cas":"\"12\""}]`)
+	f.Add(`[{"op":"incr","key":"a","delta":18446744073709551615}]`)
+	f.Fuzz(func(t *testing.T, body string) {
+		h := newTestHandler(t, newFake())
+		w := do(h, "POST", "/", body)
+		if w.Code != 200 && w.Code != 400 && w.Code != 413 {
+			t.Fatalf("batch %q = %d, want 200, 400 or 413", body, w.Code)
+		}
+	})
+}
