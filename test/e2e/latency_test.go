@@ -223,4 +223,3 @@ func multiGet(t *testing.T, g *gateway, query string) map[string]string {
 	}
 	return out
 }
-
