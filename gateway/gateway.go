@@ -138,17 +138,34 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 		r.Use(h.authorize)
 		r.Get("/", h.multiGet)
 		r.Post("/", h.batch)
-		r.Get("/*", h.get)
-		r.Head("/*", h.get)
-		r.Put("/*", h.put)
-		r.Delete("/*", h.delete)
-		r.Post("/*", h.post)
 	})
+	// Every other path is a key. It is served from NotFound rather than a
+	// "/*" route so that chi does not copy the whole path into a URL
+	// parameter (two allocations per request); the key comes from
+	// URL.Path either way.
+	r.NotFound(h.authorize(http.HandlerFunc(h.byMethod)).ServeHTTP)
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Allow", allowed)
-		writeError(w, &requestError{http.StatusMethodNotAllowed, "method " + r.Method + " is not allowed; use " + allowed})
+		w.Header().Set("Allow", "GET, POST")
+		writeError(w, &requestError{http.StatusMethodNotAllowed, "method " + r.Method + " is not allowed on /; use GET /?key=… or POST / (batch)"})
 	})
 	return &Handler{Handler: r, h: h}
+}
+
+// byMethod serves /{key} by method.
+func (h *handler) byMethod(w http.ResponseWriter, r *http.Request) {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+		h.get(w, r)
+	case http.MethodPut:
+		h.put(w, r)
+	case http.MethodDelete:
+		h.delete(w, r)
+	case http.MethodPost:
+		h.post(w, r)
+	default:
+		w.Header().Set("Allow", allowed)
+		writeError(w, &requestError{http.StatusMethodNotAllowed, "method " + r.Method + " is not allowed; use " + allowed})
+	}
 }
 
 // deadline bounds the request's memcached work by RequestTimeout.
