@@ -81,7 +81,15 @@ func TestClassify(t *testing.T) {
 
 func testLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
+func newBenchCluster(b *testing.B, mcs []*memcachedtest.Server) (*Cluster, *prometheus.Registry) {
+	return newTestClusterTB(b, mcs, nil)
+}
+
 func newTestCluster(t *testing.T, mcs []*memcachedtest.Server, mod func(*Options)) (*Cluster, *prometheus.Registry) {
+	return newTestClusterTB(t, mcs, mod)
+}
+
+func newTestClusterTB(t testing.TB, mcs []*memcachedtest.Server, mod func(*Options)) (*Cluster, *prometheus.Registry) {
 	t.Helper()
 	var servers []Server
 	for _, m := range mcs {
