@@ -33,6 +33,7 @@ type Config struct {
 	Timeout          time.Duration `env:"TIMEOUT" envDefault:"500ms" help:"per-operation socket timeout to memcached (dial, read, write)"`
 	Keepalive        int           `env:"KEEPALIVE" envDefault:"64" help:"idle keepalive connections kept per node"`
 	MaxConnsPerNode  int           `env:"MAX_CONNS_PER_NODE" envDefault:"64" help:"cap on in-flight operations (and so open connections) per node; requests beyond it wait"`
+	BatchGets        bool          `env:"BATCH_GETS" envDefault:"true" help:"when all of a node's connections are busy, send waiting GETs together as one multi-key get (identical keys fetched once); an idle node is never delayed"`
 	MaxAttempts      int           `env:"MAX_ATTEMPTS" envDefault:"2" help:"distinct nodes tried per operation (reads retry on transport errors, writes only when the connection was never made)"`
 	RequestTimeout   time.Duration `env:"REQUEST_TIMEOUT" envDefault:"2s" help:"deadline for all memcached work of one request; keep it >= MAX_ATTEMPTS x TIMEOUT"`
 	MaxValueBytes    int64         `env:"MAX_VALUE_BYTES" envDefault:"1048000" help:"largest value accepted (413 beyond); the default fits memcached's default 1 MiB item with a 250-byte key"`

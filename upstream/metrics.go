@@ -52,6 +52,7 @@ type metrics struct {
 	ejectsRefused *prometheus.CounterVec
 	probes        *prometheus.CounterVec
 	failovers     *prometheus.CounterVec
+	batched       *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -81,12 +82,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "memcgate_upstream_failovers_total",
 			Help: "Operations served by another node than the key's owner, by owner.",
 		}, []string{"node"}),
+		batched: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "memcgate_upstream_batched_gets_total",
+			Help: "Gets that waited for a busy node and went out inside a multi-key get with others.",
+		}, []string{"node"}),
 		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "memcgate_upstream_probes_total",
 			Help: "Active health probes (memcached version), by node and result (ok, fail).",
 		}, []string{"node", "result"}),
 	}
-	reg.MustRegister(m.ops, m.duration, m.up, m.ejects, m.ejectsRefused, m.probes, m.failovers)
+	reg.MustRegister(m.ops, m.duration, m.up, m.ejects, m.ejectsRefused, m.probes, m.failovers, m.batched)
 	return m
 }
 
@@ -96,10 +101,11 @@ type nodeMetrics struct {
 	duration  [numOps]prometheus.Observer
 	up        prometheus.Gauge
 	failovers prometheus.Counter
+	batched   prometheus.Counter
 }
 
 func (m *metrics) forNode(name string) *nodeMetrics {
-	nm := &nodeMetrics{up: m.up.WithLabelValues(name), failovers: m.failovers.WithLabelValues(name)}
+	nm := &nodeMetrics{up: m.up.WithLabelValues(name), failovers: m.failovers.WithLabelValues(name), batched: m.batched.WithLabelValues(name)}
 	for o := range numOps {
 		nm.duration[o] = m.duration.WithLabelValues(name, opNames[o])
 		for r := range numResults {

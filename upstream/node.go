@@ -29,6 +29,9 @@ type node struct {
 	log    *slog.Logger
 	h      *healthPolicy
 
+	batchGets bool // park Gets and send them as multi-key gets when slots are busy
+	pendingGets
+
 	up          atomic.Bool
 	passiveRuns atomic.Int32 // consecutive data-path timeouts
 
@@ -64,6 +67,8 @@ func newNode(name string, o *Options, pol *healthPolicy, m *nodeMetrics, log *sl
 		m:    m,
 		log:  log.With("node", name),
 		h:    pol,
+
+		batchGets: !o.NoGetBatching,
 	}
 	dialer := o.Dialer
 	if dialer == nil {
@@ -129,7 +134,7 @@ func (n *node) do(ctx context.Context, o op, failover bool, f opFunc) error {
 		}
 	}
 	err := classify(n.name, o.String(), f(n.client, failover))
-	<-n.sem
+	n.release()
 	n.m.duration[o].Observe(time.Since(start).Seconds())
 	n.m.ops[o][resultOf(err)].Inc()
 	n.observe(err)

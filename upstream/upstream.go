@@ -99,6 +99,9 @@ type Options struct {
 	// elsewhere age out. 0 means no cap.
 	FailoverTTL time.Duration
 	Health      HealthOptions
+	// NoGetBatching turns off batching of Gets that find all of a node's
+	// slots busy into multi-key gets (see coalesce.go).
+	NoGetBatching bool
 	// Dialer opens data and probe connections; if nil, a net.Dialer with
 	// Timeout. TLS to memcached plugs in here.
 	Dialer func(ctx context.Context, network, address string) (net.Conn, error)
@@ -235,6 +238,11 @@ func (c *Cluster) keys(key string) (store, hash string) {
 // connection was never made, because otherwise the first node may have
 // applied the write. f learns whether its node is not the owner.
 func (c *Cluster) route(ctx context.Context, o op, hashKey string, write bool, f opFunc) error {
+	return c.routeCall(ctx, hashKey, write, func(n *node, failover bool) error { return n.do(ctx, o, failover, f) })
+}
+
+// routeCall is route for any call on a node.
+func (c *Cluster) routeCall(ctx context.Context, hashKey string, write bool, call func(n *node, failover bool) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -258,7 +266,7 @@ func (c *Cluster) route(ctx context.Context, o op, hashKey string, write bool, f
 		if failover {
 			c.nodes[owner].m.failovers.Inc()
 		}
-		err := n.do(ctx, o, failover, f)
+		err := call(n, failover)
 		var ne *NodeError
 		if !errors.As(err, &ne) {
 			return err
@@ -296,12 +304,13 @@ func (c *Cluster) capTTL(exp int32) int32 {
 // relativeExpiryMax is memcached's 30 days: larger expirations are Unix times.
 const relativeExpiryMax = 60 * 60 * 24 * 30
 
-// Get reads one item.
+// Get reads one item. Its Value may be shared with other Gets of the same
+// key that were batched together: treat it as read-only.
 func (c *Cluster) Get(ctx context.Context, key string) (Item, error) {
 	sk, hk := c.keys(key)
 	var it *memcache.Item
-	err := c.route(ctx, opGet, hk, false, func(mc *memcache.Client, _ bool) (err error) {
-		it, err = mc.Get(sk)
+	err := c.routeCall(ctx, hk, false, func(n *node, _ bool) (err error) {
+		it, err = n.get(ctx, sk)
 		return err
 	})
 	if err != nil {

@@ -95,6 +95,7 @@ func upstreamOptions(cfg config.Config) upstream.Options {
 		MaxIdleConns:   cfg.Keepalive,
 		MaxConns:       cfg.MaxConnsPerNode,
 		MaxAttempts:    cfg.MaxAttempts,
+		NoGetBatching:  !cfg.BatchGets,
 		Failover:       upstream.FailoverPolicy(cfg.Failover),
 		FailoverTTL:    cfg.FailoverTTL,
 		Health: upstream.HealthOptions{

@@ -1,0 +1,160 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+)
+
+// Get batching. When every connection slot of a node is busy, a Get does
+// not just queue for a slot: it leaves its key in the node's pending list,
+// and whoever frees a slot next first sends all pending keys (up to 100)
+// as one multi-key get on its connection, then hands the slot on. Under
+// load, many client requests cost one memcached round trip and one write
+// and read syscall pair; identical keys in a batch are fetched once. A node
+// with a free slot never batches, so an idle gateway adds no latency.
+//
+// Why no lost wake-up: a waiter first appends itself to pending, then waits
+// for either its result or a free slot. Every slot holder looks at pending
+// before releasing its slot, and a holder that found pending empty releases
+// the slot, which a waiter that appended later can then take itself.
+
+// getWaiter is one Get parked in a node's pending list.
+type getWaiter struct {
+	key  string // as sent to memcached
+	done chan getResult
+}
+
+type getResult struct {
+	it  *memcache.Item
+	err error
+}
+
+// get reads one key, batching it with other parked Gets when the node's
+// slots are all busy (and batching is on).
+func (n *node) get(ctx context.Context, key string) (*memcache.Item, error) {
+	select {
+	case n.sem <- struct{}{}:
+		return n.getHolding(key)
+	default:
+	}
+	if !n.batchGets {
+		var it *memcache.Item
+		err := n.do(ctx, opGet, false, func(mc *memcache.Client, _ bool) (err error) {
+			it, err = mc.Get(key)
+			return err
+		})
+		return it, err
+	}
+	w := &getWaiter{key: key, done: make(chan getResult, 1)}
+	n.pmu.Lock()
+	n.pending = append(n.pending, w)
+	n.pmu.Unlock()
+	for {
+		select {
+		case r := <-w.done:
+			return r.it, r.err
+		case n.sem <- struct{}{}:
+			// A slot is ours: serve a batch of pending keys (ours among
+			// them unless another holder took it, or more than 100 wait),
+			// then wait again.
+			n.release()
+		case <-ctx.Done():
+			n.pmu.Lock()
+			for i, p := range n.pending {
+				if p == w {
+					n.pending = append(n.pending[:i], n.pending[i+1:]...)
+					break
+				}
+			}
+			n.pmu.Unlock()
+			err := ctxError(n.name, "get", ctx.Err())
+			n.m.ops[opGet][resultOf(err)].Inc()
+			return nil, err
+		}
+	}
+}
+
+// getHolding runs a single get while holding a slot, then releases it.
+func (n *node) getHolding(key string) (*memcache.Item, error) {
+	start := time.Now()
+	it, err := n.client.Get(key)
+	err = classify(n.name, "get", err)
+	n.m.duration[opGet].Observe(time.Since(start).Seconds())
+	n.m.ops[opGet][resultOf(err)].Inc()
+	n.observe(err)
+	n.release()
+	return it, err
+}
+
+// release gives up a slot the caller holds, after sending one batch of
+// pending gets if there are any.
+func (n *node) release() {
+	if !n.batchGets {
+		<-n.sem
+		return
+	}
+	n.pmu.Lock()
+	batch := n.pending
+	if len(batch) > maxKeysPerGet {
+		batch = batch[:maxKeysPerGet:maxKeysPerGet]
+		n.pending = append([]*getWaiter(nil), n.pending[maxKeysPerGet:]...)
+	} else {
+		n.pending = nil
+	}
+	n.pmu.Unlock()
+	if len(batch) > 0 {
+		n.runBatch(batch)
+	}
+	<-n.sem
+}
+
+// runBatch fetches the waiters' keys with one multi-key get and delivers
+// each result.
+func (n *node) runBatch(batch []*getWaiter) {
+	keys := make([]string, 0, len(batch))
+	seen := make(map[string]bool, len(batch))
+	for _, w := range batch {
+		if !seen[w.key] {
+			seen[w.key] = true
+			keys = append(keys, w.key)
+		}
+	}
+	start := time.Now()
+	var items map[string]*memcache.Item
+	var err error
+	if len(keys) == 1 {
+		var it *memcache.Item
+		if it, err = n.client.Get(keys[0]); err == nil {
+			items = map[string]*memcache.Item{keys[0]: it}
+		} else if errors.Is(err, memcache.ErrCacheMiss) {
+			err = nil
+		}
+	} else {
+		items, err = n.client.GetMulti(keys)
+	}
+	err = classify(n.name, "get", err)
+	n.m.duration[opGetMulti].Observe(time.Since(start).Seconds())
+	n.m.ops[opGetMulti][resultOf(err)].Inc()
+	n.m.batched.Add(float64(len(batch)))
+	n.observe(err)
+	for _, w := range batch {
+		r := getResult{err: err}
+		if err == nil {
+			if r.it = items[w.key]; r.it == nil {
+				r.err = ErrNotFound
+			}
+		}
+		n.m.ops[opGet][resultOf(r.err)].Inc()
+		w.done <- r
+	}
+}
+
+// pendingGets guards a node's list of parked Gets.
+type pendingGets struct {
+	pmu     sync.Mutex // guards pending
+	pending []*getWaiter
+}

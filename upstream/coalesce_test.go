@@ -1,0 +1,98 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/memcgate/memcgate/test/memcachedtest"
+)
+
+func TestGetBatchingUnderLoad(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 1)
+	c, _ := newTestCluster(t, mcs, func(o *Options) { o.MaxConns, o.MaxIdleConns = 2, 2 })
+	ctx := t.Context()
+	for i := range 50 {
+		if err := c.Set(ctx, Item{Key: fmt.Sprint("b", i), Value: []byte(fmt.Sprint("value-", i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 2000)
+	for g := range 200 {
+		wg.Go(func() {
+			for j := range 10 {
+				i := (g*7 + j) % 60 // keys 50..59 are misses
+				it, err := c.Get(ctx, fmt.Sprint("b", i))
+				switch {
+				case i >= 50 && !errors.Is(err, ErrNotFound):
+					errs <- fmt.Errorf("Get(b%d) = %v, want a miss", i, err)
+				case i < 50 && (err != nil || string(it.Value) != fmt.Sprint("value-", i)):
+					errs <- fmt.Errorf("Get(b%d) = %q, %v, want value-%d", i, it.Value, err, i)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	batched := testutil.ToFloat64(c.nodes[0].m.batched)
+	st, _ := mcs[0].Stats()
+	t.Logf("2000 Gets from 200 goroutines over 2 connections: %v went out batched; memcached saw cmd_get=%s (keys) in get commands", batched, st["cmd_get"])
+	if batched == 0 {
+		t.Error("no Get was batched with 200 goroutines on 2 connections")
+	}
+	if c.nodes[0].conns.Load() > 2 {
+		t.Errorf("%d connections, want at most 2", c.nodes[0].conns.Load())
+	}
+	if len(c.nodes[0].pending) != 0 {
+		t.Errorf("%d Gets left parked", len(c.nodes[0].pending))
+	}
+}
+
+func TestParkedGetFollowsContext(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 1)
+	c, _ := newTestCluster(t, mcs, func(o *Options) { o.MaxConns = 1 })
+	n := c.nodes[0]
+	n.sem <- struct{}{} // the only slot is busy and stays busy
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	_, err := c.Get(ctx, "k")
+	var ne *NodeError
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Errorf("parked Get past its deadline = %v, want a timeout", err)
+	}
+	n.pmu.Lock()
+	left := len(n.pending)
+	n.pmu.Unlock()
+	if left != 0 {
+		t.Errorf("%d waiters left parked after their deadline", left)
+	}
+	<-n.sem
+	if _, err := c.Get(t.Context(), "k"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Get after the slot freed = %v, want a miss", err)
+	}
+}
+
+func TestBatchedGetsFailOver(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 2)
+	c, _ := newTestCluster(t, mcs, func(o *Options) { o.MaxConns = 1 })
+	key := keyOwnedBy(t, c, 0)
+	mcs[0].Kill()
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			if _, err := c.Get(t.Context(), key); !errors.Is(err, ErrNotFound) {
+				t.Errorf("Get with its owner dead = %v, want a miss from the next node", err)
+			}
+		})
+	}
+	wg.Wait()
+}
