@@ -88,6 +88,11 @@ type Config struct {
 	// Memc configures the HttpMemcModule-compatible endpoints (config/memc.go).
 	Memc Memc `envPrefix:"MEMC_"`
 
+	ValueCodec       string  `env:"VALUE_CODEC" envDefault:"raw" help:"raw (bodies stored as sent, ?flags= are memcached flags) or php (values read and written like php-memcached: types decoded, FastLZ/zlib decompressed, large strings compressed, ?flags= are its user flags)"`
+	PHPCompression   string  `env:"PHP_COMPRESSION" envDefault:"fastlz" help:"with VALUE_CODEC=php: fastlz (php-memcached's default), zlib or none, for strings from PHP_COMPRESSION_THRESHOLD bytes"`
+	PHPCompThreshold int     `env:"PHP_COMPRESSION_THRESHOLD" envDefault:"2000" help:"with VALUE_CODEC=php: compress strings of at least this many bytes (memcached.compression_threshold)"`
+	PHPCompFactor    float64 `env:"PHP_COMPRESSION_FACTOR" envDefault:"1.3" help:"with VALUE_CODEC=php: keep the compressed form only if it is this many times smaller (memcached.compression_factor)"`
+
 	AccessLog bool   `env:"ACCESS_LOG" envDefault:"true" help:"one log line per request (never values; keys only at debug level)"`
 	LogLevel  string `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
 	LogFormat string `env:"LOG_FORMAT" envDefault:"json" help:"json or text"`
@@ -312,6 +317,22 @@ func (c Config) Validate() error {
 		if (p.certVal == "") != (p.keyVal == "") {
 			bad(p.cert, "and %s%s must be set together", Prefix, p.key)
 		}
+	}
+	switch c.ValueCodec {
+	case "raw", "php":
+	default:
+		bad("VALUE_CODEC", "%q is not raw or php", c.ValueCodec)
+	}
+	switch c.PHPCompression {
+	case "fastlz", "zlib", "none":
+	default:
+		bad("PHP_COMPRESSION", "%q is not fastlz, zlib or none", c.PHPCompression)
+	}
+	if c.PHPCompThreshold < 1 {
+		bad("PHP_COMPRESSION_THRESHOLD", "must be at least 1, got %d", c.PHPCompThreshold)
+	}
+	if !(c.PHPCompFactor >= 1) {
+		bad("PHP_COMPRESSION_FACTOR", "must be at least 1, got %v", c.PHPCompFactor)
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

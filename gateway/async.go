@@ -28,6 +28,7 @@ type quietSetter interface {
 // they were accepted. Run drains it before returning: an accepted write is
 // applied (or counted as failed), never forgotten.
 type asyncQueue struct {
+	h        *handler // runs each write as the synchronous path would
 	store    Store
 	quiet    quietSetter // nil: sets go through store.Set
 	timeout  time.Duration
@@ -50,8 +51,8 @@ type shard struct {
 	wake chan struct{} // capacity 1: "jobs is not empty"
 }
 
-func newAsyncQueue(s Store, workers, capacity int, timeout time.Duration, log *slog.Logger, reg prometheus.Registerer) *asyncQueue {
-	q := &asyncQueue{store: s, timeout: timeout, capacity: int64(capacity), seed: maphash.MakeSeed(), log: log}
+func newAsyncQueue(h *handler, s Store, workers, capacity int, timeout time.Duration, log *slog.Logger, reg prometheus.Registerer) *asyncQueue {
+	q := &asyncQueue{h: h, store: s, timeout: timeout, capacity: int64(capacity), seed: maphash.MakeSeed(), log: log}
 	q.quiet, _ = s.(quietSetter)
 	for range max(workers, 1) {
 		q.shards = append(q.shards, &shard{wake: make(chan struct{}, 1)})
@@ -152,10 +153,10 @@ func (q *asyncQueue) apply(o parsedOp) {
 	defer cancel()
 	ok := true
 	if o.kind == "set" && q.quiet != nil {
-		ok = q.quiet.SetQuiet(ctx, o.item) == nil
+		ok = q.h.prepare(&o.item) == nil && q.quiet.SetQuiet(ctx, o.item) == nil
 	} else {
 		var res batchResult
-		runOp(ctx, q.store, o, &res)
+		q.h.runOp(ctx, o, &res)
 		ok = res.Status < 400
 	}
 	if ok {

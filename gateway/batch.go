@@ -37,6 +37,7 @@ type batchResult struct {
 	Encoding string  `json:"encoding,omitempty"` // "base64" when the value is not valid UTF-8
 	Flags    *uint32 `json:"flags,omitempty"`
 	CAS      string  `json:"cas,omitempty"`
+	PHPType  string  `json:"php_type,omitempty"` // with MEMCGATE_VALUE_CODEC=php
 	Error    string  `json:"error,omitempty"`
 }
 
@@ -85,8 +86,7 @@ func (h *handler) getAll(ctx context.Context, keys []string, result func(i int) 
 		res := result(i)
 		res.Key = k
 		if it, ok := found[k]; ok {
-			res.Status = http.StatusOK
-			res.setItem(it)
+			h.setItem(res, it)
 			continue
 		}
 		err := failed[k]
@@ -97,11 +97,17 @@ func (h *handler) getAll(ctx context.Context, keys []string, result func(i int) 
 	}
 }
 
-func (res *batchResult) setItem(it upstream.Item) {
+// setItem fills a found item's result, decoding it as GET would.
+func (h *handler) setItem(res *batchResult, it upstream.Item) {
+	v, err := h.present(it)
+	if err != nil {
+		res.setError(err)
+		return
+	}
 	flags := it.Flags
-	res.Flags = &flags
+	res.Status, res.Flags, res.PHPType = http.StatusOK, &flags, v.phpType
 	res.CAS = strconv.FormatUint(it.CAS, 10)
-	res.setValue(it.Value)
+	res.setValue(v.body)
 }
 
 func (res *batchResult) setValue(b []byte) {
@@ -170,7 +176,7 @@ func (h *handler) batch(w http.ResponseWriter, r *http.Request) {
 	for _, k := range order {
 		wg.Go(func() {
 			for _, i := range perKey[k] {
-				runOp(ctx, h.store, ops[i], &results[i])
+				h.runOp(ctx, ops[i], &results[i])
 			}
 		})
 	}
@@ -178,31 +184,37 @@ func (h *handler) batch(w http.ResponseWriter, r *http.Request) {
 	writeResults(w, results)
 }
 
-// runOp runs one operation on s and records its single-key status.
-func runOp(ctx context.Context, s Store, o parsedOp, res *batchResult) {
+// runOp runs one operation and records its single-key status.
+func (h *handler) runOp(ctx context.Context, o parsedOp, res *batchResult) {
+	s := h.store
 	var err error
 	status := http.StatusCreated
 	switch o.kind {
 	case "get":
 		var it upstream.Item
 		if it, err = s.Get(ctx, o.item.Key); err == nil {
-			res.Status = http.StatusOK
-			res.setItem(it)
+			h.setItem(res, it)
 			return
 		}
-	case "set":
-		err = s.Set(ctx, o.item)
-	case "add":
-		if err = s.Add(ctx, o.item); errors.Is(err, upstream.ErrExists) {
-			err = &preconditionError{err, "key exists"}
+	case "set", "add", "replace", "cas":
+		if err = h.prepare(&o.item); err != nil {
+			break
 		}
-	case "replace":
-		if err = s.Replace(ctx, o.item); errors.Is(err, upstream.ErrNotFound) {
-			err = &preconditionError{err, "key does not exist"}
-		}
-	case "cas":
-		if err = s.CompareAndSwap(ctx, o.item); errors.Is(err, upstream.ErrCASConflict) || errors.Is(err, upstream.ErrNotFound) {
-			err = &preconditionError{err, "item changed or is gone since its cas was read"}
+		switch o.kind {
+		case "set":
+			err = s.Set(ctx, o.item)
+		case "add":
+			if err = s.Add(ctx, o.item); errors.Is(err, upstream.ErrExists) {
+				err = &preconditionError{err, "key exists"}
+			}
+		case "replace":
+			if err = s.Replace(ctx, o.item); errors.Is(err, upstream.ErrNotFound) {
+				err = &preconditionError{err, "key does not exist"}
+			}
+		case "cas":
+			if err = s.CompareAndSwap(ctx, o.item); errors.Is(err, upstream.ErrCASConflict) || errors.Is(err, upstream.ErrNotFound) {
+				err = &preconditionError{err, "item changed or is gone since its cas was read"}
+			}
 		}
 	case "delete":
 		err, status = s.Delete(ctx, o.item.Key), http.StatusNoContent

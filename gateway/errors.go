@@ -39,7 +39,10 @@ func errorStatus(err error) (status int, msg string, retry bool) {
 	var re *requestError
 	var pe *preconditionError
 	var ne *upstream.NodeError
+	var ve *valueError
 	switch {
+	case errors.As(err, &ve):
+		return http.StatusBadGateway, ve.Error(), false
 	case errors.As(err, &re):
 		return re.status, re.msg, false
 	case errors.As(err, &pe):

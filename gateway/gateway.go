@@ -71,6 +71,10 @@ type Options struct {
 	AsyncQueue int
 	// AsyncWorkers is the number of goroutines applying them; if zero, 64.
 	AsyncWorkers int
+	// Codec is how values are stored; if empty, CodecRaw.
+	Codec ValueCodec
+	// PHP configures CodecPHP's writes.
+	PHP PHPOptions
 }
 
 func (o *Options) withDefaults() {
@@ -125,7 +129,7 @@ const allowed = "GET, HEAD, PUT, DELETE, POST"
 func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Options) *Handler {
 	opts.withDefaults()
 	h := &handler{store: s, opts: opts, defaultTTL: int32(opts.DefaultTTL / time.Second), log: log}
-	h.async = newAsyncQueue(s, opts.AsyncWorkers, opts.AsyncQueue, opts.RequestTimeout, log, reg)
+	h.async = newAsyncQueue(h, s, opts.AsyncWorkers, opts.AsyncQueue, opts.RequestTimeout, log, reg)
 	lim := &limiter{max: int64(opts.MaxRequests)}
 	r := chi.NewRouter()
 	r.Use(newObserver(log, reg, opts.AccessLog).middleware, lim.middleware, h.deadline)

@@ -24,19 +24,28 @@ func (h *handler) get(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	v, err := h.present(it)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
 	// One backing array for the header values: one allocation, not four.
-	hv := make([]string, 3)
-	hv[0], hv[1], hv[2] = formatETag(it.CAS), strconv.FormatUint(uint64(it.Flags), 10), strconv.Itoa(len(it.Value))
+	hv := make([]string, 4)
+	hv[0], hv[1], hv[2] = formatETag(it.CAS), strconv.FormatUint(uint64(it.Flags), 10), strconv.Itoa(len(v.body))
 	hd := w.Header()
 	hd["Etag"], hd["X-Memcached-Flags"] = hv[0:1:1], hv[1:2:2]
 	if inm := r.Header.Get("If-None-Match"); inm != "" && etagListHas(inm, hv[0]) {
 		w.WriteHeader(http.StatusNotModified)
 		return
 	}
-	hd["Content-Type"], hd["Content-Length"] = octetStream, hv[2:3:3]
+	hd["Content-Type"], hd["Content-Length"] = v.contentType, hv[2:3:3]
+	if v.phpType != "" {
+		hv[3] = v.phpType
+		hd["X-Php-Type"] = hv[3:4:4]
+	}
 	w.WriteHeader(http.StatusOK)
 	if r.Method != http.MethodHead {
-		_, _ = w.Write(it.Value)
+		_, _ = w.Write(v.body)
 	}
 }
 
@@ -62,8 +71,17 @@ func (h *handler) put(w http.ResponseWriter, r *http.Request) {
 	ifMatch, ifNone := r.Header.Get("If-Match"), r.Header.Get("If-None-Match")
 	if ifMatch == "" && ifNone == "" && preferAsync(r) {
 		// Conditional writes need memcached's answer, so only plain sets
-		// are queued (RFC 7240 lets a server ignore the preference).
+		// are queued (RFC 7240 lets a server ignore the preference). The
+		// codec runs when the write is applied, as for batches.
+		if h.opts.Codec == CodecPHP && it.Flags > 0xffff {
+			writeError(w, h.prepare(&it))
+			return
+		}
 		h.accepted(w, []parsedOp{{kind: "set", item: it}}, false)
+		return
+	}
+	if err := h.prepare(&it); err != nil {
+		writeError(w, err)
 		return
 	}
 	switch {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/memcgate/memcgate/config"
 	"github.com/memcgate/memcgate/gateway"
+	"github.com/memcgate/memcgate/gateway/phpvalue"
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/hashring"
 )
@@ -155,6 +156,8 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 		BatchMaxBytes:  cfg.BatchMaxBytes,
 		AsyncQueue:     cfg.AsyncQueue,
 		AsyncWorkers:   cfg.AsyncWorkers,
+		Codec:          gateway.ValueCodec(cfg.ValueCodec),
+		PHP:            phpOptions(cfg),
 	})
 	data := &http.Server{
 		Handler:           handler,
@@ -270,4 +273,18 @@ func healthcheck(ctx context.Context, environ map[string]string, args []string) 
 		return fmt.Errorf("healthcheck: %s answered %s", path, resp.Status)
 	}
 	return nil
+}
+
+// phpOptions maps the PHP_COMPRESSION* settings onto the codec.
+func phpOptions(cfg config.Config) gateway.PHPOptions {
+	o := gateway.PHPOptions{Threshold: cfg.PHPCompThreshold, Factor: cfg.PHPCompFactor}
+	switch cfg.PHPCompression {
+	case "zlib":
+		o.Compression = phpvalue.CompressZlib
+	case "none":
+		o.Compression = phpvalue.CompressNone
+	default:
+		o.Compression = phpvalue.CompressFastLZ
+	}
+	return o
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"crypto/sha1"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -10,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
@@ -146,3 +149,81 @@ func pathEscape(k string) string {
 	}
 	return b.String()
 }
+
+// TestPHPValues: with MEMCGATE_VALUE_CODEC=php the gateway serves what
+// php-memcached stored (every type, compressed or not) and writes strings
+// that PHP reads back as the same string.
+func TestPHPValues(t *testing.T) {
+	php := requirePHP(t, "memcached")
+	mc := memcachedtest.Start(t)
+	g := startGateway(t, map[string]string{"MEMCGATE_SERVERS": mc.Addr, "MEMCGATE_VALUE_CODEC": "php"})
+	if out, err := exec.Command(php, "../php/types.php", "127.0.0.1", strconv.Itoa(mc.Port), "write").CombinedOutput(); err != nil {
+		t.Fatalf("php types.php write: %v\n%s", err, out)
+	}
+	cases := []struct {
+		key, body, phpType, contentType string
+	}{
+		{"t_string", "héllo wörld", "string", "application/octet-stream"},
+		{"t_int", "42", "long", "text/plain; charset=utf-8"},
+		{"t_negint", "-7", "long", "text/plain; charset=utf-8"},
+		{"t_float", "1.5", "double", "text/plain; charset=utf-8"},
+		{"t_true", "true", "bool", "text/plain; charset=utf-8"},
+		{"t_false", "false", "bool", "text/plain; charset=utf-8"},
+		{"t_array", `a:2:{s:1:"a";i:1;s:1:"b";a:2:{i:0;i:2;i:1;i:3;}}`, "serialized", "application/vnd.php.serialized"},
+		{"t_big", strings.Repeat("compressible text ", 600), "string", "application/octet-stream"},
+		{"t_big_zlib", strings.Repeat("zlib text ", 1000), "string", "application/octet-stream"},
+		{"t_json", `{"x":"y"}`, "json", "application/json"},
+	}
+	for _, c := range cases {
+		r := g.do("GET", "/"+c.key, nil)
+		if r.status != 200 || r.body != c.body || r.header.Get("X-PHP-Type") != c.phpType || r.header.Get("Content-Type") != c.contentType {
+			t.Errorf("GET %s = %d %q type %q %q, want 200 %.40q type %q %q", c.key, r.status, tail(r.body, 60),
+				r.header.Get("X-PHP-Type"), r.header.Get("Content-Type"), c.body, c.phpType, c.contentType)
+		}
+	}
+	// The gateway writes strings, small and large (compressed on the way
+	// in, as php-memcached would), and PHP reads them back identical.
+	want := map[string]string{}
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, size := range []int{0, 1, 400, 1999, 2000, 10_000, 70_000, 300_000} {
+		for _, kind := range []string{"text", "random"} {
+			v := make([]byte, size)
+			for i := range v {
+				if kind == "text" {
+					v[i] = "the quick brown fox "[i%20]
+				} else {
+					v[i] = byte(r.IntN(256))
+				}
+			}
+			key := fmt.Sprintf("g_%s_%d", kind, size)
+			if resp := g.do("PUT", "/"+key, v); resp.status != 201 {
+				t.Fatalf("PUT %s = %d %q", key, resp.status, resp.body)
+			}
+			want[key] = fmt.Sprintf("%x", sha1sum(v))
+		}
+	}
+	in, _ := json.Marshal(want)
+	cmd := exec.Command(php, "../php/types.php", "127.0.0.1", strconv.Itoa(mc.Port), "read")
+	cmd.Stdin = bytes.NewReader(in)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("php types.php read: %v", err)
+	}
+	var got map[string]string
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("php output %q: %v", out, err)
+	}
+	for k := range want {
+		if got[k] != "ok" {
+			t.Errorf("PHP read %s as %s, want the identical string", k, got[k])
+		}
+	}
+	// Corrupt compressed data: a clear 502, never a crash.
+	raw := memcachedClient(t, mc.Addr)
+	raw.Set(&memcache.Item{Key: "t_corrupt", Value: []byte{0xff, 0xff, 0, 0, 1, 2, 3}, Flags: 0x10 | 0x40})
+	if resp := g.do("GET", "/t_corrupt", nil); resp.status != 502 || !strings.Contains(resp.body, "cannot be decoded") {
+		t.Errorf("GET of corrupt FastLZ data = %d %q, want 502 naming the problem", resp.status, resp.body)
+	}
+}
+
+func sha1sum(b []byte) [20]byte { return sha1.Sum(b) }

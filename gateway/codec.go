@@ -1,0 +1,69 @@
+package gateway
+
+import (
+	"fmt"
+
+	"github.com/memcgate/memcgate/gateway/phpvalue"
+	"github.com/memcgate/memcgate/upstream"
+)
+
+// ValueCodec says how values are stored in memcached.
+type ValueCodec string
+
+const (
+	// CodecRaw stores request bodies as they are, with the client's flags.
+	CodecRaw ValueCodec = "raw"
+	// CodecPHP reads and writes values as php-memcached does: GET decodes
+	// its type flags and compression, PUT writes strings PHP reads back as
+	// the same string (compressed like php-memcached for large values), and
+	// ?flags= are php-memcached's 16-bit user flags.
+	CodecPHP ValueCodec = "php"
+)
+
+// PHPOptions configure CodecPHP's writes; the zero value is
+// php-memcached's default (FastLZ from 2000 bytes, kept if 1.3× smaller).
+type PHPOptions = phpvalue.EncodeOptions
+
+// decoded is an item as the client sees it.
+type decoded struct {
+	body        []byte
+	contentType []string
+	phpType     string // "" in raw mode
+}
+
+// present turns a stored item into what GET serves.
+func (h *handler) present(it upstream.Item) (decoded, error) {
+	if h.opts.Codec != CodecPHP {
+		return decoded{body: it.Value, contentType: octetStream}, nil
+	}
+	v, err := phpvalue.Decode(it.Flags, it.Value, int(h.opts.MaxValueBytes)*64)
+	if err != nil {
+		return decoded{}, &valueError{err}
+	}
+	d := decoded{body: v.Body, contentType: []string{v.Type.ContentType()}, phpType: v.Type.String()}
+	if v.Type == phpvalue.Bool {
+		d.body = []byte(v.Text())
+	}
+	return d, nil
+}
+
+// prepare turns a written value into what memcached stores.
+func (h *handler) prepare(it *upstream.Item) error {
+	if h.opts.Codec != CodecPHP {
+		return nil
+	}
+	if it.Flags > 0xffff {
+		return badRequest(fmt.Sprintf("flags %d: with MEMCGATE_VALUE_CODEC=php, flags are php-memcached user flags from 0 to 65535", it.Flags))
+	}
+	opts := h.opts.PHP
+	opts.UserFlags = uint16(it.Flags)
+	it.Value, it.Flags = phpvalue.Encode(it.Value, opts)
+	return nil
+}
+
+// valueError is a stored value the codec cannot read: memcached answered,
+// but with something broken, which makes it a bad gateway answer.
+type valueError struct{ err error }
+
+func (e *valueError) Error() string { return "stored value cannot be decoded: " + e.err.Error() }
+func (e *valueError) Unwrap() error { return e.err }
