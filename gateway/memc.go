@@ -1,7 +1,21 @@
 package gateway
 
+// The HttpMemcModule-compatible endpoints: what nginx + memc-nginx-module
+// 0.19 answer, byte for byte where the module writes the body, so that
+// clients of such a tier can be pointed at memcgate unchanged. The
+// behaviour and every deliberate difference are in
+// docs/migrating-from-nginx-memc.md; test/memc runs the same requests
+// against the real module and memcgate side by side.
+
 import (
 	"context"
+	"errors"
+	"html"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 
@@ -16,11 +30,616 @@ type MemcCluster interface {
 	Version(ctx context.Context) []upstream.NodeReply
 }
 
-// MemcOptions configures the HttpMemcModule-compatible endpoints.
+// MemcOptions configures the HttpMemcModule-compatible endpoints. Zero
+// values take the defaults named on each field.
 type MemcOptions struct {
-	Path    string      // query-style endpoint, e.g. "/memc"; "" turns it off
-	Cluster MemcCluster // required when any endpoint is on
+	// Path is the query-style endpoint, like the reference `location =
+	// /memc` with `set $memc_cmd $arg_cmd; set $memc_key $arg_key; set
+	// $memc_value $arg_val; set $memc_flags $arg_flags; set $memc_exptime
+	// $arg_exptime;`. It matches this path exactly. "" turns it off.
+	Path string
+	// KeyPath is the path-style prefix, like the reference `location ~
+	// ^/key/(.+)$` with `set $memc_key $1;`: the key is the rest of the
+	// normalised path, the value the request body, the command the method
+	// or ?cmd=. It must start and end with '/'. "" turns it off.
+	KeyPath string
+	// CmdsAllowed, if not empty, lists the only commands served; others get
+	// 403, like memc_cmds_allowed. Unknown names are ignored.
+	CmdsAllowed []string
+	// FlagsToLastModified sends a get hit's flags as Last-Modified (Unix
+	// seconds), like memc_flags_to_last_modified on.
+	FlagsToLastModified bool
+	// FlagsHeader, if set, names a header that carries $memc_flags on 2xx
+	// answers, like `add_header X-Memc-Flags $memc_flags;`.
+	FlagsHeader string
+	// ContentType is the type of every body the module writes itself
+	// (values, STORED, numbers, raw error lines), nginx's default_type; if
+	// empty, "text/plain".
+	ContentType string
+	// MaxBodyBytes is client_max_body_size: a larger request body gets 413
+	// whatever the command. If zero, 1 MiB (nginx's default 1m).
+	MaxBodyBytes int64
+	// Cluster runs flush_all, stats and version on every node; required.
+	Cluster MemcCluster
 }
 
-// mountMemc adds the compatible endpoints to r.
-func (h *handler) mountMemc(r chi.Router, o *MemcOptions) {}
+// memcCmd is one command of the module.
+type memcCmd uint8
+
+const (
+	memcNone memcCmd = iota
+	memcGet
+	memcSet
+	memcAdd
+	memcReplace
+	memcAppend
+	memcPrepend
+	memcDelete
+	memcIncr
+	memcDecr
+	memcFlushAll
+	memcStats
+	memcVersion
+	memcCmdCount
+)
+
+// parseMemcCmd matches a command name exactly and case-sensitively, as the
+// module does; anything else (gets, cas, touch, GET…) is memcNone.
+func parseMemcCmd(name string) memcCmd {
+	for c := memcGet; c < memcCmdCount; c++ {
+		if c.String() == name {
+			return c
+		}
+	}
+	return memcNone
+}
+
+// MemcCommands lists the command names the module (and so memcgate)
+// supports, in the module's order.
+func MemcCommands() []string {
+	out := make([]string, 0, memcCmdCount-1)
+	for c := memcGet; c < memcCmdCount; c++ {
+		out = append(out, c.String())
+	}
+	return out
+}
+
+func (c memcCmd) String() string {
+	switch c {
+	case memcGet:
+		return "get"
+	case memcSet:
+		return "set"
+	case memcAdd:
+		return "add"
+	case memcReplace:
+		return "replace"
+	case memcAppend:
+		return "append"
+	case memcPrepend:
+		return "prepend"
+	case memcDelete:
+		return "delete"
+	case memcIncr:
+		return "incr"
+	case memcDecr:
+		return "decr"
+	case memcFlushAll:
+		return "flush_all"
+	case memcStats:
+		return "stats"
+	case memcVersion:
+		return "version"
+	}
+	return ""
+}
+
+func (c memcCmd) storage() bool { return c >= memcSet && c <= memcPrepend }
+
+func (c memcCmd) arith() bool { return c == memcIncr || c == memcDecr }
+
+// keyed reports whether the command names an item.
+func (c memcCmd) keyed() bool { return c >= memcGet && c <= memcDecr }
+
+// scope is the bearer-token scope the command needs: cluster-wide commands
+// need admin, as on the admin listener.
+func (c memcCmd) scope() Scope {
+	switch c {
+	case memcGet, memcVersion:
+		return ScopeRead
+	case memcFlushAll, memcStats:
+		return ScopeAdmin
+	}
+	return ScopeWrite
+}
+
+// writes reports whether the command changes data (refused in read-only
+// mode).
+func (c memcCmd) writes() bool {
+	return c.storage() || c == memcDelete || c.arith() || c == memcFlushAll
+}
+
+// memcDefaultCmd is the command of a request without $memc_cmd.
+func memcDefaultCmd(method string) memcCmd {
+	switch method {
+	case http.MethodGet, http.MethodHead:
+		return memcGet
+	case http.MethodPost:
+		return memcAdd
+	case http.MethodPut:
+		return memcSet
+	case http.MethodDelete:
+		return memcDelete
+	}
+	return memcNone
+}
+
+// memcVars are the module's variables as a location's configuration set
+// them, raw (never URL-decoded).
+type memcVars struct {
+	cmd, key, flags, exptime string
+	value                    string
+	valueSet                 bool // $memc_value is defined (even empty): the body is not the value
+}
+
+// memc serves the compatible endpoints.
+type memc struct {
+	h       *handler
+	o       MemcOptions
+	allowed [memcCmdCount]bool
+}
+
+// mountMemc adds the compatible endpoints to r. They are served by a
+// middleware rather than routes so that they see every method, as nginx
+// does (OPTIONS or PATCH get the module's 400, not chi's 405), and they
+// authorize per command, not per method: GET ?cmd=set is a write.
+func (h *handler) mountMemc(r chi.Router, o *MemcOptions) {
+	if o.Path == "" && o.KeyPath == "" {
+		return
+	}
+	m := &memc{h: h, o: *o}
+	if m.o.ContentType == "" {
+		m.o.ContentType = "text/plain"
+	}
+	if m.o.MaxBodyBytes <= 0 {
+		m.o.MaxBodyBytes = 1 << 20
+	}
+	for c := memcGet; c < memcCmdCount; c++ {
+		m.allowed[c] = len(o.CmdsAllowed) == 0
+	}
+	for _, name := range o.CmdsAllowed {
+		m.allowed[parseMemcCmd(name)] = true
+	}
+	m.allowed[memcNone] = false
+	r.Use(m.route)
+}
+
+// route sends requests for the compatible endpoints to them and every
+// other request on.
+func (m *memc) route(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case m.o.Path != "" && r.URL.Path == m.o.Path:
+			_, q := splitTarget(r.RequestURI)
+			m.serve(w, r, queryVars(q))
+		case m.o.KeyPath != "" && strings.HasPrefix(r.URL.Path, m.o.KeyPath):
+			m.servePath(w, r)
+		default:
+			next.ServeHTTP(w, r)
+		}
+	})
+}
+
+// queryVars is the reference /memc location: every variable from its
+// argument, so $memc_value is defined (empty) even without ?val= and the
+// request body is never the value.
+func queryVars(q string) memcVars {
+	v := memcVars{valueSet: true}
+	v.cmd, _ = nginxArg(q, "cmd")
+	v.key, _ = nginxArg(q, "key")
+	v.value, _ = nginxArg(q, "val")
+	v.flags, _ = nginxArg(q, "flags")
+	v.exptime, _ = nginxArg(q, "exptime")
+	return v
+}
+
+// servePath is the reference /key/ location: nginx normalises the path,
+// the regex captures the key (re-escaped when the raw path was quoted),
+// and $memc_value is left undefined so storage commands take the body.
+func (m *memc) servePath(w http.ResponseWriter, r *http.Request) {
+	rawPath, q := splitTarget(r.RequestURI)
+	path, quoted, err := nginxPath(rawPath)
+	if err != nil {
+		m.page(w, r, http.StatusBadRequest, "the request path is not valid (bad %-escape, %00 or .. above the root)")
+		return
+	}
+	if m.o.Path != "" && path == m.o.Path {
+		m.serve(w, r, queryVars(q))
+		return
+	}
+	key, ok := regexCapture(path, m.o.KeyPath)
+	if !ok {
+		m.page(w, r, http.StatusNotFound, "no key in the path; use "+m.o.KeyPath+"{key}")
+		return
+	}
+	if quoted {
+		key = argsEscape(key)
+	}
+	v := memcVars{key: key}
+	v.cmd, _ = nginxArg(q, "cmd")
+	v.flags, _ = nginxArg(q, "flags")
+	v.exptime, _ = nginxArg(q, "exptime")
+	m.serve(w, r, v)
+}
+
+// serve runs one request through the module's checks, in the module's
+// order (the first failing check sets the status), then the command.
+func (m *memc) serve(w http.ResponseWriter, r *http.Request, v memcVars) {
+	// nginx refuses a declared body over client_max_body_size before any
+	// location code runs, whatever the command.
+	if r.ContentLength > m.o.MaxBodyBytes {
+		m.page(w, r, http.StatusRequestEntityTooLarge, "request body is "+strconv.FormatInt(r.ContentLength, 10)+" bytes; at most "+strconv.FormatInt(m.o.MaxBodyBytes, 10)+" are accepted")
+		return
+	}
+	tokens := m.h.opts.Tokens
+	var have Scope
+	if tokens.Enabled() {
+		var ok bool
+		if have, ok = tokens.scopes(r); !ok {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="memcgate"`)
+			m.page(w, r, http.StatusUnauthorized, "missing or unknown bearer token")
+			return
+		}
+	}
+	// 1. The command: $memc_cmd, or the method's default.
+	cmd := memcDefaultCmd(r.Method)
+	if v.cmd != "" {
+		cmd = parseMemcCmd(v.cmd)
+	}
+	if cmd == memcNone {
+		if v.cmd != "" {
+			m.page(w, r, http.StatusBadRequest, "unknown command "+strconv.Quote(v.cmd))
+		} else {
+			m.page(w, r, http.StatusBadRequest, "method "+r.Method+" has no default command; use ?cmd=")
+		}
+		return
+	}
+	// 2. memc_cmds_allowed, then memcgate's own authorization.
+	if !m.allowed[cmd] {
+		m.page(w, r, http.StatusForbidden, "command "+cmd.String()+" is not allowed here")
+		return
+	}
+	if tokens.Enabled() && have&cmd.scope() == 0 {
+		m.page(w, r, http.StatusForbidden, "token lacks the "+cmd.scope().String()+" scope for "+cmd.String())
+		return
+	}
+	if m.h.opts.ReadOnly && cmd.writes() {
+		m.page(w, r, http.StatusForbidden, "read-only mode: "+cmd.String()+" is disabled (MEMCGATE_READ_ONLY)")
+		return
+	}
+	// 3-5. Digit-only checks; the range is memcached's business.
+	if (cmd.storage() || cmd == memcDelete || cmd == memcFlushAll) && v.exptime != "" && !digits(v.exptime, 10) {
+		m.page(w, r, http.StatusBadRequest, "exptime must be 1 to 10 digits")
+		return
+	}
+	if cmd.storage() && v.flags != "" && !digits(v.flags, 10) {
+		m.page(w, r, http.StatusBadRequest, "flags must be 1 to 10 digits")
+		return
+	}
+	if cmd.arith() && !digits(v.value, 19) {
+		m.page(w, r, http.StatusBadRequest, cmd.String()+" needs a delta of 1 to 19 digits in the value")
+		return
+	}
+	// 6. The body, read (and capped) whatever the command, as nginx does.
+	body, hasBody, err := m.readBody(r)
+	if err != nil {
+		var re *requestError
+		if errors.As(err, &re) {
+			m.page(w, r, re.status, re.msg)
+		} else {
+			m.fail(w, r, cmd, err)
+		}
+		return
+	}
+	// 7. Building the memcached request.
+	if cmd.keyed() && v.key == "" {
+		m.page(w, r, http.StatusInternalServerError, "no key")
+		return
+	}
+	value := []byte(v.value)
+	if cmd.storage() && !v.valueSet {
+		if !hasBody {
+			m.page(w, r, http.StatusInternalServerError, "no value: send a request body (Content-Length: 0 for an empty value)")
+			return
+		}
+		value = body
+	}
+	key := memcEscape(v.key)
+	if cmd == memcDelete && v.exptime != "" && v.exptime != "0" {
+		// What memcached 1.6 answers to "delete <key> <n>" for any n but
+		// "0"; upstream.Store has no delete with a time, so it is answered
+		// here without sending.
+		m.raw(w, r, http.StatusBadGateway, "CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n")
+		return
+	}
+	if cmd.keyed() && len(key) > m.h.opts.MaxKeyLen {
+		// memcached refuses such a key, and the module sends it anyway:
+		// memcached then runs a storage command's data block as a command
+		// of its own. memcgate gives the same answer and never sends it.
+		if cmd == memcGet {
+			m.page(w, r, http.StatusBadGateway, "key is "+strconv.Itoa(len(key))+" bytes after escaping; memcached allows "+strconv.Itoa(m.h.opts.MaxKeyLen))
+		} else {
+			m.raw(w, r, http.StatusBadGateway, "CLIENT_ERROR bad command line format\r\n")
+		}
+		return
+	}
+	m.run(w, r, cmd, v, key, value)
+}
+
+// run sends the command and answers as the module does.
+func (m *memc) run(w http.ResponseWriter, r *http.Request, cmd memcCmd, v memcVars, key string, value []byte) {
+	ctx := r.Context()
+	s := m.h.store
+	switch {
+	case cmd == memcGet:
+		it, err := s.Get(ctx, key)
+		if err != nil {
+			m.fail(w, r, cmd, err)
+			return
+		}
+		flags := strconv.FormatUint(uint64(it.Flags), 10)
+		if m.o.FlagsToLastModified {
+			w.Header().Set("Last-Modified", time.Unix(int64(it.Flags), 0).UTC().Format(http.TimeFormat))
+		}
+		m.module(w, r, http.StatusOK, it.Value, flags)
+	case cmd.storage():
+		it := upstream.Item{Key: key, Value: value, Flags: memcFlags(v.flags), Expiration: memcExptime(v.exptime)}
+		var err error
+		switch cmd {
+		case memcSet:
+			err = s.Set(ctx, it)
+		case memcAdd:
+			err = s.Add(ctx, it)
+		case memcReplace:
+			err = s.Replace(ctx, it)
+		case memcAppend:
+			err = s.Append(ctx, it)
+		case memcPrepend:
+			err = s.Prepend(ctx, it)
+		}
+		flags := v.flags
+		if flags == "" {
+			flags = "0"
+		}
+		switch {
+		case err == nil:
+			m.module(w, r, http.StatusCreated, []byte("STORED\r\n"), flags)
+		case errors.Is(err, upstream.ErrNotFound), errors.Is(err, upstream.ErrExists):
+			m.module(w, r, http.StatusOK, []byte("NOT_STORED\r\n"), flags)
+		default:
+			m.fail(w, r, cmd, err)
+		}
+	case cmd == memcDelete:
+		if err := s.Delete(ctx, key); err != nil {
+			m.fail(w, r, cmd, err)
+			return
+		}
+		m.module(w, r, http.StatusOK, []byte("DELETED\r\n"), v.flags)
+	case cmd.arith():
+		delta := parseDigits(v.value)
+		var n uint64
+		var err error
+		if cmd == memcIncr {
+			n, err = s.Incr(ctx, key, delta)
+		} else {
+			n, err = s.Decr(ctx, key, delta)
+		}
+		if err != nil {
+			m.fail(w, r, cmd, err)
+			return
+		}
+		m.module(w, r, http.StatusCreated, []byte(strconv.FormatUint(n, 10)+"\r\n"), v.flags)
+	default:
+		m.cluster(w, r, cmd, v)
+	}
+}
+
+// cluster runs flush_all, stats and version. Nodes that health checks hold
+// down are skipped, as they are for every other command (their keys are
+// served by the live nodes, which are the ones flushed). The answer:
+//   - flush_all: OK once every live node said OK;
+//   - stats: each live node's STAT lines in configured order, one END;
+//   - version: the first live node's VERSION line.
+//
+// A live node that fails or answers an error line fails the whole command
+// (502, or 504 on a timeout), except for version, which takes the next
+// node; no live node at all is 502, like nginx with its server down.
+func (m *memc) cluster(w http.ResponseWriter, r *http.Request, cmd memcCmd, v memcVars) {
+	if m.o.Cluster == nil {
+		m.fail(w, r, cmd, upstream.ErrNoNodes)
+		return
+	}
+	ctx := r.Context()
+	var replies []upstream.NodeReply
+	switch cmd {
+	case memcFlushAll:
+		replies = m.o.Cluster.FlushAll(ctx, memcExptime(v.exptime))
+	case memcStats:
+		replies = m.o.Cluster.Stats(ctx)
+	default:
+		replies = m.o.Cluster.Version(ctx)
+	}
+	var body []byte
+	answered := 0
+	var failed error
+	for _, nr := range replies {
+		switch {
+		case errors.Is(nr.Err, upstream.ErrNoNodes):
+			continue // held down by health checks: skipped
+		case nr.Err != nil:
+			failed = nr.Err
+			continue
+		case isMemcErrorLine(nr.Reply):
+			failed = &memcErrorLine{line: string(nr.Reply)}
+			continue
+		}
+		answered++
+		switch cmd {
+		case memcStats:
+			body = append(body, strings.TrimSuffix(string(nr.Reply), "END\r\n")...)
+		case memcVersion:
+			if body == nil {
+				body = nr.Reply
+			}
+		default:
+			body = nr.Reply
+		}
+	}
+	switch {
+	case cmd == memcVersion && answered > 0:
+	case failed != nil:
+		m.fail(w, r, cmd, failed)
+		return
+	case answered == 0:
+		m.fail(w, r, cmd, upstream.ErrNoNodes)
+		return
+	}
+	if cmd == memcStats {
+		body = append(body, "END\r\n"...)
+	}
+	m.module(w, r, http.StatusOK, body, v.flags)
+}
+
+func isMemcErrorLine(b []byte) bool {
+	s := string(b)
+	return strings.HasPrefix(s, "ERROR") || strings.HasPrefix(s, "CLIENT_ERROR") || strings.HasPrefix(s, "SERVER_ERROR")
+}
+
+// memcErrorLine is an error line memcached answered to a command sent to
+// every node; the module forwards such a line as a 502 body.
+type memcErrorLine struct{ line string }
+
+func (e *memcErrorLine) Error() string { return "memcached answered " + strings.TrimSpace(e.line) }
+
+// readBody reads the request body up to MaxBodyBytes and reports whether
+// the request had one at all (a Content-Length header, even 0, or a
+// chunked body), which for a storage command without $memc_value is the
+// difference between storing an empty value and 500.
+func (m *memc) readBody(r *http.Request) (body []byte, present bool, err error) {
+	present = r.ContentLength != 0 || len(r.TransferEncoding) > 0 || len(r.Header.Values("Content-Length")) > 0
+	if !present || r.Body == nil {
+		return nil, present, nil
+	}
+	limit := m.o.MaxBodyBytes
+	body, err = io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		if ctxErr := r.Context().Err(); ctxErr != nil {
+			return nil, true, ctxErr
+		}
+		return nil, true, &requestError{http.StatusBadRequest, "reading the request body: " + err.Error()}
+	}
+	if int64(len(body)) > limit {
+		return nil, true, &requestError{http.StatusRequestEntityTooLarge, "request body is over " + strconv.FormatInt(limit, 10) + " bytes"}
+	}
+	return body, true, nil
+}
+
+// memcFailure is the one place that maps what went wrong with a command to
+// the module's answer: a raw memcached line as a 502 text body (what the
+// module forwards for every command but get), or an nginx page (raw == "").
+func memcFailure(cmd memcCmd, err error) (status int, raw, reason string) {
+	var ne *upstream.NodeError
+	var el *memcErrorLine
+	switch {
+	case errors.Is(err, upstream.ErrNotFound):
+		return http.StatusNotFound, "", "not found"
+	case errors.Is(err, context.Canceled):
+		return statusClientClosed, "", "client closed the request"
+	case errors.As(err, &ne) && ne.Timeout(), errors.Is(err, context.DeadlineExceeded):
+		return http.StatusGatewayTimeout, "", "memcached did not answer in time"
+	case errors.As(err, &ne), errors.Is(err, upstream.ErrNoNodes):
+		return http.StatusBadGateway, "", "no memcached node could be reached"
+	}
+	if cmd == memcGet {
+		// The module reads any error line as an invalid reply to get.
+		return http.StatusBadGateway, "", "memcached answered with an error"
+	}
+	switch {
+	case errors.As(err, &el):
+		return http.StatusBadGateway, el.line, ""
+	case errors.Is(err, upstream.ErrNotNumeric):
+		return http.StatusBadGateway, "CLIENT_ERROR cannot increment or decrement non-numeric value\r\n", ""
+	case errors.Is(err, upstream.ErrTooLarge):
+		return http.StatusBadGateway, "SERVER_ERROR object too large for cache\r\n", ""
+	case errors.Is(err, upstream.ErrBadKey):
+		return http.StatusBadGateway, "CLIENT_ERROR bad command line format\r\n", ""
+	case errors.Is(err, upstream.ErrServer):
+		// memcgate's client does not hand back the line itself.
+		return http.StatusBadGateway, "SERVER_ERROR memcached answered with an error\r\n", ""
+	}
+	return http.StatusInternalServerError, "", "internal error"
+}
+
+// fail answers a failed command.
+func (m *memc) fail(w http.ResponseWriter, r *http.Request, cmd memcCmd, err error) {
+	status, raw, reason := memcFailure(cmd, err)
+	switch {
+	case status == statusClientClosed:
+		if sw, ok := w.(*statusWriter); ok {
+			sw.status = statusClientClosed
+		}
+	case raw != "":
+		m.raw(w, r, status, raw)
+	default:
+		m.page(w, r, status, reason)
+	}
+}
+
+// module writes a body the module generates itself, with the flags header
+// (skipped when flags is empty, like add_header with an empty value).
+func (m *memc) module(w http.ResponseWriter, r *http.Request, status int, body []byte, flags string) {
+	hd := w.Header()
+	if m.o.FlagsHeader != "" && flags != "" {
+		hd.Set(m.o.FlagsHeader, flags)
+	}
+	m.write(w, r, status, m.o.ContentType, body)
+}
+
+// raw writes a memcached error line as the module forwards it.
+func (m *memc) raw(w http.ResponseWriter, r *http.Request, status int, line string) {
+	m.write(w, r, status, m.o.ContentType, []byte(line))
+}
+
+// page writes an error page shaped like nginx's (text/html, the status in
+// the title and heading); the footer names memcgate and the reason.
+func (m *memc) page(w http.ResponseWriter, r *http.Request, status int, reason string) {
+	w.Header().Del("Last-Modified")
+	title := strconv.Itoa(status) + " " + nginxStatusText(status)
+	body := "<html>\r\n<head><title>" + title + "</title></head>\r\n<body>\r\n<center><h1>" + title +
+		"</h1></center>\r\n<hr><center>memcgate: " + html.EscapeString(reason) + "</center>\r\n</body>\r\n</html>\r\n"
+	switch status {
+	case http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusInternalServerError:
+		// nginx closes the client connection after these; for 413 the
+		// body may not have been read at all.
+		w.Header().Set("Connection", "close")
+	}
+	m.write(w, r, status, "text/html", []byte(body))
+}
+
+func (m *memc) write(w http.ResponseWriter, r *http.Request, status int, contentType string, body []byte) {
+	hd := w.Header()
+	hd.Set("Content-Type", contentType)
+	hd.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	if r.Method != http.MethodHead {
+		_, _ = w.Write(body)
+	}
+}
+
+// nginxStatusText is the reason phrase nginx puts on its error pages.
+func nginxStatusText(status int) string {
+	if status == http.StatusGatewayTimeout {
+		return "Gateway Time-out"
+	}
+	return http.StatusText(status)
+}

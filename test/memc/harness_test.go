@@ -1,0 +1,388 @@
+// Package memc_test runs the same HTTP requests against the reference
+// nginx + HttpMemcModule setup (testdata/httpmemc-nginx.conf, the
+// configuration docs/migrating-from-nginx-memc.md was measured on) and
+// against memcgate's compatible endpoints, each with its own memcached,
+// and compares the answers. Intended differences are named expectations
+// in the table, never silent skips.
+package memc_test
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/memcgate/memcgate/test/memcachedtest"
+)
+
+// memcModule is where Debian's libnginx-mod-http-memc puts the module; the
+// reference configuration loads it from there.
+const memcModule = "/usr/lib/nginx/modules/ngx_http_memc_module.so"
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "memcgate-memc")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "memcgate")
+	build := exec.Command("go", "build", "-race", "-o", binary, "github.com/memcgate/memcgate/cmd/memcgate")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building memcgate:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// needNginx returns the nginx binary, or skips t (fails it when CI is set:
+// make test installs nginx and libnginx-mod-http-memc).
+func needNginx(t *testing.T) string {
+	t.Helper()
+	bin, err := exec.LookPath("nginx")
+	if err == nil {
+		_, err = os.Stat(memcModule)
+	}
+	if err == nil {
+		return bin
+	}
+	msg := "the differential suite needs nginx and libnginx-mod-http-memc (apt-get install nginx libnginx-mod-http-memc): " + err.Error()
+	if os.Getenv("CI") != "" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+	return ""
+}
+
+// startNginx renders the reference configuration for memcached at
+// mcPort, with nothing listening on deadPort, and starts nginx. It
+// returns the address nginx listens on; nginx is stopped when t ends.
+func startNginx(t *testing.T, bin string, mcPort, deadPort int) string {
+	t.Helper()
+	tmpl, err := os.ReadFile("testdata/httpmemc-nginx.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not t.TempDir: the worker runs as nobody when the test runs as root
+	// and must reach the prefix to buffer request bodies in tmp/.
+	prefix, err := os.MkdirTemp("", "memc-nginx-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(prefix) })
+	for _, d := range []struct {
+		path string
+		mode os.FileMode
+	}{{prefix, 0o755}, {filepath.Join(prefix, "logs"), 0o755}, {filepath.Join(prefix, "tmp"), 0o777}} {
+		if err := os.MkdirAll(d.path, d.mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(d.path, d.mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	port, err := memcachedtest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := strings.NewReplacer(
+		"@PREFIX@", prefix,
+		"@HTTP_PORT@", strconv.Itoa(port),
+		"@MEMC_PORT@", strconv.Itoa(mcPort),
+		"@DEAD_PORT@", strconv.Itoa(deadPort),
+	).Replace(string(tmpl))
+	if strings.Contains(conf, "@") {
+		t.Fatalf("unfilled placeholder in the rendered configuration:\n%s", conf)
+	}
+	confPath := filepath.Join(prefix, "nginx.conf")
+	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-e", filepath.Join(prefix, "logs", "startup.log"), "-c", confPath, "-p", prefix+"/")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("starting nginx: %v\n%s", err, out)
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	t.Cleanup(func() {
+		if t.Failed() {
+			if b, err := os.ReadFile(filepath.Join(prefix, "logs", "error.log")); err == nil {
+				t.Logf("nginx error.log (tail):\n%s", tail(string(b), 3000))
+			}
+		}
+		b, err := os.ReadFile(filepath.Join(prefix, "logs", "nginx.pid"))
+		if err != nil {
+			return
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			return
+		}
+		_ = syscall.Kill(pid, syscall.SIGTERM)
+		waitClosed(addr)
+	})
+	waitListening(t, addr, "nginx")
+	return addr
+}
+
+func waitListening(t *testing.T, addr, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
+			c.Close()
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s does not accept connections on %s within 10s", what, addr)
+}
+
+func waitClosed(addr string) {
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		c, err := net.DialTimeout("tcp", addr, 50*time.Millisecond)
+		if err != nil {
+			return
+		}
+		c.Close()
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex // guards b
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// startGate runs memcgate with env (MEMCGATE_* variables; the listeners
+// are chosen here) and waits until it serves: /readyz, or /healthz when
+// ready is false (a gateway whose only memcached is dead never gets ready).
+// It returns the data listener's address.
+func startGate(t *testing.T, env map[string]string, ready bool) string {
+	t.Helper()
+	dataPort, err1 := memcachedtest.FreePort()
+	adminPort, err2 := memcachedtest.FreePort()
+	if err1 != nil || err2 != nil {
+		t.Fatalf("free ports: %v %v", err1, err2)
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(dataPort)
+	admin := "http://127.0.0.1:" + strconv.Itoa(adminPort)
+	vars := map[string]string{
+		"MEMCGATE_LISTEN_ADDR":     addr,
+		"MEMCGATE_ADMIN_ADDR":      "127.0.0.1:" + strconv.Itoa(adminPort),
+		"MEMCGATE_DRAIN_DELAY":     "0s",
+		"MEMCGATE_HEALTH_INTERVAL": "200ms",
+		"MEMCGATE_ACCESS_LOG":      "false",
+	}
+	for k, v := range env {
+		vars[k] = v
+	}
+	cmd := exec.Command(binary)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	for k, v := range vars {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	logs := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting memcgate: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+		if t.Failed() {
+			t.Logf("memcgate %s logs:\n%s", addr, tail(logs.String(), 3000))
+		}
+	})
+	probe := admin + "/readyz"
+	if !ready {
+		probe = admin + "/healthz"
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if resp, err := http.Get(probe); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return addr
+			}
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("memcgate exited: %v\n%s", err, logs.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	t.Fatalf("memcgate not serving within 10s:\n%s", logs.String())
+	return ""
+}
+
+// request is one HTTP/1.1 request, written byte for byte as given.
+type request struct {
+	method  string
+	target  string   // sent as is: raw query bytes, duplicates, odd case
+	hdr     []string // extra "Name: value" lines
+	body    []byte   // sent with Content-Length when not nil
+	chunks  [][]byte // sent chunked when chunked is set
+	chunked bool
+	// keepAlive leaves out "Connection: close", to see whether the server
+	// keeps the connection (nginx closes it after 400, 413 and 500).
+	keepAlive bool
+}
+
+func (rq request) bytes() []byte {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "%s %s HTTP/1.1\r\nHost: localhost\r\n", rq.method, rq.target)
+	if !rq.keepAlive {
+		b.WriteString("Connection: close\r\n")
+	}
+	for _, h := range rq.hdr {
+		b.WriteString(h + "\r\n")
+	}
+	switch {
+	case rq.chunked:
+		b.WriteString("Transfer-Encoding: chunked\r\n\r\n")
+		for _, c := range rq.chunks {
+			fmt.Fprintf(&b, "%x\r\n", len(c))
+			b.Write(c)
+			b.WriteString("\r\n")
+		}
+		b.WriteString("0\r\n\r\n")
+	case rq.body != nil:
+		fmt.Fprintf(&b, "Content-Length: %d\r\n\r\n", len(rq.body))
+		b.Write(rq.body)
+	default:
+		b.WriteString("\r\n")
+	}
+	return b.Bytes()
+}
+
+// response is what came back.
+type response struct {
+	status        int
+	header        http.Header
+	contentLength int64 // -1 if not sent
+	body          []byte
+	close         bool // the server said Connection: close
+}
+
+func (r response) String() string {
+	body := r.body
+	if len(body) > 200 {
+		body = append(body[:200:200], "…"...)
+	}
+	return fmt.Sprintf("%d Content-Type=%q Content-Length=%d X-Memc-Flags=%q Last-Modified=%q body=%q",
+		r.status, r.header.Get("Content-Type"), r.contentLength, r.header.Get("X-Memc-Flags"), r.header.Get("Last-Modified"), body)
+}
+
+// send writes rq on a new connection while reading the answer, so that a
+// server that answers before it has read the body (413) is heard.
+func send(addr string, rq request) (response, error) {
+	conn, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return response{}, err
+	}
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	written := make(chan struct{})
+	go func() {
+		defer close(written)
+		_, _ = conn.Write(rq.bytes())
+	}()
+	defer func() { conn.Close(); <-written }()
+	resp, err := http.ReadResponse(bufio.NewReader(conn), &http.Request{Method: rq.method})
+	if err != nil {
+		return response{}, fmt.Errorf("reading the answer: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil && (resp.ContentLength < 0 || int64(len(body)) < resp.ContentLength) {
+		return response{}, fmt.Errorf("reading the body: %w", err)
+	}
+	return response{status: resp.StatusCode, header: resp.Header, contentLength: resp.ContentLength, body: body, close: resp.Close}, nil
+}
+
+// memcachedKeys lists the keys memcached at addr holds (live items only),
+// sorted, as lru_crawler metadump reports them (URI-encoded by memcached).
+func memcachedKeys(addr string) ([]string, error) {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte("lru_crawler metadump all\r\n")); err != nil {
+		return nil, err
+	}
+	var keys []string
+	sc := bufio.NewScanner(c)
+	for sc.Scan() {
+		line := strings.TrimSuffix(sc.Text(), "\r")
+		if line == "END" {
+			sort.Strings(keys)
+			return keys, nil
+		}
+		if k, ok := strings.CutPrefix(line, "key="); ok {
+			k, _, _ = strings.Cut(k, " ")
+			keys = append(keys, k)
+		}
+	}
+	return nil, fmt.Errorf("metadump from %s: %v", addr, sc.Err())
+}
+
+// statNames returns the names of a stats reply's STAT lines, and whether
+// it is STAT lines followed by exactly one END.
+func statNames(body []byte) ([]string, bool) {
+	s := string(body)
+	if !strings.HasSuffix(s, "END\r\n") {
+		return nil, false
+	}
+	var names []string
+	for line := range strings.SplitSeq(strings.TrimSuffix(s, "END\r\n"), "\r\n") {
+		if line == "" {
+			continue
+		}
+		f := strings.Fields(line)
+		if len(f) < 3 || f[0] != "STAT" {
+			return nil, false
+		}
+		names = append(names, f[1])
+	}
+	return names, len(names) > 0
+}
