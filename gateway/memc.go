@@ -373,6 +373,11 @@ func (m *memc) serve(w http.ResponseWriter, r *http.Request, v memcVars) {
 		}
 		return
 	}
+	// Place the key as nginx's `hash $memc_key consistent` does: by the
+	// key before the module's escaping.
+	if key != v.key {
+		r = r.WithContext(upstream.WithHashKey(r.Context(), v.key))
+	}
 	m.run(w, r, cmd, v, key, value)
 }
 

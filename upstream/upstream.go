@@ -219,7 +219,28 @@ func (c *Cluster) Close() error {
 	return errors.Join(errs...)
 }
 
-// storeKey is the key as sent to memcached; hashKey the one the ring places.
+// hashKeyCtx carries a placement key that differs from the stored key.
+type hashKeyCtx struct{}
+
+// WithHashKey makes single-key operations under ctx place their key on the
+// ring by hashKey instead of the key they store: the HttpMemcModule
+// endpoints store the module's escaped key but, like nginx's
+// `hash $memc_key consistent`, place it by the key before escaping.
+func WithHashKey(ctx context.Context, hashKey string) context.Context {
+	return context.WithValue(ctx, hashKeyCtx{}, hashKey)
+}
+
+// keysFor is keys with a WithHashKey override from ctx.
+func (c *Cluster) keysFor(ctx context.Context, key string) (store, hash string) {
+	store, hash = c.keys(key)
+	if hk, ok := ctx.Value(hashKeyCtx{}).(string); ok {
+		hash = hk
+	}
+	return store, hash
+}
+
+// keys returns the key as sent to memcached (with the prefix) and the one
+// the ring places.
 func (c *Cluster) keys(key string) (store, hash string) {
 	if c.opts.KeyPrefix == "" {
 		return key, key
@@ -307,7 +328,7 @@ const relativeExpiryMax = 60 * 60 * 24 * 30
 // Get reads one item. Its Value may be shared with other Gets of the same
 // key that were batched together: treat it as read-only.
 func (c *Cluster) Get(ctx context.Context, key string) (Item, error) {
-	sk, hk := c.keys(key)
+	sk, hk := c.keysFor(ctx, key)
 	var it *memcache.Item
 	err := c.routeCall(ctx, hk, false, func(n *node, _ bool) (err error) {
 		it, err = n.get(ctx, sk)
@@ -320,7 +341,7 @@ func (c *Cluster) Get(ctx context.Context, key string) (Item, error) {
 }
 
 func (c *Cluster) store(ctx context.Context, o op, it Item, f func(*memcache.Client, *memcache.Item) error) error {
-	sk, hk := c.keys(it.Key)
+	sk, hk := c.keysFor(ctx, it.Key)
 	mi := &memcache.Item{Key: sk, Value: it.Value, Flags: it.Flags, Expiration: it.Expiration, CasID: it.CAS}
 	return c.route(ctx, o, hk, true, func(mc *memcache.Client, failover bool) error {
 		if failover {
@@ -367,7 +388,7 @@ func (c *Cluster) Prepend(ctx context.Context, it Item) error {
 
 // Delete removes a key; ErrNotFound if it was not there.
 func (c *Cluster) Delete(ctx context.Context, key string) error {
-	sk, hk := c.keys(key)
+	sk, hk := c.keysFor(ctx, key)
 	return c.route(ctx, opDelete, hk, true, func(mc *memcache.Client, _ bool) error { return mc.Delete(sk) })
 }
 
@@ -383,7 +404,7 @@ func (c *Cluster) Decr(ctx context.Context, key string, delta uint64) (uint64, e
 }
 
 func (c *Cluster) incrDecr(ctx context.Context, o op, key string, delta uint64, f func(*memcache.Client, string, uint64) (uint64, error)) (uint64, error) {
-	sk, hk := c.keys(key)
+	sk, hk := c.keysFor(ctx, key)
 	var v uint64
 	err := c.route(ctx, o, hk, true, func(mc *memcache.Client, _ bool) (err error) {
 		v, err = f(mc, sk, delta)
@@ -394,7 +415,7 @@ func (c *Cluster) incrDecr(ctx context.Context, o op, key string, delta uint64, 
 
 // Touch sets a new expiration on an existing key; ErrNotFound if missing.
 func (c *Cluster) Touch(ctx context.Context, key string, exptime int32) error {
-	sk, hk := c.keys(key)
+	sk, hk := c.keysFor(ctx, key)
 	return c.route(ctx, opTouch, hk, true, func(mc *memcache.Client, failover bool) error {
 		if failover {
 			return mc.Touch(sk, c.capTTL(exptime))
