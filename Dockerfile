@@ -1,0 +1,42 @@
+# syntax=docker/dockerfile:1
+#
+# memcgate image: a static binary on distroless, running as a non-root user.
+#   docker build -t memcgate .
+#   docker run --rm -p 8080:8080 -p 127.0.0.1:9090:9090 -e MEMCGATE_SERVERS=host.docker.internal:11211 memcgate
+# The build stage runs on the build host's platform and cross-compiles for
+# the target one (docker buildx build --platform linux/amd64,linux/arm64 .).
+
+FROM --platform=$BUILDPLATFORM golang:1.26 AS build
+WORKDIR /src
+# Dependencies first, so that a source change does not download them again.
+COPY go.mod go.sum ./
+RUN --mount=type=cache,target=/go/pkg/mod go mod download
+COPY . .
+ARG TARGETOS=linux
+ARG TARGETARCH
+RUN --mount=type=cache,target=/go/pkg/mod \
+    --mount=type=cache,target=/root/.cache/go-build \
+    CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
+    go build -trimpath -ldflags='-s -w' -o /out/memcgate ./cmd/memcgate
+
+# distroless/static: CA certificates (for MEMCGATE_UPSTREAM_TLS), tzdata and
+# /etc/passwd with the nonroot user (65532), no shell, no package manager.
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=build /out/memcgate /memcgate
+# The admin listener must be reachable from outside the container for
+# Kubernetes probes and Prometheus; the image's own HEALTHCHECK uses it too.
+# Keep port 9090 off public networks (see README, "Security").
+ENV MEMCGATE_LISTEN_ADDR=:8080 \
+    MEMCGATE_ADMIN_ADDR=:9090
+EXPOSE 8080 9090
+# Numeric, so that Kubernetes runAsNonRoot can verify it.
+USER 65532:65532
+# No curl in the image: the binary asks its own admin listener. /readyz is
+# 503 while no memcached node is reachable and while draining.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 \
+    CMD ["/memcgate", "healthcheck", "/readyz"]
+# SIGTERM (the default) drains: /readyz 503 for MEMCGATE_DRAIN_DELAY, then
+# in-flight requests get MEMCGATE_SHUTDOWN_TIMEOUT; give `docker stop` at
+# least their sum (compose: stop_grace_period).
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["/memcgate"]

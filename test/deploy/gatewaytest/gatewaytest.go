@@ -1,0 +1,343 @@
+// Package gatewaytest builds the memcgate binary the way the Dockerfile does
+// (CGO_ENABLED=0, -trimpath) and runs it as a process on loopback ports, for
+// the deploy and load-balancer tests. It knows nothing about memcached: the
+// caller passes MEMCGATE_SERVERS.
+package gatewaytest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/memcgate/memcgate/test/memcachedtest"
+)
+
+// Build compiles github.com/memcgate/memcgate/cmd/memcgate into dir with
+// the Dockerfile's flags and returns the binary's path.
+func Build(dir string) (string, error) {
+	bin := filepath.Join(dir, "memcgate")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, "github.com/memcgate/memcgate/cmd/memcgate")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("go build: %v\n%s", err, out.String())
+	}
+	return bin, nil
+}
+
+// Gateway is one memcgate process with fixed loopback ports, so that it can
+// be stopped and started again at the same addresses. Its methods are safe
+// for concurrent use.
+type Gateway struct {
+	DataAddr  string // 127.0.0.1:port of MEMCGATE_LISTEN_ADDR
+	AdminAddr string // 127.0.0.1:port of MEMCGATE_ADMIN_ADDR
+	DataPort  int
+	AdminPort int
+
+	bin  string
+	env  map[string]string
+	logs syncBuffer
+
+	mu   sync.Mutex // guards cmd, done
+	cmd  *exec.Cmd
+	done chan error // receives the exit of cmd, once
+}
+
+// New picks two free loopback ports and returns a gateway that is not
+// running yet. env holds MEMCGATE_ variables; the listeners are set here.
+// The process, if running, is killed when the test ends, and its logs are
+// printed if the test failed.
+func New(t testing.TB, bin string, env map[string]string) *Gateway {
+	t.Helper()
+	dp, err1 := memcachedtest.FreePort()
+	ap, err2 := memcachedtest.FreePort()
+	if err1 != nil || err2 != nil {
+		t.Fatalf("free ports: %v %v", err1, err2)
+	}
+	g := &Gateway{
+		DataAddr: "127.0.0.1:" + strconv.Itoa(dp), AdminAddr: "127.0.0.1:" + strconv.Itoa(ap),
+		DataPort: dp, AdminPort: ap, bin: bin, env: map[string]string{},
+	}
+	for k, v := range env {
+		g.env[k] = v
+	}
+	g.env["MEMCGATE_LISTEN_ADDR"] = g.DataAddr
+	g.env["MEMCGATE_ADMIN_ADDR"] = g.AdminAddr
+	t.Cleanup(func() {
+		g.Kill()
+		if t.Failed() {
+			t.Logf("memcgate %s logs (tail):\n%s", g.DataAddr, tail(g.logs.String(), 3000))
+		}
+	})
+	return g
+}
+
+// Start runs the binary and waits until /readyz answers 200; it fails t
+// (the test running on the calling goroutine) if that does not happen.
+func (g *Gateway) Start(t testing.TB) {
+	t.Helper()
+	cmd := exec.Command(g.bin)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	for k, v := range g.env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	cmd.Stdout, cmd.Stderr = &g.logs, &g.logs
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting memcgate: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	g.mu.Lock()
+	g.cmd, g.done = cmd, done
+	g.mu.Unlock()
+	client := &http.Client{Timeout: time.Second}
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); {
+		if resp, err := client.Get("http://" + g.AdminAddr + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		select {
+		case err := <-done:
+			done <- err
+			t.Fatalf("memcgate exited at start: %v\n%s", err, g.logs.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	t.Fatalf("memcgate %s not ready within 15s:\n%s", g.DataAddr, tail(g.logs.String(), 3000))
+}
+
+// Signal sends sig to the process, if it runs.
+func (g *Gateway) Signal(sig syscall.Signal) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.cmd != nil {
+		_ = g.cmd.Process.Signal(sig)
+	}
+}
+
+// Wait waits up to timeout for the process to exit and returns its exit
+// error; ok is false if it is still running.
+func (g *Gateway) Wait(timeout time.Duration) (exit error, ok bool) {
+	g.mu.Lock()
+	done := g.done
+	g.mu.Unlock()
+	if done == nil {
+		return nil, true
+	}
+	select {
+	case err := <-done:
+		g.mu.Lock()
+		g.cmd, g.done = nil, nil
+		g.mu.Unlock()
+		return err, true
+	case <-time.After(timeout):
+		return nil, false
+	}
+}
+
+// Kill sends SIGKILL and waits for the exit.
+func (g *Gateway) Kill() {
+	g.Signal(syscall.SIGKILL)
+	g.Wait(10 * time.Second)
+}
+
+// Logs returns everything the process wrote so far.
+func (g *Gateway) Logs() string { return g.logs.String() }
+
+// Metrics returns the admin listener's /metrics text.
+func (g *Gateway) Metrics(ctx context.Context) (string, error) {
+	return Scrape(ctx, "http://"+g.AdminAddr+"/metrics")
+}
+
+// Scrape GETs url and returns the body of a 200 answer.
+func Scrape(ctx context.Context, url string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return string(b), nil
+}
+
+// Family is one metric family of a Prometheus text exposition.
+type Family struct {
+	Type    string  // counter, gauge, histogram, summary, untyped
+	Samples int     // sample lines, series of a histogram included
+	Sum     float64 // of every sample value (for histograms: of the _count samples)
+	// Labels maps each label name seen on a sample to the values seen.
+	Labels map[string]map[string]bool
+}
+
+// ParseText reads the families of a text exposition (# TYPE lines and the
+// samples under them; _bucket, _sum and _count belong to their histogram).
+func ParseText(text string) (map[string]*Family, error) {
+	fams := map[string]*Family{}
+	sc := bufio.NewScanner(strings.NewReader(text))
+	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if rest, ok := strings.CutPrefix(line, "# TYPE "); ok {
+			name, typ, found := strings.Cut(rest, " ")
+			if !found {
+				return nil, fmt.Errorf("bad TYPE line %q", line)
+			}
+			fams[name] = &Family{Type: typ, Labels: map[string]map[string]bool{}}
+			continue
+		}
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name := line[:strings.IndexAny(line+" ", "{ ")]
+		var fields []string // value [timestamp]
+		if i := strings.LastIndexByte(line, '}'); strings.Contains(line, "{") && i > 0 {
+			fields = strings.Fields(line[i+1:])
+		} else {
+			fields = strings.Fields(line)[1:]
+		}
+		if len(fields) == 0 {
+			return nil, fmt.Errorf("sample without value: %q", line)
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			return nil, fmt.Errorf("sample %q: %v", line, err)
+		}
+		f := fams[name]
+		if f == nil {
+			for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+				if base, ok := strings.CutSuffix(name, suffix); ok && fams[base] != nil {
+					f = fams[base]
+					break
+				}
+			}
+		}
+		if f == nil {
+			return nil, fmt.Errorf("sample %q has no # TYPE line", line)
+		}
+		f.Samples++
+		if i := strings.IndexByte(line, '{'); i >= 0 {
+			labels, err := parseLabels(line[i+1:])
+			if err != nil {
+				return nil, fmt.Errorf("sample %q: %v", line, err)
+			}
+			for k, v := range labels {
+				if f.Labels[k] == nil {
+					f.Labels[k] = map[string]bool{}
+				}
+				f.Labels[k][v] = true
+			}
+		}
+		if f.Type != "histogram" || strings.HasSuffix(name, "_count") {
+			f.Sum += v
+		}
+	}
+	return fams, sc.Err()
+}
+
+// parseLabels reads `a="x",b="y\"z"}` up to the closing brace.
+func parseLabels(s string) (map[string]string, error) {
+	out := map[string]string{}
+	for {
+		s = strings.TrimLeft(s, ", ")
+		if strings.HasPrefix(s, "}") {
+			return out, nil
+		}
+		eq := strings.IndexByte(s, '=')
+		if eq < 0 || len(s) < eq+2 || s[eq+1] != '"' {
+			return nil, fmt.Errorf("bad label list %q", s)
+		}
+		name := s[:eq]
+		s = s[eq+2:]
+		var v strings.Builder
+		for i := 0; ; i++ {
+			if i >= len(s) {
+				return nil, fmt.Errorf("unterminated label value for %s", name)
+			}
+			if s[i] == '\\' && i+1 < len(s) {
+				i++
+				switch s[i] {
+				case 'n':
+					v.WriteByte('\n')
+				default:
+					v.WriteByte(s[i])
+				}
+				continue
+			}
+			if s[i] == '"' {
+				s = s[i+1:]
+				break
+			}
+			v.WriteByte(s[i])
+		}
+		out[name] = v.String()
+	}
+}
+
+// Served returns how many HTTP requests the gateway answered since it
+// started (memcgate_http_requests_total summed over all labels).
+func (g *Gateway) Served(ctx context.Context) (float64, error) {
+	text, err := g.Metrics(ctx)
+	if err != nil {
+		return 0, err
+	}
+	fams, err := ParseText(text)
+	if err != nil {
+		return 0, err
+	}
+	f := fams["memcgate_http_requests_total"]
+	if f == nil {
+		return 0, nil
+	}
+	return f.Sum, nil
+}
+
+type syncBuffer struct {
+	mu sync.Mutex // guards b
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "…" + s[len(s)-n:]
+	}
+	return s
+}

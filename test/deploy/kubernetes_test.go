@@ -1,0 +1,416 @@
+package deploy
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+const k8sDir = "deploy/kubernetes"
+
+type meta struct {
+	Name        string            `yaml:"name"`
+	Labels      map[string]string `yaml:"labels"`
+	Annotations map[string]string `yaml:"annotations"`
+}
+
+type object struct {
+	APIVersion string    `yaml:"apiVersion"`
+	Kind       string    `yaml:"kind"`
+	Metadata   meta      `yaml:"metadata"`
+	Spec       yaml.Node `yaml:"spec"`
+	Data       map[string]string
+	file       string
+}
+
+type selector struct {
+	MatchLabels map[string]string `yaml:"matchLabels"`
+}
+
+type probe struct {
+	HTTPGet *struct {
+		Path string `yaml:"path"`
+		Port string `yaml:"port"`
+	} `yaml:"httpGet"`
+	TCPSocket *struct {
+		Port string `yaml:"port"`
+	} `yaml:"tcpSocket"`
+}
+
+type container struct {
+	Name    string   `yaml:"name"`
+	Image   string   `yaml:"image"`
+	Args    []string `yaml:"args"`
+	EnvFrom []struct {
+		ConfigMapRef *struct {
+			Name string `yaml:"name"`
+		} `yaml:"configMapRef"`
+	} `yaml:"envFrom"`
+	Env []struct {
+		Name  string `yaml:"name"`
+		Value string `yaml:"value"`
+	} `yaml:"env"`
+	Ports []struct {
+		Name          string `yaml:"name"`
+		ContainerPort int    `yaml:"containerPort"`
+	} `yaml:"ports"`
+	ReadinessProbe *probe `yaml:"readinessProbe"`
+	LivenessProbe  *probe `yaml:"livenessProbe"`
+	Resources      struct {
+		Requests map[string]string `yaml:"requests"`
+		Limits   map[string]string `yaml:"limits"`
+	} `yaml:"resources"`
+	SecurityContext *struct {
+		AllowPrivilegeEscalation *bool `yaml:"allowPrivilegeEscalation"`
+		ReadOnlyRootFilesystem   *bool `yaml:"readOnlyRootFilesystem"`
+		Capabilities             struct {
+			Drop []string `yaml:"drop"`
+		} `yaml:"capabilities"`
+	} `yaml:"securityContext"`
+}
+
+func (c container) port(name string) int {
+	for _, p := range c.Ports {
+		if p.Name == name || strconv.Itoa(p.ContainerPort) == name {
+			return p.ContainerPort
+		}
+	}
+	return 0
+}
+
+type podTemplate struct {
+	Metadata meta `yaml:"metadata"`
+	Spec     struct {
+		TerminationGracePeriodSeconds *int  `yaml:"terminationGracePeriodSeconds"`
+		AutomountServiceAccountToken  *bool `yaml:"automountServiceAccountToken"`
+		SecurityContext               *struct {
+			RunAsNonRoot *bool `yaml:"runAsNonRoot"`
+			RunAsUser    *int  `yaml:"runAsUser"`
+		} `yaml:"securityContext"`
+		Containers []container `yaml:"containers"`
+	} `yaml:"spec"`
+}
+
+type workloadSpec struct {
+	Replicas    *int        `yaml:"replicas"`
+	ServiceName string      `yaml:"serviceName"`
+	Selector    selector    `yaml:"selector"`
+	Template    podTemplate `yaml:"template"`
+}
+
+type servicePort struct {
+	Name       string `yaml:"name"`
+	Port       int    `yaml:"port"`
+	TargetPort string `yaml:"targetPort"`
+}
+
+type serviceSpec struct {
+	ClusterIP string            `yaml:"clusterIP"`
+	Selector  map[string]string `yaml:"selector"`
+	Ports     []servicePort     `yaml:"ports"`
+}
+
+type kustomization struct {
+	Resources  []string `yaml:"resources"`
+	Components []string `yaml:"components"`
+}
+
+// loadKustomize reads the objects of the kustomization in dir (and of the
+// components found next to it, commented out or not).
+func loadKustomize(t *testing.T, dir string) []object {
+	t.Helper()
+	var k kustomization
+	decodeYAML(t, filepath.Join(dir, "kustomization.yaml"), &k)
+	if len(k.Resources) == 0 {
+		t.Fatalf("%s/kustomization.yaml lists no resources", dir)
+	}
+	var objs []object
+	for _, r := range k.Resources {
+		rel := filepath.Join(dir, r)
+		if st, err := os.Stat(filepath.Join(root, rel)); err != nil || st.IsDir() {
+			t.Fatalf("kustomization resource %s: not a file (%v)", r, err)
+		}
+		docs, err := yamlDocs(read(t, rel))
+		if err != nil {
+			t.Fatalf("%s: %v", rel, err)
+		}
+		for _, d := range docs {
+			var o object
+			if err := d.Decode(&o); err != nil {
+				t.Fatalf("%s: %v", rel, err)
+			}
+			if o.APIVersion == "" || o.Kind == "" || o.Metadata.Name == "" {
+				t.Errorf("%s: a document without apiVersion, kind or metadata.name", rel)
+			}
+			o.file = rel
+			objs = append(objs, o)
+		}
+	}
+	return objs
+}
+
+func secondsDur(n int) time.Duration { return time.Duration(n) * time.Second }
+
+func find(t *testing.T, objs []object, kind, name string) object {
+	t.Helper()
+	for _, o := range objs {
+		if o.Kind == kind && (name == "" || o.Metadata.Name == name) {
+			return o
+		}
+	}
+	t.Fatalf("no %s %q in %s", kind, name, k8sDir)
+	return object{}
+}
+
+func spec[T any](t *testing.T, o object) T {
+	t.Helper()
+	var v T
+	if err := o.Spec.Decode(&v); err != nil {
+		t.Fatalf("%s %s (%s): %v", o.Kind, o.Metadata.Name, o.file, err)
+	}
+	return v
+}
+
+// selects reports whether every selector label is on the pod.
+func selects(sel, pod map[string]string) bool {
+	if len(sel) == 0 {
+		return false
+	}
+	for k, v := range sel {
+		if pod[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func TestKubernetes(t *testing.T) {
+	objs := loadKustomize(t, k8sDir)
+	cm := find(t, objs, "ConfigMap", "memcgate")
+	cfg := loadConfig(t, cm.file, cm.Data)
+
+	dep := find(t, objs, "Deployment", "memcgate")
+	ds := spec[workloadSpec](t, dep)
+	pod := ds.Template
+	if !selects(ds.Selector.MatchLabels, pod.Metadata.Labels) {
+		t.Errorf("Deployment selector %v does not match its pod labels %v", ds.Selector.MatchLabels, pod.Metadata.Labels)
+	}
+	if len(pod.Spec.Containers) != 1 {
+		t.Fatalf("Deployment has %d containers, want 1", len(pod.Spec.Containers))
+	}
+	c := pod.Spec.Containers[0]
+
+	t.Run("configuration", func(t *testing.T) {
+		if len(c.EnvFrom) != 1 || c.EnvFrom[0].ConfigMapRef == nil || c.EnvFrom[0].ConfigMapRef.Name != cm.Metadata.Name {
+			t.Errorf("container envFrom does not reference ConfigMap %s", cm.Metadata.Name)
+		}
+		for _, e := range c.Env {
+			if strings.HasPrefix(e.Name, "MEMCGATE_") {
+				t.Errorf("container env sets %s; keep MEMCGATE_ variables in the ConfigMap", e.Name)
+			}
+		}
+	})
+
+	t.Run("probes", func(t *testing.T) {
+		adminPort := c.port("admin")
+		if want := ":" + strconv.Itoa(adminPort); cfg.AdminAddr != want || adminPort != 9090 {
+			t.Errorf("MEMCGATE_ADMIN_ADDR %q and container port admin %d: want :9090 on both (not loopback: the kubelet probes the pod IP)", cfg.AdminAddr, adminPort)
+		}
+		if want := ":" + strconv.Itoa(c.port("http")); cfg.ListenAddr != want {
+			t.Errorf("MEMCGATE_LISTEN_ADDR %q does not match container port http (%s)", cfg.ListenAddr, want)
+		}
+		for _, p := range []struct {
+			name string
+			pr   *probe
+			path string
+		}{{"readiness", c.ReadinessProbe, "/readyz"}, {"liveness", c.LivenessProbe, "/healthz"}} {
+			if p.pr == nil || p.pr.HTTPGet == nil {
+				t.Errorf("%s probe is not an httpGet", p.name)
+				continue
+			}
+			if p.pr.HTTPGet.Path != p.path || c.port(p.pr.HTTPGet.Port) != adminPort {
+				t.Errorf("%s probe GETs %s on port %s, want %s on the admin port", p.name, p.pr.HTTPGet.Path, p.pr.HTTPGet.Port, p.path)
+			}
+		}
+	})
+
+	t.Run("termination grace", func(t *testing.T) {
+		if pod.Spec.TerminationGracePeriodSeconds == nil {
+			t.Fatal("no terminationGracePeriodSeconds (Kubernetes' default 30s)")
+		}
+		graceCovers(t, dep.file, secondsDur(*pod.Spec.TerminationGracePeriodSeconds), cfg)
+	})
+
+	t.Run("security", func(t *testing.T) {
+		psc := pod.Spec.SecurityContext
+		if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.RunAsUser == nil || *psc.RunAsUser == 0 {
+			t.Error("pod securityContext must set runAsNonRoot: true and a non-zero runAsUser")
+		}
+		sc := c.SecurityContext
+		if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+			sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || !slices.Contains(sc.Capabilities.Drop, "ALL") {
+			t.Error("container securityContext must set readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities.drop [ALL]")
+		}
+		if pod.Spec.AutomountServiceAccountToken == nil || *pod.Spec.AutomountServiceAccountToken {
+			t.Error("the gateway needs no API access: set automountServiceAccountToken: false")
+		}
+	})
+
+	t.Run("resources", func(t *testing.T) {
+		for _, r := range []string{"cpu", "memory"} {
+			if c.Resources.Requests[r] == "" {
+				t.Errorf("no %s request", r)
+			}
+		}
+		if c.Resources.Limits["memory"] == "" {
+			t.Error("no memory limit")
+		}
+	})
+
+	t.Run("service, pdb, hpa", func(t *testing.T) {
+		svc := find(t, objs, "Service", "memcgate")
+		ss := spec[serviceSpec](t, svc)
+		if !selects(ss.Selector, pod.Metadata.Labels) {
+			t.Errorf("Service selector %v does not select the gateway pods", ss.Selector)
+		}
+		for _, p := range ss.Ports {
+			if c.port(p.TargetPort) == 0 {
+				t.Errorf("Service port %s targets %q, which the container does not expose", p.Name, p.TargetPort)
+			}
+		}
+		pdb := spec[struct {
+			Selector selector `yaml:"selector"`
+		}](t, find(t, objs, "PodDisruptionBudget", "memcgate"))
+		if !selects(pdb.Selector.MatchLabels, pod.Metadata.Labels) {
+			t.Errorf("PodDisruptionBudget selector %v does not select the gateway pods", pdb.Selector.MatchLabels)
+		}
+		hpa := spec[struct {
+			ScaleTargetRef struct{ Kind, Name string } `yaml:"scaleTargetRef"`
+			MinReplicas    int                         `yaml:"minReplicas"`
+			MaxReplicas    int                         `yaml:"maxReplicas"`
+		}](t, find(t, objs, "HorizontalPodAutoscaler", "memcgate"))
+		if hpa.ScaleTargetRef.Kind != "Deployment" || hpa.ScaleTargetRef.Name != dep.Metadata.Name {
+			t.Errorf("HPA scales %s %s, want Deployment %s", hpa.ScaleTargetRef.Kind, hpa.ScaleTargetRef.Name, dep.Metadata.Name)
+		}
+		if hpa.MinReplicas < 2 || hpa.MaxReplicas < hpa.MinReplicas {
+			t.Errorf("HPA replicas %d..%d: want at least 2 (the PDB needs one to spare)", hpa.MinReplicas, hpa.MaxReplicas)
+		}
+		if ds.Replicas != nil {
+			t.Error("Deployment sets replicas; with an HPA, kubectl apply would reset the scale")
+		}
+
+		// memcached must accept every gateway's connections.
+		sts := spec[workloadSpec](t, find(t, objs, "StatefulSet", "memcached"))
+		args := sts.Template.Spec.Containers[0].Args
+		i := slices.Index(args, "-c")
+		if i < 0 || i+1 >= len(args) {
+			t.Fatalf("memcached args %v have no -c", args)
+		}
+		maxConns, _ := strconv.Atoi(args[i+1])
+		if need := hpa.MaxReplicas * (cfg.MaxConnsPerNode + 1); maxConns < need {
+			t.Errorf("memcached -c %d < HPA maxReplicas x (MAX_CONNS_PER_NODE + 1) = %d", maxConns, need)
+		}
+	})
+
+	t.Run("stable memcached names", func(t *testing.T) {
+		stsObj := find(t, objs, "StatefulSet", "memcached")
+		sts := spec[workloadSpec](t, stsObj)
+		hs := spec[serviceSpec](t, find(t, objs, "Service", sts.ServiceName))
+		if hs.ClusterIP != "None" {
+			t.Errorf("Service %s is not headless (clusterIP: None), so pods get no stable names", sts.ServiceName)
+		}
+		if !selects(hs.Selector, sts.Template.Metadata.Labels) {
+			t.Errorf("Service %s does not select the memcached pods", sts.ServiceName)
+		}
+		if sts.Replicas == nil {
+			t.Fatal("memcached StatefulSet sets no replicas")
+		}
+		var want []string
+		port := sts.Template.Spec.Containers[0].port("memcache")
+		for i := range *sts.Replicas {
+			want = append(want, fmt.Sprintf("%s-%d.%s:%d", stsObj.Metadata.Name, i, sts.ServiceName, port))
+		}
+		var got []string
+		for _, s := range cfg.Servers {
+			got = append(got, s.String())
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("MEMCGATE_SERVERS = %v, want the StatefulSet's stable names %v", got, want)
+		}
+	})
+
+	t.Run("prometheus", func(t *testing.T) {
+		ann := pod.Metadata.Annotations
+		if ann["prometheus.io/scrape"] != "true" || ann["prometheus.io/path"] != "/metrics" || c.port(ann["prometheus.io/port"]) != c.port("admin") {
+			t.Errorf("pod annotations %v: want prometheus.io/scrape, /path /metrics and /port the admin port", ann)
+		}
+		comp := filepath.Join(k8sDir, "prometheus-operator")
+		var k kustomization
+		decodeYAML(t, filepath.Join(comp, "kustomization.yaml"), &k)
+		if !strings.Contains(read(t, filepath.Join(k8sDir, "kustomization.yaml")), "prometheus-operator") {
+			t.Error("kustomization.yaml does not mention the prometheus-operator component")
+		}
+		var sm object
+		decodeYAML(t, filepath.Join(comp, k.Resources[0]), &sm)
+		sms := spec[struct {
+			Selector  selector `yaml:"selector"`
+			Endpoints []struct{ Port, Path string }
+		}](t, sm)
+		svc := find(t, objs, "Service", "memcgate")
+		if sm.Kind != "ServiceMonitor" || !selects(sms.Selector.MatchLabels, svc.Metadata.Labels) {
+			t.Errorf("%s does not select Service %s (labels %v)", sm.Kind, svc.Metadata.Name, svc.Metadata.Labels)
+		}
+		ss := spec[serviceSpec](t, svc)
+		for _, e := range sms.Endpoints {
+			if !slices.ContainsFunc(ss.Ports, func(p servicePort) bool {
+				return p.Name == e.Port && c.port(p.TargetPort) == c.port("admin")
+			}) || e.Path != "/metrics" {
+				t.Errorf("ServiceMonitor endpoint %s %s: want the Service port that targets admin, path /metrics", e.Port, e.Path)
+			}
+		}
+		var sc struct {
+			ScrapeConfigs []struct {
+				JobName string `yaml:"job_name"`
+			} `yaml:"scrape_configs"`
+		}
+		decodeYAML(t, filepath.Join(k8sDir, "prometheus-scrape-config.yaml"), &sc)
+		if len(sc.ScrapeConfigs) != 1 || sc.ScrapeConfigs[0].JobName != "memcgate" {
+			t.Errorf("prometheus-scrape-config.yaml: want one job named memcgate (the alerts use job=\"memcgate\"), got %+v", sc)
+		}
+	})
+
+	t.Run("kubectl kustomize", func(t *testing.T) {
+		kubectl := tool(t, "kubectl")
+		abs, err := filepath.Abs(filepath.Join(root, k8sDir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := run(t, abs, kubectl, "kustomize", ".")
+		if err != nil {
+			t.Fatalf("kubectl kustomize: %v\n%s", err, out)
+		}
+		if !strings.Contains(out, "kind: Deployment") || !strings.Contains(out, "registry.example.com/memcgate") {
+			t.Errorf("kubectl kustomize output lacks the Deployment or the image override:\n%s", out)
+		}
+		// With the component enabled, from an overlay next to a copy.
+		dir := t.TempDir()
+		if out, err := run(t, "", "cp", "-r", abs, filepath.Join(dir, "base")); err != nil {
+			t.Fatalf("cp: %v %s", err, out)
+		}
+		overlay := "resources: [base]\ncomponents: [base/prometheus-operator]\n"
+		if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(overlay), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, err = run(t, dir, kubectl, "kustomize", ".")
+		if err != nil || !strings.Contains(out, "kind: ServiceMonitor") {
+			t.Fatalf("kubectl kustomize with the component: %v\n%s", err, out)
+		}
+	})
+}
