@@ -121,6 +121,7 @@ type poolCollector struct {
 	nodes []*node
 	desc  *prometheus.Desc
 	inFl  *prometheus.Desc
+	maxFl *prometheus.Desc
 }
 
 func newPoolCollector(nodes []*node) *poolCollector {
@@ -130,10 +131,16 @@ func newPoolCollector(nodes []*node) *poolCollector {
 			"Open connections to each node, by state (in_use, idle).", []string{"node", "state"}, nil),
 		inFl: prometheus.NewDesc("memcgate_upstream_in_flight",
 			"Operations in flight on each node (bounded by MAX_CONNS_PER_NODE).", []string{"node"}, nil),
+		maxFl: prometheus.NewDesc("memcgate_upstream_max_in_flight",
+			"MAX_CONNS_PER_NODE: the cap on memcgate_upstream_in_flight, for saturation ratios.", []string{"node"}, nil),
 	}
 }
 
-func (p *poolCollector) Describe(ch chan<- *prometheus.Desc) { ch <- p.desc; ch <- p.inFl }
+func (p *poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- p.desc
+	ch <- p.inFl
+	ch <- p.maxFl
+}
 
 func (p *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, n := range p.nodes {
@@ -142,5 +149,6 @@ func (p *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(p.desc, prometheus.GaugeValue, float64(min(inUse, open)), n.name, "in_use")
 		ch <- prometheus.MustNewConstMetric(p.desc, prometheus.GaugeValue, float64(idle), n.name, "idle")
 		ch <- prometheus.MustNewConstMetric(p.inFl, prometheus.GaugeValue, float64(inUse), n.name)
+		ch <- prometheus.MustNewConstMetric(p.maxFl, prometheus.GaugeValue, float64(cap(n.sem)), n.name)
 	}
 }

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -203,6 +204,10 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 	case first = <-errc: // a server failed on its own
 	}
 	draining.Store(true)
+	// Answers carry Connection: close from now on, so load balancers and
+	// clients move their keepalive connections elsewhere during the drain
+	// instead of racing the final close.
+	data.SetKeepAlivesEnabled(false)
 	if first == nil && cfg.DrainDelay > 0 {
 		log.Info("draining", "delay", cfg.DrainDelay.String())
 		time.Sleep(cfg.DrainDelay)
@@ -251,6 +256,13 @@ func healthcheck(ctx context.Context, environ map[string]string, args []string) 
 	if addr == "" {
 		addr = "127.0.0.1:9090"
 	}
+	scheme, client := "http", http.DefaultClient
+	if environ[config.Prefix+"ADMIN_TLS_CERT_FILE"] != "" {
+		// The check talks to this host's own process: its certificate
+		// names the service, not 127.0.0.1, so it is not verified here.
+		scheme = "https"
+		client = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	}
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("healthcheck: %s: %w", addr, err)
@@ -260,11 +272,11 @@ func healthcheck(ctx context.Context, environ map[string]string, args []string) 
 	}
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+path, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://"+net.JoinHostPort(host, port)+path, nil)
 	if err != nil {
 		return fmt.Errorf("healthcheck: %w", err)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return fmt.Errorf("healthcheck: %w", err)
 	}

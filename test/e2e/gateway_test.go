@@ -323,7 +323,11 @@ func TestEndpoints(t *testing.T) {
 		t.Errorf("memcached %s (the owner /debug/owners named) has cond = %v, %v, want cas", place.Serving, v, err)
 	}
 
-	// Every write reached memcached through the ring: all three nodes hold keys.
+	// Writes spread over the ring: with 60 more keys every node holds some
+	// (the ring hashes random ports, so a dozen keys could miss a node).
+	for i := range 60 {
+		g.do("PUT", "/spread/"+strconv.Itoa(i), []byte("x"))
+	}
 	for _, m := range mcs {
 		st, err := m.Stats()
 		if err != nil {

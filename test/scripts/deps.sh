@@ -2,7 +2,8 @@
 # deps.sh PROFILE: installs, with apt-get, the Debian packages a make target
 # needs when they are missing. PROFILE is "run" (memcached) or "test"
 # (memcached, php-cli with the curl and memcached extensions, nginx with the
-# memc module and haproxy for the interop and load-balancer tests).
+# memc module and haproxy for the interop and load-balancer tests, and
+# prometheus for promtool, which checks the shipped alert rules).
 # It fails, never skips, when something cannot be installed.
 set -euo pipefail
 profile=${1:-test}
@@ -15,6 +16,7 @@ if [ "$profile" = test ]; then
   command -v nginx >/dev/null 2>&1 || need+=(nginx)
   [ -e /usr/lib/nginx/modules/ngx_http_memc_module.so ] || need+=(libnginx-mod-http-memc)
   command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
+  command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 fi
 [ ${#need[@]} -eq 0 ] && exit 0
 echo "deps: installing ${need[*]}" >&2
