@@ -20,12 +20,16 @@ import (
 // Why no lost wake-up: a waiter first appends itself to pending, then waits
 // for either its result or a free slot. Every slot holder looks at pending
 // before releasing its slot, and a holder that found pending empty releases
-// the slot, which a waiter that appended later can then take itself.
+// the slot, which a waiter that appended later can then take itself. A
+// waiter that gets a slot after a holder took its key releases the slot
+// (serving others first) and only waits for its result: it never spins on
+// the semaphore while its batch is in flight.
 
 // getWaiter is one Get parked in a node's pending list.
 type getWaiter struct {
-	key  string // as sent to memcached
-	done chan getResult
+	key   string // as sent to memcached
+	done  chan getResult
+	taken bool // guarded by the node's pmu: a holder has it in a batch
 }
 
 type getResult struct {
@@ -53,17 +57,27 @@ func (n *node) get(ctx context.Context, key string) (*memcache.Item, error) {
 	n.pmu.Lock()
 	n.pending = append(n.pending, w)
 	n.pmu.Unlock()
-	for {
-		select {
-		case r := <-w.done:
-			return r.it, r.err
-		case n.sem <- struct{}{}:
-			// A slot is ours: serve a batch of pending keys (ours among
-			// them unless another holder took it, or more than 100 wait),
-			// then wait again.
-			n.release()
-		case <-ctx.Done():
-			n.pmu.Lock()
+	select {
+	case r := <-w.done:
+		return r.it, r.err
+	case n.sem <- struct{}{}:
+		// A slot is ours. If no holder has taken our key yet, send it
+		// with the other parked keys; either way our result then comes.
+		n.pmu.Lock()
+		var batch []*getWaiter
+		if !w.taken {
+			batch = n.takeLocked(w)
+		}
+		n.pmu.Unlock()
+		if batch != nil {
+			n.runBatch(batch)
+		}
+		n.release()
+		r := <-w.done
+		return r.it, r.err
+	case <-ctx.Done():
+		n.pmu.Lock()
+		if !w.taken {
 			for i, p := range n.pending {
 				if p == w {
 					n.pending = append(n.pending[:i], n.pending[i+1:]...)
@@ -75,7 +89,36 @@ func (n *node) get(ctx context.Context, key string) (*memcache.Item, error) {
 			n.m.ops[opGet][resultOf(err)].Inc()
 			return nil, err
 		}
+		n.pmu.Unlock()
+		r := <-w.done // in a batch already: its socket timeout bounds the wait
+		return r.it, r.err
 	}
+}
+
+// takeLocked removes a batch from the pending list and marks its waiters
+// taken: first, if not nil, then the oldest others, up to maxKeysPerGet.
+// n.pmu must be held.
+func (n *node) takeLocked(first *getWaiter) []*getWaiter {
+	batch := make([]*getWaiter, 0, min(len(n.pending), maxKeysPerGet))
+	if first != nil {
+		first.taken = true
+		batch = append(batch, first)
+	}
+	rest := n.pending[:0]
+	for _, p := range n.pending {
+		if p == first {
+			continue
+		}
+		if len(batch) < maxKeysPerGet {
+			p.taken = true
+			batch = append(batch, p)
+			continue
+		}
+		rest = append(rest, p)
+	}
+	clear(n.pending[len(rest):])
+	n.pending = rest
+	return batch
 }
 
 // getHolding runs a single get while holding a slot, then releases it.
@@ -98,15 +141,12 @@ func (n *node) release() {
 		return
 	}
 	n.pmu.Lock()
-	batch := n.pending
-	if len(batch) > maxKeysPerGet {
-		batch = batch[:maxKeysPerGet:maxKeysPerGet]
-		n.pending = append([]*getWaiter(nil), n.pending[maxKeysPerGet:]...)
-	} else {
-		n.pending = nil
+	var batch []*getWaiter
+	if len(n.pending) > 0 {
+		batch = n.takeLocked(nil)
 	}
 	n.pmu.Unlock()
-	if len(batch) > 0 {
+	if batch != nil {
 		n.runBatch(batch)
 	}
 	<-n.sem
