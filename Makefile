@@ -40,5 +40,11 @@ test: deps-test fmt-check vet
 seed: deps-run
 	MEMCGATE_SEED_DELAY=$${MEMCGATE_SEED_DELAY:-100ms} $(GO) test -count=1 -run '^TestSeedLatency$$' -v ./test/e2e | grep -E '\||delay|PASS|FAIL|ok'
 
+# memcgate against nginx + HttpMemcModule on one memcached, on loopback
+# (test/bench/bench.sh, results in docs/benchmarks.md); about 9 minutes,
+# BENCH_QUICK=1 for a 1-minute smoke run.
+bench: build
+	@bash test/bench/bench.sh
+
 clean:
 	rm -rf bin

@@ -1,0 +1,452 @@
+#!/usr/bin/env bash
+# bench.sh: memcgate against nginx + HttpMemcModule (memc-nginx-module),
+# both in front of the same memcached, on loopback. What `make bench` runs
+# (after `make build`). docs/benchmarks.md explains the method and holds
+# the last full run.
+#
+# Settings (environment):
+#   BENCH_QUICK=1            ~1-minute smoke run (1s runs, 1 repeat, 64 and 2048 clients)
+#   BENCH_DURATION=5         seconds per measured wrk run
+#   BENCH_WARMUP=1           seconds of unmeasured wrk load before every run
+#   BENCH_REPS=3             repeats per (workload, clients, target), interleaved A B A B
+#   BENCH_CONCURRENCY="64 256 1024 2048"
+#   BENCH_WORKLOADS="get put mix"
+#   BENCH_AB_N=50000 BENCH_AB_REPS=3   the ab runs (BENCH_AB_N=0 skips them)
+#   BENCH_SERVER_CPUS=0      CPUs of memcgate and nginx (GOMAXPROCS and worker_processes follow)
+#   BENCH_MEMCACHED_CPUS=0   CPUs of memcached (default: shares the servers' CPUs)
+#   BENCH_LOAD_CPUS=1        CPUs of wrk, ab and this script's helpers
+#   BENCH_NGINX_KEEPALIVE=1024  idle upstream connections nginx keeps (per worker)
+#   BENCH_DOC=docs/benchmarks.md  where the results go (default: none for BENCH_QUICK)
+#   BENCH_MAX_FOREIGN=10     a run is repeated (up to BENCH_RETRIES=3 times; the least
+#                            disturbed attempt is kept) when other
+#                            processes took more than this % of a CPU on either side,
+#                            after waiting up to BENCH_QUIET_TIMEOUT=300 s for a quiet machine
+#   BENCH_KEEP=1             keep the scratch directory (logs, raw results)
+#   BENCH_RAW=DIR            copy the raw results (runs.txt, ab.txt, section.md) there
+# Raw results stay in the scratch directory: runs.txt (one line per wrk
+# run), ab.txt, and the logs of every server.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+cd "$root"
+
+quick=${BENCH_QUICK:-0}
+if [ "$quick" = 1 ]; then
+  d_dur=1 d_warm=1 d_reps=1 d_conc="64 2048" d_abn=5000 d_abreps=1 d_doc=
+else
+  d_dur=5 d_warm=1 d_reps=3 d_conc="64 256 1024 2048" d_abn=50000 d_abreps=3 d_doc=docs/benchmarks.md
+fi
+duration=${BENCH_DURATION:-$d_dur}
+warmup=${BENCH_WARMUP:-$d_warm}
+reps=${BENCH_REPS:-$d_reps}
+concs=${BENCH_CONCURRENCY:-$d_conc}
+workloads=${BENCH_WORKLOADS:-get put mix}
+ab_n=${BENCH_AB_N:-$d_abn}
+ab_reps=${BENCH_AB_REPS:-$d_abreps}
+server_cpus=${BENCH_SERVER_CPUS:-0}
+memc_cpus=${BENCH_MEMCACHED_CPUS:-$server_cpus}
+load_cpus=${BENCH_LOAD_CPUS:-1}
+nginx_keepalive=${BENCH_NGINX_KEEPALIVE:-1024}
+doc=${BENCH_DOC-$d_doc}
+wrk_timeout=${BENCH_WRK_TIMEOUT:-5s}
+max_foreign=${BENCH_MAX_FOREIGN:-10}
+retries=${BENCH_RETRIES:-3}
+quiet_timeout=${BENCH_QUIET_TIMEOUT:-300}
+nkeys=10000 keylen=96 vallen=400
+
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+log() { printf '%s bench: %s\n' "$(date +%T)" "$*" >&2; }
+die() { log "$*"; exit 1; }
+
+# ---------------------------------------------------------------- packages
+install_missing() {
+  local need=()
+  command -v memcached >/dev/null 2>&1 || need+=(memcached)
+  command -v nginx >/dev/null 2>&1 || need+=(nginx)
+  [ -e /usr/lib/nginx/modules/ngx_http_memc_module.so ] || need+=(libnginx-mod-http-memc)
+  command -v wrk >/dev/null 2>&1 || need+=(wrk)
+  command -v ab >/dev/null 2>&1 || need+=(apache2-utils)
+  command -v curl >/dev/null 2>&1 || need+=(curl)
+  command -v taskset >/dev/null 2>&1 || need+=(util-linux)
+  command -v pgrep >/dev/null 2>&1 || need+=(procps)
+  [ ${#need[@]} -eq 0 ] && return 0
+  [ "$(id -u)" = 0 ] || die "missing ${need[*]}; run as root (or install them) so apt-get can add them"
+  log "installing ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  # Debian starts the packaged nginx (port 80 on every address) and
+  # memcached on install; a temporary policy-rc.d keeps them stopped.
+  local policy=
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    policy=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy"
+  fi
+  local rc=0
+  { apt-get update && apt-get install -y --no-install-recommends "${need[@]}"; } >&2 || rc=$?
+  [ -n "$policy" ] && rm -f "$policy"
+  [ $rc -eq 0 ] || die "apt-get install ${need[*]} failed"
+}
+install_missing
+command -v go >/dev/null 2>&1 || die "go is required (to build bin/memcgate and the bench helper)"
+[ -x bin/memcgate ] || die "bin/memcgate is missing; run 'make bench' (it builds it) or 'make build'"
+
+ncpu=$(nproc --all)
+cpu_count() { local n=0 part; IFS=, read -ra parts <<<"$1"; for part in "${parts[@]}"; do
+  if [[ $part == *-* ]]; then n=$((n + ${part#*-} - ${part%-*} + 1)); else n=$((n + 1)); fi; done; echo $n; }
+if [ "$ncpu" -lt 2 ]; then
+  log "only $ncpu CPU: servers and load generator share it; ratios still compare, absolute numbers do not"
+  server_cpus=0 memc_cpus=0 load_cpus=0
+fi
+server_n=$(cpu_count "$server_cpus")
+
+# ---------------------------------------------------------------- cleanup
+work=$(mktemp -d /tmp/memcgate-bench.XXXXXX)
+pids=()   # everything started, in start order
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  if [ ${#pids[@]} -gt 0 ]; then
+    local p i
+    for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[i]}" 2>/dev/null || true; done
+    for _ in $(seq 30); do
+      local alive=0
+      for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+      [ $alive = 0 ] && break
+      sleep 0.1
+    done
+    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+  fi
+  if [ "${BENCH_KEEP:-0}" = 1 ] || [ $rc -ne 0 ]; then
+    log "scratch directory kept: $work"
+  else
+    rm -rf "$work"
+  fi
+  exit $rc
+}
+trap cleanup EXIT
+trap 'log interrupted; exit 130' INT TERM
+
+# Everything this shell runs from here on (curl, the sampler, wrk, ab)
+# stays on the load generator's CPUs; servers get theirs explicitly.
+taskset -pc "$load_cpus" $$ >/dev/null
+
+# Raise the descriptor limit for 2048 clients plus upstream connections.
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+[ "$(ulimit -n)" -ge 8192 ] || die "ulimit -n is $(ulimit -n); need at least 8192 for 2048 clients"
+
+# Free loopback ports outside the ephemeral range, never the same twice.
+used_ports=" "
+free_port() {
+  local p
+  for _ in $(seq 200); do
+    p=$((20000 + RANDOM % 12000))
+    [[ $used_ports == *" $p "* ]] && continue
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && ! grep -qi ":$(printf '%04X' "$p") " /proc/net/tcp; then
+      used_ports+="$p "
+      echo "$p"
+      return 0
+    fi
+  done
+  die "no free port found"
+}
+wait_port() { # port pid name
+  for _ in $(seq 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    kill -0 "$2" 2>/dev/null || die "$3 exited at start (logs in $work)"
+    sleep 0.05
+  done
+  die "$3 is not listening on 127.0.0.1:$1"
+}
+
+# ---------------------------------------------------------------- build helper
+log "building the bench helper"
+go build -o "$work/benchtool" ./test/bench/cmd/benchtool
+bt=$work/benchtool
+
+# Our own copy: others may rebuild bin/memcgate while the benchmark runs.
+cp bin/memcgate "$work/memcgate"
+gate_build=$(go version -m "$work/memcgate" | awk '$2 == "vcs.revision" { r = substr($3, 1, 7) } $2 == "vcs.modified" && $3 == "true" { m = "+uncommitted changes" } END { if (r) print r m }')
+if [ -z "$gate_build" ]; then
+  gate_build="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  [ -n "$(git status --porcelain -- '*.go' go.mod go.sum 2>/dev/null)" ] && gate_build+="+uncommitted changes"
+fi
+gate_build+=" (binary sha256 $(sha256sum "$work/memcgate" | cut -c1-12))"
+
+# ---------------------------------------------------------------- memcached
+memc_port=$(free_port)
+memc_user=()
+[ "$(id -u)" = 0 ] && memc_user=(-u nobody)
+taskset -c "$memc_cpus" memcached -l 127.0.0.1 -p "$memc_port" -U 0 -m 256 -c 4096 -t 1 -b 4096 \
+  "${memc_user[@]}" >"$work/memcached.log" 2>&1 &
+memc_pid=$!
+pids+=("$memc_pid")
+wait_port "$memc_port" "$memc_pid" memcached
+"$bt" preload -addr "127.0.0.1:$memc_port" -n $nkeys -keylen $keylen -vallen $vallen \
+  -keys "$work/keys.txt" -value "$work/value.txt" >&2
+key0=$(head -1 "$work/keys.txt")
+
+# ---------------------------------------------------------------- nginx
+nginx_port=$(free_port)
+mkdir -p "$work/nginx/tmp"
+sed -e "s|@PREFIX@|$work/nginx|g" -e "s|@HTTP_PORT@|$nginx_port|g" -e "s|@MEMC_PORT@|$memc_port|g" \
+  -e "s|@WORKERS@|$server_n|g" -e "s|@WORKER_CONNECTIONS@|16384|g" -e "s|@NOFILE@|$(ulimit -n)|g" \
+  -e "s|@KEEPALIVE@|$nginx_keepalive|g" -e "s|@KEEPALIVE_REQUESTS@|1000000|g" -e "s|@BACKLOG@|4096|g" \
+  "$here/nginx.conf.in" >"$work/nginx/nginx.conf"
+nginx -t -q -p "$work/nginx" -e "$work/nginx/error.log" -c "$work/nginx/nginx.conf" ||
+  die "nginx -t failed (see $work/nginx/error.log)"
+taskset -c "$server_cpus" nginx -p "$work/nginx" -e "$work/nginx/error.log" -c "$work/nginx/nginx.conf" \
+  >"$work/nginx/stdout.log" 2>&1 &
+nginx_pid=$!
+pids+=("$nginx_pid")
+wait_port "$nginx_port" "$nginx_pid" nginx
+for _ in $(seq 50); do
+  nginx_workers=$(pgrep -P "$nginx_pid" | paste -sd, -)
+  [ "$(tr ',' '\n' <<<"$nginx_workers" | grep -c .)" -ge "$server_n" ] && break
+  sleep 0.05
+done
+[ -n "$nginx_workers" ] || die "no nginx workers"
+IFS=, read -ra wlist <<<"$nginx_workers"
+pids+=("${wlist[@]}") # so that cleanup reaps them even if the master dies first
+
+# ---------------------------------------------------------------- memcgate
+gate_port=$(free_port)
+admin_port=$(free_port)
+taskset -c "$server_cpus" env GOMAXPROCS="$server_n" \
+  MEMCGATE_SERVERS="127.0.0.1:$memc_port" MEMCGATE_ACCESS_LOG=false \
+  MEMCGATE_LISTEN_ADDR="127.0.0.1:$gate_port" MEMCGATE_ADMIN_ADDR="127.0.0.1:$admin_port" \
+  MEMCGATE_DRAIN_DELAY=0s MEMCGATE_LOG_LEVEL=warn \
+  "$work/memcgate" >"$work/memcgate.log" 2>&1 &
+gate_pid=$!
+pids+=("$gate_pid")
+wait_port "$gate_port" "$gate_pid" memcgate
+for _ in $(seq 100); do
+  curl -sf -o /dev/null "http://127.0.0.1:$admin_port/readyz" && break
+  sleep 0.05
+done
+curl -sf -o /dev/null "http://127.0.0.1:$admin_port/readyz" || die "memcgate never became ready"
+
+declare -A url tpids rpids
+url[memcgate]="http://127.0.0.1:$gate_port/"
+url[nginx]="http://127.0.0.1:$nginx_port/key/"
+tpids[memcgate]=$gate_pid rpids[memcgate]=$gate_pid
+tpids[nginx]="$nginx_pid,$nginx_workers" rpids[nginx]=$nginx_workers
+targets=(memcgate nginx)
+
+# ---------------------------------------------------------------- sanity
+for t in "${targets[@]}"; do
+  code=$(curl -s -o "$work/check.$t" -w '%{http_code}' "${url[$t]}$key0")
+  [ "$code" = 200 ] && [ "$(wc -c <"$work/check.$t")" = $vallen ] || die "$t: GET of a preloaded key: $code"
+done
+cmp -s "$work/check.memcgate" "$work/check.nginx" || die "memcgate and nginx return different values for one key"
+for t in "${targets[@]}"; do
+  code=$(curl -s -o /dev/null -w '%{http_code}' -X PUT -H 'Expect:' --data-binary "@$work/value.txt" "${url[$t]}$key0")
+  [ "$code" = 201 ] || die "$t: PUT answered $code, want 201"
+  curl -s "${url[$t]}$key0" | cmp -s - "$work/value.txt" || die "$t: GET after PUT differs"
+done
+log "memcached 127.0.0.1:$memc_port (cpu $memc_cpus), nginx 127.0.0.1:$nginx_port (pid $nginx_pid, workers $nginx_workers, cpu $server_cpus), memcgate 127.0.0.1:$gate_port (pid $gate_pid, cpu $server_cpus), load on cpu $load_cpus"
+base_conns=$("$bt" sample -memc "127.0.0.1:$memc_port" -target "$memc_pid" -memcached "$memc_pid" </dev/null & sp=$!; sleep 0.3; kill -TERM $sp; wait $sp)
+base_conns=$(sed -n 's/.*conn_max=\([0-9]*\).*/\1/p' <<<"$base_conns")
+
+# ---------------------------------------------------------------- wrk runs
+prefix_of() { [ "$1" = nginx ] && echo /key/ || echo /; }
+wrk_base() { # target workload conc seconds
+  local base=${url[$1]%/key/}
+  base=${base%/}
+  taskset -c "$load_cpus" wrk -t 1 -c "$3" -d "${4}s" --timeout "$wrk_timeout" -s "$here/bench.lua" "$base/" \
+    -- "$2" "$work/keys.txt" "$work/value.txt" "$(prefix_of "$1")"
+}
+
+# Load generators run in the background and are waited for: a Ctrl-C then
+# interrupts `wait` at once and the trap stops everything (run in the
+# foreground, wrk would catch SIGINT itself, print partial results and let
+# the script go on).
+run_bg() { # outfile cmd...
+  local out=$1
+  shift
+  "$@" >"$out" 2>&1 &
+  local p=$!
+  pids+=("$p")
+  wait "$p" || true
+  unset 'pids[-1]'
+}
+# CPU seconds (user+sys) of this shell's waited-for children so far;
+# `times` must run in this shell, not in a $(...) subshell.
+children_cpu() {
+  times >"$work/times.out"
+  awk 'NR == 2 { for (i = 1; i <= 2; i++) { split($i, a, "m"); sub("s", "", a[2]); t += a[1] * 60 + a[2] } print t }' "$work/times.out" >"$work/cpu.out"
+}
+alive() { # name pid...
+  local n=$1 p
+  shift
+  for p in "$@"; do kill -0 "$p" 2>/dev/null || die "$n (pid $p) is gone; logs in $work"; done
+}
+
+# wait_quiet: while our servers are idle, wait (up to $quiet_timeout s)
+# until the whole machine uses less than $max_foreign % of one CPU, so that
+# a build or test run of someone else does not end up in the numbers.
+busy_all() { awk '/^cpu / { print $2 + $3 + $4 }' /proc/stat; }
+wait_quiet() {
+  local waited=0 a b pct
+  while :; do
+    a=$(busy_all)
+    sleep 1
+    b=$(busy_all)
+    pct=$(((b - a) * 100 / $(getconf CLK_TCK)))
+    [ "$pct" -le "$max_foreign" ] && break
+    [ $waited = 0 ] && log "machine busy (${pct}% of a CPU used by other processes); waiting up to ${quiet_timeout}s for it to calm down"
+    waited=$((waited + 1))
+    if [ $waited -ge "$quiet_timeout" ]; then
+      log "still busy after ${quiet_timeout}s; going on (the run is marked)"
+      return 1
+    fi
+  done
+  [ $waited -gt 0 ] && log "quiet after ${waited}s"
+  return 0
+}
+
+# measure TARGET WORKLOAD CONC REP ATTEMPT: one warm-up and one measured
+# wrk run with the sampler around it; sets $line (the result record) and
+# $interfered=1 when processes other than ours took more than
+# $max_foreign % of a CPU on the servers' or the load generator's CPUs.
+measure() {
+  local t=$1 wl=$2 c=$3 rep=$4 attempt=$5 sp cpu0 cpu1 t0 t1 bench wcpu
+  alive memcached "$memc_pid"
+  alive nginx "$nginx_pid" "${wlist[@]}"
+  alive memcgate "$gate_pid"
+  [ "$warmup" -gt 0 ] && run_bg /dev/null wrk_base "$t" "$wl" "$c" "$warmup"
+  rm -f "$work/ready"
+  "$bt" sample -memc "127.0.0.1:$memc_port" -target "${tpids[$t]}" -rss "${rpids[$t]}" \
+    -memcached "$memc_pid" -upstream-port "$memc_port" -server-cpus "$server_cpus,$memc_cpus" -load-cpus "$load_cpus" \
+    -ready "$work/ready" >"$work/sample.out" 2>"$work/sample.err" &
+  sp=$!
+  pids+=("$sp")
+  for _ in $(seq 100); do [ -e "$work/ready" ] && break; sleep 0.01; done
+  children_cpu
+  cpu0=$(<"$work/cpu.out") t0=$EPOCHREALTIME
+  run_bg "$work/wrk.out" wrk_base "$t" "$wl" "$c" "$duration"
+  t1=$EPOCHREALTIME
+  children_cpu
+  cpu1=$(<"$work/cpu.out")
+  kill -TERM "$sp" 2>/dev/null || true
+  wait "$sp" 2>/dev/null || true
+  unset 'pids[-1]'
+  bench=$(grep '^BENCH ' "$work/wrk.out" | sed 's/^BENCH //') || true
+  [ -n "$bench" ] || { cat "$work/wrk.out" >&2; die "wrk gave no result for $t $wl $c"; }
+  line="target=$t workload=$wl conc=$c rep=$rep attempt=$attempt $bench $(cat "$work/sample.out")"
+  # wrk's CPU share, and what other processes took on either side.
+  read -r wcpu srvf loadf < <(awk -v a="$cpu0" -v b="$cpu1" -v r0="$t0" -v r1="$t1" -v line="$line" 'BEGIN {
+    m = split(line, f, " "); for (j = 1; j <= m; j++) { split(f[j], kv, "="); v[kv[1]] = kv[2] }
+    wrk_us = (b - a) * 1e6; wall = v["wall_us"]
+    wp = 0; sf = 0; lf = 0
+    if (r1 > r0) wp = (b - a) / (r1 - r0) * 100
+    if (wall > 0) { sf = v["srv_foreign_us"] / wall * 100; lf = (v["load_busy_us"] - wrk_us - v["sampler_cpu_us"]) / wall * 100 }
+    if (lf < 0) lf = 0
+    printf "%.1f %.1f %.1f\n", wp, sf, lf }')
+  line+=" wrk_cpu_pct=$wcpu srv_foreign_pct=$srvf load_foreign_pct=$loadf"
+  foreign=$(awk -v a="$srvf" -v b="$loadf" 'BEGIN { print (a > b) ? a : b }')
+  interfered=$(awk -v f="$foreign" -v m="$max_foreign" 'BEGIN { print (f > m) ? 1 : 0 }')
+}
+
+runs=$work/runs.txt ab_out=$work/ab.txt
+: >"$runs"
+: >"$ab_out"
+nw=$(wc -w <<<"$workloads") nc=$(wc -w <<<"$concs")
+total=$((nw * nc * reps * 2)) i=0
+wait_quiet || true
+started=$(date +%s)
+eta=$(((warmup + duration + 1) * total))
+log "$total wrk runs of ${duration}s (+${warmup}s warm-up), about $((eta / 60)) min, then ab"
+for wl in $workloads; do
+  for c in $concs; do
+    for rep in $(seq "$reps"); do
+      for t in "${targets[@]}"; do
+        i=$((i + 1))
+        best= best_foreign=
+        for attempt in $(seq $((retries + 1))); do
+          measure "$t" "$wl" "$c" "$rep" "$attempt"
+          if [ -z "$best" ] || awk -v a="$foreign" -v b="$best_foreign" 'BEGIN { exit !(a < b) }'; then
+            best=$line best_foreign=$foreign
+          fi
+          [ "$interfered" = 0 ] && break
+          [ "$attempt" -gt "$retries" ] && break
+          log "run $i: other processes used ${foreign}% of a CPU; repeating it"
+          wait_quiet || true
+        done
+        line="$best attempts=$attempt"
+        echo "$line" >>"$runs"
+        awk -v i="$i" -v n="$total" -v line="$line" 'BEGIN {
+          m = split(line, f, " "); for (j = 1; j <= m; j++) { split(f[j], kv, "="); v[kv[1]] = kv[2] }
+          printf "[%d/%d] %-4s c=%-4d %-8s rep %d: %6.0f req/s  p99 %7.2f ms  err %d non2xx %d  cpu %5.1f us/req  memc %4.1f us/req  own conns %d  wrk %s%%  foreign %s/%s%%\n",
+            i, n, v["workload"], v["conc"], v["target"], v["rep"], v["rps"], v["p99_us"] / 1000, v["sock_err"], v["non2xx"],
+            v["target_cpu_us"] / v["requests"], v["memc_cpu_us"] / v["requests"], v["own_max"], v["wrk_cpu_pct"],
+            v["srv_foreign_pct"], v["load_foreign_pct"] }' >&2
+      done
+    done
+  done
+done
+
+# ---------------------------------------------------------------- ab runs
+if [ "$ab_n" -gt 0 ]; then
+  log "ab -k -n $ab_n, $ab_reps run(s) per point"
+  wait_quiet || true
+  for c in $concs; do
+    n=$ab_n
+    [ "$n" -lt $((c * 4)) ] && n=$((c * 4))
+    for rep in $(seq "$ab_reps"); do
+      for t in "${targets[@]}"; do
+        run_bg "$work/ab.out" taskset -c "$load_cpus" ab -k -r -q -s 10 -c "$c" -n "$n" "${url[$t]}$key0"
+        awk -v t="$t" -v c="$c" -v rep="$rep" '
+          /^Complete requests:/ { complete = $3 }
+          /^Failed requests:/ { failed = $3 }
+          /^Non-2xx responses:/ { non2xx = $3 }
+          /^Keep-Alive requests:/ { ka = $3 }
+          /^Requests per second:/ { rps = $4 }
+          /^  50%/ { p50 = $2 }
+          /^  99%/ { p99 = $2 }
+          END { if (rps == "") exit 1
+                printf "tool=ab target=%s conc=%d rep=%d complete=%d rps=%s p50_ms=%s p99_ms=%s failed=%d non2xx=%d keepalive=%d\n",
+                  t, c, rep, complete, rps, p50, p99, failed, non2xx + 0, ka + 0 }' "$work/ab.out" >>"$ab_out" ||
+          { cat "$work/ab.out" >&2; die "ab gave no result for $t c=$c"; }
+        tail -1 "$ab_out" | sed 's/^/  /' >&2
+      done
+    done
+  done
+fi
+elapsed=$(($(date +%s) - started))
+
+# ---------------------------------------------------------------- report
+ab_flag=()
+[ -s "$ab_out" ] && ab_flag=(-ab "$ab_out")
+"$bt" report -runs "$runs" "${ab_flag[@]}" >"$work/tables.md"
+
+memc_mod=$(dpkg-query -W -f '${Version}' libnginx-mod-http-memc 2>/dev/null || echo unknown)
+{
+  echo "### Run of $(date -u '+%Y-%m-%d %H:%M UTC')$([ "$quick" = 1 ] && echo ' (BENCH_QUICK smoke run)')"
+  echo
+  echo "- Machine: $ncpu CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')), $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo), kernel $(uname -r), $(. /etc/os-release && echo "$PRETTY_NAME")"
+  echo "- Versions: $(go version | awk '{ print $3 }'), $(nginx -v 2>&1 | sed 's/.*: //') with libnginx-mod-http-memc $memc_mod, $(memcached -V), $(wrk -v 2>&1 | head -1 | awk '{ print "wrk " $2 }'), ab $(ab -V | head -1 | awk '{ print $5 }'), memcgate $gate_build"
+  echo "- Settings: ${duration}s per run after ${warmup}s warm-up, $reps repeats per point interleaved memcgate/nginx, clients: $concs; servers on CPU $server_cpus (GOMAXPROCS=$server_n, worker_processes $server_n), memcached on CPU $memc_cpus (-t 1 -c 4096 -m 256), wrk/ab on CPU $load_cpus (wrk -t 1, --timeout $wrk_timeout); nginx upstream keepalive $nginx_keepalive; $nkeys keys of $keylen characters, $vallen-character values"
+  echo "- memcached curr_connections with no gateway traffic (sampler only): $base_conns"
+  echo "- Load average before the run: $load_before; wall time of the wrk+ab runs: $((elapsed / 60))m$((elapsed % 60))s"
+  echo
+  cat "$work/tables.md"
+} >"$work/section.md"
+
+echo
+cat "$work/section.md"
+if [ -n "${BENCH_RAW:-}" ]; then mkdir -p "$BENCH_RAW" && cp "$runs" "$ab_out" "$work/section.md" "$BENCH_RAW/"; fi
+
+if [ -n "$doc" ]; then
+  if [ -f "$doc" ] && grep -q '<!-- bench:begin' "$doc" && grep -q '<!-- bench:end' "$doc"; then
+    awk -v sec="$work/section.md" '
+      /<!-- bench:begin/ { print; while ((getline l < sec) > 0) print l; skip = 1; next }
+      /<!-- bench:end/ { skip = 0 }
+      !skip' "$doc" >"$work/doc.md"
+  else
+    { echo "# Benchmarks"; echo; echo "<!-- bench:begin: generated by test/bench/bench.sh -->"; cat "$work/section.md"
+      echo "<!-- bench:end -->"; } >"$work/doc.md"
+  fi
+  cp "$work/doc.md" "$doc"
+  log "results written to $doc"
+fi
