@@ -411,3 +411,22 @@ func (f *fakeStore) GetMulti(_ context.Context, keys []string) (map[string]upstr
 	}
 	return found, failed
 }
+
+// FuzzArguments: the query-string parsers never panic, and whatever they
+// accept is in memcached's range.
+func FuzzArguments(f *testing.F) {
+	for _, s := range []string{"exptime=10&flags=7&delta=3", "exptime=-1", "flags=4294967296", "delta=%31%32", "exptime=+5&exptime=6", "op=incr&delta=18446744073709551615"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		if _, err := parseExptime(raw, 0); err != nil && !strings.Contains(err.Error(), "exptime") {
+			t.Fatalf("parseExptime(%q) error %q does not name exptime", raw, err)
+		}
+		if _, err := parseFlags(raw); err != nil && !strings.Contains(err.Error(), "flags") {
+			t.Fatalf("parseFlags(%q) error %q does not name flags", raw, err)
+		}
+		if _, err := parseDelta(raw); err != nil && !strings.Contains(err.Error(), "delta") {
+			t.Fatalf("parseDelta(%q) error %q does not name delta", raw, err)
+		}
+	})
+}
