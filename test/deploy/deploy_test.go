@@ -27,7 +27,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/memcgate/memcgate/config"
-	"github.com/memcgate/memcgate/test/deploy/gatewaytest"
+	"github.com/memcgate/memcgate/test/gatewaytest"
 )
 
 // root is the repository, relative to this package.
@@ -41,7 +41,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	binary, err = gatewaytest.Build(dir)
+	binary, err = gatewaytest.Build(dir, false)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "building memcgate:", err)
 		os.RemoveAll(dir)

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
+	"github.com/memcgate/memcgate/test/gatewaytest"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
 
@@ -31,10 +31,9 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	binary = filepath.Join(dir, "memcgate")
-	build := exec.Command("go", "build", "-race", "-o", binary, "github.com/memcgate/memcgate/cmd/memcgate")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
+	// With the race detector, so end-to-end runs also catch data races in
+	// the shipped code.
+	if binary, err = gatewaytest.Build(dir, true); err != nil {
 		fmt.Fprintln(os.Stderr, "building memcgate:", err)
 		os.Exit(1)
 	}
@@ -43,31 +42,12 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// gateway is one running memcgate process.
+// gateway is one running memcgate process with request helpers.
 type gateway struct {
+	*gatewaytest.Gateway
 	t     *testing.T
-	URL   string // data listener, http://127.0.0.1:port
-	Admin string // admin listener
-	cmd   *exec.Cmd
-	logs  *syncBuffer
-	done  chan error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	URL   string // data listener, http(s)://127.0.0.1:port
+	Admin string // admin listener, http://127.0.0.1:port
 }
 
 func serversEnv(ms []*memcachedtest.Server) string {
@@ -89,61 +69,16 @@ func startGateway(t *testing.T, env map[string]string) *gateway {
 // (http or https); the admin listener stays plain HTTP.
 func startGatewayScheme(t *testing.T, scheme string, env map[string]string) *gateway {
 	t.Helper()
-	dataPort, err1 := memcachedtest.FreePort()
-	adminPort, err2 := memcachedtest.FreePort()
-	if err1 != nil || err2 != nil {
-		t.Fatalf("free ports: %v %v", err1, err2)
-	}
-	g := &gateway{
-		t:     t,
-		URL:   scheme + "://127.0.0.1:" + strconv.Itoa(dataPort),
-		Admin: "http://127.0.0.1:" + strconv.Itoa(adminPort),
-		logs:  &syncBuffer{},
-		done:  make(chan error, 1),
-	}
 	vars := map[string]string{
-		"MEMCGATE_LISTEN_ADDR":     "127.0.0.1:" + strconv.Itoa(dataPort),
-		"MEMCGATE_ADMIN_ADDR":      "127.0.0.1:" + strconv.Itoa(adminPort),
 		"MEMCGATE_DRAIN_DELAY":     "0s",
 		"MEMCGATE_HEALTH_INTERVAL": "200ms",
 	}
 	for k, v := range env {
 		vars[k] = v
 	}
-	g.cmd = exec.Command(binary)
-	g.cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
-	for k, v := range vars {
-		g.cmd.Env = append(g.cmd.Env, k+"="+v)
-	}
-	g.cmd.Stdout, g.cmd.Stderr = g.logs, g.logs
-	if err := g.cmd.Start(); err != nil {
-		t.Fatalf("starting memcgate: %v", err)
-	}
-	go func() { g.done <- g.cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = g.cmd.Process.Kill()
-		<-g.done
-		if t.Failed() {
-			t.Logf("memcgate logs:\n%s", tail(g.logs.String(), 4000))
-		}
-	})
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		resp, err := http.Get(g.Admin + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return g
-			}
-		}
-		select {
-		case err := <-g.done:
-			t.Fatalf("memcgate exited: %v\n%s", err, g.logs.String())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	t.Fatalf("memcgate not ready within 10s:\n%s", g.logs.String())
-	return nil
+	g := gatewaytest.New(t, binary, vars)
+	g.Start(t)
+	return &gateway{Gateway: g, t: t, URL: scheme + "://" + g.DataAddr, Admin: "http://" + g.AdminAddr}
 }
 
 func tail(s string, n int) string {
@@ -488,9 +423,7 @@ func TestShutdownDrains(t *testing.T) {
 	}()
 	pw.Write([]byte("half"))
 	time.Sleep(100 * time.Millisecond)
-	if err := g.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
+	g.Signal(syscall.SIGTERM)
 	// During the drain delay /readyz says 503 while data still flows.
 	deadline := time.Now().Add(400 * time.Millisecond)
 	sawNotReady := false
@@ -508,14 +441,12 @@ func TestShutdownDrains(t *testing.T) {
 	if err := <-result; err != nil {
 		t.Errorf("request in flight during shutdown: %v", err)
 	}
-	select {
-	case err := <-g.done:
-		if err != nil {
-			t.Errorf("memcgate exit after SIGTERM: %v, want status 0", err)
-		}
-		g.done <- err // for Cleanup
-	case <-time.After(10 * time.Second):
+	err, exited := g.Wait(10 * time.Second)
+	if !exited {
 		t.Fatal("memcgate did not exit within 10s of SIGTERM")
+	}
+	if err != nil {
+		t.Errorf("memcgate exit after SIGTERM: %v, want status 0", err)
 	}
 }
 

@@ -30,7 +30,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/memcgate/memcgate/test/deploy/gatewaytest"
+	"github.com/memcgate/memcgate/test/gatewaytest"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
 
@@ -44,7 +44,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	binary, err = gatewaytest.Build(dir)
+	binary, err = gatewaytest.Build(dir, false)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "building memcgate:", err)
 		os.RemoveAll(dir)

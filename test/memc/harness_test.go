@@ -19,11 +19,11 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/memcgate/memcgate/test/gatewaytest"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
 
@@ -39,10 +39,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	binary = filepath.Join(dir, "memcgate")
-	build := exec.Command("go", "build", "-race", "-o", binary, "github.com/memcgate/memcgate/cmd/memcgate")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
+	if binary, err = gatewaytest.Build(dir, true); err != nil {
 		fmt.Fprintln(os.Stderr, "building memcgate:", err)
 		os.RemoveAll(dir)
 		os.Exit(1)
@@ -166,23 +163,6 @@ func waitClosed(addr string) {
 	}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func tail(s string, n int) string {
 	if len(s) > n {
 		return s[len(s)-n:]
@@ -196,16 +176,7 @@ func tail(s string, n int) string {
 // It returns the data listener's address.
 func startGate(t *testing.T, env map[string]string, ready bool) string {
 	t.Helper()
-	dataPort, err1 := memcachedtest.FreePort()
-	adminPort, err2 := memcachedtest.FreePort()
-	if err1 != nil || err2 != nil {
-		t.Fatalf("free ports: %v %v", err1, err2)
-	}
-	addr := "127.0.0.1:" + strconv.Itoa(dataPort)
-	admin := "http://127.0.0.1:" + strconv.Itoa(adminPort)
 	vars := map[string]string{
-		"MEMCGATE_LISTEN_ADDR":     addr,
-		"MEMCGATE_ADMIN_ADDR":      "127.0.0.1:" + strconv.Itoa(adminPort),
 		"MEMCGATE_DRAIN_DELAY":     "0s",
 		"MEMCGATE_HEALTH_INTERVAL": "200ms",
 		"MEMCGATE_ACCESS_LOG":      "false",
@@ -213,45 +184,13 @@ func startGate(t *testing.T, env map[string]string, ready bool) string {
 	for k, v := range env {
 		vars[k] = v
 	}
-	cmd := exec.Command(binary)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
-	for k, v := range vars {
-		cmd.Env = append(cmd.Env, k+"="+v)
+	g := gatewaytest.New(t, binary, vars)
+	if ready {
+		g.Start(t)
+	} else {
+		g.StartAlive(t)
 	}
-	logs := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting memcgate: %v", err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-done
-		if t.Failed() {
-			t.Logf("memcgate %s logs:\n%s", addr, tail(logs.String(), 3000))
-		}
-	})
-	probe := admin + "/readyz"
-	if !ready {
-		probe = admin + "/healthz"
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if resp, err := http.Get(probe); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return addr
-			}
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("memcgate exited: %v\n%s", err, logs.String())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	t.Fatalf("memcgate not serving within 10s:\n%s", logs.String())
-	return ""
+	return g.DataAddr
 }
 
 // request is one HTTP/1.1 request, written byte for byte as given.

@@ -1,7 +1,7 @@
-// Package gatewaytest builds the memcgate binary the way the Dockerfile does
-// (CGO_ENABLED=0, -trimpath) and runs it as a process on loopback ports, for
-// the deploy and load-balancer tests. It knows nothing about memcached: the
-// caller passes MEMCGATE_SERVERS.
+// Package gatewaytest builds the memcgate binary (the way the Dockerfile
+// does, or with the race detector) and runs it as a process on loopback
+// ports, for the end-to-end, deploy and load-balancer tests. It knows
+// nothing about memcached: the caller passes MEMCGATE_SERVERS.
 package gatewaytest
 
 import (
@@ -24,12 +24,20 @@ import (
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
 
-// Build compiles github.com/memcgate/memcgate/cmd/memcgate into dir with
-// the Dockerfile's flags and returns the binary's path.
-func Build(dir string) (string, error) {
+// Build compiles github.com/memcgate/memcgate/cmd/memcgate into dir and
+// returns the binary's path: with the Dockerfile's flags, or, with race,
+// with the race detector (which needs cgo), so that end-to-end runs also
+// catch data races in the shipped code.
+func Build(dir string, race bool) (string, error) {
 	bin := filepath.Join(dir, "memcgate")
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, "github.com/memcgate/memcgate/cmd/memcgate")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	args := []string{"build", "-trimpath", "-ldflags=-s -w", "-o", bin}
+	env := append(os.Environ(), "CGO_ENABLED=0")
+	if race {
+		args = []string{"build", "-race", "-o", bin}
+		env = os.Environ()
+	}
+	cmd := exec.Command("go", append(args, "github.com/memcgate/memcgate/cmd/memcgate")...)
+	cmd.Env = env
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
@@ -89,6 +97,18 @@ func New(t testing.TB, bin string, env map[string]string) *Gateway {
 // (the test running on the calling goroutine) if that does not happen.
 func (g *Gateway) Start(t testing.TB) {
 	t.Helper()
+	g.start(t, "/readyz")
+}
+
+// StartAlive is Start for a gateway that cannot become ready (its memcached
+// is meant to be down): it waits for /healthz instead.
+func (g *Gateway) StartAlive(t testing.TB) {
+	t.Helper()
+	g.start(t, "/healthz")
+}
+
+func (g *Gateway) start(t testing.TB, probe string) {
+	t.Helper()
 	cmd := exec.Command(g.bin)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 	for k, v := range g.env {
@@ -105,7 +125,7 @@ func (g *Gateway) Start(t testing.TB) {
 	g.mu.Unlock()
 	client := &http.Client{Timeout: time.Second}
 	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); {
-		if resp, err := client.Get("http://" + g.AdminAddr + "/readyz"); err == nil {
+		if resp, err := client.Get("http://" + g.AdminAddr + probe); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return
