@@ -35,22 +35,7 @@ const root = "../.."
 
 var binary string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "memcgate-deploy")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binary, err = gatewaytest.Build(dir, false)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "building memcgate:", err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { gatewaytest.Main(m, false, &binary) }
 
 // deployFiles returns every regular file under deploy/, relative to root.
 func deployFiles(t *testing.T) []string {

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -25,22 +24,9 @@ import (
 
 var binary string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "memcgate-e2e")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	// With the race detector, so end-to-end runs also catch data races in
-	// the shipped code.
-	if binary, err = gatewaytest.Build(dir, true); err != nil {
-		fmt.Fprintln(os.Stderr, "building memcgate:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+// The binary is built with the race detector, so end-to-end runs also
+// catch data races in the shipped code.
+func TestMain(m *testing.M) { gatewaytest.Main(m, true, &binary) }
 
 // gateway is one running memcgate process with request helpers.
 type gateway struct {

@@ -46,6 +46,45 @@ func Build(dir string, race bool) (string, error) {
 	return bin, nil
 }
 
+// Main is a TestMain body: it builds the binary into a temporary
+// directory (with the race detector if race), stores its path in *bin,
+// runs the tests, removes the directory and exits with the tests' code.
+func Main(m *testing.M, race bool, bin *string) {
+	dir, err := os.MkdirTemp("", "memcgate-test")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if *bin, err = Build(dir, race); err != nil {
+		fmt.Fprintln(os.Stderr, "building memcgate:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// SyncBuffer is a bytes.Buffer safe for concurrent writers, for process
+// output.
+type SyncBuffer struct {
+	mu sync.Mutex // guards b
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String returns what was written so far.
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
 // Gateway is one memcgate process with fixed loopback ports, so that it can
 // be stopped and started again at the same addresses. Its methods are safe
 // for concurrent use.
@@ -57,7 +96,7 @@ type Gateway struct {
 
 	bin  string
 	env  map[string]string
-	logs syncBuffer
+	logs SyncBuffer
 
 	mu   sync.Mutex // guards cmd, done
 	cmd  *exec.Cmd
@@ -336,23 +375,6 @@ func (g *Gateway) Served(ctx context.Context) (float64, error) {
 		return 0, nil
 	}
 	return f.Sum, nil
-}
-
-type syncBuffer struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func tail(s string, n int) string {

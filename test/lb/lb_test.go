@@ -38,22 +38,7 @@ const root = "../.."
 
 var binary string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "memcgate-lb")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binary, err = gatewaytest.Build(dir, false)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "building memcgate:", err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { gatewaytest.Main(m, false, &binary) }
 
 // Timings of the scenario. The drain is shorter than production's 5s to
 // keep the test short, but longer than HAProxy's worst-case detection with
@@ -463,7 +448,7 @@ func startHAProxy(t *testing.T, gws [2]upstream) *balancer {
 	if out, err := exec.Command(haproxy, "-c", "-f", path).CombinedOutput(); err != nil {
 		t.Fatalf("haproxy -c: %v\n%s", err, out)
 	}
-	logs := &lockedBuffer{}
+	logs := &gatewaytest.SyncBuffer{}
 	process(t, logs, haproxy, "-db", "-f", path)
 	url := "http://127.0.0.1:" + strconv.Itoa(port)
 	statsURL := "http://127.0.0.1:" + strconv.Itoa(statsPort) + "/stats;csv"
@@ -553,23 +538,6 @@ func startHAProxy(t *testing.T, gws [2]upstream) *balancer {
 			}
 		},
 	}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func tailLines(s string, n int) string {

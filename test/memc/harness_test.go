@@ -33,21 +33,7 @@ const memcModule = "/usr/lib/nginx/modules/ngx_http_memc_module.so"
 
 var binary string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "memcgate-memc")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	if binary, err = gatewaytest.Build(dir, true); err != nil {
-		fmt.Fprintln(os.Stderr, "building memcgate:", err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { gatewaytest.Main(m, true, &binary) }
 
 // needNginx returns the nginx binary, or skips t (fails it when CI is set:
 // make test installs nginx and libnginx-mod-http-memc).
