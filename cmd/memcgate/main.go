@@ -56,7 +56,12 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	if err != nil {
 		return fmt.Errorf("invalid configuration:\n%w", err)
 	}
-	log := newLogger(cfg, stderr)
+	logs := newLogBuffer(stderr)
+	logCtx, stopLogs := context.WithCancel(context.WithoutCancel(ctx))
+	flushed := make(chan struct{})
+	go func() { logs.Run(logCtx); close(flushed) }()
+	defer func() { stopLogs(); <-flushed }() // the last lines, shutdown included
+	log := newLogger(cfg, logs)
 	var lc net.ListenConfig
 	dataLn, err := lc.Listen(ctx, "tcp", cfg.ListenAddr)
 	if err != nil {
