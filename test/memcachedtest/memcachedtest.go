@@ -56,14 +56,31 @@ func required() bool {
 // is killed when the test ends.
 func Start(t testing.TB, args ...string) *Server {
 	t.Helper()
+	return start(t, false, args)
+}
+
+// StartUDP is Start with memcached's UDP port open too (memcached -U, off
+// by default since 1.5.6).
+func StartUDP(t testing.TB, args ...string) *Server {
+	t.Helper()
+	return start(t, true, args)
+}
+
+func start(t testing.TB, udp bool, args []string) *Server {
+	t.Helper()
 	bin := Binary(t)
 	var lastErr error
-	for range 5 {
+	for range 5 { // a free port may be taken before memcached binds it
 		port, err := FreePort()
 		if err != nil {
 			t.Fatalf("free port: %v", err)
 		}
 		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, t: t, bin: bin, args: args}
+		if udp {
+			if s.UDPPort, err = FreeUDPPort(); err != nil {
+				t.Fatalf("free UDP port: %v", err)
+			}
+		}
 		if lastErr = s.start(); lastErr == nil {
 			t.Cleanup(s.Kill)
 			return s
@@ -71,41 +88,6 @@ func Start(t testing.TB, args ...string) *Server {
 	}
 	t.Fatalf("starting memcached: %v", lastErr)
 	return nil
-}
-
-// StartUDP is Start with memcached's UDP port open too (memcached -U, off
-// by default since 1.5.6).
-func StartUDP(t testing.TB, args ...string) *Server {
-	t.Helper()
-	bin := Binary(t)
-	var lastErr error
-	for range 5 {
-		port, err := FreePort()
-		if err != nil {
-			t.Fatalf("free port: %v", err)
-		}
-		udp, err := FreeUDPPort()
-		if err != nil {
-			t.Fatalf("free UDP port: %v", err)
-		}
-		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, UDPPort: udp, t: t, bin: bin, args: args}
-		if lastErr = s.start(); lastErr == nil {
-			t.Cleanup(s.Kill)
-			return s
-		}
-	}
-	t.Fatalf("starting memcached with UDP: %v", lastErr)
-	return nil
-}
-
-// FreeUDPPort returns a loopback UDP port that was free a moment ago.
-func FreeUDPPort() (int, error) {
-	c, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer c.Close()
-	return c.LocalAddr().(*net.UDPAddr).Port, nil
 }
 
 // StartN starts n servers.
@@ -116,6 +98,16 @@ func StartN(t testing.TB, n int, args ...string) []*Server {
 		out[i] = Start(t, args...)
 	}
 	return out
+}
+
+// FreeUDPPort returns a loopback UDP port that was free a moment ago.
+func FreeUDPPort() (int, error) {
+	c, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).Port, nil
 }
 
 // FreePort returns a loopback TCP port that was free a moment ago.
