@@ -2,7 +2,7 @@
 GO      ?= go
 BIN     := bin/memcgate
 PKGS    := ./...
-FUZZTIME ?= 5s
+FUZZTIME ?= 20000x
 
 .PHONY: all build run test vet fmt-check fuzz bench seed clean deps-run deps-test
 
