@@ -134,10 +134,10 @@ func (n *node) do(ctx context.Context, o op, failover bool, f opFunc) error {
 		}
 	}
 	err := classify(n.name, o.String(), f(n.client, failover))
-	n.release()
 	n.m.duration[o].Observe(time.Since(start).Seconds())
 	n.m.ops[o][resultOf(err)].Inc()
 	n.observe(err)
+	n.release() // may send parked Gets first: not part of this operation's time
 	return err
 }
 
