@@ -157,6 +157,25 @@ func (r *UDP) Close() error {
 	return err
 }
 
+// closing reports whether a read error means the relay is shutting down;
+// any other error is transient and the read loop goes on.
+func (r *UDP) closing(err error) bool {
+	if errors.Is(err, net.ErrClosed) {
+		return true
+	}
+	select {
+	case <-r.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// stamp copies a datagram and gives it its due time on the delay line.
+func (r *UDP) stamp(b []byte) packet {
+	return packet{data: bytes.Clone(b), due: time.Now().Add(time.Duration(r.latency.Load()))}
+}
+
 // readLoop receives client datagrams and queues each, stamped, for its
 // client's upstream socket.
 func (r *UDP) readLoop(conn *net.UDPConn) {
@@ -164,20 +183,12 @@ func (r *UDP) readLoop(conn *net.UDPConn) {
 	for {
 		n, from, err := conn.ReadFromUDPAddrPort(buf)
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
+			if r.closing(err) {
 				return
 			}
-			select {
-			case <-r.done:
-				return
-			default:
-				continue
-			}
+			continue
 		}
-		pk := packet{
-			data: bytes.Clone(buf[:n]),
-			due:  time.Now().Add(time.Duration(r.latency.Load())),
-		}
+		pk := r.stamp(buf[:n])
 		c := r.client(conn, from)
 		if c == nil {
 			r.dropped.Add(1)
@@ -249,20 +260,12 @@ func (r *UDP) readReplies(c *udpClient, replies chan<- packet) {
 		if err != nil {
 			// ECONNREFUSED from an earlier send to a closed port is
 			// reported once; anything but our own Close is transient.
-			if errors.Is(err, net.ErrClosed) {
+			if r.closing(err) {
 				return
 			}
-			select {
-			case <-r.done:
-				return
-			default:
-				continue
-			}
+			continue
 		}
-		pk := packet{
-			data: bytes.Clone(buf[:n]),
-			due:  time.Now().Add(time.Duration(r.latency.Load())),
-		}
+		pk := r.stamp(buf[:n])
 		select {
 		case replies <- pk:
 		default:
