@@ -474,12 +474,3 @@ func (c *Cluster) Placement(key string) Placement {
 	}
 	return p
 }
-
-// Owners returns the key's nodes in failover order (first is the owner).
-func (c *Cluster) Owners(key string) []string {
-	var out []string
-	for _, n := range c.Placement(key).Chain {
-		out = append(out, n.Node)
-	}
-	return out
-}

@@ -132,7 +132,7 @@ func TestOperations(t *testing.T) {
 		t.Errorf("Get(k) = %+v, want value v, flags 7, a CAS, key k", it)
 	}
 	// The prefix is applied on the wire.
-	raw := memcache.New(c.Owners("k")[0])
+	raw := memcache.New(c.Placement("k").Chain[0].Node)
 	if got, err := raw.Get("app:k"); err != nil || string(got.Value) != "v" {
 		t.Errorf("raw get app:k on the owner = %v, %v, want v", got, err)
 	}
@@ -313,7 +313,7 @@ func keyOwnedBy(t *testing.T, c *Cluster, idx int) string {
 	t.Helper()
 	for i := range 10000 {
 		k := fmt.Sprint("key-", i)
-		if c.Owners(k)[0] == c.nodes[idx].name {
+		if c.Placement(k).Chain[0].Node == c.nodes[idx].name {
 			return k
 		}
 	}
