@@ -1,0 +1,348 @@
+package mcpipe
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"runtime"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+)
+
+// kind is how a request's reply is read.
+type kind uint8
+
+const (
+	kindGet    kind = iota // VALUE blocks, then END
+	kindStore              // STORED | NOT_STORED | EXISTS | NOT_FOUND
+	kindDelete             // DELETED | NOT_FOUND
+	kindTouch              // TOUCHED | NOT_FOUND
+	kindIncr               // a number | NOT_FOUND | CLIENT_ERROR …
+)
+
+// call is one request waiting for its reply. Whoever completes it (the
+// reader, or fail) sets reply and signals done exactly once, under the
+// connection's mutex and only while the call is queued; after that only the
+// waiter touches it.
+type call struct {
+	kind kind
+	verb string
+	reply
+	done chan struct{}
+}
+
+// reply is what a request's answer came to.
+type reply struct {
+	items []*memcache.Item
+	num   uint64
+	err   error // memcached's refusal, or the connection's failure
+}
+
+// conn is one pipelined connection. Writes are combined: whoever finds no
+// write in progress becomes the writer and sends everything queued,
+// including what others queue meanwhile; the rest just queue. One reader
+// goroutine per connection reads replies in order and completes the calls.
+type conn struct {
+	nc      net.Conn
+	timeout time.Duration
+
+	mu      sync.Mutex
+	wbuf    []byte  // encoded requests not yet written
+	spare   []byte  // the other write buffer, swapped with wbuf per write
+	queue   []*call // sent or about to be sent, in order; replies complete queue[0]
+	writing bool    // a goroutine is writing wbuf
+	idle    bool    // the reader waits without a deadline (queue was empty)
+	err     error   // set once the connection failed; final
+}
+
+func newConn(nc net.Conn, timeout time.Duration) *conn {
+	return &conn{nc: nc, timeout: timeout, idle: true}
+}
+
+func (c *conn) failed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err != nil
+}
+
+// send queues cl's request and returns once it is written or handed to the
+// goroutine that is writing. A failure is reported through cl.
+func (c *conn) send(cl *call, encode func([]byte) []byte) {
+	c.mu.Lock()
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		cl.err = err
+		cl.done <- struct{}{}
+		return
+	}
+	c.wbuf = encode(c.wbuf)
+	c.queue = append(c.queue, cl)
+	if c.idle {
+		// The reader is blocked without a deadline: from now on a reply
+		// is owed within the timeout.
+		c.idle = false
+		_ = c.nc.SetReadDeadline(time.Now().Add(c.timeout))
+	}
+	if c.writing {
+		c.mu.Unlock()
+		return
+	}
+	c.writing = true
+	c.mu.Unlock()
+	// Let the other runnable goroutines queue their requests first: under
+	// load they are handlers about to call us, and their requests then
+	// leave in this write instead of one write (and one wake-up of
+	// memcached) each. With nothing else runnable this returns at once.
+	runtime.Gosched()
+	c.mu.Lock()
+	for len(c.wbuf) > 0 {
+		buf := c.wbuf
+		c.wbuf = c.spare[:0]
+		c.mu.Unlock()
+		_ = c.nc.SetWriteDeadline(time.Now().Add(c.timeout))
+		_, err := c.nc.Write(buf)
+		c.mu.Lock()
+		if cap(buf) <= 64<<10 { // do not keep a buffer grown by a large value
+			c.spare = buf[:0]
+		} else {
+			c.spare = nil
+		}
+		if err != nil {
+			c.writing = false
+			c.mu.Unlock()
+			c.fail(err)
+			return
+		}
+	}
+	c.writing = false
+	c.mu.Unlock()
+}
+
+// fail closes the connection once and fails every queued call with err.
+func (c *conn) fail(err error) {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.err = err
+	q := c.queue
+	c.queue = nil
+	c.wbuf = nil
+	for _, cl := range q {
+		cl.reply = reply{err: err}
+		cl.done <- struct{}{}
+	}
+	c.mu.Unlock()
+	_ = c.nc.Close()
+}
+
+// errProtocol is a reply that does not fit the protocol: the connection's
+// position in the reply stream is lost.
+var errProtocol = errors.New("mcpipe: malformed reply from memcached")
+
+// readLoop reads replies until the connection fails.
+func (c *conn) readLoop() {
+	br := bufio.NewReaderSize(c.nc, 16<<10)
+	for {
+		// Wait for the first byte of the next reply. With nothing queued
+		// there is no deadline: an idle connection waits indefinitely.
+		if _, err := br.Peek(1); err != nil {
+			c.fail(err)
+			return
+		}
+		c.mu.Lock()
+		if len(c.queue) == 0 {
+			c.mu.Unlock()
+			c.fail(fmt.Errorf("%w: a reply nobody asked for", errProtocol))
+			return
+		}
+		k, verb := c.queue[0].kind, c.queue[0].verb
+		c.mu.Unlock()
+		r, err := readReply(br, k, verb)
+		if err != nil {
+			c.fail(err)
+			return
+		}
+		c.mu.Lock()
+		if c.err != nil { // failed meanwhile (a write error): every call is answered
+			c.mu.Unlock()
+			return
+		}
+		cl := c.queue[0]
+		cl.reply = r
+		c.queue[0] = nil
+		c.queue = c.queue[1:]
+		if len(c.queue) == 0 {
+			c.queue = c.queue[:0:0] // let the backing array go; append reallocates small
+			c.idle = true
+			_ = c.nc.SetReadDeadline(time.Time{})
+		} else {
+			_ = c.nc.SetReadDeadline(time.Now().Add(c.timeout))
+		}
+		cl.done <- struct{}{}
+		c.mu.Unlock()
+	}
+}
+
+var (
+	crlf            = []byte("\r\n")
+	lineEnd         = []byte("END\r\n")
+	lineStored      = []byte("STORED\r\n")
+	lineNotStored   = []byte("NOT_STORED\r\n")
+	lineExists      = []byte("EXISTS\r\n")
+	lineNotFound    = []byte("NOT_FOUND\r\n")
+	lineDeleted     = []byte("DELETED\r\n")
+	lineTouched     = []byte("TOUCHED\r\n")
+	lineOK          = []byte("OK\r\n")
+	prefixValue     = []byte("VALUE ")
+	prefixClientErr = []byte("CLIENT_ERROR ")
+)
+
+// isErrorLine reports the protocol's generic error replies, which end a
+// reply of any kind.
+func isErrorLine(line []byte) bool {
+	return bytes.Equal(line, []byte("ERROR\r\n")) || bytes.HasPrefix(line, []byte("CLIENT_ERROR ")) ||
+		bytes.HasPrefix(line, []byte("SERVER_ERROR "))
+}
+
+// readReply reads one whole reply to a request of kind k. Memcached's
+// refusals are in the reply, as gomemcache reports them; the error is set
+// only when the stream itself is broken.
+func readReply(br *bufio.Reader, k kind, verb string) (r reply, err error) {
+	for {
+		line, err := br.ReadSlice('\n')
+		if err != nil {
+			if errors.Is(err, bufio.ErrBufferFull) {
+				return r, fmt.Errorf("%w: reply line over %d bytes", errProtocol, br.Size())
+			}
+			return r, err
+		}
+		if len(line) < 2 || line[len(line)-2] != '\r' {
+			return r, fmt.Errorf("%w: %q", errProtocol, line)
+		}
+		if k != kindGet {
+			r.num, r.err = lineResult(k, verb, line)
+			return r, nil
+		}
+		switch {
+		case bytes.Equal(line, lineEnd):
+			return r, nil
+		case bytes.HasPrefix(line, prefixValue):
+			it, size, err := parseValueLine(line)
+			if err != nil {
+				return r, err
+			}
+			it.Value = make([]byte, size+2)
+			if _, err := io.ReadFull(br, it.Value); err != nil {
+				return r, err
+			}
+			if !bytes.HasSuffix(it.Value, crlf) {
+				return r, fmt.Errorf("%w: value of %q not followed by CRLF", errProtocol, it.Key)
+			}
+			it.Value = it.Value[:size]
+			r.items = append(r.items, it)
+		case isErrorLine(line):
+			r.err = fmt.Errorf("memcache: unexpected line in get response: %q", line)
+			return r, nil
+		default:
+			return r, fmt.Errorf("%w: %q in a get reply", errProtocol, line)
+		}
+	}
+}
+
+// lineResult maps a one-line reply to gomemcache's result for the verb
+// (and incr/decr's number).
+func lineResult(k kind, verb string, line []byte) (uint64, error) {
+	switch k {
+	case kindStore:
+		switch {
+		case bytes.Equal(line, lineStored):
+			return 0, nil
+		case bytes.Equal(line, lineNotStored):
+			return 0, memcache.ErrNotStored
+		case bytes.Equal(line, lineExists):
+			return 0, memcache.ErrCASConflict
+		case bytes.Equal(line, lineNotFound):
+			return 0, memcache.ErrCacheMiss
+		}
+		return 0, fmt.Errorf("memcache: unexpected response line from %q: %q", verb, string(line))
+	case kindDelete:
+		switch {
+		case bytes.Equal(line, lineDeleted), bytes.Equal(line, lineOK):
+			return 0, nil
+		case bytes.Equal(line, lineNotFound):
+			return 0, memcache.ErrCacheMiss
+		}
+		return 0, fmt.Errorf("memcache: unexpected response line: %q", string(line))
+	case kindTouch:
+		switch {
+		case bytes.Equal(line, lineTouched):
+			return 0, nil
+		case bytes.Equal(line, lineNotFound):
+			return 0, memcache.ErrCacheMiss
+		}
+		return 0, fmt.Errorf("memcache: unexpected response line from touch: %q", string(line))
+	default: // kindIncr
+		switch {
+		case bytes.Equal(line, lineNotFound):
+			return 0, memcache.ErrCacheMiss
+		case bytes.HasPrefix(line, prefixClientErr):
+			return 0, errors.New("memcache: client error: " + string(line[len(prefixClientErr):len(line)-2]))
+		}
+		v, err := strconv.ParseUint(string(line[:len(line)-2]), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("memcache: unexpected response line: %q", string(line))
+		}
+		return v, nil
+	}
+}
+
+// parseValueLine parses "VALUE <key> <flags> <bytes> [<cas>]\r\n".
+func parseValueLine(line []byte) (*memcache.Item, int, error) {
+	f := bytes.Fields(line[len(prefixValue) : len(line)-2])
+	if len(f) != 3 && len(f) != 4 {
+		return nil, 0, fmt.Errorf("%w: %q", errProtocol, line)
+	}
+	flags, err1 := strconv.ParseUint(string(f[1]), 10, 32)
+	size, err2 := strconv.ParseUint(string(f[2]), 10, 31)
+	var cas uint64
+	var err3 error
+	if len(f) == 4 {
+		cas, err3 = strconv.ParseUint(string(f[3]), 10, 64)
+	}
+	if err1 != nil || err2 != nil || err3 != nil {
+		return nil, 0, fmt.Errorf("%w: %q", errProtocol, line)
+	}
+	return &memcache.Item{Key: string(f[0]), Flags: uint32(flags), CasID: cas}, int(size), nil
+}
+
+// appendStore encodes a storage command with its data block.
+func appendStore(b []byte, verb string, it *memcache.Item) []byte {
+	b = append(b, verb...)
+	b = append(b, ' ')
+	b = append(b, it.Key...)
+	b = append(b, ' ')
+	b = appendUint(b, uint64(it.Flags))
+	b = append(b, ' ')
+	b = appendInt(b, int64(it.Expiration))
+	b = append(b, ' ')
+	b = appendUint(b, uint64(len(it.Value)))
+	if verb == "cas" {
+		b = append(b, ' ')
+		b = appendUint(b, it.CasID)
+	}
+	b = append(b, "\r\n"...)
+	b = append(b, it.Value...)
+	return append(b, "\r\n"...)
+}
+
+func appendUint(b []byte, v uint64) []byte { return strconv.AppendUint(b, v, 10) }
+func appendInt(b []byte, v int64) []byte   { return strconv.AppendInt(b, v, 10) }

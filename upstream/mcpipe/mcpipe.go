@@ -1,0 +1,302 @@
+// Package mcpipe is a pipelined client for memcached's text protocol. It
+// exists because gomemcache, the project's client, sends one request per
+// connection and waits for its reply: under load every request then costs a
+// write and a read system call on each side, and a wake-up of memcached per
+// request. Here a few connections carry every request of a node at once:
+// requests that arrive while a write is in progress leave together in the
+// next write, and memcached answers them in one read and one write.
+//
+// The Client has gomemcache's method set, items and error values, so the
+// caller classifies its errors exactly as gomemcache's; only the transport
+// differs. Replies come back in request order on a connection (memcached
+// guarantees it), so a connection that loses its place — an I/O error, a
+// timeout, a reply that does not parse — fails every request on it and is
+// replaced on the next use.
+package mcpipe
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+)
+
+// Options configures a Client.
+type Options struct {
+	// Dial opens one connection to the server.
+	Dial func(ctx context.Context) (net.Conn, error)
+	// Conns is the number of connections requests are spread over; if
+	// zero, 1.
+	Conns int
+	// Timeout bounds dialling, each write, and the wait for the next
+	// reply while requests are outstanding; if zero, 500ms (gomemcache's
+	// default).
+	Timeout time.Duration
+}
+
+// Client sends requests to one memcached server over Options.Conns
+// pipelined connections. It is safe for concurrent use. Its methods block
+// until the reply arrives or the connection fails.
+type Client struct {
+	dial    func(ctx context.Context) (net.Conn, error)
+	timeout time.Duration
+	slots   []slot
+	next    atomic.Uint32
+	calls   sync.Pool
+}
+
+// slot holds one connection, dialled on first use and after a failure.
+type slot struct {
+	mu sync.Mutex // held while dialling
+	c  atomic.Pointer[conn]
+}
+
+// New returns a Client. It dials nothing until the first request.
+func New(o Options) *Client {
+	if o.Conns <= 0 {
+		o.Conns = 1
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 500 * time.Millisecond
+	}
+	return &Client{dial: o.Dial, timeout: o.Timeout, slots: make([]slot, o.Conns)}
+}
+
+// ErrClosed is what requests on a connection get after Close closed it.
+var ErrClosed = errors.New("mcpipe: connection closed")
+
+// Close closes the open connections; requests on them fail with ErrClosed.
+// The Client stays usable: the next request dials again.
+func (c *Client) Close() error {
+	for i := range c.slots {
+		if cn := c.slots[i].c.Swap(nil); cn != nil {
+			cn.fail(ErrClosed)
+		}
+	}
+	return nil
+}
+
+// conn picks a connection round robin, dialling it if needed.
+func (c *Client) conn() (*conn, error) {
+	s := &c.slots[int(c.next.Add(1)-1)%len(c.slots)]
+	if cn := s.c.Load(); cn != nil && !cn.failed() {
+		return cn, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if cn := s.c.Load(); cn != nil && !cn.failed() {
+		return cn, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	nc, err := c.dial(ctx)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	cn := newConn(nc, c.timeout)
+	go cn.readLoop()
+	s.c.Store(cn)
+	return cn, nil
+}
+
+// do sends one request and waits for its reply.
+func (c *Client) do(k kind, verb string, encode func([]byte) []byte) (*call, error) {
+	cn, err := c.conn()
+	if err != nil {
+		return nil, err
+	}
+	cl, _ := c.calls.Get().(*call)
+	if cl == nil {
+		cl = &call{done: make(chan struct{}, 1)}
+	}
+	cl.kind, cl.verb = k, verb
+	cn.send(cl, encode)
+	<-cl.done
+	return cl, nil
+}
+
+// release returns a call whose results the caller has read.
+func (c *Client) release(cl *call) {
+	*cl = call{done: cl.done}
+	c.calls.Put(cl)
+}
+
+// legalKey is gomemcache's rule: at most 250 bytes, no spaces or control
+// bytes, so a key can never split or end a command line.
+func legalKey(key string) bool {
+	if len(key) == 0 || len(key) > 250 {
+		return false
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] <= ' ' || key[i] == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// Get reads one item with its CAS value ("gets", as gomemcache);
+// memcache.ErrCacheMiss if it is not there.
+func (c *Client) Get(key string) (*memcache.Item, error) {
+	if !legalKey(key) {
+		return nil, memcache.ErrMalformedKey
+	}
+	cl, err := c.do(kindGet, "get", func(b []byte) []byte {
+		b = append(b, "gets "...)
+		b = append(b, key...)
+		return append(b, "\r\n"...)
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer c.release(cl)
+	if cl.err != nil {
+		return nil, cl.err
+	}
+	if len(cl.items) == 0 {
+		return nil, memcache.ErrCacheMiss
+	}
+	return cl.items[0], nil
+}
+
+// GetMulti reads many items with one command; missing keys are absent
+// from the map.
+func (c *Client) GetMulti(keys []string) (map[string]*memcache.Item, error) {
+	if len(keys) == 0 {
+		return map[string]*memcache.Item{}, nil
+	}
+	for _, k := range keys {
+		if !legalKey(k) {
+			return nil, memcache.ErrMalformedKey
+		}
+	}
+	cl, err := c.do(kindGet, "get", func(b []byte) []byte {
+		b = append(b, "gets"...)
+		for _, k := range keys {
+			b = append(b, ' ')
+			b = append(b, k...)
+		}
+		return append(b, "\r\n"...)
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer c.release(cl)
+	if cl.err != nil {
+		return nil, cl.err
+	}
+	m := make(map[string]*memcache.Item, len(cl.items))
+	for _, it := range cl.items {
+		m[it.Key] = it
+	}
+	return m, nil
+}
+
+// Set stores an item.
+func (c *Client) Set(it *memcache.Item) error { return c.store("set", it) }
+
+// Add stores an item only if its key is absent (memcache.ErrNotStored).
+func (c *Client) Add(it *memcache.Item) error { return c.store("add", it) }
+
+// Replace stores an item only if its key is present (memcache.ErrNotStored).
+func (c *Client) Replace(it *memcache.Item) error { return c.store("replace", it) }
+
+// Append adds the value after the stored one (memcache.ErrNotStored if
+// absent).
+func (c *Client) Append(it *memcache.Item) error { return c.store("append", it) }
+
+// Prepend adds the value before the stored one (memcache.ErrNotStored if
+// absent).
+func (c *Client) Prepend(it *memcache.Item) error { return c.store("prepend", it) }
+
+// CompareAndSwap stores an item only if it is unchanged since it.CasID was
+// read (memcache.ErrCASConflict; memcache.ErrCacheMiss if gone).
+func (c *Client) CompareAndSwap(it *memcache.Item) error { return c.store("cas", it) }
+
+func (c *Client) store(verb string, it *memcache.Item) error {
+	if !legalKey(it.Key) {
+		return memcache.ErrMalformedKey
+	}
+	cl, err := c.do(kindStore, verb, func(b []byte) []byte {
+		return appendStore(b, verb, it)
+	})
+	if err != nil {
+		return err
+	}
+	err = cl.err
+	c.release(cl)
+	return err
+}
+
+// Delete removes an item; memcache.ErrCacheMiss if it was not there.
+func (c *Client) Delete(key string) error {
+	if !legalKey(key) {
+		return memcache.ErrMalformedKey
+	}
+	cl, err := c.do(kindDelete, "delete", func(b []byte) []byte {
+		b = append(b, "delete "...)
+		b = append(b, key...)
+		return append(b, "\r\n"...)
+	})
+	if err != nil {
+		return err
+	}
+	err = cl.err
+	c.release(cl)
+	return err
+}
+
+// Touch sets a new expiration; memcache.ErrCacheMiss if the item is gone.
+func (c *Client) Touch(key string, seconds int32) error {
+	if !legalKey(key) {
+		return memcache.ErrMalformedKey
+	}
+	cl, err := c.do(kindTouch, "touch", func(b []byte) []byte {
+		b = append(b, "touch "...)
+		b = append(b, key...)
+		b = append(b, ' ')
+		b = appendInt(b, int64(seconds))
+		return append(b, "\r\n"...)
+	})
+	if err != nil {
+		return err
+	}
+	err = cl.err
+	c.release(cl)
+	return err
+}
+
+// Increment adds delta to a decimal value and returns the result.
+func (c *Client) Increment(key string, delta uint64) (uint64, error) {
+	return c.incrDecr("incr", key, delta)
+}
+
+// Decrement subtracts delta from a decimal value (stopping at zero) and
+// returns the result.
+func (c *Client) Decrement(key string, delta uint64) (uint64, error) {
+	return c.incrDecr("decr", key, delta)
+}
+
+func (c *Client) incrDecr(verb, key string, delta uint64) (uint64, error) {
+	if !legalKey(key) {
+		return 0, memcache.ErrMalformedKey
+	}
+	cl, err := c.do(kindIncr, verb, func(b []byte) []byte {
+		b = append(b, verb...)
+		b = append(b, ' ')
+		b = append(b, key...)
+		b = append(b, ' ')
+		b = appendUint(b, delta)
+		return append(b, "\r\n"...)
+	})
+	if err != nil {
+		return 0, err
+	}
+	v, err := cl.num, cl.err
+	c.release(cl)
+	return v, err
+}

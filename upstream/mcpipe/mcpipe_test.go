@@ -1,0 +1,333 @@
+package mcpipe
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/memcgate/memcgate/test/memcachedtest"
+)
+
+// countingConn counts the writes made on a connection.
+type countingConn struct {
+	net.Conn
+	writes *atomic.Int64
+}
+
+func (c countingConn) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
+}
+
+func newClient(addr string, conns int, writes *atomic.Int64) *Client {
+	return New(Options{
+		Conns:   conns,
+		Timeout: 500 * time.Millisecond,
+		Dial: func(ctx context.Context) (net.Conn, error) {
+			var d net.Dialer
+			c, err := d.DialContext(ctx, "tcp", addr)
+			if err != nil || writes == nil {
+				return c, err
+			}
+			return countingConn{c, writes}, nil
+		},
+	})
+}
+
+// client is the method set both implementations share.
+type client interface {
+	Get(key string) (*memcache.Item, error)
+	GetMulti(keys []string) (map[string]*memcache.Item, error)
+	Set(*memcache.Item) error
+	Add(*memcache.Item) error
+	Replace(*memcache.Item) error
+	Append(*memcache.Item) error
+	Prepend(*memcache.Item) error
+	CompareAndSwap(*memcache.Item) error
+	Delete(key string) error
+	Touch(key string, seconds int32) error
+	Increment(key string, delta uint64) (uint64, error)
+	Decrement(key string, delta uint64) (uint64, error)
+}
+
+// TestSameAsGomemcache runs one script of operations through gomemcache
+// and through mcpipe, each against its own real memcached, and compares
+// every result and error text.
+func TestSameAsGomemcache(t *testing.T) {
+	servers := memcachedtest.StartN(t, 2)
+	gm := memcache.New(servers[0].Addr)
+	mp := newClient(servers[1].Addr, 2, nil)
+	defer mp.Close()
+	big := bytes.Repeat([]byte("x"), 2<<20) // over memcached's 1 MiB item limit
+	type step struct {
+		name string
+		run  func(c client) string
+	}
+	item := func(k, v string) *memcache.Item {
+		return &memcache.Item{Key: k, Value: []byte(v), Flags: 42, Expiration: 300}
+	}
+	show := func(it *memcache.Item, err error) string {
+		if err != nil {
+			return "err " + err.Error()
+		}
+		return fmt.Sprintf("%s=%q flags=%d", it.Key, it.Value, it.Flags)
+	}
+	e := func(err error) string {
+		if err == nil {
+			return "ok"
+		}
+		return "err " + err.Error()
+	}
+	n := func(v uint64, err error) string { return fmt.Sprintf("%d %s", v, e(err)) }
+	var cas uint64
+	steps := []step{
+		{"get miss", func(c client) string { return show(c.Get("k1")) }},
+		{"set", func(c client) string { return e(c.Set(item("k1", "v1"))) }},
+		{"get hit", func(c client) string { return show(c.Get("k1")) }},
+		{"set empty", func(c client) string { return e(c.Set(item("empty", ""))) }},
+		{"get empty", func(c client) string { return show(c.Get("empty")) }},
+		{"binary value", func(c client) string { return e(c.Set(item("bin", "a\r\nEND\r\nb\x00"))) }},
+		{"get binary", func(c client) string { return show(c.Get("bin")) }},
+		{"add exists", func(c client) string { return e(c.Add(item("k1", "x"))) }},
+		{"add new", func(c client) string { return e(c.Add(item("k2", "v2"))) }},
+		{"replace missing", func(c client) string { return e(c.Replace(item("nope", "x"))) }},
+		{"replace", func(c client) string { return e(c.Replace(item("k2", "v2b"))) }},
+		{"append", func(c client) string { return e(c.Append(item("k2", "+a"))) }},
+		{"prepend", func(c client) string { return e(c.Prepend(item("k2", "p+"))) }},
+		{"append missing", func(c client) string { return e(c.Append(item("nope", "x"))) }},
+		{"get k2", func(c client) string { return show(c.Get("k2")) }},
+		{"multi", func(c client) string {
+			m, err := c.GetMulti([]string{"k1", "nope", "k2"})
+			return fmt.Sprintf("%d %q %q %s", len(m), m["k1"].Value, m["k2"].Value, e(err))
+		}},
+		{"cas conflict", func(c client) string {
+			it, err := c.Get("k1")
+			if err != nil {
+				return e(err)
+			}
+			cas = it.CasID
+			_ = c.Set(item("k1", "changed"))
+			it.Value = []byte("cas")
+			return e(c.CompareAndSwap(it))
+		}},
+		{"cas ok", func(c client) string {
+			it, err := c.Get("k1")
+			if err != nil {
+				return e(err)
+			}
+			it.Value = []byte("cas")
+			return e(c.CompareAndSwap(it)) + fmt.Sprint(cas != 0)
+		}},
+		{"cas missing", func(c client) string {
+			return e(c.CompareAndSwap(&memcache.Item{Key: "nope", Value: []byte("x"), CasID: 1}))
+		}},
+		{"incr missing", func(c client) string { return n(c.Increment("ctr", 1)) }},
+		{"incr", func(c client) string { _ = c.Set(item("ctr", "41")); return n(c.Increment("ctr", 1)) }},
+		{"decr below zero", func(c client) string { return n(c.Decrement("ctr", 100)) }},
+		{"incr non-numeric", func(c client) string { return n(c.Increment("k1", 1)) }},
+		{"touch", func(c client) string { return e(c.Touch("k1", 100)) }},
+		{"touch missing", func(c client) string { return e(c.Touch("nope", 100)) }},
+		{"delete", func(c client) string { return e(c.Delete("k1")) }},
+		{"delete missing", func(c client) string { return e(c.Delete("k1")) }},
+		{"too large", func(c client) string {
+			return e(c.Set(&memcache.Item{Key: "big", Value: big}))
+		}},
+		{"after too large", func(c client) string { return show(c.Get("k2")) }},
+		{"malformed key", func(c client) string { return e(c.Set(item("a b", "x"))) }},
+		{"long key", func(c client) string { return show(c.Get(strings.Repeat("k", 251))) }},
+		{"250-byte key", func(c client) string {
+			k := strings.Repeat("k", 250)
+			_ = c.Set(item(k, "long"))
+			return show(c.Get(k))
+		}},
+	}
+	for _, s := range steps {
+		got, want := s.run(mp), s.run(gm)
+		if got != want {
+			t.Errorf("%s: mcpipe %s, gomemcache %s", s.name, got, want)
+		}
+	}
+}
+
+// TestConcurrent has many goroutines write and read their own keys through
+// two connections, and checks every value and that requests shared writes.
+func TestConcurrent(t *testing.T) {
+	srv := memcachedtest.Start(t)
+	var writes atomic.Int64
+	c := newClient(srv.Addr, 2, &writes)
+	defer c.Close()
+	const workers, rounds = 64, 50
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for i := range rounds {
+				k := fmt.Sprintf("w%d-%d", w, i)
+				v := []byte(strings.Repeat(k, i%7+1))
+				if err := c.Set(&memcache.Item{Key: k, Value: v, Flags: uint32(i)}); err != nil {
+					errs <- fmt.Errorf("set %s: %w", k, err)
+					return
+				}
+				it, err := c.Get(k)
+				if err != nil || !bytes.Equal(it.Value, v) || it.Flags != uint32(i) {
+					errs <- fmt.Errorf("get %s: %v %+v, want %q", k, err, it, v)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	reqs := int64(workers * rounds * 2)
+	if got := writes.Load(); got >= reqs {
+		t.Errorf("%d writes for %d requests: requests did not share writes", got, reqs)
+	} else {
+		t.Logf("%d requests in %d writes", reqs, got)
+	}
+}
+
+// TestKilledAndRestarted: requests fail with a network error while the
+// server is gone, and the client dials again once it is back.
+func TestKilledAndRestarted(t *testing.T) {
+	srv := memcachedtest.Start(t)
+	c := newClient(srv.Addr, 1, nil)
+	defer c.Close()
+	if err := c.Set(&memcache.Item{Key: "k", Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	srv.Kill()
+	for range 2 { // the broken connection, then a refused dial
+		_, err := c.Get("k")
+		var ne net.Error
+		if !errors.As(err, &ne) && !errors.Is(err, net.ErrClosed) && err == nil {
+			t.Fatalf("get from a killed server: %v, want a network error", err)
+		}
+		if errors.Is(err, memcache.ErrCacheMiss) {
+			t.Fatalf("get from a killed server: a miss")
+		}
+	}
+	srv.Restart()
+	if _, err := c.Get("k"); !errors.Is(err, memcache.ErrCacheMiss) {
+		t.Fatalf("get after restart: %v, want a miss (empty cache)", err)
+	}
+}
+
+// TestPausedTimesOut: a stopped server makes requests fail with a timeout
+// after about the client's timeout, all of them, and the client recovers
+// after SIGCONT.
+func TestPausedTimesOut(t *testing.T) {
+	srv := memcachedtest.Start(t)
+	c := New(Options{Timeout: 200 * time.Millisecond, Dial: func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", srv.Addr)
+	}})
+	defer c.Close()
+	if err := c.Set(&memcache.Item{Key: "k", Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	srv.Pause()
+	start := time.Now()
+	var wg sync.WaitGroup
+	var timeouts atomic.Int32
+	for range 10 {
+		wg.Go(func() {
+			_, err := c.Get("k")
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				timeouts.Add(1)
+			} else {
+				t.Errorf("get from a paused server: %v, want a timeout", err)
+			}
+		})
+	}
+	wg.Wait()
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("timeouts took %v, want about 200ms", took)
+	}
+	srv.Resume()
+	if it, err := c.Get("k"); err != nil || string(it.Value) != "v" {
+		t.Fatalf("get after resume: %v %v", it, err)
+	}
+}
+
+// TestGarbageReply: a server that answers outside the protocol fails the
+// requests on that connection instead of handing one request another's
+// reply.
+func TestGarbageReply(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 1024)
+				if _, err := c.Read(buf); err != nil {
+					return
+				}
+				c.Write([]byte("VALUE k 0 notanumber\r\n"))
+				time.Sleep(time.Second)
+			}()
+		}
+	}()
+	c := newClient(ln.Addr().String(), 1, nil)
+	defer c.Close()
+	_, err = c.Get("k")
+	if !errors.Is(err, errProtocol) {
+		t.Fatalf("get with a garbage reply: %v, want errProtocol", err)
+	}
+}
+
+// BenchmarkParallelGet compares gomemcache (one request per connection,
+// 64 connections) with mcpipe (2 pipelined connections) on one memcached
+// with 64 goroutines.
+func BenchmarkParallelGet(b *testing.B) {
+	srv := memcachedtest.Start(b)
+	value := bytes.Repeat([]byte("v"), 400)
+	key := strings.Repeat("k", 96)
+	gm := memcache.New(srv.Addr)
+	gm.MaxIdleConns = 64
+	if err := gm.Set(&memcache.Item{Key: key, Value: value}); err != nil {
+		b.Fatal(err)
+	}
+	for _, bc := range []struct {
+		name string
+		c    interface {
+			Get(string) (*memcache.Item, error)
+		}
+	}{
+		{"gomemcache", gm},
+		{"mcpipe", newClient(srv.Addr, 2, nil)},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.SetParallelism(64)
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := bc.c.Get(key); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
