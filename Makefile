@@ -33,6 +33,8 @@ fuzz:
 
 test: deps-test fmt-check vet
 	CI=$${CI:-} MEMCGATE_TEST_REQUIRE_MEMCACHED=1 $(GO) test -race -count=1 -timeout 15m $(PKGS)
+	# upstream again on gomemcache's pool (MEMCGATE_PIPELINE_CONNS=0)
+	CI=$${CI:-} MEMCGATE_TEST_REQUIRE_MEMCACHED=1 $(GO) test -race -count=1 ./upstream -args -pipeline-conns=0
 	$(MAKE) --no-print-directory fuzz
 
 # Seed 000 reproduced: 101 keys through a 100 ms-per-direction delay relay,

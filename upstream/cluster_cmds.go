@@ -67,14 +67,14 @@ func (n *node) command(ctx context.Context, cmd string, multiline bool) ([]byte,
 		return nil, ctxError(n.name, "command", ctx.Err())
 	}
 	defer func() { <-n.sem }()
-	dctx, cancel := context.WithTimeout(ctx, n.client.Timeout)
+	dctx, cancel := context.WithTimeout(ctx, n.timeout)
 	defer cancel()
-	conn, err := n.client.DialContext(dctx, "tcp", n.name)
+	conn, err := n.dial(dctx, "tcp", n.name)
 	if err != nil {
 		return nil, classify(n.name, "command", err)
 	}
 	defer conn.Close()
-	deadline := time.Now().Add(n.client.Timeout)
+	deadline := time.Now().Add(n.timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}

@@ -47,7 +47,7 @@ func (n *node) get(ctx context.Context, key string) (*memcache.Item, error) {
 	}
 	if !n.batchGets {
 		var it *memcache.Item
-		err := n.do(ctx, opGet, false, func(mc *memcache.Client, _ bool) (err error) {
+		err := n.do(ctx, opGet, false, func(mc dataClient, _ bool) (err error) {
 			it, err = mc.Get(key)
 			return err
 		})

@@ -73,7 +73,7 @@ func (c *Cluster) GetMulti(ctx context.Context, keys []string) (map[string]Item,
 		for _, b := range bs {
 			wg.Go(func() {
 				var items map[string]*memcache.Item
-				err := c.nodes[b.node].do(ctx, opGetMulti, b.failover, func(mc *memcache.Client, _ bool) (err error) {
+				err := c.nodes[b.node].do(ctx, opGetMulti, b.failover, func(mc dataClient, _ bool) (err error) {
 					items, err = mc.GetMulti(b.store)
 					return err
 				})

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/memcgate/memcgate/upstream/mcpipe"
 )
 
 // node is one memcached server: its own gomemcache client (so its own
@@ -19,15 +21,17 @@ import (
 //
 // node holds atomics and a mutex: it must not be copied.
 type node struct {
-	name   string // host:port as configured; what the ring hashes and what metrics show
-	client *memcache.Client
-	probe  prober        // its own one-connection client; never the data pool
-	udp    *udpSender    // nil unless the node has a UDP port
-	sem    chan struct{} // a token per operation in flight
-	conns  atomic.Int64  // open data connections (dialled and not yet closed)
-	m      *nodeMetrics
-	log    *slog.Logger
-	h      *healthPolicy
+	name    string                                                               // host:port as configured; what the ring hashes and what metrics show
+	client  dataClient                                                           // gomemcache's pool, or mcpipe's pipelined connections
+	dial    func(ctx context.Context, network, address string) (net.Conn, error) // counted data connections
+	timeout time.Duration
+	probe   prober        // its own one-connection client; never the data pool
+	udp     *udpSender    // nil unless the node has a UDP port
+	sem     chan struct{} // a token per operation in flight
+	conns   atomic.Int64  // open data connections (dialled and not yet closed)
+	m       *nodeMetrics
+	log     *slog.Logger
+	h       *healthPolicy
 
 	batchGets bool // park Gets and send them as multi-key gets when slots are busy
 	pendingGets
@@ -75,16 +79,27 @@ func newNode(name string, o *Options, pol *healthPolicy, m *nodeMetrics, log *sl
 		d := &net.Dialer{Timeout: o.Timeout, KeepAlive: 30 * time.Second}
 		dialer = d.DialContext
 	}
-	n.client = memcache.NewFromSelector(selector{addr(name)})
-	n.client.Timeout = o.Timeout
-	n.client.MaxIdleConns = max(o.MaxIdleConns, 1)
-	n.client.DialContext = func(ctx context.Context, network, address string) (net.Conn, error) {
+	n.timeout = o.Timeout
+	n.dial = func(ctx context.Context, network, address string) (net.Conn, error) {
 		c, err := dialer(ctx, network, address)
 		if err != nil {
 			return nil, err
 		}
 		n.conns.Add(1)
 		return &countedConn{Conn: c, n: &n.conns}, nil
+	}
+	if o.PipelineConns > 0 {
+		n.client = mcpipe.New(mcpipe.Options{
+			Conns:   o.PipelineConns,
+			Timeout: o.Timeout,
+			Dial:    func(ctx context.Context) (net.Conn, error) { return n.dial(ctx, "tcp", name) },
+		})
+	} else {
+		mc := memcache.NewFromSelector(selector{addr(name)})
+		mc.Timeout = o.Timeout
+		mc.MaxIdleConns = max(o.MaxIdleConns, 1)
+		mc.DialContext = n.dial
+		n.client = mc
 	}
 	probe := memcache.NewFromSelector(selector{addr(name)})
 	probe.Timeout = o.Health.Timeout
@@ -98,9 +113,29 @@ func newNode(name string, o *Options, pol *healthPolicy, m *nodeMetrics, log *sl
 	return n
 }
 
+// dataClient is what operations need from a node's data connections.
+// *memcache.Client (a request per connection) and *mcpipe.Client
+// (pipelined connections) implement it with the same items and errors, so
+// classify treats both alike.
+type dataClient interface {
+	Get(key string) (*memcache.Item, error)
+	GetMulti(keys []string) (map[string]*memcache.Item, error)
+	Set(item *memcache.Item) error
+	Add(item *memcache.Item) error
+	Replace(item *memcache.Item) error
+	CompareAndSwap(item *memcache.Item) error
+	Append(item *memcache.Item) error
+	Prepend(item *memcache.Item) error
+	Delete(key string) error
+	Increment(key string, delta uint64) (uint64, error)
+	Decrement(key string, delta uint64) (uint64, error)
+	Touch(key string, seconds int32) error
+	Close() error
+}
+
 // opFunc runs one operation on a node's client. failover is true when the
 // node is not the key's owner, so writes can cap their TTL.
-type opFunc func(mc *memcache.Client, failover bool) error
+type opFunc func(mc dataClient, failover bool) error
 
 // countedConn decrements the node's open-connection count once on Close.
 type countedConn struct {

@@ -89,11 +89,16 @@ type Options struct {
 	// HashWithPrefix places keys by the prefixed key. By default the
 	// unprefixed key is hashed, as php-memcached does with OPT_PREFIX_KEY.
 	HashWithPrefix bool
-	Timeout        time.Duration  // socket dial/read/write timeout per operation; if zero, 500ms
-	MaxIdleConns   int            // idle keepalive connections per node; if zero, 64
-	MaxConns       int            // operations in flight per node; if zero, 64
-	MaxAttempts    int            // distinct nodes tried per operation; if zero, 2
-	Failover       FailoverPolicy // if empty, Rehash
+	Timeout        time.Duration // socket dial/read/write timeout per operation; if zero, 500ms
+	MaxIdleConns   int           // idle keepalive connections per node without pipelining; if zero, 64
+	MaxConns       int           // operations in flight per node (and connections without pipelining); if zero, 64
+	// PipelineConns, if positive, sends each node's operations over that
+	// many pipelined connections (package mcpipe) instead of gomemcache's
+	// one operation per connection. MaxConns still caps operations in
+	// flight.
+	PipelineConns int
+	MaxAttempts   int            // distinct nodes tried per operation; if zero, 2
+	Failover      FailoverPolicy // if empty, Rehash
 	// FailoverTTL caps the expiration of writes that land on a node other
 	// than the key's owner, so that when the owner returns the copies
 	// elsewhere age out. 0 means no cap.
@@ -120,6 +125,7 @@ func (o *Options) withDefaults() {
 	if o.MaxConns <= 0 {
 		o.MaxConns = 64
 	}
+	o.PipelineConns = min(o.PipelineConns, o.MaxConns)
 	if o.MaxAttempts <= 0 {
 		o.MaxAttempts = 2
 	}
@@ -340,10 +346,10 @@ func (c *Cluster) Get(ctx context.Context, key string) (Item, error) {
 	return Item{Key: key, Value: it.Value, Flags: it.Flags, CAS: it.CasID}, nil
 }
 
-func (c *Cluster) store(ctx context.Context, o op, it Item, f func(*memcache.Client, *memcache.Item) error) error {
+func (c *Cluster) store(ctx context.Context, o op, it Item, f func(dataClient, *memcache.Item) error) error {
 	sk, hk := c.keysFor(ctx, it.Key)
 	mi := &memcache.Item{Key: sk, Value: it.Value, Flags: it.Flags, Expiration: it.Expiration, CasID: it.CAS}
-	return c.route(ctx, o, hk, true, func(mc *memcache.Client, failover bool) error {
+	return c.route(ctx, o, hk, true, func(mc dataClient, failover bool) error {
 		if failover {
 			capped := *mi
 			capped.Expiration = c.capTTL(mi.Expiration)
@@ -355,58 +361,58 @@ func (c *Cluster) store(ctx context.Context, o op, it Item, f func(*memcache.Cli
 
 // Set stores an item unconditionally.
 func (c *Cluster) Set(ctx context.Context, it Item) error {
-	return c.store(ctx, opSet, it, (*memcache.Client).Set)
+	return c.store(ctx, opSet, it, dataClient.Set)
 }
 
 // Add stores an item only if the key is absent; ErrExists otherwise.
 func (c *Cluster) Add(ctx context.Context, it Item) error {
-	return c.store(ctx, opAdd, it, (*memcache.Client).Add)
+	return c.store(ctx, opAdd, it, dataClient.Add)
 }
 
 // Replace stores an item only if the key exists; ErrNotFound otherwise.
 func (c *Cluster) Replace(ctx context.Context, it Item) error {
-	return c.store(ctx, opReplace, it, (*memcache.Client).Replace)
+	return c.store(ctx, opReplace, it, dataClient.Replace)
 }
 
 // CompareAndSwap stores an item only if it is unchanged since it.CAS was
 // read: ErrCASConflict if it changed, ErrNotFound if it is gone.
 func (c *Cluster) CompareAndSwap(ctx context.Context, it Item) error {
-	return c.store(ctx, opCAS, it, (*memcache.Client).CompareAndSwap)
+	return c.store(ctx, opCAS, it, dataClient.CompareAndSwap)
 }
 
 // Append adds it.Value after the existing value; ErrNotFound if the key
 // is missing. Flags and expiration are left as they are.
 func (c *Cluster) Append(ctx context.Context, it Item) error {
-	return c.store(ctx, opAppend, it, (*memcache.Client).Append)
+	return c.store(ctx, opAppend, it, dataClient.Append)
 }
 
 // Prepend adds it.Value before the existing value; ErrNotFound if the key
 // is missing.
 func (c *Cluster) Prepend(ctx context.Context, it Item) error {
-	return c.store(ctx, opPrepend, it, (*memcache.Client).Prepend)
+	return c.store(ctx, opPrepend, it, dataClient.Prepend)
 }
 
 // Delete removes a key; ErrNotFound if it was not there.
 func (c *Cluster) Delete(ctx context.Context, key string) error {
 	sk, hk := c.keysFor(ctx, key)
-	return c.route(ctx, opDelete, hk, true, func(mc *memcache.Client, _ bool) error { return mc.Delete(sk) })
+	return c.route(ctx, opDelete, hk, true, func(mc dataClient, _ bool) error { return mc.Delete(sk) })
 }
 
 // Incr adds delta to a decimal value and returns the new value (wrapping
 // at 2^64, as memcached does).
 func (c *Cluster) Incr(ctx context.Context, key string, delta uint64) (uint64, error) {
-	return c.incrDecr(ctx, opIncr, key, delta, (*memcache.Client).Increment)
+	return c.incrDecr(ctx, opIncr, key, delta, dataClient.Increment)
 }
 
 // Decr subtracts delta from a decimal value, stopping at 0.
 func (c *Cluster) Decr(ctx context.Context, key string, delta uint64) (uint64, error) {
-	return c.incrDecr(ctx, opDecr, key, delta, (*memcache.Client).Decrement)
+	return c.incrDecr(ctx, opDecr, key, delta, dataClient.Decrement)
 }
 
-func (c *Cluster) incrDecr(ctx context.Context, o op, key string, delta uint64, f func(*memcache.Client, string, uint64) (uint64, error)) (uint64, error) {
+func (c *Cluster) incrDecr(ctx context.Context, o op, key string, delta uint64, f func(dataClient, string, uint64) (uint64, error)) (uint64, error) {
 	sk, hk := c.keysFor(ctx, key)
 	var v uint64
-	err := c.route(ctx, o, hk, true, func(mc *memcache.Client, _ bool) (err error) {
+	err := c.route(ctx, o, hk, true, func(mc dataClient, _ bool) (err error) {
 		v, err = f(mc, sk, delta)
 		return err
 	})
@@ -416,7 +422,7 @@ func (c *Cluster) incrDecr(ctx context.Context, o op, key string, delta uint64, 
 // Touch sets a new expiration on an existing key; ErrNotFound if missing.
 func (c *Cluster) Touch(ctx context.Context, key string, exptime int32) error {
 	sk, hk := c.keysFor(ctx, key)
-	return c.route(ctx, opTouch, hk, true, func(mc *memcache.Client, failover bool) error {
+	return c.route(ctx, opTouch, hk, true, func(mc dataClient, failover bool) error {
 		if failover {
 			return mc.Touch(sk, c.capTTL(exptime))
 		}

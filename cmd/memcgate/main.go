@@ -101,6 +101,7 @@ func upstreamOptions(cfg config.Config) upstream.Options {
 		Timeout:        cfg.Timeout,
 		MaxIdleConns:   cfg.Keepalive,
 		MaxConns:       cfg.MaxConnsPerNode,
+		PipelineConns:  cfg.PipelineConns,
 		MaxAttempts:    cfg.MaxAttempts,
 		NoGetBatching:  !cfg.BatchGets,
 		Failover:       upstream.FailoverPolicy(cfg.Failover),
