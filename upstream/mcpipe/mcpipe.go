@@ -51,8 +51,10 @@ type Client struct {
 
 // slot holds one connection, dialled on first use and after a failure.
 type slot struct {
-	mu sync.Mutex // held while dialling
-	c  atomic.Pointer[conn]
+	mu      sync.Mutex // held while dialling; guards dialErr and dialEnd
+	c       atomic.Pointer[conn]
+	dialErr error     // the last dial's failure
+	dialEnd time.Time // when it ended
 }
 
 // New returns a Client. It dials nothing until the first request.
@@ -86,17 +88,26 @@ func (c *Client) conn() (*conn, error) {
 	if cn := s.c.Load(); cn != nil && !cn.failed() {
 		return cn, nil
 	}
+	waitFrom := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if cn := s.c.Load(); cn != nil && !cn.failed() {
 		return cn, nil
 	}
+	if s.dialErr != nil && s.dialEnd.After(waitFrom) {
+		// A dial failed while we waited for it: share its answer rather
+		// than queue one more dial (against a black hole, callers would
+		// otherwise wait a dial timeout each, one after another).
+		return nil, s.dialErr
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	nc, err := c.dial(ctx)
 	cancel()
 	if err != nil {
+		s.dialErr, s.dialEnd = err, time.Now()
 		return nil, err
 	}
+	s.dialErr = nil
 	cn := newConn(nc, c.timeout)
 	go cn.readLoop()
 	s.c.Store(cn)

@@ -331,3 +331,29 @@ func BenchmarkParallelGet(b *testing.B) {
 		})
 	}
 }
+
+// TestFailedDialIsShared: callers queued behind a dial that fails get its
+// error instead of dialling one after another (a black-holed node would
+// otherwise cost the last caller a dial timeout per caller ahead of it).
+func TestFailedDialIsShared(t *testing.T) {
+	var dials atomic.Int32
+	refused := errors.New("dial: no route")
+	c := New(Options{Timeout: time.Second, Dial: func(ctx context.Context) (net.Conn, error) {
+		dials.Add(1)
+		time.Sleep(100 * time.Millisecond) // a slow failure, like a dial timeout
+		return nil, refused
+	}})
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			if _, err := c.Get("k"); !errors.Is(err, refused) {
+				t.Errorf("get: %v, want the dial error", err)
+			}
+		})
+	}
+	wg.Wait()
+	if took := time.Since(start); took > 500*time.Millisecond {
+		t.Errorf("20 callers took %v with %d dials, want about one dial's 100ms", took, dials.Load())
+	}
+}
