@@ -307,15 +307,28 @@ func lineResult(k kind, verb string, line []byte) (uint64, error) {
 
 // parseValueLine parses "VALUE <key> <flags> <bytes> [<cas>]\r\n".
 func parseValueLine(line []byte) (*memcache.Item, int, error) {
-	f := bytes.Fields(line[len(prefixValue) : len(line)-2])
-	if len(f) != 3 && len(f) != 4 {
+	rest := line[len(prefixValue) : len(line)-2]
+	if len(rest) == 0 || rest[len(rest)-1] == ' ' {
+		return nil, 0, fmt.Errorf("%w: %q", errProtocol, line)
+	}
+	var f [4][]byte
+	n := 0
+	for len(rest) > 0 && n < len(f) {
+		i := bytes.IndexByte(rest, ' ')
+		if i < 0 {
+			i = len(rest)
+		}
+		f[n], n = rest[:i], n+1
+		rest = rest[min(i+1, len(rest)):]
+	}
+	if len(rest) > 0 || n < 3 || len(f[0]) == 0 {
 		return nil, 0, fmt.Errorf("%w: %q", errProtocol, line)
 	}
 	flags, err1 := strconv.ParseUint(string(f[1]), 10, 32)
 	size, err2 := strconv.ParseUint(string(f[2]), 10, 31)
 	var cas uint64
 	var err3 error
-	if len(f) == 4 {
+	if n == 4 {
 		cas, err3 = strconv.ParseUint(string(f[3]), 10, 64)
 	}
 	if err1 != nil || err2 != nil || err3 != nil {

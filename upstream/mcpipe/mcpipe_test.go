@@ -357,3 +357,38 @@ func TestFailedDialIsShared(t *testing.T) {
 		t.Errorf("20 callers took %v with %d dials, want about one dial's 100ms", took, dials.Load())
 	}
 }
+
+func TestParseValueLine(t *testing.T) {
+	tests := []struct {
+		line           string
+		wantKey        string
+		wantFlags      uint32
+		wantSize       int
+		wantCAS        uint64
+		wantProtoError bool
+	}{
+		{line: "VALUE k 0 5\r\n", wantKey: "k", wantSize: 5},
+		{line: "VALUE key 42 400 77\r\n", wantKey: "key", wantFlags: 42, wantSize: 400, wantCAS: 77},
+		{line: "VALUE k 4294967295 0 18446744073709551615\r\n", wantKey: "k", wantFlags: 1<<32 - 1, wantCAS: 1<<64 - 1},
+		{line: "VALUE k 0\r\n", wantProtoError: true},
+		{line: "VALUE k 0 5 1 extra\r\n", wantProtoError: true},
+		{line: "VALUE k x 5\r\n", wantProtoError: true},
+		{line: "VALUE k 0 -5\r\n", wantProtoError: true},
+		{line: "VALUE k 4294967296 5\r\n", wantProtoError: true},
+		{line: "VALUE  0 5\r\n", wantProtoError: true},
+		{line: "VALUE k 0 5 \r\n", wantProtoError: true},
+	}
+	for _, tt := range tests {
+		it, size, err := parseValueLine([]byte(tt.line))
+		if tt.wantProtoError {
+			if !errors.Is(err, errProtocol) {
+				t.Errorf("parseValueLine(%q) error = %v, want errProtocol", tt.line, err)
+			}
+			continue
+		}
+		if err != nil || it.Key != tt.wantKey || it.Flags != tt.wantFlags || size != tt.wantSize || it.CasID != tt.wantCAS {
+			t.Errorf("parseValueLine(%q) = %+v, %d, %v; want key %q flags %d size %d cas %d",
+				tt.line, it, size, err, tt.wantKey, tt.wantFlags, tt.wantSize, tt.wantCAS)
+		}
+	}
+}
