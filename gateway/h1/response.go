@@ -1,0 +1,538 @@
+package h1
+
+import (
+	"bytes"
+	"net/http"
+	"net/textproto"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+const (
+	// chunkingThreshold is how much body without a Content-Length is
+	// held back to compute one: net/http's bufferBeforeChunkingSize.
+	// Past it the response streams, chunked on HTTP/1.1.
+	chunkingThreshold = 2048
+	// maxBuffer is how much response is buffered before it is written.
+	maxBuffer = 64 << 10
+)
+
+// Header keys whose handler values commit may leave out.
+const (
+	exCL uint8 = 1 << iota
+	exTE
+	exConn
+	exCT
+)
+
+type kv struct {
+	k string
+	v []string
+}
+
+// response is the fast path's http.ResponseWriter, and an http.Flusher.
+// It buffers the response in its connection and writes it in one go when
+// the handler returns, or once it outgrows maxBuffer. It mirrors the
+// header logic of net/http's chunkWriter.writeHeader. A connection reuses
+// its response: it must not be used after the handler returns.
+type response struct {
+	c      *conn
+	req    *http.Request
+	body   *body // nil for http.NoBody
+	header http.Header
+
+	status  int
+	cl      int64 // the response's Content-Length, or -1
+	written int64
+
+	isHEAD, is11, wants10KeepAlive, wantsClose bool
+
+	wroteHeader bool // WriteHeader was called, logically
+	committed   bool // the head is in c.hbuf or on the wire
+	done        bool // the handler has returned
+	chunked     bool
+	closeAfter  bool // close the connection after this response
+	tooBig      bool // the unread request body was too big to drop
+	fullDuplex  bool
+
+	// The header as WriteHeader saw it (its keys are in c.kvs).
+	hasCLKey, hasType, hasCE, hasDate, hasConnKey, trailers bool
+	te, connHdr                                             string
+	trailerDecl                                             []string
+}
+
+func (w *response) reset(c *conn, req *http.Request) {
+	var connection string
+	if v := req.Header["Connection"]; len(v) > 0 {
+		connection = v[0]
+	}
+	b, _ := req.Body.(*body)
+	*w = response{
+		c: c, req: req, body: b, cl: -1,
+		isHEAD:           req.Method == "HEAD",
+		is11:             req.ProtoMinor == 1,
+		wants10KeepAlive: req.ProtoMinor == 0 && asciiEqualFold(connection, "keep-alive"),
+		wantsClose:       req.Close || asciiEqualFold(connection, "close"),
+	}
+}
+
+// Header implements http.ResponseWriter. Changes after WriteHeader have
+// no effect, except on trailers.
+func (w *response) Header() http.Header {
+	if w.header == nil {
+		w.header = make(http.Header)
+	}
+	return w.header
+}
+
+// WriteHeader implements http.ResponseWriter. A second call is logged and
+// ignored; 1xx codes other than 101 are written at once, as net/http
+// does; a code outside 100-999 panics.
+func (w *response) WriteHeader(code int) {
+	if w.wroteHeader {
+		w.c.srv.logf("h1: superfluous response.WriteHeader call with %d after %d", code, w.status)
+		return
+	}
+	if code < 100 || code > 999 {
+		panic("invalid WriteHeader code " + strconv.Itoa(code))
+	}
+	c := w.c
+	if code < 200 && code != http.StatusSwitchingProtocols {
+		kvs, _ := c.snapshot(w.header)
+		b := appendHeaders(appendStatus(c.hbuf[:0], w.is11, code), kvs, exCL|exTE)
+		c.hbuf = append(b, "\r\n"...)
+		c.flush(nil)
+		return
+	}
+	w.wroteHeader, w.status = true, code
+	h := w.header
+	_, prefixed := c.snapshot(h) // before the Content-Length check, as net/http
+	_, w.hasCLKey = h["Content-Length"]
+	if cl := first(h["Content-Length"]); cl != "" {
+		if v, err := strconv.ParseInt(cl, 10, 64); err == nil && v >= 0 {
+			w.cl = v
+		} else {
+			c.srv.logf("h1: invalid Content-Length of %q", cl)
+			h.Del("Content-Length")
+		}
+	}
+	_, w.hasType = h["Content-Type"]
+	_, w.hasDate = h["Date"]
+	var conn []string
+	conn, w.hasConnKey = h["Connection"]
+	w.connHdr, w.te = first(conn), first(h["Transfer-Encoding"])
+	w.hasCE = first(h["Content-Encoding"]) != ""
+	w.trailerDecl = h["Trailer"]
+	w.trailers = len(w.trailerDecl) > 0 || prefixed
+}
+
+// snapshot copies the keys of h that can be sent, sorted, and their value
+// slices into c.kvs, and reports whether h has TrailerPrefix keys.
+func (c *conn) snapshot(h http.Header) (kvs []kv, prefixed bool) {
+	kvs = c.kvs[:0]
+	for k, v := range h {
+		if isToken(k) {
+			kvs = append(kvs, kv{k, v})
+		} else {
+			prefixed = prefixed || strings.HasPrefix(k, http.TrailerPrefix)
+		}
+	}
+	slices.SortFunc(kvs, func(a, b kv) int { return strings.Compare(a.k, b.k) })
+	c.kvs = kvs
+	return kvs, prefixed
+}
+
+// Write implements http.ResponseWriter.
+func (w *response) Write(p []byte) (int, error) { return w.write(p, "") }
+
+// WriteString implements io.StringWriter.
+func (w *response) WriteString(s string) (int, error) { return w.write(nil, s) }
+
+// write takes its data from b or s, whichever is not empty.
+func (w *response) write(b []byte, s string) (int, error) {
+	n := len(b) + len(s)
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	if !bodyAllowed(w.status) {
+		return 0, http.ErrBodyNotAllowed
+	}
+	w.written += int64(n)
+	if w.cl != -1 && w.written > w.cl {
+		return 0, http.ErrContentLength
+	}
+	c := w.c
+	if c.werr != nil {
+		return 0, c.werr
+	}
+	if !w.committed {
+		limit := maxBuffer
+		if w.cl == -1 {
+			limit = chunkingThreshold
+		}
+		if len(c.wbuf)+n <= limit {
+			c.wbuf = append(append(c.wbuf, b...), s...)
+			return n, nil
+		}
+		w.commit(b, s)
+	}
+	if w.isHEAD {
+		return n, nil
+	}
+	if w.chunked {
+		c.wbuf = append(strconv.AppendInt(c.wbuf, int64(n), 16), "\r\n"...)
+	}
+	if len(b) > 0 && len(c.wbuf)+n > maxBuffer {
+		c.flush(b)
+	} else {
+		c.wbuf = append(append(c.wbuf, b...), s...)
+	}
+	if w.chunked {
+		c.wbuf = append(c.wbuf, "\r\n"...)
+	}
+	if len(c.wbuf) > maxBuffer {
+		c.flush(nil)
+	}
+	if c.werr != nil {
+		return 0, c.werr
+	}
+	return n, nil
+}
+
+// commit writes the final response head into c.hbuf, ahead of the body
+// held in c.wbuf, which is then followed by b or s. It follows net/http's
+// chunkWriter.writeHeader step by step.
+func (w *response) commit(b []byte, s string) {
+	w.committed = true
+	c := w.c
+	plen := len(c.wbuf) + len(b) + len(s)
+	keepAlives := c.srv.keepAlives()
+	bodyOK := bodyAllowed(w.status)
+	hasTE := w.te != ""
+	var ex uint8
+	var setConn, ctype string
+
+	setCL := w.done && !w.trailers && !hasTE && bodyOK && !w.hasCLKey && (!w.isHEAD || plen > 0)
+	if setCL {
+		w.cl = int64(plen)
+	}
+	if w.wants10KeepAlive && (w.isHEAD || w.cl != -1 || !bodyOK) {
+		if !w.hasConnKey {
+			setConn = "keep-alive"
+		}
+	} else if !w.is11 || w.wantsClose {
+		w.closeAfter = true
+	}
+	if w.connHdr == "close" || !keepAlives {
+		w.closeAfter = true
+	}
+	// Drop a small unread request body now, so that a client that sends
+	// its whole request before reading cannot deadlock with us.
+	if rb := w.body; rb != nil && !w.closeAfter && !w.fullDuplex {
+		switch {
+		case rb.closed:
+			w.closeAfter = !rb.sawEOF
+		case rb.n >= maxDiscard:
+			w.tooBig, w.closeAfter = true, true
+			ex, setConn = ex|exConn, "close"
+		case rb.discard() == nil:
+			rb.closed = true
+		default:
+			w.closeAfter = true
+		}
+	}
+	if bodyOK {
+		if !w.hasCE && !w.hasType && !hasTE && plen > 0 {
+			var sn [512]byte
+			p := c.wbuf
+			if len(p) < len(sn) && plen > len(p) {
+				k := copy(sn[:], p)
+				k += copy(sn[k:], b)
+				k += copy(sn[k:], s)
+				p = sn[:k]
+			}
+			ctype = http.DetectContentType(p)
+		}
+	} else {
+		ex |= exCL | exTE
+		if w.status == http.StatusNotModified {
+			ex |= exCT
+		}
+	}
+	hasCL := w.cl != -1
+	if hasCL && hasTE && w.te != "identity" {
+		c.srv.logf("h1: WriteHeader called with both Transfer-Encoding of %q and a Content-Length of %d", w.te, w.cl)
+		ex |= exCL
+		hasCL = false
+	}
+	switch {
+	case w.isHEAD || !bodyOK, hasCL:
+		ex |= exTE
+	case !w.is11:
+		w.closeAfter = true
+		ex |= exTE
+	case w.te == "identity":
+		w.closeAfter = true
+		ex |= exTE
+	default:
+		w.chunked = true
+		if w.te == "chunked" {
+			ex |= exTE
+		}
+	}
+	if w.chunked {
+		ex |= exCL
+	}
+	if w.closeAfter && (!keepAlives || !hasToken(w.connHdr, "close")) {
+		ex |= exConn
+		if w.is11 {
+			setConn = "close"
+		}
+	}
+
+	h := appendHeaders(appendStatus(c.hbuf[:0], w.is11, w.status), c.kvs, ex)
+	if !w.hasDate {
+		h = append(c.appendDate(append(h, "Date: "...)), "\r\n"...)
+	}
+	if setCL {
+		h = append(strconv.AppendInt(append(h, "Content-Length: "...), w.cl, 10), "\r\n"...)
+	}
+	if ctype != "" {
+		h = appendLine(h, "Content-Type", ctype)
+	}
+	if setConn != "" {
+		h = appendLine(h, "Connection", setConn)
+	}
+	if w.chunked {
+		h = appendLine(h, "Transfer-Encoding", "chunked")
+	}
+	h = append(h, "\r\n"...)
+	switch {
+	case w.isHEAD:
+		c.wbuf = c.wbuf[:0]
+	case w.chunked && len(c.wbuf) > 0:
+		h = append(strconv.AppendInt(h, int64(len(c.wbuf)), 16), "\r\n"...)
+		c.wbuf = append(c.wbuf, "\r\n"...)
+	}
+	c.hbuf = h
+}
+
+// finish completes the response after the handler returned.
+func (w *response) finish() {
+	w.done = true
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	c := w.c
+	if !w.committed {
+		w.commit(nil, "")
+	}
+	if w.chunked {
+		c.wbuf = append(c.wbuf, "0\r\n"...)
+		if w.trailers {
+			c.wbuf = w.appendTrailers(c.wbuf)
+		}
+		c.wbuf = append(c.wbuf, "\r\n"...)
+	}
+	c.flush(nil)
+	if w.body != nil {
+		w.body.Close()
+	}
+	clear(c.kvs) // let go of the handler's strings
+}
+
+// reusable reports whether the connection can serve another request
+// after this response (net/http's shouldReuseConnection).
+func (w *response) reusable() bool {
+	switch {
+	case w.closeAfter, w.c.werr != nil, w.body != nil && w.body.early:
+		return false
+	case !w.isHEAD && w.cl != -1 && bodyAllowed(w.status) && w.cl != w.written:
+		return false // the body is shorter than it said: the client is out of step
+	}
+	return true
+}
+
+// Flush implements http.Flusher.
+func (w *response) Flush() { w.FlushError() }
+
+// FlushError sends the response so far, as http.ResponseController's
+// Flush does, and returns the connection's write error.
+func (w *response) FlushError() error {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if !w.committed {
+		w.commit(nil, "")
+	}
+	w.c.flush(nil)
+	return w.c.werr
+}
+
+// SetReadDeadline sets the connection's read deadline, for
+// http.ResponseController.
+func (w *response) SetReadDeadline(t time.Time) error {
+	w.c.readDL = true
+	return w.c.rwc.SetReadDeadline(t)
+}
+
+// SetWriteDeadline sets the connection's write deadline, for
+// http.ResponseController.
+func (w *response) SetWriteDeadline(t time.Time) error { return w.c.rwc.SetWriteDeadline(t) }
+
+// EnableFullDuplex lets the handler read the request body after it has
+// started the response, for http.ResponseController.
+func (w *response) EnableFullDuplex() error {
+	w.fullDuplex = true
+	return nil
+}
+
+// flush writes c.hbuf, c.wbuf and then p to the connection in one system
+// call and empties the buffers. After a write error it writes nothing.
+func (c *conn) flush(p []byte) {
+	if c.werr == nil && len(c.hbuf)+len(c.wbuf)+len(p) > 0 {
+		c.iov = append(c.iovs[:0], c.hbuf, c.wbuf, p) // WriteTo consumes c.iov
+		if _, err := c.iov.WriteTo(c.rwc); err != nil {
+			c.werr = err
+		}
+	}
+	c.hbuf, c.wbuf = c.hbuf[:0], c.wbuf[:0]
+}
+
+// appendDate appends the current time in http.TimeFormat, formatted once
+// per second.
+func (c *conn) appendDate(b []byte) []byte {
+	now := time.Now()
+	if sec := now.Unix(); sec != c.dateSec || c.date == nil {
+		c.dateSec = sec
+		c.date = now.UTC().AppendFormat(c.date[:0], http.TimeFormat)
+	}
+	return append(b, c.date...)
+}
+
+// appendTrailers appends the trailer section of a chunked response: the
+// TrailerPrefix keys and the keys declared in the Trailer header, with
+// their values as the handler left them.
+func (w *response) appendTrailers(b []byte) []byte {
+	t := make(http.Header)
+	for k, vv := range w.header {
+		if kk, ok := strings.CutPrefix(k, http.TrailerPrefix); ok {
+			t[kk] = vv
+		}
+	}
+	for _, decl := range w.trailerDecl {
+		for k := range strings.SplitSeq(decl, ",") {
+			if k = http.CanonicalHeaderKey(textproto.TrimString(k)); k != "" && validTrailer(k) {
+				for _, v := range w.header[k] {
+					t.Add(k, v)
+				}
+			}
+		}
+	}
+	buf := bytes.NewBuffer(b)
+	t.Write(buf)
+	return buf.Bytes()
+}
+
+// validTrailer reports whether RFC 7230 section 4.1.2 allows k in a
+// trailer, as net/http checks.
+func validTrailer(k string) bool {
+	switch k {
+	case "Authorization", "Cache-Control", "Connection", "Content-Encoding", "Content-Length",
+		"Content-Range", "Content-Type", "Expect", "Host", "Keep-Alive", "Max-Forwards", "Pragma",
+		"Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection", "Range", "Realm", "Te",
+		"Trailer", "Transfer-Encoding", "Www-Authenticate":
+		return false
+	}
+	return true
+}
+
+func appendStatus(b []byte, is11 bool, code int) []byte {
+	if is11 {
+		b = append(b, "HTTP/1.1 "...)
+	} else {
+		b = append(b, "HTTP/1.0 "...)
+	}
+	b = strconv.AppendInt(b, int64(code), 10)
+	if text := http.StatusText(code); text != "" {
+		b = append(append(b, ' '), text...)
+	} else {
+		b = strconv.AppendInt(append(b, " status code "...), int64(code), 10)
+	}
+	return append(b, "\r\n"...)
+}
+
+// appendHeaders appends the lines of kvs but the keys ex leaves out. Like
+// net/http, it trims values and turns CR and LF inside them into spaces.
+func appendHeaders(b []byte, kvs []kv, ex uint8) []byte {
+	for _, kv := range kvs {
+		if ex != 0 && exBit(kv.k)&ex != 0 {
+			continue
+		}
+		for _, v := range kv.v {
+			b = append(append(b, kv.k...), ": "...)
+			v = textproto.TrimString(v)
+			if strings.ContainsAny(v, "\r\n") {
+				for i := 0; i < len(v); i++ {
+					if ch := v[i]; ch == '\r' || ch == '\n' {
+						b = append(b, ' ')
+					} else {
+						b = append(b, ch)
+					}
+				}
+			} else {
+				b = append(b, v...)
+			}
+			b = append(b, "\r\n"...)
+		}
+	}
+	return b
+}
+
+func exBit(k string) uint8 {
+	switch k {
+	case "Content-Length":
+		return exCL
+	case "Transfer-Encoding":
+		return exTE
+	case "Connection":
+		return exConn
+	case "Content-Type":
+		return exCT
+	}
+	return 0
+}
+
+func appendLine(b []byte, k, v string) []byte {
+	return append(append(append(append(b, k...), ": "...), v...), "\r\n"...)
+}
+
+func first(v []string) string {
+	if len(v) == 0 {
+		return ""
+	}
+	return v[0]
+}
+
+func bodyAllowed(status int) bool {
+	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
+}
+
+// hasToken reports whether v holds token, ignoring ASCII case, between
+// the ends, spaces, tabs and commas, as net/http's check does.
+func hasToken(v, token string) bool {
+	for i := 0; i+len(token) <= len(v); i++ {
+		j := i + len(token)
+		if (i == 0 || isBoundary(v[i-1])) && (j == len(v) || isBoundary(v[j])) && asciiEqualFold(v[i:j], token) {
+			return true
+		}
+	}
+	return false
+}
+
+func isBoundary(b byte) bool { return b == ' ' || b == ',' || b == '\t' }

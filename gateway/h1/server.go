@@ -1,0 +1,587 @@
+// Package h1 is a minimal HTTP/1.x server for one http.Handler. It serves
+// the simple, well-formed requests of the gateway's hot path itself and
+// hands every connection it does not take on to a net/http Server, which
+// then owns it and answers exactly as net/http does, errors included.
+//
+// The fast path avoids net/http's per-request background read, context
+// and double buffering: one goroutine per connection parses each request
+// head where it lies in the read buffer and sends each response with one
+// write. h1 does no TLS, HTTP/2, Hijack or 100-continue itself.
+//
+// What a handler sees on the fast path differs from net/http in these
+// ways, all else (request fields, status lines, headers and their order,
+// Content-Length and Content-Type rules, chunking, keep-alive and body
+// draining rules) being the same:
+//   - The request context is cancelled only by Server.Close: not when the
+//     client goes away (net/http notices that with a background read) nor
+//     when the handler returns. Handlers bound their work with their own
+//     deadlines.
+//   - The context carries http.LocalAddrContextKey but not
+//     http.ServerContextKey.
+//   - The ResponseWriter is an http.Flusher and supports
+//     http.ResponseController's Flush, SetReadDeadline, SetWriteDeadline
+//     and EnableFullDuplex, but not Hijack; it has no CloseNotify or
+//     ReadFrom. http.MaxBytesReader cannot make it close the connection
+//     after the response, as net/http does when the limit is hit.
+//   - When it must close a connection with request bytes left unread, h1
+//     half-closes it and reads for up to 500ms until the client closes;
+//     net/http half-closes and sleeps 500ms.
+//   - A request that arrives while Shutdown runs is answered, with
+//     "Connection: close", if it got in before its connection was closed
+//     as idle; net/http may drop such a request unanswered.
+package h1
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Server serves HTTP/1.x connections with Handler, taking the fast path
+// for simple requests and passing the connection to Fallback from the
+// first request it does not take. Its zero value plus Handler and
+// Fallback is ready to use; nothing runs until Serve. A Server is safe for
+// concurrent use and must not be copied after first use.
+type Server struct {
+	// Handler serves every request, on the fast path. It must not be nil.
+	Handler http.Handler
+
+	// ReadHeaderTimeout, ReadTimeout, WriteTimeout and IdleTimeout mean
+	// what they mean in http.Server, including the fall back from
+	// ReadHeaderTimeout and IdleTimeout to ReadTimeout when zero. Zero or
+	// negative means no timeout. Fallback applies its own timeouts anew to
+	// the connections it is given.
+	ReadHeaderTimeout time.Duration
+	ReadTimeout       time.Duration
+	WriteTimeout      time.Duration
+	IdleTimeout       time.Duration
+
+	// MaxHeaderBytes is the request head limit, as in http.Server (zero
+	// means http.DefaultMaxHeaderBytes). The fast path only takes heads
+	// of at most 4 KiB, which net/http always accepts (it allows
+	// MaxHeaderBytes plus 4096 bytes), and Fallback enforces the limit
+	// on larger ones, so Serve refuses to run when the two disagree.
+	MaxHeaderBytes int
+
+	// Fallback serves the connections the fast path does not take, from
+	// the first request it does not take on; it usually has the same
+	// Handler and timeouts. It must not be nil. Serve runs Fallback.Serve
+	// on an internal listener, Shutdown and Close shut it down too, and
+	// SetKeepAlivesEnabled is passed on to it.
+	Fallback *http.Server
+
+	// ErrorLog receives handler panics, superfluous WriteHeader calls and
+	// accept errors. Nil discards them.
+	ErrorLog *log.Logger
+
+	readers      sync.Pool // of *bufio.Reader of readBufSize bytes
+	inShutdown   atomic.Bool
+	noKeepAlives atomic.Bool
+
+	mu        sync.Mutex // guards listeners, conns, ctx and cancel
+	listeners map[*net.Listener]struct{}
+	conns     map[*conn]struct{}
+	ctx       context.Context // parent of request contexts; Close cancels it
+	cancel    context.CancelFunc
+}
+
+const (
+	readBufSize     = 4 << 10 // the largest request head the fast path takes
+	shutdownPollMax = 100 * time.Millisecond
+	newConnGrace    = 5 * time.Second // a silent new conn counts as idle after this, as in net/http
+	lingerTime      = 500 * time.Millisecond
+)
+
+// errConfig is returned by Serve for a Server that cannot run.
+var errConfig = errors.New("h1: Server needs a Handler and a Fallback")
+
+// Serve accepts connections on ln and serves each in its own goroutine,
+// until ln fails or Shutdown or Close is called; it then closes ln and
+// returns http.ErrServerClosed, or the accept error. Serve may be called
+// for several listeners at once. It returns an error at once if Handler
+// or Fallback is nil or MaxHeaderBytes differs from Fallback's.
+//
+// ln should be a plain TCP listener: behind a TLS listener, requests have
+// no Request.TLS, and Fallback cannot negotiate HTTP/2.
+func (s *Server) Serve(ln net.Listener) error {
+	if s.Handler == nil || s.Fallback == nil {
+		return errConfig
+	}
+	if maxHeader(s.MaxHeaderBytes) != maxHeader(s.Fallback.MaxHeaderBytes) {
+		return fmt.Errorf("h1: MaxHeaderBytes %d differs from Fallback's %d", s.MaxHeaderBytes, s.Fallback.MaxHeaderBytes)
+	}
+	if !s.trackListener(&ln, true) {
+		ln.Close()
+		return http.ErrServerClosed
+	}
+	defer s.trackListener(&ln, false)
+	defer ln.Close()
+
+	ho := &handoff{ch: make(chan net.Conn), done: make(chan struct{}), addr: ln.Addr()}
+	fbDone := make(chan struct{})
+	go func() {
+		defer close(fbDone)
+		defer ho.Close() // if Fallback stops on its own, later handovers fail fast
+		err := s.Fallback.Serve(ho)
+		if !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
+			s.logf("h1: fallback server stopped: %v", err)
+		}
+	}()
+	defer func() { ho.Close(); <-fbDone }()
+
+	var delay time.Duration // how long to sleep on accept failure
+	for {
+		rw, err := ln.Accept()
+		if err != nil {
+			if s.inShutdown.Load() {
+				return http.ErrServerClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+				s.logf("h1: accept error: %v; retrying in %v", err, delay)
+				time.Sleep(delay)
+				continue
+			}
+			return fmt.Errorf("h1: accept: %w", err)
+		}
+		delay = 0
+		c := s.newConn(rw, ho)
+		if c == nil {
+			rw.Close()
+			return http.ErrServerClosed
+		}
+		go c.serve()
+	}
+}
+
+// Shutdown stops the server gracefully: it closes the listeners and the
+// idle connections at once, lets active requests finish, closes each
+// connection after its current response, shuts Fallback down with ctx,
+// and waits for every connection to end. It returns ctx.Err() if ctx ends
+// first, else the first error closing a listener or from Fallback.
+// Serve returns http.ErrServerClosed as soon as Shutdown is called.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.inShutdown.Store(true)
+	s.mu.Lock()
+	err := s.closeListenersLocked()
+	s.mu.Unlock()
+	s.closeIdle()
+	if s.Fallback != nil {
+		if ferr := s.Fallback.Shutdown(ctx); ferr != nil && err == nil {
+			err = ferr
+		}
+	}
+	poll := time.Millisecond
+	timer := time.NewTimer(poll)
+	defer timer.Stop()
+	for !s.closeIdle() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-timer.C:
+			poll = min(2*poll, shutdownPollMax)
+			timer.Reset(poll)
+		}
+	}
+	return err
+}
+
+// Close stops the server at once: it closes the listeners and every
+// connection, cancels the contexts of requests in flight, and closes
+// Fallback. It does not wait for handlers to return. It returns the
+// first error from closing a listener or Fallback.
+func (s *Server) Close() error {
+	s.inShutdown.Store(true)
+	s.mu.Lock()
+	err := s.closeListenersLocked()
+	if s.cancel != nil {
+		s.cancel()
+	}
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, c := range conns {
+		c.close()
+	}
+	if s.Fallback != nil {
+		if ferr := s.Fallback.Close(); ferr != nil && err == nil {
+			err = ferr
+		}
+	}
+	return err
+}
+
+// SetKeepAlivesEnabled controls keep-alives, which are on by default. When
+// off, every later response says "Connection: close" and its connection
+// is closed after it, and idle connections are closed now. The setting is
+// passed on to Fallback.
+func (s *Server) SetKeepAlivesEnabled(v bool) {
+	s.noKeepAlives.Store(!v)
+	if s.Fallback != nil {
+		s.Fallback.SetKeepAlivesEnabled(v)
+	}
+	if !v {
+		s.closeIdle()
+	}
+}
+
+func (s *Server) keepAlives() bool { return !s.noKeepAlives.Load() && !s.inShutdown.Load() }
+
+func (s *Server) logf(format string, args ...any) {
+	if s.ErrorLog != nil {
+		s.ErrorLog.Printf(format, args...)
+	}
+}
+
+func maxHeader(n int) int {
+	if n > 0 {
+		return n
+	}
+	return http.DefaultMaxHeaderBytes
+}
+
+func orRead(d, read time.Duration) time.Duration {
+	if d != 0 {
+		return d
+	}
+	return read
+}
+
+// trackListener adds or removes ln; adding fails once the server is
+// shutting down. The first add also sets up the server's state.
+func (s *Server) trackListener(ln *net.Listener, add bool) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !add {
+		delete(s.listeners, ln)
+		return true
+	}
+	if s.inShutdown.Load() {
+		return false
+	}
+	if s.listeners == nil {
+		s.listeners = make(map[*net.Listener]struct{})
+		s.conns = make(map[*conn]struct{})
+		s.ctx, s.cancel = context.WithCancel(context.Background())
+	}
+	s.listeners[ln] = struct{}{}
+	return true
+}
+
+func (s *Server) closeListenersLocked() error {
+	var err error
+	for ln := range s.listeners {
+		if cerr := (*ln).Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("h1: close listener: %w", cerr)
+		}
+	}
+	return err
+}
+
+// closeIdle closes the idle connections (and the new ones that have sent
+// nothing for newConnGrace) and reports whether no connection is left.
+func (s *Server) closeIdle() bool {
+	var idle []*conn
+	s.mu.Lock()
+	left := len(s.conns)
+	for c := range s.conns {
+		if c.state.CompareAndSwap(stateIdle, stateClosed) ||
+			time.Since(c.created) > newConnGrace && c.state.CompareAndSwap(stateNew, stateClosed) {
+			idle = append(idle, c)
+		}
+	}
+	s.mu.Unlock()
+	for _, c := range idle {
+		c.rwc.Close()
+	}
+	return left == 0
+}
+
+// Connection states. The connection's goroutine moves new or idle to
+// active with a compare-and-swap when a request arrives, so that
+// closeIdle, which swaps idle to closed, never closes a connection that
+// has just started a request.
+const (
+	stateNew int32 = iota
+	stateIdle
+	stateActive
+	stateClosed
+)
+
+func (s *Server) newConn(rw net.Conn, ho *handoff) *conn {
+	br, _ := s.readers.Get().(*bufio.Reader)
+	if br == nil {
+		br = bufio.NewReaderSize(rw, readBufSize)
+	} else {
+		br.Reset(rw)
+	}
+	c := &conn{srv: s, rwc: rw, br: br, ho: ho, created: time.Now()}
+	if ra := rw.RemoteAddr(); ra != nil {
+		c.remote = ra.String()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inShutdown.Load() {
+		return nil
+	}
+	c.ctx = context.WithValue(s.ctx, http.LocalAddrContextKey, rw.LocalAddr())
+	s.conns[c] = struct{}{}
+	return c
+}
+
+// A conn is one client connection served on the fast path. Everything but
+// state is owned by the connection's goroutine.
+type conn struct {
+	srv     *Server
+	rwc     net.Conn
+	br      *bufio.Reader
+	ho      *handoff
+	ctx     context.Context // the per-connection parent of request contexts
+	remote  string
+	created time.Time
+	state   atomic.Int32
+
+	readDL   bool // a read deadline is set
+	lastPOST bool // the last request was a POST: skip up to 4 stray CR/LF
+
+	w    response // reused for every request
+	kvs  []kv     // header snapshot, reused
+	hbuf []byte   // response head not yet written
+	wbuf []byte   // response body not yet written
+	iov  net.Buffers
+	iovs [3][]byte // c.iov's storage
+	werr error     // first write error; the connection is then dropped
+
+	dateSec int64
+	date    []byte
+}
+
+func (c *conn) close() {
+	c.state.Store(stateClosed)
+	c.rwc.Close()
+}
+
+// setReadTimeout arms the read deadline d from now, or clears it.
+func (c *conn) setReadTimeout(d time.Duration) {
+	if d > 0 {
+		c.rwc.SetReadDeadline(time.Now().Add(d))
+		c.readDL = true
+	} else if c.readDL {
+		c.rwc.SetReadDeadline(time.Time{})
+		c.readDL = false
+	}
+}
+
+func (c *conn) serve() {
+	s := c.srv
+	defer func() {
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+		c.br.Reset(nil)
+		s.readers.Put(c.br)
+	}()
+	hdrTimeout := orRead(s.ReadHeaderTimeout, s.ReadTimeout)
+	c.setReadTimeout(hdrTimeout)
+	for first := true; ; first = false {
+		idle := c.br.Buffered() == 0
+		if idle && !first {
+			c.setReadTimeout(orRead(s.IdleTimeout, s.ReadTimeout))
+			c.state.Store(stateIdle)
+			if !s.keepAlives() { // Shutdown or SetKeepAlivesEnabled may have missed us
+				c.close()
+				return
+			}
+		}
+		peek := 4 // as net/http, which closes silently on less between requests
+		if first {
+			peek = 1
+		}
+		if _, err := c.br.Peek(peek); err != nil {
+			c.close()
+			return
+		}
+		if idle && !c.state.CompareAndSwap(stateIdle, stateActive) && !c.state.CompareAndSwap(stateNew, stateActive) {
+			return // closed by closeIdle
+		}
+		if !first {
+			c.setReadTimeout(hdrTimeout)
+		}
+		var t0 time.Time
+		if s.ReadTimeout > 0 {
+			t0 = time.Now()
+		}
+		if c.lastPOST { // net/http's tolerance of old clients' CRLF after a POST body
+			b, _ := c.br.Peek(min(4, c.br.Buffered()))
+			n := 0
+			for n < len(b) && (b[n] == '\r' || b[n] == '\n') {
+				n++
+			}
+			c.br.Discard(n)
+		}
+		req, n, ok := c.readRequest()
+		if req == nil {
+			if ok {
+				c.handover()
+			} else {
+				c.close()
+			}
+			return
+		}
+		c.br.Discard(n)
+		c.lastPOST = req.Method == "POST"
+		if s.ReadTimeout > 0 {
+			c.rwc.SetReadDeadline(t0.Add(s.ReadTimeout))
+			c.readDL = true
+		} else {
+			c.setReadTimeout(0)
+		}
+		if s.WriteTimeout > 0 {
+			c.rwc.SetWriteDeadline(time.Now().Add(s.WriteTimeout))
+		}
+		if !c.serveRequest(req) {
+			return
+		}
+		if !s.keepAlives() { // turned off after this response's head was written
+			c.close()
+			return
+		}
+	}
+}
+
+// serveRequest runs the handler and finishes its response. It reports
+// whether the connection may serve another request; if not, it has
+// closed the connection.
+func (c *conn) serveRequest(req *http.Request) bool {
+	w := &c.w
+	w.reset(c, req)
+	if !c.runHandler(w, req) {
+		if w.committed { // as net/http, send what was already on its way
+			c.flush(nil)
+		}
+		c.close()
+		return false
+	}
+	w.finish()
+	if cap(c.wbuf) > 4*maxBuffer {
+		c.wbuf = nil
+	}
+	if w.reusable() {
+		return true
+	}
+	if w.tooBig || w.body != nil && w.body.early {
+		c.lingerClose()
+	}
+	c.close()
+	return false
+}
+
+func (c *conn) runHandler(w *response, req *http.Request) (ok bool) {
+	defer func() {
+		if v := recover(); v != nil && v != http.ErrAbortHandler && c.srv.ErrorLog != nil {
+			buf := make([]byte, 64<<10)
+			buf = buf[:runtime.Stack(buf, false)]
+			c.srv.logf("h1: panic serving %s: %v\n%s", c.remote, v, buf)
+		}
+	}()
+	c.srv.Handler.ServeHTTP(w, req)
+	return true
+}
+
+// lingerClose half-closes the connection and reads what the client still
+// sends for a short while, so that closing with unread request bytes does
+// not reset the connection before the client has read the response.
+// (net/http half-closes and sleeps instead.)
+func (c *conn) lingerClose() {
+	if cw, ok := c.rwc.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	}
+	c.rwc.SetReadDeadline(time.Now().Add(lingerTime))
+	io.Copy(io.Discard, c.rwc)
+}
+
+// handover gives the connection, with every byte read but not consumed,
+// to Fallback.
+func (c *conn) handover() {
+	c.rwc.SetDeadline(time.Time{})
+	buf := make([]byte, c.br.Buffered())
+	c.br.Read(buf)
+	c.state.Store(stateClosed) // no longer ours: closeIdle and Close leave it alone
+	s := c.srv
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+	if !c.ho.give(&replayConn{Conn: c.rwc, buf: buf}) {
+		c.rwc.Close()
+	}
+}
+
+// handoff is the net.Listener Fallback.Serve accepts handed-over
+// connections from.
+type handoff struct {
+	ch   chan net.Conn
+	done chan struct{}
+	once sync.Once
+	addr net.Addr
+}
+
+func (h *handoff) Accept() (net.Conn, error) {
+	select {
+	case c := <-h.ch:
+		return c, nil
+	case <-h.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (h *handoff) Close() error {
+	h.once.Do(func() { close(h.done) })
+	return nil
+}
+
+func (h *handoff) Addr() net.Addr { return h.addr }
+
+// give passes c to Accept, and reports false if the listener is closed.
+func (h *handoff) give(c net.Conn) bool {
+	select {
+	case h.ch <- c:
+		return true
+	case <-h.done:
+		return false
+	}
+}
+
+// replayConn is a connection whose first reads return buf.
+type replayConn struct {
+	net.Conn
+	buf []byte
+}
+
+func (r *replayConn) Read(p []byte) (int, error) {
+	if len(r.buf) == 0 {
+		return r.Conn.Read(p)
+	}
+	n := copy(p, r.buf)
+	r.buf = r.buf[n:]
+	return n, nil
+}
+
+// CloseWrite lets net/http half-close the connection as it does on TCP.
+func (r *replayConn) CloseWrite() error {
+	if cw, ok := r.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
