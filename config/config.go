@@ -43,6 +43,7 @@ type Config struct {
 	HashWithPrefix   bool          `env:"HASH_WITH_PREFIX" envDefault:"false" help:"hash the prefixed key instead (libmemcached HASH_WITH_PREFIX_KEY)"`
 	ShutdownTimeout  time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"15s" help:"how long in-flight requests may take to finish after the drain delay"`
 	DrainDelay       time.Duration `env:"DRAIN_DELAY" envDefault:"5s" help:"after SIGTERM, /readyz answers 503 for this long before the listener closes, so load balancers stop sending"`
+	FastPath         bool          `env:"FAST_PATH" envDefault:"true" help:"serve simple HTTP/1.x requests on memcgate's own connection loop (gateway/h1) and hand anything else, and every TLS listener, to Go's net/http; false: net/http for everything"`
 	MaxHeaderBytes   int           `env:"MAX_HEADER_BYTES" envDefault:"16384" help:"largest request header block"`
 	ReadHeaderTimout time.Duration `env:"READ_HEADER_TIMEOUT" envDefault:"5s" help:"time allowed to send request headers (slowloris guard)"`
 	ReadTimeout      time.Duration `env:"READ_TIMEOUT" envDefault:"30s" help:"time allowed to read a whole request including its body"`

@@ -24,6 +24,7 @@ import (
 
 	"github.com/memcgate/memcgate/config"
 	"github.com/memcgate/memcgate/gateway"
+	"github.com/memcgate/memcgate/gateway/h1"
 	"github.com/memcgate/memcgate/gateway/phpvalue"
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/hashring"
@@ -166,7 +167,7 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 		Codec:          gateway.ValueCodec(cfg.ValueCodec),
 		PHP:            phpOptions(cfg),
 	})
-	data := &http.Server{
+	std := &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: cfg.ReadHeaderTimout,
 		ReadTimeout:       cfg.ReadTimeout,
@@ -175,6 +176,7 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+	data := dataServer(cfg, sec, std)
 	admin := &http.Server{
 		Handler: gateway.NewAdminHandler(reg, gateway.Admin{
 			Ready:  func() bool { return !draining.Load() && cluster.Ready() },
@@ -241,6 +243,33 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 	}
 	log.Info("memcgate stopped")
 	return first
+}
+
+// httpServer is what serve needs of the data server: *http.Server, or
+// *h1.Server in front of one.
+type httpServer interface {
+	Serve(net.Listener) error
+	Shutdown(context.Context) error
+	Close() error
+	SetKeepAlivesEnabled(bool)
+}
+
+// dataServer puts the h1 fast path in front of std unless it is turned off
+// or the listener speaks TLS (h1 has no TLS and no HTTP/2; std keeps both).
+func dataServer(cfg config.Config, sec *security, std *http.Server) httpServer {
+	if !cfg.FastPath || sec.dataTLS != nil {
+		return std
+	}
+	return &h1.Server{
+		Handler:           std.Handler,
+		ReadHeaderTimeout: std.ReadHeaderTimeout,
+		ReadTimeout:       std.ReadTimeout,
+		WriteTimeout:      std.WriteTimeout,
+		IdleTimeout:       std.IdleTimeout,
+		MaxHeaderBytes:    std.MaxHeaderBytes,
+		Fallback:          std,
+		ErrorLog:          std.ErrorLog,
+	}
 }
 
 func ignoreClosed(err error) error {
