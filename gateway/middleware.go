@@ -50,7 +50,15 @@ type observer struct {
 	inFlight  prometheus.Gauge
 	idPrefix  string
 	seq       atomic.Uint64
+
+	// The children of requests and duration, looked up once: a
+	// WithLabelValues per request hashes the labels and takes a lock.
+	counts    [len(methods)][600]atomic.Pointer[prometheus.Counter] // by method and status, filled on first use
+	durations [len(methods)]prometheus.Observer
 }
+
+// methods are the method label's values; the last is every other method.
+var methods = [...]string{http.MethodGet, http.MethodHead, http.MethodPut, http.MethodPost, http.MethodDelete, http.MethodOptions, http.MethodPatch, "OTHER"}
 
 func newObserver(log *slog.Logger, reg prometheus.Registerer, accessLog bool) *observer {
 	var b [4]byte
@@ -73,34 +81,59 @@ func newObserver(log *slog.Logger, reg prometheus.Registerer, accessLog bool) *o
 			Help: "HTTP requests being served.",
 		}),
 	}
+	for i, m := range methods {
+		o.durations[i] = o.duration.WithLabelValues(m)
+	}
 	reg.MustRegister(o.requests, o.duration, o.inFlight)
 	return o
 }
 
-// method bounds the method label to known methods.
-func method(m string) string {
-	switch m {
-	case http.MethodGet, http.MethodHead, http.MethodPut, http.MethodPost, http.MethodDelete, http.MethodOptions, http.MethodPatch:
-		return m
+// method bounds the method label to known methods: the index into methods.
+func method(m string) int {
+	for i, k := range methods[:len(methods)-1] {
+		if m == k {
+			return i
+		}
 	}
-	return "OTHER"
+	return len(methods) - 1
+}
+
+// count counts one answer.
+func (o *observer) count(m, status int) {
+	if status < 100 || status >= 600 { // not a status net/http would send; counted but not cached
+		o.requests.WithLabelValues(methods[m], strconv.Itoa(status)).Inc()
+		return
+	}
+	slot := &o.counts[m][status]
+	c := slot.Load()
+	if c == nil {
+		cc := o.requests.WithLabelValues(methods[m], strconv.Itoa(status))
+		slot.Store(&cc)
+		c = &cc
+	}
+	(*c).Inc()
+}
+
+// requestID is the client's X-Request-Id if it sent a usable one, else a
+// new one: this process's random prefix and a sequence number.
+func (o *observer) requestID(r *http.Request) string {
+	if id := r.Header.Get("X-Request-Id"); id != "" && len(id) <= 128 {
+		return id
+	}
+	return o.idPrefix + strconv.FormatUint(o.seq.Add(1), 10)
 }
 
 func (o *observer) middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		o.inFlight.Inc()
-		id := r.Header.Get("X-Request-Id")
-		if id == "" || len(id) > 128 {
-			id = o.idPrefix + strconv.FormatUint(o.seq.Add(1), 10)
-		}
 		sw := &statusWriter{ResponseWriter: w}
 		defer func() {
 			if p := recover(); p != nil {
 				if p == http.ErrAbortHandler {
 					panic(p)
 				}
-				o.log.Error("handler panicked", "request_id", id, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+				o.log.Error("handler panicked", "request_id", o.requestID(r), "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 				if sw.status == 0 {
 					writeError(sw, fmt.Errorf("panic: %v", p))
 				}
@@ -112,11 +145,11 @@ func (o *observer) middleware(next http.Handler) http.Handler {
 			d := time.Since(start)
 			m := method(r.Method)
 			o.inFlight.Dec()
-			o.requests.WithLabelValues(m, strconv.Itoa(sw.status)).Inc()
-			o.duration.WithLabelValues(m).Observe(d.Seconds())
+			o.count(m, sw.status)
+			o.durations[m].Observe(d.Seconds())
 			if o.accessLog {
 				attrs := []slog.Attr{
-					slog.String("request_id", id), slog.String("method", r.Method),
+					slog.String("request_id", o.requestID(r)), slog.String("method", r.Method),
 					slog.Int("status", sw.status), slog.Int64("bytes", sw.bytes),
 					slog.Float64("duration_ms", float64(d.Microseconds())/1000), slog.String("remote", r.RemoteAddr),
 				}
@@ -126,8 +159,9 @@ func (o *observer) middleware(next http.Handler) http.Handler {
 				o.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 			}
 		}()
-		// The ID goes into the access log line only; it is not put in the
-		// context (an allocation per request nothing reads).
+		// The ID goes into log lines only, and is made only for them; it
+		// is not put in the context (an allocation per request nothing
+		// reads).
 		next.ServeHTTP(sw, r)
 	})
 }
