@@ -177,12 +177,20 @@ func (n *node) do(ctx context.Context, o op, failover bool, f opFunc) error {
 }
 
 func resultOf(err error) result {
-	var ne *NodeError
 	switch {
 	case err == nil:
 		return resOK
 	case errors.Is(err, ErrNotFound):
 		return resMiss
+	}
+	return failureOf(err)
+}
+
+// failureOf is resultOf for errors; apart so that the success path does
+// not pay for errors.As's escaping target.
+func failureOf(err error) result {
+	var ne *NodeError
+	switch {
 	case errors.As(err, &ne):
 		if ne.timeout {
 			return resTimeout

@@ -294,12 +294,15 @@ func (c *Cluster) routeCall(ctx context.Context, hashKey string, write bool, cal
 			c.nodes[owner].m.failovers.Inc()
 		}
 		err := call(n, failover)
-		var ne *NodeError
-		if !errors.As(err, &ne) {
+		if err == nil {
+			return nil
+		}
+		dial, ok := nodeFailure(err)
+		if !ok {
 			return err
 		}
 		last = err
-		if failFast || attempts >= c.opts.MaxAttempts || (write && !ne.dial) || ctx.Err() != nil {
+		if failFast || attempts >= c.opts.MaxAttempts || (write && !dial) || ctx.Err() != nil {
 			return last
 		}
 	}
@@ -307,6 +310,16 @@ func (c *Cluster) routeCall(ctx context.Context, hashKey string, write bool, cal
 		return last
 	}
 	return ErrNoNodes
+}
+
+// nodeFailure reports whether err is a *NodeError, and whether it
+// happened before a connection existed.
+func nodeFailure(err error) (dial, ok bool) {
+	var ne *NodeError
+	if !errors.As(err, &ne) {
+		return false, false
+	}
+	return ne.dial, true
 }
 
 // capTTL applies FailoverTTL to an expiration (memcached semantics:
