@@ -9,6 +9,8 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -175,8 +177,71 @@ func (h *handler) byMethod(w http.ResponseWriter, r *http.Request) {
 // deadline bounds the request's memcached work by RequestTimeout.
 func (h *handler) deadline(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), h.opts.RequestTimeout)
-		defer cancel()
+		ctx := newRequestCtx(r.Context(), time.Now().Add(h.opts.RequestTimeout))
+		defer ctx.stop()
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+// requestCtx is context.WithDeadline without a timer per request: most
+// requests finish long before their deadline and never wait on Done (the
+// memcached side has its own I/O timeouts), so the timer, a
+// WithDeadline child, is made only when someone first asks for Done, or
+// for Err once the deadline has passed. It then behaves exactly like
+// that child.
+type requestCtx struct {
+	context.Context           // the request's own context
+	deadline        time.Time // now + RequestTimeout
+	once            sync.Once
+	armed           atomic.Bool // timed is set
+	timed           context.Context
+	cancel          context.CancelFunc
+}
+
+func newRequestCtx(parent context.Context, deadline time.Time) *requestCtx {
+	return &requestCtx{Context: parent, deadline: deadline}
+}
+
+func (c *requestCtx) arm() context.Context {
+	c.once.Do(func() {
+		c.timed, c.cancel = context.WithDeadline(c.Context, c.deadline)
+		c.armed.Store(true)
+	})
+	return c.timed
+}
+
+// Deadline is the earlier of the parent's deadline and this one.
+func (c *requestCtx) Deadline() (time.Time, bool) {
+	if d, ok := c.Context.Deadline(); ok && d.Before(c.deadline) {
+		return d, true
+	}
+	return c.deadline, true
+}
+
+// Done arms the deadline.
+func (c *requestCtx) Done() <-chan struct{} { return c.arm().Done() }
+
+// Err is the parent's error, or DeadlineExceeded once the deadline has
+// passed; it arms the deadline only then, so Done is closed whenever Err
+// is not nil.
+func (c *requestCtx) Err() error {
+	if c.armed.Load() {
+		return c.timed.Err()
+	}
+	if c.Context.Err() != nil || !time.Now().Before(c.deadline) {
+		return c.arm().Err()
+	}
+	return nil
+}
+
+// AfterFunc lets contexts derived from this one (context.WithCancel and
+// the like) hook onto the armed deadline directly; without it they would
+// each start a goroutine to watch Done.
+func (c *requestCtx) AfterFunc(f func()) (stop func() bool) { return context.AfterFunc(c.arm(), f) }
+
+// stop releases the timer if one was made.
+func (c *requestCtx) stop() {
+	if c.armed.Load() {
+		c.cancel()
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -427,6 +428,70 @@ func FuzzArguments(f *testing.F) {
 		}
 		if _, err := parseDelta(raw); err != nil && !strings.Contains(err.Error(), "delta") {
 			t.Fatalf("parseDelta(%q) error %q does not name delta", raw, err)
+		}
+	})
+}
+
+func TestRequestCtx(t *testing.T) {
+	t.Run("no timer until asked", func(t *testing.T) {
+		c := newRequestCtx(context.Background(), time.Now().Add(time.Hour))
+		defer c.stop()
+		if err := c.Err(); err != nil {
+			t.Fatalf("Err before the deadline = %v, want nil", err)
+		}
+		if c.armed.Load() {
+			t.Fatal("Err armed a timer before the deadline")
+		}
+		if d, ok := c.Deadline(); !ok || time.Until(d) < 59*time.Minute {
+			t.Fatalf("Deadline = %v, %v; want about an hour from now", d, ok)
+		}
+	})
+	t.Run("deadline passes", func(t *testing.T) {
+		c := newRequestCtx(context.Background(), time.Now().Add(20*time.Millisecond))
+		defer c.stop()
+		select {
+		case <-c.Done():
+		case <-time.After(time.Second):
+			t.Fatal("Done not closed a second after a 20ms deadline")
+		}
+		if err := c.Err(); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Err after the deadline = %v, want DeadlineExceeded", err)
+		}
+	})
+	t.Run("Err after the deadline closes Done", func(t *testing.T) {
+		c := newRequestCtx(context.Background(), time.Now().Add(-time.Millisecond))
+		defer c.stop()
+		if err := c.Err(); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Err = %v, want DeadlineExceeded", err)
+		}
+		select {
+		case <-c.Done():
+		default:
+			t.Fatal("Err is not nil but Done is open")
+		}
+	})
+	t.Run("parent cancelled", func(t *testing.T) {
+		parent, cancel := context.WithCancel(context.Background())
+		c := newRequestCtx(parent, time.Now().Add(time.Hour))
+		defer c.stop()
+		child, childCancel := context.WithCancel(c) // goes through AfterFunc
+		defer childCancel()
+		cancel()
+		select {
+		case <-child.Done():
+		case <-time.After(time.Second):
+			t.Fatal("a child of the request context was not cancelled with its parent")
+		}
+		if err := c.Err(); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Err = %v, want Canceled", err)
+		}
+	})
+	t.Run("earlier parent deadline wins", func(t *testing.T) {
+		parent, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		c := newRequestCtx(parent, time.Now().Add(time.Hour))
+		if d, _ := c.Deadline(); time.Until(d) > 2*time.Minute {
+			t.Fatalf("Deadline = %v, want the parent's, a minute from now", d)
 		}
 	})
 }
