@@ -1,7 +1,6 @@
 package h1
 
 import (
-	"bufio"
 	"bytes"
 	"io"
 	"net/http"
@@ -208,7 +207,7 @@ func (c *conn) newRequest(head []byte, lines int) *http.Request {
 		r.ProtoMinor = 1
 	}
 	if cl > 0 {
-		r.Body = &body{br: c.br, n: cl}
+		r.Body = &body{c: c, n: cl}
 	}
 	return r.WithContext(c.ctx)
 }
@@ -248,7 +247,7 @@ func asciiEqualFold(s, t string) bool { return len(s) == len(t) && strings.Equal
 // http.ErrBodyReadAfterClose after Close. It is not safe for concurrent
 // use.
 type body struct {
-	br     *bufio.Reader
+	c      *conn // reads from c.br, and releases it at the body's end
 	n      int64 // bytes not yet read
 	sawEOF bool
 	closed bool
@@ -268,10 +267,11 @@ func (b *body) Read(p []byte) (int, error) {
 	if int64(len(p)) > b.n {
 		p = p[:b.n]
 	}
-	n, err := b.br.Read(p)
+	n, err := b.c.br.Read(p)
 	b.n -= int64(n)
 	if b.n == 0 {
 		b.sawEOF = true
+		b.c.releaseReader()
 		return n, io.EOF
 	}
 	if err == io.EOF { // net/http then reports io.EOF, and keeps the connection
@@ -302,7 +302,7 @@ func (b *body) Close() error {
 // discard reads and drops the rest of the body.
 func (b *body) discard() error {
 	if b.n > 0 && !b.sawEOF {
-		d, err := b.br.Discard(int(b.n))
+		d, err := b.c.br.Discard(int(b.n))
 		b.n -= int64(d)
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
@@ -312,5 +312,6 @@ func (b *body) discard() error {
 		}
 	}
 	b.sawEOF = true
+	b.c.releaseReader()
 	return nil
 }

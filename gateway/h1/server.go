@@ -321,13 +321,7 @@ const (
 )
 
 func (s *Server) newConn(rw net.Conn, ho *handoff) *conn {
-	br, _ := s.readers.Get().(*bufio.Reader)
-	if br == nil {
-		br = bufio.NewReaderSize(rw, readBufSize)
-	} else {
-		br.Reset(rw)
-	}
-	c := &conn{srv: s, rwc: rw, br: br, ho: ho, created: time.Now()}
+	c := &conn{srv: s, rwc: rw, ho: ho, created: time.Now()}
 	if ra := rw.RemoteAddr(); ra != nil {
 		c.remote = ra.String()
 	}
@@ -368,6 +362,33 @@ type conn struct {
 	date    []byte
 }
 
+// acquireReader gives the connection a read buffer if it has none.
+func (c *conn) acquireReader() {
+	if c.br != nil {
+		return
+	}
+	c.br, _ = c.srv.readers.Get().(*bufio.Reader)
+	if c.br == nil {
+		c.br = bufio.NewReaderSize(c.rwc, readBufSize)
+	} else {
+		c.br.Reset(c.rwc)
+	}
+}
+
+// releaseReader returns the read buffer to the pool if it holds no
+// unread bytes (a pipelined request keeps it). It runs once a request's
+// head and body are read, so the buffer is free while the handler waits
+// on memcached: with thousands of clients most connections are in that
+// wait, and only those reading a request hold a buffer.
+func (c *conn) releaseReader() {
+	if c.br == nil || c.br.Buffered() > 0 {
+		return
+	}
+	c.br.Reset(nil)
+	c.srv.readers.Put(c.br)
+	c.br = nil
+}
+
 func (c *conn) close() {
 	c.state.Store(stateClosed)
 	c.rwc.Close()
@@ -390,13 +411,15 @@ func (c *conn) serve() {
 		s.mu.Lock()
 		delete(s.conns, c)
 		s.mu.Unlock()
-		c.br.Reset(nil)
-		s.readers.Put(c.br)
+		if c.br != nil {
+			c.br.Reset(nil)
+			s.readers.Put(c.br)
+		}
 	}()
 	hdrTimeout := orRead(s.ReadHeaderTimeout, s.ReadTimeout)
 	c.setReadTimeout(hdrTimeout)
 	for first := true; ; first = false {
-		idle := c.br.Buffered() == 0
+		idle := c.br == nil || c.br.Buffered() == 0
 		if idle && !first {
 			c.setReadTimeout(orRead(s.IdleTimeout, s.ReadTimeout))
 			c.state.Store(stateIdle)
@@ -409,6 +432,7 @@ func (c *conn) serve() {
 		if first {
 			peek = 1
 		}
+		c.acquireReader()
 		if _, err := c.br.Peek(peek); err != nil {
 			c.close()
 			return
@@ -441,6 +465,9 @@ func (c *conn) serve() {
 			return
 		}
 		c.br.Discard(n)
+		if req.Body == http.NoBody {
+			c.releaseReader()
+		}
 		c.lastPOST = req.Method == "POST"
 		if s.ReadTimeout > 0 {
 			c.rwc.SetReadDeadline(t0.Add(s.ReadTimeout))
