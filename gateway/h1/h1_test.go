@@ -574,6 +574,39 @@ func TestTimeouts(t *testing.T) {
 			},
 		},
 		{
+			// A whole request and the start of a second in one write: the
+			// second's head is cut by ReadHeaderTimeout, not left to the
+			// idle timeout (which is long here).
+			name: "slow pipelined head",
+			configure: func(s *Server) {
+				s.ReadHeaderTimeout, s.IdleTimeout = timeout, time.Minute
+			},
+			send: func(c net.Conn, br *bufio.Reader) {
+				roundTrip(t, c, br, "/small") // the first request, idle deadline then armed
+				c.Write([]byte("GET /small HTTP/1.1\r\nHost: a\r\n\r\nGET /sm"))
+				if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 200 {
+					t.Errorf("the whole pipelined request: %v %v", resp, err)
+				} else {
+					io.Copy(io.Discard, resp.Body)
+				}
+			},
+		},
+		{
+			// A body that stops halfway is cut by ReadTimeout.
+			name: "slow body",
+			configure: func(s *Server) {
+				s.ReadTimeout, s.IdleTimeout = timeout, time.Minute
+			},
+			send: func(c net.Conn, br *bufio.Reader) {
+				c.Write([]byte("PUT /small HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nhalf"))
+				// The handler's body read fails at the deadline; whatever
+				// it answers, the connection then closes.
+				if resp, err := http.ReadResponse(br, nil); err == nil {
+					io.Copy(io.Discard, resp.Body)
+				}
+			},
+		},
+		{
 			name:      "idle falls back to ReadTimeout",
 			configure: func(s *Server) { s.ReadTimeout = timeout },
 			send: func(c net.Conn, br *bufio.Reader) {

@@ -33,6 +33,7 @@ package h1
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -389,6 +390,12 @@ func (c *conn) releaseReader() {
 	c.br = nil
 }
 
+// headBuffered reports whether br already holds a whole request head.
+func headBuffered(br *bufio.Reader) bool {
+	b, _ := br.Peek(br.Buffered())
+	return bytes.Contains(b, []byte("\r\n\r\n"))
+}
+
 func (c *conn) close() {
 	c.state.Store(stateClosed)
 	c.rwc.Close()
@@ -433,6 +440,10 @@ func (c *conn) serve() {
 			peek = 1
 		}
 		c.acquireReader()
+		if !idle && !first && !headBuffered(c.br) {
+			// A pipelined request, not all here yet: the Peek may wait.
+			c.setReadTimeout(hdrTimeout)
+		}
 		if _, err := c.br.Peek(peek); err != nil {
 			c.close()
 			return
@@ -440,12 +451,13 @@ func (c *conn) serve() {
 		if idle && !c.state.CompareAndSwap(stateIdle, stateActive) && !c.state.CompareAndSwap(stateNew, stateActive) {
 			return // closed by closeIdle
 		}
-		if !first {
+		// Deadlines cost a runtime timer update each, so the header and
+		// read timeouts are armed only when a read may wait: a head not
+		// yet complete in the buffer, or a body not yet buffered. A request
+		// that arrived whole (the usual case) costs no read deadline but
+		// the idle one.
+		if idle && !first && !headBuffered(c.br) {
 			c.setReadTimeout(hdrTimeout)
-		}
-		var t0 time.Time
-		if s.ReadTimeout > 0 {
-			t0 = time.Now()
 		}
 		if c.lastPOST { // net/http's tolerance of old clients' CRLF after a POST body
 			b, _ := c.br.Peek(min(4, c.br.Buffered()))
@@ -469,11 +481,8 @@ func (c *conn) serve() {
 			c.releaseReader()
 		}
 		c.lastPOST = req.Method == "POST"
-		if s.ReadTimeout > 0 {
-			c.rwc.SetReadDeadline(t0.Add(s.ReadTimeout))
-			c.readDL = true
-		} else {
-			c.setReadTimeout(0)
+		if req.Body != http.NoBody && req.ContentLength > int64(c.br.Buffered()) {
+			c.setReadTimeout(s.ReadTimeout) // zero clears the header deadline, as net/http
 		}
 		if s.WriteTimeout > 0 {
 			c.rwc.SetWriteDeadline(time.Now().Add(s.WriteTimeout))
