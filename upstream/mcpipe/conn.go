@@ -53,12 +53,13 @@ type conn struct {
 	timeout time.Duration
 
 	mu      sync.Mutex
-	wbuf    []byte  // encoded requests not yet written
-	spare   []byte  // the other write buffer, swapped with wbuf per write
-	queue   []*call // sent or about to be sent, in order; replies complete queue[0]
-	writing bool    // a goroutine is writing wbuf
-	idle    bool    // the reader waits without a deadline (queue was empty)
-	err     error   // set once the connection failed; final
+	wbuf    []byte    // encoded requests not yet written
+	spare   []byte    // the other write buffer, swapped with wbuf per write
+	queue   []*call   // sent or about to be sent, in order; replies complete queue[0]
+	writing bool      // a goroutine is writing wbuf
+	idle    bool      // the reader waits without a deadline (queue was empty)
+	armedAt time.Time // when the read deadline was last set to armedAt+timeout
+	err     error     // set once the connection failed; final
 }
 
 func newConn(nc net.Conn, timeout time.Duration) *conn {
@@ -88,7 +89,7 @@ func (c *conn) send(cl *call, encode func([]byte) []byte) {
 		// The reader is blocked without a deadline: from now on a reply
 		// is owed within the timeout.
 		c.idle = false
-		_ = c.nc.SetReadDeadline(time.Now().Add(c.timeout))
+		c.armReadLocked(time.Now())
 	}
 	if c.writing {
 		c.mu.Unlock()
@@ -123,6 +124,12 @@ func (c *conn) send(cl *call, encode func([]byte) []byte) {
 	}
 	c.writing = false
 	c.mu.Unlock()
+}
+
+// armReadLocked owes the next reply within the timeout from now.
+func (c *conn) armReadLocked(now time.Time) {
+	c.armedAt = now
+	_ = c.nc.SetReadDeadline(now.Add(c.timeout))
 }
 
 // fail closes the connection once and fails every queued call with err.
@@ -184,8 +191,11 @@ func (c *conn) readLoop() {
 			c.queue = c.queue[:0:0] // let the backing array go; append reallocates small
 			c.idle = true
 			_ = c.nc.SetReadDeadline(time.Time{})
-		} else {
-			_ = c.nc.SetReadDeadline(time.Now().Add(c.timeout))
+		} else if now := time.Now(); now.Sub(c.armedAt) > c.timeout/8 {
+			// Extend the deadline from this reply, but not for every
+			// reply (a timer update each): the next reply is then owed
+			// within 7/8 to 8/8 of the timeout.
+			c.armReadLocked(now)
 		}
 		cl.done <- struct{}{}
 		c.mu.Unlock()

@@ -33,8 +33,9 @@ type Options struct {
 	// zero, 1.
 	Conns int
 	// Timeout bounds dialling, each write, and the wait for the next
-	// reply while requests are outstanding; if zero, 500ms (gomemcache's
-	// default).
+	// reply while requests are outstanding (from the last reply, rounded
+	// down by up to an eighth to spare timer updates); if zero, 500ms
+	// (gomemcache's default).
 	Timeout time.Duration
 }
 
