@@ -215,6 +215,14 @@ func TestKubernetes(t *testing.T) {
 			if strings.HasPrefix(e.Name, "MEMCGATE_") {
 				t.Errorf("container env sets %s; keep MEMCGATE_ variables in the ConfigMap", e.Name)
 			}
+			if e.Name == "GOMEMLIMIT" {
+				soft, err1 := memBytes(e.Value, "MiB")
+				hard, err2 := memBytes(c.Resources.Limits["memory"], "Mi")
+				if err1 != nil || err2 != nil || soft >= hard || soft < hard*8/10 {
+					t.Errorf("GOMEMLIMIT %q against limits.memory %q (%v, %v): want 80-99%% of the limit",
+						e.Value, c.Resources.Limits["memory"], err1, err2)
+				}
+			}
 		}
 	})
 
@@ -413,4 +421,15 @@ func TestKubernetes(t *testing.T) {
 			t.Fatalf("kubectl kustomize with the component: %v\n%s", err, out)
 		}
 	})
+}
+
+// memBytes parses a whole number followed by unit (MiB for Go's
+// GOMEMLIMIT, Mi for Kubernetes quantities).
+func memBytes(v, unit string) (int64, error) {
+	n, ok := strings.CutSuffix(v, unit)
+	if !ok {
+		return 0, fmt.Errorf("%q does not end in %s", v, unit)
+	}
+	i, err := strconv.ParseInt(n, 10, 64)
+	return i << 20, err
 }
