@@ -51,7 +51,7 @@ func BenchmarkClusterGetParallel(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			c, _ := newTestClusterTB(b, []*memcachedtest.Server{mc}, func(o *Options) {
-				o.MaxConns, o.MaxIdleConns, o.NoGetBatching = 8, 8, !batching
+				o.MaxConns, o.MaxIdleConns, o.MaxInFlight, o.NoGetBatching = 8, 8, 8, !batching
 			})
 			// 1000 distinct 96-byte keys, so batches are not just one key
 			// fetched once for everyone.

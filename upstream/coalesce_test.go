@@ -15,7 +15,7 @@ import (
 
 func TestGetBatchingUnderLoad(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 1)
-	c, _ := newTestCluster(t, mcs, func(o *Options) { o.MaxConns, o.MaxIdleConns = 2, 2 })
+	c, _ := newTestCluster(t, mcs, func(o *Options) { o.MaxConns, o.MaxIdleConns, o.MaxInFlight = 2, 2, 2 })
 	ctx := t.Context()
 	for i := range 50 {
 		if err := c.Set(ctx, Item{Key: fmt.Sprint("b", i), Value: []byte(fmt.Sprint("value-", i))}); err != nil {
@@ -59,7 +59,7 @@ func TestGetBatchingUnderLoad(t *testing.T) {
 
 func TestParkedGetFollowsContext(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 1)
-	c, _ := newTestCluster(t, mcs, func(o *Options) { o.MaxConns = 1 })
+	c, _ := newTestCluster(t, mcs, func(o *Options) { o.MaxConns, o.MaxInFlight = 1, 1 })
 	n := c.nodes[0]
 	n.sem <- struct{}{} // the only slot is busy and stays busy
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
@@ -83,7 +83,7 @@ func TestParkedGetFollowsContext(t *testing.T) {
 
 func TestBatchedGetsFailOver(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 2)
-	c, _ := newTestCluster(t, mcs, func(o *Options) { o.MaxConns = 1 })
+	c, _ := newTestCluster(t, mcs, func(o *Options) { o.MaxConns, o.MaxInFlight = 1, 1 })
 	key := keyOwnedBy(t, c, 0)
 	mcs[0].Kill()
 	var wg sync.WaitGroup

@@ -25,7 +25,7 @@ import (
 // the tests finish quickly; data timeouts are as shipped.
 func faultOptions(o *Options) {
 	o.Timeout = 500 * time.Millisecond
-	o.MaxConns, o.MaxIdleConns = 16, 16
+	o.MaxConns, o.MaxIdleConns, o.MaxInFlight = 16, 16, 16
 	o.Health = HealthOptions{Interval: 200 * time.Millisecond, Timeout: 300 * time.Millisecond,
 		Fall: 2, Rise: 2, PassiveFails: 3, MaxEjectedPercent: 100,
 		// Faults follow each other within seconds here; flap back-off has its

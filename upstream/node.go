@@ -67,7 +67,7 @@ func (s selector) Each(f func(net.Addr) error) error   { return f(s.a) }
 func newNode(name string, o *Options, pol *healthPolicy, m *nodeMetrics, log *slog.Logger) *node {
 	n := &node{
 		name: name,
-		sem:  make(chan struct{}, o.MaxConns),
+		sem:  make(chan struct{}, o.inFlightCap()),
 		m:    m,
 		log:  log.With("node", name),
 		h:    pol,
@@ -131,6 +131,14 @@ type dataClient interface {
 	Decrement(key string, delta uint64) (uint64, error)
 	Touch(key string, seconds int32) error
 	Close() error
+}
+
+// inFlightCap is the number of operations a node runs at once.
+func (o *Options) inFlightCap() int {
+	if o.PipelineConns > 0 {
+		return o.MaxInFlight
+	}
+	return o.MaxConns
 }
 
 // opFunc runs one operation on a node's client. failover is true when the

@@ -91,14 +91,17 @@ type Options struct {
 	HashWithPrefix bool
 	Timeout        time.Duration // socket dial/read/write timeout per operation; if zero, 500ms
 	MaxIdleConns   int           // idle keepalive connections per node without pipelining; if zero, 64
-	MaxConns       int           // operations in flight per node (and connections without pipelining); if zero, 64
+	MaxConns       int           // without pipelining: connections, and so operations in flight, per node; if zero, 64
 	// PipelineConns, if positive, sends each node's operations over that
 	// many pipelined connections (package mcpipe) instead of gomemcache's
-	// one operation per connection. MaxConns still caps operations in
+	// one operation per connection; MaxInFlight then caps operations in
 	// flight.
 	PipelineConns int
-	MaxAttempts   int            // distinct nodes tried per operation; if zero, 2
-	Failover      FailoverPolicy // if empty, Rehash
+	// MaxInFlight caps operations in flight per node when pipelining; if
+	// zero, 256. (Without pipelining MaxConns is the cap.)
+	MaxInFlight int
+	MaxAttempts int            // distinct nodes tried per operation; if zero, 2
+	Failover    FailoverPolicy // if empty, Rehash
 	// FailoverTTL caps the expiration of writes that land on a node other
 	// than the key's owner, so that when the owner returns the copies
 	// elsewhere age out. 0 means no cap.
@@ -125,7 +128,10 @@ func (o *Options) withDefaults() {
 	if o.MaxConns <= 0 {
 		o.MaxConns = 64
 	}
-	o.PipelineConns = min(o.PipelineConns, o.MaxConns)
+	if o.MaxInFlight <= 0 {
+		o.MaxInFlight = 256
+	}
+	o.PipelineConns = min(o.PipelineConns, o.MaxInFlight)
 	if o.MaxAttempts <= 0 {
 		o.MaxAttempts = 2
 	}

@@ -101,7 +101,7 @@ func newTestClusterTB(t testing.TB, mcs []*memcachedtest.Server, mod func(*Optio
 	for _, m := range mcs {
 		servers = append(servers, Server{Host: "127.0.0.1", Port: m.Port, Weight: 1})
 	}
-	o := Options{Servers: servers, Timeout: 300 * time.Millisecond, MaxConns: 8, MaxIdleConns: 8, PipelineConns: *pipelineConns,
+	o := Options{Servers: servers, Timeout: 300 * time.Millisecond, MaxConns: 8, MaxIdleConns: 8, MaxInFlight: 8, PipelineConns: *pipelineConns,
 		Health: HealthOptions{Interval: 50 * time.Millisecond, Timeout: 100 * time.Millisecond, Fall: 2, Rise: 2, PassiveFails: 2}}
 	if mod != nil {
 		mod(&o)
@@ -188,7 +188,7 @@ func TestOperations(t *testing.T) {
 func TestMaxConnsBoundsConnections(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 1)
 	const limit = 3
-	c, _ := newTestCluster(t, mcs, func(o *Options) { o.MaxConns, o.MaxIdleConns = limit, limit })
+	c, _ := newTestCluster(t, mcs, func(o *Options) { o.MaxConns, o.MaxIdleConns, o.MaxInFlight = limit, limit, limit })
 	ctx := t.Context()
 	errs := make(chan error, 200)
 	for i := range 200 {
@@ -220,7 +220,7 @@ func TestMaxConnsBoundsConnections(t *testing.T) {
 
 func TestWaitForSlotFollowsContext(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 1)
-	c, _ := newTestCluster(t, mcs, func(o *Options) { o.MaxConns = 1 })
+	c, _ := newTestCluster(t, mcs, func(o *Options) { o.MaxConns, o.MaxInFlight = 1, 1 })
 	n := c.nodes[0]
 	n.sem <- struct{}{} // the only slot is taken
 	defer func() { <-n.sem }()

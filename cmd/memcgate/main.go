@@ -103,6 +103,7 @@ func upstreamOptions(cfg config.Config) upstream.Options {
 		MaxIdleConns:   cfg.Keepalive,
 		MaxConns:       cfg.MaxConnsPerNode,
 		PipelineConns:  cfg.PipelineConns,
+		MaxInFlight:    cfg.MaxInFlight,
 		MaxAttempts:    cfg.MaxAttempts,
 		NoGetBatching:  !cfg.BatchGets,
 		Failover:       upstream.FailoverPolicy(cfg.Failover),

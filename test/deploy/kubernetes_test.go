@@ -322,8 +322,12 @@ func TestKubernetes(t *testing.T) {
 			t.Fatalf("memcached args %v have no -c", args)
 		}
 		maxConns, _ := strconv.Atoi(args[i+1])
-		if need := hpa.MaxReplicas * (cfg.MaxConnsPerNode + 1); maxConns < need {
-			t.Errorf("memcached -c %d < HPA maxReplicas x (MAX_CONNS_PER_NODE + 1) = %d", maxConns, need)
+		perGateway := cfg.PipelineConns + 1 // data connections + the health probe's
+		if cfg.PipelineConns == 0 {
+			perGateway = cfg.MaxConnsPerNode + 1
+		}
+		if need := hpa.MaxReplicas * perGateway; maxConns < need {
+			t.Errorf("memcached -c %d < HPA maxReplicas x %d connections per gateway = %d", maxConns, perGateway, need)
 		}
 	})
 
