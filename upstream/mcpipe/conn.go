@@ -33,6 +33,8 @@ const (
 type call struct {
 	kind kind
 	verb string
+	key  string  // a single-key Get's key: such Gets may share one command
+	peer []*call // on the first call of a shared gets line: every call on it
 	reply
 	done chan struct{}
 }
@@ -57,6 +59,7 @@ type conn struct {
 	spare   []byte    // the other write buffer, swapped with wbuf per write
 	queue   []*call   // sent or about to be sent, in order; replies complete queue[0]
 	writing bool      // a goroutine is writing wbuf
+	open    *call     // the first call of the gets line at the end of wbuf, still open for keys
 	idle    bool      // the reader waits without a deadline (queue was empty)
 	armedAt time.Time // when the read deadline was last set to armedAt+timeout
 	err     error     // set once the connection failed; final
@@ -83,8 +86,24 @@ func (c *conn) send(cl *call, encode func([]byte) []byte) {
 		cl.done <- struct{}{}
 		return
 	}
-	c.wbuf = encode(c.wbuf)
-	c.queue = append(c.queue, cl)
+	switch {
+	case cl.key != "" && c.open != nil && len(c.open.peer) < maxSharedKeys:
+		// Another single-key Get while one's line is still unsent: add
+		// the key to that line. memcached answers one multi-key gets
+		// for all of them, much cheaper than a command each.
+		c.wbuf = append(append(c.wbuf, ' '), cl.key...)
+		c.open.peer = append(c.open.peer, cl)
+	case cl.key != "":
+		c.closeLineLocked()
+		c.wbuf = append(append(c.wbuf, "gets "...), cl.key...)
+		cl.peer = append(cl.peer[:0], cl)
+		c.open = cl
+		c.queue = append(c.queue, cl)
+	default:
+		c.closeLineLocked()
+		c.wbuf = encode(c.wbuf)
+		c.queue = append(c.queue, cl)
+	}
 	if c.idle {
 		// The reader is blocked without a deadline: from now on a reply
 		// is owed within the timeout.
@@ -103,7 +122,7 @@ func (c *conn) send(cl *call, encode func([]byte) []byte) {
 	// memcached) each. With nothing else runnable this returns at once.
 	runtime.Gosched()
 	c.mu.Lock()
-	for len(c.wbuf) > 0 {
+	for c.closeLineLocked(); len(c.wbuf) > 0; c.closeLineLocked() {
 		buf := c.wbuf
 		c.wbuf = c.spare[:0]
 		c.mu.Unlock()
@@ -132,6 +151,18 @@ func (c *conn) armReadLocked(now time.Time) {
 	_ = c.nc.SetReadDeadline(now.Add(c.timeout))
 }
 
+// maxSharedKeys bounds the keys on one shared gets line (about 25 KiB of
+// command line with long keys; memcached reads longer get lines too).
+const maxSharedKeys = 100
+
+// closeLineLocked ends the open shared gets line, if any.
+func (c *conn) closeLineLocked() {
+	if c.open != nil {
+		c.wbuf = append(c.wbuf, "\r\n"...)
+		c.open = nil
+	}
+}
+
 // fail closes the connection once and fails every queued call with err.
 func (c *conn) fail(err error) {
 	c.mu.Lock()
@@ -143,9 +174,13 @@ func (c *conn) fail(err error) {
 	q := c.queue
 	c.queue = nil
 	c.wbuf = nil
+	c.open = nil
 	for _, cl := range q {
-		cl.reply = reply{err: err}
-		cl.done <- struct{}{}
+		members := cl.members()
+		for _, p := range members {
+			p.reply = reply{err: err}
+		}
+		signal(members)
 	}
 	c.mu.Unlock()
 	_ = c.nc.Close()
@@ -184,7 +219,12 @@ func (c *conn) readLoop() {
 			return
 		}
 		cl := c.queue[0]
-		cl.reply = r
+		members := cl.members()
+		if len(cl.peer) > 0 {
+			share(members, r)
+		} else {
+			cl.reply = r
+		}
 		c.queue[0] = nil
 		c.queue = c.queue[1:]
 		if len(c.queue) == 0 {
@@ -197,8 +237,43 @@ func (c *conn) readLoop() {
 			// within 7/8 to 8/8 of the timeout.
 			c.armReadLocked(now)
 		}
-		cl.done <- struct{}{}
+		signal(members)
 		c.mu.Unlock()
+	}
+}
+
+// members are the calls a queued call answers for: the calls on its
+// shared gets line, or itself.
+func (cl *call) members() []*call {
+	if len(cl.peer) > 0 {
+		return cl.peer
+	}
+	return []*call{cl}
+}
+
+// signal completes calls, the first (which owns the slice) last: once it
+// is signalled its waiter may recycle it, slice included.
+func signal(calls []*call) {
+	for i := len(calls) - 1; i >= 0; i-- {
+		calls[i].done <- struct{}{}
+	}
+}
+
+// share hands each call on a shared gets line its own part of the reply:
+// the item for its key, or none (a miss). Calls for the same key share
+// the item.
+func share(calls []*call, r reply) {
+	for _, p := range calls {
+		p.reply = reply{err: r.err}
+		if r.err != nil {
+			continue
+		}
+		for _, it := range r.items {
+			if it.Key == p.key {
+				p.reply.items = []*memcache.Item{it}
+				break
+			}
+		}
 	}
 }
 

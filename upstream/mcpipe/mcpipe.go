@@ -131,9 +131,26 @@ func (c *Client) do(k kind, verb string, encode func([]byte) []byte) (*call, err
 	return cl, nil
 }
 
+// doKey sends a single-key Get, which may share its command line with
+// other Gets (see conn.send), and waits for its reply.
+func (c *Client) doKey(key string) (*call, error) {
+	cn, err := c.conn()
+	if err != nil {
+		return nil, err
+	}
+	cl, _ := c.calls.Get().(*call)
+	if cl == nil {
+		cl = &call{done: make(chan struct{}, 1)}
+	}
+	cl.kind, cl.verb, cl.key = kindGet, "gets", key
+	cn.send(cl, nil)
+	<-cl.done
+	return cl, nil
+}
+
 // release returns a call whose results the caller has read.
 func (c *Client) release(cl *call) {
-	*cl = call{done: cl.done}
+	*cl = call{done: cl.done, peer: cl.peer[:0]}
 	c.calls.Put(cl)
 }
 
@@ -157,11 +174,7 @@ func (c *Client) Get(key string) (*memcache.Item, error) {
 	if !legalKey(key) {
 		return nil, memcache.ErrMalformedKey
 	}
-	cl, err := c.do(kindGet, "get", func(b []byte) []byte {
-		b = append(b, "gets "...)
-		b = append(b, key...)
-		return append(b, "\r\n"...)
-	})
+	cl, err := c.doKey(key)
 	if err != nil {
 		return nil, err
 	}

@@ -392,3 +392,50 @@ func TestParseValueLine(t *testing.T) {
 		}
 	}
 }
+
+// TestSharedGetLines: concurrent single-key Gets, hits, misses and
+// repeated keys, share command lines (fewer writes than Gets) and each
+// gets exactly its own answer.
+func TestSharedGetLines(t *testing.T) {
+	srv := memcachedtest.Start(t)
+	var writes atomic.Int64
+	c := newClient(srv.Addr, 1, &writes)
+	defer c.Close()
+	for i := range 50 {
+		k := fmt.Sprintf("k%d", i)
+		if err := c.Set(&memcache.Item{Key: k, Value: []byte("v-" + k), Flags: uint32(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writes.Store(0)
+	const workers, rounds = 64, 40
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range rounds {
+				n := (w*7 + i) % 60 // 50..59 are misses; keys repeat across workers
+				k := fmt.Sprintf("k%d", n)
+				it, err := c.Get(k)
+				switch {
+				case n >= 50 && !errors.Is(err, memcache.ErrCacheMiss):
+					t.Errorf("Get(%s) = %+v, %v; want a miss", k, it, err)
+				case n < 50 && (err != nil || string(it.Value) != "v-"+k || it.Flags != uint32(n) || it.Key != k):
+					t.Errorf("Get(%s) = %+v, %v; want v-%s flags %d", k, it, err, k, n)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if got := writes.Load(); got >= workers*rounds {
+		t.Errorf("%d writes for %d Gets: no lines were shared", got, workers*rounds)
+	} else {
+		t.Logf("%d Gets in %d writes", workers*rounds, got)
+	}
+	// A Get behind a store on the same connection still sees the store.
+	if err := c.Set(&memcache.Item{Key: "k1", Value: []byte("new")}); err != nil {
+		t.Fatal(err)
+	}
+	if it, err := c.Get("k1"); err != nil || string(it.Value) != "new" {
+		t.Fatalf("Get after Set = %+v, %v; want new", it, err)
+	}
+}
