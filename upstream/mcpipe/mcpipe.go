@@ -148,6 +148,17 @@ func (c *Client) doKey(key string) (*call, error) {
 	return cl, nil
 }
 
+// simple sends a request whose reply is only an outcome and returns it.
+func (c *Client) simple(k kind, verb string, encode func([]byte) []byte) error {
+	cl, err := c.do(k, verb, encode)
+	if err != nil {
+		return err
+	}
+	err = cl.err
+	c.release(cl)
+	return err
+}
+
 // release returns a call whose results the caller has read.
 func (c *Client) release(cl *call) {
 	*cl = call{done: cl.done, peer: cl.peer[:0]}
@@ -246,15 +257,9 @@ func (c *Client) store(verb string, it *memcache.Item) error {
 	if !legalKey(it.Key) {
 		return memcache.ErrMalformedKey
 	}
-	cl, err := c.do(kindStore, verb, func(b []byte) []byte {
+	return c.simple(kindStore, verb, func(b []byte) []byte {
 		return appendStore(b, verb, it)
 	})
-	if err != nil {
-		return err
-	}
-	err = cl.err
-	c.release(cl)
-	return err
 }
 
 // Delete removes an item; memcache.ErrCacheMiss if it was not there.
@@ -262,17 +267,11 @@ func (c *Client) Delete(key string) error {
 	if !legalKey(key) {
 		return memcache.ErrMalformedKey
 	}
-	cl, err := c.do(kindDelete, "delete", func(b []byte) []byte {
+	return c.simple(kindDelete, "delete", func(b []byte) []byte {
 		b = append(b, "delete "...)
 		b = append(b, key...)
 		return append(b, "\r\n"...)
 	})
-	if err != nil {
-		return err
-	}
-	err = cl.err
-	c.release(cl)
-	return err
 }
 
 // Touch sets a new expiration; memcache.ErrCacheMiss if the item is gone.
@@ -280,19 +279,13 @@ func (c *Client) Touch(key string, seconds int32) error {
 	if !legalKey(key) {
 		return memcache.ErrMalformedKey
 	}
-	cl, err := c.do(kindTouch, "touch", func(b []byte) []byte {
+	return c.simple(kindTouch, "touch", func(b []byte) []byte {
 		b = append(b, "touch "...)
 		b = append(b, key...)
 		b = append(b, ' ')
 		b = appendInt(b, int64(seconds))
 		return append(b, "\r\n"...)
 	})
-	if err != nil {
-		return err
-	}
-	err = cl.err
-	c.release(cl)
-	return err
 }
 
 // Increment adds delta to a decimal value and returns the result.
