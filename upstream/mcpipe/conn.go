@@ -33,8 +33,9 @@ const (
 type call struct {
 	kind kind
 	verb string
-	key  string  // a single-key Get's key: such Gets may share one command
-	peer []*call // on the first call of a shared gets line: every call on it
+	key  string   // a single-key Get's key: such Gets may share one command
+	peer []*call  // on the first call of a shared gets line: every call on it
+	self [1]*call // members' answer for a call on its own, without allocating
 	reply
 	done chan struct{}
 }
@@ -248,7 +249,8 @@ func (cl *call) members() []*call {
 	if len(cl.peer) > 0 {
 		return cl.peer
 	}
-	return []*call{cl}
+	cl.self[0] = cl
+	return cl.self[:]
 }
 
 // signal completes calls, the first (which owns the slice) last: once it
