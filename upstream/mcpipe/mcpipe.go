@@ -115,8 +115,10 @@ func (c *Client) conn() (*conn, error) {
 	return cn, nil
 }
 
-// do sends one request and waits for its reply.
-func (c *Client) do(k kind, verb string, encode func([]byte) []byte) (*call, error) {
+// do sends one request and waits for its reply. A non-empty key makes it
+// a single-key Get, which may share its command line with other Gets (see
+// conn.send); encode is then unused.
+func (c *Client) do(k kind, verb, key string, encode func([]byte) []byte) (*call, error) {
 	cn, err := c.conn()
 	if err != nil {
 		return nil, err
@@ -125,32 +127,15 @@ func (c *Client) do(k kind, verb string, encode func([]byte) []byte) (*call, err
 	if cl == nil {
 		cl = &call{done: make(chan struct{}, 1)}
 	}
-	cl.kind, cl.verb = k, verb
+	cl.kind, cl.verb, cl.key = k, verb, key
 	cn.send(cl, encode)
-	<-cl.done
-	return cl, nil
-}
-
-// doKey sends a single-key Get, which may share its command line with
-// other Gets (see conn.send), and waits for its reply.
-func (c *Client) doKey(key string) (*call, error) {
-	cn, err := c.conn()
-	if err != nil {
-		return nil, err
-	}
-	cl, _ := c.calls.Get().(*call)
-	if cl == nil {
-		cl = &call{done: make(chan struct{}, 1)}
-	}
-	cl.kind, cl.verb, cl.key = kindGet, "gets", key
-	cn.send(cl, nil)
 	<-cl.done
 	return cl, nil
 }
 
 // simple sends a request whose reply is only an outcome and returns it.
 func (c *Client) simple(k kind, verb string, encode func([]byte) []byte) error {
-	cl, err := c.do(k, verb, encode)
+	cl, err := c.do(k, verb, "", encode)
 	if err != nil {
 		return err
 	}
@@ -185,7 +170,7 @@ func (c *Client) Get(key string) (*memcache.Item, error) {
 	if !legalKey(key) {
 		return nil, memcache.ErrMalformedKey
 	}
-	cl, err := c.doKey(key)
+	cl, err := c.do(kindGet, "gets", key, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -210,7 +195,7 @@ func (c *Client) GetMulti(keys []string) (map[string]*memcache.Item, error) {
 			return nil, memcache.ErrMalformedKey
 		}
 	}
-	cl, err := c.do(kindGet, "get", func(b []byte) []byte {
+	cl, err := c.do(kindGet, "get", "", func(b []byte) []byte {
 		b = append(b, "gets"...)
 		for _, k := range keys {
 			b = append(b, ' ')
@@ -303,7 +288,7 @@ func (c *Client) incrDecr(verb, key string, delta uint64) (uint64, error) {
 	if !legalKey(key) {
 		return 0, memcache.ErrMalformedKey
 	}
-	cl, err := c.do(kindIncr, verb, func(b []byte) []byte {
+	cl, err := c.do(kindIncr, verb, "", func(b []byte) []byte {
 		b = append(b, verb...)
 		b = append(b, ' ')
 		b = append(b, key...)
