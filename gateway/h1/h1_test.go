@@ -15,9 +15,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/memcgate/memcgate/test/gatewaytest"
 )
 
 const testMaxHeader = 8 << 10
@@ -808,24 +809,6 @@ func firstHead(addr string, in []byte) (string, error) {
 	return b.String(), nil
 }
 
-// lockedBuffer is a log destination the test can read while servers write.
-type lockedBuffer struct {
-	mu sync.Mutex // guards b
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func TestErrorLog(t *testing.T) {
 	tests := []struct {
 		path string
@@ -839,7 +822,7 @@ func TestErrorLog(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.path, func(t *testing.T) {
-			var logs lockedBuffer
+			var logs gatewaytest.SyncBuffer
 			_, addr := startH1(t, testHandler(), func(s *Server) { s.ErrorLog = log.New(&logs, "", 0) })
 			c, br := dial(t, addr)
 			io.WriteString(c, "GET "+tt.path+" HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
