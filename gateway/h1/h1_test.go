@@ -443,32 +443,41 @@ func conformanceCases() []conformanceCase {
 
 func TestConformance(t *testing.T) {
 	h := testHandler()
-	_, fast := startH1(t, h, nil)
+	_, raw := startH1(t, h, nil)
+	// Connections without a RawConn are read with Read (see inbuf).
+	_, plain := startH1On(t, plainListener{listen(t, "tcp")}, h, nil)
 	std := startNetHTTP(t, listen(t, "tcp"), h)
 	for _, tt := range conformanceCases() {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			methods := tt.methods
-			if methods == nil {
-				methods = []string{"GET"}
-			}
-			want, wantClosed := exchange(t, std, tt.raw, methods, tt.halfClose)
-			got, gotClosed := exchange(t, fast, tt.raw, methods, tt.halfClose)
-			if tt.status != "" && (len(want) == 0 || want[0].status != tt.status) {
-				t.Fatalf("net/http answered %v, want status %q", want, tt.status)
-			}
-			if len(got) != len(want) {
-				t.Fatalf("got %d responses, want %d:\ngot  %v\nwant %v", len(got), len(want), got, want)
-			}
-			for i := range got {
-				if got[i].String() != want[i].String() {
-					t.Errorf("response %d:\ngot  %v\nwant %v", i, got[i], want[i])
-				}
-			}
-			if gotClosed != wantClosed {
-				t.Errorf("connection closed = %v, want %v", gotClosed, wantClosed)
-			}
-		})
+		for _, fast := range []struct{ name, addr string }{{"raw", raw}, {"Read", plain}} {
+			t.Run(fast.name+"/"+tt.name, func(t *testing.T) {
+				t.Parallel()
+				testConformance(t, tt, std, fast.addr)
+			})
+		}
+	}
+}
+
+// testConformance checks that h1 at fast answers tt as net/http at std.
+func testConformance(t *testing.T, tt conformanceCase, std, fast string) {
+	methods := tt.methods
+	if methods == nil {
+		methods = []string{"GET"}
+	}
+	want, wantClosed := exchange(t, std, tt.raw, methods, tt.halfClose)
+	got, gotClosed := exchange(t, fast, tt.raw, methods, tt.halfClose)
+	if tt.status != "" && (len(want) == 0 || want[0].status != tt.status) {
+		t.Fatalf("net/http answered %v, want status %q", want, tt.status)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d responses, want %d:\ngot  %v\nwant %v", len(got), len(want), got, want)
+	}
+	for i := range got {
+		if got[i].String() != want[i].String() {
+			t.Errorf("response %d:\ngot  %v\nwant %v", i, got[i], want[i])
+		}
+	}
+	if gotClosed != wantClosed {
+		t.Errorf("connection closed = %v, want %v", gotClosed, wantClosed)
 	}
 }
 

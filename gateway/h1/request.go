@@ -13,14 +13,14 @@ import (
 // to keep the connection (net/http's maxPostHandlerReadBytes).
 const maxDiscard = 256 << 10
 
-// readRequest waits until c.br holds a complete request head and parses
+// readRequest waits until c.in holds a complete request head and parses
 // it without consuming it. It returns the request and the head's length;
 // or nil and handOver when the request is not for the fast path (the
 // connection goes to Fallback, which answers malformed requests) or the
 // connection must be closed (!handOver).
 func (c *conn) readRequest() (req *http.Request, n int, handOver bool) {
 	for {
-		buf, _ := c.br.Peek(c.br.Buffered())
+		buf := c.in.bytes()
 		n, lines, fast := scanHead(buf)
 		if !fast {
 			return nil, 0, true
@@ -29,13 +29,13 @@ func (c *conn) readRequest() (req *http.Request, n int, handOver bool) {
 			req := c.newRequest(buf[:n], lines)
 			return req, n, req == nil
 		}
-		if len(buf) == c.br.Size() {
+		if len(buf) == c.in.Size() {
 			return nil, 0, true // Fallback applies MaxHeaderBytes
 		}
-		if _, err := c.br.Peek(len(buf) + 1); err != nil {
+		if _, err := c.in.Peek(len(buf) + 1); err != nil {
 			// net/http answers a head cut short by the client's EOF,
 			// but says nothing on a timeout or a reset.
-			return nil, 0, err == io.EOF && c.br.Buffered() > 0
+			return nil, 0, err == io.EOF && c.in.Buffered() > 0
 		}
 	}
 }
@@ -247,7 +247,7 @@ func asciiEqualFold(s, t string) bool { return len(s) == len(t) && strings.Equal
 // http.ErrBodyReadAfterClose after Close. It is not safe for concurrent
 // use.
 type body struct {
-	c      *conn // reads from c.br, and releases it at the body's end
+	c      *conn // reads from c.in, and releases its buffer at the body's end
 	n      int64 // bytes not yet read
 	sawEOF bool
 	closed bool
@@ -267,11 +267,11 @@ func (b *body) Read(p []byte) (int, error) {
 	if int64(len(p)) > b.n {
 		p = p[:b.n]
 	}
-	n, err := b.c.br.Read(p)
+	n, err := b.c.in.Read(p)
 	b.n -= int64(n)
 	if b.n == 0 {
 		b.sawEOF = true
-		b.c.releaseReader()
+		b.c.in.release()
 		return n, io.EOF
 	}
 	if err == io.EOF { // net/http then reports io.EOF, and keeps the connection
@@ -302,7 +302,7 @@ func (b *body) Close() error {
 // discard reads and drops the rest of the body.
 func (b *body) discard() error {
 	if b.n > 0 && !b.sawEOF {
-		d, err := b.c.br.Discard(int(b.n))
+		d, err := b.c.in.Discard(int(b.n))
 		b.n -= int64(d)
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
@@ -312,6 +312,6 @@ func (b *body) discard() error {
 		}
 	}
 	b.sawEOF = true
-	b.c.releaseReader()
+	b.c.in.release()
 	return nil
 }

@@ -32,7 +32,6 @@
 package h1
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -84,7 +83,8 @@ type Server struct {
 	// accept errors. Nil discards them.
 	ErrorLog *log.Logger
 
-	readers      sync.Pool // of *bufio.Reader of readBufSize bytes
+	readers      sync.Pool // of *[readBufSize]byte, for conn.in
+	writers      sync.Pool // of *outbuf, for conn.hbuf and conn.wbuf
 	inShutdown   atomic.Bool
 	noKeepAlives atomic.Bool
 
@@ -323,6 +323,7 @@ const (
 
 func (s *Server) newConn(rw net.Conn, ho *handoff) *conn {
 	c := &conn{srv: s, rwc: rw, ho: ho, created: time.Now()}
+	c.in.init(rw, &s.readers)
 	if ra := rw.RemoteAddr(); ra != nil {
 		c.remote = ra.String()
 	}
@@ -341,7 +342,7 @@ func (s *Server) newConn(rw net.Conn, ho *handoff) *conn {
 type conn struct {
 	srv     *Server
 	rwc     net.Conn
-	br      *bufio.Reader
+	in      inbuf // holds a buffer only while a request is being read
 	ho      *handoff
 	ctx     context.Context // the per-connection parent of request contexts
 	remote  string
@@ -353,6 +354,7 @@ type conn struct {
 
 	w    response // reused for every request
 	kvs  []kv     // header snapshot, reused
+	out  *outbuf  // where hbuf and wbuf come from, during a request
 	hbuf []byte   // response head not yet written
 	wbuf []byte   // response body not yet written
 	iov  net.Buffers
@@ -363,37 +365,10 @@ type conn struct {
 	date    []byte
 }
 
-// acquireReader gives the connection a read buffer if it has none.
-func (c *conn) acquireReader() {
-	if c.br != nil {
-		return
-	}
-	c.br, _ = c.srv.readers.Get().(*bufio.Reader)
-	if c.br == nil {
-		c.br = bufio.NewReaderSize(c.rwc, readBufSize)
-	} else {
-		c.br.Reset(c.rwc)
-	}
-}
-
-// releaseReader returns the read buffer to the pool if it holds no
-// unread bytes (a pipelined request keeps it). It runs once a request's
-// head and body are read, so the buffer is free while the handler waits
-// on memcached: with thousands of clients most connections are in that
-// wait, and only those reading a request hold a buffer.
-func (c *conn) releaseReader() {
-	if c.br == nil || c.br.Buffered() > 0 {
-		return
-	}
-	c.br.Reset(nil)
-	c.srv.readers.Put(c.br)
-	c.br = nil
-}
-
-// headBuffered reports whether br already holds a whole request head.
-func headBuffered(br *bufio.Reader) bool {
-	b, _ := br.Peek(br.Buffered())
-	return bytes.Contains(b, []byte("\r\n\r\n"))
+// headBuffered reports whether the read buffer already holds a whole
+// request head.
+func (c *conn) headBuffered() bool {
+	return bytes.Contains(c.in.bytes(), []byte("\r\n\r\n"))
 }
 
 func (c *conn) close() {
@@ -418,15 +393,12 @@ func (c *conn) serve() {
 		s.mu.Lock()
 		delete(s.conns, c)
 		s.mu.Unlock()
-		if c.br != nil {
-			c.br.Reset(nil)
-			s.readers.Put(c.br)
-		}
+		c.in.free()
 	}()
 	hdrTimeout := orRead(s.ReadHeaderTimeout, s.ReadTimeout)
 	c.setReadTimeout(hdrTimeout)
 	for first := true; ; first = false {
-		idle := c.br == nil || c.br.Buffered() == 0
+		idle := c.in.Buffered() == 0
 		if idle && !first {
 			c.setReadTimeout(orRead(s.IdleTimeout, s.ReadTimeout))
 			c.state.Store(stateIdle)
@@ -439,12 +411,12 @@ func (c *conn) serve() {
 		if first {
 			peek = 1
 		}
-		c.acquireReader()
-		if !idle && !first && !headBuffered(c.br) {
+		if !idle && !first && !c.headBuffered() {
 			// A pipelined request, not all here yet: the Peek may wait.
 			c.setReadTimeout(hdrTimeout)
 		}
-		if _, err := c.br.Peek(peek); err != nil {
+		// An idle connection waits here without a read buffer (see inbuf).
+		if _, err := c.in.Peek(peek); err != nil {
 			c.close()
 			return
 		}
@@ -456,16 +428,16 @@ func (c *conn) serve() {
 		// yet complete in the buffer, or a body not yet buffered. A request
 		// that arrived whole (the usual case) costs no read deadline but
 		// the idle one.
-		if idle && !first && !headBuffered(c.br) {
+		if idle && !first && !c.headBuffered() {
 			c.setReadTimeout(hdrTimeout)
 		}
 		if c.lastPOST { // net/http's tolerance of old clients' CRLF after a POST body
-			b, _ := c.br.Peek(min(4, c.br.Buffered()))
+			b, _ := c.in.Peek(min(4, c.in.Buffered()))
 			n := 0
 			for n < len(b) && (b[n] == '\r' || b[n] == '\n') {
 				n++
 			}
-			c.br.Discard(n)
+			c.in.Discard(n)
 		}
 		req, n, ok := c.readRequest()
 		if req == nil {
@@ -476,12 +448,15 @@ func (c *conn) serve() {
 			}
 			return
 		}
-		c.br.Discard(n)
+		c.in.Discard(n)
 		if req.Body == http.NoBody {
-			c.releaseReader()
+			// The request is read: the buffer is free while the handler
+			// waits on memcached, as is most of the time with thousands
+			// of clients.
+			c.in.release()
 		}
 		c.lastPOST = req.Method == "POST"
-		if req.Body != http.NoBody && req.ContentLength > int64(c.br.Buffered()) {
+		if req.Body != http.NoBody && req.ContentLength > int64(c.in.Buffered()) {
 			c.setReadTimeout(s.ReadTimeout) // zero clears the header deadline, as net/http
 		}
 		if s.WriteTimeout > 0 {
@@ -503,6 +478,8 @@ func (c *conn) serve() {
 func (c *conn) serveRequest(req *http.Request) bool {
 	w := &c.w
 	w.reset(c, req)
+	c.takeOut()
+	defer c.releaseOut()
 	if !c.runHandler(w, req) {
 		if w.committed { // as net/http, send what was already on its way
 			c.flush(nil)
@@ -511,9 +488,6 @@ func (c *conn) serveRequest(req *http.Request) bool {
 		return false
 	}
 	w.finish()
-	if cap(c.wbuf) > 4*maxBuffer {
-		c.wbuf = nil
-	}
 	if w.reusable() {
 		return true
 	}
@@ -522,6 +496,32 @@ func (c *conn) serveRequest(req *http.Request) bool {
 	}
 	c.close()
 	return false
+}
+
+// outbuf keeps a response's head and body buffers in the server's pool
+// between responses, so that a connection waiting for its next request
+// holds none.
+type outbuf struct{ head, body []byte }
+
+// takeOut gives the connection its response buffers.
+func (c *conn) takeOut() {
+	o, _ := c.srv.writers.Get().(*outbuf)
+	if o == nil {
+		o = new(outbuf)
+	}
+	c.out, c.hbuf, c.wbuf = o, o.head[:0], o.body[:0]
+}
+
+// releaseOut returns the response buffers to the pool, but not a body
+// buffer grown by a large response.
+func (c *conn) releaseOut() {
+	o := c.out
+	o.head, o.body = c.hbuf[:0], c.wbuf[:0]
+	if cap(o.body) > 4*maxBuffer {
+		o.body = nil
+	}
+	c.srv.writers.Put(o)
+	c.out, c.hbuf, c.wbuf = nil, nil, nil
 }
 
 func (c *conn) runHandler(w *response, req *http.Request) (ok bool) {
@@ -552,8 +552,8 @@ func (c *conn) lingerClose() {
 // to Fallback.
 func (c *conn) handover() {
 	c.rwc.SetDeadline(time.Time{})
-	buf := make([]byte, c.br.Buffered())
-	c.br.Read(buf)
+	buf := bytes.Clone(c.in.bytes())
+	c.in.free()
 	c.state.Store(stateClosed) // no longer ours: closeIdle and Close leave it alone
 	s := c.srv
 	s.mu.Lock()

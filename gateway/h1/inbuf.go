@@ -1,0 +1,251 @@
+package h1
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"syscall"
+)
+
+// inbuf is a connection's read buffer: the part of bufio.Reader that h1
+// uses, plus one thing bufio.Reader cannot do: wait for data without
+// holding a buffer. An empty inbuf gives its buffer back to the pool, and
+// on a connection with a syscall.RawConn (TCP and Unix sockets) it waits
+// inside the read itself, taking a buffer from the pool only when the
+// socket has bytes for it. With thousands of keep-alive clients most
+// connections are waiting for their next request at any moment; they
+// then hold no buffer at all, where a bufio.Reader would pin 4 KiB each.
+//
+// Errors are those of net.Conn.Read; a read error is returned once, as
+// bufio.Reader does. An inbuf is owned by its connection's goroutine.
+type inbuf struct {
+	pool pool            // of *[readBufSize]byte; a sync.Pool
+	nc   net.Conn        // read with Read when rc is nil, and named in errors
+	rc   syscall.RawConn // nil if nc offers none
+
+	buf  *[readBufSize]byte // nil while released
+	r, w int                // buf[r:w] is buffered
+	err  error              // a read error not yet returned
+
+	// The raw read's target and result; rawRead is the method value
+	// passed to rc.Read, made once so that a read allocates nothing.
+	dst     []byte // nil: read into buf, taking it from the pool first
+	n       int
+	rerr    error
+	rawRead func(fd uintptr) bool
+}
+
+// pool is the part of sync.Pool that inbuf uses.
+type pool interface {
+	Get() any
+	Put(any)
+}
+
+func (b *inbuf) init(nc net.Conn, p pool) {
+	b.nc, b.pool = nc, p
+	if sc, ok := nc.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			b.rc = rc
+			b.rawRead = b.readFD
+		}
+	}
+}
+
+// Size is the buffer's size: the most that Peek can return.
+func (b *inbuf) Size() int { return readBufSize }
+
+// Buffered is the number of bytes that can be read without a read call.
+func (b *inbuf) Buffered() int { return b.w - b.r }
+
+// bytes returns the buffered bytes, valid until the next call.
+func (b *inbuf) bytes() []byte {
+	if b.buf == nil {
+		return nil
+	}
+	return b.buf[b.r:b.w]
+}
+
+// release gives the buffer back to the pool if it holds nothing.
+func (b *inbuf) release() {
+	if b.r == b.w {
+		b.free()
+	}
+}
+
+// free gives the buffer back to the pool, dropping what it holds.
+func (b *inbuf) free() {
+	if b.buf != nil {
+		b.pool.Put(b.buf)
+		b.buf, b.r, b.w = nil, 0, 0
+	}
+}
+
+func (b *inbuf) take() {
+	b.buf, _ = b.pool.Get().(*[readBufSize]byte)
+	if b.buf == nil {
+		b.buf = new([readBufSize]byte)
+	}
+}
+
+// readErr returns the pending read error and clears it.
+func (b *inbuf) readErr() error {
+	err := b.err
+	b.err = nil
+	return err
+}
+
+// Peek returns the next n bytes without consuming them, reading as
+// needed; with fewer it also returns why (the read error, or
+// errBufferFull if n is more than Size).
+func (b *inbuf) Peek(n int) ([]byte, error) {
+	for b.w-b.r < n && b.w-b.r < readBufSize && b.err == nil {
+		b.fill()
+	}
+	if n > readBufSize {
+		return b.bytes(), errBufferFull
+	}
+	var err error
+	if avail := b.w - b.r; avail < n {
+		n = avail
+		if err = b.readErr(); err == nil {
+			err = errBufferFull
+		}
+	}
+	if n == 0 {
+		return nil, err
+	}
+	return b.buf[b.r : b.r+n], err
+}
+
+// Discard skips the next n bytes, reading as needed, and returns how
+// many it skipped: fewer than n only with an error.
+func (b *inbuf) Discard(n int) (int, error) {
+	done := 0
+	for {
+		skip := min(b.w-b.r, n-done)
+		b.r += skip
+		done += skip
+		if done == n {
+			return done, nil
+		}
+		if b.err != nil {
+			return done, b.readErr()
+		}
+		b.fill()
+	}
+}
+
+// Read reads up to len(p) bytes: what is buffered, else what one read
+// call returns (straight into p if p is at least as large as the buffer).
+func (b *inbuf) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		if b.Buffered() > 0 {
+			return 0, nil
+		}
+		return 0, b.readErr()
+	}
+	if b.r == b.w {
+		if b.err != nil {
+			return 0, b.readErr()
+		}
+		if len(p) >= readBufSize {
+			n, err := b.read(p)
+			return n, err
+		}
+		b.fill()
+		if b.r == b.w {
+			return 0, b.readErr()
+		}
+	}
+	n := copy(p, b.buf[b.r:b.w])
+	b.r += n
+	return n, nil
+}
+
+// fill reads once into the buffer's free space, after moving what is
+// buffered to its start; an error is kept for readErr.
+func (b *inbuf) fill() {
+	if b.r > 0 {
+		copy(b.buf[:], b.buf[b.r:b.w])
+		b.w -= b.r
+		b.r = 0
+	}
+	if b.w == readBufSize {
+		return
+	}
+	n, err := b.read(nil)
+	b.w += n
+	if err != nil {
+		b.err = err
+	}
+}
+
+// read reads once into p, or into the buffer's free space if p is nil,
+// and waits until there is something to read. Reading into the buffer
+// with nothing buffered, it holds no buffer while it waits.
+func (b *inbuf) read(p []byte) (int, error) {
+	if b.rc == nil {
+		if p == nil {
+			if b.buf == nil {
+				b.take()
+			}
+			p = b.buf[b.w:]
+		}
+		return b.nc.Read(p)
+	}
+	b.dst, b.n, b.rerr = p, 0, nil
+	if err := b.rc.Read(b.rawRead); err != nil {
+		b.dst = nil
+		return 0, b.opError(err)
+	}
+	b.dst = nil
+	return b.n, b.rerr
+}
+
+// readFD is the raw read: it reports false, to wait for the socket to
+// become readable, when the read would block.
+func (b *inbuf) readFD(fd uintptr) bool {
+	p := b.dst
+	if p == nil {
+		if b.buf == nil {
+			b.take()
+		}
+		p = b.buf[b.w:]
+	}
+	for {
+		n, err := syscall.Read(int(fd), p)
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err == syscall.EAGAIN:
+			b.release() // wait without a buffer if nothing is buffered
+			return false
+		case err != nil:
+			b.rerr = b.opError(os.NewSyscallError("read", err))
+		case n == 0:
+			b.rerr = io.EOF
+		default:
+			b.n = n
+		}
+		return true
+	}
+}
+
+// opError makes a read error look like net.Conn.Read's: an *net.OpError
+// for "read" around the cause (RawConn.Read says "raw-read").
+func (b *inbuf) opError(err error) error {
+	var oe *net.OpError
+	if errors.As(err, &oe) {
+		err = oe.Err
+	}
+	oe = &net.OpError{Op: "read", Err: err}
+	if la := b.nc.LocalAddr(); la != nil {
+		oe.Net, oe.Source = la.Network(), la
+	}
+	oe.Addr = b.nc.RemoteAddr()
+	return oe
+}
+
+// errBufferFull is Peek's answer when more is asked than the buffer holds.
+var errBufferFull = errors.New("h1: buffer full")
