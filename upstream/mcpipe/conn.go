@@ -254,11 +254,17 @@ func (cl *call) members() []*call {
 }
 
 // signal completes calls, the first (which owns the slice) last: once it
-// is signalled its waiter may recycle it, slice included.
+// is signalled its waiter may recycle it, slice included. The rest go in
+// the order they were sent. That order is the order their goroutines run
+// in: the runtime runs the goroutine woken last first and the others in
+// the order they were woken, so the calls run first to last, oldest
+// first. (In reverse, the oldest of a shared gets line of dozens of
+// calls waited for all the others' responses to be written.)
 func signal(calls []*call) {
-	for i := len(calls) - 1; i >= 0; i-- {
-		calls[i].done <- struct{}{}
+	for _, cl := range calls[1:] {
+		cl.done <- struct{}{}
 	}
+	calls[0].done <- struct{}{}
 }
 
 // share hands each call on a shared gets line its own part of the reply:
