@@ -33,6 +33,12 @@ type inbuf struct {
 	dst     []byte // nil: read into buf, taking it from the pool first
 	n       int
 	rerr    error
+	noWait  bool // poll: report a read that would block instead of waiting
+	blocked bool // the read would have blocked
+	// drained: the last read found the socket empty (it would have
+	// blocked, or returned less than it asked for), so what arrives from
+	// then on is news to an edge-triggered poll; see poller.park.
+	drained bool
 	rawRead func(fd uintptr) bool
 }
 
@@ -44,7 +50,7 @@ type pool interface {
 
 func (b *inbuf) init(nc net.Conn, p pool) {
 	b.nc, b.pool = nc, p
-	if sc, ok := nc.(syscall.Conn); ok {
+	if sc, ok := nc.(syscall.Conn); ok && rawReads {
 		if rc, err := sc.SyscallConn(); err == nil {
 			b.rc = rc
 			b.rawRead = b.readFD
@@ -203,6 +209,20 @@ func (b *inbuf) read(p []byte) (int, error) {
 	return b.n, b.rerr
 }
 
+// poll reads what the socket holds into an empty buffer, without
+// waiting, and reports whether there was nothing (a read error is kept
+// for the next call). Without a RawConn it reads nothing and reports
+// false.
+func (b *inbuf) poll() (empty bool) {
+	if b.rc == nil || b.r != b.w || b.err != nil {
+		return false
+	}
+	b.noWait, b.blocked = true, false
+	b.fill()
+	b.noWait = false
+	return b.blocked
+}
+
 // readFD is the raw read: it reports false, to wait for the socket to
 // become readable, when the read would block.
 func (b *inbuf) readFD(fd uintptr) bool {
@@ -214,19 +234,21 @@ func (b *inbuf) readFD(fd uintptr) bool {
 		p = b.buf[b.w:]
 	}
 	for {
-		n, err := syscall.Read(int(fd), p)
+		n, err := sysRead(fd, p)
 		switch {
 		case err == syscall.EINTR:
 			continue
 		case err == syscall.EAGAIN:
 			b.release() // wait without a buffer if nothing is buffered
-			return false
+			b.blocked, b.drained = true, true
+			return b.noWait
 		case err != nil:
 			b.rerr = b.opError(os.NewSyscallError("read", err))
 		case n == 0:
 			b.rerr = io.EOF
 		default:
-			b.n = n
+			// A stream socket's read stops short only on an empty queue.
+			b.n, b.drained = n, n < len(p)
 		}
 		return true
 	}

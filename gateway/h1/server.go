@@ -4,9 +4,12 @@
 // then owns it and answers exactly as net/http does, errors included.
 //
 // The fast path avoids net/http's per-request background read, context
-// and double buffering: one goroutine per connection parses each request
-// head where it lies in the read buffer and sends each response with one
-// write. h1 does no TLS, HTTP/2, Hijack or 100-continue itself.
+// and double buffering: it parses each request head where it lies in the
+// read buffer and sends each response with one write. A connection holds
+// no buffer between requests, and on Linux no goroutine either: it waits
+// in an epoll set of the Server's own and a worker serves it when its
+// next request comes, connections in the order their requests arrived
+// (see poller). h1 does no TLS, HTTP/2, Hijack or 100-continue itself.
 //
 // What a handler sees on the fast path differs from net/http in these
 // ways, all else (request fields, status lines, headers and their order,
@@ -88,11 +91,14 @@ type Server struct {
 	inShutdown   atomic.Bool
 	noKeepAlives atomic.Bool
 
-	mu        sync.Mutex // guards listeners, conns, ctx and cancel
+	mu        sync.Mutex // guards listeners, conns, ctx, cancel and poller
 	listeners map[*net.Listener]struct{}
 	conns     map[*conn]struct{}
 	ctx       context.Context // parent of request contexts; Close cancels it
 	cancel    context.CancelFunc
+	poller    *poller // nil where connections cannot be parked; set before the first conn
+
+	pollWorkers int // the poller's soft cap on workers; 0: maxWorkers (tests set it)
 }
 
 const (
@@ -194,6 +200,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			timer.Reset(poll)
 		}
 	}
+	s.closePoller(true)
 	return err
 }
 
@@ -216,12 +223,24 @@ func (s *Server) Close() error {
 	for _, c := range conns {
 		c.close()
 	}
+	s.closePoller(false)
 	if s.Fallback != nil {
 		if ferr := s.Fallback.Close(); ferr != nil && err == nil {
 			err = ferr
 		}
 	}
 	return err
+}
+
+// closePoller closes the poller, once no connection is left to park;
+// with wait it also waits for its workers to end.
+func (s *Server) closePoller(wait bool) {
+	s.mu.Lock()
+	p := s.poller
+	s.mu.Unlock()
+	if p != nil {
+		p.close(wait)
+	}
 }
 
 // SetKeepAlivesEnabled controls keep-alives, which are on by default. When
@@ -276,6 +295,12 @@ func (s *Server) trackListener(ln *net.Listener, add bool) bool {
 		s.listeners = make(map[*net.Listener]struct{})
 		s.conns = make(map[*conn]struct{})
 		s.ctx, s.cancel = context.WithCancel(context.Background())
+		if p, err := newPoller(orRead(s.IdleTimeout, s.ReadTimeout), s.pollWorkers); err != nil {
+			s.logf("%v; idle connections keep their goroutines", err)
+		} else if p != nil {
+			s.poller = p
+			go p.run() // until Close or Shutdown closes the poller
+		}
 	}
 	s.listeners[ln] = struct{}{}
 	return true
@@ -294,18 +319,24 @@ func (s *Server) closeListenersLocked() error {
 // closeIdle closes the idle connections (and the new ones that have sent
 // nothing for newConnGrace) and reports whether no connection is left.
 func (s *Server) closeIdle() bool {
-	var idle []*conn
+	var idle, parked []*conn
 	s.mu.Lock()
 	left := len(s.conns)
 	for c := range s.conns {
-		if c.state.CompareAndSwap(stateIdle, stateClosed) ||
-			time.Since(c.created) > newConnGrace && c.state.CompareAndSwap(stateNew, stateClosed) {
+		switch {
+		case c.state.CompareAndSwap(stateIdle, stateClosed),
+			time.Since(c.created) > newConnGrace && c.state.CompareAndSwap(stateNew, stateClosed):
 			idle = append(idle, c)
+		case c.state.CompareAndSwap(stateParked, stateClosed):
+			parked = append(parked, c)
 		}
 	}
 	s.mu.Unlock()
 	for _, c := range idle {
-		c.rwc.Close()
+		c.rwc.Close() // its goroutine, or the worker it is queued for, finishes it
+	}
+	for _, c := range parked {
+		c.closeParked()
 	}
 	return left == 0
 }
@@ -313,11 +344,13 @@ func (s *Server) closeIdle() bool {
 // Connection states. The connection's goroutine moves new or idle to
 // active with a compare-and-swap when a request arrives, so that
 // closeIdle, which swaps idle to closed, never closes a connection that
-// has just started a request.
+// has just started a request. A parked connection has no goroutine; see
+// poller for who takes it from there.
 const (
 	stateNew int32 = iota
 	stateIdle
 	stateActive
+	stateParked
 	stateClosed
 )
 
@@ -349,8 +382,9 @@ type conn struct {
 	created time.Time
 	state   atomic.Int32
 
-	readDL   bool // a read deadline is set
-	lastPOST bool // the last request was a POST: skip up to 4 stray CR/LF
+	readDL   bool       // a read deadline is set
+	lastPOST bool       // the last request was a POST: skip up to 4 stray CR/LF
+	pf       pollFields // the poller's, guarded by its mutex
 
 	w    response // reused for every request
 	kvs  []kv     // header snapshot, reused
@@ -372,8 +406,19 @@ func (c *conn) headBuffered() bool {
 }
 
 func (c *conn) close() {
-	c.state.Store(stateClosed)
+	if c.state.Swap(stateClosed) == stateParked {
+		c.closeParked()
+		return
+	}
 	c.rwc.Close()
+}
+
+// closeParked closes a connection that a swap of its state from parked
+// to closed took from the poller, and lets go of it: it has no goroutine
+// to do that.
+func (c *conn) closeParked() {
+	c.rwc.Close()
+	c.finish()
 }
 
 // setReadTimeout arms the read deadline d from now, or clears it.
@@ -387,29 +432,63 @@ func (c *conn) setReadTimeout(d time.Duration) {
 	}
 }
 
+// serve serves the connection from its first request. Its goroutine
+// ends when the connection is closed, handed over or parked.
 func (c *conn) serve() {
+	c.setReadTimeout(orRead(c.srv.ReadHeaderTimeout, c.srv.ReadTimeout))
+	if !c.loop(true) {
+		c.finish()
+	}
+}
+
+// resume serves a connection that the poller found ready, on a worker.
+func (c *conn) resume() {
+	if !c.loop(false) {
+		c.finish()
+	}
+}
+
+// finish lets go of a connection that is closed or handed over.
+func (c *conn) finish() {
 	s := c.srv
-	defer func() {
-		s.mu.Lock()
-		delete(s.conns, c)
-		s.mu.Unlock()
-		c.in.free()
-	}()
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+	c.in.free()
+	if c.pf.registered {
+		s.poller.forget(c)
+	}
+}
+
+// loop serves requests until the connection is closed or handed over,
+// or until it is parked, which it reports. It starts with the first
+// request, or with a resumed connection, which is idle.
+func (c *conn) loop(first bool) (parked bool) {
+	s := c.srv
 	hdrTimeout := orRead(s.ReadHeaderTimeout, s.ReadTimeout)
-	c.setReadTimeout(hdrTimeout)
-	for first := true; ; first = false {
+	resumed := !first
+	for ; ; first = false {
 		idle := c.in.Buffered() == 0
-		if idle && !first {
-			c.setReadTimeout(orRead(s.IdleTimeout, s.ReadTimeout))
-			c.state.Store(stateIdle)
-			if !s.keepAlives() { // Shutdown or SetKeepAlivesEnabled may have missed us
-				c.close()
-				return
-			}
-		}
 		peek := 4 // as net/http, which closes silently on less between requests
 		if first {
 			peek = 1
+		}
+		if idle && !first {
+			if !resumed {
+				c.state.Store(stateIdle)
+			}
+			if !s.keepAlives() { // Shutdown or SetKeepAlivesEnabled may have missed us
+				c.close()
+				return false
+			}
+			if c.awaitRequest(resumed) {
+				return true
+			}
+			resumed = false
+			if c.in.Buffered() < peek {
+				// The Peek below waits for the request.
+				c.setReadTimeout(orRead(s.IdleTimeout, s.ReadTimeout))
+			}
 		}
 		if !idle && !first && !c.headBuffered() {
 			// A pipelined request, not all here yet: the Peek may wait.
@@ -418,10 +497,10 @@ func (c *conn) serve() {
 		// An idle connection waits here without a read buffer (see inbuf).
 		if _, err := c.in.Peek(peek); err != nil {
 			c.close()
-			return
+			return false
 		}
 		if idle && !c.state.CompareAndSwap(stateIdle, stateActive) && !c.state.CompareAndSwap(stateNew, stateActive) {
-			return // closed by closeIdle
+			return false // closed by closeIdle
 		}
 		// Deadlines cost a runtime timer update each, so the header and
 		// read timeouts are armed only when a read may wait: a head not
@@ -446,7 +525,7 @@ func (c *conn) serve() {
 			} else {
 				c.close()
 			}
-			return
+			return false
 		}
 		c.in.Discard(n)
 		if req.Body == http.NoBody {
@@ -463,11 +542,40 @@ func (c *conn) serve() {
 			c.rwc.SetWriteDeadline(time.Now().Add(s.WriteTimeout))
 		}
 		if !c.serveRequest(req) {
-			return
+			return false
 		}
 		if !s.keepAlives() { // turned off after this response's head was written
 			c.close()
-			return
+			return false
+		}
+	}
+}
+
+// awaitRequest parks the idle connection with the poller if its next
+// request is not there yet, and reports whether it did: the goroutine
+// must then let go of it. Else the request, or a read error, is in c.in,
+// or c has no poller and the caller waits for the request in a read. A
+// resumed connection reads first, as it is expected to have a request.
+func (c *conn) awaitRequest(resumed bool) bool {
+	p := c.srv.poller
+	if !p.usable() {
+		return false
+	}
+	for {
+		if !resumed {
+			if c.readDL { // a parked connection has the poller's idle timeout
+				c.setReadTimeout(0)
+			}
+			switch p.park(c) {
+			case parked:
+				return true // c is the poller's now: hands off
+			case notParked:
+				return false
+			}
+		}
+		resumed = false
+		if !c.in.poll() {
+			return false // something to serve, or an error to report
 		}
 	}
 }
@@ -551,6 +659,9 @@ func (c *conn) lingerClose() {
 // handover gives the connection, with every byte read but not consumed,
 // to Fallback.
 func (c *conn) handover() {
+	if c.pf.registered {
+		c.srv.poller.forget(c) // before Fallback reads it
+	}
 	c.rwc.SetDeadline(time.Time{})
 	buf := bytes.Clone(c.in.bytes())
 	c.in.free()

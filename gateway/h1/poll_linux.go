@@ -1,0 +1,422 @@
+package h1
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// A poller serves keep-alive connections between requests the way an
+// event loop does, on Linux. Every connection that finished a request is
+// registered once with an epoll instance of the poller's own
+// (edge-triggered) and, instead of waiting for its next request in a
+// read of its own, is parked: it then has no goroutine at all. When its
+// request arrives the poller queues it, first come first served, for a
+// worker: a goroutine that serves ready connections one after another
+// and waits only when none is ready. The epoll instance is itself
+// watched by Go's network poller, so the poller's goroutine waits like
+// any socket read.
+//
+// Against a goroutine per connection waiting in a read, this saves:
+//   - memory: a waiting goroutine keeps the stack its handler grew (8 KiB
+//     on the gateway's path); with thousands of keep-alive clients
+//     those stacks were the largest part of the gateway's memory;
+//   - a system call per request: a parked connection needs no read that
+//     fails with EAGAIN to learn that its next request is not there;
+//   - order: the runtime resumes the goroutines of a network poll last
+//     ready first, the poller serves connections in the order their
+//     requests arrived.
+//
+// Ownership of a connection: while its state is stateParked it belongs
+// to the poller. wake (the event) or a close (closeIdle, Close, the idle
+// timeout) takes it from there with a compare-and-swap on the state, to
+// stateIdle (queued for a worker) or stateClosed (whoever swapped
+// finishes it).
+type poller struct {
+	epfd int
+	file *os.File        // epfd, so that Go's poller watches it
+	rc   syscall.RawConn // of file
+	idle time.Duration   // idle timeout of parked connections; <= 0: none
+	max  int             // soft cap on workers (maxWorkers but in tests)
+
+	mu      sync.Mutex      // guards the fields below and every conn.pf
+	conns   map[int32]*conn // registered connections, by descriptor
+	oldest  *conn           // parked connections, oldest first (pf.older, pf.newer)
+	newest  *conn
+	head    *conn // ready connections, in arrival order (pf.next)
+	tail    *conn
+	queued  int       // connections in the queue
+	taken   uint64    // connections taken from the queue, ever
+	live    int       // workers started and not yet ended
+	waiting int       // workers waiting in take, not yet signalled
+	cond    sync.Cond // on mu: a connection is ready, or the poller closed
+	closed  bool      // no more parking; workers leave once the queue is empty
+	workers sync.WaitGroup
+
+	stall      *time.Timer // runs checkStall while the queue is not empty
+	stallArmed bool
+	stallTaken uint64 // taken when the stall check was armed
+
+	events [128]syscall.EpollEvent // run's
+	drain  func(fd uintptr) bool   // p.drainFD, made once
+}
+
+// pollFields are a conn's fields for the poller, guarded by poller.mu.
+type pollFields struct {
+	fd           int32
+	registered   bool // in the epoll set, under fd
+	readable     bool // an event came while the connection was not parked
+	hup          bool // the peer closed or reset: read until EOF, never park again
+	parkedAt     time.Time
+	older, newer *conn // the parked list
+	next         *conn // the ready queue
+}
+
+// Workers are started as connections become ready and no worker waits,
+// up to maxWorkers. Past that, ready connections wait in the queue for a
+// worker to finish its request, with no goroutine: under full load the
+// requests the gateway cannot serve yet stay in the kernel, as with an
+// event loop, instead of each being read into a goroutine that then
+// waits in the handler, holding its stack. When no worker takes a
+// connection from the queue for stallCheck (every worker waits on a
+// stopped memcached, say), spawnBatch more start, whatever their number,
+// so that the queue never waits for the workers' timeouts.
+const (
+	maxWorkers = 512 // the default of Server.pollWorkers
+	spawnBatch = 32
+	stallCheck = time.Millisecond
+	// maxIdleWorkers is how many workers may wait for a ready
+	// connection; more leave. Waiting workers cost their stacks; too
+	// few cost a new goroutine (and its stack growth) per request.
+	maxIdleWorkers = 256
+)
+
+// epollET is EPOLLET, which package syscall spells as a negative int on
+// some architectures.
+const epollET = 1 << 31
+
+// park results.
+const (
+	parked    = iota // the poller has it: the goroutine must let go of it
+	readable         // data came since it was last read: read before parking
+	notParked        // cannot park (poller closed, connection closed, no RawConn)
+)
+
+// newPoller returns a poller whose parked connections are closed after
+// idle (none if idle <= 0) and which starts up to workers workers
+// (maxWorkers if workers <= 0) but for stalls, or an error if the system
+// refuses epoll.
+func newPoller(idle time.Duration, workers int) (*poller, error) {
+	epfd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("h1: epoll_create1: %w", err)
+	}
+	if err := syscall.SetNonblock(epfd, true); err != nil {
+		syscall.Close(epfd)
+		return nil, fmt.Errorf("h1: epoll descriptor: %w", err)
+	}
+	f := os.NewFile(uintptr(epfd), "h1-poller")
+	rc, err := f.SyscallConn()
+	if err == nil {
+		// Deadlines need the descriptor in Go's poller: epoll's is pollable.
+		err = f.SetReadDeadline(time.Time{})
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("h1: epoll descriptor: %w", err)
+	}
+	if workers <= 0 {
+		workers = maxWorkers
+	}
+	p := &poller{epfd: epfd, file: f, rc: rc, idle: idle, max: workers, conns: make(map[int32]*conn)}
+	p.cond.L = &p.mu
+	p.drain = p.drainFD
+	p.stall = time.AfterFunc(time.Hour, p.checkStall)
+	p.stall.Stop()
+	return p, nil
+}
+
+// usable reports whether connections can be parked at all.
+func (p *poller) usable() bool { return p != nil }
+
+// run queues the parked connections whose requests arrive and closes the
+// ones idle for too long, until close.
+func (p *poller) run() {
+	for {
+		err := p.rc.Read(p.drain)
+		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return // closed
+		}
+		p.expire(time.Now())
+	}
+}
+
+// drainFD takes every ready event from the epoll set and reports false,
+// so that rc.Read waits for more; it reports true only on an error.
+func (p *poller) drainFD(fd uintptr) bool {
+	for {
+		n, err := syscall.EpollWait(int(fd), p.events[:], 0)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return true
+		}
+		uncovered := 0
+		p.mu.Lock()
+		for _, ev := range p.events[:n] {
+			uncovered += p.wakeLocked(ev.Fd, ev.Events)
+		}
+		spawn := p.spawnLocked(min(uncovered, max(0, p.max-p.live)))
+		p.mu.Unlock()
+		for range spawn {
+			go p.work()
+		}
+		if n < len(p.events) {
+			return false
+		}
+	}
+}
+
+// wakeLocked handles events for fd: a parked connection is queued for
+// a worker, any other is marked readable. It returns the number of
+// workers to start (0 or 1).
+func (p *poller) wakeLocked(fd int32, events uint32) int {
+	c := p.conns[fd]
+	if c == nil || p.closed { // closed: the closer closes what is parked
+		return 0
+	}
+	if events&(syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0 {
+		// A read may take the FIN along with the last data and not
+		// report it; no event would follow.
+		c.pf.hup = true
+	}
+	if !c.state.CompareAndSwap(stateParked, stateIdle) {
+		c.pf.readable = true // active or queued; or being closed, which needs nothing
+		return 0
+	}
+	p.unparkLocked(c)
+	return p.queueLocked(c)
+}
+
+// spawnLocked counts n workers about to start, and arms the stall check
+// if the queue is not empty. It returns n, or 0 once the poller is
+// closed.
+func (p *poller) spawnLocked(n int) int {
+	if p.closed {
+		return 0
+	}
+	p.workers.Add(n) // under mu, so never after close has begun to wait
+	p.live += n
+	if p.head != nil && !p.stallArmed {
+		p.stallArmed, p.stallTaken = true, p.taken
+		p.stall.Reset(stallCheck)
+	}
+	return n
+}
+
+// checkStall starts more workers if none took a connection from the
+// queue since the check was armed.
+func (p *poller) checkStall() {
+	p.mu.Lock()
+	p.stallArmed = false
+	n := 0
+	if p.head != nil && p.taken == p.stallTaken {
+		n = min(p.queued, spawnBatch)
+	}
+	n = p.spawnLocked(n)
+	p.mu.Unlock()
+	for range n {
+		go p.work()
+	}
+}
+
+// queueLocked appends c to the ready queue and signals a waiting worker,
+// or reports that one must be started.
+func (p *poller) queueLocked(c *conn) int {
+	c.pf.next = nil
+	if p.tail != nil {
+		p.tail.pf.next = c
+	} else {
+		p.head = c
+	}
+	p.tail = c
+	p.queued++
+	if p.waiting > 0 {
+		p.waiting--
+		p.cond.Signal()
+		return 0
+	}
+	return 1
+}
+
+// work serves ready connections until there are none and enough workers
+// wait already.
+func (p *poller) work() {
+	defer p.workers.Done()
+	for c := p.take(); c != nil; c = p.take() {
+		c.resume()
+	}
+}
+
+// take returns the oldest ready connection, waiting for one; nil means
+// the worker ends.
+func (p *poller) take() *conn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.head == nil {
+		if p.closed || p.waiting >= maxIdleWorkers {
+			p.live--
+			return nil
+		}
+		p.waiting++
+		p.cond.Wait()
+	}
+	c := p.head
+	p.head = c.pf.next
+	if p.head == nil {
+		p.tail = nil
+	}
+	c.pf.next = nil
+	c.pf.readable = false // the worker reads first: that covers the events so far
+	p.queued--
+	p.taken++
+	return c
+}
+
+// park takes c, idle with nothing buffered, from its goroutine (see the
+// park results). A connection is registered on its first park; from
+// then on every arrival of data is an event, so parking needs no read.
+func (p *poller) park(c *conn) int {
+	if c.in.rc == nil {
+		return notParked
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return notParked
+	}
+	pf := &c.pf
+	if !pf.registered {
+		var err error
+		cerr := c.in.rc.Control(func(fd uintptr) {
+			pf.fd = int32(fd)
+			ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP | epollET, Fd: int32(fd)}
+			err = syscall.EpollCtl(p.epfd, syscall.EPOLL_CTL_ADD, int(fd), &ev)
+		})
+		if cerr != nil || err != nil {
+			return notParked
+		}
+		// Registering reports data already there at once, as an event
+		// that finds the connection parked.
+		pf.registered = true
+		p.conns[pf.fd] = c
+	}
+	// Edge-triggered: the event that woke the connection was its last
+	// until more data comes, so whatever was there then must be read
+	// before it parks. It was if the last read came back short: the
+	// socket's queue was empty then, and every byte since is an event.
+	if pf.hup {
+		return notParked // its goroutine reads on, to EOF
+	}
+	if pf.readable || !c.in.drained {
+		pf.readable = false
+		return readable
+	}
+	if !c.state.CompareAndSwap(stateIdle, stateParked) {
+		return notParked // closed by closeIdle meanwhile
+	}
+	pf.parkedAt = time.Now()
+	pf.older, pf.newer = p.newest, nil
+	if p.newest != nil {
+		p.newest.pf.newer = c
+	} else {
+		p.oldest = c
+		if p.idle > 0 {
+			p.file.SetReadDeadline(pf.parkedAt.Add(p.idle))
+		}
+	}
+	p.newest = c
+	return parked
+}
+
+// unparkLocked takes c off the parked list.
+func (p *poller) unparkLocked(c *conn) {
+	pf := &c.pf
+	if pf.older != nil {
+		pf.older.pf.newer = pf.newer
+	} else if p.oldest == c {
+		p.oldest = pf.newer
+	}
+	if pf.newer != nil {
+		pf.newer.pf.older = pf.older
+	} else if p.newest == c {
+		p.newest = pf.older
+	}
+	pf.older, pf.newer = nil, nil
+}
+
+// forget drops c, which is being closed or handed over, from the poller:
+// from the parked list if a close took it from there, and from the epoll
+// set (which a close of its descriptor would also do).
+func (p *poller) forget(c *conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pf := &c.pf
+	if !pf.registered {
+		return
+	}
+	p.unparkLocked(c)
+	if p.conns[pf.fd] == c {
+		delete(p.conns, pf.fd)
+	}
+	pf.registered = false
+	// Control fails once the connection is closed, so this never
+	// touches a descriptor number that another connection now has.
+	c.in.rc.Control(func(fd uintptr) {
+		syscall.EpollCtl(p.epfd, syscall.EPOLL_CTL_DEL, int(fd), nil)
+	})
+}
+
+// expire closes the connections parked for the idle timeout or longer,
+// and sets the deadline for the next.
+func (p *poller) expire(now time.Time) {
+	var expired []*conn
+	p.mu.Lock()
+	for c := p.oldest; c != nil && p.idle > 0 && now.Sub(c.pf.parkedAt) >= p.idle; c = p.oldest {
+		p.unparkLocked(c)
+		if c.state.CompareAndSwap(stateParked, stateClosed) {
+			expired = append(expired, c)
+		}
+	}
+	var next time.Time
+	if p.oldest != nil && p.idle > 0 {
+		next = p.oldest.pf.parkedAt.Add(p.idle)
+	}
+	p.file.SetReadDeadline(next) // under mu, or a park in between could lose its deadline
+	p.mu.Unlock()
+	for _, c := range expired {
+		c.closeParked()
+	}
+}
+
+// close refuses later parks, stops run and lets idle workers end; with
+// wait it also waits for every worker to end. Connections still parked
+// or queued are the caller's to close.
+func (p *poller) close(wait bool) {
+	p.mu.Lock()
+	first := !p.closed
+	p.closed = true
+	p.cond.Broadcast()
+	p.mu.Unlock()
+	if first {
+		p.stall.Stop()
+		p.file.Close()
+	}
+	if wait {
+		p.workers.Wait()
+	}
+}

@@ -1,0 +1,27 @@
+//go:build !linux
+
+package h1
+
+import "time"
+
+// poller parks idle connections on Linux only (poll_linux.go); elsewhere
+// every connection keeps its goroutine.
+type poller struct{}
+
+// pollFields are a conn's fields for the poller: registered is never set here.
+type pollFields struct{ registered bool }
+
+// park results.
+const (
+	parked = iota
+	readable
+	notParked
+)
+
+func newPoller(time.Duration, int) (*poller, error) { return nil, nil }
+
+func (p *poller) usable() bool   { return false }
+func (p *poller) run()           {}
+func (p *poller) park(*conn) int { return notParked }
+func (p *poller) forget(*conn)   {}
+func (p *poller) close(bool)     {}
