@@ -871,3 +871,30 @@ func TestReadTimeoutCutsBody(t *testing.T) {
 		t.Errorf("response = %v, %v; want the handler to see a timeout", r, err)
 	}
 }
+
+// TestHeaderReuse: a connection reuses its response header map, and
+// nothing a handler set shows in the next response.
+func TestHeaderReuse(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n, _ := strconv.Atoi(r.URL.Query().Get("n")); n > 0 {
+			for i := range n {
+				w.Header().Set("X-H"+strconv.Itoa(i), "v")
+			}
+		}
+		io.WriteString(w, "ok")
+	})
+	_, addr := startH1(t, h, nil)
+	c, br := dial(t, addr)
+	for _, n := range []int{3, 0, maxReusedHeader + 5, 0, 1, 0} {
+		r := roundTrip(t, c, br, "/?n="+strconv.Itoa(n))
+		got := 0
+		for _, line := range r.headers {
+			if strings.HasPrefix(line, "X-H") {
+				got++
+			}
+		}
+		if got != n {
+			t.Errorf("response to n=%d has %d X-H headers, want %d: %v", n, got, n, r)
+		}
+	}
+}

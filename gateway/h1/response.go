@@ -27,6 +27,10 @@ const (
 	exCT
 )
 
+// maxReusedHeader is the most keys a response header map may have had
+// to be cleared and reused for the next response.
+const maxReusedHeader = 16
+
 type kv struct {
 	k string
 	v []string
@@ -69,13 +73,32 @@ func (w *response) reset(c *conn, req *http.Request) {
 		connection = v[0]
 	}
 	b, _ := req.Body.(*body)
+	// The header map is kept for the connection's next response (see
+	// forget). Its memory is most of what a small response allocates
+	// otherwise.
 	*w = response{
-		c: c, req: req, body: b, cl: -1,
+		c: c, req: req, body: b, cl: -1, header: w.header,
 		isHEAD:           req.Method == "HEAD",
 		is11:             req.ProtoMinor == 1,
 		wants10KeepAlive: req.ProtoMinor == 0 && asciiEqualFold(connection, "keep-alive"),
 		wantsClose:       req.Close || asciiEqualFold(connection, "close"),
 	}
+}
+
+// forget drops every reference to the finished request and response, so
+// that a connection waiting for its next request keeps nothing of its
+// last one alive. It keeps the header map, emptied, for the next
+// response, unless it grew large: a handler must not use the map after
+// it returns, as for net/http.
+func (w *response) forget() {
+	if len(w.header) > maxReusedHeader {
+		w.header = nil
+	}
+	clear(w.header)
+	kvs := w.c.kvs
+	clear(kvs[:cap(kvs)])
+	w.c.kvs = kvs[:0]
+	w.req, w.body, w.trailerDecl, w.te, w.connHdr = nil, nil, nil, "", ""
 }
 
 // Header implements http.ResponseWriter. Changes after WriteHeader have

@@ -587,7 +587,10 @@ func (c *conn) serveRequest(req *http.Request) bool {
 	w := &c.w
 	w.reset(c, req)
 	c.takeOut()
-	defer c.releaseOut()
+	defer func() {
+		w.forget()
+		c.releaseOut()
+	}()
 	if !c.runHandler(w, req) {
 		if w.committed { // as net/http, send what was already on its way
 			c.flush(nil)
