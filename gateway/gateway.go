@@ -115,8 +115,28 @@ type handler struct {
 // Handler is the data-plane HTTP handler. Run must run for writes sent with
 // Prefer: respond-async to be applied.
 type Handler struct {
-	http.Handler
-	h *handler
+	mux    *chi.Mux
+	h      *handler
+	routes sync.Pool // *chi.Context, one per request in flight
+}
+
+// ServeHTTP bounds the request's memcached work by RequestTimeout and
+// routes it. Its context also carries chi's routing context, which chi
+// would otherwise add with a second copy of the request.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rc, _ := h.routes.Get().(*chi.Context)
+	if rc == nil {
+		rc = chi.NewRouteContext()
+	}
+	rc.Reset()
+	rc.Routes = h.mux
+	ctx := newRequestCtx(r.Context(), time.Now().Add(h.h.opts.RequestTimeout))
+	ctx.route = rc // back to the pool after the request, as chi does
+	defer func() {
+		ctx.stop()
+		h.routes.Put(rc)
+	}()
+	h.mux.ServeHTTP(w, r.WithContext(ctx))
 }
 
 // Run applies asynchronous writes until ctx is done, then applies the ones
@@ -134,7 +154,7 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 	h.async = newAsyncQueue(h, s, opts.AsyncWorkers, opts.AsyncQueue, opts.RequestTimeout, log, reg)
 	lim := &limiter{max: int64(opts.MaxRequests)}
 	r := chi.NewRouter()
-	r.Use(newObserver(log, reg, opts.AccessLog).middleware, lim.middleware, h.deadline)
+	r.Use(newObserver(log, reg, opts.AccessLog).middleware, lim.middleware)
 	if opts.Memc != nil {
 		// The compatible endpoints authorize per command, not per method
 		// (GET ?cmd=set is a write): see mountMemc.
@@ -154,7 +174,7 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 		w.Header().Set("Allow", "GET, POST")
 		writeError(w, &requestError{http.StatusMethodNotAllowed, "method " + r.Method + " is not allowed on /; use GET /?key=… or POST / (batch)"})
 	})
-	return &Handler{Handler: r, h: h}
+	return &Handler{mux: r, h: h}
 }
 
 // byMethod serves /{key} by method.
@@ -174,15 +194,6 @@ func (h *handler) byMethod(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// deadline bounds the request's memcached work by RequestTimeout.
-func (h *handler) deadline(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx := newRequestCtx(r.Context(), time.Now().Add(h.opts.RequestTimeout))
-		defer ctx.stop()
-		next.ServeHTTP(w, r.WithContext(ctx))
-	})
-}
-
 // requestCtx is context.WithDeadline without a timer per request: most
 // requests finish long before their deadline and never wait on Done (the
 // memcached side has its own I/O timeouts), so the timer, a
@@ -196,6 +207,16 @@ type requestCtx struct {
 	armed           atomic.Bool // timed is set
 	timed           context.Context
 	cancel          context.CancelFunc
+	route           *chi.Context // the value of chi.RouteCtxKey while set
+}
+
+// Value answers chi.RouteCtxKey itself, so that chi finds its routing
+// context without wrapping the request in another one.
+func (c *requestCtx) Value(key any) any {
+	if key == chi.RouteCtxKey && c.route != nil {
+		return c.route
+	}
+	return c.Context.Value(key)
 }
 
 func newRequestCtx(parent context.Context, deadline time.Time) *requestCtx {
