@@ -179,8 +179,53 @@ func (s *Server) Kill() {
 	}
 }
 
-// Pause stops the process (SIGSTOP): connections stay open, nothing answers.
-func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+// Pause stops the process (SIGSTOP): connections stay open, nothing
+// answers. It returns once every thread of memcached is stopped: the
+// kernel stops a process's threads one by one, after kill returns, and
+// on a busy machine a worker thread answered a request sent after it
+// (seen in CI).
+func (s *Server) Pause() {
+	s.signal(syscall.SIGSTOP)
+	s.mu.Lock()
+	pid := 0
+	if s.cmd != nil && s.cmd.Process != nil {
+		pid = s.cmd.Process.Pid
+	}
+	s.mu.Unlock()
+	if pid == 0 {
+		return
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !allStopped(pid) {
+		if time.Now().After(deadline) {
+			s.t.Fatalf("memcached (pid %d) not stopped 5s after SIGSTOP", pid)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// allStopped reports whether every thread of pid is in the stopped state
+// (T in /proc/<pid>/task/<tid>/stat), or whether the process is gone.
+func allStopped(pid int) bool {
+	dir := "/proc/" + strconv.Itoa(pid) + "/task"
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return true // gone, or no /proc: nothing to wait for
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(dir + "/" + task.Name() + "/stat")
+		if err != nil {
+			continue // the thread ended
+		}
+		// The state follows the command name in parentheses, which may
+		// itself hold spaces and parentheses.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
+			return false
+		}
+	}
+	return true
+}
 
 // Resume continues a paused process (SIGCONT).
 func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
