@@ -42,19 +42,20 @@ type poller struct {
 	idle time.Duration   // idle timeout of parked connections; <= 0: none
 	max  int             // soft cap on workers (maxWorkers but in tests)
 
-	mu      sync.Mutex      // guards the fields below and every conn.pf
-	conns   map[int32]*conn // registered connections, by descriptor
-	oldest  *conn           // parked connections, oldest first (pf.older, pf.newer)
-	newest  *conn
-	head    *conn // ready connections, in arrival order (pf.next)
-	tail    *conn
-	queued  int       // connections in the queue
-	taken   uint64    // connections taken from the queue, ever
-	live    int       // workers started and not yet ended
-	waiting int       // workers waiting in take, not yet signalled
-	cond    sync.Cond // on mu: a connection is ready, or the poller closed
-	closed  bool      // no more parking; workers leave once the queue is empty
-	workers sync.WaitGroup
+	mu        sync.Mutex      // guards the fields below and every conn.pf
+	conns     map[int32]*conn // registered connections, by descriptor
+	oldest    *conn           // parked connections, oldest first (pf.older, pf.newer)
+	newest    *conn
+	head      *conn // ready connections, in arrival order (pf.next)
+	tail      *conn
+	queued    int       // connections in the queue
+	taken     uint64    // connections taken from the queue, ever
+	live      int       // workers started and not yet ended
+	waiting   int       // workers waiting in take, not yet signalled
+	cond      sync.Cond // on mu: a connection is ready, or the poller closed
+	closed    bool      // no more parking; workers leave once the queue is empty
+	closeOnce sync.Once // closes file
+	workers   sync.WaitGroup
 
 	stall      *time.Timer // runs checkStall while the queue is not empty
 	stallArmed bool
@@ -152,9 +153,35 @@ func (p *poller) run() {
 	for {
 		err := p.rc.Read(p.drain)
 		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
-			return // closed
+			p.abandon()
+			return
 		}
 		p.expire(time.Now())
+	}
+}
+
+// abandon, when run ends without close (epoll_wait failed), refuses
+// later parks, so that connections keep their goroutines from then on,
+// and closes the parked ones, which no event would ever wake.
+func (p *poller) abandon() {
+	var parked []*conn
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	p.cond.Broadcast()
+	for c := p.oldest; c != nil; c = p.oldest {
+		p.unparkLocked(c)
+		if c.state.CompareAndSwap(stateParked, stateClosed) {
+			parked = append(parked, c)
+		}
+	}
+	p.mu.Unlock()
+	p.stall.Stop()
+	for _, c := range parked {
+		c.closeParked()
 	}
 }
 
@@ -412,14 +439,13 @@ func (p *poller) expire(now time.Time) {
 // or queued are the caller's to close.
 func (p *poller) close(wait bool) {
 	p.mu.Lock()
-	first := !p.closed
 	p.closed = true
 	p.cond.Broadcast()
 	p.mu.Unlock()
-	if first {
+	p.closeOnce.Do(func() {
 		p.stall.Stop()
 		p.file.Close()
-	}
+	})
 	if wait {
 		p.workers.Wait()
 	}

@@ -278,3 +278,37 @@ func TestParkedWakeReadsAll(t *testing.T) {
 		})
 	}
 }
+
+// TestPollerAbandon: if the poller's epoll instance fails, the parked
+// connections are closed (no event would wake them) and later
+// connections are served with a goroutine each.
+func TestPollerAbandon(t *testing.T) {
+	s, addr := startH1(t, testHandler(), nil)
+	var brs []*bufio.Reader
+	for range 5 {
+		c, br := dial(t, addr)
+		roundTrip(t, c, br, "/small")
+		brs = append(brs, br)
+	}
+	if !eventually(func() bool { parked, _, _ := pollerCounts(t, s); return parked == 5 }) {
+		t.Fatal("connections not parked")
+	}
+	s.mu.Lock()
+	p := s.poller
+	s.mu.Unlock()
+	p.file.Close() // epoll_wait fails from now on
+	for i, br := range brs {
+		if d := waitClosed(t, br); d > time.Second {
+			t.Errorf("parked connection %d closed %v after the poller failed", i, d)
+		}
+	}
+	c, br := dial(t, addr)
+	for range 3 {
+		if r := roundTrip(t, c, br, "/small"); r.body != "hello world" {
+			t.Errorf("response after the poller failed = %v", r)
+		}
+	}
+	if parked, _, _ := pollerCounts(t, s); parked != 0 {
+		t.Errorf("%d connections parked after the poller failed, want 0", parked)
+	}
+}
