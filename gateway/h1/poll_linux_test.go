@@ -45,6 +45,21 @@ func eventually(cond func() bool) bool {
 	}
 }
 
+// parkedConns opens n connections to addr that have each had two
+// requests answered, the second by a worker after a park, and returns
+// their readers.
+func parkedConns(t *testing.T, addr string, n int) []*bufio.Reader {
+	t.Helper()
+	var brs []*bufio.Reader
+	for range n {
+		c, br := dial(t, addr)
+		roundTrip(t, c, br, "/small")
+		roundTrip(t, c, br, "/small")
+		brs = append(brs, br)
+	}
+	return brs
+}
+
 // TestParkedConnsHoldNoGoroutine: keep-alive connections between
 // requests cost no goroutine, and every one of them is served again when
 // its next request comes, however many come at once.
@@ -214,13 +229,7 @@ func TestParkedHandover(t *testing.T) {
 // no worker behind.
 func TestCloseParked(t *testing.T) {
 	s, addr := startH1(t, testHandler(), nil)
-	var brs []*bufio.Reader
-	for range 20 {
-		c, br := dial(t, addr)
-		roundTrip(t, c, br, "/small")
-		roundTrip(t, c, br, "/small")
-		brs = append(brs, br)
-	}
+	brs := parkedConns(t, addr, 20)
 	s.Close()
 	for _, br := range brs {
 		if d := waitClosed(t, br); d > time.Second {
@@ -284,12 +293,7 @@ func TestParkedWakeReadsAll(t *testing.T) {
 // connections are served with a goroutine each.
 func TestPollerAbandon(t *testing.T) {
 	s, addr := startH1(t, testHandler(), nil)
-	var brs []*bufio.Reader
-	for range 5 {
-		c, br := dial(t, addr)
-		roundTrip(t, c, br, "/small")
-		brs = append(brs, br)
-	}
+	brs := parkedConns(t, addr, 5)
 	if !eventually(func() bool { parked, _, _ := pollerCounts(t, s); return parked == 5 }) {
 		t.Fatal("connections not parked")
 	}
