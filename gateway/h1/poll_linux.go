@@ -144,9 +144,6 @@ func newPoller(idle time.Duration, workers int) (*poller, error) {
 	return p, nil
 }
 
-// usable reports whether connections can be parked at all.
-func (p *poller) usable() bool { return p != nil }
-
 // run queues the parked connections whose requests arrive and closes the
 // ones idle for too long, until close.
 func (p *poller) run() {

@@ -20,7 +20,6 @@ const (
 
 func newPoller(time.Duration, int) (*poller, error) { return nil, nil }
 
-func (p *poller) usable() bool   { return false }
 func (p *poller) run()           {}
 func (p *poller) park(*conn) int { return notParked }
 func (p *poller) forget(*conn)   {}
