@@ -316,3 +316,90 @@ func TestPollerAbandon(t *testing.T) {
 		t.Errorf("%d connections parked after the poller failed, want 0", parked)
 	}
 }
+
+// TestIdleWorkers checks that the worker that went idle last serves the
+// next connection, and that workers idle for workerTTL end.
+func TestIdleWorkers(t *testing.T) {
+	const n = 8
+	release := make(chan struct{})
+	var entered atomic.Int32
+	mux := http.NewServeMux()
+	mux.HandleFunc("/block", func(w http.ResponseWriter, r *http.Request) {
+		entered.Add(1)
+		<-release
+		io.WriteString(w, "released")
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	s, addr := startH1(t, mux, nil)
+	idle := func() (top, bottom *idleWorker, idlers, live int) {
+		s.mu.Lock()
+		p := s.poller // made once the server serves
+		s.mu.Unlock()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if len(p.idlers) > 0 {
+			top, bottom = p.idlers[len(p.idlers)-1], p.idlers[0]
+		}
+		return top, bottom, len(p.idlers), p.live
+	}
+
+	// A burst: n requests at once, each on a worker of its own.
+	type client struct {
+		c  net.Conn
+		br *bufio.Reader
+	}
+	var cls []client
+	for range n {
+		c, br := dial(t, addr)
+		roundTrip(t, c, br, "/")
+		roundTrip(t, c, br, "/") // served by a worker after a park
+		cls = append(cls, client{c, br})
+	}
+	for _, cl := range cls {
+		io.WriteString(cl.c, "GET /block HTTP/1.1\r\nHost: a\r\n\r\n")
+	}
+	if !eventually(func() bool { return entered.Load() == n }) {
+		t.Fatalf("%d of %d blocking requests reached the handler", entered.Load(), n)
+	}
+	close(release)
+	for _, cl := range cls {
+		if r, err := readWireResponse(cl.br, "GET"); err != nil || r.body != "released" {
+			t.Fatalf("blocked request answered %v, %v; want released", r, err)
+		}
+	}
+	if !eventually(func() bool { _, _, idlers, live := idle(); return idlers == live && live >= n }) {
+		_, _, idlers, live := idle()
+		t.Fatalf("after the burst %d workers, %d of them idle; want at least %d, all idle", live, idlers, n)
+	}
+
+	// Requests one at a time go to the worker that went idle last.
+	top, bottom, _, _ := idle()
+	for i := range 3 {
+		if r := roundTrip(t, cls[i].c, cls[i].br, "/"); r.body != "ok" {
+			t.Fatalf("request %d answered %v", i, r)
+		}
+		if !eventually(func() bool { gotTop, _, idlers, live := idle(); return gotTop == top && idlers == live }) {
+			t.Fatalf("request %d: the worker idle last did not serve it and go back to the top", i)
+		}
+	}
+	if _, gotBottom, _, _ := idle(); gotBottom != bottom {
+		t.Errorf("the longest idle worker was woken; want it left waiting")
+	}
+
+	// Once they have waited for workerTTL, the next worker to go idle
+	// ends them.
+	s.mu.Lock()
+	p := s.poller
+	s.mu.Unlock()
+	p.mu.Lock()
+	p.workerTTL = 50 * time.Millisecond
+	p.mu.Unlock()
+	time.Sleep(100 * time.Millisecond)
+	if r := roundTrip(t, cls[0].c, cls[0].br, "/"); r.body != "ok" {
+		t.Fatalf("request after the TTL answered %v", r)
+	}
+	if !eventually(func() bool { _, _, _, live := idle(); return live == 1 }) {
+		_, _, idlers, live := idle()
+		t.Errorf("after workerTTL %d workers (%d idle), want 1", live, idlers)
+	}
+}
