@@ -45,6 +45,20 @@ func eventually(cond func() bool) bool {
 	}
 }
 
+// blockingMux serves "ok" for every path but /block, which counts the
+// requests in entered and answers "released" once release is closed.
+func blockingMux() (mux *http.ServeMux, entered *atomic.Int32, release chan struct{}) {
+	entered, release = new(atomic.Int32), make(chan struct{})
+	mux = http.NewServeMux()
+	mux.HandleFunc("/block", func(w http.ResponseWriter, r *http.Request) {
+		entered.Add(1)
+		<-release
+		io.WriteString(w, "released")
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	return mux, entered, release
+}
+
 // parkedConns opens n connections to addr that have each had two
 // requests answered, the second by a worker after a park, and returns
 // their readers.
@@ -142,15 +156,7 @@ func TestParkedIdleTimeout(t *testing.T) {
 // milliseconds, instead of waiting for the handlers.
 func TestPollerStall(t *testing.T) {
 	const workers, blocked = 2, 6
-	release := make(chan struct{})
-	var entered atomic.Int32
-	mux := http.NewServeMux()
-	mux.HandleFunc("/block", func(w http.ResponseWriter, r *http.Request) {
-		entered.Add(1)
-		<-release
-		io.WriteString(w, "released")
-	})
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	mux, entered, release := blockingMux()
 	_, addr := startH1(t, mux, func(s *Server) { s.pollWorkers = workers })
 	defer close(release)
 
@@ -321,15 +327,7 @@ func TestPollerAbandon(t *testing.T) {
 // next connection, and that workers idle for workerTTL end.
 func TestIdleWorkers(t *testing.T) {
 	const n = 8
-	release := make(chan struct{})
-	var entered atomic.Int32
-	mux := http.NewServeMux()
-	mux.HandleFunc("/block", func(w http.ResponseWriter, r *http.Request) {
-		entered.Add(1)
-		<-release
-		io.WriteString(w, "released")
-	})
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	mux, entered, release := blockingMux()
 	s, addr := startH1(t, mux, nil)
 	idle := func() (top, bottom *idleWorker, idlers, live int) {
 		s.mu.Lock()
