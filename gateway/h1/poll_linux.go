@@ -16,7 +16,8 @@ import (
 // read of its own, is parked: it then has no goroutine at all. When its
 // request arrives the poller queues it, first come first served, for a
 // worker: a goroutine that serves ready connections one after another
-// and waits only when none is ready. The epoll instance is itself
+// and waits only when none is ready. New connections join the same
+// queue as they are accepted (admit). The epoll instance is itself
 // watched by Go's network poller, so the poller's goroutine waits like
 // any socket read.
 //
@@ -71,6 +72,7 @@ type pollFields struct {
 	registered   bool // in the epoll set, under fd
 	readable     bool // an event came while the connection was not parked
 	hup          bool // the peer closed or reset: read until EOF, never park again
+	fresh        bool // queued by admit: not served yet
 	parkedAt     time.Time
 	older, newer *conn // the parked list
 	next         *conn // the ready queue
@@ -332,20 +334,46 @@ func (p *poller) wakeAllLocked() {
 func (p *poller) work() {
 	defer p.workers.Done()
 	w := &idleWorker{wake: make(chan struct{}, 1)}
-	for c := p.take(w); c != nil; c = p.take(w) {
-		c.resume()
+	for c, fresh := p.take(w); c != nil; c, fresh = p.take(w) {
+		if fresh {
+			c.serve()
+		} else {
+			c.resume()
+		}
 	}
 }
 
-// take returns the oldest ready connection, waiting for one; nil means
-// the worker ends.
-func (p *poller) take(w *idleWorker) *conn {
+// admit queues a new connection for a worker, which serves it as its own
+// goroutine would have (c.serve), and reports false once the poller is
+// closed. New connections then wait for a worker like parked ones: when
+// 2048 clients connect at once, the gateway runs at most its workers,
+// not a goroutine per connection. (The runtime keeps every goroutine it
+// has ever run at once, for reuse: 2048 of them, 1.1 MB of descriptors
+// that every GC walks from then on, and their stacks.)
+func (p *poller) admit(c *conn) bool {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return false
+	}
+	c.pf.fresh = true
+	n := p.spawnLocked(min(p.queueLocked(c), max(0, p.max-p.live)))
+	p.mu.Unlock()
+	for range n {
+		go p.work()
+	}
+	return true
+}
+
+// take returns the oldest ready connection, waiting for one, and whether
+// admit queued it; nil means the worker ends.
+func (p *poller) take(w *idleWorker) (c *conn, fresh bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for p.head == nil {
 		if p.closed || w.retire || len(p.idlers) >= maxIdleWorkers {
 			p.live--
-			return nil
+			return nil, false
 		}
 		w.since = time.Now()
 		p.retireLocked(w.since)
@@ -354,16 +382,17 @@ func (p *poller) take(w *idleWorker) *conn {
 		<-w.wake
 		p.mu.Lock()
 	}
-	c := p.head
+	c = p.head
 	p.head = c.pf.next
 	if p.head == nil {
 		p.tail = nil
 	}
 	c.pf.next = nil
 	c.pf.readable = false // the worker reads first: that covers the events so far
+	fresh, c.pf.fresh = c.pf.fresh, false
 	p.queued--
 	p.taken++
-	return c
+	return c, fresh
 }
 
 // park takes c, idle with nothing buffered, from its goroutine (see the

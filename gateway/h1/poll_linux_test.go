@@ -401,3 +401,39 @@ func TestIdleWorkers(t *testing.T) {
 		t.Errorf("after workerTTL %d workers (%d idle), want 1", live, idlers)
 	}
 }
+
+// TestNewConnsOnWorkers: new connections are served by the poller's
+// workers, not by a goroutine each, and still all get served when more
+// arrive at once than there are workers, all of them blocked.
+func TestNewConnsOnWorkers(t *testing.T) {
+	const workers, n = 4, 20
+	mux, entered, release := blockingMux()
+	s, addr := startH1(t, mux, func(s *Server) { s.pollWorkers = workers })
+	taken := func() uint64 {
+		s.mu.Lock()
+		p := s.poller
+		s.mu.Unlock()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.taken
+	}
+
+	var brs []*bufio.Reader
+	for range n {
+		c, br := dial(t, addr)
+		io.WriteString(c, "GET /block HTTP/1.1\r\nHost: a\r\n\r\n")
+		brs = append(brs, br)
+	}
+	if !eventually(func() bool { return entered.Load() == n }) {
+		t.Fatalf("%d of %d new connections' requests reached the handler with %d workers", entered.Load(), n, workers)
+	}
+	if got := taken(); got < n {
+		t.Errorf("the poller's workers took %d connections, want all %d new ones", got, n)
+	}
+	close(release)
+	for i, br := range brs {
+		if r, err := readWireResponse(br, "GET"); err != nil || r.body != "released" {
+			t.Errorf("connection %d answered %v, %v; want released", i, r, err)
+		}
+	}
+}

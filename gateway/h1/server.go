@@ -167,7 +167,9 @@ func (s *Server) Serve(ln net.Listener) error {
 			rw.Close()
 			return http.ErrServerClosed
 		}
-		go c.serve()
+		if p := s.poller; p == nil || !p.admit(c) {
+			go c.serve()
+		}
 	}
 }
 
