@@ -79,6 +79,16 @@ type pollFields struct {
 }
 
 // idleWorker is a worker waiting in take for a ready connection.
+//
+// Waiting workers are woken last idle first, like a stack. sync.Cond,
+// used before, wakes them in turn: after a burst of 2048 clients the 256
+// workers it left kept serving in rotation at 64 clients, each request on
+// a goroutine whose stack had gone cold. Measured at 64 PUT clients after
+// such a burst (6 interleaved runs each, median): 41.3k req/s in turn,
+// 45.4k last idle first; a process that never saw the burst made 50k, so
+// the stack explains part of that gap, not all of it. The workers the
+// load needs stay on top; the rest wait at the bottom until workerTTL
+// ends them, which also gives their stacks back.
 type idleWorker struct {
 	wake   chan struct{} // buffered: one wake-up per wait
 	since  time.Time     // when it began to wait
@@ -110,16 +120,6 @@ const (
 	// before it ends, so that the workers a burst started do not stay.
 	workerTTL = 10 * time.Second
 )
-
-// Waiting workers are woken last idle first, like a stack. sync.Cond,
-// used before, wakes them in turn: after a burst of 2048 clients the 256
-// workers it left kept serving in rotation at 64 clients, each request on
-// a goroutine whose stack had gone cold. Measured at 64 PUT clients after
-// such a burst (6 interleaved runs each, median): 41.3k req/s in turn,
-// 45.4k last idle first; a process that never saw the burst made 50k, so
-// the stack explains part of that gap, not all of it. The workers the
-// load needs stay on top; the rest wait at the bottom until workerTTL
-// ends them, which also gives their stacks back.
 
 // epollET is EPOLLET, which package syscall spells as a negative int on
 // some architectures.
@@ -219,7 +219,7 @@ func (p *poller) drainFD(fd uintptr) bool {
 		for _, ev := range p.events[:n] {
 			uncovered += p.wakeLocked(ev.Fd, ev.Events)
 		}
-		spawn := p.spawnLocked(min(uncovered, max(0, p.max-p.live)))
+		spawn := p.spawnCappedLocked(uncovered)
 		p.mu.Unlock()
 		for range spawn {
 			go p.work()
@@ -265,6 +265,12 @@ func (p *poller) spawnLocked(n int) int {
 		p.stall.Reset(stallCheck)
 	}
 	return n
+}
+
+// spawnCappedLocked is spawnLocked for up to n workers, as many as the
+// cap on workers still allows.
+func (p *poller) spawnCappedLocked(n int) int {
+	return p.spawnLocked(min(n, max(0, p.max-p.live)))
 }
 
 // checkStall starts more workers if none took a connection from the
@@ -357,7 +363,7 @@ func (p *poller) admit(c *conn) bool {
 		return false
 	}
 	c.pf.fresh = true
-	n := p.spawnLocked(min(p.queueLocked(c), max(0, p.max-p.live)))
+	n := p.spawnCappedLocked(p.queueLocked(c))
 	p.mu.Unlock()
 	for range n {
 		go p.work()
