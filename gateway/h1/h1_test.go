@@ -862,6 +862,43 @@ func TestCloseCancelsRequests(t *testing.T) {
 	}
 }
 
+// ctxMark is the value NewContext adds in TestNewContext.
+type ctxMark struct{}
+
+func TestNewContext(t *testing.T) {
+	made := 0
+	entered := make(chan struct{}, 1)
+	done := make(chan error, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := r.Context()
+		fmt.Fprintf(w, "mark=%v local=%v", ctx.Value(ctxMark{}), ctx.Value(http.LocalAddrContextKey) != nil)
+		if r.URL.Path == "/wait" {
+			entered <- struct{}{}
+			<-ctx.Done()
+			done <- ctx.Err()
+		}
+	})
+	s, addr := startH1(t, h, func(s *Server) {
+		s.NewContext = func(parent context.Context) context.Context {
+			made++ // requests on one connection run one at a time
+			return context.WithValue(parent, ctxMark{}, made)
+		}
+	})
+	c, br := dial(t, addr)
+	for i := 1; i <= 2; i++ {
+		got := roundTrip(t, c, br, "/")
+		if want := fmt.Sprintf("mark=%d local=true", i); got.body != want {
+			t.Errorf("request %d: handler saw %q, want %q (a new context per request, from the connection's)", i, got.body, want)
+		}
+	}
+	io.WriteString(c, "GET /wait HTTP/1.1\r\nHost: a\r\n\r\n")
+	<-entered
+	s.Close()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("NewContext's context after Close: error %v, want %v", err, context.Canceled)
+	}
+}
+
 func TestReadTimeoutCutsBody(t *testing.T) {
 	_, addr := startH1(t, testHandler(), func(s *Server) { s.ReadTimeout = 200 * time.Millisecond })
 	c, br := dial(t, addr)

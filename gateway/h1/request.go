@@ -209,7 +209,11 @@ func (c *conn) newRequest(head []byte, lines int) *http.Request {
 	if cl > 0 {
 		r.Body = &body{c: c, n: cl}
 	}
-	return r.WithContext(c.ctx)
+	ctx := c.ctx
+	if nc := c.srv.NewContext; nc != nil {
+		ctx = nc(ctx)
+	}
+	return r.WithContext(ctx)
 }
 
 // canonicalKey returns k in canonical form, without allocating when it
