@@ -20,7 +20,8 @@ import (
 )
 
 // Store is what the gateway needs from the memcached side.
-// *upstream.Cluster implements it.
+// *upstream.Cluster implements it. The methods that take an item must not
+// keep its Value after they return: the gateway reuses the buffer.
 type Store interface {
 	Get(ctx context.Context, key string) (upstream.Item, error)
 	Set(ctx context.Context, it upstream.Item) error
@@ -110,6 +111,7 @@ type handler struct {
 	defaultTTL int32
 	log        *slog.Logger
 	async      *asyncQueue
+	values     sync.Pool // of *[]byte: PUT bodies, see valueBuf
 }
 
 // Handler is the data-plane HTTP handler. Run must run for writes sent with
@@ -130,13 +132,29 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rc.Reset()
 	rc.Routes = h.mux
-	ctx := newRequestCtx(r.Context(), time.Now().Add(h.h.opts.RequestTimeout))
+	ctx, ok := r.Context().(*requestCtx)
+	if !ok || ctx.maker != h || ctx.used {
+		ctx = newRequestCtx(r.Context(), time.Now().Add(h.h.opts.RequestTimeout))
+		r = r.WithContext(ctx)
+	}
+	ctx.used = true
 	ctx.route = rc // back to the pool after the request, as chi does
 	defer func() {
 		ctx.stop()
 		h.routes.Put(rc)
 	}()
-	h.mux.ServeHTTP(w, r.WithContext(ctx))
+	h.mux.ServeHTTP(w, r)
+}
+
+// NewContext makes the context ServeHTTP gives a request, for a server
+// that builds its requests itself (h1.Server's NewContext): ServeHTTP then
+// finds it in the request and serves the request as it is, where it would
+// otherwise attach its context with WithContext, a copy of the request.
+// Its RequestTimeout counts from now. A context serves one request.
+func (h *Handler) NewContext(parent context.Context) context.Context {
+	ctx := newRequestCtx(parent, time.Now().Add(h.h.opts.RequestTimeout))
+	ctx.maker = h
+	return ctx
 }
 
 // Run applies asynchronous writes until ctx is done, then applies the ones
@@ -208,6 +226,8 @@ type requestCtx struct {
 	timed           context.Context
 	cancel          context.CancelFunc
 	route           *chi.Context // the value of chi.RouteCtxKey while set
+	maker           *Handler     // set by NewContext: ServeHTTP may use it as is
+	used            bool         // ServeHTTP served a request with it
 }
 
 // Value answers chi.RouteCtxKey itself, so that chi finds its routing

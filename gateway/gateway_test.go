@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -48,6 +49,7 @@ func (f *fakeStore) Get(_ context.Context, key string) (upstream.Item, error) {
 }
 
 func (f *fakeStore) put(it upstream.Item) {
+	it.Value = bytes.Clone(it.Value) // a Store does not keep the caller's buffer
 	f.cas++
 	it.CAS = f.cas
 	f.items[it.Key] = it
@@ -494,4 +496,41 @@ func TestRequestCtx(t *testing.T) {
 			t.Fatalf("Deadline = %v, want the parent's, a minute from now", d)
 		}
 	})
+}
+
+func TestNewContext(t *testing.T) {
+	s := newFake()
+	s.put(upstream.Item{Key: "k", Value: []byte("v")})
+	h := newTestHandler(t, s).(*Handler)
+	other := newTestHandler(t, s).(*Handler)
+	base := httptest.NewRequest("GET", "/k", nil)
+	used := h.NewContext(context.Background()).(*requestCtx)
+	h.ServeHTTP(httptest.NewRecorder(), base.WithContext(used))
+	tests := []struct {
+		name  string
+		ctx   context.Context
+		taken bool // ServeHTTP serves the request with ctx, not a copy of its own
+	}{
+		{"its own, new", h.NewContext(context.Background()), true},
+		{"another handler's", other.NewContext(context.Background()), false},
+		{"its own, served before", used, false},
+		{"any other", context.Background(), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rc, _ := tt.ctx.(*requestCtx)
+			var before bool
+			if rc != nil {
+				before = rc.used
+			}
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, base.WithContext(tt.ctx))
+			if w.Code != http.StatusOK || w.Body.String() != "v" {
+				t.Fatalf("GET /k = %d %q, want 200 \"v\"", w.Code, w.Body)
+			}
+			if got := rc != nil && !before && rc.used; got != tt.taken {
+				t.Errorf("ServeHTTP took the request's context: %v, want %v", got, tt.taken)
+			}
+		})
+	}
 }

@@ -63,13 +63,22 @@ func (h *handler) put(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if it.Value, err = h.readValue(r); err != nil {
+	ifMatch, ifNone := r.Header.Get("If-Match"), r.Header.Get("If-None-Match")
+	async := ifMatch == "" && ifNone == "" && preferAsync(r)
+	var buf *[]byte
+	if !async {
+		// memcached's answer comes after the value is sent: the buffer is
+		// free again when this returns.
+		if buf = h.valueBuf(r.ContentLength); buf != nil {
+			defer h.values.Put(buf)
+		}
+	}
+	if it.Value, err = h.readValue(r, buf); err != nil {
 		writeError(w, err)
 		return
 	}
 	ctx := r.Context()
-	ifMatch, ifNone := r.Header.Get("If-Match"), r.Header.Get("If-None-Match")
-	if ifMatch == "" && ifNone == "" && preferAsync(r) {
+	if async {
 		// Conditional writes need memcached's answer, so only plain sets
 		// are queued (RFC 7240 lets a server ignore the preference). The
 		// codec runs when the write is applied, as for batches.
@@ -145,7 +154,7 @@ func (h *handler) post(w http.ResponseWriter, r *http.Request) {
 	switch op {
 	case "append", "prepend":
 		it := upstream.Item{Key: key}
-		if it.Value, err = h.readValue(r); err != nil {
+		if it.Value, err = h.readValue(r, nil); err != nil {
 			break
 		}
 		if op == "append" {
@@ -210,10 +219,29 @@ func (h *handler) item(r *http.Request, key string) (upstream.Item, error) {
 	return upstream.Item{Key: key, Flags: flags, Expiration: exp}, nil
 }
 
+// pooledValueMax is the largest request body read into a pooled buffer.
+// Larger ones are rare in a cache and would keep their memory in the pool.
+const pooledValueMax = 16 << 10
+
+// valueBuf returns a pooled buffer for a body of n bytes (-1: unknown), or
+// nil if n is not known or over pooledValueMax. The caller puts it back in
+// h.values when nothing can read the value any more: a Store does not keep
+// an item's Value after it returns.
+func (h *handler) valueBuf(n int64) *[]byte {
+	if n < 0 || n > pooledValueMax {
+		return nil
+	}
+	if p, _ := h.values.Get().(*[]byte); p != nil {
+		return p
+	}
+	return new([]byte)
+}
+
 // readValue reads the whole request body (Content-Length or chunked). A
 // body over MaxValueBytes is refused with 413 before it is read when its
 // length is declared, and as soon as it passes the limit when chunked.
-func (h *handler) readValue(r *http.Request) ([]byte, error) {
+// A declared length is read into *into, if not nil, grown if need be.
+func (h *handler) readValue(r *http.Request, into *[]byte) ([]byte, error) {
 	limit := h.opts.MaxValueBytes
 	tooLarge := func(n string) error {
 		return &requestError{http.StatusRequestEntityTooLarge, "value is " + n + " bytes; at most " + strconv.FormatInt(limit, 10) + " are accepted"}
@@ -222,7 +250,15 @@ func (h *handler) readValue(r *http.Request) ([]byte, error) {
 		return nil, tooLarge(strconv.FormatInt(r.ContentLength, 10))
 	}
 	if r.ContentLength >= 0 {
-		buf := make([]byte, r.ContentLength)
+		var buf []byte
+		if into != nil {
+			if int64(cap(*into)) < r.ContentLength {
+				*into = make([]byte, r.ContentLength)
+			}
+			buf = (*into)[:r.ContentLength]
+		} else {
+			buf = make([]byte, r.ContentLength)
+		}
 		if n, err := io.ReadFull(r.Body, buf); err != nil {
 			return nil, badRequest("request body ended after " + strconv.Itoa(n) + " of " + strconv.FormatInt(r.ContentLength, 10) + " bytes")
 		}

@@ -270,7 +270,19 @@ func dataServer(cfg config.Config, sec *security, std *http.Server) httpServer {
 		MaxHeaderBytes:    std.MaxHeaderBytes,
 		Fallback:          std,
 		ErrorLog:          std.ErrorLog,
+		NewContext:        newContext(std.Handler),
 	}
+}
+
+// newContext is the handler's NewContext, if it has one (see
+// gateway.Handler.NewContext).
+func newContext(h http.Handler) func(context.Context) context.Context {
+	if nc, ok := h.(interface {
+		NewContext(context.Context) context.Context
+	}); ok {
+		return nc.NewContext
+	}
+	return nil
 }
 
 func ignoreClosed(err error) error {
