@@ -33,9 +33,10 @@ const (
 type call struct {
 	kind kind
 	verb string
-	key  string   // a single-key Get's key: such Gets may share one command
-	peer []*call  // on the first call of a shared gets line: every call on it
-	self [1]*call // members' answer for a call on its own, without allocating
+	key  string            // a single-key Get's key: such Gets may share one command
+	peer []*call           // on the first call of a shared gets line: every call on it
+	self [1]*call          // members' answer for a call on its own, without allocating
+	one  [1]*memcache.Item // reply.items of a call on a shared line, without allocating
 	reply
 	done chan struct{}
 }
@@ -207,9 +208,10 @@ func (c *conn) readLoop() {
 			c.fail(fmt.Errorf("%w: a reply nobody asked for", errProtocol))
 			return
 		}
-		k, verb := c.queue[0].kind, c.queue[0].verb
+		// A shared line's calls no longer change: it was sent.
+		k, verb, line := c.queue[0].kind, c.queue[0].verb, c.queue[0].peer
 		c.mu.Unlock()
-		r, err := readReply(br, k, verb)
+		r, err := readReply(br, k, verb, line)
 		if err != nil {
 			c.fail(err)
 			return
@@ -278,7 +280,8 @@ func share(calls []*call, r reply) {
 		}
 		for _, it := range r.items {
 			if it.Key == p.key {
-				p.reply.items = []*memcache.Item{it}
+				p.one[0] = it
+				p.reply.items = p.one[:]
 				break
 			}
 		}
@@ -308,8 +311,10 @@ func isErrorLine(line []byte) bool {
 
 // readReply reads one whole reply to a request of kind k. Memcached's
 // refusals are in the reply, as gomemcache reports them; the error is set
-// only when the stream itself is broken.
-func readReply(br *bufio.Reader, k kind, verb string) (r reply, err error) {
+// only when the stream itself is broken. line holds the calls of a shared
+// gets line (nil for other requests): their keys become the items' keys.
+func readReply(br *bufio.Reader, k kind, verb string, line []*call) (r reply, err error) {
+	keys := keyCursor{calls: line}
 	for {
 		line, err := br.ReadSlice('\n')
 		if err != nil {
@@ -329,7 +334,7 @@ func readReply(br *bufio.Reader, k kind, verb string) (r reply, err error) {
 		case bytes.Equal(line, lineEnd):
 			return r, nil
 		case bytes.HasPrefix(line, prefixValue):
-			it, size, err := parseValueLine(line)
+			it, size, err := parseValueLine(line, &keys)
 			if err != nil {
 				return r, err
 			}
@@ -341,6 +346,9 @@ func readReply(br *bufio.Reader, k kind, verb string) (r reply, err error) {
 				return r, fmt.Errorf("%w: value of %q not followed by CRLF", errProtocol, it.Key)
 			}
 			it.Value = it.Value[:size]
+			if r.items == nil && len(keys.calls) > 0 {
+				r.items = make([]*memcache.Item, 0, len(keys.calls))
+			}
 			r.items = append(r.items, it)
 		case isErrorLine(line):
 			r.err = fmt.Errorf("memcache: unexpected line in get response: %q", line)
@@ -398,8 +406,29 @@ func lineResult(k kind, verb string, line []byte) (uint64, error) {
 	}
 }
 
-// parseValueLine parses "VALUE <key> <flags> <bytes> [<cas>]\r\n".
-func parseValueLine(line []byte) (*memcache.Item, int, error) {
+// keyCursor finds the keys of a reply to a shared gets line among the
+// line's keys, so that an item's Key is the string its caller passed
+// rather than a copy. memcached answers the keys of a line in order,
+// leaving out the misses, so the search goes on from the last key found.
+type keyCursor struct {
+	calls []*call
+	next  int
+}
+
+// key returns the line's key equal to b, or else a copy of b.
+func (kc *keyCursor) key(b []byte) string {
+	for i := kc.next; i < len(kc.calls); i++ {
+		if kc.calls[i].key == string(b) {
+			kc.next = i + 1
+			return kc.calls[i].key
+		}
+	}
+	return string(b)
+}
+
+// parseValueLine parses "VALUE <key> <flags> <bytes> [<cas>]\r\n", taking
+// the key from keys.
+func parseValueLine(line []byte, keys *keyCursor) (*memcache.Item, int, error) {
 	rest := line[len(prefixValue) : len(line)-2]
 	if len(rest) == 0 || rest[len(rest)-1] == ' ' {
 		return nil, 0, fmt.Errorf("%w: %q", errProtocol, line)
@@ -427,7 +456,7 @@ func parseValueLine(line []byte) (*memcache.Item, int, error) {
 	if err1 != nil || err2 != nil || err3 != nil {
 		return nil, 0, fmt.Errorf("%w: %q", errProtocol, line)
 	}
-	return &memcache.Item{Key: string(f[0]), Flags: uint32(flags), CasID: cas}, int(size), nil
+	return &memcache.Item{Key: keys.key(f[0]), Flags: uint32(flags), CasID: cas}, int(size), nil
 }
 
 // appendStore encodes a storage command with its data block.

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/bradfitz/gomemcache/memcache"
 
@@ -379,7 +380,7 @@ func TestParseValueLine(t *testing.T) {
 		{line: "VALUE k 0 5 \r\n", wantProtoError: true},
 	}
 	for _, tt := range tests {
-		it, size, err := parseValueLine([]byte(tt.line))
+		it, size, err := parseValueLine([]byte(tt.line), &keyCursor{})
 		if tt.wantProtoError {
 			if !errors.Is(err, errProtocol) {
 				t.Errorf("parseValueLine(%q) error = %v, want errProtocol", tt.line, err)
@@ -389,6 +390,29 @@ func TestParseValueLine(t *testing.T) {
 		if err != nil || it.Key != tt.wantKey || it.Flags != tt.wantFlags || size != tt.wantSize || it.CasID != tt.wantCAS {
 			t.Errorf("parseValueLine(%q) = %+v, %d, %v; want key %q flags %d size %d cas %d",
 				tt.line, it, size, err, tt.wantKey, tt.wantFlags, tt.wantSize, tt.wantCAS)
+		}
+	}
+}
+
+// TestKeyCursor: the keys of a shared line's reply come, in order and
+// with misses left out, from the line's own key strings; any other key is
+// copied.
+func TestKeyCursor(t *testing.T) {
+	line := []*call{{key: "a"}, {key: "b"}, {key: "a"}, {key: "c"}}
+	kc := keyCursor{calls: line}
+	for i, tt := range []struct {
+		reply string
+		from  int // index in line of the string returned; -1: a copy
+	}{
+		{"a", 0}, {"a", 2}, {"c", 3}, {"b", -1}, {"z", -1},
+	} {
+		got := kc.key([]byte(tt.reply))
+		if got != tt.reply {
+			t.Fatalf("reply key %d: key(%q) = %q", i, tt.reply, got)
+		}
+		shared := tt.from >= 0 && unsafe.StringData(got) == unsafe.StringData(line[tt.from].key)
+		if (tt.from >= 0) != shared {
+			t.Errorf("reply key %d (%q): the line's string %d: %v, want %v", i, tt.reply, tt.from, shared, tt.from >= 0)
 		}
 	}
 }
