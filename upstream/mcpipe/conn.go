@@ -195,6 +195,7 @@ var errProtocol = errors.New("mcpipe: malformed reply from memcached")
 // readLoop reads replies until the connection fails.
 func (c *conn) readLoop() {
 	br := bufio.NewReaderSize(c.nc, 16<<10)
+	var keys []string // the keys of the reply's shared gets line, reused
 	for {
 		// Wait for the first byte of the next reply. With nothing queued
 		// there is no deadline: an idle connection waits indefinitely.
@@ -208,10 +209,15 @@ func (c *conn) readLoop() {
 			c.fail(fmt.Errorf("%w: a reply nobody asked for", errProtocol))
 			return
 		}
-		// A shared line's calls no longer change: it was sent.
-		k, verb, line := c.queue[0].kind, c.queue[0].verb, c.queue[0].peer
+		// The keys of a shared line, copied while the calls are surely
+		// queued: fail may answer and free them while the reply is read.
+		k, verb := c.queue[0].kind, c.queue[0].verb
+		keys = keys[:0]
+		for _, p := range c.queue[0].peer {
+			keys = append(keys, p.key)
+		}
 		c.mu.Unlock()
-		r, err := readReply(br, k, verb, line)
+		r, err := readReply(br, k, verb, keys)
 		if err != nil {
 			c.fail(err)
 			return
@@ -311,10 +317,10 @@ func isErrorLine(line []byte) bool {
 
 // readReply reads one whole reply to a request of kind k. Memcached's
 // refusals are in the reply, as gomemcache reports them; the error is set
-// only when the stream itself is broken. line holds the calls of a shared
-// gets line (nil for other requests): their keys become the items' keys.
-func readReply(br *bufio.Reader, k kind, verb string, line []*call) (r reply, err error) {
-	keys := keyCursor{calls: line}
+// only when the stream itself is broken. line holds the keys of a shared
+// gets line (none for other requests): they become the items' keys.
+func readReply(br *bufio.Reader, k kind, verb string, line []string) (r reply, err error) {
+	keys := keyCursor{keys: line}
 	for {
 		line, err := br.ReadSlice('\n')
 		if err != nil {
@@ -346,8 +352,8 @@ func readReply(br *bufio.Reader, k kind, verb string, line []*call) (r reply, er
 				return r, fmt.Errorf("%w: value of %q not followed by CRLF", errProtocol, it.Key)
 			}
 			it.Value = it.Value[:size]
-			if r.items == nil && len(keys.calls) > 0 {
-				r.items = make([]*memcache.Item, 0, len(keys.calls))
+			if r.items == nil && len(keys.keys) > 0 {
+				r.items = make([]*memcache.Item, 0, len(keys.keys))
 			}
 			r.items = append(r.items, it)
 		case isErrorLine(line):
@@ -411,16 +417,16 @@ func lineResult(k kind, verb string, line []byte) (uint64, error) {
 // rather than a copy. memcached answers the keys of a line in order,
 // leaving out the misses, so the search goes on from the last key found.
 type keyCursor struct {
-	calls []*call
-	next  int
+	keys []string
+	next int
 }
 
 // key returns the line's key equal to b, or else a copy of b.
 func (kc *keyCursor) key(b []byte) string {
-	for i := kc.next; i < len(kc.calls); i++ {
-		if kc.calls[i].key == string(b) {
+	for i := kc.next; i < len(kc.keys); i++ {
+		if kc.keys[i] == string(b) {
 			kc.next = i + 1
-			return kc.calls[i].key
+			return kc.keys[i]
 		}
 	}
 	return string(b)

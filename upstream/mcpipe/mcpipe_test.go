@@ -1,6 +1,7 @@
 package mcpipe
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -398,8 +399,8 @@ func TestParseValueLine(t *testing.T) {
 // with misses left out, from the line's own key strings; any other key is
 // copied.
 func TestKeyCursor(t *testing.T) {
-	line := []*call{{key: "a"}, {key: "b"}, {key: "a"}, {key: "c"}}
-	kc := keyCursor{calls: line}
+	line := []string{"a", "b", "a", "c"}
+	kc := keyCursor{keys: line}
 	for i, tt := range []struct {
 		reply string
 		from  int // index in line of the string returned; -1: a copy
@@ -410,7 +411,7 @@ func TestKeyCursor(t *testing.T) {
 		if got != tt.reply {
 			t.Fatalf("reply key %d: key(%q) = %q", i, tt.reply, got)
 		}
-		shared := tt.from >= 0 && unsafe.StringData(got) == unsafe.StringData(line[tt.from].key)
+		shared := tt.from >= 0 && unsafe.StringData(got) == unsafe.StringData(line[tt.from])
 		if (tt.from >= 0) != shared {
 			t.Errorf("reply key %d (%q): the line's string %d: %v, want %v", i, tt.reply, tt.from, shared, tt.from >= 0)
 		}
@@ -461,5 +462,48 @@ func TestSharedGetLines(t *testing.T) {
 	}
 	if it, err := c.Get("k1"); err != nil || string(it.Value) != "new" {
 		t.Fatalf("Get after Set = %+v, %v; want new", it, err)
+	}
+}
+
+// TestCloseWhileReading: Close fails a connection whose reader is in the
+// middle of a Get's reply. The Get gets ErrClosed, and its call, back in
+// the pool and reused by the next Get, is no longer read by the old
+// reader (the race detector checks that part).
+func TestCloseWhileReading(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	defer func() { close(stop); ln.Close() }()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				bufio.NewReader(c).ReadString('\n')
+				c.Write([]byte("VALUE a 0 5\r\nxx")) // the rest never comes
+				<-stop
+			}()
+		}
+	}()
+	cl := New(Options{Timeout: 5 * time.Second, Dial: func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", ln.Addr().String())
+	}})
+	for i := range 4 {
+		done := make(chan error, 1)
+		go func() {
+			_, err := cl.Get("a")
+			done <- err
+		}()
+		time.Sleep(50 * time.Millisecond) // the reader is waiting for the value
+		cl.Close()
+		if err := <-done; !errors.Is(err, ErrClosed) {
+			t.Fatalf("Get %d while the connection was closed: error %v, want %v", i, err, ErrClosed)
+		}
 	}
 }
