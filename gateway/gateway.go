@@ -134,13 +134,20 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rc.Routes = h.mux
 	ctx, ok := r.Context().(*requestCtx)
 	if !ok || ctx.maker != h || ctx.used {
-		ctx = newRequestCtx(r.Context(), time.Now().Add(h.h.opts.RequestTimeout))
+		parent := r.Context()
+		if ok {
+			// Not ours to take, and nobody would stop its timer if ours
+			// armed it: hang ours on what it wraps.
+			parent = ctx.Context
+		}
+		ctx = newRequestCtx(parent, time.Now().Add(h.h.opts.RequestTimeout))
 		r = r.WithContext(ctx)
 	}
 	ctx.used = true
 	ctx.route = rc // back to the pool after the request, as chi does
 	defer func() {
 		ctx.stop()
+		ctx.route = nil // whoever still holds ctx must not find rc reused
 		h.routes.Put(rc)
 	}()
 	h.mux.ServeHTTP(w, r)
