@@ -268,11 +268,27 @@ func TestPausedTimesOut(t *testing.T) {
 // requests on that connection instead of handing one request another's
 // reply.
 func TestGarbageReply(t *testing.T) {
+	addr, _ := scriptedServer(t, "VALUE k 0 notanumber\r\n")
+	c := newClient(addr, 1, nil)
+	defer c.Close()
+	_, err := c.Get("k")
+	if !errors.Is(err, errProtocol) {
+		t.Fatalf("get with a garbage reply: %v, want errProtocol", err)
+	}
+}
+
+// scriptedServer listens on a loopback port and, on each connection it
+// accepts, reads the first request line, answers reply and then holds the
+// connection open, silent, until the test ends. It returns the address,
+// and a channel that receives once per reply written.
+func scriptedServer(t *testing.T, reply string) (string, <-chan struct{}) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
+	stop, answered := make(chan struct{}), make(chan struct{}, 16)
+	t.Cleanup(func() { close(stop); ln.Close() })
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -281,21 +297,19 @@ func TestGarbageReply(t *testing.T) {
 			}
 			go func() {
 				defer c.Close()
-				buf := make([]byte, 1024)
-				if _, err := c.Read(buf); err != nil {
+				if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
 					return
 				}
-				c.Write([]byte("VALUE k 0 notanumber\r\n"))
-				time.Sleep(time.Second)
+				c.Write([]byte(reply))
+				select {
+				case answered <- struct{}{}:
+				default:
+				}
+				<-stop
 			}()
 		}
 	}()
-	c := newClient(ln.Addr().String(), 1, nil)
-	defer c.Close()
-	_, err = c.Get("k")
-	if !errors.Is(err, errProtocol) {
-		t.Fatalf("get with a garbage reply: %v, want errProtocol", err)
-	}
+	return ln.Addr().String(), answered
 }
 
 // BenchmarkParallelGet compares gomemcache (one request per connection,
@@ -470,37 +484,16 @@ func TestSharedGetLines(t *testing.T) {
 // the pool and reused by the next Get, is no longer read by the old
 // reader (the race detector checks that part).
 func TestCloseWhileReading(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := make(chan struct{})
-	defer func() { close(stop); ln.Close() }()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				bufio.NewReader(c).ReadString('\n')
-				c.Write([]byte("VALUE a 0 5\r\nxx")) // the rest never comes
-				<-stop
-			}()
-		}
-	}()
-	cl := New(Options{Timeout: 5 * time.Second, Dial: func(ctx context.Context) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "tcp", ln.Addr().String())
-	}})
+	addr, answered := scriptedServer(t, "VALUE a 0 5\r\nxx") // the rest never comes
+	cl := newClient(addr, 1, nil)
 	for i := range 4 {
 		done := make(chan error, 1)
 		go func() {
 			_, err := cl.Get("a")
 			done <- err
 		}()
-		time.Sleep(50 * time.Millisecond) // the reader is waiting for the value
+		<-answered
+		time.Sleep(10 * time.Millisecond) // most likely the reader waits for the value now
 		cl.Close()
 		if err := <-done; !errors.Is(err, ErrClosed) {
 			t.Fatalf("Get %d while the connection was closed: error %v, want %v", i, err, ErrClosed)
