@@ -500,3 +500,113 @@ func TestCloseWhileReading(t *testing.T) {
 		}
 	}
 }
+
+// asyncResult is what a GetAsync's callback got.
+type asyncResult struct {
+	value string
+	err   error
+}
+
+// TestAsync: GetAsync and SetAsync give the same answers as Get and Set,
+// mixed with waiting calls on the same connections; illegal keys fail
+// before the call returns.
+func TestAsync(t *testing.T) {
+	srv := memcachedtest.Start(t)
+	c := newClient(srv.Addr, 2, nil)
+	defer c.Close()
+	const n = 200
+	stored := make(chan error, n)
+	for i := range n {
+		c.SetAsync(&memcache.Item{Key: fmt.Sprintf("k%d", i), Value: []byte(fmt.Sprintf("v%d", i))}, func(err error) { stored <- err })
+	}
+	for range n {
+		if err := <-stored; err != nil {
+			t.Fatalf("SetAsync: %v", err)
+		}
+	}
+	got := make([]chan asyncResult, n+1)
+	var wg sync.WaitGroup
+	for i := range n + 1 { // k0…k199 hit, k200 misses
+		got[i] = make(chan asyncResult, 1)
+		c.GetAsync(fmt.Sprintf("k%d", i), func(it *memcache.Item, err error) {
+			r := asyncResult{err: err}
+			if it != nil {
+				r.value = string(it.Value)
+			}
+			got[i] <- r
+		})
+		wg.Go(func() { c.Get(fmt.Sprintf("k%d", i)) }) // waiting calls in between
+	}
+	wg.Wait()
+	for i := range n {
+		if r := <-got[i]; r.err != nil || r.value != fmt.Sprintf("v%d", i) {
+			t.Errorf("GetAsync(k%d) = %q, %v; want %q", i, r.value, r.err, fmt.Sprintf("v%d", i))
+		}
+	}
+	if r := <-got[n]; !errors.Is(r.err, memcache.ErrCacheMiss) {
+		t.Errorf("GetAsync of a missing key: %q, %v; want %v", r.value, r.err, memcache.ErrCacheMiss)
+	}
+	var before bool
+	c.GetAsync("bad key", func(_ *memcache.Item, err error) {
+		before = errors.Is(err, memcache.ErrMalformedKey)
+	})
+	if !before {
+		t.Error("GetAsync of an illegal key did not fail with ErrMalformedKey before returning")
+	}
+}
+
+// TestAsyncCallbackSends: a callback may send on the connection it was
+// completed on, after a reply and after a failure (both complete without
+// the connection's lock).
+func TestAsyncCallbackSends(t *testing.T) {
+	srv := memcachedtest.Start(t)
+	c := newClient(srv.Addr, 1, nil) // not closed on failure: a deadlocked Close would hang the test
+	if err := c.Set(&memcache.Item{Key: "k", Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan int, 1)
+	var chain func(left int)
+	chain = func(left int) {
+		c.GetAsync("k", func(_ *memcache.Item, err error) {
+			if err != nil || left == 0 {
+				done <- left
+				return
+			}
+			chain(left - 1)
+		})
+	}
+	chain(100)
+	select {
+	case left := <-done:
+		if left != 0 {
+			t.Fatalf("a chain of 100 GetAsync from callbacks stopped with %d left", left)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a GetAsync sent from a callback never completed")
+	}
+	c.Close()
+
+	addr, answered := scriptedServer(t, "VALUE a 0 5\r\nxx") // the rest never comes
+	s := newClient(addr, 1, nil)
+	failed := make(chan error, 2)
+	s.GetAsync("a", func(_ *memcache.Item, err error) {
+		failed <- err
+		s.GetAsync("a", func(_ *memcache.Item, err error) { failed <- err }) // redials
+	})
+	<-answered
+	s.Close()
+	for i := range 2 {
+		select {
+		case err := <-failed:
+			if i == 0 && !errors.Is(err, ErrClosed) {
+				t.Errorf("GetAsync on a closed connection: %v, want %v", err, ErrClosed)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("callback %d after Close never ran", i)
+		}
+		if i == 0 {
+			<-answered
+			s.Close()
+		}
+	}
+}
