@@ -27,11 +27,9 @@ const (
 )
 
 // call is one request waiting for its reply. Whoever completes it (the
-// reader, or fail) takes it off the queue and sets reply under the
-// connection's mutex, so exactly once, and then, with the mutex released,
-// runs complete or signals done; after that only the waiter touches it.
-// complete runs without the mutex so that it may send on the same
-// connection.
+// reader, or fail) sets reply and signals done exactly once, under the
+// connection's mutex and only while the call is queued; after that only the
+// waiter touches it.
 type call struct {
 	kind kind
 	verb string
@@ -41,18 +39,6 @@ type call struct {
 	one  [1]*memcache.Item // reply.items of a call on a shared line, without allocating
 	reply
 	done chan struct{}
-	// complete, if not nil, is run instead of signalling done: a caller
-	// that does not wait (GetAsync, SetAsync).
-	complete func(*call)
-}
-
-// finish hands a completed call to its waiter or its callback.
-func finish(cl *call) {
-	if cl.complete != nil {
-		cl.complete(cl)
-		return
-	}
-	cl.done <- struct{}{}
 }
 
 // reply is what a request's answer came to.
@@ -99,7 +85,7 @@ func (c *conn) send(cl *call, encode func([]byte) []byte) {
 		err := c.err
 		c.mu.Unlock()
 		cl.err = err
-		finish(cl)
+		cl.done <- struct{}{}
 		return
 	}
 	switch {
@@ -192,15 +178,14 @@ func (c *conn) fail(err error) {
 	c.wbuf = nil
 	c.open = nil
 	for _, cl := range q {
-		for _, p := range cl.members() {
+		members := cl.members()
+		for _, p := range members {
 			p.reply = reply{err: err}
 		}
+		signal(members)
 	}
 	c.mu.Unlock()
 	_ = c.nc.Close()
-	for _, cl := range q {
-		signal(cl.members())
-	}
 }
 
 // errProtocol is a reply that does not fit the protocol: the connection's
@@ -261,8 +246,8 @@ func (c *conn) readLoop() {
 			// within 7/8 to 8/8 of the timeout.
 			c.armReadLocked(now)
 		}
-		c.mu.Unlock()
 		signal(members)
+		c.mu.Unlock()
 	}
 }
 
@@ -285,9 +270,9 @@ func (cl *call) members() []*call {
 // calls waited for all the others' responses to be written.)
 func signal(calls []*call) {
 	for _, cl := range calls[1:] {
-		finish(cl)
+		cl.done <- struct{}{}
 	}
-	finish(calls[0])
+	calls[0].done <- struct{}{}
 }
 
 // share hands each call on a shared gets line its own part of the reply:

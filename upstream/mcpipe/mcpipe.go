@@ -123,20 +123,14 @@ func (c *Client) do(k kind, verb, key string, encode func([]byte) []byte) (*call
 	if err != nil {
 		return nil, err
 	}
-	cl := c.newCall(k, verb, key)
-	cn.send(cl, encode)
-	<-cl.done
-	return cl, nil
-}
-
-// newCall takes a call from the pool for a request.
-func (c *Client) newCall(k kind, verb, key string) *call {
 	cl, _ := c.calls.Get().(*call)
 	if cl == nil {
 		cl = &call{done: make(chan struct{}, 1)}
 	}
 	cl.kind, cl.verb, cl.key = k, verb, key
-	return cl
+	cn.send(cl, encode)
+	<-cl.done
+	return cl, nil
 }
 
 // simple sends a request whose reply is only an outcome and returns it.
@@ -188,63 +182,6 @@ func (c *Client) Get(key string) (*memcache.Item, error) {
 		return nil, memcache.ErrCacheMiss
 	}
 	return cl.items[0], nil
-}
-
-// GetAsync reads one item like Get but does not wait: it sends the
-// request and returns, and done gets the item, or Get's error, later.
-//
-// done runs on the goroutine that completes the request: usually the
-// connection's reader, which reads no other reply on that connection
-// until done returns, so done must not block (a write to a slow client
-// must not wait). After a failure it may run on the goroutine that found
-// the failure (another caller's, or Close's) or, for an illegal key or a
-// failed dial, on the caller's before GetAsync returns. done may send
-// more requests; one that sends again whenever it fails never ends.
-func (c *Client) GetAsync(key string, done func(*memcache.Item, error)) {
-	if !legalKey(key) {
-		done(nil, memcache.ErrMalformedKey)
-		return
-	}
-	c.async(kindGet, "gets", key, nil, func(cl *call) {
-		it, err := (*memcache.Item)(nil), cl.err
-		if err == nil && len(cl.items) > 0 {
-			it = cl.items[0]
-		} else if err == nil {
-			err = memcache.ErrCacheMiss
-		}
-		c.release(cl)
-		done(it, err)
-	}, func(err error) { done(nil, err) })
-}
-
-// SetAsync stores an item like Set but does not wait: done gets Set's
-// error, or nil, later, as for GetAsync. it is encoded before SetAsync
-// returns, so its Value is the caller's again then.
-func (c *Client) SetAsync(it *memcache.Item, done func(error)) {
-	if !legalKey(it.Key) {
-		done(memcache.ErrMalformedKey)
-		return
-	}
-	c.async(kindStore, "set", "", func(b []byte) []byte {
-		return appendStore(b, "set", it)
-	}, func(cl *call) {
-		err := cl.err
-		c.release(cl)
-		done(err)
-	}, done)
-}
-
-// async sends a request like do but returns at once; complete gets the
-// call when its reply is in (and releases it), failed a dial error.
-func (c *Client) async(k kind, verb, key string, encode func([]byte) []byte, complete func(*call), failed func(error)) {
-	cn, err := c.conn()
-	if err != nil {
-		failed(err)
-		return
-	}
-	cl := c.newCall(k, verb, key)
-	cl.complete = complete
-	cn.send(cl, encode)
 }
 
 // GetMulti reads many items with one command; missing keys are absent
