@@ -317,10 +317,10 @@ func isErrorLine(line []byte) bool {
 
 // readReply reads one whole reply to a request of kind k. Memcached's
 // refusals are in the reply, as gomemcache reports them; the error is set
-// only when the stream itself is broken. line holds the keys of a shared
-// gets line (none for other requests): they become the items' keys.
-func readReply(br *bufio.Reader, k kind, verb string, line []string) (r reply, err error) {
-	keys := keyCursor{keys: line}
+// only when the stream itself is broken. lineKeys are the keys of a
+// shared gets line (none for other requests): they become the items' keys.
+func readReply(br *bufio.Reader, k kind, verb string, lineKeys []string) (r reply, err error) {
+	keys := keyCursor{keys: lineKeys}
 	for {
 		line, err := br.ReadSlice('\n')
 		if err != nil {
