@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"reflect"
 	"strconv"
@@ -127,7 +128,8 @@ func ParseServer(s string) (Server, error) {
 		return Server{}, errors.New("empty server")
 	}
 	var host, rest string
-	if strings.HasPrefix(s, "[") {
+	bracketed := strings.HasPrefix(s, "[")
+	if bracketed {
 		end := strings.IndexByte(s, ']')
 		if end < 0 {
 			return Server{}, fmt.Errorf("%q: missing ']'", s)
@@ -144,8 +146,8 @@ func ParseServer(s string) (Server, error) {
 			return Server{}, fmt.Errorf("%q: want host:port[:weight]", s)
 		}
 	}
-	if host == "" {
-		return Server{}, fmt.Errorf("%q: empty host", s)
+	if err := checkHost(host, bracketed); err != nil {
+		return Server{}, fmt.Errorf("%q: %w", s, err)
 	}
 	portStr, weightStr, hasWeight := strings.Cut(rest, ":")
 	port, err := strconv.Atoi(portStr)
@@ -160,6 +162,39 @@ func ParseServer(s string) (Server, error) {
 		}
 	}
 	return Server{Host: host, Port: port, Weight: weight}, nil
+}
+
+// checkHost accepts an IPv6 literal (with an optional zone) when bracketed,
+// and otherwise an IPv4 address or a DNS name: letters, digits, '-', '_' and
+// '.', so that a host written with a space or a stray bracket is refused
+// here rather than at the first dial.
+func checkHost(host string, bracketed bool) error {
+	if host == "" {
+		return errors.New("empty host")
+	}
+	if bracketed {
+		a, err := netip.ParseAddr(host)
+		if err != nil || !a.Is6() || badNameByte(a.Zone()) >= 0 {
+			return fmt.Errorf("[%s] is not an IPv6 address", host)
+		}
+		return nil
+	}
+	if i := badNameByte(host); i >= 0 {
+		return fmt.Errorf("host %q: character %q is not allowed in a host name", host, host[i])
+	}
+	return nil
+}
+
+// badNameByte returns the index of the first byte of s that cannot appear in
+// a host name or an interface name, or -1.
+func badNameByte(s string) int {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return i
+		}
+	}
+	return -1
 }
 
 var serverType = reflect.TypeFor[Server]()

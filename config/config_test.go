@@ -114,8 +114,38 @@ func TestVarsDocumented(t *testing.T) {
 	}
 }
 
+func TestParseServerHost(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    string // String() of the result; "" for an error
+		wantErr string
+	}{
+		{in: "mc-0.mc_svc:11211", want: "mc-0.mc_svc:11211"},
+		{in: "10.0.0.2:1:3", want: "10.0.0.2:1:3"},
+		{in: "[::1]:2", want: "[::1]:2"},
+		{in: "[fe80::1%eth0]:2", want: "[fe80::1%eth0]:2"},
+		{in: "[ ]:1", wantErr: "not an IPv6 address"}, // found by FuzzParseServer
+		{in: "[]:1", wantErr: "empty host"},
+		{in: "[fe80::1%a b]:1", wantErr: "not an IPv6 address"},
+		{in: "[10.0.0.1]:1", wantErr: "not an IPv6 address"},
+		{in: "[mc1]:1", wantErr: "not an IPv6 address"},
+		{in: "mc 1:1", wantErr: "not allowed in a host name"},
+		{in: "mc]:1", wantErr: "not allowed in a host name"},
+		{in: "m/c:1", wantErr: "not allowed in a host name"},
+	}
+	for _, tt := range tests {
+		srv, err := ParseServer(tt.in)
+		switch {
+		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+			t.Errorf("ParseServer(%q) = %v, %v; want an error containing %q", tt.in, srv, err, tt.wantErr)
+		case tt.wantErr == "" && (err != nil || srv.String() != tt.want):
+			t.Errorf("ParseServer(%q) = %v, %v; want %s", tt.in, srv, err, tt.want)
+		}
+	}
+}
+
 func FuzzParseServer(f *testing.F) {
-	for _, s := range []string{"a:1", "[::1]:2:3", "a:b:c", ":1", "[", "a:65536"} {
+	for _, s := range []string{"a:1", "[::1]:2:3", "a:b:c", ":1", "[", "a:65536", "[ ]:1", "[fe80::1%eth0]:2"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
