@@ -27,9 +27,10 @@ const (
 )
 
 // call is one request waiting for its reply. Whoever completes it (the
-// reader, or fail) sets reply and signals done exactly once, under the
-// connection's mutex and only while the call is queued; after that only the
-// waiter touches it.
+// reader, or fail) takes it off the queue and sets reply under the
+// connection's mutex, then completes it exactly once with the mutex
+// released: it signals done, or, for a call of GetAsync or SetAsync, runs
+// its callback. After that only the waiter (or the callback) touches it.
 type call struct {
 	kind kind
 	verb string
@@ -39,6 +40,36 @@ type call struct {
 	one  [1]*memcache.Item // reply.items of a call on a shared line, without allocating
 	reply
 	done chan struct{}
+
+	// An asynchronous call's callback (one of them), and the Client
+	// whose pool it goes back to before the callback runs.
+	onItem   func(*memcache.Item, error)
+	onStored func(error)
+	client   *Client
+}
+
+// complete hands the call its outcome: its waiter's signal, or its
+// callback. It must be called without any connection's mutex held.
+func (cl *call) complete() {
+	if cl.client == nil {
+		cl.done <- struct{}{}
+		return
+	}
+	c, onItem, onStored, err := cl.client, cl.onItem, cl.onStored, cl.err
+	var it *memcache.Item
+	if onItem != nil && err == nil {
+		if len(cl.items) > 0 {
+			it = cl.items[0]
+		} else {
+			err = memcache.ErrCacheMiss
+		}
+	}
+	c.release(cl)
+	if onItem != nil {
+		onItem(it, err)
+	} else {
+		onStored(err)
+	}
 }
 
 // reply is what a request's answer came to.
@@ -78,15 +109,15 @@ func (c *conn) failed() bool {
 }
 
 // send queues cl's request and returns once it is written or handed to the
-// goroutine that is writing. A failure is reported through cl.
-func (c *conn) send(cl *call, encode func([]byte) []byte) {
+// goroutine that is writing. If the connection has already failed it
+// returns that failure and cl is untouched; else cl is completed once,
+// possibly before send returns (a failed write fails every queued call).
+func (c *conn) send(cl *call, encode func([]byte) []byte) error {
 	c.mu.Lock()
 	if c.err != nil {
 		err := c.err
 		c.mu.Unlock()
-		cl.err = err
-		cl.done <- struct{}{}
-		return
+		return err
 	}
 	switch {
 	case cl.key != "" && c.open != nil && len(c.open.peer) < maxSharedKeys:
@@ -114,7 +145,7 @@ func (c *conn) send(cl *call, encode func([]byte) []byte) {
 	}
 	if c.writing {
 		c.mu.Unlock()
-		return
+		return nil
 	}
 	c.writing = true
 	c.mu.Unlock()
@@ -140,11 +171,12 @@ func (c *conn) send(cl *call, encode func([]byte) []byte) {
 			c.writing = false
 			c.mu.Unlock()
 			c.fail(err)
-			return
+			return nil
 		}
 	}
 	c.writing = false
 	c.mu.Unlock()
+	return nil
 }
 
 // armReadLocked owes the next reply within the timeout from now.
@@ -178,14 +210,17 @@ func (c *conn) fail(err error) {
 	c.wbuf = nil
 	c.open = nil
 	for _, cl := range q {
-		members := cl.members()
-		for _, p := range members {
+		for _, p := range cl.members() {
 			p.reply = reply{err: err}
 		}
-		signal(members)
 	}
 	c.mu.Unlock()
 	_ = c.nc.Close()
+	// Off the queue, the calls are ours alone: complete them unlocked,
+	// since a callback may take other locks or send elsewhere.
+	for _, cl := range q {
+		signal(cl.members())
+	}
 }
 
 // errProtocol is a reply that does not fit the protocol: the connection's
@@ -246,8 +281,8 @@ func (c *conn) readLoop() {
 			// within 7/8 to 8/8 of the timeout.
 			c.armReadLocked(now)
 		}
-		signal(members)
 		c.mu.Unlock()
+		signal(members) // off the queue: ours alone
 	}
 }
 
@@ -270,9 +305,9 @@ func (cl *call) members() []*call {
 // calls waited for all the others' responses to be written.)
 func signal(calls []*call) {
 	for _, cl := range calls[1:] {
-		cl.done <- struct{}{}
+		cl.complete()
 	}
-	calls[0].done <- struct{}{}
+	calls[0].complete()
 }
 
 // share hands each call on a shared gets line its own part of the reply:

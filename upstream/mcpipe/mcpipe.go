@@ -41,7 +41,8 @@ type Options struct {
 
 // Client sends requests to one memcached server over Options.Conns
 // pipelined connections. It is safe for concurrent use. Its methods block
-// until the reply arrives or the connection fails.
+// until the reply arrives or the connection fails, but for GetAsync and
+// SetAsync, which complete through a callback.
 type Client struct {
 	dial    func(ctx context.Context) (net.Conn, error)
 	timeout time.Duration
@@ -123,14 +124,75 @@ func (c *Client) do(k kind, verb, key string, encode func([]byte) []byte) (*call
 	if err != nil {
 		return nil, err
 	}
+	cl := c.newCall()
+	cl.kind, cl.verb, cl.key = k, verb, key
+	if err := cn.send(cl, encode); err != nil {
+		c.release(cl)
+		return nil, err
+	}
+	<-cl.done
+	return cl, nil
+}
+
+// newCall returns a call from the pool.
+func (c *Client) newCall() *call {
 	cl, _ := c.calls.Get().(*call)
 	if cl == nil {
 		cl = &call{done: make(chan struct{}, 1)}
 	}
-	cl.kind, cl.verb, cl.key = k, verb, key
-	cn.send(cl, encode)
-	<-cl.done
-	return cl, nil
+	return cl
+}
+
+// GetAsync is Get for a caller that does not wait: it sends the request
+// and returns. If it returns an error, nothing was sent and done is never
+// called. Otherwise done is called exactly once with what Get would have
+// returned: usually from the goroutine that reads the connection's
+// replies, but from whichever goroutine fails the connection (possibly the
+// caller's, before GetAsync returns), and never with a lock of the Client
+// held. Callbacks of one connection may run concurrently and out of
+// request order when it fails.
+//
+// done runs where the connection's replies are read: it must not block,
+// and must not send more requests to this Client itself (the reader would
+// become the writer while memcached waits for it to read); hand such work
+// to a goroutine.
+func (c *Client) GetAsync(key string, done func(*memcache.Item, error)) error {
+	if !legalKey(key) {
+		return memcache.ErrMalformedKey
+	}
+	cn, err := c.conn()
+	if err != nil {
+		return err
+	}
+	cl := c.newCall()
+	cl.kind, cl.verb, cl.key = kindGet, "gets", key
+	cl.client, cl.onItem = c, done
+	if err := cn.send(cl, nil); err != nil {
+		c.release(cl)
+		return err
+	}
+	return nil
+}
+
+// SetAsync is Set for a caller that does not wait, as GetAsync is for
+// Get: done gets Set's result. The item is encoded before SetAsync
+// returns; its Value is not kept.
+func (c *Client) SetAsync(it *memcache.Item, done func(error)) error {
+	if !legalKey(it.Key) {
+		return memcache.ErrMalformedKey
+	}
+	cn, err := c.conn()
+	if err != nil {
+		return err
+	}
+	cl := c.newCall()
+	cl.kind, cl.verb = kindStore, "set"
+	cl.client, cl.onStored = c, done
+	if err := cn.send(cl, func(b []byte) []byte { return appendStore(b, "set", it) }); err != nil {
+		c.release(cl)
+		return err
+	}
+	return nil
 }
 
 // simple sends a request whose reply is only an outcome and returns it.

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -498,5 +499,110 @@ func TestCloseWhileReading(t *testing.T) {
 		if err := <-done; !errors.Is(err, ErrClosed) {
 			t.Fatalf("Get %d while the connection was closed: error %v, want %v", i, err, ErrClosed)
 		}
+	}
+}
+
+// TestAsync: GetAsync and SetAsync complete exactly once with what Get and
+// Set return, hits, misses and stores alike, interleaved with blocking
+// calls on the same connection.
+func TestAsync(t *testing.T) {
+	srv := memcachedtest.Start(t)
+	c := newClient(srv.Addr, 1, nil)
+	defer c.Close()
+	const n = 200
+	var wg sync.WaitGroup
+	stored := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		it := &memcache.Item{Key: fmt.Sprint("k", i), Value: []byte(fmt.Sprint("v", i)), Flags: uint32(i)}
+		if err := c.SetAsync(it, func(err error) { stored <- err; wg.Done() }); err != nil {
+			t.Fatalf("SetAsync(%s) = %v, want nil", it.Key, err)
+		}
+		it.Value = []byte("overwritten after SetAsync returned")
+	}
+	wg.Wait()
+	for range n {
+		if err := <-stored; err != nil {
+			t.Fatalf("SetAsync completed with %v, want nil", err)
+		}
+	}
+	type got struct {
+		i   int
+		it  *memcache.Item
+		err error
+	}
+	results := make(chan got, 2*n)
+	for i := range 2 * n { // the second half misses
+		wg.Add(1)
+		if err := c.GetAsync(fmt.Sprint("k", i), func(it *memcache.Item, err error) { results <- got{i, it, err}; wg.Done() }); err != nil {
+			t.Fatalf("GetAsync = %v, want nil", err)
+		}
+		if i%50 == 0 { // a blocking call in between
+			if _, err := c.Get("k0"); err != nil {
+				t.Fatalf("Get between GetAsyncs = %v", err)
+			}
+		}
+	}
+	wg.Wait()
+	close(results)
+	seen := 0
+	for r := range results {
+		seen++
+		switch {
+		case r.i < n && (r.err != nil || string(r.it.Value) != fmt.Sprint("v", r.i) || r.it.Flags != uint32(r.i) || r.it.CasID == 0):
+			t.Errorf("GetAsync(k%d) = %+v, %v; want v%d with flags %d and a CAS", r.i, r.it, r.err, r.i, r.i)
+		case r.i >= n && (r.it != nil || !errors.Is(r.err, memcache.ErrCacheMiss)):
+			t.Errorf("GetAsync(k%d) = %+v, %v; want a miss", r.i, r.it, r.err)
+		}
+	}
+	if seen != 2*n {
+		t.Errorf("%d callbacks, want %d", seen, 2*n)
+	}
+	if err := c.GetAsync("bad key", func(*memcache.Item, error) { t.Error("callback of a refused GetAsync") }); !errors.Is(err, memcache.ErrMalformedKey) {
+		t.Errorf("GetAsync(bad key) = %v, want ErrMalformedKey", err)
+	}
+}
+
+// TestAsyncFailures: a refused dial is GetAsync's own error and its
+// callback never runs; calls on a connection that fails complete with the
+// failure, each once, and never under the connection's lock (a callback
+// that sends a blocking request to the same Client would deadlock).
+func TestAsyncFailures(t *testing.T) {
+	srv := memcachedtest.Start(t)
+	c := newClient(srv.Addr, 1, nil)
+	defer c.Close()
+	srv.Pause()
+	var wg sync.WaitGroup
+	var calls atomic.Int32
+	for range 10 {
+		wg.Add(1)
+		err := c.GetAsync("k", func(it *memcache.Item, err error) {
+			defer wg.Done()
+			calls.Add(1)
+			var ne net.Error
+			if !errors.As(err, &ne) || !ne.Timeout() {
+				t.Errorf("GetAsync from a paused server completed with %v, want a timeout", err)
+			}
+			// Completed unlocked: a goroutine may use the Client while
+			// this callback waits for it.
+			done := make(chan struct{})
+			go func() { c.Close(); close(done) }()
+			<-done
+		})
+		if err != nil {
+			t.Fatalf("GetAsync = %v, want it sent", err)
+		}
+	}
+	wg.Wait()
+	if got := calls.Load(); got != 10 {
+		t.Errorf("%d callbacks, want 10", got)
+	}
+	srv.Resume()
+	srv.Kill()
+	c.Close()
+	err := c.SetAsync(&memcache.Item{Key: "k"}, func(error) { t.Error("callback of a SetAsync whose dial failed") })
+	var ne net.Error
+	if !errors.As(err, &ne) && !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("SetAsync to a killed server = %v, want the dial's error", err)
 	}
 }
