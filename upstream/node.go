@@ -177,11 +177,17 @@ func (n *node) do(ctx context.Context, o op, failover bool, f opFunc) error {
 		}
 	}
 	err := classify(n.name, o.String(), f(n.client, failover))
+	n.count(o, start, err)
+	n.release() // may send parked Gets first: not part of this operation's time
+	return err
+}
+
+// count counts and times one operation's classified result and feeds it to
+// passive health checking.
+func (n *node) count(o op, start time.Time, err error) {
 	n.m.duration[o].Observe(time.Since(start).Seconds())
 	n.m.ops[o][resultOf(err)].Inc()
 	n.observe(err)
-	n.release() // may send parked Gets first: not part of this operation's time
-	return err
 }
 
 func resultOf(err error) result {

@@ -276,6 +276,12 @@ func (c *Cluster) route(ctx context.Context, o op, hashKey string, write bool, f
 
 // routeCall is route for any call on a node.
 func (c *Cluster) routeCall(ctx context.Context, hashKey string, write bool, call func(n *node, failover bool) error) error {
+	return c.routeAfter(ctx, hashKey, write, -1, nil, call)
+}
+
+// routeAfter is routeCall after a first attempt, on node tried, failed
+// with a node failure, prev; tried < 0 if there was none.
+func (c *Cluster) routeAfter(ctx context.Context, hashKey string, write bool, tried int, prev error, call func(n *node, failover bool) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -286,6 +292,10 @@ func (c *Cluster) routeCall(ctx context.Context, hashKey string, write bool, cal
 	for i := range c.ring.Owners(hashKey) {
 		if owner < 0 {
 			owner = i
+		}
+		if i == tried {
+			attempts, last = attempts+1, prev
+			continue
 		}
 		n := c.nodes[i]
 		if !ignoreHealth && !n.available() {

@@ -1,0 +1,136 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/memcgate/memcgate/test/memcachedtest"
+)
+
+// getAsync runs GetAsync and waits for its result; started is false if it
+// did not start.
+func getAsync(c *Cluster, ctx context.Context, key string) (it Item, err error, started bool) {
+	type res struct {
+		it  Item
+		err error
+	}
+	ch := make(chan res, 1)
+	if !c.GetAsync(ctx, key, func(it Item, err error) { ch <- res{it, err} }) {
+		return Item{}, nil, false
+	}
+	r := <-ch
+	return r.it, r.err, true
+}
+
+func setAsync(c *Cluster, ctx context.Context, it Item) (err error, started bool) {
+	ch := make(chan error, 1)
+	if !c.SetAsync(ctx, it, func(err error) { ch <- err }) {
+		return nil, false
+	}
+	return <-ch, true
+}
+
+// TestAsync: GetAsync and SetAsync store and read what Set and Get do
+// (prefix included), count their operations, and decline, having done
+// nothing, what only the blocking calls handle.
+func TestAsync(t *testing.T) {
+	if *pipelineConns == 0 {
+		t.Skip("GetAsync and SetAsync need pipelined connections; gomemcache's pool declines them (checked below)")
+	}
+	mcs := memcachedtest.StartN(t, 2)
+	c, _ := newTestCluster(t, mcs, func(o *Options) { o.KeyPrefix = "app:" })
+	ctx := t.Context()
+	key := keyOwnedBy(t, c, 0)
+	buf := []byte("value")
+	if err, ok := setAsync(c, ctx, Item{Key: key, Value: buf, Flags: 7}); !ok || err != nil {
+		t.Fatalf("SetAsync = %v (started %v), want nil", err, ok)
+	}
+	copy(buf, "XXXXX") // SetAsync keeps no reference
+	it, err := c.Get(ctx, key)
+	if err != nil || string(it.Value) != "value" || it.Flags != 7 {
+		t.Fatalf("Get after SetAsync = %+v, %v; want value with flags 7", it, err)
+	}
+	it2, err, ok := getAsync(c, ctx, key)
+	if !ok || err != nil || string(it2.Value) != "value" || it2.Flags != 7 || it2.CAS != it.CAS || it2.Key != key {
+		t.Fatalf("GetAsync = %+v, %v (started %v); want %+v", it2, err, ok, it)
+	}
+	if _, err, ok := getAsync(c, ctx, "missing-"+key); !ok || !errors.Is(err, ErrNotFound) {
+		t.Fatalf("GetAsync of a missing key = %v (started %v), want ErrNotFound", err, ok)
+	}
+	if got := testutil.ToFloat64(c.nodes[0].m.ops[opGet][resOK]) + testutil.ToFloat64(c.nodes[1].m.ops[opGet][resOK]); got != 2 {
+		t.Errorf("gets counted ok = %v, want 2 (Get and GetAsync)", got)
+	}
+	if got := testutil.ToFloat64(c.nodes[0].m.ops[opSet][resOK]); got != 1 {
+		t.Errorf("sets counted ok on node 0 = %v, want 1", got)
+	}
+	for i, n := range c.nodes {
+		if l := len(n.sem); l != 0 {
+			t.Errorf("node %d holds %d in-flight slots after every call completed, want 0", i, l)
+		}
+	}
+
+	// Declined: the owner's in-flight cap is full; the owner is down.
+	for range cap(c.nodes[0].sem) {
+		c.nodes[0].sem <- struct{}{}
+	}
+	if _, _, ok := getAsync(c, ctx, key); ok {
+		t.Error("GetAsync started with the owner's cap full, want declined")
+	}
+	for range cap(c.nodes[0].sem) {
+		<-c.nodes[0].sem
+	}
+	c.nodes[0].eject("test", errors.New("x"), false)
+	if _, ok := setAsync(c, ctx, Item{Key: key}); ok {
+		t.Error("SetAsync started with the owner down, want declined (Set fails over)")
+	}
+}
+
+// TestAsyncGetFailsOver: a GetAsync whose owner stops answering after the
+// request left retries on the next node, as Get does. (A dead owner's
+// refused dial declines GetAsync instead, and Get fails over.)
+func TestAsyncGetFailsOver(t *testing.T) {
+	if *pipelineConns == 0 {
+		t.Skip("needs pipelined connections")
+	}
+	mcs := memcachedtest.StartN(t, 2)
+	c, _ := newTestCluster(t, mcs, nil)
+	ctx := t.Context()
+	key := keyOwnedBy(t, c, 0)
+	for range 2 { // opens both pipelined connections
+		if err := c.Set(ctx, Item{Key: key, Value: []byte("v")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mcs[0].Pause()
+	defer mcs[0].Resume()
+	start := time.Now()
+	_, err, ok := getAsync(c, ctx, key)
+	if !ok {
+		t.Fatal("GetAsync declined with the owner marked up")
+	}
+	if !errors.Is(err, ErrNotFound) {
+		t.Errorf("GetAsync with its owner paused = %v, want a miss from the next node", err)
+	}
+	if d := time.Since(start); d < 250*time.Millisecond || d > time.Second {
+		t.Errorf("failover took %v, want about the 300ms timeout", d)
+	}
+	if got := testutil.ToFloat64(c.nodes[0].m.failovers); got != 1 {
+		t.Errorf("failovers counted on node 0 = %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(c.nodes[0].m.ops[opGet][resTimeout]); got != 1 {
+		t.Errorf("timeouts counted on node 0 = %v, want 1", got)
+	}
+}
+
+// TestAsyncNeedsPipelining: gomemcache's pool has no asynchronous calls.
+func TestAsyncNeedsPipelining(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 1)
+	c, _ := newTestCluster(t, mcs, func(o *Options) { o.PipelineConns = 0 })
+	if _, _, ok := getAsync(c, t.Context(), "k"); ok {
+		t.Error("GetAsync started on gomemcache's pool, want declined")
+	}
+}
