@@ -371,6 +371,23 @@ func (p *poller) admit(c *conn) bool {
 	return true
 }
 
+// requeue queues a connection whose detached response is done for a
+// worker, which resumes it as a parked connection whose request came,
+// and reports false once the poller is closed.
+func (p *poller) requeue(c *conn) bool {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return false
+	}
+	n := p.spawnCappedLocked(p.queueLocked(c))
+	p.mu.Unlock()
+	for range n {
+		go p.work()
+	}
+	return true
+}
+
 // take returns the oldest ready connection, waiting for one, and whether
 // admit queued it; nil means the worker ends.
 func (p *poller) take(w *idleWorker) (c *conn, fresh bool) {

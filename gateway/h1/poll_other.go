@@ -20,8 +20,9 @@ const (
 
 func newPoller(time.Duration, int) (*poller, error) { return nil, nil }
 
-func (p *poller) run()             {}
-func (p *poller) park(*conn) int   { return notParked }
-func (p *poller) admit(*conn) bool { return false }
-func (p *poller) forget(*conn)     {}
-func (p *poller) close(bool)       {}
+func (p *poller) run()               {}
+func (p *poller) park(*conn) int     { return notParked }
+func (p *poller) admit(*conn) bool   { return false }
+func (p *poller) forget(*conn)       {}
+func (p *poller) close(bool)         {}
+func (p *poller) requeue(*conn) bool { return false }

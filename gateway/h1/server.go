@@ -396,6 +396,15 @@ type conn struct {
 	lastPOST bool       // the last request was a POST: skip up to 4 stray CR/LF
 	pf       pollFields // the poller's, guarded by its mutex
 
+	// A detached response (detach.go). detached is the connection's
+	// goroutine's; the others are finish's until the request ends.
+	detached    bool         // the running handler detached its response
+	pending     atomic.Int32 // parties (handler return, finish) still to end the request
+	nonBlocking bool         // flush writes without waiting, spilling the rest
+	spill       []byte       // what the socket did not take, for writeSpill
+	reuse       bool         // the detached response left the connection reusable
+	finishFn    func()       // c.finishDetached, made once
+
 	w    response // reused for every request
 	kvs  []kv     // header snapshot, reused
 	out  *outbuf  // where hbuf and wbuf come from, during a request
@@ -554,6 +563,11 @@ func (c *conn) loop(first bool) (parked bool) {
 		if !c.serveRequest(req) {
 			return false
 		}
+		if c.detached { // finish ends the request, and may have already
+			c.detached = false
+			c.detachDone()
+			return true
+		}
 		if !s.keepAlives() { // turned off after this response's head was written
 			c.close()
 			return false
@@ -597,11 +611,20 @@ func (c *conn) serveRequest(req *http.Request) bool {
 	w := &c.w
 	w.reset(c, req)
 	c.takeOut()
+	ok := c.runHandler(w, req)
+	if c.detached {
+		// The response is finish's now (see detach.go). A handler that
+		// panicked after detaching still owes it; its connection closes.
+		if !ok {
+			c.close()
+		}
+		return true
+	}
 	defer func() {
 		w.forget()
 		c.releaseOut()
 	}()
-	if !c.runHandler(w, req) {
+	if !ok {
 		if w.committed { // as net/http, send what was already on its way
 			c.flush(nil)
 		}

@@ -1,0 +1,157 @@
+package h1
+
+import "syscall"
+
+// Detached responses. A handler that waits on something that will call it
+// back (the gateway's memcached replies) can Detach its response and
+// return: the worker goes on to serve other connections, and whoever gets
+// the result writes the response and calls finish. The connection serves
+// nothing else until then.
+//
+// finish may run on a goroutine that must not wait, memcached's reply
+// reader: it never blocks on the client. The response is written with
+// non-blocking writes; what the socket does not take at once is copied
+// and written by a goroutine of its own (a client that does not read
+// holds that goroutine, not the caller of finish). Then the connection is
+// queued for a worker, as a parked connection whose request came.
+//
+// Two parties end a detached request: the handler's return on the
+// connection's goroutine, and finish, in either order. c.pending counts
+// them, and the last one moves the connection on (detachDone). Until both
+// are done, the connection's goroutine touches nothing of the response,
+// and finish nothing of the connection's reading side.
+
+// Detach lets the handler finish the response after ServeHTTP returns,
+// from any goroutine, and returns the function that does so. It returns
+// nil, and the response stays an ordinary one, if it cannot be detached:
+// the server parks no connections (not Linux), the request body was not
+// read to its end, or the response was started (WriteHeader, Write or
+// Flush).
+//
+// After a successful Detach the handler may go on using the ResponseWriter
+// and the request, but must call finish exactly once, after its last use
+// of them; finish completes the response as the handler's return would.
+// If it is never called the connection is stuck until Close.
+func (w *response) Detach() (finish func()) {
+	c := w.c
+	if c.srv.poller == nil || c.in.rc == nil || w.wroteHeader || w.committed || c.werr != nil ||
+		w.body != nil && !w.body.sawEOF || w.fullDuplex {
+		return nil
+	}
+	if c.finishFn == nil {
+		c.finishFn = c.finishDetached
+	}
+	c.detached = true
+	c.nonBlocking = true
+	c.pending.Store(2)
+	return c.finishFn
+}
+
+// finishDetached is Detach's finish.
+func (c *conn) finishDetached() {
+	c.w.finish()
+	if len(c.spill) > 0 {
+		go c.writeSpill()
+		return
+	}
+	c.endDetached()
+}
+
+// writeSpill writes what the socket did not take at once, waiting for the
+// client as an ordinary response does (up to the WriteTimeout).
+func (c *conn) writeSpill() {
+	if c.werr == nil {
+		if _, err := c.rwc.Write(c.spill); err != nil {
+			c.werr = err
+		}
+	}
+	c.spill = nil // it held a copy of a large or unread response: let it go
+	c.endDetached()
+}
+
+// endDetached ends finish's part of a detached request: the rest of what
+// serveRequest does after the handler returned.
+func (c *conn) endDetached() {
+	w := &c.w
+	c.nonBlocking = false
+	c.reuse = w.reusable()
+	w.forget()
+	c.releaseOut()
+	c.detachDone()
+}
+
+// detachDone is one party's end of a detached request; the last one moves
+// the connection on: closed if it cannot serve another request, else
+// queued for a worker.
+func (c *conn) detachDone() {
+	if c.pending.Add(-1) != 0 {
+		return
+	}
+	s := c.srv
+	if !c.reuse || !s.keepAlives() || c.state.Load() == stateClosed {
+		c.close()
+		c.finish()
+		return
+	}
+	c.state.Store(stateIdle)
+	if !s.poller.requeue(c) {
+		c.close()
+		c.finish()
+	}
+}
+
+// flushNonBlocking is flush for a detached response: it writes what the
+// socket takes now and keeps the rest in c.spill, in order.
+func (c *conn) flushNonBlocking(bufs [][]byte) {
+	if len(c.spill) == 0 {
+		n, err := c.writeNow(bufs)
+		if err != nil {
+			c.werr = err
+			return
+		}
+		for len(bufs) > 0 && n >= len(bufs[0]) {
+			n -= len(bufs[0])
+			bufs = bufs[1:]
+		}
+		if len(bufs) == 0 {
+			return
+		}
+		bufs[0] = bufs[0][n:]
+	}
+	for _, b := range bufs {
+		c.spill = append(c.spill, b...)
+	}
+}
+
+// writeNow writes bufs with one writev that does not wait, and returns
+// how much the socket took.
+func (c *conn) writeNow(bufs [][]byte) (n int, err error) {
+	var iov [3]syscall.Iovec
+	k := 0
+	for _, b := range bufs {
+		if len(b) > 0 {
+			iov[k].Base = &b[0]
+			iov[k].SetLen(len(b))
+			k++
+		}
+	}
+	if k == 0 {
+		return 0, nil
+	}
+	cerr := c.in.rc.Write(func(fd uintptr) bool {
+		for {
+			n, err = writev(fd, iov[:k])
+			if err != syscall.EINTR {
+				break
+			}
+		}
+		if err == syscall.EAGAIN {
+			n, err = 0, nil
+		}
+		return true // never wait: the rest is spilled
+	})
+	if err == nil {
+		err = cerr
+	}
+	return n, err
+}

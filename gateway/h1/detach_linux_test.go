@@ -1,0 +1,162 @@
+package h1
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// detacher is what a handler asks of the fast path's ResponseWriter.
+type detacher interface{ Detach() func() }
+
+// detachMux detaches /later/* and answers from a goroutine after the
+// handler returned (/later/then), before it returns (/later/now), or with
+// a large body (/later/big); /body/* reads the request body first. Every
+// other path is answered in place. detached counts successful Detaches.
+func detachMux(detached *atomic.Int32, bigBody []byte) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/body/") {
+			io.Copy(io.Discard, r.Body)
+		}
+		if !strings.HasPrefix(r.URL.Path, "/later/") && !strings.HasPrefix(r.URL.Path, "/body/") {
+			io.WriteString(w, "inline "+r.URL.Path)
+			return
+		}
+		finish := w.(detacher).Detach()
+		if finish == nil {
+			io.WriteString(w, "not detached")
+			return
+		}
+		detached.Add(1)
+		respond := func() {
+			if r.URL.Path == "/later/big" {
+				w.Header().Set("Content-Length", strconv.Itoa(len(bigBody)))
+				w.Write(bigBody)
+			} else {
+				w.Header().Set("X-Path", r.URL.Path)
+				io.WriteString(w, "detached "+r.URL.Path)
+			}
+			finish()
+		}
+		if r.URL.Path == "/later/now" {
+			respond()
+			return
+		}
+		go func() {
+			time.Sleep(5 * time.Millisecond) // most likely after the handler returned
+			respond()
+		}()
+	})
+}
+
+// TestDetach: detached responses are written whole, in order with the
+// connection's other responses, pipelined requests included; the
+// connection then serves its next request.
+func TestDetach(t *testing.T) {
+	var detached atomic.Int32
+	_, addr := startH1(t, detachMux(&detached, nil), nil)
+	raw := "GET /later/then HTTP/1.1\r\nHost: a\r\n\r\n" +
+		"GET /later/now HTTP/1.1\r\nHost: a\r\n\r\n" +
+		"GET /x HTTP/1.1\r\nHost: a\r\n\r\n" +
+		"PUT /body/1 HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello" +
+		"PUT /later/unread HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello"
+	resps, closed := exchange(t, addr, raw, []string{"GET", "GET", "GET", "PUT", "PUT"}, false)
+	want := []string{"detached /later/then", "detached /later/now", "inline /x", "detached /body/1", "not detached"}
+	if len(resps) != len(want) || closed {
+		t.Fatalf("got %d responses (closed %v): %v; want %d and the connection open", len(resps), closed, resps, len(want))
+	}
+	for i, r := range resps {
+		if r.status != "HTTP/1.1 200 OK" || r.body != want[i] {
+			t.Errorf("response %d = %v, want 200 with %q", i, r, want[i])
+		}
+	}
+	if !slices.Contains(resps[0].headers, "X-Path: /later/then") {
+		t.Errorf("detached response's headers = %q, want X-Path set after Detach", resps[0].headers)
+	}
+	if got := detached.Load(); got != 3 {
+		t.Errorf("%d Detaches succeeded, want 3 (none with the body unread)", got)
+	}
+}
+
+// TestDetachSlowClient: finish does not wait for a client that does not
+// read; the response reaches it whole once it reads, and the connection
+// serves on.
+func TestDetachSlowClient(t *testing.T) {
+	var detached atomic.Int32
+	big := bytes.Repeat([]byte("0123456789abcdef"), 4<<20/16) // far more than socket buffers hold
+	finished := make(chan time.Duration, 1)
+	inner := detachMux(&detached, big)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/later/big" {
+			inner.ServeHTTP(w, r)
+			return
+		}
+		finish := w.(detacher).Detach()
+		go func() {
+			w.Header().Set("Content-Length", strconv.Itoa(len(big)))
+			w.Write(big)
+			start := time.Now()
+			finish()
+			finished <- time.Since(start)
+		}()
+	})
+	_, addr := startH1(t, h, nil)
+	c, br := dial(t, addr)
+	io.WriteString(c, "GET /later/big HTTP/1.1\r\nHost: a\r\n\r\n")
+	select {
+	case d := <-finished:
+		if d > 100*time.Millisecond {
+			t.Errorf("finish took %v with a client not reading, want it not to wait", d)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("finish blocked on a client that does not read")
+	}
+	time.Sleep(50 * time.Millisecond)
+	r, err := readWireResponse(br, "GET")
+	if err != nil || r.status != "HTTP/1.1 200 OK" || r.body != string(big) {
+		t.Fatalf("large detached response: %s, %d bytes, %v; want 200 with %d bytes", r.status, len(r.body), err, len(big))
+	}
+	if r := roundTrip(t, c, br, "/next"); r.body != "inline /next" {
+		t.Errorf("next request after a spilled response = %v", r)
+	}
+}
+
+// TestDetachShutdown: Shutdown waits for a detached response, which is
+// sent with Connection: close.
+func TestDetachShutdown(t *testing.T) {
+	release := make(chan struct{})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		finish := w.(detacher).Detach()
+		go func() {
+			<-release
+			io.WriteString(w, "late")
+			finish()
+		}()
+	})
+	s, addr := startH1(t, h, nil)
+	c, br := dial(t, addr)
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	time.Sleep(20 * time.Millisecond)
+	done := make(chan error, 1)
+	go func() { done <- s.Shutdown(t.Context()) }()
+	select {
+	case err := <-done:
+		t.Fatalf("Shutdown returned %v with a detached response pending", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	r, err := readWireResponse(br, "GET")
+	if err != nil || r.body != "late" || !slices.Contains(r.headers, "Connection: close") {
+		t.Errorf("detached response during Shutdown = %v, %v; want it whole with Connection: close", r, err)
+	}
+	waitClosed(t, br)
+	if err := <-done; err != nil {
+		t.Errorf("Shutdown() = %v", err)
+	}
+}
