@@ -46,6 +46,7 @@ type Config struct {
 	ShutdownTimeout  time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"15s" help:"how long in-flight requests may take to finish after the drain delay"`
 	DrainDelay       time.Duration `env:"DRAIN_DELAY" envDefault:"5s" help:"after SIGTERM, /readyz answers 503 for this long before the listener closes, so load balancers stop sending"`
 	FastPath         bool          `env:"FAST_PATH" envDefault:"true" help:"serve simple HTTP/1.x requests on memcgate's own connection loop (gateway/h1) and hand anything else, and every TLS listener, to Go's net/http; false: net/http for everything"`
+	Detached         bool          `env:"DETACHED_RESPONSES" envDefault:"true" help:"with FAST_PATH and PIPELINE_CONNS > 0: GET, HEAD and plain PUT of /{key} are answered by memcached's reply as it is read, with no goroutine waiting per request; false: every request waits for memcached on its own goroutine"`
 	MaxHeaderBytes   int           `env:"MAX_HEADER_BYTES" envDefault:"16384" help:"largest request header block"`
 	ReadHeaderTimout time.Duration `env:"READ_HEADER_TIMEOUT" envDefault:"5s" help:"time allowed to send request headers (slowloris guard)"`
 	ReadTimeout      time.Duration `env:"READ_TIMEOUT" envDefault:"30s" help:"time allowed to read a whole request including its body"`

@@ -78,6 +78,11 @@ type Options struct {
 	Codec ValueCodec
 	// PHP configures CodecPHP's writes.
 	PHP PHPOptions
+	// NoDetach answers every request on the goroutine that serves it,
+	// as routed; by default GET, HEAD and plain PUT of /{key} are
+	// answered by memcached's reply when the server and the Store allow
+	// it (detached.go).
+	NoDetach bool
 }
 
 func (o *Options) withDefaults() {
@@ -112,6 +117,14 @@ type handler struct {
 	log        *slog.Logger
 	async      *asyncQueue
 	values     sync.Pool // of *[]byte: PUT bodies, see valueBuf
+	memc       *memc     // the compatible endpoints, if mounted
+
+	// Detached responses' (detached.go): fast is nil when they are off.
+	fast      asyncStore
+	detached  prometheus.Counter
+	obs       *observer
+	lim       *limiter
+	detachedq sync.Pool // of *detachedReq
 }
 
 // Handler is the data-plane HTTP handler. Run must run for writes sent with
@@ -126,12 +139,28 @@ type Handler struct {
 // routes it. Its context also carries chi's routing context, which chi
 // would otherwise add with a second copy of the request.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h.serveDetached(w, r) {
+		return
+	}
 	rc, _ := h.routes.Get().(*chi.Context)
 	if rc == nil {
 		rc = chi.NewRouteContext()
 	}
 	rc.Reset()
 	rc.Routes = h.mux
+	ctx, r := h.takeContext(r)
+	ctx.route = rc // back to the pool after the request, as chi does
+	defer func() {
+		ctx.stop()
+		ctx.route = nil // whoever still holds ctx must not find rc reused
+		h.routes.Put(rc)
+	}()
+	h.mux.ServeHTTP(w, r)
+}
+
+// takeContext returns the request's context as ServeHTTP gives it: the
+// one NewContext made, or a new one attached to a copy of r.
+func (h *Handler) takeContext(r *http.Request) (*requestCtx, *http.Request) {
 	ctx, ok := r.Context().(*requestCtx)
 	if !ok || ctx.maker != h || ctx.used {
 		parent := r.Context()
@@ -144,13 +173,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r = r.WithContext(ctx)
 	}
 	ctx.used = true
-	ctx.route = rc // back to the pool after the request, as chi does
-	defer func() {
-		ctx.stop()
-		ctx.route = nil // whoever still holds ctx must not find rc reused
-		h.routes.Put(rc)
-	}()
-	h.mux.ServeHTTP(w, r)
+	return ctx, r
 }
 
 // NewContext makes the context ServeHTTP gives a request, for a server
@@ -177,9 +200,18 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 	opts.withDefaults()
 	h := &handler{store: s, opts: opts, defaultTTL: int32(opts.DefaultTTL / time.Second), log: log}
 	h.async = newAsyncQueue(h, s, opts.AsyncWorkers, opts.AsyncQueue, opts.RequestTimeout, log, reg)
-	lim := &limiter{max: int64(opts.MaxRequests)}
+	h.lim = &limiter{max: int64(opts.MaxRequests)}
+	h.obs = newObserver(log, reg, opts.AccessLog)
+	if fs, ok := s.(asyncStore); ok && !opts.NoDetach {
+		h.fast = fs
+	}
+	h.detached = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "memcgate_http_detached_responses_total",
+		Help: "Requests answered by memcached's reply as it was read, with no goroutine waiting (MEMCGATE_DETACHED_RESPONSES).",
+	})
+	reg.MustRegister(h.detached)
 	r := chi.NewRouter()
-	r.Use(newObserver(log, reg, opts.AccessLog).middleware, lim.middleware)
+	r.Use(h.obs.middleware, h.lim.middleware)
 	if opts.Memc != nil {
 		// The compatible endpoints authorize per command, not per method
 		// (GET ?cmd=set is a write): see mountMemc.

@@ -20,6 +20,11 @@ func (h *handler) get(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	it, err := h.store.Get(r.Context(), key)
+	h.writeItem(w, r, it, err)
+}
+
+// writeItem answers a GET or HEAD with the outcome of its read.
+func (h *handler) writeItem(w http.ResponseWriter, r *http.Request, it upstream.Item, err error) {
 	if err != nil {
 		writeError(w, err)
 		return
@@ -95,7 +100,7 @@ func (h *handler) put(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case ifMatch == "" && ifNone == "":
-		err = h.store.Set(ctx, it)
+		err = h.store.Set(ctx, it) // as serveDetached's (detached.go)
 	case ifMatch == "" && ifNone == "*":
 		if err = h.store.Add(ctx, it); errors.Is(err, upstream.ErrExists) {
 			err = &preconditionError{err, "key exists (If-None-Match: *)"}
@@ -117,6 +122,11 @@ func (h *handler) put(w http.ResponseWriter, r *http.Request) {
 	default:
 		err = badRequest("use If-None-Match: * (add), If-Match: * (replace) or If-Match: \"<etag>\" (cas), not both")
 	}
+	writeStored(w, err)
+}
+
+// writeStored answers a PUT with the outcome of its write.
+func writeStored(w http.ResponseWriter, err error) {
 	if err != nil {
 		writeError(w, err)
 		return

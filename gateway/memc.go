@@ -211,7 +211,13 @@ func (h *handler) mountMemc(r chi.Router, o *MemcOptions) {
 		m.allowed[parseMemcCmd(name)] = true
 	}
 	m.allowed[memcNone] = false
+	h.memc = m
 	r.Use(m.route)
+}
+
+// owns reports whether a request for path is the compatible endpoints'.
+func (m *memc) owns(path string) bool {
+	return m.o.Path != "" && path == m.o.Path || m.o.KeyPath != "" && strings.HasPrefix(path, m.o.KeyPath)
 }
 
 // route sends requests for the compatible endpoints to them and every

@@ -133,35 +133,47 @@ func (o *observer) middleware(next http.Handler) http.Handler {
 				if p == http.ErrAbortHandler {
 					panic(p)
 				}
-				o.log.Error("handler panicked", "request_id", o.requestID(r), "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
-				if sw.status == 0 {
-					writeError(sw, fmt.Errorf("panic: %v", p))
-				}
-				sw.status = http.StatusInternalServerError
+				o.recovered(sw, r, p)
 			}
-			if sw.status == 0 {
-				sw.status = http.StatusOK
-			}
-			d := time.Since(start)
-			m := method(r.Method)
-			o.inFlight.Dec()
-			o.count(m, sw.status)
-			o.durations[m].Observe(d.Seconds())
-			if o.accessLog {
-				attrs := []slog.Attr{
-					slog.String("request_id", o.requestID(r)), slog.String("method", r.Method),
-					slog.Int("status", sw.status), slog.Int64("bytes", sw.bytes),
-					slog.Float64("duration_ms", float64(d.Microseconds())/1000), slog.String("remote", r.RemoteAddr),
-				}
-				if o.log.Enabled(r.Context(), slog.LevelDebug) {
-					attrs = append(attrs, slog.String("path", r.URL.Path))
-				}
-				o.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
-			}
+			o.record(r, sw, start)
 		}()
 		// The ID goes into log lines only, and is made only for them; it
 		// is not put in the context (an allocation per request nothing
 		// reads).
 		next.ServeHTTP(sw, r)
 	})
+}
+
+// recovered logs a handler's panic p and answers 500 if nothing was
+// written yet.
+func (o *observer) recovered(sw *statusWriter, r *http.Request, p any) {
+	o.log.Error("handler panicked", "request_id", o.requestID(r), "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+	if sw.status == 0 {
+		writeError(sw, fmt.Errorf("panic: %v", p))
+	}
+	sw.status = http.StatusInternalServerError
+}
+
+// record ends a request that started at start (and was counted in
+// flight): its count, duration and access log line.
+func (o *observer) record(r *http.Request, sw *statusWriter, start time.Time) {
+	if sw.status == 0 {
+		sw.status = http.StatusOK
+	}
+	d := time.Since(start)
+	m := method(r.Method)
+	o.inFlight.Dec()
+	o.count(m, sw.status)
+	o.durations[m].Observe(d.Seconds())
+	if o.accessLog {
+		attrs := []slog.Attr{
+			slog.String("request_id", o.requestID(r)), slog.String("method", r.Method),
+			slog.Int("status", sw.status), slog.Int64("bytes", sw.bytes),
+			slog.Float64("duration_ms", float64(d.Microseconds())/1000), slog.String("remote", r.RemoteAddr),
+		}
+		if o.log.Enabled(r.Context(), slog.LevelDebug) {
+			attrs = append(attrs, slog.String("path", r.URL.Path))
+		}
+		o.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+	}
 }

@@ -67,20 +67,36 @@ func (t Tokens) scopes(r *http.Request) (Scope, bool) {
 
 // require answers 401 without a valid token and 403 without the scope.
 func (t Tokens) require(w http.ResponseWriter, r *http.Request, need Scope) bool {
+	return refuse(w, t.check(r, need))
+}
+
+// check returns why the request may not go on: 401 without a valid token,
+// 403 without the scope; nil if it may.
+func (t Tokens) check(r *http.Request, need Scope) *requestError {
 	if !t.Enabled() {
-		return true
+		return nil
 	}
 	have, ok := t.scopes(r)
 	if !ok {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="memcgate"`)
-		writeError(w, &requestError{http.StatusUnauthorized, "missing or unknown bearer token"})
-		return false
+		return &requestError{http.StatusUnauthorized, "missing or unknown bearer token"}
 	}
 	if have&need == 0 {
-		writeError(w, &requestError{http.StatusForbidden, "token lacks the " + need.String() + " scope"})
-		return false
+		return &requestError{http.StatusForbidden, "token lacks the " + need.String() + " scope"}
 	}
-	return true
+	return nil
+}
+
+// refuse answers a request that check refused, and reports whether it
+// may go on (e == nil).
+func refuse(w http.ResponseWriter, e *requestError) bool {
+	if e == nil {
+		return true
+	}
+	if e.status == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="memcgate"`)
+	}
+	writeError(w, e)
+	return false
 }
 
 func (s Scope) String() string {
@@ -106,16 +122,20 @@ func scopeFor(method string) Scope {
 // authorize enforces tokens and read-only mode on the data plane.
 func (h *handler) authorize(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		need := scopeFor(r.Method)
-		if h.opts.ReadOnly && need == ScopeWrite && r.Method != http.MethodOptions {
-			writeError(w, &requestError{http.StatusForbidden, "read-only mode: writes are disabled (MEMCGATE_READ_ONLY)"})
-			return
+		if refuse(w, h.access(r)) {
+			next.ServeHTTP(w, r)
 		}
-		if !h.opts.Tokens.require(w, r, need) {
-			return
-		}
-		next.ServeHTTP(w, r)
 	})
+}
+
+// access returns why a data-plane request may not go on (read-only mode,
+// tokens), or nil.
+func (h *handler) access(r *http.Request) *requestError {
+	need := scopeFor(r.Method)
+	if h.opts.ReadOnly && need == ScopeWrite && r.Method != http.MethodOptions {
+		return &requestError{http.StatusForbidden, "read-only mode: writes are disabled (MEMCGATE_READ_ONLY)"}
+	}
+	return h.opts.Tokens.check(r, need)
 }
 
 // limiter answers 503 with Retry-After once max requests are in flight,
@@ -127,15 +147,28 @@ type limiter struct {
 
 func (l *limiter) middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if l.max > 0 {
-			if l.inFlight.Add(1) > l.max {
-				l.inFlight.Add(-1)
-				w.Header().Set("Retry-After", "1")
-				writeError(w, &requestError{http.StatusServiceUnavailable, "too many requests in flight; retry shortly"})
-				return
-			}
-			defer l.inFlight.Add(-1)
+		if !l.acquire() {
+			w.Header().Set("Retry-After", "1")
+			writeError(w, &requestError{http.StatusServiceUnavailable, "too many requests in flight; retry shortly"})
+			return
 		}
+		defer l.release()
 		next.ServeHTTP(w, r)
 	})
+}
+
+// acquire counts a request in, if the cap allows it.
+func (l *limiter) acquire() bool {
+	if l.max > 0 && l.inFlight.Add(1) > l.max {
+		l.inFlight.Add(-1)
+		return false
+	}
+	return true
+}
+
+// release counts out a request acquire let in.
+func (l *limiter) release() {
+	if l.max > 0 {
+		l.inFlight.Add(-1)
+	}
 }

@@ -167,6 +167,7 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 		AsyncWorkers:   cfg.AsyncWorkers,
 		Codec:          gateway.ValueCodec(cfg.ValueCodec),
 		PHP:            phpOptions(cfg),
+		NoDetach:       !cfg.Detached,
 	})
 	std := &http.Server{
 		Handler:           handler,
