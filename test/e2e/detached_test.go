@@ -1,16 +1,13 @@
 package e2e
 
 import (
-	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
@@ -62,13 +59,7 @@ func TestDetachedResponsesMatch(t *testing.T) {
 			"MEMCGATE_SERVERS": mc.Addr, "MEMCGATE_DETACHED_RESPONSES": detached,
 			"MEMCGATE_AUTH_TOKENS": "read:" + strings.TrimPrefix(rtok, "Bearer ") + ",read+write:" + strings.TrimPrefix(wtok, "Bearer ") + ",admin:" + strings.TrimPrefix(atok, "Bearer "),
 		})
-		c, err := net.DialTimeout("tcp", g.DataAddr, time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(10 * time.Second))
-		br := bufio.NewReader(c)
+		c, br := dialRaw(t, g.DataAddr)
 		for _, s := range seq {
 			req := s.method + " " + s.path + " HTTP/1.1\r\nHost: x\r\n" + s.extra
 			if s.token != "" {

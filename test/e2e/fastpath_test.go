@@ -42,13 +42,7 @@ func TestFastPathHandsOverMidConnection(t *testing.T) {
 	for _, fast := range []string{"true", "false"} {
 		t.Run("FAST_PATH="+fast, func(t *testing.T) {
 			g := startGateway(t, map[string]string{"MEMCGATE_SERVERS": mc.Addr, "MEMCGATE_FAST_PATH": fast})
-			c, err := net.DialTimeout("tcp", g.DataAddr, time.Second)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(10 * time.Second))
-			br := bufio.NewReader(c)
+			c, br := dialRaw(t, g.DataAddr)
 			for _, s := range steps {
 				if _, err := io.WriteString(c, s.write); err != nil {
 					t.Fatalf("%s: write: %v", s.name, err)
@@ -67,4 +61,17 @@ func TestFastPathHandsOverMidConnection(t *testing.T) {
 			}
 		})
 	}
+}
+
+// dialRaw opens a keepalive connection for raw HTTP/1.1, closed when the
+// test ends, with a 10 s deadline on everything.
+func dialRaw(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	return c, bufio.NewReader(c)
 }
