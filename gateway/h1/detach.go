@@ -26,7 +26,8 @@ import "syscall"
 // nil, and the response stays an ordinary one, if it cannot be detached:
 // the server parks no connections (not Linux), the request body was not
 // read to its end, or the response was started (WriteHeader, Write or
-// Flush).
+// Flush). (Nor after the poller gave up on epoll: a detached connection
+// could then not be queued again.)
 //
 // After a successful Detach the handler may go on using the ResponseWriter
 // and the request, but must call finish exactly once, after its last use
@@ -34,7 +35,7 @@ import "syscall"
 // If it is never called the connection is stuck until Close.
 func (w *response) Detach() (finish func()) {
 	c := w.c
-	if c.srv.poller == nil || c.in.rc == nil || w.wroteHeader || w.committed || c.werr != nil ||
+	if c.srv.poller == nil || c.srv.poller.abandoned.Load() || c.in.rc == nil || w.wroteHeader || w.committed || c.werr != nil ||
 		w.body != nil && !w.body.sawEOF || w.fullDuplex {
 		return nil
 	}
@@ -80,9 +81,10 @@ func (c *conn) endDetached() {
 	c.detachDone()
 }
 
-// detachDone is one party's end of a detached request; the last one moves
-// the connection on: closed if it cannot serve another request, else
-// queued for a worker.
+// detachDone is finish's end of a detached request. If the handler has
+// returned too, it moves the connection on: closed if it cannot serve
+// another request, else queued for a worker. (If the handler returns
+// last, its loop goes on with the connection itself.)
 func (c *conn) detachDone() {
 	if c.pending.Add(-1) != 0 {
 		return

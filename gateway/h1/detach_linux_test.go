@@ -160,3 +160,57 @@ func TestDetachShutdown(t *testing.T) {
 		t.Errorf("Shutdown() = %v", err)
 	}
 }
+
+// TestDetachThenPipelined: a request pipelined behind a detached response
+// is served with its connection active, as behind an ordinary one, so
+// that closeIdle (SetKeepAlivesEnabled(false), Shutdown) does not take it
+// for idle and close it mid-request. (Found in review: the requeued
+// connection kept stateIdle while it served the buffered request.)
+func TestDetachThenPipelined(t *testing.T) {
+	for _, detach := range []bool{false, true} {
+		name := "inline"
+		if detach {
+			name = "detached"
+		}
+		t.Run(name, func(t *testing.T) {
+			started := make(chan *conn, 1)
+			release := make(chan struct{})
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				switch r.URL.Path {
+				case "/first":
+					if detach {
+						finish := w.(detacher).Detach()
+						go func() {
+							time.Sleep(10 * time.Millisecond)
+							io.WriteString(w, "first")
+							finish()
+						}()
+						return
+					}
+					io.WriteString(w, "first")
+				case "/slow":
+					started <- w.(*response).c
+					<-release
+					io.WriteString(w, "slow")
+				}
+			})
+			s, addr := startH1(t, h, nil)
+			c, br := dial(t, addr)
+			io.WriteString(c, "GET /first HTTP/1.1\r\nHost: a\r\n\r\nGET /slow HTTP/1.1\r\nHost: a\r\n\r\n")
+			cc := <-started
+			if st := cc.state.Load(); st != stateActive {
+				t.Errorf("state while serving the pipelined request = %d, want stateActive (%d)", st, stateActive)
+			}
+			s.SetKeepAlivesEnabled(false) // what main does when draining starts
+			close(release)
+			r1, err := readWireResponse(br, "GET")
+			if err != nil || r1.body != "first" {
+				t.Fatalf("first response = %v, %v", r1, err)
+			}
+			r2, err := readWireResponse(br, "GET")
+			if err != nil || r2.body != "slow" || !slices.Contains(r2.headers, "Connection: close") {
+				t.Errorf("pipelined response after SetKeepAlivesEnabled(false) = %+v, %v; want it whole with Connection: close", r2, err)
+			}
+		})
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -55,6 +56,7 @@ type poller struct {
 	idlers    []*idleWorker // workers waiting in take, not yet woken; the last idle first
 	workerTTL time.Duration // how long a worker may wait for work before it ends
 	closed    bool          // no more parking; workers leave once the queue is empty
+	abandoned atomic.Bool   // abandon closed it: epoll failed (Detach then declines)
 	closeOnce sync.Once     // closes file
 	workers   sync.WaitGroup
 

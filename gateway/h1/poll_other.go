@@ -2,11 +2,14 @@
 
 package h1
 
-import "time"
+import (
+	"sync/atomic"
+	"time"
+)
 
 // poller parks idle connections on Linux only (poll_linux.go); elsewhere
 // every connection keeps its goroutine.
-type poller struct{}
+type poller struct{ abandoned atomic.Bool }
 
 // pollFields are a conn's fields for the poller: registered is never set here.
 type pollFields struct{ registered bool }

@@ -518,9 +518,10 @@ func (c *conn) loop(first bool) (parked bool) {
 			c.close()
 			return false
 		}
-		if idle && !c.state.CompareAndSwap(stateIdle, stateActive) && !c.state.CompareAndSwap(stateNew, stateActive) {
+		if (idle || resumed) && !c.state.CompareAndSwap(stateIdle, stateActive) && !c.state.CompareAndSwap(stateNew, stateActive) {
 			return false // closed by closeIdle
 		}
+		resumed = false
 		// Deadlines cost a runtime timer update each, so the header and
 		// read timeouts are armed only when a read may wait: a head not
 		// yet complete in the buffer, or a body not yet buffered. A request
@@ -563,10 +564,17 @@ func (c *conn) loop(first bool) (parked bool) {
 		if !c.serveRequest(req) {
 			return false
 		}
-		if c.detached { // finish ends the request, and may have already
+		if c.detached {
 			c.detached = false
-			c.detachDone()
-			return true
+			if c.pending.Add(-1) != 0 {
+				return true // finish ends the request and moves the connection on
+			}
+			// finish is done already: go on here, as after an ordinary
+			// response, rather than queue the connection for a worker.
+			if !c.reuse || c.state.Load() == stateClosed {
+				c.close()
+				return false
+			}
 		}
 		if !s.keepAlives() { // turned off after this response's head was written
 			c.close()
