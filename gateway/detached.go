@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/memcgate/memcgate/gateway/phpvalue"
 	"github.com/memcgate/memcgate/upstream"
 )
 
@@ -59,7 +60,8 @@ type detachedReq struct {
 
 // largeValue is the size from which a GET's response is written by a
 // goroutine of its own rather than by memcached's reply reader: decoding
-// and copying it would hold up the replies behind it.
+// and copying it would hold up the replies behind it. So is a compressed
+// PHP value's, whatever its size: decompressing may take milliseconds.
 const largeValue = 16 << 10
 
 // serveDetached serves r with a detached response, and reports whether it
@@ -102,13 +104,30 @@ func (h *Handler) serveDetached(w http.ResponseWriter, r *http.Request) bool {
 	hh.obs.inFlight.Inc()
 	ctx, r := h.takeContext(r)
 	f := hh.newDetachedReq(w, r, ctx, start)
-	if !put {
-		f.finish = d.Detach()
-		if f.finish != nil && hh.fast.GetAsync(ctx, key, f.gotFn) {
-			hh.detached.Inc()
-		} else {
-			f.got(hh.store.Get(ctx, key))
+	// Until f is handed to the Store's callback, or to got or stored
+	// (which end it themselves), a panic here is answered and f ended as
+	// the observer and limiter would on the routed path.
+	ours := true
+	defer func() {
+		if ours {
+			if p := recover(); p != nil {
+				hh.obs.recovered(&f.sw, f.r, p)
+				f.end()
+			}
 		}
+	}()
+	if !put {
+		if f.finish = d.Detach(); f.finish != nil {
+			ours = false
+			if hh.fast.GetAsync(ctx, key, f.gotFn) {
+				hh.detached.Inc()
+				return true
+			}
+			ours = true // declined: nothing was done
+		}
+		it, err := hh.store.Get(ctx, key)
+		ours = false
+		f.got(it, err)
 		return true
 	}
 	buf := hh.valueBuf(r.ContentLength)
@@ -116,16 +135,19 @@ func (h *Handler) serveDetached(w http.ResponseWriter, r *http.Request) bool {
 	if it.Value, err = hh.readValue(r, buf); err == nil {
 		err = hh.prepare(&it)
 	}
-	if err != nil {
-		f.stored(err)
-		return true
+	if err == nil {
+		if f.finish = d.Detach(); f.finish != nil {
+			ours = false
+			if hh.fast.SetAsync(ctx, it, f.storedFn) {
+				hh.detached.Inc()
+				return true
+			}
+			ours = true
+		}
+		err = hh.store.Set(ctx, it)
 	}
-	f.finish = d.Detach()
-	if f.finish != nil && hh.fast.SetAsync(ctx, it, f.storedFn) {
-		hh.detached.Inc()
-	} else {
-		f.stored(hh.store.Set(ctx, it))
-	}
+	ours = false
+	f.stored(err)
 	return true
 }
 
@@ -142,7 +164,7 @@ func (h *handler) newDetachedReq(w http.ResponseWriter, r *http.Request, ctx *re
 
 // got answers a GET or HEAD with its read's outcome: a Store callback.
 func (f *detachedReq) got(it upstream.Item, err error) {
-	if f.finish != nil && len(it.Value) >= largeValue {
+	if f.finish != nil && (len(it.Value) >= largeValue || f.h.opts.Codec == CodecPHP && phpvalue.Compressed(it.Flags)) {
 		go f.writeItem(it, err)
 		return
 	}
@@ -158,6 +180,7 @@ func (f *detachedReq) writeItem(it upstream.Item, err error) {
 // stored answers a PUT with its write's outcome: a Store callback.
 func (f *detachedReq) stored(err error) {
 	defer f.end()
+	defer f.recover()
 	writeStored(&f.sw, err)
 }
 

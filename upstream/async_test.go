@@ -3,6 +3,9 @@ package upstream
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,6 +48,12 @@ func TestAsync(t *testing.T) {
 	c, _ := newTestCluster(t, mcs, func(o *Options) { o.KeyPrefix = "app:" })
 	ctx := t.Context()
 	key := keyOwnedBy(t, c, 0)
+	if _, ok := setAsync(c, ctx, Item{Key: key}); ok {
+		t.Fatal("SetAsync started with no connection open, want declined (it never dials)")
+	}
+	if err := c.Set(ctx, Item{Key: key, Value: []byte("dials")}); err != nil { // opens a connection
+		t.Fatal(err)
+	}
 	buf := []byte("value")
 	if err, ok := setAsync(c, ctx, Item{Key: key, Value: buf, Flags: 7}); !ok || err != nil {
 		t.Fatalf("SetAsync = %v (started %v), want nil", err, ok)
@@ -58,14 +67,20 @@ func TestAsync(t *testing.T) {
 	if !ok || err != nil || string(it2.Value) != "value" || it2.Flags != 7 || it2.CAS != it.CAS || it2.Key != key {
 		t.Fatalf("GetAsync = %+v, %v (started %v); want %+v", it2, err, ok, it)
 	}
-	if _, err, ok := getAsync(c, ctx, "missing-"+key); !ok || !errors.Is(err, ErrNotFound) {
+	missing := ""
+	for i := 0; missing == ""; i++ { // on node 0 too, whose connection is open
+		if k := fmt.Sprint("missing-", i); c.Placement(k).Chain[0].Node == c.nodes[0].name {
+			missing = k
+		}
+	}
+	if _, err, ok := getAsync(c, ctx, missing); !ok || !errors.Is(err, ErrNotFound) {
 		t.Fatalf("GetAsync of a missing key = %v (started %v), want ErrNotFound", err, ok)
 	}
 	if got := testutil.ToFloat64(c.nodes[0].m.ops[opGet][resOK]) + testutil.ToFloat64(c.nodes[1].m.ops[opGet][resOK]); got != 2 {
 		t.Errorf("gets counted ok = %v, want 2 (Get and GetAsync)", got)
 	}
-	if got := testutil.ToFloat64(c.nodes[0].m.ops[opSet][resOK]); got != 1 {
-		t.Errorf("sets counted ok on node 0 = %v, want 1", got)
+	if got := testutil.ToFloat64(c.nodes[0].m.ops[opSet][resOK]); got != 2 {
+		t.Errorf("sets counted ok on node 0 = %v, want 2 (Set and SetAsync)", got)
 	}
 	for i, n := range c.nodes {
 		if l := len(n.sem); l != 0 {
@@ -123,6 +138,30 @@ func TestAsyncGetFailsOver(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(c.nodes[0].m.ops[opGet][resTimeout]); got != 1 {
 		t.Errorf("timeouts counted on node 0 = %v, want 1", got)
+	}
+}
+
+// TestAsyncNeverDials: against a node that cannot be reached (a black
+// hole: each dial takes the whole timeout), GetAsync declines at once
+// without dialling, so the blocking Get that follows dials once, as
+// without GetAsync. (Found in review: both dialled, doubling the wait.)
+func TestAsyncNeverDials(t *testing.T) {
+	var dials atomic.Int32
+	c, _ := newTestCluster(t, nil, func(o *Options) {
+		o.Servers = []Server{{Host: "192.0.2.1", Port: 11211, Weight: 1}}
+		o.PipelineConns = 1
+		o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			dials.Add(1)
+			<-ctx.Done()
+			return nil, &net.OpError{Op: "dial", Net: network, Err: ctx.Err()}
+		}
+	})
+	start := time.Now()
+	if _, _, ok := getAsync(c, t.Context(), "k"); ok {
+		t.Fatal("GetAsync started with no connection open")
+	}
+	if d, n := time.Since(start), dials.Load(); d > 50*time.Millisecond || n != 0 {
+		t.Errorf("GetAsync's decline took %v and %d dials, want at once and none", d, n)
 	}
 }
 

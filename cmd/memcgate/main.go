@@ -167,7 +167,7 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 		AsyncWorkers:   cfg.AsyncWorkers,
 		Codec:          gateway.ValueCodec(cfg.ValueCodec),
 		PHP:            phpOptions(cfg),
-		NoDetach:       !cfg.Detached,
+		NoDetach:       !cfg.Detached || cfg.PipelineConns == 0, // only pipelined connections answer without waiting
 	})
 	std := &http.Server{
 		Handler:           handler,

@@ -71,6 +71,11 @@ const (
 )
 
 // Defaults of php-memcached's ini settings, used where EncodeOptions and
+// Compressed reports whether Decode of a value with these flags
+// decompresses it: its cost then depends on the original size, up to
+// Decode's maxSize, not on the payload's.
+func Compressed(flags uint32) bool { return flags&flagCompressed != 0 }
+
 // Decode are given zero values.
 const (
 	// DefaultThreshold is memcached.compression_threshold: values shorter

@@ -116,6 +116,23 @@ func (c *Client) conn() (*conn, error) {
 	return cn, nil
 }
 
+// ErrNoConn is GetAsync's and SetAsync's error when no connection is open:
+// they never dial (a dial waits), so the caller makes a blocking call,
+// which dials.
+var ErrNoConn = errors.New("mcpipe: no open connection")
+
+// openConn picks an open connection round robin, skipping failed or
+// undialled ones, without dialling.
+func (c *Client) openConn() (*conn, error) {
+	n := int(c.next.Add(1) - 1)
+	for i := range c.slots {
+		if cn := c.slots[(n+i)%len(c.slots)].c.Load(); cn != nil && !cn.failed() {
+			return cn, nil
+		}
+	}
+	return nil, ErrNoConn
+}
+
 // do sends one request and waits for its reply. A non-empty key makes it
 // a single-key Get, which may share its command line with other Gets (see
 // conn.send); encode is then unused.
@@ -144,7 +161,8 @@ func (c *Client) newCall() *call {
 }
 
 // GetAsync is Get for a caller that does not wait: it sends the request
-// and returns. If it returns an error, nothing was sent and done is never
+// and returns. It never dials: with no connection open it returns
+// ErrNoConn. If it returns an error, nothing was sent and done is never
 // called. Otherwise done is called exactly once with what Get would have
 // returned: usually from the goroutine that reads the connection's
 // replies, but from whichever goroutine fails the connection (possibly the
@@ -160,7 +178,7 @@ func (c *Client) GetAsync(key string, done func(*memcache.Item, error)) error {
 	if !legalKey(key) {
 		return memcache.ErrMalformedKey
 	}
-	cn, err := c.conn()
+	cn, err := c.openConn()
 	if err != nil {
 		return err
 	}
@@ -175,13 +193,13 @@ func (c *Client) GetAsync(key string, done func(*memcache.Item, error)) error {
 }
 
 // SetAsync is Set for a caller that does not wait, as GetAsync is for
-// Get: done gets Set's result. The item is encoded before SetAsync
+// Get (it never dials either): done gets Set's result. The item is encoded before SetAsync
 // returns; its Value is not kept.
 func (c *Client) SetAsync(it *memcache.Item, done func(error)) error {
 	if !legalKey(it.Key) {
 		return memcache.ErrMalformedKey
 	}
-	cn, err := c.conn()
+	cn, err := c.openConn()
 	if err != nil {
 		return err
 	}

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -504,11 +503,23 @@ func TestCloseWhileReading(t *testing.T) {
 
 // TestAsync: GetAsync and SetAsync complete exactly once with what Get and
 // Set return, hits, misses and stores alike, interleaved with blocking
-// calls on the same connection.
+// calls on the same connection. They never dial, but use any connection
+// open.
 func TestAsync(t *testing.T) {
 	srv := memcachedtest.Start(t)
-	c := newClient(srv.Addr, 1, nil)
+	var dials atomic.Int32
+	c := New(Options{Conns: 2, Dial: func(ctx context.Context) (net.Conn, error) {
+		dials.Add(1)
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", srv.Addr)
+	}})
 	defer c.Close()
+	if err := c.GetAsync("k", func(*memcache.Item, error) { t.Error("callback of a GetAsync with no connection") }); !errors.Is(err, ErrNoConn) || dials.Load() != 0 {
+		t.Fatalf("GetAsync on a new Client = %v after %d dials, want ErrNoConn and none", err, dials.Load())
+	}
+	if _, err := c.Get("k"); !errors.Is(err, memcache.ErrCacheMiss) { // dials one of the two
+		t.Fatalf("Get = %v, want a miss", err)
+	}
 	const n = 200
 	var wg sync.WaitGroup
 	stored := make(chan error, n)
@@ -558,19 +569,25 @@ func TestAsync(t *testing.T) {
 	if seen != 2*n {
 		t.Errorf("%d callbacks, want %d", seen, 2*n)
 	}
+	if d := dials.Load(); d > 2 {
+		t.Errorf("%d dials, want at most one per connection", d)
+	}
 	if err := c.GetAsync("bad key", func(*memcache.Item, error) { t.Error("callback of a refused GetAsync") }); !errors.Is(err, memcache.ErrMalformedKey) {
 		t.Errorf("GetAsync(bad key) = %v, want ErrMalformedKey", err)
 	}
 }
 
-// TestAsyncFailures: a refused dial is GetAsync's own error and its
-// callback never runs; calls on a connection that fails complete with the
+// TestAsyncFailures: with no connection open GetAsync and SetAsync return
+// ErrNoConn and their callbacks never run; calls on a connection that fails complete with the
 // failure, each once, and never under the connection's lock (a callback
 // that sends a blocking request to the same Client would deadlock).
 func TestAsyncFailures(t *testing.T) {
 	srv := memcachedtest.Start(t)
 	c := newClient(srv.Addr, 1, nil)
 	defer c.Close()
+	if err := c.Set(&memcache.Item{Key: "k", Value: []byte("v")}); err != nil { // opens the connection
+		t.Fatal(err)
+	}
 	srv.Pause()
 	var wg sync.WaitGroup
 	var calls atomic.Int32
@@ -600,9 +617,8 @@ func TestAsyncFailures(t *testing.T) {
 	srv.Resume()
 	srv.Kill()
 	c.Close()
-	err := c.SetAsync(&memcache.Item{Key: "k"}, func(error) { t.Error("callback of a SetAsync whose dial failed") })
-	var ne net.Error
-	if !errors.As(err, &ne) && !errors.Is(err, syscall.ECONNREFUSED) {
-		t.Errorf("SetAsync to a killed server = %v, want the dial's error", err)
+	err := c.SetAsync(&memcache.Item{Key: "k"}, func(error) { t.Error("callback of a SetAsync with no connection") })
+	if !errors.Is(err, ErrNoConn) {
+		t.Errorf("SetAsync to a killed server = %v, want ErrNoConn", err)
 	}
 }
