@@ -34,19 +34,10 @@ func (c *Cluster) GetAsync(ctx context.Context, key string, done func(Item, erro
 	if n == nil {
 		return false
 	}
-	start := time.Now()
-	err := mc.GetAsync(sk, func(mi *memcache.Item, err error) {
-		if err = n.account(opGet, start, err); err == nil {
-			done(Item{Key: key, Value: mi.Value, Flags: mi.Flags, CAS: mi.CasID}, nil)
-			return
-		}
-		if _, failed := nodeFailure(err); failed && c.opts.Failover != FailFast && c.opts.MaxAttempts > 1 && ctx.Err() == nil {
-			go func() { done(c.get(ctx, key, idx, err)) }()
-			return
-		}
-		done(Item{}, err)
-	})
-	if err != nil {
+	a := c.newAsyncOp(ctx, n, idx)
+	a.key, a.gotItem = key, done
+	if err := mc.GetAsync(sk, a.gotFn); err != nil {
+		c.putAsyncOp(a)
 		<-n.sem
 		return false
 	}
@@ -59,18 +50,73 @@ func (c *Cluster) GetAsync(ctx context.Context, key string, done func(Item, erro
 // node may have applied it.
 func (c *Cluster) SetAsync(ctx context.Context, it Item, done func(error)) bool {
 	sk, hk := c.keysFor(ctx, it.Key)
-	n, _, mc := c.asyncNode(hk)
+	n, idx, mc := c.asyncNode(hk)
 	if n == nil {
 		return false
 	}
-	start := time.Now()
+	a := c.newAsyncOp(ctx, n, idx)
+	a.stored = done
 	mi := memcache.Item{Key: sk, Value: it.Value, Flags: it.Flags, Expiration: it.Expiration}
-	err := mc.SetAsync(&mi, func(err error) { done(n.account(opSet, start, err)) })
-	if err != nil {
+	if err := mc.SetAsync(&mi, a.storedFn); err != nil {
+		c.putAsyncOp(a)
 		<-n.sem
 		return false
 	}
 	return true
+}
+
+// asyncOp is one GetAsync or SetAsync in flight. It is pooled, with the
+// callbacks mcpipe calls made once per asyncOp, so that an operation
+// allocates no closure.
+type asyncOp struct {
+	c       *Cluster
+	ctx     context.Context
+	n       *node
+	idx     int
+	start   time.Time
+	key     string
+	gotItem func(Item, error) // GetAsync's done
+	stored  func(error)       // SetAsync's done
+	// Made once: a.got and a.set as values.
+	gotFn    func(*memcache.Item, error)
+	storedFn func(error)
+}
+
+func (c *Cluster) newAsyncOp(ctx context.Context, n *node, idx int) *asyncOp {
+	a, _ := c.asyncOps.Get().(*asyncOp)
+	if a == nil {
+		a = &asyncOp{c: c}
+		a.gotFn, a.storedFn = a.got, a.set
+	}
+	a.ctx, a.n, a.idx, a.start = ctx, n, idx, time.Now()
+	return a
+}
+
+func (c *Cluster) putAsyncOp(a *asyncOp) {
+	*a = asyncOp{c: a.c, gotFn: a.gotFn, storedFn: a.storedFn}
+	c.asyncOps.Put(a)
+}
+
+// got completes a GetAsync: mcpipe's callback.
+func (a *asyncOp) got(mi *memcache.Item, err error) {
+	c, ctx, n, idx, start, key, done := a.c, a.ctx, a.n, a.idx, a.start, a.key, a.gotItem
+	c.putAsyncOp(a)
+	if err = n.account(opGet, start, err); err == nil {
+		done(Item{Key: key, Value: mi.Value, Flags: mi.Flags, CAS: mi.CasID}, nil)
+		return
+	}
+	if _, failed := nodeFailure(err); failed && c.opts.Failover != FailFast && c.opts.MaxAttempts > 1 && ctx.Err() == nil {
+		go func() { done(c.get(ctx, key, idx, err)) }()
+		return
+	}
+	done(Item{}, err)
+}
+
+// set completes a SetAsync: mcpipe's callback.
+func (a *asyncOp) set(err error) {
+	c, n, start, done := a.c, a.n, a.start, a.stored
+	c.putAsyncOp(a)
+	done(n.account(opSet, start, err))
 }
 
 // asyncNode returns the key's owner and its pipelined client, holding a

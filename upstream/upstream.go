@@ -178,6 +178,7 @@ type Cluster struct {
 	log        *slog.Logger
 	probed     chan struct{} // closed after the first probe round
 	probedOnce sync.Once
+	asyncOps   sync.Pool // of *asyncOp, GetAsync's and SetAsync's
 }
 
 // New builds a cluster. It opens no connection and starts no goroutine.

@@ -128,32 +128,50 @@ func (c *conn) flushNonBlocking(bufs [][]byte) {
 // writeNow writes bufs with one writev that does not wait, and returns
 // how much the socket took.
 func (c *conn) writeNow(bufs [][]byte) (n int, err error) {
-	var iov [3]syscall.Iovec
 	k := 0
 	for _, b := range bufs {
 		if len(b) > 0 {
-			iov[k].Base = &b[0]
-			iov[k].SetLen(len(b))
+			c.wv.iov[k].Base = &b[0]
+			c.wv.iov[k].SetLen(len(b))
 			k++
 		}
 	}
 	if k == 0 {
 		return 0, nil
 	}
-	cerr := c.in.rc.Write(func(fd uintptr) bool {
-		for {
-			n, err = writev(fd, iov[:k])
-			if err != syscall.EINTR {
-				break
-			}
-		}
-		if err == syscall.EAGAIN {
-			n, err = 0, nil
-		}
-		return true // never wait: the rest is spilled
-	})
+	if c.wv.fn == nil {
+		c.wv.fn = c.wv.write
+	}
+	c.wv.k = k
+	cerr := c.in.rc.Write(c.wv.fn)
+	n, err = c.wv.n, c.wv.err
+	c.wv = writevState{fn: c.wv.fn} // let go of the buffers
 	if err == nil {
 		err = cerr
 	}
 	return n, err
+}
+
+// writevState is writeNow's, kept in the connection so that a write
+// allocates nothing: the function given to RawConn.Write, made once, and
+// its arguments and results.
+type writevState struct {
+	iov [3]syscall.Iovec
+	k   int
+	n   int
+	err error
+	fn  func(fd uintptr) bool
+}
+
+func (s *writevState) write(fd uintptr) bool {
+	for {
+		s.n, s.err = writev(fd, s.iov[:s.k])
+		if s.err != syscall.EINTR {
+			break
+		}
+	}
+	if s.err == syscall.EAGAIN {
+		s.n, s.err = 0, nil
+	}
+	return true // never wait: the rest is spilled
 }

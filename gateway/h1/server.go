@@ -404,6 +404,7 @@ type conn struct {
 	spill       []byte       // what the socket did not take, for writeSpill
 	reuse       bool         // the detached response left the connection reusable
 	finishFn    func()       // c.finishDetached, made once
+	wv          writevState  // writeNow's
 
 	w    response // reused for every request
 	kvs  []kv     // header snapshot, reused
