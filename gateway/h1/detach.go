@@ -95,6 +95,13 @@ func (c *conn) detachDone() {
 		c.finish()
 		return
 	}
+	// A worker resumes it as a parked connection, but it did not park:
+	// lift the deadlines its request armed, as parking does, or one
+	// armed long ago would fire while a busy client's requests keep
+	// arriving before the worker looks (which never parks them).
+	if c.readDL {
+		c.setReadTimeout(0)
+	}
 	c.state.Store(stateIdle)
 	if !s.poller.requeue(c) {
 		c.close()

@@ -214,3 +214,26 @@ func TestDetachThenPipelined(t *testing.T) {
 		})
 	}
 }
+
+// TestDetachKeepsNoStaleDeadline: a busy keep-alive client, whose next
+// request is there when its connection is queued again after a detached
+// response, is served past ReadHeaderTimeout. (It was not: the deadline
+// armed for the connection's first request was cleared only on parking,
+// which such a connection skips, so it fired mid-stream and closed the
+// connection. wrk saw it as read errors at 2048 clients.)
+func TestDetachKeepsNoStaleDeadline(t *testing.T) {
+	var detached atomic.Int32
+	_, addr := startH1(t, detachMux(&detached, nil), func(s *Server) { s.ReadHeaderTimeout = 100 * time.Millisecond })
+	c, br := dial(t, addr)
+	const req = "GET /later/then HTTP/1.1\r\nHost: a\r\n\r\n"
+	io.WriteString(c, req) // one request always waits behind the one served
+	start := time.Now()
+	for i := 0; time.Since(start) < 400*time.Millisecond; i++ {
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := readWireResponse(br, "GET"); err != nil || r.body != "detached /later/then" {
+			t.Fatalf("request %d, %v after the first: %v, %v; want it answered", i, time.Since(start).Round(time.Millisecond), r, err)
+		}
+	}
+}
