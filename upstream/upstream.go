@@ -98,7 +98,7 @@ type Options struct {
 	// flight.
 	PipelineConns int
 	// MaxInFlight caps operations in flight per node when pipelining; if
-	// zero, 256. (Without pipelining MaxConns is the cap.)
+	// zero, 4096. (Without pipelining MaxConns is the cap.)
 	MaxInFlight int
 	MaxAttempts int            // distinct nodes tried per operation; if zero, 2
 	Failover    FailoverPolicy // if empty, Rehash
@@ -129,7 +129,7 @@ func (o *Options) withDefaults() {
 		o.MaxConns = 64
 	}
 	if o.MaxInFlight <= 0 {
-		o.MaxInFlight = 256
+		o.MaxInFlight = 4096
 	}
 	o.PipelineConns = min(o.PipelineConns, o.MaxInFlight)
 	if o.MaxAttempts <= 0 {
