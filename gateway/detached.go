@@ -69,7 +69,7 @@ const largeValue = 16 << 10
 func (h *Handler) serveDetached(w http.ResponseWriter, r *http.Request) bool {
 	hh := h.h
 	d, ok := w.(detacher)
-	if !ok || hh.fast == nil {
+	if !ok || hh.detachStore == nil {
 		return false
 	}
 	put := r.Method == http.MethodPut
@@ -119,7 +119,7 @@ func (h *Handler) serveDetached(w http.ResponseWriter, r *http.Request) bool {
 	if !put {
 		if f.finish = d.Detach(); f.finish != nil {
 			ours = false
-			if hh.fast.GetAsync(ctx, key, f.gotFn) {
+			if hh.detachStore.GetAsync(ctx, key, f.gotFn) {
 				hh.detached.Inc()
 				return true
 			}
@@ -138,7 +138,7 @@ func (h *Handler) serveDetached(w http.ResponseWriter, r *http.Request) bool {
 	if err == nil {
 		if f.finish = d.Detach(); f.finish != nil {
 			ours = false
-			if hh.fast.SetAsync(ctx, it, f.storedFn) {
+			if hh.detachStore.SetAsync(ctx, it, f.storedFn) {
 				hh.detached.Inc()
 				return true
 			}

@@ -119,12 +119,13 @@ type handler struct {
 	values     sync.Pool // of *[]byte: PUT bodies, see valueBuf
 	memc       *memc     // the compatible endpoints, if mounted
 
-	// Detached responses' (detached.go): fast is nil when they are off.
-	fast      asyncStore
-	detached  prometheus.Counter
-	obs       *observer
-	lim       *limiter
-	detachedq sync.Pool // of *detachedReq
+	// Detached responses' (detached.go): detachStore is nil when they
+	// are off.
+	detachStore asyncStore
+	detached    prometheus.Counter
+	obs         *observer
+	lim         *limiter
+	detachedq   sync.Pool // of *detachedReq
 }
 
 // Handler is the data-plane HTTP handler. Run must run for writes sent with
@@ -203,7 +204,7 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 	h.lim = &limiter{max: int64(opts.MaxRequests)}
 	h.obs = newObserver(log, reg, opts.AccessLog)
 	if fs, ok := s.(asyncStore); ok && !opts.NoDetach {
-		h.fast = fs
+		h.detachStore = fs
 	}
 	h.detached = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "memcgate_http_detached_responses_total",

@@ -418,11 +418,13 @@ func (w *response) EnableFullDuplex() error {
 // flush writes c.hbuf, c.wbuf and then p to the connection in one system
 // call and empties the buffers. After a write error it writes nothing.
 func (c *conn) flush(p []byte) {
-	if c.werr == nil && len(c.hbuf)+len(c.wbuf)+len(p) > 0 && c.nonBlocking {
+	switch {
+	case c.werr != nil || len(c.hbuf)+len(c.wbuf)+len(p) == 0:
+	case c.nonBlocking: // a detached response (detach.go)
 		c.iovs = [3][]byte{c.hbuf, c.wbuf, p}
 		c.flushNonBlocking(c.iovs[:])
 		c.iovs = [3][]byte{}
-	} else if c.werr == nil && len(c.hbuf)+len(c.wbuf)+len(p) > 0 {
+	default:
 		c.iov = append(c.iovs[:0], c.hbuf, c.wbuf, p) // WriteTo consumes c.iov
 		if _, err := c.iov.WriteTo(c.rwc); err != nil {
 			c.werr = err
