@@ -622,3 +622,44 @@ func TestAsyncFailures(t *testing.T) {
 		t.Errorf("SetAsync to a killed server = %v, want ErrNoConn", err)
 	}
 }
+
+// TestReleaseKeepsNoPeers: a call that owned a shared gets line goes back
+// to the pool holding none of that line's calls, and a peer array grown
+// past maxPooledPeers is dropped. Stale pointers in a pooled array kept a
+// 2048-client burst's calls alive, a chain through each one's array, and
+// every GC after the burst marked them (1.25 MB, mark phases twice as long).
+func TestReleaseKeepsNoPeers(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		peers     int
+		wantArray bool
+	}{
+		{"alone", 0, true},
+		{"small line", 11, true},
+		{"at the limit", maxPooledPeers, true},
+		{"burst line", maxSharedKeys, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &Client{}
+			cl := &call{done: make(chan struct{}, 1)}
+			for range tc.peers {
+				cl.peer = append(cl.peer, &call{})
+			}
+			c.release(cl)
+			switch {
+			case !tc.wantArray && cl.peer != nil:
+				t.Errorf("pooled call kept a peer array of cap %d; want none", cap(cl.peer))
+			case len(cl.peer) != 0:
+				t.Errorf("pooled call has %d peers; want 0", len(cl.peer))
+			}
+			for i, p := range cl.peer[:cap(cl.peer)] {
+				if p != nil {
+					t.Errorf("pooled peer array still holds a call at %d", i)
+				}
+			}
+			if cl.done == nil {
+				t.Error("pooled call lost its done channel")
+			}
+		})
+	}
+}
