@@ -24,9 +24,15 @@ func (d *discardWriter) Write(b []byte) (int, error) { return len(b), nil }
 func (d *discardWriter) WriteHeader(int)             {}
 
 func benchHandler(b *testing.B, accessLog bool) (*Handler, *fakeStore) {
+	return benchHandlerLog(b, accessLog, io.Discard)
+}
+
+// benchHandlerLog is benchHandler with the access log's lines written
+// directly to accessJSON, as the binary does, or through slog if it is nil.
+func benchHandlerLog(b *testing.B, accessLog bool, accessJSON io.Writer) (*Handler, *fakeStore) {
 	s := newFake()
 	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
-	return NewHandler(s, log, prometheus.NewRegistry(), Options{AccessLog: accessLog}), s
+	return NewHandler(s, log, prometheus.NewRegistry(), Options{AccessLog: accessLog, AccessLogJSON: accessJSON}), s
 }
 
 // The seed benchmark's shape: 96-character keys, 400-byte values.
@@ -48,14 +54,14 @@ func requestFor(h *Handler, base *http.Request, how string) *http.Request {
 }
 
 func BenchmarkGet(b *testing.B) {
-	for _, accessLog := range []bool{false, true} {
+	for _, lg := range []struct {
+		name       string
+		accessLog  bool
+		accessJSON io.Writer
+	}{{"nolog", false, nil}, {"accesslog", true, io.Discard}, {"accesslog-slog", true, nil}} {
 		for _, how := range benchContexts {
-			name := "nolog"
-			if accessLog {
-				name = "accesslog"
-			}
-			b.Run(name+"/"+how, func(b *testing.B) {
-				h, s := benchHandler(b, accessLog)
+			b.Run(lg.name+"/"+how, func(b *testing.B) {
+				h, s := benchHandlerLog(b, lg.accessLog, lg.accessJSON)
 				s.put(upstream.Item{Key: benchKey, Value: []byte(strings.Repeat("v", 400))})
 				base := httptest.NewRequest("GET", "/"+benchKey, nil)
 				w := &discardWriter{h: http.Header{}}

@@ -4,10 +4,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"runtime/debug"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -45,11 +47,15 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 type observer struct {
 	log       *slog.Logger
 	accessLog bool
-	requests  *prometheus.CounterVec
-	duration  *prometheus.HistogramVec
-	inFlight  prometheus.Gauge
-	idPrefix  string
-	seq       atomic.Uint64
+	// accessJSON, if not nil, takes the access log's lines directly,
+	// formatted by appendAccessJSON, in lines from lines (Options.AccessLogJSON).
+	accessJSON io.Writer
+	lines      sync.Pool // of *[]byte
+	requests   *prometheus.CounterVec
+	duration   *prometheus.HistogramVec
+	inFlight   prometheus.Gauge
+	idPrefix   string
+	seq        atomic.Uint64
 
 	// The children of requests and duration, looked up once: a
 	// WithLabelValues per request hashes the labels and takes a lock.
@@ -60,13 +66,14 @@ type observer struct {
 // methods are the method label's values; the last is every other method.
 var methods = [...]string{http.MethodGet, http.MethodHead, http.MethodPut, http.MethodPost, http.MethodDelete, http.MethodOptions, http.MethodPatch, "OTHER"}
 
-func newObserver(log *slog.Logger, reg prometheus.Registerer, accessLog bool) *observer {
+func newObserver(log *slog.Logger, reg prometheus.Registerer, accessLog bool, accessJSON io.Writer) *observer {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	o := &observer{
-		log:       log,
-		accessLog: accessLog,
-		idPrefix:  hex.EncodeToString(b[:]) + "-",
+		log:        log,
+		accessLog:  accessLog,
+		accessJSON: accessJSON,
+		idPrefix:   hex.EncodeToString(b[:]) + "-",
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "memcgate_http_requests_total",
 			Help: "HTTP requests answered, by method and status code.",
@@ -165,15 +172,34 @@ func (o *observer) record(r *http.Request, sw *statusWriter, start time.Time) {
 	o.inFlight.Dec()
 	o.count(m, sw.status)
 	o.durations[m].Observe(d.Seconds())
-	if o.accessLog {
-		attrs := []slog.Attr{
-			slog.String("request_id", o.requestID(r)), slog.String("method", r.Method),
-			slog.Int("status", sw.status), slog.Int64("bytes", sw.bytes),
-			slog.Float64("duration_ms", float64(d.Microseconds())/1000), slog.String("remote", r.RemoteAddr),
-		}
-		if o.log.Enabled(r.Context(), slog.LevelDebug) {
-			attrs = append(attrs, slog.String("path", r.URL.Path))
-		}
-		o.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+	if !o.accessLog || !o.log.Enabled(r.Context(), slog.LevelInfo) { // not even the request ID at MEMCGATE_LOG_LEVEL=warn
+		return
 	}
+	withPath := o.log.Enabled(r.Context(), slog.LevelDebug)
+	id := o.requestID(r)
+	if o.accessJSON != nil && !withPath && o.writeAccessJSON(start.Add(d), id, r, sw, d) {
+		return
+	}
+	var buf [7]slog.Attr
+	attrs := accessAttrs(buf[:0], id, r.Method, sw.status, sw.bytes, d, r.RemoteAddr)
+	if withPath {
+		attrs = append(attrs, slog.String("path", r.URL.Path))
+	}
+	o.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+}
+
+// writeAccessJSON writes the access log line of r, ended at t, to
+// accessJSON, unless appendAccessJSON cannot format it.
+func (o *observer) writeAccessJSON(t time.Time, id string, r *http.Request, sw *statusWriter, d time.Duration) bool {
+	bp, _ := o.lines.Get().(*[]byte)
+	if bp == nil {
+		bp = new([]byte)
+	}
+	b, ok := appendAccessJSON((*bp)[:0], t, id, r.Method, sw.status, sw.bytes, d, r.RemoteAddr)
+	if ok {
+		_, _ = o.accessJSON.Write(b)
+	}
+	*bp = b
+	o.lines.Put(bp)
+	return ok
 }

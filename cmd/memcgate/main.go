@@ -63,6 +63,10 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	go func() { logs.Run(logCtx); close(flushed) }()
 	defer func() { stopLogs(); <-flushed }() // the last lines, shutdown included
 	log := newLogger(cfg, logs)
+	var accessJSON io.Writer // access log lines without slog, same bytes (gateway.Options.AccessLogJSON)
+	if cfg.LogFormat == "json" {
+		accessJSON = logs
+	}
 	var lc net.ListenConfig
 	dataLn, err := lc.Listen(ctx, "tcp", cfg.ListenAddr)
 	if err != nil {
@@ -73,7 +77,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		dataLn.Close()
 		return fmt.Errorf("admin listener: %w", err)
 	}
-	return serve(ctx, cfg, dataLn, adminLn, log)
+	return serve(ctx, cfg, dataLn, adminLn, log, accessJSON)
 }
 
 func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
@@ -130,7 +134,7 @@ func upstreamOptions(cfg config.Config) upstream.Options {
 // DrainDelay so load balancers notice, shuts both servers down (letting
 // requests in flight finish within ShutdownTimeout), stops health checks
 // and closes the pools.
-func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener, log *slog.Logger) error {
+func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener, log *slog.Logger, accessJSON io.Writer) error {
 	sec, err := newSecurity(cfg)
 	if err != nil {
 		dataLn.Close()
@@ -157,6 +161,7 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 		DefaultTTL:     cfg.DefaultTTL,
 		RequestTimeout: cfg.RequestTimeout,
 		AccessLog:      cfg.AccessLog,
+		AccessLogJSON:  accessJSON,
 		Memc:           memcOptions(cfg.Memc, cluster),
 		Tokens:         sec.tokens,
 		ReadOnly:       cfg.ReadOnly,
