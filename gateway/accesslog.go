@@ -10,10 +10,11 @@ import (
 // log/slog's JSONHandler (default options) writes the record the observer
 // would log for it, newline included, and reports whether it could: a
 // string that JSON must escape makes it return false, and the caller then
-// logs the record through slog. slog costs about 1.3 µs and three
-// allocations per line (the attributes, the caller's PC, the JSON
-// encoder); this costs a tenth of that and none, and every request of the
-// default configuration pays it.
+// logs the record through slog. With it the access log costs a request
+// about 0.5 µs and the request ID's allocations, against 1.1 µs and one
+// more through slog (BenchmarkGet: the attributes, the caller's PC,
+// encoding/json for the float), and every request of the default
+// configuration pays it.
 //
 // The shape it must keep (TestAccessJSONMatchesSlog compares the two):
 //
