@@ -127,7 +127,8 @@ func (o *observer) requestID(r *http.Request) string {
 	if id := r.Header.Get("X-Request-Id"); id != "" && len(id) <= 128 {
 		return id
 	}
-	return o.idPrefix + strconv.FormatUint(o.seq.Add(1), 10)
+	var b [32]byte // prefix (9 bytes) and sequence number: one allocation, the string
+	return string(strconv.AppendUint(append(b[:0], o.idPrefix...), o.seq.Add(1), 10))
 }
 
 func (o *observer) middleware(next http.Handler) http.Handler {
