@@ -23,7 +23,7 @@ func appendAccessJSON(b []byte, t time.Time, id, method string, status int, n in
 	if !plainJSON(id) || !plainJSON(method) || !plainJSON(remote) {
 		return b, false
 	}
-	if y := t.Year(); y < 0 || y >= 10000 { // slog writes an error value there
+	if y := t.Year(); t.IsZero() || y < 0 || y >= 10000 { // slog leaves out a zero time, writes an error for these years
 		return b, false
 	}
 	b = append(b, `{"time":"`...)

@@ -27,9 +27,11 @@ func TestAccessJSONMatchesSlog(t *testing.T) {
 		remote string
 		wantOK bool
 	}{
+		{"now, local, monotonic", time.Now(), "1a2b3c4d-17", "GET", 200, 400, 812 * time.Microsecond, "127.0.0.1:53124", true},
 		{"generated id", utc, "1a2b3c4d-17", "GET", 200, 400, 812 * time.Microsecond, "127.0.0.1:53124", true},
 		{"whole second, zero duration", utc.Truncate(time.Second), "x", "PUT", 201, 0, 0, "127.0.0.1:1", true},
 		{"sub-microsecond duration", utc, "x", "HEAD", 304, 0, 999 * time.Nanosecond, "127.0.0.1:1", true},
+		{"negative duration", utc, "x", "GET", 200, 0, -3 * time.Millisecond, "127.0.0.1:1", true},
 		{"long duration", utc, "x", "DELETE", 504, 31, 2*time.Second + 345678*time.Microsecond, "[::1]:8080", true},
 		{"hours", utc, "x", "GET", 200, 1 << 40, 100 * time.Hour, "[fe80::1%eth0]:80", true},
 		{"offset zone", utc.In(time.FixedZone("", -(5*3600 + 30*60))), "x", "GET", 404, 9, time.Millisecond, "10.0.0.1:2", true},
@@ -41,6 +43,7 @@ func TestAccessJSONMatchesSlog(t *testing.T) {
 		{"tab in id", utc, "a\tb", "GET", 200, 0, 0, "127.0.0.1:1", false},
 		{"non-ASCII id", utc, "é", "GET", 200, 0, 0, "127.0.0.1:1", false},
 		{"odd method", utc, "x", "M\x7fX", 405, 0, 0, "127.0.0.1:1", false},
+		{"zero time", time.Time{}.In(time.FixedZone("", 3600)), "x", "GET", 200, 0, 0, "127.0.0.1:1", false},
 		{"year 10000", time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), "x", "GET", 200, 0, 0, "127.0.0.1:1", false},
 	}
 	for _, tc := range tests {
@@ -128,11 +131,12 @@ func TestAccessLogPaths(t *testing.T) {
 // size, duration and time, appendAccessJSON writes slog's bytes or
 // declines (and then slog writes the line).
 func FuzzAccessJSON(f *testing.F) {
-	f.Add("1a2b3c4d-17", "GET", "127.0.0.1:53124", 200, int64(400), int64(812000), int64(1796664001123456789), 0)
-	f.Add(`a"b`, "PUT", "[::1]:1", 201, int64(0), int64(0), int64(0), -19800)
-	f.Add("<é>", "M\x7f", "", 999, int64(-1), int64(-5), int64(-62135596800000000), 3600)
-	f.Fuzz(func(t *testing.T, id, method, remote string, status int, n, d, unixNano int64, zone int) {
-		tm := time.Unix(0, unixNano).In(time.FixedZone("", zone%(18*3600)))
+	f.Add("1a2b3c4d-17", "GET", "127.0.0.1:53124", 200, int64(400), int64(812000), int64(1796664001), int64(123456789), 0)
+	f.Add(`a"b`, "PUT", "[::1]:1", 201, int64(0), int64(0), int64(0), int64(0), -19800)
+	f.Add("<é>", "M\x7f", "", 999, int64(-1), int64(-5), int64(-62135596800), int64(0), 3600)
+	f.Add("x", "GET", "127.0.0.1:1", 200, int64(0), int64(0), int64(253402300800), int64(0), 0) // year 10000
+	f.Fuzz(func(t *testing.T, id, method, remote string, status int, n, d, sec, nsec int64, zone int) {
+		tm := time.Unix(sec, nsec).In(time.FixedZone("", zone%(18*3600)))
 		got, ok := appendAccessJSON(nil, tm, id, method, status, n, time.Duration(d), remote)
 		if !ok {
 			if len(got) != 0 {

@@ -57,11 +57,14 @@ type Options struct {
 	AccessLog bool
 	// AccessLogJSON, if not nil, is where access log lines go without
 	// log/slog, as the exact bytes slog's JSONHandler would write for them
-	// (about half the cost, and no allocation but the request ID's); lines that need JSON escaping,
-	// and all of them when the logger is enabled at debug level (which
-	// adds the path), still go through the logger. Set it only to the
-	// writer of a logger made with slog.NewJSONHandler(w, nil) or with
-	// options that leave its records' shape alone (Level).
+	// (about half the cost, and no allocation but the request ID's).
+	// Lines that need JSON escaping, and all of them when the logger is
+	// enabled at debug level (which adds the path), still go through the
+	// logger. Set it only to the writer of a logger made with
+	// slog.NewJSONHandler(w, nil), or with options that leave its
+	// records' shape alone (Level). Unlike slog's handler, the gateway
+	// does not serialize its writes: w must be safe for concurrent use
+	// and write each call's bytes whole (cmd/memcgate's log buffer does).
 	AccessLogJSON io.Writer
 	// Memc, if set, adds the HttpMemcModule-compatible endpoints.
 	Memc *MemcOptions

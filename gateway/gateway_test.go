@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -322,6 +323,31 @@ func TestPanicBecomes500(t *testing.T) {
 	w := do(h, "GET", "/k", "")
 	if w.Code != 500 {
 		t.Errorf("GET with a panicking store = %d, want 500", w.Code)
+	}
+}
+
+// TestPanicLineSharesTheRequestID: a panic's log line and the request's
+// access log line carry the same generated request ID.
+func TestPanicLineSharesTheRequestID(t *testing.T) {
+	var logs bytes.Buffer
+	log := slog.New(slog.NewJSONHandler(&logs, nil))
+	h := NewHandler(panicStore{newFake()}, log, prometheus.NewRegistry(), Options{AccessLog: true})
+	if w := do(h, "GET", "/k", ""); w.Code != 500 {
+		t.Fatalf("GET with a panicking store = %d, want 500", w.Code)
+	}
+	ids := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var rec struct {
+			Msg       string `json:"msg"`
+			RequestID string `json:"request_id"`
+		}
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		ids[rec.Msg] = rec.RequestID
+	}
+	if p, a := ids["handler panicked"], ids["request"]; p == "" || p != a {
+		t.Errorf("request_id of the panic line %q, of the access line %q; want the same, not empty", p, a)
 	}
 }
 

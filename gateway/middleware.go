@@ -21,6 +21,7 @@ type statusWriter struct {
 	http.ResponseWriter
 	status int
 	bytes  int64
+	id     string // the request ID, once a log line has needed it (observer.id)
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -131,6 +132,15 @@ func (o *observer) requestID(r *http.Request) string {
 	return string(strconv.AppendUint(append(b[:0], o.idPrefix...), o.seq.Add(1), 10))
 }
 
+// id is the request's ID for its log lines: made once, so that a panic's
+// line and the access log's carry the same one.
+func (o *observer) id(r *http.Request, sw *statusWriter) string {
+	if sw.id == "" {
+		sw.id = o.requestID(r)
+	}
+	return sw.id
+}
+
 func (o *observer) middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
@@ -155,7 +165,7 @@ func (o *observer) middleware(next http.Handler) http.Handler {
 // recovered logs a handler's panic p and answers 500 if nothing was
 // written yet.
 func (o *observer) recovered(sw *statusWriter, r *http.Request, p any) {
-	o.log.Error("handler panicked", "request_id", o.requestID(r), "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+	o.log.Error("handler panicked", "request_id", o.id(r, sw), "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 	if sw.status == 0 {
 		writeError(sw, fmt.Errorf("panic: %v", p))
 	}
@@ -177,7 +187,7 @@ func (o *observer) record(r *http.Request, sw *statusWriter, start time.Time) {
 		return
 	}
 	withPath := o.log.Enabled(r.Context(), slog.LevelDebug)
-	id := o.requestID(r)
+	id := o.id(r, sw)
 	if o.accessJSON != nil && !withPath && o.writeAccessJSON(start.Add(d), id, r, sw, d) {
 		return
 	}
@@ -188,6 +198,10 @@ func (o *observer) record(r *http.Request, sw *statusWriter, start time.Time) {
 	}
 	o.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 }
+
+// maxPooledLine is the largest line buffer kept for the next line: lines
+// are about 250 bytes, but a method is bounded only by the request line.
+const maxPooledLine = 1 << 10
 
 // writeAccessJSON writes the access log line of r, ended at t, to
 // accessJSON, unless appendAccessJSON cannot format it.
@@ -200,7 +214,9 @@ func (o *observer) writeAccessJSON(t time.Time, id string, r *http.Request, sw *
 	if ok {
 		_, _ = o.accessJSON.Write(b)
 	}
-	*bp = b
-	o.lines.Put(bp)
+	if cap(b) <= maxPooledLine { // a long client ID or method
+		*bp = b
+		o.lines.Put(bp)
+	}
 	return ok
 }
