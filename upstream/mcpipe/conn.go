@@ -244,6 +244,14 @@ func (c *conn) readLoop() {
 			c.fail(fmt.Errorf("%w: a reply nobody asked for", errProtocol))
 			return
 		}
+		if c.queue[0] == c.open {
+			// Its gets line is not even sent, and send may still add
+			// keys to it: completing it now would hand those callers a
+			// call already back in the pool.
+			c.mu.Unlock()
+			c.fail(fmt.Errorf("%w: a reply before its request was sent", errProtocol))
+			return
+		}
 		// The keys of a shared line, copied while the calls are surely
 		// queued: fail may answer and free them while the reply is read.
 		k, verb := c.queue[0].kind, c.queue[0].verb

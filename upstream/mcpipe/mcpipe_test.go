@@ -649,6 +649,8 @@ func TestReleaseKeepsNoPeers(t *testing.T) {
 			switch {
 			case !tc.wantArray && cl.peer != nil:
 				t.Errorf("pooled call kept a peer array of cap %d; want none", cap(cl.peer))
+			case tc.wantArray && tc.peers > 0 && cap(cl.peer) == 0:
+				t.Errorf("pooled call dropped its peer array; want it kept for the next line")
 			case len(cl.peer) != 0:
 				t.Errorf("pooled call has %d peers; want 0", len(cl.peer))
 			}
@@ -661,5 +663,34 @@ func TestReleaseKeepsNoPeers(t *testing.T) {
 				t.Error("pooled call lost its done channel")
 			}
 		})
+	}
+}
+
+// TestReplyToAnOpenLine: a reply that arrives while its gets line is still
+// open (not even written, so send may still add keys to it) fails the
+// connection, instead of completing a call whose line others may join
+// after it is back in the pool. Only a server outside the protocol does
+// that.
+func TestReplyToAnOpenLine(t *testing.T) {
+	client, server := net.Pipe()
+	defer server.Close()
+	c := newConn(client, time.Second)
+	cl := &call{kind: kindGet, verb: "gets", key: "k", done: make(chan struct{}, 1)}
+	c.mu.Lock()
+	c.wbuf = append(c.wbuf, "gets k"...)
+	cl.peer = append(cl.peer, cl)
+	c.open = cl
+	c.queue = append(c.queue, cl)
+	c.writing = true // the writer is in its Gosched: the line stays open
+	c.mu.Unlock()
+	go c.readLoop()
+	go server.Write([]byte("END\r\n"))
+	select {
+	case <-cl.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the call was never answered")
+	}
+	if !errors.Is(cl.err, errProtocol) {
+		t.Errorf("call answered with %v, %d items; want errProtocol", cl.err, len(cl.items))
 	}
 }
