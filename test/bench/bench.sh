@@ -16,6 +16,10 @@
 #   BENCH_MEMCACHED_CPUS=0   CPUs of memcached (default: shares the servers' CPUs)
 #   BENCH_LOAD_CPUS=1        CPUs of wrk, ab and this script's helpers
 #   BENCH_NGINX_KEEPALIVE=1024  idle upstream connections nginx keeps (per worker)
+#   BENCH_ACCESS_LOG=1       access logs on for both, each to a file (memcgate's
+#                            default JSON lines; nginx's combined format with
+#                            buffer=64k flush=200ms), truncated before every run;
+#                            the results then go to no document unless BENCH_DOC says
 #   BENCH_DOC=docs/benchmarks.md  where the results go (default: none for BENCH_QUICK)
 #   BENCH_MAX_FOREIGN=10     a run is repeated (up to BENCH_RETRIES=3 times; the least
 #                            disturbed attempt is kept) when other
@@ -48,6 +52,8 @@ server_cpus=${BENCH_SERVER_CPUS:-0}
 memc_cpus=${BENCH_MEMCACHED_CPUS:-$server_cpus}
 load_cpus=${BENCH_LOAD_CPUS:-1}
 nginx_keepalive=${BENCH_NGINX_KEEPALIVE:-1024}
+access_log=${BENCH_ACCESS_LOG:-0}
+[ "$access_log" = 1 ] && d_doc= # the main table compares without access logs
 doc=${BENCH_DOC-$d_doc}
 wrk_timeout=${BENCH_WRK_TIMEOUT:-5s}
 max_foreign=${BENCH_MAX_FOREIGN:-10}
@@ -189,9 +195,14 @@ key0=$(head -1 "$work/keys.txt")
 # ---------------------------------------------------------------- nginx
 nginx_port=$(free_port)
 mkdir -p "$work/nginx/tmp"
+nginx_access=off gate_access=false gate_level=warn
+if [ "$access_log" = 1 ]; then
+  nginx_access="$work/nginx/access.log combined buffer=64k flush=200ms" gate_access=true gate_level=info
+fi
 sed -e "s|@PREFIX@|$work/nginx|g" -e "s|@HTTP_PORT@|$nginx_port|g" -e "s|@MEMC_PORT@|$memc_port|g" \
   -e "s|@WORKERS@|$server_n|g" -e "s|@WORKER_CONNECTIONS@|16384|g" -e "s|@NOFILE@|$(ulimit -n)|g" \
   -e "s|@KEEPALIVE@|$nginx_keepalive|g" -e "s|@KEEPALIVE_REQUESTS@|1000000|g" -e "s|@BACKLOG@|4096|g" \
+  -e "s|@ACCESS_LOG@|$nginx_access|g" \
   "$here/nginx.conf.in" >"$work/nginx/nginx.conf"
 nginx -t -q -p "$work/nginx" -e "$work/nginx/error.log" -c "$work/nginx/nginx.conf" ||
   die "nginx -t failed (see $work/nginx/error.log)"
@@ -213,10 +224,10 @@ pids+=("${wlist[@]}") # so that cleanup reaps them even if the master dies first
 gate_port=$(free_port)
 admin_port=$(free_port)
 taskset -c "$server_cpus" env GOMAXPROCS="$server_n" \
-  MEMCGATE_SERVERS="127.0.0.1:$memc_port" MEMCGATE_ACCESS_LOG=false \
+  MEMCGATE_SERVERS="127.0.0.1:$memc_port" MEMCGATE_ACCESS_LOG=$gate_access \
   MEMCGATE_LISTEN_ADDR="127.0.0.1:$gate_port" MEMCGATE_ADMIN_ADDR="127.0.0.1:$admin_port" \
-  MEMCGATE_DRAIN_DELAY=0s MEMCGATE_LOG_LEVEL=warn \
-  "$work/memcgate" >"$work/memcgate.log" 2>&1 &
+  MEMCGATE_DRAIN_DELAY=0s MEMCGATE_LOG_LEVEL=$gate_level \
+  "$work/memcgate" >>"$work/memcgate.log" 2>&1 & # appending, so that truncate works
 gate_pid=$!
 pids+=("$gate_pid")
 wait_port "$gate_port" "$gate_pid" memcgate
@@ -314,6 +325,8 @@ measure() {
   alive memcached "$memc_pid"
   alive nginx "$nginx_pid" "${wlist[@]}"
   alive memcgate "$gate_pid"
+  # Access logs grow by up to a GB a minute: keep only the current run's.
+  [ "$access_log" = 1 ] && truncate -s 0 "$work/memcgate.log" "$work/nginx/access.log"
   [ "$warmup" -gt 0 ] && run_bg /dev/null wrk_base "$t" "$wl" "$c" "$warmup"
   rm -f "$work/ready"
   "$bt" sample -memc "127.0.0.1:$memc_port" -target "${tpids[$t]}" -rss "${rpids[$t]}" \
@@ -426,7 +439,7 @@ memc_mod=$(dpkg-query -W -f '${Version}' libnginx-mod-http-memc 2>/dev/null || e
   echo
   echo "- Machine: $ncpu CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')), $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo), kernel $(uname -r), $(. /etc/os-release && echo "$PRETTY_NAME")"
   echo "- Versions: $(go version | awk '{ print $3 }'), $(nginx -v 2>&1 | sed 's/.*: //') with libnginx-mod-http-memc $memc_mod, $(memcached -V), $(wrk -v 2>&1 | head -1 | awk '{ print "wrk " $2 }'), ab $(ab -V | head -1 | awk '{ print $5 }'), memcgate $gate_build"
-  echo "- Settings: ${duration}s per run after ${warmup}s warm-up, $reps repeats per point interleaved memcgate/nginx, clients: $concs; servers on CPU $server_cpus (GOMAXPROCS=$server_n, worker_processes $server_n), memcached on CPU $memc_cpus (-t 1 -c 4096 -m 256), wrk/ab on CPU $load_cpus (wrk -t 1, --timeout $wrk_timeout); nginx upstream keepalive $nginx_keepalive; $nkeys keys of $keylen characters, $vallen-character values"
+  echo "- Settings: ${duration}s per run after ${warmup}s warm-up, $reps repeats per point interleaved memcgate/nginx, clients: $concs; servers on CPU $server_cpus (GOMAXPROCS=$server_n, worker_processes $server_n), memcached on CPU $memc_cpus (-t 1 -c 4096 -m 256), wrk/ab on CPU $load_cpus (wrk -t 1, --timeout $wrk_timeout); nginx upstream keepalive $nginx_keepalive; $nkeys keys of $keylen characters, $vallen-character values; access logs $([ "$access_log" = 1 ] && echo "on for both (memcgate JSON lines on stderr, nginx combined with buffer=64k flush=200ms, each to a file)" || echo "off for both")"
   echo "- memcached curr_connections with no gateway traffic (sampler only): $base_conns"
   echo "- Load average before the run: $load_before; wall time of the wrk+ab runs: $((elapsed / 60))m$((elapsed % 60))s"
   echo
