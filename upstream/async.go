@@ -102,7 +102,7 @@ func (a *asyncOp) got(mi *memcache.Item, err error) {
 	c, ctx, n, idx, start, key, done := a.c, a.ctx, a.n, a.idx, a.start, a.key, a.gotItem
 	c.putAsyncOp(a)
 	if err = n.account(opGet, start, err); err == nil {
-		done(Item{Key: key, Value: mi.Value, Flags: mi.Flags, CAS: mi.CasID}, nil)
+		done(itemOf(key, mi), nil)
 		return
 	}
 	if _, failed := nodeFailure(err); failed && c.opts.Failover != FailFast && c.opts.MaxAttempts > 1 && ctx.Err() == nil {
@@ -149,19 +149,4 @@ func (n *node) account(o op, start time.Time, err error) error {
 	n.count(o, start, err)
 	<-n.sem
 	return err
-}
-
-// get is Get after its attempt on node tried failed with err: it goes on
-// with the key's next nodes as Get would have.
-func (c *Cluster) get(ctx context.Context, key string, tried int, err error) (Item, error) {
-	sk, hk := c.keysFor(ctx, key)
-	var mi *memcache.Item
-	err = c.routeAfter(ctx, hk, false, tried, err, func(n *node, _ bool) (err error) {
-		mi, err = n.get(ctx, sk)
-		return err
-	})
-	if err != nil {
-		return Item{}, err
-	}
-	return Item{Key: key, Value: mi.Value, Flags: mi.Flags, CAS: mi.CasID}, nil
 }

@@ -104,7 +104,7 @@ func (c *Cluster) GetMulti(ctx context.Context, keys []string) (map[string]Item,
 				}
 				for sk, it := range items {
 					k := b.client[sk]
-					found[k] = Item{Key: k, Value: it.Value, Flags: it.Flags, CAS: it.CasID}
+					found[k] = itemOf(k, it)
 				}
 			})
 		}

@@ -364,16 +364,27 @@ const relativeExpiryMax = 60 * 60 * 24 * 30
 // Get reads one item. Its Value may be shared with other Gets of the same
 // key that were batched together: treat it as read-only.
 func (c *Cluster) Get(ctx context.Context, key string) (Item, error) {
+	return c.get(ctx, key, -1, nil)
+}
+
+// get is Get after a first attempt, on node tried, failed with a node
+// failure, err (GetAsync's retry); tried < 0 if there was none.
+func (c *Cluster) get(ctx context.Context, key string, tried int, err error) (Item, error) {
 	sk, hk := c.keysFor(ctx, key)
-	var it *memcache.Item
-	err := c.routeCall(ctx, hk, false, func(n *node, _ bool) (err error) {
-		it, err = n.get(ctx, sk)
+	var mi *memcache.Item
+	err = c.routeAfter(ctx, hk, false, tried, err, func(n *node, _ bool) (err error) {
+		mi, err = n.get(ctx, sk)
 		return err
 	})
 	if err != nil {
 		return Item{}, err
 	}
-	return Item{Key: key, Value: it.Value, Flags: it.Flags, CAS: it.CasID}, nil
+	return itemOf(key, mi), nil
+}
+
+// itemOf is a memcached item as Item, under the client's key.
+func itemOf(key string, mi *memcache.Item) Item {
+	return Item{Key: key, Value: mi.Value, Flags: mi.Flags, CAS: mi.CasID}
 }
 
 func (c *Cluster) store(ctx context.Context, o op, it Item, f func(dataClient, *memcache.Item) error) error {
