@@ -358,30 +358,22 @@ func (p *poller) work() {
 // not a goroutine per connection. (The runtime keeps every goroutine it
 // has ever run at once, for reuse: 2048 of them, 1.1 MB of descriptors
 // that every GC walks from then on, and their stacks.)
-func (p *poller) admit(c *conn) bool {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		return false
-	}
-	c.pf.fresh = true
-	n := p.spawnCappedLocked(p.queueLocked(c))
-	p.mu.Unlock()
-	for range n {
-		go p.work()
-	}
-	return true
-}
+func (p *poller) admit(c *conn) bool { return p.enqueue(c, true) }
 
 // requeue queues a connection whose detached response is done for a
 // worker, which resumes it as a parked connection whose request came,
 // and reports false once the poller is closed.
-func (p *poller) requeue(c *conn) bool {
+func (p *poller) requeue(c *conn) bool { return p.enqueue(c, false) }
+
+// enqueue queues c for a worker, as admit (fresh) or requeue, starting
+// workers as needed, and reports false once the poller is closed.
+func (p *poller) enqueue(c *conn, fresh bool) bool {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
 		return false
 	}
+	c.pf.fresh = fresh
 	n := p.spawnCappedLocked(p.queueLocked(c))
 	p.mu.Unlock()
 	for range n {

@@ -193,8 +193,8 @@ func (c *Client) GetAsync(key string, done func(*memcache.Item, error)) error {
 }
 
 // SetAsync is Set for a caller that does not wait, as GetAsync is for
-// Get (it never dials either): done gets Set's result. The item is encoded before SetAsync
-// returns; its Value is not kept.
+// Get (it never dials either): done gets Set's result. The item is
+// encoded before SetAsync returns; its Value is not kept.
 func (c *Client) SetAsync(it *memcache.Item, done func(error)) error {
 	if !legalKey(it.Key) {
 		return memcache.ErrMalformedKey
