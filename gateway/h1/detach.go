@@ -67,6 +67,10 @@ func (c *conn) writeSpill() {
 		}
 	}
 	c.spill = nil // it held a copy of a large or unread response: let it go
+	if c.spilled > 0 {
+		c.srv.Budget.Release(c.spilled)
+		c.spilled = 0
+	}
 	c.endDetached()
 }
 
@@ -126,6 +130,17 @@ func (c *conn) flushNonBlocking(bufs [][]byte) {
 			return
 		}
 		bufs[0] = bufs[0][n:]
+	}
+	n := 0
+	for _, b := range bufs {
+		n += len(b)
+	}
+	if bg := c.srv.Budget; bg != nil {
+		if err := bg.Acquire(int64(n)); err != nil {
+			c.werr = err // the response is cut short: the connection closes
+			return
+		}
+		c.spilled += int64(n)
 	}
 	for _, b := range bufs {
 		c.spill = append(c.spill, b...)

@@ -24,9 +24,10 @@ type inbuf struct {
 	nc   net.Conn        // read with Read when rc is nil, and named in errors
 	rc   syscall.RawConn // nil if nc offers none
 
-	buf  *[readBufSize]byte // nil while released
-	r, w int                // buf[r:w] is buffered
-	err  error              // a read error not yet returned
+	buf   *[readBufSize]byte // nil while released
+	r, w  int                // buf[r:w] is buffered
+	err   error              // a read error not yet returned
+	saved []byte             // what stash kept of buf[r:w] while parked; nil otherwise
 
 	// The raw read's target and result; rawRead is the method value
 	// passed to rc.Read, made once so that a read allocates nothing.
@@ -81,10 +82,35 @@ func (b *inbuf) release() {
 
 // free gives the buffer back to the pool, dropping what it holds.
 func (b *inbuf) free() {
+	b.saved = nil
 	if b.buf != nil {
 		b.pool.Put(b.buf)
 		b.buf, b.r, b.w = nil, 0, 0
 	}
+}
+
+// stash moves what is buffered into a slice of its own size and gives the
+// buffer back, so that a connection parked with part of a request head
+// holds the bytes it sent, not a whole buffer. unstash puts them back.
+func (b *inbuf) stash() {
+	if b.r == b.w || b.saved != nil {
+		return
+	}
+	b.saved = append([]byte(nil), b.buf[b.r:b.w]...)
+	b.pool.Put(b.buf)
+	b.buf, b.r, b.w = nil, 0, 0
+}
+
+// unstash undoes stash.
+func (b *inbuf) unstash() {
+	if b.saved == nil {
+		return
+	}
+	if b.buf == nil {
+		b.take()
+	}
+	b.r, b.w = 0, copy(b.buf[:], b.saved)
+	b.saved = nil
 }
 
 func (b *inbuf) take() {
@@ -214,13 +240,38 @@ func (b *inbuf) read(p []byte) (int, error) {
 // for the next call). Without a RawConn it reads nothing and reports
 // false.
 func (b *inbuf) poll() (empty bool) {
-	if b.rc == nil || b.r != b.w || b.err != nil {
+	if b.r != b.w {
+		return false
+	}
+	return b.tryFill()
+}
+
+// tryFill reads once what the socket holds into the buffer's free space,
+// without waiting, and reports whether the read would have blocked (a
+// read error is kept for readErr). It reads nothing and reports false
+// without a RawConn, with an error pending, or with a full buffer.
+func (b *inbuf) tryFill() (blocked bool) {
+	if b.rc == nil || b.err != nil || b.buf != nil && b.r == 0 && b.w == readBufSize {
 		return false
 	}
 	b.noWait, b.blocked = true, false
 	b.fill()
 	b.noWait = false
 	return b.blocked
+}
+
+// readNoWait reads once into p what the socket holds, without waiting,
+// after what is buffered; blocked says the socket had nothing. Without a
+// RawConn it reads as Read does.
+func (b *inbuf) readNoWait(p []byte) (n int, blocked bool, err error) {
+	if b.r != b.w || b.err != nil || b.rc == nil {
+		n, err = b.Read(p)
+		return n, false, err
+	}
+	b.noWait, b.blocked = true, false
+	n, err = b.read(p)
+	b.noWait = false
+	return n, b.blocked, err
 }
 
 // readFD is the raw read: it reports false, to wait for the socket to

@@ -32,10 +32,18 @@ import (
 //     ready first, the poller serves connections in the order their
 //     requests arrived.
 //
-// Ownership of a connection: while its state is stateParked it belongs
-// to the poller. wake (the event) or a close (closeIdle, Close, the idle
-// timeout) takes it from there with a compare-and-swap on the state, to
-// stateIdle (queued for a worker) or stateClosed (whoever swapped
+// Connections also wait here in the middle of a request, so that a
+// client that is slow to send, or sends nothing, holds no worker: a new
+// connection until its first bytes come, and one with part of a head or
+// of a body until the rest comes. Those are parked with a deadline (the
+// header or read timeout) in a heap of their own, and closed when it
+// passes.
+//
+// Ownership of a connection: while its state is stateParked (idle) or
+// stateReading (mid-request) it belongs to the poller. wake (the event)
+// or a close (closeIdle for idle ones, Close, a timeout) takes it from
+// there with a compare-and-swap on the state, to the state a worker
+// resumes it in (queued for a worker) or stateClosed (whoever swapped
 // finishes it).
 type poller struct {
 	epfd int
@@ -48,7 +56,8 @@ type poller struct {
 	conns     map[int32]*conn // registered connections, by descriptor
 	oldest    *conn           // parked connections, oldest first (pf.older, pf.newer)
 	newest    *conn
-	head      *conn // ready connections, in arrival order (pf.next)
+	reading   []*conn // connections parked mid-request, a min-heap by pf.deadline
+	head      *conn   // ready connections, in arrival order (pf.next)
 	tail      *conn
 	queued    int           // connections in the queue
 	taken     uint64        // connections taken from the queue, ever
@@ -59,6 +68,7 @@ type poller struct {
 	abandoned atomic.Bool   // abandon closed it: epoll failed (Detach then declines)
 	closeOnce sync.Once     // closes file
 	workers   sync.WaitGroup
+	armed     time.Time // the deadline file has now; zero: none
 
 	stall      *time.Timer // runs checkStall while the queue is not empty
 	stallArmed bool
@@ -78,6 +88,11 @@ type pollFields struct {
 	parkedAt     time.Time
 	older, newer *conn // the parked list
 	next         *conn // the ready queue
+	// Parked mid-request (parkReading): where in reading, the deadline
+	// (zero: none) and the state a worker resumes it in.
+	hidx     int // index in the reading heap; -1 when not in it
+	deadline time.Time
+	resumeIn int32
 }
 
 // idleWorker is a worker waiting in take for a ready connection.
@@ -198,6 +213,13 @@ func (p *poller) abandon() {
 			parked = append(parked, c)
 		}
 	}
+	for len(p.reading) > 0 {
+		c := p.reading[0]
+		p.unheapLocked(c)
+		if c.state.CompareAndSwap(stateReading, stateClosed) {
+			parked = append(parked, c)
+		}
+	}
 	p.mu.Unlock()
 	p.stall.Stop()
 	for _, c := range parked {
@@ -244,6 +266,11 @@ func (p *poller) wakeLocked(fd int32, events uint32) int {
 		// A read may take the FIN along with the last data and not
 		// report it; no event would follow.
 		c.pf.hup = true
+	}
+	if c.state.CompareAndSwap(stateReading, c.pf.resumeIn) {
+		p.unheapLocked(c)
+		c.pf.fresh = c.pf.resumeIn == stateNew
+		return p.queueLocked(c)
 	}
 	if !c.state.CompareAndSwap(stateParked, stateIdle) {
 		c.pf.readable = true // active or queued; or being closed, which needs nothing
@@ -424,6 +451,30 @@ func (p *poller) park(c *conn) int {
 	if p.closed {
 		return notParked
 	}
+	if res := p.readyLocked(c); res != parked {
+		return res
+	}
+	if !c.state.CompareAndSwap(stateIdle, stateParked) {
+		return notParked // closed by closeIdle meanwhile
+	}
+	pf := &c.pf
+	pf.parkedAt = time.Now()
+	pf.older, pf.newer = p.newest, nil
+	if p.newest != nil {
+		p.newest.pf.newer = c
+	} else {
+		p.oldest = c
+		if p.idle > 0 {
+			p.armLocked(pf.parkedAt.Add(p.idle))
+		}
+	}
+	p.newest = c
+	return parked
+}
+
+// readyLocked registers c if it is not yet, and reports whether it may
+// park: parked if so, else readable or notParked as park reports them.
+func (p *poller) readyLocked(c *conn) int {
 	pf := &c.pf
 	if !pf.registered {
 		var err error
@@ -438,6 +489,7 @@ func (p *poller) park(c *conn) int {
 		// Registering reports data already there at once, as an event
 		// that finds the connection parked.
 		pf.registered = true
+		pf.hidx = -1
 		p.conns[pf.fd] = c
 	}
 	// Edge-triggered: the event that woke the connection was its last
@@ -451,21 +503,111 @@ func (p *poller) park(c *conn) int {
 		pf.readable = false
 		return readable
 	}
-	if !c.state.CompareAndSwap(stateIdle, stateParked) {
-		return notParked // closed by closeIdle meanwhile
-	}
-	pf.parkedAt = time.Now()
-	pf.older, pf.newer = p.newest, nil
-	if p.newest != nil {
-		p.newest.pf.newer = c
-	} else {
-		p.oldest = c
-		if p.idle > 0 {
-			p.file.SetReadDeadline(pf.parkedAt.Add(p.idle))
-		}
-	}
-	p.newest = c
 	return parked
+}
+
+// parkReading takes c, which waits for more of its request with nothing
+// left to read, from its goroutine until the request's bytes come or
+// deadline passes (zero: never), when it is closed; from is its state
+// (stateNew or stateActive), which a worker resumes it in. It returns
+// park's results.
+func (p *poller) parkReading(c *conn, from int32, deadline time.Time) int {
+	if c.in.rc == nil {
+		return notParked
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return notParked
+	}
+	if res := p.readyLocked(c); res != parked {
+		return res
+	}
+	if !c.state.CompareAndSwap(from, stateReading) {
+		return notParked // closed meanwhile
+	}
+	pf := &c.pf
+	pf.deadline, pf.resumeIn = deadline, from
+	p.heapPushLocked(c)
+	if !deadline.IsZero() {
+		p.armLocked(deadline)
+	}
+	return parked
+}
+
+// armLocked makes sure the poller wakes by t to expire what is due.
+func (p *poller) armLocked(t time.Time) {
+	if p.armed.IsZero() || t.Before(p.armed) {
+		p.armed = t
+		p.file.SetReadDeadline(t)
+	}
+}
+
+// before orders the reading heap: by deadline, none last.
+func before(a, b *conn) bool {
+	da, db := a.pf.deadline, b.pf.deadline
+	return !da.IsZero() && (db.IsZero() || da.Before(db))
+}
+
+func (p *poller) heapPushLocked(c *conn) {
+	c.pf.hidx = len(p.reading)
+	p.reading = append(p.reading, c)
+	p.heapUpLocked(c.pf.hidx)
+}
+
+// unheapLocked takes c out of the reading heap, if it is in it.
+func (p *poller) unheapLocked(c *conn) {
+	i := c.pf.hidx
+	if i < 0 || i >= len(p.reading) || p.reading[i] != c {
+		return
+	}
+	last := len(p.reading) - 1
+	p.heapSwapLocked(i, last)
+	p.reading[last] = nil
+	p.reading = p.reading[:last]
+	c.pf.hidx = -1
+	if i < last {
+		p.heapDownLocked(i)
+		p.heapUpLocked(i)
+	}
+	if len(p.reading) == 0 && cap(p.reading) > 1024 {
+		p.reading = nil // a flood of new connections is over: let its array go
+	}
+}
+
+func (p *poller) heapSwapLocked(i, j int) {
+	h := p.reading
+	h[i], h[j] = h[j], h[i]
+	h[i].pf.hidx, h[j].pf.hidx = i, j
+}
+
+func (p *poller) heapUpLocked(i int) {
+	for i > 0 {
+		parent := (i - 1) / 2
+		if !before(p.reading[i], p.reading[parent]) {
+			return
+		}
+		p.heapSwapLocked(i, parent)
+		i = parent
+	}
+}
+
+func (p *poller) heapDownLocked(i int) {
+	n := len(p.reading)
+	for {
+		least, l, r := i, 2*i+1, 2*i+2
+		if l < n && before(p.reading[l], p.reading[least]) {
+			least = l
+		}
+		if r < n && before(p.reading[r], p.reading[least]) {
+			least = r
+		}
+		if least == i {
+			return
+		}
+		p.heapSwapLocked(i, least)
+		i = least
+	}
 }
 
 // unparkLocked takes c off the parked list.
@@ -495,6 +637,7 @@ func (p *poller) forget(c *conn) {
 		return
 	}
 	p.unparkLocked(c)
+	p.unheapLocked(c)
 	if p.conns[pf.fd] == c {
 		delete(p.conns, pf.fd)
 	}
@@ -518,10 +661,26 @@ func (p *poller) expire(now time.Time) {
 			expired = append(expired, c)
 		}
 	}
+	for len(p.reading) > 0 {
+		c := p.reading[0]
+		if d := c.pf.deadline; d.IsZero() || d.After(now) {
+			break
+		}
+		p.unheapLocked(c)
+		if c.state.CompareAndSwap(stateReading, stateClosed) {
+			expired = append(expired, c)
+		}
+	}
 	var next time.Time
 	if p.oldest != nil && p.idle > 0 {
 		next = p.oldest.pf.parkedAt.Add(p.idle)
 	}
+	if len(p.reading) > 0 {
+		if d := p.reading[0].pf.deadline; !d.IsZero() && (next.IsZero() || d.Before(next)) {
+			next = d
+		}
+	}
+	p.armed = next
 	p.file.SetReadDeadline(next) // under mu, or a park in between could lose its deadline
 	p.mu.Unlock()
 	for _, c := range expired {

@@ -2,42 +2,197 @@ package h1
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // maxDiscard is how much of an unread request body is read and dropped
 // to keep the connection (net/http's maxPostHandlerReadBytes).
 const maxDiscard = 256 << 10
 
-// readRequest waits until c.in holds a complete request head and parses
-// it without consuming it. It returns the request and the head's length;
-// or nil and handOver when the request is not for the fast path (the
-// connection goes to Fallback, which answers malformed requests) or the
-// connection must be closed (!handOver).
-func (c *conn) readRequest() (req *http.Request, n int, handOver bool) {
+// readHead waits until c.in holds a complete request head and parses it
+// without consuming it. It returns the request and the head's length;
+// or readEnded once the connection is handed over (the request is not
+// for the fast path: Fallback answers malformed requests), answered or
+// closed; or readParked when it waits in the poller for the rest of the
+// head, up to the header timeout.
+func (c *conn) readHead(first bool) (req *http.Request, n int, res readResult) {
+	s := c.srv
 	for {
 		buf := c.in.bytes()
 		n, lines, fast := scanHead(buf)
 		if !fast {
-			return nil, 0, true
+			c.handover()
+			return nil, 0, readEnded
 		}
 		if n > 0 {
-			req := c.newRequest(buf[:n], lines)
-			return req, n, req == nil
+			req, err := c.newRequest(buf[:n], lines)
+			switch {
+			case err != nil:
+				c.refuse(err)
+				return nil, 0, readEnded
+			case req == nil:
+				c.handover()
+				return nil, 0, readEnded
+			}
+			return req, n, readOK
 		}
 		if len(buf) == c.in.Size() {
-			return nil, 0, true // Fallback applies MaxHeaderBytes
+			c.handover() // Fallback applies MaxHeaderBytes
+			return nil, 0, readEnded
 		}
-		if _, err := c.in.Peek(len(buf) + 1); err != nil {
-			// net/http answers a head cut short by the client's EOF,
-			// but says nothing on a timeout or a reset.
-			return nil, 0, err == io.EOF && c.in.Buffered() > 0
+		c.phase = phaseHead
+		if c.waitMore(c.deadline(orRead(s.ReadHeaderTimeout, s.ReadTimeout))) {
+			return nil, 0, readParked
+		}
+		if err := c.in.readErr(); err != nil {
+			// net/http answers a head cut short by the client's EOF
+			// (after the 4 bytes it waits for between requests), but
+			// says nothing on a timeout or a reset.
+			if b := c.in.Buffered(); err == io.EOF && b > 0 && (c.reqFirst || b >= 4) {
+				c.handover()
+			} else {
+				c.close()
+			}
+			return nil, 0, readEnded
 		}
 	}
+}
+
+// readsAhead reports whether req's body is to be read whole before its
+// handler runs: it is not all buffered yet, the connection can wait in
+// the poller, and the handler takes that much (Server.BodyLimit).
+func (c *conn) readsAhead(req *http.Request) bool {
+	s := c.srv
+	return s.BodyLimit != nil && c.canPark() && req.ContentLength > int64(c.in.Buffered()) &&
+		req.ContentLength <= s.BodyLimit(req)
+}
+
+// aheadChunk is the first allocation for a body read ahead: it then
+// doubles as the body's bytes come, so that memory follows what the
+// client sent, not what its Content-Length says.
+const aheadChunk = 16 << 10
+
+// readAhead reads c.ahead's body into c.abuf as it arrives, with the
+// connection parked (up to the read timeout) while none is there, and
+// returns the request once the body is whole. The bytes are held against
+// Server.Budget; if it refuses them, or the client stops early, the
+// handler gets the request with a body that fails with that error.
+func (c *conn) readAhead() (*http.Request, readResult) {
+	s := c.srv
+	req := c.ahead
+	b := req.Body.(*body)
+	cl := int(req.ContentLength)
+	for len(c.abuf) < cl {
+		if len(c.abuf) == cap(c.abuf) {
+			size := min(cl, max(2*cap(c.abuf), aheadChunk, c.in.Buffered()))
+			if err := c.growAhead(size); err != nil {
+				return c.endAhead(b, err)
+			}
+		}
+		if k := c.in.Buffered(); k > 0 { // the body's start, read with the head
+			k = min(k, cap(c.abuf)-len(c.abuf))
+			c.abuf = append(c.abuf, c.in.bytes()[:k]...)
+			c.in.Discard(k)
+			continue
+		}
+		c.in.release()
+		n, blocked, err := c.in.readNoWait(c.abuf[len(c.abuf):cap(c.abuf)])
+		c.abuf = c.abuf[:len(c.abuf)+n]
+		switch {
+		case err == io.EOF:
+			return c.endAhead(b, io.ErrUnexpectedEOF)
+		case err != nil:
+			return c.endAhead(b, err)
+		case !blocked:
+			continue
+		}
+		if c.readDL {
+			c.setReadTimeout(0) // the poller keeps the deadline while parked
+		}
+		switch s.poller.parkReading(c, stateActive, c.deadline(s.ReadTimeout)) {
+		case parked:
+			return nil, readParked
+		case notParked:
+			// The poller is closing: wait in reads from here.
+			c.setDeadline(c.deadline(s.ReadTimeout))
+			n, err := c.in.Read(c.abuf[len(c.abuf):cap(c.abuf)])
+			c.abuf = c.abuf[:len(c.abuf)+n]
+			if err != nil {
+				if err == io.EOF {
+					err = io.ErrUnexpectedEOF
+				}
+				return c.endAhead(b, err)
+			}
+		}
+	}
+	return c.endAhead(b, nil)
+}
+
+// growAhead grows c.abuf to size bytes, holding them against the budget.
+func (c *conn) growAhead(size int) error {
+	more := int64(size - cap(c.abuf))
+	if bg := c.srv.Budget; bg != nil {
+		if err := bg.Acquire(more); err != nil {
+			return err
+		}
+		c.aheld += more
+	}
+	c.abuf = append(make([]byte, 0, size), c.abuf...)
+	return nil
+}
+
+// endAhead hands b the body read ahead, or the error that cut it short,
+// and returns its request to serve. The body then reads from memory.
+func (c *conn) endAhead(b *body, err error) (*http.Request, readResult) {
+	req := c.ahead
+	c.ahead, c.phase = nil, phaseIdle
+	c.in.release()
+	if c.readDL {
+		c.setReadTimeout(0)
+	}
+	// After an error the connection's place in the stream is lost: the
+	// body fails once its bytes are read, and the connection closes
+	// after the response.
+	b.ahead, b.err = c.abuf, err
+	return req, readOK
+}
+
+// dropAhead lets go of a body read ahead and of its budget.
+func (c *conn) dropAhead() {
+	if c.aheld > 0 {
+		c.srv.Budget.Release(c.aheld)
+		c.aheld = 0
+	}
+	c.abuf = nil
+}
+
+// errBothLengths refuses a request that says both how long its body is
+// and that it is chunked: RFC 9112 §6.3 lets a server process it as
+// chunked if it then closes the connection, but such a request is how
+// requests are smuggled past a proxy that reads the other length, so it
+// is refused, as nginx does.
+var errBothLengths = errors.New("h1: request has both Content-Length and Transfer-Encoding")
+
+// badRequest is net/http's answer to a request it cannot read, which the
+// fast path gives to the requests it refuses itself.
+const badRequest = "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"
+
+// refuse answers a request newRequest refused with 400 and closes the
+// connection, reading for a while what the client still sends so that
+// it gets the answer.
+func (c *conn) refuse(error) {
+	if d := c.srv.WriteTimeout; d > 0 {
+		c.rwc.SetWriteDeadline(time.Now().Add(d))
+	}
+	io.WriteString(c.rwc, badRequest)
+	c.lingerClose()
+	c.close()
 }
 
 // scanHead checks the head at the start of b, line by line, against the
@@ -122,21 +277,23 @@ func allIn[T string | []byte](s T, extra string) bool {
 }
 
 // newRequest builds the request of a head that passed scanHead, as
-// net/http would, or returns nil if the request is not for the fast path.
-// Every string of the request shares one copy of the head.
-func (c *conn) newRequest(head []byte, lines int) *http.Request {
+// net/http would, or returns nil if the request is not for the fast path,
+// or errBothLengths for a request the fast path refuses. Every string of
+// the request shares one copy of the head.
+func (c *conn) newRequest(head []byte, lines int) (*http.Request, error) {
 	s := string(head)
 	eol := strings.Index(s, "\r\n")
 	method, rest, _ := strings.Cut(s[:eol], " ")
 	target, proto, _ := strings.Cut(rest, " ")
 	u, err := url.ParseRequestURI(target)
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	h := make(http.Header, lines)
 	var strs []string // one-value slices for h, as textproto does
 	var host, clen, connection string
 	var hosts, clens, conns int
+	handOver := false
 	for p := eol + 2; ; {
 		e := strings.Index(s[p:], "\r\n")
 		line := s[p : p+e]
@@ -158,7 +315,8 @@ func (c *conn) newRequest(head []byte, lines int) *http.Request {
 			conns++
 			connection = v
 		case "Transfer-Encoding", "Expect", "Upgrade":
-			return nil
+			// Fallback's, unless Content-Length comes too (see below).
+			handOver = true
 		}
 		if vv, ok := h[k]; ok {
 			h[k] = append(vv, v)
@@ -171,18 +329,21 @@ func (c *conn) newRequest(head []byte, lines int) *http.Request {
 			h[k] = vv
 		}
 	}
+	if clens > 0 && h["Transfer-Encoding"] != nil {
+		return nil, errBothLengths
+	}
 	is11 := proto == "HTTP/1.1"
-	if hosts > 1 || is11 && hosts == 0 || !allIn(host, "-._:[]") || clens > 1 || conns > 1 {
-		return nil
+	if handOver || hosts > 1 || is11 && hosts == 0 || !allIn(host, "-._:[]") || clens > 1 || conns > 1 {
+		return nil, nil
 	}
 	isClose, isKeepAlive := asciiEqualFold(connection, "close"), asciiEqualFold(connection, "keep-alive")
 	if conns == 1 && !isClose && !isKeepAlive {
-		return nil // leave token lists and upgrades to net/http
+		return nil, nil // leave token lists and upgrades to net/http
 	}
 	var cl int64
 	if clens == 1 {
 		if cl = parseLength(clen); cl < 0 {
-			return nil
+			return nil, nil
 		}
 	}
 	if hp := h["Pragma"]; len(hp) > 0 && hp[0] == "no-cache" { // as net/http
@@ -213,7 +374,7 @@ func (c *conn) newRequest(head []byte, lines int) *http.Request {
 	if nc := c.srv.NewContext; nc != nil {
 		ctx = nc(ctx)
 	}
-	return r.WithContext(ctx)
+	return r.WithContext(ctx), nil
 }
 
 // canonicalKey returns k in canonical form, without allocating when it
@@ -245,14 +406,16 @@ func parseLength(s string) int64 {
 // net/http does not fold those.
 func asciiEqualFold(s, t string) bool { return len(s) == len(t) && strings.EqualFold(s, t) }
 
-// body is a fast-path request body: the next n bytes of the connection.
-// Like net/http's, it returns io.EOF with its last bytes,
-// io.ErrUnexpectedEOF if the client stops early, and
+// body is a fast-path request body: the next n bytes of the connection,
+// or of what readAhead read of them. Like net/http's, it returns io.EOF
+// with its last bytes, io.ErrUnexpectedEOF if the client stops early, and
 // http.ErrBodyReadAfterClose after Close. It is not safe for concurrent
 // use.
 type body struct {
 	c      *conn // reads from c.in, and releases its buffer at the body's end
 	n      int64 // bytes not yet read
+	ahead  []byte
+	err    error // what cut the read ahead short, after the bytes in ahead
 	sawEOF bool
 	closed bool
 	early  bool // closed before its end: the connection cannot be reused
@@ -271,11 +434,22 @@ func (b *body) Read(p []byte) (int, error) {
 	if int64(len(p)) > b.n {
 		p = p[:b.n]
 	}
-	n, err := b.c.in.Read(p)
+	var n int
+	var err error
+	switch {
+	case len(b.ahead) > 0:
+		n = copy(p, b.ahead)
+		b.ahead = b.ahead[n:]
+	case b.err != nil:
+		b.sawEOF = true
+		return 0, b.err
+	default:
+		n, err = b.c.in.Read(p)
+	}
 	b.n -= int64(n)
 	if b.n == 0 {
 		b.sawEOF = true
-		b.c.in.release()
+		b.done()
 		return n, io.EOF
 	}
 	if err == io.EOF { // net/http then reports io.EOF, and keeps the connection
@@ -283,6 +457,15 @@ func (b *body) Read(p []byte) (int, error) {
 		err = io.ErrUnexpectedEOF
 	}
 	return n, err
+}
+
+// done lets go of the connection's buffers once the body is read.
+func (b *body) done() {
+	b.c.in.release()
+	if b.ahead != nil || b.err != nil {
+		b.ahead = nil
+		b.c.dropAhead()
+	}
 }
 
 // Close implements io.Closer as net/http's server does: it reads and
@@ -305,7 +488,10 @@ func (b *body) Close() error {
 
 // discard reads and drops the rest of the body.
 func (b *body) discard() error {
-	if b.n > 0 && !b.sawEOF {
+	if b.err != nil {
+		return b.err // the connection's place in the stream is lost
+	}
+	if b.n > 0 && !b.sawEOF && b.ahead == nil {
 		d, err := b.c.in.Discard(int(b.n))
 		b.n -= int64(d)
 		if err == io.EOF {
@@ -316,6 +502,6 @@ func (b *body) discard() error {
 		}
 	}
 	b.sawEOF = true
-	b.c.in.release()
+	b.done()
 	return nil
 }

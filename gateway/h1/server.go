@@ -94,6 +94,23 @@ type Server struct {
 	// have it made here and find it in the request instead.
 	NewContext func(parent context.Context) context.Context
 
+	// BodyLimit, if not nil, says how much of a request's body its
+	// handler reads (it is called once the head is read, for requests
+	// with a Content-Length body). A body of at most that many bytes
+	// that has not all arrived with its head is read whole before the
+	// handler runs, as it arrives, with the connection waiting in the
+	// poller and not on a worker, up to ReadTimeout; the handler then
+	// reads it from memory. Nil, or a larger body: the handler reads it
+	// from the connection, as net/http's does.
+	BodyLimit func(r *http.Request) int64
+
+	// Budget, if not nil, holds the bytes of bodies read ahead of their
+	// handler and of responses a slow client has not taken yet. A body
+	// it refuses fails the handler's read with its error (the connection
+	// closes after the response); a response whose rest it refuses is
+	// cut short and the connection closed.
+	Budget Budget
+
 	readers      sync.Pool // of *[readBufSize]byte, for conn.in
 	writers      sync.Pool // of *outbuf, for conn.hbuf and conn.wbuf
 	inShutdown   atomic.Bool
@@ -115,6 +132,16 @@ const (
 	newConnGrace    = 5 * time.Second // a silent new conn counts as idle after this, as in net/http
 	lingerTime      = 500 * time.Millisecond
 )
+
+// Budget bounds bytes held for clients (Server.Budget).
+// *budget.Budget implements it.
+type Budget interface {
+	// Acquire holds n more bytes, or returns an error if that would
+	// pass the limit.
+	Acquire(n int64) error
+	// Release gives back n bytes Acquire held.
+	Release(n int64)
+}
 
 // errConfig is returned by Serve for a Server that cannot run.
 var errConfig = errors.New("h1: Server needs a Handler and a Fallback")
@@ -175,10 +202,38 @@ func (s *Server) Serve(ln net.Listener) error {
 			rw.Close()
 			return http.ErrServerClosed
 		}
-		if p := s.poller; p == nil || !p.admit(c) {
+		if !s.admit(c) {
 			go c.serve()
 		}
 	}
+}
+
+// admit hands a new connection to the poller and reports whether it
+// did. What has arrived is read without waiting: a connection with
+// something to serve (or an error to report) is queued for a worker, one
+// that has sent nothing yet waits in the poller, holding no goroutine
+// and no buffer, until its first bytes come or the header timeout
+// passes. So connections that send nothing, however many, never hold
+// up the ones that do.
+func (s *Server) admit(c *conn) bool {
+	p := s.poller
+	if p == nil {
+		return false
+	}
+	if c.in.tryFill() {
+		hdr := orRead(s.ReadHeaderTimeout, s.ReadTimeout)
+		var deadline time.Time
+		if hdr > 0 {
+			deadline = c.created.Add(hdr)
+		}
+		switch p.parkReading(c, stateNew, deadline) {
+		case parked:
+			return true
+		case notParked:
+			return false
+		}
+	}
+	return p.admit(c)
 }
 
 // Shutdown stops the server gracefully: it closes the listeners and the
@@ -361,6 +416,7 @@ const (
 	stateIdle
 	stateActive
 	stateParked
+	stateReading // parked mid-request (poller.parkReading)
 	stateClosed
 )
 
@@ -396,6 +452,15 @@ type conn struct {
 	lastPOST bool       // the last request was a POST: skip up to 4 stray CR/LF
 	pf       pollFields // the poller's, guarded by its mutex
 
+	// The request being read (readNext).
+	phase    uint8
+	reqFirst bool          // it is the connection's first
+	headAt   time.Time     // when it began: its header and read timeouts count from here
+	ahead    *http.Request // phaseBody: the request whose body is read ahead
+	abuf     []byte        // the body read ahead so far
+	aheld    int64         // bytes of Server.Budget held for abuf
+	spilled  int64         // bytes of Server.Budget held for spill
+
 	// A detached response (detach.go). detached is the connection's
 	// goroutine's; the others are finish's until the request ends.
 	detached    bool         // the running handler detached its response
@@ -426,7 +491,7 @@ func (c *conn) headBuffered() bool {
 }
 
 func (c *conn) close() {
-	if c.state.Swap(stateClosed) == stateParked {
+	if st := c.state.Swap(stateClosed); st == stateParked || st == stateReading {
 		c.closeParked()
 		return
 	}
@@ -475,89 +540,41 @@ func (c *conn) finish() {
 	delete(s.conns, c)
 	s.mu.Unlock()
 	c.in.free()
+	c.dropAhead()
 	if c.pf.registered {
 		s.poller.forget(c)
 	}
 }
 
+// Where a connection is in reading its next request, for the worker that
+// resumes it after it was parked mid-request.
+const (
+	phaseIdle uint8 = iota // between requests
+	phaseHead              // part of a request head is buffered (stashed while parked)
+	phaseBody              // c.ahead's head is read and its body is being read ahead
+)
+
+// readNext results.
+type readResult uint8
+
+const (
+	readOK     readResult = iota // a request to serve
+	readParked                   // parked: the goroutine must let go of the connection
+	readEnded                    // closed or handed over
+)
+
 // loop serves requests until the connection is closed or handed over,
 // or until it is parked, which it reports. It starts with the first
-// request, or with a resumed connection, which is idle.
+// request, or with a resumed connection: idle, or parked mid-request.
 func (c *conn) loop(first bool) (parked bool) {
 	s := c.srv
-	hdrTimeout := orRead(s.ReadHeaderTimeout, s.ReadTimeout)
-	resumed := !first
-	for ; ; first = false {
-		idle := c.in.Buffered() == 0
-		peek := 4 // as net/http, which closes silently on less between requests
-		if first {
-			peek = 1
-		}
-		if idle && !first {
-			if !resumed {
-				c.state.Store(stateIdle)
-			}
-			if !s.keepAlives() { // Shutdown or SetKeepAlivesEnabled may have missed us
-				c.close()
-				return false
-			}
-			if c.awaitRequest(resumed) {
-				return true
-			}
-			resumed = false
-			if c.in.Buffered() < peek {
-				// The Peek below waits for the request.
-				c.setReadTimeout(orRead(s.IdleTimeout, s.ReadTimeout))
-			}
-		}
-		if !idle && !first && !c.headBuffered() {
-			// A pipelined request, not all here yet: the Peek may wait.
-			c.setReadTimeout(hdrTimeout)
-		}
-		// An idle connection waits here without a read buffer (see inbuf).
-		if _, err := c.in.Peek(peek); err != nil {
-			c.close()
+	for resumed := !first; ; first, resumed = false, false {
+		req, res := c.readNext(first, resumed)
+		switch res {
+		case readParked:
+			return true
+		case readEnded:
 			return false
-		}
-		if (idle || resumed) && !c.state.CompareAndSwap(stateIdle, stateActive) && !c.state.CompareAndSwap(stateNew, stateActive) {
-			return false // closed by closeIdle
-		}
-		resumed = false
-		// Deadlines cost a runtime timer update each, so the header and
-		// read timeouts are armed only when a read may wait: a head not
-		// yet complete in the buffer, or a body not yet buffered. A request
-		// that arrived whole (the usual case) costs no read deadline but
-		// the idle one.
-		if idle && !first && !c.headBuffered() {
-			c.setReadTimeout(hdrTimeout)
-		}
-		if c.lastPOST { // net/http's tolerance of old clients' CRLF after a POST body
-			b, _ := c.in.Peek(min(4, c.in.Buffered()))
-			n := 0
-			for n < len(b) && (b[n] == '\r' || b[n] == '\n') {
-				n++
-			}
-			c.in.Discard(n)
-		}
-		req, n, ok := c.readRequest()
-		if req == nil {
-			if ok {
-				c.handover()
-			} else {
-				c.close()
-			}
-			return false
-		}
-		c.in.Discard(n)
-		if req.Body == http.NoBody {
-			// The request is read: the buffer is free while the handler
-			// waits on memcached, as is most of the time with thousands
-			// of clients.
-			c.in.release()
-		}
-		c.lastPOST = req.Method == "POST"
-		if req.Body != http.NoBody && req.ContentLength > int64(c.in.Buffered()) {
-			c.setReadTimeout(s.ReadTimeout) // zero clears the header deadline, as net/http
 		}
 		if s.WriteTimeout > 0 {
 			c.rwc.SetWriteDeadline(time.Now().Add(s.WriteTimeout))
@@ -583,6 +600,116 @@ func (c *conn) loop(first bool) (parked bool) {
 		}
 	}
 }
+
+// readNext reads the connection's next request: its head and, when its
+// handler takes the whole body (Server.BodyLimit), the body too. Where it
+// would wait for the client and the connection can park, it parks it
+// instead, and a worker resumes it here when more comes.
+func (c *conn) readNext(first, resumed bool) (*http.Request, readResult) {
+	s := c.srv
+	switch c.phase {
+	case phaseBody:
+		return c.readAhead()
+	case phaseHead:
+		c.in.unstash()
+	default:
+		if res := c.startRequest(first, resumed); res != readOK {
+			return nil, res
+		}
+	}
+	req, n, res := c.readHead(first)
+	if res != readOK {
+		return nil, res
+	}
+	c.in.Discard(n)
+	c.phase = phaseIdle
+	c.lastPOST = req.Method == "POST"
+	if req.Body == http.NoBody {
+		// The request is read: the buffer is free while the handler
+		// waits on memcached, as is most of the time with thousands
+		// of clients.
+		c.in.release()
+		return req, readOK
+	}
+	if c.readsAhead(req) {
+		c.ahead, c.phase = req, phaseBody
+		return c.readAhead()
+	}
+	if req.ContentLength > int64(c.in.Buffered()) {
+		c.setReadTimeout(s.ReadTimeout) // zero clears the header deadline, as net/http
+	}
+	return req, readOK
+}
+
+// startRequest waits, between requests, until the next request begins,
+// and makes the connection active. A connection that can park waits in
+// the poller (awaitRequest); else, or when a resumed one finds fewer
+// bytes than it needs, in a read.
+func (c *conn) startRequest(first, resumed bool) readResult {
+	s := c.srv
+	hdrTimeout := orRead(s.ReadHeaderTimeout, s.ReadTimeout)
+	idle := c.in.Buffered() == 0
+	peek := 4 // as net/http, which closes silently on less between requests
+	if first {
+		peek = 1
+	}
+	if idle && !first {
+		if !resumed {
+			c.state.Store(stateIdle)
+		}
+		if !s.keepAlives() { // Shutdown or SetKeepAlivesEnabled may have missed us
+			c.close()
+			return readEnded
+		}
+		if c.awaitRequest(resumed) {
+			return readParked
+		}
+		if c.in.Buffered() > 0 && c.canPark() {
+			// The request has begun: whatever else its head needs
+			// is waited for in the poller, up to the header timeout.
+			peek = 1
+		} else if c.in.Buffered() < peek {
+			// The Peek below waits for the request.
+			c.setReadTimeout(orRead(s.IdleTimeout, s.ReadTimeout))
+		}
+	}
+	if !idle && !first && !c.headBuffered() {
+		// A pipelined request, not all here yet: the Peek may wait.
+		c.setReadTimeout(hdrTimeout)
+	}
+	// An idle connection waits here without a read buffer (see inbuf).
+	if _, err := c.in.Peek(peek); err != nil {
+		c.close()
+		return readEnded
+	}
+	if !c.state.CompareAndSwap(stateIdle, stateActive) && !c.state.CompareAndSwap(stateNew, stateActive) && c.state.Load() != stateActive {
+		return readEnded // closed by closeIdle
+	}
+	// Deadlines cost a runtime timer update each, so the header and
+	// read timeouts are armed only when a read may wait: a head not
+	// yet complete in the buffer, or a body not yet buffered. A request
+	// that arrived whole (the usual case) costs no read deadline but
+	// the idle one.
+	c.headAt = time.Now()
+	if first {
+		c.headAt = c.created
+	} else if idle && !c.headBuffered() {
+		c.setReadTimeout(hdrTimeout)
+	}
+	if c.lastPOST { // net/http's tolerance of old clients' CRLF after a POST body
+		b, _ := c.in.Peek(min(4, c.in.Buffered()))
+		n := 0
+		for n < len(b) && (b[n] == '\r' || b[n] == '\n') {
+			n++
+		}
+		c.in.Discard(n)
+	}
+	c.reqFirst = first
+	return readOK
+}
+
+// canPark reports whether the connection can wait in the poller.
+func (c *conn) canPark() bool { return c.srv.poller != nil && c.in.rc != nil }
 
 // awaitRequest parks the idle connection with the poller if its next
 // request is not there yet, and reports whether it did: the goroutine
@@ -611,6 +738,58 @@ func (c *conn) awaitRequest(resumed bool) bool {
 			return false // something to serve, or an error to report
 		}
 	}
+}
+
+// waitMore waits for more of the request being read: it parks the
+// connection until the bytes come or deadline passes, if it can
+// (parked), or reads once, waiting up to deadline. A read error is left
+// in c.in for the caller.
+func (c *conn) waitMore(deadline time.Time) (wasParked bool) {
+	if c.canPark() {
+		for {
+			if !c.in.tryFill() {
+				return false // bytes, an error, or a full buffer
+			}
+			if c.phase == phaseHead {
+				c.in.stash()
+			}
+			if c.readDL {
+				c.setReadTimeout(0) // the poller keeps the deadline while parked
+			}
+			switch c.srv.poller.parkReading(c, stateActive, deadline) {
+			case parked:
+				return true
+			case notParked:
+				c.in.unstash()
+				c.setDeadline(deadline)
+				c.in.fill()
+				return false
+			}
+			c.in.unstash() // readable: bytes came since the last read
+		}
+	}
+	c.setDeadline(deadline)
+	c.in.fill()
+	return false
+}
+
+// setDeadline arms the read deadline at t, or clears it if t is zero.
+func (c *conn) setDeadline(t time.Time) {
+	if t.IsZero() {
+		c.setReadTimeout(0)
+		return
+	}
+	c.rwc.SetReadDeadline(t)
+	c.readDL = true
+}
+
+// deadline is when a read of the current request times out after d
+// (zero: never).
+func (c *conn) deadline(d time.Duration) time.Time {
+	if d <= 0 {
+		return time.Time{}
+	}
+	return c.headAt.Add(d)
 }
 
 // serveRequest runs the handler and finishes its response. It reports

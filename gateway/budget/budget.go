@@ -1,0 +1,88 @@
+// Package budget bounds, in bytes, what the gateway holds on behalf of
+// its clients: request bodies as they are read, values fetched for
+// responses until they are written, multi-get and batch results, the
+// asynchronous write queue and responses waiting for a slow reader. One
+// Budget is shared by all of them, so that however the load is made up,
+// what memcgate holds at once has one limit.
+//
+// A Budget never waits. An acquisition that would pass the limit fails
+// at once, and its caller answers precisely (503 with Retry-After, or a
+// per-item status in a batch) instead of holding the client's bytes.
+package budget
+
+import (
+	"errors"
+	"sync/atomic"
+)
+
+// ErrExhausted is returned by Acquire when the bytes asked for would pass
+// the limit.
+var ErrExhausted = errors.New("budget: buffered bytes at their limit")
+
+// Budget is a count of bytes held against a limit. It is safe for
+// concurrent use and must not be copied after first use. A nil *Budget
+// is unlimited and counts nothing.
+type Budget struct {
+	limit   int64
+	used    atomic.Int64
+	refused atomic.Uint64
+}
+
+// New returns a budget of limit bytes; limit <= 0 means no limit (bytes
+// are still counted).
+func New(limit int64) *Budget { return &Budget{limit: limit} }
+
+// Acquire counts n more bytes as held, or returns ErrExhausted, counting
+// nothing, if that would pass the limit. Every successful Acquire is
+// matched by a Release of the same n.
+func (b *Budget) Acquire(n int64) error {
+	if b == nil || n <= 0 {
+		return nil
+	}
+	if used := b.used.Add(n); b.limit > 0 && used > b.limit {
+		b.used.Add(-n)
+		b.refused.Add(1)
+		return ErrExhausted
+	}
+	return nil
+}
+
+// Force counts n more bytes as held whatever the limit: for bytes that
+// are already in memory and cannot be dropped without breaking a
+// response under way. Release them like acquired ones.
+func (b *Budget) Force(n int64) {
+	if b != nil && n > 0 {
+		b.used.Add(n)
+	}
+}
+
+// Release gives back n bytes counted by Acquire or Force.
+func (b *Budget) Release(n int64) {
+	if b != nil && n > 0 {
+		b.used.Add(-n)
+	}
+}
+
+// Used is the number of bytes held now.
+func (b *Budget) Used() int64 {
+	if b == nil {
+		return 0
+	}
+	return b.used.Load()
+}
+
+// Limit is the limit in bytes; <= 0 means none.
+func (b *Budget) Limit() int64 {
+	if b == nil {
+		return 0
+	}
+	return b.limit
+}
+
+// Refused is the number of acquisitions refused so far.
+func (b *Budget) Refused() uint64 {
+	if b == nil {
+		return 0
+	}
+	return b.refused.Load()
+}

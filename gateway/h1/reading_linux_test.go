@@ -1,0 +1,228 @@
+package h1
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/memcgate/memcgate/gateway/budget"
+)
+
+// readingCount is how many connections s's poller holds parked
+// mid-request.
+func readingCount(s *Server) int {
+	s.mu.Lock()
+	p := s.poller
+	s.mu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.reading)
+}
+
+// TestSilentConnsHoldNoWorker: connections that send nothing, or only
+// part of a head, wait in the poller, not on workers, so that with a
+// single worker a client that sends a whole request is still served at
+// once (issue #16: silent connections stalled every client).
+func TestSilentConnsHoldNoWorker(t *testing.T) {
+	const n = 50
+	s, addr := startH1(t, testHandler(), func(s *Server) {
+		s.pollWorkers = 1
+		s.ReadHeaderTimeout = time.Minute
+	})
+	for i := range n {
+		c, _ := dial(t, addr)
+		if i%2 == 1 {
+			io.WriteString(c, "GET /small HTTP/1.1\r\nHo") // part of a head
+		}
+	}
+	if !eventually(func() bool { return readingCount(s) == n }) {
+		t.Fatalf("%d connections parked mid-request, want %d", readingCount(s), n)
+	}
+	for range 3 {
+		c, br := dial(t, addr)
+		start := time.Now()
+		if r := roundTrip(t, c, br, "/small"); r.body != "hello world" {
+			t.Fatalf("got %v", r)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("a new connection's request took %v behind %d silent ones", d, n)
+		}
+	}
+}
+
+// TestSlowHeadCompletes: a head sent a few bytes at a time, with the
+// connection parked in between, is served whole.
+func TestSlowHeadCompletes(t *testing.T) {
+	s, addr := startH1(t, testHandler(), func(s *Server) { s.pollWorkers = 1 })
+	c, br := dial(t, addr)
+	roundTrip(t, c, br, "/small") // the second request is not the first
+	head := "GET /small HTTP/1.1\r\nHost: a\r\nX-Pad: " + strings.Repeat("p", 100) + "\r\n\r\n"
+	for i := 0; i < len(head); i += 7 {
+		io.WriteString(c, head[i:min(i+7, len(head))])
+		time.Sleep(2 * time.Millisecond)
+	}
+	r, err := readWireResponse(br, "GET")
+	if err != nil || r.body != "hello world" {
+		t.Fatalf("slow head answered %v, %v", r, err)
+	}
+	if got := readingCount(s); got != 0 {
+		t.Errorf("%d connections still parked mid-request", got)
+	}
+}
+
+// echoLen answers the length of the body it read, or the read's error.
+func echoLen() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintf(w, "read %d: %v", len(b), err)
+			return
+		}
+		fmt.Fprintf(w, "read %d", len(b))
+	})
+}
+
+// TestReadAhead: a body its handler takes (BodyLimit) is read whole,
+// with the connection parked while it trickles in, before the handler
+// runs; its bytes are held against the budget until the handler has
+// read them.
+func TestReadAhead(t *testing.T) {
+	var entered atomic.Int32
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered.Add(1)
+		echoLen().ServeHTTP(w, r)
+	})
+	bg := budget.New(1 << 20)
+	s, addr := startH1(t, h, func(s *Server) {
+		s.pollWorkers = 1
+		s.Budget = bg
+		s.BodyLimit = func(*http.Request) int64 { return 256 << 10 }
+	})
+	const size = 100 << 10
+	c, br := dial(t, addr)
+	fmt.Fprintf(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size)
+	chunk := strings.Repeat("b", 10<<10)
+	for sent := 0; sent < size; sent += len(chunk) {
+		io.WriteString(c, chunk)
+		if sent == 5*len(chunk) {
+			if !eventually(func() bool { return readingCount(s) == 1 }) {
+				t.Fatal("the connection did not park while its body came")
+			}
+			if entered.Load() != 0 {
+				t.Fatal("the handler ran before its body came")
+			}
+			// Another client is served meanwhile by the only worker.
+			c2, br2 := dial(t, addr)
+			if r := roundTrip(t, c2, br2, "/"); r.body != "read 0" {
+				t.Fatalf("other client: %v", r)
+			}
+		}
+	}
+	r, err := readWireResponse(br, "PUT")
+	if err != nil || r.body != fmt.Sprintf("read %d", size) {
+		t.Fatalf("PUT answered %v, %v", r, err)
+	}
+	if !eventually(func() bool { return bg.Used() == 0 }) {
+		t.Errorf("budget holds %d bytes after the request", bg.Used())
+	}
+	// The connection is still good.
+	if r := roundTrip(t, c, br, "/"); r.body != "read 0" {
+		t.Errorf("next request: %v", r)
+	}
+}
+
+// TestReadAheadBudget: a body the budget refuses reaches the handler as
+// a read error (the gateway answers 503), the connection closes after
+// the response, and the budget holds nothing afterwards; a declared
+// Content-Length alone reserves nothing.
+func TestReadAheadBudget(t *testing.T) {
+	bg := budget.New(64 << 10)
+	_, addr := startH1(t, echoLen(), func(s *Server) {
+		s.Budget = bg
+		s.BodyLimit = func(*http.Request) int64 { return 1 << 20 }
+	})
+	// Declared but not sent: nothing is held for it.
+	c0, _ := dial(t, addr)
+	io.WriteString(c0, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: 1000000\r\n\r\n")
+	time.Sleep(50 * time.Millisecond)
+	if u := bg.Used(); u > aheadChunk {
+		t.Errorf("a declared body without bytes holds %d bytes of budget", u)
+	}
+
+	c, br := dial(t, addr)
+	fmt.Fprintf(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", 200<<10)
+	go io.WriteString(c, strings.Repeat("b", 200<<10))
+	r, err := readWireResponse(br, "PUT")
+	if err != nil || r.status != "HTTP/1.1 503 Service Unavailable" || !strings.Contains(r.body, budget.ErrExhausted.Error()) {
+		t.Fatalf("over budget: %v, %v", r, err)
+	}
+	waitClosed(t, br)
+	c0.Close()
+	if !eventually(func() bool { return bg.Used() == 0 }) {
+		t.Errorf("budget holds %d bytes after the requests", bg.Used())
+	}
+}
+
+// TestReadAheadEarlyEOF: a client that stops halfway gets the handler's
+// answer to the short body, as from a body read from the connection.
+func TestReadAheadEarlyEOF(t *testing.T) {
+	_, addr := startH1(t, echoLen(), func(s *Server) {
+		s.BodyLimit = func(*http.Request) int64 { return 1 << 20 }
+	})
+	c, br := dial(t, addr)
+	io.WriteString(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: 100000\r\n\r\n")
+	io.WriteString(c, strings.Repeat("b", 50000))
+	c.(*net.TCPConn).CloseWrite()
+	r, err := readWireResponse(br, "PUT")
+	if err != nil || r.body != "read 50000: unexpected EOF" {
+		t.Fatalf("short body answered %v, %v", r, err)
+	}
+}
+
+// TestBothLengthsRefused: Content-Length with Transfer-Encoding is
+// answered 400 and the connection closed, pipelined requests unanswered.
+func TestBothLengthsRefused(t *testing.T) {
+	_, addr := startH1(t, echoLen(), nil)
+	for _, raw := range []string{
+		"PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n",
+		"PUT /x HTTP/1.1\r\nHost: a\r\ntransfer-encoding: chunked\r\ncontent-length: 0\r\n\r\n0\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n",
+	} {
+		c, br := dial(t, addr)
+		io.WriteString(c, raw)
+		all, err := io.ReadAll(br)
+		if err != nil && !errors.Is(err, net.ErrClosed) {
+			t.Logf("read: %v", err)
+		}
+		if string(all) != badRequest {
+			t.Errorf("%q answered %q, want %q", raw, all, badRequest)
+		}
+	}
+}
+
+// TestNewConnHeaderTimeout: a connection that never sends is closed
+// after the header timeout, from the poller.
+func TestNewConnHeaderTimeout(t *testing.T) {
+	const timeout = 200 * time.Millisecond
+	_, addr := startH1(t, testHandler(), func(s *Server) { s.ReadHeaderTimeout = timeout })
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	start := time.Now()
+	if _, err := bufio.NewReader(c).ReadByte(); err == nil {
+		t.Fatal("read a byte, want the connection closed")
+	}
+	if d := time.Since(start); d < timeout*3/4 || d > 4*timeout {
+		t.Errorf("closed after %v, want about %v", d, timeout)
+	}
+}
