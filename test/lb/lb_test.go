@@ -3,7 +3,9 @@
 // nginx and a real HAProxy in front of two real memcgate processes and
 // three real memcached, all on loopback, and checks what a client sees
 // under steady load when one gateway is stopped (SIGTERM: the drain),
-// killed (SIGKILL: the balancer's retries) and started again.
+// killed (SIGKILL: the balancer's retries) and started again, and which
+// requests the balancers replay on another gateway when the first one lost
+// its answer (replay_test.go).
 //
 // The configurations are used as shipped; only addresses and ports are
 // replaced (each replacement must match exactly), and HAProxy's chroot,
