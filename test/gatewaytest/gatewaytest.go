@@ -215,6 +215,17 @@ func (g *Gateway) Kill() {
 	g.Wait(10 * time.Second)
 }
 
+// Pid returns the process id of the running binary, or 0 if it is not
+// running (for reading /proc/<pid>/status, say).
+func (g *Gateway) Pid() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.cmd == nil || g.cmd.Process == nil {
+		return 0
+	}
+	return g.cmd.Process.Pid
+}
+
 // Logs returns everything the process wrote so far.
 func (g *Gateway) Logs() string { return g.logs.String() }
 

@@ -1,0 +1,267 @@
+//go:build linux
+
+package abuse
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// The attacks of issue #16. Each returns its run function for one size.
+
+const (
+	bigKey  = "big"
+	bigSize = 1_000_000 // the value the amplification attacks read many times
+	// maxValue is the default MEMCGATE_MAX_VALUE_BYTES, the largest body
+	// of a PUT.
+	maxValue = 1_048_000
+
+	// attackerTimeout bounds an amplification request: above the
+	// gateway's default WRITE_TIMEOUT (30 s), so that the attacker sees
+	// how the gateway ends it.
+	attackerTimeout = 45 * time.Second
+
+	floodConns     = 6
+	floodValueSize = 256 << 10
+	floodPrefix    = 64 // bytes of each flood value that name its key
+)
+
+// storeBig stores the 1,000,000-byte value the amplification attacks
+// read.
+func storeBig(t *testing.T, r *rig) {
+	t.Helper()
+	r.put(t, bigKey, bytes.Repeat([]byte("b"), bigSize))
+}
+
+// holdConns opens n connections, calls send on each (sends nothing if
+// send is nil), holds them while the canary runs, and closes them:
+// attacks 1, 3 and 4. The attacker got what each connection held when it
+// let go.
+func holdConns(n int, send func(c net.Conn, i int) error) func(t *testing.T, r *rig, hold func()) result {
+	return func(t *testing.T, r *rig, hold func()) result {
+		f := openFlood(t, r.gw.DataAddr, n, send)
+		notes := []string{fmt.Sprintf("%s of %s connections opened", thousands(f.open()), thousands(n))}
+		hold()
+		got := f.states()
+		f.close()
+		return result{got: got.String(), setup: f.took, notes: notes}
+	}
+}
+
+// sendHead returns a send func that writes head(i) and nothing more.
+func sendHead(head func(i int) string) func(net.Conn, int) error {
+	return func(c net.Conn, i int) error {
+		_, err := io.WriteString(c, head(i))
+		return err
+	}
+}
+
+// silentConns is attack 1: connections that never send a byte.
+func silentConns(n int) func(*testing.T, *rig, func()) result {
+	return holdConns(n, nil)
+}
+
+// putHeads is attack 3: PUT heads declaring a 1-byte body that never
+// comes, one per connection, each holding a request slot while the
+// gateway waits for the body (MAX_REQUESTS is 10,000 by default).
+func putHeads(n int) func(*testing.T, *rig, func()) result {
+	return holdConns(n, sendHead(func(i int) string {
+		return "PUT /slot" + strconv.Itoa(i) + " HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n"
+	}))
+}
+
+// declaredHead is the head of attack 4: a PUT declaring the largest
+// value the gateway accepts by default.
+func declaredHead(i int) string {
+	return "PUT /big" + strconv.Itoa(i) + " HTTP/1.1\r\nHost: x\r\nContent-Length: " + strconv.Itoa(maxValue) + "\r\n\r\n"
+}
+
+// declaredBodies is attack 4: PUT heads declaring the largest value and
+// sending none of it, so any memory reserved from the declared length is
+// reserved for nothing. Go hands out fresh pages untouched, so such a
+// reservation shows in the heap in use long before it shows in RSS.
+func declaredBodies(n int) func(*testing.T, *rig, func()) result {
+	return holdConns(n, sendHead(declaredHead))
+}
+
+// nearlyBodies is attack 4 sent by a patient attacker: each declared
+// body but its last byte, so that whatever the gateway holds for it is
+// written to and counts in RSS.
+func nearlyBodies(n int) func(*testing.T, *rig, func()) result {
+	body := bytes.Repeat([]byte("n"), maxValue-1)
+	return holdConns(n, func(c net.Conn, i int) error {
+		bufs := net.Buffers{[]byte(declaredHead(i)), body}
+		_, err := bufs.WriteTo(c)
+		return err
+	})
+}
+
+// multiGet is attack 2a: one multi-get naming the 1 MB key n times.
+func multiGet(n int) func(*testing.T, *rig, func()) result {
+	q := strings.TrimSuffix(strings.Repeat("key="+bigKey+"&", n), "&")
+	req := []byte("GET /?" + q + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	return amplify(req)
+}
+
+// batchGets is attack 2b: one POST / batch of n gets of the 1 MB key.
+func batchGets(n int) func(*testing.T, *rig, func()) result {
+	body := `{"ops":[` + strings.TrimSuffix(strings.Repeat(`{"op":"get","key":"`+bigKey+`"},`, n), ",") + `]}`
+	req := []byte("POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " +
+		strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+	return amplify(req)
+}
+
+// amplify sends req on one connection and reads the answer while the
+// canary runs; the attacker got its status, size and time.
+func amplify(req []byte) func(*testing.T, *rig, func()) result {
+	return func(t *testing.T, r *rig, hold func()) result {
+		done := make(chan string, 1)
+		go func() { done <- exchange(r.gw.DataAddr, req) }()
+		hold()
+		return result{got: <-done, notes: []string{"request " + size(int64(len(req)))}}
+	}
+}
+
+// exchange sends req on a new connection and reads the answer within
+// attackerTimeout; it says what came back: status, body size, time.
+func exchange(addr string, req []byte) string {
+	start := time.Now()
+	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		return "connect " + errKind(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(start.Add(attackerTimeout))
+	if _, err := c.Write(req); err != nil {
+		return "write " + errKind(err) + " after " + dur(time.Since(start))
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return "no answer (" + errKind(err) + ") after " + dur(time.Since(start))
+	}
+	n, err := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	got := fmt.Sprintf("%d, %s in %s", resp.StatusCode, size(n), dur(time.Since(start)))
+	if err != nil {
+		got += " then " + errKind(err) + " (cut short)"
+	}
+	return got
+}
+
+// asyncFlood is attack 5: floodConns connections pipelining
+// Prefer: respond-async PUTs of floodValueSize values under distinct
+// keys for as long as the attack is held. Every key answered 202 must be
+// in memcached afterwards.
+func asyncFlood(t *testing.T, r *rig, hold func()) result {
+	tail := bytes.Repeat([]byte("v"), floodValueSize-floodPrefix)
+	var (
+		statuses tally
+		mu       sync.Mutex // guards accepted, sent
+		accepted []string
+		sent     int
+	)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range floodConns {
+		wg.Go(func() {
+			ok, n := floodConn(r.gw.DataAddr, i, tail, stop, &statuses)
+			mu.Lock()
+			accepted = append(accepted, ok...)
+			sent += n
+			mu.Unlock()
+		})
+	}
+	hold()
+	close(stop)
+	wg.Wait()
+	check := func(key string, v []byte) bool {
+		return len(v) == floodValueSize && bytes.Equal(v[:floodPrefix], floodKeyPrefix(key)) && bytes.Equal(v[floodPrefix:], tail)
+	}
+	return result{
+		got:      statuses.String(),
+		accepted: accepted,
+		check:    check,
+		notes:    []string{fmt.Sprintf("sent %s PUTs (%s)", thousands(sent), size(int64(sent)*floodValueSize))},
+	}
+}
+
+// floodKeyPrefix is the start of key's flood value: the key, padded.
+func floodKeyPrefix(key string) []byte {
+	p := bytes.Repeat([]byte("."), floodPrefix)
+	copy(p, key)
+	return p
+}
+
+// floodConn pipelines async PUTs on one connection until stop, then
+// half-closes it and reads the answers still due. It tallies every
+// answer's status (or what happened instead) and returns the keys
+// answered 202 and how many PUTs it sent.
+func floodConn(addr string, id int, tail []byte, stop <-chan struct{}, statuses *tally) (accepted []string, sent int) {
+	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		statuses.add("connect "+errKind(err), 1)
+		return nil, 0
+	}
+	defer c.Close()
+	keys := make(chan string, 1<<16) // sent, in order; far more than 10 s of 256 KiB PUTs
+	go func() {
+		defer close(keys)
+		defer func() {
+			if tc, ok := c.(*net.TCPConn); ok {
+				_ = tc.CloseWrite()
+			}
+		}()
+		for seq := 0; ; seq++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			key := "flood-" + strconv.Itoa(id) + "-" + strconv.Itoa(seq)
+			head := "PUT /" + key + " HTTP/1.1\r\nHost: x\r\nPrefer: respond-async\r\nContent-Length: " +
+				strconv.Itoa(floodValueSize) + "\r\n\r\n"
+			_ = c.SetWriteDeadline(time.Now().Add(attackerTimeout))
+			bufs := net.Buffers{[]byte(head), floodKeyPrefix(key), tail}
+			if _, err := bufs.WriteTo(c); err != nil {
+				statuses.add("write "+errKind(err), 1)
+				return
+			}
+			keys <- key
+		}
+	}()
+	br := bufio.NewReader(c)
+	var failed error
+	for key := range keys {
+		sent++
+		if failed != nil {
+			statuses.add("unanswered", 1)
+			continue
+		}
+		_ = c.SetReadDeadline(time.Now().Add(attackerTimeout))
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			failed = err
+			statuses.add("unanswered ("+errKind(err)+")", 1)
+			continue
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		statuses.add(strconv.Itoa(resp.StatusCode), 1)
+		if resp.StatusCode == http.StatusAccepted {
+			accepted = append(accepted, key)
+		}
+		if err != nil {
+			failed = err
+		}
+	}
+	return accepted, sent
+}
