@@ -33,6 +33,9 @@ var (
 	ErrTooLarge = errors.New("upstream: value too large for memcached")
 	// ErrServer: memcached answered with an error line we did not expect.
 	ErrServer = errors.New("upstream: memcached error reply")
+	// ErrOverLimit: a key of GetMulti whose value did not fit the byte
+	// limit of the call; it was read and dropped.
+	ErrOverLimit = errors.New("upstream: value past the multi-get's byte limit")
 )
 
 // ErrNoNodes means no node could take the operation: every candidate is

@@ -36,15 +36,27 @@ func (c *Cluster) pick(hashKey string) (idx int, failover bool, err error) {
 	return -1, false, ErrNoNodes
 }
 
+// Up reports whether an operation on key could be served now: its node,
+// or under the failover policy one it fails over to, is up.
+func (c *Cluster) Up(key string) bool {
+	_, hk := c.keys(key)
+	_, _, err := c.pick(hk)
+	return err == nil
+}
+
 // GetMulti reads many keys with one multi-key get per node (up to 100 keys
-// per command), all nodes in parallel. It returns the items found and, for
-// keys that could not be read, why; a key in neither map is a miss. Keys
-// whose node fails are retried one by one through Get, which fails over
-// like any read.
-func (c *Cluster) GetMulti(ctx context.Context, keys []string) (map[string]Item, map[string]error) {
+// per command), all nodes in parallel, each key once however often it is
+// asked for. It returns the items found and, for keys that could not be
+// read, why; a key in neither map is a miss. Keys whose node fails are
+// retried one by one through Get, which fails over like any read. limit,
+// if positive, caps the bytes of values kept: the values of keys past it
+// are dropped as they are read (their keys fail with ErrOverLimit), so
+// that a reply of any size costs at most limit bytes.
+func (c *Cluster) GetMulti(ctx context.Context, keys []string, limit int) (map[string]Item, map[string]error) {
 	found := make(map[string]Item, len(keys))
 	failed := map[string]error{}
-	var mu sync.Mutex // guards found and failed
+	var mu sync.Mutex // guards found, failed and kept
+	kept := 0         // bytes of values kept so far, against limit
 	type batch struct {
 		node     int
 		failover bool
@@ -52,7 +64,12 @@ func (c *Cluster) GetMulti(ctx context.Context, keys []string) (map[string]Item,
 		client   map[string]string // store key → client key
 	}
 	batches := map[int][]*batch{}
+	seen := make(map[string]bool, len(keys))
 	for _, k := range keys {
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
 		sk, hk := c.keys(k)
 		idx, fo, err := c.pick(hk)
 		if err != nil {
@@ -68,13 +85,53 @@ func (c *Cluster) GetMulti(ctx context.Context, keys []string) (map[string]Item,
 		b.store = append(b.store, sk)
 		b.client[sk] = k
 	}
+	// room is the share of limit a batch about to be read may keep: what
+	// no batch has kept or reserved, split among the batches not yet
+	// started, so that batches read at once never hold more than limit
+	// between them. done gives back its reservation.
+	unstarted, reserved := 0, 0
+	for _, bs := range batches {
+		unstarted += len(bs)
+	}
+	room := func() int {
+		if limit <= 0 {
+			return 0
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		r := max(limit-kept-reserved, 0) / max(unstarted, 1)
+		unstarted--
+		reserved += r
+		return max(r, 1) // 1: even an empty room drops every value
+	}
+	done := func(r int) {
+		if limit > 0 {
+			mu.Lock()
+			reserved -= min(r, reserved)
+			mu.Unlock()
+		}
+	}
+	// keep adds it to found if the limit has room for it.
+	keep := func(k string, it Item) {
+		mu.Lock()
+		defer mu.Unlock()
+		if limit > 0 && kept+len(it.Value) > limit {
+			failed[k] = ErrOverLimit
+			return
+		}
+		kept += len(it.Value)
+		found[k] = it
+	}
 	var wg sync.WaitGroup
 	for _, bs := range batches {
 		for _, b := range bs {
 			wg.Go(func() {
 				var items map[string]*memcache.Item
+				var dropped []string
+				r := room()
+				defer done(r)
 				err := c.nodes[b.node].do(ctx, opGetMulti, b.failover, func(mc dataClient, _ bool) (err error) {
-					items, err = mc.GetMulti(b.store)
+					items, dropped, err = mc.GetMultiLimit(b.store, r)
 					return err
 				})
 				var ne *NodeError
@@ -84,28 +141,36 @@ func (c *Cluster) GetMulti(ctx context.Context, keys []string) (map[string]Item,
 					for _, sk := range b.store {
 						k := b.client[sk]
 						it, err := c.Get(ctx, k)
-						mu.Lock()
-						if err == nil {
-							found[k] = it
-						} else if !errors.Is(err, ErrNotFound) {
+						switch {
+						case err == nil:
+							keep(k, it)
+						case !errors.Is(err, ErrNotFound):
+							mu.Lock()
 							failed[k] = err
+							mu.Unlock()
 						}
-						mu.Unlock()
 					}
 					return
 				}
-				mu.Lock()
-				defer mu.Unlock()
 				if err != nil && !errors.Is(err, ErrNotFound) {
+					mu.Lock()
 					for _, sk := range b.store {
 						failed[b.client[sk]] = err
 					}
+					mu.Unlock()
 					return
 				}
-				for sk, it := range items {
-					k := b.client[sk]
-					found[k] = itemOf(k, it)
+				for _, sk := range b.store {
+					if it, ok := items[sk]; ok {
+						k := b.client[sk]
+						keep(k, itemOf(k, it))
+					}
 				}
+				mu.Lock()
+				for _, sk := range dropped {
+					failed[b.client[sk]] = ErrOverLimit
+				}
+				mu.Unlock()
 			})
 		}
 	}

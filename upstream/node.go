@@ -99,7 +99,7 @@ func newNode(name string, o *Options, pol *healthPolicy, m *nodeMetrics, log *sl
 		mc.Timeout = o.Timeout
 		mc.MaxIdleConns = max(o.MaxIdleConns, 1)
 		mc.DialContext = n.dial
-		n.client = mc
+		n.client = pooled{mc}
 	}
 	probe := memcache.NewFromSelector(selector{addr(name)})
 	probe.Timeout = o.Health.Timeout
@@ -120,6 +120,9 @@ func newNode(name string, o *Options, pol *healthPolicy, m *nodeMetrics, log *sl
 type dataClient interface {
 	Get(key string) (*memcache.Item, error)
 	GetMulti(keys []string) (map[string]*memcache.Item, error)
+	// GetMultiLimit is GetMulti keeping at most limit bytes of values
+	// (0: no limit); the keys of the values it drops are in dropped.
+	GetMultiLimit(keys []string, limit int) (items map[string]*memcache.Item, dropped []string, err error)
 	Set(item *memcache.Item) error
 	Add(item *memcache.Item) error
 	Replace(item *memcache.Item) error
@@ -131,6 +134,31 @@ type dataClient interface {
 	Decrement(key string, delta uint64) (uint64, error)
 	Touch(key string, seconds int32) error
 	Close() error
+}
+
+// pooled is gomemcache's client as a dataClient. Its GetMultiLimit reads
+// every value before it drops the ones past the limit: only mcpipe's
+// bounds the memory of the read itself.
+type pooled struct{ *memcache.Client }
+
+func (p pooled) GetMultiLimit(keys []string, limit int) (map[string]*memcache.Item, []string, error) {
+	items, err := p.GetMulti(keys)
+	if err != nil || limit <= 0 {
+		return items, nil, err
+	}
+	var dropped []string
+	kept := 0
+	for _, k := range keys { // in the order asked, as memcached answers
+		if it, ok := items[k]; ok {
+			if kept+len(it.Value) > limit {
+				delete(items, k)
+				dropped = append(dropped, k)
+				continue
+			}
+			kept += len(it.Value)
+		}
+	}
+	return items, dropped, nil
 }
 
 // inFlightCap is the number of operations a node runs at once.

@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -9,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -377,7 +379,7 @@ func TestGetMulti(t *testing.T) {
 			}
 		}
 	}
-	found, failed := c.GetMulti(ctx, keys)
+	found, failed := c.GetMulti(ctx, keys, 0)
 	if len(failed) != 0 {
 		t.Errorf("GetMulti failed keys: %v", failed)
 	}
@@ -395,12 +397,61 @@ func TestGetMulti(t *testing.T) {
 	}
 	// A node that dies mid-way: its keys are read through failover (misses).
 	mcs[0].Kill()
-	found, failed = c.GetMulti(ctx, keys)
+	found, failed = c.GetMulti(ctx, keys, 0)
 	if len(failed) != 0 {
 		t.Errorf("GetMulti with a dead node: %d keys failed, want failover (first: %v)", len(failed), failed)
 	}
 	if len(found) == 0 {
 		t.Error("GetMulti with a dead node found nothing on the live ones")
+	}
+}
+
+// TestGetMultiLimit: a key asked for many times is read once, and the
+// values kept stay within the limit whatever the keys: the others fail
+// with ErrOverLimit (issue #16: a 9 KB request of one 1 MB key repeated
+// 1,000 times took 3.9 GB).
+func TestGetMultiLimit(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 2)
+	c, _ := newTestCluster(t, mcs, nil)
+	ctx := t.Context()
+	big := bytes.Repeat([]byte("b"), 100<<10)
+	for i := range 10 {
+		if err := c.Set(ctx, Item{Key: fmt.Sprint("big", i), Value: big}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tests := []struct {
+		name      string
+		keys      []string
+		limit     int
+		wantFound int // at most
+		wantOver  int // at least
+	}{
+		{"repeated key, no limit", slices.Repeat([]string{"big0"}, 500), 0, 1, 0},
+		{"repeated key within the limit", slices.Repeat([]string{"big0"}, 500), 200 << 10, 1, 0},
+		{"ten values, room for three", []string{"big0", "big1", "big2", "big3", "big4", "big5", "big6", "big7", "big8", "big9"}, 350 << 10, 3, 7},
+		{"no room", []string{"big0", "big1"}, 1, 0, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			found, failed := c.GetMulti(ctx, tt.keys, tt.limit)
+			kept, over := 0, 0
+			for _, it := range found {
+				kept += len(it.Value)
+			}
+			for k, err := range failed {
+				if !errors.Is(err, ErrOverLimit) {
+					t.Errorf("GetMulti: %s failed with %v", k, err)
+				}
+				over++
+			}
+			if len(found) > tt.wantFound || over < tt.wantOver || len(found)+over != len(slices.Compact(slices.Sorted(slices.Values(tt.keys)))) {
+				t.Errorf("GetMulti(%d keys, %d) found %d, %d over the limit; want at most %d found, at least %d over", len(tt.keys), tt.limit, len(found), over, tt.wantFound, tt.wantOver)
+			}
+			if tt.limit > 0 && kept > tt.limit {
+				t.Errorf("GetMulti kept %d bytes, over the limit %d", kept, tt.limit)
+			}
+		})
 	}
 }
 

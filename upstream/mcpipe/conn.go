@@ -32,12 +32,13 @@ const (
 // released: it signals done, or, for a call of GetAsync or SetAsync, runs
 // its callback. After that only the waiter (or the callback) touches it.
 type call struct {
-	kind kind
-	verb string
-	key  string            // a single-key Get's key: such Gets may share one command
-	peer []*call           // on the first call of a shared gets line: every call on it
-	self [1]*call          // members' answer for a call on its own, without allocating
-	one  [1]*memcache.Item // reply.items of a call on a shared line, without allocating
+	kind  kind
+	verb  string
+	limit int               // a multi-key Get's cap on value bytes kept; 0: none
+	key   string            // a single-key Get's key: such Gets may share one command
+	peer  []*call           // on the first call of a shared gets line: every call on it
+	self  [1]*call          // members' answer for a call on its own, without allocating
+	one   [1]*memcache.Item // reply.items of a call on a shared line, without allocating
 	reply
 	done chan struct{}
 
@@ -74,9 +75,10 @@ func (cl *call) complete() {
 
 // reply is what a request's answer came to.
 type reply struct {
-	items []*memcache.Item
-	num   uint64
-	err   error // memcached's refusal, or the connection's failure
+	items   []*memcache.Item
+	dropped []string // keys whose values were read but not kept (call.limit)
+	num     uint64
+	err     error // memcached's refusal, or the connection's failure
 }
 
 // conn is one pipelined connection. Writes are combined: whoever finds no
@@ -254,13 +256,13 @@ func (c *conn) readLoop() {
 		}
 		// The keys of a shared line, copied while the calls are surely
 		// queued: fail may answer and free them while the reply is read.
-		k, verb := c.queue[0].kind, c.queue[0].verb
+		k, verb, limit := c.queue[0].kind, c.queue[0].verb, c.queue[0].limit
 		keys = keys[:0]
 		for _, p := range c.queue[0].peer {
 			keys = append(keys, p.key)
 		}
 		c.mu.Unlock()
-		r, err := readReply(br, k, verb, keys)
+		r, err := readReply(br, k, verb, keys, limit)
 		if err != nil {
 			c.fail(err)
 			return
@@ -362,8 +364,11 @@ func isErrorLine(line []byte) bool {
 // refusals are in the reply, as gomemcache reports them; the error is set
 // only when the stream itself is broken. lineKeys are the keys of a
 // shared gets line (none for other requests): they become the items' keys.
-func readReply(br *bufio.Reader, k kind, verb string, lineKeys []string) (r reply, err error) {
+// A get reply keeps at most limit bytes of values (0: no limit); the keys
+// of the values it drops are in r.dropped.
+func readReply(br *bufio.Reader, k kind, verb string, lineKeys []string, limit int) (r reply, err error) {
 	keys := keyCursor{keys: lineKeys}
+	kept := 0
 	for {
 		line, err := br.ReadSlice('\n')
 		if err != nil {
@@ -387,6 +392,14 @@ func readReply(br *bufio.Reader, k kind, verb string, lineKeys []string) (r repl
 			if err != nil {
 				return r, err
 			}
+			if limit > 0 && kept+size > limit {
+				if err := skipValue(br, size); err != nil {
+					return r, err
+				}
+				r.dropped = append(r.dropped, it.Key)
+				continue
+			}
+			kept += size
 			it.Value = make([]byte, size+2)
 			if _, err := io.ReadFull(br, it.Value); err != nil {
 				return r, err
@@ -406,6 +419,22 @@ func readReply(br *bufio.Reader, k kind, verb string, lineKeys []string) (r repl
 			return r, fmt.Errorf("%w: %q in a get reply", errProtocol, line)
 		}
 	}
+}
+
+// skipValue reads a value's size bytes and its CRLF off the stream
+// without keeping them.
+func skipValue(br *bufio.Reader, size int) error {
+	if _, err := br.Discard(size); err != nil {
+		return err
+	}
+	var end [2]byte
+	if _, err := io.ReadFull(br, end[:]); err != nil {
+		return err
+	}
+	if string(end[:]) != "\r\n" {
+		return fmt.Errorf("%w: a value not followed by CRLF", errProtocol)
+	}
+	return nil
 }
 
 // lineResult maps a one-line reply to gomemcache's result for the verb

@@ -282,15 +282,30 @@ func (c *Client) Get(key string) (*memcache.Item, error) {
 // GetMulti reads many items with one command; missing keys are absent
 // from the map.
 func (c *Client) GetMulti(keys []string) (map[string]*memcache.Item, error) {
+	m, _, err := c.GetMultiLimit(keys, 0)
+	return m, err
+}
+
+// GetMultiLimit is GetMulti that keeps at most limit bytes of values (0:
+// no limit): values that would pass it are read off the connection and
+// dropped, and their keys returned in dropped, so that a reply of any
+// size costs at most limit bytes of memory.
+func (c *Client) GetMultiLimit(keys []string, limit int) (items map[string]*memcache.Item, dropped []string, err error) {
 	if len(keys) == 0 {
-		return map[string]*memcache.Item{}, nil
+		return map[string]*memcache.Item{}, nil, nil
 	}
 	for _, k := range keys {
 		if !legalKey(k) {
-			return nil, memcache.ErrMalformedKey
+			return nil, nil, memcache.ErrMalformedKey
 		}
 	}
-	cl, err := c.do(kindGet, "get", "", func(b []byte) []byte {
+	cn, err := c.conn()
+	if err != nil {
+		return nil, nil, err
+	}
+	cl := c.newCall()
+	cl.kind, cl.verb, cl.limit = kindGet, "get", limit
+	err = cn.send(cl, func(b []byte) []byte {
 		b = append(b, "gets"...)
 		for _, k := range keys {
 			b = append(b, ' ')
@@ -299,17 +314,19 @@ func (c *Client) GetMulti(keys []string) (map[string]*memcache.Item, error) {
 		return append(b, "\r\n"...)
 	})
 	if err != nil {
-		return nil, err
+		c.release(cl)
+		return nil, nil, err
 	}
+	<-cl.done
 	defer c.release(cl)
 	if cl.err != nil {
-		return nil, cl.err
+		return nil, nil, cl.err
 	}
 	m := make(map[string]*memcache.Item, len(cl.items))
 	for _, it := range cl.items {
 		m[it.Key] = it
 	}
-	return m, nil
+	return m, cl.dropped, nil
 }
 
 // Set stores an item.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -405,6 +406,41 @@ func TestParseValueLine(t *testing.T) {
 		if err != nil || it.Key != tt.wantKey || it.Flags != tt.wantFlags || size != tt.wantSize || it.CasID != tt.wantCAS {
 			t.Errorf("parseValueLine(%q) = %+v, %d, %v; want key %q flags %d size %d cas %d",
 				tt.line, it, size, err, tt.wantKey, tt.wantFlags, tt.wantSize, tt.wantCAS)
+		}
+	}
+}
+
+// TestReadReplyLimit: a get reply keeps values up to the limit and reads
+// the rest off the stream without keeping them, leaving the stream at the
+// next reply.
+func TestReadReplyLimit(t *testing.T) {
+	stream := "VALUE a 0 3 1\r\naaa\r\nVALUE b 0 5 2\r\nbbbbb\r\nVALUE c 0 2 3\r\ncc\r\nEND\r\nSTORED\r\n"
+	tests := []struct {
+		limit       int
+		wantKept    []string
+		wantDropped []string
+	}{
+		{0, []string{"a", "b", "c"}, nil},
+		{10, []string{"a", "b", "c"}, nil},
+		{8, []string{"a", "b"}, []string{"c"}},
+		{5, []string{"a", "c"}, []string{"b"}},
+		{1, nil, []string{"a", "b", "c"}},
+	}
+	for _, tt := range tests {
+		br := bufio.NewReader(strings.NewReader(stream))
+		r, err := readReply(br, kindGet, "gets", nil, tt.limit)
+		if err != nil || r.err != nil {
+			t.Fatalf("limit %d: %v, %v", tt.limit, err, r.err)
+		}
+		var kept []string
+		for _, it := range r.items {
+			kept = append(kept, it.Key)
+		}
+		if !slices.Equal(kept, tt.wantKept) || !slices.Equal(r.dropped, tt.wantDropped) {
+			t.Errorf("limit %d: kept %v, dropped %v; want %v, %v", tt.limit, kept, r.dropped, tt.wantKept, tt.wantDropped)
+		}
+		if next, err := readReply(br, kindStore, "set", nil, 0); err != nil || next.err != nil {
+			t.Errorf("limit %d: the next reply: %v, %v", tt.limit, err, next.err)
 		}
 	}
 }
