@@ -71,7 +71,10 @@ type Config struct {
 	AuthTokens     string `env:"AUTH_TOKENS" help:"bearer tokens, scopes:token separated by commas, scopes read, write, admin joined by + (e.g. read:abc…,read+write:def…); empty = no authentication"`
 	AuthTokensFile string `env:"AUTH_TOKENS_FILE" help:"file with more scopes:token entries, one per line (# comments); keeps secrets out of the environment"`
 	ReadOnly       bool   `env:"READ_ONLY" envDefault:"false" help:"refuse every write with 403"`
-	MaxRequests    int    `env:"MAX_REQUESTS" envDefault:"10000" help:"requests in flight beyond which the gateway answers 503 with Retry-After (0 = no cap)"`
+	MaxRequests    int    `env:"MAX_REQUESTS" envDefault:"10000" help:"requests with work for memcached in flight beyond which the gateway answers 503 with Retry-After (0 = no cap); a request with a body counts once its body is read"`
+	// MaxBufferedBytes is the byte budget (gateway/budget); 0 derives it
+	// from the memory limit (cmd/memcgate).
+	MaxBufferedBytes int64 `env:"MAX_BUFFERED_BYTES" envDefault:"0" help:"bytes the gateway may hold for clients at once beyond 16 KiB per request: request bodies as they arrive, values until their response is written, multi-get and batch answers, the async queue, responses waiting for a slow reader (503 with Retry-After beyond); 0 = a quarter of GOMEMLIMIT or of the container's memory limit, else 64 MiB"`
 
 	TLSCertFile        string `env:"TLS_CERT_FILE" help:"PEM certificate (chain) for HTTPS on the data listener; with TLS_KEY_FILE"`
 	TLSKeyFile         string `env:"TLS_KEY_FILE" help:"PEM private key for the data listener"`
@@ -86,7 +89,9 @@ type Config struct {
 
 	BatchMaxOps   int    `env:"BATCH_MAX_OPS" envDefault:"1000" help:"most operations in one POST / batch, and keys in one multi-get (400 beyond)"`
 	BatchMaxBytes int64  `env:"BATCH_MAX_BYTES" envDefault:"16777216" help:"largest POST / batch body (413 beyond)"`
+	BatchMaxResp  int64  `env:"BATCH_MAX_RESPONSE_BYTES" envDefault:"16777216" help:"values one multi-get or batch answer may carry; keys whose values do not fit answer 507 (read them on their own)"`
 	AsyncQueue    int    `env:"ASYNC_QUEUE" envDefault:"10000" help:"writes accepted with Prefer: respond-async and not yet applied; when full, 503"`
+	AsyncQueueMax int64  `env:"ASYNC_QUEUE_BYTES" envDefault:"16777216" help:"value bytes of writes accepted with Prefer: respond-async and not yet applied; when full, 503"`
 	AsyncWorkers  int    `env:"ASYNC_WORKERS" envDefault:"64" help:"goroutines applying asynchronous writes (writes to one key stay in order)"`
 	UDPPorts      string `env:"UDP_PORTS" help:"memcached UDP ports for fire-and-forget async sets, server=port separated by commas, server as in SERVERS (e.g. 10.0.0.1:11211=11213); off when empty"`
 
@@ -340,13 +345,19 @@ func (c Config) Validate() error {
 	for _, p := range []struct {
 		name string
 		v    int64
-	}{{"BATCH_MAX_OPS", int64(c.BatchMaxOps)}, {"BATCH_MAX_BYTES", c.BatchMaxBytes}, {"ASYNC_QUEUE", int64(c.AsyncQueue)}, {"ASYNC_WORKERS", int64(c.AsyncWorkers)}} {
+	}{{"BATCH_MAX_OPS", int64(c.BatchMaxOps)}, {"BATCH_MAX_BYTES", c.BatchMaxBytes}, {"BATCH_MAX_RESPONSE_BYTES", c.BatchMaxResp},
+		{"ASYNC_QUEUE", int64(c.AsyncQueue)}, {"ASYNC_QUEUE_BYTES", c.AsyncQueueMax}, {"ASYNC_WORKERS", int64(c.AsyncWorkers)}} {
 		if p.v < 1 {
 			bad(p.name, "must be at least 1, got %d", p.v)
 		}
 	}
 	if c.MaxRequests < 0 {
 		bad("MAX_REQUESTS", "must not be negative, got %d", c.MaxRequests)
+	}
+	if c.MaxBufferedBytes < 0 {
+		bad("MAX_BUFFERED_BYTES", "must not be negative, got %d", c.MaxBufferedBytes)
+	} else if c.MaxBufferedBytes > 0 && c.MaxBufferedBytes < c.MaxValueBytes {
+		bad("MAX_BUFFERED_BYTES", "%d is less than MAX_VALUE_BYTES %d: no value of the largest size could be stored", c.MaxBufferedBytes, c.MaxValueBytes)
 	}
 	pairs := []struct{ cert, key, certVal, keyVal string }{
 		{"TLS_CERT_FILE", "TLS_KEY_FILE", c.TLSCertFile, c.TLSKeyFile},

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"hash/maphash"
 	"log/slog"
 	"net/http"
@@ -23,26 +24,40 @@ type quietSetter interface {
 }
 
 // asyncQueue applies writes accepted with Prefer: respond-async. It is
-// bounded (a full queue answers 503, nothing is dropped), and sharded by
-// key onto one worker per shard, so writes to one key apply in the order
-// they were accepted. Run drains it before returning: an accepted write is
-// applied (or counted as failed), never forgotten.
+// bounded in writes and in value bytes, and holds its values against the
+// gateway's budget: a full queue answers 503, nothing is dropped. A write
+// is accepted only while its key's node is up, so a 202 is never given
+// for a write that cannot be applied. Writes are sharded by key onto one
+// worker per shard, so writes to one key apply in the order they were
+// accepted, and the values on their way to memcached are capped in bytes
+// (inFlight) so that large ones cannot fill the node's connections ahead
+// of other clients' requests. Run drains it before returning: an
+// accepted write is applied (or counted as failed), never forgotten.
 type asyncQueue struct {
-	h        *handler // runs each write as the synchronous path would
-	store    Store
-	quiet    quietSetter // nil: sets go through store.Set
-	timeout  time.Duration
-	capacity int64
-	queued   atomic.Int64 // reserved or waiting jobs
-	closed   atomic.Bool  // set once Run is draining: no more jobs
-	seed     maphash.Seed
-	shards   []*shard
-	log      *slog.Logger
+	h         *handler // runs each write as the synchronous path would
+	store     Store
+	quiet     quietSetter // nil: sets go through store.Set
+	timeout   time.Duration
+	capacity  int64
+	maxBytes  int64
+	queued    atomic.Int64 // reserved or waiting jobs
+	bytes     atomic.Int64 // their value bytes
+	closed    atomic.Bool  // set once Run is draining: no more jobs
+	seed      maphash.Seed
+	shards    []*shard
+	log       *slog.Logger
+	inFlight  byteGate // value bytes being applied
+	rejectFor map[string]prometheus.Counter
 
-	applied  prometheus.Counter
-	failed   prometheus.Counter
-	rejected prometheus.Counter
+	applied prometheus.Counter
+	failed  map[string]prometheus.Counter // by reason (asyncFailReasons)
 }
+
+// asyncFailReasons label memcgate_async_writes_failed_total.
+var asyncFailReasons = []string{"node_down", "timeout", "connection", "refused", "error"}
+
+// asyncRejectReasons label memcgate_async_writes_rejected_total.
+var asyncRejectReasons = []string{"queue_full", "node_down", "budget", "shutdown"}
 
 // shard is one worker's queue.
 type shard struct {
@@ -51,34 +66,78 @@ type shard struct {
 	wake chan struct{} // capacity 1: "jobs is not empty"
 }
 
-func newAsyncQueue(h *handler, s Store, workers, capacity int, timeout time.Duration, log *slog.Logger, reg prometheus.Registerer) *asyncQueue {
-	q := &asyncQueue{h: h, store: s, timeout: timeout, capacity: int64(capacity), seed: maphash.MakeSeed(), log: log}
+func newAsyncQueue(h *handler, s Store, workers, capacity int, maxBytes int64, timeout time.Duration, log *slog.Logger, reg prometheus.Registerer) *asyncQueue {
+	q := &asyncQueue{h: h, store: s, timeout: timeout, capacity: int64(capacity), maxBytes: maxBytes, seed: maphash.MakeSeed(), log: log}
+	q.inFlight.max = max(h.opts.MaxValueBytes, 1<<20)
 	q.quiet, _ = s.(quietSetter)
 	for range max(workers, 1) {
 		q.shards = append(q.shards, &shard{wake: make(chan struct{}, 1)})
 	}
 	q.applied = prometheus.NewCounter(prometheus.CounterOpts{Name: "memcgate_async_writes_applied_total", Help: "Asynchronous writes memcached applied."})
-	q.failed = prometheus.NewCounter(prometheus.CounterOpts{Name: "memcgate_async_writes_failed_total", Help: "Asynchronous writes that failed (memcached refused them or could not be reached)."})
-	q.rejected = prometheus.NewCounter(prometheus.CounterOpts{Name: "memcgate_async_writes_rejected_total", Help: "Asynchronous writes refused with 503 because the queue was full or shutting down."})
+	failed := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "memcgate_async_writes_failed_total",
+		Help: "Asynchronous writes accepted (202) and then not applied, by reason: node_down, timeout, connection, refused (memcached said no), error.",
+	}, []string{"reason"})
+	q.failed = map[string]prometheus.Counter{}
+	for _, r := range asyncFailReasons {
+		q.failed[r] = failed.WithLabelValues(r) // exported from zero
+	}
+	rejected := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "memcgate_async_writes_rejected_total",
+		Help: "Asynchronous writes refused with 503, by reason: queue_full (MEMCGATE_ASYNC_QUEUE or _BYTES), node_down, budget (MEMCGATE_MAX_BUFFERED_BYTES), shutdown.",
+	}, []string{"reason"})
+	q.rejectFor = map[string]prometheus.Counter{}
+	for _, r := range asyncRejectReasons {
+		q.rejectFor[r] = rejected.WithLabelValues(r)
+	}
 	depth := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "memcgate_async_queue_depth", Help: "Asynchronous writes accepted and not yet applied."},
 		func() float64 { return float64(q.queued.Load()) })
-	reg.MustRegister(q.applied, q.failed, q.rejected, depth)
+	depthBytes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "memcgate_async_queue_bytes", Help: "Value bytes of asynchronous writes accepted and not yet applied."},
+		func() float64 { return float64(q.bytes.Load()) })
+	reg.MustRegister(q.applied, failed, rejected, depth, depthBytes)
 	return q
 }
 
-// enqueue accepts all ops or none: false if the queue has no room for all
-// of them or is shutting down.
-func (q *asyncQueue) enqueue(ops []parsedOp) bool {
-	n := int64(len(ops))
-	for {
-		cur := q.queued.Load()
-		if q.closed.Load() || cur+n > q.capacity {
-			q.rejected.Add(float64(n))
-			return false
+// Why enqueue refused a batch of writes: the answer's message.
+var (
+	errAsyncFull     = &overloadError{"asynchronous write queue is full (MEMCGATE_ASYNC_QUEUE, MEMCGATE_ASYNC_QUEUE_BYTES); retry shortly or write synchronously"}
+	errAsyncNodeDown = &overloadError{"the key's memcached node is down, so the write could not be applied; retry shortly"}
+	errAsyncClosed   = &overloadError{"the gateway is shutting down; retry on another one"}
+)
+
+// enqueue accepts all ops or none, and says why not: the queue is full in
+// writes or bytes, the budget refuses the values, a key's node is down,
+// or the queue is shutting down.
+func (q *asyncQueue) enqueue(ops []parsedOp) error {
+	n, size := int64(len(ops)), int64(0)
+	for _, o := range ops {
+		size += int64(len(o.item.Value))
+	}
+	reject := func(reason string, err error) error {
+		q.rejectFor[reason].Add(float64(n))
+		return err
+	}
+	if q.closed.Load() {
+		return reject("shutdown", errAsyncClosed)
+	}
+	for _, o := range ops {
+		if !q.store.Up(o.item.Key) {
+			return reject("node_down", errAsyncNodeDown)
 		}
-		if q.queued.CompareAndSwap(cur, cur+n) {
-			break
-		}
+	}
+	if cur := q.queued.Add(n); cur > q.capacity {
+		q.queued.Add(-n)
+		return reject("queue_full", errAsyncFull)
+	}
+	if cur := q.bytes.Add(size); cur > q.maxBytes && cur != size { // one write of any allowed size fits an empty queue
+		q.bytes.Add(-size)
+		q.queued.Add(-n)
+		return reject("queue_full", errAsyncFull)
+	}
+	if q.h.budget.Acquire(size) != nil {
+		q.bytes.Add(-size)
+		q.queued.Add(-n)
+		return reject("budget", errBudget)
 	}
 	for _, o := range ops {
 		sh := q.shards[maphash.String(q.seed, o.item.Key)%uint64(len(q.shards))]
@@ -90,7 +149,7 @@ func (q *asyncQueue) enqueue(ops []parsedOp) bool {
 		default:
 		}
 	}
-	return true
+	return nil
 }
 
 // Run applies queued writes until ctx is done, then stops accepting and
@@ -148,21 +207,90 @@ func (q *asyncQueue) work(stop <-chan struct{}, sh *shard) {
 // apply runs one write with its own deadline: the request that queued it
 // is long gone, so its context is not used.
 func (q *asyncQueue) apply(o parsedOp) {
-	defer q.queued.Add(-1)
+	size := int64(len(o.item.Value))
+	q.inFlight.acquire(size)
+	defer func() {
+		q.inFlight.release(size)
+		q.h.budget.Release(size)
+		q.bytes.Add(-size)
+		q.queued.Add(-1)
+	}()
 	ctx, cancel := context.WithTimeout(context.Background(), q.timeout)
 	defer cancel()
-	ok := true
+	var err error
 	if o.kind == "set" && q.quiet != nil {
-		ok = q.h.prepare(&o.item) == nil && q.quiet.SetQuiet(ctx, o.item) == nil
+		if err = q.h.prepare(&o.item); err == nil {
+			err = q.quiet.SetQuiet(ctx, o.item)
+		}
 	} else {
 		var res batchResult
-		q.h.runOp(ctx, o, &res)
-		ok = res.Status < 400
+		q.h.runOp(ctx, o, &res, nil)
+		if res.Status >= 400 {
+			err = &statusError{res.Status}
+		}
 	}
-	if ok {
+	if err == nil {
 		q.applied.Inc()
+		return
+	}
+	q.failed[asyncFailReason(err)].Inc()
+}
+
+// statusError is an operation's failure as the status it answered.
+type statusError struct{ status int }
+
+func (e *statusError) Error() string { return http.StatusText(e.status) }
+
+// asyncFailReason names why a queued write failed, for the failed
+// counter.
+func asyncFailReason(err error) string {
+	status := http.StatusInternalServerError
+	var se *statusError
+	if errors.As(err, &se) {
+		status = se.status
 	} else {
-		q.failed.Inc()
+		status, _, _ = errorStatus(err)
+	}
+	switch {
+	case status == http.StatusServiceUnavailable:
+		return "node_down"
+	case status == http.StatusGatewayTimeout:
+		return "timeout"
+	case status == http.StatusBadGateway:
+		return "connection"
+	case status >= 400 && status < 500:
+		return "refused"
+	}
+	return "error"
+}
+
+// byteGate lets through at most max bytes at once, and any one request
+// of more when nothing else is in.
+type byteGate struct {
+	max  int64
+	mu   sync.Mutex
+	cond *sync.Cond // on mu; made on first use
+	used int64      // guarded by mu
+}
+
+func (g *byteGate) acquire(n int64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.cond == nil {
+		g.cond = sync.NewCond(&g.mu)
+	}
+	for g.used > 0 && g.used+n > g.max {
+		g.cond.Wait()
+	}
+	g.used += n
+}
+
+func (g *byteGate) release(n int64) {
+	g.mu.Lock()
+	g.used -= n
+	g.mu.Unlock()
+	if g.cond != nil {
+		g.cond.Broadcast()
 	}
 }
 
@@ -180,11 +308,10 @@ func preferAsync(r *http.Request) bool {
 	return false
 }
 
-// accepted answers 202 for queued writes, or 503 if the queue is full.
+// accepted answers 202 for queued writes, or 503 with why they were not.
 func (h *handler) accepted(w http.ResponseWriter, ops []parsedOp, body bool) {
-	if !h.async.enqueue(ops) {
-		w.Header().Set("Retry-After", "1")
-		writeError(w, &requestError{http.StatusServiceUnavailable, "asynchronous write queue is full; retry shortly or write synchronously"})
+	if err := h.async.enqueue(ops); err != nil {
+		writeError(w, err)
 		return
 	}
 	w.Header().Set("Preference-Applied", "respond-async")

@@ -6,11 +6,11 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"net/url"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"unicode/utf8"
 
 	"github.com/memcgate/memcgate/upstream"
@@ -75,18 +75,52 @@ func (h *handler) multiGet(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	results := make([]batchResult, len(keys))
-	h.getAll(r.Context(), keys, func(i int) *batchResult { return &results[i] })
-	writeResults(w, results)
+	room := h.newAnswerRoom()
+	h.getAll(r, keys, room, func(i int) *batchResult { return &results[i] })
+	h.writeResults(w, r, results)
 }
 
-// getAll reads keys with one GetMulti and fills the result of each.
-func (h *handler) getAll(ctx context.Context, keys []string, result func(i int) *batchResult) {
-	found, failed := h.store.GetMulti(ctx, keys)
+// answerRoom is what is left, in bytes, of the values a multi-get's or
+// batch's answer may carry (BatchMaxResponseBytes), so that however the
+// keys repeat or the values grow, the answer is bounded; a value that
+// does not fit answers 507 for its key. Safe for concurrent use.
+type answerRoom struct{ left atomic.Int64 }
+
+func (h *handler) newAnswerRoom() *answerRoom {
+	a := new(answerRoom)
+	a.left.Store(h.opts.BatchMaxResponseBytes)
+	return a
+}
+
+// take claims n bytes, if they are left.
+func (a *answerRoom) take(n int) bool {
+	if a.left.Add(-int64(n)) < 0 {
+		a.left.Add(int64(n))
+		return false
+	}
+	return true
+}
+
+// getAll reads keys with one GetMulti, each key once, and fills the
+// result of each. The values read are held against the budget until the
+// request ends.
+func (h *handler) getAll(r *http.Request, keys []string, room *answerRoom, result func(i int) *batchResult) {
+	found, failed := h.store.GetMulti(r.Context(), keys, int(max(room.left.Load(), 1)))
+	total := 0
+	for _, it := range found {
+		total += len(it.Value)
+	}
+	if h.hold(reqCtx(r), total) != nil {
+		for k := range found {
+			failed[k] = errBudget
+		}
+		clear(found)
+	}
 	for i, k := range keys {
 		res := result(i)
 		res.Key = k
 		if it, ok := found[k]; ok {
-			h.setItem(res, it)
+			h.setItem(res, it, room)
 			continue
 		}
 		err := failed[k]
@@ -97,17 +131,42 @@ func (h *handler) getAll(ctx context.Context, keys []string, result func(i int) 
 	}
 }
 
-// setItem fills a found item's result, decoding it as GET would.
-func (h *handler) setItem(res *batchResult, it upstream.Item) {
+// setItem fills a found item's result, decoding it as GET would, if the
+// answer has room for it.
+func (h *handler) setItem(res *batchResult, it upstream.Item, room *answerRoom) {
 	v, err := h.present(it)
 	if err != nil {
 		res.setError(err)
+		return
+	}
+	if !room.take(jsonLen(v.body)) {
+		res.setError(upstream.ErrOverLimit)
 		return
 	}
 	flags := it.Flags
 	res.Status, res.Flags, res.PHPType = http.StatusOK, &flags, v.phpType
 	res.CAS = strconv.FormatUint(it.CAS, 10)
 	res.setValue(v.body)
+}
+
+// jsonLen is at least the length of b as a JSON string in an answer:
+// escaped as encoding/json escapes it, or base64 if it is not UTF-8.
+func jsonLen(b []byte) int {
+	if !utf8.Valid(b) {
+		return base64.StdEncoding.EncodedLen(len(b))
+	}
+	n := 0
+	for _, c := range b {
+		switch {
+		case c == '"' || c == '\\' || c == '\n' || c == '\r' || c == '\t':
+			n += 2
+		case c < 0x20 || c == '<' || c == '>' || c == '&':
+			n += 6
+		default:
+			n++
+		}
+	}
+	return n
 }
 
 func (res *batchResult) setValue(b []byte) {
@@ -169,23 +228,25 @@ func (h *handler) batch(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	ctx := r.Context()
+	room := h.newAnswerRoom()
 	var wg sync.WaitGroup
 	if len(getKeys) > 0 {
-		wg.Go(func() { h.getAll(ctx, getKeys, func(j int) *batchResult { return &results[getIdx[j]] }) })
+		wg.Go(func() { h.getAll(r, getKeys, room, func(j int) *batchResult { return &results[getIdx[j]] }) })
 	}
 	for _, k := range order {
 		wg.Go(func() {
 			for _, i := range perKey[k] {
-				h.runOp(ctx, ops[i], &results[i])
+				h.runOp(ctx, ops[i], &results[i], room)
 			}
 		})
 	}
 	wg.Wait()
-	writeResults(w, results)
+	h.writeResults(w, r, results)
 }
 
-// runOp runs one operation and records its single-key status.
-func (h *handler) runOp(ctx context.Context, o parsedOp, res *batchResult) {
+// runOp runs one operation and records its single-key status. A read's
+// value goes into the answer if room has space for it (nil: always).
+func (h *handler) runOp(ctx context.Context, o parsedOp, res *batchResult, room *answerRoom) {
 	s := h.store
 	var err error
 	status := http.StatusCreated
@@ -193,7 +254,10 @@ func (h *handler) runOp(ctx context.Context, o parsedOp, res *batchResult) {
 	case "get":
 		var it upstream.Item
 		if it, err = s.Get(ctx, o.item.Key); err == nil {
-			h.setItem(res, it)
+			if room == nil {
+				room = h.newAnswerRoom()
+			}
+			h.setItem(res, it, room)
 			return
 		}
 	case "set", "add", "replace", "cas":
@@ -244,16 +308,9 @@ func (h *handler) runOp(ctx context.Context, o parsedOp, res *batchResult) {
 // A malformed body, too many operations or too many bytes fail the whole
 // batch; a bad operation only fails itself.
 func (h *handler) readBatch(r *http.Request) ([]parsedOp, error) {
-	limit := h.opts.BatchMaxBytes
-	if r.ContentLength > limit {
-		return nil, &requestError{http.StatusRequestEntityTooLarge, "batch is " + strconv.FormatInt(r.ContentLength, 10) + " bytes; at most " + strconv.FormatInt(limit, 10)}
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	body, err := h.readBody(r, h.opts.BatchMaxBytes, nil)
 	if err != nil {
-		return nil, badRequest("reading batch: " + err.Error())
-	}
-	if int64(len(body)) > limit {
-		return nil, &requestError{http.StatusRequestEntityTooLarge, "batch is over " + strconv.FormatInt(limit, 10) + " bytes"}
+		return nil, err
 	}
 	raw, err := decodeBatch(body)
 	if err != nil {
@@ -387,10 +444,15 @@ func parseCAS(raw json.RawMessage) (uint64, error) {
 	return v, nil
 }
 
-func writeResults(w http.ResponseWriter, results []batchResult) {
+// writeResults answers a multi-get or batch with its results, the
+// encoded answer held against the budget until the request ends.
+func (h *handler) writeResults(w http.ResponseWriter, r *http.Request, results []batchResult) {
 	body, err := json.Marshal(struct {
 		Results []batchResult `json:"results"`
 	}{results})
+	if err == nil && h.hold(reqCtx(r), len(body)) != nil {
+		err = errBudget
+	}
 	if err != nil {
 		writeError(w, err)
 		return

@@ -103,6 +103,7 @@ func (h *Handler) serveDetached(w http.ResponseWriter, r *http.Request) bool {
 	start := time.Now()
 	hh.obs.inFlight.Inc()
 	ctx, r := h.takeContext(r)
+	ctx.slot = true // given back by f.end
 	f := hh.newDetachedReq(w, r, ctx, start)
 	// Until f is handed to the Store's callback, or to got or stored
 	// (which end it themselves), a panic here is answered and f ended as
@@ -132,7 +133,7 @@ func (h *Handler) serveDetached(w http.ResponseWriter, r *http.Request) bool {
 	}
 	buf := hh.valueBuf(r.ContentLength)
 	defer hh.values.Put(buf) // a Store keeps no Value once it returns
-	if it.Value, err = hh.readValue(r, buf); err == nil {
+	if it.Value, err = hh.readBody(r, hh.opts.MaxValueBytes, buf); err == nil {
 		err = hh.prepare(&it)
 	}
 	if err == nil {
@@ -197,8 +198,7 @@ func (f *detachedReq) recover() {
 func (f *detachedReq) end() {
 	h := f.h
 	h.obs.record(f.r, &f.sw, f.start)
-	h.lim.release()
-	f.ctx.stop()
+	h.end(f.ctx)
 	finish := f.finish
 	f.sw, f.r, f.ctx, f.finish = statusWriter{}, nil, nil, nil
 	h.detachedq.Put(f)

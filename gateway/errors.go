@@ -40,7 +40,10 @@ func errorStatus(err error) (status int, msg string, retry bool) {
 	var pe *preconditionError
 	var ne *upstream.NodeError
 	var ve *valueError
+	var oe *overloadError
 	switch {
+	case errors.As(err, &oe):
+		return http.StatusServiceUnavailable, oe.msg, true
 	case errors.As(err, &ve):
 		return http.StatusBadGateway, ve.Error(), false
 	case errors.As(err, &re):
@@ -59,6 +62,8 @@ func errorStatus(err error) (status int, msg string, retry bool) {
 		return http.StatusBadRequest, "key is not valid for memcached", false
 	case errors.Is(err, upstream.ErrTooLarge):
 		return http.StatusRequestEntityTooLarge, "memcached refused the value as too large for an item", false
+	case errors.Is(err, upstream.ErrOverLimit):
+		return http.StatusInsufficientStorage, "value does not fit in this answer (MEMCGATE_BATCH_MAX_RESPONSE_BYTES); read this key on its own", false
 	case errors.Is(err, upstream.ErrNoNodes):
 		return http.StatusServiceUnavailable, "no memcached node available", true
 	case errors.As(err, &ne) && ne.Timeout():

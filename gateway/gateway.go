@@ -17,6 +17,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/memcgate/memcgate/gateway/budget"
 	"github.com/memcgate/memcgate/upstream"
 )
 
@@ -35,8 +36,13 @@ type Store interface {
 	Incr(ctx context.Context, key string, delta uint64) (uint64, error)
 	Decr(ctx context.Context, key string, delta uint64) (uint64, error)
 	Touch(ctx context.Context, key string, exptime int32) error
-	// GetMulti reads many keys; a key in neither map is a miss.
-	GetMulti(ctx context.Context, keys []string) (found map[string]upstream.Item, failed map[string]error)
+	// Up reports whether an operation on key could be served now: its
+	// node, or one it fails over to, is up.
+	Up(key string) bool
+	// GetMulti reads many keys, each once, keeping at most limit bytes of
+	// values (0: no limit; the keys of values past it fail with
+	// upstream.ErrOverLimit); a key in neither map is a miss.
+	GetMulti(ctx context.Context, keys []string, limit int) (found map[string]upstream.Item, failed map[string]error)
 }
 
 // Options configures the data handler. Zero values take the defaults named
@@ -90,6 +96,19 @@ type Options struct {
 	Codec ValueCodec
 	// PHP configures CodecPHP's writes.
 	PHP PHPOptions
+	// Budget bounds the bytes held for clients beyond 16 KiB per request:
+	// request bodies as they are read, values read for responses until
+	// they are written, multi-get and batch results, the asynchronous
+	// queue. What it refuses is answered 503 with Retry-After (507 for
+	// one key of a multi-get or batch). Nil: no bound.
+	Budget *budget.Budget
+	// BatchMaxResponseBytes caps the body of a multi-get's or batch's
+	// answer: values past it answer 507 for their keys (read them one
+	// by one). If zero, 16 MiB.
+	BatchMaxResponseBytes int64
+	// AsyncQueueBytes caps the value bytes of writes accepted with
+	// Prefer: respond-async and not yet applied; if zero, 16 MiB.
+	AsyncQueueBytes int64
 	// NoDetach answers every request on the goroutine that serves it,
 	// as routed; by default GET, HEAD and plain PUT of /{key} are
 	// answered by memcached's reply when the server and the Store allow
@@ -119,6 +138,12 @@ func (o *Options) withDefaults() {
 	if o.AsyncWorkers <= 0 {
 		o.AsyncWorkers = 64
 	}
+	if o.BatchMaxResponseBytes <= 0 {
+		o.BatchMaxResponseBytes = 16 << 20
+	}
+	if o.AsyncQueueBytes <= 0 {
+		o.AsyncQueueBytes = 16 << 20
+	}
 }
 
 // handler holds what the data endpoints share.
@@ -138,6 +163,8 @@ type handler struct {
 	obs         *observer
 	lim         *limiter
 	detachedq   sync.Pool // of *detachedReq
+
+	budget *budget.Budget // nil: no bound
 }
 
 // Handler is the data-plane HTTP handler. Run must run for writes sent with
@@ -164,11 +191,29 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx, r := h.takeContext(r)
 	ctx.route = rc // back to the pool after the request, as chi does
 	defer func() {
-		ctx.stop()
+		h.h.end(ctx)
 		ctx.route = nil // whoever still holds ctx must not find rc reused
 		h.routes.Put(rc)
 	}()
 	h.mux.ServeHTTP(w, r)
+}
+
+// BodyLimit is how much of r's body its handler reads, for a server that
+// reads bodies whole before the handler runs (h1.Server's BodyLimit): the
+// route's limit, or 0 for a request that will be refused before its body
+// is read (a refused token, read-only mode).
+func (h *Handler) BodyLimit(r *http.Request) int64 {
+	hh := h.h
+	if hh.memc != nil && hh.memc.owns(r.URL.Path) {
+		return hh.memc.o.MaxBodyBytes
+	}
+	if hh.access(r) != nil {
+		return 0
+	}
+	if r.URL.Path == "/" {
+		return hh.opts.BatchMaxBytes
+	}
+	return hh.opts.MaxValueBytes
 }
 
 // takeContext returns the request's context as ServeHTTP gives it: the
@@ -212,8 +257,9 @@ const allowed = "GET, HEAD, PUT, DELETE, POST"
 func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Options) *Handler {
 	opts.withDefaults()
 	h := &handler{store: s, opts: opts, defaultTTL: int32(opts.DefaultTTL / time.Second), log: log}
-	h.async = newAsyncQueue(h, s, opts.AsyncWorkers, opts.AsyncQueue, opts.RequestTimeout, log, reg)
+	h.async = newAsyncQueue(h, s, opts.AsyncWorkers, opts.AsyncQueue, opts.AsyncQueueBytes, opts.RequestTimeout, log, reg)
 	h.lim = &limiter{max: int64(opts.MaxRequests)}
+	h.budget = opts.Budget
 	h.obs = newObserver(log, reg, opts.AccessLog, opts.AccessLogJSON)
 	if fs, ok := s.(asyncStore); ok && !opts.NoDetach {
 		h.detachStore = fs
@@ -223,8 +269,24 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 		Help: "Requests answered by memcached's reply as it was read, with no goroutine waiting (MEMCGATE_DETACHED_RESPONSES).",
 	})
 	reg.MustRegister(h.detached)
+	if b := opts.Budget; b != nil {
+		reg.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "memcgate_buffered_bytes",
+				Help: "Bytes held for clients now (request bodies, values, multi-get and batch answers, the async queue, responses waiting for slow readers), against MEMCGATE_MAX_BUFFERED_BYTES.",
+			}, func() float64 { return float64(b.Used()) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "memcgate_buffered_bytes_limit",
+				Help: "MEMCGATE_MAX_BUFFERED_BYTES: the most bytes held for clients at once.",
+			}, func() float64 { return float64(b.Limit()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "memcgate_buffered_refusals_total",
+				Help: "Bodies, values and answers refused (503, or 507 per key) because they would have passed MEMCGATE_MAX_BUFFERED_BYTES.",
+			}, func() float64 { return float64(b.Refused()) }),
+		)
+	}
 	r := chi.NewRouter()
-	r.Use(h.obs.middleware, h.lim.middleware)
+	r.Use(h.obs.middleware, h.limit)
 	if opts.Memc != nil {
 		// The compatible endpoints authorize per command, not per method
 		// (GET ?cmd=set is a write): see mountMemc.
@@ -280,6 +342,10 @@ type requestCtx struct {
 	route           *chi.Context // the value of chi.RouteCtxKey while set
 	maker           *Handler     // set by NewContext: ServeHTTP may use it as is
 	used            bool         // ServeHTTP served a request with it
+
+	// What the request holds until it ends (handler.end).
+	slot bool  // one of the limiter's in-flight slots
+	held int64 // bytes of the budget
 }
 
 // Value answers chi.RouteCtxKey itself, so that chi finds its routing
@@ -331,6 +397,14 @@ func (c *requestCtx) Err() error {
 // the like) hook onto the armed deadline directly; without it they would
 // each start a goroutine to watch Done.
 func (c *requestCtx) AfterFunc(f func()) (stop func() bool) { return context.AfterFunc(c.arm(), f) }
+
+// restart moves the deadline to d from now, unless something already
+// waits on it.
+func (c *requestCtx) restart(d time.Duration) {
+	if !c.armed.Load() {
+		c.deadline = time.Now().Add(d)
+	}
+}
 
 // stop releases the timer if one was made.
 func (c *requestCtx) stop() {

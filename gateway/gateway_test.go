@@ -31,6 +31,13 @@ type fakeStore struct {
 
 func newFake() *fakeStore { return &fakeStore{items: map[string]upstream.Item{}} }
 
+// Up is down (false) while err says no node is available.
+func (f *fakeStore) Up(string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return !errors.Is(f.err, upstream.ErrNoNodes)
+}
+
 func (f *fakeStore) begin() error {
 	f.calls++
 	return f.err
@@ -219,7 +226,7 @@ func TestRequests(t *testing.T) {
 		{name: "put exptime overflow", method: "PUT", target: "/k?exptime=2147483648", body: "v", wantStatus: 400, wantCalls: 0},
 		{name: "put bad flags", method: "PUT", target: "/k?flags=-1", body: "v", wantStatus: 400, wantBody: `flags "-1"`, wantCalls: 0},
 		{name: "put flags overflow", method: "PUT", target: "/k?flags=4294967296", body: "v", wantStatus: 400, wantCalls: 0},
-		{name: "put too large", method: "PUT", target: "/k", body: strings.Repeat("x", 65), wantStatus: 413, wantBody: "value is 65 bytes; at most 64", wantCalls: 0},
+		{name: "put too large", method: "PUT", target: "/k", body: strings.Repeat("x", 65), wantStatus: 413, wantBody: "request body is 65 bytes; at most 64", wantCalls: 0},
 		{name: "put at limit", method: "PUT", target: "/k", body: strings.Repeat("x", 64), wantStatus: 201, wantCalls: 1},
 		{name: "add new", method: "PUT", target: "/k", body: "v", hdr: []string{"If-None-Match", "*"}, wantStatus: 201, wantCalls: 1},
 		{name: "add exists", method: "PUT", target: "/k", body: "v", hdr: []string{"If-None-Match", "*"}, preset: map[string]string{"k": "v"}, wantStatus: 412, wantBody: "key exists", wantCalls: 1},
@@ -423,7 +430,7 @@ func FuzzCheckKey(f *testing.F) {
 	})
 }
 
-func (f *fakeStore) GetMulti(_ context.Context, keys []string) (map[string]upstream.Item, map[string]error) {
+func (f *fakeStore) GetMulti(_ context.Context, keys []string, limit int) (map[string]upstream.Item, map[string]error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	found, failed := map[string]upstream.Item{}, map[string]error{}
@@ -433,8 +440,17 @@ func (f *fakeStore) GetMulti(_ context.Context, keys []string) (map[string]upstr
 		}
 		return found, failed
 	}
+	kept := 0
 	for _, k := range keys {
 		if it, ok := f.items[k]; ok {
+			if _, dup := found[k]; dup {
+				continue
+			}
+			if limit > 0 && kept+len(it.Value) > limit {
+				failed[k] = upstream.ErrOverLimit
+				continue
+			}
+			kept += len(it.Value)
 			found[k] = it
 		}
 	}

@@ -29,7 +29,18 @@ func (h *handler) writeItem(w http.ResponseWriter, r *http.Request, it upstream.
 		writeError(w, err)
 		return
 	}
+	// A large value is held against the budget until its response is
+	// written: a client that does not read can hold it for up to the
+	// write timeout.
+	rc := reqCtx(r)
+	if h.hold(rc, len(it.Value)) != nil {
+		writeError(w, errBudget)
+		return
+	}
 	v, err := h.present(it)
+	if err == nil && len(v.body) != len(it.Value) && h.hold(rc, len(v.body)) != nil {
+		err = errBudget // decompressed
+	}
 	if err != nil {
 		writeError(w, err)
 		return
@@ -78,7 +89,7 @@ func (h *handler) put(w http.ResponseWriter, r *http.Request) {
 			defer h.values.Put(buf)
 		}
 	}
-	if it.Value, err = h.readValue(r, buf); err != nil {
+	if it.Value, err = h.readBody(r, h.opts.MaxValueBytes, buf); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -164,7 +175,7 @@ func (h *handler) post(w http.ResponseWriter, r *http.Request) {
 	switch op {
 	case "append", "prepend":
 		it := upstream.Item{Key: key}
-		if it.Value, err = h.readValue(r, nil); err != nil {
+		if it.Value, err = h.readBody(r, h.opts.MaxValueBytes, nil); err != nil {
 			break
 		}
 		if op == "append" {
@@ -245,43 +256,6 @@ func (h *handler) valueBuf(n int64) *[]byte {
 		return p
 	}
 	return new([]byte)
-}
-
-// readValue reads the whole request body (Content-Length or chunked). A
-// body over MaxValueBytes is refused with 413 before it is read when its
-// length is declared, and as soon as it passes the limit when chunked.
-// A declared length is read into *into, if not nil, grown if need be.
-func (h *handler) readValue(r *http.Request, into *[]byte) ([]byte, error) {
-	limit := h.opts.MaxValueBytes
-	tooLarge := func(n string) error {
-		return &requestError{http.StatusRequestEntityTooLarge, "value is " + n + " bytes; at most " + strconv.FormatInt(limit, 10) + " are accepted"}
-	}
-	if r.ContentLength > limit {
-		return nil, tooLarge(strconv.FormatInt(r.ContentLength, 10))
-	}
-	if r.ContentLength >= 0 {
-		var buf []byte
-		if into != nil {
-			if int64(cap(*into)) < r.ContentLength {
-				*into = make([]byte, r.ContentLength)
-			}
-			buf = (*into)[:r.ContentLength]
-		} else {
-			buf = make([]byte, r.ContentLength)
-		}
-		if n, err := io.ReadFull(r.Body, buf); err != nil {
-			return nil, badRequest("request body ended after " + strconv.Itoa(n) + " of " + strconv.FormatInt(r.ContentLength, 10) + " bytes")
-		}
-		return buf, nil
-	}
-	buf, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
-	if err != nil {
-		return nil, badRequest("reading request body: " + err.Error())
-	}
-	if int64(len(buf)) > limit {
-		return nil, tooLarge("more than " + strconv.FormatInt(limit, 10))
-	}
-	return buf, nil
 }
 
 // octetStream is the Content-Type of every value; net/http never modifies

@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"html"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -340,9 +339,14 @@ func (m *memc) serve(w http.ResponseWriter, r *http.Request, v memcVars) {
 	body, hasBody, err := m.readBody(r)
 	if err != nil {
 		var re *requestError
-		if errors.As(err, &re) {
+		var oe *overloadError
+		switch {
+		case errors.As(err, &re):
 			m.page(w, r, re.status, re.msg)
-		} else {
+		case errors.As(err, &oe):
+			w.Header().Set("Retry-After", "1")
+			m.page(w, r, http.StatusServiceUnavailable, oe.msg)
+		default:
 			m.fail(w, r, cmd, err)
 		}
 		return
@@ -541,18 +545,8 @@ func (m *memc) readBody(r *http.Request) (body []byte, present bool, err error) 
 	if !present || r.Body == nil {
 		return nil, present, nil
 	}
-	limit := m.o.MaxBodyBytes
-	body, err = io.ReadAll(io.LimitReader(r.Body, limit+1))
-	if err != nil {
-		if ctxErr := r.Context().Err(); ctxErr != nil {
-			return nil, true, ctxErr
-		}
-		return nil, true, &requestError{http.StatusBadRequest, "reading the request body: " + err.Error()}
-	}
-	if int64(len(body)) > limit {
-		return nil, true, &requestError{http.StatusRequestEntityTooLarge, "request body is over " + strconv.FormatInt(limit, 10) + " bytes"}
-	}
-	return body, true, nil
+	body, err = m.h.readBody(r, m.o.MaxBodyBytes, nil)
+	return body, true, err
 }
 
 // memcFailure is the one place that maps what went wrong with a command to

@@ -5,7 +5,6 @@ import (
 	"crypto/subtle"
 	"net/http"
 	"strings"
-	"sync/atomic"
 )
 
 // Scope is what a bearer token allows.
@@ -136,39 +135,4 @@ func (h *handler) access(r *http.Request) *requestError {
 		return &requestError{http.StatusForbidden, "read-only mode: writes are disabled (MEMCGATE_READ_ONLY)"}
 	}
 	return h.opts.Tokens.check(r, need)
-}
-
-// limiter answers 503 with Retry-After once max requests are in flight,
-// instead of queueing without bound. A zero max disables it.
-type limiter struct {
-	max      int64
-	inFlight atomic.Int64
-}
-
-func (l *limiter) middleware(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !l.acquire() {
-			w.Header().Set("Retry-After", "1")
-			writeError(w, &requestError{http.StatusServiceUnavailable, "too many requests in flight; retry shortly"})
-			return
-		}
-		defer l.release()
-		next.ServeHTTP(w, r)
-	})
-}
-
-// acquire counts a request in, if the cap allows it.
-func (l *limiter) acquire() bool {
-	if l.max > 0 && l.inFlight.Add(1) > l.max {
-		l.inFlight.Add(-1)
-		return false
-	}
-	return true
-}
-
-// release counts out a request acquire let in.
-func (l *limiter) release() {
-	if l.max > 0 {
-		l.inFlight.Add(-1)
-	}
 }

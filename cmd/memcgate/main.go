@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/memcgate/memcgate/config"
 	"github.com/memcgate/memcgate/gateway"
+	"github.com/memcgate/memcgate/gateway/budget"
 	"github.com/memcgate/memcgate/gateway/h1"
 	"github.com/memcgate/memcgate/gateway/phpvalue"
 	"github.com/memcgate/memcgate/upstream"
@@ -142,6 +144,11 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 		return err
 	}
 	dataLn, adminLn = sec.wrap(dataLn, adminLn)
+	mem := planMemory(cfg, cgroupMemoryLimit())
+	if mem.runtime > 0 {
+		debug.SetMemoryLimit(mem.runtime)
+	}
+	buffered := budget.New(mem.budget)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	uo := upstreamOptions(cfg)
@@ -156,23 +163,26 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 
 	var draining atomic.Bool
 	handler := gateway.NewHandler(cluster, log, reg, gateway.Options{
-		MaxKeyLen:      gateway.MaxKeyLen - len(cfg.KeyPrefix),
-		MaxValueBytes:  cfg.MaxValueBytes,
-		DefaultTTL:     cfg.DefaultTTL,
-		RequestTimeout: cfg.RequestTimeout,
-		AccessLog:      cfg.AccessLog,
-		AccessLogJSON:  accessJSON,
-		Memc:           memcOptions(cfg.Memc, cluster),
-		Tokens:         sec.tokens,
-		ReadOnly:       cfg.ReadOnly,
-		MaxRequests:    cfg.MaxRequests,
-		BatchMaxOps:    cfg.BatchMaxOps,
-		BatchMaxBytes:  cfg.BatchMaxBytes,
-		AsyncQueue:     cfg.AsyncQueue,
-		AsyncWorkers:   cfg.AsyncWorkers,
-		Codec:          gateway.ValueCodec(cfg.ValueCodec),
-		PHP:            phpOptions(cfg),
-		NoDetach:       !cfg.Detached || cfg.PipelineConns == 0, // only pipelined connections answer without waiting
+		MaxKeyLen:             gateway.MaxKeyLen - len(cfg.KeyPrefix),
+		MaxValueBytes:         cfg.MaxValueBytes,
+		DefaultTTL:            cfg.DefaultTTL,
+		RequestTimeout:        cfg.RequestTimeout,
+		AccessLog:             cfg.AccessLog,
+		AccessLogJSON:         accessJSON,
+		Memc:                  memcOptions(cfg.Memc, cluster),
+		Tokens:                sec.tokens,
+		ReadOnly:              cfg.ReadOnly,
+		MaxRequests:           cfg.MaxRequests,
+		BatchMaxOps:           cfg.BatchMaxOps,
+		BatchMaxBytes:         cfg.BatchMaxBytes,
+		AsyncQueue:            cfg.AsyncQueue,
+		AsyncWorkers:          cfg.AsyncWorkers,
+		Budget:                buffered,
+		BatchMaxResponseBytes: cfg.BatchMaxResp,
+		AsyncQueueBytes:       cfg.AsyncQueueMax,
+		Codec:                 gateway.ValueCodec(cfg.ValueCodec),
+		PHP:                   phpOptions(cfg),
+		NoDetach:              !cfg.Detached || cfg.PipelineConns == 0, // only pipelined connections answer without waiting
 	})
 	std := &http.Server{
 		Handler:           handler,
@@ -183,7 +193,7 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	data := dataServer(cfg, sec, std)
+	data := dataServer(cfg, sec, std, handler, buffered)
 	admin := &http.Server{
 		Handler: gateway.NewAdminHandler(reg, gateway.Admin{
 			Ready:  func() bool { return !draining.Load() && cluster.Ready() },
@@ -211,7 +221,8 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 	wg.Go(func() { errc <- ignoreClosed(data.Serve(dataLn)) })
 	wg.Go(func() { errc <- ignoreClosed(admin.Serve(adminLn)) })
 	log.Info("memcgate started", "listen", dataLn.Addr().String(), "admin", adminLn.Addr().String(),
-		"servers", len(cfg.Servers), "distribution", cfg.Distribution)
+		"servers", len(cfg.Servers), "distribution", cfg.Distribution,
+		"max_buffered_bytes", mem.budget, "memory_limit", mem.limit, "memory_limit_from", mem.source)
 
 	var first error
 	select {
@@ -263,12 +274,14 @@ type httpServer interface {
 
 // dataServer puts the h1 fast path in front of std unless it is turned off
 // or the listener speaks TLS (h1 has no TLS and no HTTP/2; std keeps both).
-func dataServer(cfg config.Config, sec *security, std *http.Server) httpServer {
+func dataServer(cfg config.Config, sec *security, std *http.Server, h *gateway.Handler, buffered *budget.Budget) httpServer {
 	if !cfg.FastPath || sec.dataTLS != nil {
 		return std
 	}
 	return &h1.Server{
 		Handler:           std.Handler,
+		BodyLimit:         h.BodyLimit,
+		Budget:            buffered,
 		ReadHeaderTimeout: std.ReadHeaderTimeout,
 		ReadTimeout:       std.ReadTimeout,
 		WriteTimeout:      std.WriteTimeout,
@@ -276,19 +289,8 @@ func dataServer(cfg config.Config, sec *security, std *http.Server) httpServer {
 		MaxHeaderBytes:    std.MaxHeaderBytes,
 		Fallback:          std,
 		ErrorLog:          std.ErrorLog,
-		NewContext:        newContext(std.Handler),
+		NewContext:        h.NewContext,
 	}
-}
-
-// newContext is the handler's NewContext, if it has one (see
-// gateway.Handler.NewContext).
-func newContext(h http.Handler) func(context.Context) context.Context {
-	if nc, ok := h.(interface {
-		NewContext(context.Context) context.Context
-	}); ok {
-		return nc.NewContext
-	}
-	return nil
 }
 
 func ignoreClosed(err error) error {

@@ -58,17 +58,22 @@ func TestSeedLatency(t *testing.T) {
 	tcp.SetLatency(delay)
 	udp.SetLatency(delay)
 
-	// One round trip through the relay, measured with a warm connection.
+	// One round trip through the relay, measured with a warm connection:
+	// the best of three, as one sample can wait for a busy CPU (seen with
+	// the other packages' tests running at once).
 	g.do("PUT", "/warm", []byte("x"))
+	rtt := time.Duration(1<<63 - 1)
+	for range 3 {
+		start := time.Now()
+		g.do("GET", "/warm", nil)
+		rtt = min(rtt, time.Since(start))
+	}
 	start := time.Now()
-	g.do("GET", "/warm", nil)
-	rtt := time.Since(start)
 
 	value := func(phase string, i int) string { return phase + "-" + strconv.Itoa(i) }
 	key := func(phase string, i int) string { return phase + "_" + strconv.Itoa(i) }
 
 	// 1. Serial PUTs: one round trip each.
-	start = time.Now()
 	for i := range n {
 		if r := g.do("PUT", "/"+key("serial", i), []byte(value("serial", i))); r.status != 201 {
 			t.Fatalf("serial PUT %d = %d %q", i, r.status, r.body)

@@ -1,0 +1,214 @@
+package gateway
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/memcgate/memcgate/gateway/budget"
+)
+
+// What a request may hold, and when it takes it.
+//
+// A request takes one of MaxRequests in-flight slots only once it has
+// work for memcached: a request without a body when it is routed, one
+// with a body once the body has been read (readBody), so that a client
+// that is slow to send holds no slot. Bytes held for a request beyond
+// smallHold (its body, a large value read for it, a multi-get's or
+// batch's results) are held against the Budget from the moment they are
+// in memory until the request ends; what the budget refuses is answered
+// 503 with Retry-After. Both are given back by end.
+
+// smallHold is the size below which a body or value is not counted
+// against the budget: such bytes are bounded by the in-flight slots and
+// leave as soon as their response is written, and counting them would
+// cost the hot path two atomic operations per request.
+const smallHold = 16 << 10
+
+// limiter counts requests in flight against a cap; a zero max disables it.
+type limiter struct {
+	max      int64
+	inFlight atomic.Int64
+}
+
+// acquire counts a request in, if the cap allows it.
+func (l *limiter) acquire() bool {
+	if l.max > 0 && l.inFlight.Add(1) > l.max {
+		l.inFlight.Add(-1)
+		return false
+	}
+	return true
+}
+
+// release counts out a request acquire let in.
+func (l *limiter) release() {
+	if l.max > 0 {
+		l.inFlight.Add(-1)
+	}
+}
+
+// errBusy answers a request that found every in-flight slot taken.
+var errBusy = &overloadError{"too many requests in flight (MEMCGATE_MAX_REQUESTS); retry shortly"}
+
+// overloadError is a request refused because the gateway is at one of its
+// limits: 503 with Retry-After.
+type overloadError struct{ msg string }
+
+func (e *overloadError) Error() string { return e.msg }
+
+// takesBody reports whether r brings a body its handler reads before it
+// does anything else, and so takes its slot only then.
+func takesBody(r *http.Request) bool {
+	return (r.Method == http.MethodPut || r.Method == http.MethodPost) && (r.ContentLength != 0 || len(r.TransferEncoding) > 0)
+}
+
+// limit is the middleware that takes the slot of a request without a
+// body (readBody takes the others') and gives back whatever the request
+// held when it ends.
+func (h *handler) limit(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := reqCtx(r)
+		if !takesBody(r) && !h.takeSlot(rc) {
+			writeError(w, errBusy)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// reqCtx is r's requestCtx; ServeHTTP always gives one.
+func reqCtx(r *http.Request) *requestCtx {
+	rc, _ := r.Context().(*requestCtx)
+	return rc
+}
+
+// takeSlot takes an in-flight slot for rc's request, once.
+func (h *handler) takeSlot(rc *requestCtx) bool {
+	if rc == nil || rc.slot {
+		return true
+	}
+	if !h.lim.acquire() {
+		return false
+	}
+	rc.slot = true
+	return true
+}
+
+// hold counts n more bytes against the budget for rc's request, until it
+// ends; sizes below smallHold are not counted.
+func (h *handler) hold(rc *requestCtx, n int) error {
+	if n < smallHold || rc == nil {
+		return nil
+	}
+	if err := h.budget.Acquire(int64(n)); err != nil {
+		return err
+	}
+	rc.held += int64(n)
+	return nil
+}
+
+// end gives back what rc's request held, and stops its timer.
+func (h *handler) end(rc *requestCtx) {
+	if rc.slot {
+		h.lim.release()
+		rc.slot = false
+	}
+	if rc.held > 0 {
+		h.budget.Release(rc.held)
+		rc.held = 0
+	}
+	rc.stop()
+}
+
+// errBudget answers what the budget refused.
+var errBudget = &overloadError{"the gateway holds as many bytes for clients as it may (MEMCGATE_MAX_BUFFERED_BYTES); retry shortly"}
+
+// readBody reads r's body whole, at most limit bytes: 413 beyond, before
+// reading when Content-Length says so. The buffer grows with the bytes
+// that arrive, never from the declared length alone, and beyond
+// smallHold is held against the budget (503 when refused). Then it takes
+// the request's slot. A body of a known length goes into *into if not
+// nil, grown if need be.
+func (h *handler) readBody(r *http.Request, limit int64, into *[]byte) ([]byte, error) {
+	rc := reqCtx(r)
+	tooLarge := func(n string) error {
+		return &requestError{http.StatusRequestEntityTooLarge, "request body is " + n + " bytes; at most " + strconv.FormatInt(limit, 10) + " are accepted"}
+	}
+	cl := r.ContentLength
+	if cl > limit {
+		return nil, tooLarge(strconv.FormatInt(cl, 10))
+	}
+	var buf []byte
+	if into != nil && cl >= 0 {
+		buf = (*into)[:0]
+	}
+	held := 0
+	grow := func(size int) error {
+		if size > held && size >= smallHold {
+			if err := h.hold(rc, size-held); err != nil {
+				return errBudget
+			}
+			held = size
+		}
+		nb := make([]byte, len(buf), size)
+		copy(nb, buf)
+		buf = nb
+		return nil
+	}
+	want := cl
+	if want < 0 {
+		want = limit + 1 // chunked: read until EOF, or one byte past the limit
+	}
+	for int64(len(buf)) < want {
+		if len(buf) == cap(buf) {
+			size := int(min(want, int64(max(2*cap(buf), 4<<10))))
+			if err := grow(size); err != nil {
+				return nil, err
+			}
+		}
+		n, err := r.Body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, bodyError(err, len(buf), cl)
+		}
+	}
+	switch {
+	case cl >= 0 && int64(len(buf)) < cl:
+		return nil, bodyError(io.ErrUnexpectedEOF, len(buf), cl)
+	case cl < 0 && int64(len(buf)) > limit:
+		return nil, tooLarge("more than " + strconv.FormatInt(limit, 10))
+	}
+	if into != nil && cl >= 0 {
+		*into = buf
+	}
+	if !h.takeSlot(rc) {
+		return nil, errBusy
+	}
+	if rc != nil {
+		// The memcached work starts now: however long the body took,
+		// it gets all of RequestTimeout.
+		rc.restart(h.opts.RequestTimeout)
+	}
+	return buf, nil
+}
+
+// bodyError is why reading a body failed after n of cl bytes (cl < 0:
+// chunked).
+func bodyError(err error, n int, cl int64) error {
+	var ne net.Error
+	switch {
+	case errors.Is(err, budget.ErrExhausted):
+		return errBudget // the server's read ahead (h1) was refused
+	case errors.As(err, &ne) && ne.Timeout():
+		return &requestError{http.StatusRequestTimeout, "request body did not arrive within MEMCGATE_READ_TIMEOUT"}
+	case cl >= 0:
+		return badRequest("request body ended after " + strconv.Itoa(n) + " of " + strconv.FormatInt(cl, 10) + " bytes")
+	}
+	return badRequest("reading request body: " + err.Error())
+}
