@@ -74,7 +74,7 @@ type Config struct {
 	MaxRequests    int    `env:"MAX_REQUESTS" envDefault:"10000" help:"requests with work for memcached in flight beyond which the gateway answers 503 with Retry-After (0 = no cap); a request with a body counts once its body is read"`
 	// MaxBufferedBytes is the byte budget (gateway/budget); 0 derives it
 	// from the memory limit (cmd/memcgate).
-	MaxBufferedBytes int64 `env:"MAX_BUFFERED_BYTES" envDefault:"0" help:"bytes the gateway may hold for clients at once beyond 16 KiB per request: request bodies as they arrive, values until their response is written, multi-get and batch answers, the async queue, responses waiting for a slow reader (503 with Retry-After beyond); 0 = a quarter of GOMEMLIMIT or of the container's memory limit, else 64 MiB"`
+	MaxBufferedBytes int64 `env:"MAX_BUFFERED_BYTES" envDefault:"0" help:"bytes the gateway may hold for clients at once (bodies and values from 4 KiB): request bodies as they arrive, values until their response is written, multi-get and batch answers, the async queue, responses waiting for a slow reader (503 with Retry-After beyond); 0 = a quarter of GOMEMLIMIT or of the container's memory limit, else 64 MiB"`
 
 	TLSCertFile        string `env:"TLS_CERT_FILE" help:"PEM certificate (chain) for HTTPS on the data listener; with TLS_KEY_FILE"`
 	TLSKeyFile         string `env:"TLS_KEY_FILE" help:"PEM private key for the data listener"`

@@ -96,7 +96,7 @@ type Options struct {
 	Codec ValueCodec
 	// PHP configures CodecPHP's writes.
 	PHP PHPOptions
-	// Budget bounds the bytes held for clients beyond 16 KiB per request:
+	// Budget bounds the bytes held for clients beyond 4 KiB per request:
 	// request bodies as they are read, values read for responses until
 	// they are written, multi-get and batch results, the asynchronous
 	// queue. What it refuses is answered 503 with Retry-After (507 for

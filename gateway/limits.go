@@ -26,7 +26,7 @@ import (
 // against the budget: such bytes are bounded by the in-flight slots and
 // leave as soon as their response is written, and counting them would
 // cost the hot path two atomic operations per request.
-const smallHold = 16 << 10
+const smallHold = 4 << 10
 
 // limiter counts requests in flight against a cap; a zero max disables it.
 type limiter struct {

@@ -226,3 +226,56 @@ func TestNewConnHeaderTimeout(t *testing.T) {
 		t.Errorf("closed after %v, want about %v", d, timeout)
 	}
 }
+
+// TestReadAheadTurns: a body larger than a worker's turn is read over
+// several turns, whole and in order.
+func TestReadAheadTurns(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		ok := err == nil && len(b) == 1<<20
+		for i := range b {
+			ok = ok && b[i] == byte(i%251)
+		}
+		fmt.Fprint(w, ok)
+	})
+	_, addr := startH1(t, h, func(s *Server) {
+		s.pollWorkers = 1
+		s.BodyLimit = func(*http.Request) int64 { return 2 << 20 }
+	})
+	body := make([]byte, 1<<20)
+	for i := range body {
+		body[i] = byte(i % 251)
+	}
+	c, br := dial(t, addr)
+	fmt.Fprintf(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", len(body))
+	go c.Write(body)
+	if r, err := readWireResponse(br, "PUT"); err != nil || r.body != "true" {
+		t.Fatalf("1 MiB body: %v, %v", r, err)
+	}
+}
+
+// TestLingerParks: a connection closed with an unread body waits for the
+// client in the poller, not on a worker, and is closed when the client
+// closes.
+func TestLingerParks(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "not read") })
+	s, addr := startH1(t, h, func(s *Server) { s.pollWorkers = 1 })
+	c, br := dial(t, addr)
+	fmt.Fprintf(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", 1<<20)
+	io.WriteString(c, strings.Repeat("x", 300<<10)) // more than net/http drops to keep the connection
+	r, err := readWireResponse(br, "PUT")
+	if err != nil || r.body != "not read" {
+		t.Fatalf("got %v, %v", r, err)
+	}
+	if !eventually(func() bool { return readingCount(s) == 1 }) {
+		t.Fatal("the lingering connection is not parked")
+	}
+	c2, br2 := dial(t, addr) // the one worker is free
+	if r := roundTrip(t, c2, br2, "/"); r.body != "not read" {
+		t.Fatalf("other client: %v", r)
+	}
+	c.Close()
+	if !eventually(func() bool { return readingCount(s) == 0 }) {
+		t.Error("the lingering connection stayed parked after the client closed")
+	}
+}

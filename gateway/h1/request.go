@@ -34,7 +34,9 @@ func (c *conn) readHead(first bool) (req *http.Request, n int, res readResult) {
 			req, err := c.newRequest(buf[:n], lines)
 			switch {
 			case err != nil:
-				c.refuse(err)
+				if c.refuse(err) {
+					return nil, 0, readParked
+				}
 				return nil, 0, readEnded
 			case req == nil:
 				c.handover()
@@ -73,6 +75,10 @@ func (c *conn) readsAhead(req *http.Request) bool {
 		req.ContentLength <= s.BodyLimit(req)
 }
 
+// aheadTurn is how much of a body a worker reads ahead before it lets the
+// connections queued behind it go first.
+const aheadTurn = 128 << 10
+
 // aheadChunk is the first allocation for a body read ahead: it then
 // doubles as the body's bytes come, so that memory follows what the
 // client sent, not what its Content-Length says.
@@ -88,7 +94,13 @@ func (c *conn) readAhead() (*http.Request, readResult) {
 	req := c.ahead
 	b := req.Body.(*body)
 	cl := int(req.ContentLength)
+	turn := 0 // bytes read from the socket since a worker took the connection
 	for len(c.abuf) < cl {
+		if turn >= aheadTurn && s.poller.requeue(c) {
+			// Others' turn: a large body arriving fast must not keep
+			// the worker from connections queued behind it.
+			return nil, readParked
+		}
 		if len(c.abuf) == cap(c.abuf) {
 			size := min(cl, max(2*cap(c.abuf), aheadChunk, c.in.Buffered()))
 			if err := c.growAhead(size); err != nil {
@@ -104,6 +116,7 @@ func (c *conn) readAhead() (*http.Request, readResult) {
 		c.in.release()
 		n, blocked, err := c.in.readNoWait(c.abuf[len(c.abuf):cap(c.abuf)])
 		c.abuf = c.abuf[:len(c.abuf)+n]
+		turn += n
 		switch {
 		case err == io.EOF:
 			return c.endAhead(b, io.ErrUnexpectedEOF)
@@ -184,15 +197,16 @@ var errBothLengths = errors.New("h1: request has both Content-Length and Transfe
 const badRequest = "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"
 
 // refuse answers a request newRequest refused with 400 and closes the
-// connection, reading for a while what the client still sends so that
-// it gets the answer.
-func (c *conn) refuse(error) {
+// connection, dropping for a while what the client still sends so that
+// it gets the answer (linger, which reports whether it parked it).
+func (c *conn) refuse(error) (wasParked bool) {
 	if d := c.srv.WriteTimeout; d > 0 {
 		c.rwc.SetWriteDeadline(time.Now().Add(d))
 	}
 	io.WriteString(c.rwc, badRequest)
-	c.lingerClose()
-	c.close()
+	c.in.Discard(c.in.Buffered())
+	c.phase = phaseLinger
+	return c.linger()
 }
 
 // scanHead checks the head at the start of b, line by line, against the

@@ -460,6 +460,7 @@ type conn struct {
 	abuf     []byte        // the body read ahead so far
 	aheld    int64         // bytes of Server.Budget held for abuf
 	spilled  int64         // bytes of Server.Budget held for spill
+	lingerAt time.Time     // phaseLinger: when it began
 
 	// A detached response (detach.go). detached is the connection's
 	// goroutine's; the others are finish's until the request ends.
@@ -549,9 +550,10 @@ func (c *conn) finish() {
 // Where a connection is in reading its next request, for the worker that
 // resumes it after it was parked mid-request.
 const (
-	phaseIdle uint8 = iota // between requests
-	phaseHead              // part of a request head is buffered (stashed while parked)
-	phaseBody              // c.ahead's head is read and its body is being read ahead
+	phaseIdle   uint8 = iota // between requests
+	phaseHead                // part of a request head is buffered (stashed while parked)
+	phaseBody                // c.ahead's head is read and its body is being read ahead
+	phaseLinger              // answered and half-closed: what the client still sends is dropped (linger)
 )
 
 // readNext results.
@@ -569,6 +571,9 @@ const (
 func (c *conn) loop(first bool) (parked bool) {
 	s := c.srv
 	for resumed := !first; ; first, resumed = false, false {
+		if c.phase == phaseLinger {
+			return c.linger()
+		}
 		req, res := c.readNext(first, resumed)
 		switch res {
 		case readParked:
@@ -580,6 +585,9 @@ func (c *conn) loop(first bool) (parked bool) {
 			c.rwc.SetWriteDeadline(time.Now().Add(s.WriteTimeout))
 		}
 		if !c.serveRequest(req) {
+			if c.phase == phaseLinger {
+				return c.linger()
+			}
 			return false
 		}
 		if c.detached {
@@ -824,7 +832,8 @@ func (c *conn) serveRequest(req *http.Request) bool {
 		return true
 	}
 	if w.tooBig || w.body != nil && w.body.early {
-		c.lingerClose()
+		c.phase = phaseLinger // loop lingers, then closes
+		return false
 	}
 	c.close()
 	return false
@@ -868,10 +877,51 @@ func (c *conn) runHandler(w *response, req *http.Request) (ok bool) {
 	return true
 }
 
-// lingerClose half-closes the connection and reads what the client still
-// sends for a short while, so that closing with unread request bytes does
-// not reset the connection before the client has read the response.
-// (net/http half-closes and sleeps instead.)
+// linger half-closes the connection and drops what the client still
+// sends, for up to lingerTime or until it closes, and then closes it, so
+// that closing with unread request bytes does not reset the connection
+// before the client has read the response. (net/http half-closes and
+// sleeps instead.) A connection that can park waits in the poller
+// meanwhile, not on a worker: linger reports whether it parked it.
+func (c *conn) linger() (wasParked bool) {
+	if !c.canPark() {
+		c.lingerClose()
+		c.close()
+		return false
+	}
+	if c.lingerAt.IsZero() {
+		if cw, ok := c.rwc.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		}
+		c.lingerAt = time.Now()
+	}
+	for {
+		for c.in.Buffered() > 0 {
+			c.in.Discard(c.in.Buffered())
+		}
+		if !c.in.tryFill() {
+			if c.in.Buffered() > 0 {
+				continue
+			}
+			c.close() // the client closed (or reset), or the socket failed
+			return false
+		}
+		if c.readDL {
+			c.setReadTimeout(0)
+		}
+		switch c.srv.poller.parkReading(c, stateActive, c.lingerAt.Add(lingerTime)) {
+		case parked:
+			return true
+		case notParked:
+			c.lingerClose()
+			c.close()
+			return false
+		}
+	}
+}
+
+// lingerClose is linger for a connection that cannot park: it waits in a
+// read on its goroutine.
 func (c *conn) lingerClose() {
 	if cw, ok := c.rwc.(interface{ CloseWrite() error }); ok {
 		cw.CloseWrite()
