@@ -2,26 +2,18 @@ package gateway
 
 import (
 	"context"
-	"errors"
 	"hash/maphash"
 	"log/slog"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/op"
 )
-
-// quietSetter is implemented by stores that can set without waiting for
-// memcached's answer (UDP). *upstream.Cluster implements it.
-type quietSetter interface {
-	SetQuiet(ctx context.Context, it upstream.Item) error
-}
 
 // asyncQueue applies writes accepted with Prefer: respond-async. It is
 // bounded in writes and in value bytes, and holds its values against the
@@ -36,7 +28,7 @@ type quietSetter interface {
 type asyncQueue struct {
 	h         *handler // runs each write as the synchronous path would
 	store     Store
-	quiet     quietSetter // nil: sets go through store.Set
+	quiet     QuietSetter // nil: sets go through exec
 	timeout   time.Duration
 	capacity  int64
 	maxBytes  int64
@@ -62,14 +54,14 @@ var asyncRejectReasons = []string{"queue_full", "node_down", "budget", "shutdown
 // shard is one worker's queue.
 type shard struct {
 	mu   sync.Mutex // guards jobs
-	jobs []parsedOp
+	jobs []op.Op
 	wake chan struct{} // capacity 1: "jobs is not empty"
 }
 
 func newAsyncQueue(h *handler, s Store, workers, capacity int, maxBytes int64, timeout time.Duration, log *slog.Logger, reg prometheus.Registerer) *asyncQueue {
 	q := &asyncQueue{h: h, store: s, timeout: timeout, capacity: int64(capacity), maxBytes: maxBytes, seed: maphash.MakeSeed(), log: log}
 	q.inFlight.max = max(h.opts.MaxValueBytes, 1<<20)
-	q.quiet, _ = s.(quietSetter)
+	q.quiet = h.opts.Quiet
 	for range max(workers, 1) {
 		q.shards = append(q.shards, &shard{wake: make(chan struct{}, 1)})
 	}
@@ -108,10 +100,10 @@ var (
 // enqueue accepts all ops or none, and says why not: the queue is full in
 // writes or bytes, the budget refuses the values, a key's node is down,
 // or the queue is shutting down.
-func (q *asyncQueue) enqueue(ops []parsedOp) error {
+func (q *asyncQueue) enqueue(ops []op.Op) error {
 	n, size := int64(len(ops)), int64(0)
 	for _, o := range ops {
-		size += int64(len(o.item.Value))
+		size += int64(len(o.Item.Value))
 	}
 	reject := func(reason string, err error) error {
 		q.rejectFor[reason].Add(float64(n))
@@ -121,7 +113,7 @@ func (q *asyncQueue) enqueue(ops []parsedOp) error {
 		return reject("shutdown", errAsyncClosed)
 	}
 	for _, o := range ops {
-		if !q.store.Up(o.item.Key) {
+		if !q.store.Up(o.Item.Key) {
 			return reject("node_down", errAsyncNodeDown)
 		}
 	}
@@ -140,7 +132,7 @@ func (q *asyncQueue) enqueue(ops []parsedOp) error {
 		return reject("budget", errBudget)
 	}
 	for _, o := range ops {
-		sh := q.shards[maphash.String(q.seed, o.item.Key)%uint64(len(q.shards))]
+		sh := q.shards[maphash.String(q.seed, o.Item.Key)%uint64(len(q.shards))]
 		sh.mu.Lock()
 		sh.jobs = append(sh.jobs, o)
 		sh.mu.Unlock()
@@ -173,7 +165,7 @@ func (q *asyncQueue) Run(ctx context.Context) error {
 	return nil
 }
 
-func (sh *shard) take() []parsedOp {
+func (sh *shard) take() []op.Op {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	jobs := sh.jobs
@@ -206,8 +198,8 @@ func (q *asyncQueue) work(stop <-chan struct{}, sh *shard) {
 
 // apply runs one write with its own deadline: the request that queued it
 // is long gone, so its context is not used.
-func (q *asyncQueue) apply(o parsedOp) {
-	size := int64(len(o.item.Value))
+func (q *asyncQueue) apply(o op.Op) {
+	size := int64(len(o.Item.Value))
 	q.inFlight.acquire(size)
 	defer func() {
 		q.inFlight.release(size)
@@ -218,40 +210,24 @@ func (q *asyncQueue) apply(o parsedOp) {
 	ctx, cancel := context.WithTimeout(context.Background(), q.timeout)
 	defer cancel()
 	var err error
-	if o.kind == "set" && q.quiet != nil {
-		if err = q.h.prepare(&o.item); err == nil {
-			err = q.quiet.SetQuiet(ctx, o.item)
+	if o.Verb == op.Set && q.quiet != nil {
+		if err = q.h.prepare(&o.Item); err == nil {
+			err = q.quiet.SetQuiet(ctx, o.Item)
 		}
 	} else {
-		var res batchResult
-		q.h.runOp(ctx, o, &res, nil)
-		if res.Status >= 400 {
-			err = &statusError{res.Status}
-		}
+		err = q.h.exec(ctx, o).Err
 	}
 	if err == nil {
 		q.applied.Inc()
 		return
 	}
-	q.failed[asyncFailReason(err)].Inc()
+	q.failed[asyncFailReason(o.Verb, err)].Inc()
 }
-
-// statusError is an operation's failure as the status it answered.
-type statusError struct{ status int }
-
-func (e *statusError) Error() string { return http.StatusText(e.status) }
 
 // asyncFailReason names why a queued write failed, for the failed
 // counter.
-func asyncFailReason(err error) string {
-	status := http.StatusInternalServerError
-	var se *statusError
-	if errors.As(err, &se) {
-		status = se.status
-	} else {
-		status, _, _ = errorStatus(err)
-	}
-	switch {
+func asyncFailReason(v op.Verb, err error) string {
+	switch status, _, _ := outcome(v, err); {
 	case status == http.StatusServiceUnavailable:
 		return "node_down"
 	case status == http.StatusGatewayTimeout:
@@ -294,22 +270,8 @@ func (g *byteGate) release(n int64) {
 	}
 }
 
-// preferAsync reports whether the request asks for Prefer: respond-async
-// (RFC 7240).
-func preferAsync(r *http.Request) bool {
-	for _, v := range r.Header.Values("Prefer") {
-		for pref := range strings.SplitSeq(v, ",") {
-			name, _, _ := strings.Cut(strings.TrimSpace(pref), ";")
-			if strings.EqualFold(strings.TrimSpace(name), "respond-async") {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 // accepted answers 202 for queued writes, or 503 with why they were not.
-func (h *handler) accepted(w http.ResponseWriter, ops []parsedOp, body bool) {
+func (h *handler) accepted(w http.ResponseWriter, ops []op.Op, body bool) {
 	if err := h.async.enqueue(ops); err != nil {
 		writeError(w, err)
 		return
@@ -328,16 +290,21 @@ func (h *handler) accepted(w http.ResponseWriter, ops []parsedOp, body bool) {
 
 // batchAsync queues a batch of writes.
 func (h *handler) batchAsync(w http.ResponseWriter, ops []parsedOp) {
+	queued := make([]op.Op, len(ops))
 	for i, o := range ops {
-		if o.invalid != nil {
-			_, msg, _ := errorStatus(o.invalid)
+		err := o.invalid
+		switch {
+		case err == nil && !o.op.Verb.Writes():
+			err = badRequest("an asynchronous batch may only contain writes")
+		case err == nil:
+			err = h.checkCodec(&o.op.Item)
+		}
+		if err != nil {
+			_, msg, _ := errorStatus(err)
 			writeError(w, badRequest("operation "+strconv.Itoa(i)+": "+msg+" (an asynchronous batch is queued whole or not at all)"))
 			return
 		}
-		if o.kind == "get" {
-			writeError(w, badRequest("operation "+strconv.Itoa(i)+": an asynchronous batch may only contain writes"))
-			return
-		}
+		queued[i] = o.op
 	}
-	h.accepted(w, ops, true)
+	h.accepted(w, queued, true)
 }

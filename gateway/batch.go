@@ -5,15 +5,16 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"net/url"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
 // batchOp is one operation of a POST / batch.
@@ -43,14 +44,9 @@ type batchResult struct {
 
 // parsedOp is a parsed, checked batch operation.
 type parsedOp struct {
-	kind    string
-	item    upstream.Item
-	delta   uint64
-	hasTTL  bool
+	op      op.Op
 	invalid error // the op is not run; its result is this error
 }
-
-var writeOps = map[string]bool{"set": true, "add": true, "replace": true, "cas": true, "delete": true, "incr": true, "decr": true, "touch": true}
 
 // multiGet serves GET /?key=a&key=b: every key's result in one JSON
 // answer, read with one multi-key get per node.
@@ -133,7 +129,7 @@ func (h *handler) getAll(r *http.Request, keys []string, room *answerRoom, resul
 
 // setItem fills a found item's result, decoding it as GET would, if the
 // answer has room for it.
-func (h *handler) setItem(res *batchResult, it upstream.Item, room *answerRoom) {
+func (h *handler) setItem(res *batchResult, it op.Item, room *answerRoom) {
 	v, err := h.present(it)
 	if err != nil {
 		res.setError(err)
@@ -179,10 +175,13 @@ func (res *batchResult) setValue(b []byte) {
 	res.Value = &v
 }
 
-func (res *batchResult) setError(err error) {
-	status, msg, _ := errorStatus(err)
-	res.Status, res.Error = status, msg
+// setOutcome records verb v's result err, as the single-key endpoint
+// would answer it.
+func (res *batchResult) setOutcome(v op.Verb, err error) {
+	res.Status, res.Error, _ = outcome(v, err)
 }
+
+func (res *batchResult) setError(err error) { res.setOutcome(0, err) }
 
 // batch serves POST /: a JSON list of operations, answered with one result
 // per operation in the same order. Operations on the same key run in the
@@ -202,8 +201,8 @@ func (h *handler) batch(w http.ResponseWriter, r *http.Request) {
 	results := make([]batchResult, len(ops))
 	written := map[string]bool{}
 	for _, o := range ops {
-		if o.invalid == nil && o.kind != "get" {
-			written[o.item.Key] = true
+		if o.invalid == nil && o.op.Verb != op.Get {
+			written[o.op.Item.Key] = true
 		}
 	}
 	// Reads of keys nothing in the batch writes: one multi-get.
@@ -213,18 +212,19 @@ func (h *handler) batch(w http.ResponseWriter, r *http.Request) {
 	perKey := map[string][]int{}
 	var order []string
 	for i, o := range ops {
-		results[i].Key = o.item.Key
+		k := o.op.Item.Key
+		results[i].Key = k
 		switch {
 		case o.invalid != nil:
 			results[i].setError(o.invalid)
-		case o.kind == "get" && !written[o.item.Key]:
+		case o.op.Verb == op.Get && !written[k]:
 			getIdx = append(getIdx, i)
-			getKeys = append(getKeys, o.item.Key)
+			getKeys = append(getKeys, k)
 		default:
-			if _, ok := perKey[o.item.Key]; !ok {
-				order = append(order, o.item.Key)
+			if _, ok := perKey[k]; !ok {
+				order = append(order, k)
 			}
-			perKey[o.item.Key] = append(perKey[o.item.Key], i)
+			perKey[k] = append(perKey[k], i)
 		}
 	}
 	ctx := r.Context()
@@ -236,7 +236,7 @@ func (h *handler) batch(w http.ResponseWriter, r *http.Request) {
 	for _, k := range order {
 		wg.Go(func() {
 			for _, i := range perKey[k] {
-				h.runOp(ctx, ops[i], &results[i], room)
+				h.runOp(ctx, ops[i].op, &results[i], room)
 			}
 		})
 	}
@@ -244,64 +244,23 @@ func (h *handler) batch(w http.ResponseWriter, r *http.Request) {
 	h.writeResults(w, r, results)
 }
 
-// runOp runs one operation and records its single-key status. A read's
-// value goes into the answer if room has space for it (nil: always).
-func (h *handler) runOp(ctx context.Context, o parsedOp, res *batchResult, room *answerRoom) {
-	s := h.store
-	var err error
-	status := http.StatusCreated
-	switch o.kind {
-	case "get":
-		var it upstream.Item
-		if it, err = s.Get(ctx, o.item.Key); err == nil {
-			if room == nil {
-				room = h.newAnswerRoom()
-			}
-			h.setItem(res, it, room)
-			return
-		}
-	case "set", "add", "replace", "cas":
-		if err = h.prepare(&o.item); err != nil {
-			break
-		}
-		switch o.kind {
-		case "set":
-			err = s.Set(ctx, o.item)
-		case "add":
-			if err = s.Add(ctx, o.item); errors.Is(err, upstream.ErrExists) {
-				err = &preconditionError{err, "key exists"}
-			}
-		case "replace":
-			if err = s.Replace(ctx, o.item); errors.Is(err, upstream.ErrNotFound) {
-				err = &preconditionError{err, "key does not exist"}
-			}
-		case "cas":
-			if err = s.CompareAndSwap(ctx, o.item); errors.Is(err, upstream.ErrCASConflict) || errors.Is(err, upstream.ErrNotFound) {
-				err = &preconditionError{err, "item changed or is gone since its cas was read"}
-			}
-		}
-	case "delete":
-		err, status = s.Delete(ctx, o.item.Key), http.StatusNoContent
-	case "touch":
-		err, status = s.Touch(ctx, o.item.Key, o.item.Expiration), http.StatusNoContent
-	case "incr", "decr":
-		var v uint64
-		if o.kind == "incr" {
-			v, err = s.Incr(ctx, o.item.Key, o.delta)
-		} else {
-			v, err = s.Decr(ctx, o.item.Key, o.delta)
-		}
-		if err == nil {
-			s := strconv.FormatUint(v, 10)
-			res.Status, res.Value = http.StatusOK, &s
-			return
-		}
+// runOp runs one operation and records its result as the single-key
+// endpoint would answer it. A read's value goes into the answer if room
+// has space for it.
+func (h *handler) runOp(ctx context.Context, o op.Op, res *batchResult, room *answerRoom) {
+	r := h.exec(ctx, o)
+	switch {
+	case r.Err != nil:
+		res.setOutcome(o.Verb, r.Err)
+	case o.Verb == op.Get:
+		h.setItem(res, r.Item, room)
+	case o.Verb == op.Incr || o.Verb == op.Decr:
+		res.setOutcome(o.Verb, nil)
+		v := strconv.FormatUint(r.N, 10)
+		res.Value = &v
+	default:
+		res.setOutcome(o.Verb, nil)
 	}
-	if err != nil {
-		res.setError(err)
-		return
-	}
-	res.Status = status
 }
 
 // readBatch decodes and checks a batch body: {"ops":[…]} or a bare array.
@@ -354,75 +313,90 @@ func decodeBatch(body []byte) ([]batchOp, error) {
 }
 
 // parseOp checks one operation the way the single-key endpoint checks a
-// request.
+// request: what it must and may carry follows its verb (package op).
 func (h *handler) parseOp(b batchOp) parsedOp {
-	o := parsedOp{kind: b.Op, item: upstream.Item{Key: b.Key}}
-	fail := func(msg string) parsedOp { o.invalid = badRequest(msg); return o }
-	if b.Op != "get" && !writeOps[b.Op] {
-		return fail("unknown op " + strconv.Quote(b.Op) + "; use get, set, add, replace, cas, delete, incr, decr, touch")
+	v := op.Parse(b.Op)
+	p := parsedOp{op: op.Op{Verb: v, Item: op.Item{Key: b.Key}}}
+	o := &p.op
+	fail := func(msg string) parsedOp { p.invalid = badRequest(msg); return p }
+	if !v.Valid() {
+		return fail("unknown op " + strconv.Quote(b.Op) + "; use " + verbNames())
 	}
 	if err := checkKey(b.Key, h.opts.MaxKeyLen); err != nil {
-		o.invalid = err
-		return o
+		p.invalid = err
+		return p
 	}
-	needsValue := b.Op == "set" || b.Op == "add" || b.Op == "replace" || b.Op == "cas"
 	switch {
-	case needsValue && b.Value == nil:
+	case v.TakesValue() && b.Value == nil:
 		return fail(b.Op + " needs a value")
-	case !needsValue && b.Value != nil:
+	case !v.TakesValue() && b.Value != nil:
 		return fail(b.Op + " takes no value")
 	case b.Value != nil:
 		switch b.Encoding {
 		case "":
-			o.item.Value = []byte(*b.Value)
+			o.Item.Value = []byte(*b.Value)
 		case "base64":
-			v, err := base64.StdEncoding.DecodeString(*b.Value)
+			val, err := base64.StdEncoding.DecodeString(*b.Value)
 			if err != nil {
 				return fail("value is not valid base64: " + err.Error())
 			}
-			o.item.Value = v
+			o.Item.Value = val
 		default:
 			return fail("encoding " + strconv.Quote(b.Encoding) + " is not \"\" or \"base64\"")
 		}
-		if int64(len(o.item.Value)) > h.opts.MaxValueBytes {
-			o.invalid = &requestError{http.StatusRequestEntityTooLarge, "value is " + strconv.Itoa(len(o.item.Value)) + " bytes; at most " + strconv.FormatInt(h.opts.MaxValueBytes, 10) + " are accepted"}
-			return o
+		if int64(len(o.Item.Value)) > h.opts.MaxValueBytes {
+			p.invalid = &requestError{status: http.StatusRequestEntityTooLarge, msg: "value is " + strconv.Itoa(len(o.Item.Value)) + " bytes; at most " + strconv.FormatInt(h.opts.MaxValueBytes, 10) + " are accepted"}
+			return p
 		}
 	}
-	o.item.Expiration = h.defaultTTL
-	if b.Exptime != nil {
+	o.Item.Expiration = h.defaultTTL
+	switch {
+	case b.Exptime != nil && !v.TakesTTL():
+		return fail(b.Op + " takes no exptime")
+	case b.Exptime != nil:
 		if *b.Exptime < -1<<31 || *b.Exptime > 1<<31-1 {
 			return fail("exptime " + strconv.FormatInt(*b.Exptime, 10) + " is not from -2147483648 to 2147483647")
 		}
-		o.item.Expiration, o.hasTTL = int32(*b.Exptime), true
-	}
-	if b.Op == "touch" && !o.hasTTL {
+		o.Item.Expiration = int32(*b.Exptime)
+	case v == op.Touch:
 		return fail("touch needs an exptime")
 	}
 	if b.Flags != nil {
+		if !v.TakesValue() {
+			return fail(b.Op + " takes no flags")
+		}
 		if *b.Flags > 1<<32-1 {
 			return fail("flags " + strconv.FormatUint(*b.Flags, 10) + " is not from 0 to 4294967295")
 		}
-		o.item.Flags = uint32(*b.Flags)
+		o.Item.Flags = uint32(*b.Flags)
 	}
-	o.delta = 1
+	o.Delta = 1
 	if b.Delta != nil {
-		if b.Op != "incr" && b.Op != "decr" {
+		if !v.TakesDelta() {
 			return fail(b.Op + " takes no delta")
 		}
-		o.delta = *b.Delta
+		o.Delta = *b.Delta
 	}
-	if b.Op == "cas" {
+	if v == op.CAS {
 		cas, err := parseCAS(b.CAS)
 		if err != nil {
-			o.invalid = err
-			return o
+			p.invalid = err
+			return p
 		}
-		o.item.CAS = cas
+		o.Item.CAS = cas
 	} else if len(b.CAS) > 0 {
 		return fail(b.Op + " takes no cas (use op cas)")
 	}
-	return o
+	return p
+}
+
+// verbNames lists the verbs a batch takes.
+func verbNames() string {
+	var names []string
+	for _, v := range op.Verbs() {
+		names = append(names, v.String())
+	}
+	return strings.Join(names, ", ")
 }
 
 // parseCAS accepts 123, "123" or the ETag form "\"123\"".

@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
 type results struct {
@@ -31,8 +31,8 @@ func decodeResults(t *testing.T, body string) []batchResult {
 
 func TestMultiGet(t *testing.T) {
 	s := newFake()
-	s.put(upstream.Item{Key: "a", Value: []byte("text"), Flags: 3})
-	s.put(upstream.Item{Key: "bin", Value: []byte{0xff, 0x00, 0x01}})
+	s.Put(op.Item{Key: "a", Value: []byte("text"), Flags: 3})
+	s.Put(op.Item{Key: "bin", Value: []byte{0xff, 0x00, 0x01}})
 	h := newTestHandler(t, s)
 	w := do(h, "GET", "/?key=a&key=missing&key=bin", "")
 	if w.Code != 200 || w.Header().Get("Content-Type") != "application/json" {
@@ -51,8 +51,8 @@ func TestMultiGet(t *testing.T) {
 	if r := res[2]; r.Status != 200 || r.Encoding != "base64" || *r.Value != "/wAB" {
 		t.Errorf("result bin = %+v, want base64 /wAB", r)
 	}
-	if s.calls != 1 {
-		t.Errorf("multi-get made %d store calls, want 1 GetMulti", s.calls)
+	if s.Calls != 1 {
+		t.Errorf("multi-get made %d store calls, want 1 GetMulti", s.Calls)
 	}
 	for _, target := range []string{"/", "/?key=a%20b", "/?key=" + strings.Repeat("k", 251)} {
 		if w := do(h, "GET", target, ""); w.Code != 400 {
@@ -63,7 +63,7 @@ func TestMultiGet(t *testing.T) {
 
 func TestBatch(t *testing.T) {
 	s := newFake()
-	s.put(upstream.Item{Key: "old", Value: []byte("x")})
+	s.Put(op.Item{Key: "old", Value: []byte("x")})
 	h := newTestHandler(t, s)
 	body := `{"ops":[
 		{"op":"set","key":"a","value":"1","exptime":10,"flags":2},
@@ -95,10 +95,10 @@ func TestBatch(t *testing.T) {
 			t.Errorf("op %d (%s) status = %d %q, want %d", i, r.Key, r.Status, r.Error, want[i])
 		}
 	}
-	if *res[1].Value != "47" { // the fake's incr answers 42+delta
-		t.Errorf("incr result value = %q, want 47", *res[1].Value)
+	if *res[1].Value != "6" { // 1 + 5
+		t.Errorf("incr result value = %q, want 6", *res[1].Value)
 	}
-	if got := string(s.items["b"].Value); got != "\x00\x01\x02" {
+	if got := string(s.Items["b"].Value); got != "\x00\x01\x02" {
 		t.Errorf("base64 set stored %q, want 00 01 02", got)
 	}
 	for _, tt := range []struct {
@@ -163,7 +163,7 @@ func TestAsyncWrites(t *testing.T) {
 		t.Fatal("Run did not return after cancel")
 	}
 	for i := range 3 {
-		if _, ok := s.items["k"+string(rune('0'+i))]; !ok {
+		if _, ok := s.Items["k"+string(rune('0'+i))]; !ok {
 			t.Errorf("accepted async write k%d was not applied before Run returned", i)
 		}
 	}
@@ -194,7 +194,7 @@ func TestAsyncKeepsPerKeyOrder(t *testing.T) {
 	}
 	cancel()
 	<-done
-	if got, want := string(s.items["same"].Value), string(rune('a'+199%26)); got != want {
+	if got, want := string(s.Items["same"].Value), string(rune('a'+199%26)); got != want {
 		t.Errorf("after 200 async PUTs of one key the value is %q, want the last one %q", got, want)
 	}
 }

@@ -12,7 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
 // discardWriter is a ResponseWriter that keeps nothing, so the benchmark
@@ -62,7 +62,7 @@ func BenchmarkGet(b *testing.B) {
 		for _, how := range benchContexts {
 			b.Run(lg.name+"/"+how, func(b *testing.B) {
 				h, s := benchHandlerLog(b, lg.accessLog, lg.accessJSON)
-				s.put(upstream.Item{Key: benchKey, Value: []byte(strings.Repeat("v", 400))})
+				s.Put(op.Item{Key: benchKey, Value: []byte(strings.Repeat("v", 400))})
 				base := httptest.NewRequest("GET", "/"+benchKey, nil)
 				w := &discardWriter{h: http.Header{}}
 				b.ReportAllocs()

@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	"github.com/memcgate/memcgate/gateway/phpvalue"
-	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
 // ValueCodec says how values are stored in memcached.
@@ -32,7 +32,7 @@ type decoded struct {
 }
 
 // present turns a stored item into what GET serves.
-func (h *handler) present(it upstream.Item) (decoded, error) {
+func (h *handler) present(it op.Item) (decoded, error) {
 	if h.opts.Codec != CodecPHP {
 		return decoded{body: it.Value, contentType: octetStream}, nil
 	}
@@ -47,13 +47,27 @@ func (h *handler) present(it upstream.Item) (decoded, error) {
 	return d, nil
 }
 
+// codecWrites reports whether the codec encodes the value of verb v: the
+// writes of a whole value (append and prepend add raw bytes to what is
+// stored).
+func codecWrites(v op.Verb) bool { return v == op.Set || v == op.Add || v == op.Replace || v == op.CAS }
+
+// checkCodec refuses now an item prepare would refuse, for a write that
+// is applied later.
+func (h *handler) checkCodec(it *op.Item) error {
+	if h.opts.Codec == CodecPHP && it.Flags > 0xffff {
+		return badRequest(fmt.Sprintf("flags %d: with MEMCGATE_VALUE_CODEC=php, flags are php-memcached user flags from 0 to 65535", it.Flags))
+	}
+	return nil
+}
+
 // prepare turns a written value into what memcached stores.
-func (h *handler) prepare(it *upstream.Item) error {
+func (h *handler) prepare(it *op.Item) error {
 	if h.opts.Codec != CodecPHP {
 		return nil
 	}
-	if it.Flags > 0xffff {
-		return badRequest(fmt.Sprintf("flags %d: with MEMCGATE_VALUE_CODEC=php, flags are php-memcached user flags from 0 to 65535", it.Flags))
+	if err := h.checkCodec(it); err != nil {
+		return err
 	}
 	opts := h.opts.PHP
 	opts.UserFlags = uint16(it.Flags)

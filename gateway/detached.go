@@ -1,12 +1,11 @@
 package gateway
 
 import (
-	"context"
 	"net/http"
 	"time"
 
 	"github.com/memcgate/memcgate/gateway/phpvalue"
-	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
 // Detached responses. The hot requests, GET, HEAD and plain PUT of /{key},
@@ -36,14 +35,6 @@ type detacher interface {
 	Detach() (finish func())
 }
 
-// asyncStore is what detached responses need of the Store beyond Store
-// (*upstream.Cluster has it): a Get or Set that calls back instead of
-// waiting, or declines having done nothing. done must not block.
-type asyncStore interface {
-	GetAsync(ctx context.Context, key string, done func(upstream.Item, error)) bool
-	SetAsync(ctx context.Context, it upstream.Item, done func(error)) bool
-}
-
 // detachedReq is one request served by serveDetached, from its checks to
 // its end.
 type detachedReq struct {
@@ -51,11 +42,11 @@ type detachedReq struct {
 	sw     statusWriter
 	r      *http.Request
 	ctx    *requestCtx
+	kr     keyRequest
 	start  time.Time
 	finish func() // the detached response's, or nil if answered in place
-	// The callbacks given to the Store, made once per detachedReq (pooled).
-	gotFn    func(upstream.Item, error)
-	storedFn func(error)
+	// The callback given to the Store, made once per detachedReq (pooled).
+	doneFn func(op.Result)
 }
 
 // largeValue is the size from which a GET's response is written by a
@@ -76,25 +67,18 @@ func (h *Handler) serveDetached(w http.ResponseWriter, r *http.Request) bool {
 	if !put && r.Method != http.MethodGet && r.Method != http.MethodHead {
 		return false
 	}
-	if len(r.URL.Path) < 2 || hh.memc != nil && hh.memc.owns(r.URL.Path) {
+	if len(r.URL.Path) < 2 || hh.route(r.URL.Path) != nil {
 		return false
 	}
-	if put && (r.ContentLength < 0 || r.ContentLength > pooledValueMax ||
-		r.Header["If-Match"] != nil || r.Header["If-None-Match"] != nil || preferAsync(r)) {
+	if put && (r.ContentLength < 0 || r.ContentLength > pooledValueMax) {
 		return false
 	}
 	if hh.access(r) != nil {
 		return false
 	}
-	key, err := keyFromPath(r, hh.opts.MaxKeyLen)
-	if err != nil {
+	kr, err := hh.parseKeyRequest(r)
+	if err != nil || kr.async || kr.op.Verb != op.Get && kr.op.Verb != op.Set {
 		return false
-	}
-	var it upstream.Item
-	if put {
-		if it, err = hh.item(r, key); err != nil {
-			return false
-		}
 	}
 	if !hh.lim.acquire() {
 		return false
@@ -105,9 +89,10 @@ func (h *Handler) serveDetached(w http.ResponseWriter, r *http.Request) bool {
 	ctx, r := h.takeContext(r)
 	ctx.slot = true // given back by f.end
 	f := hh.newDetachedReq(w, r, ctx, start)
-	// Until f is handed to the Store's callback, or to got or stored
-	// (which end it themselves), a panic here is answered and f ended as
-	// the observer and limiter would on the routed path.
+	f.kr = kr
+	// Until f is handed to the Store's callback, or to done (which ends
+	// it itself), a panic here is answered and f ended as the observer
+	// and limiter would on the routed path.
 	ours := true
 	defer func() {
 		if ours {
@@ -117,38 +102,30 @@ func (h *Handler) serveDetached(w http.ResponseWriter, r *http.Request) bool {
 			}
 		}
 	}()
-	if !put {
-		if f.finish = d.Detach(); f.finish != nil {
-			ours = false
-			if hh.detachStore.GetAsync(ctx, key, f.gotFn) {
-				hh.detached.Inc()
-				return true
-			}
-			ours = true // declined: nothing was done
+	o := &f.kr.op
+	if put {
+		buf := hh.valueBuf(r.ContentLength)
+		defer hh.values.Put(buf) // a Store keeps no Value once it returns
+		if o.Item.Value, err = hh.readBody(r, hh.opts.MaxValueBytes, buf); err == nil {
+			err = hh.prepare(&o.Item)
 		}
-		it, err := hh.store.Get(ctx, key)
+		if err != nil {
+			ours = false
+			f.done(op.Result{Err: err})
+			return true
+		}
+	}
+	if f.finish = d.Detach(); f.finish != nil {
 		ours = false
-		f.got(it, err)
-		return true
-	}
-	buf := hh.valueBuf(r.ContentLength)
-	defer hh.values.Put(buf) // a Store keeps no Value once it returns
-	if it.Value, err = hh.readBody(r, hh.opts.MaxValueBytes, buf); err == nil {
-		err = hh.prepare(&it)
-	}
-	if err == nil {
-		if f.finish = d.Detach(); f.finish != nil {
-			ours = false
-			if hh.detachStore.SetAsync(ctx, it, f.storedFn) {
-				hh.detached.Inc()
-				return true
-			}
-			ours = true
+		if hh.detachStore.DoAsync(ctx, *o, f.doneFn) {
+			hh.detached.Inc()
+			return true
 		}
-		err = hh.store.Set(ctx, it)
+		ours = true // declined: nothing was done
 	}
+	res := hh.store.Do(ctx, *o)
 	ours = false
-	f.stored(err)
+	f.done(res)
 	return true
 }
 
@@ -156,33 +133,29 @@ func (h *handler) newDetachedReq(w http.ResponseWriter, r *http.Request, ctx *re
 	f, _ := h.detachedq.Get().(*detachedReq)
 	if f == nil {
 		f = &detachedReq{h: h}
-		f.gotFn, f.storedFn = f.got, f.stored
+		f.doneFn = f.done
 	}
 	f.sw = statusWriter{ResponseWriter: w}
 	f.r, f.ctx, f.start = r, ctx, start
 	return f
 }
 
-// got answers a GET or HEAD with its read's outcome: a Store callback.
-func (f *detachedReq) got(it upstream.Item, err error) {
-	if f.finish != nil && (len(it.Value) >= largeValue || f.h.opts.Codec == CodecPHP && phpvalue.Compressed(it.Flags)) {
-		go f.writeItem(it, err)
+// done answers the request with its operation's result: the Store's
+// callback. A large or compressed value is answered on a goroutine of its
+// own (see largeValue).
+func (f *detachedReq) done(res op.Result) {
+	if f.finish != nil && res.Err == nil && f.kr.op.Verb == op.Get &&
+		(len(res.Item.Value) >= largeValue || f.h.opts.Codec == CodecPHP && phpvalue.Compressed(res.Item.Flags)) {
+		go f.respond(res)
 		return
 	}
-	f.writeItem(it, err)
+	f.respond(res)
 }
 
-func (f *detachedReq) writeItem(it upstream.Item, err error) {
+func (f *detachedReq) respond(res op.Result) {
 	defer f.end()
 	defer f.recover()
-	f.h.writeItem(&f.sw, f.r, it, err)
-}
-
-// stored answers a PUT with its write's outcome: a Store callback.
-func (f *detachedReq) stored(err error) {
-	defer f.end()
-	defer f.recover()
-	writeStored(&f.sw, err)
+	f.h.respond(&f.sw, f.r, &f.kr, res)
 }
 
 // recover answers a panic as the observer does: the response is written
@@ -200,7 +173,7 @@ func (f *detachedReq) end() {
 	h.obs.record(f.r, &f.sw, f.start)
 	h.end(f.ctx)
 	finish := f.finish
-	f.sw, f.r, f.ctx, f.finish = statusWriter{}, nil, nil, nil
+	f.sw, f.r, f.ctx, f.finish, f.kr = statusWriter{}, nil, nil, nil, keyRequest{}
 	h.detachedq.Put(f)
 	if finish != nil {
 		finish()

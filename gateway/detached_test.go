@@ -15,18 +15,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/memcgate/memcgate/gateway/h1"
-	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
 // declineThenPanic declines every asynchronous call, so serveDetached
-// falls back to the blocking Get in place, which panics (as panicStore's
+// falls back to the blocking Do in place, which panics (as panicStore's
 // does on the routed path, where the observer answers 500).
 type declineThenPanic struct{ panicStore }
 
-func (declineThenPanic) GetAsync(context.Context, string, func(upstream.Item, error)) bool {
-	return false
-}
-func (declineThenPanic) SetAsync(context.Context, upstream.Item, func(error)) bool { return false }
+func (declineThenPanic) DoAsync(context.Context, op.Op, func(op.Result)) bool { return false }
 
 func startGatewayH1(t *testing.T, s Store, opts Options) (*h1.Server, *Handler, string) {
 	t.Helper()
@@ -72,7 +69,12 @@ func TestDetachedPanic(t *testing.T) {
 			name = "detached"
 		}
 		t.Run(name, func(t *testing.T) {
-			srv, h, addr := startGatewayH1(t, declineThenPanic{panicStore{newFake()}}, Options{MaxRequests: 1, NoDetach: noDetach})
+			s := declineThenPanic{panicStore{newFake()}}
+			opts := Options{MaxRequests: 1}
+			if !noDetach {
+				opts.Async = s
+			}
+			srv, h, addr := startGatewayH1(t, s, opts)
 			resp, err := rawGet(t, addr, "/k")
 			if err != nil || resp.StatusCode != http.StatusInternalServerError {
 				t.Errorf("GET whose Store panics = %v, %v; want 500", resp, err)

@@ -6,41 +6,66 @@ import (
 	"net/http"
 
 	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/op"
 )
+
+// The REST mapping: every outcome of the REST API, batch results
+// included, becomes a status and a one-line body here and nowhere else.
+// (The HttpMemcModule endpoints answer as the module does, with their own
+// mapping in package memc.)
 
 // requestError is a problem with the request itself, found before anything
 // was sent to memcached. Its message is the response body.
 type requestError struct {
 	status int
 	msg    string
+	allow  string // the Allow header of a 405
 }
 
 func (e *requestError) Error() string { return e.msg }
 
-func badRequest(msg string) error { return &requestError{http.StatusBadRequest, msg} }
+func badRequest(msg string) error { return &requestError{status: http.StatusBadRequest, msg: msg} }
 
-// preconditionError marks an upstream refusal that answers a conditional
-// request (If-Match / If-None-Match): 412 instead of the plain mapping.
-type preconditionError struct {
-	err error
-	msg string
-}
+// overloadError is a request refused because the gateway is at one of its
+// limits: 503 with Retry-After.
+type overloadError struct{ msg string }
 
-func (e *preconditionError) Error() string { return e.msg }
-func (e *preconditionError) Unwrap() error { return e.err }
+func (e *overloadError) Error() string { return e.msg }
 
 // statusClientClosed is logged and counted (never sent) when the client went
 // away before the answer was ready, as nginx does.
 const statusClientClosed = 499
 
-// errorStatus is the one place that maps an error to an HTTP status and the
-// one-line body the client sees. retry says whether to send Retry-After.
+// outcome is the status and body of verb v's result err, and whether to
+// send Retry-After: the verb's success status, 412 for the conditional
+// writes whose condition failed, or the error's mapping (errorStatus).
+func outcome(v op.Verb, err error) (status int, msg string, retry bool) {
+	if err == nil {
+		switch v {
+		case op.Get, op.Incr, op.Decr:
+			return http.StatusOK, "", false
+		case op.Touch, op.Delete:
+			return http.StatusNoContent, "", false
+		}
+		return http.StatusCreated, "", false
+	}
+	switch {
+	case v == op.Add && errors.Is(err, upstream.ErrExists):
+		return http.StatusPreconditionFailed, "key exists (add, If-None-Match: *)", false
+	case v == op.Replace && errors.Is(err, upstream.ErrNotFound):
+		return http.StatusPreconditionFailed, "key does not exist (replace, If-Match: *)", false
+	case v == op.CAS && (errors.Is(err, upstream.ErrCASConflict) || errors.Is(err, upstream.ErrNotFound)):
+		return http.StatusPreconditionFailed, "item changed or is gone since its ETag was read (cas, If-Match)", false
+	}
+	return errorStatus(err)
+}
+
+// errorStatus maps an error to its status and body, whatever the verb.
 func errorStatus(err error) (status int, msg string, retry bool) {
 	var re *requestError
-	var pe *preconditionError
+	var oe *overloadError
 	var ne *upstream.NodeError
 	var ve *valueError
-	var oe *overloadError
 	switch {
 	case errors.As(err, &oe):
 		return http.StatusServiceUnavailable, oe.msg, true
@@ -48,8 +73,6 @@ func errorStatus(err error) (status int, msg string, retry bool) {
 		return http.StatusBadGateway, ve.Error(), false
 	case errors.As(err, &re):
 		return re.status, re.msg, false
-	case errors.As(err, &pe):
-		return http.StatusPreconditionFailed, pe.msg, false
 	case errors.Is(err, upstream.ErrNotFound):
 		return http.StatusNotFound, "not found", false
 	case errors.Is(err, upstream.ErrExists):
@@ -80,9 +103,23 @@ func errorStatus(err error) (status int, msg string, retry bool) {
 	return http.StatusInternalServerError, "internal error", false
 }
 
+// Status is the REST mapping of an error the gateway's own request
+// handling returned (ReadBody's, say), for endpoints that answer in their
+// own format: its status, message, and whether to send Retry-After.
+func Status(err error) (status int, msg string, retryAfter bool) { return errorStatus(err) }
+
 // writeError answers a failed request with a short text/plain body.
 func writeError(w http.ResponseWriter, err error) {
 	status, msg, retry := errorStatus(err)
+	var re *requestError
+	if errors.As(err, &re) && re.allow != "" {
+		w.Header().Set("Allow", re.allow)
+	}
+	writeStatus(w, status, msg, retry)
+}
+
+// writeStatus answers with status and a short text/plain body.
+func writeStatus(w http.ResponseWriter, status int, msg string, retry bool) {
 	if status == statusClientClosed {
 		if sw, ok := w.(*statusWriter); ok {
 			sw.status = statusClientClosed

@@ -18,31 +18,50 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/memcgate/memcgate/gateway/budget"
-	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
 // Store is what the gateway needs from the memcached side.
-// *upstream.Cluster implements it. The methods that take an item must not
-// keep its Value after they return: the gateway reuses the buffer.
+// *upstream.Cluster implements it. Do must not keep an item's Value after
+// it returns: the gateway reuses the buffer.
 type Store interface {
-	Get(ctx context.Context, key string) (upstream.Item, error)
-	Set(ctx context.Context, it upstream.Item) error
-	Add(ctx context.Context, it upstream.Item) error
-	Replace(ctx context.Context, it upstream.Item) error
-	CompareAndSwap(ctx context.Context, it upstream.Item) error
-	Append(ctx context.Context, it upstream.Item) error
-	Prepend(ctx context.Context, it upstream.Item) error
-	Delete(ctx context.Context, key string) error
-	Incr(ctx context.Context, key string, delta uint64) (uint64, error)
-	Decr(ctx context.Context, key string, delta uint64) (uint64, error)
-	Touch(ctx context.Context, key string, exptime int32) error
-	// Up reports whether an operation on key could be served now: its
-	// node, or one it fails over to, is up.
-	Up(key string) bool
+	// Do runs one operation on its key's node; the result's error is one
+	// of package upstream's.
+	Do(ctx context.Context, o op.Op) op.Result
 	// GetMulti reads many keys, each once, keeping at most limit bytes of
 	// values (0: no limit; the keys of values past it fail with
 	// upstream.ErrOverLimit); a key in neither map is a miss.
-	GetMulti(ctx context.Context, keys []string, limit int) (found map[string]upstream.Item, failed map[string]error)
+	GetMulti(ctx context.Context, keys []string, limit int) (found map[string]op.Item, failed map[string]error)
+	// Up reports whether an operation on key could be served now: its
+	// node, or one it fails over to, is up.
+	Up(key string) bool
+}
+
+// AsyncStore starts an operation and calls back instead of waiting, or
+// declines having done nothing (then the gateway waits for Store.Do).
+// done must not block. *upstream.Cluster implements it (DoAsync).
+type AsyncStore interface {
+	DoAsync(ctx context.Context, o op.Op, done func(op.Result)) bool
+}
+
+// QuietSetter sets without waiting for memcached's answer (UDP datagrams).
+// *upstream.Cluster implements it (SetQuiet).
+type QuietSetter interface {
+	SetQuiet(ctx context.Context, it op.Item) error
+}
+
+// Route is an endpoint served beside the REST API (the HttpMemcModule
+// endpoints of package memc): its requests get the gateway's request IDs,
+// metrics, access log, in-flight cap and byte budget (ReadBody), and
+// nothing else of it.
+type Route struct {
+	// Owns reports whether a request for path is the route's.
+	Owns func(path string) bool
+	// MaxBody is the most body it reads (a server that reads bodies ahead
+	// of their handler reads that much).
+	MaxBody int64
+	// Handler serves the route's requests.
+	Handler http.Handler
 }
 
 // Options configures the data handler. Zero values take the defaults named
@@ -72,8 +91,8 @@ type Options struct {
 	// does not serialize its writes: w must be safe for concurrent use
 	// and write each call's bytes whole (cmd/memcgate's log buffer does).
 	AccessLogJSON io.Writer
-	// Memc, if set, adds the HttpMemcModule-compatible endpoints.
-	Memc *MemcOptions
+	// Routes are endpoints served beside the REST API, in order.
+	Routes []Route
 	// Tokens, if any are set, are required as bearer tokens: read scope
 	// for GET/HEAD, write scope for everything else (401/403).
 	Tokens Tokens
@@ -109,11 +128,14 @@ type Options struct {
 	// AsyncQueueBytes caps the value bytes of writes accepted with
 	// Prefer: respond-async and not yet applied; if zero, 16 MiB.
 	AsyncQueueBytes int64
-	// NoDetach answers every request on the goroutine that serves it,
-	// as routed; by default GET, HEAD and plain PUT of /{key} are
-	// answered by memcached's reply when the server and the Store allow
-	// it (detached.go).
-	NoDetach bool
+	// Async, if not nil, lets GET, HEAD and plain PUT of /{key} be
+	// answered by memcached's reply, with no goroutine waiting, on a
+	// server whose ResponseWriter can be detached (detached.go). Nil:
+	// every request waits on the goroutine that serves it.
+	Async AsyncStore
+	// Quiet, if not nil, applies asynchronous sets without waiting for
+	// memcached's answer where it can (UDP). Nil: they go through Do.
+	Quiet QuietSetter
 }
 
 func (o *Options) withDefaults() {
@@ -154,11 +176,10 @@ type handler struct {
 	log        *slog.Logger
 	async      *asyncQueue
 	values     sync.Pool // of *[]byte: PUT bodies, see valueBuf
-	memc       *memc     // the compatible endpoints, if mounted
 
 	// Detached responses' (detached.go): detachStore is nil when they
 	// are off.
-	detachStore asyncStore
+	detachStore AsyncStore
 	detached    prometheus.Counter
 	obs         *observer
 	lim         *limiter
@@ -204,8 +225,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // is read (a refused token, read-only mode).
 func (h *Handler) BodyLimit(r *http.Request) int64 {
 	hh := h.h
-	if hh.memc != nil && hh.memc.owns(r.URL.Path) {
-		return hh.memc.o.MaxBodyBytes
+	if rt := hh.route(r.URL.Path); rt != nil {
+		return rt.MaxBody
 	}
 	if hh.access(r) != nil {
 		return 0
@@ -230,7 +251,7 @@ func (h *Handler) takeContext(r *http.Request) (*requestCtx, *http.Request) {
 		ctx = newRequestCtx(parent, time.Now().Add(h.h.opts.RequestTimeout))
 		r = r.WithContext(ctx)
 	}
-	ctx.used = true
+	ctx.used, ctx.h = true, h.h
 	return ctx, r
 }
 
@@ -249,9 +270,6 @@ func (h *Handler) NewContext(parent context.Context) context.Context {
 // still queued and returns. Stop the HTTP server before cancelling ctx.
 func (h *Handler) Run(ctx context.Context) error { return h.h.async.Run(ctx) }
 
-// allowed is the Allow header of every 405 on /{key}.
-const allowed = "GET, HEAD, PUT, DELETE, POST"
-
 // NewHandler returns the data-plane handler. Metrics are registered on reg.
 // It starts no goroutine; see Run.
 func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Options) *Handler {
@@ -261,9 +279,7 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 	h.lim = &limiter{max: int64(opts.MaxRequests)}
 	h.budget = opts.Budget
 	h.obs = newObserver(log, reg, opts.AccessLog, opts.AccessLogJSON)
-	if fs, ok := s.(asyncStore); ok && !opts.NoDetach {
-		h.detachStore = fs
-	}
+	h.detachStore = opts.Async
 	h.detached = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "memcgate_http_detached_responses_total",
 		Help: "Requests answered by memcached's reply as it was read, with no goroutine waiting (MEMCGATE_DETACHED_RESPONSES).",
@@ -287,10 +303,11 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 	}
 	r := chi.NewRouter()
 	r.Use(h.obs.middleware, h.limit)
-	if opts.Memc != nil {
-		// The compatible endpoints authorize per command, not per method
-		// (GET ?cmd=set is a write): see mountMemc.
-		h.mountMemc(r, opts.Memc)
+	if len(opts.Routes) > 0 {
+		// Served by a middleware rather than routes so that they see
+		// every method and authorize themselves (the HttpMemcModule
+		// endpoints authorize per command: GET ?cmd=set is a write).
+		r.Use(h.routes)
 	}
 	r.Group(func(r chi.Router) {
 		r.Use(h.authorize)
@@ -301,29 +318,33 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 	// "/*" route so that chi does not copy the whole path into a URL
 	// parameter (two allocations per request); the key comes from
 	// URL.Path either way.
-	r.NotFound(h.authorize(http.HandlerFunc(h.byMethod)).ServeHTTP)
+	r.NotFound(h.authorize(http.HandlerFunc(h.serveKey)).ServeHTTP)
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Allow", "GET, POST")
-		writeError(w, &requestError{http.StatusMethodNotAllowed, "method " + r.Method + " is not allowed on /; use GET /?key=… or POST / (batch)"})
+		writeError(w, &requestError{status: http.StatusMethodNotAllowed, msg: "method " + r.Method + " is not allowed on /; use GET /?key=… or POST / (batch)", allow: "GET, POST"})
 	})
 	return &Handler{mux: r, h: h}
 }
 
-// byMethod serves /{key} by method.
-func (h *handler) byMethod(w http.ResponseWriter, r *http.Request) {
-	switch r.Method {
-	case http.MethodGet, http.MethodHead:
-		h.get(w, r)
-	case http.MethodPut:
-		h.put(w, r)
-	case http.MethodDelete:
-		h.delete(w, r)
-	case http.MethodPost:
-		h.post(w, r)
-	default:
-		w.Header().Set("Allow", allowed)
-		writeError(w, &requestError{http.StatusMethodNotAllowed, "method " + r.Method + " is not allowed; use " + allowed})
+// route is the Route that owns path, or nil.
+func (h *handler) route(path string) *Route {
+	for i := range h.opts.Routes {
+		if rt := &h.opts.Routes[i]; rt.Owns(path) {
+			return rt
+		}
 	}
+	return nil
+}
+
+// routes sends the requests of Options.Routes to their handlers and every
+// other request on.
+func (h *handler) routes(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if rt := h.route(r.URL.Path); rt != nil {
+			rt.Handler.ServeHTTP(w, r)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // requestCtx is context.WithDeadline without a timer per request: most
@@ -342,6 +363,8 @@ type requestCtx struct {
 	route           *chi.Context // the value of chi.RouteCtxKey while set
 	maker           *Handler     // set by NewContext: ServeHTTP may use it as is
 	used            bool         // ServeHTTP served a request with it
+
+	h *handler // the handler serving the request (ReadBody)
 
 	// What the request holds until it ends (handler.end).
 	slot bool  // one of the limiter's in-flight slots

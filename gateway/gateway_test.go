@@ -10,171 +10,20 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/memcgate/memcgate/gateway/storetest"
 	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
-// fakeStore is a map with error injection: err, when set, is returned by
-// every call, so each status mapping can be driven through HTTP.
-type fakeStore struct {
-	mu    sync.Mutex
-	items map[string]upstream.Item
-	cas   uint64
-	err   error
-	calls int
-}
+// fakeStore is storetest's in-memory Store, as these tests name it.
+type fakeStore = storetest.Store
 
-func newFake() *fakeStore { return &fakeStore{items: map[string]upstream.Item{}} }
-
-// Up is down (false) while err says no node is available.
-func (f *fakeStore) Up(string) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return !errors.Is(f.err, upstream.ErrNoNodes)
-}
-
-func (f *fakeStore) begin() error {
-	f.calls++
-	return f.err
-}
-
-func (f *fakeStore) Get(_ context.Context, key string) (upstream.Item, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.begin(); err != nil {
-		return upstream.Item{}, err
-	}
-	it, ok := f.items[key]
-	if !ok {
-		return upstream.Item{}, upstream.ErrNotFound
-	}
-	return it, nil
-}
-
-func (f *fakeStore) put(it upstream.Item) {
-	it.Value = bytes.Clone(it.Value) // a Store does not keep the caller's buffer
-	f.cas++
-	it.CAS = f.cas
-	f.items[it.Key] = it
-}
-
-func (f *fakeStore) Set(_ context.Context, it upstream.Item) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.begin(); err != nil {
-		return err
-	}
-	f.put(it)
-	return nil
-}
-
-func (f *fakeStore) Add(_ context.Context, it upstream.Item) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.begin(); err != nil {
-		return err
-	}
-	if _, ok := f.items[it.Key]; ok {
-		return upstream.ErrExists
-	}
-	f.put(it)
-	return nil
-}
-
-func (f *fakeStore) Replace(_ context.Context, it upstream.Item) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.begin(); err != nil {
-		return err
-	}
-	if _, ok := f.items[it.Key]; !ok {
-		return upstream.ErrNotFound
-	}
-	f.put(it)
-	return nil
-}
-
-func (f *fakeStore) CompareAndSwap(_ context.Context, it upstream.Item) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.begin(); err != nil {
-		return err
-	}
-	old, ok := f.items[it.Key]
-	if !ok {
-		return upstream.ErrNotFound
-	}
-	if old.CAS != it.CAS {
-		return upstream.ErrCASConflict
-	}
-	f.put(it)
-	return nil
-}
-
-func (f *fakeStore) concat(it upstream.Item, after bool) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.begin(); err != nil {
-		return err
-	}
-	old, ok := f.items[it.Key]
-	if !ok {
-		return upstream.ErrNotFound
-	}
-	if after {
-		old.Value = append(old.Value, it.Value...)
-	} else {
-		old.Value = append(it.Value, old.Value...)
-	}
-	f.put(old)
-	return nil
-}
-
-func (f *fakeStore) Append(_ context.Context, it upstream.Item) error  { return f.concat(it, true) }
-func (f *fakeStore) Prepend(_ context.Context, it upstream.Item) error { return f.concat(it, false) }
-
-func (f *fakeStore) Delete(_ context.Context, key string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.begin(); err != nil {
-		return err
-	}
-	if _, ok := f.items[key]; !ok {
-		return upstream.ErrNotFound
-	}
-	delete(f.items, key)
-	return nil
-}
-
-func (f *fakeStore) Incr(ctx context.Context, key string, d uint64) (uint64, error) {
-	return f.Decr(ctx, key, -d)
-}
-
-func (f *fakeStore) Decr(_ context.Context, key string, d uint64) (uint64, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.begin(); err != nil {
-		return 0, err
-	}
-	return 42 - d, nil
-}
-
-func (f *fakeStore) Touch(_ context.Context, key string, _ int32) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.begin(); err != nil {
-		return err
-	}
-	if _, ok := f.items[key]; !ok {
-		return upstream.ErrNotFound
-	}
-	return nil
-}
+func newFake() *fakeStore { return storetest.New() }
 
 func newTestHandler(t *testing.T, s Store) http.Handler {
 	t.Helper()
@@ -241,8 +90,8 @@ func TestRequests(t *testing.T) {
 		{name: "append", method: "POST", target: "/k?op=append", body: "w", preset: map[string]string{"k": "v"}, wantStatus: 201, wantCalls: 1},
 		{name: "append missing", method: "POST", target: "/k?op=append", body: "w", wantStatus: 404, wantCalls: 1},
 		{name: "prepend", method: "POST", target: "/k?op=prepend", body: "w", preset: map[string]string{"k": "v"}, wantStatus: 201, wantCalls: 1},
-		{name: "incr", method: "POST", target: "/k?op=incr&delta=2", wantStatus: 200, wantBody: "44", wantCalls: 1},
-		{name: "decr default delta", method: "POST", target: "/k?op=decr", wantStatus: 200, wantBody: "41", wantCalls: 1},
+		{name: "incr", method: "POST", target: "/k?op=incr&delta=2", preset: map[string]string{"k": "42"}, wantStatus: 200, wantBody: "44", wantCalls: 1},
+		{name: "decr default delta", method: "POST", target: "/k?op=decr", preset: map[string]string{"k": "42"}, wantStatus: 200, wantBody: "41", wantCalls: 1},
 		{name: "incr bad delta", method: "POST", target: "/k?op=incr&delta=-1", wantStatus: 400, wantBody: `delta "-1"`, wantCalls: 0},
 		{name: "touch", method: "POST", target: "/k?op=touch&exptime=5", preset: map[string]string{"k": "v"}, wantStatus: 204, wantCalls: 1},
 		{name: "touch missing", method: "POST", target: "/k?op=touch&exptime=5", wantStatus: 404, wantCalls: 1},
@@ -255,7 +104,7 @@ func TestRequests(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			s := newFake()
 			for k, v := range tt.preset {
-				s.put(upstream.Item{Key: k, Value: []byte(v)})
+				s.Put(op.Item{Key: k, Value: []byte(v)})
 			}
 			h := newTestHandler(t, s)
 			w := do(h, tt.method, tt.target, tt.body, tt.hdr...)
@@ -273,7 +122,7 @@ func TestRequests(t *testing.T) {
 			if w.Code >= 400 && !strings.HasPrefix(w.Header().Get("Content-Type"), "text/plain") {
 				t.Errorf("%s %s error Content-Type = %q, want text/plain", tt.method, tt.target, w.Header().Get("Content-Type"))
 			}
-			if got := s.calls; tt.wantCalls >= 0 && got != tt.wantCalls {
+			if got := s.Calls; tt.wantCalls >= 0 && got != tt.wantCalls {
 				t.Errorf("%s %s made %d store calls, want %d", tt.method, tt.target, got, tt.wantCalls)
 			}
 		})
@@ -317,7 +166,7 @@ func TestErrorStatus(t *testing.T) {
 
 func TestUpstreamErrorsOverHTTP(t *testing.T) {
 	s := newFake()
-	s.err = upstream.ErrNoNodes
+	s.Err = upstream.ErrNoNodes
 	w := do(newTestHandler(t, s), "GET", "/k", "")
 	if w.Code != 503 || w.Header().Get("Retry-After") == "" {
 		t.Errorf("GET with no nodes = %d Retry-After %q, want 503 with Retry-After", w.Code, w.Header().Get("Retry-After"))
@@ -360,7 +209,7 @@ func TestPanicLineSharesTheRequestID(t *testing.T) {
 
 type panicStore struct{ *fakeStore }
 
-func (panicStore) Get(context.Context, string) (upstream.Item, error) { panic("boom") }
+func (panicStore) Do(context.Context, op.Op) op.Result { panic("boom") }
 
 func TestCheckKey(t *testing.T) {
 	tests := []struct {
@@ -430,32 +279,6 @@ func FuzzCheckKey(f *testing.F) {
 	})
 }
 
-func (f *fakeStore) GetMulti(_ context.Context, keys []string, limit int) (map[string]upstream.Item, map[string]error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	found, failed := map[string]upstream.Item{}, map[string]error{}
-	if err := f.begin(); err != nil {
-		for _, k := range keys {
-			failed[k] = err
-		}
-		return found, failed
-	}
-	kept := 0
-	for _, k := range keys {
-		if it, ok := f.items[k]; ok {
-			if _, dup := found[k]; dup {
-				continue
-			}
-			if limit > 0 && kept+len(it.Value) > limit {
-				failed[k] = upstream.ErrOverLimit
-				continue
-			}
-			kept += len(it.Value)
-			found[k] = it
-		}
-	}
-	return found, failed
-}
 
 // FuzzArguments: the query-string parsers never panic, and whatever they
 // accept is in memcached's range.
@@ -464,7 +287,7 @@ func FuzzArguments(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, raw string) {
-		if _, err := parseExptime(raw, 0); err != nil && !strings.Contains(err.Error(), "exptime") {
+		if _, err := parseExptime(raw, "exptime", 0); err != nil && !strings.Contains(err.Error(), "exptime") {
 			t.Fatalf("parseExptime(%q) error %q does not name exptime", raw, err)
 		}
 		if _, err := parseFlags(raw); err != nil && !strings.Contains(err.Error(), "flags") {
@@ -542,7 +365,7 @@ func TestRequestCtx(t *testing.T) {
 
 func TestNewContext(t *testing.T) {
 	s := newFake()
-	s.put(upstream.Item{Key: "k", Value: []byte("v")})
+	s.Put(op.Item{Key: "k", Value: []byte("v")})
 	h := newTestHandler(t, s).(*Handler)
 	other := newTestHandler(t, s).(*Handler)
 	base := httptest.NewRequest("GET", "/k", nil)

@@ -66,17 +66,18 @@ func query(raw, name string) (string, bool) {
 	return "", false
 }
 
-// parseExptime reads ?exptime= as memcached seconds: 0 never expires, up to
-// 30 days relative, larger values are a Unix time, negative values expire
-// at once.
-func parseExptime(raw string, def int32) (int32, error) {
-	s, ok := query(raw, "exptime")
+// parseExptime reads the query parameter name (exptime, touch) as
+// memcached seconds: 0 never expires, up to 30 days relative, larger
+// values are a Unix time, negative values expire at once. def is the value
+// when it is absent.
+func parseExptime(raw, name string, def int32) (int32, error) {
+	s, ok := query(raw, name)
 	if !ok {
 		return def, nil
 	}
 	v, err := strconv.ParseInt(s, 10, 32)
 	if err != nil {
-		return 0, badRequest("exptime " + strconv.Quote(s) + " is not a whole number of seconds from -2147483648 to 2147483647")
+		return 0, badRequest(name + " " + strconv.Quote(s) + " is not a whole number of seconds from -2147483648 to 2147483647")
 	}
 	return int32(v), nil
 }

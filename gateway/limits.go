@@ -53,12 +53,6 @@ func (l *limiter) release() {
 // errBusy answers a request that found every in-flight slot taken.
 var errBusy = &overloadError{"too many requests in flight (MEMCGATE_MAX_REQUESTS); retry shortly"}
 
-// overloadError is a request refused because the gateway is at one of its
-// limits: 503 with Retry-After.
-type overloadError struct{ msg string }
-
-func (e *overloadError) Error() string { return e.msg }
-
 // takesBody reports whether r brings a body its handler reads before it
 // does anything else, and so takes its slot only then.
 func takesBody(r *http.Request) bool {
@@ -126,6 +120,27 @@ func (h *handler) end(rc *requestCtx) {
 // errBudget answers what the budget refused.
 var errBudget = &overloadError{"the gateway holds as many bytes for clients as it may (MEMCGATE_MAX_BUFFERED_BYTES); retry shortly"}
 
+// ReadBody reads r's body, for a handler of Options.Routes, as the REST
+// API reads its own (readBody): whole, at most limit bytes, held against
+// the byte budget, and then takes the request's in-flight slot. Status
+// maps its errors.
+func ReadBody(r *http.Request, limit int64) ([]byte, error) {
+	rc := reqCtx(r)
+	if rc == nil || rc.h == nil {
+		return nil, errors.New("gateway: ReadBody outside a gateway request")
+	}
+	return rc.h.readBody(r, limit, nil)
+}
+
+// ClientClosed records, for a handler of Options.Routes, that the client
+// went away before its answer: the request is logged and counted as 499,
+// and nothing is written.
+func ClientClosed(w http.ResponseWriter) {
+	if sw, ok := w.(*statusWriter); ok {
+		sw.status = statusClientClosed
+	}
+}
+
 // readBody reads r's body whole, at most limit bytes: 413 beyond, before
 // reading when Content-Length says so. The buffer grows with the bytes
 // that arrive, never from the declared length alone, and beyond
@@ -135,7 +150,7 @@ var errBudget = &overloadError{"the gateway holds as many bytes for clients as i
 func (h *handler) readBody(r *http.Request, limit int64, into *[]byte) ([]byte, error) {
 	rc := reqCtx(r)
 	tooLarge := func(n string) error {
-		return &requestError{http.StatusRequestEntityTooLarge, "request body is " + n + " bytes; at most " + strconv.FormatInt(limit, 10) + " are accepted"}
+		return &requestError{status: http.StatusRequestEntityTooLarge, msg: "request body is " + n + " bytes; at most " + strconv.FormatInt(limit, 10) + " are accepted"}
 	}
 	cl := r.ContentLength
 	if cl > limit {
@@ -206,7 +221,7 @@ func bodyError(err error, n int, cl int64) error {
 	case errors.Is(err, budget.ErrExhausted):
 		return errBudget // the server's read ahead (h1) was refused
 	case errors.As(err, &ne) && ne.Timeout():
-		return &requestError{http.StatusRequestTimeout, "request body did not arrive within MEMCGATE_READ_TIMEOUT"}
+		return &requestError{status: http.StatusRequestTimeout, msg: "request body did not arrive within MEMCGATE_READ_TIMEOUT"}
 	case cl >= 0:
 		return badRequest("request body ended after " + strconv.Itoa(n) + " of " + strconv.FormatInt(cl, 10) + " bytes")
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
 // recipe makes a request that must get one documented status.
@@ -69,7 +70,7 @@ var recipes = map[string]recipe{
 	"DELETE /{key} 503": {method: "DELETE", target: "/k", storeErr: upstream.ErrNoNodes},
 	"DELETE /{key} 504": {method: "DELETE", target: "/k", storeErr: errTimeout},
 
-	"POST /{key} 200": {method: "POST", target: "/k?op=incr&delta=2"},
+	"POST /{key} 200": {method: "POST", target: "/k?op=incr&delta=2", preset: map[string]string{"k": "40"}},
 	"POST /{key} 201": {method: "POST", target: "/k?op=append", body: "x", preset: map[string]string{"k": "v"}},
 	"POST /{key} 204": {method: "POST", target: "/k?op=touch&exptime=9", preset: map[string]string{"k": "v"}},
 	"POST /{key} 400": {method: "POST", target: "/k?op=nope"},
@@ -146,9 +147,9 @@ func TestOpenAPI(t *testing.T) {
 		want, _ := strconv.Atoi(name[strings.LastIndexByte(name, ' ')+1:])
 		s := newFake()
 		for k, v := range rc.preset {
-			s.put(upstream.Item{Key: k, Value: []byte(v)})
+			s.Put(op.Item{Key: k, Value: []byte(v)})
 		}
-		s.err = rc.storeErr
+		s.Err = rc.storeErr
 		opts := rc.opts
 		if opts.MaxValueBytes == 0 {
 			opts.MaxValueBytes = 64

@@ -45,9 +45,9 @@ func NewTokens(secrets map[string]Scope) Tokens {
 // Enabled reports whether any token is configured.
 func (t Tokens) Enabled() bool { return len(t.entries) > 0 }
 
-// scopes returns the scopes of the request's bearer token and whether a
+// Scopes returns the scopes of the request's bearer token and whether a
 // known token was presented.
-func (t Tokens) scopes(r *http.Request) (Scope, bool) {
+func (t Tokens) Scopes(r *http.Request) (Scope, bool) {
 	h := r.Header.Get("Authorization")
 	const prefix = "Bearer "
 	if len(h) <= len(prefix) || !strings.EqualFold(h[:len(prefix)], prefix) {
@@ -75,12 +75,12 @@ func (t Tokens) check(r *http.Request, need Scope) *requestError {
 	if !t.Enabled() {
 		return nil
 	}
-	have, ok := t.scopes(r)
+	have, ok := t.Scopes(r)
 	if !ok {
-		return &requestError{http.StatusUnauthorized, "missing or unknown bearer token"}
+		return &requestError{status: http.StatusUnauthorized, msg: "missing or unknown bearer token"}
 	}
 	if have&need == 0 {
-		return &requestError{http.StatusForbidden, "token lacks the " + need.String() + " scope"}
+		return &requestError{status: http.StatusForbidden, msg: "token lacks the " + need.String() + " scope"}
 	}
 	return nil
 }
@@ -132,7 +132,7 @@ func (h *handler) authorize(next http.Handler) http.Handler {
 func (h *handler) access(r *http.Request) *requestError {
 	need := scopeFor(r.Method)
 	if h.opts.ReadOnly && need == ScopeWrite && r.Method != http.MethodOptions {
-		return &requestError{http.StatusForbidden, "read-only mode: writes are disabled (MEMCGATE_READ_ONLY)"}
+		return &requestError{status: http.StatusForbidden, msg: "read-only mode: writes are disabled (MEMCGATE_READ_ONLY)"}
 	}
 	return h.opts.Tokens.check(r, need)
 }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
 func TestTokens(t *testing.T) {
@@ -81,8 +81,8 @@ func TestReadOnly(t *testing.T) {
 	if w := do(h, "GET", "/k", ""); w.Code != 404 {
 		t.Errorf("GET in read-only mode = %d, want 404 (reads work)", w.Code)
 	}
-	if s.calls != 1 {
-		t.Errorf("read-only writes reached the store: %d calls, want 1", s.calls)
+	if s.Calls != 1 {
+		t.Errorf("read-only writes reached the store: %d calls, want 1", s.Calls)
 	}
 }
 
@@ -116,11 +116,11 @@ func TestMaxRequests(t *testing.T) {
 
 type blockingGet struct{ *blockingStore }
 
-func (b blockingGet) Get(ctx context.Context, key string) (upstream.Item, error) {
+func (b blockingGet) Do(ctx context.Context, o op.Op) op.Result {
 	select {
 	case b.entered <- struct{}{}:
 		<-b.release
 	default:
 	}
-	return b.fakeStore.Get(ctx, key)
+	return b.fakeStore.Do(ctx, o)
 }

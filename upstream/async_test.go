@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
 // getAsync runs GetAsync and waits for its result; started is false if it
@@ -76,10 +77,10 @@ func TestAsync(t *testing.T) {
 	if _, err, ok := getAsync(c, ctx, missing); !ok || !errors.Is(err, ErrNotFound) {
 		t.Fatalf("GetAsync of a missing key = %v (started %v), want ErrNotFound", err, ok)
 	}
-	if got := testutil.ToFloat64(c.nodes[0].m.ops[opGet][resOK]) + testutil.ToFloat64(c.nodes[1].m.ops[opGet][resOK]); got != 2 {
+	if got := testutil.ToFloat64(c.nodes[0].m.ops[verbOp(op.Get)][resOK]) + testutil.ToFloat64(c.nodes[1].m.ops[verbOp(op.Get)][resOK]); got != 2 {
 		t.Errorf("gets counted ok = %v, want 2 (Get and GetAsync)", got)
 	}
-	if got := testutil.ToFloat64(c.nodes[0].m.ops[opSet][resOK]); got != 2 {
+	if got := testutil.ToFloat64(c.nodes[0].m.ops[verbOp(op.Set)][resOK]); got != 2 {
 		t.Errorf("sets counted ok on node 0 = %v, want 2 (Set and SetAsync)", got)
 	}
 	for i, n := range c.nodes {
@@ -136,7 +137,7 @@ func TestAsyncGetFailsOver(t *testing.T) {
 	if got := testutil.ToFloat64(c.nodes[0].m.failovers); got != 1 {
 		t.Errorf("failovers counted on node 0 = %v, want 1", got)
 	}
-	if got := testutil.ToFloat64(c.nodes[0].m.ops[opGet][resTimeout]); got != 1 {
+	if got := testutil.ToFloat64(c.nodes[0].m.ops[verbOp(op.Get)][resTimeout]); got != 1 {
 		t.Errorf("timeouts counted on node 0 = %v, want 1", got)
 	}
 }

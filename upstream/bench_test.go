@@ -41,7 +41,7 @@ func BenchmarkClusterSet(b *testing.B) {
 
 // BenchmarkClusterGetParallel runs Gets from many goroutines over few
 // connections, where parked Gets are batched (compare with
-// -bench 'GetParallel' and BATCH off: the NoGetBatching sub-benchmark).
+// -bench 'GetParallel' and BATCH off: the BatchGets=false sub-benchmark).
 func BenchmarkClusterGetParallel(b *testing.B) {
 	mc := memcachedtest.Start(b)
 	for _, batching := range []bool{true, false} {
@@ -51,7 +51,7 @@ func BenchmarkClusterGetParallel(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			c, _ := newTestClusterTB(b, []*memcachedtest.Server{mc}, func(o *Options) {
-				o.MaxConns, o.MaxIdleConns, o.MaxInFlight, o.NoGetBatching = 8, 8, 8, !batching
+				o.MaxConns, o.MaxIdleConns, o.MaxInFlight, o.BatchGets = 8, 8, 8, batching
 			})
 			// 1000 distinct 96-byte keys, so batches are not just one key
 			// fetched once for everyone.

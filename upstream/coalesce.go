@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
 // Get batching. When every connection slot of a node is busy, a Get does
@@ -24,6 +26,10 @@ import (
 // waiter that gets a slot after a holder took its key releases the slot
 // (serving others first) and only waits for its result: it never spins on
 // the semaphore while its batch is in flight.
+
+// getOp is the operation of a single Get: read-only, shared by all of them
+// so that a Get allocates none.
+var getOp = &op.Op{Verb: op.Get}
 
 // getWaiter is one Get parked in a node's pending list.
 type getWaiter struct {
@@ -47,8 +53,8 @@ func (n *node) get(ctx context.Context, key string) (*memcache.Item, error) {
 	}
 	if !n.batchGets {
 		var it *memcache.Item
-		err := n.do(ctx, opGet, false, func(mc dataClient, _ bool) (err error) {
-			it, err = mc.Get(key)
+		err := n.do(ctx, verbOp(op.Get), false, func(mc dataClient, _ bool) (err error) {
+			it, _, err = mc.Do(getOp, key)
 			return err
 		})
 		return it, err
@@ -86,7 +92,7 @@ func (n *node) get(ctx context.Context, key string) (*memcache.Item, error) {
 			}
 			n.pmu.Unlock()
 			err := ctxError(n.name, "get", ctx.Err())
-			n.m.ops[opGet][resultOf(err)].Inc()
+			n.m.ops[verbOp(op.Get)][resultOf(err)].Inc()
 			return nil, err
 		}
 		n.pmu.Unlock()
@@ -124,10 +130,10 @@ func (n *node) takeLocked(first *getWaiter) []*getWaiter {
 // getHolding runs a single get while holding a slot, then releases it.
 func (n *node) getHolding(key string) (*memcache.Item, error) {
 	start := time.Now()
-	it, err := n.client.Get(key)
+	it, _, err := n.client.Do(getOp, key)
 	err = classify(n.name, "get", err)
-	n.m.duration[opGet].Observe(time.Since(start).Seconds())
-	n.m.ops[opGet][resultOf(err)].Inc()
+	n.m.duration[verbOp(op.Get)].Observe(time.Since(start).Seconds())
+	n.m.ops[verbOp(op.Get)][resultOf(err)].Inc()
 	n.observe(err)
 	n.release()
 	return it, err
@@ -168,7 +174,7 @@ func (n *node) runBatch(batch []*getWaiter) {
 	var err error
 	if len(keys) == 1 {
 		var it *memcache.Item
-		if it, err = n.client.Get(keys[0]); err == nil {
+		if it, _, err = n.client.Do(getOp, keys[0]); err == nil {
 			items = map[string]*memcache.Item{keys[0]: it}
 		} else if errors.Is(err, memcache.ErrCacheMiss) {
 			err = nil
@@ -188,7 +194,7 @@ func (n *node) runBatch(batch []*getWaiter) {
 				r.err = ErrNotFound
 			}
 		}
-		n.m.ops[opGet][resultOf(r.err)].Inc()
+		n.m.ops[verbOp(op.Get)][resultOf(r.err)].Inc()
 		w.done <- r
 	}
 }

@@ -2,31 +2,35 @@ package upstream
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
-// op is a memcached operation as counted in metrics; an index into opNames.
-type op uint8
+// metricOp indexes the per-operation metrics: each verb by its op.Verb
+// value, then the operations no verb names.
+type metricOp uint8
 
 const (
-	opGet op = iota
-	opSet
-	opAdd
-	opReplace
-	opCAS
-	opAppend
-	opPrepend
-	opDelete
-	opIncr
-	opDecr
-	opTouch
-	opGetMulti
-	opSetUDP
+	opGetMulti metricOp = metricOp(op.MaxVerb) + 1 + iota // a multi-key get
+	opSetUDP                                              // a set sent as a UDP datagram
 	numOps
 )
 
-var opNames = [numOps]string{"get", "set", "add", "replace", "cas", "append", "prepend", "delete", "incr", "decr", "touch", "get_multi", "set_udp"}
+// verbOp is the metrics index of a verb.
+func verbOp(v op.Verb) metricOp { return metricOp(v) }
 
-func (o op) String() string { return opNames[o] }
+func (o metricOp) String() string {
+	switch o {
+	case opGetMulti:
+		return "get_multi"
+	case opSetUDP:
+		return "set_udp"
+	}
+	return op.Verb(o).String()
+}
+
+// valid reports whether o names an operation (index 0 is no verb).
+func (o metricOp) valid() bool { return o > 0 && o < numOps }
 
 // result is the outcome of one operation on one node, as counted in metrics.
 type result uint8
@@ -107,9 +111,12 @@ type nodeMetrics struct {
 func (m *metrics) forNode(name string) *nodeMetrics {
 	nm := &nodeMetrics{up: m.up.WithLabelValues(name), failovers: m.failovers.WithLabelValues(name), batched: m.batched.WithLabelValues(name)}
 	for o := range numOps {
-		nm.duration[o] = m.duration.WithLabelValues(name, opNames[o])
+		if !o.valid() {
+			continue
+		}
+		nm.duration[o] = m.duration.WithLabelValues(name, o.String())
 		for r := range numResults {
-			nm.ops[o][r] = m.ops.WithLabelValues(name, opNames[o], resultNames[r])
+			nm.ops[o][r] = m.ops.WithLabelValues(name, o.String(), resultNames[r])
 		}
 	}
 	return nm
@@ -130,9 +137,9 @@ func newPoolCollector(nodes []*node) *poolCollector {
 		desc: prometheus.NewDesc("memcgate_upstream_connections",
 			"Open connections to each node, by state (in_use, idle).", []string{"node", "state"}, nil),
 		inFl: prometheus.NewDesc("memcgate_upstream_in_flight",
-			"Operations in flight on each node (bounded by MAX_CONNS_PER_NODE).", []string{"node"}, nil),
+			"Operations in flight on each node (bounded by MAX_IN_FLIGHT_PER_NODE; by MAX_CONNS_PER_NODE with PIPELINE_CONNS=0).", []string{"node"}, nil),
 		maxFl: prometheus.NewDesc("memcgate_upstream_max_in_flight",
-			"MAX_CONNS_PER_NODE: the cap on memcgate_upstream_in_flight, for saturation ratios.", []string{"node"}, nil),
+			"The cap on memcgate_upstream_in_flight (MAX_IN_FLIGHT_PER_NODE, or MAX_CONNS_PER_NODE with PIPELINE_CONNS=0), for saturation ratios.", []string{"node"}, nil),
 	}
 }
 

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 
 	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
 // maxKeysPerGet bounds one multi-key get command line (250-byte keys make
@@ -52,8 +54,8 @@ func (c *Cluster) Up(key string) bool {
 // if positive, caps the bytes of values kept: the values of keys past it
 // are dropped as they are read (their keys fail with ErrOverLimit), so
 // that a reply of any size costs at most limit bytes.
-func (c *Cluster) GetMulti(ctx context.Context, keys []string, limit int) (map[string]Item, map[string]error) {
-	found := make(map[string]Item, len(keys))
+func (c *Cluster) GetMulti(ctx context.Context, keys []string, limit int) (map[string]op.Item, map[string]error) {
+	found := make(map[string]op.Item, len(keys))
 	failed := map[string]error{}
 	var mu sync.Mutex // guards found, failed and kept
 	kept := 0         // bytes of values kept so far, against limit
@@ -112,7 +114,7 @@ func (c *Cluster) GetMulti(ctx context.Context, keys []string, limit int) (map[s
 		}
 	}
 	// keep adds it to found if the limit has room for it.
-	keep := func(k string, it Item) {
+	keep := func(k string, it op.Item) {
 		mu.Lock()
 		defer mu.Unlock()
 		if limit > 0 && kept+len(it.Value) > limit {
@@ -140,10 +142,10 @@ func (c *Cluster) GetMulti(ctx context.Context, keys []string, limit int) (map[s
 					// which retries on the next node.
 					for _, sk := range b.store {
 						k := b.client[sk]
-						it, err := c.Get(ctx, k)
-						switch {
+						res := c.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: k}})
+						switch err := res.Err; {
 						case err == nil:
-							keep(k, it)
+							keep(k, res.Item)
 						case !errors.Is(err, ErrNotFound):
 							mu.Lock()
 							failed[k] = err
@@ -244,7 +246,8 @@ func (u *udpSender) close() {
 // as one UDP datagram with noreply, and nothing says whether it arrived.
 // Without a UDP port, or for a value that does not fit one datagram, it is
 // an ordinary Set over TCP.
-func (c *Cluster) SetQuiet(ctx context.Context, it Item) error {
+func (c *Cluster) SetQuiet(ctx context.Context, it op.Item) error {
+	set := func() error { return c.Do(ctx, op.Op{Verb: op.Set, Item: it}).Err }
 	sk, hk := c.keys(it.Key)
 	idx, failover, err := c.pick(hk)
 	if err != nil {
@@ -252,7 +255,7 @@ func (c *Cluster) SetQuiet(ctx context.Context, it Item) error {
 	}
 	n := c.nodes[idx]
 	if n.udp == nil {
-		return c.Set(ctx, it)
+		return set()
 	}
 	mi := &memcache.Item{Key: sk, Value: it.Value, Flags: it.Flags, Expiration: it.Expiration}
 	if failover {
@@ -263,9 +266,9 @@ func (c *Cluster) SetQuiet(ctx context.Context, it Item) error {
 		n.m.ops[opSetUDP][resOK].Inc()
 		return nil
 	case errors.Is(err, errUDPTooLarge):
-		return c.Set(ctx, it)
+		return set()
 	default:
 		n.m.ops[opSetUDP][resError].Inc()
-		return c.Set(ctx, it) // e.g. ICMP port unreachable: try TCP
+		return set() // e.g. ICMP port unreachable: try TCP
 	}
 }

@@ -3,6 +3,7 @@ package upstream
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/memcgate/memcgate/upstream/mcpipe"
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
 // node is one memcached server: its own gomemcache client (so its own
@@ -23,6 +25,7 @@ import (
 type node struct {
 	name    string                                                               // host:port as configured; what the ring hashes and what metrics show
 	client  dataClient                                                           // gomemcache's pool, or mcpipe's pipelined connections
+	pipe    *mcpipe.Client                                                       // client, if it is mcpipe's: it also starts operations without waiting (DoAsync)
 	dial    func(ctx context.Context, network, address string) (net.Conn, error) // counted data connections
 	timeout time.Duration
 	probe   prober        // its own one-connection client; never the data pool
@@ -72,7 +75,7 @@ func newNode(name string, o *Options, pol *healthPolicy, m *nodeMetrics, log *sl
 		log:  log.With("node", name),
 		h:    pol,
 
-		batchGets: !o.NoGetBatching,
+		batchGets: o.BatchGets,
 	}
 	dialer := o.Dialer
 	if dialer == nil {
@@ -89,11 +92,12 @@ func newNode(name string, o *Options, pol *healthPolicy, m *nodeMetrics, log *sl
 		return &countedConn{Conn: c, n: &n.conns}, nil
 	}
 	if o.PipelineConns > 0 {
-		n.client = mcpipe.New(mcpipe.Options{
+		n.pipe = mcpipe.New(mcpipe.Options{
 			Conns:   o.PipelineConns,
 			Timeout: o.Timeout,
 			Dial:    func(ctx context.Context) (net.Conn, error) { return n.dial(ctx, "tcp", name) },
 		})
+		n.client = n.pipe
 	} else {
 		mc := memcache.NewFromSelector(selector{addr(name)})
 		mc.Timeout = o.Timeout
@@ -114,25 +118,18 @@ func newNode(name string, o *Options, pol *healthPolicy, m *nodeMetrics, log *sl
 }
 
 // dataClient is what operations need from a node's data connections.
-// *memcache.Client (a request per connection) and *mcpipe.Client
-// (pipelined connections) implement it with the same items and errors, so
+// *mcpipe.Client (pipelined connections) and pooled (gomemcache, a request
+// per connection) implement it with gomemcache's items and errors, so
 // classify treats both alike.
 type dataClient interface {
-	Get(key string) (*memcache.Item, error)
+	// Do runs o with key as the key sent: for op.Get the item
+	// (memcache.ErrCacheMiss if none), for op.Incr and op.Decr the new
+	// value, for the others their outcome.
+	Do(o *op.Op, key string) (*memcache.Item, uint64, error)
 	GetMulti(keys []string) (map[string]*memcache.Item, error)
 	// GetMultiLimit is GetMulti keeping at most limit bytes of values
 	// (0: no limit); the keys of the values it drops are in dropped.
 	GetMultiLimit(keys []string, limit int) (items map[string]*memcache.Item, dropped []string, err error)
-	Set(item *memcache.Item) error
-	Add(item *memcache.Item) error
-	Replace(item *memcache.Item) error
-	CompareAndSwap(item *memcache.Item) error
-	Append(item *memcache.Item) error
-	Prepend(item *memcache.Item) error
-	Delete(key string) error
-	Increment(key string, delta uint64) (uint64, error)
-	Decrement(key string, delta uint64) (uint64, error)
-	Touch(key string, seconds int32) error
 	Close() error
 }
 
@@ -140,6 +137,42 @@ type dataClient interface {
 // every value before it drops the ones past the limit: only mcpipe's
 // bounds the memory of the read itself.
 type pooled struct{ *memcache.Client }
+
+// Do maps o onto gomemcache's methods.
+func (p pooled) Do(o *op.Op, key string) (*memcache.Item, uint64, error) {
+	it := &memcache.Item{Key: key, Value: o.Item.Value, Flags: o.Item.Flags, Expiration: o.Item.Expiration, CasID: o.Item.CAS}
+	var err error
+	switch o.Verb {
+	case op.Get:
+		it, err = p.Get(key)
+		return it, 0, err
+	case op.Set:
+		err = p.Set(it)
+	case op.Add:
+		err = p.Add(it)
+	case op.Replace:
+		err = p.Replace(it)
+	case op.CAS:
+		err = p.CompareAndSwap(it)
+	case op.Append:
+		err = p.Append(it)
+	case op.Prepend:
+		err = p.Prepend(it)
+	case op.Incr:
+		n, err := p.Increment(key, o.Delta)
+		return nil, n, err
+	case op.Decr:
+		n, err := p.Decrement(key, o.Delta)
+		return nil, n, err
+	case op.Touch:
+		err = p.Touch(key, o.Item.Expiration)
+	case op.Delete:
+		err = p.Delete(key)
+	default:
+		err = fmt.Errorf("upstream: no such verb %d", o.Verb)
+	}
+	return nil, 0, err
+}
 
 func (p pooled) GetMultiLimit(keys []string, limit int) (map[string]*memcache.Item, []string, error) {
 	items, err := p.GetMulti(keys)
@@ -173,6 +206,33 @@ func (o *Options) inFlightCap() int {
 // node is not the key's owner, so writes can cap their TTL.
 type opFunc func(mc dataClient, failover bool) error
 
+// run runs o on the node, with sk as the key sent (prefixed); Gets go
+// through get, which batches them when the node's slots are busy.
+// failover says the node is not the key's owner: an expiration the verb
+// sends is then capped (cap).
+func (n *node) run(ctx context.Context, o op.Op, sk string, failover bool, cap func(int32) int32) (op.Result, error) {
+	var res op.Result
+	if o.Verb == op.Get {
+		it, err := n.get(ctx, sk)
+		if err == nil {
+			res.Item = itemOf(o.Item.Key, it)
+		}
+		return res, err
+	}
+	if failover && o.Verb.TakesTTL() {
+		o.Item.Expiration = cap(o.Item.Expiration)
+	}
+	err := n.do(ctx, verbOp(o.Verb), failover, func(mc dataClient, _ bool) error {
+		it, num, err := mc.Do(&o, sk)
+		if err == nil && it != nil {
+			res.Item = itemOf(o.Item.Key, it)
+		}
+		res.N = num
+		return err
+	})
+	return res, err
+}
+
 // countedConn decrements the node's open-connection count once on Close.
 type countedConn struct {
 	net.Conn
@@ -191,7 +251,7 @@ func (c *countedConn) Close() error {
 // for a slot follows ctx; gomemcache itself has no context, so its socket
 // timeout bounds the call. The result is classified, counted, and fed to
 // passive health checking.
-func (n *node) do(ctx context.Context, o op, failover bool, f opFunc) error {
+func (n *node) do(ctx context.Context, o metricOp, failover bool, f opFunc) error {
 	start := time.Now()
 	select {
 	case n.sem <- struct{}{}:
@@ -212,7 +272,7 @@ func (n *node) do(ctx context.Context, o op, failover bool, f opFunc) error {
 
 // count counts and times one operation's classified result and feeds it to
 // passive health checking.
-func (n *node) count(o op, start time.Time, err error) {
+func (n *node) count(o metricOp, start time.Time, err error) {
 	n.m.duration[o].Observe(time.Since(start).Seconds())
 	n.m.ops[o][resultOf(err)].Inc()
 	n.observe(err)

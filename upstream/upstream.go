@@ -4,8 +4,12 @@
 // on a consistent-hash ring, checks node health actively and passively, and
 // fails over to the next node on the ring.
 //
-// Nothing in this package starts a goroutine except Run, which the caller
-// owns. No gomemcache type or error leaves the package.
+// Goroutines: Run (health checks) is the caller's. Besides it, each
+// pipelined connection has a reader goroutine (package mcpipe) from its
+// first use to its failure or Close; a multi-get runs one goroutine per
+// node batch for its duration; and a DoAsync read that fails on a
+// transport error is retried on a goroutine of its own. No gomemcache
+// type or error leaves the package.
 package upstream
 
 import (
@@ -22,16 +26,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/memcgate/memcgate/upstream/hashring"
+	"github.com/memcgate/memcgate/upstream/op"
 )
-
-// Item is a memcached item.
-type Item struct {
-	Key        string // as the client named it, without the cluster's KeyPrefix
-	Value      []byte
-	Flags      uint32
-	Expiration int32  // seconds; 0 = never; memcached's 30-day rule applies
-	CAS        uint64 // filled by Get; required by CompareAndSwap
-}
 
 // Server is one memcached node as configured.
 type Server struct {
@@ -107,9 +103,10 @@ type Options struct {
 	// elsewhere age out. 0 means no cap.
 	FailoverTTL time.Duration
 	Health      HealthOptions
-	// NoGetBatching turns off batching of Gets that find all of a node's
-	// slots busy into multi-key gets (see coalesce.go).
-	NoGetBatching bool
+	// BatchGets batches Gets that find all of a node's slots busy into
+	// multi-key gets (see coalesce.go). The binary turns it on
+	// (MEMCGATE_BATCH_GETS).
+	BatchGets bool
 	// Dialer opens data and probe connections; if nil, a net.Dialer with
 	// Timeout. TLS to memcached plugs in here.
 	Dialer func(ctx context.Context, network, address string) (net.Conn, error)
@@ -232,26 +229,6 @@ func (c *Cluster) Close() error {
 	return errors.Join(errs...)
 }
 
-// hashKeyCtx carries a placement key that differs from the stored key.
-type hashKeyCtx struct{}
-
-// WithHashKey makes single-key operations under ctx place their key on the
-// ring by hashKey instead of the key they store: the HttpMemcModule
-// endpoints store the module's escaped key but, like nginx's
-// `hash $memc_key consistent`, place it by the key before escaping.
-func WithHashKey(ctx context.Context, hashKey string) context.Context {
-	return context.WithValue(ctx, hashKeyCtx{}, hashKey)
-}
-
-// keysFor is keys with a WithHashKey override from ctx.
-func (c *Cluster) keysFor(ctx context.Context, key string) (store, hash string) {
-	store, hash = c.keys(key)
-	if hk, ok := ctx.Value(hashKeyCtx{}).(string); ok {
-		hash = hk
-	}
-	return store, hash
-}
-
 // keys returns the key as sent to memcached (with the prefix) and the one
 // the ring places.
 func (c *Cluster) keys(key string) (store, hash string) {
@@ -265,23 +242,51 @@ func (c *Cluster) keys(key string) (store, hash string) {
 	return store, key
 }
 
-// route runs f on the key's owner or, if the owner is down and the policy
-// is Rehash, on the next live node of the key's ring order. After a
-// transport failure it tries the next live node, at most MaxAttempts nodes
-// in all: reads after any transport failure, writes only when the
-// connection was never made, because otherwise the first node may have
-// applied the write. f learns whether its node is not the owner.
-func (c *Cluster) route(ctx context.Context, o op, hashKey string, write bool, f opFunc) error {
-	return c.routeCall(ctx, hashKey, write, func(n *node, failover bool) error { return n.do(ctx, o, failover, f) })
+// Do runs one operation on its key's owner or, if the owner is down and
+// the policy is Rehash, on the next live node of the key's ring order
+// (route). The result's error is nil, one of the protocol outcomes
+// (ErrNotFound, ErrExists, ErrCASConflict, ErrNotNumeric, ErrTooLarge,
+// ErrBadKey), ErrNoNodes, or a *NodeError. A read's item may share its
+// Value with other Gets of the same key batched with it: treat it as
+// read-only.
+func (c *Cluster) Do(ctx context.Context, o op.Op) op.Result {
+	return c.doAfter(ctx, o, -1, nil)
 }
 
-// routeCall is route for any call on a node.
-func (c *Cluster) routeCall(ctx context.Context, hashKey string, write bool, call func(n *node, failover bool) error) error {
-	return c.routeAfter(ctx, hashKey, write, -1, nil, call)
+// doAfter is Do after a first attempt, on node tried, failed with a node
+// failure, prev (DoAsync's retry); tried < 0 if there was none.
+func (c *Cluster) doAfter(ctx context.Context, o op.Op, tried int, prev error) op.Result {
+	if !o.Verb.Valid() {
+		return op.Result{Err: fmt.Errorf("upstream: no such verb %d", o.Verb)}
+	}
+	sk, hk := c.keysOf(&o)
+	var res op.Result
+	err := c.routeAfter(ctx, hk, o.Verb.Writes(), tried, prev, func(n *node, failover bool) (err error) {
+		res, err = n.run(ctx, o, sk, failover, c.capTTL)
+		return err
+	})
+	res.Err = err
+	return res
 }
 
-// routeAfter is routeCall after a first attempt, on node tried, failed
-// with a node failure, prev; tried < 0 if there was none.
+// keysOf returns o's key as sent to memcached and the key the ring
+// places: its HashKey if set.
+func (c *Cluster) keysOf(o *op.Op) (store, hash string) {
+	store, hash = c.keys(o.Item.Key)
+	if o.HashKey != "" {
+		hash = o.HashKey
+	}
+	return store, hash
+}
+
+// routeAfter runs call on the key's owner or, if the owner is down and
+// the policy is Rehash, on the next live node of the key's ring order.
+// After a transport failure it tries the next live node, at most
+// MaxAttempts nodes in all: reads after any transport failure, writes
+// only when the connection was never made, because otherwise the first
+// node may have applied the write. call learns whether its node is not
+// the owner. tried is a node a first attempt already failed on, with
+// prev; tried < 0 if there was none.
 func (c *Cluster) routeAfter(ctx context.Context, hashKey string, write bool, tried int, prev error, call func(n *node, failover bool) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -361,114 +366,9 @@ func (c *Cluster) capTTL(exp int32) int32 {
 // relativeExpiryMax is memcached's 30 days: larger expirations are Unix times.
 const relativeExpiryMax = 60 * 60 * 24 * 30
 
-// Get reads one item. Its Value may be shared with other Gets of the same
-// key that were batched together: treat it as read-only.
-func (c *Cluster) Get(ctx context.Context, key string) (Item, error) {
-	return c.get(ctx, key, -1, nil)
-}
-
-// get is Get after a first attempt, on node tried, failed with a node
-// failure, err (GetAsync's retry); tried < 0 if there was none.
-func (c *Cluster) get(ctx context.Context, key string, tried int, err error) (Item, error) {
-	sk, hk := c.keysFor(ctx, key)
-	var mi *memcache.Item
-	err = c.routeAfter(ctx, hk, false, tried, err, func(n *node, _ bool) (err error) {
-		mi, err = n.get(ctx, sk)
-		return err
-	})
-	if err != nil {
-		return Item{}, err
-	}
-	return itemOf(key, mi), nil
-}
-
-// itemOf is a memcached item as Item, under the client's key.
-func itemOf(key string, mi *memcache.Item) Item {
-	return Item{Key: key, Value: mi.Value, Flags: mi.Flags, CAS: mi.CasID}
-}
-
-func (c *Cluster) store(ctx context.Context, o op, it Item, f func(dataClient, *memcache.Item) error) error {
-	sk, hk := c.keysFor(ctx, it.Key)
-	mi := &memcache.Item{Key: sk, Value: it.Value, Flags: it.Flags, Expiration: it.Expiration, CasID: it.CAS}
-	return c.route(ctx, o, hk, true, func(mc dataClient, failover bool) error {
-		if failover {
-			capped := *mi
-			capped.Expiration = c.capTTL(mi.Expiration)
-			return f(mc, &capped)
-		}
-		return f(mc, mi)
-	})
-}
-
-// Set stores an item unconditionally.
-func (c *Cluster) Set(ctx context.Context, it Item) error {
-	return c.store(ctx, opSet, it, dataClient.Set)
-}
-
-// Add stores an item only if the key is absent; ErrExists otherwise.
-func (c *Cluster) Add(ctx context.Context, it Item) error {
-	return c.store(ctx, opAdd, it, dataClient.Add)
-}
-
-// Replace stores an item only if the key exists; ErrNotFound otherwise.
-func (c *Cluster) Replace(ctx context.Context, it Item) error {
-	return c.store(ctx, opReplace, it, dataClient.Replace)
-}
-
-// CompareAndSwap stores an item only if it is unchanged since it.CAS was
-// read: ErrCASConflict if it changed, ErrNotFound if it is gone.
-func (c *Cluster) CompareAndSwap(ctx context.Context, it Item) error {
-	return c.store(ctx, opCAS, it, dataClient.CompareAndSwap)
-}
-
-// Append adds it.Value after the existing value; ErrNotFound if the key
-// is missing. Flags and expiration are left as they are.
-func (c *Cluster) Append(ctx context.Context, it Item) error {
-	return c.store(ctx, opAppend, it, dataClient.Append)
-}
-
-// Prepend adds it.Value before the existing value; ErrNotFound if the key
-// is missing.
-func (c *Cluster) Prepend(ctx context.Context, it Item) error {
-	return c.store(ctx, opPrepend, it, dataClient.Prepend)
-}
-
-// Delete removes a key; ErrNotFound if it was not there.
-func (c *Cluster) Delete(ctx context.Context, key string) error {
-	sk, hk := c.keysFor(ctx, key)
-	return c.route(ctx, opDelete, hk, true, func(mc dataClient, _ bool) error { return mc.Delete(sk) })
-}
-
-// Incr adds delta to a decimal value and returns the new value (wrapping
-// at 2^64, as memcached does).
-func (c *Cluster) Incr(ctx context.Context, key string, delta uint64) (uint64, error) {
-	return c.incrDecr(ctx, opIncr, key, delta, dataClient.Increment)
-}
-
-// Decr subtracts delta from a decimal value, stopping at 0.
-func (c *Cluster) Decr(ctx context.Context, key string, delta uint64) (uint64, error) {
-	return c.incrDecr(ctx, opDecr, key, delta, dataClient.Decrement)
-}
-
-func (c *Cluster) incrDecr(ctx context.Context, o op, key string, delta uint64, f func(dataClient, string, uint64) (uint64, error)) (uint64, error) {
-	sk, hk := c.keysFor(ctx, key)
-	var v uint64
-	err := c.route(ctx, o, hk, true, func(mc dataClient, _ bool) (err error) {
-		v, err = f(mc, sk, delta)
-		return err
-	})
-	return v, err
-}
-
-// Touch sets a new expiration on an existing key; ErrNotFound if missing.
-func (c *Cluster) Touch(ctx context.Context, key string, exptime int32) error {
-	sk, hk := c.keysFor(ctx, key)
-	return c.route(ctx, opTouch, hk, true, func(mc dataClient, failover bool) error {
-		if failover {
-			return mc.Touch(sk, c.capTTL(exptime))
-		}
-		return mc.Touch(sk, exptime)
-	})
+// itemOf is a memcached item as an op.Item, under the client's key.
+func itemOf(key string, mi *memcache.Item) op.Item {
+	return op.Item{Key: key, Value: mi.Value, Flags: mi.Flags, CAS: mi.CasID}
 }
 
 // Ready reports whether the cluster can serve: the first probe round has

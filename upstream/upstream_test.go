@@ -103,7 +103,7 @@ func newTestClusterTB(t testing.TB, mcs []*memcachedtest.Server, mod func(*Optio
 	for _, m := range mcs {
 		servers = append(servers, Server{Host: "127.0.0.1", Port: m.Port, Weight: 1})
 	}
-	o := Options{Servers: servers, Timeout: 300 * time.Millisecond, MaxConns: 8, MaxIdleConns: 8, MaxInFlight: 8, PipelineConns: *pipelineConns,
+	o := Options{Servers: servers, Timeout: 300 * time.Millisecond, MaxConns: 8, MaxIdleConns: 8, MaxInFlight: 8, PipelineConns: *pipelineConns, BatchGets: true,
 		Health: HealthOptions{Interval: 50 * time.Millisecond, Timeout: 100 * time.Millisecond, Fall: 2, Rise: 2, PassiveFails: 2}}
 	if mod != nil {
 		mod(&o)

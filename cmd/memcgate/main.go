@@ -111,7 +111,7 @@ func upstreamOptions(cfg config.Config) upstream.Options {
 		PipelineConns:  cfg.PipelineConns,
 		MaxInFlight:    cfg.MaxInFlight,
 		MaxAttempts:    cfg.MaxAttempts,
-		NoGetBatching:  !cfg.BatchGets,
+		BatchGets:      cfg.BatchGets,
 		Failover:       upstream.FailoverPolicy(cfg.Failover),
 		FailoverTTL:    cfg.FailoverTTL,
 		Health: upstream.HealthOptions{
@@ -162,14 +162,14 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 	defer cluster.Close()
 
 	var draining atomic.Bool
-	handler := gateway.NewHandler(cluster, log, reg, gateway.Options{
+	gopts := gateway.Options{
 		MaxKeyLen:             gateway.MaxKeyLen - len(cfg.KeyPrefix),
 		MaxValueBytes:         cfg.MaxValueBytes,
 		DefaultTTL:            cfg.DefaultTTL,
 		RequestTimeout:        cfg.RequestTimeout,
 		AccessLog:             cfg.AccessLog,
 		AccessLogJSON:         accessJSON,
-		Memc:                  memcOptions(cfg.Memc, cluster),
+		Routes:                memcRoutes(cfg, cluster, sec.tokens),
 		Tokens:                sec.tokens,
 		ReadOnly:              cfg.ReadOnly,
 		MaxRequests:           cfg.MaxRequests,
@@ -182,8 +182,14 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 		AsyncQueueBytes:       cfg.AsyncQueueMax,
 		Codec:                 gateway.ValueCodec(cfg.ValueCodec),
 		PHP:                   phpOptions(cfg),
-		NoDetach:              !cfg.Detached || cfg.PipelineConns == 0, // only pipelined connections answer without waiting
-	})
+	}
+	if cfg.Detached && cfg.PipelineConns > 0 { // only pipelined connections answer without waiting
+		gopts.Async = cluster
+	}
+	if cfg.UDPPorts != "" {
+		gopts.Quiet = cluster
+	}
+	handler := gateway.NewHandler(cluster, log, reg, gopts)
 	std := &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: cfg.ReadHeaderTimout,

@@ -3,15 +3,15 @@ package main
 import (
 	"github.com/memcgate/memcgate/config"
 	"github.com/memcgate/memcgate/gateway"
+	"github.com/memcgate/memcgate/gateway/memc"
+	"github.com/memcgate/memcgate/upstream"
 )
 
-// memcOptions maps the MEMCGATE_MEMC_* settings onto the gateway; nil when
-// every compatible endpoint is off.
-func memcOptions(m config.Memc, c gateway.MemcCluster) *gateway.MemcOptions {
-	if m.Path == "" && m.KeyPath == "" {
-		return nil
-	}
-	return &gateway.MemcOptions{
+// memcRoutes maps the MEMCGATE_MEMC_* settings onto the compatible
+// endpoints; none when both are off.
+func memcRoutes(cfg config.Config, c *upstream.Cluster, tokens gateway.Tokens) []gateway.Route {
+	m := cfg.Memc
+	rt, ok := memc.New(memc.Options{
 		Path:                m.Path,
 		KeyPath:             m.KeyPath,
 		CmdsAllowed:         m.Commands(),
@@ -19,6 +19,14 @@ func memcOptions(m config.Memc, c gateway.MemcCluster) *gateway.MemcOptions {
 		FlagsHeader:         m.FlagsHeader,
 		ContentType:         m.ContentType,
 		MaxBodyBytes:        m.MaxBodyBytes,
+		MaxKeyLen:           gateway.MaxKeyLen - len(cfg.KeyPrefix),
+		Tokens:              tokens,
+		ReadOnly:            cfg.ReadOnly,
+		Store:               c,
 		Cluster:             c,
+	})
+	if !ok {
+		return nil
 	}
+	return []gateway.Route{rt}
 }

@@ -13,17 +13,8 @@ import (
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
-)
 
-// kind is how a request's reply is read.
-type kind uint8
-
-const (
-	kindGet    kind = iota // VALUE blocks, then END
-	kindStore              // STORED | NOT_STORED | EXISTS | NOT_FOUND
-	kindDelete             // DELETED | NOT_FOUND
-	kindTouch              // TOUCHED | NOT_FOUND
-	kindIncr               // a number | NOT_FOUND | CLIENT_ERROR …
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
 // call is one request waiting for its reply. Whoever completes it (the
@@ -32,8 +23,8 @@ const (
 // released: it signals done, or, for a call of GetAsync or SetAsync, runs
 // its callback. After that only the waiter (or the callback) touches it.
 type call struct {
-	kind  kind
-	verb  string
+	kind  op.Reply // how the reply reads
+	verb  string   // the command, for error messages
 	limit int               // a multi-key Get's cap on value bytes kept; 0: none
 	key   string            // a single-key Get's key: such Gets may share one command
 	peer  []*call           // on the first call of a shared gets line: every call on it
@@ -42,11 +33,16 @@ type call struct {
 	reply
 	done chan struct{}
 
-	// An asynchronous call's callback (one of them), and the Client
-	// whose pool it goes back to before the callback runs.
-	onItem   func(*memcache.Item, error)
-	onStored func(error)
-	client   *Client
+	// An asynchronous call's callback, and the Client whose pool it goes
+	// back to before the callback runs.
+	onDone func(*memcache.Item, uint64, error)
+	client *Client
+
+	// What send encodes: an operation (o, with skey as its key; a copy,
+	// so that the caller's need not escape), or what encode appends.
+	o      op.Op
+	skey   string
+	encode func([]byte) []byte
 }
 
 // complete hands the call its outcome: its waiter's signal, or its
@@ -56,21 +52,21 @@ func (cl *call) complete() {
 		cl.done <- struct{}{}
 		return
 	}
-	c, onItem, onStored, err := cl.client, cl.onItem, cl.onStored, cl.err
-	var it *memcache.Item
-	if onItem != nil && err == nil {
-		if len(cl.items) > 0 {
-			it = cl.items[0]
-		} else {
-			err = memcache.ErrCacheMiss
-		}
-	}
+	c, done := cl.client, cl.onDone
+	it, n, err := cl.result()
 	c.release(cl)
-	if onItem != nil {
-		onItem(it, err)
-	} else {
-		onStored(err)
+	done(it, n, err)
+}
+
+// result is what the call's reply comes to, as Do returns it.
+func (cl *call) result() (*memcache.Item, uint64, error) {
+	if cl.err != nil || cl.kind != op.Items {
+		return nil, cl.num, cl.err
 	}
+	if len(cl.items) == 0 {
+		return nil, 0, memcache.ErrCacheMiss
+	}
+	return cl.items[0], 0, nil
 }
 
 // reply is what a request's answer came to.
@@ -114,7 +110,7 @@ func (c *conn) failed() bool {
 // goroutine that is writing. If the connection has already failed it
 // returns that failure and cl is untouched; else cl is completed once,
 // possibly before send returns (a failed write fails every queued call).
-func (c *conn) send(cl *call, encode func([]byte) []byte) error {
+func (c *conn) send(cl *call) error {
 	c.mu.Lock()
 	if c.err != nil {
 		err := c.err
@@ -134,9 +130,15 @@ func (c *conn) send(cl *call, encode func([]byte) []byte) error {
 		cl.peer = append(cl.peer[:0], cl)
 		c.open = cl
 		c.queue = append(c.queue, cl)
+	case cl.encode == nil:
+		c.closeLineLocked()
+		c.wbuf = op.Encode(c.wbuf, &cl.o, cl.skey)
+		cl.o = op.Op{} // encoded: the caller's value may go
+		c.queue = append(c.queue, cl)
 	default:
 		c.closeLineLocked()
-		c.wbuf = encode(c.wbuf)
+		c.wbuf = cl.encode(c.wbuf)
+		cl.encode = nil
 		c.queue = append(c.queue, cl)
 	}
 	if c.idle {
@@ -366,7 +368,7 @@ func isErrorLine(line []byte) bool {
 // shared gets line (none for other requests): they become the items' keys.
 // A get reply keeps at most limit bytes of values (0: no limit); the keys
 // of the values it drops are in r.dropped.
-func readReply(br *bufio.Reader, k kind, verb string, lineKeys []string, limit int) (r reply, err error) {
+func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, limit int) (r reply, err error) {
 	keys := keyCursor{keys: lineKeys}
 	kept := 0
 	for {
@@ -380,7 +382,7 @@ func readReply(br *bufio.Reader, k kind, verb string, lineKeys []string, limit i
 		if len(line) < 2 || line[len(line)-2] != '\r' {
 			return r, fmt.Errorf("%w: %q", errProtocol, line)
 		}
-		if k != kindGet {
+		if k != op.Items {
 			r.num, r.err = lineResult(k, verb, line)
 			return r, nil
 		}
@@ -439,9 +441,9 @@ func skipValue(br *bufio.Reader, size int) error {
 
 // lineResult maps a one-line reply to gomemcache's result for the verb
 // (and incr/decr's number).
-func lineResult(k kind, verb string, line []byte) (uint64, error) {
+func lineResult(k op.Reply, verb string, line []byte) (uint64, error) {
 	switch k {
-	case kindStore:
+	case op.Stored:
 		switch {
 		case bytes.Equal(line, lineStored):
 			return 0, nil
@@ -453,7 +455,7 @@ func lineResult(k kind, verb string, line []byte) (uint64, error) {
 			return 0, memcache.ErrCacheMiss
 		}
 		return 0, fmt.Errorf("memcache: unexpected response line from %q: %q", verb, string(line))
-	case kindDelete:
+	case op.Deleted:
 		switch {
 		case bytes.Equal(line, lineDeleted), bytes.Equal(line, lineOK):
 			return 0, nil
@@ -461,7 +463,7 @@ func lineResult(k kind, verb string, line []byte) (uint64, error) {
 			return 0, memcache.ErrCacheMiss
 		}
 		return 0, fmt.Errorf("memcache: unexpected response line: %q", string(line))
-	case kindTouch:
+	case op.Touched:
 		switch {
 		case bytes.Equal(line, lineTouched):
 			return 0, nil
@@ -469,7 +471,7 @@ func lineResult(k kind, verb string, line []byte) (uint64, error) {
 			return 0, memcache.ErrCacheMiss
 		}
 		return 0, fmt.Errorf("memcache: unexpected response line from touch: %q", string(line))
-	default: // kindIncr
+	default: // op.Number
 		switch {
 		case bytes.Equal(line, lineNotFound):
 			return 0, memcache.ErrCacheMiss
@@ -536,26 +538,3 @@ func parseValueLine(line []byte, keys *keyCursor) (*memcache.Item, int, error) {
 	}
 	return &memcache.Item{Key: keys.key(f[0]), Flags: uint32(flags), CasID: cas}, int(size), nil
 }
-
-// appendStore encodes a storage command with its data block.
-func appendStore(b []byte, verb string, it *memcache.Item) []byte {
-	b = append(b, verb...)
-	b = append(b, ' ')
-	b = append(b, it.Key...)
-	b = append(b, ' ')
-	b = appendUint(b, uint64(it.Flags))
-	b = append(b, ' ')
-	b = appendInt(b, int64(it.Expiration))
-	b = append(b, ' ')
-	b = appendUint(b, uint64(len(it.Value)))
-	if verb == "cas" {
-		b = append(b, ' ')
-		b = appendUint(b, it.CasID)
-	}
-	b = append(b, "\r\n"...)
-	b = append(b, it.Value...)
-	return append(b, "\r\n"...)
-}
-
-func appendUint(b []byte, v uint64) []byte { return strconv.AppendUint(b, v, 10) }
-func appendInt(b []byte, v int64) []byte   { return strconv.AppendInt(b, v, 10) }

@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
 // Options configures a Client.
@@ -41,8 +43,8 @@ type Options struct {
 
 // Client sends requests to one memcached server over Options.Conns
 // pipelined connections. It is safe for concurrent use. Its methods block
-// until the reply arrives or the connection fails, but for GetAsync and
-// SetAsync, which complete through a callback.
+// until the reply arrives or the connection fails, but for DoAsync, which
+// completes through a callback.
 type Client struct {
 	dial    func(ctx context.Context) (net.Conn, error)
 	timeout time.Duration
@@ -133,22 +135,39 @@ func (c *Client) openConn() (*conn, error) {
 	return nil, ErrNoConn
 }
 
-// do sends one request and waits for its reply. A non-empty key makes it
-// a single-key Get, which may share its command line with other Gets (see
-// conn.send); encode is then unused.
-func (c *Client) do(k kind, verb, key string, encode func([]byte) []byte) (*call, error) {
+// Do sends o, with key as the key sent (the caller's prefix applied),
+// and waits for its reply: for op.Get the item
+// (memcache.ErrCacheMiss if there is none), for op.Incr and op.Decr the
+// new value, for the others their outcome, with gomemcache's errors.
+// Single-key Gets may share one command line with others (see conn.send).
+func (c *Client) Do(o *op.Op, key string) (*memcache.Item, uint64, error) {
+	if !legalKey(key) {
+		return nil, 0, memcache.ErrMalformedKey
+	}
 	cn, err := c.conn()
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	cl := c.newCall()
-	cl.kind, cl.verb, cl.key = k, verb, key
-	if err := cn.send(cl, encode); err != nil {
+	c.prepare(cl, o, key)
+	if err := cn.send(cl); err != nil {
 		c.release(cl)
-		return nil, err
+		return nil, 0, err
 	}
 	<-cl.done
-	return cl, nil
+	it, n, err := cl.result()
+	c.release(cl)
+	return it, n, err
+}
+
+// prepare makes cl the call of o.
+func (c *Client) prepare(cl *call, o *op.Op, key string) {
+	cl.kind, cl.verb = o.Verb.Reply(), o.Verb.Command()
+	if o.Verb == op.Get {
+		cl.key = key // shares gets lines with other Gets
+		return
+	}
+	cl.o, cl.skey = *o, key
 }
 
 // newCall returns a call from the pool.
@@ -160,21 +179,21 @@ func (c *Client) newCall() *call {
 	return cl
 }
 
-// GetAsync is Get for a caller that does not wait: it sends the request
-// and returns. It never dials: with no connection open it returns
-// ErrNoConn. If it returns an error, nothing was sent and done is never
-// called. Otherwise done is called exactly once with what Get would have
-// returned: usually from the goroutine that reads the connection's
-// replies, but from whichever goroutine fails the connection (possibly the
-// caller's, before GetAsync returns), and never with a lock of the Client
-// held. Callbacks of one connection may run concurrently and out of
-// request order when it fails.
+// DoAsync is Do for a caller that does not wait: it sends o and returns.
+// It never dials: with no connection open it returns ErrNoConn. If it
+// returns an error, nothing was sent and done is never called. Otherwise
+// done is called exactly once with what Do would have returned: usually
+// from the goroutine that reads the connection's replies, but from
+// whichever goroutine fails the connection (possibly the caller's, before
+// DoAsync returns), and never with a lock of the Client held. Callbacks
+// of one connection may run concurrently and out of request order when
+// it fails. o is encoded before DoAsync returns; it is not kept.
 //
 // done runs where the connection's replies are read: it must not block,
 // and must not send more requests to this Client itself (the reader would
 // become the writer while memcached waits for it to read); hand such work
 // to a goroutine.
-func (c *Client) GetAsync(key string, done func(*memcache.Item, error)) error {
+func (c *Client) DoAsync(o *op.Op, key string, done func(*memcache.Item, uint64, error)) error {
 	if !legalKey(key) {
 		return memcache.ErrMalformedKey
 	}
@@ -183,45 +202,13 @@ func (c *Client) GetAsync(key string, done func(*memcache.Item, error)) error {
 		return err
 	}
 	cl := c.newCall()
-	cl.kind, cl.verb, cl.key = kindGet, "gets", key
-	cl.client, cl.onItem = c, done
-	if err := cn.send(cl, nil); err != nil {
+	c.prepare(cl, o, key)
+	cl.client, cl.onDone = c, done
+	if err := cn.send(cl); err != nil {
 		c.release(cl)
 		return err
 	}
 	return nil
-}
-
-// SetAsync is Set for a caller that does not wait, as GetAsync is for
-// Get (it never dials either): done gets Set's result. The item is
-// encoded before SetAsync returns; its Value is not kept.
-func (c *Client) SetAsync(it *memcache.Item, done func(error)) error {
-	if !legalKey(it.Key) {
-		return memcache.ErrMalformedKey
-	}
-	cn, err := c.openConn()
-	if err != nil {
-		return err
-	}
-	cl := c.newCall()
-	cl.kind, cl.verb = kindStore, "set"
-	cl.client, cl.onStored = c, done
-	if err := cn.send(cl, func(b []byte) []byte { return appendStore(b, "set", it) }); err != nil {
-		c.release(cl)
-		return err
-	}
-	return nil
-}
-
-// simple sends a request whose reply is only an outcome and returns it.
-func (c *Client) simple(k kind, verb string, encode func([]byte) []byte) error {
-	cl, err := c.do(k, verb, "", encode)
-	if err != nil {
-		return err
-	}
-	err = cl.err
-	c.release(cl)
-	return err
 }
 
 // release returns a call whose results the caller has read.
@@ -262,21 +249,8 @@ func legalKey(key string) bool {
 // Get reads one item with its CAS value ("gets", as gomemcache);
 // memcache.ErrCacheMiss if it is not there.
 func (c *Client) Get(key string) (*memcache.Item, error) {
-	if !legalKey(key) {
-		return nil, memcache.ErrMalformedKey
-	}
-	cl, err := c.do(kindGet, "gets", key, nil)
-	if err != nil {
-		return nil, err
-	}
-	defer c.release(cl)
-	if cl.err != nil {
-		return nil, cl.err
-	}
-	if len(cl.items) == 0 {
-		return nil, memcache.ErrCacheMiss
-	}
-	return cl.items[0], nil
+	it, _, err := c.Do(&op.Op{Verb: op.Get}, key)
+	return it, err
 }
 
 // GetMulti reads many items with one command; missing keys are absent
@@ -304,15 +278,16 @@ func (c *Client) GetMultiLimit(keys []string, limit int) (items map[string]*memc
 		return nil, nil, err
 	}
 	cl := c.newCall()
-	cl.kind, cl.verb, cl.limit = kindGet, "get", limit
-	err = cn.send(cl, func(b []byte) []byte {
+	cl.kind, cl.verb, cl.limit = op.Items, "gets", limit
+	cl.encode = func(b []byte) []byte {
 		b = append(b, "gets"...)
 		for _, k := range keys {
 			b = append(b, ' ')
 			b = append(b, k...)
 		}
 		return append(b, "\r\n"...)
-	})
+	}
+	err = cn.send(cl)
 	if err != nil {
 		c.release(cl)
 		return nil, nil, err
@@ -330,88 +305,53 @@ func (c *Client) GetMultiLimit(keys []string, limit int) (items map[string]*memc
 }
 
 // Set stores an item.
-func (c *Client) Set(it *memcache.Item) error { return c.store("set", it) }
+func (c *Client) Set(it *memcache.Item) error { return c.store(op.Set, it) }
 
 // Add stores an item only if its key is absent (memcache.ErrNotStored).
-func (c *Client) Add(it *memcache.Item) error { return c.store("add", it) }
+func (c *Client) Add(it *memcache.Item) error { return c.store(op.Add, it) }
 
 // Replace stores an item only if its key is present (memcache.ErrNotStored).
-func (c *Client) Replace(it *memcache.Item) error { return c.store("replace", it) }
+func (c *Client) Replace(it *memcache.Item) error { return c.store(op.Replace, it) }
 
 // Append adds the value after the stored one (memcache.ErrNotStored if
 // absent).
-func (c *Client) Append(it *memcache.Item) error { return c.store("append", it) }
+func (c *Client) Append(it *memcache.Item) error { return c.store(op.Append, it) }
 
 // Prepend adds the value before the stored one (memcache.ErrNotStored if
 // absent).
-func (c *Client) Prepend(it *memcache.Item) error { return c.store("prepend", it) }
+func (c *Client) Prepend(it *memcache.Item) error { return c.store(op.Prepend, it) }
 
 // CompareAndSwap stores an item only if it is unchanged since it.CasID was
 // read (memcache.ErrCASConflict; memcache.ErrCacheMiss if gone).
-func (c *Client) CompareAndSwap(it *memcache.Item) error { return c.store("cas", it) }
+func (c *Client) CompareAndSwap(it *memcache.Item) error { return c.store(op.CAS, it) }
 
-func (c *Client) store(verb string, it *memcache.Item) error {
-	if !legalKey(it.Key) {
-		return memcache.ErrMalformedKey
-	}
-	return c.simple(kindStore, verb, func(b []byte) []byte {
-		return appendStore(b, verb, it)
-	})
+func (c *Client) store(v op.Verb, it *memcache.Item) error {
+	o := op.Op{Verb: v, Item: op.Item{Value: it.Value, Flags: it.Flags, Expiration: it.Expiration, CAS: it.CasID}}
+	_, _, err := c.Do(&o, it.Key)
+	return err
 }
 
 // Delete removes an item; memcache.ErrCacheMiss if it was not there.
 func (c *Client) Delete(key string) error {
-	if !legalKey(key) {
-		return memcache.ErrMalformedKey
-	}
-	return c.simple(kindDelete, "delete", func(b []byte) []byte {
-		b = append(b, "delete "...)
-		b = append(b, key...)
-		return append(b, "\r\n"...)
-	})
+	_, _, err := c.Do(&op.Op{Verb: op.Delete}, key)
+	return err
 }
 
 // Touch sets a new expiration; memcache.ErrCacheMiss if the item is gone.
 func (c *Client) Touch(key string, seconds int32) error {
-	if !legalKey(key) {
-		return memcache.ErrMalformedKey
-	}
-	return c.simple(kindTouch, "touch", func(b []byte) []byte {
-		b = append(b, "touch "...)
-		b = append(b, key...)
-		b = append(b, ' ')
-		b = appendInt(b, int64(seconds))
-		return append(b, "\r\n"...)
-	})
+	_, _, err := c.Do(&op.Op{Verb: op.Touch, Item: op.Item{Expiration: seconds}}, key)
+	return err
 }
 
 // Increment adds delta to a decimal value and returns the result.
 func (c *Client) Increment(key string, delta uint64) (uint64, error) {
-	return c.incrDecr("incr", key, delta)
+	_, n, err := c.Do(&op.Op{Verb: op.Incr, Delta: delta}, key)
+	return n, err
 }
 
 // Decrement subtracts delta from a decimal value (stopping at zero) and
 // returns the result.
 func (c *Client) Decrement(key string, delta uint64) (uint64, error) {
-	return c.incrDecr("decr", key, delta)
-}
-
-func (c *Client) incrDecr(verb, key string, delta uint64) (uint64, error) {
-	if !legalKey(key) {
-		return 0, memcache.ErrMalformedKey
-	}
-	cl, err := c.do(kindIncr, verb, "", func(b []byte) []byte {
-		b = append(b, verb...)
-		b = append(b, ' ')
-		b = append(b, key...)
-		b = append(b, ' ')
-		b = appendUint(b, delta)
-		return append(b, "\r\n"...)
-	})
-	if err != nil {
-		return 0, err
-	}
-	v, err := cl.num, cl.err
-	c.release(cl)
-	return v, err
+	_, n, err := c.Do(&op.Op{Verb: op.Decr, Delta: delta}, key)
+	return n, err
 }

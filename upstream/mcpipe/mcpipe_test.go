@@ -18,6 +18,7 @@ import (
 	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
 // countingConn counts the writes made on a connection.
@@ -428,7 +429,7 @@ func TestReadReplyLimit(t *testing.T) {
 	}
 	for _, tt := range tests {
 		br := bufio.NewReader(strings.NewReader(stream))
-		r, err := readReply(br, kindGet, "gets", nil, tt.limit)
+		r, err := readReply(br, op.Items, "gets", nil, tt.limit)
 		if err != nil || r.err != nil {
 			t.Fatalf("limit %d: %v, %v", tt.limit, err, r.err)
 		}
@@ -439,7 +440,7 @@ func TestReadReplyLimit(t *testing.T) {
 		if !slices.Equal(kept, tt.wantKept) || !slices.Equal(r.dropped, tt.wantDropped) {
 			t.Errorf("limit %d: kept %v, dropped %v; want %v, %v", tt.limit, kept, r.dropped, tt.wantKept, tt.wantDropped)
 		}
-		if next, err := readReply(br, kindStore, "set", nil, 0); err != nil || next.err != nil {
+		if next, err := readReply(br, op.Stored, "set", nil, 0); err != nil || next.err != nil {
 			t.Errorf("limit %d: the next reply: %v, %v", tt.limit, err, next.err)
 		}
 	}
@@ -550,7 +551,7 @@ func TestAsync(t *testing.T) {
 		return d.DialContext(ctx, "tcp", srv.Addr)
 	}})
 	defer c.Close()
-	if err := c.GetAsync("k", func(*memcache.Item, error) { t.Error("callback of a GetAsync with no connection") }); !errors.Is(err, ErrNoConn) || dials.Load() != 0 {
+	if err := getAsync(c, "k", func(*memcache.Item, error) { t.Error("callback of a GetAsync with no connection") }); !errors.Is(err, ErrNoConn) || dials.Load() != 0 {
 		t.Fatalf("GetAsync on a new Client = %v after %d dials, want ErrNoConn and none", err, dials.Load())
 	}
 	if _, err := c.Get("k"); !errors.Is(err, memcache.ErrCacheMiss) { // dials one of the two
@@ -562,7 +563,7 @@ func TestAsync(t *testing.T) {
 	for i := range n {
 		wg.Add(1)
 		it := &memcache.Item{Key: fmt.Sprint("k", i), Value: []byte(fmt.Sprint("v", i)), Flags: uint32(i)}
-		if err := c.SetAsync(it, func(err error) { stored <- err; wg.Done() }); err != nil {
+		if err := setAsync(c, it, func(err error) { stored <- err; wg.Done() }); err != nil {
 			t.Fatalf("SetAsync(%s) = %v, want nil", it.Key, err)
 		}
 		it.Value = []byte("overwritten after SetAsync returned")
@@ -581,7 +582,7 @@ func TestAsync(t *testing.T) {
 	results := make(chan got, 2*n)
 	for i := range 2 * n { // the second half misses
 		wg.Add(1)
-		if err := c.GetAsync(fmt.Sprint("k", i), func(it *memcache.Item, err error) { results <- got{i, it, err}; wg.Done() }); err != nil {
+		if err := getAsync(c, fmt.Sprint("k", i), func(it *memcache.Item, err error) { results <- got{i, it, err}; wg.Done() }); err != nil {
 			t.Fatalf("GetAsync = %v, want nil", err)
 		}
 		if i%50 == 0 { // a blocking call in between
@@ -608,7 +609,7 @@ func TestAsync(t *testing.T) {
 	if d := dials.Load(); d > 2 {
 		t.Errorf("%d dials, want at most one per connection", d)
 	}
-	if err := c.GetAsync("bad key", func(*memcache.Item, error) { t.Error("callback of a refused GetAsync") }); !errors.Is(err, memcache.ErrMalformedKey) {
+	if err := getAsync(c, "bad key", func(*memcache.Item, error) { t.Error("callback of a refused GetAsync") }); !errors.Is(err, memcache.ErrMalformedKey) {
 		t.Errorf("GetAsync(bad key) = %v, want ErrMalformedKey", err)
 	}
 }
@@ -629,7 +630,7 @@ func TestAsyncFailures(t *testing.T) {
 	var calls atomic.Int32
 	for range 10 {
 		wg.Add(1)
-		err := c.GetAsync("k", func(it *memcache.Item, err error) {
+		err := getAsync(c, "k", func(it *memcache.Item, err error) {
 			defer wg.Done()
 			calls.Add(1)
 			var ne net.Error
@@ -653,7 +654,7 @@ func TestAsyncFailures(t *testing.T) {
 	srv.Resume()
 	srv.Kill()
 	c.Close()
-	err := c.SetAsync(&memcache.Item{Key: "k"}, func(error) { t.Error("callback of a SetAsync with no connection") })
+	err := setAsync(c, &memcache.Item{Key: "k"}, func(error) { t.Error("callback of a SetAsync with no connection") })
 	if !errors.Is(err, ErrNoConn) {
 		t.Errorf("SetAsync to a killed server = %v, want ErrNoConn", err)
 	}
@@ -711,7 +712,7 @@ func TestReplyToAnOpenLine(t *testing.T) {
 	client, server := net.Pipe()
 	defer server.Close()
 	c := newConn(client, time.Second)
-	cl := &call{kind: kindGet, verb: "gets", key: "k", done: make(chan struct{}, 1)}
+	cl := &call{kind: op.Items, verb: "gets", key: "k", done: make(chan struct{}, 1)}
 	c.mu.Lock()
 	c.wbuf = append(c.wbuf, "gets k"...)
 	cl.peer = append(cl.peer, cl)
@@ -729,4 +730,14 @@ func TestReplyToAnOpenLine(t *testing.T) {
 	if !errors.Is(cl.err, errProtocol) {
 		t.Errorf("call answered with %v, %d items; want errProtocol", cl.err, len(cl.items))
 	}
+}
+
+// getAsync and setAsync are DoAsync for one Get or Set.
+func getAsync(c *Client, key string, done func(*memcache.Item, error)) error {
+	return c.DoAsync(&op.Op{Verb: op.Get}, key, func(it *memcache.Item, _ uint64, err error) { done(it, err) })
+}
+
+func setAsync(c *Client, it *memcache.Item, done func(error)) error {
+	o := op.Op{Verb: op.Set, Item: op.Item{Value: it.Value, Flags: it.Flags, Expiration: it.Expiration}}
+	return c.DoAsync(&o, it.Key, func(_ *memcache.Item, _ uint64, err error) { done(err) })
 }

@@ -1,11 +1,14 @@
-package gateway
-
-// The HttpMemcModule-compatible endpoints: what nginx + memc-nginx-module
-// 0.19 answer, byte for byte where the module writes the body, so that
-// clients of such a tier can be pointed at memcgate unchanged. The
-// behaviour and every deliberate difference are in
-// docs/migrating-from-nginx-memc.md; test/memc runs the same requests
+// Package memc serves the HttpMemcModule-compatible endpoints: what
+// nginx + memc-nginx-module 0.19 answer, byte for byte where the module
+// writes the body, so that clients of such a tier can be pointed at
+// memcgate unchanged. The behaviour and every deliberate difference are
+// in docs/migrating-from-nginx-memc.md; test/memc runs the same requests
 // against the real module and memcgate side by side.
+//
+// Its outcomes map to the module's statuses and bodies here (memcFailure),
+// not through the REST API's mapping. It runs as a gateway.Route, under
+// the gateway's request IDs, metrics, access log and limits.
+package memc
 
 import (
 	"context"
@@ -16,22 +19,27 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-chi/chi/v5"
-
+	"github.com/memcgate/memcgate/gateway"
 	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
-// MemcCluster is what the HttpMemcModule-compatible endpoints need beyond
-// Store: the commands that reach every node. *upstream.Cluster implements it.
-type MemcCluster interface {
+// Store runs one operation (*upstream.Cluster implements it).
+type Store interface {
+	Do(ctx context.Context, o op.Op) op.Result
+}
+
+// Cluster runs the commands that reach every node (*upstream.Cluster
+// implements it).
+type Cluster interface {
 	FlushAll(ctx context.Context, delay int32) []upstream.NodeReply
 	Stats(ctx context.Context) []upstream.NodeReply
 	Version(ctx context.Context) []upstream.NodeReply
 }
 
-// MemcOptions configures the HttpMemcModule-compatible endpoints. Zero
-// values take the defaults named on each field.
-type MemcOptions struct {
+// Options configures the endpoints. Zero values take the defaults named
+// on each field.
+type Options struct {
 	// Path is the query-style endpoint, like the reference `location =
 	// /memc` with `set $memc_cmd $arg_cmd; set $memc_key $arg_key; set
 	// $memc_value $arg_val; set $memc_flags $arg_flags; set $memc_exptime
@@ -58,8 +66,18 @@ type MemcOptions struct {
 	// MaxBodyBytes is client_max_body_size: a larger request body gets 413
 	// whatever the command. If zero, 1 MiB (nginx's default 1m).
 	MaxBodyBytes int64
+	// MaxKeyLen is the longest key sent to memcached (250 minus the key
+	// prefix); if zero, 250.
+	MaxKeyLen int
+	// Tokens, if any are set, are required: each command's scope (read,
+	// write, admin for the commands that reach every node).
+	Tokens gateway.Tokens
+	// ReadOnly refuses the commands that write.
+	ReadOnly bool
+	// Store runs the keyed commands; required.
+	Store Store
 	// Cluster runs flush_all, stats and version on every node; required.
-	Cluster MemcCluster
+	Cluster Cluster
 }
 
 // memcCmd is one command of the module.
@@ -142,14 +160,14 @@ func (c memcCmd) keyed() bool { return c >= memcGet && c <= memcDecr }
 
 // scope is the bearer-token scope the command needs: cluster-wide commands
 // need admin, as on the admin listener.
-func (c memcCmd) scope() Scope {
+func (c memcCmd) scope() gateway.Scope {
 	switch c {
 	case memcGet, memcVersion:
-		return ScopeRead
+		return gateway.ScopeRead
 	case memcFlushAll, memcStats:
-		return ScopeAdmin
+		return gateway.ScopeAdmin
 	}
-	return ScopeWrite
+	return gateway.ScopeWrite
 }
 
 // writes reports whether the command changes data (refused in read-only
@@ -183,25 +201,28 @@ type memcVars struct {
 
 // memc serves the compatible endpoints.
 type memc struct {
-	h       *handler
-	o       MemcOptions
+	o       Options
 	allowed [memcCmdCount]bool
 }
 
-// mountMemc adds the compatible endpoints to r. They are served by a
-// middleware rather than routes so that they see every method, as nginx
-// does (OPTIONS or PATCH get the module's 400, not chi's 405), and they
-// authorize per command, not per method: GET ?cmd=set is a write.
-func (h *handler) mountMemc(r chi.Router, o *MemcOptions) {
+// New returns the endpoints as a gateway route, or false if both are
+// off. They are one route rather than routes of a mux so that they see
+// every method, as nginx does (OPTIONS or PATCH get the module's 400, not
+// a 405), and they authorize per command, not per method: GET ?cmd=set
+// is a write.
+func New(o Options) (gateway.Route, bool) {
 	if o.Path == "" && o.KeyPath == "" {
-		return
+		return gateway.Route{}, false
 	}
-	m := &memc{h: h, o: *o}
+	m := &memc{o: o}
 	if m.o.ContentType == "" {
 		m.o.ContentType = "text/plain"
 	}
 	if m.o.MaxBodyBytes <= 0 {
 		m.o.MaxBodyBytes = 1 << 20
+	}
+	if m.o.MaxKeyLen <= 0 {
+		m.o.MaxKeyLen = gateway.MaxKeyLen
 	}
 	for c := memcGet; c < memcCmdCount; c++ {
 		m.allowed[c] = len(o.CmdsAllowed) == 0
@@ -210,8 +231,7 @@ func (h *handler) mountMemc(r chi.Router, o *MemcOptions) {
 		m.allowed[parseMemcCmd(name)] = true
 	}
 	m.allowed[memcNone] = false
-	h.memc = m
-	r.Use(m.route)
+	return gateway.Route{Owns: m.owns, MaxBody: m.o.MaxBodyBytes, Handler: m}, true
 }
 
 // owns reports whether a request for path is the compatible endpoints'.
@@ -219,20 +239,14 @@ func (m *memc) owns(path string) bool {
 	return m.o.Path != "" && path == m.o.Path || m.o.KeyPath != "" && strings.HasPrefix(path, m.o.KeyPath)
 }
 
-// route sends requests for the compatible endpoints to them and every
-// other request on.
-func (m *memc) route(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch {
-		case m.o.Path != "" && r.URL.Path == m.o.Path:
-			_, q := splitTarget(r.RequestURI)
-			m.serve(w, r, queryVars(q))
-		case m.o.KeyPath != "" && strings.HasPrefix(r.URL.Path, m.o.KeyPath):
-			m.servePath(w, r)
-		default:
-			next.ServeHTTP(w, r)
-		}
-	})
+// ServeHTTP serves a request for one of the endpoints.
+func (m *memc) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if m.o.Path != "" && r.URL.Path == m.o.Path {
+		_, q := splitTarget(r.RequestURI)
+		m.serve(w, r, queryVars(q))
+		return
+	}
+	m.servePath(w, r)
 }
 
 // queryVars is the reference /memc location: every variable from its
@@ -286,11 +300,11 @@ func (m *memc) serve(w http.ResponseWriter, r *http.Request, v memcVars) {
 		m.page(w, r, http.StatusRequestEntityTooLarge, "request body is "+strconv.FormatInt(r.ContentLength, 10)+" bytes; at most "+strconv.FormatInt(m.o.MaxBodyBytes, 10)+" are accepted")
 		return
 	}
-	tokens := m.h.opts.Tokens
-	var have Scope
+	tokens := m.o.Tokens
+	var have gateway.Scope
 	if tokens.Enabled() {
 		var ok bool
-		if have, ok = tokens.scopes(r); !ok {
+		if have, ok = tokens.Scopes(r); !ok {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="memcgate"`)
 			m.page(w, r, http.StatusUnauthorized, "missing or unknown bearer token")
 			return
@@ -318,7 +332,7 @@ func (m *memc) serve(w http.ResponseWriter, r *http.Request, v memcVars) {
 		m.page(w, r, http.StatusForbidden, "token lacks the "+cmd.scope().String()+" scope for "+cmd.String())
 		return
 	}
-	if m.h.opts.ReadOnly && cmd.writes() {
+	if m.o.ReadOnly && cmd.writes() {
 		m.page(w, r, http.StatusForbidden, "read-only mode: "+cmd.String()+" is disabled (MEMCGATE_READ_ONLY)")
 		return
 	}
@@ -338,17 +352,11 @@ func (m *memc) serve(w http.ResponseWriter, r *http.Request, v memcVars) {
 	// 6. The body, read (and capped) whatever the command, as nginx does.
 	body, hasBody, err := m.readBody(r)
 	if err != nil {
-		var re *requestError
-		var oe *overloadError
-		switch {
-		case errors.As(err, &re):
-			m.page(w, r, re.status, re.msg)
-		case errors.As(err, &oe):
+		status, msg, retry := gateway.Status(err)
+		if retry {
 			w.Header().Set("Retry-After", "1")
-			m.page(w, r, http.StatusServiceUnavailable, oe.msg)
-		default:
-			m.fail(w, r, cmd, err)
 		}
+		m.page(w, r, status, msg)
 		return
 	}
 	// 7. Building the memcached request.
@@ -372,56 +380,62 @@ func (m *memc) serve(w http.ResponseWriter, r *http.Request, v memcVars) {
 		m.raw(w, r, http.StatusBadGateway, "CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n")
 		return
 	}
-	if cmd.keyed() && len(key) > m.h.opts.MaxKeyLen {
+	if cmd.keyed() && len(key) > m.o.MaxKeyLen {
 		// memcached refuses such a key, and the module sends it anyway:
 		// memcached then runs a storage command's data block as a command
 		// of its own. memcgate gives the same answer and never sends it.
 		if cmd == memcGet {
-			m.page(w, r, http.StatusBadGateway, "key is "+strconv.Itoa(len(key))+" bytes after escaping; memcached allows "+strconv.Itoa(m.h.opts.MaxKeyLen))
+			m.page(w, r, http.StatusBadGateway, "key is "+strconv.Itoa(len(key))+" bytes after escaping; memcached allows "+strconv.Itoa(m.o.MaxKeyLen))
 		} else {
 			m.raw(w, r, http.StatusBadGateway, "CLIENT_ERROR bad command line format\r\n")
 		}
 		return
 	}
-	// Place the key as nginx's `hash $memc_key consistent` does: by the
-	// key before the module's escaping.
-	if key != v.key {
-		r = r.WithContext(upstream.WithHashKey(r.Context(), v.key))
-	}
 	m.run(w, r, cmd, v, key, value)
 }
 
-// run sends the command and answers as the module does.
+// statusClientClosed is recorded (never sent) when the client went away
+// before the answer was ready, as nginx does.
+const statusClientClosed = 499
+
+// verbs are the operations of the keyed commands.
+var verbs = [memcCmdCount]op.Verb{
+	memcGet: op.Get, memcSet: op.Set, memcAdd: op.Add, memcReplace: op.Replace, memcAppend: op.Append,
+	memcPrepend: op.Prepend, memcDelete: op.Delete, memcIncr: op.Incr, memcDecr: op.Decr,
+}
+
+// run sends the command and answers as the module does. The key is
+// placed as nginx's `hash $memc_key consistent` places it: by the key
+// before the module's escaping.
 func (m *memc) run(w http.ResponseWriter, r *http.Request, cmd memcCmd, v memcVars, key string, value []byte) {
-	ctx := r.Context()
-	s := m.h.store
+	if !cmd.keyed() {
+		m.cluster(w, r, cmd, v)
+		return
+	}
+	o := op.Op{Verb: verbs[cmd], Item: op.Item{Key: key}}
+	if key != v.key {
+		o.HashKey = v.key
+	}
+	switch {
+	case cmd.storage():
+		o.Item.Value, o.Item.Flags, o.Item.Expiration = value, memcFlags(v.flags), memcExptime(v.exptime)
+	case cmd.arith():
+		o.Delta = parseDigits(v.value)
+	}
+	res := m.o.Store.Do(r.Context(), o)
+	err := res.Err
 	switch {
 	case cmd == memcGet:
-		it, err := s.Get(ctx, key)
 		if err != nil {
 			m.fail(w, r, cmd, err)
 			return
 		}
-		flags := strconv.FormatUint(uint64(it.Flags), 10)
+		flags := strconv.FormatUint(uint64(res.Item.Flags), 10)
 		if m.o.FlagsToLastModified {
-			w.Header().Set("Last-Modified", time.Unix(int64(it.Flags), 0).UTC().Format(http.TimeFormat))
+			w.Header().Set("Last-Modified", time.Unix(int64(res.Item.Flags), 0).UTC().Format(http.TimeFormat))
 		}
-		m.module(w, r, http.StatusOK, it.Value, flags)
+		m.module(w, r, http.StatusOK, res.Item.Value, flags)
 	case cmd.storage():
-		it := upstream.Item{Key: key, Value: value, Flags: memcFlags(v.flags), Expiration: memcExptime(v.exptime)}
-		var err error
-		switch cmd {
-		case memcSet:
-			err = s.Set(ctx, it)
-		case memcAdd:
-			err = s.Add(ctx, it)
-		case memcReplace:
-			err = s.Replace(ctx, it)
-		case memcAppend:
-			err = s.Append(ctx, it)
-		case memcPrepend:
-			err = s.Prepend(ctx, it)
-		}
 		flags := v.flags
 		if flags == "" {
 			flags = "0"
@@ -435,27 +449,17 @@ func (m *memc) run(w http.ResponseWriter, r *http.Request, cmd memcCmd, v memcVa
 			m.fail(w, r, cmd, err)
 		}
 	case cmd == memcDelete:
-		if err := s.Delete(ctx, key); err != nil {
-			m.fail(w, r, cmd, err)
-			return
-		}
-		m.module(w, r, http.StatusOK, []byte("DELETED\r\n"), v.flags)
-	case cmd.arith():
-		delta := parseDigits(v.value)
-		var n uint64
-		var err error
-		if cmd == memcIncr {
-			n, err = s.Incr(ctx, key, delta)
-		} else {
-			n, err = s.Decr(ctx, key, delta)
-		}
 		if err != nil {
 			m.fail(w, r, cmd, err)
 			return
 		}
-		m.module(w, r, http.StatusCreated, []byte(strconv.FormatUint(n, 10)+"\r\n"), v.flags)
-	default:
-		m.cluster(w, r, cmd, v)
+		m.module(w, r, http.StatusOK, []byte("DELETED\r\n"), v.flags)
+	default: // incr, decr
+		if err != nil {
+			m.fail(w, r, cmd, err)
+			return
+		}
+		m.module(w, r, http.StatusCreated, []byte(strconv.FormatUint(res.N, 10)+"\r\n"), v.flags)
 	}
 }
 
@@ -545,7 +549,7 @@ func (m *memc) readBody(r *http.Request) (body []byte, present bool, err error) 
 	if !present || r.Body == nil {
 		return nil, present, nil
 	}
-	body, err = m.h.readBody(r, m.o.MaxBodyBytes, nil)
+	body, err = gateway.ReadBody(r, m.o.MaxBodyBytes)
 	return body, true, err
 }
 
@@ -590,9 +594,7 @@ func (m *memc) fail(w http.ResponseWriter, r *http.Request, cmd memcCmd, err err
 	status, raw, reason := memcFailure(cmd, err)
 	switch {
 	case status == statusClientClosed:
-		if sw, ok := w.(*statusWriter); ok {
-			sw.status = statusClientClosed
-		}
+		gateway.ClientClosed(w)
 	case raw != "":
 		m.raw(w, r, status, raw)
 	default:

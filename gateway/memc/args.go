@@ -1,4 +1,4 @@
-package gateway
+package memc
 
 // The parsers of the HttpMemcModule-compatible endpoints. Each reproduces
 // one step of what nginx 1.22 + memc-nginx-module 0.19 do to a request, as

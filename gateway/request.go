@@ -1,0 +1,151 @@
+package gateway
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/memcgate/memcgate/upstream/op"
+)
+
+// keyRequest is a request for /{key}, parsed once into the operation it
+// asks for: the routed and the detached paths serve it from this value.
+type keyRequest struct {
+	op    op.Op
+	async bool   // Prefer: respond-async on a plain PUT or a DELETE
+	etags string // a read's If-None-Match: 304 when it names the item's ETag
+}
+
+// allowed is the Allow header of every 405 on /{key}.
+const allowed = "GET, HEAD, PUT, DELETE, POST"
+
+// parseKeyRequest reads the operation of a request for /{key} from its
+// method, path, query and headers; a value is read from the body after
+// (readBody). The verb:
+//
+//	GET, HEAD   get
+//	PUT         set; add with If-None-Match: *, replace with If-Match: *,
+//	            cas with If-Match: "<cas>"
+//	DELETE      delete
+//	POST        ?op=append, prepend, incr, decr (?delta=) or touch (?exptime=)
+func (h *handler) parseKeyRequest(r *http.Request) (keyRequest, error) {
+	var kr keyRequest
+	key, err := keyFromPath(r, h.opts.MaxKeyLen)
+	if err != nil {
+		return kr, err
+	}
+	o := &kr.op
+	o.Item.Key = key
+	q := r.URL.RawQuery
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+		o.Verb = op.Get
+		kr.etags = r.Header.Get("If-None-Match")
+	case http.MethodPut:
+		if err := h.parseItem(q, &o.Item); err != nil {
+			return kr, err
+		}
+		if o.Verb, o.Item.CAS, err = putVerb(r.Header.Get("If-Match"), r.Header.Get("If-None-Match")); err != nil {
+			return kr, err
+		}
+		kr.async = o.Verb == op.Set && preferAsync(r)
+	case http.MethodDelete:
+		o.Verb = op.Delete
+		kr.async = preferAsync(r)
+	case http.MethodPost:
+		return kr, h.parsePost(q, o)
+	default:
+		return kr, &requestError{status: http.StatusMethodNotAllowed, msg: "method " + r.Method + " is not allowed; use " + allowed, allow: allowed}
+	}
+	return kr, nil
+}
+
+// parseItem reads a write's ?exptime= and ?flags= into it.
+func (h *handler) parseItem(q string, it *op.Item) (err error) {
+	if it.Expiration, err = parseExptime(q, "exptime", h.defaultTTL); err != nil {
+		return err
+	}
+	it.Flags, err = parseFlags(q)
+	return err
+}
+
+// putVerb is the verb of a PUT by its conditions, and the CAS of a cas.
+func putVerb(ifMatch, ifNone string) (op.Verb, uint64, error) {
+	switch {
+	case ifMatch == "" && ifNone == "":
+		return op.Set, 0, nil
+	case ifMatch == "" && ifNone == "*":
+		return op.Add, 0, nil
+	case ifMatch == "*" && ifNone == "":
+		return op.Replace, 0, nil
+	case ifMatch != "" && ifNone == "":
+		cas, err := parseETag(ifMatch)
+		return op.CAS, cas, err
+	}
+	return 0, 0, badRequest("use If-None-Match: * (add), If-Match: * (replace) or If-Match: \"<etag>\" (cas), not both")
+}
+
+// postVerbs are the verbs POST /{key}?op= names.
+const postVerbs = "append, prepend, incr, decr or touch"
+
+// parsePost reads the operation of POST /{key}?op=.
+func (h *handler) parsePost(q string, o *op.Op) (err error) {
+	name, _ := query(q, "op")
+	switch o.Verb = op.Parse(name); o.Verb {
+	case op.Append, op.Prepend:
+	case op.Incr, op.Decr:
+		o.Delta, err = parseDelta(q)
+	case op.Touch:
+		if _, ok := query(q, "exptime"); !ok {
+			return badRequest("touch needs ?exptime=<seconds>")
+		}
+		o.Item.Expiration, err = parseExptime(q, "exptime", 0)
+	default:
+		if name == "" {
+			return badRequest("POST needs ?op=" + strings.ReplaceAll(postVerbs, ", ", ", ?op="))
+		}
+		return badRequest("unknown op " + strconv.Quote(name) + "; use " + postVerbs)
+	}
+	return err
+}
+
+// preferAsync reports whether the request asks for Prefer: respond-async
+// (RFC 7240).
+func preferAsync(r *http.Request) bool {
+	for _, v := range r.Header.Values("Prefer") {
+		for pref := range strings.SplitSeq(v, ",") {
+			name, _, _ := strings.Cut(strings.TrimSpace(pref), ";")
+			if strings.EqualFold(strings.TrimSpace(name), "respond-async") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func formatETag(cas uint64) string { return `"` + strconv.FormatUint(cas, 10) + `"` }
+
+// parseETag reads the CAS out of a strong ETag as formatETag writes it.
+func parseETag(s string) (uint64, error) {
+	s = strings.TrimSpace(s)
+	if len(s) < 3 || s[0] != '"' || s[len(s)-1] != '"' {
+		return 0, badRequest("If-Match takes * or one ETag as GET returned it, like \"12345\"")
+	}
+	v, err := strconv.ParseUint(s[1:len(s)-1], 10, 64)
+	if err != nil {
+		return 0, badRequest("If-Match " + s + " is not an ETag this gateway issued")
+	}
+	return v, nil
+}
+
+// etagListHas reports whether an If-None-Match list names etag (weak
+// comparison, as RFC 9110 §13.1.2 asks for If-None-Match).
+func etagListHas(list, etag string) bool {
+	for part := range strings.SplitSeq(list, ",") {
+		part = strings.TrimPrefix(strings.TrimSpace(part), "W/")
+		if part == "*" || part == etag {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,186 @@
+// Package op describes memcached operations as values, one table row per
+// verb: the text-protocol command it sends, how its reply reads, and how
+// routing treats it. Every layer works on these values: the gateway
+// translates HTTP requests into them and results into responses, the
+// upstream cluster routes them by key, and mcpipe encodes them and parses
+// their replies. Adding a verb is a row here and its encoding; a reply of
+// a kind not yet known also needs its parser in mcpipe.
+package op
+
+import "strconv"
+
+// Item is a memcached item.
+type Item struct {
+	Key        string // as the client named it (without a key prefix)
+	Value      []byte
+	Flags      uint32
+	Expiration int32  // seconds; 0 = never; memcached's 30-day rule applies
+	CAS        uint64 // filled by reads; required by CAS
+}
+
+// Verb is one memcached operation on one key.
+type Verb uint8
+
+// The verbs.
+const (
+	Get     Verb = iota + 1 // the item, with its CAS (gets)
+	Set                     // store unconditionally
+	Add                     // store if absent
+	Replace                 // store if present
+	CAS                     // store if unchanged since Item.CAS was read
+	Append                  // add to the end of the value
+	Prepend                 // add to the start of the value
+	Incr                    // add Delta to a decimal value
+	Decr                    // subtract Delta, stopping at 0
+	Touch                   // set a new expiration
+	Delete                  // remove
+	numVerbs
+
+	// MaxVerb is the highest verb, for tables indexed by verb.
+	MaxVerb = numVerbs - 1
+)
+
+// Reply is how a verb's reply reads.
+type Reply uint8
+
+// The kinds of reply.
+const (
+	Items   Reply = iota // VALUE blocks, then END
+	Stored               // STORED | NOT_STORED | EXISTS | NOT_FOUND
+	Deleted              // DELETED | NOT_FOUND
+	Touched              // TOUCHED | NOT_FOUND
+	Number               // a decimal number | NOT_FOUND
+)
+
+// spec is one verb's row.
+type spec struct {
+	name    string // in the APIs: batch "op", metrics labels
+	command string // the text-protocol command
+	reply   Reply
+	// write: the operation changes data. After a transport failure it is
+	// tried on another node only if nothing was sent, since the first may
+	// have applied it; it needs write access.
+	write bool
+	value bool // it sends a data block (Item.Value)
+	ttl   bool // it sends Item.Expiration, which is capped when a node other than the key's owner serves it
+	delta bool // it sends Delta
+}
+
+var specs = [numVerbs]spec{
+	Get:     {name: "get", command: "gets", reply: Items},
+	Set:     {name: "set", command: "set", reply: Stored, write: true, value: true, ttl: true},
+	Add:     {name: "add", command: "add", reply: Stored, write: true, value: true, ttl: true},
+	Replace: {name: "replace", command: "replace", reply: Stored, write: true, value: true, ttl: true},
+	CAS:     {name: "cas", command: "cas", reply: Stored, write: true, value: true, ttl: true},
+	Append:  {name: "append", command: "append", reply: Stored, write: true, value: true},
+	Prepend: {name: "prepend", command: "prepend", reply: Stored, write: true, value: true},
+	Incr:    {name: "incr", command: "incr", reply: Number, write: true, delta: true},
+	Decr:    {name: "decr", command: "decr", reply: Number, write: true, delta: true},
+	Touch:   {name: "touch", command: "touch", reply: Touched, write: true, ttl: true},
+	Delete:  {name: "delete", command: "delete", reply: Deleted, write: true},
+}
+
+// Verbs lists every verb, in table order.
+func Verbs() []Verb {
+	vs := make([]Verb, 0, numVerbs-1)
+	for v := Get; v < numVerbs; v++ {
+		vs = append(vs, v)
+	}
+	return vs
+}
+
+// Parse returns the verb named name ("get", "set", …), or 0.
+func Parse(name string) Verb {
+	for v := Get; v < numVerbs; v++ {
+		if specs[v].name == name {
+			return v
+		}
+	}
+	return 0
+}
+
+// Valid reports whether v is one of the verbs.
+func (v Verb) Valid() bool { return v > 0 && v < numVerbs }
+
+func (v Verb) spec() spec {
+	if !v.Valid() {
+		return spec{name: "invalid"}
+	}
+	return specs[v]
+}
+
+// String is the verb's name.
+func (v Verb) String() string { return v.spec().name }
+
+// Command is the text-protocol command the verb sends.
+func (v Verb) Command() string { return v.spec().command }
+
+// Reply is how the verb's reply reads.
+func (v Verb) Reply() Reply { return v.spec().reply }
+
+// Writes reports whether the verb changes data.
+func (v Verb) Writes() bool { return v.spec().write }
+
+// TakesValue reports whether the verb sends a value.
+func (v Verb) TakesValue() bool { return v.spec().value }
+
+// TakesTTL reports whether the verb sends an expiration.
+func (v Verb) TakesTTL() bool { return v.spec().ttl }
+
+// TakesDelta reports whether the verb sends a delta.
+func (v Verb) TakesDelta() bool { return v.spec().delta }
+
+// Op is one operation: a verb on one item.
+type Op struct {
+	Verb Verb
+	// Item names the key and, as the verb takes them, the value, flags,
+	// expiration and CAS.
+	Item Item
+	// Delta is what Incr and Decr add or subtract.
+	Delta uint64
+	// HashKey, if not empty, places the key on the ring instead of
+	// Item.Key (the HttpMemcModule endpoints store an escaped key but
+	// place it by the key before escaping, as nginx does).
+	HashKey string
+}
+
+// Result is an operation's outcome.
+type Result struct {
+	Item Item   // Get: the item read
+	N    uint64 // Incr and Decr: the new value
+	// Err is nil on success, else what memcached answered (a miss, a
+	// refusal) or why it could not be asked; the upstream package
+	// documents its errors.
+	Err error
+}
+
+// Encode appends o as a text-protocol request line (and data block) with
+// key as the key sent, to b.
+func Encode(b []byte, o *Op, key string) []byte {
+	v := o.Verb
+	b = append(b, v.Command()...)
+	b = append(b, ' ')
+	b = append(b, key...)
+	switch {
+	case v.TakesValue():
+		b = append(b, ' ')
+		b = strconv.AppendUint(b, uint64(o.Item.Flags), 10)
+		b = append(b, ' ')
+		b = strconv.AppendInt(b, int64(o.Item.Expiration), 10)
+		b = append(b, ' ')
+		b = strconv.AppendUint(b, uint64(len(o.Item.Value)), 10)
+		if v == CAS {
+			b = append(b, ' ')
+			b = strconv.AppendUint(b, o.Item.CAS, 10)
+		}
+		b = append(b, "\r\n"...)
+		b = append(b, o.Item.Value...)
+	case v.TakesDelta():
+		b = append(b, ' ')
+		b = strconv.AppendUint(b, o.Delta, 10)
+	case v == Touch:
+		b = append(b, ' ')
+		b = strconv.AppendInt(b, int64(o.Item.Expiration), 10)
+	}
+	return append(b, "\r\n"...)
+}

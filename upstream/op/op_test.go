@@ -1,0 +1,49 @@
+package op
+
+import "testing"
+
+func TestEncode(t *testing.T) {
+	it := Item{Value: []byte("hello"), Flags: 7, Expiration: 60, CAS: 99}
+	tests := []struct {
+		o    Op
+		want string
+	}{
+		{Op{Verb: Get}, "gets k\r\n"},
+		{Op{Verb: Set, Item: it}, "set k 7 60 5\r\nhello\r\n"},
+		{Op{Verb: Add, Item: it}, "add k 7 60 5\r\nhello\r\n"},
+		{Op{Verb: Replace, Item: it}, "replace k 7 60 5\r\nhello\r\n"},
+		{Op{Verb: CAS, Item: it}, "cas k 7 60 5 99\r\nhello\r\n"},
+		{Op{Verb: Append, Item: it}, "append k 7 60 5\r\nhello\r\n"},
+		{Op{Verb: Prepend, Item: Item{Value: []byte{}}}, "prepend k 0 0 0\r\n\r\n"},
+		{Op{Verb: Incr, Delta: 18446744073709551615}, "incr k 18446744073709551615\r\n"},
+		{Op{Verb: Decr, Delta: 1}, "decr k 1\r\n"},
+		{Op{Verb: Touch, Item: Item{Expiration: -1}}, "touch k -1\r\n"},
+		{Op{Verb: Delete}, "delete k\r\n"},
+	}
+	for _, tt := range tests {
+		if got := string(Encode([]byte(">"), &tt.o, "k")); got != ">"+tt.want {
+			t.Errorf("Encode(%v) = %q, want %q", tt.o.Verb, got, ">"+tt.want)
+		}
+	}
+}
+
+// TestVerbs: every verb has a row, its name parses back to it, and a
+// verb that writes is never one that sends nothing to write but a key.
+func TestVerbs(t *testing.T) {
+	for _, v := range Verbs() {
+		if v.String() == "" || v.Command() == "" {
+			t.Errorf("verb %d has no row", v)
+		}
+		if Parse(v.String()) != v {
+			t.Errorf("Parse(%q) = %v, want %v", v.String(), Parse(v.String()), v)
+		}
+	}
+	for _, name := range []string{"", "gets", "GET", "flush_all", "invalid"} {
+		if v := Parse(name); v.Valid() {
+			t.Errorf("Parse(%q) = %v, want no verb", name, v)
+		}
+	}
+	if Verb(0).Valid() || Verb(MaxVerb+1).Valid() || !Verb(MaxVerb).Valid() {
+		t.Error("Valid is wrong at the table's ends")
+	}
+}
