@@ -8,9 +8,9 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
-	"strings"
 	"unicode/utf8"
 
 	"github.com/memcgate/memcgate/upstream"

@@ -279,7 +279,6 @@ func FuzzCheckKey(f *testing.F) {
 	})
 }
 
-
 // FuzzArguments: the query-string parsers never panic, and whatever they
 // accept is in memcached's range.
 func FuzzArguments(f *testing.F) {

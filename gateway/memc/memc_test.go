@@ -284,7 +284,7 @@ func TestMemcRequests(t *testing.T) {
 	tests := []struct {
 		name       string
 		mo         Options
-		opts gateway.Options
+		opts       gateway.Options
 		preset     map[string]string
 		err        error // injected into every store call
 		method     string

@@ -23,8 +23,8 @@ import (
 // released: it signals done, or, for a call of GetAsync or SetAsync, runs
 // its callback. After that only the waiter (or the callback) touches it.
 type call struct {
-	kind  op.Reply // how the reply reads
-	verb  string   // the command, for error messages
+	kind  op.Reply          // how the reply reads
+	verb  string            // the command, for error messages
 	limit int               // a multi-key Get's cap on value bytes kept; 0: none
 	key   string            // a single-key Get's key: such Gets may share one command
 	peer  []*call           // on the first call of a shared gets line: every call on it
