@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"hash/maphash"
-	"log/slog"
 	"net/http"
 	"strconv"
 	"sync"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/memcgate/memcgate/gateway/budget"
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
@@ -26,9 +26,9 @@ import (
 // of other clients' requests. Run drains it before returning: an
 // accepted write is applied (or counted as failed), never forgotten.
 type asyncQueue struct {
-	h         *handler // runs each write as the synchronous path would
-	store     Store
-	quiet     QuietSetter // nil: sets go through exec
+	ex        *executor   // runs each write as the synchronous path would
+	quiet     QuietSetter // nil: sets go through ex
+	budget    *budget.Budget
 	timeout   time.Duration
 	capacity  int64
 	maxBytes  int64
@@ -37,7 +37,6 @@ type asyncQueue struct {
 	closed    atomic.Bool  // set once Run is draining: no more jobs
 	seed      maphash.Seed
 	shards    []*shard
-	log       *slog.Logger
 	inFlight  byteGate // value bytes being applied
 	rejectFor map[string]prometheus.Counter
 
@@ -58,10 +57,12 @@ type shard struct {
 	wake chan struct{} // capacity 1: "jobs is not empty"
 }
 
-func newAsyncQueue(h *handler, s Store, workers, capacity int, maxBytes int64, timeout time.Duration, log *slog.Logger, reg prometheus.Registerer) *asyncQueue {
-	q := &asyncQueue{h: h, store: s, timeout: timeout, capacity: int64(capacity), maxBytes: maxBytes, seed: maphash.MakeSeed(), log: log}
-	q.inFlight.max = max(h.opts.MaxValueBytes, 1<<20)
-	q.quiet = h.opts.Quiet
+// newAsyncQueue returns a queue whose writes ex (or quiet, for sets) runs
+// on workers goroutines, holding their values against bg, with at most
+// inFlight value bytes on their way to memcached at once.
+func newAsyncQueue(ex *executor, quiet QuietSetter, bg *budget.Budget, inFlight int64, workers, capacity int, maxBytes int64, timeout time.Duration, reg prometheus.Registerer) *asyncQueue {
+	q := &asyncQueue{ex: ex, quiet: quiet, budget: bg, timeout: timeout, capacity: int64(capacity), maxBytes: maxBytes, seed: maphash.MakeSeed()}
+	q.inFlight.max = inFlight
 	for range max(workers, 1) {
 		q.shards = append(q.shards, &shard{wake: make(chan struct{}, 1)})
 	}
@@ -113,7 +114,7 @@ func (q *asyncQueue) enqueue(ops []op.Op) error {
 		return reject("shutdown", errAsyncClosed)
 	}
 	for _, o := range ops {
-		if !q.store.Up(o.Item.Key) {
+		if !q.ex.store.Up(o.Item.Key) {
 			return reject("node_down", errAsyncNodeDown)
 		}
 	}
@@ -126,7 +127,7 @@ func (q *asyncQueue) enqueue(ops []op.Op) error {
 		q.queued.Add(-n)
 		return reject("queue_full", errAsyncFull)
 	}
-	if q.h.budget.Acquire(size) != nil {
+	if q.budget.Acquire(size) != nil {
 		q.bytes.Add(-size)
 		q.queued.Add(-n)
 		return reject("budget", errBudget)
@@ -203,7 +204,7 @@ func (q *asyncQueue) apply(o op.Op) {
 	q.inFlight.acquire(size)
 	defer func() {
 		q.inFlight.release(size)
-		q.h.budget.Release(size)
+		q.budget.Release(size)
 		q.bytes.Add(-size)
 		q.queued.Add(-1)
 	}()
@@ -211,11 +212,11 @@ func (q *asyncQueue) apply(o op.Op) {
 	defer cancel()
 	var err error
 	if o.Verb == op.Set && q.quiet != nil {
-		if err = q.h.prepare(&o.Item); err == nil {
+		if err = q.ex.codec.prepare(&o.Item); err == nil {
 			err = q.quiet.SetQuiet(ctx, o.Item)
 		}
 	} else {
-		err = q.h.exec(ctx, o).Err
+		err = q.ex.exec(ctx, o).Err
 	}
 	if err == nil {
 		q.applied.Inc()
@@ -270,9 +271,10 @@ func (g *byteGate) release(n int64) {
 	}
 }
 
-// accepted answers 202 for queued writes, or 503 with why they were not.
-func (h *handler) accepted(w http.ResponseWriter, ops []op.Op, body bool) {
-	if err := h.async.enqueue(ops); err != nil {
+// accept queues ops and answers 202, or 503 with why they were not
+// queued; with body, the answer says how many were.
+func (q *asyncQueue) accept(w http.ResponseWriter, ops []op.Op, body bool) {
+	if err := q.enqueue(ops); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -286,25 +288,4 @@ func (h *handler) accepted(w http.ResponseWriter, ops []op.Op, body bool) {
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(http.StatusAccepted)
 	_, _ = w.Write([]byte(b))
-}
-
-// batchAsync queues a batch of writes.
-func (h *handler) batchAsync(w http.ResponseWriter, ops []parsedOp) {
-	queued := make([]op.Op, len(ops))
-	for i, o := range ops {
-		err := o.invalid
-		switch {
-		case err == nil && !o.op.Verb.Writes():
-			err = badRequest("an asynchronous batch may only contain writes")
-		case err == nil:
-			err = h.checkCodec(&o.op.Item)
-		}
-		if err != nil {
-			_, msg, _ := errorStatus(err)
-			writeError(w, badRequest("operation "+strconv.Itoa(i)+": "+msg+" (an asynchronous batch is queued whole or not at all)"))
-			return
-		}
-		queued[i] = o.op
-	}
-	h.accepted(w, queued, true)
 }

@@ -101,12 +101,12 @@ func (a *answerRoom) take(n int) bool {
 // result of each. The values read are held against the budget until the
 // request ends.
 func (h *handler) getAll(r *http.Request, keys []string, room *answerRoom, result func(i int) *batchResult) {
-	found, failed := h.store.GetMulti(r.Context(), keys, int(max(room.left.Load(), 1)))
+	found, failed := h.ex.store.GetMulti(r.Context(), keys, int(max(room.left.Load(), 1)))
 	total := 0
 	for _, it := range found {
 		total += len(it.Value)
 	}
-	if h.hold(reqCtx(r), total) != nil {
+	if h.lim.hold(reqCtx(r), total) != nil {
 		for k := range found {
 			failed[k] = errBudget
 		}
@@ -130,7 +130,7 @@ func (h *handler) getAll(r *http.Request, keys []string, room *answerRoom, resul
 // setItem fills a found item's result, decoding it as GET would, if the
 // answer has room for it.
 func (h *handler) setItem(res *batchResult, it op.Item, room *answerRoom) {
-	v, err := h.present(it)
+	v, err := h.codec.present(it)
 	if err != nil {
 		res.setError(err)
 		return
@@ -248,7 +248,7 @@ func (h *handler) batch(w http.ResponseWriter, r *http.Request) {
 // endpoint would answer it. A read's value goes into the answer if room
 // has space for it.
 func (h *handler) runOp(ctx context.Context, o op.Op, res *batchResult, room *answerRoom) {
-	r := h.exec(ctx, o)
+	r := h.ex.exec(ctx, o)
 	switch {
 	case r.Err != nil:
 		res.setOutcome(o.Verb, r.Err)
@@ -267,7 +267,7 @@ func (h *handler) runOp(ctx context.Context, o op.Op, res *batchResult, room *an
 // A malformed body, too many operations or too many bytes fail the whole
 // batch; a bad operation only fails itself.
 func (h *handler) readBatch(r *http.Request) ([]parsedOp, error) {
-	body, err := h.readBody(r, h.opts.BatchMaxBytes, nil)
+	body, err := h.lim.readBody(r, h.opts.BatchMaxBytes, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -424,7 +424,7 @@ func (h *handler) writeResults(w http.ResponseWriter, r *http.Request, results [
 	body, err := json.Marshal(struct {
 		Results []batchResult `json:"results"`
 	}{results})
-	if err == nil && h.hold(reqCtx(r), len(body)) != nil {
+	if err == nil && h.lim.hold(reqCtx(r), len(body)) != nil {
 		err = errBudget
 	}
 	if err != nil {
@@ -435,4 +435,25 @@ func (h *handler) writeResults(w http.ResponseWriter, r *http.Request, results [
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)+1))
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(append(body, '\n'))
+}
+
+// batchAsync queues a batch of writes.
+func (h *handler) batchAsync(w http.ResponseWriter, ops []parsedOp) {
+	queued := make([]op.Op, len(ops))
+	for i, o := range ops {
+		err := o.invalid
+		switch {
+		case err == nil && !o.op.Verb.Writes():
+			err = badRequest("an asynchronous batch may only contain writes")
+		case err == nil:
+			err = h.codec.check(&o.op.Item)
+		}
+		if err != nil {
+			_, msg, _ := errorStatus(err)
+			writeError(w, badRequest("operation "+strconv.Itoa(i)+": "+msg+" (an asynchronous batch is queued whole or not at all)"))
+			return
+		}
+		queued[i] = o.op
+	}
+	h.async.accept(w, queued, true)
 }

@@ -24,6 +24,17 @@ const (
 // php-memcached's default (FastLZ from 2000 bytes, kept if 1.3× smaller).
 type PHPOptions = phpvalue.EncodeOptions
 
+// codec reads and writes values as Options.Codec says.
+type codec struct {
+	kind       ValueCodec
+	php        PHPOptions
+	maxDecoded int // the most a decompressed value may grow to
+}
+
+// octetStream is the Content-Type of every value; net/http never modifies
+// header values, so the slice is shared read-only.
+var octetStream = []string{"application/octet-stream"}
+
 // decoded is an item as the client sees it.
 type decoded struct {
 	body        []byte
@@ -32,11 +43,11 @@ type decoded struct {
 }
 
 // present turns a stored item into what GET serves.
-func (h *handler) present(it op.Item) (decoded, error) {
-	if h.opts.Codec != CodecPHP {
+func (c *codec) present(it op.Item) (decoded, error) {
+	if c.kind != CodecPHP {
 		return decoded{body: it.Value, contentType: octetStream}, nil
 	}
-	v, err := phpvalue.Decode(it.Flags, it.Value, int(h.opts.MaxValueBytes)*64)
+	v, err := phpvalue.Decode(it.Flags, it.Value, c.maxDecoded)
 	if err != nil {
 		return decoded{}, &valueError{err}
 	}
@@ -54,30 +65,23 @@ func codecWrites(v op.Verb) bool { return v == op.Set || v == op.Add || v == op.
 
 // checkCodec refuses now an item prepare would refuse, for a write that
 // is applied later.
-func (h *handler) checkCodec(it *op.Item) error {
-	if h.opts.Codec == CodecPHP && it.Flags > 0xffff {
+func (c *codec) check(it *op.Item) error {
+	if c.kind == CodecPHP && it.Flags > 0xffff {
 		return badRequest(fmt.Sprintf("flags %d: with MEMCGATE_VALUE_CODEC=php, flags are php-memcached user flags from 0 to 65535", it.Flags))
 	}
 	return nil
 }
 
 // prepare turns a written value into what memcached stores.
-func (h *handler) prepare(it *op.Item) error {
-	if h.opts.Codec != CodecPHP {
+func (c *codec) prepare(it *op.Item) error {
+	if c.kind != CodecPHP {
 		return nil
 	}
-	if err := h.checkCodec(it); err != nil {
+	if err := c.check(it); err != nil {
 		return err
 	}
-	opts := h.opts.PHP
+	opts := c.php
 	opts.UserFlags = uint16(it.Flags)
 	it.Value, it.Flags = phpvalue.Encode(it.Value, opts)
 	return nil
 }
-
-// valueError is a stored value the codec cannot read: memcached answered,
-// but with something broken, which makes it a bad gateway answer.
-type valueError struct{ err error }
-
-func (e *valueError) Error() string { return "stored value cannot be decoded: " + e.err.Error() }
-func (e *valueError) Unwrap() error { return e.err }

@@ -57,8 +57,7 @@ const largeValue = 16 << 10
 
 // serveDetached serves r with a detached response, and reports whether it
 // did; if not, nothing was done and the routed path serves it.
-func (h *Handler) serveDetached(w http.ResponseWriter, r *http.Request) bool {
-	hh := h.h
+func (hh *handler) serveDetached(w http.ResponseWriter, r *http.Request, maker any) bool {
 	d, ok := w.(detacher)
 	if !ok || hh.detachStore == nil {
 		return false
@@ -67,27 +66,27 @@ func (h *Handler) serveDetached(w http.ResponseWriter, r *http.Request) bool {
 	if !put && r.Method != http.MethodGet && r.Method != http.MethodHead {
 		return false
 	}
-	if len(r.URL.Path) < 2 || hh.route(r.URL.Path) != nil {
+	if len(r.URL.Path) < 2 || hh.opts.route(r.URL.Path) != nil {
 		return false
 	}
 	if put && (r.ContentLength < 0 || r.ContentLength > pooledValueMax) {
 		return false
 	}
-	if hh.access(r) != nil {
+	if hh.guard.access(r) != nil {
 		return false
 	}
 	kr, err := hh.parseKeyRequest(r)
 	if err != nil || kr.async || kr.op.Verb != op.Get && kr.op.Verb != op.Set {
 		return false
 	}
-	if !hh.lim.acquire() {
+	if !hh.lim.lim.acquire() {
 		return false
 	}
 	// The request is ours from here.
 	start := time.Now()
 	hh.obs.inFlight.Inc()
-	ctx, r := h.takeContext(r)
-	ctx.slot = true // given back by f.end
+	ctx, r := takeContext(r, maker, hh.opts.RequestTimeout)
+	ctx.lim, ctx.slot = hh.lim, true // given back by f.end
 	f := hh.newDetachedReq(w, r, ctx, start)
 	f.kr = kr
 	// Until f is handed to the Store's callback, or to done (which ends
@@ -106,8 +105,8 @@ func (h *Handler) serveDetached(w http.ResponseWriter, r *http.Request) bool {
 	if put {
 		buf := hh.valueBuf(r.ContentLength)
 		defer hh.values.Put(buf) // a Store keeps no Value once it returns
-		if o.Item.Value, err = hh.readBody(r, hh.opts.MaxValueBytes, buf); err == nil {
-			err = hh.prepare(&o.Item)
+		if o.Item.Value, err = hh.lim.readBody(r, hh.opts.MaxValueBytes, buf); err == nil {
+			err = hh.codec.prepare(&o.Item)
 		}
 		if err != nil {
 			ours = false
@@ -123,7 +122,7 @@ func (h *Handler) serveDetached(w http.ResponseWriter, r *http.Request) bool {
 		}
 		ours = true // declined: nothing was done
 	}
-	res := hh.store.Do(ctx, *o)
+	res := hh.ex.store.Do(ctx, *o)
 	ours = false
 	f.done(res)
 	return true
@@ -171,7 +170,7 @@ func (f *detachedReq) recover() {
 func (f *detachedReq) end() {
 	h := f.h
 	h.obs.record(f.r, &f.sw, f.start)
-	h.end(f.ctx)
+	h.lim.end(f.ctx)
 	finish := f.finish
 	f.sw, f.r, f.ctx, f.finish, f.kr = statusWriter{}, nil, nil, nil, keyRequest{}
 	h.detachedq.Put(f)

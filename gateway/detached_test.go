@@ -83,7 +83,7 @@ func TestDetachedPanic(t *testing.T) {
 			if g := testutil.ToFloat64(h.h.obs.inFlight); g != 0 {
 				t.Errorf("memcgate_http_in_flight_requests = %v after the request ended, want 0", g)
 			}
-			if n := h.h.lim.inFlight.Load(); n != 0 {
+			if n := h.h.lim.lim.inFlight.Load(); n != 0 {
 				t.Errorf("limiter count = %d after the request ended, want 0", n)
 			}
 			resp, err = rawGet(t, addr, "/k2")

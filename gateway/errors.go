@@ -32,6 +32,17 @@ type overloadError struct{ msg string }
 
 func (e *overloadError) Error() string { return e.msg }
 
+// valueError is a stored value the codec cannot read: memcached answered,
+// but with something broken, which makes it a bad gateway answer.
+type valueError struct{ err error }
+
+func (e *valueError) Error() string { return "stored value cannot be decoded: " + e.err.Error() }
+func (e *valueError) Unwrap() error { return e.err }
+
+// statusRecorder is a ResponseWriter that records a status it never
+// writes (the observer's statusWriter).
+type statusRecorder interface{ recordStatus(status int) }
+
 // statusClientClosed is logged and counted (never sent) when the client went
 // away before the answer was ready, as nginx does.
 const statusClientClosed = 499
@@ -121,8 +132,8 @@ func writeError(w http.ResponseWriter, err error) {
 // writeStatus answers with status and a short text/plain body.
 func writeStatus(w http.ResponseWriter, status int, msg string, retry bool) {
 	if status == statusClientClosed {
-		if sw, ok := w.(*statusWriter); ok {
-			sw.status = statusClientClosed
+		if sr, ok := w.(statusRecorder); ok {
+			sr.recordStatus(statusClientClosed)
 		}
 		return
 	}

@@ -7,186 +7,14 @@ package gateway
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/memcgate/memcgate/gateway/budget"
-	"github.com/memcgate/memcgate/upstream/op"
 )
-
-// Store is what the gateway needs from the memcached side.
-// *upstream.Cluster implements it. Do must not keep an item's Value after
-// it returns: the gateway reuses the buffer.
-type Store interface {
-	// Do runs one operation on its key's node; the result's error is one
-	// of package upstream's.
-	Do(ctx context.Context, o op.Op) op.Result
-	// GetMulti reads many keys, each once, keeping at most limit bytes of
-	// values (0: no limit; the keys of values past it fail with
-	// upstream.ErrOverLimit); a key in neither map is a miss.
-	GetMulti(ctx context.Context, keys []string, limit int) (found map[string]op.Item, failed map[string]error)
-	// Up reports whether an operation on key could be served now: its
-	// node, or one it fails over to, is up.
-	Up(key string) bool
-}
-
-// AsyncStore starts an operation and calls back instead of waiting, or
-// declines having done nothing (then the gateway waits for Store.Do).
-// done must not block. *upstream.Cluster implements it (DoAsync).
-type AsyncStore interface {
-	DoAsync(ctx context.Context, o op.Op, done func(op.Result)) bool
-}
-
-// QuietSetter sets without waiting for memcached's answer (UDP datagrams).
-// *upstream.Cluster implements it (SetQuiet).
-type QuietSetter interface {
-	SetQuiet(ctx context.Context, it op.Item) error
-}
-
-// Route is an endpoint served beside the REST API (the HttpMemcModule
-// endpoints of package memc): its requests get the gateway's request IDs,
-// metrics, access log, in-flight cap and byte budget (ReadBody), and
-// nothing else of it.
-type Route struct {
-	// Owns reports whether a request for path is the route's.
-	Owns func(path string) bool
-	// MaxBody is the most body it reads (a server that reads bodies ahead
-	// of their handler reads that much).
-	MaxBody int64
-	// Handler serves the route's requests.
-	Handler http.Handler
-}
-
-// Options configures the data handler. Zero values take the defaults named
-// on each field.
-type Options struct {
-	// MaxKeyLen is the longest key a client may send; if zero, MaxKeyLen
-	// (250). Set it to 250 minus the length of the store's key prefix.
-	MaxKeyLen int
-	// MaxValueBytes caps request bodies; larger ones get 413 and nothing is
-	// stored. If zero, 1048000 (fits memcached's default 1 MiB item).
-	MaxValueBytes int64
-	// DefaultTTL is the expiration of writes without ?exptime=; zero means
-	// never.
-	DefaultTTL time.Duration
-	// RequestTimeout bounds all memcached work of one request; if zero, 2s.
-	RequestTimeout time.Duration
-	// AccessLog writes one log line per request.
-	AccessLog bool
-	// AccessLogJSON, if not nil, is where access log lines go without
-	// log/slog, as the exact bytes slog's JSONHandler would write for them
-	// (about half the cost, and no allocation but the request ID's).
-	// Lines that need JSON escaping, and all of them when the logger is
-	// enabled at debug level (which adds the path), still go through the
-	// logger. Set it only to the writer of a logger made with
-	// slog.NewJSONHandler(w, nil), or with options that leave its
-	// records' shape alone (Level). Unlike slog's handler, the gateway
-	// does not serialize its writes: w must be safe for concurrent use
-	// and write each call's bytes whole (cmd/memcgate's log buffer does).
-	AccessLogJSON io.Writer
-	// Routes are endpoints served beside the REST API, in order.
-	Routes []Route
-	// Tokens, if any are set, are required as bearer tokens: read scope
-	// for GET/HEAD, write scope for everything else (401/403).
-	Tokens Tokens
-	// ReadOnly refuses every write with 403.
-	ReadOnly bool
-	// MaxRequests caps requests in flight; beyond it 503 with Retry-After.
-	// Zero means no cap.
-	MaxRequests int
-	// BatchMaxOps caps the operations of a batch or keys of a multi-get;
-	// if zero, 1000.
-	BatchMaxOps int
-	// BatchMaxBytes caps a batch body; if zero, 16 MiB.
-	BatchMaxBytes int64
-	// AsyncQueue caps writes accepted with Prefer: respond-async and not
-	// yet applied; if zero, 10000.
-	AsyncQueue int
-	// AsyncWorkers is the number of goroutines applying them; if zero, 64.
-	AsyncWorkers int
-	// Codec is how values are stored; if empty, CodecRaw.
-	Codec ValueCodec
-	// PHP configures CodecPHP's writes.
-	PHP PHPOptions
-	// Budget bounds the bytes held for clients beyond 4 KiB per request:
-	// request bodies as they are read, values read for responses until
-	// they are written, multi-get and batch results, the asynchronous
-	// queue. What it refuses is answered 503 with Retry-After (507 for
-	// one key of a multi-get or batch). Nil: no bound.
-	Budget *budget.Budget
-	// BatchMaxResponseBytes caps the body of a multi-get's or batch's
-	// answer: values past it answer 507 for their keys (read them one
-	// by one). If zero, 16 MiB.
-	BatchMaxResponseBytes int64
-	// AsyncQueueBytes caps the value bytes of writes accepted with
-	// Prefer: respond-async and not yet applied; if zero, 16 MiB.
-	AsyncQueueBytes int64
-	// Async, if not nil, lets GET, HEAD and plain PUT of /{key} be
-	// answered by memcached's reply, with no goroutine waiting, on a
-	// server whose ResponseWriter can be detached (detached.go). Nil:
-	// every request waits on the goroutine that serves it.
-	Async AsyncStore
-	// Quiet, if not nil, applies asynchronous sets without waiting for
-	// memcached's answer where it can (UDP). Nil: they go through Do.
-	Quiet QuietSetter
-}
-
-func (o *Options) withDefaults() {
-	if o.MaxKeyLen <= 0 || o.MaxKeyLen > MaxKeyLen {
-		o.MaxKeyLen = MaxKeyLen
-	}
-	if o.MaxValueBytes <= 0 {
-		o.MaxValueBytes = 1048000
-	}
-	if o.RequestTimeout <= 0 {
-		o.RequestTimeout = 2 * time.Second
-	}
-	if o.BatchMaxOps <= 0 {
-		o.BatchMaxOps = 1000
-	}
-	if o.BatchMaxBytes <= 0 {
-		o.BatchMaxBytes = 16 << 20
-	}
-	if o.AsyncQueue <= 0 {
-		o.AsyncQueue = 10000
-	}
-	if o.AsyncWorkers <= 0 {
-		o.AsyncWorkers = 64
-	}
-	if o.BatchMaxResponseBytes <= 0 {
-		o.BatchMaxResponseBytes = 16 << 20
-	}
-	if o.AsyncQueueBytes <= 0 {
-		o.AsyncQueueBytes = 16 << 20
-	}
-}
-
-// handler holds what the data endpoints share.
-type handler struct {
-	store      Store
-	opts       Options
-	defaultTTL int32
-	log        *slog.Logger
-	async      *asyncQueue
-	values     sync.Pool // of *[]byte: PUT bodies, see valueBuf
-
-	// Detached responses' (detached.go): detachStore is nil when they
-	// are off.
-	detachStore AsyncStore
-	detached    prometheus.Counter
-	obs         *observer
-	lim         *limiter
-	detachedq   sync.Pool // of *detachedReq
-
-	budget *budget.Budget // nil: no bound
-}
 
 // Handler is the data-plane HTTP handler. Run must run for writes sent with
 // Prefer: respond-async to be applied.
@@ -200,7 +28,7 @@ type Handler struct {
 // routes it. Its context also carries chi's routing context, which chi
 // would otherwise add with a second copy of the request.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if h.serveDetached(w, r) {
+	if h.h.serveDetached(w, r, h) {
 		return
 	}
 	rc, _ := h.routes.Get().(*chi.Context)
@@ -209,10 +37,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rc.Reset()
 	rc.Routes = h.mux
-	ctx, r := h.takeContext(r)
+	ctx, r := takeContext(r, h, h.h.opts.RequestTimeout)
+	ctx.lim = h.h.lim
 	ctx.route = rc // back to the pool after the request, as chi does
 	defer func() {
-		h.h.end(ctx)
+		h.h.lim.end(ctx)
 		ctx.route = nil // whoever still holds ctx must not find rc reused
 		h.routes.Put(rc)
 	}()
@@ -225,34 +54,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // is read (a refused token, read-only mode).
 func (h *Handler) BodyLimit(r *http.Request) int64 {
 	hh := h.h
-	if rt := hh.route(r.URL.Path); rt != nil {
+	if rt := hh.opts.route(r.URL.Path); rt != nil {
 		return rt.MaxBody
 	}
-	if hh.access(r) != nil {
+	if hh.guard.access(r) != nil {
 		return 0
 	}
 	if r.URL.Path == "/" {
 		return hh.opts.BatchMaxBytes
 	}
 	return hh.opts.MaxValueBytes
-}
-
-// takeContext returns the request's context as ServeHTTP gives it: the
-// one NewContext made, or a new one attached to a copy of r.
-func (h *Handler) takeContext(r *http.Request) (*requestCtx, *http.Request) {
-	ctx, ok := r.Context().(*requestCtx)
-	if !ok || ctx.maker != h || ctx.used {
-		parent := r.Context()
-		if ok {
-			// Not ours to take, and nobody would stop its timer if ours
-			// armed it: hang ours on what it wraps.
-			parent = ctx.Context
-		}
-		ctx = newRequestCtx(parent, time.Now().Add(h.h.opts.RequestTimeout))
-		r = r.WithContext(ctx)
-	}
-	ctx.used, ctx.h = true, h.h
-	return ctx, r
 }
 
 // NewContext makes the context ServeHTTP gives a request, for a server
@@ -274,10 +85,16 @@ func (h *Handler) Run(ctx context.Context) error { return h.h.async.Run(ctx) }
 // It starts no goroutine; see Run.
 func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Options) *Handler {
 	opts.withDefaults()
-	h := &handler{store: s, opts: opts, defaultTTL: int32(opts.DefaultTTL / time.Second), log: log}
-	h.async = newAsyncQueue(h, s, opts.AsyncWorkers, opts.AsyncQueue, opts.AsyncQueueBytes, opts.RequestTimeout, log, reg)
-	h.lim = &limiter{max: int64(opts.MaxRequests)}
-	h.budget = opts.Budget
+	h := &handler{
+		keyParser: keyParser{maxKeyLen: opts.MaxKeyLen, defaultTTL: int32(opts.DefaultTTL / time.Second)},
+		opts:      opts,
+		codec:     &codec{kind: opts.Codec, php: opts.PHP, maxDecoded: int(opts.MaxValueBytes) * 64},
+		lim:       &limits{lim: limiter{max: int64(opts.MaxRequests)}, budget: opts.Budget, timeout: opts.RequestTimeout},
+		guard:     guard{tokens: opts.Tokens, readOnly: opts.ReadOnly},
+		log:       log,
+	}
+	h.ex = &executor{store: s, codec: h.codec}
+	h.async = newAsyncQueue(h.ex, opts.Quiet, h.lim.budget, max(opts.MaxValueBytes, 1<<20), opts.AsyncWorkers, opts.AsyncQueue, opts.AsyncQueueBytes, opts.RequestTimeout, reg)
 	h.obs = newObserver(log, reg, opts.AccessLog, opts.AccessLogJSON)
 	h.detachStore = opts.Async
 	h.detached = prometheus.NewCounter(prometheus.CounterOpts{
@@ -302,15 +119,15 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 		)
 	}
 	r := chi.NewRouter()
-	r.Use(h.obs.middleware, h.limit)
+	r.Use(h.obs.middleware, h.lim.middleware)
 	if len(opts.Routes) > 0 {
 		// Served by a middleware rather than routes so that they see
 		// every method and authorize themselves (the HttpMemcModule
 		// endpoints authorize per command: GET ?cmd=set is a write).
-		r.Use(h.routes)
+		r.Use(routes(&h.opts))
 	}
 	r.Group(func(r chi.Router) {
-		r.Use(h.authorize)
+		r.Use(h.guard.authorize)
 		r.Get("/", h.multiGet)
 		r.Post("/", h.batch)
 	})
@@ -318,120 +135,23 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 	// "/*" route so that chi does not copy the whole path into a URL
 	// parameter (two allocations per request); the key comes from
 	// URL.Path either way.
-	r.NotFound(h.authorize(http.HandlerFunc(h.serveKey)).ServeHTTP)
+	r.NotFound(h.guard.authorize(http.HandlerFunc(h.serveKey)).ServeHTTP)
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &requestError{status: http.StatusMethodNotAllowed, msg: "method " + r.Method + " is not allowed on /; use GET /?key=… or POST / (batch)", allow: "GET, POST"})
 	})
 	return &Handler{mux: r, h: h}
 }
 
-// route is the Route that owns path, or nil.
-func (h *handler) route(path string) *Route {
-	for i := range h.opts.Routes {
-		if rt := &h.opts.Routes[i]; rt.Owns(path) {
-			return rt
-		}
-	}
-	return nil
-}
-
-// routes sends the requests of Options.Routes to their handlers and every
-// other request on.
-func (h *handler) routes(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if rt := h.route(r.URL.Path); rt != nil {
-			rt.Handler.ServeHTTP(w, r)
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
-// requestCtx is context.WithDeadline without a timer per request: most
-// requests finish long before their deadline and never wait on Done (the
-// memcached side has its own I/O timeouts), so the timer, a
-// WithDeadline child, is made only when someone first asks for Done, or
-// for Err once the deadline has passed. It then behaves exactly like
-// that child.
-type requestCtx struct {
-	context.Context           // the request's own context
-	deadline        time.Time // now + RequestTimeout
-	once            sync.Once
-	armed           atomic.Bool // timed is set
-	timed           context.Context
-	cancel          context.CancelFunc
-	route           *chi.Context // the value of chi.RouteCtxKey while set
-	maker           *Handler     // set by NewContext: ServeHTTP may use it as is
-	used            bool         // ServeHTTP served a request with it
-
-	h *handler // the handler serving the request (ReadBody)
-
-	// What the request holds until it ends (handler.end).
-	slot bool  // one of the limiter's in-flight slots
-	held int64 // bytes of the budget
-}
-
-// Value answers chi.RouteCtxKey itself, so that chi finds its routing
-// context without wrapping the request in another one.
-func (c *requestCtx) Value(key any) any {
-	if key == chi.RouteCtxKey && c.route != nil {
-		return c.route
-	}
-	return c.Context.Value(key)
-}
-
-func newRequestCtx(parent context.Context, deadline time.Time) *requestCtx {
-	return &requestCtx{Context: parent, deadline: deadline}
-}
-
-func (c *requestCtx) arm() context.Context {
-	c.once.Do(func() {
-		c.timed, c.cancel = context.WithDeadline(c.Context, c.deadline)
-		c.armed.Store(true)
-	})
-	return c.timed
-}
-
-// Deadline is the earlier of the parent's deadline and this one.
-func (c *requestCtx) Deadline() (time.Time, bool) {
-	if d, ok := c.Context.Deadline(); ok && d.Before(c.deadline) {
-		return d, true
-	}
-	return c.deadline, true
-}
-
-// Done arms the deadline.
-func (c *requestCtx) Done() <-chan struct{} { return c.arm().Done() }
-
-// Err is the parent's error, or DeadlineExceeded once the deadline has
-// passed; it arms the deadline only then, so Done is closed whenever Err
-// is not nil.
-func (c *requestCtx) Err() error {
-	if c.armed.Load() {
-		return c.timed.Err()
-	}
-	if c.Context.Err() != nil || !time.Now().Before(c.deadline) {
-		return c.arm().Err()
-	}
-	return nil
-}
-
-// AfterFunc lets contexts derived from this one (context.WithCancel and
-// the like) hook onto the armed deadline directly; without it they would
-// each start a goroutine to watch Done.
-func (c *requestCtx) AfterFunc(f func()) (stop func() bool) { return context.AfterFunc(c.arm(), f) }
-
-// restart moves the deadline to d from now, unless something already
-// waits on it.
-func (c *requestCtx) restart(d time.Duration) {
-	if !c.armed.Load() {
-		c.deadline = time.Now().Add(d)
-	}
-}
-
-// stop releases the timer if one was made.
-func (c *requestCtx) stop() {
-	if c.armed.Load() {
-		c.cancel()
+// routes sends the requests of o.Routes to their handlers and every other
+// request on.
+func routes(o *Options) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if rt := o.route(r.URL.Path); rt != nil {
+				rt.Handler.ServeHTTP(w, r)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/memcgate/memcgate/gateway/budget"
 )
@@ -27,6 +28,13 @@ import (
 // leave as soon as their response is written, and counting them would
 // cost the hot path two atomic operations per request.
 const smallHold = 4 << 10
+
+// limits are the in-flight cap and the byte budget of a handler.
+type limits struct {
+	lim     limiter
+	budget  *budget.Budget // nil: no bound
+	timeout time.Duration  // RequestTimeout: the memcached work's, from when the body is read
+}
 
 // limiter counts requests in flight against a cap; a zero max disables it.
 type limiter struct {
@@ -59,13 +67,12 @@ func takesBody(r *http.Request) bool {
 	return (r.Method == http.MethodPut || r.Method == http.MethodPost) && (r.ContentLength != 0 || len(r.TransferEncoding) > 0)
 }
 
-// limit is the middleware that takes the slot of a request without a
-// body (readBody takes the others') and gives back whatever the request
-// held when it ends.
-func (h *handler) limit(next http.Handler) http.Handler {
+// middleware takes the slot of a request without a body (readBody takes
+// the others'); end gives back whatever the request held.
+func (l *limits) middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rc := reqCtx(r)
-		if !takesBody(r) && !h.takeSlot(rc) {
+		if !takesBody(r) && !l.takeSlot(rc) {
 			writeError(w, errBusy)
 			return
 		}
@@ -73,18 +80,12 @@ func (h *handler) limit(next http.Handler) http.Handler {
 	})
 }
 
-// reqCtx is r's requestCtx; ServeHTTP always gives one.
-func reqCtx(r *http.Request) *requestCtx {
-	rc, _ := r.Context().(*requestCtx)
-	return rc
-}
-
 // takeSlot takes an in-flight slot for rc's request, once.
-func (h *handler) takeSlot(rc *requestCtx) bool {
+func (l *limits) takeSlot(rc *requestCtx) bool {
 	if rc == nil || rc.slot {
 		return true
 	}
-	if !h.lim.acquire() {
+	if !l.lim.acquire() {
 		return false
 	}
 	rc.slot = true
@@ -93,11 +94,11 @@ func (h *handler) takeSlot(rc *requestCtx) bool {
 
 // hold counts n more bytes against the budget for rc's request, until it
 // ends; sizes below smallHold are not counted.
-func (h *handler) hold(rc *requestCtx, n int) error {
+func (l *limits) hold(rc *requestCtx, n int) error {
 	if n < smallHold || rc == nil {
 		return nil
 	}
-	if err := h.budget.Acquire(int64(n)); err != nil {
+	if err := l.budget.Acquire(int64(n)); err != nil {
 		return err
 	}
 	rc.held += int64(n)
@@ -105,13 +106,13 @@ func (h *handler) hold(rc *requestCtx, n int) error {
 }
 
 // end gives back what rc's request held, and stops its timer.
-func (h *handler) end(rc *requestCtx) {
+func (l *limits) end(rc *requestCtx) {
 	if rc.slot {
-		h.lim.release()
+		l.lim.release()
 		rc.slot = false
 	}
 	if rc.held > 0 {
-		h.budget.Release(rc.held)
+		l.budget.Release(rc.held)
 		rc.held = 0
 	}
 	rc.stop()
@@ -126,19 +127,10 @@ var errBudget = &overloadError{"the gateway holds as many bytes for clients as i
 // maps its errors.
 func ReadBody(r *http.Request, limit int64) ([]byte, error) {
 	rc := reqCtx(r)
-	if rc == nil || rc.h == nil {
+	if rc == nil || rc.lim == nil {
 		return nil, errors.New("gateway: ReadBody outside a gateway request")
 	}
-	return rc.h.readBody(r, limit, nil)
-}
-
-// ClientClosed records, for a handler of Options.Routes, that the client
-// went away before its answer: the request is logged and counted as 499,
-// and nothing is written.
-func ClientClosed(w http.ResponseWriter) {
-	if sw, ok := w.(*statusWriter); ok {
-		sw.status = statusClientClosed
-	}
+	return rc.lim.readBody(r, limit, nil)
 }
 
 // readBody reads r's body whole, at most limit bytes: 413 beyond, before
@@ -147,7 +139,7 @@ func ClientClosed(w http.ResponseWriter) {
 // smallHold is held against the budget (503 when refused). Then it takes
 // the request's slot. A body of a known length goes into *into if not
 // nil, grown if need be.
-func (h *handler) readBody(r *http.Request, limit int64, into *[]byte) ([]byte, error) {
+func (l *limits) readBody(r *http.Request, limit int64, into *[]byte) ([]byte, error) {
 	rc := reqCtx(r)
 	tooLarge := func(n string) error {
 		return &requestError{status: http.StatusRequestEntityTooLarge, msg: "request body is " + n + " bytes; at most " + strconv.FormatInt(limit, 10) + " are accepted"}
@@ -163,7 +155,7 @@ func (h *handler) readBody(r *http.Request, limit int64, into *[]byte) ([]byte, 
 	held := 0
 	grow := func(size int) error {
 		if size > held && size >= smallHold {
-			if err := h.hold(rc, size-held); err != nil {
+			if err := l.hold(rc, size-held); err != nil {
 				return errBudget
 			}
 			held = size
@@ -202,13 +194,13 @@ func (h *handler) readBody(r *http.Request, limit int64, into *[]byte) ([]byte, 
 	if into != nil && cl >= 0 {
 		*into = buf
 	}
-	if !h.takeSlot(rc) {
+	if !l.takeSlot(rc) {
 		return nil, errBusy
 	}
 	if rc != nil {
 		// The memcached work starts now: however long the body took,
 		// it gets all of RequestTimeout.
-		rc.restart(h.opts.RequestTimeout)
+		rc.restart(l.timeout)
 	}
 	return buf, nil
 }

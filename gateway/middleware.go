@@ -40,6 +40,17 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	return n, err
 }
 
+func (w *statusWriter) recordStatus(status int) { w.status = status }
+
+// ClientClosed records, for a handler of Options.Routes, that the client
+// went away before its answer: the request is logged and counted as 499,
+// and nothing is written.
+func ClientClosed(w http.ResponseWriter) {
+	if sr, ok := w.(statusRecorder); ok {
+		sr.recordStatus(statusClientClosed)
+	}
+}
+
 // Unwrap lets http.ResponseController reach the underlying writer.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 

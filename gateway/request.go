@@ -16,6 +16,12 @@ type keyRequest struct {
 	etags string // a read's If-None-Match: 304 when it names the item's ETag
 }
 
+// keyParser reads requests for /{key} (parseKeyRequest).
+type keyParser struct {
+	maxKeyLen  int   // Options.MaxKeyLen
+	defaultTTL int32 // Options.DefaultTTL, in seconds
+}
+
 // allowed is the Allow header of every 405 on /{key}.
 const allowed = "GET, HEAD, PUT, DELETE, POST"
 
@@ -28,9 +34,9 @@ const allowed = "GET, HEAD, PUT, DELETE, POST"
 //	            cas with If-Match: "<cas>"
 //	DELETE      delete
 //	POST        ?op=append, prepend, incr, decr (?delta=) or touch (?exptime=)
-func (h *handler) parseKeyRequest(r *http.Request) (keyRequest, error) {
+func (h keyParser) parseKeyRequest(r *http.Request) (keyRequest, error) {
 	var kr keyRequest
-	key, err := keyFromPath(r, h.opts.MaxKeyLen)
+	key, err := keyFromPath(r, h.maxKeyLen)
 	if err != nil {
 		return kr, err
 	}
@@ -61,7 +67,7 @@ func (h *handler) parseKeyRequest(r *http.Request) (keyRequest, error) {
 }
 
 // parseItem reads a write's ?exptime= and ?flags= into it.
-func (h *handler) parseItem(q string, it *op.Item) (err error) {
+func (h keyParser) parseItem(q string, it *op.Item) (err error) {
 	if it.Expiration, err = parseExptime(q, "exptime", h.defaultTTL); err != nil {
 		return err
 	}
@@ -89,7 +95,7 @@ func putVerb(ifMatch, ifNone string) (op.Verb, uint64, error) {
 const postVerbs = "append, prepend, incr, decr or touch"
 
 // parsePost reads the operation of POST /{key}?op=.
-func (h *handler) parsePost(q string, o *op.Op) (err error) {
+func (h keyParser) parsePost(q string, o *op.Op) (err error) {
 	name, _ := query(q, "op")
 	switch o.Verb = op.Parse(name); o.Verb {
 	case op.Append, op.Prepend:

@@ -1,10 +1,13 @@
 package gateway
 
 import (
-	"context"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/memcgate/memcgate/upstream/op"
 )
@@ -14,6 +17,26 @@ import (
 // run (exec) and its result answered (respond). The detached path
 // (detached.go) serves the same requests with the same three steps, but
 // lets memcached's reply call respond.
+
+// handler holds what the data endpoints share.
+type handler struct {
+	keyParser
+	opts   Options
+	ex     *executor
+	codec  *codec
+	lim    *limits
+	guard  guard
+	async  *asyncQueue
+	obs    *observer
+	log    *slog.Logger
+	values sync.Pool // of *[]byte: PUT bodies, see valueBuf
+
+	// Detached responses' (detached.go): detachStore is nil when they
+	// are off.
+	detachStore AsyncStore
+	detached    prometheus.Counter
+	detachedq   sync.Pool // of *detachedReq
+}
 
 // serveKey serves a request for /{key}.
 func (h *handler) serveKey(w http.ResponseWriter, r *http.Request) {
@@ -32,7 +55,7 @@ func (h *handler) serveKey(w http.ResponseWriter, r *http.Request) {
 				defer h.values.Put(buf)
 			}
 		}
-		if o.Item.Value, err = h.readBody(r, h.opts.MaxValueBytes, buf); err != nil {
+		if o.Item.Value, err = h.lim.readBody(r, h.opts.MaxValueBytes, buf); err != nil {
 			writeError(w, err)
 			return
 		}
@@ -41,26 +64,14 @@ func (h *handler) serveKey(w http.ResponseWriter, r *http.Request) {
 		// Only plain sets and deletes are queued: the others need
 		// memcached's answer (RFC 7240 lets a server ignore the
 		// preference). The codec runs when the write is applied.
-		if err := h.checkCodec(&o.Item); err != nil {
+		if err := h.codec.check(&o.Item); err != nil {
 			writeError(w, err)
 			return
 		}
-		h.accepted(w, []op.Op{o}, false)
+		h.async.accept(w, []op.Op{o}, false)
 		return
 	}
-	h.respond(w, r, &kr, h.exec(r.Context(), o))
-}
-
-// exec runs one operation: the one path from an operation of the REST
-// API, batch or the async queue to the Store and back. The value of a
-// whole-value write goes through the codec first.
-func (h *handler) exec(ctx context.Context, o op.Op) op.Result {
-	if codecWrites(o.Verb) {
-		if err := h.prepare(&o.Item); err != nil {
-			return op.Result{Err: err}
-		}
-	}
-	return h.store.Do(ctx, o)
+	h.respond(w, r, &kr, h.ex.exec(r.Context(), o))
 }
 
 // respond answers kr with its operation's result.
@@ -92,12 +103,12 @@ func (h *handler) writeItem(w http.ResponseWriter, r *http.Request, etags string
 	// written: a client that does not read can hold it for up to the
 	// write timeout.
 	rc := reqCtx(r)
-	if h.hold(rc, len(it.Value)) != nil {
+	if h.lim.hold(rc, len(it.Value)) != nil {
 		writeError(w, errBudget)
 		return
 	}
-	v, err := h.present(it)
-	if err == nil && len(v.body) != len(it.Value) && h.hold(rc, len(v.body)) != nil {
+	v, err := h.codec.present(it)
+	if err == nil && len(v.body) != len(it.Value) && h.lim.hold(rc, len(v.body)) != nil {
 		err = errBudget // decompressed
 	}
 	if err != nil {
@@ -142,6 +153,3 @@ func (h *handler) valueBuf(n int64) *[]byte {
 	return new([]byte)
 }
 
-// octetStream is the Content-Type of every value; net/http never modifies
-// header values, so the slice is shared read-only.
-var octetStream = []string{"application/octet-stream"}

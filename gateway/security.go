@@ -118,10 +118,16 @@ func scopeFor(method string) Scope {
 	return ScopeWrite
 }
 
-// authorize enforces tokens and read-only mode on the data plane.
-func (h *handler) authorize(next http.Handler) http.Handler {
+// guard enforces tokens and read-only mode on the REST API.
+type guard struct {
+	tokens   Tokens
+	readOnly bool
+}
+
+// authorize is the middleware of guard.
+func (g guard) authorize(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if refuse(w, h.access(r)) {
+		if refuse(w, g.access(r)) {
 			next.ServeHTTP(w, r)
 		}
 	})
@@ -129,10 +135,10 @@ func (h *handler) authorize(next http.Handler) http.Handler {
 
 // access returns why a data-plane request may not go on (read-only mode,
 // tokens), or nil.
-func (h *handler) access(r *http.Request) *requestError {
+func (g guard) access(r *http.Request) *requestError {
 	need := scopeFor(r.Method)
-	if h.opts.ReadOnly && need == ScopeWrite && r.Method != http.MethodOptions {
+	if g.readOnly && need == ScopeWrite && r.Method != http.MethodOptions {
 		return &requestError{status: http.StatusForbidden, msg: "read-only mode: writes are disabled (MEMCGATE_READ_ONLY)"}
 	}
-	return h.opts.Tokens.check(r, need)
+	return g.tokens.check(r, need)
 }

@@ -1,0 +1,168 @@
+package gateway
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/memcgate/memcgate/gateway/budget"
+	"github.com/memcgate/memcgate/upstream/op"
+)
+
+// Store is what the gateway needs from the memcached side.
+// *upstream.Cluster implements it. Do must not keep an item's Value after
+// it returns: the gateway reuses the buffer.
+type Store interface {
+	// Do runs one operation on its key's node; the result's error is one
+	// of package upstream's.
+	Do(ctx context.Context, o op.Op) op.Result
+	// GetMulti reads many keys, each once, keeping at most limit bytes of
+	// values (0: no limit; the keys of values past it fail with
+	// upstream.ErrOverLimit); a key in neither map is a miss.
+	GetMulti(ctx context.Context, keys []string, limit int) (found map[string]op.Item, failed map[string]error)
+	// Up reports whether an operation on key could be served now: its
+	// node, or one it fails over to, is up.
+	Up(key string) bool
+}
+
+// AsyncStore starts an operation and calls back instead of waiting, or
+// declines having done nothing (then the gateway waits for Store.Do).
+// done must not block. *upstream.Cluster implements it (DoAsync).
+type AsyncStore interface {
+	DoAsync(ctx context.Context, o op.Op, done func(op.Result)) bool
+}
+
+// QuietSetter sets without waiting for memcached's answer (UDP datagrams).
+// *upstream.Cluster implements it (SetQuiet).
+type QuietSetter interface {
+	SetQuiet(ctx context.Context, it op.Item) error
+}
+
+// Route is an endpoint served beside the REST API (the HttpMemcModule
+// endpoints of package memc): its requests get the gateway's request IDs,
+// metrics, access log, in-flight cap and byte budget (ReadBody), and
+// nothing else of it.
+type Route struct {
+	// Owns reports whether a request for path is the route's.
+	Owns func(path string) bool
+	// MaxBody is the most body it reads (a server that reads bodies ahead
+	// of their handler reads that much).
+	MaxBody int64
+	// Handler serves the route's requests.
+	Handler http.Handler
+}
+
+// Options configures the data handler. Zero values take the defaults named
+// on each field.
+type Options struct {
+	// MaxKeyLen is the longest key a client may send; if zero, MaxKeyLen
+	// (250). Set it to 250 minus the length of the store's key prefix.
+	MaxKeyLen int
+	// MaxValueBytes caps request bodies; larger ones get 413 and nothing is
+	// stored. If zero, 1048000 (fits memcached's default 1 MiB item).
+	MaxValueBytes int64
+	// DefaultTTL is the expiration of writes without ?exptime=; zero means
+	// never.
+	DefaultTTL time.Duration
+	// RequestTimeout bounds all memcached work of one request; if zero, 2s.
+	RequestTimeout time.Duration
+	// AccessLog writes one log line per request.
+	AccessLog bool
+	// AccessLogJSON, if not nil, is where access log lines go without
+	// log/slog, as the exact bytes slog's JSONHandler would write for them
+	// (about half the cost, and no allocation but the request ID's).
+	// Lines that need JSON escaping, and all of them when the logger is
+	// enabled at debug level (which adds the path), still go through the
+	// logger. Set it only to the writer of a logger made with
+	// slog.NewJSONHandler(w, nil), or with options that leave its
+	// records' shape alone (Level). Unlike slog's handler, the gateway
+	// does not serialize its writes: w must be safe for concurrent use
+	// and write each call's bytes whole (cmd/memcgate's log buffer does).
+	AccessLogJSON io.Writer
+	// Routes are endpoints served beside the REST API, in order.
+	Routes []Route
+	// Tokens, if any are set, are required as bearer tokens: read scope
+	// for GET/HEAD, write scope for everything else (401/403).
+	Tokens Tokens
+	// ReadOnly refuses every write with 403.
+	ReadOnly bool
+	// MaxRequests caps requests in flight; beyond it 503 with Retry-After.
+	// Zero means no cap.
+	MaxRequests int
+	// BatchMaxOps caps the operations of a batch or keys of a multi-get;
+	// if zero, 1000.
+	BatchMaxOps int
+	// BatchMaxBytes caps a batch body; if zero, 16 MiB.
+	BatchMaxBytes int64
+	// AsyncQueue caps writes accepted with Prefer: respond-async and not
+	// yet applied; if zero, 10000.
+	AsyncQueue int
+	// AsyncWorkers is the number of goroutines applying them; if zero, 64.
+	AsyncWorkers int
+	// Codec is how values are stored; if empty, CodecRaw.
+	Codec ValueCodec
+	// PHP configures CodecPHP's writes.
+	PHP PHPOptions
+	// Budget bounds the bytes held for clients beyond 4 KiB per request:
+	// request bodies as they are read, values read for responses until
+	// they are written, multi-get and batch results, the asynchronous
+	// queue. What it refuses is answered 503 with Retry-After (507 for
+	// one key of a multi-get or batch). Nil: no bound.
+	Budget *budget.Budget
+	// BatchMaxResponseBytes caps the body of a multi-get's or batch's
+	// answer: values past it answer 507 for their keys (read them one
+	// by one). If zero, 16 MiB.
+	BatchMaxResponseBytes int64
+	// AsyncQueueBytes caps the value bytes of writes accepted with
+	// Prefer: respond-async and not yet applied; if zero, 16 MiB.
+	AsyncQueueBytes int64
+	// Async, if not nil, lets GET, HEAD and plain PUT of /{key} be
+	// answered by memcached's reply, with no goroutine waiting, on a
+	// server whose ResponseWriter can be detached (detached.go). Nil:
+	// every request waits on the goroutine that serves it.
+	Async AsyncStore
+	// Quiet, if not nil, applies asynchronous sets without waiting for
+	// memcached's answer where it can (UDP). Nil: they go through Do.
+	Quiet QuietSetter
+}
+
+func (o *Options) withDefaults() {
+	if o.MaxKeyLen <= 0 || o.MaxKeyLen > MaxKeyLen {
+		o.MaxKeyLen = MaxKeyLen
+	}
+	if o.MaxValueBytes <= 0 {
+		o.MaxValueBytes = 1048000
+	}
+	if o.RequestTimeout <= 0 {
+		o.RequestTimeout = 2 * time.Second
+	}
+	if o.BatchMaxOps <= 0 {
+		o.BatchMaxOps = 1000
+	}
+	if o.BatchMaxBytes <= 0 {
+		o.BatchMaxBytes = 16 << 20
+	}
+	if o.AsyncQueue <= 0 {
+		o.AsyncQueue = 10000
+	}
+	if o.AsyncWorkers <= 0 {
+		o.AsyncWorkers = 64
+	}
+	if o.BatchMaxResponseBytes <= 0 {
+		o.BatchMaxResponseBytes = 16 << 20
+	}
+	if o.AsyncQueueBytes <= 0 {
+		o.AsyncQueueBytes = 16 << 20
+	}
+}
+
+// route is the Route that owns path, or nil.
+func (o *Options) route(path string) *Route {
+	for i := range o.Routes {
+		if rt := &o.Routes[i]; rt.Owns(path) {
+			return rt
+		}
+	}
+	return nil
+}

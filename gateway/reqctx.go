@@ -1,0 +1,130 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+)
+
+// requestCtx is context.WithDeadline without a timer per request: most
+// requests finish long before their deadline and never wait on Done (the
+// memcached side has its own I/O timeouts), so the timer, a
+// WithDeadline child, is made only when someone first asks for Done, or
+// for Err once the deadline has passed. It then behaves exactly like
+// that child.
+type requestCtx struct {
+	context.Context           // the request's own context
+	deadline        time.Time // now + RequestTimeout
+	once            sync.Once
+	armed           atomic.Bool // timed is set
+	timed           context.Context
+	cancel          context.CancelFunc
+	route           *chi.Context // the value of chi.RouteCtxKey while set
+	maker           any          // who made it (Handler.NewContext): it may serve one request as it is
+	used            bool         // a request was served with it
+
+	lim bodyReader // the limits of the handler serving the request (ReadBody)
+
+	// What the request holds until it ends (handler.end).
+	slot bool  // one of the limiter's in-flight slots
+	held int64 // bytes of the budget
+}
+
+// Value answers chi.RouteCtxKey itself, so that chi finds its routing
+// context without wrapping the request in another one.
+func (c *requestCtx) Value(key any) any {
+	if key == chi.RouteCtxKey && c.route != nil {
+		return c.route
+	}
+	return c.Context.Value(key)
+}
+
+func newRequestCtx(parent context.Context, deadline time.Time) *requestCtx {
+	return &requestCtx{Context: parent, deadline: deadline}
+}
+
+func (c *requestCtx) arm() context.Context {
+	c.once.Do(func() {
+		c.timed, c.cancel = context.WithDeadline(c.Context, c.deadline)
+		c.armed.Store(true)
+	})
+	return c.timed
+}
+
+// Deadline is the earlier of the parent's deadline and this one.
+func (c *requestCtx) Deadline() (time.Time, bool) {
+	if d, ok := c.Context.Deadline(); ok && d.Before(c.deadline) {
+		return d, true
+	}
+	return c.deadline, true
+}
+
+// Done arms the deadline.
+func (c *requestCtx) Done() <-chan struct{} { return c.arm().Done() }
+
+// Err is the parent's error, or DeadlineExceeded once the deadline has
+// passed; it arms the deadline only then, so Done is closed whenever Err
+// is not nil.
+func (c *requestCtx) Err() error {
+	if c.armed.Load() {
+		return c.timed.Err()
+	}
+	if c.Context.Err() != nil || !time.Now().Before(c.deadline) {
+		return c.arm().Err()
+	}
+	return nil
+}
+
+// AfterFunc lets contexts derived from this one (context.WithCancel and
+// the like) hook onto the armed deadline directly; without it they would
+// each start a goroutine to watch Done.
+func (c *requestCtx) AfterFunc(f func()) (stop func() bool) { return context.AfterFunc(c.arm(), f) }
+
+// restart moves the deadline to d from now, unless something already
+// waits on it.
+func (c *requestCtx) restart(d time.Duration) {
+	if !c.armed.Load() {
+		c.deadline = time.Now().Add(d)
+	}
+}
+
+// stop releases the timer if one was made.
+func (c *requestCtx) stop() {
+	if c.armed.Load() {
+		c.cancel()
+	}
+}
+
+// bodyReader reads a request body as the handler serving the request
+// reads its own (*limits).
+type bodyReader interface {
+	readBody(r *http.Request, limit int64, into *[]byte) ([]byte, error)
+}
+
+// takeContext returns the request's context for maker: the one maker made
+// (NewContext), or a new one of timeout, attached to a copy of r.
+func takeContext(r *http.Request, maker any, timeout time.Duration) (*requestCtx, *http.Request) {
+	ctx, ok := r.Context().(*requestCtx)
+	if !ok || ctx.maker != maker || ctx.used {
+		parent := r.Context()
+		if ok {
+			// Not ours to take, and nobody would stop its timer if ours
+			// armed it: hang ours on what it wraps.
+			parent = ctx.Context
+		}
+		ctx = newRequestCtx(parent, time.Now().Add(timeout))
+		r = r.WithContext(ctx)
+	}
+	ctx.used = true
+	return ctx, r
+}
+
+// reqCtx is r's requestCtx, if it has one (every request under Handler).
+func reqCtx(r *http.Request) *requestCtx {
+	rc, _ := r.Context().(*requestCtx)
+	return rc
+}
