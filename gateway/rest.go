@@ -152,4 +152,3 @@ func (h *handler) valueBuf(n int64) *[]byte {
 	}
 	return new([]byte)
 }
-
