@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/memcgate/memcgate/gateway/phpvalue"
 	"github.com/memcgate/memcgate/upstream"
 )
 
@@ -165,7 +164,7 @@ func (h *handler) newDetachedReq(w http.ResponseWriter, r *http.Request, ctx *re
 
 // got answers a GET or HEAD with its read's outcome: a Store callback.
 func (f *detachedReq) got(it upstream.Item, err error) {
-	if f.finish != nil && (len(it.Value) >= largeValue || f.h.opts.Codec == CodecPHP && phpvalue.Compressed(it.Flags)) {
+	if f.finish != nil && (len(it.Value) >= largeValue || f.h.opts.Codec.compressed(it.Flags)) {
 		go f.writeItem(it, err)
 		return
 	}

@@ -98,7 +98,7 @@ func (h *handler) put(w http.ResponseWriter, r *http.Request) {
 		// Conditional writes need memcached's answer, so only plain sets
 		// are queued (RFC 7240 lets a server ignore the preference). The
 		// codec runs when the write is applied, as for batches.
-		if h.opts.Codec == CodecPHP && it.Flags > 0xffff {
+		if h.opts.Codec.typed() && it.Flags > 0xffff {
 			writeError(w, h.prepare(&it))
 			return
 		}

@@ -137,7 +137,9 @@ type MemcacheOptions struct {
 	Threshold int
 	// MinSavings: the compressed form is kept only if it is at most
 	// len × (1 − MinSavings) bytes (setCompressThreshold's second
-	// argument); outside [0, 1] (or NaN) means DefaultMemcacheMinSavings.
+	// argument, from 0 to 1); 0, above 1 or NaN means
+	// DefaultMemcacheMinSavings, and a negative value asks for no savings,
+	// as 0 does in PHP.
 	MinSavings float64
 	// UserFlags go into the flags' bits 16-31.
 	UserFlags uint16
@@ -147,7 +149,10 @@ func (o MemcacheOptions) withDefaults() MemcacheOptions {
 	if o.Threshold == 0 {
 		o.Threshold = DefaultMemcacheThreshold
 	}
-	if !(o.MinSavings >= 0 && o.MinSavings <= 1) {
+	switch {
+	case o.MinSavings < 0:
+		o.MinSavings = 0
+	case !(o.MinSavings > 0 && o.MinSavings <= 1):
 		o.MinSavings = DefaultMemcacheMinSavings
 	}
 	return o
