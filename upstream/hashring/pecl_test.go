@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"slices"
+	"sync"
 	"testing"
 )
 
@@ -204,4 +205,62 @@ func TestPeclConsistentShares(t *testing.T) {
 			t.Logf("%s weights %d,%d,%d: shares %.3f", d, ms[0].Weight, ms[1].Weight, ms[2].Weight, counts)
 		}
 	}
+}
+
+// FuzzPeclOwners checks the pecl/memcache failover order against its
+// definition (peclCandidates) for fuzzed keys, server counts and weights,
+// including weights whose total passes the standard strategy's 0x8000
+// reachable buckets.
+func FuzzPeclOwners(f *testing.F) {
+	f.Add("foo", uint8(3), uint8(0), []byte{1, 2, 1})
+	f.Add("hello_world?", uint8(5), uint8(3), []byte{1, 3, 1, 2, 5})
+	f.Add("", uint8(1), uint8(6), []byte{})
+	f.Add("\xff\x00é", uint8(70), uint8(1), []byte{0, 255})
+	f.Add("k", uint8(2), uint8(4), []byte{255, 255})
+	// Building a ring costs far more than a lookup, so rings are reused
+	// while only the key mutates, as in FuzzOwners.
+	var mu sync.Mutex
+	rings := map[string]*Ring{}
+	f.Fuzz(func(t *testing.T, key string, n, d uint8, weights []byte) {
+		dist := peclDistributions()[int(d)%8]
+		_, standard, _, _ := peclMode(dist)
+		ms := make([]Member, 1+int(n)%80)
+		for i := range ms {
+			w := 1
+			if len(weights) > 0 {
+				w = int(weights[i%len(weights)]) % 5 // includes 0, treated as 1
+				if standard {
+					// Up to 76,500 per member, past the reachable buckets;
+					// consistent rings that heavy would take the fuzzer's
+					// time building points.
+					w = int(weights[i%len(weights)]) * 300
+				}
+			}
+			ms[i] = Member{fmt.Sprintf("h%d", i), 11211 + i%2, w}
+		}
+		id := fmt.Sprint(dist, ms)
+		mu.Lock()
+		r := rings[id]
+		if r == nil {
+			if len(rings) > 512 {
+				clear(rings)
+			}
+			r = mustNew(t, dist, ms)
+			rings[id] = r
+		}
+		mu.Unlock()
+		got := checkOwners(t, r, key)
+		if r.Len() == 1 {
+			return
+		}
+		var want []int
+		for _, m := range peclCandidates(r, key) {
+			if !slices.Contains(want, m) {
+				want = append(want, m)
+			}
+		}
+		if !slices.Equal(got[:len(want)], want) {
+			t.Fatalf("Owners(%q) = %v, want it to start with the candidates' order %v", key, got, want)
+		}
+	})
 }
