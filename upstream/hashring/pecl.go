@@ -55,6 +55,7 @@ type peclState struct {
 	acc uint32
 }
 
+// newPeclState starts a hash (pecl/memcache's init step).
 func newPeclState(h peclHash) peclState {
 	if h == peclFNV {
 		return peclState{h, fnv32Init}
