@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -26,7 +27,7 @@ const Prefix = "MEMCGATE_"
 // Usage renders all three.
 type Config struct {
 	Servers      []Server `env:"SERVERS" envDefault:"127.0.0.1:11211" help:"memcached nodes, host:port[:weight] separated by commas; the ring hashes these names as written"`
-	Distribution string   `env:"DISTRIBUTION" envDefault:"ketama" help:"key placement: ketama (libmemcached/php-memcached OPT_LIBKETAMA_COMPATIBLE), modula (php-memcached default) or nginx (nginx hash $key consistent)"`
+	Distribution string   `env:"DISTRIBUTION" envDefault:"ketama" help:"key placement: ketama (libmemcached/php-memcached OPT_LIBKETAMA_COMPATIBLE), modula (php-memcached default), consistent (php-memcached's session handler, DISTRIBUTION_CONSISTENT), nginx (nginx hash $key consistent), pecl-STRATEGY-HASH (pecl/memcache's Memcache class with memcache.hash_strategy standard|consistent and memcache.hash_function crc32|fnv, e.g. pecl-consistent-crc32, its default) or pecl-session-STRATEGY-HASH (pecl/memcache's session handler)"`
 
 	ListenAddr string `env:"LISTEN_ADDR" envDefault:":8080" help:"data listener (GET/PUT/DELETE/POST /{key})"`
 	AdminAddr  string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9090" help:"admin listener (/metrics /healthz /readyz /debug/nodes /debug/pprof/); loopback only unless you change it"`
@@ -98,10 +99,13 @@ type Config struct {
 	// Memc configures the HttpMemcModule-compatible endpoints (config/memc.go).
 	Memc Memc `envPrefix:"MEMC_"`
 
-	ValueCodec       string  `env:"VALUE_CODEC" envDefault:"raw" help:"raw (bodies stored as sent, ?flags= are memcached flags) or php (values read and written like php-memcached: types decoded, FastLZ/zlib decompressed, large strings compressed, ?flags= are its user flags)"`
+	ValueCodec       string  `env:"VALUE_CODEC" envDefault:"raw" help:"raw (bodies stored as sent, ?flags= are memcached flags), php (values read and written like php-memcached: types decoded, FastLZ/zlib decompressed, large strings compressed, ?flags= are its user flags) or pecl-memcache (the same for pecl/memcache's Memcache class: its types and zlib compression, ?flags= go to bits 16-31)"`
 	PHPCompression   string  `env:"PHP_COMPRESSION" envDefault:"fastlz" help:"with VALUE_CODEC=php: fastlz (php-memcached's default), zlib or none, for strings from PHP_COMPRESSION_THRESHOLD bytes"`
 	PHPCompThreshold int     `env:"PHP_COMPRESSION_THRESHOLD" envDefault:"2000" help:"with VALUE_CODEC=php: compress strings of at least this many bytes (memcached.compression_threshold)"`
 	PHPCompFactor    float64 `env:"PHP_COMPRESSION_FACTOR" envDefault:"1.3" help:"with VALUE_CODEC=php: keep the compressed form only if it is this many times smaller (memcached.compression_factor)"`
+
+	PeclCompThreshold int     `env:"PECL_COMPRESS_THRESHOLD" envDefault:"20000" help:"with VALUE_CODEC=pecl-memcache: zlib-compress strings of at least this many bytes (memcache.compress_threshold, Memcache::setCompressThreshold); 0 never compresses"`
+	PeclMinSavings    float64 `env:"PECL_COMPRESS_MIN_SAVINGS" envDefault:"0.2" help:"with VALUE_CODEC=pecl-memcache: keep the compressed form only if it saves at least this fraction (setCompressThreshold's min_savings, 0 to 1)"`
 
 	AccessLog bool   `env:"ACCESS_LOG" envDefault:"true" help:"one log line per request (never values; keys only at debug level)"`
 	LogLevel  string `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
@@ -250,10 +254,8 @@ func (c Config) Validate() error {
 		}
 		seen[s.Addr()] = true
 	}
-	switch c.Distribution {
-	case "ketama", "modula", "nginx":
-	default:
-		bad("DISTRIBUTION", "%q is not ketama, modula or nginx", c.Distribution)
+	if !slices.Contains(Distributions(), c.Distribution) {
+		bad("DISTRIBUTION", "%q is not one of %s", c.Distribution, strings.Join(Distributions(), ", "))
 	}
 	positive := []struct {
 		name string
@@ -370,9 +372,9 @@ func (c Config) Validate() error {
 		}
 	}
 	switch c.ValueCodec {
-	case "raw", "php":
+	case "raw", "php", "pecl-memcache":
 	default:
-		bad("VALUE_CODEC", "%q is not raw or php", c.ValueCodec)
+		bad("VALUE_CODEC", "%q is not raw, php or pecl-memcache", c.ValueCodec)
 	}
 	switch c.PHPCompression {
 	case "fastlz", "zlib", "none":
@@ -385,6 +387,12 @@ func (c Config) Validate() error {
 	if !(c.PHPCompFactor >= 1) {
 		bad("PHP_COMPRESSION_FACTOR", "must be at least 1, got %v", c.PHPCompFactor)
 	}
+	if c.PeclCompThreshold < 0 {
+		bad("PECL_COMPRESS_THRESHOLD", "must not be negative, got %d", c.PeclCompThreshold)
+	}
+	if !(c.PeclMinSavings >= 0 && c.PeclMinSavings <= 1) {
+		bad("PECL_COMPRESS_MIN_SAVINGS", "must be from 0 to 1, got %v", c.PeclMinSavings)
+	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:
@@ -396,6 +404,17 @@ func (c Config) Validate() error {
 		bad("LOG_FORMAT", "%q is not json or text", c.LogFormat)
 	}
 	return errors.Join(errs...)
+}
+
+// Distributions lists the values DISTRIBUTION accepts, the names of
+// upstream/hashring's distributions (config does not import it; cmd
+// passes the value through).
+func Distributions() []string {
+	return []string{
+		"ketama", "modula", "consistent", "nginx",
+		"pecl-standard-crc32", "pecl-standard-fnv", "pecl-consistent-crc32", "pecl-consistent-fnv",
+		"pecl-session-standard-crc32", "pecl-session-standard-fnv", "pecl-session-consistent-crc32", "pecl-session-consistent-fnv",
+	}
 }
 
 // describe turns env's aggregate error into one error per variable, each

@@ -75,6 +75,38 @@ func TestLoad(t *testing.T) {
 			env:     map[string]string{"MEMCGATE_LOG_LEVEL": "loud"},
 			wantErr: []string{"MEMCGATE_LOG_LEVEL"},
 		},
+		{
+			name: "pecl/memcache modes",
+			env: map[string]string{"MEMCGATE_DISTRIBUTION": "pecl-session-consistent-fnv", "MEMCGATE_VALUE_CODEC": "pecl-memcache",
+				"MEMCGATE_PECL_COMPRESS_THRESHOLD": "0", "MEMCGATE_PECL_COMPRESS_MIN_SAVINGS": "1"},
+			check: func(c Config) error {
+				if c.Distribution != "pecl-session-consistent-fnv" || c.ValueCodec != "pecl-memcache" || c.PeclCompThreshold != 0 || c.PeclMinSavings != 1 {
+					return fmt.Errorf("got %q %q %d %v", c.Distribution, c.ValueCodec, c.PeclCompThreshold, c.PeclMinSavings)
+				}
+				return nil
+			},
+		},
+		{
+			name: "pecl/memcache defaults",
+			env:  map[string]string{"MEMCGATE_DISTRIBUTION": "consistent"},
+			check: func(c Config) error {
+				if c.PeclCompThreshold != 20000 || c.PeclMinSavings != 0.2 {
+					return fmt.Errorf("PECL_COMPRESS_THRESHOLD, _MIN_SAVINGS = %d, %v; want 20000, 0.2", c.PeclCompThreshold, c.PeclMinSavings)
+				}
+				return nil
+			},
+		},
+		{
+			name:    "unknown distribution lists the known ones",
+			env:     map[string]string{"MEMCGATE_DISTRIBUTION": "pecl-consistent-md5"},
+			wantErr: []string{"MEMCGATE_DISTRIBUTION", `"pecl-consistent-md5" is not one of ketama, modula, consistent, nginx, pecl-standard-crc32`},
+		},
+		{
+			name: "bad pecl/memcache settings",
+			env: map[string]string{"MEMCGATE_VALUE_CODEC": "memcache", "MEMCGATE_PECL_COMPRESS_THRESHOLD": "-1",
+				"MEMCGATE_PECL_COMPRESS_MIN_SAVINGS": "1.5"},
+			wantErr: []string{`"memcache" is not raw, php or pecl-memcache`, "MEMCGATE_PECL_COMPRESS_THRESHOLD", "MEMCGATE_PECL_COMPRESS_MIN_SAVINGS: must be from 0 to 1"},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -18,16 +18,39 @@ const (
 	// the same string (compressed like php-memcached for large values), and
 	// ?flags= are php-memcached's 16-bit user flags.
 	CodecPHP ValueCodec = "php"
+	// CodecPeclMemcache reads and writes values as the older Memcache
+	// extension (pecl/memcache) does: GET decodes its serialized, type and
+	// zlib-compressed flags, PUT writes strings Memcache::get reads back as
+	// the same string (zlib-compressed from its compress_threshold), and
+	// ?flags= are 16 application flags stored in bits 16-31.
+	CodecPeclMemcache ValueCodec = "pecl-memcache"
 )
 
 // PHPOptions configure CodecPHP's writes; the zero value is
 // php-memcached's default (FastLZ from 2000 bytes, kept if 1.3× smaller).
 type PHPOptions = phpvalue.EncodeOptions
 
+// PeclMemcacheOptions configure CodecPeclMemcache's writes; the zero value
+// is pecl/memcache's default (zlib from 20000 bytes, kept if it saves 20%).
+type PeclMemcacheOptions = phpvalue.MemcacheOptions
+
+// compressed reports whether reading a value stored with these flags
+// decompresses it, so that its cost depends on the decompressed size.
+func (c ValueCodec) compressed(flags uint32) bool {
+	switch c {
+	case CodecPHP:
+		return phpvalue.Compressed(flags)
+	case CodecPeclMemcache:
+		return phpvalue.MemcacheCompressed(flags)
+	}
+	return false
+}
+
 // codec reads and writes values as Options.Codec says.
 type codec struct {
 	kind       ValueCodec
 	php        PHPOptions
+	pecl       PeclMemcacheOptions
 	maxDecoded int // the most a decompressed value may grow to
 }
 
@@ -44,10 +67,16 @@ type decoded struct {
 
 // present turns a stored item into what GET serves.
 func (c *codec) present(it op.Item) (decoded, error) {
-	if c.kind != CodecPHP {
+	var v phpvalue.Value
+	var err error
+	switch c.kind {
+	case CodecPHP:
+		v, err = phpvalue.Decode(it.Flags, it.Value, c.maxDecoded)
+	case CodecPeclMemcache:
+		v, err = phpvalue.DecodeMemcache(it.Flags, it.Value, c.maxDecoded)
+	default:
 		return decoded{body: it.Value, contentType: octetStream}, nil
 	}
-	v, err := phpvalue.Decode(it.Flags, it.Value, c.maxDecoded)
 	if err != nil {
 		return decoded{}, &valueError{err}
 	}
@@ -63,25 +92,35 @@ func (c *codec) present(it op.Item) (decoded, error) {
 // stored).
 func codecWrites(v op.Verb) bool { return v == op.Set || v == op.Add || v == op.Replace || v == op.CAS }
 
-// checkCodec refuses now an item prepare would refuse, for a write that
-// is applied later.
+// check refuses now an item prepare would refuse, for a write that is
+// applied later: the typed codecs take 16-bit user flags.
 func (c *codec) check(it *op.Item) error {
-	if c.kind == CodecPHP && it.Flags > 0xffff {
+	if it.Flags <= 0xffff {
+		return nil
+	}
+	switch c.kind {
+	case CodecPHP:
 		return badRequest(fmt.Sprintf("flags %d: with MEMCGATE_VALUE_CODEC=php, flags are php-memcached user flags from 0 to 65535", it.Flags))
+	case CodecPeclMemcache:
+		return badRequest(fmt.Sprintf("flags %d: with MEMCGATE_VALUE_CODEC=pecl-memcache, flags are pecl/memcache application flags from 0 to 65535, stored in bits 16-31", it.Flags))
 	}
 	return nil
 }
 
 // prepare turns a written value into what memcached stores.
 func (c *codec) prepare(it *op.Item) error {
-	if c.kind != CodecPHP {
-		return nil
-	}
 	if err := c.check(it); err != nil {
 		return err
 	}
-	opts := c.php
-	opts.UserFlags = uint16(it.Flags)
-	it.Value, it.Flags = phpvalue.Encode(it.Value, opts)
+	switch c.kind {
+	case CodecPHP:
+		opts := c.php
+		opts.UserFlags = uint16(it.Flags)
+		it.Value, it.Flags = phpvalue.Encode(it.Value, opts)
+	case CodecPeclMemcache:
+		opts := c.pecl
+		opts.UserFlags = uint16(it.Flags)
+		it.Value, it.Flags = phpvalue.EncodeMemcache(it.Value, opts)
+	}
 	return nil
 }

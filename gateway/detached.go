@@ -4,7 +4,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/memcgate/memcgate/gateway/phpvalue"
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
@@ -144,7 +143,7 @@ func (h *handler) newDetachedReq(w http.ResponseWriter, r *http.Request, ctx *re
 // own (see largeValue).
 func (f *detachedReq) done(res op.Result) {
 	if f.finish != nil && res.Err == nil && f.kr.op.Verb == op.Get &&
-		(len(res.Item.Value) >= largeValue || f.h.opts.Codec == CodecPHP && phpvalue.Compressed(res.Item.Flags)) {
+		(len(res.Item.Value) >= largeValue || f.h.opts.Codec.compressed(res.Item.Flags)) {
 		go f.respond(res)
 		return
 	}

@@ -88,7 +88,7 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 	h := &handler{
 		keyParser: keyParser{maxKeyLen: opts.MaxKeyLen, defaultTTL: int32(opts.DefaultTTL / time.Second)},
 		opts:      opts,
-		codec:     &codec{kind: opts.Codec, php: opts.PHP, maxDecoded: int(opts.MaxValueBytes) * 64},
+		codec:     &codec{kind: opts.Codec, php: opts.PHP, pecl: opts.PeclMemcache, maxDecoded: int(opts.MaxValueBytes) * 64},
 		lim:       &limits{lim: limiter{max: int64(opts.MaxRequests)}, budget: opts.Budget, timeout: opts.RequestTimeout},
 		guard:     guard{tokens: opts.Tokens, readOnly: opts.ReadOnly},
 		log:       log,

@@ -104,6 +104,8 @@ type Options struct {
 	Codec ValueCodec
 	// PHP configures CodecPHP's writes.
 	PHP PHPOptions
+	// PeclMemcache configures CodecPeclMemcache's writes.
+	PeclMemcache PeclMemcacheOptions
 	// Budget bounds the bytes held for clients beyond 4 KiB per request:
 	// request bodies as they are read, values read for responses until
 	// they are written, multi-get and batch results, the asynchronous

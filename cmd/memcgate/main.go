@@ -182,6 +182,7 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 		AsyncQueueBytes:       cfg.AsyncQueueMax,
 		Codec:                 gateway.ValueCodec(cfg.ValueCodec),
 		PHP:                   phpOptions(cfg),
+		PeclMemcache:          peclMemcacheOptions(cfg),
 	}
 	if cfg.Detached && cfg.PipelineConns > 0 { // only pipelined connections answer without waiting
 		gopts.Async = cluster
@@ -359,6 +360,20 @@ func phpOptions(cfg config.Config) gateway.PHPOptions {
 		o.Compression = phpvalue.CompressNone
 	default:
 		o.Compression = phpvalue.CompressFastLZ
+	}
+	return o
+}
+
+// peclMemcacheOptions maps the PECL_COMPRESS_* settings onto the codec,
+// whose zero values mean "default": a threshold of 0 (never compress) and
+// savings of 0 (keep any compressed form that fits) become negative.
+func peclMemcacheOptions(cfg config.Config) gateway.PeclMemcacheOptions {
+	o := gateway.PeclMemcacheOptions{Threshold: cfg.PeclCompThreshold, MinSavings: cfg.PeclMinSavings}
+	if o.Threshold == 0 {
+		o.Threshold = -1
+	}
+	if o.MinSavings == 0 {
+		o.MinSavings = -1
 	}
 	return o
 }

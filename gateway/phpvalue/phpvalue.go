@@ -1,8 +1,11 @@
 // Package phpvalue decodes memcached values written by PHP's Memcached
-// extension (php-memcached 3.x) and encodes strings so that the extension
-// reads them back unchanged. It owns the flags layout, the 4-byte length
-// prefix and the FastLZ and zlib compression php-memcached uses; it does no
-// I/O and does not unserialize PHP, igbinary, JSON or msgpack bodies.
+// extension (php-memcached 3.x; Decode) and by the older Memcache extension
+// (pecl/memcache; DecodeMemcache), and encodes strings so that each reads
+// them back unchanged (Encode, EncodeMemcache). It owns both flag layouts,
+// the 4-byte length prefix and the FastLZ and zlib compression they use; it
+// does no I/O and does not unserialize PHP, igbinary, JSON or msgpack
+// bodies. The rest of this comment is about php-memcached; memcache.go
+// describes pecl/memcache's layout.
 //
 // php-memcached splits the 32-bit memcached flags three ways: bits 0-3 hold
 // the value type, bits 4-15 internal flags (0x10 compressed, 0x20 zlib,

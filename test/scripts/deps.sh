@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # deps.sh PROFILE: installs, with apt-get, the Debian packages a make target
 # needs when they are missing. PROFILE is "run" (memcached) or "test"
-# (memcached, php-cli with the curl and memcached extensions, nginx with the
-# memc module and haproxy for the interop and load-balancer tests, and
-# prometheus for promtool, which checks the shipped alert rules).
+# (memcached, php-cli with the curl, memcached and memcache extensions,
+# nginx with the memc module and haproxy for the interop and load-balancer
+# tests, and prometheus for promtool, which checks the shipped alert rules).
 # It fails, never skips, when something cannot be installed.
 set -euo pipefail
 profile=${1:-test}
@@ -13,6 +13,7 @@ if [ "$profile" = test ]; then
   command -v php >/dev/null 2>&1 || need+=(php-cli)
   php -m 2>/dev/null | grep -qx curl || need+=(php-curl)
   php -m 2>/dev/null | grep -qx memcached || need+=(php-memcached)
+  php -m 2>/dev/null | grep -qx memcache || need+=(php-memcache)
   command -v nginx >/dev/null 2>&1 || need+=(nginx)
   [ -e /usr/lib/nginx/modules/ngx_http_memc_module.so ] || need+=(libnginx-mod-http-memc)
   command -v haproxy >/dev/null 2>&1 || need+=(haproxy)

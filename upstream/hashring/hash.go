@@ -15,6 +15,7 @@ import (
 // Constants from libmemcached include/libmemcached-1.0/defaults.h.
 const (
 	ketamaPointsPerServer = 160   // MEMCACHED_POINTS_PER_SERVER_KETAMA
+	consistentPoints      = 100   // MEMCACHED_POINTS_PER_SERVER (non-weighted)
 	ketamaPointsPerHash   = 4     // one MD5 digest gives four points
 	memcachedDefaultPort  = 11211 // MEMCACHED_DEFAULT_PORT
 	nginxPointsPerWeight  = 160   // ngx_http_upstream_init_chash
@@ -151,6 +152,23 @@ func ketamaPoints(members []Member) ([]uint32, []int32) {
 			for _, v := range ketamaDigestPoints(buf) {
 				pts = append(pts, ringPoint{v, int32(i)})
 			}
+		}
+	}
+	slices.SortFunc(pts, byValueThenMember)
+	return split(pts)
+}
+
+// consistentRing builds libmemcached's non-weighted continuum
+// (update_continuum without weighted ketama): 100 points per member, point i
+// being the one-at-a-time hash of the ketama point string "host-i" or
+// "host:port-i", sorted by (value, member index).
+func consistentRing(members []Member) ([]uint32, []int32) {
+	pts := make([]ringPoint, 0, len(members)*consistentPoints)
+	var buf []byte
+	for i, m := range members {
+		for j := range consistentPoints {
+			buf = ketamaPointString(buf[:0], m, j)
+			pts = append(pts, ringPoint{oneAtATime(string(buf)), int32(i)})
 		}
 	}
 	slices.SortFunc(pts, byValueThenMember)

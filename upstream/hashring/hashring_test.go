@@ -18,6 +18,11 @@ func peersMembers(weights ...int) []Member {
 	return ms
 }
 
+// allDistributions returns every Distribution.
+func allDistributions() []Distribution {
+	return append([]Distribution{Ketama, Modula, Nginx, Consistent}, peclDistributions()...)
+}
+
 func mustNew(tb testing.TB, d Distribution, ms []Member) *Ring {
 	tb.Helper()
 	r, err := New(d, ms)
@@ -35,18 +40,21 @@ func TestVectors(t *testing.T) {
 		key                    string
 		md5, oaat              uint32
 		ketama, ketama121, mod int
+		consistent             int // "non-weighted ketama (PHP sessions)"
 	}{
-		{"foo", 3675831724, 596015325, 2, 2, 1},
-		{"bar", 421377335, 2151715081, 2, 2, 2},
-		{"baz", 2768240243, 4290121714, 1, 1, 2},
-		{"user:1", 282964413, 2773942091, 2, 2, 3},
-		{"session:abc", 226189362, 3277896960, 3, 3, 1},
-		{"a", 3111502092, 3392050242, 2, 2, 1},
-		{"hello world?", 2147933553, 665399681, 3, 2, 3},
+		{"foo", 3675831724, 596015325, 2, 2, 1, 2},
+		{"bar", 421377335, 2151715081, 2, 2, 2, 1},
+		{"baz", 2768240243, 4290121714, 1, 1, 2, 2},
+		{"user:1", 282964413, 2773942091, 2, 2, 3, 1},
+		{"session:abc", 226189362, 3277896960, 3, 3, 1, 3},
+		{"a", 3111502092, 3392050242, 2, 2, 1, 1},
+		{"hello world?", 2147933553, 665399681, 3, 2, 3, 1},
 	}
 	ketama := mustNew(t, Ketama, peersMembers())
 	ketama121 := mustNew(t, Ketama, peersMembers(1, 2, 1))
 	modula := mustNew(t, Modula, peersMembers())
+	// Weights do not matter to Consistent.
+	consistent := mustNew(t, Consistent, peersMembers(1, 2, 1))
 	for _, tt := range tests {
 		t.Run(tt.key, func(t *testing.T) {
 			if got := md5KeyHash(tt.key); got != tt.md5 {
@@ -63,6 +71,9 @@ func TestVectors(t *testing.T) {
 			}
 			if got := modula.Owner(tt.key); got != tt.mod-1 {
 				t.Errorf("modula: Owner(%q) = %d, want %d", tt.key, got, tt.mod-1)
+			}
+			if got := consistent.Owner(tt.key); got != tt.consistent-1 {
+				t.Errorf("consistent: Owner(%q) = %d, want %d", tt.key, got, tt.consistent-1)
 			}
 		})
 	}
@@ -138,6 +149,11 @@ func TestNew(t *testing.T) {
 		{"ketama weight 0 is 1", Ketama, peersMembers(0, -3, 1), 480, ""},
 		{"modula", Modula, peersMembers(), 0, ""},
 		{"nginx", Nginx, peersMembers(1, 2, 1), 4 * 160, ""},
+		{"consistent ignores weights", Consistent, peersMembers(1, 2, 1), 300, ""},
+		{"pecl standard", PeclStandardCRC32, peersMembers(1, 2, 1), 0, ""},
+		{"pecl consistent", PeclConsistentFNV, peersMembers(1, 2, 1), 4 * 160, ""},
+		{"pecl session consistent", PeclSessionConsistentCRC32, peersMembers(1, 3, 1), 5 * 160, ""},
+		{"pecl consistent too heavy", PeclConsistentCRC32, peersMembers(1<<20, 1), 0, "hashring: pecl/memcache consistent ring of total weight 1048578 needs more than 16777216 points"},
 		{"no members", Ketama, nil, 0, "hashring: no members"},
 		{"unknown", Distribution("rendezvous"), peersMembers(), 0, `hashring: unknown distribution "rendezvous"`},
 		{"empty distribution", "", peersMembers(), 0, `hashring: unknown distribution ""`},
@@ -291,6 +307,8 @@ func TestRemoveMember(t *testing.T) {
 		{"nginx mixed minus 1", Nginx, mixed, []int{1}},
 		{"nginx mixed minus 4", Nginx, mixed, []int{4}},
 		{"nginx mixed minus 0 and 3", Nginx, mixed, []int{0, 3}},
+		{"consistent mixed minus 1", Consistent, mixed, []int{1}},
+		{"consistent equal 16 minus 3 and 9", Consistent, equal(16), []int{3, 9}},
 	}
 	keys := testKeys(20000, 1)
 	for _, tt := range tests {
@@ -383,7 +401,13 @@ func TestWeightShares(t *testing.T) {
 			{"cache-d", 22122, 2}, {"192.168.7.20", 11211, 5},
 		}, 0.2},
 		{"nginx 1,2,1", Nginx, peersMembers(1, 2, 1), 0.2},
-		{"modula", Modula, peersMembers(1, 2, 1), 0.05}, // weights ignored
+		{"modula", Modula, peersMembers(1, 2, 1), 0.05},        // weights ignored
+		{"consistent", Consistent, peersMembers(1, 2, 1), 0.2}, // weights ignored
+		{"pecl standard crc32 1,2,1", PeclStandardCRC32, peersMembers(1, 2, 1), 0.05},
+		{"pecl standard fnv 1,2,1", PeclStandardFNV, peersMembers(1, 2, 1), 0.05},
+		// No pecl consistent rows: its points hash strings that differ only
+		// in their last digits, which CRC-32 and FNV-1a spread poorly, so
+		// its shares are far from the weights (TestPeclConsistentShares).
 	}
 	keys := testKeys(100000, 3)
 	for _, tt := range tests {
@@ -396,7 +420,7 @@ func TestWeightShares(t *testing.T) {
 			total := float64(totalWeight(tt.ms))
 			for i, c := range counts {
 				want := float64(tt.ms[i].weight()) / total
-				if tt.d == Modula {
+				if tt.d == Modula || tt.d == Consistent {
 					want = 1 / float64(len(tt.ms))
 				}
 				got := float64(c) / float64(len(keys))
@@ -410,7 +434,7 @@ func TestWeightShares(t *testing.T) {
 
 func TestOwnersEachOnce(t *testing.T) {
 	keys := testKeys(300, 4)
-	for _, d := range []Distribution{Ketama, Modula, Nginx} {
+	for _, d := range allDistributions() {
 		for _, n := range []int{1, 2, 3, 16, 64, 65, 130} {
 			t.Run(fmt.Sprintf("%s/%d", d, n), func(t *testing.T) {
 				ms := make([]Member, n)
@@ -489,7 +513,7 @@ func TestOwnersModulaOrder(t *testing.T) {
 
 func TestNoAllocs(t *testing.T) {
 	long := strings.Repeat("k", 250)
-	for _, d := range []Distribution{Ketama, Modula, Nginx} {
+	for _, d := range allDistributions() {
 		for _, n := range []int{3, 64} {
 			r := mustNew(t, d, benchMembers(n))
 			sink := 0
@@ -519,7 +543,8 @@ func FuzzOwners(f *testing.F) {
 	rings := map[string]*Ring{}
 	f.Fuzz(func(t *testing.T, key string, n, d uint8, weights []byte) {
 		ms := make([]Member, 1+int(n)%80)
-		id := []byte{d % 3}
+		dists := allDistributions()
+		id := []byte{d % byte(len(dists))}
 		for i := range ms {
 			w := 1
 			if len(weights) > 0 {
@@ -534,7 +559,7 @@ func FuzzOwners(f *testing.F) {
 			if len(rings) > 512 {
 				clear(rings)
 			}
-			r = mustNew(t, []Distribution{Ketama, Modula, Nginx}[d%3], ms)
+			r = mustNew(t, dists[int(d)%len(dists)], ms)
 			rings[string(id)] = r
 		}
 		mu.Unlock()
@@ -552,7 +577,7 @@ func benchMembers(n int) []Member {
 
 func BenchmarkOwner(b *testing.B) {
 	keys := testKeys(1024, 6)
-	for _, d := range []Distribution{Ketama, Modula, Nginx} {
+	for _, d := range allDistributions() {
 		for _, n := range []int{3, 16, 64} {
 			b.Run(fmt.Sprintf("%s/%d", d, n), func(b *testing.B) {
 				r := mustNew(b, d, benchMembers(n))
@@ -571,7 +596,7 @@ func BenchmarkOwner(b *testing.B) {
 // BenchmarkOwners ranges over all members, the worst case of a failover.
 func BenchmarkOwners(b *testing.B) {
 	keys := testKeys(1024, 7)
-	for _, d := range []Distribution{Ketama, Modula, Nginx} {
+	for _, d := range allDistributions() {
 		for _, n := range []int{3, 16, 64} {
 			b.Run(fmt.Sprintf("%s/%d", d, n), func(b *testing.B) {
 				r := mustNew(b, d, benchMembers(n))
