@@ -252,9 +252,9 @@ func (h *handler) runOp(ctx context.Context, o op.Op, res *batchResult, room *an
 	switch {
 	case r.Err != nil:
 		res.setOutcome(o.Verb, r.Err)
-	case o.Verb == op.Get:
+	case o.Verb.Reply() == op.Items:
 		h.setItem(res, r.Item, room)
-	case o.Verb == op.Incr || o.Verb == op.Decr:
+	case o.Verb.Reply() == op.Number:
 		res.setOutcome(o.Verb, nil)
 		v := strconv.FormatUint(r.N, 10)
 		res.Value = &v

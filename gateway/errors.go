@@ -52,10 +52,10 @@ const statusClientClosed = 499
 // writes whose condition failed, or the error's mapping (errorStatus).
 func outcome(v op.Verb, err error) (status int, msg string, retry bool) {
 	if err == nil {
-		switch v {
-		case op.Get, op.Incr, op.Decr:
+		switch v.Reply() {
+		case op.Items, op.Number:
 			return http.StatusOK, "", false
-		case op.Touch, op.Delete:
+		case op.Touched, op.Deleted:
 			return http.StatusNoContent, "", false
 		}
 		return http.StatusCreated, "", false

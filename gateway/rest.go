@@ -81,9 +81,9 @@ func (h *handler) respond(w http.ResponseWriter, r *http.Request, kr *keyRequest
 	switch {
 	case res.Err != nil:
 		writeStatus(w, status, msg, retry)
-	case v == op.Get:
+	case v.Reply() == op.Items:
 		h.writeItem(w, r, kr.etags, res.Item)
-	case v == op.Incr || v == op.Decr:
+	case v.Reply() == op.Number:
 		body := strconv.FormatUint(res.N, 10)
 		hd := w.Header()
 		hd["Content-Type"] = []string{"text/plain; charset=utf-8"}
