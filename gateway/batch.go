@@ -70,6 +70,20 @@ func (h *handler) multiGet(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if _, ok := q["touch"]; ok {
+		// gat each key: as a batch of gats.
+		exp, err := parseExptime(r.URL.RawQuery, "touch", 0)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		ops := make([]parsedOp, len(keys))
+		for i, k := range keys {
+			ops[i].op = op.Op{Verb: op.GAT, Item: op.Item{Key: k, Expiration: exp}}
+		}
+		h.writeResults(w, r, h.run(r, ops))
+		return
+	}
 	results := make([]batchResult, len(keys))
 	room := h.newAnswerRoom()
 	h.getAll(r, keys, room, func(i int) *batchResult { return &results[i] })
@@ -198,6 +212,13 @@ func (h *handler) batch(w http.ResponseWriter, r *http.Request) {
 		h.batchAsync(w, ops)
 		return
 	}
+	h.writeResults(w, r, h.run(r, ops))
+}
+
+// run runs a batch's operations and returns their results. Operations on
+// the same key run in the order given; different keys run in parallel,
+// the plain reads of keys nothing in the batch writes as one multi-get.
+func (h *handler) run(r *http.Request, ops []parsedOp) []batchResult {
 	results := make([]batchResult, len(ops))
 	written := map[string]bool{}
 	for _, o := range ops {
@@ -241,7 +262,7 @@ func (h *handler) batch(w http.ResponseWriter, r *http.Request) {
 		})
 	}
 	wg.Wait()
-	h.writeResults(w, r, results)
+	return results
 }
 
 // runOp runs one operation and records its result as the single-key

@@ -66,6 +66,12 @@ func query(raw, name string) (string, bool) {
 	return "", false
 }
 
+// hasQuery reports whether the raw query names a parameter name.
+func hasQuery(raw, name string) bool {
+	_, ok := query(raw, name)
+	return ok
+}
+
 // parseExptime reads the query parameter name (exptime, touch) as
 // memcached seconds: 0 never expires, up to 30 days relative, larger
 // values are a Unix time, negative values expire at once. def is the value

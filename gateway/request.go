@@ -29,7 +29,7 @@ const allowed = "GET, HEAD, PUT, DELETE, POST"
 // method, path, query and headers; a value is read from the body after
 // (readBody). The verb:
 //
-//	GET, HEAD   get
+//	GET, HEAD   get; gat with ?touch=<exptime>
 //	PUT         set; add with If-None-Match: *, replace with If-Match: *,
 //	            cas with If-Match: "<cas>"
 //	DELETE      delete
@@ -46,6 +46,12 @@ func (h keyParser) parseKeyRequest(r *http.Request) (keyRequest, error) {
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
 		o.Verb = op.Get
+		if _, ok := query(q, "touch"); ok {
+			o.Verb = op.GAT
+			if o.Item.Expiration, err = parseExptime(q, "touch", 0); err != nil {
+				return kr, err
+			}
+		}
 		kr.etags = r.Header.Get("If-None-Match")
 	case http.MethodPut:
 		if err := h.parseItem(q, &o.Item); err != nil {

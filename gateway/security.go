@@ -110,9 +110,11 @@ func (s Scope) String() string {
 	return "unknown"
 }
 
-// scopeFor is the scope a data-plane request needs.
-func scopeFor(method string) Scope {
-	if method == http.MethodGet || method == http.MethodHead {
+// scopeFor is the scope a data-plane request needs: read to read, write
+// for everything else, a read that also sets the item's expiration
+// (?touch=) included.
+func scopeFor(r *http.Request) Scope {
+	if (r.Method == http.MethodGet || r.Method == http.MethodHead) && !hasQuery(r.URL.RawQuery, "touch") {
 		return ScopeRead
 	}
 	return ScopeWrite
@@ -136,7 +138,7 @@ func (g guard) authorize(next http.Handler) http.Handler {
 // access returns why a data-plane request may not go on (read-only mode,
 // tokens), or nil.
 func (g guard) access(r *http.Request) *requestError {
-	need := scopeFor(r.Method)
+	need := scopeFor(r)
 	if g.readOnly && need == ScopeWrite && r.Method != http.MethodOptions {
 		return &requestError{status: http.StatusForbidden, msg: "read-only mode: writes are disabled (MEMCGATE_READ_ONLY)"}
 	}

@@ -138,7 +138,9 @@ type dataClient interface {
 // bounds the memory of the read itself.
 type pooled struct{ *memcache.Client }
 
-// Do maps o onto gomemcache's methods.
+// Do maps o onto gomemcache's methods. gomemcache has no gat: op.GAT is
+// a get and then a touch, two round trips instead of one, and not atomic
+// (the touch may set the expiration of a value written after the get).
 func (p pooled) Do(o *op.Op, key string) (*memcache.Item, uint64, error) {
 	it := &memcache.Item{Key: key, Value: o.Item.Value, Flags: o.Item.Flags, Expiration: o.Item.Expiration, CasID: o.Item.CAS}
 	var err error
@@ -146,6 +148,11 @@ func (p pooled) Do(o *op.Op, key string) (*memcache.Item, uint64, error) {
 	case op.Get:
 		it, err = p.Get(key)
 		return it, 0, err
+	case op.GAT:
+		if it, err = p.Get(key); err != nil {
+			return nil, 0, err
+		}
+		return it, 0, p.Touch(key, o.Item.Expiration)
 	case op.Set:
 		err = p.Set(it)
 	case op.Add:

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
 func TestClassify(t *testing.T) {
@@ -493,5 +494,33 @@ func TestSetQuietOverUDP(t *testing.T) {
 	st, _ := mc.Stats()
 	if st["cmd_set"] != "102" {
 		t.Errorf("memcached cmd_set = %s, want 102 (101 UDP + 1 TCP)", st["cmd_set"])
+	}
+}
+
+// TestGAT: gat reads the item and sets its expiration in one operation,
+// on pipelined connections and (emulated) on gomemcache's pool alike.
+func TestGAT(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 1)
+	c, _ := newTestCluster(t, mcs, nil)
+	ctx := t.Context()
+	gat := func(key string, exp int32) op.Result {
+		return c.Do(ctx, op.Op{Verb: op.GAT, Item: op.Item{Key: key, Expiration: exp}})
+	}
+	if r := gat("nope", 60); !errors.Is(r.Err, ErrNotFound) {
+		t.Fatalf("gat of a missing key = %v, want ErrNotFound", r.Err)
+	}
+	if err := c.Set(ctx, Item{Key: "g", Value: []byte("v"), Flags: 9, Expiration: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	if r := gat("g", 1000); r.Err != nil || string(r.Item.Value) != "v" || r.Item.Flags != 9 || r.Item.CAS == 0 || r.Item.Key != "g" {
+		t.Fatalf("gat = %+v, want the item", r)
+	}
+	// A negative expiration expires the item at once: the gat that set
+	// it still returns it, the next read misses.
+	if r := gat("g", -1); r.Err != nil || string(r.Item.Value) != "v" {
+		t.Fatalf("gat -1 = %+v, want the item", r)
+	}
+	if _, err := c.Get(ctx, "g"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("get after gat -1 = %v, want ErrNotFound", err)
 	}
 }

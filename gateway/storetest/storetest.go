@@ -63,9 +63,13 @@ func (s *Store) Do(_ context.Context, o op.Op) op.Result {
 	key := o.Item.Key
 	old, found := s.Items[key]
 	switch o.Verb {
-	case op.Get:
+	case op.Get, op.GAT:
 		if !found {
 			return op.Result{Err: upstream.ErrNotFound}
+		}
+		if o.Verb == op.GAT {
+			old.Expiration = o.Item.Expiration
+			s.Items[key] = old
 		}
 		return op.Result{Item: old}
 	case op.Set:

@@ -153,6 +153,11 @@ func TestEndpoints(t *testing.T) {
 		{name: "incr bad delta", method: "POST", path: "/n?op=incr&delta=x", wantStatus: 400},
 		{name: "touch", method: "POST", path: "/n?op=touch&exptime=100", wantStatus: 204},
 		{name: "touch missing", method: "POST", path: "/nocond?op=touch&exptime=1", wantStatus: 404},
+		{name: "gat", method: "GET", path: "/n?touch=100", wantStatus: 200, wantBody: ptr("0 ")}, // memcached pads a decremented value
+		{name: "gat expires at once", method: "GET", path: "/cond?touch=-1", wantStatus: 200, wantBody: ptr("a3z")},
+		{name: "gat expired", method: "GET", path: "/cond", wantStatus: 404},
+		{name: "gat missing", method: "GET", path: "/nocond?touch=1", wantStatus: 404},
+		{name: "cond again", method: "PUT", path: "/cond", body: []byte("a3z"), wantStatus: 201},
 		{name: "delete", method: "DELETE", path: "/n", wantStatus: 204},
 		{name: "delete again", method: "DELETE", path: "/n", wantStatus: 404},
 		{name: "expired at once", method: "PUT", path: "/gone?exptime=-1", body: []byte("x"), wantStatus: 201},

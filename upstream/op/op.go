@@ -24,6 +24,7 @@ type Verb uint8
 // The verbs.
 const (
 	Get     Verb = iota + 1 // the item, with its CAS (gets)
+	GAT                     // get and touch: the item, with a new expiration (gats; memcached 1.5.3+)
 	Set                     // store unconditionally
 	Add                     // store if absent
 	Replace                 // store if present
@@ -68,6 +69,7 @@ type spec struct {
 
 var specs = [numVerbs]spec{
 	Get:     {name: "get", command: "gets", reply: Items},
+	GAT:     {name: "gat", command: "gats", reply: Items, ttl: true},
 	Set:     {name: "set", command: "set", reply: Stored, write: true, value: true, ttl: true},
 	Add:     {name: "add", command: "add", reply: Stored, write: true, value: true, ttl: true},
 	Replace: {name: "replace", command: "replace", reply: Stored, write: true, value: true, ttl: true},
@@ -146,7 +148,7 @@ type Op struct {
 
 // Result is an operation's outcome.
 type Result struct {
-	Item Item   // Get: the item read
+	Item Item   // Get and GAT: the item read
 	N    uint64 // Incr and Decr: the new value
 	// Err is nil on success, else what memcached answered (a miss, a
 	// refusal) or why it could not be asked; the upstream package
@@ -159,6 +161,10 @@ type Result struct {
 func Encode(b []byte, o *Op, key string) []byte {
 	v := o.Verb
 	b = append(b, v.Command()...)
+	if v == GAT { // gats <exptime> <key>
+		b = append(b, ' ')
+		b = strconv.AppendInt(b, int64(o.Item.Expiration), 10)
+	}
 	b = append(b, ' ')
 	b = append(b, key...)
 	switch {

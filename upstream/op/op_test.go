@@ -9,6 +9,7 @@ func TestEncode(t *testing.T) {
 		want string
 	}{
 		{Op{Verb: Get}, "gets k\r\n"},
+		{Op{Verb: GAT, Item: Item{Expiration: 300}}, "gats 300 k\r\n"},
 		{Op{Verb: Set, Item: it}, "set k 7 60 5\r\nhello\r\n"},
 		{Op{Verb: Add, Item: it}, "add k 7 60 5\r\nhello\r\n"},
 		{Op{Verb: Replace, Item: it}, "replace k 7 60 5\r\nhello\r\n"},
