@@ -32,42 +32,42 @@ type Config struct {
 	ListenAddr string `env:"LISTEN_ADDR" envDefault:":8080" help:"data listener (GET/PUT/DELETE/POST /{key})"`
 	AdminAddr  string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9090" help:"admin listener (/metrics /healthz /readyz /debug/nodes /debug/pprof/); loopback only unless you change it"`
 
-	Timeout          time.Duration `env:"TIMEOUT" envDefault:"500ms" help:"per-operation socket timeout to memcached (dial, read, write)"`
-	Keepalive        int           `env:"KEEPALIVE" envDefault:"64" help:"idle keepalive connections kept per node"`
-	MaxConnsPerNode  int           `env:"MAX_CONNS_PER_NODE" envDefault:"64" help:"with PIPELINE_CONNS=0: cap on data connections, and so on in-flight operations, per node; requests beyond it wait"`
-	MaxInFlight      int           `env:"MAX_IN_FLIGHT_PER_NODE" envDefault:"4096" help:"with pipelining: cap on operations in flight per node; requests beyond it wait for a slot on their own goroutine (waiting GETs go out together as multi-key gets)"`
-	PipelineConns    int           `env:"PIPELINE_CONNS" envDefault:"2" help:"pipelined connections per node: operations share them and leave in combined writes (0: one operation per connection, gomemcache's pool of up to MAX_CONNS_PER_NODE)"`
-	BatchGets        bool          `env:"BATCH_GETS" envDefault:"true" help:"when all of a node's connections are busy, send waiting GETs together as one multi-key get (identical keys fetched once); an idle node is never delayed"`
-	MaxAttempts      int           `env:"MAX_ATTEMPTS" envDefault:"2" help:"distinct nodes tried per operation (reads retry on transport errors, writes only when the connection was never made)"`
-	RequestTimeout   time.Duration `env:"REQUEST_TIMEOUT" envDefault:"2s" help:"deadline for all memcached work of one request; keep it >= MAX_ATTEMPTS x TIMEOUT"`
-	MaxValueBytes    int64         `env:"MAX_VALUE_BYTES" envDefault:"1048000" help:"largest value accepted (413 beyond); the default fits memcached's default 1 MiB item with a 250-byte key"`
-	DefaultTTL       time.Duration `env:"DEFAULT_TTL" envDefault:"0s" help:"expiry used when a write has no ?exptime= (0 = never)"`
-	KeyPrefix        string        `env:"KEY_PREFIX" help:"namespace prepended to every key stored in memcached (placement hashes the unprefixed key, like php-memcached OPT_PREFIX_KEY)"`
-	HashWithPrefix   bool          `env:"HASH_WITH_PREFIX" envDefault:"false" help:"hash the prefixed key instead (libmemcached HASH_WITH_PREFIX_KEY)"`
-	ShutdownTimeout  time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"15s" help:"how long in-flight requests may take to finish after the drain delay"`
-	DrainDelay       time.Duration `env:"DRAIN_DELAY" envDefault:"5s" help:"after SIGTERM, /readyz answers 503 for this long before the listener closes, so load balancers stop sending"`
-	FastPath         bool          `env:"FAST_PATH" envDefault:"true" help:"serve simple HTTP/1.x requests on memcgate's own connection loop (gateway/h1) and hand anything else, and every TLS listener, to Go's net/http; false: net/http for everything"`
-	Detached         bool          `env:"DETACHED_RESPONSES" envDefault:"true" help:"with FAST_PATH and PIPELINE_CONNS > 0: GET, HEAD and plain PUT of /{key} are answered by memcached's reply as it is read, with no goroutine waiting per request; false: every request waits for memcached on its own goroutine"`
-	MaxHeaderBytes   int           `env:"MAX_HEADER_BYTES" envDefault:"16384" help:"largest request header block"`
-	ReadHeaderTimout time.Duration `env:"READ_HEADER_TIMEOUT" envDefault:"5s" help:"time allowed to send request headers (slowloris guard)"`
-	ReadTimeout      time.Duration `env:"READ_TIMEOUT" envDefault:"30s" help:"time allowed to read a whole request including its body"`
-	WriteTimeout     time.Duration `env:"WRITE_TIMEOUT" envDefault:"30s" help:"time allowed to write a response"`
-	IdleTimeout      time.Duration `env:"IDLE_TIMEOUT" envDefault:"120s" help:"how long an idle client keepalive connection is kept"`
+	Timeout           time.Duration `env:"TIMEOUT" envDefault:"500ms" help:"per-operation socket timeout to memcached (dial, read, write)"`
+	MaxIdleConns      int           `env:"KEEPALIVE" envDefault:"64" help:"idle keepalive connections kept per node"`
+	MaxConns          int           `env:"MAX_CONNS_PER_NODE" envDefault:"64" help:"with PIPELINE_CONNS=0: cap on data connections, and so on in-flight operations, per node; requests beyond it wait"`
+	MaxInFlight       int           `env:"MAX_IN_FLIGHT_PER_NODE" envDefault:"4096" help:"with pipelining: cap on operations in flight per node; requests beyond it wait for a slot on their own goroutine (waiting GETs go out together as multi-key gets)"`
+	PipelineConns     int           `env:"PIPELINE_CONNS" envDefault:"2" help:"pipelined connections per node: operations share them and leave in combined writes (0: one operation per connection, gomemcache's pool of up to MAX_CONNS_PER_NODE)"`
+	BatchGets         bool          `env:"BATCH_GETS" envDefault:"true" help:"when all of a node's connections are busy, send waiting GETs together as one multi-key get (identical keys fetched once); an idle node is never delayed"`
+	MaxAttempts       int           `env:"MAX_ATTEMPTS" envDefault:"2" help:"distinct nodes tried per operation (reads retry on transport errors, writes only when the connection was never made)"`
+	RequestTimeout    time.Duration `env:"REQUEST_TIMEOUT" envDefault:"2s" help:"deadline for all memcached work of one request; keep it >= MAX_ATTEMPTS x TIMEOUT"`
+	MaxValueBytes     int64         `env:"MAX_VALUE_BYTES" envDefault:"1048000" help:"largest value accepted (413 beyond); the default fits memcached's default 1 MiB item with a 250-byte key"`
+	DefaultTTL        time.Duration `env:"DEFAULT_TTL" envDefault:"0s" help:"expiry used when a write has no ?exptime= (0 = never)"`
+	KeyPrefix         string        `env:"KEY_PREFIX" help:"namespace prepended to every key stored in memcached (placement hashes the unprefixed key, like php-memcached OPT_PREFIX_KEY)"`
+	HashWithPrefix    bool          `env:"HASH_WITH_PREFIX" envDefault:"false" help:"hash the prefixed key instead (libmemcached HASH_WITH_PREFIX_KEY)"`
+	ShutdownTimeout   time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"15s" help:"how long in-flight requests may take to finish after the drain delay"`
+	DrainDelay        time.Duration `env:"DRAIN_DELAY" envDefault:"5s" help:"after SIGTERM, /readyz answers 503 for this long before the listener closes, so load balancers stop sending"`
+	FastPath          bool          `env:"FAST_PATH" envDefault:"true" help:"serve simple HTTP/1.x requests on memcgate's own connection loop (gateway/h1) and hand anything else, and every TLS listener, to Go's net/http; false: net/http for everything"`
+	DetachedResponses bool          `env:"DETACHED_RESPONSES" envDefault:"true" help:"with FAST_PATH and PIPELINE_CONNS > 0: GET, HEAD and plain PUT of /{key} are answered by memcached's reply as it is read, with no goroutine waiting per request; false: every request waits for memcached on its own goroutine"`
+	MaxHeaderBytes    int           `env:"MAX_HEADER_BYTES" envDefault:"16384" help:"largest request header block"`
+	ReadHeaderTimeout time.Duration `env:"READ_HEADER_TIMEOUT" envDefault:"5s" help:"time allowed to send request headers (slowloris guard)"`
+	ReadTimeout       time.Duration `env:"READ_TIMEOUT" envDefault:"30s" help:"time allowed to read a whole request including its body"`
+	WriteTimeout      time.Duration `env:"WRITE_TIMEOUT" envDefault:"30s" help:"time allowed to write a response"`
+	IdleTimeout       time.Duration `env:"IDLE_TIMEOUT" envDefault:"120s" help:"how long an idle client keepalive connection is kept"`
 
-	HealthInterval time.Duration `env:"HEALTH_INTERVAL" envDefault:"1s" help:"active probe (memcached version) interval per node"`
-	HealthTimeout  time.Duration `env:"HEALTH_TIMEOUT" envDefault:"300ms" help:"timeout of one probe"`
-	HealthFall     int           `env:"HEALTH_FALL" envDefault:"2" help:"consecutive failed probes that mark a node down"`
-	HealthRise     int           `env:"HEALTH_RISE" envDefault:"2" help:"consecutive passed probes that bring a node back"`
-	PassiveFails   int           `env:"PASSIVE_FAILS" envDefault:"3" help:"consecutive data-path timeouts that eject a node (refused/reset connections eject at once; 0 turns passive ejection off)"`
-	Failover       string        `env:"FAILOVER" envDefault:"rehash" help:"what happens to a down node's keys: rehash (next live node on the ring; no other key moves) or fail (fast 503, the ring stays)"`
-	FailoverTTL    time.Duration `env:"FAILOVER_TTL" envDefault:"60s" help:"expiry cap for writes that land on a node other than the key's owner, so stale copies age out once the owner is back (0 = no cap)"`
-	ReadmitFlush   bool          `env:"READMIT_FLUSH" envDefault:"false" help:"flush_all a node before re-admitting it, so it cannot serve values older than its failover successors got"`
-	MaxEjectedPct  int           `env:"MAX_EJECTED_PERCENT" envDefault:"50" help:"most nodes (percent, at least one) that passive ejection may hold down at once; probes are not capped"`
-	PanicPct       int           `env:"PANIC_PERCENT" envDefault:"0" help:"while fewer than this percent of nodes are up (but some), route as if all were up (Envoy's panic threshold); 0 = off"`
-	ReadyMinUpPct  int           `env:"READY_MIN_UP_PERCENT" envDefault:"0" help:"/readyz needs at least this percent of nodes up (and always at least one)"`
-	FlapWindow     time.Duration `env:"FLAP_WINDOW" envDefault:"60s" help:"an ejection this soon after a re-admission counts as a flap"`
-	FlapBackoff    time.Duration `env:"FLAP_BACKOFF" envDefault:"5s" help:"after a flap, probe passes count only after this hold-down, doubled per further flap"`
-	FlapBackoffMax time.Duration `env:"FLAP_BACKOFF_MAX" envDefault:"2m" help:"cap of the flap hold-down (plus up to 50% jitter)"`
+	HealthInterval    time.Duration `env:"HEALTH_INTERVAL" envDefault:"1s" help:"active probe (memcached version) interval per node"`
+	HealthTimeout     time.Duration `env:"HEALTH_TIMEOUT" envDefault:"300ms" help:"timeout of one probe"`
+	Fall              int           `env:"HEALTH_FALL" envDefault:"2" help:"consecutive failed probes that mark a node down"`
+	Rise              int           `env:"HEALTH_RISE" envDefault:"2" help:"consecutive passed probes that bring a node back"`
+	PassiveFails      int           `env:"PASSIVE_FAILS" envDefault:"3" help:"consecutive data-path timeouts that eject a node (refused/reset connections eject at once; 0 turns passive ejection off)"`
+	Failover          string        `env:"FAILOVER" envDefault:"rehash" help:"what happens to a down node's keys: rehash (next live node on the ring; no other key moves) or fail (fast 503, the ring stays)"`
+	FailoverTTL       time.Duration `env:"FAILOVER_TTL" envDefault:"60s" help:"expiry cap for writes that land on a node other than the key's owner, so stale copies age out once the owner is back (0 = no cap)"`
+	ReadmitFlush      bool          `env:"READMIT_FLUSH" envDefault:"false" help:"flush_all a node before re-admitting it, so it cannot serve values older than its failover successors got"`
+	MaxEjectedPercent int           `env:"MAX_EJECTED_PERCENT" envDefault:"50" help:"most nodes (percent, at least one) that passive ejection may hold down at once; probes are not capped"`
+	PanicPercent      int           `env:"PANIC_PERCENT" envDefault:"0" help:"while fewer than this percent of nodes are up (but some), route as if all were up (Envoy's panic threshold); 0 = off"`
+	ReadyMinUpPercent int           `env:"READY_MIN_UP_PERCENT" envDefault:"0" help:"/readyz needs at least this percent of nodes up (and always at least one)"`
+	FlapWindow        time.Duration `env:"FLAP_WINDOW" envDefault:"60s" help:"an ejection this soon after a re-admission counts as a flap"`
+	FlapBackoff       time.Duration `env:"FLAP_BACKOFF" envDefault:"5s" help:"after a flap, probe passes count only after this hold-down, doubled per further flap"`
+	FlapBackoffMax    time.Duration `env:"FLAP_BACKOFF_MAX" envDefault:"2m" help:"cap of the flap hold-down (plus up to 50% jitter)"`
 
 	AuthTokens     string `env:"AUTH_TOKENS" help:"bearer tokens, scopes:token separated by commas, scopes read, write, admin joined by + (e.g. read:abc…,read+write:def…); empty = no authentication"`
 	AuthTokensFile string `env:"AUTH_TOKENS_FILE" help:"file with more scopes:token entries, one per line (# comments); keeps secrets out of the environment"`
@@ -88,24 +88,24 @@ type Config struct {
 	UpstreamTLSKey     string `env:"UPSTREAM_TLS_KEY_FILE" help:"PEM client key"`
 	UpstreamTLSNoCheck bool   `env:"UPSTREAM_TLS_INSECURE_SKIP_VERIFY" envDefault:"false" help:"do not verify memcached certificates (testing only)"`
 
-	BatchMaxOps   int    `env:"BATCH_MAX_OPS" envDefault:"1000" help:"most operations in one POST / batch, and keys in one multi-get (400 beyond)"`
-	BatchMaxBytes int64  `env:"BATCH_MAX_BYTES" envDefault:"16777216" help:"largest POST / batch body (413 beyond)"`
-	BatchMaxResp  int64  `env:"BATCH_MAX_RESPONSE_BYTES" envDefault:"16777216" help:"values one multi-get or batch answer may carry; keys whose values do not fit answer 507 (read them on their own)"`
-	AsyncQueue    int    `env:"ASYNC_QUEUE" envDefault:"10000" help:"writes accepted with Prefer: respond-async and not yet applied; when full, 503"`
-	AsyncQueueMax int64  `env:"ASYNC_QUEUE_BYTES" envDefault:"16777216" help:"value bytes of writes accepted with Prefer: respond-async and not yet applied; when full, 503"`
-	AsyncWorkers  int    `env:"ASYNC_WORKERS" envDefault:"64" help:"goroutines applying asynchronous writes (writes to one key stay in order)"`
-	UDPPorts      string `env:"UDP_PORTS" help:"memcached UDP ports for fire-and-forget async sets, server=port separated by commas, server as in SERVERS (e.g. 10.0.0.1:11211=11213); off when empty"`
+	BatchMaxOps           int    `env:"BATCH_MAX_OPS" envDefault:"1000" help:"most operations in one POST / batch, and keys in one multi-get (400 beyond)"`
+	BatchMaxBytes         int64  `env:"BATCH_MAX_BYTES" envDefault:"16777216" help:"largest POST / batch body (413 beyond)"`
+	BatchMaxResponseBytes int64  `env:"BATCH_MAX_RESPONSE_BYTES" envDefault:"16777216" help:"values one multi-get or batch answer may carry; keys whose values do not fit answer 507 (read them on their own)"`
+	AsyncQueue            int    `env:"ASYNC_QUEUE" envDefault:"10000" help:"writes accepted with Prefer: respond-async and not yet applied; when full, 503"`
+	AsyncQueueBytes       int64  `env:"ASYNC_QUEUE_BYTES" envDefault:"16777216" help:"value bytes of writes accepted with Prefer: respond-async and not yet applied; when full, 503"`
+	AsyncWorkers          int    `env:"ASYNC_WORKERS" envDefault:"64" help:"goroutines applying asynchronous writes (writes to one key stay in order)"`
+	UDPPorts              string `env:"UDP_PORTS" help:"memcached UDP ports for fire-and-forget async sets, server=port separated by commas, server as in SERVERS (e.g. 10.0.0.1:11211=11213); off when empty"`
 
 	// Memc configures the HttpMemcModule-compatible endpoints (config/memc.go).
 	Memc Memc `envPrefix:"MEMC_"`
 
-	ValueCodec       string  `env:"VALUE_CODEC" envDefault:"raw" help:"raw (bodies stored as sent, ?flags= are memcached flags), php (values read and written like php-memcached: types decoded, FastLZ/zlib decompressed, large strings compressed, ?flags= are its user flags) or pecl-memcache (the same for pecl/memcache's Memcache class: its types and zlib compression, ?flags= go to bits 16-31)"`
-	PHPCompression   string  `env:"PHP_COMPRESSION" envDefault:"fastlz" help:"with VALUE_CODEC=php: fastlz (php-memcached's default), zlib or none, for strings from PHP_COMPRESSION_THRESHOLD bytes"`
-	PHPCompThreshold int     `env:"PHP_COMPRESSION_THRESHOLD" envDefault:"2000" help:"with VALUE_CODEC=php: compress strings of at least this many bytes (memcached.compression_threshold)"`
-	PHPCompFactor    float64 `env:"PHP_COMPRESSION_FACTOR" envDefault:"1.3" help:"with VALUE_CODEC=php: keep the compressed form only if it is this many times smaller (memcached.compression_factor)"`
+	ValueCodec              string  `env:"VALUE_CODEC" envDefault:"raw" help:"raw (bodies stored as sent, ?flags= are memcached flags), php (values read and written like php-memcached: types decoded, FastLZ/zlib decompressed, large strings compressed, ?flags= are its user flags) or pecl-memcache (the same for pecl/memcache's Memcache class: its types and zlib compression, ?flags= go to bits 16-31)"`
+	PHPCompression          string  `env:"PHP_COMPRESSION" envDefault:"fastlz" help:"with VALUE_CODEC=php: fastlz (php-memcached's default), zlib or none, for strings from PHP_COMPRESSION_THRESHOLD bytes"`
+	PHPCompressionThreshold int     `env:"PHP_COMPRESSION_THRESHOLD" envDefault:"2000" help:"with VALUE_CODEC=php: compress strings of at least this many bytes (memcached.compression_threshold)"`
+	PHPCompressionFactor    float64 `env:"PHP_COMPRESSION_FACTOR" envDefault:"1.3" help:"with VALUE_CODEC=php: keep the compressed form only if it is this many times smaller (memcached.compression_factor)"`
 
-	PeclCompThreshold int     `env:"PECL_COMPRESS_THRESHOLD" envDefault:"20000" help:"with VALUE_CODEC=pecl-memcache: zlib-compress strings of at least this many bytes (memcache.compress_threshold, Memcache::setCompressThreshold); 0 never compresses"`
-	PeclMinSavings    float64 `env:"PECL_COMPRESS_MIN_SAVINGS" envDefault:"0.2" help:"with VALUE_CODEC=pecl-memcache: keep the compressed form only if it saves at least this fraction (setCompressThreshold's min_savings, 0 to 1)"`
+	PeclCompressThreshold  int     `env:"PECL_COMPRESS_THRESHOLD" envDefault:"20000" help:"with VALUE_CODEC=pecl-memcache: zlib-compress strings of at least this many bytes (memcache.compress_threshold, Memcache::setCompressThreshold); 0 never compresses"`
+	PeclCompressMinSavings float64 `env:"PECL_COMPRESS_MIN_SAVINGS" envDefault:"0.2" help:"with VALUE_CODEC=pecl-memcache: keep the compressed form only if it saves at least this fraction (setCompressThreshold's min_savings, 0 to 1)"`
 
 	AccessLog bool   `env:"ACCESS_LOG" envDefault:"true" help:"one log line per request (never values; keys only at debug level)"`
 	LogLevel  string `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
@@ -263,7 +263,7 @@ func (c Config) Validate() error {
 	}{
 		{"TIMEOUT", c.Timeout}, {"REQUEST_TIMEOUT", c.RequestTimeout},
 		{"HEALTH_INTERVAL", c.HealthInterval}, {"HEALTH_TIMEOUT", c.HealthTimeout},
-		{"READ_HEADER_TIMEOUT", c.ReadHeaderTimout}, {"READ_TIMEOUT", c.ReadTimeout},
+		{"READ_HEADER_TIMEOUT", c.ReadHeaderTimeout}, {"READ_TIMEOUT", c.ReadTimeout},
 		{"WRITE_TIMEOUT", c.WriteTimeout}, {"IDLE_TIMEOUT", c.IdleTimeout},
 	}
 	for _, p := range positive {
@@ -287,10 +287,10 @@ func (c Config) Validate() error {
 		name   string
 		v, min int
 	}{
-		{"KEEPALIVE", c.Keepalive, 0}, {"MAX_CONNS_PER_NODE", c.MaxConnsPerNode, 1}, {"PIPELINE_CONNS", c.PipelineConns, 0},
+		{"KEEPALIVE", c.MaxIdleConns, 0}, {"MAX_CONNS_PER_NODE", c.MaxConns, 1}, {"PIPELINE_CONNS", c.PipelineConns, 0},
 		{"MAX_IN_FLIGHT_PER_NODE", c.MaxInFlight, 1},
-		{"MAX_ATTEMPTS", c.MaxAttempts, 1}, {"HEALTH_FALL", c.HealthFall, 1},
-		{"HEALTH_RISE", c.HealthRise, 1}, {"PASSIVE_FAILS", c.PassiveFails, 0},
+		{"MAX_ATTEMPTS", c.MaxAttempts, 1}, {"HEALTH_FALL", c.Fall, 1},
+		{"HEALTH_RISE", c.Rise, 1}, {"PASSIVE_FAILS", c.PassiveFails, 0},
 		{"MAX_HEADER_BYTES", c.MaxHeaderBytes, 1024},
 	}
 	for _, a := range atLeast {
@@ -318,7 +318,7 @@ func (c Config) Validate() error {
 	for _, p := range []struct {
 		name   string
 		v, min int
-	}{{"MAX_EJECTED_PERCENT", c.MaxEjectedPct, 1}, {"PANIC_PERCENT", c.PanicPct, 0}, {"READY_MIN_UP_PERCENT", c.ReadyMinUpPct, 0}} {
+	}{{"MAX_EJECTED_PERCENT", c.MaxEjectedPercent, 1}, {"PANIC_PERCENT", c.PanicPercent, 0}, {"READY_MIN_UP_PERCENT", c.ReadyMinUpPercent, 0}} {
 		if p.v < p.min || p.v > 100 {
 			bad(p.name, "must be a percentage from %d to 100, got %d", p.min, p.v)
 		}
@@ -347,8 +347,8 @@ func (c Config) Validate() error {
 	for _, p := range []struct {
 		name string
 		v    int64
-	}{{"BATCH_MAX_OPS", int64(c.BatchMaxOps)}, {"BATCH_MAX_BYTES", c.BatchMaxBytes}, {"BATCH_MAX_RESPONSE_BYTES", c.BatchMaxResp},
-		{"ASYNC_QUEUE", int64(c.AsyncQueue)}, {"ASYNC_QUEUE_BYTES", c.AsyncQueueMax}, {"ASYNC_WORKERS", int64(c.AsyncWorkers)}} {
+	}{{"BATCH_MAX_OPS", int64(c.BatchMaxOps)}, {"BATCH_MAX_BYTES", c.BatchMaxBytes}, {"BATCH_MAX_RESPONSE_BYTES", c.BatchMaxResponseBytes},
+		{"ASYNC_QUEUE", int64(c.AsyncQueue)}, {"ASYNC_QUEUE_BYTES", c.AsyncQueueBytes}, {"ASYNC_WORKERS", int64(c.AsyncWorkers)}} {
 		if p.v < 1 {
 			bad(p.name, "must be at least 1, got %d", p.v)
 		}
@@ -381,17 +381,17 @@ func (c Config) Validate() error {
 	default:
 		bad("PHP_COMPRESSION", "%q is not fastlz, zlib or none", c.PHPCompression)
 	}
-	if c.PHPCompThreshold < 1 {
-		bad("PHP_COMPRESSION_THRESHOLD", "must be at least 1, got %d", c.PHPCompThreshold)
+	if c.PHPCompressionThreshold < 1 {
+		bad("PHP_COMPRESSION_THRESHOLD", "must be at least 1, got %d", c.PHPCompressionThreshold)
 	}
-	if !(c.PHPCompFactor >= 1) {
-		bad("PHP_COMPRESSION_FACTOR", "must be at least 1, got %v", c.PHPCompFactor)
+	if !(c.PHPCompressionFactor >= 1) {
+		bad("PHP_COMPRESSION_FACTOR", "must be at least 1, got %v", c.PHPCompressionFactor)
 	}
-	if c.PeclCompThreshold < 0 {
-		bad("PECL_COMPRESS_THRESHOLD", "must not be negative, got %d", c.PeclCompThreshold)
+	if c.PeclCompressThreshold < 0 {
+		bad("PECL_COMPRESS_THRESHOLD", "must not be negative, got %d", c.PeclCompressThreshold)
 	}
-	if !(c.PeclMinSavings >= 0 && c.PeclMinSavings <= 1) {
-		bad("PECL_COMPRESS_MIN_SAVINGS", "must be from 0 to 1, got %v", c.PeclMinSavings)
+	if !(c.PeclCompressMinSavings >= 0 && c.PeclCompressMinSavings <= 1) {
+		bad("PECL_COMPRESS_MIN_SAVINGS", "must be from 0 to 1, got %v", c.PeclCompressMinSavings)
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

@@ -16,7 +16,7 @@ func TestLoadDefaults(t *testing.T) {
 	if got, want := c.ListenAddr, ":8080"; got != want {
 		t.Errorf("ListenAddr = %q, want %q", got, want)
 	}
-	if got, want := c.MaxConnsPerNode, 64; got != want {
+	if got, want := c.MaxConns, 64; got != want {
 		t.Errorf("MaxConnsPerNode = %d, want %d", got, want)
 	}
 	if got, want := c.Servers, []Server{{"127.0.0.1", 11211, 1}}; fmt.Sprint(got) != fmt.Sprint(want) {
@@ -80,8 +80,8 @@ func TestLoad(t *testing.T) {
 			env: map[string]string{"MEMCGATE_DISTRIBUTION": "pecl-session-consistent-fnv", "MEMCGATE_VALUE_CODEC": "pecl-memcache",
 				"MEMCGATE_PECL_COMPRESS_THRESHOLD": "0", "MEMCGATE_PECL_COMPRESS_MIN_SAVINGS": "1"},
 			check: func(c Config) error {
-				if c.Distribution != "pecl-session-consistent-fnv" || c.ValueCodec != "pecl-memcache" || c.PeclCompThreshold != 0 || c.PeclMinSavings != 1 {
-					return fmt.Errorf("got %q %q %d %v", c.Distribution, c.ValueCodec, c.PeclCompThreshold, c.PeclMinSavings)
+				if c.Distribution != "pecl-session-consistent-fnv" || c.ValueCodec != "pecl-memcache" || c.PeclCompressThreshold != 0 || c.PeclCompressMinSavings != 1 {
+					return fmt.Errorf("got %q %q %d %v", c.Distribution, c.ValueCodec, c.PeclCompressThreshold, c.PeclCompressMinSavings)
 				}
 				return nil
 			},
@@ -90,8 +90,8 @@ func TestLoad(t *testing.T) {
 			name: "pecl/memcache defaults",
 			env:  map[string]string{"MEMCGATE_DISTRIBUTION": "consistent"},
 			check: func(c Config) error {
-				if c.PeclCompThreshold != 20000 || c.PeclMinSavings != 0.2 {
-					return fmt.Errorf("PECL_COMPRESS_THRESHOLD, _MIN_SAVINGS = %d, %v; want 20000, 0.2", c.PeclCompThreshold, c.PeclMinSavings)
+				if c.PeclCompressThreshold != 20000 || c.PeclCompressMinSavings != 0.2 {
+					return fmt.Errorf("PECL_COMPRESS_THRESHOLD, _MIN_SAVINGS = %d, %v; want 20000, 0.2", c.PeclCompressThreshold, c.PeclCompressMinSavings)
 				}
 				return nil
 			},
@@ -204,7 +204,7 @@ func ExampleLoad() {
 		fmt.Println(err)
 		return
 	}
-	fmt.Println(c.Servers, c.MaxConnsPerNode, c.Distribution)
+	fmt.Println(c.Servers, c.MaxConns, c.Distribution)
 	// Output: [mc-0.mc:11211 mc-1.mc:11211 mc-2.mc:11211:2] 32 ketama
 }
 

@@ -129,6 +129,13 @@ type Options struct {
 	Quiet QuietSetter
 }
 
+// WithDefaults returns o with every zero field that has a default set to
+// it, as New uses it.
+func (o Options) WithDefaults() Options {
+	o.withDefaults()
+	return o
+}
+
 func (o *Options) withDefaults() {
 	if o.MaxKeyLen <= 0 || o.MaxKeyLen > MaxKeyLen {
 		o.MaxKeyLen = MaxKeyLen

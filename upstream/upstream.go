@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/memcgate/memcgate/upstream/hashring"
+	"github.com/memcgate/memcgate/upstream/mcpipe"
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
@@ -85,7 +86,7 @@ type Options struct {
 	// HashWithPrefix places keys by the prefixed key. By default the
 	// unprefixed key is hashed, as php-memcached does with OPT_PREFIX_KEY.
 	HashWithPrefix bool
-	Timeout        time.Duration // socket dial/read/write timeout per operation; if zero, 500ms
+	Timeout        time.Duration // socket dial/read/write timeout per operation; if zero, mcpipe.DefaultTimeout (500ms)
 	MaxIdleConns   int           // idle keepalive connections per node without pipelining; if zero, 64
 	MaxConns       int           // without pipelining: connections, and so operations in flight, per node; if zero, 64
 	// PipelineConns, if positive, sends each node's operations over that
@@ -112,12 +113,19 @@ type Options struct {
 	Dialer func(ctx context.Context, network, address string) (net.Conn, error)
 }
 
+// WithDefaults returns o with every zero field that has a default set to
+// it, as New uses it.
+func (o Options) WithDefaults() Options {
+	o.withDefaults()
+	return o
+}
+
 func (o *Options) withDefaults() {
 	if o.Distribution == "" {
 		o.Distribution = hashring.Ketama
 	}
 	if o.Timeout <= 0 {
-		o.Timeout = 500 * time.Millisecond
+		o.Timeout = mcpipe.DefaultTimeout
 	}
 	if o.MaxIdleConns <= 0 {
 		o.MaxIdleConns = 64

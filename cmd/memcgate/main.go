@@ -106,8 +106,8 @@ func upstreamOptions(cfg config.Config) upstream.Options {
 		KeyPrefix:      cfg.KeyPrefix,
 		HashWithPrefix: cfg.HashWithPrefix,
 		Timeout:        cfg.Timeout,
-		MaxIdleConns:   cfg.Keepalive,
-		MaxConns:       cfg.MaxConnsPerNode,
+		MaxIdleConns:   cfg.MaxIdleConns,
+		MaxConns:       cfg.MaxConns,
 		PipelineConns:  cfg.PipelineConns,
 		MaxInFlight:    cfg.MaxInFlight,
 		MaxAttempts:    cfg.MaxAttempts,
@@ -117,17 +117,41 @@ func upstreamOptions(cfg config.Config) upstream.Options {
 		Health: upstream.HealthOptions{
 			Interval:          cfg.HealthInterval,
 			Timeout:           cfg.HealthTimeout,
-			Fall:              cfg.HealthFall,
-			Rise:              cfg.HealthRise,
+			Fall:              cfg.Fall,
+			Rise:              cfg.Rise,
 			PassiveFails:      cfg.PassiveFails,
-			MaxEjectedPercent: cfg.MaxEjectedPct,
-			PanicPercent:      cfg.PanicPct,
-			ReadyMinUpPercent: cfg.ReadyMinUpPct,
+			MaxEjectedPercent: cfg.MaxEjectedPercent,
+			PanicPercent:      cfg.PanicPercent,
+			ReadyMinUpPercent: cfg.ReadyMinUpPercent,
 			FlapWindow:        cfg.FlapWindow,
 			FlapBackoff:       cfg.FlapBackoff,
 			FlapBackoffMax:    cfg.FlapBackoffMax,
 			ReadmitFlush:      cfg.ReadmitFlush,
 		},
+	}
+}
+
+// gatewayOptions maps the configuration onto the gateway's options but
+// for what serve makes at run time (routes, tokens, budget, log writer,
+// the Store's capabilities); the only place that knows both.
+func gatewayOptions(cfg config.Config) gateway.Options {
+	return gateway.Options{
+		MaxKeyLen:             gateway.MaxKeyLen - len(cfg.KeyPrefix),
+		MaxValueBytes:         cfg.MaxValueBytes,
+		DefaultTTL:            cfg.DefaultTTL,
+		RequestTimeout:        cfg.RequestTimeout,
+		AccessLog:             cfg.AccessLog,
+		ReadOnly:              cfg.ReadOnly,
+		MaxRequests:           cfg.MaxRequests,
+		BatchMaxOps:           cfg.BatchMaxOps,
+		BatchMaxBytes:         cfg.BatchMaxBytes,
+		AsyncQueue:            cfg.AsyncQueue,
+		AsyncWorkers:          cfg.AsyncWorkers,
+		BatchMaxResponseBytes: cfg.BatchMaxResponseBytes,
+		AsyncQueueBytes:       cfg.AsyncQueueBytes,
+		Codec:                 gateway.ValueCodec(cfg.ValueCodec),
+		PHP:                   phpOptions(cfg),
+		PeclMemcache:          peclMemcacheOptions(cfg),
 	}
 }
 
@@ -162,29 +186,9 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 	defer cluster.Close()
 
 	var draining atomic.Bool
-	gopts := gateway.Options{
-		MaxKeyLen:             gateway.MaxKeyLen - len(cfg.KeyPrefix),
-		MaxValueBytes:         cfg.MaxValueBytes,
-		DefaultTTL:            cfg.DefaultTTL,
-		RequestTimeout:        cfg.RequestTimeout,
-		AccessLog:             cfg.AccessLog,
-		AccessLogJSON:         accessJSON,
-		Routes:                memcRoutes(cfg, cluster, sec.tokens),
-		Tokens:                sec.tokens,
-		ReadOnly:              cfg.ReadOnly,
-		MaxRequests:           cfg.MaxRequests,
-		BatchMaxOps:           cfg.BatchMaxOps,
-		BatchMaxBytes:         cfg.BatchMaxBytes,
-		AsyncQueue:            cfg.AsyncQueue,
-		AsyncWorkers:          cfg.AsyncWorkers,
-		Budget:                buffered,
-		BatchMaxResponseBytes: cfg.BatchMaxResp,
-		AsyncQueueBytes:       cfg.AsyncQueueMax,
-		Codec:                 gateway.ValueCodec(cfg.ValueCodec),
-		PHP:                   phpOptions(cfg),
-		PeclMemcache:          peclMemcacheOptions(cfg),
-	}
-	if cfg.Detached && cfg.PipelineConns > 0 { // only pipelined connections answer without waiting
+	gopts := gatewayOptions(cfg)
+	gopts.AccessLogJSON, gopts.Routes, gopts.Tokens, gopts.Budget = accessJSON, memcRoutes(cfg, cluster, sec.tokens), sec.tokens, buffered
+	if cfg.DetachedResponses && cfg.PipelineConns > 0 { // only pipelined connections answer without waiting
 		gopts.Async = cluster
 	}
 	if cfg.UDPPorts != "" {
@@ -193,7 +197,7 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 	handler := gateway.NewHandler(cluster, log, reg, gopts)
 	std := &http.Server{
 		Handler:           handler,
-		ReadHeaderTimeout: cfg.ReadHeaderTimout,
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		ReadTimeout:       cfg.ReadTimeout,
 		WriteTimeout:      cfg.WriteTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
@@ -352,7 +356,7 @@ func healthcheck(ctx context.Context, environ map[string]string, args []string) 
 
 // phpOptions maps the PHP_COMPRESSION* settings onto the codec.
 func phpOptions(cfg config.Config) gateway.PHPOptions {
-	o := gateway.PHPOptions{Threshold: cfg.PHPCompThreshold, Factor: cfg.PHPCompFactor}
+	o := gateway.PHPOptions{Threshold: cfg.PHPCompressionThreshold, Factor: cfg.PHPCompressionFactor}
 	switch cfg.PHPCompression {
 	case "zlib":
 		o.Compression = phpvalue.CompressZlib
@@ -368,7 +372,7 @@ func phpOptions(cfg config.Config) gateway.PHPOptions {
 // whose zero values mean "default": a threshold of 0 (never compress) and
 // savings of 0 (keep any compressed form that fits) become negative.
 func peclMemcacheOptions(cfg config.Config) gateway.PeclMemcacheOptions {
-	o := gateway.PeclMemcacheOptions{Threshold: cfg.PeclCompThreshold, MinSavings: cfg.PeclMinSavings}
+	o := gateway.PeclMemcacheOptions{Threshold: cfg.PeclCompressThreshold, MinSavings: cfg.PeclCompressMinSavings}
 	if o.Threshold == 0 {
 		o.Threshold = -1
 	}

@@ -324,7 +324,7 @@ func TestKubernetes(t *testing.T) {
 		maxConns, _ := strconv.Atoi(args[i+1])
 		perGateway := cfg.PipelineConns + 1 // data connections + the health probe's
 		if cfg.PipelineConns == 0 {
-			perGateway = cfg.MaxConnsPerNode + 1
+			perGateway = cfg.MaxConns + 1
 		}
 		if need := hpa.MaxReplicas * perGateway; maxConns < need {
 			t.Errorf("memcached -c %d < HPA maxReplicas x %d connections per gateway = %d", maxConns, perGateway, need)

@@ -27,6 +27,9 @@ import (
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
+// DefaultTimeout is Options.Timeout when zero: gomemcache's default.
+const DefaultTimeout = 500 * time.Millisecond
+
 // Options configures a Client.
 type Options struct {
 	// Dial opens one connection to the server.
@@ -36,8 +39,8 @@ type Options struct {
 	Conns int
 	// Timeout bounds dialling, each write, and the wait for the next
 	// reply while requests are outstanding (from the last reply, rounded
-	// down by up to an eighth to spare timer updates); if zero, 500ms
-	// (gomemcache's default).
+	// down by up to an eighth to spare timer updates); if zero,
+	// DefaultTimeout.
 	Timeout time.Duration
 }
 
@@ -67,7 +70,7 @@ func New(o Options) *Client {
 		o.Conns = 1
 	}
 	if o.Timeout <= 0 {
-		o.Timeout = 500 * time.Millisecond
+		o.Timeout = DefaultTimeout
 	}
 	return &Client{dial: o.Dial, timeout: o.Timeout, slots: make([]slot, o.Conns)}
 }
