@@ -187,7 +187,8 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 
 	var draining atomic.Bool
 	gopts := gatewayOptions(cfg)
-	gopts.AccessLogJSON, gopts.Routes, gopts.Tokens, gopts.Budget = accessJSON, memcRoutes(cfg, cluster, sec.tokens), sec.tokens, buffered
+	access := gateway.NewAccess(sec.tokens, cfg.ReadOnly)
+	gopts.AccessLogJSON, gopts.Routes, gopts.Access, gopts.Budget = accessJSON, memcRoutes(cfg, cluster, access), access, buffered
 	if cfg.DetachedResponses && cfg.PipelineConns > 0 { // only pipelined connections answer without waiting
 		gopts.Async = cluster
 	}
