@@ -168,6 +168,11 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 		return err
 	}
 	dataLn, adminLn = sec.wrap(dataLn, adminLn)
+	if !cfg.FastPath && sec.dataTLS == nil {
+		// Go's net/http serves every connection: let it refuse what the
+		// fast path refuses (Content-Length with Transfer-Encoding).
+		dataLn = h1.GuardListener(dataLn)
+	}
 	mem := planMemory(cfg, cgroupMemoryLimit())
 	if mem.runtime > 0 {
 		debug.SetMemoryLimit(mem.runtime)
