@@ -55,7 +55,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 			return fmt.Errorf("unknown argument %q (memcgate takes its configuration from MEMCGATE_* variables; see -help)", args[0])
 		}
 	}
-	cfg, err := config.Load(environ)
+	cfg, err := loadConfig(ctx, environ)
 	if err != nil {
 		return fmt.Errorf("invalid configuration:\n%w", err)
 	}
@@ -64,7 +64,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	flushed := make(chan struct{})
 	go func() { logs.Run(logCtx); close(flushed) }()
 	defer func() { stopLogs(); <-flushed }() // the last lines, shutdown included
-	log := newLogger(cfg, logs)
+	log, level := newLogger(cfg, logs)
 	var accessJSON io.Writer // access log lines without slog, same bytes (gateway.Options.AccessLogJSON)
 	if cfg.LogFormat == "json" {
 		accessJSON = logs
@@ -79,17 +79,19 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		dataLn.Close()
 		return fmt.Errorf("admin listener: %w", err)
 	}
-	return serve(ctx, cfg, dataLn, adminLn, log, accessJSON)
+	return serve(ctx, cfg, environ, dataLn, adminLn, log, level, accessJSON)
 }
 
-func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
-	var level slog.Level
-	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+// newLogger returns the logger of cfg and its level, which a reload may
+// change.
+func newLogger(cfg config.Config, w io.Writer) (*slog.Logger, *slog.LevelVar) {
+	level := new(slog.LevelVar)
+	_ = level.UnmarshalText([]byte(cfg.LogLevel)) // validated by config.Load
 	opts := &slog.HandlerOptions{Level: level}
 	if cfg.LogFormat == "text" {
-		return slog.New(slog.NewTextHandler(w, opts))
+		return slog.New(slog.NewTextHandler(w, opts)), level
 	}
-	return slog.New(slog.NewJSONHandler(w, opts))
+	return slog.New(slog.NewJSONHandler(w, opts)), level
 }
 
 // upstreamOptions maps the configuration onto the upstream package; the
@@ -160,7 +162,7 @@ func gatewayOptions(cfg config.Config) gateway.Options {
 // DrainDelay so load balancers notice, shuts both servers down (letting
 // requests in flight finish within ShutdownTimeout), stops health checks
 // and closes the pools.
-func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener, log *slog.Logger, accessJSON io.Writer) error {
+func serve(ctx context.Context, cfg config.Config, environ map[string]string, dataLn, adminLn net.Listener, log *slog.Logger, level *slog.LevelVar, accessJSON io.Writer) error {
 	sec, err := newSecurity(cfg)
 	if err != nil {
 		dataLn.Close()
@@ -174,6 +176,12 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 		dataLn = h1.GuardListener(dataLn)
 	}
 	mem := planMemory(cfg, cgroupMemoryLimit())
+	derived := mem.budget // MAX_BUFFERED_BYTES when unset, for reloads
+	if mem.explicit {
+		noBudget := cfg
+		noBudget.MaxBufferedBytes = 0
+		derived = planMemory(noBudget, cgroupMemoryLimit()).budget
+	}
 	if mem.runtime > 0 {
 		debug.SetMemoryLimit(mem.runtime)
 	}
@@ -237,6 +245,14 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 	wg.Go(func() { defer close(asyncDone); errc <- handler.Run(asyncCtx) })
 	wg.Go(func() { errc <- ignoreClosed(data.Serve(dataLn)) })
 	wg.Go(func() { errc <- ignoreClosed(admin.Serve(adminLn)) })
+	rl := newReloader(cfg, environ, log, level, reg)
+	rl.cluster, rl.handler, rl.access, rl.budget, rl.budgetDef = cluster, handler, access, buffered, derived
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	reloadCtx, stopReload := context.WithCancel(ctx)
+	defer stopReload()
+	wg.Go(func() { rl.Run(reloadCtx, hup) })
 	log.Info("memcgate started", "listen", dataLn.Addr().String(), "admin", adminLn.Addr().String(),
 		"servers", len(cfg.Servers), "distribution", cfg.Distribution,
 		"max_buffered_bytes", mem.budget, "memory_limit", mem.limit, "memory_limit_from", mem.source)
@@ -269,6 +285,7 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 		admin.Close()
 	}
 	stopHealth()
+	stopReload()
 	wg.Wait()
 	close(errc)
 	for err := range errc {
