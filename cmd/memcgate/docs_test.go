@@ -74,7 +74,8 @@ func varRows(t *testing.T, file, text string) map[string][]string {
 // TestConfigurationReferenceMatchesHelp keeps docs/configuration.md and
 // `memcgate -help` telling the same story: every variable -help prints
 // has exactly one row there with the same default, and the page names no
-// variable that -help does not print.
+// variable that -help does not print. The README's settings table, a
+// selection, must agree with -help where it has a row.
 func TestConfigurationReferenceMatchesHelp(t *testing.T) {
 	names, defaults := helpVars(t)
 
@@ -97,6 +98,24 @@ func TestConfigurationReferenceMatchesHelp(t *testing.T) {
 	for _, name := range regexp.MustCompile(`MEMCGATE_[A-Z0-9_]*[A-Z0-9]`).FindAllString(string(b), -1) {
 		if _, ok := defaults[name]; !ok {
 			t.Errorf("%s names %s, which -help does not print", ref, name)
+		}
+	}
+
+	const readme = "../../README.md"
+	b, err = os.ReadFile(readme)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, defs := range varRows(t, readme, string(b)) {
+		want, ok := defaults[name]
+		if !ok {
+			t.Errorf("%s has a row for %s, which -help does not print", readme, name)
+			continue
+		}
+		for _, def := range defs {
+			if def != want {
+				t.Errorf("%s gives %s the default %q; -help says %q", readme, name, def, want)
+			}
 		}
 	}
 }
