@@ -1,7 +1,18 @@
-// Package gatewaytest builds the memcgate binary (the way the Dockerfile
-// does, or with the race detector) and runs it as a process on loopback
-// ports, for the end-to-end, deploy and load-balancer tests. It knows
-// nothing about memcached: the caller passes MEMCGATE_SERVERS.
+// Package gatewaytest holds the shared start-up of the end-to-end
+// (test/e2e, test/abuse), deploy (test/deploy), load-balancer (test/lb)
+// and differential (test/memc) tests.
+//
+// It builds the memcgate binary (the way the Dockerfile does, or with the
+// race detector) and runs it as a process on loopback ports; it starts
+// no memcached (test/memcachedtest does): the caller passes
+// MEMCGATE_SERVERS. It reads the gateway's metrics.
+//
+// It also says, in one place, what a test does when an external tool is
+// missing (tools.go): Tool, PHP and Missing skip it, or fail it where
+// tests must not skip (CI or MEMCGATE_TEST_REQUIRE_MEMCACHED set, as make
+// test does after installing every tool); Optional always skips, for the
+// tools make test does not install. The unit tests of upstream/hashring
+// and gateway/phpvalue, which run php and nginx, use these too.
 package gatewaytest
 
 import (
