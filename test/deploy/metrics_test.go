@@ -308,9 +308,9 @@ func TestDashboardLayout(t *testing.T) {
 }
 
 // TestPromQL checks the syntax of every alert and dashboard expression with
-// promtool, when it is installed (Debian package prometheus).
+// promtool (Debian package prometheus, which make test installs).
 func TestPromQL(t *testing.T) {
-	promtool := tool(t, "promtool")
+	promtool := gatewaytest.Tool(t, "promtool", "prometheus")
 	if out, err := run(t, "", promtool, "check", "rules", filepath.Join(root, alertsRel)); err != nil {
 		t.Errorf("promtool check rules %s: %v\n%s", alertsRel, err, out)
 	}

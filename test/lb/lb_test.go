@@ -10,7 +10,8 @@
 // The configurations are used as shipped; only addresses and ports are
 // replaced (each replacement must match exactly), and HAProxy's chroot,
 // user and group lines are dropped because the test is unprivileged.
-// make test installs nginx and haproxy; under CI a missing one fails.
+// make test installs nginx and haproxy; a missing one skips the test, or
+// fails it under CI or MEMCGATE_TEST_REQUIRE_MEMCACHED (gatewaytest.Tool).
 package lb
 
 import (
@@ -273,19 +274,6 @@ func runLoad(t *testing.T, url string, d time.Duration, action func()) *loadResu
 	return res
 }
 
-// tool returns the path of name, or skips the test (fails it under CI).
-func tool(t *testing.T, name string) string {
-	t.Helper()
-	p, err := exec.LookPath(name)
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%s is required under CI (apt-get install %s): %v", name, name, err)
-		}
-		t.Skipf("%s not installed (apt-get install %s): %v", name, name, err)
-	}
-	return p
-}
-
 // render returns the shipped file rel with each replacement applied; each
 // old string must occur exactly once, so a change to the shipped file
 // cannot silently leave the test running something else.
@@ -363,7 +351,7 @@ func waitHTTP(t *testing.T, url string, logs func() string) {
 }
 
 func startNginx(t *testing.T, gws [2]upstream) *balancer {
-	nginx := tool(t, "nginx")
+	nginx := gatewaytest.Tool(t, "nginx", "nginx")
 	dir := t.TempDir()
 	port := freePort(t)
 	conf := render(t, "deploy/nginx/memcgate-lb.conf",
@@ -431,7 +419,7 @@ func startNginx(t *testing.T, gws [2]upstream) *balancer {
 }
 
 func startHAProxy(t *testing.T, gws [2]upstream) *balancer {
-	haproxy := tool(t, "haproxy")
+	haproxy := gatewaytest.Tool(t, "haproxy", "haproxy")
 	dir := t.TempDir()
 	port, statsPort := freePort(t), freePort(t)
 	conf := render(t, "deploy/haproxy/haproxy.cfg",

@@ -35,23 +35,16 @@ var binary string
 
 func TestMain(m *testing.M) { gatewaytest.Main(m, true, &binary) }
 
-// needNginx returns the nginx binary, or skips t (fails it when CI is set:
-// make test installs nginx and libnginx-mod-http-memc).
+// needNginx returns the nginx binary if the memc module is installed too,
+// or skips t (fails it where tests must not skip: make test installs
+// nginx and libnginx-mod-http-memc; see gatewaytest.Missing).
 func needNginx(t *testing.T) string {
 	t.Helper()
-	bin, err := exec.LookPath("nginx")
-	if err == nil {
-		_, err = os.Stat(memcModule)
+	bin := gatewaytest.Tool(t, "nginx", "nginx libnginx-mod-http-memc")
+	if _, err := os.Stat(memcModule); err != nil {
+		gatewaytest.Missing(t, "nginx's memc module", "libnginx-mod-http-memc", err)
 	}
-	if err == nil {
-		return bin
-	}
-	msg := "the differential suite needs nginx and libnginx-mod-http-memc (apt-get install nginx libnginx-mod-http-memc): " + err.Error()
-	if os.Getenv("CI") != "" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
-	return ""
+	return bin
 }
 
 // startNginx renders the reference configuration for memcached at
