@@ -67,13 +67,6 @@ func startGatewayScheme(t *testing.T, scheme string, env map[string]string) *gat
 	return &gateway{Gateway: g, t: t, URL: scheme + "://" + g.DataAddr, Admin: "http://" + g.AdminAddr}
 }
 
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
-}
-
 type response struct {
 	status int
 	body   string
@@ -175,10 +168,10 @@ func TestEndpoints(t *testing.T) {
 	for _, s := range steps {
 		got := g.do(s.method, s.path, s.body, s.hdr...)
 		if got.status != s.wantStatus {
-			t.Errorf("%s: %s %.60s = %d %q, want %d", s.name, s.method, s.path, got.status, tail(got.body, 100), s.wantStatus)
+			t.Errorf("%s: %s %.60s = %d %q, want %d", s.name, s.method, s.path, got.status, gatewaytest.Tail(got.body, 100), s.wantStatus)
 		}
 		if s.wantBody != nil && got.body != *s.wantBody {
-			t.Errorf("%s: %s %.60s body = %q, want %q", s.name, s.method, s.path, tail(got.body, 100), tail(*s.wantBody, 100))
+			t.Errorf("%s: %s %.60s body = %q, want %q", s.name, s.method, s.path, gatewaytest.Tail(got.body, 100), gatewaytest.Tail(*s.wantBody, 100))
 		}
 		for k, v := range s.wantHdr {
 			if h := got.header.Get(k); h != v {

@@ -162,7 +162,7 @@ func TestPeclMemcacheValues(t *testing.T) {
 		r := g.do("GET", "/"+c.key, nil)
 		if r.status != 200 || r.body != c.body || r.header.Get("X-PHP-Type") != c.phpType ||
 			r.header.Get("Content-Type") != c.contentType || r.header.Get("X-Memcached-Flags") != c.flags {
-			t.Errorf("GET %s = %d %q type %q %q flags %s, want 200 %.40q type %q %q flags %s", c.key, r.status, tail(r.body, 60),
+			t.Errorf("GET %s = %d %q type %q %q flags %s, want 200 %.40q type %q %q flags %s", c.key, r.status, gatewaytest.Tail(r.body, 60),
 				r.header.Get("X-PHP-Type"), r.header.Get("Content-Type"), r.header.Get("X-Memcached-Flags"), c.body, c.phpType, c.contentType, c.flags)
 		}
 	}

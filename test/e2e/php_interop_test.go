@@ -178,7 +178,7 @@ func TestPHPValues(t *testing.T) {
 	for _, c := range cases {
 		r := g.do("GET", "/"+c.key, nil)
 		if r.status != 200 || r.body != c.body || r.header.Get("X-PHP-Type") != c.phpType || r.header.Get("Content-Type") != c.contentType {
-			t.Errorf("GET %s = %d %q type %q %q, want 200 %.40q type %q %q", c.key, r.status, tail(r.body, 60),
+			t.Errorf("GET %s = %d %q type %q %q, want 200 %.40q type %q %q", c.key, r.status, gatewaytest.Tail(r.body, 60),
 				r.header.Get("X-PHP-Type"), r.header.Get("Content-Type"), c.body, c.phpType, c.contentType)
 		}
 	}

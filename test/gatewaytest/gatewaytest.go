@@ -21,6 +21,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -137,7 +138,7 @@ func New(t testing.TB, bin string, env map[string]string) *Gateway {
 	t.Cleanup(func() {
 		g.Kill()
 		if t.Failed() {
-			t.Logf("memcgate %s logs (tail):\n%s", g.DataAddr, tail(g.logs.String(), 3000))
+			t.Logf("memcgate %s logs (tail):\n%s", g.DataAddr, Tail(g.logs.String(), 3000))
 		}
 	})
 	return g
@@ -188,7 +189,7 @@ func (g *Gateway) start(t testing.TB, probe string) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	t.Fatalf("memcgate %s not ready within 15s:\n%s", g.DataAddr, tail(g.logs.String(), 3000))
+	t.Fatalf("memcgate %s not ready within 15s:\n%s", g.DataAddr, Tail(g.logs.String(), 3000))
 }
 
 // Signal sends sig to the process, if it runs.
@@ -399,7 +400,28 @@ func (g *Gateway) Served(ctx context.Context) (float64, error) {
 	return f.Sum, nil
 }
 
-func tail(s string, n int) string {
+// WaitListening polls addr until it accepts TCP connections (sending
+// nothing, so that a proxy passes no request on), and fails t if what
+// (nginx, say) does not listen there within 10s; logs, if not nil, adds
+// what the process wrote to the failure.
+func WaitListening(t testing.TB, what, addr string, logs func() string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+			c.Close()
+			return
+		}
+	}
+	msg := fmt.Sprintf("%s does not accept connections on %s within 10s", what, addr)
+	if logs != nil {
+		msg += ":\n" + logs()
+	}
+	t.Fatal(msg)
+}
+
+// Tail returns the last n bytes of s, marked with a leading … when s was
+// longer, for logs and bodies in failure messages.
+func Tail(s string, n int) string {
 	if len(s) > n {
 		return "…" + s[len(s)-n:]
 	}

@@ -20,7 +20,6 @@ import (
 	"encoding/csv"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -324,19 +323,6 @@ func process(t *testing.T, logs io.Writer, name string, args ...string) *exec.Cm
 	return cmd
 }
 
-// waitListen polls addr until it accepts connections (without sending a
-// request that nginx would pass to a gateway).
-func waitListen(t *testing.T, addr string, logs func() string) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
-			c.Close()
-			return
-		}
-	}
-	t.Fatalf("%s not listening within 10s:\n%s", addr, logs())
-}
-
 // waitHTTP polls url until it answers at all.
 func waitHTTP(t *testing.T, url string, logs func() string) {
 	t.Helper()
@@ -378,7 +364,7 @@ func startNginx(t *testing.T, gws [2]upstream) *balancer {
 	process(t, &out, nginx, "-p", dir, "-e", errLog, "-c", mainPath)
 	readLog := func() string { b, _ := os.ReadFile(errLog); return out.String() + string(b) }
 	url := "http://127.0.0.1:" + strconv.Itoa(port)
-	waitListen(t, "127.0.0.1:"+strconv.Itoa(port), readLog)
+	gatewaytest.WaitListening(t, "nginx", "127.0.0.1:"+strconv.Itoa(port), readLog)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("nginx error.log (tail):\n%s", tailLines(readLog(), 30))

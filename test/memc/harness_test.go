@@ -99,7 +99,7 @@ func startNginx(t *testing.T, bin string, mcPort, deadPort int) string {
 	t.Cleanup(func() {
 		if t.Failed() {
 			if b, err := os.ReadFile(filepath.Join(prefix, "logs", "error.log")); err == nil {
-				t.Logf("nginx error.log (tail):\n%s", tail(string(b), 3000))
+				t.Logf("nginx error.log (tail):\n%s", gatewaytest.Tail(string(b), 3000))
 			}
 		}
 		b, err := os.ReadFile(filepath.Join(prefix, "logs", "nginx.pid"))
@@ -113,21 +113,8 @@ func startNginx(t *testing.T, bin string, mcPort, deadPort int) string {
 		_ = syscall.Kill(pid, syscall.SIGTERM)
 		waitClosed(addr)
 	})
-	waitListening(t, addr, "nginx")
+	gatewaytest.WaitListening(t, "nginx", addr, nil)
 	return addr
-}
-
-func waitListening(t *testing.T, addr, what string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
-			c.Close()
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("%s does not accept connections on %s within 10s", what, addr)
 }
 
 func waitClosed(addr string) {
@@ -140,13 +127,6 @@ func waitClosed(addr string) {
 		c.Close()
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
 }
 
 // startGate runs memcgate with env (MEMCGATE_* variables; the listeners
