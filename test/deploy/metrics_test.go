@@ -34,12 +34,8 @@ func startGateway(t *testing.T, mcs []*memcachedtest.Server) *gatewaytest.Gatewa
 	if mcs == nil {
 		mcs = []*memcachedtest.Server{memcachedtest.Start(t)}
 	}
-	var addrs []string
-	for _, m := range mcs {
-		addrs = append(addrs, m.Addr)
-	}
 	g := gatewaytest.New(t, binary, map[string]string{
-		"MEMCGATE_SERVERS":         strings.Join(addrs, ","),
+		"MEMCGATE_SERVERS":         memcachedtest.Addrs(mcs),
 		"MEMCGATE_HEALTH_INTERVAL": "100ms",
 		"MEMCGATE_DRAIN_DELAY":     "0s",
 		"MEMCGATE_LOG_FORMAT":      "text",

@@ -15,7 +15,7 @@ import (
 func TestPHPExample(t *testing.T) {
 	php := gatewaytest.PHP(t, "curl")
 	mcs := memcachedtest.StartN(t, 3)
-	g := startGateway(t, map[string]string{"MEMCGATE_SERVERS": serversEnv(mcs)})
+	g := startGateway(t, map[string]string{"MEMCGATE_SERVERS": memcachedtest.Addrs(mcs)})
 	cmd := exec.Command(php, "../php/example.php")
 	cmd.Env = append(os.Environ(), "MEMCGATE_URL="+g.URL)
 	out, err := cmd.CombinedOutput()

@@ -85,13 +85,8 @@ type upstream struct {
 }
 
 func scenario(t *testing.T, start func(*testing.T, [2]upstream) *balancer) {
-	mcs := memcachedtest.StartN(t, 3)
-	var addrs []string
-	for _, m := range mcs {
-		addrs = append(addrs, m.Addr)
-	}
 	env := map[string]string{
-		"MEMCGATE_SERVERS":          strings.Join(addrs, ","),
+		"MEMCGATE_SERVERS":          memcachedtest.Addrs(memcachedtest.StartN(t, 3)),
 		"MEMCGATE_DRAIN_DELAY":      drainDelay.String(),
 		"MEMCGATE_SHUTDOWN_TIMEOUT": "5s",
 		"MEMCGATE_HEALTH_INTERVAL":  "200ms",

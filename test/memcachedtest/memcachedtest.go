@@ -106,6 +106,16 @@ func StartN(t testing.TB, n int, args ...string) []*Server {
 	return out
 }
 
+// Addrs returns the servers' addresses, comma-separated, as
+// MEMCGATE_SERVERS takes them.
+func Addrs(servers []*Server) string {
+	addrs := make([]string, len(servers))
+	for i, s := range servers {
+		addrs[i] = s.Addr
+	}
+	return strings.Join(addrs, ",")
+}
+
 // FreeUDPPort returns a loopback UDP port that was free a moment ago.
 func FreeUDPPort() (int, error) {
 	c, err := net.ListenPacket("udp", "127.0.0.1:0")
