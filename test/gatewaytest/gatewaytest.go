@@ -382,14 +382,19 @@ func parseLabels(s string) (map[string]string, error) {
 	}
 }
 
+// Families scrapes the admin listener's /metrics and parses it.
+func (g *Gateway) Families(ctx context.Context) (map[string]*Family, error) {
+	text, err := g.Metrics(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return ParseText(text)
+}
+
 // Served returns how many HTTP requests the gateway answered since it
 // started (memcgate_http_requests_total summed over all labels).
 func (g *Gateway) Served(ctx context.Context) (float64, error) {
-	text, err := g.Metrics(ctx)
-	if err != nil {
-		return 0, err
-	}
-	fams, err := ParseText(text)
+	fams, err := g.Families(ctx)
 	if err != nil {
 		return 0, err
 	}
