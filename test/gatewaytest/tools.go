@@ -64,8 +64,12 @@ func PHP(t testing.TB, exts ...string) string {
 		}
 	}
 	what := "php"
-	if len(exts) > 0 {
-		what = fmt.Sprintf("php with the %s extensions", strings.Join(exts, ", "))
+	switch len(exts) {
+	case 0:
+	case 1:
+		what = "php with the " + exts[0] + " extension"
+	default:
+		what = "php with the " + strings.Join(exts, ", ") + " extensions"
 	}
 	php, err := exec.LookPath("php")
 	if err == nil {
