@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/net/dns/dnsmessage"
 
+	"github.com/memcgate/memcgate/test/gatewaytest"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
 
@@ -200,7 +201,7 @@ func TestReload(t *testing.T) {
 		body := "# memcgate\nMEMCGATE_SERVERS=" + servers + "\n" + strings.Join(extra, "\n") + "\n"
 		writeAtomic(t, file, body)
 	}
-	three := serversEnv(mcs[:3])
+	three := memcachedtest.Addrs(mcs[:3])
 	write(three)
 	g := startGateway(t, map[string]string{"MEMCGATE_CONFIG_FILE": file, "MEMCGATE_WATCH_INTERVAL": "100ms"})
 	waitNodes(t, g, strings.Split(three, ","))
@@ -210,17 +211,17 @@ func TestReload(t *testing.T) {
 	// 1. SIGHUP after adding a node (the watcher may see it first: either
 	// way the file is applied once).
 	before := owners(t, g, keys)
-	write(serversEnv(mcs))
+	write(memcachedtest.Addrs(mcs))
 	g.Signal(syscall.SIGHUP)
-	waitNodes(t, g, strings.Split(serversEnv(mcs), ","))
+	waitNodes(t, g, strings.Split(memcachedtest.Addrs(mcs), ","))
 	n := moved(t, before, owners(t, g, keys), mcs[3].Addr)
 	t.Logf("added %s: %d of %d keys moved (%.1f%%)", mcs[3].Addr, n, len(keys), 100*float64(n)/float64(len(keys)))
 
 	// 2. The watched file alone removes a node.
 	before = owners(t, g, keys)
 	rest := []*memcachedtest.Server{mcs[0], mcs[2], mcs[3]}
-	write(serversEnv(rest))
-	waitNodes(t, g, strings.Split(serversEnv(rest), ","))
+	write(memcachedtest.Addrs(rest))
+	waitNodes(t, g, strings.Split(memcachedtest.Addrs(rest), ","))
 	n = moved(t, before, owners(t, g, keys), mcs[1].Addr)
 	t.Logf("removed %s: %d of %d keys moved (%.1f%%)", mcs[1].Addr, n, len(keys), 100*float64(n)/float64(len(keys)))
 
@@ -234,7 +235,7 @@ func TestReload(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if got := nodeNames(t, g); strings.Join(got, ",") != serversEnv(rest) {
+	if got := nodeNames(t, g); strings.Join(got, ",") != memcachedtest.Addrs(rest) {
 		t.Errorf("after a bad reload the nodes are %v, want them unchanged", got)
 	}
 	if v := metric(t, g, "memcgate_config_last_reload_successful", ""); v != 0 {
@@ -245,12 +246,12 @@ func TestReload(t *testing.T) {
 	}
 
 	// 4. A setting that needs a restart is named, and nothing else breaks.
-	write(serversEnv(rest), "MEMCGATE_TIMEOUT=900ms")
+	write(memcachedtest.Addrs(rest), "MEMCGATE_TIMEOUT=900ms")
 	g.Signal(syscall.SIGHUP)
 	deadline = time.Now().Add(5 * time.Second)
 	for !strings.Contains(g.Logs(), `"needs_restart":["MEMCGATE_TIMEOUT"]`) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the reload did not name MEMCGATE_TIMEOUT as needing a restart:\n%s", tail(g.Logs(), 2000))
+			t.Fatalf("the reload did not name MEMCGATE_TIMEOUT as needing a restart:\n%s", gatewaytest.Tail(g.Logs(), 2000))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -275,8 +276,8 @@ func TestServersFile(t *testing.T) {
 	g := startGateway(t, map[string]string{"MEMCGATE_SERVERS_FILE": file, "MEMCGATE_WATCH_INTERVAL": "100ms"})
 	waitNodes(t, g, []string{mcs[0].Addr, mcs[1].Addr})
 	l := startLoad(g, reloadKeys())
-	writeAtomic(t, file, serversEnv(mcs))
-	waitNodes(t, g, strings.Split(serversEnv(mcs), ","))
+	writeAtomic(t, file, memcachedtest.Addrs(mcs))
+	waitNodes(t, g, strings.Split(memcachedtest.Addrs(mcs), ","))
 	if sent, failed := l.end(); failed != 0 {
 		t.Errorf("%d of %d requests failed while the servers file changed; first: %v", failed, sent, l.first.Load())
 	}
