@@ -564,7 +564,7 @@ func (c Config) Tokens() ([]Token, error) {
 	return append(toks, more...), nil
 }
 
-// Var describes one configuration variable, for -help and the README.
+// Var describes one configuration variable, for -help and docs/configuration.md.
 type Var struct {
 	Name    string
 	Default string

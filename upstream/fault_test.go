@@ -18,7 +18,7 @@ import (
 )
 
 // These tests put real memcached processes (and our fault proxy) under a
-// running cluster and log the figures the README quotes: detection and
+// running cluster and log the figures docs/operations.md quotes: detection and
 // re-admission times, errors during a kill, latency with every node down.
 
 // faultOptions are the production defaults with a faster probe interval so

@@ -322,7 +322,7 @@ func TestConcurrentClientsAndConnectionCap(t *testing.T) {
 	}
 	// The data pool holds at most MAX_CONNS_PER_NODE connections; the
 	// health probe has one more of its own, so that probes never wait
-	// behind data operations (README, "Connections").
+	// behind data operations (docs/operations.md, "Connections and pools").
 	for i, p := range peak {
 		t.Logf("memcached %s: peak curr_connections (excluding the sampler) = %d", mcs[i].Addr, p)
 		if p > maxConns+1 {

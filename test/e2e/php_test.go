@@ -11,7 +11,7 @@ import (
 )
 
 // TestPHPExample runs the PHP client example shipped in test/php against a
-// running gateway, as the README tells PHP users to.
+// running gateway, as docs/php.md tells PHP users to.
 func TestPHPExample(t *testing.T) {
 	php := gatewaytest.PHP(t, "curl")
 	mcs := memcachedtest.StartN(t, 3)
