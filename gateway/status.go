@@ -392,7 +392,7 @@ func fmtClock(t, now time.Time) string {
 
 // fmtAge formats a duration for people: 42s, 3m12s, 2h03m, 5d04h.
 func fmtAge(d time.Duration) string {
-	d = d.Round(time.Second)
+	d = max(d, 0).Round(time.Second) // a Since without a monotonic reading may lie ahead of now
 	switch {
 	case d < time.Minute:
 		return strconv.Itoa(int(d.Seconds())) + "s"

@@ -215,6 +215,7 @@ func TestStatusFormats(t *testing.T) {
 		{"age minutes", fmtAge(3*time.Minute + 7*time.Second), "3m07s"},
 		{"age hours", fmtAge(26*time.Hour + 3*time.Minute), "26h03m"},
 		{"age days", fmtAge(100 * time.Hour), "4d04h"},
+		{"age after a clock step back", fmtAge(-3 * time.Second), "0s"},
 		{"latency µs", fmtLatency(.000473, 1), "473 µs"},
 		{"latency ms", fmtLatency(.00251, 1), "2.51 ms"},
 		{"latency tens of ms", fmtLatency(.0945, 1), "94.5 ms"},
