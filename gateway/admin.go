@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/pprof"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -19,16 +20,40 @@ type Admin struct {
 	// Owners returns where a key lives (owner, failover chain, the node
 	// serving it now), for /debug/owners?key=.
 	Owners func(key string) any
+	// Status returns the cluster's state for the status page: the node
+	// table. If nil, the page shows no nodes.
+	Status func() StatusInfo
+	// Reloads returns the configuration reloads so far, in any order (the
+	// page shows the newest first). If nil, as when reloading is not
+	// supported, the page says there were none.
+	Reloads func() []Reload
+	// Started is when the process started, for the uptime; if zero, when
+	// NewAdminHandler was called.
+	Started time.Time
 	// Tokens, if any are set, guard every endpoint but /healthz and
 	// /readyz with the admin scope.
 	Tokens Tokens
 }
 
 // NewAdminHandler returns the admin-plane handler: /metrics from g,
-// /healthz (the process is alive), /readyz, /debug/nodes, /debug/owners and
-// /debug/pprof/. It uses its own mux, never http.DefaultServeMux.
+// /healthz (the process is alive), /readyz, /debug/nodes, /debug/owners,
+// /debug/pprof/, and the status page at /status and /.
+//
+// The status page is one self-contained HTML page for people: each node's
+// state and share of the keys with its traffic, and the gateway's own.
+// Its rates and latency percentiles are the difference between the
+// registry read at this view and at an earlier one (kept in a small ring
+// of snapshots the views take; nothing samples in the background), over
+// at least a second, or since the start on the first view. ?refresh=N
+// reloads it every N seconds (default 5, 0 never).
+//
+// The handler uses its own mux, never http.DefaultServeMux, and starts no
+// goroutine.
 func NewAdminHandler(g prometheus.Gatherer, a Admin) http.Handler {
 	mux := http.NewServeMux()
+	status := newStatusPage(g, a)
+	mux.Handle("GET /status", status)
+	mux.Handle("GET /{$}", status)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		text(w, http.StatusOK, "ok\n")

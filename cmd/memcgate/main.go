@@ -163,6 +163,7 @@ func gatewayOptions(cfg config.Config) gateway.Options {
 // requests in flight finish within ShutdownTimeout), stops health checks
 // and closes the pools.
 func serve(ctx context.Context, cfg config.Config, environ map[string]string, dataLn, adminLn net.Listener, log *slog.Logger, level *slog.LevelVar, accessJSON io.Writer) error {
+	started := time.Now()
 	sec, err := newSecurity(cfg)
 	if err != nil {
 		dataLn.Close()
@@ -219,12 +220,17 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, da
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	data := dataServer(cfg, sec, std, handler, buffered)
+	rl := newReloader(cfg, environ, log, level, reg)
+	rl.cluster, rl.handler, rl.access, rl.budget, rl.budgetDef = cluster, handler, access, buffered, derived
 	admin := &http.Server{
 		Handler: gateway.NewAdminHandler(reg, gateway.Admin{
-			Ready:  func() bool { return !draining.Load() && cluster.Ready() },
-			Nodes:  func() any { return cluster.Nodes() },
-			Owners: func(key string) any { return cluster.Placement(key) },
-			Tokens: sec.tokens,
+			Ready:   func() bool { return !draining.Load() && cluster.Ready() },
+			Nodes:   func() any { return cluster.Nodes() },
+			Owners:  func(key string) any { return cluster.Placement(key) },
+			Status:  func() gateway.StatusInfo { return statusInfo(cluster, uo.WithDefaults()) },
+			Reloads: rl.statusRows,
+			Started: started,
+			Tokens:  sec.tokens,
 		}),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
@@ -245,8 +251,6 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, da
 	wg.Go(func() { defer close(asyncDone); errc <- handler.Run(asyncCtx) })
 	wg.Go(func() { errc <- ignoreClosed(data.Serve(dataLn)) })
 	wg.Go(func() { errc <- ignoreClosed(admin.Serve(adminLn)) })
-	rl := newReloader(cfg, environ, log, level, reg)
-	rl.cluster, rl.handler, rl.access, rl.budget, rl.budgetDef = cluster, handler, access, buffered, derived
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -295,6 +299,21 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, da
 	}
 	log.Info("memcgate stopped")
 	return first
+}
+
+// statusInfo maps the cluster's node states and ring shares onto the
+// admin status page; the only place that knows both.
+func statusInfo(c *upstream.Cluster, o upstream.Options) gateway.StatusInfo {
+	shares := c.Shares()
+	nodes := c.Nodes()
+	st := gateway.StatusInfo{Nodes: make([]gateway.NodeInfo, len(nodes)), Distribution: string(o.Distribution), Failover: string(o.Failover)}
+	for i, n := range nodes {
+		st.Nodes[i] = gateway.NodeInfo{
+			Name: n.Node, Up: n.Up, Since: n.Since, Reason: n.Reason, Share: shares[n.Node],
+			InFlight: n.InFlight, Connections: n.Connections, Flaps: n.Flaps, HoldUntil: n.HoldUntil,
+		}
+	}
+	return st
 }
 
 // httpServer is what serve needs of the data server: *http.Server, or

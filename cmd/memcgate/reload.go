@@ -384,3 +384,33 @@ func upstreamServers(cfg config.Config) []upstream.Server {
 	}
 	return out
 }
+
+// statusRows is the reload history as the status page shows it.
+func (r *reloader) statusRows() []gateway.Reload {
+	hist := r.History()
+	rows := make([]gateway.Reload, 0, len(hist))
+	for _, h := range hist {
+		row := gateway.Reload{Time: h.Time, Result: h.Result, Message: h.Error, Changed: slices.Clone(h.Changed)}
+		if c := h.Servers; c != nil {
+			for _, a := range c.Added {
+				row.Changed = append(row.Changed, "added "+a)
+			}
+			for _, a := range c.Removed {
+				row.Changed = append(row.Changed, "removed "+a)
+			}
+			if c.Reweighted {
+				row.Changed = append(row.Changed, "ring reweighted")
+			}
+		}
+		if len(h.Restart) > 0 {
+			row.Changed = append(row.Changed, "needs restart: "+strings.Join(h.Restart, ", "))
+		}
+		if row.Message == "" {
+			row.Message = h.Trigger
+		} else {
+			row.Message = h.Trigger + ": " + row.Message
+		}
+		rows = append(rows, row)
+	}
+	return rows
+}

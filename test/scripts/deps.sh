@@ -3,7 +3,8 @@
 # needs when they are missing. PROFILE is "run" (memcached) or "test"
 # (memcached, php-cli with the curl, memcached and memcache extensions,
 # nginx with the memc module and haproxy for the interop and load-balancer
-# tests, and prometheus for promtool, which checks the shipped alert rules).
+# tests, prometheus for promtool, which checks the shipped alert rules, and
+# chromium, the headless browser test/status loads the status page in).
 # It fails, never skips, when something cannot be installed.
 set -euo pipefail
 profile=${1:-test}
@@ -18,6 +19,7 @@ if [ "$profile" = test ]; then
   [ -e /usr/lib/nginx/modules/ngx_http_memc_module.so ] || need+=(libnginx-mod-http-memc)
   command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
   command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+  command -v chromium >/dev/null 2>&1 || need+=(chromium)
 fi
 [ ${#need[@]} -eq 0 ] && exit 0
 echo "deps: installing ${need[*]}" >&2

@@ -153,6 +153,8 @@ type Ring struct {
 	owners []int32
 	// pecl is the lookup table of a pecl/memcache distribution, else nil.
 	pecl *peclTable
+	// shares is each member's fraction of the hash space (Shares).
+	shares []float64
 }
 
 // New builds the ring for d over members. The members slice is not retained.
@@ -188,6 +190,7 @@ func New(d Distribution, members []Member) (*Ring, error) {
 			return nil, err
 		}
 	}
+	r.shares = r.computeShares()
 	return r, nil
 }
 
