@@ -33,7 +33,7 @@ type Config struct {
 	Distribution string   `env:"DISTRIBUTION" envDefault:"ketama" help:"key placement: ketama (libmemcached/php-memcached OPT_LIBKETAMA_COMPATIBLE), modula (php-memcached default), consistent (php-memcached's session handler, DISTRIBUTION_CONSISTENT), nginx (nginx hash $key consistent), pecl-STRATEGY-HASH (pecl/memcache's Memcache class with memcache.hash_strategy standard|consistent and memcache.hash_function crc32|fnv, e.g. pecl-consistent-crc32, its default) or pecl-session-STRATEGY-HASH (pecl/memcache's session handler)"`
 
 	ListenAddr string `env:"LISTEN_ADDR" envDefault:":8080" help:"data listener (GET/PUT/DELETE/POST /{key})"`
-	AdminAddr  string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9090" help:"admin listener (/metrics /healthz /readyz /debug/nodes /debug/pprof/); loopback only unless you change it"`
+	AdminAddr  string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9090" help:"admin listener (/metrics /healthz /readyz /debug/nodes /debug/owners /debug/config /debug/pprof/); loopback only unless you change it"`
 
 	Timeout           time.Duration `env:"TIMEOUT" envDefault:"500ms" help:"per-operation socket timeout to memcached (dial, read, write)"`
 	MaxIdleConns      int           `env:"KEEPALIVE" envDefault:"64" help:"idle keepalive connections kept per node"`

@@ -19,14 +19,18 @@ type Admin struct {
 	// Owners returns where a key lives (owner, failover chain, the node
 	// serving it now), for /debug/owners?key=.
 	Owners func(key string) any
+	// Config returns the configuration in force, secrets redacted, for
+	// /debug/config.
+	Config func() any
 	// Tokens, if any are set, guard every endpoint but /healthz and
 	// /readyz with the admin scope.
 	Tokens Tokens
 }
 
 // NewAdminHandler returns the admin-plane handler: /metrics from g,
-// /healthz (the process is alive), /readyz, /debug/nodes, /debug/owners and
-// /debug/pprof/. It uses its own mux, never http.DefaultServeMux.
+// /healthz (the process is alive), /readyz, /debug/nodes, /debug/owners,
+// /debug/config and /debug/pprof/. It uses its own mux, never
+// http.DefaultServeMux.
 func NewAdminHandler(g prometheus.Gatherer, a Admin) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
@@ -58,6 +62,13 @@ func NewAdminHandler(g prometheus.Gatherer, a Admin) http.Handler {
 			return
 		}
 		writeJSON(w, a.Owners(key))
+	})
+	mux.HandleFunc("GET /debug/config", func(w http.ResponseWriter, r *http.Request) {
+		if a.Config == nil {
+			text(w, http.StatusNotFound, "no configuration information\n")
+			return
+		}
+		writeJSON(w, a.Config())
 	})
 	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 	mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)

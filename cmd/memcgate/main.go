@@ -49,6 +49,9 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		case "-h", "-help", "--help", "help":
 			fmt.Fprint(stdout, config.Usage())
 			return nil
+		case "-version", "--version", "version":
+			fmt.Fprintln(stdout, currentBuild())
+			return nil
 		case "healthcheck":
 			return healthcheck(ctx, environ, args[1:])
 		default:
@@ -65,6 +68,9 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	go func() { logs.Run(logCtx); close(flushed) }()
 	defer func() { stopLogs(); <-flushed }() // the last lines, shutdown included
 	log := newLogger(cfg, logs)
+	for _, w := range cfg.Warnings() {
+		log.Warn("configuration warning", "warning", w)
+	}
 	var accessJSON io.Writer // access log lines without slog, same bytes (gateway.Options.AccessLogJSON)
 	if cfg.LogFormat == "json" {
 		accessJSON = logs
@@ -173,8 +179,11 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 		debug.SetMemoryLimit(mem.runtime)
 	}
 	buffered := budget.New(mem.budget)
+	build := currentBuild()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	proc := newProcessMetrics(reg, build)
+	_ = proc // live reload (issue 18) calls proc.reloaded
 	uo := upstreamOptions(cfg)
 	uo.Dialer = sec.dialer
 	cluster, err := upstream.New(uo, log, reg)
@@ -210,6 +219,7 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 			Ready:  func() bool { return !draining.Load() && cluster.Ready() },
 			Nodes:  func() any { return cluster.Nodes() },
 			Owners: func(key string) any { return cluster.Placement(key) },
+			Config: func() any { return newDebugConfig(build, cfg, mem) },
 			Tokens: sec.tokens,
 		}),
 		ReadHeaderTimeout: 5 * time.Second,
@@ -231,7 +241,8 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 	wg.Go(func() { defer close(asyncDone); errc <- handler.Run(asyncCtx) })
 	wg.Go(func() { errc <- ignoreClosed(data.Serve(dataLn)) })
 	wg.Go(func() { errc <- ignoreClosed(admin.Serve(adminLn)) })
-	log.Info("memcgate started", "listen", dataLn.Addr().String(), "admin", adminLn.Addr().String(),
+	log.Info("memcgate started", "version", build.Version, "revision", build.Revision,
+		"listen", dataLn.Addr().String(), "admin", adminLn.Addr().String(),
 		"servers", len(cfg.Servers), "distribution", cfg.Distribution,
 		"max_buffered_bytes", mem.budget, "memory_limit", mem.limit, "memory_limit_from", mem.source)
 
@@ -272,6 +283,26 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 	}
 	log.Info("memcgate stopped")
 	return first
+}
+
+// debugConfig is what /debug/config shows: the binary, the configuration
+// in force (config.Effective: every variable, secrets redacted, which ones
+// differ from the defaults, the warnings) and what was derived from it at
+// start.
+type debugConfig struct {
+	Build buildInfo `json:"build"`
+	config.Effective
+	Derived struct {
+		MaxBufferedBytes int64  `json:"max_buffered_bytes"`          // the byte budget in force (MEMCGATE_MAX_BUFFERED_BYTES=0 derives it)
+		MemoryLimit      int64  `json:"memory_limit_bytes"`          // the limit it came from; 0: none known
+		MemoryLimitFrom  string `json:"memory_limit_from,omitempty"` // GOMEMLIMIT or cgroup
+	} `json:"derived"`
+}
+
+func newDebugConfig(b buildInfo, cfg config.Config, mem memoryPlan) debugConfig {
+	d := debugConfig{Build: b, Effective: cfg.Effective()}
+	d.Derived.MaxBufferedBytes, d.Derived.MemoryLimit, d.Derived.MemoryLimitFrom = mem.budget, mem.limit, mem.source
+	return d
 }
 
 // httpServer is what serve needs of the data server: *http.Server, or
