@@ -31,10 +31,10 @@ RUN --mount=type=cache,target=/go/pkg/mod \
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/memcgate /memcgate
 # The admin listener must be reachable from outside the container for
-# Kubernetes probes and Prometheus; the image's own HEALTHCHECK uses it too.
-# Keep port 9090 off public networks (see README, "Security").
-ENV MEMCGATE_LISTEN_ADDR=:8080 \
-    MEMCGATE_ADMIN_ADDR=:9090
+# Kubernetes probes and Prometheus, not on loopback as by default; the
+# image's own HEALTHCHECK uses it too. Keep port 9090 off public networks
+# (see README, "Security"). The data listener is the default, :8080.
+ENV MEMCGATE_ADMIN_ADDR=:9090
 EXPOSE 8080 9090
 # Numeric, so that Kubernetes runAsNonRoot can verify it.
 USER 65532:65532
