@@ -432,8 +432,27 @@ func TestKubernetes(t *testing.T) {
 			} `yaml:"scrape_configs"`
 		}
 		decodeYAML(t, filepath.Join(k8sDir, "prometheus-scrape-config.yaml"), &sc)
-		if len(sc.ScrapeConfigs) != 1 || sc.ScrapeConfigs[0].JobName != "memcgate" {
-			t.Errorf("prometheus-scrape-config.yaml: want one job named memcgate (the alerts use job=\"memcgate\"), got %+v", sc)
+		var jobs []string
+		for _, j := range sc.ScrapeConfigs {
+			jobs = append(jobs, j.JobName)
+		}
+		if !slices.Equal(jobs, []string{"memcgate", "memcached"}) {
+			t.Errorf("prometheus-scrape-config.yaml: jobs %v, want memcgate and memcached (the alerts and the dashboard use job=\"memcgate\" and job=\"memcached\")", jobs)
+		}
+		// The exporters' ServiceMonitor: job memcached is the Service's name.
+		var msm object
+		decodeYAML(t, filepath.Join(comp, "servicemonitor-memcached.yaml"), &msm)
+		if !slices.Contains(k.Resources, "servicemonitor-memcached.yaml") {
+			t.Error("the prometheus-operator component does not list servicemonitor-memcached.yaml")
+		}
+		msms := spec[struct {
+			Selector  selector `yaml:"selector"`
+			Endpoints []struct{ Port, Path string }
+		}](t, msm)
+		mcSvc := find(t, objs, "Service", "memcached")
+		if msm.Kind != "ServiceMonitor" || !selects(msms.Selector.MatchLabels, mcSvc.Metadata.Labels) || mcSvc.Metadata.Name != "memcached" ||
+			len(msms.Endpoints) != 1 || msms.Endpoints[0].Port != "metrics" {
+			t.Errorf("servicemonitor-memcached.yaml: %s selecting %v on %+v; want Service memcached's port metrics", msm.Kind, msms.Selector.MatchLabels, msms.Endpoints)
 		}
 	})
 
@@ -499,6 +518,34 @@ func TestKubernetes(t *testing.T) {
 		}
 		if !dataOpen || !adminFromPrometheus {
 			t.Errorf("NetworkPolicy: data port open to all %v, admin port open to Prometheus %v; want both", dataOpen, adminFromPrometheus)
+		}
+	})
+
+	t.Run("memcached exporter", func(t *testing.T) {
+		stsObj := find(t, objs, "StatefulSet", "memcached")
+		sts := spec[workloadSpec](t, stsObj)
+		var exp *container
+		for i, ct := range sts.Template.Spec.Containers {
+			if strings.HasPrefix(ct.Image, "quay.io/prometheus/memcached-exporter:") {
+				exp = &sts.Template.Spec.Containers[i]
+			}
+		}
+		if exp == nil {
+			t.Fatal("the memcached StatefulSet has no quay.io/prometheus/memcached-exporter sidecar")
+		}
+		if tag := strings.TrimPrefix(exp.Image, "quay.io/prometheus/memcached-exporter:"); tag != exporterVersion {
+			t.Errorf("exporter image tag %q: want %s, the version whose metrics the dashboard is checked against (memcachedMetrics in metrics_test.go; update both)", tag, exporterVersion)
+		}
+		if !slices.Contains(exp.Args, "--memcached.address=localhost:11211") {
+			t.Errorf("exporter args %v: want --memcached.address=localhost:11211, its own pod's memcached", exp.Args)
+		}
+		ann := sts.Template.Metadata.Annotations
+		if ann["prometheus.io/scrape"] != "true" || exp.port(ann["prometheus.io/port"]) == 0 || ann["prometheus.io/path"] != "/metrics" {
+			t.Errorf("memcached pod annotations %v: want the exporter's port scraped at /metrics", ann)
+		}
+		hs := spec[serviceSpec](t, find(t, objs, "Service", sts.ServiceName))
+		if !slices.ContainsFunc(hs.Ports, func(p servicePort) bool { return p.Name == "metrics" && exp.port(p.TargetPort) != 0 }) {
+			t.Errorf("Service %s has no port metrics targeting the exporter, for the ServiceMonitor", sts.ServiceName)
 		}
 	})
 
