@@ -16,6 +16,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/memcgate/memcgate/config"
 	"github.com/memcgate/memcgate/test/gatewaytest"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
@@ -97,6 +98,9 @@ var (
 	selectorRE = regexp.MustCompile(`\b((?:memcgate|go|process)_[a-z0-9_]+)\{([^}]*)\}`)
 	matcherRE  = regexp.MustCompile(`(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"`)
 	groupingRE = regexp.MustCompile(`\b(?:by|without)\s*\(([^)]*)\)`)
+	// helpVarRE finds what looks like a variable in a help text: upper
+	// case words joined by underscores, with or without MEMCGATE_.
+	helpVarRE = regexp.MustCompile(`\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b`)
 )
 
 // TestMetricNames runs the real binary against real memcached, drives it
@@ -120,6 +124,7 @@ func TestMetricNames(t *testing.T) {
 		"memcgate_upstream_ops_total", "memcgate_upstream_op_duration_seconds_bucket", "memcgate_upstream_connections",
 		"memcgate_upstream_in_flight", "memcgate_upstream_node_up", "memcgate_upstream_ejections_total",
 		"memcgate_upstream_ejections_refused_total", "memcgate_upstream_probes_total", "memcgate_upstream_failovers_total",
+		"memcgate_async_writes_failed_total", "memcgate_buffered_bytes", "memcgate_config_reloads_total",
 	} {
 		if used[m] == nil {
 			t.Errorf("neither the dashboard nor the alerts use %s", m)
@@ -192,6 +197,26 @@ func TestMetricNames(t *testing.T) {
 			t.Fatalf("metrics exported:\n%s", strings.Join(keys(fams), "\n"))
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+
+	// Help texts that name a variable name one that exists.
+	known := map[string]bool{}
+	for _, v := range config.Vars() {
+		known[v.Name] = true
+	}
+	text, err := g.Metrics(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(text, "\n") {
+		if !strings.HasPrefix(line, "# HELP memcgate_") {
+			continue
+		}
+		for _, name := range helpVarRE.FindAllString(line, -1) {
+			if !known[name] && !known[config.Prefix+name] {
+				t.Errorf("%s: %s is not a variable (memcgate -help lists them)", line, name)
+			}
+		}
 	}
 
 	// Labels: selectors, by/without clauses and exact values.
@@ -429,4 +454,65 @@ func TestMemcachedMetricNames(t *testing.T) {
 // deploy/kubernetes).
 func targetLabel(l string) bool {
 	return l == "job" || l == "instance" || l == "pod" || l == "namespace"
+}
+
+// TestRunbook: every alert links its own section of docs/runbook.md, and
+// every section there belongs to an alert.
+func TestRunbook(t *testing.T) {
+	const prefix = "https://github.com/memcgate/memcgate/blob/main/docs/runbook.md#"
+	anchors := map[string]string{} // GitHub's anchor → heading
+	for _, line := range strings.Split(read(t, "docs/runbook.md"), "\n") {
+		if h, ok := strings.CutPrefix(line, "## "); ok {
+			anchors[githubAnchor(h)] = h
+		}
+	}
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Alert       string
+				Annotations map[string]string
+			}
+		}
+	}
+	decodeYAML(t, alertsRel, &rules)
+	linked := map[string]bool{}
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			if r.Alert == "" {
+				continue
+			}
+			url := r.Annotations["runbook_url"]
+			anchor, ok := strings.CutPrefix(url, prefix)
+			switch {
+			case !ok:
+				t.Errorf("alert %s: runbook_url %q, want %s<anchor>", r.Alert, url, prefix)
+			case anchors[anchor] != r.Alert:
+				t.Errorf("alert %s: runbook_url anchor #%s is not a section named %s in docs/runbook.md", r.Alert, anchor, r.Alert)
+			}
+			linked[anchor] = true
+		}
+	}
+	for a, h := range anchors {
+		if !linked[a] {
+			t.Errorf("docs/runbook.md section %q belongs to no alert", h)
+		}
+	}
+	if len(linked) < 10 {
+		t.Errorf("only %d alerts link the runbook", len(linked))
+	}
+}
+
+// githubAnchor is the fragment GitHub gives a Markdown heading: lower
+// case, spaces as hyphens, punctuation but - and _ dropped.
+func githubAnchor(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(heading)) {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r == '-' || r == '_' || 'a' <= r && r <= 'z' || '0' <= r && r <= '9':
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
