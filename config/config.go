@@ -29,8 +29,14 @@ const Prefix = "MEMCGATE_"
 // the empty value means ("off"); a secret tag marks a value /debug/config
 // must not show.
 type Config struct {
-	Servers      []Server `env:"SERVERS" envDefault:"127.0.0.1:11211" help:"memcached nodes, host:port[:weight] separated by commas; the ring hashes these names as written"`
-	Distribution string   `env:"DISTRIBUTION" envDefault:"ketama" help:"key placement: ketama (libmemcached/php-memcached OPT_LIBKETAMA_COMPATIBLE), modula (php-memcached default), consistent (php-memcached's session handler, DISTRIBUTION_CONSISTENT), nginx (nginx hash $key consistent), pecl-STRATEGY-HASH (pecl/memcache's Memcache class with memcache.hash_strategy standard|consistent and memcache.hash_function crc32|fnv, e.g. pecl-consistent-crc32, its default) or pecl-session-STRATEGY-HASH (pecl/memcache's session handler)"`
+	Servers      []Server      `env:"SERVERS" envDefault:"127.0.0.1:11211" help:"memcached nodes, host:port[:weight] separated by commas; the ring hashes these names as written"`
+	ServersFile  string        `env:"SERVERS_FILE" help:"file with the memcached nodes, host:port[:weight] one per line or separated by commas (# comments); re-read when it changes (a Kubernetes ConfigMap volume works); instead of SERVERS"`
+	ServersDNS   string        `env:"SERVERS_DNS" help:"discover the nodes in DNS instead of SERVERS: _service._proto.name for SRV records (the ring hashes the targets' names: a headless Service's stable pod names), or name:port for A/AAAA records (the ring hashes the addresses); re-resolved every DNS_INTERVAL"`
+	DNSInterval  time.Duration `env:"DNS_INTERVAL" envDefault:"10s" help:"how often SERVERS_DNS is resolved again"`
+	DNSServer    string        `env:"DNS_SERVER" help:"host:port of the DNS server SERVERS_DNS asks (default: the system's resolver)"`
+	ConfigFile   string        `env:"CONFIG_FILE" help:"file of MEMCGATE_ variables, NAME=value one per line (# comments; systemd EnvironmentFile style), read over the environment at start and again on SIGHUP or when it changes"`
+	Watch        time.Duration `env:"WATCH_INTERVAL" envDefault:"2s" help:"how often CONFIG_FILE, SERVERS_FILE and AUTH_TOKENS_FILE are checked for changes (0: only on SIGHUP)"`
+	Distribution string        `env:"DISTRIBUTION" envDefault:"ketama" help:"key placement: ketama (libmemcached/php-memcached OPT_LIBKETAMA_COMPATIBLE), modula (php-memcached default), consistent (php-memcached's session handler, DISTRIBUTION_CONSISTENT), nginx (nginx hash $key consistent), pecl-STRATEGY-HASH (pecl/memcache's Memcache class with memcache.hash_strategy standard|consistent and memcache.hash_function crc32|fnv, e.g. pecl-consistent-crc32, its default) or pecl-session-STRATEGY-HASH (pecl/memcache's session handler)"`
 
 	ListenAddr string `env:"LISTEN_ADDR" envDefault:":8080" help:"data listener (GET/PUT/DELETE/POST /{key})"`
 	AdminAddr  string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9090" help:"admin listener (/metrics /healthz /readyz /debug/nodes /debug/owners /debug/config /debug/pprof/); loopback only unless you change it"`
@@ -278,7 +284,8 @@ func Load(environ map[string]string) (Config, error) {
 	}
 	// A variable that failed to parse is left at its zero value; do not
 	// report it a second time as invalid.
-	for _, e := range unjoin(c.Validate()) {
+	_, serversSet := environ[Prefix+"SERVERS"]
+	for _, e := range append(unjoin(c.Validate()), c.validateSources(serversSet)...) {
 		if !mentionsAny(e, errs) {
 			errs = append(errs, e)
 		}
@@ -626,7 +633,7 @@ func (c Config) Tokens() ([]Token, error) {
 	return append(toks, more...), nil
 }
 
-// Var describes one configuration variable, for -help and the README.
+// Var describes one configuration variable, for -help and docs/configuration.md.
 type Var struct {
 	Name    string
 	Default string
@@ -648,7 +655,7 @@ type fieldVar struct {
 	Var
 	field  string // the Go field's name
 	prefix string // the envPrefix of its enclosing structs (MEMC_), without Prefix
-	index  []int  // the field's index sequence in Config
+	index  []int  // of the field in Config, for reflect.Value.FieldByIndex
 	empty  string // its empty tag: what the empty value means ("" = nothing)
 	secret string // its secret tag: how /debug/config redacts it ("" = not secret)
 }

@@ -2,7 +2,6 @@ package config
 
 import (
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -206,18 +205,4 @@ func ExampleLoad() {
 	}
 	fmt.Println(c.Servers, c.MaxConns, c.Distribution)
 	// Output: [mc-0.mc:11211 mc-1.mc:11211 mc-2.mc:11211:2] 32 ketama
-}
-
-// TestREADMEListsEveryVariable keeps the documentation honest: every
-// variable the binary reads appears in README.md.
-func TestREADMEListsEveryVariable(t *testing.T) {
-	b, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, v := range Vars() {
-		if !strings.Contains(string(b), "`"+v.Name+"`") {
-			t.Errorf("README.md does not document %s", v.Name)
-		}
-	}
 }

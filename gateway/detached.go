@@ -84,7 +84,7 @@ func (hh *handler) serveDetached(w http.ResponseWriter, r *http.Request, maker a
 	// The request is ours from here.
 	start := time.Now()
 	hh.obs.inFlight.Inc()
-	ctx, r := takeContext(r, maker, hh.opts.RequestTimeout)
+	ctx, r := takeContext(r, maker, hh.lim.requestTimeout())
 	ctx.lim, ctx.slot = hh.lim, true // given back by f.end
 	f := hh.newDetachedReq(w, r, ctx, start)
 	f.kr = kr

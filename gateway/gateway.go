@@ -37,7 +37,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rc.Reset()
 	rc.Routes = h.mux
-	ctx, r := takeContext(r, h, h.h.opts.RequestTimeout)
+	ctx, r := takeContext(r, h, h.h.lim.requestTimeout())
 	ctx.lim = h.h.lim
 	ctx.route = rc // back to the pool after the request, as chi does
 	defer func() {
@@ -72,9 +72,22 @@ func (h *Handler) BodyLimit(r *http.Request) int64 {
 // otherwise attach its context with WithContext, a copy of the request.
 // Its RequestTimeout counts from now. A context serves one request.
 func (h *Handler) NewContext(parent context.Context) context.Context {
-	ctx := newRequestCtx(parent, time.Now().Add(h.h.opts.RequestTimeout))
+	ctx := newRequestCtx(parent, time.Now().Add(h.h.lim.requestTimeout()))
 	ctx.maker = h
 	return ctx
+}
+
+// SetLimits changes, for the requests that follow, the cap on requests
+// in flight (Options.MaxRequests, 0: none), the deadline of a request's
+// memcached work (Options.RequestTimeout, 0: unchanged) and the access
+// log (Options.AccessLog).
+func (h *Handler) SetLimits(maxRequests int, requestTimeout time.Duration, accessLog bool) {
+	hh := h.h
+	hh.lim.lim.max.Store(int64(maxRequests))
+	if requestTimeout > 0 {
+		hh.lim.timeout.Store(int64(requestTimeout))
+	}
+	hh.obs.accessLog.Store(accessLog)
 }
 
 // Run applies asynchronous writes until ctx is done, then applies the ones
@@ -85,14 +98,19 @@ func (h *Handler) Run(ctx context.Context) error { return h.h.async.Run(ctx) }
 // It starts no goroutine; see Run.
 func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Options) *Handler {
 	opts.withDefaults()
+	if opts.Access == nil {
+		opts.Access = NewAccess(opts.Tokens, opts.ReadOnly)
+	}
 	h := &handler{
 		keyParser: keyParser{maxKeyLen: opts.MaxKeyLen, defaultTTL: int32(opts.DefaultTTL / time.Second)},
 		opts:      opts,
 		codec:     &codec{kind: opts.Codec, php: opts.PHP, pecl: opts.PeclMemcache, maxDecoded: int(opts.MaxValueBytes) * 64},
-		lim:       &limits{lim: limiter{max: int64(opts.MaxRequests)}, budget: opts.Budget, timeout: opts.RequestTimeout},
-		guard:     guard{tokens: opts.Tokens, readOnly: opts.ReadOnly},
+		lim:       &limits{budget: opts.Budget},
+		guard:     guard{a: opts.Access},
 		log:       log,
 	}
+	h.lim.lim.max.Store(int64(opts.MaxRequests))
+	h.lim.timeout.Store(int64(opts.RequestTimeout))
 	h.ex = &executor{store: s, codec: h.codec}
 	h.async = newAsyncQueue(h.ex, opts.Quiet, h.lim.budget, max(opts.MaxValueBytes, 1<<20), opts.AsyncWorkers, opts.AsyncQueue, opts.AsyncQueueBytes, opts.RequestTimeout, reg)
 	h.obs = newObserver(log, reg, opts.AccessLog, opts.AccessLogJSON)

@@ -33,18 +33,21 @@ const smallHold = 4 << 10
 type limits struct {
 	lim     limiter
 	budget  *budget.Budget // nil: no bound
-	timeout time.Duration  // RequestTimeout: the memcached work's, from when the body is read
+	timeout atomic.Int64   // RequestTimeout in nanoseconds: the memcached work's, from when the body is read
 }
+
+// requestTimeout is RequestTimeout now.
+func (l *limits) requestTimeout() time.Duration { return time.Duration(l.timeout.Load()) }
 
 // limiter counts requests in flight against a cap; a zero max disables it.
 type limiter struct {
-	max      int64
+	max      atomic.Int64 // 0: no cap
 	inFlight atomic.Int64
 }
 
 // acquire counts a request in, if the cap allows it.
 func (l *limiter) acquire() bool {
-	if l.max > 0 && l.inFlight.Add(1) > l.max {
+	if n := l.inFlight.Add(1); n > l.max.Load() && l.max.Load() > 0 {
 		l.inFlight.Add(-1)
 		return false
 	}
@@ -53,9 +56,7 @@ func (l *limiter) acquire() bool {
 
 // release counts out a request acquire let in.
 func (l *limiter) release() {
-	if l.max > 0 {
-		l.inFlight.Add(-1)
-	}
+	l.inFlight.Add(-1)
 }
 
 // errBusy answers a request that found every in-flight slot taken.
@@ -200,7 +201,7 @@ func (l *limits) readBody(r *http.Request, limit int64, into *[]byte) ([]byte, e
 	if rc != nil {
 		// The memcached work starts now: however long the body took,
 		// it gets all of RequestTimeout.
-		rc.restart(l.timeout)
+		rc.restart(l.requestTimeout())
 	}
 	return buf, nil
 }

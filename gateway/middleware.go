@@ -58,7 +58,7 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // panic recovery, in one wrapper so a request costs one statusWriter.
 type observer struct {
 	log       *slog.Logger
-	accessLog bool
+	accessLog atomic.Bool
 	// accessJSON, if not nil, takes the access log's lines directly,
 	// formatted by appendAccessJSON, in lines from lines (Options.AccessLogJSON).
 	accessJSON io.Writer
@@ -83,7 +83,6 @@ func newObserver(log *slog.Logger, reg prometheus.Registerer, accessLog bool, ac
 	_, _ = rand.Read(b[:])
 	o := &observer{
 		log:        log,
-		accessLog:  accessLog,
 		accessJSON: accessJSON,
 		idPrefix:   hex.EncodeToString(b[:]) + "-",
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -103,6 +102,7 @@ func newObserver(log *slog.Logger, reg prometheus.Registerer, accessLog bool, ac
 	for i, m := range methods {
 		o.durations[i] = o.duration.WithLabelValues(m)
 	}
+	o.accessLog.Store(accessLog)
 	// The server-side failures the 5xx alert and dashboard watch exist
 	// from the start at 0, so that increase() sees the first one; other
 	// codes appear on first use (pre-creating every method and code would
@@ -209,7 +209,7 @@ func (o *observer) record(r *http.Request, sw *statusWriter, start time.Time) {
 	o.inFlight.Dec()
 	o.count(m, sw.status)
 	o.durations[m].Observe(d.Seconds())
-	if !o.accessLog || !o.log.Enabled(r.Context(), slog.LevelInfo) { // not even the request ID at MEMCGATE_LOG_LEVEL=warn
+	if !o.accessLog.Load() || !o.log.Enabled(r.Context(), slog.LevelInfo) { // not even the request ID at MEMCGATE_LOG_LEVEL=warn
 		return
 	}
 	withPath := o.log.Enabled(r.Context(), slog.LevelDebug)

@@ -87,6 +87,9 @@ type Options struct {
 	Tokens Tokens
 	// ReadOnly refuses every write with 403.
 	ReadOnly bool
+	// Access, if not nil, replaces Tokens and ReadOnly: rules that can
+	// change while the handler runs, shared with other endpoints.
+	Access *Access
 	// MaxRequests caps requests in flight; beyond it 503 with Retry-After.
 	// Zero means no cap.
 	MaxRequests int

@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"net/http"
 	"strings"
+	"sync/atomic"
 )
 
 // Scope is what a bearer token allows.
@@ -120,11 +121,46 @@ func scopeFor(r *http.Request) Scope {
 	return ScopeWrite
 }
 
-// guard enforces tokens and read-only mode on the REST API.
-type guard struct {
+// Access is who may do what: the bearer tokens and read-only mode, which
+// a reload may change while requests run. The REST API and the
+// HttpMemcModule endpoints share one (Options.Access). Safe for concurrent
+// use; the zero value lets every request through.
+type Access struct {
+	p atomic.Pointer[accessRules]
+}
+
+type accessRules struct {
 	tokens   Tokens
 	readOnly bool
 }
+
+// NewAccess returns an Access with tokens and read-only mode.
+func NewAccess(tokens Tokens, readOnly bool) *Access {
+	a := new(Access)
+	a.Set(tokens, readOnly)
+	return a
+}
+
+// Set replaces the tokens and read-only mode for the requests that follow.
+func (a *Access) Set(tokens Tokens, readOnly bool) {
+	a.p.Store(&accessRules{tokens: tokens, readOnly: readOnly})
+}
+
+// Tokens returns the tokens in force.
+func (a *Access) Tokens() Tokens { return a.rules().tokens }
+
+// ReadOnly reports whether read-only mode is on.
+func (a *Access) ReadOnly() bool { return a.rules().readOnly }
+
+func (a *Access) rules() *accessRules {
+	if r := a.p.Load(); r != nil {
+		return r
+	}
+	return &accessRules{}
+}
+
+// guard enforces an Access on the REST API.
+type guard struct{ a *Access }
 
 // authorize is the middleware of guard.
 func (g guard) authorize(next http.Handler) http.Handler {
@@ -138,9 +174,10 @@ func (g guard) authorize(next http.Handler) http.Handler {
 // access returns why a data-plane request may not go on (read-only mode,
 // tokens), or nil.
 func (g guard) access(r *http.Request) *requestError {
+	rules := g.a.rules()
 	need := scopeFor(r)
-	if g.readOnly && need == ScopeWrite && r.Method != http.MethodOptions {
+	if rules.readOnly && need == ScopeWrite && r.Method != http.MethodOptions {
 		return &requestError{status: http.StatusForbidden, msg: "read-only mode: writes are disabled (MEMCGATE_READ_ONLY)"}
 	}
-	return g.tokens.check(r, need)
+	return rules.tokens.check(r, need)
 }

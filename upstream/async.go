@@ -35,11 +35,11 @@ func (c *Cluster) DoAsync(ctx context.Context, o op.Op, done func(op.Result)) bo
 		return false
 	}
 	sk, hk := c.keysOf(&o)
-	n, idx := c.asyncNode(hk)
+	n := c.asyncNode(hk)
 	if n == nil {
 		return false
 	}
-	a := c.newAsyncOp(ctx, n, idx)
+	a := c.newAsyncOp(ctx, n)
 	a.o, a.done = o, done
 	a.o.Item.Value = nil // encoded before DoAsync returns; not kept
 	if err := n.pipe.DoAsync(&o, sk, a.doneFn); err != nil {
@@ -56,7 +56,6 @@ type asyncOp struct {
 	c     *Cluster
 	ctx   context.Context
 	n     *node
-	idx   int
 	start time.Time
 	o     op.Op // without its value
 	done  func(op.Result)
@@ -64,13 +63,13 @@ type asyncOp struct {
 	doneFn func(*memcache.Item, uint64, error)
 }
 
-func (c *Cluster) newAsyncOp(ctx context.Context, n *node, idx int) *asyncOp {
+func (c *Cluster) newAsyncOp(ctx context.Context, n *node) *asyncOp {
 	a, _ := c.asyncOps.Get().(*asyncOp)
 	if a == nil {
 		a = &asyncOp{c: c}
 		a.doneFn = a.complete
 	}
-	a.ctx, a.n, a.idx, a.start = ctx, n, idx, time.Now()
+	a.ctx, a.n, a.start = ctx, n, time.Now()
 	return a
 }
 
@@ -81,7 +80,7 @@ func (c *Cluster) putAsyncOp(a *asyncOp) {
 
 // complete ends a DoAsync: mcpipe's callback.
 func (a *asyncOp) complete(mi *memcache.Item, num uint64, err error) {
-	c, ctx, n, idx, start, o, done := a.c, a.ctx, a.n, a.idx, a.start, a.o, a.done
+	c, ctx, n, start, o, done := a.c, a.ctx, a.n, a.start, a.o, a.done
 	c.putAsyncOp(a)
 	res := op.Result{N: num}
 	if res.Err = n.account(verbOp(o.Verb), start, err); res.Err == nil {
@@ -92,7 +91,7 @@ func (a *asyncOp) complete(mi *memcache.Item, num uint64, err error) {
 		return
 	}
 	if _, failed := nodeFailure(res.Err); failed && !o.Verb.Writes() && c.opts.Failover != FailFast && c.opts.MaxAttempts > 1 && ctx.Err() == nil {
-		go func() { done(c.doAfter(ctx, o, idx, res.Err)) }()
+		go func() { done(c.doAfter(ctx, o, n, res.Err)) }()
 		return
 	}
 	done(res)
@@ -101,20 +100,21 @@ func (a *asyncOp) complete(mi *memcache.Item, num uint64, err error) {
 // asyncNode returns the key's owner, holding a slot of its in-flight cap,
 // if the owner is up, is served by pipelined connections and has a slot
 // free now; else nil.
-func (c *Cluster) asyncNode(hashKey string) (*node, int) {
-	for i := range c.ring.Owners(hashKey) {
-		n := c.nodes[i]
+func (c *Cluster) asyncNode(hashKey string) *node {
+	t := c.topo.Load()
+	for i := range t.ring.Owners(hashKey) {
+		n := t.nodes[i]
 		if n.pipe == nil || !n.available() {
-			return nil, 0
+			return nil
 		}
 		select {
 		case n.sem <- struct{}{}:
-			return n, i
+			return n
 		default:
-			return nil, 0
+			return nil
 		}
 	}
-	return nil, 0
+	return nil
 }
 
 // account classifies, counts and times an asynchronous operation's result

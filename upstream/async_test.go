@@ -70,36 +70,36 @@ func TestAsync(t *testing.T) {
 	}
 	missing := ""
 	for i := 0; missing == ""; i++ { // on node 0 too, whose connection is open
-		if k := fmt.Sprint("missing-", i); c.Placement(k).Chain[0].Node == c.nodes[0].name {
+		if k := fmt.Sprint("missing-", i); c.Placement(k).Chain[0].Node == c.topo.Load().nodes[0].name {
 			missing = k
 		}
 	}
 	if _, err, ok := getAsync(c, ctx, missing); !ok || !errors.Is(err, ErrNotFound) {
 		t.Fatalf("GetAsync of a missing key = %v (started %v), want ErrNotFound", err, ok)
 	}
-	if got := testutil.ToFloat64(c.nodes[0].m.ops[verbOp(op.Get)][resOK]) + testutil.ToFloat64(c.nodes[1].m.ops[verbOp(op.Get)][resOK]); got != 2 {
+	if got := testutil.ToFloat64(c.topo.Load().nodes[0].m.ops[verbOp(op.Get)][resOK]) + testutil.ToFloat64(c.topo.Load().nodes[1].m.ops[verbOp(op.Get)][resOK]); got != 2 {
 		t.Errorf("gets counted ok = %v, want 2 (Get and GetAsync)", got)
 	}
-	if got := testutil.ToFloat64(c.nodes[0].m.ops[verbOp(op.Set)][resOK]); got != 2 {
+	if got := testutil.ToFloat64(c.topo.Load().nodes[0].m.ops[verbOp(op.Set)][resOK]); got != 2 {
 		t.Errorf("sets counted ok on node 0 = %v, want 2 (Set and SetAsync)", got)
 	}
-	for i, n := range c.nodes {
+	for i, n := range c.topo.Load().nodes {
 		if l := len(n.sem); l != 0 {
 			t.Errorf("node %d holds %d in-flight slots after every call completed, want 0", i, l)
 		}
 	}
 
 	// Declined: the owner's in-flight cap is full; the owner is down.
-	for range cap(c.nodes[0].sem) {
-		c.nodes[0].sem <- struct{}{}
+	for range cap(c.topo.Load().nodes[0].sem) {
+		c.topo.Load().nodes[0].sem <- struct{}{}
 	}
 	if _, _, ok := getAsync(c, ctx, key); ok {
 		t.Error("GetAsync started with the owner's cap full, want declined")
 	}
-	for range cap(c.nodes[0].sem) {
-		<-c.nodes[0].sem
+	for range cap(c.topo.Load().nodes[0].sem) {
+		<-c.topo.Load().nodes[0].sem
 	}
-	c.nodes[0].eject("test", errors.New("x"), false)
+	c.topo.Load().nodes[0].eject("test", errors.New("x"), false)
 	if _, ok := setAsync(c, ctx, Item{Key: key}); ok {
 		t.Error("SetAsync started with the owner down, want declined (Set fails over)")
 	}
@@ -134,10 +134,10 @@ func TestAsyncGetFailsOver(t *testing.T) {
 	if d := time.Since(start); d < 250*time.Millisecond || d > time.Second {
 		t.Errorf("failover took %v, want about the 300ms timeout", d)
 	}
-	if got := testutil.ToFloat64(c.nodes[0].m.failovers); got != 1 {
+	if got := testutil.ToFloat64(c.topo.Load().nodes[0].m.failovers); got != 1 {
 		t.Errorf("failovers counted on node 0 = %v, want 1", got)
 	}
-	if got := testutil.ToFloat64(c.nodes[0].m.ops[verbOp(op.Get)][resTimeout]); got != 1 {
+	if got := testutil.ToFloat64(c.topo.Load().nodes[0].m.ops[verbOp(op.Get)][resTimeout]); got != 1 {
 		t.Errorf("timeouts counted on node 0 = %v, want 1", got)
 	}
 }

@@ -40,9 +40,10 @@ func (c *Cluster) Version(ctx context.Context) []NodeReply {
 }
 
 func (c *Cluster) everyNode(ctx context.Context, cmd string, multiline bool) []NodeReply {
-	out := make([]NodeReply, len(c.nodes))
+	nodes := c.topo.Load().nodes
+	out := make([]NodeReply, len(nodes))
 	var wg sync.WaitGroup
-	for i, n := range c.nodes {
+	for i, n := range nodes {
 		out[i].Node = n.name
 		if !n.available() {
 			out[i].Err = fmt.Errorf("%w: %s is down", ErrNoNodes, n.name)

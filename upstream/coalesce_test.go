@@ -43,24 +43,24 @@ func TestGetBatchingUnderLoad(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	batched := testutil.ToFloat64(c.nodes[0].m.batched)
+	batched := testutil.ToFloat64(c.topo.Load().nodes[0].m.batched)
 	st, _ := mcs[0].Stats()
 	t.Logf("2000 Gets from 200 goroutines over 2 connections: %v went out batched; memcached saw cmd_get=%s (keys) in get commands", batched, st["cmd_get"])
 	if batched == 0 {
 		t.Error("no Get was batched with 200 goroutines on 2 connections")
 	}
-	if c.nodes[0].conns.Load() > 2 {
-		t.Errorf("%d connections, want at most 2", c.nodes[0].conns.Load())
+	if c.topo.Load().nodes[0].conns.Load() > 2 {
+		t.Errorf("%d connections, want at most 2", c.topo.Load().nodes[0].conns.Load())
 	}
-	if len(c.nodes[0].pending) != 0 {
-		t.Errorf("%d Gets left parked", len(c.nodes[0].pending))
+	if len(c.topo.Load().nodes[0].pending) != 0 {
+		t.Errorf("%d Gets left parked", len(c.topo.Load().nodes[0].pending))
 	}
 }
 
 func TestParkedGetFollowsContext(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 1)
 	c, _ := newTestCluster(t, mcs, func(o *Options) { o.MaxConns, o.MaxInFlight = 1, 1 })
-	n := c.nodes[0]
+	n := c.topo.Load().nodes[0]
 	n.sem <- struct{}{} // the only slot is busy and stays busy
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()

@@ -18,7 +18,7 @@ import (
 )
 
 // These tests put real memcached processes (and our fault proxy) under a
-// running cluster and log the figures the README quotes: detection and
+// running cluster and log the figures docs/operations.md quotes: detection and
 // re-admission times, errors during a kill, latency with every node down.
 
 // faultOptions are the production defaults with a faster probe interval so
@@ -145,7 +145,7 @@ func TestKillOneOfThreeUnderLoad(t *testing.T) {
 	}
 	l := startLoad(c, 4, 4*time.Millisecond, keys) // ~1000 ops/s
 	time.Sleep(300 * time.Millisecond)
-	victim := c.nodes[1]
+	victim := c.topo.Load().nodes[1]
 	killed := time.Now()
 	mcs[1].Kill()
 	waitFor(t, 5*time.Second, "ejection after SIGKILL", func() bool { return !victim.available() })
@@ -194,7 +194,7 @@ func TestPausedNodeTimesOutThenRejoins(t *testing.T) {
 	l := startLoad(c, 4, 4*time.Millisecond, keys)
 	defer l.Stop()
 	time.Sleep(200 * time.Millisecond)
-	victim := c.nodes[2]
+	victim := c.topo.Load().nodes[2]
 	paused := time.Now()
 	mcs[2].Pause()
 	waitFor(t, 5*time.Second, "ejection after SIGSTOP", func() bool { return !victim.available() })
@@ -216,7 +216,7 @@ func TestAllDownThenUp(t *testing.T) {
 	for _, m := range mcs {
 		m.Kill()
 	}
-	waitFor(t, 5*time.Second, "all nodes down", func() bool { return c.up() == 0 })
+	waitFor(t, 5*time.Second, "all nodes down", func() bool { return c.up(c.topo.Load()) == 0 })
 	if c.Ready() {
 		t.Error("Ready() with every node down")
 	}
@@ -258,7 +258,7 @@ func TestFaultProxy(t *testing.T) {
 		o.Servers[0].Port = port
 	})
 	runCluster(t, c)
-	proxied := c.nodes[0]
+	proxied := c.topo.Load().nodes[0]
 	keys := testKeys(200)
 	l := startLoad(c, 4, 4*time.Millisecond, keys)
 	defer l.Stop()
@@ -292,7 +292,7 @@ func TestFailoverWritesGetCappedTTL(t *testing.T) {
 	runCluster(t, c)
 	key := keyOwnedBy(t, c, 0)
 	mcs[0].Kill()
-	waitFor(t, 5*time.Second, "ejection", func() bool { return !c.nodes[0].available() })
+	waitFor(t, 5*time.Second, "ejection", func() bool { return !c.topo.Load().nodes[0].available() })
 	if err := c.Set(t.Context(), Item{Key: key, Value: []byte("v"), Expiration: 3600}); err != nil {
 		t.Fatal(err)
 	}

@@ -41,7 +41,7 @@ type prober interface {
 type healthPolicy struct {
 	HealthOptions
 	down       atomic.Int32 // nodes currently down
-	maxPassive int32        // most nodes passive ejection may take down at once
+	maxPassive atomic.Int32 // most nodes passive ejection may take down at once
 	ejected    func(node, reason string)
 	refused    func(node string)
 }
@@ -50,7 +50,7 @@ type healthPolicy struct {
 func (p *healthPolicy) reservePassive() bool {
 	for {
 		d := p.down.Load()
-		if d >= p.maxPassive {
+		if d >= p.maxPassive.Load() {
 			return false
 		}
 		if p.down.CompareAndSwap(d, d+1) {
@@ -99,7 +99,7 @@ func (n *node) observe(err error) {
 // state changes. Idle data connections are closed: they lead to a process
 // that is dead or hung.
 func (n *node) eject(reason string, cause error, passive bool) {
-	if !n.up.Load() {
+	if !n.up.Load() || n.retired.Load() {
 		return
 	}
 	if passive && !n.h.reservePassive() {
@@ -172,7 +172,7 @@ func (n *node) probeResult(err error) probeAction {
 // admit puts a node back into service.
 func (n *node) admit() {
 	n.mu.Lock()
-	if !n.up.CompareAndSwap(false, true) {
+	if n.retired.Load() || !n.up.CompareAndSwap(false, true) {
 		n.mu.Unlock()
 		return
 	}
@@ -208,10 +208,12 @@ func (c *Cluster) Run(ctx context.Context) error {
 	}
 }
 
-// checkAll runs one probe round: every node in parallel, synchronously.
+// checkAll runs one probe round: every node in parallel, synchronously,
+// and closes the removed nodes that have nothing left in flight.
 func (c *Cluster) checkAll(ctx context.Context) {
+	c.closeRetired()
 	var wg sync.WaitGroup
-	for _, n := range c.nodes {
+	for _, n := range c.topo.Load().nodes {
 		wg.Go(func() {
 			defer func() {
 				if r := recover(); r != nil {
@@ -226,8 +228,8 @@ func (c *Cluster) checkAll(ctx context.Context) {
 
 func (c *Cluster) checkNode(ctx context.Context, n *node) {
 	err := n.probe.Ping()
-	if ctx.Err() != nil {
-		return // shutting down: a failed probe says nothing
+	if ctx.Err() != nil || n.retired.Load() {
+		return // shutting down, or removed meanwhile: a probe says nothing
 	}
 	if err != nil {
 		n.m.probeFail.Inc()
@@ -254,17 +256,45 @@ func (c *Cluster) checkNode(ctx context.Context, n *node) {
 	}
 }
 
-// up is the number of nodes taking traffic.
-func (c *Cluster) up() int { return len(c.nodes) - int(c.health.down.Load()) }
+// up is the number of t's nodes taking traffic.
+func (c *Cluster) up(t *topology) int { return len(t.nodes) - int(c.health.down.Load()) }
 
 // panicking reports whether routing should ignore health: fewer than
 // PanicPercent of the nodes are up, but not none (then there is nothing to
 // route to, and failing fast is better).
-func (c *Cluster) panicking() bool {
+func (c *Cluster) panicking(t *topology) bool {
 	p := c.opts.Health.PanicPercent
 	if p <= 0 {
 		return false
 	}
-	up := c.up()
-	return up > 0 && up*100 < p*len(c.nodes)
+	up := c.up(t)
+	return up > 0 && up*100 < p*len(t.nodes)
+}
+
+// startDown marks a node SetServers added down before it takes traffic:
+// its first probe failed. Rise probes bring it up, as any down node.
+func (n *node) startDown(cause error) {
+	n.mu.Lock()
+	if !n.up.CompareAndSwap(true, false) {
+		n.mu.Unlock()
+		return
+	}
+	n.h.down.Add(1)
+	n.since, n.reason = time.Now(), "added, first probe failed: "+cause.Error()
+	n.mu.Unlock()
+	n.m.up.Set(0)
+	n.log.Warn("node added but down", "err", cause.Error())
+}
+
+// retire takes a node SetServers removed out of the health counts: it
+// is no longer up or down, only draining.
+func (n *node) retire() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.retired.Store(true)
+	if !n.up.Load() {
+		n.h.down.Add(-1)
+	}
+	n.up.Store(false) // takes no new operation (a stale topology may still offer it)
+	n.since, n.reason = time.Now(), "removed from the servers"
 }

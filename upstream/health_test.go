@@ -48,7 +48,7 @@ func fakeCluster(t *testing.T, n int, mod func(*Options)) (*Cluster, []*fakeProb
 		t.Fatal(err)
 	}
 	probes := make([]*fakeProber, n)
-	for i, nd := range c.nodes {
+	for i, nd := range c.topo.Load().nodes {
 		probes[i] = &fakeProber{}
 		probes[i].ok.Store(true)
 		nd.probe = probes[i]
@@ -81,7 +81,7 @@ func TestFallRiseAndFlapBackoff(t *testing.T) {
 		if !c.Ready() {
 			t.Fatal("Ready() = false after the first round with all probes passing")
 		}
-		n := c.nodes[1]
+		n := c.topo.Load().nodes[1]
 
 		probes[1].ok.Store(false)
 		down := waitUntil(t, time.Minute, func() bool { return !n.available() })
@@ -124,26 +124,26 @@ func TestPassiveEjectionCap(t *testing.T) {
 	c, _ := fakeCluster(t, 4, func(o *Options) { o.Health.MaxEjectedPercent = 50 })
 	refused := &NodeError{Node: "x", Op: "get", Err: fmt.Errorf("read: %w", syscall.ECONNRESET)}
 	for i := range 4 {
-		c.nodes[i].observe(refused)
+		c.topo.Load().nodes[i].observe(refused)
 	}
-	if got, want := c.up(), 2; got != want {
+	if got, want := c.up(c.topo.Load()), 2; got != want {
 		t.Errorf("after passive failures on all 4 nodes, %d are up, want %d (cap 50%%)", got, want)
 	}
-	refusedMetric := testutil.ToFloat64(c.m.ejectsRefused.WithLabelValues(c.nodes[3].name))
+	refusedMetric := testutil.ToFloat64(c.m.ejectsRefused.WithLabelValues(c.topo.Load().nodes[3].name))
 	if refusedMetric != 1 {
-		t.Errorf("ejections_refused_total{%s} = %v, want 1", c.nodes[3].name, refusedMetric)
+		t.Errorf("ejections_refused_total{%s} = %v, want 1", c.topo.Load().nodes[3].name, refusedMetric)
 	}
 	// Probes are not capped: they confirm the node is gone.
-	c.nodes[3].eject("probe", errors.New("probe failed"), false)
-	if got, want := c.up(), 1; got != want {
+	c.topo.Load().nodes[3].eject("probe", errors.New("probe failed"), false)
+	if got, want := c.up(c.topo.Load()), 1; got != want {
 		t.Errorf("after a probe ejection beyond the cap, %d are up, want %d", got, want)
 	}
 	// Re-admission frees a passive slot again.
-	c.nodes[0].mu.Lock()
-	c.nodes[0].passes = 2
-	c.nodes[0].mu.Unlock()
-	c.nodes[0].admit()
-	if got, want := c.up(), 2; got != want {
+	c.topo.Load().nodes[0].mu.Lock()
+	c.topo.Load().nodes[0].passes = 2
+	c.topo.Load().nodes[0].mu.Unlock()
+	c.topo.Load().nodes[0].admit()
+	if got, want := c.up(c.topo.Load()), 2; got != want {
 		t.Errorf("after re-admitting one node, %d are up, want %d", got, want)
 	}
 }
@@ -153,7 +153,7 @@ func TestPanicMode(t *testing.T) {
 	key := "k"
 	owner := c.Placement(key).Chain[0].Node
 	var ownerNode *node
-	for _, n := range c.nodes {
+	for _, n := range c.topo.Load().nodes {
 		if n.name == owner {
 			ownerNode = n
 		}
@@ -164,23 +164,23 @@ func TestPanicMode(t *testing.T) {
 	}
 	// Take two more down: 1 of 4 up (25% < 50%): panic, route as if all up.
 	downed := 1
-	for _, n := range c.nodes {
+	for _, n := range c.topo.Load().nodes {
 		if n != ownerNode && downed < 3 {
 			n.eject("probe", errors.New("down"), false)
 			downed++
 		}
 	}
-	if !c.panicking() {
+	if !c.panicking(c.topo.Load()) {
 		t.Fatal("panicking() = false with 1 of 4 nodes up and PanicPercent 50")
 	}
 	if got := c.Placement(key).Serving; got != owner {
 		t.Errorf("in panic mode key served by %q, want its owner %q", got, owner)
 	}
 	// All down: no panic, fail fast.
-	for _, n := range c.nodes {
+	for _, n := range c.topo.Load().nodes {
 		n.eject("probe", errors.New("down"), false)
 	}
-	if c.panicking() {
+	if c.panicking(c.topo.Load()) {
 		t.Error("panicking() = true with no node up")
 	}
 	start := time.Now()
@@ -196,7 +196,7 @@ func TestFailFastPolicy(t *testing.T) {
 	c, _ := fakeCluster(t, 3, func(o *Options) { o.Failover = FailFast })
 	key := "k"
 	p := c.Placement(key)
-	for _, n := range c.nodes {
+	for _, n := range c.topo.Load().nodes {
 		if n.name == p.Chain[0].Node {
 			n.eject("probe", errors.New("down"), false)
 		}
@@ -212,10 +212,10 @@ func TestFailFastPolicy(t *testing.T) {
 func TestReadmitFlush(t *testing.T) {
 	c, probes := fakeCluster(t, 2, func(o *Options) { o.Health.ReadmitFlush = true })
 	ctx := t.Context()
-	c.nodes[0].eject("probe", errors.New("down"), false)
+	c.topo.Load().nodes[0].eject("probe", errors.New("down"), false)
 	c.checkAll(ctx)
 	c.checkAll(ctx)
-	if !c.nodes[0].available() {
+	if !c.topo.Load().nodes[0].available() {
 		t.Fatal("node not re-admitted after Rise passes")
 	}
 	if got := probes[0].flushes.Load(); got != 1 {
@@ -258,11 +258,11 @@ func TestReadyMinUpPercent(t *testing.T) {
 	if !c.Ready() {
 		t.Fatal("Ready() = false with 4 of 4 up")
 	}
-	c.nodes[0].eject("probe", errors.New("down"), false)
+	c.topo.Load().nodes[0].eject("probe", errors.New("down"), false)
 	if !c.Ready() {
 		t.Error("Ready() = false with 3 of 4 up and 75% needed")
 	}
-	c.nodes[1].eject("probe", errors.New("down"), false)
+	c.topo.Load().nodes[1].eject("probe", errors.New("down"), false)
 	if c.Ready() {
 		t.Error("Ready() = true with 2 of 4 up and 75% needed")
 	}

@@ -103,6 +103,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	return m
 }
 
+// forget deletes every series of a node that left the cluster.
+func (m *metrics) forget(name string) {
+	l := prometheus.Labels{"node": name}
+	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{m.ops, m.duration, m.up, m.ejects, m.ejectsRefused, m.probes, m.failovers, m.batched} {
+		v.DeletePartialMatch(l)
+	}
+}
+
 // nodeMetrics are one node's pre-resolved collectors.
 type nodeMetrics struct {
 	ops       [numOps][numResults]prometheus.Counter
@@ -145,13 +153,13 @@ func (m *metrics) forNode(name string) *nodeMetrics {
 // poolCollector reports each node's connections, split into in-use and
 // idle, from the node's atomic counters at scrape time.
 type poolCollector struct {
-	nodes []*node
+	nodes func() []*node // the current ones
 	desc  *prometheus.Desc
 	inFl  *prometheus.Desc
 	maxFl *prometheus.Desc
 }
 
-func newPoolCollector(nodes []*node) *poolCollector {
+func newPoolCollector(nodes func() []*node) *poolCollector {
 	return &poolCollector{
 		nodes: nodes,
 		desc: prometheus.NewDesc("memcgate_upstream_connections",
@@ -170,7 +178,7 @@ func (p *poolCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (p *poolCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, n := range p.nodes {
+	for _, n := range p.nodes() {
 		open, inUse := n.conns.Load(), int64(len(n.sem))
 		idle := max(open-inUse, 0)
 		ch <- prometheus.MustNewConstMetric(p.desc, prometheus.GaugeValue, float64(min(inUse, open)), n.name, "in_use")

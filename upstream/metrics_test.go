@@ -32,7 +32,7 @@ func TestCountersFromZero(t *testing.T) {
 				t.Fatalf("%s has %d series before any event, want %d", tt.name, got, want)
 			}
 			// Reading the expected series must not create any: they exist.
-			for _, n := range c.nodes {
+			for _, n := range c.topo.Load().nodes {
 				for _, v := range tt.values {
 					if got := testutil.ToFloat64(tt.vec.WithLabelValues(append([]string{n.name}, v...)...)); got != 0 {
 						t.Errorf("%s{node=%q %v} = %v at start, want 0", tt.name, n.name, v, got)
@@ -57,7 +57,7 @@ func TestProbeCounters(t *testing.T) {
 	probes[1].ok.Store(false)
 	c.checkAll(t.Context())
 	for i, want := range []struct{ ok, fail float64 }{{1, 0}, {0, 1}} {
-		n := c.nodes[i]
+		n := c.topo.Load().nodes[i]
 		if got := testutil.ToFloat64(c.m.probes.WithLabelValues(n.name, "ok")); got != want.ok {
 			t.Errorf("probes_total{node=%q,result=ok} = %v, want %v", n.name, got, want.ok)
 		}

@@ -19,30 +19,30 @@ import (
 // a 25 KB line at most), well inside what memcached reads in one go.
 const maxKeysPerGet = 100
 
-// pick returns the node that serves a key now under the failover policy,
-// and whether it is not the key's owner.
-func (c *Cluster) pick(hashKey string) (idx int, failover bool, err error) {
-	ignoreHealth := c.panicking()
+// pick returns the node of t that serves a key now under the failover
+// policy, and whether it is not the key's owner.
+func (c *Cluster) pick(t *topology, hashKey string) (n *node, failover bool, err error) {
+	ignoreHealth := c.panicking(t)
 	owner := -1
-	for i := range c.ring.Owners(hashKey) {
+	for i := range t.ring.Owners(hashKey) {
 		if owner < 0 {
 			owner = i
 		}
-		if ignoreHealth || c.nodes[i].available() {
-			return i, i != owner, nil
+		if ignoreHealth || t.nodes[i].available() {
+			return t.nodes[i], i != owner, nil
 		}
 		if c.opts.Failover == FailFast {
-			return -1, false, fmt.Errorf("%w: %s, the key's node, is down (failover policy %q)", ErrNoNodes, c.nodes[i].name, FailFast)
+			return nil, false, fmt.Errorf("%w: %s, the key's node, is down (failover policy %q)", ErrNoNodes, t.nodes[i].name, FailFast)
 		}
 	}
-	return -1, false, ErrNoNodes
+	return nil, false, ErrNoNodes
 }
 
 // Up reports whether an operation on key could be served now: its node,
 // or under the failover policy one it fails over to, is up.
 func (c *Cluster) Up(key string) bool {
 	_, hk := c.keys(key)
-	_, _, err := c.pick(hk)
+	_, _, err := c.pick(c.topo.Load(), hk)
 	return err == nil
 }
 
@@ -60,12 +60,13 @@ func (c *Cluster) GetMulti(ctx context.Context, keys []string, limit int) (map[s
 	var mu sync.Mutex // guards found, failed and kept
 	kept := 0         // bytes of values kept so far, against limit
 	type batch struct {
-		node     int
+		node     *node
 		failover bool
 		store    []string          // keys as sent
 		client   map[string]string // store key → client key
 	}
-	batches := map[int][]*batch{}
+	t := c.topo.Load()
+	batches := map[*node][]*batch{}
 	seen := make(map[string]bool, len(keys))
 	for _, k := range keys {
 		if seen[k] {
@@ -73,15 +74,15 @@ func (c *Cluster) GetMulti(ctx context.Context, keys []string, limit int) (map[s
 		}
 		seen[k] = true
 		sk, hk := c.keys(k)
-		idx, fo, err := c.pick(hk)
+		n, fo, err := c.pick(t, hk)
 		if err != nil {
 			failed[k] = err
 			continue
 		}
-		bs := batches[idx]
+		bs := batches[n]
 		if len(bs) == 0 || len(bs[len(bs)-1].store) == maxKeysPerGet {
-			bs = append(bs, &batch{node: idx, failover: fo, client: map[string]string{}})
-			batches[idx] = bs
+			bs = append(bs, &batch{node: n, failover: fo, client: map[string]string{}})
+			batches[n] = bs
 		}
 		b := bs[len(bs)-1]
 		b.store = append(b.store, sk)
@@ -132,7 +133,7 @@ func (c *Cluster) GetMulti(ctx context.Context, keys []string, limit int) (map[s
 				var dropped []string
 				r := room()
 				defer done(r)
-				err := c.nodes[b.node].do(ctx, opGetMulti, b.failover, func(mc dataClient, _ bool) (err error) {
+				err := b.node.do(ctx, opGetMulti, b.failover, func(mc dataClient, _ bool) (err error) {
 					items, dropped, err = mc.GetMultiLimit(b.store, r)
 					return err
 				})
@@ -249,11 +250,10 @@ func (u *udpSender) close() {
 func (c *Cluster) SetQuiet(ctx context.Context, it op.Item) error {
 	set := func() error { return c.Do(ctx, op.Op{Verb: op.Set, Item: it}).Err }
 	sk, hk := c.keys(it.Key)
-	idx, failover, err := c.pick(hk)
+	n, failover, err := c.pick(c.topo.Load(), hk)
 	if err != nil {
 		return err
 	}
-	n := c.nodes[idx]
 	if n.udp == nil {
 		return set()
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,6 +41,7 @@ type node struct {
 	pendingGets
 
 	up          atomic.Bool
+	retired     atomic.Bool  // SetServers removed it: it drains and takes no health decisions
 	passiveRuns atomic.Int32 // consecutive data-path timeouts
 
 	mu           sync.Mutex // guards the fields below; never held across I/O
@@ -199,6 +201,22 @@ func (p pooled) GetMultiLimit(keys []string, limit int) (map[string]*memcache.It
 		}
 	}
 	return items, dropped, nil
+}
+
+// setUDP gives a new node the UDP port s names, if any.
+func (n *node) setUDP(s Server) {
+	if s.UDPPort > 0 {
+		n.udp = &udpSender{addr: net.JoinHostPort(s.Host, strconv.Itoa(s.UDPPort))}
+	}
+}
+
+// close closes the node's connections.
+func (n *node) close() error {
+	err := errors.Join(n.client.Close(), n.probe.Close())
+	if n.udp != nil {
+		n.udp.close()
+	}
+	return err
 }
 
 // inFlightCap is the number of operations a node runs at once.

@@ -18,8 +18,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
@@ -171,68 +173,206 @@ func (o *Options) withDefaults() {
 }
 
 // Cluster is a set of memcached nodes behind a consistent-hash ring. It is
-// safe for concurrent use. The ring never changes after New: a node that is
-// down is skipped while walking the ring, which places its keys exactly
-// where a ring without it would, and no other key moves.
+// safe for concurrent use. A node that is down is skipped while walking
+// the ring, which places its keys exactly where a ring without it would,
+// and no other key moves. SetServers replaces the nodes and the ring
+// together, keeping the nodes (and their connections and health) that
+// stay.
 type Cluster struct {
-	nodes      []*node
-	ring       *hashring.Ring
+	topo       atomic.Pointer[topology]
 	opts       Options
 	health     *healthPolicy
 	m          *metrics
 	log        *slog.Logger
 	probed     chan struct{} // closed after the first probe round
 	probedOnce sync.Once
-	asyncOps   sync.Pool // of *asyncOp, GetAsync's and SetAsync's
+	asyncOps   sync.Pool // of *asyncOp, DoAsync's
+
+	mu      sync.Mutex // guards retired, and serializes SetServers
+	retired []*node    // nodes SetServers removed, closed by Run once idle
+}
+
+// topology is one set of nodes and the ring that places keys on them
+// (ring members are nodes, in order). It never changes: SetServers swaps
+// in a new one, so an operation sees one consistent pair.
+type topology struct {
+	nodes   []*node
+	ring    *hashring.Ring
+	servers []Server // as configured, in ring order
+	dist    hashring.Distribution
 }
 
 // New builds a cluster. It opens no connection and starts no goroutine.
 func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Cluster, error) {
 	opts.withDefaults()
-	if len(opts.Servers) == 0 {
-		return nil, errors.New("upstream: no servers")
-	}
-	members := make([]hashring.Member, len(opts.Servers))
-	for i, s := range opts.Servers {
-		members[i] = hashring.Member{Host: s.Host, Port: s.Port, Weight: max(s.Weight, 1)}
-	}
-	ring, err := hashring.New(opts.Distribution, members)
-	if err != nil {
-		return nil, fmt.Errorf("upstream: %w", err)
-	}
-	m := newMetrics(reg)
-	c := &Cluster{ring: ring, opts: opts, m: m, log: log, probed: make(chan struct{})}
 	switch opts.Failover {
 	case Rehash, FailFast:
 	default:
 		return nil, fmt.Errorf("upstream: unknown failover policy %q", opts.Failover)
 	}
+	m := newMetrics(reg)
+	c := &Cluster{opts: opts, m: m, log: log, probed: make(chan struct{})}
 	c.health = &healthPolicy{
 		HealthOptions: opts.Health,
-		maxPassive:    int32(max(1, len(opts.Servers)*opts.Health.MaxEjectedPercent/100)),
 		ejected:       func(node, reason string) { m.ejects.WithLabelValues(node, reason).Inc() },
 		refused:       func(node string) { m.ejectsRefused.WithLabelValues(node).Inc() },
 	}
-	for _, s := range opts.Servers {
-		name := net.JoinHostPort(s.Host, strconv.Itoa(s.Port))
-		n := newNode(name, &c.opts, c.health, m.forNode(name), log)
-		if s.UDPPort > 0 {
-			n.udp = &udpSender{addr: net.JoinHostPort(s.Host, strconv.Itoa(s.UDPPort))}
-		}
-		c.nodes = append(c.nodes, n)
+	t, _, err := c.newTopology(opts.Servers, opts.Distribution, nil)
+	if err != nil {
+		return nil, err
 	}
-	reg.MustRegister(newPoolCollector(c.nodes))
+	c.setTopology(t)
+	reg.MustRegister(newPoolCollector(func() []*node { return c.topo.Load().nodes }))
 	return c, nil
+}
+
+// newTopology builds the nodes and ring of servers placed by dist,
+// taking the nodes of old (by name) that stay, and returns the new nodes
+// it made.
+func (c *Cluster) newTopology(servers []Server, dist hashring.Distribution, old *topology) (*topology, []*node, error) {
+	if len(servers) == 0 {
+		return nil, nil, errors.New("upstream: no servers")
+	}
+	members := make([]hashring.Member, len(servers))
+	for i, s := range servers {
+		members[i] = hashring.Member{Host: s.Host, Port: s.Port, Weight: max(s.Weight, 1)}
+	}
+	ring, err := hashring.New(dist, members)
+	if err != nil {
+		return nil, nil, fmt.Errorf("upstream: %w", err)
+	}
+	keep := map[string]*node{}
+	if old != nil {
+		for _, n := range old.nodes {
+			keep[n.name] = n
+		}
+	}
+	t := &topology{ring: ring, servers: slices.Clone(servers), dist: dist}
+	var added []*node
+	for _, s := range servers {
+		name := net.JoinHostPort(s.Host, strconv.Itoa(s.Port))
+		n := keep[name]
+		if n == nil {
+			n = newNode(name, &c.opts, c.health, c.m.forNode(name), c.log)
+			n.setUDP(s) // a node that stays keeps its UDP port: it is in use
+			added = append(added, n)
+		}
+		t.nodes = append(t.nodes, n)
+	}
+	return t, added, nil
+}
+
+// setTopology makes t current, with the passive-ejection cap of its size.
+func (c *Cluster) setTopology(t *topology) {
+	c.health.maxPassive.Store(int32(max(1, len(t.nodes)*c.opts.Health.MaxEjectedPercent/100)))
+	c.topo.Store(t)
+}
+
+// Change is what SetServers changed, by node name.
+type Change struct {
+	Added   []string `json:"added,omitempty"`
+	Removed []string `json:"removed,omitempty"`
+	// Reweighted is true when the ring changed for nodes that stayed
+	// (weights, order or the distribution).
+	Reweighted bool `json:"reweighted,omitempty"`
+}
+
+// SetServers makes servers, placed by dist, the cluster's nodes, without
+// stopping a request: nodes that stay keep their connections and health;
+// a new node is probed once first and takes traffic only if it answered
+// (else it waits for Rise probes like any down node); removed nodes take
+// no new operations, finish what they have, and are closed by Run once
+// idle. With a consistent distribution only the keys of the nodes added
+// or removed move.
+func (c *Cluster) SetServers(servers []Server, dist hashring.Distribution) (Change, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	old := c.topo.Load()
+	t, added, err := c.newTopology(servers, dist, old)
+	if err != nil {
+		return Change{}, err
+	}
+	var ch Change
+	for _, n := range added {
+		ch.Added = append(ch.Added, n.name)
+		if err := n.probe.Ping(); err != nil {
+			n.startDown(classify(n.name, "probe", err))
+		}
+	}
+	stays := map[*node]bool{}
+	for _, n := range t.nodes {
+		stays[n] = true
+	}
+	for _, n := range old.nodes {
+		if !stays[n] {
+			ch.Removed = append(ch.Removed, n.name)
+			n.retire()
+			c.retired = append(c.retired, n)
+		}
+	}
+	ch.Reweighted = reweighted(old, t)
+	c.setTopology(t)
+	for _, name := range ch.Removed {
+		c.m.forget(name)
+	}
+	if len(ch.Added)+len(ch.Removed) > 0 || ch.Reweighted {
+		c.log.Info("servers changed", "added", ch.Added, "removed", ch.Removed, "reweighted", ch.Reweighted, "nodes", len(t.nodes))
+	}
+	return ch, nil
+}
+
+// reweighted reports whether the ring of b places the nodes a and b share
+// otherwise than a did: the distribution, or their weights or order,
+// changed.
+func reweighted(a, b *topology) bool {
+	if a.dist != b.dist {
+		return true
+	}
+	in := func(t *topology, name string) bool {
+		return slices.ContainsFunc(t.nodes, func(n *node) bool { return n.name == name })
+	}
+	var sa, sb []Server
+	for i, s := range a.servers {
+		if in(b, a.nodes[i].name) {
+			sa = append(sa, Server{Host: s.Host, Port: s.Port, Weight: max(s.Weight, 1)})
+		}
+	}
+	for i, s := range b.servers {
+		if in(a, b.nodes[i].name) {
+			sb = append(sb, Server{Host: s.Host, Port: s.Port, Weight: max(s.Weight, 1)})
+		}
+	}
+	return !slices.Equal(sa, sb)
+}
+
+// closeRetired closes the retired nodes that have nothing in flight.
+func (c *Cluster) closeRetired() {
+	c.mu.Lock()
+	var idle []*node
+	rest := c.retired[:0]
+	for _, n := range c.retired {
+		if len(n.sem) == 0 {
+			idle = append(idle, n)
+		} else {
+			rest = append(rest, n)
+		}
+	}
+	clear(c.retired[len(rest):])
+	c.retired = rest
+	c.mu.Unlock()
+	for _, n := range idle {
+		n.close()
+	}
 }
 
 // Close closes idle connections. The cluster may still be used afterwards.
 func (c *Cluster) Close() error {
 	var errs []error
-	for _, n := range c.nodes {
-		errs = append(errs, n.client.Close(), n.probe.Close())
-		if n.udp != nil {
-			n.udp.close()
-		}
+	c.mu.Lock()
+	nodes := append(slices.Clone(c.topo.Load().nodes), c.retired...)
+	c.mu.Unlock()
+	for _, n := range nodes {
+		errs = append(errs, n.close())
 	}
 	return errors.Join(errs...)
 }
@@ -258,12 +398,12 @@ func (c *Cluster) keys(key string) (store, hash string) {
 // Value with other Gets of the same key batched with it: treat it as
 // read-only.
 func (c *Cluster) Do(ctx context.Context, o op.Op) op.Result {
-	return c.doAfter(ctx, o, -1, nil)
+	return c.doAfter(ctx, o, nil, nil)
 }
 
 // doAfter is Do after a first attempt, on node tried, failed with a node
-// failure, prev (DoAsync's retry); tried < 0 if there was none.
-func (c *Cluster) doAfter(ctx context.Context, o op.Op, tried int, prev error) op.Result {
+// failure, prev (DoAsync's retry); tried is nil if there was none.
+func (c *Cluster) doAfter(ctx context.Context, o op.Op, tried *node, prev error) op.Result {
 	if !o.Verb.Valid() {
 		return op.Result{Err: fmt.Errorf("upstream: no such verb %d", o.Verb)}
 	}
@@ -294,24 +434,25 @@ func (c *Cluster) keysOf(o *op.Op) (store, hash string) {
 // only when the connection was never made, because otherwise the first
 // node may have applied the write. call learns whether its node is not
 // the owner. tried is a node a first attempt already failed on, with
-// prev; tried < 0 if there was none.
-func (c *Cluster) routeAfter(ctx context.Context, hashKey string, write bool, tried int, prev error, call func(n *node, failover bool) error) error {
+// prev; nil if there was none.
+func (c *Cluster) routeAfter(ctx context.Context, hashKey string, write bool, tried *node, prev error, call func(n *node, failover bool) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	ignoreHealth := c.panicking()
+	t := c.topo.Load()
+	ignoreHealth := c.panicking(t)
 	failFast := c.opts.Failover == FailFast
 	attempts, owner := 0, -1
 	var last error
-	for i := range c.ring.Owners(hashKey) {
+	for i := range t.ring.Owners(hashKey) {
 		if owner < 0 {
 			owner = i
 		}
-		if i == tried {
+		n := t.nodes[i]
+		if n == tried {
 			attempts, last = attempts+1, prev
 			continue
 		}
-		n := c.nodes[i]
 		if !ignoreHealth && !n.available() {
 			if failFast {
 				return fmt.Errorf("%w: %s, the key's node, is down (failover policy %q)", ErrNoNodes, n.name, FailFast)
@@ -321,7 +462,7 @@ func (c *Cluster) routeAfter(ctx context.Context, hashKey string, write bool, tr
 		attempts++
 		failover := i != owner
 		if failover {
-			c.nodes[owner].m.failovers.Inc()
+			t.nodes[owner].m.failovers.Inc()
 		}
 		err := call(n, failover)
 		if err == nil {
@@ -388,15 +529,16 @@ func (c *Cluster) Ready() bool {
 	default:
 		return false
 	}
-	n := len(c.nodes)
-	need := max(1, (n*c.opts.Health.ReadyMinUpPercent+99)/100)
-	return c.up() >= need
+	t := c.topo.Load()
+	need := max(1, (len(t.nodes)*c.opts.Health.ReadyMinUpPercent+99)/100)
+	return c.up(t) >= need
 }
 
 // Nodes returns a snapshot of every node's state, in configured order.
 func (c *Cluster) Nodes() []NodeStatus {
-	out := make([]NodeStatus, len(c.nodes))
-	for i, n := range c.nodes {
+	t := c.topo.Load()
+	out := make([]NodeStatus, len(t.nodes))
+	for i, n := range t.nodes {
 		out[i] = n.status()
 	}
 	return out
@@ -421,11 +563,12 @@ type ChainNode struct {
 func (c *Cluster) Placement(key string) Placement {
 	sk, hk := c.keys(key)
 	p := Placement{Key: key, StoreKey: sk}
-	if idx, _, err := c.pick(hk); err == nil {
-		p.Serving = c.nodes[idx].name
+	t := c.topo.Load()
+	if n, _, err := c.pick(t, hk); err == nil {
+		p.Serving = n.name
 	}
-	for i := range c.ring.Owners(hk) {
-		p.Chain = append(p.Chain, ChainNode{Node: c.nodes[i].name, Up: c.nodes[i].available()})
+	for i := range t.ring.Owners(hk) {
+		p.Chain = append(p.Chain, ChainNode{Node: t.nodes[i].name, Up: t.nodes[i].available()})
 	}
 	return p
 }

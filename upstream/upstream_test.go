@@ -179,7 +179,7 @@ func TestOperations(t *testing.T) {
 	err = c.Set(ctx, Item{Key: "big", Value: make([]byte, 2<<20)})
 	mustIs("Set 2 MiB", err, ErrTooLarge)
 
-	node := c.nodes[0].name
+	node := c.topo.Load().nodes[0].name
 	if got := testutil.ToFloat64(c.m.up.WithLabelValues(node)); got != 1 {
 		t.Errorf("node_up{%s} = %v, want 1", node, got)
 	}
@@ -209,7 +209,7 @@ func TestMaxConnsBoundsConnections(t *testing.T) {
 			t.Errorf("op under load: %v", err)
 		}
 	}
-	if got := c.nodes[0].conns.Load(); got > limit {
+	if got := c.topo.Load().nodes[0].conns.Load(); got > limit {
 		t.Errorf("open connections after load = %d, want <= %d", got, limit)
 	}
 	n, err := memcachedtest.CurrConnections(mcs[0].Addr)
@@ -224,7 +224,7 @@ func TestMaxConnsBoundsConnections(t *testing.T) {
 func TestWaitForSlotFollowsContext(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 1)
 	c, _ := newTestCluster(t, mcs, func(o *Options) { o.MaxConns, o.MaxInFlight = 1, 1 })
-	n := c.nodes[0]
+	n := c.topo.Load().nodes[0]
 	n.sem <- struct{}{} // the only slot is taken
 	defer func() { <-n.sem }()
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
@@ -259,7 +259,7 @@ func TestPassiveEjectionAndProbeReadmission(t *testing.T) {
 	if _, err := c.Get(ctx, key); !errors.Is(err, ErrNotFound) {
 		t.Errorf("Get(%s) after its owner died = %v, want a miss from the next node", key, err)
 	}
-	if c.nodes[0].available() {
+	if c.topo.Load().nodes[0].available() {
 		t.Error("node 0 still available after a refused connection")
 	}
 	// Writes now go to node 1 directly (the ring skips node 0).
@@ -268,21 +268,21 @@ func TestPassiveEjectionAndProbeReadmission(t *testing.T) {
 	}
 	// Probes keep it down, and bring it back only after Rise passes.
 	c.checkAll(ctx)
-	if c.nodes[0].available() {
+	if c.topo.Load().nodes[0].available() {
 		t.Error("node 0 up after a failed probe")
 	}
 	mcs[0].Restart()
 	c.checkAll(ctx)
-	if c.nodes[0].available() {
+	if c.topo.Load().nodes[0].available() {
 		t.Error("node 0 up after one passed probe, want Rise=2")
 	}
 	c.checkAll(ctx)
-	if !c.nodes[0].available() {
+	if !c.topo.Load().nodes[0].available() {
 		t.Error("node 0 still down after two passed probes")
 	}
 	// All nodes down: ErrNoNodes at once.
-	c.nodes[0].eject("test", errors.New("x"), false)
-	c.nodes[1].eject("test", errors.New("x"), false)
+	c.topo.Load().nodes[0].eject("test", errors.New("x"), false)
+	c.topo.Load().nodes[1].eject("test", errors.New("x"), false)
 	start := time.Now()
 	if _, err := c.Get(ctx, key); !errors.Is(err, ErrNoNodes) {
 		t.Errorf("Get with all nodes down = %v, want ErrNoNodes", err)
@@ -309,11 +309,11 @@ func TestTimeoutsEjectAfterPassiveFails(t *testing.T) {
 	if !errors.As(err, &ne) || !ne.Timeout() {
 		t.Fatalf("Get from a paused node = %v, want a timeout", err)
 	}
-	if !c.nodes[0].available() {
+	if !c.topo.Load().nodes[0].available() {
 		t.Error("one timeout ejected the node, want PassiveFails=2")
 	}
 	_, _ = c.Get(ctx, "k")
-	if c.nodes[0].available() {
+	if c.topo.Load().nodes[0].available() {
 		t.Error("node still available after 2 timeouts")
 	}
 }
@@ -322,7 +322,7 @@ func keyOwnedBy(t *testing.T, c *Cluster, idx int) string {
 	t.Helper()
 	for i := range 10000 {
 		k := fmt.Sprint("key-", i)
-		if c.Placement(k).Chain[0].Node == c.nodes[idx].name {
+		if c.Placement(k).Chain[0].Node == c.topo.Load().nodes[idx].name {
 			return k
 		}
 	}
@@ -355,13 +355,13 @@ func TestClusterCommands(t *testing.T) {
 	if _, err := c.Get(ctx, "k"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("Get after FlushAll = %v, want ErrNotFound", err)
 	}
-	c.nodes[1].eject("test", errors.New("down"), false)
+	c.topo.Load().nodes[1].eject("test", errors.New("down"), false)
 	if r := c.FlushAll(ctx, 5)[1]; !errors.Is(r.Err, ErrNoNodes) {
 		t.Errorf("FlushAll on a down node = %v, want ErrNoNodes", r.Err)
 	}
 	// Commands use their own short-lived connections: only the data
 	// connections (one pooled, or the pipelined ones) remain.
-	if n, want := c.nodes[0].conns.Load(), int64(max(1, c.opts.PipelineConns)); n > want {
+	if n, want := c.topo.Load().nodes[0].conns.Load(), int64(max(1, c.opts.PipelineConns)); n > want {
 		t.Errorf("%d connections open after commands, want the data connections (%d) at most", n, want)
 	}
 }
@@ -488,7 +488,7 @@ func TestSetQuietOverUDP(t *testing.T) {
 	if _, err := c.Get(ctx, "udp_big"); err != nil {
 		t.Errorf("the oversize value was not stored over TCP: %v", err)
 	}
-	if got := testutil.ToFloat64(c.nodes[0].m.ops[opSetUDP][resOK]); got != 101 {
+	if got := testutil.ToFloat64(c.topo.Load().nodes[0].m.ops[opSetUDP][resOK]); got != 101 {
 		t.Errorf("set_udp ok = %v, want 101", got)
 	}
 	st, _ := mc.Stats()

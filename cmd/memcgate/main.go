@@ -58,7 +58,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 			return fmt.Errorf("unknown argument %q (memcgate takes its configuration from MEMCGATE_* variables; see -help)", args[0])
 		}
 	}
-	cfg, err := config.Load(environ)
+	cfg, err := loadConfig(ctx, environ)
 	if err != nil {
 		return fmt.Errorf("invalid configuration:\n%w", err)
 	}
@@ -67,7 +67,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	flushed := make(chan struct{})
 	go func() { logs.Run(logCtx); close(flushed) }()
 	defer func() { stopLogs(); <-flushed }() // the last lines, shutdown included
-	log := newLogger(cfg, logs)
+	log, level := newLogger(cfg, logs)
 	for _, w := range cfg.Warnings() {
 		log.Warn("configuration warning", "warning", w)
 	}
@@ -85,17 +85,19 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		dataLn.Close()
 		return fmt.Errorf("admin listener: %w", err)
 	}
-	return serve(ctx, cfg, dataLn, adminLn, log, accessJSON)
+	return serve(ctx, cfg, environ, dataLn, adminLn, log, level, accessJSON)
 }
 
-func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
-	var level slog.Level
-	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+// newLogger returns the logger of cfg and its level, which a reload may
+// change.
+func newLogger(cfg config.Config, w io.Writer) (*slog.Logger, *slog.LevelVar) {
+	level := new(slog.LevelVar)
+	_ = level.UnmarshalText([]byte(cfg.LogLevel)) // validated by config.Load
 	opts := &slog.HandlerOptions{Level: level}
 	if cfg.LogFormat == "text" {
-		return slog.New(slog.NewTextHandler(w, opts))
+		return slog.New(slog.NewTextHandler(w, opts)), level
 	}
-	return slog.New(slog.NewJSONHandler(w, opts))
+	return slog.New(slog.NewJSONHandler(w, opts)), level
 }
 
 // upstreamOptions maps the configuration onto the upstream package; the
@@ -166,7 +168,7 @@ func gatewayOptions(cfg config.Config) gateway.Options {
 // DrainDelay so load balancers notice, shuts both servers down (letting
 // requests in flight finish within ShutdownTimeout), stops health checks
 // and closes the pools.
-func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener, log *slog.Logger, accessJSON io.Writer) error {
+func serve(ctx context.Context, cfg config.Config, environ map[string]string, dataLn, adminLn net.Listener, log *slog.Logger, level *slog.LevelVar, accessJSON io.Writer) error {
 	sec, err := newSecurity(cfg)
 	if err != nil {
 		dataLn.Close()
@@ -174,7 +176,18 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 		return err
 	}
 	dataLn, adminLn = sec.wrap(dataLn, adminLn)
+	if !cfg.FastPath && sec.dataTLS == nil {
+		// Go's net/http serves every connection: let it refuse what the
+		// fast path refuses (Content-Length with Transfer-Encoding).
+		dataLn = h1.GuardListener(dataLn)
+	}
 	mem := planMemory(cfg, cgroupMemoryLimit())
+	derived := mem.budget // MAX_BUFFERED_BYTES when unset, for reloads
+	if mem.explicit {
+		noBudget := cfg
+		noBudget.MaxBufferedBytes = 0
+		derived = planMemory(noBudget, cgroupMemoryLimit()).budget
+	}
 	if mem.runtime > 0 {
 		debug.SetMemoryLimit(mem.runtime)
 	}
@@ -182,8 +195,7 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 	build := currentBuild()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	proc := newProcessMetrics(reg, build)
-	_ = proc // live reload (issue 18) calls proc.reloaded
+	registerBuildInfo(reg, build)
 	uo := upstreamOptions(cfg)
 	uo.Dialer = sec.dialer
 	cluster, err := upstream.New(uo, log, reg)
@@ -196,7 +208,8 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 
 	var draining atomic.Bool
 	gopts := gatewayOptions(cfg)
-	gopts.AccessLogJSON, gopts.Routes, gopts.Tokens, gopts.Budget = accessJSON, memcRoutes(cfg, cluster, sec.tokens), sec.tokens, buffered
+	access := gateway.NewAccess(sec.tokens, cfg.ReadOnly)
+	gopts.AccessLogJSON, gopts.Routes, gopts.Access, gopts.Budget = accessJSON, memcRoutes(cfg, cluster, access), access, buffered
 	if cfg.DetachedResponses && cfg.PipelineConns > 0 { // only pipelined connections answer without waiting
 		gopts.Async = cluster
 	}
@@ -214,12 +227,14 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	data := dataServer(cfg, sec, std, handler, buffered)
+	rl := newReloader(cfg, environ, log, level, reg)
+	rl.cluster, rl.handler, rl.access, rl.budget, rl.budgetDef = cluster, handler, access, buffered, derived
 	admin := &http.Server{
 		Handler: gateway.NewAdminHandler(reg, gateway.Admin{
 			Ready:  func() bool { return !draining.Load() && cluster.Ready() },
 			Nodes:  func() any { return cluster.Nodes() },
 			Owners: func(key string) any { return cluster.Placement(key) },
-			Config: func() any { return newDebugConfig(build, cfg, mem) },
+			Config: func() any { return newDebugConfig(build, rl.Current(), buffered) },
 			Tokens: sec.tokens,
 		}),
 		ReadHeaderTimeout: 5 * time.Second,
@@ -241,6 +256,12 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 	wg.Go(func() { defer close(asyncDone); errc <- handler.Run(asyncCtx) })
 	wg.Go(func() { errc <- ignoreClosed(data.Serve(dataLn)) })
 	wg.Go(func() { errc <- ignoreClosed(admin.Serve(adminLn)) })
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	reloadCtx, stopReload := context.WithCancel(ctx)
+	defer stopReload()
+	wg.Go(func() { rl.Run(reloadCtx, hup) })
 	log.Info("memcgate started", "version", build.Version, "revision", build.Revision,
 		"listen", dataLn.Addr().String(), "admin", adminLn.Addr().String(),
 		"servers", len(cfg.Servers), "distribution", cfg.Distribution,
@@ -274,6 +295,7 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 		admin.Close()
 	}
 	stopHealth()
+	stopReload()
 	wg.Wait()
 	close(errc)
 	for err := range errc {
@@ -287,21 +309,19 @@ func serve(ctx context.Context, cfg config.Config, dataLn, adminLn net.Listener,
 
 // debugConfig is what /debug/config shows: the binary, the configuration
 // in force (config.Effective: every variable, secrets redacted, which ones
-// differ from the defaults, the warnings) and what was derived from it at
-// start.
+// differ from the defaults, the warnings; after a reload, the reloaded
+// one, with the nodes its source gave) and what was derived from it.
 type debugConfig struct {
 	Build buildInfo `json:"build"`
 	config.Effective
 	Derived struct {
-		MaxBufferedBytes int64  `json:"max_buffered_bytes"`          // the byte budget in force (MEMCGATE_MAX_BUFFERED_BYTES=0 derives it)
-		MemoryLimit      int64  `json:"memory_limit_bytes"`          // the limit it came from; 0: none known
-		MemoryLimitFrom  string `json:"memory_limit_from,omitempty"` // GOMEMLIMIT or cgroup
+		MaxBufferedBytes int64 `json:"max_buffered_bytes"` // the byte budget in force (MEMCGATE_MAX_BUFFERED_BYTES=0 derives it)
 	} `json:"derived"`
 }
 
-func newDebugConfig(b buildInfo, cfg config.Config, mem memoryPlan) debugConfig {
+func newDebugConfig(b buildInfo, cfg config.Config, buffered *budget.Budget) debugConfig {
 	d := debugConfig{Build: b, Effective: cfg.Effective()}
-	d.Derived.MaxBufferedBytes, d.Derived.MemoryLimit, d.Derived.MemoryLimitFrom = mem.budget, mem.limit, mem.source
+	d.Derived.MaxBufferedBytes = buffered.Limit()
 	return d
 }
 

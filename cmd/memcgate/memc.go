@@ -9,7 +9,7 @@ import (
 
 // memcRoutes maps the MEMCGATE_MEMC_* settings onto the compatible
 // endpoints; none when both are off.
-func memcRoutes(cfg config.Config, c *upstream.Cluster, tokens gateway.Tokens) []gateway.Route {
+func memcRoutes(cfg config.Config, c *upstream.Cluster, access *gateway.Access) []gateway.Route {
 	m := cfg.Memc
 	rt, ok := memc.New(memc.Options{
 		Path:                m.Path,
@@ -20,8 +20,7 @@ func memcRoutes(cfg config.Config, c *upstream.Cluster, tokens gateway.Tokens) [
 		ContentType:         m.ContentType,
 		MaxBodyBytes:        m.MaxBodyBytes,
 		MaxKeyLen:           gateway.MaxKeyLen - len(cfg.KeyPrefix),
-		Tokens:              tokens,
-		ReadOnly:            cfg.ReadOnly,
+		Access:              access,
 		Store:               c,
 		Cluster:             c,
 	})

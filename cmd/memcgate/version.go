@@ -74,43 +74,13 @@ func (b buildInfo) String() string {
 	return fmt.Sprintf("memcgate %s (revision %s, %s, %s)", b.Version, b.Revision, b.GoVersion, b.Platform)
 }
 
-// processMetrics are the process-wide series of cmd/memcgate itself.
-type processMetrics struct {
-	// reloads is memcgate_config_reloads_total by result (ok, error),
-	// both exported from zero. Live reload (issue 18) counts on it;
-	// until then it stays 0, and the dashboard's panel and the alert on
-	// failed reloads are in place for it.
-	reloads *prometheus.CounterVec
-}
-
-// reloadResults label memcgate_config_reloads_total.
-var reloadResults = []string{"ok", "error"}
-
-// newProcessMetrics registers memcgate_build_info{version,revision,goversion}
-// (always 1, for joining the version onto other series and for spotting
-// mixed versions during a rollout) and memcgate_config_reloads_total.
-func newProcessMetrics(reg prometheus.Registerer, b buildInfo) *processMetrics {
-	info := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+// registerBuildInfo registers memcgate_build_info{version,revision,goversion},
+// always 1: for joining the version onto other series, and for spotting
+// mixed versions during a rollout.
+func registerBuildInfo(reg prometheus.Registerer, b buildInfo) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name:        "memcgate_build_info",
 		Help:        "Always 1; its labels say which memcgate binary runs (memcgate -version).",
 		ConstLabels: prometheus.Labels{"version": b.Version, "revision": b.Revision, "goversion": b.GoVersion},
-	}, func() float64 { return 1 })
-	p := &processMetrics{reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "memcgate_config_reloads_total",
-		Help: "Configuration reloads (SIGHUP, a changed watched file) by result: ok (applied), error (refused; the previous configuration stays).",
-	}, []string{"result"})}
-	for _, r := range reloadResults {
-		p.reloads.WithLabelValues(r)
-	}
-	reg.MustRegister(info, p.reloads)
-	return p
-}
-
-// reloaded counts one reload: applied if err is nil, refused otherwise.
-func (p *processMetrics) reloaded(err error) {
-	if err != nil {
-		p.reloads.WithLabelValues("error").Inc()
-		return
-	}
-	p.reloads.WithLabelValues("ok").Inc()
+	}, func() float64 { return 1 }))
 }

@@ -23,14 +23,22 @@ var ErrExhausted = errors.New("budget: buffered bytes at their limit")
 // concurrent use and must not be copied after first use. A nil *Budget
 // is unlimited and counts nothing.
 type Budget struct {
-	limit   int64
+	limit   atomic.Int64
 	used    atomic.Int64
 	refused atomic.Uint64
 }
 
 // New returns a budget of limit bytes; limit <= 0 means no limit (bytes
 // are still counted).
-func New(limit int64) *Budget { return &Budget{limit: limit} }
+func New(limit int64) *Budget {
+	b := new(Budget)
+	b.limit.Store(limit)
+	return b
+}
+
+// SetLimit changes the limit for the acquisitions that follow; bytes held
+// beyond a lowered limit are released as usual.
+func (b *Budget) SetLimit(limit int64) { b.limit.Store(limit) }
 
 // Acquire counts n more bytes as held, or returns ErrExhausted, counting
 // nothing, if that would pass the limit. Every successful Acquire is
@@ -39,7 +47,7 @@ func (b *Budget) Acquire(n int64) error {
 	if b == nil || n <= 0 {
 		return nil
 	}
-	if used := b.used.Add(n); b.limit > 0 && used > b.limit {
+	if used, limit := b.used.Add(n), b.limit.Load(); limit > 0 && used > limit {
 		b.used.Add(-n)
 		b.refused.Add(1)
 		return ErrExhausted
@@ -76,7 +84,7 @@ func (b *Budget) Limit() int64 {
 	if b == nil {
 		return 0
 	}
-	return b.limit
+	return b.limit.Load()
 }
 
 // Refused is the number of acquisitions refused so far.

@@ -228,11 +228,14 @@ func startH1On(t testing.TB, ln net.Listener, h http.Handler, configure func(*Se
 	return s, ln.Addr().String()
 }
 
-// startNetHTTP serves h with a plain net/http Server on ln.
+// startNetHTTP serves h with a net/http Server on ln, behind GuardListener
+// as memcgate serves net/http's connections, so that it is the reference
+// for everything h1 serves (both refuse Content-Length with
+// Transfer-Encoding).
 func startNetHTTP(t testing.TB, ln net.Listener, h http.Handler) string {
 	t.Helper()
 	s := &http.Server{Handler: h, MaxHeaderBytes: testMaxHeader, ErrorLog: quietLog()}
-	go s.Serve(ln)
+	go s.Serve(GuardListener(ln))
 	t.Cleanup(func() { s.Close() })
 	return ln.Addr().String()
 }

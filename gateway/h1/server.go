@@ -944,7 +944,9 @@ func (c *conn) handover() {
 	s.mu.Lock()
 	delete(s.conns, c)
 	s.mu.Unlock()
-	if !c.ho.give(&replayConn{Conn: c.rwc, buf: buf}) {
+	// Fallback reads the rest of the connection through GuardConn, which
+	// makes net/http refuse what the fast path refuses (errBothLengths).
+	if !c.ho.give(GuardConn(&replayConn{Conn: c.rwc, buf: buf})) {
 		c.rwc.Close()
 	}
 }

@@ -69,11 +69,11 @@ type Options struct {
 	// MaxKeyLen is the longest key sent to memcached (250 minus the key
 	// prefix); if zero, 250.
 	MaxKeyLen int
-	// Tokens, if any are set, are required: each command's scope (read,
-	// write, admin for the commands that reach every node).
-	Tokens gateway.Tokens
-	// ReadOnly refuses the commands that write.
-	ReadOnly bool
+	// Access, if not nil, has the bearer tokens each command's scope is
+	// checked against (read, write, admin for the commands that reach
+	// every node) and the read-only mode that refuses the commands that
+	// write; the gateway's own, so that a reload changes both.
+	Access *gateway.Access
 	// Store runs the keyed commands; required.
 	Store Store
 	// Cluster runs flush_all, stats and version on every node; required.
@@ -215,6 +215,9 @@ func New(o Options) (gateway.Route, bool) {
 		return gateway.Route{}, false
 	}
 	m := &memc{o: o}
+	if m.o.Access == nil {
+		m.o.Access = new(gateway.Access)
+	}
 	if m.o.ContentType == "" {
 		m.o.ContentType = "text/plain"
 	}
@@ -300,7 +303,7 @@ func (m *memc) serve(w http.ResponseWriter, r *http.Request, v memcVars) {
 		m.page(w, r, http.StatusRequestEntityTooLarge, "request body is "+strconv.FormatInt(r.ContentLength, 10)+" bytes; at most "+strconv.FormatInt(m.o.MaxBodyBytes, 10)+" are accepted")
 		return
 	}
-	tokens := m.o.Tokens
+	tokens, readOnly := m.o.Access.Tokens(), m.o.Access.ReadOnly()
 	var have gateway.Scope
 	if tokens.Enabled() {
 		var ok bool
@@ -332,7 +335,7 @@ func (m *memc) serve(w http.ResponseWriter, r *http.Request, v memcVars) {
 		m.page(w, r, http.StatusForbidden, "token lacks the "+cmd.scope().String()+" scope for "+cmd.String())
 		return
 	}
-	if m.o.ReadOnly && cmd.writes() {
+	if readOnly && cmd.writes() {
 		m.page(w, r, http.StatusForbidden, "read-only mode: "+cmd.String()+" is disabled (MEMCGATE_READ_ONLY)")
 		return
 	}

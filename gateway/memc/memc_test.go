@@ -248,7 +248,8 @@ func (f *memcFake) Version(context.Context) []upstream.NodeReply { return f.clus
 func newMemcHandler(t *testing.T, f *memcFake, opts gateway.Options, mo Options) http.Handler {
 	t.Helper()
 	mo.Store, mo.Cluster = f, f
-	mo.Tokens, mo.ReadOnly = opts.Tokens, opts.ReadOnly
+	opts.Access = gateway.NewAccess(opts.Tokens, opts.ReadOnly)
+	mo.Access = opts.Access
 	if mo.MaxKeyLen == 0 {
 		mo.MaxKeyLen = opts.MaxKeyLen
 	}

@@ -5,45 +5,21 @@ package phpvalue
 // reads the raw flags and bytes back; Go writes EncodeMemcache's output raw
 // and Memcache::get must read the identical string. Without php-cli, its
 // memcache extension or memcached the tests skip, or fail when CI or
-// MEMCGATE_TEST_REQUIRE_MEMCACHED is set.
+// MEMCGATE_TEST_REQUIRE_MEMCACHED is set (gatewaytest.PHP).
 
 import (
 	"bytes"
 	"crypto/sha1"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"math"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/memcgate/memcgate/test/gatewaytest"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
-
-// requirePHPMemcache returns the php binary, skipping t (failing it when CI
-// or MEMCGATE_TEST_REQUIRE_MEMCACHED is set) when php or its memcache
-// extension is missing.
-func requirePHPMemcache(t *testing.T) string {
-	t.Helper()
-	php, err := exec.LookPath("php")
-	if err == nil {
-		var out []byte
-		out, err = exec.Command(php, "-r", `exit(extension_loaded("memcache") ? 0 : 3);`).CombinedOutput()
-		if err != nil {
-			err = fmt.Errorf("php extension memcache not loaded: %v %s", err, out)
-		}
-	}
-	if err != nil {
-		if os.Getenv("CI") != "" || os.Getenv("MEMCGATE_TEST_REQUIRE_MEMCACHED") != "" {
-			t.Fatalf("php-cli with pecl/memcache is required (apt-get install php-cli php-memcache): %v", err)
-		}
-		t.Skipf("php-cli with pecl/memcache not available (apt-get install php-cli php-memcache): %v", err)
-	}
-	return php
-}
 
 // memcachePrelude opens a Memcache on argv[1]'s port. pecl/memcache
 // 4.0.5.2 on PHP 8.2 reports "Creation of dynamic property" as
@@ -65,7 +41,7 @@ $out = [];
 `
 
 func TestMemcacheWritesGoDecodes(t *testing.T) {
-	php := requirePHPMemcache(t)
+	php := gatewaytest.PHP(t, "memcache")
 	srv := memcachedtest.Start(t)
 
 	const c = memcacheCompressed
@@ -167,7 +143,7 @@ func TestMemcacheWritesGoDecodes(t *testing.T) {
 }
 
 func TestGoEncodesMemcacheReads(t *testing.T) {
-	php := requirePHPMemcache(t)
+	php := gatewaytest.PHP(t, "memcache")
 	srv := memcachedtest.Start(t)
 
 	allBytes := make([]byte, 256)

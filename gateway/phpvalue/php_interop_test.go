@@ -4,7 +4,8 @@ package phpvalue
 // type to a real memcached and Go reads the raw flags and bytes back; Go
 // writes Encode's output raw and PHP must read the identical string. The
 // tests need php-cli with the memcached extension (Debian php-memcached)
-// and memcached; without them they skip, or fail when CI is set.
+// and memcached; without them they skip, or fail when CI or
+// MEMCGATE_TEST_REQUIRE_MEMCACHED is set (gatewaytest.PHP).
 
 import (
 	"bufio"
@@ -23,29 +24,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memcgate/memcgate/test/gatewaytest"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
-
-// requirePHP returns the php binary, skipping t (failing it under CI) when
-// php or its memcached extension is missing.
-func requirePHP(t *testing.T) string {
-	t.Helper()
-	php, err := exec.LookPath("php")
-	if err == nil {
-		var out []byte
-		out, err = exec.Command(php, "-r", `exit(extension_loaded("memcached") ? 0 : 3);`).CombinedOutput()
-		if err != nil {
-			err = fmt.Errorf("php extension memcached not loaded: %v %s", err, out)
-		}
-	}
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("php-cli with php-memcached is required in CI (apt-get install php-cli php-memcached): %v", err)
-		}
-		t.Skipf("php-cli with php-memcached not available (apt-get install php-cli php-memcached): %v", err)
-	}
-	return php
-}
 
 // runPHP runs script with args and returns its standard output. Any
 // output on standard error (a PHP warning, say) fails the test.
@@ -161,7 +142,7 @@ $out = [];
 `
 
 func TestPHPWritesGoDecodes(t *testing.T) {
-	php := requirePHP(t)
+	php := gatewaytest.PHP(t, "memcached")
 	srv := memcachedtest.Start(t)
 
 	const (
@@ -318,7 +299,7 @@ func TestPHPWritesGoDecodes(t *testing.T) {
 }
 
 func TestGoEncodesPHPReads(t *testing.T) {
-	php := requirePHP(t)
+	php := gatewaytest.PHP(t, "memcached")
 	srv := memcachedtest.Start(t)
 
 	allBytes := make([]byte, 256)

@@ -84,11 +84,7 @@ func (r *rig) put(t *testing.T, key string, value []byte) {
 // gauges returns the value of every metric family of the gateway, summed
 // over its labels (one node: node_up is that node's).
 func (r *rig) gauges(ctx context.Context) (map[string]float64, error) {
-	text, err := r.gw.Metrics(ctx)
-	if err != nil {
-		return nil, err
-	}
-	fams, err := gatewaytest.ParseText(text)
+	fams, err := r.gw.Families(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/memcgate/memcgate/test/gatewaytest"
 )
 
 type composeService struct {
@@ -163,7 +165,7 @@ func TestBalancerConfigs(t *testing.T) {
 		if detect := inter + time.Duration(fall-1)*fast; detect >= cfg.DrainDelay {
 			t.Errorf("HAProxy needs up to %s to see /readyz fail, longer than MEMCGATE_DRAIN_DELAY %s", detect, cfg.DrainDelay)
 		}
-		if out, err := run(t, "", tool(t, "haproxy"), "-c", "-f", filepath.Join(root, "deploy/haproxy/haproxy.cfg")); err != nil {
+		if out, err := run(t, "", gatewaytest.Tool(t, "haproxy", "haproxy"), "-c", "-f", filepath.Join(root, "deploy/haproxy/haproxy.cfg")); err != nil {
 			t.Errorf("haproxy -c: %v\n%s", err, out)
 		}
 	})

@@ -4,8 +4,9 @@
 // every MEMCGATE_ variable exists and every configuration they set loads,
 // grace periods cover the drain, probes hit the admin port, and every metric
 // the dashboard and alerts use is one the binary exports. None of it needs
-// Docker or Kubernetes; kubectl, systemd-analyze and promtool are used when
-// installed.
+// Docker or Kubernetes. kubectl and systemd-analyze are used when
+// installed; haproxy and promtool are installed by make test, so a missing
+// one skips only where tests may skip (gatewaytest.Tool).
 package deploy
 
 import (
@@ -181,16 +182,6 @@ func parseSeconds(s string) (time.Duration, error) {
 	s = strings.ReplaceAll(strings.ReplaceAll(s, "min", "m"), "sec", "s")
 	s = strings.ReplaceAll(s, " ", "")
 	return time.ParseDuration(s)
-}
-
-// tool returns the path of an optional helper binary, or skips.
-func tool(t *testing.T, name string) string {
-	t.Helper()
-	p, err := exec.LookPath(name)
-	if err != nil {
-		t.Skipf("%s not installed: %v", name, err)
-	}
-	return p
 }
 
 func run(t *testing.T, dir, name string, args ...string) (string, error) {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/memcgate/memcgate/test/gatewaytest"
 )
 
 const k8sDir = "deploy/kubernetes"
@@ -550,7 +552,7 @@ func TestKubernetes(t *testing.T) {
 	})
 
 	t.Run("kubectl kustomize", func(t *testing.T) {
-		kubectl := tool(t, "kubectl")
+		kubectl := gatewaytest.Optional(t, "kubectl")
 		abs, err := filepath.Abs(filepath.Join(root, k8sDir))
 		if err != nil {
 			t.Fatal(err)

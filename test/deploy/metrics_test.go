@@ -35,12 +35,8 @@ func startGateway(t *testing.T, mcs []*memcachedtest.Server) *gatewaytest.Gatewa
 	if mcs == nil {
 		mcs = []*memcachedtest.Server{memcachedtest.Start(t)}
 	}
-	var addrs []string
-	for _, m := range mcs {
-		addrs = append(addrs, m.Addr)
-	}
 	g := gatewaytest.New(t, binary, map[string]string{
-		"MEMCGATE_SERVERS":         strings.Join(addrs, ","),
+		"MEMCGATE_SERVERS":         memcachedtest.Addrs(mcs),
 		"MEMCGATE_HEALTH_INTERVAL": "100ms",
 		"MEMCGATE_DRAIN_DELAY":     "0s",
 		"MEMCGATE_LOG_FORMAT":      "text",
@@ -178,11 +174,8 @@ func TestMetricNames(t *testing.T) {
 		for i := range 5 {
 			do("GET", "/after-kill/"+itoa(i), "")
 		}
-		text, err := g.Metrics(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if fams, err = gatewaytest.ParseText(text); err != nil {
+		var err error
+		if fams, err = g.Families(t.Context()); err != nil {
 			t.Fatal(err)
 		}
 		m := missing()
@@ -337,9 +330,9 @@ func TestDashboardLayout(t *testing.T) {
 }
 
 // TestPromQL checks the syntax of every alert and dashboard expression with
-// promtool, when it is installed (Debian package prometheus).
+// promtool (Debian package prometheus, which make test installs).
 func TestPromQL(t *testing.T) {
-	promtool := tool(t, "promtool")
+	promtool := gatewaytest.Tool(t, "promtool", "prometheus")
 	if out, err := run(t, "", promtool, "check", "rules", filepath.Join(root, alertsRel)); err != nil {
 		t.Errorf("promtool check rules %s: %v\n%s", alertsRel, err, out)
 	}

@@ -36,14 +36,6 @@ type gateway struct {
 	Admin string // admin listener, http://127.0.0.1:port
 }
 
-func serversEnv(ms []*memcachedtest.Server) string {
-	addrs := make([]string, len(ms))
-	for i, m := range ms {
-		addrs[i] = m.Addr
-	}
-	return strings.Join(addrs, ",")
-}
-
 // startGateway runs the binary with env (MEMCGATE_ variables; listeners are
 // picked here) and waits until /readyz answers 200.
 func startGateway(t *testing.T, env map[string]string) *gateway {
@@ -65,13 +57,6 @@ func startGatewayScheme(t *testing.T, scheme string, env map[string]string) *gat
 	g := gatewaytest.New(t, binary, vars)
 	g.Start(t)
 	return &gateway{Gateway: g, t: t, URL: scheme + "://" + g.DataAddr, Admin: "http://" + g.AdminAddr}
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
 }
 
 type response struct {
@@ -107,7 +92,7 @@ func (g *gateway) do(method, path string, body []byte, hdr ...string) response {
 
 func TestEndpoints(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 3)
-	g := startGateway(t, map[string]string{"MEMCGATE_SERVERS": serversEnv(mcs)})
+	g := startGateway(t, map[string]string{"MEMCGATE_SERVERS": memcachedtest.Addrs(mcs)})
 	binaryValue := []byte("a\x00b\r\nEND\r\nVALUE x 0 1\r\n\xff\x00")
 	long96 := strings.Repeat("k", 96)
 	value400 := strings.Repeat("v", 400)
@@ -175,10 +160,10 @@ func TestEndpoints(t *testing.T) {
 	for _, s := range steps {
 		got := g.do(s.method, s.path, s.body, s.hdr...)
 		if got.status != s.wantStatus {
-			t.Errorf("%s: %s %.60s = %d %q, want %d", s.name, s.method, s.path, got.status, tail(got.body, 100), s.wantStatus)
+			t.Errorf("%s: %s %.60s = %d %q, want %d", s.name, s.method, s.path, got.status, gatewaytest.Tail(got.body, 100), s.wantStatus)
 		}
 		if s.wantBody != nil && got.body != *s.wantBody {
-			t.Errorf("%s: %s %.60s body = %q, want %q", s.name, s.method, s.path, tail(got.body, 100), tail(*s.wantBody, 100))
+			t.Errorf("%s: %s %.60s body = %q, want %q", s.name, s.method, s.path, gatewaytest.Tail(got.body, 100), gatewaytest.Tail(*s.wantBody, 100))
 		}
 		for k, v := range s.wantHdr {
 			if h := got.header.Get(k); h != v {
@@ -285,7 +270,7 @@ func TestConcurrentClientsAndConnectionCap(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 3)
 	const maxConns = 4
 	g := startGateway(t, map[string]string{
-		"MEMCGATE_SERVERS":            serversEnv(mcs),
+		"MEMCGATE_SERVERS":            memcachedtest.Addrs(mcs),
 		"MEMCGATE_MAX_CONNS_PER_NODE": strconv.Itoa(maxConns),
 		"MEMCGATE_KEEPALIVE":          strconv.Itoa(maxConns),
 		"MEMCGATE_ACCESS_LOG":         "false",
@@ -337,7 +322,7 @@ func TestConcurrentClientsAndConnectionCap(t *testing.T) {
 	}
 	// The data pool holds at most MAX_CONNS_PER_NODE connections; the
 	// health probe has one more of its own, so that probes never wait
-	// behind data operations (README, "Connections").
+	// behind data operations (docs/operations.md, "Connections and pools").
 	for i, p := range peak {
 		t.Logf("memcached %s: peak curr_connections (excluding the sampler) = %d", mcs[i].Addr, p)
 		if p > maxConns+1 {
@@ -394,7 +379,7 @@ func roundTrip(c *http.Client, url, val string) error {
 func TestShutdownDrains(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 1)
 	g := startGateway(t, map[string]string{
-		"MEMCGATE_SERVERS":     serversEnv(mcs),
+		"MEMCGATE_SERVERS":     memcachedtest.Addrs(mcs),
 		"MEMCGATE_DRAIN_DELAY": "500ms",
 	})
 	// A slow upload is in flight when SIGTERM arrives; it must complete.
@@ -466,7 +451,7 @@ func TestBadConfigAndHelp(t *testing.T) {
 
 func TestAllNodesDown(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 1)
-	g := startGateway(t, map[string]string{"MEMCGATE_SERVERS": serversEnv(mcs)})
+	g := startGateway(t, map[string]string{"MEMCGATE_SERVERS": memcachedtest.Addrs(mcs)})
 	mcs[0].Kill()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -527,7 +512,7 @@ func (g *gateway) owner(key string) string {
 // a multi-get is a partial failure: 200, and each key's own status.
 func TestNoNodeAnswers(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 2)
-	g := startGateway(t, map[string]string{"MEMCGATE_SERVERS": serversEnv(mcs), "MEMCGATE_FAILOVER": "fail"})
+	g := startGateway(t, map[string]string{"MEMCGATE_SERVERS": memcachedtest.Addrs(mcs), "MEMCGATE_FAILOVER": "fail"})
 	// One key on each node.
 	keyOn := map[string]string{}
 	for i := 0; len(keyOn) < 2 && i < 1000; i++ {

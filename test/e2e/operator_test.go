@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memcgate/memcgate/test/gatewaytest"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
 
@@ -28,7 +29,7 @@ func TestVersion(t *testing.T) {
 		line = string(out)
 	}
 	mcs := memcachedtest.StartN(t, 1)
-	g := startGateway(t, map[string]string{"MEMCGATE_SERVERS": serversEnv(mcs)})
+	g := startGateway(t, map[string]string{"MEMCGATE_SERVERS": memcachedtest.Addrs(mcs)})
 	text, err := g.Metrics(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -53,7 +54,7 @@ func TestDebugConfig(t *testing.T) {
 	const readTok, adminTok = "reader-token-0123456789", "admin-token-0123456789"
 	mcs := memcachedtest.StartN(t, 1)
 	g := startGateway(t, map[string]string{
-		"MEMCGATE_SERVERS":         serversEnv(mcs),
+		"MEMCGATE_SERVERS":         memcachedtest.Addrs(mcs),
 		"MEMCGATE_AUTH_TOKENS":     "read:" + readTok + ",admin:" + adminTok,
 		"MEMCGATE_REQUEST_TIMEOUT": "900ms", // under 2 × 500ms: a warning
 	})
@@ -98,7 +99,7 @@ func TestDebugConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, want := range map[string]string{
-		"MEMCGATE_SERVERS":     serversEnv(mcs),
+		"MEMCGATE_SERVERS":     memcachedtest.Addrs(mcs),
 		"MEMCGATE_AUTH_TOKENS": "read:REDACTED,admin:REDACTED",
 		"MEMCGATE_TIMEOUT":     "500ms",
 		"MEMCGATE_LISTEN_ADDR": g.DataAddr,
@@ -116,7 +117,7 @@ func TestDebugConfig(t *testing.T) {
 	// The log is written in batches (every 200ms at most).
 	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(g.Logs(), "configuration warning"); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Errorf("the REQUEST_TIMEOUT warning was not logged at start:\n%s", tail(g.Logs(), 2000))
+			t.Errorf("the REQUEST_TIMEOUT warning was not logged at start:\n%s", gatewaytest.Tail(g.Logs(), 2000))
 			break
 		}
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
+	"github.com/memcgate/memcgate/test/gatewaytest"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
 
@@ -43,7 +44,7 @@ func runPHPScript(t *testing.T, php, script string, in any, opts ...string) []by
 // 100th value is 30 KB of text, which both sides compress (pecl/memcache's
 // compress_threshold is 20000 bytes).
 func TestPeclMemcacheInterop(t *testing.T) {
-	php := requirePHP(t, "memcache")
+	php := gatewaytest.PHP(t, "memcache")
 	mcs := memcachedtest.StartN(t, 3)
 	weights := []int{1, 2, 1}
 	var phpServers [][]any
@@ -133,7 +134,7 @@ func TestPeclMemcacheInterop(t *testing.T) {
 // and writes strings that Memcache::get reads back unchanged, with the
 // ?flags= given.
 func TestPeclMemcacheValues(t *testing.T) {
-	php := requirePHP(t, "memcache")
+	php := gatewaytest.PHP(t, "memcache")
 	mc := memcachedtest.Start(t)
 	g := startGateway(t, map[string]string{"MEMCGATE_SERVERS": mc.Addr, "MEMCGATE_VALUE_CODEC": "pecl-memcache"})
 	if out, err := exec.Command(php, "../php/types_memcache.php", "127.0.0.1", strconv.Itoa(mc.Port), "write").CombinedOutput(); err != nil || string(out) != "ok\n" {
@@ -161,7 +162,7 @@ func TestPeclMemcacheValues(t *testing.T) {
 		r := g.do("GET", "/"+c.key, nil)
 		if r.status != 200 || r.body != c.body || r.header.Get("X-PHP-Type") != c.phpType ||
 			r.header.Get("Content-Type") != c.contentType || r.header.Get("X-Memcached-Flags") != c.flags {
-			t.Errorf("GET %s = %d %q type %q %q flags %s, want 200 %.40q type %q %q flags %s", c.key, r.status, tail(r.body, 60),
+			t.Errorf("GET %s = %d %q type %q %q flags %s, want 200 %.40q type %q %q flags %s", c.key, r.status, gatewaytest.Tail(r.body, 60),
 				r.header.Get("X-PHP-Type"), r.header.Get("Content-Type"), r.header.Get("X-Memcached-Flags"), c.body, c.phpType, c.contentType, c.flags)
 		}
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
+	"github.com/memcgate/memcgate/test/gatewaytest"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
 
@@ -66,7 +67,7 @@ func interopKeys(r *rand.Rand, n int) (keys []string, values map[string][]byte) 
 // must find each other's keys and read each other's bytes, for both of
 // php-memcached's placements and with a key prefix.
 func TestPHPInterop(t *testing.T) {
-	php := requirePHP(t, "memcached")
+	php := gatewaytest.PHP(t, "memcached")
 	mcs := memcachedtest.StartN(t, 3)
 	weights := []int{1, 2, 1}
 	var phpServers [][]any
@@ -154,7 +155,7 @@ func pathEscape(k string) string {
 // php-memcached stored (every type, compressed or not) and writes strings
 // that PHP reads back as the same string.
 func TestPHPValues(t *testing.T) {
-	php := requirePHP(t, "memcached")
+	php := gatewaytest.PHP(t, "memcached")
 	mc := memcachedtest.Start(t)
 	g := startGateway(t, map[string]string{"MEMCGATE_SERVERS": mc.Addr, "MEMCGATE_VALUE_CODEC": "php"})
 	if out, err := exec.Command(php, "../php/types.php", "127.0.0.1", strconv.Itoa(mc.Port), "write").CombinedOutput(); err != nil {
@@ -177,7 +178,7 @@ func TestPHPValues(t *testing.T) {
 	for _, c := range cases {
 		r := g.do("GET", "/"+c.key, nil)
 		if r.status != 200 || r.body != c.body || r.header.Get("X-PHP-Type") != c.phpType || r.header.Get("Content-Type") != c.contentType {
-			t.Errorf("GET %s = %d %q type %q %q, want 200 %.40q type %q %q", c.key, r.status, tail(r.body, 60),
+			t.Errorf("GET %s = %d %q type %q %q, want 200 %.40q type %q %q", c.key, r.status, gatewaytest.Tail(r.body, 60),
 				r.header.Get("X-PHP-Type"), r.header.Get("Content-Type"), c.body, c.phpType, c.contentType)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/memcgate/memcgate/test/gatewaytest"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
 
@@ -48,7 +49,7 @@ func sessionData(r *rand.Rand, n int, tag string) map[string][][2]any {
 // raw by the gateway configured like the handler, and a session the
 // gateway writes is what session_start() reads.
 func TestPHPSessions(t *testing.T) {
-	php := requirePHP(t, "memcached", "memcache", "session")
+	php := gatewaytest.PHP(t, "memcached", "memcache", "session")
 	mcs := memcachedtest.StartN(t, 3)
 	weights := []int{1, 2, 1}
 	var servers, memcachedPath, memcachePath []string

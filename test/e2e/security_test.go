@@ -109,7 +109,7 @@ func TestTokensAndReadOnlyEndToEnd(t *testing.T) {
 	tokFile := filepath.Join(t.TempDir(), "tokens")
 	os.WriteFile(tokFile, []byte("# operators\nadmin:admin-token-0123456789\n"), 0o600)
 	g := startGateway(t, map[string]string{
-		"MEMCGATE_SERVERS":          serversEnv(mcs),
+		"MEMCGATE_SERVERS":          memcachedtest.Addrs(mcs),
 		"MEMCGATE_AUTH_TOKENS":      "read:reader-token-0123456789,read+write:writer-token-0123456789",
 		"MEMCGATE_AUTH_TOKENS_FILE": tokFile,
 	})

@@ -1,7 +1,18 @@
-// Package gatewaytest builds the memcgate binary (the way the Dockerfile
-// does, or with the race detector) and runs it as a process on loopback
-// ports, for the end-to-end, deploy and load-balancer tests. It knows
-// nothing about memcached: the caller passes MEMCGATE_SERVERS.
+// Package gatewaytest holds the shared start-up of the end-to-end
+// (test/e2e, test/abuse), deploy (test/deploy), load-balancer (test/lb)
+// and differential (test/memc) tests.
+//
+// It builds the memcgate binary (the way the Dockerfile does, or with the
+// race detector) and runs it as a process on loopback ports; it starts
+// no memcached (test/memcachedtest does): the caller passes
+// MEMCGATE_SERVERS. It reads the gateway's metrics.
+//
+// It also says, in one place, what a test does when an external tool is
+// missing (tools.go): Tool, PHP and Missing skip it, or fail it where
+// tests must not skip (CI or MEMCGATE_TEST_REQUIRE_MEMCACHED set, as make
+// test does after installing every tool); Optional always skips, for the
+// tools make test does not install. The unit tests of upstream/hashring
+// and gateway/phpvalue, which run php and nginx, use these too.
 package gatewaytest
 
 import (
@@ -10,6 +21,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -126,7 +138,7 @@ func New(t testing.TB, bin string, env map[string]string) *Gateway {
 	t.Cleanup(func() {
 		g.Kill()
 		if t.Failed() {
-			t.Logf("memcgate %s logs (tail):\n%s", g.DataAddr, tail(g.logs.String(), 3000))
+			t.Logf("memcgate %s logs (tail):\n%s", g.DataAddr, Tail(g.logs.String(), 3000))
 		}
 	})
 	return g
@@ -177,7 +189,7 @@ func (g *Gateway) start(t testing.TB, probe string) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	t.Fatalf("memcgate %s not ready within 15s:\n%s", g.DataAddr, tail(g.logs.String(), 3000))
+	t.Fatalf("memcgate %s not ready within 15s:\n%s", g.DataAddr, Tail(g.logs.String(), 3000))
 }
 
 // Signal sends sig to the process, if it runs.
@@ -370,14 +382,19 @@ func parseLabels(s string) (map[string]string, error) {
 	}
 }
 
+// Families scrapes the admin listener's /metrics and parses it.
+func (g *Gateway) Families(ctx context.Context) (map[string]*Family, error) {
+	text, err := g.Metrics(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return ParseText(text)
+}
+
 // Served returns how many HTTP requests the gateway answered since it
 // started (memcgate_http_requests_total summed over all labels).
 func (g *Gateway) Served(ctx context.Context) (float64, error) {
-	text, err := g.Metrics(ctx)
-	if err != nil {
-		return 0, err
-	}
-	fams, err := ParseText(text)
+	fams, err := g.Families(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -388,7 +405,28 @@ func (g *Gateway) Served(ctx context.Context) (float64, error) {
 	return f.Sum, nil
 }
 
-func tail(s string, n int) string {
+// WaitListening polls addr until it accepts TCP connections (sending
+// nothing, so that a proxy passes no request on), and fails t if what
+// (nginx, say) does not listen there within 10s; logs, if not nil, adds
+// what the process wrote to the failure.
+func WaitListening(t testing.TB, what, addr string, logs func() string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+			c.Close()
+			return
+		}
+	}
+	msg := fmt.Sprintf("%s does not accept connections on %s within 10s", what, addr)
+	if logs != nil {
+		msg += ":\n" + logs()
+	}
+	t.Fatal(msg)
+}
+
+// Tail returns the last n bytes of s, marked with a leading … when s was
+// longer, for logs and bodies in failure messages.
+func Tail(s string, n int) string {
 	if len(s) > n {
 		return "…" + s[len(s)-n:]
 	}

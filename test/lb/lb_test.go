@@ -10,7 +10,8 @@
 // The configurations are used as shipped; only addresses and ports are
 // replaced (each replacement must match exactly), and HAProxy's chroot,
 // user and group lines are dropped because the test is unprivileged.
-// make test installs nginx and haproxy; under CI a missing one fails.
+// make test installs nginx and haproxy; a missing one skips the test, or
+// fails it under CI or MEMCGATE_TEST_REQUIRE_MEMCACHED (gatewaytest.Tool).
 package lb
 
 import (
@@ -19,7 +20,6 @@ import (
 	"encoding/csv"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -85,13 +85,8 @@ type upstream struct {
 }
 
 func scenario(t *testing.T, start func(*testing.T, [2]upstream) *balancer) {
-	mcs := memcachedtest.StartN(t, 3)
-	var addrs []string
-	for _, m := range mcs {
-		addrs = append(addrs, m.Addr)
-	}
 	env := map[string]string{
-		"MEMCGATE_SERVERS":          strings.Join(addrs, ","),
+		"MEMCGATE_SERVERS":          memcachedtest.Addrs(memcachedtest.StartN(t, 3)),
 		"MEMCGATE_DRAIN_DELAY":      drainDelay.String(),
 		"MEMCGATE_SHUTDOWN_TIMEOUT": "5s",
 		"MEMCGATE_HEALTH_INTERVAL":  "200ms",
@@ -273,19 +268,6 @@ func runLoad(t *testing.T, url string, d time.Duration, action func()) *loadResu
 	return res
 }
 
-// tool returns the path of name, or skips the test (fails it under CI).
-func tool(t *testing.T, name string) string {
-	t.Helper()
-	p, err := exec.LookPath(name)
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%s is required under CI (apt-get install %s): %v", name, name, err)
-		}
-		t.Skipf("%s not installed (apt-get install %s): %v", name, name, err)
-	}
-	return p
-}
-
 // render returns the shipped file rel with each replacement applied; each
 // old string must occur exactly once, so a change to the shipped file
 // cannot silently leave the test running something else.
@@ -336,19 +318,6 @@ func process(t *testing.T, logs io.Writer, name string, args ...string) *exec.Cm
 	return cmd
 }
 
-// waitListen polls addr until it accepts connections (without sending a
-// request that nginx would pass to a gateway).
-func waitListen(t *testing.T, addr string, logs func() string) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
-			c.Close()
-			return
-		}
-	}
-	t.Fatalf("%s not listening within 10s:\n%s", addr, logs())
-}
-
 // waitHTTP polls url until it answers at all.
 func waitHTTP(t *testing.T, url string, logs func() string) {
 	t.Helper()
@@ -363,7 +332,7 @@ func waitHTTP(t *testing.T, url string, logs func() string) {
 }
 
 func startNginx(t *testing.T, gws [2]upstream) *balancer {
-	nginx := tool(t, "nginx")
+	nginx := gatewaytest.Tool(t, "nginx", "nginx")
 	dir := t.TempDir()
 	port := freePort(t)
 	conf := render(t, "deploy/nginx/memcgate-lb.conf",
@@ -390,7 +359,7 @@ func startNginx(t *testing.T, gws [2]upstream) *balancer {
 	process(t, &out, nginx, "-p", dir, "-e", errLog, "-c", mainPath)
 	readLog := func() string { b, _ := os.ReadFile(errLog); return out.String() + string(b) }
 	url := "http://127.0.0.1:" + strconv.Itoa(port)
-	waitListen(t, "127.0.0.1:"+strconv.Itoa(port), readLog)
+	gatewaytest.WaitListening(t, "nginx", "127.0.0.1:"+strconv.Itoa(port), readLog)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("nginx error.log (tail):\n%s", tailLines(readLog(), 30))
@@ -431,7 +400,7 @@ func startNginx(t *testing.T, gws [2]upstream) *balancer {
 }
 
 func startHAProxy(t *testing.T, gws [2]upstream) *balancer {
-	haproxy := tool(t, "haproxy")
+	haproxy := gatewaytest.Tool(t, "haproxy", "haproxy")
 	dir := t.TempDir()
 	port, statsPort := freePort(t), freePort(t)
 	conf := render(t, "deploy/haproxy/haproxy.cfg",

@@ -35,23 +35,16 @@ var binary string
 
 func TestMain(m *testing.M) { gatewaytest.Main(m, true, &binary) }
 
-// needNginx returns the nginx binary, or skips t (fails it when CI is set:
-// make test installs nginx and libnginx-mod-http-memc).
+// needNginx returns the nginx binary if the memc module is installed too,
+// or skips t (fails it where tests must not skip: make test installs
+// nginx and libnginx-mod-http-memc; see gatewaytest.Missing).
 func needNginx(t *testing.T) string {
 	t.Helper()
-	bin, err := exec.LookPath("nginx")
-	if err == nil {
-		_, err = os.Stat(memcModule)
+	bin := gatewaytest.Tool(t, "nginx", "nginx libnginx-mod-http-memc")
+	if _, err := os.Stat(memcModule); err != nil {
+		gatewaytest.Missing(t, "nginx's memc module", "libnginx-mod-http-memc", err)
 	}
-	if err == nil {
-		return bin
-	}
-	msg := "the differential suite needs nginx and libnginx-mod-http-memc (apt-get install nginx libnginx-mod-http-memc): " + err.Error()
-	if os.Getenv("CI") != "" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
-	return ""
+	return bin
 }
 
 // startNginx renders the reference configuration for memcached at
@@ -106,7 +99,7 @@ func startNginx(t *testing.T, bin string, mcPort, deadPort int) string {
 	t.Cleanup(func() {
 		if t.Failed() {
 			if b, err := os.ReadFile(filepath.Join(prefix, "logs", "error.log")); err == nil {
-				t.Logf("nginx error.log (tail):\n%s", tail(string(b), 3000))
+				t.Logf("nginx error.log (tail):\n%s", gatewaytest.Tail(string(b), 3000))
 			}
 		}
 		b, err := os.ReadFile(filepath.Join(prefix, "logs", "nginx.pid"))
@@ -120,21 +113,8 @@ func startNginx(t *testing.T, bin string, mcPort, deadPort int) string {
 		_ = syscall.Kill(pid, syscall.SIGTERM)
 		waitClosed(addr)
 	})
-	waitListening(t, addr, "nginx")
+	gatewaytest.WaitListening(t, "nginx", addr, nil)
 	return addr
-}
-
-func waitListening(t *testing.T, addr, what string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
-			c.Close()
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("%s does not accept connections on %s within 10s", what, addr)
 }
 
 func waitClosed(addr string) {
@@ -147,13 +127,6 @@ func waitClosed(addr string) {
 		c.Close()
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
 }
 
 // startGate runs memcgate with env (MEMCGATE_* variables; the listeners

@@ -33,21 +33,27 @@ type Server struct {
 	cmd *exec.Cmd
 }
 
-// Binary returns the path of memcached, or skips (fails under CI) t.
+// Binary returns the path of memcached, or skips t (fails it when
+// Required).
 func Binary(t testing.TB) string {
 	t.Helper()
 	p, err := exec.LookPath("memcached")
 	if err == nil {
 		return p
 	}
-	if required() {
-		t.Fatalf("memcached is not installed (apt-get install memcached); CI requires it: %v", err)
+	if Required() {
+		t.Fatalf("memcached is not installed (apt-get install memcached); CI or MEMCGATE_TEST_REQUIRE_MEMCACHED is set, so tests must not skip: %v", err)
 	}
 	t.Skipf("memcached is not installed (apt-get install memcached): %v", err)
 	return ""
 }
 
-func required() bool {
+// Required reports whether a test must fail, not skip, when a tool it
+// needs is missing: under CI, or with MEMCGATE_TEST_REQUIRE_MEMCACHED set
+// (make test sets it, after installing every tool the tests use). A
+// skipped check there would be a check silently not run.
+// gatewaytest.Missing applies the same rule to the other tools.
+func Required() bool {
 	return os.Getenv("CI") != "" || os.Getenv("MEMCGATE_TEST_REQUIRE_MEMCACHED") != ""
 }
 
@@ -98,6 +104,16 @@ func StartN(t testing.TB, n int, args ...string) []*Server {
 		out[i] = Start(t, args...)
 	}
 	return out
+}
+
+// Addrs returns the servers' addresses, comma-separated, as
+// MEMCGATE_SERVERS takes them.
+func Addrs(servers []*Server) string {
+	addrs := make([]string, len(servers))
+	for i, s := range servers {
+		addrs[i] = s.Addr
+	}
+	return strings.Join(addrs, ",")
 }
 
 // FreeUDPPort returns a loopback UDP port that was free a moment ago.

@@ -13,21 +13,18 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/memcgate/memcgate/test/gatewaytest"
 )
 
 // TestNginxInterop compares the Nginx distribution with nginx's own
 // `hash $http_x_key consistent`: a real nginx proxies each key to one of
 // several local backends that answer with their address. A second upstream
 // marks member 1 `down`, which checks that nginx's failover walk is the one
-// Owners yields. make test installs nginx; under CI a missing nginx fails.
+// Owners yields. make test installs nginx; a missing nginx skips the test,
+// or fails it under CI or MEMCGATE_TEST_REQUIRE_MEMCACHED (gatewaytest.Tool).
 func TestNginxInterop(t *testing.T) {
-	nginx, err := exec.LookPath("nginx")
-	if err != nil {
-		if os.Getenv("CI") != "" || os.Getenv("MEMCGATE_TEST_REQUIRE_MEMCACHED") != "" {
-			t.Fatalf("nginx is required under CI (apt-get install nginx): %v", err)
-		}
-		t.Skipf("nginx not installed: %v", err)
-	}
+	nginx := gatewaytest.Tool(t, "nginx", "nginx")
 	if testing.Short() {
 		t.Skip("starts nginx")
 	}

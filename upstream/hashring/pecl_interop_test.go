@@ -5,7 +5,7 @@ package hashring
 // writing sessions to real memcached servers for the session
 // distributions. make test installs php-cli, php-memcache and
 // php-memcached; without them these tests skip, or fail when CI or
-// MEMCGATE_TEST_REQUIRE_MEMCACHED is set.
+// MEMCGATE_TEST_REQUIRE_MEMCACHED is set (gatewaytest.PHP).
 
 import (
 	"bytes"
@@ -23,33 +23,9 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
+	"github.com/memcgate/memcgate/test/gatewaytest"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
-
-// requirePHPWith returns the php binary if it loads every extension in
-// exts, and skips t otherwise, or fails it when CI or
-// MEMCGATE_TEST_REQUIRE_MEMCACHED is set (make test installs them).
-func requirePHPWith(t *testing.T, exts ...string) string {
-	t.Helper()
-	php, err := exec.LookPath("php")
-	if err == nil {
-		var out []byte
-		out, err = exec.CommandContext(t.Context(), php, "-m").Output()
-		mods := "\n" + string(out)
-		for _, e := range exts {
-			if err == nil && !strings.Contains(mods, "\n"+e+"\n") {
-				err = fmt.Errorf("php has no %s extension (php -m)", e)
-			}
-		}
-	}
-	if err != nil {
-		if os.Getenv("CI") != "" || os.Getenv("MEMCGATE_TEST_REQUIRE_MEMCACHED") != "" {
-			t.Fatalf("php with %v is required (apt-get install php-cli php-memcache php-memcached): %v", exts, err)
-		}
-		t.Skipf("php with %v not available: %v", exts, err)
-	}
-	return php
-}
 
 // runPHPScript runs script with php options (-d …) before it and args
 // after it, feeding it stdin, and returns its output; anything on standard
@@ -126,7 +102,7 @@ func peclQuiet() []string { return []string{"-d", "error_reporting=E_ALL & ~E_DE
 // Owners goes on to the other members instead, so for those keys the test
 // checks that pecl/memcache did give up.
 func TestPeclInterop(t *testing.T) {
-	php := requirePHPWith(t, "memcache")
+	php := gatewaytest.PHP(t, "memcache")
 	configs := []struct {
 		name string
 		ms   []Member
@@ -287,7 +263,7 @@ func sessionConfigs(servers []*memcachedtest.Server) []struct {
 // memcache.session_redundancy=1 on Owner alone, and with the default
 // redundancy of 2 on the first two members of Owners.
 func TestPeclSessionInterop(t *testing.T) {
-	php := requirePHPWith(t, "memcache", "session")
+	php := gatewaytest.PHP(t, "memcache", "session")
 	if testing.Short() {
 		t.Skip("starts memcached and writes 10,000s of PHP sessions")
 	}
@@ -367,7 +343,7 @@ while (($line = fgets(STDIN)) !== false) {
 // each landed on Consistent's Owner of the session id; it also compares
 // Consistent with the Memcached class's DISTRIBUTION_CONSISTENT.
 func TestPHPSessionInterop(t *testing.T) {
-	php := requirePHPWith(t, "memcached", "session")
+	php := gatewaytest.PHP(t, "memcached", "session")
 	if testing.Short() {
 		t.Skip("starts memcached and writes 10,000s of PHP sessions")
 	}

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/memcgate/memcgate/test/gatewaytest"
 )
 
 // phpScript prints, for each key on stdin (one per line), the server that
@@ -35,36 +37,6 @@ while (($line = fgets(STDIN)) !== false) {
     echo $s === false ? 'FALSE ' . $m->getResultCode() : $s['host'] . ':' . $s['port'], "\n";
 }
 `
-
-// requireTool skips the test when a tool is missing, except under CI, where
-// a missing tool means the check silently stopped running, so it fails.
-func requireTool(t *testing.T, format string, args ...any) {
-	t.Helper()
-	if os.Getenv("CI") != "" {
-		t.Fatalf(format+" (CI is set, so this is a failure)", args...)
-	}
-	t.Skipf(format, args...)
-}
-
-// findPHPMemcached returns the php binary if it has the memcached extension.
-func findPHPMemcached(t *testing.T) string {
-	t.Helper()
-	php, err := exec.LookPath("php")
-	if err != nil {
-		requireTool(t, "php not installed: %v", err)
-	}
-	out, err := exec.CommandContext(t.Context(), php, "-m").Output()
-	if err != nil {
-		requireTool(t, "php -m: %v", err)
-	}
-	for _, line := range strings.Split(string(out), "\n") {
-		if strings.TrimSpace(line) == "memcached" {
-			return php
-		}
-	}
-	requireTool(t, "php has no memcached extension (php -m)")
-	return ""
-}
 
 // interopKeys returns n random memcached keys: 1 to 250 bytes (every tenth
 // exactly 96), printable non-space ASCII with some multi-byte UTF-8.
@@ -122,7 +94,7 @@ func phpOwners(t *testing.T, php, script, mode string, ms []Member, keys []strin
 // random keys: Ketama against OPT_LIBKETAMA_COMPATIBLE and Modula against
 // the defaults.
 func TestPHPInterop(t *testing.T) {
-	php := findPHPMemcached(t)
+	php := gatewaytest.PHP(t, "memcached")
 	script := filepath.Join(t.TempDir(), "owners.php")
 	if err := os.WriteFile(script, []byte(phpScript), 0o600); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,395 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/memcgate/memcgate/config"
+	"github.com/memcgate/memcgate/gateway"
+	"github.com/memcgate/memcgate/gateway/budget"
+	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/hashring"
+)
+
+// Live reload. The configuration is read again on SIGHUP, when one of the
+// files it names changes (CONFIG_FILE, SERVERS_FILE, AUTH_TOKENS_FILE), and
+// the nodes also when SERVERS_DNS resolves to others. A configuration is
+// validated whole first: a bad one changes nothing and says why. Of a good
+// one, the settings in liveVars take effect at once, without dropping a
+// request (new nodes and ring swapped in, nodes that stay keep their
+// connections, removed ones drain); the others need a restart, which the
+// reload names.
+
+// liveVars are the variables a reload applies.
+var liveVars = []string{
+	"SERVERS", "SERVERS_FILE", "SERVERS_DNS", "DNS_INTERVAL", "DNS_SERVER", "DISTRIBUTION",
+	"AUTH_TOKENS", "AUTH_TOKENS_FILE", "READ_ONLY",
+	"LOG_LEVEL", "ACCESS_LOG", "MAX_REQUESTS", "MAX_BUFFERED_BYTES", "REQUEST_TIMEOUT",
+	"CONFIG_FILE", "WATCH_INTERVAL",
+}
+
+// Reload is one reload's outcome, for the log, the status page and
+// /debug/reloads.
+type Reload struct {
+	Time    time.Time        `json:"time"`
+	Trigger string           `json:"trigger"` // sighup, file, dns
+	Result  string           `json:"result"`  // ok, error
+	Error   string           `json:"error,omitempty"`
+	Changed []string         `json:"changed,omitempty"` // variables applied
+	Restart []string         `json:"needs_restart,omitempty"`
+	Servers *upstream.Change `json:"servers,omitempty"`
+}
+
+// maxReloads is how many reloads the history keeps.
+const maxReloads = 20
+
+// reloader reads and applies configuration changes while the gateway runs.
+type reloader struct {
+	environ   map[string]string // the process's environment
+	log       *slog.Logger
+	level     *slog.LevelVar
+	cluster   *upstream.Cluster
+	handler   *gateway.Handler
+	access    *gateway.Access
+	budget    *budget.Budget
+	budgetDef int64 // MAX_BUFFERED_BYTES when unset (derived at start)
+	reloads   *prometheus.CounterVec
+	lastOK    prometheus.Gauge
+
+	mu      sync.Mutex     // guards the fields below; held while a reload runs
+	started config.Config  // what the settings a reload cannot change stay at
+	cur     config.Config  // what runs now
+	sums    map[string]sum // watched files' contents at the last reload
+	history []Reload
+}
+
+type sum [sha256.Size]byte
+
+// loadConfig reads the configuration from environ and CONFIG_FILE, with the
+// nodes from their source (SERVERS, SERVERS_FILE or SERVERS_DNS).
+func loadConfig(ctx context.Context, environ map[string]string) (config.Config, error) {
+	if f := environ[config.Prefix+"CONFIG_FILE"]; f != "" {
+		over, err := config.ReadEnvFile(f)
+		if err != nil {
+			return config.Config{}, err
+		}
+		environ = config.Overlay(environ, over)
+	}
+	cfg, err := config.Load(environ)
+	if err != nil {
+		return cfg, err
+	}
+	servers, err := resolveServers(ctx, cfg)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.Servers = servers
+	if _, err := cfg.Tokens(); err != nil {
+		return cfg, err
+	}
+	return cfg, nil
+}
+
+// resolveServers returns the nodes of cfg's source.
+func resolveServers(ctx context.Context, cfg config.Config) ([]config.Server, error) {
+	switch {
+	case cfg.ServersFile != "":
+		return config.ReadServersFile(cfg.ServersFile)
+	case cfg.ServersDNS != "":
+		return lookupServers(ctx, cfg)
+	}
+	return cfg.Servers, nil
+}
+
+// lookupServers resolves SERVERS_DNS: the targets of its SRV records (by
+// name, which the ring hashes), or the addresses of its name; sorted, so
+// that the order does not follow the DNS server's.
+func lookupServers(ctx context.Context, cfg config.Config) ([]config.Server, error) {
+	srv, host, port, err := config.SplitDNS(cfg.ServersDNS)
+	if err != nil {
+		return nil, err
+	}
+	r := net.DefaultResolver
+	if cfg.DNSServer != "" {
+		d := net.Dialer{Timeout: 2 * time.Second}
+		r = &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, network, cfg.DNSServer)
+		}}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var out []config.Server
+	if srv {
+		_, recs, err := r.LookupSRV(ctx, "", "", host)
+		if err != nil {
+			return nil, fmt.Errorf("%sSERVERS_DNS %s: %w", config.Prefix, host, err)
+		}
+		for _, rec := range recs {
+			out = append(out, config.Server{Host: strings.TrimSuffix(rec.Target, "."), Port: int(rec.Port), Weight: 1})
+		}
+	} else {
+		addrs, err := r.LookupHost(ctx, host)
+		if err != nil {
+			return nil, fmt.Errorf("%sSERVERS_DNS %s: %w", config.Prefix, host, err)
+		}
+		for _, a := range addrs {
+			out = append(out, config.Server{Host: a, Port: port, Weight: 1})
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%sSERVERS_DNS %s: no records", config.Prefix, cfg.ServersDNS)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Addr() < out[j].Addr() })
+	return slices.CompactFunc(out, func(a, b config.Server) bool { return a.Addr() == b.Addr() }), nil
+}
+
+// newReloader starts from cfg, what the gateway was built with. Its
+// metrics are registered on reg.
+func newReloader(cfg config.Config, environ map[string]string, log *slog.Logger, level *slog.LevelVar, reg prometheus.Registerer) *reloader {
+	r := &reloader{environ: environ, log: log, level: level, started: cfg, cur: cfg}
+	r.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "memcgate_config_reloads_total",
+		Help: "Configuration reloads (SIGHUP, a changed file, a DNS change), by result: ok, error (nothing changed).",
+	}, []string{"result"})
+	r.reloads.WithLabelValues("ok")
+	r.reloads.WithLabelValues("error")
+	r.lastOK = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "memcgate_config_last_reload_successful",
+		Help: "1 if the last configuration reload was applied (or none was tried), 0 if it was refused.",
+	})
+	r.lastOK.Set(1)
+	reg.MustRegister(r.reloads, r.lastOK)
+	r.sums = r.fileSums(cfg)
+	return r
+}
+
+// Current returns the configuration in force: the one the gateway started
+// with, with the live settings of the last reload applied. It waits for a
+// reload in progress.
+func (r *reloader) Current() config.Config {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cur
+}
+
+// History returns the reloads so far, the last first.
+func (r *reloader) History() []Reload {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := slices.Clone(r.history)
+	slices.Reverse(out)
+	return out
+}
+
+// Run reloads on every signal from hup, and polls the watched files
+// (every WATCH_INTERVAL) and SERVERS_DNS (every DNS_INTERVAL), until ctx
+// is done.
+func (r *reloader) Run(ctx context.Context, hup <-chan os.Signal) {
+	watch, dns := time.NewTimer(0), time.NewTimer(0)
+	defer watch.Stop()
+	defer dns.Stop()
+	arm := func() {
+		r.mu.Lock()
+		w, d, byDNS := r.cur.Watch, r.cur.DNSInterval, r.cur.ServersDNS != ""
+		r.mu.Unlock()
+		if w > 0 {
+			watch.Reset(w)
+		}
+		if byDNS {
+			dns.Reset(d)
+		}
+	}
+	watch.Stop()
+	dns.Stop()
+	arm()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			r.reload(ctx, "sighup")
+		case <-watch.C:
+			if r.filesChanged() && r.settled(ctx) {
+				r.reload(ctx, "file")
+			}
+		case <-dns.C:
+			r.reload(ctx, "dns")
+		}
+		watch.Stop()
+		dns.Stop()
+		arm()
+	}
+}
+
+// fileSums hashes the files cfg names that a reload reads.
+func (r *reloader) fileSums(cfg config.Config) map[string]sum {
+	out := map[string]sum{}
+	for _, f := range []string{r.environ[config.Prefix+"CONFIG_FILE"], cfg.ServersFile, cfg.AuthTokensFile} {
+		if f == "" {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			b = []byte("unreadable: " + err.Error())
+		}
+		out[f] = sha256.Sum256(b)
+	}
+	return out
+}
+
+// filesChanged reports whether a watched file's content changed since the
+// last reload.
+func (r *reloader) filesChanged() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.fileSums(r.cur)
+	if len(now) != len(r.sums) {
+		return true
+	}
+	for f, s := range now {
+		if s != r.sums[f] {
+			return true
+		}
+	}
+	return false
+}
+
+// settled waits until the watched files read the same twice in a row,
+// 100ms apart (a file written in place, not renamed, can be read half
+// written), up to a second; it reports false if ctx ends first.
+func (r *reloader) settled(ctx context.Context) bool {
+	r.mu.Lock()
+	prev := r.fileSums(r.cur)
+	r.mu.Unlock()
+	for range 10 {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(100 * time.Millisecond):
+		}
+		r.mu.Lock()
+		now := r.fileSums(r.cur)
+		r.mu.Unlock()
+		if maps.Equal(now, prev) {
+			return true
+		}
+		prev = now
+	}
+	return true
+}
+
+// reload reads the configuration again and applies it, or keeps the one
+// running and says why not. A DNS poll that finds nothing new is not a
+// reload: it is neither logged nor counted.
+func (r *reloader) reload(ctx context.Context, trigger string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	next, err := loadConfig(ctx, r.environ)
+	rl := Reload{Time: time.Now(), Trigger: trigger, Result: "ok"}
+	if err == nil {
+		err = r.apply(next, &rl)
+	}
+	if err != nil {
+		rl.Result, rl.Error = "error", err.Error()
+		r.log.Error("configuration reload refused: the running configuration stays", "trigger", trigger, "err", err.Error())
+		r.lastOK.Set(0)
+	} else {
+		if trigger == "dns" && rl.Servers == nil {
+			return
+		}
+		r.log.Info("configuration reloaded", "trigger", trigger, "changed", rl.Changed, "needs_restart", rl.Restart)
+		r.lastOK.Set(1)
+	}
+	r.reloads.WithLabelValues(rl.Result).Inc()
+	r.sums = r.fileSums(r.cur)
+	r.history = append(r.history, rl)
+	if len(r.history) > maxReloads {
+		r.history = slices.Delete(r.history, 0, len(r.history)-maxReloads)
+	}
+}
+
+// apply makes next's live settings take effect, and records in rl what
+// changed and what needs a restart. It changes nothing if it fails.
+func (r *reloader) apply(next config.Config, rl *Reload) error {
+	live := func(name string) bool { return slices.Contains(liveVars, strings.TrimPrefix(name, config.Prefix)) }
+	for _, v := range config.Diff(r.started, next) {
+		if !live(v) {
+			rl.Restart = append(rl.Restart, v)
+		}
+	}
+	for _, v := range config.Diff(r.cur, next) {
+		if live(v) {
+			rl.Changed = append(rl.Changed, v)
+		}
+	}
+	sec, err := newSecurity(withTLSOf(next, r.started))
+	if err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(next.LogLevel)); err != nil {
+		return fmt.Errorf("%sLOG_LEVEL: %w", config.Prefix, err)
+	}
+	if !slices.Equal(next.Servers, r.cur.Servers) || next.Distribution != r.cur.Distribution {
+		ch, err := r.cluster.SetServers(upstreamServers(next), hashring.Distribution(next.Distribution))
+		if err != nil {
+			return err
+		}
+		rl.Servers = &ch
+	}
+	r.access.Set(sec.tokens, next.ReadOnly)
+	r.level.Set(level)
+	r.handler.SetLimits(next.MaxRequests, next.RequestTimeout, next.AccessLog)
+	limit := r.budgetDef
+	if next.MaxBufferedBytes > 0 {
+		limit = next.MaxBufferedBytes
+	}
+	r.budget.SetLimit(limit)
+	// The settings a reload cannot change keep their values; the others
+	// are now next's.
+	cur := r.started
+	config.Copy(&cur, next, liveNames()...)
+	r.cur = cur
+	return nil
+}
+
+// liveNames are liveVars with the prefix.
+func liveNames() []string {
+	out := make([]string, len(liveVars))
+	for i, v := range liveVars {
+		out[i] = config.Prefix + v
+	}
+	return out
+}
+
+// withTLSOf is cfg with the TLS settings of started, which a reload does
+// not change: security is built again only for its tokens.
+func withTLSOf(cfg, started config.Config) config.Config {
+	cfg.TLSCertFile, cfg.TLSKeyFile = started.TLSCertFile, started.TLSKeyFile
+	cfg.AdminTLSCertFile, cfg.AdminTLSKeyFile = started.AdminTLSCertFile, started.AdminTLSKeyFile
+	cfg.UpstreamTLS, cfg.UpstreamTLSCAFile, cfg.UpstreamTLSName = started.UpstreamTLS, started.UpstreamTLSCAFile, started.UpstreamTLSName
+	cfg.UpstreamTLSCert, cfg.UpstreamTLSKey, cfg.UpstreamTLSNoCheck = started.UpstreamTLSCert, started.UpstreamTLSKey, started.UpstreamTLSNoCheck
+	return cfg
+}
+
+// upstreamServers are cfg's nodes for upstream, with their UDP ports.
+func upstreamServers(cfg config.Config) []upstream.Server {
+	udp, _ := cfg.UDPPortMap() // validated by config.Load
+	out := make([]upstream.Server, len(cfg.Servers))
+	for i, s := range cfg.Servers {
+		out[i] = upstream.Server{Host: s.Host, Port: s.Port, Weight: s.Weight, UDPPort: udp[s.Addr()]}
+	}
+	return out
+}

@@ -1,0 +1,172 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"reflect"
+	"slices"
+	"strings"
+)
+
+// ReadEnvFile reads a file of variables, NAME=value one per line, as
+// systemd's EnvironmentFile does: blank lines and lines starting with #
+// are skipped, a value may be quoted with ' or ".
+func ReadEnvFile(path string) (map[string]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%sCONFIG_FILE: %w", Prefix, err)
+	}
+	out := map[string]string{}
+	for i, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		name, value, ok := strings.Cut(line, "=")
+		name = strings.TrimSpace(strings.TrimPrefix(name, "export "))
+		if !ok || name == "" {
+			return nil, fmt.Errorf("%sCONFIG_FILE %s, line %d: want NAME=value, got %q", Prefix, path, i+1, line)
+		}
+		value = strings.TrimSpace(value)
+		if len(value) >= 2 && (value[0] == '"' || value[0] == '\'') && value[len(value)-1] == value[0] {
+			value = value[1 : len(value)-1]
+		}
+		out[name] = value
+	}
+	return out, nil
+}
+
+// Overlay returns base with the variables of over set on top.
+func Overlay(base, over map[string]string) map[string]string {
+	out := make(map[string]string, len(base)+len(over))
+	for k, v := range base {
+		out[k] = v
+	}
+	for k, v := range over {
+		out[k] = v
+	}
+	return out
+}
+
+// ParseServers parses a list of servers as SERVERS and SERVERS_FILE write
+// it: host:port[:weight] separated by commas or new lines, # comments.
+func ParseServers(text string) ([]Server, error) {
+	var out []Server
+	var errs []error
+	for _, line := range strings.Split(text, "\n") {
+		line, _, _ = strings.Cut(line, "#")
+		for _, f := range strings.Split(line, ",") {
+			if f = strings.TrimSpace(f); f == "" {
+				continue
+			}
+			s, err := ParseServer(f)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			out = append(out, s)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no servers")
+	}
+	return out, nil
+}
+
+// ReadServersFile reads SERVERS_FILE.
+func ReadServersFile(path string) ([]Server, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%sSERVERS_FILE: %w", Prefix, err)
+	}
+	s, err := ParseServers(string(b))
+	if err != nil {
+		return nil, fmt.Errorf("%sSERVERS_FILE %s: %w", Prefix, path, err)
+	}
+	return s, nil
+}
+
+// SplitDNS reads SERVERS_DNS: an SRV name (_service._proto.name), or a
+// name and port for A/AAAA records.
+func SplitDNS(v string) (srv bool, host string, port int, err error) {
+	if strings.HasPrefix(v, "_") {
+		return true, v, 0, nil
+	}
+	s, err := ParseServer(v)
+	if err != nil {
+		return false, "", 0, fmt.Errorf("%q is neither _service._proto.name (SRV) nor name:port: %w", v, err)
+	}
+	if s.Weight != 1 {
+		return false, "", 0, fmt.Errorf("%q: name:port takes no weight", v)
+	}
+	return false, s.Host, s.Port, nil
+}
+
+// Diff lists the variables whose values differ between a and b, in
+// declaration order.
+func Diff(a, b Config) []string {
+	var out []string
+	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
+	for _, fv := range vars(reflect.TypeFor[Config](), Prefix) {
+		fa, fb := va.FieldByIndex(fv.index), vb.FieldByIndex(fv.index)
+		if !reflect.DeepEqual(fa.Interface(), fb.Interface()) {
+			out = append(out, fv.Name)
+		}
+	}
+	return out
+}
+
+// validateSources checks the server sources: at most one of SERVERS (set
+// explicitly), SERVERS_FILE and SERVERS_DNS, each well formed.
+func (c Config) validateSources(serversSet bool) []error {
+	var errs []error
+	bad := func(name, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s%s: %s", Prefix, name, fmt.Sprintf(format, args...)))
+	}
+	var given []string
+	if serversSet {
+		given = append(given, Prefix+"SERVERS")
+	}
+	if c.ServersFile != "" {
+		given = append(given, Prefix+"SERVERS_FILE")
+	}
+	if c.ServersDNS != "" {
+		given = append(given, Prefix+"SERVERS_DNS")
+		if _, _, _, err := SplitDNS(c.ServersDNS); err != nil {
+			bad("SERVERS_DNS", "%v", err)
+		}
+	}
+	if len(given) > 1 {
+		errs = append(errs, fmt.Errorf("%s are set together: the nodes come from one of them", strings.Join(given, " and ")))
+	}
+	if c.DNSServer != "" {
+		if _, err := ParseServer(c.DNSServer); err != nil {
+			bad("DNS_SERVER", "want host:port: %v", err)
+		}
+	}
+	if c.DNSInterval <= 0 {
+		bad("DNS_INTERVAL", "must be positive, got %s", c.DNSInterval)
+	}
+	if c.Watch < 0 {
+		bad("WATCH_INTERVAL", "must not be negative, got %s", c.Watch)
+	}
+	return errs
+}
+
+// Copy sets the variables names (with the prefix) of dst to their values
+// in src; it panics on a name that is not a variable.
+func Copy(dst *Config, src Config, names ...string) {
+	d, sv := reflect.ValueOf(dst).Elem(), reflect.ValueOf(src)
+	for _, name := range names {
+		i := slices.IndexFunc(vars(reflect.TypeFor[Config](), Prefix), func(fv fieldVar) bool { return fv.Name == name })
+		if i < 0 {
+			panic("config.Copy: no variable " + name)
+		}
+		fv := vars(reflect.TypeFor[Config](), Prefix)[i]
+		d.FieldByIndex(fv.index).Set(sv.FieldByIndex(fv.index))
+	}
+}

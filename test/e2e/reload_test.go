@@ -1,0 +1,379 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/net/dns/dnsmessage"
+
+	"github.com/memcgate/memcgate/test/gatewaytest"
+	"github.com/memcgate/memcgate/test/memcachedtest"
+)
+
+// writeAtomic replaces path with body in one rename, as kubelet updates a
+// ConfigMap volume.
+func writeAtomic(t *testing.T, path, body string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// load sends PUTs and GETs of keys to g until stop is closed, and counts
+// every answer that is not 2xx or a 404 miss.
+type load struct {
+	failed  atomic.Int64
+	sent    atomic.Int64
+	first   atomic.Value
+	stop    chan struct{}
+	workers sync.WaitGroup
+}
+
+func startLoad(g *gateway, keys []string) *load {
+	l := &load{stop: make(chan struct{})}
+	client := &http.Client{Timeout: 5 * time.Second}
+	for w := range 4 {
+		l.workers.Go(func() {
+			for i := w; ; i += 4 {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				k := keys[i%len(keys)]
+				var req *http.Request
+				if i%3 == 0 {
+					req, _ = http.NewRequest("PUT", g.URL+"/"+k, strings.NewReader("v"))
+				} else {
+					req, _ = http.NewRequest("GET", g.URL+"/"+k, nil)
+				}
+				resp, err := client.Do(req)
+				l.sent.Add(1)
+				if err != nil {
+					l.failed.Add(1)
+					l.first.CompareAndSwap(nil, err.Error())
+					continue
+				}
+				resp.Body.Close()
+				if resp.StatusCode/100 != 2 && resp.StatusCode != 404 {
+					l.failed.Add(1)
+					l.first.CompareAndSwap(nil, resp.Status+" "+req.Method)
+				}
+			}
+		})
+	}
+	return l
+}
+
+func (l *load) end() (sent, failed int64) {
+	close(l.stop)
+	l.workers.Wait()
+	return l.sent.Load(), l.failed.Load()
+}
+
+// owners asks /debug/owners for each key's owner.
+func owners(t *testing.T, g *gateway, keys []string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, k := range keys {
+		resp, err := http.Get(g.Admin + "/debug/owners?key=" + k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var p struct {
+			Chain []struct{ Node string } `json:"chain"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&p)
+		resp.Body.Close()
+		if err != nil || len(p.Chain) == 0 {
+			t.Fatalf("/debug/owners?key=%s: %v", k, err)
+		}
+		out[k] = p.Chain[0].Node
+	}
+	return out
+}
+
+// nodeNames returns the nodes of /debug/nodes.
+func nodeNames(t *testing.T, g *gateway) []string {
+	t.Helper()
+	resp, err := http.Get(g.Admin + "/debug/nodes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var ns []struct{ Node string }
+	if err := json.NewDecoder(resp.Body).Decode(&ns); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, n := range ns {
+		out = append(out, n.Node)
+	}
+	return out
+}
+
+// waitNodes polls /debug/nodes until it lists want (in any order).
+func waitNodes(t *testing.T, g *gateway, want []string) {
+	t.Helper()
+	want = slices.Sorted(slices.Values(want))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := slices.Sorted(slices.Values(nodeNames(t, g)))
+		if strings.Join(got, ",") == strings.Join(want, ",") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nodes = %v, want %v", got, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// moved counts the keys whose owner changed, and checks that each moved
+// to or from a node in changed.
+func moved(t *testing.T, before, after map[string]string, changed ...string) int {
+	t.Helper()
+	n := 0
+	for k, b := range before {
+		if a := after[k]; a != b {
+			n++
+			ok := false
+			for _, c := range changed {
+				ok = ok || a == c || b == c
+			}
+			if !ok {
+				t.Errorf("%s moved from %s to %s, neither of which changed", k, b, a)
+			}
+		}
+	}
+	return n
+}
+
+// metric returns one sample of the gateway's metrics, or -1.
+func metric(t *testing.T, g *gateway, name, labels string) float64 {
+	t.Helper()
+	text, err := g.Metrics(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(line, name+labels+" ") {
+			v, _ := strconv.ParseFloat(strings.Fields(line)[1], 64)
+			return v
+		}
+	}
+	return -1
+}
+
+func reloadKeys() []string {
+	var keys []string
+	for i := range 600 {
+		keys = append(keys, fmt.Sprint("reload-", i))
+	}
+	return keys
+}
+
+// TestReload: nodes added and removed through SIGHUP and through a change
+// of the watched CONFIG_FILE, under load, with no failed request and only
+// the changed node's keys moving; a bad configuration changes nothing and
+// says why.
+func TestReload(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 4)
+	file := filepath.Join(t.TempDir(), "memcgate.env")
+	write := func(servers string, extra ...string) {
+		t.Helper()
+		body := "# memcgate\nMEMCGATE_SERVERS=" + servers + "\n" + strings.Join(extra, "\n") + "\n"
+		writeAtomic(t, file, body)
+	}
+	three := memcachedtest.Addrs(mcs[:3])
+	write(three)
+	g := startGateway(t, map[string]string{"MEMCGATE_CONFIG_FILE": file, "MEMCGATE_WATCH_INTERVAL": "100ms"})
+	waitNodes(t, g, strings.Split(three, ","))
+	keys := reloadKeys()
+	l := startLoad(g, keys)
+
+	// 1. SIGHUP after adding a node (the watcher may see it first: either
+	// way the file is applied once).
+	before := owners(t, g, keys)
+	write(memcachedtest.Addrs(mcs))
+	g.Signal(syscall.SIGHUP)
+	waitNodes(t, g, strings.Split(memcachedtest.Addrs(mcs), ","))
+	n := moved(t, before, owners(t, g, keys), mcs[3].Addr)
+	t.Logf("added %s: %d of %d keys moved (%.1f%%)", mcs[3].Addr, n, len(keys), 100*float64(n)/float64(len(keys)))
+
+	// 2. The watched file alone removes a node.
+	before = owners(t, g, keys)
+	rest := []*memcachedtest.Server{mcs[0], mcs[2], mcs[3]}
+	write(memcachedtest.Addrs(rest))
+	waitNodes(t, g, strings.Split(memcachedtest.Addrs(rest), ","))
+	n = moved(t, before, owners(t, g, keys), mcs[1].Addr)
+	t.Logf("removed %s: %d of %d keys moved (%.1f%%)", mcs[1].Addr, n, len(keys), 100*float64(n)/float64(len(keys)))
+
+	// 3. A bad configuration changes nothing: the nodes stay, the reload
+	// counts as an error, the log says why.
+	write("not a server list")
+	deadline := time.Now().Add(5 * time.Second)
+	for metric(t, g, "memcgate_config_reloads_total", `{result="error"}`) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("a bad configuration file was not counted as a refused reload")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := nodeNames(t, g); strings.Join(got, ",") != memcachedtest.Addrs(rest) {
+		t.Errorf("after a bad reload the nodes are %v, want them unchanged", got)
+	}
+	if v := metric(t, g, "memcgate_config_last_reload_successful", ""); v != 0 {
+		t.Errorf("memcgate_config_last_reload_successful = %v after a bad reload, want 0", v)
+	}
+	if !strings.Contains(g.Logs(), "configuration reload refused") {
+		t.Error("the refused reload was not logged")
+	}
+
+	// 4. A setting that needs a restart is named, and nothing else breaks.
+	write(memcachedtest.Addrs(rest), "MEMCGATE_TIMEOUT=900ms")
+	g.Signal(syscall.SIGHUP)
+	deadline = time.Now().Add(5 * time.Second)
+	for !strings.Contains(g.Logs(), `"needs_restart":["MEMCGATE_TIMEOUT"]`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the reload did not name MEMCGATE_TIMEOUT as needing a restart:\n%s", gatewaytest.Tail(g.Logs(), 2000))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	sent, failed := l.end()
+	t.Logf("%d requests during the reloads, %d failed", sent, failed)
+	if failed != 0 {
+		t.Errorf("%d of %d requests failed during the reloads; first: %v", failed, sent, l.first.Load())
+	}
+	if v := metric(t, g, "memcgate_config_reloads_total", `{result="ok"}`); v < 3 {
+		t.Errorf("memcgate_config_reloads_total{result=\"ok\"} = %v, want at least 3", v)
+	}
+}
+
+// TestServersFile: MEMCGATE_SERVERS_FILE is read at start and again when
+// it changes.
+func TestServersFile(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 3)
+	file := filepath.Join(t.TempDir(), "servers")
+	if err := os.WriteFile(file, []byte(mcs[0].Addr+"\n"+mcs[1].Addr+" # two\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g := startGateway(t, map[string]string{"MEMCGATE_SERVERS_FILE": file, "MEMCGATE_WATCH_INTERVAL": "100ms"})
+	waitNodes(t, g, []string{mcs[0].Addr, mcs[1].Addr})
+	l := startLoad(g, reloadKeys())
+	writeAtomic(t, file, memcachedtest.Addrs(mcs))
+	waitNodes(t, g, strings.Split(memcachedtest.Addrs(mcs), ","))
+	if sent, failed := l.end(); failed != 0 {
+		t.Errorf("%d of %d requests failed while the servers file changed; first: %v", failed, sent, l.first.Load())
+	}
+}
+
+// dnsServer answers SRV questions for one name from records, which the
+// test may change, on a loopback UDP port.
+type dnsServer struct {
+	conn    net.PacketConn
+	mu      sync.Mutex
+	records []dnsmessage.SRVResource
+}
+
+func startDNS(t *testing.T) *dnsServer {
+	t.Helper()
+	c, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &dnsServer{conn: c}
+	t.Cleanup(func() { c.Close() })
+	go s.serve()
+	return s
+}
+
+func (s *dnsServer) set(ports ...int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.records = nil
+	for _, p := range ports {
+		s.records = append(s.records, dnsmessage.SRVResource{Target: dnsmessage.MustNewName("localhost."), Port: uint16(p), Weight: 1})
+	}
+}
+
+func (s *dnsServer) serve() {
+	buf := make([]byte, 1500)
+	for {
+		n, addr, err := s.conn.ReadFrom(buf)
+		if err != nil {
+			return
+		}
+		var p dnsmessage.Parser
+		h, err := p.Start(buf[:n])
+		if err != nil {
+			continue
+		}
+		q, err := p.Question()
+		if err != nil {
+			continue
+		}
+		b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true})
+		b.EnableCompression()
+		_ = b.StartQuestions()
+		_ = b.Question(q)
+		_ = b.StartAnswers()
+		if q.Type == dnsmessage.TypeSRV {
+			s.mu.Lock()
+			for _, r := range s.records {
+				_ = b.SRVResource(dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 1}, r)
+			}
+			s.mu.Unlock()
+		}
+		out, err := b.Finish()
+		if err == nil {
+			_, _ = s.conn.WriteTo(out, addr)
+		}
+	}
+}
+
+// TestServersDNS: MEMCGATE_SERVERS_DNS finds the nodes in SRV records from
+// a DNS server, and follows their changes under load.
+func TestServersDNS(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 3)
+	dns := startDNS(t)
+	dns.set(mcs[0].Port, mcs[1].Port)
+	name := func(m *memcachedtest.Server) string { return "localhost:" + strconv.Itoa(m.Port) }
+	g := startGateway(t, map[string]string{
+		"MEMCGATE_SERVERS_DNS":  "_memcache._tcp.memcached.test",
+		"MEMCGATE_DNS_SERVER":   dns.conn.LocalAddr().String(),
+		"MEMCGATE_DNS_INTERVAL": "100ms",
+	})
+	two := []string{name(mcs[0]), name(mcs[1])}
+	waitNodes(t, g, two)
+	keys := reloadKeys()
+	l := startLoad(g, keys)
+	before := owners(t, g, keys)
+	dns.set(mcs[0].Port, mcs[1].Port, mcs[2].Port)
+	waitNodes(t, g, append(two, name(mcs[2])))
+	n := moved(t, before, owners(t, g, keys), name(mcs[2]))
+	t.Logf("DNS added %s: %d of %d keys moved (%.1f%%)", name(mcs[2]), n, len(keys), 100*float64(n)/float64(len(keys)))
+	before = owners(t, g, keys)
+	dns.set(mcs[1].Port, mcs[2].Port)
+	waitNodes(t, g, []string{name(mcs[1]), name(mcs[2])})
+	n = moved(t, before, owners(t, g, keys), name(mcs[0]))
+	t.Logf("DNS removed %s: %d of %d keys moved (%.1f%%)", name(mcs[0]), n, len(keys), 100*float64(n)/float64(len(keys)))
+	if sent, failed := l.end(); failed != 0 {
+		t.Errorf("%d of %d requests failed while DNS changed; first: %v", failed, sent, l.first.Load())
+	}
+}

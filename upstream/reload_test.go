@@ -1,0 +1,159 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/upstream/hashring"
+	"github.com/memcgate/memcgate/upstream/op"
+)
+
+// owners returns the node name that owns each key now.
+func owners(c *Cluster, keys []string) map[string]string {
+	out := map[string]string{}
+	for _, k := range keys {
+		out[k] = c.Placement(k).Chain[0].Node
+	}
+	return out
+}
+
+// TestSetServers: nodes added and removed while operations run, with no
+// failed operation; only the keys of the changed node move; a kept node
+// keeps its connections and health; a removed node's connections close
+// once it is idle.
+func TestSetServers(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 4)
+	servers := func(ms ...*memcachedtest.Server) []Server {
+		var out []Server
+		for _, m := range ms {
+			out = append(out, Server{Host: "127.0.0.1", Port: m.Port, Weight: 1})
+		}
+		return out
+	}
+	c, _ := newTestCluster(t, mcs[:3], nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	runDone := make(chan struct{})
+	go func() { c.Run(ctx); close(runDone) }()
+	defer func() { cancel(); <-runDone }()
+
+	var keys []string
+	for i := range 3000 {
+		keys = append(keys, fmt.Sprint("key-", i))
+	}
+	// Load: reads and writes of the keys until stopped, counting failures.
+	var failures atomic.Int64
+	var firstErr atomic.Value
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := w; ; i += 4 {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k := keys[i%len(keys)]
+				v := op.Verb(op.Set)
+				if i%3 != 0 {
+					v = op.Get
+				}
+				r := c.Do(ctx, op.Op{Verb: v, Item: op.Item{Key: k, Value: []byte("v")}})
+				if r.Err != nil && !errors.Is(r.Err, ErrNotFound) {
+					failures.Add(1)
+					firstErr.CompareAndSwap(nil, r.Err)
+				}
+			}
+		})
+	}
+
+	tests := []struct {
+		name    string
+		servers []Server
+		added   int
+		removed int
+	}{
+		{"add a node", servers(mcs...), 1, 0},
+		{"remove a node", servers(mcs[0], mcs[2], mcs[3]), 0, 1},
+		{"back to three", servers(mcs[0], mcs[1], mcs[2]), 1, 1},
+	}
+	for _, tt := range tests {
+		before := owners(c, keys)
+		keptNode := c.topo.Load().nodes[0]
+		time.Sleep(50 * time.Millisecond)
+		ch, err := c.SetServers(tt.servers, hashring.Ketama)
+		if err != nil {
+			t.Fatalf("%s: SetServers: %v", tt.name, err)
+		}
+		if len(ch.Added) != tt.added || len(ch.Removed) != tt.removed || ch.Reweighted {
+			t.Errorf("%s: change = %+v, want %d added, %d removed", tt.name, ch, tt.added, tt.removed)
+		}
+		if c.topo.Load().nodes[0] != keptNode {
+			t.Errorf("%s: the first node was rebuilt, want it kept", tt.name)
+		}
+		after := owners(c, keys)
+		moved := 0
+		for _, k := range keys {
+			if before[k] != after[k] {
+				moved++
+				changed := false
+				for _, n := range append(ch.Added, ch.Removed...) {
+					changed = changed || before[k] == n || after[k] == n
+				}
+				if !changed {
+					t.Errorf("%s: %s moved from %s to %s, neither of which changed", tt.name, k, before[k], after[k])
+				}
+			}
+		}
+		t.Logf("%s: %d of %d keys moved (%.1f%%)", tt.name, moved, len(keys), 100*float64(moved)/float64(len(keys)))
+	}
+	time.Sleep(100 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	if n := failures.Load(); n != 0 {
+		t.Errorf("%d operations failed during the changes; first: %v", n, firstErr.Load())
+	}
+	// The node removed last (mcs[3]) is closed once idle: its data
+	// connections go.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n, err := memcachedtest.CurrConnections(mcs[3].Addr)
+		if err == nil && n <= 1 { // our stats connection
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("removed node still has %d connections (%v)", n, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestSetServersNewNodeDown: a node added while it does not answer takes
+// no traffic until its probes pass.
+func TestSetServersNewNodeDown(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 2)
+	c, _ := newTestCluster(t, mcs[:1], nil)
+	mcs[1].Kill()
+	if _, err := c.SetServers([]Server{{Host: "127.0.0.1", Port: mcs[0].Port}, {Host: "127.0.0.1", Port: mcs[1].Port}}, hashring.Ketama); err != nil {
+		t.Fatal(err)
+	}
+	st := c.Nodes()
+	if len(st) != 2 || !st[0].Up || st[1].Up {
+		t.Fatalf("after adding a dead node: %+v, want it down", st)
+	}
+	for i := range 200 {
+		if err := c.Set(t.Context(), Item{Key: fmt.Sprint("k", i), Value: []byte("v")}); err != nil {
+			t.Fatalf("set with a dead node added: %v", err)
+		}
+	}
+	if _, err := c.SetServers(nil, hashring.Ketama); err == nil {
+		t.Error("SetServers(none) succeeded")
+	}
+}
