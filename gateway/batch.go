@@ -213,7 +213,7 @@ func unreachable(err error) bool {
 }
 
 // answerStatus is the status of a multi-get's or batch's answer (see
-// docs/http-api-status.md): 200 with each result's own status inside,
+// docs/http-api.md): 200 with each result's own status inside,
 // unless not one of them reached memcached (every result unreachable),
 // then 503, with Retry-After if any result's single-key answer would carry
 // it. A partial failure stays 200: its results say which keys failed.

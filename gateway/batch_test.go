@@ -248,7 +248,7 @@ func (s *keyErrStore) GetMulti(ctx context.Context, keys []string, limit int) (m
 // TestAnswerStatus: a multi-get or batch answers 503 when not one of its
 // items reached memcached, so that load balancers, the 5xx metric and its
 // alert see the outage; a partial failure stays 200 with each item's own
-// status (docs/http-api-status.md).
+// status (docs/http-api.md, "The status of a multi-get or batch answer").
 func TestAnswerStatus(t *testing.T) {
 	noNode := upstream.ErrNoNodes
 	refused := &upstream.NodeError{Node: "mc1:11211", Op: "get", Err: syscall.ECONNREFUSED}
