@@ -310,6 +310,9 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 			return
 		}
 		r.log.Info("configuration reloaded", "trigger", trigger, "changed", rl.Changed, "needs_restart", rl.Restart)
+		for _, w := range r.cur.Warnings() {
+			r.log.Warn("configuration warning", "warning", w)
+		}
 		r.lastOK.Set(1)
 	}
 	r.reloads.WithLabelValues(rl.Result).Inc()
