@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 #
 # memcgate image: a static binary on distroless, running as a non-root user.
+#   make image        (docker build with VERSION and REVISION from git; see Makefile)
 #   docker build -t memcgate .
 #   docker run --rm -p 8080:8080 -p 127.0.0.1:9090:9090 -e MEMCGATE_SERVERS=host.docker.internal:11211 memcgate
 # The build stage runs on the build host's platform and cross-compiles for
@@ -14,20 +15,26 @@ RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
 ARG TARGETOS=linux
 ARG TARGETARCH
+# What memcgate -version and memcgate_build_info report. The context has no
+# .git (.dockerignore), so Go cannot stamp them: make image passes
+# git describe --tags --always --dirty and the commit. Without them the
+# binary says version "devel", revision "unknown"; the build still works.
+ARG VERSION=
+ARG REVISION=
 RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
-    go build -trimpath -ldflags='-s -w' -o /out/memcgate ./cmd/memcgate
+    go build -trimpath -ldflags="-s -w -X main.version=${VERSION} -X main.revision=${REVISION}" -o /out/memcgate ./cmd/memcgate
 
 # distroless/static: CA certificates (for MEMCGATE_UPSTREAM_TLS), tzdata and
 # /etc/passwd with the nonroot user (65532), no shell, no package manager.
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/memcgate /memcgate
 # The admin listener must be reachable from outside the container for
-# Kubernetes probes and Prometheus; the image's own HEALTHCHECK uses it too.
-# Keep port 9090 off public networks (see README, "Security").
-ENV MEMCGATE_LISTEN_ADDR=:8080 \
-    MEMCGATE_ADMIN_ADDR=:9090
+# Kubernetes probes and Prometheus, not on loopback as by default; the
+# image's own HEALTHCHECK uses it too. Keep port 9090 off public networks
+# (see README, "Security"). The data listener is the default, :8080.
+ENV MEMCGATE_ADMIN_ADDR=:9090
 EXPOSE 8080 9090
 # Numeric, so that Kubernetes runAsNonRoot can verify it.
 USER 65532:65532

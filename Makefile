@@ -3,13 +3,25 @@ GO      ?= go
 BIN     := bin/memcgate
 PKGS    := ./...
 FUZZTIME ?= 20000x
+# What memcgate -version and memcgate_build_info report: the release tag
+# (vMAJOR.MINOR.PATCH), or tag-N-gHASH after it, -dirty with uncommitted
+# changes; the image is tagged the same (make image). Empty outside git.
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS  := -s -w -X main.version=$(VERSION) -X main.revision=$(REVISION)
+IMAGE    ?= memcgate
 
-.PHONY: all build run test vet fmt-check fuzz bench seed clean deps-run deps-test
+.PHONY: all build image run test vet fmt-check fuzz bench seed clean deps-run deps-test
 
 all: build
 
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN) ./cmd/memcgate
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='$(LDFLAGS)' -o $(BIN) ./cmd/memcgate
+
+# The container image, tagged with VERSION (deploy/kubernetes pins a tag,
+# never latest); the build context has no .git, so both are passed in.
+image:
+	docker build --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) -t $(IMAGE):$(VERSION) .
 
 deps-run:
 	@bash test/scripts/deps.sh run

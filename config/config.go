@@ -24,7 +24,10 @@ const Prefix = "MEMCGATE_"
 
 // Config is the whole configuration. Each field's env tag names its variable
 // (without Prefix), envDefault holds its default and help says what it means;
-// Usage renders all three.
+// Usage renders all three. A variable with a default may not be set to the
+// empty string (unset it to get the default) unless its empty tag says what
+// the empty value means ("off"); a secret tag marks a value /debug/config
+// must not show.
 type Config struct {
 	Servers      []Server      `env:"SERVERS" envDefault:"127.0.0.1:11211" help:"memcached nodes, host:port[:weight] separated by commas; the ring hashes these names as written"`
 	ServersFile  string        `env:"SERVERS_FILE" help:"file with the memcached nodes, host:port[:weight] one per line or separated by commas (# comments); re-read when it changes (a Kubernetes ConfigMap volume works); instead of SERVERS"`
@@ -36,7 +39,7 @@ type Config struct {
 	Distribution string        `env:"DISTRIBUTION" envDefault:"ketama" help:"key placement: ketama (libmemcached/php-memcached OPT_LIBKETAMA_COMPATIBLE), modula (php-memcached default), consistent (php-memcached's session handler, DISTRIBUTION_CONSISTENT), nginx (nginx hash $key consistent), pecl-STRATEGY-HASH (pecl/memcache's Memcache class with memcache.hash_strategy standard|consistent and memcache.hash_function crc32|fnv, e.g. pecl-consistent-crc32, its default) or pecl-session-STRATEGY-HASH (pecl/memcache's session handler)"`
 
 	ListenAddr string `env:"LISTEN_ADDR" envDefault:":8080" help:"data listener (GET/PUT/DELETE/POST /{key})"`
-	AdminAddr  string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9090" help:"admin listener (/metrics /healthz /readyz /debug/nodes /debug/pprof/); loopback only unless you change it"`
+	AdminAddr  string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9090" help:"admin listener (/metrics /healthz /readyz /debug/nodes /debug/owners /debug/config /debug/pprof/); loopback only unless you change it"`
 
 	Timeout           time.Duration `env:"TIMEOUT" envDefault:"500ms" help:"per-operation socket timeout to memcached (dial, read, write)"`
 	MaxIdleConns      int           `env:"KEEPALIVE" envDefault:"64" help:"idle keepalive connections kept per node"`
@@ -75,7 +78,7 @@ type Config struct {
 	FlapBackoff       time.Duration `env:"FLAP_BACKOFF" envDefault:"5s" help:"after a flap, probe passes count only after this hold-down, doubled per further flap"`
 	FlapBackoffMax    time.Duration `env:"FLAP_BACKOFF_MAX" envDefault:"2m" help:"cap of the flap hold-down (plus up to 50% jitter)"`
 
-	AuthTokens     string `env:"AUTH_TOKENS" help:"bearer tokens, scopes:token separated by commas, scopes read, write, admin joined by + (e.g. read:abc…,read+write:def…); empty = no authentication"`
+	AuthTokens     string `env:"AUTH_TOKENS" secret:"tokens" help:"bearer tokens, scopes:token separated by commas, scopes read, write, admin joined by + (e.g. read:abc…,read+write:def…); empty = no authentication"`
 	AuthTokensFile string `env:"AUTH_TOKENS_FILE" help:"file with more scopes:token entries, one per line (# comments); keeps secrets out of the environment"`
 	ReadOnly       bool   `env:"READ_ONLY" envDefault:"false" help:"refuse every write with 403"`
 	MaxRequests    int    `env:"MAX_REQUESTS" envDefault:"10000" help:"requests with work for memcached in flight beyond which the gateway answers 503 with Retry-After (0 = no cap); a request with a body counts once its body is read"`
@@ -201,6 +204,49 @@ func checkHost(host string, bracketed bool) error {
 	return nil
 }
 
+// checkListenAddr accepts what the listeners take: [host]:port with a port
+// from 1 to 65535 and a host that is empty (every interface), an IP
+// address (IPv6 in brackets) or a name. Checked here, with the other
+// settings, rather than when listening, where the error would not name
+// the variable.
+func checkListenAddr(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port or :port (e.g. :8080, 127.0.0.1:9090, [::1]:9090)", addr)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		if err == nil && p == 0 {
+			return fmt.Errorf("%q: port 0 would listen on a random port; give one from 1 to 65535", addr)
+		}
+		return fmt.Errorf("%q: port %q is not a number from 1 to 65535", addr, port)
+	}
+	if host == "" {
+		return nil
+	}
+	if a, err := netip.ParseAddr(host); err == nil {
+		if a.Is6() && !strings.HasPrefix(addr, "[") {
+			return fmt.Errorf("%q: write an IPv6 address in brackets, [%s]:%s", addr, host, port)
+		}
+		return nil
+	}
+	if err := checkHost(host, false); err != nil {
+		return fmt.Errorf("%q: %w", addr, err)
+	}
+	return nil
+}
+
+// sameListener reports whether two valid listen addresses would take the
+// same port: equal ports, and equal hosts or one of them every interface.
+func sameListener(a, b string) bool {
+	ha, pa, err1 := net.SplitHostPort(a)
+	hb, pb, err2 := net.SplitHostPort(b)
+	if err1 != nil || err2 != nil || pa != pb {
+		return false
+	}
+	everywhere := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
+	return ha == hb || everywhere(ha) || everywhere(hb)
+}
+
 // badNameByte returns the index of the first byte of s that cannot appear in
 // a host name or an interface name, or -1.
 func badNameByte(s string) int {
@@ -217,19 +263,24 @@ var serverType = reflect.TypeFor[Server]()
 
 // Load reads the configuration from environ (variable name → value; use
 // env.ToMap(os.Environ()) for the process environment), applies defaults and
-// validates it. The error names every bad variable.
+// validates it. The error names every bad variable: one that memcgate does
+// not know (with the closest one it does), one set to the empty string
+// where that would mean its default, one whose value does not parse or
+// makes no sense. Variables starting MEMCGATE_TEST_ (the test suite's) and
+// those Kubernetes adds for a Service named memcgate (MEMCGATE_PORT,
+// MEMCGATE_SERVICE_HOST …) are not settings and are ignored.
 func Load(environ map[string]string) (Config, error) {
-	var c Config
-	err := env.ParseWithOptions(&c, env.Options{
-		Environment: environ,
-		Prefix:      Prefix,
-		FuncMap: map[reflect.Type]env.ParserFunc{
-			serverType: func(v string) (any, error) { return ParseServer(v) },
-		},
-	})
-	var errs []error
+	c, err := parse(environ)
+	errs := checkEnviron(environ)
 	if err != nil {
-		errs = describe(err)
+		errs = append(errs, describe(err, environ)...)
+	}
+	// A variable whose empty value means something (empty:"off") is
+	// empty, not its default.
+	for _, v := range vars(reflect.TypeFor[Config](), Prefix) {
+		if val, set := environ[v.Name]; set && val == "" && v.empty != "" {
+			reflect.ValueOf(&c).Elem().FieldByIndex(v.index).SetZero()
+		}
 	}
 	// A variable that failed to parse is left at its zero value; do not
 	// report it a second time as invalid.
@@ -243,6 +294,20 @@ func Load(environ map[string]string) (Config, error) {
 		return c, errors.Join(errs...)
 	}
 	return c, nil
+}
+
+// parse reads environ into a Config with the defaults applied, without
+// any check beyond parsing.
+func parse(environ map[string]string) (Config, error) {
+	var c Config
+	err := env.ParseWithOptions(&c, env.Options{
+		Environment: environ,
+		Prefix:      Prefix,
+		FuncMap: map[reflect.Type]env.ParserFunc{
+			serverType: func(v string) (any, error) { return ParseServer(v) },
+		},
+	})
+	return c, err
 }
 
 // Validate checks values that parse but make no sense.
@@ -260,6 +325,15 @@ func (c Config) Validate() error {
 			bad("SERVERS", "%s is listed twice", s.Addr())
 		}
 		seen[s.Addr()] = true
+	}
+	listeners := []struct{ name, addr string }{{"LISTEN_ADDR", c.ListenAddr}, {"ADMIN_ADDR", c.AdminAddr}}
+	for _, l := range listeners {
+		if err := checkListenAddr(l.addr); err != nil {
+			bad(l.name, "%v", err)
+		}
+	}
+	if sameListener(c.ListenAddr, c.AdminAddr) {
+		bad("ADMIN_ADDR", "%q and %sLISTEN_ADDR %q would listen on the same port; give the admin listener its own", c.AdminAddr, Prefix, c.ListenAddr)
 	}
 	if !slices.Contains(Distributions(), c.Distribution) {
 		bad("DISTRIBUTION", "%q is not one of %s", c.Distribution, strings.Join(Distributions(), ", "))
@@ -413,6 +487,20 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// Warnings are combinations of settings that are valid but probably not
+// what was meant, in plain words, for the log at start.
+func (c Config) Warnings() []string {
+	var out []string
+	if need := time.Duration(c.MaxAttempts) * c.Timeout; c.MaxAttempts > 1 && c.RequestTimeout < need {
+		out = append(out, fmt.Sprintf("%sREQUEST_TIMEOUT (%s) is shorter than %sMAX_ATTEMPTS × %sTIMEOUT (%d × %s = %s): "+
+			"after a node times out, the request's deadline ends before the next node has had its own timeout, "+
+			"so the retry MAX_ATTEMPTS promises mostly answers 504 instead. Fast failures (a refused connection) are still retried. "+
+			"Raise REQUEST_TIMEOUT to at least %s, or lower TIMEOUT, unless capping the request's time is the point",
+			Prefix, c.RequestTimeout, Prefix, Prefix, c.MaxAttempts, c.Timeout, need, need))
+	}
+	return out
+}
+
 // Distributions lists the values DISTRIBUTION accepts, the names of
 // upstream/hashring's distributions (config does not import it; cmd
 // passes the value through).
@@ -422,25 +510,6 @@ func Distributions() []string {
 		"pecl-standard-crc32", "pecl-standard-fnv", "pecl-consistent-crc32", "pecl-consistent-fnv",
 		"pecl-session-standard-crc32", "pecl-session-standard-fnv", "pecl-session-consistent-crc32", "pecl-session-consistent-fnv",
 	}
-}
-
-// describe turns env's aggregate error into one error per variable, each
-// naming the variable instead of the Go field.
-func describe(err error) []error {
-	var agg env.AggregateError
-	if !errors.As(err, &agg) {
-		return []error{err}
-	}
-	var out []error
-	for _, e := range agg.Errors {
-		var pe env.ParseError
-		if errors.As(e, &pe) {
-			out = append(out, fmt.Errorf("%s: %w", varName(pe.Name), pe.Err))
-			continue
-		}
-		out = append(out, e)
-	}
-	return out
 }
 
 // varName maps a Config field name (nested structs included) to its
@@ -581,10 +650,14 @@ func Vars() []Var {
 	return out
 }
 
+// fieldVar is a variable and the Config field it sets.
 type fieldVar struct {
 	Var
-	field string
-	index []int // of the field in Config, for reflect.Value.FieldByIndex
+	field  string // the Go field's name
+	prefix string // the envPrefix of its enclosing structs (MEMC_), without Prefix
+	index  []int  // of the field in Config, for reflect.Value.FieldByIndex
+	empty  string // its empty tag: what the empty value means ("" = nothing)
+	secret string // its secret tag: how /debug/config redacts it ("" = not secret)
 }
 
 // vars walks t's fields: env tags are variables, struct fields with an
@@ -604,7 +677,14 @@ func vars(t reflect.Type, prefix string) []fieldVar {
 		if name == "" {
 			continue
 		}
-		out = append(out, fieldVar{Var{Name: prefix + name, Default: f.Tag.Get("envDefault"), Help: f.Tag.Get("help")}, f.Name, []int{i}})
+		out = append(out, fieldVar{
+			Var:    Var{Name: prefix + name, Default: f.Tag.Get("envDefault"), Help: f.Tag.Get("help")},
+			field:  f.Name,
+			prefix: strings.TrimPrefix(prefix, Prefix),
+			index:  []int{i},
+			empty:  f.Tag.Get("empty"),
+			secret: f.Tag.Get("secret"),
+		})
 	}
 	return out
 }
@@ -612,7 +692,10 @@ func vars(t reflect.Type, prefix string) []fieldVar {
 // Usage renders Vars as the text that -help prints.
 func Usage() string {
 	var b strings.Builder
-	b.WriteString("memcgate: an HTTP gateway to a cluster of memcached servers.\n\nConfiguration comes from the environment:\n\n")
+	b.WriteString("memcgate: an HTTP gateway to a cluster of memcached servers.\n\n" +
+		"Configuration comes from the environment. An unset variable takes its default;\n" +
+		"a MEMCGATE_ variable memcgate does not know, or one set to the empty string\n" +
+		"where that is not a value of its own, is an error. Variables:\n\n")
 	for _, v := range Vars() {
 		def := v.Default
 		if def == "" {

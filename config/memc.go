@@ -9,7 +9,7 @@ import (
 // Memc configures the endpoints compatible with nginx + HttpMemcModule
 // (memc-nginx-module); see docs/migrating-from-nginx-memc.md.
 type Memc struct {
-	Path                string `env:"PATH" envDefault:"/memc" help:"query-style endpoint (?cmd=&key=&val=&flags=&exptime=) like HttpMemcModule's location = /memc; empty turns it off (the path is then an ordinary key)"`
+	Path                string `env:"PATH" envDefault:"/memc" empty:"off" help:"query-style endpoint (?cmd=&key=&val=&flags=&exptime=) like HttpMemcModule's location = /memc; empty turns it off (the path is then an ordinary key)"`
 	KeyPath             string `env:"KEY_PATH" help:"path-style prefix like the reference location ~ ^/key/(.+)$ (key from the path, value from the body, command from the method or ?cmd=), e.g. /key/; must start and end with /; empty = off"`
 	CmdsAllowed         string `env:"CMDS_ALLOWED" help:"commands the compatible endpoints serve, separated by commas or spaces, like memc_cmds_allowed (others get 403); empty = all: get set add replace append prepend delete incr decr flush_all stats version"`
 	FlagsToLastModified bool   `env:"FLAGS_TO_LAST_MODIFIED" envDefault:"false" help:"send a get hit's flags as Last-Modified (Unix seconds), like memc_flags_to_last_modified on"`

@@ -30,14 +30,25 @@ type Admin struct {
 	// Started is when the process started, for the uptime; if zero, when
 	// NewAdminHandler was called.
 	Started time.Time
+	// Build says which binary is serving, for the status page.
+	Build BuildInfo
+	// Config returns the configuration in force, secrets redacted, for
+	// /debug/config.
+	Config func() any
 	// Tokens, if any are set, guard every endpoint but /healthz and
 	// /readyz with the admin scope.
 	Tokens Tokens
 }
 
+// BuildInfo names the binary: its release (or "devel"), VCS revision, the
+// Go toolchain that built it and its GOOS/GOARCH.
+type BuildInfo struct {
+	Version, Revision, GoVersion, Platform string
+}
+
 // NewAdminHandler returns the admin-plane handler: /metrics from g,
 // /healthz (the process is alive), /readyz, /debug/nodes, /debug/owners,
-// /debug/pprof/, and the status page at /status and /.
+// /debug/config, /debug/pprof/, and the status page at /status and /.
 //
 // The status page is one self-contained HTML page for people: each node's
 // state and share of the keys with its traffic, and the gateway's own.
@@ -83,6 +94,13 @@ func NewAdminHandler(g prometheus.Gatherer, a Admin) http.Handler {
 			return
 		}
 		writeJSON(w, a.Owners(key))
+	})
+	mux.HandleFunc("GET /debug/config", func(w http.ResponseWriter, r *http.Request) {
+		if a.Config == nil {
+			text(w, http.StatusNotFound, "no configuration information\n")
+			return
+		}
+		writeJSON(w, a.Config())
 	})
 	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 	mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)

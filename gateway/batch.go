@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -40,6 +41,9 @@ type batchResult struct {
 	CAS      string  `json:"cas,omitempty"`
 	PHPType  string  `json:"php_type,omitempty"` // with MEMCGATE_VALUE_CODEC=php
 	Error    string  `json:"error,omitempty"`
+
+	unreachable bool // memcached could not be asked (unreachable)
+	retry       bool // the single-key answer would carry Retry-After
 }
 
 // parsedOp is a parsed, checked batch operation.
@@ -192,7 +196,38 @@ func (res *batchResult) setValue(b []byte) {
 // setOutcome records verb v's result err, as the single-key endpoint
 // would answer it.
 func (res *batchResult) setOutcome(v op.Verb, err error) {
-	res.Status, res.Error, _ = outcome(v, err)
+	res.Status, res.Error, res.retry = outcome(v, err)
+	res.unreachable = unreachable(err)
+}
+
+// unreachable reports whether err says memcached could not be asked for
+// an item: no node could take it, the connection failed, no answer came
+// in time, or the gateway was at one of its limits. An answer memcached
+// gave (a miss, an error reply, a value that cannot be decoded) and a
+// problem of the request itself are not.
+func unreachable(err error) bool {
+	var ne *upstream.NodeError
+	var oe *overloadError
+	return errors.Is(err, upstream.ErrNoNodes) || errors.As(err, &ne) || errors.As(err, &oe) ||
+		errors.Is(err, context.DeadlineExceeded)
+}
+
+// answerStatus is the status of a multi-get's or batch's answer (see
+// docs/http-api.md): 200 with each result's own status inside,
+// unless not one of them reached memcached (every result unreachable),
+// then 503, with Retry-After if any result's single-key answer would carry
+// it. A partial failure stays 200: its results say which keys failed.
+func answerStatus(results []batchResult) (status int, retry bool) {
+	if len(results) == 0 {
+		return http.StatusOK, false
+	}
+	for _, r := range results {
+		if !r.unreachable {
+			return http.StatusOK, false
+		}
+		retry = retry || r.retry
+	}
+	return http.StatusServiceUnavailable, retry
 }
 
 func (res *batchResult) setError(err error) { res.setOutcome(0, err) }
@@ -440,7 +475,8 @@ func parseCAS(raw json.RawMessage) (uint64, error) {
 }
 
 // writeResults answers a multi-get or batch with its results, the
-// encoded answer held against the budget until the request ends.
+// encoded answer held against the budget until the request ends, with the
+// status answerStatus gives them.
 func (h *handler) writeResults(w http.ResponseWriter, r *http.Request, results []batchResult) {
 	body, err := json.Marshal(struct {
 		Results []batchResult `json:"results"`
@@ -452,9 +488,13 @@ func (h *handler) writeResults(w http.ResponseWriter, r *http.Request, results [
 		writeError(w, err)
 		return
 	}
+	status, retry := answerStatus(results)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)+1))
-	w.WriteHeader(http.StatusOK)
+	if retry {
+		w.Header().Set("Retry-After", "1")
+	}
+	w.WriteHeader(status)
 	_, _ = w.Write(append(body, '\n'))
 }
 

@@ -5,14 +5,18 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http/httptest"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
@@ -210,4 +214,92 @@ func FuzzBatch(f *testing.F) {
 			t.Fatalf("batch %q = %d, want 200, 400 or 413", body, w.Code)
 		}
 	})
+}
+
+// keyErrStore is a fake whose keys listed in errs fail with their error;
+// the others behave as the fake does.
+type keyErrStore struct {
+	*fakeStore
+	errs map[string]error
+}
+
+func (s *keyErrStore) Do(ctx context.Context, o op.Op) op.Result {
+	if err := s.errs[o.Item.Key]; err != nil {
+		return op.Result{Err: err}
+	}
+	return s.fakeStore.Do(ctx, o)
+}
+
+func (s *keyErrStore) GetMulti(ctx context.Context, keys []string, limit int) (map[string]op.Item, map[string]error) {
+	var rest []string
+	failed := map[string]error{}
+	for _, k := range keys {
+		if err := s.errs[k]; err != nil {
+			failed[k] = err
+		} else {
+			rest = append(rest, k)
+		}
+	}
+	found, more := s.fakeStore.GetMulti(ctx, rest, limit)
+	maps.Copy(failed, more)
+	return found, failed
+}
+
+// TestAnswerStatus: a multi-get or batch answers 503 when not one of its
+// items reached memcached, so that load balancers, the 5xx metric and its
+// alert see the outage; a partial failure stays 200 with each item's own
+// status (docs/http-api.md, "The status of a multi-get or batch answer").
+func TestAnswerStatus(t *testing.T) {
+	noNode := upstream.ErrNoNodes
+	refused := &upstream.NodeError{Node: "mc1:11211", Op: "get", Err: syscall.ECONNREFUSED}
+	timeout := context.DeadlineExceeded
+	tests := []struct {
+		name      string
+		method    string
+		target    string
+		body      string
+		errs      map[string]error
+		want      int
+		wantRetry bool
+		wantItems []int
+	}{
+		{"multi-get, every node down", "GET", "/?key=a&key=b", "", map[string]error{"a": noNode, "b": noNode}, 503, true, []int{503, 503}},
+		{"multi-get, every read timed out", "GET", "/?key=a&key=b", "", map[string]error{"a": timeout, "b": timeout}, 503, false, []int{504, 504}},
+		{"multi-get, refused and timed out", "GET", "/?key=a&key=b", "", map[string]error{"a": refused, "b": timeout}, 503, true, []int{502, 504}},
+		{"multi-get, one key answered", "GET", "/?key=a&key=b", "", map[string]error{"a": noNode}, 200, false, []int{503, 200}},
+		{"multi-get, one key a miss", "GET", "/?key=a&key=nope", "", map[string]error{"a": noNode}, 200, false, []int{503, 404}},
+		{"multi-get, all misses", "GET", "/?key=x&key=y", "", nil, 200, false, []int{404, 404}},
+		{"gat multi-get, every node down", "GET", "/?key=a&key=b&touch=10", "", map[string]error{"a": noNode, "b": noNode}, 503, true, []int{503, 503}},
+		{"batch, every node down", "POST", "/", `[{"op":"set","key":"a","value":"1"},{"op":"get","key":"b"},{"op":"delete","key":"a"}]`,
+			map[string]error{"a": noNode, "b": noNode}, 503, true, []int{503, 503, 503}},
+		{"batch, a bad op among failures", "POST", "/", `[{"op":"set","key":"a","value":"1"},{"op":"explode","key":"b"}]`,
+			map[string]error{"a": noNode, "b": noNode}, 200, false, []int{503, 400}},
+		{"batch, one write applied", "POST", "/", `[{"op":"set","key":"a","value":"1"},{"op":"set","key":"c","value":"1"}]`,
+			map[string]error{"a": noNode}, 200, false, []int{503, 201}},
+		{"batch, memcached refused every write", "POST", "/", `[{"op":"add","key":"b","value":"1"}]`, nil, 200, false, []int{412}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := &keyErrStore{fakeStore: newFake(), errs: tt.errs}
+			s.Put(op.Item{Key: "b", Value: []byte("v")})
+			w := do(newTestHandler(t, s), tt.method, tt.target, tt.body)
+			if w.Code != tt.want {
+				t.Errorf("%s %s = %d, want %d", tt.method, tt.target, w.Code, tt.want)
+			}
+			if got := w.Header().Get("Retry-After") != ""; got != tt.wantRetry {
+				t.Errorf("Retry-After %q, want it set: %v", w.Header().Get("Retry-After"), tt.wantRetry)
+			}
+			if ct := w.Header().Get("Content-Type"); ct != "application/json" {
+				t.Errorf("Content-Type %q, want the results as JSON whatever the status", ct)
+			}
+			res := decodeResults(t, w.Body.String())
+			var got []int
+			for _, r := range res {
+				got = append(got, r.Status)
+			}
+			if !slices.Equal(got, tt.wantItems) {
+				t.Errorf("item statuses %v, want %v", got, tt.wantItems)
+			}
+		})
+	}
 }

@@ -103,9 +103,24 @@ func newObserver(log *slog.Logger, reg prometheus.Registerer, accessLog bool, ac
 		o.durations[i] = o.duration.WithLabelValues(m)
 	}
 	o.accessLog.Store(accessLog)
+	// The server-side failures the 5xx alert and dashboard watch exist
+	// from the start at 0, so that increase() sees the first one; other
+	// codes appear on first use (pre-creating every method and code would
+	// export hundreds of empty series).
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPut, http.MethodPost, http.MethodDelete} {
+		for _, code := range precreatedCodes {
+			c := o.requests.WithLabelValues(m, strconv.Itoa(code))
+			o.counts[method(m)][code].Store(&c)
+		}
+	}
 	reg.MustRegister(o.requests, o.duration, o.inFlight)
 	return o
 }
+
+// precreatedCodes are the statuses memcgate_http_requests_total exports
+// from zero for the API's methods: the gateway's own failures (500) and
+// memcached's (502, 503, 504).
+var precreatedCodes = []int{http.StatusInternalServerError, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout}
 
 // method bounds the method label to known methods: the index into methods.
 func method(m string) int {

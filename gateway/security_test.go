@@ -48,7 +48,7 @@ func TestTokens(t *testing.T) {
 			t.Errorf("%s: 401 without WWW-Authenticate", tt.name)
 		}
 	}
-	admin := NewAdminHandler(prometheus.NewRegistry(), Admin{Tokens: toks})
+	admin := NewAdminHandler(prometheus.NewRegistry(), Admin{Tokens: toks, Config: func() any { return map[string]string{"k": "v"} }})
 	for _, tt := range []struct {
 		path, auth string
 		want       int
@@ -58,6 +58,9 @@ func TestTokens(t *testing.T) {
 		{"/metrics", "", 401},
 		{"/metrics", "Bearer reader-0123456789", 403},
 		{"/metrics", "Bearer admin-01234567890", 200},
+		{"/debug/config", "", 401},
+		{"/debug/config", "Bearer reader-0123456789", 403},
+		{"/debug/config", "Bearer admin-01234567890", 200},
 	} {
 		var hdr []string
 		if tt.auth != "" {

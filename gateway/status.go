@@ -8,7 +8,6 @@ import (
 	"math"
 	"net/http"
 	"os"
-	"runtime/debug"
 	"slices"
 	"strconv"
 	"sync"
@@ -84,7 +83,6 @@ type statusPage struct {
 	tmpl    *template.Template
 	started time.Time
 	host    string
-	build   buildView
 	now     func() time.Time
 
 	mu    sync.Mutex // guards snaps
@@ -92,7 +90,7 @@ type statusPage struct {
 }
 
 func newStatusPage(g prometheus.Gatherer, a Admin) *statusPage {
-	p := &statusPage{g: g, a: a, tmpl: parseStatusTemplate(), started: a.Started, now: time.Now, build: readBuild()}
+	p := &statusPage{g: g, a: a, tmpl: parseStatusTemplate(), started: a.Started, now: time.Now}
 	if p.started.IsZero() {
 		p.started = time.Now()
 	}
@@ -158,7 +156,7 @@ func (p *statusPage) view(refresh int) *statusView {
 		Refresh:   refresh,
 		Window:    dt,
 		FromStart: prev.at.Equal(p.started),
-		Build:     p.build,
+		Build:     p.a.Build,
 		HTTP:      httpRatesOf(&prev.http, &cur.http, dt),
 		Gauges:    cur.http,
 	}
@@ -239,7 +237,7 @@ type statusView struct {
 	Reloads      []Reload
 	OlderReloads int
 
-	Build buildView
+	Build BuildInfo
 }
 
 type refreshChoice struct {
@@ -283,31 +281,6 @@ func (v *statusView) AsyncBytes() float64 { return v.Gauges.asyncBytes }
 
 // InFlight is the gateway's requests in flight.
 func (v *statusView) InFlight() float64 { return v.Gauges.inFlight }
-
-// buildView is what runtime/debug.ReadBuildInfo says about the binary.
-type buildView struct {
-	Path, Version, GoVersion, Revision, Time string
-	Modified                                 bool
-}
-
-func readBuild() buildView {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return buildView{Version: "unknown"}
-	}
-	b := buildView{Path: bi.Main.Path, Version: bi.Main.Version, GoVersion: bi.GoVersion}
-	for _, s := range bi.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			b.Revision = s.Value
-		case "vcs.time":
-			b.Time = s.Value
-		case "vcs.modified":
-			b.Modified = s.Value == "true"
-		}
-	}
-	return b
-}
 
 // fmtRate formats a per-second rate compactly.
 func fmtRate(r float64) string {

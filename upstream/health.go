@@ -232,10 +232,10 @@ func (c *Cluster) checkNode(ctx context.Context, n *node) {
 		return // shutting down, or removed meanwhile: a probe says nothing
 	}
 	if err != nil {
-		c.m.probes.WithLabelValues(n.name, "fail").Inc()
+		n.m.probeFail.Inc()
 		err = classify(n.name, "probe", err)
 	} else {
-		c.m.probes.WithLabelValues(n.name, "ok").Inc()
+		n.m.probeOK.Inc()
 	}
 	switch n.probeResult(err) {
 	case probeEject:

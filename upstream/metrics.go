@@ -46,6 +46,10 @@ const (
 
 var resultNames = [numResults]string{"ok", "miss", "rejected", "error", "timeout"}
 
+// ejectReasons are the reason label's values of
+// memcgate_upstream_ejections_total (the reasons node.eject is given).
+var ejectReasons = []string{"probe", "refused", "timeouts"}
+
 // metrics holds every collector of the package. Counters for a node are
 // resolved once per node (nodeMetrics) so the hot path does no label lookups.
 type metrics struct {
@@ -80,7 +84,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"node", "reason"}),
 		ejectsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "memcgate_upstream_ejections_refused_total",
-			Help: "Passive ejections not made because MAX_EJECTED_PERCENT of the nodes were already down.",
+			Help: "Passive ejections not made because MEMCGATE_MAX_EJECTED_PERCENT of the nodes were already down.",
 		}, []string{"node"}),
 		failovers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "memcgate_upstream_failovers_total",
@@ -114,10 +118,26 @@ type nodeMetrics struct {
 	up        prometheus.Gauge
 	failovers prometheus.Counter
 	batched   prometheus.Counter
+	probeOK   prometheus.Counter
+	probeFail prometheus.Counter
 }
 
+// forNode resolves a node's collectors. Every counter of the node, for
+// every label value it can take, is created here, so that it is exported
+// at 0 from the start: increase() and rate() see its first event, which
+// they cannot for a series that appears with the value 1.
 func (m *metrics) forNode(name string) *nodeMetrics {
-	nm := &nodeMetrics{up: m.up.WithLabelValues(name), failovers: m.failovers.WithLabelValues(name), batched: m.batched.WithLabelValues(name)}
+	nm := &nodeMetrics{
+		up:        m.up.WithLabelValues(name),
+		failovers: m.failovers.WithLabelValues(name),
+		batched:   m.batched.WithLabelValues(name),
+		probeOK:   m.probes.WithLabelValues(name, "ok"),
+		probeFail: m.probes.WithLabelValues(name, "fail"),
+	}
+	for _, reason := range ejectReasons {
+		m.ejects.WithLabelValues(name, reason)
+	}
+	m.ejectsRefused.WithLabelValues(name)
 	for o := range numOps {
 		if !o.valid() {
 			continue
@@ -145,9 +165,9 @@ func newPoolCollector(nodes func() []*node) *poolCollector {
 		desc: prometheus.NewDesc("memcgate_upstream_connections",
 			"Open connections to each node, by state (in_use, idle).", []string{"node", "state"}, nil),
 		inFl: prometheus.NewDesc("memcgate_upstream_in_flight",
-			"Operations in flight on each node (bounded by MAX_IN_FLIGHT_PER_NODE; by MAX_CONNS_PER_NODE with PIPELINE_CONNS=0).", []string{"node"}, nil),
+			"Operations in flight on each node (bounded by MEMCGATE_MAX_IN_FLIGHT_PER_NODE; by MEMCGATE_MAX_CONNS_PER_NODE with MEMCGATE_PIPELINE_CONNS=0).", []string{"node"}, nil),
 		maxFl: prometheus.NewDesc("memcgate_upstream_max_in_flight",
-			"The cap on memcgate_upstream_in_flight (MAX_IN_FLIGHT_PER_NODE, or MAX_CONNS_PER_NODE with PIPELINE_CONNS=0), for saturation ratios.", []string{"node"}, nil),
+			"The cap on memcgate_upstream_in_flight (MEMCGATE_MAX_IN_FLIGHT_PER_NODE, or MEMCGATE_MAX_CONNS_PER_NODE with MEMCGATE_PIPELINE_CONNS=0), for saturation ratios.", []string{"node"}, nil),
 	}
 }
 

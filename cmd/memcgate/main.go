@@ -49,6 +49,9 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		case "-h", "-help", "--help", "help":
 			fmt.Fprint(stdout, config.Usage())
 			return nil
+		case "-version", "--version", "version":
+			fmt.Fprintln(stdout, currentBuild())
+			return nil
 		case "healthcheck":
 			return healthcheck(ctx, environ, args[1:])
 		default:
@@ -65,6 +68,9 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	go func() { logs.Run(logCtx); close(flushed) }()
 	defer func() { stopLogs(); <-flushed }() // the last lines, shutdown included
 	log, level := newLogger(cfg, logs)
+	for _, w := range cfg.Warnings() {
+		log.Warn("configuration warning", "warning", w)
+	}
 	var accessJSON io.Writer // access log lines without slog, same bytes (gateway.Options.AccessLogJSON)
 	if cfg.LogFormat == "json" {
 		accessJSON = logs
@@ -187,8 +193,10 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, da
 		debug.SetMemoryLimit(mem.runtime)
 	}
 	buffered := budget.New(mem.budget)
+	build := currentBuild()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerBuildInfo(reg, build)
 	uo := upstreamOptions(cfg)
 	uo.Dialer = sec.dialer
 	cluster, err := upstream.New(uo, log, reg)
@@ -229,7 +237,9 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, da
 			Owners:  func(key string) any { return cluster.Placement(key) },
 			Status:  func() gateway.StatusInfo { return statusInfo(cluster, uo.WithDefaults()) },
 			Reloads: rl.statusRows,
+			Config:  func() any { return newDebugConfig(build, rl.Current(), buffered) },
 			Started: started,
+			Build:   gateway.BuildInfo{Version: build.Version, Revision: build.Revision, GoVersion: build.GoVersion, Platform: build.Platform},
 			Tokens:  sec.tokens,
 		}),
 		ReadHeaderTimeout: 5 * time.Second,
@@ -257,7 +267,8 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, da
 	reloadCtx, stopReload := context.WithCancel(ctx)
 	defer stopReload()
 	wg.Go(func() { rl.Run(reloadCtx, hup) })
-	log.Info("memcgate started", "listen", dataLn.Addr().String(), "admin", adminLn.Addr().String(),
+	log.Info("memcgate started", "version", build.Version, "revision", build.Revision,
+		"listen", dataLn.Addr().String(), "admin", adminLn.Addr().String(),
 		"servers", len(cfg.Servers), "distribution", cfg.Distribution,
 		"max_buffered_bytes", mem.budget, "memory_limit", mem.limit, "memory_limit_from", mem.source)
 
@@ -314,6 +325,24 @@ func statusInfo(c *upstream.Cluster, o upstream.Options) gateway.StatusInfo {
 		}
 	}
 	return st
+}
+
+// debugConfig is what /debug/config shows: the binary, the configuration
+// in force (config.Effective: every variable, secrets redacted, which ones
+// differ from the defaults, the warnings; after a reload, the reloaded
+// one, with the nodes its source gave) and what was derived from it.
+type debugConfig struct {
+	Build buildInfo `json:"build"`
+	config.Effective
+	Derived struct {
+		MaxBufferedBytes int64 `json:"max_buffered_bytes"` // the byte budget in force (MEMCGATE_MAX_BUFFERED_BYTES=0 derives it)
+	} `json:"derived"`
+}
+
+func newDebugConfig(b buildInfo, cfg config.Config, buffered *budget.Budget) debugConfig {
+	d := debugConfig{Build: b, Effective: cfg.Effective()}
+	d.Derived.MaxBufferedBytes = buffered.Limit()
+	return d
 }
 
 // httpServer is what serve needs of the data server: *http.Server, or

@@ -175,6 +175,15 @@ func newReloader(cfg config.Config, environ map[string]string, log *slog.Logger,
 	return r
 }
 
+// Current returns the configuration in force: the one the gateway started
+// with, with the live settings of the last reload applied. It waits for a
+// reload in progress.
+func (r *reloader) Current() config.Config {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cur
+}
+
 // History returns the reloads so far, the last first.
 func (r *reloader) History() []Reload {
 	r.mu.Lock()
@@ -301,6 +310,9 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 			return
 		}
 		r.log.Info("configuration reloaded", "trigger", trigger, "changed", rl.Changed, "needs_restart", rl.Restart)
+		for _, w := range r.cur.Warnings() {
+			r.log.Warn("configuration warning", "warning", w)
+		}
 		r.lastOK.Set(1)
 	}
 	r.reloads.WithLabelValues(rl.Result).Inc()

@@ -22,9 +22,10 @@ for p in "${ports[@]}"; do
   memcached -l 127.0.0.1 -p "$p" -U 0 -m 64 "${user[@]}" &
   pids+=($!)
 done
+# The three servers above; logs for a terminal; Ctrl-C stops at once (no
+# load balancer to drain). The listeners keep their defaults: data :8080,
+# admin 127.0.0.1:9090.
 export MEMCGATE_SERVERS=${MEMCGATE_SERVERS:-127.0.0.1:21211,127.0.0.1:21212,127.0.0.1:21213}
-export MEMCGATE_LISTEN_ADDR=${MEMCGATE_LISTEN_ADDR:-:8080}
-export MEMCGATE_ADMIN_ADDR=${MEMCGATE_ADMIN_ADDR:-127.0.0.1:9090}
 export MEMCGATE_LOG_FORMAT=${MEMCGATE_LOG_FORMAT:-text}
 export MEMCGATE_DRAIN_DELAY=${MEMCGATE_DRAIN_DELAY:-0s}
 cat <<TXT

@@ -202,3 +202,135 @@ func keys[M ~map[string]V, V any](m M) []string {
 	slices.Sort(out)
 	return out
 }
+
+// setting is one MEMCGATE_ variable a shipped file sets.
+type setting struct {
+	line        int // 1-based
+	name, value string
+	reason      bool // a comment in its paragraph says why it is set
+}
+
+// Where each kind of file sets a variable.
+var (
+	envLineRE     = regexp.MustCompile(`^(MEMCGATE_[A-Z0-9_]+)=(.*)$`)                                               // KEY=VALUE files
+	yamlLineRE    = regexp.MustCompile(`^(\s*)(MEMCGATE_[A-Z0-9_]+):\s*(.*?)\s*$`)                                   // a YAML mapping
+	exportLineRE  = regexp.MustCompile(`^\s*export (MEMCGATE_[A-Z0-9_]+)=(?:\$\{MEMCGATE_[A-Z0-9_]+:-(.*)\}|(.*))$`) // shell
+	dockerLineRE  = regexp.MustCompile(`^(?:ENV\s+)?(MEMCGATE_[A-Z0-9_]+)=(\S*?)\s*\\?$`)                            // Dockerfile ENV
+	unitEnvLineRE = regexp.MustCompile(`^Environment="?(MEMCGATE_[A-Z0-9_]+)=(.*?)"?$`)                              // systemd unit
+)
+
+// fileSettings returns the MEMCGATE_ variables file rel sets (not those
+// its comments mention), each with whether a comment in its paragraph
+// (the lines above it up to a blank one, and in YAML up to its parent
+// key) gives a reason.
+func fileSettings(t *testing.T, rel string) []setting {
+	t.Helper()
+	return settingsIn(rel, read(t, rel))
+}
+
+// settingsIn is fileSettings for text, the contents of rel.
+func settingsIn(rel, text string) []setting {
+	lines := strings.Split(text, "\n")
+	var out []setting
+	for i, line := range lines {
+		var s setting
+		indent := -1 // YAML only: the key's indentation
+		switch ext := filepath.Ext(rel); {
+		case ext == ".env":
+			if m := envLineRE.FindStringSubmatch(line); m != nil {
+				s.name, s.value = m[1], strings.Trim(m[2], `"'`)
+			}
+		case ext == ".yaml" || ext == ".yml":
+			if m := yamlLineRE.FindStringSubmatch(line); m != nil {
+				s.name, s.value, indent = m[2], strings.Trim(m[3], `"'`), len(m[1])
+			}
+		case ext == ".sh":
+			if m := exportLineRE.FindStringSubmatch(line); m != nil {
+				s.name, s.value = m[1], m[2]+m[3]
+			}
+		case ext == ".service":
+			if m := unitEnvLineRE.FindStringSubmatch(line); m != nil {
+				s.name, s.value = m[1], m[2]
+			}
+		case filepath.Base(rel) == "Dockerfile":
+			if m := dockerLineRE.FindStringSubmatch(strings.TrimSpace(line)); m != nil {
+				s.name, s.value = m[1], strings.Trim(m[2], `"`)
+			}
+		}
+		if s.name == "" {
+			continue
+		}
+		s.line = i + 1
+		for j := i - 1; j >= 0; j-- {
+			above := lines[j]
+			trimmed := strings.TrimSpace(above)
+			if trimmed == "" {
+				break
+			}
+			if strings.HasPrefix(trimmed, "#") {
+				s.reason = true
+				break
+			}
+			if indent >= 0 && len(above)-len(strings.TrimLeft(above, " ")) < indent {
+				break // the parent key: the comments above it are its own
+			}
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// TestSettingsDifferFromDefaults: a shipped file sets a variable only to
+// change its default, and says why. A variable set to its default hides
+// a later change of the default (deploy/ kept MAX_IN_FLIGHT_PER_NODE=256
+// after the default became 4096) and makes every reader wonder what it is
+// for.
+func TestSettingsDifferFromDefaults(t *testing.T) {
+	defaults := loadConfig(t, "defaults", map[string]string{}).Effective().Values
+	seen := 0
+	for _, rel := range append(deployFiles(t), "Dockerfile") {
+		settings := fileSettings(t, rel)
+		if len(settings) == 0 {
+			continue
+		}
+		env := map[string]string{}
+		for _, s := range settings {
+			env[s.name] = s.value
+		}
+		values := loadConfig(t, rel, env).Effective().Values
+		for _, s := range settings {
+			seen++
+			if values[s.name] == defaults[s.name] {
+				t.Errorf("%s:%d: %s=%s is the default; remove it (memcgate -help lists the defaults)", rel, s.line, s.name, s.value)
+			}
+			if !s.reason {
+				t.Errorf("%s:%d: %s is set with no comment above it saying why it differs from the default (%s)", rel, s.line, s.name, defaults[s.name])
+			}
+		}
+	}
+	if seen < 6 {
+		t.Errorf("found only %d settings in deploy/ and the Dockerfile; the scan is broken", seen)
+	}
+}
+
+// TestFileSettings checks the scan itself on each kind of file.
+func TestFileSettings(t *testing.T) {
+	tests := []struct {
+		rel, text string
+		want      []setting
+	}{
+		{"x.env", "# why\nMEMCGATE_SERVERS=a:1\n\nMEMCGATE_TIMEOUT=1s\n# MEMCGATE_KEEPALIVE=3\n",
+			[]setting{{2, "MEMCGATE_SERVERS", "a:1", true}, {4, "MEMCGATE_TIMEOUT", "1s", false}}},
+		{"c.yaml", "x:\n  # about x\n  environment:\n    MEMCGATE_SERVERS: \"a:1\"\n    # why\n    MEMCGATE_ADMIN_ADDR: \":9090\"\n",
+			[]setting{{4, "MEMCGATE_SERVERS", "a:1", false}, {6, "MEMCGATE_ADMIN_ADDR", ":9090", true}}},
+		{"r.sh", "# why\nexport MEMCGATE_LOG_FORMAT=${MEMCGATE_LOG_FORMAT:-text}\nexport MEMCGATE_X=1\n",
+			[]setting{{2, "MEMCGATE_LOG_FORMAT", "text", true}, {3, "MEMCGATE_X", "1", true}}},
+		{"Dockerfile", "# why\nENV MEMCGATE_A=1 \\\n    MEMCGATE_B=2\n",
+			[]setting{{2, "MEMCGATE_A", "1", true}, {3, "MEMCGATE_B", "2", true}}},
+	}
+	for _, tt := range tests {
+		if got := settingsIn(tt.rel, tt.text); fmt.Sprint(got) != fmt.Sprint(tt.want) {
+			t.Errorf("fileSettings(%q) = %+v, want %+v", tt.text, got, tt.want)
+		}
+	}
+}

@@ -114,6 +114,7 @@ func TestDockerfile(t *testing.T) {
 				t.Errorf("the go build RUN lacks %q: %s", want, goBuild)
 			}
 		}
+		t.Run("version stamp", func(t *testing.T) { versionStamp(t, build, goBuild) })
 	})
 
 	t.Run("final stage", func(t *testing.T) {
@@ -291,4 +292,36 @@ func globRegexp(p string) string {
 		}
 	}
 	return b.String()
+}
+
+// versionStamp builds the binary with the Dockerfile's own -ldflags, its
+// VERSION and REVISION build arguments filled in, and checks that
+// memcgate -version reports them: -X on a variable that does not exist
+// is silently ignored, so only running the result shows it works.
+func versionStamp(t *testing.T, build stage, goBuild string) {
+	args := map[string]bool{}
+	for _, in := range build.all("ARG") {
+		name, _, _ := strings.Cut(in.args, "=")
+		args[name] = true
+	}
+	if !args["VERSION"] || !args["REVISION"] {
+		t.Fatalf("the build stage lacks ARG VERSION or ARG REVISION (have %v)", keys(args))
+	}
+	m := regexp.MustCompile(`-ldflags="([^"]*)"`).FindStringSubmatch(goBuild)
+	if m == nil {
+		t.Fatalf("the go build RUN has no -ldflags=\"…\": %s", goBuild)
+	}
+	ldflags := strings.NewReplacer("${VERSION}", "v9.8.7-test", "${REVISION}", "0123456789abcdef").Replace(m[1])
+	bin := filepath.Join(t.TempDir(), "memcgate")
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run(t, abs, "go", "build", "-trimpath", "-ldflags="+ldflags, "-o", bin, "./cmd/memcgate"); err != nil {
+		t.Fatalf("go build -ldflags=%q: %v\n%s", ldflags, err, out)
+	}
+	out, err := run(t, "", bin, "-version")
+	if want := "memcgate v9.8.7-test (revision 0123456789abcdef, "; err != nil || !strings.HasPrefix(out, want) {
+		t.Errorf("the Dockerfile's -ldflags give -version %q (%v), want it to start %q", out, err, want)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -120,12 +121,27 @@ type serviceSpec struct {
 }
 
 type kustomization struct {
-	Resources  []string `yaml:"resources"`
-	Components []string `yaml:"components"`
+	Resources          []string             `yaml:"resources"`
+	Components         []string             `yaml:"components"`
+	ConfigMapGenerator []configMapGenerator `yaml:"configMapGenerator"`
+	Images             []struct {
+		Name    string `yaml:"name"`
+		NewName string `yaml:"newName"`
+		NewTag  string `yaml:"newTag"`
+		Digest  string `yaml:"digest"`
+	} `yaml:"images"`
+}
+
+type configMapGenerator struct {
+	Name     string   `yaml:"name"`
+	Envs     []string `yaml:"envs"`
+	Literals []string `yaml:"literals"`
 }
 
 // loadKustomize reads the objects of the kustomization in dir (and of the
-// components found next to it, commented out or not).
+// components found next to it, commented out or not), the ConfigMaps of
+// its configMapGenerator included (named as written, without the hash
+// kustomize adds; file is their env file).
 func loadKustomize(t *testing.T, dir string) []object {
 	t.Helper()
 	var k kustomization
@@ -134,6 +150,20 @@ func loadKustomize(t *testing.T, dir string) []object {
 		t.Fatalf("%s/kustomization.yaml lists no resources", dir)
 	}
 	var objs []object
+	for _, g := range k.ConfigMapGenerator {
+		o := object{APIVersion: "v1", Kind: "ConfigMap", Metadata: meta{Name: g.Name}, Data: map[string]string{}}
+		for _, e := range g.Envs {
+			o.file = filepath.Join(dir, e)
+			for name, v := range envFile(t, o.file) {
+				o.Data[name] = v
+			}
+		}
+		for _, l := range g.Literals {
+			name, v, _ := strings.Cut(l, "=")
+			o.Data[name] = v
+		}
+		objs = append(objs, o)
+	}
 	for _, r := range k.Resources {
 		rel := filepath.Join(dir, r)
 		if st, err := os.Stat(filepath.Join(root, rel)); err != nil || st.IsDir() {
@@ -197,6 +227,8 @@ func TestKubernetes(t *testing.T) {
 	objs := loadKustomize(t, k8sDir)
 	cm := find(t, objs, "ConfigMap", "memcgate")
 	cfg := loadConfig(t, cm.file, cm.Data)
+	var k kustomization
+	decodeYAML(t, filepath.Join(k8sDir, "kustomization.yaml"), &k)
 
 	dep := find(t, objs, "Deployment", "memcgate")
 	ds := spec[workloadSpec](t, dep)
@@ -212,6 +244,13 @@ func TestKubernetes(t *testing.T) {
 	t.Run("configuration", func(t *testing.T) {
 		if len(c.EnvFrom) != 1 || c.EnvFrom[0].ConfigMapRef == nil || c.EnvFrom[0].ConfigMapRef.Name != cm.Metadata.Name {
 			t.Errorf("container envFrom does not reference ConfigMap %s", cm.Metadata.Name)
+		}
+		// From configMapGenerator, so that its name carries a hash of its
+		// contents and a change rolls the pods; a plain ConfigMap changes
+		// under running pods, which read their environment once.
+		generated := slices.ContainsFunc(k.ConfigMapGenerator, func(g configMapGenerator) bool { return g.Name == cm.Metadata.Name })
+		if !generated || strings.HasSuffix(cm.file, ".yaml") {
+			t.Errorf("ConfigMap %s (%s) is not made by kustomization.yaml's configMapGenerator: editing it would not restart the pods", cm.Metadata.Name, cm.file)
 		}
 		for _, e := range c.Env {
 			if strings.HasPrefix(e.Name, "MEMCGATE_") {
@@ -395,8 +434,120 @@ func TestKubernetes(t *testing.T) {
 			} `yaml:"scrape_configs"`
 		}
 		decodeYAML(t, filepath.Join(k8sDir, "prometheus-scrape-config.yaml"), &sc)
-		if len(sc.ScrapeConfigs) != 1 || sc.ScrapeConfigs[0].JobName != "memcgate" {
-			t.Errorf("prometheus-scrape-config.yaml: want one job named memcgate (the alerts use job=\"memcgate\"), got %+v", sc)
+		var jobs []string
+		for _, j := range sc.ScrapeConfigs {
+			jobs = append(jobs, j.JobName)
+		}
+		if !slices.Equal(jobs, []string{"memcgate", "memcached"}) {
+			t.Errorf("prometheus-scrape-config.yaml: jobs %v, want memcgate and memcached (the alerts and the dashboard use job=\"memcgate\" and job=\"memcached\")", jobs)
+		}
+		// The exporters' ServiceMonitor: job memcached is the Service's name.
+		var msm object
+		decodeYAML(t, filepath.Join(comp, "servicemonitor-memcached.yaml"), &msm)
+		if !slices.Contains(k.Resources, "servicemonitor-memcached.yaml") {
+			t.Error("the prometheus-operator component does not list servicemonitor-memcached.yaml")
+		}
+		msms := spec[struct {
+			Selector  selector `yaml:"selector"`
+			Endpoints []struct{ Port, Path string }
+		}](t, msm)
+		mcSvc := find(t, objs, "Service", "memcached")
+		if msm.Kind != "ServiceMonitor" || !selects(msms.Selector.MatchLabels, mcSvc.Metadata.Labels) || mcSvc.Metadata.Name != "memcached" ||
+			len(msms.Endpoints) != 1 || msms.Endpoints[0].Port != "metrics" {
+			t.Errorf("servicemonitor-memcached.yaml: %s selecting %v on %+v; want Service memcached's port metrics", msm.Kind, msms.Selector.MatchLabels, msms.Endpoints)
+		}
+	})
+
+	t.Run("pinned image", func(t *testing.T) {
+		for _, img := range k.Images {
+			if img.Name != "memcgate" {
+				continue
+			}
+			if img.Digest == "" && !regexp.MustCompile(`^v\d+\.\d+\.\d+$`).MatchString(img.NewTag) {
+				t.Errorf("images: memcgate newTag %q: pin a release, vMAJOR.MINOR.PATCH as make image tags it (or a digest), never latest", img.NewTag)
+			}
+			return
+		}
+		t.Error("kustomization.yaml has no images entry for memcgate")
+	})
+
+	t.Run("network policy", func(t *testing.T) {
+		np := find(t, objs, "NetworkPolicy", "")
+		type peer struct {
+			PodSelector       *selector `yaml:"podSelector"`
+			NamespaceSelector *selector `yaml:"namespaceSelector"`
+			IPBlock           *struct {
+				CIDR string `yaml:"cidr"`
+			} `yaml:"ipBlock"`
+		}
+		nps := spec[struct {
+			PodSelector selector `yaml:"podSelector"`
+			PolicyTypes []string `yaml:"policyTypes"`
+			Ingress     []struct {
+				From  []peer `yaml:"from"`
+				Ports []struct {
+					Port string `yaml:"port"`
+				} `yaml:"ports"`
+			} `yaml:"ingress"`
+		}](t, np)
+		if !selects(nps.PodSelector.MatchLabels, pod.Metadata.Labels) || !slices.Contains(nps.PolicyTypes, "Ingress") {
+			t.Fatalf("NetworkPolicy %s does not govern the gateway pods' ingress (podSelector %v, policyTypes %v)", np.Metadata.Name, nps.PodSelector.MatchLabels, nps.PolicyTypes)
+		}
+		dataOpen, adminFromPrometheus := false, false
+		for i, r := range nps.Ingress {
+			if len(r.Ports) == 0 {
+				t.Errorf("ingress rule %d allows every port, the admin port included", i)
+			}
+			for _, p := range r.Ports {
+				switch c.port(p.Port) {
+				case c.port("http"):
+					dataOpen = dataOpen || len(r.From) == 0
+				case c.port("admin"):
+					if len(r.From) == 0 {
+						t.Errorf("ingress rule %d opens the admin port to everyone", i)
+					}
+					for _, f := range r.From {
+						if f.PodSelector == nil || f.PodSelector.MatchLabels["app.kubernetes.io/name"] != "prometheus" {
+							t.Errorf("ingress rule %d admits %+v to the admin port; want Prometheus pods only", i, f)
+						} else {
+							adminFromPrometheus = true
+						}
+					}
+				default:
+					t.Errorf("ingress rule %d names port %q, which the container does not expose", i, p.Port)
+				}
+			}
+		}
+		if !dataOpen || !adminFromPrometheus {
+			t.Errorf("NetworkPolicy: data port open to all %v, admin port open to Prometheus %v; want both", dataOpen, adminFromPrometheus)
+		}
+	})
+
+	t.Run("memcached exporter", func(t *testing.T) {
+		stsObj := find(t, objs, "StatefulSet", "memcached")
+		sts := spec[workloadSpec](t, stsObj)
+		var exp *container
+		for i, ct := range sts.Template.Spec.Containers {
+			if strings.HasPrefix(ct.Image, "quay.io/prometheus/memcached-exporter:") {
+				exp = &sts.Template.Spec.Containers[i]
+			}
+		}
+		if exp == nil {
+			t.Fatal("the memcached StatefulSet has no quay.io/prometheus/memcached-exporter sidecar")
+		}
+		if tag := strings.TrimPrefix(exp.Image, "quay.io/prometheus/memcached-exporter:"); tag != exporterVersion {
+			t.Errorf("exporter image tag %q: want %s, the version whose metrics the dashboard is checked against (memcachedMetrics in metrics_test.go; update both)", tag, exporterVersion)
+		}
+		if !slices.Contains(exp.Args, "--memcached.address=localhost:11211") {
+			t.Errorf("exporter args %v: want --memcached.address=localhost:11211, its own pod's memcached", exp.Args)
+		}
+		ann := sts.Template.Metadata.Annotations
+		if ann["prometheus.io/scrape"] != "true" || exp.port(ann["prometheus.io/port"]) == 0 || ann["prometheus.io/path"] != "/metrics" {
+			t.Errorf("memcached pod annotations %v: want the exporter's port scraped at /metrics", ann)
+		}
+		hs := spec[serviceSpec](t, find(t, objs, "Service", sts.ServiceName))
+		if !slices.ContainsFunc(hs.Ports, func(p servicePort) bool { return p.Name == "metrics" && exp.port(p.TargetPort) != 0 }) {
+			t.Errorf("Service %s has no port metrics targeting the exporter, for the ServiceMonitor", sts.ServiceName)
 		}
 	})
 
@@ -412,6 +563,12 @@ func TestKubernetes(t *testing.T) {
 		}
 		if !strings.Contains(out, "kind: Deployment") || !strings.Contains(out, "registry.example.com/memcgate") {
 			t.Errorf("kubectl kustomize output lacks the Deployment or the image override:\n%s", out)
+		}
+		// The generated ConfigMap's name carries the hash, and the
+		// Deployment refers to it by that name.
+		m := regexp.MustCompile(`(?m)^  name: (memcgate-[a-z0-9]{6,})$`).FindStringSubmatch(out)
+		if m == nil || !strings.Contains(out, "name: "+m[1]+"\n") || strings.Count(out, m[1]) < 2 {
+			t.Errorf("kubectl kustomize: no ConfigMap memcgate-<hash> referenced by the Deployment:\n%s", out)
 		}
 		// With the component enabled, from an overlay next to a copy.
 		dir := t.TempDir()

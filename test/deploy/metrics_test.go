@@ -16,6 +16,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/memcgate/memcgate/config"
 	"github.com/memcgate/memcgate/test/gatewaytest"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
@@ -93,6 +94,9 @@ var (
 	selectorRE = regexp.MustCompile(`\b((?:memcgate|go|process)_[a-z0-9_]+)\{([^}]*)\}`)
 	matcherRE  = regexp.MustCompile(`(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"`)
 	groupingRE = regexp.MustCompile(`\b(?:by|without)\s*\(([^)]*)\)`)
+	// helpVarRE finds what looks like a variable in a help text: upper
+	// case words joined by underscores, with or without MEMCGATE_.
+	helpVarRE = regexp.MustCompile(`\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b`)
 )
 
 // TestMetricNames runs the real binary against real memcached, drives it
@@ -116,6 +120,7 @@ func TestMetricNames(t *testing.T) {
 		"memcgate_upstream_ops_total", "memcgate_upstream_op_duration_seconds_bucket", "memcgate_upstream_connections",
 		"memcgate_upstream_in_flight", "memcgate_upstream_node_up", "memcgate_upstream_ejections_total",
 		"memcgate_upstream_ejections_refused_total", "memcgate_upstream_probes_total", "memcgate_upstream_failovers_total",
+		"memcgate_async_writes_failed_total", "memcgate_buffered_bytes", "memcgate_config_reloads_total",
 	} {
 		if used[m] == nil {
 			t.Errorf("neither the dashboard nor the alerts use %s", m)
@@ -187,6 +192,26 @@ func TestMetricNames(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 
+	// Help texts that name a variable name one that exists.
+	known := map[string]bool{}
+	for _, v := range config.Vars() {
+		known[v.Name] = true
+	}
+	text, err := g.Metrics(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(text, "\n") {
+		if !strings.HasPrefix(line, "# HELP memcgate_") {
+			continue
+		}
+		for _, name := range helpVarRE.FindAllString(line, -1) {
+			if !known[name] && !known[config.Prefix+name] {
+				t.Errorf("%s: %s is not a variable (memcgate -help lists them)", line, name)
+			}
+		}
+	}
+
 	// Labels: selectors, by/without clauses and exact values.
 	for where, e := range exprs {
 		for _, sel := range selectorRE.FindAllStringSubmatch(e, -1) {
@@ -210,7 +235,11 @@ func TestMetricNames(t *testing.T) {
 				}
 			}
 		}
-		// Grouping labels must exist on at least one metric of the expression.
+		// Grouping labels must exist on at least one metric of the
+		// expression (memcached's: TestMemcachedMetricNames).
+		if len(metricRE.FindAllString(e, -1)) == 0 {
+			continue
+		}
 		for _, gr := range groupingRE.FindAllStringSubmatch(e, -1) {
 			for _, l := range strings.Split(gr[1], ",") {
 				l = strings.TrimSpace(l)
@@ -334,4 +363,149 @@ func TestPromQL(t *testing.T) {
 	if out, err := run(t, "", promtool, "check", "rules", path); err != nil {
 		t.Errorf("dashboard queries do not parse: %v\n%s\n%s", err, out, b)
 	}
+}
+
+// exporterVersion is the memcached-exporter image deploy/kubernetes runs
+// next to each memcached node; memcachedMetrics lists the series of that
+// version (its metrics.md and pkg/exporter) that the dashboard and alerts
+// may use, with their labels. Bump both together.
+const exporterVersion = "v0.16.0"
+
+var memcachedMetrics = map[string][]string{
+	"memcached_up":                         nil,
+	"memcached_uptime_seconds":             nil,
+	"memcached_version":                    {"version"},
+	"memcached_commands_total":             {"command", "status"},
+	"memcached_current_items":              nil,
+	"memcached_items_total":                nil,
+	"memcached_items_evicted_total":        nil,
+	"memcached_items_reclaimed_total":      nil,
+	"memcached_current_bytes":              nil,
+	"memcached_limit_bytes":                nil,
+	"memcached_current_connections":        nil,
+	"memcached_max_connections":            nil,
+	"memcached_connections_total":          nil,
+	"memcached_connections_rejected_total": nil,
+	"memcached_read_bytes_total":           nil,
+	"memcached_written_bytes_total":        nil,
+}
+
+// TestMemcachedMetricNames: the memcached_* series the dashboard and the
+// alerts use are ones the pinned exporter exports, with those labels; the
+// memcgate ones are checked against the real binary by TestMetricNames.
+func TestMemcachedMetricNames(t *testing.T) {
+	mcRE := regexp.MustCompile(`\bmemcached_[a-z0-9_]*[a-z0-9]\b`)
+	mcSelRE := regexp.MustCompile(`\b(memcached_[a-z0-9_]+)\{([^}]*)\}`)
+	used := 0
+	for where, e := range promExprs(t) {
+		for _, m := range mcRE.FindAllString(e, -1) {
+			used++
+			if _, ok := memcachedMetrics[m]; !ok {
+				t.Errorf("%s: %s is not a metric of memcached-exporter %s", where, m, exporterVersion)
+			}
+		}
+		for _, sel := range mcSelRE.FindAllStringSubmatch(e, -1) {
+			for _, mt := range matcherRE.FindAllStringSubmatch(sel[2], -1) {
+				if l := mt[1]; !targetLabel(l) && !slices.Contains(memcachedMetrics[sel[1]], l) {
+					t.Errorf("%s: %s has no label %q", where, sel[1], l)
+				}
+			}
+		}
+		if mcRE.MatchString(e) {
+			for _, gr := range groupingRE.FindAllStringSubmatch(e, -1) {
+				for _, l := range strings.Split(gr[1], ",") {
+					l = strings.TrimSpace(l)
+					ok := l == "" || targetLabel(l)
+					for _, m := range mcRE.FindAllString(e, -1) {
+						ok = ok || slices.Contains(memcachedMetrics[m], l)
+					}
+					if !ok {
+						t.Errorf("%s: groups by %q, a label none of its metrics has", where, l)
+					}
+				}
+			}
+		}
+	}
+	// The panels issue 18 asks for: hit ratio, evictions, items and
+	// connections per node.
+	for _, m := range []string{"memcached_commands_total", "memcached_items_evicted_total", "memcached_current_items", "memcached_current_connections"} {
+		found := false
+		for _, e := range promExprs(t) {
+			found = found || strings.Contains(e, m) && strings.Contains(e, "by (pod)")
+		}
+		if !found {
+			t.Errorf("no dashboard query shows %s per node (by (pod))", m)
+		}
+	}
+	if used == 0 {
+		t.Error("the dashboard uses no memcached_* metric: memcached's own statistics are nowhere")
+	}
+}
+
+// targetLabel reports whether l is a label the shipped scrape configs put
+// on every series of a target (job, instance; pod and namespace in
+// deploy/kubernetes).
+func targetLabel(l string) bool {
+	return l == "job" || l == "instance" || l == "pod" || l == "namespace"
+}
+
+// TestRunbook: every alert links its own section of docs/runbook.md, and
+// every section there belongs to an alert.
+func TestRunbook(t *testing.T) {
+	const prefix = "https://github.com/memcgate/memcgate/blob/main/docs/runbook.md#"
+	anchors := map[string]string{} // GitHub's anchor → heading
+	for _, line := range strings.Split(read(t, "docs/runbook.md"), "\n") {
+		if h, ok := strings.CutPrefix(line, "## "); ok {
+			anchors[githubAnchor(h)] = h
+		}
+	}
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Alert       string
+				Annotations map[string]string
+			}
+		}
+	}
+	decodeYAML(t, alertsRel, &rules)
+	linked := map[string]bool{}
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			if r.Alert == "" {
+				continue
+			}
+			url := r.Annotations["runbook_url"]
+			anchor, ok := strings.CutPrefix(url, prefix)
+			switch {
+			case !ok:
+				t.Errorf("alert %s: runbook_url %q, want %s<anchor>", r.Alert, url, prefix)
+			case anchors[anchor] != r.Alert:
+				t.Errorf("alert %s: runbook_url anchor #%s is not a section named %s in docs/runbook.md", r.Alert, anchor, r.Alert)
+			}
+			linked[anchor] = true
+		}
+	}
+	for a, h := range anchors {
+		if !linked[a] {
+			t.Errorf("docs/runbook.md section %q belongs to no alert", h)
+		}
+	}
+	if len(linked) < 10 {
+		t.Errorf("only %d alerts link the runbook", len(linked))
+	}
+}
+
+// githubAnchor is the fragment GitHub gives a Markdown heading: lower
+// case, spaces as hyphens, punctuation but - and _ dropped.
+func githubAnchor(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(heading)) {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r == '-' || r == '_' || 'a' <= r && r <= 'z' || '0' <= r && r <= '9':
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }

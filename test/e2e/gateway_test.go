@@ -484,3 +484,142 @@ func TestAllNodesDown(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// owner returns the node /debug/owners names as key's owner.
+func (g *gateway) owner(key string) string {
+	g.t.Helper()
+	resp, err := http.Get(g.Admin + "/debug/owners?key=" + key)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var place struct {
+		Chain []struct {
+			Node string `json:"node"`
+		} `json:"chain"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&place); err != nil || len(place.Chain) == 0 {
+		g.t.Fatalf("/debug/owners?key=%s: %+v, %v", key, place, err)
+	}
+	return place.Chain[0].Node
+}
+
+// TestNoNodeAnswers: with every memcached node down, nothing that needs
+// memcached answers 2xx: a multi-get and a batch answer 503 (not 200 with
+// a 503 inside each item), asynchronous writes are refused with 503 instead
+// of a 202 for a write that cannot be applied, and /readyz says 503. With
+// one node of two down (MEMCGATE_FAILOVER=fail, so its keys do not move),
+// a multi-get is a partial failure: 200, and each key's own status.
+func TestNoNodeAnswers(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 2)
+	g := startGateway(t, map[string]string{"MEMCGATE_SERVERS": memcachedtest.Addrs(mcs), "MEMCGATE_FAILOVER": "fail"})
+	// One key on each node.
+	keyOn := map[string]string{}
+	for i := 0; len(keyOn) < 2 && i < 1000; i++ {
+		k := "k" + strconv.Itoa(i)
+		if n := g.owner(k); keyOn[n] == "" {
+			keyOn[n] = k
+		}
+	}
+	a, b := keyOn[mcs[0].Addr], keyOn[mcs[1].Addr]
+	if a == "" || b == "" {
+		t.Fatalf("no key found for each node: %v", keyOn)
+	}
+	for _, k := range []string{a, b} {
+		if r := g.do("PUT", "/"+k, []byte("v")); r.status != 201 {
+			t.Fatalf("PUT /%s = %d %q", k, r.status, r.body)
+		}
+	}
+	multiGet := "/?key=" + a + "&key=" + b
+	batch := []byte(`[{"op":"set","key":"` + a + `","value":"1"},{"op":"get","key":"` + b + `"}]`)
+	asyncBatch := []byte(`[{"op":"set","key":"` + a + `","value":"1"},{"op":"set","key":"` + b + `","value":"1"}]`)
+	statuses := func(r response) []int {
+		var res struct {
+			Results []struct {
+				Status int `json:"status"`
+			} `json:"results"`
+		}
+		if err := json.Unmarshal([]byte(r.body), &res); err != nil {
+			t.Fatalf("answer %d %q is not results JSON: %v", r.status, r.body, err)
+		}
+		var out []int
+		for _, x := range res.Results {
+			out = append(out, x.Status)
+		}
+		return out
+	}
+	readyz := func() int {
+		resp, err := http.Get(g.Admin + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	// waitDown waits until the gateway has ejected addr (probes every 200ms).
+	waitDown := func(addr string) {
+		deadline := time.Now().Add(10 * time.Second)
+		for g.do("GET", "/"+keyOn[addr], nil).status != 503 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s was not ejected within 10s", addr)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+
+	mcs[0].Kill()
+	waitDown(mcs[0].Addr)
+	if r := g.do("GET", multiGet, nil); r.status != 200 || fmt.Sprint(statuses(r)) != "[503 200]" {
+		t.Errorf("multi-get with one of two nodes down = %d %v, want 200 [503 200] (a partial failure)", r.status, statuses(r))
+	}
+	if r := g.do("POST", "/", batch); r.status != 200 || fmt.Sprint(statuses(r)) != "[503 200]" {
+		t.Errorf("batch with one of two nodes down = %d %v, want 200 [503 200]", r.status, statuses(r))
+	}
+	if r := g.do("POST", "/", asyncBatch, "Prefer", "respond-async"); r.status != 503 {
+		t.Errorf("async batch touching the down node = %d %q, want 503, nothing queued", r.status, r.body)
+	}
+	if code := readyz(); code != 200 {
+		t.Errorf("/readyz with one of two nodes up = %d, want 200", code)
+	}
+
+	mcs[1].Kill()
+	waitDown(mcs[1].Addr)
+	for _, tt := range []struct {
+		name   string
+		method string
+		path   string
+		body   []byte
+		hdr    []string
+		items  string // item statuses, "" for a text answer
+	}{
+		{"multi-get", "GET", multiGet, nil, nil, "[503 503]"},
+		{"gat multi-get", "GET", multiGet + "&touch=60", nil, nil, "[503 503]"},
+		{"batch", "POST", "/", batch, nil, "[503 503]"},
+		{"async PUT", "PUT", "/" + a, []byte("v"), []string{"Prefer", "respond-async"}, ""},
+		{"async DELETE", "DELETE", "/" + b, nil, []string{"Prefer", "respond-async"}, ""},
+		{"async batch", "POST", "/", asyncBatch, []string{"Prefer", "respond-async"}, ""},
+	} {
+		r := g.do(tt.method, tt.path, tt.body, tt.hdr...)
+		if r.status != 503 || r.header.Get("Retry-After") == "" {
+			t.Errorf("%s with every node down = %d (Retry-After %q) %q, want 503 with Retry-After", tt.name, r.status, r.header.Get("Retry-After"), r.body)
+			continue
+		}
+		if tt.items != "" && fmt.Sprint(statuses(r)) != tt.items {
+			t.Errorf("%s with every node down: items %v, want %s", tt.name, statuses(r), tt.items)
+		}
+	}
+	if code := readyz(); code != 503 {
+		t.Errorf("/readyz with every node down = %d, want 503", code)
+	}
+	// The 503s are counted where the 5xx alert looks.
+	text, err := g.Metrics(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`memcgate_http_requests_total{code="503",method="GET"}`, `memcgate_http_requests_total{code="503",method="POST"}`,
+		`memcgate_async_writes_rejected_total{reason="node_down"}`} {
+		if !strings.Contains(text, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
