@@ -357,7 +357,9 @@ func (w *response) finish() {
 	}
 	if w.chunked {
 		c.wbuf = append(c.wbuf, "0\r\n"...)
-		if w.trailers {
+		// TrailerPrefix keys are looked for now, as net/http does: they
+		// are for trailers a handler learns of after the header is sent.
+		if w.trailers || hasTrailerPrefix(w.header) {
 			c.wbuf = w.appendTrailers(c.wbuf)
 		}
 		c.wbuf = append(c.wbuf, "\r\n"...)
@@ -466,6 +468,16 @@ func (w *response) appendTrailers(b []byte) []byte {
 	buf := bytes.NewBuffer(b)
 	t.Write(buf)
 	return buf.Bytes()
+}
+
+// hasTrailerPrefix reports whether h has a TrailerPrefix key.
+func hasTrailerPrefix(h http.Header) bool {
+	for k := range h {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // validTrailer reports whether RFC 7230 section 4.1.2 allows k in a
