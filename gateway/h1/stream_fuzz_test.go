@@ -11,10 +11,12 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -48,6 +50,7 @@ func FuzzStream(f *testing.F) {
 	go plain.Serve(ln)
 	f.Cleanup(func() { plain.Close() })
 	std := ln.Addr().String()
+	var client streamClient
 	f.Fuzz(func(t *testing.T, in []byte, cuts uint32) {
 		if len(in) > maxStream {
 			t.Skip("longer than the socket buffers")
@@ -61,8 +64,8 @@ func FuzzStream(f *testing.F) {
 		var got, want []byte
 		var gotErr, wantErr error
 		var wg sync.WaitGroup
-		wg.Go(func() { got, gotErr = sendStream(fast, in, cuts) })
-		wg.Go(func() { want, wantErr = sendStream(std, in, cuts) })
+		wg.Go(func() { got, gotErr = client.sendStream(fast, in, cuts) })
+		wg.Go(func() { want, wantErr = client.sendStream(std, in, cuts) })
 		wg.Wait()
 		if wantErr != nil {
 			t.Fatalf("net/http on %q (cuts %#x): %v; read %q", in, cuts, wantErr, want)
@@ -108,14 +111,37 @@ const (
 	streamDeadline = 10 * time.Second
 )
 
+// A streamClient opens FuzzStream's connections. Each execution opens
+// two, and the client, which half-closes first, keeps every one in
+// TIME_WAIT for a minute afterwards: from one source address, a fuzzer
+// running at full speed would use up the ephemeral ports of 127.0.0.1
+// (for everyone on the machine) within a minute, and then wait in
+// connect. On Linux, where all of 127.0.0.0/8 is loopback, it therefore
+// dials from 127.0.1.1 to 127.0.1.254 in turn, each with ports of its
+// own (where that fails, as in a sandbox without them, from the default
+// address). It is safe for concurrent use.
+type streamClient struct {
+	n atomic.Uint32 // connections dialled
+}
+
+func (sc *streamClient) dial(addr string) (net.Conn, error) {
+	if runtime.GOOS == "linux" {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 1, byte(1+sc.n.Add(1)%254))}}
+		if c, err := d.Dial("tcp", addr); err == nil {
+			return c, nil
+		}
+	}
+	return net.Dial("tcp", addr)
+}
+
 // sendStream writes in to a new TCP connection to addr, in up to three
 // writes cut where cuts says (its low and high 16 bits, each modulo
 // len(in)+1), half-closes it and returns all it reads until the server
 // closes. A reset after the server's last bytes counts as its close:
 // whether a server's close finds request bytes unread, and so resets,
 // depends on when they arrived; the bytes read before it do not.
-func sendStream(addr string, in []byte, cuts uint32) ([]byte, error) {
-	c, err := net.Dial("tcp", addr)
+func (sc *streamClient) sendStream(addr string, in []byte, cuts uint32) ([]byte, error) {
+	c, err := sc.dial(addr)
 	if err != nil {
 		return nil, err
 	}
