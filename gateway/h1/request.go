@@ -207,7 +207,7 @@ func (c *conn) newRequest(head []byte, lines int) *http.Request {
 		r.ProtoMinor = 1
 	}
 	if cl > 0 {
-		r.Body = &body{c: c, n: cl}
+		r.Body = &body{c: c, n: cl, closing: r.Close}
 	}
 	ctx := c.ctx
 	if nc := c.srv.NewContext; nc != nil {
@@ -256,6 +256,8 @@ type body struct {
 	sawEOF bool
 	closed bool
 	early  bool // closed before its end: the connection cannot be reused
+
+	closing bool // the request closes the connection (Request.Close)
 }
 
 // Read implements io.Reader.
@@ -286,7 +288,8 @@ func (b *body) Read(p []byte) (int, error) {
 }
 
 // Close implements io.Closer as net/http's server does: it reads and
-// drops up to maxDiscard unread bytes, or gives up the connection.
+// drops up to maxDiscard unread bytes, or gives up the connection; it
+// reads nothing if the connection closes after the request anyway.
 func (b *body) Close() error {
 	if b.closed {
 		return nil
@@ -294,6 +297,7 @@ func (b *body) Close() error {
 	b.closed = true
 	switch {
 	case b.sawEOF:
+	case b.closing: // net/http: "no point in reading to EOF"
 	case b.n > maxDiscard:
 		b.early = true
 	default:
