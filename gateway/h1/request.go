@@ -312,7 +312,8 @@ func (b *body) discard() error {
 	if b.n > 0 && !b.sawEOF {
 		d, err := b.c.in.Discard(int(b.n))
 		b.n -= int64(d)
-		if err == io.EOF {
+		if err == io.EOF { // as in Read: net/http's body has seen its end
+			b.sawEOF = true
 			err = io.ErrUnexpectedEOF
 		}
 		if err != nil {
