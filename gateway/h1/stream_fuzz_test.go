@@ -273,7 +273,16 @@ func hasCLAndTE(in []byte) bool {
 //
 //	f  flush                    b  write 3000 bytes (past net/http's 2048-byte
 //	                               buffer before chunking)
+//	h  write "<!DOCTYPE html>" (sniffed as HTML)
+//	s  write with io.WriteString from now on
 //	e  no echo at the end       P  panic(http.ErrAbortHandler)
+//
+// And on the fast path:
+//
+//	D  Detach, if the response can be (see response.Detach), and do the
+//	   rest on another goroutine, which then calls finish: as the
+//	   gateway's handlers answer from memcached's reply reader. It is
+//	   not done before a P, which a detached handler cannot raise.
 func streamHandler() http.Handler {
 	big := bytes.Repeat([]byte("0123456789abcdef"), 3000/16+1)[:3000]
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -281,81 +290,118 @@ func streamHandler() http.Handler {
 		var read []byte           // every body byte read
 		echo, trailer, prefixed := true, false, false
 		setCL, clDelta := false, 0
-		for _, op := range []byte(r.URL.Path) {
-			switch op {
-			case 'r', 'p':
-				var b []byte
-				var err error
-				if op == 'r' {
-					b, err = io.ReadAll(r.Body)
-				} else {
-					// ReadFull, as a single Read returns what has arrived.
-					b = make([]byte, 2)
-					var n int
-					n, err = io.ReadFull(r.Body, b)
-					b = b[:n]
-				}
-				read = append(read, b...)
-				fmt.Fprintf(&steps, "%c n=%d err=%s\n", op, len(b), echoErr(err))
-			case 'c':
-				fmt.Fprintf(&steps, "c err=%s\n", echoErr(r.Body.Close()))
-			case 'x':
-				fmt.Fprintf(&steps, "x err=%s\n", echoErr(http.NewResponseController(w).EnableFullDuplex()))
-			case 'w':
-				w.WriteHeader(http.StatusOK)
-			case 'C':
-				w.WriteHeader(http.StatusCreated)
-			case 'N':
-				w.WriteHeader(http.StatusNoContent)
-			case 'M':
-				w.WriteHeader(http.StatusNotModified)
-			case 'S':
-				w.WriteHeader(http.StatusInternalServerError)
-			case 'E':
-				http.Error(w, "no such thing", http.StatusNotFound)
-			case '1':
-				w.Header().Set("Link", "</s.css>; rel=preload")
-				w.WriteHeader(http.StatusEarlyHints)
-			case 'k':
-				w.Header().Set("Connection", "close")
-			case 'K':
-				w.Header().Set("Connection", "keep-alive")
-			case 'y':
-				w.Header().Set("Content-Type", "text/plain")
-			case 'l':
-				setCL, clDelta = true, 0
-			case 'L':
-				setCL, clDelta = true, 3
-			case 'j':
-				setCL, clDelta = true, -1
-			case 't':
-				w.Header().Set("Trailer", "X-T")
-				trailer = true
-			case 'T':
-				prefixed = true
-			case 'f':
-				w.(http.Flusher).Flush()
-			case 'b':
-				w.Write(big)
-			case 'e':
-				echo = false
-			case 'P':
-				panic(http.ErrAbortHandler)
+		asString := false
+		write := func(b []byte) {
+			if asString {
+				io.WriteString(w, string(b))
+			} else {
+				w.Write(b)
 			}
 		}
-		out := streamEcho(r, steps.String(), read)
-		if setCL {
-			w.Header().Set("Content-Length", strconv.Itoa(len(out)+clDelta))
+		// run does the steps of ops; at a D that detaches, if it may
+		// detach (once a request), it returns the rest of ops and finish.
+		run := func(ops string, mayDetach bool) (rest string, finish func()) {
+			for i := 0; i < len(ops); i++ {
+				switch op := ops[i]; op {
+				case 'r', 'p':
+					var b []byte
+					var err error
+					if op == 'r' {
+						b, err = io.ReadAll(r.Body)
+					} else {
+						// ReadFull, as a single Read returns what has arrived.
+						b = make([]byte, 2)
+						var n int
+						n, err = io.ReadFull(r.Body, b)
+						b = b[:n]
+					}
+					read = append(read, b...)
+					fmt.Fprintf(&steps, "%c n=%d err=%s\n", op, len(b), echoErr(err))
+				case 'c':
+					fmt.Fprintf(&steps, "c err=%s\n", echoErr(r.Body.Close()))
+				case 'x':
+					fmt.Fprintf(&steps, "x err=%s\n", echoErr(http.NewResponseController(w).EnableFullDuplex()))
+				case 'w':
+					w.WriteHeader(http.StatusOK)
+				case 'C':
+					w.WriteHeader(http.StatusCreated)
+				case 'N':
+					w.WriteHeader(http.StatusNoContent)
+				case 'M':
+					w.WriteHeader(http.StatusNotModified)
+				case 'S':
+					w.WriteHeader(http.StatusInternalServerError)
+				case 'E':
+					http.Error(w, "no such thing", http.StatusNotFound)
+				case '1':
+					w.Header().Set("Link", "</s.css>; rel=preload")
+					w.WriteHeader(http.StatusEarlyHints)
+				case 'k':
+					w.Header().Set("Connection", "close")
+				case 'K':
+					w.Header().Set("Connection", "keep-alive")
+				case 'y':
+					w.Header().Set("Content-Type", "text/plain")
+				case 'l':
+					setCL, clDelta = true, 0
+				case 'L':
+					setCL, clDelta = true, 3
+				case 'j':
+					setCL, clDelta = true, -1
+				case 't':
+					w.Header().Set("Trailer", "X-T")
+					trailer = true
+				case 'T':
+					prefixed = true
+				case 'f':
+					w.(http.Flusher).Flush()
+				case 'b':
+					write(big)
+				case 'h':
+					write([]byte("<!DOCTYPE html>"))
+				case 's':
+					asString = true
+				case 'e':
+					echo = false
+				case 'P':
+					panic(http.ErrAbortHandler)
+				case 'D':
+					d, ok := w.(interface{ Detach() func() })
+					if !ok || !mayDetach || strings.IndexByte(ops[i:], 'P') >= 0 {
+						break
+					}
+					if finish := d.Detach(); finish != nil {
+						return ops[i+1:], finish
+					}
+				}
+			}
+			return "", nil
 		}
-		if echo {
-			w.Write(out)
+		end := func() {
+			out := streamEcho(r, steps.String(), read)
+			if setCL {
+				w.Header().Set("Content-Length", strconv.Itoa(len(out)+clDelta))
+			}
+			if echo {
+				write(out)
+			}
+			if trailer {
+				w.Header().Set("X-T", "t")
+			}
+			if prefixed {
+				w.Header().Set(http.TrailerPrefix+"X-U", "u")
+			}
 		}
-		if trailer {
-			w.Header().Set("X-T", "t")
+		rest, finish := run(r.URL.Path, true)
+		if finish == nil {
+			end()
+			return
 		}
-		if prefixed {
-			w.Header().Set(http.TrailerPrefix+"X-U", "u")
-		}
+		go func() {
+			run(rest, false)
+			end()
+			finish()
+		}()
 	})
 }
 
@@ -409,6 +455,7 @@ func streamSeeds() []streamSeed {
 	}
 	chunked := "PUT /r HTTP/1.1\r\n" + host + "Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-Tr: 1\r\n\r\n"
 	bigHead := "GET /r HTTP/1.1\r\n" + host + "X-Big: " + strings.Repeat("b", 6000) + "\r\n\r\n"
+	bigBody := strings.Repeat("0123456789", 1000)
 	hugeHead := "GET /r HTTP/1.1\r\n" + host + "X-Big: " + strings.Repeat("b", 13000) + "\r\n\r\n"
 	cut := func(a, b int) uint32 { return uint32(a) | uint32(b)<<16 }
 	return []streamSeed{
@@ -452,6 +499,7 @@ func streamSeeds() []streamSeed {
 		{name: "HEAD statuses", raw: "HEAD /b HTTP/1.1\r\n" + host + "\r\n" + "HEAD /l HTTP/1.1\r\n" + host + "\r\n" +
 			"HEAD /e HTTP/1.1\r\n" + host + "\r\n" + "HEAD /N HTTP/1.1\r\n" + host + "\r\n" + get("/")},
 		{name: "Content-Length and chunking", raw: get("/l") + get("/b") + get("/lb") + get("/fb") + get("/y") + get("/e") + get("/j") + get("/r")},
+		{name: "sniffing and WriteString", raw: get("/h") + get("/sh") + get("/yh") + get("/sl") + get("/sj") + get("/sbl")},
 		{name: "Content-Length too large", raw: get("/L") + get("/r")},
 		{name: "trailers", raw: get("/t") + get("/T") + get("/tb") + get("/tl")},
 		{name: "abort", raw: get("/r") + get("/fP") + get("/r")},
@@ -463,5 +511,12 @@ func streamSeeds() []streamSeed {
 		{name: "Upgrade", raw: "GET /r HTTP/1.1\r\n" + host + "Connection: Upgrade\r\nUpgrade: websocket\r\n\r\n" + get("/r")},
 		{name: "HTTP/1.2", raw: get("/r") + "GET /r HTTP/1.2\r\n" + host + "\r\n" + get("/r")},
 		{name: "every byte cut", raw: withBody("PUT", "/r", "abc") + get("/r"), cuts: cut(1, 42)},
+		{name: "bodies over the read buffer", raw: withBody("PUT", "/r", bigBody) + withBody("POST", "/n", bigBody) +
+			withBody("PUT", "/p", bigBody) + get("/r"), cuts: cut(3000, 17000)},
+		{name: "body over the read buffer, HTTP/1.0", raw: "PUT /n HTTP/1.0\r\nContent-Length: 10000\r\n\r\n" + bigBody},
+		{name: "detached", raw: get("/D") + get("/Db") + get("/DfbT") + withBody("PUT", "/rDr", "abc") + get("/Dk") + get("/r")},
+		{name: "detached statuses", raw: "HEAD /Db HTTP/1.1\r\n" + host + "\r\n" + get("/DN") + get("/DlL") + get("/D1C") + get("/r")},
+		{name: "detached HTTP/1.0", raw: "GET /Db HTTP/1.0\r\nConnection: keep-alive\r\n\r\n" + "GET /DlK HTTP/1.0\r\nConnection: keep-alive\r\n\r\n" + get("/r")},
+		{name: "detach declined", raw: withBody("PUT", "/D", "abc") + get("/wD") + get("/DP") + get("/r")},
 	}
 }
