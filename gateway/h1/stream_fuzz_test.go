@@ -499,6 +499,8 @@ func streamSeeds() []streamSeed {
 		{name: "HEAD statuses", raw: "HEAD /b HTTP/1.1\r\n" + host + "\r\n" + "HEAD /l HTTP/1.1\r\n" + host + "\r\n" +
 			"HEAD /e HTTP/1.1\r\n" + host + "\r\n" + "HEAD /N HTTP/1.1\r\n" + host + "\r\n" + get("/")},
 		{name: "Content-Length and chunking", raw: get("/l") + get("/b") + get("/lb") + get("/fb") + get("/y") + get("/e") + get("/j") + get("/r")},
+		{name: "many steps", raw: get("/hEfsbhbT") + withBody("PUT", "/prcxwfhb", "abcdef") + get("/DhbsbTt") + get("/tshbfhEl") +
+			"HEAD /hfbsbh HTTP/1.1\r\n" + host + "\r\n" + "GET /bhsbLfh HTTP/1.0\r\n\r\n"},
 		{name: "sniffing and WriteString", raw: get("/h") + get("/sh") + get("/yh") + get("/sl") + get("/sj") + get("/sbl")},
 		{name: "Content-Length too large", raw: get("/L") + get("/r")},
 		{name: "trailers", raw: get("/t") + get("/T") + get("/tb") + get("/tl")},
