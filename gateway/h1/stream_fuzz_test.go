@@ -256,7 +256,8 @@ func hasCLAndTE(in []byte) bool {
 // Request body:
 //
 //	r  read it to its end       p  read 2 bytes of it
-//	c  close it                 x  EnableFullDuplex
+//	c  close it                 x  EnableFullDuplex (the body is then
+//	                               closed at the end, see below)
 //
 // Response head:
 //
@@ -290,7 +291,7 @@ func streamHandler() http.Handler {
 		var read []byte           // every body byte read
 		echo, trailer, prefixed := true, false, false
 		setCL, clDelta := false, 0
-		asString := false
+		asString, duplex := false, false
 		write := func(b []byte) {
 			if asString {
 				io.WriteString(w, string(b))
@@ -320,6 +321,7 @@ func streamHandler() http.Handler {
 				case 'c':
 					fmt.Fprintf(&steps, "c err=%s\n", echoErr(r.Body.Close()))
 				case 'x':
+					duplex = true
 					fmt.Fprintf(&steps, "x err=%s\n", echoErr(http.NewResponseController(w).EnableFullDuplex()))
 				case 'w':
 					w.WriteHeader(http.StatusOK)
@@ -390,6 +392,18 @@ func streamHandler() http.Handler {
 			}
 			if prefixed {
 				w.Header().Set(http.TrailerPrefix+"X-U", "u")
+			}
+			if duplex {
+				// net/http (golang/go#68560): in full-duplex mode a body the
+				// handler leaves unread reaches its EOF only when the server
+				// closes it after the handler, which starts a background
+				// read after the server stopped the last one; the next
+				// request's read then panics ("invalid concurrent Body.Read
+				// call") and the connection closes unanswered, or not,
+				// depending on timing. h1 answers it. So the handler closes
+				// the body itself, the known workaround, and the comparison
+				// stays on defined behaviour.
+				r.Body.Close()
 			}
 		}
 		rest, finish := run(r.URL.Path, true)
