@@ -382,7 +382,7 @@ func (c *conn) newRequest(head []byte, lines int) (*http.Request, error) {
 		r.ProtoMinor = 1
 	}
 	if cl > 0 {
-		r.Body = &body{c: c, n: cl}
+		r.Body = &body{c: c, n: cl, closing: r.Close}
 	}
 	ctx := c.ctx
 	if nc := c.srv.NewContext; nc != nil {
@@ -433,6 +433,8 @@ type body struct {
 	sawEOF bool
 	closed bool
 	early  bool // closed before its end: the connection cannot be reused
+
+	closing bool // the request closes the connection (Request.Close)
 }
 
 // Read implements io.Reader.
@@ -483,7 +485,8 @@ func (b *body) done() {
 }
 
 // Close implements io.Closer as net/http's server does: it reads and
-// drops up to maxDiscard unread bytes, or gives up the connection.
+// drops up to maxDiscard unread bytes, or gives up the connection; it
+// reads nothing if the connection closes after the request anyway.
 func (b *body) Close() error {
 	if b.closed {
 		return nil
@@ -491,6 +494,7 @@ func (b *body) Close() error {
 	b.closed = true
 	switch {
 	case b.sawEOF:
+	case b.closing: // net/http: "no point in reading to EOF"
 	case b.n > maxDiscard:
 		b.early = true
 	default:
@@ -508,7 +512,8 @@ func (b *body) discard() error {
 	if b.n > 0 && !b.sawEOF && b.ahead == nil {
 		d, err := b.c.in.Discard(int(b.n))
 		b.n -= int64(d)
-		if err == io.EOF {
+		if err == io.EOF { // as in Read: net/http's body has seen its end
+			b.sawEOF = true
 			err = io.ErrUnexpectedEOF
 		}
 		if err != nil {

@@ -57,6 +57,7 @@ type response struct {
 	committed   bool // the head is in c.hbuf or on the wire
 	done        bool // the handler has returned
 	chunked     bool
+	pend        int  // chunked body bytes at the end of c.wbuf not yet framed (writeChunked)
 	closeAfter  bool // close the connection after this response
 	tooBig      bool // the unread request body was too big to drop
 	fullDuplex  bool
@@ -204,27 +205,80 @@ func (w *response) write(b []byte, s string) (int, error) {
 		}
 		w.commit(b, s)
 	}
-	if w.isHEAD {
+	switch {
+	case w.isHEAD:
 		return n, nil
-	}
-	if w.chunked {
-		c.wbuf = append(strconv.AppendInt(c.wbuf, int64(n), 16), "\r\n"...)
-	}
-	if len(b) > 0 && len(c.wbuf)+n > maxBuffer {
+	case w.chunked:
+		w.writeChunked(b, s)
+	case len(b) > 0 && len(c.wbuf)+n > maxBuffer:
 		c.flush(b)
-	} else {
+	default:
 		c.wbuf = append(append(c.wbuf, b...), s...)
-	}
-	if w.chunked {
-		c.wbuf = append(c.wbuf, "\r\n"...)
-	}
-	if len(c.wbuf) > maxBuffer {
-		c.flush(nil)
+		if len(c.wbuf) > maxBuffer {
+			c.flush(nil)
+		}
 	}
 	if c.werr != nil {
 		return 0, c.werr
 	}
 	return n, nil
+}
+
+// writeChunked adds b or s to a chunked body in the chunks net/http
+// sends. Its handler writes into a bufio.Writer of chunkingThreshold
+// bytes in front of the chunkWriter, which makes a chunk of each write
+// it gets: so written bytes wait in the buffer until they fill it, or a
+// Flush or the response's end sends them; a Write larger than the room
+// left goes to the chunkWriter whole if nothing waits; and a WriteString
+// never does (the chunkWriter has no WriteString), it fills the buffer.
+// Here the waiting bytes are the last w.pend of c.wbuf, and frame makes
+// them a chunk.
+func (w *response) writeChunked(b []byte, s string) {
+	c := w.c
+	for room := chunkingThreshold - w.pend; len(b)+len(s) > room; room = chunkingThreshold {
+		if w.pend == 0 && len(b) > 0 { // one chunk, straight from b if large
+			c.wbuf = append(strconv.AppendInt(c.wbuf, int64(len(b)), 16), "\r\n"...)
+			if len(c.wbuf)+len(b) > maxBuffer {
+				c.flush(b)
+			} else {
+				c.wbuf = append(c.wbuf, b...)
+			}
+			c.wbuf = append(c.wbuf, "\r\n"...)
+			if len(c.wbuf) > maxBuffer {
+				c.flush(nil)
+			}
+			return
+		}
+		if len(b) > 0 {
+			c.wbuf, b = append(c.wbuf, b[:room]...), b[room:]
+		} else {
+			c.wbuf, s = append(c.wbuf, s[:room]...), s[room:]
+		}
+		w.pend += room
+		w.frame()
+	}
+	c.wbuf = append(append(c.wbuf, b...), s...)
+	w.pend += len(b) + len(s)
+}
+
+// frame makes the w.pend bytes waiting at the end of c.wbuf a chunk, as
+// net/http's flush of its buffer into the chunkWriter does.
+func (w *response) frame() {
+	if w.pend == 0 {
+		return
+	}
+	c := w.c
+	var size [8]byte
+	line := append(strconv.AppendInt(size[:0], int64(w.pend), 16), "\r\n"...)
+	start := len(c.wbuf) - w.pend
+	c.wbuf = append(c.wbuf, line...)
+	copy(c.wbuf[start+len(line):], c.wbuf[start:start+w.pend])
+	copy(c.wbuf[start:], line)
+	c.wbuf = append(c.wbuf, "\r\n"...)
+	w.pend = 0
+	if len(c.wbuf) > maxBuffer {
+		c.flush(nil)
+	}
 }
 
 // commit writes the final response head into c.hbuf, ahead of the body
@@ -338,9 +392,8 @@ func (w *response) commit(b []byte, s string) {
 	switch {
 	case w.isHEAD:
 		c.wbuf = c.wbuf[:0]
-	case w.chunked && len(c.wbuf) > 0:
-		h = append(strconv.AppendInt(h, int64(len(c.wbuf)), 16), "\r\n"...)
-		c.wbuf = append(c.wbuf, "\r\n"...)
+	case w.chunked: // what was buffered waits for its chunk (writeChunked)
+		w.pend = len(c.wbuf)
 	}
 	c.hbuf = h
 }
@@ -356,8 +409,11 @@ func (w *response) finish() {
 		w.commit(nil, "")
 	}
 	if w.chunked {
+		w.frame()
 		c.wbuf = append(c.wbuf, "0\r\n"...)
-		if w.trailers {
+		// TrailerPrefix keys are looked for now, as net/http does: they
+		// are for trailers a handler learns of after the header is sent.
+		if w.trailers || hasTrailerPrefix(w.header) {
 			c.wbuf = w.appendTrailers(c.wbuf)
 		}
 		c.wbuf = append(c.wbuf, "\r\n"...)
@@ -393,6 +449,7 @@ func (w *response) FlushError() error {
 	if !w.committed {
 		w.commit(nil, "")
 	}
+	w.frame()
 	w.c.flush(nil)
 	return w.c.werr
 }
@@ -417,20 +474,24 @@ func (w *response) EnableFullDuplex() error {
 
 // flush writes c.hbuf, c.wbuf and then p to the connection in one system
 // call and empties the buffers. After a write error it writes nothing.
+// Body bytes waiting for their chunk (response.pend) are neither written
+// nor dropped: only a handler's panic flushes with some, and net/http
+// then does not send what waits in its buffer either.
 func (c *conn) flush(p []byte) {
+	wbuf := c.wbuf[:len(c.wbuf)-c.w.pend]
 	switch {
-	case c.werr != nil || len(c.hbuf)+len(c.wbuf)+len(p) == 0:
+	case c.werr != nil || len(c.hbuf)+len(wbuf)+len(p) == 0:
 	case c.nonBlocking: // a detached response (detach.go)
-		c.iovs = [3][]byte{c.hbuf, c.wbuf, p}
+		c.iovs = [3][]byte{c.hbuf, wbuf, p}
 		c.flushNonBlocking(c.iovs[:])
 		c.iovs = [3][]byte{}
 	default:
-		c.iov = append(c.iovs[:0], c.hbuf, c.wbuf, p) // WriteTo consumes c.iov
+		c.iov = append(c.iovs[:0], c.hbuf, wbuf, p) // WriteTo consumes c.iov
 		if _, err := c.iov.WriteTo(c.rwc); err != nil {
 			c.werr = err
 		}
 	}
-	c.hbuf, c.wbuf = c.hbuf[:0], c.wbuf[:0]
+	c.hbuf, c.wbuf = c.hbuf[:0], c.wbuf[:copy(c.wbuf, c.wbuf[len(wbuf):])]
 }
 
 // appendDate appends the current time in http.TimeFormat, formatted once
@@ -466,6 +527,16 @@ func (w *response) appendTrailers(b []byte) []byte {
 	buf := bytes.NewBuffer(b)
 	t.Write(buf)
 	return buf.Bytes()
+}
+
+// hasTrailerPrefix reports whether h has a TrailerPrefix key.
+func hasTrailerPrefix(h http.Header) bool {
+	for k := range h {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // validTrailer reports whether RFC 7230 section 4.1.2 allows k in a
