@@ -25,24 +25,29 @@ func (c *conn) readHead(first bool) (req *http.Request, n int, res readResult) {
 	s := c.srv
 	for {
 		buf := c.in.bytes()
-		n, lines, fast := scanHead(buf)
-		if !fast {
-			c.handover()
-			return nil, 0, readEnded
-		}
-		if n > 0 {
-			req, err := c.newRequest(buf[:n], lines)
-			switch {
-			case err != nil:
-				if c.refuse(err) {
-					return nil, 0, readParked
-				}
-				return nil, 0, readEnded
-			case req == nil:
+		// Between requests net/http looks at nothing before it holds 4
+		// bytes (counting the CR/LF it drops after a POST) or EOF, which
+		// closes silently: a line it cannot parse is answered only then.
+		if first || len(buf)+c.crlfSkipped >= 4 {
+			n, lines, fast := scanHead(buf)
+			if !fast {
 				c.handover()
 				return nil, 0, readEnded
 			}
-			return req, n, readOK
+			if n > 0 {
+				req, err := c.newRequest(buf[:n], lines)
+				switch {
+				case err != nil:
+					if c.refuse(err) {
+						return nil, 0, readParked
+					}
+					return nil, 0, readEnded
+				case req == nil:
+					c.handover()
+					return nil, 0, readEnded
+				}
+				return req, n, readOK
+			}
 		}
 		if len(buf) == c.in.Size() {
 			c.handover() // Fallback applies MaxHeaderBytes
@@ -56,7 +61,7 @@ func (c *conn) readHead(first bool) (req *http.Request, n int, res readResult) {
 			// net/http answers a head cut short by the client's EOF
 			// (after the 4 bytes it waits for between requests), but
 			// says nothing on a timeout or a reset.
-			if b := c.in.Buffered(); err == io.EOF && b > 0 && (c.reqFirst || b >= 4) {
+			if b := c.in.Buffered(); err == io.EOF && b > 0 && (c.reqFirst || b+c.crlfSkipped >= 4) {
 				c.handover()
 			} else {
 				c.close()

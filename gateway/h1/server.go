@@ -453,14 +453,15 @@ type conn struct {
 	pf       pollFields // the poller's, guarded by its mutex
 
 	// The request being read (readNext).
-	phase    uint8
-	reqFirst bool          // it is the connection's first
-	headAt   time.Time     // when it began: its header and read timeouts count from here
-	ahead    *http.Request // phaseBody: the request whose body is read ahead
-	abuf     []byte        // the body read ahead so far
-	aheld    int64         // bytes of Server.Budget held for abuf
-	spilled  int64         // bytes of Server.Budget held for spill
-	lingerAt time.Time     // phaseLinger: when it began
+	phase       uint8
+	reqFirst    bool          // it is the connection's first
+	crlfSkipped int           // CR/LF bytes dropped before it (after a POST)
+	headAt      time.Time     // when it began: its header and read timeouts count from here
+	ahead       *http.Request // phaseBody: the request whose body is read ahead
+	abuf        []byte        // the body read ahead so far
+	aheld       int64         // bytes of Server.Budget held for abuf
+	spilled     int64         // bytes of Server.Budget held for spill
+	lingerAt    time.Time     // phaseLinger: when it began
 
 	// A detached response (detach.go). detached is the connection's
 	// goroutine's; the others are finish's until the request ends.
@@ -704,6 +705,7 @@ func (c *conn) startRequest(first, resumed bool) readResult {
 	} else if idle && !c.headBuffered() {
 		c.setReadTimeout(hdrTimeout)
 	}
+	c.crlfSkipped = 0
 	if c.lastPOST { // net/http's tolerance of old clients' CRLF after a POST body
 		b, _ := c.in.Peek(min(4, c.in.Buffered()))
 		n := 0
@@ -711,6 +713,7 @@ func (c *conn) startRequest(first, resumed bool) readResult {
 			n++
 		}
 		c.in.Discard(n)
+		c.crlfSkipped = n
 	}
 	c.reqFirst = first
 	return readOK
