@@ -97,15 +97,11 @@ type pollFields struct {
 
 // idleWorker is a worker waiting in take for a ready connection.
 //
-// Waiting workers are woken last idle first, like a stack. sync.Cond,
-// used before, wakes them in turn: after a burst of 2048 clients the 256
-// workers it left kept serving in rotation at 64 clients, each request on
-// a goroutine whose stack had gone cold. Measured at 64 PUT clients after
-// such a burst (6 interleaved runs each, median): 41.3k req/s in turn,
-// 45.4k last idle first; a process that never saw the burst made 50k, so
-// the stack explains part of that gap, not all of it. The workers the
-// load needs stay on top; the rest wait at the bottom until workerTTL
-// ends them, which also gives their stacks back.
+// Waiting workers are woken last idle first, like a stack: the workers
+// the load needs stay on top, their stacks warm; the rest wait at the
+// bottom until workerTTL ends them, which also gives their stacks back.
+// Waking them in turn keeps every worker in rotation, each request on a
+// cold stack (docs/benchmarks.md, "idle workers last idle first").
 type idleWorker struct {
 	wake   chan struct{} // buffered: one wake-up per wait
 	since  time.Time     // when it began to wait
@@ -122,9 +118,9 @@ type idleWorker struct {
 // stopped memcached, say), spawnBatch more start, whatever their number,
 // so that the queue never waits for the workers' timeouts. stallCheck is
 // well above the gaps between completions under full load: replies from
-// memcached come back in batches, and with 1 ms the check took those
-// gaps for stalls and ran 1100 workers at 2048 clients, 9 MiB of stacks
-// and 10% of the throughput (see the commit that set 10 ms).
+// memcached come back in batches, and a check near those gaps takes them
+// for stalls and starts workers the load does not need (docs/benchmarks.md,
+// "stall check 10 ms").
 const (
 	maxWorkers = 512 // the default of Server.pollWorkers
 	spawnBatch = 32
