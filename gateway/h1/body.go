@@ -1,0 +1,115 @@
+package h1
+
+import (
+	"io"
+	"net/http"
+)
+
+// maxDiscard is how much of an unread request body is read and dropped
+// to keep the connection (net/http's maxPostHandlerReadBytes).
+const maxDiscard = 256 << 10
+
+// body is a fast-path request body: the next n bytes of the connection,
+// or of what readAhead read of them. Like net/http's, it returns io.EOF
+// with its last bytes, io.ErrUnexpectedEOF if the client stops early, and
+// http.ErrBodyReadAfterClose after Close. It is not safe for concurrent
+// use.
+type body struct {
+	c      *conn // reads from c.in, and releases its buffer at the body's end
+	n      int64 // bytes not yet read
+	ahead  []byte
+	err    error // what cut the read ahead short, after the bytes in ahead
+	sawEOF bool
+	closed bool
+	early  bool // closed before its end: the connection cannot be reused
+
+	closing bool // the request closes the connection (Request.Close)
+}
+
+// Read implements io.Reader.
+func (b *body) Read(p []byte) (int, error) {
+	switch {
+	case b.closed:
+		return 0, http.ErrBodyReadAfterClose
+	case b.sawEOF:
+		return 0, io.EOF
+	case len(p) == 0:
+		return 0, nil
+	}
+	if int64(len(p)) > b.n {
+		p = p[:b.n]
+	}
+	var n int
+	var err error
+	switch {
+	case len(b.ahead) > 0:
+		n = copy(p, b.ahead)
+		b.ahead = b.ahead[n:]
+	case b.err != nil:
+		b.sawEOF = true
+		return 0, b.err
+	default:
+		n, err = b.c.in.Read(p)
+	}
+	b.n -= int64(n)
+	if b.n == 0 {
+		b.sawEOF = true
+		b.done()
+		return n, io.EOF
+	}
+	if err == io.EOF { // net/http then reports io.EOF, and keeps the connection
+		b.sawEOF = true
+		err = io.ErrUnexpectedEOF
+	}
+	return n, err
+}
+
+// done lets go of the connection's buffers once the body is read.
+func (b *body) done() {
+	b.c.in.release()
+	if b.ahead != nil || b.err != nil {
+		b.ahead = nil
+		b.c.dropAhead()
+	}
+}
+
+// Close implements io.Closer as net/http's server does: it reads and
+// drops up to maxDiscard unread bytes, or gives up the connection; it
+// reads nothing if the connection closes after the request anyway.
+func (b *body) Close() error {
+	if b.closed {
+		return nil
+	}
+	b.closed = true
+	switch {
+	case b.sawEOF:
+	case b.closing: // net/http: "no point in reading to EOF"
+	case b.n > maxDiscard:
+		b.early = true
+	default:
+		b.early = b.n == maxDiscard // net/http's off-by-one, kept
+		return b.discard()
+	}
+	return nil
+}
+
+// discard reads and drops the rest of the body.
+func (b *body) discard() error {
+	if b.err != nil {
+		return b.err // the connection's place in the stream is lost
+	}
+	if b.n > 0 && !b.sawEOF && b.ahead == nil {
+		d, err := b.c.in.Discard(int(b.n))
+		b.n -= int64(d)
+		if err == io.EOF { // as in Read: net/http's body has seen its end
+			b.sawEOF = true
+			err = io.ErrUnexpectedEOF
+		}
+		if err != nil {
+			return err
+		}
+	}
+	b.sawEOF = true
+	b.done()
+	return nil
+}

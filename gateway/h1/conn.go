@@ -1,0 +1,539 @@
+package h1
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"sync/atomic"
+	"time"
+)
+
+// Connection states. The connection's goroutine moves new or idle to
+// active with a compare-and-swap when a request arrives, so that
+// closeIdle, which swaps idle to closed, never closes a connection that
+// has just started a request. A parked connection has no goroutine; see
+// poller for who takes it from there.
+const (
+	stateNew int32 = iota
+	stateIdle
+	stateActive
+	stateParked
+	stateReading // parked mid-request (poller.parkReading)
+	stateClosed
+)
+
+func (s *Server) newConn(rw net.Conn, ho *handoff) *conn {
+	c := &conn{srv: s, rwc: rw, ho: ho, created: time.Now()}
+	c.in.init(rw, &s.readers)
+	if ra := rw.RemoteAddr(); ra != nil {
+		c.remote = ra.String()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inShutdown.Load() {
+		return nil
+	}
+	c.ctx = context.WithValue(s.ctx, http.LocalAddrContextKey, rw.LocalAddr())
+	s.conns[c] = struct{}{}
+	return c
+}
+
+// A conn is one client connection served on the fast path. Everything but
+// state is owned by the connection's goroutine.
+type conn struct {
+	srv     *Server
+	rwc     net.Conn
+	in      inbuf // holds a buffer only while a request is being read
+	ho      *handoff
+	ctx     context.Context // the per-connection parent of request contexts
+	remote  string
+	created time.Time
+	state   atomic.Int32
+
+	readDL   bool       // a read deadline is set
+	lastPOST bool       // the last request was a POST: skip up to 4 stray CR/LF
+	pf       pollFields // the poller's, guarded by its mutex
+
+	// The request being read (readNext).
+	phase       uint8
+	reqFirst    bool          // it is the connection's first
+	crlfSkipped int           // CR/LF bytes dropped before it (after a POST)
+	headAt      time.Time     // when it began: its header and read timeouts count from here
+	ahead       *http.Request // phaseBody: the request whose body is read ahead
+	abuf        []byte        // the body read ahead so far
+	aheld       int64         // bytes of Server.Budget held for abuf
+	spilled     int64         // bytes of Server.Budget held for spill
+	lingerAt    time.Time     // phaseLinger: when it began
+
+	// A detached response (detach.go). detached is the connection's
+	// goroutine's; the others are finish's until the request ends.
+	detached    bool         // the running handler detached its response
+	pending     atomic.Int32 // parties (handler return, finish) still to end the request
+	nonBlocking bool         // flush writes without waiting, spilling the rest
+	spill       []byte       // what the socket did not take, for writeSpill
+	reuse       bool         // the detached response left the connection reusable
+	finishFn    func()       // c.finishDetached, made once
+	wv          writevState  // writeNow's
+
+	w    response // reused for every request
+	kvs  []kv     // header snapshot, reused
+	out  *outbuf  // where hbuf and wbuf come from, during a request
+	hbuf []byte   // response head not yet written
+	wbuf []byte   // response body not yet written
+	iov  net.Buffers
+	iovs [3][]byte // c.iov's storage
+	werr error     // first write error; the connection is then dropped
+
+	dateSec int64
+	date    []byte
+}
+
+// headBuffered reports whether the read buffer already holds a whole
+// request head.
+func (c *conn) headBuffered() bool {
+	return bytes.Contains(c.in.bytes(), []byte("\r\n\r\n"))
+}
+
+func (c *conn) close() {
+	if st := c.state.Swap(stateClosed); st == stateParked || st == stateReading {
+		c.closeParked()
+		return
+	}
+	c.rwc.Close()
+}
+
+// closeParked closes a connection that a swap of its state from parked
+// to closed took from the poller, and lets go of it: it has no goroutine
+// to do that.
+func (c *conn) closeParked() {
+	c.rwc.Close()
+	c.finish()
+}
+
+// setReadTimeout arms the read deadline d from now, or clears it.
+func (c *conn) setReadTimeout(d time.Duration) {
+	if d > 0 {
+		c.rwc.SetReadDeadline(time.Now().Add(d))
+		c.readDL = true
+	} else if c.readDL {
+		c.rwc.SetReadDeadline(time.Time{})
+		c.readDL = false
+	}
+}
+
+// serve serves the connection from its first request. Its goroutine
+// ends when the connection is closed, handed over or parked.
+func (c *conn) serve() {
+	c.setReadTimeout(orRead(c.srv.ReadHeaderTimeout, c.srv.ReadTimeout))
+	if !c.loop(true) {
+		c.finish()
+	}
+}
+
+// resume serves a connection that the poller found ready, on a worker.
+func (c *conn) resume() {
+	if !c.loop(false) {
+		c.finish()
+	}
+}
+
+// finish lets go of a connection that is closed or handed over.
+func (c *conn) finish() {
+	s := c.srv
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+	c.in.free()
+	c.dropAhead()
+	if c.pf.registered {
+		s.poller.forget(c)
+	}
+}
+
+// Where a connection is in reading its next request, for the worker that
+// resumes it after it was parked mid-request.
+const (
+	phaseIdle   uint8 = iota // between requests
+	phaseHead                // part of a request head is buffered (stashed while parked)
+	phaseBody                // c.ahead's head is read and its body is being read ahead
+	phaseLinger              // answered and half-closed: what the client still sends is dropped (linger)
+)
+
+// readNext results.
+type readResult uint8
+
+const (
+	readOK     readResult = iota // a request to serve
+	readParked                   // parked: the goroutine must let go of the connection
+	readEnded                    // closed or handed over
+)
+
+// loop serves requests until the connection is closed or handed over,
+// or until it is parked, which it reports. It starts with the first
+// request, or with a resumed connection: idle, or parked mid-request.
+func (c *conn) loop(first bool) (parked bool) {
+	s := c.srv
+	for resumed := !first; ; first, resumed = false, false {
+		if c.phase == phaseLinger {
+			return c.linger()
+		}
+		req, res := c.readNext(first, resumed)
+		switch res {
+		case readParked:
+			return true
+		case readEnded:
+			return false
+		}
+		if s.WriteTimeout > 0 {
+			c.rwc.SetWriteDeadline(time.Now().Add(s.WriteTimeout))
+		}
+		if !c.serveRequest(req) {
+			if c.phase == phaseLinger {
+				return c.linger()
+			}
+			return false
+		}
+		if c.detached {
+			c.detached = false
+			if c.pending.Add(-1) != 0 {
+				return true // finish ends the request and moves the connection on
+			}
+			// finish is done already: go on here, as after an ordinary
+			// response, rather than queue the connection for a worker.
+			if !c.reuse || c.state.Load() == stateClosed {
+				c.close()
+				return false
+			}
+		}
+		if !s.keepAlives() { // turned off after this response's head was written
+			c.close()
+			return false
+		}
+	}
+}
+
+// readNext reads the connection's next request: its head and, when its
+// handler takes the whole body (Server.BodyLimit), the body too. Where it
+// would wait for the client and the connection can park, it parks it
+// instead, and a worker resumes it here when more comes.
+func (c *conn) readNext(first, resumed bool) (*http.Request, readResult) {
+	s := c.srv
+	switch c.phase {
+	case phaseBody:
+		return c.readAhead()
+	case phaseHead:
+		c.in.unstash()
+	default:
+		if res := c.startRequest(first, resumed); res != readOK {
+			return nil, res
+		}
+	}
+	req, n, res := c.readHead(first)
+	if res != readOK {
+		return nil, res
+	}
+	c.in.Discard(n)
+	c.phase = phaseIdle
+	c.lastPOST = req.Method == "POST"
+	if req.Body == http.NoBody {
+		// The request is read: the buffer is free while the handler
+		// waits on memcached, as is most of the time with thousands
+		// of clients.
+		c.in.release()
+		return req, readOK
+	}
+	if c.readsAhead(req) {
+		c.ahead, c.phase = req, phaseBody
+		return c.readAhead()
+	}
+	if req.ContentLength > int64(c.in.Buffered()) {
+		c.setReadTimeout(s.ReadTimeout) // zero clears the header deadline, as net/http
+	}
+	return req, readOK
+}
+
+// startRequest waits, between requests, until the next request begins,
+// and makes the connection active. A connection that can park waits in
+// the poller (awaitRequest); else, or when a resumed one finds fewer
+// bytes than it needs, in a read.
+func (c *conn) startRequest(first, resumed bool) readResult {
+	s := c.srv
+	hdrTimeout := orRead(s.ReadHeaderTimeout, s.ReadTimeout)
+	idle := c.in.Buffered() == 0
+	peek := 4 // as net/http, which closes silently on less between requests
+	if first {
+		peek = 1
+	}
+	if idle && !first {
+		if !resumed {
+			c.state.Store(stateIdle)
+		}
+		if !s.keepAlives() { // Shutdown or SetKeepAlivesEnabled may have missed us
+			c.close()
+			return readEnded
+		}
+		if c.awaitRequest(resumed) {
+			return readParked
+		}
+		if c.in.Buffered() > 0 && c.canPark() {
+			// The request has begun: whatever else its head needs
+			// is waited for in the poller, up to the header timeout.
+			peek = 1
+		} else if c.in.Buffered() < peek {
+			// The Peek below waits for the request.
+			c.setReadTimeout(orRead(s.IdleTimeout, s.ReadTimeout))
+		}
+	}
+	if !idle && !first && !c.headBuffered() {
+		// A pipelined request, not all here yet: the Peek may wait.
+		c.setReadTimeout(hdrTimeout)
+	}
+	// An idle connection waits here without a read buffer (see inbuf).
+	if _, err := c.in.Peek(peek); err != nil {
+		c.close()
+		return readEnded
+	}
+	if !c.state.CompareAndSwap(stateIdle, stateActive) && !c.state.CompareAndSwap(stateNew, stateActive) && c.state.Load() != stateActive {
+		return readEnded // closed by closeIdle
+	}
+	// Deadlines cost a runtime timer update each, so the header and
+	// read timeouts are armed only when a read may wait: a head not
+	// yet complete in the buffer, or a body not yet buffered. A request
+	// that arrived whole (the usual case) costs no read deadline but
+	// the idle one.
+	c.headAt = time.Now()
+	if first {
+		c.headAt = c.created
+	} else if idle && !c.headBuffered() {
+		c.setReadTimeout(hdrTimeout)
+	}
+	c.crlfSkipped = 0
+	if c.lastPOST { // net/http's tolerance of old clients' CRLF after a POST body
+		b, _ := c.in.Peek(min(4, c.in.Buffered()))
+		n := 0
+		for n < len(b) && (b[n] == '\r' || b[n] == '\n') {
+			n++
+		}
+		c.in.Discard(n)
+		c.crlfSkipped = n
+	}
+	c.reqFirst = first
+	return readOK
+}
+
+// canPark reports whether the connection can wait in the poller.
+func (c *conn) canPark() bool { return c.srv.poller != nil && c.in.rc != nil }
+
+// awaitRequest parks the idle connection with the poller if its next
+// request is not there yet, and reports whether it did: the goroutine
+// must then let go of it. Else the request, or a read error, is in c.in,
+// or c has no poller and the caller waits for the request in a read. A
+// resumed connection reads first, as it is expected to have a request.
+func (c *conn) awaitRequest(resumed bool) bool {
+	p := c.srv.poller
+	if p == nil { // no poller here: the caller waits in a read
+		return false
+	}
+	for {
+		if !resumed {
+			if c.readDL { // a parked connection has the poller's idle timeout
+				c.setReadTimeout(0)
+			}
+			switch p.park(c) {
+			case parked:
+				return true // c is the poller's now: hands off
+			case notParked:
+				return false
+			}
+		}
+		resumed = false
+		if !c.in.poll() {
+			return false // something to serve, or an error to report
+		}
+	}
+}
+
+// waitMore waits for more of the request being read: it parks the
+// connection until the bytes come or deadline passes, if it can
+// (parked), or reads once, waiting up to deadline. A read error is left
+// in c.in for the caller.
+func (c *conn) waitMore(deadline time.Time) (wasParked bool) {
+	if c.canPark() {
+		for {
+			if !c.in.tryFill() {
+				return false // bytes, an error, or a full buffer
+			}
+			if c.phase == phaseHead {
+				c.in.stash()
+			}
+			if c.readDL {
+				c.setReadTimeout(0) // the poller keeps the deadline while parked
+			}
+			switch c.srv.poller.parkReading(c, stateActive, deadline) {
+			case parked:
+				return true
+			case notParked:
+				c.in.unstash()
+				c.setDeadline(deadline)
+				c.in.fill()
+				return false
+			}
+			c.in.unstash() // readable: bytes came since the last read
+		}
+	}
+	c.setDeadline(deadline)
+	c.in.fill()
+	return false
+}
+
+// setDeadline arms the read deadline at t, or clears it if t is zero.
+func (c *conn) setDeadline(t time.Time) {
+	if t.IsZero() {
+		c.setReadTimeout(0)
+		return
+	}
+	c.rwc.SetReadDeadline(t)
+	c.readDL = true
+}
+
+// deadline is when a read of the current request times out after d
+// (zero: never).
+func (c *conn) deadline(d time.Duration) time.Time {
+	if d <= 0 {
+		return time.Time{}
+	}
+	return c.headAt.Add(d)
+}
+
+// serveRequest runs the handler and finishes its response. It reports
+// whether the connection may serve another request; if not, it has
+// closed the connection.
+func (c *conn) serveRequest(req *http.Request) bool {
+	w := &c.w
+	w.reset(c, req)
+	c.takeOut()
+	ok := c.runHandler(w, req)
+	if c.detached {
+		// The response is finish's now (see detach.go). A handler that
+		// panicked after detaching still owes it; its connection closes.
+		if !ok {
+			c.close()
+		}
+		return true
+	}
+	defer func() {
+		w.forget()
+		c.releaseOut()
+	}()
+	if !ok {
+		if w.committed { // as net/http, send what was already on its way
+			c.flush(nil)
+		}
+		c.close()
+		return false
+	}
+	w.finish()
+	if w.reusable() {
+		return true
+	}
+	if w.tooBig || w.body != nil && w.body.early {
+		c.phase = phaseLinger // loop lingers, then closes
+		return false
+	}
+	c.close()
+	return false
+}
+
+// outbuf keeps a response's head and body buffers in the server's pool
+// between responses, so that a connection waiting for its next request
+// holds none.
+type outbuf struct{ head, body []byte }
+
+// takeOut gives the connection its response buffers.
+func (c *conn) takeOut() {
+	o, _ := c.srv.writers.Get().(*outbuf)
+	if o == nil {
+		o = new(outbuf)
+	}
+	c.out, c.hbuf, c.wbuf = o, o.head[:0], o.body[:0]
+}
+
+// releaseOut returns the response buffers to the pool, but not a body
+// buffer grown by a large response.
+func (c *conn) releaseOut() {
+	o := c.out
+	o.head, o.body = c.hbuf[:0], c.wbuf[:0]
+	if cap(o.body) > 4*maxBuffer {
+		o.body = nil
+	}
+	c.srv.writers.Put(o)
+	c.out, c.hbuf, c.wbuf = nil, nil, nil
+}
+
+func (c *conn) runHandler(w *response, req *http.Request) (ok bool) {
+	defer func() {
+		if v := recover(); v != nil && v != http.ErrAbortHandler && c.srv.ErrorLog != nil {
+			buf := make([]byte, 64<<10)
+			buf = buf[:runtime.Stack(buf, false)]
+			c.srv.logf("h1: panic serving %s: %v\n%s", c.remote, v, buf)
+		}
+	}()
+	c.srv.Handler.ServeHTTP(w, req)
+	return true
+}
+
+// linger half-closes the connection and drops what the client still
+// sends, for up to lingerTime or until it closes, and then closes it, so
+// that closing with unread request bytes does not reset the connection
+// before the client has read the response. (net/http half-closes and
+// sleeps instead.) A connection that can park waits in the poller
+// meanwhile, not on a worker: linger reports whether it parked it.
+func (c *conn) linger() (wasParked bool) {
+	if !c.canPark() {
+		c.lingerClose()
+		c.close()
+		return false
+	}
+	if c.lingerAt.IsZero() {
+		if cw, ok := c.rwc.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		}
+		c.lingerAt = time.Now()
+	}
+	for {
+		for c.in.Buffered() > 0 {
+			c.in.Discard(c.in.Buffered())
+		}
+		if !c.in.tryFill() {
+			if c.in.Buffered() > 0 {
+				continue
+			}
+			c.close() // the client closed (or reset), or the socket failed
+			return false
+		}
+		if c.readDL {
+			c.setReadTimeout(0)
+		}
+		switch c.srv.poller.parkReading(c, stateActive, c.lingerAt.Add(lingerTime)) {
+		case parked:
+			return true
+		case notParked:
+			c.lingerClose()
+			c.close()
+			return false
+		}
+	}
+}
+
+// lingerClose is linger for a connection that cannot park: it waits in a
+// read on its goroutine.
+func (c *conn) lingerClose() {
+	if cw, ok := c.rwc.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	}
+	c.rwc.SetReadDeadline(time.Now().Add(lingerTime))
+	io.Copy(io.Discard, c.rwc)
+}

@@ -1,0 +1,35 @@
+// Package h1 is a minimal HTTP/1.x server for one http.Handler. It serves
+// the simple, well-formed requests of the gateway's hot path itself and
+// hands every connection it does not take on to a net/http Server, which
+// then owns it and answers exactly as net/http does, errors included.
+//
+// The fast path avoids net/http's per-request background read, context
+// and double buffering: it parses each request head where it lies in the
+// read buffer and sends each response with one write. A connection holds
+// no buffer between requests, and on Linux no goroutine either: it waits
+// in an epoll set of the Server's own and a worker serves it when its
+// next request comes, connections in the order their requests arrived
+// (see poller). h1 does no TLS, HTTP/2, Hijack or 100-continue itself.
+//
+// What a handler sees on the fast path differs from net/http in these
+// ways, all else (request fields, status lines, headers and their order,
+// Content-Length and Content-Type rules, chunking, keep-alive and body
+// draining rules) being the same:
+//   - The request context is cancelled only by Server.Close: not when the
+//     client goes away (net/http notices that with a background read) nor
+//     when the handler returns. Handlers bound their work with their own
+//     deadlines.
+//   - The context carries http.LocalAddrContextKey but not
+//     http.ServerContextKey.
+//   - The ResponseWriter is an http.Flusher and supports
+//     http.ResponseController's Flush, SetReadDeadline, SetWriteDeadline
+//     and EnableFullDuplex, but not Hijack; it has no CloseNotify or
+//     ReadFrom. http.MaxBytesReader cannot make it close the connection
+//     after the response, as net/http does when the limit is hit.
+//   - When it must close a connection with request bytes left unread, h1
+//     half-closes it and reads for up to 500ms until the client closes;
+//     net/http half-closes and sleeps 500ms.
+//   - A request that arrives while Shutdown runs is answered, with
+//     "Connection: close", if it got in before its connection was closed
+//     as idle; net/http may drop such a request unanswered.
+package h1

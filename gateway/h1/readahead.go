@@ -1,0 +1,125 @@
+package h1
+
+import (
+	"io"
+	"net/http"
+)
+
+// readsAhead reports whether req's body is to be read whole before its
+// handler runs: it is not all buffered yet, the connection can wait in
+// the poller, and the handler takes that much (Server.BodyLimit).
+func (c *conn) readsAhead(req *http.Request) bool {
+	s := c.srv
+	return s.BodyLimit != nil && c.canPark() && req.ContentLength > int64(c.in.Buffered()) &&
+		req.ContentLength <= s.BodyLimit(req)
+}
+
+// aheadTurn is how much of a body a worker reads ahead before it lets the
+// connections queued behind it go first.
+const aheadTurn = 128 << 10
+
+// aheadChunk is the first allocation for a body read ahead: it then
+// doubles as the body's bytes come, so that memory follows what the
+// client sent, not what its Content-Length says.
+const aheadChunk = 16 << 10
+
+// readAhead reads c.ahead's body into c.abuf as it arrives, with the
+// connection parked (up to the read timeout) while none is there, and
+// returns the request once the body is whole. The bytes are held against
+// Server.Budget; if it refuses them, or the client stops early, the
+// handler gets the request with a body that fails with that error.
+func (c *conn) readAhead() (*http.Request, readResult) {
+	s := c.srv
+	req := c.ahead
+	b := req.Body.(*body)
+	cl := int(req.ContentLength)
+	turn := 0 // bytes read from the socket since a worker took the connection
+	for len(c.abuf) < cl {
+		if turn >= aheadTurn && s.poller.requeue(c) {
+			// Others' turn: a large body arriving fast must not keep
+			// the worker from connections queued behind it.
+			return nil, readParked
+		}
+		if len(c.abuf) == cap(c.abuf) {
+			size := min(cl, max(2*cap(c.abuf), aheadChunk, c.in.Buffered()))
+			if err := c.growAhead(size); err != nil {
+				return c.endAhead(b, err)
+			}
+		}
+		if k := c.in.Buffered(); k > 0 { // the body's start, read with the head
+			k = min(k, cap(c.abuf)-len(c.abuf))
+			c.abuf = append(c.abuf, c.in.bytes()[:k]...)
+			c.in.Discard(k)
+			continue
+		}
+		c.in.release()
+		n, blocked, err := c.in.readNoWait(c.abuf[len(c.abuf):cap(c.abuf)])
+		c.abuf = c.abuf[:len(c.abuf)+n]
+		turn += n
+		switch {
+		case err == io.EOF:
+			return c.endAhead(b, io.ErrUnexpectedEOF)
+		case err != nil:
+			return c.endAhead(b, err)
+		case !blocked:
+			continue
+		}
+		if c.readDL {
+			c.setReadTimeout(0) // the poller keeps the deadline while parked
+		}
+		switch s.poller.parkReading(c, stateActive, c.deadline(s.ReadTimeout)) {
+		case parked:
+			return nil, readParked
+		case notParked:
+			// The poller is closing: wait in reads from here.
+			c.setDeadline(c.deadline(s.ReadTimeout))
+			n, err := c.in.Read(c.abuf[len(c.abuf):cap(c.abuf)])
+			c.abuf = c.abuf[:len(c.abuf)+n]
+			if err != nil {
+				if err == io.EOF {
+					err = io.ErrUnexpectedEOF
+				}
+				return c.endAhead(b, err)
+			}
+		}
+	}
+	return c.endAhead(b, nil)
+}
+
+// growAhead grows c.abuf to size bytes, holding them against the budget.
+func (c *conn) growAhead(size int) error {
+	more := int64(size - cap(c.abuf))
+	if bg := c.srv.Budget; bg != nil {
+		if err := bg.Acquire(more); err != nil {
+			return err
+		}
+		c.aheld += more
+	}
+	c.abuf = append(make([]byte, 0, size), c.abuf...)
+	return nil
+}
+
+// endAhead hands b the body read ahead, or the error that cut it short,
+// and returns its request to serve. The body then reads from memory.
+func (c *conn) endAhead(b *body, err error) (*http.Request, readResult) {
+	req := c.ahead
+	c.ahead, c.phase = nil, phaseIdle
+	c.in.release()
+	if c.readDL {
+		c.setReadTimeout(0)
+	}
+	// After an error the connection's place in the stream is lost: the
+	// body fails once its bytes are read, and the connection closes
+	// after the response.
+	b.ahead, b.err = c.abuf, err
+	return req, readOK
+}
+
+// dropAhead lets go of a body read ahead and of its budget.
+func (c *conn) dropAhead() {
+	if c.aheld > 0 {
+		c.srv.Budget.Release(c.aheld)
+		c.aheld = 0
+	}
+	c.abuf = nil
+}
