@@ -7,8 +7,11 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/memcgate/memcgate/config"
 )
 
 // helpVars runs `memcgate -help` and returns each variable it prints
@@ -74,8 +77,9 @@ func varRows(t *testing.T, file, text string) map[string][]string {
 // TestConfigurationReferenceMatchesHelp keeps docs/configuration.md and
 // `memcgate -help` telling the same story: every variable -help prints
 // has exactly one row there with the same default, and the page names no
-// variable that -help does not print. The README's settings table, a
-// selection, must agree with -help where it has a row.
+// variable that -help does not print (other MEMCGATE_ names only as
+// memcgate treats them: ignored, or refused as misspelt). The README's
+// settings table, a selection, must agree with -help where it has a row.
 func TestConfigurationReferenceMatchesHelp(t *testing.T) {
 	names, defaults := helpVars(t)
 
@@ -95,9 +99,30 @@ func TestConfigurationReferenceMatchesHelp(t *testing.T) {
 			t.Errorf("%s gives %s the default %q; -help says %q", ref, name, defs[0], defaults[name])
 		}
 	}
-	for _, name := range regexp.MustCompile(`MEMCGATE_[A-Z0-9_]*[A-Z0-9]`).FindAllString(string(b), -1) {
-		if _, ok := defaults[name]; !ok {
-			t.Errorf("%s names %s, which -help does not print", ref, name)
+	// Besides the variables, the page explains what memcgate does with
+	// other MEMCGATE_ names: the ones it ignores (the test suite's
+	// MEMCGATE_TEST_ prefix, Kubernetes' service links), which config.Load
+	// must then really ignore, and misspelt names in its examples of the
+	// error, which config.Load must really refuse.
+	misspelt := map[string]bool{"MEMCGATE_SERVRES": true}
+	for _, name := range regexp.MustCompile(`MEMCGATE_[A-Z0-9_]*[A-Z0-9]_?`).FindAllString(string(b), -1) {
+		if _, ok := defaults[name]; ok {
+			continue
+		}
+		probe := name
+		if strings.HasSuffix(name, "_") { // a prefix, such as MEMCGATE_TEST_
+			if slices.ContainsFunc(names, func(v string) bool { return strings.HasPrefix(v, name) }) {
+				continue
+			}
+			probe += "X"
+		}
+		_, err := config.Load(map[string]string{probe: "1"})
+		refused := err != nil && strings.Contains(err.Error(), probe+" is not a memcgate variable")
+		switch {
+		case misspelt[name] && !refused:
+			t.Errorf("%s gives %s as a misspelling memcgate refuses, but config.Load accepts it", ref, name)
+		case !misspelt[name] && refused:
+			t.Errorf("%s names %s, which -help does not print and memcgate refuses", ref, name)
 		}
 	}
 
