@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
 	"reflect"
 	"regexp"
 	"slices"
@@ -24,12 +25,60 @@ import (
 // settings of the binary.
 const testPrefix = Prefix + "TEST_"
 
-// serviceLinkRE matches the variables Kubernetes adds to every pod for each
-// Service of its namespace while the pod's enableServiceLinks is true (the
-// default): a Service named memcgate (or memcgate-…) gives MEMCGATE_PORT,
-// MEMCGATE_SERVICE_HOST, MEMCGATE_PORT_80_TCP_ADDR and so on. They are not
-// settings and are not refused.
-var serviceLinkRE = regexp.MustCompile(`^` + Prefix + `([A-Z0-9_]+_)?(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_[0-9]+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)?)$`)
+// serviceLinkRE matches the end of the names of the variables Kubernetes
+// adds to every pod for each Service of its namespace while the pod's
+// enableServiceLinks is true (the default): a Service named memcgate (or
+// memcgate-…) gives MEMCGATE_PORT, MEMCGATE_SERVICE_HOST,
+// MEMCGATE_PORT_80_TCP_ADDR and so on.
+var serviceLinkRE = regexp.MustCompile(`^(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?|PORT(?:_[0-9]+_(?:TCP|UDP|SCTP)(?:_(?:PROTO|PORT|ADDR))?)?)$`)
+
+// isServiceLink reports whether name=value is one of Kubernetes' service
+// link variables: its name is the prefix, maybe the rest of a Service's
+// name, and a service link's ending, and its value has the form Kubernetes
+// gives that ending. Those are not settings and are not refused; a name
+// of that shape with another value (MEMCGATE_ADMIN_PORT=9091, a setting
+// mistyped) is.
+func isServiceLink(name, value string) bool {
+	rest, ok := strings.CutPrefix(name, Prefix)
+	if !ok {
+		return false
+	}
+	for end := rest; ; {
+		if serviceLinkRE.MatchString(end) && serviceLinkValue(end, value) {
+			return true
+		}
+		_, after, more := strings.Cut(end, "_")
+		if !more {
+			return false
+		}
+		end = after
+	}
+}
+
+// serviceLinkValue reports whether value is what Kubernetes sets a
+// service link variable ending in end to.
+func serviceLinkValue(end, value string) bool {
+	isPort := func(v string) bool {
+		n, err := strconv.Atoi(v)
+		return err == nil && n > 0 && n < 65536 && strconv.Itoa(n) == v
+	}
+	isProto := func(v string) bool { return v == "tcp" || v == "udp" || v == "sctp" }
+	switch {
+	case end == "SERVICE_HOST", strings.HasPrefix(end, "PORT_") && strings.HasSuffix(end, "_ADDR"):
+		return net.ParseIP(value) != nil
+	case strings.HasPrefix(end, "SERVICE_PORT"), strings.HasPrefix(end, "PORT_") && strings.HasSuffix(end, "_PORT"):
+		return isPort(value)
+	case strings.HasSuffix(end, "_PROTO"):
+		return isProto(value)
+	default: // PORT, PORT_80_TCP: tcp://10.0.0.1:80
+		proto, hostPort, ok := strings.Cut(value, "://")
+		if !ok || !isProto(proto) {
+			return false
+		}
+		host, port, err := net.SplitHostPort(hostPort)
+		return err == nil && net.ParseIP(host) != nil && isPort(port)
+	}
+}
 
 // checkEnviron returns an error for every MEMCGATE_ variable of environ
 // that is not a setting, naming the closest setting, and for every setting
@@ -52,7 +101,7 @@ func checkEnviron(environ map[string]string) []error {
 	for _, name := range names {
 		v, ok := known[name]
 		switch {
-		case !ok && (strings.HasPrefix(name, testPrefix) || serviceLinkRE.MatchString(name)):
+		case !ok && (strings.HasPrefix(name, testPrefix) || isServiceLink(name, environ[name])):
 		case !ok:
 			msg := name + " is not a memcgate variable"
 			if near := closest(name, vs); near != "" {

@@ -78,12 +78,12 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	var lc net.ListenConfig
 	dataLn, err := lc.Listen(ctx, "tcp", cfg.ListenAddr)
 	if err != nil {
-		return fmt.Errorf("data listener: %w", err)
+		return fmt.Errorf("%sLISTEN_ADDR: %w", config.Prefix, err)
 	}
 	adminLn, err := lc.Listen(ctx, "tcp", cfg.AdminAddr)
 	if err != nil {
 		dataLn.Close()
-		return fmt.Errorf("admin listener: %w", err)
+		return fmt.Errorf("%sADMIN_ADDR: %w", config.Prefix, err)
 	}
 	return serve(ctx, cfg, environ, dataLn, adminLn, log, level, accessJSON)
 }
@@ -389,6 +389,14 @@ func healthcheck(ctx context.Context, environ map[string]string, args []string) 
 	path := "/healthz"
 	if len(args) > 0 {
 		path = args[0]
+	}
+	if f := environ[config.Prefix+"CONFIG_FILE"]; f != "" {
+		// The admin address may be set there, as the server reads it.
+		over, err := config.ReadEnvFile(f)
+		if err != nil {
+			return fmt.Errorf("healthcheck: %w", err)
+		}
+		environ = config.Overlay(environ, over)
 	}
 	addr := environ[config.Prefix+"ADMIN_ADDR"]
 	if addr == "" {

@@ -1,7 +1,12 @@
 package main
 
 import (
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/memcgate/memcgate/config"
@@ -65,5 +70,46 @@ func TestDefaultsAgree(t *testing.T) {
 	gzero.AccessLog, gzero.Codec, gzero.PHP, gzero.PeclMemcache, gzero.MaxRequests = gw.AccessLog, gw.Codec, gw.PHP, gw.PeclMemcache, gw.MaxRequests
 	if !reflect.DeepEqual(gw, gzero) {
 		t.Errorf("gateway options from the default configuration:\n%+v\nthe package's defaults:\n%+v", gw, gzero)
+	}
+}
+
+// TestHealthcheckAddress checks that the health check probes the admin
+// address the server would listen on, whether the environment or
+// CONFIG_FILE sets it, and fails on any answer but 200.
+func TestHealthcheckAddress(t *testing.T) {
+	ok := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/healthz" && r.URL.Path != "/readyz" {
+			http.NotFound(w, r)
+		}
+	}))
+	defer ok.Close()
+	addr := ok.Listener.Addr().String()
+	file := filepath.Join(t.TempDir(), "memcgate.env")
+	if err := os.WriteFile(file, []byte("# the admin listener\nMEMCGATE_ADMIN_ADDR="+addr+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		environ map[string]string
+		args    []string
+		wantErr string
+	}{
+		{"from the environment", map[string]string{"MEMCGATE_ADMIN_ADDR": addr}, nil, ""},
+		{"from CONFIG_FILE", map[string]string{"MEMCGATE_CONFIG_FILE": file}, nil, ""},
+		{"CONFIG_FILE over the environment", map[string]string{"MEMCGATE_CONFIG_FILE": file, "MEMCGATE_ADMIN_ADDR": "127.0.0.1:1"}, nil, ""},
+		{"another path", map[string]string{"MEMCGATE_ADMIN_ADDR": addr}, []string{"/readyz"}, ""},
+		{"not 200", map[string]string{"MEMCGATE_ADMIN_ADDR": addr}, []string{"/nothing"}, "answered 404"},
+		{"missing CONFIG_FILE", map[string]string{"MEMCGATE_CONFIG_FILE": file + ".gone"}, nil, "no such file"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := healthcheck(t.Context(), tt.environ, tt.args)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("healthcheck = %v, want nil", err)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Fatalf("healthcheck = %v, want an error with %q", err, tt.wantErr)
+			}
+		})
 	}
 }

@@ -40,8 +40,7 @@ var liveVars = []string{
 	"CONFIG_FILE", "WATCH_INTERVAL",
 }
 
-// Reload is one reload's outcome, for the log, the status page and
-// /debug/reloads.
+// Reload is one reload's outcome, for the log and the status page.
 type Reload struct {
 	Time    time.Time        `json:"time"`
 	Trigger string           `json:"trigger"` // sighup, file, dns
