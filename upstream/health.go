@@ -241,7 +241,7 @@ func (c *Cluster) checkNode(ctx context.Context, n *node) {
 	case probeEject:
 		n.eject("probe", err, false)
 	case probeReadmit:
-		if c.opts.Health.ReadmitFlush {
+		if c.readmitFlush.Load() {
 			// The node may hold values older than what its failover
 			// successors got meanwhile; start it empty instead.
 			if ferr := n.probe.FlushAll(); ferr != nil {
@@ -255,6 +255,11 @@ func (c *Cluster) checkNode(ctx context.Context, n *node) {
 		n.admit()
 	}
 }
+
+// SetReadmitFlush turns Health.ReadmitFlush on or off for the
+// re-admissions from now on (a pool that starts or stops keeping
+// replicas, package route).
+func (c *Cluster) SetReadmitFlush(on bool) { c.readmitFlush.Store(on) }
 
 // up is the number of t's nodes taking traffic.
 func (c *Cluster) up(t *topology) int { return len(t.nodes) - int(c.health.down.Load()) }

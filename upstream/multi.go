@@ -55,6 +55,52 @@ func (c *Cluster) Up(key string) bool {
 // are dropped as they are read (their keys fail with ErrOverLimit), so
 // that a reply of any size costs at most limit bytes.
 func (c *Cluster) GetMulti(ctx context.Context, keys []string, limit int) (map[string]op.Item, map[string]error) {
+	return c.getMulti(ctx, keys, limit, c.pick, true)
+}
+
+// GetMultiReplica is GetMulti reading each key from its replica of the
+// given rank (0 the first) in its replica set of copies copies
+// (Replicas): a replicated read's fallback, batched. A key whose set has
+// no replica of that rank fails with ErrNoNodes; keys whose node fails
+// fail with its error, and are not retried elsewhere: the caller's next
+// rank is their retry.
+func (c *Cluster) GetMultiReplica(ctx context.Context, keys []string, limit, rank, copies int) (map[string]op.Item, map[string]error) {
+	pick := func(t *topology, hashKey string) (*node, bool, error) {
+		return c.pickReplica(t, hashKey, rank, max(copies, 1))
+	}
+	return c.getMulti(ctx, keys, limit, pick, false)
+}
+
+// pickReplica returns the replica of rank rank of a key's set of copies
+// replicas, chosen as Replicas chooses them, and whether it is not one of
+// the key's home nodes.
+func (c *Cluster) pickReplica(t *topology, hashKey string, rank, copies int) (n *node, failover bool, err error) {
+	ignoreHealth := c.panicking(t)
+	failFast := c.opts.Failover == FailFast
+	pos, live := 0, 0
+	for i := range t.ring.Owners(hashKey) {
+		home := pos < copies
+		pos++
+		if failFast && !home {
+			break
+		}
+		if !ignoreHealth && !t.nodes[i].available() {
+			continue
+		}
+		if live == rank {
+			if live >= copies {
+				break // past the replica set: a spare, not a replica
+			}
+			return t.nodes[i], !home, nil
+		}
+		live++
+	}
+	return nil, false, fmt.Errorf("%w: the key has no replica %d up", ErrNoNodes, rank+1)
+}
+
+// getMulti implements GetMulti and GetMultiReplica: pick places each key;
+// retry reads the keys of a node that failed one by one through Do.
+func (c *Cluster) getMulti(ctx context.Context, keys []string, limit int, pick func(*topology, string) (*node, bool, error), retry bool) (map[string]op.Item, map[string]error) {
 	found := make(map[string]op.Item, len(keys))
 	failed := map[string]error{}
 	var mu sync.Mutex // guards found, failed and kept
@@ -74,7 +120,7 @@ func (c *Cluster) GetMulti(ctx context.Context, keys []string, limit int) (map[s
 		}
 		seen[k] = true
 		sk, hk := c.keys(k)
-		n, fo, err := c.pick(t, hk)
+		n, fo, err := pick(t, hk)
 		if err != nil {
 			failed[k] = err
 			continue
@@ -138,7 +184,7 @@ func (c *Cluster) GetMulti(ctx context.Context, keys []string, limit int) (map[s
 					return err
 				})
 				var ne *NodeError
-				if errors.As(err, &ne) {
+				if retry && errors.As(err, &ne) {
 					// The node failed mid-batch: read its keys one by one,
 					// which retries on the next node.
 					for _, sk := range b.store {

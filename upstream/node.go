@@ -331,6 +331,7 @@ func failureOf(err error) result {
 
 // NodeStatus is a snapshot of one node for the admin API.
 type NodeStatus struct {
+	Pool        string    `json:"pool,omitempty"` // Options.Name
 	Node        string    `json:"node"`
 	Up          bool      `json:"up"`
 	Since       time.Time `json:"since"`

@@ -82,6 +82,10 @@ const (
 // Options configures a Cluster. Zero values take the defaults named on each
 // field.
 type Options struct {
+	// Name names the cluster when it is one of several (a pool of package
+	// route): it is in the cluster's log lines and its NodeStatus. Empty
+	// for a cluster of its own.
+	Name         string
 	Servers      []Server              // required
 	Distribution hashring.Distribution // if empty, hashring.Ketama
 	KeyPrefix    string                // prepended to every key sent to memcached
@@ -187,6 +191,8 @@ type Cluster struct {
 	probed     chan struct{} // closed after the first probe round
 	probedOnce sync.Once
 	asyncOps   sync.Pool // of *asyncOp, DoAsync's
+	// readmitFlush is Health.ReadmitFlush, which SetReadmitFlush changes.
+	readmitFlush atomic.Bool
 
 	mu      sync.Mutex // guards retired, and serializes SetServers
 	retired []*node    // nodes SetServers removed, closed by Run once idle
@@ -211,7 +217,11 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Cluster, e
 		return nil, fmt.Errorf("upstream: unknown failover policy %q", opts.Failover)
 	}
 	m := newMetrics(reg)
+	if opts.Name != "" {
+		log = log.With("pool", opts.Name)
+	}
 	c := &Cluster{opts: opts, m: m, log: log, probed: make(chan struct{})}
+	c.readmitFlush.Store(opts.Health.ReadmitFlush)
 	c.health = &healthPolicy{
 		HealthOptions: opts.Health,
 		ejected:       func(node, reason string) { m.ejects.WithLabelValues(node, reason).Inc() },
@@ -524,14 +534,22 @@ func itemOf(key string, mi *memcache.Item) op.Item {
 // finished and at least ReadyMinUpPercent of the nodes (and at least one)
 // are up.
 func (c *Cluster) Ready() bool {
-	select {
-	case <-c.probed:
-	default:
+	if !c.Probed() {
 		return false
 	}
 	t := c.topo.Load()
 	need := max(1, (len(t.nodes)*c.opts.Health.ReadyMinUpPercent+99)/100)
 	return c.up(t) >= need
+}
+
+// Probed reports whether the first probe round has finished.
+func (c *Cluster) Probed() bool {
+	select {
+	case <-c.probed:
+		return true
+	default:
+		return false
+	}
 }
 
 // Nodes returns a snapshot of every node's state, in configured order.
@@ -540,6 +558,7 @@ func (c *Cluster) Nodes() []NodeStatus {
 	out := make([]NodeStatus, len(t.nodes))
 	for i, n := range t.nodes {
 		out[i] = n.status()
+		out[i].Pool = c.opts.Name
 	}
 	return out
 }
