@@ -1,0 +1,236 @@
+package route
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/hashring"
+	"github.com/memcgate/memcgate/upstream/op"
+)
+
+// Placement is where a key goes, for /debug/owners: the route that
+// chose its pool, the pool's policy, the key's replicas now, and its
+// chain in that pool.
+type Placement struct {
+	// Route is the prefix that sent the key to its pool; empty for the
+	// default pool.
+	Route        string      `json:"route"`
+	Pool         string      `json:"pool"`
+	Replicas     int         `json:"replicas"`
+	WritePolicy  WritePolicy `json:"write_policy"`
+	ReadPolicy   ReadPolicy  `json:"read_policy"`
+	MissFallback bool        `json:"miss_fallback"`
+	// ReplicaNodes are the nodes holding the key's copies now, in the
+	// order reads ask them; with one copy, the node serving it.
+	ReplicaNodes []string `json:"replica_nodes"`
+	upstream.Placement
+}
+
+// Placement returns where key goes now.
+func (r *Router) Placement(key string) Placement {
+	t := r.t.Load()
+	v, prefix := t.pick(key)
+	p := Placement{Route: prefix, Pool: v.name, Replicas: v.replicas, WritePolicy: v.write, ReadPolicy: v.read,
+		MissFallback: v.miss, ReplicaNodes: []string{}, Placement: v.c.Placement(key)}
+	if v.replicas == 1 {
+		if p.Serving != "" {
+			p.ReplicaNodes = append(p.ReplicaNodes, p.Serving)
+		}
+		return p
+	}
+	set := v.c.Replicas(&op.Op{Item: op.Item{Key: key}}, v.replicas)
+	for _, rep := range set.Replicas {
+		p.ReplicaNodes = append(p.ReplicaNodes, rep.Node())
+	}
+	return p
+}
+
+// Nodes returns every pool's node states, pool by pool in configured
+// order; with several pools each names its pool.
+func (r *Router) Nodes() []upstream.NodeStatus {
+	var out []upstream.NodeStatus
+	for _, p := range r.pools {
+		out = append(out, p.c.Nodes()...)
+	}
+	return out
+}
+
+// PoolStatus is one pool as the status page shows it.
+type PoolStatus struct {
+	Name         string
+	Prefixes     []string // empty for the default pool, which takes the other keys
+	Replicas     int
+	Write        WritePolicy
+	Read         ReadPolicy
+	MissFallback bool
+	HedgeDelay   time.Duration // the current delay of a hedged pool; 0 otherwise
+	Nodes        []upstream.NodeStatus
+	Shares       map[string]float64 // each node's share of the keys (upstream.Cluster.Shares)
+}
+
+// Status returns every pool's state, in configured order.
+func (r *Router) Status() []PoolStatus {
+	t := r.t.Load()
+	out := make([]PoolStatus, len(t.views))
+	for i, v := range t.views {
+		out[i] = PoolStatus{Name: v.name, Prefixes: slices.Clone(v.prefixes), Replicas: v.replicas, Write: v.write,
+			Read: v.read, MissFallback: v.miss, Nodes: v.c.Nodes(), Shares: v.c.Shares()}
+		if v.read == ReadHedged && v.replicas > 1 {
+			out[i].HedgeDelay = time.Duration(v.delay.Load())
+		}
+	}
+	return out
+}
+
+// FlushAll sends flush_all to every node of every pool once (a node in
+// two pools once), as upstream.Cluster.FlushAll.
+func (r *Router) FlushAll(ctx context.Context, delay int32) []upstream.NodeReply {
+	return r.everyPool(ctx, func(c *upstream.Cluster) []upstream.NodeReply { return c.FlushAll(ctx, delay) })
+}
+
+// Stats asks every node of every pool for its stats, once per node.
+func (r *Router) Stats(ctx context.Context) []upstream.NodeReply {
+	return r.everyPool(ctx, func(c *upstream.Cluster) []upstream.NodeReply { return c.Stats(ctx) })
+}
+
+// Version asks every node of every pool for its version, once per node.
+func (r *Router) Version(ctx context.Context) []upstream.NodeReply {
+	return r.everyPool(ctx, func(c *upstream.Cluster) []upstream.NodeReply { return c.Version(ctx) })
+}
+
+// everyPool runs a cluster-wide command on the pools in parallel and
+// keeps one reply per node name.
+func (r *Router) everyPool(ctx context.Context, f func(*upstream.Cluster) []upstream.NodeReply) []upstream.NodeReply {
+	if len(r.pools) == 1 {
+		return f(r.pools[0].c)
+	}
+	replies := make([][]upstream.NodeReply, len(r.pools))
+	var wg sync.WaitGroup
+	for i, p := range r.pools {
+		wg.Go(func() { replies[i] = f(p.c) })
+	}
+	wg.Wait()
+	var out []upstream.NodeReply
+	seen := map[string]bool{}
+	for _, rs := range replies {
+		for _, rep := range rs {
+			if !seen[rep.Node] {
+				seen[rep.Node] = true
+				out = append(out, rep)
+			}
+		}
+	}
+	return out
+}
+
+// Change is what Reconfigure changed in one pool.
+type Change struct {
+	Pool string `json:"pool"`
+	// Servers is what changed in the pool's nodes, nil if nothing did.
+	Servers *upstream.Change `json:"servers,omitempty"`
+	// Policy lists the routing settings that changed: prefixes,
+	// replicas, write, read, miss_fallback.
+	Policy []string `json:"policy,omitempty"`
+}
+
+// Reconfigure applies opts to the running pools without stopping a
+// request: each pool's nodes and distribution (upstream.Cluster.SetServers),
+// prefixes, replicas and policies. The pools must be the same ones, by
+// name, with the same default pool: a pool added or removed needs a
+// restart (its health checks and metric series start with the process).
+// The pools' other cluster options and the router's options are not
+// changed. Nothing changes if it fails, unless a pool's SetServers fails
+// after an earlier pool's succeeded (it fails only for a ring that cannot
+// be built, which validation catches first).
+func (r *Router) Reconfigure(opts Options) ([]Change, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	opts.withDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	have, want := r.Pools(), make([]string, len(opts.Pools))
+	for i, p := range opts.Pools {
+		want[i] = p.Name
+	}
+	if want[0] != have[0] || !sameSet(have, want) {
+		return nil, fmt.Errorf("route: the pools would change from %s to %s: adding or removing a pool, or changing the default one, needs a restart",
+			strings.Join(have, ", "), strings.Join(want, ", "))
+	}
+	for _, po := range opts.Pools {
+		if _, err := hashring.New(distributionOf(po.Cluster), membersOf(po.Cluster.Servers)); err != nil {
+			return nil, fmt.Errorf("pool %q: %w", po.Name, err)
+		}
+	}
+	old := r.t.Load()
+	var changes []Change
+	var errs []error
+	for _, po := range opts.Pools {
+		i := slices.IndexFunc(r.pools, func(p *pool) bool { return p.name == po.Name })
+		p := r.pools[i]
+		ch := Change{Pool: po.Name}
+		sc, err := p.c.SetServers(po.Cluster.Servers, distributionOf(po.Cluster))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("pool %q: %w", po.Name, err))
+			continue
+		}
+		if len(sc.Added)+len(sc.Removed) > 0 || sc.Reweighted {
+			ch.Servers = &sc
+		}
+		ov := old.views[slices.IndexFunc(old.views, func(v *view) bool { return v.pool == p })]
+		if !slices.Equal(ov.prefixes, po.Prefixes) {
+			ch.Policy = append(ch.Policy, "prefixes")
+		}
+		if ov.replicas != po.Replicas {
+			ch.Policy = append(ch.Policy, "replicas")
+		}
+		if ov.write != po.Write {
+			ch.Policy = append(ch.Policy, "write")
+		}
+		if ov.read != po.Read {
+			ch.Policy = append(ch.Policy, "read")
+		}
+		if ov.miss != po.MissFallback {
+			ch.Policy = append(ch.Policy, "miss_fallback")
+		}
+		p.c.SetReadmitFlush(po.Cluster.Health.ReadmitFlush)
+		if ch.Servers != nil || len(ch.Policy) > 0 {
+			changes = append(changes, ch)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return changes, err
+	}
+	ordered := make([]PoolOptions, 0, len(opts.Pools))
+	for _, name := range have { // the pools keep their configured order
+		ordered = append(ordered, opts.Pools[slices.IndexFunc(opts.Pools, func(p PoolOptions) bool { return p.Name == name })])
+	}
+	r.t.Store(r.newTable(ordered))
+	return changes, nil
+}
+
+func sameSet(a, b []string) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
+}
+
+// distributionOf is o's distribution with upstream's default.
+func distributionOf(o upstream.Options) hashring.Distribution {
+	return o.WithDefaults().Distribution
+}
+
+func membersOf(servers []upstream.Server) []hashring.Member {
+	out := make([]hashring.Member, len(servers))
+	for i, s := range servers {
+		out[i] = hashring.Member{Host: s.Host, Port: s.Port, Weight: max(s.Weight, 1)}
+	}
+	return out
+}

@@ -1,0 +1,443 @@
+// Package route puts several named pools of memcached nodes behind one
+// Store: a key goes to the pool whose prefix it starts with (the longest
+// one), or to the default pool. A pool is an *upstream.Cluster with its
+// own ring, weights and health, and a replication policy: with Replicas
+// = N each key is stored on N distinct nodes of its ring, writes go to
+// all of them and are answered under a write policy (all, majority,
+// first), and reads ask the first replica and fall back to the next, or
+// hedge: ask a second one when the first is slow. docs/pools.md describes
+// each policy and what it trades.
+//
+// A pool of one copy is its cluster: Do, GetMulti, DoAsync and SetQuiet
+// go straight to it, and with one such pool the Router adds one atomic
+// load per operation and nothing else. Replication and hedging multiply
+// upstream work, so both are bounded: writes finished after their answer
+// (the first and majority policies) share a budget in bytes and
+// operations (a write that finds it full waits for every replica), and a
+// pool's hedges are capped at a share of its reads and never wait for a
+// busy node.
+//
+// Goroutines: Run (each pool's health checks and the hedge delays) is the
+// caller's. Besides it, a replicated write runs one goroutine per replica
+// until that replica answers, past the write's answer for the first and
+// majority policies; a hedged read runs one goroutine per replica it asks.
+package route
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/op"
+)
+
+// WritePolicy says when a write to a replicated pool is answered.
+type WritePolicy string
+
+const (
+	// WriteAll answers once every replica has answered (mcrouter's
+	// AllSyncRoute): the client knows every copy took the write or hears
+	// that one did not.
+	WriteAll WritePolicy = "all"
+	// WriteMajority answers once more than half of the pool's Replicas
+	// have answered (AllMajorityRoute); the rest finish in the background.
+	WriteMajority WritePolicy = "majority"
+	// WriteFirst answers with the first replica's answer (AllFastestRoute
+	// for writes); the rest finish in the background.
+	WriteFirst WritePolicy = "first"
+)
+
+// ReadPolicy says which replicas a read of a replicated pool asks.
+type ReadPolicy string
+
+const (
+	// ReadFirst asks the first replica, then the next after an error (or
+	// a miss, with MissFallback), one at a time.
+	ReadFirst ReadPolicy = "first"
+	// ReadHedged asks the first replica and, if it has not answered
+	// within the pool's hedge delay, the second as well, and takes the
+	// first answer: at most one extra request per read.
+	ReadHedged ReadPolicy = "hedged"
+)
+
+// DefaultPool is the default pool's name when there are several.
+const DefaultPool = "main"
+
+// PoolOptions configures one pool. Zero values take the defaults named on
+// each field.
+type PoolOptions struct {
+	// Name names the pool in metrics, logs and the admin API; if empty,
+	// DefaultPool. Names are unique.
+	Name string
+	// Prefixes are the key prefixes routed to the pool (the key as the
+	// client names it, before the cluster's KeyPrefix); the longest
+	// prefix of any pool that a key starts with wins. The default pool
+	// (the first) takes every key no prefix matches and needs none.
+	Prefixes []string
+	// Cluster configures the pool's nodes. Its Name is set to the pool's
+	// when there are several pools; with Replicas > 1 its
+	// Health.ReadmitFlush is forced on (see docs/pools.md).
+	Cluster upstream.Options
+	// Replicas is the number of distinct nodes holding each key; if
+	// zero, 1 (no replication).
+	Replicas int
+	// Write is the write policy; if empty, WriteAll.
+	Write WritePolicy
+	// Read is the read policy; if empty, ReadFirst.
+	Read ReadPolicy
+	// MissFallback makes a miss on one replica read the next, as an
+	// error does; default false (the binary's MEMCGATE_MISS_FALLBACK is
+	// true). A node that comes back starts empty, so without it its keys
+	// are misses until written again.
+	MissFallback bool
+}
+
+// Options configures a Router. Zero values take the defaults named on
+// each field.
+type Options struct {
+	// Pools are the pools; the first is the default pool. At least one.
+	Pools []PoolOptions
+	// HedgeMinDelay and HedgeMaxDelay bound a pool's hedge delay, which
+	// follows its nodes' read latency (docs/pools.md); if zero, 1ms and
+	// 50ms.
+	HedgeMinDelay, HedgeMaxDelay time.Duration
+	// HedgeMaxPercent caps a pool's hedged requests at this share of its
+	// reads (a token bucket); if zero, 10.
+	HedgeMaxPercent int
+	// BackgroundBytes caps the value bytes of replica writes running
+	// after their write was answered, over all pools; if zero, 16 MiB.
+	BackgroundBytes int64
+	// BackgroundOps caps those writes in number; if zero, 1024.
+	BackgroundOps int
+}
+
+func (o *Options) withDefaults() {
+	if o.HedgeMinDelay <= 0 {
+		o.HedgeMinDelay = time.Millisecond
+	}
+	if o.HedgeMaxDelay <= 0 {
+		o.HedgeMaxDelay = 50 * time.Millisecond
+	}
+	o.HedgeMaxDelay = max(o.HedgeMaxDelay, o.HedgeMinDelay)
+	if o.HedgeMaxPercent <= 0 {
+		o.HedgeMaxPercent = 10
+	}
+	if o.BackgroundBytes <= 0 {
+		o.BackgroundBytes = 16 << 20
+	}
+	if o.BackgroundOps <= 0 {
+		o.BackgroundOps = 1024
+	}
+	for i := range o.Pools {
+		p := &o.Pools[i]
+		if p.Name == "" {
+			p.Name = DefaultPool
+		}
+		if p.Replicas <= 0 {
+			p.Replicas = 1
+		}
+		if p.Write == "" {
+			p.Write = WriteAll
+		}
+		if p.Read == "" {
+			p.Read = ReadFirst
+		}
+		if p.Replicas > 1 {
+			p.Cluster.Health.ReadmitFlush = true
+		}
+	}
+}
+
+// validate checks what New and Reconfigure need beyond the clusters' own
+// checks.
+func (o *Options) validate() error {
+	if len(o.Pools) == 0 {
+		return errors.New("route: no pools")
+	}
+	var errs []error
+	names := map[string]bool{}
+	prefixes := map[string]string{}
+	for i, p := range o.Pools {
+		if names[p.Name] {
+			errs = append(errs, fmt.Errorf("route: pool %q is named twice", p.Name))
+		}
+		names[p.Name] = true
+		if i > 0 && len(p.Prefixes) == 0 {
+			errs = append(errs, fmt.Errorf("route: pool %q has no prefix: no key would reach it", p.Name))
+		}
+		for _, pre := range p.Prefixes {
+			if pre == "" {
+				errs = append(errs, fmt.Errorf("route: pool %q has an empty prefix", p.Name))
+			}
+			if other, ok := prefixes[pre]; ok {
+				errs = append(errs, fmt.Errorf("route: prefix %q goes to both pool %q and pool %q", pre, other, p.Name))
+			}
+			prefixes[pre] = p.Name
+		}
+		switch p.Write {
+		case WriteAll, WriteMajority, WriteFirst:
+		default:
+			errs = append(errs, fmt.Errorf("route: pool %q: unknown write policy %q", p.Name, p.Write))
+		}
+		switch p.Read {
+		case ReadFirst, ReadHedged:
+		default:
+			errs = append(errs, fmt.Errorf("route: pool %q: unknown read policy %q", p.Name, p.Read))
+		}
+		if n := len(p.Cluster.Servers); p.Replicas > n {
+			errs = append(errs, fmt.Errorf("route: pool %q: %d replicas need at least %d nodes, it has %d", p.Name, p.Replicas, p.Replicas, n))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Router routes operations to pools by key prefix and applies each pool's
+// replication policy. It implements the gateway's Store, AsyncStore and
+// QuietSetter, and the memc endpoints' cluster commands. It is safe for
+// concurrent use.
+type Router struct {
+	t     atomic.Pointer[table]
+	pools []*pool // in configured order; the set is fixed at New
+	opts  Options
+	bg    *bound
+	m     *metrics
+	log   *slog.Logger
+
+	mu sync.Mutex // serializes Reconfigure
+}
+
+// table is one routing configuration: which pool each key goes to and
+// each pool's policy. It never changes: Reconfigure swaps in another.
+type table struct {
+	def    *view
+	routes []prefixRoute // longest prefix first
+	views  []*view       // by pool, in configured order
+	// direct: one pool, one copy; every operation is its cluster's.
+	direct bool
+}
+
+type prefixRoute struct {
+	prefix string
+	v      *view
+}
+
+// view is a pool under one policy.
+type view struct {
+	*pool
+	prefixes []string
+	replicas int
+	write    WritePolicy
+	read     ReadPolicy
+	miss     bool // MissFallback
+	pm       policyMetrics
+}
+
+// pool is what stays of a pool across reconfigurations: its cluster, its
+// read latencies and hedge budget, its metrics.
+type pool struct {
+	name    string
+	c       *upstream.Cluster
+	timeout time.Duration // the cluster's socket timeout, for writes that outlive their request
+	bg      *bound        // the router's background budget
+	lat     latencies
+	hedge   hedgeBudget
+	delay   atomic.Int64 // hedge delay now, in nanoseconds
+}
+
+// New builds the pools' clusters and the router. It opens no connection
+// and starts no goroutine. With more than one pool, every cluster's
+// metrics carry a pool label; with one they are as a lone cluster's.
+func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, error) {
+	opts.withDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	r := &Router{opts: opts, log: log, m: newMetrics(reg)}
+	r.bg = newBound(opts.BackgroundBytes, int64(opts.BackgroundOps), r.m)
+	for _, po := range opts.Pools {
+		co := po.Cluster
+		creg := reg
+		if len(opts.Pools) > 1 {
+			co.Name = po.Name
+			creg = prometheus.WrapRegistererWith(prometheus.Labels{"pool": po.Name}, reg)
+		}
+		c, err := upstream.New(co, log, creg)
+		if err != nil {
+			return nil, fmt.Errorf("pool %q: %w", po.Name, err)
+		}
+		p := &pool{name: po.Name, c: c, timeout: co.WithDefaults().Timeout, bg: r.bg}
+		p.hedge.init(opts.HedgeMaxPercent)
+		p.delay.Store(int64(opts.HedgeMaxDelay))
+		r.m.hedgeDelay.WithLabelValues(p.name).Set(opts.HedgeMaxDelay.Seconds())
+		r.pools = append(r.pools, p)
+	}
+	r.t.Store(r.newTable(opts.Pools))
+	return r, nil
+}
+
+// newTable builds the routing table of pools, which name the router's
+// pools.
+func (r *Router) newTable(pools []PoolOptions) *table {
+	t := &table{}
+	for _, po := range pools {
+		i := slices.IndexFunc(r.pools, func(p *pool) bool { return p.name == po.Name })
+		v := &view{pool: r.pools[i], prefixes: slices.Clone(po.Prefixes), replicas: po.Replicas,
+			write: po.Write, read: po.Read, miss: po.MissFallback}
+		v.pm = r.m.forPolicy(v)
+		t.views = append(t.views, v)
+		for _, pre := range po.Prefixes {
+			t.routes = append(t.routes, prefixRoute{prefix: pre, v: v})
+		}
+	}
+	t.def = t.views[0]
+	slices.SortStableFunc(t.routes, func(a, b prefixRoute) int { return len(b.prefix) - len(a.prefix) })
+	t.direct = len(t.views) == 1 && t.def.replicas == 1
+	return t
+}
+
+// pick returns the view of key's pool and the prefix that chose it ("" for
+// the default pool).
+func (t *table) pick(key string) (*view, string) {
+	for _, rt := range t.routes {
+		if strings.HasPrefix(key, rt.prefix) {
+			return rt.v, rt.prefix
+		}
+	}
+	return t.def, ""
+}
+
+// routeKey is the key o is routed by: the one the ring places.
+func routeKey(o *op.Op) string {
+	if o.HashKey != "" {
+		return o.HashKey
+	}
+	return o.Item.Key
+}
+
+// Do runs one operation in its key's pool under the pool's policy. The
+// result's error is one of package upstream's; a replicated write that
+// did not reach as many replicas as its policy needs wraps the failure
+// that stopped it.
+func (r *Router) Do(ctx context.Context, o op.Op) op.Result {
+	t := r.t.Load()
+	if t.direct {
+		return t.def.c.Do(ctx, o)
+	}
+	v, _ := t.pick(routeKey(&o))
+	if v.replicas == 1 {
+		return v.c.Do(ctx, o)
+	}
+	return v.do(ctx, o)
+}
+
+// DoAsync starts o without waiting if its pool keeps one copy (see
+// upstream.Cluster.DoAsync); for a replicated pool it declines, and the
+// caller's Do replicates.
+func (r *Router) DoAsync(ctx context.Context, o op.Op, done func(op.Result)) bool {
+	t := r.t.Load()
+	if t.direct {
+		return t.def.c.DoAsync(ctx, o, done)
+	}
+	v, _ := t.pick(routeKey(&o))
+	if v.replicas != 1 {
+		return false
+	}
+	return v.c.DoAsync(ctx, o, done)
+}
+
+// SetQuiet sets without waiting for memcached where the key's pool keeps
+// one copy (see upstream.Cluster.SetQuiet). A replicated pool's quiet set
+// is an ordinary replicated Set: a datagram nobody answers cannot be
+// counted toward a write policy.
+func (r *Router) SetQuiet(ctx context.Context, it op.Item) error {
+	t := r.t.Load()
+	if t.direct {
+		return t.def.c.SetQuiet(ctx, it)
+	}
+	v, _ := t.pick(it.Key)
+	if v.replicas == 1 {
+		return v.c.SetQuiet(ctx, it)
+	}
+	return v.do(ctx, op.Op{Verb: op.Set, Item: it}).Err
+}
+
+// Up reports whether an operation on key could be served now: in a pool
+// of one copy, its node or one it fails over to is up; in a replicated
+// pool, enough replicas are up for the write policy.
+func (r *Router) Up(key string) bool {
+	t := r.t.Load()
+	if t.direct {
+		return t.def.c.Up(key)
+	}
+	v, _ := t.pick(key)
+	if v.replicas == 1 {
+		return v.c.Up(key)
+	}
+	set := v.c.Replicas(&op.Op{Item: op.Item{Key: key}}, v.replicas)
+	_, err := v.need(len(set.Replicas))
+	return err == nil
+}
+
+// Run runs every pool's health checks, and updates the pools' hedge
+// delays every second, until ctx is done; it returns nil then.
+func (r *Router) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for _, p := range r.pools {
+		wg.Go(func() { _ = p.c.Run(ctx) })
+	}
+	wg.Go(func() {
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				r.updateDelays()
+			}
+		}
+	})
+	wg.Wait()
+	return nil
+}
+
+// Ready reports whether the gateway can serve: the default pool is ready
+// (upstream.Cluster.Ready) and every other pool has finished its first
+// probe round. A pool other than the default one that is down fails its
+// own keys (503) but does not take the gateway out of its load balancer,
+// where every gateway would be out alike.
+func (r *Router) Ready() bool {
+	for i, p := range r.pools {
+		if i == 0 && !p.c.Ready() || !p.c.Probed() {
+			return false
+		}
+	}
+	return true
+}
+
+// Close closes every pool's idle connections.
+func (r *Router) Close() error {
+	var errs []error
+	for _, p := range r.pools {
+		errs = append(errs, p.c.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Pools returns the pools' names, in configured order.
+func (r *Router) Pools() []string {
+	out := make([]string, len(r.pools))
+	for i, p := range r.pools {
+		out[i] = p.name
+	}
+	return out
+}

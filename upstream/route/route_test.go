@@ -1,0 +1,506 @@
+package route
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/memcgate/memcgate/test/faultproxy"
+	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/op"
+)
+
+// clusterOptions are a pool's cluster over mcs with fast health checks.
+func clusterOptions(mcs []*memcachedtest.Server) upstream.Options {
+	var servers []upstream.Server
+	for _, m := range mcs {
+		servers = append(servers, upstream.Server{Host: "127.0.0.1", Port: m.Port, Weight: 1})
+	}
+	return upstream.Options{Servers: servers, Timeout: 200 * time.Millisecond, PipelineConns: 2, BatchGets: true,
+		FailoverTTL: 60 * time.Second,
+		Health: upstream.HealthOptions{Interval: 50 * time.Millisecond, Timeout: 100 * time.Millisecond, Fall: 2, Rise: 2,
+			PassiveFails: 2, MaxEjectedPercent: 100, FlapBackoff: 50 * time.Millisecond, FlapBackoffMax: 100 * time.Millisecond}}
+}
+
+// newRouter builds a router and runs it until the test ends.
+func newRouter(t *testing.T, o Options) (*Router, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	r, err := New(o, slog.New(slog.NewTextHandler(io.Discard, nil)), reg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; r.Close() })
+	waitUntil(t, 5*time.Second, "router ready", r.Ready)
+	return r, reg
+}
+
+func waitUntil(t *testing.T, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, limit)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// direct reads key straight from one memcached, as stored (no prefix).
+func direct(t *testing.T, addr, key string) (string, bool) {
+	t.Helper()
+	c := memcache.New(addr)
+	defer c.Close()
+	it, err := c.Get(key)
+	if errors.Is(err, memcache.ErrCacheMiss) {
+		return "", false
+	}
+	if err != nil {
+		t.Fatalf("direct get %s from %s: %v", key, addr, err)
+	}
+	return string(it.Value), true
+}
+
+// copies returns the addresses of mcs that hold key with value.
+func copies(t *testing.T, mcs []*memcachedtest.Server, key, value string) []string {
+	t.Helper()
+	var out []string
+	for _, m := range mcs {
+		if v, ok := direct(t, m.Addr, key); ok && v == value {
+			out = append(out, m.Addr)
+		}
+	}
+	return out
+}
+
+func set(ctx context.Context, r *Router, key, value string) error {
+	return r.Do(ctx, op.Op{Verb: op.Set, Item: op.Item{Key: key, Value: []byte(value)}}).Err
+}
+
+func get(ctx context.Context, r *Router, key string) (string, error) {
+	res := r.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: key}})
+	return string(res.Item.Value), res.Err
+}
+
+// TestPrefixRoutes: keys go to the pool of their longest prefix, the rest
+// to the default pool; a replicated pool holds each key on as many nodes.
+func TestPrefixRoutes(t *testing.T) {
+	main := memcachedtest.StartN(t, 1)
+	sess := memcachedtest.StartN(t, 3)
+	tmp := memcachedtest.StartN(t, 1)
+	r, _ := newRouter(t, Options{Pools: []PoolOptions{
+		{Cluster: clusterOptions(main)},
+		{Name: "sessions", Prefixes: []string{"session:"}, Cluster: clusterOptions(sess), Replicas: 2},
+		{Name: "tmp", Prefixes: []string{"session:tmp:"}, Cluster: clusterOptions(tmp)},
+	}})
+	ctx := t.Context()
+	for _, tc := range []struct {
+		key    string
+		pool   []*memcachedtest.Server
+		copies int
+		route  string
+	}{
+		{"user:1", main, 1, ""},
+		{"session:abc", sess, 2, "session:"},
+		{"session:tmp:x", tmp, 1, "session:tmp:"},
+		{"sessio", main, 1, ""},
+	} {
+		if err := set(ctx, r, tc.key, "v-"+tc.key); err != nil {
+			t.Fatalf("set %s: %v", tc.key, err)
+		}
+		if got := copies(t, tc.pool, tc.key, "v-"+tc.key); len(got) != tc.copies {
+			t.Errorf("%s: %d copies in its pool (%v), want %d", tc.key, len(got), got, tc.copies)
+		}
+		if v, err := get(ctx, r, tc.key); err != nil || v != "v-"+tc.key {
+			t.Errorf("get %s = %q, %v", tc.key, v, err)
+		}
+		p := r.Placement(tc.key)
+		if p.Route != tc.route || len(p.ReplicaNodes) != tc.copies {
+			t.Errorf("Placement(%s) = route %q, replicas %v; want route %q, %d replicas", tc.key, p.Route, p.ReplicaNodes, tc.route, tc.copies)
+		}
+	}
+	if n := len(r.Nodes()); n != 5 {
+		t.Errorf("Nodes: %d, want 5", n)
+	}
+}
+
+// TestWritePolicies: with one of three replicas paused, all fails, the
+// majority and first policies answer, and the paused replica's write is
+// counted failed (majority: in the background, after the answer).
+func TestWritePolicies(t *testing.T) {
+	for _, tc := range []struct {
+		policy WritePolicy
+		ok     bool
+	}{{WriteAll, false}, {WriteMajority, true}, {WriteFirst, true}} {
+		t.Run(string(tc.policy), func(t *testing.T) {
+			mcs := memcachedtest.StartN(t, 3)
+			co := clusterOptions(mcs)
+			co.Health.PassiveFails = 0 // the paused node stays up: its writes time out
+			co.Health.Interval = time.Hour
+			r, reg := newRouter(t, Options{Pools: []PoolOptions{{Cluster: co, Replicas: 3, Write: tc.policy}}})
+			ctx := t.Context()
+			if err := set(ctx, r, "k", "v1"); err != nil {
+				t.Fatal(err)
+			}
+			mcs[2].Pause()
+			defer mcs[2].Resume()
+			start := time.Now()
+			err := set(ctx, r, "k", "v2")
+			took := time.Since(start)
+			if (err == nil) != tc.ok {
+				t.Fatalf("set with a paused replica = %v (after %v), want ok=%v", err, took, tc.ok)
+			}
+			if !tc.ok {
+				var ne *upstream.NodeError
+				if !errors.As(err, &ne) || !ne.Timeout() {
+					t.Errorf("error %v is not the replica's timeout", err)
+				}
+			} else if took > 150*time.Millisecond {
+				t.Errorf("set took %v: it waited for the paused replica", took)
+			}
+			waitUntil(t, time.Second, "v2 on both live replicas", func() bool { return len(copies(t, mcs[:2], "k", "v2")) == 2 })
+			waitUntil(t, 2*time.Second, "the paused replica's write counted", func() bool {
+				return testutil.ToFloat64(r.m.writes.WithLabelValues("main", string(tc.policy), "failed"))+
+					testutil.ToFloat64(r.m.writes.WithLabelValues("main", string(tc.policy), "background_failed")) == 1
+			})
+			waitUntil(t, 2*time.Second, "the background budget given back", func() bool {
+				return r.bg.ops.Load() == 0 && r.bg.bytes.Load() == 0
+			})
+			_ = reg
+		})
+	}
+}
+
+// TestReadFallback: a replica that lost a key (flushed, restarted) is
+// read past with MissFallback; without it its miss is the answer.
+func TestReadFallback(t *testing.T) {
+	for _, miss := range []bool{true, false} {
+		t.Run(fmt.Sprint("miss_fallback=", miss), func(t *testing.T) {
+			mcs := memcachedtest.StartN(t, 3)
+			r, _ := newRouter(t, Options{Pools: []PoolOptions{{Cluster: clusterOptions(mcs), Replicas: 2, MissFallback: miss}}})
+			ctx := t.Context()
+			if err := set(ctx, r, "k", "v"); err != nil {
+				t.Fatal(err)
+			}
+			first := r.Placement("k").ReplicaNodes[0]
+			mc := memcache.New(first)
+			if err := mc.Delete("k"); err != nil {
+				t.Fatal(err)
+			}
+			mc.Close()
+			v, err := get(ctx, r, "k")
+			switch {
+			case miss && (err != nil || v != "v"):
+				t.Errorf("get = %q, %v; want v from the second replica", v, err)
+			case !miss && !errors.Is(err, upstream.ErrNotFound):
+				t.Errorf("get = %q, %v; want the first replica's miss", v, err)
+			}
+			// Multi-get falls back per key too.
+			found, failed := r.GetMulti(ctx, []string{"k", "absent"}, 0)
+			if _, ok := found["k"]; ok != miss || len(failed) != 0 {
+				t.Errorf("GetMulti = %v, %v; want k found: %v", found, failed, miss)
+			}
+		})
+	}
+}
+
+// TestNoStaleAfterReturn: a replica that was away (paused, so it keeps
+// its data) while its key was rewritten and deleted serves neither the
+// old value nor the deleted one once it is back: it is flushed before it
+// is re-admitted, and reads fall back past its misses.
+func TestNoStaleAfterReturn(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 3)
+	r, _ := newRouter(t, Options{Pools: []PoolOptions{{Cluster: clusterOptions(mcs), Replicas: 2, MissFallback: true}}})
+	ctx := t.Context()
+	keys := make([]string, 40)
+	for i := range keys {
+		keys[i] = fmt.Sprint("k", i)
+		if err := set(ctx, r, keys[i], "old"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	victim := mcs[0]
+	victim.Pause()
+	waitUntil(t, 5*time.Second, "paused node ejected", func() bool { return !nodeUp(r, victim.Addr) })
+	for i, k := range keys {
+		var err error
+		if i%2 == 0 {
+			err = set(ctx, r, k, "new")
+		} else {
+			err = r.Do(ctx, op.Op{Verb: op.Delete, Item: op.Item{Key: k}}).Err
+		}
+		if err != nil {
+			t.Fatalf("write during the outage: %v", err)
+		}
+	}
+	victim.Resume()
+	waitUntil(t, 5*time.Second, "node re-admitted", func() bool { return nodeUp(r, victim.Addr) })
+	for i, k := range keys {
+		v, err := get(ctx, r, k)
+		if i%2 == 0 && (err != nil || v != "new") {
+			t.Errorf("%s = %q, %v after the replica's return; want new", k, v, err)
+		}
+		if i%2 == 1 && !errors.Is(err, upstream.ErrNotFound) {
+			t.Errorf("%s = %q, %v after the replica's return; want the delete to hold", k, v, err)
+		}
+	}
+}
+
+func nodeUp(r *Router, addr string) bool {
+	for _, n := range r.Nodes() {
+		if n.Node == addr {
+			return n.Up
+		}
+	}
+	return false
+}
+
+// TestCASAndIncr: cas is checked on the first replica and copied to the
+// others; a CAS value from another replica conflicts. incr and decr keep
+// the replicas equal and answer the first replica's value.
+func TestCASAndIncr(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 3)
+	r, _ := newRouter(t, Options{Pools: []PoolOptions{{Cluster: clusterOptions(mcs), Replicas: 3}}})
+	ctx := t.Context()
+	if err := set(ctx, r, "c", "1"); err != nil {
+		t.Fatal(err)
+	}
+	res := r.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: "c"}})
+	if res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	cas := op.Op{Verb: op.CAS, Item: op.Item{Key: "c", Value: []byte("2"), CAS: res.Item.CAS}}
+	if err := r.Do(ctx, cas).Err; err != nil {
+		t.Fatalf("cas with the first replica's value: %v", err)
+	}
+	if got := copies(t, mcs, "c", "2"); len(got) != 3 {
+		t.Errorf("after cas, 2 on %v, want every replica", got)
+	}
+	if err := r.Do(ctx, cas).Err; !errors.Is(err, upstream.ErrCASConflict) {
+		t.Errorf("cas with a used value = %v, want a conflict", err)
+	}
+	// A CAS value read from the second replica does not fit the first.
+	// (Replicas that took the same writes since they started count CAS
+	// values alike: another write there first.)
+	second := memcache.New(r.Placement("c").ReplicaNodes[1])
+	for i := range 3 {
+		if err := second.Set(&memcache.Item{Key: fmt.Sprint("other", i), Value: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := second.Set(&memcache.Item{Key: "c", Value: []byte("2")}); err != nil {
+		t.Fatal(err)
+	}
+	it, err := second.Get("c")
+	second.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cas.Item.CAS, cas.Item.Value = it.CasID, []byte("3")
+	if err := r.Do(ctx, cas).Err; !errors.Is(err, upstream.ErrCASConflict) && !errors.Is(err, upstream.ErrNotFound) {
+		t.Errorf("cas with another replica's value = %v, want a conflict", err)
+	}
+
+	if err := set(ctx, r, "n", "10"); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		if res := r.Do(ctx, op.Op{Verb: op.Incr, Item: op.Item{Key: "n"}, Delta: 3}); res.Err != nil {
+			t.Fatal(res.Err)
+		}
+	}
+	res = r.Do(ctx, op.Op{Verb: op.Decr, Item: op.Item{Key: "n"}, Delta: 1})
+	if res.Err != nil || res.N != 24 {
+		t.Errorf("decr = %d, %v; want 24", res.N, res.Err)
+	}
+	if got := copies(t, mcs, "n", "24"); len(got) != 3 {
+		t.Errorf("24 on %v, want every replica", got)
+	}
+}
+
+// TestSpareTakesTheWrite: a replica that refuses connections (killed) is
+// replaced by the next live node for a write, which keeps its copies and
+// answers under the all policy.
+func TestSpareTakesTheWrite(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 3)
+	co := clusterOptions(mcs)
+	co.Health.Interval = time.Hour // only the write sees the death
+	r, reg := newRouter(t, Options{Pools: []PoolOptions{{Cluster: co, Replicas: 2, Write: WriteAll}}})
+	ctx := t.Context()
+	p := r.Placement("k")
+	var victim *memcachedtest.Server
+	for _, m := range mcs {
+		if m.Addr == p.ReplicaNodes[0] {
+			victim = m
+		}
+	}
+	victim.Kill()
+	if err := set(ctx, r, "k", "v"); err != nil {
+		t.Fatalf("set with a dead replica = %v, want the spare to take it", err)
+	}
+	var live []*memcachedtest.Server
+	for _, m := range mcs {
+		if m != victim {
+			live = append(live, m)
+		}
+	}
+	if got := copies(t, live, "k", "v"); len(got) != 2 {
+		t.Errorf("v on %v, want both live nodes", got)
+	}
+	if n := testutil.ToFloat64(r.m.substituted.WithLabelValues("main")); n != 1 {
+		t.Errorf("substitutions = %v, want 1", n)
+	}
+	_ = reg
+}
+
+// TestBackgroundBudget: a write whose other replicas would outlive its
+// answer waits for them when the budget is full, and is counted.
+func TestBackgroundBudget(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 2)
+	co := clusterOptions(mcs)
+	co.Health.PassiveFails = 0
+	r, _ := newRouter(t, Options{BackgroundOps: 1, BackgroundBytes: 1 << 20,
+		Pools: []PoolOptions{{Cluster: co, Replicas: 2, Write: WriteFirst}}})
+	ctx := t.Context()
+	slow := mcs[1]
+	slow.Pause()
+	defer slow.Resume()
+	// The first write's slow replica holds the budget's one operation
+	// until it times out; the second write then waits for its own.
+	if err := set(ctx, r, "a", "v"); err != nil {
+		t.Fatal(err)
+	}
+	if r.bg.ops.Load() != 1 {
+		t.Fatalf("background ops = %d, want 1", r.bg.ops.Load())
+	}
+	start := time.Now()
+	err := set(ctx, r, "b", strings.Repeat("x", 100))
+	if took := time.Since(start); took < 150*time.Millisecond {
+		t.Errorf("second write took %v (err %v): it did not wait for its replicas", took, err)
+	}
+	if n := testutil.ToFloat64(r.m.bgRefused.WithLabelValues("main")); n != 1 {
+		t.Errorf("background refusals = %v, want 1", n)
+	}
+	waitUntil(t, 2*time.Second, "budget given back", func() bool { return r.bg.ops.Load() == 0 })
+}
+
+// TestReconfigure: policies and prefixes change live; pools cannot be
+// added or removed.
+func TestReconfigure(t *testing.T) {
+	a := memcachedtest.StartN(t, 1)
+	b := memcachedtest.StartN(t, 3)
+	o := Options{Pools: []PoolOptions{{Cluster: clusterOptions(a)}, {Name: "b", Prefixes: []string{"b:"}, Cluster: clusterOptions(b)}}}
+	r, _ := newRouter(t, o)
+	o2 := o
+	o2.Pools = []PoolOptions{o.Pools[0], o.Pools[1]}
+	o2.Pools[1].Prefixes = []string{"x:"}
+	o2.Pools[1].Replicas = 2
+	ch, err := r.Reconfigure(o2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ch) != 1 || ch[0].Pool != "b" || strings.Join(ch[0].Policy, ",") != "prefixes,replicas" {
+		t.Errorf("changes = %+v", ch)
+	}
+	if p := r.Placement("x:1"); p.Pool != "b" || p.Replicas != 2 {
+		t.Errorf("x:1 goes to %s with %d replicas, want b with 2", p.Pool, p.Replicas)
+	}
+	if p := r.Placement("b:1"); p.Pool != DefaultPool {
+		t.Errorf("b:1 goes to %s, want the default pool", p.Pool)
+	}
+	o3 := o
+	o3.Pools = o.Pools[:1]
+	if _, err := r.Reconfigure(o3); err == nil || !strings.Contains(err.Error(), "restart") {
+		t.Errorf("removing a pool: %v, want an error naming the restart", err)
+	}
+}
+
+// TestOnePoolIsItsCluster: with one pool of one copy the router adds no
+// allocation to an operation.
+func TestOnePoolIsItsCluster(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 1)
+	r, _ := newRouter(t, Options{Pools: []PoolOptions{{Cluster: clusterOptions(mcs)}}})
+	ctx := context.Background()
+	if err := set(ctx, r, "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	o := op.Op{Verb: op.Get, Item: op.Item{Key: "k"}}
+	c := r.pools[0].c
+	viaCluster := testing.AllocsPerRun(200, func() { c.Do(ctx, o) })
+	viaRouter := testing.AllocsPerRun(200, func() { r.Do(ctx, o) })
+	if viaRouter > viaCluster {
+		t.Errorf("Do allocates %v through the router, %v through the cluster", viaRouter, viaCluster)
+	}
+}
+
+// TestHedgedRead: with one replica slowed by the fault proxy, a hedged
+// read of a key whose first replica is the slow one is answered by the
+// second after the hedge delay; under ReadFirst it waits for the slow one.
+func TestHedgedRead(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 3)
+	slow := faultproxy.NewTCP(mcs[0].Addr)
+	if err := slow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { slow.Close() })
+	co := clusterOptions(mcs)
+	_, port, _ := net.SplitHostPort(slow.Addr())
+	co.Servers[0].Port, _ = strconv.Atoi(port)
+	co.Timeout = time.Second
+	slowAddr := "127.0.0.1:" + port
+	for _, read := range []ReadPolicy{ReadHedged, ReadFirst} {
+		t.Run(string(read), func(t *testing.T) {
+			slow.SetLatency(0)
+			r, _ := newRouter(t, Options{HedgeMinDelay: time.Millisecond, HedgeMaxDelay: 3 * time.Millisecond, HedgeMaxPercent: 100,
+				Pools: []PoolOptions{{Cluster: co, Replicas: 2, Read: read}}})
+			ctx := t.Context()
+			var keys []string
+			for i := 0; len(keys) < 20; i++ {
+				k := fmt.Sprint("h", i)
+				if r.Placement(k).ReplicaNodes[0] == slowAddr {
+					keys = append(keys, k)
+					if err := set(ctx, r, k, "v"); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			slow.SetLatency(20 * time.Millisecond) // 40ms a round trip
+			var worst time.Duration
+			for _, k := range keys {
+				start := time.Now()
+				if v, err := get(ctx, r, k); err != nil || v != "v" {
+					t.Fatalf("get %s = %q, %v", k, v, err)
+				}
+				worst = max(worst, time.Since(start))
+			}
+			sent := testutil.ToFloat64(r.m.hedges.WithLabelValues("main", "sent"))
+			won := testutil.ToFloat64(r.m.hedges.WithLabelValues("main", "won"))
+			t.Logf("%s: slowest of %d reads %v; hedges sent %v, won %v", read, len(keys), worst, sent, won)
+			switch read {
+			case ReadHedged:
+				if worst > 25*time.Millisecond || won < float64(len(keys))*0.9 {
+					t.Errorf("hedged reads: slowest %v, %v hedges won; want under 25ms, most won", worst, won)
+				}
+			case ReadFirst:
+				if worst < 40*time.Millisecond || sent != 0 {
+					t.Errorf("unhedged reads: slowest %v, %v hedges; want the slow replica's 40ms, none", worst, sent)
+				}
+			}
+		})
+	}
+}
