@@ -78,6 +78,20 @@ type Config struct {
 	FlapBackoff       time.Duration `env:"FLAP_BACKOFF" envDefault:"5s" help:"after a flap, probe passes count only after this hold-down, doubled per further flap"`
 	FlapBackoffMax    time.Duration `env:"FLAP_BACKOFF_MAX" envDefault:"2m" help:"cap of the flap hold-down (plus up to 50% jitter)"`
 
+	Replicas        int           `env:"REPLICAS" envDefault:"1" help:"copies of each key, on distinct nodes of the default pool (SERVERS); 1 = no replication (docs/pools.md)"`
+	WritePolicy     string        `env:"WRITE_POLICY" envDefault:"all" help:"with REPLICAS > 1, when a write is answered: all (every replica answered), majority (more than half of REPLICAS) or first (the first answer; the others finish in the background)"`
+	ReadPolicy      string        `env:"READ_POLICY" envDefault:"first" help:"with REPLICAS > 1: first (the first live replica, the next after an error or, with MISS_FALLBACK, a miss) or hedged (also ask the second replica when the first has not answered within the hedge delay)"`
+	MissFallback    bool          `env:"MISS_FALLBACK" envDefault:"true" help:"with REPLICAS > 1: a miss on one replica reads the next (a node back from an outage starts empty)"`
+	HedgeMinDelay   time.Duration `env:"HEDGE_MIN_DELAY" envDefault:"1ms" help:"least delay before a hedged read asks a second replica (the delay follows the median of the nodes' read p95)"`
+	HedgeMaxDelay   time.Duration `env:"HEDGE_MAX_DELAY" envDefault:"50ms" help:"most delay before a hedged read asks a second replica, and the delay while too few reads were measured"`
+	HedgeMaxPercent int           `env:"HEDGE_MAX_PERCENT" envDefault:"50" help:"a pool's hedged requests at most, in percent of its reads (a read never sends more than one)"`
+	// ReplicaBackgroundBytes and ReplicaBackgroundOps bound the replica
+	// writes that run after their write was answered.
+	ReplicaBackgroundBytes int64  `env:"REPLICA_BACKGROUND_BYTES" envDefault:"16777216" help:"value bytes of replica writes running after their write was answered (WRITE_POLICY first or majority), over all pools; a write that finds it full waits for every replica"`
+	ReplicaBackgroundOps   int    `env:"REPLICA_BACKGROUND_OPS" envDefault:"1024" help:"writes whose replicas run after their answer, at most; beyond it a write waits for every replica"`
+	Pools                  Pools  `env:"POOLS" help:"pools besides the default one, one per line or ';': NAME servers=HOST:PORT[:W],… prefixes=P1,… [replicas= write= read= miss_fallback= distribution= failover=] (docs/pools.md); keys starting with a pool's prefix go there, the others to SERVERS"`
+	PoolsFile              string `env:"POOLS_FILE" help:"file with the pools instead of POOLS, in the same form (# comments); re-read when it changes"`
+
 	AuthTokens     string `env:"AUTH_TOKENS" secret:"tokens" help:"bearer tokens, scopes:token separated by commas, scopes read, write, admin joined by + (e.g. read:abc…,read+write:def…); empty = no authentication"`
 	AuthTokensFile string `env:"AUTH_TOKENS_FILE" help:"file with more scopes:token entries, one per line (# comments); keeps secrets out of the environment"`
 	ReadOnly       bool   `env:"READ_ONLY" envDefault:"false" help:"refuse every write with 403"`
@@ -305,6 +319,7 @@ func parse(environ map[string]string) (Config, error) {
 		Prefix:      Prefix,
 		FuncMap: map[reflect.Type]env.ParserFunc{
 			serverType: func(v string) (any, error) { return ParseServer(v) },
+			poolsType:  func(v string) (any, error) { return ParsePools(v) },
 		},
 	})
 	return c, err
@@ -404,6 +419,7 @@ func (c Config) Validate() error {
 			bad(p.name, "must be a percentage from %d to 100, got %d", p.min, p.v)
 		}
 	}
+	errs = append(errs, c.validateReplication()...)
 	if c.FailoverTTL < 0 || c.FailoverTTL%time.Second != 0 {
 		bad("FAILOVER_TTL", "must be whole seconds, not negative, got %s", c.FailoverTTL)
 	}

@@ -56,6 +56,8 @@ func formatValue(f reflect.Value) string {
 			s[i] = srv.String()
 		}
 		return strings.Join(s, ",")
+	case Pools:
+		return x.String()
 	case string:
 		return x
 	case bool:

@@ -67,7 +67,8 @@ func TestEffectiveRoundTrips(t *testing.T) {
 	for _, env := range []map[string]string{
 		{},
 		{"MEMCGATE_SERVERS": "a:1:3,[fe80::1%eth0]:2", "MEMCGATE_FLAP_BACKOFF_MAX": "1h", "MEMCGATE_DEFAULT_TTL": "3600s",
-			"MEMCGATE_PECL_COMPRESS_MIN_SAVINGS": "0.25", "MEMCGATE_MEMC_CMDS_ALLOWED": "get set", "MEMCGATE_MEMC_PATH": ""},
+			"MEMCGATE_PECL_COMPRESS_MIN_SAVINGS": "0.25", "MEMCGATE_MEMC_CMDS_ALLOWED": "get set", "MEMCGATE_MEMC_PATH": "",
+			"MEMCGATE_POOLS": "s servers=b:2,c:3:4 prefixes=s:,t: replicas=2 read=hedged\nu servers=d:1 prefixes=u: miss_fallback=false"},
 	} {
 		c, err := Load(env)
 		if err != nil {

@@ -1,0 +1,321 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Pools are the pools besides the default one (whose nodes are SERVERS
+// and whose policy is REPLICAS, WRITE_POLICY…), as POOLS or POOLS_FILE
+// write them: one pool per line or per ';', each its name and then
+// key=value settings separated by spaces, # comments:
+//
+//	sessions servers=10.0.0.4:11211,10.0.0.5:11211,10.0.0.6:11211 prefixes=session:,cart: replicas=2 write=majority read=hedged
+//
+// servers and prefixes are required; the other keys (distribution,
+// replicas, write, read, miss_fallback, failover) default to the default
+// pool's variables (DISTRIBUTION, REPLICAS, WRITE_POLICY, READ_POLICY,
+// MISS_FALLBACK, FAILOVER). docs/pools.md has the reference.
+type Pools []Pool
+
+// Pool is one pool of POOLS. An empty setting, or zero Replicas, is the
+// default pool's.
+type Pool struct {
+	Name         string
+	Servers      []Server
+	Prefixes     []string
+	Distribution string
+	Replicas     int
+	Write        string
+	Read         string
+	MissFallback string // "true", "false" or ""
+	Failover     string
+}
+
+// DefaultPoolName is the default pool's name, which no pool of POOLS may
+// take.
+const DefaultPoolName = "main"
+
+// Policy values, shared by the variables and the pool settings.
+var (
+	writePolicies = []string{"all", "majority", "first"}
+	readPolicies  = []string{"first", "hedged"}
+)
+
+var poolsType = reflect.TypeFor[Pools]()
+
+// ParsePools reads pools as POOLS and POOLS_FILE write them. It checks
+// each pool's syntax and values; checks that need the other variables
+// (prefixes across pools, replicas against SERVERS) are Validate's.
+func ParsePools(text string) (Pools, error) {
+	var out Pools
+	var errs []error
+	for _, line := range strings.Split(text, "\n") {
+		line, _, _ = strings.Cut(line, "#")
+		for entry := range strings.SplitSeq(line, ";") {
+			fields := strings.Fields(entry)
+			if len(fields) == 0 {
+				continue
+			}
+			p, err := parsePool(fields)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			out = append(out, p)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func parsePool(fields []string) (Pool, error) {
+	p := Pool{Name: fields[0]}
+	if strings.Contains(p.Name, "=") {
+		return p, fmt.Errorf("pool %q: a pool starts with its name, then key=value settings", p.Name)
+	}
+	if i := badPoolNameByte(p.Name); i >= 0 {
+		return p, fmt.Errorf("pool %q: a name has letters, digits, '-' and '_' only", p.Name)
+	}
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("pool %s: %s", p.Name, fmt.Sprintf(format, args...)))
+	}
+	seen := map[string]bool{}
+	for _, f := range fields[1:] {
+		key, val, ok := strings.Cut(f, "=")
+		if !ok || val == "" {
+			bad("%q is not key=value", f)
+			continue
+		}
+		if seen[key] {
+			bad("%s is given twice", key)
+		}
+		seen[key] = true
+		switch key {
+		case "servers":
+			servers, err := ParseServers(val)
+			if err != nil {
+				bad("servers: %v", err)
+			}
+			p.Servers = servers
+		case "prefixes":
+			for pre := range strings.SplitSeq(val, ",") {
+				if pre == "" {
+					bad("prefixes: an empty prefix would take every key")
+					continue
+				}
+				if i := badKeyByte(pre); i >= 0 {
+					bad("prefixes: %q has byte 0x%02x, which no memcached key holds", pre, pre[i])
+					continue
+				}
+				p.Prefixes = append(p.Prefixes, pre)
+			}
+		case "distribution":
+			if !slices.Contains(Distributions(), val) {
+				bad("distribution %q is not one of %s", val, strings.Join(Distributions(), ", "))
+			}
+			p.Distribution = val
+		case "replicas":
+			n, err := strconv.Atoi(val)
+			if err != nil || n < 1 {
+				bad("replicas %q is not a whole number from 1", val)
+			}
+			p.Replicas = n
+		case "write":
+			if !slices.Contains(writePolicies, val) {
+				bad("write %q is not %s", val, strings.Join(writePolicies, ", "))
+			}
+			p.Write = val
+		case "read":
+			if !slices.Contains(readPolicies, val) {
+				bad("read %q is not %s", val, strings.Join(readPolicies, " or "))
+			}
+			p.Read = val
+		case "miss_fallback":
+			if val != "true" && val != "false" {
+				bad("miss_fallback %q is not true or false", val)
+			}
+			p.MissFallback = val
+		case "failover":
+			if val != "rehash" && val != "fail" {
+				bad("failover %q is not rehash or fail", val)
+			}
+			p.Failover = val
+		default:
+			bad("unknown setting %q (servers, prefixes, distribution, replicas, write, read, miss_fallback, failover)", key)
+		}
+	}
+	if len(p.Servers) == 0 && !seen["servers"] {
+		bad("servers= is required")
+	}
+	if len(p.Prefixes) == 0 && !seen["prefixes"] {
+		bad("prefixes= is required: the keys the pool takes")
+	}
+	return p, errors.Join(errs...)
+}
+
+// String writes the pool as POOLS takes it.
+func (p Pool) String() string {
+	var b strings.Builder
+	b.WriteString(p.Name)
+	add := func(key, val string) {
+		if val != "" {
+			b.WriteString(" " + key + "=" + val)
+		}
+	}
+	servers := make([]string, len(p.Servers))
+	for i, s := range p.Servers {
+		servers[i] = s.String()
+	}
+	add("servers", strings.Join(servers, ","))
+	add("prefixes", strings.Join(p.Prefixes, ","))
+	add("distribution", p.Distribution)
+	if p.Replicas > 0 {
+		add("replicas", strconv.Itoa(p.Replicas))
+	}
+	add("write", p.Write)
+	add("read", p.Read)
+	add("miss_fallback", p.MissFallback)
+	add("failover", p.Failover)
+	return b.String()
+}
+
+// String writes the pools as POOLS takes them, separated by "; ".
+func (ps Pools) String() string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return strings.Join(s, "; ")
+}
+
+// validatePools checks what one pool alone cannot: names and prefixes
+// unique, replicas against the nodes. name is the variable the pools came
+// from (POOLS or POOLS_FILE).
+func (c Config) validatePools(name string, pools Pools) []error {
+	var msgs []string // one error for the variable, naming every problem (Load keeps one per variable)
+	bad := func(format string, args ...any) { msgs = append(msgs, fmt.Sprintf(format, args...)) }
+	names := map[string]bool{DefaultPoolName: true}
+	prefixes := map[string]string{}
+	for _, p := range pools {
+		if names[p.Name] {
+			if p.Name == DefaultPoolName {
+				bad("pool %s: %q is the default pool's name (SERVERS)", p.Name, DefaultPoolName)
+			} else {
+				bad("pool %s is defined twice", p.Name)
+			}
+		}
+		names[p.Name] = true
+		for _, pre := range p.Prefixes {
+			if other, ok := prefixes[pre]; ok {
+				bad("prefix %q goes to pools %s and %s", pre, other, p.Name)
+			}
+			prefixes[pre] = p.Name
+		}
+		own := map[string]bool{}
+		for _, s := range p.Servers {
+			if own[s.Addr()] {
+				bad("pool %s lists %s twice", p.Name, s.Addr())
+			}
+			own[s.Addr()] = true
+		}
+		replicas := p.Replicas
+		if replicas == 0 {
+			replicas = c.Replicas
+		}
+		if replicas > len(p.Servers) && len(p.Servers) > 0 {
+			bad("pool %s: %d replicas need at least %d servers, it has %d", p.Name, replicas, replicas, len(p.Servers))
+		}
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	return []error{fmt.Errorf("%s%s: %s", Prefix, name, strings.Join(msgs, "; "))}
+}
+
+// ReadPoolsFile reads POOLS_FILE.
+func ReadPoolsFile(path string) (Pools, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%sPOOLS_FILE: %w", Prefix, err)
+	}
+	p, err := ParsePools(string(b))
+	if err != nil {
+		return nil, fmt.Errorf("%sPOOLS_FILE %s: %w", Prefix, path, err)
+	}
+	return p, nil
+}
+
+// ValidatePoolsFile checks pools read from POOLS_FILE as Load checks
+// POOLS.
+func (c Config) ValidatePoolsFile(pools Pools) error {
+	return errors.Join(c.validatePools("POOLS_FILE", pools)...)
+}
+
+func badPoolNameByte(s string) int {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+			return i
+		}
+	}
+	return -1
+}
+
+// badKeyByte returns the index of the first byte of s no memcached text
+// protocol key holds (space, control), or -1.
+func badKeyByte(s string) int {
+	for i := 0; i < len(s); i++ {
+		if b := s[i]; b <= ' ' || b == 0x7f {
+			return i
+		}
+	}
+	return -1
+}
+
+// validateReplication checks the default pool's replication, the hedging
+// and background bounds, and POOLS.
+func (c Config) validateReplication() []error {
+	var errs []error
+	bad := func(name, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s%s: %s", Prefix, name, fmt.Sprintf(format, args...)))
+	}
+	if c.Replicas < 1 {
+		bad("REPLICAS", "must be at least 1, got %d", c.Replicas)
+	} else if c.ServersFile == "" && c.ServersDNS == "" && c.Replicas > len(c.Servers) && len(c.Servers) > 0 {
+		bad("REPLICAS", "%d copies need at least %d servers, SERVERS has %d", c.Replicas, c.Replicas, len(c.Servers))
+	}
+	if !slices.Contains(writePolicies, c.WritePolicy) {
+		bad("WRITE_POLICY", "%q is not %s", c.WritePolicy, strings.Join(writePolicies, ", "))
+	}
+	if !slices.Contains(readPolicies, c.ReadPolicy) {
+		bad("READ_POLICY", "%q is not %s", c.ReadPolicy, strings.Join(readPolicies, " or "))
+	}
+	if c.HedgeMinDelay <= 0 {
+		bad("HEDGE_MIN_DELAY", "must be positive, got %s", c.HedgeMinDelay)
+	}
+	if c.HedgeMaxDelay < c.HedgeMinDelay {
+		bad("HEDGE_MAX_DELAY", "%s is shorter than HEDGE_MIN_DELAY %s", c.HedgeMaxDelay, c.HedgeMinDelay)
+	}
+	if c.HedgeMaxPercent < 1 || c.HedgeMaxPercent > 100 {
+		bad("HEDGE_MAX_PERCENT", "must be a percentage from 1 to 100, got %d", c.HedgeMaxPercent)
+	}
+	if c.ReplicaBackgroundBytes < 1 {
+		bad("REPLICA_BACKGROUND_BYTES", "must be at least 1, got %d", c.ReplicaBackgroundBytes)
+	}
+	if c.ReplicaBackgroundOps < 1 {
+		bad("REPLICA_BACKGROUND_OPS", "must be at least 1, got %d", c.ReplicaBackgroundOps)
+	}
+	if len(c.Pools) > 0 && c.PoolsFile != "" {
+		bad("POOLS_FILE", "and %sPOOLS are set together: the pools come from one of them", Prefix)
+	}
+	return append(errs, c.validatePools("POOLS", c.Pools)...)
+}

@@ -1,0 +1,100 @@
+package config
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestParsePools(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		text    string
+		want    Pools
+		wantErr []string
+	}{
+		{
+			name: "two pools, lines and semicolons, comments",
+			text: "sessions servers=a:1,b:2,c:3:2 prefixes=session:,cart: replicas=2 write=majority read=hedged miss_fallback=false # sessions\n" +
+				"; tmp servers=d:4 prefixes=tmp: distribution=modula failover=fail\n\n",
+			want: Pools{
+				{Name: "sessions", Servers: []Server{{"a", 1, 1}, {"b", 2, 1}, {"c", 3, 2}}, Prefixes: []string{"session:", "cart:"},
+					Replicas: 2, Write: "majority", Read: "hedged", MissFallback: "false"},
+				{Name: "tmp", Servers: []Server{{"d", 4, 1}}, Prefixes: []string{"tmp:"}, Distribution: "modula", Failover: "fail"},
+			},
+		},
+		{name: "empty", text: " \n# nothing\n;", want: nil},
+		{
+			name:    "every mistake at once",
+			text:    "a servers=x prefixes= replicas=0 write=some read=fast colour=blue; b=c",
+			wantErr: []string{"pool a: servers:", `"prefixes=" is not key=value`, `replicas "0"`, `write "some"`, `read "fast"`, `unknown setting "colour"`, `pool "b=c"`},
+		},
+		{name: "required", text: "lonely", wantErr: []string{"servers= is required", "prefixes= is required"}},
+		{name: "prefix with a control byte", text: "a servers=x:1 prefixes=a\x01b", wantErr: []string{"byte 0x01"}},
+		{name: "twice", text: "a servers=x:1 servers=y:2 prefixes=p", wantErr: []string{"servers is given twice"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ParsePools(tc.text)
+			if len(tc.wantErr) > 0 {
+				if err == nil {
+					t.Fatalf("ParsePools = %v, want errors %q", got, tc.wantErr)
+				}
+				for _, w := range tc.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q does not mention %q", err, w)
+					}
+				}
+				return
+			}
+			if err != nil || !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("ParsePools = %+v, %v; want %+v", got, err, tc.want)
+			}
+			again, err := ParsePools(got.String())
+			if err != nil || !reflect.DeepEqual(again, got) {
+				t.Errorf("String() %q parses as %+v, %v", got.String(), again, err)
+			}
+		})
+	}
+}
+
+func TestLoadPools(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		env     map[string]string
+		wantErr []string
+	}{
+		{name: "replicated default pool and a pool", env: map[string]string{
+			"MEMCGATE_SERVERS": "a:1,b:1,c:1", "MEMCGATE_REPLICAS": "2", "MEMCGATE_WRITE_POLICY": "first", "MEMCGATE_READ_POLICY": "hedged",
+			"MEMCGATE_POOLS": "s servers=d:1,e:1 prefixes=s: replicas=2",
+		}},
+		{name: "pools across", env: map[string]string{
+			"MEMCGATE_POOLS": "main servers=d:1 prefixes=x:; s servers=d:1,d:1 prefixes=s: replicas=3; t servers=e:1 prefixes=s:; s servers=f:1 prefixes=y:",
+		}, wantErr: []string{"the default pool's name", "lists d:1 twice", "3 replicas need at least 3 servers", `prefix "s:" goes to pools s and t`, "pool s is defined twice"}},
+		{name: "bad replication", env: map[string]string{
+			"MEMCGATE_SERVERS": "a:1", "MEMCGATE_REPLICAS": "2", "MEMCGATE_WRITE_POLICY": "quorum", "MEMCGATE_READ_POLICY": "fastest",
+			"MEMCGATE_HEDGE_MIN_DELAY": "10ms", "MEMCGATE_HEDGE_MAX_DELAY": "5ms", "MEMCGATE_HEDGE_MAX_PERCENT": "0",
+			"MEMCGATE_REPLICA_BACKGROUND_OPS": "0", "MEMCGATE_POOLS": "x servers=b:1 prefixes=x", "MEMCGATE_POOLS_FILE": "/p",
+		}, wantErr: []string{"MEMCGATE_REPLICAS: 2 copies need at least 2 servers", "MEMCGATE_WRITE_POLICY", "MEMCGATE_READ_POLICY",
+			"MEMCGATE_HEDGE_MAX_DELAY", "MEMCGATE_HEDGE_MAX_PERCENT", "MEMCGATE_REPLICA_BACKGROUND_OPS", "MEMCGATE_POOLS_FILE: and MEMCGATE_POOLS"}},
+		{name: "a pool that does not parse names its variable", env: map[string]string{"MEMCGATE_POOLS": "x servers=b prefixes=x"},
+			wantErr: []string{"MEMCGATE_POOLS: pool x: servers:"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Load(tc.env)
+			if len(tc.wantErr) == 0 {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Load = nil, want %q", tc.wantErr)
+			}
+			for _, w := range tc.wantErr {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+}
