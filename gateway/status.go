@@ -18,13 +18,30 @@ import (
 
 // StatusInfo is the cluster's state as the status page shows it.
 type StatusInfo struct {
-	Nodes        []NodeInfo // in configured order
+	Nodes        []NodeInfo // in configured order, pool by pool
 	Distribution string     // how keys are placed, e.g. "ketama"
 	Failover     string     // what happens to a down node's keys, e.g. "rehash"
+	// Pools are the pools, in configured order, the default one first;
+	// the page shows them when there are several or one keeps replicas.
+	Pools []PoolInfo
+}
+
+// PoolInfo is one pool of memcached nodes on the status page.
+type PoolInfo struct {
+	Name         string   // the pool label of the metrics (none with one pool)
+	Prefixes     []string // the keys it takes; none for the default pool
+	Replicas     int      // copies of each key
+	Write, Read  string   // its write and read policies
+	MissFallback bool
+	HedgeDelay   time.Duration // of a hedged pool; 0 otherwise
+	Nodes, Up    int
 }
 
 // NodeInfo is one memcached node on the status page.
 type NodeInfo struct {
+	// Pool is the node's pool when there are several (the pool label of
+	// its metrics), else empty.
+	Pool   string
 	Name   string    // host:port as configured; the node label of the metrics
 	Up     bool      // takes traffic
 	Since  time.Time // last change of Up; zero if unknown
@@ -175,8 +192,15 @@ func (p *statusPage) view(refresh int) *statusView {
 	if p.a.Status != nil {
 		st := p.a.Status()
 		v.Distribution, v.Failover, v.HaveNodes = st.Distribution, st.Failover, true
+		v.MultiPool = len(st.Pools) > 1
+		for _, pi := range st.Pools {
+			if v.MultiPool || pi.Replicas > 1 {
+				v.Pools = append(v.Pools, poolRow{PoolInfo: pi, Rates: poolRatesOf(prev.pool(pi.Name), cur.pool(pi.Name), dt)})
+			}
+		}
 		for _, n := range st.Nodes {
-			row := nodeRow{NodeInfo: n, Rates: ratesOf(prev.node(n.Name), cur.node(n.Name), dt), MaxInFlight: cur.node(n.Name).maxInFlight}
+			cn := cur.node(n.Pool, n.Name)
+			row := nodeRow{NodeInfo: n, Rates: ratesOf(prev.node(n.Pool, n.Name), cn, dt), MaxInFlight: cn.maxInFlight}
 			if !n.Since.IsZero() {
 				row.For = cur.at.Sub(n.Since)
 			}
@@ -228,7 +252,9 @@ type statusView struct {
 	Distribution, Failover string
 	Nodes                  []nodeRow
 	Up                     int
-	ShareSum               float64
+	ShareSum               float64 // of every node: 1 per pool
+	MultiPool              bool    // the nodes table names each node's pool
+	Pools                  []poolRow
 
 	HTTP    httpRates
 	Gauges  httpSample
@@ -250,6 +276,11 @@ type nodeRow struct {
 	Rates       nodeRates
 	MaxInFlight float64 // 0: unknown
 	For         time.Duration
+}
+
+type poolRow struct {
+	PoolInfo
+	Rates poolRates
 }
 
 type classRow struct {

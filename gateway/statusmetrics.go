@@ -21,8 +21,20 @@ import (
 // reload, the node) started; the zero snapshot is the state at start.
 type snapshot struct {
 	at    time.Time
-	nodes map[string]*nodeSample // by node name; nil in the zero snapshot
+	nodes map[nodeID]*nodeSample // nil in the zero snapshot
+	pools map[string]*poolSample // by pool name; nil in the zero snapshot
 	http  httpSample
+}
+
+// nodeID names a node's series: its pool label (empty with one pool) and
+// its node label. A node in two pools has a series in each.
+type nodeID struct{ pool, node string }
+
+// poolSample is one pool's replication series, summed over policies.
+type poolSample struct {
+	hedges, hedgesWon float64 // memcgate_pool_hedges_total sent and won
+	fallbacks         float64 // memcgate_pool_read_fallbacks_total, every reason
+	replicaFailures   float64 // memcgate_pool_replica_writes_total failed and background_failed
 }
 
 // nodeSample is one memcached node's series, summed over operations.
@@ -49,26 +61,44 @@ type httpSample struct {
 	asyncRejected          float64 // memcgate_async_writes_rejected_total, every reason
 }
 
-// node returns the sample of the named node, a zero one if it has none.
-func (s *snapshot) node(name string) *nodeSample {
-	if n := s.nodes[name]; n != nil {
+// node returns the sample of the named node of a pool ("" with one
+// pool), a zero one if it has none.
+func (s *snapshot) node(pool, name string) *nodeSample {
+	if n := s.nodes[nodeID{pool, name}]; n != nil {
 		return n
 	}
 	return &nodeSample{}
 }
 
+// pool returns the sample of the named pool, a zero one if it has none.
+func (s *snapshot) pool(name string) *poolSample {
+	if p := s.pools[name]; p != nil {
+		return p
+	}
+	return &poolSample{}
+}
+
 // takeSnapshot reads the families the page shows out of mfs (a Gather's
 // answer); it ignores every other family.
 func takeSnapshot(mfs []*dto.MetricFamily, at time.Time) snapshot {
-	s := snapshot{at: at, nodes: map[string]*nodeSample{}}
+	s := snapshot{at: at, nodes: map[nodeID]*nodeSample{}, pools: map[string]*poolSample{}}
 	node := func(m *dto.Metric) *nodeSample {
-		name := label(m, "node")
-		n := s.nodes[name]
+		id := nodeID{label(m, "pool"), label(m, "node")}
+		n := s.nodes[id]
 		if n == nil {
 			n = &nodeSample{}
-			s.nodes[name] = n
+			s.nodes[id] = n
 		}
 		return n
+	}
+	pool := func(m *dto.Metric) *poolSample {
+		name := label(m, "pool")
+		p := s.pools[name]
+		if p == nil {
+			p = &poolSample{}
+			s.pools[name] = p
+		}
+		return p
 	}
 	h := &s.http
 	for _, mf := range mfs {
@@ -87,6 +117,19 @@ func takeSnapshot(mfs []*dto.MetricFamily, at time.Time) snapshot {
 				n.latency = n.latency.add(histogramOf(m.GetHistogram()))
 			case "memcgate_upstream_max_in_flight":
 				node(m).maxInFlight = m.GetGauge().GetValue()
+			case "memcgate_pool_hedges_total":
+				switch label(m, "result") {
+				case "sent":
+					pool(m).hedges += m.GetCounter().GetValue()
+				case "won":
+					pool(m).hedgesWon += m.GetCounter().GetValue()
+				}
+			case "memcgate_pool_read_fallbacks_total":
+				pool(m).fallbacks += m.GetCounter().GetValue()
+			case "memcgate_pool_replica_writes_total":
+				if r := label(m, "result"); r == "failed" || r == "background_failed" {
+					pool(m).replicaFailures += m.GetCounter().GetValue()
+				}
 			case "memcgate_http_requests_total":
 				h.byClass[codeClass(label(m, "code"))] += m.GetCounter().GetValue()
 			case "memcgate_http_request_duration_seconds":
@@ -268,6 +311,22 @@ type nodeRates struct {
 	FailoversPerSec float64 // its keys served by another node
 	P50, P99        float64 // seconds; NaN without operations, +Inf past the last bucket
 	Bound           float64 // the latency histogram's largest finite bound
+}
+
+// poolRates is one pool's replication work between two snapshots.
+type poolRates struct {
+	HedgesPerSec, HedgesWonPerSec float64
+	FallbacksPerSec               float64 // reads that moved on to the next replica
+	ReplicaFailuresPerSec         float64 // replica writes that failed
+}
+
+func poolRatesOf(prev, cur *poolSample, dt time.Duration) poolRates {
+	return poolRates{
+		HedgesPerSec:          perSecond(prev.hedges, cur.hedges, dt),
+		HedgesWonPerSec:       perSecond(prev.hedgesWon, cur.hedgesWon, dt),
+		FallbacksPerSec:       perSecond(prev.fallbacks, cur.fallbacks, dt),
+		ReplicaFailuresPerSec: perSecond(prev.replicaFailures, cur.replicaFailures, dt),
+	}
 }
 
 // httpRates is the gateway's own traffic between two snapshots.

@@ -152,7 +152,7 @@ func TestNodeRatesFromSnapshots(t *testing.T) {
 				tt.between(r)
 			}
 			cur := r.snapshot(t, t0.Add(tt.window))
-			got := ratesOf(prev.node(node), cur.node(node), tt.window)
+			got := ratesOf(prev.node("", node), cur.node("", node), tt.window)
 			if !near(got.OpsPerSec, tt.want.OpsPerSec) || !near(got.ErrorRatio, tt.want.ErrorRatio) ||
 				!near(got.FailoversPerSec, tt.want.FailoversPerSec) || !near(got.P50, tt.want.P50) ||
 				!near(got.P99, tt.want.P99) || !near(got.Bound, tt.want.Bound) {

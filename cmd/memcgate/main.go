@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -30,6 +31,7 @@ import (
 	"github.com/memcgate/memcgate/gateway/phpvalue"
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/hashring"
+	"github.com/memcgate/memcgate/upstream/route"
 )
 
 func main() {
@@ -139,6 +141,53 @@ func upstreamOptions(cfg config.Config) upstream.Options {
 	}
 }
 
+// routeOptions maps the configuration onto the pools: the default pool
+// (SERVERS and the upstream settings, REPLICAS and the policies), then
+// each pool of POOLS with the same upstream settings but its own nodes,
+// and whatever it leaves out taken from the default pool's variables. The
+// only place that knows both.
+func routeOptions(cfg config.Config, dialer func(ctx context.Context, network, address string) (net.Conn, error)) route.Options {
+	uo := upstreamOptions(cfg)
+	uo.Dialer = dialer
+	o := route.Options{
+		HedgeMinDelay:   cfg.HedgeMinDelay,
+		HedgeMaxDelay:   cfg.HedgeMaxDelay,
+		HedgeMaxPercent: cfg.HedgeMaxPercent,
+		BackgroundBytes: cfg.ReplicaBackgroundBytes,
+		BackgroundOps:   cfg.ReplicaBackgroundOps,
+		Pools: []route.PoolOptions{{
+			Name: route.DefaultPool, Cluster: uo, Replicas: cfg.Replicas,
+			Write: route.WritePolicy(cfg.WritePolicy), Read: route.ReadPolicy(cfg.ReadPolicy), MissFallback: cfg.MissFallback,
+		}},
+	}
+	or := func(v, def string) string {
+		if v == "" {
+			return def
+		}
+		return v
+	}
+	for _, p := range cfg.Pools {
+		co := uo
+		co.Servers = make([]upstream.Server, len(p.Servers))
+		for i, s := range p.Servers {
+			co.Servers[i] = upstream.Server{Host: s.Host, Port: s.Port, Weight: s.Weight}
+		}
+		co.Distribution = hashring.Distribution(or(p.Distribution, cfg.Distribution))
+		co.Failover = upstream.FailoverPolicy(or(p.Failover, cfg.Failover))
+		replicas := p.Replicas
+		if replicas == 0 {
+			replicas = cfg.Replicas
+		}
+		o.Pools = append(o.Pools, route.PoolOptions{
+			Name: p.Name, Prefixes: p.Prefixes, Cluster: co, Replicas: replicas,
+			Write:        route.WritePolicy(or(p.Write, cfg.WritePolicy)),
+			Read:         route.ReadPolicy(or(p.Read, cfg.ReadPolicy)),
+			MissFallback: or(p.MissFallback, strconv.FormatBool(cfg.MissFallback)) == "true",
+		})
+	}
+	return o
+}
+
 // gatewayOptions maps the configuration onto the gateway's options but
 // for what serve makes at run time (routes, tokens, budget, log writer,
 // the Store's capabilities); the only place that knows both.
@@ -197,27 +246,25 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, da
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerBuildInfo(reg, build)
-	uo := upstreamOptions(cfg)
-	uo.Dialer = sec.dialer
-	cluster, err := upstream.New(uo, log, reg)
+	router, err := route.New(routeOptions(cfg, sec.dialer), log, reg)
 	if err != nil {
 		dataLn.Close()
 		adminLn.Close()
 		return err
 	}
-	defer cluster.Close()
+	defer router.Close()
 
 	var draining atomic.Bool
 	gopts := gatewayOptions(cfg)
 	access := gateway.NewAccess(sec.tokens, cfg.ReadOnly)
-	gopts.AccessLogJSON, gopts.Routes, gopts.Access, gopts.Budget = accessJSON, memcRoutes(cfg, cluster, access), access, buffered
+	gopts.AccessLogJSON, gopts.Routes, gopts.Access, gopts.Budget = accessJSON, memcRoutes(cfg, router, access), access, buffered
 	if cfg.DetachedResponses && cfg.PipelineConns > 0 { // only pipelined connections answer without waiting
-		gopts.Async = cluster
+		gopts.Async = router
 	}
 	if cfg.UDPPorts != "" {
-		gopts.Quiet = cluster
+		gopts.Quiet = router
 	}
-	handler := gateway.NewHandler(cluster, log, reg, gopts)
+	handler := gateway.NewHandler(router, log, reg, gopts)
 	std := &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
@@ -229,13 +276,13 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, da
 	}
 	data := dataServer(cfg, sec, std, handler, buffered)
 	rl := newReloader(cfg, environ, log, level, reg)
-	rl.cluster, rl.handler, rl.access, rl.budget, rl.budgetDef = cluster, handler, access, buffered, derived
+	rl.router, rl.handler, rl.access, rl.budget, rl.budgetDef = router, handler, access, buffered, derived
 	admin := &http.Server{
 		Handler: gateway.NewAdminHandler(reg, gateway.Admin{
-			Ready:   func() bool { return !draining.Load() && cluster.Ready() },
-			Nodes:   func() any { return cluster.Nodes() },
-			Owners:  func(key string) any { return cluster.Placement(key) },
-			Status:  func() gateway.StatusInfo { return statusInfo(cluster, uo.WithDefaults()) },
+			Ready:   func() bool { return !draining.Load() && router.Ready() },
+			Nodes:   func() any { return router.Nodes() },
+			Owners:  func(key string) any { return router.Placement(key) },
+			Status:  func() gateway.StatusInfo { return statusInfo(router, rl.Current()) },
 			Reloads: rl.statusRows,
 			Config:  func() any { return newDebugConfig(build, rl.Current(), buffered) },
 			Started: started,
@@ -256,7 +303,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, da
 	defer stopAsync()
 	var wg sync.WaitGroup
 	errc := make(chan error, 4)
-	wg.Go(func() { errc <- cluster.Run(healthCtx) })
+	wg.Go(func() { errc <- router.Run(healthCtx) })
 	asyncDone := make(chan struct{})
 	wg.Go(func() { defer close(asyncDone); errc <- handler.Run(asyncCtx) })
 	wg.Go(func() { errc <- ignoreClosed(data.Serve(dataLn)) })
@@ -269,7 +316,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, da
 	wg.Go(func() { rl.Run(reloadCtx, hup) })
 	log.Info("memcgate started", "version", build.Version, "revision", build.Revision,
 		"listen", dataLn.Addr().String(), "admin", adminLn.Addr().String(),
-		"servers", len(cfg.Servers), "distribution", cfg.Distribution,
+		"servers", len(cfg.Servers), "distribution", cfg.Distribution, "pools", router.Pools(), "replicas", cfg.Replicas,
 		"max_buffered_bytes", mem.budget, "memory_limit", mem.limit, "memory_limit_from", mem.source)
 
 	var first error
@@ -312,17 +359,25 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, da
 	return first
 }
 
-// statusInfo maps the cluster's node states and ring shares onto the
-// admin status page; the only place that knows both.
-func statusInfo(c *upstream.Cluster, o upstream.Options) gateway.StatusInfo {
-	shares := c.Shares()
-	nodes := c.Nodes()
-	st := gateway.StatusInfo{Nodes: make([]gateway.NodeInfo, len(nodes)), Distribution: string(o.Distribution), Failover: string(o.Failover)}
-	for i, n := range nodes {
-		st.Nodes[i] = gateway.NodeInfo{
-			Name: n.Node, Up: n.Up, Since: n.Since, Reason: n.Reason, Share: shares[n.Node],
-			InFlight: n.InFlight, Connections: n.Connections, Flaps: n.Flaps, HoldUntil: n.HoldUntil,
+// statusInfo maps the pools' node states, ring shares and policies onto
+// the admin status page; the only place that knows both. The ring and
+// failover settings are cfg's (the configuration in force).
+func statusInfo(r *route.Router, cfg config.Config) gateway.StatusInfo {
+	st := gateway.StatusInfo{Distribution: cfg.Distribution, Failover: cfg.Failover}
+	pools := r.Status()
+	for _, p := range pools {
+		pi := gateway.PoolInfo{Name: p.Name, Prefixes: p.Prefixes, Replicas: p.Replicas, Write: string(p.Write),
+			Read: string(p.Read), MissFallback: p.MissFallback, HedgeDelay: p.HedgeDelay, Nodes: len(p.Nodes)}
+		for _, n := range p.Nodes {
+			if n.Up {
+				pi.Up++
+			}
+			st.Nodes = append(st.Nodes, gateway.NodeInfo{
+				Pool: n.Pool, Name: n.Node, Up: n.Up, Since: n.Since, Reason: n.Reason, Share: p.Shares[n.Node],
+				InFlight: n.InFlight, Connections: n.Connections, Flaps: n.Flaps, HoldUntil: n.HoldUntil,
+			})
 		}
+		st.Pools = append(st.Pools, pi)
 	}
 	return st
 }

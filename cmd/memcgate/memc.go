@@ -4,12 +4,12 @@ import (
 	"github.com/memcgate/memcgate/config"
 	"github.com/memcgate/memcgate/gateway"
 	"github.com/memcgate/memcgate/gateway/memc"
-	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/route"
 )
 
 // memcRoutes maps the MEMCGATE_MEMC_* settings onto the compatible
 // endpoints; none when both are off.
-func memcRoutes(cfg config.Config, c *upstream.Cluster, access *gateway.Access) []gateway.Route {
+func memcRoutes(cfg config.Config, c *route.Router, access *gateway.Access) []gateway.Route {
 	m := cfg.Memc
 	rt, ok := memc.New(memc.Options{
 		Path:                m.Path,

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net"
 	"os"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -20,7 +21,7 @@ import (
 	"github.com/memcgate/memcgate/gateway"
 	"github.com/memcgate/memcgate/gateway/budget"
 	"github.com/memcgate/memcgate/upstream"
-	"github.com/memcgate/memcgate/upstream/hashring"
+	"github.com/memcgate/memcgate/upstream/route"
 )
 
 // Live reload. The configuration is read again on SIGHUP, when one of the
@@ -35,6 +36,7 @@ import (
 // liveVars are the variables a reload applies.
 var liveVars = []string{
 	"SERVERS", "SERVERS_FILE", "SERVERS_DNS", "DNS_INTERVAL", "DNS_SERVER", "DISTRIBUTION",
+	"POOLS", "POOLS_FILE", "REPLICAS", "WRITE_POLICY", "READ_POLICY", "MISS_FALLBACK",
 	"AUTH_TOKENS", "AUTH_TOKENS_FILE", "READ_ONLY",
 	"LOG_LEVEL", "ACCESS_LOG", "MAX_REQUESTS", "MAX_BUFFERED_BYTES", "REQUEST_TIMEOUT",
 	"CONFIG_FILE", "WATCH_INTERVAL",
@@ -48,7 +50,9 @@ type Reload struct {
 	Error   string           `json:"error,omitempty"`
 	Changed []string         `json:"changed,omitempty"` // variables applied
 	Restart []string         `json:"needs_restart,omitempty"`
-	Servers *upstream.Change `json:"servers,omitempty"`
+	Servers *upstream.Change `json:"servers,omitempty"` // the default pool's nodes
+	// Pools lists what changed in each pool, the default one included.
+	Pools []route.Change `json:"pools,omitempty"`
 }
 
 // maxReloads is how many reloads the history keeps.
@@ -59,7 +63,7 @@ type reloader struct {
 	environ   map[string]string // the process's environment
 	log       *slog.Logger
 	level     *slog.LevelVar
-	cluster   *upstream.Cluster
+	router    *route.Router
 	handler   *gateway.Handler
 	access    *gateway.Access
 	budget    *budget.Budget
@@ -95,6 +99,16 @@ func loadConfig(ctx context.Context, environ map[string]string) (config.Config, 
 		return cfg, err
 	}
 	cfg.Servers = servers
+	if cfg.PoolsFile != "" {
+		pools, err := config.ReadPoolsFile(cfg.PoolsFile)
+		if err != nil {
+			return cfg, err
+		}
+		if err := cfg.ValidatePoolsFile(pools); err != nil {
+			return cfg, err
+		}
+		cfg.Pools = pools
+	}
 	if _, err := cfg.Tokens(); err != nil {
 		return cfg, err
 	}
@@ -235,7 +249,7 @@ func (r *reloader) Run(ctx context.Context, hup <-chan os.Signal) {
 // fileSums hashes the files cfg names that a reload reads.
 func (r *reloader) fileSums(cfg config.Config) map[string]sum {
 	out := map[string]sum{}
-	for _, f := range []string{r.environ[config.Prefix+"CONFIG_FILE"], cfg.ServersFile, cfg.AuthTokensFile} {
+	for _, f := range []string{r.environ[config.Prefix+"CONFIG_FILE"], cfg.ServersFile, cfg.PoolsFile, cfg.AuthTokensFile} {
 		if f == "" {
 			continue
 		}
@@ -344,12 +358,17 @@ func (r *reloader) apply(next config.Config, rl *Reload) error {
 	if err := level.UnmarshalText([]byte(next.LogLevel)); err != nil {
 		return fmt.Errorf("%sLOG_LEVEL: %w", config.Prefix, err)
 	}
-	if !slices.Equal(next.Servers, r.cur.Servers) || next.Distribution != r.cur.Distribution {
-		ch, err := r.cluster.SetServers(upstreamServers(next), hashring.Distribution(next.Distribution))
+	if routingChanged(r.cur, next) {
+		changes, err := r.router.Reconfigure(routeOptions(withPoolsOf(next, r.started), nil))
 		if err != nil {
 			return err
 		}
-		rl.Servers = &ch
+		rl.Pools = changes
+		for _, ch := range changes {
+			if ch.Pool == route.DefaultPool {
+				rl.Servers = ch.Servers
+			}
+		}
 	}
 	r.access.Set(sec.tokens, next.ReadOnly)
 	r.level.Set(level)
@@ -365,6 +384,24 @@ func (r *reloader) apply(next config.Config, rl *Reload) error {
 	config.Copy(&cur, next, liveNames()...)
 	r.cur = cur
 	return nil
+}
+
+// routingChanged reports whether a reload from cur to next changes the
+// pools: their nodes, placement, prefixes or policies.
+func routingChanged(cur, next config.Config) bool {
+	return !slices.Equal(next.Servers, cur.Servers) || next.Distribution != cur.Distribution ||
+		!reflect.DeepEqual(next.Pools, cur.Pools) || next.Replicas != cur.Replicas || next.WritePolicy != cur.WritePolicy ||
+		next.ReadPolicy != cur.ReadPolicy || next.MissFallback != cur.MissFallback
+}
+
+// withPoolsOf is cfg with the settings of started that a reload does not
+// change but the pools are built from (timeouts, health, failover, key
+// prefix): Reconfigure takes only each pool's nodes, ring and policy, and
+// the pools inherit FAILOVER from the default one.
+func withPoolsOf(cfg, started config.Config) config.Config {
+	cur := started
+	config.Copy(&cur, cfg, liveNames()...)
+	return cur
 }
 
 // liveNames are liveVars with the prefix.
@@ -384,16 +421,6 @@ func withTLSOf(cfg, started config.Config) config.Config {
 	cfg.UpstreamTLS, cfg.UpstreamTLSCAFile, cfg.UpstreamTLSName = started.UpstreamTLS, started.UpstreamTLSCAFile, started.UpstreamTLSName
 	cfg.UpstreamTLSCert, cfg.UpstreamTLSKey, cfg.UpstreamTLSNoCheck = started.UpstreamTLSCert, started.UpstreamTLSKey, started.UpstreamTLSNoCheck
 	return cfg
-}
-
-// upstreamServers are cfg's nodes for upstream, with their UDP ports.
-func upstreamServers(cfg config.Config) []upstream.Server {
-	udp, _ := cfg.UDPPortMap() // validated by config.Load
-	out := make([]upstream.Server, len(cfg.Servers))
-	for i, s := range cfg.Servers {
-		out[i] = upstream.Server{Host: s.Host, Port: s.Port, Weight: s.Weight, UDPPort: udp[s.Addr()]}
-	}
-	return out
 }
 
 // statusRows is the reload history as the status page shows it.
