@@ -246,8 +246,9 @@ type view struct {
 type pool struct {
 	name    string
 	c       *upstream.Cluster
-	timeout time.Duration // the cluster's socket timeout, for writes that outlive their request
-	bg      *bound        // the router's background budget
+	timeout time.Duration           // the cluster's socket timeout, for writes that outlive their request
+	fail    upstream.FailoverPolicy // the cluster's, which Reconfigure cannot change
+	bg      *bound                  // the router's background budget
 	lat     latencies
 	hedge   hedgeBudget
 	delay   atomic.Int64 // hedge delay now, in nanoseconds
@@ -274,7 +275,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 		if err != nil {
 			return nil, fmt.Errorf("pool %q: %w", po.Name, err)
 		}
-		p := &pool{name: po.Name, c: c, timeout: co.WithDefaults().Timeout, bg: r.bg}
+		p := &pool{name: po.Name, c: c, timeout: co.WithDefaults().Timeout, fail: co.WithDefaults().Failover, bg: r.bg}
 		p.hedge.init(opts.HedgeMaxPercent)
 		p.delay.Store(int64(opts.HedgeMaxDelay))
 		r.m.hedgeDelay.WithLabelValues(p.name).Set(opts.HedgeMaxDelay.Seconds())

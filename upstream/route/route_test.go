@@ -34,11 +34,13 @@ func clusterOptions(mcs []*memcachedtest.Server) upstream.Options {
 			PassiveFails: 2, MaxEjectedPercent: 100, FlapBackoff: 50 * time.Millisecond, FlapBackoffMax: 100 * time.Millisecond}}
 }
 
+func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
 // newRouter builds a router and runs it until the test ends.
 func newRouter(t *testing.T, o Options) (*Router, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	r, err := New(o, slog.New(slog.NewTextHandler(io.Discard, nil)), reg)
+	r, err := New(o, discard(), reg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -427,6 +429,15 @@ func TestReconfigure(t *testing.T) {
 	o3.Pools = o.Pools[:1]
 	if _, err := r.Reconfigure(o3); err == nil || !strings.Contains(err.Error(), "restart") {
 		t.Errorf("removing a pool: %v, want an error naming the restart", err)
+	}
+	o4 := o2
+	o4.Pools = []PoolOptions{o2.Pools[0], o2.Pools[1]}
+	o4.Pools[1].Cluster.Failover = upstream.FailFast
+	if _, err := r.Reconfigure(o4); err == nil || !strings.Contains(err.Error(), "failover policy") {
+		t.Errorf("changing a pool's failover: %v, want an error naming the failover policy", err)
+	}
+	if p := r.Placement("x:1"); p.Pool != "b" || p.Replicas != 2 {
+		t.Errorf("after the refused reloads x:1 goes to %s with %d replicas, want b with 2", p.Pool, p.Replicas)
 	}
 }
 
