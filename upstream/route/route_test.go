@@ -159,6 +159,9 @@ func TestWritePolicies(t *testing.T) {
 			if err := set(ctx, r, "k", "v1"); err != nil {
 				t.Fatal(err)
 			}
+			// Under first and majority, v1's last replicas may still be
+			// on their way: the pause must not catch them.
+			waitUntil(t, 2*time.Second, "v1's background writes done", func() bool { return r.bg.ops.Load() == 0 })
 			mcs[2].Pause()
 			defer mcs[2].Resume()
 			start := time.Now()
