@@ -111,7 +111,10 @@ type Options struct {
 	// 50ms.
 	HedgeMinDelay, HedgeMaxDelay time.Duration
 	// HedgeMaxPercent caps a pool's hedged requests at this share of its
-	// reads (a token bucket); if zero, 10.
+	// reads (a token bucket); if zero, 50. It is that high so that one
+	// slow node of three, the first replica of a third of the reads, can
+	// be hedged around; the delay, which follows the typical node, keeps
+	// hedges rare when no node stands out.
 	HedgeMaxPercent int
 	// BackgroundBytes caps the value bytes of replica writes running
 	// after their write was answered, over all pools; if zero, 16 MiB.
@@ -129,7 +132,7 @@ func (o *Options) withDefaults() {
 	}
 	o.HedgeMaxDelay = max(o.HedgeMaxDelay, o.HedgeMinDelay)
 	if o.HedgeMaxPercent <= 0 {
-		o.HedgeMaxPercent = 10
+		o.HedgeMaxPercent = 50
 	}
 	if o.BackgroundBytes <= 0 {
 		o.BackgroundBytes = 16 << 20
