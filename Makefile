@@ -11,7 +11,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS  := -s -w -X main.version=$(VERSION) -X main.revision=$(REVISION)
 IMAGE    ?= memcgate
 
-.PHONY: all build image run test vet fmt-check fuzz bench seed clean deps-run deps-test
+.PHONY: all build image run test vet fmt-check fuzz bench seed pools clean deps-run deps-test
 
 all: build
 
@@ -53,6 +53,12 @@ test: deps-test fmt-check vet
 # serial vs batch vs async vs UDP; prints the table.
 seed: deps-run
 	MEMCGATE_SEED_DELAY=$${MEMCGATE_SEED_DELAY:-100ms} $(GO) test -count=1 -run '^TestSeedLatency$$' -v ./test/e2e | grep -E '\||delay|PASS|FAIL|ok'
+
+# Issue #19's figures: a replicated pool losing a node under load, and
+# hedged reads against a slowed node, 20 s per phase (make test runs the
+# same tests at 2 s); prints the tables of docs/benchmarks.md.
+pools: deps-test
+	MEMCGATE_POOLS_PHASE=$${MEMCGATE_POOLS_PHASE:-20s} $(GO) test -count=1 -timeout 30m -run '^(TestReplicaDeathUnderLoad|TestHedgedReads)$$' -v ./test/pools | grep -E '\||one of|GETs|written|slowed|PASS|FAIL|ok'
 
 # memcgate against nginx + HttpMemcModule on one memcached, on loopback
 # (test/bench/bench.sh, results in docs/benchmarks.md); about 9 minutes,

@@ -1,0 +1,299 @@
+package pools
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// The load: a steady mixed stream over HTTP from a few paced workers, 90%
+// GETs of any key and 10% PUTs, each worker writing only its own keys
+// with an increasing version, so that a read can tell a stale value: a
+// GET that returns a version older than the last one acknowledged for
+// its key when the GET was sent is stale.
+
+// loadKeys is the key space; every key is written before the load starts.
+const loadKeys = 2000
+
+// valueSize pads values to the size of a small session.
+const valueSize = 200
+
+// sample is one request of the load.
+type sample struct {
+	at    time.Time // when it was sent
+	took  time.Duration
+	get   bool
+	hit   bool // a GET answered 200
+	err   bool // anything but 200/201 for a PUT, or 200/404 for a GET, or no answer
+	stale bool
+}
+
+// loader runs the load against one gateway.
+type loader struct {
+	base    string
+	client  *http.Client
+	workers int
+	period  time.Duration  // between one worker's requests
+	readPct int            // the share of GETs
+	acked   []atomic.Int64 // per key, the last version a PUT of it was answered 201 for
+	tried   []atomic.Int64 // per key, the last version a PUT of it sent
+	samples [][]sample     // per worker
+	errs    []string       // the first few error descriptions
+	errMu   sync.Mutex
+	stop    chan struct{}
+	wg      sync.WaitGroup
+}
+
+func newLoader(base string, workers int, period time.Duration, readPct int) *loader {
+	return &loader{
+		base: base, workers: workers, period: period, readPct: readPct,
+		client: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+			MaxIdleConnsPerHost: workers * 2, DisableCompression: true,
+		}},
+		acked:   make([]atomic.Int64, loadKeys),
+		tried:   make([]atomic.Int64, loadKeys),
+		samples: make([][]sample, workers),
+		stop:    make(chan struct{}),
+	}
+}
+
+func key(i int) string { return fmt.Sprintf("session:%05d", i) }
+
+func value(i int, version int64) []byte {
+	v := []byte(key(i) + ":" + strconv.FormatInt(version, 10) + ":")
+	return append(v, bytes.Repeat([]byte("x"), valueSize-len(v))...)
+}
+
+// version reads the version out of a value, -1 if it has none.
+func version(b []byte) int64 {
+	parts := strings.SplitN(string(b), ":", 4)
+	if len(parts) < 4 {
+		return -1
+	}
+	v, err := strconv.ParseInt(parts[2], 10, 64)
+	if err != nil {
+		return -1
+	}
+	return v
+}
+
+func (l *loader) put(ctx context.Context, i int, ver int64) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, l.base+"/"+key(i), bytes.NewReader(value(i, ver)))
+	if err != nil {
+		return 0, err
+	}
+	resp, err := l.client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+func (l *loader) get(ctx context.Context, i int) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, l.base+"/"+key(i), nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := l.client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
+}
+
+// preload writes every key once (version 1).
+func (l *loader) preload(t *testing.T) {
+	t.Helper()
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; i < loadKeys; i += 8 {
+				if code, err := l.put(t.Context(), i, 1); err != nil || code != http.StatusCreated {
+					failed.Add(1)
+					continue
+				}
+				l.acked[i].Store(1)
+			}
+		})
+	}
+	wg.Wait()
+	if n := failed.Load(); n > 0 {
+		t.Fatalf("preload: %d writes failed", n)
+	}
+}
+
+func (l *loader) noteErr(format string, args ...any) {
+	l.errMu.Lock()
+	defer l.errMu.Unlock()
+	if len(l.errs) < 10 {
+		l.errs = append(l.errs, time.Now().Format("15:04:05.000")+" "+fmt.Sprintf(format, args...))
+	}
+}
+
+// start runs the workers until stop.
+func (l *loader) start() {
+	for w := range l.workers {
+		l.wg.Go(func() { l.work(w) })
+	}
+}
+
+func (l *loader) work(w int) {
+	rng := rand.New(rand.NewPCG(uint64(w), 42))
+	ctx := context.Background()
+	tick := time.NewTicker(l.period)
+	defer tick.Stop()
+	own := loadKeys / l.workers
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-tick.C:
+		}
+		s := sample{at: time.Now()}
+		if rng.IntN(100) < l.readPct {
+			s.get = true
+			i := rng.IntN(loadKeys)
+			before := l.acked[i].Load()
+			code, body, err := l.get(ctx, i)
+			s.took = time.Since(s.at)
+			switch {
+			case err != nil:
+				s.err = true
+				l.noteErr("GET %s: %v", key(i), err)
+			case code == http.StatusOK:
+				s.hit = true
+				if v := version(body); v < before {
+					s.stale = true
+					l.noteErr("GET %s: version %d, %d was acknowledged before the read", key(i), v, before)
+				}
+			case code != http.StatusNotFound:
+				s.err = true
+				l.noteErr("GET %s: %d %s", key(i), code, strings.TrimSpace(string(body)))
+			}
+		} else {
+			i := w + l.workers*rng.IntN(own) // a key of this worker's
+			ver := l.acked[i].Load() + 1
+			l.tried[i].Store(ver)
+			code, err := l.put(ctx, i, ver)
+			s.took = time.Since(s.at)
+			switch {
+			case err != nil:
+				s.err = true
+				l.noteErr("PUT %s: %v", key(i), err)
+			case code != http.StatusCreated:
+				s.err = true
+				l.noteErr("PUT %s: %d", key(i), code)
+			default:
+				l.acked[i].Store(ver)
+			}
+		}
+		l.samples[w] = append(l.samples[w], s)
+	}
+}
+
+// versions returns the last acknowledged version of every key.
+func (l *loader) versions() []int64 {
+	out := make([]int64, loadKeys)
+	for i := range out {
+		out[i] = l.acked[i].Load()
+	}
+	return out
+}
+
+// finish stops the workers and waits for them.
+func (l *loader) finish() {
+	close(l.stop)
+	l.wg.Wait()
+}
+
+// stats are the load's figures over one phase.
+type stats struct {
+	Requests, Gets, Hits, Errors, Stale int
+	P50, P99, Max                       time.Duration // of GETs
+}
+
+func (s stats) HitRatio() float64 {
+	if s.Gets == 0 {
+		return 0
+	}
+	return float64(s.Hits) / float64(s.Gets)
+}
+
+// between returns the figures of the requests sent in [from, to).
+func (l *loader) between(from, to time.Time) stats {
+	var st stats
+	var lat []time.Duration
+	for _, ws := range l.samples {
+		for _, s := range ws {
+			if s.at.Before(from) || !s.at.Before(to) {
+				continue
+			}
+			st.Requests++
+			if s.err {
+				st.Errors++
+			}
+			if s.stale {
+				st.Stale++
+			}
+			if s.get {
+				st.Gets++
+				lat = append(lat, s.took)
+				if s.hit {
+					st.Hits++
+				}
+			}
+		}
+	}
+	if len(lat) > 0 {
+		slices.Sort(lat)
+		st.P50, st.P99, st.Max = lat[len(lat)*50/100], lat[len(lat)*99/100], lat[len(lat)-1]
+	}
+	return st
+}
+
+// verify reads every key back and counts the ones that do not hold the
+// last acknowledged version: stale ones hold an older version (the
+// after-the-outage check), unacked ones a newer version whose PUT was
+// answered with an error (a replicated write that failed on one replica
+// may have been applied on another: the error says it did not reach them
+// all, not that it reached none).
+func (l *loader) verify(t *testing.T) (stale, unacked, missing int) {
+	t.Helper()
+	for i := range loadKeys {
+		code, body, err := l.get(t.Context(), i)
+		want, tried := l.acked[i].Load(), l.tried[i].Load()
+		switch got := version(body); {
+		case err != nil || code != http.StatusOK && code != http.StatusNotFound:
+			t.Errorf("verify GET %s: %d %v", key(i), code, err)
+		case code == http.StatusNotFound:
+			missing++
+		case got == want:
+		case got > want && got <= tried:
+			unacked++
+			t.Logf("verify GET %s: version %d, whose PUT was answered with an error (%d acknowledged)", key(i), got, want)
+		case got > want:
+			t.Errorf("verify GET %s: version %d was never sent (%d acknowledged)", key(i), got, want)
+		default:
+			stale++
+			if stale <= 5 {
+				t.Logf("verify GET %s: version %d, want %d", key(i), got, want)
+			}
+		}
+	}
+	return stale, unacked, missing
+}

@@ -1,0 +1,598 @@
+// Package pools runs the built binary against real memcached processes
+// with pools, replicas and hedged reads, over HTTP: the routing and
+// policies end to end, and the figures of docs/benchmarks.md (node death
+// and return under load, hedged reads against a slowed node). Each
+// measured phase lasts MEMCGATE_POOLS_PHASE (2s by default, to keep make
+// test short; make pools runs them at 20s and prints the tables).
+package pools
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/memcgate/memcgate/test/faultproxy"
+	"github.com/memcgate/memcgate/test/gatewaytest"
+	"github.com/memcgate/memcgate/test/memcachedtest"
+)
+
+var binary string
+
+func TestMain(m *testing.M) { gatewaytest.Main(m, false, &binary) }
+
+// phase is how long each measured phase runs.
+func phase(t *testing.T) time.Duration {
+	if v := os.Getenv("MEMCGATE_POOLS_PHASE"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("MEMCGATE_POOLS_PHASE=%q: %v", v, err)
+		}
+		return d
+	}
+	return 2 * time.Second
+}
+
+func startGateway(t *testing.T, env map[string]string) *gatewaytest.Gateway {
+	t.Helper()
+	base := map[string]string{"MEMCGATE_DRAIN_DELAY": "0s", "MEMCGATE_LOG_FORMAT": "text", "MEMCGATE_ACCESS_LOG": "false"}
+	for k, v := range env {
+		base[k] = v
+	}
+	g := gatewaytest.New(t, binary, base)
+	g.Start(t)
+	return g
+}
+
+func getJSON(t *testing.T, url string, v any) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", url, resp.StatusCode, b)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		t.Fatalf("GET %s: %v: %s", url, err, b)
+	}
+}
+
+// owners is the part of /debug/owners the tests read.
+type owners struct {
+	Route        string   `json:"route"`
+	Pool         string   `json:"pool"`
+	Replicas     int      `json:"replicas"`
+	ReadPolicy   string   `json:"read_policy"`
+	ReplicaNodes []string `json:"replica_nodes"`
+}
+
+func ownersOf(t *testing.T, g *gatewaytest.Gateway, key string) owners {
+	t.Helper()
+	var o owners
+	getJSON(t, "http://"+g.AdminAddr+"/debug/owners?key="+key, &o)
+	return o
+}
+
+// nodeUp reports whether /debug/nodes says addr is up.
+func nodeUp(t *testing.T, g *gatewaytest.Gateway, addr string) bool {
+	t.Helper()
+	var nodes []struct {
+		Node string `json:"node"`
+		Up   bool   `json:"up"`
+	}
+	getJSON(t, "http://"+g.AdminAddr+"/debug/nodes", &nodes)
+	for _, n := range nodes {
+		if n.Node == addr {
+			return n.Up
+		}
+	}
+	t.Fatalf("/debug/nodes has no %s", addr)
+	return false
+}
+
+func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > limit {
+			t.Fatalf("%s: not within %v", what, limit)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+func do(t *testing.T, method, url, body string, header ...string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// metric returns the value of the first sample of family whose labels
+// include every pair of labels (name, value, …), or -1.
+func metric(t *testing.T, g *gatewaytest.Gateway, family string, labels ...string) float64 {
+	t.Helper()
+	text, err := g.Metrics(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+next:
+	for _, line := range strings.Split(text, "\n") {
+		name, rest, _ := strings.Cut(line, "{")
+		if name != family {
+			if n, v, ok := strings.Cut(line, " "); ok && n == family && len(labels) == 0 {
+				f, _ := strconv.ParseFloat(v, 64)
+				return f
+			}
+			continue
+		}
+		lbls, val, _ := strings.Cut(rest, "} ")
+		for i := 0; i+1 < len(labels); i += 2 {
+			if !strings.Contains(","+lbls+",", ","+labels[i]+"=\""+labels[i+1]+"\",") {
+				continue next
+			}
+		}
+		f, _ := strconv.ParseFloat(val, 64)
+		return f
+	}
+	return -1
+}
+
+// TestPoolsOverHTTP: keys reach the pool of their prefix over every path
+// of the API (one key, multi-get across pools, batch, async writes), the
+// admin endpoints show routes, pools and replicas, and the pools reload.
+func TestPoolsOverHTTP(t *testing.T) {
+	main := memcachedtest.StartN(t, 1)
+	sess := memcachedtest.StartN(t, 3)
+	poolsFile := filepath.Join(t.TempDir(), "pools")
+	writePools := func(text string) {
+		if err := os.WriteFile(poolsFile, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writePools("sessions servers=" + memcachedtest.Addrs(sess) + " prefixes=session:,cart: replicas=2 read=hedged\n")
+	g := startGateway(t, map[string]string{
+		"MEMCGATE_SERVERS":         memcachedtest.Addrs(main),
+		"MEMCGATE_POOLS_FILE":      poolsFile,
+		"MEMCGATE_WATCH_INTERVAL":  "100ms",
+		"MEMCGATE_HEALTH_INTERVAL": "100ms",
+	})
+	base := "http://" + g.DataAddr
+	for _, k := range []string{"user:1", "session:a", "cart:b"} {
+		if code, body := do(t, "PUT", base+"/"+k, "v-"+k); code != http.StatusCreated {
+			t.Fatalf("PUT %s: %d %s", k, code, body)
+		}
+	}
+	if code, _ := do(t, "PUT", base+"/session:async", "later", "Prefer", "respond-async"); code != http.StatusAccepted {
+		t.Fatalf("async PUT: %d", code)
+	}
+	o := ownersOf(t, g, "session:a")
+	if o.Pool != "sessions" || o.Route != "session:" || o.Replicas != 2 || len(o.ReplicaNodes) != 2 || o.ReadPolicy != "hedged" {
+		t.Errorf("/debug/owners?key=session:a = %+v", o)
+	}
+	if o := ownersOf(t, g, "user:1"); o.Pool != "main" || o.Route != "" || len(o.ReplicaNodes) != 1 {
+		t.Errorf("/debug/owners?key=user:1 = %+v", o)
+	}
+	for _, k := range []string{"session:a", "cart:b", "session:async"} {
+		n := 0
+		waitFor(t, 2*time.Second, "two copies of "+k, func() bool {
+			n = 0
+			for _, m := range sess {
+				if c, _ := memcachedRaw(t, m.Addr, k); c {
+					n++
+				}
+			}
+			return n == 2
+		})
+	}
+	if c, _ := memcachedRaw(t, main[0].Addr, "session:a"); c {
+		t.Error("session:a is in the main pool")
+	}
+	// Multi-get across both pools, and a batch.
+	_, body := do(t, "GET", base+"/?key=user:1&key=session:a&key=cart:b&key=nope", "")
+	for _, want := range []string{`"value":"v-user:1"`, `"value":"v-session:a"`, `"value":"v-cart:b"`, `"key":"nope","status":404`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("multi-get across pools = %s, want %s in it", body, want)
+		}
+	}
+	_, body = do(t, "POST", base+"/", `{"ops":[{"op":"set","key":"session:n","value":"1"},{"op":"incr","key":"session:n","delta":2},{"op":"get","key":"user:1"}]}`)
+	if !strings.Contains(body, `"value":"3"`) || !strings.Contains(body, `"value":"v-user:1"`) {
+		t.Errorf("batch across pools = %s", body)
+	}
+	// Pools on the status page and in the metrics.
+	_, page := do(t, "GET", "http://"+g.AdminAddr+"/status", "")
+	if !strings.Contains(page, `id="pools"`) || !strings.Contains(page, `data-pool="sessions" data-replicas="2"`) {
+		t.Error("the status page has no pools table with the sessions pool")
+	}
+	if v := metric(t, g, "memcgate_upstream_node_up", "pool", "sessions", "node", sess[0].Addr); v != 1 {
+		t.Errorf("memcgate_upstream_node_up{pool=sessions} = %v, want 1", v)
+	}
+	if v := metric(t, g, "memcgate_pool_replica_writes_total", "pool", "sessions", "result", "answered"); v < 8 {
+		t.Errorf("replica writes answered in sessions = %v, want at least 8", v)
+	}
+	// A live change of policy and prefixes; adding a pool is refused.
+	writePools("sessions servers=" + memcachedtest.Addrs(sess) + " prefixes=session: replicas=3 read=first\n")
+	waitFor(t, 5*time.Second, "pools reloaded", func() bool {
+		o := ownersOf(t, g, "session:a")
+		return o.Replicas == 3 && o.ReadPolicy == "first"
+	})
+	if o := ownersOf(t, g, "cart:b"); o.Pool != "main" {
+		t.Errorf("cart:b after the reload goes to %s, want main", o.Pool)
+	}
+	writePools("sessions servers=" + memcachedtest.Addrs(sess) + " prefixes=session:\nmore servers=" + main[0].Addr + " prefixes=m:\n")
+	waitFor(t, 5*time.Second, "reload refused", func() bool {
+		return metric(t, g, "memcgate_config_last_reload_successful") == 0
+	})
+	waitFor(t, 2*time.Second, "the refused reload's log line naming the restart", func() bool {
+		return strings.Contains(g.Logs(), "needs a restart")
+	})
+}
+
+// memcachedRaw reads key straight from one memcached.
+func memcachedRaw(t *testing.T, addr, key string) (bool, string) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Second))
+	fmt.Fprintf(c, "get %s\r\n", key)
+	buf := make([]byte, 4096)
+	var got []byte
+	for !strings.HasSuffix(string(got), "END\r\n") {
+		n, err := c.Read(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, buf[:n]...)
+	}
+	lines := strings.Split(string(got), "\r\n")
+	if len(lines) < 3 || !strings.HasPrefix(lines[0], "VALUE ") {
+		return false, ""
+	}
+	return true, lines[1]
+}
+
+// replicatedEnv is a 3-node pool keeping 2 copies, the shipped health
+// settings, and write policy write.
+func replicatedEnv(mcs []*memcachedtest.Server, write string) map[string]string {
+	return map[string]string{
+		"MEMCGATE_SERVERS":      memcachedtest.Addrs(mcs),
+		"MEMCGATE_REPLICAS":     "2",
+		"MEMCGATE_WRITE_POLICY": write,
+	}
+}
+
+// TestReplicaDeathUnderLoad is the figure of issue #19: a 3-node pool
+// keeping 2 copies under a steady mixed load; one node is SIGKILLed, then
+// restarted. The hit ratio, errors and stale reads before, during (from
+// the kill to the re-admission) and after; then every key is read back
+// and must hold its last acknowledged version.
+func TestReplicaDeathUnderLoad(t *testing.T) {
+	for _, fault := range []string{"kill", "pause"} {
+		t.Run(fault, func(t *testing.T) { replicaFault(t, fault) })
+	}
+}
+
+func replicaFault(t *testing.T, fault string) {
+	d := phase(t)
+	mcs := memcachedtest.StartN(t, 3)
+	g := startGateway(t, replicatedEnv(mcs, "all"))
+	l := newLoader("http://"+g.DataAddr, 8, 4*time.Millisecond, 90) // 2,000 requests/s
+	l.preload(t)
+	l.start()
+	t0 := time.Now()
+	time.Sleep(d)
+	victim := mcs[1]
+	t1 := time.Now()
+	atKill := l.versions()
+	switch fault {
+	case "kill":
+		victim.Kill()
+	case "pause":
+		victim.Pause()
+	}
+	ejected := waitFor(t, 10*time.Second, "ejection", func() bool { return !nodeUp(t, g, victim.Addr) })
+	time.Sleep(d)
+	switch fault {
+	case "kill":
+		victim.Restart()
+	case "pause":
+		victim.Resume()
+	}
+	readmit := waitFor(t, 20*time.Second, "re-admission", func() bool { return nodeUp(t, g, victim.Addr) })
+	t2 := time.Now()
+	atReadmit := l.versions()
+	time.Sleep(d)
+	t3 := time.Now()
+	l.finish()
+	before, during, after := l.between(t0, t1), l.between(t1, t2), l.between(t2, t3)
+	stale, unacked, missing := l.verify(t)
+	// The keys written while the victim was away whose copies it holds
+	// again: each must read as its last version, and the victim itself
+	// must hold no older one (it was flushed before re-admission; a
+	// paused node kept everything it had).
+	outage, onVictim, victimStale := 0, 0, 0
+	for i, v := range atReadmit {
+		if v == atKill[i] {
+			continue
+		}
+		outage++
+		if !slices.Contains(ownersOf(t, g, key(i)).ReplicaNodes, victim.Addr) {
+			continue
+		}
+		onVictim++
+		if ok, raw := memcachedRaw(t, victim.Addr, key(i)); ok && version([]byte(raw)) < v {
+			victimStale++
+			if victimStale <= 5 {
+				t.Logf("%s on the returned node: version %d, %d was acknowledged before its re-admission", key(i), version([]byte(raw)), v)
+			}
+		}
+	}
+	t.Logf("%s one of 3 nodes (REPLICAS=2, WRITE_POLICY=all, READ_POLICY=first, MISS_FALLBACK=true; ejected after %v, re-admitted %v after its return):\n"+
+		"| phase | requests | GET hit ratio | errors | stale reads | GET p50 | GET p99 | GET max |\n|---|---|---|---|---|---|---|---|\n%s%s%s"+
+		"written during the outage: %d keys, %d of them with a copy on the returned node (%d stale there); "+
+		"read back after re-admission: %d of %d keys stale, %d missing, %d holding a write answered with an error; first errors: %q",
+		fault, ejected.Round(time.Millisecond), readmit.Round(time.Millisecond),
+		row("before", before), row("during", during), row("after", after),
+		outage, onVictim, victimStale, stale, loadKeys, missing, unacked, l.errs)
+	if onVictim == 0 {
+		t.Errorf("no key with a copy on the returned node was written during the outage: the stale check checked nothing")
+	}
+	if victimStale > 0 {
+		t.Errorf("the returned node holds %d copies older than what was acknowledged before its re-admission", victimStale)
+	}
+	for _, p := range []struct {
+		name string
+		s    stats
+	}{{"before", before}, {"during", during}, {"after", after}} {
+		if p.s.Stale > 0 {
+			t.Errorf("%s: %d stale reads", p.name, p.s.Stale)
+		}
+		if p.s.HitRatio() < before.HitRatio()-0.001 {
+			t.Errorf("%s: hit ratio %.4f, below the %.4f before", p.name, p.s.HitRatio(), before.HitRatio())
+		}
+	}
+	// A killed node refuses connections, so its writes move to a spare at
+	// once: no errors. A paused one accepts and stays silent: until it is
+	// ejected, a write under the all policy that waited for it times out
+	// and says so (docs/pools.md), so errors are counted, not asserted.
+	if fault == "kill" && before.Errors+during.Errors+after.Errors > 0 {
+		t.Errorf("%d errors", before.Errors+during.Errors+after.Errors)
+	}
+	if stale > 0 || missing > 0 {
+		t.Errorf("read back: %d stale, %d missing", stale, missing)
+	}
+}
+
+func row(name string, s stats) string {
+	return fmt.Sprintf("| %s | %d | %.2f %% | %d | %d | %s | %s | %s |\n", name, s.Requests, 100*s.HitRatio(), s.Errors, s.Stale,
+		s.P50.Round(10*time.Microsecond), s.P99.Round(10*time.Microsecond), s.Max.Round(10*time.Microsecond))
+}
+
+// TestHedgedReads is the hedging figure of issue #19: one node of a
+// 3-node pool keeping 2 copies is slowed by the fault proxy; a GET load's
+// p99 with READ_POLICY=first and with hedged, and the hedges it cost.
+func TestHedgedReads(t *testing.T) {
+	d := phase(t)
+	mcs := memcachedtest.StartN(t, 3)
+	slow := faultproxy.NewTCP(mcs[0].Addr)
+	if err := slow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { slow.Close() })
+	servers := slow.Addr() + "," + mcs[1].Addr + "," + mcs[2].Addr
+	const oneWay = 5 * time.Millisecond
+	var lines []string
+	p99 := map[string]time.Duration{}
+	for _, read := range []string{"first", "hedged"} {
+		slow.SetLatency(0)
+		g := startGateway(t, map[string]string{"MEMCGATE_SERVERS": servers, "MEMCGATE_REPLICAS": "2", "MEMCGATE_READ_POLICY": read})
+		l := newLoader("http://"+g.DataAddr, 8, 4*time.Millisecond, 100)
+		l.preload(t)
+		l.start()
+		t0 := time.Now()
+		time.Sleep(d)
+		slow.SetLatency(oneWay)
+		t1 := time.Now()
+		time.Sleep(d)
+		t2 := time.Now()
+		l.finish()
+		fast, slowed := l.between(t0, t1), l.between(t1, t2)
+		sent := metric(t, g, "memcgate_pool_hedges_total", "result", "sent")
+		won := metric(t, g, "memcgate_pool_hedges_total", "result", "won")
+		all := l.between(time.Time{}, time.Now())
+		if errs := fast.Errors + slowed.Errors; errs > 0 {
+			t.Errorf("READ_POLICY=%s: %d errors: %q", read, errs, l.errs)
+		}
+		switch {
+		case read == "first" && sent > 0:
+			t.Errorf("READ_POLICY=first sent %v hedges", sent)
+		case read == "hedged" && (sent <= 0 || won <= 0):
+			t.Errorf("READ_POLICY=hedged: %v hedges sent, %v won; want some of each against a slowed node", sent, won)
+		case sent > float64(all.Gets)*0.5+hedgeBurst:
+			t.Errorf("%v hedges for %v reads: past MEMCGATE_HEDGE_MAX_PERCENT (50)", sent, all.Gets)
+		}
+		delay := metric(t, g, "memcgate_pool_hedge_delay_seconds")
+		p99[read] = slowed.P99
+		lines = append(lines, fmt.Sprintf("| %s | %s / %s | %s / %s / %s | %d | %.0f (%.1f %% of reads), %.0f won | %s |",
+			read, fast.P50.Round(10*time.Microsecond), fast.P99.Round(10*time.Microsecond),
+			slowed.P50.Round(10*time.Microsecond), slowed.P99.Round(10*time.Microsecond), slowed.Max.Round(10*time.Microsecond),
+			fast.Errors+slowed.Errors, sent, 100*sent/float64(fast.Gets+slowed.Gets), won, time.Duration(delay*float64(time.Second)).Round(10*time.Microsecond)))
+		g.Signal(syscall.SIGTERM)
+		g.Wait(5 * time.Second)
+	}
+	t.Logf("GETs of a 3-node pool keeping 2 copies, one node slowed by %v each way (+%v a round trip):\n"+
+		"| READ_POLICY | no fault p50 / p99 | slowed p50 / p99 / max | errors | hedges sent | hedge delay at the end |\n|---|---|---|---|---|---|\n%s",
+		oneWay, 2*oneWay, strings.Join(lines, "\n"))
+	// Timings are reported, not asserted: on a small shared machine a
+	// stall of the test itself can set a p99.
+	t.Logf("slowed p99: %v with READ_POLICY=first, %v hedged (%.1fx)", p99["first"], p99["hedged"],
+		float64(p99["first"])/float64(max(p99["hedged"], 1)))
+}
+
+// hedgeBurst is how many hedges a pool may save up beyond its share
+// (upstream/route's hedgeBurst).
+const hedgeBurst = 10
+
+// TestRoutedKeysAreChecked: a key that a prefix sends to a replicated pool
+// is checked like any key, on every path of the API, and none of it
+// reaches memcached.
+func TestRoutedKeysAreChecked(t *testing.T) {
+	main := memcachedtest.StartN(t, 1)
+	sess := memcachedtest.StartN(t, 3)
+	g := startGateway(t, map[string]string{
+		"MEMCGATE_SERVERS": memcachedtest.Addrs(main),
+		"MEMCGATE_POOLS":   "sessions servers=" + memcachedtest.Addrs(sess) + " prefixes=session: replicas=2 read=hedged",
+	})
+	base := "http://" + g.DataAddr
+	long := "session:" + strings.Repeat("k", 243) // 251 bytes
+	tests := []struct {
+		name, method, path, body string
+		want                     int
+		inBody                   string
+	}{
+		{"PUT over 250 bytes", "PUT", "/" + long, "v", http.StatusBadRequest, ""},
+		{"GET over 250 bytes", "GET", "/" + long, "", http.StatusBadRequest, ""},
+		{"PUT with a space", "PUT", "/session:a%20b", "v", http.StatusBadRequest, ""},
+		{"PUT with CR LF", "PUT", "/session:a%0d%0aflush_all", "v", http.StatusBadRequest, ""},
+		{"DELETE with a control byte", "DELETE", "/session:a%01", "", http.StatusBadRequest, ""},
+		{"multi-get with one bad key", "GET", "/?key=session:ok&key=session:a%20b", "", http.StatusBadRequest, ""},
+		{"batch with a bad key", "POST", "/", `{"ops":[{"op":"set","key":"session:a b","value":"v"}]}`, 0, `"status":400`},
+		{"250 bytes is fine", "PUT", "/" + long[:250], "v", http.StatusCreated, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, body := do(t, tt.method, base+tt.path, tt.body)
+			if tt.want != 0 && code != tt.want {
+				t.Errorf("%s %s = %d %s, want %d", tt.method, tt.path, code, body, tt.want)
+			}
+			if tt.inBody != "" && !strings.Contains(body, tt.inBody) {
+				t.Errorf("%s %s = %d %s, want %s in it", tt.method, tt.path, code, body, tt.inBody)
+			}
+		})
+	}
+	for _, m := range sess {
+		for _, k := range []string{"session:a", "flush_all"} {
+			if ok, _ := memcachedRaw(t, m.Addr, k); ok {
+				t.Errorf("%s holds %s", m.Addr, k)
+			}
+		}
+	}
+	for _, m := range sess {
+		if !nodeUp(t, g, m.Addr) {
+			t.Errorf("%s is down after the bad keys", m.Addr)
+		}
+	}
+}
+
+// TestPoolsConfigErrors: every pool mistake stops the start with an
+// error naming its variable, and a reload with one is refused, names
+// MEMCGATE_POOLS_FILE, and keeps the pools in force.
+func TestPoolsConfigErrors(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 3)
+	a, b, c := mcs[0].Addr, mcs[1].Addr, mcs[2].Addr
+	tests := []struct {
+		name  string
+		env   map[string]string
+		wants []string
+	}{
+		{"duplicate names", map[string]string{"MEMCGATE_POOLS": "s servers=" + a + " prefixes=s:; s servers=" + b + " prefixes=t:"},
+			[]string{"MEMCGATE_POOLS", "pool s is defined twice"}},
+		{"the default pool's name", map[string]string{"MEMCGATE_POOLS": "main servers=" + a + " prefixes=m:"},
+			[]string{"MEMCGATE_POOLS", "the default pool's name"}},
+		{"a prefix in two pools", map[string]string{"MEMCGATE_POOLS": "s servers=" + a + " prefixes=x:; t servers=" + b + " prefixes=x:"},
+			[]string{"MEMCGATE_POOLS", `prefix "x:" goes to pools s and t`}},
+		{"replicas above the nodes", map[string]string{"MEMCGATE_POOLS": "s servers=" + a + "," + b + " prefixes=s: replicas=3"},
+			[]string{"MEMCGATE_POOLS", "3 replicas need at least 3 servers, it has 2"}},
+		{"REPLICAS above SERVERS", map[string]string{"MEMCGATE_SERVERS": a, "MEMCGATE_REPLICAS": "2"},
+			[]string{"MEMCGATE_REPLICAS", "2 copies need at least 2 servers, SERVERS has 1"}},
+		{"an empty pool", map[string]string{"MEMCGATE_POOLS": "s prefixes=s:"},
+			[]string{"MEMCGATE_POOLS", "pool s: servers= is required"}},
+		{"a pool without a prefix", map[string]string{"MEMCGATE_POOLS": "s servers=" + a},
+			[]string{"MEMCGATE_POOLS", "prefixes= is required"}},
+		{"an unknown policy", map[string]string{"MEMCGATE_POOLS": "s servers=" + a + "," + b + " prefixes=s: replicas=2 write=quorum"},
+			[]string{"MEMCGATE_POOLS", `write "quorum"`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env := []string{"MEMCGATE_SERVERS=" + a + "," + b + "," + c, "MEMCGATE_LISTEN_ADDR=127.0.0.1:0", "MEMCGATE_ADMIN_ADDR=127.0.0.1:0"}
+			for k, v := range tt.env {
+				env = append(env, k+"="+v)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, binary)
+			cmd.Env = env
+			out, err := cmd.CombinedOutput()
+			if err == nil || ctx.Err() != nil {
+				t.Fatalf("memcgate started (err %v, ctx %v):\n%s", err, ctx.Err(), out)
+			}
+			for _, w := range tt.wants {
+				if !strings.Contains(string(out), w) {
+					t.Errorf("start error does not mention %q:\n%s", w, out)
+				}
+			}
+		})
+	}
+
+	// The same mistakes in POOLS_FILE on a reload.
+	poolsFile := filepath.Join(t.TempDir(), "pools")
+	write := func(text string) {
+		t.Helper()
+		if err := os.WriteFile(poolsFile, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	good := "s servers=" + b + "," + c + " prefixes=s: replicas=2\n"
+	write(good)
+	g := startGateway(t, map[string]string{"MEMCGATE_SERVERS": a, "MEMCGATE_POOLS_FILE": poolsFile, "MEMCGATE_WATCH_INTERVAL": "100ms"})
+	reloads := func() float64 { return metric(t, g, "memcgate_config_reloads_total", "result", "error") }
+	for i, bad := range []struct{ text, want string }{
+		{good + "s servers=" + a + " prefixes=t:\n", "pool s is defined twice"},
+		{"s servers=" + b + " prefixes=s: replicas=2\n", "2 replicas need at least 2 servers, it has 1"},
+		{"s prefixes=s:\n", "servers= is required"},
+	} {
+		before := reloads()
+		write(bad.text)
+		waitFor(t, 5*time.Second, fmt.Sprintf("reload %d refused", i), func() bool { return reloads() > before })
+		waitFor(t, 2*time.Second, fmt.Sprintf("reload %d's log line naming MEMCGATE_POOLS_FILE and %q", i, bad.want), func() bool {
+			for _, line := range strings.Split(g.Logs(), "\n") {
+				if strings.Contains(line, "MEMCGATE_POOLS_FILE") && strings.Contains(line, bad.want) {
+					return true
+				}
+			}
+			return false
+		})
+		if o := ownersOf(t, g, "s:1"); o.Pool != "s" || o.Replicas != 2 {
+			t.Errorf("after refused reload %d, s:1 goes to %+v, want pool s with 2 replicas", i, o)
+		}
+	}
+}
