@@ -442,15 +442,15 @@ func TestHedgedReads(t *testing.T) {
 		}
 		delay := metric(t, g, "memcgate_pool_hedge_delay_seconds")
 		p99[read] = slowed.P99
-		lines = append(lines, fmt.Sprintf("| %s | %s / %s | %s / %s / %s | %d | %.0f (%.1f %% of reads), %.0f won | %s |",
-			read, fast.P50.Round(10*time.Microsecond), fast.P99.Round(10*time.Microsecond),
+		lines = append(lines, fmt.Sprintf("| %s | %d / %d | %s / %s | %s / %s / %s | %d | %.0f (%.1f %% of reads), %.0f won | %s |",
+			read, fast.Gets, slowed.Gets, fast.P50.Round(10*time.Microsecond), fast.P99.Round(10*time.Microsecond),
 			slowed.P50.Round(10*time.Microsecond), slowed.P99.Round(10*time.Microsecond), slowed.Max.Round(10*time.Microsecond),
 			fast.Errors+slowed.Errors, sent, 100*sent/float64(fast.Gets+slowed.Gets), won, time.Duration(delay*float64(time.Second)).Round(10*time.Microsecond)))
 		g.Signal(syscall.SIGTERM)
 		g.Wait(5 * time.Second)
 	}
 	t.Logf("GETs of a 3-node pool keeping 2 copies, one node slowed by %v each way (+%v a round trip):\n"+
-		"| READ_POLICY | no fault p50 / p99 | slowed p50 / p99 / max | errors | hedges sent | hedge delay at the end |\n|---|---|---|---|---|---|\n%s",
+		"| READ_POLICY | GETs no fault / slowed | no fault p50 / p99 | slowed p50 / p99 / max | errors | hedges sent | hedge delay at the end |\n|---|---|---|---|---|---|---|\n%s",
 		oneWay, 2*oneWay, strings.Join(lines, "\n"))
 	// Timings are reported, not asserted: on a small shared machine a
 	// stall of the test itself can set a p99.
