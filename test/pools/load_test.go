@@ -30,12 +30,17 @@ const valueSize = 200
 
 // sample is one request of the load.
 type sample struct {
-	at    time.Time // when it was sent
-	took  time.Duration
-	get   bool
-	hit   bool // a GET answered 200
-	err   bool // anything but 200/201 for a PUT, or 200/404 for a GET, or no answer
-	stale bool
+	at   time.Time // when it was sent
+	took time.Duration
+	get  bool
+	hit  bool // a GET answered 200
+	// slowMiss: a GET answered 404 after at least socketTimeout, so one
+	// replica timed out and the other missed; with a node already down
+	// that is a second fault (the machine stalled), not the first one's
+	// doing.
+	slowMiss bool
+	err      bool // anything but 200/201 for a PUT, or 200/404 for a GET, or no answer
+	stale    bool
 }
 
 // loader runs the load against one gateway.
@@ -49,7 +54,8 @@ type loader struct {
 	tried   []atomic.Int64 // per key, the last version a PUT of it sent
 	samples [][]sample     // per worker
 	errs    []string       // the first few error descriptions
-	errMu   sync.Mutex
+	misses  []string       // the first few misses, with their time
+	errMu   sync.Mutex     // guards errs, misses
 	stop    chan struct{}
 	wg      sync.WaitGroup
 }
@@ -145,6 +151,14 @@ func (l *loader) noteErr(format string, args ...any) {
 	}
 }
 
+func (l *loader) noteMiss(i int, took time.Duration) {
+	l.errMu.Lock()
+	defer l.errMu.Unlock()
+	if len(l.misses) < 10 {
+		l.misses = append(l.misses, fmt.Sprintf("%s GET %s (%v)", time.Now().Format("15:04:05.000"), key(i), took.Round(time.Microsecond)))
+	}
+}
+
 // start runs the workers until stop.
 func (l *loader) start() {
 	for w := range l.workers {
@@ -181,7 +195,10 @@ func (l *loader) work(w int) {
 					s.stale = true
 					l.noteErr("GET %s: version %d, %d was acknowledged before the read", key(i), v, before)
 				}
-			case code != http.StatusNotFound:
+			case code == http.StatusNotFound:
+				l.noteMiss(i, s.took)
+				s.slowMiss = s.took >= socketTimeout
+			default:
 				s.err = true
 				l.noteErr("GET %s: %d %s", key(i), code, strings.TrimSpace(string(body)))
 			}
@@ -224,6 +241,7 @@ func (l *loader) finish() {
 // stats are the load's figures over one phase.
 type stats struct {
 	Requests, Gets, Hits, Errors, Stale int
+	SlowMisses                          int           // GET misses that waited out a replica's timeout
 	P50, P99, Max                       time.Duration // of GETs
 }
 
@@ -233,6 +251,18 @@ func (s stats) HitRatio() float64 {
 	}
 	return float64(s.Hits) / float64(s.Gets)
 }
+
+// HitRatioOneFault is the hit ratio without the GETs that missed after
+// a replica timed out: the figure one fault may not lower.
+func (s stats) HitRatioOneFault() float64 {
+	if s.Gets-s.SlowMisses == 0 {
+		return 0
+	}
+	return float64(s.Hits) / float64(s.Gets-s.SlowMisses)
+}
+
+// socketTimeout is the gateway's MEMCGATE_TIMEOUT (its default).
+const socketTimeout = 500 * time.Millisecond
 
 // between returns the figures of the requests sent in [from, to).
 func (l *loader) between(from, to time.Time) stats {
@@ -255,6 +285,9 @@ func (l *loader) between(from, to time.Time) stats {
 				lat = append(lat, s.took)
 				if s.hit {
 					st.Hits++
+				}
+				if s.slowMiss {
+					st.SlowMisses++
 				}
 			}
 		}
