@@ -41,6 +41,10 @@ func (v *view) shadowDo(ctx context.Context, o op.Op, res op.Result) {
 		v.pol.sm.dropped.Inc()
 		return
 	}
+	// The caller reuses the value it sent (a PUT body's buffer) and may
+	// reuse the one it read once it has answered: keep copies.
+	so.Item.Value = bytes.Clone(o.Item.Value)
+	res.Item.Value = bytes.Clone(res.Item.Value)
 	s, sm := v.pol.shadow, v.pol.sm
 	go func() {
 		defer bg.release(size)
@@ -109,6 +113,7 @@ func (v *view) shadowGetMulti(ctx context.Context, keys []string, found map[stri
 		}
 		w := want{key: k, res: op.Result{Err: upstream.ErrNotFound}}
 		if it, ok := found[k]; ok {
+			it.Value = bytes.Clone(it.Value) // the caller's once returned
 			w.res = op.Result{Item: it}
 			size += int64(len(it.Value))
 		} else if _, ok := failed[k]; ok {

@@ -1,6 +1,7 @@
 package route
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"sync"
@@ -109,6 +110,7 @@ func (v *view) writeBack(ctx context.Context, o op.Op, it op.Item) {
 		m.wbDropped.Inc()
 		return
 	}
+	it.Value = bytes.Clone(it.Value) // the client's answer, which its caller may reuse once sent
 	go func() {
 		defer bg.release(size)
 		bctx, cancel := background(ctx, 2*(v.pol.warm.timeout+v.timeout))
