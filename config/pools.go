@@ -274,6 +274,23 @@ func ReadPoolsFile(path string) (Pools, error) {
 	return p, nil
 }
 
+// ValidateResolvedServers checks REPLICAS against the nodes read from
+// SERVERS_FILE or resolved from SERVERS_DNS (in c.Servers), as Load
+// checks it against SERVERS: the error names REPLICAS and the source.
+func (c Config) ValidateResolvedServers() error {
+	source := "SERVERS"
+	switch {
+	case c.ServersFile != "":
+		source = "SERVERS_FILE"
+	case c.ServersDNS != "":
+		source = "SERVERS_DNS"
+	}
+	if c.Replicas > 1 && c.Replicas > len(c.Servers) {
+		return fmt.Errorf("%sREPLICAS: %d copies need at least %d servers, %s has %d", Prefix, c.Replicas, c.Replicas, source, len(c.Servers))
+	}
+	return nil
+}
+
 // ValidatePoolsFile checks pools read from POOLS_FILE as Load checks
 // POOLS.
 func (c Config) ValidatePoolsFile(pools Pools) error {

@@ -101,6 +101,11 @@ func TestLoadPools(t *testing.T) {
 			"pool lost: prefixes= is required", "pool p: shadow_percent without shadow="}},
 		{name: "a pool that does not parse names its variable", env: map[string]string{"MEMCGATE_POOLS": "x servers=b prefixes=x"},
 			wantErr: []string{"MEMCGATE_POOLS: pool x: servers:"}},
+		{name: "an empty pool", env: map[string]string{"MEMCGATE_POOLS": "empty prefixes=e:; blank servers= prefixes=b:"},
+			wantErr: []string{"MEMCGATE_POOLS", "pool empty: servers= is required", `pool blank: "servers=" is not key=value`}},
+		{name: "replicas above a pool's nodes, from REPLICAS", env: map[string]string{
+			"MEMCGATE_SERVERS": "a:1,b:1", "MEMCGATE_REPLICAS": "2", "MEMCGATE_POOLS": "one servers=c:1 prefixes=o:",
+		}, wantErr: []string{"MEMCGATE_POOLS: pool one: 2 replicas need at least 2 servers, it has 1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Load(tc.env)
@@ -117,6 +122,29 @@ func TestLoadPools(t *testing.T) {
 				if !strings.Contains(err.Error(), w) {
 					t.Errorf("error %q does not mention %q", err, w)
 				}
+			}
+		})
+	}
+}
+
+func TestValidateResolvedServers(t *testing.T) {
+	two := []Server{{"a", 1, 1}, {"b", 1, 1}}
+	for _, tc := range []struct {
+		name    string
+		cfg     Config
+		wantErr string
+	}{
+		{name: "enough", cfg: Config{Replicas: 2, ServersFile: "/s", Servers: two}},
+		{name: "no replication, no nodes yet", cfg: Config{Replicas: 1, ServersDNS: "_mc._tcp.x"}},
+		{name: "file too short", cfg: Config{Replicas: 3, ServersFile: "/s", Servers: two},
+			wantErr: "MEMCGATE_REPLICAS: 3 copies need at least 3 servers, SERVERS_FILE has 2"},
+		{name: "dns too short", cfg: Config{Replicas: 2, ServersDNS: "_mc._tcp.x", Servers: two[:1]},
+			wantErr: "MEMCGATE_REPLICAS: 2 copies need at least 2 servers, SERVERS_DNS has 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.cfg.ValidateResolvedServers()
+			if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || err.Error() != tc.wantErr) {
+				t.Errorf("ValidateResolvedServers() = %v, want %q", err, tc.wantErr)
 			}
 		})
 	}

@@ -100,6 +100,9 @@ func loadConfig(ctx context.Context, environ map[string]string) (config.Config, 
 		return cfg, err
 	}
 	cfg.Servers = servers
+	if err := cfg.ValidateResolvedServers(); err != nil {
+		return cfg, err
+	}
 	if cfg.PoolsFile != "" {
 		pools, err := config.ReadPoolsFile(cfg.PoolsFile)
 		if err != nil {

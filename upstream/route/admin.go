@@ -163,12 +163,13 @@ type Change struct {
 // Reconfigure applies opts to the running pools without stopping a
 // request: each pool's nodes and distribution (upstream.Cluster.SetServers),
 // prefixes, replicas and policies. The pools must be the same ones, by
-// name, with the same default pool: a pool added or removed needs a
-// restart (its health checks and metric series start with the process).
-// The pools' other cluster options and the router's options are not
-// changed. Nothing changes if it fails, unless a pool's SetServers fails
-// after an earlier pool's succeeded (it fails only for a ring that cannot
-// be built, which validation catches first).
+// name, with the same default pool, and each keeps its failover policy: a
+// pool added or removed needs a restart (its health checks and metric
+// series start with the process), and a cluster's failover policy is fixed
+// when it is built. The pools' other cluster options and the router's
+// options are not changed. Nothing changes if it fails, unless a pool's
+// SetServers fails after an earlier pool's succeeded (it fails only for a
+// ring that cannot be built, which validation catches first).
 func (r *Router) Reconfigure(opts Options) ([]Change, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -187,6 +188,10 @@ func (r *Router) Reconfigure(opts Options) ([]Change, error) {
 	for _, po := range opts.Pools {
 		if _, err := hashring.New(distributionOf(po.Cluster), membersOf(po.Cluster.Servers)); err != nil {
 			return nil, fmt.Errorf("pool %q: %w", po.Name, err)
+		}
+		p := r.pools[slices.IndexFunc(r.pools, func(p *pool) bool { return p.name == po.Name })]
+		if f := po.Cluster.WithDefaults().Failover; f != p.fail {
+			return nil, fmt.Errorf("pool %q: its failover policy would change from %s to %s, which needs a restart", po.Name, p.fail, f)
 		}
 	}
 	old := r.t.Load()

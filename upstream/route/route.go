@@ -121,7 +121,10 @@ type Options struct {
 	// 50ms.
 	HedgeMinDelay, HedgeMaxDelay time.Duration
 	// HedgeMaxPercent caps a pool's hedged requests at this share of its
-	// reads (a token bucket); if zero, 10.
+	// reads (a token bucket); if zero, 50. It is that high so that one
+	// slow node of three, the first replica of a third of the reads, can
+	// be hedged around; the delay, which follows the typical node, keeps
+	// hedges rare when no node stands out.
 	HedgeMaxPercent int
 	// BackgroundBytes caps the value bytes of replica writes running
 	// after their write was answered, over all pools; if zero, 16 MiB.
@@ -155,7 +158,7 @@ func (o *Options) withDefaults() {
 	}
 	o.HedgeMaxDelay = max(o.HedgeMaxDelay, o.HedgeMinDelay)
 	if o.HedgeMaxPercent <= 0 {
-		o.HedgeMaxPercent = 10
+		o.HedgeMaxPercent = 50
 	}
 	if o.BackgroundBytes <= 0 {
 		o.BackgroundBytes = 16 << 20
@@ -276,8 +279,9 @@ type view struct {
 type pool struct {
 	name    string
 	c       *upstream.Cluster
-	timeout time.Duration // the cluster's socket timeout, for writes that outlive their request
-	bg      *bound        // the router's background budget
+	timeout time.Duration           // the cluster's socket timeout, for writes that outlive their request
+	fail    upstream.FailoverPolicy // the cluster's, which Reconfigure cannot change
+	bg      *bound                  // the router's background budget
 	lat     latencies
 	hedge   hedgeBudget
 	delay   atomic.Int64 // hedge delay now, in nanoseconds
@@ -305,7 +309,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 		if err != nil {
 			return nil, fmt.Errorf("pool %q: %w", po.Name, err)
 		}
-		p := &pool{name: po.Name, c: c, timeout: co.WithDefaults().Timeout, bg: r.bg}
+		p := &pool{name: po.Name, c: c, timeout: co.WithDefaults().Timeout, fail: co.WithDefaults().Failover, bg: r.bg}
 		p.hedge.init(opts.HedgeMaxPercent)
 		p.delay.Store(int64(opts.HedgeMaxDelay))
 		r.m.hedgeDelay.WithLabelValues(p.name).Set(opts.HedgeMaxDelay.Seconds())

@@ -34,11 +34,13 @@ func clusterOptions(mcs []*memcachedtest.Server) upstream.Options {
 			PassiveFails: 2, MaxEjectedPercent: 100, FlapBackoff: 50 * time.Millisecond, FlapBackoffMax: 100 * time.Millisecond}}
 }
 
+func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
 // newRouter builds a router and runs it until the test ends.
 func newRouter(t *testing.T, o Options) (*Router, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	r, err := New(o, slog.New(slog.NewTextHandler(io.Discard, nil)), reg)
+	r, err := New(o, discard(), reg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -157,6 +159,9 @@ func TestWritePolicies(t *testing.T) {
 			if err := set(ctx, r, "k", "v1"); err != nil {
 				t.Fatal(err)
 			}
+			// Under first and majority, v1's last replicas may still be
+			// on their way: the pause must not catch them.
+			waitUntil(t, 2*time.Second, "v1's background writes done", func() bool { return r.bg.ops.Load() == 0 })
 			mcs[2].Pause()
 			defer mcs[2].Resume()
 			start := time.Now()
@@ -333,6 +338,89 @@ func TestCASAndIncr(t *testing.T) {
 	}
 }
 
+// TestWriteAnswerFollowsReads: when the key's first replica lost it (as
+// a node flushed on its return has), a write that needs the key answers
+// what a read would see: with MissFallback the next replica's success,
+// without it the first replica's miss.
+func TestWriteAnswerFollowsReads(t *testing.T) {
+	tests := []struct {
+		name string
+		o    op.Op
+	}{
+		{"incr", op.Op{Verb: op.Incr, Item: op.Item{Key: "n"}, Delta: 1}},
+		{"decr", op.Op{Verb: op.Decr, Item: op.Item{Key: "n"}, Delta: 1}},
+		{"touch", op.Op{Verb: op.Touch, Item: op.Item{Key: "n", Expiration: 60}}},
+		{"replace", op.Op{Verb: op.Replace, Item: op.Item{Key: "n", Value: []byte("7")}}},
+		{"append", op.Op{Verb: op.Append, Item: op.Item{Key: "n", Value: []byte("0")}}},
+		{"delete", op.Op{Verb: op.Delete, Item: op.Item{Key: "n"}}},
+	}
+	mcs := memcachedtest.StartN(t, 3)
+	for _, miss := range []bool{true, false} {
+		r, _ := newRouter(t, Options{Pools: []PoolOptions{{Cluster: clusterOptions(mcs), Replicas: 2, MissFallback: miss}}})
+		for _, tt := range tests {
+			t.Run(fmt.Sprintf("%s/miss_fallback=%v", tt.name, miss), func(t *testing.T) {
+				ctx := t.Context()
+				if err := set(ctx, r, "n", "5"); err != nil {
+					t.Fatal(err)
+				}
+				mc := memcache.New(r.Placement("n").ReplicaNodes[0])
+				defer mc.Close()
+				if err := mc.Delete("n"); err != nil {
+					t.Fatal(err)
+				}
+				err := r.Do(ctx, tt.o).Err
+				if miss && err != nil {
+					t.Errorf("%s = %v, want the second replica's success", tt.name, err)
+				}
+				if !miss && !errors.Is(err, upstream.ErrNotFound) {
+					t.Errorf("%s = %v, want the first replica's miss", tt.name, err)
+				}
+			})
+		}
+	}
+}
+
+// TestBadKeysInEveryPool: a key that a prefix routes is checked like any
+// other: in a pool of one copy and in a replicated one, every verb
+// refuses it with ErrBadKey, and no node is blamed for it.
+func TestBadKeysInEveryPool(t *testing.T) {
+	one := memcachedtest.StartN(t, 1)
+	rep := memcachedtest.StartN(t, 3)
+	r, _ := newRouter(t, Options{Pools: []PoolOptions{
+		{Cluster: clusterOptions(one)},
+		{Name: "sessions", Prefixes: []string{"session:"}, Cluster: clusterOptions(rep), Replicas: 2, Read: ReadHedged},
+	}})
+	keys := []struct{ name, key string }{
+		{"over 250 bytes", "session:" + strings.Repeat("k", 243)},
+		{"space", "session:a b"},
+		{"newline", "session:a\r\nflush_all"},
+		{"control byte", "session:\x01"},
+		{"default pool, over 250 bytes", strings.Repeat("k", 251)},
+	}
+	verbs := []op.Op{
+		{Verb: op.Get}, {Verb: op.GAT}, {Verb: op.Set, Item: op.Item{Value: []byte("v")}}, {Verb: op.Add, Item: op.Item{Value: []byte("v")}},
+		{Verb: op.CAS, Item: op.Item{Value: []byte("v"), CAS: 1}}, {Verb: op.Incr, Delta: 1}, {Verb: op.Touch}, {Verb: op.Delete},
+	}
+	for _, k := range keys {
+		for _, o := range verbs {
+			t.Run(k.name+"/"+o.Verb.String(), func(t *testing.T) {
+				o.Item.Key = k.key
+				if err := r.Do(t.Context(), o).Err; !errors.Is(err, upstream.ErrBadKey) {
+					t.Errorf("Do(%s %q) = %v, want ErrBadKey", o.Verb, k.key, err)
+				}
+			})
+		}
+	}
+	for _, n := range r.Nodes() {
+		if !n.Up {
+			t.Errorf("node %s is down after bad keys", n.Node)
+		}
+	}
+	if err := set(t.Context(), r, "session:"+strings.Repeat("k", 242), "v"); err != nil {
+		t.Errorf("set of a 250-byte routed key: %v", err)
+	}
+}
+
 // TestSpareTakesTheWrite: a replica that refuses connections (killed) is
 // replaced by the next live node for a write, which keeps its copies and
 // answers under the all policy.
@@ -427,6 +515,15 @@ func TestReconfigure(t *testing.T) {
 	o3.Pools = o.Pools[:1]
 	if _, err := r.Reconfigure(o3); err == nil || !strings.Contains(err.Error(), "restart") {
 		t.Errorf("removing a pool: %v, want an error naming the restart", err)
+	}
+	o4 := o2
+	o4.Pools = []PoolOptions{o2.Pools[0], o2.Pools[1]}
+	o4.Pools[1].Cluster.Failover = upstream.FailFast
+	if _, err := r.Reconfigure(o4); err == nil || !strings.Contains(err.Error(), "failover policy") {
+		t.Errorf("changing a pool's failover: %v, want an error naming the failover policy", err)
+	}
+	if p := r.Placement("x:1"); p.Pool != "b" || p.Replicas != 2 {
+		t.Errorf("after the refused reloads x:1 goes to %s with %d replicas, want b with 2", p.Pool, p.Replicas)
 	}
 }
 

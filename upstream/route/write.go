@@ -20,9 +20,14 @@ import (
 //     to every replica at once, answered under the write policy. The
 //     answer is that of the first replica in read order among those that
 //     answered when the policy was met, so that it agrees with what the
-//     next read sees. incr and decr go to every replica too: increments
-//     commute, so replicas that got the same ones agree whatever their
-//     order.
+//     next read sees; with MissFallback, where reads pass over a replica
+//     that lacks the key, a replica's not-found loses to another's
+//     success for the same reason (a flushed, re-admitted replica does
+//     not make incr, touch or delete of a key the next one holds answer
+//     404). incr and decr go to every replica too: increments commute, so
+//     replicas that got the same ones agree whatever their order; a
+//     replica without the counter (it was away) stays without it, as
+//     memcached's incr never creates one.
 //   - cas: a CAS value is one node's, so cas goes to the first replica
 //     only; once it is stored there, the value is set on the others under
 //     the write policy. A value read from another replica (after a
@@ -148,7 +153,7 @@ func (v *view) fanout(ctx context.Context, o op.Op, set *upstream.ReplicaSet, ta
 		}
 		v.pm.writeAnswered.Inc()
 		answered++
-		if best.rank < 0 || out.rank < best.rank {
+		if best.rank < 0 || v.answersBefore(out, best) {
 			best = out
 		}
 	}
@@ -182,6 +187,19 @@ func (v *view) fanout(ctx context.Context, o op.Op, set *upstream.ReplicaSet, ta
 	}
 	return op.Result{Err: fmt.Errorf("%s reached %d of %d replicas in pool %q, the %s policy needs %d: %w",
 		o.Verb, answered, len(targets), v.name, v.write, need, err)}
+}
+
+// answersBefore reports whether replica answer a is the one to give
+// rather than b: the lower rank, but with MissFallback a success before
+// a not-found, since a read would pass the replica that lacks the key.
+func (v *view) answersBefore(a, b outcome) bool {
+	if v.miss {
+		aMiss, bMiss := errors.Is(a.res.Err, upstream.ErrNotFound), errors.Is(b.res.Err, upstream.ErrNotFound)
+		if aMiss != bMiss {
+			return bMiss
+		}
+	}
+	return a.rank < b.rank
 }
 
 // writeOne runs o on one replica, moving on to spares when the replica
