@@ -21,6 +21,10 @@
 // caller's. Besides it, a replicated write runs one goroutine per replica
 // until that replica answers, past the write's answer for the first and
 // majority policies; a hedged read runs one goroutine per replica it asks.
+// A pool may also fill its misses from a warm pool or mirror a sample of
+// its keys to a shadow pool (policy.go, docs/routes.md): each warm-up copy
+// and each mirrored operation runs on a goroutine of its own after the
+// answer, within a budget of its own, bounded by the pools' timeouts.
 package route
 
 import (
