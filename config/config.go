@@ -89,8 +89,18 @@ type Config struct {
 	// writes that run after their write was answered.
 	ReplicaBackgroundBytes int64  `env:"REPLICA_BACKGROUND_BYTES" envDefault:"16777216" help:"value bytes of replica writes running after their write was answered (WRITE_POLICY first or majority), over all pools; a write that finds it full waits for every replica"`
 	ReplicaBackgroundOps   int    `env:"REPLICA_BACKGROUND_OPS" envDefault:"1024" help:"writes whose replicas run after their answer, at most; beyond it a write waits for every replica"`
-	Pools                  Pools  `env:"POOLS" help:"pools besides the default one, one per line or ';': NAME servers=HOST:PORT[:W],… prefixes=P1,… [replicas= write= read= miss_fallback= distribution= failover=] (docs/pools.md); keys starting with a pool's prefix go there, the others to SERVERS"`
+	Pools                  Pools  `env:"POOLS" help:"pools besides the default one, one per line or ';': NAME servers=HOST:PORT[:W],… prefixes=P1,… [replicas= write= read= miss_fallback= distribution= failover= warm= shadow= shadow_percent=] (docs/pools.md, docs/routes.md); keys starting with a pool's prefix go there, the others to SERVERS"`
 	PoolsFile              string `env:"POOLS_FILE" help:"file with the pools instead of POOLS, in the same form (# comments); re-read when it changes"`
+	// The warm-up and shadow policies (docs/pools.md): the default pool's
+	// own, and the settings all pools share.
+	WarmPool              string        `env:"WARM_POOL" help:"a pool of POOLS the default pool fills its misses from (warm-up, docs/routes.md: read there, copied back with the item's remaining TTL); empty = none"`
+	ShadowPool            string        `env:"SHADOW_POOL" help:"a pool of POOLS a sample of the default pool's keys is also sent to, its answers compared and counted, never returned; empty = none"`
+	ShadowPercent         float64       `env:"SHADOW_PERCENT" envDefault:"100" help:"the share of a pool's keys its shadow pool gets, in percent (0 < p <= 100), a stable sample by key hash; the default of the pools' shadow_percent"`
+	WarmDefaultTTL        time.Duration `env:"WARM_DEFAULT_TTL" envDefault:"5m" help:"expiration of a warm-up copy when the warm pool cannot tell its item's remaining TTL (a memcached without the meta protocol)"`
+	WarmBackgroundBytes   int64         `env:"WARM_BACKGROUND_BYTES" envDefault:"16777216" help:"value bytes of warm-up copies being written back, over all pools; a copy that does not fit is dropped and counted"`
+	WarmBackgroundOps     int           `env:"WARM_BACKGROUND_OPS" envDefault:"1024" help:"warm-up copies being written back, at most; beyond it one is dropped and counted"`
+	ShadowBackgroundBytes int64         `env:"SHADOW_BACKGROUND_BYTES" envDefault:"16777216" help:"value bytes held by operations mirrored to shadow pools, over all pools; one that does not fit is dropped and counted"`
+	ShadowBackgroundOps   int           `env:"SHADOW_BACKGROUND_OPS" envDefault:"1024" help:"operations mirrored to shadow pools and running, at most; beyond it one is dropped and counted"`
 
 	AuthTokens     string `env:"AUTH_TOKENS" secret:"tokens" help:"bearer tokens, scopes:token separated by commas, scopes read, write, admin joined by + (e.g. read:abc…,read+write:def…); empty = no authentication"`
 	AuthTokensFile string `env:"AUTH_TOKENS_FILE" help:"file with more scopes:token entries, one per line (# comments); keeps secrets out of the environment"`

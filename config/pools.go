@@ -17,10 +17,12 @@ import (
 //
 //	sessions servers=10.0.0.4:11211,10.0.0.5:11211,10.0.0.6:11211 prefixes=session:,cart: replicas=2 write=majority read=hedged
 //
-// servers and prefixes are required; the other keys (distribution,
-// replicas, write, read, miss_fallback, failover) default to the default
-// pool's variables (DISTRIBUTION, REPLICAS, WRITE_POLICY, READ_POLICY,
-// MISS_FALLBACK, FAILOVER). docs/pools.md has the reference.
+// servers and prefixes are required, but a pool that another one names as
+// its warm or shadow pool needs no prefix; the other keys (distribution,
+// replicas, write, read, miss_fallback, failover, shadow_percent) default
+// to the default pool's variables (DISTRIBUTION, REPLICAS, WRITE_POLICY,
+// READ_POLICY, MISS_FALLBACK, FAILOVER, SHADOW_PERCENT), while warm and
+// shadow are the pool's own. docs/pools.md has the reference.
 type Pools []Pool
 
 // Pool is one pool of POOLS. An empty setting, or zero Replicas, is the
@@ -35,6 +37,11 @@ type Pool struct {
 	Read         string
 	MissFallback string // "true", "false" or ""
 	Failover     string
+	// Warm and Shadow name the pool's warm and shadow pools (never the
+	// default pool's WARM_POOL and SHADOW_POOL); empty for none.
+	Warm, Shadow string
+	// ShadowPercent is the pool's shadow sample; 0 is SHADOW_PERCENT's.
+	ShadowPercent float64
 }
 
 // DefaultPoolName is the default pool's name, which no pool of POOLS may
@@ -149,15 +156,22 @@ func parsePool(fields []string) (Pool, error) {
 				bad("failover %q is not rehash or fail", val)
 			}
 			p.Failover = val
+		case "warm":
+			p.Warm = val
+		case "shadow":
+			p.Shadow = val
+		case "shadow_percent":
+			pct, err := strconv.ParseFloat(val, 64)
+			if err != nil || !validPercent(pct) {
+				bad("shadow_percent %q is not a percentage above 0, at most 100", val)
+			}
+			p.ShadowPercent = pct
 		default:
-			bad("unknown setting %q (servers, prefixes, distribution, replicas, write, read, miss_fallback, failover)", key)
+			bad("unknown setting %q (servers, prefixes, distribution, replicas, write, read, miss_fallback, failover, warm, shadow, shadow_percent)", key)
 		}
 	}
 	if len(p.Servers) == 0 && !seen["servers"] {
 		bad("servers= is required")
-	}
-	if len(p.Prefixes) == 0 && !seen["prefixes"] {
-		bad("prefixes= is required: the keys the pool takes")
 	}
 	return p, errors.Join(errs...)
 }
@@ -185,6 +199,11 @@ func (p Pool) String() string {
 	add("read", p.Read)
 	add("miss_fallback", p.MissFallback)
 	add("failover", p.Failover)
+	add("warm", p.Warm)
+	add("shadow", p.Shadow)
+	if p.ShadowPercent != 0 {
+		add("shadow_percent", strconv.FormatFloat(p.ShadowPercent, 'g', -1, 64))
+	}
 	return b.String()
 }
 
@@ -235,6 +254,7 @@ func (c Config) validatePools(name string, pools Pools) []error {
 			bad("pool %s: %d replicas need at least %d servers, it has %d", p.Name, replicas, replicas, len(p.Servers))
 		}
 	}
+	msgs = append(msgs, c.poolPolicyProblems(pools)...)
 	if len(msgs) == 0 {
 		return nil
 	}
@@ -274,7 +294,7 @@ func (c Config) ValidateResolvedServers() error {
 // ValidatePoolsFile checks pools read from POOLS_FILE as Load checks
 // POOLS.
 func (c Config) ValidatePoolsFile(pools Pools) error {
-	return errors.Join(c.validatePools("POOLS_FILE", pools)...)
+	return errors.Join(append(c.validatePools("POOLS_FILE", pools), c.validatePolicyVars(pools, true)...)...)
 }
 
 func badPoolNameByte(s string) int {
@@ -334,5 +354,6 @@ func (c Config) validateReplication() []error {
 	if len(c.Pools) > 0 && c.PoolsFile != "" {
 		bad("POOLS_FILE", "and %sPOOLS are set together: the pools come from one of them", Prefix)
 	}
+	errs = append(errs, c.validatePolicyVars(c.Pools, c.PoolsFile == "")...)
 	return append(errs, c.validatePools("POOLS", c.Pools)...)
 }

@@ -29,7 +29,18 @@ func TestParsePools(t *testing.T) {
 			text:    "a servers=x prefixes= replicas=0 write=some read=fast colour=blue; b=c",
 			wantErr: []string{"pool a: servers:", `"prefixes=" is not key=value`, `replicas "0"`, `write "some"`, `read "fast"`, `unknown setting "colour"`, `pool "b=c"`},
 		},
-		{name: "required", text: "lonely", wantErr: []string{"servers= is required", "prefixes= is required"}},
+		{name: "required", text: "lonely", wantErr: []string{"servers= is required"}},
+		{
+			name: "warm and shadow",
+			text: "new servers=a:1 prefixes=n: warm=old shadow=next shadow_percent=2.5; old servers=b:1; next servers=c:1",
+			want: Pools{
+				{Name: "new", Servers: []Server{{"a", 1, 1}}, Prefixes: []string{"n:"}, Warm: "old", Shadow: "next", ShadowPercent: 2.5},
+				{Name: "old", Servers: []Server{{"b", 1, 1}}},
+				{Name: "next", Servers: []Server{{"c", 1, 1}}},
+			},
+		},
+		{name: "shadow percent", text: "a servers=x:1 prefixes=p shadow=b shadow_percent=0; c servers=x:1 prefixes=q shadow_percent=101",
+			wantErr: []string{`pool a: shadow_percent "0"`, `pool c: shadow_percent "101"`}},
 		{name: "prefix with a control byte", text: "a servers=x:1 prefixes=a\x01b", wantErr: []string{"byte 0x01"}},
 		{name: "twice", text: "a servers=x:1 servers=y:2 prefixes=p", wantErr: []string{"servers is given twice"}},
 	} {
@@ -76,6 +87,18 @@ func TestLoadPools(t *testing.T) {
 			"MEMCGATE_REPLICA_BACKGROUND_OPS": "0", "MEMCGATE_POOLS": "x servers=b:1 prefixes=x", "MEMCGATE_POOLS_FILE": "/p",
 		}, wantErr: []string{"MEMCGATE_REPLICAS: 2 copies need at least 2 servers", "MEMCGATE_WRITE_POLICY", "MEMCGATE_READ_POLICY",
 			"MEMCGATE_HEDGE_MAX_DELAY", "MEMCGATE_HEDGE_MAX_PERCENT", "MEMCGATE_REPLICA_BACKGROUND_OPS", "MEMCGATE_POOLS_FILE: and MEMCGATE_POOLS"}},
+		{name: "warm-up and shadow", env: map[string]string{
+			"MEMCGATE_SERVERS": "a:1", "MEMCGATE_WARM_POOL": "old", "MEMCGATE_SHADOW_POOL": "next", "MEMCGATE_SHADOW_PERCENT": "0.5",
+			"MEMCGATE_POOLS": "old servers=b:1; next servers=c:1; s servers=d:1 prefixes=s: warm=old",
+		}},
+		{name: "warm-up and shadow mistakes", env: map[string]string{
+			"MEMCGATE_WARM_POOL": "gone", "MEMCGATE_SHADOW_POOL": "main", "MEMCGATE_SHADOW_PERCENT": "0",
+			"MEMCGATE_WARM_DEFAULT_TTL": "0s", "MEMCGATE_WARM_BACKGROUND_OPS": "0", "MEMCGATE_SHADOW_BACKGROUND_BYTES": "0",
+			"MEMCGATE_POOLS": "a servers=b:1 prefixes=a: warm=a; b servers=c:1 prefixes=b: warm=x shadow=x; lost servers=d:1; p servers=e:1 prefixes=p: shadow_percent=3",
+		}, wantErr: []string{`MEMCGATE_WARM_POOL: "gone" is not a pool`, `MEMCGATE_SHADOW_POOL: "main" is the default pool`,
+			"MEMCGATE_SHADOW_PERCENT", "MEMCGATE_WARM_DEFAULT_TTL", "MEMCGATE_WARM_BACKGROUND_OPS", "MEMCGATE_SHADOW_BACKGROUND_BYTES",
+			"pool a: warm=a names the pool itself", "pool b: warm=x is not a pool", "pool b: x cannot be both",
+			"pool lost: prefixes= is required", "pool p: shadow_percent without shadow="}},
 		{name: "a pool that does not parse names its variable", env: map[string]string{"MEMCGATE_POOLS": "x servers=b prefixes=x"},
 			wantErr: []string{"MEMCGATE_POOLS: pool x: servers:"}},
 		{name: "an empty pool", env: map[string]string{"MEMCGATE_POOLS": "empty prefixes=e:; blank servers= prefixes=b:"},

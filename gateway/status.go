@@ -35,6 +35,10 @@ type PoolInfo struct {
 	MissFallback bool
 	HedgeDelay   time.Duration // of a hedged pool; 0 otherwise
 	Nodes, Up    int
+	// Warm is the pool it fills its misses from, Shadow the pool its
+	// sample of ShadowPercent of the keys is mirrored to; empty for none.
+	Warm, Shadow  string
+	ShadowPercent float64
 }
 
 // NodeInfo is one memcached node on the status page.

@@ -31,6 +31,7 @@ type node struct {
 	timeout time.Duration
 	probe   prober        // its own one-connection client; never the data pool
 	udp     *udpSender    // nil unless the node has a UDP port
+	meta    metaConns     // idle connections of Cluster.TTL's lookups
 	sem     chan struct{} // a token per operation in flight
 	conns   atomic.Int64  // open data connections (dialled and not yet closed)
 	m       *nodeMetrics
@@ -213,6 +214,7 @@ func (n *node) setUDP(s Server) {
 // close closes the node's connections.
 func (n *node) close() error {
 	err := errors.Join(n.client.Close(), n.probe.Close())
+	n.meta.close()
 	if n.udp != nil {
 		n.udp.close()
 	}

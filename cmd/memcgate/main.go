@@ -158,7 +158,13 @@ func routeOptions(cfg config.Config, dialer func(ctx context.Context, network, a
 		Pools: []route.PoolOptions{{
 			Name: route.DefaultPool, Cluster: uo, Replicas: cfg.Replicas,
 			Write: route.WritePolicy(cfg.WritePolicy), Read: route.ReadPolicy(cfg.ReadPolicy), MissFallback: cfg.MissFallback,
+			Warm: cfg.WarmPool, Shadow: cfg.ShadowPool, ShadowPercent: shadowPercent(cfg.ShadowPool, 0, cfg.ShadowPercent),
 		}},
+		WarmDefaultTTL:        cfg.WarmDefaultTTL,
+		WarmBackgroundBytes:   cfg.WarmBackgroundBytes,
+		WarmBackgroundOps:     cfg.WarmBackgroundOps,
+		ShadowBackgroundBytes: cfg.ShadowBackgroundBytes,
+		ShadowBackgroundOps:   cfg.ShadowBackgroundOps,
 	}
 	or := func(v, def string) string {
 		if v == "" {
@@ -180,12 +186,27 @@ func routeOptions(cfg config.Config, dialer func(ctx context.Context, network, a
 		}
 		o.Pools = append(o.Pools, route.PoolOptions{
 			Name: p.Name, Prefixes: p.Prefixes, Cluster: co, Replicas: replicas,
-			Write:        route.WritePolicy(or(p.Write, cfg.WritePolicy)),
-			Read:         route.ReadPolicy(or(p.Read, cfg.ReadPolicy)),
-			MissFallback: or(p.MissFallback, strconv.FormatBool(cfg.MissFallback)) == "true",
+			Write:         route.WritePolicy(or(p.Write, cfg.WritePolicy)),
+			Read:          route.ReadPolicy(or(p.Read, cfg.ReadPolicy)),
+			MissFallback:  or(p.MissFallback, strconv.FormatBool(cfg.MissFallback)) == "true",
+			Warm:          p.Warm,
+			Shadow:        p.Shadow,
+			ShadowPercent: shadowPercent(p.Shadow, p.ShadowPercent, cfg.ShadowPercent),
 		})
 	}
 	return o
+}
+
+// shadowPercent is a pool's shadow sample: its own, else SHADOW_PERCENT;
+// 0 without a shadow pool.
+func shadowPercent(shadow string, own, def float64) float64 {
+	switch {
+	case shadow == "":
+		return 0
+	case own != 0:
+		return own
+	}
+	return def
 }
 
 // gatewayOptions maps the configuration onto the gateway's options but
@@ -371,7 +392,8 @@ func statusInfo(r *route.Router, cfg config.Config) gateway.StatusInfo {
 	pools := r.Status()
 	for _, p := range pools {
 		pi := gateway.PoolInfo{Name: p.Name, Prefixes: p.Prefixes, Replicas: p.Replicas, Write: string(p.Write),
-			Read: string(p.Read), MissFallback: p.MissFallback, HedgeDelay: p.HedgeDelay, Nodes: len(p.Nodes)}
+			Read: string(p.Read), MissFallback: p.MissFallback, HedgeDelay: p.HedgeDelay, Nodes: len(p.Nodes),
+			Warm: p.Warm, Shadow: p.Shadow, ShadowPercent: p.ShadowPercent}
 		for _, n := range p.Nodes {
 			if n.Up {
 				pi.Up++

@@ -37,6 +37,7 @@ import (
 var liveVars = []string{
 	"SERVERS", "SERVERS_FILE", "SERVERS_DNS", "DNS_INTERVAL", "DNS_SERVER", "DISTRIBUTION",
 	"POOLS", "POOLS_FILE", "REPLICAS", "WRITE_POLICY", "READ_POLICY", "MISS_FALLBACK",
+	"WARM_POOL", "SHADOW_POOL", "SHADOW_PERCENT",
 	"AUTH_TOKENS", "AUTH_TOKENS_FILE", "READ_ONLY",
 	"LOG_LEVEL", "ACCESS_LOG", "MAX_REQUESTS", "MAX_BUFFERED_BYTES", "REQUEST_TIMEOUT",
 	"CONFIG_FILE", "WATCH_INTERVAL",
@@ -394,7 +395,8 @@ func (r *reloader) apply(next config.Config, rl *Reload) error {
 func routingChanged(cur, next config.Config) bool {
 	return !slices.Equal(next.Servers, cur.Servers) || next.Distribution != cur.Distribution ||
 		!reflect.DeepEqual(next.Pools, cur.Pools) || next.Replicas != cur.Replicas || next.WritePolicy != cur.WritePolicy ||
-		next.ReadPolicy != cur.ReadPolicy || next.MissFallback != cur.MissFallback
+		next.ReadPolicy != cur.ReadPolicy || next.MissFallback != cur.MissFallback ||
+		next.WarmPool != cur.WarmPool || next.ShadowPool != cur.ShadowPool || next.ShadowPercent != cur.ShadowPercent
 }
 
 // withPoolsOf is cfg with the settings of started that a reload does not

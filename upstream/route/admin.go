@@ -29,6 +29,12 @@ type Placement struct {
 	// ReplicaNodes are the nodes holding the key's copies now, in the
 	// order reads ask them; with one copy, the node serving it.
 	ReplicaNodes []string `json:"replica_nodes"`
+	// Warm is the pool the key's misses are read from; empty for none.
+	Warm string `json:"warm,omitempty"`
+	// Shadow is the pool the key's pool mirrors its sample to; Shadowed
+	// says whether this key is in the sample.
+	Shadow   string `json:"shadow,omitempty"`
+	Shadowed bool   `json:"shadowed,omitempty"`
 	upstream.Placement
 }
 
@@ -38,6 +44,12 @@ func (r *Router) Placement(key string) Placement {
 	v, prefix := t.pick(key)
 	p := Placement{Route: prefix, Pool: v.name, Replicas: v.replicas, WritePolicy: v.write, ReadPolicy: v.read,
 		MissFallback: v.miss, ReplicaNodes: []string{}, Placement: v.c.Placement(key)}
+	if v.pol.warm != nil {
+		p.Warm = v.pol.warm.name
+	}
+	if v.pol.shadow != nil {
+		p.Shadow, p.Shadowed = v.pol.shadow.name, v.pol.sampled(key)
+	}
 	if v.replicas == 1 {
 		if p.Serving != "" {
 			p.ReplicaNodes = append(p.ReplicaNodes, p.Serving)
@@ -63,15 +75,18 @@ func (r *Router) Nodes() []upstream.NodeStatus {
 
 // PoolStatus is one pool as the status page shows it.
 type PoolStatus struct {
-	Name         string
-	Prefixes     []string // empty for the default pool, which takes the other keys
-	Replicas     int
-	Write        WritePolicy
-	Read         ReadPolicy
-	MissFallback bool
-	HedgeDelay   time.Duration // the current delay of a hedged pool; 0 otherwise
-	Nodes        []upstream.NodeStatus
-	Shares       map[string]float64 // each node's share of the keys (upstream.Cluster.Shares)
+	Name          string
+	Prefixes      []string // empty for the default pool, which takes the other keys
+	Replicas      int
+	Write         WritePolicy
+	Read          ReadPolicy
+	MissFallback  bool
+	HedgeDelay    time.Duration // the current delay of a hedged pool; 0 otherwise
+	Warm          string        // the pool its misses are read from; empty for none
+	Shadow        string        // the pool its shadow sample goes to; empty for none
+	ShadowPercent float64       // the sample's share of the keys, with a Shadow pool
+	Nodes         []upstream.NodeStatus
+	Shares        map[string]float64 // each node's share of the keys (upstream.Cluster.Shares)
 }
 
 // Status returns every pool's state, in configured order.
@@ -83,6 +98,12 @@ func (r *Router) Status() []PoolStatus {
 			Read: v.read, MissFallback: v.miss, Nodes: v.c.Nodes(), Shares: v.c.Shares()}
 		if v.read == ReadHedged && v.replicas > 1 {
 			out[i].HedgeDelay = time.Duration(v.delay.Load())
+		}
+		if v.pol.warm != nil {
+			out[i].Warm = v.pol.warm.name
+		}
+		if v.pol.shadow != nil {
+			out[i].Shadow, out[i].ShadowPercent = v.pol.shadow.name, v.pol.shadowPct
 		}
 	}
 	return out
@@ -135,7 +156,7 @@ type Change struct {
 	// Servers is what changed in the pool's nodes, nil if nothing did.
 	Servers *upstream.Change `json:"servers,omitempty"`
 	// Policy lists the routing settings that changed: prefixes,
-	// replicas, write, read, miss_fallback.
+	// replicas, write, read, miss_fallback, warm, shadow, shadow_percent.
 	Policy []string `json:"policy,omitempty"`
 }
 
@@ -204,6 +225,7 @@ func (r *Router) Reconfigure(opts Options) ([]Change, error) {
 		if ov.miss != po.MissFallback {
 			ch.Policy = append(ch.Policy, "miss_fallback")
 		}
+		ch.Policy = append(ch.Policy, policyChanges(ov, po)...)
 		p.c.SetReadmitFlush(po.Cluster.Health.ReadmitFlush)
 		if ch.Servers != nil || len(ch.Policy) > 0 {
 			changes = append(changes, ch)

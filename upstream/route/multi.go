@@ -90,10 +90,27 @@ func (r *Router) GetMulti(ctx context.Context, keys []string, limit int) (map[st
 	return found, failed
 }
 
-// getMulti reads keys of one pool: its cluster's GetMulti for one copy;
+// getMulti reads keys of one pool under its policies: getMultiOwn, then
+// the warm pool for the keys it did not find, and the shadow sample
+// mirrored.
+func (v *view) getMulti(ctx context.Context, keys []string, limit int) (map[string]op.Item, map[string]error) {
+	if !v.pol.active() {
+		return v.getMultiOwn(ctx, keys, limit)
+	}
+	found, failed := v.getMultiOwn(ctx, keys, limit)
+	if v.pol.warm != nil {
+		v.warmGetMulti(ctx, keys, limit, found, failed)
+	}
+	if v.pol.shadow != nil {
+		v.shadowGetMulti(ctx, keys, found, failed)
+	}
+	return found, failed
+}
+
+// getMultiOwn reads keys of one pool: its cluster's GetMulti for one copy;
 // for several, each key from its first replica, then the keys not found
 // from their next replicas, rank by rank.
-func (v *view) getMulti(ctx context.Context, keys []string, limit int) (map[string]op.Item, map[string]error) {
+func (v *view) getMultiOwn(ctx context.Context, keys []string, limit int) (map[string]op.Item, map[string]error) {
 	if v.replicas == 1 {
 		return v.c.GetMulti(ctx, keys, limit)
 	}

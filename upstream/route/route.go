@@ -21,6 +21,10 @@
 // caller's. Besides it, a replicated write runs one goroutine per replica
 // until that replica answers, past the write's answer for the first and
 // majority policies; a hedged read runs one goroutine per replica it asks.
+// A pool may also fill its misses from a warm pool or mirror a sample of
+// its keys to a shadow pool (policy.go, docs/routes.md): each warm-up copy
+// and each mirrored operation runs on a goroutine of its own after the
+// answer, within a budget of its own, bounded by the pools' timeouts.
 package route
 
 import (
@@ -99,6 +103,16 @@ type PoolOptions struct {
 	// true). A node that comes back starts empty, so without it its keys
 	// are misses until written again.
 	MissFallback bool
+	// Warm names the pool this one fills its misses from (warm-up,
+	// warm.go); empty for none. It must be another pool.
+	Warm string
+	// Shadow names the pool a sample of this pool's keys is also sent to,
+	// its answers compared and counted (shadow.go); empty for none. It
+	// must be another pool, not the Warm one.
+	Shadow string
+	// ShadowPercent is the share of keys in the shadow sample, in (0,
+	// 100]; if zero with a Shadow pool, 100.
+	ShadowPercent float64
 }
 
 // Options configures a Router. Zero values take the defaults named on
@@ -121,6 +135,22 @@ type Options struct {
 	BackgroundBytes int64
 	// BackgroundOps caps those writes in number; if zero, 1024.
 	BackgroundOps int
+	// WarmDefaultTTL is the expiration of a warm-up copy whose warm item's
+	// TTL could not be learned (a memcached without the meta protocol);
+	// if zero, 5m.
+	WarmDefaultTTL time.Duration
+	// WarmBackgroundBytes and WarmBackgroundOps cap the warm-up
+	// write-backs running, over all pools, in value bytes and in number;
+	// past them a write-back is dropped (and counted). If zero, 16 MiB
+	// and 1024.
+	WarmBackgroundBytes int64
+	WarmBackgroundOps   int
+	// ShadowBackgroundBytes and ShadowBackgroundOps cap the operations
+	// mirrored to shadow pools and running, over all pools, in value
+	// bytes held and in number; past them one is dropped (and counted).
+	// If zero, 16 MiB and 1024.
+	ShadowBackgroundBytes int64
+	ShadowBackgroundOps   int
 }
 
 func (o *Options) withDefaults() {
@@ -140,6 +170,7 @@ func (o *Options) withDefaults() {
 	if o.BackgroundOps <= 0 {
 		o.BackgroundOps = 1024
 	}
+	o.withPolicyDefaults()
 	for i := range o.Pools {
 		p := &o.Pools[i]
 		if p.Name == "" {
@@ -174,7 +205,7 @@ func (o *Options) validate() error {
 			errs = append(errs, fmt.Errorf("route: pool %q is named twice", p.Name))
 		}
 		names[p.Name] = true
-		if i > 0 && len(p.Prefixes) == 0 {
+		if i > 0 && len(p.Prefixes) == 0 && !o.source(p.Name) {
 			errs = append(errs, fmt.Errorf("route: pool %q has no prefix: no key would reach it", p.Name))
 		}
 		for _, pre := range p.Prefixes {
@@ -200,6 +231,7 @@ func (o *Options) validate() error {
 			errs = append(errs, fmt.Errorf("route: pool %q: %d replicas need at least %d nodes, it has %d", p.Name, p.Replicas, p.Replicas, n))
 		}
 	}
+	errs = append(errs, o.validatePolicies()...)
 	return errors.Join(errs...)
 }
 
@@ -212,6 +244,7 @@ type Router struct {
 	pools []*pool // in configured order; the set is fixed at New
 	opts  Options
 	bg    *bound
+	px    *policyState // warm-up and shadow budgets and metrics
 	m     *metrics
 	log   *slog.Logger
 
@@ -242,6 +275,7 @@ type view struct {
 	read     ReadPolicy
 	miss     bool // MissFallback
 	pm       policyMetrics
+	pol      policies // warm-up and shadow (policy.go)
 }
 
 // pool is what stays of a pool across reconfigurations: its cluster, its
@@ -267,6 +301,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 	}
 	r := &Router{opts: opts, log: log, m: newMetrics(reg)}
 	r.bg = newBound(opts.BackgroundBytes, int64(opts.BackgroundOps), r.m)
+	r.px = newPolicyState(opts, reg)
 	for _, po := range opts.Pools {
 		co := po.Cluster
 		creg := reg
@@ -302,6 +337,7 @@ func (r *Router) newTable(pools []PoolOptions) *table {
 			t.routes = append(t.routes, prefixRoute{prefix: pre, v: v})
 		}
 	}
+	t.linkPolicies(pools, r.px)
 	t.def = t.views[0]
 	slices.SortStableFunc(t.routes, func(a, b prefixRoute) int { return len(b.prefix) - len(a.prefix) })
 	t.direct = len(t.views) == 1 && t.def.replicas == 1
@@ -337,6 +373,9 @@ func (r *Router) Do(ctx context.Context, o op.Op) op.Result {
 		return t.def.c.Do(ctx, o)
 	}
 	v, _ := t.pick(routeKey(&o))
+	if v.pol.active() {
+		return v.doPolicies(ctx, o)
+	}
 	if v.replicas == 1 {
 		return v.c.Do(ctx, o)
 	}
@@ -352,7 +391,7 @@ func (r *Router) DoAsync(ctx context.Context, o op.Op, done func(op.Result)) boo
 		return t.def.c.DoAsync(ctx, o, done)
 	}
 	v, _ := t.pick(routeKey(&o))
-	if v.replicas != 1 {
+	if v.replicas != 1 || v.pol.active() {
 		return false
 	}
 	return v.c.DoAsync(ctx, o, done)
@@ -368,7 +407,10 @@ func (r *Router) SetQuiet(ctx context.Context, it op.Item) error {
 		return t.def.c.SetQuiet(ctx, it)
 	}
 	v, _ := t.pick(it.Key)
-	if v.replicas == 1 {
+	switch {
+	case v.pol.active():
+		return v.doPolicies(ctx, op.Op{Verb: op.Set, Item: it}).Err
+	case v.replicas == 1:
 		return v.c.SetQuiet(ctx, it)
 	}
 	return v.do(ctx, op.Op{Verb: op.Set, Item: it}).Err

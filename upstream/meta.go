@@ -1,0 +1,197 @@
+package upstream
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/memcgate/memcgate/upstream/op"
+)
+
+// ErrNoMeta means the node answered a meta command with an error line:
+// it is older than memcached 1.6, which speaks the meta protocol, or a
+// proxy in front of it does not pass meta commands on.
+var ErrNoMeta = errors.New("upstream: memcached does not answer meta commands")
+
+// TTL returns the remaining lifetime of the item o names (its Item.Key,
+// placed by its HashKey if set; the verb is ignored), in seconds (0: it
+// never expires), and the item's CAS value, from the node a Get of it
+// would read now (the owner, or the node it fails over to). It asks with
+// the meta protocol (mg <key> t c), which neither gomemcache nor the
+// pipelined client speaks, on a connection of its own per request kept
+// idle for the next (at most metaIdle per node). It is not counted in the
+// operation metrics nor fed to health checking: it is an optional
+// lookup, and the callers (warm-up) have a default when it fails. Errors:
+// ErrNotFound, ErrNoMeta, ErrBadKey, ErrNoNodes, or a *NodeError.
+func (c *Cluster) TTL(ctx context.Context, o op.Op) (ttl int32, cas uint64, err error) {
+	sk, hk := c.keysOf(&o)
+	if !legalKey(sk) {
+		return 0, 0, ErrBadKey
+	}
+	err = c.routeAfter(ctx, hk, false, nil, nil, func(n *node, _ bool) error {
+		var e error
+		ttl, cas, e = n.metaTTL(ctx, sk)
+		return e
+	})
+	return ttl, cas, err
+}
+
+// metaIdle is the number of idle meta connections a node keeps.
+const metaIdle = 2
+
+// metaConns are a node's idle connections for meta lookups. The zero
+// value is ready; it must not be copied.
+type metaConns struct {
+	mu     sync.Mutex // guards idle, closed
+	idle   []*metaConn
+	closed bool
+}
+
+type metaConn struct {
+	net.Conn
+	br *bufio.Reader
+}
+
+func (m *metaConns) get() *metaConn {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.idle) == 0 {
+		return nil
+	}
+	mc := m.idle[len(m.idle)-1]
+	m.idle = m.idle[:len(m.idle)-1]
+	return mc
+}
+
+func (m *metaConns) put(mc *metaConn) {
+	m.mu.Lock()
+	if !m.closed && len(m.idle) < metaIdle {
+		m.idle = append(m.idle, mc)
+		mc = nil
+	}
+	m.mu.Unlock()
+	if mc != nil {
+		mc.Close()
+	}
+}
+
+func (m *metaConns) close() {
+	m.mu.Lock()
+	idle := m.idle
+	m.idle, m.closed = nil, true
+	m.mu.Unlock()
+	for _, mc := range idle {
+		mc.Close()
+	}
+}
+
+// metaTTL asks the node for sk's TTL and CAS within its in-flight cap and
+// socket timeout.
+func (n *node) metaTTL(ctx context.Context, sk string) (int32, uint64, error) {
+	select {
+	case n.sem <- struct{}{}:
+	case <-ctx.Done():
+		return 0, 0, ctxError(n.name, "mg", ctx.Err())
+	}
+	defer func() { <-n.sem }()
+	mc := n.meta.get()
+	if mc == nil {
+		dctx, cancel := context.WithTimeout(ctx, n.timeout)
+		conn, err := n.dial(dctx, "tcp", n.name)
+		cancel()
+		if err != nil {
+			return 0, 0, classify(n.name, "mg", err)
+		}
+		mc = &metaConn{Conn: conn, br: bufio.NewReaderSize(conn, 256)}
+	}
+	deadline := time.Now().Add(n.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	_ = mc.SetDeadline(deadline)
+	if _, err := mc.Write([]byte("mg " + sk + " t c\r\n")); err != nil {
+		mc.Close()
+		return 0, 0, classify(n.name, "mg", err)
+	}
+	line, err := mc.br.ReadSlice('\n')
+	if err != nil {
+		mc.Close()
+		if errors.Is(err, bufio.ErrBufferFull) {
+			return 0, 0, fmt.Errorf("%w: %s: meta reply line too long", ErrServer, n.name)
+		}
+		return 0, 0, classify(n.name, "mg", err)
+	}
+	ttl, cas, err := parseMetaTTL(line)
+	if errors.Is(err, ErrNoMeta) || errors.Is(err, ErrServer) {
+		mc.Close() // after an error line the connection's state is not worth trusting
+	} else {
+		n.meta.put(mc)
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("%s: %w", n.name, err)
+	}
+	return ttl, cas, nil
+}
+
+// parseMetaTTL reads the reply to "mg <key> t c": "HD t<ttl> c<cas>"
+// (t-1: no expiry) or "EN" (a miss).
+func parseMetaTTL(line []byte) (int32, uint64, error) {
+	line = bytes.TrimRight(line, "\r\n")
+	fields := bytes.Fields(line)
+	switch {
+	case len(fields) == 0:
+		return 0, 0, fmt.Errorf("%w: empty meta reply", ErrServer)
+	case string(fields[0]) == "EN":
+		return 0, 0, ErrNotFound
+	case isErrorLine(line):
+		return 0, 0, fmt.Errorf("%w: %q", ErrNoMeta, line)
+	case string(fields[0]) != "HD":
+		return 0, 0, fmt.Errorf("%w: unexpected meta reply %q", ErrServer, line)
+	}
+	var ttl int64
+	var cas uint64
+	var haveTTL bool
+	for _, f := range fields[1:] {
+		if len(f) < 2 {
+			continue
+		}
+		var err error
+		switch f[0] {
+		case 't':
+			ttl, err = strconv.ParseInt(string(f[1:]), 10, 32)
+			haveTTL = true
+		case 'c':
+			cas, err = strconv.ParseUint(string(f[1:]), 10, 64)
+		}
+		if err != nil {
+			return 0, 0, fmt.Errorf("%w: meta reply %q: %v", ErrServer, line, err)
+		}
+	}
+	if !haveTTL {
+		return 0, 0, fmt.Errorf("%w: meta reply %q has no TTL", ErrServer, line)
+	}
+	if ttl < 0 { // -1: the item never expires
+		return 0, cas, nil
+	}
+	return int32(max(ttl, 1)), cas, nil // 0 would mean "never" to the caller; the item is at its last second
+}
+
+// legalKey is memcached's rule for a text-protocol key: 1 to 250 bytes,
+// no spaces or control bytes.
+func legalKey(key string) bool {
+	if len(key) == 0 || len(key) > 250 {
+		return false
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] <= ' ' || key[i] == 0x7f {
+			return false
+		}
+	}
+	return true
+}

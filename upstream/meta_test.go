@@ -1,0 +1,80 @@
+package upstream
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/upstream/op"
+)
+
+func TestParseMetaTTL(t *testing.T) {
+	tests := []struct {
+		name    string
+		line    string
+		ttl     int32
+		cas     uint64
+		wantErr error
+	}{
+		{"expiring", "HD t100 c7\r\n", 100, 7, nil},
+		{"never", "HD t-1 c2\r\n", 0, 2, nil},
+		{"last second", "HD t0 c3\r\n", 1, 3, nil},
+		{"flags in any order", "HD c9 t5\r\n", 5, 9, nil},
+		{"miss", "EN\r\n", 0, 0, ErrNotFound},
+		{"no meta", "ERROR\r\n", 0, 0, ErrNoMeta},
+		{"client error", "CLIENT_ERROR bad command line format\r\n", 0, 0, ErrNoMeta},
+		{"no ttl", "HD c1\r\n", 0, 0, ErrServer},
+		{"garbage", "VALUE x 0 1\r\n", 0, 0, ErrServer},
+		{"bad number", "HD tx c1\r\n", 0, 0, ErrServer},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ttl, cas, err := parseMetaTTL([]byte(tt.line))
+			if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil && err != nil) {
+				t.Fatalf("parseMetaTTL(%q) error = %v, want %v", tt.line, err, tt.wantErr)
+			}
+			if ttl != tt.ttl || cas != tt.cas {
+				t.Errorf("parseMetaTTL(%q) = %d, %d, want %d, %d", tt.line, ttl, cas, tt.ttl, tt.cas)
+			}
+		})
+	}
+}
+
+func TestTTLFromMemcached(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 2)
+	c, _ := newTestCluster(t, mcs, nil)
+	ctx := t.Context()
+	if err := c.Set(ctx, Item{Key: "expiring", Value: []byte("v"), Expiration: 100}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Set(ctx, Item{Key: "forever", Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		key     string
+		min     int32
+		max     int32
+		wantErr error
+	}{
+		{"expiring", 98, 100, nil},
+		{"forever", 0, 0, nil},
+		{"absent", 0, 0, ErrNotFound},
+		{"bad key", 0, 0, ErrBadKey},
+	}
+	for _, tt := range tests {
+		t.Run(tt.key, func(t *testing.T) {
+			for range 3 { // the second and third reuse the idle connection
+				ttl, cas, err := c.TTL(ctx, op.Op{Item: Item{Key: tt.key}})
+				if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil && err != nil) {
+					t.Fatalf("TTL(%q) error = %v, want %v", tt.key, err, tt.wantErr)
+				}
+				if ttl < tt.min || ttl > tt.max {
+					t.Errorf("TTL(%q) = %d, want %d..%d", tt.key, ttl, tt.min, tt.max)
+				}
+				if err == nil && cas == 0 {
+					t.Errorf("TTL(%q) cas = 0, want the item's", tt.key)
+				}
+			}
+		})
+	}
+}

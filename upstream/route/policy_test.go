@@ -1,0 +1,299 @@
+package route
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/op"
+)
+
+// warmRouter is a router whose default pool (cold) fills from pool "old"
+// (warm), which no prefix reaches.
+func warmRouter(t *testing.T) (r *Router, reg *prometheus.Registry, cold, warm *memcachedtest.Server) {
+	t.Helper()
+	c, w := memcachedtest.StartN(t, 1), memcachedtest.StartN(t, 1)
+	r, reg = newRouter(t, Options{Pools: []PoolOptions{
+		{Cluster: clusterOptions(c), Warm: "old"},
+		{Name: "old", Cluster: clusterOptions(w)},
+	}, WarmDefaultTTL: 30 * time.Second})
+	return r, reg, c[0], w[0]
+}
+
+func directSet(t *testing.T, addr, key, value string, ttl int32) {
+	t.Helper()
+	c := memcache.New(addr)
+	defer c.Close()
+	if err := c.Set(&memcache.Item{Key: key, Value: []byte(value), Flags: 7, Expiration: ttl}); err != nil {
+		t.Fatalf("direct set %s on %s: %v", key, addr, err)
+	}
+}
+
+// directTTL is the remaining TTL memcached at addr reports for key (-1:
+// never expires), with the meta protocol.
+func directTTL(t *testing.T, r *Router, pool, key string) int32 {
+	t.Helper()
+	for _, p := range r.pools {
+		if p.name == pool {
+			ttl, _, err := p.c.TTL(t.Context(), op.Op{Item: op.Item{Key: key}})
+			if err != nil {
+				t.Fatalf("TTL(%s) in %s: %v", key, pool, err)
+			}
+			return ttl
+		}
+	}
+	t.Fatalf("no pool %s", pool)
+	return 0
+}
+
+func counter(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	for i := 0; i+1 < len(labels); i += 2 {
+		want[labels[i]] = labels[i+1]
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if v, ok := want[lp.GetName()]; ok && v != lp.GetValue() {
+					continue next
+				}
+			}
+			sum += m.GetCounter().GetValue()
+		}
+	}
+	return sum
+}
+
+func TestWarmUpReadsFillTheColdPool(t *testing.T) {
+	r, reg, cold, warm := warmRouter(t)
+	ctx := t.Context()
+	directSet(t, warm.Addr, "ttl", "from-warm", 100)
+	directSet(t, warm.Addr, "forever", "kept", 0)
+
+	tests := []struct {
+		key, want string
+		ttlMin    int32
+		ttlMax    int32
+	}{
+		{"ttl", "from-warm", 95, 99}, // less a second, never longer than the warm item's
+		{"forever", "kept", 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.key, func(t *testing.T) {
+			res := r.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: tt.key}})
+			if res.Err != nil || string(res.Item.Value) != tt.want || res.Item.Flags != 7 {
+				t.Fatalf("Get(%q) = %q flags %d, %v; want %q flags 7", tt.key, res.Item.Value, res.Item.Flags, res.Err, tt.want)
+			}
+			waitUntil(t, 10*time.Second, "write-back", func() bool { v, ok := direct(t, cold.Addr, tt.key); return ok && v == tt.want })
+			if ttl := directTTL(t, r, DefaultPool, tt.key); ttl < tt.ttlMin || ttl > tt.ttlMax {
+				t.Errorf("cold TTL of %q = %d, want %d..%d", tt.key, ttl, tt.ttlMin, tt.ttlMax)
+			}
+		})
+	}
+	if _, err := get(ctx, r, "absent"); err == nil {
+		t.Errorf("Get(absent) = nil error, want a miss")
+	}
+	if got := counter(t, reg, "memcgate_warmup_reads_total", "result", "warm_hit"); got != 2 {
+		t.Errorf("warm_hit = %v, want 2", got)
+	}
+	if got := counter(t, reg, "memcgate_warmup_reads_total", "result", "miss"); got != 1 {
+		t.Errorf("miss = %v, want 1", got)
+	}
+	if _, err := get(ctx, r, "ttl"); err != nil {
+		t.Fatal(err)
+	}
+	if got := counter(t, reg, "memcgate_warmup_reads_total", "result", "cold_hit"); got != 1 {
+		t.Errorf("cold_hit = %v, want 1", got)
+	}
+}
+
+func TestWarmUpWritesInvalidateTheWarmPool(t *testing.T) {
+	r, _, cold, warm := warmRouter(t)
+	ctx := t.Context()
+	tests := []struct {
+		name      string
+		o         op.Op
+		coldValue string // "" = absent
+	}{
+		{"set", op.Op{Verb: op.Set, Item: op.Item{Key: "k-set", Value: []byte("new")}}, "new"},
+		{"delete", op.Op{Verb: op.Delete, Item: op.Item{Key: "k-delete"}}, ""},
+		{"append fills first", op.Op{Verb: op.Append, Item: op.Item{Key: "k-append", Value: []byte("+c")}}, "old+c"},
+		{"incr fills first", op.Op{Verb: op.Incr, Item: op.Item{Key: "k-incr"}, Delta: 1}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k := tt.o.Item.Key
+			old := "old"
+			if tt.o.Verb == op.Incr {
+				old = "41"
+			}
+			directSet(t, warm.Addr, k, old, 0)
+			res := r.Do(ctx, tt.o)
+			if res.Err != nil && tt.o.Verb != op.Delete {
+				t.Fatalf("%s %s: %v", tt.o.Verb, k, res.Err)
+			}
+			if _, ok := direct(t, warm.Addr, k); ok {
+				t.Errorf("%s %s: the warm pool still holds the key", tt.o.Verb, k)
+			}
+			want := tt.coldValue
+			if tt.o.Verb == op.Incr {
+				want = "42"
+				if res.N != 42 {
+					t.Errorf("incr %s = %d, want 42", k, res.N)
+				}
+			}
+			got, ok := direct(t, cold.Addr, k)
+			if want == "" && ok || want != "" && got != want {
+				t.Errorf("%s %s: cold pool holds %q (%v), want %q", tt.o.Verb, k, got, ok, want)
+			}
+			if _, err := get(ctx, r, k); tt.o.Verb == op.Delete && err == nil {
+				t.Errorf("Get after delete found the key: the warm value came back")
+			}
+		})
+	}
+}
+
+func TestWarmUpGetMulti(t *testing.T) {
+	r, _, cold, warm := warmRouter(t)
+	ctx := t.Context()
+	directSet(t, cold.Addr, "a", "cold-a", 0)
+	directSet(t, warm.Addr, "b", "warm-b", 0)
+	found, failed := r.GetMulti(ctx, []string{"a", "b", "c", "b"}, 0)
+	if len(failed) != 0 || string(found["a"].Value) != "cold-a" || string(found["b"].Value) != "warm-b" || len(found) != 2 {
+		t.Fatalf("GetMulti = %v, %v; want a from cold, b from warm, c missing", found, failed)
+	}
+	waitUntil(t, 2*time.Second, "write-back of b", func() bool { v, ok := direct(t, cold.Addr, "b"); return ok && v == "warm-b" })
+}
+
+func TestShadowComparesAndNeverAnswers(t *testing.T) {
+	main, shadow := memcachedtest.StartN(t, 1), memcachedtest.StartN(t, 1)
+	so := clusterOptions(shadow)
+	so.Timeout = 2 * time.Second // a loaded machine must not turn comparisons into errors
+	r, reg := newRouter(t, Options{Pools: []PoolOptions{
+		{Cluster: clusterOptions(main), Shadow: "next", ShadowPercent: 100},
+		{Name: "next", Cluster: so},
+	}})
+	ctx := t.Context()
+	for i := range 10 {
+		if err := set(ctx, r, fmt.Sprint("s", i), "v"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitUntil(t, 10*time.Second, "mirrored sets", func() bool {
+		return counter(t, reg, "memcgate_shadow_total", "op", "set", "result", "match") == 10
+	})
+	directSet(t, shadow[0].Addr, "s3", "different", 0)
+	for i := range 10 {
+		if v, err := get(ctx, r, fmt.Sprint("s", i)); err != nil || v != "v" {
+			t.Fatalf("Get(s%d) = %q, %v; want the primary's v", i, v, err)
+		}
+	}
+	waitUntil(t, 10*time.Second, "compared gets", func() bool {
+		return counter(t, reg, "memcgate_shadow_total", "op", "get") == 10
+	})
+	if got := counter(t, reg, "memcgate_shadow_total", "op", "get", "result", "mismatch"); got != 1 {
+		t.Errorf("get mismatches = %v, want 1 (s3 and its flags differ)", got)
+	}
+	if got := counter(t, reg, "memcgate_shadow_total", "op", "get", "result", "match"); got != 9 {
+		t.Errorf("get matches = %v, want 9", got)
+	}
+}
+
+func TestShadowSampleIsStable(t *testing.T) {
+	tests := []struct {
+		pct  float64
+		want float64
+	}{{1, 0.01}, {10, 0.10}, {50, 0.50}, {100, 1}}
+	for _, tt := range tests {
+		t.Run(fmt.Sprint(tt.pct), func(t *testing.T) {
+			p := policies{shadow: &view{}, shadowCut: uint64(tt.pct / 100 * sampleSpace)}
+			n := 0
+			const keys = 20000
+			for i := range keys {
+				k := fmt.Sprint("user:", i)
+				if p.sampled(k) != p.sampled(k) {
+					t.Fatalf("sampled(%q) changes", k)
+				}
+				if p.sampled(k) {
+					n++
+				}
+			}
+			if got := float64(n) / keys; got < tt.want*0.8 || got > tt.want*1.2+0.001 {
+				t.Errorf("sampled share at %g%% = %.4f, want about %.4f", tt.pct, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestPolicyValidation(t *testing.T) {
+	servers := clusterOptions(nil)
+	servers.Servers = []upstream.Server{{Host: "127.0.0.1", Port: 1}}
+	pool := func(name string, mod func(*PoolOptions)) PoolOptions {
+		p := PoolOptions{Name: name, Cluster: servers}
+		if mod != nil {
+			mod(&p)
+		}
+		return p
+	}
+	tests := []struct {
+		name  string
+		pools []PoolOptions
+		want  string // "" = valid
+	}{
+		{"warm source without prefix", []PoolOptions{pool("main", func(p *PoolOptions) { p.Warm = "old" }), pool("old", nil)}, ""},
+		{"unreached pool", []PoolOptions{pool("main", nil), pool("old", nil)}, `pool "old" has no prefix`},
+		{"itself", []PoolOptions{pool("main", func(p *PoolOptions) { p.Warm = "main" })}, "names itself as its warm pool"},
+		{"unknown", []PoolOptions{pool("main", func(p *PoolOptions) { p.Shadow = "nope" })}, `shadow pool "nope" is not a pool`},
+		{"both", []PoolOptions{pool("main", func(p *PoolOptions) { p.Warm, p.Shadow = "old", "old" }), pool("old", nil)}, "both its warm and its shadow"},
+		{"percent", []PoolOptions{pool("main", func(p *PoolOptions) { p.Shadow, p.ShadowPercent = "old", 150 }), pool("old", nil)}, "shadow percent 150"},
+		{"percent alone", []PoolOptions{pool("main", func(p *PoolOptions) { p.ShadowPercent = 5 })}, "without a shadow pool"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := Options{Pools: tt.pools}
+			o.withDefaults()
+			err := o.validate()
+			switch {
+			case tt.want == "" && err != nil:
+				t.Errorf("validate() = %v, want nil", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Errorf("validate() = %v, want an error with %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestWarmBudget: a write-back that finds the budget full is dropped and
+// counted, and the client still gets the warm value.
+func TestWarmBudget(t *testing.T) {
+	c, w := memcachedtest.StartN(t, 1), memcachedtest.StartN(t, 1)
+	r, _ := newRouter(t, Options{Pools: []PoolOptions{
+		{Cluster: clusterOptions(c), Warm: "old"},
+		{Name: "old", Cluster: clusterOptions(w)},
+	}, WarmBackgroundBytes: 4})
+	directSet(t, w[0].Addr, "big", "more than four bytes", 0)
+	if v, err := get(context.Background(), r, "big"); err != nil || v != "more than four bytes" {
+		t.Fatalf("Get(big) = %q, %v", v, err)
+	}
+	if got := testutil.ToFloat64(r.px.m.writeBacks.WithLabelValues(DefaultPool, "old", "dropped")); got != 1 {
+		t.Errorf("dropped write-backs = %v, want 1", got)
+	}
+}

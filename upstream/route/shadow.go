@@ -1,0 +1,152 @@
+package route
+
+import (
+	"bytes"
+	"context"
+
+	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/op"
+)
+
+// Shadow: a stable sample of a pool's keys (by an FNV-1a hash of the key,
+// the same in every gateway) is also sent to a shadow pool, after the
+// client's answer is known and without delaying it; the shadow's answer
+// is compared with the client's and counted, never returned. Every verb
+// is mirrored, writes too, so that the shadow pool holds what the primary
+// holds and its reads can be compared at all; a cas is mirrored as a set
+// of the stored value (a CAS value is one node's), and only once the
+// primary stored it. An operation whose primary answer is a failure is
+// not mirrored: there is nothing to compare it with.
+//
+// Results: match (the same outcome and, for reads, the same value and
+// flags; for incr and decr the same number), mismatch, or error (the
+// shadow pool could not answer). Mirrored work runs in the background
+// under the shadow budget; what does not fit is dropped and counted.
+
+// shadowDo mirrors o, whose primary answer was res, to the shadow pool.
+func (v *view) shadowDo(ctx context.Context, o op.Op, res op.Result) {
+	if failure(res.Err) {
+		return
+	}
+	so := o
+	if o.Verb == op.CAS {
+		if res.Err != nil {
+			return
+		}
+		so.Verb, so.Item.CAS = op.Set, 0
+	}
+	size := int64(len(o.Item.Value) + len(res.Item.Value))
+	bg := v.pol.px.shadBG
+	if !bg.acquire(size) {
+		v.pol.sm.dropped.Inc()
+		return
+	}
+	// The caller reuses the value it sent (a PUT body's buffer) and may
+	// reuse the one it read once it has answered: keep copies.
+	so.Item.Value = bytes.Clone(o.Item.Value)
+	res.Item.Value = bytes.Clone(res.Item.Value)
+	s, sm := v.pol.shadow, v.pol.sm
+	go func() {
+		defer bg.release(size)
+		bctx, cancel := background(ctx, 2*s.timeout)
+		defer cancel()
+		sres := s.own(bctx, so)
+		sm.count(o.Verb, compare(o.Verb, res, sres))
+	}()
+}
+
+// comparison is how a shadow answer compared with the primary's.
+type comparison uint8
+
+const (
+	match comparison = iota
+	mismatch
+	shadowError
+	numComparisons
+)
+
+func (c comparison) String() string {
+	return [...]string{"match", "mismatch", "error"}[c]
+}
+
+// compare compares a shadow answer with the primary's.
+func compare(v op.Verb, primary, shadow op.Result) comparison {
+	if failure(shadow.Err) {
+		return shadowError
+	}
+	if outcomeClass(primary.Err) != outcomeClass(shadow.Err) {
+		return mismatch
+	}
+	if primary.Err != nil {
+		return match // the same refusal or miss
+	}
+	switch v {
+	case op.Get, op.GAT:
+		if primary.Item.Flags != shadow.Item.Flags || !bytes.Equal(primary.Item.Value, shadow.Item.Value) {
+			return mismatch
+		}
+	case op.Incr, op.Decr:
+		if primary.N != shadow.N {
+			return mismatch
+		}
+	}
+	return match
+}
+
+// shadowGetMulti mirrors the sampled keys of a multi-get, whose primary
+// answer is found and failed, to the shadow pool as one multi-get.
+func (v *view) shadowGetMulti(ctx context.Context, keys []string, found map[string]op.Item, failed map[string]error) {
+	type want struct {
+		key string
+		res op.Result
+	}
+	var sample []want
+	var size int64
+	seen := map[string]bool{}
+	for _, k := range keys {
+		if seen[k] || !v.pol.sampled(k) {
+			continue
+		}
+		seen[k] = true
+		if err, ok := failed[k]; ok && failure(err) {
+			continue
+		}
+		w := want{key: k, res: op.Result{Err: upstream.ErrNotFound}}
+		if it, ok := found[k]; ok {
+			it.Value = bytes.Clone(it.Value) // the caller's once returned
+			w.res = op.Result{Item: it}
+			size += int64(len(it.Value))
+		} else if _, ok := failed[k]; ok {
+			continue // over the byte limit: not read, nothing to compare
+		}
+		sample = append(sample, w)
+	}
+	if len(sample) == 0 {
+		return
+	}
+	bg := v.pol.px.shadBG
+	if !bg.acquire(size) {
+		v.pol.sm.dropped.Add(float64(len(sample)))
+		return
+	}
+	s, sm := v.pol.shadow, v.pol.sm
+	go func() {
+		defer bg.release(size)
+		bctx, cancel := background(ctx, 2*s.timeout)
+		defer cancel()
+		ks := make([]string, len(sample))
+		for i, w := range sample {
+			ks[i] = w.key
+		}
+		sf, se := s.getMultiOwn(bctx, ks, 0)
+		for _, w := range sample {
+			sres := op.Result{Err: upstream.ErrNotFound}
+			if it, ok := sf[w.key]; ok {
+				sres = op.Result{Item: it}
+			} else if err, ok := se[w.key]; ok {
+				sres = op.Result{Err: err}
+			}
+			sm.count(op.Get, compare(op.Get, w.res, sres))
+		}
+	}()
+}

@@ -1,0 +1,276 @@
+package route
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/op"
+)
+
+// Warm-up: a pool (cold) fills itself from another (warm) instead of from
+// the database. The rule for each verb, in one place (docs/pools.md says
+// the same for people; docs/decisions/0008-warm-up-and-shadow.md says why):
+//
+//   - get, gat: the cold pool first; on a miss, a get from the warm pool.
+//     A warm hit is the answer, and is written back into the cold pool in
+//     the background with add (a client's write that lands first wins),
+//     with the warm item's remaining TTL (Cluster.TTL) less a second, so
+//     that the copy never outlives the original; WarmDefaultTTL when the
+//     TTL cannot be learned. A gat's write-back takes the gat's TTL. A
+//     warm failure answers the cold pool's miss: a warm pool that is down
+//     costs hits, never errors.
+//   - every write: the cold pool answers, and the key is deleted from the
+//     warm pool before the answer, so the warm pool never holds a value
+//     older than the cold one: a later cold miss (an eviction, a shorter
+//     TTL, a delete) cannot bring an overwritten or deleted value back.
+//     set, add and delete run in both pools at once; the verbs that need
+//     the item (replace, append, prepend, incr, decr, touch, cas) first
+//     fill a cold miss from the warm pool, synchronously, and try once
+//     more, then delete it from the warm pool.
+//
+// What it does not promise: a get that read the warm pool just before a
+// delete can write the old value back after it (the write-back is an add,
+// so only when the cold pool has no value); a cas with a CAS value read
+// from the warm pool conflicts in the cold pool, and the client reads
+// again; add answers by the cold pool alone.
+
+// warmDo runs o on a view with a warm pool.
+func (v *view) warmDo(ctx context.Context, o op.Op) op.Result {
+	switch {
+	case o.Verb == op.Get || o.Verb == op.GAT:
+		return v.warmGet(ctx, o)
+	case needsItem(o.Verb):
+		res := v.own(ctx, o)
+		if errors.Is(res.Err, upstream.ErrNotFound) && v.fill(ctx, o) {
+			res = v.own(ctx, o)
+		}
+		v.invalidate(ctx, o)
+		return res
+	case o.Verb.Writes():
+		var wg sync.WaitGroup
+		wg.Go(func() { v.invalidate(ctx, o) })
+		res := v.own(ctx, o)
+		wg.Wait()
+		return res
+	}
+	return v.own(ctx, o)
+}
+
+// needsItem reports whether v changes an item that must exist, so that a
+// key still only in the warm pool must be filled first.
+func needsItem(v op.Verb) bool {
+	switch v {
+	case op.Replace, op.Append, op.Prepend, op.Incr, op.Decr, op.Touch, op.CAS:
+		return true
+	}
+	return false
+}
+
+// keyOp is a verb on o's key, placed as o is.
+func keyOp(v op.Verb, o *op.Op) op.Op {
+	return op.Op{Verb: v, Item: op.Item{Key: o.Item.Key}, HashKey: o.HashKey}
+}
+
+// warmGet is a get or gat: the cold pool, then the warm one.
+func (v *view) warmGet(ctx context.Context, o op.Op) op.Result {
+	res := v.own(ctx, o)
+	m := &v.pol.wm
+	switch {
+	case res.Err == nil:
+		m.coldHit.Inc()
+		return res
+	case !errors.Is(res.Err, upstream.ErrNotFound):
+		return res
+	}
+	wres := v.pol.warm.own(ctx, keyOp(op.Get, &o))
+	switch {
+	case wres.Err == nil:
+		m.warmHit.Inc()
+		v.writeBack(ctx, o, wres.Item)
+		return op.Result{Item: wres.Item}
+	case errors.Is(wres.Err, upstream.ErrNotFound):
+		m.miss.Inc()
+	default:
+		m.warmError.Inc()
+	}
+	return res
+}
+
+// writeBack adds it, read from the warm pool for o, to the cold pool in
+// the background, within the warm-up budget.
+func (v *view) writeBack(ctx context.Context, o op.Op, it op.Item) {
+	m := &v.pol.wm
+	bg := v.pol.px.warmBG
+	size := int64(len(it.Value))
+	if !bg.acquire(size) {
+		m.wbDropped.Inc()
+		return
+	}
+	it.Value = bytes.Clone(it.Value) // the client's answer, which its caller may reuse once sent
+	go func() {
+		defer bg.release(size)
+		bctx, cancel := background(ctx, 2*(v.pol.warm.timeout+v.timeout))
+		defer cancel()
+		exp, ok := o.Item.Expiration, true
+		if o.Verb != op.GAT {
+			exp, ok = v.warmTTL(bctx, &o, it.CAS)
+		}
+		if !ok {
+			return
+		}
+		add := op.Op{Verb: op.Add, Item: op.Item{Key: it.Key, Value: it.Value, Flags: it.Flags, Expiration: exp}, HashKey: o.HashKey}
+		switch err := v.own(bctx, add).Err; {
+		case err == nil:
+			m.wbStored.Inc()
+		case errors.Is(err, upstream.ErrExists):
+			m.wbExists.Inc()
+		default:
+			m.wbFailed.Inc()
+		}
+	}()
+}
+
+// warmTTL is the expiration a copy of o's warm item, whose CAS value is
+// cas, takes in the cold pool: its remaining TTL less a second (memcached
+// counts whole seconds, and the two pools' clocks tick apart), or
+// WarmDefaultTTL when the warm pool cannot tell it. false when no copy
+// should be written: the item is gone or about to go, or it changed since
+// it was read (the TTL would be another value's).
+func (v *view) warmTTL(ctx context.Context, o *op.Op, cas uint64) (int32, bool) {
+	m := &v.pol.wm
+	ttl, got, err := v.pol.warm.c.TTL(ctx, keyOp(op.Get, o))
+	switch {
+	case err == nil && got != cas:
+		m.wbChanged.Inc()
+		return 0, false
+	case err == nil && ttl == 0:
+		m.ttlKnown.Inc()
+		return 0, true
+	case err == nil && ttl <= 1:
+		m.wbExpired.Inc()
+		return 0, false
+	case err == nil:
+		m.ttlKnown.Inc()
+		return expiration(int64(ttl) - 1), true
+	case errors.Is(err, upstream.ErrNotFound):
+		m.wbExpired.Inc()
+		return 0, false
+	}
+	m.ttlDefault.Inc()
+	return v.pol.px.warmTTL, true
+}
+
+// expiration is a remaining lifetime in seconds as memcached takes an
+// expiration: relative up to 30 days, a Unix time beyond.
+func expiration(secs int64) int32 {
+	if secs > relativeExpiryMax {
+		return int32(time.Now().Unix() + secs)
+	}
+	return int32(secs)
+}
+
+// relativeExpiryMax is memcached's 30 days: larger expirations are Unix
+// times.
+const relativeExpiryMax = 60 * 60 * 24 * 30
+
+// fill copies o's key from the warm pool into the cold one before a verb
+// that needs the item, and reports whether it is in the cold pool now.
+func (v *view) fill(ctx context.Context, o op.Op) bool {
+	m := &v.pol.wm
+	wres := v.pol.warm.own(ctx, keyOp(op.Get, &o))
+	if wres.Err != nil {
+		if !errors.Is(wres.Err, upstream.ErrNotFound) {
+			m.warmError.Inc()
+		}
+		return false
+	}
+	exp, ok := v.warmTTL(ctx, &o, wres.Item.CAS)
+	if !ok {
+		return false
+	}
+	it := wres.Item
+	add := op.Op{Verb: op.Add, Item: op.Item{Key: it.Key, Value: it.Value, Flags: it.Flags, Expiration: exp}, HashKey: o.HashKey}
+	switch err := v.own(ctx, add).Err; {
+	case err == nil:
+		m.wbStored.Inc()
+		return true
+	case errors.Is(err, upstream.ErrExists):
+		m.wbExists.Inc()
+		return true
+	}
+	m.wbFailed.Inc()
+	return false
+}
+
+// invalidate deletes o's key from the warm pool.
+func (v *view) invalidate(ctx context.Context, o op.Op) {
+	m := &v.pol.wm
+	switch err := v.pol.warm.own(ctx, keyOp(op.Delete, &o)).Err; {
+	case err == nil:
+		m.invDeleted.Inc()
+	case errors.Is(err, upstream.ErrNotFound):
+		m.invAbsent.Inc()
+	default:
+		m.invFailed.Inc()
+	}
+}
+
+// warmGetMulti completes a multi-get of a view with a warm pool: the keys
+// the cold pool did not have (found and failed are its answer) are read
+// from the warm pool, added to found and written back. limit is the
+// caller's byte limit (0: none).
+func (v *view) warmGetMulti(ctx context.Context, keys []string, limit int, found map[string]op.Item, failed map[string]error) {
+	m := &v.pol.wm
+	kept := 0
+	for _, it := range found {
+		kept += len(it.Value)
+	}
+	var missing []string
+	seen := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		if _, ok := found[k]; ok {
+			m.coldHit.Inc()
+			continue
+		}
+		if _, ok := failed[k]; !ok {
+			missing = append(missing, k)
+		}
+	}
+	if len(missing) == 0 {
+		return
+	}
+	room := 0
+	if limit > 0 {
+		if room = limit - kept; room <= 0 {
+			for _, k := range missing {
+				failed[k] = upstream.ErrOverLimit
+			}
+			return
+		}
+	}
+	wf, we := v.pol.warm.getMultiOwn(ctx, missing, room)
+	for _, k := range missing {
+		if it, ok := wf[k]; ok {
+			m.warmHit.Inc()
+			found[k] = it
+			v.writeBack(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: k}}, it)
+			continue
+		}
+		switch err, ok := we[k]; {
+		case !ok:
+			m.miss.Inc()
+		case errors.Is(err, upstream.ErrOverLimit):
+			failed[k] = err
+		default:
+			m.warmError.Inc() // the cold pool's miss stands
+		}
+	}
+}
