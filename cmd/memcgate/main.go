@@ -26,7 +26,9 @@ import (
 	"github.com/memcgate/memcgate/config"
 	"github.com/memcgate/memcgate/gateway"
 	"github.com/memcgate/memcgate/gateway/budget"
+	"github.com/memcgate/memcgate/gateway/chunk"
 	"github.com/memcgate/memcgate/gateway/h1"
+	"github.com/memcgate/memcgate/gateway/memc"
 	"github.com/memcgate/memcgate/gateway/phpvalue"
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/hashring"
@@ -146,6 +148,8 @@ func gatewayOptions(cfg config.Config) gateway.Options {
 	return gateway.Options{
 		MaxKeyLen:             gateway.MaxKeyLen - len(cfg.KeyPrefix),
 		MaxValueBytes:         cfg.MaxValueBytes,
+		BigValueMaxBytes:      cfg.BigValueMaxBytes,
+		BigValueGrace:         cfg.WriteTimeout + cfg.RequestTimeout, // the longest a response may take, and its last chunk
 		DefaultTTL:            cfg.DefaultTTL,
 		RequestTimeout:        cfg.RequestTimeout,
 		AccessLog:             cfg.AccessLog,
@@ -210,7 +214,14 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, da
 	var draining atomic.Bool
 	gopts := gatewayOptions(cfg)
 	access := gateway.NewAccess(sec.tokens, cfg.ReadOnly)
-	gopts.AccessLogJSON, gopts.Routes, gopts.Access, gopts.Budget = accessJSON, memcRoutes(cfg, cluster, access), access, buffered
+	// Values in chunks, shared by the REST API and the HttpMemc
+	// endpoints, so that deleting a key through either removes its chunks.
+	gopts.Chunks = chunk.New(cluster, chunk.Options{ChunkSize: int(cfg.MaxValueBytes), Grace: gopts.BigValueGrace, Timeout: cfg.RequestTimeout}, reg)
+	var memcStore memc.Store = cluster
+	if cfg.BigValueMaxBytes > 0 {
+		memcStore = gopts.Chunks
+	}
+	gopts.AccessLogJSON, gopts.Routes, gopts.Access, gopts.Budget = accessJSON, memcRoutes(cfg, memcStore, cluster, access), access, buffered
 	if cfg.DetachedResponses && cfg.PipelineConns > 0 { // only pipelined connections answer without waiting
 		gopts.Async = cluster
 	}
