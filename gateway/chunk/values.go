@@ -37,6 +37,12 @@ type Options struct {
 	// clean-up of chunks (the gateway's request timeout, per chunk); if
 	// zero, 2s.
 	Timeout time.Duration
+	// MaxWrites caps the chunks on their way to memcached at once, of
+	// all Puts together: each is copied into a connection's write
+	// buffer, which no byte budget counts, so that however many large
+	// values arrive at once that copy stays a few chunks. A Put waits
+	// for its turn within Timeout. If zero, 4.
+	MaxWrites int
 }
 
 // Values reads and writes values in chunks through a Store. It is safe
@@ -44,7 +50,8 @@ type Options struct {
 type Values struct {
 	store   Store
 	opts    Options
-	timeout atomic.Int64 // Options.Timeout, in nanoseconds (SetTimeout)
+	timeout atomic.Int64  // Options.Timeout, in nanoseconds (SetTimeout)
+	writes  chan struct{} // a token per chunk on its way to memcached (MaxWrites)
 	m       metrics
 }
 
@@ -54,7 +61,10 @@ func New(s Store, opts Options, reg prometheus.Registerer) *Values {
 	if opts.Grace <= 0 {
 		opts.Grace = 60 * time.Second
 	}
-	v := &Values{store: s, opts: opts, m: newMetrics(reg)}
+	if opts.MaxWrites <= 0 {
+		opts.MaxWrites = 4
+	}
+	v := &Values{store: s, opts: opts, writes: make(chan struct{}, opts.MaxWrites), m: newMetrics(reg)}
 	v.SetTimeout(opts.Timeout)
 	return v
 }
@@ -79,6 +89,20 @@ func (v *Values) grace() int32 {
 func (v *Values) do(ctx context.Context, o op.Op) op.Result {
 	ctx, cancel := context.WithTimeout(ctx, time.Duration(v.timeout.Load()))
 	defer cancel()
+	return v.store.Do(ctx, o)
+}
+
+// write stores a chunk, waiting for one of MaxWrites turns within the
+// chunk's deadline.
+func (v *Values) write(ctx context.Context, o op.Op) op.Result {
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(v.timeout.Load()))
+	defer cancel()
+	select {
+	case v.writes <- struct{}{}:
+	case <-ctx.Done():
+		return op.Result{Err: fmt.Errorf("chunk: waiting to write: %w", ctx.Err())}
+	}
+	defer func() { <-v.writes }()
 	return v.store.Do(ctx, o)
 }
 
@@ -224,7 +248,7 @@ func (v *Values) Put(ctx context.Context, p Put, src Source) (err error) {
 				return fmt.Errorf("chunk: %q: chunk %d of %d bytes after %d bytes in chunks of %d", p.Key, written, len(b), x.Size, x.ChunkSize)
 			}
 			c := op.Op{Verb: op.Set, Item: op.Item{Key: base + strconv.Itoa(written), Value: b, Flags: checksum(b), Expiration: exp}, HashKey: p.Key}
-			if res := v.do(ctx, c); res.Err != nil {
+			if res := v.write(ctx, c); res.Err != nil {
 				return fmt.Errorf("chunk: writing chunk %d of %q: %w", written, p.Key, res.Err)
 			}
 			written++
