@@ -38,7 +38,7 @@ const rigChunk = 1000
 const rigGrace = 3 * time.Second
 
 // bigRig is a handler that stores large values in chunks, over three real
-// memcached nodes, served by net/http (or h1, serveH1).
+// memcached nodes, served by net/http (and by h1 too: serveH1).
 type bigRig struct {
 	t       *testing.T
 	mcs     []*memcachedtest.Server
@@ -590,6 +590,12 @@ func TestBigValueRanges(t *testing.T) {
 		{name: "last before first: ignored", hdr: []string{"Range", "bytes=10-5"}, status: 200, to: size, fetched: 6},
 		{name: "two ranges: ignored", hdr: []string{"Range", "bytes=0-1,3-4"}, status: 200, to: size, fetched: 6},
 		{name: "other unit: ignored", hdr: []string{"Range", "items=0-1"}, status: 200, to: size, fetched: 6},
+		{name: "first past int64", hdr: []string{"Range", "bytes=99999999999999999999-"}, status: 416, crange: "bytes */5017"},
+		{name: "last past int64", hdr: []string{"Range", "bytes=5000-99999999999999999999"}, status: 206, from: 5000, to: size, crange: "bytes 5000-5016/5017", fetched: 1},
+		{name: "suffix past int64", hdr: []string{"Range", "bytes=-99999999999999999999"}, status: 206, to: size, crange: "bytes 0-5016/5017", fetched: 6},
+		{name: "negative first: ignored", hdr: []string{"Range", "bytes=-5-10"}, status: 200, to: size, fetched: 6},
+		{name: "no spec: ignored", hdr: []string{"Range", "bytes="}, status: 200, to: size, fetched: 6},
+		{name: "sign: ignored", hdr: []string{"Range", "bytes=+1-2"}, status: 200, to: size, fetched: 6},
 		{name: "If-Range with the ETag", hdr: []string{"Range", "bytes=100-199", "If-Range", etag}, status: 206, from: 100, to: 200, crange: "bytes 100-199/5017", fetched: 1},
 		{name: "If-Range with another ETag", hdr: []string{"Range", "bytes=100-199", "If-Range", `"1"`}, status: 200, to: size, fetched: 6},
 		{name: "If-Range with a date", hdr: []string{"Range", "bytes=100-199", "If-Range", "Wed, 21 Oct 2015 07:28:00 GMT"}, status: 200, to: size, fetched: 6},
@@ -598,6 +604,7 @@ func TestBigValueRanges(t *testing.T) {
 		{name: "small value: range", key: "small", hdr: []string{"Range", "bytes=10-19"}, status: 206, from: 10, to: 20, crange: "bytes 10-19/100"},
 		{name: "small value: suffix", key: "small", hdr: []string{"Range", "bytes=-5"}, status: 206, from: 95, to: 100, crange: "bytes 95-99/100"},
 		{name: "small value: past the end", key: "small", hdr: []string{"Range", "bytes=100-"}, status: 416, crange: "bytes */100"},
+		{name: "small value: last past int64", key: "small", hdr: []string{"Range", "bytes=90-99999999999999999999"}, status: 206, from: 90, to: 100, crange: "bytes 90-99/100"},
 		{name: "small value: two ranges", key: "small", hdr: []string{"Range", "bytes=0-1,5-6"}, status: 200, to: 100},
 	}
 	for _, tt := range tests {
@@ -747,6 +754,15 @@ func TestBigValueLimits(t *testing.T) {
 	t.Run("at the maximum", func(t *testing.T) {
 		g.mustPut("/lim", value(max, "x"))
 	})
+	t.Run("chunked at the maximum", func(t *testing.T) {
+		v := value(max, "y")
+		if a := g.do("PUT", "/lim", chunkedBody{bytes.NewReader(v)}); a.status != 201 {
+			t.Fatalf("PUT = %d %q, want 201", a.status, a.body)
+		}
+		if a := g.do("GET", "/lim", nil); !bytes.Equal(a.body, v) {
+			t.Errorf("GET = %d, %d bytes, want the %d written", a.status, len(a.body), len(v))
+		}
+	})
 	t.Run("conditions", func(t *testing.T) {
 		v := value(3*rigChunk, "cond")
 		before := written()
@@ -820,18 +836,10 @@ func TestBigValueDetached(t *testing.T) {
 		o.MaxValueBytes, o.BigValueMaxBytes = chunkSize, 64<<20
 		o.Async = c
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	std := &http.Server{Handler: g.h}
-	srv := &h1.Server{Handler: g.h, Fallback: std, Budget: g.budget, BodyLimit: g.h.BodyLimit, NewContext: g.h.NewContext, WriteTimeout: 10 * time.Second}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
 	v := value(16<<20, "det")
 	g.mustPut("/det", v)
 
-	c, err := net.Dial("tcp", ln.Addr().String())
+	c, err := net.Dial("tcp", g.serveH1())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -858,6 +866,21 @@ func TestBigValueDetached(t *testing.T) {
 	if peak > 2*chunkSize+64<<10 {
 		t.Errorf("budget used %d bytes while the client did not read, want at most two chunks (%d)", peak, 2*chunkSize)
 	}
+}
+
+// serveH1 serves the rig's handler with h1 as the gateway does (net/http
+// its fallback), and returns its address.
+func (g *bigRig) serveH1() string {
+	g.t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	std := &http.Server{Handler: g.h}
+	srv := &h1.Server{Handler: g.h, Fallback: std, Budget: g.budget, BodyLimit: g.h.BodyLimit, NewContext: g.h.NewContext, WriteTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	g.t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String()
 }
 
 // counterPlain is the value of a counter without labels.

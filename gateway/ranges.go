@@ -69,7 +69,7 @@ func parseRange(h string, size int64) (kind rangeKind, off, end int64) {
 		if err != nil || b < a {
 			return rangeNone, 0, size
 		}
-		end = min(b+1, size)
+		end = min(b, size-1) + 1 // b+1 would overflow for the capped maximum
 	}
 	if a >= size {
 		return rangeUnsatisfiable, 0, 0
