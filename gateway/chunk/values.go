@@ -173,17 +173,21 @@ func (v *Values) retire(ctx context.Context, key string, x Index) {
 }
 
 // touchChunks sets the expiration of x's chunks, counting them in
-// counted if not nil. It stops at the first failure to reach memcached:
-// the chunks then keep the expiration they had (or LRU takes them).
+// counted if not nil. It stops at the first chunk that is gone and at
+// the first failure to reach memcached: the chunks after it keep the
+// expiration they had (or LRU takes them). A value with a chunk gone is
+// lost anyway, and an index that names chunks never written (corrupt,
+// or written to memcached by hand with a count of up to MaxChunks) then
+// costs one operation, not one per chunk it claims.
 func (v *Values) touchChunks(ctx context.Context, key string, x Index, exp int32, counted prometheus.Counter) {
 	ctx = context.WithoutCancel(ctx) // also when the client has gone
 	base := keyBase(key, x.Version)
 	for i := range x.Count() {
 		res := v.do(ctx, op.Op{Verb: op.Touch, Item: op.Item{Key: base + strconv.Itoa(i), Expiration: exp}, HashKey: key})
-		if res.Err != nil && !errors.Is(res.Err, upstream.ErrNotFound) {
+		if res.Err != nil {
 			return
 		}
-		if counted != nil && res.Err == nil {
+		if counted != nil {
 			counted.Inc()
 		}
 	}
