@@ -282,6 +282,16 @@ func (v *statusView) AsyncBytes() float64 { return v.Gauges.asyncBytes }
 // InFlight is the gateway's requests in flight.
 func (v *statusView) InFlight() float64 { return v.Gauges.inFlight }
 
+// Conns is the client connections open, and by state.
+func (v *statusView) Conns() float64 {
+	return v.Gauges.connsReading + v.Gauges.connsIdle + v.Gauges.connsActive
+}
+
+// ConnsReading, ConnsIdle and ConnsActive are the connections by state.
+func (v *statusView) ConnsReading() float64 { return v.Gauges.connsReading }
+func (v *statusView) ConnsIdle() float64    { return v.Gauges.connsIdle }
+func (v *statusView) ConnsActive() float64  { return v.Gauges.connsActive }
+
 // fmtRate formats a per-second rate compactly.
 func fmtRate(r float64) string {
 	switch {

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // nodeRowRE matches a node row of the status page: its name and state
@@ -31,6 +33,11 @@ func TestStatusPage(t *testing.T) {
 	rig := newMetricsRig(t)
 	rig.op("10.0.0.1:11211", "get", "ok", 10, .0005)
 	rig.req("GET", "200", 10, .0005)
+	conns := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "memcgate_http_connections"}, []string{"state"})
+	conns.WithLabelValues("reading").Set(3)
+	conns.WithLabelValues("idle").Set(20)
+	conns.WithLabelValues("active").Set(4)
+	rig.reg.MustRegister(conns)
 	h := NewAdminHandler(rig.reg, Admin{
 		Ready:  func() bool { return false },
 		Status: testStatus,
@@ -54,6 +61,7 @@ func TestStatusPage(t *testing.T) {
 				`&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;:11211</td>`,
 				`probe: &lt;b&gt;boom&lt;/b&gt; &amp; &#34;gone&#34;`,
 				`hold until`, `2 flaps`,
+				`<div class="value">27</div>`, `4 active · 20 idle · 3 reading`,
 			},
 			notContains: []string{`<script`, `<b>boom`},
 		},

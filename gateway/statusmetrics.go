@@ -40,6 +40,8 @@ type httpSample struct {
 	latency  histogram  // memcgate_http_request_duration_seconds, every method
 	inFlight float64    // memcgate_http_in_flight_requests
 
+	connsReading, connsIdle, connsActive float64 // memcgate_http_connections by state
+
 	buffered, bufferedLimit float64 // memcgate_buffered_bytes and _limit; limit 0: none exported
 	refusals                float64 // memcgate_buffered_refusals_total
 
@@ -93,6 +95,15 @@ func takeSnapshot(mfs []*dto.MetricFamily, at time.Time) snapshot {
 				h.latency = h.latency.add(histogramOf(m.GetHistogram()))
 			case "memcgate_http_in_flight_requests":
 				h.inFlight = m.GetGauge().GetValue()
+			case "memcgate_http_connections":
+				switch v := m.GetGauge().GetValue(); label(m, "state") {
+				case "reading":
+					h.connsReading = v
+				case "idle":
+					h.connsIdle = v
+				case "active":
+					h.connsActive = v
+				}
 			case "memcgate_buffered_bytes":
 				h.buffered = m.GetGauge().GetValue()
 			case "memcgate_buffered_bytes_limit":

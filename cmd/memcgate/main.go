@@ -238,7 +238,11 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, da
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	data := dataServer(cfg, sec, std, handler, buffered)
+	conns := newConnTracker()
+	std.ConnState = conns.hook
+	var data httpServer
+	data, conns.fast = dataServer(cfg, sec, std, handler, buffered)
+	reg.MustRegister(conns)
 	rl := newReloader(cfg, environ, log, level, reg)
 	rl.cluster, rl.handler, rl.access, rl.budget, rl.budgetDef = cluster, handler, access, buffered, derived
 	admin := &http.Server{
@@ -367,11 +371,12 @@ type httpServer interface {
 
 // dataServer puts the h1 fast path in front of std unless it is turned off
 // or the listener speaks TLS (h1 has no TLS and no HTTP/2; std keeps both).
-func dataServer(cfg config.Config, sec *security, std *http.Server, h *gateway.Handler, buffered *budget.Budget) httpServer {
+// It also returns the fast path's connection counts, nil without it.
+func dataServer(cfg config.Config, sec *security, std *http.Server, h *gateway.Handler, buffered *budget.Budget) (httpServer, func() h1.ConnStats) {
 	if !cfg.FastPath || sec.dataTLS != nil {
-		return std
+		return std, nil
 	}
-	return &h1.Server{
+	fast := &h1.Server{
 		Handler:           std.Handler,
 		BodyLimit:         h.BodyLimit,
 		Budget:            buffered,
@@ -384,6 +389,7 @@ func dataServer(cfg config.Config, sec *security, std *http.Server, h *gateway.H
 		ErrorLog:          std.ErrorLog,
 		NewContext:        h.NewContext,
 	}
+	return fast, fast.ConnStats
 }
 
 func ignoreClosed(err error) error {

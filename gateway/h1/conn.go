@@ -38,6 +38,7 @@ func (s *Server) newConn(rw net.Conn, ho *handoff) *conn {
 	}
 	c.ctx = context.WithValue(s.ctx, http.LocalAddrContextKey, rw.LocalAddr())
 	s.conns[c] = struct{}{}
+	s.accepted++
 	return c
 }
 

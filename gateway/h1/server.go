@@ -79,9 +79,10 @@ type Server struct {
 	inShutdown   atomic.Bool
 	noKeepAlives atomic.Bool
 
-	mu        sync.Mutex // guards listeners, conns, ctx, cancel and poller
+	mu        sync.Mutex // guards listeners, conns, accepted, ctx, cancel and poller
 	listeners map[*net.Listener]struct{}
 	conns     map[*conn]struct{}
+	accepted  uint64          // connections served on the fast path, ever
 	ctx       context.Context // parent of request contexts; Close cancels it
 	cancel    context.CancelFunc
 	poller    *poller // nil where connections cannot be parked; set before the first conn

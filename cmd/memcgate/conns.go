@@ -1,0 +1,80 @@
+package main
+
+import (
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/memcgate/memcgate/gateway/h1"
+)
+
+// connTracker counts the data listener's client connections by state for
+// memcgate_http_connections: those net/http serves through its ConnState
+// hook, and those the fast path serves from h1.Server.ConnStats (fast,
+// nil when net/http serves every connection).
+type connTracker struct {
+	fast   func() h1.ConnStats
+	states sync.Map // net.Conn → *atomic.Int32, the http.ConnState of each connection net/http serves
+	count  [http.StateClosed + 1]atomic.Int64
+	news   atomic.Uint64 // connections net/http has taken, ever
+
+	connsDesc, acceptedDesc *prometheus.Desc
+}
+
+// hook is http.Server.ConnState. Transitions of one connection come in
+// order from its own goroutine; only New and Closed touch the map's
+// structure, so requests on kept-alive connections take no lock.
+func (t *connTracker) hook(c net.Conn, s http.ConnState) {
+	switch s {
+	case http.StateNew:
+		v := new(atomic.Int32)
+		v.Store(int32(s))
+		t.states.Store(c, v)
+		t.count[s].Add(1)
+		t.news.Add(1)
+	case http.StateActive, http.StateIdle:
+		if v, ok := t.states.Load(c); ok {
+			t.count[v.(*atomic.Int32).Swap(int32(s))].Add(-1)
+			t.count[s].Add(1)
+		}
+	case http.StateHijacked, http.StateClosed:
+		if v, ok := t.states.LoadAndDelete(c); ok {
+			t.count[v.(*atomic.Int32).Load()].Add(-1)
+		}
+	}
+}
+
+func newConnTracker() *connTracker {
+	return &connTracker{
+		connsDesc: prometheus.NewDesc("memcgate_http_connections",
+			"Client connections open on the data listener, by state: reading (a request, or a new connection's first bytes, not all here yet), idle (between requests), active (being served).",
+			[]string{"state"}, nil),
+		acceptedDesc: prometheus.NewDesc("memcgate_http_connections_accepted_total",
+			"Client connections accepted on the data listener.", nil, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (t *connTracker) Describe(ch chan<- *prometheus.Desc) {
+	ch <- t.connsDesc
+	ch <- t.acceptedDesc
+}
+
+// Collect implements prometheus.Collector: one pass over the fast path's
+// connections per scrape.
+func (t *connTracker) Collect(ch chan<- prometheus.Metric) {
+	reading, idle, active := t.count[http.StateNew].Load(), t.count[http.StateIdle].Load(), t.count[http.StateActive].Load()
+	accepted := t.news.Load()
+	if t.fast != nil {
+		s := t.fast()
+		reading, idle, active = reading+int64(s.Reading), idle+int64(s.Idle), active+int64(s.Active)
+		accepted = s.Accepted // every connection starts there: handed-over ones are not counted twice
+	}
+	ch <- prometheus.MustNewConstMetric(t.connsDesc, prometheus.GaugeValue, float64(reading), "reading")
+	ch <- prometheus.MustNewConstMetric(t.connsDesc, prometheus.GaugeValue, float64(idle), "idle")
+	ch <- prometheus.MustNewConstMetric(t.connsDesc, prometheus.GaugeValue, float64(active), "active")
+	ch <- prometheus.MustNewConstMetric(t.acceptedDesc, prometheus.CounterValue, float64(accepted))
+}

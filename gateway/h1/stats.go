@@ -1,0 +1,37 @@
+package h1
+
+// ConnStats counts a Server's client connections: those it serves by
+// state, and all it has taken. Connections handed over to Fallback are
+// counted by it (http.Server.ConnState), not here.
+type ConnStats struct {
+	// Reading connections wait in the poller for the rest of a request,
+	// or, new, for their first bytes: a slow or silent client shows here.
+	Reading int
+	// Idle connections wait between requests.
+	Idle int
+	// Active connections hold a worker: reading a request that is
+	// arriving, running its handler or writing its response.
+	Active int
+	// Accepted is every connection the Server has served, closed ones
+	// included.
+	Accepted uint64
+}
+
+// ConnStats returns the connection counts now. It takes the Server's lock
+// and visits every connection: for metrics scrapes, not per request.
+func (s *Server) ConnStats() ConnStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := ConnStats{Accepted: s.accepted}
+	for c := range s.conns {
+		switch c.state.Load() {
+		case stateNew, stateReading:
+			st.Reading++
+		case stateIdle, stateParked:
+			st.Idle++
+		case stateActive:
+			st.Active++
+		}
+	}
+	return st
+}
