@@ -50,6 +50,7 @@ type Config struct {
 	MaxAttempts       int           `env:"MAX_ATTEMPTS" envDefault:"2" help:"distinct nodes tried per operation (reads retry on transport errors, writes only when the connection was never made)"`
 	RequestTimeout    time.Duration `env:"REQUEST_TIMEOUT" envDefault:"2s" help:"deadline for all memcached work of one request; keep it >= MAX_ATTEMPTS x TIMEOUT"`
 	MaxValueBytes     int64         `env:"MAX_VALUE_BYTES" envDefault:"1048000" help:"largest value accepted (413 beyond); the default fits memcached's default 1 MiB item with a 250-byte key"`
+	BigValueMaxBytes  int64         `env:"BIG_VALUE_MAX_BYTES" envDefault:"0" help:"largest value a PUT may store in chunks: a body over MAX_VALUE_BYTES, up to this size, is stored as it arrives in chunks of MAX_VALUE_BYTES under keys of their own, then an index item under its key (413 beyond; 0: off, such bodies get 413); values stored in chunks are read, whole or by Range, whatever it is"`
 	DefaultTTL        time.Duration `env:"DEFAULT_TTL" envDefault:"0s" help:"expiry used when a write has no ?exptime= (0 = never)"`
 	KeyPrefix         string        `env:"KEY_PREFIX" help:"namespace prepended to every key stored in memcached (placement hashes the unprefixed key, like php-memcached OPT_PREFIX_KEY)"`
 	HashWithPrefix    bool          `env:"HASH_WITH_PREFIX" envDefault:"false" help:"hash the prefixed key instead (libmemcached HASH_WITH_PREFIX_KEY)"`
@@ -468,6 +469,7 @@ func (c Config) Validate() error {
 	} else if c.MaxBufferedBytes > 0 && c.MaxBufferedBytes < c.MaxValueBytes {
 		bad("MAX_BUFFERED_BYTES", "%d is less than MAX_VALUE_BYTES %d: no value of the largest size could be stored", c.MaxBufferedBytes, c.MaxValueBytes)
 	}
+	errs = append(errs, c.validateBigValues()...)
 	pairs := []struct{ cert, key, certVal, keyVal string }{
 		{"TLS_CERT_FILE", "TLS_KEY_FILE", c.TLSCertFile, c.TLSKeyFile},
 		{"ADMIN_TLS_CERT_FILE", "ADMIN_TLS_KEY_FILE", c.AdminTLSCertFile, c.AdminTLSKeyFile},
@@ -730,4 +732,43 @@ func Usage() string {
 		fmt.Fprintf(&b, "  %s (default %s)\n      %s\n", v.Name, def, v.Help)
 	}
 	return b.String()
+}
+
+// Limits of values stored in chunks (package gateway/chunk, which config
+// does not import): the longest chunk key after KEY_PREFIX, the largest
+// chunk and the most chunks of one value.
+const (
+	chunkKeyLen   = 60
+	chunkMaxBytes = 64 << 20
+	chunkMax      = 1 << 24
+)
+
+// validateBigValues checks BIG_VALUE_MAX_BYTES against the settings that
+// values in chunks depend on.
+func (c Config) validateBigValues() []error {
+	if c.BigValueMaxBytes == 0 {
+		return nil
+	}
+	var errs []error
+	bad := func(name, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s%s: %s", Prefix, name, fmt.Sprintf(format, args...)))
+	}
+	switch {
+	case c.BigValueMaxBytes < 0:
+		bad("BIG_VALUE_MAX_BYTES", "must not be negative, got %d", c.BigValueMaxBytes)
+	case c.BigValueMaxBytes <= c.MaxValueBytes:
+		bad("BIG_VALUE_MAX_BYTES", "%d is not more than MAX_VALUE_BYTES %d: values up to MAX_VALUE_BYTES are stored whole; set it larger, or 0 for off", c.BigValueMaxBytes, c.MaxValueBytes)
+	case c.MaxValueBytes > 0 && c.BigValueMaxBytes/c.MaxValueBytes >= chunkMax:
+		bad("BIG_VALUE_MAX_BYTES", "%d would take %d or more chunks of MAX_VALUE_BYTES %d; at most %d", c.BigValueMaxBytes, chunkMax, c.MaxValueBytes, chunkMax)
+	}
+	if c.MaxValueBytes > chunkMaxBytes {
+		bad("MAX_VALUE_BYTES", "%d is the chunk size of values in chunks (BIG_VALUE_MAX_BYTES), at most %d", c.MaxValueBytes, chunkMaxBytes)
+	}
+	if len(c.KeyPrefix)+chunkKeyLen > 250 {
+		bad("KEY_PREFIX", "is %d bytes; with BIG_VALUE_MAX_BYTES, chunk keys of up to %d bytes follow it within memcached's 250", len(c.KeyPrefix), chunkKeyLen)
+	}
+	if c.MaxBufferedBytes > 0 && c.MaxBufferedBytes < 2*c.MaxValueBytes {
+		bad("MAX_BUFFERED_BYTES", "%d is less than two chunks of MAX_VALUE_BYTES %d: a read of a value in chunks holds two", c.MaxBufferedBytes, c.MaxValueBytes)
+	}
+	return errs
 }

@@ -70,6 +70,38 @@ func TestLoad(t *testing.T) {
 			wantErr: []string{"MEMCGATE_KEY_PREFIX", "0x20"},
 		},
 		{
+			name: "big values",
+			env:  map[string]string{"MEMCGATE_BIG_VALUE_MAX_BYTES": "104857600"},
+			check: func(c Config) error {
+				if c.BigValueMaxBytes != 100<<20 {
+					return fmt.Errorf("BigValueMaxBytes = %d", c.BigValueMaxBytes)
+				}
+				return nil
+			},
+		},
+		{
+			name:    "big values not over the item size",
+			env:     map[string]string{"MEMCGATE_BIG_VALUE_MAX_BYTES": "1048000"},
+			wantErr: []string{"MEMCGATE_BIG_VALUE_MAX_BYTES: 1048000 is not more than MAX_VALUE_BYTES"},
+		},
+		{
+			name:    "big values negative",
+			env:     map[string]string{"MEMCGATE_BIG_VALUE_MAX_BYTES": "-1"},
+			wantErr: []string{"MEMCGATE_BIG_VALUE_MAX_BYTES: must not be negative"},
+		},
+		{
+			name: "big values: too many chunks, chunks too large, prefix too long, budget under two chunks",
+			env: map[string]string{"MEMCGATE_BIG_VALUE_MAX_BYTES": "1099511627776", "MEMCGATE_MAX_VALUE_BYTES": "1000",
+				"MEMCGATE_KEY_PREFIX": strings.Repeat("p", 191), "MEMCGATE_MAX_BUFFERED_BYTES": "1999"},
+			wantErr: []string{"MEMCGATE_BIG_VALUE_MAX_BYTES: 1099511627776 would take 16777216 or more chunks", "MEMCGATE_KEY_PREFIX: is 191 bytes; with BIG_VALUE_MAX_BYTES",
+				"MEMCGATE_MAX_BUFFERED_BYTES: 1999 is less than two chunks"},
+		},
+		{
+			name:    "big values: chunk size",
+			env:     map[string]string{"MEMCGATE_BIG_VALUE_MAX_BYTES": "1073741824", "MEMCGATE_MAX_VALUE_BYTES": "67108865"},
+			wantErr: []string{"MEMCGATE_MAX_VALUE_BYTES: 67108865 is the chunk size of values in chunks"},
+		},
+		{
 			name:    "log level",
 			env:     map[string]string{"MEMCGATE_LOG_LEVEL": "loud"},
 			wantErr: []string{"MEMCGATE_LOG_LEVEL"},

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"unicode/utf8"
 
+	"github.com/memcgate/memcgate/gateway/chunk"
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/op"
 )
@@ -148,6 +149,10 @@ func (h *handler) getAll(r *http.Request, keys []string, room *answerRoom, resul
 // setItem fills a found item's result, decoding it as GET would, if the
 // answer has room for it.
 func (h *handler) setItem(res *batchResult, it op.Item, room *answerRoom) {
+	if chunk.IsIndex(it.Flags, it.Value) { // streamed by GET /{key} only
+		res.setError(chunk.ErrChunked)
+		return
+	}
 	v, err := h.codec.present(it)
 	if err != nil {
 		res.setError(err)

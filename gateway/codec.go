@@ -124,3 +124,36 @@ func (c *codec) prepare(it *op.Item) error {
 	}
 	return nil
 }
+
+// chunkFlags are the flags a value written in chunks is stored with (in
+// its index), for a write's ?flags=: those of the same value stored whole
+// and uncompressed. Chunks are never compressed, so that they can be
+// streamed as they are.
+func (c *codec) chunkFlags(flags uint32) (uint32, error) {
+	if err := c.check(&op.Item{Flags: flags}); err != nil {
+		return 0, err
+	}
+	switch c.kind {
+	case CodecPHP:
+		opts := c.php
+		opts.Compression, opts.UserFlags = phpvalue.CompressNone, uint16(flags)
+		_, flags = phpvalue.Encode(nil, opts)
+	case CodecPeclMemcache:
+		opts := c.pecl
+		opts.Threshold, opts.UserFlags = -1, uint16(flags)
+		_, flags = phpvalue.EncodeMemcache(nil, opts)
+	}
+	return flags, nil
+}
+
+// presentChunked is how GET serves a value stored in chunks with these
+// flags: its bytes as they are, with the content type and PHP type the
+// flags give. Flags that say compressed cannot be served so.
+func (c *codec) presentChunked(flags uint32) (decoded, error) {
+	if c.kind.compressed(flags) {
+		return decoded{}, &valueError{fmt.Errorf("flags %#x say compressed, but values in chunks are stored uncompressed", flags)}
+	}
+	d, err := c.present(op.Item{Flags: flags})
+	d.body = nil
+	return d, err
+}

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/memcgate/memcgate/gateway/chunk"
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
@@ -30,8 +31,13 @@ import (
 // detacher is the ResponseWriter of a server that lets a handler finish
 // the response later, from any goroutine (h1's Detach): finish must then
 // be called once, after the response's last use; nil if it cannot.
+// Block makes a detached response's writes wait for the client, for a
+// response written on a goroutine of its own that is larger than a
+// socket takes at once (a value streamed in chunks), which would
+// otherwise be copied into memory whole.
 type detacher interface {
 	Detach() (finish func())
+	Block()
 }
 
 // detachedReq is one request served by serveDetached, from its checks to
@@ -43,6 +49,7 @@ type detachedReq struct {
 	ctx    *requestCtx
 	kr     keyRequest
 	start  time.Time
+	d      detacher
 	finish func() // the detached response's, or nil if answered in place
 	// The callback given to the Store, made once per detachedReq (pooled).
 	doneFn func(op.Result)
@@ -87,7 +94,7 @@ func (hh *handler) serveDetached(w http.ResponseWriter, r *http.Request, maker a
 	ctx, r := takeContext(r, maker, hh.lim.requestTimeout())
 	ctx.lim, ctx.slot = hh.lim, true // given back by f.end
 	f := hh.newDetachedReq(w, r, ctx, start)
-	f.kr = kr
+	f.kr, f.d = kr, d
 	// Until f is handed to the Store's callback, or to done (which ends
 	// it itself), a panic here is answered and f ended as the observer
 	// and limiter would on the routed path.
@@ -139,11 +146,11 @@ func (h *handler) newDetachedReq(w http.ResponseWriter, r *http.Request, ctx *re
 }
 
 // done answers the request with its operation's result: the Store's
-// callback. A large or compressed value is answered on a goroutine of its
-// own (see largeValue).
+// callback. A large or compressed value, or a value stored in chunks, is
+// answered on a goroutine of its own (see largeValue).
 func (f *detachedReq) done(res op.Result) {
 	if f.finish != nil && res.Err == nil && f.kr.op.Verb == op.Get &&
-		(len(res.Item.Value) >= largeValue || f.h.opts.Codec.compressed(res.Item.Flags)) {
+		(len(res.Item.Value) >= largeValue || f.h.opts.Codec.compressed(res.Item.Flags) || res.Item.Flags == chunk.IndexFlags) {
 		go f.respond(res)
 		return
 	}
@@ -153,6 +160,9 @@ func (f *detachedReq) done(res op.Result) {
 func (f *detachedReq) respond(res op.Result) {
 	defer f.end()
 	defer f.recover()
+	if f.finish != nil && res.Err == nil && chunk.IsIndex(res.Item.Flags, res.Item.Value) {
+		f.d.Block() // streamed: at the client's pace, not copied whole
+	}
 	f.h.respond(&f.sw, f.r, &f.kr, res)
 }
 
@@ -171,7 +181,7 @@ func (f *detachedReq) end() {
 	h.obs.record(f.r, &f.sw, f.start)
 	h.lim.end(f.ctx)
 	finish := f.finish
-	f.sw, f.r, f.ctx, f.finish, f.kr = statusWriter{}, nil, nil, nil, keyRequest{}
+	f.sw, f.r, f.ctx, f.finish, f.kr, f.d = statusWriter{}, nil, nil, nil, keyRequest{}, nil
 	h.detachedq.Put(f)
 	if finish != nil {
 		finish()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 
+	"github.com/memcgate/memcgate/gateway/chunk"
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/op"
 )
@@ -67,6 +68,8 @@ func outcome(v op.Verb, err error) (status int, msg string, retry bool) {
 		return http.StatusPreconditionFailed, "key does not exist (replace, If-Match: *)", false
 	case v == op.CAS && (errors.Is(err, upstream.ErrCASConflict) || errors.Is(err, upstream.ErrNotFound)):
 		return http.StatusPreconditionFailed, "item changed or is gone since its ETag was read (cas, If-Match)", false
+	case (v == op.Append || v == op.Prepend) && errors.Is(err, chunk.ErrChunked):
+		return http.StatusConflict, "the value is stored in chunks, which append and prepend cannot change; PUT the whole value", false
 	}
 	return errorStatus(err)
 }
@@ -86,6 +89,10 @@ func errorStatus(err error) (status int, msg string, retry bool) {
 		return re.status, re.msg, false
 	case errors.Is(err, upstream.ErrNotFound):
 		return http.StatusNotFound, "not found", false
+	case errors.Is(err, chunk.ErrMissing):
+		return http.StatusNotFound, "not found (a chunk of the value was gone)", false
+	case errors.Is(err, chunk.ErrChunked):
+		return http.StatusInsufficientStorage, "the value is stored in chunks; read it on its own with GET /{key}", false
 	case errors.Is(err, upstream.ErrExists):
 		return http.StatusConflict, "key exists", false
 	case errors.Is(err, upstream.ErrCASConflict):

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 
+	"github.com/memcgate/memcgate/gateway/chunk"
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
@@ -11,6 +12,10 @@ import (
 type executor struct {
 	store Store
 	codec *codec
+	// ops runs each operation: store, or, when large values are
+	// written in chunks, the chunk.Values that delete, touch and refuse
+	// appends to their chunks too.
+	ops chunk.Store
 }
 
 // exec runs one operation: the one path from an operation of the REST
@@ -22,5 +27,5 @@ func (e *executor) exec(ctx context.Context, o op.Op) op.Result {
 			return op.Result{Err: err}
 		}
 	}
-	return e.store.Do(ctx, o)
+	return e.ops.Do(ctx, o)
 }

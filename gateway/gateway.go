@@ -14,6 +14,8 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/memcgate/memcgate/gateway/chunk"
 )
 
 // Handler is the data-plane HTTP handler. Run must run for writes sent with
@@ -79,13 +81,14 @@ func (h *Handler) NewContext(parent context.Context) context.Context {
 
 // SetLimits changes, for the requests that follow, the cap on requests
 // in flight (Options.MaxRequests, 0: none), the deadline of a request's
-// memcached work (Options.RequestTimeout, 0: unchanged) and the access
-// log (Options.AccessLog).
+// memcached work and of each chunk's (Options.RequestTimeout, 0:
+// unchanged) and the access log (Options.AccessLog).
 func (h *Handler) SetLimits(maxRequests int, requestTimeout time.Duration, accessLog bool) {
 	hh := h.h
 	hh.lim.lim.max.Store(int64(maxRequests))
 	if requestTimeout > 0 {
 		hh.lim.timeout.Store(int64(requestTimeout))
+		hh.chunks.SetTimeout(requestTimeout)
 	}
 	hh.obs.accessLog.Store(accessLog)
 }
@@ -111,7 +114,13 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 	}
 	h.lim.lim.max.Store(int64(opts.MaxRequests))
 	h.lim.timeout.Store(int64(opts.RequestTimeout))
-	h.ex = &executor{store: s, codec: h.codec}
+	if h.chunks = opts.Chunks; h.chunks == nil {
+		h.chunks = chunk.New(s, chunk.Options{ChunkSize: int(opts.MaxValueBytes), Grace: opts.BigValueGrace, Timeout: opts.RequestTimeout}, reg)
+	}
+	h.ex = &executor{store: s, codec: h.codec, ops: s}
+	if opts.BigValueMaxBytes > 0 {
+		h.ex.ops = h.chunks
+	}
 	h.async = newAsyncQueue(h.ex, opts.Quiet, h.lim.budget, max(opts.MaxValueBytes, 1<<20), opts.AsyncWorkers, opts.AsyncQueue, opts.AsyncQueueBytes, opts.RequestTimeout, reg)
 	h.obs = newObserver(log, reg, opts.AccessLog, opts.AccessLogJSON)
 	h.detachStore = opts.Async

@@ -5,6 +5,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+
+	"github.com/memcgate/memcgate/gateway/chunk"
 )
 
 // MaxKeyLen is memcached's limit on key length in bytes.
@@ -21,7 +23,9 @@ func keyFromPath(r *http.Request, maxLen int) (string, error) {
 
 // checkKey enforces memcached's key rules so that nothing memcached could
 // misread is ever sent: not empty, at most maxLen bytes, and no space,
-// control byte or DEL. Bytes >= 0x80 (UTF-8) are fine.
+// control byte or DEL. Bytes >= 0x80 (UTF-8) are fine. Keys that start
+// with chunk.KeyPrefix are the gateway's own (the chunks of large
+// values): a client can neither read nor overwrite them.
 func checkKey(key string, maxLen int) error {
 	if key == "" {
 		return badRequest("empty key: use /{key}")
@@ -31,6 +35,9 @@ func checkKey(key string, maxLen int) error {
 			return badRequest("key is " + strconv.Itoa(len(key)) + " bytes; with the configured key prefix at most " + strconv.Itoa(maxLen) + " are allowed")
 		}
 		return badRequest("key is " + strconv.Itoa(len(key)) + " bytes; memcached allows at most 250")
+	}
+	if chunk.Reserved(key) {
+		return badRequest("keys that start with " + chunk.KeyPrefix + " are reserved for the chunks of large values")
 	}
 	for i := 0; i < len(key); i++ {
 		if b := key[i]; b <= ' ' || b == 0x7f {

@@ -93,6 +93,15 @@ func (l *limits) takeSlot(rc *requestCtx) bool {
 	return true
 }
 
+// dropSlot gives back rc's slot, if it holds one, while it waits for
+// something other than memcached (the next chunk of a large body).
+func (l *limits) dropSlot(rc *requestCtx) {
+	if rc != nil && rc.slot {
+		l.lim.release()
+		rc.slot = false
+	}
+}
+
 // hold counts n more bytes against the budget for rc's request, until it
 // ends; sizes below smallHold are not counted.
 func (l *limits) hold(rc *requestCtx, n int) error {
@@ -195,15 +204,23 @@ func (l *limits) readBody(r *http.Request, limit int64, into *[]byte) ([]byte, e
 	if into != nil && cl >= 0 {
 		*into = buf
 	}
-	if !l.takeSlot(rc) {
-		return nil, errBusy
-	}
-	if rc != nil {
-		// The memcached work starts now: however long the body took,
-		// it gets all of RequestTimeout.
-		rc.restart(l.requestTimeout())
+	if err := l.bodyRead(rc); err != nil {
+		return nil, err
 	}
 	return buf, nil
+}
+
+// bodyRead starts the memcached work of rc's request, whose body has
+// been read: it takes the request's slot and, however long the body
+// took, gives the work all of RequestTimeout.
+func (l *limits) bodyRead(rc *requestCtx) error {
+	if !l.takeSlot(rc) {
+		return errBusy
+	}
+	if rc != nil {
+		rc.restart(l.requestTimeout())
+	}
+	return nil
 }
 
 // bodyError is why reading a body failed after n of cl bytes (cl < 0:

@@ -38,11 +38,13 @@ const (
 // recipes cover every status docs/openapi.json documents, per route.
 var recipes = map[string]recipe{
 	"GET /{key} 200": {method: "GET", target: "/k", preset: map[string]string{"k": "v"}},
+	"GET /{key} 206": {method: "GET", target: "/k", preset: map[string]string{"k": "value"}, hdr: []string{"Range", "bytes=1-2"}},
 	"GET /{key} 304": {method: "GET", target: "/k", preset: map[string]string{"k": "v"}, hdr: []string{"If-None-Match", `"1"`}},
 	"GET /{key} 400": {method: "GET", target: "/a%20b"},
 	"GET /{key} 401": {method: "GET", target: "/k", opts: tokenOpts},
 	"GET /{key} 403": {method: "GET", target: "/k", opts: tokenOpts, hdr: []string{"Authorization", adminAuth}},
 	"GET /{key} 404": {method: "GET", target: "/k"},
+	"GET /{key} 416": {method: "GET", target: "/k", preset: map[string]string{"k": "v"}, hdr: []string{"Range", "bytes=5-"}},
 	"GET /{key} 502": {method: "GET", target: "/k", storeErr: &upstream.NodeError{Node: "n", Op: "get", Err: io.EOF}},
 	"GET /{key} 503": {method: "GET", target: "/k", storeErr: upstream.ErrNoNodes},
 	"GET /{key} 504": {method: "GET", target: "/k", storeErr: errTimeout},

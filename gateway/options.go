@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/memcgate/memcgate/gateway/budget"
+	"github.com/memcgate/memcgate/gateway/chunk"
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
@@ -62,6 +63,23 @@ type Options struct {
 	// MaxValueBytes caps request bodies; larger ones get 413 and nothing is
 	// stored. If zero, 1048000 (fits memcached's default 1 MiB item).
 	MaxValueBytes int64
+	// BigValueMaxBytes, if positive, lets a PUT store a value larger
+	// than MaxValueBytes, up to this many bytes: in chunks of
+	// MaxValueBytes under keys of their own and an index item under the
+	// key (package chunk), written as the body arrives. Larger bodies get
+	// 413. Zero: a body over MaxValueBytes gets 413. Values stored in
+	// chunks are read, streamed, whatever it is.
+	BigValueMaxBytes int64
+	// BigValueGrace is how long the chunks of a value outlive its index
+	// (after it expires, is replaced or is deleted), and so the longest
+	// a read of such a value may take; set it to the server's write
+	// timeout plus RequestTimeout. If zero, 60s. Unused if Chunks is set.
+	BigValueGrace time.Duration
+	// Chunks, if not nil, reads and writes the values stored in chunks,
+	// shared with other endpoints (package memc); its chunk size must be
+	// MaxValueBytes. Nil: the handler makes its own over the Store, from
+	// MaxValueBytes, BigValueGrace and RequestTimeout.
+	Chunks *chunk.Values
 	// DefaultTTL is the expiration of writes without ?exptime=; zero means
 	// never.
 	DefaultTTL time.Duration

@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/memcgate/memcgate/gateway/chunk"
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
@@ -27,6 +28,7 @@ type handler struct {
 	lim    *limits
 	guard  guard
 	async  *asyncQueue
+	chunks *chunk.Values // values stored in chunks
 	obs    *observer
 	log    *slog.Logger
 	values sync.Pool // of *[]byte: PUT bodies, see valueBuf
@@ -46,7 +48,14 @@ func (h *handler) serveKey(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	o := kr.op
-	if o.Verb.TakesValue() {
+	switch {
+	case h.takesBig(r, o.Verb):
+		small, done := h.putBig(w, r, &kr)
+		if done {
+			return
+		}
+		o.Item.Value = small
+	case o.Verb.TakesValue():
 		var buf *[]byte
 		if !kr.async {
 			// memcached's answer comes after the value is sent: the
@@ -81,6 +90,8 @@ func (h *handler) respond(w http.ResponseWriter, r *http.Request, kr *keyRequest
 	switch {
 	case res.Err != nil:
 		writeStatus(w, status, msg, retry)
+	case v.Reply() == op.Items && chunk.IsIndex(res.Item.Flags, res.Item.Value):
+		h.writeChunked(w, r, kr, res.Item)
 	case v.Reply() == op.Items:
 		h.writeItem(w, r, kr.etags, res.Item)
 	case v.Reply() == op.Number:
@@ -96,8 +107,9 @@ func (h *handler) respond(w http.ResponseWriter, r *http.Request, kr *keyRequest
 }
 
 // writeItem answers a read with its item: 200 with the value, its flags
-// in X-Memcached-Flags and its CAS as a strong ETag, or 304 when etags
-// (If-None-Match) names that ETag.
+// in X-Memcached-Flags and its CAS as a strong ETag, 304 when etags
+// (If-None-Match) names that ETag, or 206 or 416 for a Range
+// (ranges.go).
 func (h *handler) writeItem(w http.ResponseWriter, r *http.Request, etags string, it op.Item) {
 	// A large value is held against the budget until its response is
 	// written: a client that does not read can hold it for up to the
@@ -124,14 +136,27 @@ func (h *handler) writeItem(w http.ResponseWriter, r *http.Request, etags string
 		w.WriteHeader(http.StatusNotModified)
 		return
 	}
+	status, body := http.StatusOK, v.body
+	if len(r.Header["Range"]) > 0 {
+		kind, off, end := byteRange(r, int64(len(body)), hv[0])
+		switch kind {
+		case rangeUnsatisfiable:
+			hd.Set("Content-Range", contentRange(0, 0, int64(len(body))))
+			writeError(w, errRange(int64(len(body))))
+			return
+		case rangePartial:
+			hd.Set("Content-Range", contentRange(off, end, int64(len(body))))
+			status, body, hv[2] = http.StatusPartialContent, body[off:end], strconv.FormatInt(end-off, 10)
+		}
+	}
 	hd["Content-Type"], hd["Content-Length"] = v.contentType, hv[2:3:3]
 	if v.phpType != "" {
 		hv[3] = v.phpType
 		hd["X-Php-Type"] = hv[3:4:4]
 	}
-	w.WriteHeader(http.StatusOK)
+	w.WriteHeader(status)
 	if r.Method != http.MethodHead {
-		_, _ = w.Write(v.body)
+		_, _ = w.Write(body)
 	}
 }
 

@@ -428,11 +428,13 @@ func (c *Cluster) doAfter(ctx context.Context, o op.Op, tried *node, prev error)
 }
 
 // keysOf returns o's key as sent to memcached and the key the ring
-// places: its HashKey if set.
+// places: that of its HashKey if set, prefixed as Item.Key would be
+// (HashWithPrefix), so that an operation placed by another key lands
+// where that key's own operations do.
 func (c *Cluster) keysOf(o *op.Op) (store, hash string) {
 	store, hash = c.keys(o.Item.Key)
 	if o.HashKey != "" {
-		hash = o.HashKey
+		_, hash = c.keys(o.HashKey)
 	}
 	return store, hash
 }

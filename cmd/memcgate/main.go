@@ -27,7 +27,9 @@ import (
 	"github.com/memcgate/memcgate/config"
 	"github.com/memcgate/memcgate/gateway"
 	"github.com/memcgate/memcgate/gateway/budget"
+	"github.com/memcgate/memcgate/gateway/chunk"
 	"github.com/memcgate/memcgate/gateway/h1"
+	"github.com/memcgate/memcgate/gateway/memc"
 	"github.com/memcgate/memcgate/gateway/phpvalue"
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/hashring"
@@ -216,6 +218,8 @@ func gatewayOptions(cfg config.Config) gateway.Options {
 	return gateway.Options{
 		MaxKeyLen:             gateway.MaxKeyLen - len(cfg.KeyPrefix),
 		MaxValueBytes:         cfg.MaxValueBytes,
+		BigValueMaxBytes:      cfg.BigValueMaxBytes,
+		BigValueGrace:         cfg.WriteTimeout + cfg.RequestTimeout, // the longest a response may take, and its last chunk
 		DefaultTTL:            cfg.DefaultTTL,
 		RequestTimeout:        cfg.RequestTimeout,
 		AccessLog:             cfg.AccessLog,
@@ -278,7 +282,15 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, da
 	var draining atomic.Bool
 	gopts := gatewayOptions(cfg)
 	access := gateway.NewAccess(sec.tokens, cfg.ReadOnly)
-	gopts.AccessLogJSON, gopts.Routes, gopts.Access, gopts.Budget = accessJSON, memcRoutes(cfg, router, access), access, buffered
+	// Values in chunks, shared by the REST API and the HttpMemc
+	// endpoints, so that deleting a key through either removes its chunks;
+	// chunks go through the router, so they follow their key's route.
+	gopts.Chunks = chunk.New(router, chunk.Options{ChunkSize: int(cfg.MaxValueBytes), Grace: gopts.BigValueGrace, Timeout: cfg.RequestTimeout}, reg)
+	var memcStore memc.Store = router
+	if cfg.BigValueMaxBytes > 0 {
+		memcStore = gopts.Chunks
+	}
+	gopts.AccessLogJSON, gopts.Routes, gopts.Access, gopts.Budget = accessJSON, memcRoutes(cfg, memcStore, router, access), access, buffered
 	if cfg.DetachedResponses && cfg.PipelineConns > 0 { // only pipelined connections answer without waiting
 		gopts.Async = router
 	}

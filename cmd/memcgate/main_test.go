@@ -68,6 +68,7 @@ func TestDefaultsAgree(t *testing.T) {
 	gw := gatewayOptions(cfg)
 	gzero := gateway.Options{}.WithDefaults()
 	gzero.AccessLog, gzero.Codec, gzero.PHP, gzero.PeclMemcache, gzero.MaxRequests = gw.AccessLog, gw.Codec, gw.PHP, gw.PeclMemcache, gw.MaxRequests
+	gzero.BigValueGrace = gw.BigValueGrace // WRITE_TIMEOUT + REQUEST_TIMEOUT
 	if !reflect.DeepEqual(gw, gzero) {
 		t.Errorf("gateway options from the default configuration:\n%+v\nthe package's defaults:\n%+v", gw, gzero)
 	}

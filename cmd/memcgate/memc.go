@@ -8,8 +8,8 @@ import (
 )
 
 // memcRoutes maps the MEMCGATE_MEMC_* settings onto the compatible
-// endpoints; none when both are off.
-func memcRoutes(cfg config.Config, c *route.Router, access *gateway.Access) []gateway.Route {
+// endpoints, whose keyed commands run on store; none when both are off.
+func memcRoutes(cfg config.Config, store memc.Store, c *route.Router, access *gateway.Access) []gateway.Route {
 	m := cfg.Memc
 	rt, ok := memc.New(memc.Options{
 		Path:                m.Path,
@@ -21,7 +21,7 @@ func memcRoutes(cfg config.Config, c *route.Router, access *gateway.Access) []ga
 		MaxBodyBytes:        m.MaxBodyBytes,
 		MaxKeyLen:           gateway.MaxKeyLen - len(cfg.KeyPrefix),
 		Access:              access,
-		Store:               c,
+		Store:               store,
 		Cluster:             c,
 	})
 	if !ok {

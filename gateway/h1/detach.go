@@ -48,6 +48,18 @@ func (w *response) Detach() (finish func()) {
 	return c.finishFn
 }
 
+// Block makes the writes of a detached response wait for the client from
+// now on, as an ordinary response's do (up to the WriteTimeout), rather
+// than copy what the socket does not take at once: for a response that
+// is written on a goroutine of its own and is larger than memory should
+// hold (the gateway streams values of many megabytes so). Call it after
+// Detach, before the response is started; it does nothing otherwise.
+func (w *response) Block() {
+	if c := w.c; c.nonBlocking && !w.wroteHeader && len(c.spill) == 0 {
+		c.nonBlocking = false
+	}
+}
+
 // finishDetached is Detach's finish.
 func (c *conn) finishDetached() {
 	c.w.finish()

@@ -3,6 +3,7 @@ package h1
 import (
 	"bytes"
 	"io"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -10,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/memcgate/memcgate/gateway/budget"
 )
 
 // detacher is what a handler asks of the fast path's ResponseWriter.
@@ -124,6 +127,52 @@ func TestDetachSlowClient(t *testing.T) {
 	}
 	if r := roundTrip(t, c, br, "/next"); r.body != "inline /next" {
 		t.Errorf("next request after a spilled response = %v", r)
+	}
+}
+
+// TestDetachBlock: after Block, a detached response written on a
+// goroutine of its own waits for a client that does not read, instead
+// of copying what the socket does not take (which the budget would
+// hold); the response still arrives whole, and the connection serves
+// on.
+func TestDetachBlock(t *testing.T) {
+	big := bytes.Repeat([]byte("0123456789abcdef"), 16<<20/16) // far more than socket buffers hold
+	wrote := make(chan struct{})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/big" {
+			io.WriteString(w, "inline "+r.URL.Path)
+			return
+		}
+		finish := w.(detacher).Detach()
+		go func() {
+			w.(interface{ Block() }).Block()
+			w.Header().Set("Content-Length", strconv.Itoa(len(big)))
+			for b := big; len(b) > 0; b = b[64<<10:] {
+				w.Write(b[:64<<10])
+			}
+			close(wrote)
+			finish()
+		}()
+	})
+	bg := budget.New(0)
+	_, addr := startH1(t, h, func(s *Server) { s.Budget = bg })
+	c, br := dial(t, addr)
+	c.(*net.TCPConn).SetReadBuffer(32 << 10)
+	io.WriteString(c, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+	select {
+	case <-wrote:
+		t.Fatal("the response was all written while the client read nothing: it was not blocking")
+	case <-time.After(200 * time.Millisecond):
+	}
+	if used := bg.Used(); used != 0 {
+		t.Errorf("budget holds %d bytes of the response, want none", used)
+	}
+	r, err := readWireResponse(br, "GET")
+	if err != nil || r.status != "HTTP/1.1 200 OK" || r.body != string(big) {
+		t.Fatalf("blocking detached response: %s, %d bytes, %v; want 200 with %d bytes", r.status, len(r.body), err, len(big))
+	}
+	if r := roundTrip(t, c, br, "/next"); r.body != "inline /next" {
+		t.Errorf("next request after a blocking detached response = %v", r)
 	}
 }
 

@@ -20,11 +20,14 @@ import (
 	"time"
 
 	"github.com/memcgate/memcgate/gateway"
+	"github.com/memcgate/memcgate/gateway/chunk"
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
-// Store runs one operation (*upstream.Cluster implements it).
+// Store runs one operation (*upstream.Cluster implements it, and
+// *chunk.Values, which also deletes the chunks of a value stored in
+// chunks and refuses to append to one).
 type Store interface {
 	Do(ctx context.Context, o op.Op) op.Result
 }
@@ -429,6 +432,9 @@ func (m *memc) run(w http.ResponseWriter, r *http.Request, cmd memcCmd, v memcVa
 	err := res.Err
 	switch {
 	case cmd == memcGet:
+		if err == nil && chunk.IsIndex(res.Item.Flags, res.Item.Value) {
+			err = chunk.ErrChunked // never the index's bytes as the value
+		}
 		if err != nil {
 			m.fail(w, r, cmd, err)
 			return
@@ -571,6 +577,10 @@ func memcFailure(cmd memcCmd, err error) (status int, raw, reason string) {
 		return http.StatusGatewayTimeout, "", "memcached did not answer in time"
 	case errors.As(err, &ne), errors.Is(err, upstream.ErrNoNodes):
 		return http.StatusBadGateway, "", "no memcached node could be reached"
+	case errors.Is(err, chunk.ErrChunked):
+		// Not something the module could meet: memcgate stored the
+		// value in chunks (MEMCGATE_BIG_VALUE_MAX_BYTES).
+		return http.StatusConflict, "", "the value is stored in chunks, larger than one memcached item; read it with GET /{key} on the REST API"
 	}
 	if cmd == memcGet {
 		// The module reads any error line as an invalid reply to get.

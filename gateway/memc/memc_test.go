@@ -1,6 +1,7 @@
 package memc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/memcgate/memcgate/gateway"
+	"github.com/memcgate/memcgate/gateway/chunk"
 	"github.com/memcgate/memcgate/gateway/storetest"
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/op"
@@ -539,4 +541,25 @@ func FuzzMemcEscape(f *testing.F) {
 			t.Fatalf("argsEscape(%q) = %q does not unescape back (%q, %v)", key, a, back, err)
 		}
 	})
+}
+
+// TestMemcChunkedValue: a value the REST API stored in chunks is never
+// served as its index's bytes: get answers 409 saying where to read it,
+// and append refuses to change it (with the chunk-aware Store).
+func TestMemcChunkedValue(t *testing.T) {
+	f := newMemcFake()
+	index := chunk.Index{Version: 1, Size: 2500, ChunkSize: 1000}.Encode()
+	f.Put(op.Item{Key: "big", Value: index, Flags: chunk.IndexFlags})
+	rt, _ := New(Options{Path: "/memc", KeyPath: "/key/", Store: chunk.New(f, chunk.Options{ChunkSize: 1000}, prometheus.NewRegistry()), Cluster: f})
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	h := gateway.NewHandler(f, log, prometheus.NewRegistry(), gateway.Options{Routes: []gateway.Route{rt}})
+	for _, target := range []string{"/memc?key=big", "/key/big", "/memc?cmd=append&key=big&val=x", "/memc?cmd=prepend&key=big&val=x"} {
+		w := memcDo(h, "GET", target, nil)
+		if w.Code != 409 || !strings.Contains(w.Body.String(), "stored in chunks") || strings.Contains(w.Body.String(), string(index[:4])) {
+			t.Errorf("GET %s = %d %q, want 409 saying the value is stored in chunks", target, w.Code, w.Body.String())
+		}
+	}
+	if it := f.Items["big"]; !bytes.Equal(it.Value, index) {
+		t.Errorf("the index was changed: %q", it.Value)
+	}
 }

@@ -140,9 +140,11 @@ type Op struct {
 	Item Item
 	// Delta is what Incr and Decr add or subtract.
 	Delta uint64
-	// HashKey, if not empty, places the key on the ring instead of
-	// Item.Key (the HttpMemcModule endpoints store an escaped key but
-	// place it by the key before escaping, as nginx does).
+	// HashKey, if not empty, places the operation where an operation on
+	// HashKey would go, instead of by Item.Key (the HttpMemcModule
+	// endpoints store an escaped key but place it by the key before
+	// escaping, as nginx does; the chunks of a large value go to their
+	// index's node).
 	HashKey string
 }
 

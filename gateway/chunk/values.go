@@ -1,0 +1,368 @@
+package chunk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/op"
+)
+
+// Store runs one memcached operation (the gateway's Store, whose Do
+// *upstream.Cluster implements).
+type Store interface {
+	Do(ctx context.Context, o op.Op) op.Result
+}
+
+// Options configures Values. Zero values take the defaults named on each
+// field.
+type Options struct {
+	// ChunkSize is the length of the chunks Put writes: at most what one
+	// memcached item holds with a key of MaxKeyLen (and the store's key
+	// prefix). Required.
+	ChunkSize int
+	// Grace is how long chunks outlive the index that names them, after
+	// it expires, is replaced or is deleted; a Reader fetches no chunk
+	// later than Grace after its index was read. If zero, 60s.
+	Grace time.Duration
+	// Timeout bounds each memcached operation of Put, a Reader and the
+	// clean-up of chunks (the gateway's request timeout, per chunk); if
+	// zero, 2s.
+	Timeout time.Duration
+	// MaxWrites caps the chunks on their way to memcached at once, of
+	// all Puts together: each is copied into a connection's write
+	// buffer, which no byte budget counts, so that however many large
+	// values arrive at once that copy stays a few chunks. A Put waits
+	// for its turn within Timeout. If zero, 4.
+	MaxWrites int
+}
+
+// Values reads and writes values in chunks through a Store. It is safe
+// for concurrent use, and must not be copied.
+type Values struct {
+	store   Store
+	opts    Options
+	timeout atomic.Int64  // Options.Timeout, in nanoseconds (SetTimeout)
+	writes  chan struct{} // a token per chunk on its way to memcached (MaxWrites)
+	m       metrics
+}
+
+// New returns Values that work through s, with its metrics registered on
+// reg.
+func New(s Store, opts Options, reg prometheus.Registerer) *Values {
+	if opts.Grace <= 0 {
+		opts.Grace = 60 * time.Second
+	}
+	if opts.MaxWrites <= 0 {
+		opts.MaxWrites = 4
+	}
+	v := &Values{store: s, opts: opts, writes: make(chan struct{}, opts.MaxWrites), m: newMetrics(reg)}
+	v.SetTimeout(opts.Timeout)
+	return v
+}
+
+// SetTimeout changes Options.Timeout for the operations that follow.
+func (v *Values) SetTimeout(d time.Duration) {
+	if d <= 0 {
+		d = 2 * time.Second
+	}
+	v.timeout.Store(int64(d))
+}
+
+// ChunkSize is Options.ChunkSize.
+func (v *Values) ChunkSize() int { return v.opts.ChunkSize }
+
+// grace is Grace in memcached's whole seconds, rounded up.
+func (v *Values) grace() int32 {
+	return int32((v.opts.Grace + time.Second - 1) / time.Second)
+}
+
+// do runs o with its own deadline (Options.Timeout) under ctx.
+func (v *Values) do(ctx context.Context, o op.Op) op.Result {
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(v.timeout.Load()))
+	defer cancel()
+	return v.store.Do(ctx, o)
+}
+
+// write stores a chunk, waiting for one of MaxWrites turns within the
+// chunk's deadline.
+func (v *Values) write(ctx context.Context, o op.Op) op.Result {
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(v.timeout.Load()))
+	defer cancel()
+	select {
+	case v.writes <- struct{}{}:
+	case <-ctx.Done():
+		return op.Result{Err: fmt.Errorf("chunk: waiting to write: %w", ctx.Err())}
+	}
+	defer func() { <-v.writes }()
+	return v.store.Do(ctx, o)
+}
+
+// Do runs o as Store.Do does, but for the verbs that must see a value's
+// chunks: Delete removes the index and retires its chunks (they expire
+// Grace later), Touch and GAT set the chunks' expiration too (Grace
+// after the index's), and Append and Prepend refuse a chunked value with
+// ErrChunked. Each of these reads the item first (Touch as a GAT), since
+// only the item says whether it is an index. Reads return an index as
+// they find it: the caller streams it (Reader) or refuses it
+// (ErrChunked).
+func (v *Values) Do(ctx context.Context, o op.Op) op.Result {
+	switch o.Verb {
+	case op.Delete:
+		return v.delete(ctx, o)
+	case op.Touch:
+		g := o
+		g.Verb = op.GAT
+		res := v.Do(ctx, g)
+		res.Item = op.Item{}
+		return res
+	case op.GAT:
+		res := v.store.Do(ctx, o)
+		if x, ok, err := Parse(res.Item); res.Err == nil && ok && err == nil {
+			exp := o.Item.Expiration
+			if exp < 0 { // the index expired at once: readers under way keep theirs
+				exp = v.grace()
+			} else {
+				exp = expiration(exp, v.grace(), time.Now().Unix())
+			}
+			v.touchChunks(ctx, hashKey(o), x, exp, nil)
+		}
+		return res
+	case op.Append, op.Prepend:
+		res := v.store.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: o.Item.Key}, HashKey: o.HashKey})
+		if res.Err == nil && IsIndex(res.Item.Flags, res.Item.Value) {
+			return op.Result{Err: ErrChunked}
+		}
+	}
+	return v.store.Do(ctx, o)
+}
+
+// hashKey is the key o's value is placed by, and so its chunks.
+func hashKey(o op.Op) string {
+	if o.HashKey != "" {
+		return o.HashKey
+	}
+	return o.Item.Key
+}
+
+// delete removes o's item and, if it is an index, retires its chunks.
+func (v *Values) delete(ctx context.Context, o op.Op) op.Result {
+	got := v.store.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: o.Item.Key}, HashKey: o.HashKey})
+	if errors.Is(got.Err, upstream.ErrNotFound) {
+		return got
+	}
+	res := v.store.Do(ctx, o)
+	if x, ok, err := Parse(got.Item); res.Err == nil && ok && err == nil {
+		v.retire(ctx, hashKey(o), x)
+	}
+	return res
+}
+
+// retire lets the chunks of x, an index just replaced or deleted, expire
+// Grace from now: readers that read x before may still be streaming it.
+func (v *Values) retire(ctx context.Context, key string, x Index) {
+	v.touchChunks(ctx, key, x, v.grace(), v.m.retired)
+}
+
+// touchChunks sets the expiration of x's chunks, counting them in
+// counted if not nil. It stops at the first chunk that is gone and at
+// the first failure to reach memcached: the chunks after it keep the
+// expiration they had (or LRU takes them). A value with a chunk gone is
+// lost anyway, and an index that names chunks never written (corrupt,
+// or written to memcached by hand with a count of up to MaxChunks) then
+// costs one operation, not one per chunk it claims.
+func (v *Values) touchChunks(ctx context.Context, key string, x Index, exp int32, counted prometheus.Counter) {
+	ctx = context.WithoutCancel(ctx) // also when the client has gone
+	base := keyBase(key, x.Version)
+	for i := range x.Count() {
+		res := v.do(ctx, op.Op{Verb: op.Touch, Item: op.Item{Key: base + strconv.Itoa(i), Expiration: exp}, HashKey: key})
+		if res.Err != nil {
+			return
+		}
+		if counted != nil {
+			counted.Inc()
+		}
+	}
+}
+
+// Put is a value for Values.Put to store.
+type Put struct {
+	// Verb writes the index, and so says when the value is stored: Set
+	// always; Add, Replace and CAS (with CAS) under memcached's
+	// conditions on the key's item, whatever it holds.
+	Verb       op.Verb
+	Key        string
+	Flags      uint32 // the value's flags (Index.Flags)
+	Expiration int32  // the index's; its chunks expire Grace later
+	CAS        uint64 // for CAS
+}
+
+// Source yields a value one chunk at a time: each Next returns the next
+// chunk, ChunkSize bytes but for the last, which may be shorter, and
+// io.EOF (with or after the last bytes) at the end. A chunk's bytes need
+// to stay valid only until the next call.
+type Source interface {
+	Next() ([]byte, error)
+}
+
+// Put stores the value src yields under p.Key: first its chunks, under
+// keys of a new version, then its index, written with p.Verb. Until the
+// index is written the key's previous item, chunked or not, stays
+// whole; if anything fails before, the chunks written are deleted (those
+// that cannot be stay until they expire or memcached evicts them) and
+// the error is returned: src's own, a memcached outcome (ErrExists,
+// ErrNotFound or ErrCASConflict for a condition that failed, before any
+// chunk is written if it fails then already), or a failure to reach
+// memcached. A previous chunked value's chunks are retired once the new
+// index is in.
+func (v *Values) Put(ctx context.Context, p Put, src Source) (err error) {
+	oldIndex, err := v.current(ctx, p)
+	if err != nil {
+		v.m.writeFailed.Inc()
+		return err
+	}
+	x := Index{Version: rand.Uint64(), ChunkSize: v.opts.ChunkSize, Flags: p.Flags}
+	for oldIndex != nil && x.Version == oldIndex.Version {
+		x.Version = rand.Uint64()
+	}
+	base := keyBase(p.Key, x.Version)
+	exp := expiration(p.Expiration, v.grace(), time.Now().Unix())
+	written := 0
+	defer func() {
+		if err != nil {
+			v.m.writeFailed.Inc()
+			v.cleanup(ctx, p.Key, base, written)
+		}
+	}()
+	for {
+		b, rerr := src.Next()
+		if len(b) > 0 {
+			switch {
+			case written == MaxChunks:
+				return fmt.Errorf("chunk: %q: more than %d chunks", p.Key, MaxChunks)
+			case len(b) > x.ChunkSize || x.Size%int64(x.ChunkSize) != 0:
+				return fmt.Errorf("chunk: %q: chunk %d of %d bytes after %d bytes in chunks of %d", p.Key, written, len(b), x.Size, x.ChunkSize)
+			}
+			c := op.Op{Verb: op.Set, Item: op.Item{Key: base + strconv.Itoa(written), Value: b, Flags: checksum(b), Expiration: exp}, HashKey: p.Key}
+			if res := v.write(ctx, c); res.Err != nil {
+				return fmt.Errorf("chunk: writing chunk %d of %q: %w", written, p.Key, res.Err)
+			}
+			written++
+			x.Size += int64(len(b))
+			v.m.chunksWritten.Inc()
+			v.m.bytesWritten.Add(float64(len(b)))
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
+	idx := op.Op{Verb: p.Verb, Item: op.Item{Key: p.Key, Value: x.Encode(), Flags: IndexFlags, Expiration: p.Expiration, CAS: p.CAS}}
+	if res := v.do(ctx, idx); res.Err != nil {
+		return res.Err
+	}
+	v.m.writeStored.Inc()
+	if oldIndex != nil {
+		v.retire(ctx, p.Key, *oldIndex)
+	}
+	return nil
+}
+
+// current reads p.Key's item before a Put: what its index replaces, and
+// whether p's condition already fails (then nothing is written); nil
+// unless it is an index.
+func (v *Values) current(ctx context.Context, p Put) (oldIndex *Index, err error) {
+	res := v.do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: p.Key}})
+	found := res.Err == nil
+	switch {
+	case errors.Is(res.Err, upstream.ErrNotFound):
+	case res.Err != nil:
+		return nil, res.Err
+	case p.Verb == op.Add:
+		return nil, upstream.ErrExists
+	case p.Verb == op.CAS && res.Item.CAS != p.CAS:
+		return nil, upstream.ErrCASConflict
+	}
+	if !found && (p.Verb == op.Replace || p.Verb == op.CAS) {
+		return nil, upstream.ErrNotFound
+	}
+	if x, ok, err := Parse(res.Item); found && ok && err == nil {
+		oldIndex = &x
+	}
+	return oldIndex, nil
+}
+
+// cleanup deletes the n chunks under base of a value whose index was not
+// written. It stops at the first failure to reach memcached: the rest
+// expire with the value's expiration, or memcached evicts them.
+func (v *Values) cleanup(ctx context.Context, key, base string, n int) {
+	ctx = context.WithoutCancel(ctx)
+	for i := range n {
+		res := v.do(ctx, op.Op{Verb: op.Delete, Item: op.Item{Key: base + strconv.Itoa(i)}, HashKey: key})
+		if res.Err != nil && !errors.Is(res.Err, upstream.ErrNotFound) {
+			return
+		}
+		v.m.cleaned.Inc()
+	}
+}
+
+// Drop deletes it, key's index, if it is still the item read (its CAS):
+// the value is lost (ErrMissing), and the next reader gets a miss at
+// once. It writes the index back with a CAS and an expiration in the
+// past, memcached's conditional delete; its chunks are retired.
+func (v *Values) Drop(ctx context.Context, key string, it op.Item) {
+	ctx = context.WithoutCancel(ctx)
+	it.Key, it.Expiration = key, -1
+	if res := v.do(ctx, op.Op{Verb: op.CAS, Item: it}); res.Err != nil {
+		return
+	}
+	if x, ok, err := Parse(it); ok && err == nil {
+		v.retire(ctx, key, x)
+	}
+}
+
+// metrics count what Values does; see newMetrics for their meaning.
+type metrics struct {
+	writeStored, writeFailed                 prometheus.Counter
+	readComplete, readMissing, readAborted   prometheus.Counter
+	chunksWritten, chunksRead, chunksMissing prometheus.Counter
+	retired, cleaned                         prometheus.Counter
+	bytesWritten, bytesRead                  prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) metrics {
+	writes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "memcgate_chunked_writes_total",
+		Help: "Values written in chunks (MEMCGATE_BIG_VALUE_MAX_BYTES), by result: stored (the index is in), failed (nothing changed; the chunks written were deleted).",
+	}, []string{"result"})
+	reads := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "memcgate_chunked_reads_total",
+		Help: "Reads of values stored in chunks (whole or a range) that fetched chunks, by result: complete, missing (a chunk was gone: the value was lost and its index dropped), aborted (the client went away, memcached failed, or the read passed its grace period).",
+	}, []string{"result"})
+	chunks := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "memcgate_chunks_total",
+		Help: "Chunks by event: written, read, missing (gone or damaged when read), retired (set to expire after the grace period when their index was replaced or deleted), cleaned (deleted after a write that failed).",
+	}, []string{"event"})
+	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "memcgate_chunked_bytes_total",
+		Help: "Bytes of values stored in chunks, by direction: written (to memcached), read (from memcached).",
+	}, []string{"direction"})
+	reg.MustRegister(writes, reads, chunks, bytes)
+	return metrics{
+		writeStored: writes.WithLabelValues("stored"), writeFailed: writes.WithLabelValues("failed"),
+		readComplete: reads.WithLabelValues("complete"), readMissing: reads.WithLabelValues("missing"), readAborted: reads.WithLabelValues("aborted"),
+		chunksWritten: chunks.WithLabelValues("written"), chunksRead: chunks.WithLabelValues("read"), chunksMissing: chunks.WithLabelValues("missing"),
+		retired: chunks.WithLabelValues("retired"), cleaned: chunks.WithLabelValues("cleaned"),
+		bytesWritten: bytes.WithLabelValues("written"), bytesRead: bytes.WithLabelValues("read"),
+	}
+}
