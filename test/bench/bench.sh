@@ -62,37 +62,12 @@ quiet_timeout=${BENCH_QUIET_TIMEOUT:-300}
 nkeys=10000 keylen=96 vallen=400
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
-log() { printf '%s bench: %s\n' "$(date +%T)" "$*" >&2; }
-die() { log "$*"; exit 1; }
+# log, die, install_missing, $work and its trap, free_port, wait_port, run_bg
+. "$here/lib.sh"
 
 # ---------------------------------------------------------------- packages
-install_missing() {
-  local need=()
-  command -v memcached >/dev/null 2>&1 || need+=(memcached)
-  command -v nginx >/dev/null 2>&1 || need+=(nginx)
-  [ -e /usr/lib/nginx/modules/ngx_http_memc_module.so ] || need+=(libnginx-mod-http-memc)
-  command -v wrk >/dev/null 2>&1 || need+=(wrk)
-  command -v ab >/dev/null 2>&1 || need+=(apache2-utils)
-  command -v curl >/dev/null 2>&1 || need+=(curl)
-  command -v taskset >/dev/null 2>&1 || need+=(util-linux)
-  command -v pgrep >/dev/null 2>&1 || need+=(procps)
-  [ ${#need[@]} -eq 0 ] && return 0
-  [ "$(id -u)" = 0 ] || die "missing ${need[*]}; run as root (or install them) so apt-get can add them"
-  log "installing ${need[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  # Debian starts the packaged nginx (port 80 on every address) and
-  # memcached on install; a temporary policy-rc.d keeps them stopped.
-  local policy=
-  if [ ! -e /usr/sbin/policy-rc.d ]; then
-    policy=/usr/sbin/policy-rc.d
-    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy"
-  fi
-  local rc=0
-  { apt-get update && apt-get install -y --no-install-recommends "${need[@]}"; } >&2 || rc=$?
-  [ -n "$policy" ] && rm -f "$policy"
-  [ $rc -eq 0 ] || die "apt-get install ${need[*]} failed"
-}
-install_missing
+install_missing memcached:memcached nginx:nginx libnginx-mod-http-memc:/usr/lib/nginx/modules/ngx_http_memc_module.so \
+  wrk:wrk apache2-utils:ab curl:curl util-linux:taskset procps:pgrep
 command -v go >/dev/null 2>&1 || die "go is required (to build bin/memcgate and the bench helper)"
 [ -x bin/memcgate ] || die "bin/memcgate is missing; run 'make bench' (it builds it) or 'make build'"
 
@@ -105,34 +80,6 @@ if [ "$ncpu" -lt 2 ]; then
 fi
 server_n=$(cpu_count "$server_cpus")
 
-# ---------------------------------------------------------------- cleanup
-work=$(mktemp -d /tmp/memcgate-bench.XXXXXX)
-pids=()   # everything started, in start order
-cleanup() {
-  local rc=$?
-  trap - EXIT INT TERM
-  if [ ${#pids[@]} -gt 0 ]; then
-    local p i
-    for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[i]}" 2>/dev/null || true; done
-    for _ in $(seq 30); do
-      local alive=0
-      for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
-      [ $alive = 0 ] && break
-      sleep 0.1
-    done
-    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-  fi
-  if [ "${BENCH_KEEP:-0}" = 1 ] || [ $rc -ne 0 ]; then
-    log "scratch directory kept: $work"
-  else
-    rm -rf "$work"
-  fi
-  exit $rc
-}
-trap cleanup EXIT
-trap 'log interrupted; exit 130' INT TERM
-
 # Everything this shell runs from here on (curl, the sampler, wrk, ab)
 # stays on the load generator's CPUs; servers get theirs explicitly.
 taskset -pc "$load_cpus" $$ >/dev/null
@@ -140,30 +87,6 @@ taskset -pc "$load_cpus" $$ >/dev/null
 # Raise the descriptor limit for 2048 clients plus upstream connections.
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 [ "$(ulimit -n)" -ge 8192 ] || die "ulimit -n is $(ulimit -n); need at least 8192 for 2048 clients"
-
-# Free loopback ports outside the ephemeral range, never the same twice.
-used_ports=" "
-free_port() {
-  local p
-  for _ in $(seq 200); do
-    p=$((20000 + RANDOM % 12000))
-    [[ $used_ports == *" $p "* ]] && continue
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && ! grep -qi ":$(printf '%04X' "$p") " /proc/net/tcp; then
-      used_ports+="$p "
-      echo "$p"
-      return 0
-    fi
-  done
-  die "no free port found"
-}
-wait_port() { # port pid name
-  for _ in $(seq 100); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    kill -0 "$2" 2>/dev/null || die "$3 exited at start (logs in $work)"
-    sleep 0.05
-  done
-  die "$3 is not listening on 127.0.0.1:$1"
-}
 
 # ---------------------------------------------------------------- build helper
 log "building the bench helper"
@@ -202,7 +125,7 @@ fi
 sed -e "s|@PREFIX@|$work/nginx|g" -e "s|@HTTP_PORT@|$nginx_port|g" -e "s|@MEMC_PORT@|$memc_port|g" \
   -e "s|@WORKERS@|$server_n|g" -e "s|@WORKER_CONNECTIONS@|16384|g" -e "s|@NOFILE@|$(ulimit -n)|g" \
   -e "s|@KEEPALIVE@|$nginx_keepalive|g" -e "s|@KEEPALIVE_REQUESTS@|1000000|g" -e "s|@BACKLOG@|4096|g" \
-  -e "s|@ACCESS_LOG@|$nginx_access|g" \
+  -e "s|@ACCESS_LOG@|$nginx_access|g" -e "s|@CONST_BODY@|$(head -c $vallen "$work/value.txt")|g" \
   "$here/nginx.conf.in" >"$work/nginx/nginx.conf"
 nginx -t -q -p "$work/nginx" -e "$work/nginx/error.log" -c "$work/nginx/nginx.conf" ||
   die "nginx -t failed (see $work/nginx/error.log)"
@@ -268,19 +191,6 @@ wrk_base() { # target workload conc seconds
     -- "$2" "$work/keys.txt" "$work/value.txt" "$(prefix_of "$1")"
 }
 
-# Load generators run in the background and are waited for: a Ctrl-C then
-# interrupts `wait` at once and the trap stops everything (run in the
-# foreground, wrk would catch SIGINT itself, print partial results and let
-# the script go on).
-run_bg() { # outfile cmd...
-  local out=$1
-  shift
-  "$@" >"$out" 2>&1 &
-  local p=$!
-  pids+=("$p")
-  wait "$p" || true
-  unset 'pids[-1]'
-}
 # CPU seconds (user+sys) of this shell's waited-for children so far;
 # `times` must run in this shell, not in a $(...) subshell.
 children_cpu() {
