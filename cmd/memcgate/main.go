@@ -75,12 +75,11 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	if cfg.LogFormat == "json" {
 		accessJSON = logs
 	}
-	var lc net.ListenConfig
-	dataLn, err := lc.Listen(ctx, "tcp", cfg.ListenAddr)
+	dataLn, err := listenTCP(ctx, cfg.ListenAddr)
 	if err != nil {
 		return fmt.Errorf("%sLISTEN_ADDR: %w", config.Prefix, err)
 	}
-	adminLn, err := lc.Listen(ctx, "tcp", cfg.AdminAddr)
+	adminLn, err := listenTCP(ctx, cfg.AdminAddr)
 	if err != nil {
 		dataLn.Close()
 		return fmt.Errorf("%sADMIN_ADDR: %w", config.Prefix, err)
