@@ -51,9 +51,17 @@ func phpReport(args []string, w io.Writer) error {
 		reps = max(reps, len(points[k].runs))
 	}
 	var vs []struct{ name, title string }
+	known := map[string]bool{}
 	for _, v := range phpVariants {
+		known[v.name] = true
 		if present[v.name] {
 			vs = append(vs, v)
+		}
+	}
+	for _, k := range order { // others (a script's own experiments) by name, last
+		if !known[k.target] {
+			known[k.target] = true
+			vs = append(vs, struct{ name, title string }{k.target, k.target})
 		}
 	}
 	at := func(v string, c int) *point { return points[pointKey{"php", c, v}] }
