@@ -11,7 +11,9 @@
 #   BENCH_REPS=3             repeats per (workload, clients, target), interleaved A B A B
 #   BENCH_CONCURRENCY="64 256 1024 2048"
 #   BENCH_WORKLOADS="get put mix"
-#   BENCH_AB_N=50000 BENCH_AB_REPS=3   the ab runs (BENCH_AB_N=0 skips them)
+#   BENCH_AB_N=50000 BENCH_AB_REPS=3   the ab runs (BENCH_AB_N=0 skips them): with
+#                            keep-alive (-k), then a new connection per request
+#   BENCH_AB_NEWCONN=1       the new-connection ab runs (0 skips them)
 #   BENCH_SERVER_CPUS=0      CPUs of memcgate and nginx (GOMAXPROCS and worker_processes follow)
 #   BENCH_MEMCACHED_CPUS=0   CPUs of memcached (default: shares the servers' CPUs)
 #   BENCH_LOAD_CPUS=1        CPUs of wrk, ab and this script's helpers
@@ -48,6 +50,7 @@ concs=${BENCH_CONCURRENCY:-$d_conc}
 workloads=${BENCH_WORKLOADS:-get put mix}
 ab_n=${BENCH_AB_N:-$d_abn}
 ab_reps=${BENCH_AB_REPS:-$d_abreps}
+ab_newconn=${BENCH_AB_NEWCONN:-1}
 server_cpus=${BENCH_SERVER_CPUS:-0}
 memc_cpus=${BENCH_MEMCACHED_CPUS:-$server_cpus}
 load_cpus=${BENCH_LOAD_CPUS:-1}
@@ -166,6 +169,11 @@ url[nginx]="http://127.0.0.1:$nginx_port/key/"
 tpids[memcgate]=$gate_pid rpids[memcgate]=$gate_pid
 tpids[nginx]="$nginx_pid,$nginx_workers" rpids[nginx]=$nginx_workers
 targets=(memcgate nginx)
+# The floor of an HTTP hop: nginx answering a constant body as long as a
+# value, no memcached. GET only, in the get workload and the ab runs.
+floor=nginx-const
+url[$floor]="http://127.0.0.1:$nginx_port/const/"
+tpids[$floor]=${tpids[nginx]} rpids[$floor]=${rpids[nginx]}
 
 # ---------------------------------------------------------------- sanity
 for t in "${targets[@]}"; do
@@ -183,10 +191,9 @@ base_conns=$("$bt" sample -memc "127.0.0.1:$memc_port" -target "$memc_pid" -memc
 base_conns=$(sed -n 's/.*conn_max=\([0-9]*\).*/\1/p' <<<"$base_conns")
 
 # ---------------------------------------------------------------- wrk runs
-prefix_of() { [ "$1" = nginx ] && echo /key/ || echo /; }
+prefix_of() { case $1 in nginx) echo /key/ ;; "$floor") echo /const/ ;; *) echo / ;; esac; }
 wrk_base() { # target workload conc seconds
-  local base=${url[$1]%/key/}
-  base=${base%/}
+  local base=${url[$1]%"$(prefix_of "$1")"}
   taskset -c "$load_cpus" wrk -t 1 -c "$3" -d "${4}s" --timeout "$wrk_timeout" -s "$here/bench.lua" "$base/" \
     -- "$2" "$work/keys.txt" "$work/value.txt" "$(prefix_of "$1")"
 }
@@ -276,14 +283,17 @@ runs=$work/runs.txt ab_out=$work/ab.txt
 : >"$ab_out"
 nw=$(wc -w <<<"$workloads") nc=$(wc -w <<<"$concs")
 total=$((nw * nc * reps * 2)) i=0
+[[ " $workloads " == *" get "* ]] && total=$((total + nc * reps))
 wait_quiet || true
 started=$(date +%s)
 eta=$(((warmup + duration + 1) * total))
 log "$total wrk runs of ${duration}s (+${warmup}s warm-up), about $((eta / 60)) min, then ab"
 for wl in $workloads; do
   for c in $concs; do
+    wl_targets=("${targets[@]}")
+    [ "$wl" = get ] && wl_targets+=("$floor")
     for rep in $(seq "$reps"); do
-      for t in "${targets[@]}"; do
+      for t in "${wl_targets[@]}"; do
         i=$((i + 1))
         best= best_foreign=
         for attempt in $(seq $((retries + 1))); do
@@ -310,28 +320,41 @@ for wl in $workloads; do
 done
 
 # ---------------------------------------------------------------- ab runs
+# GET of one key with keep-alive (-k, the seed's style), then with a new
+# connection per request (how a PHP page calls), each with the floor;
+# the gateway's CPU per request is read from /proc around each run.
+ab_field() { sed -n "s/.*\b$1=\([0-9]*\).*/\1/p" <<<"$2"; }
 if [ "$ab_n" -gt 0 ]; then
-  log "ab -k -n $ab_n, $ab_reps run(s) per point"
+  modes=ka
+  [ "$ab_newconn" = 1 ] && modes+=" new"
+  log "ab -n $ab_n, $ab_reps run(s) per point: $modes"
   wait_quiet || true
-  for c in $concs; do
-    n=$ab_n
-    [ "$n" -lt $((c * 4)) ] && n=$((c * 4))
-    for rep in $(seq "$ab_reps"); do
-      for t in "${targets[@]}"; do
-        run_bg "$work/ab.out" taskset -c "$load_cpus" ab -k -r -q -s 10 -c "$c" -n "$n" "${url[$t]}$key0"
-        awk -v t="$t" -v c="$c" -v rep="$rep" '
-          /^Complete requests:/ { complete = $3 }
-          /^Failed requests:/ { failed = $3 }
-          /^Non-2xx responses:/ { non2xx = $3 }
-          /^Keep-Alive requests:/ { ka = $3 }
-          /^Requests per second:/ { rps = $4 }
-          /^  50%/ { p50 = $2 }
-          /^  99%/ { p99 = $2 }
-          END { if (rps == "") exit 1
-                printf "tool=ab target=%s conc=%d rep=%d complete=%d rps=%s p50_ms=%s p99_ms=%s failed=%d non2xx=%d keepalive=%d\n",
-                  t, c, rep, complete, rps, p50, p99, failed, non2xx + 0, ka + 0 }' "$work/ab.out" >>"$ab_out" ||
-          { cat "$work/ab.out" >&2; die "ab gave no result for $t c=$c"; }
-        tail -1 "$ab_out" | sed 's/^/  /' >&2
+  for mode in $modes; do
+    kflag=(-k) tool=ab
+    [ "$mode" = new ] && kflag=() tool=ab-new
+    for c in $concs; do
+      n=$ab_n
+      [ "$n" -lt $((c * 4)) ] && n=$((c * 4))
+      for rep in $(seq "$ab_reps"); do
+        for t in "${targets[@]}" "$floor"; do
+          cnt0=$("$bt" counters -pids "${tpids[$t]}")
+          run_bg "$work/ab.out" taskset -c "$load_cpus" ab "${kflag[@]}" -r -q -s 10 -c "$c" -n "$n" "${url[$t]}$key0"
+          cnt1=$("$bt" counters -pids "${tpids[$t]}")
+          awk -v tool="$tool" -v t="$t" -v c="$c" -v rep="$rep" \
+            -v cpu="$(($(ab_field cpu_us "$cnt1") - $(ab_field cpu_us "$cnt0")))" -v cs="$(($(ab_field cs "$cnt1") - $(ab_field cs "$cnt0")))" '
+            /^Complete requests:/ { complete = $3 }
+            /^Failed requests:/ { failed = $3 }
+            /^Non-2xx responses:/ { non2xx = $3 }
+            /^Keep-Alive requests:/ { ka = $3 }
+            /^Requests per second:/ { rps = $4 }
+            /^  50%/ { p50 = $2 }
+            /^  99%/ { p99 = $2 }
+            END { if (rps == "") exit 1
+                  printf "tool=%s target=%s conc=%d rep=%d complete=%d requests=%d rps=%s p50_ms=%s p99_ms=%s failed=%d non2xx=%d keepalive=%d target_cpu_us=%d target_cs=%d\n",
+                    tool, t, c, rep, complete, complete, rps, p50, p99, failed, non2xx + 0, ka + 0, cpu, cs }' "$work/ab.out" >>"$ab_out" ||
+            { cat "$work/ab.out" >&2; die "ab gave no result for $t c=$c"; }
+          tail -1 "$ab_out" | sed 's/^/  /' >&2
+        done
       done
     done
   done
