@@ -27,10 +27,6 @@ import (
 // (serving others first) and only waits for its result: it never spins on
 // the semaphore while its batch is in flight.
 
-// getOp is the operation of a single Get: read-only, shared by all of them
-// so that a Get allocates none.
-var getOp = &op.Op{Verb: op.Get}
-
 // getWaiter is one Get parked in a node's pending list.
 type getWaiter struct {
 	key   string // as sent to memcached
@@ -54,7 +50,7 @@ func (n *node) get(ctx context.Context, key string) (*memcache.Item, error) {
 	if !n.batchGets {
 		var it *memcache.Item
 		err := n.do(ctx, verbOp(op.Get), false, func(mc dataClient, _ bool) (err error) {
-			it, _, err = mc.Do(getOp, key)
+			it, _, err = mc.Do(op.Op{Verb: op.Get}, key)
 			return err
 		})
 		return it, err
@@ -130,7 +126,7 @@ func (n *node) takeLocked(first *getWaiter) []*getWaiter {
 // getHolding runs a single get while holding a slot, then releases it.
 func (n *node) getHolding(key string) (*memcache.Item, error) {
 	start := time.Now()
-	it, _, err := n.client.Do(getOp, key)
+	it, _, err := n.client.Do(op.Op{Verb: op.Get}, key)
 	err = classify(n.name, "get", err)
 	n.m.duration[verbOp(op.Get)].Observe(time.Since(start).Seconds())
 	n.m.ops[verbOp(op.Get)][resultOf(err)].Inc()
@@ -174,7 +170,7 @@ func (n *node) runBatch(batch []*getWaiter) {
 	var err error
 	if len(keys) == 1 {
 		var it *memcache.Item
-		if it, _, err = n.client.Do(getOp, keys[0]); err == nil {
+		if it, _, err = n.client.Do(op.Op{Verb: op.Get}, keys[0]); err == nil {
 			items = map[string]*memcache.Item{keys[0]: it}
 		} else if errors.Is(err, memcache.ErrCacheMiss) {
 			err = nil

@@ -77,6 +77,18 @@ func (n *node) available() bool { return n.up.Load() }
 
 // observe is passive health checking of one data-path result.
 func (n *node) observe(err error) {
+	if err == nil {
+		if n.passiveRuns.Load() != 0 {
+			n.passiveRuns.Store(0)
+		}
+		return
+	}
+	n.observeFailure(err)
+}
+
+// observeFailure is observe for an error; apart so that the success path
+// does not pay for errors.As's escaping target.
+func (n *node) observeFailure(err error) {
 	var ne *NodeError
 	if !errors.As(err, &ne) {
 		if n.passiveRuns.Load() != 0 {

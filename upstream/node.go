@@ -127,7 +127,7 @@ type dataClient interface {
 	// Do runs o with key as the key sent: for op.Get the item
 	// (memcache.ErrCacheMiss if none), for op.Incr and op.Decr the new
 	// value, for the others their outcome.
-	Do(o *op.Op, key string) (*memcache.Item, uint64, error)
+	Do(o op.Op, key string) (*memcache.Item, uint64, error)
 	GetMulti(keys []string) (map[string]*memcache.Item, error)
 	// GetMultiLimit is GetMulti keeping at most limit bytes of values
 	// (0: no limit); the keys of the values it drops are in dropped.
@@ -143,7 +143,7 @@ type pooled struct{ *memcache.Client }
 // Do maps o onto gomemcache's methods. gomemcache has no gat: op.GAT is
 // a get and then a touch, two round trips instead of one, and not atomic
 // (the touch may set the expiration of a value written after the get).
-func (p pooled) Do(o *op.Op, key string) (*memcache.Item, uint64, error) {
+func (p pooled) Do(o op.Op, key string) (*memcache.Item, uint64, error) {
 	it := &memcache.Item{Key: key, Value: o.Item.Value, Flags: o.Item.Flags, Expiration: o.Item.Expiration, CasID: o.Item.CAS}
 	var err error
 	switch o.Verb {
@@ -248,7 +248,7 @@ func (n *node) run(ctx context.Context, o op.Op, sk string, failover bool, cap f
 		o.Item.Expiration = cap(o.Item.Expiration)
 	}
 	err := n.do(ctx, verbOp(o.Verb), failover, func(mc dataClient, _ bool) error {
-		it, num, err := mc.Do(&o, sk)
+		it, num, err := mc.Do(o, sk)
 		if err == nil && it != nil {
 			res.Item = itemOf(o.Item.Key, it)
 		}

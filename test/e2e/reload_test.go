@@ -278,7 +278,9 @@ func TestServersFile(t *testing.T) {
 	l := startLoad(g, reloadKeys())
 	writeAtomic(t, file, memcachedtest.Addrs(mcs))
 	waitNodes(t, g, strings.Split(memcachedtest.Addrs(mcs), ","))
-	if sent, failed := l.end(); failed != 0 {
+	sent, failed := l.end()
+	t.Logf("%d requests while the servers file changed, %d failed", sent, failed)
+	if failed != 0 {
 		t.Errorf("%d of %d requests failed while the servers file changed; first: %v", failed, sent, l.first.Load())
 	}
 }
@@ -373,7 +375,9 @@ func TestServersDNS(t *testing.T) {
 	waitNodes(t, g, []string{name(mcs[1]), name(mcs[2])})
 	n = moved(t, before, owners(t, g, keys), name(mcs[0]))
 	t.Logf("DNS removed %s: %d of %d keys moved (%.1f%%)", name(mcs[0]), n, len(keys), 100*float64(n)/float64(len(keys)))
-	if sent, failed := l.end(); failed != 0 {
+	sent, failed := l.end()
+	t.Logf("%d requests while DNS changed, %d failed", sent, failed)
+	if failed != 0 {
 		t.Errorf("%d of %d requests failed while DNS changed; first: %v", failed, sent, l.first.Load())
 	}
 }

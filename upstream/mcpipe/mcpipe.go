@@ -143,7 +143,7 @@ func (c *Client) openConn() (*conn, error) {
 // (memcache.ErrCacheMiss if there is none), for op.Incr and op.Decr the
 // new value, for the others their outcome, with gomemcache's errors.
 // Single-key Gets may share one command line with others (see conn.send).
-func (c *Client) Do(o *op.Op, key string) (*memcache.Item, uint64, error) {
+func (c *Client) Do(o op.Op, key string) (*memcache.Item, uint64, error) {
 	if !legalKey(key) {
 		return nil, 0, memcache.ErrMalformedKey
 	}
@@ -152,7 +152,7 @@ func (c *Client) Do(o *op.Op, key string) (*memcache.Item, uint64, error) {
 		return nil, 0, err
 	}
 	cl := c.newCall()
-	c.prepare(cl, o, key)
+	c.prepare(cl, &o, key)
 	if err := cn.send(cl); err != nil {
 		c.release(cl)
 		return nil, 0, err
@@ -196,7 +196,7 @@ func (c *Client) newCall() *call {
 // and must not send more requests to this Client itself (the reader would
 // become the writer while memcached waits for it to read); hand such work
 // to a goroutine.
-func (c *Client) DoAsync(o *op.Op, key string, done func(*memcache.Item, uint64, error)) error {
+func (c *Client) DoAsync(o op.Op, key string, done func(*memcache.Item, uint64, error)) error {
 	if !legalKey(key) {
 		return memcache.ErrMalformedKey
 	}
@@ -205,7 +205,7 @@ func (c *Client) DoAsync(o *op.Op, key string, done func(*memcache.Item, uint64,
 		return err
 	}
 	cl := c.newCall()
-	c.prepare(cl, o, key)
+	c.prepare(cl, &o, key)
 	cl.client, cl.onDone = c, done
 	if err := cn.send(cl); err != nil {
 		c.release(cl)
@@ -252,7 +252,7 @@ func legalKey(key string) bool {
 // Get reads one item with its CAS value ("gets", as gomemcache);
 // memcache.ErrCacheMiss if it is not there.
 func (c *Client) Get(key string) (*memcache.Item, error) {
-	it, _, err := c.Do(&op.Op{Verb: op.Get}, key)
+	it, _, err := c.Do(op.Op{Verb: op.Get}, key)
 	return it, err
 }
 
@@ -330,31 +330,31 @@ func (c *Client) CompareAndSwap(it *memcache.Item) error { return c.store(op.CAS
 
 func (c *Client) store(v op.Verb, it *memcache.Item) error {
 	o := op.Op{Verb: v, Item: op.Item{Value: it.Value, Flags: it.Flags, Expiration: it.Expiration, CAS: it.CasID}}
-	_, _, err := c.Do(&o, it.Key)
+	_, _, err := c.Do(o, it.Key)
 	return err
 }
 
 // Delete removes an item; memcache.ErrCacheMiss if it was not there.
 func (c *Client) Delete(key string) error {
-	_, _, err := c.Do(&op.Op{Verb: op.Delete}, key)
+	_, _, err := c.Do(op.Op{Verb: op.Delete}, key)
 	return err
 }
 
 // Touch sets a new expiration; memcache.ErrCacheMiss if the item is gone.
 func (c *Client) Touch(key string, seconds int32) error {
-	_, _, err := c.Do(&op.Op{Verb: op.Touch, Item: op.Item{Expiration: seconds}}, key)
+	_, _, err := c.Do(op.Op{Verb: op.Touch, Item: op.Item{Expiration: seconds}}, key)
 	return err
 }
 
 // Increment adds delta to a decimal value and returns the result.
 func (c *Client) Increment(key string, delta uint64) (uint64, error) {
-	_, n, err := c.Do(&op.Op{Verb: op.Incr, Delta: delta}, key)
+	_, n, err := c.Do(op.Op{Verb: op.Incr, Delta: delta}, key)
 	return n, err
 }
 
 // Decrement subtracts delta from a decimal value (stopping at zero) and
 // returns the result.
 func (c *Client) Decrement(key string, delta uint64) (uint64, error) {
-	_, n, err := c.Do(&op.Op{Verb: op.Decr, Delta: delta}, key)
+	_, n, err := c.Do(op.Op{Verb: op.Decr, Delta: delta}, key)
 	return n, err
 }

@@ -734,10 +734,10 @@ func TestReplyToAnOpenLine(t *testing.T) {
 
 // getAsync and setAsync are DoAsync for one Get or Set.
 func getAsync(c *Client, key string, done func(*memcache.Item, error)) error {
-	return c.DoAsync(&op.Op{Verb: op.Get}, key, func(it *memcache.Item, _ uint64, err error) { done(it, err) })
+	return c.DoAsync(op.Op{Verb: op.Get}, key, func(it *memcache.Item, _ uint64, err error) { done(it, err) })
 }
 
 func setAsync(c *Client, it *memcache.Item, done func(error)) error {
 	o := op.Op{Verb: op.Set, Item: op.Item{Value: it.Value, Flags: it.Flags, Expiration: it.Expiration}}
-	return c.DoAsync(&o, it.Key, func(_ *memcache.Item, _ uint64, err error) { done(err) })
+	return c.DoAsync(o, it.Key, func(_ *memcache.Item, _ uint64, err error) { done(err) })
 }
