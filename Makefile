@@ -11,7 +11,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS  := -s -w -X main.version=$(VERSION) -X main.revision=$(REVISION)
 IMAGE    ?= memcgate
 
-.PHONY: all build image run test vet fmt-check fuzz bench seed pools clean deps-run deps-test
+.PHONY: all build image run test vet fmt-check fuzz bench bench-php seed pools clean deps-run deps-test
 
 all: build
 
@@ -65,6 +65,14 @@ pools: deps-test
 # BENCH_QUICK=1 for a 1-minute smoke run.
 bench: build
 	@bash test/bench/bench.sh
+
+# The seed's workload: PHP pages (nginx + php-fpm) reading a key through
+# memcgate (TCP and Unix socket), through nginx + HttpMemcModule and
+# directly with php-memcached, a new connection per page (test/bench/php.sh,
+# results in docs/benchmarks.md); about 10 minutes, BENCH_QUICK=1 for a
+# smoke run.
+bench-php: build
+	@bash test/bench/php.sh
 
 clean:
 	rm -rf bin

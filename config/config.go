@@ -40,6 +40,9 @@ type Config struct {
 
 	ListenAddr string `env:"LISTEN_ADDR" envDefault:":8080" help:"data listener (GET/PUT/DELETE/POST /{key})"`
 	AdminAddr  string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9090" help:"admin listener (/metrics /healthz /readyz /debug/nodes /debug/owners /debug/config /debug/pprof/); loopback only unless you change it"`
+	// ListenSocket is a second data listener, on a Unix socket.
+	ListenSocket     string `env:"LISTEN_SOCKET" help:"absolute path of a Unix socket that serves the data API too, for clients on this host (curl --unix-socket, CURLOPT_UNIX_SOCKET_PATH, nginx unix: upstreams); a stale socket file there is replaced at start, and the file is removed at stop; empty: none"`
+	ListenSocketMode string `env:"LISTEN_SOCKET_MODE" envDefault:"0660" help:"permissions of LISTEN_SOCKET, in octal: connecting needs write permission, so 0660 lets memcgate's user and group in, 0666 every local user (as 127.0.0.1 does)"`
 
 	Timeout           time.Duration `env:"TIMEOUT" envDefault:"500ms" help:"per-operation socket timeout to memcached (dial, read, write)"`
 	MaxIdleConns      int           `env:"KEEPALIVE" envDefault:"64" help:"idle keepalive connections kept per node"`
@@ -260,6 +263,44 @@ func checkListenAddr(addr string) error {
 	return nil
 }
 
+// maxSocketPath is the longest path a Unix socket can be bound to on
+// Linux (sun_path holds 108 bytes with the terminating NUL).
+const maxSocketPath = 107
+
+// checkSocketPath accepts an empty path (no socket) or an absolute one
+// that fits a Unix socket address. A relative path would depend on the
+// working directory, and an abstract socket (@name) has no file
+// permissions, so anyone on the host could connect.
+func checkSocketPath(path string) error {
+	switch {
+	case path == "":
+		return nil
+	case !strings.HasPrefix(path, "/"):
+		return fmt.Errorf("%q is not an absolute path (e.g. /run/memcgate/memcgate.sock)", path)
+	case len(path) > maxSocketPath:
+		return fmt.Errorf("%q is %d bytes long; a Unix socket path has at most %d", path, len(path), maxSocketPath)
+	case strings.ContainsRune(path, 0):
+		return fmt.Errorf("%q holds a NUL byte", path)
+	}
+	return nil
+}
+
+// parseFileMode parses permissions written in octal, 0 to 0777.
+func parseFileMode(s string) (os.FileMode, error) {
+	m, err := strconv.ParseUint(s, 8, 32)
+	if err != nil || m > 0o777 {
+		return 0, fmt.Errorf("%q is not an octal file mode from 0000 to 0777 (e.g. 0660)", s)
+	}
+	return os.FileMode(m), nil
+}
+
+// SocketMode is ListenSocketMode as a file mode; zero if it does not
+// parse (Load refuses that).
+func (c Config) SocketMode() os.FileMode {
+	m, _ := parseFileMode(c.ListenSocketMode)
+	return m
+}
+
 // sameListener reports whether two valid listen addresses would take the
 // same port: equal ports, and equal hosts or one of them every interface.
 func sameListener(a, b string) bool {
@@ -360,6 +401,12 @@ func (c Config) Validate() error {
 	}
 	if sameListener(c.ListenAddr, c.AdminAddr) {
 		bad("ADMIN_ADDR", "%q and %sLISTEN_ADDR %q would listen on the same port; give the admin listener its own", c.AdminAddr, Prefix, c.ListenAddr)
+	}
+	if err := checkSocketPath(c.ListenSocket); err != nil {
+		bad("LISTEN_SOCKET", "%v", err)
+	}
+	if _, err := parseFileMode(c.ListenSocketMode); err != nil {
+		bad("LISTEN_SOCKET_MODE", "%v", err)
 	}
 	if !slices.Contains(Distributions(), c.Distribution) {
 		bad("DISTRIBUTION", "%q is not one of %s", c.Distribution, strings.Join(Distributions(), ", "))

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 )
@@ -173,5 +175,48 @@ func TestEditDistance(t *testing.T) {
 		if got := editDistance(tt.a, tt.b); got != tt.want {
 			t.Errorf("editDistance(%q, %q) = %d, want %d", tt.a, tt.b, got, tt.want)
 		}
+	}
+}
+
+func TestListenSocket(t *testing.T) {
+	long := "/" + strings.Repeat("s", maxSocketPath)
+	tests := []struct {
+		name, path, mode string
+		wantMode         os.FileMode
+		wantErr          string // "" = valid
+	}{
+		{"none", "", "", 0o660, ""},
+		{"path and default mode", "/run/memcgate/memcgate.sock", "", 0o660, ""},
+		{"any local user", "/run/memcgate.sock", "0666", 0o666, ""},
+		{"without the leading zero", "/run/memcgate.sock", "600", 0o600, ""},
+		{"relative", "memcgate.sock", "", 0, `MEMCGATE_LISTEN_SOCKET: "memcgate.sock" is not an absolute path`},
+		{"abstract", "@memcgate", "", 0, `MEMCGATE_LISTEN_SOCKET: "@memcgate" is not an absolute path`},
+		{"too long", long, "", 0, fmt.Sprintf("is %d bytes long; a Unix socket path has at most %d", len(long), maxSocketPath)},
+		{"decimal", "/run/memcgate.sock", "0668", 0, `MEMCGATE_LISTEN_SOCKET_MODE: "0668" is not an octal file mode from 0000 to 0777`},
+		{"too wide", "/run/memcgate.sock", "01777", 0, `MEMCGATE_LISTEN_SOCKET_MODE: "01777" is not an octal file mode`},
+		{"words", "/run/memcgate.sock", "rw-rw----", 0, `MEMCGATE_LISTEN_SOCKET_MODE: "rw-rw----" is not an octal file mode`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			environ := map[string]string{}
+			if tt.path != "" {
+				environ["MEMCGATE_LISTEN_SOCKET"] = tt.path
+			}
+			if tt.mode != "" {
+				environ["MEMCGATE_LISTEN_SOCKET_MODE"] = tt.mode
+			}
+			c, err := Load(environ)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("Load(%v) = %v, want valid", environ, err)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Fatalf("Load(%v) = %v, want an error containing %q", environ, err, tt.wantErr)
+			case tt.wantErr != "":
+				return
+			}
+			if c.ListenSocket != tt.path || c.SocketMode() != tt.wantMode {
+				t.Errorf("Load(%v): ListenSocket %q, SocketMode %o; want %q, %o", environ, c.ListenSocket, c.SocketMode(), tt.path, tt.wantMode)
+			}
+		})
 	}
 }

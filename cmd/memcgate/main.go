@@ -79,17 +79,43 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	if cfg.LogFormat == "json" {
 		accessJSON = logs
 	}
-	var lc net.ListenConfig
-	dataLn, err := lc.Listen(ctx, "tcp", cfg.ListenAddr)
-	if err != nil {
+	var ls listeners
+	if ls.data, err = listenTCP(ctx, cfg.ListenAddr); err != nil {
 		return fmt.Errorf("%sLISTEN_ADDR: %w", config.Prefix, err)
 	}
-	adminLn, err := lc.Listen(ctx, "tcp", cfg.AdminAddr)
-	if err != nil {
-		dataLn.Close()
+	if ls.admin, err = listenTCP(ctx, cfg.AdminAddr); err != nil {
+		ls.close()
 		return fmt.Errorf("%sADMIN_ADDR: %w", config.Prefix, err)
 	}
-	return serve(ctx, cfg, environ, dataLn, adminLn, log, level, accessJSON)
+	if cfg.ListenSocket != "" {
+		if ls.socket, err = listenUnix(ctx, cfg.ListenSocket, cfg.SocketMode()); err != nil {
+			ls.close()
+			return fmt.Errorf("%sLISTEN_SOCKET: %w", config.Prefix, err)
+		}
+	}
+	return serve(ctx, cfg, environ, ls, log, level, accessJSON)
+}
+
+// listeners are what serve serves: the data API on TCP and, if
+// configured, on a Unix socket (else nil), and the admin listener.
+type listeners struct {
+	data, socket, admin net.Listener
+}
+
+// dataListeners are the listeners of the data API.
+func (ls listeners) dataListeners() []net.Listener {
+	if ls.socket == nil {
+		return []net.Listener{ls.data}
+	}
+	return []net.Listener{ls.data, ls.socket}
+}
+
+func (ls listeners) close() {
+	for _, ln := range []net.Listener{ls.data, ls.socket, ls.admin} {
+		if ln != nil {
+			ln.Close()
+		}
+	}
 }
 
 // newLogger returns the logger of cfg and its level, which a reload may
@@ -242,19 +268,24 @@ func gatewayOptions(cfg config.Config) gateway.Options {
 // DrainDelay so load balancers notice, shuts both servers down (letting
 // requests in flight finish within ShutdownTimeout), stops health checks
 // and closes the pools.
-func serve(ctx context.Context, cfg config.Config, environ map[string]string, dataLn, adminLn net.Listener, log *slog.Logger, level *slog.LevelVar, accessJSON io.Writer) error {
+func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls listeners, log *slog.Logger, level *slog.LevelVar, accessJSON io.Writer) error {
 	started := time.Now()
 	sec, err := newSecurity(cfg)
 	if err != nil {
-		dataLn.Close()
-		adminLn.Close()
+		ls.close()
 		return err
 	}
-	dataLn, adminLn = sec.wrap(dataLn, adminLn)
-	if !cfg.FastPath && sec.dataTLS == nil {
-		// Go's net/http serves every connection: let it refuse what the
-		// fast path refuses (Content-Length with Transfer-Encoding).
-		dataLn = h1.GuardListener(dataLn)
+	ls.admin = sec.wrapAdmin(ls.admin)
+	for _, ln := range []*net.Listener{&ls.data, &ls.socket} {
+		if *ln == nil {
+			continue
+		}
+		*ln = sec.wrapData(*ln)
+		if !cfg.FastPath && sec.dataTLS == nil {
+			// Go's net/http serves every connection: let it refuse what
+			// the fast path refuses (Content-Length with Transfer-Encoding).
+			*ln = h1.GuardListener(*ln)
+		}
 	}
 	mem := planMemory(cfg, cgroupMemoryLimit())
 	derived := mem.budget // MAX_BUFFERED_BYTES when unset, for reloads
@@ -273,8 +304,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, da
 	registerBuildInfo(reg, build)
 	router, err := route.New(routeOptions(cfg, sec.dialer), log, reg)
 	if err != nil {
-		dataLn.Close()
-		adminLn.Close()
+		ls.close()
 		return err
 	}
 	defer router.Close()
@@ -339,12 +369,14 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, da
 	asyncCtx, stopAsync := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopAsync()
 	var wg sync.WaitGroup
-	errc := make(chan error, 4)
+	errc := make(chan error, 5)
 	wg.Go(func() { errc <- router.Run(healthCtx) })
 	asyncDone := make(chan struct{})
 	wg.Go(func() { defer close(asyncDone); errc <- handler.Run(asyncCtx) })
-	wg.Go(func() { errc <- ignoreClosed(data.Serve(dataLn)) })
-	wg.Go(func() { errc <- ignoreClosed(admin.Serve(adminLn)) })
+	for _, ln := range ls.dataListeners() {
+		wg.Go(func() { errc <- ignoreClosed(data.Serve(ln)) })
+	}
+	wg.Go(func() { errc <- ignoreClosed(admin.Serve(ls.admin)) })
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -352,7 +384,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, da
 	defer stopReload()
 	wg.Go(func() { rl.Run(reloadCtx, hup) })
 	log.Info("memcgate started", "version", build.Version, "revision", build.Revision,
-		"listen", dataLn.Addr().String(), "admin", adminLn.Addr().String(),
+		"listen", ls.data.Addr().String(), "listen_socket", cfg.ListenSocket, "admin", ls.admin.Addr().String(),
 		"servers", len(cfg.Servers), "distribution", cfg.Distribution, "pools", router.Pools(), "replicas", cfg.Replicas,
 		"max_buffered_bytes", mem.budget, "memory_limit", mem.limit, "memory_limit_from", mem.source)
 

@@ -87,13 +87,19 @@ func serverTLS(certFile, keyFile, name string) (*tls.Config, error) {
 	return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}, nil
 }
 
-// wrap puts TLS on the listeners that have a certificate.
-func (s *security) wrap(data, admin net.Listener) (net.Listener, net.Listener) {
+// wrapData puts TLS on a data listener (TCP or the Unix socket) if the
+// data API has a certificate.
+func (s *security) wrapData(ln net.Listener) net.Listener {
 	if s.dataTLS != nil {
-		data = tls.NewListener(data, s.dataTLS)
+		return tls.NewListener(ln, s.dataTLS)
 	}
+	return ln
+}
+
+// wrapAdmin puts TLS on the admin listener if it has a certificate.
+func (s *security) wrapAdmin(ln net.Listener) net.Listener {
 	if s.adminTLS != nil {
-		admin = tls.NewListener(admin, s.adminTLS)
+		return tls.NewListener(ln, s.adminTLS)
 	}
-	return data, admin
+	return ln
 }

@@ -437,3 +437,29 @@ func TestNewConnsOnWorkers(t *testing.T) {
 		}
 	}
 }
+
+// TestUnixSocket: a connection accepted from a Unix socket takes the TCP
+// connections' path: answered by detached responses, and parked between
+// requests with no goroutine.
+func TestUnixSocket(t *testing.T) {
+	var detached atomic.Int32
+	s, addr := startH1On(t, listen(t, "unix"), detachMux(&detached, nil), nil)
+	c, err := net.Dial("unix", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	for _, path := range []string{"/later/one", "/later/two"} {
+		if r := roundTrip(t, c, br, path); r.body != "detached "+path {
+			t.Errorf("GET %s = %v, want the detached response", path, r)
+		}
+	}
+	if got := detached.Load(); got != 2 {
+		t.Errorf("%d Detaches succeeded, want 2", got)
+	}
+	if !eventually(func() bool { parked, _, _ := pollerCounts(t, s); return parked == 1 }) {
+		t.Error("the idle Unix socket connection was not parked")
+	}
+}

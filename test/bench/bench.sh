@@ -11,7 +11,9 @@
 #   BENCH_REPS=3             repeats per (workload, clients, target), interleaved A B A B
 #   BENCH_CONCURRENCY="64 256 1024 2048"
 #   BENCH_WORKLOADS="get put mix"
-#   BENCH_AB_N=50000 BENCH_AB_REPS=3   the ab runs (BENCH_AB_N=0 skips them)
+#   BENCH_AB_N=50000 BENCH_AB_REPS=3   the ab runs (BENCH_AB_N=0 skips them): with
+#                            keep-alive (-k), then a new connection per request
+#   BENCH_AB_NEWCONN=1       the new-connection ab runs (0 skips them)
 #   BENCH_SERVER_CPUS=0      CPUs of memcgate and nginx (GOMAXPROCS and worker_processes follow)
 #   BENCH_MEMCACHED_CPUS=0   CPUs of memcached (default: shares the servers' CPUs)
 #   BENCH_LOAD_CPUS=1        CPUs of wrk, ab and this script's helpers
@@ -48,6 +50,7 @@ concs=${BENCH_CONCURRENCY:-$d_conc}
 workloads=${BENCH_WORKLOADS:-get put mix}
 ab_n=${BENCH_AB_N:-$d_abn}
 ab_reps=${BENCH_AB_REPS:-$d_abreps}
+ab_newconn=${BENCH_AB_NEWCONN:-1}
 server_cpus=${BENCH_SERVER_CPUS:-0}
 memc_cpus=${BENCH_MEMCACHED_CPUS:-$server_cpus}
 load_cpus=${BENCH_LOAD_CPUS:-1}
@@ -62,37 +65,12 @@ quiet_timeout=${BENCH_QUIET_TIMEOUT:-300}
 nkeys=10000 keylen=96 vallen=400
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
-log() { printf '%s bench: %s\n' "$(date +%T)" "$*" >&2; }
-die() { log "$*"; exit 1; }
+# log, die, install_missing, $work and its trap, free_port, wait_port, run_bg
+. "$here/lib.sh"
 
 # ---------------------------------------------------------------- packages
-install_missing() {
-  local need=()
-  command -v memcached >/dev/null 2>&1 || need+=(memcached)
-  command -v nginx >/dev/null 2>&1 || need+=(nginx)
-  [ -e /usr/lib/nginx/modules/ngx_http_memc_module.so ] || need+=(libnginx-mod-http-memc)
-  command -v wrk >/dev/null 2>&1 || need+=(wrk)
-  command -v ab >/dev/null 2>&1 || need+=(apache2-utils)
-  command -v curl >/dev/null 2>&1 || need+=(curl)
-  command -v taskset >/dev/null 2>&1 || need+=(util-linux)
-  command -v pgrep >/dev/null 2>&1 || need+=(procps)
-  [ ${#need[@]} -eq 0 ] && return 0
-  [ "$(id -u)" = 0 ] || die "missing ${need[*]}; run as root (or install them) so apt-get can add them"
-  log "installing ${need[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  # Debian starts the packaged nginx (port 80 on every address) and
-  # memcached on install; a temporary policy-rc.d keeps them stopped.
-  local policy=
-  if [ ! -e /usr/sbin/policy-rc.d ]; then
-    policy=/usr/sbin/policy-rc.d
-    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy"
-  fi
-  local rc=0
-  { apt-get update && apt-get install -y --no-install-recommends "${need[@]}"; } >&2 || rc=$?
-  [ -n "$policy" ] && rm -f "$policy"
-  [ $rc -eq 0 ] || die "apt-get install ${need[*]} failed"
-}
-install_missing
+install_missing memcached:memcached nginx:nginx libnginx-mod-http-memc:/usr/lib/nginx/modules/ngx_http_memc_module.so \
+  wrk:wrk apache2-utils:ab curl:curl util-linux:taskset procps:pgrep
 command -v go >/dev/null 2>&1 || die "go is required (to build bin/memcgate and the bench helper)"
 [ -x bin/memcgate ] || die "bin/memcgate is missing; run 'make bench' (it builds it) or 'make build'"
 
@@ -105,34 +83,6 @@ if [ "$ncpu" -lt 2 ]; then
 fi
 server_n=$(cpu_count "$server_cpus")
 
-# ---------------------------------------------------------------- cleanup
-work=$(mktemp -d /tmp/memcgate-bench.XXXXXX)
-pids=()   # everything started, in start order
-cleanup() {
-  local rc=$?
-  trap - EXIT INT TERM
-  if [ ${#pids[@]} -gt 0 ]; then
-    local p i
-    for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[i]}" 2>/dev/null || true; done
-    for _ in $(seq 30); do
-      local alive=0
-      for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
-      [ $alive = 0 ] && break
-      sleep 0.1
-    done
-    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-  fi
-  if [ "${BENCH_KEEP:-0}" = 1 ] || [ $rc -ne 0 ]; then
-    log "scratch directory kept: $work"
-  else
-    rm -rf "$work"
-  fi
-  exit $rc
-}
-trap cleanup EXIT
-trap 'log interrupted; exit 130' INT TERM
-
 # Everything this shell runs from here on (curl, the sampler, wrk, ab)
 # stays on the load generator's CPUs; servers get theirs explicitly.
 taskset -pc "$load_cpus" $$ >/dev/null
@@ -140,30 +90,6 @@ taskset -pc "$load_cpus" $$ >/dev/null
 # Raise the descriptor limit for 2048 clients plus upstream connections.
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 [ "$(ulimit -n)" -ge 8192 ] || die "ulimit -n is $(ulimit -n); need at least 8192 for 2048 clients"
-
-# Free loopback ports outside the ephemeral range, never the same twice.
-used_ports=" "
-free_port() {
-  local p
-  for _ in $(seq 200); do
-    p=$((20000 + RANDOM % 12000))
-    [[ $used_ports == *" $p "* ]] && continue
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && ! grep -qi ":$(printf '%04X' "$p") " /proc/net/tcp; then
-      used_ports+="$p "
-      echo "$p"
-      return 0
-    fi
-  done
-  die "no free port found"
-}
-wait_port() { # port pid name
-  for _ in $(seq 100); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    kill -0 "$2" 2>/dev/null || die "$3 exited at start (logs in $work)"
-    sleep 0.05
-  done
-  die "$3 is not listening on 127.0.0.1:$1"
-}
 
 # ---------------------------------------------------------------- build helper
 log "building the bench helper"
@@ -202,7 +128,7 @@ fi
 sed -e "s|@PREFIX@|$work/nginx|g" -e "s|@HTTP_PORT@|$nginx_port|g" -e "s|@MEMC_PORT@|$memc_port|g" \
   -e "s|@WORKERS@|$server_n|g" -e "s|@WORKER_CONNECTIONS@|16384|g" -e "s|@NOFILE@|$(ulimit -n)|g" \
   -e "s|@KEEPALIVE@|$nginx_keepalive|g" -e "s|@KEEPALIVE_REQUESTS@|1000000|g" -e "s|@BACKLOG@|4096|g" \
-  -e "s|@ACCESS_LOG@|$nginx_access|g" \
+  -e "s|@ACCESS_LOG@|$nginx_access|g" -e "s|@CONST_BODY@|$(head -c $vallen "$work/value.txt")|g" \
   "$here/nginx.conf.in" >"$work/nginx/nginx.conf"
 nginx -t -q -p "$work/nginx" -e "$work/nginx/error.log" -c "$work/nginx/nginx.conf" ||
   die "nginx -t failed (see $work/nginx/error.log)"
@@ -243,6 +169,11 @@ url[nginx]="http://127.0.0.1:$nginx_port/key/"
 tpids[memcgate]=$gate_pid rpids[memcgate]=$gate_pid
 tpids[nginx]="$nginx_pid,$nginx_workers" rpids[nginx]=$nginx_workers
 targets=(memcgate nginx)
+# The floor of an HTTP hop: nginx answering a constant body as long as a
+# value, no memcached. GET only, in the get workload and the ab runs.
+floor=nginx-const
+url[$floor]="http://127.0.0.1:$nginx_port/const/"
+tpids[$floor]=${tpids[nginx]} rpids[$floor]=${rpids[nginx]}
 
 # ---------------------------------------------------------------- sanity
 for t in "${targets[@]}"; do
@@ -260,27 +191,13 @@ base_conns=$("$bt" sample -memc "127.0.0.1:$memc_port" -target "$memc_pid" -memc
 base_conns=$(sed -n 's/.*conn_max=\([0-9]*\).*/\1/p' <<<"$base_conns")
 
 # ---------------------------------------------------------------- wrk runs
-prefix_of() { [ "$1" = nginx ] && echo /key/ || echo /; }
+prefix_of() { case $1 in nginx) echo /key/ ;; "$floor") echo /const/ ;; *) echo / ;; esac; }
 wrk_base() { # target workload conc seconds
-  local base=${url[$1]%/key/}
-  base=${base%/}
+  local base=${url[$1]%"$(prefix_of "$1")"}
   taskset -c "$load_cpus" wrk -t 1 -c "$3" -d "${4}s" --timeout "$wrk_timeout" -s "$here/bench.lua" "$base/" \
     -- "$2" "$work/keys.txt" "$work/value.txt" "$(prefix_of "$1")"
 }
 
-# Load generators run in the background and are waited for: a Ctrl-C then
-# interrupts `wait` at once and the trap stops everything (run in the
-# foreground, wrk would catch SIGINT itself, print partial results and let
-# the script go on).
-run_bg() { # outfile cmd...
-  local out=$1
-  shift
-  "$@" >"$out" 2>&1 &
-  local p=$!
-  pids+=("$p")
-  wait "$p" || true
-  unset 'pids[-1]'
-}
 # CPU seconds (user+sys) of this shell's waited-for children so far;
 # `times` must run in this shell, not in a $(...) subshell.
 children_cpu() {
@@ -366,14 +283,17 @@ runs=$work/runs.txt ab_out=$work/ab.txt
 : >"$ab_out"
 nw=$(wc -w <<<"$workloads") nc=$(wc -w <<<"$concs")
 total=$((nw * nc * reps * 2)) i=0
+[[ " $workloads " == *" get "* ]] && total=$((total + nc * reps))
 wait_quiet || true
 started=$(date +%s)
 eta=$(((warmup + duration + 1) * total))
 log "$total wrk runs of ${duration}s (+${warmup}s warm-up), about $((eta / 60)) min, then ab"
 for wl in $workloads; do
   for c in $concs; do
+    wl_targets=("${targets[@]}")
+    [ "$wl" = get ] && wl_targets+=("$floor")
     for rep in $(seq "$reps"); do
-      for t in "${targets[@]}"; do
+      for t in "${wl_targets[@]}"; do
         i=$((i + 1))
         best= best_foreign=
         for attempt in $(seq $((retries + 1))); do
@@ -400,28 +320,41 @@ for wl in $workloads; do
 done
 
 # ---------------------------------------------------------------- ab runs
+# GET of one key with keep-alive (-k, the seed's style), then with a new
+# connection per request (how a PHP page calls), each with the floor;
+# the gateway's CPU per request is read from /proc around each run.
+ab_field() { sed -n "s/.*\b$1=\([0-9]*\).*/\1/p" <<<"$2"; }
 if [ "$ab_n" -gt 0 ]; then
-  log "ab -k -n $ab_n, $ab_reps run(s) per point"
+  modes=ka
+  [ "$ab_newconn" = 1 ] && modes+=" new"
+  log "ab -n $ab_n, $ab_reps run(s) per point: $modes"
   wait_quiet || true
-  for c in $concs; do
-    n=$ab_n
-    [ "$n" -lt $((c * 4)) ] && n=$((c * 4))
-    for rep in $(seq "$ab_reps"); do
-      for t in "${targets[@]}"; do
-        run_bg "$work/ab.out" taskset -c "$load_cpus" ab -k -r -q -s 10 -c "$c" -n "$n" "${url[$t]}$key0"
-        awk -v t="$t" -v c="$c" -v rep="$rep" '
-          /^Complete requests:/ { complete = $3 }
-          /^Failed requests:/ { failed = $3 }
-          /^Non-2xx responses:/ { non2xx = $3 }
-          /^Keep-Alive requests:/ { ka = $3 }
-          /^Requests per second:/ { rps = $4 }
-          /^  50%/ { p50 = $2 }
-          /^  99%/ { p99 = $2 }
-          END { if (rps == "") exit 1
-                printf "tool=ab target=%s conc=%d rep=%d complete=%d rps=%s p50_ms=%s p99_ms=%s failed=%d non2xx=%d keepalive=%d\n",
-                  t, c, rep, complete, rps, p50, p99, failed, non2xx + 0, ka + 0 }' "$work/ab.out" >>"$ab_out" ||
-          { cat "$work/ab.out" >&2; die "ab gave no result for $t c=$c"; }
-        tail -1 "$ab_out" | sed 's/^/  /' >&2
+  for mode in $modes; do
+    kflag=(-k) tool=ab
+    [ "$mode" = new ] && kflag=() tool=ab-new
+    for c in $concs; do
+      n=$ab_n
+      [ "$n" -lt $((c * 4)) ] && n=$((c * 4))
+      for rep in $(seq "$ab_reps"); do
+        for t in "${targets[@]}" "$floor"; do
+          cnt0=$("$bt" counters -pids "${tpids[$t]}")
+          run_bg "$work/ab.out" taskset -c "$load_cpus" ab "${kflag[@]}" -r -q -s 10 -c "$c" -n "$n" "${url[$t]}$key0"
+          cnt1=$("$bt" counters -pids "${tpids[$t]}")
+          awk -v tool="$tool" -v t="$t" -v c="$c" -v rep="$rep" \
+            -v cpu="$(($(ab_field cpu_us "$cnt1") - $(ab_field cpu_us "$cnt0")))" -v cs="$(($(ab_field cs "$cnt1") - $(ab_field cs "$cnt0")))" '
+            /^Complete requests:/ { complete = $3 }
+            /^Failed requests:/ { failed = $3 }
+            /^Non-2xx responses:/ { non2xx = $3 }
+            /^Keep-Alive requests:/ { ka = $3 }
+            /^Requests per second:/ { rps = $4 }
+            /^  50%/ { p50 = $2 }
+            /^  99%/ { p99 = $2 }
+            END { if (rps == "") exit 1
+                  printf "tool=%s target=%s conc=%d rep=%d complete=%d requests=%d rps=%s p50_ms=%s p99_ms=%s failed=%d non2xx=%d keepalive=%d target_cpu_us=%d target_cs=%d\n",
+                    tool, t, c, rep, complete, complete, rps, p50, p99, failed, non2xx + 0, ka + 0, cpu, cs }' "$work/ab.out" >>"$ab_out" ||
+            { cat "$work/ab.out" >&2; die "ab gave no result for $t c=$c"; }
+          tail -1 "$ab_out" | sed 's/^/  /' >&2
+        done
       done
     done
   done

@@ -1,12 +1,19 @@
 <?php
 // example.php: how legacy PHP talks to memcgate over HTTP instead of holding
 // memcached connections. Run: MEMCGATE_URL=http://127.0.0.1:8080 php example.php
+// or, over the gateway's Unix socket (MEMCGATE_LISTEN_SOCKET),
+// MEMCGATE_UNIX_SOCKET=/run/memcgate/memcgate.sock php example.php
 // Exits non-zero if the gateway does not behave as documented.
 
-$base = rtrim(getenv('MEMCGATE_URL') ?: 'http://127.0.0.1:8080', '/');
+$socket = getenv('MEMCGATE_UNIX_SOCKET') ?: '';
+// Over a Unix socket the URL's host is only the Host header.
+$base = rtrim(getenv('MEMCGATE_URL') ?: ($socket !== '' ? 'http://localhost' : 'http://127.0.0.1:8080'), '/');
 
 // One curl handle, reused: PHP keeps the keepalive connection to the gateway.
 $ch = curl_init();
+if ($socket !== '') {
+    curl_setopt($ch, CURLOPT_UNIX_SOCKET_PATH, $socket);
+}
 
 function mc(string $method, string $key, ?string $value = null, array $query = []): array {
     global $ch, $base;
@@ -48,10 +55,13 @@ check("PUT 96-char key, 400-byte value -> 201", $code === 201);
 [$code, $body] = mc('GET', $key);
 check("GET -> 200 with the same 400 bytes", $code === 200 && $body === $value);
 
-// file_get_contents works too, for code that has no curl.
-$ctx = stream_context_create(['http' => ['ignore_errors' => true]]);
-$body = file_get_contents("$base/$key", false, $ctx);
-check("file_get_contents -> same value", $body === $value);
+// file_get_contents works too, for code that has no curl (over TCP: PHP's
+// http:// stream cannot use a Unix socket).
+if ($socket === '') {
+    $ctx = stream_context_create(['http' => ['ignore_errors' => true]]);
+    $body = file_get_contents("$base/$key", false, $ctx);
+    check("file_get_contents -> same value", $body === $value);
+}
 
 [$code] = mc('DELETE', $key);
 check("DELETE -> 204", $code === 204);

@@ -5,6 +5,8 @@
 //	benchtool preload -addr 127.0.0.1:P -n 10000 -keylen 96 -vallen 400 -keys FILE
 //	benchtool sample  -memc 127.0.0.1:P -target PID,PID -rss PID,PID -memcached PID
 //	benchtool report  -runs runs.txt -ab ab.txt
+//	benchtool counters -pids PID,PID
+//	benchtool phpreport -runs php.txt
 //
 // It is a benchmark helper, not part of the gateway.
 package main
@@ -26,6 +28,10 @@ func main() {
 		err = sample(os.Args[2:])
 	case "report":
 		err = report(os.Args[2:], os.Stdout)
+	case "counters":
+		err = counters(os.Args[2:])
+	case "phpreport":
+		err = phpReport(os.Args[2:], os.Stdout)
 	default:
 		usage()
 	}
@@ -36,6 +42,6 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: benchtool preload|sample|report [flags] (see the package comment)")
+	fmt.Fprintln(os.Stderr, "usage: benchtool preload|sample|report|counters|phpreport [flags] (see the package comment)")
 	os.Exit(2)
 }

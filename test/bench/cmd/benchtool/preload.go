@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha512"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -10,6 +12,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -38,15 +41,23 @@ func preload(args []string) error {
 	keysFile := fs.String("keys", "", "file to write the keys to")
 	valueFile := fs.String("value", "", "file to write one more random value to (the body PUTs send)")
 	seed := fs.Uint64("seed", uint64(time.Now().UnixNano()), "random seed")
+	derive := fs.String("derive", "", "derive key i as the hex SHA-384 of this prefix and i (96 characters), so that a PHP page can compute it")
 	_ = fs.Parse(args)
 	if *addr == "" || *keysFile == "" {
 		return errors.New("preload: -addr and -keys are required")
+	}
+	if *derive != "" && *keyLen != 2*sha512.Size384 {
+		return fmt.Errorf("preload: -derive makes %d-character keys, not %d", 2*sha512.Size384, *keyLen)
 	}
 	r := rand.New(rand.NewPCG(*seed, 0x6d656d63))
 	keys := make([]string, 0, *n)
 	seen := make(map[string]bool, *n)
 	for len(keys) < *n {
 		k := randString(r, *keyLen)
+		if *derive != "" {
+			sum := sha512.Sum384([]byte(*derive + strconv.Itoa(len(keys))))
+			k = hex.EncodeToString(sum[:])
+		}
 		if !seen[k] {
 			seen[k] = true
 			keys = append(keys, k)

@@ -13,11 +13,13 @@ import (
 	"strings"
 )
 
-// The two targets, in the order the tables list them; ratios are
-// first/second.
+// The targets, in the order the tables list them; ratios are memcgate
+// over nginx, and over floor: nginx answering a constant body without
+// memcached, the cost of an HTTP hop with nothing behind it (GET only).
 const (
 	gate  = "memcgate"
 	nginx = "nginx"
+	floor = "nginx-const"
 )
 
 // A record is one line of key=value fields written by bench.sh.
@@ -218,7 +220,7 @@ func report(args []string, w io.Writer) error {
 	var flagged []string
 	maxSpread := map[string]float64{}
 	for _, c := range cells {
-		for _, t := range []string{gate, nginx} {
+		for _, t := range []string{gate, nginx, floor} {
 			p := points[pointKey{c.workload, c.conc, t}]
 			if p == nil {
 				continue
@@ -251,21 +253,25 @@ func report(args []string, w io.Writer) error {
 
 	fmt.Fprintln(w, "#### Ratios memcgate / nginx (medians)")
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| workload | clients | req/s | p99 | server CPU/req | server+memcached CPU/req |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| workload | clients | req/s | p99 | server CPU/req | server+memcached CPU/req | server CPU/req over the floor's |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|")
 	for _, c := range cells {
 		g, n := points[pointKey{c.workload, c.conc, gate}], points[pointKey{c.workload, c.conc, nginx}]
 		if g == nil || n == nil {
 			continue
 		}
-		fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s |\n", c.workload, c.conc,
+		overFloor := "–"
+		if f := points[pointKey{c.workload, c.conc, floor}]; f != nil {
+			overFloor = ratio(g.median(perReq("target_cpu_us")), f.median(perReq("target_cpu_us")))
+		}
+		fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %s |\n", c.workload, c.conc,
 			ratio(g.median(field("rps")), n.median(field("rps"))),
 			ratio(g.median(field("p99_us")), n.median(field("p99_us"))),
 			ratio(g.median(perReq("target_cpu_us")), n.median(perReq("target_cpu_us"))),
-			ratio(g.median(both), n.median(both)))
+			ratio(g.median(both), n.median(both)), overFloor)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "req/s above 1× favours memcgate; p99 and CPU/req below 1× favour memcgate.")
+	fmt.Fprintln(w, "req/s above 1× favours memcgate; p99 and CPU/req below 1× favour memcgate. The floor is nginx answering a constant body of a value's length without memcached (get only).")
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "Noise between repeats: the widest req/s spread (max−min over median) of any point was %s%% for memcgate and %s%% for nginx.\n",
 		fmtNum(maxSpread[gate], 1), fmtNum(maxSpread[nginx], 1))
@@ -293,42 +299,64 @@ func report(args []string, w io.Writer) error {
 		return err
 	}
 	aorder, apoints := group(abRecs, "tool")
-	abReps := 0
-	for _, p := range apoints {
-		abReps = max(abReps, len(p.runs))
+	titles := map[string]string{
+		"ab":     "ab with keep-alive (seed style: `ab -k -c C -n N`, GET of one key)",
+		"ab-new": "ab with a new connection per request (`ab -c C -n N`, GET of one key, as a PHP page calls)",
 	}
-	fmt.Fprintln(w)
-	fmt.Fprintf(w, "#### ab (seed style: `ab -k -c C -n N`, GET of one key), medians of %d runs\n\n", abReps)
-	fmt.Fprintln(w, "| clients | target | requests | req/s | req/s min–max | p50 ms | p99 ms | Failed requests | non-2xx | keep-alive requests | req/s memcgate/nginx |")
-	fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-	var concs []int
+	var tools []string
 	for _, k := range aorder {
-		if !slices.Contains(concs, k.conc) {
-			concs = append(concs, k.conc)
+		if !slices.Contains(tools, k.workload) {
+			tools = append(tools, k.workload)
 		}
 	}
-	for _, c := range concs {
-		g, n := apoints[pointKey{"ab", c, gate}], apoints[pointKey{"ab", c, nginx}]
-		for _, p := range []*point{g, n} {
-			if p == nil {
+	for _, tool := range tools {
+		abReps := 0
+		var concs []int
+		for _, k := range aorder {
+			if k.workload != tool {
 				continue
 			}
-			rps := p.values(field("rps"))
-			mm := "–"
-			if len(rps) > 0 {
-				mm = fmtInt(rps[0]) + "–" + fmtInt(rps[len(rps)-1])
+			abReps = max(abReps, len(apoints[k].runs))
+			if !slices.Contains(concs, k.conc) {
+				concs = append(concs, k.conc)
 			}
-			rat := ""
-			if p == g && n != nil {
-				rat = ratio(g.median(field("rps")), n.median(field("rps")))
+		}
+		title := titles[tool]
+		if title == "" {
+			title = tool
+		}
+		fmt.Fprintln(w)
+		fmt.Fprintf(w, "#### %s, medians of %d runs\n\n", title, abReps)
+		fmt.Fprintln(w, "| clients | target | requests | req/s | req/s min–max | p50 ms | p99 ms | Failed requests | non-2xx | keep-alive requests | server CPU µs/req | req/s memcgate/nginx | CPU/req memcgate/nginx | CPU/req memcgate/floor |")
+		fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+		for _, c := range concs {
+			g, n, f := apoints[pointKey{tool, c, gate}], apoints[pointKey{tool, c, nginx}], apoints[pointKey{tool, c, floor}]
+			for _, p := range []*point{g, n, f} {
+				if p == nil {
+					continue
+				}
+				rps := p.values(field("rps"))
+				mm := "–"
+				if len(rps) > 0 {
+					mm = fmtInt(rps[0]) + "–" + fmtInt(rps[len(rps)-1])
+				}
+				var rat, cpuN, cpuF string
+				if p == g && n != nil {
+					rat = ratio(g.median(field("rps")), n.median(field("rps")))
+					cpuN = ratio(g.median(perReq("target_cpu_us")), n.median(perReq("target_cpu_us")))
+				}
+				if p == g && f != nil {
+					cpuF = ratio(g.median(perReq("target_cpu_us")), f.median(perReq("target_cpu_us")))
+				}
+				fmt.Fprintf(w, "| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c, p.target,
+					fmtInt(p.median(field("complete"))), fmtInt(median(rps)), mm,
+					fmtNum(p.median(field("p50_ms")), 0), fmtNum(p.median(field("p99_ms")), 0),
+					fmtInt(p.sum("failed")), fmtInt(p.sum("non2xx")), fmtInt(p.median(field("keepalive"))),
+					fmtNum(p.median(perReq("target_cpu_us")), 1), rat, cpuN, cpuF)
 			}
-			fmt.Fprintf(w, "| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c, p.target,
-				fmtInt(p.median(field("complete"))), fmtInt(median(rps)), mm,
-				fmtNum(p.median(field("p50_ms")), 0), fmtNum(p.median(field("p99_ms")), 0),
-				fmtInt(p.sum("failed")), fmtInt(p.sum("non2xx")), fmtInt(p.median(field("keepalive"))), rat)
 		}
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Failed requests and non-2xx are totals over all runs; ab reports whole milliseconds.")
+	fmt.Fprintln(w, "Failed requests and non-2xx are totals over all runs; ab reports whole milliseconds. Server CPU is the target's processes' user+system time over the run (10 ms ticks), per completed request; the floor is nginx answering a constant body of a value's length without memcached.")
 	return nil
 }

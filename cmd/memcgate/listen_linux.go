@@ -1,0 +1,45 @@
+package main
+
+import (
+	"fmt"
+	"syscall"
+)
+
+// listenerKeepAlive reports that the keep-alive options set on a
+// listening socket carry over to the connections it accepts, as they do
+// on Linux (the accepted socket is a copy of the listener's).
+const listenerKeepAlive = true
+
+// deferAccept is TCP_DEFER_ACCEPT on the listening socket, in seconds:
+// the kernel hands over a connection once its first bytes have come, so
+// a client that sends its request right after connecting (ab, curl, PHP)
+// is accepted with the request ready to read, and the gateway skips
+// the empty read, the trip through the epoll set and the wake-up that a
+// connection accepted before its bytes costs. One that stays silent is
+// handed over anyway when the kernel resends its SYN-ACK (after about a
+// second), and the header timeout counts from then on, as for any other.
+// Measured in docs/benchmarks.md ("The cost of a new connection").
+const deferAccept = 1
+
+// setListenerOptions sets, on the listening socket fd, what its accepted
+// connections inherit (keep-alive probes) and when they are accepted
+// (deferAccept).
+func setListenerOptions(fd int) error {
+	opts := []struct {
+		name       string
+		level, opt int
+		v          int
+	}{
+		{"SO_KEEPALIVE", syscall.SOL_SOCKET, syscall.SO_KEEPALIVE, 1},
+		{"TCP_KEEPIDLE", syscall.IPPROTO_TCP, syscall.TCP_KEEPIDLE, int(keepAliveIdle.Seconds())},
+		{"TCP_KEEPINTVL", syscall.IPPROTO_TCP, syscall.TCP_KEEPINTVL, int(keepAliveInterval.Seconds())},
+		{"TCP_KEEPCNT", syscall.IPPROTO_TCP, syscall.TCP_KEEPCNT, keepAliveCount},
+		{"TCP_DEFER_ACCEPT", syscall.IPPROTO_TCP, syscall.TCP_DEFER_ACCEPT, deferAccept},
+	}
+	for _, o := range opts {
+		if err := syscall.SetsockoptInt(fd, o.level, o.opt, o.v); err != nil {
+			return fmt.Errorf("setsockopt %s: %w", o.name, err)
+		}
+	}
+	return nil
+}

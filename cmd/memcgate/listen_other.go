@@ -1,0 +1,11 @@
+//go:build !linux
+
+package main
+
+// listenerKeepAlive reports that keep-alive options set on a listening
+// socket do not carry over everywhere: elsewhere Go sets them on each
+// accepted connection.
+const listenerKeepAlive = false
+
+// setListenerOptions sets nothing outside Linux.
+func setListenerOptions(fd int) error { return nil }
