@@ -40,12 +40,6 @@ type Admin struct {
 	Tokens Tokens
 }
 
-// BuildInfo names the binary: its release (or "devel"), VCS revision, the
-// Go toolchain that built it and its GOOS/GOARCH.
-type BuildInfo struct {
-	Version, Revision, GoVersion, Platform string
-}
-
 // NewAdminHandler returns the admin-plane handler: /metrics from g,
 // /healthz (the process is alive), /readyz, /debug/nodes, /debug/owners,
 // /debug/config, /debug/pprof/, and the status page at /status and /.
@@ -62,7 +56,7 @@ type BuildInfo struct {
 // goroutine.
 func NewAdminHandler(g prometheus.Gatherer, a Admin) http.Handler {
 	mux := http.NewServeMux()
-	status := newStatusPage(g, a)
+	status := newStatusPage(g, statusSource{build: a.Build, started: a.Started, ready: a.Ready, status: a.Status, reloads: a.Reloads})
 	mux.Handle("GET /status", status)
 	mux.Handle("GET /{$}", status)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
@@ -118,12 +112,7 @@ func NewAdminHandler(g prometheus.Gatherer, a Admin) http.Handler {
 	})
 }
 
-func text(w http.ResponseWriter, status int, body string) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.WriteHeader(status)
-	_, _ = w.Write([]byte(body))
-}
-
+// writeJSON answers 200 with v as indented JSON.
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)

@@ -160,3 +160,10 @@ func writeStatus(w http.ResponseWriter, status int, msg string, retry bool) {
 	w.WriteHeader(status)
 	_, _ = w.Write([]byte(msg + "\n"))
 }
+
+// text answers status with a plain-text body.
+func text(w http.ResponseWriter, status int, body string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(body))
+}

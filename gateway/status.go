@@ -100,7 +100,7 @@ func parseStatusTemplate() *template.Template {
 // concurrent use.
 type statusPage struct {
 	g       prometheus.Gatherer
-	a       Admin
+	src     statusSource
 	tmpl    *template.Template
 	started time.Time
 	host    string
@@ -110,8 +110,24 @@ type statusPage struct {
 	snaps snapshotRing
 }
 
-func newStatusPage(g prometheus.Gatherer, a Admin) *statusPage {
-	p := &statusPage{g: g, a: a, tmpl: parseStatusTemplate(), started: a.Started, now: time.Now}
+// statusSource is what the status page shows besides the registry, taken
+// from the Admin the admin handler is given. Every func may be nil.
+type statusSource struct {
+	build   BuildInfo
+	started time.Time
+	ready   func() bool
+	status  func() StatusInfo
+	reloads func() []Reload
+}
+
+// BuildInfo names the binary: its release (or "devel"), VCS revision, the
+// Go toolchain that built it and its GOOS/GOARCH.
+type BuildInfo struct {
+	Version, Revision, GoVersion, Platform string
+}
+
+func newStatusPage(g prometheus.Gatherer, src statusSource) *statusPage {
+	p := &statusPage{g: g, src: src, tmpl: parseStatusTemplate(), started: src.started, now: time.Now}
 	if p.started.IsZero() {
 		p.started = time.Now()
 	}
@@ -177,7 +193,7 @@ func (p *statusPage) view(refresh int) *statusView {
 		Refresh:   refresh,
 		Window:    dt,
 		FromStart: prev.at.Equal(p.started),
-		Build:     p.a.Build,
+		Build:     p.src.build,
 		HTTP:      httpRatesOf(&prev.http, &cur.http, dt),
 		Gauges:    cur.http,
 	}
@@ -187,14 +203,14 @@ func (p *statusPage) view(refresh int) *statusView {
 	for _, s := range []int{0, 2, 5, 10, 30} {
 		v.Refreshes = append(v.Refreshes, refreshChoice{Seconds: s, Current: s == refresh})
 	}
-	if p.a.Ready != nil {
+	if p.src.ready != nil {
 		v.Ready = "not ready"
-		if p.a.Ready() {
+		if p.src.ready() {
 			v.Ready = "ready"
 		}
 	}
-	if p.a.Status != nil {
-		st := p.a.Status()
+	if p.src.status != nil {
+		st := p.src.status()
 		v.Distribution, v.Failover, v.HaveNodes = st.Distribution, st.Failover, true
 		v.MultiPool = len(st.Pools) > 1
 		for _, pi := range st.Pools {
@@ -226,8 +242,8 @@ func (p *statusPage) view(refresh int) *statusView {
 		}
 		v.Classes = append(v.Classes, row)
 	}
-	if p.a.Reloads != nil {
-		v.Reloads = slices.Clone(p.a.Reloads())
+	if p.src.reloads != nil {
+		v.Reloads = slices.Clone(p.src.reloads())
 		slices.SortStableFunc(v.Reloads, func(a, b Reload) int { return b.Time.Compare(a.Time) }) // newest first
 		if len(v.Reloads) > maxReloadRows {
 			v.OlderReloads = len(v.Reloads) - maxReloadRows

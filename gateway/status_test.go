@@ -131,7 +131,7 @@ func TestStatusPageWindow(t *testing.T) {
 	rig := newMetricsRig(t)
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	now := t0.Add(10 * time.Second)
-	p := newStatusPage(rig.reg, Admin{Started: t0, Status: func() StatusInfo {
+	p := newStatusPage(rig.reg, statusSource{started: t0, status: func() StatusInfo {
 		return StatusInfo{Nodes: []NodeInfo{{Name: "a:1", Up: true, Share: 1}}}
 	}})
 	p.now = func() time.Time { return now }

@@ -1,0 +1,106 @@
+package gateway
+
+import (
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/memcgate/memcgate/gateway/chunk"
+	"github.com/memcgate/memcgate/upstream/op"
+)
+
+// handler holds what the data endpoints share.
+type handler struct {
+	keyParser
+	opts   Options
+	ex     *executor
+	codec  *codec
+	lim    *limits
+	guard  guard
+	async  *asyncQueue
+	chunks *chunk.Values // values stored in chunks
+	obs    *observer
+	log    *slog.Logger
+	values sync.Pool // of *[]byte: PUT bodies, see valueBuf
+
+	// Detached responses' (detached.go): detachStore is nil when they
+	// are off.
+	detachStore AsyncStore
+	detached    prometheus.Counter
+	detachedq   sync.Pool // of *detachedReq
+}
+
+// writeItem answers a read with its item: 200 with the value, its flags
+// in X-Memcached-Flags and its CAS as a strong ETag, 304 when etags
+// (If-None-Match) names that ETag, or 206 or 416 for a Range
+// (ranges.go).
+func (h *handler) writeItem(w http.ResponseWriter, r *http.Request, etags string, it op.Item) {
+	// A large value is held against the budget until its response is
+	// written: a client that does not read can hold it for up to the
+	// write timeout.
+	rc := reqCtx(r)
+	if h.lim.hold(rc, len(it.Value)) != nil {
+		writeError(w, errBudget)
+		return
+	}
+	v, err := h.codec.present(it)
+	if err == nil && len(v.body) != len(it.Value) && h.lim.hold(rc, len(v.body)) != nil {
+		err = errBudget // decompressed
+	}
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	// One backing array for the header values: one allocation, not four.
+	hv := make([]string, 4)
+	hv[0], hv[1], hv[2] = formatETag(it.CAS), strconv.FormatUint(uint64(it.Flags), 10), strconv.Itoa(len(v.body))
+	hd := w.Header()
+	hd["Etag"], hd["X-Memcached-Flags"] = hv[0:1:1], hv[1:2:2]
+	if etags != "" && etagListHas(etags, hv[0]) {
+		w.WriteHeader(http.StatusNotModified)
+		return
+	}
+	status, body := http.StatusOK, v.body
+	if len(r.Header["Range"]) > 0 {
+		kind, off, end := byteRange(r, int64(len(body)), hv[0])
+		switch kind {
+		case rangeUnsatisfiable:
+			hd.Set("Content-Range", contentRange(0, 0, int64(len(body))))
+			writeError(w, errRange(int64(len(body))))
+			return
+		case rangePartial:
+			hd.Set("Content-Range", contentRange(off, end, int64(len(body))))
+			status, body, hv[2] = http.StatusPartialContent, body[off:end], strconv.FormatInt(end-off, 10)
+		}
+	}
+	hd["Content-Type"], hd["Content-Length"] = v.contentType, hv[2:3:3]
+	if v.phpType != "" {
+		hv[3] = v.phpType
+		hd["X-Php-Type"] = hv[3:4:4]
+	}
+	w.WriteHeader(status)
+	if r.Method != http.MethodHead {
+		_, _ = w.Write(body)
+	}
+}
+
+// pooledValueMax is the largest request body read into a pooled buffer.
+// Larger ones are rare in a cache and would keep their memory in the pool.
+const pooledValueMax = 16 << 10
+
+// valueBuf returns a pooled buffer for a body of n bytes (-1: unknown), or
+// nil if n is not known or over pooledValueMax. The caller puts it back in
+// h.values when nothing can read the value any more: a Store does not keep
+// an item's Value after it returns.
+func (h *handler) valueBuf(n int64) *[]byte {
+	if n < 0 || n > pooledValueMax {
+		return nil
+	}
+	if p, _ := h.values.Get().(*[]byte); p != nil {
+		return p
+	}
+	return new([]byte)
+}
