@@ -125,7 +125,7 @@ func (r *Reader) fetch(i int) ([]byte, error) {
 	if time.Now().After(r.deadline) {
 		return nil, errLate
 	}
-	res := r.v.do(r.ctx, op.Op{Verb: op.Get, Item: op.Item{Key: r.base + strconv.Itoa(i)}, HashKey: r.key})
+	res := r.v.read(r.ctx, op.Op{Verb: op.Get, Item: op.Item{Key: r.base + strconv.Itoa(i)}, HashKey: r.key})
 	switch {
 	case errors.Is(res.Err, upstream.ErrNotFound):
 		r.v.m.chunksMissing.Inc()

@@ -43,6 +43,14 @@ type Options struct {
 	// values arrive at once that copy stays a few chunks. A Put waits
 	// for its turn within Timeout. If zero, 4.
 	MaxWrites int
+	// MaxReads caps the chunks being fetched from memcached at once, of
+	// all Readers together: each reply is a whole chunk, queued on a
+	// node's shared connection ahead of every operation sent after it,
+	// so that however many large values are read at once the other
+	// clients' operations wait behind a few chunks, not behind enough of
+	// them to pass the socket timeout and get the node ejected. A Reader
+	// waits for its turn within Timeout. If zero, 4.
+	MaxReads int
 }
 
 // Values reads and writes values in chunks through a Store. It is safe
@@ -52,6 +60,7 @@ type Values struct {
 	opts    Options
 	timeout atomic.Int64  // Options.Timeout, in nanoseconds (SetTimeout)
 	writes  chan struct{} // a token per chunk on its way to memcached (MaxWrites)
+	reads   chan struct{} // a token per chunk being fetched (MaxReads)
 	m       metrics
 }
 
@@ -64,7 +73,10 @@ func New(s Store, opts Options, reg prometheus.Registerer) *Values {
 	if opts.MaxWrites <= 0 {
 		opts.MaxWrites = 4
 	}
-	v := &Values{store: s, opts: opts, writes: make(chan struct{}, opts.MaxWrites), m: newMetrics(reg)}
+	if opts.MaxReads <= 0 {
+		opts.MaxReads = 4
+	}
+	v := &Values{store: s, opts: opts, writes: make(chan struct{}, opts.MaxWrites), reads: make(chan struct{}, opts.MaxReads), m: newMetrics(reg)}
 	v.SetTimeout(opts.Timeout)
 	return v
 }
@@ -95,14 +107,26 @@ func (v *Values) do(ctx context.Context, o op.Op) op.Result {
 // write stores a chunk, waiting for one of MaxWrites turns within the
 // chunk's deadline.
 func (v *Values) write(ctx context.Context, o op.Op) op.Result {
+	return v.inTurn(ctx, v.writes, "write", o)
+}
+
+// read fetches a chunk, waiting for one of MaxReads turns within the
+// chunk's deadline.
+func (v *Values) read(ctx context.Context, o op.Op) op.Result {
+	return v.inTurn(ctx, v.reads, "read", o)
+}
+
+// inTurn runs o once it holds a token of turns, all within one
+// Options.Timeout.
+func (v *Values) inTurn(ctx context.Context, turns chan struct{}, what string, o op.Op) op.Result {
 	ctx, cancel := context.WithTimeout(ctx, time.Duration(v.timeout.Load()))
 	defer cancel()
 	select {
-	case v.writes <- struct{}{}:
+	case turns <- struct{}{}:
 	case <-ctx.Done():
-		return op.Result{Err: fmt.Errorf("chunk: waiting to write: %w", ctx.Err())}
+		return op.Result{Err: fmt.Errorf("chunk: waiting to %s: %w", what, ctx.Err())}
 	}
-	defer func() { <-v.writes }()
+	defer func() { <-turns }()
 	return v.store.Do(ctx, o)
 }
 

@@ -21,7 +21,8 @@ import (
 // close (or their context to end), counting how many wait at once.
 type gateStore struct {
 	gate     chan struct{}
-	mu       sync.Mutex // guards items, inflight, peak
+	readGate chan struct{} // if not nil, reads of chunks wait for it too
+	mu       sync.Mutex    // guards items, inflight, peak
 	items    map[string]op.Item
 	inflight int
 	peak     int
@@ -34,6 +35,11 @@ func newGateStore() *gateStore {
 func (s *gateStore) Do(ctx context.Context, o op.Op) op.Result {
 	switch o.Verb {
 	case op.Get:
+		if s.readGate != nil && Reserved(o.Item.Key) {
+			if err := s.wait(ctx, s.readGate); err != nil {
+				return op.Result{Err: err}
+			}
+		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		it, ok := s.items[o.Item.Key]
@@ -48,25 +54,33 @@ func (s *gateStore) Do(ctx context.Context, o op.Op) op.Result {
 		return op.Result{}
 	}
 	if Reserved(o.Item.Key) {
-		s.mu.Lock()
-		s.inflight++
-		s.peak = max(s.peak, s.inflight)
-		s.mu.Unlock()
-		defer func() {
-			s.mu.Lock()
-			s.inflight--
-			s.mu.Unlock()
-		}()
-		select {
-		case <-s.gate:
-		case <-ctx.Done():
-			return op.Result{Err: ctx.Err()}
+		if err := s.wait(ctx, s.gate); err != nil {
+			return op.Result{Err: err}
 		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.items[o.Item.Key] = o.Item
 	return op.Result{}
+}
+
+// wait counts an operation in flight until gate closes or ctx ends.
+func (s *gateStore) wait(ctx context.Context, gate chan struct{}) error {
+	s.mu.Lock()
+	s.inflight++
+	s.peak = max(s.peak, s.inflight)
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.inflight--
+		s.mu.Unlock()
+	}()
+	select {
+	case <-gate:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func (s *gateStore) counts() (inflight, peak int) {
@@ -146,6 +160,76 @@ func TestPutMaxWrites(t *testing.T) {
 				}
 				if n := len(s.items); !tt.release && n != 0 {
 					t.Errorf("%d items left after Puts that failed, want none (their chunks deleted, no index)", n)
+				}
+			})
+		})
+	}
+}
+
+// TestReaderMaxReads: however many Readers run at once, at most MaxReads
+// chunks are being fetched (each reply is a whole chunk queued on a
+// node's shared connection ahead of other clients' operations).
+func TestReaderMaxReads(t *testing.T) {
+	const chunkSize = 10
+	tests := []struct {
+		name     string
+		maxReads int
+		readers  int
+		want     int // chunks being fetched at most
+	}{
+		{name: "one at a time", maxReads: 1, readers: 3, want: 1},
+		{name: "four of eight", maxReads: 4, readers: 8, want: 4},
+		{name: "fewer Readers than turns", maxReads: 4, readers: 2, want: 2},
+		{name: "default", readers: 8, want: 4},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				s := newGateStore()
+				close(s.gate)
+				v := New(s, Options{ChunkSize: chunkSize, MaxReads: tt.maxReads, Timeout: time.Second}, prometheus.NewRegistry())
+				value := strings.Repeat("v", 3*chunkSize)
+				if err := v.Put(t.Context(), Put{Verb: op.Set, Key: "k"}, &sliceSource{b: []byte(value), size: chunkSize}); err != nil {
+					t.Fatalf("Put: %v", err)
+				}
+				x, ok, err := Parse(s.items["k"])
+				if !ok || err != nil {
+					t.Fatalf("Parse(index) = %v, %v", ok, err)
+				}
+				s.readGate = make(chan struct{})
+				got := make([]string, tt.readers)
+				var wg sync.WaitGroup
+				for i := range tt.readers {
+					wg.Go(func() {
+						rd := v.NewReader(t.Context(), "k", x, time.Now(), 0, x.Size)
+						defer rd.Close()
+						var b []byte
+						for {
+							c, err := rd.Next()
+							b = append(b, c...)
+							if err != nil {
+								if err != io.EOF {
+									t.Errorf("reader %d: %v", i, err)
+								}
+								break
+							}
+						}
+						got[i] = string(b)
+					})
+				}
+				synctest.Wait() // every Reader fetches a chunk or waits for its turn
+				if inflight, _ := s.counts(); inflight != tt.want {
+					t.Errorf("%d chunks being fetched with every Reader started, want %d", inflight, tt.want)
+				}
+				close(s.readGate)
+				wg.Wait()
+				if _, peak := s.counts(); peak != tt.want {
+					t.Errorf("at most %d chunks fetched at once, want %d", peak, tt.want)
+				}
+				for i, b := range got {
+					if b != value {
+						t.Errorf("reader %d read %q, want %q", i, b, value)
+					}
 				}
 			})
 		})
