@@ -1,14 +1,21 @@
 package route
 
-import "sync/atomic"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // bound is the background budget: the replica writes running after their
 // write was answered, in value bytes and in number, over all pools. A
 // write it refuses waits for every replica instead, so what a client can
-// make the gateway hold past its answers is the budget, and no more.
+// make the gateway hold past its answers is the budget, and no more. The
+// warm-up and shadow budgets are bounds too. What a bound holds is
+// running work, which wait waits for (Router.Close). It must not be
+// copied.
 type bound struct {
 	maxBytes, maxOps int64
 	bytes, ops       atomic.Int64
+	running          sync.WaitGroup // one per acquire not yet released
 }
 
 func newBound(maxBytes, maxOps int64, m *metrics) *bound {
@@ -28,6 +35,7 @@ func (b *bound) acquire(size int64) bool {
 		b.ops.Add(-1)
 		return false
 	}
+	b.running.Add(1)
 	return true
 }
 
@@ -35,4 +43,8 @@ func (b *bound) acquire(size int64) bool {
 func (b *bound) release(size int64) {
 	b.bytes.Add(-size)
 	b.ops.Add(-1)
+	b.running.Done()
 }
+
+// wait returns once everything acquired has been released.
+func (b *bound) wait() { b.running.Wait() }

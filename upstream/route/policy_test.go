@@ -3,6 +3,7 @@ package route
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -295,5 +296,44 @@ func TestWarmBudget(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(r.px.m.writeBacks.WithLabelValues(DefaultPool, "old", "dropped")); got != 1 {
 		t.Errorf("dropped write-backs = %v, want 1", got)
+	}
+}
+
+// TestShadowGetMultiIsBounded: a mirrored multi-get reads the shadow pool
+// within a bound of the primary's answer, so a shadow pool that holds
+// what the primary lost (evicted, never written) cannot make one
+// multi-get keep its whole values in the background; a value it holds
+// where the primary missed is still a mismatch.
+func TestShadowGetMultiIsBounded(t *testing.T) {
+	main, shadow := memcachedtest.StartN(t, 1), memcachedtest.StartN(t, 1)
+	so := clusterOptions(shadow)
+	so.Timeout = 2 * time.Second
+	r, reg := newRouter(t, Options{Pools: []PoolOptions{
+		{Cluster: clusterOptions(main), Shadow: "next", ShadowPercent: 100},
+		{Name: "next", Cluster: so},
+	}})
+	const n, size = 16, 512 << 10
+	var keys []string
+	for i := range n {
+		k := fmt.Sprint("m", i)
+		keys = append(keys, k)
+		directSet(t, shadow[0].Addr, k, strings.Repeat("x", size), 0)
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	found, failed := r.GetMulti(t.Context(), keys, 64<<20)
+	if len(found)+len(failed) != 0 {
+		t.Fatalf("GetMulti = %d found, %d failed; want misses (the shadow never answers)", len(found), len(failed))
+	}
+	waitUntil(t, 10*time.Second, "compared gets", func() bool {
+		return counter(t, reg, "memcgate_shadow_total", "op", "get") == n
+	})
+	runtime.ReadMemStats(&after)
+	if got := after.TotalAlloc - before.TotalAlloc; got > n*size/2 {
+		t.Errorf("a mirrored multi-get allocated %d bytes for the shadow's %d values of %d bytes: it kept them", got, n, size)
+	}
+	if got := counter(t, reg, "memcgate_shadow_total", "op", "get", "result", "mismatch"); got != n {
+		t.Errorf("get mismatches = %v, want %d (the shadow has what the primary missed)", got, n)
 	}
 }

@@ -25,6 +25,7 @@
 // its keys to a shadow pool (policy.go, docs/routes.md): each warm-up copy
 // and each mirrored operation runs on a goroutine of its own after the
 // answer, within a budget of its own, bounded by the pools' timeouts.
+// Close waits for the goroutines that outlive their answers.
 package route
 
 import (
@@ -470,8 +471,15 @@ func (r *Router) Ready() bool {
 	return true
 }
 
-// Close closes every pool's idle connections.
+// Close waits for the work that runs past its answers (replica writes
+// under the first and majority policies, warm-up write-backs, mirrored
+// shadow operations; each ends by its own deadline), so that writes
+// already answered are not dropped, and then closes every pool's idle
+// connections. Call it once no operation is being started.
 func (r *Router) Close() error {
+	r.bg.wait()
+	r.px.warmBG.wait()
+	r.px.shadBG.wait()
 	var errs []error
 	for _, p := range r.pools {
 		errs = append(errs, p.c.Close())

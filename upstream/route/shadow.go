@@ -3,6 +3,7 @@ package route
 import (
 	"bytes"
 	"context"
+	"errors"
 
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/op"
@@ -124,27 +125,39 @@ func (v *view) shadowGetMulti(ctx context.Context, keys []string, found map[stri
 	if len(sample) == 0 {
 		return
 	}
+	// The shadow's values are kept up to twice the primary's (one byte
+	// at least: 0 would be no limit), held against the budget with the
+	// primary's copies: a shadow pool holding what the primary lost
+	// cannot make a multi-get keep unbounded bytes in the background. A
+	// value past that is one the shadow has: a mismatch if the primary
+	// missed the key, else not compared (dropped).
+	room := max(2*size, 1)
+	held := size + room
 	bg := v.pol.px.shadBG
-	if !bg.acquire(size) {
+	if !bg.acquire(held) {
 		v.pol.sm.dropped.Add(float64(len(sample)))
 		return
 	}
 	s, sm := v.pol.shadow, v.pol.sm
 	go func() {
-		defer bg.release(size)
+		defer bg.release(held)
 		bctx, cancel := background(ctx, 2*s.timeout)
 		defer cancel()
 		ks := make([]string, len(sample))
 		for i, w := range sample {
 			ks[i] = w.key
 		}
-		sf, se := s.getMultiOwn(bctx, ks, 0)
+		sf, se := s.getMultiOwn(bctx, ks, int(room))
 		for _, w := range sample {
 			sres := op.Result{Err: upstream.ErrNotFound}
 			if it, ok := sf[w.key]; ok {
 				sres = op.Result{Item: it}
 			} else if err, ok := se[w.key]; ok {
 				sres = op.Result{Err: err}
+			}
+			if errors.Is(sres.Err, upstream.ErrOverLimit) && w.res.Err == nil {
+				sm.dropped.Inc()
+				continue
 			}
 			sm.count(op.Get, compare(op.Get, w.res, sres))
 		}
