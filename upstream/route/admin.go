@@ -20,12 +20,17 @@ import (
 type Placement struct {
 	// Route is the prefix that sent the key to its pool; empty for the
 	// default pool.
-	Route        string      `json:"route"`
-	Pool         string      `json:"pool"`
-	Replicas     int         `json:"replicas"`
-	WritePolicy  WritePolicy `json:"write_policy"`
-	ReadPolicy   ReadPolicy  `json:"read_policy"`
-	MissFallback bool        `json:"miss_fallback"`
+	Route string `json:"route"`
+	// Pool names the pool the key goes to.
+	Pool string `json:"pool"`
+	// Replicas is the copies the pool keeps of each key.
+	Replicas int `json:"replicas"`
+	// WritePolicy says which replicas' answers a write waits for.
+	WritePolicy WritePolicy `json:"write_policy"`
+	// ReadPolicy says how reads pick among the replicas.
+	ReadPolicy ReadPolicy `json:"read_policy"`
+	// MissFallback says whether a miss asks the next replica.
+	MissFallback bool `json:"miss_fallback"`
 	// ReplicaNodes are the nodes holding the key's copies now, in the
 	// order reads ask them; with one copy, the node serving it.
 	ReplicaNodes []string `json:"replica_nodes"`
