@@ -29,6 +29,27 @@ func (v *view) shadowDo(ctx context.Context, o op.Op, res op.Result) {
 	if failure(res.Err) {
 		return
 	}
+	verb := o.Verb // counted as the client's verb, whatever is sent
+	switch o.Verb {
+	case op.Get:
+		// Mirrored as a multi-get of its key, so that the shadow's answer
+		// is bounded in bytes as a multi-get's is: a shadow holding a
+		// large value the primary lost cannot make a GET keep it.
+		found, failed := map[string]op.Item{}, map[string]error{}
+		switch {
+		case res.Err == nil:
+			found[o.Item.Key] = res.Item
+		case !errors.Is(res.Err, upstream.ErrNotFound):
+			failed[o.Item.Key] = res.Err
+		}
+		v.shadowGetMulti(ctx, []string{o.Item.Key}, found, failed)
+		return
+	case op.GAT:
+		// Mirrored as a touch, whose answer has no value to hold: the
+		// shadow's expiration follows the primary's, and only whether it
+		// has the key is compared.
+		o.Verb, res.Item.Value = op.Touch, nil
+	}
 	so := o
 	if o.Verb == op.CAS {
 		if res.Err != nil {
@@ -52,7 +73,7 @@ func (v *view) shadowDo(ctx context.Context, o op.Op, res op.Result) {
 		bctx, cancel := background(ctx, 2*s.timeout)
 		defer cancel()
 		sres := s.own(bctx, so)
-		sm.count(o.Verb, compare(o.Verb, res, sres))
+		sm.count(verb, compare(o.Verb, res, sres))
 	}()
 }
 
@@ -156,6 +177,12 @@ func (v *view) shadowGetMulti(ctx context.Context, keys []string, found map[stri
 				sres = op.Result{Err: err}
 			}
 			if errors.Is(sres.Err, upstream.ErrOverLimit) && w.res.Err == nil {
+				if len(sample) == 1 {
+					// Alone, past twice the primary's length: longer
+					// than the primary's value, so not the same.
+					sm.count(op.Get, mismatch)
+					continue
+				}
 				sm.dropped.Inc()
 				continue
 			}
