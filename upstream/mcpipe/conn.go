@@ -163,8 +163,7 @@ func (c *conn) send(cl *call) error {
 		buf := c.wbuf
 		c.wbuf = c.spare[:0]
 		c.mu.Unlock()
-		_ = c.nc.SetWriteDeadline(time.Now().Add(c.timeout))
-		_, err := c.nc.Write(buf)
+		err := c.writeAll(buf)
 		c.mu.Lock()
 		if cap(buf) <= 64<<10 { // do not keep a buffer grown by a large value
 			c.spare = buf[:0]
@@ -180,6 +179,28 @@ func (c *conn) send(cl *call) error {
 	}
 	c.writing = false
 	c.mu.Unlock()
+	return nil
+}
+
+// writeSlice is the most written under one write deadline.
+const writeSlice = 256 << 10
+
+// writeAll writes buf, at most writeSlice bytes under each deadline: the
+// timeout bounds how long memcached may take no bytes at all, not how long
+// it takes to read everything queued. A buffer holding many large values
+// (sets of 1 MB from many clients at once) takes memcached longer than
+// one timeout to read while it makes steady progress; under a single
+// deadline it failed the connection, and every operation on it, and got
+// the node ejected.
+func (c *conn) writeAll(buf []byte) error {
+	for len(buf) > 0 {
+		n := min(len(buf), writeSlice)
+		_ = c.nc.SetWriteDeadline(time.Now().Add(c.timeout))
+		if _, err := c.nc.Write(buf[:n]); err != nil {
+			return err
+		}
+		buf = buf[n:]
+	}
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"slices"
 	"strings"
@@ -740,4 +741,81 @@ func getAsync(c *Client, key string, done func(*memcache.Item, error)) error {
 func setAsync(c *Client, it *memcache.Item, done func(error)) error {
 	o := op.Op{Verb: op.Set, Item: op.Item{Value: it.Value, Flags: it.Flags, Expiration: it.Expiration}}
 	return c.DoAsync(o, it.Key, func(_ *memcache.Item, _ uint64, err error) { done(err) })
+}
+
+// slowRelay relays a client to addr, passing the client's bytes at about
+// rate bytes per second (memcached reading slowly but steadily) and the
+// replies unchanged. It returns the address to dial.
+func slowRelay(t *testing.T, addr string, rate int) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.(*net.TCPConn).SetReadBuffer(16 << 10)
+			up, err := net.Dial("tcp", addr)
+			if err != nil {
+				c.Close()
+				return
+			}
+			t.Cleanup(func() { c.Close(); up.Close() })
+			go func() { _, _ = io.Copy(c, up) }()
+			go func() {
+				const piece = 16 << 10
+				b := make([]byte, piece)
+				for {
+					n, err := c.Read(b)
+					if n > 0 {
+						if _, werr := up.Write(b[:n]); werr != nil {
+							return
+						}
+						time.Sleep(time.Duration(n) * time.Second / time.Duration(rate))
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// TestSlowSteadyWrites: sets queued faster than memcached reads them take
+// longer than the timeout to write in all, but memcached makes progress
+// within every timeout, so none fails: the write deadline bounds a stall,
+// not the size of the queue.
+func TestSlowSteadyWrites(t *testing.T) {
+	srv := memcachedtest.Start(t)
+	// Each set's reply comes well within the timeout; the 12 MB queued,
+	// more than the kernel's socket buffers take, take longer than it to
+	// write.
+	addr := slowRelay(t, srv.Addr, 16<<20)
+	c := New(Options{Conns: 1, Timeout: 400 * time.Millisecond, Dial: func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", addr)
+	}})
+	defer c.Close()
+	value := bytes.Repeat([]byte("v"), 500<<10)
+	var wg sync.WaitGroup
+	for i := range 24 {
+		wg.Go(func() {
+			if err := c.Set(&memcache.Item{Key: fmt.Sprint("big", i), Value: value}); err != nil {
+				t.Errorf("set big%d: %v", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	for i := range 24 {
+		if it, err := c.Get(fmt.Sprint("big", i)); err != nil || !bytes.Equal(it.Value, value) {
+			t.Errorf("get big%d: %v", i, err)
+		}
+	}
 }
