@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 )
 
 // The targets of issue #20 for big values, memcgate over nginx + memc.
@@ -24,11 +25,17 @@ func cpuPerMB(k string) func(record) float64 {
 	}
 }
 
-func yesNo(ok bool) string {
-	if ok {
-		return "met"
+// yesNo says whether a target is met, with the ratio to three places
+// when the table's two would hide which side of it a ratio is on.
+func yesNo(ok bool, r float64) string {
+	s := "met"
+	if !ok {
+		s = "**not met**"
 	}
-	return "**not met**"
+	if math.Abs(r-math.Round(r*100)/100) > 0 || math.IsNaN(r) {
+		return s + " (" + fmtNum(r, 3) + ")"
+	}
+	return s
 }
 
 // bigTables prints the big-value runs: throughput in MB/s of values
@@ -50,7 +57,9 @@ func bigTables(recs []record, w io.Writer, wrkLimit float64) {
 				continue
 			}
 			v := p.values(mbs)
-			maxSpread[t] = max(maxSpread[t], spread(v))
+			if sp := spread(v); !math.IsNaN(sp) && !math.IsInf(sp, 0) {
+				maxSpread[t] = max(maxSpread[t], sp)
+			}
 			wrkCPU := p.max(field("wrk_cpu_pct"))
 			if wrkCPU > wrkLimit {
 				flagged = append(flagged, fmt.Sprintf("%s %d %s (wrk at %.0f%% CPU)", c.workload, c.conc, t, wrkCPU))
@@ -89,7 +98,7 @@ func bigTables(recs []record, w io.Writer, wrkLimit float64) {
 			ratio(g.median(field("p99_us")), n.median(field("p99_us"))),
 			ratio(g.median(cpuPerMB("target_cpu_us")), n.median(cpuPerMB("target_cpu_us"))),
 			ratio(g.max(field("rss_max_kb")), n.max(field("rss_max_kb"))),
-			yesNo(rm >= bigMBsTarget), yesNo(rp <= bigP99Target))
+			yesNo(rm >= bigMBsTarget, rm), yesNo(rp <= bigP99Target, rp))
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "Noise between repeats: the widest MB/s spread (max−min over median) of any point was %s%% for memcgate and %s%% for nginx.\n",
