@@ -10,7 +10,12 @@
 #   BENCH_WARMUP=1           seconds of unmeasured wrk load before every run
 #   BENCH_REPS=3             repeats per (workload, clients, target), interleaved A B A B
 #   BENCH_CONCURRENCY="64 256 1024 2048"
-#   BENCH_WORKLOADS="get put mix"
+#   BENCH_WORKLOADS="get put mix"   (empty: none of them)
+#   BENCH_BIG=0              1: also the big-value points (GET and PUT of 100 KB and
+#                            1 MB values, memcgate and nginx + memc, about 6 minutes
+#                            more); only: just those (no small-value wrk runs, no ab)
+#   BENCH_BIG_WORKLOADS="get-100k put-100k get-1m put-1m"
+#   BENCH_BIG_CONCURRENCY="64 256"
 #   BENCH_AB_N=50000 BENCH_AB_REPS=3   the ab runs (BENCH_AB_N=0 skips them): with
 #                            keep-alive (-k), then a new connection per request
 #   BENCH_AB_NEWCONN=1       the new-connection ab runs (0 skips them)
@@ -47,8 +52,17 @@ duration=${BENCH_DURATION:-$d_dur}
 warmup=${BENCH_WARMUP:-$d_warm}
 reps=${BENCH_REPS:-$d_reps}
 concs=${BENCH_CONCURRENCY:-$d_conc}
-workloads=${BENCH_WORKLOADS:-get put mix}
+workloads=${BENCH_WORKLOADS-get put mix}
 ab_n=${BENCH_AB_N:-$d_abn}
+big=${BENCH_BIG:-0}
+big_workloads=${BENCH_BIG_WORKLOADS:-get-100k put-100k get-1m put-1m}
+big_concs=${BENCH_BIG_CONCURRENCY:-64 256}
+case $big in
+0) big_workloads= ;;
+1) ;;
+only) workloads= ab_n=0 ;;
+*) echo "BENCH_BIG is 0, 1 or only, not $big" >&2; exit 2 ;;
+esac
 ab_reps=${BENCH_AB_REPS:-$d_abreps}
 ab_newconn=${BENCH_AB_NEWCONN:-1}
 server_cpus=${BENCH_SERVER_CPUS:-0}
@@ -63,6 +77,14 @@ max_foreign=${BENCH_MAX_FOREIGN:-10}
 retries=${BENCH_RETRIES:-3}
 quiet_timeout=${BENCH_QUIET_TIMEOUT:-300}
 nkeys=10000 keylen=96 vallen=400
+# The big-value sets: value bytes and keys per size, about 50 MB each in
+# memcached (-m 1024 leaves room for PUTs replacing them), wrk's request
+# strings included.
+declare -A big_bytes=([100k]=100000 [1m]=1000000) big_keys=([100k]=500 [1m]=50)
+for wl in $big_workloads; do
+  [[ $wl =~ ^(get|put)-(100k|1m)$ ]] || { echo "unknown big workload $wl (get-100k put-100k get-1m put-1m)" >&2; exit 2; }
+done
+[ -n "$workloads$big_workloads" ] || { echo "no workloads to run" >&2; exit 2; }
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 # log, die, install_missing, $work and its trap, free_port, wait_port, run_bg
@@ -109,7 +131,9 @@ gate_build+=" (binary sha256 $(sha256sum "$work/memcgate" | cut -c1-12))"
 memc_port=$(free_port)
 memc_user=()
 [ "$(id -u)" = 0 ] && memc_user=(-u nobody)
-taskset -c "$memc_cpus" memcached -l 127.0.0.1 -p "$memc_port" -U 0 -m 256 -c 4096 -t 1 -b 4096 \
+# -I 2m: items of 1 MB values (the default largest item is 1 MiB in all,
+# key and header included).
+taskset -c "$memc_cpus" memcached -l 127.0.0.1 -p "$memc_port" -U 0 -m 1024 -I 2m -c 4096 -t 1 -b 4096 \
   "${memc_user[@]}" >"$work/memcached.log" 2>&1 &
 memc_pid=$!
 pids+=("$memc_pid")
@@ -117,6 +141,11 @@ wait_port "$memc_port" "$memc_pid" memcached
 "$bt" preload -addr "127.0.0.1:$memc_port" -n $nkeys -keylen $keylen -vallen $vallen \
   -keys "$work/keys.txt" -value "$work/value.txt" >&2
 key0=$(head -1 "$work/keys.txt")
+big_sizes=$(for wl in $big_workloads; do echo "${wl#*-}"; done | sort -u | paste -sd' ' -)
+for sz in $big_sizes; do
+  "$bt" preload -addr "127.0.0.1:$memc_port" -n "${big_keys[$sz]}" -keylen $keylen -vallen "${big_bytes[$sz]}" \
+    -keys "$work/keys-$sz.txt" -value "$work/value-$sz.txt" >&2
+done
 
 # ---------------------------------------------------------------- nginx
 nginx_port=$(free_port)
@@ -186,17 +215,30 @@ for t in "${targets[@]}"; do
   [ "$code" = 201 ] || die "$t: PUT answered $code, want 201"
   curl -s "${url[$t]}$key0" | cmp -s - "$work/value.txt" || die "$t: GET after PUT differs"
 done
+for sz in $big_sizes; do
+  bkey=$(head -1 "$work/keys-$sz.txt")
+  for t in "${targets[@]}"; do
+    curl -s "${url[$t]}$bkey" | cmp -s - <(curl -s "${url[memcgate]}$bkey") || die "$t: GET of a $sz value differs from memcgate's"
+    code=$(curl -s -o /dev/null -w '%{http_code}' -X PUT -H 'Expect:' --data-binary "@$work/value-$sz.txt" "${url[$t]}$bkey")
+    [ "$code" = 201 ] || die "$t: PUT of a $sz value answered $code, want 201"
+    curl -s "${url[$t]}$bkey" | cmp -s - "$work/value-$sz.txt" || die "$t: GET after PUT of a $sz value differs"
+  done
+done
 log "memcached 127.0.0.1:$memc_port (cpu $memc_cpus), nginx 127.0.0.1:$nginx_port (pid $nginx_pid, workers $nginx_workers, cpu $server_cpus), memcgate 127.0.0.1:$gate_port (pid $gate_pid, cpu $server_cpus), load on cpu $load_cpus"
 base_conns=$("$bt" sample -memc "127.0.0.1:$memc_port" -target "$memc_pid" -memcached "$memc_pid" </dev/null & sp=$!; sleep 0.3; kill -TERM $sp; wait $sp)
 base_conns=$(sed -n 's/.*conn_max=\([0-9]*\).*/\1/p' <<<"$base_conns")
 
 # ---------------------------------------------------------------- wrk runs
 prefix_of() { case $1 in nginx) echo /key/ ;; "$floor") echo /const/ ;; *) echo / ;; esac; }
+# A big workload, get-1m, is bench.lua's get over keys-1m.txt; wrk then
+# keeps the bodies out of Lua (BENCH_LUA_BODIES=0).
 wrk_base() { # target workload conc seconds
-  local base=${url[$1]%"$(prefix_of "$1")"}
-  taskset -c "$load_cpus" wrk -t 1 -c "$3" -d "${4}s" --timeout "$wrk_timeout" -s "$here/bench.lua" "$base/" \
-    -- "$2" "$work/keys.txt" "$work/value.txt" "$(prefix_of "$1")"
+  local base=${url[$1]%"$(prefix_of "$1")"} wl=$2 set= bodies=1
+  if [[ $wl == *-* ]]; then set=-${wl#*-} wl=${wl%%-*} bodies=0; fi
+  BENCH_LUA_BODIES=$bodies taskset -c "$load_cpus" wrk -t 1 -c "$3" -d "${4}s" --timeout "$wrk_timeout" -s "$here/bench.lua" "$base/" \
+    -- "$wl" "$work/keys$set.txt" "$work/value$set.txt" "$(prefix_of "$1")"
 }
+value_bytes() { if [[ $1 == *-* ]]; then echo "${big_bytes[${1#*-}]}"; else echo $vallen; fi; }
 
 # CPU seconds (user+sys) of this shell's waited-for children so far;
 # `times` must run in this shell, not in a $(...) subshell.
@@ -263,7 +305,7 @@ measure() {
   unset 'pids[-1]'
   bench=$(grep '^BENCH ' "$work/wrk.out" | sed 's/^BENCH //') || true
   [ -n "$bench" ] || { cat "$work/wrk.out" >&2; die "wrk gave no result for $t $wl $c"; }
-  line="target=$t workload=$wl conc=$c rep=$rep attempt=$attempt $bench $(cat "$work/sample.out")"
+  line="target=$t workload=$wl conc=$c rep=$rep attempt=$attempt value_bytes=$(value_bytes "$wl") $bench $(cat "$work/sample.out")"
   # wrk's CPU share, and what other processes took on either side.
   read -r wcpu srvf loadf < <(awk -v a="$cpu0" -v b="$cpu1" -v r0="$t0" -v r1="$t1" -v line="$line" 'BEGIN {
     m = split(line, f, " "); for (j = 1; j <= m; j++) { split(f[j], kv, "="); v[kv[1]] = kv[2] }
@@ -278,46 +320,54 @@ measure() {
   interfered=$(awk -v f="$foreign" -v m="$max_foreign" 'BEGIN { print (f > m) ? 1 : 0 }')
 }
 
-runs=$work/runs.txt ab_out=$work/ab.txt
+runs=$work/runs.txt runs_big=$work/runs-big.txt ab_out=$work/ab.txt
 : >"$runs"
+: >"$runs_big"
 : >"$ab_out"
-nw=$(wc -w <<<"$workloads") nc=$(wc -w <<<"$concs")
-total=$((nw * nc * reps * 2)) i=0
-[[ " $workloads " == *" get "* ]] && total=$((total + nc * reps))
+# The plan: one "workload clients" pair a line, the small values at
+# $concs, then the big ones at $big_concs (each in a file of its own).
+plan=$(for wl in $workloads; do for c in $concs; do echo "$wl $c"; done; done
+  for wl in $big_workloads; do for c in $big_concs; do echo "$wl $c"; done; done)
+total=0 i=0
+while read -r wl c; do
+  total=$((total + reps * 2))
+  [ "$wl" = get ] && total=$((total + reps))
+done <<<"$plan"
 wait_quiet || true
 started=$(date +%s)
 eta=$(((warmup + duration + 1) * total))
-log "$total wrk runs of ${duration}s (+${warmup}s warm-up), about $((eta / 60)) min, then ab"
-for wl in $workloads; do
-  for c in $concs; do
-    wl_targets=("${targets[@]}")
-    [ "$wl" = get ] && wl_targets+=("$floor")
-    for rep in $(seq "$reps"); do
-      for t in "${wl_targets[@]}"; do
-        i=$((i + 1))
-        best= best_foreign=
-        for attempt in $(seq $((retries + 1))); do
-          measure "$t" "$wl" "$c" "$rep" "$attempt"
-          if [ -z "$best" ] || awk -v a="$foreign" -v b="$best_foreign" 'BEGIN { exit !(a < b) }'; then
-            best=$line best_foreign=$foreign
-          fi
-          [ "$interfered" = 0 ] && break
-          [ "$attempt" -gt "$retries" ] && break
-          log "run $i: other processes used ${foreign}% of a CPU; repeating it"
-          wait_quiet || true
-        done
-        line="$best attempts=$attempt"
-        echo "$line" >>"$runs"
-        awk -v i="$i" -v n="$total" -v line="$line" 'BEGIN {
-          m = split(line, f, " "); for (j = 1; j <= m; j++) { split(f[j], kv, "="); v[kv[1]] = kv[2] }
-          printf "[%d/%d] %-4s c=%-4d %-8s rep %d: %6.0f req/s  p99 %7.2f ms  err %d non2xx %d  cpu %5.1f us/req  memc %4.1f us/req  own conns %d  wrk %s%%  foreign %s/%s%%\n",
-            i, n, v["workload"], v["conc"], v["target"], v["rep"], v["rps"], v["p99_us"] / 1000, v["sock_err"], v["non2xx"],
-            v["target_cpu_us"] / v["requests"], v["memc_cpu_us"] / v["requests"], v["own_max"], v["wrk_cpu_pct"],
-            v["srv_foreign_pct"], v["load_foreign_pct"] }' >&2
+log "$total wrk runs of ${duration}s (+${warmup}s warm-up), about $((eta / 60)) min$([ "$ab_n" -gt 0 ] && echo ', then ab')"
+while read -r wl c <&3; do
+  wl_targets=("${targets[@]}")
+  [ "$wl" = get ] && wl_targets+=("$floor")
+  out=$runs
+  [[ $wl == *-* ]] && out=$runs_big
+  for rep in $(seq "$reps"); do
+    for t in "${wl_targets[@]}"; do
+      i=$((i + 1))
+      best= best_foreign=
+      for attempt in $(seq $((retries + 1))); do
+        measure "$t" "$wl" "$c" "$rep" "$attempt"
+        if [ -z "$best" ] || awk -v a="$foreign" -v b="$best_foreign" 'BEGIN { exit !(a < b) }'; then
+          best=$line best_foreign=$foreign
+        fi
+        [ "$interfered" = 0 ] && break
+        [ "$attempt" -gt "$retries" ] && break
+        log "run $i: other processes used ${foreign}% of a CPU; repeating it"
+        wait_quiet || true
       done
+      line="$best attempts=$attempt"
+      echo "$line" >>"$out"
+      awk -v i="$i" -v n="$total" -v line="$line" 'BEGIN {
+        m = split(line, f, " "); for (j = 1; j <= m; j++) { split(f[j], kv, "="); v[kv[1]] = kv[2] }
+        mbs = (v["requests"] - v["non2xx"]) * v["value_bytes"] / v["duration_us"]
+        printf "[%d/%d] %-8s c=%-4d %-8s rep %d: %6.0f req/s %7.1f MB/s  p99 %7.2f ms  err %d non2xx %d  cpu %5.1f us/req  memc %4.1f us/req  rss %5.1f MB  own conns %d  wrk %s%%  foreign %s/%s%%\n",
+          i, n, v["workload"], v["conc"], v["target"], v["rep"], v["rps"], mbs, v["p99_us"] / 1000, v["sock_err"], v["non2xx"],
+          v["target_cpu_us"] / v["requests"], v["memc_cpu_us"] / v["requests"], v["rss_max_kb"] / 1024, v["own_max"], v["wrk_cpu_pct"],
+          v["srv_foreign_pct"], v["load_foreign_pct"] }' >&2
     done
   done
-done
+done 3<<<"$plan"
 
 # ---------------------------------------------------------------- ab runs
 # GET of one key with keep-alive (-k, the seed's style), then with a new
@@ -362,37 +412,59 @@ fi
 elapsed=$(($(date +%s) - started))
 
 # ---------------------------------------------------------------- report
-ab_flag=()
-[ -s "$ab_out" ] && ab_flag=(-ab "$ab_out")
-"$bt" report -runs "$runs" "${ab_flag[@]}" >"$work/tables.md"
-
+# Two sections: the small values with ab (section.md, between the
+# bench:begin/end markers of $doc) and the big values (section-big.md,
+# between bench-big:begin/end), each written only when it ran.
 memc_mod=$(dpkg-query -W -f '${Version}' libnginx-mod-http-memc 2>/dev/null || echo unknown)
-{
-  echo "### Run of $(date -u '+%Y-%m-%d %H:%M UTC')$([ "$quick" = 1 ] && echo ' (BENCH_QUICK smoke run)')"
+conditions() { # title settings...
+  echo "### $1 of $(date -u '+%Y-%m-%d %H:%M UTC')$([ "$quick" = 1 ] && echo ' (BENCH_QUICK smoke run)')"
   echo
   echo "- Machine: $ncpu CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')), $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo), kernel $(uname -r), $(. /etc/os-release && echo "$PRETTY_NAME")"
   echo "- Versions: $(go version | awk '{ print $3 }'), $(nginx -v 2>&1 | sed 's/.*: //') with libnginx-mod-http-memc $memc_mod, $(memcached -V), $(wrk -v 2>&1 | head -1 | awk '{ print "wrk " $2 }'), ab $(ab -V | head -1 | awk '{ print $5 }'), memcgate $gate_build"
-  echo "- Settings: ${duration}s per run after ${warmup}s warm-up, $reps repeats per point interleaved memcgate/nginx, clients: $concs; servers on CPU $server_cpus (GOMAXPROCS=$server_n, worker_processes $server_n), memcached on CPU $memc_cpus (-t 1 -c 4096 -m 256), wrk/ab on CPU $load_cpus (wrk -t 1, --timeout $wrk_timeout); nginx upstream keepalive $nginx_keepalive; $nkeys keys of $keylen characters, $vallen-character values; access logs $([ "$access_log" = 1 ] && echo "on for both (memcgate JSON lines on stderr, nginx combined with buffer=64k flush=200ms, each to a file)" || echo "off for both")"
+  echo "- Settings: ${duration}s per run after ${warmup}s warm-up, $reps repeats per point interleaved memcgate/nginx, $2; servers on CPU $server_cpus (GOMAXPROCS=$server_n, worker_processes $server_n), memcached on CPU $memc_cpus (-t 1 -c 4096 -m 1024 -I 2m), wrk/ab on CPU $load_cpus (wrk -t 1, --timeout $wrk_timeout); nginx upstream keepalive $nginx_keepalive; access logs $([ "$access_log" = 1 ] && echo "on for both (memcgate JSON lines on stderr, nginx combined with buffer=64k flush=200ms, each to a file)" || echo "off for both")"
   echo "- memcached curr_connections with no gateway traffic (sampler only): $base_conns"
-  echo "- Load average before the run: $load_before; wall time of the wrk+ab runs: $((elapsed / 60))m$((elapsed % 60))s"
+  echo "- Load average before the run: $load_before; wall time of all the runs (small, big and ab): $((elapsed / 60))m$((elapsed % 60))s"
   echo
-  cat "$work/tables.md"
-} >"$work/section.md"
+}
+sections=()
+if [ -s "$runs" ] || [ -s "$ab_out" ]; then
+  rflag=() ab_flag=()
+  [ -s "$runs" ] && rflag=(-runs "$runs")
+  [ -s "$ab_out" ] && ab_flag=(-ab "$ab_out")
+  "$bt" report "${rflag[@]}" "${ab_flag[@]}" >"$work/tables.md"
+  { conditions Run "clients: $concs; $nkeys keys of $keylen characters, $vallen-character values"
+    cat "$work/tables.md"; } >"$work/section.md"
+  sections+=(bench:section.md)
+fi
+if [ -s "$runs_big" ]; then
+  "$bt" report -big -runs "$runs_big" >"$work/tables-big.md"
+  sets=$(for sz in $big_sizes; do printf '%s keys with %s-byte values, ' "${big_keys[$sz]}" "${big_bytes[$sz]}"; done)
+  { conditions "Big-value run" "clients: $big_concs; keys of $keylen characters: ${sets%, }; wrk keeps bodies out of Lua (non-2xx are its statuses above 399)"
+    cat "$work/tables-big.md"; } >"$work/section-big.md"
+  sections+=(bench-big:section-big.md)
+fi
 
-echo
-cat "$work/section.md"
-if [ -n "${BENCH_RAW:-}" ]; then mkdir -p "$BENCH_RAW" && cp "$runs" "$ab_out" "$work/section.md" "$BENCH_RAW/"; fi
+for sec in "${sections[@]}"; do echo; cat "$work/${sec#*:}"; done
+if [ -n "${BENCH_RAW:-}" ]; then
+  mkdir -p "$BENCH_RAW" && for f in "$runs" "$runs_big" "$ab_out" "$work/section.md" "$work/section-big.md"; do
+    if [ -s "$f" ]; then cp "$f" "$BENCH_RAW/"; fi
+  done
+fi
 
 if [ -n "$doc" ]; then
-  if [ -f "$doc" ] && grep -q '<!-- bench:begin' "$doc" && grep -q '<!-- bench:end' "$doc"; then
-    awk -v sec="$work/section.md" '
-      /<!-- bench:begin/ { print; while ((getline l < sec) > 0) print l; skip = 1; next }
-      /<!-- bench:end/ { skip = 0 }
-      !skip' "$doc" >"$work/doc.md"
-  else
-    { echo "# Benchmarks"; echo; echo "<!-- bench:begin: generated by test/bench/bench.sh -->"; cat "$work/section.md"
-      echo "<!-- bench:end -->"; } >"$work/doc.md"
-  fi
-  cp "$work/doc.md" "$doc"
-  log "results written to $doc"
+  [ -f "$doc" ] || printf '# Benchmarks\n' >"$doc"
+  for sec in "${sections[@]}"; do
+    m=${sec%%:*} file=$work/${sec#*:}
+    if grep -q "<!-- $m:begin" "$doc" && grep -q "<!-- $m:end" "$doc"; then
+      awk -v sec="$file" -v b="<!-- $m:begin" -v e="<!-- $m:end" '
+        index($0, b) == 1 { print; while ((getline l < sec) > 0) print l; skip = 1; next }
+        index($0, e) == 1 { skip = 0 }
+        !skip' "$doc" >"$work/doc.md"
+    else
+      { cat "$doc"; echo; echo "<!-- $m:begin: generated by test/bench/bench.sh; edits inside are overwritten -->"
+        cat "$file"; echo "<!-- $m:end -->"; } >"$work/doc.md"
+    fi
+    cp "$work/doc.md" "$doc"
+  done
+  if [ ${#sections[@]} -gt 0 ]; then log "results written to $doc"; fi
 fi

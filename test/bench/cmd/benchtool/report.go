@@ -187,32 +187,50 @@ func ratio(a, b float64) string {
 }
 
 // report prints the Markdown tables for the wrk runs (-runs) and the ab
-// runs (-ab).
+// runs (-ab); with -big, the tables of the big-value runs (-runs only).
 func report(args []string, w io.Writer) error {
 	fs := flag.NewFlagSet("report", flag.ExitOnError)
 	runsFile := fs.String("runs", "", "wrk results, one key=value line per run")
 	abFile := fs.String("ab", "", "ab results, one key=value line per run")
+	big := fs.Bool("big", false, "the runs are big-value runs: throughput in MB/s and the gateway's memory")
 	wrkLimit := fs.Float64("wrk-limit", 90, "wrk CPU percent above which a run is flagged as load-generator bound")
 	_ = fs.Parse(args)
-	if *runsFile == "" {
-		return errors.New("report: -runs is required")
+	if *runsFile == "" && (*big || *abFile == "") {
+		return errors.New("report: -runs is required (or -ab alone)")
 	}
-	recs, err := readRecords(*runsFile)
-	if err != nil {
-		return err
+	if *runsFile != "" {
+		recs, err := readRecords(*runsFile)
+		if err != nil {
+			return err
+		}
+		if *big {
+			bigTables(recs, w, *wrkLimit)
+			return nil
+		}
+		wrkTables(recs, w, *wrkLimit)
 	}
-	order, points := group(recs, "workload")
-	var cells []pointKey // (workload, conc) pairs, target ignored
+	if *abFile == "" {
+		return nil
+	}
+	return abTables(*abFile, w)
+}
+
+// cells lists the (workload, concurrency) pairs in the order they first
+// appear, and the most repeats any point has.
+func cells(order []pointKey, points map[pointKey]*point) (out []pointKey, reps int) {
 	for _, k := range order {
+		reps = max(reps, len(points[k].runs))
 		k.target = ""
-		if !slices.Contains(cells, k) {
-			cells = append(cells, k)
+		if !slices.Contains(out, k) {
+			out = append(out, k)
 		}
 	}
-	reps := 0
-	for _, p := range points {
-		reps = max(reps, len(p.runs))
-	}
+	return out, reps
+}
+
+func wrkTables(recs []record, w io.Writer, wrkLimit float64) {
+	order, points := group(recs, "workload")
+	cells, reps := cells(order, points)
 
 	fmt.Fprintf(w, "#### wrk: medians of %d runs per point\n\n", reps)
 	fmt.Fprintln(w, "| workload | clients | target | req/s | req/s min–max | p50 ms | p99 ms | socket errors | non-2xx | server CPU µs/req | memcached CPU µs/req | RSS MB | own conns to memcached avg / max | memcached curr_connections max | conns opened per run | wrk CPU % |")
@@ -228,7 +246,7 @@ func report(args []string, w io.Writer) error {
 			rps := p.values(field("rps"))
 			maxSpread[t] = max(maxSpread[t], spread(rps))
 			wrkCPU := p.max(field("wrk_cpu_pct"))
-			if wrkCPU > *wrkLimit {
+			if wrkCPU > wrkLimit {
 				flagged = append(flagged, fmt.Sprintf("%s %d %s (wrk at %.0f%% CPU)", c.workload, c.conc, t, wrkCPU))
 			}
 			mm := "–"
@@ -275,6 +293,12 @@ func report(args []string, w io.Writer) error {
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "Noise between repeats: the widest req/s spread (max−min over median) of any point was %s%% for memcgate and %s%% for nginx.\n",
 		fmtNum(maxSpread[gate], 1), fmtNum(maxSpread[nginx], 1))
+	interference(recs, flagged, w, wrkLimit)
+}
+
+// interference says how many runs were repeated, the worst interference
+// left, and which runs were load-generator bound.
+func interference(recs []record, flagged []string, w io.Writer, wrkLimit float64) {
 	repeated, srvF, loadF := 0, 0.0, 0.0
 	for _, r := range recs {
 		if a := r.num("attempts"); a > 1 {
@@ -286,15 +310,14 @@ func report(args []string, w io.Writer) error {
 	fmt.Fprintf(w, "\nInterference: %d run(s) were repeated because other processes used CPU during them (the least disturbed attempt is kept); in the runs kept, other processes took at most %s%% of a CPU on the servers' CPUs and %s%% on the load generator's.\n",
 		repeated, fmtNum(srvF, 1), fmtNum(loadF, 1))
 	if len(flagged) > 0 {
-		fmt.Fprintf(w, "\n**Load-generator bound** (wrk above %.0f%% of its CPU): %s.\n", *wrkLimit, strings.Join(flagged, "; "))
+		fmt.Fprintf(w, "\n**Load-generator bound** (wrk above %.0f%% of its CPU): %s.\n", wrkLimit, strings.Join(flagged, "; "))
 	} else {
-		fmt.Fprintf(w, "\nwrk stayed below %.0f%% of its CPU in every run, so it was not the bottleneck.\n", *wrkLimit)
+		fmt.Fprintf(w, "\nwrk stayed below %.0f%% of its CPU in every run, so it was not the bottleneck.\n", wrkLimit)
 	}
+}
 
-	if *abFile == "" {
-		return nil
-	}
-	abRecs, err := readRecords(*abFile)
+func abTables(abFile string, w io.Writer) error {
+	abRecs, err := readRecords(abFile)
 	if err != nil {
 		return err
 	}
