@@ -95,6 +95,11 @@ func TestAbuse(t *testing.T) {
 	// the slots, so this one is not scaled.
 	heads := fitFDs(t, 10050)
 	declared := fitFDs(t, pick(1000, 500))
+	// 4b sends its bodies for real: 1,000 of them are a gigabyte on
+	// loopback, whose kernel buffers alone make TCP retransmit (about
+	// 1,200 segments in a quiet run, the canary's among them). Scaled,
+	// it sends a fifth, so that what make test measures is the gateway.
+	nearly := fitFDs(t, pick(1000, 200))
 	repeats := pick(1000, 100)
 	gets := pick(200, 100)
 	floodFor := time.Duration(pick(10, 5)) * time.Second
@@ -105,7 +110,7 @@ func TestAbuse(t *testing.T) {
 		{name: "2b batch amplification", size: thousands(gets) + " gets of a 1 MB key in one POST", prepare: storeBig, run: batchGets(gets)},
 		{name: "3 body-less PUT heads", size: thousands(heads) + " × Content-Length: 1, no body", run: putHeads(heads)},
 		{name: "4 declared bodies", size: thousands(declared) + " × Content-Length: 1048000, no body", run: declaredBodies(declared)},
-		{name: "4b declared bodies, all but 1 byte sent", size: thousands(declared) + " × Content-Length: 1048000, 1047999 sent", run: nearlyBodies(declared)},
+		{name: "4b declared bodies, all but 1 byte sent", size: thousands(nearly) + " × Content-Length: 1048000, 1047999 sent", run: nearlyBodies(nearly)},
 		{name: "5 async flood", size: fmt.Sprintf("%v × %d conns pipelining 256 KiB async PUTs", floodFor, floodConns),
 			window: floodFor, mcMB: 16384, run: asyncFlood},
 	}
