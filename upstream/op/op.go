@@ -161,6 +161,19 @@ type Result struct {
 // Encode appends o as a text-protocol request line (and data block) with
 // key as the key sent, to b.
 func Encode(b []byte, o *Op, key string) []byte {
+	b = EncodeHead(b, o, key)
+	if o.Verb.TakesValue() {
+		b = append(b, o.Item.Value...)
+		b = append(b, "\r\n"...)
+	}
+	return b
+}
+
+// EncodeHead is Encode without o's data block: for a verb that takes a
+// value it appends the command line only, and the caller sends
+// o.Item.Value and "\r\n" after it (so that a large value can be written
+// from where it is rather than copied); for any other verb it is Encode.
+func EncodeHead(b []byte, o *Op, key string) []byte {
 	v := o.Verb
 	b = append(b, v.Command()...)
 	if v == GAT { // gats <exptime> <key>
@@ -181,8 +194,6 @@ func Encode(b []byte, o *Op, key string) []byte {
 			b = append(b, ' ')
 			b = strconv.AppendUint(b, o.Item.CAS, 10)
 		}
-		b = append(b, "\r\n"...)
-		b = append(b, o.Item.Value...)
 	case v.TakesDelta():
 		b = append(b, ' ')
 		b = strconv.AppendUint(b, o.Delta, 10)

@@ -25,6 +25,13 @@ func TestEncode(t *testing.T) {
 		if got := string(Encode([]byte(">"), &tt.o, "k")); got != ">"+tt.want {
 			t.Errorf("Encode(%v) = %q, want %q", tt.o.Verb, got, ">"+tt.want)
 		}
+		got := string(EncodeHead([]byte(">"), &tt.o, "k"))
+		if tt.o.Verb.TakesValue() {
+			got += string(tt.o.Item.Value) + "\r\n"
+		}
+		if got != ">"+tt.want {
+			t.Errorf("EncodeHead(%v) and its value = %q, want %q", tt.o.Verb, got, ">"+tt.want)
+		}
 	}
 }
 
