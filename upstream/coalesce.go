@@ -50,7 +50,7 @@ func (n *node) get(ctx context.Context, key string) (*memcache.Item, error) {
 	if !n.batchGets {
 		var it *memcache.Item
 		err := n.do(ctx, verbOp(op.Get), false, func(mc dataClient, _ bool) (err error) {
-			it, _, err = mc.Do(op.Op{Verb: op.Get}, key)
+			it, _, err = mc.Do(ctx, op.Op{Verb: op.Get}, key)
 			return err
 		})
 		return it, err
@@ -126,7 +126,7 @@ func (n *node) takeLocked(first *getWaiter) []*getWaiter {
 // getHolding runs a single get while holding a slot, then releases it.
 func (n *node) getHolding(key string) (*memcache.Item, error) {
 	start := time.Now()
-	it, _, err := n.client.Do(op.Op{Verb: op.Get}, key)
+	it, _, err := n.client.Do(context.Background(), op.Op{Verb: op.Get}, key) // a Get never waits before it is sent
 	err = classify(n.name, "get", err)
 	n.m.duration[verbOp(op.Get)].Observe(time.Since(start).Seconds())
 	n.m.ops[verbOp(op.Get)][resultOf(err)].Inc()
@@ -170,7 +170,7 @@ func (n *node) runBatch(batch []*getWaiter) {
 	var err error
 	if len(keys) == 1 {
 		var it *memcache.Item
-		if it, _, err = n.client.Do(op.Op{Verb: op.Get}, keys[0]); err == nil {
+		if it, _, err = n.client.Do(context.Background(), op.Op{Verb: op.Get}, keys[0]); err == nil { // a Get never waits before it is sent
 			items = map[string]*memcache.Item{keys[0]: it}
 		} else if errors.Is(err, memcache.ErrCacheMiss) {
 			err = nil

@@ -11,6 +11,8 @@ import (
 	"syscall"
 
 	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/memcgate/memcgate/upstream/mcpipe"
 )
 
 // Protocol outcomes. They are answers from a healthy memcached: none of them
@@ -84,6 +86,11 @@ func classify(node, op string, err error) error {
 		return ErrNotFound
 	case errors.Is(err, memcache.ErrMalformedKey):
 		return ErrBadKey
+	case errors.Is(err, mcpipe.ErrNoRoom):
+		// The wait for room on a connection ended with the caller's
+		// context, before anything was sent: the gateway's own queue,
+		// like the wait for an in-flight slot, not the node's failure.
+		return ctxError(node, op, err)
 	}
 	msg := err.Error()
 	switch {

@@ -127,8 +127,10 @@ func newNode(name string, o *Options, pol *healthPolicy, m *nodeMetrics, log *sl
 type dataClient interface {
 	// Do runs o with key as the key sent: for op.Get the item
 	// (memcache.ErrCacheMiss if none), for op.Incr and op.Decr the new
-	// value, for the others their outcome.
-	Do(o op.Op, key string) (*memcache.Item, uint64, error)
+	// value, for the others their outcome. ctx bounds a wait before
+	// anything is sent (mcpipe's room for large values); a client that
+	// has none ignores it.
+	Do(ctx context.Context, o op.Op, key string) (*memcache.Item, uint64, error)
 	GetMulti(keys []string) (map[string]*memcache.Item, error)
 	// GetMultiLimit is GetMulti keeping at most limit bytes of values
 	// (0: no limit); the keys of the values it drops are in dropped.
@@ -144,7 +146,7 @@ type pooled struct{ *memcache.Client }
 // Do maps o onto gomemcache's methods. gomemcache has no gat: op.GAT is
 // a get and then a touch, two round trips instead of one, and not atomic
 // (the touch may set the expiration of a value written after the get).
-func (p pooled) Do(o op.Op, key string) (*memcache.Item, uint64, error) {
+func (p pooled) Do(_ context.Context, o op.Op, key string) (*memcache.Item, uint64, error) {
 	it := &memcache.Item{Key: key, Value: o.Item.Value, Flags: o.Item.Flags, Expiration: o.Item.Expiration, CasID: o.Item.CAS}
 	var err error
 	switch o.Verb {
@@ -250,7 +252,7 @@ func (n *node) run(ctx context.Context, o op.Op, sk string, failover bool, cap f
 		o.Item.Expiration = cap(o.Item.Expiration)
 	}
 	err := n.do(ctx, verbOp(o.Verb), failover, func(mc dataClient, _ bool) error {
-		it, num, err := mc.Do(o, sk)
+		it, num, err := mc.Do(ctx, o, sk)
 		if err == nil && it != nil {
 			res.Item = itemOf(o.Item.Key, it)
 		}

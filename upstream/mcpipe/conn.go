@@ -3,11 +3,13 @@ package mcpipe
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -69,6 +71,34 @@ func (cl *call) result() (*memcache.Item, uint64, error) {
 	return cl.items[0], 0, nil
 }
 
+// big is the size of cl's value if it is a large value (see bigValue),
+// else 0.
+func (cl *call) big() int {
+	if cl.key != "" || cl.encode != nil || !cl.o.Verb.TakesValue() || len(cl.o.Item.Value) < bigValue {
+		return 0
+	}
+	return len(cl.o.Item.Value)
+}
+
+// bigValue is the size from which a value is large: it is counted against
+// maxQueuedValues.
+const bigValue = 16 << 10
+
+// maxQueuedValues bounds the bytes of large values queued on a connection
+// and not yet written; one value larger than that goes alone. Without it
+// 64 clients setting 1 MB each queued 64 MB on a connection ahead of
+// every other client's request, and memcached, its reads starved of the
+// writer's CPU, took longer than the timeout over a value and the node
+// was ejected. 1 MiB keeps memcached busy for about a millisecond, much
+// longer than a writer takes to queue the next value.
+const maxQueuedValues = 1 << 20
+
+// waiter is a large value waiting for room on a connection.
+type waiter struct {
+	n     int        // the value's size
+	ready chan error // gets nil once room is granted, or the connection's failure
+}
+
 // reply is what a request's answer came to.
 type reply struct {
 	items   []*memcache.Item
@@ -94,6 +124,10 @@ type conn struct {
 	idle    bool      // the reader waits without a deadline (queue was empty)
 	armedAt time.Time // when the read deadline was last set to armedAt+timeout
 	err     error     // set once the connection failed; final
+
+	values  int       // bytes of large values queued and not yet written, or granted room to be
+	wvalues int       // of which in wbuf
+	waiters []*waiter // large values waiting for room, first come first served
 }
 
 func newConn(nc net.Conn, timeout time.Duration) *conn {
@@ -132,6 +166,7 @@ func (c *conn) send(cl *call) error {
 		c.queue = append(c.queue, cl)
 	case cl.encode == nil:
 		c.closeLineLocked()
+		c.wvalues += cl.big()
 		c.wbuf = op.Encode(c.wbuf, &cl.o, cl.skey)
 		cl.o = op.Op{} // encoded: the caller's value may go
 		c.queue = append(c.queue, cl)
@@ -160,11 +195,15 @@ func (c *conn) send(cl *call) error {
 	runtime.Gosched()
 	c.mu.Lock()
 	for c.closeLineLocked(); len(c.wbuf) > 0; c.closeLineLocked() {
-		buf := c.wbuf
-		c.wbuf = c.spare[:0]
+		buf, values := c.wbuf, c.wvalues
+		c.wbuf, c.wvalues = c.spare[:0], 0
 		c.mu.Unlock()
 		err := c.writeAll(buf)
 		c.mu.Lock()
+		if values > 0 {
+			c.values -= values
+			c.grantLocked()
+		}
 		if cap(buf) <= 64<<10 { // do not keep a buffer grown by a large value
 			c.spare = buf[:0]
 		} else {
@@ -180,6 +219,86 @@ func (c *conn) send(cl *call) error {
 	c.writing = false
 	c.mu.Unlock()
 	return nil
+}
+
+// ErrNoRoom is the error of a large value that found no room on its
+// connection (maxQueuedValues): DoAsync's at once, Do's wrapped with its
+// context's error once that ends the wait.
+var ErrNoRoom = errors.New("mcpipe: no room on the connection for the value")
+
+// reserve waits until the connection has room for a large value of n
+// bytes and takes it: the caller then sends the value, or the room stays
+// taken until the connection fails. Values get room in the order they
+// ask. It returns the connection's failure, or ErrNoRoom wrapping ctx's
+// error if ctx ends first.
+func (c *conn) reserve(ctx context.Context, n int) error {
+	c.mu.Lock()
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		return err
+	}
+	if len(c.waiters) == 0 && c.roomLocked(n) {
+		c.values += n
+		c.mu.Unlock()
+		return nil
+	}
+	w := &waiter{n: n, ready: make(chan error, 1)}
+	c.waiters = append(c.waiters, w)
+	c.mu.Unlock()
+	select {
+	case err := <-w.ready:
+		return err
+	case <-ctx.Done():
+	}
+	c.mu.Lock()
+	if i := slices.Index(c.waiters, w); i >= 0 {
+		c.waiters = slices.Delete(c.waiters, i, i+1)
+		c.grantLocked() // the values behind it may fit
+		c.mu.Unlock()
+		return fmt.Errorf("%w: %w", ErrNoRoom, ctx.Err())
+	}
+	c.mu.Unlock()
+	// Answered meanwhile: give back room granted, as the caller gives up.
+	if err := <-w.ready; err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.values -= n
+	c.grantLocked()
+	c.mu.Unlock()
+	return fmt.Errorf("%w: %w", ErrNoRoom, ctx.Err())
+}
+
+// tryReserve is reserve without waiting: it takes room for n bytes and
+// reports true only if there is room now and nobody waits for it.
+func (c *conn) tryReserve(n int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil || len(c.waiters) > 0 || !c.roomLocked(n) {
+		return false
+	}
+	c.values += n
+	return true
+}
+
+// roomLocked reports whether a large value of n bytes may be queued now.
+func (c *conn) roomLocked(n int) bool {
+	return c.values == 0 || c.values+n <= maxQueuedValues
+}
+
+// grantLocked gives room to the waiting values that fit, in order.
+func (c *conn) grantLocked() {
+	for len(c.waiters) > 0 && c.roomLocked(c.waiters[0].n) {
+		w := c.waiters[0]
+		c.waiters[0] = nil
+		c.waiters = c.waiters[1:]
+		c.values += w.n
+		w.ready <- nil
+	}
+	if len(c.waiters) == 0 {
+		c.waiters = nil
+	}
 }
 
 // writeSlice is the most written under one write deadline.
@@ -234,6 +353,10 @@ func (c *conn) fail(err error) {
 	c.queue = nil
 	c.wbuf = nil
 	c.open = nil
+	for _, w := range c.waiters {
+		w.ready <- err
+	}
+	c.waiters = nil
 	for _, cl := range q {
 		for _, p := range cl.members() {
 			p.reply = reply{err: err}

@@ -143,7 +143,13 @@ func (c *Client) openConn() (*conn, error) {
 // (memcache.ErrCacheMiss if there is none), for op.Incr and op.Decr the
 // new value, for the others their outcome, with gomemcache's errors.
 // Single-key Gets may share one command line with others (see conn.send).
-func (c *Client) Do(o op.Op, key string) (*memcache.Item, uint64, error) {
+//
+// A value of 16 KiB or more first waits for room on its connection,
+// which holds at most about 1 MiB of such values not yet written (or one
+// larger value alone); if ctx ends first, Do returns ErrNoRoom wrapping
+// ctx's error and nothing was sent. ctx bounds only that wait: once sent,
+// the connection's timeout bounds the reply.
+func (c *Client) Do(ctx context.Context, o op.Op, key string) (*memcache.Item, uint64, error) {
 	if !legalKey(key) {
 		return nil, 0, memcache.ErrMalformedKey
 	}
@@ -153,6 +159,12 @@ func (c *Client) Do(o op.Op, key string) (*memcache.Item, uint64, error) {
 	}
 	cl := c.newCall()
 	c.prepare(cl, &o, key)
+	if n := cl.big(); n > 0 {
+		if err := cn.reserve(ctx, n); err != nil {
+			c.release(cl)
+			return nil, 0, err
+		}
+	}
 	if err := cn.send(cl); err != nil {
 		c.release(cl)
 		return nil, 0, err
@@ -192,6 +204,10 @@ func (c *Client) newCall() *call {
 // of one connection may run concurrently and out of request order when
 // it fails. o is encoded before DoAsync returns; it is not kept.
 //
+// DoAsync never waits: a value that would wait for room on its
+// connection (see Do) is refused with ErrNoRoom, and the caller may use
+// Do, which waits.
+//
 // done runs where the connection's replies are read: it must not block,
 // and must not send more requests to this Client itself (the reader would
 // become the writer while memcached waits for it to read); hand such work
@@ -206,6 +222,10 @@ func (c *Client) DoAsync(o op.Op, key string, done func(*memcache.Item, uint64, 
 	}
 	cl := c.newCall()
 	c.prepare(cl, &o, key)
+	if n := cl.big(); n > 0 && !cn.tryReserve(n) {
+		c.release(cl)
+		return ErrNoRoom
+	}
 	cl.client, cl.onDone = c, done
 	if err := cn.send(cl); err != nil {
 		c.release(cl)
@@ -252,7 +272,7 @@ func legalKey(key string) bool {
 // Get reads one item with its CAS value ("gets", as gomemcache);
 // memcache.ErrCacheMiss if it is not there.
 func (c *Client) Get(key string) (*memcache.Item, error) {
-	it, _, err := c.Do(op.Op{Verb: op.Get}, key)
+	it, _, err := c.Do(context.Background(), op.Op{Verb: op.Get}, key)
 	return it, err
 }
 
@@ -330,31 +350,31 @@ func (c *Client) CompareAndSwap(it *memcache.Item) error { return c.store(op.CAS
 
 func (c *Client) store(v op.Verb, it *memcache.Item) error {
 	o := op.Op{Verb: v, Item: op.Item{Value: it.Value, Flags: it.Flags, Expiration: it.Expiration, CAS: it.CasID}}
-	_, _, err := c.Do(o, it.Key)
+	_, _, err := c.Do(context.Background(), o, it.Key)
 	return err
 }
 
 // Delete removes an item; memcache.ErrCacheMiss if it was not there.
 func (c *Client) Delete(key string) error {
-	_, _, err := c.Do(op.Op{Verb: op.Delete}, key)
+	_, _, err := c.Do(context.Background(), op.Op{Verb: op.Delete}, key)
 	return err
 }
 
 // Touch sets a new expiration; memcache.ErrCacheMiss if the item is gone.
 func (c *Client) Touch(key string, seconds int32) error {
-	_, _, err := c.Do(op.Op{Verb: op.Touch, Item: op.Item{Expiration: seconds}}, key)
+	_, _, err := c.Do(context.Background(), op.Op{Verb: op.Touch, Item: op.Item{Expiration: seconds}}, key)
 	return err
 }
 
 // Increment adds delta to a decimal value and returns the result.
 func (c *Client) Increment(key string, delta uint64) (uint64, error) {
-	_, n, err := c.Do(op.Op{Verb: op.Incr, Delta: delta}, key)
+	_, n, err := c.Do(context.Background(), op.Op{Verb: op.Incr, Delta: delta}, key)
 	return n, err
 }
 
 // Decrement subtracts delta from a decimal value (stopping at zero) and
 // returns the result.
 func (c *Client) Decrement(key string, delta uint64) (uint64, error) {
-	_, n, err := c.Do(op.Op{Verb: op.Decr, Delta: delta}, key)
+	_, n, err := c.Do(context.Background(), op.Op{Verb: op.Decr, Delta: delta}, key)
 	return n, err
 }

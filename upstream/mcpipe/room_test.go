@@ -1,0 +1,203 @@
+package mcpipe
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/upstream/op"
+)
+
+// slowClient is a Client of one connection to srv through a relay that
+// passes about rate bytes a second, with small socket buffers on the way,
+// so that what is queued stays in the Client rather than in the kernel.
+func slowClient(t *testing.T, srv *memcachedtest.Server, rate int) *Client {
+	t.Helper()
+	addr := slowRelay(t, srv.Addr, rate)
+	c := New(Options{Conns: 1, Timeout: 2 * time.Second, Dial: func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		nc, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			_ = nc.(*net.TCPConn).SetWriteBuffer(16 << 10)
+		}
+		return nc, err
+	}})
+	t.Cleanup(func() { c.Close() })
+	// Dial now, so that DoAsync has a connection.
+	if err := c.Set(&memcache.Item{Key: "warm", Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// roomState is the room accounting of c's only connection.
+func roomState(c *Client) (values, waiters int) {
+	cn := c.slots[0].c.Load()
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	return cn.values, len(cn.waiters)
+}
+
+// waitFor polls cond until it holds, failing the test after 5 seconds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("still waiting for %s", what)
+		}
+	}
+}
+
+func set(ctx context.Context, c *Client, key string, value []byte) error {
+	_, _, err := c.Do(ctx, op.Op{Verb: op.Set, Item: op.Item{Value: value}}, key)
+	return err
+}
+
+// TestRoomForLargeValues: large values queue on a connection only while
+// their bytes not yet written stay within maxQueuedValues; the rest wait
+// for room, in order, as long as their context allows; small operations
+// and DoAsync never wait for it.
+func TestRoomForLargeValues(t *testing.T) {
+	srv := memcachedtest.Start(t, "-I", "2m")
+	big := bytes.Repeat([]byte("b"), 600<<10) // two do not fit in the bound
+	tests := []struct {
+		name string
+		rate int
+		run  func(t *testing.T, c *Client)
+	}{
+		{"values wait for room and all get stored", 4 << 20, func(t *testing.T, c *Client) {
+			var wg sync.WaitGroup
+			var done atomic.Int32
+			for i := range 4 {
+				wg.Go(func() {
+					defer done.Add(1)
+					if err := set(t.Context(), c, "w"+string(rune('0'+i)), big); err != nil {
+						t.Errorf("set w%d: %v", i, err)
+					}
+				})
+			}
+			sawWaiter := false
+			for done.Load() < 4 {
+				values, waiters := roomState(c)
+				sawWaiter = sawWaiter || waiters > 0
+				if values > max(maxQueuedValues, len(big)) {
+					t.Errorf("%d bytes of values queued, want at most %d", values, max(maxQueuedValues, len(big)))
+				}
+				time.Sleep(time.Millisecond)
+			}
+			wg.Wait()
+			if !sawWaiter {
+				t.Error("no value waited for room")
+			}
+			for i := range 4 {
+				if it, err := c.Get("w" + string(rune('0'+i))); err != nil || !bytes.Equal(it.Value, big) {
+					t.Errorf("get w%d: %v", i, err)
+				}
+			}
+		}},
+		{"a wait ends with the caller's deadline and sends nothing", 1 << 20, func(t *testing.T, c *Client) {
+			first := make(chan error, 1)
+			go func() { first <- set(context.Background(), c, "d1", big) }()
+			waitFor(t, "the first value to queue", func() bool { v, _ := roomState(c); return v > 0 })
+			ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			err := set(ctx, c, "d2", big)
+			if !errors.Is(err, ErrNoRoom) || !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("set with a deadline = %v, want ErrNoRoom and context.DeadlineExceeded", err)
+			}
+			if took := time.Since(start); took > time.Second {
+				t.Errorf("the wait took %v, want about 100ms", took)
+			}
+			if err := <-first; err != nil {
+				t.Errorf("first set: %v", err)
+			}
+			waitFor(t, "the room to be given back", func() bool { v, w := roomState(c); return v == 0 && w == 0 })
+			if _, err := c.Get("d2"); !errors.Is(err, memcache.ErrCacheMiss) {
+				t.Errorf("get d2 = %v, want a miss: nothing was sent", err)
+			}
+		}},
+		{"small operations and DoAsync do not wait", 2 << 20, func(t *testing.T, c *Client) {
+			var secondDone atomic.Bool
+			var wg sync.WaitGroup
+			wg.Go(func() {
+				if err := set(t.Context(), c, "s1", big); err != nil {
+					t.Errorf("set s1: %v", err)
+				}
+			})
+			waitFor(t, "the first value to queue", func() bool { v, _ := roomState(c); return v > 0 })
+			wg.Go(func() {
+				defer secondDone.Store(true)
+				if err := set(t.Context(), c, "s2", big); err != nil {
+					t.Errorf("set s2: %v", err)
+				}
+			})
+			waitFor(t, "the second value to wait", func() bool { _, w := roomState(c); return w == 1 })
+			start := time.Now()
+			err := c.DoAsync(op.Op{Verb: op.Set, Item: op.Item{Value: big}}, "a1", func(*memcache.Item, uint64, error) {
+				t.Error("a refused DoAsync called back")
+			})
+			if !errors.Is(err, ErrNoRoom) {
+				t.Errorf("large DoAsync while a value waits = %v, want ErrNoRoom", err)
+			}
+			if took := time.Since(start); took > 50*time.Millisecond {
+				t.Errorf("large DoAsync took %v: it waited", took)
+			}
+			// Sent while s1 is being written, they are answered before
+			// s2, which waits for s1's bytes to be written.
+			var small sync.WaitGroup
+			small.Go(func() {
+				if err := set(t.Context(), c, "small", []byte("v")); err != nil {
+					t.Errorf("small set: %v", err)
+				}
+			})
+			small.Go(func() {
+				if _, err := c.Get("warm"); err != nil {
+					t.Errorf("get: %v", err)
+				}
+			})
+			small.Wait()
+			if secondDone.Load() {
+				t.Error("a small set and get waited behind a value waiting for room")
+			}
+			asyncDone := make(chan error, 1)
+			if err := setAsync(c, &memcache.Item{Key: "a2", Value: []byte("v")}, func(err error) { asyncDone <- err }); err != nil {
+				t.Errorf("small DoAsync while a value waits: %v", err)
+			} else if err := <-asyncDone; err != nil {
+				t.Errorf("small DoAsync: %v", err)
+			}
+			wg.Wait()
+		}},
+		{"DoAsync takes room when there is some", 4 << 20, func(t *testing.T, c *Client) {
+			value := bytes.Clone(big)
+			asyncDone := make(chan error, 1)
+			if err := setAsync(c, &memcache.Item{Key: "a3", Value: value}, func(err error) { asyncDone <- err }); err != nil {
+				t.Fatalf("large DoAsync on an idle connection: %v", err)
+			}
+			clear(value) // DoAsync keeps no value
+			if err := <-asyncDone; err != nil {
+				t.Errorf("large DoAsync: %v", err)
+			}
+			if it, err := c.Get("a3"); err != nil || !bytes.Equal(it.Value, big) {
+				t.Errorf("get a3: %v", err)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := slowClient(t, srv, tt.rate)
+			tt.run(t, c)
+			if v, w := roomState(c); v != 0 || w != 0 {
+				t.Errorf("after the test %d bytes of room taken and %d waiters, want none", v, w)
+			}
+		})
+	}
+}
