@@ -269,6 +269,10 @@ type countedConn struct {
 	closed atomic.Bool
 }
 
+// NetConn returns the connection counted, so that mcpipe can write to it
+// with writev (net.Buffers does only on the *net.TCPConn itself).
+func (c *countedConn) NetConn() net.Conn { return c.Conn }
+
 func (c *countedConn) Close() error {
 	if c.closed.CompareAndSwap(false, true) {
 		c.n.Add(-1)

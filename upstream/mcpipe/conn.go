@@ -81,7 +81,9 @@ func (cl *call) big() int {
 }
 
 // bigValue is the size from which a value is large: it is counted against
-// maxQueuedValues.
+// maxQueuedValues, and written from the caller's buffer instead of being
+// copied into the write buffer (see segment). Below it a copy costs less
+// than the extra iovec and its bookkeeping.
 const bigValue = 16 << 10
 
 // maxQueuedValues bounds the bytes of large values queued on a connection
@@ -111,13 +113,25 @@ type reply struct {
 // write in progress becomes the writer and sends everything queued,
 // including what others queue meanwhile; the rest just queue. One reader
 // goroutine per connection reads replies in order and completes the calls.
+//
+// A large value is not copied into wbuf: segs refers to it where the
+// caller has it, and the writer sends wbuf and the values together with
+// one writev. The caller's buffer must then stay as it is until the value
+// is written. Do waits for the reply, which comes after that, and a
+// connection that fails while a write is in progress leaves its calls to
+// the writer to complete once the write has returned (orphans), so that
+// no caller gets its buffer back while the kernel may still read it.
 type conn struct {
 	nc      net.Conn
+	w       io.Writer // nc, or the connection it wraps, so that net.Buffers can use writev
 	timeout time.Duration
 
 	mu      sync.Mutex
-	wbuf    []byte    // encoded requests not yet written
+	wbuf    []byte    // encoded requests not yet written, but for the values in segs
+	segs    []segment // the large values of wbuf's requests, in order
 	spare   []byte    // the other write buffer, swapped with wbuf per write
+	sspare  []segment // the other segment list, swapped with segs per write
+	orphans []*call   // calls of a connection that failed during a write: the writer completes them
 	queue   []*call   // sent or about to be sent, in order; replies complete queue[0]
 	writing bool      // a goroutine is writing wbuf
 	open    *call     // the first call of the gets line at the end of wbuf, still open for keys
@@ -128,10 +142,29 @@ type conn struct {
 	values  int       // bytes of large values queued and not yet written, or granted room to be
 	wvalues int       // of which in wbuf
 	waiters []*waiter // large values waiting for room, first come first served
+
+	iov net.Buffers // the writer's: the pieces of one write, reused
 }
 
+// segment is a large value that is written after wbuf[:at] (and before
+// the rest of wbuf, which goes on with the value's "\r\n").
+type segment struct {
+	at    int
+	value []byte
+}
+
+// netConner is a connection that wraps another, as tls.Conn does, and
+// hands it out: writing a segment list to the *net.TCPConn itself lets
+// net.Buffers use one writev, where through a wrapper it makes a write
+// per piece.
+type netConner interface{ NetConn() net.Conn }
+
 func newConn(nc net.Conn, timeout time.Duration) *conn {
-	return &conn{nc: nc, timeout: timeout, idle: true}
+	c := &conn{nc: nc, w: nc, timeout: timeout, idle: true}
+	if u, ok := nc.(netConner); ok {
+		c.w = u.NetConn()
+	}
+	return c
 }
 
 func (c *conn) failed() bool {
@@ -166,9 +199,15 @@ func (c *conn) send(cl *call) error {
 		c.queue = append(c.queue, cl)
 	case cl.encode == nil:
 		c.closeLineLocked()
-		c.wvalues += cl.big()
-		c.wbuf = op.Encode(c.wbuf, &cl.o, cl.skey)
-		cl.o = op.Op{} // encoded: the caller's value may go
+		if n := cl.big(); n > 0 {
+			c.wvalues += n
+			c.wbuf = op.EncodeHead(c.wbuf, &cl.o, cl.skey)
+			c.segs = append(c.segs, segment{at: len(c.wbuf), value: cl.o.Item.Value})
+			c.wbuf = append(c.wbuf, "\r\n"...)
+		} else {
+			c.wbuf = op.Encode(c.wbuf, &cl.o, cl.skey)
+		}
+		cl.o = op.Op{} // encoded, or in segs
 		c.queue = append(c.queue, cl)
 	default:
 		c.closeLineLocked()
@@ -194,11 +233,11 @@ func (c *conn) send(cl *call) error {
 	// memcached) each. With nothing else runnable this returns at once.
 	runtime.Gosched()
 	c.mu.Lock()
-	for c.closeLineLocked(); len(c.wbuf) > 0; c.closeLineLocked() {
-		buf, values := c.wbuf, c.wvalues
-		c.wbuf, c.wvalues = c.spare[:0], 0
+	for c.closeLineLocked(); len(c.wbuf) > 0 && c.err == nil; c.closeLineLocked() {
+		buf, segs, values := c.wbuf, c.segs, c.wvalues
+		c.wbuf, c.segs, c.wvalues = c.spare[:0], c.sspare[:0], 0
 		c.mu.Unlock()
-		err := c.writeAll(buf)
+		err := c.writeAll(buf, segs)
 		c.mu.Lock()
 		if values > 0 {
 			c.values -= values
@@ -209,16 +248,33 @@ func (c *conn) send(cl *call) error {
 		} else {
 			c.spare = nil
 		}
+		clear(segs) // written: let the values go
+		if cap(segs) <= 64 {
+			c.sspare = segs[:0]
+		} else {
+			c.sspare = nil
+		}
 		if err != nil {
-			c.writing = false
-			c.mu.Unlock()
+			c.stopWritingLocked()
 			c.fail(err)
 			return nil
 		}
 	}
-	c.writing = false
-	c.mu.Unlock()
+	c.stopWritingLocked()
 	return nil
+}
+
+// stopWritingLocked ends the writer's turn, unlocks, and completes the
+// calls a failure left to it (orphans): their values are no longer being
+// written.
+func (c *conn) stopWritingLocked() {
+	c.writing = false
+	orphans := c.orphans
+	c.orphans = nil
+	c.mu.Unlock()
+	for _, cl := range orphans {
+		signal(cl.members())
+	}
 }
 
 // ErrNoRoom is the error of a large value that found no room on its
@@ -304,21 +360,58 @@ func (c *conn) grantLocked() {
 // writeSlice is the most written under one write deadline.
 const writeSlice = 256 << 10
 
-// writeAll writes buf, at most writeSlice bytes under each deadline: the
-// timeout bounds how long memcached may take no bytes at all, not how long
-// it takes to read everything queued. A buffer holding many large values
-// (sets of 1 MB from many clients at once) takes memcached longer than
-// one timeout to read while it makes steady progress; under a single
-// deadline it failed the connection, and every operation on it, and got
-// the node ejected.
-func (c *conn) writeAll(buf []byte) error {
-	for len(buf) > 0 {
-		n := min(len(buf), writeSlice)
+// writeAll writes buf with the values of segs in their places, at most
+// writeSlice bytes under each deadline: the timeout bounds how long
+// memcached may take no bytes at all, not how long it takes to read
+// everything queued. A buffer holding many large values (sets of 1 MB
+// from many clients at once) takes memcached longer than one timeout to
+// read while it makes steady progress; under a single deadline it failed
+// the connection, and every operation on it, and got the node ejected.
+func (c *conn) writeAll(buf []byte, segs []segment) error {
+	if len(segs) == 0 {
+		for len(buf) > 0 {
+			n := min(len(buf), writeSlice)
+			_ = c.nc.SetWriteDeadline(time.Now().Add(c.timeout))
+			if _, err := c.nc.Write(buf[:n]); err != nil {
+				return err
+			}
+			buf = buf[n:]
+		}
+		return nil
+	}
+	pieces := make(net.Buffers, 0, 2*len(segs)+1)
+	at := 0
+	for _, s := range segs {
+		pieces = append(pieces, buf[at:s.at], s.value)
+		at = s.at
+	}
+	if at < len(buf) {
+		pieces = append(pieces, buf[at:])
+	}
+	for len(pieces) > 0 {
+		// The next writeSlice bytes: whole pieces, and a part of the
+		// piece they end in.
+		out := c.iov[:0]
+		n := 0
+		for len(pieces) > 0 && n < writeSlice {
+			p := pieces[0]
+			k := min(len(p), writeSlice-n)
+			out = append(out, p[:k])
+			n += k
+			if k == len(p) {
+				pieces = pieces[1:]
+			} else {
+				pieces[0] = p[k:]
+			}
+		}
+		c.iov = out
 		_ = c.nc.SetWriteDeadline(time.Now().Add(c.timeout))
-		if _, err := c.nc.Write(buf[:n]); err != nil {
+		_, err := c.iov.WriteTo(c.w) // consumes c.iov
+		clear(out)                   // keep no value alive
+		if err != nil {
 			return err
 		}
-		buf = buf[n:]
+		c.iov = out[:0]
 	}
 	return nil
 }
@@ -352,6 +445,7 @@ func (c *conn) fail(err error) {
 	q := c.queue
 	c.queue = nil
 	c.wbuf = nil
+	c.segs = nil
 	c.open = nil
 	for _, w := range c.waiters {
 		w.ready <- err
@@ -361,6 +455,13 @@ func (c *conn) fail(err error) {
 		for _, p := range cl.members() {
 			p.reply = reply{err: err}
 		}
+	}
+	if c.writing {
+		// The write in progress may still read the values of these
+		// calls: the writer completes them once it has returned, which
+		// closing nc makes prompt.
+		c.orphans = append(c.orphans, q...)
+		q = nil
 	}
 	c.mu.Unlock()
 	_ = c.nc.Close()

@@ -15,6 +15,7 @@
 package mcpipe
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net"
@@ -144,7 +145,11 @@ func (c *Client) openConn() (*conn, error) {
 // new value, for the others their outcome, with gomemcache's errors.
 // Single-key Gets may share one command line with others (see conn.send).
 //
-// A value of 16 KiB or more first waits for room on its connection,
+// A value of 16 KiB or more is written from o.Item.Value itself, which
+// must not change until Do returns. (When memcached refuses a value
+// before reading all of it, Do may return while the rest is still being
+// written; memcached reads those bytes only to discard them.) Such a
+// value first waits for room on its connection,
 // which holds at most about 1 MiB of such values not yet written (or one
 // larger value alone); if ctx ends first, Do returns ErrNoRoom wrapping
 // ctx's error and nothing was sent. ctx bounds only that wait: once sent,
@@ -222,9 +227,14 @@ func (c *Client) DoAsync(o op.Op, key string, done func(*memcache.Item, uint64, 
 	}
 	cl := c.newCall()
 	c.prepare(cl, &o, key)
-	if n := cl.big(); n > 0 && !cn.tryReserve(n) {
-		c.release(cl)
-		return ErrNoRoom
+	if n := cl.big(); n > 0 {
+		if !cn.tryReserve(n) {
+			c.release(cl)
+			return ErrNoRoom
+		}
+		// Written after DoAsync returns, from a copy: the caller may
+		// reuse its buffer at once.
+		cl.o.Item.Value = bytes.Clone(cl.o.Item.Value)
 	}
 	cl.client, cl.onDone = c, done
 	if err := cn.send(cl); err != nil {

@@ -723,6 +723,13 @@ func TestReplyToAnOpenLine(t *testing.T) {
 	c.mu.Unlock()
 	go c.readLoop()
 	go server.Write([]byte("END\r\n"))
+	// The writer's turn ends (its write failed or it found nothing more
+	// to write): it completes the calls the failure left to it.
+	for !c.failed() {
+		time.Sleep(time.Millisecond)
+	}
+	c.mu.Lock()
+	c.stopWritingLocked()
 	select {
 	case <-cl.done:
 	case <-time.After(5 * time.Second):

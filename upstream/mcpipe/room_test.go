@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -199,5 +201,103 @@ func TestRoomForLargeValues(t *testing.T) {
 				t.Errorf("after the test %d bytes of room taken and %d waiters, want none", v, w)
 			}
 		})
+	}
+}
+
+// plainConn hides the *net.TCPConn it wraps, so that net.Buffers writes
+// piece by piece instead of with writev.
+type plainConn struct{ net.Conn }
+
+// TestSegmentsWriteExactBytes: requests queued together, their large
+// values written from the callers' buffers, reach the server byte for
+// byte as op.Encode encodes them, through writev and through a
+// connection that has no writev, with values at the thresholds (bigValue,
+// writeSlice) and values that contain "\r\n".
+func TestSegmentsWriteExactBytes(t *testing.T) {
+	value := func(n int) []byte {
+		v := bytes.Repeat([]byte("ab\r\nEND\r\n"), n/9+1)[:n]
+		if n > 0 {
+			v[n-1] = byte(n) // tell values of different sizes apart
+		}
+		return v
+	}
+	head := len(op.Encode(nil, &op.Op{Verb: op.Set, Item: op.Item{Value: make([]byte, writeSlice)}}, "k0"))
+	head -= writeSlice + 2
+	tests := []struct {
+		name  string
+		sizes []int // a set of a value of each size, then a delete, all in one write
+	}{
+		{"small only", []int{0, 1, 100}},
+		{"around bigValue", []int{bigValue - 1, bigValue, bigValue + 1}},
+		{"around writeSlice", []int{writeSlice - 1, writeSlice, writeSlice + 1}},
+		{"a value ending at a slice's end", []int{writeSlice - head}},
+		{"a head split by a slice's end", []int{writeSlice - head - 2, bigValue}},
+		{"large among small", []int{10, 3*writeSlice + 7, 5, bigValue, 0, 2 << 20}},
+	}
+	for _, tt := range tests {
+		for _, wrap := range []bool{false, true} {
+			name := tt.name + "/writev"
+			if wrap {
+				name = tt.name + "/no writev"
+			}
+			t.Run(name, func(t *testing.T) {
+				ln, err := net.Listen("tcp", "127.0.0.1:0")
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer ln.Close()
+				got := make(chan []byte, 1)
+				go func() {
+					sc, err := ln.Accept()
+					if err != nil {
+						got <- nil
+						return
+					}
+					defer sc.Close()
+					b, _ := io.ReadAll(sc)
+					got <- b
+				}()
+				nc, err := net.Dial("tcp", ln.Addr().String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if wrap {
+					nc = plainConn{nc}
+				}
+				c := newConn(nc, 5*time.Second)
+				var want []byte
+				ops := make([]op.Op, 0, len(tt.sizes)+1)
+				for i, n := range tt.sizes {
+					ops = append(ops, op.Op{Verb: op.Set, Item: op.Item{Key: "k" + strconv.Itoa(i), Value: value(n), Flags: uint32(i)}})
+				}
+				ops = append(ops, op.Op{Verb: op.Delete, Item: op.Item{Key: "last"}})
+				c.mu.Lock()
+				c.writing = true // all but the last queue behind a write in progress
+				c.mu.Unlock()
+				for i := range ops {
+					want = op.Encode(want, &ops[i], ops[i].Item.Key)
+					if i == len(ops)-1 {
+						c.mu.Lock()
+						c.writing = false // the last one becomes the writer of all
+						c.mu.Unlock()
+					}
+					o := ops[i]
+					if err := c.send(&call{o: o, skey: o.Item.Key, kind: o.Verb.Reply()}); err != nil {
+						t.Fatalf("send: %v", err)
+					}
+				}
+				if c.failed() {
+					t.Fatalf("the connection failed: %v", c.err)
+				}
+				nc.Close()
+				if b := <-got; !bytes.Equal(b, want) {
+					i := 0
+					for i < min(len(b), len(want)) && b[i] == want[i] {
+						i++
+					}
+					t.Errorf("server read %d bytes, want %d; first difference at %d", len(b), len(want), i)
+				}
+			})
+		}
 	}
 }
