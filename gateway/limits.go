@@ -148,7 +148,9 @@ func ReadBody(r *http.Request, limit int64) ([]byte, error) {
 // that arrive, never from the declared length alone, and beyond
 // smallHold is held against the budget (503 when refused). Then it takes
 // the request's slot. A body of a known length goes into *into if not
-// nil, grown if need be.
+// nil, grown if need be. A body the server read whole ahead of the
+// handler (aheadBody) is taken as it is, neither copied nor counted
+// twice.
 func (l *limits) readBody(r *http.Request, limit int64, into *[]byte) ([]byte, error) {
 	rc := reqCtx(r)
 	tooLarge := func(n string) error {
@@ -157,6 +159,20 @@ func (l *limits) readBody(r *http.Request, limit int64, into *[]byte) ([]byte, e
 	cl := r.ContentLength
 	if cl > limit {
 		return nil, tooLarge(strconv.FormatInt(cl, 10))
+	}
+	if ab, ok := r.Body.(aheadBody); ok && cl > 0 {
+		if buf := ab.TakeAhead(); buf != nil {
+			if int64(len(buf)) != cl { // some of it was read before
+				return nil, bodyError(io.ErrUnexpectedEOF, len(buf), cl)
+			}
+			if err := l.hold(rc, cap(buf)); err != nil {
+				return nil, errBudget
+			}
+			if err := l.bodyRead(rc); err != nil {
+				return nil, err
+			}
+			return buf, nil
+		}
 	}
 	var buf []byte
 	if into != nil && cl >= 0 {
@@ -209,6 +225,14 @@ func (l *limits) readBody(r *http.Request, limit int64, into *[]byte) ([]byte, e
 	}
 	return buf, nil
 }
+
+// aheadBody is a request body that the server read whole before the
+// handler ran (h1's, see h1.Server.BodyLimit). TakeAhead hands its bytes
+// over, or returns nil if it cannot: readBody then keeps them as they are
+// instead of copying them into a buffer of its own, and holds them
+// against the budget in place of the server, so that they are counted
+// once.
+type aheadBody interface{ TakeAhead() []byte }
 
 // bodyRead starts the memcached work of rc's request, whose body has
 // been read: it takes the request's slot and, however long the body

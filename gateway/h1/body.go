@@ -64,6 +64,22 @@ func (b *body) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// TakeAhead hands over the body's unread bytes if all of them were read
+// ahead (Server.BodyLimit), else it returns nil. The body is then at its
+// end, and the bytes are the caller's: the
+// connection keeps no reference to them and gives back the bytes of
+// Server.Budget it held for them, so that a caller that keeps the body
+// holds it against the budget itself, once, instead of copying it.
+func (b *body) TakeAhead() []byte {
+	if b.closed || b.sawEOF || b.err != nil || b.n == 0 || int64(len(b.ahead)) != b.n {
+		return nil
+	}
+	p := b.ahead
+	b.n, b.sawEOF = 0, true
+	b.done()
+	return p
+}
+
 // done lets go of the connection's buffers once the body is read.
 func (b *body) done() {
 	b.c.in.release()
