@@ -2,9 +2,11 @@ package upstream
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
@@ -73,6 +75,47 @@ func BenchmarkClusterGetParallel(b *testing.B) {
 					}
 				}
 			})
+		})
+	}
+}
+
+// BenchmarkSetLarge measures a Set of a large value through the cluster
+// against a real memcached: one at a time (what a value costs, its
+// copies included), and from 64 goroutines at once on the node's
+// pipelined connections (many clients' PUTs). fails/op counts the Sets
+// that failed, as they did when the connection's writer fell behind
+// and the node was ejected.
+func BenchmarkSetLarge(b *testing.B) {
+	mc := memcachedtest.Start(b, "-I", "2m", "-m", "1024")
+	for _, size := range []int{100_000, 1_000_000} {
+		value := []byte(strings.Repeat("v", size))
+		b.Run(fmt.Sprintf("%dKB", size/1000), func(b *testing.B) {
+			c, _ := newTestClusterTB(b, []*memcachedtest.Server{mc}, func(o *Options) { o.Timeout = 500 * time.Millisecond })
+			b.SetBytes(int64(size))
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := c.Set(b.Context(), Item{Key: "large", Value: value}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("%dKB/parallel64", size/1000), func(b *testing.B) {
+			c, _ := newTestClusterTB(b, []*memcachedtest.Server{mc}, func(o *Options) {
+				o.Timeout, o.MaxInFlight = 500*time.Millisecond, 4096
+			})
+			var seq, fails atomic.Int64
+			b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
+			b.SetBytes(int64(size))
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				key := fmt.Sprint("large", seq.Add(1))
+				for pb.Next() {
+					if err := c.Set(b.Context(), Item{Key: key, Value: value}); err != nil {
+						fails.Add(1)
+					}
+				}
+			})
+			b.ReportMetric(float64(fails.Load())/float64(b.N), "fails/op")
 		})
 	}
 }
