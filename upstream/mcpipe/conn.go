@@ -215,12 +215,6 @@ func (c *conn) send(cl *call) error {
 		cl.encode = nil
 		c.queue = append(c.queue, cl)
 	}
-	if c.idle {
-		// The reader is blocked without a deadline: from now on a reply
-		// is owed within the timeout.
-		c.idle = false
-		c.armReadLocked(time.Now())
-	}
 	if c.writing {
 		c.mu.Unlock()
 		return nil
@@ -232,8 +226,17 @@ func (c *conn) send(cl *call) error {
 	// leave in this write instead of one write (and one wake-up of
 	// memcached) each. With nothing else runnable this returns at once.
 	runtime.Gosched()
+	c.writeTurn()
+	return nil
+}
+
+// writeTurn writes what is queued, and what is queued meanwhile, until
+// nothing is left: the turn of the goroutine that set c.writing. A write
+// error fails the connection.
+func (c *conn) writeTurn() {
 	c.mu.Lock()
 	for c.closeLineLocked(); len(c.wbuf) > 0 && c.err == nil; c.closeLineLocked() {
+		c.owedLocked(time.Now())
 		buf, segs, values := c.wbuf, c.segs, c.wvalues
 		c.wbuf, c.segs, c.wvalues = c.spare[:0], c.sspare[:0], 0
 		c.mu.Unlock()
@@ -257,11 +260,10 @@ func (c *conn) send(cl *call) error {
 		if err != nil {
 			c.stopWritingLocked()
 			c.fail(err)
-			return nil
+			return
 		}
 	}
 	c.stopWritingLocked()
-	return nil
 }
 
 // stopWritingLocked ends the writer's turn, unlocks, and completes the
@@ -414,6 +416,20 @@ func (c *conn) writeAll(buf []byte, segs []segment) error {
 		c.iov = out[:0]
 	}
 	return nil
+}
+
+// owedLocked owes a reply within the timeout of a write that starts now:
+// the read deadline is set from the write, not from when its requests
+// were queued. Between queuing and writing the writer may wait for the
+// CPU (runtime.Gosched, with many handlers runnable and memcached on
+// the same CPU, took up to 400 ms) while memcached, with nothing to
+// answer, is not late. Like the reader, it moves the deadline at most
+// every eighth of the timeout.
+func (c *conn) owedLocked(now time.Time) {
+	if c.idle || now.Sub(c.armedAt) > c.timeout/8 {
+		c.idle = false
+		c.armReadLocked(now)
+	}
 }
 
 // armReadLocked owes the next reply within the timeout from now.

@@ -39,9 +39,9 @@ type Options struct {
 	// zero, 1.
 	Conns int
 	// Timeout bounds dialling, each write, and the wait for the next
-	// reply while requests are outstanding (from the last reply, rounded
-	// down by up to an eighth to spare timer updates); if zero,
-	// DefaultTimeout.
+	// reply while requests are outstanding (from the last reply or the
+	// start of the last write, whichever is later, rounded down by up to
+	// an eighth to spare timer updates); if zero, DefaultTimeout.
 	Timeout time.Duration
 }
 

@@ -301,3 +301,34 @@ func TestSegmentsWriteExactBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestReplyOwedFromTheWrite: the timeout for a reply runs from when its
+// request is written, not from when it was queued. A writer may wait
+// long for the CPU between the two (runtime.Gosched took 400 ms with 64
+// handlers and memcached on one CPU); memcached is not late meanwhile,
+// and counting that wait against it failed the connection and ejected
+// the node.
+func TestReplyOwedFromTheWrite(t *testing.T) {
+	srv := memcachedtest.Start(t)
+	nc, err := net.Dial("tcp", srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const timeout = 100 * time.Millisecond
+	c := newConn(nc, timeout)
+	defer c.fail(ErrClosed)
+	go c.readLoop()
+	c.mu.Lock()
+	c.writing = true // the writer has yielded the CPU: send only queues
+	c.mu.Unlock()
+	cl := &call{kind: op.Items, verb: "gets", key: "absent", done: make(chan struct{}, 1)}
+	if err := c.send(cl); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * timeout) // the writer waits for the CPU
+	c.writeTurn()
+	<-cl.done
+	if cl.err != nil || len(cl.items) != 0 {
+		t.Errorf("get queued %v before its write = %v, %d items; want a miss", 3*timeout, cl.err, len(cl.items))
+	}
+}
