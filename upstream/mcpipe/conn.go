@@ -135,7 +135,7 @@ type conn struct {
 	queue   []*call   // sent or about to be sent, in order; replies complete queue[0]
 	writing bool      // a goroutine is writing wbuf
 	open    *call     // the first call of the gets line at the end of wbuf, still open for keys
-	idle    bool      // the reader waits without a deadline (queue was empty)
+	unsent  int       // calls at the end of queue not yet handed to a write
 	armedAt time.Time // when the read deadline was last set to armedAt+timeout
 	err     error     // set once the connection failed; final
 
@@ -160,7 +160,7 @@ type segment struct {
 type netConner interface{ NetConn() net.Conn }
 
 func newConn(nc net.Conn, timeout time.Duration) *conn {
-	c := &conn{nc: nc, w: nc, timeout: timeout, idle: true}
+	c := &conn{nc: nc, w: nc, timeout: timeout}
 	if u, ok := nc.(netConner); ok {
 		c.w = u.NetConn()
 	}
@@ -184,6 +184,7 @@ func (c *conn) send(cl *call) error {
 		c.mu.Unlock()
 		return err
 	}
+	queued := len(c.queue)
 	switch {
 	case cl.key != "" && c.open != nil && len(c.open.peer) < maxSharedKeys:
 		// Another single-key Get while one's line is still unsent: add
@@ -215,6 +216,7 @@ func (c *conn) send(cl *call) error {
 		cl.encode = nil
 		c.queue = append(c.queue, cl)
 	}
+	c.unsent += len(c.queue) - queued
 	if c.writing {
 		c.mu.Unlock()
 		return nil
@@ -418,18 +420,20 @@ func (c *conn) writeAll(buf []byte, segs []segment) error {
 	return nil
 }
 
-// owedLocked owes a reply within the timeout of a write that starts now:
-// the read deadline is set from the write, not from when its requests
-// were queued. Between queuing and writing the writer may wait for the
-// CPU (runtime.Gosched, with many handlers runnable and memcached on
-// the same CPU, took up to 400 ms) while memcached, with nothing to
-// answer, is not late. Like the reader, it moves the deadline at most
-// every eighth of the timeout.
+// owedLocked marks every queued call as written by a write that starts
+// now and, if no earlier written request is still unanswered, owes a
+// reply within the timeout from now. The read deadline runs only while a
+// written request waits for its reply: from the write, not from the
+// queuing (between the two the writer may wait for the CPU —
+// runtime.Gosched took 400 ms with many handlers runnable and memcached
+// on the same CPU — while memcached, with nothing to answer, is not
+// late), and later writes do not move it (a stopped memcached, sent a
+// steady trickle of requests, must still time out on the first).
 func (c *conn) owedLocked(now time.Time) {
-	if c.idle || now.Sub(c.armedAt) > c.timeout/8 {
-		c.idle = false
+	if len(c.queue) == c.unsent {
 		c.armReadLocked(now)
 	}
+	c.unsent = 0
 }
 
 // armReadLocked owes the next reply within the timeout from now.
@@ -463,6 +467,7 @@ func (c *conn) fail(err error) {
 	c.wbuf = nil
 	c.segs = nil
 	c.open = nil
+	c.unsent = 0
 	for _, w := range c.waiters {
 		w.ready <- err
 	}
@@ -497,24 +502,20 @@ func (c *conn) readLoop() {
 	br := bufio.NewReaderSize(c.nc, 16<<10)
 	var keys []string // the keys of the reply's shared gets line, reused
 	for {
-		// Wait for the first byte of the next reply. With nothing queued
-		// there is no deadline: an idle connection waits indefinitely.
+		// Wait for the first byte of the next reply. With no written
+		// request unanswered there is no deadline: an idle connection
+		// waits indefinitely.
 		if _, err := br.Peek(1); err != nil {
 			c.fail(err)
 			return
 		}
 		c.mu.Lock()
-		if len(c.queue) == 0 {
+		if len(c.queue) == c.unsent {
+			// Nothing written waits for a reply (a gets line still open
+			// may even get more keys: completing its call now would hand
+			// those callers a call already back in the pool).
 			c.mu.Unlock()
 			c.fail(fmt.Errorf("%w: a reply nobody asked for", errProtocol))
-			return
-		}
-		if c.queue[0] == c.open {
-			// Its gets line is not even sent, and send may still add
-			// keys to it: completing it now would hand those callers a
-			// call already back in the pool.
-			c.mu.Unlock()
-			c.fail(fmt.Errorf("%w: a reply before its request was sent", errProtocol))
 			return
 		}
 		// The keys of a shared line, copied while the calls are surely
@@ -546,7 +547,10 @@ func (c *conn) readLoop() {
 		c.queue = c.queue[1:]
 		if len(c.queue) == 0 {
 			c.queue = c.queue[:0:0] // let the backing array go; append reallocates small
-			c.idle = true
+		}
+		if len(c.queue) == c.unsent {
+			// No written request waits: no reply is owed until the
+			// next write (owedLocked).
 			_ = c.nc.SetReadDeadline(time.Time{})
 		} else if now := time.Now(); now.Sub(c.armedAt) > c.timeout/8 {
 			// Extend the deadline from this reply, but not for every

@@ -39,9 +39,10 @@ type Options struct {
 	// zero, 1.
 	Conns int
 	// Timeout bounds dialling, each write, and the wait for the next
-	// reply while requests are outstanding (from the last reply or the
-	// start of the last write, whichever is later, rounded down by up to
-	// an eighth to spare timer updates); if zero, DefaultTimeout.
+	// reply while written requests are unanswered (from the last reply,
+	// rounded down by up to an eighth to spare timer updates, or from
+	// the start of the write that ended a wait with none unanswered;
+	// later writes do not move it); if zero, DefaultTimeout.
 	Timeout time.Duration
 }
 

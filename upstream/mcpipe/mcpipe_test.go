@@ -267,6 +267,51 @@ func TestPausedTimesOut(t *testing.T) {
 	}
 }
 
+// TestPausedUnderTrickle: later writes do not put off the reply the
+// first written request is owed. A stopped server sent a request every
+// few milliseconds (each write lands in the socket buffer at once) still
+// fails the first one after about the timeout, not when the trickle ends.
+func TestPausedUnderTrickle(t *testing.T) {
+	srv := memcachedtest.Start(t)
+	const timeout = 200 * time.Millisecond
+	c := New(Options{Timeout: timeout, Dial: func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", srv.Addr)
+	}})
+	defer c.Close()
+	if err := c.Set(&memcache.Item{Key: "k", Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	srv.Pause()
+	defer srv.Resume()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				wg.Go(func() { _, _ = c.Get("k") })
+			}
+		}
+	})
+	start := time.Now()
+	_, err := c.Get("k")
+	took := time.Since(start)
+	close(stop)
+	wg.Wait()
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Errorf("get from a paused server under a trickle of gets: %v, want a timeout", err)
+	}
+	if took > 3*timeout {
+		t.Errorf("the first get failed after %v, want about %v", took, timeout)
+	}
+}
+
 // TestGarbageReply: a server that answers outside the protocol fails the
 // requests on that connection instead of handing one request another's
 // reply.
@@ -719,6 +764,7 @@ func TestReplyToAnOpenLine(t *testing.T) {
 	cl.peer = append(cl.peer, cl)
 	c.open = cl
 	c.queue = append(c.queue, cl)
+	c.unsent = 1
 	c.writing = true // the writer is in its Gosched: the line stays open
 	c.mu.Unlock()
 	go c.readLoop()
