@@ -31,9 +31,11 @@ const smallHold = 4 << 10
 
 // limits are the in-flight cap and the byte budget of a handler.
 type limits struct {
-	lim     limiter
-	budget  *budget.Budget // nil: no bound
-	timeout atomic.Int64   // RequestTimeout in nanoseconds: the memcached work's, from when the body is read
+	lim    limiter
+	budget *budget.Budget // nil: no bound
+	// takeBody is Options.TakeBody: the body a server read ahead, or nil.
+	takeBody func(r *http.Request) []byte
+	timeout  atomic.Int64 // RequestTimeout in nanoseconds: the memcached work's, from when the body is read
 }
 
 // requestTimeout is RequestTimeout now.
@@ -149,7 +151,7 @@ func ReadBody(r *http.Request, limit int64) ([]byte, error) {
 // smallHold is held against the budget (503 when refused). Then it takes
 // the request's slot. A body of a known length goes into *into if not
 // nil, grown if need be. A body the server read whole ahead of the
-// handler (aheadBody) is taken as it is, neither copied nor counted
+// handler (Options.TakeBody) is taken as it is, neither copied nor counted
 // twice.
 func (l *limits) readBody(r *http.Request, limit int64, into *[]byte) ([]byte, error) {
 	rc := reqCtx(r)
@@ -160,8 +162,8 @@ func (l *limits) readBody(r *http.Request, limit int64, into *[]byte) ([]byte, e
 	if cl > limit {
 		return nil, tooLarge(strconv.FormatInt(cl, 10))
 	}
-	if ab, ok := r.Body.(aheadBody); ok && cl > 0 {
-		if buf := ab.TakeAhead(); buf != nil {
+	if l.takeBody != nil && cl > 0 {
+		if buf := l.takeBody(r); buf != nil {
 			if int64(len(buf)) != cl { // some of it was read before
 				return nil, bodyError(io.ErrUnexpectedEOF, len(buf), cl)
 			}
@@ -225,14 +227,6 @@ func (l *limits) readBody(r *http.Request, limit int64, into *[]byte) ([]byte, e
 	}
 	return buf, nil
 }
-
-// aheadBody is a request body that the server read whole before the
-// handler ran (h1's, see h1.Server.BodyLimit). TakeAhead hands its bytes
-// over, or returns nil if it cannot: readBody then keeps them as they are
-// instead of copying them into a buffer of its own, and holds them
-// against the budget in place of the server, so that they are counted
-// once.
-type aheadBody interface{ TakeAhead() []byte }
 
 // bodyRead starts the memcached work of rc's request, whose body has
 // been read: it takes the request's slot and, however long the body

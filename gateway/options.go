@@ -148,6 +148,11 @@ type Options struct {
 	// Quiet, if not nil, applies asynchronous sets without waiting for
 	// memcached's answer where it can (UDP). Nil: they go through Do.
 	Quiet QuietSetter
+	// TakeBody, if not nil, hands over a request's body when its server
+	// has read all of it ahead of the handler (h1.TakeAhead), or returns
+	// nil: the body is then kept as it is, without a copy, and held
+	// against Budget once. Nil: bodies are read from the request.
+	TakeBody func(r *http.Request) []byte
 }
 
 // WithDefaults returns o with every zero field that has a default set to

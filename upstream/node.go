@@ -98,7 +98,16 @@ func newNode(name string, o *Options, pol *healthPolicy, m *nodeMetrics, log *sl
 		n.pipe = mcpipe.New(mcpipe.Options{
 			Conns:   o.PipelineConns,
 			Timeout: o.Timeout,
-			Dial:    func(ctx context.Context) (net.Conn, error) { return n.dial(ctx, "tcp", name) },
+			// The connection itself, not a countedConn, so that large
+			// values go out with writev; mcpipe reports its closes.
+			Dial: func(ctx context.Context) (net.Conn, error) {
+				c, err := dialer(ctx, "tcp", name)
+				if err == nil {
+					n.conns.Add(1)
+				}
+				return c, err
+			},
+			Closed: func() { n.conns.Add(-1) },
 		})
 		n.client = n.pipe
 	} else {
@@ -268,10 +277,6 @@ type countedConn struct {
 	n      *atomic.Int64
 	closed atomic.Bool
 }
-
-// NetConn returns the connection counted, so that mcpipe can write to it
-// with writev (net.Buffers does only on the *net.TCPConn itself).
-func (c *countedConn) NetConn() net.Conn { return c.Conn }
 
 func (c *countedConn) Close() error {
 	if c.closed.CompareAndSwap(false, true) {

@@ -327,6 +327,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	if cfg.UDPPorts != "" {
 		gopts.Quiet = router
 	}
+	gopts.TakeBody = h1.TakeAhead // bodies the fast path read ahead, kept without a copy
 	handler := gateway.NewHandler(router, log, reg, gopts)
 	std := &http.Server{
 		Handler:           handler,

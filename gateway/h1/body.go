@@ -64,13 +64,23 @@ func (b *body) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// TakeAhead hands over the body's unread bytes if all of them were read
+// TakeAhead hands over r's body if a Server read all of it ahead of the
+// handler (Server.BodyLimit) and none of it has been read, else it
+// returns nil; see body.takeAhead.
+func TakeAhead(r *http.Request) []byte {
+	if b, ok := r.Body.(*body); ok {
+		return b.takeAhead()
+	}
+	return nil
+}
+
+// takeAhead hands over the body's unread bytes if all of them were read
 // ahead (Server.BodyLimit), else it returns nil. The body is then at its
 // end, and the bytes are the caller's: the
 // connection keeps no reference to them and gives back the bytes of
 // Server.Budget it held for them, so that a caller that keeps the body
 // holds it against the budget itself, once, instead of copying it.
-func (b *body) TakeAhead() []byte {
+func (b *body) takeAhead() []byte {
 	if b.closed || b.sawEOF || b.err != nil || b.n == 0 || int64(len(b.ahead)) != b.n {
 		return nil
 	}

@@ -36,10 +36,7 @@ func TestTakeAhead(t *testing.T) {
 					n, _ := r.Body.Read(make([]byte, 1))
 					read += n
 				}
-				var took []byte
-				if ab, ok := r.Body.(interface{ TakeAhead() []byte }); ok {
-					took = ab.TakeAhead()
-				}
+				took := TakeAhead(r)
 				used := bg.Used()
 				rest, err := io.ReadAll(r.Body)
 				fmt.Fprintf(w, "took %d used %d read %d %v", len(took), used, read+len(rest), err)

@@ -123,7 +123,7 @@ type reply struct {
 // no caller gets its buffer back while the kernel may still read it.
 type conn struct {
 	nc      net.Conn
-	w       io.Writer // nc, or the connection it wraps, so that net.Buffers can use writev
+	closed  func() // Options.Closed, called once nc is closed; nil: none
 	timeout time.Duration
 
 	mu      sync.Mutex
@@ -153,18 +153,8 @@ type segment struct {
 	value []byte
 }
 
-// netConner is a connection that wraps another, as tls.Conn does, and
-// hands it out: writing a segment list to the *net.TCPConn itself lets
-// net.Buffers use one writev, where through a wrapper it makes a write
-// per piece.
-type netConner interface{ NetConn() net.Conn }
-
 func newConn(nc net.Conn, timeout time.Duration) *conn {
-	c := &conn{nc: nc, w: nc, timeout: timeout}
-	if u, ok := nc.(netConner); ok {
-		c.w = u.NetConn()
-	}
-	return c
+	return &conn{nc: nc, timeout: timeout}
 }
 
 func (c *conn) failed() bool {
@@ -410,8 +400,8 @@ func (c *conn) writeAll(buf []byte, segs []segment) error {
 		}
 		c.iov = out
 		_ = c.nc.SetWriteDeadline(time.Now().Add(c.timeout))
-		_, err := c.iov.WriteTo(c.w) // consumes c.iov
-		clear(out)                   // keep no value alive
+		_, err := c.iov.WriteTo(c.nc) // consumes c.iov
+		clear(out)                    // keep no value alive
 		if err != nil {
 			return err
 		}
@@ -486,6 +476,9 @@ func (c *conn) fail(err error) {
 	}
 	c.mu.Unlock()
 	_ = c.nc.Close()
+	if c.closed != nil {
+		c.closed()
+	}
 	// Off the queue, the calls are ours alone: complete them unlocked,
 	// since a callback may take other locks or send elsewhere.
 	for _, cl := range q {

@@ -33,8 +33,14 @@ const DefaultTimeout = 500 * time.Millisecond
 
 // Options configures a Client.
 type Options struct {
-	// Dial opens one connection to the server.
+	// Dial opens one connection to the server. Large values are written
+	// with writev when it returns a *net.TCPConn (net.Buffers' rule), so
+	// it should return the connection itself, not a wrapper.
 	Dial func(ctx context.Context) (net.Conn, error)
+	// Closed, if not nil, is called once for every connection Dial
+	// returned, after the client closed it: a count of open connections
+	// needs no wrapper around them.
+	Closed func()
 	// Conns is the number of connections requests are spread over; if
 	// zero, 1.
 	Conns int
@@ -52,6 +58,7 @@ type Options struct {
 // completes through a callback.
 type Client struct {
 	dial    func(ctx context.Context) (net.Conn, error)
+	closed  func()
 	timeout time.Duration
 	slots   []slot
 	next    atomic.Uint32
@@ -74,7 +81,7 @@ func New(o Options) *Client {
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultTimeout
 	}
-	return &Client{dial: o.Dial, timeout: o.Timeout, slots: make([]slot, o.Conns)}
+	return &Client{dial: o.Dial, closed: o.Closed, timeout: o.Timeout, slots: make([]slot, o.Conns)}
 }
 
 // ErrClosed is what requests on a connection get after Close closed it.
@@ -118,6 +125,7 @@ func (c *Client) conn() (*conn, error) {
 	}
 	s.dialErr = nil
 	cn := newConn(nc, c.timeout)
+	cn.closed = c.closed
 	go cn.readLoop()
 	s.c.Store(cn)
 	return cn, nil
