@@ -87,9 +87,6 @@ type conn struct {
 	iov  net.Buffers
 	iovs [3][]byte // c.iov's storage
 	werr error     // first write error; the connection is then dropped
-
-	dateSec int64
-	date    []byte
 }
 
 // headBuffered reports whether the read buffer already holds a whole

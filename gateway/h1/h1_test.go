@@ -938,3 +938,24 @@ func TestHeaderReuse(t *testing.T) {
 		}
 	}
 }
+
+// TestDateHeader: the Date header, formatted once a second for the whole
+// server, names the second the response was made in, on every
+// connection.
+func TestDateHeader(t *testing.T) {
+	_, addr := startH1(t, testHandler(), nil)
+	for i := range 3 {
+		before := time.Now().Truncate(time.Second)
+		resp, err := http.Get("http://" + addr + "/small")
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		after := time.Now()
+		d, err := http.ParseTime(resp.Header.Get("Date"))
+		if err != nil || d.Before(before) || d.After(after) {
+			t.Errorf("request %d: Date %q (%v), want a time between %v and %v", i, resp.Header.Get("Date"), err, before, after)
+		}
+	}
+}

@@ -486,15 +486,25 @@ func (c *conn) flush(p []byte) {
 	c.hbuf, c.wbuf = c.hbuf[:0], c.wbuf[:copy(c.wbuf, c.wbuf[len(wbuf):])]
 }
 
-// appendDate appends the current time in http.TimeFormat, formatted once
-// per second.
+// dateStamp is a Date header value and the second it names.
+type dateStamp struct {
+	sec  int64
+	text []byte // http.TimeFormat; never changed once stored
+}
+
+// appendDate appends the current time in http.TimeFormat. The text is
+// formatted once per second for the whole server, not per connection: a
+// client that opens a connection per request would otherwise pay for
+// formatting it, and its allocation, on every request.
 func (c *conn) appendDate(b []byte) []byte {
 	now := time.Now()
-	if sec := now.Unix(); sec != c.dateSec || c.date == nil {
-		c.dateSec = sec
-		c.date = now.UTC().AppendFormat(c.date[:0], http.TimeFormat)
+	sec := now.Unix()
+	d := c.srv.date.Load()
+	if d == nil || d.sec != sec {
+		d = &dateStamp{sec: sec, text: now.UTC().AppendFormat(make([]byte, 0, len(http.TimeFormat)), http.TimeFormat)}
+		c.srv.date.Store(d)
 	}
-	return append(b, c.date...)
+	return append(b, d.text...)
 }
 
 // appendTrailers appends the trailer section of a chunked response: the
