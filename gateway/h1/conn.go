@@ -124,8 +124,18 @@ func (c *conn) setReadTimeout(d time.Duration) {
 
 // serve serves the connection from its first request. Its goroutine
 // ends when the connection is closed, handed over or parked.
+//
+// The header timeout is armed only when the first read may wait, that is
+// when nothing has been read yet. A connection accepted with its first
+// bytes (admit read them; TCP_DEFER_ACCEPT makes that the usual case)
+// needs no deadline for them, and if its head is not whole, readHead
+// arms the same deadline, counted from the accept, before it waits for
+// the rest. A deadline costs a runtime timer, set here and deleted when
+// the connection closes.
 func (c *conn) serve() {
-	c.setReadTimeout(orRead(c.srv.ReadHeaderTimeout, c.srv.ReadTimeout))
+	if c.in.Buffered() == 0 {
+		c.setReadTimeout(orRead(c.srv.ReadHeaderTimeout, c.srv.ReadTimeout))
+	}
 	if !c.loop(true) {
 		c.finish()
 	}

@@ -587,6 +587,16 @@ func TestTimeouts(t *testing.T) {
 			},
 		},
 		{
+			// The start of a head sent at once, usually read with the
+			// accept (no read deadline armed then), and nothing more: the
+			// header timeout still closes the connection.
+			name:      "head begun with the connection",
+			configure: func(s *Server) { s.ReadHeaderTimeout, s.IdleTimeout = timeout, time.Minute },
+			send: func(c net.Conn, br *bufio.Reader) {
+				io.WriteString(c, "GET /small HTTP/1.1\r\nHo")
+			},
+		},
+		{
 			// A whole request and the start of a second in one write: the
 			// second's head is cut by ReadHeaderTimeout, not left to the
 			// idle timeout (which is long here).
