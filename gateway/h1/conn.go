@@ -55,6 +55,8 @@ type conn struct {
 	state   atomic.Int32
 
 	readDL   bool       // a read deadline is set
+	writeDL  bool       // a write deadline has been set on the connection, ever
+	writeBy  time.Time  // the response's WriteTimeout deadline, not set yet (armWrite)
 	lastPOST bool       // the last request was a POST: skip up to 4 stray CR/LF
 	pf       pollFields // the poller's, guarded by its mutex
 
@@ -196,7 +198,7 @@ func (c *conn) loop(first bool) (parked bool) {
 			return false
 		}
 		if s.WriteTimeout > 0 {
-			c.rwc.SetWriteDeadline(time.Now().Add(s.WriteTimeout))
+			c.setWriteTimeout(time.Now().Add(s.WriteTimeout))
 		}
 		if !c.serveRequest(req) {
 			if c.phase == phaseLinger {
@@ -395,6 +397,30 @@ func (c *conn) waitMore(deadline time.Time) (wasParked bool) {
 	c.setDeadline(deadline)
 	c.in.fill()
 	return false
+}
+
+// setWriteTimeout makes t the deadline of the response's writes. It is
+// set on the connection only before a write that may wait (armWrite): a
+// response the socket takes at once, as a detached one always is, costs
+// no runtime timer. Once a deadline has been set, each later one is set
+// at once, because an expired deadline fails even a write that would not
+// wait.
+func (c *conn) setWriteTimeout(t time.Time) {
+	if c.writeDL {
+		c.rwc.SetWriteDeadline(t)
+		return
+	}
+	c.writeBy = t
+}
+
+// armWrite sets the deadline setWriteTimeout kept, before a write that
+// may wait.
+func (c *conn) armWrite() {
+	if !c.writeBy.IsZero() {
+		c.rwc.SetWriteDeadline(c.writeBy)
+		c.writeBy = time.Time{}
+		c.writeDL = true
+	}
 }
 
 // setDeadline arms the read deadline at t, or clears it if t is zero.

@@ -455,7 +455,10 @@ func (w *response) SetReadDeadline(t time.Time) error {
 
 // SetWriteDeadline sets the connection's write deadline, for
 // http.ResponseController.
-func (w *response) SetWriteDeadline(t time.Time) error { return w.c.rwc.SetWriteDeadline(t) }
+func (w *response) SetWriteDeadline(t time.Time) error {
+	w.c.writeBy, w.c.writeDL = time.Time{}, true
+	return w.c.rwc.SetWriteDeadline(t)
+}
 
 // EnableFullDuplex lets the handler read the request body after it has
 // started the response, for http.ResponseController.
@@ -479,6 +482,7 @@ func (c *conn) flush(p []byte) {
 		c.iovs = [3][]byte{}
 	default:
 		c.iov = append(c.iovs[:0], c.hbuf, wbuf, p) // WriteTo consumes c.iov
+		c.armWrite()
 		if _, err := c.iov.WriteTo(c.rwc); err != nil {
 			c.werr = err
 		}
