@@ -66,9 +66,9 @@ func (w *response) reset(c *conn, req *http.Request) {
 		connection = v[0]
 	}
 	b, _ := req.Body.(*body)
-	// The header map is kept for the connection's next response (see
-	// forget). Its memory is most of what a small response allocates
-	// otherwise.
+	// The header map comes with the response buffers (takeOut), from
+	// an earlier response (see forget). Its memory is most of what a
+	// small response allocates otherwise.
 	*w = response{
 		c: c, req: req, body: b, cl: -1, header: w.header,
 		isHEAD:           req.Method == "HEAD",
@@ -80,9 +80,9 @@ func (w *response) reset(c *conn, req *http.Request) {
 
 // forget drops every reference to the finished request and response, so
 // that a connection waiting for its next request keeps nothing of its
-// last one alive. It keeps the header map, emptied, for the next
-// response, unless it grew large: a handler must not use the map after
-// it returns, as for net/http.
+// last one alive. It keeps the header map, emptied, for a later
+// response (releaseOut pools it), unless it grew large: a handler must
+// not use the map after it returns, as for net/http.
 func (w *response) forget() {
 	if len(w.header) > maxReusedHeader {
 		w.header = nil
