@@ -55,6 +55,8 @@ type conn struct {
 	state   atomic.Int32
 
 	readDL   bool       // a read deadline is set
+	writeDL  bool       // a write deadline has been set on the connection, ever
+	writeBy  time.Time  // the response's WriteTimeout deadline, not set yet (armWrite)
 	lastPOST bool       // the last request was a POST: skip up to 4 stray CR/LF
 	pf       pollFields // the poller's, guarded by its mutex
 
@@ -80,16 +82,13 @@ type conn struct {
 	wv          writevState  // writeNow's
 
 	w    response // reused for every request
-	kvs  []kv     // header snapshot, reused
+	kvs  []kv     // header snapshot, during a request (from out)
 	out  *outbuf  // where hbuf and wbuf come from, during a request
 	hbuf []byte   // response head not yet written
 	wbuf []byte   // response body not yet written
 	iov  net.Buffers
 	iovs [3][]byte // c.iov's storage
 	werr error     // first write error; the connection is then dropped
-
-	dateSec int64
-	date    []byte
 }
 
 // headBuffered reports whether the read buffer already holds a whole
@@ -127,8 +126,18 @@ func (c *conn) setReadTimeout(d time.Duration) {
 
 // serve serves the connection from its first request. Its goroutine
 // ends when the connection is closed, handed over or parked.
+//
+// The header timeout is armed only when the first read may wait, that is
+// when nothing has been read yet. A connection accepted with its first
+// bytes (admit read them; TCP_DEFER_ACCEPT makes that the usual case)
+// needs no deadline for them, and if its head is not whole, readHead
+// arms the same deadline, counted from the accept, before it waits for
+// the rest. A deadline costs a runtime timer, set here and deleted when
+// the connection closes.
 func (c *conn) serve() {
-	c.setReadTimeout(orRead(c.srv.ReadHeaderTimeout, c.srv.ReadTimeout))
+	if c.in.Buffered() == 0 {
+		c.setReadTimeout(orRead(c.srv.ReadHeaderTimeout, c.srv.ReadTimeout))
+	}
 	if !c.loop(true) {
 		c.finish()
 	}
@@ -189,7 +198,7 @@ func (c *conn) loop(first bool) (parked bool) {
 			return false
 		}
 		if s.WriteTimeout > 0 {
-			c.rwc.SetWriteDeadline(time.Now().Add(s.WriteTimeout))
+			c.setWriteTimeout(time.Now().Add(s.WriteTimeout))
 		}
 		if !c.serveRequest(req) {
 			if c.phase == phaseLinger {
@@ -390,6 +399,30 @@ func (c *conn) waitMore(deadline time.Time) (wasParked bool) {
 	return false
 }
 
+// setWriteTimeout makes t the deadline of the response's writes. It is
+// set on the connection only before a write that may wait (armWrite): a
+// response the socket takes at once, as a detached one always is, costs
+// no runtime timer. Once a deadline has been set, each later one is set
+// at once, because an expired deadline fails even a write that would not
+// wait.
+func (c *conn) setWriteTimeout(t time.Time) {
+	if c.writeDL {
+		c.rwc.SetWriteDeadline(t)
+		return
+	}
+	c.writeBy = t
+}
+
+// armWrite sets the deadline setWriteTimeout kept, before a write that
+// may wait.
+func (c *conn) armWrite() {
+	if !c.writeBy.IsZero() {
+		c.rwc.SetWriteDeadline(c.writeBy)
+		c.writeBy = time.Time{}
+		c.writeDL = true
+	}
+}
+
 // setDeadline arms the read deadline at t, or clears it if t is zero.
 func (c *conn) setDeadline(t time.Time) {
 	if t.IsZero() {
@@ -448,30 +481,42 @@ func (c *conn) serveRequest(req *http.Request) bool {
 	return false
 }
 
-// outbuf keeps a response's head and body buffers in the server's pool
-// between responses, so that a connection waiting for its next request
-// holds none.
-type outbuf struct{ head, body []byte }
+// outbuf keeps what a response needs in memory, its head and body
+// buffers, its header map and the header's snapshot, in the server's
+// pool between responses, so that a connection waiting for its next
+// request holds none, and a client that opens a connection per request
+// does not make them anew each time (the header map alone was about 550
+// of the 4 KB a request allocated).
+type outbuf struct {
+	head, body []byte
+	header     http.Header // emptied by response.forget; nil if it grew large
+	kvs        []kv        // cleared
+}
 
-// takeOut gives the connection its response buffers.
+// takeOut gives the connection its response buffers and header map.
 func (c *conn) takeOut() {
 	o, _ := c.srv.writers.Get().(*outbuf)
 	if o == nil {
 		o = new(outbuf)
 	}
 	c.out, c.hbuf, c.wbuf = o, o.head[:0], o.body[:0]
+	c.w.header, c.kvs = o.header, o.kvs[:0]
+	o.header, o.kvs = nil, nil
 }
 
-// releaseOut returns the response buffers to the pool, but not a body
-// buffer grown by a large response.
+// releaseOut returns the response buffers and header map to the pool,
+// after response.forget emptied the map, but not a body buffer grown by
+// a large response.
 func (c *conn) releaseOut() {
 	o := c.out
 	o.head, o.body = c.hbuf[:0], c.wbuf[:0]
 	if cap(o.body) > 4*maxBuffer {
 		o.body = nil
 	}
+	o.header, o.kvs = c.w.header, c.kvs[:0]
 	c.srv.writers.Put(o)
 	c.out, c.hbuf, c.wbuf = nil, nil, nil
+	c.w.header, c.kvs = nil, nil
 }
 
 func (c *conn) runHandler(w *response, req *http.Request) (ok bool) {

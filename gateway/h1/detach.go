@@ -74,6 +74,7 @@ func (c *conn) finishDetached() {
 // client as an ordinary response does (up to the WriteTimeout).
 func (c *conn) writeSpill() {
 	if c.werr == nil {
+		c.armWrite()
 		if _, err := c.rwc.Write(c.spill); err != nil {
 			c.werr = err
 		}

@@ -286,3 +286,60 @@ func TestDetachKeepsNoStaleDeadline(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteTimeout: a response the client does not read is cut at
+// WriteTimeout, counted from when its request was read, whether the
+// handler writes it in place or detaches it, on the first request of a
+// connection and on a later one; the deadline is set on the connection
+// only once a write has to wait.
+func TestWriteTimeout(t *testing.T) {
+	const timeout = 200 * time.Millisecond
+	big := bytes.Repeat([]byte("0123456789abcdef"), 8<<20/16) // far more than socket buffers hold
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/small" {
+			io.WriteString(w, "small")
+			return
+		}
+		w.Header().Set("Content-Length", strconv.Itoa(len(big)))
+		if r.URL.Path == "/detached" {
+			finish := w.(detacher).Detach()
+			go func() {
+				w.Write(big)
+				finish()
+			}()
+			return
+		}
+		w.Write(big)
+	})
+	tests := []struct {
+		name  string
+		path  string
+		small bool // a small request on the connection first
+	}{
+		{"in place", "/inline", false},
+		{"detached", "/detached", false},
+		{"in place after a request", "/inline", true},
+		{"detached after a request", "/detached", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, addr := startH1(t, h, func(s *Server) { s.WriteTimeout = timeout })
+			c, br := dial(t, addr)
+			if tt.small {
+				if r := roundTrip(t, c, br, "/small"); r.body != "small" {
+					t.Fatalf("first request: %v", r)
+				}
+			}
+			io.WriteString(c, "GET "+tt.path+" HTTP/1.1\r\nHost: a\r\n\r\n")
+			time.Sleep(3 * timeout) // the client does not read meanwhile
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			n, err := io.Copy(io.Discard, br)
+			if nerr, ok := err.(net.Error); ok && nerr.Timeout() {
+				t.Fatalf("read %d bytes, then the connection stayed open: %v", n, err)
+			}
+			if n >= int64(len(big)) {
+				t.Errorf("read %d bytes, the whole response; want it cut at the write timeout", n)
+			}
+		})
+	}
+}

@@ -587,6 +587,16 @@ func TestTimeouts(t *testing.T) {
 			},
 		},
 		{
+			// The start of a head sent at once, usually read with the
+			// accept (no read deadline armed then), and nothing more: the
+			// header timeout still closes the connection.
+			name:      "head begun with the connection",
+			configure: func(s *Server) { s.ReadHeaderTimeout, s.IdleTimeout = timeout, time.Minute },
+			send: func(c net.Conn, br *bufio.Reader) {
+				io.WriteString(c, "GET /small HTTP/1.1\r\nHo")
+			},
+		},
+		{
 			// A whole request and the start of a second in one write: the
 			// second's head is cut by ReadHeaderTimeout, not left to the
 			// idle timeout (which is long here).
@@ -935,6 +945,27 @@ func TestHeaderReuse(t *testing.T) {
 		}
 		if got != n {
 			t.Errorf("response to n=%d has %d X-H headers, want %d: %v", n, got, n, r)
+		}
+	}
+}
+
+// TestDateHeader: the Date header, formatted once a second for the whole
+// server, names the second the response was made in, on every
+// connection.
+func TestDateHeader(t *testing.T) {
+	_, addr := startH1(t, testHandler(), nil)
+	for i := range 3 {
+		before := time.Now().Truncate(time.Second)
+		resp, err := http.Get("http://" + addr + "/small")
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		after := time.Now()
+		d, err := http.ParseTime(resp.Header.Get("Date"))
+		if err != nil || d.Before(before) || d.After(after) {
+			t.Errorf("request %d: Date %q (%v), want a time between %v and %v", i, resp.Header.Get("Date"), err, before, after)
 		}
 	}
 }

@@ -83,8 +83,9 @@ const badRequest = "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charse
 // it gets the answer (linger, which reports whether it parked it).
 func (c *conn) refuse(error) (wasParked bool) {
 	if d := c.srv.WriteTimeout; d > 0 {
-		c.rwc.SetWriteDeadline(time.Now().Add(d))
+		c.setWriteTimeout(time.Now().Add(d))
 	}
+	c.armWrite()
 	io.WriteString(c.rwc, badRequest)
 	c.in.Discard(c.in.Buffered())
 	c.phase = phaseLinger

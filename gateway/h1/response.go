@@ -66,9 +66,9 @@ func (w *response) reset(c *conn, req *http.Request) {
 		connection = v[0]
 	}
 	b, _ := req.Body.(*body)
-	// The header map is kept for the connection's next response (see
-	// forget). Its memory is most of what a small response allocates
-	// otherwise.
+	// The header map comes with the response buffers (takeOut), from
+	// an earlier response (see forget). Its memory is most of what a
+	// small response allocates otherwise.
 	*w = response{
 		c: c, req: req, body: b, cl: -1, header: w.header,
 		isHEAD:           req.Method == "HEAD",
@@ -80,9 +80,9 @@ func (w *response) reset(c *conn, req *http.Request) {
 
 // forget drops every reference to the finished request and response, so
 // that a connection waiting for its next request keeps nothing of its
-// last one alive. It keeps the header map, emptied, for the next
-// response, unless it grew large: a handler must not use the map after
-// it returns, as for net/http.
+// last one alive. It keeps the header map, emptied, for a later
+// response (releaseOut pools it), unless it grew large: a handler must
+// not use the map after it returns, as for net/http.
 func (w *response) forget() {
 	if len(w.header) > maxReusedHeader {
 		w.header = nil
@@ -455,7 +455,10 @@ func (w *response) SetReadDeadline(t time.Time) error {
 
 // SetWriteDeadline sets the connection's write deadline, for
 // http.ResponseController.
-func (w *response) SetWriteDeadline(t time.Time) error { return w.c.rwc.SetWriteDeadline(t) }
+func (w *response) SetWriteDeadline(t time.Time) error {
+	w.c.writeBy, w.c.writeDL = time.Time{}, true
+	return w.c.rwc.SetWriteDeadline(t)
+}
 
 // EnableFullDuplex lets the handler read the request body after it has
 // started the response, for http.ResponseController.
@@ -479,6 +482,7 @@ func (c *conn) flush(p []byte) {
 		c.iovs = [3][]byte{}
 	default:
 		c.iov = append(c.iovs[:0], c.hbuf, wbuf, p) // WriteTo consumes c.iov
+		c.armWrite()
 		if _, err := c.iov.WriteTo(c.rwc); err != nil {
 			c.werr = err
 		}
@@ -486,15 +490,25 @@ func (c *conn) flush(p []byte) {
 	c.hbuf, c.wbuf = c.hbuf[:0], c.wbuf[:copy(c.wbuf, c.wbuf[len(wbuf):])]
 }
 
-// appendDate appends the current time in http.TimeFormat, formatted once
-// per second.
+// dateStamp is a Date header value and the second it names.
+type dateStamp struct {
+	sec  int64
+	text []byte // http.TimeFormat; never changed once stored
+}
+
+// appendDate appends the current time in http.TimeFormat. The text is
+// formatted once per second for the whole server, not per connection: a
+// client that opens a connection per request would otherwise pay for
+// formatting it, and its allocation, on every request.
 func (c *conn) appendDate(b []byte) []byte {
 	now := time.Now()
-	if sec := now.Unix(); sec != c.dateSec || c.date == nil {
-		c.dateSec = sec
-		c.date = now.UTC().AppendFormat(c.date[:0], http.TimeFormat)
+	sec := now.Unix()
+	d := c.srv.date.Load()
+	if d == nil || d.sec != sec {
+		d = &dateStamp{sec: sec, text: now.UTC().AppendFormat(make([]byte, 0, len(http.TimeFormat)), http.TimeFormat)}
+		c.srv.date.Store(d)
 	}
-	return append(b, c.date...)
+	return append(b, d.text...)
 }
 
 // appendTrailers appends the trailer section of a chunked response: the

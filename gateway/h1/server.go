@@ -78,6 +78,7 @@ type Server struct {
 	writers      sync.Pool // of *outbuf, for conn.hbuf and conn.wbuf
 	inShutdown   atomic.Bool
 	noKeepAlives atomic.Bool
+	date         atomic.Pointer[dateStamp] // the Date header of the current second, for every connection
 
 	mu        sync.Mutex // guards listeners, conns, accepted, ctx, cancel and poller
 	listeners map[*net.Listener]struct{}
