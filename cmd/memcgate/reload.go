@@ -313,6 +313,10 @@ func (r *reloader) settled(ctx context.Context) bool {
 func (r *reloader) reload(ctx context.Context, trigger string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	// The files as they are before they are read: one written while this
+	// reload runs then differs from these sums, and the next poll
+	// reloads again, instead of the edit being taken as already applied.
+	before := r.fileSums(r.cur)
 	next, err := loadConfig(ctx, r.environ)
 	rl := Reload{Time: time.Now(), Trigger: trigger, Result: "ok"}
 	if err == nil {
@@ -333,7 +337,12 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 		r.lastOK.Set(1)
 	}
 	r.reloads.WithLabelValues(rl.Result).Inc()
-	r.sums = r.fileSums(r.cur)
+	r.sums = r.fileSums(r.cur) // the files the configuration now names
+	for f := range r.sums {
+		if s, ok := before[f]; ok {
+			r.sums[f] = s
+		}
+	}
 	r.history = append(r.history, rl)
 	if len(r.history) > maxReloads {
 		r.history = slices.Delete(r.history, 0, len(r.history)-maxReloads)
