@@ -250,8 +250,15 @@ func (c *conn) writeTurn() {
 			c.sspare = nil
 		}
 		if err != nil {
-			c.stopWritingLocked()
+			// Fail the connection while still its writer: a send that
+			// found no writer between the two would become one and write
+			// (under a new deadline) after the bytes this write left cut
+			// short, which memcached would read as the rest of a value
+			// and then as commands. fail leaves the calls to us.
+			c.mu.Unlock()
 			c.fail(err)
+			c.mu.Lock()
+			c.stopWritingLocked()
 			return
 		}
 	}
