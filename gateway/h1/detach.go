@@ -13,7 +13,7 @@ import "syscall"
 // non-blocking writes; what the socket does not take at once is copied
 // and written by a goroutine of its own (a client that does not read
 // holds that goroutine, not the caller of finish). Then the connection is
-// queued for a worker, as a parked connection whose request came.
+// parked for its next request, or queued for a worker if it has sent one.
 //
 // Two parties end a detached request: the handler's return on the
 // connection's goroutine, and finish, in either order. c.pending counts
@@ -100,7 +100,7 @@ func (c *conn) endDetached() {
 
 // detachDone is finish's end of a detached request. If the handler has
 // returned too, it moves the connection on: closed if it cannot serve
-// another request, else queued for a worker. (If the handler returns
+// another request, else parked or queued for a worker. (If the handler returns
 // last, its loop goes on with the connection itself.)
 func (c *conn) detachDone() {
 	if c.pending.Add(-1) != 0 {
@@ -112,14 +112,23 @@ func (c *conn) detachDone() {
 		c.finish()
 		return
 	}
-	// A worker resumes it as a parked connection, but it did not park:
-	// lift the deadlines its request armed, as parking does, or one
+	// Lift the deadlines its request armed, as parking does, or one
 	// armed long ago would fire while a busy client's requests keep
-	// arriving before the worker looks (which never parks them).
+	// arriving before a worker looks (which never parks them).
 	if c.readDL {
 		c.setReadTimeout(0)
 	}
 	c.state.Store(stateIdle)
+	// With nothing buffered it parks from here, as a worker would after
+	// a read that found nothing: the client reads the response before
+	// it sends again, so that read almost always would, and a worker
+	// woken for it costs a thread wake-up and a system call per request.
+	// Whatever the client sent since the request was read is an event
+	// (poller.park), so a request already here is queued at once.
+	if c.phase == phaseIdle && c.in.Buffered() == 0 && c.in.err == nil && s.poller.park(c) == parked {
+		return
+	}
+	// Else a worker resumes it as a parked connection whose request came.
 	if !s.poller.requeue(c) {
 		c.close()
 		c.finish()

@@ -343,3 +343,37 @@ func TestWriteTimeout(t *testing.T) {
 		})
 	}
 }
+
+// takenCount reports how many connections workers of s have taken from
+// the poller's queue.
+func takenCount(s *Server) uint64 {
+	s.mu.Lock()
+	p := s.poller
+	s.mu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.taken
+}
+
+// TestDetachParks: after a detached response on a keep-alive connection
+// whose client sent nothing more, finish parks the connection itself: a
+// worker is woken only for a request, not to find that none came.
+func TestDetachParks(t *testing.T) {
+	var detached atomic.Int32
+	s, addr := startH1(t, detachMux(&detached, nil), nil)
+	c, br := dial(t, addr)
+	const n = 20
+	before := takenCount(s)
+	for i := range n {
+		if r := roundTrip(t, c, br, "/later/then"); r.body != "detached /later/then" {
+			t.Fatalf("request %d: %v", i, r)
+		}
+		if !eventually(func() bool { parked, _, _ := pollerCounts(t, s); return parked == 1 }) {
+			t.Fatalf("request %d: the connection was not parked after its response", i)
+		}
+	}
+	// One take per request; a requeue after each response would double it.
+	if got := takenCount(s) - before; got > n+1 {
+		t.Errorf("workers took the connection %d times for %d requests, want at most %d", got, n, n+1)
+	}
+}

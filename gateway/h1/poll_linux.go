@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 )
 
 // A poller serves keep-alive connections between requests the way an
@@ -43,8 +44,10 @@ import (
 // stateReading (mid-request) it belongs to the poller. wake (the event)
 // or a close (closeIdle for idle ones, Close, a timeout) takes it from
 // there with a compare-and-swap on the state, to the state a worker
-// resumes it in (queued for a worker) or stateClosed (whoever swapped
-// finishes it).
+// resumes it in (queued for a worker; an idle one whose peer closed is
+// first looked at by the poller's goroutine, which ends it if nothing
+// is left to read: endHupped) or stateClosed (whoever swapped finishes
+// it).
 type poller struct {
 	epfd int
 	file *os.File        // epfd, so that Go's poller watches it
@@ -76,6 +79,7 @@ type poller struct {
 
 	events [128]syscall.EpollEvent // run's
 	drain  func(fd uintptr) bool   // p.drainFD, made once
+	hupped []*conn                 // run's: idle connections whose peer closed or reset (endHupped)
 }
 
 // pollFields are a conn's fields for the poller, guarded by poller.mu.
@@ -244,6 +248,7 @@ func (p *poller) drainFD(fd uintptr) bool {
 		for range spawn {
 			go p.work()
 		}
+		p.endHupped()
 		if n < len(p.events) {
 			return false
 		}
@@ -273,7 +278,26 @@ func (p *poller) wakeLocked(fd int32, events uint32) int {
 		return 0
 	}
 	p.unparkLocked(c)
+	if c.pf.hup {
+		p.hupped = append(p.hupped, c) // endHupped's, now that it is idle
+		return 0
+	}
 	return p.queueLocked(c)
+}
+
+// endHupped closes the idle connections in p.hupped whose peer closed
+// (or reset) with nothing left to read, and queues the others for a
+// worker. A client that connects per request closes after its response:
+// closing here spares the wake-up of a worker only to read the end.
+func (p *poller) endHupped() {
+	for i, c := range p.hupped {
+		p.hupped[i] = nil
+		if c.peerGone() || !p.requeue(c) {
+			c.close()
+			c.finish()
+		}
+	}
+	p.hupped = p.hupped[:0]
 }
 
 // spawnLocked counts n workers about to start, and arms the stall check
@@ -632,4 +656,24 @@ func (p *poller) close(wait bool) {
 	if wait {
 		p.workers.Wait()
 	}
+}
+
+// peerGone reports whether the idle connection c has nothing left to read
+// and its peer has closed or reset it, peeking so that a request that
+// came with the close stays for a worker to read.
+func (c *conn) peerGone() bool {
+	gone := true
+	c.in.rc.Control(func(fd uintptr) {
+		var b [1]byte
+		for {
+			n, _, errno := syscall.Syscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
+				syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+			if errno == syscall.EINTR {
+				continue
+			}
+			gone = errno == 0 && n == 0 || errno != 0 && errno != syscall.EAGAIN
+			return
+		}
+	})
+	return gone
 }

@@ -463,3 +463,46 @@ func TestUnixSocket(t *testing.T) {
 		t.Error("the idle Unix socket connection was not parked")
 	}
 }
+
+// TestParkedPeerClose: an idle connection whose client closes is closed
+// by the poller without a worker; one whose client sends a request and
+// then half-closes is still answered.
+func TestParkedPeerClose(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		request bool
+	}{
+		{"close", false},
+		{"request then half-close", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s, addr := startH1(t, testHandler(), nil)
+			c, br := dial(t, addr)
+			roundTrip(t, c, br, "/small")
+			if !eventually(func() bool { parked, _, _ := pollerCounts(t, s); return parked == 1 }) {
+				t.Fatal("the connection was not parked after its response")
+			}
+			before := takenCount(s)
+			if tt.request {
+				io.WriteString(c, "GET /small HTTP/1.1\r\nHost: a\r\n\r\n")
+			}
+			c.(*net.TCPConn).CloseWrite()
+			if tt.request {
+				if r, err := readWireResponse(br, "GET"); err != nil || r.status != "HTTP/1.1 200 OK" {
+					t.Fatalf("request sent with the close: %v, %v; want it answered", r, err)
+				}
+			}
+			waitClosed(t, br)
+			var parked, registered, conns int
+			if !eventually(func() bool {
+				parked, registered, conns = pollerCounts(t, s)
+				return parked+registered+conns == 0
+			}) {
+				t.Errorf("after the client closed: %d parked, %d registered, %d tracked; want none", parked, registered, conns)
+			}
+			if got := takenCount(s) - before; !tt.request && got != 0 {
+				t.Errorf("a worker took the closed connection %d times, want none", got)
+			}
+		})
+	}
+}
