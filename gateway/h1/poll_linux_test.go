@@ -33,6 +33,20 @@ func pollerCounts(t *testing.T, s *Server) (parked, registered, conns int) {
 	return parked, len(p.conns), conns
 }
 
+// inPoller returns f's result on s's poller, under the poller's lock.
+func inPoller[T any](s *Server, f func(p *poller) T) T {
+	s.mu.Lock()
+	p := s.poller
+	s.mu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return f(p)
+}
+
+// takenCount reports how many connections workers of s have taken from
+// the poller's queue.
+func takenCount(s *Server) uint64 { return inPoller(s, func(p *poller) uint64 { return p.taken }) }
+
 // eventually retries cond for up to 5s and reports whether it held.
 func eventually(cond func() bool) bool {
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
@@ -409,14 +423,6 @@ func TestNewConnsOnWorkers(t *testing.T) {
 	const workers, n = 4, 20
 	mux, entered, release := blockingMux()
 	s, addr := startH1(t, mux, func(s *Server) { s.pollWorkers = workers })
-	taken := func() uint64 {
-		s.mu.Lock()
-		p := s.poller
-		s.mu.Unlock()
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return p.taken
-	}
 
 	var brs []*bufio.Reader
 	for range n {
@@ -427,7 +433,7 @@ func TestNewConnsOnWorkers(t *testing.T) {
 	if !eventually(func() bool { return entered.Load() == n }) {
 		t.Fatalf("%d of %d new connections' requests reached the handler with %d workers", entered.Load(), n, workers)
 	}
-	if got := taken(); got < n {
+	if got := takenCount(s); got < n {
 		t.Errorf("the poller's workers took %d connections, want all %d new ones", got, n)
 	}
 	close(release)

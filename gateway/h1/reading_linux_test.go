@@ -17,14 +17,7 @@ import (
 
 // readingCount is how many connections s's poller holds parked
 // mid-request.
-func readingCount(s *Server) int {
-	s.mu.Lock()
-	p := s.poller
-	s.mu.Unlock()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.reading)
-}
+func readingCount(s *Server) int { return inPoller(s, func(p *poller) int { return len(p.reading) }) }
 
 // TestSilentConnsHoldNoWorker: connections that send nothing, or only
 // part of a head, wait in the poller, not on workers, so that with a
