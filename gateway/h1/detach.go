@@ -118,7 +118,15 @@ func (c *conn) detachDone() {
 	if c.readDL {
 		c.setReadTimeout(0)
 	}
-	c.state.Store(stateIdle)
+	// Idle from here on, for closeIdle; keep-alives are looked at again
+	// after, as startRequest does, or a Close or SetKeepAlivesEnabled
+	// (false) since the check above, which found the connection active,
+	// would go unseen by a connection parked from here.
+	if !c.state.CompareAndSwap(stateActive, stateIdle) || !s.keepAlives() {
+		c.close()
+		c.finish()
+		return
+	}
 	// With nothing buffered it parks from here, as a worker would after
 	// a read that found nothing: the client reads the response before
 	// it sends again, so that read almost always would, and a worker

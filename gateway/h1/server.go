@@ -363,7 +363,7 @@ func (s *Server) closeIdle() bool {
 	}
 	s.mu.Unlock()
 	for _, c := range idle {
-		c.rwc.Close() // its goroutine, or the worker it is queued for, finishes it
+		c.rwc.Close() // whoever holds it finishes it: its goroutine, the worker it is queued for, the poller (endHupped) or a detached response's finish
 	}
 	for _, c := range parked {
 		c.closeParked()
