@@ -190,13 +190,7 @@ func TestDetachThenPeerClose(t *testing.T) {
 					}
 				}
 				waitClosed(t, br)
-				var parked, registered, conns int
-				if !eventually(func() bool {
-					parked, registered, conns = pollerCounts(t, s)
-					return parked+registered+conns == 0
-				}) {
-					t.Errorf("after the client closed: %d parked, %d registered, %d tracked; want none", parked, registered, conns)
-				}
+				waitNoConns(t, s, "after the client closed")
 			})
 		}
 	}
@@ -260,13 +254,7 @@ func TestUnixSocketPeerClose(t *testing.T) {
 	}
 	before := takenCount(s)
 	c.Close()
-	var parked, registered, conns int
-	if !eventually(func() bool {
-		parked, registered, conns = pollerCounts(t, s)
-		return parked+registered+conns == 0
-	}) {
-		t.Errorf("after the client closed: %d parked, %d registered, %d tracked; want none", parked, registered, conns)
-	}
+	waitNoConns(t, s, "after the client closed")
 	if got := takenCount(s) - before; got != 0 {
 		t.Errorf("a worker took the closed connection %d times, want none", got)
 	}
@@ -314,11 +302,5 @@ func TestDetachNextRequestAtOnce(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	var parked, registered, conns int
-	if !eventually(func() bool {
-		parked, registered, conns = pollerCounts(t, s)
-		return parked+registered+conns == 0
-	}) {
-		t.Errorf("after every client closed: %d parked, %d registered, %d tracked; want none", parked, registered, conns)
-	}
+	waitNoConns(t, s, "after every client closed")
 }

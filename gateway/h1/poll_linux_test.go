@@ -43,6 +43,19 @@ func inPoller[T any](s *Server, f func(p *poller) T) T {
 	return f(p)
 }
 
+// waitNoConns waits until s tracks, parks and registers no connection,
+// and fails the test, saying when (what), if that does not come.
+func waitNoConns(t *testing.T, s *Server, what string) {
+	t.Helper()
+	var parked, registered, conns int
+	if !eventually(func() bool {
+		parked, registered, conns = pollerCounts(t, s)
+		return parked+registered+conns == 0
+	}) {
+		t.Errorf("%s: %d parked, %d registered, %d tracked; want none", what, parked, registered, conns)
+	}
+}
+
 // takenCount reports how many connections workers of s have taken from
 // the poller's queue.
 func takenCount(s *Server) uint64 { return inPoller(s, func(p *poller) uint64 { return p.taken }) }
@@ -210,13 +223,7 @@ func TestParkedClientClose(t *testing.T) {
 		roundTrip(t, c, br, "/small")
 		c.Close()
 	}
-	var parked, registered, conns int
-	if !eventually(func() bool {
-		parked, registered, conns = pollerCounts(t, s)
-		return parked+registered+conns == 0
-	}) {
-		t.Errorf("after the clients closed: %d parked, %d registered, %d tracked; want none", parked, registered, conns)
-	}
+	waitNoConns(t, s, "after the clients closed")
 }
 
 // TestParkedHandover: a parked connection whose next request the fast
@@ -499,13 +506,7 @@ func TestParkedPeerClose(t *testing.T) {
 				}
 			}
 			waitClosed(t, br)
-			var parked, registered, conns int
-			if !eventually(func() bool {
-				parked, registered, conns = pollerCounts(t, s)
-				return parked+registered+conns == 0
-			}) {
-				t.Errorf("after the client closed: %d parked, %d registered, %d tracked; want none", parked, registered, conns)
-			}
+			waitNoConns(t, s, "after the client closed")
 			if got := takenCount(s) - before; !tt.request && got != 0 {
 				t.Errorf("a worker took the closed connection %d times, want none", got)
 			}
