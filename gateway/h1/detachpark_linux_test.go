@@ -241,13 +241,7 @@ func TestParkedPeerCloseMany(t *testing.T) {
 func TestUnixSocketPeerClose(t *testing.T) {
 	var detached atomic.Int32
 	s, addr := startH1On(t, listen(t, "unix"), detachMux(&detached, nil), nil)
-	c, err := net.Dial("unix", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	br := bufio.NewReader(c)
+	c, br := dialOn(t, "unix", addr)
 	roundTrip(t, c, br, "/later/one")
 	if !eventually(func() bool { parked, _, _ := pollerCounts(t, s); return parked == 1 }) {
 		t.Fatal("the connection was not parked")

@@ -522,7 +522,13 @@ func TestFastPath(t *testing.T) {
 // dial opens a connection to addr that the test closes.
 func dial(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
+	return dialOn(t, "tcp", addr)
+}
+
+// dialOn is dial on network ("tcp" or "unix").
+func dialOn(t *testing.T, network, addr string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial(network, addr)
 	if err != nil {
 		t.Fatal(err)
 	}

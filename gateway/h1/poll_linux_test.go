@@ -457,13 +457,7 @@ func TestNewConnsOnWorkers(t *testing.T) {
 func TestUnixSocket(t *testing.T) {
 	var detached atomic.Int32
 	s, addr := startH1On(t, listen(t, "unix"), detachMux(&detached, nil), nil)
-	c, err := net.Dial("unix", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	br := bufio.NewReader(c)
+	c, br := dialOn(t, "unix", addr)
 	for _, path := range []string{"/later/one", "/later/two"} {
 		if r := roundTrip(t, c, br, path); r.body != "detached "+path {
 			t.Errorf("GET %s = %v, want the detached response", path, r)
