@@ -328,7 +328,7 @@ func (h *handler) runOp(ctx context.Context, o op.Op, res *batchResult, room *an
 // A malformed body, too many operations or too many bytes fail the whole
 // batch; a bad operation only fails itself.
 func (h *handler) readBatch(r *http.Request) ([]parsedOp, error) {
-	body, err := h.lim.readBody(r, h.opts.BatchMaxBytes, nil)
+	body, err := h.lim.readBody(r, h.opts.BatchMaxBytes)
 	if err != nil {
 		return nil, err
 	}

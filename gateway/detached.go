@@ -75,7 +75,7 @@ func (hh *handler) serveDetached(w http.ResponseWriter, r *http.Request, maker a
 	if len(r.URL.Path) < 2 || hh.opts.route(r.URL.Path) != nil {
 		return false
 	}
-	if put && (r.ContentLength < 0 || r.ContentLength > pooledValueMax) {
+	if put && (r.ContentLength < 0 || r.ContentLength > detachedValueMax) {
 		return false
 	}
 	if hh.guard.access(r) != nil {
@@ -109,9 +109,10 @@ func (hh *handler) serveDetached(w http.ResponseWriter, r *http.Request, maker a
 	}()
 	o := &f.kr.op
 	if put {
-		buf := hh.valueBuf(r.ContentLength)
-		defer hh.values.Put(buf) // a Store keeps no Value once it returns
-		if o.Item.Value, err = hh.lim.readBody(r, hh.opts.MaxValueBytes, buf); err == nil {
+		if o.Item.Value, err = hh.lim.readBody(r, hh.opts.MaxValueBytes); err == nil {
+			// DoAsync encodes the value before it returns, and Do
+			// keeps no Value once it returns.
+			defer hh.lim.putBody(o.Item.Value)
 			err = hh.codec.prepare(&o.Item)
 		}
 		if err != nil {

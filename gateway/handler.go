@@ -24,7 +24,6 @@ type handler struct {
 	chunks *chunk.Values // values stored in chunks
 	obs    *observer
 	log    *slog.Logger
-	values sync.Pool // of *[]byte: PUT bodies, see valueBuf
 
 	// Detached responses' (detached.go): detachStore is nil when they
 	// are off.
@@ -87,20 +86,8 @@ func (h *handler) writeItem(w http.ResponseWriter, r *http.Request, etags string
 	}
 }
 
-// pooledValueMax is the largest request body read into a pooled buffer.
-// Larger ones are rare in a cache and would keep their memory in the pool.
-const pooledValueMax = 16 << 10
-
-// valueBuf returns a pooled buffer for a body of n bytes (-1: unknown), or
-// nil if n is not known or over pooledValueMax. The caller puts it back in
-// h.values when nothing can read the value any more: a Store does not keep
-// an item's Value after it returns.
-func (h *handler) valueBuf(n int64) *[]byte {
-	if n < 0 || n > pooledValueMax {
-		return nil
-	}
-	if p, _ := h.values.Get().(*[]byte); p != nil {
-		return p
-	}
-	return new([]byte)
-}
+// detachedValueMax is the largest PUT body served with a detached
+// response. Larger values are rare in a cache, and DoAsync clones them or
+// refuses them while their memcached connection has no room for them
+// (decision 0010): the routed path, which waits, serves them.
+const detachedValueMax = 16 << 10

@@ -35,6 +35,7 @@ type limits struct {
 	budget *budget.Budget // nil: no bound
 	// takeBody is Options.TakeBody: the body a server read ahead, or nil.
 	takeBody func(r *http.Request) []byte
+	bufs     Buffers      // Options.Buffers, or nil
 	timeout  atomic.Int64 // RequestTimeout in nanoseconds: the memcached work's, from when the body is read
 }
 
@@ -142,18 +143,19 @@ func ReadBody(r *http.Request, limit int64) ([]byte, error) {
 	if rc == nil || rc.lim == nil {
 		return nil, errors.New("gateway: ReadBody outside a gateway request")
 	}
-	return rc.lim.readBody(r, limit, nil)
+	return rc.lim.readBody(r, limit)
 }
 
 // readBody reads r's body whole, at most limit bytes: 413 beyond, before
 // reading when Content-Length says so. The buffer grows with the bytes
 // that arrive, never from the declared length alone, and beyond
 // smallHold is held against the budget (503 when refused). Then it takes
-// the request's slot. A body of a known length goes into *into if not
-// nil, grown if need be. A body the server read whole ahead of the
-// handler (Options.TakeBody) is taken as it is, neither copied nor counted
-// twice.
-func (l *limits) readBody(r *http.Request, limit int64, into *[]byte) ([]byte, error) {
+// the request's slot. A body the server read whole ahead of the handler
+// (Options.TakeBody) is taken as it is, neither copied nor counted twice.
+// The buffer comes from l.bufs: a caller that knows when nothing reads
+// the body any more gives it back with putBody; others leave it to the
+// garbage collector.
+func (l *limits) readBody(r *http.Request, limit int64) ([]byte, error) {
 	rc := reqCtx(r)
 	tooLarge := func(n string) error {
 		return &requestError{status: http.StatusRequestEntityTooLarge, msg: "request body is " + n + " bytes; at most " + strconv.FormatInt(limit, 10) + " are accepted"}
@@ -165,9 +167,11 @@ func (l *limits) readBody(r *http.Request, limit int64, into *[]byte) ([]byte, e
 	if l.takeBody != nil && cl > 0 {
 		if buf := l.takeBody(r); buf != nil {
 			if int64(len(buf)) != cl { // some of it was read before
+				l.putBody(buf)
 				return nil, bodyError(io.ErrUnexpectedEOF, len(buf), cl)
 			}
 			if err := l.hold(rc, cap(buf)); err != nil {
+				l.putBody(buf)
 				return nil, errBudget
 			}
 			if err := l.bodyRead(rc); err != nil {
@@ -177,19 +181,18 @@ func (l *limits) readBody(r *http.Request, limit int64, into *[]byte) ([]byte, e
 		}
 	}
 	var buf []byte
-	if into != nil && cl >= 0 {
-		buf = (*into)[:0]
-	}
 	held := 0
 	grow := func(size int) error {
-		if size > held && size >= smallHold {
-			if err := l.hold(rc, size-held); err != nil {
+		nb := l.getBody(size)
+		if size >= smallHold && cap(nb) > held {
+			if err := l.hold(rc, cap(nb)-held); err != nil {
+				l.putBody(nb)
 				return errBudget
 			}
-			held = size
+			held = cap(nb)
 		}
-		nb := make([]byte, len(buf), size)
-		copy(nb, buf)
+		nb = append(nb, buf...)
+		l.putBody(buf)
 		buf = nb
 		return nil
 	}
@@ -210,22 +213,41 @@ func (l *limits) readBody(r *http.Request, limit int64, into *[]byte) ([]byte, e
 			break
 		}
 		if err != nil {
+			l.putBody(buf)
 			return nil, bodyError(err, len(buf), cl)
 		}
 	}
 	switch {
 	case cl >= 0 && int64(len(buf)) < cl:
+		l.putBody(buf)
 		return nil, bodyError(io.ErrUnexpectedEOF, len(buf), cl)
 	case cl < 0 && int64(len(buf)) > limit:
+		l.putBody(buf)
 		return nil, tooLarge("more than " + strconv.FormatInt(limit, 10))
 	}
-	if into != nil && cl >= 0 {
-		*into = buf
-	}
 	if err := l.bodyRead(rc); err != nil {
+		l.putBody(buf)
 		return nil, err
 	}
 	return buf, nil
+}
+
+// getBody returns a buffer for at least n bytes of a body.
+func (l *limits) getBody(n int) []byte {
+	if l.bufs == nil {
+		return make([]byte, 0, n)
+	}
+	return l.bufs.Get(n)
+}
+
+// putBody gives back a body readBody returned, once nothing reads it:
+// for a value, when the Store it was given to has returned (a Store
+// keeps no Value after that, and memcached answers only once it has
+// all of it).
+func (l *limits) putBody(b []byte) {
+	if l.bufs != nil && b != nil {
+		l.bufs.Put(b)
+	}
 }
 
 // bodyRead starts the memcached work of rc's request, whose body has

@@ -153,6 +153,20 @@ type Options struct {
 	// nil: the body is then kept as it is, without a copy, and held
 	// against Budget once. Nil: bodies are read from the request.
 	TakeBody func(r *http.Request) []byte
+	// Buffers, if not nil, lends the buffers request bodies are read
+	// into and takes them back once their operation is done; give the
+	// server that reads bodies ahead (h1.Server.Buffers) the same one.
+	// Nil: bodies are allocated, and left to the garbage collector.
+	Buffers Buffers
+}
+
+// Buffers lends byte buffers and takes them back (Options.Buffers).
+// *bufpool.Pool implements it.
+type Buffers interface {
+	// Get returns a buffer of length 0 and a capacity of at least n.
+	Get(n int) []byte
+	// Put gives back a buffer that nothing will use any more.
+	Put(b []byte)
 }
 
 // WithDefaults returns o with every zero field that has a default set to

@@ -102,7 +102,7 @@ func (c *requestCtx) stop() {
 // bodyReader reads a request body as the handler serving the request
 // reads its own (*limits).
 type bodyReader interface {
-	readBody(r *http.Request, limit int64, into *[]byte) ([]byte, error)
+	readBody(r *http.Request, limit int64) ([]byte, error)
 }
 
 // takeContext returns the request's context for maker: the one maker made

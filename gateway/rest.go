@@ -31,17 +31,16 @@ func (h *handler) serveKey(w http.ResponseWriter, r *http.Request) {
 		}
 		o.Item.Value = small
 	case o.Verb.TakesValue():
-		var buf *[]byte
-		if !kr.async {
-			// memcached's answer comes after the value is sent: the
-			// buffer is free again when this returns.
-			if buf = h.valueBuf(r.ContentLength); buf != nil {
-				defer h.values.Put(buf)
-			}
-		}
-		if o.Item.Value, err = h.lim.readBody(r, h.opts.MaxValueBytes, buf); err != nil {
+		if o.Item.Value, err = h.lim.readBody(r, h.opts.MaxValueBytes); err != nil {
 			writeError(w, err)
 			return
+		}
+		if !kr.async {
+			// memcached's answer comes after the value is sent, and
+			// a Store keeps no Value once it returns: the buffer is
+			// free again when this returns. A write queued with
+			// Prefer: respond-async keeps it.
+			defer h.lim.putBody(o.Item.Value)
 		}
 	}
 	if kr.async {

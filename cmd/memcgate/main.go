@@ -27,6 +27,7 @@ import (
 	"github.com/memcgate/memcgate/config"
 	"github.com/memcgate/memcgate/gateway"
 	"github.com/memcgate/memcgate/gateway/budget"
+	"github.com/memcgate/memcgate/gateway/bufpool"
 	"github.com/memcgate/memcgate/gateway/chunk"
 	"github.com/memcgate/memcgate/gateway/h1"
 	"github.com/memcgate/memcgate/gateway/memc"
@@ -328,6 +329,8 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 		gopts.Quiet = router
 	}
 	gopts.TakeBody = h1.TakeAhead // bodies the fast path read ahead, kept without a copy
+	bodies := new(bufpool.Pool)   // body buffers, lent by the fast path and given back by the handler
+	gopts.Buffers = bodies
 	handler := gateway.NewHandler(router, log, reg, gopts)
 	std := &http.Server{
 		Handler:           handler,
@@ -341,7 +344,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	conns := newConnTracker()
 	std.ConnState = conns.hook
 	var data httpServer
-	data, conns.fast = dataServer(cfg, sec, std, handler, buffered)
+	data, conns.fast = dataServer(cfg, sec, std, handler, buffered, bodies)
 	reg.MustRegister(conns)
 	rl := newReloader(cfg, environ, log, level, reg)
 	rl.router, rl.handler, rl.access, rl.budget, rl.budgetDef = router, handler, access, buffered, derived
@@ -483,7 +486,7 @@ type httpServer interface {
 // dataServer puts the h1 fast path in front of std unless it is turned off
 // or the listener speaks TLS (h1 has no TLS and no HTTP/2; std keeps both).
 // It also returns the fast path's connection counts, nil without it.
-func dataServer(cfg config.Config, sec *security, std *http.Server, h *gateway.Handler, buffered *budget.Budget) (httpServer, func() h1.ConnStats) {
+func dataServer(cfg config.Config, sec *security, std *http.Server, h *gateway.Handler, buffered *budget.Budget, bodies *bufpool.Pool) (httpServer, func() h1.ConnStats) {
 	if !cfg.FastPath || sec.dataTLS != nil {
 		return std, nil
 	}
@@ -491,6 +494,7 @@ func dataServer(cfg config.Config, sec *security, std *http.Server, h *gateway.H
 		Handler:           std.Handler,
 		BodyLimit:         h.BodyLimit,
 		Budget:            buffered,
+		Buffers:           bodies,
 		ReadHeaderTimeout: std.ReadHeaderTimeout,
 		ReadTimeout:       std.ReadTimeout,
 		WriteTimeout:      std.WriteTimeout,

@@ -86,16 +86,19 @@ func (b *body) takeAhead() []byte {
 	}
 	p := b.ahead
 	b.n, b.sawEOF = 0, true
+	b.c.abuf = nil // the caller's now: not the connection's to recycle
 	b.done()
 	return p
 }
 
-// done lets go of the connection's buffers once the body is read.
+// done lets go of the connection's buffers once the body is read: what
+// was read ahead has been copied out, or dropped, so the buffer can be
+// lent again.
 func (b *body) done() {
 	b.c.in.release()
 	if b.ahead != nil || b.err != nil {
 		b.ahead = nil
-		b.c.dropAhead()
+		b.c.dropAhead(true)
 	}
 }
 

@@ -157,7 +157,9 @@ func (c *conn) finish() {
 	delete(s.conns, c)
 	s.mu.Unlock()
 	c.in.free()
-	c.dropAhead()
+	// A body still being read ahead was never handed to a handler; one
+	// that was may still be referenced by its request.
+	c.dropAhead(c.phase == phaseBody)
 	if c.pf.registered {
 		s.poller.forget(c)
 	}

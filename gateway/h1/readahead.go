@@ -86,17 +86,35 @@ func (c *conn) readAhead() (*http.Request, readResult) {
 	return c.endAhead(b, nil)
 }
 
-// growAhead grows c.abuf to size bytes, holding them against the budget.
+// growAhead grows c.abuf to at least size bytes, holding them against
+// the budget, and gives the buffer it outgrew back to Server.Buffers.
 func (c *conn) growAhead(size int) error {
-	more := int64(size - cap(c.abuf))
-	if bg := c.srv.Budget; bg != nil {
+	s := c.srv
+	var nb []byte
+	if s.Buffers != nil {
+		nb = s.Buffers.Get(size)
+	} else {
+		nb = make([]byte, 0, size)
+	}
+	more := int64(cap(nb) - cap(c.abuf))
+	if bg := s.Budget; bg != nil {
 		if err := bg.Acquire(more); err != nil {
+			c.putBuffer(nb)
 			return err
 		}
 		c.aheld += more
 	}
-	c.abuf = append(make([]byte, 0, size), c.abuf...)
+	nb = append(nb, c.abuf...)
+	c.putBuffer(c.abuf)
+	c.abuf = nb
 	return nil
+}
+
+// putBuffer gives b back to Server.Buffers, if any.
+func (c *conn) putBuffer(b []byte) {
+	if s := c.srv; s.Buffers != nil && b != nil {
+		s.Buffers.Put(b)
+	}
 }
 
 // endAhead hands b the body read ahead, or the error that cut it short,
@@ -115,11 +133,16 @@ func (c *conn) endAhead(b *body, err error) (*http.Request, readResult) {
 	return req, readOK
 }
 
-// dropAhead lets go of a body read ahead and of its budget.
-func (c *conn) dropAhead() {
+// dropAhead lets go of a body read ahead and of its budget. With recycle
+// the buffer goes back to Server.Buffers: only when nothing can read it
+// any more (the body has read it all, or its request was never served).
+func (c *conn) dropAhead(recycle bool) {
 	if c.aheld > 0 {
 		c.srv.Budget.Release(c.aheld)
 		c.aheld = 0
+	}
+	if recycle {
+		c.putBuffer(c.abuf)
 	}
 	c.abuf = nil
 }

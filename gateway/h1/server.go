@@ -74,6 +74,11 @@ type Server struct {
 	// cut short and the connection closed.
 	Budget Budget
 
+	// Buffers, if not nil, lends the buffers bodies are read ahead into
+	// and takes back those the connection is done with. Nil: they are
+	// allocated, and left to the garbage collector.
+	Buffers Buffers
+
 	readers      sync.Pool // of *[readBufSize]byte, for conn.in
 	writers      sync.Pool // of *outbuf, for conn.hbuf and conn.wbuf
 	inShutdown   atomic.Bool
@@ -97,6 +102,15 @@ const (
 	newConnGrace    = 5 * time.Second // a silent new conn counts as idle after this, as in net/http
 	lingerTime      = 500 * time.Millisecond
 )
+
+// Buffers lends byte buffers and takes them back (Server.Buffers).
+// *bufpool.Pool implements it.
+type Buffers interface {
+	// Get returns a buffer of length 0 and a capacity of at least n.
+	Get(n int) []byte
+	// Put gives back a buffer that nothing will use any more.
+	Put(b []byte)
+}
 
 // Budget bounds bytes held for clients (Server.Budget).
 // *budget.Budget implements it.
