@@ -1,8 +1,17 @@
 package bigvalue
 
 import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"strconv"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/memcgate/memcgate/test/gatewaytest"
 	"github.com/memcgate/memcgate/test/memcachedtest"
@@ -29,5 +38,167 @@ func TestPutBodyHeldOnce(t *testing.T) {
 		if used := r.metric(t, "memcgate_buffered_bytes"); used != 0 {
 			t.Errorf("after PUT %d the budget holds %v bytes, want 0", i, used)
 		}
+	}
+}
+
+// TestPooledBodiesKeepTheirBytes: request bodies are read into buffers
+// that are lent again once their value is stored. Clients PUT values of
+// every buffer class at once, in one piece, in slow pieces (so that the
+// body is read ahead across several buffers) or cut off halfway (the
+// connection's buffer is given back without a handler), and with
+// Prefer: respond-async (the queued write keeps its buffer); each value
+// read back, from the gateway and from memcached itself, is the one its
+// client sent, and a cut-off PUT stores nothing.
+func TestPooledBodiesKeepTheirBytes(t *testing.T) {
+	mc := memcachedtest.Start(t, "-I", "2m", "-m", "512")
+	gw := gatewaytest.New(t, binary, map[string]string{
+		"MEMCGATE_SERVERS":         mc.Addr,
+		"MEMCGATE_MAX_VALUE_BYTES": strconv.Itoa(1 << 20),
+		"MEMCGATE_ACCESS_LOG":      "false",
+	})
+	gw.Start(t)
+	url := "http://" + gw.DataAddr
+	sizes := []int{1000, 5000, 20_000, 100_000, 300_000, 1_000_000}
+	const clients, rounds = 16, 8
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Go(func() {
+			for i := range rounds {
+				size := sizes[(c+i)%len(sizes)]
+				key := fmt.Sprintf("pooled-%d-%d", c, i)
+				v := randomValue(size, byte(c*rounds+i+1))
+				switch mode := (c + 2*i) % 4; mode {
+				case 0:
+					if err := putWhole(url, key, v, false); err != nil {
+						t.Error(err)
+						return
+					}
+				case 1:
+					if err := putRaw(gw.DataAddr, key, v, 4, false); err != nil {
+						t.Error(err)
+						return
+					}
+				case 2:
+					if err := putRaw(gw.DataAddr, key, v, 4, true); err != nil {
+						t.Error(err)
+						return
+					}
+					v = nil // cut off: nothing stored
+				case 3:
+					if err := putWhole(url, key, v, true); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+				if err := expectValue(url, key, v); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	// Everything again, now that every buffer has been lent many times.
+	d := dialDirect(t, mc.Addr)
+	for c := range clients {
+		for i := range rounds {
+			key := fmt.Sprintf("pooled-%d-%d", c, i)
+			want := randomValue(sizes[(c+i)%len(sizes)], byte(c*rounds+i+1))
+			if (c+2*i)%4 == 2 {
+				want = nil
+			}
+			if got := d.getOne(t, key); !bytes.Equal(got, want) {
+				t.Errorf("memcached has %d bytes under %s (sha256 %x), want %d (%x)", len(got), key, sha256.Sum256(got), len(want), sha256.Sum256(want))
+			}
+		}
+	}
+}
+
+// putWhole PUTs v under key with net/http's client, with Prefer:
+// respond-async if async.
+func putWhole(url, key string, v []byte, async bool) error {
+	req, _ := http.NewRequest("PUT", url+"/"+key, bytes.NewReader(v))
+	if async {
+		req.Header.Set("Prefer", "respond-async")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if want := map[bool]int{false: 201, true: 202}[async]; resp.StatusCode != want {
+		return fmt.Errorf("PUT %s (%d bytes, async %v) = %d, want %d", key, len(v), async, resp.StatusCode, want)
+	}
+	return nil
+}
+
+// putRaw PUTs v under key over a connection of its own, the body in
+// pieces with pauses between them; with cut, it sends half the body and
+// closes the connection.
+func putRaw(addr, key string, v []byte, pieces int, cut bool) error {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	body := v
+	if cut {
+		body = v[:len(v)/2]
+	}
+	if _, err := fmt.Fprintf(c, "PUT /%s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", key, len(v)); err != nil {
+		return err
+	}
+	step := max(1, len(body)/pieces)
+	for len(body) > 0 {
+		n := min(step, len(body))
+		if _, err := c.Write(body[:n]); err != nil {
+			return err
+		}
+		body = body[n:]
+		time.Sleep(5 * time.Millisecond)
+	}
+	if cut {
+		return nil
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return fmt.Errorf("PUT %s in pieces: %w", key, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 201 {
+		return fmt.Errorf("PUT %s in pieces = %d", key, resp.StatusCode)
+	}
+	return nil
+}
+
+// expectValue GETs key until it is v (nil: absent), for up to 5 s: a
+// write queued with Prefer: respond-async lands a little later.
+func expectValue(url, key string, v []byte) error {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := http.Get(url + "/" + key)
+		if err != nil {
+			return err
+		}
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		switch {
+		case err != nil:
+			return err
+		case v == nil && resp.StatusCode == 404, v != nil && resp.StatusCode == 200 && bytes.Equal(got, v):
+			return nil
+		case resp.StatusCode == 200 && (v == nil || len(got) == len(v)):
+			// A value of the right length and the wrong bytes is the
+			// failure this test is for; never retry it.
+			return fmt.Errorf("GET %s: %d bytes (sha256 %x), want %d (%x)", key, len(got), sha256.Sum256(got), len(v), sha256.Sum256(v))
+		case time.Now().After(deadline):
+			return fmt.Errorf("GET %s = %d with %d bytes, want %d bytes", key, resp.StatusCode, len(got), len(v))
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -391,6 +391,32 @@ func (d *direct) get(t *testing.T, key string, n int, h io.Writer) {
 	}
 }
 
+// getOne returns the value memcached holds under key, nil if none.
+func (d *direct) getOne(t *testing.T, key string) []byte {
+	t.Helper()
+	fmt.Fprintf(d.c, "get %s\r\n", key)
+	line, err := d.br.ReadString('\n')
+	if err != nil {
+		t.Fatalf("get %s: %v", key, err)
+	}
+	if line == "END\r\n" {
+		return nil
+	}
+	f := strings.Fields(line)
+	if len(f) != 4 {
+		t.Fatalf("get %s: %q", key, line)
+	}
+	size, _ := strconv.Atoi(f[3])
+	v := make([]byte, size)
+	if _, err := io.ReadFull(d.br, v); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.br.Discard(len("\r\nEND\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
 // TestBigValueVersusDirect (BIGVALUE_BENCH=1) sets the gateway beside
 // memcached itself: 20 MiB PUT and GET through the gateway, and the same
 // bytes as 1,048,000-byte items over one memcached connection, taken in
