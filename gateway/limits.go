@@ -202,7 +202,7 @@ func (l *limits) readBody(r *http.Request, limit int64) ([]byte, error) {
 	}
 	for int64(len(buf)) < want {
 		if len(buf) == cap(buf) {
-			size := int(min(want, int64(max(2*cap(buf), 4<<10))))
+			size := int(min(want, int64(max(2*cap(buf), firstBodyBuf))))
 			if err := grow(size); err != nil {
 				return nil, err
 			}
@@ -231,6 +231,12 @@ func (l *limits) readBody(r *http.Request, limit int64) ([]byte, error) {
 	}
 	return buf, nil
 }
+
+// firstBodyBuf is the most readBody lends for a body before any of it is
+// read, as much as the fast path reads ahead into at first: a body of up
+// to that size is read with one read, and one that arrives slowly holds
+// no more than a request head's worth of buffers.
+const firstBodyBuf = 16 << 10
 
 // getBody returns a buffer for at least n bytes of a body.
 func (l *limits) getBody(n int) []byte {
