@@ -329,7 +329,13 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 		gopts.Quiet = router
 	}
 	gopts.TakeBody = h1.TakeAhead // bodies the fast path read ahead, kept without a copy
-	bodies := new(bufpool.Pool)   // body buffers, lent by the fast path and given back by the handler
+	// Body buffers, lent by the fast path and given back by the handler;
+	// as many bytes of them as the budget kept for reuse at most.
+	bodies := bufpool.New(int(mem.budget))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "memcgate_body_buffers_kept_bytes",
+		Help: "Bytes of request body buffers over 16 KiB kept for reuse, at most MEMCGATE_MAX_BUFFERED_BYTES.",
+	}, func() float64 { return float64(bodies.Kept()) }))
 	gopts.Buffers = bodies
 	handler := gateway.NewHandler(router, log, reg, gopts)
 	std := &http.Server{
@@ -347,7 +353,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	data, conns.fast = dataServer(cfg, sec, std, handler, buffered, bodies)
 	reg.MustRegister(conns)
 	rl := newReloader(cfg, environ, log, level, reg)
-	rl.router, rl.handler, rl.access, rl.budget, rl.budgetDef = router, handler, access, buffered, derived
+	rl.router, rl.handler, rl.access, rl.budget, rl.budgetDef, rl.bodies = router, handler, access, buffered, derived, bodies
 	admin := &http.Server{
 		Handler: gateway.NewAdminHandler(reg, gateway.Admin{
 			Ready:   func() bool { return !draining.Load() && router.Ready() },

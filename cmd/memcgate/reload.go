@@ -20,6 +20,7 @@ import (
 	"github.com/memcgate/memcgate/config"
 	"github.com/memcgate/memcgate/gateway"
 	"github.com/memcgate/memcgate/gateway/budget"
+	"github.com/memcgate/memcgate/gateway/bufpool"
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/route"
 )
@@ -68,7 +69,8 @@ type reloader struct {
 	handler   *gateway.Handler
 	access    *gateway.Access
 	budget    *budget.Budget
-	budgetDef int64 // MAX_BUFFERED_BYTES when unset (derived at start)
+	budgetDef int64         // MAX_BUFFERED_BYTES when unset (derived at start)
+	bodies    *bufpool.Pool // keeps as many bytes of body buffers as the budget
 	reloads   *prometheus.CounterVec
 	lastOK    prometheus.Gauge
 
@@ -391,6 +393,7 @@ func (r *reloader) apply(next config.Config, rl *Reload) error {
 		limit = next.MaxBufferedBytes
 	}
 	r.budget.SetLimit(limit)
+	r.bodies.SetMax(int(limit))
 	// The settings a reload cannot change keep their values; the others
 	// are now next's.
 	cur := r.started

@@ -7,10 +7,17 @@
 //
 // Buffers come in power-of-two size classes from MinSize to MaxSize; a
 // buffer lent for n bytes has the capacity of the smallest class that
-// holds n, and larger ones are allocated and never kept. A buffer given
-// back must no longer be read or written by anyone: its next borrower
-// overwrites it. Its bytes beyond what the borrower writes are whatever
-// the previous borrower left, so a borrower reads only what it wrote.
+// holds n, and larger ones are allocated and never kept. Buffers of
+// SmallMax or less are kept as a sync.Pool keeps things, per processor
+// and until the garbage collector drops them; larger ones are kept up to
+// a number of bytes set when the Pool is made, and beyond it given to the
+// garbage collector, so that what a burst of large bodies leaves behind
+// stays bounded.
+//
+// A buffer given back must no longer be read or written by anyone: its
+// next borrower overwrites it. Its bytes beyond what the borrower writes
+// are whatever the previous borrower left, so a borrower reads only what
+// it wrote.
 package bufpool
 
 import (
@@ -22,21 +29,34 @@ import (
 const (
 	// MinSize is the capacity of the smallest buffer Get lends.
 	MinSize = 4 << 10
+	// SmallMax is the capacity of the largest buffer kept per processor.
+	SmallMax = 16 << 10
 	// MaxSize is the capacity of the largest buffer a Pool keeps.
 	MaxSize = 1 << 20
 
 	minShift = 12 // log2(MinSize)
+	small    = 3  // classes of SmallMax and less
 	classes  = 9  // MinSize << 0 … MinSize << 8 == MaxSize
 )
 
-// Pool lends byte buffers in size classes. The zero value is ready to
-// use and a nil *Pool keeps nothing (Get allocates, Put drops). It is
-// safe for concurrent use; the buffers it keeps go to the garbage
-// collector like those of a sync.Pool when they stay unused.
+// Pool lends byte buffers in size classes. It is safe for concurrent
+// use. A nil *Pool keeps nothing: Get allocates and Put drops.
 type Pool struct {
-	// The first byte of each buffer: a pointer goes into a sync.Pool
-	// without an allocation, and the class gives the length back.
-	free [classes]sync.Pool // of *byte
+	// The first byte of each small buffer: a pointer goes into a
+	// sync.Pool without an allocation, and the class gives the length
+	// back.
+	small [small]sync.Pool // of *byte
+
+	mu    sync.Mutex
+	large [classes - small][][]byte // free buffers of each large class
+	kept  int                       // bytes in large
+	max   int                       // the most bytes large may hold
+}
+
+// New returns a Pool that keeps at most maxLarge bytes of buffers larger
+// than SmallMax (none if maxLarge <= 0).
+func New(maxLarge int) *Pool {
+	return &Pool{max: maxLarge}
 }
 
 // Get returns a buffer of length 0 and a capacity of at least n: the
@@ -47,23 +67,78 @@ func (p *Pool) Get(n int) []byte {
 	}
 	c := class(n)
 	size := MinSize << c
-	if p != nil {
-		if first, _ := p.free[c].Get().(*byte); first != nil {
+	switch {
+	case p == nil:
+	case c < small:
+		if first, _ := p.small[c].Get().(*byte); first != nil {
 			return unsafe.Slice(first, size)[:0]
 		}
+	default:
+		p.mu.Lock()
+		free := p.large[c-small]
+		if k := len(free); k > 0 {
+			b := free[k-1]
+			free[k-1] = nil
+			p.large[c-small] = free[:k-1]
+			p.kept -= size
+			p.mu.Unlock()
+			return b[:0]
+		}
+		p.mu.Unlock()
 	}
 	return make([]byte, 0, size)
 }
 
-// Put gives b back for a later Get, if its capacity is a class's; other
-// buffers are left to the garbage collector. Nothing may use b, or any
-// slice of its array, after Put.
+// Put gives b back for a later Get, if its capacity is a class's and,
+// for a large one, the Pool has room for it; other buffers are left to
+// the garbage collector. Nothing may use b, or any slice of its array,
+// after Put.
 func (p *Pool) Put(b []byte) {
 	size := cap(b)
 	if p == nil || size < MinSize || size > MaxSize || size&(size-1) != 0 {
 		return
 	}
-	p.free[bits.TrailingZeros(uint(size))-minShift].Put(unsafe.SliceData(b[:size]))
+	c := bits.TrailingZeros(uint(size)) - minShift
+	if c < small {
+		p.small[c].Put(unsafe.SliceData(b[:size]))
+		return
+	}
+	p.mu.Lock()
+	if p.kept+size <= p.max {
+		p.large[c-small] = append(p.large[c-small], b[:size])
+		p.kept += size
+	}
+	p.mu.Unlock()
+}
+
+// SetMax changes the most bytes of large buffers the Pool keeps, and
+// lets go of kept buffers beyond a lowered one. A nil Pool ignores it.
+func (p *Pool) SetMax(maxLarge int) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.max = maxLarge
+	for c := len(p.large) - 1; c >= 0 && p.kept > p.max; c-- {
+		free := p.large[c]
+		for len(free) > 0 && p.kept > p.max {
+			p.kept -= cap(free[len(free)-1])
+			free[len(free)-1] = nil
+			free = free[:len(free)-1]
+		}
+		p.large[c] = free
+	}
+}
+
+// Kept returns the bytes of large buffers the Pool holds for reuse.
+func (p *Pool) Kept() int {
+	if p == nil {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.kept
 }
 
 // class returns the index of the smallest class that holds n bytes.

@@ -20,7 +20,7 @@ func TestGetCapacity(t *testing.T) {
 		{MaxSize + 1, MaxSize + 1},
 		{3 << 20, 3 << 20},
 	}
-	var p Pool
+	p := New(4 << 20)
 	for _, tt := range tests {
 		b := p.Get(tt.n)
 		if len(b) != 0 || cap(b) != tt.want {
@@ -38,8 +38,9 @@ func TestReuse(t *testing.T) {
 		get  int  // the Get after the Put
 		same bool // the same array comes back
 	}{
-		{"same class", make([]byte, 10, 64<<10), 40_000, true},
+		{"small class", make([]byte, 10, 8<<10), 5000, true},
 		{"smallest", make([]byte, 0, MinSize), 1, true},
+		{"large class", make([]byte, 10, 64<<10), 40_000, true},
 		{"largest", make([]byte, MaxSize), MaxSize, true},
 		{"other class", make([]byte, 0, 64<<10), 100_000, false},
 		{"not a class", make([]byte, 0, 100_000), 100_000, false},
@@ -48,7 +49,7 @@ func TestReuse(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var p Pool
+			p := New(4 << 20)
 			tt.put = tt.put[:cap(tt.put)]
 			var b []byte
 			same := false
@@ -71,6 +72,43 @@ func TestReuse(t *testing.T) {
 	}
 }
 
+// TestLargeKeptBounded checks that large buffers are kept up to the
+// Pool's bytes and no further, and that Get takes them out of the count.
+func TestLargeKeptBounded(t *testing.T) {
+	tests := []struct {
+		name     string
+		max      int
+		put      []int // capacities given back, in order
+		wantKept int
+	}{
+		{"within", 1 << 20, []int{256 << 10, 512 << 10}, 768 << 10},
+		{"up to the bound", 1 << 20, []int{512 << 10, 512 << 10}, 1 << 20},
+		{"past the bound", 1 << 20, []int{512 << 10, 512 << 10, 32 << 10}, 1 << 20},
+		{"larger than the bound", 512 << 10, []int{MaxSize}, 0},
+		{"none kept", 0, []int{32 << 10}, 0},
+		{"small ones not counted", 0, []int{MinSize, SmallMax}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := New(tt.max)
+			for _, n := range tt.put {
+				p.Put(make([]byte, 0, n))
+			}
+			if got := p.Kept(); got != tt.wantKept {
+				t.Fatalf("Kept() = %d, want %d", got, tt.wantKept)
+			}
+			for _, n := range tt.put {
+				if n > SmallMax {
+					p.Get(n)
+				}
+			}
+			if got := p.Kept(); got != 0 {
+				t.Errorf("Kept() after taking every class back = %d, want 0", got)
+			}
+		})
+	}
+}
+
 func TestNilPool(t *testing.T) {
 	var p *Pool
 	b := p.Get(10)
@@ -78,18 +116,41 @@ func TestNilPool(t *testing.T) {
 		t.Fatalf("nil Pool Get(10): cap %d, want %d", cap(b), MinSize)
 	}
 	p.Put(b) // dropped, no panic
+	if p.Kept() != 0 {
+		t.Fatal("a nil Pool keeps something")
+	}
 }
 
 func TestGetAllocatesNothingWhenReused(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector makes a sync.Pool drop some of what it is given")
 	}
-	var p Pool
-	p.Put(p.Get(100_000))
-	allocs := testing.AllocsPerRun(100, func() {
-		p.Put(p.Get(100_000))
-	})
-	if allocs != 0 {
-		t.Errorf("Get and Put of a kept class: %.1f allocations, want 0", allocs)
+	for _, n := range []int{5000, 100_000} {
+		p := New(1 << 20)
+		p.Put(p.Get(n))
+		allocs := testing.AllocsPerRun(100, func() {
+			p.Put(p.Get(n))
+		})
+		if allocs != 0 {
+			t.Errorf("Get and Put of %d bytes: %.1f allocations, want 0", n, allocs)
+		}
 	}
+}
+
+func TestSetMax(t *testing.T) {
+	p := New(1 << 20)
+	for _, n := range []int{512 << 10, 256 << 10, 64 << 10, 64 << 10} {
+		p.Put(make([]byte, 0, n))
+	}
+	p.SetMax(300 << 10) // the largest go first: 512 KiB, then 256 KiB
+	if got, want := p.Kept(), 2*64<<10; got != want {
+		t.Fatalf("Kept() after SetMax(300 KiB) = %d, want %d", got, want)
+	}
+	p.SetMax(2 << 20)
+	p.Put(make([]byte, 0, MaxSize))
+	if got, want := p.Kept(), 2*64<<10+MaxSize; got != want {
+		t.Errorf("Kept() after a raised max and a Put = %d, want %d", got, want)
+	}
+	var nilPool *Pool
+	nilPool.SetMax(1) // ignored
 }

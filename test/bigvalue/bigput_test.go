@@ -57,7 +57,8 @@ func TestPooledBodiesKeepTheirBytes(t *testing.T) {
 		"MEMCGATE_ACCESS_LOG":      "false",
 	})
 	gw.Start(t)
-	url := "http://" + gw.DataAddr
+	r := &rig{mc: mc, gw: gw, url: "http://" + gw.DataAddr}
+	url := r.url
 	sizes := []int{1000, 5000, 20_000, 100_000, 300_000, 1_000_000}
 	const clients, rounds = 16, 8
 	var wg sync.WaitGroup
@@ -100,6 +101,11 @@ func TestPooledBodiesKeepTheirBytes(t *testing.T) {
 	wg.Wait()
 	if t.Failed() {
 		return
+	}
+	// The buffers of the last bodies wait for the next ones, within
+	// the budget (64 MiB by default).
+	if kept := r.metric(t, "memcgate_body_buffers_kept_bytes"); kept <= 0 || kept > 64<<20 {
+		t.Errorf("memcgate_body_buffers_kept_bytes = %v, want more than 0 and at most 64 MiB", kept)
 	}
 	// Everything again, now that every buffer has been lent many times.
 	d := dialDirect(t, mc.Addr)
