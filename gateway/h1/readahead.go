@@ -46,14 +46,17 @@ func (c *conn) readAhead() (*http.Request, readResult) {
 				return c.endAhead(b, err)
 			}
 		}
+		// The buffer may be larger than the body (Server.Buffers lends
+		// whole classes): what follows the body is the next request's.
+		room := c.abuf[len(c.abuf):min(cap(c.abuf), cl)]
 		if k := c.in.Buffered(); k > 0 { // the body's start, read with the head
-			k = min(k, cap(c.abuf)-len(c.abuf))
+			k = min(k, len(room))
 			c.abuf = append(c.abuf, c.in.bytes()[:k]...)
 			c.in.Discard(k)
 			continue
 		}
 		c.in.release()
-		n, blocked, err := c.in.readNoWait(c.abuf[len(c.abuf):cap(c.abuf)])
+		n, blocked, err := c.in.readNoWait(room)
 		c.abuf = c.abuf[:len(c.abuf)+n]
 		turn += n
 		switch {
@@ -73,7 +76,7 @@ func (c *conn) readAhead() (*http.Request, readResult) {
 		case notParked:
 			// The poller is closing: wait in reads from here.
 			c.setDeadline(c.deadline(s.ReadTimeout))
-			n, err := c.in.Read(c.abuf[len(c.abuf):cap(c.abuf)])
+			n, err := c.in.Read(room)
 			c.abuf = c.abuf[:len(c.abuf)+n]
 			if err != nil {
 				if err == io.EOF {
