@@ -1,0 +1,192 @@
+package h1
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/memcgate/memcgate/gateway/budget"
+)
+
+// lender is a Buffers that checks the rules of lending: capacities in
+// power-of-two classes from 4 KiB, as bufpool lends them, so that a
+// buffer may be larger than asked for; a buffer given back is poisoned
+// and lent again first, so that whoever still uses it sees the next
+// borrower's bytes or the poison; a Put of a buffer that is not out (given
+// back twice, or never lent) is an error, and so is a Put of one that a
+// handler said it holds (hold).
+type lender struct {
+	mu   sync.Mutex
+	out  map[*byte]int // lent and not given back: first byte → capacity
+	held map[*byte]bool
+	free [][]byte
+	errs []string
+}
+
+func newLender() *lender {
+	return &lender{out: map[*byte]int{}, held: map[*byte]bool{}}
+}
+
+// poison is what a buffer holds once it is given back.
+const poison = 0xEE
+
+// arrayOf identifies b's array by its first byte.
+func arrayOf(b []byte) *byte { return &b[:1][0] }
+
+func (l *lender) Get(n int) []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	size := 4 << 10
+	for size < n {
+		size *= 2
+	}
+	for i, b := range l.free {
+		if cap(b) == size {
+			l.free = slices.Delete(l.free, i, i+1)
+			l.out[arrayOf(b)] = size
+			return b[:0]
+		}
+	}
+	b := make([]byte, 0, size)
+	l.out[arrayOf(b)] = size
+	return b
+}
+
+func (l *lender) Put(b []byte) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p := arrayOf(b)
+	switch size, ok := l.out[p]; {
+	case !ok:
+		l.errs = append(l.errs, fmt.Sprintf("Put of a buffer that is not lent (cap %d): given back twice?", cap(b)))
+		return
+	case size != cap(b):
+		l.errs = append(l.errs, fmt.Sprintf("Put with cap %d of a buffer lent with cap %d", cap(b), size))
+	case l.held[p]:
+		l.errs = append(l.errs, fmt.Sprintf("Put of a buffer (cap %d) its handler still holds", cap(b)))
+	}
+	delete(l.out, p)
+	b = b[:cap(b)]
+	for i := range b {
+		b[i] = poison
+	}
+	l.free = append(l.free, b[:0])
+}
+
+// hold records that a handler keeps b: giving it back is an error until
+// release.
+func (l *lender) hold(b []byte) {
+	l.mu.Lock()
+	l.held[arrayOf(b)] = true
+	l.mu.Unlock()
+}
+
+func (l *lender) release(b []byte) {
+	l.mu.Lock()
+	delete(l.held, arrayOf(b))
+	l.mu.Unlock()
+}
+
+// lent is how many buffers are out.
+func (l *lender) lent() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.out)
+}
+
+func (l *lender) check(t *testing.T) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, e := range l.errs {
+		t.Error(e)
+	}
+}
+
+// startLending serves h with read ahead up to 1 MiB into buffers from
+// l, with one worker, under bg.
+func startLending(t *testing.T, h http.Handler, l *lender, bg *budget.Budget) (*Server, string) {
+	return startH1(t, h, func(s *Server) {
+		s.pollWorkers = 1
+		s.Budget = bg
+		s.Buffers = l
+		s.BodyLimit = func(*http.Request) int64 { return 1 << 20 }
+	})
+}
+
+// sendParked sends head and the first part of its body, waits until the
+// connection is parked reading the rest, and then sends rest in one
+// write: the read ahead then finds whatever follows the body in the
+// same read.
+func sendParked(t *testing.T, s *Server, c net.Conn, head, part, rest string) {
+	t.Helper()
+	io.WriteString(c, head+part)
+	if !eventually(func() bool { return readingCount(s) == 1 }) {
+		t.Fatal("the connection did not park while its body came")
+	}
+	io.WriteString(c, rest)
+}
+
+// TestReadAheadStopsAtBodyEnd: a body read ahead into a lent buffer
+// larger than the body ends at its Content-Length: the request pipelined
+// after it is served, not swallowed into the body's buffer.
+func TestReadAheadStopsAtBodyEnd(t *testing.T) {
+	tests := []struct {
+		name string
+		size int
+		take bool // the handler takes the body (TakeAhead) rather than read it
+	}{
+		{"read, small class", 5000, false},
+		{"read, large class", 100_000, false},
+		{"taken, small class", 5000, true},
+		{"taken, large class", 100_000, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := newLender()
+			bg := budget.New(4 << 20)
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				var b []byte
+				if tt.take && r.ContentLength > 0 {
+					if b = TakeAhead(r); b == nil {
+						fmt.Fprint(w, "not taken")
+						return
+					}
+					defer l.Put(b)
+				} else {
+					var err error
+					if b, err = io.ReadAll(r.Body); err != nil {
+						fmt.Fprintf(w, "read %d: %v", len(b), err)
+						return
+					}
+				}
+				fmt.Fprintf(w, "read %d %s", len(b), bytes.Trim(b, "b"))
+			})
+			s, addr := startLending(t, h, l, bg)
+			c, br := dial(t, addr)
+			head := fmt.Sprintf("PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", tt.size)
+			body := strings.Repeat("b", tt.size)
+			sendParked(t, s, c, head, body[:1000], body[1000:]+"GET /next HTTP/1.1\r\nHost: a\r\n\r\n")
+			r, err := readWireResponse(br, "PUT")
+			if want := fmt.Sprintf("read %d ", tt.size); err != nil || r.body != want {
+				t.Errorf("PUT answered %q, %v; want %q", r.body, err, want)
+			}
+			c.SetReadDeadline(time.Now().Add(time.Second))
+			r, err = readWireResponse(br, "GET")
+			if err != nil || r.body != "read 0 " {
+				t.Errorf("the GET pipelined after the body: %v, %v; want \"read 0 \"", r, err)
+			}
+			if !eventually(func() bool { return bg.Used() == 0 && l.lent() == 0 }) {
+				t.Errorf("after the requests: budget holds %d bytes, %d buffers not given back", bg.Used(), l.lent())
+			}
+			l.check(t)
+		})
+	}
+}
