@@ -111,10 +111,11 @@ func (l *lender) check(t *testing.T) {
 }
 
 // startLending serves h with read ahead up to 1 MiB into buffers from
-// l, with one worker, under bg.
-func startLending(t *testing.T, h http.Handler, l *lender, bg *budget.Budget) (*Server, string) {
+// l, with one worker, under bg, with the read timeout rt (0: none).
+func startLending(t *testing.T, h http.Handler, l *lender, bg *budget.Budget, rt time.Duration) (*Server, string) {
 	return startH1(t, h, func(s *Server) {
 		s.pollWorkers = 1
+		s.ReadTimeout = rt
 		s.Budget = bg
 		s.Buffers = l
 		s.BodyLimit = func(*http.Request) int64 { return 1 << 20 }
@@ -169,7 +170,7 @@ func TestReadAheadStopsAtBodyEnd(t *testing.T) {
 				}
 				fmt.Fprintf(w, "read %d %s", len(b), bytes.Trim(b, "b"))
 			})
-			s, addr := startLending(t, h, l, bg)
+			s, addr := startLending(t, h, l, bg, 0)
 			c, br := dial(t, addr)
 			head := fmt.Sprintf("PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", tt.size)
 			body := strings.Repeat("b", tt.size)
@@ -185,6 +186,107 @@ func TestReadAheadStopsAtBodyEnd(t *testing.T) {
 			}
 			if !eventually(func() bool { return bg.Used() == 0 && l.lent() == 0 }) {
 				t.Errorf("after the requests: budget holds %d bytes, %d buffers not given back", bg.Used(), l.lent())
+			}
+			l.check(t)
+		})
+	}
+}
+
+// TestBodyBuffersGoBack: the connection gives back the buffer of a body
+// it read ahead once nothing can read it (read out, dropped unread, or a
+// body that timed out before its handler saw it), never one a handler
+// took, and never twice; after a body cut short, which its handler saw,
+// it leaves the buffer to the garbage collector. The budget the connection held is given back every time.
+func TestBodyBuffersGoBack(t *testing.T) {
+	const size = 50_000
+	body := strings.Repeat("b", size)
+	head := fmt.Sprintf("PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size)
+	tests := []struct {
+		name     string
+		read     int  // bytes the handler reads; -1: all of it
+		take     bool // the handler takes the body and keeps it over the next request
+		timeout  bool // the body does not come within the read timeout
+		cut      bool // the client ends its side before the body is whole
+		wantLent int  // buffers left out after the request
+	}{
+		{name: "read out", read: -1},
+		{name: "left unread", read: 0},
+		{name: "partly read", read: 10},
+		{name: "taken", take: true},
+		{name: "timed out mid-body", timeout: true},
+		{name: "cut short", read: -1, cut: true, wantLent: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := newLender()
+			bg := budget.New(4 << 20)
+			kept := make(chan []byte, 2)
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if tt.take {
+					b := TakeAhead(r)
+					l.hold(b)
+					kept <- b
+					fmt.Fprintf(w, "took %d", len(b))
+					return
+				}
+				var err error
+				n := 0
+				if tt.read < 0 {
+					var b []byte
+					b, err = io.ReadAll(r.Body)
+					n = len(b)
+				} else {
+					n, err = io.ReadFull(r.Body, make([]byte, tt.read))
+				}
+				fmt.Fprintf(w, "read %d %v", n, err)
+			})
+			var rt time.Duration
+			if tt.timeout {
+				rt = 100 * time.Millisecond
+			}
+			s, addr := startLending(t, h, l, bg, rt)
+			c, br := dial(t, addr)
+			switch {
+			case tt.timeout:
+				sendParked(t, s, c, head, body[:1000], "")
+				waitClosed(t, br)
+			case tt.cut:
+				sendParked(t, s, c, head, body[:1000], body[1000:2000])
+				c.(*net.TCPConn).CloseWrite()
+				r, err := readWireResponse(br, "PUT")
+				if want := "read 2000 unexpected EOF"; err != nil || r.body != want {
+					t.Errorf("PUT answered %q, %v; want %q", r.body, err, want)
+				}
+			default:
+				// Twice on one connection: a buffer given back too early,
+				// or twice, is lent for the second body.
+				for _, fill := range []string{"b", "c"} {
+					sendParked(t, s, c, head, strings.Repeat(fill, 1000), strings.Repeat(fill, size-1000))
+					r, err := readWireResponse(br, "PUT")
+					want := fmt.Sprintf("read %d <nil>", max(tt.read, 0))
+					switch {
+					case tt.take:
+						want = fmt.Sprintf("took %d", size)
+					case tt.read < 0:
+						want = fmt.Sprintf("read %d <nil>", size)
+					}
+					if err != nil || r.body != want {
+						t.Errorf("PUT answered %q, %v; want %q", r.body, err, want)
+					}
+				}
+			}
+			if tt.take {
+				for _, fill := range []byte("bc") {
+					b := <-kept
+					if i := bytes.IndexFunc(b, func(r rune) bool { return r != rune(fill) }); i >= 0 {
+						t.Errorf("a taken body changed while its handler kept it: byte %d is %#x, want %q", i, b[i], fill)
+					}
+					l.release(b)
+					l.Put(b)
+				}
+			}
+			if !eventually(func() bool { return bg.Used() == 0 && l.lent() == tt.wantLent }) {
+				t.Errorf("after the requests: budget holds %d bytes, %d buffers not given back, want %d", bg.Used(), l.lent(), tt.wantLent)
 			}
 			l.check(t)
 		})
