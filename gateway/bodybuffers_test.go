@@ -1,0 +1,276 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/memcgate/memcgate/gateway/budget"
+	"github.com/memcgate/memcgate/gateway/h1"
+	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/op"
+)
+
+// lender is a Buffers (for the handler and for h1 alike) that checks how
+// its buffers are used: it lends in bufpool's classes, poisons what is
+// given back and lends it again first, and counts as errors a Put of a
+// buffer that is not out (given back twice) and a value that reaches the
+// Store in a buffer already given back.
+type lender struct {
+	mu   sync.Mutex
+	out  map[*byte]int // lent and not given back: first byte → capacity
+	free [][]byte
+	errs []string
+}
+
+func newLender() *lender { return &lender{out: map[*byte]int{}} }
+
+// arrayOf identifies b's array by its first byte.
+func arrayOf(b []byte) *byte { return &b[:1][0] }
+
+func (l *lender) Get(n int) []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	size := 4 << 10
+	for size < n {
+		size *= 2
+	}
+	for i, b := range l.free {
+		if cap(b) == size {
+			l.free = slices.Delete(l.free, i, i+1)
+			l.out[arrayOf(b)] = size
+			return b[:0]
+		}
+	}
+	b := make([]byte, 0, size)
+	l.out[arrayOf(b)] = size
+	return b
+}
+
+func (l *lender) Put(b []byte) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.out[arrayOf(b)]; !ok {
+		l.errs = append(l.errs, fmt.Sprintf("Put of a buffer that is not lent (cap %d): given back twice?", cap(b)))
+		return
+	}
+	delete(l.out, arrayOf(b))
+	b = b[:cap(b)]
+	for i := range b {
+		b[i] = 0xEE
+	}
+	l.free = append(l.free, b[:0])
+}
+
+// using checks that v, a value on its way to memcached, is not in a
+// buffer given back: within one of the lender's buffers, that buffer is
+// still out.
+func (l *lender) using(what string, v []byte) {
+	if cap(v) == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, b := range l.free {
+		if arrayOf(b[:cap(b)]) == arrayOf(v) {
+			l.errs = append(l.errs, what+": the value is in a buffer already given back")
+		}
+	}
+}
+
+func (l *lender) lent() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.out)
+}
+
+func (l *lender) check(t *testing.T) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, e := range l.errs {
+		t.Error(e)
+	}
+}
+
+// lendingStore is a fake Store that checks with its lender that every
+// value it is given is still lent to its request, and whose DoAsync keeps
+// only a copy and answers later, as upstream's does.
+type lendingStore struct {
+	*fakeStore
+	l     *lender
+	async bool // DoAsync takes the call; else it declines
+}
+
+func (s *lendingStore) Do(ctx context.Context, o op.Op) op.Result {
+	s.l.using("Do", o.Item.Value)
+	return s.fakeStore.Do(ctx, o)
+}
+
+func (s *lendingStore) DoAsync(ctx context.Context, o op.Op, done func(op.Result)) bool {
+	if !s.async {
+		return false
+	}
+	s.l.using("DoAsync", o.Item.Value)
+	o.Item.Value = bytes.Clone(o.Item.Value)
+	go func() {
+		time.Sleep(time.Millisecond)
+		done(s.fakeStore.Do(ctx, o))
+	}()
+	return true
+}
+
+// startLending serves a gateway over s on h1, wired as memcgate wires
+// them: bodies read ahead and taken without a copy, and lent by l to
+// both, under bg.
+func startLending(t *testing.T, s *lendingStore, bg *budget.Budget) string {
+	t.Helper()
+	opts := Options{Budget: bg, Buffers: s.l, TakeBody: h1.TakeAhead, MaxValueBytes: 1 << 20}
+	if s.async {
+		opts.Async = s
+	}
+	h := NewHandler(s, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry(), opts)
+	quiet := log.New(io.Discard, "", 0)
+	srv := &h1.Server{Handler: h, Fallback: &http.Server{Handler: h, ErrorLog: quiet}, ErrorLog: quiet, NewContext: h.NewContext,
+		BodyLimit: h.BodyLimit, Budget: bg, Buffers: s.l}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	ctx, cancel := context.WithCancel(context.Background())
+	go h.Run(ctx) // the queue of Prefer: respond-async writes
+	t.Cleanup(func() {
+		srv.Close()
+		cancel()
+	})
+	return ln.Addr().String()
+}
+
+// TestPooledValues: PUT values of every size class, from many clients at
+// once, through h1 with its read ahead and the handler's routed and
+// detached paths, and with the Store failing: memcached (the fake
+// Store) always gets the bytes sent, every value reaches it in a buffer
+// still lent to its request, each buffer is given back once, and the
+// budget holds nothing afterwards. A write queued with Prefer:
+// respond-async keeps its buffer.
+func TestPooledValues(t *testing.T) {
+	tests := []struct {
+		name   string
+		async  bool  // the Store takes detached writes (DoAsync)
+		fail   error // what the Store answers
+		prefer bool  // Prefer: respond-async
+	}{
+		{name: "routed"},
+		{name: "detached", async: true},
+		{name: "store fails", fail: upstream.ErrNoNodes},
+		{name: "respond-async", prefer: true},
+	}
+	sizes := []int{10, 3000, 5000, 16 << 10, 20_000, 100_000, 300_000}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := newLender()
+			bg := budget.New(64 << 20)
+			s := &lendingStore{fakeStore: newFake(), l: l, async: tt.async}
+			s.Err = tt.fail
+			addr := startLending(t, s, bg)
+			const clients = 8
+			var wg sync.WaitGroup
+			for i := range clients {
+				wg.Go(func() {
+					c, err := net.Dial("tcp", addr)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					defer c.Close()
+					c.SetDeadline(time.Now().Add(5 * time.Second))
+					br := bufio.NewReader(c)
+					for j, size := range sizes {
+						key := fmt.Sprintf("k%d-%d", i, j)
+						value := strings.Repeat(string(rune('a'+i)), size)
+						prefer := ""
+						if tt.prefer {
+							prefer = "Prefer: respond-async\r\n"
+						}
+						// The head, then the body in two writes: most of it
+						// arrives after the head, and is read ahead.
+						fmt.Fprintf(c, "PUT /%s HTTP/1.1\r\nHost: a\r\n%sContent-Length: %d\r\n\r\n%s", key, prefer, size, value[:size/2])
+						io.WriteString(c, value[size/2:])
+						resp, err := http.ReadResponse(br, nil)
+						if err != nil {
+							t.Errorf("PUT %s: %v", key, err)
+							return
+						}
+						io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+						want := http.StatusCreated
+						switch {
+						case tt.fail != nil:
+							want = http.StatusServiceUnavailable
+						case tt.prefer:
+							want = http.StatusAccepted
+						}
+						if resp.StatusCode != want {
+							t.Errorf("PUT %s: %s, want %d", key, resp.Status, want)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if tt.fail == nil {
+				ok := eventually(func() bool {
+					s.Mu.Lock()
+					defer s.Mu.Unlock()
+					return len(s.Items) == clients*len(sizes)
+				})
+				if !ok {
+					t.Fatalf("%d values stored, want %d", len(s.Items), clients*len(sizes))
+				}
+				s.Mu.Lock()
+				for i := range clients {
+					for j, size := range sizes {
+						key := fmt.Sprintf("k%d-%d", i, j)
+						want := strings.Repeat(string(rune('a'+i)), size)
+						if got := string(s.Items[key].Value); got != want {
+							t.Errorf("%s holds %d bytes %.20q…, want %d of %q", key, len(got), got, size, want[:1])
+						}
+					}
+				}
+				s.Mu.Unlock()
+			}
+			if !eventually(func() bool { return bg.Used() == 0 }) {
+				t.Errorf("the budget holds %d bytes after the requests", bg.Used())
+			}
+			if n := l.lent(); !tt.prefer && n != 0 {
+				t.Errorf("%d buffers not given back", n)
+			}
+			l.check(t)
+		})
+	}
+}
+
+// eventually retries cond for up to 5s and reports whether it held.
+func eventually(cond func() bool) bool {
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
