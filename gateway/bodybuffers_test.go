@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -19,104 +18,23 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/memcgate/memcgate/gateway/budget"
+	"github.com/memcgate/memcgate/gateway/bufpool/bufpooltest"
 	"github.com/memcgate/memcgate/gateway/h1"
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/op"
 )
-
-// lender is a Buffers (for the handler and for h1 alike) that checks how
-// its buffers are used: it lends in bufpool's classes, poisons what is
-// given back and lends it again first, and counts as errors a Put of a
-// buffer that is not out (given back twice) and a value that reaches the
-// Store in a buffer already given back.
-type lender struct {
-	mu   sync.Mutex
-	out  map[*byte]int // lent and not given back: first byte → capacity
-	free [][]byte
-	errs []string
-}
-
-func newLender() *lender { return &lender{out: map[*byte]int{}} }
-
-// arrayOf identifies b's array by its first byte.
-func arrayOf(b []byte) *byte { return &b[:1][0] }
-
-func (l *lender) Get(n int) []byte {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	size := 4 << 10
-	for size < n {
-		size *= 2
-	}
-	for i, b := range l.free {
-		if cap(b) == size {
-			l.free = slices.Delete(l.free, i, i+1)
-			l.out[arrayOf(b)] = size
-			return b[:0]
-		}
-	}
-	b := make([]byte, 0, size)
-	l.out[arrayOf(b)] = size
-	return b
-}
-
-func (l *lender) Put(b []byte) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if _, ok := l.out[arrayOf(b)]; !ok {
-		l.errs = append(l.errs, fmt.Sprintf("Put of a buffer that is not lent (cap %d): given back twice?", cap(b)))
-		return
-	}
-	delete(l.out, arrayOf(b))
-	b = b[:cap(b)]
-	for i := range b {
-		b[i] = 0xEE
-	}
-	l.free = append(l.free, b[:0])
-}
-
-// using checks that v, a value on its way to memcached, is not in a
-// buffer given back: within one of the lender's buffers, that buffer is
-// still out.
-func (l *lender) using(what string, v []byte) {
-	if cap(v) == 0 {
-		return
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, b := range l.free {
-		if arrayOf(b[:cap(b)]) == arrayOf(v) {
-			l.errs = append(l.errs, what+": the value is in a buffer already given back")
-		}
-	}
-}
-
-func (l *lender) lent() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.out)
-}
-
-func (l *lender) check(t *testing.T) {
-	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, e := range l.errs {
-		t.Error(e)
-	}
-}
 
 // lendingStore is a fake Store that checks with its lender that every
 // value it is given is still lent to its request, and whose DoAsync keeps
 // only a copy and answers later, as upstream's does.
 type lendingStore struct {
 	*fakeStore
-	l     *lender
+	l     *bufpooltest.Lender
 	async bool // DoAsync takes the call; else it declines
 }
 
 func (s *lendingStore) Do(ctx context.Context, o op.Op) op.Result {
-	s.l.using("Do", o.Item.Value)
+	s.l.Using("Do", o.Item.Value)
 	return s.fakeStore.Do(ctx, o)
 }
 
@@ -124,7 +42,7 @@ func (s *lendingStore) DoAsync(ctx context.Context, o op.Op, done func(op.Result
 	if !s.async {
 		return false
 	}
-	s.l.using("DoAsync", o.Item.Value)
+	s.l.Using("DoAsync", o.Item.Value)
 	o.Item.Value = bytes.Clone(o.Item.Value)
 	go func() {
 		time.Sleep(time.Millisecond)
@@ -182,7 +100,7 @@ func TestPooledValues(t *testing.T) {
 	sizes := []int{10, 3000, 5000, 16 << 10, 20_000, 100_000, 300_000}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			l := newLender()
+			l := bufpooltest.New()
 			bg := budget.New(64 << 20)
 			s := &lendingStore{fakeStore: newFake(), l: l, async: tt.async}
 			s.Err = tt.fail
@@ -232,14 +150,11 @@ func TestPooledValues(t *testing.T) {
 			}
 			wg.Wait()
 			if tt.fail == nil {
-				ok := eventually(func() bool {
+				waitFor(t, fmt.Sprintf("%d values stored", clients*len(sizes)), func() bool {
 					s.Mu.Lock()
 					defer s.Mu.Unlock()
 					return len(s.Items) == clients*len(sizes)
 				})
-				if !ok {
-					t.Fatalf("%d values stored, want %d", len(s.Items), clients*len(sizes))
-				}
 				s.Mu.Lock()
 				for i := range clients {
 					for j, size := range sizes {
@@ -252,25 +167,11 @@ func TestPooledValues(t *testing.T) {
 				}
 				s.Mu.Unlock()
 			}
-			if !eventually(func() bool { return bg.Used() == 0 }) {
-				t.Errorf("the budget holds %d bytes after the requests", bg.Used())
-			}
-			if n := l.lent(); !tt.prefer && n != 0 {
+			waitFor(t, "the budget to hold nothing", func() bool { return bg.Used() == 0 })
+			if n := l.Lent(); !tt.prefer && n != 0 {
 				t.Errorf("%d buffers not given back", n)
 			}
-			l.check(t)
+			l.Check(t)
 		})
-	}
-}
-
-// eventually retries cond for up to 5s and reports whether it held.
-func eventually(cond func() bool) bool {
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
 	}
 }

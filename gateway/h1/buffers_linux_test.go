@@ -6,113 +6,17 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/memcgate/memcgate/gateway/budget"
+	"github.com/memcgate/memcgate/gateway/bufpool/bufpooltest"
 )
-
-// lender is a Buffers that checks the rules of lending: capacities in
-// power-of-two classes from 4 KiB, as bufpool lends them, so that a
-// buffer may be larger than asked for; a buffer given back is poisoned
-// and lent again first, so that whoever still uses it sees the next
-// borrower's bytes or the poison; a Put of a buffer that is not out (given
-// back twice, or never lent) is an error, and so is a Put of one that a
-// handler said it holds (hold).
-type lender struct {
-	mu   sync.Mutex
-	out  map[*byte]int // lent and not given back: first byte → capacity
-	held map[*byte]bool
-	free [][]byte
-	errs []string
-}
-
-func newLender() *lender {
-	return &lender{out: map[*byte]int{}, held: map[*byte]bool{}}
-}
-
-// poison is what a buffer holds once it is given back.
-const poison = 0xEE
-
-// arrayOf identifies b's array by its first byte.
-func arrayOf(b []byte) *byte { return &b[:1][0] }
-
-func (l *lender) Get(n int) []byte {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	size := 4 << 10
-	for size < n {
-		size *= 2
-	}
-	for i, b := range l.free {
-		if cap(b) == size {
-			l.free = slices.Delete(l.free, i, i+1)
-			l.out[arrayOf(b)] = size
-			return b[:0]
-		}
-	}
-	b := make([]byte, 0, size)
-	l.out[arrayOf(b)] = size
-	return b
-}
-
-func (l *lender) Put(b []byte) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	p := arrayOf(b)
-	switch size, ok := l.out[p]; {
-	case !ok:
-		l.errs = append(l.errs, fmt.Sprintf("Put of a buffer that is not lent (cap %d): given back twice?", cap(b)))
-		return
-	case size != cap(b):
-		l.errs = append(l.errs, fmt.Sprintf("Put with cap %d of a buffer lent with cap %d", cap(b), size))
-	case l.held[p]:
-		l.errs = append(l.errs, fmt.Sprintf("Put of a buffer (cap %d) its handler still holds", cap(b)))
-	}
-	delete(l.out, p)
-	b = b[:cap(b)]
-	for i := range b {
-		b[i] = poison
-	}
-	l.free = append(l.free, b[:0])
-}
-
-// hold records that a handler keeps b: giving it back is an error until
-// release.
-func (l *lender) hold(b []byte) {
-	l.mu.Lock()
-	l.held[arrayOf(b)] = true
-	l.mu.Unlock()
-}
-
-func (l *lender) release(b []byte) {
-	l.mu.Lock()
-	delete(l.held, arrayOf(b))
-	l.mu.Unlock()
-}
-
-// lent is how many buffers are out.
-func (l *lender) lent() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.out)
-}
-
-func (l *lender) check(t *testing.T) {
-	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, e := range l.errs {
-		t.Error(e)
-	}
-}
 
 // startLending serves h with read ahead up to 1 MiB into buffers from
 // l, with one worker, under bg, with the read timeout rt (0: none).
-func startLending(t *testing.T, h http.Handler, l *lender, bg *budget.Budget, rt time.Duration) (*Server, string) {
+func startLending(t *testing.T, h http.Handler, l *bufpooltest.Lender, bg *budget.Budget, rt time.Duration) (*Server, string) {
 	return startH1(t, h, func(s *Server) {
 		s.pollWorkers = 1
 		s.ReadTimeout = rt
@@ -151,7 +55,7 @@ func TestReadAheadStopsAtBodyEnd(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			l := newLender()
+			l := bufpooltest.New()
 			bg := budget.New(4 << 20)
 			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				var b []byte
@@ -184,10 +88,10 @@ func TestReadAheadStopsAtBodyEnd(t *testing.T) {
 			if err != nil || r.body != "read 0 " {
 				t.Errorf("the GET pipelined after the body: %v, %v; want \"read 0 \"", r, err)
 			}
-			if !eventually(func() bool { return bg.Used() == 0 && l.lent() == 0 }) {
-				t.Errorf("after the requests: budget holds %d bytes, %d buffers not given back", bg.Used(), l.lent())
+			if !eventually(func() bool { return bg.Used() == 0 && l.Lent() == 0 }) {
+				t.Errorf("after the requests: budget holds %d bytes, %d buffers not given back", bg.Used(), l.Lent())
 			}
-			l.check(t)
+			l.Check(t)
 		})
 	}
 }
@@ -218,13 +122,13 @@ func TestBodyBuffersGoBack(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			l := newLender()
+			l := bufpooltest.New()
 			bg := budget.New(4 << 20)
 			kept := make(chan []byte, 2)
 			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				if tt.take {
 					b := TakeAhead(r)
-					l.hold(b)
+					l.Hold(b)
 					kept <- b
 					fmt.Fprintf(w, "took %d", len(b))
 					return
@@ -281,14 +185,14 @@ func TestBodyBuffersGoBack(t *testing.T) {
 					if i := bytes.IndexFunc(b, func(r rune) bool { return r != rune(fill) }); i >= 0 {
 						t.Errorf("a taken body changed while its handler kept it: byte %d is %#x, want %q", i, b[i], fill)
 					}
-					l.release(b)
+					l.Release(b)
 					l.Put(b)
 				}
 			}
-			if !eventually(func() bool { return bg.Used() == 0 && l.lent() == tt.wantLent }) {
-				t.Errorf("after the requests: budget holds %d bytes, %d buffers not given back, want %d", bg.Used(), l.lent(), tt.wantLent)
+			if !eventually(func() bool { return bg.Used() == 0 && l.Lent() == tt.wantLent }) {
+				t.Errorf("after the requests: budget holds %d bytes, %d buffers not given back, want %d", bg.Used(), l.Lent(), tt.wantLent)
 			}
-			l.check(t)
+			l.Check(t)
 		})
 	}
 }

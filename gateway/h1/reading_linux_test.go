@@ -2,7 +2,6 @@ package h1
 
 import (
 	"bufio"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -14,7 +13,6 @@ import (
 	"time"
 
 	"github.com/memcgate/memcgate/gateway/budget"
-	"github.com/memcgate/memcgate/gateway/bufpool"
 )
 
 // readingCount is how many connections s's poller holds parked
@@ -132,59 +130,6 @@ func TestReadAhead(t *testing.T) {
 	if r := roundTrip(t, c, br, "/"); r.body != "read 0" {
 		t.Errorf("next request: %v", r)
 	}
-}
-
-// TestReadAheadPooledStopsAtBody: a body read ahead into a pooled buffer
-// larger than the body (Server.Buffers lends whole classes) takes the
-// body's bytes and no more: a request sent right behind it is served.
-func TestReadAheadPooledStopsAtBody(t *testing.T) {
-	tests := []struct {
-		name string
-		size int // the body's; the pool lends the next power of two
-	}{
-		{"10000 bytes in a 16 KiB buffer", 10_000},
-		{"100000 bytes grown into a 128 KiB buffer", 100_000},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			s, addr := startH1(t, echoSum(), func(s *Server) {
-				s.Buffers = bufpool.New(1 << 20)
-				s.BodyLimit = func(*http.Request) int64 { return 1 << 20 }
-			})
-			body := strings.Repeat("0123456789", tt.size/10)
-			c, br := dial(t, addr)
-			fmt.Fprintf(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n%s", len(body), body[:3000])
-			if !eventually(func() bool { return readingCount(s) == 1 }) {
-				t.Fatal("the connection did not park while its body came")
-			}
-			// The rest of the body and the next request, in one write.
-			io.WriteString(c, body[3000:]+"PUT /y HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello")
-			for _, want := range []string{sumOf(body), sumOf("hello")} {
-				c.SetReadDeadline(time.Now().Add(5 * time.Second))
-				r, err := readWireResponse(br, "PUT")
-				if err != nil || r.body != want {
-					t.Fatalf("answered %q, %v; want %q", r.body, err, want)
-				}
-			}
-		})
-	}
-}
-
-// echoSum answers the length and SHA-256 of the request's body.
-func echoSum() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, err := io.ReadAll(r.Body)
-		if err != nil {
-			w.WriteHeader(http.StatusBadRequest)
-			return
-		}
-		io.WriteString(w, sumOf(string(b)))
-	})
-}
-
-// sumOf is echoSum's answer for body.
-func sumOf(body string) string {
-	return fmt.Sprintf("%d %x", len(body), sha256.Sum256([]byte(body)))
 }
 
 // TestReadAheadBudget: a body the budget refuses reaches the handler as
