@@ -33,11 +33,16 @@ func pollerCounts(t *testing.T, s *Server) (parked, registered, conns int) {
 	return parked, len(p.conns), conns
 }
 
-// inPoller returns f's result on s's poller, under the poller's lock.
+// inPoller returns f's result on s's poller, under the poller's lock, or
+// T's zero value while s has no poller yet (Serve makes it).
 func inPoller[T any](s *Server, f func(p *poller) T) T {
 	s.mu.Lock()
 	p := s.poller
 	s.mu.Unlock()
+	if p == nil {
+		var zero T
+		return zero
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return f(p)
