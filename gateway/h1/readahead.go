@@ -41,7 +41,10 @@ func (c *conn) readAhead() (*http.Request, readResult) {
 			return nil, readParked
 		}
 		if len(c.abuf) == cap(c.abuf) {
-			size := min(cl, max(2*cap(c.abuf), aheadChunk, c.in.Buffered()))
+			// Twice the buffer, or all the client has sent if more:
+			// what came with the head and what waits in the socket.
+			sent := len(c.abuf) + c.in.Buffered() + c.queued()
+			size := min(cl, max(2*cap(c.abuf), aheadChunk, sent))
 			if err := c.growAhead(size); err != nil {
 				return c.endAhead(b, err)
 			}
