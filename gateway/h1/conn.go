@@ -3,7 +3,6 @@ package h1
 import (
 	"bytes"
 	"context"
-	"io"
 	"net"
 	"net/http"
 	"runtime"
@@ -534,10 +533,12 @@ func (c *conn) runHandler(w *response, req *http.Request) (ok bool) {
 }
 
 // linger half-closes the connection and drops what the client still
-// sends, for up to lingerTime or until it closes, and then closes it, so
-// that closing with unread request bytes does not reset the connection
-// before the client has read the response. (net/http half-closes and
-// sleeps instead.) A connection that can park waits in the poller
+// sends, until it closes, sends nothing for lingerTime, or has lingered
+// for lingerMax, and then closes it, so that closing with unread request
+// bytes does not reset the connection before the client has read the
+// response: a client still sending a large body it was refused gets the
+// answer, not a broken pipe. (nginx lingers alike; net/http half-closes
+// and sleeps 500 ms.) A connection that can park waits in the poller
 // meanwhile, not on a worker: linger reports whether it parked it.
 func (c *conn) linger() (wasParked bool) {
 	if !c.canPark() {
@@ -565,7 +566,7 @@ func (c *conn) linger() (wasParked bool) {
 		if c.readDL {
 			c.setReadTimeout(0)
 		}
-		switch c.srv.poller.parkReading(c, stateActive, c.lingerAt.Add(lingerTime)) {
+		switch c.srv.poller.parkReading(c, stateActive, lingerUntil(c.lingerAt)) {
 		case parked:
 			return true
 		case notParked:
@@ -576,12 +577,28 @@ func (c *conn) linger() (wasParked bool) {
 	}
 }
 
-// lingerClose is linger for a connection that cannot park: it waits in a
-// read on its goroutine.
+// lingerUntil is when a connection lingering since start is closed if
+// nothing more comes: lingerTime from now, lingerMax from start at most.
+func lingerUntil(start time.Time) time.Time {
+	end := start.Add(lingerMax)
+	if idle := time.Now().Add(lingerTime); idle.Before(end) {
+		return idle
+	}
+	return end
+}
+
+// lingerClose is linger for a connection that cannot park: it waits in
+// reads on its goroutine.
 func (c *conn) lingerClose() {
 	if cw, ok := c.rwc.(interface{ CloseWrite() error }); ok {
 		cw.CloseWrite()
 	}
-	c.rwc.SetReadDeadline(time.Now().Add(lingerTime))
-	io.Copy(io.Discard, c.rwc)
+	start := time.Now()
+	var buf [4 << 10]byte
+	for {
+		c.rwc.SetReadDeadline(lingerUntil(start))
+		if _, err := c.rwc.Read(buf[:]); err != nil {
+			return
+		}
+	}
 }

@@ -247,6 +247,37 @@ func TestReadAheadTurns(t *testing.T) {
 	}
 }
 
+// TestLingerWhileClientSends: a client refused while it still sends a
+// large body keeps sending for longer than lingerTime in all, with
+// pauses shorter than it, and then reads the answer: the connection
+// lingers as long as bytes come, instead of resetting the client.
+func TestLingerWhileClientSends(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "close")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, "refused")
+	})
+	_, addr := startH1(t, h, nil)
+	c, br := dial(t, addr)
+	const size, piece = 2 << 20, 64 << 10
+	fmt.Fprintf(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size)
+	start := time.Now()
+	for sent := 0; sent < size; sent += piece {
+		if _, err := c.Write([]byte(strings.Repeat("x", piece))); err != nil {
+			t.Fatalf("after %v and %d bytes the write failed: %v", time.Since(start).Round(time.Millisecond), sent, err)
+		}
+		time.Sleep(lingerTime / 10)
+	}
+	if time.Since(start) < 2*lingerTime {
+		t.Fatalf("the body took %v, want more than %v for the test to mean anything", time.Since(start), 2*lingerTime)
+	}
+	r, err := readWireResponse(br, "PUT")
+	if err != nil || r.body != "refused" {
+		t.Fatalf("got %v, %v; want the refusal", r, err)
+	}
+	waitClosed(t, br)
+}
+
 // TestLingerParks: a connection closed with an unread body waits for the
 // client in the poller, not on a worker, and is closed when the client
 // closes.

@@ -99,8 +99,9 @@ type Server struct {
 const (
 	readBufSize     = 4 << 10 // the largest request head the fast path takes
 	shutdownPollMax = 100 * time.Millisecond
-	newConnGrace    = 5 * time.Second // a silent new conn counts as idle after this, as in net/http
-	lingerTime      = 500 * time.Millisecond
+	newConnGrace    = 5 * time.Second        // a silent new conn counts as idle after this, as in net/http
+	lingerTime      = 500 * time.Millisecond // how long a lingering connection may send nothing
+	lingerMax       = 30 * time.Second       // how long it may linger in all (nginx's lingering_time)
 )
 
 // Buffers lends byte buffers and takes them back (Server.Buffers).
