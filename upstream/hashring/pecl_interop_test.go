@@ -277,7 +277,10 @@ func TestPeclSessionInterop(t *testing.T) {
 	for ci, c := range sessionConfigs(servers) {
 		var path []string
 		for _, m := range c.ms {
-			path = append(path, fmt.Sprintf("tcp://%s:%d?weight=%d", m.Host, m.Port, m.Weight))
+			// A timeout of 10 s, not 1: a write that times out on a
+			// loaded machine marks its server failed, and the session
+			// goes to the next member instead.
+			path = append(path, fmt.Sprintf("tcp://%s:%d?weight=%d&timeout=10", m.Host, m.Port, m.Weight))
 		}
 		for si, s := range peclStrategies() {
 			d := sessionModes[s.d]
