@@ -334,7 +334,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	bodies := bufpool.New(int(mem.budget))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "memcgate_body_buffers_kept_bytes",
-		Help: "Bytes of request body buffers over 16 KiB kept for reuse, at most MEMCGATE_MAX_BUFFERED_BYTES.",
+		Help: "Bytes of request body buffers over 16 KiB kept for reuse: at most MEMCGATE_MAX_BUFFERED_BYTES, each for 1s at most unused.",
 	}, func() float64 { return float64(bodies.Kept()) }))
 	gopts.Buffers = bodies
 	handler := gateway.NewHandler(router, log, reg, gopts)

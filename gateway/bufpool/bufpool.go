@@ -10,9 +10,10 @@
 // holds n, and larger ones are allocated and never kept. Buffers of
 // SmallMax or less are kept as a sync.Pool keeps things, per processor
 // and until the garbage collector drops them; larger ones are kept up to
-// a number of bytes set when the Pool is made, and beyond it given to the
-// garbage collector, so that what a burst of large bodies leaves behind
-// stays bounded.
+// a number of bytes set when the Pool is made, and for IdleMax at most
+// without being lent again, and beyond either given to the garbage
+// collector: what a burst of large bodies leaves behind is bounded, and
+// does not outlive the burst.
 //
 // A buffer given back must no longer be read or written by anyone: its
 // next borrower overwrites it. Its bytes beyond what the borrower writes
@@ -23,6 +24,7 @@ package bufpool
 import (
 	"math/bits"
 	"sync"
+	"time"
 	"unsafe"
 )
 
@@ -33,6 +35,9 @@ const (
 	SmallMax = 16 << 10
 	// MaxSize is the capacity of the largest buffer a Pool keeps.
 	MaxSize = 1 << 20
+
+	// IdleMax is how long a large buffer is kept without being lent.
+	IdleMax = time.Second
 
 	minShift = 12 // log2(MinSize)
 	small    = 3  // classes of SmallMax and less
@@ -48,15 +53,24 @@ type Pool struct {
 	small [small]sync.Pool // of *byte
 
 	mu    sync.Mutex
-	large [classes - small][][]byte // free buffers of each large class
-	kept  int                       // bytes in large
-	max   int                       // the most bytes large may hold
+	large [classes - small][]freeBuf // free buffers of each large class, oldest first
+	kept  int                        // bytes in large
+	max   int                        // the most bytes large may hold
+	idle  time.Duration              // IdleMax (tests shorten it)
+	sweep *time.Timer                // lets go of buffers idle for IdleMax; made by the first Put
+	armed bool                       // sweep is set to fire
+}
+
+// freeBuf is a large buffer kept, and when it was given back.
+type freeBuf struct {
+	b  []byte
+	at time.Time
 }
 
 // New returns a Pool that keeps at most maxLarge bytes of buffers larger
 // than SmallMax (none if maxLarge <= 0).
 func New(maxLarge int) *Pool {
-	return &Pool{max: maxLarge}
+	return &Pool{max: maxLarge, idle: IdleMax}
 }
 
 // Get returns a buffer of length 0 and a capacity of at least n: the
@@ -77,8 +91,8 @@ func (p *Pool) Get(n int) []byte {
 		p.mu.Lock()
 		free := p.large[c-small]
 		if k := len(free); k > 0 {
-			b := free[k-1]
-			free[k-1] = nil
+			b := free[k-1].b
+			free[k-1] = freeBuf{}
 			p.large[c-small] = free[:k-1]
 			p.kept -= size
 			p.mu.Unlock()
@@ -105,10 +119,47 @@ func (p *Pool) Put(b []byte) {
 	}
 	p.mu.Lock()
 	if p.kept+size <= p.max {
-		p.large[c-small] = append(p.large[c-small], b[:size])
+		p.large[c-small] = append(p.large[c-small], freeBuf{b[:size], time.Now()})
 		p.kept += size
+		p.armLocked()
 	}
 	p.mu.Unlock()
+}
+
+// armLocked sets the sweep to fire p.idle from now, if it is not set.
+func (p *Pool) armLocked() {
+	switch {
+	case p.armed:
+	case p.sweep == nil:
+		p.sweep = time.AfterFunc(p.idle, p.sweepIdle)
+	default:
+		p.sweep.Reset(p.idle)
+	}
+	p.armed = true
+}
+
+// sweepIdle lets go of the large buffers kept for IdleMax or longer, and
+// sets itself again while some are kept.
+func (p *Pool) sweepIdle() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.armed = false
+	cutoff := time.Now().Add(-p.idle)
+	for c, free := range p.large {
+		n := 0
+		for n < len(free) && !free[n].at.After(cutoff) {
+			p.kept -= cap(free[n].b)
+			n++
+		}
+		if n > 0 {
+			k := copy(free, free[n:])
+			clear(free[k:])
+			p.large[c] = free[:k]
+		}
+	}
+	if p.kept > 0 {
+		p.armLocked()
+	}
 }
 
 // SetMax changes the most bytes of large buffers the Pool keeps, and
@@ -123,8 +174,8 @@ func (p *Pool) SetMax(maxLarge int) {
 	for c := len(p.large) - 1; c >= 0 && p.kept > p.max; c-- {
 		free := p.large[c]
 		for len(free) > 0 && p.kept > p.max {
-			p.kept -= cap(free[len(free)-1])
-			free[len(free)-1] = nil
+			p.kept -= cap(free[len(free)-1].b)
+			free[len(free)-1] = freeBuf{}
 			free = free[:len(free)-1]
 		}
 		p.large[c] = free

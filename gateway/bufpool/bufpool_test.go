@@ -2,6 +2,7 @@ package bufpool
 
 import (
 	"testing"
+	"time"
 )
 
 func TestGetCapacity(t *testing.T) {
@@ -153,4 +154,55 @@ func TestSetMax(t *testing.T) {
 	}
 	var nilPool *Pool
 	nilPool.SetMax(1) // ignored
+}
+
+// TestIdleBuffersGo checks that a sweep lets go of the large buffers
+// kept for the idle time and keeps the younger ones, and that the timer
+// sweeps until nothing is kept and is set again by the next Put.
+func TestIdleBuffersGo(t *testing.T) {
+	p := New(4 << 20)
+	p.idle = time.Hour // the sweep is called by hand first
+	p.Put(make([]byte, 0, 64<<10))
+	p.Put(make([]byte, 0, 256<<10))
+	p.Put(make([]byte, 0, 64<<10))
+	p.mu.Lock()
+	old := time.Now().Add(-2 * time.Hour)
+	p.large[class(64<<10)-small][0].at = old  // the first 64 KiB
+	p.large[class(256<<10)-small][0].at = old // the 256 KiB
+	p.mu.Unlock()
+	p.sweepIdle()
+	if got, want := p.Kept(), 64<<10; got != want {
+		t.Fatalf("Kept() after a sweep = %d, want %d (the younger 64 KiB)", got, want)
+	}
+	if b := p.Get(64 << 10); cap(b) != 64<<10 {
+		t.Fatalf("Get after the sweep: cap %d", cap(b))
+	}
+
+	p = New(4 << 20)
+	p.idle = 20 * time.Millisecond
+	for range 2 {
+		p.Put(make([]byte, 0, 64<<10))
+		waitKept(t, p, 0)
+		for deadline := time.Now().Add(time.Second); ; time.Sleep(5 * time.Millisecond) {
+			p.mu.Lock()
+			armed := p.armed
+			p.mu.Unlock()
+			if !armed {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the sweep is still set with nothing kept")
+			}
+		}
+	}
+}
+
+// waitKept waits up to a second for p to keep want bytes.
+func waitKept(t *testing.T, p *Pool, want int) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Second); p.Kept() != want; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("Kept() = %d after a second, want %d", p.Kept(), want)
+		}
+	}
 }
