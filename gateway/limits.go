@@ -167,7 +167,7 @@ func (l *limits) readBody(r *http.Request, limit int64) ([]byte, error) {
 	if l.takeBody != nil && cl > 0 {
 		if buf := l.takeBody(r); buf != nil {
 			if int64(len(buf)) != cl { // some of it was read before
-				l.putBody(buf)
+				// buf is then the tail of its buffer: not one to lend again.
 				return nil, bodyError(io.ErrUnexpectedEOF, len(buf), cl)
 			}
 			if err := l.hold(rc, cap(buf)); err != nil {
