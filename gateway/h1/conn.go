@@ -552,9 +552,19 @@ func (c *conn) linger() (wasParked bool) {
 		}
 		c.lingerAt = time.Now()
 	}
+	dropped := 0 // bytes dropped since a worker took the connection
 	for {
 		for c.in.Buffered() > 0 {
-			c.in.Discard(c.in.Buffered())
+			n, _ := c.in.Discard(c.in.Buffered())
+			dropped += n
+		}
+		if dropped >= aheadTurn {
+			c.in.release()
+		}
+		if dropped >= aheadTurn && c.srv.poller.requeue(c) {
+			// Others' turn, as in readAhead: a client sending fast
+			// must not keep the worker for the whole lingerMax.
+			return true
 		}
 		if !c.in.tryFill() {
 			if c.in.Buffered() > 0 {

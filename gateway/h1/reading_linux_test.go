@@ -278,6 +278,48 @@ func TestLingerWhileClientSends(t *testing.T) {
 	waitClosed(t, br)
 }
 
+// TestLingerTakesTurns: a refused client that keeps sending as fast as it
+// can lingers in turns with the other connections (it is queued again
+// every aheadTurn bytes): with one worker, another client is served
+// meanwhile, and the lingering one keeps being read.
+func TestLingerTakesTurns(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPut {
+			w.Header().Set("Connection", "close")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "served")
+	})
+	_, addr := startH1(t, h, func(s *Server) { s.pollWorkers = 1 })
+	c, br := dial(t, addr)
+	fmt.Fprintf(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", 1<<40)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		chunk := make([]byte, 256<<10)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := c.Write(chunk); err != nil {
+				return
+			}
+		}
+	}()
+	if r, err := readWireResponse(br, "PUT"); err != nil || r.status != "HTTP/1.1 503 Service Unavailable" {
+		t.Fatalf("PUT: %v, %v", r, err)
+	}
+	time.Sleep(50 * time.Millisecond) // lingering, with bytes coming all the time
+	c2, br2 := dial(t, addr)
+	c2.SetDeadline(time.Now().Add(2 * time.Second))
+	if r := roundTrip(t, c2, br2, "/"); r.body != "served" {
+		t.Fatalf("other client while one lingers: %v", r)
+	}
+}
+
 // TestLingerParks: a connection closed with an unread body waits for the
 // client in the poller, not on a worker, and is closed when the client
 // closes.
