@@ -208,3 +208,71 @@ func expectValue(url, key string, v []byte) error {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestRefusedGetsAllocateNothing: a GET whose value the byte budget
+// cannot take is answered 503 without the value ever being kept. With a
+// budget of 1 MiB, one client holds most of it with a PUT body it has not
+// finished sending; 100 GETs of a 200 KB value are then refused, and the
+// gateway allocates far less than the 20 MB the values would take (it
+// reads them off memcached's connection and drops them); once the
+// holder leaves, the value is served.
+func TestRefusedGetsAllocateNothing(t *testing.T) {
+	const size = 200_000
+	mc := memcachedtest.Start(t, "-I", "2m")
+	gw := gatewaytest.New(t, binary, map[string]string{
+		"MEMCGATE_SERVERS":            mc.Addr,
+		"MEMCGATE_MAX_VALUE_BYTES":    strconv.Itoa(1 << 20),
+		"MEMCGATE_MAX_BUFFERED_BYTES": strconv.Itoa(1 << 20),
+		"MEMCGATE_ACCESS_LOG":         "false",
+	})
+	gw.Start(t)
+	r := &rig{mc: mc, gw: gw, url: "http://" + gw.DataAddr}
+	r.put(t, "big", randomValue(size, 9))
+	// The holder: most of a 1 MB body, read ahead and held against the
+	// budget while the rest does not come.
+	holder, err := net.Dial("tcp", gw.DataAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	fmt.Fprintf(holder, "PUT /held HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n%s", bytes.Repeat([]byte("h"), 900_000))
+	for deadline := time.Now().Add(5 * time.Second); r.metric(t, "memcgate_buffered_bytes") < 900_000; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 5s the budget holds %v bytes, want the holder's 900,000 or more", r.metric(t, "memcgate_buffered_bytes"))
+		}
+	}
+	before := r.metric(t, "go_memstats_alloc_bytes_total")
+	for range 100 {
+		resp, err := http.Get(r.url + "/big")
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
+			t.Fatalf("GET of a value past the budget = %s, want 503 with Retry-After", resp.Status)
+		}
+	}
+	allocated := r.metric(t, "go_memstats_alloc_bytes_total") - before
+	t.Logf("100 refused GETs of %d bytes: %.1f MB allocated", size, allocated/1e6)
+	if allocated > 5e6 {
+		t.Errorf("100 refused GETs of %d bytes allocated %.1f MB, want far less than the values' %d MB", size, allocated/1e6, 100*size/1_000_000)
+	}
+	// The holder gone, the value is served: the node was not failed for
+	// the refusals, and its connections are in step.
+	holder.Close()
+	for deadline := time.Now().Add(5 * time.Second); r.metric(t, "memcgate_buffered_bytes") != 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the holder's bytes are still held 5s after it closed")
+		}
+	}
+	resp, err := http.Get(r.url + "/big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 || !bytes.Equal(got, randomValue(size, 9)) {
+		t.Errorf("GET after the holder left = %s, %d bytes, %v; want the value", resp.Status, len(got), err)
+	}
+}
