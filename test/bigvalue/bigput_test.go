@@ -17,21 +17,32 @@ import (
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
 
+// itemRig is one memcached (-I 2m, and memcachedArgs) and a memcgate that
+// takes values of up to 1 MiB, with a byte budget of budget bytes (0:
+// the default) and values in chunks off.
+func itemRig(t *testing.T, budget int, memcachedArgs ...string) *rig {
+	t.Helper()
+	mc := memcachedtest.Start(t, append([]string{"-I", "2m"}, memcachedArgs...)...)
+	vars := map[string]string{
+		"MEMCGATE_SERVERS":         mc.Addr,
+		"MEMCGATE_MAX_VALUE_BYTES": strconv.Itoa(1 << 20),
+		"MEMCGATE_ACCESS_LOG":      "false",
+	}
+	if budget > 0 {
+		vars["MEMCGATE_MAX_BUFFERED_BYTES"] = strconv.Itoa(budget)
+	}
+	gw := gatewaytest.New(t, binary, vars)
+	gw.Start(t)
+	return &rig{mc: mc, gw: gw, url: "http://" + gw.DataAddr}
+}
+
 // TestPutBodyHeldOnce: a PUT body read ahead by the fast path is held
 // against the budget once, not once by the server and again by the
 // handler's copy: with a budget of 1.5 MiB, 1 MB bodies are stored one
 // after another (held twice they needed 2 MB each and were answered
 // 503), and the budget is empty after each.
 func TestPutBodyHeldOnce(t *testing.T) {
-	mc := memcachedtest.Start(t, "-I", "2m")
-	gw := gatewaytest.New(t, binary, map[string]string{
-		"MEMCGATE_SERVERS":            mc.Addr,
-		"MEMCGATE_MAX_VALUE_BYTES":    strconv.Itoa(1 << 20),
-		"MEMCGATE_MAX_BUFFERED_BYTES": strconv.Itoa(3 << 19),
-		"MEMCGATE_ACCESS_LOG":         "false",
-	})
-	gw.Start(t)
-	r := &rig{mc: mc, gw: gw, url: "http://" + gw.DataAddr}
+	r := itemRig(t, 3<<19)
 	v := randomValue(1_000_000, 7)
 	for i := range 3 {
 		r.put(t, "once"+strconv.Itoa(i), v)
@@ -50,14 +61,7 @@ func TestPutBodyHeldOnce(t *testing.T) {
 // read back, from the gateway and from memcached itself, is the one its
 // client sent, and a cut-off PUT stores nothing.
 func TestPooledBodiesKeepTheirBytes(t *testing.T) {
-	mc := memcachedtest.Start(t, "-I", "2m", "-m", "512")
-	gw := gatewaytest.New(t, binary, map[string]string{
-		"MEMCGATE_SERVERS":         mc.Addr,
-		"MEMCGATE_MAX_VALUE_BYTES": strconv.Itoa(1 << 20),
-		"MEMCGATE_ACCESS_LOG":      "false",
-	})
-	gw.Start(t)
-	r := &rig{mc: mc, gw: gw, url: "http://" + gw.DataAddr}
+	r := itemRig(t, 0, "-m", "512")
 	url := r.url
 	sizes := []int{1000, 5000, 20_000, 100_000, 300_000, 1_000_000}
 	const clients, rounds = 16, 8
@@ -75,12 +79,12 @@ func TestPooledBodiesKeepTheirBytes(t *testing.T) {
 						return
 					}
 				case 1:
-					if err := putRaw(gw.DataAddr, key, v, 4, false); err != nil {
+					if err := putRaw(r.gw.DataAddr, key, v, 4, false); err != nil {
 						t.Error(err)
 						return
 					}
 				case 2:
-					if err := putRaw(gw.DataAddr, key, v, 4, true); err != nil {
+					if err := putRaw(r.gw.DataAddr, key, v, 4, true); err != nil {
 						t.Error(err)
 						return
 					}
@@ -108,7 +112,7 @@ func TestPooledBodiesKeepTheirBytes(t *testing.T) {
 		t.Errorf("memcgate_body_buffers_kept_bytes = %v, want more than 0 and at most 64 MiB", kept)
 	}
 	// Everything again, now that every buffer has been lent many times.
-	d := dialDirect(t, mc.Addr)
+	d := dialDirect(t, r.mc.Addr)
 	for c := range clients {
 		for i := range rounds {
 			key := fmt.Sprintf("pooled-%d-%d", c, i)
@@ -218,19 +222,11 @@ func expectValue(url, key string, v []byte) error {
 // holder leaves, the value is served.
 func TestRefusedGetsAllocateNothing(t *testing.T) {
 	const size = 200_000
-	mc := memcachedtest.Start(t, "-I", "2m")
-	gw := gatewaytest.New(t, binary, map[string]string{
-		"MEMCGATE_SERVERS":            mc.Addr,
-		"MEMCGATE_MAX_VALUE_BYTES":    strconv.Itoa(1 << 20),
-		"MEMCGATE_MAX_BUFFERED_BYTES": strconv.Itoa(1 << 20),
-		"MEMCGATE_ACCESS_LOG":         "false",
-	})
-	gw.Start(t)
-	r := &rig{mc: mc, gw: gw, url: "http://" + gw.DataAddr}
+	r := itemRig(t, 1<<20)
 	r.put(t, "big", randomValue(size, 9))
 	// The holder: most of a 1 MB body, read ahead and held against the
 	// budget while the rest does not come.
-	holder, err := net.Dial("tcp", gw.DataAddr)
+	holder, err := net.Dial("tcp", r.gw.DataAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
