@@ -559,12 +559,12 @@ func (c *conn) linger() (wasParked bool) {
 			dropped += n
 		}
 		if dropped >= aheadTurn {
-			c.in.release()
-		}
-		if dropped >= aheadTurn && c.srv.poller.requeue(c) {
 			// Others' turn, as in readAhead: a client sending fast
 			// must not keep the worker for the whole lingerMax.
-			return true
+			c.in.release()
+			if c.srv.poller.requeue(c) {
+				return true
+			}
 		}
 		if !c.in.tryFill() {
 			if c.in.Buffered() > 0 {
