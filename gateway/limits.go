@@ -235,7 +235,7 @@ func (l *limits) readBody(r *http.Request, limit int64) ([]byte, error) {
 // firstBodyBuf is the most readBody lends for a body before any of it is
 // read, as much as the fast path reads ahead into at first: a body of up
 // to that size is read with one read, and one that arrives slowly holds
-// no more than a request head's worth of buffers.
+// no more than it would on the fast path.
 const firstBodyBuf = 16 << 10
 
 // getBody returns a buffer for at least n bytes of a body.
