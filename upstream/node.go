@@ -108,7 +108,6 @@ func newNode(name string, o *Options, pol *healthPolicy, m *nodeMetrics, log *sl
 				return c, err
 			},
 			Closed: func() { n.conns.Add(-1) },
-			Fits:   o.Fits,
 		})
 		n.client = n.pipe
 	} else {

@@ -117,12 +117,6 @@ type Options struct {
 	// Dialer opens data and probe connections; if nil, a net.Dialer with
 	// Timeout. TLS to memcached plugs in here.
 	Dialer func(ctx context.Context, network, address string) (net.Conn, error)
-	// Fits, if not nil, is asked before a Get's value of 16 KiB or more
-	// is read into memory over pipelined connections: if n bytes do not
-	// fit (the gateway's byte budget), the value is read off and dropped
-	// and the Get fails with ErrNoFit, so that a value the caller would
-	// refuse is never allocated.
-	Fits func(n int) bool
 }
 
 // WithDefaults returns o with every zero field that has a default set to

@@ -175,9 +175,9 @@ func upstreamOptions(cfg config.Config) upstream.Options {
 // each pool of POOLS with the same upstream settings but its own nodes,
 // and whatever it leaves out taken from the default pool's variables. The
 // only place that knows both.
-func routeOptions(cfg config.Config, dialer func(ctx context.Context, network, address string) (net.Conn, error), fits func(int) bool) route.Options {
+func routeOptions(cfg config.Config, dialer func(ctx context.Context, network, address string) (net.Conn, error)) route.Options {
 	uo := upstreamOptions(cfg)
-	uo.Dialer, uo.Fits = dialer, fits
+	uo.Dialer = dialer
 	o := route.Options{
 		HedgeMinDelay:   cfg.HedgeMinDelay,
 		HedgeMaxDelay:   cfg.HedgeMaxDelay,
@@ -303,10 +303,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerBuildInfo(reg, build)
-	// A GET's value the budget could not take is dropped as it is read,
-	// not allocated to be refused.
-	fits := func(n int) bool { return buffered.Fits(int64(n)) }
-	router, err := route.New(routeOptions(cfg, sec.dialer, fits), log, reg)
+	router, err := route.New(routeOptions(cfg, sec.dialer), log, reg)
 	if err != nil {
 		ls.close()
 		return err

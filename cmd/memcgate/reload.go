@@ -374,7 +374,7 @@ func (r *reloader) apply(next config.Config, rl *Reload) error {
 		return fmt.Errorf("%sLOG_LEVEL: %w", config.Prefix, err)
 	}
 	if routingChanged(r.cur, next) {
-		changes, err := r.router.Reconfigure(routeOptions(withPoolsOf(next, r.started), nil, nil))
+		changes, err := r.router.Reconfigure(routeOptions(withPoolsOf(next, r.started), nil))
 		if err != nil {
 			return err
 		}

@@ -65,13 +65,10 @@ func (cl *call) result() (*memcache.Item, uint64, error) {
 	if cl.err != nil || cl.kind != op.Items {
 		return nil, cl.num, cl.err
 	}
-	switch {
-	case len(cl.items) > 0:
-		return cl.items[0], 0, nil
-	case len(cl.nofit) > 0:
-		return nil, 0, ErrNoFit
+	if len(cl.items) == 0 {
+		return nil, 0, memcache.ErrCacheMiss
 	}
-	return nil, 0, memcache.ErrCacheMiss
+	return cl.items[0], 0, nil
 }
 
 // big is the size of cl's value if it is a large value (see bigValue),
@@ -108,7 +105,6 @@ type waiter struct {
 type reply struct {
 	items   []*memcache.Item
 	dropped []string // keys whose values were read but not kept (call.limit)
-	nofit   []string // keys whose values were read but not kept (Options.Fits)
 	num     uint64
 	err     error // memcached's refusal, or the connection's failure
 }
@@ -129,7 +125,6 @@ type conn struct {
 	nc      net.Conn
 	closed  func() // Options.Closed, called once nc is closed; nil: none
 	timeout time.Duration
-	fits    func(n int) bool // Options.Fits, for single-key gets; nil: none
 
 	mu      sync.Mutex
 	wbuf    []byte    // encoded requests not yet written, but for the values in segs
@@ -158,8 +153,8 @@ type segment struct {
 	value []byte
 }
 
-func newConn(nc net.Conn, timeout time.Duration, fits func(int) bool) *conn {
-	return &conn{nc: nc, timeout: timeout, fits: fits}
+func newConn(nc net.Conn, timeout time.Duration) *conn {
+	return &conn{nc: nc, timeout: timeout}
 }
 
 func (c *conn) failed() bool {
@@ -526,16 +521,12 @@ func (c *conn) readLoop() {
 		// The keys of a shared line, copied while the calls are surely
 		// queued: fail may answer and free them while the reply is read.
 		k, verb, limit := c.queue[0].kind, c.queue[0].verb, c.queue[0].limit
-		var fits func(int) bool
-		if c.queue[0].key != "" { // single-key gets
-			fits = c.fits
-		}
 		keys = keys[:0]
 		for _, p := range c.queue[0].peer {
 			keys = append(keys, p.key)
 		}
 		c.mu.Unlock()
-		r, err := readReply(br, k, verb, keys, limit, fits)
+		r, err := readReply(br, k, verb, keys, limit)
 		if err != nil {
 			c.fail(err)
 			return
@@ -605,10 +596,6 @@ func share(calls []*call, r reply) {
 		if r.err != nil {
 			continue
 		}
-		if slices.Contains(r.nofit, p.key) {
-			p.reply.err = ErrNoFit
-			continue
-		}
 		for _, it := range r.items {
 			if it.Key == p.key {
 				p.one[0] = it
@@ -645,9 +632,8 @@ func isErrorLine(line []byte) bool {
 // only when the stream itself is broken. lineKeys are the keys of a
 // shared gets line (none for other requests): they become the items' keys.
 // A get reply keeps at most limit bytes of values (0: no limit); the keys
-// of the values it drops are in r.dropped. A value of bigValue bytes or
-// more that fits (if not nil) refuses is dropped too, its key in r.nofit.
-func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, limit int, fits func(int) bool) (r reply, err error) {
+// of the values it drops are in r.dropped.
+func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, limit int) (r reply, err error) {
 	keys := keyCursor{keys: lineKeys}
 	kept := 0
 	for {
@@ -678,13 +664,6 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, lim
 					return r, err
 				}
 				r.dropped = append(r.dropped, it.Key)
-				continue
-			}
-			if fits != nil && size >= bigValue && !fits(size) {
-				if err := skipValue(br, size); err != nil {
-					return r, err
-				}
-				r.nofit = append(r.nofit, it.Key)
 				continue
 			}
 			kept += size

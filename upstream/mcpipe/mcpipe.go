@@ -50,12 +50,6 @@ type Options struct {
 	// the start of the write that ended a wait with none unanswered;
 	// later writes do not move it); if zero, DefaultTimeout.
 	Timeout time.Duration
-	// Fits, if not nil, is asked before a single-key get's value of 16
-	// KiB or more is read into memory: if it reports that n bytes do not
-	// fit (its caller's byte budget), the value is read off the
-	// connection and dropped, and the get fails with ErrNoFit, so that a
-	// value the caller would refuse is never allocated.
-	Fits func(n int) bool
 }
 
 // Client sends requests to one memcached server over Options.Conns
@@ -66,7 +60,6 @@ type Client struct {
 	dial    func(ctx context.Context) (net.Conn, error)
 	closed  func()
 	timeout time.Duration
-	fits    func(n int) bool // Options.Fits
 	slots   []slot
 	next    atomic.Uint32
 	calls   sync.Pool
@@ -88,15 +81,11 @@ func New(o Options) *Client {
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultTimeout
 	}
-	return &Client{dial: o.Dial, closed: o.Closed, timeout: o.Timeout, fits: o.Fits, slots: make([]slot, o.Conns)}
+	return &Client{dial: o.Dial, closed: o.Closed, timeout: o.Timeout, slots: make([]slot, o.Conns)}
 }
 
 // ErrClosed is what requests on a connection get after Close closed it.
 var ErrClosed = errors.New("mcpipe: connection closed")
-
-// ErrNoFit is what a single-key get gets when Options.Fits refused its
-// value: memcached has it, and it was read and dropped.
-var ErrNoFit = errors.New("mcpipe: the value does not fit the caller's byte budget")
 
 // Close closes the open connections; requests on them fail with ErrClosed.
 // The Client stays usable: the next request dials again.
@@ -135,7 +124,7 @@ func (c *Client) conn() (*conn, error) {
 		return nil, err
 	}
 	s.dialErr = nil
-	cn := newConn(nc, c.timeout, c.fits)
+	cn := newConn(nc, c.timeout)
 	cn.closed = c.closed
 	go cn.readLoop()
 	s.c.Store(cn)

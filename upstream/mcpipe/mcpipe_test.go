@@ -475,7 +475,7 @@ func TestReadReplyLimit(t *testing.T) {
 	}
 	for _, tt := range tests {
 		br := bufio.NewReader(strings.NewReader(stream))
-		r, err := readReply(br, op.Items, "gets", nil, tt.limit, nil)
+		r, err := readReply(br, op.Items, "gets", nil, tt.limit)
 		if err != nil || r.err != nil {
 			t.Fatalf("limit %d: %v, %v", tt.limit, err, r.err)
 		}
@@ -486,7 +486,7 @@ func TestReadReplyLimit(t *testing.T) {
 		if !slices.Equal(kept, tt.wantKept) || !slices.Equal(r.dropped, tt.wantDropped) {
 			t.Errorf("limit %d: kept %v, dropped %v; want %v, %v", tt.limit, kept, r.dropped, tt.wantKept, tt.wantDropped)
 		}
-		if next, err := readReply(br, op.Stored, "set", nil, 0, nil); err != nil || next.err != nil {
+		if next, err := readReply(br, op.Stored, "set", nil, 0); err != nil || next.err != nil {
 			t.Errorf("limit %d: the next reply: %v, %v", tt.limit, err, next.err)
 		}
 	}
@@ -757,7 +757,7 @@ func TestReleaseKeepsNoPeers(t *testing.T) {
 func TestReplyToAnOpenLine(t *testing.T) {
 	client, server := net.Pipe()
 	defer server.Close()
-	c := newConn(client, time.Second, nil)
+	c := newConn(client, time.Second)
 	cl := &call{kind: op.Items, verb: "gets", key: "k", done: make(chan struct{}, 1)}
 	c.mu.Lock()
 	c.wbuf = append(c.wbuf, "gets k"...)
@@ -870,76 +870,5 @@ func TestSlowSteadyWrites(t *testing.T) {
 		if it, err := c.Get(fmt.Sprint("big", i)); err != nil || !bytes.Equal(it.Value, value) {
 			t.Errorf("get big%d: %v", i, err)
 		}
-	}
-}
-
-// TestFitsDropsValues: a single-key Get whose value Options.Fits refuses
-// fails with ErrNoFit, alone or on a shared line, without its value being
-// kept, and the connection goes on: the other keys of a shared line get
-// their values, later Gets work, multi-key gets are not asked about, and
-// small values never are.
-func TestFitsDropsValues(t *testing.T) {
-	srv := memcachedtest.Start(t)
-	var asked atomic.Int64
-	c := New(Options{
-		Timeout: 2 * time.Second,
-		Dial: func(ctx context.Context) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "tcp", srv.Addr)
-		},
-		Fits: func(n int) bool {
-			asked.Add(1)
-			return n < 50_000
-		},
-	})
-	defer c.Close()
-	values := map[string]int{"huge": 100_000, "large": 20_000, "small": 100, "edge": bigValue - 1}
-	for k, n := range values {
-		if err := c.Set(&memcache.Item{Key: k, Value: bytes.Repeat([]byte(k[:1]), n)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	tests := []struct {
-		key     string
-		wantErr error
-		asked   bool
-	}{
-		{"huge", ErrNoFit, true},
-		{"large", nil, true},
-		{"small", nil, false},
-		{"edge", nil, false},
-		{"missing", memcache.ErrCacheMiss, false},
-	}
-	for range 2 { // the connection is still in step after each refusal
-		for _, tt := range tests {
-			asked.Store(0)
-			it, err := c.Get(tt.key)
-			if !errors.Is(err, tt.wantErr) {
-				t.Fatalf("Get(%s): %v, want %v", tt.key, err, tt.wantErr)
-			}
-			if err == nil && len(it.Value) != values[tt.key] {
-				t.Fatalf("Get(%s): %d bytes, want %d", tt.key, len(it.Value), values[tt.key])
-			}
-			if got := asked.Load() > 0; got != tt.asked {
-				t.Errorf("Get(%s): Fits asked %v, want %v", tt.key, got, tt.asked)
-			}
-		}
-	}
-	// Concurrent Gets share lines: each gets its own answer.
-	var wg sync.WaitGroup
-	for w := range 32 {
-		wg.Go(func() {
-			tt := tests[w%len(tests)]
-			it, err := c.Get(tt.key)
-			if !errors.Is(err, tt.wantErr) || err == nil && len(it.Value) != values[tt.key] {
-				t.Errorf("concurrent Get(%s): %v, want %v", tt.key, err, tt.wantErr)
-			}
-		})
-	}
-	wg.Wait()
-	asked.Store(0)
-	items, err := c.GetMulti([]string{"huge", "small"})
-	if err != nil || len(items["huge"].Value) != values["huge"] || asked.Load() != 0 {
-		t.Errorf("GetMulti: %d items, %v, Fits asked %d times; want both, and not asked", len(items), err, asked.Load())
 	}
 }

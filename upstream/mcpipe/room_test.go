@@ -264,7 +264,7 @@ func TestSegmentsWriteExactBytes(t *testing.T) {
 				if wrap {
 					nc = plainConn{nc}
 				}
-				c := newConn(nc, 5*time.Second, nil)
+				c := newConn(nc, 5*time.Second)
 				var want []byte
 				ops := make([]op.Op, 0, len(tt.sizes)+1)
 				for i, n := range tt.sizes {
@@ -315,7 +315,7 @@ func TestReplyOwedFromTheWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	const timeout = 100 * time.Millisecond
-	c := newConn(nc, timeout, nil)
+	c := newConn(nc, timeout)
 	defer c.fail(ErrClosed)
 	go c.readLoop()
 	c.mu.Lock()
