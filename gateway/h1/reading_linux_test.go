@@ -164,6 +164,32 @@ func TestReadAheadBudget(t *testing.T) {
 	}
 }
 
+// TestReadAheadBudgetClosedBody: as TestReadAheadBudget, with a handler
+// that closes the body it failed to read: the connection, whose place in
+// the stream is lost, still closes after the response.
+func TestReadAheadBudgetClosedBody(t *testing.T) {
+	bg := budget.New(64 << 10)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, err := io.ReadAll(r.Body)
+		r.Body.Close()
+		if err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	})
+	_, addr := startH1(t, h, func(s *Server) {
+		s.Budget = bg
+		s.BodyLimit = func(*http.Request) int64 { return 1 << 20 }
+	})
+	c, br := dial(t, addr)
+	fmt.Fprintf(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", 200<<10)
+	go io.WriteString(c, strings.Repeat("b", 200<<10))
+	r, err := readWireResponse(br, "PUT")
+	if err != nil || r.status != "HTTP/1.1 503 Service Unavailable" {
+		t.Fatalf("over budget: %v, %v", r, err)
+	}
+	waitClosed(t, br)
+}
+
 // TestReadAheadEarlyEOF: a client that stops halfway gets the handler's
 // answer to the short body, as from a body read from the connection.
 func TestReadAheadEarlyEOF(t *testing.T) {

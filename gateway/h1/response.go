@@ -305,7 +305,9 @@ func (w *response) commit(b []byte, s string) {
 	if rb := w.body; rb != nil && !w.closeAfter && !w.fullDuplex {
 		switch {
 		case rb.closed:
-			w.closeAfter = !rb.sawEOF
+			// A body whose read ahead was cut short has lost its place
+			// in the stream, even if its reader saw the end of it.
+			w.closeAfter = !rb.sawEOF || rb.err != nil
 		case rb.n >= maxDiscard:
 			w.tooBig, w.closeAfter = true, true
 			ex, setConn = ex|exConn, "close"
