@@ -108,6 +108,7 @@ func (hh *handler) serveDetached(w http.ResponseWriter, r *http.Request, maker a
 		}
 	}()
 	o := &f.kr.op
+	hh.lim.refusable(o)
 	if put {
 		if o.Item.Value, err = hh.lim.readBody(r, hh.opts.MaxValueBytes); err == nil {
 			// DoAsync encodes the value before it returns, and Do

@@ -103,6 +103,8 @@ func errorStatus(err error) (status int, msg string, retry bool) {
 		return http.StatusBadRequest, "key is not valid for memcached", false
 	case errors.Is(err, upstream.ErrTooLarge):
 		return http.StatusRequestEntityTooLarge, "memcached refused the value as too large for an item", false
+	case errors.Is(err, upstream.ErrNoFit):
+		return http.StatusServiceUnavailable, errBudget.msg, true
 	case errors.Is(err, upstream.ErrOverLimit):
 		return http.StatusInsufficientStorage, "value does not fit in this answer (MEMCGATE_BATCH_MAX_RESPONSE_BYTES); read this key on its own", false
 	case errors.Is(err, upstream.ErrNoNodes):

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/memcgate/memcgate/gateway/budget"
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
 // What a request may hold, and when it takes it.
@@ -35,8 +36,9 @@ type limits struct {
 	budget *budget.Budget // nil: no bound
 	// takeBody is Options.TakeBody: the body a server read ahead, or nil.
 	takeBody func(r *http.Request) []byte
-	bufs     Buffers      // Options.Buffers, or nil
-	timeout  atomic.Int64 // RequestTimeout in nanoseconds: the memcached work's, from when the body is read
+	bufs     Buffers          // Options.Buffers, or nil
+	fits     func(n int) bool // budget.Fits for op.Op.Fits; nil: no budget
+	timeout  atomic.Int64     // RequestTimeout in nanoseconds: the memcached work's, from when the body is read
 }
 
 // requestTimeout is RequestTimeout now.
@@ -102,6 +104,15 @@ func (l *limits) dropSlot(rc *requestCtx) {
 	if rc != nil && rc.slot {
 		l.lim.release()
 		rc.slot = false
+	}
+}
+
+// refusable lets o's value, if it reads one, be dropped unread when the
+// budget cannot take it (op.Op.Fits), instead of read only to be refused
+// by hold: for a request that holds nothing else yet.
+func (l *limits) refusable(o *op.Op) {
+	if o.Verb.Reply() == op.Items {
+		o.Fits = l.fits
 	}
 }
 

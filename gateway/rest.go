@@ -23,6 +23,7 @@ func (h *handler) serveKey(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	o := kr.op
+	h.lim.refusable(&o)
 	switch {
 	case h.takesBig(r, o.Verb):
 		small, done := h.putBig(w, r, &kr)

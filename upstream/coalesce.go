@@ -40,17 +40,18 @@ type getResult struct {
 }
 
 // get reads one key, batching it with other parked Gets when the node's
-// slots are all busy (and batching is on).
-func (n *node) get(ctx context.Context, key string) (*memcache.Item, error) {
+// slots are all busy (and batching is on). fits is op.Op.Fits; batched
+// Gets do not ask it.
+func (n *node) get(ctx context.Context, key string, fits func(int) bool) (*memcache.Item, error) {
 	select {
 	case n.sem <- struct{}{}:
-		return n.getHolding(key)
+		return n.getHolding(key, fits)
 	default:
 	}
 	if !n.batchGets {
 		var it *memcache.Item
 		err := n.do(ctx, verbOp(op.Get), false, func(mc dataClient, _ bool) (err error) {
-			it, _, err = mc.Do(ctx, op.Op{Verb: op.Get}, key)
+			it, _, err = mc.Do(ctx, op.Op{Verb: op.Get, Fits: fits}, key)
 			return err
 		})
 		return it, err
@@ -124,9 +125,9 @@ func (n *node) takeLocked(first *getWaiter) []*getWaiter {
 }
 
 // getHolding runs a single get while holding a slot, then releases it.
-func (n *node) getHolding(key string) (*memcache.Item, error) {
+func (n *node) getHolding(key string, fits func(int) bool) (*memcache.Item, error) {
 	start := time.Now()
-	it, _, err := n.client.Do(context.Background(), op.Op{Verb: op.Get}, key) // a Get never waits before it is sent
+	it, _, err := n.client.Do(context.Background(), op.Op{Verb: op.Get, Fits: fits}, key) // a Get never waits before it is sent
 	err = classify(n.name, "get", err)
 	n.m.duration[verbOp(op.Get)].Observe(time.Since(start).Seconds())
 	n.m.ops[verbOp(op.Get)][resultOf(err)].Inc()

@@ -38,6 +38,9 @@ var (
 	// ErrOverLimit: a key of GetMulti whose value did not fit the byte
 	// limit of the call; it was read and dropped.
 	ErrOverLimit = errors.New("upstream: value past the multi-get's byte limit")
+	// ErrNoFit: a Get whose value op.Op.Fits refused (the gateway's
+	// byte budget was full); it was read and dropped.
+	ErrNoFit = errors.New("upstream: value does not fit the byte budget")
 )
 
 // ErrNoNodes means no node could take the operation: every candidate is
@@ -86,6 +89,8 @@ func classify(node, op string, err error) error {
 		return ErrNotFound
 	case errors.Is(err, memcache.ErrMalformedKey):
 		return ErrBadKey
+	case errors.Is(err, mcpipe.ErrNoFit):
+		return ErrNoFit
 	case errors.Is(err, mcpipe.ErrNoRoom):
 		// The wait for room on a connection ended with the caller's
 		// context, before anything was sent: the gateway's own queue,

@@ -251,7 +251,7 @@ type opFunc func(mc dataClient, failover bool) error
 func (n *node) run(ctx context.Context, o op.Op, sk string, failover bool, cap func(int32) int32) (op.Result, error) {
 	var res op.Result
 	if o.Verb == op.Get {
-		it, err := n.get(ctx, sk)
+		it, err := n.get(ctx, sk, o.Fits)
 		if err == nil {
 			res.Item = itemOf(o.Item.Key, it)
 		}

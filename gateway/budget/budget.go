@@ -55,6 +55,17 @@ func (b *Budget) Acquire(n int64) error {
 	return nil
 }
 
+// Fits reports whether n more bytes would fit under the limit now,
+// holding nothing: for work that can be skipped before it makes bytes
+// that Acquire would then refuse.
+func (b *Budget) Fits(n int64) bool {
+	if b == nil {
+		return true
+	}
+	limit := b.limit.Load()
+	return limit <= 0 || b.used.Load()+n <= limit
+}
+
 // Force counts n more bytes as held whatever the limit: for bytes that
 // are already in memory and cannot be dropped without breaking a
 // response under way. Release them like acquired ones.

@@ -72,3 +72,32 @@ func TestBudgetConcurrent(t *testing.T) {
 		t.Errorf("Used() = %d after every release", u)
 	}
 }
+
+func TestFits(t *testing.T) {
+	tests := []struct {
+		name       string
+		limit, use int64
+		n          int64
+		want       bool
+	}{
+		{"room", 100, 40, 60, true},
+		{"no room", 100, 40, 61, false},
+		{"unlimited", 0, 1 << 40, 1 << 40, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := New(tt.limit)
+			b.Force(tt.use)
+			if got := b.Fits(tt.n); got != tt.want {
+				t.Errorf("Fits(%d) with %d of %d used = %v, want %v", tt.n, tt.use, tt.limit, got, tt.want)
+			}
+			if b.Used() != tt.use {
+				t.Errorf("Fits held something: %d used, want %d", b.Used(), tt.use)
+			}
+		})
+	}
+	var nilBudget *Budget
+	if !nilBudget.Fits(1 << 40) {
+		t.Error("a nil Budget refuses")
+	}
+}

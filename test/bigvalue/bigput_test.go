@@ -212,3 +212,118 @@ func expectValue(url, key string, v []byte) error {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestRefusedGetsAllocateNothing: a GET whose value the byte budget
+// cannot take is answered 503 without the value ever being kept. With a
+// budget of 1 MiB, one client holds most of it with a PUT body it has not
+// finished sending; 100 GETs of a 200 KB value are then refused, and the
+// gateway allocates far less than the 20 MB the values would take (it
+// reads them off memcached's connection and drops them); once the
+// holder leaves, the value is served.
+func TestRefusedGetsAllocateNothing(t *testing.T) {
+	const size = 200_000
+	mc := memcachedtest.Start(t, "-I", "2m")
+	gw := gatewaytest.New(t, binary, map[string]string{
+		"MEMCGATE_SERVERS":            mc.Addr,
+		"MEMCGATE_MAX_VALUE_BYTES":    strconv.Itoa(1 << 20),
+		"MEMCGATE_MAX_BUFFERED_BYTES": strconv.Itoa(1 << 20),
+		"MEMCGATE_ACCESS_LOG":         "false",
+	})
+	gw.Start(t)
+	r := &rig{mc: mc, gw: gw, url: "http://" + gw.DataAddr}
+	r.put(t, "big", randomValue(size, 9))
+	// The holder: most of a 1 MB body, read ahead and held against the
+	// budget while the rest does not come.
+	holder, err := net.Dial("tcp", gw.DataAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	fmt.Fprintf(holder, "PUT /held HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n%s", bytes.Repeat([]byte("h"), 900_000))
+	for deadline := time.Now().Add(5 * time.Second); r.metric(t, "memcgate_buffered_bytes") < 900_000; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 5s the budget holds %v bytes, want the holder's 900,000 or more", r.metric(t, "memcgate_buffered_bytes"))
+		}
+	}
+	before := r.metric(t, "go_memstats_alloc_bytes_total")
+	for range 100 {
+		resp, err := http.Get(r.url + "/big")
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
+			t.Fatalf("GET of a value past the budget = %s, want 503 with Retry-After", resp.Status)
+		}
+	}
+	allocated := r.metric(t, "go_memstats_alloc_bytes_total") - before
+	t.Logf("100 refused GETs of %d bytes: %.1f MB allocated", size, allocated/1e6)
+	if allocated > 5e6 {
+		t.Errorf("100 refused GETs of %d bytes allocated %.1f MB, want far less than the values' %d MB", size, allocated/1e6, 100*size/1_000_000)
+	}
+	// The holder gone, the value is served: the node was not failed for
+	// the refusals, and its connections are in step.
+	holder.Close()
+	for deadline := time.Now().Add(5 * time.Second); r.metric(t, "memcgate_buffered_bytes") != 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the holder's bytes are still held 5s after it closed")
+		}
+	}
+	resp, err := http.Get(r.url + "/big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 || !bytes.Equal(got, randomValue(size, 9)) {
+		t.Errorf("GET after the holder left = %s, %d bytes, %v; want the value", resp.Status, len(got), err)
+	}
+}
+
+// TestChunkReadsKeepTheirHold: a GET of a value in chunks holds two
+// chunks' bytes against the budget before it answers, and its chunk
+// reads are never refused for the budget after that: the reads that
+// may be refused (op.Op.Fits) are those of requests holding nothing, so
+// a full budget cannot cut a response short. The budget here takes the
+// GET's two chunks beside a holder's body, but not a third chunk: a
+// refusal that counted the request's own hold refused every chunk read,
+// and the client got 200 and part of the value.
+func TestChunkReadsKeepTheirHold(t *testing.T) {
+	const chunkSize, holderSent = 1_048_000, 900_000
+	const budget = 1<<20 + 2*chunkSize + chunkSize/2
+	r := newRig(t, "MEMCGATE_MAX_VALUE_BYTES", strconv.Itoa(chunkSize), "MEMCGATE_MAX_BUFFERED_BYTES", strconv.Itoa(budget))
+	v := randomValue(3*chunkSize, 11)
+	want := sha256.Sum256(v)
+	r.put(t, "chunked", v)
+	holder, err := net.Dial("tcp", r.gw.DataAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	fmt.Fprintf(holder, "PUT /held HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n%s", bytes.Repeat([]byte("h"), holderSent))
+	var held float64
+	for deadline := time.Now().Add(5 * time.Second); held < holderSent; held = r.metric(t, "memcgate_buffered_bytes") {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 5s the budget holds %v bytes, want the holder's %d or more", held, holderSent)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The scene this test needs: two chunks fit beside the holder, a
+	// third does not.
+	if held+2*chunkSize > budget || held+3*chunkSize <= budget {
+		t.Fatalf("the holder holds %v bytes: with a budget of %d, want two chunks of %d to fit beside it and three not", held, budget, chunkSize)
+	}
+	for i := range 3 {
+		resp, err := http.Get(r.url + "/chunked")
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := sha256.New()
+		n, err := io.Copy(h, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || err != nil || !bytes.Equal(h.Sum(nil), want[:]) {
+			t.Fatalf("GET %d with the budget nearly full = %s, %d bytes, %v; want the value's %d", i, resp.Status, n, err, len(v))
+		}
+	}
+}

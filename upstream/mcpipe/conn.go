@@ -29,6 +29,7 @@ type call struct {
 	verb  string            // the command, for error messages
 	limit int               // a multi-key Get's cap on value bytes kept; 0: none
 	key   string            // a single-key Get's key: such Gets may share one command
+	fits  func(n int) bool  // op.Op.Fits of a call that reads a value; nil: none
 	peer  []*call           // on the first call of a shared gets line: every call on it
 	self  [1]*call          // members' answer for a call on its own, without allocating
 	one   [1]*memcache.Item // reply.items of a call on a shared line, without allocating
@@ -65,10 +66,13 @@ func (cl *call) result() (*memcache.Item, uint64, error) {
 	if cl.err != nil || cl.kind != op.Items {
 		return nil, cl.num, cl.err
 	}
-	if len(cl.items) == 0 {
-		return nil, 0, memcache.ErrCacheMiss
+	switch {
+	case len(cl.items) > 0:
+		return cl.items[0], 0, nil
+	case len(cl.nofit) > 0:
+		return nil, 0, ErrNoFit
 	}
-	return cl.items[0], 0, nil
+	return nil, 0, memcache.ErrCacheMiss
 }
 
 // big is the size of cl's value if it is a large value (see bigValue),
@@ -105,6 +109,7 @@ type waiter struct {
 type reply struct {
 	items   []*memcache.Item
 	dropped []string // keys whose values were read but not kept (call.limit)
+	nofit   []string // keys whose values were read but not kept (call.fits)
 	num     uint64
 	err     error // memcached's refusal, or the connection's failure
 }
@@ -500,7 +505,8 @@ var errProtocol = errors.New("mcpipe: malformed reply from memcached")
 // readLoop reads replies until the connection fails.
 func (c *conn) readLoop() {
 	br := bufio.NewReaderSize(c.nc, 16<<10)
-	var keys []string // the keys of the reply's shared gets line, reused
+	var keys []string           // the keys of the reply's shared gets line, reused
+	var fits []func(n int) bool // their calls' fits, or the call's own; reused
 	for {
 		// Wait for the first byte of the next reply. With no written
 		// request unanswered there is no deadline: an idle connection
@@ -521,12 +527,16 @@ func (c *conn) readLoop() {
 		// The keys of a shared line, copied while the calls are surely
 		// queued: fail may answer and free them while the reply is read.
 		k, verb, limit := c.queue[0].kind, c.queue[0].verb, c.queue[0].limit
-		keys = keys[:0]
+		keys, fits = keys[:0], fits[:0]
 		for _, p := range c.queue[0].peer {
-			keys = append(keys, p.key)
+			keys, fits = append(keys, p.key), append(fits, p.fits)
+		}
+		if len(c.queue[0].peer) == 0 {
+			fits = append(fits, c.queue[0].fits)
 		}
 		c.mu.Unlock()
-		r, err := readReply(br, k, verb, keys, limit)
+		r, err := readReply(br, k, verb, keys, limit, fits)
+		clear(fits) // let the callers' functions go
 		if err != nil {
 			c.fail(err)
 			return
@@ -603,6 +613,9 @@ func share(calls []*call, r reply) {
 				break
 			}
 		}
+		if p.reply.items == nil && slices.Contains(r.nofit, p.key) {
+			p.reply.err = ErrNoFit
+		}
 	}
 }
 
@@ -632,8 +645,11 @@ func isErrorLine(line []byte) bool {
 // only when the stream itself is broken. lineKeys are the keys of a
 // shared gets line (none for other requests): they become the items' keys.
 // A get reply keeps at most limit bytes of values (0: no limit); the keys
-// of the values it drops are in r.dropped.
-func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, limit int) (r reply, err error) {
+// of the values it drops are in r.dropped. fits are the op.Op.Fits of the
+// line's keys, index for index (of the reply's one call when lineKeys is
+// empty; nil entries ask nothing): a value of bigValue bytes or more that
+// its fits refuses is dropped too, its key in r.nofit.
+func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, limit int, fits []func(int) bool) (r reply, err error) {
 	keys := keyCursor{keys: lineKeys}
 	kept := 0
 	for {
@@ -655,9 +671,16 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, lim
 		case bytes.Equal(line, lineEnd):
 			return r, nil
 		case bytes.HasPrefix(line, prefixValue):
-			it, size, err := parseValueLine(line, &keys)
+			it, i, size, err := parseValueLine(line, &keys)
 			if err != nil {
 				return r, err
+			}
+			if size >= bigValue && i >= 0 && i < len(fits) && fits[i] != nil && !fits[i](size) {
+				if err := skipValue(br, size); err != nil {
+					return r, err
+				}
+				r.nofit = append(r.nofit, it.Key)
+				continue
 			}
 			if limit > 0 && kept+size > limit {
 				if err := skipValue(br, size); err != nil {
@@ -760,23 +783,28 @@ type keyCursor struct {
 	next int
 }
 
-// key returns the line's key equal to b, or else a copy of b.
-func (kc *keyCursor) key(b []byte) string {
+// key returns the line's key equal to b and its index, or else a copy of
+// b and 0 for a reply to a request of its own (no line keys), -1 for a
+// key the line did not ask for.
+func (kc *keyCursor) key(b []byte) (string, int) {
+	if len(kc.keys) == 0 {
+		return string(b), 0
+	}
 	for i := kc.next; i < len(kc.keys); i++ {
 		if kc.keys[i] == string(b) {
 			kc.next = i + 1
-			return kc.keys[i]
+			return kc.keys[i], i
 		}
 	}
-	return string(b)
+	return string(b), -1
 }
 
 // parseValueLine parses "VALUE <key> <flags> <bytes> [<cas>]\r\n", taking
-// the key from keys.
-func parseValueLine(line []byte, keys *keyCursor) (*memcache.Item, int, error) {
+// the key and its index from keys.
+func parseValueLine(line []byte, keys *keyCursor) (it *memcache.Item, index, size int, err error) {
 	rest := line[len(prefixValue) : len(line)-2]
 	if len(rest) == 0 || rest[len(rest)-1] == ' ' {
-		return nil, 0, fmt.Errorf("%w: %q", errProtocol, line)
+		return nil, 0, 0, fmt.Errorf("%w: %q", errProtocol, line)
 	}
 	var f [4][]byte
 	n := 0
@@ -789,17 +817,18 @@ func parseValueLine(line []byte, keys *keyCursor) (*memcache.Item, int, error) {
 		rest = rest[min(i+1, len(rest)):]
 	}
 	if len(rest) > 0 || n < 3 || len(f[0]) == 0 {
-		return nil, 0, fmt.Errorf("%w: %q", errProtocol, line)
+		return nil, 0, 0, fmt.Errorf("%w: %q", errProtocol, line)
 	}
 	flags, err1 := strconv.ParseUint(string(f[1]), 10, 32)
-	size, err2 := strconv.ParseUint(string(f[2]), 10, 31)
+	n64, err2 := strconv.ParseUint(string(f[2]), 10, 31)
 	var cas uint64
 	var err3 error
 	if n == 4 {
 		cas, err3 = strconv.ParseUint(string(f[3]), 10, 64)
 	}
 	if err1 != nil || err2 != nil || err3 != nil {
-		return nil, 0, fmt.Errorf("%w: %q", errProtocol, line)
+		return nil, 0, 0, fmt.Errorf("%w: %q", errProtocol, line)
 	}
-	return &memcache.Item{Key: keys.key(f[0]), Flags: uint32(flags), CasID: cas}, int(size), nil
+	key, index := keys.key(f[0])
+	return &memcache.Item{Key: key, Flags: uint32(flags), CasID: cas}, index, int(n64), nil
 }

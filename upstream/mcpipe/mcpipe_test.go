@@ -443,7 +443,7 @@ func TestParseValueLine(t *testing.T) {
 		{line: "VALUE k 0 5 \r\n", wantProtoError: true},
 	}
 	for _, tt := range tests {
-		it, size, err := parseValueLine([]byte(tt.line), &keyCursor{})
+		it, _, size, err := parseValueLine([]byte(tt.line), &keyCursor{})
 		if tt.wantProtoError {
 			if !errors.Is(err, errProtocol) {
 				t.Errorf("parseValueLine(%q) error = %v, want errProtocol", tt.line, err)
@@ -475,7 +475,7 @@ func TestReadReplyLimit(t *testing.T) {
 	}
 	for _, tt := range tests {
 		br := bufio.NewReader(strings.NewReader(stream))
-		r, err := readReply(br, op.Items, "gets", nil, tt.limit)
+		r, err := readReply(br, op.Items, "gets", nil, tt.limit, nil)
 		if err != nil || r.err != nil {
 			t.Fatalf("limit %d: %v, %v", tt.limit, err, r.err)
 		}
@@ -486,7 +486,7 @@ func TestReadReplyLimit(t *testing.T) {
 		if !slices.Equal(kept, tt.wantKept) || !slices.Equal(r.dropped, tt.wantDropped) {
 			t.Errorf("limit %d: kept %v, dropped %v; want %v, %v", tt.limit, kept, r.dropped, tt.wantKept, tt.wantDropped)
 		}
-		if next, err := readReply(br, op.Stored, "set", nil, 0); err != nil || next.err != nil {
+		if next, err := readReply(br, op.Stored, "set", nil, 0, nil); err != nil || next.err != nil {
 			t.Errorf("limit %d: the next reply: %v, %v", tt.limit, err, next.err)
 		}
 	}
@@ -504,9 +504,9 @@ func TestKeyCursor(t *testing.T) {
 	}{
 		{"a", 0}, {"a", 2}, {"c", 3}, {"b", -1}, {"z", -1},
 	} {
-		got := kc.key([]byte(tt.reply))
-		if got != tt.reply {
-			t.Fatalf("reply key %d: key(%q) = %q", i, tt.reply, got)
+		got, at := kc.key([]byte(tt.reply))
+		if got != tt.reply || at != tt.from {
+			t.Fatalf("reply key %d: key(%q) = %q, %d; want index %d", i, tt.reply, got, at, tt.from)
 		}
 		shared := tt.from >= 0 && unsafe.StringData(got) == unsafe.StringData(line[tt.from])
 		if (tt.from >= 0) != shared {
@@ -870,5 +870,90 @@ func TestSlowSteadyWrites(t *testing.T) {
 		if it, err := c.Get(fmt.Sprint("big", i)); err != nil || !bytes.Equal(it.Value, value) {
 			t.Errorf("get big%d: %v", i, err)
 		}
+	}
+}
+
+// TestFitsDropsValues: a read whose op.Op.Fits refuses its value fails
+// with ErrNoFit without the value being kept, alone or on a shared gets
+// line, and the connection stays in step. Fits is the caller's own: on a
+// shared line a read without it (a chunk of a large value, whose bytes
+// its request already holds) gets its value whatever the others' Fits
+// say. Values under bigValue, misses and multi-key gets never ask.
+func TestFitsDropsValues(t *testing.T) {
+	srv := memcachedtest.Start(t)
+	c := New(Options{
+		Timeout: 2 * time.Second,
+		Dial: func(ctx context.Context) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", srv.Addr)
+		},
+	})
+	defer c.Close()
+	values := map[string]int{"huge": 100_000, "large": 20_000, "small": 100, "edge": bigValue - 1}
+	for k, n := range values {
+		if err := c.Set(&memcache.Item{Key: k, Value: bytes.Repeat([]byte(k[:1]), n)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var asked atomic.Int64
+	under50k := func(n int) bool {
+		asked.Add(1)
+		return n < 50_000
+	}
+	tests := []struct {
+		key     string
+		verb    op.Verb
+		wantErr error
+		asked   bool
+	}{
+		{"huge", op.Get, ErrNoFit, true},
+		{"huge", op.GAT, ErrNoFit, true},
+		{"large", op.Get, nil, true},
+		{"large", op.GAT, nil, true},
+		{"small", op.Get, nil, false},
+		{"edge", op.Get, nil, false},
+		{"missing", op.Get, memcache.ErrCacheMiss, false},
+	}
+	ctx := context.Background()
+	for range 2 { // the connection is still in step after each refusal
+		for _, tt := range tests {
+			asked.Store(0)
+			it, _, err := c.Do(ctx, op.Op{Verb: tt.verb, Fits: under50k, Item: op.Item{Expiration: 60}}, tt.key)
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("%s %s: %v, want %v", tt.verb, tt.key, err, tt.wantErr)
+			}
+			if err == nil && len(it.Value) != values[tt.key] {
+				t.Fatalf("%s %s: %d bytes, want %d", tt.verb, tt.key, len(it.Value), values[tt.key])
+			}
+			if got := asked.Load() > 0; got != tt.asked {
+				t.Errorf("%s %s: Fits asked %v, want %v", tt.verb, tt.key, got, tt.asked)
+			}
+		}
+	}
+	// Concurrent Gets share lines: a refusing caller gets ErrNoFit (or
+	// the value, if another caller's read of the same key kept it); a
+	// caller without Fits always gets the value.
+	refuse := func(int) bool { return false }
+	var wg sync.WaitGroup
+	for w := range 64 {
+		wg.Go(func() {
+			key := []string{"huge", "large", "small"}[w%3]
+			o := op.Op{Verb: op.Get}
+			if w%2 == 0 {
+				o.Fits = refuse
+			}
+			it, _, err := c.Do(ctx, o, key)
+			switch {
+			case err == nil && len(it.Value) == values[key]:
+			case errors.Is(err, ErrNoFit) && o.Fits != nil && values[key] >= bigValue:
+			default:
+				t.Errorf("concurrent Get(%s), refusing Fits %v: %v", key, o.Fits != nil, err)
+			}
+		})
+	}
+	wg.Wait()
+	items, err := c.GetMulti([]string{"huge", "small"})
+	if err != nil || len(items["huge"].Value) != values["huge"] {
+		t.Errorf("GetMulti: %d items, %v; want both", len(items), err)
 	}
 }

@@ -146,6 +146,15 @@ type Op struct {
 	// escaping, as nginx does; the chunks of a large value go to their
 	// index's node).
 	HashKey string
+	// Fits, if not nil, is asked before a Get's or GAT's value of 16 KiB
+	// or more is read into memory: if it reports that n bytes do not fit
+	// (the caller's byte budget is full), the value is read off the
+	// connection and dropped, never kept, and Result.Err says so
+	// (upstream.ErrNoFit). For a caller that would refuse the value
+	// anyway: it must not count bytes the caller already holds for it.
+	// Pipelined pools ask it; gomemcache's pool (PIPELINE_CONNS=0)
+	// reads every value whole.
+	Fits func(n int) bool
 }
 
 // Result is an operation's outcome.
