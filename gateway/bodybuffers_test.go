@@ -35,7 +35,17 @@ type lendingStore struct {
 
 func (s *lendingStore) Do(ctx context.Context, o op.Op) op.Result {
 	s.l.Using("Do", o.Item.Value)
-	return s.fakeStore.Do(ctx, o)
+	return lend(o, s.fakeStore.Do(ctx, o))
+}
+
+// lend answers a read of o with its value in a buffer o.Lend lends, as
+// upstream's pipelined pools do.
+func lend(o op.Op, res op.Result) op.Result {
+	if v := res.Item.Value; o.Lend != nil && res.Err == nil && len(v) >= op.LentValue {
+		res.Item.Value = append(o.Lend(len(v)), v...)
+		res.Lent = true
+	}
+	return res
 }
 
 func (s *lendingStore) DoAsync(ctx context.Context, o op.Op, done func(op.Result)) bool {
@@ -46,7 +56,7 @@ func (s *lendingStore) DoAsync(ctx context.Context, o op.Op, done func(op.Result
 	o.Item.Value = bytes.Clone(o.Item.Value)
 	go func() {
 		time.Sleep(time.Millisecond)
-		done(s.fakeStore.Do(ctx, o))
+		done(lend(o, s.fakeStore.Do(ctx, o)))
 	}()
 	return true
 }
@@ -171,6 +181,69 @@ func TestPooledValues(t *testing.T) {
 			if n := l.Lent(); !tt.prefer && n != 0 {
 				t.Errorf("%d buffers not given back", n)
 			}
+			l.Check(t)
+		})
+	}
+}
+
+// TestLentValuesGoBack: GET and HEAD values of every size class, from
+// many clients at once, on the routed and detached paths: a value of
+// op.LentValue bytes or more is read into a buffer lent for it, every
+// response has the stored value's bytes (a buffer given back before its
+// response was written is poisoned and lent again at once), and every
+// lent buffer is given back once.
+func TestLentValuesGoBack(t *testing.T) {
+	sizes := []int{10, 5000, op.LentValue - 1, op.LentValue, 20_000, 100_000, 300_000}
+	for _, async := range []bool{false, true} {
+		t.Run(map[bool]string{false: "routed", true: "detached"}[async], func(t *testing.T) {
+			l := bufpooltest.New()
+			bg := budget.New(64 << 20)
+			s := &lendingStore{fakeStore: newFake(), l: l, async: async}
+			for j, size := range sizes {
+				s.Items[fmt.Sprint("v", j)] = op.Item{Value: bytes.Repeat([]byte{byte('a' + j)}, size)}
+			}
+			addr := startLending(t, s, bg)
+			const clients, rounds = 8, 4
+			var wg sync.WaitGroup
+			for i := range clients {
+				wg.Go(func() {
+					c, err := net.Dial("tcp", addr)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					defer c.Close()
+					c.SetDeadline(time.Now().Add(5 * time.Second))
+					br := bufio.NewReader(c)
+					for r := range rounds {
+						for j, size := range sizes {
+							method := "GET"
+							if (i+r+j)%4 == 0 {
+								method = "HEAD"
+							}
+							fmt.Fprintf(c, "%s /v%d HTTP/1.1\r\nHost: a\r\n\r\n", method, j)
+							resp, err := http.ReadResponse(br, &http.Request{Method: method})
+							if err != nil {
+								t.Errorf("%s v%d: %v", method, j, err)
+								return
+							}
+							got, err := io.ReadAll(resp.Body)
+							resp.Body.Close()
+							want := bytes.Repeat([]byte{byte('a' + j)}, size)
+							if method == "HEAD" {
+								want = nil
+							}
+							if err != nil || resp.StatusCode != 200 || resp.ContentLength != int64(size) || !bytes.Equal(got, want) {
+								t.Errorf("%s v%d = %s, %d bytes %.20q…, %v; want 200 and %d bytes of %q", method, j, resp.Status, len(got), got, err, size, rune('a'+j))
+								return
+							}
+						}
+					}
+				})
+			}
+			wg.Wait()
+			waitFor(t, "the budget to hold nothing", func() bool { return bg.Used() == 0 })
+			waitFor(t, "every lent buffer back", func() bool { return l.Lent() == 0 })
 			l.Check(t)
 		})
 	}

@@ -108,7 +108,7 @@ func (hh *handler) serveDetached(w http.ResponseWriter, r *http.Request, maker a
 		}
 	}()
 	o := &f.kr.op
-	hh.lim.refusable(o)
+	hh.lim.ownRead(o)
 	if put {
 		if o.Item.Value, err = hh.lim.readBody(r, hh.opts.MaxValueBytes); err == nil {
 			// DoAsync encodes the value before it returns, and Do
@@ -166,6 +166,7 @@ func (f *detachedReq) respond(res op.Result) {
 		f.d.Block() // streamed: at the client's pace, not copied whole
 	}
 	f.h.respond(&f.sw, f.r, &f.kr, res)
+	f.h.lim.putValue(&res)
 }
 
 // recover answers a panic as the observer does: the response is written

@@ -36,9 +36,10 @@ type limits struct {
 	budget *budget.Budget // nil: no bound
 	// takeBody is Options.TakeBody: the body a server read ahead, or nil.
 	takeBody func(r *http.Request) []byte
-	bufs     Buffers          // Options.Buffers, or nil
-	fits     func(n int) bool // budget.Fits for op.Op.Fits; nil: no budget
-	timeout  atomic.Int64     // RequestTimeout in nanoseconds: the memcached work's, from when the body is read
+	bufs     Buffers            // Options.Buffers, or nil
+	fits     func(n int) bool   // budget.Fits for op.Op.Fits; nil: no budget
+	lend     func(n int) []byte // bufs.Get for op.Op.Lend; nil: no bufs
+	timeout  atomic.Int64       // RequestTimeout in nanoseconds: the memcached work's, from when the body is read
 }
 
 // requestTimeout is RequestTimeout now.
@@ -107,12 +108,25 @@ func (l *limits) dropSlot(rc *requestCtx) {
 	}
 }
 
-// refusable lets o's value, if it reads one, be dropped unread when the
-// budget cannot take it (op.Op.Fits), instead of read only to be refused
-// by hold: for a request that holds nothing else yet.
-func (l *limits) refusable(o *op.Op) {
+// ownRead makes o's value, if it reads one, the request's own: dropped
+// unread when the budget cannot take it (op.Op.Fits), instead of read
+// only to be refused by hold, and read into a buffer of l.bufs
+// (op.Op.Lend) that putValue gives back. For a request that holds
+// nothing else yet, and that answers with the value and nothing else
+// keeps it.
+func (l *limits) ownRead(o *op.Op) {
 	if o.Verb.Reply() == op.Items {
-		o.Fits = l.fits
+		o.Fits, o.Lend = l.fits, l.lend
+	}
+}
+
+// putValue gives back the value of res if it is in a buffer lent for it
+// (ownRead, op.Result.Lent), once the response is written and nothing
+// reads it.
+func (l *limits) putValue(res *op.Result) {
+	if res.Lent {
+		l.putBody(res.Item.Value)
+		res.Item.Value, res.Lent = nil, false
 	}
 }
 

@@ -23,7 +23,7 @@ func (h *handler) serveKey(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	o := kr.op
-	h.lim.refusable(&o)
+	h.lim.ownRead(&o)
 	switch {
 	case h.takesBig(r, o.Verb):
 		small, done := h.putBig(w, r, &kr)
@@ -55,7 +55,9 @@ func (h *handler) serveKey(w http.ResponseWriter, r *http.Request) {
 		h.async.accept(w, []op.Op{o}, false)
 		return
 	}
-	h.respond(w, r, &kr, h.ex.exec(r.Context(), o))
+	res := h.ex.exec(r.Context(), o)
+	h.respond(w, r, &kr, res)
+	h.lim.putValue(&res)
 }
 
 // respond answers kr with its operation's result.

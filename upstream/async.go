@@ -85,7 +85,7 @@ func (a *asyncOp) complete(mi *memcache.Item, num uint64, err error) {
 	res := op.Result{N: num}
 	if res.Err = n.account(verbOp(o.Verb), start, err); res.Err == nil {
 		if mi != nil {
-			res.Item = itemOf(o.Item.Key, mi)
+			res.Item, res.Lent = itemOf(o.Item.Key, mi), n.lent(&o, mi)
 		}
 		done(res)
 		return

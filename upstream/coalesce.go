@@ -40,21 +40,23 @@ type getResult struct {
 }
 
 // get reads one key, batching it with other parked Gets when the node's
-// slots are all busy (and batching is on). fits is op.Op.Fits; batched
-// Gets do not ask it.
-func (n *node) get(ctx context.Context, key string, fits func(int) bool) (*memcache.Item, error) {
+// slots are all busy (and batching is on). o is the Get, for its Fits
+// and Lend; batched Gets ask neither. lent reports whether the value is
+// in a buffer o.Lend lent (op.Result.Lent).
+func (n *node) get(ctx context.Context, key string, o op.Op) (it *memcache.Item, lent bool, err error) {
+	o = op.Op{Verb: op.Get, Fits: o.Fits, Lend: o.Lend}
 	select {
 	case n.sem <- struct{}{}:
-		return n.getHolding(key, fits)
+		it, err = n.getHolding(key, o)
+		return it, n.lent(&o, it), err
 	default:
 	}
 	if !n.batchGets {
-		var it *memcache.Item
 		err := n.do(ctx, verbOp(op.Get), false, func(mc dataClient, _ bool) (err error) {
-			it, _, err = mc.Do(ctx, op.Op{Verb: op.Get, Fits: fits}, key)
+			it, _, err = mc.Do(ctx, o, key)
 			return err
 		})
-		return it, err
+		return it, n.lent(&o, it), err
 	}
 	w := &getWaiter{key: key, done: make(chan getResult, 1)}
 	n.pmu.Lock()
@@ -62,7 +64,7 @@ func (n *node) get(ctx context.Context, key string, fits func(int) bool) (*memca
 	n.pmu.Unlock()
 	select {
 	case r := <-w.done:
-		return r.it, r.err
+		return r.it, false, r.err
 	case n.sem <- struct{}{}:
 		// A slot is ours. If no holder has taken our key yet, send it
 		// with the other parked keys; either way our result then comes.
@@ -77,7 +79,7 @@ func (n *node) get(ctx context.Context, key string, fits func(int) bool) (*memca
 		}
 		n.release()
 		r := <-w.done
-		return r.it, r.err
+		return r.it, false, r.err
 	case <-ctx.Done():
 		n.pmu.Lock()
 		if !w.taken {
@@ -90,11 +92,11 @@ func (n *node) get(ctx context.Context, key string, fits func(int) bool) (*memca
 			n.pmu.Unlock()
 			err := ctxError(n.name, "get", ctx.Err())
 			n.m.ops[verbOp(op.Get)][resultOf(err)].Inc()
-			return nil, err
+			return nil, false, err
 		}
 		n.pmu.Unlock()
 		r := <-w.done // in a batch already: its socket timeout bounds the wait
-		return r.it, r.err
+		return r.it, false, r.err
 	}
 }
 
@@ -124,10 +126,17 @@ func (n *node) takeLocked(first *getWaiter) []*getWaiter {
 	return batch
 }
 
+// lent reports whether it, read by o on its own, is in a buffer o.Lend
+// lent: the pipelined client lends for every value of op.LentValue bytes
+// or more, gomemcache's pool for none.
+func (n *node) lent(o *op.Op, it *memcache.Item) bool {
+	return n.pipe != nil && o.Lend != nil && it != nil && len(it.Value) >= op.LentValue
+}
+
 // getHolding runs a single get while holding a slot, then releases it.
-func (n *node) getHolding(key string, fits func(int) bool) (*memcache.Item, error) {
+func (n *node) getHolding(key string, o op.Op) (*memcache.Item, error) {
 	start := time.Now()
-	it, _, err := n.client.Do(context.Background(), op.Op{Verb: op.Get, Fits: fits}, key) // a Get never waits before it is sent
+	it, _, err := n.client.Do(context.Background(), o, key) // a Get never waits before it is sent
 	err = classify(n.name, "get", err)
 	n.m.duration[verbOp(op.Get)].Observe(time.Since(start).Seconds())
 	n.m.ops[verbOp(op.Get)][resultOf(err)].Inc()

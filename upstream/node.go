@@ -251,9 +251,9 @@ type opFunc func(mc dataClient, failover bool) error
 func (n *node) run(ctx context.Context, o op.Op, sk string, failover bool, cap func(int32) int32) (op.Result, error) {
 	var res op.Result
 	if o.Verb == op.Get {
-		it, err := n.get(ctx, sk, o.Fits)
+		it, lent, err := n.get(ctx, sk, o)
 		if err == nil {
-			res.Item = itemOf(o.Item.Key, it)
+			res.Item, res.Lent = itemOf(o.Item.Key, it), lent
 		}
 		return res, err
 	}
@@ -263,7 +263,7 @@ func (n *node) run(ctx context.Context, o op.Op, sk string, failover bool, cap f
 	err := n.do(ctx, verbOp(o.Verb), failover, func(mc dataClient, _ bool) error {
 		it, num, err := mc.Do(ctx, o, sk)
 		if err == nil && it != nil {
-			res.Item = itemOf(o.Item.Key, it)
+			res.Item, res.Lent = itemOf(o.Item.Key, it), n.lent(&o, it)
 		}
 		res.N = num
 		return err

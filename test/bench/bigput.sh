@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# bigput.sh: many clients PUT one large value at once through a memcgate
-# that shares one CPU with memcached (docs/benchmarks.md, "Large PUTs").
+# bigput.sh: many clients PUT (or GET) one large value at once through a
+# memcgate that shares one CPU with memcached (docs/benchmarks.md, "Large
+# PUTs").
 #
-#   test/bench/bigput.sh BINARY SIZE [REQUESTS] [CLIENTS]
+#   test/bench/bigput.sh BINARY SIZE [REQUESTS] [CLIENTS] [PUT|GET]
 #
 # memcached (-t 1 -I 2m) and the gateway (GOMAXPROCS=1) run on CPU 0, ab
-# on CPU 1. Prints one line: the binary, the size, the PUTs answered 201,
-# memcached's cmd_set, ab's requests per second, the gateway's CPU per
-# request (utime+stime from /proc), and the nodes ejected.
+# on CPU 1. Prints one line: the binary, the size, the requests answered
+# 2xx, memcached's cmd_set (cmd_get for GET), ab's requests per second,
+# the gateway's CPU per request (utime+stime from /proc), its peak RSS,
+# and the nodes ejected.
 set -euo pipefail
 
-bin=$1 size=$2 n=${3:-1500} c=${4:-64}
+bin=$1 size=$2 n=${3:-1500} c=${4:-64} method=${5:-PUT}
 work=$(mktemp -d)
 pids=()
 cleanup() {
@@ -47,10 +49,16 @@ done
 
 head -c "$size" /dev/urandom >"$work/value"
 cpu() { awk '{ print $14 + $15 }' "/proc/$gpid/stat"; }
-sets0=$(memc_stat cmd_set) cpu0=$(cpu)
-taskset -c 1 ab -k -q -r -s 10 -c "$c" -n "$n" -u "$work/value" -T application/octet-stream \
+stat=cmd_set load=(-u "$work/value" -T application/octet-stream)
+if [ "$method" = GET ]; then
+  curl -fs -o /dev/null -X PUT --data-binary @"$work/value" "http://127.0.0.1:$gport/k"
+  stat=cmd_get load=()
+fi
+sets0=$(memc_stat $stat) cpu0=$(cpu)
+taskset -c 1 ab -k -q -r -s 10 -c "$c" -n "$n" "${load[@]}" \
   "http://127.0.0.1:$gport/k" >"$work/ab.out" 2>&1 || true
-cpu1=$(cpu) sets1=$(memc_stat cmd_set)
+cpu1=$(cpu) sets1=$(memc_stat $stat)
+hwm=$(awk '/VmHWM/ { print int($2 / 1024) }' "/proc/$gpid/status")
 
 complete=$(awk '/^Complete requests:/ { print $3 }' "$work/ab.out")
 # ab counts a response of another length than the first as failed
@@ -63,5 +71,5 @@ ok=$((${complete:-0} - ${failed:-0} - ${non2xx:-0}))
 hz=$(getconf CLK_TCK)
 cpu_us=$(awk -v d=$((cpu1 - cpu0)) -v hz="$hz" -v n="${complete:-0}" 'BEGIN { if (n > 0) printf "%.0f", d * 1e6 / hz / n; else print "-" }')
 ejected=$(grep -c 'node down' "$work/gate.log" || true)
-echo "$(basename "$bin") size=$size n=$n c=$c stored_201=$ok memcached_sets=$((sets1 - sets0)) rps=${rps:-0} cpu_us_per_req=$cpu_us ejections=$ejected"
+echo "$(basename "$bin") $method size=$size n=$n c=$c ok_2xx=$ok memcached_${stat#cmd_}s=$((sets1 - sets0)) rps=${rps:-0} cpu_us_per_req=$cpu_us peak_rss_mib=$hwm ejections=$ejected"
 grep -m1 'node down' "$work/gate.log" | cut -c1-300 || true

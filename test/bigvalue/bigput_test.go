@@ -327,3 +327,118 @@ func TestChunkReadsKeepTheirHold(t *testing.T) {
 		}
 	}
 }
+
+// TestPooledValuesKeepTheirBytes: GET values are read into buffers lent
+// by the pool that request bodies come from, and given back once their
+// response is written. Clients GET values of every buffer class at once,
+// as whole values, HEAD, ranges, and through small receive buffers read
+// slowly (so that a response is spilled and written later), while others
+// PUT values into the same pool; every response is the stored value's.
+// A buffer given back while a response still read it would show another
+// value's bytes.
+func TestPooledValuesKeepTheirBytes(t *testing.T) {
+	r := itemRig(t, 0, "-m", "512")
+	sizes := []int{16 << 10, 20_000, 65_536, 100_000, 300_000, 1_000_000}
+	want := make([][]byte, len(sizes))
+	for i, n := range sizes {
+		want[i] = randomValue(n, byte(100+i))
+		if err := putWhole(r.url, "value"+strconv.Itoa(i), want[i], false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const clients, rounds = 16, 12
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Go(func() {
+			for i := range rounds {
+				k := (c + i) % len(sizes)
+				key := "value" + strconv.Itoa(k)
+				var err error
+				switch mode := (c + 3*i) % 5; mode {
+				case 0:
+					err = expectValue(r.url, key, want[k])
+				case 1: // the pool's other borrowers
+					err = putWhole(r.url, fmt.Sprintf("other-%d-%d", c, i), randomValue(sizes[(k+1)%len(sizes)], byte(c+i)), false)
+				case 2:
+					err = getRange(r.url, key, want[k])
+				case 3:
+					err = getSlowly(r.gw.DataAddr, key, want[k])
+				case 4:
+					err = headLength(r.url, key, len(want[k]))
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// getRange GETs the second half of key's value and checks it against v.
+func getRange(url, key string, v []byte) error {
+	req, _ := http.NewRequest("GET", url+"/"+key, nil)
+	req.Header.Set("Range", fmt.Sprintf("bytes=%d-", len(v)/2))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	got, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusPartialContent || !bytes.Equal(got, v[len(v)/2:]) {
+		return fmt.Errorf("GET %s bytes=%d- = %s, %d bytes, %v; want 206 and the value's second half", key, len(v)/2, resp.Status, len(got), err)
+	}
+	return nil
+}
+
+// getSlowly GETs key over a connection with a small receive buffer,
+// reading in small pieces with pauses, and checks the body against v.
+func getSlowly(addr, key string, v []byte) error {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.(*net.TCPConn).SetReadBuffer(64 << 10)
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	fmt.Fprintf(c, "GET /%s HTTP/1.1\r\nHost: x\r\n\r\n", key)
+	time.Sleep(50 * time.Millisecond) // the response fills the socket first
+	resp, err := http.ReadResponse(bufio.NewReaderSize(c, 4<<10), nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	h := sha256.New()
+	buf := make([]byte, 64<<10)
+	for n := 0; ; n++ {
+		m, err := resp.Body.Read(buf)
+		h.Write(buf[:m])
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if n%8 == 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if sum := sha256.Sum256(v); resp.StatusCode != 200 || !bytes.Equal(h.Sum(nil), sum[:]) {
+		return fmt.Errorf("slow GET %s = %s, not the value", key, resp.Status)
+	}
+	return nil
+}
+
+// headLength HEADs key and checks its Content-Length.
+func headLength(url, key string, n int) error {
+	resp, err := http.Head(url + "/" + key)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.ContentLength != int64(n) {
+		return fmt.Errorf("HEAD %s = %s, length %d; want 200, %d", key, resp.Status, resp.ContentLength, n)
+	}
+	return nil
+}

@@ -29,7 +29,7 @@ type call struct {
 	verb  string            // the command, for error messages
 	limit int               // a multi-key Get's cap on value bytes kept; 0: none
 	key   string            // a single-key Get's key: such Gets may share one command
-	fits  func(n int) bool  // op.Op.Fits of a call that reads a value; nil: none
+	room  room              // what a read's caller says about its value
 	peer  []*call           // on the first call of a shared gets line: every call on it
 	self  [1]*call          // members' answer for a call on its own, without allocating
 	one   [1]*memcache.Item // reply.items of a call on a shared line, without allocating
@@ -99,6 +99,13 @@ const bigValue = 16 << 10
 // longer than a writer takes to queue the next value.
 const maxQueuedValues = 1 << 20
 
+// room is what a read's caller says about a value of op.LentValue bytes
+// or more: op.Op.Fits and op.Op.Lend, nil when it says nothing.
+type room struct {
+	fits func(n int) bool
+	lend func(n int) []byte
+}
+
 // waiter is a large value waiting for room on a connection.
 type waiter struct {
 	n     int        // the value's size
@@ -109,7 +116,7 @@ type waiter struct {
 type reply struct {
 	items   []*memcache.Item
 	dropped []string // keys whose values were read but not kept (call.limit)
-	nofit   []string // keys whose values were read but not kept (call.fits)
+	nofit   []int    // line indexes of the values read but not kept (call.room.fits); 0 for a reply of its own
 	num     uint64
 	err     error // memcached's refusal, or the connection's failure
 }
@@ -505,8 +512,8 @@ var errProtocol = errors.New("mcpipe: malformed reply from memcached")
 // readLoop reads replies until the connection fails.
 func (c *conn) readLoop() {
 	br := bufio.NewReaderSize(c.nc, 16<<10)
-	var keys []string           // the keys of the reply's shared gets line, reused
-	var fits []func(n int) bool // their calls' fits, or the call's own; reused
+	var keys []string // the keys of the reply's shared gets line, reused
+	var rooms []room  // their calls' rooms, or the call's own; reused
 	for {
 		// Wait for the first byte of the next reply. With no written
 		// request unanswered there is no deadline: an idle connection
@@ -527,16 +534,16 @@ func (c *conn) readLoop() {
 		// The keys of a shared line, copied while the calls are surely
 		// queued: fail may answer and free them while the reply is read.
 		k, verb, limit := c.queue[0].kind, c.queue[0].verb, c.queue[0].limit
-		keys, fits = keys[:0], fits[:0]
+		keys, rooms = keys[:0], rooms[:0]
 		for _, p := range c.queue[0].peer {
-			keys, fits = append(keys, p.key), append(fits, p.fits)
+			keys, rooms = append(keys, p.key), append(rooms, p.room)
 		}
 		if len(c.queue[0].peer) == 0 {
-			fits = append(fits, c.queue[0].fits)
+			rooms = append(rooms, c.queue[0].room)
 		}
 		c.mu.Unlock()
-		r, err := readReply(br, k, verb, keys, limit, fits)
-		clear(fits) // let the callers' functions go
+		r, err := readReply(br, k, verb, keys, limit, rooms)
+		clear(rooms) // let the callers' functions go
 		if err != nil {
 			c.fail(err)
 			return
@@ -598,23 +605,24 @@ func signal(calls []*call) {
 }
 
 // share hands each call on a shared gets line its own part of the reply:
-// the item for its key, or none (a miss). Calls for the same key share
-// the item.
+// the item memcached sent for its place on the line, or none (a miss).
+// memcached answers a key named twice twice, so no two calls share an
+// item: a value lent by a call's caller (op.Op.Lend) is that caller's
+// alone. The items are in line order, each at the first place not yet
+// answered with its key (keyCursor), so they are handed out by one walk
+// down the line.
 func share(calls []*call, r reply) {
-	for _, p := range calls {
+	next := 0 // the first item not handed out
+	for j, p := range calls {
 		p.reply = reply{err: r.err}
-		if r.err != nil {
-			continue
-		}
-		for _, it := range r.items {
-			if it.Key == p.key {
-				p.one[0] = it
-				p.reply.items = p.one[:]
-				break
-			}
-		}
-		if p.reply.items == nil && slices.Contains(r.nofit, p.key) {
+		switch {
+		case r.err != nil:
+		case slices.Contains(r.nofit, j):
 			p.reply.err = ErrNoFit
+		case next < len(r.items) && r.items[next].Key == p.key:
+			p.one[0] = r.items[next]
+			p.reply.items = p.one[:]
+			next++
 		}
 	}
 }
@@ -645,11 +653,13 @@ func isErrorLine(line []byte) bool {
 // only when the stream itself is broken. lineKeys are the keys of a
 // shared gets line (none for other requests): they become the items' keys.
 // A get reply keeps at most limit bytes of values (0: no limit); the keys
-// of the values it drops are in r.dropped. fits are the op.Op.Fits of the
-// line's keys, index for index (of the reply's one call when lineKeys is
-// empty; nil entries ask nothing): a value of bigValue bytes or more that
-// its fits refuses is dropped too, its key in r.nofit.
-func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, limit int, fits []func(int) bool) (r reply, err error) {
+// of the values it drops are in r.dropped. rooms are what the callers of
+// the line's keys said about their values, index for index (of the
+// reply's one call when lineKeys is empty): a value of op.LentValue bytes
+// or more that its room's fits refuses is dropped too, its index in
+// r.nofit, and one it takes is read into a buffer its room's lend lends.
+// A value for a key the line did not ask for is dropped.
+func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, limit int, rooms []room) (r reply, err error) {
 	keys := keyCursor{keys: lineKeys}
 	kept := 0
 	for {
@@ -675,11 +685,17 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, lim
 			if err != nil {
 				return r, err
 			}
-			if size >= bigValue && i >= 0 && i < len(fits) && fits[i] != nil && !fits[i](size) {
+			var rm room
+			if size >= op.LentValue && i >= 0 && i < len(rooms) {
+				rm = rooms[i]
+			}
+			if i < 0 || rm.fits != nil && !rm.fits(size) {
 				if err := skipValue(br, size); err != nil {
 					return r, err
 				}
-				r.nofit = append(r.nofit, it.Key)
+				if i >= 0 {
+					r.nofit = append(r.nofit, i)
+				}
 				continue
 			}
 			if limit > 0 && kept+size > limit {
@@ -690,14 +706,9 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, lim
 				continue
 			}
 			kept += size
-			it.Value = make([]byte, size+2)
-			if _, err := io.ReadFull(br, it.Value); err != nil {
+			if it.Value, err = readValue(br, size, rm.lend); err != nil {
 				return r, err
 			}
-			if !bytes.HasSuffix(it.Value, crlf) {
-				return r, fmt.Errorf("%w: value of %q not followed by CRLF", errProtocol, it.Key)
-			}
-			it.Value = it.Value[:size]
 			if r.items == nil && len(keys.keys) > 0 {
 				r.items = make([]*memcache.Item, 0, len(keys.keys))
 			}
@@ -711,20 +722,48 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, lim
 	}
 }
 
+// readValue reads a value's size bytes and its CRLF off the stream into
+// a buffer that lend lends (nil: a new one).
+func readValue(br *bufio.Reader, size int, lend func(int) []byte) ([]byte, error) {
+	if lend == nil {
+		v := make([]byte, size+2) // one read for the value and its CRLF
+		if _, err := io.ReadFull(br, v); err != nil {
+			return nil, err
+		}
+		if !bytes.HasSuffix(v, crlf) {
+			return nil, errNoCRLF
+		}
+		return v[:size], nil
+	}
+	v := lend(size)[:size] // its size class, not the next one's
+	if _, err := io.ReadFull(br, v); err != nil {
+		return nil, err
+	}
+	return v, readCRLF(br)
+}
+
+// errNoCRLF is a value not followed by CRLF.
+var errNoCRLF = fmt.Errorf("%w: a value not followed by CRLF", errProtocol)
+
+// readCRLF reads the CRLF that ends a value.
+func readCRLF(br *bufio.Reader) error {
+	var end [2]byte
+	if _, err := io.ReadFull(br, end[:]); err != nil {
+		return err
+	}
+	if string(end[:]) != "\r\n" {
+		return errNoCRLF
+	}
+	return nil
+}
+
 // skipValue reads a value's size bytes and its CRLF off the stream
 // without keeping them.
 func skipValue(br *bufio.Reader, size int) error {
 	if _, err := br.Discard(size); err != nil {
 		return err
 	}
-	var end [2]byte
-	if _, err := io.ReadFull(br, end[:]); err != nil {
-		return err
-	}
-	if string(end[:]) != "\r\n" {
-		return fmt.Errorf("%w: a value not followed by CRLF", errProtocol)
-	}
-	return nil
+	return readCRLF(br)
 }
 
 // lineResult maps a one-line reply to gomemcache's result for the verb

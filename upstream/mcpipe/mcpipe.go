@@ -195,7 +195,7 @@ func (c *Client) Do(ctx context.Context, o op.Op, key string) (*memcache.Item, u
 
 // prepare makes cl the call of o.
 func (c *Client) prepare(cl *call, o *op.Op, key string) {
-	cl.kind, cl.verb, cl.fits = o.Verb.Reply(), o.Verb.Command(), o.Fits
+	cl.kind, cl.verb, cl.room = o.Verb.Reply(), o.Verb.Command(), room{o.Fits, o.Lend}
 	if o.Verb == op.Get {
 		cl.key = key // shares gets lines with other Gets
 		return

@@ -957,3 +957,64 @@ func TestFitsDropsValues(t *testing.T) {
 		t.Errorf("GetMulti: %d items, %v; want both", len(items), err)
 	}
 }
+
+// TestLendOwnBuffers: a read with op.Op.Lend gets a value of LentValue
+// bytes or more in a buffer its own Lend lent, and no other read is
+// answered with that buffer: Gets of the same key on one shared line
+// each get their own. Smaller values and reads without Lend borrow
+// nothing.
+func TestLendOwnBuffers(t *testing.T) {
+	srv := memcachedtest.Start(t)
+	c := New(Options{
+		Conns:   1, // one connection: concurrent Gets share lines
+		Timeout: 2 * time.Second,
+		Dial: func(ctx context.Context) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", srv.Addr)
+		},
+	})
+	defer c.Close()
+	values := map[string]int{"big": 100_000, "edge": op.LentValue, "under": op.LentValue - 1}
+	for k, n := range values {
+		if err := c.Set(&memcache.Item{Key: k, Value: bytes.Repeat([]byte(k[:1]), n)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	var mu sync.Mutex
+	lentTo := map[*byte]int{} // first byte of each lent buffer → the reader it was lent to
+	var wg sync.WaitGroup
+	for w := range 96 {
+		wg.Go(func() {
+			key := []string{"big", "edge", "under"}[w%3]
+			o := op.Op{Verb: op.Get}
+			if w%2 == 0 {
+				if w%4 == 0 {
+					o.Verb, o.Item.Expiration = op.GAT, 600
+				}
+				o.Lend = func(n int) []byte {
+					b := make([]byte, 0, n+w%7) // a capacity of its own, as a pool's class
+					mu.Lock()
+					lentTo[&b[:1][0]] = w
+					mu.Unlock()
+					return b
+				}
+			}
+			it, _, err := c.Do(ctx, o, key)
+			if err != nil || len(it.Value) != values[key] || it.Value[0] != key[0] || it.Value[len(it.Value)-1] != key[0] {
+				t.Errorf("%s %s: %v", o.Verb, key, err)
+				return
+			}
+			mu.Lock()
+			owner, lent := lentTo[&it.Value[:1][0]]
+			mu.Unlock()
+			switch want := o.Lend != nil && values[key] >= op.LentValue; {
+			case want && (!lent || owner != w):
+				t.Errorf("%s %s by reader %d: in a buffer lent to reader %d (lent: %v)", o.Verb, key, w, owner, lent)
+			case !want && lent:
+				t.Errorf("%s %s by reader %d, Lend %v: in a lent buffer", o.Verb, key, w, o.Lend != nil)
+			}
+		})
+	}
+	wg.Wait()
+}

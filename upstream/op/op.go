@@ -146,21 +146,37 @@ type Op struct {
 	// escaping, as nginx does; the chunks of a large value go to their
 	// index's node).
 	HashKey string
-	// Fits, if not nil, is asked before a Get's or GAT's value of 16 KiB
-	// or more is read into memory: if it reports that n bytes do not fit
-	// (the caller's byte budget is full), the value is read off the
-	// connection and dropped, never kept, and Result.Err says so
-	// (upstream.ErrNoFit). For a caller that would refuse the value
-	// anyway: it must not count bytes the caller already holds for it.
-	// Pipelined pools ask it; gomemcache's pool (PIPELINE_CONNS=0)
+	// Fits, if not nil, is asked before a Get's or GAT's value of
+	// LentValue bytes or more is read into memory: if it reports that n
+	// bytes do not fit (the caller's byte budget is full), the value is
+	// read off the connection and dropped, never kept, and Result.Err
+	// says so (upstream.ErrNoFit). For a caller that would refuse the
+	// value anyway: it must not count bytes the caller already holds for
+	// it. Pipelined pools ask it; gomemcache's pool (PIPELINE_CONNS=0)
 	// reads every value whole.
 	Fits func(n int) bool
+	// Lend, if not nil, lends the buffer (capacity n or more) that a
+	// Get's or GAT's value of LentValue bytes or more is read into, so
+	// that a caller can give it back for the next read once nothing
+	// reads the value. The value is then the caller's alone: no other
+	// read is answered with it. A caller that may abandon the read
+	// (hedging) leaves its buffer to the garbage collector. Pipelined
+	// pools ask it; gomemcache's pool reads into buffers of its own.
+	Lend func(n int) []byte
 }
+
+// LentValue is the size from which a read's value goes into a buffer
+// that Op.Lend lends, and from which Op.Fits is asked.
+const LentValue = 16 << 10
 
 // Result is an operation's outcome.
 type Result struct {
 	Item Item   // Get and GAT: the item read
 	N    uint64 // Incr and Decr: the new value
+	// Lent: Item.Value is in a buffer Op.Lend lent, the caller's alone
+	// to give back. A value read otherwise (below LentValue, or batched
+	// with other reads and perhaps shared with them) is not.
+	Lent bool
 	// Err is nil on success, else what memcached answered (a miss, a
 	// refusal) or why it could not be asked; the upstream package
 	// documents its errors.
