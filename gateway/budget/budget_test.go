@@ -94,6 +94,15 @@ func TestFits(t *testing.T) {
 			if b.Used() != tt.use {
 				t.Errorf("Fits held something: %d used, want %d", b.Used(), tt.use)
 			}
+			// A refusal by Fits is one of the budget's refusals
+			// (memcgate_buffered_refusals_total).
+			wantRefused := uint64(0)
+			if !tt.want {
+				wantRefused = 1
+			}
+			if b.Refused() != wantRefused {
+				t.Errorf("Fits(%d) = %v counted %d refusals, want %d", tt.n, tt.want, b.Refused(), wantRefused)
+			}
 		})
 	}
 	var nilBudget *Budget
