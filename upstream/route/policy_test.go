@@ -343,3 +343,46 @@ func TestShadowGetMultiIsBounded(t *testing.T) {
 		t.Errorf("get mismatches = %v, want %d (the shadow has what the primary missed)", got, n)
 	}
 }
+
+// TestShadowRefusedGAT: a gat whose value the caller's Fits refused
+// (upstream.ErrNoFit, the gateway's budget full) still touched the
+// primary's item, which memcached had: mirrored as a touch of the
+// shadow's copy, it is a match, not a mismatch. A refused gat is the
+// gateway's doing, not a difference between the pools.
+func TestShadowRefusedGAT(t *testing.T) {
+	main, shadow := memcachedtest.StartN(t, 1), memcachedtest.StartN(t, 1)
+	so := clusterOptions(shadow)
+	so.Timeout = 2 * time.Second
+	r, reg := newRouter(t, Options{Pools: []PoolOptions{
+		{Cluster: clusterOptions(main), Shadow: "next", ShadowPercent: 100},
+		{Name: "next", Cluster: so},
+	}})
+	ctx := t.Context()
+	big := strings.Repeat("g", 20_000) // asks Fits (16 KiB or more)
+	if err := set(ctx, r, "g", big); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "mirrored set", func() bool {
+		return counter(t, reg, "memcgate_shadow_total", "op", "set", "result", "match") == 1
+	})
+	tests := []struct {
+		name    string
+		fits    func(int) bool
+		wantErr error
+	}{
+		{"kept", func(int) bool { return true }, nil},
+		{"refused", func(int) bool { return false }, upstream.ErrNoFit},
+	}
+	for i, tt := range tests {
+		res := r.Do(ctx, op.Op{Verb: op.GAT, Item: op.Item{Key: "g", Expiration: 100}, Fits: tt.fits})
+		if !errors.Is(res.Err, tt.wantErr) {
+			t.Fatalf("%s: gat = %v, want %v", tt.name, res.Err, tt.wantErr)
+		}
+		waitUntil(t, 10*time.Second, "compared gat", func() bool {
+			return counter(t, reg, "memcgate_shadow_total", "op", "gat") == float64(i+1)
+		})
+		if got := counter(t, reg, "memcgate_shadow_total", "op", "gat", "result", "match"); got != float64(i+1) {
+			t.Errorf("%s: %v of %d mirrored gats match, want all", tt.name, got, i+1)
+		}
+	}
+}
