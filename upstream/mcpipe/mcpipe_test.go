@@ -492,6 +492,83 @@ func TestReadReplyLimit(t *testing.T) {
 	}
 }
 
+// TestReadReplyFits: each value of a shared gets line is asked of the
+// Fits of the call whose place on the line it answers (as keyCursor
+// finds it), never of another call's; a refused value leaves the stream
+// at the next reply; share then fails with ErrNoFit exactly the calls
+// whose own value was refused, and hands every other call the value
+// sent for its own place, so a call without Fits on the line of a
+// refusing call for the same key still gets its value.
+func TestReadReplyFits(t *testing.T) {
+	big := strings.Repeat("v", bigValue)
+	value := func(key string, v string) string {
+		return fmt.Sprintf("VALUE %s 0 %d 1\r\n%s\r\n", key, len(v), v)
+	}
+	refuse := func(int) bool { return false }
+	tests := []struct {
+		name      string
+		lineKeys  []string
+		fits      []func(int) bool
+		reply     string
+		wantKept  []string
+		wantNoFit []int   // places on the line
+		wantErr   []error // share's per call, when lineKeys are a shared line
+	}{
+		{"own refuses", nil, []func(int) bool{refuse}, value("a", big), nil, []int{0}, nil},
+		{"own small", nil, []func(int) bool{refuse}, value("a", "x"), []string{"a"}, nil, nil},
+		{"multi-key, none", nil, []func(int) bool{nil}, value("a", big) + value("b", big), []string{"a", "b"}, nil, nil},
+		{"first refuses", []string{"a", "b"}, []func(int) bool{refuse, nil}, value("a", big) + value("b", big),
+			[]string{"b"}, []int{0}, []error{ErrNoFit, nil}},
+		{"second refuses", []string{"a", "b"}, []func(int) bool{nil, refuse}, value("a", big) + value("b", big),
+			[]string{"a"}, []int{1}, []error{nil, ErrNoFit}},
+		{"first missed", []string{"a", "b"}, []func(int) bool{refuse, nil}, value("b", big),
+			[]string{"b"}, nil, []error{memcache.ErrCacheMiss, nil}},
+		{"repeated key, refusing first", []string{"a", "b", "a"}, []func(int) bool{refuse, nil, nil}, value("a", big) + value("b", big) + value("a", big),
+			[]string{"b", "a"}, []int{0}, []error{ErrNoFit, nil, nil}},
+		{"repeated key, refusing last", []string{"a", "b", "a"}, []func(int) bool{nil, nil, refuse}, value("a", big) + value("b", big) + value("a", big),
+			[]string{"a", "b"}, []int{2}, []error{nil, nil, ErrNoFit}},
+		{"repeated key, both refuse", []string{"a", "a"}, []func(int) bool{refuse, refuse}, value("a", big) + value("a", big),
+			nil, []int{0, 1}, []error{ErrNoFit, ErrNoFit}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			br := bufio.NewReader(strings.NewReader(tt.reply + "END\r\nSTORED\r\n"))
+			rooms := make([]room, len(tt.fits))
+			for i, f := range tt.fits {
+				rooms[i].fits = f
+			}
+			r, err := readReply(br, op.Items, "gets", tt.lineKeys, 0, rooms)
+			if err != nil || r.err != nil {
+				t.Fatalf("readReply: %v, %v", err, r.err)
+			}
+			var kept []string
+			for _, it := range r.items {
+				kept = append(kept, it.Key)
+			}
+			if !slices.Equal(kept, tt.wantKept) || !slices.Equal(r.nofit, tt.wantNoFit) {
+				t.Errorf("kept %v, refused %v; want %v, %v", kept, r.nofit, tt.wantKept, tt.wantNoFit)
+			}
+			if next, err := readReply(br, op.Stored, "set", nil, 0, nil); err != nil || next.err != nil {
+				t.Errorf("the next reply: %v, %v", err, next.err)
+			}
+			if tt.lineKeys == nil {
+				return
+			}
+			calls := make([]*call, len(tt.lineKeys))
+			for i, k := range tt.lineKeys {
+				calls[i] = &call{kind: op.Items, key: k, room: rooms[i]}
+			}
+			share(calls, r)
+			for i, cl := range calls {
+				it, _, err := cl.result()
+				if !errors.Is(err, tt.wantErr[i]) || (err == nil) != (it != nil) {
+					t.Errorf("call %d (%s): %v, %v; want %v", i, cl.key, it, err, tt.wantErr[i])
+				}
+			}
+		})
+	}
+}
+
 // TestKeyCursor: the keys of a shared line's reply come, in order and
 // with misses left out, from the line's own key strings; any other key is
 // copied.
