@@ -152,8 +152,11 @@ type Op struct {
 	// read off the connection and dropped, never kept, and Result.Err
 	// says so (upstream.ErrNoFit). For a caller that would refuse the
 	// value anyway: it must not count bytes the caller already holds for
-	// it. Pipelined pools ask it; gomemcache's pool (PIPELINE_CONNS=0)
-	// reads every value whole.
+	// it. Pipelined pools ask it, once per value, on the connection's
+	// reader goroutine; gomemcache's pool (PIPELINE_CONNS=0) and Gets
+	// batched because every slot of the node was busy (BatchGets) read
+	// every value whole. A caller that reads a value on more than one
+	// node (a hedged read) may be asked once per node.
 	Fits func(n int) bool
 	// Lend, if not nil, lends the buffer (capacity n or more) that a
 	// Get's or GAT's value of LentValue bytes or more is read into, so
