@@ -7,7 +7,9 @@ package memcachedtest
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -157,7 +159,17 @@ func (s *Server) start() error {
 		}
 		c, err := net.DialTimeout("tcp", s.Addr, 100*time.Millisecond)
 		if err == nil {
+			// Whoever answers must be this process: a port found free
+			// may have been taken by another test's memcached (another
+			// package's, run in parallel), and ours then fails to bind
+			// while the other answers for it, and is flushed, killed
+			// and restarted by its own test.
+			pid, err := statsPID(c)
 			c.Close()
+			if err != nil || pid != cmd.Process.Pid {
+				_ = cmd.Process.Kill()
+				return fmt.Errorf("port %d answered by another memcached (pid %d, %v), not ours (pid %d)", s.Port, pid, err, cmd.Process.Pid)
+			}
 			s.mu.Lock()
 			s.cmd = cmd
 			s.mu.Unlock()
@@ -167,6 +179,25 @@ func (s *Server) start() error {
 	}
 	_ = cmd.Process.Kill()
 	return fmt.Errorf("memcached on port %d did not accept connections within 5s", s.Port)
+}
+
+// statsPID asks the memcached at the other end of c for its process ID.
+func statsPID(c net.Conn) (int, error) {
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := io.WriteString(c, "stats\r\n"); err != nil {
+		return 0, err
+	}
+	sc := bufio.NewScanner(c)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		switch {
+		case len(f) == 3 && f[0] == "STAT" && f[1] == "pid":
+			return strconv.Atoi(f[2])
+		case len(f) == 1 && f[0] == "END":
+			return 0, errors.New("no pid in stats")
+		}
+	}
+	return 0, fmt.Errorf("reading stats: %v", sc.Err())
 }
 
 func (s *Server) signal(sig syscall.Signal) {
