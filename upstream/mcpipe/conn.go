@@ -511,7 +511,7 @@ var errProtocol = errors.New("mcpipe: malformed reply from memcached")
 
 // readLoop reads replies until the connection fails.
 func (c *conn) readLoop() {
-	br := bufio.NewReaderSize(c.nc, 16<<10)
+	br := bufio.NewReaderSize(&progressReader{c: c}, 16<<10)
 	var keys []string // the keys of the reply's shared gets line, reused
 	var rooms []room  // their calls' rooms, or the call's own; reused
 	for {
@@ -578,6 +578,42 @@ func (c *conn) readLoop() {
 		c.mu.Unlock()
 		signal(members) // off the queue: ours alone
 	}
+}
+
+// progressReader reads a connection's replies and, as a long reply
+// arrives, moves the deadline it is owed by, as readLoop does after each
+// reply: the timeout bounds a stall of memcached, not the size of what it
+// sends. A gets line of a hundred 1 MB values is one reply of 100 MB;
+// owed whole within the timeout, it ejected a memcached that was sending
+// all along (256 clients GETting 1 MB values, the gateway sharing a CPU
+// with memcached).
+type progressReader struct {
+	c    *conn
+	read int // bytes read since the deadline was last looked at
+}
+
+// progressBytes is how many bytes of a reply make progress enough to
+// look at its deadline again.
+const progressBytes = 256 << 10
+
+func (r *progressReader) Read(p []byte) (int, error) {
+	n, err := r.c.nc.Read(p)
+	if r.read += n; r.read >= progressBytes {
+		r.read = 0
+		r.c.progress()
+	}
+	return n, err
+}
+
+// progress moves the deadline of the reply being read to the timeout from
+// now, if it was set more than an eighth of the timeout ago.
+func (c *conn) progress() {
+	now := time.Now()
+	c.mu.Lock()
+	if c.err == nil && len(c.queue) > c.unsent && now.Sub(c.armedAt) > c.timeout/8 {
+		c.armReadLocked(now)
+	}
+	c.mu.Unlock()
 }
 
 // members are the calls a queued call answers for: the calls on its

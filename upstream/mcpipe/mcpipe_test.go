@@ -878,6 +878,14 @@ func setAsync(c *Client, it *memcache.Item, done func(error)) error {
 // replies unchanged. It returns the address to dial.
 func slowRelay(t *testing.T, addr string, rate int) string {
 	t.Helper()
+	return relay(t, addr, rate, false)
+}
+
+// relay relays a client to addr, passing the client's bytes (or, if
+// replies, memcached's) at about rate bytes per second and the other
+// direction unchanged. It returns the address to dial.
+func relay(t *testing.T, addr string, rate int, replies bool) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -896,14 +904,18 @@ func slowRelay(t *testing.T, addr string, rate int) string {
 				return
 			}
 			t.Cleanup(func() { c.Close(); up.Close() })
-			go func() { _, _ = io.Copy(c, up) }()
+			from, to := net.Conn(c), net.Conn(up)
+			if replies {
+				from, to = up, c
+			}
+			go func() { _, _ = io.Copy(from, to) }()
 			go func() {
 				const piece = 16 << 10
 				b := make([]byte, piece)
 				for {
-					n, err := c.Read(b)
+					n, err := from.Read(b)
 					if n > 0 {
-						if _, werr := up.Write(b[:n]); werr != nil {
+						if _, werr := to.Write(b[:n]); werr != nil {
 							return
 						}
 						time.Sleep(time.Duration(n) * time.Second / time.Duration(rate))
@@ -1090,6 +1102,38 @@ func TestLendOwnBuffers(t *testing.T) {
 				t.Errorf("%s %s by reader %d: in a buffer lent to reader %d (lent: %v)", o.Verb, key, w, owner, lent)
 			case !want && lent:
 				t.Errorf("%s %s by reader %d, Lend %v: in a lent buffer", o.Verb, key, w, o.Lend != nil)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// TestSlowSteadyReplies: replies that take longer than the timeout to
+// arrive in all, a single 2 MB value or a gets line of several large
+// values, while memcached sends steadily, fail nothing: the read
+// deadline bounds a stall, not the size of a reply, and the node's
+// connection stays up.
+func TestSlowSteadyReplies(t *testing.T) {
+	srv := memcachedtest.Start(t, "-I", "4m")
+	addr := relay(t, srv.Addr, 4<<20, true) // 2 MB take 500 ms
+	c := New(Options{Conns: 1, Timeout: 300 * time.Millisecond, Dial: func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", addr)
+	}})
+	defer c.Close()
+	big := bytes.Repeat([]byte("b"), 2<<20)
+	if err := c.Set(&memcache.Item{Key: "big", Value: big}); err != nil {
+		t.Fatal(err)
+	}
+	if it, err := c.Get("big"); err != nil || !bytes.Equal(it.Value, big) {
+		t.Fatalf("get of a 2 MB value arriving over 500 ms, timeout 300 ms: %v", err)
+	}
+	// Concurrent Gets share lines: one reply of several values.
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			if it, err := c.Get("big"); err != nil || !bytes.Equal(it.Value, big) {
+				t.Errorf("concurrent get: %v", err)
 			}
 		})
 	}
