@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -195,4 +196,41 @@ func TestBodyBuffersGoBack(t *testing.T) {
 			l.Check(t)
 		})
 	}
+}
+
+// TestSpillBuffersGoBack: what a detached response's client does not
+// take at once is kept in a buffer lent by Server.Buffers (grown from the
+// pool if more is spilled), and given back once written; the client gets
+// every byte.
+func TestSpillBuffersGoBack(t *testing.T) {
+	big := bytes.Repeat([]byte("0123456789abcdef"), 3<<20/16) // twice: more than socket buffers hold
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		finish := w.(detacher).Detach()
+		if finish == nil {
+			t.Error("Detach declined")
+			return
+		}
+		go func() {
+			w.Header().Set("Content-Length", strconv.Itoa(2*len(big)))
+			w.Write(big) // spilled, mostly
+			w.Write(big) // the spill grows
+			finish()
+		}()
+	})
+	l := bufpooltest.New()
+	_, addr := startLending(t, h, l, budget.New(64<<20), 0)
+	c, br := dial(t, addr)
+	io.WriteString(c, "GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
+	time.Sleep(50 * time.Millisecond) // the socket fills, the rest spills
+	r, err := readWireResponse(br, "GET")
+	if want := string(big) + string(big); err != nil || r.status != "HTTP/1.1 200 OK" || r.body != want {
+		t.Fatalf("spilled response: %s, %d bytes, %v; want 200 with %d bytes", r.status, len(r.body), err, len(want))
+	}
+	if l.Lends() == 0 {
+		t.Error("no buffer lent: the spill did not borrow")
+	}
+	if !eventually(func() bool { return l.Lent() == 0 }) {
+		t.Errorf("%d buffers not given back", l.Lent())
+	}
+	l.Check(t)
 }

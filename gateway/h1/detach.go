@@ -79,6 +79,9 @@ func (c *conn) writeSpill() {
 			c.werr = err
 		}
 	}
+	if bs := c.srv.Buffers; bs != nil {
+		bs.Put(c.spill) // written or failed: nothing reads it now
+	}
 	c.spill = nil // it held a copy of a large or unread response: let it go
 	if c.spilled > 0 {
 		c.srv.Budget.Release(c.spilled)
@@ -171,6 +174,17 @@ func (c *conn) flushNonBlocking(bufs [][]byte) {
 			return
 		}
 		c.spilled += int64(n)
+	}
+	if bs := c.srv.Buffers; bs != nil && cap(c.spill)-len(c.spill) < n {
+		// In a buffer of the pool, given back once written: a GET of
+		// a large value whose client reads slowly spills most of it,
+		// and a fresh buffer each time was as much garbage as the
+		// value's own buffer before it was pooled.
+		nb := append(bs.Get(len(c.spill)+n), c.spill...)
+		if c.spill != nil {
+			bs.Put(c.spill)
+		}
+		c.spill = nb
 	}
 	for _, b := range bufs {
 		c.spill = append(c.spill, b...)

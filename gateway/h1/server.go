@@ -74,9 +74,10 @@ type Server struct {
 	// cut short and the connection closed.
 	Budget Budget
 
-	// Buffers, if not nil, lends the buffers bodies are read ahead into
-	// and takes back those the connection is done with. Nil: they are
-	// allocated, and left to the garbage collector.
+	// Buffers, if not nil, lends the buffers bodies are read ahead into,
+	// and those that hold what a detached response's client did not take
+	// at once, and takes back those the connection is done with. Nil:
+	// they are allocated, and left to the garbage collector.
 	Buffers Buffers
 
 	readers      sync.Pool // of *[readBufSize]byte, for conn.in

@@ -26,11 +26,12 @@ const Poison = 0xEE
 // in a buffer already given back (Using). Check reports the errors. It
 // is safe for concurrent use.
 type Lender struct {
-	mu   sync.Mutex
-	out  map[*byte]int // lent and not given back: first byte → capacity
-	held map[*byte]bool
-	free [][]byte
-	errs []string
+	mu    sync.Mutex
+	out   map[*byte]int // lent and not given back: first byte → capacity
+	held  map[*byte]bool
+	free  [][]byte
+	errs  []string
+	lends int
 }
 
 // New returns a Lender with nothing lent.
@@ -46,6 +47,7 @@ func arrayOf(b []byte) *byte { return &b[:1][0] }
 func (l *Lender) Get(n int) []byte {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.lends++
 	size := bufpool.MinSize
 	for size < n {
 		size *= 2
@@ -119,6 +121,13 @@ func (l *Lender) Lent() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.out)
+}
+
+// Lends is how many buffers were ever lent.
+func (l *Lender) Lends() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lends
 }
 
 // Check reports every error seen so far on t.
