@@ -38,12 +38,16 @@ func (s *lendingStore) Do(ctx context.Context, o op.Op) op.Result {
 	return lend(o, s.fakeStore.Do(ctx, o))
 }
 
-// lend answers a read of o with its value in a buffer o.Lend lends, as
-// upstream's pipelined pools do.
+// lend answers a read of o with its value held by o.Room while it is
+// read and in a buffer the Room lends, as upstream's pipelined pools do.
 func lend(o op.Op, res op.Result) op.Result {
-	if v := res.Item.Value; o.Lend != nil && res.Err == nil && len(v) >= op.LentValue {
-		res.Item.Value = append(o.Lend(len(v)), v...)
+	if v := res.Item.Value; o.Room != nil && res.Err == nil && len(v) >= op.LentValue {
+		if !o.Room.Reserve(len(v)) {
+			return op.Result{Err: upstream.ErrNoFit}
+		}
+		res.Item.Value = append(o.Room.Lend(len(v)), v...)
 		res.Lent = true
+		o.Room.Release(len(v))
 	}
 	return res
 }

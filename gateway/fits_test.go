@@ -10,11 +10,10 @@ import (
 )
 
 // TestRefusedGetsAreCounted: a GET whose value the byte budget cannot
-// take, dropped unread by op.Op.Fits, is a refusal of the budget like
-// any other: memcgate_buffered_refusals_total (and the
+// take, dropped unread by its op.Op.Room, is a refusal of the budget
+// like any other: memcgate_buffered_refusals_total (and the
 // MemcgateBufferedBytesExhausted alert on it) counts it, on the routed
-// path and on the detached one. Before, the refusal was writeItem's
-// Acquire and was counted; a refusal by Fits was not.
+// path and on the detached one.
 func TestRefusedGetsAreCounted(t *testing.T) {
 	const size, limit = 20_000, 200_000
 	g := newBigRig(t, func(o *Options, c *upstream.Cluster) {

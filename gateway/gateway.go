@@ -112,12 +112,6 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 		guard:     guard{a: opts.Access},
 		log:       log,
 	}
-	if b := opts.Budget; b != nil {
-		h.lim.fits = func(n int) bool { return b.Fits(int64(n)) }
-	}
-	if opts.Buffers != nil {
-		h.lim.lend = opts.Buffers.Get
-	}
 	h.lim.lim.max.Store(int64(opts.MaxRequests))
 	h.lim.timeout.Store(int64(opts.RequestTimeout))
 	if h.chunks = opts.Chunks; h.chunks == nil {

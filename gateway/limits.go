@@ -36,10 +36,8 @@ type limits struct {
 	budget *budget.Budget // nil: no bound
 	// takeBody is Options.TakeBody: the body a server read ahead, or nil.
 	takeBody func(r *http.Request) []byte
-	bufs     Buffers            // Options.Buffers, or nil
-	fits     func(n int) bool   // budget.Fits for op.Op.Fits; nil: no budget
-	lend     func(n int) []byte // bufs.Get for op.Op.Lend; nil: no bufs
-	timeout  atomic.Int64       // RequestTimeout in nanoseconds: the memcached work's, from when the body is read
+	bufs     Buffers      // Options.Buffers, or nil
+	timeout  atomic.Int64 // RequestTimeout in nanoseconds: the memcached work's, from when the body is read
 }
 
 // requestTimeout is RequestTimeout now.
@@ -108,17 +106,26 @@ func (l *limits) dropSlot(rc *requestCtx) {
 	}
 }
 
-// ownRead makes o's value, if it reads one, the request's own: dropped
-// unread when the budget cannot take it (op.Op.Fits), instead of read
-// only to be refused by hold, and read into a buffer of l.bufs
-// (op.Op.Lend) that putValue gives back. For a request that holds
-// nothing else yet, and that answers with the value and nothing else
-// keeps it.
+// ownRead makes o's value, if it reads one, the request's own (l is its
+// op.Room): held against the budget while its reply is read, dropped
+// unread when the budget cannot take it instead of read only to be
+// refused by hold, and read into a buffer of l.bufs that putValue gives
+// back. For a request that holds nothing else yet, and that answers with
+// the value and nothing else keeps it.
 func (l *limits) ownRead(o *op.Op) {
 	if o.Verb.Reply() == op.Items {
-		o.Fits, o.Lend = l.fits, l.lend
+		o.Room = l
 	}
 }
+
+// Reserve holds n bytes of the budget for a value being read (op.Room).
+func (l *limits) Reserve(n int) bool { return l.budget.Acquire(int64(n)) == nil }
+
+// Release gives back what Reserve held (op.Room).
+func (l *limits) Release(n int) { l.budget.Release(int64(n)) }
+
+// Lend lends the buffer a value is read into (op.Room).
+func (l *limits) Lend(n int) []byte { return l.getBody(n) }
 
 // putValue gives back the value of res if it is in a buffer lent for it
 // (ownRead, op.Result.Lent), once the response is written and nothing

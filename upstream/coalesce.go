@@ -40,11 +40,11 @@ type getResult struct {
 }
 
 // get reads one key, batching it with other parked Gets when the node's
-// slots are all busy (and batching is on). o is the Get, for its Fits
-// and Lend; batched Gets ask neither. lent reports whether the value is
+// slots are all busy (and batching is on). o is the Get, for its Room,
+// which batched Gets do without. lent reports whether the value is
 // in a buffer o.Lend lent (op.Result.Lent).
 func (n *node) get(ctx context.Context, key string, o op.Op) (it *memcache.Item, lent bool, err error) {
-	o = op.Op{Verb: op.Get, Fits: o.Fits, Lend: o.Lend}
+	o = op.Op{Verb: op.Get, Room: o.Room}
 	select {
 	case n.sem <- struct{}{}:
 		it, err = n.getHolding(key, o)
@@ -126,11 +126,11 @@ func (n *node) takeLocked(first *getWaiter) []*getWaiter {
 	return batch
 }
 
-// lent reports whether it, read by o on its own, is in a buffer o.Lend
-// lent: the pipelined client lends for every value of op.LentValue bytes
-// or more, gomemcache's pool for none.
+// lent reports whether it, read by o on its own, is in a buffer o.Room
+// lent: the pipelined client borrows for every value of op.LentValue
+// bytes or more, gomemcache's pool for none.
 func (n *node) lent(o *op.Op, it *memcache.Item) bool {
-	return n.pipe != nil && o.Lend != nil && it != nil && len(it.Value) >= op.LentValue
+	return n.pipe != nil && o.Room != nil && it != nil && len(it.Value) >= op.LentValue
 }
 
 // getHolding runs a single get while holding a slot, then releases it.

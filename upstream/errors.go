@@ -38,7 +38,7 @@ var (
 	// ErrOverLimit: a key of GetMulti whose value did not fit the byte
 	// limit of the call; it was read and dropped.
 	ErrOverLimit = errors.New("upstream: value past the multi-get's byte limit")
-	// ErrNoFit: a Get whose value op.Op.Fits refused (the gateway's
+	// ErrNoFit: a Get whose value op.Op.Room refused (the gateway's
 	// byte budget was full); it was read and dropped.
 	ErrNoFit = errors.New("upstream: value does not fit the byte budget")
 )

@@ -55,22 +55,6 @@ func (b *Budget) Acquire(n int64) error {
 	return nil
 }
 
-// Fits reports whether n more bytes would fit under the limit now,
-// holding nothing: for work that can be skipped before it makes bytes
-// that Acquire would then refuse. A false answer is that refusal, made
-// earlier: it is counted in Refused as Acquire's are, so the caller must
-// ask only when it drops the work on false.
-func (b *Budget) Fits(n int64) bool {
-	if b == nil {
-		return true
-	}
-	if limit := b.limit.Load(); limit > 0 && b.used.Load()+n > limit {
-		b.refused.Add(1)
-		return false
-	}
-	return true
-}
-
 // Force counts n more bytes as held whatever the limit: for bytes that
 // are already in memory and cannot be dropped without breaking a
 // response under way. Release them like acquired ones.

@@ -29,7 +29,7 @@ type call struct {
 	verb  string            // the command, for error messages
 	limit int               // a multi-key Get's cap on value bytes kept; 0: none
 	key   string            // a single-key Get's key: such Gets may share one command
-	room  room              // what a read's caller says about its value
+	room  op.Room           // op.Op.Room of a read; nil: none
 	peer  []*call           // on the first call of a shared gets line: every call on it
 	self  [1]*call          // members' answer for a call on its own, without allocating
 	one   [1]*memcache.Item // reply.items of a call on a shared line, without allocating
@@ -99,11 +99,11 @@ const bigValue = 16 << 10
 // longer than a writer takes to queue the next value.
 const maxQueuedValues = 1 << 20
 
-// room is what a read's caller says about a value of op.LentValue bytes
-// or more: op.Op.Fits and op.Op.Lend, nil when it says nothing.
-type room struct {
-	fits func(n int) bool
-	lend func(n int) []byte
+// held is what a reply's read holds of a caller's budget: n bytes by
+// room.Reserve, for room.Release once the reply is handed out.
+type held struct {
+	room op.Room
+	n    int
 }
 
 // waiter is a large value waiting for room on a connection.
@@ -116,7 +116,7 @@ type waiter struct {
 type reply struct {
 	items   []*memcache.Item
 	dropped []string // keys whose values were read but not kept (call.limit)
-	nofit   []int    // line indexes of the values read but not kept (call.room.fits); 0 for a reply of its own
+	nofit   []int    // line indexes of the values read but not kept (call.room refused them); 0 for a reply of its own
 	num     uint64
 	err     error // memcached's refusal, or the connection's failure
 }
@@ -512,8 +512,16 @@ var errProtocol = errors.New("mcpipe: malformed reply from memcached")
 // readLoop reads replies until the connection fails.
 func (c *conn) readLoop() {
 	br := bufio.NewReaderSize(&progressReader{c: c}, 16<<10)
-	var keys []string // the keys of the reply's shared gets line, reused
-	var rooms []room  // their calls' rooms, or the call's own; reused
+	var keys []string   // the keys of the reply's shared gets line, reused
+	var rooms []op.Room // their calls' rooms, or the call's own; reused
+	var holds []held    // what the reply being read holds; reused
+	release := func() {
+		for _, h := range holds {
+			h.room.Release(h.n)
+		}
+		clear(holds)
+		holds = holds[:0]
+	}
 	for {
 		// Wait for the first byte of the next reply. With no written
 		// request unanswered there is no deadline: an idle connection
@@ -542,15 +550,17 @@ func (c *conn) readLoop() {
 			rooms = append(rooms, c.queue[0].room)
 		}
 		c.mu.Unlock()
-		r, err := readReply(br, k, verb, keys, limit, rooms)
-		clear(rooms) // let the callers' functions go
+		r, err := readReply(br, k, verb, keys, limit, rooms, &holds)
+		clear(rooms) // let the callers go
 		if err != nil {
+			release()
 			c.fail(err)
 			return
 		}
 		c.mu.Lock()
 		if c.err != nil { // failed meanwhile (a write error): every call is answered
 			c.mu.Unlock()
+			release()
 			return
 		}
 		cl := c.queue[0]
@@ -576,6 +586,10 @@ func (c *conn) readLoop() {
 			c.armReadLocked(now)
 		}
 		c.mu.Unlock()
+		// The callers hold what they keep from here, so the reply's
+		// hold goes first: held both ways, a value would be refused by
+		// its own hold.
+		release()
 		signal(members) // off the queue: ours alone
 	}
 }
@@ -689,13 +703,17 @@ func isErrorLine(line []byte) bool {
 // only when the stream itself is broken. lineKeys are the keys of a
 // shared gets line (none for other requests): they become the items' keys.
 // A get reply keeps at most limit bytes of values (0: no limit); the keys
-// of the values it drops are in r.dropped. rooms are what the callers of
-// the line's keys said about their values, index for index (of the
-// reply's one call when lineKeys is empty): a value of op.LentValue bytes
-// or more that its room's fits refuses is dropped too, its index in
-// r.nofit, and one it takes is read into a buffer its room's lend lends.
+// of the values it drops are in r.dropped. rooms are the op.Op.Room of
+// the line's keys, index for index (of the reply's one call when
+// lineKeys is empty; nil: none): a value of op.LentValue bytes or more
+// that its room does not Reserve is dropped too, its index in r.nofit,
+// and one it reserves is read into a buffer it lends, the reservation
+// added to holds for the caller to release once the reply is handed
+// out, whatever the outcome. None of a reply's values reaches its caller
+// before the whole reply is read: without the reservations a shared line
+// of a hundred 1 MB values would keep 100 MB that no budget saw.
 // A value for a key the line did not ask for is dropped.
-func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, limit int, rooms []room) (r reply, err error) {
+func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, limit int, rooms []op.Room, holds *[]held) (r reply, err error) {
 	keys := keyCursor{keys: lineKeys}
 	kept := 0
 	for {
@@ -721,11 +739,11 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, lim
 			if err != nil {
 				return r, err
 			}
-			var rm room
+			var rm op.Room
 			if size >= op.LentValue && i >= 0 && i < len(rooms) {
 				rm = rooms[i]
 			}
-			if i < 0 || rm.fits != nil && !rm.fits(size) {
+			if i < 0 || rm != nil && !rm.Reserve(size) {
 				if err := skipValue(br, size); err != nil {
 					return r, err
 				}
@@ -742,7 +760,12 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, lim
 				continue
 			}
 			kept += size
-			if it.Value, err = readValue(br, size, rm.lend); err != nil {
+			var lend func(int) []byte
+			if rm != nil {
+				*holds = append(*holds, held{rm, size})
+				lend = rm.Lend
+			}
+			if it.Value, err = readValue(br, size, lend); err != nil {
 				return r, err
 			}
 			if r.items == nil && len(keys.keys) > 0 {

@@ -87,7 +87,7 @@ func New(o Options) *Client {
 // ErrClosed is what requests on a connection get after Close closed it.
 var ErrClosed = errors.New("mcpipe: connection closed")
 
-// ErrNoFit is what a read gets when its op.Op.Fits refused its value:
+// ErrNoFit is what a read gets when its op.Op.Room refused its value:
 // memcached has it, and it was read off the connection and dropped.
 var ErrNoFit = errors.New("mcpipe: the value does not fit the caller's byte budget")
 
@@ -195,7 +195,7 @@ func (c *Client) Do(ctx context.Context, o op.Op, key string) (*memcache.Item, u
 
 // prepare makes cl the call of o.
 func (c *Client) prepare(cl *call, o *op.Op, key string) {
-	cl.kind, cl.verb, cl.room = o.Verb.Reply(), o.Verb.Command(), room{o.Fits, o.Lend}
+	cl.kind, cl.verb, cl.room = o.Verb.Reply(), o.Verb.Command(), o.Room
 	if o.Verb == op.Get {
 		cl.key = key // shares gets lines with other Gets
 		return

@@ -475,7 +475,7 @@ func TestReadReplyLimit(t *testing.T) {
 	}
 	for _, tt := range tests {
 		br := bufio.NewReader(strings.NewReader(stream))
-		r, err := readReply(br, op.Items, "gets", nil, tt.limit, nil)
+		r, err := readReply(br, op.Items, "gets", nil, tt.limit, nil, nil)
 		if err != nil || r.err != nil {
 			t.Fatalf("limit %d: %v, %v", tt.limit, err, r.err)
 		}
@@ -486,58 +486,94 @@ func TestReadReplyLimit(t *testing.T) {
 		if !slices.Equal(kept, tt.wantKept) || !slices.Equal(r.dropped, tt.wantDropped) {
 			t.Errorf("limit %d: kept %v, dropped %v; want %v, %v", tt.limit, kept, r.dropped, tt.wantKept, tt.wantDropped)
 		}
-		if next, err := readReply(br, op.Stored, "set", nil, 0, nil); err != nil || next.err != nil {
+		if next, err := readReply(br, op.Stored, "set", nil, 0, nil, nil); err != nil || next.err != nil {
 			t.Errorf("limit %d: the next reply: %v, %v", tt.limit, err, next.err)
 		}
 	}
 }
 
+// testRoom is an op.Room for tests: a budget of limit bytes (0: none)
+// that counts what it holds and the values it was asked about, lending
+// with lend (nil: new buffers).
+type testRoom struct {
+	limit int64
+	held  atomic.Int64
+	asked atomic.Int64
+	lend  func(n int) []byte
+}
+
+func (r *testRoom) Reserve(n int) bool {
+	r.asked.Add(1)
+	if h := r.held.Add(int64(n)); r.limit > 0 && h > r.limit {
+		r.held.Add(-int64(n))
+		return false
+	}
+	return true
+}
+
+func (r *testRoom) Release(n int) { r.held.Add(-int64(n)) }
+
+func (r *testRoom) Lend(n int) []byte {
+	if r.lend != nil {
+		return r.lend(n)
+	}
+	return make([]byte, 0, n)
+}
+
 // TestReadReplyFits: each value of a shared gets line is asked of the
-// Fits of the call whose place on the line it answers (as keyCursor
-// finds it), never of another call's; a refused value leaves the stream
-// at the next reply; share then fails with ErrNoFit exactly the calls
-// whose own value was refused, and hands every other call the value
-// sent for its own place, so a call without Fits on the line of a
-// refusing call for the same key still gets its value.
+// Room of the call whose place on the line it answers (as keyCursor
+// finds it), never of another call's, and what the reply's values hold
+// adds up until the reply is handed out; a refused value leaves the
+// stream at the next reply; share then fails with ErrNoFit exactly the
+// calls whose own value was refused, and hands every other call the
+// value sent for its own place, so a call without a Room on the line of
+// a refusing call for the same key still gets its value.
 func TestReadReplyFits(t *testing.T) {
 	big := strings.Repeat("v", bigValue)
 	value := func(key string, v string) string {
 		return fmt.Sprintf("VALUE %s 0 %d 1\r\n%s\r\n", key, len(v), v)
 	}
-	refuse := func(int) bool { return false }
+	refuse := &testRoom{limit: 1}
+	upTo2 := &testRoom{limit: 2 * int64(len(big))} // room for two
 	tests := []struct {
 		name      string
 		lineKeys  []string
-		fits      []func(int) bool
+		rooms     []*testRoom
 		reply     string
 		wantKept  []string
 		wantNoFit []int   // places on the line
 		wantErr   []error // share's per call, when lineKeys are a shared line
 	}{
-		{"own refuses", nil, []func(int) bool{refuse}, value("a", big), nil, []int{0}, nil},
-		{"own small", nil, []func(int) bool{refuse}, value("a", "x"), []string{"a"}, nil, nil},
-		{"multi-key, none", nil, []func(int) bool{nil}, value("a", big) + value("b", big), []string{"a", "b"}, nil, nil},
-		{"first refuses", []string{"a", "b"}, []func(int) bool{refuse, nil}, value("a", big) + value("b", big),
+		{"own refuses", nil, []*testRoom{refuse}, value("a", big), nil, []int{0}, nil},
+		{"own small", nil, []*testRoom{refuse}, value("a", "x"), []string{"a"}, nil, nil},
+		{"multi-key, none", nil, []*testRoom{nil}, value("a", big) + value("b", big), []string{"a", "b"}, nil, nil},
+		{"first refuses", []string{"a", "b"}, []*testRoom{refuse, nil}, value("a", big) + value("b", big),
 			[]string{"b"}, []int{0}, []error{ErrNoFit, nil}},
-		{"second refuses", []string{"a", "b"}, []func(int) bool{nil, refuse}, value("a", big) + value("b", big),
+		{"second refuses", []string{"a", "b"}, []*testRoom{nil, refuse}, value("a", big) + value("b", big),
 			[]string{"a"}, []int{1}, []error{nil, ErrNoFit}},
-		{"first missed", []string{"a", "b"}, []func(int) bool{refuse, nil}, value("b", big),
+		{"first missed", []string{"a", "b"}, []*testRoom{refuse, nil}, value("b", big),
 			[]string{"b"}, nil, []error{memcache.ErrCacheMiss, nil}},
-		{"repeated key, refusing first", []string{"a", "b", "a"}, []func(int) bool{refuse, nil, nil}, value("a", big) + value("b", big) + value("a", big),
+		{"repeated key, refusing first", []string{"a", "b", "a"}, []*testRoom{refuse, nil, nil}, value("a", big) + value("b", big) + value("a", big),
 			[]string{"b", "a"}, []int{0}, []error{ErrNoFit, nil, nil}},
-		{"repeated key, refusing last", []string{"a", "b", "a"}, []func(int) bool{nil, nil, refuse}, value("a", big) + value("b", big) + value("a", big),
+		{"repeated key, refusing last", []string{"a", "b", "a"}, []*testRoom{nil, nil, refuse}, value("a", big) + value("b", big) + value("a", big),
 			[]string{"a", "b"}, []int{2}, []error{nil, nil, ErrNoFit}},
-		{"repeated key, both refuse", []string{"a", "a"}, []func(int) bool{refuse, refuse}, value("a", big) + value("a", big),
+		{"repeated key, both refuse", []string{"a", "a"}, []*testRoom{refuse, refuse}, value("a", big) + value("a", big),
 			nil, []int{0, 1}, []error{ErrNoFit, ErrNoFit}},
+		{"the reply's earlier values count", []string{"a", "b", "c", "d"}, []*testRoom{upTo2, upTo2, nil, upTo2},
+			value("a", big) + value("b", big) + value("c", big) + value("d", big),
+			[]string{"a", "b", "c"}, []int{3}, []error{nil, nil, nil, ErrNoFit}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			br := bufio.NewReader(strings.NewReader(tt.reply + "END\r\nSTORED\r\n"))
-			rooms := make([]room, len(tt.fits))
-			for i, f := range tt.fits {
-				rooms[i].fits = f
+			rooms := make([]op.Room, len(tt.rooms))
+			for i, rm := range tt.rooms {
+				if rm != nil {
+					rooms[i] = rm
+				}
 			}
-			r, err := readReply(br, op.Items, "gets", tt.lineKeys, 0, rooms)
+			var holds []held
+			r, err := readReply(br, op.Items, "gets", tt.lineKeys, 0, rooms, &holds)
 			if err != nil || r.err != nil {
 				t.Fatalf("readReply: %v, %v", err, r.err)
 			}
@@ -548,8 +584,17 @@ func TestReadReplyFits(t *testing.T) {
 			if !slices.Equal(kept, tt.wantKept) || !slices.Equal(r.nofit, tt.wantNoFit) {
 				t.Errorf("kept %v, refused %v; want %v, %v", kept, r.nofit, tt.wantKept, tt.wantNoFit)
 			}
-			if next, err := readReply(br, op.Stored, "set", nil, 0, nil); err != nil || next.err != nil {
+			if next, err := readReply(br, op.Stored, "set", nil, 0, nil, nil); err != nil || next.err != nil {
 				t.Errorf("the next reply: %v, %v", err, next.err)
+			}
+			// What the kept values hold is the reply's to release.
+			for _, h := range holds {
+				h.room.Release(h.n)
+			}
+			for i, rm := range tt.rooms {
+				if rm != nil && rm.held.Load() != 0 {
+					t.Errorf("room %d holds %d bytes after the reply's release", i, rm.held.Load())
+				}
 			}
 			if tt.lineKeys == nil {
 				return
@@ -962,12 +1007,13 @@ func TestSlowSteadyWrites(t *testing.T) {
 	}
 }
 
-// TestFitsDropsValues: a read whose op.Op.Fits refuses its value fails
+// TestFitsDropsValues: a read whose op.Op.Room refuses its value fails
 // with ErrNoFit without the value being kept, alone or on a shared gets
-// line, and the connection stays in step. Fits is the caller's own: on a
-// shared line a read without it (a chunk of a large value, whose bytes
-// its request already holds) gets its value whatever the others' Fits
-// say. Values under bigValue, misses and multi-key gets never ask.
+// line, and the connection stays in step. The Room is the caller's own:
+// on a shared line a read without one (a chunk of a large value, whose
+// bytes its request already holds) gets its value whatever the others'
+// say. Values under op.LentValue, misses and multi-key gets never ask,
+// and whatever a reply reserved is released once it is handed out.
 func TestFitsDropsValues(t *testing.T) {
 	srv := memcachedtest.Start(t)
 	c := New(Options{
@@ -984,11 +1030,8 @@ func TestFitsDropsValues(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var asked atomic.Int64
-	under50k := func(n int) bool {
-		asked.Add(1)
-		return n < 50_000
-	}
+	under50k := &testRoom{limit: 50_000 - 1}
+	asked := &under50k.asked
 	tests := []struct {
 		key     string
 		verb    op.Verb
@@ -1007,7 +1050,7 @@ func TestFitsDropsValues(t *testing.T) {
 	for range 2 { // the connection is still in step after each refusal
 		for _, tt := range tests {
 			asked.Store(0)
-			it, _, err := c.Do(ctx, op.Op{Verb: tt.verb, Fits: under50k, Item: op.Item{Expiration: 60}}, tt.key)
+			it, _, err := c.Do(ctx, op.Op{Verb: tt.verb, Room: under50k, Item: op.Item{Expiration: 60}}, tt.key)
 			if !errors.Is(err, tt.wantErr) {
 				t.Fatalf("%s %s: %v, want %v", tt.verb, tt.key, err, tt.wantErr)
 			}
@@ -1015,28 +1058,31 @@ func TestFitsDropsValues(t *testing.T) {
 				t.Fatalf("%s %s: %d bytes, want %d", tt.verb, tt.key, len(it.Value), values[tt.key])
 			}
 			if got := asked.Load() > 0; got != tt.asked {
-				t.Errorf("%s %s: Fits asked %v, want %v", tt.verb, tt.key, got, tt.asked)
+				t.Errorf("%s %s: Room asked %v, want %v", tt.verb, tt.key, got, tt.asked)
+			}
+			if h := under50k.held.Load(); h != 0 {
+				t.Errorf("%s %s: %d bytes still reserved after the reply", tt.verb, tt.key, h)
 			}
 		}
 	}
 	// Concurrent Gets share lines: a refusing caller gets ErrNoFit (or
 	// the value, if another caller's read of the same key kept it); a
-	// caller without Fits always gets the value.
-	refuse := func(int) bool { return false }
+	// caller without a Room always gets the value.
+	refuse := &testRoom{limit: 1}
 	var wg sync.WaitGroup
 	for w := range 64 {
 		wg.Go(func() {
 			key := []string{"huge", "large", "small"}[w%3]
 			o := op.Op{Verb: op.Get}
 			if w%2 == 0 {
-				o.Fits = refuse
+				o.Room = refuse
 			}
 			it, _, err := c.Do(ctx, o, key)
 			switch {
 			case err == nil && len(it.Value) == values[key]:
-			case errors.Is(err, ErrNoFit) && o.Fits != nil && values[key] >= bigValue:
+			case errors.Is(err, ErrNoFit) && o.Room != nil && values[key] >= op.LentValue:
 			default:
-				t.Errorf("concurrent Get(%s), refusing Fits %v: %v", key, o.Fits != nil, err)
+				t.Errorf("concurrent Get(%s), refusing Room %v: %v", key, o.Room != nil, err)
 			}
 		})
 	}
@@ -1047,11 +1093,11 @@ func TestFitsDropsValues(t *testing.T) {
 	}
 }
 
-// TestLendOwnBuffers: a read with op.Op.Lend gets a value of LentValue
-// bytes or more in a buffer its own Lend lent, and no other read is
-// answered with that buffer: Gets of the same key on one shared line
-// each get their own. Smaller values and reads without Lend borrow
-// nothing.
+// TestLendOwnBuffers: a read with an op.Op.Room gets a value of
+// LentValue bytes or more in a buffer its own Room lent, and no other
+// read is answered with that buffer: Gets of the same key on one shared
+// line each get their own. Smaller values and reads without a Room
+// borrow nothing.
 func TestLendOwnBuffers(t *testing.T) {
 	srv := memcachedtest.Start(t)
 	c := New(Options{
@@ -1081,13 +1127,13 @@ func TestLendOwnBuffers(t *testing.T) {
 				if w%4 == 0 {
 					o.Verb, o.Item.Expiration = op.GAT, 600
 				}
-				o.Lend = func(n int) []byte {
+				o.Room = &testRoom{lend: func(n int) []byte {
 					b := make([]byte, 0, n+w%7) // a capacity of its own, as a pool's class
 					mu.Lock()
 					lentTo[&b[:1][0]] = w
 					mu.Unlock()
 					return b
-				}
+				}}
 			}
 			it, _, err := c.Do(ctx, o, key)
 			if err != nil || len(it.Value) != values[key] || it.Value[0] != key[0] || it.Value[len(it.Value)-1] != key[0] {
@@ -1097,11 +1143,11 @@ func TestLendOwnBuffers(t *testing.T) {
 			mu.Lock()
 			owner, lent := lentTo[&it.Value[:1][0]]
 			mu.Unlock()
-			switch want := o.Lend != nil && values[key] >= op.LentValue; {
+			switch want := o.Room != nil && values[key] >= op.LentValue; {
 			case want && (!lent || owner != w):
 				t.Errorf("%s %s by reader %d: in a buffer lent to reader %d (lent: %v)", o.Verb, key, w, owner, lent)
 			case !want && lent:
-				t.Errorf("%s %s by reader %d, Lend %v: in a lent buffer", o.Verb, key, w, o.Lend != nil)
+				t.Errorf("%s %s by reader %d, Room %v: in a lent buffer", o.Verb, key, w, o.Room != nil)
 			}
 		})
 	}

@@ -146,37 +146,51 @@ type Op struct {
 	// escaping, as nginx does; the chunks of a large value go to their
 	// index's node).
 	HashKey string
-	// Fits, if not nil, is asked before a Get's or GAT's value of
-	// LentValue bytes or more is read into memory: if it reports that n
-	// bytes do not fit (the caller's byte budget is full), the value is
-	// read off the connection and dropped, never kept, and Result.Err
-	// says so (upstream.ErrNoFit). For a caller that would refuse the
-	// value anyway: it must not count bytes the caller already holds for
-	// it. Pipelined pools ask it, once per value, on the connection's
-	// reader goroutine; gomemcache's pool (PIPELINE_CONNS=0) and Gets
-	// batched because every slot of the node was busy (BatchGets) read
-	// every value whole. A caller that reads a value on more than one
-	// node (a hedged read) may be asked once per node.
-	Fits func(n int) bool
-	// Lend, if not nil, lends the buffer (capacity n or more) that a
-	// Get's or GAT's value of LentValue bytes or more is read into, so
-	// that a caller can give it back for the next read once nothing
-	// reads the value. The value is then the caller's alone: no other
-	// read is answered with it. A caller that may abandon the read
-	// (hedging) leaves its buffer to the garbage collector. Pipelined
-	// pools ask it; gomemcache's pool reads into buffers of its own.
-	Lend func(n int) []byte
+	// Room, if not nil, is where a Get's or GAT's value of LentValue
+	// bytes or more goes: held against the caller's byte budget while it
+	// is read, refused unread when the budget cannot take it, and read
+	// into a buffer the caller lends and takes back. For a caller that
+	// answers with the value and would refuse it anyway when its budget
+	// is full: one that holds nothing for it yet.
+	Room Room
 }
 
-// LentValue is the size from which a read's value goes into a buffer
-// that Op.Lend lends, and from which Op.Fits is asked.
+// Room is a caller's say over the values its reads bring into memory.
+// Pipelined pools use it, on the connection's reader goroutine, for a
+// value read on its own or on a gets line shared with other callers;
+// gomemcache's pool (PIPELINE_CONNS=0) and Gets batched because every
+// slot of a node was busy (BatchGets) read every value whole into
+// buffers of their own. A read that goes to more than one node (a hedged
+// read) may use it once per node.
+type Room interface {
+	// Reserve holds n bytes of the caller's budget for a value about
+	// to be read, or reports that they do not fit: the value is then
+	// read off the connection and dropped, never kept, and the read's
+	// Result.Err says so (upstream.ErrNoFit).
+	Reserve(n int) bool
+	// Release gives back what Reserve held, once the reply the value
+	// came in has been read and handed out (or failed): the caller then
+	// holds what it keeps itself. Until then a gets line shared with
+	// other callers keeps every value of it in memory, up to a hundred,
+	// and the budget sees them.
+	Release(n int)
+	// Lend returns the buffer (capacity n or more) a value of n bytes
+	// is read into, so that the caller can give it back once nothing
+	// reads the value (Result.Lent). The value is then the caller's
+	// alone: no other read is answered with it. A caller that may
+	// abandon a read (hedging) leaves its buffer to the collector.
+	Lend(n int) []byte
+}
+
+// LentValue is the size from which a read's value is held, refused or
+// lent through Op.Room.
 const LentValue = 16 << 10
 
 // Result is an operation's outcome.
 type Result struct {
 	Item Item   // Get and GAT: the item read
 	N    uint64 // Incr and Decr: the new value
-	// Lent: Item.Value is in a buffer Op.Lend lent, the caller's alone
+	// Lent: Item.Value is in a buffer Op.Room lent, the caller's alone
 	// to give back. A value read otherwise (below LentValue, or batched
 	// with other reads and perhaps shared with them) is not.
 	Lent bool

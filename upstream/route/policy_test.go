@@ -344,7 +344,14 @@ func TestShadowGetMultiIsBounded(t *testing.T) {
 	}
 }
 
-// TestShadowRefusedGAT: a gat whose value the caller's Fits refused
+// answerRoom is an op.Room that takes every value or none.
+type answerRoom bool
+
+func (r answerRoom) Reserve(int) bool { return bool(r) }
+func (answerRoom) Release(int)        {}
+func (answerRoom) Lend(n int) []byte  { return make([]byte, 0, n) }
+
+// TestShadowRefusedGAT: a gat whose value the caller's Room refused
 // (upstream.ErrNoFit, the gateway's budget full) still touched the
 // primary's item, which memcached had: mirrored as a touch of the
 // shadow's copy, it is a match, not a mismatch. A refused gat is the
@@ -358,7 +365,7 @@ func TestShadowRefusedGAT(t *testing.T) {
 		{Name: "next", Cluster: so},
 	}})
 	ctx := t.Context()
-	big := strings.Repeat("g", 20_000) // asks Fits (16 KiB or more)
+	big := strings.Repeat("g", 20_000) // asks the Room (16 KiB or more)
 	if err := set(ctx, r, "g", big); err != nil {
 		t.Fatal(err)
 	}
@@ -367,14 +374,14 @@ func TestShadowRefusedGAT(t *testing.T) {
 	})
 	tests := []struct {
 		name    string
-		fits    func(int) bool
+		room    answerRoom
 		wantErr error
 	}{
-		{"kept", func(int) bool { return true }, nil},
-		{"refused", func(int) bool { return false }, upstream.ErrNoFit},
+		{"kept", true, nil},
+		{"refused", false, upstream.ErrNoFit},
 	}
 	for i, tt := range tests {
-		res := r.Do(ctx, op.Op{Verb: op.GAT, Item: op.Item{Key: "g", Expiration: 100}, Fits: tt.fits})
+		res := r.Do(ctx, op.Op{Verb: op.GAT, Item: op.Item{Key: "g", Expiration: 100}, Room: tt.room})
 		if !errors.Is(res.Err, tt.wantErr) {
 			t.Fatalf("%s: gat = %v, want %v", tt.name, res.Err, tt.wantErr)
 		}

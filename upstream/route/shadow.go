@@ -51,7 +51,7 @@ func (v *view) shadowDo(ctx context.Context, o op.Op, res op.Result) {
 		o.Verb, res.Item.Value = op.Touch, nil
 		if errors.Is(res.Err, upstream.ErrNoFit) {
 			// memcached had the item and touched it; only its value
-			// was refused (op.Op.Fits): a touch's success.
+			// was refused (its op.Op.Room): a touch's success.
 			res.Err = nil
 		}
 	}
@@ -144,7 +144,7 @@ func (v *view) shadowGetMulti(ctx context.Context, keys []string, found map[stri
 			w.res = op.Result{Item: it}
 			size += int64(len(it.Value))
 		} else if _, ok := failed[k]; ok {
-			continue // over the byte limit, or refused by Fits: not kept, nothing to compare
+			continue // over the byte limit, or refused by its Room: not kept, nothing to compare
 		}
 		sample = append(sample, w)
 	}
