@@ -454,10 +454,7 @@ func TestDifferential(t *testing.T) {
 		marks:  map[string]time.Time{},
 	}
 	t.Cleanup(e.slowMC.Resume)
-	deadPort, err := memcachedtest.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
+	deadPort := memcachedtest.DeadPort(t)
 	e.nginx = startNginx(t, bin, e.refMC.Port, deadPort)
 	common := map[string]string{"MEMCGATE_SERVERS": e.gateMC.Addr}
 	with := func(kv ...string) map[string]string {

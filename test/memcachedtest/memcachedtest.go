@@ -7,9 +7,7 @@ package memcachedtest
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -159,16 +157,15 @@ func (s *Server) start() error {
 		}
 		c, err := net.DialTimeout("tcp", s.Addr, 100*time.Millisecond)
 		if err == nil {
+			c.Close()
 			// Whoever answers must be this process: a port found free
 			// may have been taken by another test's memcached (another
 			// package's, run in parallel), and ours then fails to bind
 			// while the other answers for it, and is flushed, killed
 			// and restarted by its own test.
-			pid, err := statsPID(c)
-			c.Close()
-			if err != nil || pid != cmd.Process.Pid {
+			if owns, err := listens(cmd.Process.Pid, s.Port); err != nil || !owns {
 				_ = cmd.Process.Kill()
-				return fmt.Errorf("port %d answered by another memcached (pid %d, %v), not ours (pid %d)", s.Port, pid, err, cmd.Process.Pid)
+				return fmt.Errorf("port %d is not our memcached's (pid %d): %v", s.Port, cmd.Process.Pid, err)
 			}
 			s.mu.Lock()
 			s.cmd = cmd
@@ -181,23 +178,54 @@ func (s *Server) start() error {
 	return fmt.Errorf("memcached on port %d did not accept connections within 5s", s.Port)
 }
 
-// statsPID asks the memcached at the other end of c for its process ID.
-func statsPID(c net.Conn) (int, error) {
-	c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := io.WriteString(c, "stats\r\n"); err != nil {
-		return 0, err
+// listens reports whether process pid has the socket listening on
+// 127.0.0.1:port, from /proc (TLS or not, without talking to it).
+func listens(pid, port int) (bool, error) {
+	tcp, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		return false, err
 	}
-	sc := bufio.NewScanner(c)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		switch {
-		case len(f) == 3 && f[0] == "STAT" && f[1] == "pid":
-			return strconv.Atoi(f[2])
-		case len(f) == 1 && f[0] == "END":
-			return 0, errors.New("no pid in stats")
+	local := fmt.Sprintf("0100007F:%04X", port)
+	inode := ""
+	for _, line := range strings.Split(string(tcp), "\n") {
+		if f := strings.Fields(line); len(f) > 9 && f[1] == local && f[3] == "0A" { // 0A: LISTEN
+			inode = f[9]
 		}
 	}
-	return 0, fmt.Errorf("reading stats: %v", sc.Err())
+	if inode == "" {
+		return false, fmt.Errorf("nothing listens on 127.0.0.1:%d", port)
+	}
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return false, err
+	}
+	for _, fd := range fds {
+		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && l == "socket:["+inode+"]" {
+			return true, nil
+		}
+	}
+	return false, fmt.Errorf("the listening socket (inode %s) is another process's", inode)
+}
+
+// DeadPort returns a loopback TCP port that refuses connections for the
+// rest of the test: a socket bound to it and never listening holds it,
+// so no other test's server (of any package running meanwhile) can take
+// it, as it could a port merely found free.
+func DeadPort(t testing.TB) int {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatalf("dead port: %v", err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatalf("dead port: %v", err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatalf("dead port: %v", err)
+	}
+	return sa.(*syscall.SockaddrInet4).Port
 }
 
 func (s *Server) signal(sig syscall.Signal) {

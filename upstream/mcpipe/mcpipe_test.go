@@ -1155,30 +1155,34 @@ func TestLendOwnBuffers(t *testing.T) {
 }
 
 // TestSlowSteadyReplies: replies that take longer than the timeout to
-// arrive in all, a single 2 MB value or a gets line of several large
+// arrive in all, a single 3 MB value or a gets line of several large
 // values, while memcached sends steadily, fail nothing: the read
 // deadline bounds a stall, not the size of a reply, and the node's
-// connection stays up.
+// connection stays up. (Each 256 KiB comes in an eighth of the timeout,
+// a wide margin on a loaded machine.)
 func TestSlowSteadyReplies(t *testing.T) {
 	srv := memcachedtest.Start(t, "-I", "4m")
-	addr := relay(t, srv.Addr, 4<<20, true) // 2 MB take 500 ms
-	c := New(Options{Conns: 1, Timeout: 300 * time.Millisecond, Dial: func(ctx context.Context) (net.Conn, error) {
+	addr := relay(t, srv.Addr, 2<<20, true) // 3 MB take 1.5 s
+	c := New(Options{Conns: 1, Timeout: time.Second, Dial: func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "tcp", addr)
 	}})
 	defer c.Close()
-	big := bytes.Repeat([]byte("b"), 2<<20)
-	if err := c.Set(&memcache.Item{Key: "big", Value: big}); err != nil {
-		t.Fatal(err)
+	big, mid := bytes.Repeat([]byte("b"), 3<<20), bytes.Repeat([]byte("m"), 1<<20)
+	for k, v := range map[string][]byte{"big": big, "mid": mid} {
+		if err := c.Set(&memcache.Item{Key: k, Value: v}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if it, err := c.Get("big"); err != nil || !bytes.Equal(it.Value, big) {
-		t.Fatalf("get of a 2 MB value arriving over 500 ms, timeout 300 ms: %v", err)
+		t.Fatalf("get of a 3 MB value arriving over 1.5 s, timeout 1 s: %v", err)
 	}
-	// Concurrent Gets share lines: one reply of several values.
+	// Concurrent Gets share lines: one reply of several values, 3 MB
+	// in all.
 	var wg sync.WaitGroup
-	for range 4 {
+	for range 3 {
 		wg.Go(func() {
-			if it, err := c.Get("big"); err != nil || !bytes.Equal(it.Value, big) {
+			if it, err := c.Get("mid"); err != nil || !bytes.Equal(it.Value, mid) {
 				t.Errorf("concurrent get: %v", err)
 			}
 		})
