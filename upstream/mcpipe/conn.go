@@ -739,6 +739,15 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, lim
 			if err != nil {
 				return r, err
 			}
+			if i >= 0 && limit > 0 && kept+size > limit {
+				// Before the Room is asked: a value it reserved and
+				// the limit then dropped would be held for good.
+				if err := skipValue(br, size); err != nil {
+					return r, err
+				}
+				r.dropped = append(r.dropped, it.Key)
+				continue
+			}
 			var rm op.Room
 			if size >= op.LentValue && i >= 0 && i < len(rooms) {
 				rm = rooms[i]
@@ -750,13 +759,6 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, lim
 				if i >= 0 {
 					r.nofit = append(r.nofit, i)
 				}
-				continue
-			}
-			if limit > 0 && kept+size > limit {
-				if err := skipValue(br, size); err != nil {
-					return r, err
-				}
-				r.dropped = append(r.dropped, it.Key)
 				continue
 			}
 			kept += size

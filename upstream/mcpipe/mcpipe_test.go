@@ -1189,3 +1189,29 @@ func TestSlowSteadyReplies(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestReadReplyLimitReleases: a value a reply's limit drops is not held
+// of its Room. readReply asked the Room before it looked at the limit,
+// so a value the Room reserved and the limit then dropped was held
+// forever: nothing in holds said to give it back, and the budget shrank
+// by the value's size on every such reply until it refused everything.
+func TestReadReplyLimitReleases(t *testing.T) {
+	big := strings.Repeat("v", bigValue)
+	value := func(key string) string { return fmt.Sprintf("VALUE %s 0 %d 1\r\n%s\r\n", key, len(big), big) }
+	rm := &testRoom{}
+	br := bufio.NewReader(strings.NewReader(value("a") + value("b") + "END\r\n"))
+	var holds []held
+	r, err := readReply(br, op.Items, "gets", nil, len(big), []op.Room{rm}, &holds)
+	if err != nil || r.err != nil {
+		t.Fatalf("readReply: %v, %v", err, r.err)
+	}
+	if len(r.items) != 1 || r.items[0].Key != "a" || !slices.Equal(r.dropped, []string{"b"}) {
+		t.Fatalf("kept %d items, dropped %v; want a kept, b dropped", len(r.items), r.dropped)
+	}
+	for _, h := range holds {
+		h.room.Release(h.n)
+	}
+	if n := rm.held.Load(); n != 0 {
+		t.Errorf("the room holds %d bytes after the reply's release; want 0", n)
+	}
+}
