@@ -190,7 +190,7 @@ func TestPooledValues(t *testing.T) {
 	}
 }
 
-// TestLentValuesGoBack: GET and HEAD values of every size class, from
+// TestLentValuesGoBack: GET, ranged GET and HEAD values of every size class, from
 // many clients at once, on the routed and detached paths: a value of
 // op.LentValue bytes or more is read into a buffer lent for it, every
 // response has the stored value's bytes (a buffer given back before its
@@ -221,11 +221,14 @@ func TestLentValuesGoBack(t *testing.T) {
 					br := bufio.NewReader(c)
 					for r := range rounds {
 						for j, size := range sizes {
-							method := "GET"
-							if (i+r+j)%4 == 0 {
+							method, rng := "GET", ""
+							switch (i + r + j) % 4 {
+							case 0:
 								method = "HEAD"
+							case 1:
+								rng = "Range: bytes=1-\r\n" // a slice of the lent buffer
 							}
-							fmt.Fprintf(c, "%s /v%d HTTP/1.1\r\nHost: a\r\n\r\n", method, j)
+							fmt.Fprintf(c, "%s /v%d HTTP/1.1\r\nHost: a\r\n%s\r\n", method, j, rng)
 							resp, err := http.ReadResponse(br, &http.Request{Method: method})
 							if err != nil {
 								t.Errorf("%s v%d: %v", method, j, err)
@@ -233,12 +236,15 @@ func TestLentValuesGoBack(t *testing.T) {
 							}
 							got, err := io.ReadAll(resp.Body)
 							resp.Body.Close()
-							want := bytes.Repeat([]byte{byte('a' + j)}, size)
-							if method == "HEAD" {
+							want, status, cl := bytes.Repeat([]byte{byte('a' + j)}, size), 200, size
+							switch {
+							case method == "HEAD":
 								want = nil
+							case rng != "":
+								want, status, cl = want[1:], 206, size-1
 							}
-							if err != nil || resp.StatusCode != 200 || resp.ContentLength != int64(size) || !bytes.Equal(got, want) {
-								t.Errorf("%s v%d = %s, %d bytes %.20q…, %v; want 200 and %d bytes of %q", method, j, resp.Status, len(got), got, err, size, rune('a'+j))
+							if err != nil || resp.StatusCode != status || resp.ContentLength != int64(cl) || !bytes.Equal(got, want) {
+								t.Errorf("%s%s v%d = %s, %d bytes %.20q…, %v; want %d and %d bytes of %q", method, rng, j, resp.Status, len(got), got, err, status, len(want), rune('a'+j))
 								return
 							}
 						}
