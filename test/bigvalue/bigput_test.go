@@ -284,7 +284,7 @@ func TestRefusedGetsAllocateNothing(t *testing.T) {
 // TestChunkReadsKeepTheirHold: a GET of a value in chunks holds two
 // chunks' bytes against the budget before it answers, and its chunk
 // reads are never refused for the budget after that: the reads that
-// may be refused (op.Op.Fits) are those of requests holding nothing, so
+// may be refused (op.Op.Room) are those of requests holding nothing, so
 // a full budget cannot cut a response short. The budget here takes the
 // GET's two chunks beside a holder's body, but not a third chunk: a
 // refusal that counted the request's own hold refused every chunk read,

@@ -520,7 +520,7 @@ func (r *testRoom) Lend(n int) []byte {
 	return make([]byte, 0, n)
 }
 
-// TestReadReplyFits: each value of a shared gets line is asked of the
+// TestReadReplyRooms: each value of a shared gets line is asked of the
 // Room of the call whose place on the line it answers (as keyCursor
 // finds it), never of another call's, and what the reply's values hold
 // adds up until the reply is handed out; a refused value leaves the
@@ -528,7 +528,7 @@ func (r *testRoom) Lend(n int) []byte {
 // calls whose own value was refused, and hands every other call the
 // value sent for its own place, so a call without a Room on the line of
 // a refusing call for the same key still gets its value.
-func TestReadReplyFits(t *testing.T) {
+func TestReadReplyRooms(t *testing.T) {
 	big := strings.Repeat("v", bigValue)
 	value := func(key string, v string) string {
 		return fmt.Sprintf("VALUE %s 0 %d 1\r\n%s\r\n", key, len(v), v)
@@ -1007,14 +1007,14 @@ func TestSlowSteadyWrites(t *testing.T) {
 	}
 }
 
-// TestFitsDropsValues: a read whose op.Op.Room refuses its value fails
+// TestRoomDropsValues: a read whose op.Op.Room refuses its value fails
 // with ErrNoFit without the value being kept, alone or on a shared gets
 // line, and the connection stays in step. The Room is the caller's own:
 // on a shared line a read without one (a chunk of a large value, whose
 // bytes its request already holds) gets its value whatever the others'
 // say. Values under op.LentValue, misses and multi-key gets never ask,
 // and whatever a reply reserved is released once it is handed out.
-func TestFitsDropsValues(t *testing.T) {
+func TestRoomDropsValues(t *testing.T) {
 	srv := memcachedtest.Start(t)
 	c := New(Options{
 		Timeout: 2 * time.Second,
