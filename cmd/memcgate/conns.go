@@ -21,7 +21,7 @@ type connTracker struct {
 	count  [http.StateClosed + 1]atomic.Int64
 	news   atomic.Uint64 // connections net/http has taken, ever
 
-	connsDesc, acceptedDesc *prometheus.Desc
+	connsDesc, acceptedDesc, acceptErrorsDesc *prometheus.Desc
 }
 
 // hook is http.Server.ConnState. Transitions of one connection come in
@@ -54,6 +54,8 @@ func newConnTracker() *connTracker {
 			[]string{"state"}, nil),
 		acceptedDesc: prometheus.NewDesc("memcgate_http_connections_accepted_total",
 			"Client connections accepted on the data listener.", nil, nil),
+		acceptErrorsDesc: prometheus.NewDesc("memcgate_http_accept_errors_total",
+			"Accept failures on the data listener's fast path that it waited out and retried, mostly a lack of file descriptors (EMFILE): more client connections than the open-file limit allows.", nil, nil),
 	}
 }
 
@@ -61,6 +63,7 @@ func newConnTracker() *connTracker {
 func (t *connTracker) Describe(ch chan<- *prometheus.Desc) {
 	ch <- t.connsDesc
 	ch <- t.acceptedDesc
+	ch <- t.acceptErrorsDesc
 }
 
 // Collect implements prometheus.Collector: one pass over the fast path's
@@ -68,13 +71,16 @@ func (t *connTracker) Describe(ch chan<- *prometheus.Desc) {
 func (t *connTracker) Collect(ch chan<- prometheus.Metric) {
 	reading, idle, active := t.count[http.StateNew].Load(), t.count[http.StateIdle].Load(), t.count[http.StateActive].Load()
 	accepted := t.news.Load()
+	var acceptErrors uint64 // net/http retries its own and only logs them
 	if t.fast != nil {
 		s := t.fast()
 		reading, idle, active = reading+int64(s.Reading), idle+int64(s.Idle), active+int64(s.Active)
 		accepted = s.Accepted // every connection starts there: handed-over ones are not counted twice
+		acceptErrors = s.AcceptErrors
 	}
 	ch <- prometheus.MustNewConstMetric(t.connsDesc, prometheus.GaugeValue, float64(reading), "reading")
 	ch <- prometheus.MustNewConstMetric(t.connsDesc, prometheus.GaugeValue, float64(idle), "idle")
 	ch <- prometheus.MustNewConstMetric(t.connsDesc, prometheus.GaugeValue, float64(active), "active")
 	ch <- prometheus.MustNewConstMetric(t.acceptedDesc, prometheus.CounterValue, float64(accepted))
+	ch <- prometheus.MustNewConstMetric(t.acceptErrorsDesc, prometheus.CounterValue, float64(acceptErrors))
 }

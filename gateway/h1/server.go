@@ -85,6 +85,7 @@ type Server struct {
 	inShutdown   atomic.Bool
 	noKeepAlives atomic.Bool
 	date         atomic.Pointer[dateStamp] // the Date header of the current second, for every connection
+	acceptErrs   atomic.Uint64             // accept failures Serve waited out
 
 	mu        sync.Mutex // guards listeners, conns, accepted, ctx, cancel and poller
 	listeners map[*net.Listener]struct{}
@@ -168,9 +169,9 @@ func (s *Server) Serve(ln net.Listener) error {
 			if s.inShutdown.Load() {
 				return http.ErrServerClosed
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
+			if retryAccept(err) {
 				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+				s.acceptErrs.Add(1)
 				s.logf("h1: accept error: %v; retrying in %v", err, delay)
 				time.Sleep(delay)
 				continue
@@ -215,6 +216,19 @@ func (s *Server) admit(c *conn) bool {
 		}
 	}
 	return p.admit(c)
+}
+
+// retryAccept reports whether Serve should wait and accept again after
+// err rather than stop: a timeout, or a lack of descriptors or memory
+// (EMFILE, ENFILE, ENOBUFS, ENOMEM), which lasts only until some
+// connections close. Stopping there would let any client that opens
+// enough connections take the listener down for good.
+func retryAccept(err error) bool {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return true
+	}
+	return resourceShortage(err)
 }
 
 // Shutdown stops the server gracefully: it closes the listeners and the

@@ -15,6 +15,10 @@ type ConnStats struct {
 	// Accepted is every connection the Server has served, closed ones
 	// included.
 	Accepted uint64
+	// AcceptErrors counts accept failures the Server waited out and
+	// retried: mostly a lack of file descriptors (EMFILE), the sign of
+	// too many open connections for the process's open-file limit.
+	AcceptErrors uint64
 }
 
 // ConnStats returns the connection counts now. It takes the Server's lock
@@ -22,7 +26,7 @@ type ConnStats struct {
 func (s *Server) ConnStats() ConnStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := ConnStats{Accepted: s.accepted}
+	st := ConnStats{Accepted: s.accepted, AcceptErrors: s.acceptErrs.Load()}
 	for c := range s.conns {
 		switch c.state.Load() {
 		case stateNew, stateReading:
