@@ -121,11 +121,11 @@ type Gateway struct {
 // printed if the test failed.
 func New(t testing.TB, bin string, env map[string]string) *Gateway {
 	t.Helper()
-	dp, err1 := memcachedtest.FreePort()
-	ap, err2 := memcachedtest.FreePort()
-	if err1 != nil || err2 != nil {
-		t.Fatalf("free ports: %v %v", err1, err2)
+	ports, err := memcachedtest.FreePorts(2)
+	if err != nil {
+		t.Fatalf("free ports: %v", err)
 	}
+	dp, ap := ports[0], ports[1]
 	g := &Gateway{
 		DataAddr: "127.0.0.1:" + strconv.Itoa(dp), AdminAddr: "127.0.0.1:" + strconv.Itoa(ap),
 		DataPort: dp, AdminPort: ap, bin: bin, env: map[string]string{},

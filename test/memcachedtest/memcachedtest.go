@@ -136,6 +136,22 @@ func FreePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
+// FreePorts returns n distinct loopback TCP ports that were free a
+// moment ago: each is held until all are picked, so two calls of
+// FreePort in a row cannot return the same one.
+func FreePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
 func (s *Server) start() error {
 	args := append([]string{"-l", "127.0.0.1", "-p", strconv.Itoa(s.Port), "-U", strconv.Itoa(s.UDPPort)}, s.args...)
 	if os.Geteuid() == 0 {
