@@ -24,8 +24,8 @@ const (
 	stateClosed
 )
 
-func (s *Server) newConn(rw net.Conn, ho *handoff) *conn {
-	c := &conn{srv: s, rwc: rw, ho: ho, created: time.Now()}
+func (s *Server) newConn(rw net.Conn, sk *sock, ho *handoff) *conn {
+	c := &conn{srv: s, rwc: rw, sk: sk, ho: ho, created: time.Now()}
 	c.in.init(rw, &s.readers)
 	if ra := rw.RemoteAddr(); ra != nil {
 		c.remote = ra.String()
@@ -35,10 +35,28 @@ func (s *Server) newConn(rw net.Conn, ho *handoff) *conn {
 	if s.inShutdown.Load() {
 		return nil
 	}
-	c.ctx = context.WithValue(s.ctx, http.LocalAddrContextKey, rw.LocalAddr())
+	c.lctx = connCtx{Context: s.ctx, c: rw}
+	c.ctx = &c.lctx
 	s.conns[c] = struct{}{}
 	s.accepted++
 	return c
+}
+
+// connCtx is a connection's context: the Server's, plus the connection's
+// local address under http.LocalAddrContextKey, asked for only when a
+// handler looks (a sock on a wildcard address learns it with a system
+// call).
+type connCtx struct {
+	context.Context
+	c net.Conn
+}
+
+// Value implements context.Context.
+func (x *connCtx) Value(key any) any {
+	if key == http.LocalAddrContextKey {
+		return x.c.LocalAddr()
+	}
+	return x.Context.Value(key)
 }
 
 // A conn is one client connection served on the fast path. Everything but
@@ -46,9 +64,11 @@ func (s *Server) newConn(rw net.Conn, ho *handoff) *conn {
 type conn struct {
 	srv     *Server
 	rwc     net.Conn
+	sk      *sock // rwc, if the Server accepted it itself; nil otherwise
 	in      inbuf // holds a buffer only while a request is being read
 	ho      *handoff
-	ctx     context.Context // the per-connection parent of request contexts
+	ctx     context.Context // the per-connection parent of request contexts: lctx
+	lctx    connCtx
 	remote  string
 	created time.Time
 	state   atomic.Int32

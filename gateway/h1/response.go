@@ -485,7 +485,13 @@ func (c *conn) flush(p []byte) {
 	default:
 		c.iov = append(c.iovs[:0], c.hbuf, wbuf, p) // WriteTo consumes c.iov
 		c.armWrite()
-		if _, err := c.iov.WriteTo(c.rwc); err != nil {
+		var err error
+		if c.sk != nil {
+			_, err = c.sk.writeBuffers(&c.iov) // one writev, as WriteTo's on a *net.TCPConn
+		} else {
+			_, err = c.iov.WriteTo(c.rwc)
+		}
+		if err != nil {
 			c.werr = err
 		}
 	}

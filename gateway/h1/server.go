@@ -143,6 +143,8 @@ func (s *Server) Serve(ln net.Listener) error {
 	if maxHeader(s.MaxHeaderBytes) != maxHeader(s.Fallback.MaxHeaderBytes) {
 		return fmt.Errorf("h1: MaxHeaderBytes %d differs from Fallback's %d", s.MaxHeaderBytes, s.Fallback.MaxHeaderBytes)
 	}
+	acc := newAccepter(ln)
+	ln = acc // closing it ends a waiting accept
 	if !s.trackListener(&ln, true) {
 		ln.Close()
 		return http.ErrServerClosed
@@ -164,7 +166,7 @@ func (s *Server) Serve(ln net.Listener) error {
 
 	var delay time.Duration // how long to sleep on accept failure
 	for {
-		rw, err := ln.Accept()
+		rw, sk, err := acc.accept()
 		if err != nil {
 			if s.inShutdown.Load() {
 				return http.ErrServerClosed
@@ -179,7 +181,7 @@ func (s *Server) Serve(ln net.Listener) error {
 			return fmt.Errorf("h1: accept: %w", err)
 		}
 		delay = 0
-		c := s.newConn(rw, ho)
+		c := s.newConn(rw, sk, ho)
 		if c == nil {
 			rw.Close()
 			return http.ErrServerClosed

@@ -1,0 +1,285 @@
+package h1
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// acceptSock accepts one connection from ln with the Server's raw
+// accepter, with client, the other end, dialled to it.
+func acceptSock(t *testing.T, network, addr string) (s *sock, client net.Conn, acc accepter) {
+	t.Helper()
+	ln, err := net.Listen(network, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acc = newAccepter(ln)
+	if _, ok := acc.(*rawAccepter); !ok {
+		t.Fatalf("newAccepter(%T) = %T, want *rawAccepter", ln, acc)
+	}
+	t.Cleanup(func() { acc.Close() })
+	dialTo := ln.Addr().String()
+	if ta, ok := ln.Addr().(*net.TCPAddr); ok && ta.IP.IsUnspecified() {
+		dialTo = net.JoinHostPort("127.0.0.1", strconv.Itoa(ta.Port))
+	}
+	client, err = net.Dial(network, dialTo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	c, sk, err := acc.accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c != net.Conn(sk) {
+		t.Fatalf("accept returned %v and sock %v", c, sk)
+	}
+	t.Cleanup(func() { sk.Close() })
+	return sk, client, acc
+}
+
+// TestSockAddrs: the addresses a sock reports are those Go's own
+// accepted connection would, on a named, a wildcard and a Unix address.
+func TestSockAddrs(t *testing.T) {
+	tests := []struct{ network, addr string }{
+		{"tcp", "127.0.0.1:0"},
+		{"tcp", ":0"}, // the local address comes from getsockname
+		{"tcp", "[::1]:0"},
+		{"unix", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.network+" "+tt.addr, func(t *testing.T) {
+			addr := tt.addr
+			if tt.network == "unix" {
+				addr = t.TempDir() + "/s"
+			}
+			if strings.HasPrefix(addr, "[::1]") {
+				if ln, err := net.Listen("tcp", addr); err != nil {
+					t.Skipf("no IPv6 loopback: %v", err)
+				} else {
+					ln.Close()
+				}
+			}
+			s, client, _ := acceptSock(t, tt.network, addr)
+			if got, want := s.RemoteAddr().String(), client.LocalAddr().String(); tt.network == "tcp" && got != want {
+				t.Errorf("RemoteAddr = %s, want %s", got, want)
+			}
+			if got, want := s.LocalAddr().String(), client.RemoteAddr().String(); got != want {
+				t.Errorf("LocalAddr = %s, want %s", got, want)
+			}
+			if got := s.LocalAddr().Network(); got != tt.network {
+				t.Errorf("LocalAddr().Network() = %s, want %s", got, tt.network)
+			}
+		})
+	}
+}
+
+// TestSockNoDelay: accepted TCP sockets have TCP_NODELAY, which the
+// accepter sets on the listening socket only.
+func TestSockNoDelay(t *testing.T) {
+	s, _, _ := acceptSock(t, "tcp", "127.0.0.1:0")
+	var v int
+	var err error
+	s.raw.Control(func(fd uintptr) { v, err = syscall.GetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_NODELAY) })
+	if err != nil || v == 0 {
+		t.Fatalf("TCP_NODELAY = %d, %v; want on", v, err)
+	}
+}
+
+// TestSockWaits: a read or write that must wait goes through Go's poller
+// with the deadlines set before, and one that need not wait never
+// registers the socket there.
+func TestSockWaits(t *testing.T) {
+	t.Run("read deadline set before", func(t *testing.T) {
+		s, _, _ := acceptSock(t, "tcp", "127.0.0.1:0")
+		s.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		if s.file != nil {
+			t.Fatal("a deadline alone handed the socket to Go's poller")
+		}
+		start := time.Now()
+		_, err := s.Read(make([]byte, 10))
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() || !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("Read = %v, want a timeout", err)
+		}
+		var oe *net.OpError
+		if !errors.As(err, &oe) || oe.Op != "read" {
+			t.Errorf("Read error %#v is not a *net.OpError for read", err)
+		}
+		if d := time.Since(start); d < 40*time.Millisecond || d > 2*time.Second {
+			t.Errorf("Read waited %v, want about 50ms", d)
+		}
+	})
+	t.Run("read that need not wait", func(t *testing.T) {
+		s, client, _ := acceptSock(t, "tcp", "127.0.0.1:0")
+		client.Write([]byte("hello"))
+		buf := make([]byte, 5)
+		if _, err := io.ReadFull(s, buf); err != nil || string(buf) != "hello" {
+			t.Fatalf("Read = %q, %v", buf, err)
+		}
+	})
+	t.Run("write to a slow reader", func(t *testing.T) {
+		s, client, _ := acceptSock(t, "tcp", "127.0.0.1:0")
+		big := bytes.Repeat([]byte("x"), 8<<20) // far more than the socket buffers hold
+		done := make(chan error, 1)
+		go func() {
+			bufs := net.Buffers{big[:100], big[100:]}
+			n, err := s.writeBuffers(&bufs)
+			if err == nil && n != int64(len(big)) {
+				err = io.ErrShortWrite
+			}
+			done <- err
+		}()
+		time.Sleep(50 * time.Millisecond) // the write now waits
+		n, err := io.Copy(io.Discard, io.LimitReader(client, int64(len(big))))
+		if err != nil || n != int64(len(big)) {
+			t.Fatalf("client read %d, %v", n, err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("writeBuffers: %v", err)
+		}
+		if s.file == nil {
+			t.Error("the write waited outside Go's poller")
+		}
+	})
+	t.Run("write deadline", func(t *testing.T) {
+		s, _, _ := acceptSock(t, "tcp", "127.0.0.1:0")
+		s.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+		_, err := s.Write(bytes.Repeat([]byte("x"), 8<<20)) // nobody reads
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("Write = %v, want a timeout", err)
+		}
+	})
+	t.Run("EOF", func(t *testing.T) {
+		s, client, _ := acceptSock(t, "tcp", "127.0.0.1:0")
+		client.Close()
+		if n, err := s.Read(make([]byte, 10)); n != 0 || err != io.EOF {
+			t.Fatalf("Read = %d, %v; want io.EOF", n, err)
+		}
+	})
+	t.Run("CloseWrite", func(t *testing.T) {
+		s, client, _ := acceptSock(t, "tcp", "127.0.0.1:0")
+		if err := s.CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		client.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if n, err := client.Read(make([]byte, 10)); n != 0 || err != io.EOF {
+			t.Fatalf("client Read = %d, %v; want io.EOF", n, err)
+		}
+	})
+}
+
+// TestSockClose: a Close from another goroutine ends an operation
+// waiting on the socket, and the descriptor stays open, shut down, until
+// the operation using it ends, so that its number cannot go to another
+// connection meanwhile.
+func TestSockClose(t *testing.T) {
+	t.Run("ends a waiting read", func(t *testing.T) {
+		s, _, _ := acceptSock(t, "tcp", "127.0.0.1:0")
+		done := make(chan error, 1)
+		go func() {
+			_, err := s.Read(make([]byte, 10))
+			done <- err
+		}()
+		time.Sleep(50 * time.Millisecond)
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Fatal("Read after Close succeeded")
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("Close did not end a waiting Read")
+		}
+		if !s.gone {
+			t.Error("the descriptor is still open after the last operation ended")
+		}
+		if _, err := s.Read(make([]byte, 1)); !errors.Is(err, net.ErrClosed) {
+			t.Errorf("Read after Close = %v, want net.ErrClosed", err)
+		}
+		if err := s.Close(); !errors.Is(err, net.ErrClosed) {
+			t.Errorf("second Close = %v, want net.ErrClosed", err)
+		}
+	})
+	t.Run("while an operation holds the descriptor", func(t *testing.T) {
+		s, client, _ := acceptSock(t, "tcp", "127.0.0.1:0")
+		inside, resume := make(chan int), make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			done <- s.raw.Control(func(fd uintptr) {
+				inside <- int(fd)
+				<-resume
+			})
+		}()
+		fd := <-inside
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		// Still the same socket, shut down: its peer sees the end.
+		var st syscall.Stat_t
+		if err := syscall.Fstat(fd, &st); err != nil {
+			t.Fatalf("descriptor closed under an operation: %v", err)
+		}
+		client.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := client.Read(make([]byte, 1)); err != io.EOF {
+			t.Errorf("peer read = %v, want io.EOF after the shutdown", err)
+		}
+		close(resume)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if !s.gone {
+			t.Fatal("the last operation did not close the descriptor")
+		}
+	})
+}
+
+// TestServeAcceptsItself: the Server accepts TCP and Unix connections
+// itself, and Serve ends when its listener is closed behind its back,
+// as it does with net.Listener.Accept.
+func TestServeAcceptsItself(t *testing.T) {
+	for _, network := range []string{"tcp", "unix"} {
+		t.Run(network, func(t *testing.T) {
+			ln := listen(t, network)
+			s := &Server{
+				Handler:  http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }),
+				Fallback: &http.Server{ErrorLog: quietLog()},
+				ErrorLog: quietLog(),
+			}
+			errc := make(chan error, 1)
+			go func() { errc <- s.Serve(ln) }()
+			t.Cleanup(func() { s.Close() })
+			c, err := net.Dial(network, ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.WriteString(c, "GET / HTTP/1.0\r\n\r\n")
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			resp, err := io.ReadAll(c)
+			c.Close()
+			if err != nil || !bytes.HasSuffix(resp, []byte("\r\n\r\nok")) {
+				t.Fatalf("response %q, %v", resp, err)
+			}
+			ln.Close() // not through the Server
+			select {
+			case err := <-errc:
+				if err == nil {
+					t.Fatal("Serve returned nil")
+				}
+			case <-time.After(5 * lnCheck):
+				t.Fatal("Serve goes on after its listener was closed")
+			}
+		})
+	}
+}

@@ -1,0 +1,14 @@
+//go:build !linux
+
+package h1
+
+import "net"
+
+// sock is, on Linux, a connection the Server accepted itself; elsewhere
+// Serve accepts through net.Listener and there are none.
+type sock struct{}
+
+func (*sock) writeBuffers(*net.Buffers) (int64, error) { panic("h1: no socks outside Linux") }
+
+// newAccepter returns ln's own Accept: outside Linux, every listener's.
+func newAccepter(ln net.Listener) accepter { return goAccepter{ln} }
