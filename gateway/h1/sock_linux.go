@@ -24,8 +24,9 @@ import (
 // same descriptor (os.NewFile registers a non-blocking descriptor), and
 // that operation and every later one go through it, deadlines included;
 // a fast client's connection never needs it. Deadlines set before then
-// are kept and applied at that moment: an operation that does not wait
-// does not look at them.
+// are kept and applied at that moment; until then an operation only
+// compares its deadline with the clock, and fails once it has passed,
+// whether or not it would wait, as on a *net.TCPConn.
 //
 // The descriptor is closed only when no operation uses it, so that a
 // Close from another goroutine (Server.Close, a timeout) never lets an
@@ -90,15 +91,20 @@ func sockaddrAddr(sa syscall.Sockaddr) net.Addr {
 
 // acquire takes fd for an operation, or fails once Close was called. It
 // returns the socket's RawConn in Go's poller if an operation had to wait
-// before (nil: use fd directly).
-func (s *sock) acquire() (syscall.RawConn, error) {
+// before (nil: use fd directly), and the deadline of the operation's
+// direction (write: the write deadline, else the read deadline), which
+// a caller that uses fd directly must look at itself.
+func (s *sock) acquire(write bool) (rc syscall.RawConn, deadline time.Time, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, net.ErrClosed
+		return nil, time.Time{}, net.ErrClosed
 	}
 	s.refs++
-	return s.frc, nil
+	if write {
+		return s.frc, s.wdl, nil
+	}
+	return s.frc, s.rdl, nil
 }
 
 // release ends an operation acquire began, closing fd if Close was
@@ -151,14 +157,21 @@ func (s *sock) toPoller() (syscall.RawConn, error) {
 }
 
 // do runs fn on fd as RawConn.Read or Write does: again after waiting,
-// in Go's poller, while it reports false.
+// in Go's poller, while it reports false. Like those, it fails with
+// os.ErrDeadlineExceeded, without calling fn, once the deadline has
+// passed, even if fn would not have waited: h1 (conn.setWriteTimeout)
+// and net/http count on an expired deadline failing every later read or
+// write, as on a *net.TCPConn.
 func (s *sock) do(fn func(fd uintptr) bool, write bool) error {
-	rc, err := s.acquire()
+	rc, deadline, err := s.acquire(write)
 	if err != nil {
 		return err
 	}
 	defer s.release()
 	if rc == nil {
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			return os.ErrDeadlineExceeded // Go's poller checks it itself
+		}
 		if fn(uintptr(s.fd)) {
 			return nil
 		}
@@ -186,7 +199,7 @@ func (s *sock) isClosed() bool {
 // Control implements syscall.RawConn.
 func (r *sockRaw) Control(fn func(fd uintptr)) error {
 	s := r.s
-	if _, err := s.acquire(); err != nil {
+	if _, _, err := s.acquire(false); err != nil {
 		return err
 	}
 	fn(uintptr(s.fd))
@@ -339,7 +352,7 @@ func (s *sock) Close() error {
 
 // CloseWrite shuts down the writing side, as *net.TCPConn's does.
 func (s *sock) CloseWrite() error {
-	if _, err := s.acquire(); err != nil {
+	if _, _, err := s.acquire(true); err != nil {
 		return s.opError("close", err)
 	}
 	defer s.release()

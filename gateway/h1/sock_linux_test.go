@@ -283,3 +283,132 @@ func TestServeAcceptsItself(t *testing.T) {
 		})
 	}
 }
+
+// rawConn is a connection with a RawConn: a *net.TCPConn or a sock.
+type rawConn interface {
+	net.Conn
+	syscall.Conn
+}
+
+// TestSockExpiredDeadline: an operation whose deadline has passed fails
+// with os.ErrDeadlineExceeded even when it would not wait (data to read,
+// room to write), before and after the socket went to Go's poller, as on
+// a *net.TCPConn, the reference. h1's WriteTimeout (conn.setWriteTimeout)
+// and net/http's ReadTimeout and WriteTimeout, after a handover, count on
+// it: a response whose handler took longer than WriteTimeout is not sent,
+// and a body arriving faster than it is read is still cut by ReadTimeout.
+func TestSockExpiredDeadline(t *testing.T) {
+	conns := []struct {
+		name string
+		open func(t *testing.T) (server rawConn, client net.Conn)
+	}{
+		{"net.TCPConn", func(t *testing.T) (rawConn, net.Conn) {
+			ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { ln.Close() })
+			client, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { client.Close() })
+			server, err := ln.AcceptTCP()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { server.Close() })
+			return server, client
+		}},
+		{"sock", func(t *testing.T) (rawConn, net.Conn) {
+			s, client, _ := acceptSock(t, "tcp", "127.0.0.1:0")
+			return s, client
+		}},
+		{"sock in Go's poller", func(t *testing.T) (rawConn, net.Conn) {
+			s, client, _ := acceptSock(t, "tcp", "127.0.0.1:0")
+			s.SetReadDeadline(time.Now().Add(time.Millisecond))
+			if _, err := s.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("Read = %v, want a timeout", err)
+			}
+			if s.file == nil {
+				t.Fatal("a read that waited left the socket out of Go's poller")
+			}
+			s.SetReadDeadline(time.Time{})
+			return s, client
+		}},
+	}
+	past := time.Now().Add(-time.Second)
+	ops := []struct {
+		name string
+		do   func(server rawConn, client net.Conn) error
+	}{
+		{"Read", func(server rawConn, client net.Conn) error {
+			client.Write([]byte("x"))
+			time.Sleep(10 * time.Millisecond) // there to read
+			server.SetReadDeadline(past)
+			_, err := server.Read(make([]byte, 1))
+			return err
+		}},
+		{"Write", func(server rawConn, client net.Conn) error {
+			server.SetWriteDeadline(past)
+			_, err := server.Write([]byte("x"))
+			return err
+		}},
+		{"RawConn.Read", func(server rawConn, client net.Conn) error {
+			client.Write([]byte("x"))
+			time.Sleep(10 * time.Millisecond)
+			server.SetReadDeadline(past)
+			rc, err := server.SyscallConn()
+			if err != nil {
+				return err
+			}
+			return rc.Read(func(uintptr) bool { return true })
+		}},
+		{"RawConn.Write", func(server rawConn, client net.Conn) error {
+			server.SetWriteDeadline(past)
+			rc, err := server.SyscallConn()
+			if err != nil {
+				return err
+			}
+			return rc.Write(func(uintptr) bool { return true })
+		}},
+	}
+	for _, c := range conns {
+		for _, op := range ops {
+			t.Run(c.name+"/"+op.name, func(t *testing.T) {
+				server, client := c.open(t)
+				err := op.do(server, client)
+				if !errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Fatalf("%s past its deadline = %v, want os.ErrDeadlineExceeded", op.name, err)
+				}
+				var ne net.Error
+				if !errors.As(err, &ne) || !ne.Timeout() {
+					t.Errorf("%s error %v is not a net.Error timeout", op.name, err)
+				}
+			})
+		}
+	}
+}
+
+// TestWriteTimeoutSlowHandler: a handler that takes longer than
+// WriteTimeout gets no response out, as with net/http, even though the
+// socket would take it at once.
+func TestWriteTimeoutSlowHandler(t *testing.T) {
+	const timeout = 50 * time.Millisecond
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(2 * timeout)
+		io.WriteString(w, "late")
+	})
+	_, addr := startH1(t, h, func(s *Server) { s.WriteTimeout = timeout })
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := io.ReadAll(c)
+	if len(resp) > 0 {
+		t.Errorf("got %q (%v), want the connection closed with no response", resp, err)
+	}
+}
