@@ -62,7 +62,7 @@ func newAccepter(ln net.Listener) accepter {
 		return goAccepter{ln}
 	}
 	a := &rawAccepter{Listener: ln, lnRC: lnRC, file: f, rc: rc, net: network, lnAddr: ln.Addr()}
-	a.fn = a.accept4
+	a.fn, a.lnFn = a.wait, a.accept4
 	switch addr := ln.Addr().(type) {
 	case *net.TCPAddr:
 		if !addr.IP.IsUnspecified() {
@@ -89,13 +89,15 @@ type rawAccepter struct {
 	rc     syscall.RawConn // file's
 	net    string
 	lnAddr net.Addr
-	laddr  net.Addr // the local address of every connection; nil: each its own
-	fn     func(fd uintptr) bool
+	laddr  net.Addr              // the local address of every connection; nil: each its own
+	fn     func(fd uintptr) bool // a.wait, made once
+	lnFn   func(fd uintptr)      // a.accept4, made once
 
-	// accept4's results.
-	nfd int
-	sa  syscall.Sockaddr
-	err error
+	// accept4's results; done: it did not find the queue empty.
+	nfd  int
+	sa   syscall.Sockaddr
+	err  error
+	done bool
 }
 
 // Close closes the listener and the duplicate, ending a waiting accept.
@@ -105,16 +107,31 @@ func (a *rawAccepter) Close() error {
 	return err
 }
 
-func (a *rawAccepter) accept4(fd uintptr) bool {
+// wait is the function the accepts give the duplicate's RawConn.Read:
+// it accepts on the listener's own descriptor, through its Control,
+// which fails once the listener is closed, also by someone else than
+// Serve. The duplicate keeps the socket listening until accept notices,
+// and the kernel queues connections on it meanwhile; none is taken from
+// a listener its owner closed.
+func (a *rawAccepter) wait(uintptr) bool {
+	a.done = false
+	if err := a.lnRC.Control(a.lnFn); err != nil {
+		a.err, a.done = net.ErrClosed, true
+	}
+	return a.done
+}
+
+func (a *rawAccepter) accept4(fd uintptr) {
 	for {
 		a.nfd, a.sa, a.err = syscall.Accept4(int(fd), syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC)
 		switch a.err {
 		case syscall.EINTR, syscall.ECONNABORTED: // as Go's Accept: the next one
 			continue
 		case syscall.EAGAIN:
-			return false
+			return
 		}
-		return true
+		a.done = true
+		return
 	}
 }
 
@@ -136,6 +153,10 @@ func (a *rawAccepter) accept() (net.Conn, *sock, error) {
 			return nil, nil, &net.OpError{Op: "accept", Net: a.net, Addr: a.lnAddr, Err: err}
 		}
 		break
+	}
+	if a.err == net.ErrClosed {
+		a.file.Close() // the socket stops listening
+		return nil, nil, &net.OpError{Op: "accept", Net: a.net, Addr: a.lnAddr, Err: a.err}
 	}
 	if a.err != nil {
 		return nil, nil, &net.OpError{Op: "accept", Net: a.net, Addr: a.lnAddr, Err: os.NewSyscallError("accept4", a.err)}

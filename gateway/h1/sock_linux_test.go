@@ -412,3 +412,55 @@ func TestWriteTimeoutSlowHandler(t *testing.T) {
 		t.Errorf("got %q (%v), want the connection closed with no response", resp, err)
 	}
 }
+
+// TestServeNoAcceptAfterListenerClose: once its listener is closed
+// behind its back, Serve takes no more connections from it. The
+// duplicate the accepts wait on keeps the socket listening until Serve
+// notices, so the kernel still completes a client's handshake; that
+// connection must end unserved, and Serve at once, as with
+// net.Listener.Accept, rather than be served for up to lnCheck.
+func TestServeNoAcceptAfterListenerClose(t *testing.T) {
+	ln := listen(t, "tcp")
+	s := &Server{
+		Handler:  http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }),
+		Fallback: &http.Server{ErrorLog: quietLog()},
+		ErrorLog: quietLog(),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- s.Serve(ln) }()
+	t.Cleanup(func() { s.Close() })
+	// One connection served first: Serve is waiting in its accept.
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(c, "GET / HTTP/1.0\r\n\r\n")
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if resp, err := io.ReadAll(c); err != nil || !bytes.HasSuffix(resp, []byte("ok")) {
+		t.Fatalf("response %q, %v", resp, err)
+	}
+	c.Close()
+
+	ln.Close() // not through the Server
+	start := time.Now()
+	c, err = net.Dial("tcp", ln.Addr().String())
+	if err == nil { // the duplicate still listens
+		defer c.Close()
+		io.WriteString(c, "GET / HTTP/1.0\r\n\r\n")
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if resp, _ := io.ReadAll(c); len(resp) > 0 {
+			t.Errorf("a connection made after the listener was closed was served: %q", resp)
+		}
+	}
+	select {
+	case err := <-errc:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Errorf("Serve = %v, want net.ErrClosed", err)
+		}
+		if d := time.Since(start); d >= lnCheck {
+			t.Errorf("Serve ended %v after the listener was closed, with a connection waiting; want at once", d)
+		}
+	case <-time.After(5 * lnCheck):
+		t.Fatal("Serve goes on after its listener was closed")
+	}
+}
