@@ -218,6 +218,14 @@ func (s *sock) SyscallConn() (syscall.RawConn, error) { return &s.raw, nil }
 
 // Read implements net.Conn.
 func (s *sock) Read(b []byte) (int, error) {
+	if len(b) == 0 {
+		// As a *net.TCPConn's: no system call and no deadline, only
+		// the error of a closed connection.
+		if s.isClosed() {
+			return 0, s.opError("read", net.ErrClosed)
+		}
+		return 0, nil
+	}
 	var n int
 	var rerr error
 	err := s.do(func(fd uintptr) bool {
@@ -234,7 +242,7 @@ func (s *sock) Read(b []byte) (int, error) {
 		return 0, s.opError("read", err)
 	case rerr != nil:
 		return 0, s.opError("read", os.NewSyscallError("read", rerr))
-	case n == 0 && len(b) > 0:
+	case n == 0:
 		return 0, io.EOF
 	}
 	return n, nil
