@@ -123,7 +123,7 @@ func (a *rawAccepter) wait(uintptr) bool {
 
 func (a *rawAccepter) accept4(fd uintptr) {
 	for {
-		a.nfd, a.sa, a.err = syscall.Accept4(int(fd), syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC)
+		a.nfd, a.sa, a.err = accept4(int(fd), syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC)
 		switch a.err {
 		case syscall.EINTR, syscall.ECONNABORTED: // as Go's Accept: the next one
 			continue

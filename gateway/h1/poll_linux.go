@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-	"unsafe"
 )
 
 // A poller serves keep-alive connections between requests the way an
@@ -231,7 +230,7 @@ func (p *poller) abandon() {
 // so that rc.Read waits for more; it reports true only on an error.
 func (p *poller) drainFD(fd uintptr) bool {
 	for {
-		n, err := syscall.EpollWait(int(fd), p.events[:], 0)
+		n, err := epollPoll(int(fd), p.events[:])
 		if err == syscall.EINTR {
 			continue
 		}
@@ -664,10 +663,8 @@ func (p *poller) close(wait bool) {
 func (c *conn) peerGone() bool {
 	gone := true
 	c.in.rc.Control(func(fd uintptr) {
-		var b [1]byte
 		for {
-			n, _, errno := syscall.Syscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
-				syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+			n, errno := peek(fd)
 			if errno == syscall.EINTR {
 				continue
 			}

@@ -17,10 +17,17 @@ const fionread = 0x541B
 func (c *conn) queued() int {
 	n := 0
 	c.in.rc.Control(func(fd uintptr) {
-		var q int32
-		if _, _, errno := syscall.Syscall(syscall.SYS_IOCTL, fd, fionread, uintptr(unsafe.Pointer(&q))); errno == 0 {
-			n = int(q)
+		if q, ok := inq(fd); ok {
+			n = q
 		}
 	})
 	return n
+}
+
+// inq is ioctl(FIONREAD): the bytes a socket holds unread. A raw call,
+// as in nowait_linux.go: it does not block.
+func inq(fd uintptr) (int, bool) {
+	var q int32
+	_, _, errno := syscall.RawSyscall(syscall.SYS_IOCTL, fd, fionread, uintptr(unsafe.Pointer(&q)))
+	return int(q), errno == 0
 }

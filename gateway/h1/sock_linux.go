@@ -126,7 +126,7 @@ func (s *sock) destroyLocked() {
 	if s.file != nil {
 		s.file.Close() // removes it from Go's poller too
 	} else {
-		syscall.Close(s.fd)
+		closeFD(s.fd)
 	}
 }
 
@@ -230,7 +230,7 @@ func (s *sock) Read(b []byte) (int, error) {
 	var rerr error
 	err := s.do(func(fd uintptr) bool {
 		for {
-			n, rerr = syscall.Read(int(fd), b)
+			n, rerr = sysRead(fd, b)
 			if rerr != syscall.EINTR {
 				break
 			}

@@ -83,6 +83,30 @@ func TestSockAddrs(t *testing.T) {
 	}
 }
 
+// TestSockUnixRemote: an unnamed Unix client's address reads as Go's
+// own accept reports it.
+func TestSockUnixRemote(t *testing.T) {
+	ln, err := net.Listen("unix", t.TempDir()+"/go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("unix", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	gc, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gc.Close()
+	s, _, _ := acceptSock(t, "unix", t.TempDir()+"/s")
+	if got, want := s.RemoteAddr().String(), gc.RemoteAddr().String(); got != want {
+		t.Errorf("RemoteAddr = %q, Go's accept says %q", got, want)
+	}
+}
+
 // TestSockNoDelay: accepted TCP sockets have TCP_NODELAY, which the
 // accepter sets on the listening socket only.
 func TestSockNoDelay(t *testing.T) {

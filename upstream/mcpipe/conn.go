@@ -135,7 +135,8 @@ type reply struct {
 // no caller gets its buffer back while the kernel may still read it.
 type conn struct {
 	nc      net.Conn
-	closed  func() // Options.Closed, called once nc is closed; nil: none
+	sio     *sockIO // reads and writes nc if it is a socket; nil: nc's own methods
+	closed  func()  // Options.Closed, called once nc is closed; nil: none
 	timeout time.Duration
 
 	mu      sync.Mutex
@@ -155,7 +156,8 @@ type conn struct {
 	wvalues int       // of which in wbuf
 	waiters []*waiter // large values waiting for room, first come first served
 
-	iov net.Buffers // the writer's: the pieces of one write, reused
+	iov  net.Buffers // the writer's: the pieces of one write, reused
+	wone net.Buffers // the writer's: a write of one piece through sio
 }
 
 // segment is a large value that is written after wbuf[:at] (and before
@@ -166,7 +168,7 @@ type segment struct {
 }
 
 func newConn(nc net.Conn, timeout time.Duration) *conn {
-	return &conn{nc: nc, timeout: timeout}
+	return &conn{nc: nc, sio: newSockIO(nc), timeout: timeout}
 }
 
 func (c *conn) failed() bool {
@@ -385,7 +387,14 @@ func (c *conn) writeAll(buf []byte, segs []segment) error {
 		for len(buf) > 0 {
 			n := min(len(buf), writeSlice)
 			_ = c.nc.SetWriteDeadline(time.Now().Add(c.timeout))
-			if _, err := c.nc.Write(buf[:n]); err != nil {
+			var err error
+			if c.sio != nil {
+				c.wone = append(c.wone[:0], buf[:n])
+				_, err = c.sio.writev(&c.wone)
+			} else {
+				_, err = c.nc.Write(buf[:n])
+			}
+			if err != nil {
 				return err
 			}
 			buf = buf[n:]
@@ -419,8 +428,13 @@ func (c *conn) writeAll(buf []byte, segs []segment) error {
 		}
 		c.iov = out
 		_ = c.nc.SetWriteDeadline(time.Now().Add(c.timeout))
-		_, err := c.iov.WriteTo(c.nc) // consumes c.iov
-		clear(out)                    // keep no value alive
+		var err error
+		if c.sio != nil {
+			_, err = c.sio.writev(&c.iov) // consumes c.iov
+		} else {
+			_, err = c.iov.WriteTo(c.nc) // consumes c.iov
+		}
+		clear(out) // keep no value alive
 		if err != nil {
 			return err
 		}
@@ -611,7 +625,13 @@ type progressReader struct {
 const progressBytes = 256 << 10
 
 func (r *progressReader) Read(p []byte) (int, error) {
-	n, err := r.c.nc.Read(p)
+	var n int
+	var err error
+	if r.c.sio != nil {
+		n, err = r.c.sio.read(p)
+	} else {
+		n, err = r.c.nc.Read(p)
+	}
 	if r.read += n; r.read >= progressBytes {
 		r.read = 0
 		r.c.progress()

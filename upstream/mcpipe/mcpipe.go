@@ -33,8 +33,9 @@ const DefaultTimeout = 500 * time.Millisecond
 
 // Options configures a Client.
 type Options struct {
-	// Dial opens one connection to the server. Large values are written
-	// with writev when it returns a *net.TCPConn (net.Buffers' rule), so
+	// Dial opens one connection to the server. A socket it returns
+	// (*net.TCPConn, *net.UnixConn: a syscall.Conn) is read and written
+	// with system calls on its descriptor, large values with writev, so
 	// it should return the connection itself, not a wrapper.
 	Dial func(ctx context.Context) (net.Conn, error)
 	// Closed, if not nil, is called once for every connection Dial

@@ -1,0 +1,102 @@
+package h1
+
+import (
+	"syscall"
+	"unsafe"
+)
+
+// System calls on non-blocking descriptors, which return at once, made
+// with RawSyscall: the Go scheduler does not see them (no entersyscall or
+// exitsyscall). A call it sees wakes the runtime's sysmon thread if every
+// processor was idle, as a gateway's are between the pages of a PHP site;
+// sysmon then ticks every 20 µs (nanosleep) until they are idle again, and
+// one it sees in a call for more than about 20 µs (a loopback write that
+// also delivers, on a busy machine) makes it hand the processor to
+// another thread. Neither does anything for a call that cannot block.
+// Only calls bounded by what they move belong here: nothing that waits
+// for a peer, a lock or the disk. upstream/mcpipe reads and writes
+// memcached's sockets the same way; decisions/0014 has the measurements.
+
+// rawReads reports that inbuf reads sockets with read(2) through their
+// RawConn, waiting without a buffer.
+const rawReads = true
+
+// sysRead is read(2) on a non-blocking socket.
+func sysRead(fd uintptr, p []byte) (int, error) {
+	n, _, errno := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
+}
+
+// writev is writev(2) on a non-blocking socket.
+func writev(fd uintptr, iov []syscall.Iovec) (int, error) {
+	n, _, errno := syscall.RawSyscall(syscall.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
+}
+
+// closeFD is close(2) of a socket without SO_LINGER, which does not wait.
+func closeFD(fd int) { syscall.RawSyscall(syscall.SYS_CLOSE, uintptr(fd), 0, 0) }
+
+// epollPoll is epoll_wait(2) with a timeout of 0.
+func epollPoll(epfd int, events []syscall.EpollEvent) (int, error) {
+	n, _, errno := syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
+}
+
+// peek is recv(2) of one byte with MSG_PEEK|MSG_DONTWAIT.
+func peek(fd uintptr) (int, syscall.Errno) {
+	var b [1]byte
+	n, _, errno := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1, syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+	return int(n), errno
+}
+
+// accept4 is accept4(2) on a non-blocking listening socket, with the
+// peer's address.
+func accept4(fd int, flags int) (int, syscall.Sockaddr, error) {
+	var rsa syscall.RawSockaddrAny
+	l := uint32(syscall.SizeofSockaddrAny)
+	nfd, _, errno := syscall.RawSyscall6(syscall.SYS_ACCEPT4, uintptr(fd), uintptr(unsafe.Pointer(&rsa)), uintptr(unsafe.Pointer(&l)), uintptr(flags), 0, 0)
+	if errno != 0 {
+		return -1, nil, errno
+	}
+	return int(nfd), sockaddr(&rsa), nil
+}
+
+// sockaddr is the address accept4 filled in, as syscall.Accept4 returns
+// it.
+func sockaddr(rsa *syscall.RawSockaddrAny) syscall.Sockaddr {
+	switch rsa.Addr.Family {
+	case syscall.AF_INET:
+		pp := (*syscall.RawSockaddrInet4)(unsafe.Pointer(rsa))
+		sa := &syscall.SockaddrInet4{Addr: pp.Addr}
+		p := (*[2]byte)(unsafe.Pointer(&pp.Port))
+		sa.Port = int(p[0])<<8 + int(p[1])
+		return sa
+	case syscall.AF_INET6:
+		pp := (*syscall.RawSockaddrInet6)(unsafe.Pointer(rsa))
+		sa := &syscall.SockaddrInet6{Addr: pp.Addr, ZoneId: pp.Scope_id}
+		p := (*[2]byte)(unsafe.Pointer(&pp.Port))
+		sa.Port = int(p[0])<<8 + int(p[1])
+		return sa
+	case syscall.AF_UNIX:
+		pp := (*syscall.RawSockaddrUnix)(unsafe.Pointer(rsa))
+		if pp.Path[0] == 0 {
+			pp.Path[0] = '@' // abstract or unnamed, written as syscall does
+		}
+		n := 0
+		for n < len(pp.Path) && pp.Path[n] != 0 {
+			n++
+		}
+		b := unsafe.Slice((*byte)(unsafe.Pointer(&pp.Path[0])), n)
+		return &syscall.SockaddrUnix{Name: string(b)}
+	}
+	return nil
+}

@@ -1,0 +1,168 @@
+package mcpipe
+
+import (
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"unsafe"
+)
+
+// sockIO reads and writes a connection's socket with read(2) and
+// writev(2) on its descriptor, made with RawSyscall: the Go scheduler
+// does not see them. A system call it sees wakes the runtime's sysmon
+// thread when every processor was idle (a gateway between the pages of
+// a PHP site), and sysmon then ticks every 20 µs until they are idle
+// again; a call it sees running for more than about 20 µs makes it hand
+// the processor to another thread. Neither helps a call on a
+// non-blocking socket, which returns at once. Waits still go through
+// Go's network poller (RawConn.Read and Write), with the connection's
+// deadlines. gateway/h1 does the same on the client side
+// (docs/decisions/0014).
+//
+// The reader's state is the read loop's and the writer's the writer's:
+// one reader and one writer at a time, as conn has.
+type sockIO struct {
+	nc net.Conn // for the addresses in errors
+	rc syscall.RawConn
+
+	rp   []byte
+	rn   int
+	rerr syscall.Errno
+	rfn  func(fd uintptr) bool
+
+	wv   *net.Buffers
+	wn   int64
+	werr syscall.Errno
+	iov  [64]syscall.Iovec
+	wfn  func(fd uintptr) bool
+}
+
+// newSockIO returns a sockIO for nc if it is a socket (it offers a
+// syscall.RawConn, as *net.TCPConn and *net.UnixConn do), else nil: a
+// TLS connection is read and written through its own methods.
+func newSockIO(nc net.Conn) *sockIO {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	s := &sockIO{nc: nc, rc: rc}
+	s.rfn, s.wfn = s.readFD, s.writeFD
+	return s
+}
+
+// read reads into p once, waiting for the socket to be readable; it
+// returns io.EOF at the end of the stream.
+func (s *sockIO) read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	s.rp, s.rn, s.rerr = p, 0, 0
+	err := s.rc.Read(s.rfn)
+	s.rp = nil
+	switch {
+	case err != nil:
+		return 0, err
+	case s.rerr != 0:
+		return 0, s.opError("read", os.NewSyscallError("read", s.rerr))
+	case s.rn == 0:
+		return 0, io.EOF
+	}
+	return s.rn, nil
+}
+
+func (s *sockIO) readFD(fd uintptr) bool {
+	for {
+		n, _, errno := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&s.rp[0])), uintptr(len(s.rp)))
+		switch errno {
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return false
+		case 0:
+			s.rn = int(n)
+		default:
+			s.rerr = errno
+		}
+		return true
+	}
+}
+
+// writev writes all of *v, consuming it, waiting for the socket to take
+// it; it returns how much it wrote.
+func (s *sockIO) writev(v *net.Buffers) (int64, error) {
+	s.wv, s.wn, s.werr = v, 0, 0
+	err := s.rc.Write(s.wfn)
+	n, errno := s.wn, s.werr
+	s.wv = nil
+	switch {
+	case err != nil:
+		return n, err
+	case errno != 0:
+		return n, s.opError("write", os.NewSyscallError("writev", errno))
+	}
+	return n, nil
+}
+
+func (s *sockIO) writeFD(fd uintptr) bool {
+	defer clear(s.iov[:]) // keep no value alive
+	for v := s.wv; len(*v) > 0; {
+		k := 0
+		for _, b := range *v {
+			if k == len(s.iov) {
+				break
+			}
+			if len(b) > 0 {
+				s.iov[k].Base = &b[0]
+				s.iov[k].SetLen(len(b))
+				k++
+			}
+		}
+		if k == 0 {
+			*v = (*v)[:0]
+			break
+		}
+		n, _, errno := syscall.RawSyscall(syscall.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&s.iov[0])), uintptr(k))
+		switch errno {
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return false
+		case 0:
+		default:
+			s.werr = errno
+			return true
+		}
+		s.wn += int64(n)
+		consume(v, int64(n))
+	}
+	return true
+}
+
+// consume drops the first n bytes of *v, setting the buffers it empties
+// to nil.
+func consume(v *net.Buffers, n int64) {
+	for len(*v) > 0 {
+		l := int64(len((*v)[0]))
+		if l > n {
+			(*v)[0] = (*v)[0][n:]
+			return
+		}
+		n -= l
+		(*v)[0] = nil
+		*v = (*v)[1:]
+	}
+}
+
+// opError wraps err as net.Conn's methods do.
+func (s *sockIO) opError(op string, err error) error {
+	oe := &net.OpError{Op: op, Addr: s.nc.RemoteAddr(), Err: err}
+	if la := s.nc.LocalAddr(); la != nil {
+		oe.Net, oe.Source = la.Network(), la
+	}
+	return oe
+}
