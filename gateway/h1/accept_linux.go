@@ -38,11 +38,18 @@ func newAccepter(ln net.Listener) accepter {
 	if network == "tcp" {
 		// Linux copies the listening socket's options to the sockets it
 		// accepts: set once here, TCP_NODELAY costs nothing per
-		// connection (Go's Accept sets it on each).
+		// connection (Go's Accept sets it on each). SO_LINGER carries
+		// over too, and makes close(2) wait for unsent data, which a
+		// sock's close (closeFD, a call the scheduler does not see) must
+		// not: such a listener keeps Go's Accept. (The option's first
+		// field, l_onoff, is what GetsockoptInt reads.)
 		var serr error
+		linger := 0
 		if err := lnRC.Control(func(fd uintptr) {
-			serr = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_NODELAY, 1)
-		}); err != nil || serr != nil {
+			if linger, serr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_LINGER); serr == nil && linger == 0 {
+				serr = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_NODELAY, 1)
+			}
+		}); err != nil || serr != nil || linger != 0 {
 			return goAccepter{ln}
 		}
 	}

@@ -39,7 +39,9 @@ func writev(fd uintptr, iov []syscall.Iovec) (int, error) {
 	return int(n), nil
 }
 
-// closeFD is close(2) of a socket without SO_LINGER, which does not wait.
+// closeFD is close(2) of a socket without SO_LINGER, which does not wait
+// (newAccepter leaves a listener with SO_LINGER, whose sockets inherit it,
+// to Go's Accept).
 func closeFD(fd int) { syscall.RawSyscall(syscall.SYS_CLOSE, uintptr(fd), 0, 0) }
 
 // epollPoll is epoll_wait(2) with a timeout of 0.

@@ -500,3 +500,67 @@ func TestServeNoAcceptAfterListenerClose(t *testing.T) {
 		t.Fatal("Serve goes on after its listener was closed")
 	}
 }
+
+// TestAcceptLingerListener: the sockets of a TCP listener with SO_LINGER
+// inherit it, and their close(2) then waits, up to the linger time, for
+// what they have not sent yet. h1 closes its own sockets with a call the
+// scheduler does not see (closeFD), which would hold a processor (and a
+// stop-the-world) for that long, or have the wait cut short by the
+// runtime's preemption signal: such a listener is accepted from by Go's
+// Accept, and a Close of its connection waits as the option asks.
+func TestAcceptLingerListener(t *testing.T) {
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptLinger(int(fd), syscall.SOL_SOCKET, syscall.SO_LINGER, &syscall.Linger{Onoff: 1, Linger: 5})
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	acc := newAccepter(ln)
+	defer acc.Close()
+	if _, ok := acc.(*rawAccepter); ok {
+		t.Error("a listener with SO_LINGER is accepted from with accept4")
+	}
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+	}}
+	client, err := d.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	c, _, err := acc.accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Fill both socket buffers: the client reads nothing yet.
+	rc, err := c.(syscall.Conn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.Control(func(fd uintptr) {
+		syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF, 4096)
+		b := make([]byte, 4096)
+		for {
+			if _, err := syscall.Write(int(fd), b); err != nil {
+				return
+			}
+		}
+	})
+	const drainAfter = 200 * time.Millisecond
+	go func() {
+		time.Sleep(drainAfter)
+		io.Copy(io.Discard, client)
+	}()
+	start := time.Now()
+	c.Close()
+	if took := time.Since(start); took < drainAfter/2 {
+		t.Errorf("Close with unsent data under SO_LINGER returned after %v, before the client read it (%v)", took, drainAfter)
+	}
+}
