@@ -156,8 +156,7 @@ type conn struct {
 	wvalues int       // of which in wbuf
 	waiters []*waiter // large values waiting for room, first come first served
 
-	iov  net.Buffers // the writer's: the pieces of one write, reused
-	wone net.Buffers // the writer's: a write of one piece through sio
+	iov net.Buffers // the writer's: the pieces of one write, reused
 }
 
 // segment is a large value that is written after wbuf[:at] (and before
@@ -389,8 +388,13 @@ func (c *conn) writeAll(buf []byte, segs []segment) error {
 			_ = c.nc.SetWriteDeadline(time.Now().Add(c.timeout))
 			var err error
 			if c.sio != nil {
-				c.wone = append(c.wone[:0], buf[:n])
-				_, err = c.sio.writev(&c.wone)
+				// writev consumes c.iov from its front: out keeps the
+				// array, which the next write reuses.
+				out := append(c.iov[:0], buf[:n])
+				c.iov = out
+				_, err = c.sio.writev(&c.iov)
+				clear(out)
+				c.iov = out[:0]
 			} else {
 				_, err = c.nc.Write(buf[:n])
 			}

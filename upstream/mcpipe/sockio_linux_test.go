@@ -102,3 +102,23 @@ func TestSockIO(t *testing.T) {
 	}
 	t.Fatal("writev to a closed peer never failed")
 }
+
+// TestWriteAllNoAlloc: writing a buffer of requests through sockIO
+// allocates nothing, as the net.Conn.Write it replaces did not.
+func TestWriteAllNoAlloc(t *testing.T) {
+	a, b := tcpPair(t)
+	go io.Copy(io.Discard, b)
+	c := newConn(a, time.Second)
+	if c.sio == nil {
+		t.Fatal("no sockIO for a *net.TCPConn")
+	}
+	buf := []byte("set k 0 0 1\r\nv\r\n")
+	allocs := testing.AllocsPerRun(100, func() {
+		if err := c.writeAll(buf, nil); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("writeAll allocates %v times per write, want 0", allocs)
+	}
+}
