@@ -34,9 +34,10 @@ const DefaultTimeout = 500 * time.Millisecond
 // Options configures a Client.
 type Options struct {
 	// Dial opens one connection to the server. A socket it returns
-	// (*net.TCPConn, *net.UnixConn: a syscall.Conn) is read and written
-	// with system calls on its descriptor, large values with writev, so
-	// it should return the connection itself, not a wrapper.
+	// (*net.TCPConn, *net.UnixConn) is read and written with system
+	// calls on its descriptor, large values with writev, so it should
+	// return the connection itself, not a wrapper; any other connection
+	// is read and written with its own methods.
 	Dial func(ctx context.Context) (net.Conn, error)
 	// Closed, if not nil, is called once for every connection Dial
 	// returned, after the client closed it: a count of open connections

@@ -38,12 +38,19 @@ type sockIO struct {
 	wfn  func(fd uintptr) bool
 }
 
-// newSockIO returns a sockIO for nc if it is a socket (it offers a
-// syscall.RawConn, as *net.TCPConn and *net.UnixConn do), else nil: a
-// TLS connection is read and written through its own methods.
+// newSockIO returns a sockIO for nc if it is a socket, a *net.TCPConn or
+// *net.UnixConn, else nil: a TLS connection, or any other wrapper, is
+// read and written through its own methods. (A wrapper that embeds a
+// socket offers its SyscallConn too, but its Read and Write may do more
+// than the socket's.)
 func newSockIO(nc net.Conn) *sockIO {
-	sc, ok := nc.(syscall.Conn)
-	if !ok {
+	var sc syscall.Conn
+	switch nc := nc.(type) {
+	case *net.TCPConn:
+		sc = nc
+	case *net.UnixConn:
+		sc = nc
+	default:
 		return nil
 	}
 	rc, err := sc.SyscallConn()

@@ -122,3 +122,37 @@ func TestWriteAllNoAlloc(t *testing.T) {
 		t.Errorf("writeAll allocates %v times per write, want 0", allocs)
 	}
 }
+
+// embeddingConn is a wrapper around a socket whose Read and Write do
+// something of their own; it offers SyscallConn through the embedded
+// *net.TCPConn.
+type embeddingConn struct {
+	*net.TCPConn
+	reads, writes int
+}
+
+func (c *embeddingConn) Read(p []byte) (int, error)  { c.reads++; return c.TCPConn.Read(p) }
+func (c *embeddingConn) Write(p []byte) (int, error) { c.writes++; return c.TCPConn.Write(p) }
+
+// TestSockIOOnlySockets: sockIO takes the sockets themselves, not a
+// wrapper that merely embeds one (and with it SyscallConn): reading and
+// writing the descriptor under it would skip the wrapper's own methods.
+func TestSockIOOnlySockets(t *testing.T) {
+	a, _ := tcpPair(t)
+	if newSockIO(&embeddingConn{TCPConn: a.(*net.TCPConn)}) != nil {
+		t.Error("a wrapper embedding a *net.TCPConn got a sockIO")
+	}
+	ln, err := net.Listen("unix", t.TempDir()+"/s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	u, err := net.Dial("unix", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	if newSockIO(u) == nil {
+		t.Error("no sockIO for a *net.UnixConn")
+	}
+}
