@@ -73,7 +73,7 @@ func (s *sockIO) read(p []byte) (int, error) {
 	s.rp = nil
 	switch {
 	case err != nil:
-		return 0, err
+		return 0, s.opError("read", err)
 	case s.rerr != 0:
 		return 0, s.opError("read", os.NewSyscallError("read", s.rerr))
 	case s.rn == 0:
@@ -108,7 +108,7 @@ func (s *sockIO) writev(v *net.Buffers) (int64, error) {
 	s.wv = nil
 	switch {
 	case err != nil:
-		return n, err
+		return n, s.opError("write", err)
 	case errno != 0:
 		return n, s.opError("write", os.NewSyscallError("writev", errno))
 	}
@@ -165,8 +165,13 @@ func consume(v *net.Buffers, n int64) {
 	}
 }
 
-// opError wraps err as net.Conn's methods do.
+// opError wraps err as net.Conn's methods do. An error of RawConn's
+// Read or Write (a deadline, a closed connection) is unwrapped first: it
+// says "raw-read" or "raw-write".
 func (s *sockIO) opError(op string, err error) error {
+	if oe, ok := err.(*net.OpError); ok {
+		err = oe.Err
+	}
 	oe := &net.OpError{Op: op, Addr: s.nc.RemoteAddr(), Err: err}
 	if la := s.nc.LocalAddr(); la != nil {
 		oe.Net, oe.Source = la.Network(), la

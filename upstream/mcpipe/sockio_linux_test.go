@@ -156,3 +156,29 @@ func TestSockIOOnlySockets(t *testing.T) {
 		t.Error("no sockIO for a *net.UnixConn")
 	}
 }
+
+// TestSockIOErrors: the errors of a wait that fails (a deadline, a
+// connection closed) read as net.Conn's: a *net.OpError for "read" or
+// "write" around the cause, not RawConn's "raw-read" and "raw-write".
+func TestSockIOErrors(t *testing.T) {
+	a, b := tcpPair(t)
+	s := newSockIO(a)
+	var oe *net.OpError
+	a.SetReadDeadline(time.Now().Add(-time.Second))
+	_, err := s.read(make([]byte, 8))
+	if !errors.As(err, &oe) || oe.Op != "read" || !oe.Timeout() || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("read past the deadline = %v, want a *net.OpError for read that times out", err)
+	} else if oe.Addr.String() != b.LocalAddr().String() {
+		t.Errorf("read error names %v, want the peer %v", oe.Addr, b.LocalAddr())
+	}
+	a.SetWriteDeadline(time.Now().Add(-time.Second))
+	_, err = s.writev(&net.Buffers{[]byte("x")})
+	if !errors.As(err, &oe) || oe.Op != "write" || !oe.Timeout() {
+		t.Errorf("write past the deadline = %v, want a *net.OpError for write that times out", err)
+	}
+	a.Close()
+	_, err = s.read(make([]byte, 8))
+	if !errors.As(err, &oe) || oe.Op != "read" || !errors.Is(err, net.ErrClosed) {
+		t.Errorf("read after Close = %v, want a *net.OpError for read around net.ErrClosed", err)
+	}
+}
