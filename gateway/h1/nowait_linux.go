@@ -21,9 +21,22 @@ import (
 // RawConn, waiting without a buffer.
 const rawReads = true
 
+// rawMax is the most a read or write made with RawSyscall may move. A
+// larger one is made with Syscall, so that the scheduler sees it: it can
+// take long enough for other clients to need the processor (sysmon hands
+// it over past 20 µs, and the thread that takes it polls the network).
+// With every large body read and value write out of its sight, a flood
+// of 256 KiB asynchronous PUTs doubled the latency of other clients'
+// GETs (the abuse suite's attack 5: p50 31-36 → 58-65 ms).
+const rawMax = 64 << 10
+
 // sysRead is read(2) on a non-blocking socket.
 func sysRead(fd uintptr, p []byte) (int, error) {
-	n, _, errno := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
+	call := syscall.RawSyscall
+	if len(p) > rawMax {
+		call = syscall.Syscall
+	}
+	n, _, errno := call(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
 	if errno != 0 {
 		return 0, errno
 	}
@@ -32,11 +45,24 @@ func sysRead(fd uintptr, p []byte) (int, error) {
 
 // writev is writev(2) on a non-blocking socket.
 func writev(fd uintptr, iov []syscall.Iovec) (int, error) {
-	n, _, errno := syscall.RawSyscall(syscall.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+	call := syscall.RawSyscall
+	if iovLen(iov) > rawMax {
+		call = syscall.Syscall
+	}
+	n, _, errno := call(syscall.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
 	if errno != 0 {
 		return 0, errno
 	}
 	return int(n), nil
+}
+
+// iovLen is the bytes iov holds.
+func iovLen(iov []syscall.Iovec) uint64 {
+	var n uint64
+	for i := range iov {
+		n += uint64(iov[i].Len)
+	}
+	return n
 }
 
 // closeFD is close(2) of a socket without SO_LINGER, which does not wait

@@ -38,6 +38,12 @@ type sockIO struct {
 	wfn  func(fd uintptr) bool
 }
 
+// rawMax is the most a read or write made with RawSyscall may move; a
+// larger one is made with Syscall, which the scheduler sees, as gateway/h1
+// does and for its reason: a long call must be able to give its processor
+// to other clients.
+const rawMax = 64 << 10
+
 // newSockIO returns a sockIO for nc if it is a socket, a *net.TCPConn or
 // *net.UnixConn, else nil: a TLS connection, or any other wrapper, is
 // read and written through its own methods. (A wrapper that embeds a
@@ -84,7 +90,11 @@ func (s *sockIO) read(p []byte) (int, error) {
 
 func (s *sockIO) readFD(fd uintptr) bool {
 	for {
-		n, _, errno := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&s.rp[0])), uintptr(len(s.rp)))
+		call := syscall.RawSyscall
+		if len(s.rp) > rawMax {
+			call = syscall.Syscall
+		}
+		n, _, errno := call(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&s.rp[0])), uintptr(len(s.rp)))
 		switch errno {
 		case syscall.EINTR:
 			continue
@@ -118,7 +128,7 @@ func (s *sockIO) writev(v *net.Buffers) (int64, error) {
 func (s *sockIO) writeFD(fd uintptr) bool {
 	defer clear(s.iov[:]) // keep no value alive
 	for v := s.wv; len(*v) > 0; {
-		k := 0
+		k, size := 0, 0
 		for _, b := range *v {
 			if k == len(s.iov) {
 				break
@@ -126,6 +136,7 @@ func (s *sockIO) writeFD(fd uintptr) bool {
 			if len(b) > 0 {
 				s.iov[k].Base = &b[0]
 				s.iov[k].SetLen(len(b))
+				size += len(b)
 				k++
 			}
 		}
@@ -133,7 +144,11 @@ func (s *sockIO) writeFD(fd uintptr) bool {
 			*v = (*v)[:0]
 			break
 		}
-		n, _, errno := syscall.RawSyscall(syscall.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&s.iov[0])), uintptr(k))
+		call := syscall.RawSyscall
+		if size > rawMax {
+			call = syscall.Syscall
+		}
+		n, _, errno := call(syscall.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&s.iov[0])), uintptr(k))
 		switch errno {
 		case syscall.EINTR:
 			continue
