@@ -269,6 +269,20 @@ func TestSockClose(t *testing.T) {
 	})
 }
 
+// serveOK serves "ok" on ln until the test ends; Serve's result comes
+// on errc.
+func serveOK(t *testing.T, ln net.Listener) (errc chan error) {
+	s := &Server{
+		Handler:  http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }),
+		Fallback: &http.Server{ErrorLog: quietLog()},
+		ErrorLog: quietLog(),
+	}
+	errc = make(chan error, 1)
+	go func() { errc <- s.Serve(ln) }()
+	t.Cleanup(func() { s.Close() })
+	return errc
+}
+
 // TestServeAcceptsItself: the Server accepts TCP and Unix connections
 // itself, and Serve ends when its listener is closed behind its back,
 // as it does with net.Listener.Accept.
@@ -276,14 +290,7 @@ func TestServeAcceptsItself(t *testing.T) {
 	for _, network := range []string{"tcp", "unix"} {
 		t.Run(network, func(t *testing.T) {
 			ln := listen(t, network)
-			s := &Server{
-				Handler:  http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }),
-				Fallback: &http.Server{ErrorLog: quietLog()},
-				ErrorLog: quietLog(),
-			}
-			errc := make(chan error, 1)
-			go func() { errc <- s.Serve(ln) }()
-			t.Cleanup(func() { s.Close() })
+			errc := serveOK(t, ln)
 			c, err := net.Dial(network, ln.Addr().String())
 			if err != nil {
 				t.Fatal(err)
@@ -457,14 +464,7 @@ func TestWriteTimeoutSlowHandler(t *testing.T) {
 // net.Listener.Accept, rather than be served for up to lnCheck.
 func TestServeNoAcceptAfterListenerClose(t *testing.T) {
 	ln := listen(t, "tcp")
-	s := &Server{
-		Handler:  http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }),
-		Fallback: &http.Server{ErrorLog: quietLog()},
-		ErrorLog: quietLog(),
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- s.Serve(ln) }()
-	t.Cleanup(func() { s.Close() })
+	errc := serveOK(t, ln)
 	// One connection served first: Serve is waiting in its accept.
 	c, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
