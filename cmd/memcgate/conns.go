@@ -17,11 +17,13 @@ import (
 // nil when net/http serves every connection).
 type connTracker struct {
 	fast   func() h1.ConnStats
+	max    int      // the cap on client connections; 0: none
+	stdCap *connCap // the cap of the listeners net/http serves alone; nil on the fast path
 	states sync.Map // net.Conn → *atomic.Int32, the http.ConnState of each connection net/http serves
 	count  [http.StateClosed + 1]atomic.Int64
 	news   atomic.Uint64 // connections net/http has taken, ever
 
-	connsDesc, acceptedDesc, acceptErrorsDesc *prometheus.Desc
+	connsDesc, acceptedDesc, acceptErrorsDesc, maxDesc, reclaimedDesc, refusedDesc *prometheus.Desc
 }
 
 // hook is http.Server.ConnState. Transitions of one connection come in
@@ -47,8 +49,17 @@ func (t *connTracker) hook(c net.Conn, s http.ConnState) {
 	}
 }
 
-func newConnTracker() *connTracker {
+// newConnTracker returns a tracker for data listeners whose client
+// connections are capped at limit (0: no cap).
+func newConnTracker(limit int) *connTracker {
 	return &connTracker{
+		max: limit,
+		maxDesc: prometheus.NewDesc("memcgate_http_connections_max",
+			"The cap on client connections open at once over the data listeners (MEMCGATE_MAX_CLIENT_CONNS; 0: none).", nil, nil),
+		reclaimedDesc: prometheus.NewDesc("memcgate_http_connections_reclaimed_total",
+			"Idle client connections closed to make room for a new one at the MEMCGATE_MAX_CLIENT_CONNS cap.", nil, nil),
+		refusedDesc: prometheus.NewDesc("memcgate_http_connections_refused_total",
+			"New client connections closed at the MEMCGATE_MAX_CLIENT_CONNS cap with no idle one to make room (answered 503 on the fast path).", nil, nil),
 		connsDesc: prometheus.NewDesc("memcgate_http_connections",
 			"Client connections open on the data listener, by state: reading (a request, or a new connection's first bytes, not all here yet), idle (between requests), active (being served).",
 			[]string{"state"}, nil),
@@ -64,6 +75,9 @@ func (t *connTracker) Describe(ch chan<- *prometheus.Desc) {
 	ch <- t.connsDesc
 	ch <- t.acceptedDesc
 	ch <- t.acceptErrorsDesc
+	ch <- t.maxDesc
+	ch <- t.reclaimedDesc
+	ch <- t.refusedDesc
 }
 
 // Collect implements prometheus.Collector: one pass over the fast path's
@@ -71,16 +85,22 @@ func (t *connTracker) Describe(ch chan<- *prometheus.Desc) {
 func (t *connTracker) Collect(ch chan<- prometheus.Metric) {
 	reading, idle, active := t.count[http.StateNew].Load(), t.count[http.StateIdle].Load(), t.count[http.StateActive].Load()
 	accepted := t.news.Load()
-	var acceptErrors uint64 // net/http retries its own and only logs them
+	var acceptErrors, reclaimed, refused uint64 // net/http retries its accept errors and only logs them
+	if t.stdCap != nil {
+		refused = t.stdCap.refused.Load()
+	}
 	if t.fast != nil {
 		s := t.fast()
 		reading, idle, active = reading+int64(s.Reading), idle+int64(s.Idle), active+int64(s.Active)
 		accepted = s.Accepted // every connection starts there: handed-over ones are not counted twice
-		acceptErrors = s.AcceptErrors
+		acceptErrors, reclaimed, refused = s.AcceptErrors, s.Reclaimed, s.Refused
 	}
 	ch <- prometheus.MustNewConstMetric(t.connsDesc, prometheus.GaugeValue, float64(reading), "reading")
 	ch <- prometheus.MustNewConstMetric(t.connsDesc, prometheus.GaugeValue, float64(idle), "idle")
 	ch <- prometheus.MustNewConstMetric(t.connsDesc, prometheus.GaugeValue, float64(active), "active")
 	ch <- prometheus.MustNewConstMetric(t.acceptedDesc, prometheus.CounterValue, float64(accepted))
 	ch <- prometheus.MustNewConstMetric(t.acceptErrorsDesc, prometheus.CounterValue, float64(acceptErrors))
+	ch <- prometheus.MustNewConstMetric(t.maxDesc, prometheus.GaugeValue, float64(t.max))
+	ch <- prometheus.MustNewConstMetric(t.reclaimedDesc, prometheus.CounterValue, float64(reclaimed))
+	ch <- prometheus.MustNewConstMetric(t.refusedDesc, prometheus.CounterValue, float64(refused))
 }

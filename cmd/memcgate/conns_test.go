@@ -18,7 +18,7 @@ import (
 // one, an active one, and a closed one that is counted only as accepted.
 func TestConnTracker(t *testing.T) {
 	release := make(chan struct{})
-	tr := newConnTracker()
+	tr := newConnTracker(0)
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/block" {
 			<-release
@@ -66,6 +66,15 @@ memcgate_http_connections{state="reading"} 1
 # HELP memcgate_http_connections_accepted_total Client connections accepted on the data listener.
 # TYPE memcgate_http_connections_accepted_total counter
 memcgate_http_connections_accepted_total 4
+# HELP memcgate_http_connections_max The cap on client connections open at once over the data listeners (MEMCGATE_MAX_CLIENT_CONNS; 0: none).
+# TYPE memcgate_http_connections_max gauge
+memcgate_http_connections_max 0
+# HELP memcgate_http_connections_reclaimed_total Idle client connections closed to make room for a new one at the MEMCGATE_MAX_CLIENT_CONNS cap.
+# TYPE memcgate_http_connections_reclaimed_total counter
+memcgate_http_connections_reclaimed_total 0
+# HELP memcgate_http_connections_refused_total New client connections closed at the MEMCGATE_MAX_CLIENT_CONNS cap with no idle one to make room (answered 503 on the fast path).
+# TYPE memcgate_http_connections_refused_total counter
+memcgate_http_connections_refused_total 0
 `
 	var err error
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
@@ -74,4 +83,73 @@ memcgate_http_connections_accepted_total 4
 		}
 	}
 	t.Fatal(err)
+}
+
+func TestClientConnCap(t *testing.T) {
+	for _, tc := range []struct {
+		setting int
+		nofile  uint64
+		want    int
+	}{
+		{setting: 100, nofile: 1024, want: 100},
+		{setting: 5000, nofile: 1024, want: 5000}, // as set (the start logs a warning)
+		{setting: -1, nofile: 1024, want: 0},
+		{setting: 0, nofile: 0, want: 0}, // unlimited or unknown
+		{setting: 0, nofile: 256, want: 192},
+		{setting: 0, nofile: 1024, want: 768},
+		{setting: 0, nofile: 524288, want: 524288 - 4096},
+	} {
+		if got := clientConnCap(tc.setting, tc.nofile); got != tc.want {
+			t.Errorf("clientConnCap(%d, %d) = %d, want %d", tc.setting, tc.nofile, got, tc.want)
+		}
+	}
+}
+
+// TestConnCap checks the cap on the listeners net/http serves alone: the
+// connection over it is closed at once and counted, and a connection
+// closing frees its place.
+func TestConnCap(t *testing.T) {
+	tr := newConnTracker(2)
+	tr.stdCap = &connCap{max: 2}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	srv.Listener = tr.stdCap.listener(srv.Listener)
+	srv.Config.ConnState = tr.hook
+	srv.Start()
+	defer srv.Close()
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", srv.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	get := func(c net.Conn) error {
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		c.Write([]byte("GET / HTTP/1.1\r\nHost: a\r\n\r\n"))
+		_, err := http.ReadResponse(bufio.NewReader(c), nil)
+		return err
+	}
+	a, b := dial(), dial()
+	if err := get(a); err != nil {
+		t.Fatal(err)
+	}
+	if err := get(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := get(dial()); err == nil {
+		t.Fatal("a third connection was served with a cap of 2")
+	}
+	if n := tr.stdCap.refused.Load(); n != 1 {
+		t.Fatalf("refused = %d, want 1", n)
+	}
+	a.Close()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if get(dial()) == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no connection served after one of two closed")
+		}
+	}
 }

@@ -43,3 +43,14 @@ func setListenerOptions(fd int) error {
 	}
 	return nil
 }
+
+// openFileLimit is the process's open-file limit (RLIMIT_NOFILE, whose
+// soft value Go's runtime raises to the hard one at start), or 0 if it
+// is unlimited or unknown.
+func openFileLimit() uint64 {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Cur == ^uint64(0) {
+		return 0
+	}
+	return rl.Cur
+}

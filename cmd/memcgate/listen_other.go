@@ -9,3 +9,7 @@ const listenerKeepAlive = false
 
 // setListenerOptions sets nothing outside Linux.
 func setListenerOptions(fd int) error { return nil }
+
+// openFileLimit reports no open-file limit outside Linux: MAX_CLIENT_CONNS
+// then has no default.
+func openFileLimit() uint64 { return 0 }

@@ -277,9 +277,19 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 		return err
 	}
 	ls.admin = sec.wrapAdmin(ls.admin)
+	nofile := openFileLimit()
+	maxConns := clientConnCap(cfg.MaxClientConns, nofile)
+	conns := newConnTracker(maxConns)
 	for _, ln := range []*net.Listener{&ls.data, &ls.socket} {
 		if *ln == nil {
 			continue
+		}
+		if maxConns > 0 && (!cfg.FastPath || sec.dataTLS != nil) {
+			// net/http serves every connection: cap them under TLS.
+			if conns.stdCap == nil {
+				conns.stdCap = &connCap{max: int64(maxConns)}
+			}
+			*ln = conns.stdCap.listener(*ln)
 		}
 		*ln = sec.wrapData(*ln)
 		if !cfg.FastPath && sec.dataTLS == nil {
@@ -347,10 +357,9 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	conns := newConnTracker()
 	std.ConnState = conns.hook
 	var data httpServer
-	data, conns.fast = dataServer(cfg, sec, std, handler, buffered, bodies)
+	data, conns.fast = dataServer(cfg, sec, std, handler, buffered, bodies, maxConns)
 	reg.MustRegister(conns)
 	rl := newReloader(cfg, environ, log, level, reg)
 	rl.router, rl.handler, rl.access, rl.budget, rl.budgetDef, rl.bodies = router, handler, access, buffered, derived, bodies
@@ -396,7 +405,12 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	log.Info("memcgate started", "version", build.Version, "revision", build.Revision,
 		"listen", ls.data.Addr().String(), "listen_socket", cfg.ListenSocket, "admin", ls.admin.Addr().String(),
 		"servers", len(cfg.Servers), "distribution", cfg.Distribution, "pools", router.Pools(), "replicas", cfg.Replicas,
-		"max_buffered_bytes", mem.budget, "memory_limit", mem.limit, "memory_limit_from", mem.source)
+		"max_buffered_bytes", mem.budget, "memory_limit", mem.limit, "memory_limit_from", mem.source,
+		"max_client_conns", maxConns, "open_file_limit", nofile)
+	if nofile > 0 && uint64(maxConns) > nofile-min(nofile/4, reserveMax) {
+		log.Warn("MEMCGATE_MAX_CLIENT_CONNS leaves few descriptors of the open-file limit for memcached and the admin listener: while clients hold them all, memcached connections cannot be opened; raise the limit (ulimit -n, LimitNOFILE=) or lower the cap",
+			"max_client_conns", maxConns, "open_file_limit", nofile)
+	}
 
 	var first error
 	select {
@@ -492,7 +506,7 @@ type httpServer interface {
 // dataServer puts the h1 fast path in front of std unless it is turned off
 // or the listener speaks TLS (h1 has no TLS and no HTTP/2; std keeps both).
 // It also returns the fast path's connection counts, nil without it.
-func dataServer(cfg config.Config, sec *security, std *http.Server, h *gateway.Handler, buffered *budget.Budget, bodies *bufpool.Pool) (httpServer, func() h1.ConnStats) {
+func dataServer(cfg config.Config, sec *security, std *http.Server, h *gateway.Handler, buffered *budget.Budget, bodies *bufpool.Pool, maxConns int) (httpServer, func() h1.ConnStats) {
 	if !cfg.FastPath || sec.dataTLS != nil {
 		return std, nil
 	}
@@ -509,6 +523,7 @@ func dataServer(cfg config.Config, sec *security, std *http.Server, h *gateway.H
 		Fallback:          std,
 		ErrorLog:          std.ErrorLog,
 		NewContext:        h.NewContext,
+		MaxConns:          maxConns,
 	}
 	return fast, fast.ConnStats
 }

@@ -72,6 +72,7 @@ type conn struct {
 	remote  string
 	created time.Time
 	state   atomic.Int32
+	handed  bool // handed over to Fallback, which now holds its place under MaxConns
 
 	readDL   bool       // a read deadline is set
 	writeDL  bool       // a write deadline has been set on the connection, ever
@@ -181,6 +182,9 @@ func (c *conn) finish() {
 	c.dropAhead(c.phase == phaseBody)
 	if c.pf.registered {
 		s.poller.forget(c)
+	}
+	if !c.handed {
+		s.open.Add(-1)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -21,10 +22,12 @@ func (c *conn) handover() {
 	s.mu.Lock()
 	delete(s.conns, c)
 	s.mu.Unlock()
+	c.handed = true // uncounted when Fallback closes it
+	rc := &replayConn{Conn: c.rwc, buf: buf, open: &s.open}
 	// Fallback reads the rest of the connection through GuardConn, which
 	// makes net/http refuse what the fast path refuses (errBothLengths).
-	if !c.ho.give(GuardConn(&replayConn{Conn: c.rwc, buf: buf})) {
-		c.rwc.Close()
+	if !c.ho.give(GuardConn(rc)) {
+		rc.Close()
 	}
 }
 
@@ -63,10 +66,21 @@ func (h *handoff) give(c net.Conn) bool {
 	}
 }
 
-// replayConn is a connection whose first reads return buf.
+// replayConn is a connection whose first reads return buf, and whose
+// first Close takes it off the count of open connections.
 type replayConn struct {
 	net.Conn
-	buf []byte
+	buf    []byte
+	open   *atomic.Int64 // Server.open
+	closed atomic.Bool
+}
+
+// Close closes the connection; the first call also uncounts it.
+func (r *replayConn) Close() error {
+	if !r.closed.Swap(true) {
+		r.open.Add(-1)
+	}
+	return r.Conn.Close()
 }
 
 func (r *replayConn) Read(p []byte) (int, error) {

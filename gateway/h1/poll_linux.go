@@ -601,6 +601,38 @@ func (p *poller) forget(c *conn) {
 	})
 }
 
+// evict takes from the poller, for the caller to close (closeParked),
+// the connection whose close best makes room for a new one: the one
+// idle the longest, else, of those parked mid-request, the one nearest
+// its deadline if it waits for a request head (a new connection that has
+// sent nothing, or part of a head) or lingers after its answer. One
+// whose body is being read is left alone: that would lose a request the
+// client is sending. Nil if there is none.
+func (p *poller) evict() *conn {
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := p.oldest; c != nil; c = p.oldest {
+		p.unparkLocked(c)
+		if c.state.CompareAndSwap(stateParked, stateClosed) {
+			return c
+		}
+	}
+	if len(p.reading) > 0 {
+		// c.phase was set before parkReading took the lock, and nothing
+		// sets it while the poller holds the connection.
+		if c := p.reading[0]; c.phase != phaseBody {
+			p.unheapLocked(c)
+			if c.state.CompareAndSwap(stateReading, stateClosed) {
+				return c
+			}
+		}
+	}
+	return nil
+}
+
 // expire closes the connections parked for the idle timeout or longer,
 // and sets the deadline for the next.
 func (p *poller) expire(now time.Time) {

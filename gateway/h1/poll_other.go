@@ -30,3 +30,4 @@ func (p *poller) admit(*conn) bool                        { return false }
 func (p *poller) forget(*conn)                            {}
 func (p *poller) close(bool)                              {}
 func (p *poller) requeue(*conn) bool                      { return false }
+func (p *poller) evict() *conn                            { return nil }

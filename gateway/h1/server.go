@@ -74,6 +74,23 @@ type Server struct {
 	// cut short and the connection closed.
 	Budget Budget
 
+	// MaxConns, if positive, is the most client connections the Server
+	// serves at once, over all its listeners, those handed to Fallback
+	// included. A connection accepted beyond it makes room by closing the
+	// connection idle (between requests) the longest, as nginx does when
+	// it runs out of worker_connections, or, with none idle, the silent
+	// or slow one nearest its header timeout (parked waiting for a
+	// request head, or lingering after an answer). When there is neither,
+	// it is answered 503 Service Unavailable with Retry-After and closed,
+	// with what it had sent by then read first, so that the answer is not
+	// lost to a reset. Neither waits: the accept loop goes on at once.
+	// Connections whose handler runs or whose body is being read, and
+	// those handed to Fallback, are never closed to make room.
+	// The cap keeps the descriptors and kernel memory that clients may
+	// take bounded, and leaves the rest of the open-file limit to the
+	// process's other connections (memcached, the admin listener).
+	MaxConns int
+
 	// Buffers, if not nil, lends the buffers bodies are read ahead into,
 	// and those that hold what a detached response's client did not take
 	// at once, and takes back those the connection is done with. Nil:
@@ -86,6 +103,10 @@ type Server struct {
 	noKeepAlives atomic.Bool
 	date         atomic.Pointer[dateStamp] // the Date header of the current second, for every connection
 	acceptErrs   atomic.Uint64             // accept failures Serve waited out
+	open         atomic.Int64              // connections accepted and not closed yet, handed over ones included
+	reclaimed    atomic.Uint64             // idle connections closed to make room under MaxConns
+	refused      atomic.Uint64             // connections answered 503 and closed over MaxConns
+	refusedLog   atomic.Int64              // when a refusal was last logged, in Unix nanoseconds
 
 	mu        sync.Mutex // guards listeners, conns, accepted, ctx, cancel and poller
 	listeners map[*net.Listener]struct{}
@@ -181,9 +202,13 @@ func (s *Server) Serve(ln net.Listener) error {
 			return fmt.Errorf("h1: accept: %w", err)
 		}
 		delay = 0
+		if !s.room(rw, sk) {
+			continue
+		}
 		c := s.newConn(rw, sk, ho)
 		if c == nil {
 			rw.Close()
+			s.open.Add(-1)
 			return http.ErrServerClosed
 		}
 		if !s.admit(c) {
@@ -219,6 +244,32 @@ func (s *Server) admit(c *conn) bool {
 	}
 	return p.admit(c)
 }
+
+// room counts a newly accepted connection and reports whether it may be
+// served under MaxConns, closing an idle or silent one to make room if
+// need be (poller.evict). If not, it answers the connection 503 and
+// closes it.
+func (s *Server) room(rw net.Conn, sk *sock) bool {
+	if s.open.Add(1) <= int64(s.MaxConns) || s.MaxConns <= 0 {
+		return true
+	}
+	if c := s.poller.evict(); c != nil {
+		c.closeParked() // its finish uncounts it
+		s.reclaimed.Add(1)
+		return true
+	}
+	s.open.Add(-1)
+	n := s.refused.Add(1)
+	refuse(rw, sk)
+	// One line a second at most: an attacker must not flood the log.
+	if now, last := time.Now().UnixNano(), s.refusedLog.Load(); now-last >= int64(time.Second) && s.refusedLog.CompareAndSwap(last, now) {
+		s.logf("h1: %d client connections open, the most allowed, none idle or silent: refused a connection with 503 (%d refused so far)", s.MaxConns, n)
+	}
+	return false
+}
+
+// refusal answers a connection over MaxConns.
+const refusal = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: 43\r\n\r\ntoo many client connections; retry shortly\n"
 
 // retryAccept reports whether Serve should wait and accept again after
 // err rather than stop: a timeout, or a lack of descriptors or memory

@@ -19,6 +19,10 @@ type ConnStats struct {
 	// retried: mostly a lack of file descriptors (EMFILE), the sign of
 	// too many open connections for the process's open-file limit.
 	AcceptErrors uint64
+	// Reclaimed counts idle or silent connections closed to make room for
+	// new ones under MaxConns, and Refused the new ones answered 503 and
+	// closed because there was none.
+	Reclaimed, Refused uint64
 }
 
 // ConnStats returns the connection counts now. It takes the Server's lock
@@ -26,7 +30,7 @@ type ConnStats struct {
 func (s *Server) ConnStats() ConnStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := ConnStats{Accepted: s.accepted, AcceptErrors: s.acceptErrs.Load()}
+	st := ConnStats{Accepted: s.accepted, AcceptErrors: s.acceptErrs.Load(), Reclaimed: s.reclaimed.Load(), Refused: s.refused.Load()}
 	for c := range s.conns {
 		switch c.state.Load() {
 		case stateNew, stateReading:

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"net"
+	"sync/atomic"
+)
+
+// Of the open-file limit, what MAX_CLIENT_CONNS=0 keeps from clients for
+// the process's other descriptors: memcached connections (PIPELINE_CONNS
+// and a probe per node, up to MAX_CONNS_PER_NODE without pipelining),
+// the admin listener's clients, files. A quarter, but no more than
+// reserveMax: a limit of 1024 leaves 768 client connections, one of
+// 1048576 all but 4096.
+const reserveMax = 4096
+
+// clientConnCap is the cap on client connections for the MAX_CLIENT_CONNS
+// setting, given the open-file limit nofile (0: unknown or unlimited): the
+// setting if positive, none (0) for -1, and for 0 nofile less its reserve.
+func clientConnCap(setting int, nofile uint64) int {
+	switch {
+	case setting > 0:
+		return setting
+	case setting < 0 || nofile == 0:
+		return 0
+	}
+	return int(nofile - min(nofile/4, reserveMax))
+}
+
+// connCap caps the client connections of the data listeners that Go's
+// net/http serves alone (TLS, FAST_PATH=false), which h1.Server.MaxConns
+// does on the fast path: a connection accepted over the cap is closed at
+// once. net/http offers no way to answer it without reading its request
+// (over TLS, without a handshake) nor to close an idle connection of its
+// choice, so the fast path's reclaiming and 503 are not done here.
+type connCap struct {
+	max     int64
+	open    atomic.Int64
+	refused atomic.Uint64
+}
+
+// listener returns ln with the cap on its connections, which all of one
+// connCap's listeners share.
+func (c *connCap) listener(ln net.Listener) net.Listener { return &capListener{Listener: ln, cap: c} }
+
+type capListener struct {
+	net.Listener
+	cap *connCap
+}
+
+// Accept returns the next connection under the cap, closing those over it.
+func (l *capListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.cap.open.Add(1) <= l.cap.max {
+			return &cappedConn{Conn: c, cap: l.cap}, nil
+		}
+		l.cap.open.Add(-1)
+		l.cap.refused.Add(1)
+		c.Close()
+	}
+}
+
+// cappedConn is a connection under a connCap; its first Close frees its
+// place.
+type cappedConn struct {
+	net.Conn
+	cap    *connCap
+	closed atomic.Bool
+}
+
+// Close closes the connection; the first call frees its place.
+func (c *cappedConn) Close() error {
+	if !c.closed.Swap(true) {
+		c.cap.open.Add(-1)
+	}
+	return c.Conn.Close()
+}

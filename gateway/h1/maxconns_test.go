@@ -1,0 +1,145 @@
+package h1
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMaxConns fills a Server with MaxConns = 2 connections in different
+// states, then connects once more: an idle connection makes room (the
+// one idle the longest is closed), else a silent one; a connection whose
+// body is being read or that was handed to Fallback does not, and the
+// new connection is then answered 503 with Retry-After and closed; once
+// one of them closes, a new one is served.
+func TestMaxConns(t *testing.T) {
+	s, addr := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, "ok")
+	}), func(s *Server) { s.MaxConns = 2 })
+	dial := func(t *testing.T) net.Conn {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	get := func(t *testing.T, c net.Conn, head string) *http.Response {
+		t.Helper()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n"+head+"\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("no response: %v", err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		resp.Body = io.NopCloser(strings.NewReader(string(body)))
+		return resp
+	}
+	wantOK := func(t *testing.T, resp *http.Response) {
+		t.Helper()
+		if body, _ := io.ReadAll(resp.Body); resp.StatusCode != 200 || string(body) != "ok" {
+			t.Fatalf("got %s %q, want 200 ok", resp.Status, body)
+		}
+	}
+	wantRefused := func(t *testing.T) {
+		t.Helper()
+		c := dial(t)
+		resp := get(t, c, "")
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "1" ||
+			!resp.Close || string(body) != "too many client connections; retry shortly\n" {
+			t.Fatalf("over the cap: %s %v %q, want 503 with Retry-After, closed", resp.Status, resp.Header, body)
+		}
+		if n, err := c.Read(make([]byte, 1)); err != io.EOF {
+			t.Fatalf("after the 503: read %d, %v; want EOF", n, err)
+		}
+	}
+	waitStats := func(t *testing.T, ok func(ConnStats) bool) ConnStats {
+		t.Helper()
+		var st ConnStats
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if st = s.ConnStats(); ok(st) {
+				return st
+			}
+		}
+		t.Fatalf("ConnStats() = %+v", st)
+		return st
+	}
+
+	t.Run("idle ones make room, oldest first", func(t *testing.T) {
+		a, b := dial(t), dial(t)
+		wantOK(t, get(t, a, ""))
+		wantOK(t, get(t, b, ""))
+		waitStats(t, func(st ConnStats) bool { return st.Idle == 2 })
+		wantOK(t, get(t, dial(t), ""))
+		if n, err := a.Read(make([]byte, 1)); err != io.EOF {
+			t.Fatalf("the oldest idle connection: read %d, %v; want EOF", n, err)
+		}
+		wantOK(t, get(t, b, "")) // b was idle for less time: kept
+		if st := s.ConnStats(); st.Reclaimed != 1 || st.Refused != 0 {
+			t.Fatalf("ConnStats() = %+v, want 1 reclaimed, 0 refused", st)
+		}
+		b.Close()
+	})
+
+	gone := func(t *testing.T) {
+		t.Helper() // the last test's connections
+		waitStats(t, func(st ConnStats) bool { return st.Idle+st.Reading+st.Active == 0 })
+	}
+	t.Run("then silent ones", func(t *testing.T) {
+		gone(t)
+		silent := dial(t)
+		time.Sleep(20 * time.Millisecond) // the older
+		slow := dial(t)
+		io.WriteString(slow, "GET / HTTP/1.1\r\n") // part of a head
+		waitStats(t, func(st ConnStats) bool { return st.Reading == 2 })
+		wantOK(t, get(t, dial(t), ""))
+		if n, err := silent.Read(make([]byte, 1)); err != io.EOF {
+			t.Fatalf("the silent connection: read %d, %v; want EOF", n, err)
+		}
+		// The slow one is served once the rest of its head comes.
+		io.WriteString(slow, "Host: a\r\n\r\n")
+		slow.SetDeadline(time.Now().Add(5 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(slow), nil)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("the slow connection: %v %v", resp, err)
+		}
+		slow.Close()
+	})
+
+	t.Run("busy ones do not", func(t *testing.T) {
+		gone(t)
+		a := dial(t)
+		io.WriteString(a, "PUT / HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nab") // part of a body
+		// A head over 4 KiB goes to Fallback, which keeps the connection
+		// alive after its response.
+		handed := dial(t)
+		wantOK(t, get(t, handed, "X-Pad: "+strings.Repeat("p", 5000)+"\r\n"))
+		waitStats(t, func(st ConnStats) bool { return st.Active == 1 })
+		wantRefused(t)
+		if st := s.ConnStats(); st.Refused != 1 {
+			t.Fatalf("ConnStats() = %+v, want 1 refused", st)
+		}
+		// Fallback's connection closing makes room.
+		handed.Close()
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			c := dial(t)
+			resp := get(t, c, "")
+			if resp.StatusCode == 200 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("still %s after Fallback's connection closed", resp.Status)
+			}
+		}
+	})
+}
