@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -46,6 +47,27 @@ func roomState(c *Client) (values, waiters int) {
 	cn.mu.Lock()
 	defer cn.mu.Unlock()
 	return cn.values, len(cn.waiters)
+}
+
+// queuedKeys counts the calls for keys queued on c's only connection
+// and not yet answered, and the large values waiting for room there,
+// both at one instant.
+func queuedKeys(c *Client, keys ...string) (queued, waiters int) {
+	cn := c.slots[0].c.Load()
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	for _, cl := range cn.queue {
+		calls := cl.peer
+		if len(calls) == 0 {
+			calls = []*call{cl}
+		}
+		for _, p := range calls {
+			if slices.Contains(keys, p.key) || slices.Contains(keys, p.skey) {
+				queued++
+			}
+		}
+	}
+	return queued, len(cn.waiters)
 }
 
 // waitFor polls cond until it holds, failing the test after 5 seconds.
@@ -128,7 +150,6 @@ func TestRoomForLargeValues(t *testing.T) {
 			}
 		}},
 		{"small operations and DoAsync do not wait", 2 << 20, func(t *testing.T, c *Client) {
-			var secondDone atomic.Bool
 			var wg sync.WaitGroup
 			wg.Go(func() {
 				if err := set(t.Context(), c, "s1", big); err != nil {
@@ -137,7 +158,6 @@ func TestRoomForLargeValues(t *testing.T) {
 			})
 			waitFor(t, "the first value to queue", func() bool { v, _ := roomState(c); return v > 0 })
 			wg.Go(func() {
-				defer secondDone.Store(true)
 				if err := set(t.Context(), c, "s2", big); err != nil {
 					t.Errorf("set s2: %v", err)
 				}
@@ -153,8 +173,12 @@ func TestRoomForLargeValues(t *testing.T) {
 			if took := time.Since(start); took > 50*time.Millisecond {
 				t.Errorf("large DoAsync took %v: it waited", took)
 			}
-			// Sent while s1 is being written, they are answered before
-			// s2, which waits for s1's bytes to be written.
+			// Sent while s1 is being written, they queue at once, ahead of
+			// s2, which waits for s1's bytes to be written. (Their replies
+			// may still come with s2's: memcached sends the replies to
+			// requests it read together with a set's command line once it
+			// has read that set's value, so whether they come first
+			// depends on where TCP cut the bytes.)
 			var small sync.WaitGroup
 			small.Go(func() {
 				if err := set(t.Context(), c, "small", []byte("v")); err != nil {
@@ -166,10 +190,16 @@ func TestRoomForLargeValues(t *testing.T) {
 					t.Errorf("get: %v", err)
 				}
 			})
-			small.Wait()
-			if secondDone.Load() {
+			waiting := -1
+			waitFor(t, "the small set and get to queue", func() bool {
+				var n int
+				n, waiting = queuedKeys(c, "small", "warm")
+				return n == 2
+			})
+			if waiting != 1 {
 				t.Error("a small set and get waited behind a value waiting for room")
 			}
+			small.Wait()
 			asyncDone := make(chan error, 1)
 			if err := setAsync(c, &memcache.Item{Key: "a2", Value: []byte("v")}, func(err error) { asyncDone <- err }); err != nil {
 				t.Errorf("small DoAsync while a value waits: %v", err)
