@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -929,9 +931,30 @@ func slowRelay(t *testing.T, addr string, rate int) string {
 // relay relays a client to addr, passing the client's bytes (or, if
 // replies, memcached's) at about rate bytes per second and the other
 // direction unchanged. It returns the address to dial.
+//
+// The client's side has a small receive buffer, so that what the relay
+// has not passed on stays with the client rather than in the kernel. It
+// is set on the listener, before any handshake, as tcp(7) asks; the
+// accepted sockets inherit it. Set on an accepted socket, it would shrink
+// the buffer below the window already offered to the client: when the
+// relay reads late (a busy machine), the kernel drops segments that
+// arrive within that window (nstat: TcpExtRcvPruned, TcpExtTCPRcvQDrop),
+// and the client sends them again only after its retransmission timeout,
+// 200 ms at least. memcached then gets no byte for that long, twice
+// before one reply is more than TestSlowSteadyWrites's timeout, and the
+// test would see a stall that only the relay made.
 func relay(t *testing.T, addr string, rate int, replies bool) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 16<<10)
+		}); err != nil {
+			return err
+		}
+		return os.NewSyscallError("setsockopt", serr)
+	}}
+	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -942,7 +965,6 @@ func relay(t *testing.T, addr string, rate int, replies bool) string {
 			if err != nil {
 				return
 			}
-			c.(*net.TCPConn).SetReadBuffer(16 << 10)
 			up, err := net.Dial("tcp", addr)
 			if err != nil {
 				c.Close()
