@@ -928,6 +928,14 @@ func slowRelay(t *testing.T, addr string, rate int) string {
 	return relay(t, addr, rate, false)
 }
 
+// unwritten reports whether large values are queued or granted room and
+// not yet written.
+func (c *conn) unwritten() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.values > 0 || len(c.waiters) > 0
+}
+
 // relay relays a client to addr, passing the client's bytes (or, if
 // replies, memcached's) at about rate bytes per second and the other
 // direction unchanged. It returns the address to dial.
@@ -1007,11 +1015,33 @@ func TestSlowSteadyWrites(t *testing.T) {
 	// more than the kernel's socket buffers take, take longer than it to
 	// write.
 	addr := slowRelay(t, srv.Addr, 16<<20)
-	c := New(Options{Conns: 1, Timeout: 400 * time.Millisecond, Dial: func(ctx context.Context) (net.Conn, error) {
+	const timeout = 400 * time.Millisecond
+	c := New(Options{Conns: 1, Timeout: timeout, Dial: func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "tcp", addr)
 	}})
 	defer c.Close()
+	// How long values stay unwritten: if the kernel took the queue
+	// faster than the timeout, no write waited and the test proves
+	// nothing.
+	start := time.Now()
+	var writing time.Duration // since start, when values were last seen unwritten
+	stop, watched := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watched)
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			if cn := c.slots[0].c.Load(); cn != nil && cn.unwritten() {
+				writing = time.Since(start)
+			}
+		}
+	}()
 	value := bytes.Repeat([]byte("v"), 500<<10)
 	var wg sync.WaitGroup
 	for i := range 24 {
@@ -1022,6 +1052,11 @@ func TestSlowSteadyWrites(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	close(stop)
+	<-watched
+	if writing < timeout {
+		t.Errorf("the values were written within %v, under the timeout %v: the kernel's buffers took the queue", writing, timeout)
+	}
 	for i := range 24 {
 		if it, err := c.Get(fmt.Sprint("big", i)); err != nil || !bytes.Equal(it.Value, value) {
 			t.Errorf("get big%d: %v", i, err)
