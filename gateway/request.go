@@ -135,7 +135,15 @@ func preferAsync(r *http.Request) bool {
 	return false
 }
 
-func formatETag(cas uint64) string { return `"` + strconv.FormatUint(cas, 10) + `"` }
+func formatETag(cas uint64) string {
+	var b [22]byte
+	return string(appendETag(b[:0], cas))
+}
+
+// appendETag appends the strong ETag of an item with CAS cas to b.
+func appendETag(b []byte, cas uint64) []byte {
+	return append(strconv.AppendUint(append(b, '"'), cas, 10), '"')
+}
 
 // parseETag reads the CAS out of a strong ETag as formatETag writes it.
 func parseETag(s string) (uint64, error) {

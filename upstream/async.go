@@ -91,10 +91,18 @@ func (a *asyncOp) complete(mi *memcache.Item, num uint64, err error) {
 		return
 	}
 	if _, failed := nodeFailure(res.Err); failed && !o.Verb.Writes() && c.opts.Failover != FailFast && c.opts.MaxAttempts > 1 && ctx.Err() == nil {
-		go func() { done(c.doAfter(ctx, o, n, res.Err)) }()
+		go c.retryAsync(ctx, o, n, res.Err, done)
 		return
 	}
 	done(res)
+}
+
+// retryAsync runs a failed asynchronous read again on the next nodes, on
+// a goroutine of its own, and hands done the outcome. A method rather
+// than a closure in complete: a closure would capture complete's
+// variables, which then escape to the heap on every call, failed or not.
+func (c *Cluster) retryAsync(ctx context.Context, o op.Op, n *node, err error, done func(op.Result)) {
+	done(c.doAfter(ctx, o, n, err))
 }
 
 // asyncNode returns the key's owner, holding a slot of its in-flight cap,
