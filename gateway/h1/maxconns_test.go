@@ -143,3 +143,89 @@ func TestMaxConns(t *testing.T) {
 		}
 	})
 }
+
+// TestMaxConnsBodyFirst: a body being read ahead whose read timeout
+// comes before the header timeout of a silent connection does not keep
+// the silent one from making room: evict looks past it.
+func TestMaxConnsBodyFirst(t *testing.T) {
+	s, addr := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, "ok")
+	}), func(s *Server) {
+		s.MaxConns = 3
+		s.ReadTimeout = 5 * time.Second // a body's deadline, from its head
+		s.ReadHeaderTimeout = 10 * time.Second
+		s.BodyLimit = func(*http.Request) int64 { return 1 << 10 }
+	})
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	for range 2 { // bodies first, nearest their deadlines
+		io.WriteString(dial(), "PUT / HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nab")
+	}
+	if !eventually(func() bool { return readingCount(s) == 2 }) {
+		t.Fatal("the bodies are not parked")
+	}
+	silent := dial()
+	if !eventually(func() bool { return readingCount(s) == 3 }) {
+		t.Fatal("the silent connection is not parked")
+	}
+	c := dial()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("over the cap with a silent connection to close: %v %v, want 200 (%+v)", resp, err, s.ConnStats())
+	}
+	silent.SetDeadline(time.Now().Add(5 * time.Second))
+	if n, err := silent.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("the silent connection: read %d, %v; want EOF", n, err)
+	}
+}
+
+// TestEvictable checks which connection of the reading heap evict takes:
+// the one nearest its deadline whose body is not being read, wherever it
+// is in the heap; none when every one reads a body.
+func TestEvictable(t *testing.T) {
+	now := time.Now()
+	type parked struct {
+		name  string
+		due   time.Duration // from now; 0: no deadline
+		phase uint8
+	}
+	tests := []struct {
+		name   string
+		parked []parked
+		want   string // "": none
+	}{
+		{"empty", nil, ""},
+		{"a head first", []parked{{"head", 1, phaseHead}, {"body", 2, phaseBody}}, "head"},
+		{"bodies first", []parked{{"b1", 1, phaseBody}, {"b2", 2, phaseBody}, {"new", 3, phaseIdle}, {"head", 4, phaseHead}}, "new"},
+		{"the nearest of several", []parked{{"b1", 1, phaseBody}, {"h9", 9, phaseHead}, {"b2", 2, phaseBody}, {"l5", 5, phaseLinger}, {"h7", 7, phaseHead}}, "l5"},
+		{"no deadline last", []parked{{"b1", 1, phaseBody}, {"none", 0, phaseHead}, {"h3", 3, phaseHead}}, "h3"},
+		{"only bodies", []parked{{"b1", 1, phaseBody}, {"b2", 2, phaseBody}}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := &poller{}
+			names := map[*conn]string{}
+			for _, pc := range tt.parked {
+				c := &conn{phase: pc.phase}
+				c.state.Store(stateReading)
+				if pc.due > 0 {
+					c.pf.deadline = now.Add(pc.due * time.Second)
+				}
+				names[c] = pc.name
+				p.heapPushLocked(c)
+			}
+			if got := names[p.evictableLocked()]; got != tt.want {
+				t.Errorf("evictableLocked() = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}

@@ -603,11 +603,11 @@ func (p *poller) forget(c *conn) {
 
 // evict takes from the poller, for the caller to close (closeParked),
 // the connection whose close best makes room for a new one: the one
-// idle the longest, else, of those parked mid-request, the one nearest
-// its deadline if it waits for a request head (a new connection that has
-// sent nothing, or part of a head) or lingers after its answer. One
-// whose body is being read is left alone: that would lose a request the
-// client is sending. Nil if there is none.
+// idle the longest, else, of those parked mid-request that wait for a
+// request head (a new connection that has sent nothing, or part of a
+// head) or linger after their answer, the one nearest its deadline.
+// One whose body is being read is left alone: that would lose a request
+// the client is sending. Nil if there is none.
 func (p *poller) evict() *conn {
 	if p == nil {
 		return nil
@@ -620,17 +620,49 @@ func (p *poller) evict() *conn {
 			return c
 		}
 	}
-	if len(p.reading) > 0 {
-		// c.phase was set before parkReading took the lock, and nothing
-		// sets it while the poller holds the connection.
-		if c := p.reading[0]; c.phase != phaseBody {
-			p.unheapLocked(c)
-			if c.state.CompareAndSwap(stateReading, stateClosed) {
-				return c
-			}
+	for c := p.evictableLocked(); c != nil; c = p.evictableLocked() {
+		p.unheapLocked(c)
+		if c.state.CompareAndSwap(stateReading, stateClosed) {
+			return c
 		}
 	}
 	return nil
+}
+
+// evictScan bounds how many connections of the reading heap evict looks
+// at, so that a client holding many bodies part-way cannot make every
+// connection over the cap cost a walk of them all under the lock.
+const evictScan = 1024
+
+// evictableLocked returns the connection of the reading heap nearest its
+// deadline whose body is not being read, or nil. The heap's minimum may
+// be a body (its read timeout can come before a new connection's header
+// timeout), so the search goes on below the bodies it meets, and only
+// there: no connection under another one is due before it.
+func (p *poller) evictableLocked() *conn {
+	var best *conn
+	var buf [64]int
+	next := append(buf[:0], 0) // heap indexes to look at
+	for seen := 0; len(next) > 0 && seen < evictScan; seen++ {
+		i := next[len(next)-1]
+		next = next[:len(next)-1]
+		if i >= len(p.reading) {
+			continue
+		}
+		c := p.reading[i]
+		if best != nil && !before(c, best) {
+			continue // nor is anything under it
+		}
+		// c.phase was set before parkReading took the lock, and nothing
+		// sets it while the connection is in the heap. One being
+		// closed (Close swapped its state) is left to its closer.
+		if c.phase != phaseBody && c.state.Load() == stateReading {
+			best = c
+			continue
+		}
+		next = append(next, 2*i+1, 2*i+2)
+	}
+	return best
 }
 
 // expire closes the connections parked for the idle timeout or longer,
