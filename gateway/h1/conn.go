@@ -566,7 +566,7 @@ func (c *conn) runHandler(w *response, req *http.Request) (ok bool) {
 // meanwhile, not on a worker: linger reports whether it parked it.
 func (c *conn) linger() (wasParked bool) {
 	if !c.canPark() {
-		c.lingerClose()
+		lingerClose(c.rwc)
 		c.close()
 		return false
 	}
@@ -604,7 +604,7 @@ func (c *conn) linger() (wasParked bool) {
 		case parked:
 			return true
 		case notParked:
-			c.lingerClose()
+			lingerClose(c.rwc)
 			c.close()
 			return false
 		}
@@ -621,17 +621,17 @@ func lingerUntil(start time.Time) time.Time {
 	return end
 }
 
-// lingerClose is linger for a connection that cannot park: it waits in
-// reads on its goroutine.
-func (c *conn) lingerClose() {
-	if cw, ok := c.rwc.(interface{ CloseWrite() error }); ok {
+// lingerClose is linger for a connection that cannot park, rw: it waits
+// in reads on its goroutine. The caller closes rw after.
+func lingerClose(rw net.Conn) {
+	if cw, ok := rw.(interface{ CloseWrite() error }); ok {
 		cw.CloseWrite()
 	}
 	start := time.Now()
 	var buf [4 << 10]byte
 	for {
-		c.rwc.SetReadDeadline(lingerUntil(start))
-		if _, err := c.rwc.Read(buf[:]); err != nil {
+		rw.SetReadDeadline(lingerUntil(start))
+		if _, err := rw.Read(buf[:]); err != nil {
 			return
 		}
 	}

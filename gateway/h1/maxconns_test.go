@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -225,6 +226,65 @@ func TestEvictable(t *testing.T) {
 			}
 			if got := names[p.evictableLocked()]; got != tt.want {
 				t.Errorf("evictableLocked() = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestMaxConnsRefusalRead: a client over the cap reads its 503, not a
+// broken pipe or a reset, when its request comes some time after it
+// connected (it was accepted, and refused, before: a Unix socket, or TCP
+// without TCP_DEFER_ACCEPT) or has a body larger than the socket takes at
+// once, as curl sends them.
+func TestMaxConnsRefusalRead(t *testing.T) {
+	body := strings.Repeat("b", 4<<20)
+	tests := []struct {
+		name    string
+		delay   time.Duration // between connecting and sending
+		request string
+	}{
+		{"request at once", 0, "GET / HTTP/1.1\r\nHost: a\r\n\r\n"},
+		{"request later", 50 * time.Millisecond, "GET / HTTP/1.1\r\nHost: a\r\n\r\n"},
+		{"large body", 0, "PUT / HTTP/1.1\r\nHost: a\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body},
+		{"large body later", 50 * time.Millisecond, "PUT / HTTP/1.1\r\nHost: a\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body},
+	}
+	for _, network := range []string{"tcp", "unix"} {
+		t.Run(network, func(t *testing.T) {
+			release := make(chan struct{})
+			defer close(release)
+			s, addr := startH1On(t, listen(t, network), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				<-release // the one connection under the cap stays busy
+			}), func(s *Server) { s.MaxConns = 1 })
+			busy, err := net.Dial(network, addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer busy.Close()
+			io.WriteString(busy, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+			if !eventually(func() bool { return s.ConnStats().Active == 1 }) {
+				t.Fatal("the first connection is not served")
+			}
+			for _, tt := range tests {
+				t.Run(tt.name, func(t *testing.T) {
+					// The last refusal is over: MaxConns/16 are answered so.
+					if !eventually(func() bool { return s.refusing.Load() == 0 }) {
+						t.Fatal("a refusal still lingers")
+					}
+					c, err := net.Dial(network, addr)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer c.Close()
+					c.SetDeadline(time.Now().Add(5 * time.Second))
+					time.Sleep(tt.delay)
+					if _, err := io.WriteString(c, tt.request); err != nil {
+						t.Errorf("sending the request: %v", err)
+					}
+					resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+					if err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+						t.Fatalf("over the cap: %v, %v; want 503", resp, err)
+					}
+				})
 			}
 		})
 	}

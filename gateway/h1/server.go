@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -81,9 +83,14 @@ type Server struct {
 	// it runs out of worker_connections, or, with none idle, the silent
 	// or slow one nearest its header timeout (parked waiting for a
 	// request head, or lingering after an answer). When there is neither,
-	// it is answered 503 Service Unavailable with Retry-After and closed,
-	// with what it had sent by then read first, so that the answer is not
-	// lost to a reset. Neither waits: the accept loop goes on at once.
+	// it is answered 503 Service Unavailable with Retry-After once its
+	// request has begun to come, and closed after what the client still
+	// sends is dropped for a while, as after a 400, so that the answer is
+	// not lost to a broken pipe or a reset; up to MaxConns/16 (at least
+	// 1, at most 64) are answered so at once, each holding a descriptor
+	// beyond MaxConns for 30 s at most, others at once with what they had
+	// sent by then read first. Neither waits: the accept loop goes on at
+	// once.
 	// Connections whose handler runs or whose body is being read, and
 	// those handed to Fallback, are never closed to make room.
 	// The cap keeps the descriptors and kernel memory that clients may
@@ -107,6 +114,7 @@ type Server struct {
 	reclaimed    atomic.Uint64             // idle connections closed to make room under MaxConns
 	refused      atomic.Uint64             // connections answered 503 and closed over MaxConns
 	refusedLog   atomic.Int64              // when a refusal was last logged, in Unix nanoseconds
+	refusing     atomic.Int32              // connections refuseLinger is answering
 
 	mu        sync.Mutex // guards listeners, conns, accepted, ctx, cancel and poller
 	listeners map[*net.Listener]struct{}
@@ -260,12 +268,55 @@ func (s *Server) room(rw net.Conn, sk *sock) bool {
 	}
 	s.open.Add(-1)
 	n := s.refused.Add(1)
-	refuse(rw, sk)
+	s.refuse(rw, sk)
 	// One line a second at most: an attacker must not flood the log.
 	if now, last := time.Now().UnixNano(), s.refusedLog.Load(); now-last >= int64(time.Second) && s.refusedLog.CompareAndSwap(last, now) {
 		s.logf("h1: %d client connections open, the most allowed, none idle or silent: refused a connection with 503 (%d refused so far)", s.MaxConns, n)
 	}
 	return false
+}
+
+// maxRefusing is how many connections over MaxConns may be answered at
+// once by refuseLinger, each holding a descriptor and a goroutine beyond
+// MaxConns for lingerMax at most: no more than a sixteenth of MaxConns,
+// so that they take little of the descriptors that the cap keeps for
+// the process's other connections (memcgate keeps a quarter of its
+// open-file limit). Others are answered by refuseNow.
+const maxRefusing = 64
+
+// refuse answers rw, a connection over MaxConns, with refusal and closes
+// it, without waiting: on a goroutine of its own (refuseLinger), or at
+// once (refuseNow) while as many others as allowed are answered so.
+func (s *Server) refuse(rw net.Conn, sk *sock) {
+	if s.refusing.Add(1) > int32(max(1, min(maxRefusing, s.MaxConns/16))) {
+		s.refusing.Add(-1)
+		refuseNow(rw, sk)
+		return
+	}
+	go func() {
+		defer s.refusing.Add(-1)
+		refuseLinger(rw)
+	}()
+}
+
+// refuseLinger answers rw with refusal once its request has begun to
+// come (or after lingerTime), then lingers as linger does and closes it.
+// Closed at once, a connection accepted before its request came (a Unix
+// socket, TCP without TCP_DEFER_ACCEPT) or sending a body is closed
+// under the client's send, which then fails with a broken pipe or a
+// reset, and curl, for one, reports that and not the answer.
+func refuseLinger(rw net.Conn) {
+	defer rw.Close()
+	rw.SetReadDeadline(time.Now().Add(lingerTime))
+	var buf [512]byte
+	if _, err := rw.Read(buf[:]); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		return // the client left: no one to answer
+	}
+	rw.SetWriteDeadline(time.Now().Add(lingerTime))
+	if _, err := io.WriteString(rw, refusal); err != nil {
+		return
+	}
+	lingerClose(rw)
 }
 
 // refusal answers a connection over MaxConns.

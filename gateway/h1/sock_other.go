@@ -13,6 +13,6 @@ func (*sock) writeBuffers(*net.Buffers) (int64, error) { panic("h1: no socks out
 // newAccepter returns ln's own Accept: outside Linux, every listener's.
 func newAccepter(ln net.Listener) accepter { return goAccepter{ln} }
 
-// refuse closes rw, a connection over Server.MaxConns: outside Linux the
-// Server has no socket it could answer without waiting.
-func refuse(rw net.Conn, _ *sock) { rw.Close() }
+// refuseNow closes rw, a connection over Server.MaxConns: outside Linux
+// the Server has no socket it could answer without waiting.
+func refuseNow(rw net.Conn, _ *sock) { rw.Close() }
