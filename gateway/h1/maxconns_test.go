@@ -79,8 +79,21 @@ func TestMaxConns(t *testing.T) {
 	t.Run("idle ones make room, oldest first", func(t *testing.T) {
 		a, b := dial(t), dial(t)
 		wantOK(t, get(t, a, ""))
+		// a parks after its client has read the answer: it is the older
+		// only once it has.
+		parked := func(n int) func(ConnStats) bool {
+			return func(ConnStats) bool {
+				return inPoller(s, func(p *poller) (k int) {
+					for c := p.oldest; c != nil; c = c.pf.newer {
+						k++
+					}
+					return k
+				}) == n
+			}
+		}
+		waitStats(t, parked(1))
 		wantOK(t, get(t, b, ""))
-		waitStats(t, func(st ConnStats) bool { return st.Idle == 2 })
+		waitStats(t, parked(2))
 		wantOK(t, get(t, dial(t), ""))
 		if n, err := a.Read(make([]byte, 1)); err != io.EOF {
 			t.Fatalf("the oldest idle connection: read %d, %v; want EOF", n, err)
