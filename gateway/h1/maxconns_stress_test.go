@@ -148,6 +148,18 @@ func stressConn(network, addr string, kind int, rnd *rand.Rand) {
 
 const stressKinds = 14
 
+// stressConfig sets the stress tests' small cap and short timeouts, so
+// that connections time out, linger and are evicted within the test.
+func stressConfig(s *Server) {
+	s.MaxConns = 8
+	s.ReadHeaderTimeout = 50 * time.Millisecond
+	s.ReadTimeout = 100 * time.Millisecond
+	s.IdleTimeout = 100 * time.Millisecond
+	s.BodyLimit = func(*http.Request) int64 { return 1 << 10 }
+	s.Fallback.ReadTimeout = 100 * time.Millisecond
+	s.Fallback.IdleTimeout = 100 * time.Millisecond
+}
+
 // TestMaxConnsAccounting drives many connections, of every kind
 // stressConn knows, at a Server with a small MaxConns and short timeouts,
 // so that many make room or are refused; once every client is gone, the
@@ -158,15 +170,7 @@ func TestMaxConnsAccounting(t *testing.T) {
 	for _, network := range []string{"tcp", "unix"} {
 		t.Run(network, func(t *testing.T) {
 			h := stressHandler()
-			s, addr := startH1On(t, listen(t, network), h, func(s *Server) {
-				s.MaxConns = 8
-				s.ReadHeaderTimeout = 50 * time.Millisecond
-				s.ReadTimeout = 100 * time.Millisecond
-				s.IdleTimeout = 100 * time.Millisecond
-				s.BodyLimit = func(*http.Request) int64 { return 1 << 10 }
-				s.Fallback.ReadTimeout = 100 * time.Millisecond
-				s.Fallback.IdleTimeout = 100 * time.Millisecond
-			})
+			s, addr := startH1On(t, listen(t, network), h, stressConfig)
 			var wg sync.WaitGroup
 			stop := make(chan struct{})
 			toggled := make(chan struct{})
@@ -232,15 +236,7 @@ func waitOpen(t *testing.T, s *Server, want int64) {
 func TestMaxConnsAccountingClose(t *testing.T) {
 	for _, shutdown := range []bool{false, true} {
 		t.Run(fmt.Sprintf("shutdown=%v", shutdown), func(t *testing.T) {
-			s, addr := startH1(t, stressHandler(), func(s *Server) {
-				s.MaxConns = 8
-				s.ReadHeaderTimeout = 50 * time.Millisecond
-				s.ReadTimeout = 100 * time.Millisecond
-				s.IdleTimeout = 100 * time.Millisecond
-				s.BodyLimit = func(*http.Request) int64 { return 1 << 10 }
-				s.Fallback.ReadTimeout = 100 * time.Millisecond
-				s.Fallback.IdleTimeout = 100 * time.Millisecond
-			})
+			s, addr := startH1(t, stressHandler(), stressConfig)
 			var wg sync.WaitGroup
 			for g := range 24 {
 				wg.Go(func() {
