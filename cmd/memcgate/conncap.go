@@ -33,7 +33,7 @@ func clientConnCap(setting int, nofile uint64) int {
 // (over TLS, without a handshake) nor to close an idle connection of its
 // choice, so the fast path's reclaiming and 503 are not done here.
 type connCap struct {
-	max     int64
+	max     atomic.Int64 // 0: no cap (a reload may set one)
 	open    atomic.Int64
 	refused atomic.Uint64
 }
@@ -54,7 +54,7 @@ func (l *capListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		if l.cap.open.Add(1) <= l.cap.max {
+		if n, m := l.cap.open.Add(1), l.cap.max.Load(); m <= 0 || n <= m {
 			return &cappedConn{Conn: c, cap: l.cap}, nil
 		}
 		l.cap.open.Add(-1)

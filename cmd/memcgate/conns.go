@@ -17,9 +17,10 @@ import (
 // nil when net/http serves every connection).
 type connTracker struct {
 	fast   func() h1.ConnStats
-	max    int      // the cap on client connections; 0: none
-	stdCap *connCap // the cap of the listeners net/http serves alone; nil on the fast path
-	states sync.Map // net.Conn → *atomic.Int32, the http.ConnState of each connection net/http serves
+	max    atomic.Int64 // the cap on client connections; 0: none
+	stdCap *connCap     // the cap of the listeners net/http serves alone; nil on the fast path
+	fastH1 *h1.Server   // the fast path, nil without it
+	states sync.Map     // net.Conn → *atomic.Int32, the http.ConnState of each connection net/http serves
 	count  [http.StateClosed + 1]atomic.Int64
 	news   atomic.Uint64 // connections net/http has taken, ever
 
@@ -52,8 +53,7 @@ func (t *connTracker) hook(c net.Conn, s http.ConnState) {
 // newConnTracker returns a tracker for data listeners whose client
 // connections are capped at limit (0: no cap).
 func newConnTracker(limit int) *connTracker {
-	return &connTracker{
-		max: limit,
+	t := &connTracker{
 		maxDesc: prometheus.NewDesc("memcgate_http_connections_max",
 			"The cap on client connections open at once over the data listeners (MEMCGATE_MAX_CLIENT_CONNS; 0: none).", nil, nil),
 		reclaimedDesc: prometheus.NewDesc("memcgate_http_connections_reclaimed_total",
@@ -67,6 +67,20 @@ func newConnTracker(limit int) *connTracker {
 			"Client connections accepted on the data listener.", nil, nil),
 		acceptErrorsDesc: prometheus.NewDesc("memcgate_http_accept_errors_total",
 			"Accept failures on the data listener's fast path that it waited out and retried, mostly a lack of file descriptors (EMFILE): more client connections than the open-file limit allows.", nil, nil),
+	}
+	t.max.Store(int64(limit))
+	return t
+}
+
+// setMax changes the cap on client connections (0: none) of every data
+// listener, on the fast path and off it.
+func (t *connTracker) setMax(limit int) {
+	t.max.Store(int64(limit))
+	if t.fastH1 != nil {
+		t.fastH1.SetMaxConns(limit)
+	}
+	if t.stdCap != nil {
+		t.stdCap.max.Store(int64(limit))
 	}
 }
 
@@ -100,7 +114,7 @@ func (t *connTracker) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(t.connsDesc, prometheus.GaugeValue, float64(active), "active")
 	ch <- prometheus.MustNewConstMetric(t.acceptedDesc, prometheus.CounterValue, float64(accepted))
 	ch <- prometheus.MustNewConstMetric(t.acceptErrorsDesc, prometheus.CounterValue, float64(acceptErrors))
-	ch <- prometheus.MustNewConstMetric(t.maxDesc, prometheus.GaugeValue, float64(t.max))
+	ch <- prometheus.MustNewConstMetric(t.maxDesc, prometheus.GaugeValue, float64(t.max.Load()))
 	ch <- prometheus.MustNewConstMetric(t.reclaimedDesc, prometheus.CounterValue, float64(reclaimed))
 	ch <- prometheus.MustNewConstMetric(t.refusedDesc, prometheus.CounterValue, float64(refused))
 }

@@ -106,11 +106,12 @@ func TestClientConnCap(t *testing.T) {
 }
 
 // TestConnCap checks the cap on the listeners net/http serves alone: the
-// connection over it is closed at once and counted, and a connection
-// closing frees its place.
+// connection over it is closed at once and counted, a connection closing
+// frees its place, and a reload can lift the cap.
 func TestConnCap(t *testing.T) {
-	tr := newConnTracker(2)
-	tr.stdCap = &connCap{max: 2}
+	tr := newConnTracker(0)
+	tr.stdCap = &connCap{}
+	tr.setMax(2)
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	srv.Listener = tr.stdCap.listener(srv.Listener)
 	srv.Config.ConnState = tr.hook
@@ -150,6 +151,12 @@ func TestConnCap(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("no connection served after one of two closed")
+		}
+	}
+	tr.setMax(0)
+	for range 3 {
+		if err := get(dial()); err != nil {
+			t.Fatalf("with the cap lifted: %v", err)
 		}
 	}
 }

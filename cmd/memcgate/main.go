@@ -284,10 +284,12 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 		if *ln == nil {
 			continue
 		}
-		if maxConns > 0 && (!cfg.FastPath || sec.dataTLS != nil) {
-			// net/http serves every connection: cap them under TLS.
+		if !cfg.FastPath || sec.dataTLS != nil {
+			// net/http serves every connection: cap them under TLS (a
+			// reload may set a cap where there was none).
 			if conns.stdCap == nil {
-				conns.stdCap = &connCap{max: int64(maxConns)}
+				conns.stdCap = &connCap{}
+				conns.stdCap.max.Store(int64(maxConns))
 			}
 			*ln = conns.stdCap.listener(*ln)
 		}
@@ -359,10 +361,14 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	}
 	std.ConnState = conns.hook
 	var data httpServer
-	data, conns.fast = dataServer(cfg, sec, std, handler, buffered, bodies, maxConns)
+	data, conns.fastH1 = dataServer(cfg, sec, std, handler, buffered, bodies, maxConns)
+	if conns.fastH1 != nil {
+		conns.fast = conns.fastH1.ConnStats
+	}
 	reg.MustRegister(conns)
 	rl := newReloader(cfg, environ, log, level, reg)
 	rl.router, rl.handler, rl.access, rl.budget, rl.budgetDef, rl.bodies = router, handler, access, buffered, derived, bodies
+	rl.conns, rl.nofile = conns, nofile
 	admin := &http.Server{
 		Handler: gateway.NewAdminHandler(reg, gateway.Admin{
 			Ready:   func() bool { return !draining.Load() && router.Ready() },
@@ -505,8 +511,8 @@ type httpServer interface {
 
 // dataServer puts the h1 fast path in front of std unless it is turned off
 // or the listener speaks TLS (h1 has no TLS and no HTTP/2; std keeps both).
-// It also returns the fast path's connection counts, nil without it.
-func dataServer(cfg config.Config, sec *security, std *http.Server, h *gateway.Handler, buffered *budget.Budget, bodies *bufpool.Pool, maxConns int) (httpServer, func() h1.ConnStats) {
+// It also returns the fast path, nil without it.
+func dataServer(cfg config.Config, sec *security, std *http.Server, h *gateway.Handler, buffered *budget.Budget, bodies *bufpool.Pool, maxConns int) (httpServer, *h1.Server) {
 	if !cfg.FastPath || sec.dataTLS != nil {
 		return std, nil
 	}
@@ -525,7 +531,7 @@ func dataServer(cfg config.Config, sec *security, std *http.Server, h *gateway.H
 		NewContext:        h.NewContext,
 		MaxConns:          maxConns,
 	}
-	return fast, fast.ConnStats
+	return fast, fast
 }
 
 func ignoreClosed(err error) error {

@@ -40,7 +40,7 @@ var liveVars = []string{
 	"POOLS", "POOLS_FILE", "REPLICAS", "WRITE_POLICY", "READ_POLICY", "MISS_FALLBACK",
 	"WARM_POOL", "SHADOW_POOL", "SHADOW_PERCENT",
 	"AUTH_TOKENS", "AUTH_TOKENS_FILE", "READ_ONLY",
-	"LOG_LEVEL", "ACCESS_LOG", "MAX_REQUESTS", "MAX_BUFFERED_BYTES", "REQUEST_TIMEOUT",
+	"LOG_LEVEL", "ACCESS_LOG", "MAX_REQUESTS", "MAX_BUFFERED_BYTES", "REQUEST_TIMEOUT", "MAX_CLIENT_CONNS",
 	"CONFIG_FILE", "WATCH_INTERVAL",
 }
 
@@ -71,6 +71,8 @@ type reloader struct {
 	budget    *budget.Budget
 	budgetDef int64         // MAX_BUFFERED_BYTES when unset (derived at start)
 	bodies    *bufpool.Pool // keeps as many bytes of body buffers as the budget
+	conns     *connTracker  // sets the cap on client connections
+	nofile    uint64        // the open-file limit MAX_CLIENT_CONNS=0 derives the cap from
 	reloads   *prometheus.CounterVec
 	lastOK    prometheus.Gauge
 
@@ -394,6 +396,9 @@ func (r *reloader) apply(next config.Config, rl *Reload) error {
 	}
 	r.budget.SetLimit(limit)
 	r.bodies.SetMax(int(limit))
+	if r.conns != nil {
+		r.conns.setMax(clientConnCap(next.MaxClientConns, r.nofile))
+	}
 	// The settings a reload cannot change keep their values; the others
 	// are now next's.
 	cur := r.started

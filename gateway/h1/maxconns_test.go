@@ -302,3 +302,50 @@ func TestMaxConnsRefusalRead(t *testing.T) {
 		})
 	}
 }
+
+// TestSetMaxConns changes the cap of a running Server: lowered under the
+// connections open, a new connection is refused (none is idle: each is
+// sending a body); lifted, it is served.
+func TestSetMaxConns(t *testing.T) {
+	s, addr := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, "ok")
+	}), nil)
+	status := func() int {
+		t.Helper()
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for range 3 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		io.WriteString(c, "PUT / HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nab")
+	}
+	for deadline := time.Now().Add(5 * time.Second); s.ConnStats().Active != 3; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("ConnStats() = %+v, want 3 active", s.ConnStats())
+		}
+	}
+	for _, tc := range []struct {
+		max, want int
+	}{{2, http.StatusServiceUnavailable}, {0, http.StatusOK}, {4, http.StatusOK}, {3, http.StatusServiceUnavailable}, {-1, http.StatusOK}} {
+		s.SetMaxConns(tc.max)
+		if got := status(); got != tc.want {
+			t.Errorf("SetMaxConns(%d) with 3 connections busy: a new one got %d, want %d", tc.max, got, tc.want)
+		}
+	}
+}

@@ -96,6 +96,7 @@ type Server struct {
 	// The cap keeps the descriptors and kernel memory that clients may
 	// take bounded, and leaves the rest of the open-file limit to the
 	// process's other connections (memcached, the admin listener).
+	// SetMaxConns changes it while the Server runs.
 	MaxConns int
 
 	// Buffers, if not nil, lends the buffers bodies are read ahead into,
@@ -115,6 +116,7 @@ type Server struct {
 	refused      atomic.Uint64             // connections answered 503 and closed over MaxConns
 	refusedLog   atomic.Int64              // when a refusal was last logged, in Unix nanoseconds
 	refusing     atomic.Int32              // connections refuseLinger is answering
+	maxConns     atomic.Int64              // SetMaxConns': 0 unset (MaxConns applies), -1 no cap
 
 	mu        sync.Mutex // guards listeners, conns, accepted, ctx, cancel and poller
 	listeners map[*net.Listener]struct{}
@@ -258,7 +260,8 @@ func (s *Server) admit(c *conn) bool {
 // need be (poller.evict). If not, it answers the connection 503 and
 // closes it.
 func (s *Server) room(rw net.Conn, sk *sock) bool {
-	if s.open.Add(1) <= int64(s.MaxConns) || s.MaxConns <= 0 {
+	limit := s.connLimit()
+	if s.open.Add(1) <= limit || limit == 0 {
 		return true
 	}
 	if c := s.poller.evict(); c != nil {
@@ -271,9 +274,31 @@ func (s *Server) room(rw net.Conn, sk *sock) bool {
 	s.refuse(rw, sk)
 	// One line a second at most: an attacker must not flood the log.
 	if now, last := time.Now().UnixNano(), s.refusedLog.Load(); now-last >= int64(time.Second) && s.refusedLog.CompareAndSwap(last, now) {
-		s.logf("h1: %d client connections open, the most allowed, none idle or silent: refused a connection with 503 (%d refused so far)", s.MaxConns, n)
+		s.logf("h1: %d client connections open, the most allowed, none idle or silent: refused a connection with 503 (%d refused so far)", limit, n)
 	}
 	return false
+}
+
+// SetMaxConns sets MaxConns (n <= 0: no cap) while the Server runs. A
+// lower cap than the connections open closes none of them: each new
+// connection then makes room or is refused as at the cap, until enough
+// have closed.
+func (s *Server) SetMaxConns(n int) {
+	if n <= 0 {
+		n = -1
+	}
+	s.maxConns.Store(int64(n))
+}
+
+// connLimit is the cap on connections now; 0: none.
+func (s *Server) connLimit() int64 {
+	switch n := s.maxConns.Load(); {
+	case n < 0:
+		return 0
+	case n > 0:
+		return n
+	}
+	return int64(max(s.MaxConns, 0))
 }
 
 // maxRefusing is how many connections over MaxConns may be answered at
@@ -288,7 +313,7 @@ const maxRefusing = 64
 // it, without waiting: on a goroutine of its own (refuseLinger), or at
 // once (refuseNow) while as many others as allowed are answered so.
 func (s *Server) refuse(rw net.Conn, sk *sock) {
-	if s.refusing.Add(1) > int32(max(1, min(maxRefusing, s.MaxConns/16))) {
+	if s.refusing.Add(1) > int32(max(1, min(maxRefusing, s.connLimit()/16))) {
 		s.refusing.Add(-1)
 		refuseNow(rw, sk)
 		return

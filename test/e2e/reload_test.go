@@ -250,8 +250,9 @@ func TestReload(t *testing.T) {
 		}
 	}
 
-	// 4. A setting that needs a restart is named, and nothing else breaks.
-	write(memcachedtest.Addrs(rest), "MEMCGATE_TIMEOUT=900ms")
+	// 4. A setting that needs a restart is named, one that does not is
+	// applied (the cap on client connections), and nothing else breaks.
+	write(memcachedtest.Addrs(rest), "MEMCGATE_TIMEOUT=900ms", "MEMCGATE_MAX_CLIENT_CONNS=5000")
 	g.Signal(syscall.SIGHUP)
 	deadline = time.Now().Add(5 * time.Second)
 	for !strings.Contains(g.Logs(), `"needs_restart":["MEMCGATE_TIMEOUT"]`) {
@@ -259,6 +260,9 @@ func TestReload(t *testing.T) {
 			t.Fatalf("the reload did not name MEMCGATE_TIMEOUT as needing a restart:\n%s", gatewaytest.Tail(g.Logs(), 2000))
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	if v := metric(t, g, "memcgate_http_connections_max", ""); v != 5000 {
+		t.Errorf("memcgate_http_connections_max = %v after a reload set MEMCGATE_MAX_CLIENT_CONNS=5000", v)
 	}
 	sent, failed := l.end()
 	t.Logf("%d requests during the reloads, %d failed", sent, failed)
