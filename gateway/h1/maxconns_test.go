@@ -343,6 +343,13 @@ func TestSetMaxConns(t *testing.T) {
 	for _, tc := range []struct {
 		max, want int
 	}{{2, http.StatusServiceUnavailable}, {0, http.StatusOK}, {4, http.StatusOK}, {3, http.StatusServiceUnavailable}, {-1, http.StatusOK}} {
+		// The last case's connection must be gone first: an idle one
+		// would make room.
+		for deadline := time.Now().Add(5 * time.Second); s.open.Load() != 3; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d connections open, want the 3 busy ones", s.open.Load())
+			}
+		}
 		s.SetMaxConns(tc.max)
 		if got := status(); got != tc.want {
 			t.Errorf("SetMaxConns(%d) with 3 connections busy: a new one got %d, want %d", tc.max, got, tc.want)
