@@ -939,6 +939,24 @@ func (c *conn) unwritten() bool {
 // relay relays a client to addr, passing the client's bytes (or, if
 // replies, memcached's) at about rate bytes per second and the other
 // direction unchanged. It returns the address to dial.
+func relay(t *testing.T, addr string, rate int, replies bool) string {
+	t.Helper()
+	return startRelay(t, addr, relaySpec{rate: rate, replies: replies})
+}
+
+// relaySpec is what a test relay does to the direction it throttles.
+type relaySpec struct {
+	rate    int  // bytes per second passed, about, in pieces of 16 KiB
+	replies bool // throttle memcached's replies, not the client's bytes
+	// If stopAfter > 0, the relay stops passing that direction once it
+	// has passed stopAfter bytes, keeping the connection open (memcached
+	// hung in the middle of a value), and sends the time on stopped.
+	stopAfter int
+	stopped   chan<- time.Time
+}
+
+// startRelay relays a client to addr as r says. It returns the address
+// to dial.
 //
 // The client's side has a small receive buffer, so that what the relay
 // has not passed on stays with the client rather than in the kernel. It
@@ -951,7 +969,7 @@ func (c *conn) unwritten() bool {
 // 200 ms at least. memcached then gets no byte for that long, twice
 // before one reply is more than TestSlowSteadyWrites's timeout, and the
 // test would see a stall that only the relay made.
-func relay(t *testing.T, addr string, rate int, replies bool) string {
+func startRelay(t *testing.T, addr string, r relaySpec) string {
 	t.Helper()
 	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
 		var serr error
@@ -980,20 +998,33 @@ func relay(t *testing.T, addr string, rate int, replies bool) string {
 			}
 			t.Cleanup(func() { c.Close(); up.Close() })
 			from, to := net.Conn(c), net.Conn(up)
-			if replies {
+			if r.replies {
 				from, to = up, c
 			}
 			go func() { _, _ = io.Copy(from, to) }()
 			go func() {
 				const piece = 16 << 10
 				b := make([]byte, piece)
+				passed := 0
 				for {
-					n, err := from.Read(b)
+					if r.stopAfter > 0 && passed >= r.stopAfter {
+						select {
+						case r.stopped <- time.Now():
+						default: // told already, of another connection
+						}
+						return // the cleanup closes both sides
+					}
+					want := piece
+					if r.stopAfter > 0 {
+						want = min(want, r.stopAfter-passed)
+					}
+					n, err := from.Read(b[:want])
 					if n > 0 {
 						if _, werr := to.Write(b[:n]); werr != nil {
 							return
 						}
-						time.Sleep(time.Duration(n) * time.Second / time.Duration(rate))
+						passed += n
+						time.Sleep(time.Duration(n) * time.Second / time.Duration(r.rate))
 					}
 					if err != nil {
 						return
