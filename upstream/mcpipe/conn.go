@@ -156,7 +156,12 @@ type conn struct {
 	wvalues int       // of which in wbuf
 	waiters []*waiter // large values waiting for room, first come first served
 
-	iov net.Buffers // the writer's: the pieces of one write, reused
+	// The writer's: the pieces of one write, reused; when the write
+	// deadline was last set; whether the write waited for room in the
+	// socket since its bytes last counted as progress (writeWaits).
+	iov      net.Buffers
+	wArmedAt time.Time
+	wWaited  bool
 }
 
 // segment is a large value that is written after wbuf[:at] (and before
@@ -167,7 +172,11 @@ type segment struct {
 }
 
 func newConn(nc net.Conn, timeout time.Duration) *conn {
-	return &conn{nc: nc, sio: newSockIO(nc), timeout: timeout}
+	c := &conn{nc: nc, sio: newSockIO(nc), timeout: timeout}
+	if c.sio != nil {
+		c.sio.wwait = c.writeWaits
+	}
+	return c
 }
 
 func (c *conn) failed() bool {
@@ -374,18 +383,28 @@ func (c *conn) grantLocked() {
 // writeSlice is the most written under one write deadline.
 const writeSlice = 256 << 10
 
-// writeAll writes buf with the values of segs in their places, at most
-// writeSlice bytes under each deadline: the timeout bounds how long
+// writeAll writes buf with the values of segs in their places, in
+// slices of at most writeSlice bytes. The timeout bounds how long
 // memcached may take no bytes at all, not how long it takes to read
-// everything queued. A buffer holding many large values (sets of 1 MB
-// from many clients at once) takes memcached longer than one timeout to
-// read while it makes steady progress; under a single deadline it failed
-// the connection, and every operation on it, and got the node ejected.
+// everything queued: bytes moved are progress (moved), which puts off
+// both the write's deadline and the reply owed to the requests written.
+// One 1 MB value over a slow link, or many large values queued at once,
+// take memcached longer than one timeout to read while it makes steady
+// progress; under a deadline from the write's start the set failed with
+// an i/o timeout, as did every operation on the connection, and the
+// node was ejected.
+//
+// A socket (sockIO) tells the writer when a write must wait for room
+// (writeWaits), so a write that never waits, as small requests do, sets
+// one deadline and looks at the clock once. Any other connection's Write
+// waits inside: a slice that took more than an eighth of the timeout
+// counts as progress once it is written.
 func (c *conn) writeAll(buf []byte, segs []segment) error {
+	c.wWaited = false
+	c.armWrite(time.Now())
 	if len(segs) == 0 {
 		for len(buf) > 0 {
 			n := min(len(buf), writeSlice)
-			_ = c.nc.SetWriteDeadline(time.Now().Add(c.timeout))
 			var err error
 			if c.sio != nil {
 				// writev consumes c.iov from its front: out keeps the
@@ -401,6 +420,7 @@ func (c *conn) writeAll(buf []byte, segs []segment) error {
 			if err != nil {
 				return err
 			}
+			c.wrote()
 			buf = buf[n:]
 		}
 		return nil
@@ -431,7 +451,6 @@ func (c *conn) writeAll(buf []byte, segs []segment) error {
 			}
 		}
 		c.iov = out
-		_ = c.nc.SetWriteDeadline(time.Now().Add(c.timeout))
 		var err error
 		if c.sio != nil {
 			_, err = c.sio.writev(&c.iov) // consumes c.iov
@@ -442,9 +461,53 @@ func (c *conn) writeAll(buf []byte, segs []segment) error {
 		if err != nil {
 			return err
 		}
+		c.wrote()
 		c.iov = out[:0]
 	}
 	return nil
+}
+
+// wrote is called by the writer once a slice is written: if it waited
+// for room on the way, its last bytes are progress.
+func (c *conn) wrote() {
+	switch {
+	case c.sio == nil:
+		if now := time.Now(); now.Sub(c.wArmedAt) > c.timeout/8 {
+			c.moved(now)
+		}
+	case c.wWaited:
+		c.wWaited = false
+		c.moved(time.Now())
+	}
+}
+
+// writeWaits is sockIO's wwait: the write must wait for room in the
+// socket, and moved says whether bytes moved since it last waited (or
+// since writev began). Bytes moved are progress; none moved is a stall,
+// which leaves the deadlines where they are.
+func (c *conn) writeWaits(moved bool) {
+	c.wWaited = true // what the wait lets through is progress too (wrote)
+	if moved {
+		c.moved(time.Now())
+	}
+}
+
+// moved counts bytes that a write moved at now as memcached's progress:
+// the write's next bytes, and the next reply to the requests written,
+// are owed within the timeout from now. As for replies (readLoop), a
+// deadline set less than an eighth of the timeout ago stays, to spare
+// timer updates.
+func (c *conn) moved(now time.Time) {
+	if now.Sub(c.wArmedAt) > c.timeout/8 {
+		c.armWrite(now)
+	}
+	c.progress(now)
+}
+
+// armWrite owes the write's next bytes within the timeout from now.
+func (c *conn) armWrite(now time.Time) {
+	c.wArmedAt = now
+	_ = c.nc.SetWriteDeadline(now.Add(c.timeout))
 }
 
 // owedLocked marks every queued call as written by a write that starts
@@ -638,15 +701,15 @@ func (r *progressReader) Read(p []byte) (int, error) {
 	}
 	if r.read += n; r.read >= progressBytes {
 		r.read = 0
-		r.c.progress()
+		r.c.progress(time.Now())
 	}
 	return n, err
 }
 
 // progress moves the deadline of the reply being read to the timeout from
-// now, if it was set more than an eighth of the timeout ago.
-func (c *conn) progress() {
-	now := time.Now()
+// now, if it was set more than an eighth of the timeout ago and a
+// written request is unanswered.
+func (c *conn) progress(now time.Time) {
 	c.mu.Lock()
 	if c.err == nil && len(c.queue) > c.unsent && now.Sub(c.armedAt) > c.timeout/8 {
 		c.armReadLocked(now)

@@ -46,11 +46,18 @@ type Options struct {
 	// Conns is the number of connections requests are spread over; if
 	// zero, 1.
 	Conns int
-	// Timeout bounds dialling, each write, and the wait for the next
-	// reply while written requests are unanswered (from the last reply,
-	// rounded down by up to an eighth to spare timer updates, or from
-	// the start of the write that ended a wait with none unanswered;
-	// later writes do not move it); if zero, DefaultTimeout.
+	// Timeout bounds dialling and how long memcached may stall: a write
+	// waits at most that long with no byte taken, and while written
+	// requests are unanswered the next reply is owed within it of the
+	// last progress: the last reply (or 256 KiB of a long one), the
+	// last bytes a write moved once it had waited for room in the
+	// socket, or else the start of the write that ended a wait with
+	// none unanswered (writes that never wait do not move it); each
+	// rounded down by up to an eighth to spare timer updates. A value
+	// memcached reads slowly but steadily takes as long as it needs.
+	// Bytes the kernel's send buffer took count as written then, though
+	// still on their way: a value the buffer takes whole is owed its
+	// reply from the end of its write. If zero, DefaultTimeout.
 	Timeout time.Duration
 }
 

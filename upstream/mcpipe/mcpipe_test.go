@@ -1095,6 +1095,100 @@ func TestSlowSteadyWrites(t *testing.T) {
 	}
 }
 
+// smallSendBuffer dials addr with a send buffer of 16 KiB, so that what
+// memcached has not read stays in the client, where its writes see it
+// move, rather than in the kernel. With the kernel's own (autotuned, up
+// to tcp_wmem's maximum: 4 MiB) a 1 MiB value goes into it at once, and
+// its reply is owed from there (Options.Timeout). If wrap, the socket
+// is wrapped, as TLS would wrap it, and written with its Write.
+func smallSendBuffer(addr string, wrap bool) func(context.Context) (net.Conn, error) {
+	return func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		nc, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		if err := nc.(*net.TCPConn).SetWriteBuffer(16 << 10); err != nil {
+			nc.Close()
+			return nil, fmt.Errorf("set the send buffer: %w", err)
+		}
+		if wrap {
+			return countingConn{nc, new(atomic.Int64)}, nil
+		}
+		return nc, nil
+	}
+}
+
+// TestSlowSteadyValue: one value that memcached reads steadily but slowly
+// (a slow link) takes several timeouts to write, and its set succeeds:
+// the timeout bounds a stall, not the size of a value. Its write and
+// the wait for its reply are measured from the last bytes it moved;
+// measured from the start of its write, the set failed with an i/o
+// timeout after one timeout, and the node counted a failure. A wrapped
+// socket's Write is seen to progress only per writeSlice (256 KiB, about
+// 130 ms here), hence its longer timeout.
+func TestSlowSteadyValue(t *testing.T) {
+	srv := memcachedtest.Start(t, "-I", "2m")
+	// 1 MiB at 2 MiB/s: about 500 ms, in pieces of 16 KiB each 8 ms.
+	addr := slowRelay(t, srv.Addr, 2<<20)
+	value := bytes.Repeat([]byte("v"), 1<<20)
+	for _, tc := range []struct {
+		name    string
+		wrap    bool
+		timeout time.Duration
+	}{
+		{"socket", false, 100 * time.Millisecond},
+		{"wrapped", true, 200 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := New(Options{Conns: 1, Timeout: tc.timeout, Dial: smallSendBuffer(addr, tc.wrap)})
+			defer c.Close()
+			start := time.Now()
+			if err := c.Set(&memcache.Item{Key: tc.name, Value: value}); err != nil {
+				t.Fatalf("set of 1 MiB read steadily at 2 MiB/s, timeout %v: %v after %v", tc.timeout, err, time.Since(start))
+			}
+			took := time.Since(start)
+			t.Logf("set: %v", took)
+			if took < 2*tc.timeout {
+				t.Errorf("the set took %v, under 2 timeouts of %v: the value did not go slowly and the test proves nothing", took, tc.timeout)
+			}
+			if it, err := c.Get(tc.name); err != nil || !bytes.Equal(it.Value, value) {
+				t.Errorf("get after the slow set: %v", err)
+			}
+		})
+	}
+}
+
+// TestStoppedMidValue: a memcached that stops reading in the middle of a
+// value, after reading for longer than the timeout, fails the set with a
+// timeout about one timeout after it stopped: progress moves the
+// deadlines, and a stall still ends them.
+func TestStoppedMidValue(t *testing.T) {
+	srv := memcachedtest.Start(t, "-I", "2m")
+	const timeout = 100 * time.Millisecond
+	stopped := make(chan time.Time, 1)
+	// 256 KiB at 2 MiB/s: about 130 ms of progress, then none.
+	addr := startRelay(t, srv.Addr, relaySpec{rate: 2 << 20, stopAfter: 256 << 10, stopped: stopped})
+	c := New(Options{Conns: 1, Timeout: timeout, Dial: smallSendBuffer(addr, false)})
+	defer c.Close()
+	err := c.Set(&memcache.Item{Key: "k", Value: bytes.Repeat([]byte("v"), 1<<20)})
+	failed := time.Now()
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("set to a memcached that stopped reading mid-value: %v, want a timeout", err)
+	}
+	select {
+	case at := <-stopped:
+		after := failed.Sub(at)
+		t.Logf("the set failed %v after memcached stopped reading: %v", after, err)
+		if after > 3*timeout {
+			t.Errorf("the set failed %v after memcached stopped reading, want about %v", after, timeout)
+		}
+	default:
+		t.Errorf("the set failed (%v) before the relay stopped passing its value", err)
+	}
+}
+
 // TestRoomDropsValues: a read whose op.Op.Room refuses its value fails
 // with ErrNoFit without the value being kept, alone or on a shared gets
 // line, and the connection stays in step. The Room is the caller's own:

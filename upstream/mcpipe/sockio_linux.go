@@ -31,11 +31,20 @@ type sockIO struct {
 	rerr syscall.Errno
 	rfn  func(fd uintptr) bool
 
-	wv   *net.Buffers
-	wn   int64
-	werr syscall.Errno
-	iov  [64]syscall.Iovec
-	wfn  func(fd uintptr) bool
+	wv    *net.Buffers
+	wn    int64
+	wmark int64 // wn when wwait was last called
+	werr  syscall.Errno
+	iov   [64]syscall.Iovec
+	wfn   func(fd uintptr) bool
+
+	// wwait, if not nil, is called by writev each time the socket has no
+	// room and the write must wait for it, with whether bytes moved
+	// since the last call (or since writev began). It runs before the
+	// wait, so a write deadline it sets bounds that wait: conn moves its
+	// deadlines on progress there, and a write that never waits costs
+	// nothing more.
+	wwait func(moved bool)
 }
 
 // rawMax is the most a read or write made with RawSyscall may move; a
@@ -112,7 +121,7 @@ func (s *sockIO) readFD(fd uintptr) bool {
 // writev writes all of *v, consuming it, waiting for the socket to take
 // it; it returns how much it wrote.
 func (s *sockIO) writev(v *net.Buffers) (int64, error) {
-	s.wv, s.wn, s.werr = v, 0, 0
+	s.wv, s.wn, s.wmark, s.werr = v, 0, 0, 0
 	err := s.rc.Write(s.wfn)
 	n, errno := s.wn, s.werr
 	s.wv = nil
@@ -153,6 +162,10 @@ func (s *sockIO) writeFD(fd uintptr) bool {
 		case syscall.EINTR:
 			continue
 		case syscall.EAGAIN:
+			if s.wwait != nil {
+				s.wwait(s.wn > s.wmark)
+				s.wmark = s.wn
+			}
 			return false
 		case 0:
 		default:

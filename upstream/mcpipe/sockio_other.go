@@ -6,7 +6,9 @@ import "net"
 
 // sockIO is, on Linux, a socket read and written with raw system calls;
 // elsewhere connections are read and written through net.Conn.
-type sockIO struct{}
+type sockIO struct {
+	wwait func(moved bool) // never called
+}
 
 func newSockIO(net.Conn) *sockIO { return nil }
 
