@@ -44,7 +44,7 @@ type Config struct {
 	ListenSocket     string `env:"LISTEN_SOCKET" help:"absolute path of a Unix socket that serves the data API too, for clients on this host (curl --unix-socket, CURLOPT_UNIX_SOCKET_PATH, nginx unix: upstreams); a stale socket file there is replaced at start, and the file is removed at stop; empty: none"`
 	ListenSocketMode string `env:"LISTEN_SOCKET_MODE" envDefault:"0660" help:"permissions of LISTEN_SOCKET, in octal: connecting needs write permission, so 0660 lets memcgate's user and group in, 0666 every local user (as 127.0.0.1 does)"`
 
-	Timeout           time.Duration `env:"TIMEOUT" envDefault:"500ms" help:"per-operation socket timeout to memcached (dial, read, write)"`
+	Timeout           time.Duration `env:"TIMEOUT" envDefault:"500ms" help:"how long memcached may stall: a dial, a write that moves no byte, a reply that does not come after its request's last progress (a value that keeps moving takes as long as it needs)"`
 	MaxIdleConns      int           `env:"KEEPALIVE" envDefault:"64" help:"idle keepalive connections kept per node"`
 	MaxConns          int           `env:"MAX_CONNS_PER_NODE" envDefault:"64" help:"with PIPELINE_CONNS=0: cap on data connections, and so on in-flight operations, per node; requests beyond it wait"`
 	MaxInFlight       int           `env:"MAX_IN_FLIGHT_PER_NODE" envDefault:"4096" help:"with pipelining: cap on operations in flight per node; requests beyond it wait for a slot on their own goroutine (waiting GETs go out together as multi-key gets)"`
