@@ -343,6 +343,9 @@ func (v *statusView) ConnsReading() float64 { return v.Gauges.connsReading }
 func (v *statusView) ConnsIdle() float64    { return v.Gauges.connsIdle }
 func (v *statusView) ConnsActive() float64  { return v.Gauges.connsActive }
 
+// ConnsMax is the cap on client connections; 0: none, or not exported.
+func (v *statusView) ConnsMax() float64 { return v.Gauges.connsMax }
+
 // fmtRate formats a per-second rate compactly.
 func fmtRate(r float64) string {
 	switch {

@@ -38,6 +38,11 @@ func TestStatusPage(t *testing.T) {
 	conns.WithLabelValues("idle").Set(20)
 	conns.WithLabelValues("active").Set(4)
 	rig.reg.MustRegister(conns)
+	connsMax := prometheus.NewGauge(prometheus.GaugeOpts{Name: "memcgate_http_connections_max"})
+	connsMax.Set(768)
+	refused := prometheus.NewCounter(prometheus.CounterOpts{Name: "memcgate_http_connections_refused_total"})
+	refused.Add(90)
+	rig.reg.MustRegister(connsMax, refused)
 	h := NewAdminHandler(rig.reg, Admin{
 		Ready:  func() bool { return false },
 		Status: testStatus,
@@ -61,7 +66,7 @@ func TestStatusPage(t *testing.T) {
 				`&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;:11211</td>`,
 				`probe: &lt;b&gt;boom&lt;/b&gt; &amp; &#34;gone&#34;`,
 				`hold until`, `2 flaps`,
-				`<div class="value">27</div>`, `4 active · 20 idle · 3 reading`,
+				`<div class="value">27</div>`, `4 active · 20 idle · 3 reading · of 768 · <span class="bad-text">`,
 			},
 			notContains: []string{`<script`, `<b>boom`},
 		},

@@ -53,6 +53,7 @@ type httpSample struct {
 	inFlight float64    // memcgate_http_in_flight_requests
 
 	connsReading, connsIdle, connsActive float64 // memcgate_http_connections by state
+	connsMax, connsRefused               float64 // memcgate_http_connections_max and _refused_total
 
 	buffered, bufferedLimit float64 // memcgate_buffered_bytes and _limit; limit 0: none exported
 	refusals                float64 // memcgate_buffered_refusals_total
@@ -147,6 +148,10 @@ func takeSnapshot(mfs []*dto.MetricFamily, at time.Time) snapshot {
 				case "active":
 					h.connsActive = v
 				}
+			case "memcgate_http_connections_max":
+				h.connsMax = m.GetGauge().GetValue()
+			case "memcgate_http_connections_refused_total":
+				h.connsRefused = m.GetCounter().GetValue()
 			case "memcgate_buffered_bytes":
 				h.buffered = m.GetGauge().GetValue()
 			case "memcgate_buffered_bytes_limit":
@@ -348,6 +353,7 @@ type httpRates struct {
 	P50, P99      float64    // as nodeRates
 	Bound         float64
 	RefusedPerSec float64 // memcgate_buffered_refusals_total
+	ConnsRefused  float64 // memcgate_http_connections_refused_total, per second
 	AsyncPerSec   float64 // async writes applied
 	AsyncFailures float64 // async writes failed or rejected, per second
 }
@@ -382,6 +388,7 @@ func httpRatesOf(prev, cur *httpSample, dt time.Duration) httpRates {
 	lat := cur.latency.since(prev.latency)
 	r.P50, r.P99, r.Bound = lat.quantile(0.5), lat.quantile(0.99), lat.last()
 	r.RefusedPerSec = perSecond(prev.refusals, cur.refusals, dt)
+	r.ConnsRefused = perSecond(prev.connsRefused, cur.connsRefused, dt)
 	r.AsyncPerSec = perSecond(prev.asyncApplied, cur.asyncApplied, dt)
 	r.AsyncFailures = perSecond(prev.asyncFailed, cur.asyncFailed, dt) + perSecond(prev.asyncRejected, cur.asyncRejected, dt)
 	return r
