@@ -313,17 +313,8 @@ func TestSetMaxConns(t *testing.T) {
 	}), nil)
 	status := func() int {
 		t.Helper()
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c, resp := getOnce(t, "tcp", addr)
 		defer c.Close()
-		c.SetDeadline(time.Now().Add(5 * time.Second))
-		io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
 		resp.Body.Close()
 		return resp.StatusCode
 	}
@@ -345,14 +336,28 @@ func TestSetMaxConns(t *testing.T) {
 	}{{2, http.StatusServiceUnavailable}, {0, http.StatusOK}, {4, http.StatusOK}, {3, http.StatusServiceUnavailable}, {-1, http.StatusOK}} {
 		// The last case's connection must be gone first: an idle one
 		// would make room.
-		for deadline := time.Now().Add(5 * time.Second); s.open.Load() != 3; time.Sleep(time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d connections open, want the 3 busy ones", s.open.Load())
-			}
-		}
+		waitOpen(t, s, 3)
 		s.SetMaxConns(tc.max)
 		if got := status(); got != tc.want {
 			t.Errorf("SetMaxConns(%d) with 3 connections busy: a new one got %d, want %d", tc.max, got, tc.want)
 		}
 	}
+}
+
+// getOnce connects to addr and sends one GET, and returns the connection,
+// for the caller to close, and the response.
+func getOnce(t *testing.T, network, addr string) (net.Conn, *http.Response) {
+	t.Helper()
+	c, err := net.Dial(network, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		c.Close()
+		t.Fatal(err)
+	}
+	return c, resp
 }
