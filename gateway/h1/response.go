@@ -49,7 +49,7 @@ type response struct {
 	committed   bool // the head is in c.hbuf or on the wire
 	done        bool // the handler has returned
 	chunked     bool
-	pend        int  // chunked body bytes at the end of c.wbuf not yet framed (writeChunked)
+	pend        int  // body bytes at the end of c.wbuf in net/http's buffer (writeBody)
 	closeAfter  bool // close the connection after this response
 	tooBig      bool // the unread request body was too big to drop
 	fullDuplex  bool
@@ -193,49 +193,46 @@ func (w *response) write(b []byte, s string) (int, error) {
 		}
 		if len(c.wbuf)+n <= limit {
 			c.wbuf = append(append(c.wbuf, b...), s...)
+			w.pend = waiting(w.pend, len(b), len(s))
 			return n, nil
 		}
 		w.commit(b, s)
 	}
-	switch {
-	case w.isHEAD:
+	if w.isHEAD {
 		return n, nil
-	case w.chunked:
-		w.writeChunked(b, s)
-	case len(b) > 0 && len(c.wbuf)+n > maxBuffer:
-		c.flush(b)
-	default:
-		c.wbuf = append(append(c.wbuf, b...), s...)
-		if len(c.wbuf) > maxBuffer {
-			c.flush(nil)
-		}
 	}
+	w.writeBody(b, s)
 	if c.werr != nil {
 		return 0, c.werr
 	}
 	return n, nil
 }
 
-// writeChunked adds b or s to a chunked body in the chunks net/http
-// sends. Its handler writes into a bufio.Writer of chunkingThreshold
-// bytes in front of the chunkWriter, which makes a chunk of each write
-// it gets: so written bytes wait in the buffer until they fill it, or a
-// Flush or the response's end sends them; a Write larger than the room
-// left goes to the chunkWriter whole if nothing waits; and a WriteString
-// never does (the chunkWriter has no WriteString), it fills the buffer.
-// Here the waiting bytes are the last w.pend of c.wbuf, and frame makes
-// them a chunk.
-func (w *response) writeChunked(b []byte, s string) {
+// writeBody adds b or s to a committed body as net/http sends it. Its
+// handler writes into a bufio.Writer of chunkingThreshold bytes in front
+// of the chunkWriter, which makes a chunk of each write it gets, on a
+// chunked body, and passes it on as it is otherwise: so written bytes
+// wait in the buffer until they fill it, or a Flush or the response's end
+// sends them; a Write larger than the room left goes to the chunkWriter
+// whole if nothing waits; and a WriteString never does (the chunkWriter
+// has no WriteString), it fills the buffer. Here the waiting bytes are
+// the last w.pend of c.wbuf, and frame passes them on. What waits is
+// what a handler's panic loses, with net/http as here (see flush).
+func (w *response) writeBody(b []byte, s string) {
 	c := w.c
 	for room := chunkingThreshold - w.pend; len(b)+len(s) > room; room = chunkingThreshold {
-		if w.pend == 0 && len(b) > 0 { // one chunk, straight from b if large
-			c.wbuf = append(strconv.AppendInt(c.wbuf, int64(len(b)), 16), "\r\n"...)
+		if w.pend == 0 && len(b) > 0 { // straight from b, one chunk if chunked
+			if w.chunked {
+				c.wbuf = append(strconv.AppendInt(c.wbuf, int64(len(b)), 16), "\r\n"...)
+			}
 			if len(c.wbuf)+len(b) > maxBuffer {
 				c.flush(b)
 			} else {
 				c.wbuf = append(c.wbuf, b...)
 			}
-			c.wbuf = append(c.wbuf, "\r\n"...)
+			if w.chunked {
+				c.wbuf = append(c.wbuf, "\r\n"...)
+			}
 			if len(c.wbuf) > maxBuffer {
 				c.flush(nil)
 			}
@@ -253,13 +250,42 @@ func (w *response) writeChunked(b []byte, s string) {
 	w.pend += len(b) + len(s)
 }
 
-// frame makes the w.pend bytes waiting at the end of c.wbuf a chunk, as
-// net/http's flush of its buffer into the chunkWriter does.
+// waiting returns how many bytes wait in net/http's buffer in front of
+// its chunkWriter (see writeBody) after a Write of nb bytes or a
+// WriteString of ns, if pend waited before. A response not yet committed
+// holds its body here, up to maxBuffer with a Content-Length, and this is
+// how much of it would still wait there.
+func waiting(pend, nb, ns int) int {
+	const size = chunkingThreshold
+	switch n := nb + ns; {
+	case pend+n <= size:
+		return pend + n
+	case ns > 0: // fills and flushes the buffer until the rest fits
+		return (pend+n-1)%size + 1
+	case pend == 0: // passes straight through
+		return 0
+	case n-(size-pend) > size: // fills and flushes it, the rest passes through
+		return 0
+	default:
+		return n - (size - pend)
+	}
+}
+
+// frame passes on the w.pend bytes waiting at the end of c.wbuf, making
+// them a chunk on a chunked body, as net/http's flush of its buffer into
+// the chunkWriter does.
 func (w *response) frame() {
 	if w.pend == 0 {
 		return
 	}
 	c := w.c
+	if !w.chunked {
+		w.pend = 0
+		if len(c.wbuf) > maxBuffer {
+			c.flush(nil)
+		}
+		return
+	}
 	var size [8]byte
 	line := append(strconv.AppendInt(size[:0], int64(w.pend), 16), "\r\n"...)
 	start := len(c.wbuf) - w.pend
@@ -383,11 +409,8 @@ func (w *response) commit(b []byte, s string) {
 		h = appendLine(h, "Transfer-Encoding", "chunked")
 	}
 	h = append(h, "\r\n"...)
-	switch {
-	case w.isHEAD:
-		c.wbuf = c.wbuf[:0]
-	case w.chunked: // what was buffered waits for its chunk (writeChunked)
-		w.pend = len(c.wbuf)
+	if w.isHEAD {
+		c.wbuf, w.pend = c.wbuf[:0], 0
 	}
 	c.hbuf = h
 }
@@ -402,8 +425,8 @@ func (w *response) finish() {
 	if !w.committed {
 		w.commit(nil, "")
 	}
+	w.frame()
 	if w.chunked {
-		w.frame()
 		c.wbuf = append(c.wbuf, "0\r\n"...)
 		// TrailerPrefix keys are looked for now, as net/http does: they
 		// are for trailers a handler learns of after the header is sent.
@@ -471,9 +494,9 @@ func (w *response) EnableFullDuplex() error {
 
 // flush writes c.hbuf, c.wbuf and then p to the connection in one system
 // call and empties the buffers. After a write error it writes nothing.
-// Body bytes waiting for their chunk (response.pend) are neither written
-// nor dropped: only a handler's panic flushes with some, and net/http
-// then does not send what waits in its buffer either.
+// Body bytes waiting in net/http's buffer (response.pend) are neither
+// written nor dropped: only a handler's panic flushes with some, and
+// net/http then does not send what waits in its buffer either.
 func (c *conn) flush(p []byte) {
 	wbuf := c.wbuf[:len(c.wbuf)-c.w.pend]
 	switch {

@@ -487,6 +487,9 @@ func streamSeeds() []streamSeed {
 		{name: "trailers", raw: get("/t") + get("/T") + get("/tb") + get("/tl")},
 		{name: "abort", raw: get("/r") + get("/fP") + get("/r")},
 		{name: "abort unflushed", raw: get("/bP") + get("/r")},
+		{name: "abort streamed, HTTP/1.0", raw: "GET /hbP HTTP/1.0\r\n\r\n"},
+		{name: "abort streamed, HTTP/1.0, WriteString", raw: "GET /hsbbP HTTP/1.0\r\n\r\n"},
+		{name: "abort streamed after flush, HTTP/1.0", raw: "GET /bfhbbP HTTP/1.0\r\n\r\n"},
 		{name: "keep-alive header", raw: get("/K") + get("/kb")},
 		{name: "odd requests", raw: "OPTIONS * HTTP/1.1\r\n" + host + "\r\n" + "GET http://b/r HTTP/1.1\r\n" + host + "\r\n" +
 			"GET /r?q=%20 HTTP/1.1\r\n" + host + "X-A: 1\r\nx-a:  2 \r\nPragma: no-cache\r\n\r\n" + get("/a%2Fr")},
