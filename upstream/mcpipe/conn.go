@@ -35,6 +35,7 @@ type call struct {
 	one   [1]*memcache.Item // reply.items of a call on a shared line, without allocating
 	reply
 	done chan struct{}
+	by   time.Time // the caller's deadline, if it has one: progress keeps it waiting no longer (extendLocked)
 
 	// An asynchronous call's callback, and the Client whose pool it goes
 	// back to before the callback runs.
@@ -149,7 +150,8 @@ type conn struct {
 	writing bool      // a goroutine is writing wbuf
 	open    *call     // the first call of the gets line at the end of wbuf, still open for keys
 	unsent  int       // calls at the end of queue not yet handed to a write
-	armedAt time.Time // when the read deadline was last set to armedAt+timeout
+	armedAt time.Time // when the read deadline was last set
+	readBy  time.Time // the read deadline; zero: none
 	err     error     // set once the connection failed; final
 
 	values  int       // bytes of large values queued and not yet written, or granted room to be
@@ -528,8 +530,30 @@ func (c *conn) owedLocked(now time.Time) {
 
 // armReadLocked owes the next reply within the timeout from now.
 func (c *conn) armReadLocked(now time.Time) {
+	c.armedAt, c.readBy = now, now.Add(c.timeout)
+	_ = c.nc.SetReadDeadline(c.readBy)
+}
+
+// extendLocked owes the next reply within the timeout from now, for
+// bytes of a request or a reply that moved (progress), but not past the
+// deadline of the oldest unanswered call's caller, and never sooner than
+// it was owed. Progress may keep a slow value going for longer than the
+// timeout; it must not keep a caller waiting past its own deadline, as
+// the calls queued behind a slow value would otherwise wait for it
+// (MEMCGATE_REQUEST_TIMEOUT bounds a request's memcached work). The
+// connection fails there, as at any other deadline: replies come in
+// order, so none of the calls behind the oldest could be answered
+// sooner.
+func (c *conn) extendLocked(now time.Time) {
+	dl := now.Add(c.timeout)
+	if by := c.queue[0].by; !by.IsZero() && by.Before(dl) {
+		dl = by
+	}
 	c.armedAt = now
-	_ = c.nc.SetReadDeadline(now.Add(c.timeout))
+	if dl.After(c.readBy) {
+		c.readBy = dl
+		_ = c.nc.SetReadDeadline(dl)
+	}
 }
 
 // maxSharedKeys bounds the keys on one shared gets line (about 25 KiB of
@@ -659,6 +683,7 @@ func (c *conn) readLoop() {
 		if len(c.queue) == c.unsent {
 			// No written request waits: no reply is owed until the
 			// next write (owedLocked).
+			c.readBy = time.Time{}
 			_ = c.nc.SetReadDeadline(time.Time{})
 		} else if now := time.Now(); now.Sub(c.armedAt) > c.timeout/8 {
 			// Extend the deadline from this reply, but not for every
@@ -707,12 +732,12 @@ func (r *progressReader) Read(p []byte) (int, error) {
 }
 
 // progress moves the deadline of the reply being read to the timeout from
-// now, if it was set more than an eighth of the timeout ago and a
-// written request is unanswered.
+// now (extendLocked), if it was set more than an eighth of the timeout
+// ago and a written request is unanswered.
 func (c *conn) progress(now time.Time) {
 	c.mu.Lock()
 	if c.err == nil && len(c.queue) > c.unsent && now.Sub(c.armedAt) > c.timeout/8 {
-		c.armReadLocked(now)
+		c.extendLocked(now)
 	}
 	c.mu.Unlock()
 }

@@ -174,8 +174,12 @@ func (c *Client) openConn() (*conn, error) {
 // value first waits for room on its connection,
 // which holds at most about 1 MiB of such values not yet written (or one
 // larger value alone); if ctx ends first, Do returns ErrNoRoom wrapping
-// ctx's error and nothing was sent. ctx bounds only that wait: once sent,
-// the connection's timeout bounds the reply.
+// ctx's error and nothing was sent. Once sent, the connection's timeout
+// bounds the reply: each reply, and each piece of a value being written,
+// is owed within the timeout of the bytes that last moved, but no later
+// than ctx's deadline once this call is the oldest waiting for its
+// reply. The connection fails with a timeout there, and so do the calls
+// behind this one, which memcached would answer only after it.
 func (c *Client) Do(ctx context.Context, o op.Op, key string) (*memcache.Item, uint64, error) {
 	if !legalKey(key) {
 		return nil, 0, memcache.ErrMalformedKey
@@ -186,6 +190,7 @@ func (c *Client) Do(ctx context.Context, o op.Op, key string) (*memcache.Item, u
 	}
 	cl := c.newCall()
 	c.prepare(cl, &o, key)
+	cl.by, _ = ctx.Deadline()
 	if n := cl.big(); n > 0 {
 		if err := cn.reserve(ctx, n); err != nil {
 			c.release(cl)

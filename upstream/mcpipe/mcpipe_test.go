@@ -1162,6 +1162,50 @@ func TestSlowSteadyValue(t *testing.T) {
 	}
 }
 
+// TestSlowValueKeepsDeadlines: progress keeps a slow value going past
+// the timeout, but no longer than its caller's deadline, and a call
+// queued behind it is not kept waiting for it past its own: both fail
+// with a timeout at about the set's deadline, where without the bound
+// they would wait about 2 s for the value to pass.
+func TestSlowValueKeepsDeadlines(t *testing.T) {
+	srv := memcachedtest.Start(t, "-I", "2m")
+	// 1 MiB at 512 KiB/s: about 2 s.
+	addr := slowRelay(t, srv.Addr, 512<<10)
+	c := New(Options{Conns: 1, Timeout: 100 * time.Millisecond, Dial: smallSendBuffer(addr, false)})
+	defer c.Close()
+	const deadline = 300 * time.Millisecond
+	start := time.Now()
+	var setErr error
+	var setTook time.Duration
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), deadline)
+		defer cancel()
+		_, _, setErr = c.Do(ctx, op.Op{Verb: op.Set, Item: op.Item{Value: bytes.Repeat([]byte("v"), 1<<20)}}, "big")
+		setTook = time.Since(start)
+	})
+	time.Sleep(50 * time.Millisecond) // the set is on its way
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	_, _, getErr := c.Do(ctx, op.Op{Verb: op.Get}, "small")
+	getTook := time.Since(start)
+	wg.Wait()
+	t.Logf("set: %v after %v; get behind it: %v after %v", setErr, setTook, getErr, getTook)
+	for _, r := range []struct {
+		what string
+		err  error
+		took time.Duration
+	}{{"the slow set", setErr, setTook}, {"the get behind it", getErr, getTook}} {
+		var ne net.Error
+		if !errors.As(r.err, &ne) || !ne.Timeout() {
+			t.Errorf("%s: %v, want a timeout", r.what, r.err)
+		}
+		if r.took > deadline+500*time.Millisecond {
+			t.Errorf("%s returned %v after the set began, past its deadline of %v", r.what, r.took, deadline)
+		}
+	}
+}
+
 // TestStoppedMidValue: a memcached that stops reading in the middle of a
 // value, after reading for longer than the timeout, fails the set with a
 // timeout about one timeout after it stopped: progress moves the
