@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"runtime"
 	"slices"
 	"strconv"
@@ -152,6 +153,7 @@ type conn struct {
 	unsent  int       // calls at the end of queue not yet handed to a write
 	armedAt time.Time // when the read deadline was last set
 	readBy  time.Time // the read deadline; zero: none
+	outq    int       // bytes of a large value the kernel held unacknowledged when last looked at (drained)
 	err     error     // set once the connection failed; final
 
 	values  int       // bytes of large values queued and not yet written, or granted room to be
@@ -466,7 +468,37 @@ func (c *conn) writeAll(buf []byte, segs []segment) error {
 		c.wrote()
 		c.iov = out[:0]
 	}
+	if c.sio != nil {
+		// The kernel may hold all of a value the write took (up to
+		// tcp_wmem's maximum, 4 MiB): drained sees those bytes move.
+		c.mu.Lock()
+		c.outq = c.sio.unsent()
+		c.mu.Unlock()
+	}
 	return nil
+}
+
+// drained is called when a reply's deadline passes: if bytes of a large
+// value the kernel held at the end of its write (or at the last look)
+// have left since, memcached is still reading what it was sent, and the
+// deadline moves on as for any progress (extendLocked). It reports
+// whether the reply is owed later than now. A value the socket's send
+// buffer took whole ends its write long before memcached has read it: on
+// a link slower than the buffer's size per timeout, its reply was owed
+// before memcached could read it all.
+func (c *conn) drained(now time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil || c.outq <= 0 || len(c.queue) == c.unsent {
+		return false
+	}
+	q := c.sio.unsent()
+	if q < 0 || q >= c.outq {
+		return false // nothing moved: a stall
+	}
+	c.outq = q
+	c.extendLocked(now)
+	return c.readBy.After(now)
 }
 
 // wrote is called by the writer once a slice is written: if it waited
@@ -683,7 +715,7 @@ func (c *conn) readLoop() {
 		if len(c.queue) == c.unsent {
 			// No written request waits: no reply is owed until the
 			// next write (owedLocked).
-			c.readBy = time.Time{}
+			c.readBy, c.outq = time.Time{}, 0
 			_ = c.nc.SetReadDeadline(time.Time{})
 		} else if now := time.Now(); now.Sub(c.armedAt) > c.timeout/8 {
 			// Extend the deadline from this reply, but not for every
@@ -719,10 +751,15 @@ const progressBytes = 256 << 10
 func (r *progressReader) Read(p []byte) (int, error) {
 	var n int
 	var err error
-	if r.c.sio != nil {
-		n, err = r.c.sio.read(p)
-	} else {
+	if r.c.sio == nil {
 		n, err = r.c.nc.Read(p)
+	} else {
+		for {
+			n, err = r.c.sio.read(p)
+			if n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) || !r.c.drained(time.Now()) {
+				break
+			}
+		}
 	}
 	if r.read += n; r.read >= progressBytes {
 		r.read = 0

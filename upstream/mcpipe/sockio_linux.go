@@ -38,6 +38,9 @@ type sockIO struct {
 	iov   [64]syscall.Iovec
 	wfn   func(fd uintptr) bool
 
+	q   int // unsent's
+	qfn func(fd uintptr)
+
 	// wwait, if not nil, is called by writev each time the socket has no
 	// room and the write must wait for it, with whether bytes moved
 	// since the last call (or since writev began). It runs before the
@@ -73,7 +76,7 @@ func newSockIO(nc net.Conn) *sockIO {
 		return nil
 	}
 	s := &sockIO{nc: nc, rc: rc}
-	s.rfn, s.wfn = s.readFD, s.writeFD
+	s.rfn, s.wfn, s.qfn = s.readFD, s.writeFD, s.unsentFD
 	return s
 }
 
@@ -115,6 +118,22 @@ func (s *sockIO) readFD(fd uintptr) bool {
 			s.rerr = errno
 		}
 		return true
+	}
+}
+
+// unsent returns how many bytes written to the socket the peer has not
+// yet acknowledged (SIOCOUTQ, which is TIOCOUTQ), or -1 if the kernel
+// does not say. Its callers hold their conn's mutex.
+func (s *sockIO) unsent() int {
+	s.q = -1
+	s.rc.Control(s.qfn)
+	return s.q
+}
+
+func (s *sockIO) unsentFD(fd uintptr) {
+	var q int32
+	if _, _, errno := syscall.RawSyscall(syscall.SYS_IOCTL, fd, syscall.TIOCOUTQ, uintptr(unsafe.Pointer(&q))); errno == 0 {
+		s.q = int(q)
 	}
 }
 
