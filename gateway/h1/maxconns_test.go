@@ -2,11 +2,14 @@ package h1
 
 import (
 	"bufio"
+	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -280,7 +283,7 @@ func TestMaxConnsRefusalRead(t *testing.T) {
 			for _, tt := range tests {
 				t.Run(tt.name, func(t *testing.T) {
 					// The last refusal is over: MaxConns/16 are answered so.
-					if !eventually(func() bool { return s.refusing.Load() == 0 }) {
+					if !eventually(func() bool { s.mu.Lock(); defer s.mu.Unlock(); return len(s.refusals) == 0 }) {
 						t.Fatal("a refusal still lingers")
 					}
 					c, err := net.Dial(network, addr)
@@ -360,4 +363,66 @@ func getOnce(t *testing.T, network, addr string) (net.Conn, *http.Response) {
 		t.Fatal(err)
 	}
 	return c, resp
+}
+
+// TestShutdownEndsRefusals: Shutdown closes a connection refused over
+// MaxConns whose client keeps it lingering (a byte every 50 ms, for up
+// to lingerMax), and returns once its goroutine has ended.
+func TestShutdownEndsRefusals(t *testing.T) {
+	release := make(chan struct{})
+	s, addr := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-release
+	}), func(s *Server) { s.MaxConns = 1 })
+	busy, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	io.WriteString(busy, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	if !eventually(func() bool { return s.ConnStats().Active == 1 }) {
+		t.Fatal("the first connection is not served")
+	}
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	br := bufio.NewReader(c)
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("over the cap: %v, %v; want 503", resp, err)
+	}
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() { // keeps the refusal lingering
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+				if _, err := c.Write([]byte("x")); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	time.Sleep(200 * time.Millisecond)
+	close(release)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := s.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v after %v", err, time.Since(start))
+	}
+	s.mu.Lock()
+	left := len(s.refusals)
+	s.mu.Unlock()
+	if left != 0 {
+		t.Errorf("Shutdown returned with %d refusals still answered", left)
+	}
+	if _, err := io.Copy(io.Discard, br); err != nil && !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("the refused client: %v, want its connection closed", err)
+	}
+	t.Logf("Shutdown took %v", time.Since(start))
 }

@@ -115,14 +115,14 @@ type Server struct {
 	reclaimed    atomic.Uint64             // idle connections closed to make room under MaxConns
 	refused      atomic.Uint64             // connections answered 503 and closed over MaxConns
 	refusedLog   atomic.Int64              // when a refusal was last logged, in Unix nanoseconds
-	refusing     atomic.Int32              // connections refuseLinger is answering
 	maxConns     atomic.Int64              // SetMaxConns': 0 unset (MaxConns applies), -1 no cap
 
-	mu        sync.Mutex // guards listeners, conns, accepted, ctx, cancel and poller
+	mu        sync.Mutex // guards listeners, conns, refusals, accepted, ctx, cancel and poller
 	listeners map[*net.Listener]struct{}
 	conns     map[*conn]struct{}
-	accepted  uint64          // connections served on the fast path, ever
-	ctx       context.Context // parent of request contexts; Close cancels it
+	refusals  map[net.Conn]struct{} // connections refuseLinger is answering
+	accepted  uint64                // connections served on the fast path, ever
+	ctx       context.Context       // parent of request contexts; Close cancels it
 	cancel    context.CancelFunc
 	poller    *poller // nil where connections cannot be parked; set before the first conn
 
@@ -312,16 +312,40 @@ const maxRefusing = 64
 // refuse answers rw, a connection over MaxConns, with refusal and closes
 // it, without waiting: on a goroutine of its own (refuseLinger), or at
 // once (refuseNow) while as many others as allowed are answered so.
+//
+// Shutdown and Close close those still being answered, and Shutdown
+// waits for their goroutines to end.
 func (s *Server) refuse(rw net.Conn, sk *sock) {
-	if s.refusing.Add(1) > int32(max(1, min(maxRefusing, s.connLimit()/16))) {
-		s.refusing.Add(-1)
+	s.mu.Lock()
+	lingers := !s.inShutdown.Load() && len(s.refusals) < int(max(1, min(maxRefusing, s.connLimit()/16)))
+	if lingers {
+		if s.refusals == nil {
+			s.refusals = make(map[net.Conn]struct{})
+		}
+		s.refusals[rw] = struct{}{}
+	}
+	s.mu.Unlock()
+	if !lingers {
 		refuseNow(rw, sk)
 		return
 	}
 	go func() {
-		defer s.refusing.Add(-1)
 		refuseLinger(rw)
+		s.mu.Lock()
+		delete(s.refusals, rw)
+		s.mu.Unlock()
 	}()
+}
+
+// closeRefusals closes the connections refuseLinger is answering, and
+// reports whether there were none left.
+func (s *Server) closeRefusals() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for rw := range s.refusals {
+		rw.Close()
+	}
+	return len(s.refusals) == 0
 }
 
 // refuseLinger answers rw with refusal once its request has begun to
@@ -380,7 +404,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	poll := time.Millisecond
 	timer := time.NewTimer(poll)
 	defer timer.Stop()
-	for !s.closeIdle() {
+	for {
+		idle := s.closeIdle()
+		if s.closeRefusals() && idle {
+			break
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -412,6 +440,7 @@ func (s *Server) Close() error {
 	for _, c := range conns {
 		c.close()
 	}
+	s.closeRefusals()
 	s.closePoller(false)
 	if s.Fallback != nil {
 		if ferr := s.Fallback.Close(); ferr != nil && err == nil {
