@@ -319,7 +319,7 @@ func TestLingerTakesTurns(t *testing.T) {
 	})
 	_, addr := startH1(t, h, func(s *Server) { s.pollWorkers = 1 })
 	c, br := dial(t, addr)
-	fmt.Fprintf(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", 1<<40)
+	fmt.Fprintf(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", int64(1)<<40)
 	stop := make(chan struct{})
 	defer close(stop)
 	go func() {

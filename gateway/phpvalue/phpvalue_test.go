@@ -12,7 +12,7 @@ import (
 )
 
 // prefixed returns the 4-byte little-endian n followed by data.
-func prefixed(n int, data []byte) []byte {
+func prefixed[N int | uint32](n N, data []byte) []byte {
 	return append(binary.LittleEndian.AppendUint32(nil, uint32(n)), data...)
 }
 
@@ -160,7 +160,7 @@ func TestDecodeErrors(t *testing.T) {
 		{"zstd", flagCompressed | flagZstd, prefixed(3, []byte{0x28, 0xb5, 0x2f, 0xfd}), 0, ErrUnknownCompression},
 		{"fastlz stored length over limit", fl, fastlzPayload(body, 1), len(body) - 1, ErrTooLarge},
 		{"zlib stored length over limit", zl, zlibPayload(body), len(body) - 1, ErrTooLarge},
-		{"stored length 4 GiB - 1", fl, prefixed(math.MaxUint32, flz), 0, ErrTooLarge},
+		{"stored length 4 GiB - 1", fl, prefixed(uint32(math.MaxUint32), flz), 0, ErrTooLarge},
 		{"plain over limit", 0, body, len(body) - 1, ErrTooLarge},
 		{"type 8", 8, body, 0, ErrUnknownType},
 		{"type 15 compressed", 15 | fl, fastlzPayload(body, 1), 0, ErrUnknownType},

@@ -78,7 +78,7 @@ func oneAtATime(key string) uint32 {
 // (libmemcached and nginx both default to 1), and values that do not fit
 // libmemcached's uint32 are clamped.
 func (m Member) weight() uint64 {
-	return uint64(min(max(m.Weight, 1), math.MaxUint32))
+	return uint64(min(max(int64(m.Weight), 1), math.MaxUint32))
 }
 
 // ketamaPointCount is the number of points libmemcached gives a server of
