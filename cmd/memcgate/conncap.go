@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"net"
 	"sync/atomic"
 )
@@ -23,7 +24,7 @@ func clientConnCap(setting int, nofile uint64) int {
 	case setting < 0 || nofile == 0:
 		return 0
 	}
-	return int(nofile - min(nofile/4, reserveMax))
+	return int(min(nofile-min(nofile/4, reserveMax), math.MaxInt32)) // RLIM_INFINITY too, on 32-bit
 }
 
 // connCap caps the client connections of the data listeners that Go's

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -98,6 +99,7 @@ func TestClientConnCap(t *testing.T) {
 		{setting: 0, nofile: 256, want: 192},
 		{setting: 0, nofile: 1024, want: 768},
 		{setting: 0, nofile: 524288, want: 524288 - 4096},
+		{setting: 0, nofile: math.MaxUint64, want: math.MaxInt32}, // RLIM_INFINITY: an int on 32-bit too
 	} {
 		if got := clientConnCap(tc.setting, tc.nofile); got != tc.want {
 			t.Errorf("clientConnCap(%d, %d) = %d, want %d", tc.setting, tc.nofile, got, tc.want)
