@@ -187,8 +187,12 @@ func (w *response) write(b []byte, s string) (int, error) {
 		return 0, c.werr
 	}
 	if !w.committed {
+		// A body is held whole only with a Content-Length that stays:
+		// one declared beside a Transfer-Encoding is dropped (commit),
+		// and the body is then chunked from what net/http's buffer
+		// holds, which is all of it only up to chunkingThreshold.
 		limit := maxBuffer
-		if w.cl == -1 {
+		if w.cl == -1 || w.te != "" {
 			limit = chunkingThreshold
 		}
 		if len(c.wbuf)+n <= limit {
@@ -254,7 +258,10 @@ func (w *response) writeBody(b []byte, s string) {
 // its chunkWriter (see writeBody) after a Write of nb bytes or a
 // WriteString of ns, if pend waited before. A response not yet committed
 // holds its body here, up to maxBuffer with a Content-Length, and this is
-// how much of it would still wait there.
+// how much of it would still wait there once committed. (A handler that
+// panics before then gets nothing sent, where net/http sends the head and
+// what passed its buffer: a body it declared longer, cut short, either
+// way.)
 func waiting(pend, nb, ns int) int {
 	const size = chunkingThreshold
 	switch n := nb + ns; {

@@ -2,8 +2,10 @@ package h1
 
 import (
 	"bufio"
+	"bytes"
 	"io"
 	"math/rand/v2"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -34,6 +36,44 @@ func TestWaiting(t *testing.T) {
 			if pend != bw.Buffered() {
 				t.Fatalf("after %s: waiting says %d bytes wait, bufio.Writer holds %d", strings.Join(ops, ", "), pend, bw.Buffered())
 			}
+		}
+	}
+}
+
+// TestCLAndTE: a handler that declares a Content-Length and a
+// Transfer-Encoding gets its Content-Length dropped and a chunked body,
+// framed as net/http frames it, byte for byte: the body held before the
+// head is sent must be no more than net/http's buffer holds, or it
+// would go out unframed.
+func TestCLAndTE(t *testing.T) {
+	body := strings.Repeat("0123456789abcdef", 3000/16+1)[:3000]
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "3000")
+		w.Header().Set("Transfer-Encoding", r.URL.Query().Get("te"))
+		for _, p := range []string{body[:2500], body[2500:]} {
+			if r.URL.Query().Has("s") {
+				io.WriteString(w, p)
+			} else {
+				w.Write([]byte(p))
+			}
+		}
+	})
+	_, fast := startH1(t, h, nil)
+	std := startNetHTTP(t, listen(t, "tcp"), h)
+	var client streamClient
+	for _, q := range []string{"te=chunked", "te=gzip", "te=chunked&s", "te=identity", "te=identity&s"} {
+		raw := []byte("GET /?" + q + " HTTP/1.1\r\nHost: a\r\n\r\n")
+		got, err := client.sendStream(fast, raw, 0)
+		if err != nil {
+			t.Fatalf("%s: h1: %v", q, err)
+		}
+		want, err := client.sendStream(std, raw, 0)
+		if err != nil {
+			t.Fatalf("%s: net/http: %v", q, err)
+		}
+		if got, want = normaliseDate(got), normaliseDate(want); !bytes.Equal(got, want) {
+			i := diffAt(got, want)
+			t.Errorf("%s: h1 and net/http differ at byte %d\nh1       %q\nnet/http %q", q, i, around(got, i), around(want, i))
 		}
 	}
 }
