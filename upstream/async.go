@@ -42,7 +42,7 @@ func (c *Cluster) DoAsync(ctx context.Context, o op.Op, done func(op.Result)) bo
 	a := c.newAsyncOp(ctx, n)
 	a.o, a.done = o, done
 	a.o.Item.Value = nil // encoded before DoAsync returns; not kept
-	if err := n.pipe.DoAsync(o, sk, a.doneFn); err != nil {
+	if err := n.pipe.DoAsync(ctx, o, sk, a.doneFn); err != nil {
 		c.putAsyncOp(a)
 		<-n.sem
 		return false

@@ -180,7 +180,7 @@ func (c *Cluster) getMulti(ctx context.Context, keys []string, limit int, pick f
 				r := room()
 				defer done(r)
 				err := b.node.do(ctx, opGetMulti, b.failover, func(mc dataClient, _ bool) (err error) {
-					items, dropped, err = mc.GetMultiLimit(b.store, r)
+					items, dropped, err = mc.GetMultiLimit(ctx, b.store, r)
 					return err
 				})
 				var ne *NodeError

@@ -137,13 +137,14 @@ type dataClient interface {
 	// Do runs o with key as the key sent: for op.Get the item
 	// (memcache.ErrCacheMiss if none), for op.Incr and op.Decr the new
 	// value, for the others their outcome. ctx bounds a wait before
-	// anything is sent (mcpipe's room for large values); a client that
-	// has none ignores it.
+	// anything is sent (mcpipe's room for large values), and how long
+	// mcpipe keeps a slow reply or value going; gomemcache's ignores it.
 	Do(ctx context.Context, o op.Op, key string) (*memcache.Item, uint64, error)
 	GetMulti(keys []string) (map[string]*memcache.Item, error)
 	// GetMultiLimit is GetMulti keeping at most limit bytes of values
 	// (0: no limit); the keys of the values it drops are in dropped.
-	GetMultiLimit(keys []string, limit int) (items map[string]*memcache.Item, dropped []string, err error)
+	// ctx is as for Do.
+	GetMultiLimit(ctx context.Context, keys []string, limit int) (items map[string]*memcache.Item, dropped []string, err error)
 	Close() error
 }
 
@@ -195,7 +196,7 @@ func (p pooled) Do(_ context.Context, o op.Op, key string) (*memcache.Item, uint
 	return nil, 0, err
 }
 
-func (p pooled) GetMultiLimit(keys []string, limit int) (map[string]*memcache.Item, []string, error) {
+func (p pooled) GetMultiLimit(_ context.Context, keys []string, limit int) (map[string]*memcache.Item, []string, error) {
 	items, err := p.GetMulti(keys)
 	if err != nil || limit <= 0 {
 		return items, nil, err

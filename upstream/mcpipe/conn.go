@@ -141,20 +141,21 @@ type conn struct {
 	closed  func()  // Options.Closed, called once nc is closed; nil: none
 	timeout time.Duration
 
-	mu      sync.Mutex
-	wbuf    []byte    // encoded requests not yet written, but for the values in segs
-	segs    []segment // the large values of wbuf's requests, in order
-	spare   []byte    // the other write buffer, swapped with wbuf per write
-	sspare  []segment // the other segment list, swapped with segs per write
-	orphans []*call   // calls of a connection that failed during a write: the writer completes them
-	queue   []*call   // sent or about to be sent, in order; replies complete queue[0]
-	writing bool      // a goroutine is writing wbuf
-	open    *call     // the first call of the gets line at the end of wbuf, still open for keys
-	unsent  int       // calls at the end of queue not yet handed to a write
-	armedAt time.Time // when the read deadline was last set
-	readBy  time.Time // the read deadline; zero: none
-	outq    int       // bytes of a large value the kernel held unacknowledged when last looked at (drained)
-	err     error     // set once the connection failed; final
+	mu          sync.Mutex
+	wbuf        []byte    // encoded requests not yet written, but for the values in segs
+	segs        []segment // the large values of wbuf's requests, in order
+	spare       []byte    // the other write buffer, swapped with wbuf per write
+	sspare      []segment // the other segment list, swapped with segs per write
+	orphans     []*call   // calls of a connection that failed during a write: the writer completes them
+	queue       []*call   // sent or about to be sent, in order; replies complete queue[0]
+	writing     bool      // a goroutine is writing wbuf
+	open        *call     // the first call of the gets line at the end of wbuf, still open for keys
+	unsent      int       // calls at the end of queue not yet handed to a write
+	armedAt     time.Time // when the read deadline was last set
+	readBy      time.Time // the read deadline; zero: none
+	outq        int       // bytes of a large value the kernel held unacknowledged when last looked at (drained)
+	outqReplies int       // replies still to come for the calls of the write outq was sampled after
+	err         error     // set once the connection failed; final
 
 	values  int       // bytes of large values queued and not yet written, or granted room to be
 	wvalues int       // of which in wbuf
@@ -472,7 +473,7 @@ func (c *conn) writeAll(buf []byte, segs []segment) error {
 		// The kernel may hold all of a value the write took (up to
 		// tcp_wmem's maximum, 4 MiB): drained sees those bytes move.
 		c.mu.Lock()
-		c.outq = c.sio.unsent()
+		c.outq, c.outqReplies = c.sio.unsent(), len(c.queue)-c.unsent
 		c.mu.Unlock()
 	}
 	return nil
@@ -485,10 +486,18 @@ func (c *conn) writeAll(buf []byte, segs []segment) error {
 // whether the reply is owed later than now. A value the socket's send
 // buffer took whole ends its write long before memcached has read it: on
 // a link slower than the buffer's size per timeout, its reply was owed
-// before memcached could read it all.
+// before memcached could read it all. Over TCP the kernel counts bytes
+// memcached's kernel acknowledged, not bytes memcached read (over a Unix
+// socket, those it read): a memcached that hangs with room in its
+// receive buffer looks busy until that is full, and its callers'
+// deadlines (extendLocked) bound the wait. Once the calls of the write
+// are answered, memcached has read it all, and the count is dropped.
 func (c *conn) drained(now time.Time) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.readBy.After(now) {
+		return true // moved meanwhile, by a write's progress
+	}
 	if c.err != nil || c.outq <= 0 || len(c.queue) == c.unsent {
 		return false
 	}
@@ -712,15 +721,22 @@ func (c *conn) readLoop() {
 		if len(c.queue) == 0 {
 			c.queue = c.queue[:0:0] // let the backing array go; append reallocates small
 		}
+		if c.outqReplies > 0 {
+			if c.outqReplies--; c.outqReplies == 0 {
+				c.outq = 0 // memcached has read all the write outq was sampled after
+			}
+		}
 		if len(c.queue) == c.unsent {
 			// No written request waits: no reply is owed until the
 			// next write (owedLocked).
-			c.readBy, c.outq = time.Time{}, 0
+			c.readBy, c.outq, c.outqReplies = time.Time{}, 0, 0
 			_ = c.nc.SetReadDeadline(time.Time{})
-		} else if now := time.Now(); now.Sub(c.armedAt) > c.timeout/8 {
+		} else if now := time.Now(); c.readBy.Sub(now) < c.timeout-c.timeout/8 {
 			// Extend the deadline from this reply, but not for every
 			// reply (a timer update each): the next reply is then owed
-			// within 7/8 to 8/8 of the timeout.
+			// within 7/8 to 8/8 of the timeout. A deadline that
+			// progress stopped at the answered caller's (extendLocked)
+			// is always moved: it is not the next caller's.
 			c.armReadLocked(now)
 		}
 		c.mu.Unlock()

@@ -227,6 +227,8 @@ func (c *Client) newCall() *call {
 }
 
 // DoAsync is Do for a caller that does not wait: it sends o and returns.
+// ctx's deadline bounds the call as Do's does, once sent; ctx is not
+// kept.
 // It never dials: with no connection open it returns ErrNoConn. If it
 // returns an error, nothing was sent and done is never called. Otherwise
 // done is called exactly once with what Do would have returned: usually
@@ -244,7 +246,7 @@ func (c *Client) newCall() *call {
 // and must not send more requests to this Client itself (the reader would
 // become the writer while memcached waits for it to read); hand such work
 // to a goroutine.
-func (c *Client) DoAsync(o op.Op, key string, done func(*memcache.Item, uint64, error)) error {
+func (c *Client) DoAsync(ctx context.Context, o op.Op, key string, done func(*memcache.Item, uint64, error)) error {
 	if !legalKey(key) {
 		return memcache.ErrMalformedKey
 	}
@@ -254,6 +256,7 @@ func (c *Client) DoAsync(o op.Op, key string, done func(*memcache.Item, uint64, 
 	}
 	cl := c.newCall()
 	c.prepare(cl, &o, key)
+	cl.by, _ = ctx.Deadline()
 	if n := cl.big(); n > 0 {
 		if !cn.tryReserve(n) {
 			c.release(cl)
@@ -316,15 +319,16 @@ func (c *Client) Get(key string) (*memcache.Item, error) {
 // GetMulti reads many items with one command; missing keys are absent
 // from the map.
 func (c *Client) GetMulti(keys []string) (map[string]*memcache.Item, error) {
-	m, _, err := c.GetMultiLimit(keys, 0)
+	m, _, err := c.GetMultiLimit(context.Background(), keys, 0)
 	return m, err
 }
 
 // GetMultiLimit is GetMulti that keeps at most limit bytes of values (0:
 // no limit): values that would pass it are read off the connection and
 // dropped, and their keys returned in dropped, so that a reply of any
-// size costs at most limit bytes of memory.
-func (c *Client) GetMultiLimit(keys []string, limit int) (items map[string]*memcache.Item, dropped []string, err error) {
+// size costs at most limit bytes of memory. ctx's deadline bounds it as
+// Do's does.
+func (c *Client) GetMultiLimit(ctx context.Context, keys []string, limit int) (items map[string]*memcache.Item, dropped []string, err error) {
 	if len(keys) == 0 {
 		return map[string]*memcache.Item{}, nil, nil
 	}
@@ -339,6 +343,7 @@ func (c *Client) GetMultiLimit(keys []string, limit int) (items map[string]*memc
 	}
 	cl := c.newCall()
 	cl.kind, cl.verb, cl.limit = op.Items, "gets", limit
+	cl.by, _ = ctx.Deadline()
 	cl.encode = func(b []byte) []byte {
 		b = append(b, "gets"...)
 		for _, k := range keys {

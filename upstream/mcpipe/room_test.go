@@ -164,7 +164,7 @@ func TestRoomForLargeValues(t *testing.T) {
 			})
 			waitFor(t, "the second value to wait", func() bool { _, w := roomState(c); return w == 1 })
 			start := time.Now()
-			err := c.DoAsync(op.Op{Verb: op.Set, Item: op.Item{Value: big}}, "a1", func(*memcache.Item, uint64, error) {
+			err := c.DoAsync(context.Background(), op.Op{Verb: op.Set, Item: op.Item{Value: big}}, "a1", func(*memcache.Item, uint64, error) {
 				t.Error("a refused DoAsync called back")
 			})
 			if !errors.Is(err, ErrNoRoom) {

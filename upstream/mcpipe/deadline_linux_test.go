@@ -1,0 +1,284 @@
+package mcpipe
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/upstream/op"
+)
+
+// TestAbsorbedValue: a value the kernel's send buffer takes whole ends
+// its write at once; memcached then reads it at the link's pace, and its
+// reply is owed from the last bytes that left the buffer, not from the
+// write's end (drained). A memcached that stops reading still fails the
+// set about a timeout or two after it stopped.
+func TestAbsorbedValue(t *testing.T) {
+	srv := memcachedtest.Start(t, "-I", "2m")
+	const timeout = 150 * time.Millisecond
+	value := bytes.Repeat([]byte("v"), 1<<20)
+	// 1 MiB at 2 MiB/s: about 500 ms, over three timeouts.
+	slow := startRelay(t, srv.Addr, relaySpec{rate: 2 << 20})
+	stopped := make(chan time.Time, 1)
+	stops := startRelay(t, srv.Addr, relaySpec{rate: 2 << 20, stopAfter: 256 << 10, stopped: stopped})
+	t.Run("slow", func(t *testing.T) {
+		c := New(Options{Conns: 1, Timeout: timeout, Dial: largeSendBuffer(t, slow)})
+		defer c.Close()
+		start := time.Now()
+		if err := c.Set(&memcache.Item{Key: "k", Value: value}); err != nil {
+			t.Fatalf("set of 1 MiB absorbed by the send buffer and read at 2 MiB/s, timeout %v: %v after %v", timeout, err, time.Since(start))
+		}
+		took := time.Since(start)
+		t.Logf("set: %v", took)
+		if took < 2*timeout {
+			t.Errorf("the set took %v, under two timeouts of %v: the value did not go slowly and the test proves nothing", took, timeout)
+		}
+	})
+	t.Run("stopped", func(t *testing.T) {
+		c := New(Options{Conns: 1, Timeout: timeout, Dial: largeSendBuffer(t, stops)})
+		defer c.Close()
+		err := c.Set(&memcache.Item{Key: "k", Value: value})
+		failed := time.Now()
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			t.Fatalf("set to a memcached that stopped reading mid-value: %v, want a timeout", err)
+		}
+		select {
+		case at := <-stopped:
+			after := failed.Sub(at)
+			t.Logf("the set failed %v after memcached stopped reading: %v", after, err)
+			// The next look finds that bytes left before the stop, the
+			// one after finds none: two timeouts, and a margin.
+			if after > 4*timeout {
+				t.Errorf("the set failed %v after memcached stopped reading, want one or two timeouts of %v", after, timeout)
+			}
+		default:
+			t.Errorf("the set failed (%v) before the relay stopped passing its value", err)
+		}
+	})
+}
+
+// largeSendBuffer dials addr with a send buffer of 4 MiB, which takes a
+// 1 MiB value whole. It sets it with SO_SNDBUFFORCE where it may (as
+// root), as net.core.wmem_max may be lower, and fails the test if the
+// kernel gave less than 2 MiB.
+func largeSendBuffer(t *testing.T, addr string) func(context.Context) (net.Conn, error) {
+	return func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		nc, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		rc, err := nc.(*net.TCPConn).SyscallConn()
+		if err != nil {
+			nc.Close()
+			return nil, err
+		}
+		var got int
+		var gerr error
+		rc.Control(func(fd uintptr) {
+			if syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUFFORCE, 4<<20) != nil {
+				syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF, 4<<20)
+			}
+			got, gerr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF)
+		})
+		if gerr != nil || got < 2<<20 {
+			nc.Close()
+			t.Errorf("a send buffer of 4 MiB: the kernel gave %d bytes (%v); run as root or raise net.core.wmem_max", got, gerr)
+			return nil, fmt.Errorf("send buffer of %d bytes", got)
+		}
+		return nc, nil
+	}
+}
+
+// TestStaleOutq: once the reply to a write of a large value has come,
+// memcached has read all of it, and a later request that memcached does
+// not answer fails one timeout after it, not two: what the kernel held
+// after that write no longer counts as progress (drained).
+func TestStaleOutq(t *testing.T) {
+	const timeout = 200 * time.Millisecond
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 16<<10) })
+	}}
+	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	storedAt := make(chan time.Time, 1)
+	go func() { // a memcached that reads a set slowly, then hangs
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReaderSize(c, 1024)
+		br.ReadString('\n') // the set's line
+		buf := make([]byte, 32<<10)
+		for left := 512<<10 + 2; left > 0; {
+			n, _ := br.Read(buf[:min(len(buf), left)])
+			left -= n
+			time.Sleep(20 * time.Millisecond)
+		}
+		c.Write([]byte("STORED\r\n"))
+		storedAt <- time.Now()
+		br.ReadString('\n') // the get's: never answered
+		time.Sleep(5 * time.Second)
+	}()
+	c := New(Options{Conns: 1, Timeout: timeout, Dial: largeSendBuffer(t, ln.Addr().String())})
+	defer c.Close()
+	setErr := make(chan error, 1)
+	go func() {
+		_, _, err := c.Do(context.Background(), op.Op{Verb: op.Set, Item: op.Item{Value: make([]byte, 512<<10)}}, "k")
+		setErr <- err
+	}()
+	time.Sleep(10 * time.Millisecond)
+	_, _, err = c.Do(context.Background(), op.Op{Verb: op.Get}, "x")
+	failed := time.Now()
+	if err := <-setErr; err != nil {
+		t.Fatalf("the set read slowly: %v", err)
+	}
+	after := failed.Sub(<-storedAt)
+	t.Logf("the get failed %v after the set was answered: %v", after, err)
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Errorf("a get memcached does not answer: %v, want a timeout", err)
+	}
+	if after > timeout*8/5 {
+		t.Errorf("the get failed %v after the set was answered, want about one timeout of %v", after, timeout)
+	}
+}
+
+// fakeMC serves one connection with script(conn, lines), lines being the
+// request lines as they arrive.
+func fakeMC(t *testing.T, script func(c net.Conn, lines <-chan string)) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		lines := make(chan string, 16)
+		go func() {
+			br := bufio.NewReader(c)
+			for {
+				l, err := br.ReadString('\n')
+				if err != nil {
+					close(lines)
+					return
+				}
+				lines <- strings.TrimSpace(l)
+			}
+		}()
+		script(c, lines)
+		time.Sleep(2 * time.Second)
+	}()
+	return ln.Addr().String()
+}
+
+// TestCapEndsWithItsCall: progress stopped at the deadline of the call
+// whose reply was read (extendLocked) does not carry over to the call
+// after it, which is owed its reply within the timeout of the last one,
+// like any other: a caller with little time left does not fail the
+// connection under a caller with more.
+func TestCapEndsWithItsCall(t *testing.T) {
+	addr := fakeMC(t, func(c net.Conn, lines <-chan string) {
+		<-lines // get a
+		<-lines // get b
+		t0 := time.Now().Add(-20 * time.Millisecond)
+		val := strings.Repeat("v", 600000)
+		c.Write([]byte("VALUE a 0 600000\r\n" + val[:300000])) // progress: the deadline moves to a's
+		time.Sleep(time.Until(t0.Add(300 * time.Millisecond)))
+		c.Write([]byte(val[300000:] + "\r\nEND\r\n"))
+		time.Sleep(time.Until(t0.Add(550 * time.Millisecond))) // after a's deadline, within the timeout of a's reply
+		c.Write([]byte("END\r\n"))
+	})
+	c := New(Options{Conns: 1, Timeout: 400 * time.Millisecond, Dial: func(ctx context.Context) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	}})
+	defer c.Close()
+	if _, err := c.conn(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 450*time.Millisecond)
+	defer cancel()
+	errA := make(chan error, 1)
+	go func() {
+		_, _, err := c.Do(ctx, op.Op{Verb: op.Get}, "a")
+		errA <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	_, _, errB := c.Do(context.Background(), op.Op{Verb: op.Get}, "b")
+	if err := <-errA; err != nil {
+		t.Errorf("a, answered before its deadline: %v", err)
+	}
+	if !errors.Is(errB, memcache.ErrCacheMiss) {
+		t.Errorf("b, answered 250 ms after a with a timeout of 400 ms: %v, want a miss", errB)
+	}
+}
+
+// TestMultiGetKeepsDeadlines: a multi-key get whose reply streams for
+// longer than its deadline fails there, and so does a get behind it,
+// rather than both waiting for the whole reply (about 1 s).
+func TestMultiGetKeepsDeadlines(t *testing.T) {
+	addr := fakeMC(t, func(c net.Conn, lines <-chan string) {
+		<-lines // gets a b
+		<-lines // get c
+		const piece = 300000
+		c.Write([]byte("VALUE a 0 " + strconv.Itoa(10*piece) + "\r\n"))
+		for range 10 {
+			if _, err := c.Write(make([]byte, piece)); err != nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		c.Write([]byte("\r\nEND\r\nEND\r\n"))
+	})
+	c := New(Options{Conns: 1, Timeout: 200 * time.Millisecond, Dial: func(ctx context.Context) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	}})
+	defer c.Close()
+	if _, err := c.conn(); err != nil {
+		t.Fatal(err)
+	}
+	const deadline = 300 * time.Millisecond
+	start := time.Now()
+	multi := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), deadline)
+		defer cancel()
+		_, _, err := c.GetMultiLimit(ctx, []string{"a", "b"}, 0)
+		multi <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	_, _, err := c.Do(ctx, op.Op{Verb: op.Get}, "c")
+	took := time.Since(start)
+	merr := <-multi
+	t.Logf("multi-get: %v; get behind it: %v after %v", merr, err, took)
+	for what, err := range map[string]error{"the multi-get": merr, "the get behind it": err} {
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			t.Errorf("%s: %v, want a timeout", what, err)
+		}
+	}
+	if took > deadline+400*time.Millisecond {
+		t.Errorf("the get behind the multi-get returned after %v, past its deadline of %v", took, deadline)
+	}
+}
