@@ -40,7 +40,7 @@ fmt-check:
 # macOS, where developers run it; Windows is not supported.
 vet:
 	$(GO) vet $(PKGS)
-	GOARCH=386 $(GO) vet $(PKGS)
+	GOOS=linux GOARCH=386 $(GO) vet $(PKGS)
 	GOOS=darwin GOARCH=arm64 $(GO) build -o /dev/null ./cmd/memcgate
 
 # Short, fixed-time runs of every fuzz target (a regression net, not a hunt).

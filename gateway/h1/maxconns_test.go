@@ -426,3 +426,46 @@ func TestShutdownEndsRefusals(t *testing.T) {
 	}
 	t.Logf("Shutdown took %v", time.Since(start))
 }
+
+// TestShutdownAnswersRefusals: a connection refused over MaxConns whose
+// request has not come when Shutdown begins still gets its 503 when the
+// request comes, and Shutdown then returns.
+func TestShutdownAnswersRefusals(t *testing.T) {
+	release := make(chan struct{})
+	s, addr := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-release
+	}), func(s *Server) { s.MaxConns = 1 })
+	busy, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	io.WriteString(busy, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	if !eventually(func() bool { return s.ConnStats().Active == 1 }) {
+		t.Fatal("the first connection is not served")
+	}
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if !eventually(func() bool { s.mu.Lock(); defer s.mu.Unlock(); return len(s.refusals) == 1 }) {
+		t.Fatal("the second connection is not being refused")
+	}
+	close(release)
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		done <- s.Shutdown(ctx)
+	}()
+	time.Sleep(50 * time.Millisecond)
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("refused before Shutdown, its request sent after: %v, %v; want 503", resp, err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+}

@@ -120,7 +120,7 @@ type Server struct {
 	mu        sync.Mutex // guards listeners, conns, refusals, accepted, ctx, cancel and poller
 	listeners map[*net.Listener]struct{}
 	conns     map[*conn]struct{}
-	refusals  map[net.Conn]struct{} // connections refuseLinger is answering
+	refusals  map[*refused]struct{} // connections refuseLinger is answering
 	accepted  uint64                // connections served on the fast path, ever
 	ctx       context.Context       // parent of request contexts; Close cancels it
 	cancel    context.CancelFunc
@@ -313,16 +313,17 @@ const maxRefusing = 64
 // it, without waiting: on a goroutine of its own (refuseLinger), or at
 // once (refuseNow) while as many others as allowed are answered so.
 //
-// Shutdown and Close close those still being answered, and Shutdown
-// waits for their goroutines to end.
+// Shutdown waits for those being answered and then closes them as they
+// linger; Close closes them at once.
 func (s *Server) refuse(rw net.Conn, sk *sock) {
+	r := &refused{rw: rw}
 	s.mu.Lock()
 	lingers := !s.inShutdown.Load() && len(s.refusals) < int(max(1, min(maxRefusing, s.connLimit()/16)))
 	if lingers {
 		if s.refusals == nil {
-			s.refusals = make(map[net.Conn]struct{})
+			s.refusals = make(map[*refused]struct{})
 		}
-		s.refusals[rw] = struct{}{}
+		s.refusals[r] = struct{}{}
 	}
 	s.mu.Unlock()
 	if !lingers {
@@ -330,22 +331,36 @@ func (s *Server) refuse(rw net.Conn, sk *sock) {
 		return
 	}
 	go func() {
-		refuseLinger(rw)
+		refuseLinger(r)
 		s.mu.Lock()
-		delete(s.refusals, rw)
+		delete(s.refusals, r)
 		s.mu.Unlock()
 	}()
 }
 
-// closeRefusals closes the connections refuseLinger is answering, and
-// reports whether there were none left.
-func (s *Server) closeRefusals() bool {
+// refused is a connection refuseLinger is answering.
+type refused struct {
+	rw       net.Conn
+	answered atomic.Bool // the refusal is written: it lingers
+}
+
+// closeRefusals closes the connections refuseLinger is answering, all of
+// them or only those whose answer is written, and reports whether none
+// were left.
+func (s *Server) closeRefusals(all bool) bool {
+	var closing []net.Conn
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	for rw := range s.refusals {
-		rw.Close()
+	left := len(s.refusals)
+	for r := range s.refusals {
+		if all || r.answered.Load() {
+			closing = append(closing, r.rw)
+		}
 	}
-	return len(s.refusals) == 0
+	s.mu.Unlock()
+	for _, rw := range closing {
+		rw.Close() // refuseLinger's Read returns, and it ends
+	}
+	return left == 0
 }
 
 // refuseLinger answers rw with refusal once its request has begun to
@@ -354,7 +369,8 @@ func (s *Server) closeRefusals() bool {
 // socket, TCP without TCP_DEFER_ACCEPT) or sending a body is closed
 // under the client's send, which then fails with a broken pipe or a
 // reset, and curl, for one, reports that and not the answer.
-func refuseLinger(rw net.Conn) {
+func refuseLinger(r *refused) {
+	rw := r.rw
 	defer rw.Close()
 	rw.SetReadDeadline(time.Now().Add(lingerTime))
 	var buf [512]byte
@@ -365,6 +381,7 @@ func refuseLinger(rw net.Conn) {
 	if _, err := io.WriteString(rw, refusal); err != nil {
 		return
 	}
+	r.answered.Store(true)
 	lingerClose(rw)
 }
 
@@ -387,7 +404,8 @@ func retryAccept(err error) bool {
 // Shutdown stops the server gracefully: it closes the listeners and the
 // idle connections at once, lets active requests finish, closes each
 // connection after its current response, shuts Fallback down with ctx,
-// and waits for every connection to end. It returns ctx.Err() if ctx ends
+// and waits for every connection to end. Connections refused over
+// MaxConns get their 503 and are then closed, not lingered on. It returns ctx.Err() if ctx ends
 // first, else the first error closing a listener or from Fallback.
 // Serve returns http.ErrServerClosed as soon as Shutdown is called.
 func (s *Server) Shutdown(ctx context.Context) error {
@@ -406,7 +424,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	defer timer.Stop()
 	for {
 		idle := s.closeIdle()
-		if s.closeRefusals() && idle {
+		if s.closeRefusals(false) && idle {
 			break
 		}
 		select {
@@ -440,7 +458,7 @@ func (s *Server) Close() error {
 	for _, c := range conns {
 		c.close()
 	}
-	s.closeRefusals()
+	s.closeRefusals(true)
 	s.closePoller(false)
 	if s.Fallback != nil {
 		if ferr := s.Fallback.Close(); ferr != nil && err == nil {
