@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -266,20 +267,7 @@ func TestMaxConnsRefusalRead(t *testing.T) {
 	}
 	for _, network := range []string{"tcp", "unix"} {
 		t.Run(network, func(t *testing.T) {
-			release := make(chan struct{})
-			defer close(release)
-			s, addr := startH1On(t, listen(t, network), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				<-release // the one connection under the cap stays busy
-			}), func(s *Server) { s.MaxConns = 1 })
-			busy, err := net.Dial(network, addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer busy.Close()
-			io.WriteString(busy, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-			if !eventually(func() bool { return s.ConnStats().Active == 1 }) {
-				t.Fatal("the first connection is not served")
-			}
+			s, addr, _ := atCap(t, network)
 			for _, tt := range tests {
 				t.Run(tt.name, func(t *testing.T) {
 					// The last refusal is over: MaxConns/16 are answered so.
@@ -369,19 +357,7 @@ func getOnce(t *testing.T, network, addr string) (net.Conn, *http.Response) {
 // MaxConns whose client keeps it lingering (a byte every 50 ms, for up
 // to lingerMax), and returns once its goroutine has ended.
 func TestShutdownEndsRefusals(t *testing.T) {
-	release := make(chan struct{})
-	s, addr := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		<-release
-	}), func(s *Server) { s.MaxConns = 1 })
-	busy, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer busy.Close()
-	io.WriteString(busy, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-	if !eventually(func() bool { return s.ConnStats().Active == 1 }) {
-		t.Fatal("the first connection is not served")
-	}
+	s, addr, release := atCap(t, "tcp")
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -408,7 +384,7 @@ func TestShutdownEndsRefusals(t *testing.T) {
 		}
 	}()
 	time.Sleep(200 * time.Millisecond)
-	close(release)
+	release()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	start := time.Now()
@@ -431,19 +407,7 @@ func TestShutdownEndsRefusals(t *testing.T) {
 // request has not come when Shutdown begins still gets its 503 when the
 // request comes, and Shutdown then returns.
 func TestShutdownAnswersRefusals(t *testing.T) {
-	release := make(chan struct{})
-	s, addr := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		<-release
-	}), func(s *Server) { s.MaxConns = 1 })
-	busy, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer busy.Close()
-	io.WriteString(busy, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-	if !eventually(func() bool { return s.ConnStats().Active == 1 }) {
-		t.Fatal("the first connection is not served")
-	}
+	s, addr, release := atCap(t, "tcp")
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -453,7 +417,7 @@ func TestShutdownAnswersRefusals(t *testing.T) {
 	if !eventually(func() bool { s.mu.Lock(); defer s.mu.Unlock(); return len(s.refusals) == 1 }) {
 		t.Fatal("the second connection is not being refused")
 	}
-	close(release)
+	release()
 	done := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -468,4 +432,27 @@ func TestShutdownAnswersRefusals(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("Shutdown: %v", err)
 	}
+}
+
+// atCap starts a Server on network with MaxConns 1 and its one connection
+// busy in the handler until release is called (at the test's end at the
+// latest), so that the next connection is refused.
+func atCap(t *testing.T, network string) (s *Server, addr string, release func()) {
+	t.Helper()
+	ch := make(chan struct{})
+	release = sync.OnceFunc(func() { close(ch) })
+	t.Cleanup(release)
+	s, addr = startH1On(t, listen(t, network), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-ch
+	}), func(s *Server) { s.MaxConns = 1 })
+	busy, err := net.Dial(network, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { busy.Close() })
+	io.WriteString(busy, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	if !eventually(func() bool { return s.ConnStats().Active == 1 }) {
+		t.Fatal("the first connection is not served")
+	}
+	return s, addr, release
 }

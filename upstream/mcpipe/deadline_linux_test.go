@@ -47,24 +47,9 @@ func TestAbsorbedValue(t *testing.T) {
 	t.Run("stopped", func(t *testing.T) {
 		c := New(Options{Conns: 1, Timeout: timeout, Dial: largeSendBuffer(t, stops)})
 		defer c.Close()
-		err := c.Set(&memcache.Item{Key: "k", Value: value})
-		failed := time.Now()
-		var ne net.Error
-		if !errors.As(err, &ne) || !ne.Timeout() {
-			t.Fatalf("set to a memcached that stopped reading mid-value: %v, want a timeout", err)
-		}
-		select {
-		case at := <-stopped:
-			after := failed.Sub(at)
-			t.Logf("the set failed %v after memcached stopped reading: %v", after, err)
-			// The next look finds that bytes left before the stop, the
-			// one after finds none: two timeouts, and a margin.
-			if after > 4*timeout {
-				t.Errorf("the set failed %v after memcached stopped reading, want one or two timeouts of %v", after, timeout)
-			}
-		default:
-			t.Errorf("the set failed (%v) before the relay stopped passing its value", err)
-		}
+		// The next look finds that bytes left before the stop, the one
+		// after finds none: two timeouts, and a margin.
+		setFailsAfterStop(t, c, stopped, 4*timeout)
 	})
 }
 
