@@ -358,12 +358,7 @@ func getOnce(t *testing.T, network, addr string) (net.Conn, *http.Response) {
 // to lingerMax), and returns once its goroutine has ended.
 func TestShutdownEndsRefusals(t *testing.T) {
 	s, addr, release := atCap(t, "tcp")
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c := dialOver(t, addr)
 	io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
 	br := bufio.NewReader(c)
 	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusServiceUnavailable {
@@ -408,12 +403,7 @@ func TestShutdownEndsRefusals(t *testing.T) {
 // request comes, and Shutdown then returns.
 func TestShutdownAnswersRefusals(t *testing.T) {
 	s, addr, release := atCap(t, "tcp")
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c := dialOver(t, addr)
 	if !eventually(func() bool { s.mu.Lock(); defer s.mu.Unlock(); return len(s.refusals) == 1 }) {
 		t.Fatal("the second connection is not being refused")
 	}
@@ -455,4 +445,17 @@ func atCap(t *testing.T, network string) (s *Server, addr string, release func()
 		t.Fatal("the first connection is not served")
 	}
 	return s, addr, release
+}
+
+// dialOver opens a connection to a Server at its cap (atCap), closed at
+// the test's end, with 10 s to do its work.
+func dialOver(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	return c
 }
