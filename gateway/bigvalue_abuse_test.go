@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/memcgate/memcgate/gateway/chunk"
+	"github.com/memcgate/memcgate/test/slowreader"
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/op"
 )
@@ -230,12 +231,7 @@ func TestBigValueSlowReader(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			aborted := g.counter("memcgate_chunked_reads_total", "result", "aborted")
-			c, err := net.Dial("tcp", tt.addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			c.(*net.TCPConn).SetReadBuffer(16 << 10)
+			c := slowreader.Dial(t, tt.addr, 16<<10)
 			fmt.Fprintf(c, "GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
 			peak := int64(0)
 			for deadline := time.Now().Add(rigGrace); time.Now().Before(deadline); { // the client reads nothing

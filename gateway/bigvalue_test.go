@@ -26,6 +26,7 @@ import (
 	"github.com/memcgate/memcgate/gateway/chunk"
 	"github.com/memcgate/memcgate/gateway/h1"
 	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/test/slowreader"
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/op"
 )
@@ -840,12 +841,7 @@ func TestBigValueDetached(t *testing.T) {
 	v := value(16<<20, "det")
 	g.mustPut("/det", v)
 
-	c, err := net.Dial("tcp", g.serveH1())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.(*net.TCPConn).SetReadBuffer(32 << 10)
+	c := slowreader.Dial(t, g.serveH1(), 32<<10)
 	fmt.Fprintf(c, "GET /det HTTP/1.1\r\nHost: x\r\n\r\n")
 	peak := int64(0)
 	for range 30 { // the client reads nothing for 300 ms

@@ -1,6 +1,7 @@
 package h1
 
 import (
+	"bufio"
 	"bytes"
 	"io"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/memcgate/memcgate/gateway/budget"
+	"github.com/memcgate/memcgate/test/slowreader"
 )
 
 // detacher is what a handler asks of the fast path's ResponseWriter.
@@ -156,8 +158,9 @@ func TestDetachBlock(t *testing.T) {
 	})
 	bg := budget.New(0)
 	_, addr := startH1(t, h, func(s *Server) { s.Budget = bg })
-	c, br := dial(t, addr)
-	c.(*net.TCPConn).SetReadBuffer(32 << 10)
+	c := slowreader.Dial(t, addr, 32<<10)
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
 	io.WriteString(c, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
 	select {
 	case <-wrote:

@@ -15,6 +15,7 @@ import (
 
 	"github.com/memcgate/memcgate/test/gatewaytest"
 	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/test/slowreader"
 )
 
 // itemRig is one memcached (-I 2m, and memcachedArgs) and a memcgate that
@@ -395,12 +396,11 @@ func getRange(url, key string, v []byte) error {
 // getSlowly GETs key over a connection with a small receive buffer,
 // reading in small pieces with pauses, and checks the body against v.
 func getSlowly(addr, key string, v []byte) error {
-	c, err := net.Dial("tcp", addr)
+	c, err := slowreader.DialErr(addr, 64<<10)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	c.(*net.TCPConn).SetReadBuffer(64 << 10)
 	c.SetDeadline(time.Now().Add(20 * time.Second))
 	fmt.Fprintf(c, "GET /%s HTTP/1.1\r\nHost: x\r\n\r\n", key)
 	time.Sleep(50 * time.Millisecond) // the response fills the socket first

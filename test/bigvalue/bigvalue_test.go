@@ -31,6 +31,7 @@ import (
 
 	"github.com/memcgate/memcgate/test/gatewaytest"
 	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/test/slowreader"
 )
 
 var binary string
@@ -162,12 +163,7 @@ func TestBigValueHolders(t *testing.T) {
 	// GETs that read nothing for a second.
 	conns := make([]net.Conn, clients)
 	for i := range conns {
-		c, err := net.Dial("tcp", r.gw.DataAddr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		c.(*net.TCPConn).SetReadBuffer(16 << 10)
+		c := slowreader.Dial(t, r.gw.DataAddr, 16<<10)
 		io.WriteString(c, "GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
 		conns[i] = c
 	}
