@@ -44,7 +44,8 @@ func (w *statusWriter) recordStatus(status int) { w.status = status }
 
 // ClientClosed records, for a handler of Options.Routes, that the client
 // went away before its answer: the request is logged and counted as 499,
-// and nothing is written.
+// nothing is written, and the connection is closed once the handler
+// returns.
 func ClientClosed(w http.ResponseWriter) {
 	if sr, ok := w.(statusRecorder); ok {
 		sr.recordStatus(statusClientClosed)
@@ -180,6 +181,15 @@ func (o *observer) middleware(next http.Handler) http.Handler {
 				o.recovered(sw, r, p)
 			}
 			o.record(r, sw, start)
+			if sw.status == statusClientClosed {
+				// Nothing may be sent: a server that finishes a silent
+				// handler with its implicit 200 would tell a client that
+				// is still reading (net/http cancels the request when the
+				// client half-closes) that a write was made when it was
+				// not. Aborting closes the connection instead, as nginx
+				// does with its 499.
+				panic(http.ErrAbortHandler)
+			}
 		}()
 		// The ID goes into log lines only, and is made only for them; it
 		// is not put in the context (an allocation per request nothing
