@@ -91,6 +91,12 @@ func classify(node, op string, err error) error {
 		return ErrBadKey
 	case errors.Is(err, mcpipe.ErrNoFit):
 		return ErrNoFit
+	case errors.Is(err, mcpipe.ErrBehind):
+		// The oldest caller's deadline passed while memcached was still
+		// sending (a queue of large values ahead): a timeout for the
+		// callers, but no sign of a stall, so not the node's failure
+		// (it wraps context.DeadlineExceeded, which observe ignores).
+		return &NodeError{Node: node, Op: op, Err: err, timeout: true}
 	case errors.Is(err, mcpipe.ErrNoRoom):
 		// The wait for room on a connection ended with the caller's
 		// context, before anything was sent: the gateway's own queue,

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/upstream/mcpipe"
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
@@ -53,6 +54,9 @@ func TestClassify(t *testing.T) {
 		{name: "reset", op: "set", in: reset, wantNode: true, wantHard: true},
 		{name: "eof", op: "get", in: io.EOF, wantNode: true, wantHard: true},
 		{name: "read timeout", op: "get", in: timeout, wantNode: true, wantTimeout: true},
+		// A deadline the oldest caller's stopped progress at: a timeout
+		// for the callers that health checks ignore (observe).
+		{name: "behind a caller's deadline", op: "get", in: fmt.Errorf("%w (%w)", mcpipe.ErrBehind, timeout), want: context.DeadlineExceeded, wantNode: true, wantTimeout: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -153,6 +153,7 @@ type conn struct {
 	unsent      int       // calls at the end of queue not yet handed to a write
 	armedAt     time.Time // when the read deadline was last set
 	readBy      time.Time // the read deadline; zero: none
+	capped      bool      // progress would move readBy but for the oldest caller's deadline (extendLocked)
 	outq        int       // bytes of a large value the kernel held unacknowledged when last looked at (drained)
 	outqReplies int       // replies still to come for the calls of the write outq was sampled after
 	err         error     // set once the connection failed; final
@@ -571,7 +572,7 @@ func (c *conn) owedLocked(now time.Time) {
 
 // armReadLocked owes the next reply within the timeout from now.
 func (c *conn) armReadLocked(now time.Time) {
-	c.armedAt, c.readBy = now, now.Add(c.timeout)
+	c.armedAt, c.readBy, c.capped = now, now.Add(c.timeout), false
 	_ = c.nc.SetReadDeadline(c.readBy)
 }
 
@@ -586,14 +587,17 @@ func (c *conn) armReadLocked(now time.Time) {
 // order, so none of the calls behind the oldest could be answered
 // sooner.
 func (c *conn) extendLocked(now time.Time) {
-	dl := now.Add(c.timeout)
+	dl, capped := now.Add(c.timeout), false
 	if by := c.queue[0].by; !by.IsZero() && by.Before(dl) {
-		dl = by
+		dl, capped = by, true
 	}
 	c.armedAt = now
-	if dl.After(c.readBy) {
-		c.readBy = dl
+	switch {
+	case dl.After(c.readBy):
+		c.readBy, c.capped = dl, capped
 		_ = c.nc.SetReadDeadline(dl)
+	case capped: // the progress would have moved a deadline the cap holds
+		c.capped = true
 	}
 }
 
@@ -673,7 +677,7 @@ func (c *conn) readLoop() {
 		// request unanswered there is no deadline: an idle connection
 		// waits indefinitely.
 		if _, err := br.Peek(1); err != nil {
-			c.fail(err)
+			c.fail(c.behind(err))
 			return
 		}
 		c.mu.Lock()
@@ -700,7 +704,7 @@ func (c *conn) readLoop() {
 		clear(rooms) // let the callers go
 		if err != nil {
 			release()
-			c.fail(err)
+			c.fail(c.behind(err))
 			return
 		}
 		c.mu.Lock()
@@ -729,7 +733,7 @@ func (c *conn) readLoop() {
 		if len(c.queue) == c.unsent {
 			// No written request waits: no reply is owed until the
 			// next write (owedLocked).
-			c.readBy, c.outq, c.outqReplies = time.Time{}, 0, 0
+			c.readBy, c.capped, c.outq, c.outqReplies = time.Time{}, false, 0, 0
 			_ = c.nc.SetReadDeadline(time.Time{})
 		} else if now := time.Now(); c.readBy.Sub(now) < c.timeout-c.timeout/8 {
 			// Extend the deadline from this reply, but not for every
@@ -739,6 +743,7 @@ func (c *conn) readLoop() {
 			// is always moved: it is not the next caller's.
 			c.armReadLocked(now)
 		}
+		c.capped = false // the cap was the answered caller's; what is left of it is a whole stall's time
 		c.mu.Unlock()
 		// The callers hold what they keep from here, so the reply's
 		// hold goes first: held both ways, a value would be refused by
@@ -746,6 +751,19 @@ func (c *conn) readLoop() {
 		release()
 		signal(members) // off the queue: ours alone
 	}
+}
+
+// behind is err, the failure of a reply's read, as the callers get it: a
+// deadline that progress had stopped at the oldest caller's (extendLocked)
+// is ErrBehind, not a stall of memcached.
+func (c *conn) behind(err error) error {
+	c.mu.Lock()
+	capped := c.capped
+	c.mu.Unlock()
+	if capped && errors.Is(err, os.ErrDeadlineExceeded) {
+		return fmt.Errorf("%w (%w)", ErrBehind, err)
+	}
+	return err
 }
 
 // progressReader reads a connection's replies and, as a long reply

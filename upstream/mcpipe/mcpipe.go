@@ -18,6 +18,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -95,6 +96,15 @@ func New(o Options) *Client {
 
 // ErrClosed is what requests on a connection get after Close closed it.
 var ErrClosed = errors.New("mcpipe: connection closed")
+
+// ErrBehind fails the calls on a connection whose oldest unanswered
+// caller's deadline passed while memcached was still sending the reply
+// being read: replies come in order, so no call behind it could have been
+// answered sooner, and the connection is given up there (see
+// MEMCGATE_REQUEST_TIMEOUT). It wraps context.DeadlineExceeded: what ran
+// out was the callers' time in the connection's queue, not memcached's
+// progress, so it says nothing about the node's health.
+var ErrBehind = fmt.Errorf("mcpipe: a caller's deadline passed while memcached was still sending the replies ahead of it: %w", context.DeadlineExceeded)
 
 // ErrNoFit is what a read gets when its op.Op.Room refused its value:
 // memcached has it, and it was read off the connection and dropped.

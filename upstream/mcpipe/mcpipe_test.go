@@ -1200,9 +1200,42 @@ func TestSlowValueKeepsDeadlines(t *testing.T) {
 		if !errors.As(r.err, &ne) || !ne.Timeout() {
 			t.Errorf("%s: %v, want a timeout", r.what, r.err)
 		}
+		if !errors.Is(r.err, ErrBehind) {
+			t.Errorf("%s: %v, want ErrBehind: memcached was reading the value all along, no stall of its own", r.what, r.err)
+		}
 		if r.took > deadline+500*time.Millisecond {
 			t.Errorf("%s returned %v after the set began, past its deadline of %v", r.what, r.took, deadline)
 		}
+	}
+}
+
+// TestBehindSpentDeadline: a reply that starts when its caller has less
+// than the timeout left, and streams for longer, fails at the deadline
+// set before it began, which progress cannot move past the caller's: the
+// callers get ErrBehind, a timeout that health checks ignore, not a stall
+// of memcached, which was sending all along. (Counted as stalls, a queue
+// of large values for clients that read slowly ejected a healthy node.)
+func TestBehindSpentDeadline(t *testing.T) {
+	srv := memcachedtest.Start(t, "-I", "2m")
+	direct := New(Options{Conns: 1, Timeout: time.Second, Dial: smallSendBuffer(srv.Addr, false)})
+	defer direct.Close()
+	if err := direct.Set(&memcache.Item{Key: "big", Value: bytes.Repeat([]byte("v"), 1<<20)}); err != nil {
+		t.Fatal(err)
+	}
+	// 1 MiB of reply at 1 MiB/s: about a second of steady progress.
+	c := New(Options{Conns: 1, Timeout: 400 * time.Millisecond, Dial: smallSendBuffer(relay(t, srv.Addr, 1<<20, true), false)})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 250*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, _, err := c.Do(ctx, op.Op{Verb: op.Get}, "big")
+	took := time.Since(start)
+	t.Logf("GET of 1 MiB at 1 MiB/s with 250 ms to go and a 400 ms timeout: %v after %v", err, took)
+	if !errors.Is(err, ErrBehind) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("got %v, want ErrBehind (wrapping context.DeadlineExceeded): the value was moving", err)
+	}
+	if took > 900*time.Millisecond {
+		t.Errorf("failed after %v, want about the 400 ms timeout set at the write", took)
 	}
 }
 
@@ -1231,6 +1264,9 @@ func setFailsAfterStop(t *testing.T, c *Client, stopped <-chan time.Time, within
 	var ne net.Error
 	if !errors.As(err, &ne) || !ne.Timeout() {
 		t.Fatalf("set to a memcached that stopped reading mid-value: %v, want a timeout", err)
+	}
+	if errors.Is(err, ErrBehind) {
+		t.Errorf("set to a memcached that stopped reading mid-value: %v, want a stall, not ErrBehind", err)
 	}
 	select {
 	case at := <-stopped:
