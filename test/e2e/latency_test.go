@@ -185,7 +185,10 @@ func TestSeedLatency(t *testing.T) {
 	if rounds(serial) < float64(n)*0.8 {
 		t.Errorf("serial PUTs took %.1f round trips, want about %d: is the delay relay in the path?", rounds(serial), n)
 	}
-	if rounds(readBack) > 3 {
+	// About 1.6 round trips on an idle machine; scheduling under -race on
+	// a busy one adds up to 100 ms to the 50 ms trip. Far below one trip
+	// per key either way.
+	if rounds(readBack) > 6 {
 		t.Errorf("a multi-get of %d keys took %.1f round trips, want about 1", n, rounds(readBack))
 	}
 }

@@ -402,7 +402,13 @@ func startNginx(t *testing.T, gws [2]upstream) *balancer {
 func startHAProxy(t *testing.T, gws [2]upstream) *balancer {
 	haproxy := gatewaytest.Tool(t, "haproxy", "haproxy")
 	dir := t.TempDir()
-	port, statsPort := freePort(t), freePort(t)
+	// Two ports at once: two calls of freePort may get the same one, and
+	// HAProxy would then bind both frontends to it, sharing it.
+	ports, err := memcachedtest.FreePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, statsPort := ports[0], ports[1]
 	conf := render(t, "deploy/haproxy/haproxy.cfg",
 		"    chroot /var/lib/haproxy\n", "",
 		"    user haproxy\n", "",

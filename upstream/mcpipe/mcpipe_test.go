@@ -928,6 +928,13 @@ func slowRelay(t *testing.T, addr string, rate int) string {
 	return relay(t, addr, rate, false)
 }
 
+// queued is how many calls the connection has sent or is sending.
+func (c *conn) queued() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.queue)
+}
+
 // unwritten reports whether large values are queued or granted room and
 // not yet written.
 func (c *conn) unwritten() bool {
@@ -1184,7 +1191,14 @@ func TestSlowValueKeepsDeadlines(t *testing.T) {
 		_, _, setErr = c.Do(ctx, op.Op{Verb: op.Set, Item: op.Item{Value: bytes.Repeat([]byte("v"), 1<<20)}}, "big")
 		setTook = time.Since(start)
 	})
-	time.Sleep(50 * time.Millisecond) // the set is on its way
+	// The get goes once the set is queued: on a starved machine a fixed
+	// sleep could let the get go first, and it would be answered at once.
+	for cn := c.slots[0].c.Load(); cn == nil || cn.queued() == 0; cn = c.slots[0].c.Load() {
+		if time.Since(start) > 5*time.Second {
+			t.Fatal("the set was never queued")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
 	_, _, getErr := c.Do(ctx, op.Op{Verb: op.Get}, "small")
