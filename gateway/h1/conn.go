@@ -566,7 +566,7 @@ func (c *conn) runHandler(w *response, req *http.Request) (ok bool) {
 // meanwhile, not on a worker: linger reports whether it parked it.
 func (c *conn) linger() (wasParked bool) {
 	if !c.canPark() {
-		lingerClose(c.rwc)
+		lingerClose(c.rwc, c.srv.lingering())
 		c.close()
 		return false
 	}
@@ -600,11 +600,11 @@ func (c *conn) linger() (wasParked bool) {
 		if c.readDL {
 			c.setReadTimeout(0)
 		}
-		switch c.srv.poller.parkReading(c, stateActive, lingerUntil(c.lingerAt)) {
+		switch c.srv.poller.parkReading(c, stateActive, lingerUntil(c.lingerAt, c.srv.lingering())) {
 		case parked:
 			return true
 		case notParked:
-			lingerClose(c.rwc)
+			lingerClose(c.rwc, c.srv.lingering())
 			c.close()
 			return false
 		}
@@ -612,10 +612,10 @@ func (c *conn) linger() (wasParked bool) {
 }
 
 // lingerUntil is when a connection lingering since start is closed if
-// nothing more comes: lingerTime from now, lingerMax from start at most.
-func lingerUntil(start time.Time) time.Time {
+// nothing more comes: idle from now, lingerMax from start at most.
+func lingerUntil(start time.Time, idle time.Duration) time.Time {
 	end := start.Add(lingerMax)
-	if idle := time.Now().Add(lingerTime); idle.Before(end) {
+	if idle := time.Now().Add(idle); idle.Before(end) {
 		return idle
 	}
 	return end
@@ -623,14 +623,14 @@ func lingerUntil(start time.Time) time.Time {
 
 // lingerClose is linger for a connection that cannot park, rw: it waits
 // in reads on its goroutine. The caller closes rw after.
-func lingerClose(rw net.Conn) {
+func lingerClose(rw net.Conn, idle time.Duration) {
 	if cw, ok := rw.(interface{ CloseWrite() error }); ok {
 		cw.CloseWrite()
 	}
 	start := time.Now()
 	var buf [4 << 10]byte
 	for {
-		rw.SetReadDeadline(lingerUntil(start))
+		rw.SetReadDeadline(lingerUntil(start, idle))
 		if _, err := rw.Read(buf[:]); err != nil {
 			return
 		}

@@ -274,16 +274,18 @@ func TestReadAheadTurns(t *testing.T) {
 }
 
 // TestLingerWhileClientSends: a client refused while it still sends a
-// large body keeps sending for longer than lingerTime in all, with
+// large body keeps sending for longer than the linger time in all, with
 // pauses shorter than it, and then reads the answer: the connection
-// lingers as long as bytes come, instead of resetting the client.
+// lingers as long as bytes come, instead of resetting the client. (The
+// server's linger time is shortened to keep the test short.)
 func TestLingerWhileClientSends(t *testing.T) {
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Connection", "close")
 		w.WriteHeader(http.StatusServiceUnavailable)
 		io.WriteString(w, "refused")
 	})
-	_, addr := startH1(t, h, nil)
+	const linger = 500 * time.Millisecond
+	_, addr := startH1(t, h, func(s *Server) { s.lingerIdle = linger })
 	c, br := dial(t, addr)
 	const size, piece = 2 << 20, 64 << 10
 	fmt.Fprintf(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size)
@@ -292,10 +294,10 @@ func TestLingerWhileClientSends(t *testing.T) {
 		if _, err := c.Write([]byte(strings.Repeat("x", piece))); err != nil {
 			t.Fatalf("after %v and %d bytes the write failed: %v", time.Since(start).Round(time.Millisecond), sent, err)
 		}
-		time.Sleep(lingerTime / 10)
+		time.Sleep(linger / 10)
 	}
-	if time.Since(start) < 2*lingerTime {
-		t.Fatalf("the body took %v, want more than %v for the test to mean anything", time.Since(start), 2*lingerTime)
+	if time.Since(start) < 2*linger {
+		t.Fatalf("the body took %v, want more than %v for the test to mean anything", time.Since(start), 2*linger)
 	}
 	r, err := readWireResponse(br, "PUT")
 	if err != nil || r.body != "refused" {
@@ -369,5 +371,33 @@ func TestLingerParks(t *testing.T) {
 	c.Close()
 	if !eventually(func() bool { return readingCount(s) == 0 }) {
 		t.Error("the lingering connection stayed parked after the client closed")
+	}
+}
+
+// TestLingerOutlastsPause: a client refused while it sends a large body,
+// which pauses for a second and a half mid-body (a slow link, a busy
+// client), still reads its answer: a lingering connection waits as long
+// as nginx's lingering_timeout for more bytes, not net/http's 500 ms.
+func TestLingerOutlastsPause(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "close")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, "refused")
+	})
+	_, addr := startH1(t, h, nil)
+	c, br := dial(t, addr)
+	const size, piece = 4 << 20, 256 << 10
+	fmt.Fprintf(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size)
+	for sent := 0; sent < size; sent += piece {
+		if sent == size/2 {
+			time.Sleep(1500 * time.Millisecond)
+		}
+		if _, err := c.Write([]byte(strings.Repeat("x", piece))); err != nil {
+			t.Fatalf("after %d bytes and a pause the write failed: %v", sent, err)
+		}
+	}
+	r, err := readWireResponse(br, "PUT")
+	if err != nil || !strings.Contains(r.status, " 503 ") || r.body != "refused" {
+		t.Fatalf("answer after the pause: %v, %v; want the 503", r, err)
 	}
 }

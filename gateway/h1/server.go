@@ -126,16 +126,26 @@ type Server struct {
 	cancel    context.CancelFunc
 	poller    *poller // nil where connections cannot be parked; set before the first conn
 
-	pollWorkers int // the poller's soft cap on workers; 0: maxWorkers (tests set it)
+	pollWorkers int           // the poller's soft cap on workers; 0: maxWorkers (tests set it)
+	lingerIdle  time.Duration // how long a lingering connection may send nothing; 0: lingerTime (tests set it)
 }
 
 const (
 	readBufSize     = 4 << 10 // the largest request head the fast path takes
 	shutdownPollMax = 100 * time.Millisecond
 	newConnGrace    = 5 * time.Second        // a silent new conn counts as idle after this, as in net/http
-	lingerTime      = 500 * time.Millisecond // how long a lingering connection may send nothing
+	lingerTime      = 5 * time.Second        // how long a lingering connection may send nothing (nginx's lingering_timeout)
+	refusalLinger   = 500 * time.Millisecond // the same for a refusal over MaxConns (refuseLinger), which many clients may cause at once
 	lingerMax       = 30 * time.Second       // how long it may linger in all (nginx's lingering_time)
 )
+
+// lingering is how long a lingering connection may send nothing.
+func (s *Server) lingering() time.Duration {
+	if s.lingerIdle > 0 {
+		return s.lingerIdle
+	}
+	return lingerTime
+}
 
 // Buffers lends byte buffers and takes them back (Server.Buffers).
 // *bufpool.Pool implements it.
@@ -364,7 +374,8 @@ func (s *Server) closeRefusals(all bool) bool {
 }
 
 // refuseLinger answers rw with refusal once its request has begun to
-// come (or after lingerTime), then lingers as linger does and closes it.
+// come (or after refusalLinger), then lingers as linger does, for
+// refusalLinger of silence at most, and closes it.
 // Closed at once, a connection accepted before its request came (a Unix
 // socket, TCP without TCP_DEFER_ACCEPT) or sending a body is closed
 // under the client's send, which then fails with a broken pipe or a
@@ -372,17 +383,17 @@ func (s *Server) closeRefusals(all bool) bool {
 func refuseLinger(r *refused) {
 	rw := r.rw
 	defer rw.Close()
-	rw.SetReadDeadline(time.Now().Add(lingerTime))
+	rw.SetReadDeadline(time.Now().Add(refusalLinger))
 	var buf [512]byte
 	if _, err := rw.Read(buf[:]); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 		return // the client left: no one to answer
 	}
-	rw.SetWriteDeadline(time.Now().Add(lingerTime))
+	rw.SetWriteDeadline(time.Now().Add(refusalLinger))
 	if _, err := io.WriteString(rw, refusal); err != nil {
 		return
 	}
 	r.answered.Store(true)
-	lingerClose(rw)
+	lingerClose(rw, refusalLinger)
 }
 
 // refusal answers a connection over MaxConns.
