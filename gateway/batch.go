@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -332,15 +333,12 @@ func (h *handler) readBatch(r *http.Request) ([]parsedOp, error) {
 	if err != nil {
 		return nil, err
 	}
-	raw, err := decodeBatch(body)
+	raw, err := decodeBatch(body, h.opts.BatchMaxOps)
 	if err != nil {
 		return nil, err
 	}
 	if len(raw) == 0 {
 		return nil, badRequest("batch has no operations")
-	}
-	if len(raw) > h.opts.BatchMaxOps {
-		return nil, badRequest("batch has " + strconv.Itoa(len(raw)) + " operations; at most " + strconv.Itoa(h.opts.BatchMaxOps))
 	}
 	ops := make([]parsedOp, len(raw))
 	for i, b := range raw {
@@ -349,28 +347,142 @@ func (h *handler) readBatch(r *http.Request) ([]parsedOp, error) {
 	return ops, nil
 }
 
-func decodeBatch(body []byte) ([]batchOp, error) {
-	trimmed := bytes.TrimLeft(body, " \t\r\n")
-	var raw []batchOp
-	var err error
-	dec := json.NewDecoder(bytes.NewReader(trimmed))
+// decodeBatch decodes a batch body, {"ops":[…]} or a bare array, one
+// operation at a time, and fails as soon as it has decoded maxOps and
+// another follows. So what it holds is bounded by maxOps operations (each
+// at most the body's size), not by how many elements the body lists: a
+// body of a million tiny elements costs no more than one of maxOps. The
+// wrapper takes only "ops", matched as encoding/json matches field names
+// (case-insensitively; the last "ops" wins), and an operation takes only
+// batchOp's fields.
+func decodeBatch(body []byte, maxOps int) ([]batchOp, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
-	if len(trimmed) > 0 && trimmed[0] == '[' {
-		err = dec.Decode(&raw)
-	} else {
-		var wrapped struct {
-			Ops []batchOp `json:"ops"`
-		}
-		err = dec.Decode(&wrapped)
-		raw = wrapped.Ops
-	}
+	tok, err := dec.Token()
 	if err != nil {
-		return nil, badRequest("batch is not valid JSON ({\"ops\":[{\"op\":\"get\",\"key\":\"k\"},…]}): " + err.Error())
+		return nil, notJSON(err)
 	}
-	if dec.More() {
+	var ops []batchOp
+	switch tok {
+	case json.Delim('['):
+		if ops, err = decodeOps(dec, maxOps); err != nil {
+			return nil, err
+		}
+	case json.Delim('{'):
+		if ops, err = decodeWrapper(dec, maxOps); err != nil {
+			return nil, err
+		}
+	case nil: // null: no operations
+	default:
+		return nil, badRequest("batch is " + jsonKind(tok) + ", not {\"ops\":[…]} or an array of operations")
+	}
+	if len(bytes.TrimLeft(body[dec.InputOffset():], " \t\r\n")) > 0 {
 		return nil, badRequest("batch has data after its JSON value")
 	}
-	return raw, nil
+	return ops, nil
+}
+
+// decodeWrapper decodes the members of {"ops":[…]} after its '{', up to
+// and with its '}'.
+func decodeWrapper(dec *json.Decoder, maxOps int) ([]batchOp, error) {
+	var ops []batchOp
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, notJSON(err)
+		}
+		if name, _ := tok.(string); !strings.EqualFold(name, "ops") {
+			return nil, notJSON(errors.New("json: unknown field " + strconv.Quote(name)))
+		}
+		if tok, err = dec.Token(); err != nil {
+			return nil, notJSON(unexpectedEOF(err))
+		}
+		switch tok {
+		case json.Delim('['):
+			if ops, err = decodeOps(dec, maxOps); err != nil {
+				return nil, err
+			}
+		case nil:
+			ops = nil
+		default:
+			return nil, badRequest("batch \"ops\" is " + jsonKind(tok) + ", not an array of operations")
+		}
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, notJSON(unexpectedEOF(err))
+	}
+	return ops, nil
+}
+
+// decodeOps decodes the operations of an array after its '[', up to and
+// with its ']'. An element that is not an object fails at once, as does
+// the element after the first maxOps, before it is decoded.
+func decodeOps(dec *json.Decoder, maxOps int) ([]batchOp, error) {
+	var ops []batchOp
+	for i := 0; dec.More(); i++ {
+		if i == maxOps {
+			return nil, badRequest("batch has more than " + strconv.Itoa(maxOps) + " operations; at most " + strconv.Itoa(maxOps))
+		}
+		ops = append(ops, batchOp{})
+		// Decoding into a pointer tells null apart: it sets p to nil.
+		p := &ops[i]
+		err := dec.Decode(&p)
+		var te *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &te) && te.Field == "":
+			return nil, badRequest("batch operation " + strconv.Itoa(i) + " is " + article(te.Value) + ", not an object")
+		case err != nil:
+			return nil, notJSON(unexpectedEOF(err))
+		case p == nil:
+			return nil, badRequest("batch operation " + strconv.Itoa(i) + " is null, not an object")
+		}
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, notJSON(unexpectedEOF(err))
+	}
+	return ops, nil
+}
+
+// notJSON is the 400 for a batch body encoding/json cannot decode.
+func notJSON(err error) error {
+	return badRequest("batch is not valid JSON ({\"ops\":[{\"op\":\"get\",\"key\":\"k\"},…]}): " + err.Error())
+}
+
+// unexpectedEOF is err, but io.ErrUnexpectedEOF for io.EOF: the body
+// ended inside its JSON value.
+func unexpectedEOF(err error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// jsonKind names the kind of a JSON token: "a number", "a string",
+// "true", "false", "null", "an object" or "an array".
+func jsonKind(tok json.Token) string {
+	switch t := tok.(type) {
+	case json.Delim:
+		if t == '{' {
+			return "an object"
+		}
+		return "an array"
+	case string:
+		return "a string"
+	case bool:
+		return strconv.FormatBool(t)
+	case nil:
+		return "null"
+	}
+	return "a number"
+}
+
+// article puts "a" or "an" before what encoding/json calls a JSON value's
+// kind ("number", "string", "array", "bool").
+func article(kind string) string {
+	if strings.IndexByte("aeiou", kind[0]) >= 0 {
+		return "an " + kind
+	}
+	return "a " + kind
 }
 
 // parseOp checks one operation the way the single-key endpoint checks a
