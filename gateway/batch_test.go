@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"math/rand/v2"
 	"net/http/httptest"
 	"runtime"
 	"slices"
@@ -478,6 +479,136 @@ func TestBatchMaxOps(t *testing.T) {
 				if len(s.Items) != 0 {
 					t.Errorf("a refused batch stored %d items", len(s.Items))
 				}
+			}
+		})
+	}
+}
+
+// marshalledLen is how many bytes the answer writer gives value b,
+// without the quotes: setValue, then json.Marshal as writeResults.
+func marshalledLen(t *testing.T, b []byte) int {
+	t.Helper()
+	var res batchResult
+	res.setValue(b)
+	out, err := json.Marshal(*res.Value)
+	if err != nil {
+		t.Fatalf("json.Marshal(%q): %v", *res.Value, err)
+	}
+	return len(out) - 2
+}
+
+// TestJSONLen: jsonLen counts what the answer writer writes, byte for
+// byte, U+2028 and U+2029 as the 6 bytes of \u2028 (finding F6).
+func TestJSONLen(t *testing.T) {
+	tests := []struct {
+		name string
+		b    string
+	}{
+		{"empty", ""},
+		{"plain", "hello, world"},
+		{"quote and backslash", `"\"\\`},
+		{"short escapes", "\b\f\n\r\t"},
+		{"control bytes", "\x00\x01\x0b\x1f"},
+		{"DEL is not escaped", "\x7f"},
+		{"HTML", "<a href='x'>&amp;</a>"},
+		{"U+2028 and U+2029", "\u2028\u2029"},
+		{"next to U+2028", "\u2027\u202a\u2020"},
+		{"U+2028 at the end", "x\u2028"},
+		{"multi-byte", "é€😀\ufffd"},
+		{"invalid UTF-8", "\xff"},
+		{"U+2028 cut short", "\xe2\x80"},
+		{"invalid among U+2028", "\u2028\xff\u2029"},
+		{"surrogate half", "\xed\xa0\x80"},
+		{"binary", "\x00\x01\x02\xfe\xff"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got, want := jsonLen([]byte(tt.b)), marshalledLen(t, []byte(tt.b)); got != want {
+				t.Errorf("jsonLen(%q) = %d, want %d", tt.b, got, want)
+			}
+		})
+	}
+	t.Run("random", func(t *testing.T) {
+		pieces := []string{"a", "\"", "\\", "\x00", "\x1f", "\b", "\n", "<", "&", "\u2028", "\u2029", "\u2027", "é", "😀", "\xe2", "\x80", "\xa8", "\xff"}
+		rng := rand.New(rand.NewPCG(1, 2))
+		for range 2000 {
+			var b []byte
+			for range rng.IntN(40) {
+				if rng.IntN(8) == 0 { // now and then a byte that breaks UTF-8
+					b = append(b, byte(rng.IntN(256)))
+				} else {
+					b = append(b, pieces[rng.IntN(len(pieces)-4)]...)
+				}
+			}
+			if got, want := jsonLen(b), marshalledLen(t, b); got != want {
+				t.Fatalf("jsonLen(%q) = %d, want %d", b, got, want)
+			}
+		}
+	})
+}
+
+func FuzzJSONLen(f *testing.F) {
+	f.Add([]byte("\u2028<&>\"\\\n\x00"))
+	f.Add([]byte("\xe2\x80\xa8\xff"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if got, want := jsonLen(b), marshalledLen(t, b); got != want {
+			t.Fatalf("jsonLen(%q) = %d, want %d", b, got, want)
+		}
+	})
+}
+
+// TestMultiGetAnswerRoom: the values of a multi-get's answer take at most
+// BatchMaxResponseBytes, as written, whatever they hold: U+2028 too,
+// which takes twice its UTF-8 bytes (finding F6).
+func TestMultiGetAnswerRoom(t *testing.T) {
+	const room = 4096
+	tests := []struct {
+		name  string
+		value string
+	}{
+		{"ASCII", strings.Repeat("x", 300)},
+		{"U+2028", strings.Repeat("\u2028", 100)},
+		{"U+2029", strings.Repeat("\u2029", 100)},
+		{"HTML", strings.Repeat("<&>", 100)},
+		{"control bytes", strings.Repeat("\x01", 300)},
+		{"not UTF-8", strings.Repeat("\xff", 300)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newFake()
+			var q []string
+			for i := range 40 {
+				k := "k" + strconv.Itoa(i)
+				s.Put(op.Item{Key: k, Value: []byte(tt.value)})
+				q = append(q, "key="+k)
+			}
+			log := slog.New(slog.NewTextHandler(io.Discard, nil))
+			h := NewHandler(s, log, prometheus.NewRegistry(), Options{BatchMaxResponseBytes: room})
+			w := do(h, "GET", "/?"+strings.Join(q, "&"), "")
+			if w.Code != 200 {
+				t.Fatalf("multi-get = %d %q, want 200", w.Code, w.Body.String())
+			}
+			var raw struct {
+				Results []struct {
+					Status int             `json:"status"`
+					Value  json.RawMessage `json:"value"`
+				} `json:"results"`
+			}
+			if err := json.Unmarshal(w.Body.Bytes(), &raw); err != nil {
+				t.Fatalf("answer is not results JSON: %v", err)
+			}
+			written, found := 0, 0
+			for _, r := range raw.Results {
+				if r.Status == 200 {
+					written += len(r.Value) - 2
+					found++
+				}
+			}
+			if written > room {
+				t.Errorf("answer carries %d bytes of values, want at most %d", written, room)
+			}
+			if found == 0 || found == len(raw.Results) {
+				t.Errorf("%d of %d values answered, want some but not all to fit", found, len(raw.Results))
 			}
 		})
 	}
