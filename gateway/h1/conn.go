@@ -85,6 +85,7 @@ type conn struct {
 	reqFirst    bool          // it is the connection's first
 	crlfSkipped int           // CR/LF bytes dropped before it (after a POST)
 	headAt      time.Time     // when it began: its header and read timeouts count from here
+	hs          headScan      // how much of its head readHead has checked
 	ahead       *http.Request // phaseBody: the request whose body is read ahead
 	abuf        []byte        // the body read ahead so far
 	aheld       int64         // bytes of Server.Budget held for abuf
@@ -265,6 +266,7 @@ func (c *conn) readNext(first, resumed bool) (*http.Request, readResult) {
 		if res := c.startRequest(first, resumed); res != readOK {
 			return nil, res
 		}
+		c.hs = headScan{}
 	}
 	req, n, res := c.readHead(first)
 	if res != readOK {

@@ -621,6 +621,16 @@ func TestTimeouts(t *testing.T) {
 			},
 		},
 		{
+			// A head longer than the read buffer that stops short: the
+			// header timeout counts from its start, as in net/http
+			// alone, with the head waiting in the fast path.
+			name:      "slow long head",
+			configure: func(s *Server) { s.ReadHeaderTimeout, s.IdleTimeout = timeout, time.Minute },
+			send: func(c net.Conn, br *bufio.Reader) {
+				io.WriteString(c, "GET /small HTTP/1.1\r\nHost: a\r\nX-Big: "+strings.Repeat("b", 6000))
+			},
+		},
+		{
 			// A body that stops halfway is cut by ReadTimeout.
 			name: "slow body",
 			configure: func(s *Server) {

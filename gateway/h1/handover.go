@@ -1,7 +1,6 @@
 package h1
 
 import (
-	"bytes"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -15,8 +14,7 @@ func (c *conn) handover() {
 		c.srv.poller.forget(c) // before Fallback reads it
 	}
 	c.rwc.SetDeadline(time.Time{})
-	buf := bytes.Clone(c.in.bytes())
-	c.in.free()
+	buf := c.in.takeBytes()
 	c.state.Store(stateClosed) // no longer ours: closeIdle and Close leave it alone
 	s := c.srv
 	s.mu.Lock()

@@ -25,13 +25,17 @@ func (c *conn) readHead(first bool) (req *http.Request, n int, res readResult) {
 		// bytes (counting the CR/LF it drops after a POST) or EOF, which
 		// closes silently: a line it cannot parse is answered only then.
 		if first || len(buf)+c.crlfSkipped >= 4 {
-			n, lines, fast := scanHead(buf)
-			if !fast {
+			n, fast := c.hs.scan(buf)
+			if !fast || n > readBufSize {
+				// Fallback's: a line outside the fast path's
+				// grammar, which net/http may answer before the
+				// head ends, or a whole head longer than the fast
+				// path takes.
 				c.handover()
 				return nil, 0, readEnded
 			}
 			if n > 0 {
-				req, err := c.newRequest(buf[:n], lines)
+				req, err := c.newRequest(buf[:n], c.hs.lines)
 				switch {
 				case err != nil:
 					if c.refuse(err) {
@@ -45,8 +49,8 @@ func (c *conn) readHead(first bool) (req *http.Request, n int, res readResult) {
 				return req, n, readOK
 			}
 		}
-		if len(buf) == c.in.Size() {
-			c.handover() // Fallback applies MaxHeaderBytes
+		if len(buf) == c.in.Size() && !c.growHead() {
+			c.handover() // Fallback answers 431, as it would
 			return nil, 0, readEnded
 		}
 		c.phase = phaseHead
@@ -92,34 +96,69 @@ func (c *conn) refuse(error) (wasParked bool) {
 	return c.linger()
 }
 
-// scanHead checks the head at the start of b, line by line, against the
-// fast path's grammar. It returns the head's length and its number of
-// header lines once b holds a complete head, n == 0 while more is needed,
-// and !fast as soon as a complete line is outside the grammar.
-func scanHead(b []byte) (n, lines int, fast bool) {
-	for pos := 0; ; {
+// growHead makes room in c.in, which a request head not yet complete
+// fills, for more of it, and reports false once it holds as much as
+// net/http reads for a head (MaxHeaderBytes+4096 bytes): Fallback then
+// answers as it would. The head stays with the fast path until it is
+// complete, parked between reads like a short one, so that a client
+// sending a long head slowly costs the bytes it sent and no goroutine,
+// where net/http would hold a goroutine and its buffers. The buffer
+// grows by a quarter, 4 KiB at least, or at once to what the socket
+// holds: it stays within a little of what the client sent, and a head
+// is copied a few times at most.
+func (c *conn) growHead() bool {
+	limit := maxHeader(c.srv.MaxHeaderBytes) + 4096
+	have := c.in.Buffered()
+	if have >= limit {
+		return false
+	}
+	n := have + max(readBufSize, have/4)
+	if c.in.rc != nil {
+		n = max(n, have+c.queued())
+	}
+	c.in.grow(min(n, limit))
+	return true
+}
+
+// headScan is readHead's progress through the head being read: it
+// checks each line once, as it comes, so that a long head sent a few
+// bytes at a time costs one pass over it, not one per read.
+type headScan struct {
+	pos   int // where the first line not yet checked begins
+	lines int // header lines checked
+}
+
+// scan checks the lines of the head at the start of b, from where it
+// stopped, against the fast path's grammar. It returns the head's length
+// once b holds a complete head (its number of header lines is then in
+// s.lines), n == 0 while more is needed, and !fast as soon as a complete
+// line is outside the grammar. b must begin with the bytes it was given
+// before.
+func (s *headScan) scan(b []byte) (n int, fast bool) {
+	for {
+		pos := s.pos
 		i := bytes.IndexByte(b[pos:], '\n')
 		if i < 0 {
-			return 0, 0, true
+			return 0, true
 		}
 		end := pos + i
 		if i == 0 || b[end-1] != '\r' {
-			return 0, 0, false // a bare LF, which net/http accepts
+			return 0, false // a bare LF, which net/http accepts
 		}
 		line := b[pos : end-1]
 		switch {
 		case pos == 0:
 			if !validRequestLine(line) {
-				return 0, 0, false
+				return 0, false
 			}
 		case len(line) == 0:
-			return end + 1, lines, true
+			return end + 1, true
 		case !validHeaderLine(line):
-			return 0, 0, false
+			return 0, false
 		default:
-			lines++
+			s.lines++
 		}
-		pos = end + 1
+		s.pos = end + 1
 	}
 }
 
@@ -173,7 +212,7 @@ func allIn[T string | []byte](s T, extra string) bool {
 	return true
 }
 
-// newRequest builds the request of a head that passed scanHead, as
+// newRequest builds the request of a head that passed headScan, as
 // net/http would, or returns nil if the request is not for the fast path,
 // or errBothLengths for a request the fast path refuses. Every string of
 // the request shares one copy of the head.

@@ -1,6 +1,7 @@
 package h1
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -24,7 +25,11 @@ type inbuf struct {
 	nc   net.Conn        // read with Read when rc is nil, and named in errors
 	rc   syscall.RawConn // nil if nc offers none
 
-	buf   *[readBufSize]byte // nil while released
+	// buf is the pooled array arr, or a larger buffer of the
+	// connection's own that grow made for a long request head; nil
+	// while released.
+	buf   []byte
+	arr   *[readBufSize]byte // from pool; nil when buf is grown or released
 	r, w  int                // buf[r:w] is buffered
 	err   error              // a read error not yet returned
 	saved []byte             // what stash kept of buf[r:w] while parked; nil otherwise
@@ -60,7 +65,27 @@ func (b *inbuf) init(nc net.Conn, p pool) {
 }
 
 // Size is the buffer's size: the most that Peek can return.
-func (b *inbuf) Size() int { return readBufSize }
+func (b *inbuf) Size() int {
+	if b.buf == nil {
+		return readBufSize
+	}
+	return len(b.buf)
+}
+
+// grow makes the buffer n bytes long, n more than Size, keeping what is
+// buffered. The larger buffer is allocated, not pooled (a request head
+// longer than readBufSize is rare), and is dropped when the buffer is
+// next released or freed, so that an idle connection never keeps it.
+func (b *inbuf) grow(n int) {
+	nb := make([]byte, n)
+	b.w = copy(nb, b.bytes())
+	b.r = 0
+	if b.arr != nil {
+		b.pool.Put(b.arr)
+		b.arr = nil
+	}
+	b.buf = nb
+}
 
 // Buffered is the number of bytes that can be read without a read call.
 func (b *inbuf) Buffered() int { return b.w - b.r }
@@ -80,25 +105,41 @@ func (b *inbuf) release() {
 	}
 }
 
-// free gives the buffer back to the pool, dropping what it holds.
+// free gives the buffer back to the pool, or drops a grown one, and
+// drops what it holds.
 func (b *inbuf) free() {
 	b.saved = nil
-	if b.buf != nil {
-		b.pool.Put(b.buf)
-		b.buf, b.r, b.w = nil, 0, 0
+	if b.arr != nil {
+		b.pool.Put(b.arr)
 	}
+	b.buf, b.arr, b.r, b.w = nil, nil, 0, 0
+}
+
+// takeBytes returns what is buffered, in a slice that is the caller's
+// from then on, and frees the buffer: a grown one is given as it is, the
+// bytes of a pooled one are copied.
+func (b *inbuf) takeBytes() []byte {
+	p := b.bytes()
+	if b.arr != nil {
+		p = bytes.Clone(p)
+	}
+	b.free()
+	return p
 }
 
 // stash moves what is buffered into a slice of its own size and gives the
 // buffer back, so that a connection parked with part of a request head
 // holds the bytes it sent, not a whole buffer. unstash puts them back.
+// A grown buffer is the connection's own and at most a little larger
+// than what it holds (see conn.growHead): it is kept as it is, which
+// spares a copy of a long head each time a byte of it comes.
 func (b *inbuf) stash() {
-	if b.r == b.w || b.saved != nil {
+	if b.r == b.w || b.saved != nil || b.arr == nil {
 		return
 	}
 	b.saved = append([]byte(nil), b.buf[b.r:b.w]...)
-	b.pool.Put(b.buf)
-	b.buf, b.r, b.w = nil, 0, 0
+	b.pool.Put(b.arr)
+	b.buf, b.arr, b.r, b.w = nil, nil, 0, 0
 }
 
 // unstash undoes stash.
@@ -109,15 +150,16 @@ func (b *inbuf) unstash() {
 	if b.buf == nil {
 		b.take()
 	}
-	b.r, b.w = 0, copy(b.buf[:], b.saved)
+	b.r, b.w = 0, copy(b.buf, b.saved)
 	b.saved = nil
 }
 
 func (b *inbuf) take() {
-	b.buf, _ = b.pool.Get().(*[readBufSize]byte)
-	if b.buf == nil {
-		b.buf = new([readBufSize]byte)
+	b.arr, _ = b.pool.Get().(*[readBufSize]byte)
+	if b.arr == nil {
+		b.arr = new([readBufSize]byte)
 	}
+	b.buf = b.arr[:]
 }
 
 // readErr returns the pending read error and clears it.
@@ -131,10 +173,10 @@ func (b *inbuf) readErr() error {
 // needed; with fewer it also returns why (the read error, or
 // errBufferFull if n is more than Size).
 func (b *inbuf) Peek(n int) ([]byte, error) {
-	for b.w-b.r < n && b.w-b.r < readBufSize && b.err == nil {
+	for b.w-b.r < n && b.w-b.r < b.Size() && b.err == nil {
 		b.fill()
 	}
-	if n > readBufSize {
+	if n > b.Size() {
 		return b.bytes(), errBufferFull
 	}
 	var err error
@@ -199,11 +241,11 @@ func (b *inbuf) Read(p []byte) (int, error) {
 // buffered to its start; an error is kept for readErr.
 func (b *inbuf) fill() {
 	if b.r > 0 {
-		copy(b.buf[:], b.buf[b.r:b.w])
+		copy(b.buf, b.buf[b.r:b.w])
 		b.w -= b.r
 		b.r = 0
 	}
-	if b.w == readBufSize {
+	if b.buf != nil && b.w == len(b.buf) {
 		return
 	}
 	n, err := b.read(nil)
@@ -251,7 +293,7 @@ func (b *inbuf) poll() (empty bool) {
 // read error is kept for readErr). It reads nothing and reports false
 // without a RawConn, with an error pending, or with a full buffer.
 func (b *inbuf) tryFill() (blocked bool) {
-	if b.rc == nil || b.err != nil || b.buf != nil && b.r == 0 && b.w == readBufSize {
+	if b.rc == nil || b.err != nil || b.buf != nil && b.r == 0 && b.w == len(b.buf) {
 		return false
 	}
 	b.noWait, b.blocked = true, false

@@ -289,3 +289,56 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestInbufGrow: a buffer grown for a long head keeps what was buffered,
+// reads on into its new room, is kept as it is while parked (stash), and
+// is never put in the pool: a release, a free or takeBytes drops it, and
+// the pooled array it replaced goes back to the pool at once.
+func TestInbufGrow(t *testing.T) {
+	tests := []struct {
+		name string
+		end  func(b *inbuf) []byte // ends the grown buffer; returns bytes the caller keeps
+		want string                // what end returns
+	}{
+		{"takeBytes", func(b *inbuf) []byte { return b.takeBytes() }, "abcdefgh"},
+		{"free", func(b *inbuf) []byte { b.free(); return nil }, ""},
+		{"release once read", func(b *inbuf) []byte { b.Discard(b.Buffered()); b.release(); return nil }, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			server, client := tcpPair(t)
+			p := &countingPool{}
+			var b inbuf
+			b.init(server, p)
+			io.WriteString(client, "abcd")
+			if got, err := b.Peek(4); string(got) != "abcd" || err != nil {
+				t.Fatalf("Peek(4) = %q, %v", got, err)
+			}
+			b.grow(2 * readBufSize)
+			if gets, puts := p.counts(); gets != 1 || puts != 1 {
+				t.Errorf("after grow: %d buffers taken, %d given back; want 1, 1", gets, puts)
+			}
+			if b.Size() != 2*readBufSize || string(b.bytes()) != "abcd" {
+				t.Errorf("after grow: Size() = %d, bytes %q; want %d, %q", b.Size(), b.bytes(), 2*readBufSize, "abcd")
+			}
+			b.stash()
+			if b.saved != nil || string(b.bytes()) != "abcd" {
+				t.Errorf("stash moved a grown buffer's bytes: saved %q, buffered %q", b.saved, b.bytes())
+			}
+			b.unstash()
+			io.WriteString(client, "efgh")
+			if got, err := b.Peek(8); string(got) != "abcdefgh" || err != nil {
+				t.Fatalf("Peek(8) after grow = %q, %v", got, err)
+			}
+			if got := tt.end(&b); string(got) != tt.want {
+				t.Errorf("%s returned %q, want %q", tt.name, got, tt.want)
+			}
+			if b.buf != nil || b.Size() != readBufSize {
+				t.Errorf("after %s: buffer of %d bytes kept, Size() = %d", tt.name, len(b.buf), b.Size())
+			}
+			if gets, puts := p.counts(); gets != 1 || puts != 1 {
+				t.Errorf("after %s: %d buffers taken, %d given back; want 1, 1", tt.name, gets, puts)
+			}
+		})
+	}
+}
