@@ -65,7 +65,8 @@ func (h *handoff) give(c net.Conn) bool {
 }
 
 // replayConn is a connection whose first reads return buf, and whose
-// first Close takes it off the count of open connections.
+// first Close takes it off the count of open connections. It holds buf
+// only until it has returned it all.
 type replayConn struct {
 	net.Conn
 	buf    []byte
@@ -87,6 +88,12 @@ func (r *replayConn) Read(p []byte) (int, error) {
 	}
 	n := copy(p, r.buf)
 	r.buf = r.buf[n:]
+	if len(r.buf) == 0 {
+		// An empty slice at the end of an array still points into
+		// it, and net/http keeps this conn while the connection is
+		// open: let the array go.
+		r.buf = nil
+	}
 	return n, nil
 }
 

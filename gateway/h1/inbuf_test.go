@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -338,6 +339,50 @@ func TestInbufGrow(t *testing.T) {
 			}
 			if gets, puts := p.counts(); gets != 1 || puts != 1 {
 				t.Errorf("after %s: %d buffers taken, %d given back; want 1, 1", tt.name, gets, puts)
+			}
+		})
+	}
+}
+
+// TestReplayConnLetsGo: a handed-over connection returns the bytes it
+// was given, then reads the connection, and keeps nothing of them once
+// returned (net/http keeps the connection while it is open).
+func TestReplayConnLetsGo(t *testing.T) {
+	tests := []struct {
+		name  string
+		reads []int // sizes of the reads
+	}{
+		{"in one read", []int{16}},
+		{"in two reads", []int{3, 16}},
+		{"exactly", []int{6}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			server, client := tcpPair(t)
+			var open atomic.Int64
+			open.Add(1)
+			r := &replayConn{Conn: server, buf: []byte("replay"), open: &open}
+			var got []byte
+			for _, n := range tt.reads {
+				p := make([]byte, n)
+				k, err := r.Read(p)
+				if err != nil {
+					t.Fatalf("Read = %d, %v", k, err)
+				}
+				got = append(got, p[:k]...)
+			}
+			if string(got) != "replay" || r.buf != nil {
+				t.Errorf("read %q, kept %q; want %q, nothing", got, r.buf, "replay")
+			}
+			io.WriteString(client, "next")
+			p := make([]byte, 8)
+			if k, err := r.Read(p); string(p[:k]) != "next" || err != nil {
+				t.Errorf("Read after the replay = %q, %v; want %q", p[:k], err, "next")
+			}
+			r.Close()
+			r.Close()
+			if n := open.Load(); n != 0 {
+				t.Errorf("open = %d after two Closes, want 0", n)
 			}
 		})
 	}
