@@ -37,7 +37,10 @@ type Server struct {
 	// means http.DefaultMaxHeaderBytes). The fast path only takes heads
 	// of at most 4 KiB, which net/http always accepts (it allows
 	// MaxHeaderBytes plus 4096 bytes), and Fallback enforces the limit
-	// on larger ones, so Serve refuses to run when the two disagree.
+	// on larger ones, so Serve refuses to run when the two disagree. A
+	// larger head is read whole, or up to that limit, before its
+	// connection is handed to Fallback, waiting in the poller meanwhile
+	// as a short one does.
 	MaxHeaderBytes int
 
 	// Fallback serves the connections the fast path does not take, from
