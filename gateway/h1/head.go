@@ -25,12 +25,11 @@ func (c *conn) readHead(first bool) (req *http.Request, n int, res readResult) {
 		// bytes (counting the CR/LF it drops after a POST) or EOF, which
 		// closes silently: a line it cannot parse is answered only then.
 		if first || len(buf)+c.crlfSkipped >= 4 {
-			n, fast := c.hs.scan(buf)
-			if !fast || n > readBufSize {
-				// Fallback's: a line outside the fast path's
-				// grammar, which net/http may answer before the
-				// head ends, or a whole head longer than the fast
-				// path takes.
+			n, ok := c.hs.scan(buf)
+			if !ok || n > readBufSize || n > 0 && c.hs.fallback {
+				// Fallback's: a line net/http may answer before
+				// the head ends, or a whole head longer than the
+				// fast path takes or outside its grammar.
 				c.handover()
 				return nil, 0, readEnded
 			}
@@ -124,17 +123,22 @@ func (c *conn) growHead() bool {
 // checks each line once, as it comes, so that a long head sent a few
 // bytes at a time costs one pass over it, not one per read.
 type headScan struct {
-	pos   int // where the first line not yet checked begins
-	lines int // header lines checked
+	pos      int  // where the first line not yet checked begins
+	lines    int  // header lines checked
+	fallback bool // a line is outside the fast path's grammar, but net/http reads on past it
 }
 
 // scan checks the lines of the head at the start of b, from where it
 // stopped, against the fast path's grammar. It returns the head's length
-// once b holds a complete head (its number of header lines is then in
-// s.lines), n == 0 while more is needed, and !fast as soon as a complete
-// line is outside the grammar. b must begin with the bytes it was given
-// before.
-func (s *headScan) scan(b []byte) (n int, fast bool) {
+// once b holds a complete head (s.lines then counts its header lines, and
+// s.fallback says it is Fallback's), n == 0 while more is needed, and
+// !ok as soon as a complete line is one net/http may answer before the
+// head ends, which makes the connection Fallback's at once. A line that
+// net/http surely reads on past (a bare LF for CRLF, a request line it
+// takes) leaves the head with the fast path until it is complete, so
+// that a client cannot make a slow head cost net/http's goroutine with
+// one such line. b must begin with the bytes it was given before.
+func (s *headScan) scan(b []byte) (n int, ok bool) {
 	for {
 		pos := s.pos
 		i := bytes.IndexByte(b[pos:], '\n')
@@ -142,14 +146,19 @@ func (s *headScan) scan(b []byte) (n int, fast bool) {
 			return 0, true
 		}
 		end := pos + i
-		if i == 0 || b[end-1] != '\r' {
-			return 0, false // a bare LF, which net/http accepts
+		line := b[pos:end]
+		if i > 0 && line[i-1] == '\r' {
+			line = line[:i-1]
+		} else {
+			s.fallback = true // net/http takes a bare LF as CRLF
 		}
-		line := b[pos : end-1]
 		switch {
 		case pos == 0:
 			if !validRequestLine(line) {
-				return 0, false
+				if !readsPast(line) {
+					return 0, false
+				}
+				s.fallback = true
 			}
 		case len(line) == 0:
 			return end + 1, true
@@ -160,6 +169,26 @@ func (s *headScan) scan(b []byte) (n int, fast bool) {
 		}
 		s.pos = end + 1
 	}
+}
+
+// readsPast reports whether net/http reads on to the header lines after
+// request line l, which the fast path does not take, rather than answer
+// it at once: readRequest's checks of a request line, in its order.
+func readsPast(l []byte) bool {
+	method, rest, ok1 := bytes.Cut(l, []byte(" "))
+	target, proto, ok2 := bytes.Cut(rest, []byte(" "))
+	if !ok1 || !ok2 || !isToken(method) {
+		return false
+	}
+	if _, _, ok := http.ParseHTTPVersion(string(proto)); !ok {
+		return false
+	}
+	rawURL := string(target)
+	if string(method) == "CONNECT" && !strings.HasPrefix(rawURL, "/") {
+		rawURL = "http://" + rawURL // an authority, which net/http parses so
+	}
+	_, err := url.ParseRequestURI(rawURL)
+	return err == nil
 }
 
 // validRequestLine accepts "METHOD /target HTTP/1.x" with a token method

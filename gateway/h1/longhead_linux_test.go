@@ -201,3 +201,72 @@ func openConns(s *Server) int {
 	defer s.mu.Unlock()
 	return len(s.conns)
 }
+
+// TestSlowFallbackHeads: a slow head with a line outside the fast path's
+// grammar that net/http reads on past (a request line it takes, a bare
+// LF) waits in the poller until it is whole, as a fast one does, so that
+// such a line is no way around the bound on slow heads; one that net/http
+// answers at once is handed over at once and answered as net/http
+// answers it, before the rest of the head comes.
+func TestSlowFallbackHeads(t *testing.T) {
+	big := strings.Repeat("b", 6000)
+	tests := []struct {
+		name        string
+		first, rest string
+		waits       bool // the fast path keeps the connection until the head is whole
+	}{
+		{"absolute form", "GET http://a/echo HTTP/1.1\r\nHost: a\r\nX-Big: " + big, "\r\n\r\n", true},
+		{"OPTIONS *", "OPTIONS * HTTP/1.1\r\nHost: a\r\nX-A: 1", "\r\n\r\n", true},
+		{"HTTP/1.2", "GET /echo HTTP/1.2\r\nHost: a\r\nX-A: 1", "\r\n\r\n", true},
+		{"CONNECT", "CONNECT a:443 HTTP/1.1\r\nHost: a\r\nX-A: 1", "\r\n\r\n", true},
+		{"bare LF", "GET /echo HTTP/1.1\nHost: a\nX-Big: " + big, "\n\n", true},
+		{"bare LF at the end", "GET /echo HTTP/1.1\r\nHost: a\r\n", "\n", true},
+		{"bad request line", "GARBAGE\r\nX-A: 1", "\r\n\r\n", false},
+		{"bad target", "GET /a\x01b HTTP/1.1\r\nHost: a", "\r\n\r\n", false},
+		{"bad version", "GET /echo HTTP/1.1.1\r\nHost: a", "\r\n\r\n", false},
+		{"CONNECT to a bad authority", "CONNECT a b:1 HTTP/1.1\r\nHost: a", "\r\n\r\n", false},
+		{"header line without a colon", "GET /echo HTTP/1.1\r\nHost: a\r\nX-A 1\r\nX-B: 2", "\r\n\r\n", false},
+	}
+	h := testHandler()
+	std := startNetHTTP(t, listen(t, "tcp"), h)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, fast := startH1(t, h, nil)
+			want := twoPartExchange(t, std, tt.first, tt.rest, tt.waits, nil)
+			got := twoPartExchange(t, fast, tt.first, tt.rest, tt.waits, func() {
+				if !eventually(func() bool { return readingCount(s) == 1 && openConns(s) == 1 }) {
+					t.Errorf("the connection is not parked with its head (%d parked mid-request, %d on the fast path), want it parked",
+						readingCount(s), openConns(s))
+				}
+			})
+			if got.String() != want.String() {
+				t.Errorf("got  %v\nwant %v", got, want)
+			}
+		})
+	}
+}
+
+// twoPartExchange sends first to addr and then, with more, calls wait (if
+// not nil) and sends rest, and returns the response; without more the
+// response must come before rest is sent.
+func twoPartExchange(t *testing.T, addr, first, rest string, more bool, wait func()) wireResponse {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(c, first)
+	if more {
+		if wait != nil {
+			wait()
+		}
+		io.WriteString(c, rest)
+	}
+	r, err := readWireResponse(bufio.NewReader(c), "GET")
+	if r.status == "" {
+		t.Errorf("no response from %s: %v", addr, err)
+	}
+	return r
+}
