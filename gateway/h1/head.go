@@ -102,20 +102,21 @@ func (c *conn) refuse(error) (wasParked bool) {
 // complete, parked between reads like a short one, so that a client
 // sending a long head slowly costs the bytes it sent and no goroutine,
 // where net/http would hold a goroutine and its buffers. The buffer
-// grows by a quarter, 4 KiB at least, or at once to what the socket
-// holds: it stays within a little of what the client sent, and a head
-// is copied a few times at most.
+// grows by an eighth, 2 KiB at least, or at once to what the socket
+// holds, and then to the end of its allocation: it stays within a little
+// of what the client sent, and the bytes copied as it grows are a few
+// times the head's at most.
 func (c *conn) growHead() bool {
 	limit := maxHeader(c.srv.MaxHeaderBytes) + 4096
 	have := c.in.Buffered()
 	if have >= limit {
 		return false
 	}
-	n := have + max(readBufSize, have/4)
+	n := have + max(readBufSize/2, have/8)
 	if c.in.rc != nil {
 		n = max(n, have+c.queued())
 	}
-	c.in.grow(min(n, limit))
+	c.in.grow(min(n, limit), limit)
 	return true
 }
 

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"syscall"
 )
 
@@ -72,12 +73,14 @@ func (b *inbuf) Size() int {
 	return len(b.buf)
 }
 
-// grow makes the buffer n bytes long, n more than Size, keeping what is
-// buffered. The larger buffer is allocated, not pooled (a request head
-// longer than readBufSize is rare), and is dropped when the buffer is
-// next released or freed, so that an idle connection never keeps it.
-func (b *inbuf) grow(n int) {
-	nb := make([]byte, n)
+// grow makes the buffer at least n bytes long, and up to most if the
+// allocation has room for more, keeping what is buffered. The larger
+// buffer is allocated, not pooled (a request head longer than
+// readBufSize is rare), and is dropped when the buffer is next released
+// or freed, so that an idle connection never keeps it.
+func (b *inbuf) grow(n, most int) {
+	nb := slices.Grow([]byte(nil), n) // its capacity is the allocation's
+	nb = nb[:min(cap(nb), max(n, most))]
 	b.w = copy(nb, b.bytes())
 	b.r = 0
 	if b.arr != nil {

@@ -315,7 +315,7 @@ func TestInbufGrow(t *testing.T) {
 			if got, err := b.Peek(4); string(got) != "abcd" || err != nil {
 				t.Fatalf("Peek(4) = %q, %v", got, err)
 			}
-			b.grow(2 * readBufSize)
+			b.grow(2*readBufSize, 2*readBufSize)
 			if gets, puts := p.counts(); gets != 1 || puts != 1 {
 				t.Errorf("after grow: %d buffers taken, %d given back; want 1, 1", gets, puts)
 			}
