@@ -125,6 +125,7 @@ func (c *conn) growHead() bool {
 // bytes at a time costs one pass over it, not one per read.
 type headScan struct {
 	pos      int  // where the first line not yet checked begins
+	searched int  // how far past pos a line end was looked for and not found
 	lines    int  // header lines checked
 	fallback bool // a line is outside the fast path's grammar, but net/http reads on past it
 }
@@ -142,10 +143,13 @@ type headScan struct {
 func (s *headScan) scan(b []byte) (n int, ok bool) {
 	for {
 		pos := s.pos
-		i := bytes.IndexByte(b[pos:], '\n')
+		from := max(pos, s.searched) // a long line's start is not searched again
+		i := bytes.IndexByte(b[from:], '\n')
 		if i < 0 {
+			s.searched = len(b)
 			return 0, true
 		}
+		i += from - pos
 		end := pos + i
 		line := b[pos:end]
 		if i > 0 && line[i-1] == '\r' {
