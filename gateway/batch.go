@@ -386,9 +386,11 @@ func decodeBatch(body []byte, maxOps int) ([]batchOp, error) {
 }
 
 // decodeWrapper decodes the members of {"ops":[…]} after its '{', up to
-// and with its '}'.
+// and with its '}'. A second "ops" is refused: each array is held to
+// maxOps, but repeats would make the decoder work through any number.
 func decodeWrapper(dec *json.Decoder, maxOps int) ([]batchOp, error) {
 	var ops []batchOp
+	seen := false
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
@@ -397,6 +399,10 @@ func decodeWrapper(dec *json.Decoder, maxOps int) ([]batchOp, error) {
 		if name, _ := tok.(string); !strings.EqualFold(name, "ops") {
 			return nil, notJSON(errors.New("json: unknown field " + strconv.Quote(name)))
 		}
+		if seen {
+			return nil, badRequest("batch has more than one \"ops\" member")
+		}
+		seen = true
 		if tok, err = dec.Token(); err != nil {
 			return nil, notJSON(unexpectedEOF(err))
 		}
