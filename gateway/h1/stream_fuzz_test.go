@@ -85,11 +85,12 @@ const (
 	// Where a request would, net/http's own answer depends on how the
 	// stream arrived: it counts against a request's limit (MaxHeaderBytes
 	// plus 4 KiB) the bytes it reads from the connection for it, but not
-	// those it had already buffered while reading the one before, up to
-	// 4 KiB; and once a request has used up its limit, any error reading
-	// it is answered 431, not 400. So a later request with a 13 KiB head
-	// is served when it came with the one before, and answered 431 when
-	// it came on its own, as Fallback always sees a request it is handed.
+	// those it read before: buffered with the request before, or by the
+	// read of up to 4 KiB it makes between requests before it sets the
+	// limit; and once a request has used up its limit, any error reading
+	// it is answered 431, not 400. So a later request whose head is up to
+	// 4 KiB over the limit is served by net/http alone and answered 431
+	// by h1, whose Fallback sees every request it is handed as a first.
 	// TestConformance covers the limit on a first request.
 	streamMaxHeader = 1 << 20
 	// maxStream is the longest stream FuzzStream sends: it fits in the
