@@ -48,7 +48,7 @@ type Config struct {
 	MaxIdleConns      int           `env:"KEEPALIVE" envDefault:"64" help:"idle keepalive connections kept per node"`
 	MaxConns          int           `env:"MAX_CONNS_PER_NODE" envDefault:"64" help:"with PIPELINE_CONNS=0: cap on data connections, and so on in-flight operations, per node; requests beyond it wait"`
 	MaxInFlight       int           `env:"MAX_IN_FLIGHT_PER_NODE" envDefault:"4096" help:"with pipelining: cap on operations in flight per node; requests beyond it wait for a slot on their own goroutine (waiting GETs go out together as multi-key gets)"`
-	PipelineConns     int           `env:"PIPELINE_CONNS" envDefault:"2" help:"pipelined connections per node: operations share them and leave in combined writes (0: one operation per connection, gomemcache's pool of up to MAX_CONNS_PER_NODE)"`
+	PipelineConns     int           `env:"PIPELINE_CONNS" envDefault:"2" help:"pipelined connections per node: operations share them and leave in combined writes, and as many again carry reads of values known to be large (0: one operation per connection, gomemcache's pool of up to MAX_CONNS_PER_NODE)"`
 	BatchGets         bool          `env:"BATCH_GETS" envDefault:"true" help:"when all of a node's connections are busy, send waiting GETs together as one multi-key get (identical keys fetched once); an idle node is never delayed"`
 	MaxAttempts       int           `env:"MAX_ATTEMPTS" envDefault:"2" help:"distinct nodes tried per operation (reads retry on transport errors, writes only when the connection was never made)"`
 	RequestTimeout    time.Duration `env:"REQUEST_TIMEOUT" envDefault:"2s" help:"deadline for all memcached work of one request; keep it >= MAX_ATTEMPTS x TIMEOUT"`

@@ -121,6 +121,9 @@ func (l *limits) ownRead(o *op.Op) {
 // Reserve holds n bytes of the budget for a value being read (op.Room).
 func (l *limits) Reserve(n int) bool { return l.budget.Acquire(int64(n)) == nil }
 
+// Fits reports whether Reserve(n) would hold n bytes now (op.Room).
+func (l *limits) Fits(n int) bool { return l.budget.Fits(int64(n)) }
+
 // Release gives back what Reserve held (op.Room).
 func (l *limits) Release(n int) { l.budget.Release(int64(n)) }
 

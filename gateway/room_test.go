@@ -3,6 +3,7 @@ package gateway
 import (
 	"io"
 	"net/http"
+	"strconv"
 	"testing"
 	"time"
 
@@ -13,7 +14,8 @@ import (
 // take, dropped unread by its op.Op.Room, is a refusal of the budget
 // like any other: memcgate_buffered_refusals_total (and the
 // MemcgateBufferedBytesExhausted alert on it) counts it, on the routed
-// path and on the detached one.
+// path and on the detached one. Once its value was seen large, the GET
+// is refused before memcached is asked (mcpipe's size hints).
 func TestRefusedGetsAreCounted(t *testing.T) {
 	const size, limit = 20_000, 200_000
 	g := newBigRig(t, func(o *Options, c *upstream.Cluster) {
@@ -36,6 +38,7 @@ func TestRefusedGetsAreCounted(t *testing.T) {
 			g.budget.Force(limit - size/2) // room for half the value
 			before := g.counterPlain("memcgate_buffered_refusals_total")
 			detached := g.counterPlain("memcgate_http_detached_responses_total")
+			gets := g.memcachedGets()
 			for i := range 3 {
 				resp, err := http.Get(tt.url + "/fit")
 				if err != nil {
@@ -49,6 +52,9 @@ func TestRefusedGetsAreCounted(t *testing.T) {
 			}
 			if got := g.counterPlain("memcgate_buffered_refusals_total") - before; got != 3 {
 				t.Errorf("3 GETs refused for the budget counted %v refusals, want 3", got)
+			}
+			if n := g.memcachedGets() - gets; n > 1 {
+				t.Errorf("3 GETs refused for the budget asked memcached %d times, want at most once (before the value's size was known)", n)
 			}
 			if got := g.counterPlain("memcgate_http_detached_responses_total") > detached; got != tt.detached {
 				t.Errorf("detached responses: %v, want %v (the test did not take the path it tests)", got, tt.detached)
@@ -70,4 +76,20 @@ func TestRefusedGetsAreCounted(t *testing.T) {
 			}
 		})
 	}
+}
+
+// memcachedGets is the number of get commands the rig's memcached
+// servers have served.
+func (g *bigRig) memcachedGets() int {
+	g.t.Helper()
+	n := 0
+	for _, m := range g.mcs {
+		st, err := m.Stats()
+		if err != nil {
+			g.t.Fatal(err)
+		}
+		c, _ := strconv.Atoi(st["cmd_get"])
+		n += c
+	}
+	return n
 }

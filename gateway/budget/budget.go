@@ -55,6 +55,19 @@ func (b *Budget) Acquire(n int64) error {
 	return nil
 }
 
+// Fits reports whether Acquire(n) would succeed now, counting nothing
+// as held. A false answer counts as a refusal: its caller refuses on it.
+func (b *Budget) Fits(n int64) bool {
+	if b == nil || n <= 0 {
+		return true
+	}
+	if limit := b.limit.Load(); limit > 0 && b.used.Load()+n > limit {
+		b.refused.Add(1)
+		return false
+	}
+	return true
+}
+
 // Force counts n more bytes as held whatever the limit: for bytes that
 // are already in memory and cannot be dropped without breaking a
 // response under way. Release them like acquired ones.

@@ -137,8 +137,9 @@ type reply struct {
 // no caller gets its buffer back while the kernel may still read it.
 type conn struct {
 	nc      net.Conn
-	sio     *sockIO // reads and writes nc if it is a socket; nil: nc's own methods
-	closed  func()  // Options.Closed, called once nc is closed; nil: none
+	sio     *sockIO    // reads and writes nc if it is a socket; nil: nc's own methods
+	closed  func()     // Options.Closed, called once nc is closed; nil: none
+	hints   *sizeHints // the Client's: what reads found (readReply)
 	timeout time.Duration
 
 	mu          sync.Mutex
@@ -700,7 +701,7 @@ func (c *conn) readLoop() {
 			rooms = append(rooms, c.queue[0].room)
 		}
 		c.mu.Unlock()
-		r, err := readReply(br, k, verb, keys, limit, rooms, &holds)
+		r, err := readReply(br, k, verb, keys, limit, rooms, &holds, c.hints)
 		clear(rooms) // let the callers go
 		if err != nil {
 			release()
@@ -895,8 +896,9 @@ func isErrorLine(line []byte) bool {
 // out, whatever the outcome. None of a reply's values reaches its caller
 // before the whole reply is read: without the reservations a shared line
 // of a hundred 1 MB values would keep 100 MB that no budget saw.
-// A value for a key the line did not ask for is dropped.
-func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, limit int, rooms []op.Room, holds *[]held) (r reply, err error) {
+// A value for a key the line did not ask for is dropped. The size of a
+// value asked of a room goes to hints (nil: nowhere).
+func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, limit int, rooms []op.Room, holds *[]held, hints *sizeHints) (r reply, err error) {
 	keys := keyCursor{keys: lineKeys}
 	kept := 0
 	for {
@@ -932,8 +934,13 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, lim
 				continue
 			}
 			var rm op.Room
-			if size >= op.LentValue && i >= 0 && i < len(rooms) {
-				rm = rooms[i]
+			if i >= 0 && i < len(rooms) && rooms[i] != nil {
+				if hints != nil {
+					hints.saw(it.Key, size)
+				}
+				if size >= op.LentValue {
+					rm = rooms[i]
+				}
 			}
 			if i < 0 || rm != nil && !rm.Reserve(size) {
 				if err := skipValue(br, size); err != nil {

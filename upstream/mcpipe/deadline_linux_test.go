@@ -197,7 +197,7 @@ func TestCapEndsWithItsCall(t *testing.T) {
 		return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 	}})
 	defer c.Close()
-	if _, err := c.conn(); err != nil {
+	if _, err := c.conn(&c.small); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 450*time.Millisecond)
@@ -238,7 +238,7 @@ func TestMultiGetKeepsDeadlines(t *testing.T) {
 		return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 	}})
 	defer c.Close()
-	if _, err := c.conn(); err != nil {
+	if _, err := c.conn(&c.small); err != nil {
 		t.Fatal(err)
 	}
 	const deadline = 300 * time.Millisecond

@@ -63,16 +63,26 @@ type Options struct {
 }
 
 // Client sends requests to one memcached server over Options.Conns
-// pipelined connections. It is safe for concurrent use. Its methods block
+// pipelined connections, and reads of values known to be large (see
+// sizeHints) over as many more, dialled when first needed: a small
+// request never waits behind megabytes of replies, however many large
+// reads are queued. It is safe for concurrent use. Its methods block
 // until the reply arrives or the connection fails, but for DoAsync, which
 // completes through a callback.
 type Client struct {
 	dial    func(ctx context.Context) (net.Conn, error)
 	closed  func()
 	timeout time.Duration
-	slots   []slot
-	next    atomic.Uint32
+	small   lane // every request but large reads
+	large   lane // reads of values that were large when last read
 	calls   sync.Pool
+	hints   *sizeHints
+}
+
+// lane is connections that requests are spread over round robin.
+type lane struct {
+	slots []slot
+	next  atomic.Uint32
 }
 
 // slot holds one connection, dialled on first use and after a failure.
@@ -91,7 +101,10 @@ func New(o Options) *Client {
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultTimeout
 	}
-	return &Client{dial: o.Dial, closed: o.Closed, timeout: o.Timeout, slots: make([]slot, o.Conns)}
+	return &Client{
+		dial: o.Dial, closed: o.Closed, timeout: o.Timeout, hints: newSizeHints(),
+		small: lane{slots: make([]slot, o.Conns)}, large: lane{slots: make([]slot, o.Conns)},
+	}
 }
 
 // ErrClosed is what requests on a connection get after Close closed it.
@@ -107,23 +120,27 @@ var ErrClosed = errors.New("mcpipe: connection closed")
 var ErrBehind = fmt.Errorf("mcpipe: a caller's deadline passed while memcached was still sending the replies ahead of it: %w", context.DeadlineExceeded)
 
 // ErrNoFit is what a read gets when its op.Op.Room refused its value:
-// memcached has it, and it was read off the connection and dropped.
+// memcached has it, and it was read off the connection and dropped; or,
+// when the key's value was large the last time a Room was asked about it
+// and the Room would not take that size now, the read was not sent.
 var ErrNoFit = errors.New("mcpipe: the value does not fit the caller's byte budget")
 
 // Close closes the open connections; requests on them fail with ErrClosed.
 // The Client stays usable: the next request dials again.
 func (c *Client) Close() error {
-	for i := range c.slots {
-		if cn := c.slots[i].c.Swap(nil); cn != nil {
-			cn.fail(ErrClosed)
+	for _, l := range []*lane{&c.small, &c.large} {
+		for i := range l.slots {
+			if cn := l.slots[i].c.Swap(nil); cn != nil {
+				cn.fail(ErrClosed)
+			}
 		}
 	}
 	return nil
 }
 
-// conn picks a connection round robin, dialling it if needed.
-func (c *Client) conn() (*conn, error) {
-	s := &c.slots[int(c.next.Add(1)-1)%len(c.slots)]
+// conn picks a connection of l round robin, dialling it if needed.
+func (c *Client) conn(l *lane) (*conn, error) {
+	s := &l.slots[int(l.next.Add(1)-1)%len(l.slots)]
 	if cn := s.c.Load(); cn != nil && !cn.failed() {
 		return cn, nil
 	}
@@ -148,7 +165,7 @@ func (c *Client) conn() (*conn, error) {
 	}
 	s.dialErr = nil
 	cn := newConn(nc, c.timeout)
-	cn.closed = c.closed
+	cn.closed, cn.hints = c.closed, c.hints
 	go cn.readLoop()
 	s.c.Store(cn)
 	return cn, nil
@@ -159,12 +176,12 @@ func (c *Client) conn() (*conn, error) {
 // which dials.
 var ErrNoConn = errors.New("mcpipe: no open connection")
 
-// openConn picks an open connection round robin, skipping failed or
+// openConn picks an open connection of l round robin, skipping failed or
 // undialled ones, without dialling.
-func (c *Client) openConn() (*conn, error) {
-	n := int(c.next.Add(1) - 1)
-	for i := range c.slots {
-		if cn := c.slots[(n+i)%len(c.slots)].c.Load(); cn != nil && !cn.failed() {
+func (c *Client) openConn(l *lane) (*conn, error) {
+	n := int(l.next.Add(1) - 1)
+	for i := range l.slots {
+		if cn := l.slots[(n+i)%len(l.slots)].c.Load(); cn != nil && !cn.failed() {
 			return cn, nil
 		}
 	}
@@ -194,7 +211,11 @@ func (c *Client) Do(ctx context.Context, o op.Op, key string) (*memcache.Item, u
 	if !legalKey(key) {
 		return nil, 0, memcache.ErrMalformedKey
 	}
-	cn, err := c.conn()
+	l := c.route(&o, key)
+	if l == nil {
+		return nil, 0, ErrNoFit
+	}
+	cn, err := c.conn(l)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -215,6 +236,26 @@ func (c *Client) Do(ctx context.Context, o op.Op, key string) (*memcache.Item, u
 	it, n, err := cl.result()
 	c.release(cl)
 	return it, n, err
+}
+
+// route returns the lane o goes on: the large one for a read with a Room
+// whose key's value was large when last read (sizeHints), the small one
+// for the rest. It returns nil, and o must not be sent, for such a read
+// that the Room would not take now. An operation that changes key's value
+// drops its hint.
+func (c *Client) route(o *op.Op, key string) *lane {
+	switch {
+	case o.Room != nil && o.Verb.Reply() == op.Items:
+		if n := c.hints.size(key); n > 0 {
+			if !o.Room.Fits(n) {
+				return nil
+			}
+			return &c.large
+		}
+	case o.Verb.Writes():
+		c.hints.forget(key)
+	}
+	return &c.small
 }
 
 // prepare makes cl the call of o.
@@ -244,7 +285,8 @@ func (c *Client) newCall() *call {
 // done is called exactly once with what Do would have returned: usually
 // from the goroutine that reads the connection's replies, but from
 // whichever goroutine fails the connection (possibly the caller's, before
-// DoAsync returns), and never with a lock of the Client held. Callbacks
+// DoAsync returns), or, for a read refused unsent (ErrNoFit), from the
+// caller's before DoAsync returns; never with a lock of the Client held. Callbacks
 // of one connection may run concurrently and out of request order when
 // it fails. o is encoded before DoAsync returns; it is not kept.
 //
@@ -260,7 +302,14 @@ func (c *Client) DoAsync(ctx context.Context, o op.Op, key string, done func(*me
 	if !legalKey(key) {
 		return memcache.ErrMalformedKey
 	}
-	cn, err := c.openConn()
+	l := c.route(&o, key)
+	if l == nil {
+		// Answered, as the reply would have been: calling Do instead
+		// would ask the Room again, and count a second refusal.
+		done(nil, 0, ErrNoFit)
+		return nil
+	}
+	cn, err := c.openConn(l)
 	if err != nil {
 		return err
 	}
@@ -347,7 +396,7 @@ func (c *Client) GetMultiLimit(ctx context.Context, keys []string, limit int) (i
 			return nil, nil, memcache.ErrMalformedKey
 		}
 	}
-	cn, err := c.conn()
+	cn, err := c.conn(&c.small)
 	if err != nil {
 		return nil, nil, err
 	}

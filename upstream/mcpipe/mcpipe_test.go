@@ -477,7 +477,7 @@ func TestReadReplyLimit(t *testing.T) {
 	}
 	for _, tt := range tests {
 		br := bufio.NewReader(strings.NewReader(stream))
-		r, err := readReply(br, op.Items, "gets", nil, tt.limit, nil, nil)
+		r, err := readReply(br, op.Items, "gets", nil, tt.limit, nil, nil, nil)
 		if err != nil || r.err != nil {
 			t.Fatalf("limit %d: %v, %v", tt.limit, err, r.err)
 		}
@@ -488,7 +488,7 @@ func TestReadReplyLimit(t *testing.T) {
 		if !slices.Equal(kept, tt.wantKept) || !slices.Equal(r.dropped, tt.wantDropped) {
 			t.Errorf("limit %d: kept %v, dropped %v; want %v, %v", tt.limit, kept, r.dropped, tt.wantKept, tt.wantDropped)
 		}
-		if next, err := readReply(br, op.Stored, "set", nil, 0, nil, nil); err != nil || next.err != nil {
+		if next, err := readReply(br, op.Stored, "set", nil, 0, nil, nil, nil); err != nil || next.err != nil {
 			t.Errorf("limit %d: the next reply: %v, %v", tt.limit, err, next.err)
 		}
 	}
@@ -500,7 +500,8 @@ func TestReadReplyLimit(t *testing.T) {
 type testRoom struct {
 	limit int64
 	held  atomic.Int64
-	asked atomic.Int64
+	asked atomic.Int64 // Reserve calls
+	fits  atomic.Int64 // Fits calls
 	lend  func(n int) []byte
 }
 
@@ -511,6 +512,11 @@ func (r *testRoom) Reserve(n int) bool {
 		return false
 	}
 	return true
+}
+
+func (r *testRoom) Fits(n int) bool {
+	r.fits.Add(1)
+	return r.limit <= 0 || r.held.Load()+int64(n) <= r.limit
 }
 
 func (r *testRoom) Release(n int) { r.held.Add(-int64(n)) }
@@ -575,7 +581,7 @@ func TestReadReplyRooms(t *testing.T) {
 				}
 			}
 			var holds []held
-			r, err := readReply(br, op.Items, "gets", tt.lineKeys, 0, rooms, &holds)
+			r, err := readReply(br, op.Items, "gets", tt.lineKeys, 0, rooms, &holds, nil)
 			if err != nil || r.err != nil {
 				t.Fatalf("readReply: %v, %v", err, r.err)
 			}
@@ -586,7 +592,7 @@ func TestReadReplyRooms(t *testing.T) {
 			if !slices.Equal(kept, tt.wantKept) || !slices.Equal(r.nofit, tt.wantNoFit) {
 				t.Errorf("kept %v, refused %v; want %v, %v", kept, r.nofit, tt.wantKept, tt.wantNoFit)
 			}
-			if next, err := readReply(br, op.Stored, "set", nil, 0, nil, nil); err != nil || next.err != nil {
+			if next, err := readReply(br, op.Stored, "set", nil, 0, nil, nil, nil); err != nil || next.err != nil {
 				t.Errorf("the next reply: %v, %v", err, next.err)
 			}
 			// What the kept values hold is the reply's to release.
@@ -1075,7 +1081,7 @@ func TestSlowSteadyWrites(t *testing.T) {
 				return
 			case <-tick.C:
 			}
-			if cn := c.slots[0].c.Load(); cn != nil && cn.unwritten() {
+			if cn := c.small.slots[0].c.Load(); cn != nil && cn.unwritten() {
 				writing = time.Since(start)
 			}
 		}
@@ -1193,7 +1199,7 @@ func TestSlowValueKeepsDeadlines(t *testing.T) {
 	})
 	// The get goes once the set is queued: on a starved machine a fixed
 	// sleep could let the get go first, and it would be answered at once.
-	for cn := c.slots[0].c.Load(); cn == nil || cn.queued() == 0; cn = c.slots[0].c.Load() {
+	for cn := c.small.slots[0].c.Load(); cn == nil || cn.queued() == 0; cn = c.small.slots[0].c.Load() {
 		if time.Since(start) > 5*time.Second {
 			t.Fatal("the set was never queued")
 		}
@@ -1318,7 +1324,6 @@ func TestRoomDropsValues(t *testing.T) {
 		}
 	}
 	under50k := &testRoom{limit: 50_000 - 1}
-	asked := &under50k.asked
 	tests := []struct {
 		key     string
 		verb    op.Verb
@@ -1336,7 +1341,8 @@ func TestRoomDropsValues(t *testing.T) {
 	ctx := context.Background()
 	for range 2 { // the connection is still in step after each refusal
 		for _, tt := range tests {
-			asked.Store(0)
+			under50k.asked.Store(0)
+			under50k.fits.Store(0)
 			it, _, err := c.Do(ctx, op.Op{Verb: tt.verb, Room: under50k, Item: op.Item{Expiration: 60}}, tt.key)
 			if !errors.Is(err, tt.wantErr) {
 				t.Fatalf("%s %s: %v, want %v", tt.verb, tt.key, err, tt.wantErr)
@@ -1344,7 +1350,9 @@ func TestRoomDropsValues(t *testing.T) {
 			if err == nil && len(it.Value) != values[tt.key] {
 				t.Fatalf("%s %s: %d bytes, want %d", tt.verb, tt.key, len(it.Value), values[tt.key])
 			}
-			if got := asked.Load() > 0; got != tt.asked {
+			// Asked to Reserve it, or, for a value refused before
+			// (TestRefusedUnsent), whether it Fits.
+			if got := under50k.asked.Load()+under50k.fits.Load() > 0; got != tt.asked {
 				t.Errorf("%s %s: Room asked %v, want %v", tt.verb, tt.key, got, tt.asked)
 			}
 			if h := under50k.held.Load(); h != 0 {
@@ -1488,7 +1496,7 @@ func TestReadReplyLimitReleases(t *testing.T) {
 	rm := &testRoom{}
 	br := bufio.NewReader(strings.NewReader(value("a") + value("b") + "END\r\n"))
 	var holds []held
-	r, err := readReply(br, op.Items, "gets", nil, len(big), []op.Room{rm}, &holds)
+	r, err := readReply(br, op.Items, "gets", nil, len(big), []op.Room{rm}, &holds, nil)
 	if err != nil || r.err != nil {
 		t.Fatalf("readReply: %v, %v", err, r.err)
 	}

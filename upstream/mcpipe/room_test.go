@@ -43,7 +43,7 @@ func slowClient(t *testing.T, srv *memcachedtest.Server, rate int) *Client {
 
 // roomState is the room accounting of c's only connection.
 func roomState(c *Client) (values, waiters int) {
-	cn := c.slots[0].c.Load()
+	cn := c.small.slots[0].c.Load()
 	cn.mu.Lock()
 	defer cn.mu.Unlock()
 	return cn.values, len(cn.waiters)
@@ -53,7 +53,7 @@ func roomState(c *Client) (values, waiters int) {
 // and not yet answered, and the large values waiting for room there,
 // both at one instant.
 func queuedKeys(c *Client, keys ...string) (queued, waiters int) {
-	cn := c.slots[0].c.Load()
+	cn := c.small.slots[0].c.Load()
 	cn.mu.Lock()
 	defer cn.mu.Unlock()
 	for _, cl := range cn.queue {

@@ -168,6 +168,12 @@ type Room interface {
 	// read off the connection and dropped, never kept, and the read's
 	// Result.Err says so (upstream.ErrNoFit).
 	Reserve(n int) bool
+	// Fits reports whether Reserve(n) would hold n bytes now. A read
+	// whose key's value was n bytes when last read, and that does not
+	// fit, is refused unsent (upstream.ErrNoFit): memcached is not made
+	// to send a value only for it to be dropped. A false answer is a
+	// refusal, counted as Reserve counts one.
+	Fits(n int) bool
 	// Release gives back what Reserve held, once the reply the value
 	// came in has been read and handed out (or failed): the caller then
 	// holds what it keeps itself. Until then a gets line shared with

@@ -348,6 +348,7 @@ func TestShadowGetMultiIsBounded(t *testing.T) {
 type answerRoom bool
 
 func (r answerRoom) Reserve(int) bool { return bool(r) }
+func (r answerRoom) Fits(int) bool    { return bool(r) }
 func (answerRoom) Release(int)        {}
 func (answerRoom) Lend(n int) []byte  { return make([]byte, 0, n) }
 

@@ -1,0 +1,186 @@
+package mcpipe
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"hash/maphash"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/upstream/op"
+)
+
+// TestSizeHints: a hint is the size of the last large value seen for its
+// key, in whole KiB, and nothing for a key whose last value was small or
+// that another key took the slot of; a key never forgets another's hint.
+func TestSizeHints(t *testing.T) {
+	h := newSizeHints()
+	if n := h.size("k"); n != 0 {
+		t.Fatalf("empty table: size %d", n)
+	}
+	// Two keys on one slot.
+	a, b := "a", ""
+	for i := 0; b == ""; i++ {
+		k := "b" + strconv.Itoa(i)
+		if maphash.String(h.seed, k)%hintSlots == maphash.String(h.seed, a)%hintSlots {
+			b = k
+		}
+	}
+	tests := []struct {
+		do    func()
+		key   string
+		want  int
+		about string
+	}{
+		{func() { h.saw(a, op.LentValue-1) }, a, 0, "small value"},
+		{func() { h.saw(a, 1<<20+1023) }, a, 1 << 20, "large value, KiB rounded down"},
+		{func() {}, b, 0, "another key on the slot"},
+		{func() { h.forget(b) }, a, 1 << 20, "forgetting another key on the slot"},
+		{func() { h.saw(b, 64<<10) }, a, 0, "another key took the slot"},
+		{func() {}, b, 64 << 10, "the key that took it"},
+		{func() { h.saw(b, 100) }, b, 0, "a small value since"},
+		{func() { h.saw(a, 1<<40) }, a, (1<<hintSizeBits - 1) << 10, "past the size bits"},
+		{func() { h.forget(a) }, a, 0, "forgotten"},
+	}
+	for _, tt := range tests {
+		tt.do()
+		if n := h.size(tt.key); n != tt.want {
+			t.Errorf("%s: size(%q) = %d, want %d", tt.about, tt.key, n, tt.want)
+		}
+	}
+}
+
+// TestRefusedUnsent: a read whose Room refuses a large value costs
+// memcached's sending of it once; after that, while the Room would not
+// take the size last seen, the read is refused before it is sent, by Do
+// and DoAsync alike. A Room with space reads it again, and a write of
+// the key through the Client, or a small value found by a read, drops
+// the hint.
+func TestRefusedUnsent(t *testing.T) {
+	srv := memcachedtest.Start(t, "-I", "2m")
+	c := newClient(srv.Addr, 1, nil)
+	t.Cleanup(func() { c.Close() })
+	mc := memcache.New(srv.Addr) // another client of the same memcached
+	big := bytes.Repeat([]byte("v"), 256<<10)
+	if err := mc.Set(&memcache.Item{Key: "big", Value: big}); err != nil {
+		t.Fatal(err)
+	}
+	full := &testRoom{limit: 64 << 10} // never takes big
+	free := &testRoom{}
+	gets := func() int {
+		t.Helper()
+		st, err := srv.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, _ := strconv.Atoi(st["cmd_get"])
+		return n
+	}
+	get := func(rm op.Room) error {
+		_, _, err := c.Do(context.Background(), op.Op{Verb: op.Get, Room: rm}, "big")
+		return err
+	}
+	asyncGet := func(rm op.Room) error {
+		done := make(chan error, 1)
+		err := c.DoAsync(context.Background(), op.Op{Verb: op.Get, Room: rm}, "big", func(_ *memcache.Item, _ uint64, err error) { done <- err })
+		if err != nil {
+			return err
+		}
+		return <-done
+	}
+	tests := []struct {
+		about string
+		do    func() error
+		want  error
+		sent  bool
+	}{
+		{"first refusal: read and dropped", func() error { return get(full) }, ErrNoFit, true},
+		{"again: refused unsent", func() error { return get(full) }, ErrNoFit, false},
+		{"async: refused unsent", func() error { return asyncGet(full) }, ErrNoFit, false},
+		{"a room with space", func() error { return get(free) }, nil, true},
+		{"still hinted", func() error { return get(full) }, ErrNoFit, false},
+		{"set small through the Client", func() error { return c.Set(&memcache.Item{Key: "big", Value: []byte("s")}) }, nil, false},
+		{"no hint: sent, small", func() error { return get(full) }, nil, true},
+		{"large again, set elsewhere", func() error { return mc.Set(&memcache.Item{Key: "big", Value: big}) }, nil, false},
+		{"no hint: read and dropped", func() error { return asyncGet(full) }, ErrNoFit, true},
+		{"hinted again", func() error { return get(full) }, ErrNoFit, false},
+		{"small again, set elsewhere", func() error { return mc.Set(&memcache.Item{Key: "big", Value: []byte("s")}) }, nil, false},
+		{"a stale hint refuses while the room is full", func() error { return get(full) }, ErrNoFit, false},
+		{"a room with space finds it small", func() error { return get(free) }, nil, true},
+		{"no hint", func() error { return get(full) }, nil, true},
+	}
+	for _, tt := range tests {
+		before := gets()
+		if err := tt.do(); !errors.Is(err, tt.want) {
+			t.Fatalf("%s: %v, want %v", tt.about, err, tt.want)
+		}
+		if sent := gets() > before; sent != tt.sent {
+			t.Errorf("%s: sent %v, want %v", tt.about, sent, tt.sent)
+		}
+	}
+	if n := full.held.Load() + free.held.Load(); n != 0 {
+		t.Errorf("rooms hold %d bytes after every read", n)
+	}
+}
+
+// TestLargeReadsOwnLane: reads of a value known to be large go on
+// connections of their own, so a small read is answered at once however
+// many seconds of large replies are queued; unhinted, it would wait for
+// them all on the one connection.
+func TestLargeReadsOwnLane(t *testing.T) {
+	srv := memcachedtest.Start(t)
+	const rate = 512 << 10
+	addr := relay(t, srv.Addr, rate, true) // memcached's replies at rate
+	c := newClient(addr, 1, nil)
+	t.Cleanup(func() { c.Close() })
+	mc := memcache.New(srv.Addr)
+	for _, it := range []*memcache.Item{{Key: "big", Value: bytes.Repeat([]byte("v"), 64<<10)}, {Key: "small", Value: []byte("s")}} {
+		if err := mc.Set(it); err != nil {
+			t.Fatal(err)
+		}
+	}
+	room := &testRoom{}
+	get := func(key string) error {
+		_, _, err := c.Do(context.Background(), op.Op{Verb: op.Get, Room: room}, key)
+		return err
+	}
+	if err := get("big"); err != nil { // learns its size
+		t.Fatal(err)
+	}
+	const queued = 32 // 4 s of replies at rate
+	errs := make(chan error, queued)
+	for range queued {
+		go func() { errs <- get("big") }()
+	}
+	waitFor(t, "the large reads to queue", func() bool {
+		cn := c.large.slots[0].c.Load()
+		if cn == nil {
+			return false
+		}
+		cn.mu.Lock()
+		defer cn.mu.Unlock()
+		n := 0
+		for _, cl := range cn.queue {
+			n += len(cl.members())
+		}
+		return n == queued
+	})
+	start := time.Now()
+	if err := get("small"); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("the small read took %v behind %d large ones", d, queued)
+	}
+	c.Close()
+	for range queued {
+		if err := <-errs; err != nil && !errors.Is(err, ErrClosed) {
+			t.Errorf("a large read: %v", err)
+		}
+	}
+}
