@@ -398,15 +398,18 @@ func TestBigValueExpiry(t *testing.T) {
 	g := newBigRig(t, nil)
 	g.mustPut("/exp?exptime=1", value(3*rigChunk, "exp"))
 	x := g.index("exp")
+	// memcached counts whole seconds on a clock of its own: one of them
+	// may pass between the PUT and the look.
 	for node, ttl := range g.ttls("exp") {
-		if ttl != 1 {
-			t.Errorf("index on %s has TTL %d, want 1", node, ttl)
+		if ttl < 0 || ttl > 1 {
+			t.Errorf("index on %s has TTL %d, want 1 (or 0)", node, ttl)
 		}
 	}
+	want := 1 + int(rigGrace/time.Second)
 	for c, on := range g.chunkTTLs("exp", x) {
 		for _, ttl := range on {
-			if ttl != 1+int(rigGrace/time.Second) {
-				t.Errorf("chunk %d has TTL %d, want %d", c, ttl, 1+int(rigGrace/time.Second))
+			if ttl < want-1 || ttl > want {
+				t.Errorf("chunk %d has TTL %d, want %d (or %d)", c, ttl, want, want-1)
 			}
 		}
 	}
