@@ -80,7 +80,8 @@ func fitFDs(t *testing.T, n int) int {
 	return n
 }
 
-// TestAbuse runs the five attacks of issue #16, each against a fresh
+// TestAbuse runs the attacks of issue #16, and two that share a node's
+// connections or the gateway's goroutines unfairly, each against a fresh
 // gateway with default settings, and reports a row per attack.
 func TestAbuse(t *testing.T) {
 	full := os.Getenv("ABUSE_FULL") == "1"
@@ -103,6 +104,10 @@ func TestAbuse(t *testing.T) {
 	repeats := pick(1000, 100)
 	gets := pick(200, 100)
 	floodFor := time.Duration(pick(10, 5)) * time.Second
+	// 6: two GETs each; kept under the kernel's TCP memory pressure
+	// (each never-read answer sits in a socket's send buffer).
+	readers := pick(1000, 600)
+	pipelining := pick(100, 50)
 
 	attacks := []attack{
 		{name: "1 silent connections", size: thousands(silent) + " conns sending nothing", run: silentConns(silent)},
@@ -113,6 +118,9 @@ func TestAbuse(t *testing.T) {
 		{name: "4b declared bodies, all but 1 byte sent", size: thousands(nearly) + " × Content-Length: 1048000, 1047999 sent", run: nearlyBodies(nearly)},
 		{name: "5 async flood", size: fmt.Sprintf("%v × %d conns pipelining 256 KiB async PUTs", floodFor, floodConns),
 			window: floodFor, mcMB: 16384, run: asyncFlood},
+		{name: "6 slow readers of a large value", size: thousands(readers) + " conns × 2 pipelined GETs of a 1 MB key, never read",
+			prepare: storeBig, run: slowBigReaders(readers, 2)},
+		{name: "7 pipelined flood", size: thousands(pipelining) + " conns pipelining 400s, never read", run: pipelinedFlood(pipelining)},
 	}
 	var rows []row
 	start := time.Now()

@@ -5,10 +5,12 @@ package abuse
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,11 +46,18 @@ func storeBig(t *testing.T, r *rig) {
 
 // holdConns opens n connections, calls send on each (sends nothing if
 // send is nil), holds them while the canary runs, and closes them:
-// attacks 1, 3 and 4. The attacker got what each connection held when it
-// let go.
+// attacks 1, 3, 4 and 6. The attacker got what each connection held when
+// it let go.
 func holdConns(n int, send func(c net.Conn, i int) error) func(t *testing.T, r *rig, hold func()) result {
+	return holdReaders(n, 0, send)
+}
+
+// holdReaders is holdConns with connections whose receive buffer is
+// rcvbuf bytes (0: the kernel's): clients that never read what they
+// asked for.
+func holdReaders(n, rcvbuf int, send func(c net.Conn, i int) error) func(t *testing.T, r *rig, hold func()) result {
 	return func(t *testing.T, r *rig, hold func()) result {
-		f := openFlood(t, r.gw.DataAddr, n, send)
+		f := openFlood(t, r.gw.DataAddr, n, rcvbuf, send)
 		notes := []string{fmt.Sprintf("%s of %s connections opened", thousands(f.open()), thousands(n))}
 		hold()
 		got := f.states()
@@ -103,6 +112,69 @@ func nearlyBodies(n int) func(*testing.T, *rig, func()) result {
 		_, err := bufs.WriteTo(c)
 		return err
 	})
+}
+
+// slowBigReaders is attack 6: n connections, each pipelining k GETs of
+// the 1 MB key and never reading, with a small receive buffer. Each
+// answer asks memcached for a megabyte on the node's connections, where
+// the canary's small GETs go too.
+func slowBigReaders(n, k int) func(*testing.T, *rig, func()) result {
+	req := strings.Repeat("GET /"+bigKey+" HTTP/1.1\r\nHost: x\r\n\r\n", k)
+	return holdReaders(n, 4096, sendHead(func(int) string { return req }))
+}
+
+// pipelinedFlood is attack 7: n connections pipelining cheap
+// requests (a GET of a key memcached cannot carry, answered 400 without
+// asking it) as fast as they can for as long as the attack is held,
+// never reading: each keeps a goroutine of the gateway busy until its
+// answers fill the socket.
+func pipelinedFlood(n int) func(*testing.T, *rig, func()) result {
+	return func(t *testing.T, r *rig, hold func()) result {
+		return pipeline(r, n, hold)
+	}
+}
+
+// pipeline is attack 7's run with n connections.
+func pipeline(r *rig, n int, hold func()) result {
+	req := []byte(strings.Repeat("GET /bad%20key HTTP/1.1\r\nHost: x\r\n\r\n", 1000))
+	var (
+		statuses tally
+		mu       sync.Mutex
+		sent     int
+	)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			c, err := net.DialTimeout("tcp", r.gw.DataAddr, 10*time.Second)
+			if err != nil {
+				statuses.add("connect "+errKind(err), 1)
+				return
+			}
+			defer c.Close()
+			n := 0
+			defer func() { mu.Lock(); sent += n; mu.Unlock() }()
+			for {
+				select {
+				case <-stop:
+					statuses.add("held", 1)
+					return
+				default:
+				}
+				_ = c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+				m, err := c.Write(req)
+				n += m
+				if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+					statuses.add("write "+errKind(err), 1)
+					return
+				}
+			}
+		})
+	}
+	hold()
+	close(stop)
+	wg.Wait()
+	return result{got: statuses.String(), notes: []string{fmt.Sprintf("sent %s of requests", size(int64(sent)))}}
 }
 
 // multiGet is attack 2a: one multi-get naming the 1 MB key n times.

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/memcgate/memcgate/test/slowreader"
 )
 
 const (
@@ -33,10 +35,11 @@ type flood struct {
 }
 
 // openFlood opens n connections to addr, with at most dialers connects
-// in flight, and calls send on the i-th if send is not nil (within
+// in flight, each with a receive buffer of rcvbuf bytes (0: the
+// kernel's), and calls send on the i-th if send is not nil (within
 // 30 s: its writes have a deadline). The connections are closed when the
 // test ends if close was not called before.
-func openFlood(t *testing.T, addr string, n int, send func(c net.Conn, i int) error) *flood {
+func openFlood(t *testing.T, addr string, n, rcvbuf int, send func(c net.Conn, i int) error) *flood {
 	t.Helper()
 	f := &flood{conns: make([]net.Conn, n)}
 	t.Cleanup(f.close)
@@ -45,7 +48,11 @@ func openFlood(t *testing.T, addr string, n int, send func(c net.Conn, i int) er
 	var wg sync.WaitGroup
 	for range min(dialers, n) {
 		wg.Go(func() {
-			d := net.Dialer{Timeout: dialTimeout}
+			d := &net.Dialer{}
+			if rcvbuf > 0 {
+				d = slowreader.Dialer(rcvbuf)
+			}
+			d.Timeout = dialTimeout
 			for i := range next {
 				c, err := d.Dial("tcp", addr)
 				if err != nil {

@@ -32,7 +32,18 @@ func Dial(t testing.TB, addr string, rcvbuf int) *net.TCPConn {
 // DialErr is Dial for callers outside the test's goroutine: it returns the
 // error, and the caller closes the connection.
 func DialErr(addr string, rcvbuf int) (*net.TCPConn, error) {
-	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+	d := Dialer(rcvbuf)
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return c.(*net.TCPConn), nil
+}
+
+// Dialer returns a dialer whose connections have a receive buffer of
+// rcvbuf bytes, set before the handshake, for callers that dial many.
+func Dialer(rcvbuf int) *net.Dialer {
+	return &net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
 		var serr error
 		if err := rc.Control(func(fd uintptr) {
 			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, rcvbuf)
@@ -41,9 +52,4 @@ func DialErr(addr string, rcvbuf int) (*net.TCPConn, error) {
 		}
 		return os.NewSyscallError("setsockopt", serr)
 	}}
-	c, err := d.Dial("tcp", addr)
-	if err != nil {
-		return nil, err
-	}
-	return c.(*net.TCPConn), nil
 }
