@@ -62,6 +62,7 @@ type Config struct {
 	FastPath          bool          `env:"FAST_PATH" envDefault:"true" help:"serve simple HTTP/1.x requests on memcgate's own connection loop (gateway/h1) and hand anything else, and every TLS listener, to Go's net/http; false: net/http for everything"`
 	DetachedResponses bool          `env:"DETACHED_RESPONSES" envDefault:"true" help:"with FAST_PATH and PIPELINE_CONNS > 0: GET, HEAD and plain PUT of /{key} are answered by memcached's reply as it is read, with no goroutine waiting per request; false: every request waits for memcached on its own goroutine"`
 	MaxHeaderBytes    int           `env:"MAX_HEADER_BYTES" envDefault:"16384" help:"largest request header block"`
+	SendBufferBytes   int           `env:"SEND_BUFFER_BYTES" envDefault:"0" help:"SO_SNDBUF of client connections on LISTEN_ADDR (Linux; nginx's listen sndbuf=): caps the kernel memory a client that does not read can fill with its answers, at about twice this (0: the kernel's autotuning, up to net.ipv4.tcp_wmem's maximum, 4 MiB by default)"`
 	ReadHeaderTimeout time.Duration `env:"READ_HEADER_TIMEOUT" envDefault:"5s" help:"time allowed to send request headers (slowloris guard)"`
 	ReadTimeout       time.Duration `env:"READ_TIMEOUT" envDefault:"30s" help:"time allowed to read a whole request including its body"`
 	WriteTimeout      time.Duration `env:"WRITE_TIMEOUT" envDefault:"30s" help:"time allowed to write a response"`
@@ -446,7 +447,7 @@ func (c Config) Validate() error {
 		{"MAX_IN_FLIGHT_PER_NODE", c.MaxInFlight, 1},
 		{"MAX_ATTEMPTS", c.MaxAttempts, 1}, {"HEALTH_FALL", c.Fall, 1},
 		{"HEALTH_RISE", c.Rise, 1}, {"PASSIVE_FAILS", c.PassiveFails, 0},
-		{"MAX_HEADER_BYTES", c.MaxHeaderBytes, 1024},
+		{"MAX_HEADER_BYTES", c.MaxHeaderBytes, 1024}, {"SEND_BUFFER_BYTES", c.SendBufferBytes, 0},
 	}
 	for _, a := range atLeast {
 		if a.v < a.min {

@@ -23,13 +23,14 @@ const (
 // listenTCP opens a TCP listener whose keep-alive options are set once,
 // on the listening socket, and inherited by every connection it accepts
 // (where the system does that): Go would otherwise set them on each
-// accepted connection, four system calls per connection.
-func listenTCP(ctx context.Context, addr string) (net.Listener, error) {
+// accepted connection, four system calls per connection. So is the send
+// buffer, if sndbuf > 0 (SO_SNDBUF; Linux only).
+func listenTCP(ctx context.Context, addr string, sndbuf int) (net.Listener, error) {
 	lc := net.ListenConfig{
 		KeepAlive: -1, // set on the listener instead, where the system allows
 		Control: func(_, _ string, rc syscall.RawConn) error {
 			var serr error
-			if err := rc.Control(func(fd uintptr) { serr = setListenerOptions(int(fd)) }); err != nil {
+			if err := rc.Control(func(fd uintptr) { serr = setListenerOptions(int(fd), sndbuf) }); err != nil {
 				return err
 			}
 			return serr

@@ -22,19 +22,18 @@ const listenerKeepAlive = true
 const deferAccept = 1
 
 // setListenerOptions sets, on the listening socket fd, what its accepted
-// connections inherit (keep-alive probes) and when they are accepted
-// (deferAccept).
-func setListenerOptions(fd int) error {
-	opts := []struct {
-		name       string
-		level, opt int
-		v          int
-	}{
+// connections inherit (keep-alive probes, and the send buffer if sndbuf
+// > 0) and when they are accepted (deferAccept).
+func setListenerOptions(fd, sndbuf int) error {
+	opts := []sockopt{
 		{"SO_KEEPALIVE", syscall.SOL_SOCKET, syscall.SO_KEEPALIVE, 1},
 		{"TCP_KEEPIDLE", syscall.IPPROTO_TCP, syscall.TCP_KEEPIDLE, int(keepAliveIdle.Seconds())},
 		{"TCP_KEEPINTVL", syscall.IPPROTO_TCP, syscall.TCP_KEEPINTVL, int(keepAliveInterval.Seconds())},
 		{"TCP_KEEPCNT", syscall.IPPROTO_TCP, syscall.TCP_KEEPCNT, keepAliveCount},
 		{"TCP_DEFER_ACCEPT", syscall.IPPROTO_TCP, syscall.TCP_DEFER_ACCEPT, deferAccept},
+	}
+	if sndbuf > 0 {
+		opts = append(opts, sockopt{"SO_SNDBUF", syscall.SOL_SOCKET, syscall.SO_SNDBUF, sndbuf})
 	}
 	for _, o := range opts {
 		if err := syscall.SetsockoptInt(fd, o.level, o.opt, o.v); err != nil {
@@ -42,6 +41,13 @@ func setListenerOptions(fd int) error {
 		}
 	}
 	return nil
+}
+
+// sockopt is one integer socket option.
+type sockopt struct {
+	name       string
+	level, opt int
+	v          int
 }
 
 // openFileLimit is the process's open-file limit (RLIMIT_NOFILE, whose

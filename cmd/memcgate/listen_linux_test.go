@@ -9,9 +9,11 @@ import (
 
 // TestListenerKeepAlive checks that a connection accepted from listenTCP
 // has the keep-alive probes Go would have set on it, set on the listener
-// once instead.
+// once instead, and the send buffer asked for (which Linux doubles for
+// its bookkeeping).
 func TestListenerKeepAlive(t *testing.T) {
-	ln, err := listenTCP(t.Context(), "127.0.0.1:0")
+	const sndbuf = 64 << 10
+	ln, err := listenTCP(t.Context(), "127.0.0.1:0", sndbuf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,6 +45,7 @@ func TestListenerKeepAlive(t *testing.T) {
 		{"TCP_KEEPINTVL", syscall.IPPROTO_TCP, syscall.TCP_KEEPINTVL, int(keepAliveInterval.Seconds())},
 		{"TCP_KEEPCNT", syscall.IPPROTO_TCP, syscall.TCP_KEEPCNT, keepAliveCount},
 		{"TCP_NODELAY", syscall.IPPROTO_TCP, syscall.TCP_NODELAY, 1},
+		{"SO_SNDBUF", syscall.SOL_SOCKET, syscall.SO_SNDBUF, 2 * sndbuf},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -75,7 +78,7 @@ func TestListenerDeferAccept(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ln, err := listenTCP(t.Context(), "127.0.0.1:0")
+			ln, err := listenTCP(t.Context(), "127.0.0.1:0", 0)
 			if err != nil {
 				t.Fatal(err)
 			}

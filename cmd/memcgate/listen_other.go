@@ -8,7 +8,7 @@ package main
 const listenerKeepAlive = false
 
 // setListenerOptions sets nothing outside Linux.
-func setListenerOptions(fd int) error { return nil }
+func setListenerOptions(fd, sndbuf int) error { return nil }
 
 // openFileLimit reports no open-file limit outside Linux: MAX_CLIENT_CONNS
 // then has no default.

@@ -81,10 +81,10 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		accessJSON = logs
 	}
 	var ls listeners
-	if ls.data, err = listenTCP(ctx, cfg.ListenAddr); err != nil {
+	if ls.data, err = listenTCP(ctx, cfg.ListenAddr, cfg.SendBufferBytes); err != nil {
 		return fmt.Errorf("%sLISTEN_ADDR: %w", config.Prefix, err)
 	}
-	if ls.admin, err = listenTCP(ctx, cfg.AdminAddr); err != nil {
+	if ls.admin, err = listenTCP(ctx, cfg.AdminAddr, 0); err != nil {
 		ls.close()
 		return fmt.Errorf("%sADMIN_ADDR: %w", config.Prefix, err)
 	}
