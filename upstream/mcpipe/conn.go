@@ -656,6 +656,23 @@ func (c *conn) fail(err error) {
 	}
 }
 
+// forgetMissed drops the size hints of the keys that calls with a Room
+// found missing (readReply records the others').
+func (c *conn) forgetMissed(calls []*call) {
+	if c.hints == nil {
+		return
+	}
+	for _, p := range calls {
+		if p.room != nil && p.kind == op.Items && p.reply.err == nil && len(p.reply.items) == 0 && len(p.reply.nofit) == 0 {
+			key := p.key
+			if key == "" {
+				key = p.skey // a GAT's
+			}
+			c.hints.forget(key)
+		}
+	}
+}
+
 // errProtocol is a reply that does not fit the protocol: the connection's
 // position in the reply stream is lost.
 var errProtocol = errors.New("mcpipe: malformed reply from memcached")
@@ -721,6 +738,7 @@ func (c *conn) readLoop() {
 		} else {
 			cl.reply = r
 		}
+		c.forgetMissed(members)
 		c.queue[0] = nil
 		c.queue = c.queue[1:]
 		if len(c.queue) == 0 {

@@ -3,49 +3,59 @@ package mcpipe
 import (
 	"hash/maphash"
 	"sync/atomic"
+	"time"
 
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
-// sizeHints remembers, for the keys whose values a Room was last asked
-// about, whether those values were large and about how large, so that a
-// read the Room cannot take now is refused before it is sent (Client.Do).
-// Without it a refused read still made memcached send the whole value,
-// only to be dropped: a client asking for a 1 MB value over and over and
-// never reading its answers turned a few bytes of request into a megabyte
-// on the node's connections each time, ahead of every other client's
-// requests there.
+// sizeHints remembers which keys last had a large value, and about how
+// large, as seen by reads that asked a Room: such reads go on the large
+// lane, and a read the Room could not take now is refused before it is
+// sent (Client.admit). Decision 0017 says why.
 //
 // It is a fixed table of hintSlots words, one per key hash, each
 // overwritten by the last key that hashed to it: lossy, allocation-free
 // and lock-free. A word holds the top bits of the key's hash (its tag)
 // and the value's size in KiB; zero is empty. A hint is only a guess:
-// the value may have changed since, which costs at most a refusal that a
-// read would not have met (when the Room is full anyway), or a read that
-// the Room is then asked about as before.
+// the value may have changed or gone since. A hint is trusted for
+// hintRetry from when it was learnt; after that a read refused on it is
+// still sent, once per hintRetry for its slot, so that a stale hint is
+// corrected while the Room stays full, at the cost of one value read and
+// dropped per interval when it was right.
+//
+// A sizeHints must not be copied.
 type sizeHints struct {
 	seed  maphash.Seed
 	used  atomic.Bool // a hint was ever noted: until then, keys are not even hashed
 	slots [hintSlots]atomic.Uint64
+	tried [hintSlots]atomic.Int64 // when the slot's hint was learnt or a read refused on it last sent anyway, in Unix nanoseconds
+	every time.Duration           // hintRetry; tests shorten it
 }
 
-// hintSlots is the number of keys sizeHints can remember at once: 32 KiB
-// per node.
+// hintSlots is the number of keys sizeHints can remember at once: 64 KiB
+// per node with tried.
 const hintSlots = 4096
 
 // hintSizeBits is how many low bits of a word hold the size in KiB (up to
-// 16 GiB, more than memcached's largest item).
-const hintSizeBits = 24
+// 16 GiB, more than memcached's largest item), and hintSizeMask those
+// bits.
+const (
+	hintSizeBits = 24
+	hintSizeMask = 1<<hintSizeBits - 1
+)
+
+// hintRetry is how often a read refused on its key's hint is sent anyway.
+const hintRetry = time.Second
 
 func newSizeHints() *sizeHints {
-	return &sizeHints{seed: maphash.MakeSeed()}
+	return &sizeHints{seed: maphash.MakeSeed(), every: hintRetry}
 }
 
-// slot returns the word for key and the tag a hint for key has there.
-func (h *sizeHints) slot(key string) (*atomic.Uint64, uint64) {
+// slot returns the index of key's word and the tag a hint for key has
+// there.
+func (h *sizeHints) slot(key string) (int, uint64) {
 	sum := maphash.String(h.seed, key)
-	tag := sum>>hintSizeBits<<hintSizeBits | 1<<hintSizeBits // never zero
-	return &h.slots[sum%hintSlots], tag
+	return int(sum % hintSlots), sum&^hintSizeMask | 1<<hintSizeBits // never zero
 }
 
 // saw records what a read of key that asked a Room found: a value of size
@@ -55,9 +65,12 @@ func (h *sizeHints) saw(key string, size int) {
 		h.forget(key)
 		return
 	}
-	w, tag := h.slot(key)
-	w.Store(tag | uint64(min(size>>10, 1<<hintSizeBits-1)))
-	h.used.Store(true)
+	i, tag := h.slot(key)
+	h.slots[i].Store(tag | uint64(min(size>>10, hintSizeMask)))
+	h.tried[i].Store(time.Now().UnixNano())
+	if !h.used.Load() {
+		h.used.Store(true)
+	}
 }
 
 // forget drops key's hint, if it has one: its value is small, gone or
@@ -66,9 +79,9 @@ func (h *sizeHints) forget(key string) {
 	if !h.used.Load() {
 		return
 	}
-	w, tag := h.slot(key)
-	if v := w.Load(); v&^(1<<hintSizeBits-1) == tag {
-		w.CompareAndSwap(v, 0)
+	i, tag := h.slot(key)
+	if v := h.slots[i].Load(); v&^hintSizeMask == tag {
+		h.slots[i].CompareAndSwap(v, 0)
 	}
 }
 
@@ -77,9 +90,19 @@ func (h *sizeHints) size(key string) int {
 	if !h.used.Load() {
 		return 0
 	}
-	w, tag := h.slot(key)
-	if v := w.Load(); v&^(1<<hintSizeBits-1) == tag {
-		return int(v&(1<<hintSizeBits-1)) << 10
+	i, tag := h.slot(key)
+	if v := h.slots[i].Load(); v&^hintSizeMask == tag {
+		return int(v&hintSizeMask) << 10
 	}
 	return 0
+}
+
+// retry reports whether a read of key, refused on its hint, is to be sent
+// anyway: true at most once per hintRetry for key's slot, and not within
+// hintRetry of the hint being learnt.
+func (h *sizeHints) retry(key string) bool {
+	i, _ := h.slot(key)
+	now := time.Now().UnixNano()
+	last := h.tried[i].Load()
+	return now-last >= int64(h.every) && h.tried[i].CompareAndSwap(last, now)
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"hash/maphash"
 	"strconv"
 	"testing"
 	"time"
@@ -27,7 +26,7 @@ func TestSizeHints(t *testing.T) {
 	a, b := "a", ""
 	for i := 0; b == ""; i++ {
 		k := "b" + strconv.Itoa(i)
-		if maphash.String(h.seed, k)%hintSlots == maphash.String(h.seed, a)%hintSlots {
+		if func() bool { i, _ := h.slot(k); j, _ := h.slot(a); return i == j }() {
 			b = k
 		}
 	}
@@ -72,17 +71,12 @@ func TestRefusedUnsent(t *testing.T) {
 	}
 	full := &testRoom{limit: 64 << 10} // never takes big
 	free := &testRoom{}
-	gets := func() int {
-		t.Helper()
-		st, err := srv.Stats()
-		if err != nil {
-			t.Fatal(err)
-		}
-		n, _ := strconv.Atoi(st["cmd_get"])
-		return n
-	}
 	get := func(rm op.Room) error {
 		_, _, err := c.Do(context.Background(), op.Op{Verb: op.Get, Room: rm}, "big")
+		return err
+	}
+	gat := func(rm op.Room) error {
+		_, _, err := c.Do(context.Background(), op.Op{Verb: op.GAT, Room: rm, Item: op.Item{Expiration: 60}}, "big")
 		return err
 	}
 	asyncGet := func(rm op.Room) error {
@@ -109,17 +103,24 @@ func TestRefusedUnsent(t *testing.T) {
 		{"large again, set elsewhere", func() error { return mc.Set(&memcache.Item{Key: "big", Value: big}) }, nil, false},
 		{"no hint: read and dropped", func() error { return asyncGet(full) }, ErrNoFit, true},
 		{"hinted again", func() error { return get(full) }, ErrNoFit, false},
+		{"a GAT, which touches the item, is sent", func() error { return gat(full) }, ErrNoFit, true},
 		{"small again, set elsewhere", func() error { return mc.Set(&memcache.Item{Key: "big", Value: []byte("s")}) }, nil, false},
 		{"a stale hint refuses while the room is full", func() error { return get(full) }, ErrNoFit, false},
 		{"a room with space finds it small", func() error { return get(free) }, nil, true},
 		{"no hint", func() error { return get(full) }, nil, true},
+		{"large again, set elsewhere", func() error { return mc.Set(&memcache.Item{Key: "big", Value: big}) }, nil, false},
+		{"learnt", func() error { return get(free) }, nil, true},
+		{"deleted elsewhere", func() error { return mc.Delete("big") }, nil, false},
+		{"a stale hint refuses", func() error { return get(full) }, ErrNoFit, false},
+		{"a room with space finds it missing", func() error { return get(free) }, memcache.ErrCacheMiss, true},
+		{"a miss dropped the hint", func() error { return get(full) }, memcache.ErrCacheMiss, true},
 	}
 	for _, tt := range tests {
-		before := gets()
+		before := cmdGets(t, srv)
 		if err := tt.do(); !errors.Is(err, tt.want) {
 			t.Fatalf("%s: %v, want %v", tt.about, err, tt.want)
 		}
-		if sent := gets() > before; sent != tt.sent {
+		if sent := cmdGets(t, srv) > before; sent != tt.sent {
 			t.Errorf("%s: sent %v, want %v", tt.about, sent, tt.sent)
 		}
 	}
@@ -183,4 +184,67 @@ func TestLargeReadsOwnLane(t *testing.T) {
 			t.Errorf("a large read: %v", err)
 		}
 	}
+}
+
+// TestStaleHintRetried: while the Room stays full, a read refused on a
+// hint that went stale behind the Client's back (the value is small now)
+// is still sent once per retry interval, which corrects the hint; reads
+// in between are refused unsent.
+func TestStaleHintRetried(t *testing.T) {
+	srv := memcachedtest.Start(t)
+	c := newClient(srv.Addr, 1, nil)
+	t.Cleanup(func() { c.Close() })
+	c.hints.every = 200 * time.Millisecond
+	mc := memcache.New(srv.Addr)
+	if err := mc.Set(&memcache.Item{Key: "k", Value: bytes.Repeat([]byte("v"), 64<<10)}); err != nil {
+		t.Fatal(err)
+	}
+	get := func(rm op.Room) ([]byte, error) {
+		it, _, err := c.Do(context.Background(), op.Op{Verb: op.Get, Room: rm}, "k")
+		if err != nil {
+			return nil, err
+		}
+		return it.Value, nil
+	}
+	if _, err := get(&testRoom{}); err != nil { // learns its size
+		t.Fatal(err)
+	}
+	if err := mc.Set(&memcache.Item{Key: "k", Value: []byte("small")}); err != nil {
+		t.Fatal(err)
+	}
+	full := &testRoom{limit: 1}
+	before := cmdGets(t, srv)
+	refused := 0
+	for end := time.Now().Add(3 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		v, err := get(full)
+		if err == nil {
+			if string(v) != "small" {
+				t.Fatalf("read %q", v)
+			}
+			break
+		}
+		if !errors.Is(err, ErrNoFit) || time.Now().After(end) {
+			t.Fatalf("after %d refusals: %v", refused, err)
+		}
+		refused++
+	}
+	if n := cmdGets(t, srv) - before; n != 1 {
+		t.Errorf("%d reads sent while the hint was stale, want 1 (the retry); %d refused unsent", n, refused)
+	}
+	if _, err := get(full); err != nil {
+		t.Errorf("a read once the hint is corrected: %v", err)
+	}
+}
+
+// cmdGets is memcached's count of reads served: get commands and
+// get-and-touch ones.
+func cmdGets(t *testing.T, srv *memcachedtest.Server) int {
+	t.Helper()
+	st, err := srv.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gets, _ := strconv.Atoi(st["cmd_get"])
+	touches, _ := strconv.Atoi(st["cmd_touch"])
+	return gets + touches
 }

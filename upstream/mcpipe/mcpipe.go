@@ -66,7 +66,8 @@ type Options struct {
 // pipelined connections, and reads of values known to be large (see
 // sizeHints) over as many more, dialled when first needed: a small
 // request never waits behind megabytes of replies, however many large
-// reads are queued. It is safe for concurrent use. Its methods block
+// reads are queued. (Multi-key gets, GetMulti, go on the small lane
+// whatever their values.) It is safe for concurrent use. Its methods block
 // until the reply arrives or the connection fails, but for DoAsync, which
 // completes through a callback.
 type Client struct {
@@ -211,8 +212,8 @@ func (c *Client) Do(ctx context.Context, o op.Op, key string) (*memcache.Item, u
 	if !legalKey(key) {
 		return nil, 0, memcache.ErrMalformedKey
 	}
-	l := c.route(&o, key)
-	if l == nil {
+	l, hint := c.route(&o, key)
+	if !c.admit(&o, key, hint) {
 		return nil, 0, ErrNoFit
 	}
 	cn, err := c.conn(l)
@@ -239,23 +240,32 @@ func (c *Client) Do(ctx context.Context, o op.Op, key string) (*memcache.Item, u
 }
 
 // route returns the lane o goes on: the large one for a read with a Room
-// whose key's value was large when last read (sizeHints), the small one
-// for the rest. It returns nil, and o must not be sent, for such a read
-// that the Room would not take now. An operation that changes key's value
-// drops its hint.
-func (c *Client) route(o *op.Op, key string) *lane {
+// whose key's value was large when last read (sizeHints), and the small
+// one for the rest; and, for a Get on the large lane, the size last seen
+// (0 for any other operation: a GAT touches the item, so it is always
+// sent). An operation that changes key's value drops its hint.
+func (c *Client) route(o *op.Op, key string) (*lane, int) {
 	switch {
 	case o.Room != nil && o.Verb.Reply() == op.Items:
 		if n := c.hints.size(key); n > 0 {
-			if !o.Room.Fits(n) {
-				return nil
+			if o.Verb != op.Get {
+				return &c.large, 0
 			}
-			return &c.large
+			return &c.large, n
 		}
 	case o.Verb.Writes():
 		c.hints.forget(key)
 	}
-	return &c.small
+	return &c.small, 0
+}
+
+// admit reports whether a Get of key routed to the large lane, its value
+// n bytes when last read, may be sent: whether its Room could take n
+// bytes now, or else whether it is the one read per hintRetry sent
+// anyway to correct a hint that may be stale. n of 0 is any other
+// operation, always sent.
+func (c *Client) admit(o *op.Op, key string, n int) bool {
+	return n == 0 || o.Room.Fits(n) || c.hints.retry(key)
 }
 
 // prepare makes cl the call of o.
@@ -286,9 +296,10 @@ func (c *Client) newCall() *call {
 // from the goroutine that reads the connection's replies, but from
 // whichever goroutine fails the connection (possibly the caller's, before
 // DoAsync returns), or, for a read refused unsent (ErrNoFit), from the
-// caller's before DoAsync returns; never with a lock of the Client held. Callbacks
-// of one connection may run concurrently and out of request order when
-// it fails. o is encoded before DoAsync returns; it is not kept.
+// caller's before DoAsync returns; never with a lock of the Client held.
+// Callbacks of one connection may run concurrently and out of request
+// order when it fails. o is encoded before DoAsync returns; it is not
+// kept.
 //
 // DoAsync never waits: a value that would wait for room on its
 // connection (see Do) is refused with ErrNoRoom, and the caller may use
@@ -302,8 +313,8 @@ func (c *Client) DoAsync(ctx context.Context, o op.Op, key string, done func(*me
 	if !legalKey(key) {
 		return memcache.ErrMalformedKey
 	}
-	l := c.route(&o, key)
-	if l == nil {
+	l, hint := c.route(&o, key)
+	if !c.admit(&o, key, hint) {
 		// Answered, as the reply would have been: calling Do instead
 		// would ask the Room again, and count a second refusal.
 		done(nil, 0, ErrNoFit)

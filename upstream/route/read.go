@@ -43,7 +43,9 @@ func (v *view) getHedged(ctx context.Context, o op.Op, reps []upstream.Replica) 
 		go func() {
 			start := time.Now()
 			res := v.c.DoOn(ctx, o, reps[rank])
-			if !errors.Is(res.Err, context.Canceled) {
+			// Neither a cancelled request nor one refused for the
+			// byte budget (perhaps unsent) says how fast the node is.
+			if !errors.Is(res.Err, context.Canceled) && !errors.Is(res.Err, upstream.ErrNoFit) {
 				v.lat.observe(reps[rank].Node(), time.Since(start))
 			}
 			results <- outcome{rank, res}
