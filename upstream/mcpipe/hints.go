@@ -37,10 +37,10 @@ type sizeHints struct {
 const hintSlots = 4096
 
 // hintSizeBits is how many low bits of a word hold the size in KiB (up to
-// 16 GiB, more than memcached's largest item), and hintSizeMask those
-// bits.
+// 2 GiB, more than memcached's largest item, 1 GiB, and still an int on
+// 32-bit systems), and hintSizeMask those bits.
 const (
-	hintSizeBits = 24
+	hintSizeBits = 21
 	hintSizeMask = 1<<hintSizeBits - 1
 )
 

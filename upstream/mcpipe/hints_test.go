@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math"
 	"strconv"
 	"testing"
 	"time"
@@ -43,7 +44,7 @@ func TestSizeHints(t *testing.T) {
 		{func() { h.saw(b, 64<<10) }, a, 0, "another key took the slot"},
 		{func() {}, b, 64 << 10, "the key that took it"},
 		{func() { h.saw(b, 100) }, b, 0, "a small value since"},
-		{func() { h.saw(a, 1<<40) }, a, (1<<hintSizeBits - 1) << 10, "past the size bits"},
+		{func() { h.saw(a, math.MaxInt32) }, a, hintSizeMask << 10, "past the size bits"},
 		{func() { h.forget(a) }, a, 0, "forgotten"},
 	}
 	for _, tt := range tests {
