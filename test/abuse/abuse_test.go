@@ -107,7 +107,7 @@ func TestAbuse(t *testing.T) {
 	// 6: two GETs each; kept under the kernel's TCP memory pressure
 	// (each never-read answer sits in a socket's send buffer).
 	readers := pick(1000, 600)
-	pipelining := pick(100, 50)
+	pipelining := pick(100, 20)
 
 	attacks := []attack{
 		{name: "1 silent connections", size: thousands(silent) + " conns sending nothing", run: silentConns(silent)},
