@@ -324,12 +324,8 @@ func guardServeMemOn(t testing.TB, srv *http.Server, in []byte, chunk int, guard
 // closes the connection.
 func guardServeTCP(t *testing.T, addr string, pieces []string) []byte {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := dialFor(t, addr, 10*time.Second)
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
 	go func() {
 		for _, p := range pieces {
 			if _, err := io.WriteString(c, p); err != nil {

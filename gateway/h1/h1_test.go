@@ -252,6 +252,18 @@ func (r wireResponse) String() string {
 	return fmt.Sprintf("%s\n%s\n\n%q", r.status, strings.Join(r.headers, "\n"), r.body)
 }
 
+// dialFor connects to addr with a deadline of d for everything the test
+// then does on the connection; the caller closes it.
+func dialFor(t testing.TB, addr string, d time.Duration) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(d))
+	return c
+}
+
 // exchange sends raw on a new connection and reads one response per
 // entry of methods, then reports whether the server closed the
 // connection, found by sending one more request.
@@ -259,12 +271,8 @@ func (r wireResponse) String() string {
 // whether the server closed after the responses.
 func exchange(t *testing.T, addr, raw string, methods []string, halfClose bool) (resps []wireResponse, closed bool) {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := dialFor(t, addr, 10*time.Second)
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
 	go func() { // the server may answer before it reads it all
 		io.WriteString(c, raw)
 		if halfClose {

@@ -170,12 +170,8 @@ func TestLongHeadLengths(t *testing.T) {
 // response.
 func partsExchange(t *testing.T, addr, raw string, wait func() bool) wireResponse {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := dialFor(t, addr, 10*time.Second)
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -251,12 +247,8 @@ func TestSlowFallbackHeads(t *testing.T) {
 // response must come before rest is sent.
 func twoPartExchange(t *testing.T, addr, first, rest string, more bool, wait func()) wireResponse {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := dialFor(t, addr, 5*time.Second)
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
 	io.WriteString(c, first)
 	if more {
 		if wait != nil {
