@@ -67,12 +67,15 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	if err != nil {
 		return fmt.Errorf("invalid configuration:\n%w", err)
 	}
-	logs := newLogBuffer(stderr)
+	logs := newLogBuffer(stderr, logBacklog)
+	log, level := newLogger(cfg, logs)
+	logs.notice = func(lines int) {
+		log.Warn("log lines dropped: the log's destination took them slower than they came", "lines", lines)
+	}
 	logCtx, stopLogs := context.WithCancel(context.WithoutCancel(ctx))
 	flushed := make(chan struct{})
 	go func() { logs.Run(logCtx); close(flushed) }()
 	defer func() { stopLogs(); <-flushed }() // the last lines, shutdown included
-	log, level := newLogger(cfg, logs)
 	for _, w := range cfg.Warnings() {
 		log.Warn("configuration warning", "warning", w)
 	}
@@ -94,7 +97,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 			return fmt.Errorf("%sLISTEN_SOCKET: %w", config.Prefix, err)
 		}
 	}
-	return serve(ctx, cfg, environ, ls, log, level, accessJSON)
+	return serve(ctx, cfg, environ, ls, log, level, accessJSON, logs.Dropped)
 }
 
 // listeners are what serve serves: the data API on TCP and, if
@@ -269,7 +272,7 @@ func gatewayOptions(cfg config.Config) gateway.Options {
 // DrainDelay so load balancers notice, shuts both servers down (letting
 // requests in flight finish within ShutdownTimeout), stops health checks
 // and closes the pools.
-func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls listeners, log *slog.Logger, level *slog.LevelVar, accessJSON io.Writer) error {
+func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls listeners, log *slog.Logger, level *slog.LevelVar, accessJSON io.Writer, logsDropped func() uint64) error {
 	started := time.Now()
 	sec, err := newSecurity(cfg)
 	if err != nil {
@@ -315,6 +318,10 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerBuildInfo(reg, build)
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "memcgate_log_lines_dropped_total",
+		Help: "Log lines dropped because the log's destination (stderr) took them slower than they came; requests never wait for it.",
+	}, func() float64 { return float64(logsDropped()) }))
 	router, err := route.New(routeOptions(cfg, sec.dialer), log, reg)
 	if err != nil {
 		ls.close()

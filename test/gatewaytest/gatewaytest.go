@@ -109,6 +109,7 @@ type Gateway struct {
 	bin  string
 	env  map[string]string
 	logs SyncBuffer
+	out  io.Writer // where the process writes, if not logs (SetOutput)
 
 	mu   sync.Mutex // guards cmd, done
 	cmd  *exec.Cmd
@@ -166,6 +167,11 @@ func (g *Gateway) start(t testing.TB, probe string) {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
 	cmd.Stdout, cmd.Stderr = &g.logs, &g.logs
+	g.mu.Lock()
+	if g.out != nil {
+		cmd.Stdout, cmd.Stderr = g.out, g.out
+	}
+	g.mu.Unlock()
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting memcgate: %v", err)
 	}
@@ -190,6 +196,15 @@ func (g *Gateway) start(t testing.TB, probe string) {
 		}
 	}
 	t.Fatalf("memcgate %s not ready within 15s:\n%s", g.DataAddr, Tail(g.logs.String(), 3000))
+}
+
+// SetOutput makes the process started next write its stdout and stderr
+// to w instead of the buffer Logs returns: an *os.File, such as a pipe
+// nobody reads, is the process's own.
+func (g *Gateway) SetOutput(w io.Writer) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.out = w
 }
 
 // Signal sends sig to the process, if it runs.

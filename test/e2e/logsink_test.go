@@ -1,0 +1,126 @@
+package e2e
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/memcgate/memcgate/test/gatewaytest"
+	"github.com/memcgate/memcgate/test/memcachedtest"
+)
+
+// TestLogDestinationStalled runs a gateway whose stderr is a pipe that
+// nobody reads, as a container runtime or a `| logger` that has fallen
+// behind would be: the pipe takes 64 KiB and then blocks every write. The
+// gateway must go on answering at full speed, dropping the access log
+// lines that do not fit its backlog and counting them; once the pipe is
+// read again, a warning says how many were dropped, as many as the
+// metric counts.
+func TestLogDestinationStalled(t *testing.T) {
+	mc := memcachedtest.Start(t)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close(); w.Close() })
+	gw := gatewaytest.New(t, binary, map[string]string{"MEMCGATE_SERVERS": mc.Addr, "MEMCGATE_DRAIN_DELAY": "0s"})
+	gw.SetOutput(w)
+	gw.Start(t)
+	g := &gateway{Gateway: gw, t: t, URL: "http://" + gw.DataAddr, Admin: "http://" + gw.AdminAddr}
+	if resp := g.do("PUT", "/logged", []byte("v")); resp.status != http.StatusCreated {
+		t.Fatalf("PUT = %d %s", resp.status, resp.body)
+	}
+
+	// 40,000 access log lines of about 200 bytes: twice the backlog.
+	const conns, batches, perBatch = 8, 50, 100
+	req := strings.Repeat("GET /logged HTTP/1.1\r\nHost: x\r\n\r\n", perBatch)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var slowest time.Duration
+	for range conns {
+		c, br := dialRaw(t, g.DataAddr)
+		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+		wg.Go(func() {
+			for range batches {
+				start := time.Now()
+				if _, err := io.WriteString(c, req); err != nil {
+					t.Error(err)
+					return
+				}
+				for range perBatch {
+					resp, err := http.ReadResponse(br, nil)
+					if err != nil {
+						t.Errorf("after %v: %v", time.Since(start), err)
+						return
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != http.StatusOK {
+						t.Errorf("GET = %d", resp.StatusCode)
+						return
+					}
+				}
+				mu.Lock()
+				slowest = max(slowest, time.Since(start))
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	t.Logf("slowest batch of %d pipelined GETs: %v", perBatch, slowest)
+	if slowest > 2*time.Second {
+		t.Errorf("a batch of %d GETs took %v: requests waited for the log", perBatch, slowest)
+	}
+	if n := metricValue(t, g, "memcgate_log_lines_dropped_total"); n == 0 {
+		t.Fatalf("memcgate_log_lines_dropped_total = 0 with %d access log lines sent to a pipe nobody reads", conns*batches*perBatch)
+	}
+
+	// Read the pipe again: the warnings follow, and count what the metric
+	// counts.
+	lines := make(chan string, 1024)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(r)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), "log lines dropped") {
+				lines <- sc.Text()
+			}
+		}
+	}()
+	var reported float64
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case line := <-lines:
+			var rec struct {
+				Level string  `json:"level"`
+				Lines float64 `json:"lines"`
+			}
+			if err := json.Unmarshal([]byte(line), &rec); err != nil || rec.Level != "WARN" || rec.Lines <= 0 {
+				t.Fatalf("warning line %q: %v", line, err)
+			}
+			reported += rec.Lines
+		case <-time.After(time.Second):
+			// No warning for a second: the log has caught up.
+			if reported == 0 {
+				continue
+			}
+			if n := metricValue(t, g, "memcgate_log_lines_dropped_total"); reported != n {
+				t.Errorf("warnings report %v dropped lines, the metric %v", reported, n)
+			}
+			return
+		case <-deadline:
+			t.Fatalf("no warning of dropped lines within 10 s of reading the log again (reported %v)", reported)
+		}
+	}
+}
