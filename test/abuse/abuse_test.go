@@ -44,6 +44,10 @@ const fdReserve = 500
 // what a deployment would see.
 func TestMain(m *testing.M) {
 	raiseFDLimit()
+	if os.Getenv("ABUSE_CHILD") == "pipeline" { // attack 7's flood, in a process of its own
+		pipelineChild()
+		return
+	}
 	gatewaytest.Main(m, false, &binary)
 }
 
@@ -107,10 +111,6 @@ func TestAbuse(t *testing.T) {
 	// 6: two GETs each; kept under the kernel's TCP memory pressure
 	// (each never-read answer sits in a socket's send buffer).
 	readers := pick(1000, 600)
-	// 7 runs at full size only: in make test (after the race suite, on
-	// a machine otherwise idle) both canaries stalled 1.15-1.37 s at
-	// once as its connections closed, twice, with nothing in the
-	// gateway's log; not explained, so not a gate yet.
 	pipelining := 100
 
 	attacks := []attack{
@@ -124,9 +124,7 @@ func TestAbuse(t *testing.T) {
 			window: floodFor, mcMB: 16384, run: asyncFlood},
 		{name: "6 slow readers of a large value", size: thousands(readers) + " conns × 2 pipelined GETs of a 1 MB key, never read",
 			prepare: storeBig, run: slowBigReaders(readers, 2)},
-	}
-	if full {
-		attacks = append(attacks, attack{name: "7 pipelined flood", size: thousands(pipelining) + " conns pipelining 400s, never read", run: pipelinedFlood(pipelining)})
+		{name: "7 pipelined flood", size: thousands(pipelining) + " conns pipelining 400s, never read", run: pipelinedFlood(pipelining)},
 	}
 	var rows []row
 	start := time.Now()

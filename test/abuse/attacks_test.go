@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -127,33 +128,66 @@ func slowBigReaders(n, k int) func(*testing.T, *rig, func()) result {
 // requests (a GET of a key memcached cannot carry, answered 400 without
 // asking it) as fast as they can for as long as the attack is held,
 // never reading: each keeps a goroutine of the gateway busy until its
-// answers fill the socket.
+// answers fill the socket. The flood runs in a process of its own (this
+// test binary, started again with ABUSE_CHILD=pipeline), as an attacker
+// would: run here, its goroutines, always runnable, would delay the
+// canary's own (Go polls the network when a processor runs out of work),
+// and the canary would measure the attacker's scheduler.
 func pipelinedFlood(n int) func(*testing.T, *rig, func()) result {
 	return func(t *testing.T, r *rig, hold func()) result {
-		return pipeline(r, n, hold)
+		cmd := exec.Command(os.Args[0])
+		cmd.Env = append(os.Environ(), "ABUSE_CHILD=pipeline", "ABUSE_ADDR="+r.gw.DataAddr, "ABUSE_CONNS="+strconv.Itoa(n))
+		stop, err := cmd.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("starting the flood: %v", err)
+		}
+		hold()
+		stop.Close()
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("the flood: %v\n%s", err, out.String())
+		}
+		got, note, _ := strings.Cut(strings.TrimSpace(out.String()), "\n")
+		return result{got: got, notes: []string{note}}
 	}
 }
 
-// pipeline is attack 7's run with n connections.
-func pipeline(r *rig, n int, hold func()) result {
+// pipelineChild is attack 7's flood, run by the child process until its
+// stdin closes; it prints what the connections got, then a note.
+func pipelineChild() {
+	n, err := strconv.Atoi(os.Getenv("ABUSE_CONNS"))
+	if err != nil {
+		fmt.Println("ABUSE_CONNS:", err)
+		os.Exit(2)
+	}
+	stop := make(chan struct{})
+	go func() { _, _ = io.Copy(io.Discard, os.Stdin); close(stop) }()
+	got, sent := pipeline(os.Getenv("ABUSE_ADDR"), n, stop)
+	fmt.Printf("%s\nsent %s of requests\n", got, size(sent))
+}
+
+// pipeline floods addr from n connections until stop closes.
+func pipeline(addr string, n int, stop <-chan struct{}) (got string, sent int64) {
 	req := []byte(strings.Repeat("GET /bad%20key HTTP/1.1\r\nHost: x\r\n\r\n", 1000))
 	var (
 		statuses tally
 		mu       sync.Mutex
-		sent     int
 	)
-	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for range n {
 		wg.Go(func() {
-			c, err := net.DialTimeout("tcp", r.gw.DataAddr, 10*time.Second)
+			c, err := net.DialTimeout("tcp", addr, 10*time.Second)
 			if err != nil {
 				statuses.add("connect "+errKind(err), 1)
 				return
 			}
 			defer c.Close()
 			n := 0
-			defer func() { mu.Lock(); sent += n; mu.Unlock() }()
+			defer func() { mu.Lock(); sent += int64(n); mu.Unlock() }()
 			for {
 				select {
 				case <-stop:
@@ -171,10 +205,8 @@ func pipeline(r *rig, n int, hold func()) result {
 			}
 		})
 	}
-	hold()
-	close(stop)
 	wg.Wait()
-	return result{got: statuses.String(), notes: []string{fmt.Sprintf("sent %s of requests", size(int64(sent)))}}
+	return statuses.String(), sent
 }
 
 // multiGet is attack 2a: one multi-get naming the 1 MB key n times.

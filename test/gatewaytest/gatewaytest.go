@@ -108,8 +108,8 @@ type Gateway struct {
 
 	bin  string
 	env  map[string]string
-	logs SyncBuffer
-	out  io.Writer // where the process writes, if not logs (SetOutput)
+	logs string    // the file the process writes its output to
+	out  io.Writer // where the process writes instead, if not nil (SetOutput)
 
 	mu   sync.Mutex // guards cmd, done
 	cmd  *exec.Cmd
@@ -127,9 +127,15 @@ func New(t testing.TB, bin string, env map[string]string) *Gateway {
 		t.Fatalf("free ports: %v", err)
 	}
 	dp, ap := ports[0], ports[1]
+	// The output goes to a file, as a deployment's log would: a test
+	// that makes the gateway log tens of megabytes a second (every
+	// request writes an access log line) must not spend its own CPU
+	// copying them, nor make the gateway wait for it. The directory is
+	// removed after the process is killed (cleanups run last first).
 	g := &Gateway{
 		DataAddr: "127.0.0.1:" + strconv.Itoa(dp), AdminAddr: "127.0.0.1:" + strconv.Itoa(ap),
 		DataPort: dp, AdminPort: ap, bin: bin, env: map[string]string{},
+		logs: filepath.Join(t.TempDir(), "memcgate.log"),
 	}
 	for k, v := range env {
 		g.env[k] = v
@@ -139,7 +145,7 @@ func New(t testing.TB, bin string, env map[string]string) *Gateway {
 	t.Cleanup(func() {
 		g.Kill()
 		if t.Failed() {
-			t.Logf("memcgate %s logs (tail):\n%s", g.DataAddr, Tail(g.logs.String(), 3000))
+			t.Logf("memcgate %s logs (tail):\n%s", g.DataAddr, Tail(g.Logs(), 3000))
 		}
 	})
 	return g
@@ -166,12 +172,18 @@ func (g *Gateway) start(t testing.TB, probe string) {
 	for k, v := range g.env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
-	cmd.Stdout, cmd.Stderr = &g.logs, &g.logs
 	g.mu.Lock()
-	if g.out != nil {
-		cmd.Stdout, cmd.Stderr = g.out, g.out
-	}
+	out := g.out
 	g.mu.Unlock()
+	if out == nil {
+		f, err := os.OpenFile(g.logs, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644) // a restart appends
+		if err != nil {
+			t.Fatalf("memcgate's log file: %v", err)
+		}
+		defer f.Close() // the process has its own descriptor once started
+		out = f
+	}
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting memcgate: %v", err)
 	}
@@ -191,15 +203,15 @@ func (g *Gateway) start(t testing.TB, probe string) {
 		select {
 		case err := <-done:
 			done <- err
-			t.Fatalf("memcgate exited at start: %v\n%s", err, g.logs.String())
+			t.Fatalf("memcgate exited at start: %v\n%s", err, g.Logs())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	t.Fatalf("memcgate %s not ready within 15s:\n%s", g.DataAddr, Tail(g.logs.String(), 3000))
+	t.Fatalf("memcgate %s not ready within 15s:\n%s", g.DataAddr, Tail(g.Logs(), 3000))
 }
 
 // SetOutput makes the process started next write its stdout and stderr
-// to w instead of the buffer Logs returns: an *os.File, such as a pipe
+// to w instead of the file Logs reads: an *os.File, such as a pipe
 // nobody reads, is the process's own.
 func (g *Gateway) SetOutput(w io.Writer) {
 	g.mu.Lock()
@@ -253,8 +265,12 @@ func (g *Gateway) Pid() int {
 	return g.cmd.Process.Pid
 }
 
-// Logs returns everything the process wrote so far.
-func (g *Gateway) Logs() string { return g.logs.String() }
+// Logs returns everything the process wrote so far (nothing that went to
+// SetOutput's writer).
+func (g *Gateway) Logs() string {
+	b, _ := os.ReadFile(g.logs) // no file: nothing written yet
+	return string(b)
+}
 
 // Metrics returns the admin listener's /metrics text.
 func (g *Gateway) Metrics(ctx context.Context) (string, error) {
