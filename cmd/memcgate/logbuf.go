@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"sync"
@@ -19,52 +20,95 @@ import (
 // Lines go out in blocks: when flushAt bytes have piled up, every
 // flushEvery, and when Run ends. Without blocks every access log line is
 // a write(2) of its own, a syscall per request on the hot path (nginx's
-// access_log buffer= does the same). What is waiting is bounded by
-// backlog bytes, and one block is being written at a time: a line that
-// does not fit is dropped and counted, and a line saying how many were
-// dropped follows once the destination takes lines again. A crash can
-// lose what is waiting, at most flushEvery of lines at a steady rate.
+// access_log buffer= does the same). What waits is bounded: access log
+// lines (Access) fit while less than backlog bytes wait, other lines
+// (Write) while less than backlog plus logReserve, so that a flood of
+// requests cannot crowd out the warnings and errors. A line that does
+// not fit is dropped and counted, and the block written next ends with
+// a line saying how many were dropped before it, where they are
+// missing. A crash can lose what is waiting, at most flushEvery of lines
+// at a steady rate.
 type logBuffer struct {
-	mu      sync.Mutex // guards buf, lost
+	mu      sync.Mutex // guards buf, lost, kicked
 	buf     []byte     // lines waiting for Run
-	lost    int        // lines dropped since Run last wrote
+	lost    int        // lines dropped since Run last took buf
 	kicked  bool       // Run was told flushAt had piled up since it last took buf
-	backlog int
+	backlog int        // what access lines may fill; other lines have logReserve more
 
 	w       io.Writer
 	kick    chan struct{} // a block is ready: Run writes before the tick
+	every   time.Duration // how often Run writes what waits (flushEvery)
 	spare   []byte        // the block Run wrote last, emptied; Run's alone
 	dropped atomic.Uint64 // lines dropped, for the metric
-	// notice, if not nil, is called by Run with the number of lines it
-	// found dropped after it wrote a block: the logger's warning, which
-	// comes back through Write into the emptied buffer.
-	notice func(lines int)
+	// notice, if not nil, is called by Run with the number of lines
+	// dropped since it last took a block, to write a line saying so to w;
+	// Run appends that line to the block, past the bound, so that it is
+	// never dropped itself.
+	notice func(w io.Writer, lines int)
+	note   bytes.Buffer // notice's line; Run's alone
+	access accessLines
 }
 
 const (
+	// flushEvery is how often Run writes what waits, and so how late a
+	// line may reach the log at a low rate.
 	flushEvery = 200 * time.Millisecond
-	flushAt    = 64 << 10
-	// logBacklog bounds the lines waiting while the destination is slow:
-	// about 20,000 access log lines, a fifth of a second of them at
-	// 100,000 requests a second. Twice this is the most the log holds
-	// (one block being written, one filling).
+	// flushAt is how much waits before Run is woken to write it at once.
+	flushAt = 64 << 10
+	// logBacklog bounds the access lines waiting while the destination
+	// is slow: about 20,000 of them, a fifth of a second at 100,000
+	// requests a second. With the reserve and the block being written,
+	// the log holds at most twice logBacklog + logReserve (8.5 MiB).
 	logBacklog = 4 << 20
+	// logReserve is room kept for lines other than access lines: about
+	// a thousand warnings and errors.
+	logReserve = 256 << 10
 )
 
+// newLogBuffer returns a logBuffer writing to w, whose access lines may
+// fill backlog bytes; Run writes them.
 func newLogBuffer(w io.Writer, backlog int) *logBuffer {
-	return &logBuffer{w: w, backlog: backlog, kick: make(chan struct{}, 1)}
+	b := &logBuffer{w: w, backlog: backlog, every: flushEvery, kick: make(chan struct{}, 1)}
+	b.access = accessLines{b}
+	return b
 }
 
-// Write adds one log line, or drops it if backlog bytes are waiting
-// already; slog handlers call it once per record. It never fails: a
-// dropped line is counted, not an error for the caller to handle.
+// Write adds one log line, or drops it if it does not fit the backlog
+// and its reserve; slog handlers call it once per record. It never
+// fails: a dropped line is counted, not an error for the caller to
+// handle.
 func (b *logBuffer) Write(p []byte) (int, error) {
+	b.add(p, b.backlog+logReserve)
+	return len(p), nil
+}
+
+// accessLines is the logBuffer's writer for access log lines.
+type accessLines struct{ b *logBuffer }
+
+// Write adds one access log line, or drops it if backlog bytes wait.
+func (a accessLines) Write(p []byte) (int, error) {
+	a.b.add(p, a.b.backlog)
+	return len(p), nil
+}
+
+// Access returns the writer for access log lines, which leave the
+// reserve to the others.
+func (b *logBuffer) Access() io.Writer { return b.access }
+
+func (b *logBuffer) add(p []byte, limit int) {
 	b.mu.Lock()
-	if len(b.buf)+len(p) > b.backlog {
+	if len(b.buf)+len(p) > limit {
 		b.lost++
 		b.mu.Unlock()
 		b.dropped.Add(1)
-		return len(p), nil
+		return
+	}
+	if n := len(b.buf) + len(p); n > cap(b.buf) {
+		// Grown here rather than by append, whose growth could pass the
+		// bound by a quarter.
+		grown := make([]byte, len(b.buf), min(max(2*cap(b.buf), n, flushAt+flushAt/4), b.backlog+logReserve))
+		copy(grown, b.buf)
+		b.buf = grown
 	}
 	b.buf = append(b.buf, p...)
 	kick := len(b.buf) >= flushAt && !b.kicked
@@ -78,15 +122,14 @@ func (b *logBuffer) Write(p []byte) (int, error) {
 		default:
 		}
 	}
-	return len(p), nil
 }
 
-// Dropped returns the number of lines dropped because the destination
-// was slower than the lines came.
+// Dropped returns the number of lines dropped: not taken because the
+// destination was slower than the lines came, or refused by it.
 func (b *logBuffer) Dropped() uint64 { return b.dropped.Load() }
 
-// flush writes out what is waiting and reports lines dropped before it.
-// Only Run's goroutine calls it.
+// flush writes out what waits, ended by the notice of lines dropped
+// before it. Only Run's goroutine calls it.
 func (b *logBuffer) flush() {
 	b.mu.Lock()
 	out := b.buf
@@ -94,27 +137,33 @@ func (b *logBuffer) flush() {
 	lost := b.lost
 	b.lost, b.kicked = 0, false
 	b.mu.Unlock()
+	if lost > 0 && b.notice != nil {
+		b.note.Reset()
+		b.notice(&b.note, lost)
+		out = append(out, b.note.Bytes()...)
+	}
 	if len(out) > 0 {
-		_, _ = b.w.Write(out) // where would the error of the log's own destination go?
+		// The destination's error has nowhere to go but the metric: the
+		// lines it did not take are counted as dropped.
+		if n, err := b.w.Write(out); err != nil {
+			b.dropped.Add(uint64(bytes.Count(out[n:], []byte{'\n'})))
+		}
 	}
 	if cap(out) > flushAt*4 && len(out) < flushAt {
 		out = nil // a burst is over: do not keep its megabytes
 	}
 	b.spare = out[:0]
-	if lost > 0 && b.notice != nil {
-		b.notice(lost)
-	}
 }
 
-// Run writes blocks out until ctx is done, then once more.
+// Run writes what waits every flushEvery, or at once when flushAt bytes
+// have piled up, until ctx is done; then it writes the rest.
 func (b *logBuffer) Run(ctx context.Context) {
-	t := time.NewTicker(flushEvery)
+	t := time.NewTicker(b.every)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			b.flush()
-			b.flush() // the notice of lines dropped before the last block
 			return
 		case <-t.C:
 		case <-b.kick:
@@ -122,3 +171,8 @@ func (b *logBuffer) Run(ctx context.Context) {
 		b.flush()
 	}
 }
+
+// logStopWait bounds how long run waits at exit for the last lines: a
+// destination that takes nothing must not keep the process from exiting
+// on SIGTERM (within systemd's TimeoutStopSec, Kubernetes' grace period).
+const logStopWait = 5 * time.Second

@@ -69,19 +69,27 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	}
 	logs := newLogBuffer(stderr, logBacklog)
 	log, level := newLogger(cfg, logs)
-	logs.notice = func(lines int) {
-		log.Warn("log lines dropped: the log's destination took them slower than they came", "lines", lines)
+	logs.notice = func(w io.Writer, lines int) {
+		// At error level, which every LOG_LEVEL shows: lines are missing.
+		l, _ := newLogger(cfg, w)
+		l.Error("log lines dropped: the log's destination took them slower than they came", "lines", lines)
 	}
 	logCtx, stopLogs := context.WithCancel(context.WithoutCancel(ctx))
 	flushed := make(chan struct{})
 	go func() { logs.Run(logCtx); close(flushed) }()
-	defer func() { stopLogs(); <-flushed }() // the last lines, shutdown included
+	defer func() { // the last lines, shutdown included, unless stderr takes nothing
+		stopLogs()
+		select {
+		case <-flushed:
+		case <-time.After(logStopWait):
+		}
+	}()
 	for _, w := range cfg.Warnings() {
 		log.Warn("configuration warning", "warning", w)
 	}
 	var accessJSON io.Writer // access log lines without slog, same bytes (gateway.Options.AccessLogJSON)
 	if cfg.LogFormat == "json" {
-		accessJSON = logs
+		accessJSON = logs.Access()
 	}
 	var ls listeners
 	if ls.data, err = listenTCP(ctx, cfg.ListenAddr, cfg.SendBufferBytes); err != nil {

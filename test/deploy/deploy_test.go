@@ -160,13 +160,17 @@ func loadConfig(t *testing.T, where string, env map[string]string) config.Config
 	return cfg
 }
 
-// graceCovers checks that a stop timeout leaves the drain and the shutdown
-// their whole time, with a margin.
+// logStopWait is how long the gateway waits at exit for a slow stderr to
+// take its last log lines (cmd/memcgate's logStopWait).
+const logStopWait = 5 * time.Second
+
+// graceCovers checks that a stop timeout leaves the drain, the shutdown
+// and the last log lines their whole time, with a margin.
 func graceCovers(t *testing.T, where string, grace time.Duration, cfg config.Config) {
 	t.Helper()
-	need := cfg.DrainDelay + cfg.ShutdownTimeout
+	need := cfg.DrainDelay + cfg.ShutdownTimeout + logStopWait
 	if grace <= need {
-		t.Errorf("%s: stop grace %s must exceed MEMCGATE_DRAIN_DELAY + MEMCGATE_SHUTDOWN_TIMEOUT = %s", where, grace, need)
+		t.Errorf("%s: stop grace %s must exceed MEMCGATE_DRAIN_DELAY + MEMCGATE_SHUTDOWN_TIMEOUT + 5 s for the log = %s", where, grace, need)
 	}
 }
 

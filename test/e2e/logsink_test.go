@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -23,19 +24,7 @@ import (
 // read again, a warning says how many were dropped, as many as the
 // metric counts.
 func TestLogDestinationStalled(t *testing.T) {
-	mc := memcachedtest.Start(t)
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Close(); w.Close() })
-	gw := gatewaytest.New(t, binary, map[string]string{"MEMCGATE_SERVERS": mc.Addr, "MEMCGATE_DRAIN_DELAY": "0s"})
-	gw.SetOutput(w)
-	gw.Start(t)
-	g := &gateway{Gateway: gw, t: t, URL: "http://" + gw.DataAddr, Admin: "http://" + gw.AdminAddr}
-	if resp := g.do("PUT", "/logged", []byte("v")); resp.status != http.StatusCreated {
-		t.Fatalf("PUT = %d %s", resp.status, resp.body)
-	}
+	g, r := stalledLogGateway(t)
 
 	// 40,000 access log lines of about 200 bytes: twice the backlog.
 	const conns, batches, perBatch = 8, 50, 100
@@ -106,7 +95,7 @@ func TestLogDestinationStalled(t *testing.T) {
 				Level string  `json:"level"`
 				Lines float64 `json:"lines"`
 			}
-			if err := json.Unmarshal([]byte(line), &rec); err != nil || rec.Level != "WARN" || rec.Lines <= 0 {
+			if err := json.Unmarshal([]byte(line), &rec); err != nil || rec.Level != "ERROR" || rec.Lines <= 0 {
 				t.Fatalf("warning line %q: %v", line, err)
 			}
 			reported += rec.Lines
@@ -123,4 +112,53 @@ func TestLogDestinationStalled(t *testing.T) {
 			t.Fatalf("no warning of dropped lines within 10 s of reading the log again (reported %v)", reported)
 		}
 	}
+}
+
+// TestLogDestinationStalledShutdown stops a gateway whose stderr is a
+// pipe nobody reads, with lines waiting: it must exit soon after SIGTERM,
+// not wait for the pipe forever.
+func TestLogDestinationStalledShutdown(t *testing.T) {
+	g, _ := stalledLogGateway(t)
+	c, br := dialRaw(t, g.DataAddr)
+	const n = 2000 // about 400 KB of access log lines, more than the pipe takes
+	if _, err := io.WriteString(c, strings.Repeat("GET /logged HTTP/1.1\r\nHost: x\r\n\r\n", n)); err != nil {
+		t.Fatal(err)
+	}
+	for range n {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	time.Sleep(500 * time.Millisecond) // past a tick: the writer is stuck in the pipe
+	start := time.Now()
+	g.Signal(syscall.SIGTERM)
+	// The drain delay is 0: what is left is the wait for the last lines,
+	// at most 5 s.
+	if _, ok := g.Wait(15 * time.Second); !ok {
+		t.Fatalf("still running %v after SIGTERM, its stderr a pipe nobody reads", time.Since(start).Round(time.Second))
+	}
+	t.Logf("exited %v after SIGTERM", time.Since(start).Round(time.Millisecond))
+}
+
+// stalledLogGateway starts a gateway whose stdout and stderr are a pipe
+// nobody reads until the test reads r, with the key /logged stored.
+func stalledLogGateway(t *testing.T) (*gateway, *os.File) {
+	t.Helper()
+	mc := memcachedtest.Start(t)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close(); w.Close() })
+	gw := gatewaytest.New(t, binary, map[string]string{"MEMCGATE_SERVERS": mc.Addr, "MEMCGATE_DRAIN_DELAY": "0s"})
+	gw.SetOutput(w)
+	gw.Start(t)
+	g := &gateway{Gateway: gw, t: t, URL: "http://" + gw.DataAddr, Admin: "http://" + gw.AdminAddr}
+	if resp := g.do("PUT", "/logged", []byte("v")); resp.status != http.StatusCreated {
+		t.Fatalf("PUT = %d %s", resp.status, resp.body)
+	}
+	return g, r
 }
