@@ -38,6 +38,11 @@ import (
 )
 
 func main() {
+	// A reader of stdout or stderr that goes away (a `| logger` killed, a
+	// log collector restarted) must not take the gateway with it: with
+	// SIGPIPE ignored, a write to the broken pipe fails with EPIPE, and
+	// the log counts its lines as dropped, as nginx and memcached do.
+	signal.Ignore(syscall.SIGPIPE)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], env.ToMap(os.Environ()), os.Stdout, os.Stderr); err != nil {

@@ -143,6 +143,29 @@ func TestLogDestinationStalledShutdown(t *testing.T) {
 	t.Logf("exited %v after SIGTERM", time.Since(start).Round(time.Millisecond))
 }
 
+// TestLogDestinationGone closes the only reader of the gateway's stderr,
+// as when a log collector is killed: the gateway must go on serving,
+// counting the lines it cannot write, not die of SIGPIPE.
+func TestLogDestinationGone(t *testing.T) {
+	g, r := stalledLogGateway(t)
+	r.Close()
+	for i := range 200 {
+		if resp := g.do("GET", "/logged", nil); resp.status != http.StatusOK {
+			t.Fatalf("GET %d after the log's reader went away = %d %s", i, resp.status, resp.body)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for metricValue(t, g, "memcgate_log_lines_dropped_total") < 200 {
+		if time.Now().After(deadline) {
+			t.Fatalf("memcgate_log_lines_dropped_total = %v 10 s after 200 requests logged to a broken pipe", metricValue(t, g, "memcgate_log_lines_dropped_total"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if exit, ok := g.Wait(0); ok {
+		t.Fatalf("the gateway exited: %v", exit)
+	}
+}
+
 // stalledLogGateway starts a gateway whose stdout and stderr are a pipe
 // nobody reads until the test reads r, with the key /logged stored.
 func stalledLogGateway(t *testing.T) (*gateway, *os.File) {
