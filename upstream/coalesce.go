@@ -40,9 +40,14 @@ type getResult struct {
 }
 
 // get reads one key, batching it with other parked Gets when the node's
-// slots are all busy (and batching is on). o is the Get, for its Room,
-// which batched Gets do without. lent reports whether the value is
-// in a buffer o.Lend lent (op.Result.Lent).
+// slots are all busy (and batching is on). o is the Get, for its Room.
+// A Get with a Room on a pipelined node is never parked: a batch is read
+// whole, each value into a buffer of its own, outside every budget (up
+// to maxKeysPerGet values of a megabyte each, for clients who chose the
+// keys), so it waits for a slot instead; on its connection it shares a
+// gets line with the Gets around it all the same, each value held
+// against its own caller's Room. lent reports whether the value is in a
+// buffer o.Lend lent (op.Result.Lent).
 func (n *node) get(ctx context.Context, key string, o op.Op) (it *memcache.Item, lent bool, err error) {
 	o = op.Op{Verb: op.Get, Room: o.Room}
 	select {
@@ -51,7 +56,7 @@ func (n *node) get(ctx context.Context, key string, o op.Op) (it *memcache.Item,
 		return it, n.lent(&o, it), err
 	default:
 	}
-	if !n.batchGets {
+	if !n.batchGets || (o.Room != nil && n.pipe != nil) {
 		err := n.do(ctx, verbOp(op.Get), false, func(mc dataClient, _ bool) (err error) {
 			it, _, err = mc.Do(ctx, o, key)
 			return err

@@ -1,16 +1,19 @@
 package upstream
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
 func TestGetBatchingUnderLoad(t *testing.T) {
@@ -95,4 +98,53 @@ func TestBatchedGetsFailOver(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// refusingRoom is an op.Room that holds nothing: every value is refused.
+type refusingRoom struct{ asked atomic.Int64 }
+
+func (r *refusingRoom) Reserve(int) bool  { r.asked.Add(1); return false }
+func (r *refusingRoom) Fits(int) bool     { return false }
+func (r *refusingRoom) Release(int)       {}
+func (r *refusingRoom) Lend(n int) []byte { return make([]byte, 0, n) }
+
+// TestGetWithRoomNotBatched busies the only slot of a node and sends
+// Gets of a large value with a Room that holds nothing: they must wait
+// for the slot, never park in a batch (which reads every value whole,
+// outside any Room), and be refused by their Room once sent.
+func TestGetWithRoomNotBatched(t *testing.T) {
+	if *pipelineConns == 0 {
+		t.Skip("gomemcache's pool reads every value whole; Rooms are the pipelined client's")
+	}
+	mcs := memcachedtest.StartN(t, 1)
+	c, _ := newTestCluster(t, mcs, func(o *Options) { o.MaxConns, o.MaxIdleConns, o.MaxInFlight = 1, 1, 1 })
+	ctx := t.Context()
+	if err := c.Set(ctx, Item{Key: "big", Value: bytes.Repeat([]byte("v"), 64<<10)}); err != nil {
+		t.Fatal(err)
+	}
+	n := c.topo.Load().nodes[0]
+	n.sem <- struct{}{} // the only slot is busy
+	room := &refusingRoom{}
+	errs := make(chan error, 5)
+	for range 5 {
+		go func() {
+			errs <- c.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: "big"}, Room: room}).Err
+		}()
+	}
+	time.Sleep(100 * time.Millisecond) // the Gets are waiting
+	n.pmu.Lock()
+	parked := len(n.pending)
+	n.pmu.Unlock()
+	if parked != 0 {
+		t.Errorf("%d Gets with a Room parked for a batch", parked)
+	}
+	<-n.sem
+	for range 5 {
+		if err := <-errs; !errors.Is(err, ErrNoFit) {
+			t.Errorf("Get with a Room that holds nothing = %v, want ErrNoFit", err)
+		}
+	}
+	if batched := testutil.ToFloat64(n.m.batched); batched != 0 {
+		t.Errorf("%v Gets went out batched", batched)
+	}
 }
