@@ -298,8 +298,23 @@ func (h *handler) run(r *http.Request, ops []parsedOp) []batchResult {
 	if len(getKeys) > 0 {
 		wg.Go(func() { h.getAll(r, getKeys, room, func(j int) *batchResult { return &results[getIdx[j]] }) })
 	}
-	for _, k := range order {
+	// A key's operations run on a goroutine of their own once a token of
+	// h.batchOps is free: all batches together work on batchParallel keys
+	// at most, whatever their number.
+	for n, k := range order {
+		select {
+		case h.batchOps <- struct{}{}:
+		case <-ctx.Done():
+			for _, k := range order[n:] {
+				for _, i := range perKey[k] {
+					results[i].setOutcome(ops[i].op.Verb, ctx.Err())
+				}
+			}
+			wg.Wait()
+			return results
+		}
 		wg.Go(func() {
+			defer func() { <-h.batchOps }()
 			for _, i := range perKey[k] {
 				h.runOp(ctx, ops[i].op, &results[i], room)
 			}
@@ -308,6 +323,18 @@ func (h *handler) run(r *http.Request, ops []parsedOp) []batchResult {
 	wg.Wait()
 	return results
 }
+
+// batchParallel is how many keys of batches (POST /) are worked on at
+// once, over all batches: each holds a goroutine and, while its
+// operation is on its way, one of its node's in-flight slots. With a
+// goroutine per key (up to BATCH_MAX_OPS) for one request slot, 128
+// connections each sending a batch of 1000 deletes make 128,000
+// goroutines (1 GB of stacks and state), stall every other client for
+// 3 s and keep memcached busy after they leave. 256 is
+// a sixteenth of a node's default in-flight cap (MAX_IN_FLIGHT_PER_NODE),
+// so that single-key requests always find slots, and many times what
+// one batch needs to keep pipelined connections busy.
+const batchParallel = 256
 
 // runOp runs one operation and records its result as the single-key
 // endpoint would answer it. A read's value goes into the answer if room

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -612,5 +613,75 @@ func TestMultiGetAnswerRoom(t *testing.T) {
 				t.Errorf("%d of %d values answered, want some but not all to fit", found, len(raw.Results))
 			}
 		})
+	}
+}
+
+// gatedStore is a Store whose operations wait until gate closes,
+// counting how many wait at once.
+type gatedStore struct {
+	*fakeStore
+	gate      chan struct{}
+	cur, peak atomic.Int64
+}
+
+func (g *gatedStore) Do(ctx context.Context, o op.Op) op.Result {
+	n := g.cur.Add(1)
+	for p := g.peak.Load(); n > p && !g.peak.CompareAndSwap(p, n); p = g.peak.Load() {
+	}
+	select {
+	case <-g.gate:
+	case <-ctx.Done():
+	}
+	g.cur.Add(-1)
+	return g.fakeStore.Do(ctx, o)
+}
+
+// TestBatchesShareParallelism sends four batches of 1000 deletes of
+// distinct keys at once against a store that holds every operation: all
+// batches together work on batchParallel keys at most, each on a
+// goroutine, instead of a goroutine per key, and every operation is
+// still answered once the store lets them go.
+func TestBatchesShareParallelism(t *testing.T) {
+	s := &gatedStore{fakeStore: newFake(), gate: make(chan struct{})}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	h := NewHandler(s, log, prometheus.NewRegistry(), Options{RequestTimeout: time.Minute})
+	base := runtime.NumGoroutine()
+	const batches, perBatch = 4, 1000
+	codes := make(chan *httptest.ResponseRecorder, batches)
+	for b := range batches {
+		ops := make([]string, perBatch)
+		for i := range ops {
+			ops[i] = `{"op":"delete","key":"b` + strconv.Itoa(b) + `-` + strconv.Itoa(i) + `"}`
+		}
+		go func() {
+			codes <- do(h, "POST", "/", "["+strings.Join(ops, ",")+"]", "Content-Type", "application/json")
+		}()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for s.cur.Load() < batchParallel && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // room for any more to start
+	if peak := s.peak.Load(); peak != batchParallel {
+		t.Errorf("%d operations of %d batches at once, want batchParallel (%d)", peak, batches, batchParallel)
+	}
+	if g := runtime.NumGoroutine() - base; g > batchParallel+2*batches+16 {
+		t.Errorf("%d goroutines for %d batches of %d keys, want about batchParallel (%d)", g, batches, perBatch, batchParallel)
+	}
+	close(s.gate)
+	for range batches {
+		w := <-codes
+		if w.Code != 200 {
+			t.Fatalf("batch = %d %s", w.Code, w.Body.String())
+		}
+		res := decodeResults(t, w.Body.String())
+		if len(res) != perBatch {
+			t.Fatalf("%d results, want %d", len(res), perBatch)
+		}
+		for _, r := range res {
+			if r.Status != 404 {
+				t.Fatalf("delete of a missing key = %+v, want 404", r)
+			}
+		}
 	}
 }

@@ -111,6 +111,7 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 		lim:       &limits{budget: opts.Budget, takeBody: opts.TakeBody, bufs: opts.Buffers},
 		guard:     guard{a: opts.Access},
 		log:       log,
+		batchOps:  make(chan struct{}, batchParallel),
 	}
 	h.lim.lim.max.Store(int64(opts.MaxRequests))
 	h.lim.timeout.Store(int64(opts.RequestTimeout))

@@ -24,6 +24,9 @@ type handler struct {
 	chunks *chunk.Values // values stored in chunks
 	obs    *observer
 	log    *slog.Logger
+	// batchOps holds a token for each key of a batch being worked on,
+	// over all batches: at most batchParallel at once (run).
+	batchOps chan struct{}
 
 	// Detached responses' (detached.go): detachStore is nil when they
 	// are off.

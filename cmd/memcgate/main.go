@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"strconv"
 	"sync"
@@ -371,7 +372,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	gopts.Buffers = bodies
 	handler := gateway.NewHandler(router, log, reg, gopts)
 	std := &http.Server{
-		Handler:           handler,
+		Handler:           takeTurns(handler),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		ReadTimeout:       cfg.ReadTimeout,
 		WriteTimeout:      cfg.WriteTimeout,
@@ -537,7 +538,7 @@ func dataServer(cfg config.Config, sec *security, std *http.Server, h *gateway.H
 		return std, nil
 	}
 	fast := &h1.Server{
-		Handler:           std.Handler,
+		Handler:           h, // it takes turns itself, when a client pipelines
 		BodyLimit:         h.BodyLimit,
 		Budget:            buffered,
 		Buffers:           bodies,
@@ -552,6 +553,23 @@ func dataServer(cfg config.Config, sec *security, std *http.Server, h *gateway.H
 		MaxConns:          maxConns,
 	}
 	return fast, fast
+}
+
+// takeTurns makes a request served by Go's net/http (a connection the
+// fast path handed over, TLS, FAST_PATH=false) let the other goroutines
+// run before it starts, as the fast path does before each request a
+// client pipelined (docs/security.md, rule 1). net/http serves a
+// connection's pipelined requests back to back, and Go preempts a
+// goroutine only after 10 ms: without the yield, 256 connections
+// pipelining requests that net/http must parse (a 16 KB head, a
+// Connection header listing tokens) each hold a processor for their
+// turn, and a GET on another connection waits up to 3.7 s, or gets a
+// 504.
+func takeTurns(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runtime.Gosched()
+		h.ServeHTTP(w, r)
+	})
 }
 
 func ignoreClosed(err error) error {

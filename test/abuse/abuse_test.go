@@ -84,9 +84,10 @@ func fitFDs(t *testing.T, n int) int {
 	return n
 }
 
-// TestAbuse runs the attacks of issue #16, and two that share a node's
-// connections or the gateway's goroutines unfairly, each against a fresh
-// gateway with default settings, and reports a row per attack.
+// TestAbuse runs the attacks of issue #16, and four that share a node's
+// connections, the gateway's goroutines or memcached's work unfairly,
+// each against a fresh gateway with default settings, and reports a row
+// per attack.
 func TestAbuse(t *testing.T) {
 	full := os.Getenv("ABUSE_FULL") == "1"
 	pick := func(fullSize, scaled int) int {
@@ -112,6 +113,8 @@ func TestAbuse(t *testing.T) {
 	// (each never-read answer sits in a socket's send buffer).
 	readers := pick(1000, 600)
 	pipelining := 100
+	fanOut := 128
+	handed := pick(256, 128)
 
 	attacks := []attack{
 		{name: "1 silent connections", size: thousands(silent) + " conns sending nothing", run: silentConns(silent)},
@@ -124,7 +127,10 @@ func TestAbuse(t *testing.T) {
 			window: floodFor, mcMB: 16384, run: asyncFlood},
 		{name: "6 slow readers of a large value", size: thousands(readers) + " conns × 2 pipelined GETs of a 1 MB key, never read",
 			prepare: storeBig, run: slowBigReaders(readers, 2)},
-		{name: "7 pipelined flood", size: thousands(pipelining) + " conns pipelining 400s, never read", run: pipelinedFlood(pipelining)},
+		{name: "7 pipelined flood", size: thousands(pipelining) + " conns pipelining 400s, never read", run: pipelinedFlood(pipelining, badKeyGet)},
+		{name: "8 batch fan-out", size: thousands(fanOut) + " conns × one batch of 1000 deletes, never read", run: batchFanOut(fanOut)},
+		{name: "9 pipelined flood, handed to net/http", size: thousands(handed) + " conns pipelining 400s that net/http parses, never read",
+			run: pipelinedFlood(handed, handedGet)},
 	}
 	var rows []row
 	start := time.Now()

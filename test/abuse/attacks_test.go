@@ -124,19 +124,18 @@ func slowBigReaders(n, k int) func(*testing.T, *rig, func()) result {
 	return holdReaders(n, 4096, sendHead(func(int) string { return req }))
 }
 
-// pipelinedFlood is attack 7: n connections pipelining cheap
-// requests (a GET of a key memcached cannot carry, answered 400 without
-// asking it) as fast as they can for as long as the attack is held,
-// never reading: each keeps a goroutine of the gateway busy until its
-// answers fill the socket. The flood runs in a process of its own (this
-// test binary, started again with ABUSE_CHILD=pipeline), as an attacker
-// would: run here, its goroutines, always runnable, would delay the
-// canary's own (Go polls the network when a processor runs out of work),
-// and the canary would measure the attacker's scheduler.
-func pipelinedFlood(n int) func(*testing.T, *rig, func()) result {
+// pipelinedFlood is attacks 7 and 9: n connections pipelining req as
+// fast as they can for as long as the attack is held, never reading:
+// each keeps a goroutine of the gateway busy until its answers fill the
+// socket. The flood runs in a process of its own (this test binary,
+// started again with ABUSE_CHILD=pipeline), as an attacker would: run
+// here, its goroutines, always runnable, would delay the canary's own
+// (Go polls the network when a processor runs out of work), and the
+// canary would measure the attacker's scheduler.
+func pipelinedFlood(n int, req string) func(*testing.T, *rig, func()) result {
 	return func(t *testing.T, r *rig, hold func()) result {
 		cmd := exec.Command(os.Args[0])
-		cmd.Env = append(os.Environ(), "ABUSE_CHILD=pipeline", "ABUSE_ADDR="+r.gw.DataAddr, "ABUSE_CONNS="+strconv.Itoa(n))
+		cmd.Env = append(os.Environ(), "ABUSE_CHILD=pipeline", "ABUSE_ADDR="+r.gw.DataAddr, "ABUSE_CONNS="+strconv.Itoa(n), "ABUSE_REQ="+req)
 		stop, err := cmd.StdinPipe()
 		if err != nil {
 			t.Fatal(err)
@@ -156,8 +155,19 @@ func pipelinedFlood(n int) func(*testing.T, *rig, func()) result {
 	}
 }
 
-// pipelineChild is attack 7's flood, run by the child process until its
-// stdin closes; it prints what the connections got, then a note.
+const (
+	// badKeyGet is attack 7's request: a GET of a key memcached cannot
+	// carry, answered 400 by the fast path without asking it.
+	badKeyGet = "GET /bad%20key HTTP/1.1\r\nHost: x\r\n\r\n"
+	// handedGet is attack 9's: the same GET with a Connection header
+	// listing a token besides keep-alive, which the fast path hands to
+	// Go's net/http with the rest of its connection.
+	handedGet = "GET /bad%20key HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, x\r\n\r\n"
+)
+
+// pipelineChild is the flood of attacks 7 and 9, run by the child
+// process until its stdin closes; it prints what the connections got,
+// then a note.
 func pipelineChild() {
 	n, err := strconv.Atoi(os.Getenv("ABUSE_CONNS"))
 	if err != nil {
@@ -166,13 +176,14 @@ func pipelineChild() {
 	}
 	stop := make(chan struct{})
 	go func() { _, _ = io.Copy(io.Discard, os.Stdin); close(stop) }()
-	got, sent := pipeline(os.Getenv("ABUSE_ADDR"), n, stop)
+	got, sent := pipeline(os.Getenv("ABUSE_ADDR"), n, os.Getenv("ABUSE_REQ"), stop)
 	fmt.Printf("%s\nsent %s of requests\n", got, size(sent))
 }
 
-// pipeline floods addr from n connections until stop closes.
-func pipeline(addr string, n int, stop <-chan struct{}) (got string, sent int64) {
-	req := []byte(strings.Repeat("GET /bad%20key HTTP/1.1\r\nHost: x\r\n\r\n", 1000))
+// pipeline floods addr from n connections with one until stop closes,
+// a thousand at a time.
+func pipeline(addr string, n int, one string, stop <-chan struct{}) (got string, sent int64) {
+	req := []byte(strings.Repeat(one, 1000))
 	var (
 		statuses tally
 		mu       sync.Mutex
@@ -207,6 +218,20 @@ func pipeline(addr string, n int, stop <-chan struct{}) (got string, sent int64)
 	}
 	wg.Wait()
 	return statuses.String(), sent
+}
+
+// batchFanOut is attack 8: n connections, each sending one POST / batch
+// of 1000 deletes of keys that do not exist (about 34 KB) and never
+// reading: 1000 operations on memcached for one request slot each.
+func batchFanOut(n int) func(*testing.T, *rig, func()) result {
+	return holdConns(n, sendHead(func(i int) string {
+		ops := make([]string, 1000)
+		for j := range ops {
+			ops[j] = `{"op":"delete","key":"fan` + strconv.Itoa(i) + "-" + strconv.Itoa(j) + `"}`
+		}
+		body := `{"ops":[` + strings.Join(ops, ",") + "]}"
+		return "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+	}))
 }
 
 // multiGet is attack 2a: one multi-get naming the 1 MB key n times.
