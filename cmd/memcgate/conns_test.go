@@ -76,6 +76,9 @@ memcgate_http_connections_reclaimed_total 0
 # HELP memcgate_http_connections_refused_total New client connections closed at the MEMCGATE_MAX_CLIENT_CONNS cap with no idle one to make room (answered 503 on the fast path).
 # TYPE memcgate_http_connections_refused_total counter
 memcgate_http_connections_refused_total 0
+# HELP memcgate_http_handovers_refused_total Requests the fast path hands to Go's net/http (chunked or Expect bodies, heads over 4 KiB) answered 503 instead, because a thirty-second of the connection cap were net/http's already.
+# TYPE memcgate_http_handovers_refused_total counter
+memcgate_http_handovers_refused_total 0
 `
 	var err error
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {

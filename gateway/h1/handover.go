@@ -1,33 +1,88 @@
 package h1
 
 import (
+	"io"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 )
 
 // handover gives the connection, with every byte read but not consumed,
-// to Fallback.
-func (c *conn) handover() {
+// to Fallback, and returns readEnded; or, when as many connections as
+// handedLimit allows are Fallback's already, answers 503 and closes it
+// (refuseHandover), and returns readParked if it lingers in the poller.
+func (c *conn) handover() readResult {
+	s := c.srv
+	n := s.handed.Add(1)
+	if limit := s.handedLimit(); limit > 0 && n > limit {
+		s.handed.Add(-1)
+		return c.refuseHandover()
+	}
 	if c.pf.registered {
-		c.srv.poller.forget(c) // before Fallback reads it
+		s.poller.forget(c) // before Fallback reads it
 	}
 	c.rwc.SetDeadline(time.Time{})
 	buf := c.in.takeBytes()
 	c.state.Store(stateClosed) // no longer ours: closeIdle and Close leave it alone
-	s := c.srv
 	s.mu.Lock()
 	delete(s.conns, c)
 	s.mu.Unlock()
 	c.handed = true // uncounted when Fallback closes it
-	rc := &replayConn{Conn: c.rwc, buf: buf, open: &s.open}
+	rc := &replayConn{Conn: c.rwc, buf: buf, open: &s.open, handed: &s.handed}
 	// Fallback reads the rest of the connection through GuardConn, which
 	// makes net/http refuse what the fast path refuses (errBothLengths).
 	if !c.ho.give(GuardConn(rc)) {
 		rc.Close()
 	}
+	return readEnded
 }
+
+// handedLimit is how many connections may be Fallback's at once, 0 for no
+// limit: a thirty-second of the connection cap, at least 64. A connection
+// net/http serves costs a goroutine, buffers and the parsed head, about
+// 40-65 KB against the fast path's 4 KiB for one parked, and MaxConns
+// never closes it to make room: without this limit, 16,500 connections
+// dribbling chunked uploads take 526 MB and every connection slot, and
+// other clients get 503.
+func (s *Server) handedLimit() int64 {
+	n := s.connLimit()
+	if n <= 0 {
+		return 0
+	}
+	return max(64, n/32)
+}
+
+// refuseHandover answers a request that Fallback would have to serve,
+// over handedLimit, with 503 and Retry-After and closes the connection,
+// dropping for a while what the client still sends so that it gets the
+// answer.
+func (c *conn) refuseHandover() readResult {
+	s := c.srv
+	s.handedRefused.Add(1)
+	if now := time.Now().UnixNano(); now-s.handedLog.Load() >= int64(time.Second) { // a line a second at most
+		s.handedLog.Store(now)
+		s.logf("h1: %d connections served by net/http, the most allowed: refused one with 503 (%d refused so far)", s.handedLimit(), s.handedRefused.Load())
+	}
+	if d := s.WriteTimeout; d > 0 {
+		c.setWriteTimeout(time.Now().Add(d))
+	}
+	c.armWrite()
+	io.WriteString(c.rwc, handedRefusal)
+	c.in.Discard(c.in.Buffered())
+	c.phase = phaseLinger
+	if c.linger() {
+		return readParked
+	}
+	return readEnded
+}
+
+// handedRefusal answers a request over handedLimit.
+var handedRefusal = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: " +
+	strconv.Itoa(len(handedRefusalBody)) + "\r\n\r\n" + handedRefusalBody
+
+const handedRefusalBody = "too many connections with chunked or Expect requests or long heads; retry shortly\n"
 
 // handoff is the net.Listener Fallback.Serve accepts handed-over
 // connections from.
@@ -71,6 +126,7 @@ type replayConn struct {
 	net.Conn
 	buf    []byte
 	open   *atomic.Int64 // Server.open
+	handed *atomic.Int64 // Server.handed
 	closed atomic.Bool
 }
 
@@ -78,6 +134,7 @@ type replayConn struct {
 func (r *replayConn) Close() error {
 	if !r.closed.Swap(true) {
 		r.open.Add(-1)
+		r.handed.Add(-1)
 	}
 	return r.Conn.Close()
 }

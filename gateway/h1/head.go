@@ -30,8 +30,7 @@ func (c *conn) readHead(first bool) (req *http.Request, n int, res readResult) {
 				// Fallback's: a line net/http may answer before
 				// the head ends, or a whole head longer than the
 				// fast path takes or outside its grammar.
-				c.handover()
-				return nil, 0, readEnded
+				return nil, 0, c.handover()
 			}
 			if n > 0 {
 				req, err := c.newRequest(buf[:n], c.hs.lines)
@@ -42,15 +41,13 @@ func (c *conn) readHead(first bool) (req *http.Request, n int, res readResult) {
 					}
 					return nil, 0, readEnded
 				case req == nil:
-					c.handover()
-					return nil, 0, readEnded
+					return nil, 0, c.handover()
 				}
 				return req, n, readOK
 			}
 		}
 		if len(buf) == c.in.Size() && !c.growHead() {
-			c.handover() // Fallback answers 431, as it would
-			return nil, 0, readEnded
+			return nil, 0, c.handover() // Fallback answers 431, as it would
 		}
 		c.phase = phaseHead
 		if c.waitMore(c.deadline(orRead(s.ReadHeaderTimeout, s.ReadTimeout))) {
@@ -61,10 +58,9 @@ func (c *conn) readHead(first bool) (req *http.Request, n int, res readResult) {
 			// (after the 4 bytes it waits for between requests), but
 			// says nothing on a timeout or a reset.
 			if b := c.in.Buffered(); err == io.EOF && b > 0 && (c.reqFirst || b+c.crlfSkipped >= 4) {
-				c.handover()
-			} else {
-				c.close()
+				return nil, 0, c.handover()
 			}
+			c.close()
 			return nil, 0, readEnded
 		}
 	}

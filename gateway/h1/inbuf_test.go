@@ -359,9 +359,10 @@ func TestReplayConnLetsGo(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			server, client := tcpPair(t)
-			var open atomic.Int64
+			var open, handed atomic.Int64
 			open.Add(1)
-			r := &replayConn{Conn: server, buf: []byte("replay"), open: &open}
+			handed.Add(1)
+			r := &replayConn{Conn: server, buf: []byte("replay"), open: &open, handed: &handed}
 			var got []byte
 			for _, n := range tt.reads {
 				p := make([]byte, n)

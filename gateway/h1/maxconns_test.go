@@ -459,3 +459,74 @@ func dialOver(t *testing.T, addr string) net.Conn {
 	c.SetDeadline(time.Now().Add(10 * time.Second))
 	return c
 }
+
+// TestHandedLimit hands over as many connections as handedLimit allows,
+// each a chunked PUT whose body never comes (net/http waits for it):
+// the next request that needs Fallback is answered 503 with Retry-After
+// and closed, a request the fast path serves is not, and once a handed
+// connection closes, the next one is handed over and served again.
+func TestHandedLimit(t *testing.T) {
+	s, addr := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, "ok")
+	}), func(s *Server) { s.MaxConns = 100 }) // handedLimit: 64
+	limit := int(s.handedLimit())
+	if limit != 64 {
+		t.Fatalf("handedLimit() = %d with MaxConns 100, want 64", limit)
+	}
+	const chunkedHead = "PUT /k HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		return c
+	}
+	held := make([]net.Conn, limit)
+	for i := range held {
+		held[i] = dial()
+		if _, err := io.WriteString(held[i], chunkedHead+"1\r\na\r\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); s.handed.Load() < int64(limit); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections handed over, want %d", s.handed.Load(), limit)
+		}
+	}
+	over := dial()
+	if _, err := io.WriteString(over, chunkedHead+"2\r\nab\r\n0\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(over), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "1" || !resp.Close || !strings.Contains(string(body), "retry") {
+		t.Fatalf("a request for Fallback over the limit: %s %v %q, want 503 with Retry-After, closed", resp.Status, resp.Header, body)
+	}
+	if st := s.ConnStats(); st.HandoversRefused != 1 {
+		t.Errorf("HandoversRefused = %d, want 1", st.HandoversRefused)
+	}
+	c, got := getOnce(t, "tcp", addr)
+	c.Close()
+	if got.StatusCode != 200 {
+		t.Fatalf("a GET the fast path serves, with Fallback full: %s", got.Status)
+	}
+	held[0].Close()
+	for deadline := time.Now().Add(5 * time.Second); s.handed.Load() >= int64(limit); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections handed over after one closed", s.handed.Load())
+		}
+	}
+	next := dial()
+	if _, err := io.WriteString(next, chunkedHead+"2\r\nab\r\n0\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := http.ReadResponse(bufio.NewReader(next), nil); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("a chunked PUT once a handed connection closed: %v %v, want 200", resp, err)
+	}
+}

@@ -108,17 +108,20 @@ type Server struct {
 	// they are allocated, and left to the garbage collector.
 	Buffers Buffers
 
-	readers      sync.Pool // of *[readBufSize]byte, for conn.in
-	writers      sync.Pool // of *outbuf, for conn.hbuf and conn.wbuf
-	inShutdown   atomic.Bool
-	noKeepAlives atomic.Bool
-	date         atomic.Pointer[dateStamp] // the Date header of the current second, for every connection
-	acceptErrs   atomic.Uint64             // accept failures Serve waited out
-	open         atomic.Int64              // connections accepted and not closed yet, handed over ones included
-	reclaimed    atomic.Uint64             // idle connections closed to make room under MaxConns
-	refused      atomic.Uint64             // connections answered 503 and closed over MaxConns
-	refusedLog   atomic.Int64              // when a refusal was last logged, in Unix nanoseconds
-	maxConns     atomic.Int64              // SetMaxConns': 0 unset (MaxConns applies), -1 no cap
+	readers       sync.Pool // of *[readBufSize]byte, for conn.in
+	writers       sync.Pool // of *outbuf, for conn.hbuf and conn.wbuf
+	inShutdown    atomic.Bool
+	noKeepAlives  atomic.Bool
+	date          atomic.Pointer[dateStamp] // the Date header of the current second, for every connection
+	acceptErrs    atomic.Uint64             // accept failures Serve waited out
+	open          atomic.Int64              // connections accepted and not closed yet, handed over ones included
+	reclaimed     atomic.Uint64             // idle connections closed to make room under MaxConns
+	refused       atomic.Uint64             // connections answered 503 and closed over MaxConns
+	refusedLog    atomic.Int64              // when a refusal was last logged, in Unix nanoseconds
+	handed        atomic.Int64              // connections handed to Fallback and not closed yet
+	handedRefused atomic.Uint64             // requests answered 503 over handedLimit
+	handedLog     atomic.Int64              // when such a refusal was last logged, in Unix nanoseconds
+	maxConns      atomic.Int64              // SetMaxConns': 0 unset (MaxConns applies), -1 no cap
 
 	mu        sync.Mutex // guards listeners, conns, refusals, accepted, ctx, cancel and poller
 	listeners map[*net.Listener]struct{}

@@ -23,6 +23,11 @@ type ConnStats struct {
 	// new ones under MaxConns, and Refused the new ones answered 503 and
 	// closed because there was none.
 	Reclaimed, Refused uint64
+	// HandoversRefused counts requests answered 503, their connections
+	// closed, instead of handed to Fallback, because as many connections
+	// as allowed (a thirty-second of MaxConns, at least 64) were
+	// Fallback's.
+	HandoversRefused uint64
 }
 
 // ConnStats returns the connection counts now. It takes the Server's lock
@@ -30,7 +35,7 @@ type ConnStats struct {
 func (s *Server) ConnStats() ConnStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := ConnStats{Accepted: s.accepted, AcceptErrors: s.acceptErrs.Load(), Reclaimed: s.reclaimed.Load(), Refused: s.refused.Load()}
+	st := ConnStats{Accepted: s.accepted, AcceptErrors: s.acceptErrs.Load(), Reclaimed: s.reclaimed.Load(), Refused: s.refused.Load(), HandoversRefused: s.handedRefused.Load()}
 	for c := range s.conns {
 		switch c.state.Load() {
 		case stateNew, stateReading:

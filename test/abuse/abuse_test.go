@@ -84,10 +84,10 @@ func fitFDs(t *testing.T, n int) int {
 	return n
 }
 
-// TestAbuse runs the attacks of issue #16, and four that share a node's
-// connections, the gateway's goroutines or memcached's work unfairly,
-// each against a fresh gateway with default settings, and reports a row
-// per attack.
+// TestAbuse runs the attacks of issue #16, and five that share a node's
+// connections, the gateway's goroutines or memcached's work unfairly, or
+// take its memory through Go's net/http, each against a fresh gateway
+// with default settings, and reports a row per attack.
 func TestAbuse(t *testing.T) {
 	full := os.Getenv("ABUSE_FULL") == "1"
 	pick := func(fullSize, scaled int) int {
@@ -115,6 +115,7 @@ func TestAbuse(t *testing.T) {
 	pipelining := 100
 	fanOut := 128
 	handed := pick(256, 128)
+	chunked := fitFDs(t, pick(12000, 6000))
 
 	attacks := []attack{
 		{name: "1 silent connections", size: thousands(silent) + " conns sending nothing", run: silentConns(silent)},
@@ -131,6 +132,7 @@ func TestAbuse(t *testing.T) {
 		{name: "8 batch fan-out", size: thousands(fanOut) + " conns × one batch of 1000 deletes, never read", run: batchFanOut(fanOut)},
 		{name: "9 pipelined flood, handed to net/http", size: thousands(handed) + " conns pipelining 400s that net/http parses, never read",
 			run: pipelinedFlood(handed, handedGet)},
+		{name: "10 chunked uploads", size: thousands(chunked) + " conns × a chunked PUT with a 15 KB head, 1 byte of body", run: chunkedUploads(chunked)},
 	}
 	var rows []row
 	start := time.Now()

@@ -234,6 +234,18 @@ func batchFanOut(n int) func(*testing.T, *rig, func()) result {
 	}))
 }
 
+// chunkedUploads is attack 10: n connections, each sending the head of
+// a chunked PUT with a 15 KB header and one chunk of its body, then
+// nothing: each request needs Go's net/http, which would hold a
+// goroutine, buffers and the parsed head for it (about 65 KB) and never
+// close it to make room.
+func chunkedUploads(n int) func(*testing.T, *rig, func()) result {
+	pad := strings.Repeat("p", 15000)
+	return holdConns(n, sendHead(func(i int) string {
+		return "PUT /chunked" + strconv.Itoa(i) + " HTTP/1.1\r\nHost: x\r\nX-Pad: " + pad + "\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n"
+	}))
+}
+
 // multiGet is attack 2a: one multi-get naming the 1 MB key n times.
 func multiGet(n int) func(*testing.T, *rig, func()) result {
 	q := strings.TrimSuffix(strings.Repeat("key="+bigKey+"&", n), "&")
