@@ -447,8 +447,8 @@ func atCap(t *testing.T, network string) (s *Server, addr string, release func()
 	return s, addr, release
 }
 
-// dialOver opens a connection to a Server at its cap (atCap), closed at
-// the test's end, with 10 s to do its work.
+// dialOver opens a connection to a Server (at its cap, say: atCap),
+// closed at the test's end, with 10 s to do its work.
 func dialOver(t *testing.T, addr string) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
@@ -475,15 +475,7 @@ func TestHandedLimit(t *testing.T) {
 		t.Fatalf("handedLimit() = %d with MaxConns 100, want 64", limit)
 	}
 	const chunkedHead = "PUT /k HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
-	dial := func() net.Conn {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		c.SetDeadline(time.Now().Add(10 * time.Second))
-		return c
-	}
+	dial := func() net.Conn { return dialOver(t, addr) }
 	held := make([]net.Conn, limit)
 	for i := range held {
 		held[i] = dial()
