@@ -110,7 +110,7 @@ type Config struct {
 	AuthTokens     string `env:"AUTH_TOKENS" secret:"tokens" help:"bearer tokens, scopes:token separated by commas, scopes read, write, admin joined by + (e.g. read:abc…,read+write:def…); empty = no authentication"`
 	AuthTokensFile string `env:"AUTH_TOKENS_FILE" help:"file with more scopes:token entries, one per line (# comments); keeps secrets out of the environment"`
 	ReadOnly       bool   `env:"READ_ONLY" envDefault:"false" help:"refuse every write with 403"`
-	MaxClientConns int    `env:"MAX_CLIENT_CONNS" envDefault:"0" help:"client connections open at once over the data listeners (TCP and LISTEN_SOCKET); one more closes the connection idle the longest, or, with none idle, is answered 503 with Retry-After and closed (over TLS or with FAST_PATH=false: closed); 0: the open-file limit less a quarter of it (at most 4096), kept for memcached, the admin listener and files; -1: no cap"`
+	MaxClientConns int    `env:"MAX_CLIENT_CONNS" envDefault:"0" help:"client connections open at once over the data listeners (TCP and LISTEN_SOCKET); one more closes the connection due to be closed first (idle the longest, or silent nearest its header timeout), or, with neither, is answered 503 with Retry-After and closed (over TLS or with FAST_PATH=false: closed); 0: the open-file limit less a quarter of it (at most 4096), kept for memcached, the admin listener and files; -1: no cap"`
 	MaxRequests    int    `env:"MAX_REQUESTS" envDefault:"10000" help:"requests with work for memcached in flight beyond which the gateway answers 503 with Retry-After (0 = no cap); a request with a body counts once its body is read"`
 	// MaxBufferedBytes is the byte budget (gateway/budget); 0 derives it
 	// from the memory limit (cmd/memcgate).

@@ -16,8 +16,9 @@ import (
 )
 
 // TestMaxConns fills a Server with MaxConns = 2 connections in different
-// states, then connects once more: an idle connection makes room (the
-// one idle the longest is closed), else a silent one; a connection whose
+// states, then connects once more: the connection due to be closed first
+// makes room (the one idle the longest, a silent one before an idle one
+// due later); a connection whose
 // body is being read or that was handed to Fallback does not, and the
 // new connection is then answered 503 with Retry-After and closed; once
 // one of them closes, a new one is served.
@@ -25,7 +26,10 @@ func TestMaxConns(t *testing.T) {
 	s, addr := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		io.WriteString(w, "ok")
-	}), func(s *Server) { s.MaxConns = 2 })
+	}), func(s *Server) {
+		s.MaxConns = 2
+		s.ReadHeaderTimeout, s.IdleTimeout = 10*time.Second, time.Minute
+	})
 	dial := func(t *testing.T) net.Conn {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
@@ -132,6 +136,21 @@ func TestMaxConns(t *testing.T) {
 			t.Fatalf("the slow connection: %v %v", resp, err)
 		}
 		slow.Close()
+	})
+
+	t.Run("silent ones before idle ones due later", func(t *testing.T) {
+		gone(t)
+		a := dial(t)
+		wantOK(t, get(t, a, "")) // idle from now: due at the idle timeout
+		silent := dial(t)        // due at the header timeout, sooner
+		silent.SetDeadline(time.Now().Add(10 * time.Second))
+		waitStats(t, func(st ConnStats) bool { return st.Reading == 1 && st.Idle == 1 })
+		wantOK(t, get(t, dial(t), ""))
+		if n, err := silent.Read(make([]byte, 1)); err != io.EOF {
+			t.Fatalf("the silent connection: read %d, %v; want EOF", n, err)
+		}
+		wantOK(t, get(t, a, "")) // the keep-alive client lost nothing
+		a.Close()
 	})
 
 	t.Run("busy ones do not", func(t *testing.T) {

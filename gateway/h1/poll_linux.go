@@ -602,31 +602,54 @@ func (p *poller) forget(c *conn) {
 }
 
 // evict takes from the poller, for the caller to close (closeParked),
-// the connection whose close best makes room for a new one: the one
-// idle the longest, else, of those parked mid-request that wait for a
+// the connection whose close best makes room for a new one: the one the
+// server would close soonest anyway. Of the one idle the longest (closed
+// at the idle timeout) and, of those parked mid-request that wait for a
 // request head (a new connection that has sent nothing, or part of a
-// head) or linger after their answer, the one nearest its deadline.
-// One whose body is being read is left alone: that would lose a request
-// the client is sending. Nil if there is none.
+// head) or linger after their answer, the one nearest its deadline, the
+// one due first goes; a connection without a deadline is never due
+// before one with. So a client's silent connections make room before a
+// keep-alive client served a moment ago, which loses nothing but a
+// connection it would reopen. One whose body is being read is left
+// alone: that would lose a request the client is sending. Nil if there
+// is none.
 func (p *poller) evict() *conn {
 	if p == nil {
 		return nil
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for c := p.oldest; c != nil; c = p.oldest {
-		p.unparkLocked(c)
-		if c.state.CompareAndSwap(stateParked, stateClosed) {
-			return c
+	for {
+		idle, reading := p.oldest, p.evictableLocked()
+		if idle == nil && reading == nil {
+			return nil
+		}
+		if reading != nil && (idle == nil || dueBefore(reading.pf.deadline, p.idleDue(idle))) {
+			p.unheapLocked(reading)
+			if reading.state.CompareAndSwap(stateReading, stateClosed) {
+				return reading
+			}
+			continue // being closed or resumed: no longer a candidate
+		}
+		p.unparkLocked(idle)
+		if idle.state.CompareAndSwap(stateParked, stateClosed) {
+			return idle
 		}
 	}
-	for c := p.evictableLocked(); c != nil; c = p.evictableLocked() {
-		p.unheapLocked(c)
-		if c.state.CompareAndSwap(stateReading, stateClosed) {
-			return c
-		}
+}
+
+// idleDue is when the idle connection c reaches the idle timeout, zero
+// if there is none.
+func (p *poller) idleDue(c *conn) time.Time {
+	if p.idle <= 0 {
+		return time.Time{}
 	}
-	return nil
+	return c.pf.parkedAt.Add(p.idle)
+}
+
+// dueBefore reports whether deadline a comes before b, zero being never.
+func dueBefore(a, b time.Time) bool {
+	return !a.IsZero() && (b.IsZero() || a.Before(b))
 }
 
 // evictScan bounds how many connections of the reading heap evict looks

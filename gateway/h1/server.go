@@ -82,10 +82,12 @@ type Server struct {
 	// MaxConns, if positive, is the most client connections the Server
 	// serves at once, over all its listeners, those handed to Fallback
 	// included. A connection accepted beyond it makes room by closing the
-	// connection idle (between requests) the longest, as nginx does when
-	// it runs out of worker_connections, or, with none idle, the silent
+	// one the Server would close soonest anyway: of the connection idle
+	// (between requests) the longest, due at IdleTimeout, and the silent
 	// or slow one nearest its header timeout (parked waiting for a
-	// request head, or lingering after an answer). When there is neither,
+	// request head, or lingering after an answer), the one due first; so
+	// silent connections go before a keep-alive client served a moment
+	// ago (nginx closes the idle ones first). When there is neither,
 	// it is answered 503 Service Unavailable with Retry-After once its
 	// request has begun to come, and closed after what the client still
 	// sends is dropped for a while, as after a 400, so that the answer is
