@@ -72,10 +72,7 @@ func TestParkedGetFollowsContext(t *testing.T) {
 	if !errors.As(err, &ne) || !ne.Timeout() {
 		t.Errorf("parked Get past its deadline = %v, want a timeout", err)
 	}
-	n.pmu.Lock()
-	left := len(n.pending)
-	n.pmu.Unlock()
-	if left != 0 {
+	if left := parkedGets(n); left != 0 {
 		t.Errorf("%d waiters left parked after their deadline", left)
 	}
 	<-n.sem
@@ -132,10 +129,7 @@ func TestGetWithRoomNotBatched(t *testing.T) {
 		}()
 	}
 	time.Sleep(100 * time.Millisecond) // the Gets are waiting
-	n.pmu.Lock()
-	parked := len(n.pending)
-	n.pmu.Unlock()
-	if parked != 0 {
+	if parked := parkedGets(n); parked != 0 {
 		t.Errorf("%d Gets with a Room parked for a batch", parked)
 	}
 	<-n.sem
@@ -147,4 +141,11 @@ func TestGetWithRoomNotBatched(t *testing.T) {
 	if batched := testutil.ToFloat64(n.m.batched); batched != 0 {
 		t.Errorf("%v Gets went out batched", batched)
 	}
+}
+
+// parkedGets is how many Gets wait in n's pending list.
+func parkedGets(n *node) int {
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	return len(n.pending)
 }

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/memcgate/memcgate/test/gatewaytest"
 )
 
 // gate is a log destination that blocks every write until opened, as a
@@ -107,7 +109,7 @@ func TestLogBufferNeverBlocks(t *testing.T) {
 // keeps up with fewer lines than come.
 type slowDest struct {
 	delay time.Duration
-	out   syncBuf
+	out   gatewaytest.SyncBuffer
 }
 
 func (s *slowDest) Write(p []byte) (int, error) {
@@ -171,7 +173,7 @@ func TestLogBufferCountsEveryLoss(t *testing.T) {
 // TestLogBufferBlocks checks that lines come out in blocks: nothing before
 // flushAt bytes or the tick, everything, in order, by the end.
 func TestLogBufferBlocks(t *testing.T) {
-	var out syncBuf
+	var out gatewaytest.SyncBuffer
 	b := newLogBuffer(&out, logBacklog)
 	b.every = time.Hour // what is written before the end, the kick wrote
 	ctx, cancel := context.WithCancel(t.Context())
@@ -181,7 +183,7 @@ func TestLogBufferBlocks(t *testing.T) {
 	for range flushAt / len(line) {
 		b.Write([]byte(line))
 	}
-	if n := out.Len(); n != 0 {
+	if n := len(out.String()); n != 0 {
 		t.Fatalf("%d bytes written before a block filled", n)
 	}
 	var want strings.Builder
@@ -191,10 +193,10 @@ func TestLogBufferBlocks(t *testing.T) {
 		want.WriteString(line)
 	}
 	deadline := time.Now().Add(10 * time.Second) // a loaded machine's bound, not the kick's
-	for out.Len() == 0 && time.Now().Before(deadline) {
+	for len(out.String()) == 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	if out.Len() == 0 {
+	if len(out.String()) == 0 {
 		t.Fatalf("nothing written 10 s after %d bytes piled up", flushAt)
 	}
 	b.Write([]byte("last\n"))
@@ -204,28 +206,4 @@ func TestLogBufferBlocks(t *testing.T) {
 	if got := out.String(); got != want.String() || b.Dropped() != 0 {
 		t.Fatalf("wrote %d bytes, dropped %d; want %d bytes in order, none dropped", len(got), b.Dropped(), want.Len())
 	}
-}
-
-// syncBuf is a bytes.Buffer safe for concurrent use.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) Len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Len()
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
