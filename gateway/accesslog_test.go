@@ -75,7 +75,8 @@ func TestAccessJSONMatchesSlog(t *testing.T) {
 // TestAccessLogPaths: the observer's line for a request is the same
 // whether it goes through slog or straight to Options.AccessLogJSON (its
 // time aside, read at different moments), and a line that needs escaping
-// or the debug level's path goes through slog.
+// or the debug level's path goes through slog: Options.AccessLogger's,
+// never the handler's logger, which keeps the log's room for errors.
 func TestAccessLogPaths(t *testing.T) {
 	timeField := regexp.MustCompile(`^\{"time":"[^"]+",`)
 	tests := []struct {
@@ -91,12 +92,19 @@ func TestAccessLogPaths(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			line := func(fast bool) (viaSlog, direct string) {
-				var slogged, written bytes.Buffer
-				log := slog.New(slog.NewJSONHandler(&slogged, &slog.HandlerOptions{Level: tc.level}))
-				o := newObserver(log, prometheus.NewRegistry(), true, nil)
+				var slogged, written, errors bytes.Buffer
+				opts := &slog.HandlerOptions{Level: tc.level}
+				log := slog.New(slog.NewJSONHandler(&errors, opts))
+				access := slog.New(slog.NewJSONHandler(&slogged, opts))
+				o := newObserver(log, access, prometheus.NewRegistry(), true, nil)
 				if fast {
-					o = newObserver(log, prometheus.NewRegistry(), true, &written)
+					o = newObserver(log, access, prometheus.NewRegistry(), true, &written)
 				}
+				defer func() {
+					if errors.Len() > 0 {
+						t.Errorf("the handler's logger got %q; want access lines on the access logger only", errors.String())
+					}
+				}()
 				r := httptest.NewRequest("PUT", "/k", nil)
 				r.Header.Set("X-Request-Id", tc.id)
 				o.inFlight.Inc()

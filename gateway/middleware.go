@@ -58,7 +58,8 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // observer is the outermost middleware: request ID, metrics, access log and
 // panic recovery, in one wrapper so a request costs one statusWriter.
 type observer struct {
-	log       *slog.Logger
+	log       *slog.Logger // panics
+	access    *slog.Logger // access log lines (Options.AccessLogger, else log)
 	accessLog atomic.Bool
 	// accessJSON, if not nil, takes the access log's lines directly,
 	// formatted by appendAccessJSON, in lines from lines (Options.AccessLogJSON).
@@ -79,11 +80,15 @@ type observer struct {
 // methods are the method label's values; the last is every other method.
 var methods = [...]string{http.MethodGet, http.MethodHead, http.MethodPut, http.MethodPost, http.MethodDelete, http.MethodOptions, http.MethodPatch, "OTHER"}
 
-func newObserver(log *slog.Logger, reg prometheus.Registerer, accessLog bool, accessJSON io.Writer) *observer {
+func newObserver(log, access *slog.Logger, reg prometheus.Registerer, accessLog bool, accessJSON io.Writer) *observer {
+	if access == nil {
+		access = log
+	}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	o := &observer{
 		log:        log,
+		access:     access,
 		accessJSON: accessJSON,
 		idPrefix:   hex.EncodeToString(b[:]) + "-",
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -219,10 +224,10 @@ func (o *observer) record(r *http.Request, sw *statusWriter, start time.Time) {
 	o.inFlight.Dec()
 	o.count(m, sw.status)
 	o.durations[m].Observe(d.Seconds())
-	if !o.accessLog.Load() || !o.log.Enabled(r.Context(), slog.LevelInfo) { // not even the request ID at MEMCGATE_LOG_LEVEL=warn
+	if !o.accessLog.Load() || !o.access.Enabled(r.Context(), slog.LevelInfo) { // not even the request ID at MEMCGATE_LOG_LEVEL=warn
 		return
 	}
-	withPath := o.log.Enabled(r.Context(), slog.LevelDebug)
+	withPath := o.access.Enabled(r.Context(), slog.LevelDebug)
 	id := o.id(r, sw)
 	if o.accessJSON != nil && !withPath && o.writeAccessJSON(start.Add(d), id, r, sw, d) {
 		return
@@ -232,7 +237,7 @@ func (o *observer) record(r *http.Request, sw *statusWriter, start time.Time) {
 	if withPath {
 		attrs = append(attrs, slog.String("path", r.URL.Path))
 	}
-	o.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+	o.access.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 }
 
 // maxPooledLine is the largest line buffer kept for the next line: lines

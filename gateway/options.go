@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"io"
+	"log/slog"
 	"net/http"
 	"time"
 
@@ -87,6 +88,11 @@ type Options struct {
 	RequestTimeout time.Duration
 	// AccessLog writes one log line per request.
 	AccessLog bool
+	// AccessLogger, if not nil, writes the access log's lines instead of
+	// the handler's logger, so that their destination can bound them
+	// apart from the other lines (a flood of requests must not crowd
+	// out the errors). Its level should be the handler logger's.
+	AccessLogger *slog.Logger
 	// AccessLogJSON, if not nil, is where access log lines go without
 	// log/slog, as the exact bytes slog's JSONHandler would write for them
 	// (about half the cost, and no allocation but the request ID's).

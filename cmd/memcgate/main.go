@@ -74,10 +74,19 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		return fmt.Errorf("invalid configuration:\n%w", err)
 	}
 	logs := newLogBuffer(stderr, logBacklog)
-	log, level := newLogger(cfg, logs)
+	lg := logging{level: new(slog.LevelVar), dropped: logs.Dropped}
+	_ = lg.level.UnmarshalText([]byte(cfg.LogLevel)) // validated by config.Load
+	lg.log = newLogger(cfg, logs, lg.level)
+	// Access lines go to the log's access backlog, so that a flood of
+	// requests cannot crowd out the errors; in JSON, most without slog.
+	lg.access = newLogger(cfg, logs.Access(), lg.level)
+	if cfg.LogFormat == "json" {
+		lg.accessJSON = logs.Access()
+	}
+	log := lg.log
 	logs.notice = func(w io.Writer, lines int) {
 		// At error level, which every LOG_LEVEL shows: lines are missing.
-		l, _ := newLogger(cfg, w)
+		l := newLogger(cfg, w, nil)
 		l.Error("log lines dropped: the log's destination took them slower than they came", "lines", lines)
 	}
 	logCtx, stopLogs := context.WithCancel(context.WithoutCancel(ctx))
@@ -93,10 +102,6 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	for _, w := range cfg.Warnings() {
 		log.Warn("configuration warning", "warning", w)
 	}
-	var accessJSON io.Writer // access log lines without slog, same bytes (gateway.Options.AccessLogJSON)
-	if cfg.LogFormat == "json" {
-		accessJSON = logs.Access()
-	}
 	var ls listeners
 	if ls.data, err = listenTCP(ctx, cfg.ListenAddr, cfg.SendBufferBytes); err != nil {
 		return fmt.Errorf("%sLISTEN_ADDR: %w", config.Prefix, err)
@@ -111,7 +116,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 			return fmt.Errorf("%sLISTEN_SOCKET: %w", config.Prefix, err)
 		}
 	}
-	return serve(ctx, cfg, environ, ls, log, level, accessJSON, logs.Dropped)
+	return serve(ctx, cfg, environ, ls, lg)
 }
 
 // listeners are what serve serves: the data API on TCP and, if
@@ -136,16 +141,25 @@ func (ls listeners) close() {
 	}
 }
 
-// newLogger returns the logger of cfg and its level, which a reload may
-// change.
-func newLogger(cfg config.Config, w io.Writer) (*slog.Logger, *slog.LevelVar) {
-	level := new(slog.LevelVar)
-	_ = level.UnmarshalText([]byte(cfg.LogLevel)) // validated by config.Load
+// logging is where serve logs: the log and its level, which a reload
+// may change, and the access log's loggers over the log's access backlog
+// (logBuffer.Access).
+type logging struct {
+	log        *slog.Logger
+	level      *slog.LevelVar
+	access     *slog.Logger // gateway.Options.AccessLogger
+	accessJSON io.Writer    // access log lines without slog, same bytes (gateway.Options.AccessLogJSON); nil unless LOG_FORMAT=json
+	dropped    func() uint64
+}
+
+// newLogger returns a logger in cfg's format writing to w, at level (nil:
+// info).
+func newLogger(cfg config.Config, w io.Writer, level slog.Leveler) *slog.Logger {
 	opts := &slog.HandlerOptions{Level: level}
 	if cfg.LogFormat == "text" {
-		return slog.New(slog.NewTextHandler(w, opts)), level
+		return slog.New(slog.NewTextHandler(w, opts))
 	}
-	return slog.New(slog.NewJSONHandler(w, opts)), level
+	return slog.New(slog.NewJSONHandler(w, opts))
 }
 
 // upstreamOptions maps the configuration onto the upstream package; the
@@ -286,7 +300,8 @@ func gatewayOptions(cfg config.Config) gateway.Options {
 // DrainDelay so load balancers notice, shuts both servers down (letting
 // requests in flight finish within ShutdownTimeout), stops health checks
 // and closes the pools.
-func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls listeners, log *slog.Logger, level *slog.LevelVar, accessJSON io.Writer, logsDropped func() uint64) error {
+func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls listeners, lg logging) error {
+	log := lg.log
 	started := time.Now()
 	sec, err := newSecurity(cfg)
 	if err != nil {
@@ -335,7 +350,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "memcgate_log_lines_dropped_total",
 		Help: "Log lines dropped because the log's destination (stderr) took them slower than they came; requests never wait for it.",
-	}, func() float64 { return float64(logsDropped()) }))
+	}, func() float64 { return float64(lg.dropped()) }))
 	router, err := route.New(routeOptions(cfg, sec.dialer), log, reg)
 	if err != nil {
 		ls.close()
@@ -354,7 +369,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	if cfg.BigValueMaxBytes > 0 {
 		memcStore = gopts.Chunks
 	}
-	gopts.AccessLogJSON, gopts.Routes, gopts.Access, gopts.Budget = accessJSON, memcRoutes(cfg, memcStore, router, access), access, buffered
+	gopts.AccessLogger, gopts.AccessLogJSON, gopts.Routes, gopts.Access, gopts.Budget = lg.access, lg.accessJSON, memcRoutes(cfg, memcStore, router, access), access, buffered
 	if cfg.DetachedResponses && cfg.PipelineConns > 0 { // only pipelined connections answer without waiting
 		gopts.Async = router
 	}
@@ -387,7 +402,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 		conns.fast = conns.fastH1.ConnStats
 	}
 	reg.MustRegister(conns)
-	rl := newReloader(cfg, environ, log, level, reg)
+	rl := newReloader(cfg, environ, log, lg.level, reg)
 	rl.router, rl.handler, rl.access, rl.budget, rl.budgetDef, rl.bodies = router, handler, access, buffered, derived, bodies
 	rl.conns, rl.nofile = conns, nofile
 	admin := &http.Server{
