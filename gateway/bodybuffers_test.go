@@ -30,11 +30,15 @@ import (
 type lendingStore struct {
 	*fakeStore
 	l     *bufpooltest.Lender
-	async bool // DoAsync takes the call; else it declines
+	async bool        // DoAsync takes the call; else it declines
+	seen  func(op.Op) // if set, sees every Do's operation
 }
 
 func (s *lendingStore) Do(ctx context.Context, o op.Op) op.Result {
 	s.l.Using("Do", o.Item.Value)
+	if s.seen != nil {
+		s.seen(o)
+	}
 	return lend(o, s.fakeStore.Do(ctx, o))
 }
 
@@ -185,6 +189,71 @@ func TestPooledValues(t *testing.T) {
 			if n := l.Lent(); !tt.prefer && n != 0 {
 				t.Errorf("%d buffers not given back", n)
 			}
+			l.Check(t)
+		})
+	}
+}
+
+// TestAsyncValuesFit: a write queued with Prefer: respond-async keeps
+// its value in a buffer at most an eighth larger than the value (or of
+// the allocator's smallest size), as the
+// queue and the budget count only the value: bodies with Content-Length
+// and chunked ones (read into at least 16 KiB), of every size class. A
+// copied value's buffer is given back.
+func TestAsyncValuesFit(t *testing.T) {
+	sizes := []int{0, 1, 10, 3000, 4096, 5000, 16 << 10, 20_000, 100_000, 300_000}
+	for _, chunked := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Content-Length", true: "chunked"}[chunked], func(t *testing.T) {
+			l := bufpooltest.New()
+			bg := budget.New(64 << 20)
+			var mu sync.Mutex
+			kept := map[string][2]int{} // key → len, cap of the value applied
+			s := &lendingStore{fakeStore: newFake(), l: l, seen: func(o op.Op) {
+				mu.Lock()
+				kept[o.Item.Key] = [2]int{len(o.Item.Value), cap(o.Item.Value)}
+				mu.Unlock()
+			}}
+			addr := startLending(t, s, bg)
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			br := bufio.NewReader(c)
+			for _, size := range sizes {
+				value := strings.Repeat("v", size)
+				if chunked {
+					fmt.Fprintf(c, "PUT /k%d HTTP/1.1\r\nHost: a\r\nPrefer: respond-async\r\nTransfer-Encoding: chunked\r\n\r\n", size)
+					if size > 0 {
+						fmt.Fprintf(c, "%x\r\n%s\r\n", size, value)
+					}
+					io.WriteString(c, "0\r\n\r\n")
+				} else {
+					fmt.Fprintf(c, "PUT /k%d HTTP/1.1\r\nHost: a\r\nPrefer: respond-async\r\nContent-Length: %d\r\n\r\n%s", size, size, value)
+				}
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusAccepted {
+					t.Fatalf("PUT of %d bytes: %s", size, resp.Status)
+				}
+			}
+			waitFor(t, "every write applied", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(kept) == len(sizes)
+			})
+			for _, size := range sizes {
+				lc := kept[fmt.Sprint("k", size)]
+				if lc[0] != size || lc[1] > max(size+size/8, 16) { // 16: the allocator's smallest size class
+					t.Errorf("a value of %d bytes was queued as %d bytes in a buffer of %d", size, lc[0], lc[1])
+				}
+			}
+			waitFor(t, "the budget to hold nothing", func() bool { return bg.Used() == 0 })
 			l.Check(t)
 		})
 	}

@@ -1,9 +1,11 @@
 package gateway
 
 import (
+	"bytes"
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/memcgate/memcgate/gateway/chunk"
 	"github.com/memcgate/memcgate/upstream/op"
@@ -30,17 +32,23 @@ func (h *handler) serveKey(w http.ResponseWriter, r *http.Request) {
 		if done {
 			return
 		}
+		if kr.async && !fits(small) { // as keepBody, for a buffer of bodyChunks' own
+			small = bytes.Clone(small)
+		}
 		o.Item.Value = small
 	case o.Verb.TakesValue():
 		if o.Item.Value, err = h.lim.readBody(r, h.opts.MaxValueBytes); err != nil {
 			writeError(w, err)
 			return
 		}
-		if !kr.async {
+		if kr.async {
+			// A write queued with Prefer: respond-async keeps its
+			// value, and the queue counts only the value's length.
+			o.Item.Value = h.lim.keepBody(o.Item.Value)
+		} else {
 			// memcached's answer comes after the value is sent, and
 			// a Store keeps no Value once it returns: the buffer is
-			// free again when this returns. A write queued with
-			// Prefer: respond-async keeps it.
+			// free again when this returns.
 			defer h.lim.putBody(o.Item.Value)
 		}
 	}
@@ -52,6 +60,9 @@ func (h *handler) serveKey(w http.ResponseWriter, r *http.Request) {
 			writeError(w, err)
 			return
 		}
+		// The key is part of the request's target, which a long
+		// query string makes kilobytes long: keep only the key.
+		o.Item.Key = strings.Clone(o.Item.Key)
 		h.async.accept(w, []op.Op{o}, false)
 		return
 	}
