@@ -130,7 +130,7 @@ type Config struct {
 	BatchMaxOps           int    `env:"BATCH_MAX_OPS" envDefault:"1000" help:"most operations in one POST / batch, and keys in one multi-get (400 beyond)"`
 	BatchMaxBytes         int64  `env:"BATCH_MAX_BYTES" envDefault:"16777216" help:"largest POST / batch body (413 beyond)"`
 	BatchMaxResponseBytes int64  `env:"BATCH_MAX_RESPONSE_BYTES" envDefault:"16777216" help:"values one multi-get or batch answer may carry; keys whose values do not fit answer 507 (read them on their own)"`
-	AsyncQueue            int    `env:"ASYNC_QUEUE" envDefault:"10000" help:"writes accepted with Prefer: respond-async and not yet applied; when full, 503"`
+	AsyncQueue            int    `env:"ASYNC_QUEUE" envDefault:"10000" help:"writes accepted with Prefer: respond-async and not yet applied; when full, 503; the keys of one worker may take an eighth of it (half with fewer than 16 workers)"`
 	AsyncQueueBytes       int64  `env:"ASYNC_QUEUE_BYTES" envDefault:"16777216" help:"value bytes of writes accepted with Prefer: respond-async and not yet applied; when full, 503"`
 	AsyncWorkers          int    `env:"ASYNC_WORKERS" envDefault:"64" help:"goroutines applying asynchronous writes (writes to one key stay in order)"`
 	UDPPorts              string `env:"UDP_PORTS" help:"memcached UDP ports for fire-and-forget async sets, server=port separated by commas, server as in SERVERS (e.g. 10.0.0.1:11211=11213); off when empty"`

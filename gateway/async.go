@@ -21,7 +21,9 @@ import (
 // is accepted only while its key's node is up, so a 202 is never given
 // for a write that cannot be applied. Writes are sharded by key onto one
 // worker per shard, so writes to one key apply in the order they were
-// accepted, and the values on their way to memcached are capped in bytes
+// accepted; the writes waiting for one worker may take only a share of
+// the queue (shareOf), so that one key written faster than its worker
+// applies cannot fill the queue for every other key; and the values on their way to memcached are capped in bytes
 // (inFlight) so that large ones cannot fill the node's connections ahead
 // of other clients' requests. Run drains it before returning: an
 // accepted write is applied (or counted as failed), never forgotten.
@@ -34,6 +36,8 @@ type asyncQueue struct {
 	maxBytes  int64
 	queued    atomic.Int64 // reserved or waiting jobs
 	bytes     atomic.Int64 // their value bytes
+	share     int64        // the most jobs one shard may have reserved or waiting
+	shareB    int64        // the most value bytes one shard may have reserved or waiting (past one job)
 	closed    atomic.Bool  // set once Run is draining: no more jobs
 	seed      maphash.Seed
 	shards    []*shard
@@ -48,22 +52,43 @@ type asyncQueue struct {
 var asyncFailReasons = []string{"node_down", "timeout", "connection", "refused", "error"}
 
 // asyncRejectReasons label memcgate_async_writes_rejected_total.
-var asyncRejectReasons = []string{"queue_full", "node_down", "budget", "shutdown"}
+var asyncRejectReasons = []string{"queue_full", "key_share", "node_down", "budget", "shutdown"}
 
 // shard is one worker's queue.
 type shard struct {
 	mu   sync.Mutex // guards jobs
 	jobs []op.Op
 	wake chan struct{} // capacity 1: "jobs is not empty"
+
+	queued atomic.Int64 // jobs reserved or waiting, as asyncQueue.queued counts them
+	bytes  atomic.Int64 // their value bytes
+}
+
+// shareOf is the part of the queue (of capacity writes or bytes) the
+// writes waiting for one of workers may take: an eighth with 16 workers
+// or more, half with fewer, all with one. A key's writes wait for its
+// worker, applied one after another, a round trip each (about 2,000 a
+// second): four clients writing one key filled the whole queue, and
+// every other client's asynchronous writes got 503s.
+func shareOf(capacity int64, workers int) int64 {
+	switch {
+	case workers <= 1:
+		return capacity
+	case workers < 16:
+		return (capacity + 1) / 2
+	}
+	return (capacity + 7) / 8
 }
 
 // newAsyncQueue returns a queue whose writes ex (or quiet, for sets) runs
 // on workers goroutines, holding their values against bg, with at most
 // inFlight value bytes on their way to memcached at once.
 func newAsyncQueue(ex *executor, quiet QuietSetter, bg *budget.Budget, inFlight int64, workers, capacity int, maxBytes int64, timeout time.Duration, reg prometheus.Registerer) *asyncQueue {
-	q := &asyncQueue{ex: ex, quiet: quiet, budget: bg, timeout: timeout, capacity: int64(capacity), maxBytes: maxBytes, seed: maphash.MakeSeed()}
+	workers = max(workers, 1)
+	q := &asyncQueue{ex: ex, quiet: quiet, budget: bg, timeout: timeout, capacity: int64(capacity), maxBytes: maxBytes, seed: maphash.MakeSeed(),
+		share: shareOf(int64(capacity), workers), shareB: shareOf(maxBytes, workers)}
 	q.inFlight.max = inFlight
-	for range max(workers, 1) {
+	for range workers {
 		q.shards = append(q.shards, &shard{wake: make(chan struct{}, 1)})
 	}
 	q.applied = prometheus.NewCounter(prometheus.CounterOpts{Name: "memcgate_async_writes_applied_total", Help: "Asynchronous writes memcached applied."})
@@ -77,7 +102,7 @@ func newAsyncQueue(ex *executor, quiet QuietSetter, bg *budget.Budget, inFlight 
 	}
 	rejected := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "memcgate_async_writes_rejected_total",
-		Help: "Asynchronous writes refused with 503, by reason: queue_full (MEMCGATE_ASYNC_QUEUE or _BYTES), node_down, budget (MEMCGATE_MAX_BUFFERED_BYTES), shutdown.",
+		Help: "Asynchronous writes refused with 503, by reason: queue_full (MEMCGATE_ASYNC_QUEUE or _BYTES), key_share (the writes waiting for the key's worker hold its share of the queue), node_down, budget (MEMCGATE_MAX_BUFFERED_BYTES), shutdown.",
 	}, []string{"reason"})
 	q.rejectFor = map[string]prometheus.Counter{}
 	for _, r := range asyncRejectReasons {
@@ -94,13 +119,14 @@ func newAsyncQueue(ex *executor, quiet QuietSetter, bg *budget.Budget, inFlight 
 // Why enqueue refused a batch of writes: the answer's message.
 var (
 	errAsyncFull     = &overloadError{"asynchronous write queue is full (MEMCGATE_ASYNC_QUEUE, MEMCGATE_ASYNC_QUEUE_BYTES); retry shortly or write synchronously"}
+	errAsyncShare    = &overloadError{"too many asynchronous writes wait for this key's worker (a share of MEMCGATE_ASYNC_QUEUE and _BYTES; writes to one key are applied one after another); retry shortly or write synchronously"}
 	errAsyncNodeDown = &overloadError{"the key's memcached node is down, so the write could not be applied; retry shortly"}
 	errAsyncClosed   = &overloadError{"the gateway is shutting down; retry on another one"}
 )
 
 // enqueue accepts all ops or none, and says why not: the queue is full in
-// writes or bytes, the budget refuses the values, a key's node is down,
-// or the queue is shutting down.
+// writes or bytes, a key's worker has its share, the budget refuses the
+// values, a key's node is down, or the queue is shutting down.
 func (q *asyncQueue) enqueue(ops []op.Op) error {
 	n, size := int64(len(ops)), int64(0)
 	for _, o := range ops {
@@ -127,13 +153,26 @@ func (q *asyncQueue) enqueue(ops []op.Op) error {
 		q.queued.Add(-n)
 		return reject("queue_full", errAsyncFull)
 	}
+	for i, o := range ops {
+		if !q.shardOf(o).reserve(int64(len(o.Item.Value)), q.share, q.shareB) {
+			for _, o := range ops[:i] {
+				q.shardOf(o).unreserve(int64(len(o.Item.Value)))
+			}
+			q.bytes.Add(-size)
+			q.queued.Add(-n)
+			return reject("key_share", errAsyncShare)
+		}
+	}
 	if q.budget.Acquire(size) != nil {
+		for _, o := range ops {
+			q.shardOf(o).unreserve(int64(len(o.Item.Value)))
+		}
 		q.bytes.Add(-size)
 		q.queued.Add(-n)
 		return reject("budget", errBudget)
 	}
 	for _, o := range ops {
-		sh := q.shards[maphash.String(q.seed, o.Item.Key)%uint64(len(q.shards))]
+		sh := q.shardOf(o)
 		sh.mu.Lock()
 		sh.jobs = append(sh.jobs, o)
 		sh.mu.Unlock()
@@ -143,6 +182,32 @@ func (q *asyncQueue) enqueue(ops []op.Op) error {
 		}
 	}
 	return nil
+}
+
+// shardOf is the shard of o's key.
+func (q *asyncQueue) shardOf(o op.Op) *shard {
+	return q.shards[maphash.String(q.seed, o.Item.Key)%uint64(len(q.shards))]
+}
+
+// reserve takes room for a job of size value bytes, unless the shard
+// would then pass share jobs or shareB bytes (one job of any size fits a
+// shard that holds nothing).
+func (sh *shard) reserve(size, share, shareB int64) bool {
+	if sh.queued.Add(1) > share {
+		sh.queued.Add(-1)
+		return false
+	}
+	if b := sh.bytes.Add(size); b > shareB && b != size {
+		sh.unreserve(size)
+		return false
+	}
+	return true
+}
+
+// unreserve gives back what reserve took.
+func (sh *shard) unreserve(size int64) {
+	sh.bytes.Add(-size)
+	sh.queued.Add(-1)
 }
 
 // Run applies queued writes until ctx is done, then stops accepting and
@@ -160,7 +225,7 @@ func (q *asyncQueue) Run(ctx context.Context) error {
 	wg.Wait()
 	for _, sh := range q.shards { // whatever raced with closing
 		for _, o := range sh.take() {
-			q.apply(o)
+			q.apply(sh, o)
 		}
 	}
 	return nil
@@ -178,7 +243,7 @@ func (q *asyncQueue) work(stop <-chan struct{}, sh *shard) {
 	for {
 		jobs := sh.take()
 		for _, o := range jobs {
-			q.apply(o)
+			q.apply(sh, o)
 		}
 		if len(jobs) > 0 {
 			continue
@@ -188,7 +253,7 @@ func (q *asyncQueue) work(stop <-chan struct{}, sh *shard) {
 		case <-stop:
 			if jobs := sh.take(); len(jobs) > 0 {
 				for _, o := range jobs {
-					q.apply(o)
+					q.apply(sh, o)
 				}
 				continue
 			}
@@ -197,13 +262,14 @@ func (q *asyncQueue) work(stop <-chan struct{}, sh *shard) {
 	}
 }
 
-// apply runs one write with its own deadline: the request that queued it
-// is long gone, so its context is not used.
-func (q *asyncQueue) apply(o op.Op) {
+// apply runs one write of sh with its own deadline: the request that
+// queued it is long gone, so its context is not used.
+func (q *asyncQueue) apply(sh *shard, o op.Op) {
 	size := int64(len(o.Item.Value))
 	q.inFlight.acquire(size)
 	defer func() {
 		q.inFlight.release(size)
+		sh.unreserve(size)
 		q.budget.Release(size)
 		q.bytes.Add(-size)
 		q.queued.Add(-1)

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
@@ -138,7 +139,7 @@ func TestAsyncWrites(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	s := newFake()
 	reg := prometheus.NewRegistry()
-	h := NewHandler(s, log, reg, Options{AsyncQueue: 3, AsyncWorkers: 2})
+	h := NewHandler(s, log, reg, Options{AsyncQueue: 3, AsyncWorkers: 1}) // one worker: its share is the whole queue
 	// Not running yet: writes queue up to the capacity, then 503.
 	for i, want := range []int{202, 202, 202, 503} {
 		req := httptest.NewRequest("PUT", "/k"+string(rune('0'+i)), strings.NewReader("v"))
@@ -185,6 +186,64 @@ func TestAsyncWrites(t *testing.T) {
 	h.ServeHTTP(w, req)
 	if w.Code != 503 {
 		t.Errorf("async DELETE after shutdown = %d, want 503", w.Code)
+	}
+}
+
+// TestAsyncKeyShare: the writes waiting for one worker, which applies
+// them one after another, take at most its share of the queue, in writes
+// and in bytes, so that writes to one key cannot fill the queue for all
+// the others.
+func TestAsyncKeyShare(t *testing.T) {
+	tests := []struct {
+		name          string
+		queue         int
+		bytes         int64
+		hot           []int // sizes of the writes to one key
+		wantHot       []int // their statuses
+		others, other int   // writes to other workers' keys, and their size
+	}{
+		{name: "writes", queue: 64, bytes: 1 << 20, hot: []int{1, 1, 1, 1, 1, 1, 1, 1, 1}, wantHot: []int{202, 202, 202, 202, 202, 202, 202, 202, 503}, others: 8, other: 1},
+		{name: "bytes", queue: 64, bytes: 1600, hot: []int{150, 100}, wantHot: []int{202, 503}, others: 8, other: 150},
+		{name: "one write past the share fits an empty worker", queue: 64, bytes: 1600, hot: []int{1000, 1}, wantHot: []int{202, 503}, others: 1, other: 500},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			log := slog.New(slog.NewTextHandler(io.Discard, nil))
+			reg := prometheus.NewRegistry()
+			h := NewHandler(newFake(), log, reg, Options{AsyncQueue: tt.queue, AsyncQueueBytes: tt.bytes, AsyncWorkers: 16}) // not running: writes wait
+			put := func(key string, size int) *httptest.ResponseRecorder {
+				req := httptest.NewRequest("PUT", "/"+key, strings.NewReader(strings.Repeat("v", size)))
+				req.Header.Set("Prefer", "respond-async")
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, req)
+				return w
+			}
+			for i, size := range tt.hot {
+				w := put("hot", size)
+				if w.Code != tt.wantHot[i] {
+					t.Errorf("async PUT %d of the hot key = %d %s, want %d", i, w.Code, w.Body, tt.wantHot[i])
+				}
+				if w.Code == 503 && !strings.Contains(w.Body.String(), "this key's worker") {
+					t.Errorf("503 says %q; want it to name the key's share", w.Body)
+				}
+			}
+			if got := testutil.ToFloat64(h.h.async.rejectFor["key_share"]); got != 1 {
+				t.Errorf(`rejected{reason="key_share"} = %v, want 1`, got)
+			}
+			// Keys of other workers, one each: accepted.
+			q := h.h.async
+			hot := q.shardOf(op.Op{Item: op.Item{Key: "hot"}})
+			used := map[*shard]bool{hot: true}
+			for i := 0; len(used) <= tt.others; i++ {
+				key := fmt.Sprint("other", i)
+				if sh := q.shardOf(op.Op{Item: op.Item{Key: key}}); !used[sh] {
+					used[sh] = true
+					if w := put(key, tt.other); w.Code != 202 {
+						t.Errorf("async PUT of %s, another worker's key, = %d %s", key, w.Code, w.Body)
+					}
+				}
+			}
+		})
 	}
 }
 
