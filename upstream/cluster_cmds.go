@@ -55,19 +55,31 @@ func (c *Cluster) everyNode(ctx context.Context, cmd string, multiline bool) []N
 	return out
 }
 
+// nodeCommands is how many raw commands (command) run on one node at
+// once. Each opens a connection of its own, and /memc?cmd=stats reaches
+// them without a token when none are configured: 100 clients asking for
+// stats as fast as they could opened 2,000 connections a second to every
+// node, up to the node's whole in-flight cap at once, past memcached's
+// own connection limit (-c, 1024 by default), and doubled other clients'
+// latency. Commands past this many wait for their turn within their
+// request's deadline.
+const nodeCommands = 4
+
 // command sends one raw text-protocol command that gomemcache does not
 // offer (stats, version, flush_all with a delay) on a fresh connection,
-// within the node's in-flight cap and socket timeout. It reads one line,
-// or, if multiline, lines up to "END\r\n" or an error line. Such commands
-// are rare (admin and compatibility endpoints), so they do not take or
-// return pooled connections.
+// nodeCommands at a time, within the node's in-flight cap and socket
+// timeout. It reads one line, or, if multiline, lines up to "END\r\n" or
+// an error line. Such commands are rare (admin and compatibility
+// endpoints), so they do not take or return pooled connections.
 func (n *node) command(ctx context.Context, cmd string, multiline bool) ([]byte, error) {
-	select {
-	case n.sem <- struct{}{}:
-	case <-ctx.Done():
-		return nil, ctxError(n.name, "command", ctx.Err())
+	for _, sem := range []chan struct{}{n.cmds, n.sem} {
+		select {
+		case sem <- struct{}{}:
+			defer func() { <-sem }()
+		case <-ctx.Done():
+			return nil, ctxError(n.name, "command", ctx.Err())
+		}
 	}
-	defer func() { <-n.sem }()
 	dctx, cancel := context.WithTimeout(ctx, n.timeout)
 	defer cancel()
 	conn, err := n.dial(dctx, "tcp", n.name)

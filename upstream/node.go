@@ -33,6 +33,7 @@ type node struct {
 	udp     *udpSender    // nil unless the node has a UDP port
 	meta    metaConns     // idle connections of Cluster.TTL's lookups
 	sem     chan struct{} // a token per operation in flight
+	cmds    chan struct{} // a token per raw command on a connection of its own (command)
 	conns   atomic.Int64  // open data connections (dialled and not yet closed)
 	m       *nodeMetrics
 	log     *slog.Logger
@@ -74,6 +75,7 @@ func newNode(name string, o *Options, pol *healthPolicy, m *nodeMetrics, log *sl
 	n := &node{
 		name: name,
 		sem:  make(chan struct{}, o.inFlightCap()),
+		cmds: make(chan struct{}, nodeCommands),
 		m:    m,
 		log:  log.With("node", name),
 		h:    pol,

@@ -12,6 +12,8 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -368,6 +370,64 @@ func TestClusterCommands(t *testing.T) {
 	if n, want := c.topo.Load().nodes[0].conns.Load(), int64(max(1, c.opts.PipelineConns)); n > want {
 		t.Errorf("%d connections open after commands, want the data connections (%d) at most", n, want)
 	}
+}
+
+// TestClusterCommandsTakeTurns: raw commands (stats, version, flush_all,
+// which /memc serves to anyone when no tokens are set) open a connection
+// each, so however many callers ask at once, at most nodeCommands of
+// them are open to a node.
+func TestClusterCommandsTakeTurns(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 1)
+	var open, peak atomic.Int64
+	c, _ := newTestCluster(t, mcs, func(o *Options) {
+		o.MaxInFlight, o.MaxConns = 256, 256
+		d := &net.Dialer{}
+		o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			nc, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			n := open.Add(1)
+			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+			}
+			return &closeCounted{Conn: nc, open: &open}, nil
+		}
+	})
+	ctx := t.Context()
+	if err := c.Set(ctx, Item{Key: "k", Value: []byte("v")}); err != nil { // the data connections, opened
+		t.Fatal(err)
+	}
+	base := open.Load()
+	peak.Store(base)
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Go(func() {
+			for range 4 {
+				for _, r := range c.Stats(ctx) {
+					if r.Err != nil {
+						t.Errorf("Stats: %v", r.Err)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if got := peak.Load() - base; got > nodeCommands {
+		t.Errorf("%d command connections open at once to one node, want at most %d", got, nodeCommands)
+	}
+}
+
+// closeCounted is a connection that counts itself out of open once closed.
+type closeCounted struct {
+	net.Conn
+	open *atomic.Int64
+	once sync.Once
+}
+
+func (c *closeCounted) Close() error {
+	c.once.Do(func() { c.open.Add(-1) })
+	return c.Conn.Close()
 }
 
 func TestGetMulti(t *testing.T) {
