@@ -68,6 +68,10 @@ func outcome(v op.Verb, err error) (status int, msg string, retry bool) {
 		return http.StatusPreconditionFailed, "key does not exist (replace, If-Match: *)", false
 	case v == op.CAS && (errors.Is(err, upstream.ErrCASConflict) || errors.Is(err, upstream.ErrNotFound)):
 		return http.StatusPreconditionFailed, "item changed or is gone since its ETag was read (cas, If-Match)", false
+	case (v == op.Append || v == op.Prepend) && errors.Is(err, upstream.ErrNotFound):
+		// memcached answers NOT_STORED both for a missing item and for
+		// one the addition would make larger than an item: say both.
+		return http.StatusNotFound, "not found, or the value would pass memcached's item size (memcached answers both alike)", false
 	case (v == op.Append || v == op.Prepend) && errors.Is(err, chunk.ErrChunked):
 		return http.StatusConflict, "the value is stored in chunks, which append and prepend cannot change; PUT the whole value", false
 	}

@@ -155,6 +155,10 @@ func TestEndpoints(t *testing.T) {
 		{name: "too large", method: "PUT", path: "/big", body: bytes.Repeat([]byte("x"), 1048001), wantStatus: 413},
 		{name: "too large stored nothing", method: "GET", path: "/big", wantStatus: 404},
 		{name: "largest", method: "PUT", path: "/" + strings.Repeat("L", 250), body: bytes.Repeat([]byte("x"), 1048000), wantStatus: 201},
+		{name: "append past the item size", method: "POST", path: "/" + strings.Repeat("L", 250) + "?op=append", body: bytes.Repeat([]byte("y"), 600), wantStatus: 404,
+			wantBody: ptr("not found, or the value would pass memcached's item size (memcached answers both alike)\n")},
+		{name: "append missing says both", method: "POST", path: "/nocond?op=append", body: []byte("z"), wantStatus: 404,
+			wantBody: ptr("not found, or the value would pass memcached's item size (memcached answers both alike)\n")},
 		{name: "method", method: "PATCH", path: "/k", wantStatus: 405, wantHdr: map[string]string{"Allow": "GET, HEAD, PUT, DELETE, POST"}},
 	}
 	for _, s := range steps {
