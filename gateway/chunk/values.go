@@ -135,17 +135,22 @@ func (v *Values) inTurn(ctx context.Context, turns chan struct{}, what string, o
 // Grace later), Touch and GAT set the chunks' expiration too (Grace
 // after the index's), and Append and Prepend refuse a chunked value with
 // ErrChunked. Each of these reads the item first (Touch as a GAT), since
-// only the item says whether it is an index. Reads return an index as
-// they find it: the caller streams it (Reader) or refuses it
-// (ErrChunked).
+// only the item says whether it is an index; such a read keeps no value
+// that could not be one (peek). Reads return an index as they find it:
+// the caller streams it (Reader) or refuses it (ErrChunked).
 func (v *Values) Do(ctx context.Context, o op.Op) op.Result {
 	switch o.Verb {
 	case op.Delete:
 		return v.delete(ctx, o)
 	case op.Touch:
 		g := o
-		g.Verb = op.GAT
+		g.Verb, g.Room = op.GAT, peek{}
 		res := v.Do(ctx, g)
+		if errors.Is(res.Err, upstream.ErrNoFit) {
+			// Too large to be an index: a plain value, touched as such
+			// (a read refused unsent touched nothing).
+			return v.store.Do(ctx, o)
+		}
 		res.Item = op.Item{}
 		return res
 	case op.GAT:
@@ -161,12 +166,27 @@ func (v *Values) Do(ctx context.Context, o op.Op) op.Result {
 		}
 		return res
 	case op.Append, op.Prepend:
-		res := v.store.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: o.Item.Key}, HashKey: o.HashKey})
+		res := v.store.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: o.Item.Key}, HashKey: o.HashKey, Room: peek{}})
 		if res.Err == nil && IsIndex(res.Item.Flags, res.Item.Value) {
 			return op.Result{Err: ErrChunked}
 		}
 	}
 	return v.store.Do(ctx, o)
+}
+
+// peek is the Room of a read that only asks whether an item is an index
+// (indexLen bytes): it takes no value of op.LentValue bytes or more,
+// which memcached's connection then reads and drops (upstream.ErrNoFit).
+// Without it, with values in chunks on, every DELETE, touch, append and
+// prepend of a 1 MB value read all of it outside the byte budget: a flood
+// of 70-byte touches of one key kept the gateway's CPU busy reading it.
+type peek struct{}
+
+func (peek) Reserve(int) bool { return false }
+func (peek) Fits(int) bool    { return false }
+func (peek) Release(int)      {}
+func (peek) Lend(n int) []byte {
+	return make([]byte, 0, n) // never called: Reserve takes nothing
 }
 
 // hashKey is the key o's value is placed by, and so its chunks.
@@ -179,7 +199,7 @@ func hashKey(o op.Op) string {
 
 // delete removes o's item and, if it is an index, retires its chunks.
 func (v *Values) delete(ctx context.Context, o op.Op) op.Result {
-	got := v.store.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: o.Item.Key}, HashKey: o.HashKey})
+	got := v.store.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: o.Item.Key}, HashKey: o.HashKey, Room: peek{}})
 	if errors.Is(got.Err, upstream.ErrNotFound) {
 		return got
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/memcgate/memcgate/gateway/storetest"
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/op"
 )
@@ -232,6 +233,63 @@ func TestReaderMaxReads(t *testing.T) {
 					}
 				}
 			})
+		})
+	}
+}
+
+// roomStore answers reads as upstream's pipelined connections do: a value
+// of op.LentValue bytes or more that the read's Room does not take is
+// read and dropped (upstream.ErrNoFit), after memcached ran the command.
+// It counts the value bytes it handed out.
+type roomStore struct {
+	*storetest.Store
+	handed int
+}
+
+func (s *roomStore) Do(ctx context.Context, o op.Op) op.Result {
+	res := s.Store.Do(ctx, o)
+	if n := len(res.Item.Value); res.Err == nil && n >= op.LentValue && o.Room != nil && !o.Room.Reserve(n) {
+		return op.Result{Err: upstream.ErrNoFit}
+	}
+	s.handed += len(res.Item.Value)
+	return res
+}
+
+// TestLookKeepsNoPlainValue: a DELETE, touch, append or prepend of a
+// plain 1 MB value reads the item only to learn whether it is an index,
+// so it keeps none of the value, and still does what it was asked.
+func TestLookKeepsNoPlainValue(t *testing.T) {
+	big := strings.Repeat("v", 1<<20)
+	tests := []struct {
+		verb  op.Verb
+		check func(it op.Item, found bool) bool
+	}{
+		{op.Delete, func(_ op.Item, found bool) bool { return !found }},
+		{op.Touch, func(it op.Item, found bool) bool { return found && it.Expiration == 300 }},
+		{op.Append, func(it op.Item, found bool) bool { return found && string(it.Value) == big+"!" }},
+		{op.Prepend, func(it op.Item, found bool) bool { return found && string(it.Value) == "!"+big }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.verb.String(), func(t *testing.T) {
+			s := &roomStore{Store: storetest.New()}
+			s.Put(op.Item{Key: "k", Value: []byte(big)})
+			v := New(s, Options{ChunkSize: 1 << 20}, prometheus.NewRegistry())
+			o := op.Op{Verb: tt.verb, Item: op.Item{Key: "k", Expiration: 300}}
+			if tt.verb.TakesValue() {
+				o.Item.Value = []byte("!")
+			}
+			if res := v.Do(t.Context(), o); res.Err != nil {
+				t.Fatalf("%v: %v", tt.verb, res.Err)
+			}
+			if s.handed != 0 {
+				t.Errorf("%v read %d bytes of a plain value to learn it is not an index", tt.verb, s.handed)
+			}
+			s.Mu.Lock()
+			it, found := s.Items["k"]
+			s.Mu.Unlock()
+			if !tt.check(it, found) {
+				t.Errorf("after %v: %d bytes, expiration %d, found %v", tt.verb, len(it.Value), it.Expiration, found)
+			}
 		})
 	}
 }
