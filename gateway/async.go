@@ -44,8 +44,9 @@ type asyncQueue struct {
 	inFlight  byteGate // value bytes being applied
 	rejectFor map[string]prometheus.Counter
 
-	applied prometheus.Counter
-	failed  map[string]prometheus.Counter // by reason (asyncFailReasons)
+	applied     prometheus.Counter
+	unconfirmed prometheus.Counter            // sets sent as UDP datagrams: neither applied nor failed as far as anyone knows
+	failed      map[string]prometheus.Counter // by reason (asyncFailReasons)
 }
 
 // asyncFailReasons label memcgate_async_writes_failed_total.
@@ -92,6 +93,10 @@ func newAsyncQueue(ex *executor, quiet QuietSetter, bg *budget.Budget, inFlight 
 		q.shards = append(q.shards, &shard{wake: make(chan struct{}, 1)})
 	}
 	q.applied = prometheus.NewCounter(prometheus.CounterOpts{Name: "memcgate_async_writes_applied_total", Help: "Asynchronous writes memcached applied."})
+	q.unconfirmed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "memcgate_async_writes_unconfirmed_total",
+		Help: "Asynchronous sets sent as UDP datagrams (MEMCGATE_UDP_PORTS): memcached does not confirm them, so the gateway cannot tell applied from lost.",
+	})
 	failed := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "memcgate_async_writes_failed_total",
 		Help: "Asynchronous writes accepted (202) and then not applied, by reason: node_down, timeout, connection, refused (memcached said no), error.",
@@ -112,7 +117,7 @@ func newAsyncQueue(ex *executor, quiet QuietSetter, bg *budget.Budget, inFlight 
 		func() float64 { return float64(q.queued.Load()) })
 	depthBytes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "memcgate_async_queue_bytes", Help: "Value bytes of asynchronous writes accepted and not yet applied."},
 		func() float64 { return float64(q.bytes.Load()) })
-	reg.MustRegister(q.applied, failed, rejected, depth, depthBytes)
+	reg.MustRegister(q.applied, q.unconfirmed, failed, rejected, depth, depthBytes)
 	return q
 }
 
@@ -277,14 +282,19 @@ func (q *asyncQueue) apply(sh *shard, o op.Op) {
 	ctx, cancel := context.WithTimeout(context.Background(), q.timeout)
 	defer cancel()
 	var err error
+	udp := false
 	if o.Verb == op.Set && q.quiet != nil {
 		if err = q.ex.codec.prepare(&o.Item); err == nil {
-			err = q.quiet.SetQuiet(ctx, o.Item)
+			udp, err = q.quiet.SetQuiet(ctx, o.Item)
 		}
 	} else {
 		err = q.ex.exec(ctx, o).Err
 	}
-	if err == nil {
+	switch {
+	case udp:
+		q.unconfirmed.Inc()
+		return
+	case err == nil:
 		q.applied.Inc()
 		return
 	}

@@ -38,7 +38,10 @@ type AsyncStore interface {
 // QuietSetter sets without waiting for memcached's answer (UDP datagrams).
 // *upstream.Cluster implements it (SetQuiet).
 type QuietSetter interface {
-	SetQuiet(ctx context.Context, it op.Item) error
+	// SetQuiet stores it. udp reports whether the set left as a datagram
+	// memcached does not confirm: then err is nil and nobody knows whether
+	// it was applied. Otherwise it went over TCP and err is its outcome.
+	SetQuiet(ctx context.Context, it op.Item) (udp bool, err error)
 }
 
 // Route is an endpoint served beside the REST API (the HttpMemcModule

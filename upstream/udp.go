@@ -78,17 +78,18 @@ func (u *udpSender) close() {
 // SetQuiet stores an item without waiting for memcached to confirm it
 // when the serving node has a UDP port (Server.UDPPort): the set goes out
 // as one UDP datagram with noreply, and nothing says whether it arrived.
-// Without a UDP port, or for a value that does not fit one datagram, it is
-// an ordinary Set over TCP.
-func (c *Cluster) SetQuiet(ctx context.Context, it op.Item) error {
+// udp reports whether it went that way; the caller cannot tell such a set
+// applied from lost. Without a UDP port, or for a value that does not fit
+// one datagram, it is an ordinary Set over TCP, and err is its outcome.
+func (c *Cluster) SetQuiet(ctx context.Context, it op.Item) (udp bool, err error) {
 	set := func() error { return c.Do(ctx, op.Op{Verb: op.Set, Item: it}).Err }
 	sk, hk := c.keys(it.Key)
 	n, failover, err := c.pick(c.topo.Load(), hk)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if n.udp == nil {
-		return set()
+		return false, set()
 	}
 	mi := &memcache.Item{Key: sk, Value: it.Value, Flags: it.Flags, Expiration: it.Expiration}
 	if failover {
@@ -97,11 +98,11 @@ func (c *Cluster) SetQuiet(ctx context.Context, it op.Item) error {
 	switch err := n.udp.set(mi); {
 	case err == nil:
 		n.m.ops[opSetUDP][resOK].Inc()
-		return nil
+		return true, nil
 	case errors.Is(err, errUDPTooLarge):
-		return set()
+		return false, set()
 	default:
 		n.m.ops[opSetUDP][resError].Inc()
-		return set() // e.g. ICMP port unreachable: try TCP
+		return false, set() // e.g. ICMP port unreachable: try TCP
 	}
 }

@@ -529,13 +529,13 @@ func TestSetQuietOverUDP(t *testing.T) {
 	defer c.Close()
 	ctx := t.Context()
 	for i := range 101 {
-		if err := c.SetQuiet(ctx, Item{Key: fmt.Sprint("udp_", i), Value: []byte(fmt.Sprint(i))}); err != nil {
-			t.Fatalf("SetQuiet: %v", err)
+		if udp, err := c.SetQuiet(ctx, Item{Key: fmt.Sprint("udp_", i), Value: []byte(fmt.Sprint(i))}); err != nil || !udp {
+			t.Fatalf("SetQuiet = %v, %v; want a datagram", udp, err)
 		}
 	}
 	big := Item{Key: "udp_big", Value: make([]byte, 4000)}
-	if err := c.SetQuiet(ctx, big); err != nil {
-		t.Fatalf("SetQuiet of a value that needs TCP: %v", err)
+	if udp, err := c.SetQuiet(ctx, big); err != nil || udp {
+		t.Fatalf("SetQuiet of a value that needs TCP = %v, %v; want TCP", udp, err)
 	}
 	deadline := time.Now().Add(2 * time.Second)
 	for i := 0; i < 101; {

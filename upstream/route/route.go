@@ -399,10 +399,11 @@ func (r *Router) DoAsync(ctx context.Context, o op.Op, done func(op.Result)) boo
 }
 
 // SetQuiet sets without waiting for memcached where the key's pool keeps
-// one copy (see upstream.Cluster.SetQuiet). A replicated pool's quiet set
-// is an ordinary replicated Set: a datagram nobody answers cannot be
-// counted toward a write policy.
-func (r *Router) SetQuiet(ctx context.Context, it op.Item) error {
+// one copy (see upstream.Cluster.SetQuiet); udp reports whether the set
+// left as a datagram nobody confirms. A replicated pool's quiet set is an
+// ordinary replicated Set: a datagram nobody answers cannot be counted
+// toward a write policy.
+func (r *Router) SetQuiet(ctx context.Context, it op.Item) (udp bool, err error) {
 	t := r.t.Load()
 	if t.direct {
 		return t.def.c.SetQuiet(ctx, it)
@@ -410,11 +411,11 @@ func (r *Router) SetQuiet(ctx context.Context, it op.Item) error {
 	v, _ := t.pick(it.Key)
 	switch {
 	case v.pol.active():
-		return v.doPolicies(ctx, op.Op{Verb: op.Set, Item: it}).Err
+		return false, v.doPolicies(ctx, op.Op{Verb: op.Set, Item: it}).Err
 	case v.replicas == 1:
 		return v.c.SetQuiet(ctx, it)
 	}
-	return v.do(ctx, op.Op{Verb: op.Set, Item: it}).Err
+	return false, v.do(ctx, op.Op{Verb: op.Set, Item: it}).Err
 }
 
 // Up reports whether an operation on key could be served now: in a pool
