@@ -27,6 +27,11 @@ import (
 //     FlapBackoff·2^(k-1) (capped at FlapBackoffMax) plus up to 50% jitter.
 //   - Panic: while fewer than PanicPercent of the nodes are up (but at least
 //     one), routing ignores health, as Envoy does.
+//   - UDP: a node with a UDP port also gets a `version` request over UDP
+//     each round, from a probe socket of its own. The port starts down;
+//     one answer brings it up, Fall failures in a row or one refusal
+//     (ICMP port unreachable, here or on a set's write) take it down.
+//     SetQuiet sends datagrams only while the node and its port are up.
 
 // prober is what health checking needs from a node's probe client.
 // *memcache.Client implements it.
@@ -234,8 +239,45 @@ func (c *Cluster) checkAll(ctx context.Context) {
 			}()
 			c.checkNode(ctx, n)
 		})
+		if n.udp != nil {
+			wg.Go(func() {
+				defer func() {
+					if r := recover(); r != nil {
+						c.log.Error("UDP probe panicked", "node", n.name, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+					}
+				}()
+				c.checkUDP(ctx, n)
+			})
+		}
 	}
 	wg.Wait()
+}
+
+// checkUDP probes a node's UDP port and applies the result (see udpPort).
+// Changes are logged: up at Info, down at Warn.
+func (c *Cluster) checkUDP(ctx context.Context, n *node) {
+	u := n.udp
+	err := u.check(c.opts.Health.Timeout)
+	if ctx.Err() != nil || n.retired.Load() {
+		return // shutting down, or removed meanwhile: a probe says nothing
+	}
+	if err == nil {
+		if u.change(true, "UDP probe passed") {
+			n.log.Info("memcached UDP port up: asynchronous sets to this node go out as datagrams", "udp", u.addr)
+		}
+		return
+	}
+	fails := u.failed()
+	if !refused(err) && fails < c.opts.Health.Fall && u.up.Load() {
+		return
+	}
+	why := "UDP probe failed: " + err.Error()
+	if refused(err) {
+		why = "UDP probe refused (ICMP port unreachable: nothing listens there; memcached needs -U): " + err.Error()
+	}
+	if u.change(false, why) {
+		n.log.Warn("memcached UDP port down; sets to this node go over TCP until a UDP probe passes", "udp", u.addr, "reason", why, "consecutive_fails", fails)
+	}
 }
 
 func (c *Cluster) checkNode(ctx context.Context, n *node) {

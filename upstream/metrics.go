@@ -56,6 +56,7 @@ type metrics struct {
 	ops           *prometheus.CounterVec
 	duration      *prometheus.HistogramVec
 	up            *prometheus.GaugeVec
+	udpUp         *prometheus.GaugeVec
 	ejects        *prometheus.CounterVec
 	ejectsRefused *prometheus.CounterVec
 	probes        *prometheus.CounterVec
@@ -78,6 +79,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "memcgate_upstream_node_up",
 			Help: "1 while the node takes traffic, 0 while it is ejected.",
 		}, []string{"node"}),
+		udpUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "memcgate_upstream_node_udp_up",
+			Help: "1 while asynchronous sets to the node go out as UDP datagrams (its MEMCGATE_UDP_PORTS port answered a UDP probe), 0 while they go over TCP. Only nodes with a UDP port have it.",
+		}, []string{"node"}),
 		ejects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "memcgate_upstream_ejections_total",
 			Help: "Times a node was taken out of service, by reason (probe, refused, timeouts).",
@@ -99,14 +104,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Active health probes (memcached version), by node and result (ok, fail).",
 		}, []string{"node", "result"}),
 	}
-	reg.MustRegister(m.ops, m.duration, m.up, m.ejects, m.ejectsRefused, m.probes, m.failovers, m.batched)
+	reg.MustRegister(m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.failovers, m.batched)
 	return m
 }
 
 // forget deletes every series of a node that left the cluster.
 func (m *metrics) forget(name string) {
 	l := prometheus.Labels{"node": name}
-	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{m.ops, m.duration, m.up, m.ejects, m.ejectsRefused, m.probes, m.failovers, m.batched} {
+	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.failovers, m.batched} {
 		v.DeletePartialMatch(l)
 	}
 }
@@ -116,6 +121,7 @@ type nodeMetrics struct {
 	ops       [numOps][numResults]prometheus.Counter
 	duration  [numOps]prometheus.Observer
 	up        prometheus.Gauge
+	udpUp     prometheus.Gauge // nil for a node without a UDP port
 	failovers prometheus.Counter
 	batched   prometheus.Counter
 	probeOK   prometheus.Counter
@@ -125,14 +131,18 @@ type nodeMetrics struct {
 // forNode resolves a node's collectors. Every counter of the node, for
 // every label value it can take, is created here, so that it is exported
 // at 0 from the start: increase() and rate() see its first event, which
-// they cannot for a series that appears with the value 1.
-func (m *metrics) forNode(name string) *nodeMetrics {
+// they cannot for a series that appears with the value 1. udp says the
+// node has a UDP port: only then does it have a UDP gauge.
+func (m *metrics) forNode(name string, udp bool) *nodeMetrics {
 	nm := &nodeMetrics{
 		up:        m.up.WithLabelValues(name),
 		failovers: m.failovers.WithLabelValues(name),
 		batched:   m.batched.WithLabelValues(name),
 		probeOK:   m.probes.WithLabelValues(name, "ok"),
 		probeFail: m.probes.WithLabelValues(name, "fail"),
+	}
+	if udp {
+		nm.udpUp = m.udpUp.WithLabelValues(name)
 	}
 	for _, reason := range ejectReasons {
 		m.ejects.WithLabelValues(name, reason)

@@ -30,7 +30,7 @@ type node struct {
 	dial    func(ctx context.Context, network, address string) (net.Conn, error) // counted data connections
 	timeout time.Duration
 	probe   prober        // its own one-connection client; never the data pool
-	udp     *udpSender    // nil unless the node has a UDP port
+	udp     *udpPort      // nil unless the node has a UDP port
 	meta    metaConns     // idle connections of Cluster.TTL's lookups
 	sem     chan struct{} // a token per operation in flight
 	cmds    chan struct{} // a token per raw command on a connection of its own (command)
@@ -221,7 +221,7 @@ func (p pooled) GetMultiLimit(_ context.Context, keys []string, limit int) (map[
 // setUDP gives a new node the UDP port s names, if any.
 func (n *node) setUDP(s Server) {
 	if s.UDPPort > 0 {
-		n.udp = &udpSender{addr: net.JoinHostPort(s.Host, strconv.Itoa(s.UDPPort))}
+		n.udp = newUDPPort(net.JoinHostPort(s.Host, strconv.Itoa(s.UDPPort)), n.m.udpUp)
 	}
 }
 
@@ -359,15 +359,22 @@ type NodeStatus struct {
 	HoldUntil   time.Time `json:"readmit_hold_until,omitzero"`
 	InFlight    int       `json:"in_flight"`
 	Connections int64     `json:"connections"`
+	// UDP is the state of the node's memcached UDP port; nil if it has
+	// none (MEMCGATE_UDP_PORTS).
+	UDP *UDPStatus `json:"udp,omitempty"`
 }
 
 func (n *node) status() NodeStatus {
+	var udp *UDPStatus
+	if n.udp != nil {
+		udp = n.udp.status()
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	st := NodeStatus{
 		Node: n.name, Up: n.up.Load(), Since: n.since, Reason: n.reason,
 		ProbeFails: n.fails, ProbePasses: n.passes, Timeouts: int(n.passiveRuns.Load()),
-		Flaps: n.flaps, InFlight: len(n.sem), Connections: n.conns.Load(),
+		Flaps: n.flaps, InFlight: len(n.sem), Connections: n.conns.Load(), UDP: udp,
 	}
 	if !st.Up && time.Now().Before(n.holdUntil) {
 		st.HoldUntil = n.holdUntil

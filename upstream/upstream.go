@@ -263,7 +263,7 @@ func (c *Cluster) newTopology(servers []Server, dist hashring.Distribution, old 
 		name := net.JoinHostPort(s.Host, strconv.Itoa(s.Port))
 		n := keep[name]
 		if n == nil {
-			n = newNode(name, &c.opts, c.health, c.m.forNode(name), c.log)
+			n = newNode(name, &c.opts, c.health, c.m.forNode(name, s.UDPPort > 0), c.log)
 			n.setUDP(s) // a node that stays keeps its UDP port: it is in use
 			added = append(added, n)
 		}

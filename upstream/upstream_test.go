@@ -520,47 +520,6 @@ func TestGetMultiLimit(t *testing.T) {
 	}
 }
 
-func TestSetQuietOverUDP(t *testing.T) {
-	mc := memcachedtest.StartUDP(t)
-	c, err := New(Options{Servers: []Server{{Host: "127.0.0.1", Port: mc.Port, UDPPort: mc.UDPPort}}}, testLogger(), prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx := t.Context()
-	for i := range 101 {
-		if udp, err := c.SetQuiet(ctx, Item{Key: fmt.Sprint("udp_", i), Value: []byte(fmt.Sprint(i))}); err != nil || !udp {
-			t.Fatalf("SetQuiet = %v, %v; want a datagram", udp, err)
-		}
-	}
-	big := Item{Key: "udp_big", Value: make([]byte, 4000)}
-	if udp, err := c.SetQuiet(ctx, big); err != nil || udp {
-		t.Fatalf("SetQuiet of a value that needs TCP = %v, %v; want TCP", udp, err)
-	}
-	deadline := time.Now().Add(2 * time.Second)
-	for i := 0; i < 101; {
-		it, err := c.Get(ctx, fmt.Sprint("udp_", i))
-		if err == nil && string(it.Value) == fmt.Sprint(i) {
-			i++
-			continue
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("udp_%d not readable after a UDP set: %v", i, err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if _, err := c.Get(ctx, "udp_big"); err != nil {
-		t.Errorf("the oversize value was not stored over TCP: %v", err)
-	}
-	if got := testutil.ToFloat64(c.topo.Load().nodes[0].m.ops[opSetUDP][resOK]); got != 101 {
-		t.Errorf("set_udp ok = %v, want 101", got)
-	}
-	st, _ := mc.Stats()
-	if st["cmd_set"] != "102" {
-		t.Errorf("memcached cmd_set = %s, want 102 (101 UDP + 1 TCP)", st["cmd_set"])
-	}
-}
-
 // TestGAT: gat reads the item and sets its expiration in one operation,
 // on pipelined connections and (emulated) on gomemcache's pool alike.
 func TestGAT(t *testing.T) {

@@ -127,8 +127,16 @@ func TestMetricNames(t *testing.T) {
 		}
 	}
 
-	mcs := memcachedtest.StartN(t, 2)
-	g := startGateway(t, mcs)
+	// The first node has a UDP port, so that its UDP gauge is exported.
+	mcs := []*memcachedtest.Server{memcachedtest.StartUDP(t), memcachedtest.Start(t)}
+	g := gatewaytest.New(t, binary, map[string]string{
+		"MEMCGATE_SERVERS":         memcachedtest.Addrs(mcs),
+		"MEMCGATE_UDP_PORTS":       mcs[0].Addr + "=" + itoa(mcs[0].UDPPort),
+		"MEMCGATE_HEALTH_INTERVAL": "100ms",
+		"MEMCGATE_DRAIN_DELAY":     "0s",
+		"MEMCGATE_LOG_FORMAT":      "text",
+	})
+	g.Start(t)
 	base := "http://" + g.DataAddr
 	client := &http.Client{Timeout: 5 * time.Second}
 	do := func(method, path, body string) int {
