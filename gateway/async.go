@@ -4,6 +4,7 @@ import (
 	"context"
 	"hash/maphash"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -21,7 +22,8 @@ import (
 // is accepted only while its key's node is up, so a 202 is never given
 // for a write that cannot be applied. Writes are sharded by key onto one
 // worker per shard, so writes to one key apply in the order they were
-// accepted; the writes waiting for one worker may take only a share of
+// accepted (with a quiet setter, only those that waited in the queue
+// together: see applyAll); the writes waiting for one worker may take only a share of
 // the queue (shareOf), so that one key written faster than its worker
 // applies cannot fill the queue for every other key; and the values on their way to memcached are capped in bytes
 // (inFlight) so that large ones cannot fill the node's connections ahead
@@ -63,6 +65,10 @@ type shard struct {
 
 	queued atomic.Int64 // jobs reserved or waiting, as asyncQueue.queued counts them
 	bytes  atomic.Int64 // their value bytes
+
+	// Scratch of lastOfKey, kept for the next slice; the worker's alone.
+	last  []bool
+	later map[string]struct{}
 }
 
 // shareOf is the part of the queue (of capacity writes or bytes) the
@@ -176,22 +182,60 @@ func (q *asyncQueue) enqueue(ops []op.Op) error {
 		q.queued.Add(-n)
 		return reject("budget", errBudget)
 	}
-	for _, o := range ops {
-		sh := q.shardOf(o)
-		sh.mu.Lock()
-		sh.jobs = append(sh.jobs, o)
-		sh.mu.Unlock()
-		select {
-		case sh.wake <- struct{}{}:
-		default:
-		}
-	}
+	q.push(ops)
 	return nil
 }
 
+// push appends ops to their shards' jobs and wakes the workers. With a
+// quiet setter, each shard gets its part of ops under one lock, so that
+// its worker takes a batch's writes to one key in the same slice (take):
+// those are the writes whose order survives UDP (see applyAll).
+func (q *asyncQueue) push(ops []op.Op) {
+	if q.quiet == nil || len(ops) == 1 {
+		for _, o := range ops {
+			sh := q.shardOf(o)
+			sh.mu.Lock()
+			sh.jobs = append(sh.jobs, o)
+			sh.mu.Unlock()
+			sh.wakeUp()
+		}
+		return
+	}
+	idx := make([]int, len(ops)) // each op's shard; -1 once pushed
+	for i, o := range ops {
+		idx[i] = q.shardIndex(o)
+	}
+	for i, s := range idx {
+		if s < 0 {
+			continue
+		}
+		sh := q.shards[s]
+		sh.mu.Lock()
+		for j := i; j < len(ops); j++ {
+			if idx[j] == s {
+				sh.jobs = append(sh.jobs, ops[j])
+				idx[j] = -1
+			}
+		}
+		sh.mu.Unlock()
+		sh.wakeUp()
+	}
+}
+
+// wakeUp tells the shard's worker that jobs is not empty.
+func (sh *shard) wakeUp() {
+	select {
+	case sh.wake <- struct{}{}:
+	default:
+	}
+}
+
 // shardOf is the shard of o's key.
-func (q *asyncQueue) shardOf(o op.Op) *shard {
-	return q.shards[maphash.String(q.seed, o.Item.Key)%uint64(len(q.shards))]
+func (q *asyncQueue) shardOf(o op.Op) *shard { return q.shards[q.shardIndex(o)] }
+
+// shardIndex is the index in shards of the shard of o's key.
+func (q *asyncQueue) shardIndex(o op.Op) int {
+	return int(maphash.String(q.seed, o.Item.Key) % uint64(len(q.shards)))
 }
 
 // reserve takes room for a job of size value bytes, unless the shard
@@ -229,9 +273,7 @@ func (q *asyncQueue) Run(ctx context.Context) error {
 	close(stop)
 	wg.Wait()
 	for _, sh := range q.shards { // whatever raced with closing
-		for _, o := range sh.take() {
-			q.apply(sh, o)
-		}
+		q.applyAll(sh, sh.take())
 	}
 	return nil
 }
@@ -247,9 +289,7 @@ func (sh *shard) take() []op.Op {
 func (q *asyncQueue) work(stop <-chan struct{}, sh *shard) {
 	for {
 		jobs := sh.take()
-		for _, o := range jobs {
-			q.apply(sh, o)
-		}
+		q.applyAll(sh, jobs)
 		if len(jobs) > 0 {
 			continue
 		}
@@ -257,9 +297,7 @@ func (q *asyncQueue) work(stop <-chan struct{}, sh *shard) {
 		case <-sh.wake:
 		case <-stop:
 			if jobs := sh.take(); len(jobs) > 0 {
-				for _, o := range jobs {
-					q.apply(sh, o)
-				}
+				q.applyAll(sh, jobs)
 				continue
 			}
 			return
@@ -267,9 +305,54 @@ func (q *asyncQueue) work(stop <-chan struct{}, sh *shard) {
 	}
 }
 
+// applyAll applies jobs, a slice sh.take returned, in order. A write
+// waits for memcached's answer before the next starts, which keeps one
+// key's writes in order, except a set sent as a UDP datagram: nobody
+// answers it, and memcached (whose threads all read its UDP socket) may
+// apply it after a later write of its key. So a set may go out quietly
+// only if no later job of its key is in jobs; otherwise it goes over TCP
+// like the others.
+func (q *asyncQueue) applyAll(sh *shard, jobs []op.Op) {
+	if q.quiet == nil {
+		for _, o := range jobs {
+			q.apply(sh, o, false)
+		}
+		return
+	}
+	last := sh.lastOfKey(jobs)
+	for i, o := range jobs {
+		q.apply(sh, o, last[i])
+	}
+}
+
+// lastOfKey reports, for each job, whether it is the last of its key in
+// jobs. The result and the set it needs are the shard's, reused: only
+// its worker (or Run once the workers are done) calls it.
+func (sh *shard) lastOfKey(jobs []op.Op) []bool {
+	sh.last = slices.Grow(sh.last[:0], len(jobs))[:len(jobs)]
+	if len(jobs) == 1 {
+		sh.last[0] = true
+		return sh.last
+	}
+	if sh.later == nil {
+		sh.later = map[string]struct{}{}
+	}
+	for i := len(jobs) - 1; i >= 0; i-- {
+		k := jobs[i].Item.Key
+		_, seen := sh.later[k]
+		sh.last[i] = !seen
+		if !seen {
+			sh.later[k] = struct{}{}
+		}
+	}
+	clear(sh.later)
+	return sh.last
+}
+
 // apply runs one write of sh with its own deadline: the request that
-// queued it is long gone, so its context is not used.
-func (q *asyncQueue) apply(sh *shard, o op.Op) {
+// queued it is long gone, so its context is not used. quiet allows a set
+// to go through the quiet setter (UDP), if there is one.
+func (q *asyncQueue) apply(sh *shard, o op.Op, quiet bool) {
 	size := int64(len(o.Item.Value))
 	q.inFlight.acquire(size)
 	defer func() {
@@ -283,7 +366,7 @@ func (q *asyncQueue) apply(sh *shard, o op.Op) {
 	defer cancel()
 	var err error
 	udp := false
-	if o.Verb == op.Set && q.quiet != nil {
+	if quiet && o.Verb == op.Set && q.quiet != nil {
 		if err = q.ex.codec.prepare(&o.Item); err == nil {
 			udp, err = q.quiet.SetQuiet(ctx, o.Item)
 		}
