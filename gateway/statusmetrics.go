@@ -59,7 +59,7 @@ type httpSample struct {
 	refusals                float64 // memcgate_buffered_refusals_total
 
 	asyncDepth, asyncBytes float64 // memcgate_async_queue_depth and _bytes
-	asyncApplied           float64 // memcgate_async_writes_applied_total
+	asyncApplied           float64 // memcgate_async_writes_applied_total and _unconfirmed_total (sent as UDP)
 	asyncFailed            float64 // memcgate_async_writes_failed_total, every reason
 	asyncRejected          float64 // memcgate_async_writes_rejected_total, every reason
 }
@@ -162,7 +162,7 @@ func takeSnapshot(mfs []*dto.MetricFamily, at time.Time) snapshot {
 				h.asyncDepth = m.GetGauge().GetValue()
 			case "memcgate_async_queue_bytes":
 				h.asyncBytes = m.GetGauge().GetValue()
-			case "memcgate_async_writes_applied_total":
+			case "memcgate_async_writes_applied_total", "memcgate_async_writes_unconfirmed_total":
 				h.asyncApplied += m.GetCounter().GetValue()
 			case "memcgate_async_writes_failed_total":
 				h.asyncFailed += m.GetCounter().GetValue()
@@ -354,7 +354,7 @@ type httpRates struct {
 	Bound         float64
 	RefusedPerSec float64 // memcgate_buffered_refusals_total
 	ConnsRefused  float64 // memcgate_http_connections_refused_total, per second
-	AsyncPerSec   float64 // async writes applied
+	AsyncPerSec   float64 // async writes applied, or sent as UDP datagrams
 	AsyncFailures float64 // async writes failed or rejected, per second
 }
 
