@@ -155,6 +155,7 @@ type conn struct {
 	armedAt     time.Time // when the read deadline was last set
 	readBy      time.Time // the read deadline; zero: none
 	capped      bool      // progress would move readBy but for the oldest caller's deadline (extendLocked)
+	graced      bool      // the reply being read got a late reader's grace (overdue)
 	outq        int       // bytes of a large value the kernel held unacknowledged when last looked at (drained)
 	outqReplies int       // replies still to come for the calls of the write outq was sampled after
 	err         error     // set once the connection failed; final
@@ -763,6 +764,7 @@ func (c *conn) readLoop() {
 			c.armReadLocked(now)
 		}
 		c.capped = false // the cap was the answered caller's; what is left of it is a whole stall's time
+		c.graced = false
 		c.mu.Unlock()
 		// The callers hold what they keep from here, so the reply's
 		// hold goes first: held both ways, a value would be refused by
@@ -804,14 +806,27 @@ const progressBytes = 256 << 10
 func (r *progressReader) Read(p []byte) (int, error) {
 	var n int
 	var err error
-	if r.c.sio == nil {
-		n, err = r.c.nc.Read(p)
-	} else {
-		for {
+	for {
+		if r.c.sio == nil {
+			n, err = r.c.nc.Read(p)
+		} else {
 			n, err = r.c.sio.read(p)
-			if n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) || !r.c.drained(time.Now()) {
+		}
+		if n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+			break
+		}
+		// The deadline passed. Unless the reply is there after all, or
+		// memcached is still reading what it was sent, or the reader
+		// came too late to say, memcached stalled.
+		if r.c.sio != nil {
+			if m, merr := r.c.sio.readNow(p); m > 0 || merr != nil {
+				n, err = m, merr
 				break
 			}
+		}
+		now := time.Now()
+		if !(r.c.sio != nil && r.c.drained(now)) && !r.c.overdue(now) {
+			break
 		}
 	}
 	if r.read += n; r.read >= progressBytes {
@@ -819,6 +834,27 @@ func (r *progressReader) Read(p []byte) (int, error) {
 		r.c.progress(time.Now())
 	}
 	return n, err
+}
+
+// overdue reports whether the read deadline the reader just saw pass is
+// worth another wait: the reader came to it late, by a quarter of the
+// timeout or more, so the gateway, not memcached, was not running (a
+// process stopped or starved of CPU, a container throttled, a long
+// pause), and memcached had less time than it was given. The reply is
+// then owed within the timeout from now (extendLocked: never past the
+// oldest caller's own deadline), once per reply. Without it, a gateway
+// paused for 0.8 s failed every call of a connection with a timeout on
+// waking, which ejected a healthy node (its reads then went to the next
+// node, and came back older after the node's return).
+func (c *conn) overdue(now time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil || c.graced || len(c.queue) == c.unsent || c.readBy.IsZero() || now.Sub(c.readBy) < c.timeout/4 {
+		return false
+	}
+	c.graced = true
+	c.extendLocked(now)
+	return c.readBy.After(now)
 }
 
 // progress moves the deadline of the reply being read to the timeout from

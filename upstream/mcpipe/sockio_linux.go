@@ -26,10 +26,12 @@ type sockIO struct {
 	nc net.Conn // for the addresses in errors
 	rc syscall.RawConn
 
-	rp   []byte
-	rn   int
-	rerr syscall.Errno
-	rfn  func(fd uintptr) bool
+	rp     []byte
+	rn     int
+	rerr   syscall.Errno
+	rfn    func(fd uintptr) bool
+	ragain bool             // readNow's: the socket held nothing
+	nfn    func(fd uintptr) // readNow's
 
 	wv    *net.Buffers
 	wn    int64
@@ -77,7 +79,33 @@ func newSockIO(nc net.Conn) *sockIO {
 	}
 	s := &sockIO{nc: nc, rc: rc}
 	s.rfn, s.wfn, s.qfn = s.readFD, s.writeFD, s.unsentFD
+	s.nfn = func(fd uintptr) { s.ragain = !s.readFD(fd) }
 	return s
+}
+
+// readNow reads into p what the socket holds now, without waiting and
+// whatever its read deadline says: 0 and no error if it holds nothing.
+// A read whose deadline has passed fails before it looks at the socket;
+// readNow tells a reply that is there, its reader late for it, from one
+// that never came.
+func (s *sockIO) readNow(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	s.rp, s.rn, s.rerr, s.ragain = p, 0, 0, false
+	err := s.rc.Control(s.nfn)
+	s.rp = nil
+	switch {
+	case err != nil:
+		return 0, s.opError("read", err)
+	case s.ragain:
+		return 0, nil
+	case s.rerr != 0:
+		return 0, s.opError("read", os.NewSyscallError("read", s.rerr))
+	case s.rn == 0:
+		return 0, io.EOF
+	}
+	return s.rn, nil
 }
 
 // read reads into p once, waiting for the socket to be readable; it

@@ -13,5 +13,6 @@ type sockIO struct {
 func newSockIO(net.Conn) *sockIO { return nil }
 
 func (*sockIO) read([]byte) (int, error)           { panic("mcpipe: no sockIO") }
+func (*sockIO) readNow([]byte) (int, error)        { panic("mcpipe: no sockIO") }
 func (*sockIO) writev(*net.Buffers) (int64, error) { panic("mcpipe: no sockIO") }
 func (*sockIO) unsent() int                        { return -1 }
