@@ -144,6 +144,12 @@ func hardFailure(err error) bool {
 		errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH)
 }
 
+// refusedDial reports whether err, ne's, is a connection refused while
+// dialling: the node's host answered that nothing listens on its port.
+func refusedDial(ne *NodeError, err error) bool {
+	return ne.dial && errors.Is(err, syscall.ECONNREFUSED)
+}
+
 // ctxError wraps a context error met while waiting for a node.
 func ctxError(node, op string, err error) error {
 	if errors.Is(err, context.DeadlineExceeded) {

@@ -106,7 +106,13 @@ func (n *node) observeFailure(err error) {
 	}
 	switch {
 	case hardFailure(err):
-		n.eject("refused", err, true)
+		// A connection refused is what a failed probe sees: nothing
+		// listens there, which no stall of the gateway's own can fake.
+		// It is not capped, as probes are not; the cap is for the
+		// signals that a gateway-side fault could send for every node
+		// at once. Capped, all nodes killed at once left the others
+		// routed for a probe round: 15,000 requests got 502, not 503.
+		n.eject("refused", err, !refusedDial(ne, err))
 	case ne.timeout && int(n.passiveRuns.Add(1)) >= n.h.PassiveFails:
 		n.eject("timeouts", err, true)
 	}

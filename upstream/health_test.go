@@ -133,11 +133,20 @@ func TestPassiveEjectionCap(t *testing.T) {
 	if refusedMetric != 1 {
 		t.Errorf("ejections_refused_total{%s} = %v, want 1", c.topo.Load().nodes[3].name, refusedMetric)
 	}
-	// Probes are not capped: they confirm the node is gone.
+	// Probes are not capped: they confirm the node is gone. Nor is a
+	// connection refused at dial, which is what a probe would see.
 	c.topo.Load().nodes[3].eject("probe", errors.New("probe failed"), false)
 	if got, want := c.up(c.topo.Load()), 1; got != want {
 		t.Errorf("after a probe ejection beyond the cap, %d are up, want %d", got, want)
 	}
+	c.topo.Load().nodes[2].observe(&NodeError{Node: "x", Op: "get", Err: fmt.Errorf("dial: %w", syscall.ECONNREFUSED), dial: true})
+	if got, want := c.up(c.topo.Load()), 0; got != want {
+		t.Errorf("after a connection refused at dial beyond the cap, %d are up, want %d", got, want)
+	}
+	c.topo.Load().nodes[2].mu.Lock()
+	c.topo.Load().nodes[2].passes = 2
+	c.topo.Load().nodes[2].mu.Unlock()
+	c.topo.Load().nodes[2].admit()
 	// Re-admission frees a passive slot again.
 	c.topo.Load().nodes[0].mu.Lock()
 	c.topo.Load().nodes[0].passes = 2
