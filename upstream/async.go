@@ -16,8 +16,11 @@ import (
 // connections, and has a free slot of its in-flight cap. Anything else (a
 // node down, failover, a full cap, gomemcache's pool, a connection that
 // cannot be had) makes it return false having done nothing, and the
-// caller uses Do, which waits, retries and fails over. Each operation is
-// counted, timed and fed to passive health checking as Do's are.
+// caller uses Do, which waits, retries and fails over. (So a write never
+// leaves here for a node other than its key's owner, and has no key to
+// record for the owner's re-admission, stale.go: Do records it.) Each
+// operation is counted, timed and fed to passive health checking as Do's
+// are.
 //
 // done is called exactly once, as mcpipe's callbacks are: usually from the
 // goroutine that reads the node's replies, never with a lock held. It

@@ -192,12 +192,13 @@ func (n *node) probeResult(err error) probeAction {
 	return probeNone
 }
 
-// admit puts a node back into service.
-func (n *node) admit() {
+// admit puts a node back into service and reports whether it did (a
+// node removed meanwhile, or up already, is left as it is).
+func (n *node) admit() bool {
 	n.mu.Lock()
 	if n.retired.Load() || !n.up.CompareAndSwap(false, true) {
 		n.mu.Unlock()
-		return
+		return false
 	}
 	n.h.down.Add(-1)
 	now := time.Now()
@@ -207,6 +208,7 @@ func (n *node) admit() {
 	n.mu.Unlock()
 	n.m.up.Set(1)
 	n.log.Info("node up", "passes", passes)
+	return true
 }
 
 // Run checks every node actively until ctx is done: a round at once, then
@@ -301,19 +303,68 @@ func (c *Cluster) checkNode(ctx context.Context, n *node) {
 	case probeEject:
 		n.eject("probe", err, false)
 	case probeReadmit:
-		if c.readmitFlush.Load() {
-			// The node may hold values older than what its failover
-			// successors got meanwhile; start it empty instead.
-			if ferr := n.probe.FlushAll(); ferr != nil {
-				n.log.Warn("flush before re-admission failed; staying down", "err", ferr.Error())
-				n.mu.Lock()
-				n.passes = 0
-				n.mu.Unlock()
-				return
-			}
-		}
-		n.admit()
+		c.readmit(ctx, n)
 	}
+}
+
+// readmit brings a node whose probes passed back into service, first
+// making sure it cannot serve values older than what other nodes got
+// while it was away: flushed if Health.ReadmitFlush is on, else its keys
+// written elsewhere deleted (see stale.go for the order of the two
+// passes). If that fails the node stays down and the count of passes
+// starts again: the next Rise passes retry.
+func (c *Cluster) readmit(ctx context.Context, n *node) {
+	if c.readmitFlush.Load() {
+		// Start it empty: the keys written elsewhere are moot.
+		if ferr := n.probe.FlushAll(); ferr != nil {
+			n.log.Warn("flush before re-admission failed; staying down", "err", ferr.Error())
+			n.resetPasses()
+			return
+		}
+		n.stale.drop()
+		n.admit()
+		n.stale.drop()
+		return
+	}
+	deleted, err := c.invalidateStale(ctx, n, n.stale.take())
+	if err != nil {
+		n.log.Warn("deleting keys written to other nodes while it was down failed; staying down",
+			"deleted", deleted, "left", n.stale.len(), "err", err.Error())
+		n.resetPasses()
+		return
+	}
+	if !n.admit() {
+		return
+	}
+	// Writes that found the node down before the admission took effect,
+	// or during the deletes: their keys are deleted once more, now that
+	// the node serves. A failure here leaves them recorded for the next
+	// re-admission.
+	late, err := c.invalidateStale(ctx, n, n.stale.take())
+	deleted += late
+	untracked := n.stale.admitted()
+	attrs := []any{"deleted", deleted}
+	if untracked > 0 {
+		attrs = append(attrs, "untracked", untracked)
+	}
+	if err != nil {
+		attrs = append(attrs, "err", err.Error())
+	}
+	switch {
+	case untracked > 0:
+		n.log.Warn(fmt.Sprintf("re-admitted after deleting %d keys written to other nodes while it was down; %d more were not remembered and may read stale until written again (MEMCGATE_READMIT_FLUSH=true avoids it)", deleted, untracked), attrs...)
+	case err != nil:
+		n.log.Warn(fmt.Sprintf("re-admitted after deleting %d keys written to other nodes while it was down; deleting the last ones failed, they stay recorded", deleted), attrs...)
+	case deleted > 0:
+		n.log.Info(fmt.Sprintf("re-admitted after deleting %d keys written to other nodes while it was down", deleted), attrs...)
+	}
+}
+
+// resetPasses makes the next re-admission wait for Rise more passes.
+func (n *node) resetPasses() {
+	n.mu.Lock()
+	n.passes = 0
+	n.mu.Unlock()
 }
 
 // SetReadmitFlush turns Health.ReadmitFlush on or off for the

@@ -62,6 +62,8 @@ type metrics struct {
 	probes        *prometheus.CounterVec
 	failovers     *prometheus.CounterVec
 	batched       *prometheus.CounterVec
+	invalidated   *prometheus.CounterVec
+	untracked     *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -99,19 +101,27 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "memcgate_upstream_batched_gets_total",
 			Help: "Gets that waited for a busy node and went out inside a multi-key get with others.",
 		}, []string{"node"}),
+		invalidated: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "memcgate_upstream_readmit_invalidated_keys_total",
+			Help: "Keys deleted on a node before its re-admission because they were written to other nodes while it was away.",
+		}, []string{"node"}),
+		untracked: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "memcgate_upstream_readmit_untracked_keys_total",
+			Help: "Keys written to other nodes while the node was away that it could not remember (its set was full): they may read stale after its re-admission unless MEMCGATE_READMIT_FLUSH is on.",
+		}, []string{"node"}),
 		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "memcgate_upstream_probes_total",
 			Help: "Active health probes (memcached version), by node and result (ok, fail).",
 		}, []string{"node", "result"}),
 	}
-	reg.MustRegister(m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.failovers, m.batched)
+	reg.MustRegister(m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.failovers, m.batched, m.invalidated, m.untracked)
 	return m
 }
 
 // forget deletes every series of a node that left the cluster.
 func (m *metrics) forget(name string) {
 	l := prometheus.Labels{"node": name}
-	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.failovers, m.batched} {
+	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.failovers, m.batched, m.invalidated, m.untracked} {
 		v.DeletePartialMatch(l)
 	}
 }
@@ -126,6 +136,10 @@ type nodeMetrics struct {
 	batched   prometheus.Counter
 	probeOK   prometheus.Counter
 	probeFail prometheus.Counter
+	// staleInvalidated and staleUntracked count keys written elsewhere
+	// (stale.go): deleted before re-admission, and not remembered.
+	staleInvalidated prometheus.Counter
+	staleUntracked   prometheus.Counter
 }
 
 // forNode resolves a node's collectors. Every counter of the node, for
@@ -140,6 +154,9 @@ func (m *metrics) forNode(name string, udp bool) *nodeMetrics {
 		batched:   m.batched.WithLabelValues(name),
 		probeOK:   m.probes.WithLabelValues(name, "ok"),
 		probeFail: m.probes.WithLabelValues(name, "fail"),
+
+		staleInvalidated: m.invalidated.WithLabelValues(name),
+		staleUntracked:   m.untracked.WithLabelValues(name),
 	}
 	if udp {
 		nm.udpUp = m.udpUp.WithLabelValues(name)

@@ -16,8 +16,10 @@ import (
 const maxKeysPerGet = 100
 
 // pick returns the node of t that serves a key now under the failover
-// policy, and whether it is not the key's owner.
-func (c *Cluster) pick(t *topology, hashKey string) (n *node, failover bool, err error) {
+// policy, and whether it is not the key's owner. writeKey is a write's
+// key as sent to memcached, empty for a read: each node down that a
+// write passes over records it (stale.go).
+func (c *Cluster) pick(t *topology, hashKey, writeKey string) (n *node, failover bool, err error) {
 	ignoreHealth := c.panicking(t)
 	owner := -1
 	for i := range t.ring.Owners(hashKey) {
@@ -26,6 +28,9 @@ func (c *Cluster) pick(t *topology, hashKey string) (n *node, failover bool, err
 		}
 		if ignoreHealth || t.nodes[i].available() {
 			return t.nodes[i], i != owner, nil
+		}
+		if c.opts.Failover != FailFast && writeKey != "" && !t.nodes[i].skipForWrite(writeKey) {
+			return t.nodes[i], i != owner, nil // re-admitted since
 		}
 		if c.opts.Failover == FailFast {
 			return nil, false, fmt.Errorf("%w: %s, the key's node, is down (failover policy %q)", ErrNoNodes, t.nodes[i].name, FailFast)
@@ -38,7 +43,7 @@ func (c *Cluster) pick(t *topology, hashKey string) (n *node, failover bool, err
 // or under the failover policy one it fails over to, is up.
 func (c *Cluster) Up(key string) bool {
 	_, hk := c.keys(key)
-	_, _, err := c.pick(c.topo.Load(), hk)
+	_, _, err := c.pick(c.topo.Load(), hk, "")
 	return err == nil
 }
 
@@ -51,7 +56,8 @@ func (c *Cluster) Up(key string) bool {
 // are dropped as they are read (their keys fail with ErrOverLimit), so
 // that a reply of any size costs at most limit bytes.
 func (c *Cluster) GetMulti(ctx context.Context, keys []string, limit int) (map[string]op.Item, map[string]error) {
-	return c.getMulti(ctx, keys, limit, c.pick, true)
+	pick := func(t *topology, hashKey string) (*node, bool, error) { return c.pick(t, hashKey, "") }
+	return c.getMulti(ctx, keys, limit, pick, true)
 }
 
 // GetMultiReplica is GetMulti reading each key from its replica of the

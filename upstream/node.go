@@ -42,6 +42,8 @@ type node struct {
 	batchGets bool // park Gets and send them as multi-key gets when slots are busy
 	pendingGets
 
+	stale staleKeys // keys written to other nodes on this node's account (stale.go)
+
 	up          atomic.Bool
 	retired     atomic.Bool  // SetServers removed it: it drains and takes no health decisions
 	passiveRuns atomic.Int32 // consecutive data-path timeouts
@@ -82,6 +84,7 @@ func newNode(name string, o *Options, pol *healthPolicy, m *nodeMetrics, log *sl
 
 		batchGets: o.BatchGets,
 	}
+	n.stale.limit = o.staleKeyBytes
 	dialer := o.Dialer
 	if dialer == nil {
 		d := &net.Dialer{Timeout: o.Timeout, KeepAlive: 30 * time.Second}
@@ -362,6 +365,14 @@ type NodeStatus struct {
 	// UDP is the state of the node's memcached UDP port; nil if it has
 	// none (MEMCGATE_UDP_PORTS).
 	UDP *UDPStatus `json:"udp,omitempty"`
+	// WrittenElsewhere is how many keys written to other nodes on this
+	// node's account (it was down, or could not be reached) it will
+	// delete before its re-admission.
+	WrittenElsewhere int `json:"keys_written_elsewhere"`
+	// Untracked is how many more such keys were not remembered since its
+	// last re-admission because the set was full: they may read stale
+	// after it (unless MEMCGATE_READMIT_FLUSH is on).
+	Untracked int `json:"keys_written_elsewhere_untracked,omitempty"`
 }
 
 func (n *node) status() NodeStatus {
@@ -369,12 +380,16 @@ func (n *node) status() NodeStatus {
 	if n.udp != nil {
 		udp = n.udp.status()
 	}
+	n.stale.mu.Lock()
+	elsewhere, untracked := len(n.stale.keys), n.stale.untracked
+	n.stale.mu.Unlock()
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	st := NodeStatus{
 		Node: n.name, Up: n.up.Load(), Since: n.since, Reason: n.reason,
 		ProbeFails: n.fails, ProbePasses: n.passes, Timeouts: int(n.passiveRuns.Load()),
 		Flaps: n.flaps, InFlight: len(n.sem), Connections: n.conns.Load(), UDP: udp,
+		WrittenElsewhere: elsewhere, Untracked: untracked,
 	}
 	if !st.Up && time.Now().Before(n.holdUntil) {
 		st.HoldUntil = n.holdUntil

@@ -72,10 +72,13 @@ func (s *ReplicaSet) Spare() (Replica, bool) {
 // node Do would use) that are up. Under the FailFast policy only the
 // key's home nodes that are up are replicas and there are no spares: the
 // ring stays as it is. In panic mode health is ignored, as Do ignores it.
-// With copies <= 1 it is the node Do would try first.
+// With copies <= 1 it is the node Do would try first. For a write,
+// each node down that would have been a replica remembers the key, to
+// delete it before its re-admission.
 func (c *Cluster) Replicas(o *op.Op, copies int) ReplicaSet {
 	copies = max(copies, 1)
-	_, hk := c.keysOf(o)
+	sk, hk := c.keysOf(o)
+	write := o.Verb.Writes()
 	t := c.topo.Load()
 	ignoreHealth := c.panicking(t)
 	failFast := c.opts.Failover == FailFast
@@ -91,7 +94,9 @@ func (c *Cluster) Replicas(o *op.Op, copies int) ReplicaSet {
 		if failFast && !home {
 			break
 		}
-		if !ignoreHealth && !n.available() {
+		// A write records its key on each node down that would have
+		// been a replica (stale.go); one re-admitted since is taken.
+		if !ignoreHealth && !n.available() && (!write || len(s.Replicas) >= copies || n.skipForWrite(sk)) {
 			continue
 		}
 		r := Replica{n: n, home: home}

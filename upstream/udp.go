@@ -265,7 +265,9 @@ func (u *udpPort) close() {
 func (c *Cluster) SetQuiet(ctx context.Context, it op.Item) (udp bool, err error) {
 	set := func() error { return c.Do(ctx, op.Op{Verb: op.Set, Item: it}).Err }
 	sk, hk := c.keys(it.Key)
-	n, failover, err := c.pick(c.topo.Load(), hk)
+	// pick records the key on the nodes down it passes over, as Do does
+	// for a set sent over TCP.
+	n, failover, err := c.pick(c.topo.Load(), hk, sk)
 	if err != nil {
 		return false, err
 	}

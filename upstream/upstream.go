@@ -117,6 +117,11 @@ type Options struct {
 	// Dialer opens data and probe connections; if nil, a net.Dialer with
 	// Timeout. TLS to memcached plugs in here.
 	Dialer func(ctx context.Context, network, address string) (net.Conn, error)
+
+	// staleKeyBytes bounds each node's set of keys written elsewhere
+	// (stale.go); if zero, defaultStaleKeyBytes. Unexported: tests set
+	// it small to overflow the set.
+	staleKeyBytes int
 }
 
 // WithDefaults returns o with every zero field that has a default set to
@@ -148,6 +153,9 @@ func (o *Options) withDefaults() {
 	}
 	if o.Failover == "" {
 		o.Failover = Rehash
+	}
+	if o.staleKeyBytes <= 0 {
+		o.staleKeyBytes = defaultStaleKeyBytes
 	}
 	h := &o.Health
 	if h.Interval <= 0 {
@@ -317,6 +325,7 @@ func (c *Cluster) SetServers(servers []Server, dist hashring.Distribution) (Chan
 		if !stays[n] {
 			ch.Removed = append(ch.Removed, n.name)
 			n.retire()
+			n.stale.drop() // it will not be re-admitted
 			c.retired = append(c.retired, n)
 		}
 	}
@@ -418,8 +427,12 @@ func (c *Cluster) doAfter(ctx context.Context, o op.Op, tried *node, prev error)
 		return op.Result{Err: fmt.Errorf("upstream: no such verb %d", o.Verb)}
 	}
 	sk, hk := c.keysOf(&o)
+	writeKey := ""
+	if o.Verb.Writes() {
+		writeKey = sk
+	}
 	var res op.Result
-	err := c.routeAfter(ctx, hk, o.Verb.Writes(), tried, prev, func(n *node, failover bool) (err error) {
+	err := c.routeAfter(ctx, hk, writeKey, tried, prev, func(n *node, failover bool) (err error) {
 		res, err = n.run(ctx, o, sk, failover, c.capTTL)
 		return err
 	})
@@ -446,14 +459,17 @@ func (c *Cluster) keysOf(o *op.Op) (store, hash string) {
 // only when the connection was never made, because otherwise the first
 // node may have applied the write. call learns whether its node is not
 // the owner. tried is a node a first attempt already failed on, with
-// prev; nil if there was none.
-func (c *Cluster) routeAfter(ctx context.Context, hashKey string, write bool, tried *node, prev error, call func(n *node, failover bool) error) error {
+// prev; nil if there was none. writeKey is a write's key as sent to
+// memcached, empty for a read: each node a write passes over (down, or
+// its connection could not be made) records it (stale.go).
+func (c *Cluster) routeAfter(ctx context.Context, hashKey, writeKey string, tried *node, prev error, call func(n *node, failover bool) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	t := c.topo.Load()
 	ignoreHealth := c.panicking(t)
 	failFast := c.opts.Failover == FailFast
+	write := writeKey != ""
 	attempts, owner := 0, -1
 	var last error
 	for i := range t.ring.Owners(hashKey) {
@@ -469,7 +485,10 @@ func (c *Cluster) routeAfter(ctx context.Context, hashKey string, write bool, tr
 			if failFast {
 				return fmt.Errorf("%w: %s, the key's node, is down (failover policy %q)", ErrNoNodes, n.name, FailFast)
 			}
-			continue
+			if !write || n.skipForWrite(writeKey) {
+				continue
+			}
+			// Re-admitted since: the write goes to n after all.
 		}
 		attempts++
 		failover := i != owner
@@ -487,6 +506,11 @@ func (c *Cluster) routeAfter(ctx context.Context, hashKey string, write bool, tr
 		last = err
 		if failFast || attempts >= c.opts.MaxAttempts || (write && !dial) || ctx.Err() != nil {
 			return last
+		}
+		if write {
+			// n never got the write, which goes on to the next node: n
+			// may hold an older value of the key.
+			n.recordStale(writeKey)
 		}
 	}
 	if last != nil {
@@ -585,7 +609,7 @@ func (c *Cluster) Placement(key string) Placement {
 	sk, hk := c.keys(key)
 	p := Placement{Key: key, StoreKey: sk}
 	t := c.topo.Load()
-	if n, _, err := c.pick(t, hk); err == nil {
+	if n, _, err := c.pick(t, hk, ""); err == nil {
 		p.Serving = n.name
 	}
 	for i := range t.ring.Owners(hk) {

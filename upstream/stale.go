@@ -1,0 +1,233 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+
+	"github.com/memcgate/memcgate/upstream/op"
+)
+
+// Keys written elsewhere. While a node is down (or a write could not
+// reach it), writes of its keys land on the next live node of their ring
+// order. The node itself keeps what it held before: re-admitted, it
+// would serve those older values (a deleted key would come back) until
+// each key is written again. So each node remembers, in a bounded set,
+// the keys (as memcached sees them, prefixed) whose writes went to
+// another node on its account, and the health check deletes them on the
+// node before re-admitting it (Cluster.invalidateStale). Only writes
+// that fail over pay for it: one lock of the skipped node's set.
+// Health.ReadmitFlush, which empties the node instead, makes the set
+// moot: it is dropped.
+//
+// Order of record and admission. A write that finds the node down
+// records its key first and then looks at the node again
+// (node.skipForWrite): if the node was re-admitted meanwhile, the write
+// goes to it instead. A write that saw the node still down did so before
+// the admission took effect, so its record came before it too. The
+// health check deletes the keys recorded up to the admission
+// (invalidateStale, take then delete), admits the node, and then takes
+// and deletes once more what was recorded while the first deletes ran or
+// before the admission took effect. That second pass runs while the node
+// already serves: its keys may read stale for the moment it takes,
+// usually a handful of keys for well under a millisecond; a delete that
+// overtakes a new write to the node turns that write into a miss, which
+// is safe. The other choice, keeping the node out until a pass finds
+// nothing recorded, never ends while its keys are written.
+
+// defaultStaleKeyBytes bounds each node's set of keys written elsewhere.
+// 4 MiB holds about 60,000 keys of 30 bytes (each entry is charged its
+// key plus staleKeyOverhead), the distinct keys of a one-minute outage at
+// 1,000 writes a second to the node's keys; at re-admission it is about
+// 4 MiB of delete commands, pipelined over the node's data connections
+// in well under a second. The memory is taken only while a node is down
+// or its writes fail over, and is freed at its re-admission. An outage
+// that writes more keys than that overflows the set (counted and
+// logged); MEMCGATE_READMIT_FLUSH is the answer there.
+const defaultStaleKeyBytes = 4 << 20
+
+// staleKeyOverhead is what one entry costs besides its key's bytes: the
+// map slot (a string header, a control byte, the load factor's slack)
+// and the key's allocation rounded up to its size class.
+const staleKeyOverhead = 48
+
+// staleDeleteWorkers is how many deletes are in flight at once during
+// invalidation: enough to fill the pipelined connections' writes, and
+// within the 64 connections gomemcache's pool may open by default.
+const staleDeleteWorkers = 32
+
+// staleKeys is one node's set of keys written elsewhere. It holds a
+// mutex: it must not be copied.
+type staleKeys struct {
+	mu        sync.Mutex          // guards the fields below; never held across I/O
+	keys      map[string]struct{} // nil while empty
+	bytes     int                 // charged for keys: their lengths plus staleKeyOverhead each
+	limit     int                 // most bytes the set may hold
+	untracked int                 // keys not recorded since the last re-admission: the set was full
+	warned    bool                // the overflow of this outage was logged
+}
+
+// add records key and reports whether it did; false, with first true
+// for the first refusal since the last re-admission, if the set is full.
+func (s *staleKeys) add(key string) (added, first bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.keys[key]; ok {
+		return true, false
+	}
+	cost := len(key) + staleKeyOverhead
+	if s.bytes+cost > s.limit {
+		s.untracked++
+		first = !s.warned
+		s.warned = true
+		return false, first
+	}
+	if s.keys == nil {
+		s.keys = map[string]struct{}{}
+	}
+	s.keys[key] = struct{}{}
+	s.bytes += cost
+	return true, false
+}
+
+// len is the number of keys recorded.
+func (s *staleKeys) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.keys)
+}
+
+// take empties the set and returns its keys.
+func (s *staleKeys) take() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keys := make([]string, 0, len(s.keys))
+	for k := range s.keys {
+		keys = append(keys, k)
+	}
+	s.keys, s.bytes = nil, 0
+	return keys
+}
+
+// putBack records again keys that take returned and whose deletion did
+// not happen, within the bound; it returns how many did not fit.
+func (s *staleKeys) putBack(keys []string) (lost int) {
+	for _, k := range keys {
+		if added, _ := s.add(k); !added {
+			lost++
+		}
+	}
+	return lost
+}
+
+// admitted closes an outage: it returns the keys not recorded during it
+// and starts counting afresh.
+func (s *staleKeys) admitted() (untracked int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	untracked = s.untracked
+	s.untracked, s.warned = 0, false
+	return untracked
+}
+
+// drop forgets everything: the node was flushed, or removed.
+func (s *staleKeys) drop() {
+	s.take()
+	s.admitted()
+}
+
+// recordStale notes that a write of key (as sent to memcached) goes to
+// another node on n's account. If the set is full it counts the key as
+// untracked, and logs the first such key of the outage.
+func (n *node) recordStale(key string) {
+	added, first := n.stale.add(key)
+	if added {
+		return
+	}
+	n.m.staleUntracked.Inc()
+	if first {
+		n.log.Warn("too many keys written to other nodes while this node is away to remember them all: some may read stale values after its re-admission (MEMCGATE_READMIT_FLUSH=true avoids it by emptying the node instead)",
+			"limit_bytes", n.stale.limit)
+	}
+}
+
+// skipForWrite is called for a write of key (as sent) that found n down:
+// it records the key on n, then reports whether n is still down, so that
+// the write goes elsewhere; false means n was re-admitted meanwhile and
+// the write goes to n. Recording before looking again orders the record
+// before any admission the write did not see (see the comment at the top
+// of this file).
+func (n *node) skipForWrite(key string) bool {
+	n.recordStale(key)
+	return !n.available()
+}
+
+// invalidateStale deletes on n the keys written elsewhere while it was
+// away, staleDeleteWorkers at a time over its data connections. Deleted
+// and missing keys are done with; other protocol refusals are dropped too,
+// as they would be refused again. At the first transport failure (or ctx
+// ending) it stops, records again the keys not deleted, and returns the
+// failure: n must not be admitted yet. It returns how many keys it
+// deleted or found missing.
+func (c *Cluster) invalidateStale(ctx context.Context, n *node, keys []string) (int, error) {
+	if len(keys) == 0 {
+		return 0, nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make([]bool, len(keys)) // each index written by the one worker that took it
+	var (
+		next    atomic.Int64
+		failMu  sync.Mutex // guards fail
+		fail    error
+		deleted atomic.Int64
+	)
+	var wg sync.WaitGroup
+	for range min(len(keys), staleDeleteWorkers) {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				i := int(next.Add(1) - 1)
+				if i >= len(keys) {
+					return
+				}
+				err := n.do(ctx, verbOp(op.Delete), false, func(mc dataClient, _ bool) error {
+					_, _, err := mc.Do(ctx, op.Op{Verb: op.Delete}, keys[i])
+					return err
+				})
+				var ne *NodeError
+				if err != nil && !errors.Is(err, ErrNotFound) && (errors.As(err, &ne) || ctx.Err() != nil) {
+					failMu.Lock()
+					if fail == nil {
+						fail = err
+					}
+					failMu.Unlock()
+					cancel()
+					return
+				}
+				done[i] = true
+				if err == nil || errors.Is(err, ErrNotFound) {
+					deleted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if fail == nil {
+		fail = ctx.Err()
+	}
+	n.m.staleInvalidated.Add(float64(deleted.Load()))
+	if fail == nil {
+		return int(deleted.Load()), nil
+	}
+	var rest []string
+	for i, k := range keys {
+		if !done[i] {
+			rest = append(rest, k)
+		}
+	}
+	if lost := n.stale.putBack(rest); lost > 0 {
+		n.m.staleUntracked.Add(float64(lost))
+	}
+	return int(deleted.Load()), fail
+}
