@@ -47,8 +47,11 @@ type healthPolicy struct {
 	HealthOptions
 	down       atomic.Int32 // nodes currently down
 	maxPassive atomic.Int32 // most nodes passive ejection may take down at once
-	ejected    func(node, reason string)
-	refused    func(node string)
+	// readmitFlush is HealthOptions.ReadmitFlush, which
+	// Cluster.SetReadmitFlush changes.
+	readmitFlush atomic.Bool
+	ejected      func(node, reason string)
+	refused      func(node string)
 }
 
 // reservePassive counts one more node down if passive ejection may take it.
@@ -314,7 +317,7 @@ func (c *Cluster) checkNode(ctx context.Context, n *node) {
 // passes). If that fails the node stays down and the count of passes
 // starts again: the next Rise passes retry.
 func (c *Cluster) readmit(ctx context.Context, n *node) {
-	if c.readmitFlush.Load() {
+	if c.health.readmitFlush.Load() {
 		// Start it empty: the keys written elsewhere are moot.
 		if ferr := n.probe.FlushAll(); ferr != nil {
 			n.log.Warn("flush before re-admission failed; staying down", "err", ferr.Error())
@@ -370,7 +373,7 @@ func (n *node) resetPasses() {
 // SetReadmitFlush turns Health.ReadmitFlush on or off for the
 // re-admissions from now on (a pool that starts or stops keeping
 // replicas, package route).
-func (c *Cluster) SetReadmitFlush(on bool) { c.readmitFlush.Store(on) }
+func (c *Cluster) SetReadmitFlush(on bool) { c.health.readmitFlush.Store(on) }
 
 // up is the number of t's nodes taking traffic.
 func (c *Cluster) up(t *topology) int { return len(t.nodes) - int(c.health.down.Load()) }

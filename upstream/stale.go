@@ -68,27 +68,34 @@ type staleKeys struct {
 	warned    bool                // the overflow of this outage was logged
 }
 
-// add records key and reports whether it did; false, with first true
-// for the first refusal since the last re-admission, if the set is full.
-func (s *staleKeys) add(key string) (added, first bool) {
+// add records key and reports whether it did: false if the set is full.
+func (s *staleKeys) add(key string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.keys[key]; ok {
-		return true, false
+		return true
 	}
 	cost := len(key) + staleKeyOverhead
 	if s.bytes+cost > s.limit {
-		s.untracked++
-		first = !s.warned
-		s.warned = true
-		return false, first
+		return false
 	}
 	if s.keys == nil {
 		s.keys = map[string]struct{}{}
 	}
 	s.keys[key] = struct{}{}
 	s.bytes += cost
-	return true, false
+	return true
+}
+
+// lost counts n keys not recorded and reports whether they are the first
+// since the last re-admission.
+func (s *staleKeys) lost(n int) (first bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.untracked += n
+	first = !s.warned
+	s.warned = true
+	return first
 }
 
 // len is the number of keys recorded.
@@ -114,7 +121,7 @@ func (s *staleKeys) take() []string {
 // not happen, within the bound; it returns how many did not fit.
 func (s *staleKeys) putBack(keys []string) (lost int) {
 	for _, k := range keys {
-		if added, _ := s.add(k); !added {
+		if !s.add(k) {
 			lost++
 		}
 	}
@@ -139,14 +146,25 @@ func (s *staleKeys) drop() {
 
 // recordStale notes that a write of key (as sent to memcached) goes to
 // another node on n's account. If the set is full it counts the key as
-// untracked, and logs the first such key of the outage.
+// untracked, and logs the first such key of the outage; not while
+// ReadmitFlush is on, which empties the node anyway. (The key is still
+// recorded then, within the bound, so that turning ReadmitFlush off
+// during an outage leaves the keys written before to be deleted.)
 func (n *node) recordStale(key string) {
-	added, first := n.stale.add(key)
-	if added {
+	if n.stale.add(key) {
 		return
 	}
-	n.m.staleUntracked.Inc()
-	if first {
+	n.staleLost(1)
+}
+
+// staleLost counts n keys written elsewhere that the set had no room for
+// and logs the first of the outage, unless ReadmitFlush is on.
+func (n *node) staleLost(lost int) {
+	if n.h.readmitFlush.Load() {
+		return
+	}
+	n.m.staleUntracked.Add(float64(lost))
+	if n.stale.lost(lost) {
 		n.log.Warn("too many keys written to other nodes while this node is away to remember them all: some may read stale values after its re-admission (MEMCGATE_READMIT_FLUSH=true avoids it by emptying the node instead)",
 			"limit_bytes", n.stale.limit)
 	}
@@ -227,7 +245,7 @@ func (c *Cluster) invalidateStale(ctx context.Context, n *node, keys []string) (
 		}
 	}
 	if lost := n.stale.putBack(rest); lost > 0 {
-		n.m.staleUntracked.Add(float64(lost))
+		n.staleLost(lost)
 	}
 	return int(deleted.Load()), fail
 }

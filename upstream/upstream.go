@@ -199,8 +199,6 @@ type Cluster struct {
 	probed     chan struct{} // closed after the first probe round
 	probedOnce sync.Once
 	asyncOps   sync.Pool // of *asyncOp, DoAsync's
-	// readmitFlush is Health.ReadmitFlush, which SetReadmitFlush changes.
-	readmitFlush atomic.Bool
 
 	mu      sync.Mutex // guards retired, and serializes SetServers
 	retired []*node    // nodes SetServers removed, closed by Run once idle
@@ -229,12 +227,12 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Cluster, e
 		log = log.With("pool", opts.Name)
 	}
 	c := &Cluster{opts: opts, m: m, log: log, probed: make(chan struct{})}
-	c.readmitFlush.Store(opts.Health.ReadmitFlush)
 	c.health = &healthPolicy{
 		HealthOptions: opts.Health,
 		ejected:       func(node, reason string) { m.ejects.WithLabelValues(node, reason).Inc() },
 		refused:       func(node string) { m.ejectsRefused.WithLabelValues(node).Inc() },
 	}
+	c.health.readmitFlush.Store(opts.Health.ReadmitFlush)
 	t, _, err := c.newTopology(opts.Servers, opts.Distribution, nil)
 	if err != nil {
 		return nil, err
