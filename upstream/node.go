@@ -85,6 +85,9 @@ func newNode(name string, o *Options, pol *healthPolicy, m *nodeMetrics, log *sl
 		batchGets: o.BatchGets,
 	}
 	n.stale.limit = o.staleKeyBytes
+	if n.stale.limit <= 0 {
+		n.stale.limit = defaultStaleKeyBytes
+	}
 	dialer := o.Dialer
 	if dialer == nil {
 		d := &net.Dialer{Timeout: o.Timeout, KeepAlive: 30 * time.Second}

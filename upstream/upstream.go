@@ -119,8 +119,8 @@ type Options struct {
 	Dialer func(ctx context.Context, network, address string) (net.Conn, error)
 
 	// staleKeyBytes bounds each node's set of keys written elsewhere
-	// (stale.go); if zero, defaultStaleKeyBytes. Unexported: tests set
-	// it small to overflow the set.
+	// (stale.go); if zero, defaultStaleKeyBytes. Unexported, and not
+	// filled in by WithDefaults: tests set it small to overflow the set.
 	staleKeyBytes int
 }
 
@@ -153,9 +153,6 @@ func (o *Options) withDefaults() {
 	}
 	if o.Failover == "" {
 		o.Failover = Rehash
-	}
-	if o.staleKeyBytes <= 0 {
-		o.staleKeyBytes = defaultStaleKeyBytes
 	}
 	h := &o.Health
 	if h.Interval <= 0 {
