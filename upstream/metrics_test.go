@@ -24,6 +24,8 @@ func TestCountersFromZero(t *testing.T) {
 		{"memcgate_upstream_probes_total", c.m.probes, [][]string{{"ok"}, {"fail"}}},
 		{"memcgate_upstream_failovers_total", c.m.failovers, [][]string{{}}},
 		{"memcgate_upstream_batched_gets_total", c.m.batched, [][]string{{}}},
+		{"memcgate_upstream_readmit_invalidated_keys_total", c.m.invalidated, [][]string{{}}},
+		{"memcgate_upstream_readmit_untracked_keys_total", c.m.untracked, [][]string{{}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
