@@ -3,6 +3,7 @@ package upstream
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -82,7 +83,10 @@ func (s *staleKeys) add(key string) bool {
 	if s.keys == nil {
 		s.keys = map[string]struct{}{}
 	}
-	s.keys[key] = struct{}{}
+	// A copy: key may be part of a longer string (a request's target,
+	// kilobytes with its query), which the set would otherwise keep
+	// whole while charging only the key.
+	s.keys[strings.Clone(key)] = struct{}{}
 	s.bytes += cost
 	return true
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -315,5 +316,22 @@ func TestStaleKeysOverflowAndFlush(t *testing.T) {
 				t.Errorf("no re-admission line naming the deleted and untracked keys:\n%s", logs.String())
 			}
 		})
+	}
+}
+
+// TestStaleKeysCopyTheirKeys: a key recorded is a copy of the key alone,
+// not a view into the longer string it came from (a request's target,
+// with a query string kilobytes long), which the set would otherwise keep
+// whole while charging only the key.
+func TestStaleKeysCopyTheirKeys(t *testing.T) {
+	target := "k1?" + strings.Repeat("q", 16<<10)
+	s := &staleKeys{limit: 1 << 20}
+	if !s.add(target[:2]) {
+		t.Fatal("add refused a key into an empty set")
+	}
+	for k := range s.keys {
+		if unsafe.StringData(k) == unsafe.StringData(target) {
+			t.Errorf("the set keeps the %d-byte string its key %q came from", len(target), k)
+		}
 	}
 }
