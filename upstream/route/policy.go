@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -193,10 +194,21 @@ func (v *view) doPolicies(ctx context.Context, o op.Op) op.Result {
 	return res
 }
 
-// background returns a context for work that outlives its request: the
-// request's values without its cancellation, and a deadline of its own.
-func background(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), d)
+// background returns a context for work that outlives its request: a
+// deadline of its own, and none of the request's values or cancellation.
+func background(d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), d)
+}
+
+// ownKeys returns o with copies of its keys. Work that outlives its
+// request counts only the bytes of its values against its budget; a key
+// is a slice of the request's target, which a long query string makes
+// kilobytes long, and a context of the request's holds it too (hence
+// background's and detach's contexts carry none of its values: nothing
+// below reads them).
+func ownKeys(o op.Op) op.Op {
+	o.Item.Key, o.HashKey = strings.Clone(o.Item.Key), strings.Clone(o.HashKey)
+	return o
 }
 
 // outcomeClass sorts an operation's answer for comparing two pools'

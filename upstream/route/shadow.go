@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strings"
 
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/op"
@@ -71,14 +72,15 @@ func (v *view) shadowDo(ctx context.Context, o op.Op, res op.Result) {
 	// The caller reuses the value it sent (a PUT body's buffer) and may
 	// reuse the one it read once it has answered: keep copies.
 	so.Item.Value = bytes.Clone(o.Item.Value)
-	res.Item.Value = bytes.Clone(res.Item.Value)
-	s, sm := v.pol.shadow, v.pol.sm
+	so = ownKeys(so)
+	res.Item.Value, res.Item.Key = bytes.Clone(res.Item.Value), strings.Clone(res.Item.Key)
+	s, sm, ov := v.pol.shadow, v.pol.sm, o.Verb
 	go func() {
 		defer bg.release(size)
-		bctx, cancel := background(ctx, 2*s.timeout)
+		bctx, cancel := background(2 * s.timeout)
 		defer cancel()
 		sres := s.own(bctx, so)
-		sm.count(verb, compare(o.Verb, res, sres))
+		sm.count(verb, compare(ov, res, sres))
 	}()
 }
 
@@ -138,9 +140,9 @@ func (v *view) shadowGetMulti(ctx context.Context, keys []string, found map[stri
 		if err, ok := failed[k]; ok && failure(err) {
 			continue
 		}
-		w := want{key: k, res: op.Result{Err: upstream.ErrNotFound}}
+		w := want{key: strings.Clone(k), res: op.Result{Err: upstream.ErrNotFound}} // kept past the request: see ownKeys
 		if it, ok := found[k]; ok {
-			it.Value = bytes.Clone(it.Value) // the caller's once returned
+			it.Value, it.Key = bytes.Clone(it.Value), w.key // the caller's once returned
 			w.res = op.Result{Item: it}
 			size += int64(len(it.Value))
 		} else if _, ok := failed[k]; ok {
@@ -167,7 +169,7 @@ func (v *view) shadowGetMulti(ctx context.Context, keys []string, found map[stri
 	s, sm := v.pol.shadow, v.pol.sm
 	go func() {
 		defer bg.release(held)
-		bctx, cancel := background(ctx, 2*s.timeout)
+		bctx, cancel := background(2 * s.timeout)
 		defer cancel()
 		ks := make([]string, len(sample))
 		for i, w := range sample {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -111,9 +112,11 @@ func (v *view) writeBack(ctx context.Context, o op.Op, it op.Item) {
 		return
 	}
 	it.Value = bytes.Clone(it.Value) // the client's answer, which its caller may reuse once sent
+	it.Key, o = strings.Clone(it.Key), ownKeys(o)
+	o.Item.Value = nil
 	go func() {
 		defer bg.release(size)
-		bctx, cancel := background(ctx, 2*(v.pol.warm.timeout+v.timeout))
+		bctx, cancel := background(2 * (v.pol.warm.timeout + v.timeout))
 		defer cancel()
 		exp, ok := o.Item.Expiration, true
 		if o.Verb != op.GAT {

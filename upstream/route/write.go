@@ -127,6 +127,7 @@ func (v *view) fanout(ctx context.Context, o op.Op, set *upstream.ReplicaSet, ta
 	background := need < len(targets) && v.bgAcquire(held)
 	if background {
 		o.Item.Value = bytes.Clone(o.Item.Value)
+		o = ownKeys(o)
 	} else {
 		need = len(targets)
 	}
@@ -284,7 +285,7 @@ func detach(ctx context.Context, timeout time.Duration) (context.Context, contex
 	if !ok {
 		dl = time.Now().Add(4 * timeout)
 	}
-	return context.WithDeadline(context.WithoutCancel(ctx), dl)
+	return context.WithDeadline(context.Background(), dl) // none of ctx's values: see background
 }
 
 // bgAcquire reserves room for one write of size value bytes in the
