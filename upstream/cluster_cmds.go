@@ -20,13 +20,24 @@ type NodeReply struct {
 
 // FlushAll sends flush_all (with a delay in seconds, if positive) to every
 // node that is up, in parallel, and returns each node's reply. Nodes that
-// are down are reported with ErrNoNodes and not contacted.
+// are down are reported with ErrNoNodes and not contacted. A node the
+// flush did not reach (down, or failing) is flushed before its next
+// re-admission instead (at once, whatever the delay), so that it does
+// not come back with what the flush emptied everywhere else.
 func (c *Cluster) FlushAll(ctx context.Context, delay int32) []NodeReply {
 	cmd := "flush_all\r\n"
 	if delay > 0 {
 		cmd = "flush_all " + strconv.Itoa(int(delay)) + "\r\n"
 	}
-	return c.everyNode(ctx, cmd, false)
+	nodes := c.topo.Load().nodes
+	out := c.everyNodeOf(ctx, nodes, cmd, false)
+	for i, r := range out {
+		if r.Err != nil {
+			nodes[i].flushOwed.Store(true)
+			out[i].Err = fmt.Errorf("%w (it is flushed before it is re-admitted)", r.Err)
+		}
+	}
+	return out
 }
 
 // Stats sends stats to every node that is up and returns the raw replies.
@@ -40,7 +51,11 @@ func (c *Cluster) Version(ctx context.Context) []NodeReply {
 }
 
 func (c *Cluster) everyNode(ctx context.Context, cmd string, multiline bool) []NodeReply {
-	nodes := c.topo.Load().nodes
+	return c.everyNodeOf(ctx, c.topo.Load().nodes, cmd, multiline)
+}
+
+// everyNodeOf is everyNode over nodes, whose replies it returns in order.
+func (c *Cluster) everyNodeOf(ctx context.Context, nodes []*node, cmd string, multiline bool) []NodeReply {
 	out := make([]NodeReply, len(nodes))
 	var wg sync.WaitGroup
 	for i, n := range nodes {

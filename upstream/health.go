@@ -317,12 +317,16 @@ func (c *Cluster) checkNode(ctx context.Context, n *node) {
 // passes). If that fails the node stays down and the count of passes
 // starts again: the next Rise passes retry.
 func (c *Cluster) readmit(ctx context.Context, n *node) {
-	if c.health.readmitFlush.Load() {
+	if owed := n.flushOwed.Load(); owed || c.health.readmitFlush.Load() {
 		// Start it empty: the keys written elsewhere are moot.
 		if ferr := n.probe.FlushAll(); ferr != nil {
 			n.log.Warn("flush before re-admission failed; staying down", "err", ferr.Error())
 			n.resetPasses()
 			return
+		}
+		if owed {
+			n.flushOwed.Store(false)
+			n.log.Info("flushed before re-admission: a flush_all was sent while it was down")
 		}
 		n.stale.drop()
 		n.admit()

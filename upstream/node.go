@@ -43,6 +43,9 @@ type node struct {
 	pendingGets
 
 	stale staleKeys // keys written to other nodes on this node's account (stale.go)
+	// flushOwed: a flush_all (FlushAll) found the node down; it is
+	// flushed before its re-admission, as with Health.ReadmitFlush.
+	flushOwed atomic.Bool
 
 	up          atomic.Bool
 	retired     atomic.Bool  // SetServers removed it: it drains and takes no health decisions

@@ -372,6 +372,41 @@ func TestClusterCommands(t *testing.T) {
 	}
 }
 
+// TestFlushAllReachesDownNodes: a flush_all that finds a node down says
+// so, and the node is flushed before it is re-admitted, so that it does
+// not come back with values the flush emptied everywhere else.
+func TestFlushAllReachesDownNodes(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 2)
+	c, _ := newTestCluster(t, mcs, nil)
+	ctx := t.Context()
+	a := c.topo.Load().nodes[0]
+	k := keyOwnedBy(t, c, 0)
+	if err := c.Set(ctx, Item{Key: k, Value: []byte("before the flush")}); err != nil {
+		t.Fatal(err)
+	}
+	a.eject("test", errors.New("down"), false)
+	r := c.FlushAll(ctx, 0)[0]
+	if !errors.Is(r.Err, ErrNoNodes) || !strings.Contains(r.Err.Error(), "flushed before it is re-admitted") {
+		t.Errorf("FlushAll on a down node = %v, want ErrNoNodes saying it is flushed on its return", r.Err)
+	}
+	c.readmit(ctx, a)
+	if !a.available() {
+		t.Fatal("not re-admitted")
+	}
+	if it, err := c.Get(ctx, k); !errors.Is(err, ErrNotFound) {
+		t.Errorf("after re-admission, Get of a key set before the flush = %q, %v; want a miss", it.Value, err)
+	}
+	// Owed once: the next return keeps what the node holds.
+	if err := c.Set(ctx, Item{Key: k, Value: []byte("after")}); err != nil {
+		t.Fatal(err)
+	}
+	a.eject("test", errors.New("down"), false)
+	c.readmit(ctx, a)
+	if it, err := c.Get(ctx, k); err != nil || string(it.Value) != "after" {
+		t.Errorf("after a second re-admission, Get = %q, %v; want the value set meanwhile", it.Value, err)
+	}
+}
+
 // TestClusterCommandsTakeTurns: raw commands (stats, version, flush_all,
 // which /memc serves to anyone when no tokens are set) open a connection
 // each, so however many callers ask at once, at most nodeCommands of
