@@ -1,11 +1,9 @@
 package e2e
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memcgate/memcgate/test/gatewaytest"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
 
@@ -82,41 +81,11 @@ func TestGatewayPausedKeepsNodes(t *testing.T) {
 	if len(statuses) != 2 || statuses[http.StatusOK] == 0 || statuses[http.StatusCreated] == 0 {
 		t.Errorf("answers %v; want only 200s and 201s", statuses)
 	}
-	if n := sumMetric(t, g, "memcgate_upstream_ejections_total"); n != 0 {
-		t.Errorf("%v ejections of nodes that answered every request in time; log:\n%s", n, gatewayLogTail(g))
-	}
-}
-
-// sumMetric is the sum of every sample of a metric of the gateway's.
-func sumMetric(t *testing.T, g *gateway, name string) float64 {
-	t.Helper()
-	resp, err := http.Get(g.Admin + "/metrics")
+	fams, err := g.Families(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	sum := 0.0
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sum += v
+	if f := fams["memcgate_upstream_ejections_total"]; f != nil && f.Sum != 0 {
+		t.Errorf("%v ejections of nodes that answered every request in time; log:\n%s", f.Sum, gatewaytest.Tail(g.Logs(), 4000))
 	}
-	return sum
-}
-
-// gatewayLogTail is the end of the gateway's log, for a failure message.
-func gatewayLogTail(g *gateway) string {
-	l := g.Logs()
-	if len(l) > 4000 {
-		l = l[len(l)-4000:]
-	}
-	return l
 }
