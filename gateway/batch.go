@@ -217,7 +217,8 @@ func (res *batchResult) setOutcome(v op.Verb, err error) {
 func unreachable(err error) bool {
 	var ne *upstream.NodeError
 	var oe *overloadError
-	return errors.Is(err, upstream.ErrNoNodes) || errors.As(err, &ne) || errors.As(err, &oe) ||
+	var be *upstream.BusyError
+	return errors.Is(err, upstream.ErrNoNodes) || errors.As(err, &ne) || errors.As(err, &oe) || errors.As(err, &be) ||
 		errors.Is(err, context.DeadlineExceeded)
 }
 

@@ -84,9 +84,12 @@ func errorStatus(err error) (status int, msg string, retry bool) {
 	var oe *overloadError
 	var ne *upstream.NodeError
 	var ve *valueError
+	var be *upstream.BusyError
 	switch {
 	case errors.As(err, &oe):
 		return http.StatusServiceUnavailable, oe.msg, true
+	case errors.As(err, &be):
+		return http.StatusServiceUnavailable, "memcached node " + be.Node + " is slow: its requests hold their share of MEMCGATE_MAX_REQUESTS; retry shortly", true
 	case errors.As(err, &ve):
 		return http.StatusBadGateway, ve.Error(), false
 	case errors.As(err, &re):

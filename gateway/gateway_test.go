@@ -144,6 +144,7 @@ func TestErrorStatus(t *testing.T) {
 		{"too large", upstream.ErrTooLarge, 413, false},
 		{"no nodes", upstream.ErrNoNodes, 503, true},
 		{"no fit", upstream.ErrNoFit, 503, true},
+		{"node busy", &upstream.BusyError{Node: "n", Share: 5000}, 503, true},
 		{"refused", &upstream.NodeError{Node: "n", Op: "get", Err: errors.New("connection refused")}, 502, true},
 		{"server error", upstream.ErrServer, 502, false},
 		{"deadline", context.DeadlineExceeded, 504, false},

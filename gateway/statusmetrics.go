@@ -110,7 +110,7 @@ func takeSnapshot(mfs []*dto.MetricFamily, at time.Time) snapshot {
 			case "memcgate_upstream_ops_total":
 				n, v := node(m), m.GetCounter().GetValue()
 				n.ops += v
-				if r := label(m, "result"); r == "error" || r == "timeout" {
+				if r := label(m, "result"); r == "error" || r == "timeout" || r == "busy" {
 					n.errors += v
 				}
 			case "memcgate_upstream_failovers_total":

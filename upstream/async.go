@@ -110,7 +110,7 @@ func (c *Cluster) retryAsync(ctx context.Context, o op.Op, n *node, err error, d
 
 // asyncNode returns the key's owner, holding a slot of its in-flight cap,
 // if the owner is up, is served by pipelined connections and has a slot
-// free now; else nil.
+// free now within its share (busy.go); else nil.
 func (c *Cluster) asyncNode(hashKey string) *node {
 	t := c.topo.Load()
 	for i := range t.ring.Owners(hashKey) {
@@ -118,12 +118,10 @@ func (c *Cluster) asyncNode(hashKey string) *node {
 		if n.pipe == nil || !n.available() {
 			return nil
 		}
-		select {
-		case n.sem <- struct{}{}:
+		if n.take() {
 			return n
-		default:
-			return nil
 		}
+		return nil
 	}
 	return nil
 }

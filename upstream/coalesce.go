@@ -50,11 +50,9 @@ type getResult struct {
 // buffer o.Lend lent (op.Result.Lent).
 func (n *node) get(ctx context.Context, key string, o op.Op) (it *memcache.Item, lent bool, err error) {
 	o = op.Op{Verb: op.Get, Room: o.Room}
-	select {
-	case n.sem <- struct{}{}:
+	if n.take() {
 		it, err = n.getHolding(key, o)
 		return it, n.lent(&o, it), err
-	default:
 	}
 	if !n.batchGets || (o.Room != nil && n.pipe != nil) {
 		err := n.do(ctx, verbOp(op.Get), false, func(mc dataClient, _ bool) (err error) {
@@ -63,6 +61,11 @@ func (n *node) get(ctx context.Context, key string, o op.Op) (it *memcache.Item,
 		})
 		return it, n.lent(&o, it), err
 	}
+	if err := n.join(); err != nil {
+		n.m.ops[verbOp(op.Get)][resultOf(err)].Inc()
+		return nil, false, err
+	}
+	defer n.leave()
 	w := &getWaiter{key: key, done: make(chan getResult, 1)}
 	n.pmu.Lock()
 	n.pending = append(n.pending, w)

@@ -94,10 +94,10 @@ func (m *metaConns) close() {
 // metaTTL asks the node for sk's TTL and CAS within its in-flight cap and
 // socket timeout.
 func (n *node) metaTTL(ctx context.Context, sk string) (int32, uint64, error) {
-	select {
-	case n.sem <- struct{}{}:
-	case <-ctx.Done():
-		return 0, 0, ctxError(n.name, "mg", ctx.Err())
+	if !n.take() {
+		if err := n.wait(ctx, "mg"); err != nil {
+			return 0, 0, err
+		}
 	}
 	defer func() { <-n.sem }()
 	mc := n.meta.get()

@@ -41,10 +41,11 @@ const (
 	resRejected               // exists, cas conflict, not numeric, too large: a protocol refusal
 	resError                  // transport failure or unexpected reply
 	resTimeout                // no answer in time
+	resBusy                   // refused unsent: the node held its share of requests (busy.go)
 	numResults
 )
 
-var resultNames = [numResults]string{"ok", "miss", "rejected", "error", "timeout"}
+var resultNames = [numResults]string{"ok", "miss", "rejected", "error", "timeout", "busy"}
 
 // ejectReasons are the reason label's values of
 // memcgate_upstream_ejections_total (the reasons node.eject is given).
@@ -70,7 +71,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		ops: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "memcgate_upstream_ops_total",
-			Help: "Operations sent to memcached, by node, operation and result (ok, miss, rejected, error, timeout).",
+			Help: "Operations for memcached, by node, operation and result (ok, miss, rejected, error, timeout; busy: refused unsent, the node held its share of MEMCGATE_MAX_REQUESTS).",
 		}, []string{"node", "op", "result"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "memcgate_upstream_op_duration_seconds",

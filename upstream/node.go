@@ -33,6 +33,8 @@ type node struct {
 	udp     *udpPort      // nil unless the node has a UDP port
 	meta    metaConns     // idle connections of Cluster.TTL's lookups
 	sem     chan struct{} // a token per operation in flight
+	waiting atomic.Int64  // operations waiting for a token (busy.go)
+	share   *requestShare // the cluster's: the most operations sem and waiting may hold together
 	cmds    chan struct{} // a token per raw command on a connection of its own (command)
 	conns   atomic.Int64  // open data connections (dialled and not yet closed)
 	m       *nodeMetrics
@@ -76,14 +78,15 @@ type selector struct{ a addr }
 func (s selector) PickServer(string) (net.Addr, error) { return s.a, nil }
 func (s selector) Each(f func(net.Addr) error) error   { return f(s.a) }
 
-func newNode(name string, o *Options, pol *healthPolicy, m *nodeMetrics, log *slog.Logger) *node {
+func newNode(name string, o *Options, pol *healthPolicy, share *requestShare, m *nodeMetrics, log *slog.Logger) *node {
 	n := &node{
-		name: name,
-		sem:  make(chan struct{}, o.inFlightCap()),
-		cmds: make(chan struct{}, nodeCommands),
-		m:    m,
-		log:  log.With("node", name),
-		h:    pol,
+		name:  name,
+		share: share,
+		sem:   make(chan struct{}, o.inFlightCap()),
+		cmds:  make(chan struct{}, nodeCommands),
+		m:     m,
+		log:   log.With("node", name),
+		h:     pol,
 
 		batchGets: o.BatchGets,
 	}
@@ -297,19 +300,14 @@ func (c *countedConn) Close() error {
 	return c.Conn.Close()
 }
 
-// do runs f on the node's client within the node's in-flight cap. The wait
-// for a slot follows ctx; gomemcache itself has no context, so its socket
-// timeout bounds the call. The result is classified, counted, and fed to
-// passive health checking.
+// do runs f on the node's client within the node's in-flight cap and
+// share (busy.go). The wait for a slot follows ctx; gomemcache itself has
+// no context, so its socket timeout bounds the call. The result is
+// classified, counted, and fed to passive health checking.
 func (n *node) do(ctx context.Context, o metricOp, failover bool, f opFunc) error {
 	start := time.Now()
-	select {
-	case n.sem <- struct{}{}:
-	default:
-		select {
-		case n.sem <- struct{}{}:
-		case <-ctx.Done():
-			err := ctxError(n.name, o.String(), ctx.Err())
+	if !n.take() {
+		if err := n.wait(ctx, o.String()); err != nil {
 			n.m.ops[o][resultOf(err)].Inc()
 			return err
 		}
@@ -342,7 +340,10 @@ func resultOf(err error) result {
 // not pay for errors.As's escaping target.
 func failureOf(err error) result {
 	var ne *NodeError
+	var be *BusyError
 	switch {
+	case errors.As(err, &be):
+		return resBusy
 	case errors.As(err, &ne):
 		if ne.timeout {
 			return resTimeout

@@ -34,11 +34,12 @@ func (r Replica) Home() bool { return r.home }
 // Up reports whether the node takes traffic now.
 func (r Replica) Up() bool { return r.n.available() }
 
-// Busy reports whether every slot of the node's in-flight cap is taken
-// now, so that an operation sent there would wait. It is a snapshot: a
-// caller deciding whether an optional request is worth sending (a hedged
-// read) uses it; nothing is reserved.
-func (r Replica) Busy() bool { return len(r.n.sem) >= cap(r.n.sem) }
+// Busy reports whether every slot of the node's in-flight cap, or of its
+// share of request slots, is taken now, so that an operation sent there
+// would wait or be refused. It is a snapshot: a caller deciding whether
+// an optional request is worth sending (a hedged read) uses it; nothing
+// is reserved.
+func (r Replica) Busy() bool { return r.n.full() }
 
 // ReplicaSet is a key's replicas at one moment, and the nodes that may
 // stand in for one that fails.

@@ -103,8 +103,14 @@ type Options struct {
 	// MaxInFlight caps operations in flight per node when pipelining; if
 	// zero, 4096. (Without pipelining MaxConns is the cap.)
 	MaxInFlight int
-	MaxAttempts int            // distinct nodes tried per operation; if zero, 2
-	Failover    FailoverPolicy // if empty, Rehash
+	// RequestSlots is the caller's cap on its requests in flight (the
+	// gateway's MEMCGATE_MAX_REQUESTS); 0: none. With more than one node,
+	// a node's operations in flight and waiting for a slot may hold at
+	// most half of them; past that they fail at once with a *BusyError
+	// (busy.go).
+	RequestSlots int
+	MaxAttempts  int            // distinct nodes tried per operation; if zero, 2
+	Failover     FailoverPolicy // if empty, Rehash
 	// FailoverTTL caps the expiration of writes that land on a node other
 	// than the key's owner, so that when the owner returns the copies
 	// elsewhere age out. 0 means no cap.
@@ -191,6 +197,7 @@ type Cluster struct {
 	topo       atomic.Pointer[topology]
 	opts       Options
 	health     *healthPolicy
+	share      requestShare // each node's share of RequestSlots
 	m          *metrics
 	log        *slog.Logger
 	probed     chan struct{} // closed after the first probe round
@@ -230,6 +237,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Cluster, e
 		refused:       func(node string) { m.ejectsRefused.WithLabelValues(node).Inc() },
 	}
 	c.health.readmitFlush.Store(opts.Health.ReadmitFlush)
+	c.share.slots.Store(int64(opts.RequestSlots))
 	t, _, err := c.newTopology(opts.Servers, opts.Distribution, nil)
 	if err != nil {
 		return nil, err
@@ -266,7 +274,7 @@ func (c *Cluster) newTopology(servers []Server, dist hashring.Distribution, old 
 		name := net.JoinHostPort(s.Host, strconv.Itoa(s.Port))
 		n := keep[name]
 		if n == nil {
-			n = newNode(name, &c.opts, c.health, c.m.forNode(name, s.UDPPort > 0), c.log)
+			n = newNode(name, &c.opts, c.health, &c.share, c.m.forNode(name, s.UDPPort > 0), c.log)
 			n.setUDP(s) // a node that stays keeps its UDP port: it is in use
 			added = append(added, n)
 		}
@@ -275,9 +283,11 @@ func (c *Cluster) newTopology(servers []Server, dist hashring.Distribution, old 
 	return t, added, nil
 }
 
-// setTopology makes t current, with the passive-ejection cap of its size.
+// setTopology makes t current, with the passive-ejection cap and the
+// nodes' share of request slots of its size.
 func (c *Cluster) setTopology(t *topology) {
 	c.health.maxPassive.Store(int32(max(1, len(t.nodes)*c.opts.Health.MaxEjectedPercent/100)))
+	c.share.set(c.share.slots.Load(), len(t.nodes))
 	c.topo.Store(t)
 }
 

@@ -180,6 +180,7 @@ func upstreamOptions(cfg config.Config) upstream.Options {
 		MaxConns:       cfg.MaxConns,
 		PipelineConns:  cfg.PipelineConns,
 		MaxInFlight:    cfg.MaxInFlight,
+		RequestSlots:   cfg.MaxRequests,
 		MaxAttempts:    cfg.MaxAttempts,
 		BatchGets:      cfg.BatchGets,
 		Failover:       upstream.FailoverPolicy(cfg.Failover),

@@ -390,6 +390,7 @@ func (r *reloader) apply(next config.Config, rl *Reload) error {
 	r.access.Set(sec.tokens, next.ReadOnly)
 	r.level.Set(level)
 	r.handler.SetLimits(next.MaxRequests, next.RequestTimeout, next.AccessLog)
+	r.router.SetRequestSlots(next.MaxRequests)
 	limit := r.budgetDef
 	if next.MaxBufferedBytes > 0 {
 		limit = next.MaxBufferedBytes

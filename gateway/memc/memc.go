@@ -567,6 +567,7 @@ func (m *memc) readBody(r *http.Request) (body []byte, present bool, err error) 
 // module forwards for every command but get), or an nginx page (raw == "").
 func memcFailure(cmd memcCmd, err error) (status int, raw, reason string) {
 	var ne *upstream.NodeError
+	var be *upstream.BusyError
 	var el *memcErrorLine
 	switch {
 	case errors.Is(err, upstream.ErrNotFound):
@@ -577,6 +578,9 @@ func memcFailure(cmd memcCmd, err error) (status int, raw, reason string) {
 		return http.StatusGatewayTimeout, "", "memcached did not answer in time"
 	case errors.As(err, &ne), errors.Is(err, upstream.ErrNoNodes):
 		return http.StatusBadGateway, "", "no memcached node could be reached"
+	case errors.As(err, &be):
+		// nginx answers 502 when its upstream's max_conns are all taken.
+		return http.StatusBadGateway, "", "memcached node is slow: its requests hold their share of MEMCGATE_MAX_REQUESTS"
 	case errors.Is(err, chunk.ErrChunked):
 		// Not something the module could meet: memcgate stored the
 		// value in chunks (MEMCGATE_BIG_VALUE_MAX_BYTES).

@@ -337,6 +337,7 @@ func TestMemcRequests(t *testing.T) {
 		{name: "server error on get is a page", err: fmt.Errorf("%w: get n:1: x", upstream.ErrServer), target: "/memc?key=k", wantStatus: 502, wantPage: true, wantCalls: 1},
 		{name: "no nodes is 502, not 503", err: upstream.ErrNoNodes, target: "/memc?key=k", wantStatus: 502, wantPage: true, wantCalls: 1},
 		{name: "refused is 502", err: nodeDown, target: "/memc?cmd=set&key=k&val=v", wantStatus: 502, wantPage: true, wantCalls: 1},
+		{name: "a slow node past its share is 502", err: &upstream.BusyError{Node: "n:1", Share: 5000}, target: "/memc?cmd=get&key=k", wantStatus: 502, wantPage: true, wantCalls: 1},
 		{name: "deadline is 504", err: context.DeadlineExceeded, target: "/memc?key=k", wantStatus: 504, wantPage: true, wantCalls: 1},
 		{name: "flags header", mo: Options{FlagsHeader: "X-Memc-Flags"}, target: "/memc?cmd=set&key=k&val=v&flags=0007", wantStatus: 201, wantHdr: map[string]string{"X-Memc-Flags": "0007"}, wantCalls: 1},
 		{name: "no flags header on errors", mo: Options{FlagsHeader: "X-Memc-Flags"}, target: "/memc?key=k&flags=3", wantStatus: 404, wantPage: true, wantHdr: map[string]string{"X-Memc-Flags": ""}, wantCalls: 1},

@@ -488,6 +488,14 @@ func (r *Router) Close() error {
 	return errors.Join(errs...)
 }
 
+// SetRequestSlots changes every pool's upstream.Options.RequestSlots: the
+// caller's cap on requests in flight, of which each node may hold a share.
+func (r *Router) SetRequestSlots(slots int) {
+	for _, p := range r.pools {
+		p.c.SetRequestSlots(slots)
+	}
+}
+
 // Pools returns the pools' names, in configured order.
 func (r *Router) Pools() []string {
 	out := make([]string, len(r.pools))

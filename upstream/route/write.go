@@ -88,7 +88,8 @@ func (v *view) need(up int) (int, error) {
 // opposed to one of memcached's answers).
 func failure(err error) bool {
 	var ne *upstream.NodeError
-	return err != nil && (errors.As(err, &ne) || errors.Is(err, upstream.ErrNoNodes) ||
+	var be *upstream.BusyError
+	return err != nil && (errors.As(err, &ne) || errors.As(err, &be) || errors.Is(err, upstream.ErrNoNodes) ||
 		errors.Is(err, upstream.ErrServer) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
 }
 

@@ -1,0 +1,111 @@
+package upstream
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+)
+
+// A node's share of the caller's requests. A node that answers slowly but
+// within Timeout is never ejected, and rightly: it answers. But the
+// operations for its keys pile up in its slots and in the wait for one,
+// and each holds one of the caller's request slots (the gateway's
+// MEMCGATE_MAX_REQUESTS) all the while; at a few hundred milliseconds a
+// reply, they come to hold every slot, and the requests for the healthy
+// nodes get 503s too. So while the cluster has more than one node, a
+// node's operations, in flight and waiting for a slot together, may hold
+// at most half of Options.RequestSlots. Past that an operation fails at
+// once with a *BusyError, which says nothing against the node's health
+// (its replies came in time) and does not move to another node (the
+// key's owner is up: its keys stay where every client places them).
+
+// BusyError is an operation refused unsent because its node already
+// holds its share of the caller's requests: Share operations in flight
+// or waiting for a slot.
+type BusyError struct {
+	Node  string // host:port as configured
+	Share int64
+}
+
+func (e *BusyError) Error() string {
+	return fmt.Sprintf("upstream: %s holds its share of requests (%d in flight or waiting)", e.Node, e.Share)
+}
+
+// requestShare is the cluster-wide part of the share, read by every node.
+type requestShare struct {
+	slots atomic.Int64 // Options.RequestSlots, as SetRequestSlots changes it
+	share atomic.Int64 // each node's share of them; 0: no bound
+}
+
+// set recomputes the share for slots over nodes: all of them for a single
+// node (there is no other node to keep slots for), half otherwise.
+func (s *requestShare) set(slots int64, nodes int) {
+	s.slots.Store(slots)
+	switch {
+	case slots <= 0:
+		s.share.Store(0)
+	case nodes <= 1:
+		s.share.Store(slots)
+	default:
+		s.share.Store((slots + 1) / 2)
+	}
+}
+
+// SetRequestSlots changes Options.RequestSlots, and so each node's share,
+// for the operations that start from now.
+func (c *Cluster) SetRequestSlots(slots int) {
+	c.share.set(int64(slots), len(c.topo.Load().nodes))
+}
+
+// take takes a slot of the node's in-flight cap if one is free now and
+// the node holds less than its share; it never waits.
+func (n *node) take() bool {
+	if s := n.share.share.Load(); s > 0 && int64(len(n.sem)) >= s {
+		return false
+	}
+	select {
+	case n.sem <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// wait takes a slot, waiting for one within ctx as one of the node's
+// waiters (join); op names the operation in the errors.
+func (n *node) wait(ctx context.Context, op string) error {
+	if err := n.join(); err != nil {
+		return err
+	}
+	defer n.leave()
+	select {
+	case n.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctxError(n.name, op, ctx.Err())
+	}
+}
+
+// join counts the caller among the node's waiters for a slot, unless the
+// node's operations in flight and waiting already hold its share: then a
+// *BusyError. leave undoes a join that succeeded.
+func (n *node) join() error {
+	w := n.waiting.Add(1)
+	if s := n.share.share.Load(); s > 0 && int64(len(n.sem))+w > s {
+		n.waiting.Add(-1)
+		return &BusyError{Node: n.name, Share: s}
+	}
+	return nil
+}
+
+func (n *node) leave() { n.waiting.Add(-1) }
+
+// full reports whether an operation sent to the node now would wait for
+// a slot or be refused.
+func (n *node) full() bool {
+	s := int64(cap(n.sem))
+	if sh := n.share.share.Load(); sh > 0 {
+		s = min(s, sh)
+	}
+	return int64(len(n.sem)) >= s
+}

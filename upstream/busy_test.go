@@ -1,0 +1,135 @@
+package upstream
+
+import (
+	"errors"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/memcgate/memcgate/test/faultproxy"
+	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/upstream/op"
+)
+
+// TestNodeShare makes the first node slow but in time (our relay delays
+// it 250 ms each way, Timeout 2s) and starts operations on its keys one
+// after another, all in flight at once: those past the node's share of
+// RequestSlots (in flight and waiting for one of its 8 slots together)
+// are refused at once with a *BusyError; the node stays up, its passive
+// count untouched, and the others are answered.
+func TestNodeShare(t *testing.T) {
+	tests := []struct {
+		name     string
+		nodes    int
+		slots    int // RequestSlots
+		ops      int
+		wantBusy int
+	}{
+		{name: "half of the slots with two nodes", nodes: 2, slots: 8, ops: 10, wantBusy: 6},
+		{name: "all of them with one node", nodes: 1, slots: 10, ops: 12, wantBusy: 2},
+		{name: "waiting counts", nodes: 2, slots: 40, ops: 24, wantBusy: 4}, // 8 in flight, 12 waiting
+		{name: "no cap", nodes: 2, slots: 0, ops: 12, wantBusy: 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			mcs := memcachedtest.StartN(t, tt.nodes)
+			px := faultproxy.NewTCP(mcs[0].Addr)
+			if err := px.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { px.Close() })
+			_, port, _ := net.SplitHostPort(px.Addr())
+			c, _ := newTestCluster(t, mcs, func(o *Options) {
+				o.Servers[0].Port, _ = strconv.Atoi(port)
+				o.Timeout, o.Health.Timeout = 2*time.Second, 2*time.Second
+				o.RequestSlots = tt.slots
+			})
+			runCluster(t, c)
+			slow := c.topo.Load().nodes[0]
+			key := keyOwnedBy(t, c, 0)
+			px.SetLatency(250 * time.Millisecond)
+
+			var mu sync.Mutex
+			busy, answered := 0, 0
+			var wg sync.WaitGroup
+			for i := range tt.ops {
+				o := op.Op{Verb: op.Get, Item: op.Item{Key: key}}
+				if i%2 == 1 {
+					o = op.Op{Verb: op.Set, Item: op.Item{Key: key, Value: []byte("v")}}
+				}
+				wg.Go(func() {
+					start := time.Now()
+					err := c.Do(t.Context(), o).Err
+					var be *BusyError
+					mu.Lock()
+					defer mu.Unlock()
+					switch {
+					case errors.As(err, &be):
+						busy++
+						if d := time.Since(start); d > 200*time.Millisecond {
+							t.Errorf("refused after %v, want at once", d)
+						}
+					case err == nil, errors.Is(err, ErrNotFound):
+						answered++
+					default:
+						t.Errorf("%v: %v", o.Verb, err)
+					}
+				})
+				time.Sleep(10 * time.Millisecond) // each in flight before the next: the count is exact
+			}
+			wg.Wait()
+			if busy != tt.wantBusy || answered != tt.ops-tt.wantBusy {
+				t.Errorf("busy %d, answered %d; want %d and %d", busy, answered, tt.wantBusy, tt.ops-tt.wantBusy)
+			}
+			if !slow.available() || slow.passiveRuns.Load() != 0 {
+				t.Errorf("slow node up %v, passive timeouts %d: a refusal says nothing against it", slow.available(), slow.passiveRuns.Load())
+			}
+			var counted float64
+			for _, v := range []op.Verb{op.Get, op.Set} {
+				counted += testutil.ToFloat64(c.m.ops.WithLabelValues(slow.name, v.String(), "busy"))
+			}
+			if int(counted) != tt.wantBusy {
+				t.Errorf(`ops_total{result="busy"} = %v, want %d`, counted, tt.wantBusy)
+			}
+		})
+	}
+}
+
+func TestRequestShareFollowsNodes(t *testing.T) {
+	tests := []struct {
+		slots int64
+		nodes int
+		want  int64
+	}{
+		{slots: 0, nodes: 3, want: 0},
+		{slots: 10000, nodes: 1, want: 10000},
+		{slots: 10000, nodes: 2, want: 5000},
+		{slots: 10001, nodes: 16, want: 5001},
+	}
+	for _, tt := range tests {
+		var s requestShare
+		s.set(tt.slots, tt.nodes)
+		if got := s.share.Load(); got != tt.want {
+			t.Errorf("share of %d slots over %d nodes = %d, want %d", tt.slots, tt.nodes, got, tt.want)
+		}
+	}
+	mcs := memcachedtest.StartN(t, 2)
+	c, _ := newTestCluster(t, mcs, func(o *Options) { o.RequestSlots = 100 })
+	if got := c.share.share.Load(); got != 50 {
+		t.Errorf("two nodes: share %d, want 50", got)
+	}
+	if _, err := c.SetServers(c.topo.Load().servers[:1], c.topo.Load().dist); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.share.share.Load(); got != 100 {
+		t.Errorf("after SetServers to one node: share %d, want 100", got)
+	}
+	c.SetRequestSlots(40)
+	if got := c.share.share.Load(); got != 40 {
+		t.Errorf("after SetRequestSlots(40): share %d, want 40", got)
+	}
+}
