@@ -12,7 +12,7 @@ import (
 // and each holds one of the caller's request slots (the gateway's
 // MEMCGATE_MAX_REQUESTS) all the while; at a few hundred milliseconds a
 // reply, they come to hold every slot, and the requests for the healthy
-// nodes get 503s too. So while the cluster has more than one node, a
+// nodes get 503s too. So while the cluster has more than one node up, a
 // node's operations, in flight and waiting for a slot together, may hold
 // at most half of Options.RequestSlots. Past that an operation fails at
 // once with a *BusyError, which says nothing against the node's health
@@ -33,14 +33,17 @@ func (e *BusyError) Error() string {
 
 // requestShare is the cluster-wide part of the share, read by every node.
 type requestShare struct {
-	slots atomic.Int64 // Options.RequestSlots, as SetRequestSlots changes it
-	share atomic.Int64 // each node's share of them; 0: no bound
+	slots atomic.Int64  // Options.RequestSlots, as SetRequestSlots changes it
+	share atomic.Int64  // each node's share of them; 0: no bound
+	nodes atomic.Int64  // in the topology
+	down  *atomic.Int32 // healthPolicy.down: nodes down now; nil in tests of set alone
 }
 
 // set recomputes the share for slots over nodes: all of them for a single
 // node (there is no other node to keep slots for), half otherwise.
 func (s *requestShare) set(slots int64, nodes int) {
 	s.slots.Store(slots)
+	s.nodes.Store(int64(nodes))
 	switch {
 	case slots <= 0:
 		s.share.Store(0)
@@ -49,6 +52,16 @@ func (s *requestShare) set(slots int64, nodes int) {
 	default:
 		s.share.Store((slots + 1) / 2)
 	}
+}
+
+// limit is the most operations one node may hold now: the share, or all
+// the slots while no other node is up to keep any for.
+func (s *requestShare) limit() int64 {
+	sh := s.share.Load()
+	if sh > 0 && s.down != nil && s.nodes.Load()-int64(s.down.Load()) <= 1 {
+		return s.slots.Load()
+	}
+	return sh
 }
 
 // SetRequestSlots changes Options.RequestSlots, and so each node's share,
@@ -60,7 +73,7 @@ func (c *Cluster) SetRequestSlots(slots int) {
 // take takes a slot of the node's in-flight cap if one is free now and
 // the node holds less than its share; it never waits.
 func (n *node) take() bool {
-	if s := n.share.share.Load(); s > 0 && int64(len(n.sem)) >= s {
+	if s := n.share.limit(); s > 0 && int64(len(n.sem)) >= s {
 		return false
 	}
 	select {
@@ -91,7 +104,7 @@ func (n *node) wait(ctx context.Context, op string) error {
 // *BusyError. leave undoes a join that succeeded.
 func (n *node) join() error {
 	w := n.waiting.Add(1)
-	if s := n.share.share.Load(); s > 0 && int64(len(n.sem))+w > s {
+	if s := n.share.limit(); s > 0 && int64(len(n.sem))+w > s {
 		n.waiting.Add(-1)
 		return &BusyError{Node: n.name, Share: s}
 	}
@@ -104,7 +117,7 @@ func (n *node) leave() { n.waiting.Add(-1) }
 // a slot or be refused.
 func (n *node) full() bool {
 	s := int64(cap(n.sem))
-	if sh := n.share.share.Load(); sh > 0 {
+	if sh := n.share.limit(); sh > 0 {
 		s = min(s, sh)
 	}
 	return int64(len(n.sem)) >= s

@@ -23,14 +23,16 @@ import (
 // count untouched, and the others are answered.
 func TestNodeShare(t *testing.T) {
 	tests := []struct {
-		name     string
-		nodes    int
-		slots    int // RequestSlots
-		ops      int
-		wantBusy int
+		name      string
+		nodes     int
+		otherDown bool // the second node killed and ejected first
+		slots     int  // RequestSlots
+		ops       int
+		wantBusy  int
 	}{
 		{name: "half of the slots with two nodes", nodes: 2, slots: 8, ops: 10, wantBusy: 6},
 		{name: "all of them with one node", nodes: 1, slots: 10, ops: 12, wantBusy: 2},
+		{name: "all of them with the other node down", nodes: 2, otherDown: true, slots: 8, ops: 10, wantBusy: 2},
 		{name: "waiting counts", nodes: 2, slots: 40, ops: 24, wantBusy: 4}, // 8 in flight, 12 waiting
 		{name: "no cap", nodes: 2, slots: 0, ops: 12, wantBusy: 0},
 	}
@@ -51,6 +53,10 @@ func TestNodeShare(t *testing.T) {
 			runCluster(t, c)
 			slow := c.topo.Load().nodes[0]
 			key := keyOwnedBy(t, c, 0)
+			if tt.otherDown {
+				mcs[1].Kill()
+				waitFor(t, 5*time.Second, "ejection", func() bool { return !c.topo.Load().nodes[1].available() })
+			}
 			px.SetLatency(250 * time.Millisecond)
 
 			var mu sync.Mutex

@@ -104,7 +104,7 @@ type Options struct {
 	// zero, 4096. (Without pipelining MaxConns is the cap.)
 	MaxInFlight int
 	// RequestSlots is the caller's cap on its requests in flight (the
-	// gateway's MEMCGATE_MAX_REQUESTS); 0: none. With more than one node,
+	// gateway's MEMCGATE_MAX_REQUESTS); 0: none. While another node is up,
 	// a node's operations in flight and waiting for a slot may hold at
 	// most half of them; past that they fail at once with a *BusyError
 	// (busy.go).
@@ -238,6 +238,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Cluster, e
 	}
 	c.health.readmitFlush.Store(opts.Health.ReadmitFlush)
 	c.share.slots.Store(int64(opts.RequestSlots))
+	c.share.down = &c.health.down
 	t, _, err := c.newTopology(opts.Servers, opts.Distribution, nil)
 	if err != nil {
 		return nil, err
