@@ -7,10 +7,12 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/memcgate/memcgate/upstream/op"
 )
@@ -111,4 +113,39 @@ func BenchmarkCheckKey(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkAsyncPut queues a 400-byte value with Prefer: respond-async
+// while Run applies the queue to the fake store, so that it measures
+// enqueue (placement, reservations, the push) on the handler path.
+func BenchmarkAsyncPut(b *testing.B) {
+	h, _ := benchHandler(b, false)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error)
+	go func() { ran <- h.Run(ctx) }()
+	b.Cleanup(func() { cancel(); <-ran })
+	value := []byte(strings.Repeat("v", 400))
+	bases := make([]*http.Request, 64) // keys of many workers: one key's share would fill
+	for i := range bases {
+		bases[i] = httptest.NewRequest("PUT", "/"+benchKey[:90]+strconv.Itoa(100000+i), nil)
+		bases[i].Header.Set("Prefer", "respond-async")
+		bases[i].ContentLength = int64(len(value))
+	}
+	body := &rewindBody{}
+	w := &discardWriter{h: http.Header{}}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		clear(w.h)
+		body.Reset(value)
+		r := requestFor(h, bases[i%len(bases)], "newcontext")
+		i++
+		r.Body = body
+		h.ServeHTTP(w, r)
+	}
+	refused := 0.0
+	for _, c := range h.h.async.rejectFor {
+		refused += testutil.ToFloat64(c)
+	}
+	b.ReportMetric(refused/float64(i), "refused/op")
 }
