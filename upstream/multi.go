@@ -47,6 +47,16 @@ func (c *Cluster) Up(key string) bool {
 	return err == nil
 }
 
+// Owner returns the index of key's home node, the first of its ring
+// order (the node its operations go to while it is up), among the n
+// nodes of the server list now: 0 <= i < n. The nodes' health does not
+// change it; a new server list (SetServers) may change both.
+func (c *Cluster) Owner(key string) (i, n int) {
+	t := c.topo.Load()
+	_, hk := c.keys(key)
+	return t.ring.Owner(hk), len(t.nodes)
+}
+
 // GetMulti reads many keys with one multi-key get per node (up to 100 keys
 // per command), all nodes in parallel, each key once however often it is
 // asked for. It returns the items found and, for keys that could not be

@@ -562,6 +562,9 @@ func itemOf(key string, mi *memcache.Item) op.Item {
 	return op.Item{Key: key, Value: mi.Value, Flags: mi.Flags, CAS: mi.CasID}
 }
 
+// Len returns the number of nodes in the server list now, up or down.
+func (c *Cluster) Len() int { return len(c.topo.Load().nodes) }
+
 // Ready reports whether the cluster can serve: the first probe round has
 // finished and at least ReadyMinUpPercent of the nodes (and at least one)
 // are up.

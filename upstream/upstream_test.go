@@ -582,3 +582,38 @@ func TestGAT(t *testing.T) {
 		t.Errorf("get after gat -1 = %v, want ErrNotFound", err)
 	}
 }
+
+// TestOwner: a key's owner is the first node of its failover chain, and
+// stays so while that node is down (the asynchronous queue keeps a key's
+// writes in one lane by it); a new server list changes the count.
+func TestOwner(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 3)
+	c, _ := newTestCluster(t, mcs, func(o *Options) { o.Health.MaxEjectedPercent = 100 })
+	runCluster(t, c)
+	nodes := c.Nodes()
+	owners := map[string]int{}
+	for k := range 100 {
+		key := fmt.Sprint("owner", k)
+		i, n := c.Owner(key)
+		if n != 3 || i < 0 || i >= n {
+			t.Fatalf("Owner(%q) = %d, %d; want 0 <= i < 3, 3", key, i, n)
+		}
+		if want := c.Placement(key).Chain[0].Node; nodes[i].Node != want {
+			t.Errorf("Owner(%q) = node %d (%s), want the chain's first, %s", key, i, nodes[i].Node, want)
+		}
+		owners[key] = i
+	}
+	mcs[0].Kill()
+	waitFor(t, 5*time.Second, "node 0 down", func() bool { return !c.Nodes()[0].Up })
+	for key, want := range owners {
+		if i, _ := c.Owner(key); i != want {
+			t.Errorf("Owner(%q) with node 0 down = %d, want %d as when it was up", key, i, want)
+		}
+	}
+	if _, err := c.SetServers(c.topo.Load().servers[1:], c.opts.Distribution); err != nil {
+		t.Fatal(err)
+	}
+	if _, n := c.Owner("owner0"); n != 2 || c.Len() != 2 {
+		t.Errorf("after SetServers of 2 nodes: Owner's n = %d, Len() = %d; want 2", n, c.Len())
+	}
+}

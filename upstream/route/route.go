@@ -435,6 +435,27 @@ func (r *Router) Up(key string) bool {
 	return err == nil
 }
 
+// Owner returns the index of key's home node (upstream.Cluster.Owner in
+// the key's pool) among the n nodes of all pools, numbered pool after
+// pool in configured order: 0 <= i < n. In a replicated pool the home is
+// the first of the key's replicas.
+func (r *Router) Owner(key string) (i, n int) {
+	t := r.t.Load()
+	if t.direct {
+		return t.def.c.Owner(key)
+	}
+	v, _ := t.pick(key)
+	for _, p := range r.pools {
+		if p == v.pool {
+			home, nodes := p.c.Owner(key)
+			i, n = n+home, n+nodes
+			continue
+		}
+		n += p.c.Len()
+	}
+	return i, n
+}
+
 // Run runs every pool's health checks, and updates the pools' hedge
 // delays every second, until ctx is done; it returns nil then.
 func (r *Router) Run(ctx context.Context) error {

@@ -601,3 +601,33 @@ func TestHedgedRead(t *testing.T) {
 		})
 	}
 }
+
+// TestRouterOwner: nodes are numbered pool after pool, in configured
+// order, and a key's owner is its home node in its pool.
+func TestRouterOwner(t *testing.T) {
+	main := memcachedtest.StartN(t, 1)
+	sess := memcachedtest.StartN(t, 3)
+	tmp := memcachedtest.StartN(t, 1)
+	r, _ := newRouter(t, Options{Pools: []PoolOptions{
+		{Cluster: clusterOptions(main)},
+		{Name: "sessions", Prefixes: []string{"session:"}, Cluster: clusterOptions(sess), Replicas: 2},
+		{Name: "tmp", Prefixes: []string{"session:tmp:"}, Cluster: clusterOptions(tmp)},
+	}})
+	for _, tc := range []struct {
+		key    string
+		lo, hi int // the pool's node numbers, hi excluded
+		pool   int
+	}{
+		{"user:1", 0, 1, 0},
+		{"session:abc", 1, 4, 1},
+		{"session:tmp:x", 4, 5, 2},
+	} {
+		i, n := r.Owner(tc.key)
+		if n != 5 || i < tc.lo || i >= tc.hi {
+			t.Errorf("Owner(%q) = %d, %d; want %d <= i < %d, 5", tc.key, i, n, tc.lo, tc.hi)
+		}
+		if home, _ := r.pools[tc.pool].c.Owner(tc.key); i != tc.lo+home {
+			t.Errorf("Owner(%q) = %d, want %d: its pool's first node number plus its home in the pool, %d", tc.key, i, tc.lo+home, home)
+		}
+	}
+}
