@@ -20,18 +20,30 @@ import (
 // bounded in writes and in value bytes, and holds its values against the
 // gateway's budget: a full queue answers 503, nothing is dropped. A write
 // is accepted only while its key's node is up, so a 202 is never given
-// for a write that cannot be applied. Writes are sharded by key onto one
-// worker per shard, so writes to one key apply in the order they were
-// accepted (with a quiet setter, only those that waited in the queue
-// together: see applyAll); the writes waiting for one worker may take only a share of
-// the queue (shareOf), so that one key written faster than its worker
-// applies cannot fill the queue for every other key; and the values on their way to memcached are capped in bytes
-// (inFlight) so that large ones cannot fill the node's connections ahead
-// of other clients' requests. Run drains it before returning: an
+// for a write that cannot be applied.
+//
+// Each node's writes wait in a lane of their own (with owners; one lane
+// for all without): the lane of a node is a part of the shards, whose
+// workers serve that node only, and its writes may take only a share of
+// the queue (shareOf over the nodes). A write waits for its node's
+// answer before its worker takes the next, so a node answering slowly
+// holds its own workers and fills its own share, and the other nodes'
+// writes are neither delayed nor refused. Within a lane writes are
+// sharded by key onto one worker per shard, so writes to one key apply
+// in the order they were accepted as long as the key keeps its lane
+// (its home node, which health does not change: see place; with a
+// quiet setter, only those that waited in the queue together: see
+// applyAll); the writes waiting for one worker may take only a share of
+// the queue (shareOf over the workers), so that one key written faster
+// than its worker applies cannot fill the queue for every other key; and
+// each lane's values on their way to memcached are capped in bytes
+// (lane.inFlight) so that large ones cannot fill the node's connections
+// ahead of other clients' requests. Run drains it before returning: an
 // accepted write is applied (or counted as failed), never forgotten.
 type asyncQueue struct {
 	ex        *executor   // runs each write as the synchronous path would
 	quiet     QuietSetter // nil: sets go through ex
+	owners    Owners      // nil: one lane
 	budget    *budget.Budget
 	timeout   time.Duration
 	capacity  int64
@@ -43,7 +55,7 @@ type asyncQueue struct {
 	closed    atomic.Bool  // set once Run is draining: no more jobs
 	seed      maphash.Seed
 	shards    []*shard
-	inFlight  byteGate // value bytes being applied
+	lanes     []lane // by node index (Owners.Owner), as many as shards: a node has one shard at least
 	rejectFor map[string]prometheus.Counter
 
 	applied     prometheus.Counter
@@ -55,48 +67,76 @@ type asyncQueue struct {
 var asyncFailReasons = []string{"node_down", "timeout", "connection", "refused", "error"}
 
 // asyncRejectReasons label memcgate_async_writes_rejected_total.
-var asyncRejectReasons = []string{"queue_full", "key_share", "node_down", "budget", "shutdown"}
+var asyncRejectReasons = []string{"queue_full", "node_share", "key_share", "node_down", "budget", "shutdown"}
+
+// job is a queued write and the lane it is counted in.
+type job struct {
+	op.Op
+	lane int
+}
 
 // shard is one worker's queue.
 type shard struct {
 	mu   sync.Mutex // guards jobs
-	jobs []op.Op
+	jobs []job
 	wake chan struct{} // capacity 1: "jobs is not empty"
 
-	queued atomic.Int64 // jobs reserved or waiting, as asyncQueue.queued counts them
-	bytes  atomic.Int64 // their value bytes
+	held // jobs reserved or waiting, as asyncQueue.queued counts them
 
 	// Scratch of lastOfKey, kept for the next slice; the worker's alone.
 	last  []bool
 	later map[string]struct{}
 }
 
+// lane is the part of the queue of one node's writes: what they hold of
+// it, and their value bytes on the way to memcached. Must not be copied.
+type lane struct {
+	held
+	inFlight byteGate
+}
+
+// held counts the jobs a shard or a lane has reserved or waiting, and
+// their value bytes, against its share of the queue.
+type held struct {
+	queued atomic.Int64
+	bytes  atomic.Int64
+}
+
+// placement is where one write of a batch waits: its lane and its shard.
+type placement struct{ lane, shard int }
+
 // shareOf is the part of the queue (of capacity writes or bytes) the
-// writes waiting for one of workers may take: an eighth with 16 workers
-// or more, half with fewer, all with one. A key's writes wait for its
-// worker, applied one after another, a round trip each (about 2,000 a
-// second): four clients writing one key filled the whole queue, and
-// every other client's asynchronous writes got 503s.
-func shareOf(capacity int64, workers int) int64 {
+// writes waiting for one of parts (workers, or nodes) may take: an eighth
+// with 16 parts or more, half with fewer, all with one. A key's writes
+// wait for its worker, applied one after another, a round trip each
+// (about 2,000 a second): four clients writing one key filled the whole
+// queue, and every other client's asynchronous writes got 503s. A node's
+// writes wait for its workers: one answering in 440 ms filled the queue
+// as surely.
+func shareOf(capacity int64, parts int) int64 {
 	switch {
-	case workers <= 1:
+	case parts <= 1:
 		return capacity
-	case workers < 16:
+	case parts < 16:
 		return (capacity + 1) / 2
 	}
 	return (capacity + 7) / 8
 }
 
 // newAsyncQueue returns a queue whose writes ex (or quiet, for sets) runs
-// on workers goroutines, holding their values against bg, with at most
-// inFlight value bytes on their way to memcached at once.
-func newAsyncQueue(ex *executor, quiet QuietSetter, bg *budget.Budget, inFlight int64, workers, capacity int, maxBytes int64, timeout time.Duration, reg prometheus.Registerer) *asyncQueue {
+// on workers goroutines, shared out among the nodes owners names (one
+// lane without), holding their values against bg, with at most inFlight
+// value bytes of one node on their way to memcached at once.
+func newAsyncQueue(ex *executor, quiet QuietSetter, owners Owners, bg *budget.Budget, inFlight int64, workers, capacity int, maxBytes int64, timeout time.Duration, reg prometheus.Registerer) *asyncQueue {
 	workers = max(workers, 1)
-	q := &asyncQueue{ex: ex, quiet: quiet, budget: bg, timeout: timeout, capacity: int64(capacity), maxBytes: maxBytes, seed: maphash.MakeSeed(),
+	q := &asyncQueue{ex: ex, quiet: quiet, owners: owners, budget: bg, timeout: timeout, capacity: int64(capacity), maxBytes: maxBytes, seed: maphash.MakeSeed(),
 		share: shareOf(int64(capacity), workers), shareB: shareOf(maxBytes, workers)}
-	q.inFlight.max = inFlight
 	for range workers {
 		q.shards = append(q.shards, &shard{wake: make(chan struct{}, 1)})
+	}
+	q.lanes = make([]lane, workers)
+	for i := range q.lanes {
+		q.lanes[i].inFlight.max = inFlight
 	}
 	q.applied = prometheus.NewCounter(prometheus.CounterOpts{Name: "memcgate_async_writes_applied_total", Help: "Asynchronous writes memcached applied."})
 	q.unconfirmed = prometheus.NewCounter(prometheus.CounterOpts{
@@ -113,7 +153,7 @@ func newAsyncQueue(ex *executor, quiet QuietSetter, bg *budget.Budget, inFlight 
 	}
 	rejected := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "memcgate_async_writes_rejected_total",
-		Help: "Asynchronous writes refused with 503, by reason: queue_full (MEMCGATE_ASYNC_QUEUE or _BYTES), key_share (the writes waiting for the key's worker hold its share of the queue), node_down, budget (MEMCGATE_MAX_BUFFERED_BYTES), shutdown.",
+		Help: "Asynchronous writes refused with 503, by reason: queue_full (MEMCGATE_ASYNC_QUEUE or _BYTES), node_share (the writes waiting for the key's node hold its share of the queue: the node applies them slower than they come), key_share (the writes waiting for the key's worker hold its share of the queue), node_down, budget (MEMCGATE_MAX_BUFFERED_BYTES), shutdown.",
 	}, []string{"reason"})
 	q.rejectFor = map[string]prometheus.Counter{}
 	for _, r := range asyncRejectReasons {
@@ -129,15 +169,17 @@ func newAsyncQueue(ex *executor, quiet QuietSetter, bg *budget.Budget, inFlight 
 
 // Why enqueue refused a batch of writes: the answer's message.
 var (
-	errAsyncFull     = &overloadError{"asynchronous write queue is full (MEMCGATE_ASYNC_QUEUE, MEMCGATE_ASYNC_QUEUE_BYTES); retry shortly or write synchronously"}
-	errAsyncShare    = &overloadError{"too many asynchronous writes wait for this key's worker (a share of MEMCGATE_ASYNC_QUEUE and _BYTES; writes to one key are applied one after another); retry shortly or write synchronously"}
-	errAsyncNodeDown = &overloadError{"the key's memcached node is down, so the write could not be applied; retry shortly"}
-	errAsyncClosed   = &overloadError{"the gateway is shutting down; retry on another one"}
+	errAsyncFull      = &overloadError{"asynchronous write queue is full (MEMCGATE_ASYNC_QUEUE, MEMCGATE_ASYNC_QUEUE_BYTES); retry shortly or write synchronously"}
+	errAsyncNodeShare = &overloadError{"too many asynchronous writes wait for this key's memcached node, which applies them slower than they come (each node's writes may hold a share of MEMCGATE_ASYNC_QUEUE and _BYTES: half with fewer than 16 nodes, an eighth with more; the other nodes' writes are still accepted); retry shortly or write synchronously"}
+	errAsyncShare     = &overloadError{"too many asynchronous writes wait for this key's worker (a share of MEMCGATE_ASYNC_QUEUE and _BYTES; writes to one key are applied one after another); retry shortly or write synchronously"}
+	errAsyncNodeDown  = &overloadError{"the key's memcached node is down, so the write could not be applied; retry shortly"}
+	errAsyncClosed    = &overloadError{"the gateway is shutting down; retry on another one"}
 )
 
 // enqueue accepts all ops or none, and says why not: the queue is full in
-// writes or bytes, a key's worker has its share, the budget refuses the
-// values, a key's node is down, or the queue is shutting down.
+// writes or bytes, a key's node or a key's worker has its share, the
+// budget refuses the values, a key's node is down, or the queue is
+// shutting down.
 func (q *asyncQueue) enqueue(ops []op.Op) error {
 	n, size := int64(len(ops)), int64(0)
 	for _, o := range ops {
@@ -164,57 +206,105 @@ func (q *asyncQueue) enqueue(ops []op.Op) error {
 		q.queued.Add(-n)
 		return reject("queue_full", errAsyncFull)
 	}
+	// Each write's placement is taken once, so that its lane and shard
+	// give back what they reserved even if the server list changes.
+	var small [8]placement
+	pl := small[:0]
+	for _, o := range ops {
+		ln, sh, nodes := q.place(o.Item.Key)
+		pl = append(pl, placement{ln, sh})
+		if !q.lanes[ln].reserve(int64(len(o.Item.Value)), shareOf(q.capacity, nodes), shareOf(q.maxBytes, nodes)) {
+			q.unreserveLanes(ops, pl[:len(pl)-1])
+			q.bytes.Add(-size)
+			q.queued.Add(-n)
+			return reject("node_share", errAsyncNodeShare)
+		}
+	}
 	for i, o := range ops {
-		if !q.shardOf(o).reserve(int64(len(o.Item.Value)), q.share, q.shareB) {
-			for _, o := range ops[:i] {
-				q.shardOf(o).unreserve(int64(len(o.Item.Value)))
-			}
+		if !q.shards[pl[i].shard].reserve(int64(len(o.Item.Value)), q.share, q.shareB) {
+			q.unreserveShards(ops[:i], pl)
+			q.unreserveLanes(ops, pl)
 			q.bytes.Add(-size)
 			q.queued.Add(-n)
 			return reject("key_share", errAsyncShare)
 		}
 	}
 	if q.budget.Acquire(size) != nil {
-		for _, o := range ops {
-			q.shardOf(o).unreserve(int64(len(o.Item.Value)))
-		}
+		q.unreserveShards(ops, pl)
+		q.unreserveLanes(ops, pl)
 		q.bytes.Add(-size)
 		q.queued.Add(-n)
 		return reject("budget", errBudget)
 	}
-	q.push(ops)
+	q.push(ops, pl)
 	return nil
 }
 
-// push appends ops to their shards' jobs and wakes the workers. With a
-// quiet setter, each shard gets its part of ops under one lock, so that
-// its worker takes a batch's writes to one key in the same slice (take):
-// those are the writes whose order survives UDP (see applyAll).
-func (q *asyncQueue) push(ops []op.Op) {
+// unreserveLanes gives back what the lanes of the first len(pl) ops
+// reserved for them.
+func (q *asyncQueue) unreserveLanes(ops []op.Op, pl []placement) {
+	for i, p := range pl {
+		q.lanes[p.lane].unreserve(int64(len(ops[i].Item.Value)))
+	}
+}
+
+// unreserveShards gives back what the shards of ops reserved for them.
+func (q *asyncQueue) unreserveShards(ops []op.Op, pl []placement) {
+	for i, o := range ops {
+		q.shards[pl[i].shard].unreserve(int64(len(o.Item.Value)))
+	}
+}
+
+// place returns where a write of key waits: the lane of its home node
+// (Owners.Owner; lane 0 without owners), a shard of that lane's part of
+// the shards, chosen by key, and how many nodes there are now. The n
+// nodes share the shards out in n contiguous parts; with more nodes
+// than shards, nodes share parts. A key keeps its lane and shard as long
+// as the server list does not change; a new list may move them, and its
+// writes then wait in two places for a while (docs/http-api.md says
+// what order survives).
+func (q *asyncQueue) place(key string) (ln, sh, nodes int) {
+	w := len(q.shards)
+	i, n := 0, 1
+	if q.owners != nil {
+		if i, n = q.owners.Owner(key); n < 1 || i < 0 || i >= n {
+			i, n = 0, 1 // a server list changing under the owner's feet: any lane will do
+		}
+	}
+	if n > w {
+		i, n = i*w/n, w
+	}
+	lo, hi := i*w/n, (i+1)*w/n
+	return i, lo + int(maphash.String(q.seed, key)%uint64(hi-lo)), n
+}
+
+// push appends ops to the shards of their placements pl and wakes the
+// workers. With a quiet setter, each shard gets its part of ops under
+// one lock, so that its worker takes a batch's writes to one key in the
+// same slice (take): those are the writes whose order survives UDP (see
+// applyAll). It takes pl's shards over, marking the pushed ones -1.
+func (q *asyncQueue) push(ops []op.Op, pl []placement) {
 	if q.quiet == nil || len(ops) == 1 {
-		for _, o := range ops {
-			sh := q.shardOf(o)
+		for i, o := range ops {
+			sh := q.shards[pl[i].shard]
 			sh.mu.Lock()
-			sh.jobs = append(sh.jobs, o)
+			sh.jobs = append(sh.jobs, job{o, pl[i].lane})
 			sh.mu.Unlock()
 			sh.wakeUp()
 		}
 		return
 	}
-	idx := make([]int, len(ops)) // each op's shard; -1 once pushed
-	for i, o := range ops {
-		idx[i] = q.shardIndex(o)
-	}
-	for i, s := range idx {
+	for i, p := range pl {
+		s := p.shard
 		if s < 0 {
 			continue
 		}
 		sh := q.shards[s]
 		sh.mu.Lock()
 		for j := i; j < len(ops); j++ {
-			if idx[j] == s {
-				sh.jobs = append(sh.jobs, ops[j])
-				idx[j] = -1
+			if pl[j].shard == s {
+				sh.jobs = append(sh.jobs, job{ops[j], pl[j].lane})
+				pl[j].shard = -1
 			}
 		}
 		sh.mu.Unlock()
@@ -230,33 +320,25 @@ func (sh *shard) wakeUp() {
 	}
 }
 
-// shardOf is the shard of o's key.
-func (q *asyncQueue) shardOf(o op.Op) *shard { return q.shards[q.shardIndex(o)] }
-
-// shardIndex is the index in shards of the shard of o's key.
-func (q *asyncQueue) shardIndex(o op.Op) int {
-	return int(maphash.String(q.seed, o.Item.Key) % uint64(len(q.shards)))
-}
-
-// reserve takes room for a job of size value bytes, unless the shard
-// would then pass share jobs or shareB bytes (one job of any size fits a
-// shard that holds nothing).
-func (sh *shard) reserve(size, share, shareB int64) bool {
-	if sh.queued.Add(1) > share {
-		sh.queued.Add(-1)
+// reserve takes room for a job of size value bytes, unless that would
+// pass share jobs or shareB bytes (one job of any size fits when nothing
+// is held).
+func (h *held) reserve(size, share, shareB int64) bool {
+	if h.queued.Add(1) > share {
+		h.queued.Add(-1)
 		return false
 	}
-	if b := sh.bytes.Add(size); b > shareB && b != size {
-		sh.unreserve(size)
+	if b := h.bytes.Add(size); b > shareB && b != size {
+		h.unreserve(size)
 		return false
 	}
 	return true
 }
 
 // unreserve gives back what reserve took.
-func (sh *shard) unreserve(size int64) {
-	sh.bytes.Add(-size)
-	sh.queued.Add(-1)
+func (h *held) unreserve(size int64) {
+	h.bytes.Add(-size)
+	h.queued.Add(-1)
 }
 
 // Run applies queued writes until ctx is done, then stops accepting and
@@ -278,7 +360,7 @@ func (q *asyncQueue) Run(ctx context.Context) error {
 	return nil
 }
 
-func (sh *shard) take() []op.Op {
+func (sh *shard) take() []job {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	jobs := sh.jobs
@@ -312,23 +394,23 @@ func (q *asyncQueue) work(stop <-chan struct{}, sh *shard) {
 // apply it after a later write of its key. So a set may go out quietly
 // only if no later job of its key is in jobs; otherwise it goes over TCP
 // like the others.
-func (q *asyncQueue) applyAll(sh *shard, jobs []op.Op) {
+func (q *asyncQueue) applyAll(sh *shard, jobs []job) {
 	if q.quiet == nil {
-		for _, o := range jobs {
-			q.apply(sh, o, false)
+		for _, j := range jobs {
+			q.apply(sh, j, false)
 		}
 		return
 	}
 	last := sh.lastOfKey(jobs)
-	for i, o := range jobs {
-		q.apply(sh, o, last[i])
+	for i, j := range jobs {
+		q.apply(sh, j, last[i])
 	}
 }
 
 // lastOfKey reports, for each job, whether it is the last of its key in
 // jobs. The result and the set it needs are the shard's, reused: only
 // its worker (or Run once the workers are done) calls it.
-func (sh *shard) lastOfKey(jobs []op.Op) []bool {
+func (sh *shard) lastOfKey(jobs []job) []bool {
 	sh.last = slices.Grow(sh.last[:0], len(jobs))[:len(jobs)]
 	if len(jobs) == 1 {
 		sh.last[0] = true
@@ -352,11 +434,13 @@ func (sh *shard) lastOfKey(jobs []op.Op) []bool {
 // apply runs one write of sh with its own deadline: the request that
 // queued it is long gone, so its context is not used. quiet allows a set
 // to go through the quiet setter (UDP), if there is one.
-func (q *asyncQueue) apply(sh *shard, o op.Op, quiet bool) {
+func (q *asyncQueue) apply(sh *shard, j job, quiet bool) {
+	o, ln := j.Op, &q.lanes[j.lane]
 	size := int64(len(o.Item.Value))
-	q.inFlight.acquire(size)
+	ln.inFlight.acquire(size)
 	defer func() {
-		q.inFlight.release(size)
+		ln.inFlight.release(size)
+		ln.unreserve(size)
 		sh.unreserve(size)
 		q.budget.Release(size)
 		q.bytes.Add(-size)

@@ -232,11 +232,11 @@ func TestAsyncKeyShare(t *testing.T) {
 			}
 			// Keys of other workers, one each: accepted.
 			q := h.h.async
-			hot := q.shardOf(op.Op{Item: op.Item{Key: "hot"}})
-			used := map[*shard]bool{hot: true}
+			_, hot, _ := q.place("hot")
+			used := map[int]bool{hot: true}
 			for i := 0; len(used) <= tt.others; i++ {
 				key := fmt.Sprint("other", i)
-				if sh := q.shardOf(op.Op{Item: op.Item{Key: key}}); !used[sh] {
+				if _, sh, _ := q.place(key); !used[sh] {
 					used[sh] = true
 					if w := put(key, tt.other); w.Code != 202 {
 						t.Errorf("async PUT of %s, another worker's key, = %d %s", key, w.Code, w.Body)

@@ -44,6 +44,19 @@ type QuietSetter interface {
 	SetQuiet(ctx context.Context, it op.Item) (udp bool, err error)
 }
 
+// Owners tells which memcached node a key belongs to, so that the
+// asynchronous queue keeps each node's writes apart: a node slow to
+// answer then holds up and fills only its own part of the queue.
+// *upstream.Cluster and *route.Router implement it (Owner).
+type Owners interface {
+	// Owner returns the index of key's home node among the store's n
+	// nodes now, 0 <= i < n: the node its writes go to while it is up.
+	// The nodes' health must not change it, so that a key's writes keep
+	// one lane (and their order) through a failover; a new server list
+	// may change it and n.
+	Owner(key string) (i, n int)
+}
+
 // Route is an endpoint served beside the REST API (the HttpMemcModule
 // endpoints of package memc): its requests get the gateway's request IDs,
 // metrics, access log, in-flight cap and byte budget (ReadBody), and
@@ -130,11 +143,10 @@ type Options struct {
 	AsyncQueue int
 	// AsyncWorkers is the number of goroutines applying them, each one
 	// write at a time; if zero, 512. A write waits for its node's
-	// answer: with 64, a node answering in 440 ms (under TIMEOUT, so
-	// never ejected) held every worker often enough that the queue
-	// filled at 2,000 writes a second and the other nodes' writes got
-	// 503 within 7 s; with 512 it grew 200 writes a second, not 1,500,
-	// and none got 503 in 14 s. An idle worker costs a few KiB.
+	// answer. With Owners they are shared out among the nodes, each
+	// node's writes applied by its own (at least one each), so that a
+	// node answering slowly holds only its own workers. An idle worker
+	// costs a few KiB.
 	AsyncWorkers int
 	// Codec is how values are stored; if empty, CodecRaw.
 	Codec ValueCodec
@@ -160,6 +172,12 @@ type Options struct {
 	// server whose ResponseWriter can be detached (detached.go). Nil:
 	// every request waits on the goroutine that serves it.
 	Async AsyncStore
+	// Owners, if not nil, places asynchronous writes by their key's
+	// node: each node's writes wait in a lane of their own, applied by
+	// workers of their own (AsyncWorkers shared out among the nodes) and
+	// holding at most a share of the queue, so that a slow node cannot
+	// delay or refuse writes for the others. Nil: one lane for all.
+	Owners Owners
 	// Quiet, if not nil, applies asynchronous sets without waiting for
 	// memcached's answer where it can (UDP). Nil: they go through Do.
 	Quiet QuietSetter

@@ -214,9 +214,9 @@ func TestLastOfKey(t *testing.T) {
 	}
 	sh := &shard{}
 	for _, tt := range tests {
-		jobs := make([]op.Op, len(tt.keys))
+		jobs := make([]job, len(tt.keys))
 		for i, k := range tt.keys {
-			jobs[i] = op.Op{Verb: op.Set, Item: op.Item{Key: k}}
+			jobs[i] = job{Op: op.Op{Verb: op.Set, Item: op.Item{Key: k}}}
 		}
 		if got := sh.lastOfKey(jobs); !slices.Equal(got, tt.want) {
 			t.Errorf("lastOfKey(%v) = %v, want %v", tt.keys, got, tt.want)

@@ -377,6 +377,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	if cfg.UDPPorts != "" {
 		gopts.Quiet = router
 	}
+	gopts.Owners = router         // each node's asynchronous writes in a lane of their own
 	gopts.TakeBody = h1.TakeAhead // bodies the fast path read ahead, kept without a copy
 	// Body buffers, lent by the fast path and given back by the handler;
 	// as many bytes of them as the budget kept for reuse at most.

@@ -1,0 +1,276 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/memcgate/memcgate/test/faultproxy"
+	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/op"
+)
+
+// TestAsyncSlowNodeKeepsToItsLane: a node that answers slowly, but well
+// within the timeout (so it stays up), holds up and fills only its own
+// lane. Its writes pile up until they hold their share of the queue and
+// are refused with node_share; the other nodes' writes, sent while it
+// happens, are all accepted and applied promptly. With the workers shared
+// by every node, the slow node's writes took them all, and the healthy
+// nodes' writes waited seconds behind them, then were refused.
+func TestAsyncSlowNodeKeepsToItsLane(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 3)
+	px := faultproxy.NewTCP(mcs[2].Addr)
+	if err := px.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { px.Close() })
+	_, portStr, _ := net.SplitHostPort(px.Addr())
+	pxPort, _ := strconv.Atoi(portStr)
+	reg := prometheus.NewRegistry()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	c, err := upstream.New(upstream.Options{
+		Servers: []upstream.Server{{Host: "127.0.0.1", Port: mcs[0].Port}, {Host: "127.0.0.1", Port: mcs[1].Port}, {Host: "127.0.0.1", Port: pxPort}},
+		Timeout: 500 * time.Millisecond,
+		Health:  upstream.HealthOptions{Interval: 200 * time.Millisecond, Timeout: time.Second},
+	}, log, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	ctx, stop := context.WithCancel(context.Background())
+	ran := make(chan error)
+	go func() { ran <- c.Run(ctx) }()
+	t.Cleanup(func() { stop(); <-ran })
+	for deadline := time.Now().Add(5 * time.Second); !c.Ready(); {
+		if time.Now().After(deadline) {
+			t.Fatal("cluster not ready in 5s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	const queue = 120
+	h := NewHandler(c, log, reg, Options{Owners: c, AsyncWorkers: 9, AsyncQueue: queue})
+	hctx, hstop := context.WithCancel(context.Background())
+	hran := make(chan error)
+	go func() { hran <- h.Run(hctx) }()
+	drained := false
+	drain := func() {
+		if !drained {
+			drained = true
+			hstop()
+			<-hran
+		}
+	}
+	t.Cleanup(drain)
+
+	// keysOf returns n keys whose home is node i (the proxied one is 2).
+	keysOf := func(i, n int, prefix string) []string {
+		var keys []string
+		for k := 0; len(keys) < n; k++ {
+			key := fmt.Sprint(prefix, k)
+			if home, nodes := c.Owner(key); nodes != 3 {
+				t.Fatalf("Owner(%q) says %d nodes, want 3", key, nodes)
+			} else if home == i {
+				keys = append(keys, key)
+			}
+		}
+		return keys
+	}
+	put := func(key, value string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest("PUT", "/"+key, strings.NewReader(value))
+		req.Header.Set("Prefer", "respond-async")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		return w
+	}
+	get := func(key string) (string, error) {
+		r := c.Do(t.Context(), op.Op{Verb: op.Get, Item: op.Item{Key: key}})
+		return string(r.Item.Value), r.Err
+	}
+
+	px.SetLatency(100 * time.Millisecond) // 200 ms a round trip, under the 500 ms timeout
+	slow := keysOf(2, queue, "slow")      // as many as the whole queue
+	accepted := map[string]string{}
+	for i, key := range slow {
+		v := "s" + strconv.Itoa(i)
+		switch w := put(key, v); w.Code {
+		case http.StatusAccepted:
+			accepted[key] = v
+		case http.StatusServiceUnavailable:
+			if !strings.Contains(w.Body.String(), "this key's memcached node") {
+				t.Errorf("503 for a write of the slow node says %s; want it to name the node's share", w.Body)
+			}
+		default:
+			t.Fatalf("async PUT %s = %d %s", key, w.Code, w.Body)
+		}
+	}
+	if n, want := len(accepted), int(shareOf(queue, 3)); n > want || n < want-3 {
+		t.Errorf("slow node: %d writes accepted, want its share of the queue, %d (less the few applied meanwhile)", n, want)
+	}
+	if got := testutil.ToFloat64(h.h.async.rejectFor["node_share"]); got == 0 {
+		t.Errorf(`rejected{reason="node_share"} = 0 with the slow node's writes past its share`)
+	}
+
+	// The healthy nodes' writes, while the slow node's pile up: every one
+	// accepted, and readable soon after.
+	const prompt = time.Second // the slow node's backlog would take 60 × 200 ms / 3 workers = 4 s
+	for round := range 3 {
+		for node := range 2 {
+			for _, key := range keysOf(node, 20, fmt.Sprint("fast", round, "-")) {
+				v := "f" + key
+				start := time.Now()
+				if w := put(key, v); w.Code != http.StatusAccepted {
+					t.Fatalf("async PUT %s of a healthy node = %d %s, want 202", key, w.Code, w.Body)
+				}
+				for {
+					got, err := get(key)
+					if err == nil && got == v {
+						break
+					}
+					if err != nil && !errors.Is(err, upstream.ErrNotFound) {
+						t.Fatalf("Get(%q): %v", key, err)
+					}
+					if time.Since(start) > prompt {
+						t.Fatalf("async write of %s (node %d) not applied after %v, while node 2 is slow", key, node, prompt)
+					}
+					time.Sleep(time.Millisecond)
+				}
+			}
+		}
+	}
+	if got := testutil.ToFloat64(h.h.async.rejectFor["queue_full"]) + testutil.ToFloat64(h.h.async.rejectFor["key_share"]); got != 0 {
+		t.Errorf("%v writes refused for queue_full or key_share, want 0", got)
+	}
+	for _, n := range c.Nodes() {
+		if !n.Up {
+			t.Errorf("node %s went down; the test wants it slow and up", n.Node)
+		}
+	}
+
+	// Nothing accepted is forgotten: drained, every accepted write of the
+	// slow node is in memcached.
+	px.SetLatency(0)
+	drain()
+	for key, v := range accepted {
+		if got, err := get(key); err != nil || got != v {
+			t.Errorf("Get(%q) after drain = %q, %v; want %q", key, got, err, v)
+		}
+	}
+}
+
+// ownersFunc is an Owners made of a function.
+type ownersFunc func(key string) (i, n int)
+
+func (f ownersFunc) Owner(key string) (int, int) { return f(key) }
+
+// byPrefix places "n<i>…" keys on node i of n.
+func byPrefix(n int) Owners {
+	return ownersFunc(func(key string) (int, int) { return int(key[1] - '0'), n })
+}
+
+// TestAsyncPlace: n nodes share the shards out in n parts; a node's
+// writes wait only in its part.
+func TestAsyncPlace(t *testing.T) {
+	tests := []struct {
+		name    string
+		owners  Owners
+		workers int
+		key     string
+		lane    int
+		lo, hi  int // the shards of the key's lane, hi excluded
+	}{
+		{"no owners: one lane", nil, 8, "n2x", 0, 0, 8},
+		{"node 0 of 3", byPrefix(3), 9, "n0x", 0, 0, 3},
+		{"node 2 of 3", byPrefix(3), 9, "n2x", 2, 6, 9},
+		{"node 1 of 3, uneven", byPrefix(3), 8, "n1x", 1, 2, 5},
+		{"more nodes than workers share", byPrefix(8), 4, "n7x", 3, 3, 4},
+		{"an owner out of range: lane 0 of 1", ownersFunc(func(string) (int, int) { return 5, 3 }), 8, "k", 0, 0, 8},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			log := slog.New(slog.NewTextHandler(io.Discard, nil))
+			h := NewHandler(newFake(), log, prometheus.NewRegistry(), Options{Owners: tt.owners, AsyncWorkers: tt.workers})
+			for k := range 50 {
+				key := tt.key + strconv.Itoa(k)
+				ln, sh, _ := h.h.async.place(key)
+				if ln != tt.lane || sh < tt.lo || sh >= tt.hi {
+					t.Fatalf("place(%q) = lane %d, shard %d; want lane %d, a shard in [%d, %d)", key, ln, sh, tt.lane, tt.lo, tt.hi)
+				}
+			}
+		})
+	}
+}
+
+// TestAsyncNodeShare: the writes waiting for one node take at most its
+// share of the queue (half with 3 nodes), in writes and in bytes, and are
+// refused past it with node_share; the other nodes' writes are accepted.
+func TestAsyncNodeShare(t *testing.T) {
+	tests := []struct {
+		name    string
+		queue   int
+		bytes   int64
+		hot     []int // sizes of the writes to node 2
+		wantHot []int
+		other   int // size of a write to the other nodes
+		workers int
+	}{
+		{name: "writes", queue: 160, bytes: 1 << 20, hot: ones(81), wantHot: append(codes(202, 80), 503), other: 1, workers: 48}, // a worker's keys may hold 20
+		{name: "bytes", queue: 64, bytes: 1000, hot: []int{300, 200, 1}, wantHot: []int{202, 202, 503}, other: 200, workers: 3},  // one worker a node
+		{name: "one write past the share fits an empty node", queue: 64, bytes: 1000, hot: []int{900, 1}, wantHot: []int{202, 503}, other: 50, workers: 3},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			log := slog.New(slog.NewTextHandler(io.Discard, nil))
+			h := NewHandler(newFake(), log, prometheus.NewRegistry(), Options{Owners: byPrefix(3), AsyncQueue: tt.queue, AsyncQueueBytes: tt.bytes, AsyncWorkers: tt.workers}) // not running: writes wait
+			put := func(key string, size int) *httptest.ResponseRecorder {
+				req := httptest.NewRequest("PUT", "/"+key, strings.NewReader(strings.Repeat("v", size)))
+				req.Header.Set("Prefer", "respond-async")
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, req)
+				return w
+			}
+			for i, size := range tt.hot {
+				w := put("n2-"+strconv.Itoa(i), size)
+				if w.Code != tt.wantHot[i] {
+					t.Errorf("async PUT %d of node 2 = %d %s, want %d", i, w.Code, w.Body, tt.wantHot[i])
+				}
+				if w.Code == 503 && !strings.Contains(w.Body.String(), "this key's memcached node") {
+					t.Errorf("503 says %q; want it to name the node's share", w.Body)
+				}
+			}
+			if got := testutil.ToFloat64(h.h.async.rejectFor["node_share"]); got != 1 {
+				t.Errorf(`rejected{reason="node_share"} = %v, want 1`, got)
+			}
+			for _, key := range []string{"n0-a", "n1-a"} {
+				if w := put(key, tt.other); w.Code != 202 {
+					t.Errorf("async PUT of %s, another node's key, = %d %s", key, w.Code, w.Body)
+				}
+			}
+		})
+	}
+}
+
+// ones is n writes of one byte.
+func ones(n int) []int { return codes(1, n) }
+
+// codes is n times c.
+func codes(c, n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = c
+	}
+	return out
+}
