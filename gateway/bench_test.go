@@ -119,7 +119,17 @@ func BenchmarkCheckKey(b *testing.B) {
 // while Run applies the queue to the fake store, so that it measures
 // enqueue (placement, reservations, the push) on the handler path.
 func BenchmarkAsyncPut(b *testing.B) {
-	h, _ := benchHandler(b, false)
+	benchAsyncPut(b, nil)
+}
+
+// BenchmarkAsyncPutLanes is BenchmarkAsyncPut with the writes placed on
+// three nodes' lanes (Options.Owners).
+func BenchmarkAsyncPutLanes(b *testing.B) {
+	benchAsyncPut(b, ownersFunc(func(key string) (int, int) { return int(key[len(key)-1]) % 3, 3 }))
+}
+
+func benchAsyncPut(b *testing.B, owners Owners) {
+	h := NewHandler(newFake(), slog.New(slog.NewJSONHandler(io.Discard, nil)), prometheus.NewRegistry(), Options{Owners: owners})
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error)
 	go func() { ran <- h.Run(ctx) }()
