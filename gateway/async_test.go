@@ -117,8 +117,9 @@ func TestAsyncSlowNodeKeepsToItsLane(t *testing.T) {
 			t.Fatalf("async PUT %s = %d %s", key, w.Code, w.Body)
 		}
 	}
-	if n, want := len(accepted), int(shareOf(queue, 3)); n > want || n < want-3 {
-		t.Errorf("slow node: %d writes accepted, want its share of the queue, %d (less the few applied meanwhile)", n, want)
+	applied := int(testutil.ToFloat64(h.h.async.applied)) // each made room for one more
+	if n, want := len(accepted), int(shareOf(queue, 3)); n < want || n > want+applied {
+		t.Errorf("slow node: %d writes accepted, want its share of the queue, %d, plus the %d applied meanwhile at most", n, want, applied)
 	}
 	if got := testutil.ToFloat64(h.h.async.rejectFor["node_share"]); got == 0 {
 		t.Errorf(`rejected{reason="node_share"} = 0 with the slow node's writes past its share`)
