@@ -53,7 +53,10 @@ func (c *Cluster) Up(key string) bool {
 // change it; a new server list (SetServers) may change both.
 func (c *Cluster) Owner(key string) (i, n int) {
 	t := c.topo.Load()
-	_, hk := c.keys(key)
+	hk := key // the ring hashes the client's key unless HashWithPrefix: no key to build
+	if c.opts.KeyPrefix != "" && c.opts.HashWithPrefix {
+		_, hk = c.keys(key)
+	}
 	return t.ring.Owner(hk), len(t.nodes)
 }
 

@@ -610,6 +610,16 @@ func TestOwner(t *testing.T) {
 			t.Errorf("Owner(%q) with node 0 down = %d, want %d as when it was up", key, i, want)
 		}
 	}
+	for _, withPrefix := range []bool{false, true} { // the ring hashes the prefix too, or not
+		pc, _ := newTestCluster(t, mcs[1:], func(o *Options) { o.KeyPrefix, o.HashWithPrefix = "app:", withPrefix })
+		pnodes := pc.Nodes()
+		for k := range 50 {
+			key := fmt.Sprint("owner", k)
+			if i, _ := pc.Owner(key); pnodes[i].Node != pc.Placement(key).Chain[0].Node {
+				t.Errorf("HashWithPrefix %v: Owner(%q) = node %s, want the chain's first, %s", withPrefix, key, pnodes[i].Node, pc.Placement(key).Chain[0].Node)
+			}
+		}
+	}
 	if _, err := c.SetServers(c.topo.Load().servers[1:], c.opts.Distribution); err != nil {
 		t.Fatal(err)
 	}
