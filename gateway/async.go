@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"hash/maphash"
 	"net/http"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/memcgate/memcgate/gateway/budget"
+	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
@@ -64,7 +66,7 @@ type asyncQueue struct {
 }
 
 // asyncFailReasons label memcgate_async_writes_failed_total.
-var asyncFailReasons = []string{"node_down", "timeout", "connection", "refused", "error"}
+var asyncFailReasons = []string{"node_down", "busy", "timeout", "connection", "refused", "error"}
 
 // asyncRejectReasons label memcgate_async_writes_rejected_total.
 var asyncRejectReasons = []string{"queue_full", "node_share", "key_share", "node_down", "budget", "shutdown"}
@@ -145,7 +147,7 @@ func newAsyncQueue(ex *executor, quiet QuietSetter, owners Owners, bg *budget.Bu
 	})
 	failed := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "memcgate_async_writes_failed_total",
-		Help: "Asynchronous writes accepted (202) and then not applied, by reason: node_down, timeout, connection, refused (memcached said no), error.",
+		Help: "Asynchronous writes accepted (202) and then not applied, by reason: node_down, busy (the node is up but slow: its requests held their share of MEMCGATE_MAX_REQUESTS), timeout, connection, refused (memcached said no), error.",
 	}, []string{"reason"})
 	q.failed = map[string]prometheus.Counter{}
 	for _, r := range asyncFailReasons {
@@ -471,6 +473,10 @@ func (q *asyncQueue) apply(sh *shard, j job, quiet bool) {
 // asyncFailReason names why a queued write failed, for the failed
 // counter.
 func asyncFailReason(v op.Verb, err error) string {
+	var be *upstream.BusyError
+	if errors.As(err, &be) {
+		return "busy" // a 503 too, but the node is up: it is slow
+	}
 	switch status, _, _ := outcome(v, err); {
 	case status == http.StatusServiceUnavailable:
 		return "node_down"

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -274,4 +275,27 @@ func codes(c, n int) []int {
 		out[i] = c
 	}
 	return out
+}
+
+func TestAsyncFailReason(t *testing.T) {
+	tests := []struct {
+		name string
+		v    op.Verb
+		err  error
+		want string
+	}{
+		{"no node", op.Set, upstream.ErrNoNodes, "node_down"},
+		{"slow node past its share", op.Set, &upstream.BusyError{Node: "n:1", Share: 5000}, "busy"},
+		{"deadline", op.Delete, context.DeadlineExceeded, "timeout"},
+		{"connection", op.Set, &upstream.NodeError{Node: "n:1", Op: "set", Err: io.EOF}, "connection"},
+		{"refused", op.Set, upstream.ErrTooLarge, "refused"},
+	}
+	for _, tt := range tests {
+		if got := asyncFailReason(tt.v, tt.err); got != tt.want {
+			t.Errorf("%s: asyncFailReason = %q, want %q", tt.name, got, tt.want)
+		}
+		if !slices.Contains(asyncFailReasons, tt.want) {
+			t.Errorf("%s: %q is not among asyncFailReasons", tt.name, tt.want)
+		}
+	}
 }
