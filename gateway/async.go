@@ -450,6 +450,7 @@ func (q *asyncQueue) apply(sh *shard, j job, quiet bool) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), q.timeout)
 	defer cancel()
+	o.Queued = true // it holds no request slot: past a slow node's share it waits its turn
 	var err error
 	udp := false
 	if quiet && o.Verb == op.Set && q.quiet != nil {

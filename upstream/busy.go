@@ -85,12 +85,15 @@ func (n *node) take() bool {
 }
 
 // wait takes a slot, waiting for one within ctx as one of the node's
-// waiters (join); op names the operation in the errors.
-func (n *node) wait(ctx context.Context, op string) error {
-	if err := n.join(); err != nil {
-		return err
+// waiters (join), or past the share if queued: such an operation holds
+// no request slot of the caller. op names the operation in the errors.
+func (n *node) wait(ctx context.Context, op string, queued bool) error {
+	if !queued {
+		if err := n.join(); err != nil {
+			return err
+		}
+		defer n.leave()
 	}
-	defer n.leave()
 	select {
 	case n.sem <- struct{}{}:
 		return nil

@@ -26,6 +26,7 @@ func TestNodeShare(t *testing.T) {
 		name      string
 		nodes     int
 		otherDown bool // the second node killed and ejected first
+		queued    bool // op.Op.Queued: they wait for a slot past the share
 		slots     int  // RequestSlots
 		ops       int
 		wantBusy  int
@@ -35,6 +36,7 @@ func TestNodeShare(t *testing.T) {
 		{name: "all of them with the other node down", nodes: 2, otherDown: true, slots: 8, ops: 10, wantBusy: 2},
 		{name: "waiting counts", nodes: 2, slots: 40, ops: 24, wantBusy: 4}, // 8 in flight, 12 waiting
 		{name: "no cap", nodes: 2, slots: 0, ops: 12, wantBusy: 0},
+		{name: "queued operations wait", nodes: 2, slots: 8, queued: true, ops: 12, wantBusy: 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -64,8 +66,8 @@ func TestNodeShare(t *testing.T) {
 			var wg sync.WaitGroup
 			for i := range tt.ops {
 				o := op.Op{Verb: op.Get, Item: op.Item{Key: key}}
-				if i%2 == 1 {
-					o = op.Op{Verb: op.Set, Item: op.Item{Key: key, Value: []byte("v")}}
+				if i%2 == 1 || tt.queued {
+					o = op.Op{Verb: op.Set, Item: op.Item{Key: key, Value: []byte("v")}, Queued: tt.queued}
 				}
 				wg.Go(func() {
 					start := time.Now()

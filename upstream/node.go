@@ -275,7 +275,7 @@ func (n *node) run(ctx context.Context, o op.Op, sk string, failover bool, cap f
 	if failover && o.Verb.TakesTTL() {
 		o.Item.Expiration = cap(o.Item.Expiration)
 	}
-	err := n.do(ctx, verbOp(o.Verb), failover, func(mc dataClient, _ bool) error {
+	err := n.doQueued(ctx, verbOp(o.Verb), failover, o.Queued, func(mc dataClient, _ bool) error {
 		it, num, err := mc.Do(ctx, o, sk)
 		if err == nil && it != nil {
 			res.Item, res.Lent = itemOf(o.Item.Key, it), n.lent(&o, it)
@@ -305,9 +305,16 @@ func (c *countedConn) Close() error {
 // no context, so its socket timeout bounds the call. The result is
 // classified, counted, and fed to passive health checking.
 func (n *node) do(ctx context.Context, o metricOp, failover bool, f opFunc) error {
+	return n.doQueued(ctx, o, failover, false, f)
+}
+
+// doQueued is do for an operation that holds no request slot of the
+// caller if queued (op.Op.Queued): it waits for a slot past the node's
+// share.
+func (n *node) doQueued(ctx context.Context, o metricOp, failover, queued bool, f opFunc) error {
 	start := time.Now()
 	if !n.take() {
-		if err := n.wait(ctx, o.String()); err != nil {
+		if err := n.wait(ctx, o.String(), queued); err != nil {
 			n.m.ops[o][resultOf(err)].Inc()
 			return err
 		}

@@ -261,9 +261,9 @@ func (u *udpPort) close() {
 // the caller cannot tell such a set applied from lost. Otherwise (no UDP
 // port, the port or the node down, a value that does not fit one
 // datagram, the data socket failing) it is an ordinary Set over TCP, and
-// err is its outcome.
+// err is its outcome; the caller is a queue's (op.Op.Queued).
 func (c *Cluster) SetQuiet(ctx context.Context, it op.Item) (udp bool, err error) {
-	set := func() error { return c.Do(ctx, op.Op{Verb: op.Set, Item: it}).Err }
+	set := func() error { return c.Do(ctx, op.Op{Verb: op.Set, Item: it, Queued: true}).Err }
 	sk, hk := c.keys(it.Key)
 	// pick records the key on the nodes down it passes over, as Do does
 	// for a set sent over TCP.

@@ -153,6 +153,12 @@ type Op struct {
 	// answers with the value and would refuse it anyway when its budget
 	// is full: one that holds nothing for it yet.
 	Room Room
+	// Queued marks an operation applied from a queue (an asynchronous
+	// write accepted earlier), which holds none of the caller's request
+	// slots: when its node's operations hold their share of them
+	// (upstream.BusyError), it waits for a slot of the node within its
+	// deadline instead of being refused, as nothing would retry it.
+	Queued bool
 }
 
 // Room is a caller's say over the values its reads bring into memory.

@@ -411,11 +411,11 @@ func (r *Router) SetQuiet(ctx context.Context, it op.Item) (udp bool, err error)
 	v, _ := t.pick(it.Key)
 	switch {
 	case v.pol.active():
-		return false, v.doPolicies(ctx, op.Op{Verb: op.Set, Item: it}).Err
+		return false, v.doPolicies(ctx, op.Op{Verb: op.Set, Item: it, Queued: true}).Err
 	case v.replicas == 1:
 		return v.c.SetQuiet(ctx, it)
 	}
-	return false, v.do(ctx, op.Op{Verb: op.Set, Item: it}).Err
+	return false, v.do(ctx, op.Op{Verb: op.Set, Item: it, Queued: true}).Err
 }
 
 // Up reports whether an operation on key could be served now: in a pool

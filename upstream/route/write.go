@@ -129,6 +129,10 @@ func (v *view) fanout(ctx context.Context, o op.Op, set *upstream.ReplicaSet, ta
 	if background {
 		o.Item.Value = bytes.Clone(o.Item.Value)
 		o = ownKeys(o)
+		// Nothing retries a write that finishes after the answer: past a
+		// slow replica's share of request slots it waits for a slot, as
+		// the background budget bounds it.
+		o.Queued = true
 	} else {
 		need = len(targets)
 	}
