@@ -90,13 +90,7 @@ func TestAsyncSlowNodeKeepsToItsLane(t *testing.T) {
 		}
 		return keys
 	}
-	put := func(key, value string) *httptest.ResponseRecorder {
-		req := httptest.NewRequest("PUT", "/"+key, strings.NewReader(value))
-		req.Header.Set("Prefer", "respond-async")
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, req)
-		return w
-	}
+	put := func(key, value string) *httptest.ResponseRecorder { return asyncDo(h, "PUT", "/"+key, value) }
 	get := func(key string) (string, error) {
 		r := c.Do(t.Context(), op.Op{Verb: op.Get, Item: op.Item{Key: key}})
 		return string(r.Item.Value), r.Err
@@ -238,11 +232,7 @@ func TestAsyncNodeShare(t *testing.T) {
 			log := slog.New(slog.NewTextHandler(io.Discard, nil))
 			h := NewHandler(newFake(), log, prometheus.NewRegistry(), Options{Owners: byPrefix(3), AsyncQueue: tt.queue, AsyncQueueBytes: tt.bytes, AsyncWorkers: tt.workers}) // not running: writes wait
 			put := func(key string, size int) *httptest.ResponseRecorder {
-				req := httptest.NewRequest("PUT", "/"+key, strings.NewReader(strings.Repeat("v", size)))
-				req.Header.Set("Prefer", "respond-async")
-				w := httptest.NewRecorder()
-				h.ServeHTTP(w, req)
-				return w
+				return asyncDo(h, "PUT", "/"+key, strings.Repeat("v", size))
 			}
 			for i, size := range tt.hot {
 				w := put("n2-"+strconv.Itoa(i), size)
@@ -298,4 +288,13 @@ func TestAsyncFailReason(t *testing.T) {
 			t.Errorf("%s: %q is not among asyncFailReasons", tt.name, tt.want)
 		}
 	}
+}
+
+// asyncDo sends h one request with Prefer: respond-async.
+func asyncDo(h http.Handler, method, path, body string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
+	req.Header.Set("Prefer", "respond-async")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	return w
 }

@@ -142,10 +142,7 @@ func TestAsyncWrites(t *testing.T) {
 	h := NewHandler(s, log, reg, Options{AsyncQueue: 3, AsyncWorkers: 1}) // one worker: its share is the whole queue
 	// Not running yet: writes queue up to the capacity, then 503.
 	for i, want := range []int{202, 202, 202, 503} {
-		req := httptest.NewRequest("PUT", "/k"+string(rune('0'+i)), strings.NewReader("v"))
-		req.Header.Set("Prefer", "respond-async")
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, req)
+		w := asyncDo(h, "PUT", "/k"+string(rune('0'+i)), "v")
 		if w.Code != want {
 			t.Errorf("async PUT %d = %d, want %d", i, w.Code, want)
 		}
@@ -154,11 +151,7 @@ func TestAsyncWrites(t *testing.T) {
 		}
 	}
 	// A batch that does not fit is refused whole.
-	req := httptest.NewRequest("POST", "/", strings.NewReader(`[{"op":"set","key":"x","value":"1"}]`))
-	req.Header.Set("Prefer", "respond-async")
-	w := httptest.NewRecorder()
-	h.ServeHTTP(w, req)
-	if w.Code != 503 {
+	if w := asyncDo(h, "POST", "/", `[{"op":"set","key":"x","value":"1"}]`); w.Code != 503 {
 		t.Errorf("async batch into a full queue = %d, want 503", w.Code)
 	}
 	// Run applies them; cancelling Run drains the rest before it returns.
@@ -180,9 +173,9 @@ func TestAsyncWrites(t *testing.T) {
 		t.Errorf("async applied = %v, want 3", got)
 	}
 	// After Run, nothing is accepted.
-	req = httptest.NewRequest("DELETE", "/k0", nil)
+	req := httptest.NewRequest("DELETE", "/k0", nil)
 	req.Header.Set("Prefer", "wait=1, respond-async")
-	w = httptest.NewRecorder()
+	w := httptest.NewRecorder()
 	h.ServeHTTP(w, req)
 	if w.Code != 503 {
 		t.Errorf("async DELETE after shutdown = %d, want 503", w.Code)
@@ -212,11 +205,7 @@ func TestAsyncKeyShare(t *testing.T) {
 			reg := prometheus.NewRegistry()
 			h := NewHandler(newFake(), log, reg, Options{AsyncQueue: tt.queue, AsyncQueueBytes: tt.bytes, AsyncWorkers: 16}) // not running: writes wait
 			put := func(key string, size int) *httptest.ResponseRecorder {
-				req := httptest.NewRequest("PUT", "/"+key, strings.NewReader(strings.Repeat("v", size)))
-				req.Header.Set("Prefer", "respond-async")
-				w := httptest.NewRecorder()
-				h.ServeHTTP(w, req)
-				return w
+				return asyncDo(h, "PUT", "/"+key, strings.Repeat("v", size))
 			}
 			for i, size := range tt.hot {
 				w := put("hot", size)
@@ -255,9 +244,7 @@ func TestAsyncKeepsPerKeyOrder(t *testing.T) {
 	done := make(chan struct{})
 	go func() { h.Run(ctx); close(done) }()
 	for i := range 200 {
-		req := httptest.NewRequest("PUT", "/same", strings.NewReader(string(rune('a'+i%26))))
-		req.Header.Set("Prefer", "respond-async")
-		h.ServeHTTP(httptest.NewRecorder(), req)
+		asyncDo(h, "PUT", "/same", string(rune('a'+i%26)))
 	}
 	cancel()
 	<-done

@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -70,11 +69,7 @@ func newUDPRig(t *testing.T, mc *memcachedtest.Server, udpPort int) *udpRig {
 // async sends one request with Prefer: respond-async and wants 202.
 func (g *udpRig) async(t *testing.T, method, path, body string) {
 	t.Helper()
-	req := httptest.NewRequest(method, path, strings.NewReader(body))
-	req.Header.Set("Prefer", "respond-async")
-	w := httptest.NewRecorder()
-	g.h.ServeHTTP(w, req)
-	if w.Code != http.StatusAccepted {
+	if w := asyncDo(g.h, method, path, body); w.Code != http.StatusAccepted {
 		t.Fatalf("%s %s with Prefer: respond-async = %d %s, want 202", method, path, w.Code, w.Body)
 	}
 }
