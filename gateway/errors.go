@@ -89,7 +89,7 @@ func errorStatus(err error) (status int, msg string, retry bool) {
 	case errors.As(err, &oe):
 		return http.StatusServiceUnavailable, oe.msg, true
 	case errors.As(err, &be):
-		return http.StatusServiceUnavailable, "memcached node " + be.Node + " is slow: its requests hold their share of MEMCGATE_MAX_REQUESTS; retry shortly", true
+		return http.StatusServiceUnavailable, "memcached node " + be.Node + " has its share of MEMCGATE_MAX_REQUESTS in flight or waiting (it answers slower than requests for it come); retry shortly", true
 	case errors.As(err, &ve):
 		return http.StatusBadGateway, ve.Error(), false
 	case errors.As(err, &re):

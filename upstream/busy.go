@@ -33,21 +33,24 @@ func (e *BusyError) Error() string {
 
 // requestShare is the cluster-wide part of the share, read by every node.
 type requestShare struct {
-	slots atomic.Int64  // Options.RequestSlots, as SetRequestSlots changes it
-	share atomic.Int64  // each node's share of them; 0: no bound
-	nodes atomic.Int64  // in the topology
-	down  *atomic.Int32 // healthPolicy.down: nodes down now; nil in tests of set alone
+	slots  atomic.Int64  // Options.RequestSlots, as SetRequestSlots changes it
+	share  atomic.Int64  // each node's share of them; 0: no bound
+	nodes  atomic.Int64  // in the topology
+	others atomic.Int64  // nodes of other clusters drawing on the same slots (SetRequestSlots)
+	down   *atomic.Int32 // healthPolicy.down: nodes down now; nil in tests of set alone
 }
 
-// set recomputes the share for slots over nodes: all of them for a single
-// node (there is no other node to keep slots for), half otherwise.
-func (s *requestShare) set(slots int64, nodes int) {
+// set recomputes the share for slots over nodes and others: all of them
+// for a single node (there is no other node to keep slots for), half
+// otherwise.
+func (s *requestShare) set(slots int64, nodes, others int) {
 	s.slots.Store(slots)
 	s.nodes.Store(int64(nodes))
+	s.others.Store(int64(others))
 	switch {
 	case slots <= 0:
 		s.share.Store(0)
-	case nodes <= 1:
+	case nodes+others <= 1:
 		s.share.Store(slots)
 	default:
 		s.share.Store((slots + 1) / 2)
@@ -55,19 +58,23 @@ func (s *requestShare) set(slots int64, nodes int) {
 }
 
 // limit is the most operations one node may hold now: the share, or all
-// the slots while no other node is up to keep any for.
+// the slots while no other node is up to keep any for (other clusters'
+// nodes count as up).
 func (s *requestShare) limit() int64 {
 	sh := s.share.Load()
-	if sh > 0 && s.down != nil && s.nodes.Load()-int64(s.down.Load()) <= 1 {
+	if sh > 0 && s.others.Load() == 0 && s.down != nil && s.nodes.Load()-int64(s.down.Load()) <= 1 {
 		return s.slots.Load()
 	}
 	return sh
 }
 
 // SetRequestSlots changes Options.RequestSlots, and so each node's share,
-// for the operations that start from now.
-func (c *Cluster) SetRequestSlots(slots int) {
-	c.share.set(int64(slots), len(c.topo.Load().nodes))
+// for the operations that start from now. others is how many nodes of
+// other clusters draw on the same slots (the other pools of a router):
+// with any, a node of this cluster takes at most half of them even when
+// it is the only one here.
+func (c *Cluster) SetRequestSlots(slots, others int) {
+	c.share.set(int64(slots), len(c.topo.Load().nodes), others)
 }
 
 // take takes a slot of the node's in-flight cap if one is free now and

@@ -109,20 +109,21 @@ func TestNodeShare(t *testing.T) {
 
 func TestRequestShareFollowsNodes(t *testing.T) {
 	tests := []struct {
-		slots int64
-		nodes int
-		want  int64
+		slots         int64
+		nodes, others int
+		want          int64
 	}{
 		{slots: 0, nodes: 3, want: 0},
 		{slots: 10000, nodes: 1, want: 10000},
+		{slots: 10000, nodes: 1, others: 2, want: 5000},
 		{slots: 10000, nodes: 2, want: 5000},
 		{slots: 10001, nodes: 16, want: 5001},
 	}
 	for _, tt := range tests {
 		var s requestShare
-		s.set(tt.slots, tt.nodes)
+		s.set(tt.slots, tt.nodes, tt.others)
 		if got := s.share.Load(); got != tt.want {
-			t.Errorf("share of %d slots over %d nodes = %d, want %d", tt.slots, tt.nodes, got, tt.want)
+			t.Errorf("share of %d slots over %d nodes and %d others = %d, want %d", tt.slots, tt.nodes, tt.others, got, tt.want)
 		}
 	}
 	mcs := memcachedtest.StartN(t, 2)
@@ -136,8 +137,64 @@ func TestRequestShareFollowsNodes(t *testing.T) {
 	if got := c.share.share.Load(); got != 100 {
 		t.Errorf("after SetServers to one node: share %d, want 100", got)
 	}
-	c.SetRequestSlots(40)
+	c.SetRequestSlots(40, 0)
 	if got := c.share.share.Load(); got != 40 {
-		t.Errorf("after SetRequestSlots(40): share %d, want 40", got)
+		t.Errorf("after SetRequestSlots(40, 0): share %d, want 40", got)
+	}
+	c.SetRequestSlots(40, 3)
+	if got := c.share.limit(); got != 20 {
+		t.Errorf("one node, with 3 of other clusters: limit %d, want 20", got)
+	}
+}
+
+// TestCommandsCountTowardShare: raw commands (stats, version) waiting for
+// a slow node count against its share like any operation, so a flood of
+// /memc?cmd=stats cannot hold every request slot waiting for it; a
+// flush_all, which must reach the node, waits its turn instead.
+func TestCommandsCountTowardShare(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 2)
+	px := faultproxy.NewTCP(mcs[0].Addr)
+	if err := px.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { px.Close() })
+	_, port, _ := net.SplitHostPort(px.Addr())
+	c, _ := newTestCluster(t, mcs, func(o *Options) {
+		o.Servers[0].Port, _ = strconv.Atoi(port)
+		o.Timeout, o.Health.Timeout = 2*time.Second, 2*time.Second
+		o.RequestSlots = 8
+	})
+	runCluster(t, c)
+	px.SetLatency(250 * time.Millisecond)
+	for _, tt := range []struct {
+		name     string
+		run      func() []NodeReply
+		wantBusy int
+	}{
+		{"stats", func() []NodeReply { return c.Stats(t.Context()) }, 6},
+		{"flush_all", func() []NodeReply { return c.FlushAll(t.Context(), 0) }, 0},
+	} {
+		var mu sync.Mutex
+		busy := 0
+		var wg sync.WaitGroup
+		for range 10 {
+			wg.Go(func() {
+				r := tt.run()[0] // the slow node's reply
+				var be *BusyError
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case errors.As(r.Err, &be):
+					busy++
+				case r.Err != nil:
+					t.Errorf("%s: %v", tt.name, r.Err)
+				}
+			})
+			time.Sleep(10 * time.Millisecond)
+		}
+		wg.Wait()
+		if busy != tt.wantBusy {
+			t.Errorf("%s: %d of 10 refused as busy, want %d", tt.name, busy, tt.wantBusy)
+		}
 	}
 }

@@ -30,7 +30,7 @@ func (c *Cluster) FlushAll(ctx context.Context, delay int32) []NodeReply {
 		cmd = "flush_all " + strconv.Itoa(int(delay)) + "\r\n"
 	}
 	nodes := c.topo.Load().nodes
-	out := c.everyNodeOf(ctx, nodes, cmd, false)
+	out := c.everyNodeOf(ctx, nodes, cmd, false, true) // it must reach them: it waits its turn past a busy node's share
 	for i, r := range out {
 		if r.Err != nil {
 			nodes[i].flushOwed.Store(true)
@@ -51,11 +51,12 @@ func (c *Cluster) Version(ctx context.Context) []NodeReply {
 }
 
 func (c *Cluster) everyNode(ctx context.Context, cmd string, multiline bool) []NodeReply {
-	return c.everyNodeOf(ctx, c.topo.Load().nodes, cmd, multiline)
+	return c.everyNodeOf(ctx, c.topo.Load().nodes, cmd, multiline, false)
 }
 
-// everyNodeOf is everyNode over nodes, whose replies it returns in order.
-func (c *Cluster) everyNodeOf(ctx context.Context, nodes []*node, cmd string, multiline bool) []NodeReply {
+// everyNodeOf is everyNode over nodes, whose replies it returns in
+// order; queued as for command.
+func (c *Cluster) everyNodeOf(ctx context.Context, nodes []*node, cmd string, multiline, queued bool) []NodeReply {
 	out := make([]NodeReply, len(nodes))
 	var wg sync.WaitGroup
 	for i, n := range nodes {
@@ -64,7 +65,7 @@ func (c *Cluster) everyNodeOf(ctx context.Context, nodes []*node, cmd string, mu
 			out[i].Err = fmt.Errorf("%w: %s is down", ErrNoNodes, n.name)
 			continue
 		}
-		wg.Go(func() { out[i].Reply, out[i].Err = n.command(ctx, cmd, multiline) })
+		wg.Go(func() { out[i].Reply, out[i].Err = n.command(ctx, cmd, multiline, queued) })
 	}
 	wg.Wait()
 	return out
@@ -85,15 +86,30 @@ const nodeCommands = 4
 // nodeCommands at a time, within the node's in-flight cap and socket
 // timeout. It reads one line, or, if multiline, lines up to "END\r\n" or
 // an error line. Such commands are rare (admin and compatibility
-// endpoints), so they do not take or return pooled connections.
-func (n *node) command(ctx context.Context, cmd string, multiline bool) ([]byte, error) {
+// endpoints), so they do not take or return pooled connections. The
+// wait for a turn and a slot counts against the node's share of request
+// slots (busy.go), unless queued (a flush_all, which must reach the
+// node): a flood of stats requests for a slow node otherwise held every
+// request slot, waiting for it.
+func (n *node) command(ctx context.Context, cmd string, multiline, queued bool) ([]byte, error) {
+	if !queued {
+		if err := n.join(); err != nil {
+			return nil, err
+		}
+	}
 	for _, sem := range []chan struct{}{n.cmds, n.sem} {
 		select {
 		case sem <- struct{}{}:
 			defer func() { <-sem }()
 		case <-ctx.Done():
+			if !queued {
+				n.leave()
+			}
 			return nil, ctxError(n.name, "command", ctx.Err())
 		}
+	}
+	if !queued {
+		n.leave()
 	}
 	dctx, cancel := context.WithTimeout(ctx, n.timeout)
 	defer cancel()

@@ -580,7 +580,7 @@ func memcFailure(cmd memcCmd, err error) (status int, raw, reason string) {
 		return http.StatusBadGateway, "", "no memcached node could be reached"
 	case errors.As(err, &be):
 		// nginx answers 502 when its upstream's max_conns are all taken.
-		return http.StatusBadGateway, "", "memcached node is slow: its requests hold their share of MEMCGATE_MAX_REQUESTS"
+		return http.StatusBadGateway, "", "memcached node has its share of MEMCGATE_MAX_REQUESTS in flight or waiting"
 	case errors.Is(err, chunk.ErrChunked):
 		// Not something the module could meet: memcgate stored the
 		// value in chunks (MEMCGATE_BIG_VALUE_MAX_BYTES).

@@ -107,7 +107,7 @@ func TestSlowNodeHoldsItsShare(t *testing.T) {
 	for answer, n := range slow {
 		switch {
 		case answer == "200":
-		case strings.HasPrefix(answer, "503 memcached node "+px.Addr()+" is slow"):
+		case strings.HasPrefix(answer, "503 memcached node "+px.Addr()+" has its share of MEMCGATE_MAX_REQUESTS"):
 			refused += n
 		default:
 			t.Errorf("a read of the slow node's keys got %q (%d times)", answer, n)

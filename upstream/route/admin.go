@@ -244,6 +244,7 @@ func (r *Router) Reconfigure(opts Options) ([]Change, error) {
 		ordered = append(ordered, opts.Pools[slices.IndexFunc(opts.Pools, func(p PoolOptions) bool { return p.Name == name })])
 	}
 	r.t.Store(r.newTable(ordered))
+	r.shareSlots() // the pools' node counts may have changed
 	return changes, nil
 }
 

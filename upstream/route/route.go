@@ -249,7 +249,8 @@ type Router struct {
 	m     *metrics
 	log   *slog.Logger
 
-	mu sync.Mutex // serializes Reconfigure
+	mu    sync.Mutex // serializes Reconfigure and SetRequestSlots
+	slots int        // the pools' RequestSlots; guarded by mu
 }
 
 // table is one routing configuration: which pool each key goes to and
@@ -320,6 +321,8 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 		r.m.hedgeDelay.WithLabelValues(p.name).Set(opts.HedgeMaxDelay.Seconds())
 		r.pools = append(r.pools, p)
 	}
+	r.slots = opts.Pools[0].Cluster.RequestSlots // one setting for every pool
+	r.shareSlots()
 	r.t.Store(r.newTable(opts.Pools))
 	return r, nil
 }
@@ -512,8 +515,23 @@ func (r *Router) Close() error {
 // SetRequestSlots changes every pool's upstream.Options.RequestSlots: the
 // caller's cap on requests in flight, of which each node may hold a share.
 func (r *Router) SetRequestSlots(slots int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.slots = slots
+	r.shareSlots()
+}
+
+// shareSlots gives every pool the slots and the number of nodes of the
+// other pools: the pools draw on the same slots, so a pool of one node
+// takes at most half of them, as a node of a larger pool does. r.mu is
+// held, or r is not yet shared.
+func (r *Router) shareSlots() {
+	total := 0
 	for _, p := range r.pools {
-		p.c.SetRequestSlots(slots)
+		total += p.c.Len()
+	}
+	for _, p := range r.pools {
+		p.c.SetRequestSlots(r.slots, total-p.c.Len())
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -629,5 +630,55 @@ func TestRouterOwner(t *testing.T) {
 		if home, _ := r.pools[tc.pool].c.Owner(tc.key); i != tc.lo+home {
 			t.Errorf("Owner(%q) = %d, want %d: its pool's first node number plus its home in the pool, %d", tc.key, i, tc.lo+home, home)
 		}
+	}
+}
+
+// TestPoolsShareRequestSlots: the pools draw on the same request slots,
+// so a pool of one slow node takes at most half of them, as a node of a
+// larger pool does; past that its operations are refused at once.
+// Without it, a slow single-node pool (a prefix pool, a warm pool) took
+// every slot from the default pool.
+func TestPoolsShareRequestSlots(t *testing.T) {
+	main := memcachedtest.StartN(t, 1)
+	slow := memcachedtest.StartN(t, 1)
+	px := faultproxy.NewTCP(slow[0].Addr)
+	if err := px.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { px.Close() })
+	_, port, _ := net.SplitHostPort(px.Addr())
+	co := func(mcs []*memcachedtest.Server) upstream.Options {
+		o := clusterOptions(mcs)
+		o.Timeout, o.Health.Timeout, o.RequestSlots = 2*time.Second, 2*time.Second, 8
+		return o
+	}
+	po := co(slow)
+	po.Servers[0].Port, _ = strconv.Atoi(port)
+	r, _ := newRouter(t, Options{Pools: []PoolOptions{
+		{Cluster: co(main)},
+		{Name: "p", Prefixes: []string{"p:"}, Cluster: po},
+	}})
+	px.SetLatency(250 * time.Millisecond)
+	var mu sync.Mutex
+	busy := 0
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Go(func() {
+			err := r.Do(t.Context(), op.Op{Verb: op.Set, Item: op.Item{Key: "p:k", Value: []byte("v")}}).Err
+			var be *upstream.BusyError
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case errors.As(err, &be):
+				busy++
+			case err != nil:
+				t.Errorf("set: %v", err)
+			}
+		})
+		time.Sleep(10 * time.Millisecond) // each in flight before the next
+	}
+	wg.Wait()
+	if busy != 6 {
+		t.Errorf("%d of 10 sets refused, want 6: the pool's one node may hold half of 8 slots", busy)
 	}
 }
