@@ -3,6 +3,7 @@ package upstream
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 )
 
@@ -32,17 +33,19 @@ func (e *BusyError) Error() string {
 }
 
 // requestShare is the cluster-wide part of the share, read by every node.
+// It holds atomics and a mutex: it must not be copied.
 type requestShare struct {
+	mu     sync.Mutex    // serializes changes, which read each other's fields
 	slots  atomic.Int64  // Options.RequestSlots, as SetRequestSlots changes it
 	share  atomic.Int64  // each node's share of them; 0: no bound
 	nodes  atomic.Int64  // in the topology
 	others atomic.Int64  // nodes of other clusters drawing on the same slots (SetRequestSlots)
-	down   *atomic.Int32 // healthPolicy.down: nodes down now; nil in tests of set alone
+	down   *atomic.Int32 // healthPolicy.down: nodes down now
 }
 
 // set recomputes the share for slots over nodes and others: all of them
 // for a single node (there is no other node to keep slots for), half
-// otherwise.
+// otherwise. s.mu is held.
 func (s *requestShare) set(slots int64, nodes, others int) {
 	s.slots.Store(slots)
 	s.nodes.Store(int64(nodes))
@@ -57,12 +60,19 @@ func (s *requestShare) set(slots int64, nodes, others int) {
 	}
 }
 
+// setNodes recomputes the share for a topology of nodes.
+func (s *requestShare) setNodes(nodes int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.set(s.slots.Load(), nodes, int(s.others.Load()))
+}
+
 // limit is the most operations one node may hold now: the share, or all
 // the slots while no other node is up to keep any for (other clusters'
 // nodes count as up).
 func (s *requestShare) limit() int64 {
 	sh := s.share.Load()
-	if sh > 0 && s.others.Load() == 0 && s.down != nil && s.nodes.Load()-int64(s.down.Load()) <= 1 {
+	if sh > 0 && s.others.Load() == 0 && s.nodes.Load()-int64(s.down.Load()) <= 1 {
 		return s.slots.Load()
 	}
 	return sh
@@ -74,13 +84,20 @@ func (s *requestShare) limit() int64 {
 // with any, a node of this cluster takes at most half of them even when
 // it is the only one here.
 func (c *Cluster) SetRequestSlots(slots, others int) {
-	c.share.set(int64(slots), len(c.topo.Load().nodes), others)
+	c.share.mu.Lock()
+	defer c.share.mu.Unlock()
+	c.share.set(int64(slots), int(c.share.nodes.Load()), others)
 }
+
+// held is how many of the node's slots count against its share: those
+// of queued operations (op.Op.Queued), which hold no request slot of the
+// caller, do not.
+func (n *node) held() int64 { return int64(len(n.sem)) - n.queued.Load() }
 
 // take takes a slot of the node's in-flight cap if one is free now and
 // the node holds less than its share; it never waits.
 func (n *node) take() bool {
-	if s := n.share.limit(); s > 0 && int64(len(n.sem)) >= s {
+	if s := n.share.limit(); s > 0 && n.held() >= s {
 		return false
 	}
 	select {
@@ -92,15 +109,12 @@ func (n *node) take() bool {
 }
 
 // wait takes a slot, waiting for one within ctx as one of the node's
-// waiters (join), or past the share if queued: such an operation holds
-// no request slot of the caller. op names the operation in the errors.
-func (n *node) wait(ctx context.Context, op string, queued bool) error {
-	if !queued {
-		if err := n.join(); err != nil {
-			return err
-		}
-		defer n.leave()
+// waiters (join). op names the operation in the errors.
+func (n *node) wait(ctx context.Context, op string) error {
+	if err := n.join(); err != nil {
+		return err
 	}
+	defer n.leave()
 	select {
 	case n.sem <- struct{}{}:
 		return nil
@@ -109,12 +123,32 @@ func (n *node) wait(ctx context.Context, op string, queued bool) error {
 	}
 }
 
+// takeQueued takes a slot for a queued operation (op.Op.Queued), waiting
+// for one within ctx whatever the share, and counts it apart: such an
+// operation holds no request slot of the caller, and nothing would retry
+// it. releaseQueued gives the slot back.
+func (n *node) takeQueued(ctx context.Context, op string) error {
+	select {
+	case n.sem <- struct{}{}:
+	case <-ctx.Done():
+		return ctxError(n.name, op, ctx.Err())
+	}
+	n.queued.Add(1)
+	return nil
+}
+
+// releaseQueued gives back a slot takeQueued took.
+func (n *node) releaseQueued() {
+	n.queued.Add(-1)
+	n.release()
+}
+
 // join counts the caller among the node's waiters for a slot, unless the
 // node's operations in flight and waiting already hold its share: then a
 // *BusyError. leave undoes a join that succeeded.
 func (n *node) join() error {
 	w := n.waiting.Add(1)
-	if s := n.share.limit(); s > 0 && int64(len(n.sem))+w > s {
+	if s := n.share.limit(); s > 0 && n.held()+w > s {
 		n.waiting.Add(-1)
 		return &BusyError{Node: n.name, Share: s}
 	}

@@ -26,7 +26,7 @@ func TestNodeShare(t *testing.T) {
 		name      string
 		nodes     int
 		otherDown bool // the second node killed and ejected first
-		queued    bool // op.Op.Queued: they wait for a slot past the share
+		queued    int  // the first this many are op.Op.Queued: they wait past the share, and do not count against it
 		slots     int  // RequestSlots
 		ops       int
 		wantBusy  int
@@ -36,7 +36,8 @@ func TestNodeShare(t *testing.T) {
 		{name: "all of them with the other node down", nodes: 2, otherDown: true, slots: 8, ops: 10, wantBusy: 2},
 		{name: "waiting counts", nodes: 2, slots: 40, ops: 24, wantBusy: 4}, // 8 in flight, 12 waiting
 		{name: "no cap", nodes: 2, slots: 0, ops: 12, wantBusy: 0},
-		{name: "queued operations wait", nodes: 2, slots: 8, queued: true, ops: 12, wantBusy: 0},
+		{name: "queued operations wait", nodes: 2, slots: 8, queued: 12, ops: 12, wantBusy: 0},
+		{name: "queued operations do not count", nodes: 2, slots: 8, queued: 4, ops: 10, wantBusy: 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -65,9 +66,9 @@ func TestNodeShare(t *testing.T) {
 			busy, answered := 0, 0
 			var wg sync.WaitGroup
 			for i := range tt.ops {
-				o := op.Op{Verb: op.Get, Item: op.Item{Key: key}}
-				if i%2 == 1 || tt.queued {
-					o = op.Op{Verb: op.Set, Item: op.Item{Key: key, Value: []byte("v")}, Queued: tt.queued}
+				o := op.Op{Verb: op.Get, Item: op.Item{Key: key}, Queued: i < tt.queued}
+				if i%2 == 1 {
+					o = op.Op{Verb: op.Set, Item: op.Item{Key: key, Value: []byte("v")}, Queued: i < tt.queued}
 				}
 				wg.Go(func() {
 					start := time.Now()

@@ -95,7 +95,7 @@ func (m *metaConns) close() {
 // socket timeout.
 func (n *node) metaTTL(ctx context.Context, sk string) (int32, uint64, error) {
 	if !n.take() {
-		if err := n.wait(ctx, "mg", false); err != nil {
+		if err := n.wait(ctx, "mg"); err != nil {
 			return 0, 0, err
 		}
 	}

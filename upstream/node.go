@@ -34,6 +34,7 @@ type node struct {
 	meta    metaConns     // idle connections of Cluster.TTL's lookups
 	sem     chan struct{} // a token per operation in flight
 	waiting atomic.Int64  // operations waiting for a token (busy.go)
+	queued  atomic.Int64  // tokens held by queued operations, which do not count against the share (busy.go)
 	share   *requestShare // the cluster's: the most operations sem and waiting may hold together
 	cmds    chan struct{} // a token per raw command on a connection of its own (command)
 	conns   atomic.Int64  // open data connections (dialled and not yet closed)
@@ -265,7 +266,7 @@ type opFunc func(mc dataClient, failover bool) error
 // sends is then capped (cap).
 func (n *node) run(ctx context.Context, o op.Op, sk string, failover bool, cap func(int32) int32) (op.Result, error) {
 	var res op.Result
-	if o.Verb == op.Get {
+	if o.Verb == op.Get && !o.Queued { // a queued Get waits its turn past the share: not parked
 		it, lent, err := n.get(ctx, sk, o)
 		if err == nil {
 			res.Item, res.Lent = itemOf(o.Item.Key, it), lent
@@ -310,18 +311,26 @@ func (n *node) do(ctx context.Context, o metricOp, failover bool, f opFunc) erro
 
 // doQueued is do for an operation that holds no request slot of the
 // caller if queued (op.Op.Queued): it waits for a slot past the node's
-// share.
+// share (takeQueued).
 func (n *node) doQueued(ctx context.Context, o metricOp, failover, queued bool, f opFunc) error {
 	start := time.Now()
-	if !n.take() {
-		if err := n.wait(ctx, o.String(), queued); err != nil {
+	release := n.release
+	switch {
+	case queued:
+		if err := n.takeQueued(ctx, o.String()); err != nil {
+			n.m.ops[o][resultOf(err)].Inc()
+			return err
+		}
+		release = n.releaseQueued
+	case !n.take():
+		if err := n.wait(ctx, o.String()); err != nil {
 			n.m.ops[o][resultOf(err)].Inc()
 			return err
 		}
 	}
 	err := classify(n.name, o.String(), f(n.client, failover))
 	n.count(o, start, err)
-	n.release() // may send parked Gets first: not part of this operation's time
+	release() // may send parked Gets first: not part of this operation's time
 	return err
 }
 

@@ -288,7 +288,7 @@ func (c *Cluster) newTopology(servers []Server, dist hashring.Distribution, old 
 // nodes' share of request slots of its size.
 func (c *Cluster) setTopology(t *topology) {
 	c.health.maxPassive.Store(int32(max(1, len(t.nodes)*c.opts.Health.MaxEjectedPercent/100)))
-	c.share.set(c.share.slots.Load(), len(t.nodes), int(c.share.others.Load()))
+	c.share.setNodes(len(t.nodes))
 	c.topo.Store(t)
 }
 

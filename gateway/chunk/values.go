@@ -166,7 +166,7 @@ func (v *Values) Do(ctx context.Context, o op.Op) op.Result {
 		}
 		return res
 	case op.Append, op.Prepend:
-		res := v.store.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: o.Item.Key}, HashKey: o.HashKey, Room: peek{}})
+		res := v.store.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: o.Item.Key}, HashKey: o.HashKey, Room: peek{}, Queued: o.Queued})
 		if res.Err == nil && IsIndex(res.Item.Flags, res.Item.Value) {
 			return op.Result{Err: ErrChunked}
 		}
@@ -199,7 +199,7 @@ func hashKey(o op.Op) string {
 
 // delete removes o's item and, if it is an index, retires its chunks.
 func (v *Values) delete(ctx context.Context, o op.Op) op.Result {
-	got := v.store.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: o.Item.Key}, HashKey: o.HashKey, Room: peek{}})
+	got := v.store.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: o.Item.Key}, HashKey: o.HashKey, Room: peek{}, Queued: o.Queued})
 	if errors.Is(got.Err, upstream.ErrNotFound) {
 		return got
 	}

@@ -129,11 +129,14 @@ func (v *view) fanout(ctx context.Context, o op.Op, set *upstream.ReplicaSet, ta
 	if background {
 		o.Item.Value = bytes.Clone(o.Item.Value)
 		o = ownKeys(o)
-		// Nothing retries a write that finishes after the answer: past a
-		// slow replica's share of request slots it waits for a slot, as
-		// the background budget bounds it.
-		o.Queued = true
-	} else {
+	}
+	// Past a slow replica's share of request slots its copy waits for a
+	// slot rather than be refused: refused, it would keep an older value
+	// than the replicas that took the write, and reads it serves would go
+	// back in time. Nothing retries a copy that finishes after the
+	// answer; one the answer waits for holds the request's slot.
+	o.Queued = true
+	if !background {
 		need = len(targets)
 	}
 	wctx, cancel := detach(ctx, v.timeout)
