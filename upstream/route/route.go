@@ -439,22 +439,25 @@ func (r *Router) Up(key string) bool {
 }
 
 // Owner returns the index of key's home node (upstream.Cluster.Owner in
-// the key's pool) among the n nodes of all pools, numbered pool after
-// pool in configured order: 0 <= i < n. In a replicated pool the home is
-// the first of the key's replicas.
+// the key's pool) among the n nodes of the pools keys are routed to (the
+// default pool and those with prefixes; not a pool that is only a warm-up
+// source or a shadow, where no write is routed), numbered pool after pool
+// in configured order: 0 <= i < n. In a replicated pool the home is the
+// first of the key's replicas.
 func (r *Router) Owner(key string) (i, n int) {
 	t := r.t.Load()
 	if t.direct {
 		return t.def.c.Owner(key)
 	}
 	v, _ := t.pick(key)
-	for _, p := range r.pools {
-		if p == v.pool {
-			home, nodes := p.c.Owner(key)
+	for _, w := range t.views {
+		switch {
+		case w == v:
+			home, nodes := w.c.Owner(key)
 			i, n = n+home, n+nodes
-			continue
+		case w == t.def || len(w.prefixes) > 0:
+			n += w.c.Len()
 		}
-		n += p.c.Len()
 	}
 	return i, n
 }

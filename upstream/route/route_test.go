@@ -106,8 +106,10 @@ func TestPrefixRoutes(t *testing.T) {
 	main := memcachedtest.StartN(t, 1)
 	sess := memcachedtest.StartN(t, 3)
 	tmp := memcachedtest.StartN(t, 1)
+	old := memcachedtest.StartN(t, 2)
 	r, _ := newRouter(t, Options{Pools: []PoolOptions{
-		{Cluster: clusterOptions(main)},
+		{Cluster: clusterOptions(main), Warm: "old"},
+		{Name: "old", Cluster: clusterOptions(old)}, // a warm-up source, no key routed here: not numbered
 		{Name: "sessions", Prefixes: []string{"session:"}, Cluster: clusterOptions(sess), Replicas: 2},
 		{Name: "tmp", Prefixes: []string{"session:tmp:"}, Cluster: clusterOptions(tmp)},
 	}})
@@ -609,8 +611,10 @@ func TestRouterOwner(t *testing.T) {
 	main := memcachedtest.StartN(t, 1)
 	sess := memcachedtest.StartN(t, 3)
 	tmp := memcachedtest.StartN(t, 1)
+	old := memcachedtest.StartN(t, 2)
 	r, _ := newRouter(t, Options{Pools: []PoolOptions{
-		{Cluster: clusterOptions(main)},
+		{Cluster: clusterOptions(main), Warm: "old"},
+		{Name: "old", Cluster: clusterOptions(old)}, // a warm-up source, no key routed here: not numbered
 		{Name: "sessions", Prefixes: []string{"session:"}, Cluster: clusterOptions(sess), Replicas: 2},
 		{Name: "tmp", Prefixes: []string{"session:tmp:"}, Cluster: clusterOptions(tmp)},
 	}})
@@ -620,8 +624,8 @@ func TestRouterOwner(t *testing.T) {
 		pool   int
 	}{
 		{"user:1", 0, 1, 0},
-		{"session:abc", 1, 4, 1},
-		{"session:tmp:x", 4, 5, 2},
+		{"session:abc", 1, 4, 2},
+		{"session:tmp:x", 4, 5, 3},
 	} {
 		i, n := r.Owner(tc.key)
 		if n != 5 || i < tc.lo || i >= tc.hi {
