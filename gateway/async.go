@@ -104,8 +104,9 @@ type held struct {
 	bytes  atomic.Int64
 }
 
-// placement is where one write of a batch waits: its lane and its shard.
-type placement struct{ lane, shard int }
+// placement is where one write of a batch waits: its lane and its
+// shard, and the number of nodes its lane was chosen among.
+type placement struct{ lane, shard, nodes int }
 
 // shareOf is the part of the queue (of capacity writes or bytes) the
 // writes waiting for one of parts (workers, or nodes) may take: an eighth
@@ -209,13 +210,25 @@ func (q *asyncQueue) enqueue(ops []op.Op) error {
 		return reject("queue_full", errAsyncFull)
 	}
 	// Each write's placement is taken once, so that its lane and shard
-	// give back what they reserved even if the server list changes.
+	// give back what they reserved even if the server list changes; and
+	// once per key of a batch, so that a list changing under the batch
+	// cannot put two writes of one key in two lanes, out of order.
 	var small [8]placement
 	pl := small[:0]
+	var placed map[string]placement // of a batch's keys placed already
+	if len(ops) > 1 {
+		placed = make(map[string]placement, len(ops))
+	}
 	for _, o := range ops {
-		ln, sh, nodes := q.place(o.Item.Key)
-		pl = append(pl, placement{ln, sh})
-		if !q.lanes[ln].reserve(int64(len(o.Item.Value)), shareOf(q.capacity, nodes), shareOf(q.maxBytes, nodes)) {
+		p, seen := placed[o.Item.Key]
+		if !seen {
+			p.lane, p.shard, p.nodes = q.place(o.Item.Key)
+			if placed != nil {
+				placed[o.Item.Key] = p
+			}
+		}
+		pl = append(pl, p)
+		if !q.lanes[p.lane].reserve(int64(len(o.Item.Value)), shareOf(q.capacity, p.nodes), shareOf(q.maxBytes, p.nodes)) {
 			q.unreserveLanes(ops, pl[:len(pl)-1])
 			q.bytes.Add(-size)
 			q.queued.Add(-n)

@@ -210,6 +210,35 @@ func TestAsyncPlace(t *testing.T) {
 	}
 }
 
+// TestAsyncBatchPlacesKeyOnce: a batch's writes of one key wait in one
+// lane and shard even when the server list changes under the batch
+// (here, every Owner call answers another list): two lanes would apply
+// them in either order.
+func TestAsyncBatchPlacesKeyOnce(t *testing.T) {
+	calls := 0
+	changing := ownersFunc(func(string) (int, int) {
+		calls++
+		return calls % 2, 2 // node 1 of 2, then node 0, ...
+	})
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	h := NewHandler(newFake(), log, prometheus.NewRegistry(), Options{Owners: changing, AsyncWorkers: 8}) // not running: writes wait
+	if w := asyncDo(h, "POST", "/", `[{"op":"set","key":"k","value":"1"},{"op":"set","key":"k","value":"2"}]`); w.Code != 202 {
+		t.Fatalf("async batch = %d %s", w.Code, w.Body)
+	}
+	holding := 0
+	for _, sh := range h.h.async.shards {
+		if n := len(sh.jobs); n > 0 {
+			holding++
+			if n != 2 || sh.jobs[0].lane != sh.jobs[1].lane {
+				t.Errorf("a shard holds %d of the key's writes, lanes %v; want both, in one lane", n, sh.jobs)
+			}
+		}
+	}
+	if holding != 1 {
+		t.Errorf("%d shards hold the key's writes, want 1", holding)
+	}
+}
+
 // TestAsyncNodeShare: the writes waiting for one node take at most its
 // share of the queue (half with 3 nodes), in writes and in bytes, and are
 // refused past it with node_share; the other nodes' writes are accepted.
