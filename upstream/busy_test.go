@@ -88,7 +88,7 @@ func TestNodeShare(t *testing.T) {
 						t.Errorf("%v: %v", o.Verb, err)
 					}
 				})
-				time.Sleep(10 * time.Millisecond) // each in flight before the next: the count is exact
+				settled(&mu, slow, i+1, func() int { return busy + answered })
 			}
 			wg.Wait()
 			if busy != tt.wantBusy || answered != tt.ops-tt.wantBusy {
@@ -178,7 +178,7 @@ func TestCommandsCountTowardShare(t *testing.T) {
 		var mu sync.Mutex
 		busy := 0
 		var wg sync.WaitGroup
-		for range 10 {
+		for i := range 10 {
 			wg.Go(func() {
 				r := tt.run()[0] // the slow node's reply
 				var be *BusyError
@@ -191,11 +191,29 @@ func TestCommandsCountTowardShare(t *testing.T) {
 					t.Errorf("%s: %v", tt.name, r.Err)
 				}
 			})
-			time.Sleep(10 * time.Millisecond)
+			settled(&mu, c.topo.Load().nodes[0], i+1, func() int { return busy })
 		}
 		wg.Wait()
 		if busy != tt.wantBusy {
 			t.Errorf("%s: %d of 10 refused as busy, want %d", tt.name, busy, tt.wantBusy)
 		}
+	}
+}
+
+// settled waits until the first want operations started on n are each in
+// flight, waiting for a slot, or counted done (done, read under mu), so
+// that the next starts after them and the count of refusals is exact. An
+// operation waiting for a slot outside the share's count (a queued one)
+// shows nowhere: it is given 300 ms.
+func settled(mu *sync.Mutex, n *node, want int, done func() int) {
+	deadline := time.Now().Add(300 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		mu.Lock()
+		d := done()
+		mu.Unlock()
+		if len(n.sem)+int(n.waiting.Load())+d >= want {
+			return
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

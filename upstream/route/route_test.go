@@ -682,7 +682,9 @@ func TestPoolsShareRequestSlots(t *testing.T) {
 		time.Sleep(10 * time.Millisecond) // each in flight before the next
 	}
 	wg.Wait()
-	if busy != 6 {
-		t.Errorf("%d of 10 sets refused, want 6: the pool's one node may hold half of 8 slots", busy)
+	// Two sets checking the share at the same instant may both pass it:
+	// it bounds a pile-up, not an exact count (decision 0021).
+	if busy < 5 || busy > 6 {
+		t.Errorf("%d of 10 sets refused, want 6 (5 with a race at the share): the pool's one node may hold half of 8 slots", busy)
 	}
 }
