@@ -62,6 +62,7 @@ func TestDefaultsAgree(t *testing.T) {
 	// binary sets from a switch rather than a default, are not compared.
 	zero.PipelineConns, zero.BatchGets, zero.Health.PassiveFails, zero.FailoverTTL = up.PipelineConns, up.BatchGets, up.Health.PassiveFails, up.FailoverTTL
 	zero.Dialer = up.Dialer
+	zero.RequestSlots = up.RequestSlots // MAX_REQUESTS, the gateway's default (compared below)
 	if !reflect.DeepEqual(up, zero) {
 		t.Errorf("upstream options from the default configuration:\n%+v\nthe package's defaults:\n%+v", up, zero)
 	}

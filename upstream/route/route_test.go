@@ -106,10 +106,8 @@ func TestPrefixRoutes(t *testing.T) {
 	main := memcachedtest.StartN(t, 1)
 	sess := memcachedtest.StartN(t, 3)
 	tmp := memcachedtest.StartN(t, 1)
-	old := memcachedtest.StartN(t, 2)
 	r, _ := newRouter(t, Options{Pools: []PoolOptions{
-		{Cluster: clusterOptions(main), Warm: "old"},
-		{Name: "old", Cluster: clusterOptions(old)}, // a warm-up source, no key routed here: not numbered
+		{Cluster: clusterOptions(main)},
 		{Name: "sessions", Prefixes: []string{"session:"}, Cluster: clusterOptions(sess), Replicas: 2},
 		{Name: "tmp", Prefixes: []string{"session:tmp:"}, Cluster: clusterOptions(tmp)},
 	}})
