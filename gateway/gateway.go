@@ -93,6 +93,10 @@ func (h *Handler) SetLimits(maxRequests int, requestTimeout time.Duration, acces
 	hh.obs.accessLog.Store(accessLog)
 }
 
+// RequestsInFlight is the number of requests holding one of the
+// MaxRequests slots now.
+func (h *Handler) RequestsInFlight() int64 { return h.h.lim.lim.inFlight.Load() }
+
 // Run applies asynchronous writes until ctx is done, then applies the ones
 // still queued and returns. Stop the HTTP server before cancelling ctx.
 func (h *Handler) Run(ctx context.Context) error { return h.h.async.Run(ctx) }

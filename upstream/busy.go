@@ -15,10 +15,14 @@ import (
 // reply, they come to hold every slot, and the requests for the healthy
 // nodes get 503s too. So while the cluster has more than one node up, a
 // node's operations, in flight and waiting for a slot together, may hold
-// at most half of Options.RequestSlots. Past that an operation fails at
-// once with a *BusyError, which says nothing against the node's health
-// (its replies came in time) and does not move to another node (the
-// key's owner is up: its keys stay where every client places them).
+// at most half of Options.RequestSlots; and, once the caller counts its
+// requests for us (CountRequests), no more than its fair part (the slots
+// over the nodes) unless more slots are free than it holds: two slow
+// nodes then hold a third each, not all of it between them. Past that an
+// operation fails at once with a *BusyError, which says nothing against
+// the node's health (its replies came in time) and does not move to
+// another node (the key's owner is up: its keys stay where every client
+// places them).
 
 // BusyError is an operation refused unsent because its node already
 // holds its share of the caller's requests: Share operations in flight
@@ -35,12 +39,14 @@ func (e *BusyError) Error() string {
 // requestShare is the cluster-wide part of the share, read by every node.
 // It holds atomics and a mutex: it must not be copied.
 type requestShare struct {
-	mu     sync.Mutex    // serializes changes, which read each other's fields
-	slots  atomic.Int64  // Options.RequestSlots, as SetRequestSlots changes it
-	share  atomic.Int64  // each node's share of them; 0: no bound
-	nodes  atomic.Int64  // in the topology
-	others atomic.Int64  // nodes of other clusters drawing on the same slots (SetRequestSlots)
-	down   *atomic.Int32 // healthPolicy.down: nodes down now
+	mu     sync.Mutex                   // serializes changes, which read each other's fields
+	slots  atomic.Int64                 // Options.RequestSlots, as SetRequestSlots changes it
+	share  atomic.Int64                 // each node's share of them; 0: no bound
+	fair   atomic.Int64                 // each node's fair part of them: slots over nodes and others
+	count  atomic.Pointer[func() int64] // the caller's requests in flight (CountRequests); nil: unknown
+	nodes  atomic.Int64                 // in the topology
+	others atomic.Int64                 // nodes of other clusters drawing on the same slots (SetRequestSlots)
+	down   *atomic.Int32                // healthPolicy.down: nodes down now
 }
 
 // set recomputes the share for slots over nodes and others: all of them
@@ -50,6 +56,7 @@ func (s *requestShare) set(slots int64, nodes, others int) {
 	s.slots.Store(slots)
 	s.nodes.Store(int64(nodes))
 	s.others.Store(int64(others))
+	s.fair.Store(max(slots/int64(max(nodes+others, 1)), 1))
 	switch {
 	case slots <= 0:
 		s.share.Store(0)
@@ -67,15 +74,31 @@ func (s *requestShare) setNodes(nodes int) {
 	s.set(s.slots.Load(), nodes, int(s.others.Load()))
 }
 
-// limit is the most operations one node may hold now: the share, or all
-// the slots while no other node is up to keep any for (other clusters'
-// nodes count as up).
-func (s *requestShare) limit() int64 {
+// over reports whether a node holding after operations (in flight and
+// waiting, the caller's counted) would pass its share, and the most it
+// may hold now. All the slots while no other node is up to keep any for
+// (other clusters' nodes count as up); else at most half, and past its
+// fair part only while more slots are free than it would hold.
+func (s *requestShare) over(after int64) (bool, int64) {
 	sh := s.share.Load()
-	if sh > 0 && s.others.Load() == 0 && s.nodes.Load()-int64(s.down.Load()) <= 1 {
-		return s.slots.Load()
+	if sh == 0 || after <= s.fair.Load() {
+		return false, sh // 0: no bound; within its fair part: the common case, two loads
 	}
-	return sh
+	if s.others.Load() == 0 && s.nodes.Load()-int64(s.down.Load()) <= 1 {
+		slots := s.slots.Load()
+		return after > slots, slots
+	}
+	if after > sh {
+		return true, sh
+	}
+	if f := s.count.Load(); f != nil {
+		// The caller's own request is among those in flight and not yet
+		// among after's: free+1 is what it may hold with it.
+		if free := s.slots.Load() - (*f)(); after > free+1 {
+			return true, max(free+1, s.fair.Load())
+		}
+	}
+	return false, sh
 }
 
 // SetRequestSlots changes Options.RequestSlots, and so each node's share,
@@ -89,6 +112,19 @@ func (c *Cluster) SetRequestSlots(slots, others int) {
 	c.share.set(int64(slots), int(c.share.nodes.Load()), others)
 }
 
+// CountRequests gives the cluster the caller's count of its requests in
+// flight against RequestSlots (the gateway's), nil for none: a node may
+// then hold more than its fair part of the slots only while more of them
+// are free than it holds. f is called on the path that takes a slot,
+// only when the node holds more than its fair part; it must be cheap.
+func (c *Cluster) CountRequests(f func() int64) {
+	if f == nil {
+		c.share.count.Store(nil)
+		return
+	}
+	c.share.count.Store(&f)
+}
+
 // held is how many of the node's slots count against its share: those
 // of queued operations (op.Op.Queued), which hold no request slot of the
 // caller, do not.
@@ -97,7 +133,7 @@ func (n *node) held() int64 { return int64(len(n.sem)) - n.queued.Load() }
 // take takes a slot of the node's in-flight cap if one is free now and
 // the node holds less than its share; it never waits.
 func (n *node) take() bool {
-	if s := n.share.limit(); s > 0 && n.held() >= s {
+	if over, _ := n.share.over(n.held() + 1); over {
 		return false
 	}
 	select {
@@ -148,7 +184,7 @@ func (n *node) releaseQueued() {
 // *BusyError. leave undoes a join that succeeded.
 func (n *node) join() error {
 	w := n.waiting.Add(1)
-	if s := n.share.limit(); s > 0 && n.held()+w > s {
+	if over, s := n.share.over(n.held() + w); over {
 		n.waiting.Add(-1)
 		return &BusyError{Node: n.name, Share: s}
 	}
@@ -160,9 +196,9 @@ func (n *node) leave() { n.waiting.Add(-1) }
 // full reports whether an operation sent to the node now would wait for
 // a slot or be refused.
 func (n *node) full() bool {
-	s := int64(cap(n.sem))
-	if sh := n.share.limit(); sh > 0 {
-		s = min(s, sh)
+	if len(n.sem) >= cap(n.sem) {
+		return true
 	}
-	return int64(len(n.sem)) >= s
+	over, _ := n.share.over(n.held() + 1)
+	return over
 }

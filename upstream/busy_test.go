@@ -5,6 +5,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -143,8 +144,8 @@ func TestRequestShareFollowsNodes(t *testing.T) {
 		t.Errorf("after SetRequestSlots(40, 0): share %d, want 40", got)
 	}
 	c.SetRequestSlots(40, 3)
-	if got := c.share.limit(); got != 20 {
-		t.Errorf("one node, with 3 of other clusters: limit %d, want 20", got)
+	if over, got := c.share.over(21); !over || got != 20 {
+		t.Errorf("one node, with 3 of other clusters: 21 over %v, share %d; want over 20", over, got)
 	}
 }
 
@@ -215,5 +216,42 @@ func settled(mu *sync.Mutex, n *node, want int, done func() int) {
 			return
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestShareOver: a node holds its fair part of the slots (30 over 3
+// nodes: 10) whatever the others do, at most half of them (15), and
+// between the two only while more slots are free than it would hold
+// (the caller's count of requests in flight, its own included).
+func TestShareOver(t *testing.T) {
+	var down atomic.Int32
+	tests := []struct {
+		name     string
+		count    int64 // requests in flight; -1: not counted
+		down     int32
+		after    int64
+		wantOver bool
+		want     int64
+	}{
+		{name: "within its fair part", count: 30, after: 10, want: 15},
+		{name: "past it, slots free", count: 12, after: 12, want: 15},
+		{name: "past it, fewer free than it would hold", count: 25, after: 12, wantOver: true, want: 10},
+		{name: "free just enough", count: 20, after: 11, want: 15},
+		{name: "past half", count: 16, after: 16, wantOver: true, want: 15},
+		{name: "not counted: half", count: -1, after: 15, want: 15},
+		{name: "alone: all", count: 30, down: 2, after: 30, want: 30},
+		{name: "alone, past all", count: 30, down: 2, after: 31, wantOver: true, want: 30},
+	}
+	for _, tt := range tests {
+		s := requestShare{down: &down}
+		s.set(30, 3, 0)
+		down.Store(tt.down)
+		if tt.count >= 0 {
+			f := func() int64 { return tt.count }
+			s.count.Store(&f)
+		}
+		if over, got := s.over(tt.after); over != tt.wantOver || got != tt.want {
+			t.Errorf("%s: over(%d) = %v, %d; want %v, %d", tt.name, tt.after, over, got, tt.wantOver, tt.want)
+		}
 	}
 }

@@ -388,6 +388,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	}, func() float64 { return float64(bodies.Kept()) }))
 	gopts.Buffers = bodies
 	handler := gateway.NewHandler(router, log, reg, gopts)
+	router.CountRequests(handler.RequestsInFlight) // a node past its fair part of MAX_REQUESTS holds no more than are free
 	std := &http.Server{
 		Handler:           takeTurns(handler),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,

@@ -524,6 +524,14 @@ func (r *Router) SetRequestSlots(slots int) {
 	r.shareSlots()
 }
 
+// CountRequests gives every pool the caller's count of its requests in
+// flight (upstream.Cluster.CountRequests).
+func (r *Router) CountRequests(f func() int64) {
+	for _, p := range r.pools {
+		p.c.CountRequests(f)
+	}
+}
+
 // shareSlots gives every pool the slots and the number of nodes of the
 // other pools: the pools draw on the same slots, so a pool of one node
 // takes at most half of them, as a node of a larger pool does. r.mu is
