@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
 // A node's share of the caller's requests. A node that answers slowly but
@@ -145,8 +147,8 @@ func (n *node) take() bool {
 }
 
 // wait takes a slot, waiting for one within ctx as one of the node's
-// waiters (join). op names the operation in the errors.
-func (n *node) wait(ctx context.Context, op string) error {
+// waiters (join). name names the operation in the errors.
+func (n *node) wait(ctx context.Context, name string) error {
 	if err := n.join(); err != nil {
 		return err
 	}
@@ -155,7 +157,55 @@ func (n *node) wait(ctx context.Context, op string) error {
 	case n.sem <- struct{}{}:
 		return nil
 	case <-ctx.Done():
-		return ctxError(n.name, op, ctx.Err())
+		return ctxError(n.name, name, ctx.Err())
+	}
+}
+
+// admission is how an operation meets its node's share.
+type admission uint8
+
+const (
+	asked    admission = iota // refused at once past the share (*BusyError)
+	admitted                  // admitted already (op.Op.Admitted): counted, waits for a slot
+	queued                    // holds no request slot (op.Op.Queued): waits, not counted
+)
+
+// admissionOf is o's admission.
+func admissionOf(o op.Op) admission {
+	switch {
+	case o.Queued:
+		return queued
+	case o.Admitted:
+		return admitted
+	}
+	return asked
+}
+
+// checkShare reports, as a *BusyError, whether one more operation would
+// pass the node's share now; nothing is reserved.
+func (n *node) checkShare() error {
+	if over, s := n.share.over(n.held() + n.waiting.Load() + 1); over {
+		return &BusyError{Node: n.name, Share: s}
+	}
+	return nil
+}
+
+// takeAdmitted takes a slot for an admitted operation (op.Op.Admitted),
+// waiting for one within ctx as one of the node's waiters whatever the
+// share: its caller checked the share before (checkShare).
+func (n *node) takeAdmitted(ctx context.Context, name string) error {
+	select {
+	case n.sem <- struct{}{}:
+		return nil
+	default:
+	}
+	n.waiting.Add(1)
+	defer n.leave()
+	select {
+	case n.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctxError(n.name, name, ctx.Err())
 	}
 }
 
@@ -163,11 +213,11 @@ func (n *node) wait(ctx context.Context, op string) error {
 // for one within ctx whatever the share, and counts it apart: such an
 // operation holds no request slot of the caller, and nothing would retry
 // it. releaseQueued gives the slot back.
-func (n *node) takeQueued(ctx context.Context, op string) error {
+func (n *node) takeQueued(ctx context.Context, name string) error {
 	select {
 	case n.sem <- struct{}{}:
 	case <-ctx.Done():
-		return ctxError(n.name, op, ctx.Err())
+		return ctxError(n.name, name, ctx.Err())
 	}
 	n.queued.Add(1)
 	return nil

@@ -110,6 +110,9 @@ func (n *node) command(ctx context.Context, cmd string, multiline, queued bool) 
 	}
 	if !queued {
 		n.leave()
+	} else {
+		n.queued.Add(1) // as takeQueued: outside the share
+		defer n.queued.Add(-1)
 	}
 	dctx, cancel := context.WithTimeout(ctx, n.timeout)
 	defer cancel()

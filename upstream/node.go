@@ -266,7 +266,7 @@ type opFunc func(mc dataClient, failover bool) error
 // sends is then capped (cap).
 func (n *node) run(ctx context.Context, o op.Op, sk string, failover bool, cap func(int32) int32) (op.Result, error) {
 	var res op.Result
-	if o.Verb == op.Get && !o.Queued { // a queued Get waits its turn past the share: not parked
+	if o.Verb == op.Get && !o.Queued && !o.Admitted { // those wait their turn past the share: not parked
 		it, lent, err := n.get(ctx, sk, o)
 		if err == nil {
 			res.Item, res.Lent = itemOf(o.Item.Key, it), lent
@@ -276,7 +276,7 @@ func (n *node) run(ctx context.Context, o op.Op, sk string, failover bool, cap f
 	if failover && o.Verb.TakesTTL() {
 		o.Item.Expiration = cap(o.Item.Expiration)
 	}
-	err := n.doQueued(ctx, verbOp(o.Verb), failover, o.Queued, func(mc dataClient, _ bool) error {
+	err := n.doAs(ctx, verbOp(o.Verb), failover, admissionOf(o), func(mc dataClient, _ bool) error {
 		it, num, err := mc.Do(ctx, o, sk)
 		if err == nil && it != nil {
 			res.Item, res.Lent = itemOf(o.Item.Key, it), n.lent(&o, it)
@@ -306,31 +306,32 @@ func (c *countedConn) Close() error {
 // no context, so its socket timeout bounds the call. The result is
 // classified, counted, and fed to passive health checking.
 func (n *node) do(ctx context.Context, o metricOp, failover bool, f opFunc) error {
-	return n.doQueued(ctx, o, failover, false, f)
+	return n.doAs(ctx, o, failover, asked, f)
 }
 
-// doQueued is do for an operation that holds no request slot of the
-// caller if queued (op.Op.Queued): it waits for a slot past the node's
-// share (takeQueued).
-func (n *node) doQueued(ctx context.Context, o metricOp, failover, queued bool, f opFunc) error {
+// doAs is do for an operation admitted as a says (busy.go): asked ones
+// may be refused past the node's share; admitted and queued ones wait
+// for a slot.
+func (n *node) doAs(ctx context.Context, o metricOp, failover bool, a admission, f opFunc) error {
 	start := time.Now()
 	release := n.release
+	var err error
 	switch {
-	case queued:
-		if err := n.takeQueued(ctx, o.String()); err != nil {
-			n.m.ops[o][resultOf(err)].Inc()
-			return err
-		}
+	case a == queued:
+		err = n.takeQueued(ctx, o.String())
 		release = n.releaseQueued
+	case a == admitted:
+		err = n.takeAdmitted(ctx, o.String())
 	case !n.take():
-		if err := n.wait(ctx, o.String()); err != nil {
-			n.m.ops[o][resultOf(err)].Inc()
-			return err
-		}
+		err = n.wait(ctx, o.String())
 	}
-	err := classify(n.name, o.String(), f(n.client, failover))
+	if err != nil {
+		n.m.ops[o][resultOf(err)].Inc()
+		return err
+	}
+	defer release() // may send parked Gets first: not part of this operation's time; deferred, so a panic in f gives the slot back
+	err = classify(n.name, o.String(), f(n.client, failover))
 	n.count(o, start, err)
-	release() // may send parked Gets first: not part of this operation's time
 	return err
 }
 

@@ -41,6 +41,13 @@ func (r Replica) Up() bool { return r.n.available() }
 // is reserved.
 func (r Replica) Busy() bool { return r.n.full() }
 
+// Admit reports, as a *BusyError, whether one more operation would pass
+// the node's share of request slots now (busy.go); nothing is reserved.
+// A replicated write admits every replica before it sends any copy, then
+// sends them op.Op.Admitted, which wait rather than be refused: a write
+// reaches all its replicas or none.
+func (r Replica) Admit() error { return r.n.checkShare() }
+
 // ReplicaSet is a key's replicas at one moment, and the nodes that may
 // stand in for one that fails.
 type ReplicaSet struct {

@@ -213,7 +213,7 @@ func (c *Cluster) invalidateStale(ctx context.Context, n *node, keys []string) (
 				if i >= len(keys) {
 					return
 				}
-				err := n.doQueued(ctx, verbOp(op.Delete), false, true, func(mc dataClient, _ bool) error { // the health check's: no request slot
+				err := n.doAs(ctx, verbOp(op.Delete), false, queued, func(mc dataClient, _ bool) error { // the health check's: no request slot
 					_, _, err := mc.Do(ctx, op.Op{Verb: op.Delete}, keys[i])
 					return err
 				})

@@ -159,6 +159,13 @@ type Op struct {
 	// (upstream.BusyError), it waits for a slot of the node within its
 	// deadline instead of being refused, as nothing would retry it.
 	Queued bool
+	// Admitted marks an operation its caller already admitted against
+	// its node's share (upstream.Replica.Admit): the copies of a
+	// replicated write, every replica checked before any was sent. It
+	// counts against the share like any other, but waits for a slot
+	// rather than be refused, so that a write reaches all its replicas
+	// or none.
+	Admitted bool
 }
 
 // Room is a caller's say over the values its reads bring into memory.

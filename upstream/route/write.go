@@ -59,9 +59,25 @@ func (v *view) do(ctx context.Context, o op.Op) op.Result {
 		if err != nil {
 			return op.Result{Err: err}
 		}
+		if err := admit(set.Replicas); err != nil {
+			return op.Result{Err: err}
+		}
 		return v.fanout(ctx, o, &set, set.Replicas, need)
 	}
 	return v.c.Do(ctx, o) // an invalid verb: the cluster says so
+}
+
+// admit checks every replica against its node's share of request slots
+// before any copy of a write is sent (upstream.Replica.Admit): refused
+// then, the write is refused whole, and no replica is left older than
+// the others.
+func admit(rs []upstream.Replica) error {
+	for _, r := range rs {
+		if err := r.Admit(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // need returns how many of a write's replicas must answer before it is
@@ -130,12 +146,11 @@ func (v *view) fanout(ctx context.Context, o op.Op, set *upstream.ReplicaSet, ta
 		o.Item.Value = bytes.Clone(o.Item.Value)
 		o = ownKeys(o)
 	}
-	// Past a slow replica's share of request slots its copy waits for a
-	// slot rather than be refused: refused, it would keep an older value
-	// than the replicas that took the write, and reads it serves would go
-	// back in time. Nothing retries a copy that finishes after the
-	// answer; one the answer waits for holds the request's slot.
-	o.Queued = true
+	// Every replica was admitted (admit): a copy waits for its slot
+	// rather than be refused, which would leave its replica older than
+	// those that took the write, and reads it serves would go back in
+	// time.
+	o.Admitted = true
 	if !background {
 		need = len(targets)
 	}
@@ -247,6 +262,10 @@ func (v *view) cas(ctx context.Context, o op.Op) op.Result {
 	if err != nil {
 		return op.Result{Err: err}
 	}
+	if err := admit(set.Replicas); err != nil {
+		return op.Result{Err: err}
+	}
+	o.Admitted = true
 	res := v.c.DoOn(ctx, o, set.Replicas[0])
 	if failure(res.Err) {
 		v.pm.writeFailed.Inc()
@@ -279,6 +298,9 @@ func (v *view) gat(ctx context.Context, o op.Op) op.Result {
 		if i != rank {
 			others = append(others, r)
 		}
+	}
+	if admit(others) != nil {
+		return res // the touches are a courtesy: a replica at its share keeps its expiration
 	}
 	t := op.Op{Verb: op.Touch, Item: op.Item{Key: o.Item.Key, Expiration: o.Item.Expiration}, HashKey: o.HashKey}
 	v.fanout(ctx, t, &set, others, 0)
