@@ -227,7 +227,7 @@ func (v *Values) touchChunks(ctx context.Context, key string, x Index, exp int32
 	ctx = context.WithoutCancel(ctx) // also when the client has gone
 	base := keyBase(key, x.Version)
 	for i := range x.Count() {
-		res := v.do(ctx, op.Op{Verb: op.Touch, Item: op.Item{Key: base + strconv.Itoa(i), Expiration: exp}, HashKey: key})
+		res := v.do(ctx, op.Op{Verb: op.Touch, Item: op.Item{Key: base + strconv.Itoa(i), Expiration: exp}, HashKey: key, Admitted: true}) // as the index's operation was
 		if res.Err != nil {
 			return
 		}
@@ -295,7 +295,7 @@ func (v *Values) Put(ctx context.Context, p Put, src Source) (err error) {
 			case len(b) > x.ChunkSize || x.Size%int64(x.ChunkSize) != 0:
 				return fmt.Errorf("chunk: %q: chunk %d of %d bytes after %d bytes in chunks of %d", p.Key, written, len(b), x.Size, x.ChunkSize)
 			}
-			c := op.Op{Verb: op.Set, Item: op.Item{Key: base + strconv.Itoa(written), Value: b, Flags: checksum(b), Expiration: exp}, HashKey: p.Key}
+			c := op.Op{Verb: op.Set, Item: op.Item{Key: base + strconv.Itoa(written), Value: b, Flags: checksum(b), Expiration: exp}, HashKey: p.Key, Admitted: true} // as current's read was
 			if res := v.write(ctx, c); res.Err != nil {
 				return fmt.Errorf("chunk: writing chunk %d of %q: %w", written, p.Key, res.Err)
 			}
@@ -311,7 +311,7 @@ func (v *Values) Put(ctx context.Context, p Put, src Source) (err error) {
 			return rerr
 		}
 	}
-	idx := op.Op{Verb: p.Verb, Item: op.Item{Key: p.Key, Value: x.Encode(), Flags: IndexFlags, Expiration: p.Expiration, CAS: p.CAS}}
+	idx := op.Op{Verb: p.Verb, Item: op.Item{Key: p.Key, Value: x.Encode(), Flags: IndexFlags, Expiration: p.Expiration, CAS: p.CAS}, Admitted: true}
 	if res := v.do(ctx, idx); res.Err != nil {
 		return res.Err
 	}
@@ -352,7 +352,7 @@ func (v *Values) current(ctx context.Context, p Put) (oldIndex *Index, err error
 func (v *Values) cleanup(ctx context.Context, key, base string, n int) {
 	ctx = context.WithoutCancel(ctx)
 	for i := range n {
-		res := v.do(ctx, op.Op{Verb: op.Delete, Item: op.Item{Key: base + strconv.Itoa(i)}, HashKey: key})
+		res := v.do(ctx, op.Op{Verb: op.Delete, Item: op.Item{Key: base + strconv.Itoa(i)}, HashKey: key, Admitted: true})
 		if res.Err != nil && !errors.Is(res.Err, upstream.ErrNotFound) {
 			return
 		}

@@ -293,3 +293,68 @@ func TestLookKeepsNoPlainValue(t *testing.T) {
 		})
 	}
 }
+
+// admissionStore records, for every operation, its key and whether it
+// was op.Op.Admitted.
+type admissionStore struct {
+	*storetest.Store
+	mu  sync.Mutex
+	ops []op.Op
+}
+
+func (s *admissionStore) Do(ctx context.Context, o op.Op) op.Result {
+	s.mu.Lock()
+	s.ops = append(s.ops, op.Op{Verb: o.Verb, Item: op.Item{Key: o.Item.Key}, Admitted: o.Admitted})
+	s.mu.Unlock()
+	return s.Store.Do(ctx, o)
+}
+
+// TestChunksAdmitted: a value in chunks is written, read, touched and
+// deleted whole once its first operation on the node passed its share of
+// request slots: every chunk operation after it, and the index written
+// after the chunks, are op.Op.Admitted (they wait rather than be refused,
+// which would cut a response short or leave chunks behind); the first
+// is not.
+func TestChunksAdmitted(t *testing.T) {
+	const chunkSize = 1024
+	s := &admissionStore{Store: storetest.New()}
+	v := New(s, Options{ChunkSize: chunkSize, Timeout: time.Second}, prometheus.NewRegistry())
+	if err := v.Put(t.Context(), Put{Verb: op.Set, Key: "k"}, &sliceSource{b: []byte(strings.Repeat("v", 3*chunkSize)), size: chunkSize}); err != nil {
+		t.Fatalf("Put: %v", err)
+	}
+	s.Mu.Lock()
+	x, ok, err := Parse(s.Items["k"])
+	s.Mu.Unlock()
+	if !ok || err != nil {
+		t.Fatalf("Parse(index) = %v, %v", ok, err)
+	}
+	rd := v.NewReader(t.Context(), "k", x, time.Now(), 0, x.Size)
+	for {
+		if _, err := rd.Next(); err != nil {
+			break
+		}
+	}
+	rd.Close()
+	v.Do(t.Context(), op.Op{Verb: op.Touch, Item: op.Item{Key: "k", Expiration: 60}})
+	v.Do(t.Context(), op.Op{Verb: op.Delete, Item: op.Item{Key: "k"}})
+	chunkOps, firsts := 0, 0
+	for i, o := range s.ops {
+		switch {
+		case Reserved(o.Item.Key):
+			chunkOps++
+			if !o.Admitted {
+				t.Errorf("op %d, %v of chunk %s: not admitted", i, o.Verb, o.Item.Key)
+			}
+		case i == 0 && o.Admitted:
+			t.Errorf("the put's first operation, %v of the index, is admitted: it must meet the share", o.Verb)
+		case !o.Admitted:
+			firsts++
+		}
+	}
+	if chunkOps < 9 { // 3 written, 3 read, 3 touched, and the delete's
+		t.Errorf("%d chunk operations, want 9 or more", chunkOps)
+	}
+	if firsts == 0 {
+		t.Error("no operation met the share")
+	}
+}

@@ -160,11 +160,12 @@ type Op struct {
 	// deadline instead of being refused, as nothing would retry it.
 	Queued bool
 	// Admitted marks an operation its caller already admitted against
-	// its node's share (upstream.Replica.Admit): the copies of a
-	// replicated write, every replica checked before any was sent. It
+	// its node's share: the copies of a replicated write, every replica
+	// checked before any was sent (upstream.Replica.Admit), and the
+	// chunks of a value whose first operation on their node passed. It
 	// counts against the share like any other, but waits for a slot
-	// rather than be refused, so that a write reaches all its replicas
-	// or none.
+	// rather than be refused, so that a write reaches all its replicas or
+	// none, and a value in chunks is read or written whole.
 	Admitted bool
 }
 

@@ -59,7 +59,7 @@ func (v *view) do(ctx context.Context, o op.Op) op.Result {
 		if err != nil {
 			return op.Result{Err: err}
 		}
-		if err := admit(set.Replicas); err != nil {
+		if err := admit(o, set.Replicas); err != nil {
 			return op.Result{Err: err}
 		}
 		return v.fanout(ctx, o, &set, set.Replicas, need)
@@ -68,10 +68,14 @@ func (v *view) do(ctx context.Context, o op.Op) op.Result {
 }
 
 // admit checks every replica against its node's share of request slots
-// before any copy of a write is sent (upstream.Replica.Admit): refused
-// then, the write is refused whole, and no replica is left older than
-// the others.
-func admit(rs []upstream.Replica) error {
+// before any copy of o is sent (upstream.Replica.Admit): refused then, the
+// write is refused whole, and no replica is left older than the others.
+// An o admitted already (op.Op.Admitted: a chunk of a value whose first
+// operation was) is not checked again.
+func admit(o op.Op, rs []upstream.Replica) error {
+	if o.Admitted || o.Queued {
+		return nil
+	}
 	for _, r := range rs {
 		if err := r.Admit(); err != nil {
 			return err
@@ -262,7 +266,7 @@ func (v *view) cas(ctx context.Context, o op.Op) op.Result {
 	if err != nil {
 		return op.Result{Err: err}
 	}
-	if err := admit(set.Replicas); err != nil {
+	if err := admit(o, set.Replicas); err != nil {
 		return op.Result{Err: err}
 	}
 	o.Admitted = true
@@ -299,7 +303,7 @@ func (v *view) gat(ctx context.Context, o op.Op) op.Result {
 			others = append(others, r)
 		}
 	}
-	if admit(others) != nil {
+	if admit(o, others) != nil {
 		return res // the touches are a courtesy: a replica at its share keeps its expiration
 	}
 	t := op.Op{Verb: op.Touch, Item: op.Item{Key: o.Item.Key, Expiration: o.Item.Expiration}, HashKey: o.HashKey}
