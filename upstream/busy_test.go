@@ -43,18 +43,7 @@ func TestNodeShare(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			mcs := memcachedtest.StartN(t, tt.nodes)
-			px := faultproxy.NewTCP(mcs[0].Addr)
-			if err := px.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { px.Close() })
-			_, port, _ := net.SplitHostPort(px.Addr())
-			c, _ := newTestCluster(t, mcs, func(o *Options) {
-				o.Servers[0].Port, _ = strconv.Atoi(port)
-				o.Timeout, o.Health.Timeout = 2*time.Second, 2*time.Second
-				o.RequestSlots = tt.slots
-			})
-			runCluster(t, c)
+			c, px := slowFirstCluster(t, mcs, tt.slots)
 			slow := c.topo.Load().nodes[0]
 			key := keyOwnedBy(t, c, 0)
 			if tt.otherDown {
@@ -155,18 +144,7 @@ func TestRequestShareFollowsNodes(t *testing.T) {
 // flush_all, which must reach the node, waits its turn instead.
 func TestCommandsCountTowardShare(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 2)
-	px := faultproxy.NewTCP(mcs[0].Addr)
-	if err := px.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { px.Close() })
-	_, port, _ := net.SplitHostPort(px.Addr())
-	c, _ := newTestCluster(t, mcs, func(o *Options) {
-		o.Servers[0].Port, _ = strconv.Atoi(port)
-		o.Timeout, o.Health.Timeout = 2*time.Second, 2*time.Second
-		o.RequestSlots = 8
-	})
-	runCluster(t, c)
+	c, px := slowFirstCluster(t, mcs, 8)
 	px.SetLatency(250 * time.Millisecond)
 	for _, tt := range []struct {
 		name     string
@@ -254,4 +232,24 @@ func TestShareOver(t *testing.T) {
 			t.Errorf("%s: over(%d) = %v, %d; want %v, %d", tt.name, tt.after, over, got, tt.wantOver, tt.want)
 		}
 	}
+}
+
+// slowFirstCluster runs a cluster of mcs whose first node is reached
+// through our relay (to be slowed with SetLatency), with timeouts of 2 s
+// and RequestSlots slots.
+func slowFirstCluster(t *testing.T, mcs []*memcachedtest.Server, slots int) (*Cluster, *faultproxy.TCP) {
+	t.Helper()
+	px := faultproxy.NewTCP(mcs[0].Addr)
+	if err := px.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { px.Close() })
+	_, port, _ := net.SplitHostPort(px.Addr())
+	c, _ := newTestCluster(t, mcs, func(o *Options) {
+		o.Servers[0].Port, _ = strconv.Atoi(port)
+		o.Timeout, o.Health.Timeout = 2*time.Second, 2*time.Second
+		o.RequestSlots = slots
+	})
+	runCluster(t, c)
+	return c, px
 }
