@@ -198,9 +198,9 @@ func settled(mu *sync.Mutex, n *node, want int, done func() int) {
 }
 
 // TestShareOver: a node holds its fair part of the slots (30 over 3
-// nodes: 10) whatever the others do, at most half of them (15), and
-// between the two only while more slots are free than it would hold
-// (the caller's count of requests in flight, its own included).
+// nodes: 10) whatever the others do, and past it only while more slots
+// are free than it would hold (the caller's count of requests in flight,
+// its own included), or at most half of them (15) when nothing counts.
 func TestShareOver(t *testing.T) {
 	var down atomic.Int32
 	tests := []struct {
@@ -212,10 +212,11 @@ func TestShareOver(t *testing.T) {
 		want     int64
 	}{
 		{name: "within its fair part", count: 30, after: 10, want: 15},
-		{name: "past it, slots free", count: 12, after: 12, want: 15},
+		{name: "past it, slots free", count: 12, after: 12, want: 19},
 		{name: "past it, fewer free than it would hold", count: 25, after: 12, wantOver: true, want: 10},
-		{name: "free just enough", count: 20, after: 11, want: 15},
-		{name: "past half", count: 16, after: 16, wantOver: true, want: 15},
+		{name: "free just enough", count: 20, after: 11, want: 11},
+		{name: "past the free slots", count: 16, after: 16, wantOver: true, want: 15},
+		{name: "past half, slots free: operations of few requests", count: 3, after: 20, want: 28},
 		{name: "not counted: half", count: -1, after: 15, want: 15},
 		{name: "alone: all", count: 30, down: 2, after: 30, want: 30},
 		{name: "alone, past all", count: 30, down: 2, after: 31, wantOver: true, want: 30},

@@ -46,7 +46,15 @@ func (r Replica) Busy() bool { return r.n.full() }
 // A replicated write admits every replica before it sends any copy, then
 // sends them op.Op.Admitted, which wait rather than be refused: a write
 // reaches all its replicas or none.
-func (r Replica) Admit() error { return r.n.checkShare() }
+// v is the write's verb, under which a refusal is counted
+// (memcgate_upstream_ops_total{result="busy"}).
+func (r Replica) Admit(v op.Verb) error {
+	err := r.n.checkShare()
+	if err != nil {
+		r.n.m.ops[verbOp(v)][resBusy].Inc()
+	}
+	return err
+}
 
 // ReplicaSet is a key's replicas at one moment, and the nodes that may
 // stand in for one that fails.

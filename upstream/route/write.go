@@ -77,7 +77,7 @@ func admit(o op.Op, rs []upstream.Replica) error {
 		return nil
 	}
 	for _, r := range rs {
-		if err := r.Admit(); err != nil {
+		if err := r.Admit(o.Verb); err != nil {
 			return err
 		}
 	}
