@@ -706,7 +706,7 @@ func TestReplicatedWritesAdmitted(t *testing.T) {
 			o := clusterOptions(mcs)
 			o.Servers[1].Port, _ = strconv.Atoi(port)
 			o.Timeout, o.Health.Timeout, o.RequestSlots = 2*time.Second, 2*time.Second, 8
-			r, _ := newRouter(t, Options{BackgroundOps: 2, Pools: []PoolOptions{{Cluster: o, Replicas: 2, Write: write}}})
+			r, reg := newRouter(t, Options{BackgroundOps: 2, Pools: []PoolOptions{{Cluster: o, Replicas: 2, Write: write}}})
 			const n = 30
 			for i := range n {
 				if err := set(t.Context(), r, fmt.Sprint("k", i), "old"); err != nil {
@@ -738,6 +738,26 @@ func TestReplicatedWritesAdmitted(t *testing.T) {
 			// a few more than the share (4) may pass it together.
 			if ok == 0 || busy == 0 || ok > 12 {
 				t.Errorf("%d sets answered, %d refused busy; want some of each, and not many more answered than the slow replica's share (4)", ok, busy)
+			}
+			if got, err := testutil.GatherAndCount(reg, "memcgate_upstream_ops_total"); err != nil || got == 0 {
+				t.Fatalf("ops_total: %d series, %v", got, err)
+			}
+			mfs, _ := reg.Gather()
+			counted := 0.0
+			for _, mf := range mfs {
+				if mf.GetName() != "memcgate_upstream_ops_total" {
+					continue
+				}
+				for _, m := range mf.GetMetric() {
+					for _, l := range m.GetLabel() {
+						if l.GetName() == "result" && l.GetValue() == "busy" {
+							counted += m.GetCounter().GetValue()
+						}
+					}
+				}
+			}
+			if int(counted) != busy {
+				t.Errorf(`ops_total{result="busy"} = %v, want the %d writes refused`, counted, busy)
 			}
 			px.SetLatency(0)
 			for i := range n {
