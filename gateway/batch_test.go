@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/memcgate/memcgate/gateway/budget"
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/op"
 )
@@ -728,6 +729,52 @@ func TestBatchesShareParallelism(t *testing.T) {
 			if r.Status != 404 {
 				t.Fatalf("delete of a missing key = %+v, want 404", r)
 			}
+		}
+	}
+}
+
+// TestBatchBookkeepingHeld: a batch's operations and a multi-get's keys
+// are held against the byte budget (batchOpBytes each) while the request
+// runs, so that many large batches at once meet MAX_BUFFERED_BYTES
+// instead of growing the heap past it; and given back when it ends.
+func TestBatchBookkeepingHeld(t *testing.T) {
+	bg := budget.New(100 << 10) // room for 100 operations' bookkeeping
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	h := NewHandler(newFake(), log, prometheus.NewRegistry(), Options{Budget: bg})
+	batch := func(n int) string {
+		ops := make([]string, n)
+		for i := range ops {
+			ops[i] = `{"op":"get","key":"k` + strconv.Itoa(i) + `"}`
+		}
+		return `{"ops":[` + strings.Join(ops, ",") + `]}`
+	}
+	multi := func(n int) string {
+		q := make([]string, n)
+		for i := range q {
+			q[i] = "key=k" + strconv.Itoa(i)
+		}
+		return "/?" + strings.Join(q, "&")
+	}
+	tests := []struct {
+		name, method, target, body string
+		want                       int
+	}{
+		{"batch within", "POST", "/", batch(90), 200},
+		{"batch past", "POST", "/", batch(200), 503},
+		{"multi-get within", "GET", multi(90), "", 200},
+		{"multi-get past", "GET", multi(200), "", 503},
+	}
+	for _, tt := range tests {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest(tt.method, tt.target, strings.NewReader(tt.body)))
+		if w.Code != tt.want {
+			t.Errorf("%s: %d %s, want %d", tt.name, w.Code, w.Body, tt.want)
+		}
+		if tt.want == 503 && !strings.Contains(w.Body.String(), "MEMCGATE_MAX_BUFFERED_BYTES") {
+			t.Errorf("%s: 503 says %q, want the byte budget named", tt.name, w.Body)
+		}
+		if held := bg.Used(); held != 0 {
+			t.Errorf("%s: %d bytes still held after the request", tt.name, held)
 		}
 	}
 }
