@@ -10,6 +10,7 @@ package hashring
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -228,11 +229,67 @@ func writeSessions(t *testing.T, php string, servers []*memcachedtest.Server, id
 	if out != strconv.Itoa(len(ids)) {
 		t.Fatalf("php wrote %s sessions, want %d", out, len(ids))
 	}
+	got := holders(t, servers, prefixed(prefix, ids))
+	placed := make(map[string][]int, len(ids))
+	for _, id := range ids {
+		placed[id] = got[prefix+id]
+	}
+	return placed
+}
+
+func prefixed(prefix string, ids []string) []string {
 	keys := make([]string, len(ids))
 	for i, id := range ids {
 		keys[i] = prefix + id
 	}
-	return holders(t, servers, keys)
+	return keys
+}
+
+// checkSessions has PHP write a session for every id and fails t for each
+// one not on exactly the servers want names, in any order. A session found
+// elsewhere is deleted everywhere and written once more, and only a second
+// miss fails: placement is a pure function of the id, but a PHP client
+// that finds a server slow on a loaded machine fails over to the next one
+// for its retry interval, and that is no placement bug. The count of such
+// transient misses is logged.
+func checkSessions(t *testing.T, php string, servers []*memcachedtest.Server, ids []string, prefix string, opts []string, want func(id string) []int) {
+	t.Helper()
+	misplaced := func(got map[string][]int, ids []string) []string {
+		var out []string
+		for _, id := range ids {
+			if !slices.Equal(slices.Sorted(slices.Values(got[id])), slices.Sorted(slices.Values(want(id)))) {
+				out = append(out, id)
+			}
+		}
+		return out
+	}
+	first := misplaced(writeSessions(t, php, servers, ids, prefix, opts), ids)
+	if len(first) == 0 {
+		t.Logf("%d sessions written by PHP, all where the distribution says", len(ids))
+		return
+	}
+	if len(first) > len(ids)/100 {
+		t.Errorf("%d of %d sessions not where the distribution says, %q first; not retried", len(first), len(ids), first[0])
+		return
+	}
+	for _, s := range servers {
+		c := memcache.New(s.Addr)
+		for _, k := range prefixed(prefix, first) {
+			if err := c.Delete(k); err != nil && !errors.Is(err, memcache.ErrCacheMiss) {
+				t.Fatalf("delete %q from %s: %v", k, s.Addr, err)
+			}
+		}
+		c.Close()
+	}
+	again := writeSessions(t, php, servers, first, prefix, opts)
+	still := misplaced(again, first)
+	for i, id := range still {
+		if i == 5 {
+			break
+		}
+		t.Errorf("session %q is on %v, want %v", id, again[id], want(id))
+	}
+	t.Logf("%d sessions written by PHP: %d misplaced once (a client failover), %d misplaced again", len(ids), len(first)-len(still), len(still))
 }
 
 // sessionConfigs are the server sets of the session tests: the first 3
@@ -291,36 +348,19 @@ func TestPeclSessionInterop(t *testing.T) {
 			)
 			seed := uint64(100*ci + 10*si)
 			t.Run(c.name+"/"+string(d), func(t *testing.T) {
-				ids := sessionIDs(10000, seed)
-				got := writeSessions(t, php, c.srv, ids, "", append(slices.Clip(opts), "-d", "memcache.session_redundancy=1"))
-				mismatches := 0
-				for _, id := range ids {
-					if want := r.Owner(id); len(got[id]) != 1 || got[id][0] != want {
-						if mismatches++; mismatches <= 5 {
-							t.Errorf("session %q is on %v, Owner says %d", id, got[id], want)
-						}
-					}
-				}
-				t.Logf("%s %s: %d sessions written by PHP (redundancy 1), %d not on Owner", c.name, d, len(ids), mismatches)
+				checkSessions(t, php, c.srv, sessionIDs(10000, seed), "", append(slices.Clip(opts), "-d", "memcache.session_redundancy=1"),
+					func(id string) []int { return []int{r.Owner(id)} })
 			})
 			t.Run(c.name+"/"+string(d)+"/redundancy 2", func(t *testing.T) {
-				ids := sessionIDs(1000, seed+1)
-				got := writeSessions(t, php, c.srv, ids, "", opts)
-				mismatches := 0
-				for _, id := range ids {
+				checkSessions(t, php, c.srv, sessionIDs(1000, seed+1), "", opts, func(id string) []int {
 					var want []int
 					for m := range r.Owners(id) {
 						if want = append(want, m); len(want) == 2 {
 							break
 						}
 					}
-					if !slices.Equal(slices.Sorted(slices.Values(got[id])), slices.Sorted(slices.Values(want))) {
-						if mismatches++; mismatches <= 5 {
-							t.Errorf("session %q is on %v, want the first two of Owners %v", id, got[id], want)
-						}
-					}
-				}
-				t.Logf("%s %s: %d sessions written by PHP (redundancy 2), %d not on the first two of Owners", c.name, d, len(ids), mismatches)
+					return want
+				})
 			})
 		}
 	}
@@ -358,18 +398,9 @@ func TestPHPSessionInterop(t *testing.T) {
 		}
 		r := mustNew(t, Consistent, c.ms)
 		t.Run(c.name+"/session handler", func(t *testing.T) {
-			ids := sessionIDs(10000, uint64(1000+ci))
-			got := writeSessions(t, php, c.srv, ids, "memc.sess.key.",
-				[]string{"-d", "session.save_handler=memcached", "-d", "session.save_path=" + strings.Join(path, ",")})
-			mismatches := 0
-			for _, id := range ids {
-				if want := r.Owner(id); len(got["memc.sess.key."+id]) != 1 || got["memc.sess.key."+id][0] != want {
-					if mismatches++; mismatches <= 5 {
-						t.Errorf("session %q is on %v, Owner says %d", id, got["memc.sess.key."+id], want)
-					}
-				}
-			}
-			t.Logf("%s consistent: %d sessions written by php-memcached's handler, %d not on Owner", c.name, len(ids), mismatches)
+			checkSessions(t, php, c.srv, sessionIDs(10000, uint64(1000+ci)), "memc.sess.key.",
+				[]string{"-d", "session.save_handler=memcached", "-d", "session.save_path=" + strings.Join(path, ",")},
+				func(id string) []int { return []int{r.Owner(id)} })
 		})
 		t.Run(c.name+"/DISTRIBUTION_CONSISTENT", func(t *testing.T) {
 			keys := interopKeys(10000, uint64(2000+ci))
