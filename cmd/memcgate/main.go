@@ -33,6 +33,7 @@ import (
 	"github.com/memcgate/memcgate/gateway/h1"
 	"github.com/memcgate/memcgate/gateway/memc"
 	"github.com/memcgate/memcgate/gateway/phpvalue"
+	"github.com/memcgate/memcgate/gateway/procs"
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/hashring"
 	"github.com/memcgate/memcgate/upstream/route"
@@ -447,11 +448,16 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	reloadCtx, stopReload := context.WithCancel(ctx)
 	defer stopReload()
 	wg.Go(func() { rl.Run(reloadCtx, hup) })
+	fitting := cfg.FitProcs && environ["GOMAXPROCS"] == ""
+	if fitting {
+		fitter := procs.New(procs.Options{})
+		wg.Go(func() { fitter.Run(reloadCtx) })
+	}
 	log.Info("memcgate started", "version", build.Version, "revision", build.Revision,
 		"listen", ls.data.Addr().String(), "listen_socket", cfg.ListenSocket, "admin", ls.admin.Addr().String(),
 		"servers", len(cfg.Servers), "distribution", cfg.Distribution, "pools", router.Pools(), "replicas", cfg.Replicas,
 		"max_buffered_bytes", mem.budget, "memory_limit", mem.limit, "memory_limit_from", mem.source,
-		"max_client_conns", maxConns, "open_file_limit", nofile)
+		"max_client_conns", maxConns, "open_file_limit", nofile, "procs", runtime.GOMAXPROCS(0), "fit_procs", fitting)
 	if nofile > 0 && uint64(maxConns) > nofile-min(nofile/4, reserveMax) {
 		log.Warn("MEMCGATE_MAX_CLIENT_CONNS leaves few descriptors of the open-file limit for memcached and the admin listener: while clients hold them all, memcached connections cannot be opened; raise the limit (ulimit -n, LimitNOFILE=) or lower the cap",
 			"max_client_conns", maxConns, "open_file_limit", nofile)
