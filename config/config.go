@@ -146,7 +146,7 @@ type Config struct {
 	PeclCompressThreshold  int     `env:"PECL_COMPRESS_THRESHOLD" envDefault:"20000" help:"with VALUE_CODEC=pecl-memcache: zlib-compress strings of at least this many bytes (memcache.compress_threshold, Memcache::setCompressThreshold); 0 never compresses"`
 	PeclCompressMinSavings float64 `env:"PECL_COMPRESS_MIN_SAVINGS" envDefault:"0.2" help:"with VALUE_CODEC=pecl-memcache: keep the compressed form only if it saves at least this fraction (setCompressThreshold's min_savings, 0 to 1)"`
 
-	FitProcs bool `env:"FIT_PROCS" envDefault:"true" help:"while the gateway uses under half a CPU, run its goroutines on one processor (GOMAXPROCS=1), and on the runtime's default within 100 ms of it using most of one: on a host whose CPUs other programs use (PHP), waking idle processors costs more than the requests; off when GOMAXPROCS is set"`
+	FitProcs bool `env:"FIT_PROCS" envDefault:"false" help:"while the gateway uses under half a CPU, run its goroutines on one processor (GOMAXPROCS=1), and on the runtime's default within 100 ms of it using most of one: for a gateway beside PHP pages that wait for it, where waking idle processors costs more than the requests; not where other programs keep the CPUs busy without waiting for the gateway (one processor gets a smaller share of them); ignored when GOMAXPROCS is set"`
 
 	AccessLog bool   `env:"ACCESS_LOG" envDefault:"true" help:"one log line per request (never values; keys only at debug level)"`
 	LogLevel  string `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`

@@ -120,6 +120,14 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	return serve(ctx, cfg, environ, ls, lg)
 }
 
+// goMaxProcsSet reports whether environ's GOMAXPROCS sets the runtime's
+// processors: a number above 0, as the runtime reads it (anything else
+// leaves the default).
+func goMaxProcsSet(environ map[string]string) bool {
+	n, err := strconv.Atoi(environ["GOMAXPROCS"])
+	return err == nil && n > 0
+}
+
 // listeners are what serve serves: the data API on TCP and, if
 // configured, on a Unix socket (else nil), and the admin listener.
 type listeners struct {
@@ -448,7 +456,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	reloadCtx, stopReload := context.WithCancel(ctx)
 	defer stopReload()
 	wg.Go(func() { rl.Run(reloadCtx, hup) })
-	fitting := cfg.FitProcs && environ["GOMAXPROCS"] == ""
+	fitting := cfg.FitProcs && !goMaxProcsSet(environ)
 	if fitting {
 		fitter := procs.New(procs.Options{})
 		wg.Go(func() { fitter.Run(reloadCtx) })

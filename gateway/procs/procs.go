@@ -8,15 +8,20 @@
 // polls the network and sleeps again. On a host whose CPUs other programs
 // use (PHP pages calling the gateway, each with a connection of its own)
 // those wake-ups are most of the gateway's cost per request; with one
-// processor there is no idle one to wake. docs/decisions/0023 has the
-// measurements.
+// processor there is no idle one to wake.
+//
+// The load is the CPU time the gateway got, not what it would have used:
+// on a host whose CPUs are taken by programs that do not wait for the
+// gateway, one processor gets it a smaller share of them than several,
+// and requests that compute for long wait behind each other. Decision
+// 0023 in docs/decisions has the measurements; the fitting is off unless
+// configured.
 package procs
 
 import (
 	"context"
 	"runtime"
 	"sync/atomic"
-	"syscall"
 	"time"
 )
 
@@ -38,12 +43,14 @@ const (
 // Options configure a Fitter. The zero value reads the process's CPU time
 // and sets the runtime's processors, every DefaultInterval.
 type Options struct {
-	Interval time.Duration        // how often the load is read; DefaultInterval if 0
-	CPU      func() time.Duration // the process's CPU time so far; getrusage if nil
+	Interval time.Duration // how often the load is read; DefaultInterval if 0
+	// CPU returns the process's CPU time so far and whether it could be
+	// read; getrusage if nil.
+	CPU func() (time.Duration, bool)
 	// Set schedules on n processors, or on the runtime's default if n is
 	// 0; runtime.GOMAXPROCS and runtime.SetDefaultGOMAXPROCS if nil.
 	Set func(n int)
-	// Default is the runtime's default number of processors;
+	// Default is the number of processors Set(0) restores;
 	// runtime.GOMAXPROCS(0) when New is called if 0.
 	Default int
 }
@@ -52,10 +59,15 @@ type Options struct {
 // number of them as the load asks. Its zero value is not usable; call New.
 type Fitter struct {
 	interval time.Duration
-	cpu      func() time.Duration
+	cpu      func() (time.Duration, bool)
 	set      func(n int)
 	def      int
 	procs    atomic.Int32 // what Set was last asked for: 1 or def
+
+	// The last reading and the rule's state, Run's alone.
+	lastCPU time.Duration
+	lastAt  time.Time
+	quiet   int
 }
 
 // New returns a Fitter. It changes nothing until Run.
@@ -81,8 +93,9 @@ func New(o Options) *Fitter {
 func (f *Fitter) Procs() int { return int(f.procs.Load()) }
 
 // Run reads the load every interval and sets the processors until ctx is
-// done, then restores the runtime's default. With a default of one
-// processor there is nothing to fit and it only waits for ctx.
+// done, then restores the runtime's default. It is called once. With a
+// default of one processor there is nothing to fit and it only waits for
+// ctx.
 func (f *Fitter) Run(ctx context.Context) {
 	if f.def <= 1 {
 		<-ctx.Done()
@@ -96,32 +109,45 @@ func (f *Fitter) Run(ctx context.Context) {
 	}()
 	t := time.NewTicker(f.interval)
 	defer t.Stop()
-	lastCPU, lastAt := f.cpu(), time.Now()
-	quiet := 0
+	f.start()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case now := <-t.C:
-			c := f.cpu()
-			wall := now.Sub(lastAt)
-			if wall <= 0 {
-				continue
-			}
-			used := float64(c-lastCPU) / float64(wall)
-			lastCPU, lastAt = c, now
-			cur := f.Procs()
-			n, q := next(cur, f.def, used, quiet)
-			quiet = q
-			if n != cur {
-				if n == f.def {
-					f.set(0)
-				} else {
-					f.set(n)
-				}
-				f.procs.Store(int32(n))
-			}
+		case <-t.C:
+			f.tick()
 		}
+	}
+}
+
+// start takes the first reading.
+func (f *Fitter) start() {
+	f.lastCPU, _ = f.cpu()
+	f.lastAt = time.Now()
+}
+
+// tick reads the load since the last reading and sets the processors the
+// rule asks for. The time is taken after the CPU time, not when the tick
+// was due, so that a late tick does not read as a busy interval.
+func (f *Fitter) tick() {
+	c, ok := f.cpu()
+	now := time.Now()
+	wall := now.Sub(f.lastAt)
+	if !ok || wall <= 0 {
+		return // no reading: the next one covers this interval too
+	}
+	used := float64(c-f.lastCPU) / float64(wall)
+	f.lastCPU, f.lastAt = c, now
+	cur := f.Procs()
+	n, q := next(cur, f.def, used, f.quiet)
+	f.quiet = q
+	if n != cur {
+		if n == f.def {
+			f.set(0)
+		} else {
+			f.set(n)
+		}
+		f.procs.Store(int32(n))
 	}
 }
 
@@ -144,15 +170,8 @@ func next(cur, def int, used float64, quiet int) (procs, quietAfter int) {
 	return cur, quiet + 1
 }
 
-// processCPU returns the user and system CPU time of the process.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
+// setProcs is Options.Set's default: n processors, or the runtime's
+// default (which goes on following a container's CPU limit) if n is 0.
 func setProcs(n int) {
 	if n == 0 {
 		runtime.SetDefaultGOMAXPROCS()

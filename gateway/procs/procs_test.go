@@ -38,7 +38,7 @@ func TestNext(t *testing.T) {
 	}
 }
 
-// fakeLoad is a process whose CPU use per interval the test sets, with
+// fakeLoad is a process whose CPU use the test sets, with
 // the processors the Fitter asked for recorded.
 type fakeLoad struct {
 	mu   sync.Mutex
@@ -48,13 +48,15 @@ type fakeLoad struct {
 	sets []int
 }
 
-func (l *fakeLoad) CPU() time.Duration {
+func newFakeLoad() *fakeLoad { return &fakeLoad{last: time.Now()} }
+
+func (l *fakeLoad) CPU() (time.Duration, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := time.Now()
 	l.cpu += time.Duration(l.rate * float64(now.Sub(l.last)))
 	l.last = now
-	return l.cpu
+	return l.cpu, true
 }
 
 func (l *fakeLoad) setRate(r float64) {
@@ -73,64 +75,131 @@ func (l *fakeLoad) Set(n int) {
 func (l *fakeLoad) Sets() []int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return append([]int(nil), l.sets...)
+	return slices.Clone(l.sets)
 }
 
-func waitProcs(t *testing.T, f *Fitter, want int) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for f.Procs() != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("Procs() = %d, want %d", f.Procs(), want)
-		}
-		time.Sleep(time.Millisecond)
+func (l *fakeLoad) fitter(def int) *Fitter {
+	return New(Options{CPU: l.CPU, Set: l.Set, Default: def})
+}
+
+// ticks runs n of f's intervals of about 2 ms each, driven by the test.
+func ticks(f *Fitter, n int) {
+	for range n {
+		time.Sleep(2 * time.Millisecond)
+		f.tick()
 	}
 }
 
-// TestFitterFollowsLoad drives a Fitter with a process whose load goes
-// from idle to busy and back, and checks what it sets: one processor
-// after the quiet intervals, the default (Set(0)) once busy, and the
-// default again when Run ends.
+// TestFitterFollowsLoad drives a Fitter interval by interval through a
+// load that goes from idle to busy and back, and checks the processors it
+// sets.
 func TestFitterFollowsLoad(t *testing.T) {
-	l := &fakeLoad{last: time.Now()}
-	f := New(Options{Interval: 5 * time.Millisecond, CPU: l.CPU, Set: l.Set, Default: 4})
+	l := newFakeLoad()
+	f := l.fitter(4)
 	if f.Procs() != 4 {
 		t.Fatalf("before Run: Procs() = %d, want 4", f.Procs())
 	}
+	f.start()
+	step := func(what string, n int, want int) {
+		t.Helper()
+		ticks(f, n)
+		if f.Procs() != want {
+			t.Fatalf("%s: Procs() = %d, want %d (sets %v)", what, f.Procs(), want, l.Sets())
+		}
+	}
+	step("idle, not yet for downAfter intervals", downAfter-1, 4)
+	step("idle for downAfter intervals", 1, 1)
+	step("light load on one processor", 20, 1)
+	l.setRate(1.5)
+	step("busy", 1, 4)
+	l.setRate(0.6)
+	step("between the bounds", 30, 4)
+	l.setRate(0.1)
+	step("quiet again", downAfter, 1)
+	if got, want := l.Sets(), []int{1, 0, 1}; !slices.Equal(got, want) {
+		t.Errorf("Set calls %v, want %v", got, want)
+	}
+}
+
+// TestFitterUnreadableCPU checks that an interval whose CPU time could
+// not be read changes nothing and that the next one is measured from it.
+func TestFitterUnreadableCPU(t *testing.T) {
+	l := newFakeLoad()
+	ok := true
+	f := New(Options{
+		CPU: func() (time.Duration, bool) {
+			c, _ := l.CPU()
+			if !ok {
+				return 0, false
+			}
+			return c, true
+		},
+		Set: l.Set, Default: 2,
+	})
+	l.setRate(0.3)
+	f.start()
+	ticks(f, downAfter)
+	if f.Procs() != 1 {
+		t.Fatalf("Procs() = %d, want 1", f.Procs())
+	}
+	ok = false
+	ticks(f, 1)
+	ok = true
+	ticks(f, 3) // from a reading of 0 the next would read as a spike
+	if f.Procs() != 1 {
+		t.Errorf("after an unreadable interval: Procs() = %d, want 1 (sets %v)", f.Procs(), l.Sets())
+	}
+}
+
+// TestRunRestoresDefault checks that Run sets one processor on an idle
+// load and restores the default when its context ends.
+func TestRunRestoresDefault(t *testing.T) {
+	l := newFakeLoad()
+	f := New(Options{Interval: time.Millisecond, CPU: l.CPU, Set: l.Set, Default: 4})
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() { f.Run(ctx); close(done) }()
-
-	waitProcs(t, f, 1) // idle
-	l.setRate(1.5)
-	waitProcs(t, f, 4)
-	l.setRate(0.6) // between the bounds: stays
-	time.Sleep(20 * 5 * time.Millisecond)
-	if f.Procs() != 4 {
-		t.Fatalf("at 0.6 CPUs: Procs() = %d, want 4 (between the bounds nothing changes)", f.Procs())
+	deadline := time.Now().Add(5 * time.Second)
+	for f.Procs() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("idle: Procs() = %d, want 1", f.Procs())
+		}
+		time.Sleep(time.Millisecond)
 	}
-	l.setRate(0.1)
-	waitProcs(t, f, 1)
 	cancel()
 	<-done
 	if f.Procs() != 4 {
 		t.Errorf("after Run: Procs() = %d, want 4", f.Procs())
 	}
-	if got, want := l.Sets(), []int{1, 0, 1, 0}; !slices.Equal(got, want) {
-		t.Errorf("Set calls %v, want %v", got, want)
+	if s := l.Sets(); len(s) == 0 || s[len(s)-1] != 0 {
+		t.Errorf("Set calls %v, want the last to restore the default (0)", s)
 	}
 }
 
 // TestFitterOneCPU checks that with a default of one processor Run sets
 // nothing.
 func TestFitterOneCPU(t *testing.T) {
-	l := &fakeLoad{last: time.Now()}
+	l := newFakeLoad()
 	f := New(Options{Interval: time.Millisecond, CPU: l.CPU, Set: l.Set, Default: 1})
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
 	f.Run(ctx)
 	if s := l.Sets(); len(s) != 0 {
 		t.Errorf("Set calls %v, want none", s)
+	}
+}
+
+// TestProcessCPU checks the real reading: the process's CPU time grows
+// with work.
+func TestProcessCPU(t *testing.T) {
+	c0, ok := processCPU()
+	if !ok {
+		t.Fatal("processCPU: no reading")
+	}
+	for deadline := time.Now().Add(20 * time.Millisecond); time.Now().Before(deadline); {
+	}
+	if c1, _ := processCPU(); c1 <= c0 {
+		t.Errorf("CPU time %v after 20 ms of work, %v before", c1, c0)
 	}
 }
 

@@ -125,7 +125,9 @@ gate_port=$(free_port) admin_port=$(free_port)
 gate_sock=$work/memcgate.sock
 sock_env=()
 [ $unix_ok = 1 ] && sock_env=(MEMCGATE_LISTEN_SOCKET="$gate_sock" MEMCGATE_LISTEN_SOCKET_MODE=0666)
-env "${gw_env[@]}" "${sock_env[@]}" MEMCGATE_SERVERS="127.0.0.1:$memc_port" MEMCGATE_ACCESS_LOG=false \
+# MEMCGATE_FIT_PROCS as the PHP guide deploys a gateway beside PHP
+# (docs/php.md); MEMCGATE_FIT_PROCS=false in the environment measures without.
+env "${gw_env[@]}" "${sock_env[@]}" MEMCGATE_FIT_PROCS="${MEMCGATE_FIT_PROCS:-true}" MEMCGATE_SERVERS="127.0.0.1:$memc_port" MEMCGATE_ACCESS_LOG=false \
   MEMCGATE_LISTEN_ADDR="127.0.0.1:$gate_port" MEMCGATE_ADMIN_ADDR="127.0.0.1:$admin_port" \
   MEMCGATE_DRAIN_DELAY=0s MEMCGATE_LOG_LEVEL=warn "$work/memcgate" >"$work/memcgate.log" 2>&1 &
 gate_pid=$!
@@ -274,7 +276,7 @@ perf_flag=()
   echo
   echo "- Machine: $(nproc --all) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')), kernel $(uname -r), $(. /etc/os-release && echo "$PRETTY_NAME")"
   echo "- Versions: $(go version | awk '{ print $3 }'), $("$fpm" -v | head -1 | awk '{ print "php-fpm " $2 }'), php-memcached $(php -r 'echo phpversion("memcached");'), libcurl $(php -r 'echo curl_version()["version"];'), $(nginx -v 2>&1 | sed 's/.*: //'), $(memcached -V), ab $(ab -V | head -1 | awk '{ print $5 }'), memcgate $gate_build"
-  echo "- Settings: $nreq requests per run (at least 4 × clients) after a warm-up, $reps repeats per point with the variants interleaved, clients: $concs; php-fpm static $children children; nothing pinned; memcgate GOMAXPROCS ${gw_procs:-default}, nginx worker_processes ${gw_procs:-auto}; $nkeys keys of 96 characters, $vallen-character values"
+  echo "- Settings: $nreq requests per run (at least 4 × clients) after a warm-up, $reps repeats per point with the variants interleaved, clients: $concs; php-fpm static $children children; nothing pinned; memcgate GOMAXPROCS ${gw_procs:-default} and FIT_PROCS ${MEMCGATE_FIT_PROCS:-true}, nginx worker_processes ${gw_procs:-auto}; $nkeys keys of 96 characters, $vallen-character values"
   echo "- Load average before the run: $load_before; wall time of the runs: $((elapsed / 60))m$((elapsed % 60))s"
   echo
   cat "$work/tables.md"
