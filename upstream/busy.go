@@ -160,12 +160,7 @@ func (n *node) wait(ctx context.Context, name string) error {
 		return err
 	}
 	defer n.leave()
-	select {
-	case n.sem <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctxError(n.name, name, ctx.Err())
-	}
+	return n.waitSlot(ctx, name)
 }
 
 // admission is how an operation meets its node's share.
@@ -208,12 +203,7 @@ func (n *node) takeAdmitted(ctx context.Context, name string) error {
 	}
 	n.waiting.Add(1)
 	defer n.leave()
-	select {
-	case n.sem <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctxError(n.name, name, ctx.Err())
-	}
+	return n.waitSlot(ctx, name)
 }
 
 // takeQueued takes a slot for a queued operation (op.Op.Queued), waiting
@@ -221,13 +211,23 @@ func (n *node) takeAdmitted(ctx context.Context, name string) error {
 // operation holds no request slot of the caller, and nothing would retry
 // it. releaseQueued gives the slot back.
 func (n *node) takeQueued(ctx context.Context, name string) error {
-	select {
-	case n.sem <- struct{}{}:
-	case <-ctx.Done():
-		return ctxError(n.name, name, ctx.Err())
+	if err := n.waitSlot(ctx, name); err != nil {
+		return err
 	}
 	n.queued.Add(1)
 	return nil
+}
+
+// waitSlot waits within ctx for a slot, whatever the share: the callers
+// above decide how the wait is counted. name names the operation in the
+// error.
+func (n *node) waitSlot(ctx context.Context, name string) error {
+	select {
+	case n.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctxError(n.name, name, ctx.Err())
+	}
 }
 
 // releaseQueued gives back a slot takeQueued took.
