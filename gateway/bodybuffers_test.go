@@ -4,12 +4,14 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -324,6 +326,66 @@ func TestLentValuesGoBack(t *testing.T) {
 			waitFor(t, "the budget to hold nothing", func() bool { return bg.Used() == 0 })
 			waitFor(t, "every lent buffer back", func() bool { return l.Lent() == 0 })
 			l.Check(t)
+		})
+	}
+}
+
+// TestBodyHeldWhole: a body read by the handler itself (not read ahead
+// by h1: net/http's connections) holds the budget for all of its
+// Content-Length once its first firstBodyBuf bytes have come, or is
+// refused then with 503 before the rest is read.
+func TestBodyHeldWhole(t *testing.T) {
+	const cl, first = 300 << 10, 32 << 10
+	tests := []struct {
+		name   string
+		budget int64
+		want   int
+	}{
+		{"fits", 1 << 20, http.StatusCreated},
+		{"does not fit", 256 << 10, http.StatusServiceUnavailable},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			bg := budget.New(tt.budget)
+			log := slog.New(slog.NewTextHandler(io.Discard, nil))
+			h := NewHandler(newFake(), log, prometheus.NewRegistry(), Options{Budget: bg, MaxValueBytes: 1 << 20})
+			pr, pw := io.Pipe()
+			req := httptest.NewRequest(http.MethodPut, "/k", pr)
+			req.ContentLength = cl
+			w := httptest.NewRecorder()
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				h.ServeHTTP(w, req)
+				pr.CloseWithError(errors.New("handler returned"))
+			}()
+			// The first bytes: the handler may refuse before it has
+			// read all of them, which then fails this write.
+			firstErr := make(chan error, 1)
+			go func() {
+				_, err := pw.Write(bytes.Repeat([]byte("v"), first))
+				firstErr <- err
+			}()
+			if tt.want == http.StatusCreated {
+				if err := <-firstErr; err != nil {
+					t.Fatal(err)
+				}
+				waitFor(t, "the whole body to be held", func() bool { return bg.Used() >= cl })
+				if _, err := pw.Write(bytes.Repeat([]byte("v"), cl-first)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("no answer with %d of %d bytes sent; budget holds %d", first, cl, bg.Used())
+			}
+			if w.Code != tt.want {
+				t.Errorf("%d %s, want %d", w.Code, w.Body, tt.want)
+			}
+			if u := bg.Used(); u != 0 {
+				t.Errorf("budget holds %d bytes after the request", u)
+			}
 		})
 	}
 }

@@ -185,7 +185,9 @@ func ReadBody(r *http.Request, limit int64) ([]byte, error) {
 // readBody reads r's body whole, at most limit bytes: 413 beyond, before
 // reading when Content-Length says so. The buffer grows with the bytes
 // that arrive, never from the declared length alone, and beyond
-// smallHold is held against the budget (503 when refused). Then it takes
+// smallHold is held against the budget (503 when refused); once
+// firstBodyBuf bytes have come, the rest of the declared length is held
+// and read into one buffer. Then it takes
 // the request's slot. A body the server read whole ahead of the handler
 // (Options.TakeBody) is taken as it is, neither copied nor counted twice.
 // The buffer comes from l.bufs: a caller that knows when nothing reads
@@ -218,14 +220,23 @@ func (l *limits) readBody(r *http.Request, limit int64) ([]byte, error) {
 	}
 	var buf []byte
 	held := 0
-	grow := func(size int) error {
-		nb := l.getBody(size)
-		if size >= smallHold && cap(nb) > held {
-			if err := l.hold(rc, cap(nb)-held); err != nil {
-				l.putBody(nb)
+	hold := func(n int) error { // held before the buffer is taken, as h1's growAhead does
+		if n >= smallHold && n > held {
+			if err := l.hold(rc, n-held); err != nil {
 				return errBudget
 			}
-			held = cap(nb)
+			held = n
+		}
+		return nil
+	}
+	grow := func(size int) error {
+		if err := hold(size); err != nil {
+			return err
+		}
+		nb := l.getBody(size)
+		if err := hold(cap(nb)); err != nil {
+			l.putBody(nb)
+			return err
 		}
 		nb = append(nb, buf...)
 		l.putBody(buf)
@@ -239,6 +250,11 @@ func (l *limits) readBody(r *http.Request, limit int64) ([]byte, error) {
 	for int64(len(buf)) < want {
 		if len(buf) == cap(buf) {
 			size := int(min(want, int64(max(2*cap(buf), firstBodyBuf))))
+			if cl > 0 && len(buf) >= firstBodyBuf {
+				// Its first bytes came: room for all of it at once, or
+				// none more read (h1's reserveAfter says why).
+				size = int(cl)
+			}
 			if err := grow(size); err != nil {
 				return nil, err
 			}

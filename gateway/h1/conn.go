@@ -27,6 +27,7 @@ const (
 func (s *Server) newConn(rw net.Conn, sk *sock, ho *handoff) *conn {
 	c := &conn{srv: s, rwc: rw, sk: sk, ho: ho, created: time.Now()}
 	c.in.init(rw, &s.readers)
+	c.in.uncopied = c.in.rc != nil && sk.dropsUncopied()
 	if ra := rw.RemoteAddr(); ra != nil {
 		c.remote = ra.String()
 	}
@@ -88,7 +89,7 @@ type conn struct {
 	hs          headScan      // how much of its head readHead has checked
 	ahead       *http.Request // phaseBody: the request whose body is read ahead
 	abuf        []byte        // the body read ahead so far
-	aheld       int64         // bytes of Server.Budget held for abuf
+	aheld       int64         // bytes of Server.Budget held for abuf: its capacity, or the whole body once reserved (reserveAfter)
 	spilled     int64         // bytes of Server.Budget held for spill
 	lingerAt    time.Time     // phaseLinger: when it began
 
@@ -601,8 +602,10 @@ func (c *conn) linger() (wasParked bool) {
 				return true
 			}
 		}
-		if !c.in.tryFill() {
-			if c.in.Buffered() > 0 {
+		n, blocked := c.in.tryDrop()
+		dropped += n
+		if !blocked {
+			if n > 0 || c.in.Buffered() > 0 {
 				continue
 			}
 			c.close() // the client closed (or reset), or the socket failed

@@ -47,7 +47,13 @@ type inbuf struct {
 	// then on is news to an edge-triggered poll; see poller.park.
 	drained bool
 	rawRead func(fd uintptr) bool
+	// uncopied: the kernel drops what tryDrop drops without copying it
+	// (sock.dropsUncopied); dropping: the raw read in progress is tryDrop's.
+	uncopied, dropping bool
 }
+
+// dropMax is the most tryDrop drops with one call.
+const dropMax = 1 << 20
 
 // pool is the part of sync.Pool that inbuf uses.
 type pool interface {
@@ -319,9 +325,38 @@ func (b *inbuf) readNoWait(p []byte) (n int, blocked bool, err error) {
 	return n, b.blocked, err
 }
 
+// tryDrop drops, without waiting, what the socket holds once nothing is
+// buffered, and reports how many bytes it dropped and whether the socket
+// had none (a read error is kept for readErr). Where the kernel cannot
+// drop them uncopied it reads them into the buffer as tryFill does,
+// reports 0, and the caller discards what is then buffered.
+func (b *inbuf) tryDrop() (dropped int, blocked bool) {
+	if !b.uncopied || b.r != b.w {
+		return 0, b.tryFill()
+	}
+	if b.rc == nil || b.err != nil {
+		return 0, false
+	}
+	b.release()
+	b.dst, b.n, b.rerr = nil, 0, nil
+	b.noWait, b.blocked, b.dropping = true, false, true
+	err := b.rc.Read(b.rawRead)
+	b.noWait, b.dropping = false, false
+	switch {
+	case err != nil:
+		b.err = b.opError(err)
+	case b.rerr != nil:
+		b.err = b.rerr
+	}
+	return b.n, b.blocked
+}
+
 // readFD is the raw read: it reports false, to wait for the socket to
 // become readable, when the read would block.
 func (b *inbuf) readFD(fd uintptr) bool {
+	if b.dropping {
+		return b.dropFD(fd)
+	}
 	p := b.dst
 	if p == nil {
 		if b.buf == nil {
@@ -345,6 +380,27 @@ func (b *inbuf) readFD(fd uintptr) bool {
 		default:
 			// A stream socket's read stops short only on an empty queue.
 			b.n, b.drained = n, n < len(p)
+		}
+		return true
+	}
+}
+
+// dropFD is readFD for tryDrop: it drops up to dropMax bytes uncopied.
+func (b *inbuf) dropFD(fd uintptr) bool {
+	for {
+		n, err := sysDrop(fd, dropMax)
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err == syscall.EAGAIN:
+			b.blocked, b.drained = true, true
+			return b.noWait
+		case err != nil:
+			b.rerr = b.opError(os.NewSyscallError("recvfrom", err))
+		case n == 0:
+			b.rerr = io.EOF
+		default:
+			b.n, b.drained = n, n < dropMax
 		}
 		return true
 	}

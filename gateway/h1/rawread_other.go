@@ -9,3 +9,7 @@ import "syscall"
 const rawReads = false
 
 func sysRead(uintptr, []byte) (int, error) { return 0, syscall.EINVAL }
+
+// sysDrop is never called here: only Linux sockets drop uncopied
+// (sock.dropsUncopied).
+func sysDrop(uintptr, int) (int, error) { return 0, syscall.EINVAL }

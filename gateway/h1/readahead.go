@@ -23,6 +23,16 @@ const aheadTurn = 128 << 10
 // client sent, not what its Content-Length says.
 const aheadChunk = 16 << 10
 
+// reserveAfter is how much of a body must have come (read, or waiting in
+// the socket) before it is read into a buffer of its whole
+// Content-Length, held against the budget at once; before that its
+// buffer doubles from aheadChunk as bytes come. A body that has proved
+// it is coming either gets room for the rest or is refused before more
+// of it is read: growing a step at a time, bodies that together passed
+// the budget each held part of it and were each refused halfway, all
+// that reading lost; and each step copied what came before.
+const reserveAfter = aheadChunk
+
 // readAhead reads c.ahead's body into c.abuf as it arrives, with the
 // connection parked (up to the read timeout) while none is there, and
 // returns the request once the body is whole. The bytes are held against
@@ -45,6 +55,9 @@ func (c *conn) readAhead() (*http.Request, readResult) {
 			// what came with the head and what waits in the socket.
 			sent := len(c.abuf) + c.in.Buffered() + c.queued()
 			size := min(cl, max(2*cap(c.abuf), aheadChunk, sent))
+			if sent >= min(cl, reserveAfter) {
+				size = cl // held whole from here: read into one buffer
+			}
 			if err := c.growAhead(size); err != nil {
 				return c.endAhead(b, err)
 			}
@@ -94,25 +107,40 @@ func (c *conn) readAhead() (*http.Request, readResult) {
 
 // growAhead grows c.abuf to at least size bytes, holding them against
 // the budget, and gives the buffer it outgrew back to Server.Buffers.
+// size is held before the buffer is taken, so that a body the budget
+// refuses costs no allocation; the buffer's class may hold a little more.
 func (c *conn) growAhead(size int) error {
 	s := c.srv
+	if err := c.holdAhead(size); err != nil {
+		return err
+	}
 	var nb []byte
 	if s.Buffers != nil {
 		nb = s.Buffers.Get(size)
 	} else {
 		nb = make([]byte, 0, size)
 	}
-	more := int64(cap(nb) - cap(c.abuf))
-	if bg := s.Budget; bg != nil {
-		if err := bg.Acquire(more); err != nil {
-			c.putBuffer(nb)
-			return err
-		}
-		c.aheld += more
+	if err := c.holdAhead(cap(nb)); err != nil {
+		c.putBuffer(nb)
+		return err
 	}
 	nb = append(nb, c.abuf...)
 	c.putBuffer(c.abuf)
 	c.abuf = nb
+	return nil
+}
+
+// holdAhead holds n bytes of Server.Budget for c.abuf in all, acquiring
+// what c.aheld lacks; dropAhead gives them back.
+func (c *conn) holdAhead(n int) error {
+	more := int64(n) - c.aheld
+	if c.srv.Budget == nil || more <= 0 {
+		return nil
+	}
+	if err := c.srv.Budget.Acquire(more); err != nil {
+		return err
+	}
+	c.aheld += more
 	return nil
 }
 

@@ -401,3 +401,62 @@ func TestLingerOutlastsPause(t *testing.T) {
 		t.Fatalf("answer after the pause: %v, %v; want the 503", r, err)
 	}
 }
+
+// TestReadAheadHoldsWholeBody: once a body's first reserveAfter bytes
+// have come, it holds the budget for all of its Content-Length, or is
+// refused then, before the rest is read: bodies that together pass the
+// budget are not each refused halfway through.
+func TestReadAheadHoldsWholeBody(t *testing.T) {
+	tests := []struct {
+		name   string
+		budget int64
+		cl     int    // declared
+		first  int    // sent before the check
+		want   string // "held": the budget holds cl while the rest is awaited; else the status
+	}{
+		{"fits: held whole", 1 << 20, 300 << 10, 32 << 10, "held"},
+		{"does not fit: refused at once", 256 << 10, 1 << 20, 64 << 10, "HTTP/1.1 503 Service Unavailable"},
+		{"first bytes only: doubles", 1 << 20, 300 << 10, 1 << 10, "small"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			bg := budget.New(tt.budget)
+			_, addr := startH1(t, echoLen(), func(s *Server) {
+				s.Budget = bg
+				s.BodyLimit = func(*http.Request) int64 { return 1 << 20 }
+			})
+			c, br := dial(t, addr)
+			fmt.Fprintf(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", tt.cl)
+			io.WriteString(c, strings.Repeat("b", tt.first))
+			switch tt.want {
+			case "held":
+				if !eventually(func() bool { return bg.Used() >= int64(tt.cl) }) {
+					t.Fatalf("budget holds %d bytes after %d of %d came, want all of them", bg.Used(), tt.first, tt.cl)
+				}
+			case "small":
+				time.Sleep(50 * time.Millisecond)
+				if u := bg.Used(); u > aheadChunk {
+					t.Fatalf("budget holds %d bytes after %d of %d came, want at most %d", u, tt.first, tt.cl, aheadChunk)
+				}
+			default:
+				c.SetReadDeadline(time.Now().Add(2 * time.Second))
+				r, err := readWireResponse(br, "PUT")
+				if err != nil || r.status != tt.want {
+					t.Fatalf("with %d of %d bytes sent: %v, %v; want %s before the rest", tt.first, tt.cl, r, err, tt.want)
+				}
+				c.Close()
+				if !eventually(func() bool { return bg.Used() == 0 }) {
+					t.Errorf("budget holds %d bytes after the refusal", bg.Used())
+				}
+				return
+			}
+			io.WriteString(c, strings.Repeat("b", tt.cl-tt.first))
+			if r, err := readWireResponse(br, "PUT"); err != nil || r.body != fmt.Sprintf("read %d", tt.cl) {
+				t.Fatalf("got %v, %v", r, err)
+			}
+			if !eventually(func() bool { return bg.Used() == 0 }) {
+				t.Errorf("budget holds %d bytes after the request", bg.Used())
+			}
+		})
+	}
+}

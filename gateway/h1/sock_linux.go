@@ -58,6 +58,11 @@ type sock struct {
 	rdl, wdl time.Time // deadlines, for file
 }
 
+// dropsUncopied reports whether the kernel can drop what s holds to read
+// without copying it out (recv with MSG_TRUNC): TCP can, Unix sockets
+// cannot.
+func (s *sock) dropsUncopied() bool { return s != nil && s.net == "tcp" }
+
 // sockRaw is a sock's syscall.RawConn.
 type sockRaw struct{ s *sock }
 

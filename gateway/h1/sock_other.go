@@ -8,6 +8,9 @@ import "net"
 // Serve accepts through net.Listener and there are none.
 type sock struct{}
 
+// dropsUncopied is false outside Linux: inbuf reads what it drops.
+func (*sock) dropsUncopied() bool { return false }
+
 func (*sock) writeBuffers(*net.Buffers) (int64, error) { panic("h1: no socks outside Linux") }
 
 // newAccepter returns ln's own Accept: outside Linux, every listener's.
