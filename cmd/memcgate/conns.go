@@ -24,7 +24,7 @@ type connTracker struct {
 	count  [http.StateClosed + 1]atomic.Int64
 	news   atomic.Uint64 // connections net/http has taken, ever
 
-	connsDesc, acceptedDesc, acceptErrorsDesc, maxDesc, reclaimedDesc, refusedDesc, handedRefusedDesc *prometheus.Desc
+	connsDesc, acceptedDesc, acceptErrorsDesc, maxDesc, reclaimedDesc, refusedDesc, handedRefusedDesc, roomDesc *prometheus.Desc
 }
 
 // hook is http.Server.ConnState. Transitions of one connection come in
@@ -67,6 +67,8 @@ func newConnTracker(limit int) *connTracker {
 			"Client connections accepted on the data listener.", nil, nil),
 		handedRefusedDesc: prometheus.NewDesc("memcgate_http_handovers_refused_total",
 			"Requests the fast path hands to Go's net/http (chunked or Expect bodies, heads over 4 KiB) answered 503 instead, because a thirty-second of the connection cap were net/http's already.", nil, nil),
+		roomDesc: prometheus.NewDesc("memcgate_http_bodies_waiting_for_room",
+			"Request bodies waiting, their connections parked, for room in MEMCGATE_MAX_BUFFERED_BYTES to be read (fast path; at most MEMCGATE_REQUEST_TIMEOUT each, then 503). Counted among the reading connections too.", nil, nil),
 		acceptErrorsDesc: prometheus.NewDesc("memcgate_http_accept_errors_total",
 			"Accept failures on the data listener's fast path that it waited out and retried, mostly a lack of file descriptors (EMFILE): more client connections than the open-file limit allows.", nil, nil),
 	}
@@ -95,6 +97,7 @@ func (t *connTracker) Describe(ch chan<- *prometheus.Desc) {
 	ch <- t.reclaimedDesc
 	ch <- t.refusedDesc
 	ch <- t.handedRefusedDesc
+	ch <- t.roomDesc
 }
 
 // Collect implements prometheus.Collector: one pass over the fast path's
@@ -103,6 +106,7 @@ func (t *connTracker) Collect(ch chan<- prometheus.Metric) {
 	reading, idle, active := t.count[http.StateNew].Load(), t.count[http.StateIdle].Load(), t.count[http.StateActive].Load()
 	accepted := t.news.Load()
 	var acceptErrors, reclaimed, refused, handedRefused uint64 // net/http retries its accept errors and only logs them
+	waitingForRoom := 0
 	if t.stdCap != nil {
 		refused = t.stdCap.refused.Load()
 	}
@@ -111,6 +115,7 @@ func (t *connTracker) Collect(ch chan<- prometheus.Metric) {
 		reading, idle, active = reading+int64(s.Reading), idle+int64(s.Idle), active+int64(s.Active)
 		accepted = s.Accepted // every connection starts there: handed-over ones are not counted twice
 		acceptErrors, reclaimed, refused, handedRefused = s.AcceptErrors, s.Reclaimed, s.Refused, s.HandoversRefused
+		waitingForRoom = s.WaitingForRoom
 	}
 	ch <- prometheus.MustNewConstMetric(t.connsDesc, prometheus.GaugeValue, float64(reading), "reading")
 	ch <- prometheus.MustNewConstMetric(t.connsDesc, prometheus.GaugeValue, float64(idle), "idle")
@@ -121,4 +126,5 @@ func (t *connTracker) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(t.reclaimedDesc, prometheus.CounterValue, float64(reclaimed))
 	ch <- prometheus.MustNewConstMetric(t.refusedDesc, prometheus.CounterValue, float64(refused))
 	ch <- prometheus.MustNewConstMetric(t.handedRefusedDesc, prometheus.CounterValue, float64(handedRefused))
+	ch <- prometheus.MustNewConstMetric(t.roomDesc, prometheus.GaugeValue, float64(waitingForRoom))
 }

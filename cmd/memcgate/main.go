@@ -416,7 +416,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	reg.MustRegister(conns)
 	rl := newReloader(cfg, environ, log, lg.level, reg)
 	rl.router, rl.handler, rl.access, rl.budget, rl.budgetDef, rl.bodies = router, handler, access, buffered, derived, bodies
-	rl.conns, rl.nofile = conns, nofile
+	rl.conns, rl.nofile, rl.fast = conns, nofile, conns.fastH1
 	admin := &http.Server{
 		Handler: gateway.NewAdminHandler(reg, gateway.Admin{
 			Ready:   func() bool { return !draining.Load() && router.Ready() },
@@ -573,6 +573,7 @@ func dataServer(cfg config.Config, sec *security, std *http.Server, h *gateway.H
 		Handler:           h, // it takes turns itself, when a client pipelines
 		BodyLimit:         h.BodyLimit,
 		Budget:            buffered,
+		BudgetWait:        cfg.RequestTimeout, // a body waits for room as a request waits for memcached
 		Buffers:           bodies,
 		ReadHeaderTimeout: std.ReadHeaderTimeout,
 		ReadTimeout:       std.ReadTimeout,

@@ -21,6 +21,7 @@ import (
 	"github.com/memcgate/memcgate/gateway"
 	"github.com/memcgate/memcgate/gateway/budget"
 	"github.com/memcgate/memcgate/gateway/bufpool"
+	"github.com/memcgate/memcgate/gateway/h1"
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/route"
 )
@@ -72,6 +73,7 @@ type reloader struct {
 	budgetDef int64         // MAX_BUFFERED_BYTES when unset (derived at start)
 	bodies    *bufpool.Pool // keeps as many bytes of body buffers as the budget
 	conns     *connTracker  // sets the cap on client connections
+	fast      *h1.Server    // the fast path, nil without it: its bodies wait for room up to REQUEST_TIMEOUT
 	nofile    uint64        // the open-file limit MAX_CLIENT_CONNS=0 derives the cap from
 	reloads   *prometheus.CounterVec
 	lastOK    prometheus.Gauge
@@ -390,6 +392,9 @@ func (r *reloader) apply(next config.Config, rl *Reload) error {
 	r.access.Set(sec.tokens, next.ReadOnly)
 	r.level.Set(level)
 	r.handler.SetLimits(next.MaxRequests, next.RequestTimeout, next.AccessLog)
+	if r.fast != nil {
+		r.fast.SetBudgetWait(next.RequestTimeout)
+	}
 	r.router.SetRequestSlots(next.MaxRequests)
 	limit := r.budgetDef
 	if next.MaxBufferedBytes > 0 {

@@ -12,6 +12,7 @@ package budget
 
 import (
 	"errors"
+	"math"
 	"sync/atomic"
 )
 
@@ -90,6 +91,20 @@ func (b *Budget) Used() int64 {
 		return 0
 	}
 	return b.used.Load()
+}
+
+// Room is how many more bytes Acquire would hold now: the limit less
+// what is held (0 past it), math.MaxInt64 without a limit. It counts no
+// refusal, unlike Fits.
+func (b *Budget) Room() int64 {
+	if b == nil {
+		return math.MaxInt64
+	}
+	limit := b.limit.Load()
+	if limit <= 0 {
+		return math.MaxInt64
+	}
+	return max(limit-b.used.Load(), 0)
 }
 
 // Limit is the limit in bytes; <= 0 means none.

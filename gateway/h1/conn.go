@@ -89,7 +89,9 @@ type conn struct {
 	hs          headScan      // how much of its head readHead has checked
 	ahead       *http.Request // phaseBody: the request whose body is read ahead
 	abuf        []byte        // the body read ahead so far
-	aheld       int64         // bytes of Server.Budget held for abuf: its capacity, or the whole body once reserved (reserveAfter)
+	aheld       int64         // bytes of Server.Budget held for abuf
+	roomTurn    bool          // taken from the room line: its turn to take room (poller.waitRoom)
+	roomGaveUp  bool          // waited BudgetWait in the room line for nothing: its capacity, or the whole body once reserved (reserveAfter)
 	spilled     int64         // bytes of Server.Budget held for spill
 	lingerAt    time.Time     // phaseLinger: when it began
 

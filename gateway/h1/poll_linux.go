@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -76,6 +77,13 @@ type poller struct {
 	stallArmed bool
 	stallTaken uint64 // taken when the stall check was armed
 
+	// The room line: bodies read ahead that the budget could not hold
+	// whole, parked (stateReading, also in the reading heap for their
+	// deadline) in arrival order until it can (waitRoom).
+	room     []*conn
+	roomHeld int64        // what the bodies in room hold already
+	roomLen  atomic.Int32 // len(room), for readers without mu
+
 	events [128]syscall.EpollEvent // run's
 	drain  func(fd uintptr) bool   // p.drainFD, made once
 	hupped []*conn                 // run's: idle connections whose peer closed or reset (endHupped)
@@ -96,6 +104,10 @@ type pollFields struct {
 	hidx     int // index in the reading heap; -1 when not in it
 	deadline time.Time
 	resumeIn int32
+	// In the room line (waitRoom): what it needs of the budget, and
+	// what it holds already.
+	room               bool
+	roomNeed, roomHeld int64
 }
 
 // idleWorker is a worker waiting in take for a ready connection.
@@ -136,6 +148,11 @@ const (
 	// before it ends, so that the workers a burst started do not stay.
 	workerTTL = 10 * time.Second
 )
+
+// roomTick is how often the poller looks for room for the first body of
+// the room line while it is not empty. Room comes back from wherever
+// the budget is released; looking is a load and a compare.
+const roomTick = time.Millisecond
 
 // epollET is EPOLLET, which package syscall spells as a negative int on
 // some architectures.
@@ -266,6 +283,18 @@ func (p *poller) wakeLocked(fd int32, events uint32) int {
 		// A read may take the FIN along with the last data and not
 		// report it; no event would follow.
 		c.pf.hup = true
+	}
+	if c.pf.room {
+		// Its body's bytes wait in the socket until there is room for
+		// them; a client that gave up is answered at once.
+		if !c.pf.hup || !c.state.CompareAndSwap(stateReading, stateActive) {
+			c.pf.readable = true
+			return 0
+		}
+		p.unroomLocked(c)
+		p.unheapLocked(c)
+		c.roomGaveUp = true
+		return p.queueLocked(c)
 	}
 	if c.state.CompareAndSwap(stateReading, c.pf.resumeIn) {
 		p.unheapLocked(c)
@@ -495,21 +524,8 @@ func (p *poller) park(c *conn) int {
 // park: parked if so, else readable or notParked as park reports them.
 func (p *poller) readyLocked(c *conn) int {
 	pf := &c.pf
-	if !pf.registered {
-		var err error
-		cerr := c.in.rc.Control(func(fd uintptr) {
-			pf.fd = int32(fd)
-			ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP | epollET, Fd: int32(fd)}
-			err = syscall.EpollCtl(p.epfd, syscall.EPOLL_CTL_ADD, int(fd), &ev)
-		})
-		if cerr != nil || err != nil {
-			return notParked
-		}
-		// Registering reports data already there at once, as an event
-		// that finds the connection parked.
-		pf.registered = true
-		pf.hidx = -1
-		p.conns[pf.fd] = c
+	if !p.registerLocked(c) {
+		return notParked
 	}
 	// Edge-triggered: the event that woke the connection was its last
 	// until more data comes, so whatever was there then must be read
@@ -523,6 +539,123 @@ func (p *poller) readyLocked(c *conn) int {
 		return readable
 	}
 	return parked
+}
+
+// registerLocked adds c to the epoll set if it is not there yet, and
+// reports whether it is.
+func (p *poller) registerLocked(c *conn) bool {
+	pf := &c.pf
+	if pf.registered {
+		return true
+	}
+	var err error
+	cerr := c.in.rc.Control(func(fd uintptr) {
+		pf.fd = int32(fd)
+		ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP | epollET, Fd: int32(fd)}
+		err = syscall.EpollCtl(p.epfd, syscall.EPOLL_CTL_ADD, int(fd), &ev)
+	})
+	if cerr != nil || err != nil {
+		return false
+	}
+	// Registering reports data already there at once, as an event
+	// that finds the connection parked.
+	pf.registered = true
+	pf.hidx = -1
+	p.conns[pf.fd] = c
+	return true
+}
+
+// roomWaiting reports whether bodies wait in the room line: a body that
+// needs room then queues behind them (waitRoom) instead of taking what
+// frees up before the first of them does.
+func (p *poller) roomWaiting() bool { return p != nil && p.roomLen.Load() > 0 }
+
+// waitRoom takes c, whose body read ahead needs need more bytes of the
+// budget bg than it could have, from its goroutine into the room line
+// until bg has room for it or deadline passes; a worker then resumes it
+// (stateActive), with c.roomGaveUp set in the second case. front puts it
+// first: it had its turn and lost the room to another taker. It returns
+// park's results: notParked when the poller cannot take it, the client
+// has closed, or the line is full.
+//
+// The line is full when the bodies in it would hold more than a quarter
+// of bg's limit, and a body that needs more than half of it is never in
+// it: the first body waiting then always gets room once what the others
+// hold (bodies being read, values, responses: none of them waits for
+// the line) is given back. How long the line may grow is the waiters'
+// deadline's to bound: a parked connection costs its descriptor and
+// what its client sent waits in the kernel.
+func (p *poller) waitRoom(c *conn, bg Budget, need int64, deadline time.Time, front bool) int {
+	limit := bg.Limit()
+	if c.in.rc == nil || limit <= 0 {
+		return notParked
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || need > limit/2 || p.roomHeld+c.aheld > limit/4 {
+		return notParked
+	}
+	if !p.registerLocked(c) || c.pf.hup {
+		return notParked
+	}
+	if !c.state.CompareAndSwap(stateActive, stateReading) {
+		return notParked // closed meanwhile
+	}
+	pf := &c.pf
+	pf.deadline, pf.resumeIn = deadline, stateActive
+	pf.room, pf.roomNeed, pf.roomHeld = true, need, c.aheld
+	p.heapPushLocked(c)
+	if front {
+		p.room = slices.Insert(p.room, 0, c)
+	} else {
+		p.room = append(p.room, c)
+	}
+	p.roomHeld += c.aheld
+	p.roomLen.Store(int32(len(p.room)))
+	p.armLocked(time.Now().Add(roomTick))
+	return parked
+}
+
+// unroomLocked takes c out of the room line.
+func (p *poller) unroomLocked(c *conn) {
+	pf := &c.pf
+	if !pf.room {
+		return
+	}
+	if i := slices.Index(p.room, c); i >= 0 {
+		p.room = slices.Delete(p.room, i, i+1)
+	}
+	p.roomHeld -= pf.roomHeld
+	pf.room, pf.roomNeed, pf.roomHeld = false, 0, 0
+	p.roomLen.Store(int32(len(p.room)))
+	if len(p.room) == 0 && cap(p.room) > 1024 {
+		p.room = nil // the burst is over: let its array go
+	}
+}
+
+// admitRoomLocked queues for a worker the bodies at the front of the room
+// line that the budget has room for now, in order, and returns the
+// number of workers to start.
+func (p *poller) admitRoomLocked() int {
+	if len(p.room) == 0 {
+		return 0
+	}
+	room := p.room[0].srv.Budget.Room()
+	start := 0
+	for len(p.room) > 0 {
+		c := p.room[0]
+		if c.pf.roomNeed > room {
+			break
+		}
+		room -= c.pf.roomNeed
+		p.unroomLocked(c)
+		p.unheapLocked(c)
+		if c.state.CompareAndSwap(stateReading, stateActive) {
+			c.roomTurn = true
+			start += p.queueLocked(c)
+		}
+	}
+	return start
 }
 
 // parkReading takes c, which waits for more of its request with nothing
@@ -590,6 +723,7 @@ func (p *poller) forget(c *conn) {
 	}
 	p.unparkLocked(c)
 	p.unheapLocked(c)
+	p.unroomLocked(c)
 	if p.conns[pf.fd] == c {
 		delete(p.conns, pf.fd)
 	}
@@ -700,16 +834,28 @@ func (p *poller) expire(now time.Time) {
 			expired = append(expired, c)
 		}
 	}
+	start := 0
 	for len(p.reading) > 0 {
 		c := p.reading[0]
 		if d := c.pf.deadline; d.IsZero() || d.After(now) {
 			break
 		}
 		p.unheapLocked(c)
+		if c.pf.room {
+			// It waited its BudgetWait: a worker answers the refusal.
+			p.unroomLocked(c)
+			if c.state.CompareAndSwap(stateReading, stateActive) {
+				c.roomGaveUp = true
+				start += p.queueLocked(c)
+			}
+			continue
+		}
 		if c.state.CompareAndSwap(stateReading, stateClosed) {
 			expired = append(expired, c)
 		}
 	}
+	start += p.admitRoomLocked()
+	start = p.spawnCappedLocked(start)
 	var next time.Time
 	if p.oldest != nil && p.idle > 0 {
 		next = p.oldest.pf.parkedAt.Add(p.idle)
@@ -719,9 +865,17 @@ func (p *poller) expire(now time.Time) {
 			next = d
 		}
 	}
+	if len(p.room) > 0 {
+		if tick := now.Add(roomTick); next.IsZero() || tick.Before(next) {
+			next = tick
+		}
+	}
 	p.armed = next
 	p.file.SetReadDeadline(next) // under mu, or a park in between could lose its deadline
 	p.mu.Unlock()
+	for range start {
+		go p.work()
+	}
 	for _, c := range expired {
 		c.closeParked()
 	}

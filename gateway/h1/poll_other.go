@@ -9,7 +9,10 @@ import (
 
 // poller parks idle connections on Linux only (poll_linux.go); elsewhere
 // every connection keeps its goroutine.
-type poller struct{ abandoned atomic.Bool }
+type poller struct {
+	abandoned atomic.Bool
+	roomLen   atomic.Int32 // never set here
+}
 
 // pollFields are a conn's fields for the poller: registered is never set here.
 type pollFields struct{ registered bool }
@@ -31,3 +34,6 @@ func (p *poller) forget(*conn)                            {}
 func (p *poller) close(bool)                              {}
 func (p *poller) requeue(*conn) bool                      { return false }
 func (p *poller) evict() *conn                            { return nil }
+func (p *poller) roomWaiting() bool                       { return false }
+
+func (p *poller) waitRoom(*conn, Budget, int64, time.Time, bool) int { return notParked }

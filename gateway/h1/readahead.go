@@ -3,6 +3,7 @@ package h1
 import (
 	"io"
 	"net/http"
+	"time"
 )
 
 // readsAhead reports whether req's body is to be read whole before its
@@ -43,8 +44,12 @@ func (c *conn) readAhead() (*http.Request, readResult) {
 	req := c.ahead
 	b := req.Body.(*body)
 	cl := int(req.ContentLength)
-	turn := 0 // bytes read from the socket since a worker took the connection
+	turn := 0        // bytes read from the socket since a worker took the connection
+	lastTry := false // it waited BudgetWait in the room line: take room now or fail
 	for len(c.abuf) < cl {
+		if c.roomGaveUp {
+			c.roomGaveUp, c.roomTurn, lastTry = false, true, true
+		}
 		if turn >= aheadTurn && s.poller.requeue(c) {
 			// Others' turn: a large body arriving fast must not keep
 			// the worker from connections queued behind it.
@@ -55,10 +60,19 @@ func (c *conn) readAhead() (*http.Request, readResult) {
 			// what came with the head and what waits in the socket.
 			sent := len(c.abuf) + c.in.Buffered() + c.queued()
 			size := min(cl, max(2*cap(c.abuf), aheadChunk, sent))
-			if sent >= min(cl, reserveAfter) {
+			whole := sent >= min(cl, reserveAfter)
+			if whole {
 				size = cl // held whole from here: read into one buffer
+				if !c.roomTurn && s.poller.roomWaiting() && c.waitRoom(size, false) {
+					return nil, readParked // behind the bodies waiting first
+				}
 			}
-			if err := c.growAhead(size); err != nil {
+			err := c.growAhead(size)
+			if err != nil && whole && !lastTry && c.waitRoom(size, c.roomTurn) {
+				return nil, readParked
+			}
+			c.roomTurn = false
+			if err != nil {
 				return c.endAhead(b, err)
 			}
 		}
@@ -103,6 +117,34 @@ func (c *conn) readAhead() (*http.Request, readResult) {
 		}
 	}
 	return c.endAhead(b, nil)
+}
+
+// waitRoom parks c in the poller's room line until the budget has room
+// for its body of size bytes, for up to Server.BudgetWait (and no longer
+// than the read timeout), first if front. It reports whether it did.
+func (c *conn) waitRoom(size int, front bool) bool {
+	s := c.srv
+	wait := s.budgetWaitNow()
+	if s.Budget == nil || wait <= 0 || !c.canPark() {
+		return false
+	}
+	deadline := time.Now().Add(wait)
+	if rd := c.deadline(s.ReadTimeout); !rd.IsZero() && rd.Before(deadline) {
+		deadline = rd
+	}
+	c.in.release()
+	hadDL := c.readDL
+	if hadDL {
+		c.setReadTimeout(0) // the poller keeps the deadline while parked
+	}
+	need := int64(size) - c.aheld
+	if s.poller.waitRoom(c, s.Budget, need, deadline, front) != parked {
+		if hadDL {
+			c.setDeadline(c.deadline(s.ReadTimeout))
+		}
+		return false
+	}
+	return true
 }
 
 // growAhead grows c.abuf to at least size bytes, holding them against

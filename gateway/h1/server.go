@@ -79,6 +79,15 @@ type Server struct {
 	// cut short and the connection closed.
 	Budget Budget
 
+	// BudgetWait is how long a body read ahead that Budget cannot hold
+	// whole yet may wait for room, in line behind the bodies that waited
+	// first, with the connection parked in the poller: its bytes wait in
+	// the socket. Past it (after one last try), or with the line full
+	// (see poller.waitRoom), the handler's read fails with the budget's
+	// error. 0: refused at once.
+	// SetBudgetWait changes it while the Server runs.
+	BudgetWait time.Duration
+
 	// MaxConns, if positive, is the most client connections the Server
 	// serves at once, over all its listeners, those handed to Fallback
 	// included. A connection accepted beyond it makes room by closing the
@@ -124,6 +133,7 @@ type Server struct {
 	handedRefused atomic.Uint64             // requests answered 503 over handedLimit
 	handedLog     atomic.Int64              // when such a refusal was last logged, in Unix nanoseconds
 	maxConns      atomic.Int64              // SetMaxConns': 0 unset (MaxConns applies), -1 no cap
+	budgetWait    atomic.Int64              // SetBudgetWait's in nanoseconds, plus 1: 0 unset (BudgetWait applies)
 
 	mu        sync.Mutex // guards listeners, conns, refusals, accepted, ctx, cancel and poller
 	listeners map[*net.Listener]struct{}
@@ -172,6 +182,11 @@ type Budget interface {
 	Acquire(n int64) error
 	// Release gives back n bytes Acquire held.
 	Release(n int64)
+	// Room is how many more bytes Acquire would hold now, counting no
+	// refusal.
+	Room() int64
+	// Limit is the most it holds; <= 0: no limit.
+	Limit() int64
 }
 
 // errConfig is returned by Serve for a Server that cannot run.
@@ -306,6 +321,18 @@ func (s *Server) SetMaxConns(n int) {
 		n = -1
 	}
 	s.maxConns.Store(int64(n))
+}
+
+// SetBudgetWait sets BudgetWait while the Server runs, for the bodies
+// that join the line from then on.
+func (s *Server) SetBudgetWait(d time.Duration) { s.budgetWait.Store(int64(max(d, 0)) + 1) }
+
+// budgetWaitNow is BudgetWait as SetBudgetWait last set it.
+func (s *Server) budgetWaitNow() time.Duration {
+	if d := s.budgetWait.Load(); d > 0 {
+		return time.Duration(d - 1)
+	}
+	return s.BudgetWait
 }
 
 // connLimit is the cap on connections now; 0: none.

@@ -7,6 +7,9 @@ type ConnStats struct {
 	// Reading connections wait in the poller for the rest of a request,
 	// or, new, for their first bytes: a slow or silent client shows here.
 	Reading int
+	// WaitingForRoom of the reading ones wait for room in the budget for
+	// their body (Server.BudgetWait).
+	WaitingForRoom int
 	// Idle connections wait between requests.
 	Idle int
 	// Active connections hold a worker: reading a request that is
@@ -36,6 +39,9 @@ func (s *Server) ConnStats() ConnStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := ConnStats{Accepted: s.accepted, AcceptErrors: s.acceptErrs.Load(), Reclaimed: s.reclaimed.Load(), Refused: s.refused.Load(), HandoversRefused: s.handedRefused.Load()}
+	if s.poller != nil {
+		st.WaitingForRoom = int(s.poller.roomLen.Load())
+	}
 	for c := range s.conns {
 		switch c.state.Load() {
 		case stateNew, stateReading:

@@ -1,0 +1,158 @@
+package h1
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/memcgate/memcgate/gateway/budget"
+)
+
+// roomCount is how many bodies wait in s's room line.
+func roomCount(s *Server) int { return inPoller(s, func(p *poller) int { return len(p.room) }) }
+
+// holdingServer serves PUTs whose handler, for a path starting with
+// /hold, waits for release before it reads the body, so that the body
+// read ahead holds its bytes of the budget meanwhile; other paths read
+// at once (echoLen).
+func holdingServer(t *testing.T, bg *budget.Budget, wait time.Duration) (*Server, string, chan struct{}) {
+	t.Helper()
+	release := make(chan struct{})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/hold") {
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		}
+		echoLen().ServeHTTP(w, r)
+	})
+	s, addr := startH1(t, h, func(s *Server) {
+		s.Budget = bg
+		s.BudgetWait = wait
+		s.BodyLimit = func(*http.Request) int64 { return 1 << 20 }
+	})
+	return s, addr, release
+}
+
+// put sends a PUT of size bytes to path and returns the connection.
+func put(t *testing.T, addr, path string, size int) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, br := dial(t, addr)
+	fmt.Fprintf(c, "PUT %s HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", path, size)
+	go c.Write([]byte(strings.Repeat("r", size)))
+	return c, br
+}
+
+// answer reads the response on br, or fails after within.
+type answer struct {
+	r   wireResponse
+	err error
+	at  time.Time
+}
+
+func answerOf(c net.Conn, br *bufio.Reader) <-chan answer {
+	ch := make(chan answer, 1)
+	go func() {
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		r, err := readWireResponse(br, "PUT")
+		ch <- answer{r, err, time.Now()}
+	}()
+	return ch
+}
+
+// TestBodiesWaitForRoom: a body the budget cannot hold whole yet waits
+// in the room line, its connection parked, and is read and served once
+// the body holding the room is done; bodies that come later wait behind
+// it even if they would fit now (first come, first served); a client
+// that closes while it waits leaves the line; and the budget holds
+// nothing afterwards.
+func TestBodiesWaitForRoom(t *testing.T) {
+	bg := budget.New(400 << 10)
+	s, addr, release := holdingServer(t, bg, 5*time.Second)
+	c1, br1 := put(t, addr, "/hold", 300<<10) // holds 300 KiB until released
+	if !eventually(func() bool { return bg.Used() >= 300<<10 }) {
+		t.Fatalf("the first body holds %d bytes", bg.Used())
+	}
+	a1 := answerOf(c1, br1)
+	c2, br2 := put(t, addr, "/second", 200<<10) // does not fit: waits
+	if !eventually(func() bool { return roomCount(s) == 1 }) {
+		t.Fatalf("%d bodies in the room line, want the second", roomCount(s))
+	}
+	a2 := answerOf(c2, br2)
+	c3, br3 := put(t, addr, "/third", 40<<10) // would fit (100 KiB are free), but comes after the second
+	if !eventually(func() bool { return roomCount(s) == 2 }) {
+		t.Fatalf("%d bodies in the room line, want the third behind the second", roomCount(s))
+	}
+	a3 := answerOf(c3, br3)
+	c4, _ := put(t, addr, "/gone", 100<<10) // leaves before its turn
+	if !eventually(func() bool { return roomCount(s) == 3 }) {
+		t.Fatalf("%d bodies in the room line, want 3", roomCount(s))
+	}
+	c4.Close()
+	if !eventually(func() bool { return roomCount(s) == 2 }) {
+		t.Fatalf("%d bodies in the room line after a client left, want 2", roomCount(s))
+	}
+	select {
+	case a := <-a2:
+		t.Fatalf("the second body was answered while the first held the room: %v, %v", a.r, a.err)
+	case a := <-a3:
+		t.Fatalf("the third body went before the second: %v, %v", a.r, a.err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	for i, tt := range []struct {
+		a    <-chan answer
+		size int
+	}{{a1, 300 << 10}, {a2, 200 << 10}, {a3, 40 << 10}} {
+		a := <-tt.a
+		if a.err != nil || a.r.body != fmt.Sprintf("read %d", tt.size) {
+			t.Errorf("body %d: %v, %v", i+1, a.r, a.err)
+		}
+	}
+	if !eventually(func() bool { return bg.Used() == 0 && roomCount(s) == 0 }) {
+		t.Errorf("budget holds %d bytes, %d bodies in the line afterwards", bg.Used(), roomCount(s))
+	}
+}
+
+// TestRoomWaitEnds: a body that finds no room within BudgetWait is
+// refused then with the budget's error (not before, not never), and a
+// body that could never be held while others wait (more than half the
+// budget) is refused at once.
+func TestRoomWaitEnds(t *testing.T) {
+	const wait = 200 * time.Millisecond
+	bg := budget.New(400 << 10)
+	s, addr, release := holdingServer(t, bg, wait)
+	defer close(release)
+	put(t, addr, "/hold", 300<<10)
+	if !eventually(func() bool { return bg.Used() >= 300<<10 }) {
+		t.Fatalf("the first body holds %d bytes", bg.Used())
+	}
+	tests := []struct {
+		name     string
+		size     int
+		min, max time.Duration
+	}{
+		{"waits, then refused", 150 << 10, wait, 5 * wait},
+		{"more than half the budget: at once", 250 << 10, 0, wait},
+	}
+	for _, tt := range tests {
+		start := time.Now()
+		c, br := put(t, addr, "/x", tt.size)
+		a := <-answerOf(c, br)
+		took := a.at.Sub(start)
+		if a.err != nil || a.r.status != "HTTP/1.1 503 Service Unavailable" || !strings.Contains(a.r.body, budget.ErrExhausted.Error()) {
+			t.Errorf("%s: %v, %v; want 503 with the budget's error", tt.name, a.r, a.err)
+		}
+		if took < tt.min || took > tt.max {
+			t.Errorf("%s: answered after %v, want between %v and %v", tt.name, took, tt.min, tt.max)
+		}
+		if n := roomCount(s); n != 0 {
+			t.Errorf("%s: %d bodies in the room line after the answer", tt.name, n)
+		}
+	}
+}
