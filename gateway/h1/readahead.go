@@ -63,12 +63,16 @@ func (c *conn) readAhead() (*http.Request, readResult) {
 			whole := sent >= min(cl, reserveAfter)
 			if whole {
 				size = cl // held whole from here: read into one buffer
-				if !c.roomTurn && s.poller.roomWaiting() && c.waitRoom(size, false) {
-					return nil, readParked // behind the bodies waiting first
-				}
+			}
+			// A body may wait for room when it asks for all of it, or
+			// for its first bytes: then it holds nothing while it waits
+			// (or a first chunk, which the line bounds).
+			mayWait := whole || c.aheld == 0
+			if mayWait && !c.roomTurn && s.poller.roomWaiting() && c.waitRoom(size, false) {
+				return nil, readParked // behind the bodies waiting first
 			}
 			err := c.growAhead(size)
-			if err != nil && whole && !lastTry && c.waitRoom(size, c.roomTurn) {
+			if err != nil && mayWait && !lastTry && c.waitRoom(size, c.roomTurn) {
 				return nil, readParked
 			}
 			c.roomTurn = false

@@ -156,3 +156,32 @@ func TestRoomWaitEnds(t *testing.T) {
 		}
 	}
 }
+
+// TestHeadAloneWaitsForRoom: a body whose head comes before any of its
+// bytes, while the budget is full, waits in the room line too (for its
+// first chunk), and is served once there is room.
+func TestHeadAloneWaitsForRoom(t *testing.T) {
+	bg := budget.New(300 << 10)
+	s, addr, release := holdingServer(t, bg, 5*time.Second)
+	c1, br1 := put(t, addr, "/hold", 300<<10) // the whole budget
+	if !eventually(func() bool { return bg.Used() == 300<<10 }) {
+		t.Fatalf("the first body holds %d bytes", bg.Used())
+	}
+	a1 := answerOf(c1, br1)
+	c2, br2 := dial(t, addr)
+	fmt.Fprintf(c2, "PUT /second HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", 100<<10)
+	if !eventually(func() bool { return roomCount(s) == 1 }) {
+		t.Fatalf("%d bodies in the room line, want the one whose head came alone", roomCount(s))
+	}
+	a2 := answerOf(c2, br2)
+	c2.Write([]byte(strings.Repeat("r", 100<<10)))
+	close(release)
+	for i, a := range []answer{<-a1, <-a2} {
+		if want := fmt.Sprintf("read %d", []int{300 << 10, 100 << 10}[i]); a.err != nil || a.r.body != want {
+			t.Errorf("body %d: %v, %v; want %s", i+1, a.r, a.err, want)
+		}
+	}
+	if !eventually(func() bool { return bg.Used() == 0 && roomCount(s) == 0 }) {
+		t.Errorf("budget holds %d bytes, %d bodies in the line afterwards", bg.Used(), roomCount(s))
+	}
+}
