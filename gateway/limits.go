@@ -186,8 +186,8 @@ func ReadBody(r *http.Request, limit int64) ([]byte, error) {
 // reading when Content-Length says so. The buffer grows with the bytes
 // that arrive, never from the declared length alone, and beyond
 // smallHold is held against the budget (503 when refused); once
-// firstBodyBuf bytes have come, the rest of the declared length is held
-// and read into one buffer. Then it takes
+// firstBodyBuf bytes and an eighth of it have come, the rest of the
+// declared length is held and read into one buffer. Then it takes
 // the request's slot. A body the server read whole ahead of the handler
 // (Options.TakeBody) is taken as it is, neither copied nor counted twice.
 // The buffer comes from l.bufs: a caller that knows when nothing reads
@@ -250,7 +250,7 @@ func (l *limits) readBody(r *http.Request, limit int64) ([]byte, error) {
 	for int64(len(buf)) < want {
 		if len(buf) == cap(buf) {
 			size := int(min(want, int64(max(2*cap(buf), firstBodyBuf))))
-			if cl > 0 && len(buf) >= firstBodyBuf {
+			if cl > 0 && int64(len(buf)) >= max(firstBodyBuf, cl/8) {
 				// Its first bytes came: room for all of it at once, or
 				// none more read (h1's reserveAfter says why).
 				size = int(cl)

@@ -73,6 +73,15 @@ func New(maxLarge int) *Pool {
 	return &Pool{max: maxLarge, idle: IdleMax}
 }
 
+// Cap is the capacity of the buffer Get(n) lends: n's size class, or n
+// itself past MaxSize.
+func (p *Pool) Cap(n int) int {
+	if n > MaxSize {
+		return n
+	}
+	return MinSize << class(n)
+}
+
 // Get returns a buffer of length 0 and a capacity of at least n: the
 // smallest class's capacity that holds n, or exactly n above MaxSize.
 func (p *Pool) Get(n int) []byte {

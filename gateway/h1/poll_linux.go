@@ -82,6 +82,7 @@ type poller struct {
 	// deadline) in arrival order until it can (waitRoom).
 	room     []*conn
 	roomHeld int64        // what the bodies in room hold already
+	roomSeq  uint64       // the last conn.roomSeq given
 	roomLen  atomic.Int32 // len(room), for readers without mu
 
 	events [128]syscall.EpollEvent // run's
@@ -605,10 +606,17 @@ func (p *poller) waitRoom(c *conn, bg Budget, need int64, deadline time.Time, fr
 	pf.deadline, pf.resumeIn = deadline, stateActive
 	pf.room, pf.roomNeed, pf.roomHeld = true, need, c.aheld
 	p.heapPushLocked(c)
-	if front {
-		p.room = slices.Insert(p.room, 0, c)
-	} else {
+	if !front || c.roomSeq == 0 {
+		p.roomSeq++
+		c.roomSeq = p.roomSeq
 		p.room = append(p.room, c)
+	} else {
+		// Back where it was: before those that came in after it.
+		i := 0
+		for i < len(p.room) && p.room[i].roomSeq < c.roomSeq {
+			i++
+		}
+		p.room = slices.Insert(p.room, i, c)
 	}
 	p.roomHeld += c.aheld
 	p.roomLen.Store(int32(len(p.room)))
@@ -635,25 +643,34 @@ func (p *poller) unroomLocked(c *conn) {
 
 // admitRoomLocked queues for a worker the bodies at the front of the room
 // line that the budget has room for now, in order, and returns the
-// number of workers to start.
+// number of workers to start. One that needs more than half the limit
+// (lowered since it came in) will never have room: it ends its wait.
 func (p *poller) admitRoomLocked() int {
 	if len(p.room) == 0 {
 		return 0
 	}
-	room := p.room[0].srv.Budget.Room()
+	bg := p.room[0].srv.Budget
+	room, limit := bg.Room(), bg.Limit()
 	start := 0
 	for len(p.room) > 0 {
 		c := p.room[0]
-		if c.pf.roomNeed > room {
+		never := limit > 0 && c.pf.roomNeed > limit/2
+		if c.pf.roomNeed > room && !never {
 			break
 		}
-		room -= c.pf.roomNeed
+		need := c.pf.roomNeed
 		p.unroomLocked(c)
 		p.unheapLocked(c)
-		if c.state.CompareAndSwap(stateReading, stateActive) {
-			c.roomTurn = true
-			start += p.queueLocked(c)
+		if !c.state.CompareAndSwap(stateReading, stateActive) {
+			continue // being closed
 		}
+		if never {
+			c.roomGaveUp = true
+		} else {
+			room -= need
+			c.roomTurn = true
+		}
+		start += p.queueLocked(c)
 	}
 	return start
 }

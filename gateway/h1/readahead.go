@@ -26,13 +26,21 @@ const aheadChunk = 16 << 10
 
 // reserveAfter is how much of a body must have come (read, or waiting in
 // the socket) before it is read into a buffer of its whole
-// Content-Length, held against the budget at once; before that its
-// buffer doubles from aheadChunk as bytes come. A body that has proved
-// it is coming either gets room for the rest or is refused before more
-// of it is read: growing a step at a time, bodies that together passed
-// the budget each held part of it and were each refused halfway, all
-// that reading lost; and each step copied what came before.
-const reserveAfter = aheadChunk
+// Content-Length, held against the budget at once: 16 KiB, and an eighth
+// of the body. Before that its buffer doubles from aheadChunk as bytes
+// come. A body that has proved it is coming either gets room for the
+// rest or waits for it before more of it is read: growing a step at a
+// time, bodies that together passed the budget each held part of it and
+// were each refused halfway, all that reading lost; and each step copied
+// what came before. The eighth bounds what a client that stops sending
+// holds: eight times what it sent, where the doubling held twice.
+func reserveAfter(cl int) int { return min(cl, max(aheadChunk, cl/8)) }
+
+// bypassLine is the most a body may hold of the budget and still take it
+// while others wait in the room line (first come first served for the
+// rest): a small body is not held up behind a large one for the whole
+// BudgetWait, and cannot hold the first in line up by much.
+const bypassLine = 64 << 10
 
 // readAhead reads c.ahead's body into c.abuf as it arrives, with the
 // connection parked (up to the read timeout) while none is there, and
@@ -60,22 +68,19 @@ func (c *conn) readAhead() (*http.Request, readResult) {
 			// what came with the head and what waits in the socket.
 			sent := len(c.abuf) + c.in.Buffered() + c.queued()
 			size := min(cl, max(2*cap(c.abuf), aheadChunk, sent))
-			whole := sent >= min(cl, reserveAfter)
-			if whole {
+			if sent >= reserveAfter(cl) {
 				size = cl // held whole from here: read into one buffer
 			}
-			// A body may wait for room when it asks for all of it, or
-			// for its first bytes: then it holds nothing while it waits
-			// (or a first chunk, which the line bounds).
-			mayWait := whole || c.aheld == 0
-			if mayWait && !c.roomTurn && s.poller.roomWaiting() && c.waitRoom(size, false) {
+			hold := c.bufCap(size)
+			need := int64(hold) - c.aheld
+			if !c.roomTurn && hold > bypassLine && s.poller.roomWaiting() && c.waitRoom(need, false) {
 				return nil, readParked // behind the bodies waiting first
 			}
 			err := c.growAhead(size)
-			if err != nil && mayWait && !lastTry && c.waitRoom(size, c.roomTurn) {
+			if err != nil && !lastTry && c.waitRoom(need, c.roomTurn) {
 				return nil, readParked
 			}
-			c.roomTurn = false
+			c.roomTurn, c.roomSince = false, time.Time{}
 			if err != nil {
 				return c.endAhead(b, err)
 			}
@@ -124,24 +129,32 @@ func (c *conn) readAhead() (*http.Request, readResult) {
 }
 
 // waitRoom parks c in the poller's room line until the budget has room
-// for its body of size bytes, for up to Server.BudgetWait (and no longer
-// than the read timeout), first if front. It reports whether it did.
-func (c *conn) waitRoom(size int, front bool) bool {
+// for need more bytes for its body, first (by the order it first came
+// in) if front: it had its turn and lost the room to another taker. It
+// waits up to Server.BudgetWait from when it first came in, and no
+// longer than the read timeout. It reports whether it parked c.
+func (c *conn) waitRoom(need int64, front bool) bool {
 	s := c.srv
 	wait := s.budgetWaitNow()
 	if s.Budget == nil || wait <= 0 || !c.canPark() {
 		return false
 	}
-	deadline := time.Now().Add(wait)
+	now := time.Now()
+	if c.roomSince.IsZero() {
+		c.roomSince = now
+	}
+	deadline := c.roomSince.Add(wait)
 	if rd := c.deadline(s.ReadTimeout); !rd.IsZero() && rd.Before(deadline) {
 		deadline = rd
+	}
+	if !deadline.After(now) {
+		return false
 	}
 	c.in.release()
 	hadDL := c.readDL
 	if hadDL {
 		c.setReadTimeout(0) // the poller keeps the deadline while parked
 	}
-	need := int64(size) - c.aheld
 	if s.poller.waitRoom(c, s.Budget, need, deadline, front) != parked {
 		if hadDL {
 			c.setDeadline(c.deadline(s.ReadTimeout))
@@ -151,13 +164,22 @@ func (c *conn) waitRoom(size int, front bool) bool {
 	return true
 }
 
+// bufCap is the capacity of the buffer growAhead takes for size bytes.
+func (c *conn) bufCap(size int) int {
+	if s := c.srv; s.Buffers != nil {
+		return s.Buffers.Cap(size)
+	}
+	return size
+}
+
 // growAhead grows c.abuf to at least size bytes, holding them against
 // the budget, and gives the buffer it outgrew back to Server.Buffers.
-// size is held before the buffer is taken, so that a body the budget
-// refuses costs no allocation; the buffer's class may hold a little more.
+// The buffer's capacity is held before the buffer is taken, so that a
+// body the budget refuses costs no allocation; when it refuses, nothing
+// changes.
 func (c *conn) growAhead(size int) error {
 	s := c.srv
-	if err := c.holdAhead(size); err != nil {
+	if err := c.holdAhead(c.bufCap(size)); err != nil {
 		return err
 	}
 	var nb []byte
@@ -165,10 +187,6 @@ func (c *conn) growAhead(size int) error {
 		nb = s.Buffers.Get(size)
 	} else {
 		nb = make([]byte, 0, size)
-	}
-	if err := c.holdAhead(cap(nb)); err != nil {
-		c.putBuffer(nb)
-		return err
 	}
 	nb = append(nb, c.abuf...)
 	c.putBuffer(c.abuf)

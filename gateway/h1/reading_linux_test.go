@@ -403,9 +403,10 @@ func TestLingerOutlastsPause(t *testing.T) {
 }
 
 // TestReadAheadHoldsWholeBody: once a body's first reserveAfter bytes
-// have come, it holds the budget for all of its Content-Length, or is
-// refused then, before the rest is read: bodies that together pass the
-// budget are not each refused halfway through.
+// (16 KiB and an eighth of it) have come, it holds the budget for all of
+// its Content-Length, or is refused then, before the rest is read:
+// bodies that together pass the budget are not each refused halfway
+// through. Before that its buffer doubles.
 func TestReadAheadHoldsWholeBody(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -414,9 +415,10 @@ func TestReadAheadHoldsWholeBody(t *testing.T) {
 		first  int    // sent before the check
 		want   string // "held": the budget holds cl while the rest is awaited; else the status
 	}{
-		{"fits: held whole", 1 << 20, 300 << 10, 32 << 10, "held"},
-		{"does not fit: refused at once", 256 << 10, 1 << 20, 64 << 10, "HTTP/1.1 503 Service Unavailable"},
+		{"fits: held whole", 1 << 20, 300 << 10, 40 << 10, "held"},
+		{"does not fit: refused at once", 256 << 10, 1 << 20, 160 << 10, "HTTP/1.1 503 Service Unavailable"},
 		{"first bytes only: doubles", 1 << 20, 300 << 10, 1 << 10, "small"},
+		{"less than an eighth: doubles", 1 << 20, 1 << 20, 64 << 10, "doubling"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -433,10 +435,14 @@ func TestReadAheadHoldsWholeBody(t *testing.T) {
 				if !eventually(func() bool { return bg.Used() >= int64(tt.cl) }) {
 					t.Fatalf("budget holds %d bytes after %d of %d came, want all of them", bg.Used(), tt.first, tt.cl)
 				}
-			case "small":
+			case "small", "doubling":
+				most := int64(aheadChunk)
+				if tt.want == "doubling" {
+					most = int64(2 * tt.first) // what doubling buffers hold
+				}
 				time.Sleep(50 * time.Millisecond)
-				if u := bg.Used(); u > aheadChunk {
-					t.Fatalf("budget holds %d bytes after %d of %d came, want at most %d", u, tt.first, tt.cl, aheadChunk)
+				if u := bg.Used(); u > most {
+					t.Fatalf("budget holds %d bytes after %d of %d came, want at most %d", u, tt.first, tt.cl, most)
 				}
 			default:
 				c.SetReadDeadline(time.Now().Add(2 * time.Second))

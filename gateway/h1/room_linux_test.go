@@ -84,7 +84,7 @@ func TestBodiesWaitForRoom(t *testing.T) {
 		t.Fatalf("%d bodies in the room line, want the second", roomCount(s))
 	}
 	a2 := answerOf(c2, br2)
-	c3, br3 := put(t, addr, "/third", 40<<10) // would fit (100 KiB are free), but comes after the second
+	c3, br3 := put(t, addr, "/third", 80<<10) // would fit (100 KiB are free), but comes after the second
 	if !eventually(func() bool { return roomCount(s) == 2 }) {
 		t.Fatalf("%d bodies in the room line, want the third behind the second", roomCount(s))
 	}
@@ -108,7 +108,7 @@ func TestBodiesWaitForRoom(t *testing.T) {
 	for i, tt := range []struct {
 		a    <-chan answer
 		size int
-	}{{a1, 300 << 10}, {a2, 200 << 10}, {a3, 40 << 10}} {
+	}{{a1, 300 << 10}, {a2, 200 << 10}, {a3, 80 << 10}} {
 		a := <-tt.a
 		if a.err != nil || a.r.body != fmt.Sprintf("read %d", tt.size) {
 			t.Errorf("body %d: %v, %v", i+1, a.r, a.err)

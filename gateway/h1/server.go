@@ -168,6 +168,8 @@ func (s *Server) lingering() time.Duration {
 // Buffers lends byte buffers and takes them back (Server.Buffers).
 // *bufpool.Pool implements it.
 type Buffers interface {
+	// Cap is the capacity of the buffer Get(n) returns.
+	Cap(n int) int
 	// Get returns a buffer of length 0 and a capacity of at least n.
 	Get(n int) []byte
 	// Put gives back a buffer that nothing will use any more.

@@ -42,16 +42,22 @@ func New() *Lender {
 // arrayOf identifies b's array by its first byte.
 func arrayOf(b []byte) *byte { return &b[:1][0] }
 
+// Cap is the capacity Get(n) lends.
+func (l *Lender) Cap(n int) int {
+	size := bufpool.MinSize
+	for size < n {
+		size *= 2
+	}
+	return size
+}
+
 // Get lends a buffer of length 0 and the capacity bufpool would give for
 // n bytes, a poisoned one given back before if there is one.
 func (l *Lender) Get(n int) []byte {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.lends++
-	size := bufpool.MinSize
-	for size < n {
-		size *= 2
-	}
+	size := l.Cap(n)
 	for i, b := range l.free {
 		if cap(b) == size {
 			l.free = slices.Delete(l.free, i, i+1)
