@@ -43,20 +43,6 @@ func sysRead(fd uintptr, p []byte) (int, error) {
 	return int(n), nil
 }
 
-// sysDrop drops up to n bytes a non-blocking TCP socket holds to read,
-// without copying them (recv with MSG_TRUNC), and returns how many.
-func sysDrop(fd uintptr, n int) (int, error) {
-	call := syscall.RawSyscall6
-	if n > rawMax {
-		call = syscall.Syscall6
-	}
-	m, _, errno := call(syscall.SYS_RECVFROM, fd, 0, uintptr(n), syscall.MSG_TRUNC|syscall.MSG_DONTWAIT, 0, 0)
-	if errno != 0 {
-		return 0, errno
-	}
-	return int(m), nil
-}
-
 // writev is writev(2) on a non-blocking socket.
 func writev(fd uintptr, iov []syscall.Iovec) (int, error) {
 	call := syscall.RawSyscall

@@ -25,3 +25,20 @@ func accept4(fd int, flags int) (int, syscall.Sockaddr, error) {
 	}
 	return int(nfd), sockaddr(&rsa), nil
 }
+
+// dropsTrunc reports that sysDrop can drop a socket's bytes uncopied.
+const dropsTrunc = true
+
+// sysDrop drops up to n bytes a non-blocking TCP socket holds to read,
+// without copying them (recv with MSG_TRUNC), and returns how many.
+func sysDrop(fd uintptr, n int) (int, error) {
+	call := syscall.RawSyscall6
+	if n > rawMax {
+		call = syscall.Syscall6
+	}
+	m, _, errno := call(syscall.SYS_RECVFROM, fd, 0, uintptr(n), syscall.MSG_TRUNC|syscall.MSG_DONTWAIT, 0, 0)
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(m), nil
+}

@@ -18,3 +18,10 @@ func peek(fd uintptr) (int, syscall.Errno) {
 func accept4(fd int, flags int) (int, syscall.Sockaddr, error) {
 	return syscall.Accept4(fd, flags)
 }
+
+// dropsTrunc is false on 386: socketcall's recvfrom, as package syscall
+// makes it, takes no length without a buffer, so dropped bytes are read.
+const dropsTrunc = false
+
+// sysDrop is never called on 386 (dropsTrunc).
+func sysDrop(uintptr, int) (int, error) { return 0, syscall.EINVAL }

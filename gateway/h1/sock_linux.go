@@ -61,7 +61,7 @@ type sock struct {
 // dropsUncopied reports whether the kernel can drop what s holds to read
 // without copying it out (recv with MSG_TRUNC): TCP can, Unix sockets
 // cannot.
-func (s *sock) dropsUncopied() bool { return s != nil && s.net == "tcp" }
+func (s *sock) dropsUncopied() bool { return dropsTrunc && s != nil && s.net == "tcp" }
 
 // sockRaw is a sock's syscall.RawConn.
 type sockRaw struct{ s *sock }
