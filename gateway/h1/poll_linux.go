@@ -287,15 +287,11 @@ func (p *poller) wakeLocked(fd int32, events uint32) int {
 	}
 	if c.pf.room {
 		// Its body's bytes wait in the socket until there is room for
-		// them; a client that gave up is answered at once.
-		if !c.pf.hup || !c.state.CompareAndSwap(stateReading, stateActive) {
-			c.pf.readable = true
-			return 0
-		}
-		p.unroomLocked(c)
-		p.unheapLocked(c)
-		c.roomGaveUp = true
-		return p.queueLocked(c)
+		// them. A close of the client's side too: one that half-closed
+		// after its whole request still wants the answer, and one gone
+		// holds nothing while it waits its turn or its deadline.
+		c.pf.readable = true
+		return 0
 	}
 	if c.state.CompareAndSwap(stateReading, c.pf.resumeIn) {
 		p.unheapLocked(c)
@@ -576,8 +572,8 @@ func (p *poller) roomWaiting() bool { return p != nil && p.roomLen.Load() > 0 }
 // until bg has room for it or deadline passes; a worker then resumes it
 // (stateActive), with c.roomGaveUp set in the second case. front puts it
 // first: it had its turn and lost the room to another taker. It returns
-// park's results: notParked when the poller cannot take it, the client
-// has closed, or the line is full.
+// park's results: notParked when the poller cannot take it or the line
+// is full.
 //
 // The line is full when the bodies in it would hold more than a quarter
 // of bg's limit, and a body that needs more than half of it is never in
@@ -596,7 +592,7 @@ func (p *poller) waitRoom(c *conn, bg Budget, need int64, deadline time.Time, fr
 	if p.closed || need > limit/2 || p.roomHeld+c.aheld > limit/4 {
 		return notParked
 	}
-	if !p.registerLocked(c) || c.pf.hup {
+	if !p.registerLocked(c) {
 		return notParked
 	}
 	if !c.state.CompareAndSwap(stateActive, stateReading) {

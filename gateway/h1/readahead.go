@@ -1,6 +1,7 @@
 package h1
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"time"
@@ -76,9 +77,12 @@ func (c *conn) readAhead() (*http.Request, readResult) {
 			if !c.roomTurn && hold > bypassLine && s.poller.roomWaiting() && c.waitRoom(need, false) {
 				return nil, readParked // behind the bodies waiting first
 			}
-			err := c.growAhead(size)
-			if err != nil && !lastTry && c.waitRoom(need, c.roomTurn) {
+			err := c.growAhead(size, !lastTry)
+			if err == errNoRoomYet && c.waitRoom(need, c.roomTurn) {
 				return nil, readParked
+			}
+			if err == errNoRoomYet {
+				err = c.growAhead(size, false) // the budget's answer, counted as its refusal
 			}
 			c.roomTurn, c.roomSince = false, time.Time{}
 			if err != nil {
@@ -172,14 +176,26 @@ func (c *conn) bufCap(size int) int {
 	return size
 }
 
+// errNoRoomYet is growAhead's answer, with look, when the budget has no
+// room now: the body may wait for it, which is not a refusal.
+var errNoRoomYet = errors.New("h1: no room in the budget yet")
+
 // growAhead grows c.abuf to at least size bytes, holding them against
 // the budget, and gives the buffer it outgrew back to Server.Buffers.
 // The buffer's capacity is held before the buffer is taken, so that a
 // body the budget refuses costs no allocation; when it refuses, nothing
-// changes.
-func (c *conn) growAhead(size int) error {
+// changes. With look, a lack of room is errNoRoomYet, found without
+// asking (the budget counts what it refuses).
+func (c *conn) growAhead(size int, look bool) error {
 	s := c.srv
-	if err := c.holdAhead(c.bufCap(size)); err != nil {
+	hold := c.bufCap(size)
+	if look && s.Budget != nil && int64(hold)-c.aheld > s.Budget.Room() {
+		return errNoRoomYet
+	}
+	if err := c.holdAhead(hold); err != nil {
+		if look {
+			return errNoRoomYet // taken by another since Room said
+		}
 		return err
 	}
 	var nb []byte

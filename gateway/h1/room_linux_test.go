@@ -69,8 +69,9 @@ func answerOf(c net.Conn, br *bufio.Reader) <-chan answer {
 // in the room line, its connection parked, and is read and served once
 // the body holding the room is done; bodies that come later wait behind
 // it even if they would fit now (first come, first served); a client
-// that closes while it waits leaves the line; and the budget holds
-// nothing afterwards.
+// that half-closes after its request keeps its place and gets its
+// answer; and the budget holds nothing afterwards and counted no
+// refusal.
 func TestBodiesWaitForRoom(t *testing.T) {
 	bg := budget.New(400 << 10)
 	s, addr, release := holdingServer(t, bg, 5*time.Second)
@@ -89,13 +90,27 @@ func TestBodiesWaitForRoom(t *testing.T) {
 		t.Fatalf("%d bodies in the room line, want the third behind the second", roomCount(s))
 	}
 	a3 := answerOf(c3, br3)
-	c4, _ := put(t, addr, "/gone", 100<<10) // leaves before its turn
+	// Sends all of its body, then closes its side: it still wants the answer.
+	c4, br4 := dial(t, addr)
+	fmt.Fprintf(c4, "PUT /halfclosed HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", 100<<10)
+	sent := make(chan error, 1)
+	go func() { _, err := c4.Write([]byte(strings.Repeat("r", 100<<10))); sent <- err }()
 	if !eventually(func() bool { return roomCount(s) == 3 }) {
 		t.Fatalf("%d bodies in the room line, want 3", roomCount(s))
 	}
-	c4.Close()
-	if !eventually(func() bool { return roomCount(s) == 2 }) {
-		t.Fatalf("%d bodies in the room line after a client left, want 2", roomCount(s))
+	a4 := answerOf(c4, br4)
+	select {
+	case err := <-sent:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the kernel did not take a 100 KiB body while the gateway waits")
+	}
+	c4.(*net.TCPConn).CloseWrite()
+	time.Sleep(20 * time.Millisecond)
+	if n := roomCount(s); n != 3 {
+		t.Fatalf("%d bodies in the room line after a client half-closed, want it still in line", n)
 	}
 	select {
 	case a := <-a2:
@@ -108,7 +123,7 @@ func TestBodiesWaitForRoom(t *testing.T) {
 	for i, tt := range []struct {
 		a    <-chan answer
 		size int
-	}{{a1, 300 << 10}, {a2, 200 << 10}, {a3, 80 << 10}} {
+	}{{a1, 300 << 10}, {a2, 200 << 10}, {a3, 80 << 10}, {a4, 100 << 10}} {
 		a := <-tt.a
 		if a.err != nil || a.r.body != fmt.Sprintf("read %d", tt.size) {
 			t.Errorf("body %d: %v, %v", i+1, a.r, a.err)
@@ -116,6 +131,9 @@ func TestBodiesWaitForRoom(t *testing.T) {
 	}
 	if !eventually(func() bool { return bg.Used() == 0 && roomCount(s) == 0 }) {
 		t.Errorf("budget holds %d bytes, %d bodies in the line afterwards", bg.Used(), roomCount(s))
+	}
+	if n := bg.Refused(); n != 0 {
+		t.Errorf("the budget counted %d refusals; waiting for room is none", n)
 	}
 }
 
