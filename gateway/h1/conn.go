@@ -93,7 +93,7 @@ type conn struct {
 	roomTurn    bool          // taken from the room line: its turn to take room (poller.waitRoom)
 	roomGaveUp  bool          // waited BudgetWait in the room line for nothing
 	roomSince   time.Time     // when the body read ahead first came into the room line; zero: it has not
-	roomSeq     uint64        // its place in the room line's order, from when it first came in: its capacity, or the whole body once reserved (reserveAfter)
+	roomSeq     uint64        // its place in the room line's order, from when it first came in
 	spilled     int64         // bytes of Server.Budget held for spill
 	lingerAt    time.Time     // phaseLinger: when it began
 
