@@ -352,20 +352,28 @@ func (b *inbuf) tryDrop() (dropped int, blocked bool) {
 }
 
 // readFD is the raw read: it reports false, to wait for the socket to
-// become readable, when the read would block.
+// become readable, when the read would block. For tryDrop (dropping) it
+// drops up to dropMax bytes uncopied instead, with no buffer.
 func (b *inbuf) readFD(fd uintptr) bool {
-	if b.dropping {
-		return b.dropFD(fd)
-	}
-	p := b.dst
-	if p == nil {
-		if b.buf == nil {
-			b.take()
+	var p []byte
+	want, op := dropMax, "recvfrom"
+	if !b.dropping {
+		if p = b.dst; p == nil {
+			if b.buf == nil {
+				b.take()
+			}
+			p = b.buf[b.w:]
 		}
-		p = b.buf[b.w:]
+		want, op = len(p), "read"
 	}
 	for {
-		n, err := sysRead(fd, p)
+		var n int
+		var err error
+		if b.dropping {
+			n, err = sysDrop(fd, want)
+		} else {
+			n, err = sysRead(fd, p)
+		}
 		switch {
 		case err == syscall.EINTR:
 			continue
@@ -374,33 +382,12 @@ func (b *inbuf) readFD(fd uintptr) bool {
 			b.blocked, b.drained = true, true
 			return b.noWait
 		case err != nil:
-			b.rerr = b.opError(os.NewSyscallError("read", err))
+			b.rerr = b.opError(os.NewSyscallError(op, err))
 		case n == 0:
 			b.rerr = io.EOF
 		default:
 			// A stream socket's read stops short only on an empty queue.
-			b.n, b.drained = n, n < len(p)
-		}
-		return true
-	}
-}
-
-// dropFD is readFD for tryDrop: it drops up to dropMax bytes uncopied.
-func (b *inbuf) dropFD(fd uintptr) bool {
-	for {
-		n, err := sysDrop(fd, dropMax)
-		switch {
-		case err == syscall.EINTR:
-			continue
-		case err == syscall.EAGAIN:
-			b.blocked, b.drained = true, true
-			return b.noWait
-		case err != nil:
-			b.rerr = b.opError(os.NewSyscallError("recvfrom", err))
-		case n == 0:
-			b.rerr = io.EOF
-		default:
-			b.n, b.drained = n, n < dropMax
+			b.n, b.drained = n, n < want
 		}
 		return true
 	}
