@@ -213,19 +213,6 @@ func (res *batchResult) setOutcome(v op.Verb, err error) {
 	res.unreachable = unreachable(err)
 }
 
-// unreachable reports whether err says memcached could not be asked for
-// an item: no node could take it, the connection failed, no answer came
-// in time, or the gateway was at one of its limits. An answer memcached
-// gave (a miss, an error reply, a value that cannot be decoded) and a
-// problem of the request itself are not.
-func unreachable(err error) bool {
-	var ne *upstream.NodeError
-	var oe *overloadError
-	var be *upstream.BusyError
-	return errors.Is(err, upstream.ErrNoNodes) || errors.As(err, &ne) || errors.As(err, &oe) || errors.As(err, &be) ||
-		errors.Is(err, context.DeadlineExceeded)
-}
-
 // answerStatus is the status of a multi-get's or batch's answer (see
 // docs/http-api.md): 200 with each result's own status inside,
 // unless not one of them reached memcached (every result unreachable),

@@ -63,7 +63,7 @@ const largeValue = 16 << 10
 
 // serveDetached serves r with a detached response, and reports whether it
 // did; if not, nothing was done and the routed path serves it.
-func (hh *handler) serveDetached(w http.ResponseWriter, r *http.Request, maker any) bool {
+func (hh *handler) serveDetached(w http.ResponseWriter, r *http.Request, maker *Handler) bool {
 	d, ok := w.(detacher)
 	if !ok || hh.detachStore == nil {
 		return false

@@ -130,6 +130,19 @@ func errorStatus(err error) (status int, msg string, retry bool) {
 	return http.StatusInternalServerError, "internal error", false
 }
 
+// unreachable reports whether err says memcached could not be asked for
+// an item: no node could take it, the connection failed, no answer came
+// in time, or the gateway was at one of its limits. An answer memcached
+// gave (a miss, an error reply, a value that cannot be decoded) and a
+// problem of the request itself are not.
+func unreachable(err error) bool {
+	var ne *upstream.NodeError
+	var oe *overloadError
+	var be *upstream.BusyError
+	return errors.Is(err, upstream.ErrNoNodes) || errors.As(err, &ne) || errors.As(err, &oe) || errors.As(err, &be) ||
+		errors.Is(err, context.DeadlineExceeded)
+}
+
 // Status is the REST mapping of an error the gateway's own request
 // handling returned (ReadBody's, say), for endpoints that answer in their
 // own format: its status, message, and whether to send Retry-After.
@@ -148,9 +161,7 @@ func writeError(w http.ResponseWriter, err error) {
 // writeStatus answers with status and a short text/plain body.
 func writeStatus(w http.ResponseWriter, status int, msg string, retry bool) {
 	if status == statusClientClosed {
-		if sr, ok := w.(statusRecorder); ok {
-			sr.recordStatus(statusClientClosed)
-		}
+		recordClientClosed(w)
 		return
 	}
 	h := w.Header()

@@ -86,9 +86,14 @@ func (l *limits) middleware(next http.Handler) http.Handler {
 	})
 }
 
-// takeSlot takes an in-flight slot for rc's request, once.
+// takeSlot takes an in-flight slot for rc's request, once. A request
+// without a requestCtx (not served through Handler) gets none: the limits
+// fail closed.
 func (l *limits) takeSlot(rc *requestCtx) bool {
-	if rc == nil || rc.slot {
+	if rc == nil {
+		return false
+	}
+	if rc.slot {
 		return true
 	}
 	if !l.lim.acquire() {
@@ -142,9 +147,13 @@ func (l *limits) putValue(res *op.Result) {
 }
 
 // hold counts n more bytes against the budget for rc's request, until it
-// ends; sizes below smallHold are not counted.
+// ends; sizes below smallHold are not counted. Without a requestCtx
+// nothing would give them back: refused.
 func (l *limits) hold(rc *requestCtx, n int) error {
-	if n < smallHold || rc == nil {
+	if rc == nil {
+		return errBudget
+	}
+	if n < smallHold {
 		return nil
 	}
 	if err := l.budget.Acquire(int64(n)); err != nil {

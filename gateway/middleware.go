@@ -46,9 +46,22 @@ func (w *statusWriter) recordStatus(status int) { w.status = status }
 // went away before its answer: the request is logged and counted as 499,
 // nothing is written, and the connection is closed once the handler
 // returns.
-func ClientClosed(w http.ResponseWriter) {
-	if sr, ok := w.(statusRecorder); ok {
-		sr.recordStatus(statusClientClosed)
+func ClientClosed(w http.ResponseWriter) { recordClientClosed(w) }
+
+// recordClientClosed records 499 on the statusWriter under w, through
+// writers that wrap it and say so with Unwrap, as http.ResponseController
+// finds the connection's writer.
+func recordClientClosed(w http.ResponseWriter) {
+	for {
+		switch t := w.(type) {
+		case statusRecorder:
+			t.recordStatus(statusClientClosed)
+			return
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = t.Unwrap()
+		default:
+			return
+		}
 	}
 }
 

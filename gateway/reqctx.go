@@ -24,7 +24,7 @@ type requestCtx struct {
 	timed           context.Context
 	cancel          context.CancelFunc
 	route           *chi.Context // the value of chi.RouteCtxKey while set
-	maker           any          // who made it (Handler.NewContext): it may serve one request as it is
+	maker           *Handler     // who made it (Handler.NewContext): it may serve one request as it is
 	used            bool         // a request was served with it
 
 	lim bodyReader // the limits of the handler serving the request (ReadBody)
@@ -34,11 +34,22 @@ type requestCtx struct {
 	held int64 // bytes of the budget
 }
 
+// reqCtxKey is the key under which a requestCtx answers for itself, so
+// that a context derived from it (r.WithContext in a handler of
+// Options.Routes or a middleware) still leads to the request's limits.
+type reqCtxKey struct{}
+
 // Value answers chi.RouteCtxKey itself, so that chi finds its routing
-// context without wrapping the request in another one.
+// context without wrapping the request in another one, and reqCtxKey
+// with c.
 func (c *requestCtx) Value(key any) any {
-	if key == chi.RouteCtxKey && c.route != nil {
-		return c.route
+	switch key {
+	case reqCtxKey{}:
+		return c
+	case chi.RouteCtxKey:
+		if c.route != nil {
+			return c.route
+		}
 	}
 	return c.Context.Value(key)
 }
@@ -106,9 +117,10 @@ type bodyReader interface {
 }
 
 // takeContext returns the request's context for maker: the one maker made
-// (NewContext), or a new one of timeout, attached to a copy of r.
-func takeContext(r *http.Request, maker any, timeout time.Duration) (*requestCtx, *http.Request) {
-	ctx, ok := r.Context().(*requestCtx)
+// (NewContext) if it is r's context itself, or a new one of timeout,
+// attached to a copy of r.
+func takeContext(r *http.Request, maker *Handler, timeout time.Duration) (*requestCtx, *http.Request) {
+	ctx, ok := r.Context().(*requestCtx) // identity, not a capability: only ours, unwrapped, is served as it is
 	if !ok || ctx.maker != maker || ctx.used {
 		parent := r.Context()
 		if ok {
@@ -123,8 +135,10 @@ func takeContext(r *http.Request, maker any, timeout time.Duration) (*requestCtx
 	return ctx, r
 }
 
-// reqCtx is r's requestCtx, if it has one (every request under Handler).
+// reqCtx is r's requestCtx, found through any context derived from it:
+// every request under Handler has one, and the limits that take it fail
+// closed without one (errNoRequestCtx).
 func reqCtx(r *http.Request) *requestCtx {
-	rc, _ := r.Context().(*requestCtx)
+	rc, _ := r.Context().Value(reqCtxKey{}).(*requestCtx)
 	return rc
 }
