@@ -229,7 +229,15 @@ func listens(pid, port int) (bool, error) {
 // it, as it could a port merely found free.
 func DeadPort(t testing.TB) int {
 	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	// Close-on-exec set apart from socket(2), as SOCK_CLOEXEC is Linux's
+	// alone; ForkLock keeps a memcached started meanwhile (os/exec takes
+	// it to fork) from inheriting the socket between the two calls.
+	syscall.ForkLock.RLock()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err == nil {
+		syscall.CloseOnExec(fd)
+	}
+	syscall.ForkLock.RUnlock()
 	if err != nil {
 		t.Fatalf("dead port: %v", err)
 	}
