@@ -17,9 +17,6 @@ import (
 	"github.com/memcgate/memcgate/test/slowreader"
 )
 
-// detacher is what a handler asks of the fast path's ResponseWriter.
-type detacher interface{ Detach() func() }
-
 // detachMux detaches /later/* and answers from a goroutine after the
 // handler returned (/later/then), before it returns (/later/now), or with
 // a large body (/later/big); /body/* reads the request body first. Every

@@ -185,6 +185,21 @@ func echo(w http.ResponseWriter, r *http.Request) {
 
 func quietLog() *log.Logger { return log.New(io.Discard, "", 0) }
 
+// detacher is what a handler asks of the fast path's ResponseWriter.
+type detacher interface{ Detach() func() }
+
+// eventually retries cond for up to 5s and reports whether it held.
+func eventually(cond func() bool) bool {
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
+
 // listen listens on a free loopback port, or on a Unix socket in a
 // temporary directory.
 func listen(t testing.TB, network string) net.Listener {

@@ -65,18 +65,6 @@ func waitNoConns(t *testing.T, s *Server, what string) {
 // the poller's queue.
 func takenCount(s *Server) uint64 { return inPoller(s, func(p *poller) uint64 { return p.taken }) }
 
-// eventually retries cond for up to 5s and reports whether it held.
-func eventually(cond func() bool) bool {
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-	}
-}
-
 // blockingMux serves "ok" for every path but /block, which counts the
 // requests in entered and answers "released" once release is closed.
 func blockingMux() (mux *http.ServeMux, entered *atomic.Int32, release chan struct{}) {
