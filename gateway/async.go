@@ -111,11 +111,11 @@ type placement struct{ lane, shard, nodes int }
 // shareOf is the part of the queue (of capacity writes or bytes) the
 // writes waiting for one of parts (workers, or nodes) may take: an eighth
 // with 16 parts or more, half with fewer, all with one. A key's writes
-// wait for its worker, applied one after another, a round trip each
-// (about 2,000 a second): four clients writing one key filled the whole
-// queue, and every other client's asynchronous writes got 503s. A node's
-// writes wait for its workers: one answering in 440 ms filled the queue
-// as surely.
+// wait for its worker, applied one after another, a round trip each:
+// a few clients writing one key fill the whole queue, and every other
+// client's asynchronous writes get 503s (docs/benchmarks.md, "Attacks
+// from review"). A node's writes wait for its workers: a slow one fills
+// the queue as surely (decisions/0022).
 func shareOf(capacity int64, parts int) int64 {
 	switch {
 	case parts <= 1:

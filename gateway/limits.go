@@ -322,7 +322,9 @@ func (l *limits) putBody(b []byte) {
 // queue): b if its buffer is not much larger than b, else a copy of
 // exactly b's length, b's buffer given back. Without it a 1-byte body
 // queued in the 16 KiB buffer it was read into held 16,000 times what
-// the queue and the budget counted: 10,000 such writes took 0.5 GB.
+// the queue and the budget counted, and a queue full of such writes
+// held far more memory than the budget allows (docs/benchmarks.md,
+// "Attacks from review").
 func (l *limits) keepBody(b []byte) []byte {
 	if fits(b) {
 		return b

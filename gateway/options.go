@@ -111,7 +111,8 @@ type Options struct {
 	AccessLogger *slog.Logger
 	// AccessLogJSON, if not nil, is where access log lines go without
 	// log/slog, as the exact bytes slog's JSONHandler would write for them
-	// (about half the cost, and no allocation but the request ID's).
+	// (cheaper, and no allocation but the request ID's: docs/benchmarks.md,
+	// "The access log").
 	// Lines that need JSON escaping, and all of them when the logger is
 	// enabled at debug level (which adds the path), still go through the
 	// logger. Set it only to the writer of a logger made with

@@ -86,10 +86,10 @@ func (s *requestShare) setNodes(nodes int) {
 //
 // Free slots, not half, once counted: the share counts operations and
 // the slots count requests, and one request may have many operations on
-// a node (a batch of 1,000 gets is about four multi-gets a node). At the
-// default settings, 3,000 clients sending such batches to three healthy
-// nodes held over 5,000 operations on a node with 3,000 requests in
-// flight, and half refused them. Every request stuck on a node holds an
+// a node (a batch of 1,000 gets is about four multi-gets a node): many
+// clients sending such batches to healthy nodes hold more operations on
+// a node than there are requests in flight, and half refused them
+// (decisions/0021). Every request stuck on a node holds an
 // operation there, so a node holding no more than are free still leaves
 // the others at least half of the slots.
 func (s *requestShare) over(after int64) (bool, int64) {

@@ -114,7 +114,8 @@ func (n *node) observeFailure(err error) {
 		// It is not capped, as probes are not; the cap is for the
 		// signals that a gateway-side fault could send for every node
 		// at once. Capped, all nodes killed at once left the others
-		// routed for a probe round: 15,000 requests got 502, not 503.
+		// routed for a probe round, and their requests got 502, not
+		// 503 (docs/benchmarks.md, "All nodes killed at once").
 		n.eject("refused", err, !refusedDial(ne, err))
 	case ne.timeout && int(n.passiveRuns.Add(1)) >= n.h.PassiveFails:
 		n.eject("timeouts", err, true)

@@ -593,11 +593,11 @@ func dataServer(cfg config.Config, sec *security, std *http.Server, h *gateway.H
 // run before it starts, as the fast path does before each request a
 // client pipelined (docs/security.md, rule 1). net/http serves a
 // connection's pipelined requests back to back, and Go preempts a
-// goroutine only after 10 ms: without the yield, 256 connections
-// pipelining requests that net/http must parse (a 16 KB head, a
-// Connection header listing tokens) each hold a processor for their
-// turn, and a GET on another connection waits up to 3.7 s, or gets a
-// 504.
+// goroutine only after 10 ms: without the yield, connections pipelining
+// requests that net/http must parse (a 16 KB head, a Connection header
+// listing tokens) each hold a processor for their turn, and a GET on
+// another connection waits seconds, or gets a 504 (docs/benchmarks.md,
+// Abuse: attack 9).
 func takeTurns(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runtime.Gosched()

@@ -223,8 +223,9 @@ func (c *conn) loop(first bool) (parked bool) {
 			// other goroutines run first, as nginx posts a pipelined
 			// request as an event of its own. Without it a client
 			// pipelining as fast as it can keeps its goroutine busy
-			// until the scheduler preempts it, every 10 ms: 100 such
-			// clients held a GET on another connection for 1.1-3.2 s.
+			// until the scheduler preempts it, every 10 ms, and many
+			// such clients hold a GET on another connection for seconds
+			// (docs/benchmarks.md, Abuse: attack 7).
 			runtime.Gosched()
 		}
 		if c.phase == phaseLinger {

@@ -26,8 +26,8 @@ const rawReads = true
 // take long enough for other clients to need the processor (sysmon hands
 // it over past 20 µs, and the thread that takes it polls the network).
 // With every large body read and value write out of its sight, a flood
-// of 256 KiB asynchronous PUTs doubled the latency of other clients'
-// GETs (the abuse suite's attack 5: p50 31-36 → 58-65 ms).
+// of 256 KiB asynchronous PUTs (the abuse suite's attack 5) slowed other
+// clients' GETs (decisions/0014 has the figures).
 const rawMax = 64 << 10
 
 // sysRead is read(2) on a non-blocking socket.

@@ -560,11 +560,12 @@ func (c *conn) armWrite(now time.Time) {
 // now and, if no earlier written request is still unanswered, owes a
 // reply within the timeout from now. The read deadline runs only while a
 // written request waits for its reply: from the write, not from the
-// queuing (between the two the writer may wait for the CPU —
-// runtime.Gosched took 400 ms with many handlers runnable and memcached
-// on the same CPU — while memcached, with nothing to answer, is not
-// late), and later writes do not move it (a stopped memcached, sent a
-// steady trickle of requests, must still time out on the first).
+// queuing (between the two the writer may wait long for the CPU, with
+// many handlers runnable and memcached on the same CPU, while memcached,
+// with nothing to answer, is not late: decisions/0010, "A reply is owed
+// from its write"), and later writes do not move it (a stopped
+// memcached, sent a steady trickle of requests, must still time out on
+// the first).
 func (c *conn) owedLocked(now time.Time) {
 	if len(c.queue) == c.unsent {
 		c.armReadLocked(now)
