@@ -114,16 +114,6 @@ func parseMemcCmd(name string) memcCmd {
 	return memcNone
 }
 
-// MemcCommands lists the command names the module (and so memcgate)
-// supports, in the module's order.
-func MemcCommands() []string {
-	out := make([]string, 0, memcCmdCount-1)
-	for c := memcGet; c < memcCmdCount; c++ {
-		out = append(out, c.String())
-	}
-	return out
-}
-
 func (c memcCmd) String() string {
 	switch c {
 	case memcGet:

@@ -201,8 +201,18 @@ func TestDigitsAndRanges(t *testing.T) {
 	}
 }
 
+// memcCommands lists the command names the module (and so memcgate)
+// supports, in the module's order.
+func memcCommands() []string {
+	out := make([]string, 0, memcCmdCount-1)
+	for c := memcGet; c < memcCmdCount; c++ {
+		out = append(out, c.String())
+	}
+	return out
+}
+
 func TestParseMemcCmd(t *testing.T) {
-	for _, name := range MemcCommands() {
+	for _, name := range memcCommands() {
 		if c := parseMemcCmd(name); c == memcNone || c.String() != name {
 			t.Errorf("parseMemcCmd(%q) = %v, want the command", name, c)
 		}
@@ -212,8 +222,8 @@ func TestParseMemcCmd(t *testing.T) {
 			t.Errorf("parseMemcCmd(%q) = %v, want none", name, c)
 		}
 	}
-	if got := len(MemcCommands()); got != 12 {
-		t.Errorf("MemcCommands() has %d names, want 12", got)
+	if got := len(memcCommands()); got != 12 {
+		t.Errorf("memcCommands() has %d names, want 12", got)
 	}
 }
 
