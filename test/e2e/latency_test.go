@@ -23,13 +23,13 @@ import (
 // go out as UDP sets, and every key is read back. It asserts correctness
 // and round-trip counts, never wall-clock limits. The delay defaults to
 // 25ms per direction to keep make test short; `make seed` runs it at the
-// seed's 100ms (MEMCGATE_SEED_DELAY) and prints the table.
+// seed's 100ms (MEMCGATE_TEST_SEED_DELAY) and prints the table.
 func TestSeedLatency(t *testing.T) {
 	delay := 25 * time.Millisecond
-	if v := os.Getenv("MEMCGATE_SEED_DELAY"); v != "" {
+	if v := os.Getenv("MEMCGATE_TEST_SEED_DELAY"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil {
-			t.Fatalf("MEMCGATE_SEED_DELAY=%q: %v", v, err)
+			t.Fatalf("MEMCGATE_TEST_SEED_DELAY=%q: %v", v, err)
 		}
 		delay = d
 	}

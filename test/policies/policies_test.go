@@ -2,8 +2,8 @@
 // with the warm-up and shadow policies, over HTTP: a cold pool filling
 // itself from a warm one under steady reads (its hit ratio per interval,
 // the values byte for byte, the TTLs carried), and a shadow pool's
-// comparison counters. Each warm-up interval lasts MEMCGATE_POLICIES_INTERVAL
-// (1s by default).
+// comparison counters. Each warm-up interval lasts
+// MEMCGATE_TEST_POLICIES_INTERVAL (1s by default).
 package policies
 
 import (
@@ -35,10 +35,10 @@ var binary string
 func TestMain(m *testing.M) { gatewaytest.Main(m, false, &binary) }
 
 func interval(t *testing.T) time.Duration {
-	if v := os.Getenv("MEMCGATE_POLICIES_INTERVAL"); v != "" {
+	if v := os.Getenv("MEMCGATE_TEST_POLICIES_INTERVAL"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil {
-			t.Fatalf("MEMCGATE_POLICIES_INTERVAL=%q: %v", v, err)
+			t.Fatalf("MEMCGATE_TEST_POLICIES_INTERVAL=%q: %v", v, err)
 		}
 		return d
 	}

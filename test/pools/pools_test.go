@@ -2,8 +2,8 @@
 // with pools, replicas and hedged reads, over HTTP: the routing and
 // policies end to end, and the figures of docs/benchmarks.md (node death
 // and return under load, hedged reads against a slowed node). Each
-// measured phase lasts MEMCGATE_POOLS_PHASE (2s by default, to keep make
-// test short; make pools runs them at 20s and prints the tables).
+// measured phase lasts MEMCGATE_TEST_POOLS_PHASE (2s by default, to keep
+// make test short; make pools runs them at 20s and prints the tables).
 package pools
 
 import (
@@ -34,10 +34,10 @@ func TestMain(m *testing.M) { gatewaytest.Main(m, false, &binary) }
 
 // phase is how long each measured phase runs.
 func phase(t *testing.T) time.Duration {
-	if v := os.Getenv("MEMCGATE_POOLS_PHASE"); v != "" {
+	if v := os.Getenv("MEMCGATE_TEST_POOLS_PHASE"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil {
-			t.Fatalf("MEMCGATE_POOLS_PHASE=%q: %v", v, err)
+			t.Fatalf("MEMCGATE_TEST_POOLS_PHASE=%q: %v", v, err)
 		}
 		return d
 	}

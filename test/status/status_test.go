@@ -38,8 +38,9 @@ var binary string
 func TestMain(m *testing.M) { gatewaytest.Main(m, false, &binary) }
 
 // screenshotEnv names a file the screenshot is copied to, to refresh
-// docs/status-page.png: MEMCGATE_STATUS_SCREENSHOT=$PWD/docs/status-page.png.
-const screenshotEnv = "MEMCGATE_STATUS_SCREENSHOT"
+// docs/status-page.png:
+// MEMCGATE_TEST_STATUS_SCREENSHOT=$PWD/docs/status-page.png.
+const screenshotEnv = "MEMCGATE_TEST_STATUS_SCREENSHOT"
 
 func TestStatusPageInBrowser(t *testing.T) {
 	chrome := chromium(t)
