@@ -36,13 +36,6 @@ func (t *tally) add(kind string, n int) {
 	t.n[kind] += n
 }
 
-// get returns the count of kind.
-func (t *tally) get(kind string) int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.n[kind]
-}
-
 // total returns the count of every kind.
 func (t *tally) total() int {
 	t.mu.Lock()
