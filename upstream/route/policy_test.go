@@ -231,7 +231,7 @@ func TestShadowSampleIsStable(t *testing.T) {
 			const keys = 20000
 			for i := range keys {
 				k := fmt.Sprint("user:", i)
-				if p.sampled(k) != p.sampled(k) {
+				if a, b := p.sampled(k), p.sampled(k); a != b {
 					t.Fatalf("sampled(%q) changes", k)
 				}
 				if p.sampled(k) {
