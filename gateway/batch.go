@@ -91,13 +91,15 @@ func (h *handler) multiGet(w http.ResponseWriter, r *http.Request) {
 		for i, k := range keys {
 			ops[i].op = op.Op{Verb: op.GAT, Item: op.Item{Key: k, Expiration: exp}}
 		}
-		h.writeResults(w, r, h.run(r, ops))
+		vr := h.lim.valueRoom(reqCtx(r), true)
+		h.writeResults(w, r, h.run(r, ops, vr), vr)
 		return
 	}
 	results := make([]batchResult, len(keys))
 	room := h.newAnswerRoom()
-	h.getAll(r, keys, room, func(i int) *batchResult { return &results[i] })
-	h.writeResults(w, r, results)
+	vr := h.lim.valueRoom(reqCtx(r), true)
+	h.getAll(r, keys, room, vr, func(i int) *batchResult { return &results[i] })
+	h.writeResults(w, r, results, vr)
 }
 
 // answerRoom is what is left, in bytes, of the values a multi-get's or
@@ -122,20 +124,10 @@ func (a *answerRoom) take(n int) bool {
 }
 
 // getAll reads keys with one GetMulti, each key once, and fills the
-// result of each. The values read are held against the budget until the
-// request ends.
-func (h *handler) getAll(r *http.Request, keys []string, room *answerRoom, result func(i int) *batchResult) {
-	found, failed := h.ex.store.GetMulti(r.Context(), keys, int(max(room.left.Load(), 1)))
-	total := 0
-	for _, it := range found {
-		total += len(it.Value)
-	}
-	if h.lim.hold(reqCtx(r), total) != nil {
-		for k := range found {
-			failed[k] = errBudget
-		}
-		clear(found)
-	}
+// result of each. The values read are held against the budget (vr) from
+// before they are read until the request ends.
+func (h *handler) getAll(r *http.Request, keys []string, room *answerRoom, vr *valueRoom, result func(i int) *batchResult) {
+	found, failed := h.ex.store.GetMulti(r.Context(), keys, int(max(room.left.Load(), 1)), vr)
 	for i, k := range keys {
 		res := result(i)
 		res.Key = k
@@ -248,13 +240,14 @@ func (h *handler) batch(w http.ResponseWriter, r *http.Request) {
 		h.batchAsync(w, ops)
 		return
 	}
-	h.writeResults(w, r, h.run(r, ops))
+	vr := h.lim.valueRoom(reqCtx(r), true)
+	h.writeResults(w, r, h.run(r, ops, vr), vr)
 }
 
 // run runs a batch's operations and returns their results. Operations on
 // the same key run in the order given; different keys run in parallel,
 // the plain reads of keys nothing in the batch writes as one multi-get.
-func (h *handler) run(r *http.Request, ops []parsedOp) []batchResult {
+func (h *handler) run(r *http.Request, ops []parsedOp, vr *valueRoom) []batchResult {
 	results := make([]batchResult, len(ops))
 	written := map[string]bool{}
 	for _, o := range ops {
@@ -288,7 +281,7 @@ func (h *handler) run(r *http.Request, ops []parsedOp) []batchResult {
 	room := h.newAnswerRoom()
 	var wg sync.WaitGroup
 	if len(getKeys) > 0 {
-		wg.Go(func() { h.getAll(r, getKeys, room, func(j int) *batchResult { return &results[getIdx[j]] }) })
+		wg.Go(func() { h.getAll(r, getKeys, room, vr, func(j int) *batchResult { return &results[getIdx[j]] }) })
 	}
 	// A key's operations run on a goroutine of their own once a token of
 	// h.batchOps is free: all batches together work on batchParallel keys
@@ -308,7 +301,7 @@ func (h *handler) run(r *http.Request, ops []parsedOp) []batchResult {
 		wg.Go(func() {
 			defer func() { <-h.batchOps }()
 			for _, i := range perKey[k] {
-				h.runOp(ctx, ops[i].op, &results[i], room)
+				h.runOp(ctx, ops[i].op, &results[i], room, vr)
 			}
 		})
 	}
@@ -330,12 +323,18 @@ const batchParallel = 256
 
 // runOp runs one operation and records its result as the single-key
 // endpoint would answer it. A read's value goes into the answer if room
-// has space for it.
-func (h *handler) runOp(ctx context.Context, o op.Op, res *batchResult, room *answerRoom) {
+// has space for it; vr holds it from before it is read until the request
+// ends.
+func (h *handler) runOp(ctx context.Context, o op.Op, res *batchResult, room *answerRoom, vr *valueRoom) {
+	if o.Verb.Reply() == op.Items {
+		o.Room = vr
+	}
 	r := h.ex.exec(ctx, o)
 	switch {
 	case r.Err != nil:
 		res.setOutcome(o.Verb, r.Err)
+	case o.Verb.Reply() == op.Items && !vr.holdRead(r):
+		res.setOutcome(o.Verb, upstream.ErrNoFit)
 	case o.Verb.Reply() == op.Items:
 		h.setItem(res, r.Item, room)
 	case o.Verb.Reply() == op.Number:
@@ -640,13 +639,15 @@ func parseCAS(raw json.RawMessage) (uint64, error) {
 }
 
 // writeResults answers a multi-get or batch with its results, the
-// encoded answer held against the budget until the request ends, with the
-// status answerStatus gives them.
-func (h *handler) writeResults(w http.ResponseWriter, r *http.Request, results []batchResult) {
+// encoded answer held against the budget until the request ends: the
+// values' places in it were held as they were read (vr), and what else it
+// takes (keys, statuses, escaping) once its size is known. The status is
+// the one answerStatus gives them.
+func (h *handler) writeResults(w http.ResponseWriter, r *http.Request, results []batchResult, vr *valueRoom) {
 	body, err := json.Marshal(struct {
 		Results []batchResult `json:"results"`
 	}{results})
-	if err == nil && h.lim.hold(reqCtx(r), len(body)) != nil {
+	if err == nil && h.lim.hold(reqCtx(r), len(body)-vr.answered()) != nil {
 		err = errBudget
 	}
 	if err != nil {

@@ -281,7 +281,7 @@ func (s *keyErrStore) Do(ctx context.Context, o op.Op) op.Result {
 	return s.fakeStore.Do(ctx, o)
 }
 
-func (s *keyErrStore) GetMulti(ctx context.Context, keys []string, limit int) (map[string]op.Item, map[string]error) {
+func (s *keyErrStore) GetMulti(ctx context.Context, keys []string, limit int, room op.Room) (map[string]op.Item, map[string]error) {
 	var rest []string
 	failed := map[string]error{}
 	for _, k := range keys {
@@ -291,7 +291,7 @@ func (s *keyErrStore) GetMulti(ctx context.Context, keys []string, limit int) (m
 			rest = append(rest, k)
 		}
 	}
-	found, more := s.fakeStore.GetMulti(ctx, rest, limit)
+	found, more := s.fakeStore.GetMulti(ctx, rest, limit, room)
 	maps.Copy(failed, more)
 	return found, failed
 }

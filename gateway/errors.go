@@ -140,7 +140,7 @@ func unreachable(err error) bool {
 	var oe *overloadError
 	var be *upstream.BusyError
 	return errors.Is(err, upstream.ErrNoNodes) || errors.As(err, &ne) || errors.As(err, &oe) || errors.As(err, &be) ||
-		errors.Is(err, context.DeadlineExceeded)
+		errors.Is(err, upstream.ErrNoFit) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // Status is the REST mapping of an error the gateway's own request

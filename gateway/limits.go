@@ -2,15 +2,18 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/memcgate/memcgate/gateway/budget"
+	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
@@ -163,8 +166,87 @@ func (l *limits) hold(rc *requestCtx, n int) error {
 	return nil
 }
 
+// valueRoom holds the values a request reads against the budget until
+// it ends (op.Room): each is held before it is read, whatever its size
+// (a multi-get's; a single read's from op.LentValue bytes), and one the
+// budget cannot take is read off and dropped (upstream.ErrNoFit for its
+// key), so that what they read never passes the budget however many such
+// requests run. For an answer that copies its values into JSON (a
+// multi-get's or batch's), each value is held twice from the start, for
+// itself and for its place in the answer: an answer whose values came
+// is never refused for its encoding, and encoding many at once cannot
+// pass the budget. Its reads may run on several goroutines at once (one
+// per node), and one the request stopped waiting for may end after it: a
+// Reserve once the request has ended holds nothing and refuses.
+type valueRoom struct {
+	l      *limits
+	per    int64 // bytes held per byte of value: 1, or 2 with a place in a JSON answer
+	mu     sync.Mutex
+	held   int64
+	closed bool
+}
+
+// valueRoom returns a room for rc's request's reads, given back when the
+// request ends (end); json: the answer copies the values (valueRoom.per).
+// Without a requestCtx it refuses every value: nothing would give them
+// back.
+func (l *limits) valueRoom(rc *requestCtx, json bool) *valueRoom {
+	v := &valueRoom{l: l, per: 1}
+	if json {
+		v.per = 2
+	}
+	if rc == nil {
+		v.closed = true
+		return v
+	}
+	rc.rooms = append(rc.rooms, v)
+	return v
+}
+
+// Reserve holds a value of n bytes until the request ends (op.Room).
+func (v *valueRoom) Reserve(n int) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.closed || v.l.budget.Acquire(int64(n)*v.per) != nil {
+		return false
+	}
+	v.held += int64(n) * v.per
+	return true
+}
+
+// Fits reports whether Reserve(n) would hold n bytes now (op.Room).
+func (v *valueRoom) Fits(n int) bool { return v.l.budget.Fits(int64(n) * v.per) }
+
+// answered is what v holds for the values' places in a JSON answer.
+func (v *valueRoom) answered() int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return int(v.held - v.held/v.per)
+}
+
+// Release does nothing: what Reserve held stays held until the request
+// ends, as the values are in its answer (op.Room).
+func (v *valueRoom) Release(int) {}
+
+// Lend returns a buffer of its own for a value (op.Room): the values of
+// a multi-key read go into the answer and are left to the collector.
+func (v *valueRoom) Lend(n int) []byte { return make([]byte, n) }
+
+// close gives back what v holds, and makes it refuse from then on.
+func (v *valueRoom) close() {
+	v.mu.Lock()
+	n := v.held
+	v.held, v.closed = 0, true
+	v.mu.Unlock()
+	v.l.budget.Release(n)
+}
+
 // end gives back what rc's request held, and stops its timer.
 func (l *limits) end(rc *requestCtx) {
+	for _, v := range rc.rooms {
+		v.close()
+	}
+	rc.rooms = nil
 	if rc.slot {
 		l.lim.release()
 		rc.slot = false
@@ -189,6 +271,41 @@ func ReadBody(r *http.Request, limit int64) ([]byte, error) {
 		return nil, errors.New("gateway: ReadBody outside a gateway request")
 	}
 	return rc.lim.readBody(r, limit)
+}
+
+// Getter runs one operation (a memcached Store, a handler's own).
+type Getter interface {
+	Do(ctx context.Context, o op.Op) op.Result
+}
+
+// GetValue runs o, a read (op.Get or op.GAT) on s whose value r's handler
+// (one of Options.Routes) answers with, holding the value against the
+// byte budget as the REST API holds its GETs': a large value from before
+// it is read, every value of 4 KiB or more until the request ends. A
+// value the budget cannot take is read off memcached's connection and
+// dropped, or dropped once read, and the read fails with
+// upstream.ErrNoFit, which Status maps to 503.
+func GetValue(r *http.Request, s Getter, o op.Op) op.Result {
+	rc := reqCtx(r)
+	if rc == nil || rc.lim == nil {
+		return op.Result{Err: errors.New("gateway: GetValue outside a gateway request")}
+	}
+	vr := rc.lim.valueRoom(rc, false)
+	o.Room = vr
+	res := s.Do(r.Context(), o)
+	if res.Err == nil && !vr.holdRead(res) {
+		return op.Result{Err: upstream.ErrNoFit}
+	}
+	return res
+}
+
+// holdRead holds the value of res, a read through v, if its Room did not
+// (a small value, or a store that reads without one), and reports whether
+// the budget took it. Values under smallHold are not counted, as hold
+// does not count them.
+func (v *valueRoom) holdRead(res op.Result) bool {
+	n := len(res.Item.Value)
+	return res.Lent || n < smallHold || v.Reserve(n)
 }
 
 // readBody reads r's body whole, at most limit bytes: 413 beyond, before

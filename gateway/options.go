@@ -21,8 +21,10 @@ type Store interface {
 	Do(ctx context.Context, o op.Op) op.Result
 	// GetMulti reads many keys, each once, keeping at most limit bytes of
 	// values (0: no limit; the keys of values past it fail with
-	// upstream.ErrOverLimit); a key in neither map is a miss.
-	GetMulti(ctx context.Context, keys []string, limit int) (found map[string]op.Item, failed map[string]error)
+	// upstream.ErrOverLimit); a key in neither map is a miss. room, if
+	// not nil, holds each value before it is read (op.Room, values of any
+	// size); the keys of those it refuses fail with upstream.ErrNoFit.
+	GetMulti(ctx context.Context, keys []string, limit int, room op.Room) (found map[string]op.Item, failed map[string]error)
 	// Up reports whether an operation on key could be served now: its
 	// node, or one it fails over to, is up.
 	Up(key string) bool

@@ -27,11 +27,12 @@ type requestCtx struct {
 	maker           *Handler     // who made it (Handler.NewContext): it may serve one request as it is
 	used            bool         // a request was served with it
 
-	lim bodyReader // the limits of the handler serving the request (ReadBody)
+	lim *limits // the limits of the handler serving the request (ReadBody, GetValue)
 
 	// What the request holds until it ends (handler.end).
-	slot bool  // one of the limiter's in-flight slots
-	held int64 // bytes of the budget
+	slot  bool         // one of the limiter's in-flight slots
+	held  int64        // bytes of the budget
+	rooms []*valueRoom // the values its multi-key reads hold (valueRoom)
 }
 
 // reqCtxKey is the key under which a requestCtx answers for itself, so
@@ -108,12 +109,6 @@ func (c *requestCtx) stop() {
 	if c.armed.Load() {
 		c.cancel()
 	}
-}
-
-// bodyReader reads a request body as the handler serving the request
-// reads its own (*limits).
-type bodyReader interface {
-	readBody(r *http.Request, limit int64) ([]byte, error)
 }
 
 // takeContext returns the request's context for maker: the one maker made

@@ -68,9 +68,9 @@ func (c *Cluster) Owner(key string) (i, n int) {
 // if positive, caps the bytes of values kept: the values of keys past it
 // are dropped as they are read (their keys fail with ErrOverLimit), so
 // that a reply of any size costs at most limit bytes.
-func (c *Cluster) GetMulti(ctx context.Context, keys []string, limit int) (map[string]op.Item, map[string]error) {
+func (c *Cluster) GetMulti(ctx context.Context, keys []string, limit int, room op.Room) (map[string]op.Item, map[string]error) {
 	pick := func(t *topology, hashKey string) (*node, bool, error) { return c.pick(t, hashKey, "") }
-	return c.getMulti(ctx, keys, limit, pick, true)
+	return c.getMulti(ctx, keys, limit, room, pick, true)
 }
 
 // GetMultiReplica is GetMulti reading each key from its replica of the
@@ -79,11 +79,11 @@ func (c *Cluster) GetMulti(ctx context.Context, keys []string, limit int) (map[s
 // no replica of that rank fails with ErrNoNodes; keys whose node fails
 // fail with its error, and are not retried elsewhere: the caller's next
 // rank is their retry.
-func (c *Cluster) GetMultiReplica(ctx context.Context, keys []string, limit, rank, copies int) (map[string]op.Item, map[string]error) {
+func (c *Cluster) GetMultiReplica(ctx context.Context, keys []string, limit int, room op.Room, rank, copies int) (map[string]op.Item, map[string]error) {
 	pick := func(t *topology, hashKey string) (*node, bool, error) {
 		return c.pickReplica(t, hashKey, rank, max(copies, 1))
 	}
-	return c.getMulti(ctx, keys, limit, pick, false)
+	return c.getMulti(ctx, keys, limit, room, pick, false)
 }
 
 // pickReplica returns the replica of rank rank of a key's set of copies
@@ -115,7 +115,7 @@ func (c *Cluster) pickReplica(t *topology, hashKey string, rank, copies int) (n 
 
 // getMulti implements GetMulti and GetMultiReplica: pick places each key;
 // retry reads the keys of a node that failed one by one through Do.
-func (c *Cluster) getMulti(ctx context.Context, keys []string, limit int, pick func(*topology, string) (*node, bool, error), retry bool) (map[string]op.Item, map[string]error) {
+func (c *Cluster) getMulti(ctx context.Context, keys []string, limit int, vroom op.Room, pick func(*topology, string) (*node, bool, error), retry bool) (map[string]op.Item, map[string]error) {
 	found := make(map[string]op.Item, len(keys))
 	failed := map[string]error{}
 	var mu sync.Mutex // guards found, failed and kept
@@ -191,11 +191,11 @@ func (c *Cluster) getMulti(ctx context.Context, keys []string, limit int, pick f
 		for _, b := range bs {
 			wg.Go(func() {
 				var items map[string]*memcache.Item
-				var dropped []string
+				var dropped, nofit []string
 				r := room()
 				defer done(r)
 				err := b.node.do(ctx, opGetMulti, b.failover, func(mc dataClient, _ bool) (err error) {
-					items, dropped, err = mc.GetMultiLimit(ctx, b.store, r)
+					items, dropped, nofit, err = mc.GetMultiLimit(ctx, b.store, r, vroom)
 					return err
 				})
 				var ne *NodeError
@@ -204,7 +204,7 @@ func (c *Cluster) getMulti(ctx context.Context, keys []string, limit int, pick f
 					// which retries on the next node.
 					for _, sk := range b.store {
 						k := b.client[sk]
-						res := c.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: k}})
+						res := c.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: k}, Room: vroom})
 						switch err := res.Err; {
 						case err == nil:
 							keep(k, res.Item)
@@ -233,6 +233,9 @@ func (c *Cluster) getMulti(ctx context.Context, keys []string, limit int, pick f
 				mu.Lock()
 				for _, sk := range dropped {
 					failed[b.client[sk]] = ErrOverLimit
+				}
+				for _, sk := range nofit {
+					failed[b.client[sk]] = ErrNoFit
 				}
 				mu.Unlock()
 			})

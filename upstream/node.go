@@ -158,8 +158,9 @@ type dataClient interface {
 	GetMulti(keys []string) (map[string]*memcache.Item, error)
 	// GetMultiLimit is GetMulti keeping at most limit bytes of values
 	// (0: no limit); the keys of the values it drops are in dropped.
-	// ctx is as for Do.
-	GetMultiLimit(ctx context.Context, keys []string, limit int) (items map[string]*memcache.Item, dropped []string, err error)
+	// room, if not nil, holds every value kept (op.Room.Reserve); the
+	// keys of those it refuses are in nofit. ctx is as for Do.
+	GetMultiLimit(ctx context.Context, keys []string, limit int, room op.Room) (items map[string]*memcache.Item, dropped, nofit []string, err error)
 	Close() error
 }
 
@@ -211,24 +212,37 @@ func (p pooled) Do(_ context.Context, o op.Op, key string) (*memcache.Item, uint
 	return nil, 0, err
 }
 
-func (p pooled) GetMultiLimit(_ context.Context, keys []string, limit int) (map[string]*memcache.Item, []string, error) {
+// GetMultiLimit reads every value whole first (gomemcache's GetMulti),
+// then keeps those within limit that room reserves, in the order asked,
+// as memcached answers; the reservations are released once the items are
+// handed out, as mcpipe's are after the reply is read.
+func (p pooled) GetMultiLimit(_ context.Context, keys []string, limit int, room op.Room) (map[string]*memcache.Item, []string, []string, error) {
 	items, err := p.GetMulti(keys)
-	if err != nil || limit <= 0 {
-		return items, nil, err
+	if err != nil || limit <= 0 && room == nil {
+		return items, nil, nil, err
 	}
-	var dropped []string
+	var dropped, nofit []string
 	kept := 0
-	for _, k := range keys { // in the order asked, as memcached answers
-		if it, ok := items[k]; ok {
-			if kept+len(it.Value) > limit {
-				delete(items, k)
-				dropped = append(dropped, k)
-				continue
+	for _, k := range keys {
+		it, ok := items[k]
+		if !ok {
+			continue
+		}
+		switch n := len(it.Value); {
+		case limit > 0 && kept+n > limit:
+			delete(items, k)
+			dropped = append(dropped, k)
+		case room != nil && n > 0 && !room.Reserve(n):
+			delete(items, k)
+			nofit = append(nofit, k)
+		default:
+			kept += n
+			if room != nil && n > 0 {
+				defer room.Release(n)
 			}
-			kept += len(it.Value)
 		}
 	}
-	return items, dropped, nil
+	return items, dropped, nofit, nil
 }
 
 // setUDP gives a new node the UDP port s names, if any.

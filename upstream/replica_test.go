@@ -74,15 +74,15 @@ func TestDoOnAndGetMultiReplica(t *testing.T) {
 			t.Fatal(res.Err)
 		}
 	}
-	found, failed := c.GetMultiReplica(ctx, keys, 0, 1, 2)
+	found, failed := c.GetMultiReplica(ctx, keys, 0, nil, 1, 2)
 	if len(found) != len(keys) || len(failed) != 0 {
 		t.Errorf("rank 1: found %v, failed %v; want every key", found, failed)
 	}
-	found, failed = c.GetMultiReplica(ctx, keys, 0, 0, 2)
+	found, failed = c.GetMultiReplica(ctx, keys, 0, nil, 0, 2)
 	if len(found) != 0 || len(failed) != 0 {
 		t.Errorf("rank 0: found %v, failed %v; want misses", found, failed)
 	}
-	if _, failed = c.GetMultiReplica(ctx, keys, 0, 3, 3); !errors.Is(failed["a"], ErrNoNodes) {
+	if _, failed = c.GetMultiReplica(ctx, keys, 0, nil, 3, 3); !errors.Is(failed["a"], ErrNoNodes) {
 		t.Errorf("rank 3 of 3: %v, want ErrNoNodes", failed["a"])
 	}
 	// A write off the key's home nodes gets FailoverTTL.

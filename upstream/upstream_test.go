@@ -479,7 +479,7 @@ func TestGetMulti(t *testing.T) {
 			}
 		}
 	}
-	found, failed := c.GetMulti(ctx, keys, 0)
+	found, failed := c.GetMulti(ctx, keys, 0, nil)
 	if len(failed) != 0 {
 		t.Errorf("GetMulti failed keys: %v", failed)
 	}
@@ -497,7 +497,7 @@ func TestGetMulti(t *testing.T) {
 	}
 	// A node that dies mid-way: its keys are read through failover (misses).
 	mcs[0].Kill()
-	found, failed = c.GetMulti(ctx, keys, 0)
+	found, failed = c.GetMulti(ctx, keys, 0, nil)
 	if len(failed) != 0 {
 		t.Errorf("GetMulti with a dead node: %d keys failed, want failover (first: %v)", len(failed), failed)
 	}
@@ -534,7 +534,7 @@ func TestGetMultiLimit(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			found, failed := c.GetMulti(ctx, tt.keys, tt.limit)
+			found, failed := c.GetMulti(ctx, tt.keys, tt.limit, nil)
 			kept, over := 0, 0
 			for _, it := range found {
 				kept += len(it.Value)

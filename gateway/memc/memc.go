@@ -418,7 +418,14 @@ func (m *memc) run(w http.ResponseWriter, r *http.Request, cmd memcCmd, v memcVa
 	case cmd.arith():
 		o.Delta = parseDigits(v.value)
 	}
-	res := m.o.Store.Do(r.Context(), o)
+	var res op.Result
+	if cmd == memcGet {
+		// The value held against the byte budget until it is written,
+		// as the REST API's GETs hold theirs.
+		res = gateway.GetValue(r, m.o.Store, o)
+	} else {
+		res = m.o.Store.Do(r.Context(), o)
+	}
 	err := res.Err
 	switch {
 	case cmd == memcGet:
@@ -571,6 +578,9 @@ func memcFailure(cmd memcCmd, err error) (status int, raw, reason string) {
 	case errors.As(err, &be):
 		// nginx answers 502 when its upstream's max_conns are all taken.
 		return http.StatusBadGateway, "", "memcached node has its share of MEMCGATE_MAX_REQUESTS in flight or waiting"
+	case errors.Is(err, upstream.ErrNoFit):
+		// The REST API's answer to the same refusal (Retry-After: fail).
+		return http.StatusServiceUnavailable, "", "the gateway holds as many bytes for clients as it may (MEMCGATE_MAX_BUFFERED_BYTES); retry shortly"
 	case errors.Is(err, chunk.ErrChunked):
 		// Not something the module could meet: memcgate stored the
 		// value in chunks (MEMCGATE_BIG_VALUE_MAX_BYTES).
@@ -599,6 +609,9 @@ func memcFailure(cmd memcCmd, err error) (status int, raw, reason string) {
 // fail answers a failed command.
 func (m *memc) fail(w http.ResponseWriter, r *http.Request, cmd memcCmd, err error) {
 	status, raw, reason := memcFailure(cmd, err)
+	if status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", "1")
+	}
 	switch {
 	case status == statusClientClosed:
 		gateway.ClientClosed(w)

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/memcgate/memcgate/gateway"
+	"github.com/memcgate/memcgate/gateway/budget"
 	"github.com/memcgate/memcgate/gateway/chunk"
 	"github.com/memcgate/memcgate/gateway/storetest"
 	"github.com/memcgate/memcgate/upstream"
@@ -572,5 +573,43 @@ func TestMemcChunkedValue(t *testing.T) {
 	}
 	if it := f.Items["big"]; !bytes.Equal(it.Value, index) {
 		t.Errorf("the index was changed: %q", it.Value)
+	}
+}
+
+// TestMemcGetHoldsTheBudget: the module's get holds its value against
+// the gateway's byte budget until it is written, as GET /{key} does, so
+// that clients that never read cannot make the gateway hold values past
+// the budget through this endpoint: past it, 503 with Retry-After and
+// nothing held afterwards.
+func TestMemcGetHoldsTheBudget(t *testing.T) {
+	const size = 100_000
+	tests := []struct {
+		name       string
+		budget     int64
+		wantStatus int
+	}{
+		{"the budget has room", 1 << 20, http.StatusOK},
+		{"the budget has none", 64 << 10, http.StatusServiceUnavailable},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newMemcFake()
+			f.Put(op.Item{Key: "big", Value: bytes.Repeat([]byte("v"), size)})
+			bg := budget.New(tt.budget)
+			h := newMemcHandler(t, f, gateway.Options{Budget: bg}, Options{})
+			w := memcDo(h, "GET", "/memc?cmd=get&key=big", nil)
+			if w.Code != tt.wantStatus {
+				t.Fatalf("status %d, want %d (%.100q)", w.Code, tt.wantStatus, w.Body.String())
+			}
+			if w.Code == http.StatusOK && w.Body.Len() != size {
+				t.Errorf("%d bytes, want %d", w.Body.Len(), size)
+			}
+			if w.Code == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "" {
+				t.Errorf("503 without Retry-After")
+			}
+			if used := bg.Used(); used != 0 {
+				t.Errorf("the budget holds %d bytes after the request", used)
+			}
+		})
 	}
 }

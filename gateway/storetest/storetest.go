@@ -130,8 +130,9 @@ func (s *Store) Do(_ context.Context, o op.Op) op.Result {
 	return op.Result{}
 }
 
-// GetMulti reads keys, each once, keeping at most limit bytes of values.
-func (s *Store) GetMulti(_ context.Context, keys []string, limit int) (map[string]op.Item, map[string]error) {
+// GetMulti reads keys, each once, keeping at most limit bytes of values,
+// each held through room (if not nil) while it is handed out.
+func (s *Store) GetMulti(_ context.Context, keys []string, limit int, room op.Room) (map[string]op.Item, map[string]error) {
 	s.Mu.Lock()
 	defer s.Mu.Unlock()
 	s.Calls++
@@ -151,6 +152,13 @@ func (s *Store) GetMulti(_ context.Context, keys []string, limit int) (map[strin
 		if limit > 0 && kept+len(it.Value) > limit {
 			failed[k] = upstream.ErrOverLimit
 			continue
+		}
+		if n := len(it.Value); room != nil && n > 0 {
+			if !room.Reserve(n) {
+				failed[k] = upstream.ErrNoFit
+				continue
+			}
+			defer room.Release(n)
 		}
 		kept += len(it.Value)
 		found[k] = it

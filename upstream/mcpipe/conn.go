@@ -29,6 +29,7 @@ type call struct {
 	kind  op.Reply          // how the reply reads
 	verb  string            // the command, for error messages
 	limit int               // a multi-key Get's cap on value bytes kept; 0: none
+	all   bool              // room is asked for every value, not only those of op.LentValue bytes or more (a multi-key Get's)
 	key   string            // a single-key Get's key: such Gets may share one command
 	room  op.Room           // op.Op.Room of a read; nil: none
 	peer  []*call           // on the first call of a shared gets line: every call on it
@@ -119,6 +120,7 @@ type reply struct {
 	items   []*memcache.Item
 	dropped []string // keys whose values were read but not kept (call.limit)
 	nofit   []int    // line indexes of the values read but not kept (call.room refused them); 0 for a reply of its own
+	refused []string // on a reply of its own, the keys of those values
 	num     uint64
 	err     error // memcached's refusal, or the connection's failure
 }
@@ -665,7 +667,7 @@ func (c *conn) forgetMissed(calls []*call) {
 		return
 	}
 	for _, p := range calls {
-		if p.room != nil && p.kind == op.Items && p.reply.err == nil && len(p.reply.items) == 0 && len(p.reply.nofit) == 0 {
+		if p.room != nil && !p.all && p.kind == op.Items && p.reply.err == nil && len(p.reply.items) == 0 && len(p.reply.nofit) == 0 {
 			key := p.key
 			if key == "" {
 				key = p.skey // a GAT's
@@ -711,7 +713,8 @@ func (c *conn) readLoop() {
 		}
 		// The keys of a shared line, copied while the calls are surely
 		// queued: fail may answer and free them while the reply is read.
-		k, verb, limit := c.queue[0].kind, c.queue[0].verb, c.queue[0].limit
+		k, verb := c.queue[0].kind, c.queue[0].verb
+		lim := replyLimit{bytes: c.queue[0].limit, all: c.queue[0].all}
 		keys, rooms = keys[:0], rooms[:0]
 		for _, p := range c.queue[0].peer {
 			keys, rooms = append(keys, p.key), append(rooms, p.room)
@@ -720,7 +723,7 @@ func (c *conn) readLoop() {
 			rooms = append(rooms, c.queue[0].room)
 		}
 		c.mu.Unlock()
-		r, err := readReply(br, k, verb, keys, limit, rooms, &holds, c.hints)
+		r, err := readReply(br, k, verb, keys, lim, rooms, &holds, c.hints)
 		clear(rooms) // let the callers go
 		if err != nil {
 			release()
@@ -937,15 +940,25 @@ func isErrorLine(line []byte) bool {
 		bytes.HasPrefix(line, []byte("SERVER_ERROR "))
 }
 
+// replyLimit is what a get reply may keep: at most bytes of values (0:
+// no limit), and whether its rooms are asked for every value (all) or
+// only for those of op.LentValue bytes or more.
+type replyLimit struct {
+	bytes int
+	all   bool
+}
+
 // readReply reads one whole reply to a request of kind k. Memcached's
 // refusals are in the reply, as gomemcache reports them; the error is set
 // only when the stream itself is broken. lineKeys are the keys of a
 // shared gets line (none for other requests): they become the items' keys.
-// A get reply keeps at most limit bytes of values (0: no limit); the keys
+// A get reply keeps at most lim.bytes of values (0: no limit); the keys
 // of the values it drops are in r.dropped. rooms are the op.Op.Room of
 // the line's keys, index for index (of the reply's one call when
 // lineKeys is empty; nil: none): a value of op.LentValue bytes or more
-// that its room does not Reserve is dropped too, its index in r.nofit,
+// (any value, with lim.all)
+// that its room does not Reserve is dropped too, its index in r.nofit
+// (and its key in r.refused on a reply of its own),
 // and one it reserves is read into a buffer it lends, the reservation
 // added to holds for the caller to release once the reply is handed
 // out, whatever the outcome. None of a reply's values reaches its caller
@@ -953,7 +966,7 @@ func isErrorLine(line []byte) bool {
 // of a hundred 1 MB values would keep 100 MB that no budget saw.
 // A value for a key the line did not ask for is dropped. The size of a
 // value asked of a room goes to hints (nil: nowhere).
-func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, limit int, rooms []op.Room, holds *[]held, hints *sizeHints) (r reply, err error) {
+func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, lim replyLimit, rooms []op.Room, holds *[]held, hints *sizeHints) (r reply, err error) {
 	keys := keyCursor{keys: lineKeys}
 	kept := 0
 	for {
@@ -979,7 +992,7 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, lim
 			if err != nil {
 				return r, err
 			}
-			if i >= 0 && limit > 0 && kept+size > limit {
+			if i >= 0 && lim.bytes > 0 && kept+size > lim.bytes {
 				// Before the Room is asked: a value it reserved and
 				// the limit then dropped would be held for good.
 				if err := skipValue(br, size); err != nil {
@@ -993,7 +1006,7 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, lim
 				if hints != nil {
 					hints.saw(it.Key, size)
 				}
-				if size >= op.LentValue {
+				if size >= op.LentValue || lim.all && size > 0 {
 					rm = rooms[i]
 				}
 			}
@@ -1003,6 +1016,9 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, lim
 				}
 				if i >= 0 {
 					r.nofit = append(r.nofit, i)
+					if len(lineKeys) == 0 {
+						r.refused = append(r.refused, it.Key)
+					}
 				}
 				continue
 			}
@@ -1010,7 +1026,9 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, lim
 			var lend func(int) []byte
 			if rm != nil {
 				*holds = append(*holds, held{rm, size})
-				lend = rm.Lend
+				if size >= op.LentValue {
+					lend = rm.Lend
+				}
 			}
 			if it.Value, err = readValue(br, size, lend); err != nil {
 				return r, err

@@ -66,8 +66,8 @@ type Options struct {
 // pipelined connections, and reads of values known to be large (see
 // sizeHints) over as many more, dialled when first needed: a small
 // request never waits behind megabytes of replies, however many large
-// reads are queued. (Multi-key gets, GetMulti, go on the small lane
-// whatever their values.) It is safe for concurrent use. Its methods block
+// reads are queued. (Multi-key gets go on the small lane unless their
+// values are held through a Room: GetMultiLimit.) It is safe for concurrent use. Its methods block
 // until the reply arrives or the connection fails, but for DoAsync, which
 // completes through a callback.
 type Client struct {
@@ -389,30 +389,68 @@ func (c *Client) Get(key string) (*memcache.Item, error) {
 // GetMulti reads many items with one command; missing keys are absent
 // from the map.
 func (c *Client) GetMulti(keys []string) (map[string]*memcache.Item, error) {
-	m, _, err := c.GetMultiLimit(context.Background(), keys, 0)
+	m, _, _, err := c.GetMultiLimit(context.Background(), keys, 0, nil)
 	return m, err
 }
 
 // GetMultiLimit is GetMulti that keeps at most limit bytes of values (0:
 // no limit): values that would pass it are read off the connection and
 // dropped, and their keys returned in dropped, so that a reply of any
-// size costs at most limit bytes of memory. ctx's deadline bounds it as
-// Do's does.
-func (c *Client) GetMultiLimit(ctx context.Context, keys []string, limit int) (items map[string]*memcache.Item, dropped []string, err error) {
-	if len(keys) == 0 {
-		return map[string]*memcache.Item{}, nil, nil
-	}
+// size costs at most limit bytes of memory. room, if not nil, is asked
+// for every value before it is read (op.Room, for values of any size):
+// one it does not Reserve is read off and dropped, its key in nofit, and
+// the reservations are released once the reply is read. With a room the
+// command goes on the large lane, since its reply may be megabytes long
+// (a small request must not wait behind it), and a key whose value was
+// large when last read is refused unsent (in nofit) while the room could
+// not take that size, as Do's reads are (Client.admit). ctx's deadline
+// bounds it as Do's does.
+func (c *Client) GetMultiLimit(ctx context.Context, keys []string, limit int, room op.Room) (items map[string]*memcache.Item, dropped, nofit []string, err error) {
 	for _, k := range keys {
 		if !legalKey(k) {
-			return nil, nil, memcache.ErrMalformedKey
+			return nil, nil, nil, memcache.ErrMalformedKey
 		}
 	}
-	cn, err := c.conn(&c.small)
+	l, send := &c.small, keys
+	if room != nil {
+		l, send = &c.large, make([]string, 0, len(keys))
+		for _, k := range keys {
+			if n := c.hints.size(k); n == 0 || room.Fits(n) || c.hints.retry(k) {
+				send = append(send, k)
+			} else {
+				nofit = append(nofit, k)
+			}
+		}
+	}
+	if len(send) == 0 {
+		return map[string]*memcache.Item{}, nil, nofit, nil
+	}
+	cl, err := c.sendGets(ctx, l, send, limit, room)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
+	}
+	<-cl.done
+	defer c.release(cl)
+	if cl.err != nil {
+		return nil, nil, nil, cl.err
+	}
+	items = make(map[string]*memcache.Item, len(cl.items))
+	for _, it := range cl.items {
+		items[it.Key] = it
+	}
+	return items, cl.dropped, append(nofit, cl.refused...), nil
+}
+
+// sendGets sends one gets command for keys on a connection of lane l, as
+// GetMultiLimit's call.
+func (c *Client) sendGets(ctx context.Context, l *lane, keys []string, limit int, room op.Room) (*call, error) {
+	cn, err := c.conn(l)
+	if err != nil {
+		return nil, err
 	}
 	cl := c.newCall()
 	cl.kind, cl.verb, cl.limit = op.Items, "gets", limit
+	cl.room, cl.all = room, room != nil
 	cl.by, _ = ctx.Deadline()
 	cl.encode = func(b []byte) []byte {
 		b = append(b, "gets"...)
@@ -422,21 +460,11 @@ func (c *Client) GetMultiLimit(ctx context.Context, keys []string, limit int) (i
 		}
 		return append(b, "\r\n"...)
 	}
-	err = cn.send(cl)
-	if err != nil {
+	if err := cn.send(cl); err != nil {
 		c.release(cl)
-		return nil, nil, err
+		return nil, err
 	}
-	<-cl.done
-	defer c.release(cl)
-	if cl.err != nil {
-		return nil, nil, cl.err
-	}
-	m := make(map[string]*memcache.Item, len(cl.items))
-	for _, it := range cl.items {
-		m[it.Key] = it
-	}
-	return m, cl.dropped, nil
+	return cl, nil
 }
 
 // Set stores an item.

@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -477,7 +479,7 @@ func TestReadReplyLimit(t *testing.T) {
 	}
 	for _, tt := range tests {
 		br := bufio.NewReader(strings.NewReader(stream))
-		r, err := readReply(br, op.Items, "gets", nil, tt.limit, nil, nil, nil)
+		r, err := readReply(br, op.Items, "gets", nil, replyLimit{bytes: tt.limit}, nil, nil, nil)
 		if err != nil || r.err != nil {
 			t.Fatalf("limit %d: %v, %v", tt.limit, err, r.err)
 		}
@@ -488,7 +490,7 @@ func TestReadReplyLimit(t *testing.T) {
 		if !slices.Equal(kept, tt.wantKept) || !slices.Equal(r.dropped, tt.wantDropped) {
 			t.Errorf("limit %d: kept %v, dropped %v; want %v, %v", tt.limit, kept, r.dropped, tt.wantKept, tt.wantDropped)
 		}
-		if next, err := readReply(br, op.Stored, "set", nil, 0, nil, nil, nil); err != nil || next.err != nil {
+		if next, err := readReply(br, op.Stored, "set", nil, replyLimit{}, nil, nil, nil); err != nil || next.err != nil {
 			t.Errorf("limit %d: the next reply: %v, %v", tt.limit, err, next.err)
 		}
 	}
@@ -581,7 +583,7 @@ func TestReadReplyRooms(t *testing.T) {
 				}
 			}
 			var holds []held
-			r, err := readReply(br, op.Items, "gets", tt.lineKeys, 0, rooms, &holds, nil)
+			r, err := readReply(br, op.Items, "gets", tt.lineKeys, replyLimit{}, rooms, &holds, nil)
 			if err != nil || r.err != nil {
 				t.Fatalf("readReply: %v, %v", err, r.err)
 			}
@@ -592,7 +594,7 @@ func TestReadReplyRooms(t *testing.T) {
 			if !slices.Equal(kept, tt.wantKept) || !slices.Equal(r.nofit, tt.wantNoFit) {
 				t.Errorf("kept %v, refused %v; want %v, %v", kept, r.nofit, tt.wantKept, tt.wantNoFit)
 			}
-			if next, err := readReply(br, op.Stored, "set", nil, 0, nil, nil, nil); err != nil || next.err != nil {
+			if next, err := readReply(br, op.Stored, "set", nil, replyLimit{}, nil, nil, nil); err != nil || next.err != nil {
 				t.Errorf("the next reply: %v, %v", err, next.err)
 			}
 			// What the kept values hold is the reply's to release.
@@ -1496,7 +1498,7 @@ func TestReadReplyLimitReleases(t *testing.T) {
 	rm := &testRoom{}
 	br := bufio.NewReader(strings.NewReader(value("a") + value("b") + "END\r\n"))
 	var holds []held
-	r, err := readReply(br, op.Items, "gets", nil, len(big), []op.Room{rm}, &holds, nil)
+	r, err := readReply(br, op.Items, "gets", nil, replyLimit{bytes: len(big)}, []op.Room{rm}, &holds, nil)
 	if err != nil || r.err != nil {
 		t.Fatalf("readReply: %v, %v", err, r.err)
 	}
@@ -1508,5 +1510,90 @@ func TestReadReplyLimitReleases(t *testing.T) {
 	}
 	if n := rm.held.Load(); n != 0 {
 		t.Errorf("the room holds %d bytes after the reply's release; want 0", n)
+	}
+}
+
+// TestGetMultiLimitRoom: with a Room, a multi-key get asks it for every
+// value before reading it, small ones too; a value it refuses is read
+// off and its key returned in nofit, never in items; the command goes
+// on the large lane, so that small requests do not wait behind its
+// reply; and once a key's value is known to be large, it is refused
+// unsent while the Room could not take that size.
+func TestGetMultiLimitRoom(t *testing.T) {
+	srv := memcachedtest.Start(t)
+	c := newClient(srv.Addr, 1, nil)
+	defer c.Close()
+	values := map[string][]byte{
+		"small": []byte("vv"),
+		"mid":   bytes.Repeat([]byte("m"), 4000),
+		"big":   bytes.Repeat([]byte("b"), bigValue),
+	}
+	for k, v := range values {
+		if err := c.Set(&memcache.Item{Key: k, Value: v}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys := []string{"small", "mid", "big", "absent"}
+	tests := []struct {
+		name      string
+		limit     int64 // the room's
+		wantItems []string
+		wantNoFit []string
+		wantAsked int64 // Reserve calls
+	}{
+		{"room for all", 0, []string{"big", "mid", "small"}, nil, 3},
+		{"room for the small ones", 5000, []string{"mid", "small"}, []string{"big"}, 3},
+		{"room for none", 1, nil, []string{"big", "mid", "small"}, 3},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c.hints.forget("big") // each case reads it afresh
+			rm := &testRoom{limit: tt.limit}
+			items, dropped, nofit, err := c.GetMultiLimit(t.Context(), keys, 0, rm)
+			if err != nil || len(dropped) > 0 {
+				t.Fatalf("GetMultiLimit: %v, dropped %v", err, dropped)
+			}
+			got := slices.Sorted(maps.Keys(items))
+			slices.Sort(nofit)
+			if !slices.Equal(got, tt.wantItems) || !slices.Equal(nofit, tt.wantNoFit) {
+				t.Fatalf("items %v, nofit %v; want %v, %v", got, nofit, tt.wantItems, tt.wantNoFit)
+			}
+			for k, it := range items {
+				if !bytes.Equal(it.Value, values[k]) {
+					t.Errorf("%s: %d bytes, want %d", k, len(it.Value), len(values[k]))
+				}
+			}
+			if n := rm.asked.Load(); n != tt.wantAsked {
+				t.Errorf("the room was asked %d times, want %d (every value found)", n, tt.wantAsked)
+			}
+			if n := rm.held.Load(); n != 0 {
+				t.Errorf("the room holds %d bytes once the reply is handed out; want 0", n)
+			}
+			if c.large.slots[0].c.Load() == nil {
+				t.Errorf("no connection of the large lane was dialled: the command went on the small lane")
+			}
+		})
+	}
+	// "big" is now known to be large: a room that cannot take it is not
+	// asked for it again, and memcached is not asked for it at all.
+	rm := &testRoom{limit: 5000}
+	gets := func() int {
+		st, err := srv.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, _ := strconv.Atoi(st["cmd_get"])
+		return n
+	}
+	before := gets()
+	items, _, nofit, err := c.GetMultiLimit(t.Context(), []string{"big", "small"}, 0, rm)
+	if err != nil || len(items) != 1 || !slices.Equal(nofit, []string{"big"}) {
+		t.Fatalf("GetMultiLimit with a known large value: %v, %d items, nofit %v; want small only, big refused", err, len(items), nofit)
+	}
+	if n := rm.asked.Load(); n != 1 {
+		t.Errorf("the room was asked %d times, want 1 (small only)", n)
+	}
+	if n := gets() - before; n != 1 {
+		t.Errorf("memcached was asked for %d keys, want 1 (small; big refused unsent)", n)
 	}
 }

@@ -17,10 +17,10 @@ import (
 // kept over all pools: with several pools, each first gets an equal
 // share, and the keys that did not fit theirs are read again with what
 // the others left.
-func (r *Router) GetMulti(ctx context.Context, keys []string, limit int) (map[string]op.Item, map[string]error) {
+func (r *Router) GetMulti(ctx context.Context, keys []string, limit int, room op.Room) (map[string]op.Item, map[string]error) {
 	t := r.t.Load()
 	if t.direct {
-		return t.def.c.GetMulti(ctx, keys, limit)
+		return t.def.c.GetMulti(ctx, keys, limit, room)
 	}
 	var order []*view
 	groups := map[*view][]string{}
@@ -32,7 +32,7 @@ func (r *Router) GetMulti(ctx context.Context, keys []string, limit int) (map[st
 		groups[v] = append(groups[v], k)
 	}
 	if len(order) == 1 {
-		return order[0].getMulti(ctx, keys, limit)
+		return order[0].getMulti(ctx, keys, limit, room)
 	}
 	type part struct {
 		found  map[string]op.Item
@@ -45,7 +45,7 @@ func (r *Router) GetMulti(ctx context.Context, keys []string, limit int) (map[st
 	}
 	var wg sync.WaitGroup
 	for i, v := range order {
-		wg.Go(func() { parts[i].found, parts[i].failed = v.getMulti(ctx, groups[v], share) })
+		wg.Go(func() { parts[i].found, parts[i].failed = v.getMulti(ctx, groups[v], share, room) })
 	}
 	wg.Wait()
 	found := make(map[string]op.Item, len(keys))
@@ -74,7 +74,7 @@ func (r *Router) GetMulti(ctx context.Context, keys []string, limit int) (map[st
 		if len(over) == 0 || limit-kept <= 0 {
 			continue
 		}
-		f, e := v.getMulti(ctx, over, limit-kept)
+		f, e := v.getMulti(ctx, over, limit-kept, room)
 		for _, k := range over {
 			if it, ok := f[k]; ok {
 				found[k] = it
@@ -93,13 +93,13 @@ func (r *Router) GetMulti(ctx context.Context, keys []string, limit int) (map[st
 // getMulti reads keys of one pool under its policies: getMultiOwn, then
 // the warm pool for the keys it did not find, and the shadow sample
 // mirrored.
-func (v *view) getMulti(ctx context.Context, keys []string, limit int) (map[string]op.Item, map[string]error) {
+func (v *view) getMulti(ctx context.Context, keys []string, limit int, room op.Room) (map[string]op.Item, map[string]error) {
 	if !v.pol.active() {
-		return v.getMultiOwn(ctx, keys, limit)
+		return v.getMultiOwn(ctx, keys, limit, room)
 	}
-	found, failed := v.getMultiOwn(ctx, keys, limit)
+	found, failed := v.getMultiOwn(ctx, keys, limit, room)
 	if v.pol.warm != nil {
-		v.warmGetMulti(ctx, keys, limit, found, failed)
+		v.warmGetMulti(ctx, keys, limit, room, found, failed)
 	}
 	if v.pol.shadow != nil {
 		v.shadowGetMulti(ctx, keys, found, failed)
@@ -110,11 +110,11 @@ func (v *view) getMulti(ctx context.Context, keys []string, limit int) (map[stri
 // getMultiOwn reads keys of one pool: its cluster's GetMulti for one copy;
 // for several, each key from its first replica, then the keys not found
 // from their next replicas, rank by rank.
-func (v *view) getMultiOwn(ctx context.Context, keys []string, limit int) (map[string]op.Item, map[string]error) {
+func (v *view) getMultiOwn(ctx context.Context, keys []string, limit int, room op.Room) (map[string]op.Item, map[string]error) {
 	if v.replicas == 1 {
-		return v.c.GetMulti(ctx, keys, limit)
+		return v.c.GetMulti(ctx, keys, limit, room)
 	}
-	found, failed := v.c.GetMultiReplica(ctx, keys, limit, 0, v.replicas)
+	found, failed := v.c.GetMultiReplica(ctx, keys, limit, room, 0, v.replicas)
 	kept := 0
 	for _, it := range found {
 		kept += len(it.Value)
@@ -141,9 +141,9 @@ func (v *view) getMultiOwn(ctx context.Context, keys []string, limit int) (map[s
 		}
 	}
 	for rank := 1; rank < v.replicas && len(left) > 0 && ctx.Err() == nil; rank++ {
-		room := 0
+		left0 := 0
 		if limit > 0 {
-			if room = limit - kept; room <= 0 {
+			if left0 = limit - kept; left0 <= 0 {
 				for _, k := range left {
 					failed[k] = upstream.ErrOverLimit
 				}
@@ -157,7 +157,7 @@ func (v *view) getMultiOwn(ctx context.Context, keys []string, limit int) (map[s
 				v.pm.fallbackError.Inc()
 			}
 		}
-		f, e := v.c.GetMultiReplica(ctx, left, room, rank, v.replicas)
+		f, e := v.c.GetMultiReplica(ctx, left, left0, room, rank, v.replicas)
 		var next []string
 		for _, k := range left {
 			if it, ok := f[k]; ok {

@@ -178,7 +178,7 @@ func TestWarmUpGetMulti(t *testing.T) {
 	ctx := t.Context()
 	directSet(t, cold.Addr, "a", "cold-a", 0)
 	directSet(t, warm.Addr, "b", "warm-b", 0)
-	found, failed := r.GetMulti(ctx, []string{"a", "b", "c", "b"}, 0)
+	found, failed := r.GetMulti(ctx, []string{"a", "b", "c", "b"}, 0, nil)
 	if len(failed) != 0 || string(found["a"].Value) != "cold-a" || string(found["b"].Value) != "warm-b" || len(found) != 2 {
 		t.Fatalf("GetMulti = %v, %v; want a from cold, b from warm, c missing", found, failed)
 	}
@@ -323,7 +323,7 @@ func TestShadowGetMultiIsBounded(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	found, failed := r.GetMulti(t.Context(), keys[:n/2], 64<<20)
+	found, failed := r.GetMulti(t.Context(), keys[:n/2], 64<<20, nil)
 	if len(found)+len(failed) != 0 {
 		t.Fatalf("GetMulti = %d found, %d failed; want misses (the shadow never answers)", len(found), len(failed))
 	}

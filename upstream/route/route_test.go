@@ -217,7 +217,7 @@ func TestReadFallback(t *testing.T) {
 				t.Errorf("get = %q, %v; want the first replica's miss", v, err)
 			}
 			// Multi-get falls back per key too.
-			found, failed := r.GetMulti(ctx, []string{"k", "absent"}, 0)
+			found, failed := r.GetMulti(ctx, []string{"k", "absent"}, 0, nil)
 			if _, ok := found["k"]; ok != miss || len(failed) != 0 {
 				t.Errorf("GetMulti = %v, %v; want k found: %v", found, failed, miss)
 			}

@@ -175,7 +175,7 @@ func (v *view) shadowGetMulti(ctx context.Context, keys []string, found map[stri
 		for i, w := range sample {
 			ks[i] = w.key
 		}
-		sf, se := s.getMultiOwn(bctx, ks, int(room))
+		sf, se := s.getMultiOwn(bctx, ks, int(room), nil) // its values within the room held above
 		for _, w := range sample {
 			sres := op.Result{Err: upstream.ErrNotFound}
 			if it, ok := sf[w.key]; ok {

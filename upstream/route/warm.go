@@ -225,8 +225,9 @@ func (v *view) invalidate(ctx context.Context, o op.Op) {
 // warmGetMulti completes a multi-get of a view with a warm pool: the keys
 // the cold pool did not have (found and failed are its answer) are read
 // from the warm pool, added to found and written back. limit is the
-// caller's byte limit (0: none).
-func (v *view) warmGetMulti(ctx context.Context, keys []string, limit int, found map[string]op.Item, failed map[string]error) {
+// caller's byte limit (0: none), room where its values are held (nil:
+// nowhere).
+func (v *view) warmGetMulti(ctx context.Context, keys []string, limit int, room op.Room, found map[string]op.Item, failed map[string]error) {
 	m := &v.pol.wm
 	kept := 0
 	for _, it := range found {
@@ -250,16 +251,16 @@ func (v *view) warmGetMulti(ctx context.Context, keys []string, limit int, found
 	if len(missing) == 0 {
 		return
 	}
-	room := 0
+	left := 0
 	if limit > 0 {
-		if room = limit - kept; room <= 0 {
+		if left = limit - kept; left <= 0 {
 			for _, k := range missing {
 				failed[k] = upstream.ErrOverLimit
 			}
 			return
 		}
 	}
-	wf, we := v.pol.warm.getMultiOwn(ctx, missing, room)
+	wf, we := v.pol.warm.getMultiOwn(ctx, missing, left, room)
 	for _, k := range missing {
 		if it, ok := wf[k]; ok {
 			m.warmHit.Inc()
