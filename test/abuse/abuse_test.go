@@ -116,6 +116,8 @@ func TestAbuse(t *testing.T) {
 	fanOut := 128
 	handed := pick(256, 128)
 	chunked := fitFDs(t, pick(12000, 6000))
+	multiReaders := pick(600, 200)
+	memcReaders := pick(1000, 600)
 
 	attacks := []attack{
 		{name: "1 silent connections", size: thousands(silent) + " conns sending nothing", run: silentConns(silent)},
@@ -133,6 +135,10 @@ func TestAbuse(t *testing.T) {
 		{name: "9 pipelined flood, handed to net/http", size: thousands(handed) + " conns pipelining 400s that net/http parses, never read",
 			run: pipelinedFlood(handed, handedGet)},
 		{name: "10 chunked uploads", size: thousands(chunked) + " conns × a chunked PUT with a 15 KB head, 1 byte of body", run: chunkedUploads(chunked)},
+		{name: "11 slow readers of multi-gets", size: thousands(multiReaders) + " conns × a multi-get of ten 1 MB keys, never read",
+			prepare: storeManyBig, run: slowMultiGets(multiReaders)},
+		{name: "12 slow readers of /memc", size: thousands(memcReaders) + " conns × 2 pipelined /memc gets of a 1 MB key, never read",
+			prepare: storeBig, run: slowMemcReaders(memcReaders, 2)},
 	}
 	var rows []row
 	start := time.Now()

@@ -124,6 +124,40 @@ func slowBigReaders(n, k int) func(*testing.T, *rig, func()) result {
 	return holdReaders(n, 4096, sendHead(func(int) string { return req }))
 }
 
+// manyBig is how many 1 MB values attack 11's multi-gets name.
+const manyBig = 10
+
+// storeManyBig stores manyBig values of 1,000,000 bytes, big0 to big9.
+func storeManyBig(t *testing.T, r *rig) {
+	t.Helper()
+	for i := range manyBig {
+		r.put(t, bigKey+strconv.Itoa(i), bytes.Repeat([]byte("b"), bigSize))
+	}
+}
+
+// slowMultiGets is attack 11: n connections, each sending one multi-get
+// of the manyBig 1 MB keys (a 200-byte request asking for 10 MB) and
+// never reading, with a small receive buffer. Each value must be held
+// against the byte budget from before it is read off memcached's
+// connection, or the connections hold ten megabytes each.
+func slowMultiGets(n int) func(*testing.T, *rig, func()) result {
+	q := make([]string, manyBig)
+	for i := range q {
+		q[i] = "key=" + bigKey + strconv.Itoa(i)
+	}
+	req := "GET /?" + strings.Join(q, "&") + " HTTP/1.1\r\nHost: x\r\n\r\n"
+	return holdReaders(n, 4096, sendHead(func(int) string { return req }))
+}
+
+// slowMemcReaders is attack 12: attack 6 on the HttpMemcModule endpoint,
+// n connections each pipelining k gets of the 1 MB key through /memc and
+// never reading: the module's answers hold the budget as the REST API's
+// do.
+func slowMemcReaders(n, k int) func(*testing.T, *rig, func()) result {
+	req := strings.Repeat("GET /memc?cmd=get&key="+bigKey+" HTTP/1.1\r\nHost: x\r\n\r\n", k)
+	return holdReaders(n, 4096, sendHead(func(int) string { return req }))
+}
+
 // pipelinedFlood is attacks 7 and 9: n connections pipelining req as
 // fast as they can for as long as the attack is held, never reading:
 // each keeps a goroutine of the gateway busy until its answers fill the
