@@ -43,7 +43,8 @@ import (
 // ahead of other clients' requests. Run drains it before returning: an
 // accepted write is applied (or counted as failed), never forgotten.
 type asyncQueue struct {
-	ex        *executor   // runs each write as the synchronous path would
+	ex        *executor   // runs each write as the synchronous path would (run: it waits for nothing)
+	order     *WriteOrder // counts each write from enqueue until it is applied or failed
 	quiet     QuietSetter // nil: sets go through ex
 	owners    Owners      // nil: one lane
 	budget    *budget.Budget
@@ -127,12 +128,12 @@ func shareOf(capacity int64, parts int) int64 {
 }
 
 // newAsyncQueue returns a queue whose writes ex (or quiet, for sets) runs
-// on workers goroutines, shared out among the nodes owners names (one
+// on workers goroutines, counted in order from acceptance until applied, shared out among the nodes owners names (one
 // lane without), holding their values against bg, with at most inFlight
 // value bytes of one node on their way to memcached at once.
-func newAsyncQueue(ex *executor, quiet QuietSetter, owners Owners, bg *budget.Budget, inFlight int64, workers, capacity int, maxBytes int64, timeout time.Duration, reg prometheus.Registerer) *asyncQueue {
+func newAsyncQueue(ex *executor, order *WriteOrder, quiet QuietSetter, owners Owners, bg *budget.Budget, inFlight int64, workers, capacity int, maxBytes int64, timeout time.Duration, reg prometheus.Registerer) *asyncQueue {
 	workers = max(workers, 1)
-	q := &asyncQueue{ex: ex, quiet: quiet, owners: owners, budget: bg, timeout: timeout, capacity: int64(capacity), maxBytes: maxBytes, seed: maphash.MakeSeed(),
+	q := &asyncQueue{ex: ex, order: order, quiet: quiet, owners: owners, budget: bg, timeout: timeout, capacity: int64(capacity), maxBytes: maxBytes, seed: maphash.MakeSeed(),
 		share: shareOf(int64(capacity), workers), shareB: shareOf(maxBytes, workers)}
 	for range workers {
 		q.shards = append(q.shards, &shard{wake: make(chan struct{}, 1)})
@@ -250,6 +251,9 @@ func (q *asyncQueue) enqueue(ops []op.Op) error {
 		q.bytes.Add(-size)
 		q.queued.Add(-n)
 		return reject("budget", errBudget)
+	}
+	for _, o := range ops { // before any can be applied, and before the 202
+		q.order.accepted(o.Item.Key)
 	}
 	q.push(ops, pl)
 	return nil
@@ -460,6 +464,7 @@ func (q *asyncQueue) apply(sh *shard, j job, quiet bool) {
 		q.budget.Release(size)
 		q.bytes.Add(-size)
 		q.queued.Add(-1)
+		q.order.applied(o.Item.Key) // applied, failed, or sent unconfirmed (UDP)
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), q.timeout)
 	defer cancel()
@@ -471,7 +476,7 @@ func (q *asyncQueue) apply(sh *shard, j job, quiet bool) {
 			udp, err = q.quiet.SetQuiet(ctx, o.Item)
 		}
 	} else {
-		err = q.ex.exec(ctx, o).Err
+		err = q.ex.run(ctx, o).Err
 	}
 	switch {
 	case udp:

@@ -69,6 +69,15 @@ func (h *handler) putBig(w http.ResponseWriter, r *http.Request, kr *keyRequest)
 		writeError(w, errBusy)
 		return nil, true
 	}
+	// The chunks go out under names of their own, but the index that
+	// makes them the key's value must follow the asynchronous writes of
+	// the key accepted before: wait for those first, within the request's
+	// deadline (chunkCtx has none).
+	if err := h.ex.order.wait(r.Context(), o.Item.Key); err != nil {
+		w.Header().Set("Connection", "close") // the rest of the body is not read
+		writeError(w, err)
+		return nil, true
+	}
 	put := chunk.Put{Verb: o.Verb, Key: o.Item.Key, Flags: flags, Expiration: o.Item.Expiration, CAS: o.Item.CAS}
 	if err := h.chunks.Put(chunkCtx(r), put, src); err != nil {
 		if !src.eof {

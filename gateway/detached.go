@@ -21,9 +21,9 @@ import (
 // same checks (access, key, query), the same Store results written by
 // writeItem and writeStored, the same metrics and access log (observer)
 // and in-flight cap (limiter). Whatever it does not take (other methods
-// and paths, conditional or Prefer: respond-async PUTs, chunked or large
-// bodies, a refused token, an invalid key or query, a full in-flight
-// cap) goes down the routed path untouched, which answers it, errors
+// and paths, conditional or Prefer: respond-async PUTs, PUTs of a key
+// with asynchronous writes pending, chunked or large bodies, a refused
+// token, an invalid key or query, a full in-flight cap) goes down the routed path untouched, which answers it, errors
 // included, as it always did. If the Store declines the asynchronous
 // call (a node down, a full in-flight cap, no pipelined connections), the
 // request waits for Get or Set in place, with failover, as routed.
@@ -84,6 +84,9 @@ func (hh *handler) serveDetached(w http.ResponseWriter, r *http.Request, maker *
 	kr, err := hh.parseKeyRequest(r)
 	if err != nil || kr.async || kr.op.Verb != op.Get && kr.op.Verb != op.Set {
 		return false
+	}
+	if put && hh.ex.order.pending(kr.op.Item.Key) {
+		return false // the routed path waits for them (WriteOrder); this one would not
 	}
 	if !hh.lim.lim.acquire() {
 		return false

@@ -16,12 +16,28 @@ type executor struct {
 	// written in chunks, the chunk.Values that delete, touch and refuse
 	// appends to their chunks too.
 	ops chunk.Store
+	// order keeps each synchronous write behind the asynchronous writes
+	// of its key accepted before it; nil orders nothing.
+	order *WriteOrder
 }
 
-// exec runs one operation: the one path from an operation of the REST
-// API, batch or the async queue to the Store and back. The value of a
-// whole-value write goes through the codec first.
+// exec runs one operation of the REST API or a batch: a write first
+// waits, within ctx, for the asynchronous writes of its key accepted
+// before it (WriteOrder), and fails with nothing sent if ctx ends first.
 func (e *executor) exec(ctx context.Context, o op.Op) op.Result {
+	if o.Verb.Writes() {
+		if err := e.order.wait(ctx, o.Item.Key); err != nil {
+			return op.Result{Err: err}
+		}
+	}
+	return e.run(ctx, o)
+}
+
+// run is exec without the wait: the one path from an operation of the
+// REST API, batch or the async queue to the Store and back. The async
+// queue calls it directly, since its writes are the ones the others wait
+// for. The value of a whole-value write goes through the codec first.
+func (e *executor) run(ctx context.Context, o op.Op) op.Result {
 	if codecWrites(o.Verb) {
 		if err := e.codec.prepare(&o.Item); err != nil {
 			return op.Result{Err: err}

@@ -122,11 +122,16 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 	if h.chunks = opts.Chunks; h.chunks == nil {
 		h.chunks = chunk.New(s, chunk.Options{ChunkSize: int(opts.MaxValueBytes), Grace: opts.BigValueGrace, Timeout: opts.RequestTimeout}, reg)
 	}
-	h.ex = &executor{store: s, codec: h.codec, ops: s}
+	order := opts.WriteOrder
+	if order == nil {
+		order = NewWriteOrder()
+	}
+	reg.MustRegister(order.waited)
+	h.ex = &executor{store: s, codec: h.codec, ops: s, order: order}
 	if opts.BigValueMaxBytes > 0 {
 		h.ex.ops = h.chunks
 	}
-	h.async = newAsyncQueue(h.ex, opts.Quiet, opts.Owners, h.lim.budget, max(opts.MaxValueBytes, 1<<20), opts.AsyncWorkers, opts.AsyncQueue, opts.AsyncQueueBytes, opts.RequestTimeout, reg)
+	h.async = newAsyncQueue(h.ex, order, opts.Quiet, opts.Owners, h.lim.budget, max(opts.MaxValueBytes, 1<<20), opts.AsyncWorkers, opts.AsyncQueue, opts.AsyncQueueBytes, opts.RequestTimeout, reg)
 	h.obs = newObserver(log, opts.AccessLogger, reg, opts.AccessLog, opts.AccessLogJSON)
 	h.detachStore = opts.Async
 	h.detached = prometheus.NewCounter(prometheus.CounterOpts{

@@ -99,6 +99,11 @@ type Options struct {
 	// MaxValueBytes. Nil: the handler makes its own over the Store, from
 	// MaxValueBytes, BigValueGrace and RequestTimeout.
 	Chunks *chunk.Values
+	// WriteOrder, if not nil, is the count of asynchronous writes pending
+	// per key that keeps each synchronous write behind the ones of its key
+	// accepted before it, shared with other endpoints that write (package
+	// memc, through WriteOrder.Ordered). Nil: the handler makes its own.
+	WriteOrder *WriteOrder
 	// DefaultTTL is the expiration of writes without ?exptime=; zero means
 	// never.
 	DefaultTTL time.Duration
