@@ -379,6 +379,10 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	if cfg.BigValueMaxBytes > 0 {
 		memcStore = gopts.Chunks
 	}
+	// The HttpMemc endpoints' writes wait, as the REST API's do, for the
+	// asynchronous writes of their key accepted before them.
+	gopts.WriteOrder = gateway.NewWriteOrder()
+	memcStore = gopts.WriteOrder.Ordered(memcStore)
 	gopts.AccessLogger, gopts.AccessLogJSON, gopts.Routes, gopts.Access, gopts.Budget = lg.access, lg.accessJSON, memcRoutes(cfg, memcStore, router, access), access, buffered
 	if cfg.DetachedResponses && cfg.PipelineConns > 0 { // only pipelined connections answer without waiting
 		gopts.Async = router
