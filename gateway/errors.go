@@ -40,16 +40,11 @@ type valueError struct{ err error }
 func (e *valueError) Error() string { return "stored value cannot be decoded: " + e.err.Error() }
 func (e *valueError) Unwrap() error { return e.err }
 
-// orderWaitError is a synchronous write that gave up waiting for the
-// asynchronous writes of its key accepted before it (WriteOrder): its
-// request's context ended first, and nothing was sent. It wraps the
-// context's error.
-type orderWaitError struct{ err error }
-
-func (e *orderWaitError) Error() string {
-	return "asynchronous writes of this key accepted before this write were not applied within the request deadline (MEMCGATE_REQUEST_TIMEOUT); this write must follow them and was not sent"
-}
-func (e *orderWaitError) Unwrap() error { return e.err }
+// ErrWaitedForAsync is in the chain of a synchronous write's error when
+// the write gave up waiting for the asynchronous writes of its key
+// accepted before it (WriteOrder): its request's context ended first (the
+// context's error is in the chain too), and nothing was sent.
+var ErrWaitedForAsync = errors.New("asynchronous writes of this key accepted before this write were not applied within the request deadline (MEMCGATE_REQUEST_TIMEOUT); this write must follow them and was not sent")
 
 // statusRecorder is a ResponseWriter that records a status it never
 // writes (the observer's statusWriter).
@@ -96,10 +91,9 @@ func errorStatus(err error) (status int, msg string, retry bool) {
 	var ne *upstream.NodeError
 	var ve *valueError
 	var be *upstream.BusyError
-	var ow *orderWaitError
 	switch {
-	case errors.As(err, &ow) && errors.Is(err, context.DeadlineExceeded):
-		return http.StatusGatewayTimeout, ow.Error(), false
+	case errors.Is(err, ErrWaitedForAsync) && errors.Is(err, context.DeadlineExceeded):
+		return http.StatusGatewayTimeout, ErrWaitedForAsync.Error(), false
 	case errors.As(err, &oe):
 		return http.StatusServiceUnavailable, oe.msg, true
 	case errors.As(err, &be):

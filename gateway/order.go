@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"hash/maphash"
 	"slices"
 	"sync"
@@ -146,8 +147,8 @@ func (w *WriteOrder) pending(key string) bool {
 }
 
 // wait returns once the asynchronous writes of key accepted so far have
-// been applied (or have failed), or, if ctx ends first, an
-// *orderWaitError: the caller must then send nothing. Writes accepted
+// been applied (or have failed), or, if ctx ends first, an error wrapping
+// ErrWaitedForAsync and ctx's error: the caller must then send nothing. Writes accepted
 // while it waits are not waited for, so a key written asynchronously
 // without pause cannot hold a synchronous write back forever.
 func (w *WriteOrder) wait(ctx context.Context, key string) error {
@@ -193,7 +194,7 @@ func (w *WriteOrder) wait(ctx context.Context, key string) error {
 		return nil
 	}
 	w.timedOut.Inc()
-	return &orderWaitError{ctx.Err()}
+	return fmt.Errorf("%w: %w", ErrWaitedForAsync, ctx.Err())
 }
 
 // Doer runs one operation on its key's node (memc.Store and chunk.Store

@@ -571,6 +571,11 @@ func memcFailure(cmd memcCmd, err error) (status int, raw, reason string) {
 		return http.StatusNotFound, "", "not found"
 	case errors.Is(err, context.Canceled):
 		return statusClientClosed, "", "client closed the request"
+	case errors.Is(err, gateway.ErrWaitedForAsync) && errors.Is(err, context.DeadlineExceeded):
+		// Not something the module could meet: the write waited for
+		// asynchronous writes of its key (Prefer: respond-async on the
+		// REST API) that memcached did not apply in time.
+		return http.StatusGatewayTimeout, "", "asynchronous writes of this key accepted before this write were not applied in time; this write was not sent"
 	case errors.As(err, &ne) && ne.Timeout(), errors.Is(err, context.DeadlineExceeded):
 		return http.StatusGatewayTimeout, "", "memcached did not answer in time"
 	case errors.As(err, &ne), errors.Is(err, upstream.ErrNoNodes):

@@ -350,6 +350,7 @@ func TestMemcRequests(t *testing.T) {
 		{name: "refused is 502", err: nodeDown, target: "/memc?cmd=set&key=k&val=v", wantStatus: 502, wantPage: true, wantCalls: 1},
 		{name: "a slow node past its share is 502", err: &upstream.BusyError{Node: "n:1", Share: 5000}, target: "/memc?cmd=get&key=k", wantStatus: 502, wantPage: true, wantCalls: 1},
 		{name: "deadline is 504", err: context.DeadlineExceeded, target: "/memc?key=k", wantStatus: 504, wantPage: true, wantCalls: 1},
+		{name: "a write that waited for async writes past its deadline is 504", err: fmt.Errorf("%w: %w", gateway.ErrWaitedForAsync, context.DeadlineExceeded), target: "/memc?cmd=set&key=k&val=v", wantStatus: 504, wantPage: true, wantCalls: 1},
 		{name: "flags header", mo: Options{FlagsHeader: "X-Memc-Flags"}, target: "/memc?cmd=set&key=k&val=v&flags=0007", wantStatus: 201, wantHdr: map[string]string{"X-Memc-Flags": "0007"}, wantCalls: 1},
 		{name: "no flags header on errors", mo: Options{FlagsHeader: "X-Memc-Flags"}, target: "/memc?key=k&flags=3", wantStatus: 404, wantPage: true, wantHdr: map[string]string{"X-Memc-Flags": ""}, wantCalls: 1},
 		{name: "Last-Modified", mo: Options{FlagsToLastModified: true}, target: "/memc?key=lm", wantStatus: 200, wantHdr: map[string]string{"Last-Modified": "Thu, 28 Jan 2010 12:09:23 GMT"}, wantCalls: 1},
@@ -611,5 +612,14 @@ func TestMemcGetHoldsTheBudget(t *testing.T) {
 				t.Errorf("the budget holds %d bytes after the request", used)
 			}
 		})
+	}
+}
+
+// TestMemcFailureWaitedForAsync: a write that gave up waiting for its
+// key's asynchronous writes says so, rather than blaming memcached.
+func TestMemcFailureWaitedForAsync(t *testing.T) {
+	status, raw, reason := memcFailure(memcSet, fmt.Errorf("%w: %w", gateway.ErrWaitedForAsync, context.DeadlineExceeded))
+	if status != http.StatusGatewayTimeout || raw != "" || !strings.Contains(reason, "asynchronous writes") {
+		t.Errorf("memcFailure = %d %q %q, want a 504 page naming the asynchronous writes", status, raw, reason)
 	}
 }
