@@ -128,9 +128,10 @@ func shareOf(capacity int64, parts int) int64 {
 }
 
 // newAsyncQueue returns a queue whose writes ex (or quiet, for sets) runs
-// on workers goroutines, counted in order from acceptance until applied, shared out among the nodes owners names (one
+// on workers goroutines, shared out among the nodes owners names (one
 // lane without), holding their values against bg, with at most inFlight
-// value bytes of one node on their way to memcached at once.
+// value bytes of one node on their way to memcached at once. order counts
+// each write from its acceptance until it is applied or fails.
 func newAsyncQueue(ex *executor, order *WriteOrder, quiet QuietSetter, owners Owners, bg *budget.Budget, inFlight int64, workers, capacity int, maxBytes int64, timeout time.Duration, reg prometheus.Registerer) *asyncQueue {
 	workers = max(workers, 1)
 	q := &asyncQueue{ex: ex, order: order, quiet: quiet, owners: owners, budget: bg, timeout: timeout, capacity: int64(capacity), maxBytes: maxBytes, seed: maphash.MakeSeed(),

@@ -23,8 +23,9 @@ import (
 // and in-flight cap (limiter). Whatever it does not take (other methods
 // and paths, conditional or Prefer: respond-async PUTs, PUTs of a key
 // with asynchronous writes pending, chunked or large bodies, a refused
-// token, an invalid key or query, a full in-flight cap) goes down the routed path untouched, which answers it, errors
-// included, as it always did. If the Store declines the asynchronous
+// token, an invalid key or query, a full in-flight cap) goes down the
+// routed path untouched, which answers it, errors included, as it always
+// did. If the Store declines the asynchronous
 // call (a node down, a full in-flight cap, no pipelined connections), the
 // request waits for Get or Set in place, with failover, as routed.
 
