@@ -90,6 +90,8 @@ type conn struct {
 	ahead       *http.Request // phaseBody: the request whose body is read ahead
 	abuf        []byte        // the body read ahead so far
 	aheld       int64         // bytes of Server.Budget held for abuf
+	aheldAt     time.Time     // when abuf was held whole (reserveAfter); zero: it is not
+	aheadShrunk bool          // it stopped while held whole and gave back what it had not sent (shrinkAhead)
 	roomTurn    bool          // taken from the room line: its turn to take room (poller.waitRoom)
 	roomGaveUp  bool          // waited BudgetWait in the room line for nothing
 	roomSince   time.Time     // when the body read ahead first came into the room line; zero: it has not
@@ -299,6 +301,7 @@ func (c *conn) readNext(first, resumed bool) (*http.Request, readResult) {
 	}
 	if c.readsAhead(req) {
 		c.ahead, c.phase = req, phaseBody
+		c.aheldAt, c.aheadShrunk = time.Time{}, false
 		return c.readAhead()
 	}
 	if req.ContentLength > int64(c.in.Buffered()) {

@@ -105,6 +105,7 @@ type pollFields struct {
 	hidx     int // index in the reading heap; -1 when not in it
 	deadline time.Time
 	resumeIn int32
+	stall    bool // deadline is its body's bodyStall: a worker resumes it then (parkBody)
 	// In the room line (waitRoom): what it needs of the budget, and
 	// what it holds already.
 	room               bool
@@ -295,6 +296,7 @@ func (p *poller) wakeLocked(fd int32, events uint32) int {
 	}
 	if c.state.CompareAndSwap(stateReading, c.pf.resumeIn) {
 		p.unheapLocked(c)
+		c.pf.stall = false
 		c.pf.fresh = c.pf.resumeIn == stateNew
 		return p.queueLocked(c)
 	}
@@ -677,6 +679,19 @@ func (p *poller) admitRoomLocked() int {
 // (stateNew or stateActive), which a worker resumes it in. It returns
 // park's results.
 func (p *poller) parkReading(c *conn, from int32, deadline time.Time) int {
+	return p.parkUntil(c, from, deadline, time.Time{})
+}
+
+// parkBody is parkReading for a body read ahead (from stateActive) that
+// holds the budget for all of itself: if stall comes before deadline, a
+// worker resumes it then, whether or not bytes came, to give back what
+// it holds beyond what it sent (conn.shrinkAhead).
+func (p *poller) parkBody(c *conn, deadline, stall time.Time) int {
+	return p.parkUntil(c, stateActive, deadline, stall)
+}
+
+// parkUntil implements parkReading and parkBody.
+func (p *poller) parkUntil(c *conn, from int32, deadline, stall time.Time) int {
 	if c.in.rc == nil {
 		return notParked
 	}
@@ -692,10 +707,13 @@ func (p *poller) parkReading(c *conn, from int32, deadline time.Time) int {
 		return notParked // closed meanwhile
 	}
 	pf := &c.pf
-	pf.deadline, pf.resumeIn = deadline, from
+	pf.deadline, pf.resumeIn, pf.stall = deadline, from, false
+	if !stall.IsZero() && (deadline.IsZero() || stall.Before(deadline)) {
+		pf.deadline, pf.stall = stall, true
+	}
 	p.heapPushLocked(c)
-	if !deadline.IsZero() {
-		p.armLocked(deadline)
+	if !pf.deadline.IsZero() {
+		p.armLocked(pf.deadline)
 	}
 	return parked
 }
@@ -859,6 +877,15 @@ func (p *poller) expire(now time.Time) {
 			p.unroomLocked(c)
 			if c.state.CompareAndSwap(stateReading, stateActive) {
 				c.roomGaveUp = true
+				start += p.queueLocked(c)
+			}
+			continue
+		}
+		if c.pf.stall {
+			// Its body stopped: a worker gives back what it holds
+			// beyond what came, and parks it again till its deadline.
+			c.pf.stall = false
+			if c.state.CompareAndSwap(stateReading, c.pf.resumeIn) {
 				start += p.queueLocked(c)
 			}
 			continue

@@ -26,14 +26,15 @@ const (
 
 func newPoller(time.Duration, int) (*poller, error) { return nil, nil }
 
-func (p *poller) run()                                    {}
-func (p *poller) park(*conn) int                          { return notParked }
-func (p *poller) parkReading(*conn, int32, time.Time) int { return notParked }
-func (p *poller) admit(*conn) bool                        { return false }
-func (p *poller) forget(*conn)                            {}
-func (p *poller) close(bool)                              {}
-func (p *poller) requeue(*conn) bool                      { return false }
-func (p *poller) evict() *conn                            { return nil }
-func (p *poller) roomWaiting() bool                       { return false }
+func (p *poller) run()                                     {}
+func (p *poller) park(*conn) int                           { return notParked }
+func (p *poller) parkReading(*conn, int32, time.Time) int  { return notParked }
+func (p *poller) parkBody(*conn, time.Time, time.Time) int { return notParked }
+func (p *poller) admit(*conn) bool                         { return false }
+func (p *poller) forget(*conn)                             {}
+func (p *poller) close(bool)                               {}
+func (p *poller) requeue(*conn) bool                       { return false }
+func (p *poller) evict() *conn                             { return nil }
+func (p *poller) roomWaiting() bool                        { return false }
 
 func (p *poller) waitRoom(*conn, Budget, int64, time.Time, bool) int { return notParked }

@@ -34,8 +34,18 @@ const aheadChunk = 16 << 10
 // time, bodies that together passed the budget each held part of it and
 // were each refused halfway, all that reading lost; and each step copied
 // what came before. The eighth bounds what a client that stops sending
-// holds: eight times what it sent, where the doubling held twice.
+// holds: eight times what it sent, where the doubling held twice, and
+// only for bodyStall: one that has not sent half of itself by then gives
+// back the rest (shrinkAhead).
 func reserveAfter(cl int) int { return min(cl, max(aheadChunk, cl/8)) }
+
+// bodyStall is how long a body held whole may take to send its first
+// half before it counts as stopped: it then holds twice what it sent, as
+// under the doubling, not eight times. A client on a link slower than
+// half a body a second pays the doubling's copies; one that sent an
+// eighth of many large bodies and stopped holds the budget for a second,
+// not for the read timeout.
+const bodyStall = time.Second
 
 // bypassLine is the most a body may hold of the budget and still take it
 // while others wait in the room line (first come first served for the
@@ -69,7 +79,8 @@ func (c *conn) readAhead() (*http.Request, readResult) {
 			// what came with the head and what waits in the socket.
 			sent := len(c.abuf) + c.in.Buffered() + c.queued()
 			size := min(cl, max(2*cap(c.abuf), aheadChunk, sent))
-			if sent >= reserveAfter(cl) {
+			whole := sent >= reserveAfter(cl) && !c.aheadShrunk
+			if whole {
 				size = cl // held whole from here: read into one buffer
 			}
 			hold := c.bufCap(size)
@@ -87,6 +98,9 @@ func (c *conn) readAhead() (*http.Request, readResult) {
 			c.roomTurn, c.roomSince = false, time.Time{}
 			if err != nil {
 				return c.endAhead(b, err)
+			}
+			if whole {
+				c.aheldAt = time.Now()
 			}
 		}
 		// The buffer may be larger than the body (Server.Buffers lends
@@ -110,10 +124,13 @@ func (c *conn) readAhead() (*http.Request, readResult) {
 		case !blocked:
 			continue
 		}
+		if at := c.stallAt(); !at.IsZero() && !time.Now().Before(at) {
+			c.shrinkAhead()
+		}
 		if c.readDL {
 			c.setReadTimeout(0) // the poller keeps the deadline while parked
 		}
-		switch s.poller.parkReading(c, stateActive, c.deadline(s.ReadTimeout)) {
+		switch s.poller.parkBody(c, c.deadline(s.ReadTimeout), c.stallAt()) {
 		case parked:
 			return nil, readParked
 		case notParked:
@@ -166,6 +183,42 @@ func (c *conn) waitRoom(need int64, front bool) bool {
 		return false
 	}
 	return true
+}
+
+// stallAt is when c's body, held whole, counts as stopped if its first
+// half has not come by then; zero if it cannot: not held whole, or half
+// of it there.
+func (c *conn) stallAt() time.Time {
+	if c.aheldAt.IsZero() || 2*len(c.abuf) >= cap(c.abuf) {
+		return time.Time{}
+	}
+	return c.aheldAt.Add(bodyStall)
+}
+
+// shrinkAhead gives back what c's body, held whole and stopped
+// (bodyStall), holds beyond twice what it sent: from here its buffer
+// doubles as its bytes come, and it is never held whole at once again.
+func (c *conn) shrinkAhead() {
+	s := c.srv
+	c.aheldAt, c.aheadShrunk = time.Time{}, true
+	size := max(2*len(c.abuf), aheadChunk)
+	hold := c.bufCap(size)
+	if hold >= cap(c.abuf) {
+		return
+	}
+	var nb []byte
+	if s.Buffers != nil {
+		nb = s.Buffers.Get(size)
+	} else {
+		nb = make([]byte, 0, size)
+	}
+	nb = append(nb, c.abuf...)
+	c.putBuffer(c.abuf)
+	c.abuf = nb
+	if s.Budget != nil && c.aheld > int64(hold) {
+		s.Budget.Release(c.aheld - int64(hold))
+		c.aheld = int64(hold)
+	}
 }
 
 // bufCap is the capacity of the buffer growAhead takes for size bytes.

@@ -203,3 +203,41 @@ func TestHeadAloneWaitsForRoom(t *testing.T) {
 		t.Errorf("budget holds %d bytes, %d bodies in the line afterwards", bg.Used(), roomCount(s))
 	}
 }
+
+// TestStoppedBodyGivesBack: a body held whole once an eighth of it came
+// (reserveAfter), whose client then stops before half of it has come,
+// gives back what it holds beyond twice what it sent after bodyStall,
+// instead of holding eight times what it sent until the read timeout;
+// when the client goes on, the body grows again by doubling and is
+// served whole, and nothing stays held.
+func TestStoppedBodyGivesBack(t *testing.T) {
+	const size, sent = 1 << 20, 200 << 10
+	bg := budget.New(4 << 20)
+	_, addr := startH1(t, echoLen(), func(s *Server) {
+		s.Budget = bg
+		s.BodyLimit = func(*http.Request) int64 { return 2 << 20 }
+	})
+	c, br := dial(t, addr)
+	fmt.Fprintf(c, "PUT /stop HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n%s", size, strings.Repeat("s", sent))
+	if !eventually(func() bool { return bg.Used() >= size }) {
+		t.Fatalf("the body holds %d bytes after sending %d; want all %d held", bg.Used(), sent, size)
+	}
+	start := time.Now()
+	if !eventually(func() bool { return bg.Used() <= 2*sent+aheadChunk && bg.Used() > 0 }) {
+		t.Fatalf("the stopped body still holds %d bytes %v later; want at most %d", bg.Used(), time.Since(start), 2*sent+aheadChunk)
+	}
+	if d := time.Since(start); d < bodyStall/2 {
+		t.Errorf("it gave back after %v; want about bodyStall (%v) after it was held whole", d, bodyStall)
+	}
+	ans := answerOf(c, br)
+	if _, err := c.Write([]byte(strings.Repeat("s", size-sent))); err != nil {
+		t.Fatal(err)
+	}
+	a := <-ans
+	if a.err != nil || a.r.status != "HTTP/1.1 200 OK" || a.r.body != fmt.Sprintf("read %d", size) {
+		t.Fatalf("after the rest came: %v, %s %q; want 200 read %d", a.err, a.r.status, a.r.body, size)
+	}
+	if !eventually(func() bool { return bg.Used() == 0 }) {
+		t.Errorf("the budget holds %d bytes after the request", bg.Used())
+	}
+}
