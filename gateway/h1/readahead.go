@@ -206,15 +206,7 @@ func (c *conn) shrinkAhead() {
 	if hold >= cap(c.abuf) {
 		return
 	}
-	var nb []byte
-	if s.Buffers != nil {
-		nb = s.Buffers.Get(size)
-	} else {
-		nb = make([]byte, 0, size)
-	}
-	nb = append(nb, c.abuf...)
-	c.putBuffer(c.abuf)
-	c.abuf = nb
+	c.moveAhead(size)
 	if s.Budget != nil && c.aheld > int64(hold) {
 		s.Budget.Release(c.aheld - int64(hold))
 		c.aheld = int64(hold)
@@ -251,8 +243,15 @@ func (c *conn) growAhead(size int, look bool) error {
 		}
 		return err
 	}
+	c.moveAhead(size)
+	return nil
+}
+
+// moveAhead moves c.abuf into a buffer of size bytes, and gives the one
+// it leaves back to Server.Buffers.
+func (c *conn) moveAhead(size int) {
 	var nb []byte
-	if s.Buffers != nil {
+	if s := c.srv; s.Buffers != nil {
 		nb = s.Buffers.Get(size)
 	} else {
 		nb = make([]byte, 0, size)
@@ -260,7 +259,6 @@ func (c *conn) growAhead(size int, look bool) error {
 	nb = append(nb, c.abuf...)
 	c.putBuffer(c.abuf)
 	c.abuf = nb
-	return nil
 }
 
 // holdAhead holds n bytes of Server.Budget for c.abuf in all, acquiring
