@@ -76,6 +76,7 @@ var asyncRejectReasons = []string{"queue_full", "node_share", "key_share", "node
 type job struct {
 	op.Op
 	lane int
+	seq  uint64 // its number among its key's writes (WriteOrder.accepted)
 }
 
 // shard is one worker's queue.
@@ -253,10 +254,11 @@ func (q *asyncQueue) enqueue(ops []op.Op) error {
 		q.queued.Add(-n)
 		return reject("budget", errBudget)
 	}
-	for _, o := range ops { // before any can be applied, and before the 202
-		q.order.accepted(o.Item.Key)
+	seqs := make([]uint64, len(ops))
+	for i, o := range ops { // before any can be applied, and before the 202
+		seqs[i] = q.order.accepted(o.Item.Key)
 	}
-	q.push(ops, pl)
+	q.push(ops, pl, seqs)
 	return nil
 }
 
@@ -298,17 +300,18 @@ func (q *asyncQueue) place(key string) (ln, sh, nodes int) {
 	return i, lo + int(maphash.String(q.seed, key)%uint64(hi-lo)), n
 }
 
-// push appends ops to the shards of their placements pl and wakes the
-// workers. With a quiet setter, each shard gets its part of ops under
-// one lock, so that its worker takes a batch's writes to one key in the
-// same slice (take): those are the writes whose order survives UDP (see
-// applyAll). It takes pl's shards over, marking the pushed ones -1.
-func (q *asyncQueue) push(ops []op.Op, pl []placement) {
+// push appends ops, numbered seqs among their keys' writes, to the
+// shards of their placements pl and wakes the workers. With a quiet
+// setter, each shard gets its part of ops under one lock, so that its
+// worker takes a batch's writes to one key in the same slice (take):
+// those are the writes whose order survives UDP (see applyAll). It takes
+// pl's shards over, marking the pushed ones -1.
+func (q *asyncQueue) push(ops []op.Op, pl []placement, seqs []uint64) {
 	if q.quiet == nil || len(ops) == 1 {
 		for i, o := range ops {
 			sh := q.shards[pl[i].shard]
 			sh.mu.Lock()
-			sh.jobs = append(sh.jobs, job{o, pl[i].lane})
+			sh.jobs = append(sh.jobs, job{o, pl[i].lane, seqs[i]})
 			sh.mu.Unlock()
 			sh.wakeUp()
 		}
@@ -323,7 +326,7 @@ func (q *asyncQueue) push(ops []op.Op, pl []placement) {
 		sh.mu.Lock()
 		for j := i; j < len(ops); j++ {
 			if pl[j].shard == s {
-				sh.jobs = append(sh.jobs, job{ops[j], pl[j].lane})
+				sh.jobs = append(sh.jobs, job{ops[j], pl[j].lane, seqs[j]})
 				pl[j].shard = -1
 			}
 		}
@@ -465,7 +468,7 @@ func (q *asyncQueue) apply(sh *shard, j job, quiet bool) {
 		q.budget.Release(size)
 		q.bytes.Add(-size)
 		q.queued.Add(-1)
-		q.order.applied(o.Item.Key) // applied, failed, or sent unconfirmed (UDP)
+		q.order.applied(o.Item.Key, j.seq) // applied, failed, or sent unconfirmed (UDP)
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), q.timeout)
 	defer cancel()

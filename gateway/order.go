@@ -57,17 +57,27 @@ type orderShard struct {
 }
 
 // keyWrites is one key's asynchronous writes, counted as they are
-// accepted and as they are applied (or fail), and the synchronous writes
-// waiting for some of them. A key's writes are applied in the order they
-// were accepted (one worker, one after another), so applied reaching a
-// count means the writes accepted up to it are done.
+// accepted (numbered in that order) and as they are applied (or fail),
+// and the synchronous writes waiting for some of them. The numbers still
+// pending are kept, not a count: a key's writes are applied one after
+// another by one worker, but a reload that moves the key to another node
+// may apply a later one, on its new worker, before an earlier one.
 type keyWrites struct {
-	accepted, applied uint64
-	waiters           []orderWaiter
+	accepted uint64   // the number of the last write accepted
+	pending  []uint64 // the numbers of those not applied yet
+	waiters  []orderWaiter
 }
 
-// orderWaiter is a synchronous write waiting until applied reaches upTo:
-// the writes of its key accepted before it.
+// first is the lowest number pending, or none.
+func (k *keyWrites) first() (uint64, bool) {
+	if len(k.pending) == 0 {
+		return 0, false
+	}
+	return slices.Min(k.pending), true
+}
+
+// orderWaiter is a synchronous write waiting until no write numbered upTo
+// or lower is pending: the writes of its key accepted before it.
 type orderWaiter struct {
 	upTo uint64
 	ch   chan struct{} // closed when they are
@@ -91,9 +101,10 @@ func (w *WriteOrder) where(key string) (bucket *atomic.Int32, sh *orderShard) {
 	return &w.buckets[h%orderBuckets], &w.shards[(h/orderBuckets)%orderShards]
 }
 
-// accepted counts an asynchronous write of key as pending. The queue
-// calls it before the write can be applied, and before the 202 is sent.
-func (w *WriteOrder) accepted(key string) {
+// accepted counts an asynchronous write of key as pending and returns
+// its number, for applied. The queue calls it before the write can be
+// applied, and before the 202 is sent.
+func (w *WriteOrder) accepted(key string) uint64 {
 	b, sh := w.where(key)
 	sh.mu.Lock()
 	if sh.keys == nil {
@@ -101,27 +112,33 @@ func (w *WriteOrder) accepted(key string) {
 	}
 	k := sh.keys[key]
 	k.accepted++
+	k.pending = append(k.pending, k.accepted)
 	sh.keys[key] = k
 	b.Add(1) // under mu, so that a bucket at 0 never hides a key in the map
 	sh.mu.Unlock()
+	return k.accepted
 }
 
-// applied counts an asynchronous write of key accepted earlier as done:
-// memcached answered, it failed, or it left as a UDP datagram nobody
-// answers. It releases the synchronous writes that waited for it.
-func (w *WriteOrder) applied(key string) {
+// applied counts the asynchronous write of key numbered n (accepted's)
+// as done: memcached answered, it failed, or it left as a UDP datagram
+// nobody answers. It releases the synchronous writes that waited for it
+// and no write before it.
+func (w *WriteOrder) applied(key string, n uint64) {
 	b, sh := w.where(key)
 	sh.mu.Lock()
 	k := sh.keys[key]
-	k.applied++
+	if i := slices.Index(k.pending, n); i >= 0 {
+		k.pending = slices.Delete(k.pending, i, i+1)
+	}
+	first, ok := k.first()
 	k.waiters = slices.DeleteFunc(k.waiters, func(o orderWaiter) bool {
-		if o.upTo <= k.applied {
+		if !ok || first > o.upTo {
 			close(o.ch)
 			return true
 		}
 		return false
 	})
-	if k.applied == k.accepted && len(k.waiters) == 0 {
+	if len(k.pending) == 0 && len(k.waiters) == 0 {
 		delete(sh.keys, key)
 	} else {
 		sh.keys[key] = k
@@ -143,7 +160,7 @@ func (w *WriteOrder) pending(key string) bool {
 	sh.mu.Lock()
 	k, ok := sh.keys[key]
 	sh.mu.Unlock()
-	return ok && k.applied < k.accepted
+	return ok && len(k.pending) > 0
 }
 
 // wait returns once the asynchronous writes of key accepted so far have
@@ -161,7 +178,7 @@ func (w *WriteOrder) wait(ctx context.Context, key string) error {
 	}
 	sh.mu.Lock()
 	k, ok := sh.keys[key]
-	if !ok || k.applied >= k.accepted {
+	if !ok || len(k.pending) == 0 {
 		sh.mu.Unlock()
 		return nil
 	}
@@ -182,7 +199,7 @@ func (w *WriteOrder) wait(ctx context.Context, key string) error {
 		n := len(k.waiters)
 		k.waiters = slices.DeleteFunc(k.waiters, func(o orderWaiter) bool { return o.ch == me.ch })
 		gone = len(k.waiters) == n
-		if k.applied == k.accepted && len(k.waiters) == 0 {
+		if len(k.pending) == 0 && len(k.waiters) == 0 {
 			delete(sh.keys, key)
 		} else {
 			sh.keys[key] = k

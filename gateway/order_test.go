@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -215,5 +217,63 @@ func BenchmarkWriteOrderWaitNone(b *testing.B) {
 		if err := w.wait(ctx, "users/1234/profile"); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// blockOldStore holds up the set of "old" until release, so that a
+// test can move its key to another node meanwhile.
+type blockOldStore struct {
+	*fakeStore
+	release, blocked chan struct{}
+	once             sync.Once
+}
+
+func (s *blockOldStore) Do(ctx context.Context, o op.Op) op.Result {
+	if o.Verb == op.Set && string(o.Item.Value) == "old" {
+		s.once.Do(func() { close(s.blocked) })
+		<-s.release
+	}
+	return s.fakeStore.Do(ctx, o)
+}
+
+// TestSyncWriteWaitsAcrossLanes: a reload that moves a key to another
+// node puts its later asynchronous writes on another worker, which may
+// apply one before an earlier one on the first worker is done; a
+// synchronous write accepted after the earlier one must still wait for
+// it, not go once as many writes as came before it were applied.
+func TestSyncWriteWaitsAcrossLanes(t *testing.T) {
+	s := &blockOldStore{fakeStore: newFake(), release: make(chan struct{}), blocked: make(chan struct{})}
+	var lane atomic.Int32
+	owners := ownersFunc(func(string) (int, int) { return int(lane.Load()), 2 })
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	h := NewHandler(s, log, prometheus.NewRegistry(), Options{Owners: owners, AsyncWorkers: 2, RequestTimeout: 5 * time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error)
+	go func() { ran <- h.Run(ctx) }()
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(func() { close(s.release) }) }
+	defer func() { release(); cancel(); <-ran }() // Run drains the queue: old must go
+	if w := asyncDo(h, "PUT", "/k", "old"); w.Code != http.StatusAccepted {
+		t.Fatalf("async PUT old: %d", w.Code)
+	}
+	<-s.blocked
+	done := make(chan int, 1)
+	go func() { done <- do(h, "PUT", "/k", "new").Code }()
+	time.Sleep(100 * time.Millisecond) // the synchronous PUT waits for old
+	lane.Store(1)                      // a reload moves the key's node
+	if w := asyncDo(h, "PUT", "/k", "mid"); w.Code != http.StatusAccepted {
+		t.Fatalf("async PUT mid: %d", w.Code)
+	}
+	select {
+	case code := <-done:
+		t.Fatalf("the synchronous PUT answered %d while the asynchronous write before it was still being applied", code)
+	case <-time.After(300 * time.Millisecond):
+	}
+	release()
+	if code := <-done; code != http.StatusCreated {
+		t.Fatalf("synchronous PUT: %d, want 201", code)
+	}
+	if got := do(h, "GET", "/k", ""); got.Body.String() != "new" {
+		t.Errorf("the key holds %q after 202 (old), 202 (mid), 201 (new); want new", got.Body.String())
 	}
 }
