@@ -205,6 +205,15 @@ func (c *Cluster) getMulti(ctx context.Context, keys []string, limit int, vroom 
 					for _, sk := range b.store {
 						k := b.client[sk]
 						res := c.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: k}, Room: vroom})
+						if n := len(res.Item.Value); res.Err == nil && !res.Lent && vroom != nil && n > 0 {
+							// A single Get asks its Room only for large
+							// values: the multi-get's holds them all.
+							if !vroom.Reserve(n) {
+								res = op.Result{Err: ErrNoFit}
+							} else {
+								defer vroom.Release(n)
+							}
+						}
 						switch err := res.Err; {
 						case err == nil:
 							keep(k, res.Item)
