@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"io"
 	"net"
@@ -199,7 +198,9 @@ func (l *limits) valueRoom(rc *requestCtx, json bool) *valueRoom {
 		v.closed = true
 		return v
 	}
+	rc.roomsMu.Lock()
 	rc.rooms = append(rc.rooms, v)
+	rc.roomsMu.Unlock()
 	return v
 }
 
@@ -243,10 +244,13 @@ func (v *valueRoom) close() {
 
 // end gives back what rc's request held, and stops its timer.
 func (l *limits) end(rc *requestCtx) {
-	for _, v := range rc.rooms {
+	rc.roomsMu.Lock()
+	rooms := rc.rooms
+	rc.rooms = nil
+	rc.roomsMu.Unlock()
+	for _, v := range rooms {
 		v.close()
 	}
-	rc.rooms = nil
 	if rc.slot {
 		l.lim.release()
 		rc.slot = false
@@ -273,11 +277,6 @@ func ReadBody(r *http.Request, limit int64) ([]byte, error) {
 	return rc.lim.readBody(r, limit)
 }
 
-// Getter runs one operation (a memcached Store, a handler's own).
-type Getter interface {
-	Do(ctx context.Context, o op.Op) op.Result
-}
-
 // GetValue runs o, a read (op.Get or op.GAT) on s whose value r's handler
 // (one of Options.Routes) answers with, holding the value against the
 // byte budget as the REST API holds its GETs': a large value from before
@@ -285,7 +284,7 @@ type Getter interface {
 // value the budget cannot take is read off memcached's connection and
 // dropped, or dropped once read, and the read fails with
 // upstream.ErrNoFit, which Status maps to 503.
-func GetValue(r *http.Request, s Getter, o op.Op) op.Result {
+func GetValue(r *http.Request, s Doer, o op.Op) op.Result {
 	rc := reqCtx(r)
 	if rc == nil || rc.lim == nil {
 		return op.Result{Err: errors.New("gateway: GetValue outside a gateway request")}

@@ -101,8 +101,10 @@ type Options struct {
 	Chunks *chunk.Values
 	// WriteOrder, if not nil, is the count of asynchronous writes pending
 	// per key that keeps each synchronous write behind the ones of its key
-	// accepted before it, shared with other endpoints that write (package
-	// memc, through WriteOrder.Ordered). Nil: the handler makes its own.
+	// accepted before it, shared with other endpoints that write beside
+	// this handler (package memc, through WriteOrder.Ordered); one
+	// WriteOrder serves one Handler, which registers its metric. Nil: the
+	// handler makes its own.
 	WriteOrder *WriteOrder
 	// DefaultTTL is the expiration of writes without ?exptime=; zero means
 	// never.

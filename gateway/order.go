@@ -164,10 +164,11 @@ func (w *WriteOrder) pending(key string) bool {
 }
 
 // wait returns once the asynchronous writes of key accepted so far have
-// been applied (or have failed), or, if ctx ends first, an error wrapping
-// ErrWaitedForAsync and ctx's error: the caller must then send nothing. Writes accepted
-// while it waits are not waited for, so a key written asynchronously
-// without pause cannot hold a synchronous write back forever.
+// been applied (or have failed), or, if ctx ends first, an error
+// wrapping ErrWaitedForAsync and ctx's error: the caller must then send
+// nothing. Writes accepted while it waits are not waited for, so a key
+// written asynchronously without pause cannot hold a synchronous write
+// back forever.
 func (w *WriteOrder) wait(ctx context.Context, key string) error {
 	if w == nil {
 		return nil

@@ -30,9 +30,10 @@ type requestCtx struct {
 	lim *limits // the limits of the handler serving the request (ReadBody, GetValue)
 
 	// What the request holds until it ends (handler.end).
-	slot  bool         // one of the limiter's in-flight slots
-	held  int64        // bytes of the budget
-	rooms []*valueRoom // the values its multi-key reads hold (valueRoom)
+	slot    bool         // one of the limiter's in-flight slots
+	held    int64        // bytes of the budget
+	rooms   []*valueRoom // what its reads hold (valueRoom): given back by end
+	roomsMu sync.Mutex   // guards rooms: a route's handler may read on several goroutines (GetValue)
 }
 
 // reqCtxKey is the key under which a requestCtx answers for itself, so

@@ -189,7 +189,7 @@ func (c *conn) waitRoom(need int64, front bool) bool {
 // half has not come by then; zero if it cannot: not held whole, or half
 // of it there.
 func (c *conn) stallAt() time.Time {
-	if c.aheldAt.IsZero() || 2*len(c.abuf) >= cap(c.abuf) {
+	if c.aheldAt.IsZero() || 2*int64(len(c.abuf)) >= c.ahead.ContentLength {
 		return time.Time{}
 	}
 	return c.aheldAt.Add(bodyStall)

@@ -956,10 +956,9 @@ type replyLimit struct {
 // of the values it drops are in r.dropped. rooms are the op.Op.Room of
 // the line's keys, index for index (of the reply's one call when
 // lineKeys is empty; nil: none): a value of op.LentValue bytes or more
-// (any value, with lim.all)
-// that its room does not Reserve is dropped too, its index in r.nofit
-// (and its key in r.refused on a reply of its own),
-// and one it reserves is read into a buffer it lends, the reservation
+// (any value, with lim.all) that its room does not Reserve is dropped
+// too, its index in r.nofit (and its key in r.refused on a reply of its
+// own), and one it reserves is read into a buffer it lends, the reservation
 // added to holds for the caller to release once the reply is handed
 // out, whatever the outcome. None of a reply's values reaches its caller
 // before the whole reply is read: without the reservations a shared line

@@ -67,9 +67,9 @@ type Options struct {
 // sizeHints) over as many more, dialled when first needed: a small
 // request never waits behind megabytes of replies, however many large
 // reads are queued. (Multi-key gets go on the small lane unless their
-// values are held through a Room: GetMultiLimit.) It is safe for concurrent use. Its methods block
-// until the reply arrives or the connection fails, but for DoAsync, which
-// completes through a callback.
+// values are held through a Room: GetMultiLimit.) It is safe for
+// concurrent use. Its methods block until the reply arrives or the
+// connection fails, but for DoAsync, which completes through a callback.
 type Client struct {
 	dial    func(ctx context.Context) (net.Conn, error)
 	closed  func()

@@ -141,9 +141,9 @@ func (v *view) getMultiOwn(ctx context.Context, keys []string, limit int, room o
 		}
 	}
 	for rank := 1; rank < v.replicas && len(left) > 0 && ctx.Err() == nil; rank++ {
-		left0 := 0
+		rest := 0
 		if limit > 0 {
-			if left0 = limit - kept; left0 <= 0 {
+			if rest = limit - kept; rest <= 0 {
 				for _, k := range left {
 					failed[k] = upstream.ErrOverLimit
 				}
@@ -157,7 +157,7 @@ func (v *view) getMultiOwn(ctx context.Context, keys []string, limit int, room o
 				v.pm.fallbackError.Inc()
 			}
 		}
-		f, e := v.c.GetMultiReplica(ctx, left, left0, room, rank, v.replicas)
+		f, e := v.c.GetMultiReplica(ctx, left, rest, room, rank, v.replicas)
 		var next []string
 		for _, k := range left {
 			if it, ok := f[k]; ok {
