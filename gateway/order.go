@@ -64,7 +64,7 @@ type orderShard struct {
 // may apply a later one, on its new worker, before an earlier one.
 type keyWrites struct {
 	accepted uint64   // the number of the last write accepted
-	pending  []uint64 // the numbers of those not applied yet
+	pending  []uint64 // the numbers of those not applied yet, in ascending order (accepted appends, applied deletes)
 	waiters  []orderWaiter
 }
 
@@ -73,7 +73,7 @@ func (k *keyWrites) first() (uint64, bool) {
 	if len(k.pending) == 0 {
 		return 0, false
 	}
-	return slices.Min(k.pending), true
+	return k.pending[0], true
 }
 
 // orderWaiter is a synchronous write waiting until no write numbered upTo
