@@ -247,11 +247,11 @@ func prefixed(prefix string, ids []string) []string {
 
 // checkSessions has PHP write a session for every id and fails t for each
 // one not on exactly the servers want names, in any order. A session found
-// elsewhere is deleted everywhere and written once more, and only a second
-// miss fails: placement is a pure function of the id, but a PHP client
-// that finds a server slow on a loaded machine fails over to the next one
-// for its retry interval, and that is no placement bug. The count of such
-// transient misses is logged.
+// elsewhere is deleted everywhere and written again, up to sessionRetries
+// times, and only a miss every time fails: placement is a pure function of
+// the id, but a PHP client that finds a server slow on a loaded machine
+// fails over to the next one for its retry interval, and that is no
+// placement bug. The count of such transient misses is logged.
 func checkSessions(t *testing.T, php string, servers []*memcachedtest.Server, ids []string, prefix string, opts []string, want func(id string) []int) {
 	t.Helper()
 	misplaced := func(got map[string][]int, ids []string) []string {
@@ -272,24 +272,46 @@ func checkSessions(t *testing.T, php string, servers []*memcachedtest.Server, id
 		t.Errorf("%d of %d sessions not where the distribution says, %q first; not retried", len(first), len(ids), first[0])
 		return
 	}
+	// A miss that repeats is a placement bug; a client failover is not
+	// repeatable, though the condition behind it (a server starved of CPU
+	// on a loaded machine) can last across one retry, as seen once in CI.
+	// So each rewrite waits a little longer first, and only a miss in all
+	// of them fails.
+	still := first
+	var again map[string][]int
+	for round := range sessionRetries {
+		time.Sleep(time.Duration(round+1) * 500 * time.Millisecond)
+		deleteSessions(t, servers, prefixed(prefix, still))
+		again = writeSessions(t, php, servers, still, prefix, opts)
+		if still = misplaced(again, still); len(still) == 0 {
+			break
+		}
+	}
+	for i, id := range still {
+		if i == 5 {
+			break
+		}
+		t.Errorf("session %q is on %v, want %v, in each of %d rewrites", id, again[id], want(id), sessionRetries)
+	}
+	t.Logf("%d sessions written by PHP: %d misplaced only transiently (a client failover), %d every time", len(ids), len(first)-len(still), len(still))
+}
+
+// sessionRetries is how many times checkSessions rewrites a misplaced
+// session before it calls the placement wrong.
+const sessionRetries = 3
+
+// deleteSessions deletes keys from every server.
+func deleteSessions(t *testing.T, servers []*memcachedtest.Server, keys []string) {
+	t.Helper()
 	for _, s := range servers {
 		c := memcache.New(s.Addr)
-		for _, k := range prefixed(prefix, first) {
+		for _, k := range keys {
 			if err := c.Delete(k); err != nil && !errors.Is(err, memcache.ErrCacheMiss) {
 				t.Fatalf("delete %q from %s: %v", k, s.Addr, err)
 			}
 		}
 		c.Close()
 	}
-	again := writeSessions(t, php, servers, first, prefix, opts)
-	still := misplaced(again, first)
-	for i, id := range still {
-		if i == 5 {
-			break
-		}
-		t.Errorf("session %q is on %v, want %v", id, again[id], want(id))
-	}
-	t.Logf("%d sessions written by PHP: %d misplaced once (a client failover), %d misplaced again", len(ids), len(first)-len(still), len(still))
 }
 
 // sessionConfigs are the server sets of the session tests: the first 3
