@@ -244,12 +244,21 @@ func (c *conn) send(cl *call) error {
 		return nil
 	}
 	c.writing = true
+	big := c.wvalues > 0
 	c.mu.Unlock()
 	// Let the other runnable goroutines queue their requests first: under
 	// load they are handlers about to call us, and their requests then
 	// leave in this write instead of one write (and one wake-up of
 	// memcached) each. With nothing else runnable this returns at once.
-	runtime.Gosched()
+	// Not with a large value queued: it was just read from its client and
+	// is still in the CPU's caches, and after the other handlers have run,
+	// each reading a body of its own, it is not, and the kernel's copy of
+	// it into the socket costs up to twice as much (docs/benchmarks.md,
+	// "A large value written while it is hot"). One write saved per
+	// request is little next to that.
+	if !big {
+		runtime.Gosched()
+	}
 	c.writeTurn()
 	return nil
 }
