@@ -44,6 +44,10 @@ type batchResult struct {
 	PHPType  string  `json:"php_type,omitempty"` // with MEMCGATE_VALUE_CODEC=php
 	Error    string  `json:"error,omitempty"`
 
+	// value is a found value as read, written into the answer as Value
+	// would be (base64 with Encoding "base64"), without a copy as a
+	// string (see appendResults).
+	value       []byte
 	unreachable bool // memcached could not be asked (unreachable)
 	retry       bool // the single-key answer would carry Retry-After
 }
@@ -188,14 +192,16 @@ func jsonLen(b []byte) int {
 	return n
 }
 
+// setValue makes b the result's value, base64 in the answer if it is not
+// UTF-8. b must not change until the answer is written.
 func (res *batchResult) setValue(b []byte) {
-	var v string
-	if utf8.Valid(b) {
-		v = string(b)
-	} else {
-		v, res.Encoding = base64.StdEncoding.EncodeToString(b), "base64"
+	if b == nil {
+		b = []byte{}
 	}
-	res.Value = &v
+	res.value = b
+	if !utf8.Valid(b) {
+		res.Encoding = "base64"
+	}
 }
 
 // setOutcome records verb v's result err, as the single-key endpoint
@@ -644,24 +650,23 @@ func parseCAS(raw json.RawMessage) (uint64, error) {
 // takes (keys, statuses, escaping) once its size is known. The status is
 // the one answerStatus gives them.
 func (h *handler) writeResults(w http.ResponseWriter, r *http.Request, results []batchResult, vr *valueRoom) {
-	body, err := json.Marshal(struct {
-		Results []batchResult `json:"results"`
-	}{results})
-	if err == nil && h.lim.hold(reqCtx(r), len(body)-vr.answered()) != nil {
-		err = errBudget
-	}
-	if err != nil {
-		writeError(w, err)
+	size := answerSize(results)
+	if h.lim.hold(reqCtx(r), size-vr.answered()) != nil {
+		writeError(w, errBudget)
 		return
+	}
+	body := appendResults(make([]byte, 0, size), results)
+	for i := range results {
+		results[i].value = nil // in body now
 	}
 	status, retry := answerStatus(results)
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(body)+1))
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	if retry {
 		w.Header().Set("Retry-After", "1")
 	}
 	w.WriteHeader(status)
-	_, _ = w.Write(append(body, '\n'))
+	_, _ = w.Write(body)
 }
 
 // batchAsync queues a batch of writes.

@@ -1,0 +1,181 @@
+package gateway
+
+import (
+	"encoding/base64"
+	"strconv"
+	"unicode/utf8"
+)
+
+// The answer of a multi-get or batch is encoded here rather than by
+// json.Marshal, byte for byte as json.Marshal writes it (TestAnswerAsMarshal),
+// so that its values are copied once, from the buffers they were read
+// into straight into one buffer of the answer's size. json.Marshal needed
+// a string copy of each value, its own growing buffer and a copy of that:
+// about five times the values' bytes at once where the budget counts two
+// (decision 0025), which was most of the gateway's memory under many
+// multi-gets of large values that nobody reads (abuse attack 11).
+
+// answerSize is at least the length of appendResults' answer for results:
+// exact for the values, and for the other strings room for each byte to
+// be escaped.
+func answerSize(results []batchResult) int {
+	n := len(`{"results":[]}` + "\n")
+	for i := range results {
+		r := &results[i]
+		n += len(`{"key":"","status":},`) + maxJSONLen(r.Key)
+		switch {
+		case r.value != nil:
+			n += len(`,"value":""`) + jsonLen(r.value)
+		case r.Value != nil:
+			n += len(`,"value":""`) + maxJSONLen(*r.Value)
+		}
+		if r.Encoding != "" {
+			n += len(`,"encoding":""`) + maxJSONLen(r.Encoding)
+		}
+		if r.Flags != nil {
+			n += len(`,"flags":4294967295`)
+		}
+		if r.CAS != "" {
+			n += len(`,"cas":""`) + maxJSONLen(r.CAS)
+		}
+		if r.PHPType != "" {
+			n += len(`,"php_type":""`) + maxJSONLen(r.PHPType)
+		}
+		if r.Error != "" {
+			n += len(`,"error":""`) + maxJSONLen(r.Error)
+		}
+		n += decimalLen(r.Status)
+	}
+	return n
+}
+
+// decimalLen is the length of i in decimal, as strconv.AppendInt writes it.
+func decimalLen(i int) int {
+	n := 1
+	if i < 0 {
+		n, i = 2, -i
+	}
+	for ; i >= 10; i /= 10 {
+		n++
+	}
+	return n
+}
+
+// maxJSONLen bounds the length of s as a JSON string without its quotes:
+// an escape takes at most 6 bytes per byte (\u00XX, or \ufffd for an
+// invalid byte).
+func maxJSONLen(s string) int { return 6 * len(s) }
+
+// appendResults appends the answer {"results":[…]} and a newline.
+func appendResults(dst []byte, results []batchResult) []byte {
+	dst = append(dst, `{"results":[`...)
+	for i := range results {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = results[i].appendJSON(dst)
+	}
+	return append(dst, "]}\n"...)
+}
+
+// appendJSON appends r as json.Marshal writes a batchResult: the fields
+// in order, those marked omitempty left out when empty.
+func (r *batchResult) appendJSON(dst []byte) []byte {
+	dst = append(dst, `{"key":`...)
+	dst = appendJSONString(dst, r.Key)
+	dst = append(dst, `,"status":`...)
+	dst = strconv.AppendInt(dst, int64(r.Status), 10)
+	switch {
+	case r.value != nil && r.Encoding == "base64":
+		dst = append(dst, `,"value":"`...)
+		dst = base64.StdEncoding.AppendEncode(dst, r.value)
+		dst = append(dst, '"')
+	case r.value != nil:
+		dst = append(dst, `,"value":`...)
+		dst = appendJSONString(dst, r.value)
+	case r.Value != nil:
+		dst = append(dst, `,"value":`...)
+		dst = appendJSONString(dst, *r.Value)
+	}
+	if r.Encoding != "" {
+		dst = append(dst, `,"encoding":`...)
+		dst = appendJSONString(dst, r.Encoding)
+	}
+	if r.Flags != nil {
+		dst = append(dst, `,"flags":`...)
+		dst = strconv.AppendUint(dst, uint64(*r.Flags), 10)
+	}
+	if r.CAS != "" {
+		dst = append(dst, `,"cas":`...)
+		dst = appendJSONString(dst, r.CAS)
+	}
+	if r.PHPType != "" {
+		dst = append(dst, `,"php_type":`...)
+		dst = appendJSONString(dst, r.PHPType)
+	}
+	if r.Error != "" {
+		dst = append(dst, `,"error":`...)
+		dst = appendJSONString(dst, r.Error)
+	}
+	return append(dst, '}')
+}
+
+// appendJSONString appends s as a quoted JSON string as json.Marshal
+// writes it, HTML escaping on: ", \ and the short escapes \b \f \n \r \t
+// backslashed; other control bytes and < > & as \u00XX; U+2028 and
+// U+2029 as \u2028 and \u2029; each byte of invalid UTF-8 as \ufffd.
+// jsonLen counts the same for valid UTF-8.
+func appendJSONString[S string | []byte](dst []byte, s S) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+				i++
+				continue
+			}
+			dst = append(dst, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				dst = append(dst, '\\', c)
+			case '\b':
+				dst = append(dst, '\\', 'b')
+			case '\f':
+				dst = append(dst, '\\', 'f')
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		// A string of at most 4 bytes that does not escape: no copy to
+		// the heap when s is a []byte.
+		r, size := utf8.DecodeRuneInString(string(s[i:min(i+utf8.UTFMax, len(s))]))
+		if r == utf8.RuneError && size == 1 {
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, '\\', 'u', '2', '0', '2', hex[r&0xf])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}
