@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"testing"
+	"unicode/utf8"
 )
 
 // marshalAnswer is the answer as json.Marshal writes it, the reference
@@ -153,4 +154,39 @@ func BenchmarkAnswer(b *testing.B) {
 			}
 		})
 	}
+}
+
+// FuzzAnswerAsMarshal: for any key, value, error and other fields, the
+// hand-written answer is json.Marshal's, within answerSize, and jsonLen
+// counts what appendJSONString writes for a value of valid UTF-8.
+func FuzzAnswerAsMarshal(f *testing.F) {
+	f.Add("k<&>", []byte("v\u2028\x00\"\\"), "err \xff", "12", "string", 200, uint32(7), uint8(1))
+	f.Add("\xe2\x80", []byte("\xff\xfe"), "", "", "", 404, uint32(0), uint8(0))
+	f.Add("", []byte(nil), "\u2029", "18446744073709551615", "", -1, uint32(4294967295), uint8(2))
+	f.Fuzz(func(t *testing.T, key string, value []byte, errMsg, cas, phpType string, status int, flags uint32, mode uint8) {
+		if utf8.Valid(value) {
+			if got, want := jsonLen(value), len(appendJSONString(nil, value))-2; got != want {
+				t.Fatalf("jsonLen(%q) = %d, appendJSONString wrote %d", value, got, want)
+			}
+		} else if got, want := jsonLen(value), base64.StdEncoding.EncodedLen(len(value)); got != want {
+			t.Fatalf("jsonLen(%q) = %d, base64 is %d", value, got, want)
+		}
+		r := batchResult{Key: key, Status: status, Error: errMsg, CAS: cas, PHPType: phpType}
+		if mode&1 != 0 {
+			r.Flags = &flags
+		}
+		switch mode >> 1 & 3 {
+		case 1: // a found value, as setItem gives it
+			r.setValue(value)
+		case 2: // a number, as an incr's
+			v := string(value)
+			r.Value = &v
+		case 3: // a value and an error in one result, and a second result
+			r.setValue(value)
+			other := batchResult{Key: errMsg, Status: status / 3, Error: key}
+			checkAnswer(t, []batchResult{r, other})
+			return
+		}
+		checkAnswer(t, []batchResult{r})
+	})
 }
