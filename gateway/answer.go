@@ -15,56 +15,87 @@ import (
 // (decision 0025), which was most of the gateway's memory under many
 // multi-gets of large values that nobody reads (abuse attack 11).
 
-// answerSize is at least the length of appendResults' answer for results:
-// exact for the values, and for the other strings room for each byte to
-// be escaped.
+// answerSize is the length of appendResults' answer for results, exactly:
+// it is allocated and held against the budget before the answer is
+// written.
 func answerSize(results []batchResult) int {
 	n := len(`{"results":[]}` + "\n")
 	for i := range results {
 		r := &results[i]
-		n += len(`{"key":"","status":},`) + maxJSONLen(r.Key)
+		n += len(`{"key":"","status":},`) + escapedLen(r.Key)
 		switch {
-		case r.value != nil:
+		case r.value != nil && r.Encoding == "base64": // as appendJSON decides
+			n += len(`,"value":""`) + base64.StdEncoding.EncodedLen(len(r.value))
+		case r.value != nil: // UTF-8 (setValue): jsonLen counts it, faster
 			n += len(`,"value":""`) + jsonLen(r.value)
 		case r.Value != nil:
-			n += len(`,"value":""`) + maxJSONLen(*r.Value)
+			n += len(`,"value":""`) + escapedLen(*r.Value)
 		}
 		if r.Encoding != "" {
-			n += len(`,"encoding":""`) + maxJSONLen(r.Encoding)
+			n += len(`,"encoding":""`) + escapedLen(r.Encoding)
 		}
 		if r.Flags != nil {
-			n += len(`,"flags":4294967295`)
+			n += len(`,"flags":`) + decimalLen(int64(*r.Flags))
 		}
 		if r.CAS != "" {
-			n += len(`,"cas":""`) + maxJSONLen(r.CAS)
+			n += len(`,"cas":""`) + escapedLen(r.CAS)
 		}
 		if r.PHPType != "" {
-			n += len(`,"php_type":""`) + maxJSONLen(r.PHPType)
+			n += len(`,"php_type":""`) + escapedLen(r.PHPType)
 		}
 		if r.Error != "" {
-			n += len(`,"error":""`) + maxJSONLen(r.Error)
+			n += len(`,"error":""`) + escapedLen(r.Error)
 		}
-		n += decimalLen(r.Status)
+		n += decimalLen(int64(r.Status))
+	}
+	if len(results) > 0 {
+		n-- // no comma after the last
 	}
 	return n
 }
 
-// decimalLen is the length of i in decimal, as strconv.AppendInt writes it.
-func decimalLen(i int) int {
-	n := 1
+// decimalLen is the length of i in decimal, as strconv.AppendInt writes
+// it (math.MinInt64 included).
+func decimalLen(i int64) int {
+	n, u := 1, uint64(i)
 	if i < 0 {
-		n, i = 2, -i
+		n, u = 2, -u
 	}
-	for ; i >= 10; i /= 10 {
+	for ; u >= 10; u /= 10 {
 		n++
 	}
 	return n
 }
 
-// maxJSONLen bounds the length of s as a JSON string without its quotes:
-// an escape takes at most 6 bytes per byte (\u00XX, or \ufffd for an
-// invalid byte).
-func maxJSONLen(s string) int { return 6 * len(s) }
+// escapedLen is the length of what appendJSONString writes for s, without
+// its quotes, for any bytes: jsonLen without base64, and with 6 bytes
+// (\ufffd) for each byte of invalid UTF-8.
+func escapedLen(s string) int {
+	n := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t':
+				n += 2
+			case c < 0x20 || c == '<' || c == '>' || c == '&':
+				n += 6
+			default:
+				n++
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 || r == '\u2028' || r == '\u2029' {
+			n += 6
+		} else {
+			n += size
+		}
+		i += size
+	}
+	return n
+}
 
 // appendResults appends the answer {"results":[…]} and a newline.
 func appendResults(dst []byte, results []batchResult) []byte {
