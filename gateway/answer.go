@@ -26,8 +26,8 @@ func answerSize(results []batchResult) int {
 		switch {
 		case r.value != nil && r.Encoding == "base64": // as appendJSON decides
 			n += len(`,"value":""`) + base64.StdEncoding.EncodedLen(len(r.value))
-		case r.value != nil: // UTF-8 (setValue): jsonLen counts it, faster
-			n += len(`,"value":""`) + jsonLen(r.value)
+		case r.value != nil: // UTF-8 (setValue)
+			n += len(`,"value":""`) + escapedLen(r.value)
 		case r.Value != nil:
 			n += len(`,"value":""`) + escapedLen(*r.Value)
 		}
@@ -68,34 +68,45 @@ func decimalLen(i int64) int {
 }
 
 // escapedLen is the length of what appendJSONString writes for s, without
-// its quotes, for any bytes: jsonLen without base64, and with 6 bytes
-// (\ufffd) for each byte of invalid UTF-8.
-func escapedLen(s string) int {
+// its quotes: one byte for each byte written as it is, 2 for a short
+// escape, 6 for \u00XX, \u2028, \u2029 and the \ufffd of each byte of
+// invalid UTF-8.
+func escapedLen[S string | []byte](s S) int {
 	n := 0
 	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			switch {
-			case c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t':
-				n += 2
-			case c < 0x20 || c == '<' || c == '>' || c == '&':
-				n += 6
-			default:
-				n++
-			}
+		if e := jsonEscape[s[i]]; e != 0 {
+			n += int(e)
 			i++
 			continue
 		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 || r == '\u2028' || r == '\u2029' {
+		r, size := utf8.DecodeRuneInString(string(s[i:min(i+utf8.UTFMax, len(s))]))
+		switch {
+		case r == utf8.RuneError && size == 1, r == '\u2028', r == '\u2029':
 			n += 6
-		} else {
+		default:
 			n += size
 		}
 		i += size
 	}
 	return n
 }
+
+// jsonEscape says, for each ASCII byte, how many bytes JSON with HTML
+// escaping writes for it (1: itself); 0 for the bytes of multi-byte
+// UTF-8, which are decoded.
+var jsonEscape = func() (t [256]uint8) {
+	for c := range utf8.RuneSelf {
+		switch {
+		case c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t':
+			t[c] = 2
+		case c < 0x20 || c == '<' || c == '>' || c == '&':
+			t[c] = 6
+		default:
+			t[c] = 1
+		}
+	}
+	return t
+}()
 
 // appendResults appends the answer {"results":[…]} and a newline.
 func appendResults(dst []byte, results []batchResult) []byte {
@@ -162,8 +173,8 @@ func appendJSONString[S string | []byte](dst []byte, s S) []byte {
 	start := 0
 	for i := 0; i < len(s); {
 		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+		if e := jsonEscape[c]; e != 0 {
+			if e == 1 {
 				i++
 				continue
 			}

@@ -126,7 +126,8 @@ func TestAnswerAsMarshalRandom(t *testing.T) {
 // json.Marshal, as the gateway did, and with appendResults, side by side.
 func BenchmarkAnswer(b *testing.B) {
 	for _, size := range []int{400, 100_000} {
-		value := bytes.Repeat([]byte("abcdefgh<&>\n"), size/12)
+		// Text in lines of 64 bytes, one quote each: a little to escape.
+		value := bytes.Repeat([]byte("a \"quoted\" line of text, as a cached fragment of a page has.\n"), size/64)
 		flags := uint32(0)
 		results := make([]batchResult, 10)
 		for i := range results {

@@ -170,26 +170,15 @@ func (h *handler) setItem(res *batchResult, it op.Item, room *answerRoom) {
 }
 
 // jsonLen is the length of b as a JSON string in an answer, without its
-// quotes: as setValue and json.Marshal write it, base64 if b is not UTF-8,
-// else escaped with HTML escaping, which json.Marshal turns on. The room
-// of an answer is counted with it, so it must not count short: U+2028 and
-// U+2029, 3 bytes of UTF-8, are written as the 6 of \u2028.
+// quotes: as setValue and appendJSON write it, base64 if b is not UTF-8,
+// else escaped (escapedLen). The room of an answer is counted with it, so
+// it must not count short: U+2028 and U+2029, 3 bytes of UTF-8, are
+// written as the 6 of \u2028.
 func jsonLen(b []byte) int {
 	if !utf8.Valid(b) {
 		return base64.StdEncoding.EncodedLen(len(b)) // no base64 byte is escaped
 	}
-	n := len(b)
-	for i, c := range b {
-		switch {
-		case c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t':
-			n++ // \" \\ \b \f \n \r \t
-		case c < 0x20 || c == '<' || c == '>' || c == '&':
-			n += 5 // \u00XX
-		case c == 0xe2 && i+2 < len(b) && b[i+1] == 0x80 && (b[i+2] == 0xa8 || b[i+2] == 0xa9):
-			n += 3 // U+2028 or U+2029 as \u2028 or \u2029
-		}
-	}
-	return n
+	return escapedLen(b)
 }
 
 // setValue makes b the result's value, base64 in the answer if it is not
