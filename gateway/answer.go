@@ -166,7 +166,7 @@ func (r *batchResult) appendJSON(dst []byte) []byte {
 // writes it, HTML escaping on: ", \ and the short escapes \b \f \n \r \t
 // backslashed; other control bytes and < > & as \u00XX; U+2028 and
 // U+2029 as \u2028 and \u2029; each byte of invalid UTF-8 as \ufffd.
-// jsonLen counts the same for valid UTF-8.
+// escapedLen counts what it writes.
 func appendJSONString[S string | []byte](dst []byte, s S) []byte {
 	const hex = "0123456789abcdef"
 	dst = append(dst, '"')
