@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
 
@@ -35,6 +36,36 @@ func runPHPScript(t *testing.T, php, script string, in any, opts ...string) []by
 		t.Fatalf("php %s %v: %v\n%s", script, opts, err, stderr.String())
 	}
 	return out
+}
+
+// phpRetries is how many more tries retryPHPMisses gives a miss.
+const phpRetries = 3
+
+// retryPHPMisses gives the keys (or session ids) of n that missed between
+// a PHP client talking to memcached directly and the gateway up to
+// phpRetries more tries, each redone by redo (a fresh PHP process) after
+// a growing pause, and returns those that missed in every try. Placement
+// and values are pure functions of the key, so an interop bug misses
+// every time; but pecl/memcache, finding a server slow on a loaded
+// machine, fails over to the next one for the rest of its process (CI
+// saw it once in upstream/hashring's TestPeclSessionInterop), and that
+// is no interop bug. More than 1 % misses are not retried: they are
+// returned as they are. What was retried is logged.
+func retryPHPMisses(t *testing.T, what string, n int, missed []string, redo func(keys []string) []string) []string {
+	t.Helper()
+	if len(missed) == 0 || len(missed) > max(n/100, 1) {
+		return missed
+	}
+	still := missed
+	for round := range phpRetries {
+		time.Sleep(time.Duration(round+1) * 500 * time.Millisecond)
+		if still = redo(still); len(still) == 0 {
+			break
+		}
+	}
+	t.Logf("%s: %d of %d missed at first; %d only transiently (a client failover), %d in every one of %d more tries",
+		what, len(missed), n, len(missed)-len(still), len(still), phpRetries)
+	return still
 }
 
 // TestPeclMemcacheInterop: PHP code writing to memcached directly with the
@@ -81,26 +112,37 @@ func TestPeclMemcacheInterop(t *testing.T) {
 			in := map[string]any{"servers": phpServers, "strategy": c.strategy, "hash": c.hash, "prefix": c.prefix}
 
 			// PHP writes directly; the gateway reads over HTTP.
-			items := map[string]string{}
-			for _, k := range phpKeys {
-				items[k] = base64.StdEncoding.EncodeToString(values[k])
-			}
-			in["op"], in["items"] = "write", items
-			if out := runPHPScript(t, php, "direct_memcache.php", in); !strings.Contains(string(out), `"ok":1000`) {
-				t.Fatalf("PHP wrote %s, want ok 1000", out)
-			}
-			hits := 0
-			for _, k := range phpKeys {
-				resp := g.do("GET", "/"+pathEscape(k), nil)
-				if resp.status == 200 && resp.body == string(values[k]) {
-					hits++
-				} else if hits < 3 {
-					t.Logf("GET %q = %d (%d bytes), want 200 with %d bytes", k, resp.status, len(resp.body), len(values[k]))
+			phpWrite := func(keys []string) {
+				items := map[string]string{}
+				for _, k := range keys {
+					items[k] = base64.StdEncoding.EncodeToString(values[k])
+				}
+				in["op"], in["items"] = "write", items
+				delete(in, "keys")
+				if out := runPHPScript(t, php, "direct_memcache.php", in); !strings.Contains(string(out), fmt.Sprintf(`"ok":%d`, len(keys))) {
+					t.Fatalf("PHP wrote %s, want ok %d", out, len(keys))
 				}
 			}
-			t.Logf("%s prefix %q: PHP (Memcache) wrote 1000 keys directly, the gateway read %d with identical bytes", dist, c.prefix, hits)
-			if hits != 1000 {
-				t.Errorf("gateway read %d of 1000 PHP-written keys, want all", hits)
+			gatewayReads := func(keys []string) (missed []string) {
+				for _, k := range keys {
+					resp := g.do("GET", "/"+pathEscape(k), nil)
+					if resp.status != 200 || resp.body != string(values[k]) {
+						if len(missed) < 3 {
+							t.Logf("GET %q = %d (%d bytes), want 200 with %d bytes", k, resp.status, len(resp.body), len(values[k]))
+						}
+						missed = append(missed, k)
+					}
+				}
+				return missed
+			}
+			phpWrite(phpKeys)
+			missed := gatewayReads(phpKeys)
+			t.Logf("%s prefix %q: PHP (Memcache) wrote 1000 keys directly, the gateway read %d with identical bytes", dist, c.prefix, 1000-len(missed))
+			if still := retryPHPMisses(t, "PHP-written keys the gateway read", len(phpKeys), missed, func(keys []string) []string {
+				phpWrite(keys)
+				return gatewayReads(keys)
+			}); len(still) > 0 {
+				t.Errorf("gateway read %d of 1000 PHP-written keys, want all; %d missed in every try, %q first", 1000-len(still), len(still), still[0])
 			}
 
 			// The gateway writes; PHP reads directly.
@@ -109,21 +151,24 @@ func TestPeclMemcacheInterop(t *testing.T) {
 					t.Fatalf("PUT %q = %d %q", k, resp.status, resp.body)
 				}
 			}
-			in["op"], in["keys"] = "read", gwKeys
-			delete(in, "items")
-			var got map[string]*string
-			if out := runPHPScript(t, php, "direct_memcache.php", in); json.Unmarshal(out, &got) != nil {
-				t.Fatalf("PHP read output: %.200s", out)
-			}
-			hits = 0
-			for _, k := range gwKeys {
-				if v := got[k]; v != nil && *v == base64.StdEncoding.EncodeToString(values[k]) {
-					hits++
+			phpReads := func(keys []string) (missed []string) {
+				in["op"], in["keys"] = "read", keys
+				delete(in, "items")
+				var got map[string]*string
+				if out := runPHPScript(t, php, "direct_memcache.php", in); json.Unmarshal(out, &got) != nil {
+					t.Fatalf("PHP read output: %.200s", out)
 				}
+				for _, k := range keys {
+					if v := got[k]; v == nil || *v != base64.StdEncoding.EncodeToString(values[k]) {
+						missed = append(missed, k)
+					}
+				}
+				return missed
 			}
-			t.Logf("%s prefix %q: the gateway wrote 1000 keys, PHP (Memcache) read %d directly with identical bytes", dist, c.prefix, hits)
-			if hits != 1000 {
-				t.Errorf("PHP read %d of 1000 gateway-written keys, want all", hits)
+			missed = phpReads(gwKeys)
+			t.Logf("%s prefix %q: the gateway wrote 1000 keys, PHP (Memcache) read %d directly with identical bytes", dist, c.prefix, 1000-len(missed))
+			if still := retryPHPMisses(t, "gateway-written keys PHP read", len(gwKeys), missed, phpReads); len(still) > 0 {
+				t.Errorf("PHP read %d of 1000 gateway-written keys, want all; %d missed in every try, %q first", 1000-len(still), len(still), still[0])
 			}
 		})
 	}
