@@ -24,10 +24,8 @@ func answerSize(results []batchResult) int {
 		r := &results[i]
 		n += len(`{"key":"","status":},`) + escapedLen(r.Key)
 		switch {
-		case r.value != nil && r.Encoding == "base64": // as appendJSON decides
-			n += len(`,"value":""`) + base64.StdEncoding.EncodedLen(len(r.value))
-		case r.value != nil: // UTF-8 (setValue)
-			n += len(`,"value":""`) + escapedLen(r.value)
+		case r.value != nil:
+			n += len(`,"value":""`) + r.valueLen // counted by setValue
 		case r.Value != nil:
 			n += len(`,"value":""`) + escapedLen(*r.Value)
 		}

@@ -47,7 +47,11 @@ type batchResult struct {
 	// value is a found value as read, written into the answer as Value
 	// would be (base64 with Encoding "base64"), without a copy as a
 	// string (see appendResults).
-	value       []byte
+	value []byte
+	// valueLen is value's length in the answer, without its quotes. The
+	// room of an answer is counted with it, so it must not count short:
+	// U+2028 and U+2029, 3 bytes of UTF-8, are written as the 6 of \u2028.
+	valueLen    int
 	unreachable bool // memcached could not be asked (unreachable)
 	retry       bool // the single-key answer would carry Retry-After
 }
@@ -159,37 +163,29 @@ func (h *handler) setItem(res *batchResult, it op.Item, room *answerRoom) {
 		res.setError(err)
 		return
 	}
-	if !room.take(jsonLen(v.body)) {
+	res.setValue(v.body)
+	if !room.take(res.valueLen) {
+		res.value, res.Encoding = nil, ""
 		res.setError(upstream.ErrOverLimit)
 		return
 	}
 	flags := it.Flags
 	res.Status, res.Flags, res.PHPType = http.StatusOK, &flags, v.phpType
 	res.CAS = strconv.FormatUint(it.CAS, 10)
-	res.setValue(v.body)
-}
-
-// jsonLen is the length of b as a JSON string in an answer, without its
-// quotes: as setValue and appendJSON write it, base64 if b is not UTF-8,
-// else escaped (escapedLen). The room of an answer is counted with it, so
-// it must not count short: U+2028 and U+2029, 3 bytes of UTF-8, are
-// written as the 6 of \u2028.
-func jsonLen(b []byte) int {
-	if !utf8.Valid(b) {
-		return base64.StdEncoding.EncodedLen(len(b)) // no base64 byte is escaped
-	}
-	return escapedLen(b)
 }
 
 // setValue makes b the result's value, base64 in the answer if it is not
-// UTF-8. b must not change until the answer is written.
+// UTF-8, and counts its length there (valueLen). b must not change until
+// the answer is written.
 func (res *batchResult) setValue(b []byte) {
 	if b == nil {
 		b = []byte{}
 	}
 	res.value = b
-	if !utf8.Valid(b) {
-		res.Encoding = "base64"
+	if utf8.Valid(b) {
+		res.valueLen = escapedLen(b)
+	} else {
+		res.Encoding, res.valueLen = "base64", base64.StdEncoding.EncodedLen(len(b)) // no base64 byte is escaped
 	}
 }
 

@@ -533,6 +533,13 @@ func TestBatchMaxOps(t *testing.T) {
 	}
 }
 
+// jsonLen is the length setValue counts for value b in an answer.
+func jsonLen(b []byte) int {
+	var res batchResult
+	res.setValue(b)
+	return res.valueLen
+}
+
 // marshalledLen is how many bytes the answer writer gives value b,
 // without the quotes: setValue, then appendJSON as writeResults.
 func marshalledLen(t *testing.T, b []byte) int {
