@@ -530,7 +530,7 @@ func (h *handler) parseOp(b batchOp) parsedOp {
 	p := parsedOp{op: op.Op{Verb: v, Item: op.Item{Key: b.Key}}}
 	o := &p.op
 	fail := func(msg string) parsedOp { p.invalid = badRequest(msg); return p }
-	if !v.Valid() {
+	if !batched(v) {
 		return fail("unknown op " + strconv.Quote(b.Op) + "; use " + verbNames())
 	}
 	if err := checkKey(b.Key, h.opts.MaxKeyLen); err != nil {
@@ -601,11 +601,17 @@ func (h *handler) parseOp(b batchOp) parsedOp {
 	return p
 }
 
+// batched reports whether a batch takes verb v: every verb but head,
+// which is HEAD /{key}'s alone (a batch's answer has no size field).
+func batched(v op.Verb) bool { return v.Valid() && v != op.Head }
+
 // verbNames lists the verbs a batch takes.
 func verbNames() string {
 	var names []string
 	for _, v := range op.Verbs() {
-		names = append(names, v.String())
+		if batched(v) {
+			names = append(names, v.String())
+		}
 	}
 	return strings.Join(names, ", ")
 }

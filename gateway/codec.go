@@ -87,6 +87,28 @@ func (c *codec) present(it op.Item) (decoded, error) {
 	return d, nil
 }
 
+// presentSize is present for an item known by its flags and its value's
+// size alone (op.Head): ok is false when what GET would serve depends on
+// the value's bytes, which must then be read: a compressed value (its
+// size is the decompressed one's), a boolean (served as its text), a
+// value past MaxDecodedBytes (an error), or flags the codec refuses.
+func (c *codec) presentSize(flags uint32, size uint64) (d decoded, ok bool) {
+	switch c.kind {
+	case CodecPHP, CodecPeclMemcache:
+		if c.kind.compressed(flags) || size > uint64(c.maxDecoded) {
+			return decoded{}, false
+		}
+	default:
+		return decoded{contentType: octetStream}, true
+	}
+	d, err := c.present(op.Item{Flags: flags})
+	if err != nil || d.phpType == phpvalue.Bool.String() {
+		return decoded{}, false
+	}
+	d.body = nil
+	return d, true
+}
+
 // codecWrites reports whether the codec encodes the value of verb v: the
 // writes of a whole value (append and prepend add raw bytes to what is
 // stored).

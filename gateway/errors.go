@@ -60,7 +60,7 @@ const statusClientClosed = 499
 func outcome(v op.Verb, err error) (status int, msg string, retry bool) {
 	if err == nil {
 		switch v.Reply() {
-		case op.Items, op.Number:
+		case op.Items, op.Number, op.Meta:
 			return http.StatusOK, "", false
 		case op.Touched, op.Deleted:
 			return http.StatusNoContent, "", false

@@ -56,6 +56,34 @@ func (h *handler) writeItem(w http.ResponseWriter, r *http.Request, etags string
 		writeError(w, err)
 		return
 	}
+	h.writeFound(w, r, etags, it, v, len(v.body))
+}
+
+// writeHead answers a HEAD from its op.Head: the headers GET would send,
+// from the item's size, flags and CAS, without memcached sending the
+// value. An item whose headers depend on its bytes is read whole as GET
+// reads it: an index of a value in chunks (its size is in the index), and
+// a compressed or boolean value of the PHP codecs, or one past
+// MaxDecodedBytes (its size or its error is the decoded value's).
+func (h *handler) writeHead(w http.ResponseWriter, r *http.Request, kr *keyRequest, res op.Result) {
+	it := res.Item
+	d, ok := h.codec.presentSize(it.Flags, res.N)
+	if !ok || it.Flags == chunk.IndexFlags {
+		g := *kr
+		g.op.Verb = op.Get
+		o := g.op
+		h.lim.ownRead(&o)
+		res := h.ex.exec(r.Context(), o)
+		h.respond(w, r, &g, res)
+		h.lim.putValue(&res)
+		return
+	}
+	h.writeFound(w, r, kr.etags, it, d, int(res.N))
+}
+
+// writeFound answers a read of it, presented as v, whose body is size
+// bytes: v.body, or none for a HEAD answered from an op.Head.
+func (h *handler) writeFound(w http.ResponseWriter, r *http.Request, etags string, it op.Item, v decoded, size int) {
 	// One backing array for the header values, and one string for the
 	// three numbers in them: two allocations, not seven.
 	hv := make([]string, 4)
@@ -64,7 +92,7 @@ func (h *handler) writeItem(w http.ResponseWriter, r *http.Request, etags string
 	e := len(b)
 	b = strconv.AppendUint(b, uint64(it.Flags), 10)
 	f := len(b)
-	b = strconv.AppendInt(b, int64(len(v.body)), 10)
+	b = strconv.AppendInt(b, int64(size), 10)
 	nums := string(b)
 	hv[0], hv[1], hv[2] = nums[:e], nums[e:f], nums[f:]
 	hd := w.Header()
@@ -75,15 +103,18 @@ func (h *handler) writeItem(w http.ResponseWriter, r *http.Request, etags string
 	}
 	status, body := http.StatusOK, v.body
 	if len(r.Header["Range"]) > 0 {
-		kind, off, end := byteRange(r, int64(len(body)), hv[0])
+		kind, off, end := byteRange(r, int64(size), hv[0])
 		switch kind {
 		case rangeUnsatisfiable:
-			hd.Set("Content-Range", contentRange(0, 0, int64(len(body))))
-			writeError(w, errRange(int64(len(body))))
+			hd.Set("Content-Range", contentRange(0, 0, int64(size)))
+			writeError(w, errRange(int64(size)))
 			return
 		case rangePartial:
-			hd.Set("Content-Range", contentRange(off, end, int64(len(body))))
-			status, body, hv[2] = http.StatusPartialContent, body[off:end], strconv.FormatInt(end-off, 10)
+			hd.Set("Content-Range", contentRange(off, end, int64(size)))
+			status, hv[2] = http.StatusPartialContent, strconv.FormatInt(end-off, 10)
+			if body != nil {
+				body = body[off:end]
+			}
 		}
 	}
 	hd["Content-Type"], hd["Content-Length"] = v.contentType, hv[2:3:3]

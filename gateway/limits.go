@@ -121,7 +121,7 @@ func (l *limits) dropSlot(rc *requestCtx) {
 // back. For a request that holds nothing else yet, and that answers with
 // the value and nothing else keeps it.
 func (l *limits) ownRead(o *op.Op) {
-	if o.Verb.Reply() == op.Items {
+	if o.Verb.Reply() == op.Items || o.Verb == op.Head { // a head reads the value from a server without meta commands
 		o.Room = l
 	}
 }

@@ -29,7 +29,8 @@ const allowed = "GET, HEAD, PUT, DELETE, POST"
 // method, path, query and headers; a value is read from the body after
 // (readBody). The verb:
 //
-//	GET, HEAD   get; gat with ?touch=<exptime>
+//	GET         get; gat with ?touch=<exptime>
+//	HEAD        head (the size, flags and CAS, not the value); gat with ?touch=
 //	PUT         set; add with If-None-Match: *, replace with If-Match: *,
 //	            cas with If-Match: "<cas>"
 //	DELETE      delete
@@ -46,6 +47,9 @@ func (h keyParser) parseKeyRequest(r *http.Request) (keyRequest, error) {
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
 		o.Verb = op.Get
+		if r.Method == http.MethodHead {
+			o.Verb = op.Head
+		}
 		if _, ok := query(q, "touch"); ok {
 			o.Verb = op.GAT
 			if o.Item.Expiration, err = parseExptime(q, "touch", 0); err != nil {

@@ -82,6 +82,8 @@ func (h *handler) respond(w http.ResponseWriter, r *http.Request, kr *keyRequest
 		h.writeChunked(w, r, kr, res.Item)
 	case v.Reply() == op.Items:
 		h.writeItem(w, r, kr.etags, res.Item)
+	case v == op.Head:
+		h.writeHead(w, r, kr, res)
 	case v.Reply() == op.Number:
 		body := strconv.FormatUint(res.N, 10)
 		hd := w.Header()

@@ -42,7 +42,8 @@ type node struct {
 	log     *slog.Logger
 	h       *healthPolicy
 
-	batchGets bool // park Gets and send them as multi-key gets when slots are busy
+	noMeta    atomic.Bool // it answered mg with ERROR: op.Head reads the value (headOn)
+	batchGets bool        // park Gets and send them as multi-key gets when slots are busy
 	pendingGets
 
 	stale staleKeys // keys written to other nodes on this node's account (stale.go)
@@ -179,6 +180,13 @@ func (p pooled) Do(_ context.Context, o op.Op, key string) (*memcache.Item, uint
 	case op.Get:
 		it, err = p.Get(key)
 		return it, 0, err
+	case op.Head: // gomemcache has no meta commands: the whole value, for its size
+		if it, err = p.Get(key); err != nil {
+			return nil, 0, err
+		}
+		size := len(it.Value)
+		it.Value = nil
+		return it, uint64(size), nil
 	case op.GAT:
 		if it, err = p.Get(key); err != nil {
 			return nil, 0, err
@@ -291,7 +299,11 @@ func (n *node) run(ctx context.Context, o op.Op, sk string, failover bool, cap f
 		o.Item.Expiration = cap(o.Item.Expiration)
 	}
 	err := n.doAs(ctx, verbOp(o.Verb), failover, admissionOf(o), func(mc dataClient, _ bool) error {
-		it, num, err := mc.Do(ctx, o, sk)
+		do := mc.Do
+		if o.Verb == op.Head {
+			do = n.headOn(mc)
+		}
+		it, num, err := do(ctx, o, sk)
 		if err == nil && it != nil {
 			res.Item, res.Lent = itemOf(o.Item.Key, it), n.lent(&o, it)
 		}
@@ -299,6 +311,31 @@ func (n *node) run(ctx context.Context, o op.Op, sk string, failover bool, cap f
 		return err
 	})
 	return res, err
+}
+
+// headOn returns how an op.Head runs on mc: mg, or, once the node has
+// answered mg with ERROR (memcached before 1.6, or a proxy that passes no
+// meta commands on), a get of the whole value, whose size it answers.
+func (n *node) headOn(mc dataClient) func(context.Context, op.Op, string) (*memcache.Item, uint64, error) {
+	return func(ctx context.Context, o op.Op, sk string) (*memcache.Item, uint64, error) {
+		if !n.noMeta.Load() {
+			it, size, err := mc.Do(ctx, o, sk)
+			if !errors.Is(err, mcpipe.ErrNoMeta) {
+				return it, size, err
+			}
+			if n.noMeta.CompareAndSwap(false, true) {
+				n.log.Warn("memcached answers mg with ERROR: HEAD reads whole values from it", "node", n.name)
+			}
+		}
+		o.Verb = op.Get
+		it, _, err := mc.Do(ctx, o, sk)
+		if err != nil {
+			return nil, 0, err
+		}
+		size := len(it.Value)
+		it.Value = nil // a lent buffer goes to the collector
+		return it, uint64(size), nil
+	}
 }
 
 // countedConn decrements the node's open-connection count once on Close.

@@ -419,11 +419,23 @@ func (m *memc) run(w http.ResponseWriter, r *http.Request, cmd memcCmd, v memcVa
 		o.Delta = parseDigits(v.value)
 	}
 	var res op.Result
-	if cmd == memcGet {
+	size := -1 // the value's length, for a HEAD answered from op.Head
+	switch {
+	case cmd == memcGet && r.Method == http.MethodHead:
+		// memcached sends the size, flags and CAS, not the value; an
+		// item with an index's flags is read to tell whether it is one.
+		o.Verb = op.Head
+		if res = m.o.Store.Do(r.Context(), o); res.Err != nil || res.Item.Flags != chunk.IndexFlags {
+			size = int(res.N)
+			break
+		}
+		o.Verb = op.Get
+		fallthrough
+	case cmd == memcGet:
 		// The value held against the byte budget until it is written,
 		// as the REST API's GETs hold theirs.
 		res = gateway.GetValue(r, m.o.Store, o)
-	} else {
+	default:
 		res = m.o.Store.Do(r.Context(), o)
 	}
 	err := res.Err
@@ -439,6 +451,10 @@ func (m *memc) run(w http.ResponseWriter, r *http.Request, cmd memcCmd, v memcVa
 		flags := strconv.FormatUint(uint64(res.Item.Flags), 10)
 		if m.o.FlagsToLastModified {
 			w.Header().Set("Last-Modified", time.Unix(int64(res.Item.Flags), 0).UTC().Format(http.TimeFormat))
+		}
+		if size >= 0 {
+			m.moduleHead(w, size, flags)
+			return
 		}
 		m.module(w, r, http.StatusOK, res.Item.Value, flags)
 	case cmd.storage():
@@ -635,6 +651,17 @@ func (m *memc) module(w http.ResponseWriter, r *http.Request, status int, body [
 		hd.Set(m.o.FlagsHeader, flags)
 	}
 	m.write(w, r, status, m.o.ContentType, body)
+}
+
+// moduleHead answers a HEAD of a value of size bytes as module would.
+func (m *memc) moduleHead(w http.ResponseWriter, size int, flags string) {
+	hd := w.Header()
+	if m.o.FlagsHeader != "" && flags != "" {
+		hd.Set(m.o.FlagsHeader, flags)
+	}
+	hd.Set("Content-Type", m.o.ContentType)
+	hd.Set("Content-Length", strconv.Itoa(size))
+	w.WriteHeader(http.StatusOK)
 }
 
 // raw writes a memcached error line as the module forwards it.

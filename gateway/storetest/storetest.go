@@ -72,6 +72,13 @@ func (s *Store) Do(_ context.Context, o op.Op) op.Result {
 			s.Items[key] = old
 		}
 		return op.Result{Item: old}
+	case op.Head:
+		if !found {
+			return op.Result{Err: upstream.ErrNotFound}
+		}
+		size := len(old.Value)
+		old.Value = nil
+		return op.Result{Item: old, N: uint64(size)}
 	case op.Set:
 		s.put(o.Item)
 	case op.Add:

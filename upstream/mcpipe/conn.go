@@ -66,8 +66,13 @@ func (cl *call) complete() {
 
 // result is what the call's reply comes to, as Do returns it.
 func (cl *call) result() (*memcache.Item, uint64, error) {
-	if cl.err != nil || cl.kind != op.Items {
+	switch {
+	case cl.err != nil:
 		return nil, cl.num, cl.err
+	case cl.kind == op.Meta:
+		return cl.items[0], cl.num, nil
+	case cl.kind != op.Items:
+		return nil, cl.num, nil
 	}
 	switch {
 	case len(cl.items) > 0:
@@ -940,12 +945,16 @@ var (
 	lineOK          = []byte("OK\r\n")
 	prefixValue     = []byte("VALUE ")
 	prefixClientErr = []byte("CLIENT_ERROR ")
+	lineHD          = []byte("HD\r\n")
+	prefixHD        = []byte("HD ")
+	lineEN          = []byte("EN\r\n")
+	lineError       = []byte("ERROR\r\n")
 )
 
 // isErrorLine reports the protocol's generic error replies, which end a
 // reply of any kind.
 func isErrorLine(line []byte) bool {
-	return bytes.Equal(line, []byte("ERROR\r\n")) || bytes.HasPrefix(line, []byte("CLIENT_ERROR ")) ||
+	return bytes.Equal(line, lineError) || bytes.HasPrefix(line, []byte("CLIENT_ERROR ")) ||
 		bytes.HasPrefix(line, []byte("SERVER_ERROR "))
 }
 
@@ -988,7 +997,16 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, lim
 		if len(line) < 2 || line[len(line)-2] != '\r' {
 			return r, fmt.Errorf("%w: %q", errProtocol, line)
 		}
-		if k != op.Items {
+		switch k {
+		case op.Items:
+		case op.Meta:
+			var it *memcache.Item
+			it, r.num, r.err = metaResult(line)
+			if it != nil {
+				r.items = append(r.items, it)
+			}
+			return r, nil
+		default:
 			r.num, r.err = lineResult(k, verb, line)
 			return r, nil
 		}
@@ -1144,6 +1162,52 @@ func lineResult(k op.Reply, verb string, line []byte) (uint64, error) {
 		return v, nil
 	}
 }
+
+// metaResult reads the reply to "mg <key> s f c" (op.Head): "HD" with
+// the flags in any order, or "EN" for a miss, as an item holding the
+// flags and CAS and the value's size. ERROR is a server that knows no meta
+// commands (ErrNoMeta).
+func metaResult(line []byte) (*memcache.Item, uint64, error) {
+	switch {
+	case bytes.Equal(line, lineEN):
+		return nil, 0, memcache.ErrCacheMiss
+	case bytes.Equal(line, lineError):
+		return nil, 0, ErrNoMeta
+	case !bytes.HasPrefix(line, prefixHD) && !bytes.Equal(line, lineHD):
+		return nil, 0, fmt.Errorf("memcache: unexpected response line from mg: %q", line)
+	}
+	it := new(memcache.Item)
+	var size uint64
+	seen := 0
+	for tok := range bytes.FieldsSeq(line[len(lineHD)-2 : len(line)-2]) {
+		var err error
+		switch tok[0] {
+		case 's':
+			size, err = strconv.ParseUint(string(tok[1:]), 10, 31)
+		case 'f':
+			var f uint64
+			f, err = strconv.ParseUint(string(tok[1:]), 10, 32)
+			it.Flags = uint32(f)
+		case 'c':
+			it.CasID, err = strconv.ParseUint(string(tok[1:]), 10, 64)
+		default:
+			continue
+		}
+		if err != nil {
+			return nil, 0, fmt.Errorf("memcache: bad %q in mg response: %q", tok, line)
+		}
+		seen++
+	}
+	if seen != 3 {
+		return nil, 0, fmt.Errorf("memcache: mg response without its size, flags and CAS: %q", line)
+	}
+	return it, size, nil
+}
+
+// ErrNoMeta is a server's ERROR for a meta command (op.Head): it is older
+// than memcached 1.6, or a proxy in front of it does not pass meta
+// commands on. The connection stays in step; a plain get answers instead.
+var ErrNoMeta = errors.New("memcache: server does not know meta commands (mg)")
 
 // keyCursor finds the keys of a reply to a shared gets line among the
 // line's keys, so that an item's Key is the string its caller passed

@@ -35,6 +35,7 @@ const (
 	Decr                    // subtract Delta, stopping at 0
 	Touch                   // set a new expiration
 	Delete                  // remove
+	Head                    // the item's size, flags and CAS, without its value (mg; memcached 1.6+)
 	numVerbs
 
 	// MaxVerb is the highest verb, for tables indexed by verb.
@@ -51,6 +52,7 @@ const (
 	Deleted              // DELETED | NOT_FOUND
 	Touched              // TOUCHED | NOT_FOUND
 	Number               // a decimal number | NOT_FOUND
+	Meta                 // HD with the flags asked for | EN (a meta get's)
 )
 
 // spec is one verb's row.
@@ -80,6 +82,7 @@ var specs = [numVerbs]spec{
 	Decr:    {name: "decr", command: "decr", reply: Number, write: true, delta: true},
 	Touch:   {name: "touch", command: "touch", reply: Touched, write: true, ttl: true},
 	Delete:  {name: "delete", command: "delete", reply: Deleted, write: true},
+	Head:    {name: "head", command: "mg", reply: Meta},
 }
 
 // Verbs lists every verb, in table order.
@@ -208,8 +211,8 @@ const LentValue = 16 << 10
 
 // Result is an operation's outcome.
 type Result struct {
-	Item Item   // Get and GAT: the item read
-	N    uint64 // Incr and Decr: the new value
+	Item Item   // Get and GAT: the item read; Head: its flags and CAS, no value
+	N    uint64 // Incr and Decr: the new value; Head: the value's size in bytes
 	// Lent: Item.Value is in a buffer Op.Room lent, the caller's alone
 	// to give back. A value read otherwise (below LentValue, or batched
 	// with other reads and perhaps shared with them) is not.
@@ -262,6 +265,8 @@ func EncodeHead(b []byte, o *Op, key string) []byte {
 	case v == Touch:
 		b = append(b, ' ')
 		b = strconv.AppendInt(b, int64(o.Item.Expiration), 10)
+	case v == Head: // mg <key> s f c: the size, flags and CAS
+		b = append(b, " s f c"...)
 	}
 	return append(b, "\r\n"...)
 }

@@ -20,6 +20,7 @@ func TestEncode(t *testing.T) {
 		{Op{Verb: Decr, Delta: 1}, "decr k 1\r\n"},
 		{Op{Verb: Touch, Item: Item{Expiration: -1}}, "touch k -1\r\n"},
 		{Op{Verb: Delete}, "delete k\r\n"},
+		{Op{Verb: Head, Item: it}, "mg k s f c\r\n"},
 	}
 	for _, tt := range tests {
 		if got := string(Encode([]byte(">"), &tt.o, "k")); got != ">"+tt.want {

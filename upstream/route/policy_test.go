@@ -127,6 +127,28 @@ func TestWarmUpReadsFillTheColdPool(t *testing.T) {
 	}
 }
 
+// TestWarmUpHead: a head of a key only in the warm pool answers from
+// there, without reading the value and so without writing it back.
+func TestWarmUpHead(t *testing.T) {
+	r, reg, cold, warm := warmRouter(t)
+	ctx := t.Context()
+	directSet(t, warm.Addr, "only-warm", "from-warm", 100)
+	res := r.Do(ctx, op.Op{Verb: op.Head, Item: op.Item{Key: "only-warm"}})
+	if res.Err != nil || res.N != uint64(len("from-warm")) || res.Item.Flags != 7 || res.Item.Value != nil {
+		t.Fatalf("head = %+v size %d, %v; want flags 7, size %d, no value", res.Item, res.N, res.Err, len("from-warm"))
+	}
+	if got := counter(t, reg, "memcgate_warmup_reads_total", "result", "warm_hit"); got != 1 {
+		t.Errorf("warm_hit = %v, want 1", got)
+	}
+	time.Sleep(100 * time.Millisecond) // a write-back, were there one, runs in the background
+	if v, ok := direct(t, cold.Addr, "only-warm"); ok {
+		t.Errorf("the cold pool holds %q after a head: written back without a value", v)
+	}
+	if res := r.Do(ctx, op.Op{Verb: op.Head, Item: op.Item{Key: "absent"}}); !errors.Is(res.Err, upstream.ErrNotFound) {
+		t.Errorf("head of a key in neither pool: %v, want a miss", res.Err)
+	}
+}
+
 func TestWarmUpWritesInvalidateTheWarmPool(t *testing.T) {
 	r, _, cold, warm := warmRouter(t)
 	ctx := t.Context()

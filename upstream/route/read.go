@@ -18,7 +18,7 @@ import (
 // A read that fell back and still found nothing answers a miss if any
 // replica answered one, else the last failure.
 
-// get reads o (get or gat) from the set's replicas and returns the result
+// get reads o (get, head or gat) from the set's replicas and returns the result
 // and the rank of the replica that gave it (-1 if none did).
 func (v *view) get(ctx context.Context, o op.Op, set *upstream.ReplicaSet) (op.Result, int) {
 	reps := set.Replicas
@@ -26,7 +26,7 @@ func (v *view) get(ctx context.Context, o op.Op, set *upstream.ReplicaSet) (op.R
 		_, err := v.need(0)
 		return op.Result{Err: err}, -1
 	}
-	if v.read != ReadHedged || o.Verb != op.Get || len(reps) == 1 {
+	if v.read != ReadHedged || o.Verb != op.Get && o.Verb != op.Head || len(reps) == 1 {
 		return v.getSequential(ctx, o, reps)
 	}
 	return v.getHedged(ctx, o, reps)

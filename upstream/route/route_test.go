@@ -216,6 +216,14 @@ func TestReadFallback(t *testing.T) {
 			case !miss && !errors.Is(err, upstream.ErrNotFound):
 				t.Errorf("get = %q, %v; want the first replica's miss", v, err)
 			}
+			// A head reads as a get does.
+			head := r.Do(ctx, op.Op{Verb: op.Head, Item: op.Item{Key: "k"}})
+			switch {
+			case miss && (head.Err != nil || head.N != 1):
+				t.Errorf("head = size %d, %v; want v's size from the second replica", head.N, head.Err)
+			case !miss && !errors.Is(head.Err, upstream.ErrNotFound):
+				t.Errorf("head = size %d, %v; want the first replica's miss", head.N, head.Err)
+			}
 			// Multi-get falls back per key too.
 			found, failed := r.GetMulti(ctx, []string{"k", "absent"}, 0, nil)
 			if _, ok := found["k"]; ok != miss || len(failed) != 0 {

@@ -114,6 +114,10 @@ func compare(v op.Verb, primary, shadow op.Result) comparison {
 		if primary.Item.Flags != shadow.Item.Flags || !bytes.Equal(primary.Item.Value, shadow.Item.Value) {
 			return mismatch
 		}
+	case op.Head:
+		if primary.Item.Flags != shadow.Item.Flags || primary.N != shadow.N {
+			return mismatch
+		}
 	case op.Incr, op.Decr:
 		if primary.N != shadow.N {
 			return mismatch

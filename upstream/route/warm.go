@@ -24,6 +24,8 @@ import (
 //     TTL cannot be learned. A gat's write-back takes the gat's TTL. A
 //     warm failure answers the cold pool's miss: a warm pool that is down
 //     costs hits, never errors.
+//   - head: as get, with a head of the warm pool, whose hit has no value
+//     to write back: a HEAD fills nothing, and reads no value to answer.
 //   - every write: the cold pool answers, and the key is deleted from the
 //     warm pool before the answer, so the warm pool never holds a value
 //     older than the cold one: a later cold miss (an eviction, a shorter
@@ -42,7 +44,7 @@ import (
 // warmDo runs o on a view with a warm pool.
 func (v *view) warmDo(ctx context.Context, o op.Op) op.Result {
 	switch {
-	case o.Verb == op.Get || o.Verb == op.GAT:
+	case o.Verb == op.Get || o.Verb == op.GAT || o.Verb == op.Head:
 		return v.warmGet(ctx, o)
 	case needsItem(o.Verb):
 		res := v.own(ctx, o)
@@ -76,7 +78,7 @@ func keyOp(v op.Verb, o *op.Op) op.Op {
 	return op.Op{Verb: v, Item: op.Item{Key: o.Item.Key}, HashKey: o.HashKey}
 }
 
-// warmGet is a get or gat: the cold pool, then the warm one.
+// warmGet is a get, gat or head: the cold pool, then the warm one.
 func (v *view) warmGet(ctx context.Context, o op.Op) op.Result {
 	res := v.own(ctx, o)
 	m := &v.pol.wm
@@ -87,12 +89,18 @@ func (v *view) warmGet(ctx context.Context, o op.Op) op.Result {
 	case !errors.Is(res.Err, upstream.ErrNotFound):
 		return res
 	}
-	wres := v.pol.warm.own(ctx, keyOp(op.Get, &o))
+	wv := op.Get
+	if o.Verb == op.Head {
+		wv = op.Head
+	}
+	wres := v.pol.warm.own(ctx, keyOp(wv, &o))
 	switch {
 	case wres.Err == nil:
 		m.warmHit.Inc()
-		v.writeBack(ctx, o, wres.Item)
-		return op.Result{Item: wres.Item}
+		if wv == op.Get {
+			v.writeBack(ctx, o, wres.Item)
+		}
+		return op.Result{Item: wres.Item, N: wres.N}
 	case errors.Is(wres.Err, upstream.ErrNotFound):
 		m.miss.Inc()
 	default:

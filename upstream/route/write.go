@@ -15,7 +15,7 @@ import (
 // Replicated operations. Every verb's rule, in one place (docs/pools.md
 // says the same for people):
 //
-//   - get: the read policy (read.go).
+//   - get, head: the read policy (read.go).
 //   - set, add, replace, append, prepend, touch, delete, incr, decr: sent
 //     to every replica at once, answered under the write policy. The
 //     answer is that of the first replica in read order among those that
@@ -45,7 +45,7 @@ import (
 // do runs one operation on a replicated pool.
 func (v *view) do(ctx context.Context, o op.Op) op.Result {
 	switch {
-	case o.Verb == op.Get:
+	case o.Verb == op.Get || o.Verb == op.Head:
 		set := v.c.Replicas(&o, v.replicas)
 		res, _ := v.get(ctx, o, &set)
 		return res
