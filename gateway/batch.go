@@ -140,7 +140,7 @@ func (h *handler) getAll(r *http.Request, keys []string, room *answerRoom, vr *v
 		res := result(i)
 		res.Key = k
 		if it, ok := found[k]; ok {
-			h.setItem(res, it, room)
+			h.setItem(res, it, room, vr)
 			continue
 		}
 		err := failed[k]
@@ -152,13 +152,20 @@ func (h *handler) getAll(r *http.Request, keys []string, room *answerRoom, vr *v
 }
 
 // setItem fills a found item's result, decoding it as GET would, if the
-// answer has room for it.
-func (h *handler) setItem(res *batchResult, it op.Item, room *answerRoom) {
+// answer has room for it. A compressed value is decompressed only into
+// memory vr holds first, for the body and its place in the answer, and
+// only while the answer has room for what it holds.
+func (h *handler) setItem(res *batchResult, it op.Item, room *answerRoom, vr *valueRoom) {
 	if chunk.IsIndex(it.Flags, it.Value) { // streamed by GET /{key} only
 		res.setError(chunk.ErrChunked)
 		return
 	}
-	v, err := h.codec.present(it)
+	v, err := h.codec.present(it, func(n int) error {
+		if int64(n) > room.left.Load() {
+			return upstream.ErrOverLimit
+		}
+		return vr.hold(n)
+	})
 	if err != nil {
 		res.setError(err)
 		return
@@ -327,7 +334,7 @@ func (h *handler) runOp(ctx context.Context, o op.Op, res *batchResult, room *an
 	case o.Verb.Reply() == op.Items && !vr.holdRead(r):
 		res.setOutcome(o.Verb, upstream.ErrNoFit)
 	case o.Verb.Reply() == op.Items:
-		h.setItem(res, r.Item, room)
+		h.setItem(res, r.Item, room, vr)
 	case o.Verb.Reply() == op.Number:
 		res.setOutcome(o.Verb, nil)
 		v := strconv.FormatUint(r.N, 10)

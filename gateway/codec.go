@@ -65,19 +65,30 @@ type decoded struct {
 	phpType     string // "" in raw mode
 }
 
-// present turns a stored item into what GET serves.
-func (c *codec) present(it op.Item) (decoded, error) {
+// present turns a stored item into what GET serves. A compressed value's
+// body is held through hold before it is decompressed (phpvalue.Hold): a
+// value a few kilobytes long that inflates to MaxDecodedBytes is refused
+// first, with hold's error as it is, not after it is in memory. hold may
+// be nil only for an item without a value (its flags alone).
+func (c *codec) present(it op.Item, hold phpvalue.Hold) (decoded, error) {
 	var v phpvalue.Value
-	var err error
+	var err, refused error
+	held := func(n int) error {
+		refused = hold(n)
+		return refused
+	}
 	switch c.kind {
 	case CodecPHP:
-		v, err = phpvalue.Decode(it.Flags, it.Value, c.maxDecoded)
+		v, err = phpvalue.DecodeHeld(it.Flags, it.Value, c.maxDecoded, held)
 	case CodecPeclMemcache:
-		v, err = phpvalue.DecodeMemcache(it.Flags, it.Value, c.maxDecoded)
+		v, err = phpvalue.DecodeMemcacheHeld(it.Flags, it.Value, c.maxDecoded, held)
 	default:
 		return decoded{body: it.Value, contentType: octetStream}, nil
 	}
-	if err != nil {
+	switch {
+	case refused != nil:
+		return decoded{}, refused
+	case err != nil:
 		return decoded{}, &valueError{err}
 	}
 	d := decoded{body: v.Body, contentType: []string{v.Type.ContentType()}, phpType: v.Type.String()}
@@ -101,7 +112,7 @@ func (c *codec) presentSize(flags uint32, size uint64) (d decoded, ok bool) {
 	default:
 		return decoded{contentType: octetStream}, true
 	}
-	d, err := c.present(op.Item{Flags: flags})
+	d, err := c.present(op.Item{Flags: flags}, nil)
 	if err != nil || d.phpType == phpvalue.Bool.String() {
 		return decoded{}, false
 	}
@@ -175,7 +186,7 @@ func (c *codec) presentChunked(flags uint32) (decoded, error) {
 	if c.kind.compressed(flags) {
 		return decoded{}, &valueError{fmt.Errorf("flags %#x say compressed, but values in chunks are stored uncompressed", flags)}
 	}
-	d, err := c.present(op.Item{Flags: flags})
+	d, err := c.present(op.Item{Flags: flags}, nil)
 	d.body = nil
 	return d, err
 }

@@ -3,13 +3,17 @@ package gateway
 import (
 	"bytes"
 	"compress/zlib"
+	"encoding/binary"
 	"io"
 	"log/slog"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/memcgate/memcgate/gateway/budget"
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
@@ -130,6 +134,63 @@ func TestCodecPut(t *testing.T) {
 				if got := do(h, "GET", "/k", ""); got.Code != 200 || got.Body.String() != tt.body {
 					t.Errorf("GET after PUT = %d, %d bytes; want 200 with the body", got.Code, got.Body.Len())
 				}
+			}
+		})
+	}
+}
+
+// TestCompressedBombs: a compressed value that inflates past what the
+// byte budget can hold is refused before it is inflated, for GET, HEAD,
+// a multi-get and a batch, under both PHP codecs; one that fits is
+// served. A php-memcached value records its inflated length, so it is
+// refused before anything is inflated; a pecl/memcache value does not, so
+// it inflates until what it holds passes the budget. Either way the
+// memory allocated is bounded by the budget, not by the bombs.
+func TestCompressedBombs(t *testing.T) {
+	const inflated = 8 << 20 // a budget of 4 MiB cannot hold it
+	zeros := zlibStream(t, make([]byte, inflated))
+	php := append(binary.LittleEndian.AppendUint32(nil, inflated), zeros...)
+	small := zlibStream(t, make([]byte, 100<<10))
+	for _, tt := range []struct {
+		name       string
+		codec      ValueCodec
+		bomb, fits op.Item
+		maxAlloc   uint64 // allocated in all while the bombs are refused
+	}{
+		{"php", CodecPHP, op.Item{Value: php, Flags: 0x30}, op.Item{Value: append(binary.LittleEndian.AppendUint32(nil, 100<<10), small...), Flags: 0x30}, 1 << 20},
+		// Ten inflations, each stopped by the 4 MiB budget.
+		{"pecl-memcache", CodecPeclMemcache, op.Item{Value: zeros, Flags: 0x2}, op.Item{Value: small, Flags: 0x2}, 10 * 4 << 20},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			fake := newFake()
+			for i := range 4 {
+				tt.bomb.Key = "bomb" + strconv.Itoa(i)
+				fake.Put(tt.bomb)
+			}
+			tt.fits.Key = "fits"
+			fake.Put(tt.fits)
+			h := NewHandler(fake, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry(),
+				Options{MaxValueBytes: 1 << 20, Codec: tt.codec, Budget: budget.New(4 << 20)})
+			if w := do(h, "GET", "/fits", ""); w.Code != 200 || w.Body.Len() != 100<<10 {
+				t.Fatalf("GET of a value that fits = %d, %d bytes", w.Code, w.Body.Len())
+			}
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			for _, req := range []struct{ method, target, body, want string }{
+				{"GET", "/bomb0", "", "503"},
+				{"HEAD", "/bomb0", "", "503"},
+				{"GET", "/?key=bomb0&key=bomb1&key=bomb2&key=bomb3", "", `"status":503`},
+				{"GET", "/?key=bomb0&key=bomb1&key=bomb2&key=bomb3&touch=60", "", `"status":503`},
+				{"POST", "/", `[{"op":"get","key":"bomb0"},{"op":"get","key":"bomb1"},{"op":"gat","key":"bomb2","exptime":60}]`, `"status":503`},
+			} {
+				w := do(h, req.method, req.target, req.body)
+				if got := strconv.Itoa(w.Code) + " " + w.Body.String(); !strings.Contains(got, req.want) || strings.Contains(got, `"status":200`) {
+					t.Errorf("%s %s = %.200s, want %s for every bomb", req.method, req.target, got, req.want)
+				}
+			}
+			runtime.ReadMemStats(&after)
+			if n := after.TotalAlloc - before.TotalAlloc; n > tt.maxAlloc {
+				t.Errorf("refusing the bombs allocated %d bytes, want at most %d", n, tt.maxAlloc)
 			}
 		})
 	}

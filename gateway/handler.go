@@ -48,10 +48,12 @@ func (h *handler) writeItem(w http.ResponseWriter, r *http.Request, etags string
 		writeError(w, errBudget)
 		return
 	}
-	v, err := h.codec.present(it)
-	if err == nil && len(v.body) != len(it.Value) && h.lim.hold(rc, len(v.body)) != nil {
-		err = errBudget // decompressed
-	}
+	v, err := h.codec.present(it, func(n int) error {
+		if h.lim.hold(rc, n) != nil {
+			return errBudget
+		}
+		return nil
+	})
 	if err != nil {
 		writeError(w, err)
 		return

@@ -129,6 +129,16 @@ func (l *limits) ownRead(o *op.Op) {
 // Reserve holds n bytes of the budget for a value being read (op.Room).
 func (l *limits) Reserve(n int) bool { return l.budget.Acquire(int64(n)) == nil }
 
+// hold holds n bytes more until the request ends, as Reserve does, or
+// answers errBudget (phpvalue.Hold, for a value decompressed into the
+// answer).
+func (v *valueRoom) hold(n int) error {
+	if !v.Reserve(n) {
+		return errBudget
+	}
+	return nil
+}
+
 // Fits reports whether Reserve(n) would hold n bytes now (op.Room).
 func (l *limits) Fits(n int) bool { return l.budget.Fits(int64(n)) }
 

@@ -167,8 +167,9 @@ func flz2Match(dst []byte, n, dist int) []byte {
 // fastlzDecompress decodes a FastLZ block of either level that must
 // expand to exactly want bytes. Every read and back-reference is
 // bounds-checked; it never writes more than want bytes and allocates in
-// proportion to the output produced, not to want.
-func fastlzDecompress(src []byte, want int) ([]byte, error) {
+// proportion to the output produced, not to want; exact: want bytes at
+// once (its memory is held already).
+func fastlzDecompress(src []byte, want int, exact bool) ([]byte, error) {
 	if len(src) == 0 {
 		if want == 0 {
 			return []byte{}, nil
@@ -180,6 +181,9 @@ func fastlzDecompress(src []byte, want int) ([]byte, error) {
 		return nil, fmt.Errorf("%w: fastlz: unknown level %d", ErrCorrupt, level)
 	}
 	dst := make([]byte, 0, min(want, 16*len(src)+64))
+	if exact {
+		dst = make([]byte, 0, want)
+	}
 	ctrl := int(src[0] & 31)
 	i := 1
 	for {

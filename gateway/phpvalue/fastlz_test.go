@@ -85,7 +85,7 @@ func TestFastLZRoundTrip(t *testing.T) {
 					if n > 0 && int(c[0]>>5)+1 != level {
 						t.Errorf("level marker = %d, want %d", c[0]>>5+1, level)
 					}
-					got, err := fastlzDecompress(c, n)
+					got, err := fastlzDecompress(c, n, false)
 					if err != nil {
 						t.Fatalf("fastlzDecompress(compress(%d bytes)) error: %v", n, err)
 					}
@@ -114,7 +114,7 @@ func TestFastLZRandomized(t *testing.T) {
 		kind := kinds[r.IntN(len(kinds))]
 		level := 1 + r.IntN(2)
 		src := testData(kind, n, uint64(i))
-		got, err := fastlzDecompress(fastlzAppend(nil, src, level), n)
+		got, err := fastlzDecompress(fastlzAppend(nil, src, level), n, false)
 		if err != nil || !bytes.Equal(got, src) {
 			t.Fatalf("round trip of %d %s bytes at level %d: err %v, equal %v", n, kind, level, err, bytes.Equal(got, src))
 		}
@@ -148,7 +148,7 @@ func TestFastLZDecompressVectors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := fastlzDecompress(tt.in, len(tt.want))
+			got, err := fastlzDecompress(tt.in, len(tt.want), false)
 			if err != nil {
 				t.Fatalf("fastlzDecompress(%.40x…) error: %v", tt.in, err)
 			}
@@ -184,7 +184,7 @@ func TestFastLZDecompressErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := fastlzDecompress(tt.in, tt.want)
+			got, err := fastlzDecompress(tt.in, tt.want, false)
 			if !errors.Is(err, ErrCorrupt) {
 				t.Errorf("fastlzDecompress(%x, %d) = %q, %v; want ErrCorrupt", tt.in, tt.want, got, err)
 			}
@@ -207,7 +207,7 @@ func FuzzFastLZRoundTrip(f *testing.F) {
 		if len(c) > fastlzBound(len(src)) {
 			t.Fatalf("compressed %d bytes to %d, bound %d", len(src), len(c), fastlzBound(len(src)))
 		}
-		got, err := fastlzDecompress(c, len(src))
+		got, err := fastlzDecompress(c, len(src), false)
 		if err != nil {
 			t.Fatalf("fastlzDecompress(compress(%x)) error: %v", src, err)
 		}
@@ -222,7 +222,10 @@ func FuzzFastLZDecompress(f *testing.F) {
 	f.Add([]byte{0x20, 'x', 0xe0, 0xff, 0x01, 0x00}, uint16(266))
 	f.Add(fastlzAppend(nil, testData("blocks", 300, 1), 2), uint16(300))
 	f.Fuzz(func(t *testing.T, src []byte, want uint16) {
-		got, err := fastlzDecompress(src, int(want))
+		got, err := fastlzDecompress(src, int(want), false)
+		if exact, eerr := fastlzDecompress(src, int(want), true); (err == nil) != (eerr == nil) || !bytes.Equal(got, exact) {
+			t.Fatalf("fastlzDecompress = %d bytes, %v; exact = %d bytes, %v", len(got), err, len(exact), eerr)
+		}
 		if err != nil {
 			if !errors.Is(err, ErrCorrupt) {
 				t.Fatalf("fastlzDecompress error %v does not wrap ErrCorrupt", err)

@@ -60,12 +60,20 @@ func MemcacheCompressed(flags uint32) bool { return flags&memcacheCompressed != 
 // Errors wrap ErrCorrupt (a compressed payload that does not inflate) or
 // ErrTooLarge. DecodeMemcache never panics and is safe for concurrent use.
 func DecodeMemcache(flags uint32, payload []byte, maxSize int) (Value, error) {
+	return DecodeMemcacheHeld(flags, payload, maxSize, nil)
+}
+
+// DecodeMemcacheHeld is DecodeMemcache with the inflated body's memory
+// asked of hold (nil: nothing asked) before each buffer it grows into is
+// allocated: the size is not recorded, so the body doubles as it comes,
+// and hold sees every buffer, about twice the body in all.
+func DecodeMemcacheHeld(flags uint32, payload []byte, maxSize int, hold Hold) (Value, error) {
 	if maxSize <= 0 {
 		maxSize = DefaultMaxSize
 	}
 	v := Value{Type: memcacheType(flags), UserFlags: uint16(flags >> userFlagsShift), Body: payload}
 	if flags&memcacheCompressed != 0 {
-		body, err := inflateUnsized(payload, maxSize)
+		body, err := inflateUnsized(payload, maxSize, hold)
 		if err != nil {
 			return Value{}, err
 		}
@@ -105,26 +113,47 @@ func memcacheBool(body []byte) []byte {
 }
 
 // inflateUnsized decodes a zlib stream of unknown inflated size, failing
-// with ErrTooLarge once it passes maxSize.
-func inflateUnsized(data []byte, maxSize int) ([]byte, error) {
+// with ErrTooLarge once it passes maxSize. The body grows by doubling,
+// from what the input can plausibly produce; each new buffer is asked of
+// hold (if not nil) before it is allocated. The limit and hold, not the
+// first guess, are what bound a bomb.
+func inflateUnsized(data []byte, maxSize int, hold Hold) ([]byte, error) {
 	r, err := zlib.NewReader(bytes.NewReader(data))
 	if err != nil {
 		return nil, fmt.Errorf("%w: zlib: %v", ErrCorrupt, err)
 	}
 	defer r.Close()
-	var buf bytes.Buffer
-	// Grow by what the input can plausibly produce; the limit, not the
-	// first guess, is what bounds a bomb.
-	buf.Grow(min(maxSize, 4*len(data)+512))
-	// One byte past maxSize tells "too large" from "exactly maxSize".
-	n, err := io.Copy(&buf, io.LimitReader(r, int64(maxSize)+1))
-	if err != nil {
-		return nil, fmt.Errorf("%w: zlib: %v", ErrCorrupt, err)
+	var buf []byte
+	for {
+		if len(buf) == cap(buf) {
+			// One byte past maxSize tells "too large" from "exactly
+			// maxSize".
+			if len(buf) > maxSize {
+				return nil, fmt.Errorf("%w: zlib data inflates to more than %d bytes", ErrTooLarge, maxSize)
+			}
+			next := min(maxSize+1, max(2*cap(buf), 4*len(data)+512))
+			if hold != nil {
+				if err := hold(next); err != nil {
+					return nil, fmt.Errorf("inflating past %d bytes: %w", len(buf), err)
+				}
+			}
+			grown := make([]byte, len(buf), next)
+			copy(grown, buf)
+			buf = grown
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: zlib: %v", ErrCorrupt, err)
+		}
 	}
-	if n > int64(maxSize) {
+	if len(buf) > maxSize {
 		return nil, fmt.Errorf("%w: zlib data inflates to more than %d bytes", ErrTooLarge, maxSize)
 	}
-	return buf.Bytes(), nil
+	return buf, nil
 }
 
 // MemcacheOptions control EncodeMemcache. The zero value reproduces

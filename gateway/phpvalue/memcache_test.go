@@ -217,6 +217,14 @@ func FuzzDecodeMemcache(f *testing.F) {
 	f.Fuzz(func(t *testing.T, flags uint32, payload []byte, maxSize int) {
 		maxSize %= 1 << 20 // keep the fuzzer from asking for huge outputs
 		v, err := DecodeMemcache(flags, payload, maxSize)
+		held := 0
+		hv, herr := DecodeMemcacheHeld(flags, payload, maxSize, func(n int) error { held += n; return nil })
+		if (err == nil) != (herr == nil) || !bytes.Equal(v.Body, hv.Body) || v.Type != hv.Type {
+			t.Fatalf("DecodeMemcache = %d bytes, %v; DecodeMemcacheHeld = %d bytes, %v", len(v.Body), err, len(hv.Body), herr)
+		}
+		if flags&memcacheCompressed != 0 && err == nil && held < len(v.Body) {
+			t.Fatalf("held %d bytes for a %d-byte body", held, len(v.Body))
+		}
 		limit := maxSize
 		if limit <= 0 {
 			limit = DefaultMaxSize
@@ -240,4 +248,32 @@ func FuzzDecodeMemcache(f *testing.F) {
 			t.Fatalf("DecodeMemcache(%#x) changed an uncompressed body", flags)
 		}
 	})
+}
+
+// TestDecodeMemcacheHeld: every buffer an unsized zlib value grows into
+// is asked of hold first, about twice the body in all, and a refusal
+// stops the inflating there.
+func TestDecodeMemcacheHeld(t *testing.T) {
+	body := bytes.Repeat([]byte("pecl "), 200000) // 1 MB
+	payload := zlibData(body)
+	held := 0
+	got, err := DecodeMemcacheHeld(0x2, payload, 0, func(n int) error { held += n; return nil })
+	if err != nil || !bytes.Equal(got.Body, body) {
+		t.Fatalf("DecodeMemcacheHeld = %d bytes, %v; want the %d-byte body", len(got.Body), err, len(body))
+	}
+	if held < len(body) || held > 4*len(body) {
+		t.Errorf("held %d bytes for a %d-byte body, want between once and four times it", held, len(body))
+	}
+	refused := errors.New("no room")
+	held = 0
+	_, err = DecodeMemcacheHeld(0x2, payload, 0, func(n int) error {
+		if held+n > 256<<10 {
+			return refused
+		}
+		held += n
+		return nil
+	})
+	if !errors.Is(err, refused) || held > 256<<10 {
+		t.Errorf("refused past 256 KiB: %v, held %d; want the refusal", err, held)
+	}
 }

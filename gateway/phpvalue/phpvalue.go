@@ -182,6 +182,21 @@ func (v Value) Text() string {
 // Decode reports ErrCorrupt for both.
 // Decode never panics and is safe for concurrent use.
 func Decode(flags uint32, payload []byte, maxSize int) (Value, error) {
+	return DecodeHeld(flags, payload, maxSize, nil)
+}
+
+// Hold is asked for memory before a decoder allocates a decompressed
+// body: n bytes more than it asked for before. An error stops decoding,
+// and the decoder returns it wrapped: a caller with a byte budget refuses
+// a value that would pass it before it is decompressed, not after.
+type Hold func(n int) error
+
+// DecodeHeld is Decode with the decompressed body's memory asked of hold
+// (nil: nothing asked): once, for the stored length, before anything is
+// decompressed, and the body is then allocated at that length, once. A
+// payload of a few kilobytes that claims MaxSize bytes is refused by hold
+// before it costs memory or time.
+func DecodeHeld(flags uint32, payload []byte, maxSize int, hold Hold) (Value, error) {
 	if maxSize <= 0 {
 		maxSize = DefaultMaxSize
 	}
@@ -197,7 +212,7 @@ func Decode(flags uint32, payload []byte, maxSize int) (Value, error) {
 		v.Body = payload
 		return v, nil
 	}
-	body, err := decompress(flags, payload, maxSize)
+	body, err := decompress(flags, payload, maxSize, hold)
 	if err != nil {
 		return Value{}, err
 	}
@@ -205,7 +220,7 @@ func Decode(flags uint32, payload []byte, maxSize int) (Value, error) {
 	return v, nil
 }
 
-func decompress(flags uint32, payload []byte, maxSize int) ([]byte, error) {
+func decompress(flags uint32, payload []byte, maxSize int, hold Hold) ([]byte, error) {
 	fastlz := flags&flagFastLZ != 0
 	zlibBit := flags&flagZlib != 0
 	if !fastlz && !zlibBit {
@@ -222,20 +237,44 @@ func decompress(flags uint32, payload []byte, maxSize int) ([]byte, error) {
 		return nil, fmt.Errorf("%w: stored length %d, limit %d", ErrTooLarge, stored, maxSize)
 	}
 	data := payload[prefixLen:]
-	if fastlz {
-		return fastlzDecompress(data, int(stored))
+	exact := hold != nil
+	if exact {
+		if err := hold(int(stored)); err != nil {
+			return nil, fmt.Errorf("decompressing %d bytes: %w", stored, err)
+		}
 	}
-	return inflate(data, int(stored))
+	if fastlz {
+		return fastlzDecompress(data, int(stored), exact)
+	}
+	return inflate(data, int(stored), exact)
 }
 
 // inflate decodes an RFC 1950 zlib stream (zlib's compress2 output) that
-// must expand to exactly want bytes.
-func inflate(data []byte, want int) ([]byte, error) {
+// must expand to exactly want bytes. exact: the body is allocated at want
+// bytes at once (its memory is held already); else it grows with what
+// the stream produces.
+func inflate(data []byte, want int, exact bool) ([]byte, error) {
 	r, err := zlib.NewReader(bytes.NewReader(data))
 	if err != nil {
 		return nil, fmt.Errorf("%w: zlib: %v", ErrCorrupt, err)
 	}
 	defer r.Close()
+	if exact {
+		buf := make([]byte, want)
+		if n, err := io.ReadFull(r, buf); err != nil {
+			return nil, fmt.Errorf("%w: zlib data decodes to %d bytes, stored length is %d (%v)", ErrCorrupt, n, want, err)
+		}
+		// One byte past want tells "too long" from "exactly want", and
+		// reading to the end checks the stream's checksum.
+		var one [1]byte
+		switch _, err := io.ReadFull(r, one[:]); {
+		case err == nil:
+			return nil, fmt.Errorf("%w: zlib data decodes to more than %d bytes, the stored length", ErrCorrupt, want)
+		case err != io.EOF:
+			return nil, fmt.Errorf("%w: zlib: %v", ErrCorrupt, err)
+		}
+		return buf, nil
+	}
 	var buf bytes.Buffer
 	// Grow by what the input can plausibly produce, not by the claim.
 	buf.Grow(min(want, 8*len(data)+512))

@@ -277,6 +277,11 @@ func FuzzDecode(f *testing.F) {
 	f.Fuzz(func(t *testing.T, flags uint32, payload []byte, maxSize int) {
 		maxSize %= 1 << 20 // keep the fuzzer from asking for huge outputs
 		v, err := Decode(flags, payload, maxSize)
+		// Held, the same answer, byte for byte.
+		hv, herr := DecodeHeld(flags, payload, maxSize, func(int) error { return nil })
+		if (err == nil) != (herr == nil) || !bytes.Equal(v.Body, hv.Body) || v.Type != hv.Type {
+			t.Fatalf("Decode = %d bytes, %v; DecodeHeld = %d bytes, %v", len(v.Body), err, len(hv.Body), herr)
+		}
 		limit := maxSize
 		if limit <= 0 {
 			limit = DefaultMaxSize
@@ -298,4 +303,45 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("Decode(%#x) body %d bytes, stored length %d", flags, len(v.Body), binary.LittleEndian.Uint32(payload))
 		}
 	})
+}
+
+// TestDecodeHeld: DecodeHeld asks hold for the stored length once, before
+// anything is decompressed, and answers as Decode does; a refusal is
+// returned wrapped, with nothing decompressed.
+func TestDecodeHeld(t *testing.T) {
+	body := bytes.Repeat([]byte("held "), 20000)
+	refused := errors.New("no room")
+	for _, tt := range []struct {
+		name    string
+		payload []byte
+		flags   uint32
+	}{
+		{"fastlz", fastlzPayload(body, 2), 0x50},
+		{"zlib", zlibPayload(body), 0x30},
+		{"zlib exactly", zlibPayload(nil), 0x30},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			want, err := Decode(tt.flags, tt.payload, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var asked []int
+			got, err := DecodeHeld(tt.flags, tt.payload, 0, func(n int) error { asked = append(asked, n); return nil })
+			if err != nil || !bytes.Equal(got.Body, want.Body) || len(asked) != 1 || asked[0] != len(want.Body) {
+				t.Fatalf("DecodeHeld = %d bytes, %v, held %v; want %d bytes, held once for them", len(got.Body), err, asked, len(want.Body))
+			}
+			if cap(got.Body) != len(got.Body) {
+				t.Errorf("body of %d bytes in a buffer of %d: want it allocated at its length", len(got.Body), cap(got.Body))
+			}
+			if _, err := DecodeHeld(tt.flags, tt.payload, 0, func(int) error { return refused }); !errors.Is(err, refused) {
+				t.Errorf("refused: %v, want the refusal", err)
+			}
+		})
+	}
+	// A stored length the data does not match is still corrupt.
+	for _, p := range [][]byte{prefixed(len(body)+1, zlibData(body)), prefixed(len(body)-1, zlibData(body))} {
+		if _, err := DecodeHeld(0x30, p, 0, func(int) error { return nil }); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("stored length %d for %d bytes: %v, want ErrCorrupt", binary.LittleEndian.Uint32(p), len(body), err)
+		}
+	}
 }

@@ -139,6 +139,8 @@ func TestAbuse(t *testing.T) {
 			prepare: storeManyBig, run: slowMultiGets(multiReaders)},
 		{name: "12 slow readers of /memc", size: thousands(memcReaders) + " conns × 2 pipelined /memc gets of a 1 MB key, never read",
 			prepare: storeBig, run: slowMemcReaders(memcReaders, 2)},
+		{name: "13 compressed bombs", size: fmt.Sprintf("a batch of %d gets of values that inflate %s → %s (VALUE_CODEC=php)", bombs, size(int64(len(bombPayload()))), size(bombSize)),
+			env: map[string]string{"MEMCGATE_VALUE_CODEC": "php"}, prepare: storeBombs, run: batchBombs(bombs)},
 	}
 	var rows []row
 	start := time.Now()

@@ -5,6 +5,7 @@ package abuse
 import (
 	"bufio"
 	"bytes"
+	"compress/zlib"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +18,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
 )
 
 // The attacks of issue #16. Each returns its run function for one size.
@@ -37,6 +40,53 @@ const (
 	floodValueSize = 256 << 10
 	floodPrefix    = 64 // bytes of each flood value that name its key
 )
+
+// Attack 13's values: php-memcached zlib values (flags compressed and
+// zlib, a length prefix) of a few dozen kilobytes that inflate to
+// bombSize bytes of zeros, each under a key of its own. Anyone who can
+// write to memcached, or prepend to a value through the gateway, can
+// store such a value.
+const (
+	bombs    = 32
+	bombSize = 60 << 20
+)
+
+// bombPayload is one compressed bomb as memcached holds it.
+func bombPayload() []byte {
+	var z bytes.Buffer
+	w := zlib.NewWriter(&z)
+	_, _ = w.Write(make([]byte, bombSize))
+	_ = w.Close()
+	n := uint32(bombSize)
+	prefix := []byte{byte(n), byte(n >> 8), byte(n >> 16), byte(n >> 24)} // little-endian
+	return append(prefix, z.Bytes()...)
+}
+
+// storeBombs stores the bombs straight into memcached.
+func storeBombs(t *testing.T, r *rig) {
+	t.Helper()
+	p := bombPayload()
+	mc := memcache.New(r.mc.Addr)
+	defer mc.Close()
+	for i := range bombs {
+		if err := mc.Set(&memcache.Item{Key: "bomb" + strconv.Itoa(i), Value: p, Flags: 0x30}); err != nil {
+			t.Fatalf("storing bomb %d: %v", i, err)
+		}
+	}
+}
+
+// batchBombs is attack 13: one POST / batch of gets of n bombs, each
+// inflating to bombSize bytes if nothing holds it first.
+func batchBombs(n int) func(*testing.T, *rig, func()) result {
+	var ops []string
+	for i := range n {
+		ops = append(ops, `{"op":"get","key":"bomb`+strconv.Itoa(i)+`"}`)
+	}
+	body := `{"ops":[` + strings.Join(ops, ",") + `]}`
+	req := []byte("POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " +
+		strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+	return amplify(req)
+}
 
 // storeBig stores the 1,000,000-byte value the amplification attacks
 // read.

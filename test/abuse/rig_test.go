@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"strconv"
 	"strings"
@@ -51,11 +52,14 @@ type rig struct {
 }
 
 // newRig starts memcached with -m mb and a gateway in front of it with
-// default settings (only the listen addresses and MEMCGATE_SERVERS set).
-func newRig(t *testing.T, mb int) *rig {
+// default settings (only the listen addresses and MEMCGATE_SERVERS set),
+// but for env.
+func newRig(t *testing.T, mb int, env map[string]string) *rig {
 	t.Helper()
 	mc := memcachedtest.Start(t, "-m", strconv.Itoa(mb))
-	gw := gatewaytest.New(t, binary, map[string]string{"MEMCGATE_SERVERS": mc.Addr})
+	vars := map[string]string{"MEMCGATE_SERVERS": mc.Addr}
+	maps.Copy(vars, env)
+	gw := gatewaytest.New(t, binary, vars)
 	gw.Start(t)
 	r := &rig{mc: mc, gw: gw, pid: gw.Pid(), url: "http://" + gw.DataAddr, admin: "http://" + gw.AdminAddr}
 	if r.pid == 0 {

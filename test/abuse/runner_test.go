@@ -12,9 +12,10 @@ import (
 // attack is one row of the suite: how to run it against a fresh gateway.
 type attack struct {
 	name   string
-	size   string        // for the report
-	window time.Duration // how long the attack is held at least once under way (canaryWindow if zero)
-	mcMB   int           // memcached -m (memcachedMB if zero)
+	size   string            // for the report
+	window time.Duration     // how long the attack is held at least once under way (canaryWindow if zero)
+	mcMB   int               // memcached -m (memcachedMB if zero)
+	env    map[string]string // the gateway's settings beyond the defaults
 	// prepare, if not nil, runs before the canary starts (store the
 	// value an attack reads, say).
 	prepare func(t *testing.T, r *rig)
@@ -79,7 +80,7 @@ func runAttack(t *testing.T, a attack) row {
 func observe(t *testing.T, a attack) *observation {
 	t.Helper()
 	ctx := t.Context()
-	r := newRig(t, orDefault(a.mcMB, memcachedMB))
+	r := newRig(t, orDefault(a.mcMB, memcachedMB), a.env)
 	if a.prepare != nil {
 		a.prepare(t, r)
 	}
