@@ -9,6 +9,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"runtime"
 	"sync"
 	"time"
 
@@ -116,6 +117,7 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 		guard:     guard{a: opts.Access},
 		log:       log,
 		batchOps:  make(chan struct{}, batchParallel),
+		decodes:   make(chan struct{}, max(1, runtime.GOMAXPROCS(0)/2)),
 	}
 	h.lim.lim.max.Store(int64(opts.MaxRequests))
 	h.lim.timeout.Store(int64(opts.RequestTimeout))

@@ -27,6 +27,9 @@ type handler struct {
 	// batchOps holds a token for each key of a batch being worked on,
 	// over all batches: at most batchParallel at once (run).
 	batchOps chan struct{}
+	// decodes holds a token for each large batch body being decoded
+	// (readBatch): at most half the processors' worth at once.
+	decodes chan struct{}
 
 	// Detached responses' (detached.go): detachStore is nil when they
 	// are off.
