@@ -143,12 +143,36 @@ func (h *handler) touchAll(r *http.Request, keys []string, exp int32, room *answ
 // answerRoom is what is left, in bytes, of the values a multi-get's or
 // batch's answer may carry (BatchMaxResponseBytes), so that however the
 // keys repeat or the values grow, the answer is bounded; a value that
-// does not fit answers 507 for its key. Safe for concurrent use.
-type answerRoom struct{ left atomic.Int64 }
+// does not fit answers 507 for its key. It also bounds what the request's
+// reads one at a time (runOp: gats, and gets of keys the batch writes)
+// may make memcached send: such a read is not sent once the answer has
+// no room left, once a value of its key did not fit, or once the values
+// read, kept or dropped, reach twice the answer room (sent); and at most
+// readParallel of them are on their way at once. So memcached sends at
+// most 2 × BatchMaxResponseBytes plus readParallel values for them,
+// whatever the keys. Safe for concurrent use.
+type answerRoom struct {
+	left atomic.Int64
+	// sent is what is left of the bytes of values the reads one at a time
+	// may still have memcached send.
+	sent  atomic.Int64
+	reads chan struct{} // a token per read one at a time on its way
+	mu    sync.Mutex
+	over  map[string]bool // keys whose value did not fit
+}
 
+// readParallel is how many reads one at a time of one multi-get or batch
+// may be on their way at once: each may bring a value as large as an
+// item may be before the answer room (answerRoom.sent) says to stop, so
+// they bound what memcached sends past it. 16 keep pipelined connections
+// busy for small values.
+const readParallel = 16
+
+// newAnswerRoom returns a full room for one multi-get's or batch's answer.
 func (h *handler) newAnswerRoom() *answerRoom {
-	a := new(answerRoom)
+	a := &answerRoom{reads: make(chan struct{}, readParallel)}
 	a.left.Store(h.opts.BatchMaxResponseBytes)
+	a.sent.Store(2 * h.opts.BatchMaxResponseBytes)
 	return a
 }
 
@@ -159,6 +183,42 @@ func (a *answerRoom) take(n int) bool {
 		return false
 	}
 	return true
+}
+
+// overflow records that a value of key did not fit: the room only
+// shrinks, so a read of key would not fit again.
+func (a *answerRoom) overflow(key string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.over == nil {
+		a.over = map[string]bool{}
+	}
+	a.over[key] = true
+}
+
+// mayRead reports whether a read of key may still be sent (see
+// answerRoom).
+func (a *answerRoom) mayRead(key string) bool {
+	if a.left.Load() <= 0 || a.sent.Load() <= 0 {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return !a.over[key]
+}
+
+// sentRoom is the op.Room of a read one at a time: vr, counting each
+// value memcached sends, taken or not, against its answerRoom's sent.
+type sentRoom struct {
+	*valueRoom
+	a *answerRoom
+}
+
+// Reserve counts the n bytes of a value being read, and holds them as
+// the valueRoom does (op.Room).
+func (r sentRoom) Reserve(n int) bool {
+	r.a.sent.Add(-int64(n))
+	return r.valueRoom.Reserve(n)
 }
 
 // getAll reads keys with one GetMulti, each key once, and fills the
@@ -202,6 +262,7 @@ func (h *handler) setItem(res *batchResult, it op.Item, room *answerRoom, vr *va
 	}
 	res.setValue(v.body)
 	if !room.take(res.valueLen) {
+		room.overflow(res.Key)
 		res.value, res.Encoding = nil, ""
 		res.setError(upstream.ErrOverLimit)
 		return
@@ -352,12 +413,29 @@ const batchParallel = 256
 // runOp runs one operation and records its result as the single-key
 // endpoint would answer it. A read's value goes into the answer if room
 // has space for it; vr holds it from before it is read until the request
-// ends.
+// ends. A read room says not to send (answerRoom.mayRead) is not: it
+// answers 507, as a value that did not fit does, and a gat sends a touch
+// instead, so that the expiration is still set (a miss then answers 404).
 func (h *handler) runOp(ctx context.Context, o op.Op, res *batchResult, room *answerRoom, vr *valueRoom) {
 	if o.Verb.Reply() == op.Items {
-		o.Room = vr
+		// The token first: mayRead must see what the reads before it sent.
+		select {
+		case room.reads <- struct{}{}:
+			defer func() { <-room.reads }()
+		case <-ctx.Done():
+			res.setOutcome(o.Verb, ctx.Err())
+			return
+		}
+		if !room.mayRead(o.Item.Key) {
+			h.readUnsent(ctx, o, res)
+			return
+		}
+		o.Room = sentRoom{vr, room}
 	}
 	r := h.ex.exec(ctx, o)
+	if n := len(r.Item.Value); o.Verb.Reply() == op.Items && n < op.LentValue {
+		room.sent.Add(-int64(n)) // not asked of the Room (op.Op.Room)
+	}
 	switch {
 	case r.Err != nil:
 		res.setOutcome(o.Verb, r.Err)
@@ -372,6 +450,22 @@ func (h *handler) runOp(ctx context.Context, o op.Op, res *batchResult, room *an
 	default:
 		res.setOutcome(o.Verb, nil)
 	}
+}
+
+// readUnsent answers o, a read whose value the answer has no room for,
+// without reading it: 507 (upstream.ErrOverLimit), after a touch with
+// o's expiration for a gat, whose own outcome it answers if the touch
+// failed.
+func (h *handler) readUnsent(ctx context.Context, o op.Op, res *batchResult) {
+	if o.Verb == op.GAT {
+		t := o
+		t.Verb, t.Room, t.Item.Value = op.Touch, nil, nil
+		if r := h.ex.exec(ctx, t); r.Err != nil {
+			res.setOutcome(o.Verb, r.Err)
+			return
+		}
+	}
+	res.setOutcome(o.Verb, upstream.ErrOverLimit)
 }
 
 // readBatch decodes and checks a batch body: {"ops":[…]} or a bare array.

@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"bytes"
+	"encoding/json"
 	"net/http"
 	"strconv"
 	"strings"
@@ -101,6 +103,115 @@ func TestMultiGetTouchReadsEachKeyOnce(t *testing.T) {
 		for node, ttl := range g.ttls(k) {
 			if ttl < 290 || ttl > 300 {
 				t.Errorf("%s on %s: %d s to live after touch=300", k, node, ttl)
+			}
+		}
+	}
+}
+
+// opsOf is one operation verb with exptime exp (nil: none) for each key
+// of keys.
+func opsOf(verb string, exp *int64, keys ...string) []batchOp {
+	ops := make([]batchOp, len(keys))
+	for i, k := range keys {
+		ops[i] = batchOp{Op: verb, Key: k, Exptime: exp}
+	}
+	return ops
+}
+
+// batchBody is the body of a batch of ops.
+func batchBody(ops []batchOp) []byte {
+	b, err := json.Marshal(ops)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// repeat is key n times.
+func repeat(key string, n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = key
+	}
+	return keys
+}
+
+// TestBatchReadsStopWithTheAnswerRoom: once a batch's answer has no room
+// for a key's value, its reads of that key are not sent: a get answers
+// 507, a gat sends a touch and answers 507 (404 for a missing key), so
+// memcached writes about the answer room and one value more for 1000
+// reads of one 1 MB key, not 1000 values, and the expiration is set.
+func TestBatchReadsStopWithTheAnswerRoom(t *testing.T) {
+	g := newBoundRig(t)
+	g.mustPut("/big", value(boundValue, "big"))
+	exp := int64(300)
+	tests := []struct {
+		name string
+		ops  []batchOp
+		last int // status of the last result
+	}{
+		{"gat", opsOf("gat", &exp, repeat("big", 1000)...), http.StatusInsufficientStorage},
+		// a touch first: the gets are read one at a time, not as a multi-get
+		{"get after a touch", append(opsOf("touch", &exp, "big"), opsOf("get", nil, repeat("big", 999)...)...), http.StatusInsufficientStorage},
+		{"gat of a missing key last", opsOf("gat", &exp, append(repeat("big", 999), "nope")...), http.StatusNotFound},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g.do("POST", "/big?op=touch&exptime=5", nil)
+			before := g.written()
+			res := statuses(t, g.do("POST", "/", bytes.NewReader(batchBody(tt.ops))))
+			if n := g.written() - before; n > boundRoom+2*boundValue {
+				t.Errorf("memcached wrote %d bytes for a batch of 1000 reads of one %d-byte key, want at most the answer room and a value (%d)", n, boundValue, boundRoom+2*boundValue)
+			}
+			if len(res) != 1000 {
+				t.Fatalf("%d results, want 1000", len(res))
+			}
+			n := countStatuses(res)
+			if ok := n[http.StatusOK]; ok < boundRoom/boundValue-1 || ok > boundRoom/boundValue {
+				t.Errorf("%d values in the answer, want the %d that fit: statuses %v", ok, boundRoom/boundValue, n)
+			}
+			if got := res[len(res)-1].Status; got != tt.last {
+				t.Errorf("last result %d, want %d: statuses %v", got, tt.last, n)
+			}
+			if n[http.StatusServiceUnavailable] > 0 {
+				t.Errorf("statuses %v: 503, the budget refusing values, where the answer room is full", n)
+			}
+			for node, ttl := range g.ttls("big") {
+				if ttl < 290 || ttl > 300 {
+					t.Errorf("big on %s: %d s to live after the batch, want about 300", node, ttl)
+				}
+			}
+		})
+	}
+}
+
+// TestBatchReadsOfManyKeysAreBounded: gats of many different 1 MB keys,
+// more than the answer room takes, make memcached send at most twice the
+// answer room and readParallel values, however many keys there are; each
+// key is touched.
+func TestBatchReadsOfManyKeysAreBounded(t *testing.T) {
+	g := newBoundRig(t)
+	const keys = 100
+	var names []string
+	for i := range keys {
+		k := "big" + strconv.Itoa(i)
+		g.mustPut("/"+k, value(boundValue, k))
+		names = append(names, k)
+	}
+	exp := int64(300)
+	before := g.written()
+	res := statuses(t, g.do("POST", "/", bytes.NewReader(batchBody(opsOf("gat", &exp, names...)))))
+	limit := 2*boundRoom + readParallel*boundValue
+	if n := g.written() - before; n > limit {
+		t.Errorf("memcached wrote %d bytes for gats of %d different %d-byte keys, want at most %d", n, keys, boundValue, limit)
+	}
+	if n := countStatuses(res); n[http.StatusOK] == 0 || n[http.StatusOK]+n[http.StatusInsufficientStorage]+n[http.StatusServiceUnavailable] != keys {
+		t.Errorf("statuses %v, want values, then 507 (or 503 where the budget was full)", n)
+	}
+	for _, k := range names {
+		for node, ttl := range g.ttls(k) {
+			if ttl < 290 || ttl > 300 {
+				t.Errorf("%s on %s: %d s to live after the batch, want about 300", k, node, ttl)
 			}
 		}
 	}
