@@ -374,11 +374,20 @@ func (h *handler) run(r *http.Request, ops []parsedOp, room *answerRoom, vr *val
 	}
 	// A key's operations run on a goroutine of their own once a token of
 	// h.batchOps is free: all batches together work on batchParallel keys
-	// at most, whatever their number.
+	// at most, whatever their number. A key with a read first takes one
+	// of the request's room.reads (answerRoom), before the shared token,
+	// so that a batch of reads waiting for its own turns holds none of
+	// the other batches'.
 	for n, k := range order {
-		select {
-		case h.batchOps <- struct{}{}:
-		case <-ctx.Done():
+		reads := readsIn(ops, perKey[k])
+		ok := take(ctx, room.reads, reads)
+		if ok && !take(ctx, h.batchOps, true) {
+			if reads {
+				<-room.reads
+			}
+			ok = false
+		}
+		if !ok {
 			for _, k := range order[n:] {
 				for _, i := range perKey[k] {
 					results[i].setOutcome(ops[i].op.Verb, ctx.Err())
@@ -388,7 +397,12 @@ func (h *handler) run(r *http.Request, ops []parsedOp, room *answerRoom, vr *val
 			return results
 		}
 		wg.Go(func() {
-			defer func() { <-h.batchOps }()
+			defer func() {
+				<-h.batchOps
+				if reads {
+					<-room.reads
+				}
+			}()
 			for _, i := range perKey[k] {
 				h.runOp(ctx, ops[i].op, &results[i], room, vr)
 			}
@@ -396,6 +410,31 @@ func (h *handler) run(r *http.Request, ops []parsedOp, room *answerRoom, vr *val
 	}
 	wg.Wait()
 	return results
+}
+
+// readsIn reports whether any of the operations ops[i] of idx reads a
+// value.
+func readsIn(ops []parsedOp, idx []int) bool {
+	for _, i := range idx {
+		if ops[i].invalid == nil && ops[i].op.Verb.Reply() == op.Items {
+			return true
+		}
+	}
+	return false
+}
+
+// take takes a token of ch if need is true, waiting within ctx; it
+// reports false, holding nothing, if ctx ended first.
+func take(ctx context.Context, ch chan struct{}, need bool) bool {
+	if !need {
+		return true
+	}
+	select {
+	case ch <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // batchParallel is how many keys of batches (POST /) are worked on at
@@ -418,14 +457,8 @@ const batchParallel = 256
 // instead, so that the expiration is still set (a miss then answers 404).
 func (h *handler) runOp(ctx context.Context, o op.Op, res *batchResult, room *answerRoom, vr *valueRoom) {
 	if o.Verb.Reply() == op.Items {
-		// The token first: mayRead must see what the reads before it sent.
-		select {
-		case room.reads <- struct{}{}:
-			defer func() { <-room.reads }()
-		case <-ctx.Done():
-			res.setOutcome(o.Verb, ctx.Err())
-			return
-		}
+		// run took a token of room.reads for o's key: mayRead sees what
+		// the reads before it sent, but for readParallel at most.
 		if !room.mayRead(o.Item.Key) {
 			h.readUnsent(ctx, o, res)
 			return
