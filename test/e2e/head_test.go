@@ -77,12 +77,34 @@ func TestHeadSendsNoValue(t *testing.T) {
 		t.Errorf("memcached wrote %d bytes for %d HEADs of a %d-byte value, want a few lines each", n, heads+5, len(random))
 	}
 
+	// With values in chunks on, an append or a delete asks whether the
+	// item is an index by its flags and size, not by its value.
+	before = written()
+	if r := raw.do("POST", "/v?op=append", []byte("!")); r.status != 204 && r.status != 201 {
+		t.Fatalf("append = %d %q", r.status, r.body)
+	}
+	if r := raw.do("DELETE", "/v", nil); r.status != 204 {
+		t.Fatalf("DELETE = %d %q", r.status, r.body)
+	}
+	if n := written() - before; n > 64<<10 {
+		t.Errorf("memcached wrote %d bytes for an append and a delete of a %d-byte value, want a few lines", n, len(random))
+	}
+
 	// A value in chunks: its size is its index's.
 	big := bytes.Repeat(random, 6) // 3 MiB: chunks of 1 MiB
 	if r := raw.do("PUT", "/big", big); r.status != 201 {
 		t.Fatalf("PUT 3 MiB = %d %q", r.status, r.body)
 	}
 	same("HEAD of a value in chunks", raw.do("HEAD", "/big", nil), raw.do("GET", "/big", nil))
+	if r := raw.do("POST", "/big?op=append", []byte("!")); r.status != 409 {
+		t.Errorf("append to a value in chunks = %d %q, want 409", r.status, r.body)
+	}
+	if r := raw.do("DELETE", "/big", nil); r.status != 204 {
+		t.Errorf("DELETE of a value in chunks = %d %q", r.status, r.body)
+	}
+	if r := raw.do("GET", "/big", nil); r.status != 404 {
+		t.Errorf("GET after its DELETE = %d, want 404", r.status)
+	}
 
 	// The php codec: an incompressible string is stored as it is and
 	// answered from its size; a compressed one is read and decompressed.
