@@ -38,6 +38,18 @@ func TestHead(t *testing.T) {
 	if res := c.Do(ctx, op.Op{Verb: op.Head, Item: op.Item{Key: "absent"}}); !errors.Is(res.Err, ErrNotFound) {
 		t.Errorf("head of a missing key: %v, want ErrNotFound", res.Err)
 	}
+	// head_touch answers as head does, and sets the expiration: -1
+	// expires the item at once.
+	res := c.Do(ctx, op.Op{Verb: op.HeadTouch, Item: op.Item{Key: "k", Expiration: -1}})
+	if res.Err != nil || res.N != 0 || res.Item.Flags != 9 || res.Item.Value != nil {
+		t.Errorf("head_touch = %+v size %d, %v; want flags 9, size 0", res.Item, res.N, res.Err)
+	}
+	if _, err := c.Get(ctx, "k"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("get after head_touch with expiration -1: %v, want ErrNotFound", err)
+	}
+	if res := c.Do(ctx, op.Op{Verb: op.HeadTouch, Item: op.Item{Key: "absent", Expiration: 60}}); !errors.Is(res.Err, ErrNotFound) {
+		t.Errorf("head_touch of a missing key: %v, want ErrNotFound", res.Err)
+	}
 	var hits float64
 	for _, n := range c.topo.Load().nodes {
 		hits += testutil.ToFloat64(n.m.ops[verbOp(op.Head)][resOK])

@@ -180,13 +180,16 @@ func (p pooled) Do(_ context.Context, o op.Op, key string) (*memcache.Item, uint
 	case op.Get:
 		it, err = p.Get(key)
 		return it, 0, err
-	case op.Head: // gomemcache has no meta commands: the whole value, for its size
+	case op.Head, op.HeadTouch: // gomemcache has no meta commands: the whole value, for its size
 		if it, err = p.Get(key); err != nil {
 			return nil, 0, err
 		}
 		size := len(it.Value)
 		it.Value = nil
-		return it, uint64(size), nil
+		if o.Verb == op.HeadTouch {
+			err = p.Touch(key, o.Item.Expiration)
+		}
+		return it, uint64(size), err
 	case op.GAT:
 		if it, err = p.Get(key); err != nil {
 			return nil, 0, err
@@ -300,7 +303,7 @@ func (n *node) run(ctx context.Context, o op.Op, sk string, failover bool, cap f
 	}
 	err := n.doAs(ctx, verbOp(o.Verb), failover, admissionOf(o), func(mc dataClient, _ bool) error {
 		do := mc.Do
-		if o.Verb == op.Head {
+		if o.Verb.Reply() == op.Meta {
 			do = n.headOn(mc)
 		}
 		it, num, err := do(ctx, o, sk)
@@ -313,9 +316,10 @@ func (n *node) run(ctx context.Context, o op.Op, sk string, failover bool, cap f
 	return res, err
 }
 
-// headOn returns how an op.Head runs on mc: mg, or, once the node has
-// answered mg with ERROR (memcached before 1.6, or a proxy that passes no
-// meta commands on), a get of the whole value, whose size it answers.
+// headOn returns how an op.Head or op.HeadTouch runs on mc: mg, or, once
+// the node has answered mg with ERROR (memcached before 1.6, or a proxy
+// that passes no meta commands on), a get (a gat) of the whole value,
+// whose size it answers.
 func (n *node) headOn(mc dataClient) func(context.Context, op.Op, string) (*memcache.Item, uint64, error) {
 	return func(ctx context.Context, o op.Op, sk string) (*memcache.Item, uint64, error) {
 		if !n.noMeta.Load() {
@@ -327,7 +331,11 @@ func (n *node) headOn(mc dataClient) func(context.Context, op.Op, string) (*memc
 				n.log.Warn("memcached answers mg with ERROR: HEAD reads whole values from it", "node", n.name)
 			}
 		}
-		o.Verb = op.Get
+		if o.Verb == op.HeadTouch {
+			o.Verb = op.GAT
+		} else {
+			o.Verb = op.Get
+		}
 		it, _, err := mc.Do(ctx, o, sk)
 		if err != nil {
 			return nil, 0, err

@@ -143,15 +143,25 @@ func (v *Values) Do(ctx context.Context, o op.Op) op.Result {
 	case op.Delete:
 		return v.delete(ctx, o)
 	case op.Touch:
-		g := o
-		g.Verb, g.Room = op.GAT, peek{}
-		res := v.Do(ctx, g)
-		if errors.Is(res.Err, upstream.ErrNoFit) {
-			// Too large to be an index: a plain value, touched as such
-			// (a read refused unsent touched nothing).
+		// Touched with mg … T, which answers the item's flags and size,
+		// not its value; only an item whose flags and size are an
+		// index's is read, with a gat, to touch its chunks too.
+		h := o
+		h.Verb, h.Room = op.HeadTouch, peek{}
+		res := v.store.Do(ctx, h)
+		switch {
+		case errors.Is(res.Err, upstream.ErrNoFit):
+			// A server without meta commands: read with a gat that
+			// took no large value (peek), too large to be an index, a
+			// plain value; touched as such (a read refused unsent
+			// touched nothing).
 			return v.store.Do(ctx, o)
+		case res.Err == nil && res.Item.Flags == IndexFlags && res.N == uint64(indexLen):
+			g := o
+			g.Verb, g.Room = op.GAT, peek{}
+			res = v.Do(ctx, g)
 		}
-		res.Item = op.Item{}
+		res.Item, res.N = op.Item{}, 0
 		return res
 	case op.GAT:
 		res := v.store.Do(ctx, o)

@@ -72,9 +72,13 @@ func (s *Store) Do(_ context.Context, o op.Op) op.Result {
 			s.Items[key] = old
 		}
 		return op.Result{Item: old}
-	case op.Head:
+	case op.Head, op.HeadTouch:
 		if !found {
 			return op.Result{Err: upstream.ErrNotFound}
+		}
+		if o.Verb == op.HeadTouch {
+			old.Expiration = o.Item.Expiration
+			s.Items[key] = old
 		}
 		size := len(old.Value)
 		old.Value = nil

@@ -77,9 +77,13 @@ func TestHeadSendsNoValue(t *testing.T) {
 		t.Errorf("memcached wrote %d bytes for %d HEADs of a %d-byte value, want a few lines each", n, heads+5, len(random))
 	}
 
-	// With values in chunks on, an append or a delete asks whether the
-	// item is an index by its flags and size, not by its value.
+	// With values in chunks on, a touch, an append or a delete asks
+	// whether the item is an index by its flags and size, not by its
+	// value.
 	before = written()
+	if r := raw.do("POST", "/v?op=touch&exptime=600", nil); r.status != 204 {
+		t.Fatalf("touch = %d %q", r.status, r.body)
+	}
 	if r := raw.do("POST", "/v?op=append", []byte("!")); r.status != 204 && r.status != 201 {
 		t.Fatalf("append = %d %q", r.status, r.body)
 	}
@@ -87,7 +91,7 @@ func TestHeadSendsNoValue(t *testing.T) {
 		t.Fatalf("DELETE = %d %q", r.status, r.body)
 	}
 	if n := written() - before; n > 64<<10 {
-		t.Errorf("memcached wrote %d bytes for an append and a delete of a %d-byte value, want a few lines", n, len(random))
+		t.Errorf("memcached wrote %d bytes for a touch, an append and a delete of a %d-byte value, want a few lines", n, len(random))
 	}
 
 	// A value in chunks: its size is its index's.

@@ -23,19 +23,20 @@ type Verb uint8
 
 // The verbs.
 const (
-	Get     Verb = iota + 1 // the item, with its CAS (gets)
-	GAT                     // get and touch: the item, with a new expiration (gats; memcached 1.5.3+)
-	Set                     // store unconditionally
-	Add                     // store if absent
-	Replace                 // store if present
-	CAS                     // store if unchanged since Item.CAS was read
-	Append                  // add to the end of the value
-	Prepend                 // add to the start of the value
-	Incr                    // add Delta to a decimal value
-	Decr                    // subtract Delta, stopping at 0
-	Touch                   // set a new expiration
-	Delete                  // remove
-	Head                    // the item's size, flags and CAS, without its value (mg; memcached 1.6+)
+	Get       Verb = iota + 1 // the item, with its CAS (gets)
+	GAT                       // get and touch: the item, with a new expiration (gats; memcached 1.5.3+)
+	Set                       // store unconditionally
+	Add                       // store if absent
+	Replace                   // store if present
+	CAS                       // store if unchanged since Item.CAS was read
+	Append                    // add to the end of the value
+	Prepend                   // add to the start of the value
+	Incr                      // add Delta to a decimal value
+	Decr                      // subtract Delta, stopping at 0
+	Touch                     // set a new expiration
+	Delete                    // remove
+	Head                      // the item's size, flags and CAS, without its value (mg; memcached 1.6+)
+	HeadTouch                 // Head, and a new expiration (mg … T; memcached 1.6+)
 	numVerbs
 
 	// MaxVerb is the highest verb, for tables indexed by verb.
@@ -70,19 +71,20 @@ type spec struct {
 }
 
 var specs = [numVerbs]spec{
-	Get:     {name: "get", command: "gets", reply: Items},
-	GAT:     {name: "gat", command: "gats", reply: Items, ttl: true},
-	Set:     {name: "set", command: "set", reply: Stored, write: true, value: true, ttl: true},
-	Add:     {name: "add", command: "add", reply: Stored, write: true, value: true, ttl: true},
-	Replace: {name: "replace", command: "replace", reply: Stored, write: true, value: true, ttl: true},
-	CAS:     {name: "cas", command: "cas", reply: Stored, write: true, value: true, ttl: true},
-	Append:  {name: "append", command: "append", reply: Stored, write: true, value: true},
-	Prepend: {name: "prepend", command: "prepend", reply: Stored, write: true, value: true},
-	Incr:    {name: "incr", command: "incr", reply: Number, write: true, delta: true},
-	Decr:    {name: "decr", command: "decr", reply: Number, write: true, delta: true},
-	Touch:   {name: "touch", command: "touch", reply: Touched, write: true, ttl: true},
-	Delete:  {name: "delete", command: "delete", reply: Deleted, write: true},
-	Head:    {name: "head", command: "mg", reply: Meta},
+	Get:       {name: "get", command: "gets", reply: Items},
+	GAT:       {name: "gat", command: "gats", reply: Items, ttl: true},
+	Set:       {name: "set", command: "set", reply: Stored, write: true, value: true, ttl: true},
+	Add:       {name: "add", command: "add", reply: Stored, write: true, value: true, ttl: true},
+	Replace:   {name: "replace", command: "replace", reply: Stored, write: true, value: true, ttl: true},
+	CAS:       {name: "cas", command: "cas", reply: Stored, write: true, value: true, ttl: true},
+	Append:    {name: "append", command: "append", reply: Stored, write: true, value: true},
+	Prepend:   {name: "prepend", command: "prepend", reply: Stored, write: true, value: true},
+	Incr:      {name: "incr", command: "incr", reply: Number, write: true, delta: true},
+	Decr:      {name: "decr", command: "decr", reply: Number, write: true, delta: true},
+	Touch:     {name: "touch", command: "touch", reply: Touched, write: true, ttl: true},
+	Delete:    {name: "delete", command: "delete", reply: Deleted, write: true},
+	Head:      {name: "head", command: "mg", reply: Meta},
+	HeadTouch: {name: "head_touch", command: "mg", reply: Meta, write: true, ttl: true},
 }
 
 // Verbs lists every verb, in table order.
@@ -267,6 +269,9 @@ func EncodeHead(b []byte, o *Op, key string) []byte {
 		b = strconv.AppendInt(b, int64(o.Item.Expiration), 10)
 	case v == Head: // mg <key> s f c: the size, flags and CAS
 		b = append(b, " s f c"...)
+	case v == HeadTouch: // and T<exptime>: a new expiration
+		b = append(b, " s f c T"...)
+		b = strconv.AppendInt(b, int64(o.Item.Expiration), 10)
 	}
 	return append(b, "\r\n"...)
 }

@@ -21,6 +21,7 @@ func TestEncode(t *testing.T) {
 		{Op{Verb: Touch, Item: Item{Expiration: -1}}, "touch k -1\r\n"},
 		{Op{Verb: Delete}, "delete k\r\n"},
 		{Op{Verb: Head, Item: it}, "mg k s f c\r\n"},
+		{Op{Verb: HeadTouch, Item: Item{Expiration: -1}}, "mg k s f c T-1\r\n"},
 	}
 	for _, tt := range tests {
 		if got := string(Encode([]byte(">"), &tt.o, "k")); got != ">"+tt.want {

@@ -114,7 +114,7 @@ func compare(v op.Verb, primary, shadow op.Result) comparison {
 		if primary.Item.Flags != shadow.Item.Flags || !bytes.Equal(primary.Item.Value, shadow.Item.Value) {
 			return mismatch
 		}
-	case op.Head:
+	case op.Head, op.HeadTouch:
 		if primary.Item.Flags != shadow.Item.Flags || primary.N != shadow.N {
 			return mismatch
 		}

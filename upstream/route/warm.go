@@ -67,7 +67,7 @@ func (v *view) warmDo(ctx context.Context, o op.Op) op.Result {
 // key still only in the warm pool must be filled first.
 func needsItem(v op.Verb) bool {
 	switch v {
-	case op.Replace, op.Append, op.Prepend, op.Incr, op.Decr, op.Touch, op.CAS:
+	case op.Replace, op.Append, op.Prepend, op.Incr, op.Decr, op.Touch, op.HeadTouch, op.CAS:
 		return true
 	}
 	return false

@@ -16,8 +16,8 @@ import (
 // says the same for people):
 //
 //   - get, head: the read policy (read.go).
-//   - set, add, replace, append, prepend, touch, delete, incr, decr: sent
-//     to every replica at once, answered under the write policy. The
+//   - set, add, replace, append, prepend, touch, head_touch, delete, incr,
+//     decr: sent to every replica at once, answered under the write policy. The
 //     answer is that of the first replica in read order among those that
 //     answered when the policy was met, so that it agrees with what the
 //     next read sees; with MissFallback, where reads pass over a replica
