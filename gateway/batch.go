@@ -783,9 +783,10 @@ func (h *handler) parseOp(b batchOp) parsedOp {
 	return p
 }
 
-// batched reports whether a batch takes verb v: every verb but head,
-// which is HEAD /{key}'s alone (a batch's answer has no size field).
-func batched(v op.Verb) bool { return v.Valid() && v != op.Head }
+// batched reports whether a batch takes verb v: every verb but head and
+// head_touch, which answer a size (HEAD /{key}'s, and values in chunks'),
+// a field a batch's answer does not have.
+func batched(v op.Verb) bool { return v.Valid() && v.Reply() != op.Meta }
 
 // verbNames lists the verbs a batch takes.
 func verbNames() string {
