@@ -674,8 +674,10 @@ func TestBigValueOtherReaders(t *testing.T) {
 	}
 	for c, on := range g.chunkTTLs("big", x) {
 		for _, ttl := range on {
-			if ttl != 500+grace {
-				t.Errorf("after touch 500: chunk %d TTL %d, want %d", c, ttl, 500+grace)
+			// memcached counts TTLs down by its clock's whole seconds:
+			// one may tick between the touch and this read.
+			if ttl < 500+grace-2 || ttl > 500+grace {
+				t.Errorf("after touch 500: chunk %d TTL %d, want %d (less a tick or two)", c, ttl, 500+grace)
 			}
 		}
 	}
@@ -706,7 +708,7 @@ func TestBigValueOtherReaders(t *testing.T) {
 	}
 	for c, on := range g.chunkTTLs("big", x) {
 		for _, ttl := range on {
-			if ttl != 700+grace {
+			if ttl < 700+grace-2 || ttl > 700+grace { // less a tick or two, as above
 				t.Errorf("after GET ?touch=700: chunk %d TTL %d, want %d", c, ttl, 700+grace)
 			}
 		}
