@@ -195,7 +195,7 @@ func (c *Cluster) getMulti(ctx context.Context, keys []string, limit int, vroom 
 				r := room()
 				defer done(r)
 				err := b.node.do(ctx, opGetMulti, b.failover, func(mc dataClient, _ bool) (err error) {
-					items, dropped, nofit, err = mc.GetMultiLimit(ctx, b.store, r, vroom)
+					items, dropped, nofit, err = mc.GetMultiLimit(ctx, b.store, r, vroom, false)
 					return err
 				})
 				var ne *NodeError

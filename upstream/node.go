@@ -160,8 +160,11 @@ type dataClient interface {
 	// GetMultiLimit is GetMulti keeping at most limit bytes of values
 	// (0: no limit); the keys of the values it drops are in dropped.
 	// room, if not nil, holds every value kept (op.Room.Reserve); the
-	// keys of those it refuses are in nofit. ctx is as for Do.
-	GetMultiLimit(ctx context.Context, keys []string, limit int, room op.Room) (items map[string]*memcache.Item, dropped, nofit []string, err error)
+	// keys of those it refuses are in nofit. ctx is as for Do. probe
+	// asks mcpipe's to learn the values' sizes first (mg) and read only
+	// those that fit limit, so that memcached does not send the values
+	// it would drop; gomemcache's has no meta commands and ignores it.
+	GetMultiLimit(ctx context.Context, keys []string, limit int, room op.Room, probe bool) (items map[string]*memcache.Item, dropped, nofit []string, err error)
 	Close() error
 }
 
@@ -226,8 +229,9 @@ func (p pooled) Do(_ context.Context, o op.Op, key string) (*memcache.Item, uint
 // GetMultiLimit reads every value whole first (gomemcache's GetMulti),
 // then keeps those within limit that room reserves, in the order asked,
 // as memcached answers; the reservations are released once the items are
-// handed out, as mcpipe's are after the reply is read.
-func (p pooled) GetMultiLimit(_ context.Context, keys []string, limit int, room op.Room) (map[string]*memcache.Item, []string, []string, error) {
+// handed out, as mcpipe's are after the reply is read. It ignores probe
+// (gomemcache has no meta commands): memcached sends every value found.
+func (p pooled) GetMultiLimit(_ context.Context, keys []string, limit int, room op.Room, _ bool) (map[string]*memcache.Item, []string, []string, error) {
 	items, err := p.GetMulti(keys)
 	if err != nil || limit <= 0 && room == nil {
 		return items, nil, nil, err

@@ -31,6 +31,7 @@ type call struct {
 	limit int               // a multi-key Get's cap on value bytes kept; 0: none
 	all   bool              // room is asked for every value, not only those of op.LentValue bytes or more (a multi-key Get's)
 	key   string            // a single-key Get's key: such Gets may share one command
+	probe []string          // a size probe's keys (Client.probe): the reply is readProbe's
 	room  op.Room           // op.Op.Room of a read; nil: none
 	peer  []*call           // on the first call of a shared gets line: every call on it
 	self  [1]*call          // members' answer for a call on its own, without allocating
@@ -126,6 +127,7 @@ type reply struct {
 	dropped []string // keys whose values were read but not kept (call.limit)
 	nofit   []int    // line indexes of the values read but not kept (call.room refused them); 0 for a reply of its own
 	refused []string // on a reply of its own, the keys of those values
+	sizes   []int    // a size probe's: the size of each probed key's value, index for index; -1: a miss
 	num     uint64
 	err     error // memcached's refusal, or the connection's failure
 }
@@ -727,7 +729,7 @@ func (c *conn) readLoop() {
 		}
 		// The keys of a shared line, copied while the calls are surely
 		// queued: fail may answer and free them while the reply is read.
-		k, verb := c.queue[0].kind, c.queue[0].verb
+		k, verb, probe := c.queue[0].kind, c.queue[0].verb, c.queue[0].probe
 		lim := replyLimit{bytes: c.queue[0].limit, all: c.queue[0].all}
 		keys, rooms = keys[:0], rooms[:0]
 		for _, p := range c.queue[0].peer {
@@ -737,7 +739,13 @@ func (c *conn) readLoop() {
 			rooms = append(rooms, c.queue[0].room)
 		}
 		c.mu.Unlock()
-		r, err := readReply(br, k, verb, keys, lim, rooms, &holds, c.hints)
+		var r reply
+		var err error
+		if probe != nil {
+			r, err = readProbe(br, probe)
+		} else {
+			r, err = readReply(br, k, verb, keys, lim, rooms, &holds, c.hints)
+		}
 		clear(rooms) // let the callers go
 		if err != nil {
 			release()
@@ -949,6 +957,7 @@ var (
 	prefixHD        = []byte("HD ")
 	lineEN          = []byte("EN\r\n")
 	lineError       = []byte("ERROR\r\n")
+	lineMN          = []byte("MN\r\n")
 )
 
 // isErrorLine reports the protocol's generic error replies, which end a
@@ -987,15 +996,9 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, lim
 	keys := keyCursor{keys: lineKeys}
 	kept := 0
 	for {
-		line, err := br.ReadSlice('\n')
+		line, err := readLine(br)
 		if err != nil {
-			if errors.Is(err, bufio.ErrBufferFull) {
-				return r, fmt.Errorf("%w: reply line over %d bytes", errProtocol, br.Size())
-			}
 			return r, err
-		}
-		if len(line) < 2 || line[len(line)-2] != '\r' {
-			return r, fmt.Errorf("%w: %q", errProtocol, line)
 		}
 		switch k {
 		case op.Items:
@@ -1070,6 +1073,109 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, lim
 			return r, fmt.Errorf("%w: %q in a get reply", errProtocol, line)
 		}
 	}
+}
+
+// readLine reads one reply line, CRLF included; the slice is valid until
+// the next read of br.
+func readLine(br *bufio.Reader) ([]byte, error) {
+	line, err := br.ReadSlice('\n')
+	if err != nil {
+		if errors.Is(err, bufio.ErrBufferFull) {
+			return nil, fmt.Errorf("%w: reply line over %d bytes", errProtocol, br.Size())
+		}
+		return nil, err
+	}
+	if len(line) < 2 || line[len(line)-2] != '\r' {
+		return nil, fmt.Errorf("%w: %q", errProtocol, line)
+	}
+	return line, nil
+}
+
+// errProbeRefused is a size probe that memcached answered with error
+// lines for some of its keys (a meta server's CLIENT_ERROR or
+// SERVER_ERROR, or ERROR for fewer lines than were sent): the reply was
+// read to its end, so the connection is in step, and the keys are read
+// without a probe.
+var errProbeRefused = errors.New("mcpipe: memcached refused the size probe")
+
+// readProbe reads the reply to a size probe of keys (Client.probe: "mg
+// <key> s k q" per key, then "mn"): "HD" with the value's size and key,
+// its flags in any order, for each key present in the order asked,
+// misses left out (q), then "MN". r.sizes holds each key's size, index
+// for index, -1 for a miss. A server without meta commands answers ERROR
+// to every line, mn included: all len(keys)+1 of them are read, so that
+// the connection stays in step, and r.err is ErrNoMeta. Other error
+// lines make r.err errProbeRefused once MN is read. A line that fits
+// none of these, a key not asked for, or more lines than were sent is a
+// broken stream (errProtocol).
+func readProbe(br *bufio.Reader, keys []string) (r reply, err error) {
+	r.sizes = make([]int, len(keys))
+	for i := range r.sizes {
+		r.sizes[i] = -1
+	}
+	kc := keyCursor{keys: keys}
+	errs := 0
+	for lines := 0; ; lines++ {
+		if lines > len(keys) {
+			return r, fmt.Errorf("%w: more than %d lines in reply to a size probe of %d keys", errProtocol, len(keys)+1, len(keys))
+		}
+		line, err := readLine(br)
+		if err != nil {
+			return r, err
+		}
+		switch {
+		case bytes.Equal(line, lineMN):
+			if errs > 0 && r.err == nil {
+				r.err = fmt.Errorf("%w: %d ERROR lines", errProbeRefused, errs)
+			}
+			return r, nil
+		case bytes.Equal(line, lineError):
+			if errs++; errs == len(keys)+1 {
+				r.err = ErrNoMeta
+				return r, nil
+			}
+		case isErrorLine(line):
+			r.err = fmt.Errorf("%w: %q", errProbeRefused, line)
+		case bytes.Equal(line, lineEN): // a miss that q did not leave out
+		case bytes.HasPrefix(line, prefixHD):
+			key, size, err := parseProbeLine(line)
+			if err != nil {
+				return r, err
+			}
+			_, i := kc.key(key)
+			if i < 0 {
+				return r, fmt.Errorf("%w: %q answers a key the size probe did not ask for, or out of order", errProtocol, line)
+			}
+			r.sizes[i] = size
+		default:
+			return r, fmt.Errorf("%w: %q in reply to a size probe", errProtocol, line)
+		}
+	}
+}
+
+// parseProbeLine parses "HD s<size> k<key>\r\n", its flags in any order
+// and others passed over, into the key (a slice of line) and the size.
+func parseProbeLine(line []byte) (key []byte, size int, err error) {
+	seen := 0
+	for tok := range bytes.FieldsSeq(line[len(prefixHD) : len(line)-2]) {
+		switch tok[0] {
+		case 's':
+			n, perr := strconv.ParseUint(string(tok[1:]), 10, 31)
+			if perr != nil {
+				return nil, 0, fmt.Errorf("%w: bad size in %q", errProtocol, line)
+			}
+			size, seen = int(n), seen|1
+		case 'k':
+			if len(tok) == 1 {
+				return nil, 0, fmt.Errorf("%w: empty key in %q", errProtocol, line)
+			}
+			key, seen = tok[1:], seen|2
+		}
+	}
+	if seen != 3 {
+		return nil, 0, fmt.Errorf("%w: %q without its size and key", errProtocol, line)
+	}
+	return key, size, nil
 }
 
 // readValue reads a value's size bytes and its CRLF off the stream into

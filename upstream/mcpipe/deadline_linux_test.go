@@ -247,7 +247,7 @@ func TestMultiGetKeepsDeadlines(t *testing.T) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), deadline)
 		defer cancel()
-		_, _, _, err := c.GetMultiLimit(ctx, []string{"a", "b"}, 0, nil)
+		_, _, _, err := c.GetMultiLimit(ctx, []string{"a", "b"}, 0, nil, false)
 		multi <- err
 	}()
 	time.Sleep(20 * time.Millisecond)

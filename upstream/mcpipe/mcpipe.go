@@ -78,6 +78,7 @@ type Client struct {
 	large   lane // reads of values that were large when last read
 	calls   sync.Pool
 	hints   *sizeHints
+	noMeta  atomic.Bool // the server answered a size probe with ERROR: no meta commands, so GetMultiLimit probes no more
 }
 
 // lane is connections that requests are spread over round robin.
@@ -389,7 +390,7 @@ func (c *Client) Get(key string) (*memcache.Item, error) {
 // GetMulti reads many items with one command; missing keys are absent
 // from the map.
 func (c *Client) GetMulti(keys []string) (map[string]*memcache.Item, error) {
-	m, _, _, err := c.GetMultiLimit(context.Background(), keys, 0, nil)
+	m, _, _, err := c.GetMultiLimit(context.Background(), keys, 0, nil, false)
 	return m, err
 }
 
@@ -405,7 +406,18 @@ func (c *Client) GetMulti(keys []string) (map[string]*memcache.Item, error) {
 // large when last read is refused unsent (in nofit) while the room could
 // not take that size, as Do's reads are (Client.admit). ctx's deadline
 // bounds it as Do's does.
-func (c *Client) GetMultiLimit(ctx context.Context, keys []string, limit int, room op.Room) (items map[string]*memcache.Item, dropped, nofit []string, err error) {
+//
+// With probe and a limit, memcached is first asked the size of every
+// key's value (Client.fitting, one round trip more) and then sent a gets
+// for only the keys whose values fit: without it memcached sends every
+// value, and a request naming 100 keys of 1 MB made it send 100 MB to
+// keep 16 MiB. The keys present past the limit are in dropped, unsent;
+// those whose value room could not take now are in nofit, unsent; the
+// keys missing at probe time are not read (misses). A value that grew
+// since the probe is still dropped as it is read. A server without meta
+// commands (memcached before 1.6) answers the first probe with ERROR,
+// and the Client probes no more: its keys are read as without probe.
+func (c *Client) GetMultiLimit(ctx context.Context, keys []string, limit int, room op.Room, probe bool) (items map[string]*memcache.Item, dropped, nofit []string, err error) {
 	for _, k := range keys {
 		if !legalKey(k) {
 			return nil, nil, nil, memcache.ErrMalformedKey
@@ -422,8 +434,15 @@ func (c *Client) GetMultiLimit(ctx context.Context, keys []string, limit int, ro
 			}
 		}
 	}
+	if probe && limit > 0 && len(send) > 0 && !c.noMeta.Load() {
+		var refused []string
+		if send, dropped, refused, err = c.fitting(ctx, send, limit, room); err != nil {
+			return nil, nil, nil, err
+		}
+		nofit = append(nofit, refused...)
+	}
 	if len(send) == 0 {
-		return map[string]*memcache.Item{}, nil, nofit, nil
+		return map[string]*memcache.Item{}, dropped, nofit, nil
 	}
 	cl, err := c.sendGets(ctx, l, send, limit, room)
 	if err != nil {
@@ -438,7 +457,71 @@ func (c *Client) GetMultiLimit(ctx context.Context, keys []string, limit int, ro
 	for _, it := range cl.items {
 		items[it.Key] = it
 	}
-	return items, cl.dropped, append(nofit, cl.refused...), nil
+	return items, append(dropped, cl.dropped...), append(nofit, cl.refused...), nil
+}
+
+// fitting asks memcached the sizes of keys' values (probe) and returns
+// the keys worth a gets: the present ones, in order, whose values fit
+// limit as readReply would keep them (a value that passes what is kept
+// so far is skipped, a smaller one after it may still fit), and that room
+// (nil: none) could take now. over are the present keys past the limit,
+// nofit those room could not take. A server without meta commands is
+// remembered (noMeta), and a probe it refused for some keys
+// (errProbeRefused) taught nothing: both return every key, read as
+// without a probe. A failed connection is an error.
+func (c *Client) fitting(ctx context.Context, keys []string, limit int, room op.Room) (send, over, nofit []string, err error) {
+	sizes, err := c.probe(ctx, keys)
+	switch {
+	case errors.Is(err, ErrNoMeta):
+		c.noMeta.Store(true)
+		return keys, nil, nil, nil
+	case errors.Is(err, errProbeRefused):
+		return keys, nil, nil, nil
+	case err != nil:
+		return nil, nil, nil, err
+	}
+	send = make([]string, 0, len(keys))
+	kept := 0
+	for i, k := range keys {
+		switch n := sizes[i]; {
+		case n < 0: // a miss: nothing to read
+		case kept+n > limit:
+			over = append(over, k)
+		case room != nil && n > 0 && !room.Fits(n):
+			nofit = append(nofit, k)
+		default:
+			kept += n
+			send = append(send, k)
+		}
+	}
+	return send, over, nofit, nil
+}
+
+// probe sends "mg <key> s k q" for each key and then "mn", as one call
+// on the small lane (its reply is a line per key), and returns the size
+// of each key's value, index for index, -1 for a miss (readProbe).
+func (c *Client) probe(ctx context.Context, keys []string) ([]int, error) {
+	cn, err := c.conn(&c.small)
+	if err != nil {
+		return nil, err
+	}
+	cl := c.newCall()
+	defer c.release(cl)
+	cl.kind, cl.verb, cl.probe = op.Meta, "mg", keys
+	cl.by, _ = ctx.Deadline()
+	cl.encode = func(b []byte) []byte {
+		for _, k := range keys {
+			b = append(b, "mg "...)
+			b = append(b, k...)
+			b = append(b, " s k q\r\n"...)
+		}
+		return append(b, "mn\r\n"...)
+	}
+	if err := cn.send(cl); err != nil {
+		return nil, err
+	}
+	<-cl.done
+	return cl.sizes, cl.err
 }
 
 // sendGets sends one gets command for keys on a connection of lane l, as

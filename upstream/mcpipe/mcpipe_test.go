@@ -1549,7 +1549,7 @@ func TestGetMultiLimitRoom(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c.hints.forget("big") // each case reads it afresh
 			rm := &testRoom{limit: tt.limit}
-			items, dropped, nofit, err := c.GetMultiLimit(t.Context(), keys, 0, rm)
+			items, dropped, nofit, err := c.GetMultiLimit(t.Context(), keys, 0, rm, false)
 			if err != nil || len(dropped) > 0 {
 				t.Fatalf("GetMultiLimit: %v, dropped %v", err, dropped)
 			}
@@ -1586,7 +1586,7 @@ func TestGetMultiLimitRoom(t *testing.T) {
 		return n
 	}
 	before := gets()
-	items, _, nofit, err := c.GetMultiLimit(t.Context(), []string{"big", "small"}, 0, rm)
+	items, _, nofit, err := c.GetMultiLimit(t.Context(), []string{"big", "small"}, 0, rm, false)
 	if err != nil || len(items) != 1 || !slices.Equal(nofit, []string{"big"}) {
 		t.Fatalf("GetMultiLimit with a known large value: %v, %d items, nofit %v; want small only, big refused", err, len(items), nofit)
 	}
