@@ -15,6 +15,15 @@ import (
 // a 25 KB line at most), well inside what memcached reads in one go.
 const maxKeysPerGet = 100
 
+// probeKeys is the most distinct keys a multi-get with a limit reads
+// without first asking memcached their values' sizes (mcpipe's
+// GetMultiLimit probe): the probe costs a round trip, and up to 32 keys
+// of memcached's largest default item (1 MiB) make it send at most
+// 32 MiB, twice the default answer room. Past it memcached is asked only
+// for the values that fit the limit: 100 distinct 1 MB keys made it send
+// 100 MB for 16 MiB answered.
+const probeKeys = 32
+
 // pick returns the node of t that serves a key now under the failover
 // policy, and whether it is not the key's owner. writeKey is a write's
 // key as sent to memcached, empty for a read: each node down that a
@@ -67,7 +76,10 @@ func (c *Cluster) Owner(key string) (i, n int) {
 // retried one by one through Get, which fails over like any read. limit,
 // if positive, caps the bytes of values kept: the values of keys past it
 // are dropped as they are read (their keys fail with ErrOverLimit), so
-// that a reply of any size costs at most limit bytes.
+// that a reply of any size costs at most limit bytes. With more than
+// probeKeys distinct keys and pipelined connections, the sizes of the
+// values are asked first and the keys past the limit are not read at all
+// (they fail with ErrOverLimit too).
 func (c *Cluster) GetMulti(ctx context.Context, keys []string, limit int, room op.Room) (map[string]op.Item, map[string]error) {
 	pick := func(t *topology, hashKey string) (*node, bool, error) { return c.pick(t, hashKey, "") }
 	return c.getMulti(ctx, keys, limit, room, pick, true)
@@ -149,6 +161,10 @@ func (c *Cluster) getMulti(ctx context.Context, keys []string, limit int, vroom 
 		b.store = append(b.store, sk)
 		b.client[sk] = k
 	}
+	// With many keys, learn the values' sizes before reading them, so
+	// that memcached sends only those that fit each batch's share of the
+	// limit (room), about limit in all, not every value found.
+	probe := limit > 0 && len(seen) > probeKeys
 	// room is the share of limit a batch about to be read may keep: what
 	// no batch has kept or reserved, split among the batches not yet
 	// started, so that batches read at once never hold more than limit
@@ -195,7 +211,7 @@ func (c *Cluster) getMulti(ctx context.Context, keys []string, limit int, vroom 
 				r := room()
 				defer done(r)
 				err := b.node.do(ctx, opGetMulti, b.failover, func(mc dataClient, _ bool) (err error) {
-					items, dropped, nofit, err = mc.GetMultiLimit(ctx, b.store, r, vroom, false)
+					items, dropped, nofit, err = mc.GetMultiLimit(ctx, b.store, r, vroom, probe)
 					return err
 				})
 				var ne *NodeError

@@ -480,30 +480,37 @@ func TestGetMulti(t *testing.T) {
 			}
 		}
 	}
-	found, failed := c.GetMulti(ctx, keys, 0, nil)
-	if len(failed) != 0 {
-		t.Errorf("GetMulti failed keys: %v", failed)
-	}
-	for i, k := range keys {
-		it, ok := found[k]
-		if i%5 == 0 {
-			if ok {
-				t.Errorf("GetMulti found %s, which was never set", k)
-			}
-			continue
+	// No limit, and a limit that all the values fit, which asks their
+	// sizes first (more than probeKeys keys).
+	limits := []int{0, 1 << 20}
+	for _, limit := range limits {
+		found, failed := c.GetMulti(ctx, keys, limit, nil)
+		if len(failed) != 0 {
+			t.Errorf("GetMulti(limit %d) failed keys: %v", limit, failed)
 		}
-		if !ok || string(it.Value) != "v"+k || it.Flags != uint32(i) || it.Key != k || it.CAS == 0 {
-			t.Errorf("GetMulti[%s] = %+v, %v, want value v%s flags %d", k, it, ok, k, i)
+		for i, k := range keys {
+			it, ok := found[k]
+			if i%5 == 0 {
+				if ok {
+					t.Errorf("GetMulti(limit %d) found %s, which was never set", limit, k)
+				}
+				continue
+			}
+			if !ok || string(it.Value) != "v"+k || it.Flags != uint32(i) || it.Key != k || it.CAS == 0 {
+				t.Errorf("GetMulti(limit %d)[%s] = %+v, %v, want value v%s flags %d", limit, k, it, ok, k, i)
+			}
 		}
 	}
 	// A node that dies mid-way: its keys are read through failover (misses).
 	mcs[0].Kill()
-	found, failed = c.GetMulti(ctx, keys, 0, nil)
-	if len(failed) != 0 {
-		t.Errorf("GetMulti with a dead node: %d keys failed, want failover (first: %v)", len(failed), failed)
-	}
-	if len(found) == 0 {
-		t.Error("GetMulti with a dead node found nothing on the live ones")
+	for _, limit := range limits {
+		found, failed := c.GetMulti(ctx, keys, limit, nil)
+		if len(failed) != 0 {
+			t.Errorf("GetMulti(limit %d) with a dead node: %d keys failed, want failover (first: %v)", limit, len(failed), failed)
+		}
+		if len(found) == 0 {
+			t.Errorf("GetMulti(limit %d) with a dead node found nothing on the live ones", limit)
+		}
 	}
 }
 
