@@ -53,7 +53,15 @@ type bigRig struct {
 
 func newBigRig(t *testing.T, mod func(*Options, *upstream.Cluster)) *bigRig {
 	t.Helper()
-	mcs := memcachedtest.StartN(t, 3)
+	return newBigRigArgs(t, nil, mod)
+}
+
+// newBigRigArgs is newBigRig with memcached started with args (for
+// example "-m", "256" for a test that stores more than its default
+// 64 MB).
+func newBigRigArgs(t *testing.T, args []string, mod func(*Options, *upstream.Cluster)) *bigRig {
+	t.Helper()
+	mcs := memcachedtest.StartN(t, 3, args...)
 	var servers []upstream.Server
 	for _, m := range mcs {
 		servers = append(servers, upstream.Server{Host: "127.0.0.1", Port: m.Port})

@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -20,10 +21,11 @@ const boundValue = 1_000_000
 const boundRoom = 16 << 20
 
 // newBoundRig is a bigRig without values in chunks, whose items take
-// values of boundValue bytes, with the default answer room (16 MiB).
-func newBoundRig(t *testing.T) *bigRig {
+// values of boundValue bytes, with the default answer room (16 MiB);
+// its memcached servers are started with args.
+func newBoundRig(t *testing.T, args ...string) *bigRig {
 	t.Helper()
-	return newBigRig(t, func(o *Options, _ *upstream.Cluster) {
+	return newBigRigArgs(t, args, func(o *Options, _ *upstream.Cluster) {
 		o.MaxValueBytes, o.BigValueMaxBytes, o.BatchMaxResponseBytes = boundValue+1000, 0, boundRoom
 	})
 }
@@ -213,6 +215,44 @@ func TestBatchReadsOfManyKeysAreBounded(t *testing.T) {
 			if ttl < 290 || ttl > 300 {
 				t.Errorf("%s on %s: %d s to live after the batch, want about 300", k, node, ttl)
 			}
+		}
+	}
+}
+
+// TestMultiGetOfManyKeysIsBounded: a plain multi-get (no touch) of 200
+// different 1 MB keys asks memcached their sizes first and reads only
+// the values that fit the answer room: memcached writes about the room,
+// not 200 MB. The keys read answer 200 with their values, the others
+// present 507, the missing one 404.
+func TestMultiGetOfManyKeysIsBounded(t *testing.T) {
+	g := newBoundRig(t, "-m", "256")
+	const keys = 200
+	var b strings.Builder
+	b.WriteString("/?")
+	for i := range keys {
+		k := "big" + strconv.Itoa(i)
+		g.mustPut("/"+k, value(boundValue, k))
+		fmt.Fprintf(&b, "key=%s&", k)
+	}
+	b.WriteString("key=absent")
+	before := g.written()
+	res := statuses(t, g.do("GET", b.String(), nil))
+	if n := g.written() - before; n > 2*boundRoom+64<<10 {
+		t.Errorf("memcached wrote %d bytes for a multi-get of %d different %d-byte keys, want less than twice the answer room (%d)", n, keys, boundValue, 2*boundRoom)
+	}
+	if len(res) != keys+1 {
+		t.Fatalf("%d results, want %d", len(res), keys+1)
+	}
+	if r := res[keys]; r.Key != "absent" || r.Status != http.StatusNotFound {
+		t.Errorf("the missing key's result = %+v, want 404", r)
+	}
+	n := countStatuses(res[:keys])
+	if n[http.StatusOK] < boundRoom/boundValue/2 || n[http.StatusOK]+n[http.StatusInsufficientStorage] != keys {
+		t.Errorf("statuses %v, want at least %d values, the rest 507", n, boundRoom/boundValue/2)
+	}
+	for _, r := range res[:keys] {
+		if r.Status == http.StatusOK && (r.Value == nil || len(*r.Value) != boundValue) {
+			t.Errorf("%s: 200 without its %d-byte value", r.Key, boundValue)
 		}
 	}
 }
