@@ -17,11 +17,13 @@ const maxKeysPerGet = 100
 
 // probeKeys is the most distinct keys a multi-get with a limit reads
 // without first asking memcached their values' sizes (mcpipe's
-// GetMultiLimit probe): the probe costs a round trip, and up to 32 keys
-// of memcached's largest default item (1 MiB) make it send at most
-// 32 MiB, twice the default answer room. Past it memcached is asked only
-// for the values that fit the limit: 100 distinct 1 MB keys made it send
-// 100 MB for 16 MiB answered.
+// GetMultiLimit probe): the probe costs a round trip (a multi-get of 50
+// 100-byte values through the gateway: 489 µs at the median instead of
+// 355 µs, on loopback), and up to 32 keys of memcached's largest default
+// item (1 MiB) make it send at most 32 MiB, twice the default answer
+// room. Past it memcached is asked only for the values that fit the
+// limit: 100 distinct 1 MB keys made it send 100 MB for 16 MiB answered,
+// 16 MB with the probe.
 const probeKeys = 32
 
 // pick returns the node of t that serves a key now under the failover
