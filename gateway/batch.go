@@ -209,15 +209,19 @@ func (a *answerRoom) mayRead(key string) bool {
 
 // sentRoom is the op.Room of a read one at a time: vr, counting each
 // value memcached sends, taken or not, against its answerRoom's sent.
+// Values it is not asked about (below op.LentValue, or all of them from
+// gomemcache's pool) are counted by runOp once read, beyond counted.
 type sentRoom struct {
 	*valueRoom
-	a *answerRoom
+	a       *answerRoom
+	counted atomic.Int64 // bytes Reserve counted
 }
 
 // Reserve counts the n bytes of a value being read, and holds them as
 // the valueRoom does (op.Room).
-func (r sentRoom) Reserve(n int) bool {
+func (r *sentRoom) Reserve(n int) bool {
 	r.a.sent.Add(-int64(n))
+	r.counted.Add(int64(n))
 	return r.valueRoom.Reserve(n)
 }
 
@@ -456,6 +460,7 @@ const batchParallel = 256
 // answers 507, as a value that did not fit does, and a gat sends a touch
 // instead, so that the expiration is still set (a miss then answers 404).
 func (h *handler) runOp(ctx context.Context, o op.Op, res *batchResult, room *answerRoom, vr *valueRoom) {
+	var sr *sentRoom
 	if o.Verb.Reply() == op.Items {
 		// run took a token of room.reads for o's key: mayRead sees what
 		// the reads before it sent, but for readParallel at most.
@@ -463,11 +468,12 @@ func (h *handler) runOp(ctx context.Context, o op.Op, res *batchResult, room *an
 			h.readUnsent(ctx, o, res)
 			return
 		}
-		o.Room = sentRoom{vr, room}
+		sr = &sentRoom{valueRoom: vr, a: room}
+		o.Room = sr
 	}
 	r := h.ex.exec(ctx, o)
-	if n := len(r.Item.Value); o.Verb.Reply() == op.Items && n < op.LentValue {
-		room.sent.Add(-int64(n)) // not asked of the Room (op.Op.Room)
+	if n := int64(len(r.Item.Value)); sr != nil && n > sr.counted.Load() {
+		room.sent.Add(sr.counted.Load() - n) // a value the Room was not asked about
 	}
 	switch {
 	case r.Err != nil:

@@ -61,6 +61,13 @@ func newBigRig(t *testing.T, mod func(*Options, *upstream.Cluster)) *bigRig {
 // 64 MB).
 func newBigRigArgs(t *testing.T, args []string, mod func(*Options, *upstream.Cluster)) *bigRig {
 	t.Helper()
+	return newBigRigPool(t, 2, args, mod)
+}
+
+// newBigRigPool is newBigRigArgs with pipelineConns pipelined
+// connections per node (0: gomemcache's pool).
+func newBigRigPool(t *testing.T, pipelineConns int, args []string, mod func(*Options, *upstream.Cluster)) *bigRig {
+	t.Helper()
 	mcs := memcachedtest.StartN(t, 3, args...)
 	var servers []upstream.Server
 	for _, m := range mcs {
@@ -68,7 +75,7 @@ func newBigRigArgs(t *testing.T, args []string, mod func(*Options, *upstream.Clu
 	}
 	reg := prometheus.NewRegistry()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	c, err := upstream.New(upstream.Options{Servers: servers, PipelineConns: 2, Timeout: time.Second}, log, reg)
+	c, err := upstream.New(upstream.Options{Servers: servers, PipelineConns: pipelineConns, Timeout: time.Second}, log, reg)
 	if err != nil {
 		t.Fatal(err)
 	}

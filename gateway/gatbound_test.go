@@ -25,7 +25,14 @@ const boundRoom = 16 << 20
 // its memcached servers are started with args.
 func newBoundRig(t *testing.T, args ...string) *bigRig {
 	t.Helper()
-	return newBigRigArgs(t, args, func(o *Options, _ *upstream.Cluster) {
+	return newBoundRigPool(t, 2, args...)
+}
+
+// newBoundRigPool is newBoundRig with pipelineConns pipelined
+// connections per node (0: gomemcache's pool).
+func newBoundRigPool(t *testing.T, pipelineConns int, args ...string) *bigRig {
+	t.Helper()
+	return newBigRigPool(t, pipelineConns, args, func(o *Options, _ *upstream.Cluster) {
 		o.MaxValueBytes, o.BigValueMaxBytes, o.BatchMaxResponseBytes = boundValue+1000, 0, boundRoom
 	})
 }
@@ -190,9 +197,15 @@ func TestBatchReadsStopWithTheAnswerRoom(t *testing.T) {
 // TestBatchReadsOfManyKeysAreBounded: gats of many different 1 MB keys,
 // more than the answer room takes, make memcached send at most twice the
 // answer room and readParallel values, however many keys there are; each
-// key is touched.
+// key is touched. With gomemcache's pool too, whose reads ask no Room.
 func TestBatchReadsOfManyKeysAreBounded(t *testing.T) {
-	g := newBoundRig(t)
+	for _, conns := range []int{2, 0} {
+		t.Run(fmt.Sprint("pipeline_conns=", conns), func(t *testing.T) { batchReadsOfManyKeysAreBounded(t, conns) })
+	}
+}
+
+func batchReadsOfManyKeysAreBounded(t *testing.T, pipelineConns int) {
+	g := newBoundRigPool(t, pipelineConns)
 	const keys = 100
 	var names []string
 	for i := range keys {

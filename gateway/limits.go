@@ -287,7 +287,8 @@ func ReadBody(r *http.Request, limit int64) ([]byte, error) {
 	return rc.lim.readBody(r, limit)
 }
 
-// GetValue runs o, a read (op.Get or op.GAT) on s whose value r's handler
+// GetValue runs o, a read (op.Get, op.GAT, or op.Head, whose value is
+// read only from a node without meta commands) on s whose value r's handler
 // (one of Options.Routes) answers with, holding the value against the
 // byte budget as the REST API holds its GETs': a large value from before
 // it is read, every value of 4 KiB or more until the request ends. A

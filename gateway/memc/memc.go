@@ -425,7 +425,7 @@ func (m *memc) run(w http.ResponseWriter, r *http.Request, cmd memcCmd, v memcVa
 		// memcached sends the size, flags and CAS, not the value; an
 		// item with an index's flags is read to tell whether it is one.
 		o.Verb = op.Head
-		if res = m.o.Store.Do(r.Context(), o); res.Err != nil || res.Item.Flags != chunk.IndexFlags {
+		if res = gateway.GetValue(r, m.o.Store, o); res.Err != nil || res.Item.Flags != chunk.IndexFlags {
 			size = int(res.N)
 			break
 		}

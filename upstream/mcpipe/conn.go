@@ -955,6 +955,7 @@ var (
 	prefixClientErr = []byte("CLIENT_ERROR ")
 	lineHD          = []byte("HD\r\n")
 	prefixHD        = []byte("HD ")
+	prefixOK        = []byte("OK ")
 	lineEN          = []byte("EN\r\n")
 	lineError       = []byte("ERROR\r\n")
 	lineMN          = []byte("MN\r\n")
@@ -1137,10 +1138,13 @@ func readProbe(br *bufio.Reader, keys []string) (r reply, err error) {
 		case isErrorLine(line):
 			r.err = fmt.Errorf("%w: %q", errProbeRefused, line)
 		case bytes.Equal(line, lineEN): // a miss that q did not leave out
-		case bytes.HasPrefix(line, prefixHD):
+		case metaHit(line):
 			key, size, err := parseProbeLine(line)
 			if err != nil {
-				return r, err
+				// Another version of the meta protocol: the reply is
+				// read to its end, and the keys read without a probe.
+				r.err = fmt.Errorf("%w: %w", errProbeRefused, err)
+				continue
 			}
 			_, i := kc.key(key)
 			if i < 0 {
@@ -1157,7 +1161,7 @@ func readProbe(br *bufio.Reader, keys []string) (r reply, err error) {
 // and others passed over, into the key (a slice of line) and the size.
 func parseProbeLine(line []byte) (key []byte, size int, err error) {
 	seen := 0
-	for tok := range bytes.FieldsSeq(line[len(prefixHD) : len(line)-2]) {
+	for tok := range bytes.FieldsSeq(line[2 : len(line)-2]) {
 		switch tok[0] {
 		case 's':
 			n, perr := strconv.ParseUint(string(tok[1:]), 10, 31)
@@ -1277,15 +1281,15 @@ func metaResult(line []byte) (*memcache.Item, uint64, error) {
 	switch {
 	case bytes.Equal(line, lineEN):
 		return nil, 0, memcache.ErrCacheMiss
-	case bytes.Equal(line, lineError):
-		return nil, 0, ErrNoMeta
-	case !bytes.HasPrefix(line, prefixHD) && !bytes.Equal(line, lineHD):
+	case bytes.Equal(line, lineError), bytes.HasPrefix(line, prefixClientErr):
+		return nil, 0, fmt.Errorf("%w: %q", ErrNoMeta, line)
+	case !metaHit(line):
 		return nil, 0, fmt.Errorf("memcache: unexpected response line from mg: %q", line)
 	}
 	it := new(memcache.Item)
 	var size uint64
 	seen := 0
-	for tok := range bytes.FieldsSeq(line[len(lineHD)-2 : len(line)-2]) {
+	for tok := range bytes.FieldsSeq(line[2 : len(line)-2]) {
 		var err error
 		switch tok[0] {
 		case 's':
@@ -1300,19 +1304,28 @@ func metaResult(line []byte) (*memcache.Item, uint64, error) {
 			continue
 		}
 		if err != nil {
-			return nil, 0, fmt.Errorf("memcache: bad %q in mg response: %q", tok, line)
+			return nil, 0, fmt.Errorf("%w: bad %q in %q", ErrNoMeta, tok, line)
 		}
 		seen++
 	}
 	if seen != 3 {
-		return nil, 0, fmt.Errorf("memcache: mg response without its size, flags and CAS: %q", line)
+		return nil, 0, fmt.Errorf("%w: %q has no size, flags and CAS", ErrNoMeta, line)
 	}
 	return it, size, nil
 }
 
-// ErrNoMeta is a server's ERROR for a meta command (op.Head): it is older
-// than memcached 1.6, or a proxy in front of it does not pass meta
-// commands on. The connection stays in step; a plain get answers instead.
+// metaHit reports whether line is a meta command's success: "HD", or
+// "OK" from memcached before 1.6.10, with or without flags.
+func metaHit(line []byte) bool {
+	return bytes.Equal(line, lineHD) || bytes.HasPrefix(line, prefixHD) ||
+		bytes.Equal(line, lineOK) || bytes.HasPrefix(line, prefixOK)
+}
+
+// ErrNoMeta is a server's ERROR or CLIENT_ERROR for a meta command
+// (op.Head), or a success without the flags asked for: it is older than
+// memcached 1.6, speaks another version of the meta protocol, or a proxy
+// in front of it does not pass meta commands on. The connection stays in
+// step; a plain get answers instead.
 var ErrNoMeta = errors.New("memcache: server does not know meta commands (mg)")
 
 // keyCursor finds the keys of a reply to a shared gets line among the

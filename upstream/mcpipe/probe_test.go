@@ -22,7 +22,9 @@ import (
 // whatever the order of its flags, leaves the misses at -1, ends at MN,
 // and reads all of an old server's ERROR lines (one per mg and one for
 // mn) before answering ErrNoMeta, so that the next reply is read from
-// its start; what fits none of that breaks the stream.
+// its start; a success it cannot read (another version of the meta
+// protocol) makes the probe refused, read to its end; what fits none of
+// that breaks the stream.
 func TestReadProbe(t *testing.T) {
 	keys := []string{"a", "bb", "c"}
 	tests := []struct {
@@ -39,9 +41,13 @@ func TestReadProbe(t *testing.T) {
 		{name: "no meta commands", reply: strings.Repeat("ERROR\r\n", 4), err: ErrNoMeta},
 		{name: "a key refused", reply: "HD s1 ka\r\nCLIENT_ERROR bad command line format\r\nMN\r\n", err: errProbeRefused},
 		{name: "some ERRORs", reply: "ERROR\r\nHD s1 kbb\r\nMN\r\n", err: errProbeRefused},
-		{name: "without its size", reply: "HD ka\r\nMN\r\n", err: errBad},
-		{name: "without its key", reply: "HD s1\r\nMN\r\n", err: errBad},
-		{name: "a bad size", reply: "HD s-1 ka\r\nMN\r\n", err: errBad},
+		{name: "OK, as before memcached 1.6.10", reply: "OK s1 ka\r\nOK s22 kbb\r\nMN\r\n", sizes: []int{1, 22, -1}},
+		// A success without the flags asked for: another version of the
+		// meta protocol, read to its end and read without a probe.
+		{name: "without its size", reply: "HD ka\r\nMN\r\n", err: errProbeRefused},
+		{name: "without its key", reply: "HD s1\r\nMN\r\n", err: errProbeRefused},
+		{name: "bare", reply: "HD\r\nOK\r\nMN\r\n", err: errProbeRefused},
+		{name: "a bad size", reply: "HD s-1 ka\r\nMN\r\n", err: errProbeRefused},
 		{name: "a key not asked for", reply: "HD s1 kz\r\nMN\r\n", err: errBad},
 		{name: "out of order", reply: "HD s1 kc\r\nHD s1 ka\r\nMN\r\n", err: errBad},
 		{name: "a value", reply: "VALUE a 0 1\r\nx\r\nMN\r\n", err: errBad},
