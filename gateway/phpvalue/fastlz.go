@@ -248,13 +248,20 @@ func fastlzDecompress(src []byte, want int, exact bool) ([]byte, error) {
 
 // appendBackref appends n bytes copied from dist bytes back, where the
 // source may overlap the bytes being written (dist < n repeats a pattern).
+// Each copy takes the whole periods written so far, so a run (dist 1) of
+// a megabyte is about 20 copies, not a million one-byte ones: FastLZ
+// stores a run of zeros as such matches, and a GET of a megabyte of zeros
+// spent 3.4 ms here.
 func appendBackref(dst []byte, dist, n int) []byte {
 	pos := len(dst)
 	dst = slices.Grow(dst, n)[:pos+n]
 	from := pos - dist
 	for done := 0; done < n; {
-		// dst[from+done:pos+done] is already written and dist bytes long.
-		done += copy(dst[pos+done:pos+n], dst[from+done:pos+done])
+		// dst[from:pos+done] is written and repeats with period dist,
+		// so the last whole periods of it continue the pattern at
+		// pos+done.
+		span := (pos + done - from) / dist * dist
+		done += copy(dst[pos+done:pos+n], dst[pos+done-span:pos+done])
 	}
 	return dst
 }

@@ -237,3 +237,46 @@ func FuzzFastLZDecompress(f *testing.F) {
 		}
 	})
 }
+
+// TestAppendBackref: a back-reference, copied a whole number of periods
+// at a time, appends what copying it byte by byte does, for distances
+// shorter than, equal to and longer than the match.
+func TestAppendBackref(t *testing.T) {
+	tests := []struct {
+		name    string
+		prefix  string
+		dist, n int
+	}{
+		{"run of one byte", "ab", 1, 1 << 20},
+		{"period 2", "xab", 2, 1001},
+		{"period 3, not a whole number of periods", "abc", 3, 10},
+		{"period 7 from inside the prefix", "0123456789", 7, 300},
+		{"distance equal to length", "abcdef", 3, 3},
+		{"distance longer than length", "abcdefgh", 8, 3},
+		{"one byte", "a", 1, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			want := []byte(tt.prefix)
+			for range tt.n {
+				want = append(want, want[len(want)-tt.dist])
+			}
+			got := appendBackref([]byte(tt.prefix), tt.dist, tt.n)
+			if !bytes.Equal(got, want) {
+				t.Errorf("appendBackref(%q, %d, %d) differs from a byte-by-byte copy", tt.prefix, tt.dist, tt.n)
+			}
+		})
+	}
+}
+
+// BenchmarkFastLZDecodeZeros decodes a megabyte of zeros as php-memcached
+// stores it (FastLZ level 2: runs at distance 1).
+func BenchmarkFastLZDecodeZeros(b *testing.B) {
+	p, f := Encode(make([]byte, 1<<20), EncodeOptions{})
+	b.SetBytes(1 << 20)
+	for b.Loop() {
+		if _, err := Decode(f, p, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
