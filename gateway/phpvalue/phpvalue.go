@@ -73,12 +73,12 @@ const (
 	prefixLen      = 4 // the uint32 original length before compressed data
 )
 
-// Defaults of php-memcached's ini settings, used where EncodeOptions and
 // Compressed reports whether Decode of a value with these flags
 // decompresses it: its cost then depends on the original size, up to
 // Decode's maxSize, not on the payload's.
 func Compressed(flags uint32) bool { return flags&flagCompressed != 0 }
 
+// Defaults of php-memcached's ini settings, used where EncodeOptions and
 // Decode are given zero values.
 const (
 	// DefaultThreshold is memcached.compression_threshold: values shorter
@@ -218,6 +218,33 @@ func DecodeHeld(flags uint32, payload []byte, maxSize int, hold Hold) (Value, er
 	}
 	v.Body = body
 	return v, nil
+}
+
+// DecodedLen reads, without decompressing anything, what Decode's Value
+// for flags and payload would be: its type, and n, the length of its Body
+// (for a compressed value, the 4-byte little-endian length prefix
+// php-memcached stores before the compressed bytes). ok is false when the
+// flags name a type or a compression Decode refuses, or the payload is
+// shorter than the prefix. ok does not mean that Decode succeeds: the
+// compressed bytes are not read, so data that does not decode to n bytes
+// is found only by decoding, and n is not checked against any maxSize.
+// It lets a caller that needs the length alone (an HTTP HEAD) answer
+// without inflating a value that may decompress to megabytes.
+func DecodedLen(flags uint32, payload []byte) (t Type, n int, ok bool) {
+	t = Type(flags & typeMask)
+	switch {
+	case t > Msgpack:
+		return t, 0, false
+	case flags&flagCompressed == 0:
+		return t, len(payload), true
+	case flags&(flagFastLZ|flagZlib) == 0, len(payload) < prefixLen:
+		return t, 0, false
+	}
+	stored := binary.LittleEndian.Uint32(payload)
+	if uint64(stored) > math.MaxInt {
+		return t, 0, false // a 32-bit int cannot hold it; Decode refuses it as too large
+	}
+	return t, int(stored), true
 }
 
 func decompress(flags uint32, payload []byte, maxSize int, hold Hold) ([]byte, error) {

@@ -345,3 +345,56 @@ func TestDecodeHeld(t *testing.T) {
 		}
 	}
 }
+
+// TestDecodedLen: where DecodedLen answers ok, its type and length are
+// those of Decode's Value for the same value, read from the prefix alone;
+// where it does not, Decode refuses the value too. A prefix its data does
+// not decode to is ok for DecodedLen (it reads no data) and an error for
+// Decode.
+func TestDecodedLen(t *testing.T) {
+	body := bytes.Repeat([]byte{0}, 1<<20)
+	fl := uint32(flagCompressed | flagFastLZ)
+	zl := uint32(flagCompressed | flagZlib)
+	tests := []struct {
+		name       string
+		flags      uint32
+		payload    []byte
+		wantType   Type
+		wantN      int
+		wantOK     bool
+		decodeFail bool // DecodedLen reads the prefix only; Decode finds the data wrong
+	}{
+		{"plain string", 0, []byte("hello"), String, 5, true, false},
+		{"plain long with user flags", 7<<16 | uint32(Long), []byte("42"), Long, 2, true, false},
+		{"empty", 0, nil, String, 0, true, false},
+		{"fastlz level 2", fl, fastlzPayload(body, 2), String, len(body), true, false},
+		{"fastlz level 1 serialized", fl | uint32(Serialized), fastlzPayload(body[:5000], 1), Serialized, 5000, true, false},
+		{"zlib json", zl | uint32(JSON), zlibPayload(body), JSON, len(body), true, false},
+		{"both bits", fl | flagZlib, fastlzPayload(body, 2), String, len(body), true, false},
+		{"compression bits without the compressed bit", flagFastLZ | flagZlib, []byte("abc"), String, 3, true, false},
+		{"prefix past the data", fl, prefixed(len(body)+1, fastlzAppend(nil, body, 2)), String, len(body) + 1, true, true},
+		// On a 32-bit platform an int cannot hold the length: not ok.
+		{"prefix 4 GiB - 1", fl, prefixed(uint32(math.MaxUint32), nil), String, math.MaxUint32 & math.MaxInt, math.MaxInt >= math.MaxUint32, true},
+		{"short prefix", fl, []byte{1, 2, 3}, String, 0, false, true},
+		{"no compression type", flagCompressed, zlibPayload(body), String, 0, false, true},
+		{"zstd", flagCompressed | flagZstd, prefixed(3, []byte{0x28, 0xb5, 0x2f, 0xfd}), String, 0, false, true},
+		{"type 9", 9, []byte("x"), 9, 0, false, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			typ, n, ok := DecodedLen(tt.flags, tt.payload)
+			if ok != tt.wantOK || typ != tt.wantType || (ok && n != tt.wantN) {
+				t.Fatalf("DecodedLen(%#x, %d bytes) = %v, %d, %v; want %v, %d, %v", tt.flags, len(tt.payload), typ, n, ok, tt.wantType, tt.wantN, tt.wantOK)
+			}
+			v, err := Decode(tt.flags, tt.payload, 0)
+			switch {
+			case tt.decodeFail && err == nil:
+				t.Errorf("Decode = %d bytes, want an error", len(v.Body))
+			case !tt.decodeFail && err != nil:
+				t.Errorf("Decode: %v", err)
+			case !tt.decodeFail && (v.Type != typ || len(v.Body) != n):
+				t.Errorf("Decode = %v, %d bytes; DecodedLen said %v, %d", v.Type, len(v.Body), typ, n)
+			}
+		})
+	}
+}
