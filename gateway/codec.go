@@ -120,6 +120,28 @@ func (c *codec) presentSize(flags uint32, size uint64) (d decoded, ok bool) {
 	return d, true
 }
 
+// presentHead is present for a HEAD of an item read whole, without
+// decompressing it: the headers of a php-memcached compressed value, and
+// n, its decompressed length, from the length prefix stored before the
+// compressed bytes (phpvalue.DecodedLen). ok is false for every other
+// item and for one whose GET answers an error or a body the prefix does
+// not tell: a boolean (served as its text), a prefix past MaxDecodedBytes
+// (GET refuses it), or past the byte budget's limit, budget (GET can never
+// hold it; 0: no limit); present then answers as GET does. The compressed
+// bytes are not checked: data that does not decode to n bytes is a 502
+// for GET and a 200 for HEAD. A pecl/memcache compressed value records no
+// length, so its HEAD inflates it (under the budget, as GET does).
+func (c *codec) presentHead(it op.Item, budget int64) (d decoded, n int, ok bool) {
+	if c.kind != CodecPHP || !phpvalue.Compressed(it.Flags) {
+		return decoded{}, 0, false
+	}
+	t, n, ok := phpvalue.DecodedLen(it.Flags, it.Value)
+	if !ok || t == phpvalue.Bool || n > c.maxDecoded || (budget > 0 && int64(n) > budget) {
+		return decoded{}, 0, false
+	}
+	return decoded{contentType: []string{t.ContentType()}, phpType: t.String()}, n, true
+}
+
 // codecWrites reports whether the codec encodes the value of verb v: the
 // writes of a whole value (append and prepend add raw bytes to what is
 // stored).
