@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strconv"
 	"sync"
 	"time"
@@ -72,25 +74,36 @@ func (c *Cluster) everyNodeOf(ctx context.Context, nodes []*node, cmd string, mu
 }
 
 // nodeCommands is how many raw commands (command) run on one node at
-// once. Each opens a connection of its own, and /memc?cmd=stats reaches
-// them without a token when none are configured: 100 clients asking for
-// stats as fast as they could opened 2,000 connections a second to every
-// node, up to the node's whole in-flight cap at once, past memcached's
-// own connection limit (-c, 1024 by default), and doubled other clients'
-// latency. Commands past this many wait for their turn within their
-// request's deadline.
+// once, and how many idle connections a node keeps for them. Each used to
+// open a connection of its own, and /memc?cmd=stats reaches them without
+// a token when none are configured: 100 clients asking for stats as fast
+// as they could opened 2,000 connections a second to every node, up to
+// the node's whole in-flight cap at once, past memcached's own connection
+// limit (-c, 1024 by default), and doubled other clients' latency.
+// Commands past this many wait for their turn within their request's
+// deadline.
 const nodeCommands = 4
 
 // command sends one raw text-protocol command that gomemcache does not
-// offer (stats, version, flush_all with a delay) on a fresh connection,
-// nodeCommands at a time, within the node's in-flight cap and socket
-// timeout. It reads one line, or, if multiline, lines up to "END\r\n" or
-// an error line. Such commands are rare (admin and compatibility
-// endpoints), so they do not take or return pooled connections. The
-// wait for a turn and a slot counts against the node's share of request
-// slots (busy.go), unless queued (a flush_all, which must reach the
-// node): a flood of stats requests for a slow node otherwise held every
-// request slot, waiting for it.
+// offer (stats, version, flush_all with a delay), nodeCommands at a time,
+// within the node's in-flight cap and socket timeout. It reads one line,
+// or, if multiline, lines up to "END\r\n" or an error line. The wait for
+// a turn and a slot counts against the node's share of request slots
+// (busy.go), unless queued (a flush_all, which must reach the node): a
+// flood of stats requests for a slow node otherwise held every request
+// slot, waiting for it.
+//
+// It runs on an idle connection of the node's cmdIdle, or a new one, and
+// gives it back once the reply is read whole: a connection per command
+// made memcached accept one per /memc?cmd=version (130 µs of its CPU
+// each, ten GETs' worth) and left the gateway's host with thousands of
+// sockets in TIME_WAIT. A connection that failed, timed out, or answered
+// an error line is closed, not kept. An idle connection can have been
+// closed by memcached (restarted, or its idle timeout): a kept connection
+// that fails before any byte of the reply, other than by a timeout, is
+// replaced by a new one and the command sent again (every such command
+// may be sent twice: reading stats and version changes nothing, and a
+// second flush_all flushes what the first did).
 func (n *node) command(ctx context.Context, cmd string, multiline, queued bool) ([]byte, error) {
 	if !queued {
 		if err := n.join(); err != nil {
@@ -114,37 +127,67 @@ func (n *node) command(ctx context.Context, cmd string, multiline, queued bool) 
 		n.queued.Add(1) // as takeQueued: outside the share
 		defer n.queued.Add(-1)
 	}
-	dctx, cancel := context.WithTimeout(ctx, n.timeout)
-	defer cancel()
-	conn, err := n.dial(dctx, "tcp", n.name)
-	if err != nil {
-		return nil, classify(n.name, "command", err)
-	}
-	defer conn.Close()
 	deadline := time.Now().Add(n.timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	_ = conn.SetDeadline(deadline)
-	if _, err := conn.Write([]byte(cmd)); err != nil {
-		return nil, classify(n.name, "command", err)
-	}
-	r := bufio.NewReader(conn)
-	var reply []byte
 	for {
-		line, err := r.ReadSlice('\n')
-		if err != nil {
-			if errors.Is(err, bufio.ErrBufferFull) {
-				return nil, fmt.Errorf("%w: %s: reply line too long", ErrServer, n.name)
+		conn := n.cmdIdle.get()
+		kept := conn != nil
+		if !kept {
+			dctx, cancel := context.WithDeadline(ctx, deadline)
+			c, err := n.dial(dctx, "tcp", n.name)
+			cancel()
+			if err != nil {
+				return nil, classify(n.name, "command", err)
 			}
-			return nil, classify(n.name, "command", err)
+			conn = &idleConn{Conn: c, br: bufio.NewReader(c)}
 		}
-		reply = append(reply, line...)
-		if !multiline || bytes.Equal(line, []byte("END\r\n")) || isErrorLine(line) {
+		reply, errLine, err := roundTrip(conn, cmd, multiline, deadline)
+		switch {
+		case err == nil && !errLine:
+			n.cmdIdle.put(conn)
+			return reply, nil
+		case err == nil:
+			conn.Close() // after an error line the connection's state is not worth trusting
 			return reply, nil
 		}
+		conn.Close()
+		var ne net.Error
+		if kept && len(reply) == 0 && !(errors.As(err, &ne) && ne.Timeout()) && ctx.Err() == nil {
+			continue // a kept connection memcached had closed
+		}
+		if errors.Is(err, ErrServer) {
+			return nil, fmt.Errorf("%s: %w", n.name, err)
+		}
+		return nil, classify(n.name, "command", err)
+	}
+}
+
+// roundTrip writes cmd on conn and reads its reply, by deadline: one
+// line, or, if multiline, lines up to "END\r\n" or an error line
+// (errLine: the reply's last line is one). It returns what it read of the
+// reply, with the error that stopped it (an ErrServer for a reply it
+// refuses).
+func roundTrip(conn *idleConn, cmd string, multiline bool, deadline time.Time) (reply []byte, errLine bool, err error) {
+	_ = conn.SetDeadline(deadline)
+	if _, err := io.WriteString(conn, cmd); err != nil {
+		return nil, false, err
+	}
+	for {
+		line, err := conn.br.ReadSlice('\n')
+		reply = append(reply, line...)
+		if err != nil {
+			if errors.Is(err, bufio.ErrBufferFull) {
+				return reply, false, fmt.Errorf("%w: reply line too long", ErrServer)
+			}
+			return reply, false, err
+		}
+		if errLine = isErrorLine(line); !multiline || errLine || bytes.Equal(line, []byte("END\r\n")) {
+			return reply, errLine, nil
+		}
 		if len(reply) > 1<<20 {
-			return nil, fmt.Errorf("%w: %s: reply over 1 MiB", ErrServer, n.name)
+			return reply, false, fmt.Errorf("%w: reply over 1 MiB", ErrServer)
 		}
 	}
 }

@@ -45,20 +45,25 @@ func (c *Cluster) TTL(ctx context.Context, o op.Op) (ttl int32, cas uint64, err 
 // metaIdle is the number of idle meta connections a node keeps.
 const metaIdle = 2
 
-// metaConns are a node's idle connections for meta lookups. The zero
-// value is ready; it must not be copied.
-type metaConns struct {
+// idleConns are a node's idle connections for one kind of request that
+// runs outside its data client (meta lookups, raw commands), each in step:
+// its last reply read whole, nothing more buffered. The zero value keeps
+// metaIdle; it must not be copied.
+type idleConns struct {
+	keep   int        // the most kept; 0: metaIdle
 	mu     sync.Mutex // guards idle, closed
-	idle   []*metaConn
+	idle   []*idleConn
 	closed bool
 }
 
-type metaConn struct {
+// idleConn is a connection with the reader its replies are read through.
+type idleConn struct {
 	net.Conn
 	br *bufio.Reader
 }
 
-func (m *metaConns) get() *metaConn {
+// get takes an idle connection, or nil if there is none.
+func (m *idleConns) get() *idleConn {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if len(m.idle) == 0 {
@@ -69,9 +74,16 @@ func (m *metaConns) get() *metaConn {
 	return mc
 }
 
-func (m *metaConns) put(mc *metaConn) {
+// put keeps mc for the next request, or closes it when as many are kept
+// already or the node is closed. A connection with reply bytes still
+// buffered is out of step and closed.
+func (m *idleConns) put(mc *idleConn) {
+	keep := m.keep
+	if keep == 0 {
+		keep = metaIdle
+	}
 	m.mu.Lock()
-	if !m.closed && len(m.idle) < metaIdle {
+	if !m.closed && len(m.idle) < keep && mc.br.Buffered() == 0 {
 		m.idle = append(m.idle, mc)
 		mc = nil
 	}
@@ -81,7 +93,8 @@ func (m *metaConns) put(mc *metaConn) {
 	}
 }
 
-func (m *metaConns) close() {
+// close closes the idle connections, and those put from now on.
+func (m *idleConns) close() {
 	m.mu.Lock()
 	idle := m.idle
 	m.idle, m.closed = nil, true
@@ -108,7 +121,7 @@ func (n *node) metaTTL(ctx context.Context, sk string) (int32, uint64, error) {
 		if err != nil {
 			return 0, 0, classify(n.name, "mg", err)
 		}
-		mc = &metaConn{Conn: conn, br: bufio.NewReaderSize(conn, 256)}
+		mc = &idleConn{Conn: conn, br: bufio.NewReaderSize(conn, 256)}
 	}
 	deadline := time.Now().Add(n.timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {

@@ -31,7 +31,8 @@ type node struct {
 	timeout time.Duration
 	probe   prober        // its own one-connection client; never the data pool
 	udp     *udpPort      // nil unless the node has a UDP port
-	meta    metaConns     // idle connections of Cluster.TTL's lookups
+	meta    idleConns     // idle connections of Cluster.TTL's lookups
+	cmdIdle idleConns     // idle connections of raw commands (command), at most nodeCommands
 	sem     chan struct{} // a token per operation in flight
 	waiting atomic.Int64  // operations waiting for a token (busy.go)
 	queued  atomic.Int64  // tokens held by queued operations, which do not count against the share (busy.go)
@@ -86,9 +87,11 @@ func newNode(name string, o *Options, pol *healthPolicy, share *requestShare, m 
 		share: share,
 		sem:   make(chan struct{}, o.inFlightCap()),
 		cmds:  make(chan struct{}, nodeCommands),
-		m:     m,
-		log:   log.With("node", name),
-		h:     pol,
+
+		cmdIdle: idleConns{keep: nodeCommands},
+		m:       m,
+		log:     log.With("node", name),
+		h:       pol,
 
 		batchGets: o.BatchGets,
 	}
@@ -271,6 +274,7 @@ func (n *node) setUDP(s Server) {
 func (n *node) close() error {
 	err := errors.Join(n.client.Close(), n.probe.Close())
 	n.meta.close()
+	n.cmdIdle.close()
 	if n.udp != nil {
 		n.udp.close()
 	}

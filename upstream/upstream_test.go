@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -366,10 +367,18 @@ func TestClusterCommands(t *testing.T) {
 	if r := c.FlushAll(ctx, 5)[1]; !errors.Is(r.Err, ErrNoNodes) {
 		t.Errorf("FlushAll on a down node = %v, want ErrNoNodes", r.Err)
 	}
-	// Commands use their own short-lived connections: only the data
-	// connections (one pooled, or the pipelined ones) remain.
-	if n, want := c.topo.Load().nodes[0].conns.Load(), int64(max(1, c.opts.PipelineConns)); n > want {
-		t.Errorf("%d connections open after commands, want the data connections (%d) at most", n, want)
+	// Commands keep at most nodeCommands idle connections of their own
+	// beside the data connections (one pooled, or the pipelined ones),
+	// and closing the node (as a retired one is) closes them.
+	n0 := c.topo.Load().nodes[0]
+	data := int64(max(1, c.opts.PipelineConns))
+	kept := int64(len(n0.cmdIdle.idle))
+	if n := n0.conns.Load(); n > data+kept || kept < 1 || kept > nodeCommands {
+		t.Errorf("%d connections open after commands, %d of them kept for commands; want the data connections (%d) and 1 to %d kept", n, kept, data, nodeCommands)
+	}
+	n0.cmdIdle.close()
+	if n := n0.conns.Load(); n > data {
+		t.Errorf("%d connections open once the command connections are closed, want the data connections (%d) at most", n, data)
 	}
 }
 
@@ -451,6 +460,80 @@ func TestClusterCommandsTakeTurns(t *testing.T) {
 	wg.Wait()
 	if got := peak.Load() - base; got > nodeCommands {
 		t.Errorf("%d command connections open at once to one node, want at most %d", got, nodeCommands)
+	}
+}
+
+// TestClusterCommandsKeepConnections: stats, version and flush_all reuse
+// a node's idle command connections, at most nodeCommands of them, where
+// each used to open a connection of its own; the connections kept when
+// memcached is killed and restarted are replaced, and the first command
+// after the restart answers.
+func TestClusterCommandsKeepConnections(t *testing.T) {
+	mc := memcachedtest.Start(t)
+	c, _ := newTestCluster(t, []*memcachedtest.Server{mc}, nil)
+	ctx := t.Context()
+	// accepted is memcached's total_connections, which counts the
+	// connection that asks.
+	accepted := func() int {
+		t.Helper()
+		st, err := mc.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := strconv.Atoi(st["total_connections"])
+		if err != nil {
+			t.Fatalf("total_connections %q: %v", st["total_connections"], err)
+		}
+		return n
+	}
+	commands := []struct {
+		name string
+		run  func() []NodeReply
+		want string // the reply's start
+	}{
+		{"version", func() []NodeReply { return c.Version(ctx) }, "VERSION "},
+		{"stats", func() []NodeReply { return c.Stats(ctx) }, "STAT pid "},
+		{"flush_all", func() []NodeReply { return c.FlushAll(ctx, 0) }, "OK\r\n"},
+		{"flush_all with a delay", func() []NodeReply { return c.FlushAll(ctx, 600) }, "OK\r\n"},
+	}
+	check := func(t *testing.T, what string, replies []NodeReply, want string) {
+		t.Helper()
+		for _, r := range replies {
+			if r.Err != nil || !strings.HasPrefix(string(r.Reply), want) {
+				t.Errorf("%s = %.40q, %v; want %q…", what, r.Reply, r.Err, want)
+			}
+		}
+	}
+	for _, tt := range commands {
+		t.Run(tt.name, func(t *testing.T) {
+			before := accepted()
+			var wg sync.WaitGroup
+			for range 10 {
+				wg.Go(func() {
+					for range 10 {
+						check(t, tt.name, tt.run(), tt.want)
+					}
+				})
+			}
+			wg.Wait()
+			// One more is the stats request that counts them.
+			if n := accepted() - before - 1; n > nodeCommands {
+				t.Errorf("100 of %s opened %d connections, want at most %d", tt.name, n, nodeCommands)
+			}
+		})
+	}
+
+	mc.Kill()
+	mc.Restart()
+	for _, tt := range commands {
+		check(t, tt.name+" after memcached restarted", tt.run(), tt.want)
+	}
+	before := accepted()
+	for range 20 {
+		check(t, "version", c.Version(ctx), "VERSION ")
+	}
+	if n := accepted() - before - 1; n > nodeCommands {
+		t.Errorf("20 versions after the restart opened %d connections, want at most %d", n, nodeCommands)
 	}
 }
 
