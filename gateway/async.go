@@ -476,7 +476,7 @@ func (q *asyncQueue) apply(sh *shard, j job, quiet bool) {
 	var err error
 	udp := false
 	if quiet && o.Verb == op.Set && q.quiet != nil {
-		if err = q.ex.codec.prepare(&o.Item); err == nil {
+		if err = q.ex.codec.prepare(ctx, &o.Item); err == nil {
 			udp, err = q.quiet.SetQuiet(ctx, o.Item)
 		}
 	} else {

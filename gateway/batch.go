@@ -6,7 +6,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -234,7 +233,7 @@ func (h *handler) getAll(r *http.Request, keys []string, room *answerRoom, vr *v
 		res := result(i)
 		res.Key = k
 		if it, ok := found[k]; ok {
-			h.setItem(res, it, room, vr)
+			h.setItem(r.Context(), res, it, room, vr)
 			continue
 		}
 		err := failed[k]
@@ -248,13 +247,14 @@ func (h *handler) getAll(r *http.Request, keys []string, room *answerRoom, vr *v
 // setItem fills a found item's result, decoding it as GET would, if the
 // answer has room for it. A compressed value is decompressed only into
 // memory vr holds first, for the body and its place in the answer, and
-// only while the answer has room for what it holds.
-func (h *handler) setItem(res *batchResult, it op.Item, room *answerRoom, vr *valueRoom) {
+// only while the answer has room for what it holds, and with a turn
+// (cpuTurns) waited for within ctx when it is large.
+func (h *handler) setItem(ctx context.Context, res *batchResult, it op.Item, room *answerRoom, vr *valueRoom) {
 	if chunk.IsIndex(it.Flags, it.Value) { // streamed by GET /{key} only
 		res.setError(chunk.ErrChunked)
 		return
 	}
-	v, err := h.codec.present(it, func(n int) error {
+	v, err := h.codec.present(ctx, it, func(n int) error {
 		if int64(n) > room.left.Load() {
 			return upstream.ErrOverLimit
 		}
@@ -481,7 +481,7 @@ func (h *handler) runOp(ctx context.Context, o op.Op, res *batchResult, room *an
 	case o.Verb.Reply() == op.Items && !vr.holdRead(r):
 		res.setOutcome(o.Verb, upstream.ErrNoFit)
 	case o.Verb.Reply() == op.Items:
-		h.setItem(res, r.Item, room, vr)
+		h.setItem(ctx, res, r.Item, room, vr)
 	case o.Verb.Reply() == op.Number:
 		res.setOutcome(o.Verb, nil)
 		v := strconv.FormatUint(r.N, 10)
@@ -509,24 +509,19 @@ func (h *handler) readUnsent(ctx context.Context, o op.Op, res *batchResult) {
 
 // readBatch decodes and checks a batch body: {"ops":[…]} or a bare array.
 // A malformed body, too many operations or too many bytes fail the whole
-// batch; a bad operation only fails itself.
+// batch; a bad operation only fails itself. A body of turnBytes or more is
+// decoded with a turn (cpuTurns).
 func (h *handler) readBatch(r *http.Request) ([]parsedOp, error) {
 	body, err := h.lim.readBody(r, h.opts.BatchMaxBytes)
 	if err != nil {
 		return nil, err
 	}
-	if len(body) >= largeBatch {
-		// Decoding JSON costs ten times what copying it does: six
-		// clients looping 16 MB batches kept every processor decoding
-		// and another client's GETs waiting 50–120 ms. Large bodies
-		// take turns on half the processors; the rest stay for the
-		// others.
-		select {
-		case h.decodes <- struct{}{}:
-			defer func() { <-h.decodes }()
-		case <-r.Context().Done():
-			return nil, fmt.Errorf("waiting for a turn to decode a %d-byte batch: %w", len(body), r.Context().Err())
-		}
+	took, err := h.turns.take(r.Context(), len(body), "decode a batch of")
+	if err != nil {
+		return nil, err
+	}
+	if took {
+		defer h.turns.done()
 	}
 	raw, err := decodeBatch(body, h.opts.BatchMaxOps)
 	if err != nil {
@@ -544,11 +539,6 @@ func (h *handler) readBatch(r *http.Request) ([]parsedOp, error) {
 	}
 	return ops, nil
 }
-
-// largeBatch is the size from which a batch body's decoding takes a turn
-// (readBatch): a thousand small operations decode in about a
-// millisecond.
-const largeBatch = 256 << 10
 
 // batchOpBytes is what one operation of a batch, or key of a multi-get,
 // costs the gateway beyond its value while its request runs: its parsed

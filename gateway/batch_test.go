@@ -792,30 +792,3 @@ func TestBatchBookkeepingHeld(t *testing.T) {
 		}
 	}
 }
-
-// TestLargeBatchesTakeTurns: a batch body of largeBatch bytes or more is
-// decoded only with a turn (handler.decodes), waiting within the
-// request's deadline (504 past it); a small one never waits.
-func TestLargeBatchesTakeTurns(t *testing.T) {
-	s := newFake()
-	h := NewHandler(s, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry(),
-		Options{MaxValueBytes: 1 << 20, RequestTimeout: 100 * time.Millisecond})
-	large := `[{"op":"set","key":"l","value":"` + strings.Repeat("v", largeBatch) + `"}]`
-	small := `[{"op":"set","key":"s","value":"v"}]`
-	for range cap(h.h.decodes) {
-		h.h.decodes <- struct{}{} // every turn taken
-	}
-	if w := do(h, "POST", "/", large); w.Code != 504 {
-		t.Errorf("large batch with every turn taken = %d %q, want 504", w.Code, w.Body.String())
-	}
-	if w := do(h, "POST", "/", small); w.Code != 200 {
-		t.Errorf("small batch with every turn taken = %d %q, want 200", w.Code, w.Body.String())
-	}
-	<-h.h.decodes
-	if w := do(h, "POST", "/", large); w.Code != 200 {
-		t.Errorf("large batch with a turn free = %d %q, want 200", w.Code, w.Body.String())
-	}
-	if _, ok := s.Items["l"]; !ok {
-		t.Error("the large batch's set was not applied")
-	}
-}

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/memcgate/memcgate/gateway/phpvalue"
@@ -52,6 +53,9 @@ type codec struct {
 	php        PHPOptions
 	pecl       PeclMemcacheOptions
 	maxDecoded int // the most a decompressed value may grow to
+	// turns are taken to compress or decompress a large value (nil:
+	// none are): the handler's, shared with its batches' decoding.
+	turns cpuTurns
 }
 
 // octetStream is the Content-Type of every value; net/http never modifies
@@ -68,13 +72,28 @@ type decoded struct {
 // present turns a stored item into what GET serves. A compressed value's
 // body is held through hold before it is decompressed (phpvalue.Hold): a
 // value a few kilobytes long that inflates to MaxDecodedBytes is refused
-// first, with hold's error as it is, not after it is in memory. hold may
-// be nil only for an item without a value (its flags alone).
-func (c *codec) present(it op.Item, hold phpvalue.Hold) (decoded, error) {
+// first, with hold's error as it is, not after it is in memory. Once what
+// it inflates to reaches turnBytes it is decompressed with a turn
+// (cpuTurns) waited for within ctx: a value of 1 MB of one letter, 1 KB
+// stored, costs milliseconds to inflate, however little of it a Range
+// or HEAD sends. hold may be nil only for an item without a value (its
+// flags alone).
+func (c *codec) present(ctx context.Context, it op.Item, hold phpvalue.Hold) (decoded, error) {
 	var v phpvalue.Value
 	var err, refused error
+	asked, took := 0, false
+	defer func() {
+		if took {
+			c.turns.done()
+		}
+	}()
 	held := func(n int) error {
-		refused = hold(n)
+		if refused = hold(n); refused != nil {
+			return refused
+		}
+		if asked += n; !took {
+			took, refused = c.turns.take(ctx, asked, "decompress a value of")
+		}
 		return refused
 	}
 	switch c.kind {
@@ -112,7 +131,7 @@ func (c *codec) presentSize(flags uint32, size uint64) (d decoded, ok bool) {
 	default:
 		return decoded{contentType: octetStream}, true
 	}
-	d, err := c.present(op.Item{Flags: flags}, nil)
+	d, err := c.present(context.Background(), op.Item{Flags: flags}, nil)
 	if err != nil || d.phpType == phpvalue.Bool.String() {
 		return decoded{}, false
 	}
@@ -162,10 +181,21 @@ func (c *codec) check(it *op.Item) error {
 	return nil
 }
 
-// prepare turns a written value into what memcached stores.
-func (c *codec) prepare(it *op.Item) error {
+// prepare turns a written value into what memcached stores. A value the
+// codec compresses is compressed with a turn (cpuTurns) when it is large,
+// waited for within ctx.
+func (c *codec) prepare(ctx context.Context, it *op.Item) error {
 	if err := c.check(it); err != nil {
 		return err
+	}
+	if c.compresses(len(it.Value)) {
+		took, err := c.turns.take(ctx, len(it.Value), "compress a value of")
+		if err != nil {
+			return err
+		}
+		if took {
+			defer c.turns.done()
+		}
 	}
 	switch c.kind {
 	case CodecPHP:
@@ -178,6 +208,26 @@ func (c *codec) prepare(it *op.Item) error {
 		it.Value, it.Flags = phpvalue.EncodeMemcache(it.Value, opts)
 	}
 	return nil
+}
+
+// compresses reports whether prepare tries to compress a value of n
+// bytes, as phpvalue's encoders decide it (their thresholds).
+func (c *codec) compresses(n int) bool {
+	switch c.kind {
+	case CodecPHP:
+		t := c.php.Threshold
+		if t <= 0 {
+			t = phpvalue.DefaultThreshold
+		}
+		return (c.php.Compression == phpvalue.CompressFastLZ || c.php.Compression == phpvalue.CompressZlib) && n >= t
+	case CodecPeclMemcache:
+		t := c.pecl.Threshold
+		if t == 0 {
+			t = phpvalue.DefaultMemcacheThreshold
+		}
+		return t > 0 && n >= t
+	}
+	return false
 }
 
 // chunkFlags are the flags a value written in chunks is stored with (in
@@ -208,7 +258,7 @@ func (c *codec) presentChunked(flags uint32) (decoded, error) {
 	if c.kind.compressed(flags) {
 		return decoded{}, &valueError{fmt.Errorf("flags %#x say compressed, but values in chunks are stored uncompressed", flags)}
 	}
-	d, err := c.present(op.Item{Flags: flags}, nil)
+	d, err := c.present(context.Background(), op.Item{Flags: flags}, nil)
 	d.body = nil
 	return d, err
 }

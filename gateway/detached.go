@@ -118,7 +118,7 @@ func (hh *handler) serveDetached(w http.ResponseWriter, r *http.Request, maker *
 			// DoAsync encodes the value before it returns, and Do
 			// keeps no Value once it returns.
 			defer hh.lim.putBody(o.Item.Value)
-			err = hh.codec.prepare(&o.Item)
+			err = hh.codec.prepare(ctx, &o.Item)
 		}
 		if err != nil {
 			ours = false

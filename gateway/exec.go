@@ -39,7 +39,7 @@ func (e *executor) exec(ctx context.Context, o op.Op) op.Result {
 // for. The value of a whole-value write goes through the codec first.
 func (e *executor) run(ctx context.Context, o op.Op) op.Result {
 	if codecWrites(o.Verb) {
-		if err := e.codec.prepare(&o.Item); err != nil {
+		if err := e.codec.prepare(ctx, &o.Item); err != nil {
 			return op.Result{Err: err}
 		}
 	}

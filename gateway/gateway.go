@@ -9,7 +9,6 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
-	"runtime"
 	"sync"
 	"time"
 
@@ -109,15 +108,16 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 	if opts.Access == nil {
 		opts.Access = NewAccess(opts.Tokens, opts.ReadOnly)
 	}
+	turns := newCPUTurns()
 	h := &handler{
 		keyParser: keyParser{maxKeyLen: opts.MaxKeyLen, defaultTTL: int32(opts.DefaultTTL / time.Second)},
 		opts:      opts,
-		codec:     &codec{kind: opts.Codec, php: opts.PHP, pecl: opts.PeclMemcache, maxDecoded: int(opts.MaxValueBytes) * 64},
+		codec:     &codec{kind: opts.Codec, php: opts.PHP, pecl: opts.PeclMemcache, maxDecoded: int(opts.MaxValueBytes) * 64, turns: turns},
 		lim:       &limits{budget: opts.Budget, takeBody: opts.TakeBody, bufs: opts.Buffers},
 		guard:     guard{a: opts.Access},
 		log:       log,
 		batchOps:  make(chan struct{}, batchParallel),
-		decodes:   make(chan struct{}, max(1, runtime.GOMAXPROCS(0)/2)),
+		turns:     turns,
 	}
 	h.lim.lim.max.Store(int64(opts.MaxRequests))
 	h.lim.timeout.Store(int64(opts.RequestTimeout))

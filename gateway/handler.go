@@ -27,9 +27,10 @@ type handler struct {
 	// batchOps holds a token for each key of a batch being worked on,
 	// over all batches: at most batchParallel at once (run).
 	batchOps chan struct{}
-	// decodes holds a token for each large batch body being decoded
-	// (readBatch): at most half the processors' worth at once.
-	decodes chan struct{}
+	// turns are those of the work on a request's bytes that costs many
+	// times reading them (cpuTurns): decoding batches here, compressing
+	// and decompressing values in codec, which shares them.
+	turns cpuTurns
 
 	// Detached responses' (detached.go): detachStore is nil when they
 	// are off.
@@ -58,7 +59,7 @@ func (h *handler) writeItem(w http.ResponseWriter, r *http.Request, etags string
 		writeError(w, errBudget)
 		return
 	}
-	v, err := h.codec.present(it, func(n int) error {
+	v, err := h.codec.present(r.Context(), it, func(n int) error {
 		if h.lim.hold(rc, n) != nil {
 			return errBudget
 		}
