@@ -262,6 +262,31 @@ func (q *asyncQueue) enqueue(ops []op.Op) error {
 	return nil
 }
 
+// tight reports whether a batch of up to maxOps writes might not fit the
+// queue's count of writes now, or the queue is shutting down: then
+// roomFor is worth asking before the batch is decoded.
+func (q *asyncQueue) tight(maxOps int) bool {
+	return q.closed.Load() || q.queued.Load()+int64(maxOps) > q.capacity
+}
+
+// roomFor refuses, as enqueue would, a batch of n writes the queue has
+// no room for in its count of writes now, or any batch while the queue
+// is shutting down; nil means they may fit (enqueue decides). It lets a
+// batch be refused before its body is decoded: under a flood of async
+// batches at a full queue, each was decoded (2 ms for a thousand
+// writes) only to be refused.
+func (q *asyncQueue) roomFor(n int) error {
+	switch {
+	case q.closed.Load():
+		q.rejectFor["shutdown"].Add(float64(n))
+		return errAsyncClosed
+	case n > 0 && q.queued.Load()+int64(n) > q.capacity:
+		q.rejectFor["queue_full"].Add(float64(n))
+		return errAsyncFull
+	}
+	return nil
+}
+
 // unreserveLanes gives back what the lanes of the first len(pl) ops
 // reserved for them.
 func (q *asyncQueue) unreserveLanes(ops []op.Op, pl []placement) {

@@ -324,12 +324,13 @@ func (res *batchResult) setError(err error) { res.setOutcome(0, err) }
 // multi-key get and its writes spread over its connections. With
 // Prefer: respond-async, writes are queued and the answer is 202.
 func (h *handler) batch(w http.ResponseWriter, r *http.Request) {
-	ops, err := h.readBatch(r)
+	async := preferAsync(r)
+	ops, err := h.readBatch(r, async)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	if preferAsync(r) {
+	if async {
 		h.batchAsync(w, ops)
 		return
 	}
@@ -510,11 +511,20 @@ func (h *handler) readUnsent(ctx context.Context, o op.Op, res *batchResult) {
 // readBatch decodes and checks a batch body: {"ops":[…]} or a bare array.
 // A malformed body, too many operations or too many bytes fail the whole
 // batch; a bad operation only fails itself. A body of turnBytes or more is
-// decoded with a turn (cpuTurns).
-func (h *handler) readBatch(r *http.Request) ([]parsedOp, error) {
+// decoded with a turn (cpuTurns). An async batch (Prefer: respond-async)
+// the queue has no room for is refused before it is decoded.
+func (h *handler) readBatch(r *http.Request, async bool) ([]parsedOp, error) {
 	body, err := h.lim.readBody(r, h.opts.BatchMaxBytes)
 	if err != nil {
 		return nil, err
+	}
+	if async && h.async.tight(h.opts.BatchMaxOps) {
+		// Counting the operations costs a fraction of decoding them: a
+		// batch the queue has no room for is refused before it is
+		// decoded, so that a full queue costs no decoding.
+		if err := h.async.roomFor(opsIn(body)); err != nil {
+			return nil, err
+		}
 	}
 	took, err := h.turns.take(r.Context(), len(body), "decode a batch of")
 	if err != nil {
@@ -657,6 +667,45 @@ func decodeOps(dec *json.Decoder, maxOps int) ([]batchOp, error) {
 		return nil, notJSON(unexpectedEOF(err))
 	}
 	return ops, nil
+}
+
+// opsIn counts the operations of a batch body as decodeBatch would find
+// them, without decoding: the objects directly inside a bare array, or
+// inside the array of a wrapper object's member. For a body that
+// decodes, that is its number of operations; a malformed body may count
+// anything, and fails to decode anyway. It looks at each byte once, and
+// skips strings whole: a fraction of decoding's cost.
+func opsIn(body []byte) int {
+	var outer [2]byte // the kinds of the containers at depth 1 and 2
+	depth, n := 0, 0
+	for i := 0; i < len(body); i++ {
+		switch c := body[i]; c {
+		case '"':
+			for i++; ; i += 2 { // past the string: to its closing quote
+				j := bytes.IndexAny(body[i:], `"\`)
+				if j < 0 {
+					return n
+				}
+				if i += j; body[i] == '"' {
+					break
+				}
+			}
+		case '{', '[':
+			if c == '{' && (depth == 1 && outer[0] == '[' || depth == 2 && outer[0] == '{' && outer[1] == '[') {
+				n++
+			}
+			if depth < len(outer) {
+				outer[depth] = c
+			}
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return n
+			}
+			depth--
+		}
+	}
+	return n
 }
 
 // notJSON is the 400 for a batch body encoding/json cannot decode.

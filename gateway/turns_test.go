@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/memcgate/memcgate/gateway/phpvalue"
 	"github.com/memcgate/memcgate/test/memcachedtest"
@@ -97,5 +98,83 @@ func TestCPUTurns(t *testing.T) {
 				t.Errorf("%d turns held after the requests, want %d (the test's)", n, cap(h.h.turns)-1)
 			}
 		})
+	}
+}
+
+// TestAsyncBatchRefusedBeforeDecoding: an asynchronous batch the queue has
+// no room for, in its count of writes, is refused (503) before its body
+// is decoded: a body that would fail to decode only at its end answers
+// 503, not 400, and the refusal counts its writes. One that may fit is
+// decoded as before.
+func TestAsyncBatchRefusedBeforeDecoding(t *testing.T) {
+	c := newTurnsStore(t)
+	badEnd := func(n int) string { // n sets, then data after the JSON value
+		var b strings.Builder
+		b.WriteString(`{"ops":[`)
+		for i := range n {
+			if i > 0 {
+				b.WriteString(",")
+			}
+			b.WriteString(`{"op":"set","key":"k` + strings.Repeat("x", i) + `","value":"\u00e9 {[\"]}"}`)
+		}
+		b.WriteString(`]} x`)
+		return b.String()
+	}
+	tests := []struct {
+		name     string
+		queued   int // single async PUTs queued first, of a queue of 3
+		body     string
+		want     int
+		rejected float64 // memcgate_async_writes_rejected_total{reason="queue_full"}
+	}{
+		{"full queue", 3, badEnd(1), 503, 1},
+		{"room for 1, batch of 2", 2, badEnd(2), 503, 2},
+		{"room for 1, batch of 1", 2, badEnd(1), 400, 0},
+		{"empty queue, batch of 3", 0, badEnd(3), 400, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			h := NewHandler(c, slog.New(slog.NewTextHandler(io.Discard, nil)), reg, Options{AsyncQueue: 3}) // not running: writes wait
+			for i := range tt.queued {
+				if w := do(h, "PUT", "/q"+strings.Repeat("q", i), "v", "Prefer", "respond-async"); w.Code != 202 {
+					t.Fatalf("queueing = %d %s", w.Code, w.Body)
+				}
+			}
+			w := do(h, "POST", "/", tt.body, "Prefer", "respond-async")
+			if w.Code != tt.want {
+				t.Errorf("= %d %s, want %d", w.Code, w.Body, tt.want)
+			}
+			if got := testutil.ToFloat64(h.h.async.rejectFor["queue_full"]); got != tt.rejected {
+				t.Errorf("queue_full rejections = %v, want %v", got, tt.rejected)
+			}
+		})
+	}
+}
+
+// TestOpsIn: opsIn counts the operations decodeBatch would find, whatever
+// the strings hold.
+func TestOpsIn(t *testing.T) {
+	tests := []struct {
+		body string
+		want int
+	}{
+		{`[]`, 0},
+		{`null`, 0},
+		{`{"ops":[]}`, 0},
+		{`[{"op":"get","key":"a"}]`, 1},
+		{` [ {"op":"get"} , {"op":"get"} ] `, 2},
+		{`{"ops":[{"op":"get"},{"op":"get"},{"op":"get"}]}`, 3},
+		{`[{"op":"cas","key":"a","cas":{"x":[{},{}]}}]`, 1},
+		{`{"ops":[{"op":"cas","cas":{"x":{}}},{"op":"get"}]}`, 2},
+		{`[{"op":"set","value":"{[\"{\\\\\"}]"},{"key":"}}]]"}]`, 2},
+		{`[{"op":"set","value":"\u00e9\u00e9"}] x`, 1},
+		{`[{"op":"set","value":"unterminated`, 1},
+		{`]]]{`, 0},
+	}
+	for _, tt := range tests {
+		if got := opsIn([]byte(tt.body)); got != tt.want {
+			t.Errorf("opsIn(%s) = %d, want %d", tt.body, got, tt.want)
+		}
 	}
 }
