@@ -88,12 +88,14 @@ func (c *codec) present(ctx context.Context, it op.Item, hold phpvalue.Hold) (de
 		}
 	}()
 	held := func(n int) error {
-		if refused = hold(n); refused != nil {
-			return refused
-		}
+		// The turn first: waiting for it holds no more of the budget
+		// than the request held already.
 		if asked += n; !took {
-			took, refused = c.turns.take(ctx, asked, "decompress a value of")
+			if took, refused = c.turns.take(ctx, asked, "decompress a value of"); refused != nil {
+				return refused
+			}
 		}
+		refused = hold(n)
 		return refused
 	}
 	switch c.kind {

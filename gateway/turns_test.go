@@ -3,6 +3,7 @@ package gateway
 import (
 	"io"
 	"log/slog"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/memcgate/memcgate/gateway/budget"
 	"github.com/memcgate/memcgate/gateway/phpvalue"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 	"github.com/memcgate/memcgate/upstream"
@@ -37,10 +39,12 @@ func batchOf(key string, n int) string {
 // reading them waits for a turn (cpuTurns) when it is on turnBytes or
 // more: decoding a batch body, compressing a PUT's value with a PHP
 // codec, decompressing a value a GET or multi-get reads. With every turn
-// taken it answers 504 at the request's deadline (a multi-get, 504 for
-// the key, and 503 for the answer, as for any deadline); with one free it is served. Smaller work, and large work
-// that is cheap (a raw PUT, a value the codec does not compress), never
-// waits.
+// taken it answers 504 at the request's deadline (a multi-get: 504 for
+// the key, and 503 for the answer, as for any deadline), and holds no
+// more of the budget while it waits than its body's buffer (a GET: not
+// the value it would inflate to); with one free it is served. Smaller
+// work, and large work that is cheap (a raw PUT, a value the codec does
+// not compress), never waits.
 func TestCPUTurns(t *testing.T) {
 	c := newTurnsStore(t)
 	zlib := Options{Codec: CodecPHP, PHP: PHPOptions{Compression: phpvalue.CompressZlib}}
@@ -71,7 +75,8 @@ func TestCPUTurns(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			opts := tt.opts
-			opts.MaxValueBytes, opts.RequestTimeout = 1<<20, 200*time.Millisecond
+			bg := budget.New(64 << 20)
+			opts.MaxValueBytes, opts.RequestTimeout, opts.Budget = 1<<20, 200*time.Millisecond, bg
 			h := NewHandler(c, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry(), opts)
 			if tt.setup != "" {
 				if w := do(h, "PUT", "/big", tt.setup); w.Code != 201 {
@@ -82,8 +87,14 @@ func TestCPUTurns(t *testing.T) {
 				h.h.turns <- struct{}{} // every turn taken
 			}
 			start := time.Now()
-			w := do(h, tt.method, tt.path, tt.body)
-			waited := time.Since(start)
+			done := make(chan *httptest.ResponseRecorder)
+			go func() { done <- do(h, tt.method, tt.path, tt.body) }()
+			time.Sleep(opts.RequestTimeout / 2)
+			if held, most := bg.Used(), int64(2*len(tt.body)+64<<10); tt.busy == 504 && held > most {
+				t.Errorf("%d bytes of the budget held while waiting for a turn, want at most %d (the body's buffer)", held, most)
+			}
+			w := <-done
+			waited := time.Since(start) - opts.RequestTimeout/2
 			if w.Code != tt.busy || !strings.Contains(w.Body.String(), tt.inBody) {
 				t.Errorf("with every turn taken = %d %.200s, want %d with %q", w.Code, w.Body, tt.busy, tt.inBody)
 			}
