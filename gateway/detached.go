@@ -8,8 +8,9 @@ import (
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
-// Detached responses. The hot requests, GET, HEAD and plain PUT of /{key},
-// need not keep a goroutine waiting for memcached: on a server whose
+// Detached responses. The hot requests, GET and plain PUT of /{key},
+// need not keep a goroutine waiting for memcached (a HEAD, op.Head, is
+// routed: a node without meta commands answers it with a get): on a server whose
 // ResponseWriter can be detached (h1's), the request is checked, its
 // memcached request sent, and the handler returns; memcached's reply, as
 // its connection's reader reads it, writes the HTTP response. With
