@@ -3,7 +3,6 @@ package upstream
 import (
 	"bufio"
 	"errors"
-	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -63,44 +62,19 @@ func TestHead(t *testing.T) {
 // before 1.6) answers a head with a get of the whole value, and is asked
 // with mg only once.
 func TestHeadWithoutMeta(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
 	var mgs atomic.Int64
-	go func() {
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer nc.Close()
-				br := bufio.NewReader(nc)
-				for {
-					line, err := br.ReadString('\n')
-					if err != nil {
-						return
-					}
-					reply := "ERROR\r\n"
-					switch {
-					case strings.HasPrefix(line, "mg "):
-						mgs.Add(1)
-					case strings.HasPrefix(line, "gets "):
-						reply = "VALUE " + strings.Fields(line)[1] + " 5 3 77\r\nabc\r\nEND\r\n"
-					case line == "version\r\n":
-						reply = "VERSION 1.5.22\r\n"
-					}
-					if _, err := nc.Write([]byte(reply)); err != nil {
-						return
-					}
-				}
-			}()
+	srv := memcachedtest.StartScripted(t, func(line string, _ *bufio.Reader) (string, bool) {
+		switch f := strings.Fields(line); f[0] {
+		case "mg":
+			mgs.Add(1)
+		case "gets":
+			return memcachedtest.Value(f[1], "abc", 5, 77) + "END\r\n", true
+		case "version":
+			return "VERSION 1.5.22\r\n", true
 		}
-	}()
-	port := ln.Addr().(*net.TCPAddr).Port
-	c, _ := newTestCluster(t, []*memcachedtest.Server{{Addr: ln.Addr().String(), Port: port}}, nil)
+		return "ERROR\r\n", true
+	})
+	c, _ := newTestCluster(t, []*memcachedtest.Server{{Addr: srv.Addr, Port: srv.Port}}, nil)
 	for range 3 {
 		res := c.Do(t.Context(), op.Op{Verb: op.Head, Item: op.Item{Key: "k"}})
 		if res.Err != nil || res.N != 3 || res.Item.Flags != 5 || res.Item.CAS != 77 || res.Item.Value != nil {

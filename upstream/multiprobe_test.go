@@ -5,8 +5,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
-	"net"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -102,48 +100,23 @@ func TestGetMultiProbe(t *testing.T) {
 // (memcached before 1.6) still answers a multi-get of many keys with a
 // limit, from plain gets, and is sent a size probe only once.
 func TestGetMultiProbeWithoutMeta(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
 	var probes atomic.Int64
-	go func() {
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
-				return
+	srv := memcachedtest.StartScripted(t, func(line string, _ *bufio.Reader) (string, bool) {
+		switch f := strings.Fields(line); f[0] {
+		case "mn":
+			probes.Add(1)
+		case "gets", "get":
+			var reply strings.Builder
+			for i, k := range f[1:] {
+				reply.WriteString(memcachedtest.Value(k, "abc", 0, uint64(i+1)))
 			}
-			go func() {
-				defer nc.Close()
-				br := bufio.NewReader(nc)
-				for {
-					line, err := br.ReadString('\n')
-					if err != nil {
-						return
-					}
-					reply := "ERROR\r\n"
-					switch f := strings.Fields(line); f[0] {
-					case "mn":
-						probes.Add(1)
-					case "gets", "get":
-						var b strings.Builder
-						for i, k := range f[1:] {
-							fmt.Fprintf(&b, "VALUE %s 0 3 %d\r\nabc\r\n", k, i+1)
-						}
-						reply = b.String() + "END\r\n"
-					case "version":
-						reply = "VERSION 1.5.22\r\n"
-					}
-					if _, err := nc.Write([]byte(reply)); err != nil {
-						return
-					}
-				}
-			}()
+			return reply.String() + "END\r\n", true
+		case "version":
+			return "VERSION 1.5.22\r\n", true
 		}
-	}()
-	port := ln.Addr().(*net.TCPAddr).Port
-	c, _ := newTestCluster(t, []*memcachedtest.Server{{Addr: ln.Addr().String(), Port: port}}, nil)
+		return "ERROR\r\n", true
+	})
+	c, _ := newTestCluster(t, []*memcachedtest.Server{{Addr: srv.Addr, Port: srv.Port}}, nil)
 	var keys []string
 	for i := range 2 * probeKeys {
 		keys = append(keys, "k"+strconv.Itoa(i))

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"net"
 	"strings"
 	"testing"
 
@@ -88,44 +87,15 @@ func TestHead(t *testing.T) {
 // before 1.6 does, gives ErrNoMeta, and the connection stays in step for
 // the next request.
 func TestHeadWithoutMeta(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan int, 1)
-	go func() {
-		n := 0
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
-				accepted <- n
-				return
-			}
-			n++
-			go func() {
-				defer nc.Close()
-				br := bufio.NewReader(nc)
-				for {
-					line, err := br.ReadString('\n')
-					if err != nil {
-						return
-					}
-					reply := "ERROR\r\n" // mg, and any command it does not know
-					if strings.HasPrefix(line, "set ") {
-						if _, err := br.ReadString('\n'); err != nil {
-							return
-						}
-						reply = "STORED\r\n"
-					}
-					if _, err := nc.Write([]byte(reply)); err != nil {
-						return
-					}
-				}
-			}()
+	srv := memcachedtest.StartScripted(t, func(line string, br *bufio.Reader) (string, bool) {
+		if strings.HasPrefix(line, "set ") {
+			_, err := br.ReadString('\n') // the data block
+			return "STORED\r\n", err == nil
 		}
-	}()
-	c := newClient(ln.Addr().String(), 1, nil)
+		return "ERROR\r\n", true // mg, and any command it does not know
+	})
+	c := newClient(srv.Addr, 1, nil)
+	defer c.Close()
 	for range 3 {
 		if _, _, err := c.Do(context.Background(), op.Op{Verb: op.Head}, "k"); !errors.Is(err, ErrNoMeta) {
 			t.Fatalf("head: %v, want ErrNoMeta", err)
@@ -134,9 +104,7 @@ func TestHeadWithoutMeta(t *testing.T) {
 			t.Fatalf("set after the ERROR: %v", err)
 		}
 	}
-	c.Close()
-	ln.Close()
-	if n := <-accepted; n != 1 {
+	if n := srv.Conns.Load(); n != 1 {
 		t.Errorf("%d connections, want 1: the ERROR closed one", n)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"maps"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -169,46 +168,21 @@ func TestGetMultiLimitProbe(t *testing.T) {
 // with plain gets on the same connection, and is probed only once per
 // Client.
 func TestGetMultiLimitProbeWithoutMeta(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	var probes, conns atomic.Int64
-	go func() {
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
-				return
+	var probes atomic.Int64
+	srv := memcachedtest.StartScripted(t, func(line string, _ *bufio.Reader) (string, bool) {
+		switch f := strings.Fields(line); f[0] {
+		case "mn":
+			probes.Add(1)
+		case "gets":
+			var reply strings.Builder
+			for i, k := range f[1:] {
+				reply.WriteString(memcachedtest.Value(k, "abc", 0, uint64(i+1)))
 			}
-			conns.Add(1)
-			go func() {
-				defer nc.Close()
-				br := bufio.NewReader(nc)
-				for {
-					line, err := br.ReadString('\n')
-					if err != nil {
-						return
-					}
-					reply := "ERROR\r\n" // mg, mn, and any command it does not know
-					switch f := strings.Fields(line); {
-					case f[0] == "mn":
-						probes.Add(1)
-					case f[0] == "gets":
-						reply = ""
-						for i, k := range f[1:] {
-							reply += "VALUE " + k + " 0 3 " + strconv.Itoa(i+1) + "\r\nabc\r\n"
-						}
-						reply += "END\r\n"
-					}
-					if _, err := nc.Write([]byte(reply)); err != nil {
-						return
-					}
-				}
-			}()
+			return reply.String() + "END\r\n", true
 		}
-	}()
-	c := newClient(ln.Addr().String(), 1, nil)
+		return "ERROR\r\n", true // mg, mn, and any command it does not know
+	})
+	c := newClient(srv.Addr, 1, nil)
 	defer c.Close()
 	keys := []string{"a", "b", "c"}
 	for range 3 {
@@ -220,7 +194,7 @@ func TestGetMultiLimitProbeWithoutMeta(t *testing.T) {
 	if n := probes.Load(); n != 1 {
 		t.Errorf("%d probes, want 1: the first ERROR says the server has no meta commands", n)
 	}
-	if n := conns.Load(); n != 1 {
+	if n := srv.Conns.Load(); n != 1 {
 		t.Errorf("%d connections, want 1: the ERRORs must leave the connection in step", n)
 	}
 }
