@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/memcgate/memcgate/test/memcachedtest"
 	"github.com/memcgate/memcgate/upstream"
 )
 
@@ -41,19 +42,7 @@ func newBoundRigPool(t *testing.T, pipelineConns int, args ...string) *bigRig {
 // (stats bytes_written, summed).
 func (g *bigRig) written() int {
 	g.t.Helper()
-	n := 0
-	for _, m := range g.mcs {
-		st, err := m.Stats()
-		if err != nil {
-			g.t.Fatal(err)
-		}
-		c, err := strconv.Atoi(st["bytes_written"])
-		if err != nil {
-			g.t.Fatalf("bytes_written %q: %v", st["bytes_written"], err)
-		}
-		n += c
-	}
-	return n
+	return memcachedtest.SumStat(g.t, "bytes_written", g.mcs...)
 }
 
 // statuses decodes a multi-get's or batch's answer: each result's key and

@@ -3,10 +3,10 @@ package gateway
 import (
 	"io"
 	"net/http"
-	"strconv"
 	"testing"
 	"time"
 
+	"github.com/memcgate/memcgate/test/memcachedtest"
 	"github.com/memcgate/memcgate/upstream"
 )
 
@@ -82,14 +82,5 @@ func TestRefusedGetsAreCounted(t *testing.T) {
 // servers have served.
 func (g *bigRig) memcachedGets() int {
 	g.t.Helper()
-	n := 0
-	for _, m := range g.mcs {
-		st, err := m.Stats()
-		if err != nil {
-			g.t.Fatal(err)
-		}
-		c, _ := strconv.Atoi(st["cmd_get"])
-		n += c
-	}
-	return n
+	return memcachedtest.SumStat(g.t, "cmd_get", g.mcs...)
 }

@@ -36,18 +36,7 @@ func TestGetMultiProbe(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	written := func() int {
-		n := 0
-		for _, m := range mcs {
-			st, err := m.Stats()
-			if err != nil {
-				t.Fatal(err)
-			}
-			w, _ := strconv.Atoi(st["bytes_written"])
-			n += w
-		}
-		return n
-	}
+	written := func() int { return memcachedtest.SumStat(t, "bytes_written", mcs...) }
 	reads := []struct {
 		name string
 		read func() (map[string]Item, map[string]error)

@@ -22,18 +22,7 @@ func TestHeadSendsNoValue(t *testing.T) {
 	rand.NewChaCha8([32]byte{7}).Read(random)
 	compressible := bytes.Repeat([]byte("abcdefgh"), 64<<10)
 
-	written := func() int {
-		t.Helper()
-		st, err := mc.Stats()
-		if err != nil {
-			t.Fatal(err)
-		}
-		n, err := strconv.Atoi(st["bytes_written"])
-		if err != nil {
-			t.Fatalf("bytes_written %q: %v", st["bytes_written"], err)
-		}
-		return n
-	}
+	written := func() int { t.Helper(); return memcachedtest.SumStat(t, "bytes_written", mc) }
 	same := func(what string, head, get response) {
 		t.Helper()
 		if head.status != get.status || head.body != "" {

@@ -347,6 +347,25 @@ func (s *Server) Stats() (map[string]string, error) {
 	return Stats(s.Addr)
 }
 
+// SumStat is the sum of the numeric statistic name (bytes_written,
+// cmd_get, …) over servers; it fails t if one cannot be read.
+func SumStat(t testing.TB, name string, servers ...*Server) int {
+	t.Helper()
+	n := 0
+	for _, s := range servers {
+		st, err := s.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := strconv.Atoi(st[name])
+		if err != nil {
+			t.Fatalf("memcached %s: %s %q: %v", s.Addr, name, st[name], err)
+		}
+		n += v
+	}
+	return n
+}
+
 // Stats asks memcached at addr for its general statistics.
 func Stats(addr string) (map[string]string, error) {
 	c, err := net.DialTimeout("tcp", addr, time.Second)

@@ -110,14 +110,7 @@ func TestGetMultiLimitProbe(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	written := func() int {
-		st, err := srv.Stats()
-		if err != nil {
-			t.Fatal(err)
-		}
-		n, _ := strconv.Atoi(st["bytes_written"])
-		return n
-	}
+	written := func() int { return memcachedtest.SumStat(t, "bytes_written", srv) }
 	// slack is what memcached writes besides the values: the probe's
 	// and the reply's lines, and the stats reply read between calls.
 	const slack = 4000
