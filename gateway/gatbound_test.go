@@ -14,16 +14,21 @@ import (
 )
 
 // boundValue is the size of the values the tests of what a multi-get or
-// batch makes memcached send: 1 MB, as the attack review's key held.
-const boundValue = 1_000_000
+// batch makes memcached send: a quarter of the attack review's 1 MB,
+// with a quarter of the default answer room (boundRoom), so that the
+// same counts of values fit and the tests write a quarter of the bytes
+// (under the race detector, storing 1 MB values took most of a minute).
+// Large values all the same: read into lent buffers, hinted, held.
+const boundValue = 250_000
 
 // boundRoom is the answer room of newBoundRig's handler
-// (BatchMaxResponseBytes): room for 16 such values.
-const boundRoom = 16 << 20
+// (BatchMaxResponseBytes): room for 16 such values, as the default 16 MiB
+// is for 1 MB values.
+const boundRoom = 4 << 20
 
 // newBoundRig is a bigRig without values in chunks, whose items take
-// values of boundValue bytes, with the default answer room (16 MiB);
-// its memcached servers are started with args.
+// values of boundValue bytes, with an answer room of boundRoom; its
+// memcached servers are started with args.
 func newBoundRig(t *testing.T, args ...string) *bigRig {
 	t.Helper()
 	return newBoundRigPool(t, 2, args...)
@@ -64,7 +69,7 @@ func countStatuses(res []batchResult) map[int]int {
 	return n
 }
 
-// TestMultiGetTouchReadsEachKeyOnce: a multi-get with touch of one 1 MB
+// TestMultiGetTouchReadsEachKeyOnce: a multi-get with touch of one large
 // key named 1000 times sends one gat, not 1000: memcached writes about
 // one value, every position still gets its result (the value while the
 // answer has room, 507 after), and the item's expiration is set.
@@ -138,7 +143,7 @@ func repeat(key string, n int) []string {
 // for a key's value, its reads of that key are not sent: a get answers
 // 507, a gat sends a touch and answers 507 (404 for a missing key), so
 // memcached writes about the answer room and one value more for 1000
-// reads of one 1 MB key, not 1000 values, and the expiration is set.
+// reads of one large key, not 1000 values, and the expiration is set.
 func TestBatchReadsStopWithTheAnswerRoom(t *testing.T) {
 	g := newBoundRig(t)
 	g.mustPut("/big", value(boundValue, "big"))
@@ -183,7 +188,7 @@ func TestBatchReadsStopWithTheAnswerRoom(t *testing.T) {
 	}
 }
 
-// TestBatchReadsOfManyKeysAreBounded: gats of many different 1 MB keys,
+// TestBatchReadsOfManyKeysAreBounded: gats of many different large keys,
 // more than the answer room takes, make memcached send at most twice the
 // answer room and readParallel values, however many keys there are; each
 // key is touched. With gomemcache's pool too, whose reads ask no Room.
@@ -222,9 +227,9 @@ func batchReadsOfManyKeysAreBounded(t *testing.T, pipelineConns int) {
 }
 
 // TestMultiGetOfManyKeysIsBounded: a plain multi-get (no touch) of 200
-// different 1 MB keys asks memcached their sizes first and reads only
+// different large keys asks memcached their sizes first and reads only
 // the values that fit the answer room: memcached writes about the room,
-// not 200 MB. The keys read answer 200 with their values, the others
+// not 200 values. The keys read answer 200 with their values, the others
 // present 507, the missing one 404.
 func TestMultiGetOfManyKeysIsBounded(t *testing.T) {
 	g := newBoundRig(t, "-m", "256")
