@@ -726,42 +726,20 @@ func TestOwner(t *testing.T) {
 // port.
 func multiDropper(t *testing.T, size int) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	value := bytes.Repeat([]byte("v"), size)
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer conn.Close()
-				br := bufio.NewReader(conn)
-				for {
-					line, err := br.ReadString('\n')
-					if err != nil {
-						return
-					}
-					f := strings.Fields(line)
-					switch {
-					case len(f) == 2 && (f[0] == "gets" || f[0] == "get"):
-						fmt.Fprintf(conn, "VALUE %s 0 %d 1\r\n%s\r\nEND\r\n", f[1], size, value)
-					case len(f) > 2 && (f[0] == "gets" || f[0] == "get"):
-						return // the fault
-					case len(f) > 0 && f[0] == "version":
-						io.WriteString(conn, "VERSION 1.6.0\r\n")
-					default:
-						io.WriteString(conn, "ERROR\r\n")
-					}
-				}
-			}()
+	value := strings.Repeat("v", size)
+	srv := memcachedtest.StartScripted(t, func(line string, _ *bufio.Reader) (string, bool) {
+		f := strings.Fields(line)
+		switch {
+		case len(f) == 2 && (f[0] == "gets" || f[0] == "get"):
+			return memcachedtest.Value(f[1], value, 0, 1) + "END\r\n", true
+		case len(f) > 2 && (f[0] == "gets" || f[0] == "get"):
+			return "", false // the fault
+		case len(f) > 0 && f[0] == "version":
+			return "VERSION 1.6.0\r\n", true
 		}
-	}()
-	return ln.Addr().(*net.TCPAddr).Port
+		return "ERROR\r\n", true
+	})
+	return srv.Port
 }
 
 // countRoom is an op.Room that takes everything and counts it.

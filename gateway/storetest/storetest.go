@@ -63,26 +63,20 @@ func (s *Store) Do(_ context.Context, o op.Op) op.Result {
 	key := o.Item.Key
 	old, found := s.Items[key]
 	switch o.Verb {
-	case op.Get, op.GAT:
+	case op.Get, op.GAT, op.Head, op.HeadTouch:
 		if !found {
 			return op.Result{Err: upstream.ErrNotFound}
 		}
-		if o.Verb == op.GAT {
+		if o.Verb == op.GAT || o.Verb == op.HeadTouch {
 			old.Expiration = o.Item.Expiration
 			s.Items[key] = old
+		}
+		if o.Verb.Reply() == op.Meta { // the size, not the value
+			size := len(old.Value)
+			old.Value = nil
+			return op.Result{Item: old, N: uint64(size)}
 		}
 		return op.Result{Item: old}
-	case op.Head, op.HeadTouch:
-		if !found {
-			return op.Result{Err: upstream.ErrNotFound}
-		}
-		if o.Verb == op.HeadTouch {
-			old.Expiration = o.Item.Expiration
-			s.Items[key] = old
-		}
-		size := len(old.Value)
-		old.Value = nil
-		return op.Result{Item: old, N: uint64(size)}
 	case op.Set:
 		s.put(o.Item)
 	case op.Add:
