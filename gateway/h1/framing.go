@@ -106,8 +106,8 @@ const (
 const maxChunkLine = 4096
 
 // scan follows b, the next bytes of the stream. It returns the index in b
-// of the last byte of a head with both Content-Length and
-// Transfer-Encoding, after which it must not be called again, or -1.
+// of the last byte of a head the guard refuses (refusedHead), after which
+// it must not be called again, or -1.
 func (f *framing) scan(b []byte) int {
 	for i := 0; i < len(b); i++ {
 		c := b[i]
@@ -264,7 +264,7 @@ func (f *framing) startBlock(trailer bool) {
 }
 
 // endBlock is called at the last byte of a block of header fields. It
-// reports whether that ends a head with both fields.
+// reports whether that ends a head the guard refuses.
 func (f *framing) endBlock() bool {
 	if f.trailer {
 		f.endRequest()
@@ -425,9 +425,14 @@ func (f *framing) endField() {
 }
 
 // endHead is called at the last byte of a head whose fields all passed.
-// It reports whether the head has both fields; otherwise it sets up the
-// body as net/http's readTransfer does, or turns the framing off where
-// net/http fails the connection.
+// It reports whether the guard refuses the head: one with both
+// Content-Length and Transfer-Encoding, or with Transfer-Encoding on
+// HTTP/1.0, which net/http ignores and reads as having no body (RFC 9112
+// §6.1 requires the framing to be taken as faulty and the connection
+// closed: a proxy in front that reads the body as chunked would have the
+// chunks read as the next requests). Otherwise it sets up the body as
+// net/http's readTransfer does, or turns the framing off where net/http
+// fails the connection.
 func (f *framing) endHead() bool {
 	if f.clN > 0 && f.teN > 0 {
 		return true
@@ -437,7 +442,7 @@ func (f *framing) endHead() bool {
 	case !ok || major != 1:
 		f.off = true // 400 malformed version, 505, or PRI * HTTP/2.0 (closed after it)
 	case f.teN > 0 && minor == 0:
-		f.endRequest() // Transfer-Encoding is ignored on HTTP/1.0
+		return true
 	case f.teN > 0:
 		if f.teN != 1 || !f.teOK {
 			f.off = true // 501

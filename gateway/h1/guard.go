@@ -12,13 +12,17 @@ import (
 // server read it as chunked only if it closes the connection afterwards;
 // nginx answers 400. The fast path refuses such requests itself, but
 // net/http reads them as chunked, deletes the Content-Length header (so a
-// handler cannot tell) and keeps the connection open. GuardConn makes
-// net/http refuse them too, from below: it follows the framing of the
-// request stream and never lets net/http see such a head complete.
+// handler cannot tell) and keeps the connection open. A Transfer-Encoding
+// on HTTP/1.0 is the same risk: net/http ignores it and reads no body, so
+// the chunks that a proxy in front forwards as the body (HAProxy does)
+// are read as the next requests, where RFC 9112 §6.1 requires the
+// connection closed; nginx answers 400 here too. GuardConn makes net/http
+// refuse both, from below: it follows the framing of the request stream
+// and never lets net/http see such a head complete.
 
 // GuardConn returns c wrapped so that a net/http Server serving it
 // answers a request whose head has both a Content-Length and a
-// Transfer-Encoding header field with
+// Transfer-Encoding header field, or a Transfer-Encoding on HTTP/1.0, with
 //
 //	HTTP/1.1 400 Bad Request
 //	Content-Type: text/plain; charset=utf-8
@@ -27,7 +31,7 @@ import (
 //	400 Bad Request
 //
 // and closes the connection, as the fast path and nginx do, whatever the
-// protocol version or the Transfer-Encoding value. Field names are
+// Transfer-Encoding value. Field names are
 // matched as net/http reads them: in any case, and only names that are
 // exactly one of the two ("Content-Length :" is another field, which
 // net/http then rejects itself). Requests before it on the connection are
@@ -83,7 +87,7 @@ func (l guardListener) Accept() (net.Conn, error) {
 // read error that is not io.EOF, a timeout or a *net.OpError "read" with
 // its plain 400 and closes the connection (conn.serve); this one is none
 // of those.
-var errSmuggle = errors.New("h1: request head has both Content-Length and Transfer-Encoding")
+var errSmuggle = errors.New("h1: request head with ambiguous framing")
 
 // filler stands in for the withheld last byte of a refused head; see
 // guardConn.
@@ -93,8 +97,8 @@ const filler = 0
 //
 // # Refusing a head
 //
-// When the framing reaches the last byte of a head with both fields (the
-// LF of its empty line), Read returns the bytes before it and withholds
+// When the framing reaches the last byte of a head it refuses (the LF of
+// its empty line), Read returns the bytes before it and withholds
 // it; the next Read returns one filler byte in its place and every Read
 // after that fails with errSmuggle. net/http, in the middle of that head,
 // then reads a last line that has no colon ("\r\x00" or "\x00", as bufio

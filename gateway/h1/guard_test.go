@@ -112,7 +112,7 @@ func guardOracle(in []byte) (k int, peeks []guardPeek) {
 			}
 			br.Discard(n)
 		}
-		if _, ok := guardHeadBoth(in[pos():]); ok {
+		if _, ok := guardHeadRefused(in[pos():]); ok {
 			return k, peeks
 		}
 		req, err := http.ReadRequest(br)
@@ -143,18 +143,25 @@ func guardOracle(in []byte) (k int, peeks []guardPeek) {
 // being what net/http peeks at before it reads it.
 type guardPeek struct{ k, from, to int }
 
-// guardHeadBoth reports whether in starts with a head (a request line and
-// header fields, as net/http's textproto reader reads them) that has both
-// fields, and where it ends.
-func guardHeadBoth(in []byte) (end int, ok bool) {
+// guardHeadRefused reports whether in starts with a head (a request line
+// and header fields, as net/http's textproto reader reads them) that the
+// guard refuses: one with both fields, or with Transfer-Encoding on
+// HTTP/1.0; and where it ends.
+func guardHeadRefused(in []byte) (end int, ok bool) {
 	r := bytes.NewReader(in)
 	br := bufio.NewReader(r)
 	tp := textproto.NewReader(br)
-	if _, err := tp.ReadLine(); err != nil {
+	line, err := tp.ReadLine()
+	if err != nil {
 		return 0, false
 	}
 	h, err := tp.ReadMIMEHeader()
-	if err != nil || h["Content-Length"] == nil || h["Transfer-Encoding"] == nil {
+	if err != nil || h["Transfer-Encoding"] == nil {
+		return 0, false
+	}
+	_, proto, _ := strings.Cut(line, " ")
+	_, proto, _ = strings.Cut(proto, " ")
+	if h["Content-Length"] == nil && proto != "HTTP/1.0" {
 		return 0, false
 	}
 	return len(in) - r.Len() - br.Buffered(), true
@@ -433,6 +440,10 @@ func guardCases() []guardCase {
 		one("TE continued", 0, "PUT /s HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nTransfer-Encoding:\r\n chunked\r\n\r\n0\r\n\r\n", gClose),
 		one("TE gzip", 0, "PUT /s HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nTransfer-Encoding: gzip\r\n\r\n", gClose),
 		one("HTTP/1.0", 0, "PUT /s HTTP/1.0\r\nContent-Length: 0\r\nTransfer-Encoding: chunked\r\n\r\n"),
+		one("TE on HTTP/1.0", 0, "GET /k HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n", gClose),
+		one("TE on HTTP/1.0 without keep-alive", 0, "PUT /k HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"),
+		one("TE on HTTP/1.0, body a request", 1, gGet, "PUT /k HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n",
+			"DELETE /k HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", gClose),
 		one("after GET", 1, gGet, gBoth, gClose),
 		one("after PUT", 1, gPut, gBoth, gClose),
 		one("after chunked", 1, gChunked, gBoth, gClose),
@@ -461,7 +472,6 @@ func guardCases() []guardCase {
 		one("duplicate CL", -1, "PUT /k HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\ncontent-length:  5 \r\n\r\nhello", gClose),
 		shut("differing CL", "PUT /k HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 05\r\n\r\nhello", gClose),
 		one("CL continued", -1, "PUT /k HTTP/1.1\r\nHost: x\r\nContent-Length:\r\n 5\r\n \r\n\r\nhello", gClose),
-		one("TE on HTTP/1.0", -1, "GET /k HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n", gClose),
 		shut("TE chunked then space", "PUT /k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n \r\n\r\n0\r\n\r\n", gClose),
 		shut("chunk line bare LF", "PUT /k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\nhello\r\n0\r\n\r\n", gClose),
 		shut("chunk size with space before ext", "PUT /k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5 ;a\r\nhello\r\n0\r\n\r\n", gClose),

@@ -446,6 +446,8 @@ func conformanceCases() []conformanceCase {
 		{name: "two Host headers", raw: "GET /echo HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", status: "HTTP/1.1 400 Bad Request"},
 		{name: "no Host", raw: "GET /echo HTTP/1.1\r\n\r\n", status: "HTTP/1.1 400 Bad Request: missing required Host header"},
 		{name: "bad Host", raw: "GET /echo HTTP/1.1\r\nHost: a b\r\n\r\n"},
+		{name: "chunked request body on HTTP/1.0", raw: "PUT /read HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n" +
+			"3\r\nabc\r\n0\r\n\r\nGET /small HTTP/1.0\r\n\r\n", status: "HTTP/1.1 400 Bad Request"},
 		{name: "chunked request body", raw: "PUT /read HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", status: "HTTP/1.1 200 OK"},
 		{name: "Expect 100-continue", raw: "PUT /read HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\nabc",
 			methods: []string{"PUT", "PUT"}, status: "HTTP/1.1 100 Continue"},

@@ -73,6 +73,14 @@ func (c *conn) readHead(first bool) (req *http.Request, n int, res readResult) {
 // is refused, as nginx does.
 var errBothLengths = errors.New("h1: request has both Content-Length and Transfer-Encoding")
 
+// errTEOnHTTP10 refuses an HTTP/1.0 request with Transfer-Encoding, which
+// HTTP/1.0 does not have: net/http ignores the field and reads no body,
+// so a proxy in front that forwards the body chunked (HAProxy does) has
+// its chunks read as the next requests, and the request itself stored
+// with an empty body. RFC 9112 §6.1 requires its framing to be taken as
+// faulty and the connection closed; it is refused, as nginx does.
+var errTEOnHTTP10 = errors.New("h1: HTTP/1.0 request has Transfer-Encoding")
+
 // badRequest is net/http's answer to a request it cannot read, which the
 // fast path gives to the requests it refuses itself.
 const badRequest = "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"
@@ -244,7 +252,7 @@ func allIn[T string | []byte](s T, extra string) bool {
 
 // newRequest builds the request of a head that passed headScan, as
 // net/http would, or returns nil if the request is not for the fast path,
-// or errBothLengths for a request the fast path refuses. Every string of
+// or errBothLengths or errTEOnHTTP10 for a request the fast path refuses. Every string of
 // the request shares one copy of the head.
 func (c *conn) newRequest(head []byte, lines int) (*http.Request, error) {
 	s := string(head)
@@ -295,10 +303,15 @@ func (c *conn) newRequest(head []byte, lines int) (*http.Request, error) {
 			h[k] = vv
 		}
 	}
-	if clens > 0 && h["Transfer-Encoding"] != nil {
-		return nil, errBothLengths
-	}
 	is11 := proto == "HTTP/1.1"
+	if h["Transfer-Encoding"] != nil {
+		switch {
+		case clens > 0:
+			return nil, errBothLengths
+		case !is11:
+			return nil, errTEOnHTTP10
+		}
+	}
 	if handOver || hosts > 1 || is11 && hosts == 0 || !allIn(host, "-._:[]") || clens > 1 || conns > 1 {
 		return nil, nil
 	}
