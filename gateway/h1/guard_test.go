@@ -194,9 +194,11 @@ func guardCheck(t *testing.T, in, plain, guarded []byte) {
 	// runs into a refused head, so that request's body read fails. The
 	// guard may refuse heads there that net/http would never reach (after
 	// a request it rejects), so this allows it wherever the peek covers
-	// both field names.
+	// a Transfer-Encoding field name and a Content-Length one or an
+	// HTTP/1.0 request line.
 	for _, p := range peeks {
-		if !reached(p.k) || guardNameCL.Find(in[p.from:p.to]) == nil || guardNameTE.Find(in[p.from:p.to]) == nil {
+		peek := in[p.from:p.to]
+		if !reached(p.k) || guardNameTE.Find(peek) == nil || guardNameCL.Find(peek) == nil && !bytes.Contains(peek, []byte(" HTTP/1.0")) {
 			continue
 		}
 		rest, ok := bytes.CutPrefix(guarded, plain[:guardPrefix(ends, p.k)])
@@ -454,6 +456,8 @@ func guardCases() []guardCase {
 		{"head split bytewise", bytewise(gGet + gBoth + gClose), 1, false, false},
 		{"after a trailer that peeks into it", []string{"PUT /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX-A: 1\n\n" + gBoth + gClose}, 1, true, false},
 		{"after a trailer that peeks past a request into it", []string{"PUT /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX-A: 1\n\nGET / HTTP/1.1\nHost: x\n\n" + gBoth + gClose}, 2, true, false},
+		{"after a trailer that peeks into TE on HTTP/1.0", []string{"PUT /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX-A: 1\n\n" +
+			"PUT /s HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + gClose}, 1, true, false},
 		{"head split at its end", []string{gGet + gBoth[:len("POST /s HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r")], "\n0\r\n\r\n" + gClose}, 1, false, false},
 
 		// Answered as without the guard.
@@ -809,8 +813,9 @@ func BenchmarkGuardRead(b *testing.B) {
 
 // FuzzGuard feeds a byte stream, read chunk bytes at a time, then EOF, to
 // net/http with and without GuardConn. The answers must be the same, but
-// where guardOracle finds a head with both Content-Length and
-// Transfer-Encoding that net/http reaches: there the guarded answer is
+// where guardOracle finds a head the guard refuses (with both
+// Content-Length and Transfer-Encoding, or Transfer-Encoding on HTTP/1.0)
+// that net/http reaches: there the guarded answer is
 // the same up to the responses before it, then the 400 (or, for a
 // chunked request whose trailer section peeks into it, that request's
 // answer to its failed body read).
