@@ -148,11 +148,13 @@ func (r *rig) get(t *testing.T, key string) ([32]byte, time.Duration) {
 }
 
 // TestBigValueHolders: 64 clients GET a 20 MB value and read nothing,
-// then 100 clients PUT 3 MiB each at once. The budget (64 MiB by
-// default) lets those it can hold go on, two chunks for each GET and one
-// for each PUT, and answers the others 503 at once; the RSS stays
-// bounded; every GET held is served whole once its client reads; and
-// when they are done the budget is empty again.
+// then 100 clients PUT 3 MiB each at once, each pausing after 1.5 MiB
+// (a chunk and a half) until the first refusal or a few seconds, so that
+// they hold their chunks together however fast the machine. The budget
+// (64 MiB by default) lets those it can hold go on, two chunks for each
+// GET and one for each PUT, and answers the others 503 at once; the RSS
+// stays bounded; every GET held is served whole once its client reads;
+// and when they are done the budget is empty again.
 func TestBigValueHolders(t *testing.T) {
 	const clients, putters, putSize = 64, 100, 3 << 20
 	r := newRig(t)
@@ -201,12 +203,19 @@ func TestBigValueHolders(t *testing.T) {
 		t.Errorf("served %d, refused %d: want the budget to take some and refuse the rest", served, refused)
 	}
 
-	// PUTs all at once.
+	// PUTs all at once, paused mid-body until the first refusal.
 	start = time.Now()
 	var stored, putRefused, putLate int
+	full := make(chan struct{})
+	var fullOnce sync.Once
+	open := func() { fullOnce.Do(func() { close(full) }) }
+	timer := time.AfterFunc(5*time.Second, open)
+	defer timer.Stop()
 	for i := range putters {
 		wg.Go(func() {
-			req, _ := http.NewRequest("PUT", r.url+"/put"+strconv.Itoa(i), bytes.NewReader(v[:putSize]))
+			body := io.MultiReader(bytes.NewReader(v[:putSize/2]), gate(full), bytes.NewReader(v[putSize/2:putSize]))
+			req, _ := http.NewRequest("PUT", r.url+"/put"+strconv.Itoa(i), body)
+			req.ContentLength = putSize
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
 				t.Errorf("PUT: %v", err)
@@ -221,6 +230,7 @@ func TestBigValueHolders(t *testing.T) {
 				stored++
 			case 503:
 				putRefused++
+				open()
 			case 504:
 				// Accepted, but its chunks queued for the write slots
 				// past the request deadline: a slow machine's refusal.
@@ -242,6 +252,15 @@ func TestBigValueHolders(t *testing.T) {
 	if held := r.metric(t, "memcgate_buffered_bytes"); held != 0 {
 		t.Errorf("%v bytes of the budget still held after every request ended", held)
 	}
+}
+
+// gate is a reader of nothing that waits, when first read, for open to
+// be closed.
+type gate chan struct{}
+
+func (g gate) Read([]byte) (int, error) {
+	<-g
+	return 0, io.EOF
 }
 
 // TestBigValueThroughput measures 20 MB values with default settings:
