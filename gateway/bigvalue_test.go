@@ -441,6 +441,48 @@ func TestBigValueExpiry(t *testing.T) {
 	})
 }
 
+// slowBody yields a chunk's worth of bytes at a time, each after a pause:
+// a client uploading a value slowly.
+type slowBody struct {
+	r     io.Reader
+	pause time.Duration
+}
+
+func (s slowBody) Read(p []byte) (int, error) {
+	time.Sleep(s.pause)
+	return s.r.Read(p[:min(len(p), rigChunk)])
+}
+
+// TestBigValueSlowUpload: chunks written while the body was still
+// arriving expire the grace period after the index, not the upload's
+// time before that: otherwise a value whose body took longer than the
+// grace period to come would lose its first chunks while its index still
+// named them, a miss before its exptime.
+func TestBigValueSlowUpload(t *testing.T) {
+	g := newBigRig(t, nil)
+	const chunks, pause = 5, 700 * time.Millisecond // the upload takes longer than rigGrace
+	v := value(chunks*rigChunk, "slowup")
+	if a := g.do("PUT", "/slowup?exptime=100", chunkedBody{slowBody{bytes.NewReader(v), pause}}); a.status != 201 {
+		t.Fatalf("PUT = %d %q", a.status, a.body)
+	}
+	x := g.index("slowup")
+	idx := -1
+	for _, ttl := range g.ttls("slowup") {
+		idx = ttl
+	}
+	want := idx + int(rigGrace/time.Second) - 1 // a second of memcached's clock may pass
+	for c, on := range g.chunkTTLs("slowup", x) {
+		for _, ttl := range on {
+			if ttl < want {
+				t.Errorf("chunk %d has TTL %d, the index %d: it would expire %ds before the index's grace period ends", c, ttl, idx, want+1-ttl)
+			}
+		}
+	}
+	if a := g.do("GET", "/slowup", nil); a.status != 200 || !bytes.Equal(a.body, v) || a.err != nil {
+		t.Errorf("GET = %d, %d bytes (%v)", a.status, len(a.body), a.err)
+	}
+}
+
 // TestBigValueMissingChunk: a chunk evicted, expired or damaged loses the
 // value: a miss if it is the first one a read needs, else the response
 // is cut short; either way the index is dropped, so the next read is a

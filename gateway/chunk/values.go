@@ -307,6 +307,7 @@ func (v *Values) Put(ctx context.Context, p Put, src Source) (err error) {
 	base := keyBase(p.Key, x.Version)
 	exp := expiration(p.Expiration, v.grace(), time.Now().Unix())
 	written := 0
+	var first time.Time // when the first chunk was written
 	defer func() {
 		if err != nil {
 			v.m.writeFailed.Inc()
@@ -326,6 +327,9 @@ func (v *Values) Put(ctx context.Context, p Put, src Source) (err error) {
 			if res := v.write(ctx, c); res.Err != nil {
 				return fmt.Errorf("chunk: writing chunk %d of %q: %w", written, p.Key, res.Err)
 			}
+			if written == 0 {
+				first = time.Now()
+			}
 			written++
 			x.Size += int64(len(b))
 			v.m.chunksWritten.Inc()
@@ -338,6 +342,9 @@ func (v *Values) Put(ctx context.Context, p Put, src Source) (err error) {
 			return rerr
 		}
 	}
+	if err := v.refresh(ctx, p, base, written, first); err != nil {
+		return err
+	}
 	idx := op.Op{Verb: p.Verb, Item: op.Item{Key: p.Key, Value: x.Encode(), Flags: IndexFlags, Expiration: p.Expiration, CAS: p.CAS}, Admitted: true}
 	if res := v.do(ctx, idx); res.Err != nil {
 		return res.Err
@@ -345,6 +352,28 @@ func (v *Values) Put(ctx context.Context, p Put, src Source) (err error) {
 	v.m.writeStored.Inc()
 	if oldIndex != nil {
 		v.retire(ctx, p.Key, *oldIndex)
+	}
+	return nil
+}
+
+// refresh sets the expiration of the n chunks under base, written since
+// first, to p's as of now, when a relative expiration counted from when
+// they were written would end a second or more before the index's (plus
+// Grace), which counts from when it is written: a body that took longer
+// than Grace to arrive would otherwise lose its first chunks while its
+// index still names them. It runs before the index is written, so no
+// reader or touch can see the chunks yet. A chunk that cannot be touched
+// (gone, or memcached failing) fails the Put.
+func (v *Values) refresh(ctx context.Context, p Put, base string, n int, first time.Time) error {
+	if n == 0 || p.Expiration <= 0 || p.Expiration > relativeMax || time.Since(first) < time.Second {
+		return nil // never, at once, or a Unix time: the same for chunks and index
+	}
+	exp := expiration(p.Expiration, v.grace(), time.Now().Unix())
+	for i := range n {
+		res := v.do(ctx, op.Op{Verb: op.Touch, Item: op.Item{Key: base + strconv.Itoa(i), Expiration: exp}, HashKey: p.Key, Admitted: true})
+		if res.Err != nil {
+			return fmt.Errorf("chunk: touching chunk %d of %q: %w", i, p.Key, res.Err)
+		}
 	}
 	return nil
 }
