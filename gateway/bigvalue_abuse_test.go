@@ -61,6 +61,8 @@ func TestBigValueForgedIndex(t *testing.T) {
 			status: 502, body: "stored value cannot be decoded: chunk: the index is corrupt: 5 bytes", sent: -1},
 		{name: "unknown format", forge: func(chunk.Index) []byte { return withFormat(chunk.Index{Version: 1, Size: 10, ChunkSize: 5}, 9) },
 			status: 502, body: "stored value cannot be decoded: chunk: the index is corrupt: 29 bytes, format 9", sent: -1},
+		{name: "prepended to", real: true, forge: func(x chunk.Index) []byte { return append([]byte("P"), x.Encode()...) },
+			status: 502, body: "stored value cannot be decoded: chunk: the index is corrupt: 1 bytes before its marker", sent: -1},
 		{name: "chunk size zero", forge: func(chunk.Index) []byte { return chunk.Index{Version: 1, Size: 10}.Encode() },
 			status: 502, body: "stored value cannot be decoded: chunk: the index is corrupt: 10 bytes in chunks of 0", sent: -1},
 		{name: "chunk size over the largest", forge: func(chunk.Index) []byte {

@@ -13,6 +13,7 @@
 package chunk
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -115,10 +116,14 @@ func (x Index) Encode() []byte {
 }
 
 // IsIndex reports whether an item with these flags and value is an
-// index: its flags are IndexFlags and its value starts with the marker.
-// An item that is not one is a plain value, whatever its flags.
+// index: its flags are IndexFlags and its value holds the marker. The
+// marker is at its start, but for an index a prepend reached (one that
+// raced the PUT that wrote the index, after it had found a plain value
+// there): that item is an index too, a corrupt one (Parse), so that its
+// bytes are never served as the value. An item that is not one is a
+// plain value, whatever its flags.
 func IsIndex(flags uint32, value []byte) bool {
-	return flags == IndexFlags && len(value) >= len(magic) && string(value[:len(magic)]) == magic
+	return flags == IndexFlags && bytes.Contains(value, []byte(magic))
 }
 
 // Parse reads the index it holds. ok is false if it is not an index
@@ -128,6 +133,9 @@ func Parse(it op.Item) (x Index, ok bool, err error) {
 		return Index{}, false, nil
 	}
 	b := it.Value
+	if i := bytes.Index(b, []byte(magic)); i > 0 {
+		return Index{}, true, fmt.Errorf("%w: %d bytes before its marker", ErrCorrupt, i)
+	}
 	if len(b) != indexLen || b[len(magic)] != formatVersion {
 		return Index{}, true, fmt.Errorf("%w: %d bytes, format %d", ErrCorrupt, len(b), b[min(len(magic), len(b)-1)])
 	}
