@@ -55,6 +55,7 @@ func (h *handler) putBig(w http.ResponseWriter, r *http.Request, kr *keyRequest)
 		}
 		switch {
 		case err == io.EOF || err == nil && !more:
+			h.renewWrite(w)
 			if err := h.lim.bodyRead(rc); err != nil {
 				writeError(w, err)
 				return nil, true
@@ -79,7 +80,9 @@ func (h *handler) putBig(w http.ResponseWriter, r *http.Request, kr *keyRequest)
 		return nil, true
 	}
 	put := chunk.Put{Verb: o.Verb, Key: o.Item.Key, Flags: flags, Expiration: o.Item.Expiration, CAS: o.Item.CAS}
-	if err := h.chunks.Put(chunkCtx(r), put, src); err != nil {
+	err = h.chunks.Put(chunkCtx(r), put, src)
+	h.renewWrite(w)
+	if err != nil {
 		if !src.eof {
 			// Refused before the whole body came (a condition, the
 			// budget, memcached): do not wait to read the rest.
@@ -91,6 +94,17 @@ func (h *handler) putBig(w http.ResponseWriter, r *http.Request, kr *keyRequest)
 	}
 	w.WriteHeader(http.StatusCreated)
 	return nil, true
+}
+
+// renewWrite gives the answer to a PUT whose body the handler read, as
+// it arrived, the server's whole write timeout from now: the deadline
+// the server set at the request's head may have passed while the body
+// came, and the client would get the connection closed without a word
+// on a value that was stored.
+func (h *handler) renewWrite(w http.ResponseWriter) {
+	if d := h.opts.WriteTimeout; d > 0 {
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(d)) // a writer without deadlines keeps none
+	}
 }
 
 // bigTooLarge answers a body over BigValueMaxBytes.

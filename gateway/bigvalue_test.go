@@ -483,6 +483,52 @@ func TestBigValueSlowUpload(t *testing.T) {
 	}
 }
 
+// TestBigValueSlowUploadAnswered: a PUT whose body takes longer to
+// arrive than the server's write timeout, which runs from the request's
+// head, is still answered once its value is stored: the client is told
+// 201, not a connection closed without a word on a value that was stored.
+func TestBigValueSlowUploadAnswered(t *testing.T) {
+	const writeTimeout = 400 * time.Millisecond
+	g := newBigRig(t, func(o *Options, _ *upstream.Cluster) { o.WriteTimeout = writeTimeout })
+	std := httptest.NewUnstartedServer(g.h)
+	std.Config.WriteTimeout = writeTimeout
+	std.Start()
+	t.Cleanup(std.Close)
+	tests := []struct {
+		name string
+		addr string
+	}{
+		{name: "net/http", addr: strings.TrimPrefix(std.URL, "http://")},
+		{name: "h1", addr: g.serveH1Write(writeTimeout)},
+	}
+	v := value(4*rigChunk, "answered")
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			key := "answered" + strconv.Itoa(i)
+			c, err := net.Dial("tcp", tt.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			fmt.Fprintf(c, "PUT /%s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", key, len(v))
+			for b := v; len(b) > 0; b = b[min(len(b), rigChunk):] { // 3 × the write timeout
+				time.Sleep(3 * writeTimeout / 4)
+				if _, err := c.Write(b[:min(len(b), rigChunk)]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil || resp.StatusCode != http.StatusCreated {
+				t.Errorf("PUT answered %v (%v), want 201", resp, err)
+			}
+			if a := g.do("GET", "/"+key, nil); a.status != 200 || !bytes.Equal(a.body, v) {
+				t.Errorf("GET = %d, %d bytes", a.status, len(a.body))
+			}
+		})
+	}
+}
+
 // TestBigValueMissingChunk: a chunk evicted, expired or damaged loses the
 // value: a miss if it is the first one a read needs, else the response
 // is cut short; either way the index is dropped, so the next read is a
@@ -931,12 +977,18 @@ func TestBigValueDetached(t *testing.T) {
 // its fallback), and returns its address.
 func (g *bigRig) serveH1() string {
 	g.t.Helper()
+	return g.serveH1Write(10 * time.Second)
+}
+
+// serveH1Write is serveH1 with the server's WriteTimeout.
+func (g *bigRig) serveH1Write(writeTimeout time.Duration) string {
+	g.t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		g.t.Fatal(err)
 	}
 	std := &http.Server{Handler: g.h}
-	srv := &h1.Server{Handler: g.h, Fallback: std, Budget: g.budget, BodyLimit: g.h.BodyLimit, NewContext: g.h.NewContext, WriteTimeout: 10 * time.Second}
+	srv := &h1.Server{Handler: g.h, Fallback: std, Budget: g.budget, BodyLimit: g.h.BodyLimit, NewContext: g.h.NewContext, WriteTimeout: writeTimeout}
 	go srv.Serve(ln)
 	g.t.Cleanup(func() { srv.Close() })
 	return ln.Addr().String()

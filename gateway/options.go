@@ -94,6 +94,11 @@ type Options struct {
 	// a read of such a value may take; set it to the server's write
 	// timeout plus RequestTimeout. If zero, 60s. Unused if Chunks is set.
 	BigValueGrace time.Duration
+	// WriteTimeout is the server's write timeout, which runs from a
+	// request's head: a PUT of a value in chunks, whose body may take
+	// longer than that to arrive, gets it anew for its answer once the
+	// body is read. Zero: its answer keeps the deadline the server set.
+	WriteTimeout time.Duration
 	// Chunks, if not nil, reads and writes the values stored in chunks,
 	// shared with other endpoints (package memc); its chunk size must be
 	// MaxValueBytes. Nil: the handler makes its own over the Store, from

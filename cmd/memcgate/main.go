@@ -288,6 +288,7 @@ func gatewayOptions(cfg config.Config) gateway.Options {
 		MaxValueBytes:         cfg.MaxValueBytes,
 		BigValueMaxBytes:      cfg.BigValueMaxBytes,
 		BigValueGrace:         cfg.WriteTimeout + cfg.RequestTimeout, // the longest a response may take, and its last chunk
+		WriteTimeout:          cfg.WriteTimeout,
 		DefaultTTL:            cfg.DefaultTTL,
 		RequestTimeout:        cfg.RequestTimeout,
 		AccessLog:             cfg.AccessLog,

@@ -70,6 +70,7 @@ func TestDefaultsAgree(t *testing.T) {
 	gzero := gateway.Options{}.WithDefaults()
 	gzero.AccessLog, gzero.Codec, gzero.PHP, gzero.PeclMemcache, gzero.MaxRequests = gw.AccessLog, gw.Codec, gw.PHP, gw.PeclMemcache, gw.MaxRequests
 	gzero.BigValueGrace = gw.BigValueGrace // WRITE_TIMEOUT + REQUEST_TIMEOUT
+	gzero.WriteTimeout = gw.WriteTimeout   // the server's, WRITE_TIMEOUT
 	if !reflect.DeepEqual(gw, gzero) {
 		t.Errorf("gateway options from the default configuration:\n%+v\nthe package's defaults:\n%+v", gw, gzero)
 	}
