@@ -529,6 +529,32 @@ func TestBigValueSlowUploadAnswered(t *testing.T) {
 	}
 }
 
+// TestBigValueTouchPast: a touch with an expiration in the past expires
+// a value in chunks as it expires a small one (204, then a miss), and
+// retires its chunks, as DELETE does.
+func TestBigValueTouchPast(t *testing.T) {
+	g := newBigRig(t, nil)
+	g.mustPut("/small", []byte("small"))
+	if a := g.do("POST", "/small?op=touch&exptime=-1", nil); a.status != 204 {
+		t.Fatalf("touch of a small value = %d %q, want 204", a.status, a.body)
+	}
+	g.mustPut("/past", value(4*rigChunk, "past"))
+	x := g.index("past")
+	if a := g.do("POST", "/past?op=touch&exptime=-1", nil); a.status != 204 {
+		t.Errorf("touch = %d %q, want 204 as for a small value", a.status, a.body)
+	}
+	if a := g.do("GET", "/past", nil); a.status != 404 {
+		t.Errorf("GET after the touch = %d, want 404", a.status)
+	}
+	for c, on := range g.chunkTTLs("past", x) {
+		for _, ttl := range on {
+			if ttl < 0 || ttl > int(rigGrace/time.Second) {
+				t.Errorf("chunk %d has TTL %d after the touch, want 0 to %v", c, ttl, rigGrace)
+			}
+		}
+	}
+}
+
 // TestBigValueMissingChunk: a chunk evicted, expired or damaged loses the
 // value: a miss if it is the first one a read needs, else the response
 // is cut short; either way the index is dropped, so the next read is a

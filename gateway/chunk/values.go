@@ -133,7 +133,8 @@ func (v *Values) inTurn(ctx context.Context, turns chan struct{}, what string, o
 // Do runs o as Store.Do does, but for the verbs that must see a value's
 // chunks: Delete removes the index and retires its chunks (they expire
 // Grace later), Touch and GAT set the chunks' expiration too (Grace
-// after the index's), and Append and Prepend refuse a chunked value with
+// after the index's; a Touch to a time past retires them, as Delete
+// does), and Append and Prepend refuse a chunked value with
 // ErrChunked. Each of these reads the item first (Touch as a GAT), since
 // only the item says whether it is an index; such a read keeps no value
 // that could not be one (peek). Reads return an index as they find it:
@@ -143,6 +144,11 @@ func (v *Values) Do(ctx context.Context, o op.Op) op.Result {
 	case op.Delete:
 		return v.delete(ctx, o)
 	case op.Touch:
+		if o.Item.Expiration < 0 {
+			// The item goes at once, and a gat could not read it after:
+			// touched as delete deletes, its chunks retired.
+			return v.expireNow(ctx, o)
+		}
 		// Touched with mg … T, which answers the item's flags and size,
 		// not its value; only an item whose flags and size are an
 		// index's is read, with a gat, to touch its chunks too.
@@ -229,6 +235,21 @@ func (v *Values) delete(ctx context.Context, o op.Op) op.Result {
 	got := v.peekIndex(ctx, o)
 	if errors.Is(got.Err, upstream.ErrNotFound) {
 		return got
+	}
+	res := v.store.Do(ctx, o)
+	if x, ok, err := Parse(got.Item); res.Err == nil && ok && err == nil {
+		v.retire(ctx, hashKey(o), x)
+	}
+	return res
+}
+
+// expireNow touches o's item with o's expiration, one in the past, and,
+// if it is an index, retires its chunks, as delete does: a touch that
+// reads the item as it touches it would find nothing to read.
+func (v *Values) expireNow(ctx context.Context, o op.Op) op.Result {
+	got := v.peekIndex(ctx, o)
+	if errors.Is(got.Err, upstream.ErrNotFound) {
+		return op.Result{Err: got.Err}
 	}
 	res := v.store.Do(ctx, o)
 	if x, ok, err := Parse(got.Item); res.Err == nil && ok && err == nil {
