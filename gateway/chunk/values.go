@@ -309,8 +309,9 @@ type Source interface {
 // keys of a new version, then its index, written with p.Verb. Until the
 // index is written the key's previous item, chunked or not, stays
 // whole; if anything fails before, the chunks written are deleted (those
-// that cannot be stay until they expire or memcached evicts them) and
-// the error is returned: src's own, a memcached outcome (ErrExists,
+// that cannot be stay until they expire or memcached evicts them; so do
+// those of an index whose write got no reply, which may be in) and the
+// error is returned: src's own, a memcached outcome (ErrExists,
 // ErrNotFound or ErrCASConflict for a condition that failed, before any
 // chunk is written if it fails then already), or a failure to reach
 // memcached. A previous chunked value's chunks are retired once the new
@@ -368,6 +369,11 @@ func (v *Values) Put(ctx context.Context, p Put, src Source) (err error) {
 	}
 	idx := op.Op{Verb: p.Verb, Item: op.Item{Key: p.Key, Value: x.Encode(), Flags: IndexFlags, Expiration: p.Expiration, CAS: p.CAS}, Admitted: true}
 	if res := v.do(ctx, idx); res.Err != nil {
+		if mayBeStored(res.Err) {
+			// The index may be in and name the chunks: they are left
+			// to expire with it, not deleted under it.
+			written = 0
+		}
 		return res.Err
 	}
 	v.m.writeStored.Inc()
@@ -397,6 +403,19 @@ func (v *Values) refresh(ctx context.Context, p Put, base string, n int, first t
 		}
 	}
 	return nil
+}
+
+// mayBeStored reports whether a write that failed with err may have been
+// applied all the same: memcached's reply did not come (a timeout, a
+// connection broken after the request went out), rather than an answer
+// (a condition that failed, an error line) or a failure before anything
+// was sent.
+func mayBeStored(err error) bool {
+	var ne *upstream.NodeError
+	if errors.As(err, &ne) {
+		return !ne.Dial()
+	}
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
 // current reads p.Key's item before a Put: what its index replaces, and

@@ -358,3 +358,68 @@ func TestChunksAdmitted(t *testing.T) {
 		t.Error("no operation met the share")
 	}
 }
+
+// lostReplyStore applies every operation, but answers a write of an index
+// (a set of an item with IndexFlags) with err, as memcached does when its
+// reply is lost: a timeout, or the connection broken after the request
+// went out.
+type lostReplyStore struct {
+	*storetest.Store
+	err error
+}
+
+func (s *lostReplyStore) Do(ctx context.Context, o op.Op) op.Result {
+	res := s.Store.Do(ctx, o)
+	if o.Verb == op.Set && o.Item.Flags == IndexFlags {
+		return op.Result{Err: s.err}
+	}
+	return res
+}
+
+// TestPutIndexReplyLost: a Put whose index write fails in a way that
+// does not say whether memcached stored it leaves its chunks: the index
+// may name them, and deleting them would turn the key into a miss,
+// neither the value it held nor the one written. A Put whose index
+// memcached refused, or that never went out, deletes them.
+func TestPutIndexReplyLost(t *testing.T) {
+	const chunkSize = 1024
+	tests := []struct {
+		name string
+		err  error
+		kept bool
+	}{
+		{name: "timeout", err: &upstream.NodeError{Node: "n", Op: "set", Err: context.DeadlineExceeded}, kept: true},
+		{name: "deadline", err: context.DeadlineExceeded, kept: true},
+		{name: "server error", err: upstream.ErrServer},
+		{name: "no nodes", err: upstream.ErrNoNodes},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := &lostReplyStore{Store: storetest.New(), err: tt.err}
+			v := New(s, Options{ChunkSize: chunkSize, Timeout: time.Second}, prometheus.NewRegistry())
+			value := []byte(strings.Repeat("v", 3*chunkSize+7))
+			if err := v.Put(t.Context(), Put{Verb: op.Set, Key: "k"}, &sliceSource{b: value, size: chunkSize}); !errors.Is(err, tt.err) {
+				t.Fatalf("Put = %v, want %v", err, tt.err)
+			}
+			s.Mu.Lock()
+			x, _, err := Parse(s.Items["k"]) // stored although its write failed
+			s.Mu.Unlock()
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := v.NewReader(t.Context(), "k", x, time.Now(), 0, x.Size)
+			defer r.Close()
+			var got []byte
+			for {
+				b, err := r.Next()
+				got = append(got, b...)
+				if err != nil {
+					if kept := err == io.EOF && string(got) == string(value); kept != tt.kept {
+						t.Errorf("read %d bytes (%v): chunks kept %v, want %v", len(got), err, kept, tt.kept)
+					}
+					break
+				}
+			}
+		})
+	}
+}
