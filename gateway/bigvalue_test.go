@@ -538,18 +538,20 @@ func TestBigValueTouchPast(t *testing.T) {
 	if a := g.do("POST", "/small?op=touch&exptime=-1", nil); a.status != 204 {
 		t.Fatalf("touch of a small value = %d %q, want 204", a.status, a.body)
 	}
-	g.mustPut("/past", value(4*rigChunk, "past"))
-	x := g.index("past")
-	if a := g.do("POST", "/past?op=touch&exptime=-1", nil); a.status != 204 {
-		t.Errorf("touch = %d %q, want 204 as for a small value", a.status, a.body)
-	}
-	if a := g.do("GET", "/past", nil); a.status != 404 {
-		t.Errorf("GET after the touch = %d, want 404", a.status)
-	}
-	for c, on := range g.chunkTTLs("past", x) {
-		for _, ttl := range on {
-			if ttl < 0 || ttl > int(rigGrace/time.Second) {
-				t.Errorf("chunk %d has TTL %d after the touch, want 0 to %v", c, ttl, rigGrace)
+	for _, exptime := range []string{"-1", "1000000000"} { // at once; a Unix time past
+		g.mustPut("/past", value(4*rigChunk, "past"))
+		x := g.index("past")
+		if a := g.do("POST", "/past?op=touch&exptime="+exptime, nil); a.status != 204 {
+			t.Errorf("touch to %s = %d %q, want 204 as for a small value", exptime, a.status, a.body)
+		}
+		if a := g.do("GET", "/past", nil); a.status != 404 {
+			t.Errorf("GET after the touch to %s = %d, want 404", exptime, a.status)
+		}
+		for c, on := range g.chunkTTLs("past", x) {
+			for _, ttl := range on {
+				if ttl < 0 || ttl > int(rigGrace/time.Second) {
+					t.Errorf("chunk %d has TTL %d after the touch to %s, want 0 to %v", c, ttl, exptime, rigGrace)
+				}
 			}
 		}
 	}

@@ -144,7 +144,7 @@ func (v *Values) Do(ctx context.Context, o op.Op) op.Result {
 	case op.Delete:
 		return v.delete(ctx, o)
 	case op.Touch:
-		if o.Item.Expiration < 0 {
+		if past(o.Item.Expiration, time.Now().Unix()) {
 			// The item goes at once, and a gat could not read it after:
 			// touched as delete deletes, its chunks retired.
 			return v.expireNow(ctx, o)
@@ -241,6 +241,12 @@ func (v *Values) delete(ctx context.Context, o op.Op) op.Result {
 		v.retire(ctx, hashKey(o), x)
 	}
 	return res
+}
+
+// past reports whether exp, memcached's expiration, is a time already
+// past at now (Unix time): negative, or a Unix time not after now.
+func past(exp int32, now int64) bool {
+	return exp < 0 || exp > relativeMax && int64(exp) <= now
 }
 
 // expireNow touches o's item with o's expiration, one in the past, and,
