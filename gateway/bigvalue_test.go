@@ -531,9 +531,20 @@ func TestBigValueSlowUploadAnswered(t *testing.T) {
 
 // TestBigValueTouchPast: a touch with an expiration in the past expires
 // a value in chunks as it expires a small one (204, then a miss), and
-// retires its chunks, as DELETE does.
+// retires its chunks, as DELETE does; a GET ?touch= in the past answers
+// the value, then it is gone.
 func TestBigValueTouchPast(t *testing.T) {
 	g := newBigRig(t, nil)
+	for _, exptime := range []string{"-1", "1000000000"} {
+		v := value(4*rigChunk, "gat"+exptime)
+		g.mustPut("/gatpast", v)
+		if a := g.do("GET", "/gatpast?touch="+exptime, nil); a.status != 200 || !bytes.Equal(a.body, v) || a.err != nil {
+			t.Errorf("GET ?touch=%s = %d, %d bytes (%v), want the value as for a small one", exptime, a.status, len(a.body), a.err)
+		}
+		if a := g.do("GET", "/gatpast", nil); a.status != 404 {
+			t.Errorf("GET after GET ?touch=%s = %d, want 404", exptime, a.status)
+		}
+	}
 	g.mustPut("/small", []byte("small"))
 	if a := g.do("POST", "/small?op=touch&exptime=-1", nil); a.status != 204 {
 		t.Fatalf("touch of a small value = %d %q, want 204", a.status, a.body)

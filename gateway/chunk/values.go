@@ -172,11 +172,11 @@ func (v *Values) Do(ctx context.Context, o op.Op) op.Result {
 	case op.GAT:
 		res := v.store.Do(ctx, o)
 		if x, ok, err := Parse(res.Item); res.Err == nil && ok && err == nil {
-			exp := o.Item.Expiration
-			if exp < 0 { // the index expired at once: readers under way keep theirs
+			exp, now := o.Item.Expiration, time.Now().Unix()
+			if past(exp, now) { // the index expired at once: readers under way, this one too, keep theirs
 				exp = v.grace()
 			} else {
-				exp = expiration(exp, v.grace(), time.Now().Unix())
+				exp = expiration(exp, v.grace(), now)
 			}
 			v.touchChunks(ctx, hashKey(o), x, exp, nil)
 		}
