@@ -373,6 +373,11 @@ func (v *Values) Put(ctx context.Context, p Put, src Source) (err error) {
 	if err := v.refresh(ctx, p, base, written, first); err != nil {
 		return err
 	}
+	if err := ctx.Err(); err != nil {
+		// Ended before the index went out: it is certainly not in, and
+		// the chunks can go (below, an error of ctx may come after).
+		return fmt.Errorf("chunk: before writing the index of %q: %w", p.Key, err)
+	}
 	idx := op.Op{Verb: p.Verb, Item: op.Item{Key: p.Key, Value: x.Encode(), Flags: IndexFlags, Expiration: p.Expiration, CAS: p.CAS}, Admitted: true}
 	if res := v.do(ctx, idx); res.Err != nil {
 		if mayBeStored(res.Err) {

@@ -423,3 +423,36 @@ func TestPutIndexReplyLost(t *testing.T) {
 		})
 	}
 }
+
+// TestPutEndedBeforeIndex: a Put whose context ends once its chunks are
+// written sends no index and deletes the chunks.
+func TestPutEndedBeforeIndex(t *testing.T) {
+	const chunkSize = 1024
+	s := storetest.New()
+	v := New(s, Options{ChunkSize: chunkSize, Timeout: time.Second}, prometheus.NewRegistry())
+	ctx, cancel := context.WithCancel(t.Context())
+	src := &endingSource{sliceSource: sliceSource{b: []byte(strings.Repeat("v", 2*chunkSize)), size: chunkSize}, end: cancel}
+	if err := v.Put(ctx, Put{Verb: op.Set, Key: "k"}, src); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Put = %v, want context.Canceled", err)
+	}
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
+	if len(s.Items) != 0 {
+		t.Errorf("%d items left, want none", len(s.Items))
+	}
+}
+
+// endingSource is a sliceSource that calls end once it yields its last
+// bytes.
+type endingSource struct {
+	sliceSource
+	end func()
+}
+
+func (s *endingSource) Next() ([]byte, error) {
+	b, err := s.sliceSource.Next()
+	if err == io.EOF {
+		s.end()
+	}
+	return b, err
+}
