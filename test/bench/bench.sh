@@ -32,6 +32,11 @@
 #                            disturbed attempt is kept) when other
 #                            processes took more than this % of a CPU on either side,
 #                            after waiting up to BENCH_QUIET_TIMEOUT=300 s for a quiet machine
+#   BENCH_PERF=1             after the runs, system calls and context switches per
+#                            request of each target, with perf stat in wrk runs of
+#                            their own: get at the first and last client count, and
+#                            the put-* big points at the last big client count
+#                            (0 skips them)
 #   BENCH_KEEP=1             keep the scratch directory (logs, raw results)
 #   BENCH_RAW=DIR            copy the raw results (runs.txt, ab.txt, section.md) there
 # Raw results stay in the scratch directory: runs.txt (one line per wrk
@@ -65,6 +70,7 @@ only) workloads= ab_n=0 ;;
 esac
 ab_reps=${BENCH_AB_REPS:-$d_abreps}
 ab_newconn=${BENCH_AB_NEWCONN:-1}
+use_perf=${BENCH_PERF:-1}
 server_cpus=${BENCH_SERVER_CPUS:-0}
 memc_cpus=${BENCH_MEMCACHED_CPUS:-$server_cpus}
 load_cpus=${BENCH_LOAD_CPUS:-1}
@@ -92,9 +98,13 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # ---------------------------------------------------------------- packages
 install_missing memcached:memcached nginx:nginx libnginx-mod-http-memc:/usr/lib/nginx/modules/ngx_http_memc_module.so \
-  wrk:wrk apache2-utils:ab curl:curl util-linux:taskset procps:pgrep
+  wrk:wrk apache2-utils:ab curl:curl util-linux:taskset procps:pgrep linux-perf:perf
 command -v go >/dev/null 2>&1 || die "go is required (to build bin/memcgate and the bench helper)"
 [ -x bin/memcgate ] || die "bin/memcgate is missing; run 'make bench' (it builds it) or 'make build'"
+if [ "$use_perf" = 1 ] && ! command -v perf >/dev/null 2>&1; then
+  log "no perf (Debian: linux-perf): system calls per request are not counted"
+  use_perf=0
+fi
 
 ncpu=$(nproc --all)
 cpu_count() { local n=0 part; IFS=, read -ra parts <<<"$1"; for part in "${parts[@]}"; do
@@ -409,6 +419,57 @@ if [ "$ab_n" -gt 0 ]; then
     done
   done
 fi
+
+# ---------------------------------------------------------------- perf stat
+# Where the CPU per request goes: system calls and context switches per
+# request of each target, in wrk runs of their own after the measured
+# ones (perf stat counts every system call, which costs a little).
+perf_md=$work/perf.md
+: >"$perf_md"
+if [ "$use_perf" = 1 ]; then
+  pplan=
+  if [[ " $workloads " == *" get "* ]]; then
+    pplan+="get ${concs%% *}"$'\n'
+    [ "${concs##* }" != "${concs%% *}" ] && pplan+="get ${concs##* }"$'\n'
+  fi
+  for wl in $big_workloads; do [[ $wl == put-* ]] && pplan+="$wl ${big_concs##* }"$'\n'; done
+  if [ -n "$pplan" ]; then
+    log "perf stat: system calls and context switches per request"
+    wait_quiet || true
+    {
+      echo "#### System calls and context switches per request (perf stat, a ${duration}s wrk run of their own per row)"
+      echo
+      echo "| workload | clients | target | requests | system calls/req | context switches/req |"
+      echo "|---|---:|---|---:|---:|---:|"
+    } >"$perf_md"
+    while read -r wl c <&3; do
+      [ -n "$wl" ] || continue
+      p_targets=("${targets[@]}")
+      [ "$wl" = get ] && p_targets+=("$floor")
+      for t in "${p_targets[@]}"; do
+        [ "$warmup" -gt 0 ] && run_bg /dev/null wrk_base "$t" "$wl" "$c" "$warmup"
+        perf stat -x, -e raw_syscalls:sys_enter,context-switches -p "${tpids[$t]}" -o "$work/perf.stat" &
+        pp=$!
+        pids+=("$pp")
+        sleep 0.2
+        run_bg "$work/wrk.out" wrk_base "$t" "$wl" "$c" "$duration"
+        kill -INT "$pp" 2>/dev/null || true
+        wait "$pp" 2>/dev/null || true
+        unset 'pids[-1]'
+        n=$(sed -n 's/^BENCH .*\brequests=\([0-9]*\).*/\1/p' "$work/wrk.out")
+        [ -n "$n" ] && [ "$n" -gt 0 ] || { cat "$work/wrk.out" >&2; die "wrk gave no result for perf stat of $t $wl $c"; }
+        awk -F, -v wl="$wl" -v c="$c" -v t="$t" -v n="$n" '
+          /raw_syscalls:sys_enter/ { sc = $1 } /context-switches/ { cs = $1 }
+          END { printf "| %s | %d | %s | %d | %.2f | %.3f |\n", wl, c, t, n, sc / n, cs / n }' "$work/perf.stat" >>"$perf_md"
+        tail -1 "$perf_md" | sed 's/^/  /' >&2
+      done
+    done 3<<<"$pplan"
+    {
+      echo
+      echo "Counted over each target's processes (memcgate's, or nginx's master and workers) while wrk ran, a little more than the run; memcached's own calls are not counted. The memcached round trips of a gateway are in its counts."
+    } >>"$perf_md"
+  fi
+fi
 elapsed=$(($(date +%s) - started))
 
 # ---------------------------------------------------------------- report
@@ -433,14 +494,17 @@ if [ -s "$runs" ] || [ -s "$ab_out" ]; then
   [ -s "$ab_out" ] && ab_flag=(-ab "$ab_out")
   "$bt" report "${rflag[@]}" "${ab_flag[@]}" >"$work/tables.md"
   { conditions Run "clients: $concs; $nkeys keys of $keylen characters, $vallen-character values"
-    cat "$work/tables.md"; } >"$work/section.md"
+    cat "$work/tables.md"
+    if [ -s "$perf_md" ]; then echo; cat "$perf_md"; fi; } >"$work/section.md"
+  perf_md=/dev/null # shown once
   sections+=(bench:section.md)
 fi
 if [ -s "$runs_big" ]; then
   "$bt" report -big -runs "$runs_big" >"$work/tables-big.md"
   sets=$(for sz in $big_sizes; do printf '%s keys with %s-byte values, ' "${big_keys[$sz]}" "${big_bytes[$sz]}"; done)
   { conditions "Big-value run" "clients: $big_concs; keys of $keylen characters: ${sets%, }; wrk keeps bodies out of Lua (non-2xx are its statuses above 399)"
-    cat "$work/tables-big.md"; } >"$work/section-big.md"
+    cat "$work/tables-big.md"
+    if [ -s "$perf_md" ]; then echo; cat "$perf_md"; fi; } >"$work/section-big.md"
   sections+=(bench-big:section-big.md)
 fi
 

@@ -55,7 +55,7 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 # ---------------------------------------------------------------- packages
 fpm_bin() { compgen -G '/usr/sbin/php-fpm*' | sort -V | tail -1; }
 install_missing memcached:memcached nginx:nginx libnginx-mod-http-memc:/usr/lib/nginx/modules/ngx_http_memc_module.so \
-  apache2-utils:ab curl:curl procps:pgrep php-cli:php php-fpm:'/usr/sbin/php-fpm*'
+  apache2-utils:ab curl:curl procps:pgrep php-cli:php php-fpm:'/usr/sbin/php-fpm*' linux-perf:perf
 install_missing php-curl:php:curl php-memcached:php:memcached # php -m needs php-cli first
 fpm=$(fpm_bin)
 [ -n "$fpm" ] || die "php-fpm is still missing"
