@@ -157,3 +157,46 @@ func TestSetServersNewNodeDown(t *testing.T) {
 		t.Error("SetServers(none) succeeded")
 	}
 }
+
+// TestSetServersReaddedNodeNotStale: a node removed and then added again
+// serves none of the values it held before its removal, since its keys
+// were written on the other nodes meanwhile: reads never go back in time.
+func TestSetServersReaddedNodeNotStale(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 2)
+	c, _ := newTestCluster(t, mcs, nil)
+	ctx := t.Context()
+	both := []Server{{Host: "127.0.0.1", Port: mcs[0].Port, Weight: 1}, {Host: "127.0.0.1", Port: mcs[1].Port, Weight: 1}}
+	set := func(v string) {
+		t.Helper()
+		for i := range 100 {
+			if err := c.Set(ctx, Item{Key: fmt.Sprint("k", i), Value: []byte(v)}); err != nil {
+				t.Fatalf("set %s: %v", v, err)
+			}
+		}
+	}
+	set("old")
+	if _, err := c.SetServers(both[:1], hashring.Ketama); err != nil {
+		t.Fatal(err)
+	}
+	set("new")
+	ch, err := c.SetServers(both, hashring.Ketama)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ch.Added) != 1 {
+		t.Fatalf("change = %+v, want one node added", ch)
+	}
+	stale := 0
+	for i := range 100 {
+		it, err := c.Get(ctx, fmt.Sprint("k", i))
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			t.Fatalf("get: %v", err)
+		}
+		if err == nil && string(it.Value) != "new" {
+			stale++
+		}
+	}
+	if stale > 0 {
+		t.Errorf("%d of 100 keys read a value overwritten while their node was removed", stale)
+	}
+}

@@ -204,8 +204,12 @@ type Cluster struct {
 	probedOnce sync.Once
 	asyncOps   sync.Pool // of *asyncOp, DoAsync's
 
-	mu      sync.Mutex // guards retired, and serializes SetServers
+	mu      sync.Mutex // guards retired and removed, and serializes SetServers
 	retired []*node    // nodes SetServers removed, closed by Run once idle
+	// removed names the nodes SetServers removed and has not added
+	// again: one added again still holds what it had before, values
+	// that may have been written on other nodes meanwhile.
+	removed map[string]bool
 }
 
 // topology is one set of nodes and the ring that places keys on them
@@ -304,9 +308,11 @@ type Change struct {
 // SetServers makes servers, placed by dist, the cluster's nodes, without
 // stopping a request: nodes that stay keep their connections and health;
 // a new node is probed once first and takes traffic only if it answered
-// (else it waits for Rise probes like any down node); removed nodes take
-// no new operations, finish what they have, and are closed by Run once
-// idle. With a consistent distribution only the keys of the nodes added
+// (else it waits for Rise probes like any down node); a node added again
+// after SetServers removed it is flushed instead of probed, as it may hold
+// values overwritten on other nodes meanwhile (if the flush fails it starts
+// down and is flushed before its re-admission); removed nodes take no new
+// operations, finish what they have, and are closed by Run once idle. With a consistent distribution only the keys of the nodes added
 // or removed move.
 func (c *Cluster) SetServers(servers []Server, dist hashring.Distribution) (Change, error) {
 	c.mu.Lock()
@@ -319,6 +325,20 @@ func (c *Cluster) SetServers(servers []Server, dist hashring.Distribution) (Chan
 	var ch Change
 	for _, n := range added {
 		ch.Added = append(ch.Added, n.name)
+		if c.removed[n.name] {
+			// Its keys were written on other nodes while it was out of
+			// the ring: it starts empty, or down until the flush is done
+			// at its re-admission.
+			delete(c.removed, n.name)
+			n.flushOwed.Store(true)
+			if err := n.probe.FlushAll(); err != nil {
+				n.startDown(classify(n.name, "flush", err))
+				continue
+			}
+			n.flushOwed.Store(false)
+			n.log.Info("added again and flushed: it held values from before its removal")
+			continue
+		}
 		if err := n.probe.Ping(); err != nil {
 			n.startDown(classify(n.name, "probe", err))
 		}
@@ -330,6 +350,10 @@ func (c *Cluster) SetServers(servers []Server, dist hashring.Distribution) (Chan
 	for _, n := range old.nodes {
 		if !stays[n] {
 			ch.Removed = append(ch.Removed, n.name)
+			if c.removed == nil {
+				c.removed = map[string]bool{}
+			}
+			c.removed[n.name] = true
 			n.retire()
 			n.stale.drop() // it will not be re-admitted
 			c.retired = append(c.retired, n)
