@@ -183,33 +183,33 @@ func ParseServer(s string) (Server, error) {
 	if bracketed {
 		end := strings.IndexByte(s, ']')
 		if end < 0 {
-			return Server{}, fmt.Errorf("%q: missing ']'", s)
+			return Server{}, fmt.Errorf("%q: missing ']'", short(s))
 		}
 		host, rest = s[1:end], s[end+1:]
 		if !strings.HasPrefix(rest, ":") {
-			return Server{}, fmt.Errorf("%q: want [ipv6]:port", s)
+			return Server{}, fmt.Errorf("%q: want [ipv6]:port", short(s))
 		}
 		rest = rest[1:]
 	} else {
 		var ok bool
 		host, rest, ok = strings.Cut(s, ":")
 		if !ok {
-			return Server{}, fmt.Errorf("%q: want host:port[:weight]", s)
+			return Server{}, fmt.Errorf("%q: want host:port[:weight]", short(s))
 		}
 	}
 	if err := checkHost(host, bracketed); err != nil {
-		return Server{}, fmt.Errorf("%q: %w", s, err)
+		return Server{}, fmt.Errorf("%q: %w", short(s), err)
 	}
 	portStr, weightStr, hasWeight := strings.Cut(rest, ":")
 	port, err := strconv.Atoi(portStr)
 	if err != nil || port < 1 || port > 65535 {
-		return Server{}, fmt.Errorf("%q: port %q is not a number from 1 to 65535", s, portStr)
+		return Server{}, fmt.Errorf("%q: port %q is not a number from 1 to 65535", short(s), short(portStr))
 	}
 	weight := 1
 	if hasWeight {
 		weight, err = strconv.Atoi(weightStr)
 		if err != nil || weight < 1 || weight > 1000 {
-			return Server{}, fmt.Errorf("%q: weight %q is not a number from 1 to 1000", s, weightStr)
+			return Server{}, fmt.Errorf("%q: weight %q is not a number from 1 to 1000", short(s), short(weightStr))
 		}
 	}
 	return Server{Host: host, Port: port, Weight: weight}, nil
@@ -686,7 +686,7 @@ func ParseTokens(s string) ([]Token, error) {
 			case "admin":
 				t.Admin = true
 			default:
-				return nil, fmt.Errorf("unknown scope %q (use read, write, admin)", name)
+				return nil, fmt.Errorf("unknown scope %q (use read, write, admin)", short(name))
 			}
 		}
 		out = append(out, t)
@@ -704,7 +704,7 @@ func (c Config) Tokens() ([]Token, error) {
 	if c.AuthTokensFile == "" {
 		return toks, nil
 	}
-	b, err := os.ReadFile(c.AuthTokensFile)
+	b, err := ReadFile(c.AuthTokensFile)
 	if err != nil {
 		return nil, fmt.Errorf("%sAUTH_TOKENS_FILE: %w", Prefix, err)
 	}

@@ -3,7 +3,6 @@ package config
 import (
 	"errors"
 	"fmt"
-	"os"
 	"reflect"
 	"slices"
 	"strconv"
@@ -77,7 +76,7 @@ func ParsePools(text string) (Pools, error) {
 			out = append(out, p)
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
+	if err := joinFew(errs); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -99,7 +98,7 @@ func parsePool(fields []string) (Pool, error) {
 	for _, f := range fields[1:] {
 		key, val, ok := strings.Cut(f, "=")
 		if !ok || val == "" {
-			bad("%q is not key=value", f)
+			bad("%q is not key=value", short(f))
 			continue
 		}
 		if seen[key] {
@@ -167,13 +166,13 @@ func parsePool(fields []string) (Pool, error) {
 			}
 			p.ShadowPercent = pct
 		default:
-			bad("unknown setting %q (servers, prefixes, distribution, replicas, write, read, miss_fallback, failover, warm, shadow, shadow_percent)", key)
+			bad("unknown setting %q (servers, prefixes, distribution, replicas, write, read, miss_fallback, failover, warm, shadow, shadow_percent)", short(key))
 		}
 	}
 	if len(p.Servers) == 0 && !seen["servers"] {
 		bad("servers= is required")
 	}
-	return p, errors.Join(errs...)
+	return p, joinFew(errs)
 }
 
 // String writes the pool as POOLS takes it.
@@ -263,7 +262,7 @@ func (c Config) validatePools(name string, pools Pools) []error {
 
 // ReadPoolsFile reads POOLS_FILE.
 func ReadPoolsFile(path string) (Pools, error) {
-	b, err := os.ReadFile(path)
+	b, err := ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("%sPOOLS_FILE: %w", Prefix, err)
 	}

@@ -3,17 +3,64 @@ package config
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"reflect"
 	"slices"
 	"strings"
 )
 
+// MaxFileBytes is the size limit of the files the configuration names
+// (CONFIG_FILE, SERVERS_FILE, POOLS_FILE, AUTH_TOKENS_FILE). They are read
+// at start and at every reload, and polled for changes, so a file written
+// there by mistake (a dump, a device) must not be read whole; a MiB holds
+// tens of thousands of nodes or tokens.
+const MaxFileBytes = 1 << 20
+
+// ReadFile reads a file the configuration names; one larger than
+// MaxFileBytes is refused.
+func ReadFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	if len(b) > MaxFileBytes {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, MaxFileBytes)
+	}
+	return b, nil
+}
+
+// maxErrors is how many errors a list of entries reports; the others are
+// counted, so that a file of garbage gives a message that can be logged.
+const maxErrors = 10
+
+// joinFew joins the first maxErrors of errs and counts the rest.
+func joinFew(errs []error) error {
+	if len(errs) > maxErrors {
+		errs = append(errs[:maxErrors:maxErrors], fmt.Errorf("and %d more", len(errs)-maxErrors))
+	}
+	return errors.Join(errs...)
+}
+
+// short is s cut to a length an error message can quote.
+func short(s string) string {
+	const most = 80
+	if len(s) <= most {
+		return s
+	}
+	return s[:most] + "…"
+}
+
 // ReadEnvFile reads a file of variables, NAME=value one per line, as
 // systemd's EnvironmentFile does: blank lines and lines starting with #
 // are skipped, a value may be quoted with ' or ".
 func ReadEnvFile(path string) (map[string]string, error) {
-	b, err := os.ReadFile(path)
+	b, err := ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("%sCONFIG_FILE: %w", Prefix, err)
 	}
@@ -26,7 +73,7 @@ func ReadEnvFile(path string) (map[string]string, error) {
 		name, value, ok := strings.Cut(line, "=")
 		name = strings.TrimSpace(strings.TrimPrefix(name, "export "))
 		if !ok || name == "" {
-			return nil, fmt.Errorf("%sCONFIG_FILE %s, line %d: want NAME=value, got %q", Prefix, path, i+1, line)
+			return nil, fmt.Errorf("%sCONFIG_FILE %s, line %d: want NAME=value, got %q", Prefix, path, i+1, short(line))
 		}
 		value = strings.TrimSpace(value)
 		if len(value) >= 2 && (value[0] == '"' || value[0] == '\'') && value[len(value)-1] == value[0] {
@@ -68,7 +115,7 @@ func ParseServers(text string) ([]Server, error) {
 			out = append(out, s)
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
+	if err := joinFew(errs); err != nil {
 		return nil, err
 	}
 	if len(out) == 0 {
@@ -79,7 +126,7 @@ func ParseServers(text string) ([]Server, error) {
 
 // ReadServersFile reads SERVERS_FILE.
 func ReadServersFile(path string) ([]Server, error) {
-	b, err := os.ReadFile(path)
+	b, err := ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("%sSERVERS_FILE: %w", Prefix, err)
 	}

@@ -263,7 +263,7 @@ func (r *reloader) fileSums(cfg config.Config) map[string]sum {
 		if f == "" {
 			continue
 		}
-		b, err := os.ReadFile(f)
+		b, err := config.ReadFile(f)
 		if err != nil {
 			b = []byte("unreadable: " + err.Error())
 		}
