@@ -81,6 +81,7 @@ type reloader struct {
 	mu      sync.Mutex     // guards the fields below; held while a reload runs
 	started config.Config  // what the settings a reload cannot change stay at
 	cur     config.Config  // what runs now
+	tokens  []config.Token // cur's tokens, AUTH_TOKENS_FILE's included: that file's content is not in cur
 	sums    map[string]sum // watched files' contents at the last reload
 	history []Reload
 }
@@ -195,6 +196,7 @@ func newReloader(cfg config.Config, environ map[string]string, log *slog.Logger,
 	r.lastOK.Set(1)
 	reg.MustRegister(r.reloads, r.lastOK)
 	r.sums = r.fileSums(cfg)
+	r.tokens, _ = cfg.Tokens() // checked at start
 	return r
 }
 
@@ -333,7 +335,9 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 		r.log.Error("configuration reload refused: the running configuration stays", "trigger", trigger, "err", err.Error())
 		r.lastOK.Set(0)
 	} else {
-		if trigger == "dns" && rl.Servers == nil {
+		// A poll reads the files too: what it changes from them is a
+		// reload like any other.
+		if trigger == "dns" && rl.Servers == nil && len(rl.Pools) == 0 && len(rl.Changed) == 0 {
 			return
 		}
 		r.log.Info("configuration reloaded", "trigger", trigger, "changed", rl.Changed, "needs_restart", rl.Restart)
@@ -373,6 +377,13 @@ func (r *reloader) apply(next config.Config, rl *Reload) error {
 	if err != nil {
 		return err
 	}
+	tokens, err := next.Tokens()
+	if err != nil {
+		return err
+	}
+	if !slices.Equal(tokens, r.tokens) && !slices.Contains(rl.Changed, config.Prefix+"AUTH_TOKENS") && !slices.Contains(rl.Changed, config.Prefix+"AUTH_TOKENS_FILE") {
+		rl.Changed = append(rl.Changed, config.Prefix+"AUTH_TOKENS_FILE") // only the file's content changed
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(next.LogLevel)); err != nil {
 		return fmt.Errorf("%sLOG_LEVEL: %w", config.Prefix, err)
@@ -409,7 +420,7 @@ func (r *reloader) apply(next config.Config, rl *Reload) error {
 	// are now next's.
 	cur := r.started
 	config.Copy(&cur, next, liveNames()...)
-	r.cur = cur
+	r.cur, r.tokens = cur, tokens
 	return nil
 }
 

@@ -390,3 +390,74 @@ func TestServersDNS(t *testing.T) {
 		t.Errorf("%d of %d requests failed while DNS changed; first: %v", failed, sent, l.first.Load())
 	}
 }
+
+// TestServersDNSPollAppliesLoudly: with SERVERS_DNS, the DNS poll reads the
+// whole configuration again; a change it applies while the nodes stay the
+// same (here READ_ONLY and a pool's nodes, from CONFIG_FILE, which is not
+// watched) is logged and counted as a reload, not applied unannounced.
+func TestServersDNSPollAppliesLoudly(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 3)
+	dns := startDNS(t)
+	dns.set(mcs[0].Port)
+	file := filepath.Join(t.TempDir(), "memcgate.env")
+	writeAtomic(t, file, fmt.Sprintf("MEMCGATE_POOLS=sess servers=127.0.0.1:%d prefixes=sess:\n", mcs[1].Port))
+	g := startGateway(t, map[string]string{
+		"MEMCGATE_CONFIG_FILE":    file,
+		"MEMCGATE_WATCH_INTERVAL": "0s",
+		"MEMCGATE_SERVERS_DNS":    "_memcache._tcp.memcached.test",
+		"MEMCGATE_DNS_SERVER":     dns.conn.LocalAddr().String(),
+		"MEMCGATE_DNS_INTERVAL":   "100ms",
+	})
+	waitNodes(t, g, []string{"localhost:" + strconv.Itoa(mcs[0].Port), "127.0.0.1:" + strconv.Itoa(mcs[1].Port)})
+	okBefore := metric(t, g, "memcgate_config_reloads_total", `{result="ok"}`)
+	writeAtomic(t, file, fmt.Sprintf("MEMCGATE_POOLS=sess servers=127.0.0.1:%d prefixes=sess:\nMEMCGATE_READ_ONLY=true\n", mcs[2].Port))
+	deadline := time.Now().Add(5 * time.Second)
+	for g.do("PUT", "/k", []byte("v")).status != http.StatusForbidden {
+		if time.Now().After(deadline) {
+			t.Fatal("READ_ONLY=true was not applied by the DNS poll")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond) // the reload's log line (written every 200ms) and count follow its effect
+	if ok := metric(t, g, "memcgate_config_reloads_total", `{result="ok"}`); ok != okBefore+1 {
+		t.Errorf("memcgate_config_reloads_total{result=ok} went from %v to %v, want one reload counted", okBefore, ok)
+	}
+	logs := g.Logs()
+	if !strings.Contains(logs, `"configuration reloaded","trigger":"dns","changed":["MEMCGATE_POOLS","MEMCGATE_READ_ONLY"]`) {
+		t.Errorf("the DNS poll's changes were not logged:\n%s", gatewaytest.Tail(logs, 2000))
+	}
+}
+
+// TestTokensFileReloadNamed: a reload that only changes AUTH_TOKENS_FILE's
+// content applies the new tokens and names the file among the changes.
+func TestTokensFileReloadNamed(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 1)
+	tokFile := filepath.Join(t.TempDir(), "tokens")
+	writeAtomic(t, tokFile, "read+write:first-token-0123456789\n")
+	g := startGateway(t, map[string]string{
+		"MEMCGATE_SERVERS":          memcachedtest.Addrs(mcs),
+		"MEMCGATE_AUTH_TOKENS_FILE": tokFile,
+		"MEMCGATE_WATCH_INTERVAL":   "100ms",
+	})
+	put := func(token string) int {
+		return g.do("PUT", "/k", []byte("v"), "Authorization", "Bearer "+token).status
+	}
+	if s := put("first-token-0123456789"); s != http.StatusCreated {
+		t.Fatalf("PUT with the first token = %d, want 201", s)
+	}
+	writeAtomic(t, tokFile, "read+write:second-token-0123456789\n")
+	deadline := time.Now().Add(5 * time.Second)
+	for put("second-token-0123456789") != http.StatusCreated {
+		if time.Now().After(deadline) {
+			t.Fatal("the token added to the file was not accepted")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if s := put("first-token-0123456789"); s != http.StatusUnauthorized {
+		t.Errorf("PUT with the token removed from the file = %d, want 401", s)
+	}
+	time.Sleep(500 * time.Millisecond) // the log is written every 200ms
+	if logs := g.Logs(); !strings.Contains(logs, `"configuration reloaded","trigger":"file","changed":["MEMCGATE_AUTH_TOKENS_FILE"]`) {
+		t.Errorf("the reload did not name MEMCGATE_AUTH_TOKENS_FILE:\n%s", gatewaytest.Tail(logs, 2000))
+	}
+}
