@@ -96,6 +96,11 @@ func loadConfig(ctx context.Context, environ map[string]string) (config.Config, 
 		if err != nil {
 			return config.Config{}, err
 		}
+		// The file read is the environment's: one named inside it would
+		// be neither read nor watched.
+		if v, ok := over[config.Prefix+"CONFIG_FILE"]; ok && v != f {
+			return config.Config{}, fmt.Errorf("%sCONFIG_FILE %s names %s: set %sCONFIG_FILE in the environment", config.Prefix, f, v, config.Prefix)
+		}
 		environ = config.Overlay(environ, over)
 	}
 	cfg, err := config.Load(environ)
