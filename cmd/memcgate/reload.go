@@ -345,7 +345,11 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 		if trigger == "dns" && rl.Servers == nil && len(rl.Pools) == 0 && len(rl.Changed) == 0 {
 			return
 		}
-		r.log.Info("configuration reloaded", "trigger", trigger, "changed", rl.Changed, "needs_restart", rl.Restart)
+		level := slog.LevelInfo
+		if len(rl.Restart) > 0 {
+			level = slog.LevelWarn // some of the file is not in force
+		}
+		r.log.Log(ctx, level, "configuration reloaded", "trigger", trigger, "changed", rl.Changed, "needs_restart", rl.Restart)
 		for _, w := range r.cur.Warnings() {
 			r.log.Warn("configuration warning", "warning", w)
 		}

@@ -461,3 +461,21 @@ func TestTokensFileReloadNamed(t *testing.T) {
 		t.Errorf("the reload did not name MEMCGATE_AUTH_TOKENS_FILE:\n%s", gatewaytest.Tail(logs, 2000))
 	}
 }
+
+// TestReloadNeedsRestartAtWarn: a reload with settings that need a
+// restart says so even when LOG_LEVEL hides info lines: those settings
+// did not take effect.
+func TestReloadNeedsRestartAtWarn(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 1)
+	file := filepath.Join(t.TempDir(), "memcgate.env")
+	writeAtomic(t, file, "MEMCGATE_SERVERS="+memcachedtest.Addrs(mcs)+"\nMEMCGATE_LOG_LEVEL=warn\n")
+	g := startGateway(t, map[string]string{"MEMCGATE_CONFIG_FILE": file, "MEMCGATE_WATCH_INTERVAL": "100ms"})
+	writeAtomic(t, file, "MEMCGATE_SERVERS="+memcachedtest.Addrs(mcs)+"\nMEMCGATE_LOG_LEVEL=warn\nMEMCGATE_TIMEOUT=900ms\n")
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(g.Logs(), `"needs_restart":["MEMCGATE_TIMEOUT"]`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the reload did not name MEMCGATE_TIMEOUT as needing a restart at LOG_LEVEL=warn:\n%s", gatewaytest.Tail(g.Logs(), 2000))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
