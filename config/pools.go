@@ -273,9 +273,9 @@ func ReadPoolsFile(path string) (Pools, error) {
 	return p, nil
 }
 
-// ValidateResolvedServers checks REPLICAS against the nodes read from
-// SERVERS_FILE or resolved from SERVERS_DNS (in c.Servers), as Load
-// checks it against SERVERS: the error names REPLICAS and the source.
+// ValidateResolvedServers checks the nodes read from SERVERS_FILE or
+// resolved from SERVERS_DNS (in c.Servers) as Load checks SERVERS: none
+// listed twice, and enough for REPLICAS. The error names the source.
 func (c Config) ValidateResolvedServers() error {
 	source := "SERVERS"
 	switch {
@@ -283,6 +283,13 @@ func (c Config) ValidateResolvedServers() error {
 		source = "SERVERS_FILE"
 	case c.ServersDNS != "":
 		source = "SERVERS_DNS"
+	}
+	seen := map[string]bool{}
+	for _, s := range c.Servers {
+		if seen[s.Addr()] {
+			return fmt.Errorf("%s%s: %s is listed twice", Prefix, source, s.Addr())
+		}
+		seen[s.Addr()] = true
 	}
 	if c.Replicas > 1 && c.Replicas > len(c.Servers) {
 		return fmt.Errorf("%sREPLICAS: %d copies need at least %d servers, %s has %d", Prefix, c.Replicas, c.Replicas, source, len(c.Servers))

@@ -31,3 +31,17 @@ func TestConfigFileNamesNoOther(t *testing.T) {
 		t.Errorf("a CONFIG_FILE that names another: err = %v, want it refused (CONFIG_FILE in force: %s, READ_ONLY %v)", err, cfg.ConfigFile, cfg.ReadOnly)
 	}
 }
+
+// TestServersFileDuplicate: SERVERS_FILE is checked as SERVERS is: a node
+// listed twice is refused, not given two places on the ring (and, with
+// REPLICAS=2, both copies of its keys).
+func TestServersFileDuplicate(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "servers")
+	if err := os.WriteFile(file, []byte("127.0.0.1:11211\n127.0.0.1:11211\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := loadConfig(t.Context(), map[string]string{"MEMCGATE_SERVERS_FILE": file, "MEMCGATE_REPLICAS": "2"})
+	if err == nil || !strings.Contains(err.Error(), "twice") {
+		t.Errorf("a SERVERS_FILE with a node twice: err = %v, want it refused", err)
+	}
+}
