@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bradfitz/gomemcache/memcache"
+
 	"github.com/memcgate/memcgate/test/memcachedtest"
 	"github.com/memcgate/memcgate/upstream/hashring"
 	"github.com/memcgate/memcgate/upstream/op"
@@ -158,12 +160,21 @@ func TestSetServersNewNodeDown(t *testing.T) {
 	}
 }
 
-// TestSetServersReaddedNodeNotStale: a node removed and then added again
-// serves none of the values it held before its removal, since its keys
-// were written on the other nodes meanwhile: reads never go back in time.
+// TestSetServersReaddedNodeNotStale: with ReadmitFlush, a node removed and
+// then added again serves none of the values it held before its removal,
+// since its keys were written on the other nodes meanwhile: reads never go
+// back in time. Without, it keeps what it held (other clients of the same
+// memcached may be writing it): a key no one wrote meanwhile is still
+// there.
 func TestSetServersReaddedNodeNotStale(t *testing.T) {
+	for _, flush := range []bool{true, false} {
+		t.Run(fmt.Sprintf("readmit-flush=%v", flush), func(t *testing.T) { testReaddedNode(t, flush) })
+	}
+}
+
+func testReaddedNode(t *testing.T, flush bool) {
 	mcs := memcachedtest.StartN(t, 2)
-	c, _ := newTestCluster(t, mcs, nil)
+	c, _ := newTestCluster(t, mcs, func(o *Options) { o.Health.ReadmitFlush = flush })
 	ctx := t.Context()
 	both := []Server{{Host: "127.0.0.1", Port: mcs[0].Port, Weight: 1}, {Host: "127.0.0.1", Port: mcs[1].Port, Weight: 1}}
 	set := func(v string) {
@@ -175,6 +186,11 @@ func TestSetServersReaddedNodeNotStale(t *testing.T) {
 		}
 	}
 	set("old")
+	// A key only other clients of the node use, written on it directly.
+	direct := memcache.New(mcs[1].Addr)
+	if err := direct.Set(&memcache.Item{Key: "theirs", Value: []byte("kept")}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := c.SetServers(both[:1], hashring.Ketama); err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +212,14 @@ func TestSetServersReaddedNodeNotStale(t *testing.T) {
 			stale++
 		}
 	}
-	if stale > 0 {
+	theirs, err := direct.Get("theirs")
+	kept := err == nil && string(theirs.Value) == "kept"
+	switch {
+	case flush && stale > 0:
 		t.Errorf("%d of 100 keys read a value overwritten while their node was removed", stale)
+	case flush && kept:
+		t.Error("the node added again was not flushed")
+	case !flush && !kept:
+		t.Error("the node added again was flushed without MEMCGATE_READMIT_FLUSH")
 	}
 }

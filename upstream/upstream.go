@@ -309,9 +309,10 @@ type Change struct {
 // stopping a request: nodes that stay keep their connections and health;
 // a new node is probed once first and takes traffic only if it answered
 // (else it waits for Rise probes like any down node); a node added again
-// after SetServers removed it is flushed instead of probed, as it may hold
-// values overwritten on other nodes meanwhile (if the flush fails it starts
-// down and is flushed before its re-admission); removed nodes take no new
+// after SetServers removed it may hold values overwritten on other nodes
+// meanwhile: with Health.ReadmitFlush it is flushed instead of probed (if
+// the flush fails it starts down and is flushed before its re-admission),
+// else it is probed and logged; removed nodes take no new
 // operations, finish what they have, and are closed by Run once idle. With a consistent distribution only the keys of the nodes added
 // or removed move.
 func (c *Cluster) SetServers(servers []Server, dist hashring.Distribution) (Change, error) {
@@ -327,17 +328,24 @@ func (c *Cluster) SetServers(servers []Server, dist hashring.Distribution) (Chan
 		ch.Added = append(ch.Added, n.name)
 		if c.removed[n.name] {
 			// Its keys were written on other nodes while it was out of
-			// the ring: it starts empty, or down until the flush is done
-			// at its re-admission.
+			// the ring, and no write was remembered for it (its node was
+			// gone, not down). With ReadmitFlush it starts empty, or down
+			// until the flush is done at its re-admission; without, it
+			// keeps its warm cache, as other clients of the same
+			// memcached may still be writing it, and the log says what
+			// may read stale.
 			delete(c.removed, n.name)
-			n.flushOwed.Store(true)
-			if err := n.probe.FlushAll(); err != nil {
-				n.startDown(classify(n.name, "flush", err))
+			if c.health.readmitFlush.Load() {
+				n.flushOwed.Store(true)
+				if err := n.probe.FlushAll(); err != nil {
+					n.startDown(classify(n.name, "flush", err))
+					continue
+				}
+				n.flushOwed.Store(false)
+				n.log.Info("added again and flushed: it held values from before its removal")
 				continue
 			}
-			n.flushOwed.Store(false)
-			n.log.Info("added again and flushed: it held values from before its removal")
-			continue
+			n.log.Warn("added again after a reload removed it: keys written on other nodes meanwhile may read stale from it until written again (MEMCGATE_READMIT_FLUSH=true flushes such a node)")
 		}
 		if err := n.probe.Ping(); err != nil {
 			n.startDown(classify(n.name, "probe", err))
