@@ -202,18 +202,9 @@ func TestReaderMaxReads(t *testing.T) {
 				var wg sync.WaitGroup
 				for i := range tt.readers {
 					wg.Go(func() {
-						rd := v.NewReader(t.Context(), "k", x, time.Now(), 0, x.Size)
-						defer rd.Close()
-						var b []byte
-						for {
-							c, err := rd.Next()
-							b = append(b, c...)
-							if err != nil {
-								if err != io.EOF {
-									t.Errorf("reader %d: %v", i, err)
-								}
-								break
-							}
+						b, err := readToEnd(v.NewReader(t.Context(), "k", x, time.Now(), 0, x.Size))
+						if err != io.EOF {
+							t.Errorf("reader %d: %v", i, err)
 						}
 						got[i] = string(b)
 					})
@@ -407,18 +398,9 @@ func TestPutIndexReplyLost(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r := v.NewReader(t.Context(), "k", x, time.Now(), 0, x.Size)
-			defer r.Close()
-			var got []byte
-			for {
-				b, err := r.Next()
-				got = append(got, b...)
-				if err != nil {
-					if kept := err == io.EOF && string(got) == string(value); kept != tt.kept {
-						t.Errorf("read %d bytes (%v): chunks kept %v, want %v", len(got), err, kept, tt.kept)
-					}
-					break
-				}
+			got, err := readToEnd(v.NewReader(t.Context(), "k", x, time.Now(), 0, x.Size))
+			if kept := err == io.EOF && string(got) == string(value); kept != tt.kept {
+				t.Errorf("read %d bytes (%v): chunks kept %v, want %v", len(got), err, kept, tt.kept)
 			}
 		})
 	}
@@ -455,4 +437,18 @@ func (s *endingSource) Next() ([]byte, error) {
 		s.end()
 	}
 	return b, err
+}
+
+// readToEnd reads r to its end and closes it: the bytes read, and the
+// error that ended it (io.EOF for the whole value).
+func readToEnd(r *Reader) ([]byte, error) {
+	defer r.Close()
+	var b []byte
+	for {
+		c, err := r.Next()
+		b = append(b, c...)
+		if err != nil {
+			return b, err
+		}
+	}
 }
