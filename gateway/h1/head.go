@@ -252,8 +252,8 @@ func allIn[T string | []byte](s T, extra string) bool {
 
 // newRequest builds the request of a head that passed headScan, as
 // net/http would, or returns nil if the request is not for the fast path,
-// or errBothLengths or errTEOnHTTP10 for a request the fast path refuses. Every string of
-// the request shares one copy of the head.
+// or errBothLengths or errTEOnHTTP10 for a request the fast path refuses.
+// Every string of the request shares one copy of the head.
 func (c *conn) newRequest(head []byte, lines int) (*http.Request, error) {
 	s := string(head)
 	eol := strings.Index(s, "\r\n")
