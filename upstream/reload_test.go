@@ -223,3 +223,26 @@ func testReaddedNode(t *testing.T, flush bool) {
 		t.Error("the node added again was flushed without MEMCGATE_READMIT_FLUSH")
 	}
 }
+
+// TestRemovedNamesBounded: the names of removed nodes kept for their
+// re-addition stay at maxRemoved however many nodes come and go, the
+// oldest forgotten first.
+func TestRemovedNamesBounded(t *testing.T) {
+	var c Cluster
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range maxRemoved + 10 {
+		c.rememberRemoved(fmt.Sprint("10.0.0.", i, ":11211"))
+	}
+	if len(c.removed) != maxRemoved {
+		t.Fatalf("%d names kept, want %d", len(c.removed), maxRemoved)
+	}
+	for i := range 10 {
+		if _, ok := c.removed[fmt.Sprint("10.0.0.", i, ":11211")]; ok {
+			t.Errorf("name %d of the first 10 still kept", i)
+		}
+	}
+	if _, ok := c.removed[fmt.Sprint("10.0.0.", maxRemoved+9, ":11211")]; !ok {
+		t.Error("the last name removed was forgotten")
+	}
+}

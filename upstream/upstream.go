@@ -207,10 +207,17 @@ type Cluster struct {
 	mu      sync.Mutex // guards retired and removed, and serializes SetServers
 	retired []*node    // nodes SetServers removed, closed by Run once idle
 	// removed names the nodes SetServers removed and has not added
-	// again: one added again still holds what it had before, values
-	// that may have been written on other nodes meanwhile.
-	removed map[string]bool
+	// again, each with the count of removals when it left: one added
+	// again still holds what it had before, values that may have been
+	// written on other nodes meanwhile. At most maxRemoved names are
+	// kept (nodes that come and go under SERVERS_DNS), the oldest going
+	// first.
+	removed  map[string]uint64
+	removals uint64
 }
+
+// maxRemoved bounds Cluster.removed: 1024 names of a few dozen bytes.
+const maxRemoved = 1024
 
 // topology is one set of nodes and the ring that places keys on them
 // (ring members are nodes, in order). It never changes: SetServers swaps
@@ -326,7 +333,7 @@ func (c *Cluster) SetServers(servers []Server, dist hashring.Distribution) (Chan
 	var ch Change
 	for _, n := range added {
 		ch.Added = append(ch.Added, n.name)
-		if c.removed[n.name] {
+		if _, ok := c.removed[n.name]; ok {
 			// Its keys were written on other nodes while it was out of
 			// the ring, and no write was remembered for it (its node was
 			// gone, not down). With ReadmitFlush it starts empty, or down
@@ -358,10 +365,7 @@ func (c *Cluster) SetServers(servers []Server, dist hashring.Distribution) (Chan
 	for _, n := range old.nodes {
 		if !stays[n] {
 			ch.Removed = append(ch.Removed, n.name)
-			if c.removed == nil {
-				c.removed = map[string]bool{}
-			}
-			c.removed[n.name] = true
+			c.rememberRemoved(n.name)
 			n.retire()
 			n.stale.drop() // it will not be re-admitted
 			c.retired = append(c.retired, n)
@@ -657,4 +661,24 @@ func (c *Cluster) Placement(key string) Placement {
 		p.Chain = append(p.Chain, ChainNode{Node: t.nodes[i].name, Up: t.nodes[i].available()})
 	}
 	return p
+}
+
+// rememberRemoved records that SetServers removed the node named name,
+// forgetting the oldest name past maxRemoved. Its caller holds c.mu.
+func (c *Cluster) rememberRemoved(name string) {
+	if c.removed == nil {
+		c.removed = map[string]uint64{}
+	}
+	c.removals++
+	c.removed[name] = c.removals
+	if len(c.removed) <= maxRemoved {
+		return
+	}
+	oldest, at := "", c.removals
+	for k, n := range c.removed {
+		if n < at {
+			oldest, at = k, n
+		}
+	}
+	delete(c.removed, oldest)
 }
