@@ -828,10 +828,14 @@ func (h *handler) parseOp(b batchOp) parsedOp {
 	return p
 }
 
-// batched reports whether a batch takes verb v: every verb but head and
-// head_touch, which answer a size (HEAD /{key}'s, and values in chunks'),
-// a field a batch's answer does not have.
-func batched(v op.Verb) bool { return v.Valid() && v.Reply() != op.Meta }
+// batched reports whether a batch takes verb v: every verb but the meta
+// commands: head and head_touch, which answer a size (HEAD /{key}'s, and
+// values in chunks'), a field a batch's answer does not have, and
+// append_cas and prepend_cas, which values in chunks send for an append
+// or prepend (chunk.Values).
+func batched(v op.Verb) bool {
+	return v.Valid() && v.Reply() != op.Meta && v.Reply() != op.MetaStored
+}
 
 // verbNames lists the verbs a batch takes.
 func verbNames() string {

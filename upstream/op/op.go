@@ -23,20 +23,22 @@ type Verb uint8
 
 // The verbs.
 const (
-	Get       Verb = iota + 1 // the item, with its CAS (gets)
-	GAT                       // get and touch: the item, with a new expiration (gats; memcached 1.5.3+)
-	Set                       // store unconditionally
-	Add                       // store if absent
-	Replace                   // store if present
-	CAS                       // store if unchanged since Item.CAS was read
-	Append                    // add to the end of the value
-	Prepend                   // add to the start of the value
-	Incr                      // add Delta to a decimal value
-	Decr                      // subtract Delta, stopping at 0
-	Touch                     // set a new expiration
-	Delete                    // remove
-	Head                      // the item's size, flags and CAS, without its value (mg; memcached 1.6+)
-	HeadTouch                 // Head, and a new expiration (mg … T; memcached 1.6+)
+	Get        Verb = iota + 1 // the item, with its CAS (gets)
+	GAT                        // get and touch: the item, with a new expiration (gats; memcached 1.5.3+)
+	Set                        // store unconditionally
+	Add                        // store if absent
+	Replace                    // store if present
+	CAS                        // store if unchanged since Item.CAS was read
+	Append                     // add to the end of the value
+	Prepend                    // add to the start of the value
+	Incr                       // add Delta to a decimal value
+	Decr                       // subtract Delta, stopping at 0
+	Touch                      // set a new expiration
+	Delete                     // remove
+	Head                       // the item's size, flags and CAS, without its value (mg; memcached 1.6+)
+	HeadTouch                  // Head, and a new expiration (mg … T; memcached 1.6+)
+	AppendCAS                  // Append if the item is unchanged since Item.CAS was read (ms … MA C; memcached 1.6.10+)
+	PrependCAS                 // Prepend if the item is unchanged since Item.CAS was read (ms … MP C; memcached 1.6.10+)
 	numVerbs
 
 	// MaxVerb is the highest verb, for tables indexed by verb.
@@ -48,12 +50,13 @@ type Reply uint8
 
 // The kinds of reply.
 const (
-	Items   Reply = iota // VALUE blocks, then END
-	Stored               // STORED | NOT_STORED | EXISTS | NOT_FOUND
-	Deleted              // DELETED | NOT_FOUND
-	Touched              // TOUCHED | NOT_FOUND
-	Number               // a decimal number | NOT_FOUND
-	Meta                 // HD with the flags asked for | EN (a meta get's)
+	Items      Reply = iota // VALUE blocks, then END
+	Stored                  // STORED | NOT_STORED | EXISTS | NOT_FOUND
+	Deleted                 // DELETED | NOT_FOUND
+	Touched                 // TOUCHED | NOT_FOUND
+	Number                  // a decimal number | NOT_FOUND
+	Meta                    // HD with the flags asked for | EN (a meta get's)
+	MetaStored              // HD | NS | EX | NF (a meta set's)
 )
 
 // spec is one verb's row.
@@ -85,6 +88,10 @@ var specs = [numVerbs]spec{
 	Delete:    {name: "delete", command: "delete", reply: Deleted, write: true},
 	Head:      {name: "head", command: "mg", reply: Meta},
 	HeadTouch: {name: "head_touch", command: "mg", reply: Meta, write: true, ttl: true},
+	// Like append and prepend they keep the item's flags and expiration;
+	// memcached 1.6.10 and later compare the CAS in those modes too.
+	AppendCAS:  {name: "append_cas", command: "ms", reply: MetaStored, write: true, value: true},
+	PrependCAS: {name: "prepend_cas", command: "ms", reply: MetaStored, write: true, value: true},
 }
 
 // Verbs lists every verb, in table order.
@@ -250,6 +257,15 @@ func EncodeHead(b []byte, o *Op, key string) []byte {
 	b = append(b, ' ')
 	b = append(b, key...)
 	switch {
+	case v == AppendCAS, v == PrependCAS: // ms <key> <datalen> M<mode> C<cas>
+		b = append(b, ' ')
+		b = strconv.AppendUint(b, uint64(len(o.Item.Value)), 10)
+		if v == AppendCAS {
+			b = append(b, " MA C"...)
+		} else {
+			b = append(b, " MP C"...)
+		}
+		b = strconv.AppendUint(b, o.Item.CAS, 10)
 	case v.TakesValue():
 		b = append(b, ' ')
 		b = strconv.AppendUint(b, uint64(o.Item.Flags), 10)

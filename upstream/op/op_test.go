@@ -22,6 +22,9 @@ func TestEncode(t *testing.T) {
 		{Op{Verb: Delete}, "delete k\r\n"},
 		{Op{Verb: Head, Item: it}, "mg k s f c\r\n"},
 		{Op{Verb: HeadTouch, Item: Item{Expiration: -1}}, "mg k s f c T-1\r\n"},
+		// Flags and expiration are the item's, as for append: not sent.
+		{Op{Verb: AppendCAS, Item: it}, "ms k 5 MA C99\r\nhello\r\n"},
+		{Op{Verb: PrependCAS, Item: Item{Value: []byte{}, CAS: 18446744073709551615}}, "ms k 0 MP C18446744073709551615\r\n\r\n"},
 	}
 	for _, tt := range tests {
 		if got := string(Encode([]byte(">"), &tt.o, "k")); got != ">"+tt.want {
