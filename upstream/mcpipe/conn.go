@@ -130,6 +130,7 @@ type reply struct {
 	sizes   []int    // a size probe's: the size of each probed key's value, index for index; -1: a miss
 	num     uint64
 	err     error // memcached's refusal, or the connection's failure
+	hd      bool  // an mg answered "HD": the server speaks the meta protocol of memcached 1.6.10+ (Client.metaSets)
 }
 
 // conn is one pipelined connection. Writes are combined: whoever finds no
@@ -957,6 +958,9 @@ var (
 	prefixHD        = []byte("HD ")
 	prefixOK        = []byte("OK ")
 	lineEN          = []byte("EN\r\n")
+	lineNS          = []byte("NS\r\n")
+	lineEX          = []byte("EX\r\n")
+	lineNF          = []byte("NF\r\n")
 	lineError       = []byte("ERROR\r\n")
 	lineMN          = []byte("MN\r\n")
 )
@@ -1008,7 +1012,17 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, lim
 			it, r.num, r.err = metaResult(line)
 			if it != nil {
 				r.items = append(r.items, it)
+				r.hd = bytes.HasPrefix(line, prefixHD)
 			}
+			return r, nil
+		case op.MetaStored:
+			if bytes.Equal(line, lineError) {
+				// A server that knows no ms reads its data block as a
+				// command of its own, whose reply is still to come:
+				// the connection is out of step.
+				return r, fmt.Errorf("%w: %q to %s", errProtocol, line, verb)
+			}
+			r.num, r.err = lineResult(k, verb, line)
 			return r, nil
 		default:
 			r.num, r.err = lineResult(k, verb, line)
@@ -1230,6 +1244,18 @@ func skipValue(br *bufio.Reader, size int) error {
 // (and incr/decr's number).
 func lineResult(k op.Reply, verb string, line []byte) (uint64, error) {
 	switch k {
+	case op.MetaStored: // as op.Stored's, flags passed over
+		switch {
+		case bytes.Equal(line, lineHD), bytes.HasPrefix(line, prefixHD):
+			return 0, nil
+		case bytes.Equal(line, lineNS):
+			return 0, memcache.ErrNotStored
+		case bytes.Equal(line, lineEX):
+			return 0, memcache.ErrCASConflict
+		case bytes.Equal(line, lineNF):
+			return 0, memcache.ErrCacheMiss
+		}
+		return 0, fmt.Errorf("memcache: unexpected response line from %q: %q", verb, string(line))
 	case op.Stored:
 		switch {
 		case bytes.Equal(line, lineStored):
@@ -1325,7 +1351,9 @@ func metaHit(line []byte) bool {
 // (op.Head), or a success without the flags asked for: it is older than
 // memcached 1.6, speaks another version of the meta protocol, or a proxy
 // in front of it does not pass meta commands on. The connection stays in
-// step; a plain get answers instead.
+// step; a plain get answers instead. It is also what an op.AppendCAS or
+// op.PrependCAS gets, unsent, from a Client whose server has not answered
+// an mg with "HD" (Client.Do).
 var ErrNoMeta = errors.New("memcache: server does not know meta commands (mg)")
 
 // keyCursor finds the keys of a reply to a shared gets line among the

@@ -79,6 +79,13 @@ type Client struct {
 	calls   sync.Pool
 	hints   *sizeHints
 	noMeta  atomic.Bool // the server answered a size probe with ERROR: no meta commands, so GetMultiLimit probes no more
+	// metaSets: the server answered an mg (op.Head) with "HD", as
+	// memcached 1.6.10 and later do, whose ms takes the data length as a
+	// token (op.AppendCAS). Before, an ms is refused unsent: memcached
+	// 1.6.0 to 1.6.9 answers mg with "OK" and reads that ms as another,
+	// and one without meta commands reads its data block as a command;
+	// either would put the connection out of step.
+	metaSets atomic.Bool
 }
 
 // lane is connections that requests are spread over round robin.
@@ -195,6 +202,9 @@ func (c *Client) openConn(l *lane) (*conn, error) {
 // (memcache.ErrCacheMiss if there is none), for op.Incr and op.Decr the
 // new value, for the others their outcome, with gomemcache's errors.
 // Single-key Gets may share one command line with others (see conn.send).
+// op.AppendCAS and op.PrependCAS answer as their plain verbs do, a CAS
+// that does not match with memcache.ErrCASConflict; they are sent only
+// once an op.Head was answered "HD", and get ErrNoMeta unsent before.
 //
 // A value of 16 KiB or more is written from o.Item.Value itself, which
 // must not change until Do returns. (When memcached refuses a value
@@ -212,6 +222,9 @@ func (c *Client) openConn(l *lane) (*conn, error) {
 func (c *Client) Do(ctx context.Context, o op.Op, key string) (*memcache.Item, uint64, error) {
 	if !legalKey(key) {
 		return nil, 0, memcache.ErrMalformedKey
+	}
+	if o.Verb.Reply() == op.MetaStored && !c.metaSets.Load() {
+		return nil, 0, ErrNoMeta
 	}
 	l, hint := c.route(&o, key)
 	if !c.admit(&o, key, hint) {
@@ -235,6 +248,9 @@ func (c *Client) Do(ctx context.Context, o op.Op, key string) (*memcache.Item, u
 		return nil, 0, err
 	}
 	<-cl.done
+	if cl.hd && !c.metaSets.Load() {
+		c.metaSets.Store(true)
+	}
 	it, n, err := cl.result()
 	c.release(cl)
 	return it, n, err
@@ -313,6 +329,9 @@ func (c *Client) newCall() *call {
 func (c *Client) DoAsync(ctx context.Context, o op.Op, key string, done func(*memcache.Item, uint64, error)) error {
 	if !legalKey(key) {
 		return memcache.ErrMalformedKey
+	}
+	if o.Verb.Reply() == op.MetaStored && !c.metaSets.Load() {
+		return ErrNoMeta
 	}
 	l, hint := c.route(&o, key)
 	if !c.admit(&o, key, hint) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/bradfitz/gomemcache/memcache"
@@ -106,5 +107,166 @@ func TestHeadWithoutMeta(t *testing.T) {
 	}
 	if n := srv.Conns.Load(); n != 1 {
 		t.Errorf("%d connections, want 1: the ERROR closed one", n)
+	}
+}
+
+// TestMetaStoredResult: a meta set's reply lines, as gomemcache's
+// errors for a store.
+func TestMetaStoredResult(t *testing.T) {
+	tests := []struct {
+		line string
+		err  error // nil: stored; errBad: any other error
+	}{
+		{line: "HD\r\n"},
+		{line: "HD c42\r\n"}, // flags asked for are passed over
+		{line: "NS\r\n", err: memcache.ErrNotStored},
+		{line: "EX\r\n", err: memcache.ErrCASConflict},
+		{line: "NF\r\n", err: memcache.ErrCacheMiss},
+		{line: "OK\r\n", err: errBad}, // memcached before 1.6.10, never sent an ms
+		{line: "STORED\r\n", err: errBad},
+		{line: "SERVER_ERROR object too large for cache\r\n", err: errBad},
+		{line: "CLIENT_ERROR bad data chunk\r\n", err: errBad},
+	}
+	for _, tt := range tests {
+		_, err := lineResult(op.MetaStored, "ms", []byte(tt.line))
+		switch {
+		case tt.err == errBad:
+			if err == nil || errors.Is(err, memcache.ErrNotStored) || errors.Is(err, memcache.ErrCASConflict) || errors.Is(err, memcache.ErrCacheMiss) {
+				t.Errorf("%q: %v, want an unexpected-reply error", tt.line, err)
+			}
+		case !errors.Is(err, tt.err):
+			t.Errorf("%q: %v, want %v", tt.line, err, tt.err)
+		}
+	}
+}
+
+// TestAppendCAS: op.AppendCAS and op.PrependCAS against a real memcached
+// store only while the item's CAS is the one sent, keep its flags, answer
+// a missing item NS, and leave the connection in step; before the server
+// answered an mg with HD they are refused unsent.
+func TestAppendCAS(t *testing.T) {
+	srv := memcachedtest.Start(t)
+	c := newClient(srv.Addr, 1, nil)
+	defer c.Close()
+	ctx := context.Background()
+	// An mg answered HD, as every subtest's Client but one has seen.
+	if _, _, err := c.Do(ctx, op.Op{Verb: op.Head}, "none"); !errors.Is(err, memcache.ErrCacheMiss) {
+		t.Fatalf("head of a missing key: %v", err)
+	}
+	if err := c.Set(&memcache.Item{Key: "some", Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := c.Do(ctx, op.Op{Verb: op.Head}, "some"); err != nil {
+		t.Fatal(err)
+	}
+	big := strings.Repeat("b", bigValue) // written from the caller's buffer (segment)
+	tests := []struct {
+		name   string
+		verb   op.Verb
+		value  string
+		cas    func(head uint64) uint64 // the CAS sent, from the Head's
+		noHead bool                     // on a Client that has sent no mg yet
+		err    error
+		want   string // the value after; "" for a miss
+	}{
+		{name: "append", verb: op.AppendCAS, value: "de", cas: same, want: "abcde"},
+		{name: "prepend", verb: op.PrependCAS, value: "de", cas: same, want: "deabc"},
+		{name: "large append", verb: op.AppendCAS, value: big, cas: same, want: "abc" + big},
+		{name: "changed since", verb: op.AppendCAS, value: "de", cas: func(h uint64) uint64 { return h + 1 }, err: memcache.ErrCASConflict, want: "abc"},
+		{name: "prepend changed since", verb: op.PrependCAS, value: "de", cas: func(h uint64) uint64 { return h - 1 }, err: memcache.ErrCASConflict, want: "abc"},
+		{name: "missing", verb: op.AppendCAS, value: "de", cas: func(uint64) uint64 { return 1 }, err: memcache.ErrNotStored},
+		{name: "before any mg", verb: op.AppendCAS, value: "de", cas: same, noHead: true, err: ErrNoMeta, want: "abc"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			key := strings.ReplaceAll(tt.name, " ", "_")
+			if tt.want != "" {
+				if err := c.Set(&memcache.Item{Key: key, Value: []byte("abc"), Flags: 7, Expiration: 300}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var head uint64
+			if it, _, err := c.Do(ctx, op.Op{Verb: op.Head}, key); err == nil {
+				head = it.CasID
+			}
+			cc := c
+			if tt.noHead {
+				cc = newClient(srv.Addr, 1, nil)
+				defer cc.Close()
+			}
+			o := op.Op{Verb: tt.verb, Item: op.Item{Value: []byte(tt.value), CAS: tt.cas(head)}}
+			if _, _, err := cc.Do(ctx, o, key); !errors.Is(err, tt.err) || tt.err == nil && err != nil {
+				t.Fatalf("%v = %v, want %v", tt.verb, err, tt.err)
+			}
+			it, err := c.Get(key) // the connection still in step
+			switch {
+			case tt.want == "":
+				if !errors.Is(err, memcache.ErrCacheMiss) {
+					t.Errorf("get after = %v, want a miss", err)
+				}
+			case err != nil:
+				t.Errorf("get after: %v", err)
+			case string(it.Value) != tt.want || it.Flags != 7:
+				t.Errorf("get after = %.20q (%d bytes) flags %d, want %.20q (%d bytes) flags 7", it.Value, len(it.Value), it.Flags, tt.want, len(tt.want))
+			}
+		})
+	}
+}
+
+// same is the CAS an op.Head read.
+func same(head uint64) uint64 { return head }
+
+// TestAppendCASOtherServers: a server that answers mg with "OK",
+// memcached 1.6.0 to 1.6.9, whose ms takes the data length as a flag, is
+// never sent one (op.AppendCAS gets ErrNoMeta); one that answers mg with
+// "HD" but ms with ERROR (a proxy that passes on mg only) reads the data
+// block as a command too, and the connection, out of step, is replaced.
+// A plain append works after either.
+func TestAppendCASOtherServers(t *testing.T) {
+	tests := []struct {
+		name  string
+		mg    string // the reply to mg
+		err   error  // append_cas's; errBad: any other error
+		ms    int64  // ms commands sent
+		conns int64  // connections used
+	}{
+		{name: "memcached 1.6.9", mg: "OK s3 f0 c5\r\n", err: ErrNoMeta, conns: 1},
+		{name: "no ms", mg: "HD s3 f0 c5\r\n", err: errBad, ms: 1, conns: 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var ms atomic.Int64
+			srv := memcachedtest.StartScripted(t, func(line string, br *bufio.Reader) (string, bool) {
+				switch f := strings.Fields(line); f[0] {
+				case "mg":
+					return tt.mg, true
+				case "ms":
+					ms.Add(1)
+				case "append":
+					_, err := br.ReadString('\n') // the data block
+					return "STORED\r\n", err == nil
+				}
+				return "ERROR\r\n", true
+			})
+			c := newClient(srv.Addr, 1, nil)
+			defer c.Close()
+			ctx := context.Background()
+			if _, _, err := c.Do(ctx, op.Op{Verb: op.Head}, "k"); err != nil {
+				t.Fatal(err)
+			}
+			_, _, err := c.Do(ctx, op.Op{Verb: op.AppendCAS, Item: op.Item{Value: []byte("x"), CAS: 5}}, "k")
+			if tt.err == errBad && (err == nil || errors.Is(err, ErrNoMeta)) || tt.err != errBad && !errors.Is(err, tt.err) {
+				t.Errorf("append_cas = %v, want %v", err, tt.err)
+			}
+			if err := c.Append(&memcache.Item{Key: "k", Value: []byte("x")}); err != nil {
+				t.Errorf("append after: %v", err)
+			}
+			if n := ms.Load(); n != tt.ms {
+				t.Errorf("%d ms commands sent, want %d", n, tt.ms)
+			}
+			if n := srv.Conns.Load(); n != tt.conns {
+				t.Errorf("%d connections, want %d", n, tt.conns)
+			}
+		})
 	}
 }
