@@ -20,7 +20,8 @@ import (
 var (
 	// ErrNotFound: the key does not exist (get miss, delete/incr/touch
 	// NOT_FOUND, and replace/append/prepend NOT_STORED, which memcached
-	// answers only when the key is missing).
+	// answers only when the key is missing, as it answers
+	// append_cas/prepend_cas NS).
 	ErrNotFound = errors.New("upstream: not found")
 	// ErrExists: add found the key already present.
 	ErrExists = errors.New("upstream: key exists")
@@ -91,6 +92,8 @@ func classify(node, op string, err error) error {
 		return ErrBadKey
 	case errors.Is(err, mcpipe.ErrNoFit):
 		return ErrNoFit
+	case errors.Is(err, mcpipe.ErrNoMeta):
+		return ErrNoMeta
 	case errors.Is(err, mcpipe.ErrBehind):
 		// The oldest caller's deadline passed while memcached was still
 		// sending (a queue of large values ahead): a timeout for the

@@ -3,6 +3,7 @@ package upstream
 import (
 	"bufio"
 	"errors"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -83,5 +84,65 @@ func TestHeadWithoutMeta(t *testing.T) {
 	}
 	if n := mgs.Load(); n > 1 || *pipelineConns == 0 && n != 0 {
 		t.Errorf("%d mg commands, want at most one (none with gomemcache's pool)", n)
+	}
+}
+
+// TestAppendCAS: append_cas and prepend_cas, sent with the key prefix,
+// append while the item's CAS is the one a head read, and are refused
+// as a cas is otherwise; gomemcache's pool (make test runs this package
+// with it too) has no meta commands and refuses them unsent.
+func TestAppendCAS(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 2)
+	c, _ := newTestCluster(t, mcs, func(o *Options) { o.KeyPrefix = "app:" })
+	ctx := t.Context()
+	tests := []struct {
+		name string
+		verb op.Verb
+		key  string // set to "abc" unless "absent"
+		cas  func(head uint64) uint64
+		err  error // with pipelined connections; gomemcache's: ErrNoMeta
+		want string
+	}{
+		{name: "append", verb: op.AppendCAS, key: "a", cas: func(h uint64) uint64 { return h }, want: "abc+"},
+		{name: "prepend", verb: op.PrependCAS, key: "p", cas: func(h uint64) uint64 { return h }, want: "+abc"},
+		{name: "changed since", verb: op.AppendCAS, key: "c", cas: func(h uint64) uint64 { return h + 1 }, err: ErrCASConflict, want: "abc"},
+		{name: "absent", verb: op.AppendCAS, key: "absent", cas: func(uint64) uint64 { return 1 }, err: ErrNotFound},
+	}
+	// A head of a key that exists on every node: each learns that its
+	// memcached speaks 1.6.10's meta protocol (a miss's EN does not say).
+	for i := range 8 {
+		k := "head" + strconv.Itoa(i)
+		if err := c.Set(ctx, Item{Key: k, Value: []byte("v")}); err != nil {
+			t.Fatal(err)
+		}
+		c.Do(ctx, op.Op{Verb: op.Head, Item: op.Item{Key: k}})
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.key != "absent" {
+				if err := c.Set(ctx, Item{Key: tt.key, Value: []byte("abc"), Flags: 3}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			head := c.Do(ctx, op.Op{Verb: op.Head, Item: op.Item{Key: tt.key}})
+			err, want := tt.err, tt.want
+			if *pipelineConns == 0 { // refused: nothing changes
+				err = ErrNoMeta
+				if want != "" {
+					want = "abc"
+				}
+			}
+			res := c.Do(ctx, op.Op{Verb: tt.verb, Item: op.Item{Key: tt.key, Value: []byte("+"), CAS: tt.cas(head.Item.CAS)}})
+			if !errors.Is(res.Err, err) || err == nil && res.Err != nil {
+				t.Errorf("%v = %v, want %v", tt.verb, res.Err, err)
+			}
+			got, gerr := c.Get(ctx, tt.key)
+			switch {
+			case want == "" && !errors.Is(gerr, ErrNotFound):
+				t.Errorf("get after = %q, %v; want ErrNotFound", got.Value, gerr)
+			case want != "" && (gerr != nil || string(got.Value) != want || got.Flags != 3):
+				t.Errorf("get after = %q flags %d, %v; want %q flags 3", got.Value, got.Flags, gerr, want)
+			}
+		})
 	}
 }

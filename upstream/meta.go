@@ -16,7 +16,10 @@ import (
 
 // ErrNoMeta means the node answered a meta command with an error line:
 // it is older than memcached 1.6, which speaks the meta protocol, or a
-// proxy in front of it does not pass meta commands on.
+// proxy in front of it does not pass meta commands on. An op.AppendCAS
+// or op.PrependCAS gets it, unsent, from a node that has not shown it
+// speaks memcached 1.6.10's (an op.Head answered by mg), and always from
+// gomemcache's pool (PipelineConns 0), which has no meta commands.
 var ErrNoMeta = errors.New("upstream: memcached does not answer meta commands")
 
 // TTL returns the remaining lifetime of the item o names (its Item.Key,

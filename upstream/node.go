@@ -213,6 +213,8 @@ func (p pooled) Do(_ context.Context, o op.Op, key string) (*memcache.Item, uint
 		err = p.Append(it)
 	case op.Prepend:
 		err = p.Prepend(it)
+	case op.AppendCAS, op.PrependCAS: // an ms: gomemcache has no meta commands
+		err = mcpipe.ErrNoMeta
 	case op.Incr:
 		n, err := p.Increment(key, o.Delta)
 		return nil, n, err
