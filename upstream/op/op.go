@@ -71,6 +71,10 @@ type spec struct {
 	value bool // it sends a data block (Item.Value)
 	ttl   bool // it sends Item.Expiration, which is capped when a node other than the key's owner serves it
 	delta bool // it sends Delta
+	// unchecked is the verb without the CAS check, for the verbs that
+	// have one: what the other copies of a write get once one copy
+	// passed the check (a CAS value is one node's).
+	unchecked Verb
 }
 
 var specs = [numVerbs]spec{
@@ -79,7 +83,7 @@ var specs = [numVerbs]spec{
 	Set:       {name: "set", command: "set", reply: Stored, write: true, value: true, ttl: true},
 	Add:       {name: "add", command: "add", reply: Stored, write: true, value: true, ttl: true},
 	Replace:   {name: "replace", command: "replace", reply: Stored, write: true, value: true, ttl: true},
-	CAS:       {name: "cas", command: "cas", reply: Stored, write: true, value: true, ttl: true},
+	CAS:       {name: "cas", command: "cas", reply: Stored, write: true, value: true, ttl: true, unchecked: Set},
 	Append:    {name: "append", command: "append", reply: Stored, write: true, value: true},
 	Prepend:   {name: "prepend", command: "prepend", reply: Stored, write: true, value: true},
 	Incr:      {name: "incr", command: "incr", reply: Number, write: true, delta: true},
@@ -90,8 +94,8 @@ var specs = [numVerbs]spec{
 	HeadTouch: {name: "head_touch", command: "mg", reply: Meta, write: true, ttl: true},
 	// Like append and prepend they keep the item's flags and expiration;
 	// memcached 1.6.10 and later compare the CAS in those modes too.
-	AppendCAS:  {name: "append_cas", command: "ms", reply: MetaStored, write: true, value: true},
-	PrependCAS: {name: "prepend_cas", command: "ms", reply: MetaStored, write: true, value: true},
+	AppendCAS:  {name: "append_cas", command: "ms", reply: MetaStored, write: true, value: true, unchecked: Append},
+	PrependCAS: {name: "prepend_cas", command: "ms", reply: MetaStored, write: true, value: true, unchecked: Prepend},
 }
 
 // Verbs lists every verb, in table order.
@@ -143,6 +147,16 @@ func (v Verb) TakesTTL() bool { return v.spec().ttl }
 
 // TakesDelta reports whether the verb sends a delta.
 func (v Verb) TakesDelta() bool { return v.spec().delta }
+
+// Unchecked is the verb without its CAS check (Set for CAS, Append for
+// AppendCAS, Prepend for PrependCAS), or v itself for a verb that has
+// none.
+func (v Verb) Unchecked() Verb {
+	if u := v.spec().unchecked; u != 0 {
+		return u
+	}
+	return v
+}
 
 // Op is one operation: a verb on one item.
 type Op struct {

@@ -60,3 +60,22 @@ func TestVerbs(t *testing.T) {
 		t.Error("Valid is wrong at the table's ends")
 	}
 }
+
+// TestUnchecked: the verbs with a CAS check name the one without it,
+// which sends the same value; the rest are their own.
+func TestUnchecked(t *testing.T) {
+	tests := []struct{ v, want Verb }{
+		{CAS, Set}, {AppendCAS, Append}, {PrependCAS, Prepend},
+		{Append, Append}, {Set, Set}, {Get, Get}, {Head, Head},
+	}
+	for _, tt := range tests {
+		if got := tt.v.Unchecked(); got != tt.want {
+			t.Errorf("%v.Unchecked() = %v, want %v", tt.v, got, tt.want)
+		}
+	}
+	for _, v := range Verbs() {
+		if u := v.Unchecked(); u.Unchecked() != u || u.TakesValue() != v.TakesValue() || u.Writes() != v.Writes() {
+			t.Errorf("%v.Unchecked() = %v, which is checked or sends something else", v, u)
+		}
+	}
+}

@@ -347,6 +347,48 @@ func TestCASAndIncr(t *testing.T) {
 	}
 }
 
+// TestAppendCASReplicated: append_cas and prepend_cas are checked on the
+// first replica, whose CAS a head reads, and their bytes added to every
+// copy; a check that fails there adds them nowhere.
+func TestAppendCASReplicated(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 3)
+	r, _ := newRouter(t, Options{Pools: []PoolOptions{{Cluster: clusterOptions(mcs), Replicas: 3}}})
+	ctx := t.Context()
+	if err := set(ctx, r, "a", "abc"); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name  string
+		verb  op.Verb
+		stale bool // send the CAS the previous head read, used since
+		err   error
+		want  string // on every replica
+	}{
+		{name: "append", verb: op.AppendCAS, want: "abc+"},
+		{name: "prepend", verb: op.PrependCAS, want: "+abc+"},
+		{name: "changed since", verb: op.AppendCAS, stale: true, err: upstream.ErrCASConflict, want: "+abc+"},
+	}
+	var cas uint64
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if !tt.stale {
+				head := r.Do(ctx, op.Op{Verb: op.Head, Item: op.Item{Key: "a"}})
+				if head.Err != nil {
+					t.Fatal(head.Err)
+				}
+				cas = head.Item.CAS
+			}
+			res := r.Do(ctx, op.Op{Verb: tt.verb, Item: op.Item{Key: "a", Value: []byte("+"), CAS: cas}})
+			if !errors.Is(res.Err, tt.err) || tt.err == nil && res.Err != nil {
+				t.Errorf("%v = %v, want %v", tt.verb, res.Err, tt.err)
+			}
+			if got := copies(t, mcs, "a", tt.want); len(got) != 3 {
+				t.Errorf("after %v, %q on %v, want every replica", tt.verb, tt.want, got)
+			}
+		})
+	}
+}
+
 // TestWriteAnswerFollowsReads: when the key's first replica lost it (as
 // a node flushed on its return has), a write that needs the key answers
 // what a read would see: with MissFallback the next replica's success,

@@ -16,7 +16,8 @@ import (
 // is compared with the client's and counted, never returned. Every verb
 // is mirrored, writes too, so that the shadow pool holds what the primary
 // holds and its reads can be compared at all; a cas is mirrored as a set
-// of the stored value (a CAS value is one node's), and only once the
+// of the stored value (a CAS value is one node's), an append_cas or
+// prepend_cas as an append or prepend of its bytes, and only once the
 // primary stored it. An operation whose primary answer is a failure is
 // not mirrored: there is nothing to compare it with.
 //
@@ -57,11 +58,11 @@ func (v *view) shadowDo(ctx context.Context, o op.Op, res op.Result) {
 		}
 	}
 	so := o
-	if o.Verb == op.CAS {
+	if u := o.Verb.Unchecked(); u != o.Verb {
 		if res.Err != nil {
 			return
 		}
-		so.Verb, so.Item.CAS = op.Set, 0
+		so.Verb, so.Item.CAS = u, 0
 	}
 	size := int64(len(o.Item.Value) + len(res.Item.Value))
 	bg := v.pol.px.shadBG

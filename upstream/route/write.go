@@ -28,9 +28,10 @@ import (
 //     replicas that got the same ones agree whatever their order; a
 //     replica without the counter (it was away) stays without it, as
 //     memcached's incr never creates one.
-//   - cas: a CAS value is one node's, so cas goes to the first replica
-//     only; once it is stored there, the value is set on the others under
-//     the write policy. A value read from another replica (after a
+//   - cas, append_cas, prepend_cas: a CAS value is one node's, so they
+//     go to the first replica only; once stored there, the others get
+//     the same write without the check (set, append, prepend) under the
+//     write policy. A CAS value read from another replica (after a
 //     fallback or a hedge) conflicts there, and the client reads again.
 //   - gat: read like get, then touch on the other replicas in the
 //     background.
@@ -51,7 +52,7 @@ func (v *view) do(ctx context.Context, o op.Op) op.Result {
 		return res
 	case o.Verb == op.GAT:
 		return v.gat(ctx, o)
-	case o.Verb == op.CAS:
+	case o.Verb.Unchecked() != o.Verb: // cas, append_cas, prepend_cas
 		return v.cas(ctx, o)
 	case o.Verb.Writes():
 		set := v.c.Replicas(&o, v.replicas)
@@ -257,9 +258,11 @@ func (v *view) writeOne(ctx context.Context, o op.Op, set *upstream.ReplicaSet, 
 	return res
 }
 
-// cas stores o on the key's first replica, which issued the CAS value the
-// client holds, and then sets the stored value on the other replicas
-// under the write policy (the first replica counts toward it).
+// cas stores o, a write checked against a CAS value (cas, append_cas,
+// prepend_cas), on the key's first replica, which issued the CAS value
+// the caller holds, and then sends it unchecked (a set of the stored
+// value, an append or prepend of its bytes) to the other replicas under
+// the write policy (the first replica counts toward it).
 func (v *view) cas(ctx context.Context, o op.Op) op.Result {
 	set := v.c.Replicas(&o, v.replicas)
 	need, err := v.need(len(set.Replicas))
@@ -280,10 +283,10 @@ func (v *view) cas(ctx context.Context, o op.Op) op.Result {
 		return res
 	}
 	s := o
-	s.Verb, s.Item.CAS = op.Set, 0
+	s.Verb, s.Item.CAS = o.Verb.Unchecked(), 0
 	if rest := v.fanout(ctx, s, &set, set.Replicas[1:], need-1); rest.Err != nil {
-		return op.Result{Err: fmt.Errorf("cas stored on %s, the first replica, but not copied as the policy needs: %w",
-			set.Replicas[0].Node(), rest.Err)}
+		return op.Result{Err: fmt.Errorf("%s stored on %s, the first replica, but not copied as the policy needs: %w",
+			o.Verb, set.Replicas[0].Node(), rest.Err)}
 	}
 	return res
 }
