@@ -108,6 +108,8 @@ func errorStatus(err error) (status int, msg string, retry bool) {
 		return http.StatusNotFound, "not found (a chunk of the value was gone)", false
 	case errors.Is(err, chunk.ErrChunked):
 		return http.StatusInsufficientStorage, "the value is stored in chunks; read it on its own with GET /{key}", false
+	case errors.Is(err, chunk.ErrChanging):
+		return http.StatusConflict, "the value kept changing between the check that it is not stored in chunks and the append (other writes of the key); nothing was appended", false
 	case errors.Is(err, upstream.ErrExists):
 		return http.StatusConflict, "key exists", false
 	case errors.Is(err, upstream.ErrCASConflict):

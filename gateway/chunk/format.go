@@ -74,6 +74,10 @@ var (
 	// chunks: append and prepend, or a read that cannot stream it (a
 	// multi-get, a batch, the HttpMemcModule endpoints).
 	ErrChunked = errors.New("chunk: the value is stored in chunks")
+	// ErrChanging is an append or prepend whose item changed, every
+	// time it was read, before the append could be sent (Values.Do):
+	// other writes of the key kept landing in between.
+	ErrChanging = errors.New("chunk: the item kept changing between its check and the append")
 	// ErrMissing is a chunk that is gone (evicted, expired) or is not
 	// the one its index names (wrong length or checksum): the value is
 	// lost, and its index is dropped.

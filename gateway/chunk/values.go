@@ -134,11 +134,13 @@ func (v *Values) inTurn(ctx context.Context, turns chan struct{}, what string, o
 // chunks: Delete removes the index and retires its chunks (they expire
 // Grace later), Touch and GAT set the chunks' expiration too (Grace
 // after the index's; a Touch to a time past retires them, as Delete
-// does), and Append and Prepend refuse a chunked value with
-// ErrChunked. Each of these reads the item first (Touch as a GAT), since
-// only the item says whether it is an index; such a read keeps no value
-// that could not be one (peek). Reads return an index as they find it:
-// the caller streams it (Reader) or refuses it (ErrChunked).
+// does), and Append and Prepend refuse a chunked value with ErrChunked
+// and are sent only to the item they found not to be one (addTo), or
+// fail with ErrChanging. Each of these reads the item first (Touch as a
+// GAT), since only the item says whether it is an index; such a read
+// keeps no value that could not be one (peek). Reads return an index as
+// they find it: the caller streams it (Reader) or refuses it
+// (ErrChunked).
 func (v *Values) Do(ctx context.Context, o op.Op) op.Result {
 	switch o.Verb {
 	case op.Delete:
@@ -182,12 +184,62 @@ func (v *Values) Do(ctx context.Context, o op.Op) op.Result {
 		}
 		return res
 	case op.Append, op.Prepend:
-		res := v.peekIndex(ctx, o)
-		if res.Err == nil && IsIndex(res.Item.Flags, res.Item.Value) {
-			return op.Result{Err: ErrChunked}
-		}
+		return v.addTo(ctx, o)
 	}
 	return v.store.Do(ctx, o)
+}
+
+// addTries is how many times addTo reads an item and sends its checked
+// append before it gives up: each refusal was another write of the key
+// between the two.
+const addTries = 3
+
+// addTo runs o, an Append or Prepend, unless its item is an index
+// (ErrChunked). It reads the item (peekIndex) and sends o as
+// op.AppendCAS or op.PrependCAS with the CAS read, which memcached
+// refuses if the item changed since: a PUT in between may have written
+// an index, which the bytes would corrupt (reads would answer it as
+// ErrCorrupt until the key is written again). On a refusal it reads the
+// item again, addTries times in all, then fails with ErrChanging. A
+// missing item is ErrNotFound, as an append to it answers, with nothing
+// sent: the append is taken as coming before whatever writes the key
+// next.
+//
+// o goes unchecked, with the race it leaves, where the check cannot be
+// made: a node that does not speak memcached 1.6.10's meta set or
+// gomemcache's pool (upstream.ErrNoMeta), a node without mg whose value
+// was read as too large to be an index (upstream.ErrNoFit: no CAS), and
+// bytes of more than a chunk, which may not fit an item (an ms whose
+// bytes memcached cannot allocate deletes the item; an append leaves it).
+func (v *Values) addTo(ctx context.Context, o op.Op) op.Result {
+	if len(o.Item.Value) > v.opts.ChunkSize {
+		return v.store.Do(ctx, o)
+	}
+	checked := o
+	checked.Verb = op.AppendCAS
+	if o.Verb == op.Prepend {
+		checked.Verb = op.PrependCAS
+	}
+	for range addTries {
+		got := v.peekIndex(ctx, o)
+		switch {
+		case errors.Is(got.Err, upstream.ErrNoFit):
+			return v.store.Do(ctx, o)
+		case got.Err != nil:
+			return op.Result{Err: got.Err}
+		case IsIndex(got.Item.Flags, got.Item.Value):
+			return op.Result{Err: ErrChunked}
+		}
+		checked.Item.CAS = got.Item.CAS
+		res := v.store.Do(ctx, checked)
+		switch {
+		case errors.Is(res.Err, upstream.ErrNoMeta):
+			return v.store.Do(ctx, o)
+		case !errors.Is(res.Err, upstream.ErrCASConflict):
+			return res
+		}
+	}
+	return op.Result{Err: ErrChanging}
 }
 
 // peek is the Room of a read that only asks whether an item is an index

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -280,6 +281,80 @@ func TestLookKeepsNoPlainValue(t *testing.T) {
 			s.Mu.Unlock()
 			if !tt.check(it, found) {
 				t.Errorf("after %v: %d bytes, expiration %d, found %v", tt.verb, len(it.Value), it.Expiration, found)
+			}
+		})
+	}
+}
+
+// faultStore is a Store in memory that answers the verbs in fail with
+// their error, unsent, and records every verb asked of it.
+type faultStore struct {
+	*storetest.Store
+	fail  map[op.Verb]error
+	verbs []op.Verb
+}
+
+func (s *faultStore) Do(ctx context.Context, o op.Op) op.Result {
+	s.verbs = append(s.verbs, o.Verb)
+	if err := s.fail[o.Verb]; err != nil {
+		return op.Result{Err: err}
+	}
+	return s.Store.Do(ctx, o)
+}
+
+// TestAddTo: an append or prepend reads its item and is sent checked
+// against the CAS read, again after a change, then fails with
+// ErrChanging; it goes unchecked where no check can be sent, and not at
+// all when its item could not be read.
+func TestAddTo(t *testing.T) {
+	nodeDown := &upstream.NodeError{Node: "n", Op: "mg", Err: io.EOF}
+	tests := []struct {
+		name  string
+		verb  op.Verb
+		value string
+		fail  map[op.Verb]error
+		err   error
+		verbs []op.Verb // sent, in order
+		want  string    // the value after
+	}{
+		{name: "append", verb: op.Append, value: "+", verbs: []op.Verb{op.Head, op.AppendCAS}, want: "abc+"},
+		{name: "prepend", verb: op.Prepend, value: "+", verbs: []op.Verb{op.Head, op.PrependCAS}, want: "+abc"},
+		{
+			name: "changed before every try", verb: op.Append, value: "+", fail: map[op.Verb]error{op.AppendCAS: upstream.ErrCASConflict}, err: ErrChanging,
+			verbs: []op.Verb{op.Head, op.AppendCAS, op.Head, op.AppendCAS, op.Head, op.AppendCAS}, want: "abc",
+		},
+		{
+			name: "no meta set", verb: op.Append, value: "+", fail: map[op.Verb]error{op.AppendCAS: upstream.ErrNoMeta},
+			verbs: []op.Verb{op.Head, op.AppendCAS, op.Append}, want: "abc+",
+		},
+		{
+			name: "read as too large to be an index", verb: op.Prepend, value: "+", fail: map[op.Verb]error{op.Head: upstream.ErrNoFit},
+			verbs: []op.Verb{op.Head, op.Prepend}, want: "+abc",
+		},
+		{name: "more than a chunk", verb: op.Append, value: "0123456789+", verbs: []op.Verb{op.Append}, want: "abc0123456789+"},
+		{
+			name: "missing", verb: op.Append, value: "+", fail: map[op.Verb]error{op.Head: upstream.ErrNotFound}, err: upstream.ErrNotFound,
+			verbs: []op.Verb{op.Head}, want: "abc",
+		},
+		{
+			name: "not read", verb: op.Append, value: "+", fail: map[op.Verb]error{op.Head: nodeDown}, err: nodeDown,
+			verbs: []op.Verb{op.Head}, want: "abc",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := &faultStore{Store: storetest.New(), fail: tt.fail}
+			s.Put(op.Item{Key: "k", Value: []byte("abc")})
+			v := New(s, Options{ChunkSize: 10}, prometheus.NewRegistry())
+			res := v.Do(t.Context(), op.Op{Verb: tt.verb, Item: op.Item{Key: "k", Value: []byte(tt.value)}})
+			if !errors.Is(res.Err, tt.err) || tt.err == nil && res.Err != nil {
+				t.Errorf("Do(%v) = %v, want %v", tt.verb, res.Err, tt.err)
+			}
+			if !slices.Equal(s.verbs, tt.verbs) {
+				t.Errorf("sent %v, want %v", s.verbs, tt.verbs)
+			}
+			if got := string(s.Items["k"].Value); got != tt.want {
+				t.Errorf("value after = %q, want %q", got, tt.want)
 			}
 		})
 	}

@@ -606,6 +606,11 @@ func memcFailure(cmd memcCmd, err error) (status int, raw, reason string) {
 		// Not something the module could meet: memcgate stored the
 		// value in chunks (MEMCGATE_BIG_VALUE_MAX_BYTES).
 		return http.StatusConflict, "", "the value is stored in chunks, larger than one memcached item; read it with GET /{key} on the REST API"
+	case errors.Is(err, chunk.ErrChanging):
+		// Not something the module could meet either: other writes of
+		// the key kept landing between the check that it is not stored
+		// in chunks and the append.
+		return http.StatusConflict, "", "the value kept changing between the check that it is not stored in chunks and the append; nothing was appended"
 	}
 	if cmd == memcGet {
 		// The module reads any error line as an invalid reply to get.

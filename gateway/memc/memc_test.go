@@ -575,6 +575,20 @@ func TestMemcChunkedValue(t *testing.T) {
 	if it := f.Items["big"]; !bytes.Equal(it.Value, index) {
 		t.Errorf("the index was changed: %q", it.Value)
 	}
+	// A plain value is appended to, checked against its CAS.
+	f.Put(op.Item{Key: "small", Value: []byte("v")})
+	if w := memcDo(h, "GET", "/memc?cmd=append&key=small&val=x", nil); w.Code != 201 || f.Items["small"].Value == nil || string(f.Items["small"].Value) != "vx" {
+		t.Errorf("append to a plain value = %d %q, value %q; want 201, vx", w.Code, w.Body.String(), f.Items["small"].Value)
+	}
+}
+
+// TestMemcFailureChanging: an append whose item kept changing before it
+// could be checked and sent is a 409 page that says nothing was appended.
+func TestMemcFailureChanging(t *testing.T) {
+	status, raw, reason := memcFailure(memcAppend, chunk.ErrChanging)
+	if status != http.StatusConflict || raw != "" || !strings.Contains(reason, "nothing was appended") {
+		t.Errorf("memcFailure = %d %q %q, want a 409 page saying nothing was appended", status, raw, reason)
+	}
 }
 
 // TestMemcGetHoldsTheBudget: the module's get holds its value against

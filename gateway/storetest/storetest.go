@@ -92,11 +92,14 @@ func (s *Store) Do(_ context.Context, o op.Op) op.Result {
 			return op.Result{Err: upstream.ErrCASConflict}
 		}
 		s.put(o.Item)
-	case op.Append, op.Prepend:
-		if !found {
+	case op.Append, op.Prepend, op.AppendCAS, op.PrependCAS:
+		switch {
+		case !found:
 			return op.Result{Err: upstream.ErrNotFound}
+		case o.Verb.Unchecked() != o.Verb && old.CAS != o.Item.CAS:
+			return op.Result{Err: upstream.ErrCASConflict}
 		}
-		if o.Verb == op.Append {
+		if o.Verb.Unchecked() == op.Append {
 			old.Value = append(bytes.Clone(old.Value), o.Item.Value...)
 		} else {
 			old.Value = append(bytes.Clone(o.Item.Value), old.Value...)
