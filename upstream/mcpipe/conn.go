@@ -407,52 +407,34 @@ func (c *conn) grantLocked() {
 	}
 }
 
-// writeSlice is the most written under one write deadline.
+// writeSlice is the most written under one write deadline by a
+// connection that is not a socket (sockIO moves its deadlines itself).
 const writeSlice = 256 << 10
 
-// writeAll writes buf with the values of segs in their places, in
-// slices of at most writeSlice bytes. The timeout bounds how long
-// memcached may take no bytes at all, not how long it takes to read
-// everything queued: bytes moved are progress (moved), which puts off
-// both the write's deadline and the reply owed to the requests written.
-// One 1 MB value over a slow link, or many large values queued at once,
-// take memcached longer than one timeout to read while it makes steady
-// progress; under a deadline from the write's start the set failed with
-// an i/o timeout, as did every operation on the connection, and the
-// node was ejected.
+// writeAll writes buf with the values of segs in their places. The
+// timeout bounds how long memcached may take no bytes at all, not how
+// long it takes to read everything queued: bytes moved are progress
+// (moved), which puts off both the write's deadline and the reply owed to
+// the requests written. One 1 MB value over a slow link, or many large
+// values queued at once, take memcached longer than one timeout to read
+// while it makes steady progress; under a deadline from the write's
+// start the set failed with an i/o timeout, as did every operation on
+// the connection, and the node was ejected.
 //
 // A socket (sockIO) tells the writer when a write must wait for room
-// (writeWaits), so a write that never waits, as small requests do, sets
-// one deadline and looks at the clock once. Any other connection's Write
-// waits inside: a slice that took more than an eighth of the timeout
+// (writeWaits), so everything goes in one writev, with a wait only where
+// the socket is full: a write that never waits, as small requests do,
+// sets one deadline and looks at the clock once, and a 1 MB value is one
+// system call and one wake-up of memcached, not one per slice. Any other
+// connection's Write waits inside, so it writes slices of at most
+// writeSlice bytes: a slice that took more than an eighth of the timeout
 // counts as progress once it is written.
 func (c *conn) writeAll(buf []byte, segs []segment) error {
 	c.wWaited = false
 	c.armWrite(time.Now())
-	if len(segs) == 0 {
-		for len(buf) > 0 {
-			n := min(len(buf), writeSlice)
-			var err error
-			if c.sio != nil {
-				// writev consumes c.iov from its front: out keeps the
-				// array, which the next write reuses.
-				out := append(c.iov[:0], buf[:n])
-				c.iov = out
-				_, err = c.sio.writev(&c.iov)
-				clear(out)
-				c.iov = out[:0]
-			} else {
-				_, err = c.nc.Write(buf[:n])
-			}
-			if err != nil {
-				return err
-			}
-			c.wrote()
-			buf = buf[n:]
-		}
-		return nil
-	}
-	pieces := make(net.Buffers, 0, 2*len(segs)+1)
+	// The pieces in order: buf cut where each value goes, in c.iov,
+	// whose array the next write reuses.
+	pieces := c.iov[:0]
 	at := 0
 	for _, s := range segs {
 		pieces = append(pieces, buf[at:s.at], s.value)
@@ -461,10 +443,43 @@ func (c *conn) writeAll(buf []byte, segs []segment) error {
 	if at < len(buf) {
 		pieces = append(pieces, buf[at:])
 	}
+	var err error
+	if c.sio != nil {
+		c.iov = pieces
+		_, err = c.sio.writev(&c.iov) // consumes c.iov
+	} else {
+		err = c.writeSlices(pieces)
+	}
+	clear(pieces) // keep no value alive
+	c.iov = pieces[:0]
+	if err != nil {
+		return err
+	}
+	if c.sio == nil {
+		return nil
+	}
+	c.wrote()
+	if len(segs) > 0 {
+		// The kernel may hold all of a value the write took (up to
+		// tcp_wmem's maximum, 4 MiB): drained sees those bytes move.
+		// (Not after a write of small requests only: sampled then, a
+		// large value's bytes still held would count as progress for
+		// requests written after it.)
+		c.mu.Lock()
+		c.outq, c.outqReplies = c.sio.unsent(), len(c.queue)-c.unsent
+		c.mu.Unlock()
+	}
+	return nil
+}
+
+// writeSlices writes pieces in slices of at most writeSlice bytes, one
+// Write each, for a connection whose Write waits inside (not a socket).
+func (c *conn) writeSlices(pieces net.Buffers) error {
+	var out net.Buffers
 	for len(pieces) > 0 {
 		// The next writeSlice bytes: whole pieces, and a part of the
 		// piece they end in.
-		out := c.iov[:0]
+		out = out[:0]
 		n := 0
 		for len(pieces) > 0 && n < writeSlice {
 			p := pieces[0]
@@ -477,26 +492,13 @@ func (c *conn) writeAll(buf []byte, segs []segment) error {
 				pieces[0] = p[k:]
 			}
 		}
-		c.iov = out
-		var err error
-		if c.sio != nil {
-			_, err = c.sio.writev(&c.iov) // consumes c.iov
-		} else {
-			_, err = c.iov.WriteTo(c.nc) // consumes c.iov
-		}
-		clear(out) // keep no value alive
+		w := out
+		_, err := w.WriteTo(c.nc) // consumes w
+		clear(out)
 		if err != nil {
 			return err
 		}
 		c.wrote()
-		c.iov = out[:0]
-	}
-	if c.sio != nil {
-		// The kernel may hold all of a value the write took (up to
-		// tcp_wmem's maximum, 4 MiB): drained sees those bytes move.
-		c.mu.Lock()
-		c.outq, c.outqReplies = c.sio.unsent(), len(c.queue)-c.unsent
-		c.mu.Unlock()
 	}
 	return nil
 }
