@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync/atomic"
 )
@@ -172,12 +173,46 @@ func (g guard) authorize(next http.Handler) http.Handler {
 }
 
 // access returns why a data-plane request may not go on (read-only mode,
-// tokens), or nil.
+// a write from another site's page, tokens), or nil.
 func (g guard) access(r *http.Request) *requestError {
 	rules := g.a.rules()
 	need := scopeFor(r)
 	if rules.readOnly && need == ScopeWrite && r.Method != http.MethodOptions {
 		return &requestError{status: http.StatusForbidden, msg: "read-only mode: writes are disabled (MEMCGATE_READ_ONLY)"}
 	}
+	if need != ScopeRead && !rules.tokens.Enabled() && FromOtherSite(r) {
+		return errOtherSite
+	}
 	return rules.tokens.check(r, need)
+}
+
+// errOtherSite refuses a write that FromOtherSite says a browser sent from
+// another site's page.
+var errOtherSite = &requestError{status: http.StatusForbidden, msg: "a browser sent this write from a page of another site (Sec-Fetch-Site, Origin): refused, so that web pages cannot change the cache; writes from pages need a bearer token (MEMCGATE_AUTH_TOKENS)"}
+
+// FromOtherSite reports whether a browser says r comes from a page of
+// another origin: Sec-Fetch-Site is cross-site or same-site or, from a
+// browser too old to send it, Origin names a host other than r.Host. It
+// is the test of net/http's CrossOriginProtection, for every method: a
+// GET changes data too (GET ?touch=, the HttpMemcModule endpoints' GET
+// ?cmd=set and ?cmd=flush_all), and an <img> sends one from any page.
+// Programs send neither header, so their requests never are.
+//
+// Without tokens, anything that reaches the data listener may write;
+// this keeps a web page that a user inside the network opens from
+// writing with that user's reach. A request with a valid token needs no
+// such test: a page cannot send a token it does not have.
+func FromOtherSite(r *http.Request) bool {
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "same-origin", "none": // the gateway's own origin, or typed in the address bar
+		return false
+	case "":
+		o := r.Header.Get("Origin")
+		if o == "" {
+			return false
+		}
+		u, err := url.Parse(o)
+		return err != nil || u.Host != r.Host
+	}
+	return true
 }

@@ -328,6 +328,12 @@ func (m *memc) serve(w http.ResponseWriter, r *http.Request, v memcVars) {
 		m.page(w, r, http.StatusForbidden, "token lacks the "+cmd.scope().String()+" scope for "+cmd.String())
 		return
 	}
+	if !tokens.Enabled() && cmd.scope() != gateway.ScopeRead && gateway.FromOtherSite(r) {
+		// Not the module's: without it any web page could flush the
+		// cluster with an <img> (docs/security.md, "Browsers").
+		m.page(w, r, http.StatusForbidden, "a browser sent "+cmd.String()+" from a page of another site (Sec-Fetch-Site, Origin): refused, so that web pages cannot change the cache; commands from pages need a bearer token (MEMCGATE_AUTH_TOKENS)")
+		return
+	}
 	if readOnly && cmd.writes() {
 		m.page(w, r, http.StatusForbidden, "read-only mode: "+cmd.String()+" is disabled (MEMCGATE_READ_ONLY)")
 		return
