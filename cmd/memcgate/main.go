@@ -362,6 +362,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 		Name: "memcgate_log_lines_dropped_total",
 		Help: "Log lines dropped because the log's destination (stderr) took them slower than they came; requests never wait for it.",
 	}, func() float64 { return float64(lg.dropped()) }))
+	handshakes := newHandshakeErrors(reg)
 	router, err := route.New(routeOptions(cfg, sec.dialer), log, reg)
 	if err != nil {
 		ls.close()
@@ -410,7 +411,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 		WriteTimeout:      cfg.WriteTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		ErrorLog:          newServerLog(log, "data", handshakes),
 	}
 	std.ConnState = conns.hook
 	var data httpServer
@@ -439,7 +440,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 		WriteTimeout:      60 * time.Second, // pprof profiles take 30s by default
 		IdleTimeout:       cfg.IdleTimeout,
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		ErrorLog:          newServerLog(log, "admin", handshakes),
 	}
 
 	healthCtx, stopHealth := context.WithCancel(context.WithoutCancel(ctx))

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -8,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"math/big"
 	"net"
@@ -18,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memcgate/memcgate/test/gatewaytest"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
 
@@ -134,4 +137,67 @@ func TestTokensAndReadOnlyEndToEnd(t *testing.T) {
 	if resp != nil {
 		resp.Body.Close()
 	}
+}
+
+// TestTLSHandshakeFailuresLogged: every connection to a TLS listener that
+// does not complete a handshake (a port scan, a load balancer's TCP
+// check, plain HTTP to the HTTPS port) was a warning line of its own, at
+// whatever rate any client chose: 2,000 connections of 7 bytes from one
+// client loop wrote 2,000 warnings (330 KB) in half a second, taking the
+// room the log keeps for warnings and errors. They are counted, and
+// logged a line a second at most.
+func TestTLSHandshakeFailuresLogged(t *testing.T) {
+	_, certFile, keyFile := writeCert(t)
+	mcs := memcachedtest.StartN(t, 1)
+	g := startGatewayScheme(t, "https", map[string]string{
+		"MEMCGATE_SERVERS":       memcachedtest.Addrs(mcs),
+		"MEMCGATE_TLS_CERT_FILE": certFile,
+		"MEMCGATE_TLS_KEY_FILE":  keyFile,
+	})
+	const conns = 300
+	for i := range conns {
+		c, err := net.Dial("tcp", g.DataAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 {
+			io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n") // plain HTTP to the HTTPS port
+		}
+		c.Close()
+	}
+	var failed float64
+	lines := 0 // the log is written out every 200 ms
+	for deadline := time.Now().Add(10 * time.Second); (failed < conns || lines == 0) && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		failed, lines = handshakeFailures(t, g)["data"], strings.Count(g.Logs(), "TLS handshake error")
+	}
+	if failed != conns {
+		t.Errorf("memcgate_http_tls_handshake_errors_total{listener=\"data\"} = %v, want %d", failed, conns)
+	}
+	// One line at the first failure, and one a second at most after it:
+	// a slow run may take a second or two.
+	if lines < 1 || lines > 3 {
+		t.Errorf("%d log lines about %d failed TLS handshakes, want one a second at most:\n%s", lines, conns, gatewaytest.Tail(g.Logs(), 500))
+	}
+}
+
+// handshakeFailures returns memcgate_http_tls_handshake_errors_total of
+// g by listener.
+func handshakeFailures(t *testing.T, g *gateway) map[string]float64 {
+	t.Helper()
+	text, err := g.Metrics(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, line := range strings.Split(text, "\n") {
+		rest, ok := strings.CutPrefix(line, `memcgate_http_tls_handshake_errors_total{listener="`)
+		if !ok {
+			continue
+		}
+		name, value, _ := strings.Cut(rest, `"} `)
+		var v float64
+		fmt.Sscan(value, &v)
+		out[name] = v
+	}
+	return out
 }

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"context"
+	"log"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// handshakeError starts the line net/http logs for each connection to a
+// TLS listener whose handshake failed.
+const handshakeError = "http: TLS handshake error from "
+
+// serverLog is what an HTTP server's ErrorLog writes to: each line goes
+// to the log at warn level, but for failed TLS handshakes. Any client
+// makes one of those per connection, at the rate it likes (a port scan, a
+// load balancer's TCP check, plain HTTP to the HTTPS port: connecting and
+// closing is enough), and a warning each would fill the room the log
+// keeps for warnings and errors (logReserve). They are counted, and
+// logged a line a second at most, saying how many failed since the last
+// line without one (nginx logs them at info).
+type serverLog struct {
+	log        *slog.Logger
+	listener   string             // the listener label: data or admin
+	handshakes prometheus.Counter // failed handshakes
+
+	mu       sync.Mutex // guards last, unlogged
+	last     time.Time  // when a failed handshake was last logged
+	unlogged int        // failed handshakes since then, not logged
+}
+
+// newServerLog returns an ErrorLog for the server of listener, which
+// logs to lg and counts failed handshakes in handshakes.
+func newServerLog(lg *slog.Logger, listener string, handshakes *prometheus.CounterVec) *log.Logger {
+	return log.New(&serverLog{log: lg, listener: listener, handshakes: handshakes.WithLabelValues(listener)}, "", 0)
+}
+
+// newHandshakeErrors returns memcgate_http_tls_handshake_errors_total,
+// registered on reg, every listener's series exported from 0.
+func newHandshakeErrors(reg prometheus.Registerer) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "memcgate_http_tls_handshake_errors_total",
+		Help: "Connections to a TLS listener whose handshake failed (logged a line a second at most), by listener.",
+	}, []string{"listener"})
+	c.WithLabelValues("data")
+	c.WithLabelValues("admin")
+	reg.MustRegister(c)
+	return c
+}
+
+// Write logs one line: log.Logger calls it once per line.
+func (s *serverLog) Write(p []byte) (int, error) {
+	msg := strings.TrimSuffix(string(p), "\n")
+	if !strings.HasPrefix(msg, handshakeError) {
+		s.log.Warn(msg)
+		return len(p), nil
+	}
+	s.handshakes.Inc()
+	now := time.Now()
+	s.mu.Lock()
+	if !s.last.IsZero() && now.Sub(s.last) < time.Second {
+		s.unlogged++
+		s.mu.Unlock()
+		return len(p), nil
+	}
+	unlogged := s.unlogged
+	s.last, s.unlogged = now, 0
+	s.mu.Unlock()
+	s.log.LogAttrs(context.Background(), slog.LevelWarn, msg, slog.String("listener", s.listener), slog.Int("unlogged_before", unlogged))
+	return len(p), nil
+}
