@@ -35,9 +35,11 @@ type Admin struct {
 	// Config returns the configuration in force, secrets redacted, for
 	// /debug/config.
 	Config func() any
-	// Tokens, if any are set, guard every endpoint but /healthz and
-	// /readyz with the admin scope.
-	Tokens Tokens
+	// Access, if not nil, has the bearer tokens that guard every endpoint
+	// but /healthz and /readyz with the admin scope, read on each
+	// request: the data listener's, so that a reload changes both. Its
+	// read-only mode does not apply here. Nil: no tokens.
+	Access *Access
 }
 
 // NewAdminHandler returns the admin-plane handler: /metrics from g,
@@ -101,11 +103,14 @@ func NewAdminHandler(g prometheus.Gatherer, a Admin) http.Handler {
 	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
-	if !a.Tokens.Enabled() {
-		return mux
+	access := a.Access
+	if access == nil {
+		access = new(Access)
 	}
+	// Tokens a reload sets where there were none guard the endpoints from
+	// then on: the check runs even while there are none.
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/healthz" && r.URL.Path != "/readyz" && !a.Tokens.require(w, r, ScopeAdmin) {
+		if r.URL.Path != "/healthz" && r.URL.Path != "/readyz" && !access.Tokens().require(w, r, ScopeAdmin) {
 			return
 		}
 		mux.ServeHTTP(w, r)

@@ -48,7 +48,7 @@ func TestTokens(t *testing.T) {
 			t.Errorf("%s: 401 without WWW-Authenticate", tt.name)
 		}
 	}
-	admin := NewAdminHandler(prometheus.NewRegistry(), Admin{Tokens: toks, Config: func() any { return map[string]string{"k": "v"} }})
+	admin := NewAdminHandler(prometheus.NewRegistry(), Admin{Access: NewAccess(toks, false), Config: func() any { return map[string]string{"k": "v"} }})
 	for _, tt := range []struct {
 		path, auth string
 		want       int

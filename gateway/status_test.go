@@ -197,7 +197,7 @@ func TestStatusPageReloads(t *testing.T) {
 
 func TestStatusPageNeedsAdminToken(t *testing.T) {
 	toks := NewTokens(map[string]Scope{"reader-0123456789": ScopeRead, "admin-01234567890": ScopeAdmin})
-	h := NewAdminHandler(newMetricsRig(t).reg, Admin{Tokens: toks})
+	h := NewAdminHandler(newMetricsRig(t).reg, Admin{Access: NewAccess(toks, false)})
 	tests := []struct {
 		name, path, auth string
 		want             int

@@ -433,7 +433,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 			Config:  func() any { return newDebugConfig(build, rl.Current(), buffered) },
 			Started: started,
 			Build:   gateway.BuildInfo{Version: build.Version, Revision: build.Revision, GoVersion: build.GoVersion, Platform: build.Platform},
-			Tokens:  sec.tokens,
+			Access:  access, // the data listener's: a reload changes the tokens of both
 		}),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,

@@ -479,3 +479,73 @@ func TestReloadNeedsRestartAtWarn(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestAdminTokensReload: a reload that changes the tokens changes them on
+// the admin listener too, as on the data listener. The admin listener
+// kept the tokens it started with: a leaked admin token removed from
+// MEMCGATE_AUTH_TOKENS_FILE still opened /metrics, /debug/config and
+// pprof until a restart, the token that replaced it was refused, and
+// tokens set by a reload where there were none left it open to anyone.
+func TestAdminTokensReload(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 1)
+	tokFile := filepath.Join(t.TempDir(), "tokens")
+	writeAtomic(t, tokFile, "# no tokens yet\n")
+	g := startGateway(t, map[string]string{
+		"MEMCGATE_SERVERS":          memcachedtest.Addrs(mcs),
+		"MEMCGATE_AUTH_TOKENS_FILE": tokFile,
+		"MEMCGATE_WATCH_INTERVAL":   "100ms",
+	})
+	get := func(url, token string) int {
+		t.Helper()
+		req, _ := http.NewRequest("GET", url, nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s: %v", url, err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	// applied waits until the data listener takes token, and only it, for
+	// the admin scope (/memc?cmd=stats needs it): the reload is in force.
+	applied := func(token string) {
+		t.Helper()
+		stats := g.URL + "/memc?cmd=stats"
+		for deadline := time.Now().Add(5 * time.Second); get(stats, token) != http.StatusOK || get(stats, "") != http.StatusUnauthorized; time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the data listener did not take the reloaded token %q within 5s", token)
+			}
+		}
+	}
+	type check struct {
+		token string // "": none
+		want  int
+	}
+	tests := []struct {
+		file   string // the tokens file's new content
+		token  string // one of its admin tokens
+		checks []check
+	}{
+		{"admin:first-admin-token-0123\n", "first-admin-token-0123", []check{{"", 401}, {"first-admin-token-0123", 200}}},
+		{"admin:second-admin-token-0123\n", "second-admin-token-0123", []check{{"first-admin-token-0123", 401}, {"second-admin-token-0123", 200}}},
+	}
+	if s := get(g.Admin+"/debug/config", ""); s != http.StatusOK {
+		t.Fatalf("/debug/config without tokens configured = %d, want 200", s)
+	}
+	for _, tt := range tests {
+		writeAtomic(t, tokFile, tt.file)
+		applied(tt.token)
+		for _, c := range tt.checks {
+			for _, path := range []string{"/debug/config", "/metrics", "/debug/pprof/cmdline"} {
+				if s := get(g.Admin+path, c.token); s != c.want {
+					t.Errorf("tokens file %q: admin %s with %q = %d, want %d", tt.file, path, c.token, s, c.want)
+				}
+			}
+		}
+		if s := get(g.Admin+"/readyz", ""); s != http.StatusOK {
+			t.Errorf("tokens file %q: /readyz without a token = %d, want 200 (probes have no secrets)", tt.file, s)
+		}
+	}
+}
