@@ -244,8 +244,24 @@ func TestTCPRelay(t *testing.T) {
 	}
 	eventually(t, "bytes counted", func() bool {
 		s := p.Stats()
-		return s.BytesToTarget == total && s.BytesToClient == total
+		return s.BytesFromClient == total && s.BytesToTarget == total && s.BytesToClient == total
 	})
+}
+
+// TestTCPBytesFromClient: a chunk is counted in BytesFromClient once it is
+// read, while it still waits in the delay line, so that a test knows its
+// delay is fixed and may change the latency for the bytes after it.
+func TestTCPBytesFromClient(t *testing.T) {
+	p := startTCP(t, startTCPEcho(t))
+	p.SetLatency(time.Hour)
+	c := dial(t, p.Addr())
+	if _, err := c.Write([]byte("get foo\r\n")); err != nil {
+		t.Fatalf("Write() = %v", err)
+	}
+	eventually(t, "the line read", func() bool { return p.Stats().BytesFromClient == int64(len("get foo\r\n")) })
+	if s := p.Stats(); s.BytesToTarget != 0 {
+		t.Errorf("Stats().BytesToTarget = %d, want 0: the line is held for an hour", s.BytesToTarget)
+	}
 }
 
 func TestTCPHalfClose(t *testing.T) {

@@ -27,12 +27,16 @@ const (
 
 // TCPStats is a snapshot of a TCP proxy's counters since Start.
 type TCPStats struct {
-	Accepted      int64 // connections accepted, including refused ones
-	Refused       int64 // connections reset at once because SetRefuse was on
-	Open          int64 // client connections currently relayed or blackholed
-	BytesToTarget int64 // bytes written to upstream connections
-	BytesToClient int64 // bytes written back to clients
-	BytesDropped  int64 // bytes swallowed by blackholed connections
+	Accepted int64 // connections accepted, including refused ones
+	Refused  int64 // connections reset at once because SetRefuse was on
+	Open     int64 // client connections currently relayed or blackholed
+	// BytesFromClient counts bytes read from clients, as they are read:
+	// a chunk counted here and not yet in BytesToTarget is in the delay
+	// line, its delivery time already fixed (SetLatency).
+	BytesFromClient int64
+	BytesToTarget   int64 // bytes written to upstream connections
+	BytesToClient   int64 // bytes written back to clients
+	BytesDropped    int64 // bytes swallowed by blackholed connections
 }
 
 // TCP is a fault-injecting TCP proxy. Each accepted client connection gets
@@ -51,6 +55,7 @@ type TCP struct {
 	refuse    atomic.Bool
 
 	accepted, refused, open     atomic.Int64
+	fromClient                  atomic.Int64
 	toTarget, toClient, dropped atomic.Int64
 
 	mu     sync.Mutex // guards ln, links, closed
@@ -155,12 +160,13 @@ func (p *TCP) Reset() {
 // Stats returns a snapshot of the counters.
 func (p *TCP) Stats() TCPStats {
 	return TCPStats{
-		Accepted:      p.accepted.Load(),
-		Refused:       p.refused.Load(),
-		Open:          p.open.Load(),
-		BytesToTarget: p.toTarget.Load(),
-		BytesToClient: p.toClient.Load(),
-		BytesDropped:  p.dropped.Load(),
+		Accepted:        p.accepted.Load(),
+		Refused:         p.refused.Load(),
+		Open:            p.open.Load(),
+		BytesFromClient: p.fromClient.Load(),
+		BytesToTarget:   p.toTarget.Load(),
+		BytesToClient:   p.toClient.Load(),
+		BytesDropped:    p.dropped.Load(),
 	}
 }
 
@@ -273,7 +279,7 @@ func (p *TCP) serve(c *net.TCPConn) {
 		// Accepted into the blackhole: never dial, swallow until the
 		// client goes away or the link is closed.
 		l.dead.Store(true)
-		p.pump(l, c, nil, ctx.Done())
+		p.pump(l, c, nil, &p.fromClient, ctx.Done())
 		return
 	}
 
@@ -291,29 +297,30 @@ func (p *TCP) serve(c *net.TCPConn) {
 	}
 
 	var wg sync.WaitGroup
-	wg.Go(func() { p.relay(l, c, up, &p.toTarget, ctx.Done()) })
-	p.relay(l, up, c, &p.toClient, ctx.Done())
+	wg.Go(func() { p.relay(l, c, up, &p.fromClient, &p.toTarget, ctx.Done()) })
+	p.relay(l, up, c, nil, &p.toClient, ctx.Done())
 	wg.Wait()
 }
 
 // relay moves bytes from src to dst through a delay line until src is at
 // EOF and everything read, then the FIN, has been passed on, or the link is
-// closed.
-func (p *TCP) relay(l *link, src, dst *net.TCPConn, written *atomic.Int64, done <-chan struct{}) {
+// closed. read counts the bytes read from src (nil: not counted), written
+// those written to dst.
+func (p *TCP) relay(l *link, src, dst *net.TCPConn, read, written *atomic.Int64, done <-chan struct{}) {
 	q := make(chan packet, tcpQueueLen)
 	var wg sync.WaitGroup
 	wg.Go(func() { p.deliver(l, dst, q, written, done) })
-	p.pump(l, src, q, done)
+	p.pump(l, src, q, read, done)
 	wg.Wait()
 }
 
 // pump reads chunks from src, stamps each with its delivery time and queues
 // it on q, or drops it if the link is dead or the blackhole is on (a nil q
-// means the link is dead from the start). It closes q when it returns. On
-// EOF it queues an EOF marker and the link stays up for the other
-// direction, unless the link is dead; on any other error the link is
-// aborted.
-func (p *TCP) pump(l *link, src *net.TCPConn, q chan<- packet, done <-chan struct{}) {
+// means the link is dead from the start); it counts what it reads in read
+// (nil: not counted). It closes q when it returns. On EOF it queues an EOF
+// marker and the link stays up for the other direction, unless the link
+// is dead; on any other error the link is aborted.
+func (p *TCP) pump(l *link, src *net.TCPConn, q chan<- packet, read *atomic.Int64, done <-chan struct{}) {
 	if q != nil {
 		defer close(q)
 	}
@@ -324,10 +331,16 @@ func (p *TCP) pump(l *link, src *net.TCPConn, q chan<- packet, done <-chan struc
 			if q == nil || l.dead.Load() || p.blackhole.Load() {
 				l.dead.Store(true)
 				p.dropped.Add(int64(n))
+				if read != nil {
+					read.Add(int64(n))
+				}
 			} else {
 				pk := packet{
 					data: bytes.Clone(buf[:n]),
 					due:  time.Now().Add(time.Duration(p.latency.Load())),
+				}
+				if read != nil {
+					read.Add(int64(n)) // once stamped: a reader of the count knows the chunk's delay is fixed
 				}
 				select {
 				case q <- pk:
