@@ -288,6 +288,7 @@ type pool struct {
 	timeout time.Duration           // the cluster's socket timeout, for writes that outlive their request
 	fail    upstream.FailoverPolicy // the cluster's, which Reconfigure cannot change
 	bg      *bound                  // the router's background budget
+	order   writeOrder              // keeps each key's writes in order on its replicas (order.go)
 	lat     latencies
 	hedge   hedgeBudget
 	delay   atomic.Int64 // hedge delay now, in nanoseconds

@@ -431,6 +431,56 @@ func TestWriteAnswerFollowsReads(t *testing.T) {
 	}
 }
 
+// TestBackgroundCopiesKeepWriteOrder: under the first policy a write is
+// answered before its slower copies land, and the next write of the key
+// must not overtake them on their replica: there it would be overwritten
+// by the older value, and the replicas would part for good. The slow
+// replica's copy of v1 is held in the proxy's delay line while v2 goes
+// to the same node at no delay, on another of its connections.
+func TestBackgroundCopiesKeepWriteOrder(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		pipelineConns int // 0: one connection per operation in flight (gomemcache's pool)
+	}{{"pipelined", 2}, {"pooled", 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			mcs := memcachedtest.StartN(t, 2)
+			px := faultproxy.NewTCP(mcs[1].Addr)
+			if err := px.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { px.Close() })
+			_, port, _ := net.SplitHostPort(px.Addr())
+			o := clusterOptions(mcs)
+			o.Servers[1].Port, _ = strconv.Atoi(port)
+			o.PipelineConns = tc.pipelineConns
+			o.Timeout, o.Health.Timeout = 5*time.Second, 5*time.Second
+			o.Health.Interval = time.Hour // no probe after the first: the proxy carries only the writes
+			r, _ := newRouter(t, Options{Pools: []PoolOptions{{Cluster: o, Replicas: 2, Write: WriteFirst}}})
+			ctx := t.Context()
+			if err := set(ctx, r, "k", "v0"); err != nil {
+				t.Fatal(err)
+			}
+			r.bg.wait() // v0 on both replicas: the bytes the proxy reads next are v1's
+			px.SetLatency(time.Second)
+			read := px.Stats().BytesFromClient
+			if err := set(ctx, r, "k", "v1"); err != nil { // answered by the direct replica
+				t.Fatal(err)
+			}
+			waitUntil(t, 5*time.Second, "the slow copy of v1 in the delay line", func() bool { return px.Stats().BytesFromClient > read })
+			px.SetLatency(0)
+			if err := set(ctx, r, "k", "v2"); err != nil {
+				t.Fatal(err)
+			}
+			r.bg.wait()
+			a, _ := direct(t, mcs[0].Addr, "k")
+			b, _ := direct(t, mcs[1].Addr, "k")
+			if a != "v2" || b != "v2" {
+				t.Errorf("k is %q on the direct replica and %q on the slow one, want v2 on both", a, b)
+			}
+		})
+	}
+}
+
 // TestBadKeysInEveryPool: a key that a prefix routes is checked like any
 // other: in a pool of one copy and in a replicated one, every verb
 // refuses it with ErrBadKey, and no node is blamed for it.

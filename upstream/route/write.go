@@ -42,6 +42,12 @@ import (
 // connection was never made), or whose failure takes it out of service,
 // is replaced by the next live node of the key's chain (a spare, whose
 // copy gets FAILOVER_TTL): the key keeps its copies through a node's death.
+//
+// A copy is sent to its replica only once the copies of the key's
+// earlier writes still running there have been answered (order.go): a
+// write answered before all its copies landed is not overtaken on a
+// replica by the next write of the key, which would leave that replica
+// with the older value.
 
 // do runs one operation on a replicated pool.
 func (v *view) do(ctx context.Context, o op.Op) op.Result {
@@ -159,11 +165,24 @@ func (v *view) fanout(ctx context.Context, o op.Op, set *upstream.ReplicaSet, ta
 	if !background {
 		need = len(targets)
 	}
+	// Each copy waits for the key's earlier copies still running on its
+	// node (writeOrder); those of a write that may be answered before
+	// they land are recorded for the writes after it.
+	prev, done := v.order.enter(o.Item.Key, targets, background)
 	wctx, cancel := detach(ctx, v.timeout)
 	results := make(chan outcome, len(targets))
 	var spares sync.Mutex // guards set's spares
 	for i, r := range targets {
-		go func() { results <- outcome{i, v.writeOne(wctx, o, set, &spares, r)} }()
+		go func() {
+			if prev != nil {
+				await(wctx, prev[i])
+			}
+			res := v.writeOne(wctx, o, set, &spares, r)
+			if done != nil {
+				v.order.answered(r.Node(), o.Item.Key, done[i])
+			}
+			results <- outcome{i, res}
+		}()
 	}
 	answered, got := 0, 0
 	best, failed := outcome{rank: -1}, outcome{rank: -1} // the lowest-ranked answer and failure
@@ -273,6 +292,9 @@ func (v *view) cas(ctx context.Context, o op.Op) op.Result {
 		return op.Result{Err: err}
 	}
 	o.Admitted = true
+	if prev, _ := v.order.enter(o.Item.Key, set.Replicas[:1], false); prev != nil {
+		await(ctx, prev[0]) // the check is against the caller's earlier write, whose copy may still be on its way
+	}
 	res := v.c.DoOn(ctx, o, set.Replicas[0])
 	if failure(res.Err) {
 		v.pm.writeFailed.Inc()
