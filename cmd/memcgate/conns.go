@@ -24,7 +24,7 @@ type connTracker struct {
 	count  [http.StateClosed + 1]atomic.Int64
 	news   atomic.Uint64 // connections net/http has taken, ever
 
-	connsDesc, acceptedDesc, acceptErrorsDesc, maxDesc, reclaimedDesc, refusedDesc, handedRefusedDesc, roomDesc *prometheus.Desc
+	connsDesc, acceptedDesc, acceptErrorsDesc, maxDesc, reclaimedDesc, refusedDesc, handedRefusedDesc, badDesc, roomDesc *prometheus.Desc
 }
 
 // hook is http.Server.ConnState. Transitions of one connection come in
@@ -67,6 +67,8 @@ func newConnTracker(limit int) *connTracker {
 			"Client connections accepted on the data listener.", nil, nil),
 		handedRefusedDesc: prometheus.NewDesc("memcgate_http_handovers_refused_total",
 			"Requests the fast path hands to Go's net/http (chunked or Expect bodies, heads over 4 KiB) answered 503 instead, because a thirty-second of the connection cap were net/http's already.", nil, nil),
+		badDesc: prometheus.NewDesc("memcgate_http_bad_requests_total",
+			"Requests answered 400 and their connections closed before any handler, so in no access log line or request metric: heads the fast path cannot read, and framing a proxy in front may read differently (Content-Length with Transfer-Encoding, Transfer-Encoding on HTTP/1.0). Fast path only; what Go's net/http refuses itself is not counted.", nil, nil),
 		roomDesc: prometheus.NewDesc("memcgate_http_bodies_waiting_for_room",
 			"Request bodies waiting, their connections parked, for room in MEMCGATE_MAX_BUFFERED_BYTES to be read (fast path; at most MEMCGATE_REQUEST_TIMEOUT each, then 503). Counted among the reading connections too.", nil, nil),
 		acceptErrorsDesc: prometheus.NewDesc("memcgate_http_accept_errors_total",
@@ -97,6 +99,7 @@ func (t *connTracker) Describe(ch chan<- *prometheus.Desc) {
 	ch <- t.reclaimedDesc
 	ch <- t.refusedDesc
 	ch <- t.handedRefusedDesc
+	ch <- t.badDesc
 	ch <- t.roomDesc
 }
 
@@ -105,7 +108,7 @@ func (t *connTracker) Describe(ch chan<- *prometheus.Desc) {
 func (t *connTracker) Collect(ch chan<- prometheus.Metric) {
 	reading, idle, active := t.count[http.StateNew].Load(), t.count[http.StateIdle].Load(), t.count[http.StateActive].Load()
 	accepted := t.news.Load()
-	var acceptErrors, reclaimed, refused, handedRefused uint64 // net/http retries its accept errors and only logs them
+	var acceptErrors, reclaimed, refused, handedRefused, bad uint64 // net/http retries its accept errors and only logs them
 	waitingForRoom := 0
 	if t.stdCap != nil {
 		refused = t.stdCap.refused.Load()
@@ -114,7 +117,7 @@ func (t *connTracker) Collect(ch chan<- prometheus.Metric) {
 		s := t.fast()
 		reading, idle, active = reading+int64(s.Reading), idle+int64(s.Idle), active+int64(s.Active)
 		accepted = s.Accepted // every connection starts there: handed-over ones are not counted twice
-		acceptErrors, reclaimed, refused, handedRefused = s.AcceptErrors, s.Reclaimed, s.Refused, s.HandoversRefused
+		acceptErrors, reclaimed, refused, handedRefused, bad = s.AcceptErrors, s.Reclaimed, s.Refused, s.HandoversRefused, s.BadRequests
 		waitingForRoom = s.WaitingForRoom
 	}
 	ch <- prometheus.MustNewConstMetric(t.connsDesc, prometheus.GaugeValue, float64(reading), "reading")
@@ -126,5 +129,6 @@ func (t *connTracker) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(t.reclaimedDesc, prometheus.CounterValue, float64(reclaimed))
 	ch <- prometheus.MustNewConstMetric(t.refusedDesc, prometheus.CounterValue, float64(refused))
 	ch <- prometheus.MustNewConstMetric(t.handedRefusedDesc, prometheus.CounterValue, float64(handedRefused))
+	ch <- prometheus.MustNewConstMetric(t.badDesc, prometheus.CounterValue, float64(bad))
 	ch <- prometheus.MustNewConstMetric(t.roomDesc, prometheus.GaugeValue, float64(waitingForRoom))
 }

@@ -65,6 +65,12 @@ func GuardConn(c net.Conn) net.Conn {
 	return &guardConn{Conn: c}
 }
 
+// guardCounted is GuardConn calling refused with errSmuggle for a head it
+// refuses.
+func guardCounted(c net.Conn, refused func(error)) net.Conn {
+	return &guardConn{Conn: c, counted: refused}
+}
+
 // GuardListener returns ln with every connection it accepts wrapped by
 // GuardConn, for an http.Server that serves plain TCP; see GuardConn for
 // where it must not be used (in particular not under tls.NewListener's
@@ -169,7 +175,8 @@ const filler = 0
 type guardConn struct {
 	net.Conn
 	t       framing
-	refused uint8 // 0, or 1: a head's last byte was withheld, 2: reads fail
+	refused uint8       // 0, or 1: a head's last byte was withheld, 2: reads fail
+	counted func(error) // if not nil, called once for the head refused
 }
 
 func (g *guardConn) Read(p []byte) (int, error) {
@@ -187,6 +194,9 @@ func (g *guardConn) Read(p []byte) (int, error) {
 	n, err := g.Conn.Read(p)
 	if n > 0 && !g.t.off {
 		if i := g.t.scan(p[:n]); i >= 0 {
+			if g.counted != nil {
+				g.counted(errSmuggle)
+			}
 			if i == 0 {
 				p[0] = filler
 				g.refused = 2

@@ -33,7 +33,7 @@ func (c *conn) handover() readResult {
 	rc := &replayConn{Conn: c.rwc, buf: buf, open: &s.open, handed: &s.handed}
 	// Fallback reads the rest of the connection through GuardConn, which
 	// makes net/http refuse what the fast path refuses (errBothLengths).
-	if !c.ho.give(GuardConn(rc)) {
+	if !c.ho.give(guardCounted(rc, s.badRequest)) {
 		rc.Close()
 	}
 	return readEnded

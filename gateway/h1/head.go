@@ -88,7 +88,8 @@ const badRequest = "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charse
 // refuse answers a request newRequest refused with 400 and closes the
 // connection, dropping for a while what the client still sends so that
 // it gets the answer (linger, which reports whether it parked it).
-func (c *conn) refuse(error) (wasParked bool) {
+func (c *conn) refuse(err error) (wasParked bool) {
+	c.srv.badRequest(err)
 	if d := c.srv.WriteTimeout; d > 0 {
 		c.setWriteTimeout(time.Now().Add(d))
 	}

@@ -129,6 +129,8 @@ type Server struct {
 	reclaimed     atomic.Uint64             // idle connections closed to make room under MaxConns
 	refused       atomic.Uint64             // connections answered 503 and closed over MaxConns
 	refusedLog    atomic.Int64              // when a refusal was last logged, in Unix nanoseconds
+	badRequests   atomic.Uint64             // requests answered 400 and closed before a handler (badRequest)
+	badLog        atomic.Int64              // when one was last logged, in Unix nanoseconds
 	handed        atomic.Int64              // connections handed to Fallback and not closed yet
 	handedRefused atomic.Uint64             // requests answered 503 over handedLimit
 	handedLog     atomic.Int64              // when such a refusal was last logged, in Unix nanoseconds
@@ -312,6 +314,21 @@ func (s *Server) room(rw net.Conn, sk *sock) bool {
 		s.logf("h1: %d client connections open, the most allowed, none idle or silent: refused a connection with 503 (%d refused so far)", limit, n)
 	}
 	return false
+}
+
+// badRequest counts a request the Server answered 400 and closed before
+// any handler saw it, for the reason err: a head the fast path cannot
+// read, or framing that a proxy in front may read differently
+// (errBothLengths, errTEOnHTTP10), refused by the fast path or, on a
+// connection handed to Fallback, by GuardConn. Such requests reach no
+// handler, so no access log line or request metric shows them: broken
+// clients and smuggling attempts would go unseen. One line a second at
+// most, with the count, so that a flood of them cannot flood the log.
+func (s *Server) badRequest(err error) {
+	n := s.badRequests.Add(1)
+	if now, last := time.Now().UnixNano(), s.badLog.Load(); now-last >= int64(time.Second) && s.badLog.CompareAndSwap(last, now) {
+		s.logf("h1: answered a request 400 and closed its connection before any handler: %v (%d such requests so far)", err, n)
+	}
 }
 
 // SetMaxConns sets MaxConns (n <= 0: no cap) while the Server runs. A

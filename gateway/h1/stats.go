@@ -31,6 +31,13 @@ type ConnStats struct {
 	// as allowed (a thirty-second of MaxConns, at least 64) were
 	// Fallback's.
 	HandoversRefused uint64
+	// BadRequests counts requests answered 400 and closed before any
+	// handler saw them: heads the fast path cannot read, and framing a
+	// proxy in front may read differently (Content-Length with
+	// Transfer-Encoding, Transfer-Encoding on HTTP/1.0), refused by the
+	// fast path or by GuardConn on connections handed to Fallback. What
+	// Fallback's net/http refuses itself is not counted.
+	BadRequests uint64
 }
 
 // ConnStats returns the connection counts now. It takes the Server's lock
@@ -38,7 +45,7 @@ type ConnStats struct {
 func (s *Server) ConnStats() ConnStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := ConnStats{Accepted: s.accepted, AcceptErrors: s.acceptErrs.Load(), Reclaimed: s.reclaimed.Load(), Refused: s.refused.Load(), HandoversRefused: s.handedRefused.Load()}
+	st := ConnStats{Accepted: s.accepted, AcceptErrors: s.acceptErrs.Load(), Reclaimed: s.reclaimed.Load(), Refused: s.refused.Load(), HandoversRefused: s.handedRefused.Load(), BadRequests: s.badRequests.Load()}
 	if s.poller != nil {
 		st.WaitingForRoom = int(s.poller.roomLen.Load())
 	}

@@ -2,8 +2,13 @@ package h1
 
 import (
 	"bufio"
+	"bytes"
+	"io"
+	"log"
 	"net"
 	"net/http"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -45,4 +50,62 @@ func TestConnStats(t *testing.T) {
 		}
 	}
 	t.Fatalf("ConnStats() = %+v, want %+v", got, want)
+}
+
+// TestBadRequestsCounted: a request answered 400 and closed before any
+// handler, on the fast path or by the guard on a connection handed to
+// Fallback, is counted in BadRequests and logged, at most a line a
+// second; requests served are not counted.
+func TestBadRequestsCounted(t *testing.T) {
+	var logged syncBuffer
+	s, addr := startH1(t, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), func(s *Server) {
+		s.ErrorLog = log.New(&logged, "", 0)
+	})
+	const both = "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+	for _, tc := range []struct {
+		name, raw string
+		want      uint64
+	}{
+		{"served", "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", 0},
+		{"fast path", both, 1},
+		{"HTTP/1.0 with Transfer-Encoding", "PUT /x HTTP/1.0\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 2},
+		// Expect sends the first request to Fallback, and the guard
+		// refuses the second on the connection handed over.
+		{"handed over", "PUT /e HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\nx" + both, 3},
+	} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		c.Write([]byte(tc.raw))
+		io.ReadAll(c) // until the server closes
+		c.Close()
+		if got := s.ConnStats().BadRequests; got != tc.want {
+			t.Errorf("%s: BadRequests = %d, want %d", tc.name, got, tc.want)
+		}
+	}
+	lines := strings.Split(strings.TrimSpace(logged.String()), "\n")
+	if len(lines) != 1 || !strings.Contains(lines[0], "answered a request 400") || !strings.Contains(lines[0], "(1 such requests so far)") {
+		t.Errorf("logged %q, want one line for the first refusal within the second", lines)
+	}
+}
+
+// syncBuffer is a bytes.Buffer that a Server's log and a test may use at
+// once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
