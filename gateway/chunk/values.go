@@ -189,18 +189,17 @@ func (v *Values) Do(ctx context.Context, o op.Op) op.Result {
 	return v.store.Do(ctx, o)
 }
 
-// addTries is how many times addTo reads an item and sends its checked
-// append before it gives up: each refusal was another write of the key
-// between the two.
-const addTries = 3
-
 // addTo runs o, an Append or Prepend, unless its item is an index
 // (ErrChunked). It reads the item (peekIndex) and sends o as
 // op.AppendCAS or op.PrependCAS with the CAS read, which memcached
 // refuses if the item changed since: a PUT in between may have written
 // an index, which the bytes would corrupt (reads would answer it as
 // ErrCorrupt until the key is written again). On a refusal it reads the
-// item again, addTries times in all, then fails with ErrChanging. A
+// item again and tries again, for as long as Options.Timeout from the
+// first try allows, then fails with ErrChanging. Each refusal means
+// another write of the key landed, so concurrent appends to one key all
+// get through, one per round, as plain appends would: a fixed number of
+// tries answered most of 50 concurrent appends to one small key 409. A
 // missing item is ErrNotFound, as an append to it answers, with nothing
 // sent: the append is taken as coming before whatever writes the key
 // next.
@@ -220,7 +219,11 @@ func (v *Values) addTo(ctx context.Context, o op.Op) op.Result {
 	if o.Verb == op.Prepend {
 		checked.Verb = op.PrependCAS
 	}
-	for range addTries {
+	until := time.Now().Add(time.Duration(v.timeout.Load()))
+	for try := 0; try == 0 || time.Now().Before(until); try++ {
+		if err := ctx.Err(); err != nil {
+			return op.Result{Err: fmt.Errorf("chunk: %s refused %d times: %w", o.Verb, try, err)}
+		}
 		got := v.peekIndex(ctx, o)
 		switch {
 		case errors.Is(got.Err, upstream.ErrNoFit):

@@ -287,41 +287,56 @@ func TestLookKeepsNoPlainValue(t *testing.T) {
 }
 
 // faultStore is a Store in memory that answers the verbs in fail with
-// their error, unsent, and records every verb asked of it.
+// their error, unsent (only the first times of each, if times is not
+// zero), and records every verb asked of it.
 type faultStore struct {
 	*storetest.Store
-	fail  map[op.Verb]error
-	verbs []op.Verb
+	fail   map[op.Verb]error
+	times  int
+	failed map[op.Verb]int
+	verbs  []op.Verb
 }
 
 func (s *faultStore) Do(ctx context.Context, o op.Op) op.Result {
 	s.verbs = append(s.verbs, o.Verb)
-	if err := s.fail[o.Verb]; err != nil {
+	if err := s.fail[o.Verb]; err != nil && (s.times == 0 || s.failed[o.Verb] < s.times) {
+		if s.failed == nil {
+			s.failed = make(map[op.Verb]int)
+		}
+		s.failed[o.Verb]++
 		return op.Result{Err: err}
 	}
 	return s.Store.Do(ctx, o)
 }
 
 // TestAddTo: an append or prepend reads its item and is sent checked
-// against the CAS read, again after a change, then fails with
-// ErrChanging; it goes unchecked where no check can be sent, and not at
-// all when its item could not be read.
+// against the CAS read, again after each change for as long as
+// Options.Timeout allows (more than three times: appenders of one key
+// refuse each other), then fails with ErrChanging; it goes unchecked
+// where no check can be sent, and not at all when its item could not be
+// read.
 func TestAddTo(t *testing.T) {
 	nodeDown := &upstream.NodeError{Node: "n", Op: "mg", Err: io.EOF}
 	tests := []struct {
-		name  string
-		verb  op.Verb
-		value string
-		fail  map[op.Verb]error
-		err   error
-		verbs []op.Verb // sent, in order
-		want  string    // the value after
+		name    string
+		verb    op.Verb
+		value   string
+		fail    map[op.Verb]error
+		times   int           // faultStore.times
+		timeout time.Duration // Options.Timeout
+		err     error
+		verbs   []op.Verb // sent, in order
+		want    string    // the value after
 	}{
 		{name: "append", verb: op.Append, value: "+", verbs: []op.Verb{op.Head, op.AppendCAS}, want: "abc+"},
 		{name: "prepend", verb: op.Prepend, value: "+", verbs: []op.Verb{op.Head, op.PrependCAS}, want: "+abc"},
 		{
-			name: "changed before every try", verb: op.Append, value: "+", fail: map[op.Verb]error{op.AppendCAS: upstream.ErrCASConflict}, err: ErrChanging,
-			verbs: []op.Verb{op.Head, op.AppendCAS, op.Head, op.AppendCAS, op.Head, op.AppendCAS}, want: "abc",
+			name: "changed before every try", verb: op.Append, value: "+", fail: map[op.Verb]error{op.AppendCAS: upstream.ErrCASConflict},
+			timeout: time.Nanosecond, err: ErrChanging, verbs: []op.Verb{op.Head, op.AppendCAS}, want: "abc",
+		},
+		{
+			name: "changed before the first five tries", verb: op.Append, value: "+", fail: map[op.Verb]error{op.AppendCAS: upstream.ErrCASConflict}, times: 5,
+			verbs: slices.Repeat([]op.Verb{op.Head, op.AppendCAS}, 6), want: "abc+",
 		},
 		{
 			name: "no meta set", verb: op.Append, value: "+", fail: map[op.Verb]error{op.AppendCAS: upstream.ErrNoMeta},
@@ -343,9 +358,9 @@ func TestAddTo(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := &faultStore{Store: storetest.New(), fail: tt.fail}
+			s := &faultStore{Store: storetest.New(), fail: tt.fail, times: tt.times}
 			s.Put(op.Item{Key: "k", Value: []byte("abc")})
-			v := New(s, Options{ChunkSize: 10}, prometheus.NewRegistry())
+			v := New(s, Options{ChunkSize: 10, Timeout: tt.timeout}, prometheus.NewRegistry())
 			res := v.Do(t.Context(), op.Op{Verb: tt.verb, Item: op.Item{Key: "k", Value: []byte(tt.value)}})
 			if !errors.Is(res.Err, tt.err) || tt.err == nil && res.Err != nil {
 				t.Errorf("Do(%v) = %v, want %v", tt.verb, res.Err, tt.err)
