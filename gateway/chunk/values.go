@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -61,6 +62,7 @@ type Values struct {
 	timeout atomic.Int64  // Options.Timeout, in nanoseconds (SetTimeout)
 	writes  chan struct{} // a token per chunk on its way to memcached (MaxWrites)
 	reads   chan struct{} // a token per chunk being fetched (MaxReads)
+	adding  keyTurns      // appends and prepends of a key, one at a time (addTo)
 	m       metrics
 }
 
@@ -204,6 +206,13 @@ func (v *Values) Do(ctx context.Context, o op.Op) op.Result {
 // sent: the append is taken as coming before whatever writes the key
 // next.
 //
+// The appends of one key through these Values go one at a time
+// (keyTurns): among themselves they would only refuse each other, one
+// getting through per round, n(n+1)/2 reads and checked appends for n at
+// once. So only writes from elsewhere (other gateways, PUTs, clients of
+// memcached itself) make a check fail, and waiting for the turn counts
+// against the same Options.Timeout.
+//
 // o goes unchecked, with the race it leaves, where the check cannot be
 // made: a node that does not speak memcached 1.6.10's meta set or
 // gomemcache's pool (upstream.ErrNoMeta), a node without mg whose value
@@ -220,6 +229,13 @@ func (v *Values) addTo(ctx context.Context, o op.Op) op.Result {
 		checked.Verb = op.PrependCAS
 	}
 	until := time.Now().Add(time.Duration(v.timeout.Load()))
+	tctx, cancel := context.WithDeadline(ctx, until)
+	err := v.adding.take(tctx, o.Item.Key)
+	cancel()
+	if err != nil {
+		return op.Result{Err: fmt.Errorf("chunk: %s waited for the appends of the key before it: %w", o.Verb, ErrChanging)}
+	}
+	defer v.adding.give(o.Item.Key)
 	for try := 0; try == 0 || time.Now().Before(until); try++ {
 		if err := ctx.Err(); err != nil {
 			return op.Result{Err: fmt.Errorf("chunk: %s refused %d times: %w", o.Verb, try, err)}
@@ -243,6 +259,68 @@ func (v *Values) addTo(ctx context.Context, o op.Op) op.Result {
 		}
 	}
 	return op.Result{Err: ErrChanging}
+}
+
+// keyTurns lets one holder at a time have each key: a queue per key
+// with holders or waiters, nothing kept for the others. The zero value
+// is ready to use.
+type keyTurns struct {
+	mu sync.Mutex
+	m  map[string]*keyTurn
+}
+
+// keyTurn is one key's turn: a token its holder keeps, and how many hold
+// or wait for it.
+type keyTurn struct {
+	token chan struct{}
+	users int
+}
+
+// take waits for key's turn, or returns ctx's error if ctx ends first
+// (a free turn is taken even then). A successful take must be followed
+// by give.
+func (k *keyTurns) take(ctx context.Context, key string) error {
+	k.mu.Lock()
+	t := k.m[key]
+	if t == nil {
+		if k.m == nil {
+			k.m = make(map[string]*keyTurn)
+		}
+		t = &keyTurn{token: make(chan struct{}, 1)}
+		k.m[key] = t
+	}
+	t.users++
+	k.mu.Unlock()
+	select {
+	case t.token <- struct{}{}: // free: taken whatever ctx says
+		return nil
+	default:
+	}
+	select {
+	case t.token <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		k.leave(key, t)
+		return ctx.Err()
+	}
+}
+
+// give ends the turn take gave for key.
+func (k *keyTurns) give(key string) {
+	k.mu.Lock()
+	t := k.m[key]
+	k.mu.Unlock()
+	<-t.token
+	k.leave(key, t)
+}
+
+// leave counts out one user of t, forgetting the key when none is left.
+func (k *keyTurns) leave(key string, t *keyTurn) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if t.users--; t.users == 0 {
+		delete(k.m, key)
+	}
 }
 
 // peek is the Room of a read that only asks whether an item is an index

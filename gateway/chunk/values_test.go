@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -540,5 +541,88 @@ func readToEnd(r *Reader) ([]byte, error) {
 		if err != nil {
 			return b, err
 		}
+	}
+}
+
+// countingStore counts the checked appends its Store refused.
+type countingStore struct {
+	*storetest.Store
+	sent, refused atomic.Int64
+}
+
+func (s *countingStore) Do(ctx context.Context, o op.Op) op.Result {
+	res := s.Store.Do(ctx, o)
+	if o.Verb == op.AppendCAS {
+		s.sent.Add(1)
+		if errors.Is(res.Err, upstream.ErrCASConflict) {
+			s.refused.Add(1)
+		}
+	}
+	return res
+}
+
+// TestAppendsOfAKeyTakeTurns: appends of one key through the same Values
+// go one at a time, so none is refused for another's sake: n appends at
+// once send n checked appends, not up to n(n+1)/2.
+func TestAppendsOfAKeyTakeTurns(t *testing.T) {
+	const n = 30
+	s := &countingStore{Store: storetest.New()}
+	s.Put(op.Item{Key: "k", Value: []byte("abc")})
+	v := New(s, Options{ChunkSize: 10}, prometheus.NewRegistry())
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for range n {
+		wg.Go(func() {
+			errs <- v.Do(t.Context(), op.Op{Verb: op.Append, Item: op.Item{Key: "k", Value: []byte("+")}}).Err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("append: %v", err)
+		}
+	}
+	if got := len(s.Items["k"].Value); got != 3+n {
+		t.Errorf("value of %d bytes after %d appends to 3, want %d", got, n, 3+n)
+	}
+	if sent, refused := s.sent.Load(), s.refused.Load(); sent != n || refused != 0 {
+		t.Errorf("%d checked appends sent, %d refused; want %d and none", sent, refused, n)
+	}
+	if len(v.adding.m) != 0 {
+		t.Errorf("%d keys' turns kept after the appends, want none", len(v.adding.m))
+	}
+}
+
+// TestKeyTurns: a key's second taker waits for the first to give; one
+// whose context ends stops waiting and leaves nothing behind.
+func TestKeyTurns(t *testing.T) {
+	var k keyTurns
+	if err := k.take(t.Context(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.take(t.Context(), "b"); err != nil {
+		t.Fatalf("another key waited: %v", err)
+	}
+	k.give("b")
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+	defer cancel()
+	if err := k.take(ctx, "a"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("second take of a held key = %v, want it to wait until its context ends", err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- k.take(t.Context(), "a") }()
+	select {
+	case err := <-got:
+		t.Fatalf("took a held key: %v", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	k.give("a")
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	k.give("a")
+	if len(k.m) != 0 {
+		t.Errorf("%d keys kept with no taker, want none", len(k.m))
 	}
 }
