@@ -84,7 +84,7 @@ type Client struct {
 	// token (op.AppendCAS). Before, an ms is refused unsent: memcached
 	// 1.6.0 to 1.6.9 answers mg with "OK" and reads that ms as another,
 	// and one without meta commands reads its data block as a command;
-	// either would put the connection out of step.
+	// either would put the connection out of step. Cleared by each dial.
 	metaSets atomic.Bool
 }
 
@@ -173,6 +173,10 @@ func (c *Client) conn(l *lane) (*conn, error) {
 		return nil, err
 	}
 	s.dialErr = nil
+	// A new connection may reach another server at the same address (a
+	// memcached restarted as an older version): meta sets wait for its
+	// mg to answer HD again, which the next checked append's read does.
+	c.metaSets.Store(false)
 	cn := newConn(nc, c.timeout)
 	cn.closed, cn.hints = c.closed, c.hints
 	go cn.readLoop()
@@ -223,9 +227,6 @@ func (c *Client) Do(ctx context.Context, o op.Op, key string) (*memcache.Item, u
 	if !legalKey(key) {
 		return nil, 0, memcache.ErrMalformedKey
 	}
-	if o.Verb.Reply() == op.MetaStored && !c.metaSets.Load() {
-		return nil, 0, ErrNoMeta
-	}
 	l, hint := c.route(&o, key)
 	if !c.admit(&o, key, hint) {
 		return nil, 0, ErrNoFit
@@ -233,6 +234,11 @@ func (c *Client) Do(ctx context.Context, o op.Op, key string) (*memcache.Item, u
 	cn, err := c.conn(l)
 	if err != nil {
 		return nil, 0, err
+	}
+	if o.Verb.Reply() == op.MetaStored && !c.metaSets.Load() {
+		// Asked after the dial, which clears it: a new connection
+		// may reach another server.
+		return nil, 0, ErrNoMeta
 	}
 	cl := c.newCall()
 	c.prepare(cl, &o, key)

@@ -270,3 +270,51 @@ func TestAppendCASOtherServers(t *testing.T) {
 		})
 	}
 }
+
+// TestAppendCASAfterRestart: a server that answered mg with HD, then
+// comes back at the same address as memcached 1.6.9 (mg answered OK),
+// gets no ms on the new connection until its mg answers HD: its ms
+// would read differently and put the connection out of step.
+func TestAppendCASAfterRestart(t *testing.T) {
+	var ms atomic.Int64
+	var restarted atomic.Bool
+	srv := memcachedtest.StartScripted(t, func(line string, br *bufio.Reader) (string, bool) {
+		switch f := strings.Fields(line); f[0] {
+		case "mg":
+			switch {
+			case f[1] == "restart":
+				restarted.Store(true)
+				return "", false
+			case !restarted.Load():
+				return "HD s3 f0 c5\r\n", true
+			}
+			return "OK s3 f0 c5\r\n", true // memcached 1.6.9
+		case "ms":
+			ms.Add(1)
+			return "ERROR\r\n", true
+		}
+		return "ERROR\r\n", true
+	})
+	c := newClient(srv.Addr, 1, nil)
+	defer c.Close()
+	ctx := context.Background()
+	if _, _, err := c.Do(ctx, op.Op{Verb: op.Head}, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := c.Do(ctx, op.Op{Verb: op.Head}, "restart"); err == nil {
+		t.Fatal("mg answered by a server that closed the connection")
+	}
+	for range 2 {
+		_, _, err := c.Do(ctx, op.Op{Verb: op.AppendCAS, Item: op.Item{Value: []byte("x"), CAS: 5}}, "k")
+		if !errors.Is(err, ErrNoMeta) {
+			t.Errorf("append_cas after the restart = %v, want %v", err, ErrNoMeta)
+		}
+		c.Do(ctx, op.Op{Verb: op.Head}, "k") // answered OK: still no ms
+	}
+	if n := ms.Load(); n != 0 {
+		t.Errorf("%d ms commands sent to the older server, want none", n)
+	}
+	if n := srv.Conns.Load(); n != 2 {
+		t.Errorf("%d connections, want 2", n)
+	}
+}
