@@ -737,54 +737,68 @@ func TestRouterOwner(t *testing.T) {
 }
 
 // TestPoolsShareRequestSlots: the pools draw on the same request slots,
-// so a pool of one slow node takes at most half of them, as a node of a
-// larger pool does; past that its operations are refused at once.
-// Without it, a slow single-node pool (a prefix pool, a warm pool) took
-// every slot from the default pool.
+// so a pool of one stalled node takes at most half of them, as a node of
+// a larger pool does; past that its operations are refused at once,
+// unsent. Without the sharing, a slow single-node pool (a prefix pool,
+// a warm pool) would take every slot from the default pool. The sets
+// come one at a time, each once the one before holds its slot on the
+// stalled node or was refused: the check reserves nothing, so sets
+// checked at the same instant may pass the share together (decision
+// 0021), and how many would be up to the scheduler.
 func TestPoolsShareRequestSlots(t *testing.T) {
 	main := memcachedtest.StartN(t, 1)
-	slow := memcachedtest.StartN(t, 1)
-	px := faultproxy.NewTCP(slow[0].Addr)
-	if err := px.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { px.Close() })
-	_, port, _ := net.SplitHostPort(px.Addr())
+	stalled := memcachedtest.StartN(t, 1)[0]
 	co := func(mcs []*memcachedtest.Server) upstream.Options {
 		o := clusterOptions(mcs)
-		o.Timeout, o.Health.Timeout, o.RequestSlots = 2*time.Second, 2*time.Second, 8
+		o.Timeout, o.Health.Timeout, o.RequestSlots = 10*time.Second, 10*time.Second, 8
+		o.Health.Interval = time.Hour // no probe after the first: none finds the stalled node and ejects it
 		return o
 	}
-	po := co(slow)
-	po.Servers[0].Port, _ = strconv.Atoi(port)
 	r, _ := newRouter(t, Options{Pools: []PoolOptions{
 		{Cluster: co(main)},
-		{Name: "p", Prefixes: []string{"p:"}, Cluster: po},
+		{Name: "p", Prefixes: []string{"p:"}, Cluster: co([]*memcachedtest.Server{stalled})},
 	}})
-	px.SetLatency(250 * time.Millisecond)
-	var mu sync.Mutex
-	busy := 0
-	var wg sync.WaitGroup
-	for range 10 {
-		wg.Go(func() {
-			err := r.Do(t.Context(), op.Op{Verb: op.Set, Item: op.Item{Key: "p:k", Value: []byte("v")}}).Err
-			var be *upstream.BusyError
-			mu.Lock()
-			defer mu.Unlock()
-			switch {
-			case errors.As(err, &be):
-				busy++
-			case err != nil:
-				t.Errorf("set: %v", err)
+	stalled.Pause()
+	t.Cleanup(stalled.Resume) // before the router's cleanup, which waits for the sets
+	inFlight := func() int {
+		for _, ns := range r.Nodes() {
+			if ns.Node == stalled.Addr {
+				return ns.InFlight
 			}
-		})
-		time.Sleep(10 * time.Millisecond) // each in flight before the next
+		}
+		t.Fatalf("no node %s in %v", stalled.Addr, r.Nodes())
+		return 0
 	}
+	// Half of 8 slots: the other pool's node is one to keep slots for.
+	const n, share = 10, 4
+	key := func(i int) string { return fmt.Sprint("p:k", i) }
+	setKey := func(i int) error {
+		return r.Do(t.Context(), op.Op{Verb: op.Set, Item: op.Item{Key: key(i), Value: []byte("v")}}).Err
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range share {
+		wg.Go(func() { errs[i] = setKey(i) })
+		waitUntil(t, 5*time.Second, fmt.Sprintf("%s holding a slot of the stalled node", key(i)),
+			func() bool { return inFlight() == i+1 })
+	}
+	for i := share; i < n; i++ {
+		errs[i] = setKey(i)
+	}
+	stalled.Resume()
 	wg.Wait()
-	// Two sets checking the share at the same instant may both pass it:
-	// it bounds a pile-up, not an exact count (decision 0021).
-	if busy < 5 || busy > 6 {
-		t.Errorf("%d of 10 sets refused, want 6 (5 with a race at the share): the pool's one node may hold half of 8 slots", busy)
+	for i, err := range errs {
+		var be *upstream.BusyError
+		switch {
+		case i < share && err != nil:
+			t.Errorf("set %s: %v, want it answered: the stalled node held %d of its share of %d", key(i), err, i, share)
+		case i >= share && (!errors.As(err, &be) || be.Share != share):
+			t.Errorf("set %s: %v, want a *BusyError at a share of %d: the stalled node holds its share", key(i), err, share)
+		}
+		// The refused sets were never sent: memcached holds only the answered ones.
+		if _, stored := direct(t, stalled.Addr, key(i)); stored != (i < share) {
+			t.Errorf("%s stored on the stalled node: %v, want %v", key(i), stored, i < share)
+		}
 	}
 }
 
