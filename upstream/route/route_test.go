@@ -678,7 +678,9 @@ func TestHedgedRead(t *testing.T) {
 					}
 				}
 			}
-			slow.SetLatency(20 * time.Millisecond) // 40ms a round trip
+			// 100ms a round trip: hedged reads, answered after a few
+			// milliseconds, stay well apart from it on a loaded machine.
+			slow.SetLatency(50 * time.Millisecond)
 			var worst time.Duration
 			for _, k := range keys {
 				start := time.Now()
@@ -692,12 +694,12 @@ func TestHedgedRead(t *testing.T) {
 			t.Logf("%s: slowest of %d reads %v; hedges sent %v, won %v", read, len(keys), worst, sent, won)
 			switch read {
 			case ReadHedged:
-				if worst > 25*time.Millisecond || won < float64(len(keys))*0.9 {
-					t.Errorf("hedged reads: slowest %v, %v hedges won; want under 25ms, most won", worst, won)
+				if worst > 60*time.Millisecond || won < float64(len(keys))*0.9 {
+					t.Errorf("hedged reads: slowest %v, %v hedges won; want under 60ms, most won", worst, won)
 				}
 			case ReadFirst:
-				if worst < 40*time.Millisecond || sent != 0 {
-					t.Errorf("unhedged reads: slowest %v, %v hedges; want the slow replica's 40ms, none", worst, sent)
+				if worst < 100*time.Millisecond || sent != 0 {
+					t.Errorf("unhedged reads: slowest %v, %v hedges; want the slow replica's 100ms, none", worst, sent)
 				}
 			}
 		})
