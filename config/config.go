@@ -39,7 +39,7 @@ type Config struct {
 	Distribution string        `env:"DISTRIBUTION" envDefault:"ketama" help:"key placement: ketama (libmemcached/php-memcached OPT_LIBKETAMA_COMPATIBLE), modula (php-memcached default), consistent (php-memcached's session handler, DISTRIBUTION_CONSISTENT), nginx (nginx hash $key consistent), pecl-STRATEGY-HASH (pecl/memcache's Memcache class with memcache.hash_strategy standard|consistent and memcache.hash_function crc32|fnv, e.g. pecl-consistent-crc32, its default) or pecl-session-STRATEGY-HASH (pecl/memcache's session handler)"`
 
 	ListenAddr string `env:"LISTEN_ADDR" envDefault:":8080" help:"data listener (GET/PUT/DELETE/POST /{key})"`
-	AdminAddr  string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9090" help:"admin listener (/metrics /healthz /readyz /debug/nodes /debug/owners /debug/config /debug/pprof/); loopback only unless you change it"`
+	AdminAddr  string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9090" help:"admin listener (/status /metrics /healthz /readyz /debug/nodes /debug/owners /debug/config /debug/pprof/); loopback only unless you change it"`
 	// ListenSocket is a second data listener, on a Unix socket.
 	ListenSocket     string `env:"LISTEN_SOCKET" help:"absolute path of a Unix socket that serves the data API too, for clients on this host (curl --unix-socket, CURLOPT_UNIX_SOCKET_PATH, nginx unix: upstreams); a stale socket file there is replaced at start, and the file is removed at stop; empty: none"`
 	ListenSocketMode string `env:"LISTEN_SOCKET_MODE" envDefault:"0660" help:"permissions of LISTEN_SOCKET, in octal: connecting needs write permission, so 0660 lets memcgate's user and group in, 0666 every local user (as 127.0.0.1 does)"`
