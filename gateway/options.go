@@ -38,7 +38,9 @@ type AsyncStore interface {
 }
 
 // QuietSetter sets without waiting for memcached's answer (UDP datagrams).
-// *upstream.Cluster implements it (SetQuiet).
+// *upstream.Cluster and *route.Router implement it (SetQuiet; the router
+// sends datagrams only for a pool of one copy, and a replicated write
+// otherwise).
 type QuietSetter interface {
 	// SetQuiet stores it. udp reports whether the set left as a datagram
 	// memcached does not confirm: then err is nil and nobody knows whether
