@@ -580,6 +580,21 @@ func (c Config) Warnings() []string {
 			"Raise REQUEST_TIMEOUT to at least %s, or lower TIMEOUT, unless capping the request's time is the point",
 			Prefix, c.RequestTimeout, Prefix, Prefix, c.MaxAttempts, c.Timeout, need, need))
 	}
+	if strings.TrimSpace(c.UDPPorts) != "" && (c.Replicas > 1 || c.WarmPool != "" || c.ShadowPool != "") {
+		// Nobody answers a datagram, so it cannot count toward a write
+		// to several copies or pools (upstream/route's SetQuiet).
+		var why string
+		switch {
+		case c.Replicas > 1:
+			why = fmt.Sprintf("%sREPLICAS is %d", Prefix, c.Replicas)
+		case c.WarmPool != "":
+			why = Prefix + "WARM_POOL is set"
+		default:
+			why = Prefix + "SHADOW_POOL is set"
+		}
+		out = append(out, fmt.Sprintf("%sUDP_PORTS is set but %s: asynchronous sets go over TCP to every copy instead, "+
+			"since nobody answers a datagram; no set is sent as a datagram", Prefix, why))
+	}
 	return out
 }
 

@@ -151,6 +151,8 @@ func TestWarnings(t *testing.T) {
 		{map[string]string{"MEMCGATE_REQUEST_TIMEOUT": "900ms"}, "MEMCGATE_REQUEST_TIMEOUT (900ms) is shorter than MEMCGATE_MAX_ATTEMPTS × MEMCGATE_TIMEOUT (2 × 500ms = 1s)"},
 		{map[string]string{"MEMCGATE_TIMEOUT": "1s", "MEMCGATE_MAX_ATTEMPTS": "3"}, "(3 × 1s = 3s)"},
 		{map[string]string{"MEMCGATE_TIMEOUT": "5s", "MEMCGATE_MAX_ATTEMPTS": "1"}, ""}, // no retry to starve
+		{map[string]string{"MEMCGATE_SERVERS": "a:11211", "MEMCGATE_UDP_PORTS": "a:11211=11213"}, ""},
+		{map[string]string{"MEMCGATE_SERVERS": "a:11211,b:11211", "MEMCGATE_UDP_PORTS": "a:11211=11213", "MEMCGATE_REPLICAS": "2"}, "MEMCGATE_UDP_PORTS is set but MEMCGATE_REPLICAS is 2"},
 	}
 	for _, tt := range tests {
 		c, err := Load(tt.env)
