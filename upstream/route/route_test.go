@@ -762,15 +762,7 @@ func TestPoolsShareRequestSlots(t *testing.T) {
 	}})
 	stalled.Pause()
 	t.Cleanup(stalled.Resume) // before the router's cleanup, which waits for the sets
-	inFlight := func() int {
-		for _, ns := range r.Nodes() {
-			if ns.Node == stalled.Addr {
-				return ns.InFlight
-			}
-		}
-		t.Fatalf("no node %s in %v", stalled.Addr, r.Nodes())
-		return 0
-	}
+	inFlight := func() int { return inFlightOn(t, r, stalled.Addr) }
 	// Half of 8 slots: the other pool's node is one to keep slots for.
 	const n, share = 10, 4
 	key := func(i int) string { return fmt.Sprint("p:k", i) }
@@ -832,15 +824,7 @@ func TestReplicatedWritesAdmitted(t *testing.T) {
 			r.bg.wait() // every copy of "old" landed: none holds a slot
 			stalled.Pause()
 			t.Cleanup(stalled.Resume) // before the router's cleanup, which waits for the writes
-			inFlight := func() int {
-				for _, ns := range r.Nodes() {
-					if ns.Node == stalled.Addr {
-						return ns.InFlight
-					}
-				}
-				t.Fatalf("no node %s in %v", stalled.Addr, r.Nodes())
-				return 0
-			}
+			inFlight := func() int { return inFlightOn(t, r, stalled.Addr) }
 			errs := make([]error, n)
 			var wg sync.WaitGroup
 			for i := range share {
@@ -903,4 +887,16 @@ func TestReplicatedWritesAdmitted(t *testing.T) {
 			}
 		})
 	}
+}
+
+// inFlightOn is the requests in flight on r's node addr.
+func inFlightOn(t *testing.T, r *Router, addr string) int {
+	t.Helper()
+	for _, ns := range r.Nodes() {
+		if ns.Node == addr {
+			return ns.InFlight
+		}
+	}
+	t.Fatalf("no node %s in %v", addr, r.Nodes())
+	return 0
 }
