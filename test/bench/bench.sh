@@ -12,8 +12,10 @@
 #   BENCH_CONCURRENCY="64 256 1024 2048"
 #   BENCH_WORKLOADS="get put mix"   (empty: none of them)
 #   BENCH_BIG=0              1: also the big-value points (GET and PUT of 100 KB and
-#                            1 MB values, memcgate and nginx + memc, about 6 minutes
-#                            more); only: just those (no small-value wrk runs, no ab)
+#                            1 MB values, memcgate and nginx + memc, and for PUT the
+#                            floor of a copying gateway, benchtool proxy; about 8
+#                            minutes more); only: just those (no small-value wrk
+#                            runs, no ab)
 #   BENCH_BIG_WORKLOADS="get-100k put-100k get-1m put-1m"
 #   BENCH_BIG_CONCURRENCY="64 256"
 #   BENCH_AB_N=50000 BENCH_AB_REPS=3   the ab runs (BENCH_AB_N=0 skips them): with
@@ -213,6 +215,21 @@ targets=(memcgate nginx)
 floor=nginx-const
 url[$floor]="http://127.0.0.1:$nginx_port/const/"
 tpids[$floor]=${tpids[nginx]} rpids[$floor]=${rpids[nginx]}
+# The floor of a big-value PUT: benchtool's proxy, the least a gateway that
+# copies a value does (a memcached connection per client connection, the
+# body read whole into a reused buffer and written at once, no bounds, no
+# checks). PUT only, in the big put workloads.
+pfloor=copy-proxy
+if [[ " $big_workloads " == *" put-"* ]]; then
+  pfloor_port=$(free_port)
+  taskset -c "$server_cpus" env GOMAXPROCS="$server_n" "$bt" proxy -listen "127.0.0.1:$pfloor_port" \
+    -memc "127.0.0.1:$memc_port" >"$work/proxy.log" 2>&1 &
+  pfloor_pid=$!
+  pids+=("$pfloor_pid")
+  wait_port "$pfloor_port" "$pfloor_pid" "benchtool proxy"
+  url[$pfloor]="http://127.0.0.1:$pfloor_port/"
+  tpids[$pfloor]=$pfloor_pid rpids[$pfloor]=$pfloor_pid
+fi
 
 # ---------------------------------------------------------------- sanity
 for t in "${targets[@]}"; do
@@ -233,6 +250,11 @@ for sz in $big_sizes; do
     [ "$code" = 201 ] || die "$t: PUT of a $sz value answered $code, want 201"
     curl -s "${url[$t]}$bkey" | cmp -s - "$work/value-$sz.txt" || die "$t: GET after PUT of a $sz value differs"
   done
+  if [ -n "${url[$pfloor]:-}" ]; then
+    code=$(curl -s -o /dev/null -w '%{http_code}' -X PUT -H 'Expect:' --data-binary "@$work/value-$sz.txt" "${url[$pfloor]}$bkey")
+    [ "$code" = 201 ] || die "$pfloor: PUT of a $sz value answered $code, want 201"
+    curl -s "${url[memcgate]}$bkey" | cmp -s - "$work/value-$sz.txt" || die "$pfloor: GET after its PUT of a $sz value differs"
+  fi
 done
 log "memcached 127.0.0.1:$memc_port (cpu $memc_cpus), nginx 127.0.0.1:$nginx_port (pid $nginx_pid, workers $nginx_workers, cpu $server_cpus), memcgate 127.0.0.1:$gate_port (pid $gate_pid, cpu $server_cpus), load on cpu $load_cpus"
 base_conns=$("$bt" sample -memc "127.0.0.1:$memc_port" -target "$memc_pid" -memcached "$memc_pid" </dev/null & sp=$!; sleep 0.3; kill -TERM $sp; wait $sp)
@@ -342,6 +364,7 @@ total=0 i=0
 while read -r wl c; do
   total=$((total + reps * 2))
   [ "$wl" = get ] && total=$((total + reps))
+  [[ $wl == put-* ]] && total=$((total + reps))
 done <<<"$plan"
 wait_quiet || true
 started=$(date +%s)
@@ -350,6 +373,7 @@ log "$total wrk runs of ${duration}s (+${warmup}s warm-up), about $((eta / 60)) 
 while read -r wl c <&3; do
   wl_targets=("${targets[@]}")
   [ "$wl" = get ] && wl_targets+=("$floor")
+  [[ $wl == put-* ]] && wl_targets+=("$pfloor")
   out=$runs
   [[ $wl == *-* ]] && out=$runs_big
   for rep in $(seq "$reps"); do

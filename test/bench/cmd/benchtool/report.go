@@ -20,6 +20,9 @@ const (
 	gate  = "memcgate"
 	nginx = "nginx"
 	floor = "nginx-const"
+	// copyFloor is benchtool's proxy: the floor of a big-value PUT
+	// through a gateway that copies the value (proxy.go).
+	copyFloor = "copy-proxy"
 )
 
 // A record is one line of key=value fields written by bench.sh.
