@@ -34,6 +34,7 @@ type Config struct {
 	ServersDNS   string        `env:"SERVERS_DNS" help:"discover the nodes in DNS instead of SERVERS: _service._proto.name for SRV records (the ring hashes the targets' names: a headless Service's stable pod names), or name:port for A/AAAA records (the ring hashes the addresses); re-resolved every DNS_INTERVAL"`
 	DNSInterval  time.Duration `env:"DNS_INTERVAL" envDefault:"10s" help:"how often SERVERS_DNS is resolved again"`
 	DNSServer    string        `env:"DNS_SERVER" help:"host:port of the DNS server SERVERS_DNS asks (default: the system's resolver)"`
+	MaxNodes     int           `env:"MAX_NODES" envDefault:"256" help:"most memcached nodes over the default pool and every pool (a node in two pools counts twice), each with its own connections, health probes and about 400 metric series: a configuration with more is refused, at start (the gateway does not start) and on reload (the running nodes stay), a SERVERS_DNS answer included"`
 	ConfigFile   string        `env:"CONFIG_FILE" help:"file of MEMCGATE_ variables, NAME=value one per line (# comments; systemd EnvironmentFile style), read over the environment at start and again on SIGHUP or when it changes"`
 	Watch        time.Duration `env:"WATCH_INTERVAL" envDefault:"2s" help:"how often CONFIG_FILE, SERVERS_FILE and AUTH_TOKENS_FILE are checked for changes (0: only on SIGHUP)"`
 	Distribution string        `env:"DISTRIBUTION" envDefault:"ketama" help:"key placement: ketama (libmemcached/php-memcached OPT_LIBKETAMA_COMPATIBLE), modula (php-memcached default), consistent (php-memcached's session handler, DISTRIBUTION_CONSISTENT), nginx (nginx hash $key consistent), pecl-STRATEGY-HASH (pecl/memcache's Memcache class with memcache.hash_strategy standard|consistent and memcache.hash_function crc32|fnv, e.g. pecl-consistent-crc32, its default) or pecl-session-STRATEGY-HASH (pecl/memcache's session handler)"`
@@ -450,6 +451,7 @@ func (c Config) Validate() error {
 		{"MAX_ATTEMPTS", c.MaxAttempts, 1}, {"HEALTH_FALL", c.Fall, 1},
 		{"HEALTH_RISE", c.Rise, 1}, {"PASSIVE_FAILS", c.PassiveFails, 0},
 		{"MAX_HEADER_BYTES", c.MaxHeaderBytes, 1024}, {"SEND_BUFFER_BYTES", c.SendBufferBytes, 0},
+		{"MAX_NODES", c.MaxNodes, 1},
 	}
 	for _, a := range atLeast {
 		if a.v < a.min {

@@ -275,14 +275,12 @@ func ReadPoolsFile(path string) (Pools, error) {
 
 // ValidateResolvedServers checks the nodes read from SERVERS_FILE or
 // resolved from SERVERS_DNS (in c.Servers) as Load checks SERVERS: none
-// listed twice, and enough for REPLICAS. The error names the source.
+// listed twice, enough for REPLICAS, and with POOLS' no more than
+// MAX_NODES. The error names the source.
 func (c Config) ValidateResolvedServers() error {
-	source := "SERVERS"
-	switch {
-	case c.ServersFile != "":
-		source = "SERVERS_FILE"
-	case c.ServersDNS != "":
-		source = "SERVERS_DNS"
+	source := c.serversSource()
+	if err := c.checkNodes(c.Servers, "POOLS", c.Pools); err != nil {
+		return err
 	}
 	seen := map[string]bool{}
 	for _, s := range c.Servers {
@@ -298,9 +296,14 @@ func (c Config) ValidateResolvedServers() error {
 }
 
 // ValidatePoolsFile checks pools read from POOLS_FILE as Load checks
-// POOLS.
+// POOLS, their nodes counted with the default pool's (c.Servers, read
+// from their source) against MAX_NODES.
 func (c Config) ValidatePoolsFile(pools Pools) error {
-	return errors.Join(append(c.validatePools("POOLS_FILE", pools), c.validatePolicyVars(pools, true)...)...)
+	errs := append(c.validatePools("POOLS_FILE", pools), c.validatePolicyVars(pools, true)...)
+	if err := c.checkNodes(c.Servers, "POOLS_FILE", pools); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 func badPoolNameByte(s string) int {

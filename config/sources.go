@@ -198,6 +198,15 @@ func (c Config) validateSources(serversSet bool) []error {
 	if c.DNSInterval <= 0 {
 		bad("DNS_INTERVAL", "must be positive, got %s", c.DNSInterval)
 	}
+	// The nodes of SERVERS_FILE and SERVERS_DNS, and of POOLS_FILE, are
+	// counted once read (ValidateResolvedServers, ValidatePoolsFile).
+	var servers []Server
+	if c.ServersFile == "" && c.ServersDNS == "" {
+		servers = c.Servers
+	}
+	if err := c.checkNodes(servers, "POOLS", c.Pools); err != nil {
+		errs = append(errs, err)
+	}
 	if c.Watch < 0 {
 		bad("WATCH_INTERVAL", "must not be negative, got %s", c.Watch)
 	}
@@ -216,4 +225,49 @@ func Copy(dst *Config, src Config, names ...string) {
 		fv := vars(reflect.TypeFor[Config](), Prefix)[i]
 		d.FieldByIndex(fv.index).Set(sv.FieldByIndex(fv.index))
 	}
+}
+
+// serversSource is the variable the default pool's nodes come from:
+// SERVERS, SERVERS_FILE or SERVERS_DNS.
+func (c Config) serversSource() string {
+	switch {
+	case c.ServersFile != "":
+		return "SERVERS_FILE"
+	case c.ServersDNS != "":
+		return "SERVERS_DNS"
+	}
+	return "SERVERS"
+}
+
+// checkNodes refuses more nodes than MAX_NODES: servers, the default
+// pool's (from serversSource), and those of pools (from the variable
+// poolsVar), a node counted once per pool that lists it, as each pool
+// opens its own connections to it, probes it and exports its series. A
+// source not read yet is passed empty; a MAX_NODES below 1 is Validate's
+// to report.
+func (c Config) checkNodes(servers []Server, poolsVar string, pools Pools) error {
+	inPools := 0
+	for _, p := range pools {
+		inPools += len(p.Servers)
+	}
+	total := len(servers) + inPools
+	if c.MaxNodes < 1 || total <= c.MaxNodes {
+		return nil
+	}
+	switch {
+	case inPools == 0:
+		return fmt.Errorf("%s%s: %s, more than %sMAX_NODES=%d", Prefix, c.serversSource(), nodeCount(total), Prefix, c.MaxNodes)
+	case len(servers) == 0:
+		return fmt.Errorf("%s%s: %s, more than %sMAX_NODES=%d", Prefix, poolsVar, nodeCount(total), Prefix, c.MaxNodes)
+	}
+	return fmt.Errorf("%s%s: %s and %d in %s%s make %d, more than %sMAX_NODES=%d",
+		Prefix, c.serversSource(), nodeCount(len(servers)), inPools, Prefix, poolsVar, total, Prefix, c.MaxNodes)
+}
+
+// nodeCount is "1 node" or "n nodes".
+func nodeCount(n int) string {
+	if n == 1 {
+		return "1 node"
+	}
+	return fmt.Sprintf("%d nodes", n)
 }
