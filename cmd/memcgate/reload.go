@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"net/netip"
 	"os"
 	"reflect"
 	"slices"
@@ -144,7 +145,12 @@ func resolveServers(ctx context.Context, cfg config.Config) ([]config.Server, er
 
 // lookupServers resolves SERVERS_DNS: the targets of its SRV records (by
 // name, which the ring hashes), or the addresses of its name; sorted, so
-// that the order does not follow the DNS server's.
+// that the order does not follow the DNS server's, and each node once.
+// An SRV record whose target is "." says the service is not available
+// (RFC 2782) and gives no node. A record with port 0, or an unspecified
+// address (0.0.0.0, ::: what some DNS filters answer for a blocked name,
+// and a dial to it reaches this host), refuses the answer, as does an
+// answer that leaves no node.
 func lookupServers(ctx context.Context, cfg config.Config) ([]config.Server, error) {
 	srv, host, port, err := config.SplitDNS(cfg.ServersDNS)
 	if err != nil {
@@ -166,7 +172,14 @@ func lookupServers(ctx context.Context, cfg config.Config) ([]config.Server, err
 			return nil, fmt.Errorf("%sSERVERS_DNS %s: %w", config.Prefix, host, err)
 		}
 		for _, rec := range recs {
-			out = append(out, config.Server{Host: strings.TrimSuffix(rec.Target, "."), Port: int(rec.Port), Weight: 1})
+			target := strings.TrimSuffix(rec.Target, ".")
+			switch {
+			case target == "":
+				continue
+			case rec.Port == 0:
+				return nil, fmt.Errorf("%sSERVERS_DNS %s: the record for %s has port 0", config.Prefix, host, target)
+			}
+			out = append(out, config.Server{Host: target, Port: int(rec.Port), Weight: 1})
 		}
 	} else {
 		addrs, err := r.LookupHost(ctx, host)
@@ -174,11 +187,14 @@ func lookupServers(ctx context.Context, cfg config.Config) ([]config.Server, err
 			return nil, fmt.Errorf("%sSERVERS_DNS %s: %w", config.Prefix, host, err)
 		}
 		for _, a := range addrs {
+			if ip, err := netip.ParseAddr(a); err != nil || ip.IsUnspecified() {
+				return nil, fmt.Errorf("%sSERVERS_DNS %s: %s is no node's address", config.Prefix, host, a)
+			}
 			out = append(out, config.Server{Host: a, Port: port, Weight: 1})
 		}
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("%sSERVERS_DNS %s: no records", config.Prefix, cfg.ServersDNS)
+		return nil, fmt.Errorf("%sSERVERS_DNS %s: no records name a node", config.Prefix, cfg.ServersDNS)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Addr() < out[j].Addr() })
 	return slices.CompactFunc(out, func(a, b config.Server) bool { return a.Addr() == b.Addr() }), nil
