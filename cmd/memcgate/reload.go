@@ -57,10 +57,20 @@ type Reload struct {
 	Servers *upstream.Change `json:"servers,omitempty"` // the default pool's nodes
 	// Pools lists what changed in each pool, the default one included.
 	Pools []route.Change `json:"pools,omitempty"`
+	// Repeated counts the DNS polls after this refusal that were refused
+	// with the same error, the last at Last: folded into this one.
+	Repeated int       `json:"repeated,omitempty"`
+	Last     time.Time `json:"last,omitzero"`
 }
 
 // maxReloads is how many reloads the history keeps.
 const maxReloads = 20
+
+// repeatLogEvery is how often a refusal that DNS polls keep repeating is
+// logged again: a DNS answer the gateway refuses (one over MAX_NODES, a
+// name that stopped resolving) comes back every DNS_INTERVAL, and a line
+// each would crowd the log's room for warnings and errors (logReserve).
+const repeatLogEvery = time.Minute
 
 // reloader reads and applies configuration changes while the gateway runs.
 type reloader struct {
@@ -85,6 +95,10 @@ type reloader struct {
 	tokens  []config.Token // cur's tokens, AUTH_TOKENS_FILE's included: that file's content is not in cur
 	sums    map[string]sum // watched files' contents at the last reload
 	history []Reload
+	// The last refusal repeated by DNS polls: when it was last logged,
+	// and how many refusals since then were not.
+	repeatLogged   time.Time
+	repeatUnlogged int
 }
 
 type sum [sha256.Size]byte
@@ -351,9 +365,14 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 	if err == nil {
 		err = r.apply(next, &rl)
 	}
+	repeat := false
 	if err != nil {
 		rl.Result, rl.Error = "error", err.Error()
-		r.log.Error("configuration reload refused: the running configuration stays", "trigger", trigger, "err", err.Error())
+		repeat = r.repeated(ctx, rl)
+		if !repeat {
+			r.log.Error("configuration reload refused: the running configuration stays", "trigger", trigger, "err", err.Error())
+			r.repeatLogged, r.repeatUnlogged = rl.Time, 0
+		}
 		r.lastOK.Set(0)
 	} else {
 		// A poll reads the files too: what it changes from them is a
@@ -378,10 +397,38 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 			r.sums[f] = s
 		}
 	}
+	if repeat {
+		return
+	}
 	r.history = append(r.history, rl)
 	if len(r.history) > maxReloads {
 		r.history = slices.Delete(r.history, 0, len(r.history)-maxReloads)
 	}
+}
+
+// repeated reports whether rl, a refusal, is a DNS poll's that repeats
+// the last reload's refusal. It is then counted in that reload's history
+// entry instead of one of its own, and logged only repeatLogEvery after
+// the last line about it, with the number of refusals not logged. Any
+// other refusal (SIGHUP, a changed file, a DNS answer refused for another
+// reason) is a new one.
+func (r *reloader) repeated(ctx context.Context, rl Reload) bool {
+	if rl.Trigger != "dns" || len(r.history) == 0 {
+		return false
+	}
+	last := &r.history[len(r.history)-1]
+	if last.Result != "error" || last.Error != rl.Error {
+		return false
+	}
+	last.Repeated++
+	last.Last = rl.Time
+	r.repeatUnlogged++
+	if rl.Time.Sub(r.repeatLogged) >= repeatLogEvery {
+		r.log.Log(ctx, slog.LevelError, "configuration reload refused: the running configuration stays", "trigger", rl.Trigger, "err", rl.Error,
+			"unlogged_before", r.repeatUnlogged-1)
+		r.repeatLogged, r.repeatUnlogged = rl.Time, 0
+	}
+	return true
 }
 
 // apply makes next's live settings take effect, and records in rl what
@@ -511,6 +558,9 @@ func (r *reloader) statusRows() []gateway.Reload {
 			row.Message = h.Trigger
 		} else {
 			row.Message = h.Trigger + ": " + row.Message
+		}
+		if h.Repeated > 0 {
+			row.Message += fmt.Sprintf(" (refused the same on %d more DNS polls, the last at %s UTC)", h.Repeated, h.Last.UTC().Format(time.TimeOnly))
 		}
 		rows = append(rows, row)
 	}

@@ -1,10 +1,15 @@
 package main
 
 import (
+	"bytes"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/memcgate/memcgate/test/dnstest"
 )
@@ -116,5 +121,61 @@ func TestServersDNSAnswers(t *testing.T) {
 				t.Errorf("nodes = %s, want %s", strings.Join(got, ","), tt.want)
 			}
 		})
+	}
+}
+
+// TestRepeatedRefusalsFolded: a DNS answer refused poll after poll (here
+// one over MAX_NODES) is counted every time but logged once, then again
+// only repeatLogEvery later with the number of refusals not logged, and
+// takes one row of the history, which counts the repeats; a refusal on
+// SIGHUP is logged and listed whatever came before.
+func TestRepeatedRefusalsFolded(t *testing.T) {
+	dns := dnstest.Start(t)
+	dns.SetLocalhost(11211)
+	environ := map[string]string{"MEMCGATE_SERVERS_DNS": "_memcache._tcp.memcached.test", "MEMCGATE_DNS_SERVER": dns.Addr(), "MEMCGATE_MAX_NODES": "1"}
+	cfg, err := loadConfig(t.Context(), environ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	reg := prometheus.NewRegistry()
+	r := newReloader(cfg, environ, slog.New(slog.NewJSONHandler(&logs, nil)), new(slog.LevelVar), reg)
+	dns.SetLocalhost(11211, 11212)
+	const refusal = "MEMCGATE_SERVERS_DNS: 2 nodes, more than MEMCGATE_MAX_NODES=1"
+	logged := func() int { return strings.Count(logs.String(), refusal) }
+
+	for range 5 {
+		r.reload(t.Context(), "dns")
+	}
+	if n := testutil.ToFloat64(r.reloads.WithLabelValues("error")); n != 5 {
+		t.Errorf("%v refused reloads counted, want 5", n)
+	}
+	if v := testutil.ToFloat64(r.lastOK); v != 0 {
+		t.Errorf("memcgate_config_last_reload_successful = %v, want 0", v)
+	}
+	if n := logged(); n != 1 {
+		t.Errorf("5 polls refused the same way logged %d lines, want 1:\n%s", n, logs.String())
+	}
+	h := r.History()
+	if len(h) != 1 || h[0].Repeated != 4 || h[0].Error != refusal {
+		t.Fatalf("history = %+v, want one refusal repeated 4 times", h)
+	}
+	if rows := r.statusRows(); len(rows) != 1 || !strings.Contains(rows[0].Message, "refused the same on 4 more DNS polls") {
+		t.Errorf("status rows = %+v, want one that counts the repeats", rows)
+	}
+
+	r.mu.Lock()
+	r.repeatLogged = r.repeatLogged.Add(-repeatLogEvery)
+	r.mu.Unlock()
+	r.reload(t.Context(), "dns")
+	if n := logged(); n != 2 || !strings.Contains(logs.String(), `"unlogged_before":4`) {
+		t.Errorf("a refusal repeatLogEvery after the last line: %d lines, want 2, the second counting 4 not logged:\n%s", n, logs.String())
+	}
+	r.reload(t.Context(), "sighup")
+	if n := logged(); n != 3 {
+		t.Errorf("a refusal on SIGHUP after the DNS polls': %d lines, want 3", n)
+	}
+	if h := r.History(); len(h) != 2 || h[0].Trigger != "sighup" || h[1].Repeated != 5 {
+		t.Errorf("history = %+v, want the SIGHUP's refusal on its own after the DNS polls' one", h)
 	}
 }
