@@ -3,9 +3,10 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"net"
+	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -16,8 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/net/dns/dnsmessage"
-
+	"github.com/memcgate/memcgate/test/dnstest"
 	"github.com/memcgate/memcgate/test/gatewaytest"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
@@ -294,80 +294,16 @@ func TestServersFile(t *testing.T) {
 	}
 }
 
-// dnsServer answers SRV questions for one name from records, which the
-// test may change, on a loopback UDP port.
-type dnsServer struct {
-	conn    net.PacketConn
-	mu      sync.Mutex
-	records []dnsmessage.SRVResource
-}
-
-func startDNS(t *testing.T) *dnsServer {
-	t.Helper()
-	c, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &dnsServer{conn: c}
-	t.Cleanup(func() { c.Close() })
-	go s.serve()
-	return s
-}
-
-func (s *dnsServer) set(ports ...int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.records = nil
-	for _, p := range ports {
-		s.records = append(s.records, dnsmessage.SRVResource{Target: dnsmessage.MustNewName("localhost."), Port: uint16(p), Weight: 1})
-	}
-}
-
-func (s *dnsServer) serve() {
-	buf := make([]byte, 1500)
-	for {
-		n, addr, err := s.conn.ReadFrom(buf)
-		if err != nil {
-			return
-		}
-		var p dnsmessage.Parser
-		h, err := p.Start(buf[:n])
-		if err != nil {
-			continue
-		}
-		q, err := p.Question()
-		if err != nil {
-			continue
-		}
-		b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true})
-		b.EnableCompression()
-		_ = b.StartQuestions()
-		_ = b.Question(q)
-		_ = b.StartAnswers()
-		if q.Type == dnsmessage.TypeSRV {
-			s.mu.Lock()
-			for _, r := range s.records {
-				_ = b.SRVResource(dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 1}, r)
-			}
-			s.mu.Unlock()
-		}
-		out, err := b.Finish()
-		if err == nil {
-			_, _ = s.conn.WriteTo(out, addr)
-		}
-	}
-}
-
 // TestServersDNS: MEMCGATE_SERVERS_DNS finds the nodes in SRV records from
 // a DNS server, and follows their changes under load.
 func TestServersDNS(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 3)
-	dns := startDNS(t)
-	dns.set(mcs[0].Port, mcs[1].Port)
+	dns := dnstest.Start(t)
+	dns.SetLocalhost(mcs[0].Port, mcs[1].Port)
 	name := func(m *memcachedtest.Server) string { return "localhost:" + strconv.Itoa(m.Port) }
 	g := startGateway(t, map[string]string{
 		"MEMCGATE_SERVERS_DNS":  "_memcache._tcp.memcached.test",
-		"MEMCGATE_DNS_SERVER":   dns.conn.LocalAddr().String(),
+		"MEMCGATE_DNS_SERVER":   dns.Addr(),
 		"MEMCGATE_DNS_INTERVAL": "100ms",
 	})
 	two := []string{name(mcs[0]), name(mcs[1])}
@@ -375,12 +311,12 @@ func TestServersDNS(t *testing.T) {
 	keys := reloadKeys()
 	l := startLoad(g, keys)
 	before := owners(t, g, keys)
-	dns.set(mcs[0].Port, mcs[1].Port, mcs[2].Port)
+	dns.SetLocalhost(mcs[0].Port, mcs[1].Port, mcs[2].Port)
 	waitNodes(t, g, append(two, name(mcs[2])))
 	n := moved(t, before, owners(t, g, keys), name(mcs[2]))
 	t.Logf("DNS added %s: %d of %d keys moved (%.1f%%)", name(mcs[2]), n, len(keys), 100*float64(n)/float64(len(keys)))
 	before = owners(t, g, keys)
-	dns.set(mcs[1].Port, mcs[2].Port)
+	dns.SetLocalhost(mcs[1].Port, mcs[2].Port)
 	waitNodes(t, g, []string{name(mcs[1]), name(mcs[2])})
 	n = moved(t, before, owners(t, g, keys), name(mcs[0]))
 	t.Logf("DNS removed %s: %d of %d keys moved (%.1f%%)", name(mcs[0]), n, len(keys), 100*float64(n)/float64(len(keys)))
@@ -391,21 +327,101 @@ func TestServersDNS(t *testing.T) {
 	}
 }
 
+// TestServersDNSOverMaxNodes: a DNS answer with more nodes than
+// MEMCGATE_MAX_NODES is refused, at start (the gateway does not start) and
+// on a poll (the running nodes stay and serve); the refusal is counted,
+// shown on the status page and logged once however many polls repeat
+// it, and the next answer within the bound is applied.
+func TestServersDNSOverMaxNodes(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 3)
+	dns := dnstest.Start(t)
+	env := map[string]string{
+		"MEMCGATE_SERVERS_DNS":  "_memcache._tcp.memcached.test",
+		"MEMCGATE_DNS_SERVER":   dns.Addr(),
+		"MEMCGATE_DNS_INTERVAL": "100ms",
+		"MEMCGATE_MAX_NODES":    "2",
+	}
+	const refusal = "MEMCGATE_SERVERS_DNS: 3 nodes, more than MEMCGATE_MAX_NODES=2"
+	dns.SetLocalhost(mcs[0].Port, mcs[1].Port, mcs[2].Port)
+	cmd := exec.Command(binary)
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), refusal) {
+		t.Fatalf("memcgate started on a DNS answer over MEMCGATE_MAX_NODES: %v\n%s", err, out)
+	}
+
+	dns.SetLocalhost(mcs[0].Port, mcs[1].Port)
+	g := startGateway(t, env)
+	name := func(m *memcachedtest.Server) string { return "localhost:" + strconv.Itoa(m.Port) }
+	two := []string{name(mcs[0]), name(mcs[1])}
+	waitNodes(t, g, two)
+	errBefore := metric(t, g, "memcgate_config_reloads_total", `{result="error"}`)
+	dns.SetLocalhost(mcs[0].Port, mcs[1].Port, mcs[2].Port)
+	// Several polls, each refused the same way.
+	for deadline := time.Now().Add(10 * time.Second); metric(t, g, "memcgate_config_reloads_total", `{result="error"}`) < errBefore+3; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the DNS answer over MEMCGATE_MAX_NODES was not counted as refused reloads")
+		}
+	}
+	if got, want := slices.Sorted(slices.Values(nodeNames(t, g))), slices.Sorted(slices.Values(two)); !slices.Equal(got, want) {
+		t.Errorf("after refused DNS answers the nodes are %v, want %v", got, want)
+	}
+	if v := metric(t, g, "memcgate_config_last_reload_successful", ""); v != 0 {
+		t.Errorf("memcgate_config_last_reload_successful = %v while the DNS answer is refused, want 0", v)
+	}
+	if r := g.do("PUT", "/k", []byte("v")); r.status != http.StatusCreated {
+		t.Errorf("PUT while the DNS answer is refused = %d, want 201", r.status)
+	}
+	if r := g.do("GET", "/k", nil); r.status != http.StatusOK || r.body != "v" {
+		t.Errorf("GET while the DNS answer is refused = %d %q, want 200 \"v\"", r.status, r.body)
+	}
+	resp, err := http.Get(g.Admin + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if n := strings.Count(string(page), refusal); n != 1 || !strings.Contains(string(page), "refused the same on") {
+		t.Errorf("the status page shows the refusal %d times, want once with its repeats counted:\n%s", n, page)
+	}
+
+	// An answer within the bound is applied; by the time its line is
+	// logged, every refusal before it has been, and one line said it.
+	dns.SetLocalhost(mcs[1].Port, mcs[2].Port)
+	waitNodes(t, g, []string{name(mcs[1]), name(mcs[2])})
+	// The nodes change before the reload is counted.
+	for deadline := time.Now().Add(5 * time.Second); metric(t, g, "memcgate_config_last_reload_successful", "") != 1; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("memcgate_config_last_reload_successful stayed 0 after an answer within the bound")
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(g.Logs(), `"configuration reloaded","trigger":"dns"`); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the applied DNS answer was not logged:\n%s", gatewaytest.Tail(g.Logs(), 2000))
+		}
+	}
+	if n := strings.Count(g.Logs(), refusal); n != 1 {
+		t.Errorf("the refusal was logged %d times, want once:\n%s", n, gatewaytest.Tail(g.Logs(), 3000))
+	}
+}
+
 // TestServersDNSPollAppliesLoudly: with SERVERS_DNS, the DNS poll reads the
 // whole configuration again; a change it applies while the nodes stay the
 // same (here READ_ONLY and a pool's nodes, from CONFIG_FILE, which is not
 // watched) is logged and counted as a reload, not applied unannounced.
 func TestServersDNSPollAppliesLoudly(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 3)
-	dns := startDNS(t)
-	dns.set(mcs[0].Port)
+	dns := dnstest.Start(t)
+	dns.SetLocalhost(mcs[0].Port)
 	file := filepath.Join(t.TempDir(), "memcgate.env")
 	writeAtomic(t, file, fmt.Sprintf("MEMCGATE_POOLS=sess servers=127.0.0.1:%d prefixes=sess:\n", mcs[1].Port))
 	g := startGateway(t, map[string]string{
 		"MEMCGATE_CONFIG_FILE":    file,
 		"MEMCGATE_WATCH_INTERVAL": "0s",
 		"MEMCGATE_SERVERS_DNS":    "_memcache._tcp.memcached.test",
-		"MEMCGATE_DNS_SERVER":     dns.conn.LocalAddr().String(),
+		"MEMCGATE_DNS_SERVER":     dns.Addr(),
 		"MEMCGATE_DNS_INTERVAL":   "100ms",
 	})
 	waitNodes(t, g, []string{"localhost:" + strconv.Itoa(mcs[0].Port), "127.0.0.1:" + strconv.Itoa(mcs[1].Port)})
