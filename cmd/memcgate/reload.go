@@ -106,18 +106,35 @@ type sum [sha256.Size]byte
 // loadConfig reads the configuration from environ and CONFIG_FILE, with the
 // nodes from their source (SERVERS, SERVERS_FILE or SERVERS_DNS).
 func loadConfig(ctx context.Context, environ map[string]string) (config.Config, error) {
-	if f := environ[config.Prefix+"CONFIG_FILE"]; f != "" {
-		over, err := config.ReadEnvFile(f)
-		if err != nil {
-			return config.Config{}, err
-		}
-		// The file read is the environment's: one named inside it would
-		// be neither read nor watched.
-		if v, ok := over[config.Prefix+"CONFIG_FILE"]; ok && v != f {
-			return config.Config{}, fmt.Errorf("%sCONFIG_FILE %s names %s: set %sCONFIG_FILE in the environment", config.Prefix, f, v, config.Prefix)
-		}
-		environ = config.Overlay(environ, over)
+	environ, err := withConfigFile(environ)
+	if err != nil {
+		return config.Config{}, err
 	}
+	return loadEnviron(ctx, environ)
+}
+
+// withConfigFile is environ with the variables of its CONFIG_FILE, if it
+// names one, over it.
+func withConfigFile(environ map[string]string) (map[string]string, error) {
+	f := environ[config.Prefix+"CONFIG_FILE"]
+	if f == "" {
+		return environ, nil
+	}
+	over, err := config.ReadEnvFile(f)
+	if err != nil {
+		return nil, err
+	}
+	// The file read is the environment's: one named inside it would be
+	// neither read nor watched.
+	if v, ok := over[config.Prefix+"CONFIG_FILE"]; ok && v != f {
+		return nil, fmt.Errorf("%sCONFIG_FILE %s names %s: set %sCONFIG_FILE in the environment", config.Prefix, f, v, config.Prefix)
+	}
+	return config.Overlay(environ, over), nil
+}
+
+// loadEnviron reads the configuration from environ, CONFIG_FILE's
+// variables already in it, with the nodes from their source.
+func loadEnviron(ctx context.Context, environ map[string]string) (config.Config, error) {
 	cfg, err := config.Load(environ)
 	if err != nil {
 		return cfg, err
@@ -360,7 +377,14 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 	// reload runs then differs from these sums, and the next poll
 	// reloads again, instead of the edit being taken as already applied.
 	before := r.fileSums(r.cur)
-	next, err := loadConfig(ctx, r.environ)
+	var next config.Config
+	environ, err := withConfigFile(r.environ)
+	if err == nil {
+		next, err = loadEnviron(ctx, environ)
+	}
+	if err == nil {
+		err = r.keepsNodes(environ, next)
+	}
 	rl := Reload{Time: time.Now(), Trigger: trigger, Result: "ok"}
 	if err == nil {
 		err = r.apply(next, &rl)
@@ -429,6 +453,34 @@ func (r *reloader) repeated(ctx context.Context, rl Reload) bool {
 		r.repeatLogged, r.repeatUnlogged = rl.Time, 0
 	}
 	return true
+}
+
+// keepsNodes refuses a configuration read from environ that names no
+// nodes (neither SERVERS, SERVERS_FILE nor SERVERS_DNS: a line gone from
+// CONFIG_FILE, the file read while it was written) where the nodes
+// running are others than SERVERS' default: the default, a memcached on
+// this host, would take the place of every node. A start takes the
+// default; a reload does not.
+func (r *reloader) keepsNodes(environ map[string]string, next config.Config) error {
+	for _, v := range []string{"SERVERS", "SERVERS_FILE", "SERVERS_DNS"} {
+		if environ[config.Prefix+v] != "" {
+			return nil
+		}
+	}
+	if slices.Equal(next.Servers, r.cur.Servers) {
+		return nil
+	}
+	return fmt.Errorf("%sSERVERS: not set, nor %sSERVERS_FILE or %sSERVERS_DNS: a reload does not put the default (%s) in place of the nodes running (%s); name the nodes, or restart to take the default",
+		config.Prefix, config.Prefix, config.Prefix, serverList(next.Servers), serverList(r.cur.Servers))
+}
+
+// serverList writes servers as SERVERS does.
+func serverList(servers []config.Server) string {
+	s := make([]string, len(servers))
+	for i, srv := range servers {
+		s[i] = srv.String()
+	}
+	return strings.Join(s, ",")
 }
 
 // apply makes next's live settings take effect, and records in rl what

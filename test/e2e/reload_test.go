@@ -565,3 +565,122 @@ func TestAdminTokensReload(t *testing.T) {
 		}
 	}
 }
+
+// TestReloadRefusesWhatWouldHarm: a reload refuses what a start would
+// take but what, in place of a running configuration, would silently
+// break it (each case says how). Each refusal changes nothing, is counted
+// and logged with its reason, and the next good reload applies.
+func TestReloadRefusesWhatWouldHarm(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 3)
+	dir := t.TempDir()
+	file, tokFile := filepath.Join(dir, "memcgate.env"), filepath.Join(dir, "tokens")
+	const secret = "reload-token-0123456789"
+	const token = "read+write+admin:" + secret + "\n"
+	nodes := memcachedtest.Addrs(mcs[:2])
+	good := "MEMCGATE_SERVERS=" + nodes + "\nMEMCGATE_AUTH_TOKENS_FILE=" + tokFile + "\nMEMCGATE_MAX_BUFFERED_BYTES=8388608\n"
+	writeAtomic(t, file, good)
+	writeAtomic(t, tokFile, token)
+	// Reloads on SIGHUP only: one per step, with both files as written.
+	g := startGateway(t, map[string]string{"MEMCGATE_CONFIG_FILE": file, "MEMCGATE_WATCH_INTERVAL": "0s"})
+	// admin GETs path on the admin listener with the token.
+	admin := func(t *testing.T, path string) string {
+		t.Helper()
+		req, _ := http.NewRequest("GET", g.Admin+path, nil)
+		req.Header.Set("Authorization", "Bearer "+secret)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s = %d %s (%v)", path, resp.StatusCode, b, err)
+		}
+		return string(b)
+	}
+	metric := func(t *testing.T, name string) float64 {
+		t.Helper()
+		for _, line := range strings.Split(admin(t, "/metrics"), "\n") {
+			if strings.HasPrefix(line, name+" ") {
+				v, _ := strconv.ParseFloat(strings.Fields(line)[1], 64)
+				return v
+			}
+		}
+		return -1
+	}
+	nodesNow := func(t *testing.T) string {
+		t.Helper()
+		var ns []struct{ Node string }
+		if err := json.Unmarshal([]byte(admin(t, "/debug/nodes")), &ns); err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, n := range ns {
+			out = append(out, n.Node)
+		}
+		return strings.Join(out, ",")
+	}
+	put := func(t *testing.T, auth string) int {
+		t.Helper()
+		hdr := []string{}
+		if auth != "" {
+			hdr = []string{"Authorization", "Bearer " + auth}
+		}
+		return g.do("PUT", "/refused", []byte("v"), hdr...).status
+	}
+	// reload writes the files, sends SIGHUP and waits until the reload
+	// is counted under result.
+	reload := func(t *testing.T, config, tokens, result string) {
+		t.Helper()
+		counter := `memcgate_config_reloads_total{result="` + result + `"}`
+		before := metric(t, counter)
+		writeAtomic(t, file, config)
+		writeAtomic(t, tokFile, tokens)
+		g.Signal(syscall.SIGHUP)
+		for deadline := time.Now().Add(10 * time.Second); metric(t, counter) <= before; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no reload counted as %s within 10s:\n%s", result, gatewaytest.Tail(g.Logs(), 2000))
+			}
+		}
+	}
+	tests := []struct {
+		name           string
+		config, tokens string
+		why            string // in the refusal's log line
+	}{
+		// SERVERS' default, a memcached on this host, took the place of
+		// every node: every request got 503.
+		{"nodes' variable gone", "MEMCGATE_AUTH_TOKENS_FILE=" + tokFile + "\nMEMCGATE_MAX_BUFFERED_BYTES=8388608\n", token,
+			"a reload does not put the default (127.0.0.1:11211) in place of the nodes running"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reload(t, tt.config, tt.tokens, "error")
+			if v := metric(t, "memcgate_config_last_reload_successful"); v != 0 {
+				t.Errorf("memcgate_config_last_reload_successful = %v after a refused reload, want 0", v)
+			}
+			if got := nodesNow(t); got != nodes {
+				t.Errorf("nodes after the refused reload = %s, want %s", got, nodes)
+			}
+			if s := put(t, ""); s != http.StatusUnauthorized {
+				t.Errorf("PUT without a token after the refused reload = %d, want 401", s)
+			}
+			if s := put(t, secret); s != http.StatusCreated {
+				t.Errorf("PUT with the token after the refused reload = %d, want 201", s)
+			}
+			if v := metric(t, "memcgate_buffered_bytes_limit"); v != 8388608 {
+				t.Errorf("memcgate_buffered_bytes_limit = %v after the refused reload, want 8388608", v)
+			}
+			// The log reaches the test through a pipe, after the metric.
+			for deadline := time.Now().Add(5 * time.Second); !strings.Contains(g.Logs(), tt.why); time.Sleep(20 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("the refusal's log line does not say %q:\n%s", tt.why, gatewaytest.Tail(g.Logs(), 2000))
+				}
+			}
+			reload(t, good, token, "ok")
+			if v := metric(t, "memcgate_config_last_reload_successful"); v != 1 {
+				t.Errorf("memcgate_config_last_reload_successful = %v after a good reload, want 1", v)
+			}
+		})
+	}
+}
