@@ -505,6 +505,12 @@ func (r *reloader) apply(next config.Config, rl *Reload) error {
 	if err != nil {
 		return err
 	}
+	if len(tokens) == 0 && len(r.tokens) > 0 {
+		// An emptied token file, or one read while it was written, would
+		// otherwise open both listeners to every client.
+		return fmt.Errorf("%sAUTH_TOKENS and %sAUTH_TOKENS_FILE give no token: a reload does not turn authentication off; give a token, or restart to run without any",
+			config.Prefix, config.Prefix)
+	}
 	if !slices.Equal(tokens, r.tokens) && !slices.Contains(rl.Changed, config.Prefix+"AUTH_TOKENS") && !slices.Contains(rl.Changed, config.Prefix+"AUTH_TOKENS_FILE") {
 		rl.Changed = append(rl.Changed, config.Prefix+"AUTH_TOKENS_FILE") // only the file's content changed
 	}

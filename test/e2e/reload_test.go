@@ -652,6 +652,8 @@ func TestReloadRefusesWhatWouldHarm(t *testing.T) {
 		// every node: every request got 503.
 		{"nodes' variable gone", "MEMCGATE_AUTH_TOKENS_FILE=" + tokFile + "\nMEMCGATE_MAX_BUFFERED_BYTES=8388608\n", token,
 			"a reload does not put the default (127.0.0.1:11211) in place of the nodes running"},
+		// Both listeners were opened to every client.
+		{"token file emptied", good, "", "a reload does not turn authentication off"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
