@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -511,6 +512,13 @@ func (r *reloader) apply(next config.Config, rl *Reload) error {
 		return fmt.Errorf("%sAUTH_TOKENS and %sAUTH_TOKENS_FILE give no token: a reload does not turn authentication off; give a token, or restart to run without any",
 			config.Prefix, config.Prefix)
 	}
+	// What runs after the reload: next's live settings beside the running
+	// values of the others. It must pass the checks a start makes.
+	cur := r.started
+	config.Copy(&cur, next, liveNames()...)
+	if err := checkInForce(cur, next, rl.Restart); err != nil {
+		return err
+	}
 	if !slices.Equal(tokens, r.tokens) && !slices.Contains(rl.Changed, config.Prefix+"AUTH_TOKENS") && !slices.Contains(rl.Changed, config.Prefix+"AUTH_TOKENS_FILE") {
 		rl.Changed = append(rl.Changed, config.Prefix+"AUTH_TOKENS_FILE") // only the file's content changed
 	}
@@ -546,12 +554,47 @@ func (r *reloader) apply(next config.Config, rl *Reload) error {
 	if r.conns != nil {
 		r.conns.setMax(clientConnCap(next.MaxClientConns, r.nofile))
 	}
-	// The settings a reload cannot change keep their values; the others
-	// are now next's.
-	cur := r.started
-	config.Copy(&cur, next, liveNames()...)
 	r.cur, r.tokens = cur, tokens
 	return nil
+}
+
+// checkInForce runs the checks of a start on cur, the configuration a
+// reload would leave in force: a setting the reload changes must fit the
+// running values of those it cannot change (MAX_BUFFERED_BYTES, live,
+// must hold a value of MAX_VALUE_BYTES, which is not). Only the errors
+// next, the configuration read, does not have count: both hold what
+// their files gave (the nodes, the pools), which the checks of a start
+// have not seen yet, and next passed the checks as it was read. Nor do
+// the errors under a variable in restart: the reload keeps that one's
+// running value, which the next start replaces with next's.
+func checkInForce(cur, next config.Config, restart []string) error {
+	had := map[string]bool{}
+	for _, e := range unjoin(next.Validate()) {
+		had[e.Error()] = true
+	}
+	var kept []error
+	for _, e := range unjoin(cur.Validate()) {
+		name, _, _ := strings.Cut(e.Error(), ":")
+		if !had[e.Error()] && !slices.Contains(restart, name) {
+			kept = append(kept, e)
+		}
+	}
+	if len(kept) == 0 {
+		return nil
+	}
+	return fmt.Errorf("beside the running values of the settings that need a restart (%s), the configuration would not pass the checks of a start:\n%w",
+		strings.Join(restart, ", "), errors.Join(kept...))
+}
+
+// unjoin returns the errors err joins, or err alone.
+func unjoin(err error) []error {
+	if err == nil {
+		return nil
+	}
+	if u, ok := err.(interface{ Unwrap() []error }); ok {
+		return u.Unwrap()
+	}
+	return []error{err}
 }
 
 // routingChanged reports whether a reload from cur to next changes the

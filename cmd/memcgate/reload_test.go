@@ -3,14 +3,17 @@ package main
 import (
 	"bytes"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/memcgate/memcgate/config"
 	"github.com/memcgate/memcgate/test/dnstest"
 )
 
@@ -177,5 +180,74 @@ func TestRepeatedRefusalsFolded(t *testing.T) {
 	}
 	if h := r.History(); len(h) != 2 || h[0].Trigger != "sighup" || h[1].Repeated != 5 {
 		t.Errorf("history = %+v, want the SIGHUP's refusal on its own after the DNS polls' one", h)
+	}
+}
+
+// TestCheckInForce: a reload's configuration is checked as it would run,
+// the settings that need a restart at their running values. A check that
+// fails only on such a setting, which the reload names under
+// needs_restart, does not refuse it, nor does one the configuration read
+// fails too once its files are in it (POOLS_FILE's pools).
+func TestCheckInForce(t *testing.T) {
+	dir := t.TempDir()
+	pools := filepath.Join(dir, "pools")
+	if err := os.WriteFile(pools, []byte("sess servers=127.0.0.1:11213 prefixes=s:\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	load := func(environ map[string]string) config.Config {
+		t.Helper()
+		cfg, err := loadConfig(t.Context(), environ)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	base := map[string]string{
+		"MEMCGATE_SERVERS":    "127.0.0.1:11211,127.0.0.1:11212",
+		"MEMCGATE_UDP_PORTS":  "127.0.0.1:11212=11213",
+		"MEMCGATE_POOLS_FILE": pools,
+	}
+	with := func(vars ...string) map[string]string {
+		out := maps.Clone(base)
+		for i := 0; i+1 < len(vars); i += 2 {
+			if vars[i+1] == "" {
+				delete(out, vars[i])
+			} else {
+				out[vars[i]] = vars[i+1]
+			}
+		}
+		return out
+	}
+	started := load(base)
+	tests := []struct {
+		name    string
+		environ map[string]string // the reloaded configuration
+		want    string            // in the error; "": none
+	}{
+		{"nothing changed", base, ""},
+		{"a live setting changed", with("MEMCGATE_MAX_REQUESTS", "5"), ""},
+		{"budget below the running MAX_VALUE_BYTES", with("MEMCGATE_MAX_VALUE_BYTES", "100000", "MEMCGATE_MAX_BUFFERED_BYTES", "200000"),
+			"MEMCGATE_MAX_BUFFERED_BYTES: 200000 is less than MAX_VALUE_BYTES 1048000"},
+		{"a node with a UDP port removed, UDP_PORTS for the next start", with("MEMCGATE_SERVERS", "127.0.0.1:11211", "MEMCGATE_UDP_PORTS", ""), ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			next := load(tt.environ)
+			var restart []string
+			for _, v := range config.Diff(started, next) {
+				if !slices.Contains(liveNames(), v) {
+					restart = append(restart, v)
+				}
+			}
+			cur := started
+			config.Copy(&cur, next, liveNames()...)
+			err := checkInForce(cur, next, restart)
+			switch {
+			case tt.want == "" && err != nil:
+				t.Errorf("checkInForce = %v, want nil (needs restart: %v)", err, restart)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Errorf("checkInForce = %v, want an error saying %q", err, tt.want)
+			}
+		})
 	}
 }

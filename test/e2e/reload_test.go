@@ -654,6 +654,11 @@ func TestReloadRefusesWhatWouldHarm(t *testing.T) {
 			"a reload does not put the default (127.0.0.1:11211) in place of the nodes running"},
 		// Both listeners were opened to every client.
 		{"token file emptied", good, "", "a reload does not turn authentication off"},
+		// MAX_VALUE_BYTES needs a restart: its running value stayed
+		// beside a budget that cannot hold such a value, and every large
+		// body got 503 "retry shortly" for good.
+		{"budget below the running MAX_VALUE_BYTES", good + "MEMCGATE_MAX_VALUE_BYTES=100000\nMEMCGATE_MAX_BUFFERED_BYTES=200000\n", token,
+			"MEMCGATE_MAX_BUFFERED_BYTES: 200000 is less than MAX_VALUE_BYTES 1048000"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
