@@ -173,8 +173,9 @@ type Change struct {
 // series start with the process), and a cluster's failover policy is fixed
 // when it is built. The pools' other cluster options and the router's
 // options are not changed. Nothing changes if it fails, unless a pool's
-// SetServers fails after an earlier pool's succeeded (it fails only for a
-// ring that cannot be built, which validation catches first).
+// SetServers fails (it fails only for a ring that cannot be built, which
+// validation catches first): the pools before it keep their new nodes,
+// and it its new flush-before-re-admission policy.
 func (r *Router) Reconfigure(opts Options) ([]Change, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -206,6 +207,9 @@ func (r *Router) Reconfigure(opts Options) ([]Change, error) {
 		i := slices.IndexFunc(r.pools, func(p *pool) bool { return p.name == po.Name })
 		p := r.pools[i]
 		ch := Change{Pool: po.Name}
+		// Before the nodes: a node added back is flushed by the policy
+		// of the pool it joins, replicated from now on included.
+		p.c.SetReadmitFlush(po.Cluster.Health.ReadmitFlush)
 		sc, err := p.c.SetServers(po.Cluster.Servers, distributionOf(po.Cluster))
 		if err != nil {
 			errs = append(errs, fmt.Errorf("pool %q: %w", po.Name, err))
@@ -231,7 +235,6 @@ func (r *Router) Reconfigure(opts Options) ([]Change, error) {
 			ch.Policy = append(ch.Policy, "miss_fallback")
 		}
 		ch.Policy = append(ch.Policy, policyChanges(ov, po)...)
-		p.c.SetReadmitFlush(po.Cluster.Health.ReadmitFlush)
 		if ch.Servers != nil || len(ch.Policy) > 0 {
 			changes = append(changes, ch)
 		}
