@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -244,5 +245,71 @@ func TestRemovedNamesBounded(t *testing.T) {
 	}
 	if _, ok := c.removed[fmt.Sprint("10.0.0.", maxRemoved+9, ":11211")]; !ok {
 		t.Error("the last name removed was forgotten")
+	}
+}
+
+// TestSetServersKeysBack: a server list that gives nodes that stay keys
+// they owned under an earlier one names them (Change.KeysBack, logged at
+// warn): none of those keys' writes meanwhile reached them, so they serve
+// what they held before (the keys of a node added and removed again read
+// their values from before the node came, and did so unannounced). Every
+// key that reads stale is on a node named (or on one added again, which
+// is warned about apart); a change that gives no node keys it owned
+// before names none.
+func TestSetServersKeysBack(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 4)
+	server := func(m *memcachedtest.Server, weight int) Server {
+		return Server{Host: "127.0.0.1", Port: m.Port, Weight: weight}
+	}
+	three := []Server{server(mcs[0], 1), server(mcs[1], 1), server(mcs[2], 1)}
+	four := append(slices.Clone(three), server(mcs[3], 1))
+	heavy := []Server{server(mcs[0], 1), server(mcs[1], 1), server(mcs[2], 3)}
+	c, _ := newTestCluster(t, mcs[:3], nil)
+	ctx := t.Context()
+	var keys []string
+	for i := range 300 {
+		keys = append(keys, fmt.Sprint("back-", i))
+	}
+	steps := []struct {
+		name    string
+		servers []Server
+		back    bool // nodes are named
+	}{
+		{"a node added", four, false},
+		{"the added node removed", three, true},
+		{"a node from the start removed", three[:2], false},
+		{"the removed node added again", three, false}, // stale on it, warned as added again
+		{"a node weighted up", heavy, false},
+		{"the weight change undone", three, true},
+	}
+	for i, st := range steps {
+		// Every key written before the change, with the step's value.
+		want := fmt.Sprint("v", i)
+		for _, k := range keys {
+			if err := c.Set(ctx, Item{Key: k, Value: []byte(want)}); err != nil {
+				t.Fatalf("%s: set: %v", st.name, err)
+			}
+		}
+		ch, err := c.SetServers(st.servers, hashring.Ketama)
+		if err != nil {
+			t.Fatalf("%s: SetServers: %v", st.name, err)
+		}
+		if (len(ch.KeysBack) > 0) != st.back {
+			t.Errorf("%s: keys back on %v, want some: %v", st.name, ch.KeysBack, st.back)
+		}
+		stale := 0
+		for _, k := range keys {
+			it, err := c.Get(ctx, k)
+			if err != nil || string(it.Value) == want {
+				continue // a miss (a node new to the key) or the value written
+			}
+			stale++
+			// A node added again is not among them: it is flushed first
+			// (Health.ReadmitFlush) or warned about on its own.
+			if owner := c.Placement(k).Chain[0].Node; !slices.Contains(ch.KeysBack, owner) && !slices.Contains(ch.Added, owner) {
+				t.Errorf("%s: %s reads %q, written %q, on %s, which the change does not name (%v)", st.name, k, it.Value, want, owner, ch.KeysBack)
+			}
+		}
+		t.Logf("%s: %d of %d keys read stale, on %v", st.name, stale, len(keys), ch.KeysBack)
 	}
 }

@@ -214,10 +214,31 @@ type Cluster struct {
 	// first.
 	removed  map[string]uint64
 	removals uint64
+	// past are the server lists before the current one, oldest first,
+	// at most maxPastRings: a node that stays and gets keys back that it
+	// owned under one of them may hold older values of them (keysBack).
+	past []pastRing
 }
 
 // maxRemoved bounds Cluster.removed: 1024 names of a few dozen bytes.
 const maxRemoved = 1024
+
+// pastRing is a server list the cluster ran before: its ring and its
+// nodes' names, in ring order.
+type pastRing struct {
+	ring  *hashring.Ring
+	names []string
+}
+
+// maxPastRings bounds Cluster.past: a ring of a hundred nodes is a few
+// hundred kilobytes, and a reload places keysBackSamples keys on each.
+const maxPastRings = 16
+
+// keysBackSamples is how many keys keysBack places to find the nodes
+// that get keys back: enough to see a node's share of a hundredth of
+// the keys, and at most a few milliseconds of hashing per ring at a
+// reload.
+const keysBackSamples = 4096
 
 // topology is one set of nodes and the ring that places keys on them
 // (ring members are nodes, in order). It never changes: SetServers swaps
@@ -310,6 +331,11 @@ type Change struct {
 	// Reweighted is true when the ring changed for nodes that stayed
 	// (weights, order or the distribution).
 	Reweighted bool `json:"reweighted,omitempty"`
+	// KeysBack names the nodes that stayed and got keys back that they
+	// owned under an earlier server list: they may hold older values of
+	// them than were written meanwhile (a node added and removed again,
+	// a weight change undone).
+	KeysBack []string `json:"keys_back,omitempty"`
 }
 
 // SetServers makes servers, placed by dist, the cluster's nodes, without
@@ -372,6 +398,10 @@ func (c *Cluster) SetServers(servers []Server, dist hashring.Distribution) (Chan
 		}
 	}
 	ch.Reweighted = reweighted(old, t)
+	if len(ch.Added)+len(ch.Removed) > 0 || ch.Reweighted {
+		ch.KeysBack = c.keysBack(old, t)
+		c.rememberRing(old)
+	}
 	c.setTopology(t)
 	for _, name := range ch.Removed {
 		c.m.forget(name)
@@ -379,7 +409,56 @@ func (c *Cluster) SetServers(servers []Server, dist hashring.Distribution) (Chan
 	if len(ch.Added)+len(ch.Removed) > 0 || ch.Reweighted {
 		c.log.Info("servers changed", "added", ch.Added, "removed", ch.Removed, "reweighted", ch.Reweighted, "nodes", len(t.nodes))
 	}
+	if len(ch.KeysBack) > 0 {
+		c.log.Warn("keys go back to nodes that owned them under an earlier server list (a node added and removed again, a weight change undone, a SERVERS_DNS answer that flaps): "+
+			"those nodes may hold older values of them than were written meanwhile on the nodes that had them, so such keys may read stale, and keys deleted meanwhile come back, until written again or expired",
+			"nodes", ch.KeysBack)
+	}
 	return ch, nil
+}
+
+// keysBack returns the nodes of both old and t that t gives keys old
+// placed on other nodes, and that owned those keys under an earlier
+// server list (c.past): what they hold of such keys may be older than
+// what was written on the nodes that had them since. It tells by placing
+// keysBackSamples keys on the rings. c.mu is held.
+func (c *Cluster) keysBack(old, t *topology) []string {
+	if len(c.past) == 0 {
+		return nil
+	}
+	stays := map[string]bool{}
+	for _, n := range old.nodes {
+		stays[n.name] = true
+	}
+	var out []string
+	for i := range keysBackSamples {
+		k := "memcgate-keys-back-" + strconv.Itoa(i)
+		to := t.nodes[t.ring.Owner(k)].name
+		if !stays[to] || to == old.nodes[old.ring.Owner(k)].name || slices.Contains(out, to) {
+			continue
+		}
+		for _, p := range c.past {
+			if p.names[p.ring.Owner(k)] == to {
+				out = append(out, to)
+				break
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// rememberRing adds t to c.past, forgetting the oldest past
+// maxPastRings. c.mu is held.
+func (c *Cluster) rememberRing(t *topology) {
+	p := pastRing{ring: t.ring, names: make([]string, len(t.nodes))}
+	for i, n := range t.nodes {
+		p.names[i] = n.name
+	}
+	c.past = append(c.past, p)
+	if len(c.past) > maxPastRings {
+		c.past = slices.Delete(c.past, 0, len(c.past)-maxPastRings)
+	}
 }
 
 // reweighted reports whether the ring of b places the nodes a and b share

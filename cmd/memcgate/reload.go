@@ -652,6 +652,11 @@ func (r *reloader) statusRows() []gateway.Reload {
 				row.Changed = append(row.Changed, "ring reweighted")
 			}
 		}
+		for _, p := range h.Pools {
+			if p.Servers != nil && len(p.Servers.KeysBack) > 0 {
+				row.Changed = append(row.Changed, fmt.Sprintf("keys back on %s (pool %s): may read stale until written again", strings.Join(p.Servers.KeysBack, ", "), p.Pool))
+			}
+		}
 		if len(h.Restart) > 0 {
 			row.Changed = append(row.Changed, "needs restart: "+strings.Join(h.Restart, ", "))
 		}

@@ -15,6 +15,8 @@ import (
 
 	"github.com/memcgate/memcgate/config"
 	"github.com/memcgate/memcgate/test/dnstest"
+	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/route"
 )
 
 // TestConfigFileNamesNoOther: CONFIG_FILE cannot name another file from
@@ -249,5 +251,20 @@ func TestCheckInForce(t *testing.T) {
 				t.Errorf("checkInForce = %v, want an error saying %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// TestStatusRowsKeysBack: the status page's row of a reload that sent
+// keys back to nodes that owned them before names those nodes and their
+// pool, as the reload's warning does.
+func TestStatusRowsKeysBack(t *testing.T) {
+	r := &reloader{history: []Reload{{Trigger: "sighup", Result: "ok", Pools: []route.Change{
+		{Pool: "main", Servers: &upstream.Change{Removed: []string{"10.0.0.4:11211"}, KeysBack: []string{"10.0.0.1:11211", "10.0.0.2:11211"}}},
+		{Pool: "sess", Policy: []string{"replicas"}},
+	}}}}
+	rows := r.statusRows()
+	want := "keys back on 10.0.0.1:11211, 10.0.0.2:11211 (pool main): may read stale until written again"
+	if len(rows) != 1 || !slices.Contains(rows[0].Changed, want) {
+		t.Errorf("status rows = %+v, want one whose changes hold %q", rows, want)
 	}
 }
