@@ -123,6 +123,11 @@ type Options struct {
 	// Dialer opens data and probe connections; if nil, a net.Dialer with
 	// Timeout. TLS to memcached plugs in here.
 	Dialer func(ctx context.Context, network, address string) (net.Conn, error)
+	// Copies is how many nodes at the head of each key's chain hold its
+	// copies: the copies a caller keeping replicas asks Replicas for
+	// (package route); if zero, 1. SetServers's Change.KeysBack looks at
+	// those nodes; SetCopies changes it.
+	Copies int
 
 	// staleKeyBytes bounds each node's set of keys written elsewhere
 	// (stale.go); if zero, defaultStaleKeyBytes. Unexported, and not
@@ -216,18 +221,23 @@ type Cluster struct {
 	removals uint64
 	// past are the server lists before the current one, oldest first,
 	// at most maxPastRings: a node that stays and gets keys back that it
-	// owned under one of them may hold older values of them (keysBack).
+	// held under one of them may hold older values of them (keysBack).
 	past []pastRing
+	// copies is Options.Copies of the current server list, nextCopies
+	// that of the next one (SetCopies).
+	copies, nextCopies int
 }
 
 // maxRemoved bounds Cluster.removed: 1024 names of a few dozen bytes.
 const maxRemoved = 1024
 
-// pastRing is a server list the cluster ran before: its ring and its
-// nodes' names, in ring order.
+// pastRing is a server list the cluster ran before: its ring, its
+// nodes' names in ring order, and how many nodes of a key's chain held
+// its copies.
 type pastRing struct {
-	ring  *hashring.Ring
-	names []string
+	ring   *hashring.Ring
+	names  []string
+	copies int
 }
 
 // maxPastRings bounds Cluster.past: a ring of a hundred nodes is a few
@@ -262,7 +272,8 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Cluster, e
 	if opts.Name != "" {
 		log = log.With("pool", opts.Name)
 	}
-	c := &Cluster{opts: opts, m: m, log: log, probed: make(chan struct{})}
+	c := &Cluster{opts: opts, m: m, log: log, probed: make(chan struct{}), copies: max(opts.Copies, 1)}
+	c.nextCopies = c.copies
 	c.health = &healthPolicy{
 		HealthOptions: opts.Health,
 		ejected:       func(node, reason string) { m.ejects.WithLabelValues(node, reason).Inc() },
@@ -331,10 +342,11 @@ type Change struct {
 	// Reweighted is true when the ring changed for nodes that stayed
 	// (weights, order or the distribution).
 	Reweighted bool `json:"reweighted,omitempty"`
-	// KeysBack names the nodes that stayed and got keys back that they
-	// owned under an earlier server list: they may hold older values of
-	// them than were written meanwhile (a node added and removed again,
-	// a weight change undone).
+	// KeysBack names the nodes that stayed and got copies of keys back
+	// that they held under an earlier server list (Options.Copies): they
+	// may hold older values of them than were written meanwhile (a node
+	// added and removed again, a weight change undone, replicas lowered
+	// and raised again).
 	KeysBack []string `json:"keys_back,omitempty"`
 }
 
@@ -398,9 +410,10 @@ func (c *Cluster) SetServers(servers []Server, dist hashring.Distribution) (Chan
 		}
 	}
 	ch.Reweighted = reweighted(old, t)
-	if len(ch.Added)+len(ch.Removed) > 0 || ch.Reweighted {
+	if len(ch.Added)+len(ch.Removed) > 0 || ch.Reweighted || c.nextCopies != c.copies {
 		ch.KeysBack = c.keysBack(old, t)
 		c.rememberRing(old)
+		c.copies = c.nextCopies
 	}
 	c.setTopology(t)
 	for _, name := range ch.Removed {
@@ -410,18 +423,19 @@ func (c *Cluster) SetServers(servers []Server, dist hashring.Distribution) (Chan
 		c.log.Info("servers changed", "added", ch.Added, "removed", ch.Removed, "reweighted", ch.Reweighted, "nodes", len(t.nodes))
 	}
 	if len(ch.KeysBack) > 0 {
-		c.log.Warn("keys go back to nodes that owned them under an earlier server list (a node added and removed again, a weight change undone, a SERVERS_DNS answer that flaps): "+
+		c.log.Warn("keys go back to nodes that held them under an earlier server list (a node added and removed again, a weight change undone, replicas lowered and raised again, a SERVERS_DNS answer that flaps): "+
 			"those nodes may hold older values of them than were written meanwhile on the nodes that had them, so such keys may read stale, and keys deleted meanwhile come back, until written again or expired",
 			"nodes", ch.KeysBack)
 	}
 	return ch, nil
 }
 
-// keysBack returns the nodes of both old and t that t gives keys old
-// placed on other nodes, and that owned those keys under an earlier
-// server list (c.past): what they hold of such keys may be older than
-// what was written on the nodes that had them since. It tells by placing
-// keysBackSamples keys on the rings. c.mu is held.
+// keysBack returns the nodes of both old and t that hold copies of keys
+// under t but not under old, and did under an earlier server list
+// (c.past): what they hold of such keys may be older than what was
+// written on the nodes that held them since. A key's copies are on the
+// first c.nextCopies nodes of its chain under t, c.copies under old. It
+// tells by placing keysBackSamples keys on the rings. c.mu is held.
 func (c *Cluster) keysBack(old, t *topology) []string {
 	if len(c.past) == 0 {
 		return nil
@@ -430,17 +444,20 @@ func (c *Cluster) keysBack(old, t *topology) []string {
 	for _, n := range old.nodes {
 		stays[n.name] = true
 	}
+	oldNames, newNames := namesOf(old), namesOf(t)
 	var out []string
 	for i := range keysBackSamples {
 		k := "memcgate-keys-back-" + strconv.Itoa(i)
-		to := t.nodes[t.ring.Owner(k)].name
-		if !stays[to] || to == old.nodes[old.ring.Owner(k)].name || slices.Contains(out, to) {
-			continue
-		}
-		for _, p := range c.past {
-			if p.names[p.ring.Owner(k)] == to {
-				out = append(out, to)
-				break
+		before := homes(old.ring, oldNames, k, c.copies)
+		for _, to := range homes(t.ring, newNames, k, c.nextCopies) {
+			if !stays[to] || slices.Contains(before, to) || slices.Contains(out, to) {
+				continue
+			}
+			for _, p := range c.past {
+				if slices.Contains(homes(p.ring, p.names, k, p.copies), to) {
+					out = append(out, to)
+					break
+				}
 			}
 		}
 	}
@@ -448,17 +465,43 @@ func (c *Cluster) keysBack(old, t *topology) []string {
 	return out
 }
 
-// rememberRing adds t to c.past, forgetting the oldest past
-// maxPastRings. c.mu is held.
-func (c *Cluster) rememberRing(t *topology) {
-	p := pastRing{ring: t.ring, names: make([]string, len(t.nodes))}
-	for i, n := range t.nodes {
-		p.names[i] = n.name
+// homes returns the names of the first copies nodes of key's chain on
+// ring, whose members are named names.
+func homes(ring *hashring.Ring, names []string, key string, copies int) []string {
+	out := make([]string, 0, copies)
+	for i := range ring.Owners(key) {
+		out = append(out, names[i])
+		if len(out) == copies {
+			break
+		}
 	}
-	c.past = append(c.past, p)
+	return out
+}
+
+// namesOf returns the names of t's nodes, in ring order.
+func namesOf(t *topology) []string {
+	out := make([]string, len(t.nodes))
+	for i, n := range t.nodes {
+		out[i] = n.name
+	}
+	return out
+}
+
+// rememberRing adds t, which ran with c.copies, to c.past, forgetting
+// the oldest past maxPastRings. c.mu is held.
+func (c *Cluster) rememberRing(t *topology) {
+	c.past = append(c.past, pastRing{ring: t.ring, names: namesOf(t), copies: c.copies})
 	if len(c.past) > maxPastRings {
 		c.past = slices.Delete(c.past, 0, len(c.past)-maxPastRings)
 	}
+}
+
+// SetCopies changes Options.Copies for the server lists from the next
+// SetServers on (package route, for a pool whose replicas change).
+func (c *Cluster) SetCopies(n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.nextCopies = max(n, 1)
 }
 
 // reweighted reports whether the ring of b places the nodes a and b share

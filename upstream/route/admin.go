@@ -210,12 +210,13 @@ func (r *Router) Reconfigure(opts Options) ([]Change, error) {
 		// Before the nodes: a node added back is flushed by the policy
 		// of the pool it joins, replicated from now on included.
 		p.c.SetReadmitFlush(po.Cluster.Health.ReadmitFlush)
+		p.c.SetCopies(po.Replicas)
 		sc, err := p.c.SetServers(po.Cluster.Servers, distributionOf(po.Cluster))
 		if err != nil {
 			errs = append(errs, fmt.Errorf("pool %q: %w", po.Name, err))
 			continue
 		}
-		if len(sc.Added)+len(sc.Removed) > 0 || sc.Reweighted {
+		if len(sc.Added)+len(sc.Removed) > 0 || sc.Reweighted || len(sc.KeysBack) > 0 {
 			ch.Servers = &sc
 		}
 		ov := old.views[slices.IndexFunc(old.views, func(v *view) bool { return v.pool == p })]

@@ -89,8 +89,9 @@ type PoolOptions struct {
 	// (the first) takes every key no prefix matches and needs none.
 	Prefixes []string
 	// Cluster configures the pool's nodes. Its Name is set to the pool's
-	// when there are several pools; with Replicas > 1 its
-	// Health.ReadmitFlush is forced on (see docs/pools.md).
+	// when there are several pools, its Copies to Replicas; with
+	// Replicas > 1 its Health.ReadmitFlush is forced on (see
+	// docs/pools.md).
 	Cluster upstream.Options
 	// Replicas is the number of distinct nodes holding each key; if
 	// zero, 1 (no replication).
@@ -189,6 +190,7 @@ func (o *Options) withDefaults() {
 		if p.Replicas > 1 {
 			p.Cluster.Health.ReadmitFlush = true
 		}
+		p.Cluster.Copies = p.Replicas
 	}
 }
 

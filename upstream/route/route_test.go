@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -655,6 +656,73 @@ func TestReconfigureReplicasFlushReadded(t *testing.T) {
 	}
 	if it, err := direct.Get("before-removal"); err == nil {
 		t.Errorf("the node added back with replicas on holds %q from before its removal, want it flushed", it.Value)
+	}
+}
+
+// TestReconfigureKeysBackReplicas: a reload that gives nodes that stay
+// copies of keys they held under an earlier configuration of the pool
+// names them (Change.Servers.KeysBack): with replicas lowered, the writes
+// reached the first replica only, so once replicas are raised again the
+// others hold what they had before (served when the first fails or is
+// slow to answer a hedged read). Every copy older than the last write is
+// on a node named.
+func TestReconfigureKeysBackReplicas(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 3)
+	pool := func(replicas int) Options {
+		return Options{Pools: []PoolOptions{{Cluster: clusterOptions(mcs), Replicas: replicas}}}
+	}
+	r, _ := newRouter(t, pool(2))
+	ctx := t.Context()
+	var keys []string
+	for i := range 200 {
+		keys = append(keys, fmt.Sprint("rep-", i))
+	}
+	direct := map[string]*memcache.Client{}
+	for _, m := range mcs {
+		direct[m.Addr] = memcache.New(m.Addr)
+	}
+	steps := []struct {
+		name     string
+		replicas int
+		back     bool // nodes are named
+	}{
+		{"replicas lowered", 1, false},
+		{"replicas raised again", 2, true},
+	}
+	for i, st := range steps {
+		want := fmt.Sprint("v", i)
+		for _, k := range keys {
+			if err := set(ctx, r, k, want); err != nil {
+				t.Fatalf("%s: set: %v", st.name, err)
+			}
+		}
+		ch, err := r.Reconfigure(pool(st.replicas))
+		if err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		var back []string
+		for _, c := range ch {
+			if c.Servers != nil {
+				back = append(back, c.Servers.KeysBack...)
+			}
+		}
+		if (len(back) > 0) != st.back {
+			t.Errorf("%s: keys back on %v, want some: %v", st.name, back, st.back)
+		}
+		stale := 0
+		for _, k := range keys {
+			for _, node := range r.Placement(k).ReplicaNodes {
+				it, err := direct[node].Get(k)
+				if err != nil || string(it.Value) == want {
+					continue
+				}
+				stale++
+				if !slices.Contains(back, node) {
+					t.Errorf("%s: %s holds %q, written %q, on replica %s, which the reload does not name (%v)", st.name, k, it.Value, want, node, back)
+				}
+			}
+		}
+		t.Logf("%s: %d stale copies of %d keys, on %v", st.name, stale, len(keys), back)
 	}
 }
 
