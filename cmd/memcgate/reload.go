@@ -370,7 +370,8 @@ func (r *reloader) settled(ctx context.Context) bool {
 
 // reload reads the configuration again and applies it, or keeps the one
 // running and says why not. A DNS poll that finds nothing new is not a
-// reload: it is neither logged nor counted.
+// reload, unless the one before was refused: it is neither logged nor
+// counted.
 func (r *reloader) reload(ctx context.Context, trigger string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -401,8 +402,10 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 		r.lastOK.Set(0)
 	} else {
 		// A poll reads the files too: what it changes from them is a
-		// reload like any other.
-		if trigger == "dns" && rl.Servers == nil && len(rl.Pools) == 0 && len(rl.Changed) == 0 {
+		// reload like any other. One that changes nothing is one too
+		// when the reload before it was refused: it ends the refusal.
+		refused := len(r.history) > 0 && r.history[len(r.history)-1].Result == "error"
+		if trigger == "dns" && rl.Servers == nil && len(rl.Pools) == 0 && len(rl.Changed) == 0 && !refused {
 			return
 		}
 		level := slog.LevelInfo

@@ -691,3 +691,39 @@ func TestReloadRefusesWhatWouldHarm(t *testing.T) {
 		})
 	}
 }
+
+// TestServersDNSRecovers: a SERVERS_DNS poll that fails (here: no
+// records) is a refused reload, and the first that succeeds again ends
+// it even when it finds the same nodes: it is logged and counted, and
+// memcgate_config_last_reload_successful is 1 again. That poll found
+// nothing new and was dropped, which left the metric at 0 (and
+// MemcgateConfigReloadFailed firing) until the nodes next changed.
+func TestServersDNSRecovers(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 1)
+	dns := dnstest.Start(t)
+	dns.SetLocalhost(mcs[0].Port)
+	g := startGateway(t, map[string]string{
+		"MEMCGATE_SERVERS_DNS":  "_memcache._tcp.memcached.test",
+		"MEMCGATE_DNS_SERVER":   dns.Addr(),
+		"MEMCGATE_DNS_INTERVAL": "100ms",
+	})
+	waitMetric := func(name, labels string, ok func(float64) bool, what string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !ok(metric(t, g, name, labels)); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %s%s = %v:\n%s", what, name, labels, metric(t, g, name, labels), gatewaytest.Tail(g.Logs(), 2000))
+			}
+		}
+	}
+	okBefore := metric(t, g, "memcgate_config_reloads_total", `{result="ok"}`)
+	dns.SetLocalhost() // no records
+	waitMetric("memcgate_config_last_reload_successful", "", func(v float64) bool { return v == 0 }, "a DNS answer without records was not refused")
+	dns.SetLocalhost(mcs[0].Port) // the same node again
+	waitMetric("memcgate_config_last_reload_successful", "", func(v float64) bool { return v == 1 }, "the DNS poll that succeeded again did not end the refusal")
+	if ok := metric(t, g, "memcgate_config_reloads_total", `{result="ok"}`); ok != okBefore+1 {
+		t.Errorf("memcgate_config_reloads_total{result=ok} went from %v to %v, want the recovery counted once", okBefore, ok)
+	}
+	if got := nodeNames(t, g); len(got) != 1 || got[0] != "localhost:"+strconv.Itoa(mcs[0].Port) {
+		t.Errorf("nodes = %v, want the one DNS names", got)
+	}
+}
