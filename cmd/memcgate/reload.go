@@ -501,10 +501,13 @@ func (r *reloader) apply(next config.Config, rl *Reload) error {
 			rl.Changed = append(rl.Changed, v)
 		}
 	}
-	sec, err := newSecurity(withTLSOf(next, r.started))
-	if err != nil {
+	// The TLS files the running listeners loaded must load still: a
+	// restart would need them. Their content is not applied.
+	if _, err := newSecurity(withTLSOf(next, r.started)); err != nil {
 		return err
 	}
+	// The tokens applied are the ones checked: read once, as a token
+	// file may change between two reads.
 	tokens, err := next.Tokens()
 	if err != nil {
 		return err
@@ -541,7 +544,7 @@ func (r *reloader) apply(next config.Config, rl *Reload) error {
 			}
 		}
 	}
-	r.access.Set(sec.tokens, next.ReadOnly)
+	r.access.Set(gatewayTokens(tokens), next.ReadOnly)
 	r.level.Set(level)
 	r.handler.SetLimits(next.MaxRequests, next.RequestTimeout, next.AccessLog)
 	if r.fast != nil {
@@ -629,7 +632,7 @@ func liveNames() []string {
 }
 
 // withTLSOf is cfg with the TLS settings of started, which a reload does
-// not change: security is built again only for its tokens.
+// not change: security is built again only to check them.
 func withTLSOf(cfg, started config.Config) config.Config {
 	cfg.TLSCertFile, cfg.TLSKeyFile = started.TLSCertFile, started.TLSKeyFile
 	cfg.AdminTLSCertFile, cfg.AdminTLSKeyFile = started.AdminTLSCertFile, started.AdminTLSKeyFile

@@ -28,21 +28,7 @@ func newSecurity(cfg config.Config) (*security, error) {
 	if err != nil {
 		return nil, err
 	}
-	secrets := make(map[string]gateway.Scope, len(toks))
-	for _, t := range toks {
-		var sc gateway.Scope
-		if t.Read {
-			sc |= gateway.ScopeRead
-		}
-		if t.Write {
-			sc |= gateway.ScopeWrite
-		}
-		if t.Admin {
-			sc |= gateway.ScopeAdmin
-		}
-		secrets[t.Secret] |= sc
-	}
-	s.tokens = gateway.NewTokens(secrets)
+	s.tokens = gatewayTokens(toks)
 	if s.dataTLS, err = serverTLS(cfg.TLSCertFile, cfg.TLSKeyFile, "TLS_CERT_FILE"); err != nil {
 		return nil, err
 	}
@@ -74,6 +60,26 @@ func newSecurity(cfg config.Config) (*security, error) {
 		s.dialer = d.DialContext
 	}
 	return &s, nil
+}
+
+// gatewayTokens maps the configured tokens onto the gateway's: each
+// secret with the scopes of all its entries.
+func gatewayTokens(toks []config.Token) gateway.Tokens {
+	secrets := make(map[string]gateway.Scope, len(toks))
+	for _, t := range toks {
+		var sc gateway.Scope
+		if t.Read {
+			sc |= gateway.ScopeRead
+		}
+		if t.Write {
+			sc |= gateway.ScopeWrite
+		}
+		if t.Admin {
+			sc |= gateway.ScopeAdmin
+		}
+		secrets[t.Secret] |= sc
+	}
+	return gateway.NewTokens(secrets)
 }
 
 func serverTLS(certFile, keyFile, name string) (*tls.Config, error) {
