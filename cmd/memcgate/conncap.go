@@ -1,6 +1,7 @@
 package main
 
 import (
+	"log/slog"
 	"math"
 	"net"
 	"sync/atomic"
@@ -25,6 +26,16 @@ func clientConnCap(setting int, nofile uint64) int {
 		return 0
 	}
 	return int(min(nofile-min(nofile/4, reserveMax), math.MaxInt32)) // RLIM_INFINITY too, on 32-bit
+}
+
+// warnConnCap logs a warning if maxConns, the cap on client connections
+// (0: none), leaves less than clientConnCap's reserve of the open-file
+// limit nofile (0: unknown or unlimited) to the other descriptors.
+func warnConnCap(log *slog.Logger, maxConns int, nofile uint64) {
+	if nofile > 0 && uint64(maxConns) > nofile-min(nofile/4, reserveMax) {
+		log.Warn("MEMCGATE_MAX_CLIENT_CONNS leaves few descriptors of the open-file limit for memcached and the admin listener: while clients hold them all, memcached connections cannot be opened; raise the limit (ulimit -n, LimitNOFILE=) or lower the cap",
+			"max_client_conns", maxConns, "open_file_limit", nofile)
+	}
 }
 
 // connCap caps the client connections of the data listeners that Go's

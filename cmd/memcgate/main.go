@@ -472,10 +472,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 		"servers", len(cfg.Servers), "distribution", cfg.Distribution, "pools", router.Pools(), "replicas", cfg.Replicas,
 		"max_buffered_bytes", mem.budget, "memory_limit", mem.limit, "memory_limit_from", mem.source,
 		"max_client_conns", maxConns, "open_file_limit", nofile, "procs", runtime.GOMAXPROCS(0), "fit_procs", fitting)
-	if nofile > 0 && uint64(maxConns) > nofile-min(nofile/4, reserveMax) {
-		log.Warn("MEMCGATE_MAX_CLIENT_CONNS leaves few descriptors of the open-file limit for memcached and the admin listener: while clients hold them all, memcached connections cannot be opened; raise the limit (ulimit -n, LimitNOFILE=) or lower the cap",
-			"max_client_conns", maxConns, "open_file_limit", nofile)
-	}
+	warnConnCap(log, maxConns, nofile)
 
 	var first error
 	select {

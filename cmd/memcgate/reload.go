@@ -558,7 +558,11 @@ func (r *reloader) apply(next config.Config, rl *Reload) error {
 	r.budget.SetLimit(limit)
 	r.bodies.SetMax(int(limit))
 	if r.conns != nil {
-		r.conns.setMax(clientConnCap(next.MaxClientConns, r.nofile))
+		connMax := clientConnCap(next.MaxClientConns, r.nofile)
+		r.conns.setMax(connMax)
+		if slices.Contains(rl.Changed, config.Prefix+"MAX_CLIENT_CONNS") {
+			warnConnCap(r.log, connMax, r.nofile) // as at start
+		}
 	}
 	r.cur, r.tokens = cur, tokens
 	return nil

@@ -727,3 +727,28 @@ func TestServersDNSRecovers(t *testing.T) {
 		t.Errorf("nodes = %v, want the one DNS names", got)
 	}
 }
+
+// TestReloadConnCapWarned: a reload that sets MAX_CLIENT_CONNS above what
+// the open-file limit leaves after its reserve is warned about, as the
+// same setting is at start; it was applied without a word.
+func TestReloadConnCapWarned(t *testing.T) {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Max >= 1<<30 {
+		t.Skipf("no open-file limit to go past (hard limit %d, %v)", rl.Max, err)
+	}
+	mcs := memcachedtest.StartN(t, 1)
+	file := filepath.Join(t.TempDir(), "memcgate.env")
+	writeAtomic(t, file, "MEMCGATE_SERVERS="+memcachedtest.Addrs(mcs)+"\n")
+	g := startGateway(t, map[string]string{"MEMCGATE_CONFIG_FILE": file, "MEMCGATE_WATCH_INTERVAL": "0s"})
+	const warning = "MEMCGATE_MAX_CLIENT_CONNS leaves few descriptors of the open-file limit"
+	if strings.Contains(g.Logs(), warning) {
+		t.Fatalf("warned at start with the default cap:\n%s", gatewaytest.Tail(g.Logs(), 2000))
+	}
+	writeAtomic(t, file, "MEMCGATE_SERVERS="+memcachedtest.Addrs(mcs)+"\nMEMCGATE_MAX_CLIENT_CONNS="+strconv.FormatUint(rl.Max, 10)+"\n")
+	g.Signal(syscall.SIGHUP)
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(g.Logs(), warning); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("a reload set MEMCGATE_MAX_CLIENT_CONNS to the whole open-file limit (%d) without a warning:\n%s", rl.Max, gatewaytest.Tail(g.Logs(), 2000))
+		}
+	}
+}
