@@ -757,7 +757,7 @@ func TestHedgedRead(t *testing.T) {
 	co := clusterOptions(mcs)
 	_, port, _ := net.SplitHostPort(slow.Addr())
 	co.Servers[0].Port, _ = strconv.Atoi(port)
-	co.Timeout = time.Second
+	co.Timeout = 5 * time.Second
 	slowAddr := "127.0.0.1:" + port
 	for _, read := range []ReadPolicy{ReadHedged, ReadFirst} {
 		t.Run(string(read), func(t *testing.T) {
@@ -775,9 +775,17 @@ func TestHedgedRead(t *testing.T) {
 					}
 				}
 			}
-			// 100ms a round trip: hedged reads, answered after a few
-			// milliseconds, stay well apart from it on a loaded machine.
-			slow.SetLatency(50 * time.Millisecond)
+			// Unhedged reads wait the slow replica's round trip, at
+			// least 100ms however loaded the machine. Hedged ones are
+			// answered after a few milliseconds: the slow replica then
+			// takes 2s a round trip, so that a hedged read cannot pass
+			// for one that waited, even on a machine busy enough to
+			// stretch a millisecond a hundredfold.
+			slowRTT := 100 * time.Millisecond
+			if read == ReadHedged {
+				slowRTT = 2 * time.Second
+			}
+			slow.SetLatency(slowRTT / 2)
 			var worst time.Duration
 			for _, k := range keys {
 				start := time.Now()
@@ -791,12 +799,12 @@ func TestHedgedRead(t *testing.T) {
 			t.Logf("%s: slowest of %d reads %v; hedges sent %v, won %v", read, len(keys), worst, sent, won)
 			switch read {
 			case ReadHedged:
-				if worst > 60*time.Millisecond || won < float64(len(keys))*0.9 {
-					t.Errorf("hedged reads: slowest %v, %v hedges won; want under 60ms, most won", worst, won)
+				if worst >= slowRTT/2 || won < float64(len(keys))*0.9 {
+					t.Errorf("hedged reads: slowest %v, %v hedges won; want under %v, most won", worst, won, slowRTT/2)
 				}
 			case ReadFirst:
-				if worst < 100*time.Millisecond || sent != 0 {
-					t.Errorf("unhedged reads: slowest %v, %v hedges; want the slow replica's 100ms, none", worst, sent)
+				if worst < slowRTT || sent != 0 {
+					t.Errorf("unhedged reads: slowest %v, %v hedges; want the slow replica's %v, none", worst, sent, slowRTT)
 				}
 			}
 		})
