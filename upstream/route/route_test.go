@@ -483,6 +483,84 @@ func TestBackgroundCopiesKeepWriteOrder(t *testing.T) {
 	}
 }
 
+// TestCopiesMovedToASpareKeepWriteOrder: a write's copy that moves on to
+// a spare (its replica went out of service for it) is ordered there, on
+// the node it goes to: the next write of the key, which has the spare
+// among its replicas once that replica is ejected, does not overtake it
+// and leave the spare with the older value. The key's chain is A, B, S;
+// the pool keeps two copies under the first policy, so each write is
+// answered by B while its copy to A, paused, runs until it times out,
+// which ejects A (one passive failure is enough) and moves the copy to
+// S. The next write then goes to B and S. Either the moved copy is
+// already on S, held in the proxy's delay line while the next write goes
+// to S on another connection, or it is still waiting on A behind an
+// earlier write's copy, and moves to S only after the next write has
+// gone there.
+func TestCopiesMovedToASpareKeepWriteOrder(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		timeout time.Duration // the pool's: how long a copy to the paused A runs
+		latency time.Duration // one way, to S, while the moved copy goes there
+		writes  []string      // written before A is ejected; each moves to S
+	}{
+		{"held on the spare", 3 * time.Second, 500 * time.Millisecond, []string{"v1"}},
+		{"moved after the next write", time.Second, 0, []string{"v0", "v1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mcs := memcachedtest.StartN(t, 3)
+			a, b := mcs[0], mcs[1]
+			px := faultproxy.NewTCP(mcs[2].Addr)
+			if err := px.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { px.Close() })
+			_, port, _ := net.SplitHostPort(px.Addr())
+			o := clusterOptions(mcs)
+			o.Servers[2].Port, _ = strconv.Atoi(port)
+			s := "127.0.0.1:" + port
+			o.Timeout, o.Health.Timeout = tc.timeout, tc.timeout
+			o.Health.Interval = time.Hour // no probe after the first: only the copy's timeout ejects A
+			o.Health.PassiveFails = 1
+			r, _ := newRouter(t, Options{Pools: []PoolOptions{{Cluster: o, Replicas: 2, Write: WriteFirst}}})
+			t.Cleanup(a.Resume) // before the router's cleanup
+			key := ""
+			for i := 0; key == ""; i++ {
+				k := fmt.Sprint("k", i)
+				if c := r.Placement(k).Chain; c[0].Node == a.Addr && c[1].Node == b.Addr && c[2].Node == s {
+					key = k
+				}
+			}
+			ctx := t.Context()
+			px.SetLatency(tc.latency)
+			read := px.Stats().BytesFromClient
+			a.Pause()
+			for _, v := range tc.writes {
+				if err := set(ctx, r, key, v); err != nil { // answered by B
+					t.Fatal(err)
+				}
+			}
+			waitUntil(t, 5*tc.timeout, "A ejected by the first copy's timeout", func() bool { return !nodeUp(r, a.Addr) })
+			waitUntil(t, 5*tc.timeout, "the first copy moved on to S", func() bool { return px.Stats().BytesFromClient > read })
+			px.SetLatency(0)
+			if err := set(ctx, r, key, "v2"); err != nil { // to B and S
+				t.Fatal(err)
+			}
+			r.bg.wait()
+			if n := testutil.ToFloat64(r.m.substituted.WithLabelValues("main")); n != float64(len(tc.writes)) {
+				t.Errorf("substitutions = %v, want %d: the copies to A did not all move to S", n, len(tc.writes))
+			}
+			vb, _ := direct(t, b.Addr, key)
+			vs, _ := direct(t, mcs[2].Addr, key)
+			if vb != "v2" || vs != "v2" {
+				t.Errorf("%s is %q on B and %q on the spare S, want v2 on both", key, vb, vs)
+			}
+			if n := r.pools[0].order.n.Load(); n != 0 {
+				t.Errorf("every write done: %d places kept in the write order, want none", n)
+			}
+		})
+	}
+}
+
 // TestBadKeysInEveryPool: a key that a prefix routes is checked like any
 // other: in a pool of one copy and in a replicated one, every verb
 // refuses it with ErrBadKey, and no node is blamed for it.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/memcgate/memcgate/upstream"
@@ -165,24 +166,15 @@ func (v *view) fanout(ctx context.Context, o op.Op, set *upstream.ReplicaSet, ta
 	if !background {
 		need = len(targets)
 	}
-	// Each copy waits for the key's earlier copies still running on its
-	// node (writeOrder); those of a write that may be answered before
-	// they land are recorded for the writes after it.
-	prev, done := v.order.enter(o.Item.Key, targets, background)
+	// Each copy waits for the key's earlier copies still running on the
+	// node it goes to, a spare included (writeOrder); those of a write
+	// that may be answered before they land are recorded for the writes
+	// after it.
+	cs := newWriteCopies(&v.order, o.Item.Key, set, targets, background)
 	wctx, cancel := detach(ctx, v.timeout)
 	results := make(chan outcome, len(targets))
-	var spares sync.Mutex // guards set's spares
 	for i, r := range targets {
-		go func() {
-			if prev != nil {
-				await(wctx, prev[i])
-			}
-			res := v.writeOne(wctx, o, set, &spares, r)
-			if done != nil {
-				v.order.answered(r.Node(), o.Item.Key, done[i])
-			}
-			results <- outcome{i, res}
-		}()
+		go func() { results <- outcome{i, v.writeOne(wctx, o, cs, i, r)} }()
 	}
 	answered, got := 0, 0
 	best, failed := outcome{rank: -1}, outcome{rank: -1} // the lowest-ranked answer and failure
@@ -250,31 +242,131 @@ func (v *view) answersBefore(a, b outcome) bool {
 	return a.rank < b.rank
 }
 
-// writeOne runs o on one replica, moving on to spares when the replica
-// cannot have applied it or went out of service for it.
-func (v *view) writeOne(ctx context.Context, o op.Op, set *upstream.ReplicaSet, spares *sync.Mutex, r upstream.Replica) op.Result {
-	if !r.Home() {
-		set.CountFailover()
-	}
-	res := v.c.DoOn(ctx, o, r)
-	for range maxSpares {
-		if !replaceable(res.Err, r) || ctx.Err() != nil {
-			break
+// writeOne runs o on r, the fan-out's i-th target, moving on to spares
+// when a node cannot have applied it or went out of service for it. On
+// each node it goes to, the copy is first ordered behind the key's
+// earlier copies there, and gives its place up once that node is done
+// with it: answered, failed, or left for a spare (then nothing reached
+// the node, or it is out of service, and flushed before it is back).
+func (v *view) writeOne(ctx context.Context, o op.Op, cs *writeCopies, i int, r upstream.Replica) op.Result {
+	defer cs.finish(ctx)
+	place := i
+	for moves := 0; ; moves++ {
+		if !r.Home() {
+			cs.set.CountFailover()
 		}
-		spares.Lock()
-		s, ok := set.Spare()
-		spares.Unlock()
+		await(ctx, cs.before(place, r))
+		res := v.c.DoOn(ctx, o, r)
+		cs.leave(place, r)
+		if moves == maxSpares || !replaceable(res.Err, r) || ctx.Err() != nil {
+			return res
+		}
+		s, p, ok := cs.spare()
 		if !ok {
-			break
+			return res
 		}
 		v.pm.substituted.Inc()
-		r = s
-		if !r.Home() {
-			set.CountFailover()
-		}
-		res = v.c.DoOn(ctx, o, r)
+		r, place = s, p
 	}
-	return res
+}
+
+// writeCopies are a fan-out's copies of one write: the spares they may
+// move on to, and their places in the key's write order (writeOrder).
+type writeCopies struct {
+	order   *writeOrder
+	key     string
+	set     *upstream.ReplicaSet
+	targets int             // the fan-out's, whose places come first in prev and done
+	prev    []chan struct{} // enter's: what each place waits for, per target then per reserved spare
+	done    []chan struct{} // enter's: each place, given up once its node is done; nil when the write records none
+	left    atomic.Int64    // copies still running, for a write that records
+
+	mu       sync.Mutex         // guards set's spares, next and taken while copies run
+	reserved []upstream.Replica // for a write that records, the only spares its copies may move to, each with its place
+	taken    []bool             // per reserved spare: a copy moved there, and gives its place up
+	next     int                // reserved[next:] are still to be tried
+}
+
+// newWriteCopies finds where in the key's write order each copy of a
+// write to targets goes. A write that records (record, see writeOrder)
+// reserves a place on each spare its copies could move on to, at most
+// maxSpares per target, with its places on the targets.
+func newWriteCopies(order *writeOrder, key string, set *upstream.ReplicaSet, targets []upstream.Replica, record bool) *writeCopies {
+	cs := &writeCopies{order: order, key: key, set: set, targets: len(targets)}
+	if record {
+		cs.reserved = make([]upstream.Replica, 0, len(targets)*maxSpares)
+		for range cap(cs.reserved) {
+			s, ok := set.Spare()
+			if !ok {
+				break
+			}
+			cs.reserved = append(cs.reserved, s)
+		}
+		cs.taken = make([]bool, len(cs.reserved))
+		cs.left.Store(int64(len(targets)))
+	}
+	cs.prev, cs.done = order.enter(key, targets, cs.reserved, record)
+	return cs
+}
+
+// spare returns the next spare for a copy to move on to, and its place
+// (-1: none reserved): for a write that records, the next reserved spare
+// that is up; otherwise the set's next.
+func (cs *writeCopies) spare() (upstream.Replica, int, bool) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.done == nil {
+		s, ok := cs.set.Spare()
+		return s, -1, ok
+	}
+	for cs.next < len(cs.reserved) {
+		j := cs.next
+		cs.next++
+		if cs.reserved[j].Up() {
+			cs.taken[j] = true
+			return cs.reserved[j], cs.targets + j, true
+		}
+	}
+	return upstream.Replica{}, -1, false
+}
+
+// before is what the copy to r at place waits for before it is sent: the
+// key's places recorded on r before the write's (enter's prev), or, for
+// a copy with no place (-1), those recorded now.
+func (cs *writeCopies) before(place int, r upstream.Replica) chan struct{} {
+	switch {
+	case place < 0:
+		return cs.order.latest(r.Node(), cs.key)
+	case cs.prev == nil:
+		return nil
+	}
+	return cs.prev[place]
+}
+
+// leave gives up the copy's place on r, whose node is done with it.
+func (cs *writeCopies) leave(place int, r upstream.Replica) {
+	if cs.done != nil {
+		cs.order.answered(r.Node(), cs.key, cs.done[place])
+	}
+}
+
+// finish is called by each copy once it is done. The last of a write
+// that records gives up the places reserved on spares that no copy took,
+// each once the place before it is given up (answered).
+func (cs *writeCopies) finish(ctx context.Context) {
+	if cs.done == nil || cs.left.Add(-1) != 0 {
+		return
+	}
+	for j, r := range cs.reserved { // every copy is done (left): taken is final
+		if cs.taken[j] {
+			continue
+		}
+		p := cs.targets + j
+		if cs.prev != nil {
+			await(ctx, cs.prev[p])
+		}
+		cs.order.answered(r.Node(), cs.key, cs.done[p])
+	}
 }
 
 // cas stores o, a write checked against a CAS value (cas, append_cas,
@@ -292,7 +384,7 @@ func (v *view) cas(ctx context.Context, o op.Op) op.Result {
 		return op.Result{Err: err}
 	}
 	o.Admitted = true
-	if prev, _ := v.order.enter(o.Item.Key, set.Replicas[:1], false); prev != nil {
+	if prev, _ := v.order.enter(o.Item.Key, set.Replicas[:1], nil, false); prev != nil {
 		await(ctx, prev[0]) // the check is against the caller's earlier write, whose copy may still be on its way
 	}
 	res := v.c.DoOn(ctx, o, set.Replicas[0])
