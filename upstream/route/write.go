@@ -44,11 +44,11 @@ import (
 // is replaced by the next live node of the key's chain (a spare, whose
 // copy gets FAILOVER_TTL): the key keeps its copies through a node's death.
 //
-// A copy is sent to its replica only once the copies of the key's
-// earlier writes still running there have been answered (order.go): a
-// write answered before all its copies landed is not overtaken on a
-// replica by the next write of the key, which would leave that replica
-// with the older value.
+// A copy is sent to a node, its replica or a spare, only once the copies
+// of the key's earlier writes still running there have been answered
+// (order.go): a write answered before all its copies landed is not
+// overtaken on a node by the next write of the key, which would leave
+// that node with the older value.
 
 // do runs one operation on a replicated pool.
 func (v *view) do(ctx context.Context, o op.Op) op.Result {
