@@ -1144,26 +1144,29 @@ func smallSendBuffer(addr string, wrap bool) func(context.Context) (net.Conn, er
 // 130 ms here), hence its longer timeout.
 func TestSlowSteadyValue(t *testing.T) {
 	srv := memcachedtest.Start(t, "-I", "2m")
-	// 1 MiB at 2 MiB/s: about 500 ms, in pieces of 16 KiB each 8 ms.
-	addr := slowRelay(t, srv.Addr, 2<<20)
-	value := bytes.Repeat([]byte("v"), 1<<20)
 	for _, tc := range []struct {
 		name    string
 		wrap    bool
+		rate    int // bytes a second the relay passes
+		size    int
 		timeout time.Duration
 	}{
-		{"socket", false, 100 * time.Millisecond},
+		// 1 MiB at 2 MiB/s: about 500 ms, in pieces of 16 KiB each 8 ms.
+		{"socket", false, 2 << 20, 1 << 20, 100 * time.Millisecond},
 		// A wrapped connection shows progress only per written slice
-		// (256 KiB, about 130 ms here): 300 ms leaves room for a relay
-		// slowed by -race on a loaded machine.
-		{"wrapped", true, 300 * time.Millisecond},
+		// (256 KiB, about 250 ms here): a timeout of four slices leaves
+		// room for a relay slowed by -race on a loaded machine, and the
+		// value takes longer than one and a half of them.
+		{"wrapped", true, 1 << 20, 7 << 18, time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			addr := slowRelay(t, srv.Addr, tc.rate)
+			value := bytes.Repeat([]byte("v"), tc.size)
 			c := New(Options{Conns: 1, Timeout: tc.timeout, Dial: smallSendBuffer(addr, tc.wrap)})
 			defer c.Close()
 			start := time.Now()
 			if err := c.Set(&memcache.Item{Key: tc.name, Value: value}); err != nil {
-				t.Fatalf("set of 1 MiB read steadily at 2 MiB/s, timeout %v: %v after %v", tc.timeout, err, time.Since(start))
+				t.Fatalf("set of %d bytes read steadily at %d B/s, timeout %v: %v after %v", tc.size, tc.rate, tc.timeout, err, time.Since(start))
 			}
 			took := time.Since(start)
 			t.Logf("set: %v", took)
