@@ -44,9 +44,23 @@ func phase(t *testing.T) time.Duration {
 	return 2 * time.Second
 }
 
+// The gateway's timeouts in these tests, unless a test sets its own.
+// memcached is on loopback, and the shipped ones (500 ms, 300 ms for a
+// probe) would turn a stall of the shared test machine into a fault the
+// test did not make: a write answered 504, a read that misses after a
+// replica timed out, a live node ejected by its probes. A test whose
+// subject is a timeout sets the shipped one.
+const (
+	testTimeout        = 10 * time.Second
+	testRequestTimeout = 2 * testTimeout // MAX_ATTEMPTS (2) × TIMEOUT
+	testHealthTimeout  = 5 * time.Second
+)
+
 func startGateway(t *testing.T, env map[string]string) *gatewaytest.Gateway {
 	t.Helper()
-	base := map[string]string{"MEMCGATE_DRAIN_DELAY": "0s", "MEMCGATE_LOG_FORMAT": "text", "MEMCGATE_ACCESS_LOG": "false"}
+	base := map[string]string{"MEMCGATE_DRAIN_DELAY": "0s", "MEMCGATE_LOG_FORMAT": "text", "MEMCGATE_ACCESS_LOG": "false",
+		"MEMCGATE_TIMEOUT": testTimeout.String(), "MEMCGATE_REQUEST_TIMEOUT": testRequestTimeout.String(),
+		"MEMCGATE_HEALTH_TIMEOUT": testHealthTimeout.String()}
 	for k, v := range env {
 		base[k] = v
 	}
@@ -104,6 +118,14 @@ func nodeUp(t *testing.T, g *gatewaytest.Gateway, addr string) bool {
 	return false
 }
 
+// waitLimit bounds a wait for a state the test caused (a node ejected,
+// a reload applied, a copy landed). A wait returns as soon as the state
+// is seen, so the bound is set for a busy shared machine, not a quiet
+// one: only a state that never comes reaches it.
+const waitLimit = 30 * time.Second
+
+// waitFor polls cond until it holds and returns how long that took; it
+// fails t if cond does not hold within limit.
 func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) time.Duration {
 	t.Helper()
 	start := time.Now()
@@ -201,7 +223,7 @@ func TestPoolsOverHTTP(t *testing.T) {
 	}
 	for _, k := range []string{"session:a", "cart:b", "session:async"} {
 		n := 0
-		waitFor(t, 2*time.Second, "two copies of "+k, func() bool {
+		waitFor(t, waitLimit, "two copies of "+k, func() bool {
 			n = 0
 			for _, m := range sess {
 				if c, _ := memcachedRaw(t, m.Addr, k); c {
@@ -238,7 +260,7 @@ func TestPoolsOverHTTP(t *testing.T) {
 	}
 	// A live change of policy and prefixes; adding a pool is refused.
 	writePools("sessions servers=" + memcachedtest.Addrs(sess) + " prefixes=session: replicas=3 read=first\n")
-	waitFor(t, 5*time.Second, "pools reloaded", func() bool {
+	waitFor(t, waitLimit, "pools reloaded", func() bool {
 		o := ownersOf(t, g, "session:a")
 		return o.Replicas == 3 && o.ReadPolicy == "first"
 	})
@@ -246,10 +268,10 @@ func TestPoolsOverHTTP(t *testing.T) {
 		t.Errorf("cart:b after the reload goes to %s, want main", o.Pool)
 	}
 	writePools("sessions servers=" + memcachedtest.Addrs(sess) + " prefixes=session:\nmore servers=" + main[0].Addr + " prefixes=m:\n")
-	waitFor(t, 5*time.Second, "reload refused", func() bool {
+	waitFor(t, waitLimit, "reload refused", func() bool {
 		return metric(t, g, "memcgate_config_last_reload_successful") == 0
 	})
-	waitFor(t, 2*time.Second, "the refused reload's log line naming the restart", func() bool {
+	waitFor(t, waitLimit, "the refused reload's log line naming the restart", func() bool {
 		return strings.Contains(g.Logs(), "needs a restart")
 	})
 }
@@ -281,7 +303,7 @@ func memcachedRaw(t *testing.T, addr, key string) (bool, string) {
 }
 
 // replicatedEnv is a 3-node pool keeping 2 copies, the shipped health
-// settings, and write policy write.
+// settings but startGateway's timeouts, and write policy write.
 func replicatedEnv(mcs []*memcachedtest.Server, write string) map[string]string {
 	return map[string]string{
 		"MEMCGATE_SERVERS":      memcachedtest.Addrs(mcs),
@@ -304,12 +326,21 @@ func TestReplicaDeathUnderLoad(t *testing.T) {
 func replicaFault(t *testing.T, fault string) {
 	d := phase(t)
 	mcs := memcachedtest.StartN(t, 3)
-	g := startGateway(t, replicatedEnv(mcs, "all"))
-	l := newLoader("http://"+g.DataAddr, 8, 4*time.Millisecond, 90) // 2,000 requests/s
+	env := replicatedEnv(mcs, "all")
+	timeout := testTimeout
+	if fault == "pause" {
+		// A stopped node is found by its requests timing out (passive
+		// ejection): the shipped socket timeout, and the request
+		// timeout that goes with it.
+		timeout = 500 * time.Millisecond
+		env["MEMCGATE_TIMEOUT"], env["MEMCGATE_REQUEST_TIMEOUT"] = timeout.String(), "2s"
+	}
+	g := startGateway(t, env)
+	l := newLoader("http://"+g.DataAddr, 8, 4*time.Millisecond, 90, timeout) // 2,000 requests/s
 	l.preload(t)
 	l.start()
 	t0 := time.Now()
-	time.Sleep(d)
+	l.await(t, d, phaseRequests)
 	victim := mcs[1]
 	t.Logf("%s %s at %s", fault, victim.Addr, time.Now().Format("15:04:05.000"))
 	t1 := time.Now()
@@ -320,8 +351,8 @@ func replicaFault(t *testing.T, fault string) {
 	case "pause":
 		victim.Pause()
 	}
-	ejected := waitFor(t, 10*time.Second, "ejection", func() bool { return !nodeUp(t, g, victim.Addr) })
-	time.Sleep(d)
+	ejected := waitFor(t, waitLimit, "ejection", func() bool { return !nodeUp(t, g, victim.Addr) })
+	l.await(t, d, phaseRequests)
 	switch fault {
 	case "kill":
 		victim.Restart()
@@ -333,7 +364,7 @@ func replicaFault(t *testing.T, fault string) {
 	t2 := time.Now()
 	t.Logf("%s re-admitted by %s", victim.Addr, t2.Format("15:04:05.000"))
 	atReadmit := l.versions()
-	time.Sleep(d)
+	l.await(t, d, phaseRequests)
 	t3 := time.Now()
 	l.finish()
 	before, during, after := l.between(t0, t1), l.between(t1, t2), l.between(t2, t3)
@@ -359,11 +390,11 @@ func replicaFault(t *testing.T, fault string) {
 			}
 		}
 	}
-	t.Logf("%s one of 3 nodes (REPLICAS=2, WRITE_POLICY=all, READ_POLICY=first, MISS_FALLBACK=true; ejected after %v, re-admitted %v after its return):\n"+
+	t.Logf("%s one of 3 nodes (REPLICAS=2, WRITE_POLICY=all, READ_POLICY=first, MISS_FALLBACK=true, TIMEOUT=%v; ejected after %v, re-admitted %v after its return):\n"+
 		"| phase | requests | GET hit ratio | misses after a timeout | errors | stale reads | GET p50 | GET p99 | GET max |\n|---|---|---|---|---|---|---|---|---|\n%s%s%s"+
 		"written during the outage: %d keys, %d of them with a copy on the returned node (%d stale there); "+
 		"read back after re-admission: %d of %d keys stale, %d missing, %d holding a write answered with an error; first errors: %q; first misses: %q",
-		fault, ejected.Round(time.Millisecond), readmit.Round(time.Millisecond),
+		fault, timeout, ejected.Round(time.Millisecond), readmit.Round(time.Millisecond),
 		row("before", before), row("during", during), row("after", after),
 		outage, onVictim, victimStale, stale, loadKeys, missing, unacked, l.errs, l.misses)
 	if onVictim == 0 {
@@ -384,10 +415,12 @@ func replicaFault(t *testing.T, fault string) {
 				p.name, p.s.HitRatioOneFault(), p.s.SlowMisses, before.HitRatioOneFault())
 		}
 	}
-	// A killed node refuses connections, so its writes move to a spare at
-	// once: no errors. A paused one accepts and stays silent: until it is
-	// ejected, a write under the all policy that waited for it times out
-	// and says so (docs/pools.md), so errors are counted, not asserted.
+	// A killed node refuses connections, and one reset mid-request is
+	// ejected at once, so its writes move to a spare: no errors, with
+	// timeouts that no stall of the machine reaches. A paused one
+	// accepts and stays silent: until it is ejected, a write under the
+	// all policy that waited for it times out and says so
+	// (docs/pools.md), so errors are counted, not asserted.
 	if fault == "kill" && before.Errors+during.Errors+after.Errors > 0 {
 		t.Errorf("%d errors", before.Errors+during.Errors+after.Errors)
 	}
@@ -419,14 +452,14 @@ func TestHedgedReads(t *testing.T) {
 	for _, read := range []string{"first", "hedged"} {
 		slow.SetLatency(0)
 		g := startGateway(t, map[string]string{"MEMCGATE_SERVERS": servers, "MEMCGATE_REPLICAS": "2", "MEMCGATE_READ_POLICY": read})
-		l := newLoader("http://"+g.DataAddr, 8, 4*time.Millisecond, 100)
+		l := newLoader("http://"+g.DataAddr, 8, 4*time.Millisecond, 100, testTimeout)
 		l.preload(t)
 		l.start()
 		t0 := time.Now()
-		time.Sleep(d)
+		l.await(t, d, phaseRequests)
 		slow.SetLatency(oneWay)
 		t1 := time.Now()
-		time.Sleep(d)
+		l.await(t, d, phaseRequests)
 		t2 := time.Now()
 		l.finish()
 		fast, slowed := l.between(t0, t1), l.between(t1, t2)
@@ -551,7 +584,7 @@ func TestPoolsConfigErrors(t *testing.T) {
 			for k, v := range tt.env {
 				env = append(env, k+"="+v)
 			}
-			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			ctx, cancel := context.WithTimeout(t.Context(), waitLimit)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, binary)
 			cmd.Env = env
@@ -586,8 +619,8 @@ func TestPoolsConfigErrors(t *testing.T) {
 	} {
 		before := reloads()
 		write(bad.text)
-		waitFor(t, 5*time.Second, fmt.Sprintf("reload %d refused", i), func() bool { return reloads() > before })
-		waitFor(t, 2*time.Second, fmt.Sprintf("reload %d's log line naming MEMCGATE_POOLS_FILE and %q", i, bad.want), func() bool {
+		waitFor(t, waitLimit, fmt.Sprintf("reload %d refused", i), func() bool { return reloads() > before })
+		waitFor(t, waitLimit, fmt.Sprintf("reload %d's log line naming MEMCGATE_POOLS_FILE and %q", i, bad.want), func() bool {
 			for _, line := range strings.Split(g.Logs(), "\n") {
 				if strings.Contains(line, "MEMCGATE_POOLS_FILE") && strings.Contains(line, bad.want) {
 					return true
