@@ -186,6 +186,33 @@ next:
 	return -1
 }
 
+// metricSum returns the sum of family's samples whose labels include
+// every pair of labels (name, value, …), 0 if there is none.
+func metricSum(t *testing.T, g *gatewaytest.Gateway, family string, labels ...string) float64 {
+	t.Helper()
+	text, err := g.Metrics(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+next:
+	for _, line := range strings.Split(text, "\n") {
+		name, rest, ok := strings.Cut(line, "{")
+		if !ok || name != family {
+			continue
+		}
+		lbls, val, _ := strings.Cut(rest, "} ")
+		for i := 0; i+1 < len(labels); i += 2 {
+			if !strings.Contains(","+lbls+",", ","+labels[i]+"=\""+labels[i+1]+"\",") {
+				continue next
+			}
+		}
+		f, _ := strconv.ParseFloat(val, 64)
+		sum += f
+	}
+	return sum
+}
+
 // TestPoolsOverHTTP: keys reach the pool of their prefix over every path
 // of the API (one key, multi-get across pools, batch, async writes), the
 // admin endpoints show routes, pools and replicas, and the pools reload.
@@ -327,10 +354,12 @@ func replicatedEnv(mcs []*memcachedtest.Server, write string) map[string]string 
 // ejection is seen: the returned node is checked against those whatever
 // the load wrote meanwhile. A second fault (the machine stalling past a
 // timeout) is kept out by startGateway's timeouts where they are not
-// the subject; the pause, whose subject is a node that stops answering,
-// runs with the shipped socket timeout, and what a stall can still do
-// there is reported apart (misses after a timeout) or not asserted
-// (errors).
+// the subject. The pause, whose subject is a node that stops answering,
+// runs with the shipped socket timeout, so a stall can still make one
+// there: a read that missed after a timeout is counted apart, errors
+// are not asserted, and if another node was ejected, what its flush
+// lost (hit ratio, keys missing) is reported, not asserted. Stale
+// values are failures whatever happened.
 func TestReplicaDeathUnderLoad(t *testing.T) {
 	for _, fault := range []string{"kill", "pause"} {
 		t.Run(fault, func(t *testing.T) { replicaFault(t, fault) })
@@ -413,11 +442,39 @@ func replicaFault(t *testing.T, fault string) {
 			}
 		}
 	}
+	// A node besides the victim taken out of service is a second fault:
+	// it is flushed when it returns, and a key whose other copy was on
+	// the victim is then lost, as a cache loses it. Under the kill no
+	// stall reaches the test's timeouts, so there is none; under the
+	// pause a stall of the machine past the shipped socket timeout makes
+	// one, and what it loses is reported, not asserted.
+	var second []string
+	for _, m := range mcs {
+		n := metricSum(t, g, "memcgate_upstream_ejections_total", "node", m.Addr)
+		switch {
+		case m == victim && n == 0:
+			t.Errorf("memcgate_upstream_ejections_total{node=%q} = 0, yet it was seen ejected", m.Addr)
+		case m != victim && n > 0:
+			second = append(second, fmt.Sprintf("%s ejected %v times", m.Addr, n))
+		}
+	}
+	oneFault := len(second) == 0
+	switch {
+	case fault == "kill" && !oneFault:
+		t.Errorf("besides the killed node, %s", strings.Join(second, ", "))
+	case !oneFault:
+		t.Logf("a second fault: %s (the machine stalled past the socket timeout); hit ratios and keys missing are reported, not asserted",
+			strings.Join(second, ", "))
+	}
 	for _, k := range own {
 		if ok, raw := memcachedRaw(t, victim.Addr, k); ok && raw != k+":2" {
 			t.Errorf("%s on the returned node: %q, %q was acknowledged while it was away", k, raw, k+":2")
 		}
-		if code, body := getAnswered(t, base+"/"+k); code != http.StatusOK || body != k+":2" {
+		code, body := getAnswered(t, base+"/"+k)
+		switch {
+		case code == http.StatusOK && body != k+":2":
+			t.Errorf("GET %s after the re-admission = %q, want %q", k, body, k+":2")
+		case code != http.StatusOK && oneFault:
 			t.Errorf("GET %s after the re-admission = %d %q, want 200 %q", k, code, body, k+":2")
 		}
 	}
@@ -438,7 +495,7 @@ func replicaFault(t *testing.T, fault string) {
 		if p.s.Stale > 0 {
 			t.Errorf("%s: %d stale reads", p.name, p.s.Stale)
 		}
-		if p.s.HitRatioOneFault() < before.HitRatioOneFault()-0.001 {
+		if oneFault && p.s.HitRatioOneFault() < before.HitRatioOneFault()-0.001 {
 			t.Errorf("%s: hit ratio %.4f (without %d misses after a timeout), below the %.4f before",
 				p.name, p.s.HitRatioOneFault(), p.s.SlowMisses, before.HitRatioOneFault())
 		}
@@ -452,7 +509,7 @@ func replicaFault(t *testing.T, fault string) {
 	if fault == "kill" && before.Errors+during.Errors+after.Errors > 0 {
 		t.Errorf("%d errors", before.Errors+during.Errors+after.Errors)
 	}
-	if stale > 0 || missing > 0 {
+	if stale > 0 || oneFault && missing > 0 {
 		t.Errorf("read back: %d stale, %d missing", stale, missing)
 	}
 }
