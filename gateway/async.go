@@ -48,7 +48,7 @@ type asyncQueue struct {
 	quiet     QuietSetter // nil: sets go through ex
 	owners    Owners      // nil: one lane
 	budget    *budget.Budget
-	timeout   time.Duration
+	timeout   atomic.Int64 // each write's deadline, in nanoseconds: RequestTimeout, which a reload may change
 	capacity  int64
 	maxBytes  int64
 	queued    atomic.Int64 // reserved or waiting jobs
@@ -135,8 +135,9 @@ func shareOf(capacity int64, parts int) int64 {
 // each write from its acceptance until it is applied or fails.
 func newAsyncQueue(ex *executor, order *WriteOrder, quiet QuietSetter, owners Owners, bg *budget.Budget, inFlight int64, workers, capacity int, maxBytes int64, timeout time.Duration, reg prometheus.Registerer) *asyncQueue {
 	workers = max(workers, 1)
-	q := &asyncQueue{ex: ex, order: order, quiet: quiet, owners: owners, budget: bg, timeout: timeout, capacity: int64(capacity), maxBytes: maxBytes, seed: maphash.MakeSeed(),
+	q := &asyncQueue{ex: ex, order: order, quiet: quiet, owners: owners, budget: bg, capacity: int64(capacity), maxBytes: maxBytes, seed: maphash.MakeSeed(),
 		share: shareOf(int64(capacity), workers), shareB: shareOf(maxBytes, workers)}
+	q.timeout.Store(int64(timeout))
 	for range workers {
 		q.shards = append(q.shards, &shard{wake: make(chan struct{}, 1)})
 	}
@@ -495,7 +496,7 @@ func (q *asyncQueue) apply(sh *shard, j job, quiet bool) {
 		q.queued.Add(-1)
 		q.order.applied(o.Item.Key, j.seq) // applied, failed, or sent unconfirmed (UDP)
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), q.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(q.timeout.Load()))
 	defer cancel()
 	o.Queued = true // it holds no request slot: past a slow node's share it waits its turn
 	var err error

@@ -327,3 +327,27 @@ func asyncDo(h http.Handler, method, path, body string) *httptest.ResponseRecord
 	h.ServeHTTP(w, req)
 	return w
 }
+
+// TestAsyncTimeoutFollowsSetLimits: a request timeout changed live (a
+// reload of MEMCGATE_REQUEST_TIMEOUT) bounds the asynchronous writes
+// applied after it too (their wait for a slow node's turn, the codec), not
+// only the requests.
+func TestAsyncTimeoutFollowsSetLimits(t *testing.T) {
+	mc := memcachedtest.Start(t)
+	reg := prometheus.NewRegistry()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	c, err := upstream.New(upstream.Options{Servers: []upstream.Server{{Host: "127.0.0.1", Port: mc.Port}}}, log, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	h := NewHandler(c, log, reg, Options{RequestTimeout: time.Minute})
+	h.SetLimits(0, 3*time.Second, false)
+	if got := time.Duration(h.h.async.timeout.Load()); got != 3*time.Second {
+		t.Errorf("asynchronous writes' deadline after SetLimits = %v, want 3s", got)
+	}
+	h.SetLimits(0, 0, false) // 0: unchanged
+	if got := time.Duration(h.h.async.timeout.Load()); got != 3*time.Second {
+		t.Errorf("asynchronous writes' deadline after SetLimits(0) = %v, want 3s kept", got)
+	}
+}

@@ -81,14 +81,16 @@ func (h *Handler) NewContext(parent context.Context) context.Context {
 
 // SetLimits changes, for the requests that follow, the cap on requests
 // in flight (Options.MaxRequests, 0: none), the deadline of a request's
-// memcached work and of each chunk's (Options.RequestTimeout, 0:
-// unchanged) and the access log (Options.AccessLog).
+// memcached work, of each chunk's and of each asynchronous write's
+// (Options.RequestTimeout, 0: unchanged) and the access log
+// (Options.AccessLog).
 func (h *Handler) SetLimits(maxRequests int, requestTimeout time.Duration, accessLog bool) {
 	hh := h.h
 	hh.lim.lim.max.Store(int64(maxRequests))
 	if requestTimeout > 0 {
 		hh.lim.timeout.Store(int64(requestTimeout))
 		hh.chunks.SetTimeout(requestTimeout)
+		hh.async.timeout.Store(int64(requestTimeout)) // writes already being applied keep theirs
 	}
 	hh.obs.accessLog.Store(accessLog)
 }

@@ -168,8 +168,9 @@ func TestSyncWriteBehindStuckAsyncTimesOut(t *testing.T) {
 	go func() { ran <- h.Run(ctx) }()
 	t.Cleanup(func() { stop(); <-ran })
 
+	// The request's deadline, shorter than the 3 s of the write queued
+	// before it.
 	const deadline = 300 * time.Millisecond
-	h.SetLimits(0, deadline, false) // the requests' deadline; the queue keeps its 3 s
 	mc.Pause()
 	resumed := false
 	defer func() {
@@ -182,7 +183,9 @@ func TestSyncWriteBehindStuckAsyncTimesOut(t *testing.T) {
 	}
 	start := time.Now()
 	w := httptest.NewRecorder()
-	h.ServeHTTP(w, httptest.NewRequest("PUT", "/stuck", strings.NewReader("B")))
+	rctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	h.ServeHTTP(w, httptest.NewRequestWithContext(rctx, "PUT", "/stuck", strings.NewReader("B")))
 	took := time.Since(start)
 	if w.Code != http.StatusGatewayTimeout || !strings.Contains(w.Body.String(), "asynchronous writes of this key") {
 		t.Errorf("PUT behind a stuck async write = %d %q, want 504 saying it waited for the key's asynchronous writes", w.Code, w.Body)
