@@ -111,6 +111,7 @@ type Config struct {
 	AuthTokens     string `env:"AUTH_TOKENS" secret:"tokens" help:"bearer tokens, scopes:token separated by commas, scopes read, write, admin joined by + (e.g. read:abc…,read+write:def…); empty = no authentication"`
 	AuthTokensFile string `env:"AUTH_TOKENS_FILE" help:"file with more scopes:token entries, one per line (# comments); keeps secrets out of the environment"`
 	ReadOnly       bool   `env:"READ_ONLY" envDefault:"false" help:"refuse every write with 403"`
+	AllowedHosts   string `env:"ALLOWED_HOSTS" help:"host names clients reach the gateway by, besides IP addresses and localhost, separated by commas (no port; .example.com: that domain and every name under it; *: any); a request with another Host gets 421, against DNS rebinding. Empty: the admin listener checks while it listens on loopback only, the data listeners never"`
 	MaxClientConns int    `env:"MAX_CLIENT_CONNS" envDefault:"0" help:"client connections open at once over the data listeners (TCP and LISTEN_SOCKET); one more closes the connection due to be closed first (idle the longest, or silent nearest its header timeout), or, with neither, is answered 503 with Retry-After and closed (over TLS or with FAST_PATH=false: closed); 0: the open-file limit less a quarter of it (at most 4096), kept for memcached, the admin listener and files; -1: no cap"`
 	MaxRequests    int    `env:"MAX_REQUESTS" envDefault:"10000" help:"requests with work for memcached in flight beyond which the gateway answers 503 with Retry-After (0 = no cap); a request with a body counts once its body is read"`
 	// MaxBufferedBytes is the byte budget (gateway/budget); 0 derives it
@@ -517,6 +518,9 @@ func (c Config) Validate() error {
 	if c.MaxClientConns < -1 {
 		bad("MAX_CLIENT_CONNS", "must be -1 (no cap), 0 (from the open-file limit) or positive, got %d", c.MaxClientConns)
 	}
+	if _, err := ParseAllowedHosts(c.AllowedHosts); err != nil {
+		bad("ALLOWED_HOSTS", "%v", err)
+	}
 	if c.MaxRequests < 0 {
 		bad("MAX_REQUESTS", "must not be negative, got %d", c.MaxRequests)
 	}
@@ -707,6 +711,44 @@ func ParseTokens(s string) ([]Token, error) {
 			}
 		}
 		out = append(out, t)
+	}
+	return out, nil
+}
+
+// ParseAllowedHosts parses MEMCGATE_ALLOWED_HOSTS: host names separated
+// by commas, each a DNS name (letters, digits, '-', '_', '.'), a name
+// with a leading dot (a domain and the names under it), an IP address
+// (always allowed anyway) or "*" (any). A port, a scheme or a path is an
+// error: the Host is compared without its port.
+func ParseAllowedHosts(s string) ([]string, error) {
+	var out []string
+	for entry := range strings.SplitSeq(s, ",") {
+		entry = strings.TrimSpace(entry)
+		if entry == "" {
+			continue
+		}
+		if entry == "*" {
+			out = append(out, entry)
+			continue
+		}
+		if _, err := netip.ParseAddr(strings.Trim(entry, "[]")); err == nil {
+			out = append(out, entry)
+			continue
+		}
+		name := strings.TrimPrefix(entry, ".")
+		if strings.ContainsAny(name, ":/") {
+			return nil, fmt.Errorf("%q: give a host name alone, without scheme, port or path (the Host is compared without its port)", short(entry))
+		}
+		if strings.HasPrefix(entry, "*.") {
+			return nil, fmt.Errorf("%q: write %s for that domain and every name under it", short(entry), short(entry[1:]))
+		}
+		if name == "" || strings.HasPrefix(name, ".") || strings.Contains(name, "*") {
+			return nil, fmt.Errorf("%q is not a host name, .domain or *", short(entry))
+		}
+		if i := badNameByte(name); i >= 0 {
+			return nil, fmt.Errorf("%q: character %q is not allowed in a host name", short(entry), name[i])
+		}
+		out = append(out, entry)
 	}
 	return out, nil
 }

@@ -238,3 +238,39 @@ func ExampleLoad() {
 	fmt.Println(c.Servers, c.MaxConns, c.Distribution)
 	// Output: [mc-0.mc:11211 mc-1.mc:11211 mc-2.mc:11211:2] 32 ketama
 }
+
+// TestParseAllowedHosts: names, .domains, IPs and * pass; what would
+// never match a Host compared without its port (a port, a scheme, a
+// wildcard other than *) is refused at start, naming the entry.
+func TestParseAllowedHosts(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    []string
+		wantErr string
+	}{
+		{"", nil, ""},
+		{" , ", nil, ""},
+		{"memcgate.internal", []string{"memcgate.internal"}, ""},
+		{"a.example, .b.example ,*", []string{"a.example", ".b.example", "*"}, ""},
+		{"Cache-1.Internal.,my_host", []string{"Cache-1.Internal.", "my_host"}, ""},
+		{"10.0.0.5,::1,[::1]", []string{"10.0.0.5", "::1", "[::1]"}, ""},
+		{"memcgate.internal:8080", nil, "without scheme, port or path"},
+		{"http://memcgate.internal", nil, "without scheme, port or path"},
+		{"*.example.com", nil, "write .example.com"},
+		{"..example.com", nil, "is not a host name"},
+		{".", nil, "is not a host name"},
+		{"a b", nil, "not allowed in a host name"},
+	}
+	for _, tt := range tests {
+		got, err := ParseAllowedHosts(tt.in)
+		switch {
+		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+			t.Errorf("ParseAllowedHosts(%q) = %q, %v; want an error mentioning %q", tt.in, got, err, tt.wantErr)
+		case tt.wantErr == "" && (err != nil || fmt.Sprint(got) != fmt.Sprint(tt.want)):
+			t.Errorf("ParseAllowedHosts(%q) = %q, %v; want %q", tt.in, got, err, tt.want)
+		}
+	}
+	if _, err := Load(map[string]string{"MEMCGATE_ALLOWED_HOSTS": "cache:8080"}); err == nil || !strings.Contains(err.Error(), "MEMCGATE_ALLOWED_HOSTS") {
+		t.Errorf("Load with ALLOWED_HOSTS=cache:8080 = %v, want an error naming the variable", err)
+	}
+}

@@ -40,6 +40,15 @@ type Admin struct {
 	// request: the data listener's, so that a reload changes both. Its
 	// read-only mode does not apply here. Nil: no tokens.
 	Access *Access
+	// Hosts, if not nil, refuses with 421 every request, /healthz and
+	// /readyz included, whose Host it does not allow: always if
+	// LoopbackOnly, else while it has names configured
+	// (MEMCGATE_ALLOWED_HOSTS). Nil refuses none.
+	Hosts *HostCheck
+	// LoopbackOnly says the listener is bound to loopback addresses
+	// only, so that only this host's clients and the web pages its
+	// browsers open reach it, by IP, localhost or a rebound name.
+	LoopbackOnly bool
 }
 
 // NewAdminHandler returns the admin-plane handler: /metrics from g,
@@ -110,6 +119,10 @@ func NewAdminHandler(g prometheus.Gatherer, a Admin) http.Handler {
 	// Tokens a reload sets where there were none guard the endpoints from
 	// then on: the check runs even while there are none.
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a.Hosts.misdirected(r, a.LoopbackOnly) {
+			a.Hosts.refuse(w, r, "admin")
+			return
+		}
 		if r.URL.Path != "/healthz" && r.URL.Path != "/readyz" && !access.Tokens().require(w, r, ScopeAdmin) {
 			return
 		}

@@ -80,8 +80,8 @@ func (hh *handler) serveDetached(w http.ResponseWriter, r *http.Request, maker *
 	if put && (r.ContentLength < 0 || r.ContentLength > detachedValueMax) {
 		return false
 	}
-	if hh.guard.access(r) != nil {
-		return false
+	if hh.guard.access(r) != nil || hh.opts.Hosts.misdirected(r, false) {
+		return false // refused on the routed path
 	}
 	kr, err := hh.parseKeyRequest(r)
 	if err != nil || kr.async || kr.op.Verb != op.Get && kr.op.Verb != op.Set {

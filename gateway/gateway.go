@@ -53,9 +53,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // BodyLimit is how much of r's body its handler reads, for a server that
 // reads bodies whole before the handler runs (h1.Server's BodyLimit): the
 // route's limit, or 0 for a request that will be refused before its body
-// is read (a refused token, read-only mode).
+// is read (a refused Host or token, read-only mode).
 func (h *Handler) BodyLimit(r *http.Request) int64 {
 	hh := h.h
+	if hh.opts.Hosts.misdirected(r, false) {
+		return 0
+	}
 	if rt := hh.opts.route(r.URL.Path); rt != nil {
 		return rt.MaxBody
 	}
@@ -160,7 +163,9 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 		)
 	}
 	r := chi.NewRouter()
-	r.Use(h.obs.middleware, h.lim.middleware)
+	// A Host refused is refused before anything else: it takes no slot,
+	// and the Routes are behind it too.
+	r.Use(h.obs.middleware, h.checkHost, h.lim.middleware)
 	if len(opts.Routes) > 0 {
 		// Served by a middleware rather than routes so that they see
 		// every method and authorize themselves (the HttpMemcModule
@@ -181,6 +186,17 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 		writeError(w, &requestError{status: http.StatusMethodNotAllowed, msg: "method " + r.Method + " is not allowed on /; use GET /?key=… or POST / (batch)", allow: "GET, POST"})
 	})
 	return &Handler{mux: r, h: h}
+}
+
+// checkHost refuses the requests Options.Hosts does not allow.
+func (h *handler) checkHost(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if h.opts.Hosts.misdirected(r, false) {
+			h.opts.Hosts.refuse(w, r, "data")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // routes sends the requests of o.Routes to their handlers and every other

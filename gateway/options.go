@@ -147,6 +147,10 @@ type Options struct {
 	// Access, if not nil, replaces Tokens and ReadOnly: rules that can
 	// change while the handler runs, shared with other endpoints.
 	Access *Access
+	// Hosts, if not nil, refuses with 421 the requests (the Routes'
+	// included) whose Host it does not allow while it has names
+	// configured (MEMCGATE_ALLOWED_HOSTS); nil refuses none.
+	Hosts *HostCheck
 	// MaxRequests caps requests in flight; beyond it 503 with Retry-After.
 	// Zero means no cap.
 	MaxRequests int

@@ -319,6 +319,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 		ls.close()
 		return err
 	}
+	adminLoopback := loopbackOnly(ls.admin.Addr())
 	ls.admin = sec.wrapAdmin(ls.admin)
 	nofile := openFileLimit()
 	maxConns := clientConnCap(cfg.MaxClientConns, nofile)
@@ -363,6 +364,8 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 		Help: "Log lines dropped because the log's destination (stderr) took them slower than they came; requests never wait for it.",
 	}, func() float64 { return float64(lg.dropped()) }))
 	handshakes := newHandshakeErrors(reg)
+	allowed, _ := config.ParseAllowedHosts(cfg.AllowedHosts) // validated by config.Load
+	hosts := gateway.NewHostCheck(gateway.NewAllowedHosts(allowed), log, reg)
 	router, err := route.New(routeOptions(cfg, sec.dialer), log, reg)
 	if err != nil {
 		ls.close()
@@ -402,6 +405,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 		Help: "Bytes of request body buffers over 16 KiB kept for reuse: at most MEMCGATE_MAX_BUFFERED_BYTES, each for 1s at most unused.",
 	}, func() float64 { return float64(bodies.Kept()) }))
 	gopts.Buffers = bodies
+	gopts.Hosts = hosts
 	handler := gateway.NewHandler(router, log, reg, gopts)
 	router.CountRequests(handler.RequestsInFlight) // a node past its fair part of MAX_REQUESTS holds no more than are free
 	std := &http.Server{
@@ -422,7 +426,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	reg.MustRegister(conns)
 	rl := newReloader(cfg, environ, log, lg.level, reg)
 	rl.router, rl.handler, rl.access, rl.budget, rl.budgetDef, rl.bodies = router, handler, access, buffered, derived, bodies
-	rl.conns, rl.nofile, rl.fast = conns, nofile, conns.fastH1
+	rl.conns, rl.nofile, rl.fast, rl.hosts = conns, nofile, conns.fastH1, hosts
 	admin := &http.Server{
 		Handler: gateway.NewAdminHandler(reg, gateway.Admin{
 			Ready:   func() bool { return !draining.Load() && router.Ready() },
@@ -434,6 +438,10 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 			Started: started,
 			Build:   gateway.BuildInfo{Version: build.Version, Revision: build.Revision, GoVersion: build.GoVersion, Platform: build.Platform},
 			Access:  access, // the data listener's: a reload changes the tokens of both
+			// Bound to loopback only, it answers the names that reach
+			// loopback and no other (docs/security.md, "Browsers").
+			Hosts:        hosts,
+			LoopbackOnly: adminLoopback,
 		}),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
@@ -556,6 +564,13 @@ func newDebugConfig(b buildInfo, cfg config.Config, buffered *budget.Budget) deb
 	return d
 }
 
+// loopbackOnly reports whether a listener at addr is reached from this
+// host only: a TCP address on a loopback IP (not the unspecified one).
+func loopbackOnly(addr net.Addr) bool {
+	a, ok := addr.(*net.TCPAddr)
+	return ok && a.IP.IsLoopback()
+}
+
 // httpServer is what serve needs of the data server: *http.Server, or
 // *h1.Server in front of one.
 type httpServer interface {
@@ -655,6 +670,9 @@ func healthcheck(ctx context.Context, environ map[string]string, args []string) 
 	if err != nil {
 		return fmt.Errorf("healthcheck: %w", err)
 	}
+	// A name every listener answers (MEMCGATE_ALLOWED_HOSTS), whatever
+	// name ADMIN_ADDR gives.
+	req.Host = net.JoinHostPort("localhost", port)
 	resp, err := client.Do(req)
 	if err != nil {
 		return fmt.Errorf("healthcheck: %w", err)

@@ -42,7 +42,7 @@ var liveVars = []string{
 	"SERVERS", "SERVERS_FILE", "SERVERS_DNS", "DNS_INTERVAL", "DNS_SERVER", "MAX_NODES", "DISTRIBUTION",
 	"POOLS", "POOLS_FILE", "REPLICAS", "WRITE_POLICY", "READ_POLICY", "MISS_FALLBACK",
 	"WARM_POOL", "SHADOW_POOL", "SHADOW_PERCENT",
-	"AUTH_TOKENS", "AUTH_TOKENS_FILE", "READ_ONLY",
+	"AUTH_TOKENS", "AUTH_TOKENS_FILE", "READ_ONLY", "ALLOWED_HOSTS",
 	"LOG_LEVEL", "ACCESS_LOG", "MAX_REQUESTS", "MAX_BUFFERED_BYTES", "REQUEST_TIMEOUT", "MAX_CLIENT_CONNS",
 	"CONFIG_FILE", "WATCH_INTERVAL",
 }
@@ -82,11 +82,12 @@ type reloader struct {
 	handler   *gateway.Handler
 	access    *gateway.Access
 	budget    *budget.Budget
-	budgetDef int64         // MAX_BUFFERED_BYTES when unset (derived at start)
-	bodies    *bufpool.Pool // keeps as many bytes of body buffers as the budget
-	conns     *connTracker  // sets the cap on client connections
-	fast      *h1.Server    // the fast path, nil without it: its bodies wait for room up to REQUEST_TIMEOUT
-	nofile    uint64        // the open-file limit MAX_CLIENT_CONNS=0 derives the cap from
+	budgetDef int64              // MAX_BUFFERED_BYTES when unset (derived at start)
+	bodies    *bufpool.Pool      // keeps as many bytes of body buffers as the budget
+	conns     *connTracker       // sets the cap on client connections
+	fast      *h1.Server         // the fast path, nil without it: its bodies wait for room up to REQUEST_TIMEOUT
+	hosts     *gateway.HostCheck // ALLOWED_HOSTS of both listeners
+	nofile    uint64             // the open-file limit MAX_CLIENT_CONNS=0 derives the cap from
 	reloads   *prometheus.CounterVec
 	lastOK    prometheus.Gauge
 
@@ -528,6 +529,10 @@ func (r *reloader) apply(next config.Config, rl *Reload) error {
 	if !slices.Equal(tokens, r.tokens) && !slices.Contains(rl.Changed, config.Prefix+"AUTH_TOKENS") && !slices.Contains(rl.Changed, config.Prefix+"AUTH_TOKENS_FILE") {
 		rl.Changed = append(rl.Changed, config.Prefix+"AUTH_TOKENS_FILE") // only the file's content changed
 	}
+	allowed, err := config.ParseAllowedHosts(next.AllowedHosts)
+	if err != nil {
+		return fmt.Errorf("%sALLOWED_HOSTS: %w", config.Prefix, err)
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(next.LogLevel)); err != nil {
 		return fmt.Errorf("%sLOG_LEVEL: %w", config.Prefix, err)
@@ -545,6 +550,9 @@ func (r *reloader) apply(next config.Config, rl *Reload) error {
 		}
 	}
 	r.access.Set(gatewayTokens(tokens), next.ReadOnly)
+	if r.hosts != nil {
+		r.hosts.Set(gateway.NewAllowedHosts(allowed))
+	}
 	r.level.Set(level)
 	r.handler.SetLimits(next.MaxRequests, next.RequestTimeout, next.AccessLog)
 	if r.fast != nil {
