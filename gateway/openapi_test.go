@@ -30,6 +30,10 @@ type recipe struct {
 
 var tokenOpts = Options{Tokens: NewTokens(map[string]Scope{"reader-0123456789": ScopeRead, "admin-01234567890": ScopeAdmin})}
 
+// hostOpts check the Host against a name httptest's requests
+// (example.com) do not send.
+var hostOpts = Options{Hosts: NewHostCheck(NewAllowedHosts([]string{"cache.internal"}), slog.New(slog.DiscardHandler), prometheus.NewRegistry())}
+
 const (
 	readerAuth = "Bearer reader-0123456789"
 	adminAuth  = "Bearer admin-01234567890" // no data scope at all
@@ -45,12 +49,14 @@ var recipes = map[string]recipe{
 	"GET /{key} 403": {method: "GET", target: "/k", opts: tokenOpts, hdr: []string{"Authorization", adminAuth}},
 	"GET /{key} 404": {method: "GET", target: "/k"},
 	"GET /{key} 416": {method: "GET", target: "/k", preset: map[string]string{"k": "v"}, hdr: []string{"Range", "bytes=5-"}},
+	"GET /{key} 421": {method: "GET", target: "/k", preset: map[string]string{"k": "v"}, opts: hostOpts},
 	"GET /{key} 502": {method: "GET", target: "/k", storeErr: &upstream.NodeError{Node: "n", Op: "get", Err: io.EOF}},
 	"GET /{key} 503": {method: "GET", target: "/k", storeErr: upstream.ErrNoNodes},
 	"GET /{key} 504": {method: "GET", target: "/k", storeErr: errTimeout},
 
 	"HEAD /{key} 200": {method: "HEAD", target: "/k", preset: map[string]string{"k": "v"}},
 	"HEAD /{key} 404": {method: "HEAD", target: "/k"},
+	"HEAD /{key} 421": {method: "HEAD", target: "/k", preset: map[string]string{"k": "v"}, opts: hostOpts},
 
 	"PUT /{key} 201": {method: "PUT", target: "/k?exptime=5&flags=1", body: "v"},
 	"PUT /{key} 202": {method: "PUT", target: "/k", body: "v", hdr: []string{"Prefer", "respond-async"}},
@@ -59,6 +65,7 @@ var recipes = map[string]recipe{
 	"PUT /{key} 403": {method: "PUT", target: "/k", body: "v", opts: Options{ReadOnly: true}},
 	"PUT /{key} 412": {method: "PUT", target: "/k", body: "v", hdr: []string{"If-Match", "*"}},
 	"PUT /{key} 413": {method: "PUT", target: "/k", body: strings.Repeat("x", 65)},
+	"PUT /{key} 421": {method: "PUT", target: "/k", body: "v", opts: hostOpts},
 	"PUT /{key} 502": {method: "PUT", target: "/k", body: "v", storeErr: upstream.ErrServer},
 	"PUT /{key} 503": {method: "PUT", target: "/k", body: "v", storeErr: upstream.ErrNoNodes},
 	"PUT /{key} 504": {method: "PUT", target: "/k", body: "v", storeErr: errTimeout},
@@ -69,6 +76,7 @@ var recipes = map[string]recipe{
 	"DELETE /{key} 401": {method: "DELETE", target: "/k", opts: tokenOpts},
 	"DELETE /{key} 403": {method: "DELETE", target: "/k", opts: Options{ReadOnly: true}},
 	"DELETE /{key} 404": {method: "DELETE", target: "/k"},
+	"DELETE /{key} 421": {method: "DELETE", target: "/k", preset: map[string]string{"k": "v"}, opts: hostOpts},
 	"DELETE /{key} 502": {method: "DELETE", target: "/k", storeErr: upstream.ErrServer},
 	"DELETE /{key} 503": {method: "DELETE", target: "/k", storeErr: upstream.ErrNoNodes},
 	"DELETE /{key} 504": {method: "DELETE", target: "/k", storeErr: errTimeout},
@@ -82,6 +90,7 @@ var recipes = map[string]recipe{
 	"POST /{key} 404": {method: "POST", target: "/k?op=prepend", body: "x"},
 	"POST /{key} 409": {method: "POST", target: "/k?op=incr", storeErr: upstream.ErrNotNumeric},
 	"POST /{key} 413": {method: "POST", target: "/k?op=append", body: strings.Repeat("x", 65)},
+	"POST /{key} 421": {method: "POST", target: "/k?op=incr", preset: map[string]string{"k": "40"}, opts: hostOpts},
 	"POST /{key} 502": {method: "POST", target: "/k?op=incr", storeErr: upstream.ErrServer},
 	"POST /{key} 503": {method: "POST", target: "/k?op=incr", storeErr: upstream.ErrNoNodes},
 	"POST /{key} 504": {method: "POST", target: "/k?op=incr", storeErr: errTimeout},
@@ -90,6 +99,7 @@ var recipes = map[string]recipe{
 	"GET / 400": {method: "GET", target: "/"},
 	"GET / 401": {method: "GET", target: "/?key=a", opts: tokenOpts},
 	"GET / 403": {method: "GET", target: "/?key=a", opts: tokenOpts, hdr: []string{"Authorization", adminAuth}},
+	"GET / 421": {method: "GET", target: "/?key=a", preset: map[string]string{"a": "1"}, opts: hostOpts},
 	"GET / 503": {method: "GET", target: "/?key=a&key=b", storeErr: upstream.ErrNoNodes},
 
 	"POST / 200": {method: "POST", target: "/", body: `{"ops":[{"op":"set","key":"a","value":"1"}]}`},
@@ -98,6 +108,7 @@ var recipes = map[string]recipe{
 	"POST / 401": {method: "POST", target: "/", body: `[]`, opts: tokenOpts},
 	"POST / 403": {method: "POST", target: "/", body: `[{"op":"get","key":"a"}]`, opts: Options{ReadOnly: true}},
 	"POST / 413": {method: "POST", target: "/", body: `[{"op":"get","key":"` + strings.Repeat("a", 200) + `"}]`, opts: Options{BatchMaxBytes: 100}},
+	"POST / 421": {method: "POST", target: "/", body: `[{"op":"set","key":"a","value":"1"}]`, opts: hostOpts},
 	"POST / 503": {method: "POST", target: "/", body: `[{"op":"set","key":"a","value":"1"},{"op":"set","key":"b","value":"1"}]`, hdr: []string{"Prefer", "respond-async"}, opts: Options{AsyncQueue: 1}},
 }
 
