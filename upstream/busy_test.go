@@ -122,7 +122,7 @@ func TestRequestShareFollowsNodes(t *testing.T) {
 	if got := c.share.share.Load(); got != 50 {
 		t.Errorf("two nodes: share %d, want 50", got)
 	}
-	if _, err := c.SetServers(c.topo.Load().servers[:1], c.topo.Load().dist); err != nil {
+	if _, err := c.SetServers(t.Context(), c.topo.Load().servers[:1], c.topo.Load().dist); err != nil {
 		t.Fatal(err)
 	}
 	if got := c.share.share.Load(); got != 100 {

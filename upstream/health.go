@@ -396,18 +396,20 @@ func (c *Cluster) panicking(t *topology) bool {
 }
 
 // startDown marks a node SetServers added down before it takes traffic:
-// its first probe failed. Rise probes bring it up, as any down node.
-func (n *node) startDown(cause error) {
+// its first probe failed or did not answer in time. Rise probes bring it
+// up, as any down node. It reports whether it marked the node down; the
+// caller counts such a node in healthPolicy.down once it is in the ring.
+func (n *node) startDown(cause error) bool {
 	n.mu.Lock()
 	if !n.up.CompareAndSwap(true, false) {
 		n.mu.Unlock()
-		return
+		return false
 	}
-	n.h.down.Add(1)
 	n.since, n.reason = time.Now(), "added, first probe failed: "+cause.Error()
 	n.mu.Unlock()
 	n.m.up.Set(0)
 	n.log.Warn("node added but down", "err", cause.Error())
+	return true
 }
 
 // retire takes a node SetServers removed out of the health counts: it

@@ -4,14 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/memcgate/memcgate/test/faultproxy"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 	"github.com/memcgate/memcgate/upstream/hashring"
 	"github.com/memcgate/memcgate/upstream/op"
@@ -91,7 +96,7 @@ func TestSetServers(t *testing.T) {
 		before := owners(c, keys)
 		keptNode := c.topo.Load().nodes[0]
 		time.Sleep(50 * time.Millisecond)
-		ch, err := c.SetServers(tt.servers, hashring.Ketama)
+		ch, err := c.SetServers(t.Context(), tt.servers, hashring.Ketama)
 		if err != nil {
 			t.Fatalf("%s: SetServers: %v", tt.name, err)
 		}
@@ -144,7 +149,7 @@ func TestSetServersNewNodeDown(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 2)
 	c, _ := newTestCluster(t, mcs[:1], nil)
 	mcs[1].Kill()
-	if _, err := c.SetServers([]Server{{Host: "127.0.0.1", Port: mcs[0].Port}, {Host: "127.0.0.1", Port: mcs[1].Port}}, hashring.Ketama); err != nil {
+	if _, err := c.SetServers(t.Context(), []Server{{Host: "127.0.0.1", Port: mcs[0].Port}, {Host: "127.0.0.1", Port: mcs[1].Port}}, hashring.Ketama); err != nil {
 		t.Fatal(err)
 	}
 	st := c.Nodes()
@@ -156,7 +161,7 @@ func TestSetServersNewNodeDown(t *testing.T) {
 			t.Fatalf("set with a dead node added: %v", err)
 		}
 	}
-	if _, err := c.SetServers(nil, hashring.Ketama); err == nil {
+	if _, err := c.SetServers(t.Context(), nil, hashring.Ketama); err == nil {
 		t.Error("SetServers(none) succeeded")
 	}
 }
@@ -192,11 +197,11 @@ func testReaddedNode(t *testing.T, flush bool) {
 	if err := direct.Set(&memcache.Item{Key: "theirs", Value: []byte("kept")}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.SetServers(both[:1], hashring.Ketama); err != nil {
+	if _, err := c.SetServers(t.Context(), both[:1], hashring.Ketama); err != nil {
 		t.Fatal(err)
 	}
 	set("new")
-	ch, err := c.SetServers(both, hashring.Ketama)
+	ch, err := c.SetServers(t.Context(), both, hashring.Ketama)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,7 +295,7 @@ func TestSetServersKeysBack(t *testing.T) {
 				t.Fatalf("%s: set: %v", st.name, err)
 			}
 		}
-		ch, err := c.SetServers(st.servers, hashring.Ketama)
+		ch, err := c.SetServers(t.Context(), st.servers, hashring.Ketama)
 		if err != nil {
 			t.Fatalf("%s: SetServers: %v", st.name, err)
 		}
@@ -311,5 +316,152 @@ func TestSetServersKeysBack(t *testing.T) {
 			}
 		}
 		t.Logf("%s: %d of %d keys read stale, on %v", st.name, stale, len(keys), ch.KeysBack)
+	}
+}
+
+// blackholes starts n fault proxies that accept connections and never
+// answer on them: nodes that hang, whose probes wait out their timeout.
+// They are closed when the test ends, before the cleanups registered
+// earlier run (a health checker waiting for their probes).
+func blackholes(t *testing.T, n int) ([]Server, []*faultproxy.TCP) {
+	t.Helper()
+	var servers []Server
+	var pxs []*faultproxy.TCP
+	for range n {
+		px := faultproxy.NewTCP("127.0.0.1:1") // never dialled: the blackhole is on from the start
+		px.Blackhole(true)
+		if err := px.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { px.Close() })
+		_, port, _ := net.SplitHostPort(px.Addr())
+		p, _ := strconv.Atoi(port)
+		servers = append(servers, Server{Host: "127.0.0.1", Port: p, Weight: 1})
+		pxs = append(pxs, px)
+	}
+	return servers, pxs
+}
+
+// serversOf is mcs as a server list.
+func serversOf(mcs ...*memcachedtest.Server) []Server {
+	var out []Server
+	for _, m := range mcs {
+		out = append(out, Server{Host: "127.0.0.1", Port: m.Port, Weight: 1})
+	}
+	return out
+}
+
+// TestSetServersDeadNodesAtOnce: SetServers adding many nodes that hang
+// returns within about one probe timeout (it took one per node, one after
+// another), with those nodes down and a node added that answers up.
+func TestSetServersDeadNodesAtOnce(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 2)
+	const timeout = 300 * time.Millisecond
+	c, _ := newTestCluster(t, mcs[:1], func(o *Options) { o.Health.Timeout = timeout })
+	dead, _ := blackholes(t, 32)
+	start := time.Now()
+	ch, err := c.SetServers(t.Context(), append(serversOf(mcs...), dead...), hashring.Ketama)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("adding %d nodes that hang took %v (probe timeout %v)", len(dead), took, timeout)
+	// Generous for a loaded machine; one after another it is 32 timeouts.
+	if took > 10*timeout {
+		t.Errorf("adding %d nodes that hang took %v, want about one probe timeout (%v)", len(dead), took, timeout)
+	}
+	if len(ch.Added) != len(dead)+1 {
+		t.Errorf("%d nodes added, want %d", len(ch.Added), len(dead)+1)
+	}
+	for _, st := range c.Nodes() {
+		if want := st.Node == mcs[0].Addr || st.Node == mcs[1].Addr; st.Up != want {
+			t.Errorf("%s: up %v, want %v (%s)", st.Node, st.Up, want, st.Reason)
+		}
+	}
+	if !c.Ready() && c.Probed() {
+		t.Error("not ready with two nodes up")
+	}
+}
+
+// TestSetServersWaitsWithoutLocks: while SetServers waits for the probes
+// of nodes that hang, all in flight at once, operations, Ready, Nodes and
+// the health checker's rounds go on (Ready went false as soon as one of
+// them failed, the health checker waited for the whole reload); a
+// SetServers whose context ends returns then, with those nodes down.
+func TestSetServersWaitsWithoutLocks(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 1)
+	c, reg := newTestCluster(t, mcs, func(o *Options) {
+		o.Health.Timeout = time.Minute // nothing ends the wait but its context
+		o.Health.ReadmitFlush = true
+	})
+	runCluster(t, c)
+	dead, pxs := blackholes(t, 16)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	type result struct {
+		ch  Change
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ch, err := c.SetServers(ctx, append(serversOf(mcs...), dead...), hashring.Ketama)
+		done <- result{ch, err}
+	}()
+	waitFor(t, 10*time.Second, "every node that hangs probed at once", func() bool {
+		for _, px := range pxs {
+			if px.Stats().Accepted == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	probes := func() float64 {
+		return testutil.ToFloat64(c.m.probes.WithLabelValues(mcs[0].Addr, "ok"))
+	}
+	before := probes()
+	if !c.Ready() {
+		t.Error("not ready while SetServers waits for nodes it adds")
+	}
+	if err := c.Set(t.Context(), Item{Key: "k", Value: []byte("v")}); err != nil {
+		t.Errorf("Set while SetServers waits: %v", err)
+	}
+	if it, err := c.Get(t.Context(), "k"); err != nil || string(it.Value) != "v" {
+		t.Errorf("Get while SetServers waits = %q, %v", it.Value, err)
+	}
+	if n := len(c.Nodes()); n != 1 {
+		t.Errorf("%d nodes while SetServers waits, want the old ring's 1", n)
+	}
+	waitFor(t, 10*time.Second, "a health-check round while SetServers waits", func() bool { return probes() > before })
+	if n, err := testutil.GatherAndCount(reg); err != nil || n == 0 {
+		t.Errorf("metrics while SetServers waits: %d series, %v", n, err)
+	}
+	select {
+	case r := <-done:
+		t.Fatalf("SetServers returned while its probes hang (%+v, %v)", r.ch, r.err)
+	default:
+	}
+	cancel()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("SetServers did not return when its context ended")
+	}
+	if r.err != nil || len(r.ch.Added) != len(dead) {
+		t.Fatalf("SetServers = %+v, %v; want %d nodes added", r.ch, r.err, len(dead))
+	}
+	for _, st := range c.Nodes() {
+		if st.Node == mcs[0].Addr {
+			if !st.Up {
+				t.Errorf("%s, which answers, is down: %s", st.Node, st.Reason)
+			}
+			continue
+		}
+		if st.Up || !strings.Contains(st.Reason, "cut short") {
+			t.Errorf("%s: up %v (%s), want down, the wait cut short", st.Node, st.Up, st.Reason)
+		}
+	}
+	if !c.Ready() {
+		t.Error("not ready after adding nodes that hang to one that answers")
 	}
 }

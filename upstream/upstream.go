@@ -7,9 +7,11 @@
 // Goroutines: Run (health checks) is the caller's. Besides it, each
 // pipelined connection has a reader goroutine (package mcpipe) from its
 // first use to its failure or Close; a multi-get runs one goroutine per
-// node batch for its duration; and a DoAsync read that fails on a
-// transport error is retried on a goroutine of its own. No gomemcache
-// type or error leaves the package.
+// node batch for its duration; a DoAsync read that fails on a transport
+// error is retried on a goroutine of its own; and SetServers probes each
+// node it adds on a goroutine of its own, which ends with the probe's
+// socket timeouts at most. No gomemcache type or error leaves the
+// package.
 package upstream
 
 import (
@@ -18,6 +20,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"sync"
@@ -209,7 +212,11 @@ type Cluster struct {
 	probedOnce sync.Once
 	asyncOps   sync.Pool // of *asyncOp, DoAsync's
 
-	mu      sync.Mutex // guards retired and removed, and serializes SetServers
+	// setMu serializes SetServers, and is held while it waits for the
+	// probes of the nodes it adds; nothing else takes it.
+	setMu sync.Mutex
+
+	mu      sync.Mutex // guards the fields below; never held across I/O
 	retired []*node    // nodes SetServers removed, closed by Run once idle
 	// removed names the nodes SetServers removed and has not added
 	// again, each with the count of removals when it left: one added
@@ -352,25 +359,34 @@ type Change struct {
 
 // SetServers makes servers, placed by dist, the cluster's nodes, without
 // stopping a request: nodes that stay keep their connections and health;
-// a new node is probed once first and takes traffic only if it answered
-// (else it waits for Rise probes like any down node); a node added again
-// after SetServers removed it may hold values overwritten on other nodes
-// meanwhile: with Health.ReadmitFlush it is flushed instead of probed (if
-// the flush fails it starts down and is flushed before its re-admission),
-// else it is probed and logged; removed nodes take no new
-// operations, finish what they have, and are closed by Run once idle. With a consistent distribution only the keys of the nodes added
-// or removed move.
-func (c *Cluster) SetServers(servers []Server, dist hashring.Distribution) (Change, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+// removed nodes take no new operations, finish what they have, and are
+// closed by Run once idle. With a consistent distribution only the keys
+// of the nodes added or removed move.
+//
+// The nodes added are probed first (probeAdded): at most maxAddProbes at
+// once, and for at most one Health.Timeout however many they are, or
+// until ctx is done. One that answered takes traffic; one that did not
+// starts down and waits for Rise probes like any down node. A node added
+// again after SetServers removed it may hold values overwritten on other
+// nodes meanwhile: with Health.ReadmitFlush it is flushed instead of
+// probed (if the flush does not answer it starts down and is flushed
+// before its re-admission), else it is probed and logged. Neither the
+// probes nor the wait for them hold a lock that operations, Ready, Nodes
+// or Run take.
+func (c *Cluster) SetServers(ctx context.Context, servers []Server, dist hashring.Distribution) (Change, error) {
+	c.setMu.Lock()
+	defer c.setMu.Unlock()
 	old := c.topo.Load()
 	t, added, err := c.newTopology(servers, dist, old)
 	if err != nil {
 		return Change{}, err
 	}
 	var ch Change
-	for _, n := range added {
+	probes := make([]addedProbe, len(added))
+	c.mu.Lock()
+	for i, n := range added {
 		ch.Added = append(ch.Added, n.name)
+		probes[i].n = n
 		if _, ok := c.removed[n.name]; ok {
 			// Its keys were written on other nodes while it was out of
 			// the ring, and no write was remembered for it (its node was
@@ -380,20 +396,27 @@ func (c *Cluster) SetServers(servers []Server, dist hashring.Distribution) (Chan
 			// memcached may still be writing it, and the log says what
 			// may read stale.
 			delete(c.removed, n.name)
-			if c.health.readmitFlush.Load() {
-				n.flushOwed.Store(true)
-				if err := n.probe.FlushAll(); err != nil {
-					n.startDown(classify(n.name, "flush", err))
-					continue
-				}
-				n.flushOwed.Store(false)
-				n.log.Info("added again and flushed: it held values from before its removal")
-				continue
+			probes[i].flush = c.health.readmitFlush.Load()
+			if !probes[i].flush {
+				n.log.Warn("added again after a reload removed it: keys written on other nodes meanwhile may read stale from it until written again (MEMCGATE_READMIT_FLUSH=true flushes such a node)")
 			}
-			n.log.Warn("added again after a reload removed it: keys written on other nodes meanwhile may read stale from it until written again (MEMCGATE_READMIT_FLUSH=true flushes such a node)")
 		}
-		if err := n.probe.Ping(); err != nil {
-			n.startDown(classify(n.name, "probe", err))
+	}
+	c.mu.Unlock()
+	c.probeAdded(ctx, probes)
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	down := 0
+	for _, p := range probes {
+		switch {
+		case p.err != nil:
+			if p.n.startDown(p.err) {
+				down++
+			}
+		case p.flush:
+			p.n.flushOwed.Store(false)
+			p.n.log.Info("added again and flushed: it held values from before its removal")
 		}
 	}
 	stays := map[*node]bool{}
@@ -416,6 +439,10 @@ func (c *Cluster) SetServers(servers []Server, dist hashring.Distribution) (Chan
 		c.copies = c.nextCopies
 	}
 	c.setTopology(t)
+	// Counted down once they are in the ring that Ready and panic mode
+	// count them against: counted before, nodes added that do not answer
+	// would take nodes up from the old ring's count.
+	c.health.down.Add(int32(down))
 	for _, name := range ch.Removed {
 		c.m.forget(name)
 	}
@@ -428,6 +455,110 @@ func (c *Cluster) SetServers(servers []Server, dist hashring.Distribution) (Chan
 			"nodes", ch.KeysBack)
 	}
 	return ch, nil
+}
+
+// maxAddProbes bounds the probes SetServers runs at once, each a
+// goroutine and a connection (MEMCGATE_MAX_NODES lets a reload add 256
+// nodes). A node that answers frees its place within a round trip: only
+// this many nodes that hang keep the others from being probed before
+// the wait ends, and those then start down.
+const maxAddProbes = 64
+
+// addedProbe is the probe of one node SetServers adds (or, for a node
+// added again under Health.ReadmitFlush, its flush) and its outcome.
+type addedProbe struct {
+	n        *node
+	flush    bool
+	answered bool  // the probe ended before the wait did
+	err      error // nil if the node answered in time; else why not
+}
+
+// probeAdded probes or flushes the nodes of probes, at most maxAddProbes
+// at once, and waits for them for at most one Health.Timeout in all, or
+// until ctx is done. A probe still running then goes on on its own
+// goroutine, for at most its socket timeouts, and its answer is dropped:
+// its node starts down, and the health checker admits it.
+func (c *Cluster) probeAdded(ctx context.Context, probes []addedProbe) {
+	if len(probes) == 0 {
+		return
+	}
+	wait := c.opts.Health.Timeout
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	type answer struct {
+		i   int
+		err error
+	}
+	answers := make(chan answer, len(probes)) // buffered: a late probe never blocks
+	slots := make(chan struct{}, maxAddProbes)
+	record := func(a answer) {
+		probes[a.i].answered, probes[a.i].err = true, a.err
+	}
+	started, answered := 0, 0
+	var cut error // why the wait ended before every node answered
+	for answered < len(probes) && cut == nil {
+		var slot chan struct{} // nil, which blocks, once every probe started
+		if started < len(probes) {
+			slot = slots
+		}
+		select {
+		case slot <- struct{}{}:
+			i, n, flush := started, probes[started].n, probes[started].flush
+			started++
+			if flush {
+				n.flushOwed.Store(true) // until the flush is known to be done
+			}
+			go func() {
+				defer func() { <-slots }()
+				answers <- answer{i, c.probeOnce(n, flush)}
+			}()
+		case a := <-answers:
+			record(a)
+			answered++
+		case <-timer.C:
+			cut = fmt.Errorf("no answer within %s (the probe timeout) while the servers changed", wait)
+		case <-ctx.Done():
+			cut = fmt.Errorf("the server change was cut short: %w", context.Cause(ctx))
+		}
+	}
+	for {
+		select {
+		case a := <-answers: // in before the wait ended
+			record(a)
+			continue
+		default:
+		}
+		break
+	}
+	for i := range probes {
+		if p := &probes[i]; !p.answered {
+			p.err = fmt.Errorf("%s: %w", p.n.name, cut)
+			if p.flush {
+				p.n.flushOwed.Store(true) // never started: it is owed all the same
+			}
+		}
+	}
+}
+
+// probeOnce pings n, or flushes it if flush, and returns the classified
+// error; a panic is one.
+func (c *Cluster) probeOnce(n *node, flush bool) (err error) {
+	what := "probe"
+	if flush {
+		what = "flush"
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			c.log.Error(what+" panicked", "node", n.name, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			err = fmt.Errorf("%s %s panicked: %v", what, n.name, r)
+		}
+	}()
+	if flush {
+		err = n.probe.FlushAll()
+	} else {
+		err = n.probe.Ping()
+	}
+	return classify(n.name, what, err)
 }
 
 // keysBack returns the nodes of both old and t that hold copies of keys

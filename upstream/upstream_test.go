@@ -711,7 +711,7 @@ func TestOwner(t *testing.T) {
 			}
 		}
 	}
-	if _, err := c.SetServers(c.topo.Load().servers[1:], c.opts.Distribution); err != nil {
+	if _, err := c.SetServers(t.Context(), c.topo.Load().servers[1:], c.opts.Distribution); err != nil {
 		t.Fatal(err)
 	}
 	if _, n := c.Owner("owner0"); n != 2 || c.Len() != 2 {

@@ -390,7 +390,7 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 	}
 	rl := Reload{Time: time.Now(), Trigger: trigger, Result: "ok"}
 	if err == nil {
-		err = r.apply(next, &rl)
+		err = r.apply(ctx, next, &rl)
 	}
 	repeat := false
 	if err != nil {
@@ -489,8 +489,10 @@ func serverList(servers []config.Server) string {
 }
 
 // apply makes next's live settings take effect, and records in rl what
-// changed and what needs a restart. It changes nothing if it fails.
-func (r *reloader) apply(next config.Config, rl *Reload) error {
+// changed and what needs a restart. It changes nothing if it fails. ctx
+// cuts short the wait for the probes of the nodes added (they then
+// start down).
+func (r *reloader) apply(ctx context.Context, next config.Config, rl *Reload) error {
 	live := func(name string) bool { return slices.Contains(liveVars, strings.TrimPrefix(name, config.Prefix)) }
 	for _, v := range config.Diff(r.started, next) {
 		if !live(v) {
@@ -538,7 +540,7 @@ func (r *reloader) apply(next config.Config, rl *Reload) error {
 		return fmt.Errorf("%sLOG_LEVEL: %w", config.Prefix, err)
 	}
 	if routingChanged(r.cur, next) {
-		changes, err := r.router.Reconfigure(routeOptions(withPoolsOf(next, r.started), nil))
+		changes, err := r.router.Reconfigure(ctx, routeOptions(withPoolsOf(next, r.started), nil))
 		if err != nil {
 			return err
 		}

@@ -175,8 +175,11 @@ type Change struct {
 // options are not changed. Nothing changes if it fails, unless a pool's
 // SetServers fails (it fails only for a ring that cannot be built, which
 // validation catches first): the pools before it keep their new nodes,
-// and it its new flush-before-re-admission policy.
-func (r *Router) Reconfigure(opts Options) ([]Change, error) {
+// and it its new flush-before-re-admission policy. ctx cuts short the
+// wait for the probes of the nodes added, which then start down
+// (upstream.Cluster.SetServers); that wait holds no lock that operations
+// or Ready take.
+func (r *Router) Reconfigure(ctx context.Context, opts Options) ([]Change, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	opts.withDefaults()
@@ -211,7 +214,7 @@ func (r *Router) Reconfigure(opts Options) ([]Change, error) {
 		// of the pool it joins, replicated from now on included.
 		p.c.SetReadmitFlush(po.Cluster.Health.ReadmitFlush)
 		p.c.SetCopies(po.Replicas)
-		sc, err := p.c.SetServers(po.Cluster.Servers, distributionOf(po.Cluster))
+		sc, err := p.c.SetServers(ctx, po.Cluster.Servers, distributionOf(po.Cluster))
 		if err != nil {
 			errs = append(errs, fmt.Errorf("pool %q: %w", po.Name, err))
 			continue

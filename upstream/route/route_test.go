@@ -683,7 +683,7 @@ func TestReconfigure(t *testing.T) {
 	o2.Pools = []PoolOptions{o.Pools[0], o.Pools[1]}
 	o2.Pools[1].Prefixes = []string{"x:"}
 	o2.Pools[1].Replicas = 2
-	ch, err := r.Reconfigure(o2)
+	ch, err := r.Reconfigure(t.Context(), o2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -698,13 +698,13 @@ func TestReconfigure(t *testing.T) {
 	}
 	o3 := o
 	o3.Pools = o.Pools[:1]
-	if _, err := r.Reconfigure(o3); err == nil || !strings.Contains(err.Error(), "restart") {
+	if _, err := r.Reconfigure(t.Context(), o3); err == nil || !strings.Contains(err.Error(), "restart") {
 		t.Errorf("removing a pool: %v, want an error naming the restart", err)
 	}
 	o4 := o2
 	o4.Pools = []PoolOptions{o2.Pools[0], o2.Pools[1]}
 	o4.Pools[1].Cluster.Failover = upstream.FailFast
-	if _, err := r.Reconfigure(o4); err == nil || !strings.Contains(err.Error(), "failover policy") {
+	if _, err := r.Reconfigure(t.Context(), o4); err == nil || !strings.Contains(err.Error(), "failover policy") {
 		t.Errorf("changing a pool's failover: %v, want an error naming the failover policy", err)
 	}
 	if p := r.Placement("x:1"); p.Pool != "b" || p.Replicas != 2 {
@@ -728,12 +728,12 @@ func TestReconfigureReplicasFlushReadded(t *testing.T) {
 	}
 	one := o
 	one.Pools = []PoolOptions{{Cluster: clusterOptions(mcs[:1])}}
-	if _, err := r.Reconfigure(one); err != nil {
+	if _, err := r.Reconfigure(t.Context(), one); err != nil {
 		t.Fatal(err)
 	}
 	two := o
 	two.Pools = []PoolOptions{{Cluster: clusterOptions(mcs), Replicas: 2}}
-	if _, err := r.Reconfigure(two); err != nil {
+	if _, err := r.Reconfigure(t.Context(), two); err != nil {
 		t.Fatal(err)
 	}
 	if it, err := direct.Get("before-removal"); err == nil {
@@ -778,7 +778,7 @@ func TestReconfigureKeysBackReplicas(t *testing.T) {
 				t.Fatalf("%s: set: %v", st.name, err)
 			}
 		}
-		ch, err := r.Reconfigure(pool(st.replicas))
+		ch, err := r.Reconfigure(t.Context(), pool(st.replicas))
 		if err != nil {
 			t.Fatalf("%s: %v", st.name, err)
 		}
