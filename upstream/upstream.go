@@ -856,14 +856,22 @@ func (c *Cluster) Len() int { return len(c.topo.Load().nodes) }
 
 // Ready reports whether the cluster can serve: the first probe round has
 // finished and at least ReadyMinUpPercent of the nodes (and at least one)
-// are up.
+// are up. The nodes up are counted on one ring, not taken from the
+// count of nodes down, which a SetServers swapping rings changes apart
+// from the ring.
 func (c *Cluster) Ready() bool {
 	if !c.Probed() {
 		return false
 	}
 	t := c.topo.Load()
 	need := max(1, (len(t.nodes)*c.opts.Health.ReadyMinUpPercent+99)/100)
-	return c.up(t) >= need
+	up := 0
+	for _, n := range t.nodes {
+		if n.available() {
+			up++
+		}
+	}
+	return up >= need
 }
 
 // Probed reports whether the first probe round has finished.
