@@ -91,7 +91,14 @@ type reloader struct {
 	reloads   *prometheus.CounterVec
 	lastOK    prometheus.Gauge
 
-	mu      sync.Mutex     // guards the fields below; held while a reload runs
+	// run serializes reloads. Only a reload writes the fields below, so
+	// it reads them without mu.
+	run sync.Mutex
+
+	// mu guards the fields below. A reload takes it only where it writes them,
+	// never across its DNS lookup or the probes of the nodes it adds:
+	// the status page and /debug/config read them meanwhile.
+	mu      sync.Mutex
 	started config.Config  // what the settings a reload cannot change stay at
 	cur     config.Config  // what runs now
 	tokens  []config.Token // cur's tokens, AUTH_TOKENS_FILE's included: that file's content is not in cur
@@ -255,8 +262,9 @@ func newReloader(cfg config.Config, environ map[string]string, log *slog.Logger,
 }
 
 // Current returns the configuration in force: the one the gateway started
-// with, with the live settings of the last reload applied. It waits for a
-// reload in progress.
+// with, with the live settings of the last reload applied. It does not
+// wait for a reload in progress: that one's settings are returned once
+// they are applied.
 func (r *reloader) Current() config.Config {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -374,8 +382,8 @@ func (r *reloader) settled(ctx context.Context) bool {
 // reload, unless the one before was refused: it is neither logged nor
 // counted.
 func (r *reloader) reload(ctx context.Context, trigger string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.run.Lock()
+	defer r.run.Unlock()
 	// The files as they are before they are read: one written while this
 	// reload runs then differs from these sums, and the next poll
 	// reloads again, instead of the edit being taken as already applied.
@@ -392,6 +400,8 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 	if err == nil {
 		err = r.apply(ctx, next, &rl)
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	repeat := false
 	if err != nil {
 		rl.Result, rl.Error = "error", err.Error()
@@ -574,7 +584,9 @@ func (r *reloader) apply(ctx context.Context, next config.Config, rl *Reload) er
 			warnConnCap(r.log, connMax, r.nofile) // as at start
 		}
 	}
+	r.mu.Lock()
 	r.cur, r.tokens = cur, tokens
+	r.mu.Unlock()
 	return nil
 }
 
