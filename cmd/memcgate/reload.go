@@ -209,7 +209,7 @@ func lookupServers(ctx context.Context, cfg config.Config) ([]config.Server, err
 	if srv {
 		_, recs, err := r.LookupSRV(ctx, "", "", host)
 		if err != nil {
-			return nil, fmt.Errorf("%sSERVERS_DNS %s: %w", config.Prefix, host, err)
+			return nil, lookupError(cfg, host, err)
 		}
 		for _, rec := range recs {
 			target := strings.TrimSuffix(rec.Target, ".")
@@ -224,7 +224,7 @@ func lookupServers(ctx context.Context, cfg config.Config) ([]config.Server, err
 	} else {
 		addrs, err := r.LookupHost(ctx, host)
 		if err != nil {
-			return nil, fmt.Errorf("%sSERVERS_DNS %s: %w", config.Prefix, host, err)
+			return nil, lookupError(cfg, host, err)
 		}
 		for _, a := range addrs {
 			if ip, err := netip.ParseAddr(a); err != nil || ip.IsUnspecified() {
@@ -238,6 +238,20 @@ func lookupServers(ctx context.Context, cfg config.Config) ([]config.Server, err
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Addr() < out[j].Addr() })
 	return slices.CompactFunc(out, func(a, b config.Server) bool { return a.Addr() == b.Addr() }), nil
+}
+
+// lookupError is err, the failed lookup of SERVERS_DNS's host, naming
+// the DNS server asked. With DNS_SERVER set, Go's resolver still names
+// the server of /etc/resolv.conf it passed to Dial, which asked
+// DNS_SERVER instead.
+func lookupError(cfg config.Config, host string, err error) error {
+	var de *net.DNSError
+	if cfg.DNSServer != "" && errors.As(err, &de) {
+		asked := *de
+		asked.Server = cfg.DNSServer
+		err = &asked
+	}
+	return fmt.Errorf("%sSERVERS_DNS %s: %w", config.Prefix, host, err)
 }
 
 // newReloader starts from cfg, what the gateway was built with. Its

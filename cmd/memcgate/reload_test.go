@@ -113,6 +113,11 @@ func TestServersDNSAnswers(t *testing.T) {
 				if err == nil || !strings.HasPrefix(err.Error(), tt.want) {
 					t.Fatalf("loadConfig = %v, want an error starting %q", err, tt.want)
 				}
+				// A failed lookup names the server asked, not the one
+				// of /etc/resolv.conf.
+				if strings.HasSuffix(tt.want, ": lookup") && !strings.Contains(err.Error(), " on "+dns.Addr()+": ") {
+					t.Errorf("loadConfig = %v, want the error to name the DNS server asked, %s", err, dns.Addr())
+				}
 				return
 			}
 			if err != nil {
