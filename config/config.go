@@ -357,7 +357,7 @@ func Load(environ map[string]string) (Config, error) {
 	// A variable that failed to parse is left at its zero value; do not
 	// report it a second time as invalid.
 	_, serversSet := environ[Prefix+"SERVERS"]
-	for _, e := range append(unjoin(c.Validate()), c.validateSources(serversSet)...) {
+	for _, e := range append(c.Problems(), c.validateSources(serversSet)...) {
 		if !mentionsAny(e, errs) {
 			errs = append(errs, e)
 		}
@@ -383,8 +383,12 @@ func parse(environ map[string]string) (Config, error) {
 	return c, err
 }
 
-// Validate checks values that parse but make no sense.
-func (c Config) Validate() error {
+// Validate checks values that parse but make no sense: Problems, joined.
+func (c Config) Validate() error { return errors.Join(c.Problems()...) }
+
+// Problems returns one error for each value that parses but makes no
+// sense, each starting with its variable's name; none if all make sense.
+func (c Config) Problems() []error {
 	var errs []error
 	bad := func(name, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s%s: %s", Prefix, name, fmt.Sprintf(format, args...)))
@@ -572,7 +576,7 @@ func (c Config) Validate() error {
 	default:
 		bad("LOG_FORMAT", "%q is not json or text", c.LogFormat)
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // Warnings are combinations of settings that are valid but probably not
@@ -624,16 +628,6 @@ func varName(field string) string {
 		}
 	}
 	return field
-}
-
-func unjoin(err error) []error {
-	if err == nil {
-		return nil
-	}
-	if u, ok := err.(interface{ Unwrap() []error }); ok {
-		return u.Unwrap()
-	}
-	return []error{err}
 }
 
 func mentionsAny(e error, errs []error) bool {

@@ -615,11 +615,11 @@ func (r *reloader) apply(ctx context.Context, next config.Config, rl *Reload) er
 // running value, which the next start replaces with next's.
 func checkInForce(cur, next config.Config, restart []string) error {
 	had := map[string]bool{}
-	for _, e := range unjoin(next.Validate()) {
+	for _, e := range next.Problems() {
 		had[e.Error()] = true
 	}
 	var kept []error
-	for _, e := range unjoin(cur.Validate()) {
+	for _, e := range cur.Problems() {
 		name, _, _ := strings.Cut(e.Error(), ":")
 		if !had[e.Error()] && !slices.Contains(restart, name) {
 			kept = append(kept, e)
@@ -630,17 +630,6 @@ func checkInForce(cur, next config.Config, restart []string) error {
 	}
 	return fmt.Errorf("beside the running values of the settings that need a restart (%s), the configuration would not pass the checks of a start:\n%w",
 		strings.Join(restart, ", "), errors.Join(kept...))
-}
-
-// unjoin returns the errors err joins, or err alone.
-func unjoin(err error) []error {
-	if err == nil {
-		return nil
-	}
-	if u, ok := err.(interface{ Unwrap() []error }); ok {
-		return u.Unwrap()
-	}
-	return []error{err}
 }
 
 // routingChanged reports whether a reload from cur to next changes the
