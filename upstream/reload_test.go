@@ -319,25 +319,21 @@ func TestSetServersKeysBack(t *testing.T) {
 	}
 }
 
-// blackholes starts n fault proxies that accept connections and never
-// answer on them: nodes that hang, whose probes wait out their timeout.
-// They are closed when the test ends, before the cleanups registered
-// earlier run (a health checker waiting for their probes).
+// blackholes starts n fault proxies that hang (faultproxy.StartHanging),
+// closed when the test ends, before the cleanups registered earlier run
+// (a health checker waiting for their probes).
 func blackholes(t *testing.T, n int) ([]Server, []*faultproxy.TCP) {
 	t.Helper()
+	pxs, err := faultproxy.StartHanging(n)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var servers []Server
-	var pxs []*faultproxy.TCP
-	for range n {
-		px := faultproxy.NewTCP("127.0.0.1:1") // never dialled: the blackhole is on from the start
-		px.Blackhole(true)
-		if err := px.Start(); err != nil {
-			t.Fatal(err)
-		}
+	for _, px := range pxs {
 		t.Cleanup(func() { px.Close() })
 		_, port, _ := net.SplitHostPort(px.Addr())
 		p, _ := strconv.Atoi(port)
 		servers = append(servers, Server{Host: "127.0.0.1", Port: p, Weight: 1})
-		pxs = append(pxs, px)
 	}
 	return servers, pxs
 }

@@ -13,22 +13,18 @@ import (
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
 
-// hangingNodes starts n fault proxies that accept connections and never
-// answer on them: memcached nodes that hang, whose probes wait out the
-// probe timeout. It returns their addresses.
+// hangingNodes starts n fault proxies that hang (faultproxy.StartHanging),
+// closed when the test ends, and returns their addresses.
 func hangingNodes(t *testing.T, n int) ([]string, []*faultproxy.TCP) {
 	t.Helper()
+	pxs, err := faultproxy.StartHanging(n)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var addrs []string
-	var pxs []*faultproxy.TCP
-	for range n {
-		px := faultproxy.NewTCP("127.0.0.1:1") // never dialled: the blackhole is on from the start
-		px.Blackhole(true)
-		if err := px.Start(); err != nil {
-			t.Fatal(err)
-		}
+	for _, px := range pxs {
 		t.Cleanup(func() { px.Close() })
 		addrs = append(addrs, px.Addr())
-		pxs = append(pxs, px)
 	}
 	return addrs, pxs
 }

@@ -458,6 +458,22 @@ func TestTCPBlackhole(t *testing.T) {
 	}
 }
 
+// TestStartHanging: each proxy accepts and counts a connection and
+// answers nothing on it.
+func TestStartHanging(t *testing.T) {
+	pxs, err := StartHanging(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pxs {
+		t.Cleanup(func() { p.Close() })
+		expectSilence(t, dial(t, p.Addr()), "version")
+		if got := p.Stats().Accepted; got != 1 {
+			t.Errorf("Stats().Accepted = %d, want 1", got)
+		}
+	}
+}
+
 func TestTCPReset(t *testing.T) {
 	tests := []struct {
 		name      string

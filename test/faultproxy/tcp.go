@@ -78,6 +78,27 @@ func NewTCP(target string) *TCP {
 	}
 }
 
+// StartHanging starts n proxies that accept connections and never answer
+// on them: servers that hang, as a process stopped with SIGSTOP does but
+// cheaper by the dozen. The blackhole is on from the start, so no target
+// is ever dialled. The caller closes them; on an error, those started
+// are closed.
+func StartHanging(n int) ([]*TCP, error) {
+	pxs := make([]*TCP, 0, n)
+	for range n {
+		p := NewTCP("127.0.0.1:1") // never dialled
+		p.Blackhole(true)
+		if err := p.Start(); err != nil {
+			for _, started := range pxs {
+				started.Close()
+			}
+			return nil, err
+		}
+		pxs = append(pxs, p)
+	}
+	return pxs, nil
+}
+
 // Start listens on 127.0.0.1 on a free port and returns once the listener
 // is open; connections are then accepted in the background until Close.
 // It returns an error if the proxy was already started or closed, or if
