@@ -461,3 +461,22 @@ func TestSetServersWaitsWithoutLocks(t *testing.T) {
 		t.Error("not ready after adding nodes that hang to one that answers")
 	}
 }
+
+// TestSetServersReaddedHangingNodeOwesFlush: with ReadmitFlush, a node
+// added again whose flush does not answer within the wait starts down
+// and is still owed its flush before its re-admission.
+func TestSetServersReaddedHangingNodeOwesFlush(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 1)
+	c, _ := newTestCluster(t, mcs, func(o *Options) { o.Health.ReadmitFlush = true })
+	dead, _ := blackholes(t, 1)
+	both := append(serversOf(mcs...), dead...)
+	for _, servers := range [][]Server{both, both[:1], both} {
+		if _, err := c.SetServers(t.Context(), servers, hashring.Ketama); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := c.topo.Load().nodes[1]
+	if n.available() || !n.flushOwed.Load() {
+		t.Errorf("node added again that hangs: up %v, flush owed %v; want down, owed (%s)", n.available(), n.flushOwed.Load(), n.status().Reason)
+	}
+}

@@ -521,14 +521,14 @@ func (c *Cluster) probeAdded(ctx context.Context, probes []addedProbe) {
 			cut = fmt.Errorf("the server change was cut short: %w", context.Cause(ctx))
 		}
 	}
+drain: // answers in before the wait ended
 	for {
 		select {
-		case a := <-answers: // in before the wait ended
+		case a := <-answers:
 			record(a)
-			continue
 		default:
+			break drain
 		}
-		break
 	}
 	for i := range probes {
 		if p := &probes[i]; !p.answered {
