@@ -19,6 +19,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -100,6 +101,12 @@ func (s *SyncBuffer) String() string {
 // Gateway is one memcgate process with fixed loopback ports, so that it can
 // be stopped and started again at the same addresses. Its methods are safe
 // for concurrent use.
+//
+// The ports New picks were free a moment before the binary binds them,
+// and another process can take one in between: the first Start then
+// starts the binary again on fresh ports, and the address fields change.
+// They are final once a start succeeded: read them after the first Start
+// (to put a balancer in front, say), never between New and Start.
 type Gateway struct {
 	DataAddr  string // 127.0.0.1:port of MEMCGATE_LISTEN_ADDR
 	AdminAddr string // 127.0.0.1:port of MEMCGATE_ADMIN_ADDR
@@ -111,10 +118,18 @@ type Gateway struct {
 	logs string    // the file the process writes its output to
 	out  io.Writer // where the process writes instead, if not nil (SetOutput)
 
-	mu   sync.Mutex // guards cmd, done
-	cmd  *exec.Cmd
-	done chan error // receives the exit of cmd, once
+	mu      sync.Mutex // guards cmd, done, started, attempts
+	cmd     *exec.Cmd
+	done    chan error // receives the exit of cmd, once
+	started bool       // a start succeeded: the addresses are final
+	// attempts counts the processes run, retries included, for the
+	// tests of the retry.
+	attempts int
 }
+
+// maxStarts bounds the processes a first Start runs when each loses one
+// of its ports to another process.
+const maxStarts = 5
 
 // New picks two free loopback ports and returns a gateway that is not
 // running yet. env holds MEMCGATE_ variables; the listeners are set here.
@@ -122,26 +137,18 @@ type Gateway struct {
 // printed if the test failed.
 func New(t testing.TB, bin string, env map[string]string) *Gateway {
 	t.Helper()
-	ports, err := memcachedtest.FreePorts(2)
-	if err != nil {
-		t.Fatalf("free ports: %v", err)
-	}
-	dp, ap := ports[0], ports[1]
 	// The output goes to a file, as a deployment's log would: a test
 	// that makes the gateway log tens of megabytes a second (every
 	// request writes an access log line) must not spend its own CPU
 	// copying them, nor make the gateway wait for it. The directory is
 	// removed after the process is killed (cleanups run last first).
-	g := &Gateway{
-		DataAddr: "127.0.0.1:" + strconv.Itoa(dp), AdminAddr: "127.0.0.1:" + strconv.Itoa(ap),
-		DataPort: dp, AdminPort: ap, bin: bin, env: map[string]string{},
-		logs: filepath.Join(t.TempDir(), "memcgate.log"),
-	}
+	g := &Gateway{bin: bin, env: map[string]string{}, logs: filepath.Join(t.TempDir(), "memcgate.log")}
 	for k, v := range env {
 		g.env[k] = v
 	}
-	g.env["MEMCGATE_LISTEN_ADDR"] = g.DataAddr
-	g.env["MEMCGATE_ADMIN_ADDR"] = g.AdminAddr
+	if err := g.pickPorts(); err != nil {
+		t.Fatalf("free ports: %v", err)
+	}
 	t.Cleanup(func() {
 		g.Kill()
 		if t.Failed() {
@@ -151,22 +158,82 @@ func New(t testing.TB, bin string, env map[string]string) *Gateway {
 	return g
 }
 
+// pickPorts sets the addresses, and the listeners in env, to two loopback
+// ports free a moment ago.
+func (g *Gateway) pickPorts() error {
+	ports, err := memcachedtest.FreePorts(2)
+	if err != nil {
+		return err
+	}
+	g.DataPort, g.AdminPort = ports[0], ports[1]
+	g.DataAddr, g.AdminAddr = "127.0.0.1:"+strconv.Itoa(g.DataPort), "127.0.0.1:"+strconv.Itoa(g.AdminPort)
+	g.env["MEMCGATE_LISTEN_ADDR"] = g.DataAddr
+	g.env["MEMCGATE_ADMIN_ADDR"] = g.AdminAddr
+	return nil
+}
+
 // Start runs the binary and waits until /readyz answers 200; it fails t
 // (the test running on the calling goroutine) if that does not happen.
+// A first start whose port another process took is run again on fresh
+// ports (see Gateway); a restart keeps its addresses, and fails if one
+// was taken meanwhile.
 func (g *Gateway) Start(t testing.TB) {
 	t.Helper()
-	g.start(t, "/readyz")
+	if err := g.start(t, "/readyz"); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // StartAlive is Start for a gateway that cannot become ready (its memcached
 // is meant to be down): it waits for /healthz instead.
 func (g *Gateway) StartAlive(t testing.TB) {
 	t.Helper()
-	g.start(t, "/healthz")
+	if err := g.start(t, "/healthz"); err != nil {
+		t.Fatal(err)
+	}
 }
 
-func (g *Gateway) start(t testing.TB, probe string) {
+// portTakenError is the exit of a process that could not bind one of its
+// ports because another process had it.
+type portTakenError struct {
+	line string // what the binary said as it exited
+}
+
+func (e *portTakenError) Error() string {
+	return "memcgate lost its port to another process before it bound it: " + e.line
+}
+
+// start runs the binary until probe answers 200, again on fresh ports
+// while a first start loses a port (at most maxStarts times). Any other
+// failure, and a lost port on a restart, is returned at once.
+func (g *Gateway) start(t testing.TB, probe string) error {
 	t.Helper()
+	for n := 1; ; n++ {
+		err := g.startOnce(probe)
+		g.mu.Lock()
+		if err == nil {
+			g.started = true
+		}
+		restart := g.started
+		g.mu.Unlock()
+		var taken *portTakenError
+		if err == nil || !errors.As(err, &taken) || restart || n == maxStarts {
+			return err
+		}
+		t.Logf("%v; starting it again on fresh ports", err)
+		if err := g.pickPorts(); err != nil {
+			return fmt.Errorf("free ports: %w", err)
+		}
+	}
+}
+
+// startOnce runs the binary once and waits until probe answers 200 on the
+// admin listener, from this process. If the process exits meanwhile, the
+// error is a *portTakenError when the binary said it could not bind
+// DataAddr or AdminAddr because it was in use (read from the log file;
+// output sent to SetOutput's writer is not read, so such a start is not
+// recognised as one that lost its port).
+func (g *Gateway) startOnce(probe string) error {
 	cmd := exec.Command(g.bin)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 	for k, v := range g.env {
@@ -175,39 +242,80 @@ func (g *Gateway) start(t testing.TB, probe string) {
 	g.mu.Lock()
 	out := g.out
 	g.mu.Unlock()
+	from := int64(-1) // where this process's output begins in the log file; -1: not there
 	if out == nil {
 		f, err := os.OpenFile(g.logs, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644) // a restart appends
 		if err != nil {
-			t.Fatalf("memcgate's log file: %v", err)
+			return fmt.Errorf("memcgate's log file: %w", err)
 		}
 		defer f.Close() // the process has its own descriptor once started
-		out = f
+		st, err := f.Stat()
+		if err != nil {
+			return fmt.Errorf("memcgate's log file: %w", err)
+		}
+		from, out = st.Size(), f
 	}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting memcgate: %v", err)
+		return fmt.Errorf("starting memcgate: %w", err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	g.mu.Lock()
 	g.cmd, g.done = cmd, done
+	g.attempts++
 	g.mu.Unlock()
 	client := &http.Client{Timeout: time.Second}
+	other := "" // why the last 200 was not this process's
 	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); {
 		if resp, err := client.Get("http://" + g.AdminAddr + probe); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return
+				// Another process that took the admin port may answer
+				// for this one, which then exits. The data listener is
+				// bound first: an admin listener of this process means
+				// both ports are its own.
+				owns, err := memcachedtest.Listens(cmd.Process.Pid, g.AdminPort)
+				if owns {
+					return nil
+				}
+				other = fmt.Sprintf(" (%s answered 200, but not from memcgate's pid %d: %v)", g.AdminAddr, cmd.Process.Pid, err)
 			}
 		}
 		select {
 		case err := <-done:
-			done <- err
-			t.Fatalf("memcgate exited at start: %v\n%s", err, g.Logs())
+			g.mu.Lock()
+			g.cmd, g.done = nil, nil
+			g.mu.Unlock()
+			return g.exitError(err, from)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	t.Fatalf("memcgate %s not ready within 15s:\n%s", g.DataAddr, Tail(g.Logs(), 3000))
+	return fmt.Errorf("memcgate %s not ready within 15s%s:\n%s", g.DataAddr, other, Tail(g.Logs(), 3000))
+}
+
+// exitError describes the exit, with err from Wait, of a process that
+// had not become ready, from its output (in the log file from offset
+// from; none if from < 0).
+func (g *Gateway) exitError(err error, from int64) error {
+	output := ""
+	if from >= 0 {
+		if b := []byte(g.Logs()); int64(len(b)) >= from {
+			output = string(b[from:])
+		}
+	}
+	// What main prints for a listener that cannot bind (cmd/memcgate:
+	// the variable, then net.Listen's error), with status 1.
+	var exit *exec.ExitError
+	if errors.As(err, &exit) && exit.ExitCode() == 1 {
+		for _, line := range strings.Split(output, "\n") {
+			if line == "memcgate: MEMCGATE_LISTEN_ADDR: listen tcp "+g.DataAddr+": bind: address already in use" ||
+				line == "memcgate: MEMCGATE_ADMIN_ADDR: listen tcp "+g.AdminAddr+": bind: address already in use" {
+				return &portTakenError{line: line}
+			}
+		}
+	}
+	return fmt.Errorf("memcgate exited at start: %v\n%s", err, Tail(output, 3000))
 }
 
 // SetOutput makes the process started next write its stdout and stderr

@@ -179,7 +179,7 @@ func (s *Server) start() error {
 			// package's, run in parallel), and ours then fails to bind
 			// while the other answers for it, and is flushed, killed
 			// and restarted by its own test.
-			if owns, err := listens(cmd.Process.Pid, s.Port); err != nil || !owns {
+			if owns, err := Listens(cmd.Process.Pid, s.Port); err != nil || !owns {
 				_ = cmd.Process.Kill()
 				return fmt.Errorf("port %d is not our memcached's (pid %d): %v", s.Port, cmd.Process.Pid, err)
 			}
@@ -194,9 +194,11 @@ func (s *Server) start() error {
 	return fmt.Errorf("memcached on port %d did not accept connections within 5s", s.Port)
 }
 
-// listens reports whether process pid has the socket listening on
-// 127.0.0.1:port, from /proc (TLS or not, without talking to it).
-func listens(pid, port int) (bool, error) {
+// Listens reports whether process pid has the socket listening on
+// 127.0.0.1:port, from /proc (TLS or not, without talking to it): a
+// server that answers on a port found free may be another test's, which
+// took the port first. The error says why not, when it is not.
+func Listens(pid, port int) (bool, error) {
 	tcp, err := os.ReadFile("/proc/net/tcp")
 	if err != nil {
 		return false, err
