@@ -96,7 +96,10 @@ const (
 	// candidates, so a session lives on the owner of "key-0", and its
 	// copies (memcache.session_redundancy, 2 by default) on the next
 	// distinct owners of "key-1", "key-2", …, which is the order Owners
-	// yields. Strategy and hash function as for the distributions above.
+	// yields. Unlike the Memcache class, the session handler does not stop
+	// at "key-19": it goes on with "key-20", "key-21", … until it has as
+	// many distinct servers as it wants, and so does Owners. Strategy and
+	// hash function as for the distributions above.
 	PeclSessionStandardCRC32   Distribution = "pecl-session-standard-crc32"
 	PeclSessionStandardFNV     Distribution = "pecl-session-standard-fnv"
 	PeclSessionConsistentCRC32 Distribution = "pecl-session-consistent-crc32"
@@ -308,6 +311,9 @@ func (r *Ring) point(key string) int {
 // met by none of those lookups follow in index order: when no live member
 // is among them, pecl/memcache gives up (it sends the request to the last,
 // failed candidate), while a caller skipping dead members still finds one.
+// The session distributions go on with "key-20", "key-21", … first, as the
+// session handler does (see PeclSessionStandardCRC32), up to 65,536
+// candidates or until every member that owns a bucket was met.
 // With the standard strategy and fnv, rehashing "key-N" moves the bucket
 // so little that this happens often (see the interop test).
 func (r *Ring) Owners(key string) iter.Seq[int] {

@@ -12,8 +12,16 @@ const (
 	peclPointsPerWeight  = 160  // MMC_CONSISTENT_POINTS: consistent points per unit of weight
 	peclBuckets          = 1024 // MMC_CONSISTENT_BUCKETS: precomputed consistent lookup table
 	peclFailoverAttempts = 20   // memcache.max_failover_attempts default: rehashes tried
-	fnv32Init            = 0x811c9dc5
-	fnv32Prime           = 0x01000193
+	// peclSessionCandidates bounds the candidates a session walk hashes.
+	// The session handler itself has no bound (see peclTable.walk), but
+	// a member that owns no bucket is never met, and a member with a
+	// tiny share of them seldom: past this many candidates, the members
+	// not met follow in index order. A member with the smallest share a
+	// consistent table gives (1 bucket of 1024) is met within it but for
+	// a chance of e^-64.
+	peclSessionCandidates = 1 << 16
+	fnv32Init             = 0x811c9dc5
+	fnv32Prime            = 0x01000193
 	// peclStandardSpan is one more than the largest standard-strategy
 	// hash, ((hash >> 16) & 0x7fff): no bucket index reaches it, so the
 	// bucket list is kept only up to here whatever the total weight.
@@ -45,6 +53,9 @@ type peclTable struct {
 	buckets []int32
 	total   uint64 // standard: sum of the weights, the modulus
 	points  int    // consistent: the points the table was computed from
+	// reachable counts the members find can return: a session walk
+	// stops hashing candidates once it has met them all.
+	reachable int
 }
 
 // peclState is a key hash in progress: pecl/memcache hashes through
@@ -135,6 +146,16 @@ func (t *peclTable) owner(key string) int {
 // find("key-1"), … for memcache.max_failover_attempts (20) candidates, as
 // mmc_pool_find and mmc_pool_failover_handler try them; pecl/memcache gives
 // up there, and the members never met are yielded last, in index order.
+//
+// The session handler does not give up at 20: it asks
+// mmc_pool_find_next for one server per copy, which returns a server
+// already written once the 20 are used up, and mmc_queue_push does not
+// count a server twice, so the handler asks again, for "key-20", "key-21",
+// … until it has memcache.session_redundancy distinct servers. A session
+// whose 20 candidates all name one member has its second copy on the
+// owner of the first later candidate that names another. The session walk
+// therefore goes on past 20, up to peclSessionCandidates, until it has met
+// every member find can return.
 func (t *peclTable) walk(key string, n int, yield func(int) bool) {
 	var seen memberSet
 	if n > 64 {
@@ -142,11 +163,14 @@ func (t *peclTable) walk(key string, n int, yield func(int) bool) {
 	}
 	left := n
 	s := newPeclState(t.hash).add(key)
-	first := -1
+	first, last := -1, peclFailoverAttempts
 	if t.session {
-		first = 0
+		first, last = 0, peclSessionCandidates
 	}
-	for c := first; c < peclFailoverAttempts; c++ {
+	for c := first; c < last; c++ {
+		if c >= peclFailoverAttempts && n-left == t.reachable {
+			break // the members left are never met
+		}
 		var m int32
 		if c < 0 {
 			m = t.find(s.sum())
@@ -170,17 +194,42 @@ func (t *peclTable) walk(key string, n int, yield func(int) bool) {
 	}
 }
 
+// countReachable sets t.reachable: the distinct members of the buckets
+// find can pick (standard: bucket x % total for every x from 1 to
+// 0x7fff; consistent: all of them).
+func (t *peclTable) countReachable(n int) {
+	var seen memberSet
+	if n > 64 {
+		seen.big = make([]uint64, (n+63)/64)
+	}
+	count := func(m int32) {
+		if seen.add(m) {
+			t.reachable++
+		}
+	}
+	if !t.standard {
+		for _, m := range t.buckets {
+			count(m)
+		}
+		return
+	}
+	for x := uint64(1); x < peclStandardSpan && t.reachable < n; x++ {
+		count(t.buckets[x%t.total])
+	}
+}
+
 // newPeclTable builds the lookup table of a pecl/memcache mode.
 func newPeclTable(members []Member, h peclHash, standard, session bool) (*peclTable, error) {
 	t := &peclTable{hash: h, standard: standard, session: session}
 	if standard {
 		t.buckets, t.total = peclStandardBuckets(members)
-		return t, nil
+	} else {
+		var err error
+		if t.buckets, t.points, err = peclConsistentBuckets(members, h); err != nil {
+			return nil, err
+		}
 	}
-	var err error
-	if t.buckets, t.points, err = peclConsistentBuckets(members, h); err != nil {
-		return nil, err
-	}
+	t.countReachable(len(members))
 	return t, nil
 }
 

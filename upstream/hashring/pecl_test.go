@@ -155,7 +155,9 @@ func peclCandidates(r *Ring, key string) []int {
 
 // TestPeclOwnersOrder checks the failover order against the candidates
 // it is defined by: the key, then "key-0", "key-1", … (the session
-// distributions skip the key), each new member once.
+// distributions skip the key), each new member once; past the 20th
+// candidate the Memcache class gives up, while the session handler goes
+// on with "key-20", "key-21", … until it has met every member.
 func TestPeclOwnersOrder(t *testing.T) {
 	ms := []Member{
 		{"10.0.0.1", 11211, 1}, {"cache-b.example", 11211, 3}, {"10.0.0.3", 11212, 1},
@@ -165,23 +167,82 @@ func TestPeclOwnersOrder(t *testing.T) {
 		t.Run(string(d), func(t *testing.T) {
 			r := mustNew(t, d, ms)
 			for _, k := range testKeys(500, 8) {
-				var want []int
-				for _, m := range peclCandidates(r, k) {
-					if !slices.Contains(want, m) {
-						want = append(want, m)
-					}
-				}
-				for i := range ms {
-					if !slices.Contains(want, i) {
-						want = append(want, i)
-					}
-				}
-				if got := checkOwners(t, r, k); !slices.Equal(got, want) {
+				if got, want := checkOwners(t, r, k), peclOrder(r, k); !slices.Equal(got, want) {
 					t.Fatalf("Owners(%q) = %v, want %v", k, got, want)
 				}
 			}
 		})
 	}
+}
+
+// peclOrder is the failover order of key as pecl/memcache builds it,
+// hashing each candidate "key-N" afresh: the distinct members of
+// peclCandidates, for the session distributions those of "key-20",
+// "key-21", … after them until every member is met (within
+// peclSessionCandidates), then the members never met in index order.
+func peclOrder(r *Ring, key string) []int {
+	var order []int
+	add := func(m int) {
+		if !slices.Contains(order, m) {
+			order = append(order, m)
+		}
+	}
+	for _, m := range peclCandidates(r, key) {
+		add(m)
+	}
+	for c := peclFailoverAttempts; r.pecl.session && len(order) < r.Len() && c < peclSessionCandidates; c++ {
+		add(int(r.pecl.find(newPeclState(r.pecl.hash).add(fmt.Sprintf("%s-%d", key, c)).sum())))
+	}
+	for i := range r.Len() {
+		add(i)
+	}
+	return order
+}
+
+// TestPeclSessionPast20 checks session keys whose 20 failover candidates
+// all name one member: pecl/memcache's session handler writes the second
+// copy (memcache.session_redundancy=2) to the member of the first later
+// candidate that names another ("key-20", "key-21", …), not to the first
+// member in index order. How many keys that happens to depends on the
+// ring: the members here give some in 100,000 for three of the session
+// distributions (pecl-session-standard-fnv has none with weights 1,3,1).
+// TestPeclSessionInterop has PHP write such keys.
+func TestPeclSessionPast20(t *testing.T) {
+	ms := []Member{{"127.0.0.1", 11238, 1}, {"127.0.0.1", 11239, 3}, {"127.0.0.1", 11240, 1}}
+	ids := sessionIDs(100000, 5)
+	for _, d := range []Distribution{PeclSessionConsistentCRC32, PeclSessionConsistentFNV, PeclSessionStandardCRC32} {
+		t.Run(string(d), func(t *testing.T) {
+			r := mustNew(t, d, ms)
+			keys := pastCandidates(r, ids, 20)
+			if len(keys) == 0 {
+				t.Fatalf("no id of %d has all 20 candidates on one member: nothing checked", len(ids))
+			}
+			for _, k := range keys {
+				if got, want := checkOwners(t, r, k), peclOrder(r, k); !slices.Equal(got, want) {
+					t.Errorf("Owners(%q) = %v, want %v (all 20 candidates name member %d)", k, got, want, want[0])
+				}
+			}
+		})
+	}
+}
+
+// pastCandidates returns up to max of ids whose 20 failover candidates
+// ("id-0" … "id-19") all name one member of the session distribution r.
+func pastCandidates(r *Ring, ids []string, max int) []string {
+	var out []string
+	for _, id := range ids {
+		s := newPeclState(r.pecl.hash).add(id)
+		first, c := r.pecl.find(s.candidate(0)), 1
+		for c < peclFailoverAttempts && r.pecl.find(s.candidate(c)) == first {
+			c++
+		}
+		if c == peclFailoverAttempts {
+			if out = append(out, id); len(out) == max {
+				break
+			}
+		}
+	}
+	return out
 }
 
 // TestPeclConsistentShares logs how far pecl/memcache's consistent shares
