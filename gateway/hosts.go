@@ -174,6 +174,6 @@ func (c *HostCheck) refuse(w http.ResponseWriter, r *http.Request, listener stri
 	unlogged := c.unlogged
 	c.last, c.unlogged = now, 0
 	c.mu.Unlock()
-	c.log.LogAttrs(context.Background(), slog.LevelWarn, "request refused: Host not allowed (MEMCGATE_ALLOWED_HOSTS)",
+	c.log.LogAttrs(context.Background(), slog.LevelWarn, "request refused: Host not allowed: neither an IP address, localhost nor a name of MEMCGATE_ALLOWED_HOSTS",
 		slog.String("listener", listener), slog.String("host", host), slog.String("remote", r.RemoteAddr), slog.Int("unlogged_before", unlogged))
 }

@@ -387,7 +387,7 @@ func (g *Gateway) Metrics(ctx context.Context) (string, error) {
 
 // Scrape GETs url and returns the body of a 200 answer.
 func Scrape(ctx context.Context, url string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second) // a race-built gateway on a loaded machine gathers slowly
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
