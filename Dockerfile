@@ -3,7 +3,8 @@
 # memcgate image: a static binary on distroless, running as a non-root user.
 #   make image        (docker build with VERSION and REVISION from git; see Makefile)
 #   docker build -t memcgate .
-#   docker run --rm -p 8080:8080 -p 127.0.0.1:9090:9090 -e MEMCGATE_SERVERS=host.docker.internal:11211 memcgate
+#   docker run --rm -p 8080:8080 -p 127.0.0.1:9090:9090 --add-host=host.docker.internal:host-gateway -e MEMCGATE_SERVERS=host.docker.internal:11211 memcgate
+#   (--add-host: Linux has no host.docker.internal of its own; the memcached there must listen beyond 127.0.0.1)
 # The build stage runs on the build host's platform and cross-compiles for
 # the target one (docker buildx build --platform linux/amd64,linux/arm64 .).
 
