@@ -36,6 +36,7 @@ type framing struct {
 	// A block of header fields: a head's or a trailer section.
 	trailer bool  // it is a trailer section
 	seen    bool  // a field line began
+	folded  bool  // a head's field value continued on a line of its own (obs-fold)
 	lastCR  bool  // the line's last byte was CR (also in chunk-size lines)
 	name    uint8 // bytes of the field name so far, up to 255
 	cand    uint8 // names it may still be: candCL | candTE
@@ -57,6 +58,7 @@ type framing struct {
 	clBad   bool   // one was invalid or differed from the first
 	teN     int    // Transfer-Encoding fields
 	teOK    bool   // the last one was "chunked"
+	why     error  // why endHead refused the head
 
 	// Bodies.
 	remain uint64 // body or chunk data left
@@ -384,10 +386,15 @@ func (f *framing) valueByte(c byte) {
 // value with a space: for Content-Length, which it trims at both ends,
 // that space only matters before more digits; for Transfer-Encoding,
 // which it trims only at the start, any space after "chunked" spoils it.
+// In a head it also marks the head folded, which endHead refuses
+// (errObsFold); a trailer's continuation lines are only followed.
 func (f *framing) continuation() {
 	if !f.seen {
 		f.off = true
 		return
+	}
+	if !f.trailer {
+		f.folded = true
 	}
 	if f.vn > 0 || f.vbad {
 		switch f.kind {
@@ -425,23 +432,32 @@ func (f *framing) endField() {
 }
 
 // endHead is called at the last byte of a head whose fields all passed.
-// It reports whether the guard refuses the head: one with both
-// Content-Length and Transfer-Encoding, or with Transfer-Encoding on
-// HTTP/1.0, which net/http ignores and reads as having no body (RFC 9112
-// §6.1 requires the framing to be taken as faulty and the connection
-// closed: a proxy in front that reads the body as chunked would have the
-// chunks read as the next requests). Otherwise it sets up the body as
-// net/http's readTransfer does, or turns the framing off where net/http
-// fails the connection.
+// It reports whether the guard refuses the head, and sets f.why: one with
+// both Content-Length and Transfer-Encoding (errBothLengths); one with a
+// field value continued on a line of its own (errObsFold), which net/http
+// joins to the line before, where a proxy in front may take the line for
+// a field of its own, so that a fold can hide a framing field from one of
+// them; or one with Transfer-Encoding on HTTP/1.0 (errTEOnHTTP10), which
+// net/http ignores and reads as having no body (RFC 9112 §6.1 requires
+// the framing to be taken as faulty and the connection closed: a proxy in
+// front that reads the body as chunked would have the chunks read as the
+// next requests). Otherwise it sets up the body as net/http's
+// readTransfer does, or turns the framing off where net/http fails the
+// connection.
 func (f *framing) endHead() bool {
 	if f.clN > 0 && f.teN > 0 {
+		f.why = errBothLengths
 		return true
 	}
 	major, minor, ok := f.version()
 	switch {
 	case !ok || major != 1:
 		f.off = true // 400 malformed version, 505, or PRI * HTTP/2.0 (closed after it)
+	case f.folded:
+		f.why = errObsFold
+		return true
 	case f.teN > 0 && minor == 0:
+		f.why = errTEOnHTTP10
 		return true
 	case f.teN > 0:
 		if f.teN != 1 || !f.teOK {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync/atomic"
 )
 
 // A request whose head has both Content-Length and Transfer-Encoding is
@@ -16,22 +17,29 @@ import (
 // on HTTP/1.0 is the same risk: net/http ignores it and reads no body, so
 // the chunks that a proxy in front forwards as the body (HAProxy does)
 // are read as the next requests, where RFC 9112 §6.1 requires the
-// connection closed; nginx answers 400 here too. GuardConn makes net/http
-// refuse both, from below: it follows the framing of the request stream
-// and never lets net/http see such a head complete.
+// connection closed; nginx answers 400 here too. So is a field value
+// continued on a line that begins with whitespace (obs-fold): net/http
+// joins it to the field before, where a proxy may take it for a field of
+// its own and so see a Content-Length or Transfer-Encoding that net/http
+// does not, or the other way round; RFC 9112 §5.2 lets a server refuse
+// it, and nginx does (errObsFold). GuardConn makes net/http refuse all
+// three, from below: it follows the framing of the request stream and
+// never lets net/http see such a head complete.
 
 // GuardConn returns c wrapped so that a net/http Server serving it
 // answers a request whose head has both a Content-Length and a
-// Transfer-Encoding header field, or a Transfer-Encoding on HTTP/1.0, with
+// Transfer-Encoding header field, or, on HTTP/1.x, a field continued on a
+// line of its own (obs-fold) or a Transfer-Encoding on HTTP/1.0, with
 //
 //	HTTP/1.1 400 Bad Request
 //	Content-Type: text/plain; charset=utf-8
 //	Connection: close
+//	Content-Length: 54
 //
-//	400 Bad Request
+//	request has both Content-Length and Transfer-Encoding
 //
-// and closes the connection, as the fast path and nginx do, whatever the
-// Transfer-Encoding value. Field names are
+// (the body says which of the three it is) and closes the connection, as
+// the fast path and nginx do, whatever the Transfer-Encoding value. Field names are
 // matched as net/http reads them: in any case, and only names that are
 // exactly one of the two ("Content-Length :" is another field, which
 // net/http then rejects itself). Requests before it on the connection are
@@ -65,8 +73,8 @@ func GuardConn(c net.Conn) net.Conn {
 	return &guardConn{Conn: c}
 }
 
-// guardCounted is GuardConn calling refused with errSmuggle for a head it
-// refuses.
+// guardCounted is GuardConn calling refused with the reason for a head it
+// refuses (errBothLengths, errObsFold, errTEOnHTTP10).
 func guardCounted(c net.Conn, refused func(error)) net.Conn {
 	return &guardConn{Conn: c, counted: refused}
 }
@@ -172,11 +180,21 @@ const filler = 0
 // on after a trailer section it rejected, from a place that depends on how
 // far its header reader got; the guard is off by then. Hence GuardConn's
 // assumption that handlers do not enable full duplex.)
+//
+// # The answer
+//
+// net/http answers the failed head with its plain 400 ("400 Bad Request",
+// see badRequest), which says nothing of why. Once a head is refused,
+// Write replaces that answer, written whole in one Write as net/http
+// does, with framingAnswer's, which says why: net/http writes it only for a
+// request it failed to read, and every response before it has been
+// written by then.
 type guardConn struct {
 	net.Conn
 	t       framing
-	refused uint8       // 0, or 1: a head's last byte was withheld, 2: reads fail
-	counted func(error) // if not nil, called once for the head refused
+	refused uint8                  // 0, or 1: a head's last byte was withheld, 2: reads fail
+	counted func(error)            // if not nil, called once for the head refused
+	answer  atomic.Pointer[string] // framingAnswer's answer once a head is refused: Write runs on other goroutines than Read
 }
 
 func (g *guardConn) Read(p []byte) (int, error) {
@@ -194,8 +212,10 @@ func (g *guardConn) Read(p []byte) (int, error) {
 	n, err := g.Conn.Read(p)
 	if n > 0 && !g.t.off {
 		if i := g.t.scan(p[:n]); i >= 0 {
+			answer := framingAnswer(g.t.why)
+			g.answer.Store(&answer)
 			if g.counted != nil {
-				g.counted(errSmuggle)
+				g.counted(g.t.why)
 			}
 			if i == 0 {
 				p[0] = filler
@@ -207,6 +227,18 @@ func (g *guardConn) Read(p []byte) (int, error) {
 		}
 	}
 	return n, err
+}
+
+// Write writes p to the wrapped connection, or, once a head is refused,
+// framingAnswer's answer in place of net/http's plain 400 (see guardConn).
+func (g *guardConn) Write(p []byte) (int, error) {
+	if a := g.answer.Load(); a != nil && string(p) == badRequest {
+		if _, err := io.WriteString(g.Conn, *a); err != nil {
+			return 0, err
+		}
+		return len(p), nil
+	}
+	return g.Conn.Write(p)
 }
 
 // CloseWrite half-closes the connection if the wrapped one can, as

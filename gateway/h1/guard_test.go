@@ -21,9 +21,10 @@ import (
 	"time"
 )
 
-// guardBadRequest is net/http's answer to a request it cannot read, and
-// the fast path's.
-const guardBadRequest = "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"
+// guardBothLengths is the guard's answer to a head with both
+// Content-Length and Transfer-Encoding, and the fast path's.
+const guardBothLengths = "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: 54\r\n\r\n" +
+	"request has both Content-Length and Transfer-Encoding\n"
 
 // guardEcho describes the request it got, body, trailer and body error
 // included, in a response that always has a Content-Length (0 for HEAD),
@@ -91,14 +92,14 @@ func guardResponses(out []byte) (ends []int, closes []bool) {
 }
 
 // guardOracle walks in as net/http's server reads requests (with
-// net/http's own parsers) and finds the first request whose head has
-// both Content-Length and Transfer-Encoding as net/http reads header
-// names. It returns its index, or -1 if the walk stops before one
-// (net/http fails a head or a body, or a request asks to close the
-// connection). It also returns, for the chunked requests before, the
-// stretch of the stream net/http peeks into for a "\r\n\r\n" before it
-// reads a trailer section that does not start with CRLF.
-func guardOracle(in []byte) (k int, peeks []guardPeek) {
+// net/http's own parsers) and finds the first request whose head the
+// guard refuses (guardHeadRefused). It returns its index and why it is
+// refused, or -1 if the walk stops before one (net/http fails a head or a
+// body, or a request asks to close the connection). It also returns, for
+// the chunked requests before, the stretch of the stream net/http peeks
+// into for a "\r\n\r\n" before it reads a trailer section that does not
+// start with CRLF.
+func guardOracle(in []byte) (k int, why error, peeks []guardPeek) {
 	r := bytes.NewReader(in)
 	br := bufio.NewReader(r)
 	pos := func() int { return len(in) - r.Len() - br.Buffered() }
@@ -112,19 +113,19 @@ func guardOracle(in []byte) (k int, peeks []guardPeek) {
 			}
 			br.Discard(n)
 		}
-		if _, ok := guardHeadRefused(in[pos():]); ok {
-			return k, peeks
+		if _, why, ok := guardHeadRefused(in[pos():]); ok {
+			return k, why, peeks
 		}
 		req, err := http.ReadRequest(br)
 		if err != nil || req.Close {
-			return -1, peeks
+			return -1, nil, peeks
 		}
 		if e := req.Header.Get("Expect"); e != "" && !strings.EqualFold(e, "100-continue") {
-			return -1, peeks
+			return -1, nil, peeks
 		}
 		bodyStart := pos()
 		if _, err := io.Copy(io.Discard, req.Body); err != nil {
-			return -1, peeks
+			return -1, nil, peeks
 		}
 		if len(req.TransferEncoding) > 0 {
 			cr := bytes.NewReader(in[bodyStart:])
@@ -145,27 +146,42 @@ type guardPeek struct{ k, from, to int }
 
 // guardHeadRefused reports whether in starts with a head (a request line
 // and header fields, as net/http's textproto reader reads them) that the
-// guard refuses: one with both fields, or with Transfer-Encoding on
-// HTTP/1.0; and where it ends.
-func guardHeadRefused(in []byte) (end int, ok bool) {
+// guard refuses, why, and where it ends: one with both fields
+// (errBothLengths); on HTTP/1.x, one with a line that continues a field
+// (errObsFold), or with Transfer-Encoding on HTTP/1.0 (errTEOnHTTP10).
+func guardHeadRefused(in []byte) (end int, why error, ok bool) {
 	r := bytes.NewReader(in)
 	br := bufio.NewReader(r)
 	tp := textproto.NewReader(br)
 	line, err := tp.ReadLine()
 	if err != nil {
-		return 0, false
+		return 0, nil, false
 	}
 	h, err := tp.ReadMIMEHeader()
-	if err != nil || h["Transfer-Encoding"] == nil {
-		return 0, false
+	if err != nil {
+		return 0, nil, false
 	}
+	end = len(in) - r.Len() - br.Buffered()
 	_, proto, _ := strings.Cut(line, " ")
 	_, proto, _ = strings.Cut(proto, " ")
-	if h["Content-Length"] == nil && proto != "HTTP/1.0" {
-		return 0, false
+	major, _, vok := http.ParseHTTPVersion(proto)
+	te := h["Transfer-Encoding"] != nil
+	switch {
+	case te && h["Content-Length"] != nil:
+		return end, errBothLengths, true
+	case !vok || major != 1:
+		return 0, nil, false
+	case guardFold.Match(in[:end]):
+		return end, errObsFold, true
+	case te && proto == "HTTP/1.0":
+		return end, errTEOnHTTP10, true
 	}
-	return len(in) - r.Len() - br.Buffered(), true
+	return 0, nil, false
 }
+
+// guardFold matches a line that begins with whitespace, which in a head
+// that textproto read is a continuation line.
+var guardFold = regexp.MustCompile(`\n[ \t]`)
 
 var (
 	guardNameCL = regexp.MustCompile(`(?mi)^content-length:`)
@@ -177,7 +193,7 @@ var (
 func guardCheck(t *testing.T, in, plain, guarded []byte) {
 	t.Helper()
 	plain, guarded = guardNormalize(plain), guardNormalize(guarded)
-	k, peeks := guardOracle(in)
+	k, why, peeks := guardOracle(in)
 	ends, closes := guardResponses(plain)
 	// Whether net/http without the guard reached request i.
 	reached := func(i int) bool {
@@ -185,7 +201,7 @@ func guardCheck(t *testing.T, in, plain, guarded []byte) {
 	}
 	want := plain
 	if reached(k) {
-		want = append(plain[:guardPrefix(ends, k):guardPrefix(ends, k)], guardBadRequest...)
+		want = append(plain[:guardPrefix(ends, k):guardPrefix(ends, k)], framingAnswer(why)...)
 	}
 	if bytes.Equal(guarded, want) {
 		return
@@ -195,10 +211,12 @@ func guardCheck(t *testing.T, in, plain, guarded []byte) {
 	// guard may refuse heads there that net/http would never reach (after
 	// a request it rejects), so this allows it wherever the peek covers
 	// a Transfer-Encoding field name and a Content-Length one or an
-	// HTTP/1.0 request line.
+	// HTTP/1.0 request line, or a continuation line.
 	for _, p := range peeks {
 		peek := in[p.from:p.to]
-		if !reached(p.k) || guardNameTE.Find(peek) == nil || guardNameCL.Find(peek) == nil && !bytes.Contains(peek, []byte(" HTTP/1.0")) {
+		refusable := guardNameTE.Find(peek) != nil && (guardNameCL.Find(peek) != nil || bytes.Contains(peek, []byte(" HTTP/1.0"))) ||
+			guardFold.Match(peek)
+		if !reached(p.k) || !refusable {
 			continue
 		}
 		rest, ok := bytes.CutPrefix(guarded, plain[:guardPrefix(ends, p.k)])
@@ -470,13 +488,19 @@ func guardCases() []guardCase {
 		one("both in a body", -1, "PUT /k HTTP/1.1\r\nHost: x\r\nContent-Length: 81\r\n\r\n", gBoth, gClose),
 		one("both in chunk data", -1, "PUT /k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n51\r\n", gBoth, "\r\n0\r\n\r\n", gClose),
 		one("both in a trailer", -1, "PUT /k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", gClose),
-		one("both as a continuation", -1, "PUT /k HTTP/1.1\r\nHost: x\r\nX-A: a\r\n Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", gClose),
+		one("both as a continuation", 0, "PUT /k HTTP/1.1\r\nHost: x\r\nX-A: a\r\n Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", gClose),
 		shut("both, one name with a space", "PUT /k HTTP/1.1\r\nHost: x\r\nContent-Length : 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", gClose),
 		one("both names longer", -1, "PUT /k HTTP/1.1\r\nHost: x\r\nContent-Lengths: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", gClose),
 		one("duplicate CL", -1, "PUT /k HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\ncontent-length:  5 \r\n\r\nhello", gClose),
 		shut("differing CL", "PUT /k HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 05\r\n\r\nhello", gClose),
-		one("CL continued", -1, "PUT /k HTTP/1.1\r\nHost: x\r\nContent-Length:\r\n 5\r\n \r\n\r\nhello", gClose),
-		shut("TE chunked then space", "PUT /k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n \r\n\r\n0\r\n\r\n", gClose),
+		one("CL continued", 0, "PUT /k HTTP/1.1\r\nHost: x\r\nContent-Length:\r\n 5\r\n \r\n\r\nhello", gClose),
+		one("TE chunked then space", 0, "PUT /k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n \r\n\r\n0\r\n\r\n", gClose),
+		one("field continued", 0, "PUT /k HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n\t2\r\nContent-Length: 5\r\n\r\nhello", gClose),
+		one("field continued after a request", 1, gGet, "GET /k HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n 2\r\n\r\n", gClose),
+		one("TE hidden in a continuation", 0, "PUT /k HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\nhello", gClose),
+		shut("continuation as the first field", "PUT /k HTTP/1.1\r\n X-A: 1\r\nHost: x\r\n\r\n", gClose),
+		shut("continuation with a bad version", "GET / HTTP/1.x\r\nHost: x\r\nX-A: 1\r\n 2\r\n\r\n", gGet),
+		one("continued trailer", -1, "PUT /k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX-A: 1\r\n 2\r\n\r\n", gGet, gClose),
 		shut("chunk line bare LF", "PUT /k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\nhello\r\n0\r\n\r\n", gClose),
 		shut("chunk size with space before ext", "PUT /k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5 ;a\r\nhello\r\n0\r\n\r\n", gClose),
 		one("chunk size with trailing space", -1, "PUT /k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5 \t\r\nhello\r\n0 \r\n\r\n", gClose),
@@ -526,7 +550,7 @@ func TestGuard(t *testing.T) {
 	for _, tt := range guardCases() {
 		t.Run(tt.name, func(t *testing.T) {
 			in := []byte(strings.Join(tt.pieces, ""))
-			if k, _ := guardOracle(in); k != tt.refused {
+			if k, _, _ := guardOracle(in); k != tt.refused {
 				t.Fatalf("guardOracle(%q) = %d, want %d", in, k, tt.refused)
 			}
 			plain := guardServeTCP(t, plainAddr, tt.pieces)
@@ -538,7 +562,7 @@ func TestGuard(t *testing.T) {
 					t.Errorf("guarded answer %q: the trailer's body read did not fail", guarded)
 				}
 			case tt.refused >= 0:
-				if !bytes.HasSuffix(guarded, []byte(guardBadRequest)) {
+				if _, why, _ := guardOracle(in); !bytes.HasSuffix(guarded, []byte(framingAnswer(why))) {
 					t.Errorf("guarded answer %q does not end in a 400", guarded)
 				}
 			}
@@ -553,7 +577,7 @@ func TestGuard(t *testing.T) {
 			// guard must refuse wherever net/http gets to it.
 			more, ok := bytes.CutSuffix(in, []byte(gClose))
 			more = append(slices.Clip(more), gBoth+gClose...)
-			k, _ := guardOracle(more)
+			k, _, _ := guardOracle(more)
 			if ok && k < 0 && !tt.closes {
 				t.Errorf("guardOracle(%q) = %d, want the request after the case refused", more, k)
 			}
@@ -617,7 +641,7 @@ func TestGuardHeaderLimit(t *testing.T) {
 		len         int
 		plain, want string // status lines without and with the guard
 	}{
-		{"below", limit - 1, "HTTP/1.1 200 OK", guardBadRequest},
+		{"below", limit - 1, "HTTP/1.1 200 OK", guardBothLengths},
 		{"at", limit, "HTTP/1.1 200 OK", tooLarge},
 		{"over", limit + 1, tooLarge, tooLarge},
 	}
@@ -695,7 +719,7 @@ func TestGuardBackgroundRead(t *testing.T) {
 				t.Fatalf("reading the answer: %v (after %q)", err, out)
 			}
 			got := string(guardNormalize(out))
-			want := "HTTP/1.1 200 OK\r\nDate: -\r\nContent-Length: 9\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nctx=<nil>" + guardBadRequest
+			want := "HTTP/1.1 200 OK\r\nDate: -\r\nContent-Length: 9\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nctx=<nil>" + guardBothLengths
 			if got != want {
 				t.Errorf("answer\n%q\nwant\n%q", got, want)
 			}

@@ -81,20 +81,42 @@ var errBothLengths = errors.New("h1: request has both Content-Length and Transfe
 // faulty and the connection closed; it is refused, as nginx does.
 var errTEOnHTTP10 = errors.New("h1: HTTP/1.0 request has Transfer-Encoding")
 
-// badRequest is net/http's answer to a request it cannot read, which the
-// fast path gives to the requests it refuses itself.
+// errObsFold refuses a request whose head continues a field value on a
+// line that begins with whitespace (obs-fold, RFC 9112 §5.2). net/http
+// joins such a line to the field before it; a proxy in front may instead
+// take it for a field of its own, or drop it, so that a fold can hide a
+// Content-Length or Transfer-Encoding from one of them: with
+// "X-A: 1\r\n Transfer-Encoding: chunked" and a Content-Length, net/http
+// reads the Content-Length and a proxy that takes the folded line as a
+// field reads chunks. The RFC lets a server refuse any fold with 400, as
+// nginx does. Only the heads net/http reads are checked: the fast path
+// hands a folded head to Fallback, whose GuardConn refuses it.
+var errObsFold = errors.New("h1: request header field continued on a line of its own (obsolete line folding)")
+
+// badRequest is net/http's answer to a request it cannot read; GuardConn
+// replaces it with framingAnswer's when it made net/http fail the request.
 const badRequest = "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"
 
-// refuse answers a request newRequest refused with 400 and closes the
-// connection, dropping for a while what the client still sends so that
-// it gets the answer (linger, which reports whether it parked it).
+// framingAnswer returns the answer to a request refused for err (errBothLengths,
+// errTEOnHTTP10, errObsFold): 400 with a short body that says why, and
+// the connection closed.
+func framingAnswer(err error) string {
+	msg := strings.TrimPrefix(err.Error(), "h1: ") + "\n"
+	return "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: " +
+		strconv.Itoa(len(msg)) + "\r\n\r\n" + msg
+}
+
+// refuse answers a request newRequest refused with framingAnswer's 400 and
+// closes the connection, dropping for a while what the client still
+// sends so that it gets the answer (linger, which reports whether it
+// parked it).
 func (c *conn) refuse(err error) (wasParked bool) {
 	c.srv.badRequest(err)
 	if d := c.srv.WriteTimeout; d > 0 {
 		c.setWriteTimeout(time.Now().Add(d))
 	}
 	c.armWrite()
-	io.WriteString(c.rwc, badRequest)
+	io.WriteString(c.rwc, framingAnswer(err))
 	c.in.Discard(c.in.Buffered())
 	c.phase = phaseLinger
 	return c.linger()

@@ -220,8 +220,8 @@ func TestBothLengthsRefused(t *testing.T) {
 		if err != nil && !errors.Is(err, net.ErrClosed) {
 			t.Logf("read: %v", err)
 		}
-		if string(all) != badRequest {
-			t.Errorf("%q answered %q, want %q", raw, all, badRequest)
+		if string(all) != guardBothLengths {
+			t.Errorf("%q answered %q, want %q", raw, all, guardBothLengths)
 		}
 	}
 }
