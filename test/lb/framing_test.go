@@ -26,6 +26,9 @@ var framingCases = []struct{ name, raw string }{
 	{"Content-Length and Transfer-Encoding", "PUT /{key} HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n{chunked}"},
 	{"Transfer-Encoding continued", "PUT /{key} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:\r\n chunked\r\n\r\n{chunked}"},
 	{"Content-Length in a continuation", "PUT /{key} HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n Content-Length: {len}\r\nContent-Length: {len}\r\n\r\n{body}"},
+	{"Content-Length continued", "PUT /{key} HTTP/1.1\r\nHost: x\r\nContent-Length:\r\n {len}\r\n\r\n{body}"},
+	{"Transfer-Encoding in a continuation, with Content-Length", "PUT /{key} HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n Transfer-Encoding: chunked\r\nContent-Length: {len}\r\n\r\n{body}"},
+	{"Content-Length in a continuation, chunked", "PUT /{key} HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n{chunked}"},
 	{"chunk size with extension", "PUT /{key} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{chunked;ext}"},
 	{"Expect: 100-continue", "PUT /{key} HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: {len}\r\n\r\n{body}"},
 }
