@@ -58,6 +58,10 @@ type framing struct {
 	clBad   bool   // one was invalid or differed from the first
 	teN     int    // Transfer-Encoding fields
 	teOK    bool   // the last one was "chunked"
+	teFinal bool   // the last coding they list is chunked
+	el      int8   // bytes of "chunked" matched by the coding being read, -1: another coding
+	elSeen  bool   // the coding being read has begun
+	elWS    bool   // whitespace came after it
 	why     error  // why endHead refused the head
 
 	// Bodies.
@@ -329,6 +333,9 @@ func (f *framing) nameByte(c byte) {
 // valueByte follows a byte of a field value, continuation lines
 // included.
 func (f *framing) valueByte(c byte) {
+	if f.kind == kindTE && c != '\n' && c != '\r' && !f.lastCR {
+		f.codingByte(c)
+	}
 	switch {
 	case c == '\n':
 		f.vws = false // trailing whitespace of a line is dropped
@@ -380,6 +387,39 @@ func (f *framing) valueByte(c byte) {
 	}
 }
 
+// codingByte follows a byte of a Transfer-Encoding value as a list of
+// codings (RFC 9110 §5.6.1: commas, optional whitespace around them,
+// empty elements), for the last coding of the head's list: RFC 9112 §6.3
+// makes a request whose last coding is not chunked one whose length
+// cannot be known.
+func (f *framing) codingByte(c byte) {
+	switch {
+	case c == ',':
+		f.endCoding()
+	case c == ' ' || c == '\t':
+		f.elWS = f.elSeen
+	default:
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if f.elWS || f.el < 0 || int(f.el) == len("chunked") || c != "chunked"[f.el] {
+			f.el = -1
+		} else {
+			f.el++
+		}
+		f.elSeen = true
+	}
+}
+
+// endCoding ends a coding of a Transfer-Encoding list: the last one
+// begun is the list's last so far.
+func (f *framing) endCoding() {
+	if f.elSeen {
+		f.teFinal = int(f.el) == len("chunked")
+	}
+	f.el, f.elSeen, f.elWS = 0, false, false
+}
+
 // continuation starts a line that begins with whitespace: it continues
 // the current field's value, unless there is none yet, which net/http
 // fails ("malformed MIME header initial line"). net/http joins it to the
@@ -427,6 +467,7 @@ func (f *framing) endField() {
 	case kindTE:
 		f.teN++
 		f.teOK = !f.vbad && f.vn == len("chunked")
+		f.endCoding()
 	}
 	f.kind = kindOther
 }
@@ -441,7 +482,11 @@ func (f *framing) endField() {
 // net/http ignores and reads as having no body (RFC 9112 §6.1 requires
 // the framing to be taken as faulty and the connection closed: a proxy in
 // front that reads the body as chunked would have the chunks read as the
-// next requests). Otherwise it sets up the body as net/http's
+// next requests); or, on HTTP/1.1, one whose Transfer-Encoding does not
+// end in chunked (errTENotChunked), which RFC 9112 §6.3 requires be
+// answered 400 and closed (net/http answers 501 and closes; a list that
+// ends in chunked but is not chunked alone still gets that 501).
+// Otherwise it sets up the body as net/http's
 // readTransfer does, or turns the framing off where net/http fails the
 // connection.
 func (f *framing) endHead() bool {
@@ -458,6 +503,9 @@ func (f *framing) endHead() bool {
 		return true
 	case f.teN > 0 && minor == 0:
 		f.why = errTEOnHTTP10
+		return true
+	case f.teN > 0 && !f.teFinal:
+		f.why = errTENotChunked
 		return true
 	case f.teN > 0:
 		if f.teN != 1 || !f.teOK {

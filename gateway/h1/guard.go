@@ -22,14 +22,18 @@ import (
 // joins it to the field before, where a proxy may take it for a field of
 // its own and so see a Content-Length or Transfer-Encoding that net/http
 // does not, or the other way round; RFC 9112 §5.2 lets a server refuse
-// it, and nginx does (errObsFold). GuardConn makes net/http refuse all
-// three, from below: it follows the framing of the request stream and
-// never lets net/http see such a head complete.
+// it, and nginx does (errObsFold). And a Transfer-Encoding whose last
+// coding is not chunked leaves the length unknown: RFC 9112 §6.3 requires
+// 400 and the connection closed, where net/http answers 501
+// (errTENotChunked). GuardConn makes net/http refuse all four, from
+// below: it follows the framing of the request stream and never lets
+// net/http see such a head complete.
 
 // GuardConn returns c wrapped so that a net/http Server serving it
 // answers a request whose head has both a Content-Length and a
 // Transfer-Encoding header field, or, on HTTP/1.x, a field continued on a
-// line of its own (obs-fold) or a Transfer-Encoding on HTTP/1.0, with
+// line of its own (obs-fold), a Transfer-Encoding on HTTP/1.0, or one
+// whose last coding is not chunked, with
 //
 //	HTTP/1.1 400 Bad Request
 //	Content-Type: text/plain; charset=utf-8
@@ -38,7 +42,7 @@ import (
 //
 //	request has both Content-Length and Transfer-Encoding
 //
-// (the body says which of the three it is) and closes the connection, as
+// (the body says which it is) and closes the connection, as
 // the fast path and nginx do, whatever the Transfer-Encoding value. Field names are
 // matched as net/http reads them: in any case, and only names that are
 // exactly one of the two ("Content-Length :" is another field, which
@@ -161,8 +165,9 @@ const filler = 0
 //     once it has read the head: an HTTP version it cannot parse, or one
 //     that is not 1.x (400 or 505, or PRI * HTTP/2.0, after which it
 //     closes); an invalid or empty Content-Length, or duplicates that
-//     differ (400); a Transfer-Encoding that is not one "chunked" field on
-//     HTTP/1.1 and later (501). Net/http reads no further request. (Under
+//     differ (400); a Transfer-Encoding that ends in chunked but is not
+//     one "chunked" field, on HTTP/1.1 and later (501). Net/http reads no
+//     further request. (Under
 //     GODEBUG=httplaxcontentlength=1 net/http takes an empty
 //     Content-Length as no length and goes on; the guard then stays off for
 //     that connection.)
@@ -184,17 +189,24 @@ const filler = 0
 // # The answer
 //
 // net/http answers the failed head with its plain 400 ("400 Bad Request",
-// see badRequest), which says nothing of why. Once a head is refused,
-// Write replaces that answer, written whole in one Write as net/http
-// does, with framingAnswer's, which says why: net/http writes it only for a
-// request it failed to read, and every response before it has been
-// written by then.
+// see badRequest), which says nothing of why. Once net/http has read the
+// filler, Write replaces that answer, written whole in one Write as
+// net/http does, with framingAnswer's, which says why: net/http writes it
+// only for a request it failed to read, and every response before it has
+// been written by then. Not before the filler: net/http, which fails a
+// bad request line without reading further, may be answering an earlier
+// head that the framing went past. A bad request line, in the refused
+// head or in one before it, that net/http reads after its background read
+// took the filler gets framingAnswer's answer too, and a refused head
+// whose request line net/http fails before the filler net/http's: 400 and
+// the connection closed either way, with another body.
 type guardConn struct {
 	net.Conn
 	t       framing
 	refused uint8                  // 0, or 1: a head's last byte was withheld, 2: reads fail
 	counted func(error)            // if not nil, called once for the head refused
-	answer  atomic.Pointer[string] // framingAnswer's answer once a head is refused: Write runs on other goroutines than Read
+	why     string                 // framingAnswer's answer to the head refused
+	answer  atomic.Pointer[string] // &why once the filler is read: Write runs on other goroutines than Read
 }
 
 func (g *guardConn) Read(p []byte) (int, error) {
@@ -205,6 +217,7 @@ func (g *guardConn) Read(p []byte) (int, error) {
 		}
 		p[0] = filler
 		g.refused = 2
+		g.answer.Store(&g.why)
 		return 1, nil
 	case 2:
 		return 0, errSmuggle
@@ -212,14 +225,14 @@ func (g *guardConn) Read(p []byte) (int, error) {
 	n, err := g.Conn.Read(p)
 	if n > 0 && !g.t.off {
 		if i := g.t.scan(p[:n]); i >= 0 {
-			answer := framingAnswer(g.t.why)
-			g.answer.Store(&answer)
+			g.why = framingAnswer(g.t.why)
 			if g.counted != nil {
 				g.counted(g.t.why)
 			}
 			if i == 0 {
 				p[0] = filler
 				g.refused = 2
+				g.answer.Store(&g.why)
 				return 1, nil
 			}
 			g.refused = 1

@@ -93,13 +93,21 @@ var errTEOnHTTP10 = errors.New("h1: HTTP/1.0 request has Transfer-Encoding")
 // hands a folded head to Fallback, whose GuardConn refuses it.
 var errObsFold = errors.New("h1: request header field continued on a line of its own (obsolete line folding)")
 
+// errTENotChunked refuses a request whose Transfer-Encoding does not end
+// in chunked ("identity", "chunked, identity", "xchunked", empty): its
+// length cannot be known, and RFC 9112 §6.3 requires 400 and the
+// connection closed. net/http answers 501 and closes; the guard makes it
+// answer 400, as HAProxy does. The fast path hands every request with
+// Transfer-Encoding (and no Content-Length) to Fallback.
+var errTENotChunked = errors.New("h1: request Transfer-Encoding does not end in chunked")
+
 // badRequest is net/http's answer to a request it cannot read; GuardConn
 // replaces it with framingAnswer's when it made net/http fail the request.
 const badRequest = "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"
 
-// framingAnswer returns the answer to a request refused for err (errBothLengths,
-// errTEOnHTTP10, errObsFold): 400 with a short body that says why, and
-// the connection closed.
+// framingAnswer returns the answer to a request refused for err
+// (errBothLengths, errTEOnHTTP10, errObsFold, errTENotChunked): 400 with
+// a short body that says why, and the connection closed.
 func framingAnswer(err error) string {
 	msg := strings.TrimPrefix(err.Error(), "h1: ") + "\n"
 	return "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: " +

@@ -22,8 +22,8 @@ const smuggleNext = "GET /next HTTP/1.1\r\nHost: a\r\n\r\n"
 // with what both of h1's paths answer: each response as "status body",
 // " | " between them. A request whose length is ambiguous gets 400 with a
 // body that says why and the connection is closed, or net/http's own
-// answer to a head it cannot read (501 for a Transfer-Encoding other than
-// chunked), which closes it too.
+// answer to a head it cannot read (501 for a list of codings that ends in
+// chunked but is not chunked alone), which closes it too.
 func smuggleCases() []struct{ name, raw, want string } {
 	const (
 		put       = "PUT /p HTTP/1.1\r\nHost: a\r\n"
@@ -36,6 +36,7 @@ func smuggleCases() []struct{ name, raw, want string } {
 		fold      = "400 request header field continued on a line of its own (obsolete line folding)\n"
 		te10      = "400 HTTP/1.0 request has Transfer-Encoding\n"
 		te501     = "501 Unsupported transfer encoding"
+		teFinal   = "400 request Transfer-Encoding does not end in chunked\n"
 		badHeader = "400 400 Bad Request: invalid header name"
 	)
 	bodyErr := func(err string) string { // the body read failed: the connection closes after the answer
@@ -77,14 +78,24 @@ func smuggleCases() []struct{ name, raw, want string } {
 		{"TE chunked", chunked + "5\r\nabcde\r\n0\r\n\r\n", okChunked},
 		{"TE CHUNKED", put + "Transfer-Encoding: CHUNKED\r\n\r\n5\r\nabcde\r\n0\r\n\r\n", okChunked},
 		{"TE with spaces around", put + "Transfer-Encoding:  chunked \r\n\r\n5\r\nabcde\r\n0\r\n\r\n", okChunked},
-		{"TE chunked, identity", put + "Transfer-Encoding: chunked, identity\r\n\r\n5\r\nabcde\r\n0\r\n\r\n", te501},
+		{"TE chunked, identity", put + "Transfer-Encoding: chunked, identity\r\n\r\n5\r\nabcde\r\n0\r\n\r\n", teFinal},
 		{"TE identity, chunked", put + "Transfer-Encoding: identity, chunked\r\n\r\n5\r\nabcde\r\n0\r\n\r\n", te501},
 		{"TE gzip, chunked", put + "Transfer-Encoding: gzip, chunked\r\n\r\n5\r\nabcde\r\n0\r\n\r\n", te501},
-		{"TE identity", put + "Transfer-Encoding: identity\r\n\r\nabcde", te501},
-		{"TE xchunked", put + "Transfer-Encoding: xchunked\r\n\r\n5\r\nabcde\r\n0\r\n\r\n", te501},
-		{"TE empty", put + "Transfer-Encoding:\r\n\r\n", te501},
+		{"TE identity", put + "Transfer-Encoding: identity\r\n\r\nabcde", teFinal},
+		{"TE xchunked", put + "Transfer-Encoding: xchunked\r\n\r\n5\r\nabcde\r\n0\r\n\r\n", teFinal},
+		{"TE chunkedx", put + "Transfer-Encoding: chunkedx\r\n\r\n5\r\nabcde\r\n0\r\n\r\n", teFinal},
+		{"TE chunke", put + "Transfer-Encoding: chunke\r\n\r\n5\r\nabcde\r\n0\r\n\r\n", teFinal},
+		{"TE chunked with a parameter", put + "Transfer-Encoding: chunked;q=1\r\n\r\n5\r\nabcde\r\n0\r\n\r\n", teFinal},
+		{"TE chunked x", put + "Transfer-Encoding: chunked x\r\n\r\n5\r\nabcde\r\n0\r\n\r\n", teFinal},
+		{"TE empty", put + "Transfer-Encoding:\r\n\r\n", teFinal},
+		{"TE commas only", put + "Transfer-Encoding: , ,\r\n\r\n", teFinal},
+		{"TE chunked, then empty elements", put + "Transfer-Encoding: chunked , ,\r\n\r\n5\r\nabcde\r\n0\r\n\r\n", te501},
+		{"TE empty element, chunked", put + "Transfer-Encoding: ,chunked\r\n\r\n5\r\nabcde\r\n0\r\n\r\n", te501},
+		{"TE chunked, chunked", put + "Transfer-Encoding: chunked, chunked\r\n\r\n5\r\nabcde\r\n0\r\n\r\n", te501},
 		{"TE twice", put + "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nabcde\r\n0\r\n\r\n", te501},
-		{"TE chunked and identity", put + "Transfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n\r\n5\r\nabcde\r\n0\r\n\r\n", te501},
+		{"TE chunked and identity", put + "Transfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n\r\n5\r\nabcde\r\n0\r\n\r\n", teFinal},
+		{"TE identity and chunked", put + "Transfer-Encoding: identity\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nabcde\r\n0\r\n\r\n", te501},
+		{"TE chunked and empty", put + "Transfer-Encoding: chunked\r\nTransfer-Encoding:\r\n\r\n5\r\nabcde\r\n0\r\n\r\n", te501},
 		{"TE with a vertical tab", put + "Transfer-Encoding: chunked\x0b\r\n\r\n5\r\nabcde\r\n0\r\n\r\n", bad},
 		{"TE with space before the colon", put + "Transfer-Encoding : chunked\r\n\r\n5\r\nabcde\r\n0\r\n\r\n", badHeader},
 		{"TE on HTTP/1.0", "PUT /p HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nabcde\r\n0\r\n\r\n", te10},
