@@ -68,7 +68,7 @@ func newConnTracker(limit int) *connTracker {
 		handedRefusedDesc: prometheus.NewDesc("memcgate_http_handovers_refused_total",
 			"Requests the fast path hands to Go's net/http (chunked or Expect bodies, heads over 4 KiB) answered 503 instead, because a thirty-second of the connection cap were net/http's already.", nil, nil),
 		badDesc: prometheus.NewDesc("memcgate_http_bad_requests_total",
-			"Requests answered 400 and their connections closed before any handler, so in no access log line or request metric: heads the fast path cannot read, and framing a proxy in front may read differently (Content-Length with Transfer-Encoding, Transfer-Encoding on HTTP/1.0, a folded header line). Fast path only; what Go's net/http refuses itself is not counted.", nil, nil),
+			"Requests answered 400 and their connections closed before any handler, so in no access log line or request metric: heads the fast path cannot read, and framing a proxy in front may read differently (Content-Length with Transfer-Encoding, Transfer-Encoding on HTTP/1.0 or not ending in chunked, a folded header line). Fast path only; what Go's net/http refuses itself is not counted.", nil, nil),
 		roomDesc: prometheus.NewDesc("memcgate_http_bodies_waiting_for_room",
 			"Request bodies waiting, their connections parked, for room in MEMCGATE_MAX_BUFFERED_BYTES to be read (fast path; at most MEMCGATE_REQUEST_TIMEOUT each, then 503). Counted among the reading connections too.", nil, nil),
 		acceptErrorsDesc: prometheus.NewDesc("memcgate_http_accept_errors_total",

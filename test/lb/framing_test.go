@@ -31,13 +31,19 @@ var framingCases = []struct{ name, raw string }{
 	{"Content-Length in a continuation, chunked", "PUT /{key} HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n{chunked}"},
 	{"chunk size with extension", "PUT /{key} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{chunked;ext}"},
 	{"Expect: 100-continue", "PUT /{key} HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: {len}\r\n\r\n{body}"},
+	// Answered before the body is read: the body must still be read as
+	// one, or the connection closed.
+	{"refused key, the body unread", "PUT /{key}" + strings.Repeat("k", 250) + " HTTP/1.1\r\nHost: x\r\nContent-Length: {len}\r\n\r\n{body}"},
+	{"DELETE with a body", "DELETE /{key} HTTP/1.1\r\nHost: x\r\nContent-Length: {len}\r\n\r\n{body}"},
+	{"GET with a chunked body", "GET /{key} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{chunked}"},
 }
 
 // TestFramingThroughBalancers sends each of framingCases through nginx
-// and HAProxy, as shipped, to the gateway: whatever each answers, the
-// gateway must read the body where the balancer put it, so that the PUT
-// stores the body or nothing and the request in the body never runs,
-// on a connection the balancer shares with other clients.
+// and HAProxy, as shipped, to the gateway, and to the gateway directly:
+// whatever each answers, the gateway must read the body where the
+// balancer (or the client) put it, so that the PUT stores the body or
+// nothing and the request in the body never runs, on a connection the
+// balancer shares with other clients.
 func TestFramingThroughBalancers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs nginx, HAProxy, two gateways and memcached")
@@ -51,7 +57,7 @@ func TestFramingThroughBalancers(t *testing.T) {
 	for _, lb := range []struct {
 		name  string
 		start func(*testing.T, [2]upstream) *balancer
-	}{{"nginx", startNginx}, {"haproxy", startHAProxy}} {
+	}{{"nginx", startNginx}, {"haproxy", startHAProxy}, {"direct", direct}} {
 		t.Run(lb.name, func(t *testing.T) {
 			bal := lb.start(t, ups)
 			u, err := url.Parse(bal.url)
@@ -94,6 +100,11 @@ func TestFramingThroughBalancers(t *testing.T) {
 			}
 		})
 	}
+}
+
+// direct is no balancer: the first gateway itself.
+func direct(t *testing.T, gws [2]upstream) *balancer {
+	return &balancer{url: "http://" + gws[0].data}
 }
 
 // sendRaw writes raw to addr on a connection of its own and returns the
