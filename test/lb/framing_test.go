@@ -98,6 +98,15 @@ func TestFramingThroughBalancers(t *testing.T) {
 					}
 				})
 			}
+			// HTTP/1.0 lets a client send no Host; what the balancer
+			// forwards on HTTP/1.1 must then carry one of its own.
+			t.Run("HTTP/1.0 without Host", func(t *testing.T) {
+				key := "framing-" + lb.name + "-nohost"
+				setUp(t, a, key, "v")
+				if status := sendRaw(t, u.Host, "GET /"+key+" HTTP/1.0\r\n\r\n"); status != http.StatusOK {
+					t.Errorf("GET without Host on HTTP/1.0 = %d, want 200", status)
+				}
+			})
 		})
 	}
 }
