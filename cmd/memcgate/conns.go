@@ -23,8 +23,12 @@ type connTracker struct {
 	states sync.Map     // net.Conn → *atomic.Int32, the http.ConnState of each connection net/http serves
 	count  [http.StateClosed + 1]atomic.Int64
 	news   atomic.Uint64 // connections net/http has taken, ever
+	// data and admin count the connections net/http closed before a
+	// handler saw their request, on each listener; the fast path's own
+	// are in fast's ConnStats.
+	data, admin *closeWatch
 
-	connsDesc, acceptedDesc, acceptErrorsDesc, maxDesc, reclaimedDesc, refusedDesc, handedRefusedDesc, badDesc, roomDesc *prometheus.Desc
+	connsDesc, acceptedDesc, acceptErrorsDesc, maxDesc, reclaimedDesc, refusedDesc, handedRefusedDesc, badDesc, roomDesc, closedDesc *prometheus.Desc
 }
 
 // hook is http.Server.ConnState. Transitions of one connection come in
@@ -68,7 +72,10 @@ func newConnTracker(limit int) *connTracker {
 		handedRefusedDesc: prometheus.NewDesc("memcgate_http_handovers_refused_total",
 			"Requests the fast path hands to Go's net/http (chunked or Expect bodies, heads over 4 KiB) answered 503 instead, because a thirty-second of the connection cap were net/http's already.", nil, nil),
 		badDesc: prometheus.NewDesc("memcgate_http_bad_requests_total",
-			"Requests answered 400 and their connections closed before any handler, so in no access log line or request metric: heads the fast path cannot read, and framing a proxy in front may read differently (Content-Length with Transfer-Encoding, Transfer-Encoding on HTTP/1.0 or not ending in chunked, a folded header line). Fast path only; what Go's net/http refuses itself is not counted.", nil, nil),
+			"Requests answered 400 and their connections closed before any handler, so in no access log line or request metric: heads the fast path cannot read, and framing a proxy in front may read differently (Content-Length with Transfer-Encoding, Transfer-Encoding on HTTP/1.0 or not ending in chunked, a folded header line). The fast path's share of memcgate_http_connections_closed_total{listener=\"data\",reason=\"bad_request\"}.", nil, nil),
+		closedDesc: prometheus.NewDesc("memcgate_http_connections_closed_total",
+			"Client connections the server closed before any handler saw a request on them, so in no access log line or request metric, by listener and reason: bad_request (a request answered 400, 431, 501 or 417 by the server itself: a head it cannot read or over MEMCGATE_MAX_HEADER_BYTES, framing a proxy in front may read differently), header_timeout (a request head, or a new connection's first bytes, not all there within MEMCGATE_READ_HEADER_TIMEOUT), idle_timeout (no request within MEMCGATE_IDLE_TIMEOUT of the last). HTTP/1 only.",
+			[]string{"listener", "reason"}, nil),
 		roomDesc: prometheus.NewDesc("memcgate_http_bodies_waiting_for_room",
 			"Request bodies waiting, their connections parked, for room in MEMCGATE_MAX_BUFFERED_BYTES to be read (fast path; at most MEMCGATE_REQUEST_TIMEOUT each, then 503). Counted among the reading connections too.", nil, nil),
 		acceptErrorsDesc: prometheus.NewDesc("memcgate_http_accept_errors_total",
@@ -101,6 +108,7 @@ func (t *connTracker) Describe(ch chan<- *prometheus.Desc) {
 	ch <- t.handedRefusedDesc
 	ch <- t.badDesc
 	ch <- t.roomDesc
+	ch <- t.closedDesc
 }
 
 // Collect implements prometheus.Collector: one pass over the fast path's
@@ -110,6 +118,7 @@ func (t *connTracker) Collect(ch chan<- prometheus.Metric) {
 	accepted := t.news.Load()
 	var acceptErrors, reclaimed, refused, handedRefused, bad uint64 // net/http retries its accept errors and only logs them
 	waitingForRoom := 0
+	closed := t.data.counts()
 	if t.stdCap != nil {
 		refused = t.stdCap.refused.Load()
 	}
@@ -119,6 +128,9 @@ func (t *connTracker) Collect(ch chan<- prometheus.Metric) {
 		accepted = s.Accepted // every connection starts there: handed-over ones are not counted twice
 		acceptErrors, reclaimed, refused, handedRefused, bad = s.AcceptErrors, s.Reclaimed, s.Refused, s.HandoversRefused, s.BadRequests
 		waitingForRoom = s.WaitingForRoom
+		closed[closedBadRequest] += s.BadRequests
+		closed[closedHeaderTimeout] += s.HeaderTimeouts
+		closed[closedIdleTimeout] += s.IdleTimeouts
 	}
 	ch <- prometheus.MustNewConstMetric(t.connsDesc, prometheus.GaugeValue, float64(reading), "reading")
 	ch <- prometheus.MustNewConstMetric(t.connsDesc, prometheus.GaugeValue, float64(idle), "idle")
@@ -131,4 +143,9 @@ func (t *connTracker) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(t.handedRefusedDesc, prometheus.CounterValue, float64(handedRefused))
 	ch <- prometheus.MustNewConstMetric(t.badDesc, prometheus.CounterValue, float64(bad))
 	ch <- prometheus.MustNewConstMetric(t.roomDesc, prometheus.GaugeValue, float64(waitingForRoom))
+	for listener, n := range map[string][closedReasons]uint64{"data": closed, "admin": t.admin.counts()} {
+		for i, c := range n {
+			ch <- prometheus.MustNewConstMetric(t.closedDesc, prometheus.CounterValue, float64(c), listener, closedReasonNames[i])
+		}
+	}
 }

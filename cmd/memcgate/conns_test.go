@@ -59,7 +59,7 @@ func TestConnTracker(t *testing.T) {
 # HELP memcgate_http_accept_errors_total Accept failures on the data listener's fast path that it waited out and retried, mostly a lack of file descriptors (EMFILE): more client connections than the open-file limit allows.
 # TYPE memcgate_http_accept_errors_total counter
 memcgate_http_accept_errors_total 0
-# HELP memcgate_http_bad_requests_total Requests answered 400 and their connections closed before any handler, so in no access log line or request metric: heads the fast path cannot read, and framing a proxy in front may read differently (Content-Length with Transfer-Encoding, Transfer-Encoding on HTTP/1.0 or not ending in chunked, a folded header line). Fast path only; what Go's net/http refuses itself is not counted.
+# HELP memcgate_http_bad_requests_total Requests answered 400 and their connections closed before any handler, so in no access log line or request metric: heads the fast path cannot read, and framing a proxy in front may read differently (Content-Length with Transfer-Encoding, Transfer-Encoding on HTTP/1.0 or not ending in chunked, a folded header line). The fast path's share of memcgate_http_connections_closed_total{listener="data",reason="bad_request"}.
 # TYPE memcgate_http_bad_requests_total counter
 memcgate_http_bad_requests_total 0
 # HELP memcgate_http_bodies_waiting_for_room Request bodies waiting, their connections parked, for room in MEMCGATE_MAX_BUFFERED_BYTES to be read (fast path; at most MEMCGATE_REQUEST_TIMEOUT each, then 503). Counted among the reading connections too.
@@ -73,6 +73,14 @@ memcgate_http_connections{state="reading"} 1
 # HELP memcgate_http_connections_accepted_total Client connections accepted on the data listener.
 # TYPE memcgate_http_connections_accepted_total counter
 memcgate_http_connections_accepted_total 4
+# HELP memcgate_http_connections_closed_total Client connections the server closed before any handler saw a request on them, so in no access log line or request metric, by listener and reason: bad_request (a request answered 400, 431, 501 or 417 by the server itself: a head it cannot read or over MEMCGATE_MAX_HEADER_BYTES, framing a proxy in front may read differently), header_timeout (a request head, or a new connection's first bytes, not all there within MEMCGATE_READ_HEADER_TIMEOUT), idle_timeout (no request within MEMCGATE_IDLE_TIMEOUT of the last). HTTP/1 only.
+# TYPE memcgate_http_connections_closed_total counter
+memcgate_http_connections_closed_total{listener="admin",reason="bad_request"} 0
+memcgate_http_connections_closed_total{listener="admin",reason="header_timeout"} 0
+memcgate_http_connections_closed_total{listener="admin",reason="idle_timeout"} 0
+memcgate_http_connections_closed_total{listener="data",reason="bad_request"} 0
+memcgate_http_connections_closed_total{listener="data",reason="header_timeout"} 0
+memcgate_http_connections_closed_total{listener="data",reason="idle_timeout"} 0
 # HELP memcgate_http_connections_max The cap on client connections open at once over the data listeners (MEMCGATE_MAX_CLIENT_CONNS; 0: none).
 # TYPE memcgate_http_connections_max gauge
 memcgate_http_connections_max 0

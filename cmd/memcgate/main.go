@@ -320,10 +320,11 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 		return err
 	}
 	adminLoopback := loopbackOnly(ls.admin.Addr())
-	ls.admin = sec.wrapAdmin(ls.admin)
+	ls.admin = sec.wrapAdmin(watchListener(ls.admin))
 	nofile := openFileLimit()
 	maxConns := clientConnCap(cfg.MaxClientConns, nofile)
 	conns := newConnTracker(maxConns)
+	conns.data, conns.admin = newCloseWatch("data", log), newCloseWatch("admin", log)
 	for _, ln := range []*net.Listener{&ls.data, &ls.socket} {
 		if *ln == nil {
 			continue
@@ -335,7 +336,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 				conns.stdCap = &connCap{}
 				conns.stdCap.max.Store(int64(maxConns))
 			}
-			*ln = conns.stdCap.listener(*ln)
+			*ln = watchListener(conns.stdCap.listener(*ln))
 		}
 		*ln = sec.wrapData(*ln)
 		if !cfg.FastPath && sec.dataTLS == nil {
@@ -418,6 +419,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 		ErrorLog:          newServerLog(log, "data", handshakes),
 	}
 	std.ConnState = conns.hook
+	conns.data.serve(std) // net/http's own refusals and timeouts, fast path or not
 	var data httpServer
 	data, conns.fastH1 = dataServer(cfg, sec, std, handler, buffered, bodies, maxConns)
 	if conns.fastH1 != nil {
@@ -450,6 +452,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
 		ErrorLog:          newServerLog(log, "admin", handshakes),
 	}
+	conns.admin.serve(admin)
 
 	healthCtx, stopHealth := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopHealth()

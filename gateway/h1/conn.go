@@ -348,6 +348,9 @@ func (c *conn) startRequest(first, resumed bool) readResult {
 	}
 	// An idle connection waits here without a read buffer (see inbuf).
 	if _, err := c.in.Peek(peek); err != nil {
+		if isTimeout(err) {
+			s.timedOut(phaseIdle, idle && !first && c.in.Buffered() == 0)
+		}
 		c.close()
 		return readEnded
 	}

@@ -254,6 +254,19 @@ func (g *guardConn) Write(p []byte) (int, error) {
 	return g.Conn.Write(p)
 }
 
+// ReadError is the wrapped connection's ReadError, if it has one (see
+// replayConn.ReadError), else nil.
+func (g *guardConn) ReadError() error {
+	if r, ok := g.Conn.(interface{ ReadError() error }); ok {
+		return r.ReadError()
+	}
+	return nil
+}
+
+// RefusalCounted reports whether the guard refused a head and counted it
+// (guardCounted): net/http's 400 that follows is then counted already.
+func (g *guardConn) RefusalCounted() bool { return g.refused != 0 && g.counted != nil }
+
 // CloseWrite half-closes the connection if the wrapped one can, as
 // net/http does on TCP before it closes a connection with a request left
 // unread; otherwise it does nothing.

@@ -128,6 +128,7 @@ type replayConn struct {
 	open   *atomic.Int64 // Server.open
 	handed *atomic.Int64 // Server.handed
 	closed atomic.Bool
+	err    error // the last read's error, for ReadError
 }
 
 // Close closes the connection; the first call also uncounts it.
@@ -141,7 +142,9 @@ func (r *replayConn) Close() error {
 
 func (r *replayConn) Read(p []byte) (int, error) {
 	if len(r.buf) == 0 {
-		return r.Conn.Read(p)
+		n, err := r.Conn.Read(p)
+		r.err = err
+		return n, err
 	}
 	n := copy(p, r.buf)
 	r.buf = r.buf[n:]
@@ -153,6 +156,13 @@ func (r *replayConn) Read(p []byte) (int, error) {
 	}
 	return n, nil
 }
+
+// ReadError returns the error of the last read, nil if it had none: a
+// timeout when net/http closed the connection at one, which its
+// ConnState hook cannot tell otherwise. It must not be called
+// concurrently with Read (net/http's ConnState hook runs on the
+// connection's goroutine).
+func (r *replayConn) ReadError() error { return r.err }
 
 // CloseWrite lets net/http half-close the connection as it does on TCP.
 func (r *replayConn) CloseWrite() error {

@@ -60,6 +60,9 @@ func (c *conn) readHead(first bool) (req *http.Request, n int, res readResult) {
 			if b := c.in.Buffered(); err == io.EOF && b > 0 && (c.reqFirst || b+c.crlfSkipped >= 4) {
 				return nil, 0, c.handover()
 			}
+			if isTimeout(err) {
+				s.timedOut(phaseHead, false)
+			}
 			c.close()
 			return nil, 0, readEnded
 		}

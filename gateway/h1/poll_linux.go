@@ -862,6 +862,7 @@ func (p *poller) expire(now time.Time) {
 	for c := p.oldest; c != nil && p.idle > 0 && now.Sub(c.pf.parkedAt) >= p.idle; c = p.oldest {
 		p.unparkLocked(c)
 		if c.state.CompareAndSwap(stateParked, stateClosed) {
+			c.srv.timedOut(phaseIdle, true)
 			expired = append(expired, c)
 		}
 	}
@@ -891,6 +892,7 @@ func (p *poller) expire(now time.Time) {
 			continue
 		}
 		if c.state.CompareAndSwap(stateReading, stateClosed) {
+			c.srv.timedOut(c.phase, false)
 			expired = append(expired, c)
 		}
 	}

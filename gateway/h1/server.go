@@ -131,6 +131,8 @@ type Server struct {
 	refusedLog    atomic.Int64              // when a refusal was last logged, in Unix nanoseconds
 	badRequests   atomic.Uint64             // requests answered 400 and closed before a handler (badRequest)
 	badLog        atomic.Int64              // when one was last logged, in Unix nanoseconds
+	hdrTimeouts   atomic.Uint64             // connections closed at the header timeout (timedOut)
+	idleTimeouts  atomic.Uint64             // connections closed at the idle timeout (timedOut)
 	handed        atomic.Int64              // connections handed to Fallback and not closed yet
 	handedRefused atomic.Uint64             // requests answered 503 over handedLimit
 	handedLog     atomic.Int64              // when such a refusal was last logged, in Unix nanoseconds
@@ -329,6 +331,27 @@ func (s *Server) badRequest(err error) {
 	if now, last := time.Now().UnixNano(), s.badLog.Load(); now-last >= int64(time.Second) && s.badLog.CompareAndSwap(last, now) {
 		s.logf("h1: answered a request 400 and closed its connection before any handler: %v (%d such requests so far)", err, n)
 	}
+}
+
+// timedOut counts a connection the Server closes because its client sent
+// nothing in time: idle, between requests; or at phase, in the middle of
+// a head or of a body read ahead before any handler saw its request, or
+// new and silent. A connection lingering after an answer (phaseLinger)
+// was counted when it was answered.
+func (s *Server) timedOut(phase uint8, idle bool) {
+	switch {
+	case phase == phaseLinger:
+	case idle:
+		s.idleTimeouts.Add(1)
+	default:
+		s.hdrTimeouts.Add(1)
+	}
+}
+
+// isTimeout reports whether err is a read that reached its deadline.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // SetMaxConns sets MaxConns (n <= 0: no cap) while the Server runs. A

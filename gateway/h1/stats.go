@@ -38,6 +38,12 @@ type ConnStats struct {
 	// fast path or by GuardConn on connections handed to Fallback. What
 	// Fallback's net/http refuses itself is not counted.
 	BadRequests uint64
+	// HeaderTimeouts counts connections closed because a request (its
+	// head, or a body read ahead before any handler saw it) or a new
+	// connection's first bytes did not come within the header or read
+	// timeout, and IdleTimeouts those closed between requests at the idle
+	// timeout. Connections handed to Fallback are net/http's to time out.
+	HeaderTimeouts, IdleTimeouts uint64
 }
 
 // ConnStats returns the connection counts now. It takes the Server's lock
@@ -45,7 +51,8 @@ type ConnStats struct {
 func (s *Server) ConnStats() ConnStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := ConnStats{Accepted: s.accepted, AcceptErrors: s.acceptErrs.Load(), Reclaimed: s.reclaimed.Load(), Refused: s.refused.Load(), HandoversRefused: s.handedRefused.Load(), BadRequests: s.badRequests.Load()}
+	st := ConnStats{Accepted: s.accepted, AcceptErrors: s.acceptErrs.Load(), Reclaimed: s.reclaimed.Load(), Refused: s.refused.Load(), HandoversRefused: s.handedRefused.Load(), BadRequests: s.badRequests.Load(),
+		HeaderTimeouts: s.hdrTimeouts.Load(), IdleTimeouts: s.idleTimeouts.Load()}
 	if s.poller != nil {
 		st.WaitingForRoom = int(s.poller.roomLen.Load())
 	}
