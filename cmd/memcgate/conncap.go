@@ -5,6 +5,7 @@ import (
 	"math"
 	"net"
 	"sync/atomic"
+	"time"
 )
 
 // Of the open-file limit, what MAX_CLIENT_CONNS=0 keeps from clients for
@@ -48,6 +49,8 @@ type connCap struct {
 	max     atomic.Int64 // 0: no cap (a reload may set one)
 	open    atomic.Int64
 	refused atomic.Uint64
+	log     *slog.Logger // refusals, a line a second at most; nil: none
+	lastLog atomic.Int64 // when a refusal was last logged, in Unix nanoseconds
 }
 
 // listener returns ln with the cap on its connections, which all of one
@@ -66,12 +69,27 @@ func (l *capListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		if n, m := l.cap.open.Add(1), l.cap.max.Load(); m <= 0 || n <= m {
+		n, m := l.cap.open.Add(1), l.cap.max.Load()
+		if m <= 0 || n <= m {
 			return &cappedConn{Conn: c, cap: l.cap}, nil
 		}
 		l.cap.open.Add(-1)
-		l.cap.refused.Add(1)
+		l.cap.refusal(m)
 		c.Close()
+	}
+}
+
+// refusal counts a connection closed at the cap m, and logs it as the
+// fast path logs its refusals: a line a second at most, with the count,
+// as any client can open connections at will.
+func (c *connCap) refusal(m int64) {
+	n := c.refused.Add(1)
+	if c.log == nil {
+		return
+	}
+	if now, last := time.Now().UnixNano(), c.lastLog.Load(); now-last >= int64(time.Second) && c.lastLog.CompareAndSwap(last, now) {
+		c.log.Warn("client connections open at MEMCGATE_MAX_CLIENT_CONNS, the most allowed: closed a new connection unserved (net/http cannot answer it)",
+			"max_client_conns", m, "refused_so_far", n)
 	}
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"log/slog"
 	"math"
 	"net"
 	"net/http"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/memcgate/memcgate/test/gatewaytest"
 )
 
 // TestConnTracker checks memcgate_http_connections and _accepted_total on
@@ -125,11 +128,12 @@ func TestClientConnCap(t *testing.T) {
 }
 
 // TestConnCap checks the cap on the listeners net/http serves alone: the
-// connection over it is closed at once and counted, a connection closing
-// frees its place, and a reload can lift the cap.
+// connection over it is closed at once, counted and logged, a connection
+// closing frees its place, and a reload can lift the cap.
 func TestConnCap(t *testing.T) {
+	var logged gatewaytest.SyncBuffer
 	tr := newConnTracker(0)
-	tr.stdCap = &connCap{}
+	tr.stdCap = &connCap{log: slog.New(slog.NewTextHandler(&logged, nil))}
 	tr.setMax(2)
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	srv.Listener = tr.stdCap.listener(srv.Listener)
@@ -162,6 +166,9 @@ func TestConnCap(t *testing.T) {
 	}
 	if n := tr.stdCap.refused.Load(); n != 1 {
 		t.Fatalf("refused = %d, want 1", n)
+	}
+	if l := logged.String(); !strings.Contains(l, "level=WARN") || !strings.Contains(l, "refused_so_far=1") {
+		t.Errorf("the refusal was not logged as a warning with its count: %q", l)
 	}
 	a.Close()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
