@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -21,20 +22,38 @@ import (
 // 431; a head or a new connection's first bytes not there within the
 // header timeout; nothing within the idle timeout) shows in
 // memcgate_http_connections_closed_total by listener and reason, on the
-// fast path, on net/http serving alone (FAST_PATH=false), and on the admin
-// listener; a served request and a client closing its connection are not
+// fast path, on net/http serving alone (FAST_PATH=false, TLS), and on the
+// admin listener; a served request and a client closing its connection are not
 // counted. None of them reach the access log or the request metrics.
 func TestConnectionsClosedCounted(t *testing.T) {
 	mc := memcachedtest.Start(t)
-	for _, fast := range []string{"true", "false"} {
-		t.Run("fast_path="+fast, func(t *testing.T) {
-			g := startGateway(t, map[string]string{
+	_, certFile, keyFile := writeCert(t)
+	for _, tc := range []struct {
+		name string
+		tls  bool
+		env  map[string]string
+	}{
+		{name: "fast_path", env: map[string]string{}},
+		{name: "net_http", env: map[string]string{"MEMCGATE_FAST_PATH": "false"}},
+		{name: "tls", tls: true, env: map[string]string{"MEMCGATE_TLS_CERT_FILE": certFile, "MEMCGATE_TLS_KEY_FILE": keyFile}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := map[string]string{
 				"MEMCGATE_SERVERS":             mc.Addr,
-				"MEMCGATE_FAST_PATH":           fast,
 				"MEMCGATE_READ_HEADER_TIMEOUT": "300ms",
 				"MEMCGATE_IDLE_TIMEOUT":        "300ms",
-			})
-			dial := func(addr string) net.Conn {
+			}
+			for k, v := range tc.env {
+				env[k] = v
+			}
+			scheme := "http"
+			if tc.tls {
+				scheme = "https"
+			}
+			g := startGatewayScheme(t, scheme, env)
+			// dialRaw connects over TCP; dial over TLS too on the
+			// data listener of the tls case.
+			dialRaw := func(addr string) net.Conn {
 				t.Helper()
 				c, err := net.Dial("tcp", addr)
 				if err != nil {
@@ -42,6 +61,18 @@ func TestConnectionsClosedCounted(t *testing.T) {
 				}
 				t.Cleanup(func() { c.Close() })
 				return c
+			}
+			dial := func(addr string) net.Conn {
+				t.Helper()
+				c := dialRaw(addr)
+				if !tc.tls || addr != g.DataAddr {
+					return c
+				}
+				tc := tls.Client(c, &tls.Config{InsecureSkipVerify: true})
+				if err := tc.Handshake(); err != nil {
+					t.Fatal(err)
+				}
+				return tc
 			}
 			// answer sends req and reads the status of its answer.
 			answer := func(c net.Conn, req string) int {
@@ -75,7 +106,7 @@ func TestConnectionsClosedCounted(t *testing.T) {
 					t.Errorf("%.40q = %d, want 400 or 431", req, code)
 				}
 			}
-			closed(dial(g.DataAddr)) // silent: the header timeout
+			closed(dialRaw(g.DataAddr)) // silent (no TLS handshake either): the header timeout
 			idle := dial(g.DataAddr)
 			if code := answer(idle, "GET /absent HTTP/1.1\r\nHost: a\r\n\r\n"); code != 404 {
 				t.Errorf("GET /absent = %d, want 404", code)
