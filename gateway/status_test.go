@@ -254,3 +254,26 @@ func TestStatusFormats(t *testing.T) {
 
 func inf() float64 { return math.Inf(1) }
 func nan() float64 { return math.NaN() }
+
+// TestStatusPageRefusalsOutsideHandlers: what is answered before any
+// handler, so in no request rate of the page, shows on the Connections
+// tile: requests the fast path refused to hand to net/http (503) with the
+// connections refused at the cap, and the data listener's bad requests
+// (400, 431), but not the admin listener's.
+func TestStatusPageRefusalsOutsideHandlers(t *testing.T) {
+	rig := newMetricsRig(t)
+	handovers := prometheus.NewCounter(prometheus.CounterOpts{Name: "memcgate_http_handovers_refused_total"})
+	handovers.Add(90)
+	closed := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "memcgate_http_connections_closed_total"}, []string{"listener", "reason"})
+	closed.WithLabelValues("data", "bad_request").Add(45)
+	closed.WithLabelValues("data", "idle_timeout").Add(1000)
+	closed.WithLabelValues("admin", "bad_request").Add(1000)
+	rig.reg.MustRegister(handovers, closed)
+	h := NewAdminHandler(rig.reg, Admin{Status: testStatus, Started: time.Now().Add(-90 * time.Second)})
+	body := do(h, "GET", "/status", "").Body.String()
+	for _, want := range []string{`<div class="tile bad">`, `<span class="bad-text">1.0/s refused</span>`, ` · 0.5/s bad requests</div>`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the status page lacks %q", want)
+		}
+	}
+}

@@ -53,7 +53,8 @@ type httpSample struct {
 	inFlight float64    // memcgate_http_in_flight_requests
 
 	connsReading, connsIdle, connsActive float64 // memcgate_http_connections by state
-	connsMax, connsRefused               float64 // memcgate_http_connections_max and _refused_total
+	connsMax, connsRefused               float64 // memcgate_http_connections_max; _refused_total and memcgate_http_handovers_refused_total
+	connsBad                             float64 // memcgate_http_connections_closed_total{listener="data",reason="bad_request"}
 
 	buffered, bufferedLimit float64 // memcgate_buffered_bytes and _limit; limit 0: none exported
 	refusals                float64 // memcgate_buffered_refusals_total
@@ -150,8 +151,12 @@ func takeSnapshot(mfs []*dto.MetricFamily, at time.Time) snapshot {
 				}
 			case "memcgate_http_connections_max":
 				h.connsMax = m.GetGauge().GetValue()
-			case "memcgate_http_connections_refused_total":
-				h.connsRefused = m.GetCounter().GetValue()
+			case "memcgate_http_connections_refused_total", "memcgate_http_handovers_refused_total":
+				h.connsRefused += m.GetCounter().GetValue()
+			case "memcgate_http_connections_closed_total":
+				if label(m, "listener") == "data" && label(m, "reason") == "bad_request" {
+					h.connsBad += m.GetCounter().GetValue()
+				}
 			case "memcgate_buffered_bytes":
 				h.buffered = m.GetGauge().GetValue()
 			case "memcgate_buffered_bytes_limit":
@@ -353,7 +358,8 @@ type httpRates struct {
 	P50, P99      float64    // as nodeRates
 	Bound         float64
 	RefusedPerSec float64 // memcgate_buffered_refusals_total
-	ConnsRefused  float64 // memcgate_http_connections_refused_total, per second
+	ConnsRefused  float64 // connections refused at the cap and requests refused a handover, per second
+	ConnsBad      float64 // requests answered 400 (431, 501, 417) before any handler, per second
 	AsyncPerSec   float64 // async writes applied, or sent as UDP datagrams
 	AsyncFailures float64 // async writes failed or rejected, per second
 }
@@ -389,6 +395,7 @@ func httpRatesOf(prev, cur *httpSample, dt time.Duration) httpRates {
 	r.P50, r.P99, r.Bound = lat.quantile(0.5), lat.quantile(0.99), lat.last()
 	r.RefusedPerSec = perSecond(prev.refusals, cur.refusals, dt)
 	r.ConnsRefused = perSecond(prev.connsRefused, cur.connsRefused, dt)
+	r.ConnsBad = perSecond(prev.connsBad, cur.connsBad, dt)
 	r.AsyncPerSec = perSecond(prev.asyncApplied, cur.asyncApplied, dt)
 	r.AsyncFailures = perSecond(prev.asyncFailed, cur.asyncFailed, dt) + perSecond(prev.asyncRejected, cur.asyncRejected, dt)
 	return r
