@@ -23,6 +23,9 @@ type connTracker struct {
 	states sync.Map     // net.Conn → *atomic.Int32, the http.ConnState of each connection net/http serves
 	count  [http.StateClosed + 1]atomic.Int64
 	news   atomic.Uint64 // connections net/http has taken, ever
+	// stdAcceptErrs counts the accept errors net/http waited out and
+	// retried on the data listeners, from its log (serverLog).
+	stdAcceptErrs atomic.Uint64
 	// data and admin count the connections net/http closed before a
 	// handler saw their request, on each listener; the fast path's own
 	// are in fast's ConnStats.
@@ -79,7 +82,7 @@ func newConnTracker(limit int) *connTracker {
 		roomDesc: prometheus.NewDesc("memcgate_http_bodies_waiting_for_room",
 			"Request bodies waiting, their connections parked, for room in MEMCGATE_MAX_BUFFERED_BYTES to be read (fast path; at most MEMCGATE_REQUEST_TIMEOUT each, then 503). Counted among the reading connections too.", nil, nil),
 		acceptErrorsDesc: prometheus.NewDesc("memcgate_http_accept_errors_total",
-			"Accept failures on the data listener's fast path that it waited out and retried, mostly a lack of file descriptors (EMFILE): more client connections than the open-file limit allows.", nil, nil),
+			"Accept failures on the data listener that the server waited out and retried, mostly a lack of file descriptors (EMFILE): more client connections than the open-file limit allows.", nil, nil),
 	}
 	t.max.Store(int64(limit))
 	return t
@@ -116,7 +119,8 @@ func (t *connTracker) Describe(ch chan<- *prometheus.Desc) {
 func (t *connTracker) Collect(ch chan<- prometheus.Metric) {
 	reading, idle, active := t.count[http.StateNew].Load(), t.count[http.StateIdle].Load(), t.count[http.StateActive].Load()
 	accepted := t.news.Load()
-	var acceptErrors, reclaimed, refused, handedRefused, bad uint64 // net/http retries its accept errors and only logs them
+	var reclaimed, refused, handedRefused, bad uint64
+	acceptErrors := t.stdAcceptErrs.Load()
 	waitingForRoom := 0
 	closed := t.data.counts()
 	if t.stdCap != nil {
@@ -126,7 +130,8 @@ func (t *connTracker) Collect(ch chan<- prometheus.Metric) {
 		s := t.fast()
 		reading, idle, active = reading+int64(s.Reading), idle+int64(s.Idle), active+int64(s.Active)
 		accepted = s.Accepted // every connection starts there: handed-over ones are not counted twice
-		acceptErrors, reclaimed, refused, handedRefused, bad = s.AcceptErrors, s.Reclaimed, s.Refused, s.HandoversRefused, s.BadRequests
+		acceptErrors += s.AcceptErrors
+		reclaimed, refused, handedRefused, bad = s.Reclaimed, s.Refused, s.HandoversRefused, s.BadRequests
 		waitingForRoom = s.WaitingForRoom
 		closed[closedBadRequest] += s.BadRequests
 		closed[closedHeaderTimeout] += s.HeaderTimeouts

@@ -59,7 +59,7 @@ func TestConnTracker(t *testing.T) {
 	closed.Close()
 
 	want := `
-# HELP memcgate_http_accept_errors_total Accept failures on the data listener's fast path that it waited out and retried, mostly a lack of file descriptors (EMFILE): more client connections than the open-file limit allows.
+# HELP memcgate_http_accept_errors_total Accept failures on the data listener that the server waited out and retried, mostly a lack of file descriptors (EMFILE): more client connections than the open-file limit allows.
 # TYPE memcgate_http_accept_errors_total counter
 memcgate_http_accept_errors_total 0
 # HELP memcgate_http_bad_requests_total Requests answered 400 and their connections closed before any handler, so in no access log line or request metric: heads the fast path cannot read, and framing a proxy in front may read differently (Content-Length with Transfer-Encoding, Transfer-Encoding on HTTP/1.0 or not ending in chunked, a folded header line). The fast path's share of memcgate_http_connections_closed_total{listener="data",reason="bad_request"}.

@@ -416,7 +416,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 		WriteTimeout:      cfg.WriteTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
-		ErrorLog:          newServerLog(log, "data", handshakes),
+		ErrorLog:          newServerLog(log, "data", handshakes, &conns.stdAcceptErrs),
 	}
 	std.ConnState = conns.hook
 	conns.data.serve(std) // net/http's own refusals and timeouts, fast path or not
@@ -450,7 +450,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 		WriteTimeout:      60 * time.Second, // pprof profiles take 30s by default
 		IdleTimeout:       cfg.IdleTimeout,
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
-		ErrorLog:          newServerLog(log, "admin", handshakes),
+		ErrorLog:          newServerLog(log, "admin", handshakes, nil),
 	}
 	conns.admin.serve(admin)
 

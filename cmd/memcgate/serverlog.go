@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,6 +28,7 @@ type serverLog struct {
 	log        *slog.Logger
 	listener   string             // the listener label: data or admin
 	handshakes prometheus.Counter // failed handshakes
+	accepts    *atomic.Uint64     // accept errors net/http retried; nil: not counted
 
 	mu       sync.Mutex // guards last, unlogged
 	last     time.Time  // when a failed handshake was last logged
@@ -34,10 +36,16 @@ type serverLog struct {
 }
 
 // newServerLog returns an ErrorLog for the server of listener, which
-// logs to lg and counts failed handshakes in handshakes.
-func newServerLog(lg *slog.Logger, listener string, handshakes *prometheus.CounterVec) *log.Logger {
-	return log.New(&serverLog{log: lg, listener: listener, handshakes: handshakes.WithLabelValues(listener)}, "", 0)
+// logs to lg, counts failed handshakes in handshakes and, if accepts is
+// not nil, the accept errors net/http waits out and retries in accepts.
+func newServerLog(lg *slog.Logger, listener string, handshakes *prometheus.CounterVec, accepts *atomic.Uint64) *log.Logger {
+	return log.New(&serverLog{log: lg, listener: listener, handshakes: handshakes.WithLabelValues(listener), accepts: accepts}, "", 0)
 }
+
+// acceptError starts the line net/http logs for each accept failure it
+// waits out and retries (mostly EMFILE): its only trace, which the fast
+// path counts in memcgate_http_accept_errors_total.
+const acceptError = "http: Accept error: "
 
 // newHandshakeErrors returns memcgate_http_tls_handshake_errors_total,
 // registered on reg, every listener's series exported from 0.
@@ -56,6 +64,9 @@ func newHandshakeErrors(reg prometheus.Registerer) *prometheus.CounterVec {
 func (s *serverLog) Write(p []byte) (int, error) {
 	msg := strings.TrimSuffix(string(p), "\n")
 	if !strings.HasPrefix(msg, handshakeError) {
+		if s.accepts != nil && strings.HasPrefix(msg, acceptError) {
+			s.accepts.Add(1)
+		}
 		s.log.Warn(msg)
 		return len(p), nil
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -15,12 +16,13 @@ import (
 
 // TestServerLog: the servers' lines are warnings, but for failed TLS
 // handshakes, which are counted and logged a line a second at most, each
-// saying how many went unlogged before it.
+// saying how many went unlogged before it. Accept errors are counted too.
 func TestServerLog(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var out bytes.Buffer
 		handshakes := newHandshakeErrors(prometheus.NewRegistry())
-		l := newServerLog(slog.New(slog.NewJSONHandler(&out, nil)), "data", handshakes)
+		var accepts atomic.Uint64
+		l := newServerLog(slog.New(slog.NewJSONHandler(&out, nil)), "data", handshakes, &accepts)
 		const hs = handshakeError + "127.0.0.1:4000: EOF"
 		steps := []struct {
 			after    time.Duration // since the previous step
@@ -35,6 +37,7 @@ func TestServerLog(t *testing.T) {
 			{400 * time.Millisecond, hs, true, 2},
 			{999 * time.Millisecond, hs, false, 0},
 			{time.Millisecond, hs, true, 1},
+			{0, acceptError + "accept tcp 127.0.0.1:8080: accept4: too many open files; retrying in 5ms", true, 0},
 		}
 		for i, st := range steps {
 			time.Sleep(st.after)
@@ -65,6 +68,9 @@ func TestServerLog(t *testing.T) {
 		}
 		if got := testutil.ToFloat64(handshakes.WithLabelValues("data")); got != 6 {
 			t.Errorf("memcgate_http_tls_handshake_errors_total{listener=data} = %v, want 6", got)
+		}
+		if n := accepts.Load(); n != 1 {
+			t.Errorf("accept errors counted: %d, want 1", n)
 		}
 	})
 }
