@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"hash/maphash"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strconv"
@@ -64,6 +65,10 @@ type asyncQueue struct {
 	applied     prometheus.Counter
 	unconfirmed prometheus.Counter            // sets sent as UDP datagrams: neither applied nor failed as far as anyone knows
 	failed      map[string]prometheus.Counter // by reason (asyncFailReasons)
+
+	log     *slog.Logger  // failures, a line a second at most; nil: none
+	fails   atomic.Uint64 // writes failed, for the log line
+	failLog atomic.Int64  // when a failure was last logged, in Unix nanoseconds
 }
 
 // asyncFailReasons label memcgate_async_writes_failed_total.
@@ -133,9 +138,9 @@ func shareOf(capacity int64, parts int) int64 {
 // lane without), holding their values against bg, with at most inFlight
 // value bytes of one node on their way to memcached at once. order counts
 // each write from its acceptance until it is applied or fails.
-func newAsyncQueue(ex *executor, order *WriteOrder, quiet QuietSetter, owners Owners, bg *budget.Budget, inFlight int64, workers, capacity int, maxBytes int64, timeout time.Duration, reg prometheus.Registerer) *asyncQueue {
+func newAsyncQueue(ex *executor, order *WriteOrder, quiet QuietSetter, owners Owners, bg *budget.Budget, inFlight int64, workers, capacity int, maxBytes int64, timeout time.Duration, log *slog.Logger, reg prometheus.Registerer) *asyncQueue {
 	workers = max(workers, 1)
-	q := &asyncQueue{ex: ex, order: order, quiet: quiet, owners: owners, budget: bg, capacity: int64(capacity), maxBytes: maxBytes, seed: maphash.MakeSeed(),
+	q := &asyncQueue{ex: ex, order: order, quiet: quiet, owners: owners, budget: bg, capacity: int64(capacity), maxBytes: maxBytes, seed: maphash.MakeSeed(), log: log,
 		share: shareOf(int64(capacity), workers), shareB: shareOf(maxBytes, workers)}
 	q.timeout.Store(int64(timeout))
 	for range workers {
@@ -516,7 +521,23 @@ func (q *asyncQueue) apply(sh *shard, j job, quiet bool) {
 		q.applied.Inc()
 		return
 	}
-	q.failed[asyncFailReason(o.Verb, err)].Inc()
+	reason := asyncFailReason(o.Verb, err)
+	q.failed[reason].Inc()
+	q.logFailure(o.Verb, reason, err)
+}
+
+// logFailure logs a write answered 202 that was then not applied: its
+// client was told it was accepted, and nothing else tells it otherwise.
+// One line a second at most, with the count, as a node going down fails
+// every write queued for it at once.
+func (q *asyncQueue) logFailure(v op.Verb, reason string, err error) {
+	n := q.fails.Add(1)
+	if q.log == nil {
+		return
+	}
+	if now, last := time.Now().UnixNano(), q.failLog.Load(); now-last >= int64(time.Second) && q.failLog.CompareAndSwap(last, now) {
+		q.log.Warn("an asynchronous write accepted with 202 was not applied", "verb", v.String(), "reason", reason, "err", err.Error(), "failed_so_far", n)
+	}
 }
 
 // asyncFailReason names why a queued write failed, for the failed

@@ -138,7 +138,7 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 	if opts.BigValueMaxBytes > 0 {
 		h.ex.ops = h.chunks
 	}
-	h.async = newAsyncQueue(h.ex, order, opts.Quiet, opts.Owners, h.lim.budget, max(opts.MaxValueBytes, 1<<20), opts.AsyncWorkers, opts.AsyncQueue, opts.AsyncQueueBytes, opts.RequestTimeout, reg)
+	h.async = newAsyncQueue(h.ex, order, opts.Quiet, opts.Owners, h.lim.budget, max(opts.MaxValueBytes, 1<<20), opts.AsyncWorkers, opts.AsyncQueue, opts.AsyncQueueBytes, opts.RequestTimeout, log, reg)
 	h.obs = newObserver(log, opts.AccessLogger, reg, opts.AccessLog, opts.AccessLogJSON)
 	h.detachStore = opts.Async
 	h.detached = prometheus.NewCounter(prometheus.CounterOpts{
