@@ -211,22 +211,31 @@ func (l watchedListener) Accept() (net.Conn, error) {
 	return &watchConn{Conn: c}, nil
 }
 
-// watchConn keeps the error of its last read. net/http never reads a
-// connection from two goroutines at once, and calls its ConnState hook,
-// which asks, from the connection's goroutine once reads are done.
+// watchConn keeps the error of its last read. It is atomic: HTTP/2's
+// reader may still return from a read while the ConnState hook asks.
+// A read without an error stores nil, which allocates nothing.
 type watchConn struct {
 	net.Conn
-	err error
+	err atomic.Pointer[error]
 }
 
 func (c *watchConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	c.err = err
+	if err != nil {
+		c.err.Store(&err)
+	} else if c.err.Load() != nil {
+		c.err.Store(nil)
+	}
 	return n, err
 }
 
 // ReadError returns the last read's error.
-func (c *watchConn) ReadError() error { return c.err }
+func (c *watchConn) ReadError() error {
+	if p := c.err.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
 
 // CloseWrite half-closes the connection if the wrapped one can, as
 // net/http does on TCP before closing one with a request left unread.
