@@ -180,7 +180,11 @@ func TestSetServersReaddedNodeNotStale(t *testing.T) {
 
 func testReaddedNode(t *testing.T, flush bool) {
 	mcs := memcachedtest.StartN(t, 2)
-	c, _ := newTestCluster(t, mcs, func(o *Options) { o.Health.ReadmitFlush = flush })
+	c, _ := newTestCluster(t, mcs, func(o *Options) {
+		o.Health.ReadmitFlush = flush
+		// Nothing here stalls: timeouts that a loaded machine does not hit.
+		o.Timeout, o.Health.Timeout = 5*time.Second, 5*time.Second
+	})
 	ctx := t.Context()
 	both := []Server{{Host: "127.0.0.1", Port: mcs[0].Port, Weight: 1}, {Host: "127.0.0.1", Port: mcs[1].Port, Weight: 1}}
 	set := func(v string) {
