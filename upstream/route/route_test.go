@@ -164,7 +164,7 @@ func TestWritePolicies(t *testing.T) {
 			}
 			// Under first and majority, v1's last replicas may still be
 			// on their way: the pause must not catch them.
-			waitUntil(t, 2*time.Second, "v1's background writes done", func() bool { return r.bg.ops.Load() == 0 })
+			waitUntil(t, 10*time.Second, "v1's background writes done", func() bool { return r.bg.ops.Load() == 0 })
 			mcs[2].Pause()
 			defer mcs[2].Resume()
 			start := time.Now()
@@ -181,12 +181,12 @@ func TestWritePolicies(t *testing.T) {
 			} else if took > 150*time.Millisecond {
 				t.Errorf("set took %v: it waited for the paused replica", took)
 			}
-			waitUntil(t, time.Second, "v2 on both live replicas", func() bool { return len(copies(t, mcs[:2], "k", "v2")) == 2 })
-			waitUntil(t, 2*time.Second, "the paused replica's write counted", func() bool {
+			waitUntil(t, 10*time.Second, "v2 on both live replicas", func() bool { return len(copies(t, mcs[:2], "k", "v2")) == 2 })
+			waitUntil(t, 10*time.Second, "the paused replica's write counted", func() bool {
 				return testutil.ToFloat64(r.m.writes.WithLabelValues("main", string(tc.policy), "failed"))+
 					testutil.ToFloat64(r.m.writes.WithLabelValues("main", string(tc.policy), "background_failed")) == 1
 			})
-			waitUntil(t, 2*time.Second, "the background budget given back", func() bool {
+			waitUntil(t, 10*time.Second, "the background budget given back", func() bool {
 				return r.bg.ops.Load() == 0 && r.bg.bytes.Load() == 0
 			})
 			_ = reg
