@@ -68,14 +68,20 @@ func newBigRigArgs(t *testing.T, args []string, mod func(*Options, *upstream.Clu
 // connections per node (0: gomemcache's pool).
 func newBigRigPool(t *testing.T, pipelineConns int, args []string, mod func(*Options, *upstream.Cluster)) *bigRig {
 	t.Helper()
+	return newBigRigUpstream(t, upstream.Options{PipelineConns: pipelineConns, Timeout: time.Second}, args, mod)
+}
+
+// newBigRigUpstream is newBigRigArgs with the cluster's options up (its
+// Servers are the rig's).
+func newBigRigUpstream(t *testing.T, up upstream.Options, args []string, mod func(*Options, *upstream.Cluster)) *bigRig {
+	t.Helper()
 	mcs := memcachedtest.StartN(t, 3, args...)
-	var servers []upstream.Server
 	for _, m := range mcs {
-		servers = append(servers, upstream.Server{Host: "127.0.0.1", Port: m.Port})
+		up.Servers = append(up.Servers, upstream.Server{Host: "127.0.0.1", Port: m.Port})
 	}
 	reg := prometheus.NewRegistry()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	c, err := upstream.New(upstream.Options{Servers: servers, PipelineConns: pipelineConns, Timeout: time.Second}, log, reg)
+	c, err := upstream.New(up, log, reg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/memcgate/memcgate/test/memcachedtest"
 	"github.com/memcgate/memcgate/upstream"
@@ -35,13 +36,22 @@ func newBoundRig(t *testing.T, args ...string) *bigRig {
 }
 
 // newBoundRigPool is newBoundRig with pipelineConns pipelined
-// connections per node (0: gomemcache's pool).
+// connections per node (0: gomemcache's pool). What the tests measure is
+// bytes, not time: memcached's answers and the requests get a deadline
+// (boundTimeout) that a loaded machine cannot reach while the tests
+// store hundreds of large values and read them back under the race
+// detector.
 func newBoundRigPool(t *testing.T, pipelineConns int, args ...string) *bigRig {
 	t.Helper()
-	return newBigRigPool(t, pipelineConns, args, func(o *Options, _ *upstream.Cluster) {
+	return newBigRigUpstream(t, upstream.Options{PipelineConns: pipelineConns, Timeout: boundTimeout}, args, func(o *Options, _ *upstream.Cluster) {
 		o.MaxValueBytes, o.BigValueMaxBytes, o.BatchMaxResponseBytes = boundValue+1000, 0, boundRoom
+		o.RequestTimeout = boundTimeout
 	})
 }
+
+// boundTimeout is the deadline of newBoundRig's memcached operations and
+// requests.
+const boundTimeout = time.Minute
 
 // written is the bytes the rig's memcached servers have written so far
 // (stats bytes_written, summed).
