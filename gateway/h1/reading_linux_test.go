@@ -274,30 +274,56 @@ func TestReadAheadTurns(t *testing.T) {
 }
 
 // TestLingerWhileClientSends: a client refused while it still sends a
-// large body keeps sending for longer than the linger time in all, with
-// pauses shorter than it, and then reads the answer: the connection
-// lingers as long as bytes come, instead of resetting the client. (The
-// server's linger time is shortened to keep the test short.)
+// large body, far more than the sockets' buffers, keeps sending and then
+// reads the answer: the connection lingers as long as bytes come,
+// instead of resetting the client. Each piece the client sends after the
+// refusal parks the connection again with its deadline a linger time
+// after the piece, not after the refusal: what closes it is the client
+// sending nothing for the linger time. The test waits for each park
+// (explicit state), so a loaded machine cannot close the connection
+// under it: the linger time is longer than any stall and shorter than
+// lingerMax, which caps the deadline.
 func TestLingerWhileClientSends(t *testing.T) {
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Connection", "close")
 		w.WriteHeader(http.StatusServiceUnavailable)
 		io.WriteString(w, "refused")
 	})
-	const linger = 500 * time.Millisecond
-	_, addr := startH1(t, h, func(s *Server) { s.lingerIdle = linger })
+	const linger = lingerMax / 3
+	s, addr := startH1(t, h, func(s *Server) { s.lingerIdle = linger })
 	c, br := dial(t, addr)
-	const size, piece = 2 << 20, 64 << 10
-	fmt.Fprintf(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size)
-	start := time.Now()
-	for sent := 0; sent < size; sent += piece {
-		if _, err := c.Write([]byte(strings.Repeat("x", piece))); err != nil {
-			t.Fatalf("after %v and %d bytes the write failed: %v", time.Since(start).Round(time.Millisecond), sent, err)
-		}
-		time.Sleep(linger / 10)
+	c.SetDeadline(time.Now().Add(lingerMax))
+	// lingering is the deadline of the connection the poller holds
+	// parked lingering after its answer, zero while there is none.
+	lingering := func() time.Time {
+		return inPoller(s, func(p *poller) time.Time {
+			for _, pc := range p.reading {
+				if pc.state.Load() == stateReading && pc.phase == phaseLinger {
+					return pc.pf.deadline
+				}
+			}
+			return time.Time{}
+		})
 	}
-	if time.Since(start) < 2*linger {
-		t.Fatalf("the body took %v, want more than %v for the test to mean anything", time.Since(start), 2*linger)
+	// parkedAfter waits for the connection to be parked lingering with
+	// a deadline a linger time after sent, at least.
+	parkedAfter := func(sent time.Time, what string) {
+		t.Helper()
+		var d time.Time
+		if !eventually(func() bool { d = lingering(); return !d.Before(sent.Add(linger)) }) {
+			t.Fatalf("%s: lingering until %v (zero: not lingering), want a linger time (%v) after %v at least", what, d, linger, sent)
+		}
+	}
+	const size, piece = 2 << 20, 64 << 10
+	sent := time.Now()
+	fmt.Fprintf(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size)
+	parkedAfter(sent, "refused")
+	for n := 0; n < size; n += piece {
+		sent = time.Now()
+		if _, err := c.Write([]byte(strings.Repeat("x", piece))); err != nil {
+			t.Fatalf("after %d bytes the write failed: %v", n, err)
+		}
+		parkedAfter(sent, fmt.Sprintf("after %d bytes", n+piece))
 	}
 	r, err := readWireResponse(br, "PUT")
 	if err != nil || r.body != "refused" {
