@@ -209,7 +209,15 @@ func (p *poller) run() {
 			p.abandon()
 			return
 		}
-		p.expire(time.Now())
+		// Events before timers, as nginx orders them: a request that
+		// came before its connection's deadline is served however late
+		// this goroutine runs (a deadline that passed while it was busy
+		// fails the next Read before any event is read). The time is
+		// taken before the events are read, so a connection expired at
+		// it had nothing waiting then; Control keeps the descriptor open.
+		now := time.Now()
+		p.rc.Control(func(fd uintptr) { p.drain(fd) })
+		p.expire(now)
 	}
 }
 

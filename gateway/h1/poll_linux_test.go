@@ -500,3 +500,45 @@ func TestParkedPeerClose(t *testing.T) {
 		})
 	}
 }
+
+// TestLatePollerServesWhatCameInTime: a request that reaches a parked
+// connection before its idle deadline is served even when the poller
+// runs only after that deadline. The poller is held (its lock) across
+// the first connection's deadline, then the second connection's request
+// comes, then its deadline passes, then the poller goes on.
+func TestLatePollerServesWhatCameInTime(t *testing.T) {
+	const idle, gap = time.Second, 500 * time.Millisecond
+	s, addr := startH1(t, testHandler(), func(s *Server) { s.IdleTimeout = idle })
+	first, firstBR := dial(t, addr)
+	roundTrip(t, first, firstBR, "/small")
+	time.Sleep(gap)
+	second, secondBR := dial(t, addr)
+	roundTrip(t, second, secondBR, "/small")
+
+	var firstAt, secondAt time.Time
+	if !eventually(func() bool {
+		return inPoller(s, func(p *poller) bool {
+			if p.oldest == nil || p.oldest.pf.newer == nil {
+				return false
+			}
+			firstAt, secondAt = p.oldest.pf.parkedAt.Add(idle), p.oldest.pf.newer.pf.parkedAt.Add(idle)
+			return true
+		})
+	}) {
+		t.Fatal("the two connections were not parked")
+	}
+	time.Sleep(time.Until(firstAt.Add(-gap / 4)))
+	inPoller(s, func(p *poller) struct{} {
+		time.Sleep(time.Until(firstAt.Add(gap / 4))) // the poller waits for its lock
+		if _, err := io.WriteString(second, "GET /small HTTP/1.1\r\nHost: a\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Until(secondAt.Add(gap / 4)))
+		return struct{}{}
+	})
+	waitClosed(t, firstBR)
+	second.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if r, err := readWireResponse(secondBR, "GET"); err != nil || r.status != "HTTP/1.1 200 OK" {
+		t.Errorf("request sent before its connection's idle deadline: %v, %v; want 200", r, err)
+	}
+}
