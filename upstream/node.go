@@ -17,10 +17,11 @@ import (
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
-// node is one memcached server: its own gomemcache client (so its own
-// keepalive pool and timeout), a semaphore that caps operations in flight
-// (and so open connections), a separate one-connection probe client, and
-// its health state.
+// node is one memcached server: its own data client (mcpipe's pipelined
+// connections or gomemcache's pool, so its own connections and timeout), a
+// semaphore that caps operations in flight (and so, on gomemcache's pool,
+// open connections), a separate one-connection probe client, and its
+// health state.
 //
 // node holds atomics and a mutex: it must not be copied.
 type node struct {

@@ -1,8 +1,9 @@
 // Package upstream talks to a cluster of memcached servers. It keeps one
-// gomemcache client per server (so every node has its own keepalive pool,
-// timeout and metrics), caps the operations in flight per node, places keys
-// on a consistent-hash ring, checks node health actively and passively, and
-// fails over to the next node on the ring.
+// data client per server, mcpipe's pipelined connections or, with
+// Options.PipelineConns 0, gomemcache's pool (so every node has its own
+// connections, timeout and metrics), caps the operations in flight per
+// node, places keys on a consistent-hash ring, checks node health actively
+// and passively, and fails over to the next node on the ring.
 //
 // Goroutines: Run (health checks) is the caller's. Besides it, each
 // pipelined connection has a reader goroutine (package mcpipe) from its
