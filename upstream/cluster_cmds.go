@@ -74,14 +74,14 @@ func (c *Cluster) everyNodeOf(ctx context.Context, nodes []*node, cmd string, mu
 }
 
 // nodeCommands is how many raw commands (command) run on one node at
-// once, and how many idle connections a node keeps for them. Each used to
-// open a connection of its own, and /memc?cmd=stats reaches them without
-// a token when none are configured: 100 clients asking for stats as fast
-// as they could opened 2,000 connections a second to every node, up to
-// the node's whole in-flight cap at once, past memcached's own connection
-// limit (-c, 1024 by default), and doubled other clients' latency.
-// Commands past this many wait for their turn within their request's
-// deadline.
+// once, and how many idle connections a node keeps for them. Commands
+// past this many wait for their turn within their request's deadline.
+// The bound is there because /memc?cmd=stats reaches them without a token
+// when none are configured: with a connection of its own per command, 100
+// clients asking for stats as fast as they can open 2,000 connections a
+// second to every node, up to the node's whole in-flight cap at once,
+// past memcached's own connection limit (-c, 1024 by default), and double
+// other clients' latency.
 const nodeCommands = 4
 
 // command sends one raw text-protocol command that gomemcache does not
