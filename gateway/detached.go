@@ -8,27 +8,27 @@ import (
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
-// Detached responses. The hot requests, GET and plain PUT of /{key},
-// need not keep a goroutine waiting for memcached (a HEAD, op.Head, is
-// routed: a node without meta commands answers it with a get): on a server whose
+// Detached responses. The hot requests, GET and plain PUT of /{key}, need
+// not keep a goroutine waiting for memcached (a HEAD, op.Head, is routed:
+// a node without meta commands answers it with a get): on a server whose
 // ResponseWriter can be detached (h1's), the request is checked, its
 // memcached request sent, and the handler returns; memcached's reply, as
 // its connection's reader reads it, writes the HTTP response. With
-// thousands of clients this spares a goroutine wake-up per request and
-// the reply's wait for its worker to be scheduled again, which is where
-// most of the gateway's p99 went (docs/benchmarks.md).
+// thousands of clients this spares a goroutine wake-up per request and the
+// reply's wait for its worker to be scheduled again, where most of the
+// gateway's p99 goes on the routed path (docs/benchmarks.md).
 //
-// This path serves exactly what the routed path would, with the same code: the
-// same checks (access, key, query), the same Store results written by
+// This path serves exactly what the routed path would, with the same code:
+// the same checks (access, key, query), the same Store results written by
 // writeItem and writeStored, the same metrics and access log (observer)
 // and in-flight cap (limiter). Whatever it does not take (other methods
-// and paths, conditional or Prefer: respond-async PUTs, PUTs of a key
-// with asynchronous writes pending, chunked or large bodies, a refused
-// token, an invalid key or query, a full in-flight cap) goes down the
-// routed path untouched, which answers it, errors included, as it always
-// did. If the Store declines the asynchronous
-// call (a node down, a full in-flight cap, no pipelined connections), the
-// request waits for Get or Set in place, with failover, as routed.
+// and paths, conditional or Prefer: respond-async PUTs, PUTs of a key with
+// asynchronous writes pending, chunked or large bodies, a refused token,
+// an invalid key or query, a full in-flight cap) goes down the routed path
+// untouched, which answers it, errors included. If the Store declines the
+// asynchronous call (a node down, a full in-flight cap, no pipelined
+// connections), the request waits for Get or Set in place, with failover,
+// as routed.
 
 // detacher is the ResponseWriter of a server that lets a handler finish
 // the response later, from any goroutine (h1's Detach): finish must then
