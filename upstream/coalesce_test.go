@@ -128,7 +128,8 @@ func TestGetWithRoomNotBatched(t *testing.T) {
 			errs <- c.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: "big"}, Room: room}).Err
 		}()
 	}
-	time.Sleep(100 * time.Millisecond) // the Gets are waiting
+	// Parked or not, each Get counts among the node's waiters (join).
+	waitFor(t, 10*time.Second, "5 Gets waiting for the busy slot", func() bool { return n.waiting.Load() == 5 })
 	if parked := parkedGets(n); parked != 0 {
 		t.Errorf("%d Gets with a Room parked for a batch", parked)
 	}
