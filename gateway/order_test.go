@@ -239,6 +239,14 @@ func (s *blockOldStore) Do(ctx context.Context, o op.Op) op.Result {
 	return s.fakeStore.Do(ctx, o)
 }
 
+// orderWaiters is how many synchronous writes of key wait in w.
+func orderWaiters(w *WriteOrder, key string) int {
+	_, sh := w.where(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return len(sh.keys[key].waiters)
+}
+
 // TestSyncWriteWaitsAcrossLanes: a reload that moves a key to another
 // node puts its later asynchronous writes on another worker, which may
 // apply one before an earlier one on the first worker is done; a
@@ -249,7 +257,8 @@ func TestSyncWriteWaitsAcrossLanes(t *testing.T) {
 	var lane atomic.Int32
 	owners := ownersFunc(func(string) (int, int) { return int(lane.Load()), 2 })
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	h := NewHandler(s, log, prometheus.NewRegistry(), Options{Owners: owners, AsyncWorkers: 2, RequestTimeout: 5 * time.Second})
+	order := NewWriteOrder()
+	h := NewHandler(s, log, prometheus.NewRegistry(), Options{Owners: owners, AsyncWorkers: 2, RequestTimeout: 5 * time.Second, WriteOrder: order})
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error)
 	go func() { ran <- h.Run(ctx) }()
@@ -262,8 +271,8 @@ func TestSyncWriteWaitsAcrossLanes(t *testing.T) {
 	<-s.blocked
 	done := make(chan int, 1)
 	go func() { done <- do(h, "PUT", "/k", "new").Code }()
-	time.Sleep(100 * time.Millisecond) // the synchronous PUT waits for old
-	lane.Store(1)                      // a reload moves the key's node
+	waitFor(t, "the synchronous PUT to wait for old", func() bool { return orderWaiters(order, "k") == 1 })
+	lane.Store(1) // a reload moves the key's node
 	if w := asyncDo(h, "PUT", "/k", "mid"); w.Code != http.StatusAccepted {
 		t.Fatalf("async PUT mid: %d", w.Code)
 	}
