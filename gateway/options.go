@@ -224,7 +224,7 @@ type Buffers interface {
 }
 
 // WithDefaults returns o with every zero field that has a default set to
-// it, as New uses it.
+// it, as NewHandler uses it.
 func (o Options) WithDefaults() Options {
 	o.withDefaults()
 	return o
