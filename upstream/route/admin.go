@@ -117,22 +117,22 @@ func (r *Router) Status() []PoolStatus {
 // FlushAll sends flush_all to every node of every pool once (a node in
 // two pools once), as upstream.Cluster.FlushAll.
 func (r *Router) FlushAll(ctx context.Context, delay int32) []upstream.NodeReply {
-	return r.everyPool(ctx, func(c *upstream.Cluster) []upstream.NodeReply { return c.FlushAll(ctx, delay) })
+	return r.everyPool(func(c *upstream.Cluster) []upstream.NodeReply { return c.FlushAll(ctx, delay) })
 }
 
 // Stats asks every node of every pool for its stats, once per node.
 func (r *Router) Stats(ctx context.Context) []upstream.NodeReply {
-	return r.everyPool(ctx, func(c *upstream.Cluster) []upstream.NodeReply { return c.Stats(ctx) })
+	return r.everyPool(func(c *upstream.Cluster) []upstream.NodeReply { return c.Stats(ctx) })
 }
 
 // Version asks every node of every pool for its version, once per node.
 func (r *Router) Version(ctx context.Context) []upstream.NodeReply {
-	return r.everyPool(ctx, func(c *upstream.Cluster) []upstream.NodeReply { return c.Version(ctx) })
+	return r.everyPool(func(c *upstream.Cluster) []upstream.NodeReply { return c.Version(ctx) })
 }
 
 // everyPool runs a cluster-wide command on the pools in parallel and
 // keeps one reply per node name.
-func (r *Router) everyPool(ctx context.Context, f func(*upstream.Cluster) []upstream.NodeReply) []upstream.NodeReply {
+func (r *Router) everyPool(f func(*upstream.Cluster) []upstream.NodeReply) []upstream.NodeReply {
 	if len(r.pools) == 1 {
 		return f(r.pools[0].c)
 	}

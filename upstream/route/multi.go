@@ -102,7 +102,7 @@ func (v *view) getMulti(ctx context.Context, keys []string, limit int, room op.R
 		v.warmGetMulti(ctx, keys, limit, room, found, failed)
 	}
 	if v.pol.shadow != nil {
-		v.shadowGetMulti(ctx, keys, found, failed)
+		v.shadowGetMulti(keys, found, failed)
 	}
 	return found, failed
 }

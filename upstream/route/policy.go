@@ -189,7 +189,7 @@ func (v *view) doPolicies(ctx context.Context, o op.Op) op.Result {
 		res = v.own(ctx, o)
 	}
 	if v.pol.sampled(routeKey(&o)) {
-		v.shadowDo(ctx, o, res)
+		v.shadowDo(o, res)
 	}
 	return res
 }

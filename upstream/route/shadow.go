@@ -2,7 +2,6 @@ package route
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"strings"
 
@@ -27,7 +26,7 @@ import (
 // under the shadow budget; what does not fit is dropped and counted.
 
 // shadowDo mirrors o, whose primary answer was res, to the shadow pool.
-func (v *view) shadowDo(ctx context.Context, o op.Op, res op.Result) {
+func (v *view) shadowDo(o op.Op, res op.Result) {
 	if failure(res.Err) {
 		return
 	}
@@ -44,7 +43,7 @@ func (v *view) shadowDo(ctx context.Context, o op.Op, res op.Result) {
 		case !errors.Is(res.Err, upstream.ErrNotFound):
 			failed[o.Item.Key] = res.Err
 		}
-		v.shadowGetMulti(ctx, []string{o.Item.Key}, found, failed)
+		v.shadowGetMulti([]string{o.Item.Key}, found, failed)
 		return
 	case op.GAT:
 		// Mirrored as a touch, whose answer has no value to hold: the
@@ -129,7 +128,7 @@ func compare(v op.Verb, primary, shadow op.Result) comparison {
 
 // shadowGetMulti mirrors the sampled keys of a multi-get, whose primary
 // answer is found and failed, to the shadow pool as one multi-get.
-func (v *view) shadowGetMulti(ctx context.Context, keys []string, found map[string]op.Item, failed map[string]error) {
+func (v *view) shadowGetMulti(keys []string, found map[string]op.Item, failed map[string]error) {
 	type want struct {
 		key string
 		res op.Result

@@ -98,7 +98,7 @@ func (v *view) warmGet(ctx context.Context, o op.Op) op.Result {
 	case wres.Err == nil:
 		m.warmHit.Inc()
 		if wv == op.Get {
-			v.writeBack(ctx, o, wres.Item)
+			v.writeBack(o, wres.Item)
 		}
 		return op.Result{Item: wres.Item, N: wres.N}
 	case errors.Is(wres.Err, upstream.ErrNotFound):
@@ -111,7 +111,7 @@ func (v *view) warmGet(ctx context.Context, o op.Op) op.Result {
 
 // writeBack adds it, read from the warm pool for o, to the cold pool in
 // the background, within the warm-up budget.
-func (v *view) writeBack(ctx context.Context, o op.Op, it op.Item) {
+func (v *view) writeBack(o op.Op, it op.Item) {
 	m := &v.pol.wm
 	bg := v.pol.px.warmBG
 	size := int64(len(it.Value))
@@ -273,7 +273,7 @@ func (v *view) warmGetMulti(ctx context.Context, keys []string, limit int, room 
 		if it, ok := wf[k]; ok {
 			m.warmHit.Inc()
 			found[k] = it
-			v.writeBack(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: k}}, it)
+			v.writeBack(op.Op{Verb: op.Get, Item: op.Item{Key: k}}, it)
 			continue
 		}
 		switch err, ok := we[k]; {
