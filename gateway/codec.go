@@ -52,7 +52,7 @@ type codec struct {
 	kind       ValueCodec
 	php        PHPOptions
 	pecl       PeclMemcacheOptions
-	maxDecoded int // the most a decompressed value may grow to
+	maxDecoded int // the most a decompressed value may grow to: 64 × Options.MaxValueBytes
 	// turns are taken to compress or decompress a large value (nil:
 	// none are): the handler's, shared with its batches' decoding.
 	turns cpuTurns
@@ -71,7 +71,7 @@ type decoded struct {
 
 // present turns a stored item into what GET serves. A compressed value's
 // body is held through hold before it is decompressed (phpvalue.Hold): a
-// value a few kilobytes long that inflates to MaxDecodedBytes is refused
+// value a few kilobytes long that inflates to maxDecoded is refused
 // first, with hold's error as it is, not after it is in memory. Once what
 // it inflates to reaches turnBytes it is decompressed with a turn
 // (cpuTurns) waited for within ctx: a value of 1 MB of one letter, 1 KB
@@ -123,7 +123,7 @@ func (c *codec) present(ctx context.Context, it op.Item, hold phpvalue.Hold) (de
 // size alone (op.Head): ok is false when what GET would serve depends on
 // the value's bytes, which must then be read: a compressed value (its
 // size is the decompressed one's), a boolean (served as its text), a
-// value past MaxDecodedBytes (an error), or flags the codec refuses.
+// value past maxDecoded (an error), or flags the codec refuses.
 func (c *codec) presentSize(flags uint32, size uint64) (d decoded, ok bool) {
 	switch c.kind {
 	case CodecPHP, CodecPeclMemcache:
@@ -146,7 +146,7 @@ func (c *codec) presentSize(flags uint32, size uint64) (d decoded, ok bool) {
 // n, its decompressed length, from the length prefix stored before the
 // compressed bytes (phpvalue.DecodedLen). ok is false for every other
 // item and for one whose GET answers an error or a body the prefix does
-// not tell: a boolean (served as its text), a prefix past MaxDecodedBytes
+// not tell: a boolean (served as its text), a prefix past maxDecoded
 // (GET refuses it), or past the byte budget's limit, budget (GET can never
 // hold it; 0: no limit); present then answers as GET does. The compressed
 // bytes are not checked: data that does not decode to n bytes is a 502

@@ -78,7 +78,7 @@ func (h *handler) writeItem(w http.ResponseWriter, r *http.Request, etags string
 // op.Head alone. An item whose headers depend on its bytes is read as GET
 // reads it: an index of a value in chunks (its size is in the index), and
 // a compressed or boolean value of the PHP codecs, or one past
-// MaxDecodedBytes (its size or its error is the decoded value's). A
+// codec.maxDecoded (its size or its error is the decoded value's). A
 // php-memcached compressed value is then answered from its length prefix
 // without being decompressed (codec.presentHead); the rest are presented
 // as GET presents them.

@@ -43,7 +43,7 @@ func TestCompressedHeadNotModifiedRange(t *testing.T) {
 	zlib, zlibFlags := phpvalue.Encode(zeros, phpvalue.EncodeOptions{Compression: phpvalue.CompressZlib})
 	json, jsonFlags := phpvalue.Encode(bytes.Repeat([]byte(`{"a":1},`), 1<<15), phpvalue.EncodeOptions{UserFlags: 7})
 	jsonFlags |= uint32(phpvalue.JSON)
-	// A length prefix past MaxDecodedBytes (64 × MaxValueBytes).
+	// A length prefix past codec.maxDecoded (64 × MaxValueBytes).
 	huge := binary.LittleEndian.AppendUint32(nil, 100<<20)
 	huge = append(huge, fastlz[4:]...)
 	// A prefix the data does not decode to: HEAD does not read the data.
