@@ -133,7 +133,7 @@ func takeContext(r *http.Request, maker *Handler, timeout time.Duration) (*reque
 
 // reqCtx is r's requestCtx, found through any context derived from it:
 // every request under Handler has one, and the limits that take it fail
-// closed without one (errNoRequestCtx).
+// closed without one (no in-flight slot, every byte refused).
 func reqCtx(r *http.Request) *requestCtx {
 	rc, _ := r.Context().Value(reqCtxKey{}).(*requestCtx)
 	return rc
