@@ -112,7 +112,7 @@ const (
 const maxChunkLine = 4096
 
 // scan follows b, the next bytes of the stream. It returns the index in b
-// of the last byte of a head the guard refuses (refusedHead), after which
+// of the last byte of a head the guard refuses (endHead), after which
 // it must not be called again, or -1.
 func (f *framing) scan(b []byte) int {
 	for i := 0; i < len(b); i++ {

@@ -42,10 +42,10 @@ import (
 //
 //	request has both Content-Length and Transfer-Encoding
 //
-// (the body says which it is) and closes the connection, as
-// the fast path and nginx do, whatever the Transfer-Encoding value. Field names are
-// matched as net/http reads them: in any case, and only names that are
-// exactly one of the two ("Content-Length :" is another field, which
+// (the body says which it is) and closes the connection, as the fast
+// path and nginx do, whatever the Transfer-Encoding value. Field names
+// are matched as net/http reads them: in any case, and only names that
+// are exactly one of the two ("Content-Length :" is another field, which
 // net/http then rejects itself). Requests before it on the connection are
 // answered as usual, and every other stream passes unchanged, so net/http
 // answers it exactly as it would without the wrapper. The one exception,
