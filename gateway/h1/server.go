@@ -491,11 +491,12 @@ func retryAccept(err error) bool {
 
 // Shutdown stops the server gracefully: it closes the listeners and the
 // idle connections at once, lets active requests finish, closes each
-// connection after its current response, shuts Fallback down with ctx,
-// and waits for every connection to end. Connections refused over
-// MaxConns get their 503 and are then closed, not lingered on. It returns ctx.Err() if ctx ends
-// first, else the first error closing a listener or from Fallback.
-// Serve returns http.ErrServerClosed as soon as Shutdown is called.
+// connection after its current response, shuts Fallback down with ctx, and
+// waits for every connection to end. Connections refused over MaxConns get
+// their 503 and are then closed, not lingered on. It returns ctx.Err() if
+// ctx ends first, else the first error closing a listener or from
+// Fallback. Serve returns http.ErrServerClosed as soon as Shutdown is
+// called.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.inShutdown.Store(true)
 	s.mu.Lock()

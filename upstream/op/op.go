@@ -197,11 +197,11 @@ type Op struct {
 
 // Room is a caller's say over the values its reads bring into memory.
 // Pipelined pools use it, on the connection's reader goroutine, for a
-// value read on its own or on a gets line shared with other callers (a
-// Get with a Room is never batched with others when every slot of a node
-// is busy: it waits for a slot); gomemcache's pool (PIPELINE_CONNS=0)
-// reads every value whole into buffers of its own. A read that goes to more than one node (a hedged
-// read) may use it once per node.
+// value read on its own or on a gets line shared with other callers (a Get
+// with a Room is never batched with others when every slot of a node is
+// busy: it waits for a slot); gomemcache's pool (PIPELINE_CONNS=0) reads
+// every value whole into buffers of its own. A read that goes to more than
+// one node (a hedged read) may use it once per node.
 type Room interface {
 	// Reserve holds n bytes of the caller's budget for a value about
 	// to be read, or reports that they do not fit: the value is then
