@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/memcgate/memcgate/upstream/mcpipe"
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
@@ -34,7 +35,7 @@ var ErrNoMeta = errors.New("upstream: memcached does not answer meta commands")
 // ErrNotFound, ErrNoMeta, ErrBadKey, ErrNoNodes, or a *NodeError.
 func (c *Cluster) TTL(ctx context.Context, o op.Op) (ttl int32, cas uint64, err error) {
 	sk, hk := c.keysOf(&o)
-	if !legalKey(sk) {
+	if !mcpipe.LegalKey(sk) {
 		return 0, 0, ErrBadKey
 	}
 	err = c.routeAfter(ctx, hk, "", nil, nil, func(n *node, _ bool) error {
@@ -196,18 +197,4 @@ func parseMetaTTL(line []byte) (int32, uint64, error) {
 		return 0, cas, nil
 	}
 	return int32(max(ttl, 1)), cas, nil // 0 would mean "never" to the caller; the item is at its last second
-}
-
-// legalKey is memcached's rule for a text-protocol key: 1 to 250 bytes,
-// no spaces or control bytes.
-func legalKey(key string) bool {
-	if len(key) == 0 || len(key) > 250 {
-		return false
-	}
-	for i := 0; i < len(key); i++ {
-		if key[i] <= ' ' || key[i] == 0x7f {
-			return false
-		}
-	}
-	return true
 }

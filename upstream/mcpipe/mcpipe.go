@@ -224,7 +224,7 @@ func (c *Client) openConn(l *lane) (*conn, error) {
 // reply. The connection fails with a timeout there, and so do the calls
 // behind this one, which memcached would answer only after it.
 func (c *Client) Do(ctx context.Context, o op.Op, key string) (*memcache.Item, uint64, error) {
-	if !legalKey(key) {
+	if !LegalKey(key) {
 		return nil, 0, memcache.ErrMalformedKey
 	}
 	l, hint := c.route(&o, key)
@@ -333,7 +333,7 @@ func (c *Client) newCall() *call {
 // become the writer while memcached waits for it to read); hand such work
 // to a goroutine.
 func (c *Client) DoAsync(ctx context.Context, o op.Op, key string, done func(*memcache.Item, uint64, error)) error {
-	if !legalKey(key) {
+	if !LegalKey(key) {
 		return memcache.ErrMalformedKey
 	}
 	if o.Verb.Reply() == op.MetaStored && !c.metaSets.Load() {
@@ -391,9 +391,11 @@ func (c *Client) release(cl *call) {
 // gets lines at 64 clients hold about 11 keys at the median and 31 at p99.
 const maxPooledPeers = 32
 
-// legalKey is gomemcache's rule: at most 250 bytes, no spaces or control
-// bytes, so a key can never split or end a command line.
-func legalKey(key string) bool {
+// LegalKey reports whether memcached's text protocol can carry key, by
+// gomemcache's rule: 1 to 250 bytes, no spaces or control bytes, so a key
+// can never split or end a command line. The client's calls refuse other
+// keys unsent (memcache.ErrMalformedKey).
+func LegalKey(key string) bool {
 	if len(key) == 0 || len(key) > 250 {
 		return false
 	}
@@ -444,7 +446,7 @@ func (c *Client) GetMulti(keys []string) (map[string]*memcache.Item, error) {
 // and the Client probes no more: its keys are read as without probe.
 func (c *Client) GetMultiLimit(ctx context.Context, keys []string, limit int, room op.Room, probe bool) (items map[string]*memcache.Item, dropped, nofit []string, err error) {
 	for _, k := range keys {
-		if !legalKey(k) {
+		if !LegalKey(k) {
 			return nil, nil, nil, memcache.ErrMalformedKey
 		}
 	}
