@@ -2,8 +2,9 @@
 // back, so that a gateway reading large bodies at a high rate reuses
 // their memory instead of asking the garbage collector for fresh, zeroed
 // pages for each one: for 100 KB PUTs the allocation, the zeroing, the
-// page faults of new memory and the collector's work on it were a large
-// part of the gateway's CPU (docs/decisions/0011-pooled-body-buffers.md).
+// page faults of new memory and the collector's work on it are otherwise
+// a large part of the gateway's CPU
+// (docs/decisions/0011-pooled-body-buffers.md).
 //
 // Buffers come in power-of-two size classes from MinSize to MaxSize; a
 // buffer lent for n bytes has the capacity of the smallest class that
