@@ -13,8 +13,9 @@ import (
 )
 
 // Store is what the gateway needs from the memcached side.
-// *upstream.Cluster implements it. Do must not keep an item's Value after
-// it returns: the gateway reuses the buffer.
+// *route.Router (what memcgate passes) and *upstream.Cluster implement
+// it. Do must not keep an item's Value after it returns: the gateway
+// reuses the buffer.
 type Store interface {
 	// Do runs one operation on its key's node; the result's error is one
 	// of package upstream's.
@@ -32,7 +33,8 @@ type Store interface {
 
 // AsyncStore starts an operation and calls back instead of waiting, or
 // declines having done nothing (then the gateway waits for Store.Do).
-// done must not block. *upstream.Cluster implements it (DoAsync).
+// done must not block. *route.Router and *upstream.Cluster implement it
+// (DoAsync).
 type AsyncStore interface {
 	DoAsync(ctx context.Context, o op.Op, done func(op.Result)) bool
 }

@@ -18,7 +18,7 @@ import (
 )
 
 // Store runs one memcached operation (the gateway's Store, whose Do
-// *upstream.Cluster implements).
+// *route.Router and *upstream.Cluster implement).
 type Store interface {
 	Do(ctx context.Context, o op.Op) op.Result
 }

@@ -25,15 +25,15 @@ import (
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
-// Store runs one operation (*upstream.Cluster implements it, and
-// *chunk.Values, which also deletes the chunks of a value stored in
-// chunks and refuses to append to one).
+// Store runs one operation (*route.Router and *upstream.Cluster implement
+// it, and *chunk.Values, which also deletes the chunks of a value stored
+// in chunks and refuses to append to one).
 type Store interface {
 	Do(ctx context.Context, o op.Op) op.Result
 }
 
-// Cluster runs the commands that reach every node (*upstream.Cluster
-// implements it).
+// Cluster runs the commands that reach every node (*route.Router, every
+// node of every pool, and *upstream.Cluster implement it).
 type Cluster interface {
 	FlushAll(ctx context.Context, delay int32) []upstream.NodeReply
 	Stats(ctx context.Context) []upstream.NodeReply
