@@ -295,7 +295,9 @@ func TestPassiveEjectionAndProbeReadmission(t *testing.T) {
 	if _, err := c.Get(ctx, key); !errors.Is(err, ErrNoNodes) {
 		t.Errorf("Get with all nodes down = %v, want ErrNoNodes", err)
 	}
-	if d := time.Since(start); d > 10*time.Millisecond {
+	// Immediate: no wait on a socket (Timeout, 300 ms here); the bound
+	// leaves room for a loaded machine under -race.
+	if d := time.Since(start); d > 100*time.Millisecond {
 		t.Errorf("Get with all nodes down took %v, want immediate", d)
 	}
 	if c.Ready() {
