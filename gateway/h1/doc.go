@@ -27,8 +27,10 @@
 //     ReadFrom. http.MaxBytesReader cannot make it close the connection
 //     after the response, as net/http does when the limit is hit.
 //   - When it must close a connection with request bytes left unread, h1
-//     half-closes it and reads for up to 500ms until the client closes;
-//     net/http half-closes and sleeps 500ms.
+//     half-closes it and drops what the client still sends until the
+//     client closes, sends nothing for 5s, or 30s have passed, as nginx
+//     lingers (a refusal over MaxConns, 500ms of silence); net/http
+//     half-closes and sleeps 500ms.
 //   - A request that arrives while Shutdown runs is answered, with
 //     "Connection: close", if it got in before its connection was closed
 //     as idle; net/http may drop such a request unanswered.
