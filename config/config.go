@@ -670,8 +670,8 @@ func (c Config) UDPPortMap() (map[string]int, error) {
 
 // Token is one bearer token and its scopes.
 type Token struct {
-	Secret             string
-	Read, Write, Admin bool
+	Secret             string // the bearer token itself
+	Read, Write, Admin bool   // its scopes
 }
 
 // ParseTokens reads scopes:token entries separated by commas or newlines;
@@ -770,9 +770,9 @@ func (c Config) Tokens() ([]Token, error) {
 
 // Var describes one configuration variable, for -help and docs/configuration.md.
 type Var struct {
-	Name    string
-	Default string
-	Help    string
+	Name    string // with Prefix: MEMCGATE_SERVERS
+	Default string // the envDefault tag as written; "" when there is none
+	Help    string // the help tag: what the variable means
 }
 
 // Vars lists every variable in declaration order.
