@@ -444,18 +444,18 @@ func failureOf(err error) result {
 
 // NodeStatus is a snapshot of one node for the admin API.
 type NodeStatus struct {
-	Pool        string    `json:"pool,omitempty"` // Options.Name
-	Node        string    `json:"node"`
-	Up          bool      `json:"up"`
-	Since       time.Time `json:"since"`
-	Reason      string    `json:"reason"`
-	ProbeFails  int       `json:"consecutive_probe_fails"`
-	ProbePasses int       `json:"consecutive_probe_passes"`
-	Timeouts    int       `json:"consecutive_timeouts"`
-	Flaps       int       `json:"flaps"`
-	HoldUntil   time.Time `json:"readmit_hold_until,omitzero"`
-	InFlight    int       `json:"in_flight"`
-	Connections int64     `json:"connections"`
+	Pool        string    `json:"pool,omitempty"`              // Options.Name
+	Node        string    `json:"node"`                        // host:port as configured
+	Up          bool      `json:"up"`                          // takes traffic
+	Since       time.Time `json:"since"`                       // last change of Up
+	Reason      string    `json:"reason"`                      // why it is in its state
+	ProbeFails  int       `json:"consecutive_probe_fails"`     // toward HealthOptions.Fall
+	ProbePasses int       `json:"consecutive_probe_passes"`    // toward HealthOptions.Rise
+	Timeouts    int       `json:"consecutive_timeouts"`        // data-path timeouts in a row, toward PassiveFails
+	Flaps       int       `json:"flaps"`                       // ejections that followed a re-admission within FlapWindow
+	HoldUntil   time.Time `json:"readmit_hold_until,omitzero"` // while down: no re-admission before this (flap back-off); zero if none
+	InFlight    int       `json:"in_flight"`                   // operations holding one of its slots now
+	Connections int64     `json:"connections"`                 // open data connections now
 	// UDP is the state of the node's memcached UDP port; nil if it has
 	// none (MEMCGATE_UDP_PORTS).
 	UDP *UDPStatus `json:"udp,omitempty"`

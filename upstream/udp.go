@@ -225,9 +225,9 @@ type UDPStatus struct {
 	// Up is true while asynchronous sets to the node go out as datagrams;
 	// false while they go over TCP.
 	Up         bool      `json:"up"`
-	Since      time.Time `json:"since"`
-	Reason     string    `json:"reason"`
-	ProbeFails int       `json:"consecutive_probe_fails"`
+	Since      time.Time `json:"since"`                   // last change of Up
+	Reason     string    `json:"reason"`                  // why it is in its state
+	ProbeFails int       `json:"consecutive_probe_fails"` // failed UDP probes in a row
 }
 
 func (u *udpPort) status() *UDPStatus {
