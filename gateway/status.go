@@ -28,17 +28,17 @@ type StatusInfo struct {
 
 // PoolInfo is one pool of memcached nodes on the status page.
 type PoolInfo struct {
-	Name         string   // the pool label of the metrics (none with one pool)
-	Prefixes     []string // the keys it takes; none for the default pool
-	Replicas     int      // copies of each key
-	Write, Read  string   // its write and read policies
-	MissFallback bool
+	Name         string        // the pool label of the metrics (none with one pool)
+	Prefixes     []string      // the keys it takes; none for the default pool
+	Replicas     int           // copies of each key
+	Write, Read  string        // its write and read policies
+	MissFallback bool          // a miss on one replica reads the next
 	HedgeDelay   time.Duration // of a hedged pool; 0 otherwise
-	Nodes, Up    int
+	Nodes, Up    int           // its nodes, and how many of them take traffic
 	// Warm is the pool it fills its misses from, Shadow the pool its
 	// sample of ShadowPercent of the keys is mirrored to; empty for none.
 	Warm, Shadow  string
-	ShadowPercent float64
+	ShadowPercent float64 // 0 to 100
 }
 
 // NodeInfo is one memcached node on the status page.
@@ -62,10 +62,10 @@ type NodeInfo struct {
 // Reload is one attempt to apply a new configuration, for the status
 // page's reload history.
 type Reload struct {
-	Time    time.Time
-	Result  string   // "ok", or why nothing changed ("invalid", "failed", …)
-	Message string   // a line for the operator: the error, or a summary
-	Changed []string // what the reload changed, one item per setting or node
+	Time    time.Time // when it was attempted
+	Result  string    // "ok", or why nothing changed ("invalid", "failed", …)
+	Message string    // a line for the operator: the error, or a summary
+	Changed []string  // what the reload changed, one item per setting or node
 }
 
 // refreshMax bounds ?refresh=: past an hour a page is better reloaded by

@@ -80,12 +80,12 @@ func (r *Router) Nodes() []upstream.NodeStatus {
 
 // PoolStatus is one pool as the status page shows it.
 type PoolStatus struct {
-	Name          string
-	Prefixes      []string // empty for the default pool, which takes the other keys
-	Replicas      int
-	Write         WritePolicy
-	Read          ReadPolicy
-	MissFallback  bool
+	Name          string        // PoolOptions.Name; the pool label of the metrics
+	Prefixes      []string      // empty for the default pool, which takes the other keys
+	Replicas      int           // copies of each key
+	Write         WritePolicy   // when a write is answered
+	Read          ReadPolicy    // first, or hedged
+	MissFallback  bool          // a miss on one replica reads the next
 	HedgeDelay    time.Duration // the current delay of a hedged pool; 0 otherwise
 	Warm          string        // the pool its misses are read from; empty for none
 	Shadow        string        // the pool its shadow sample goes to; empty for none
