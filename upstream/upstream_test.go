@@ -428,6 +428,10 @@ func TestClusterCommandsTakeTurns(t *testing.T) {
 	var open, peak atomic.Int64
 	c, _ := newTestCluster(t, mcs, func(o *Options) {
 		o.MaxInFlight, o.MaxConns = 256, 256
+		// 256 stats in four lanes: on a loaded machine a reply may take
+		// longer than the 300 ms of newTestCluster, and what is counted
+		// here is connections, not timeouts.
+		o.Timeout = 10 * time.Second
 		d := &net.Dialer{}
 		o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
 			nc, err := d.DialContext(ctx, network, addr)
@@ -465,9 +469,9 @@ func TestClusterCommandsTakeTurns(t *testing.T) {
 	}
 }
 
-// TestClusterCommandsKeepConnections: stats, version and flush_all reuse
-// a node's idle command connections, at most nodeCommands of them, where
-// each used to open a connection of its own; the connections kept when
+// TestClusterCommandsKeepConnections: stats, version and flush_all reuse a
+// node's idle command connections, at most nodeCommands of them, rather
+// than each opening a connection of its own; the connections kept when
 // memcached is killed and restarted are replaced, and the first command
 // after the restart answers.
 func TestClusterCommandsKeepConnections(t *testing.T) {
