@@ -494,6 +494,23 @@ func (p *poller) take(w *idleWorker) (c *conn, fresh bool) {
 	return c, fresh
 }
 
+// claimLocked moves c from state from to state to for a park, and
+// returns parked, or what else became of it: notParked if the poller is
+// closed or c was closed meanwhile, readyLocked's answer if bytes or a
+// close came before the park.
+func (p *poller) claimLocked(c *conn, from, to int32) int {
+	if p.closed {
+		return notParked
+	}
+	if res := p.readyLocked(c); res != parked {
+		return res
+	}
+	if !c.state.CompareAndSwap(from, to) {
+		return notParked // closed meanwhile (closeIdle, close)
+	}
+	return parked
+}
+
 // park takes c, idle with nothing buffered, from its goroutine (see the
 // park results). A connection is registered on its first park; from
 // then on every arrival of data is an event, so parking needs no read.
@@ -503,14 +520,8 @@ func (p *poller) park(c *conn) int {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
-		return notParked
-	}
-	if res := p.readyLocked(c); res != parked {
+	if res := p.claimLocked(c, stateIdle, stateParked); res != parked {
 		return res
-	}
-	if !c.state.CompareAndSwap(stateIdle, stateParked) {
-		return notParked // closed by closeIdle meanwhile
 	}
 	pf := &c.pf
 	pf.parkedAt = time.Now()
@@ -705,14 +716,8 @@ func (p *poller) parkUntil(c *conn, from int32, deadline, stall time.Time) int {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
-		return notParked
-	}
-	if res := p.readyLocked(c); res != parked {
+	if res := p.claimLocked(c, from, stateReading); res != parked {
 		return res
-	}
-	if !c.state.CompareAndSwap(from, stateReading) {
-		return notParked // closed meanwhile
 	}
 	pf := &c.pf
 	pf.deadline, pf.resumeIn, pf.stall = deadline, from, false
