@@ -229,6 +229,9 @@ func (c *watchConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// NetConn returns the wrapped connection, as tls.Conn.NetConn does.
+func (c *watchConn) NetConn() net.Conn { return c.Conn }
+
 // ReadError returns the last read's error.
 func (c *watchConn) ReadError() error {
 	if p := c.err.Load(); p != nil {

@@ -4,6 +4,8 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -41,16 +43,47 @@ func warnConnCap(log *slog.Logger, maxConns int, nofile uint64) {
 
 // connCap caps the client connections of the data listeners that Go's
 // net/http serves alone (TLS, FAST_PATH=false), which h1.Server.MaxConns
-// does on the fast path: a connection accepted over the cap is closed at
-// once. net/http offers no way to answer it without reading its request
-// (over TLS, without a handshake) nor to close an idle connection of its
-// choice, so the fast path's reclaiming and 503 are not done here.
+// does on the fast path. A connection accepted over the cap makes room as
+// on the fast path, by closing the connection the server would close
+// soonest anyway: of the one that has not sent a request yet (a TLS
+// handshake not done, a head not all there) accepted first, due at the
+// header timeout, and the one idle the longest, due at the idle timeout,
+// the one due first. So connections that stay silent, or never finish
+// their handshake, give way to new clients instead of keeping them out
+// for a header timeout each, again and again. A connection whose request
+// is being read or served is never closed for room; with none to close,
+// the new connection is closed at once: net/http offers no way to answer
+// it without reading its request (over TLS, without a handshake).
+//
+// Which connections may be closed comes from net/http's ConnState hook
+// (state): a connection is quiet from its accept until the head of its
+// first request is read, and idle between requests.
 type connCap struct {
-	max     atomic.Int64 // 0: no cap (a reload may set one)
-	open    atomic.Int64
-	refused atomic.Uint64
-	log     *slog.Logger // refusals, a line a second at most; nil: none
-	lastLog atomic.Int64 // when a refusal was last logged, in Unix nanoseconds
+	max       atomic.Int64 // 0: no cap (a reload may set one)
+	open      atomic.Int64
+	refused   atomic.Uint64
+	reclaimed atomic.Uint64
+	log       *slog.Logger // refusals, a line a second at most; nil: none
+	lastLog   atomic.Int64 // when a refusal was last logged, in Unix nanoseconds
+
+	// headerTimeout and idleTimeout are when the server closes a quiet
+	// and an idle connection (0: never).
+	headerTimeout, idleTimeout time.Duration
+
+	mu sync.Mutex
+	// quiet and idle hold the connections of each kind, in the order in
+	// which they became so: the first of each is due to be closed first.
+	quiet, idle connList
+}
+
+// newConnCap returns a cap of max connections (0: none) over the
+// listeners of a server that closes a connection which has sent no
+// request after headerTimeout, and an idle one after idleTimeout (0:
+// never), as net/http's ReadHeaderTimeout and IdleTimeout do.
+func newConnCap(max int, headerTimeout, idleTimeout time.Duration, log *slog.Logger) *connCap {
+	c := &connCap{log: log, headerTimeout: headerTimeout, idleTimeout: idleTimeout}
+	c.max.Store(int64(max))
+	return c
 }
 
 // listener returns ln with the cap on its connections, which all of one
@@ -62,7 +95,9 @@ type capListener struct {
 	cap *connCap
 }
 
-// Accept returns the next connection under the cap, closing those over it.
+// Accept returns the next connection under the cap, closing the one due
+// first of the quiet and idle ones to make room for it, or, with none,
+// closing the new one.
 func (l *capListener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
@@ -70,12 +105,91 @@ func (l *capListener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		n, m := l.cap.open.Add(1), l.cap.max.Load()
-		if m <= 0 || n <= m {
-			return &cappedConn{Conn: c, cap: l.cap}, nil
+		if m > 0 && n > m {
+			v := l.cap.due()
+			if v == nil {
+				l.cap.open.Add(-1)
+				l.cap.refusal(m)
+				c.Close()
+				continue
+			}
+			v.Close() // frees its place
+			l.cap.reclaimed.Add(1)
 		}
-		l.cap.open.Add(-1)
-		l.cap.refusal(m)
-		c.Close()
+		cc := &cappedConn{Conn: c, cap: l.cap}
+		l.cap.mu.Lock()
+		l.cap.quiet.push(cc, time.Now().UnixNano())
+		l.cap.mu.Unlock()
+		return cc, nil
+	}
+}
+
+// due takes out of its list, and returns, the quiet or idle connection
+// due to be closed first; nil if there is none.
+func (c *connCap) due() *cappedConn {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	q, i := c.quiet.head, c.idle.head
+	if q == nil && i == nil {
+		return nil
+	}
+	v := q
+	if q == nil || i != nil && dueAt(i.since, c.idleTimeout) < dueAt(q.since, c.headerTimeout) {
+		v = i
+	}
+	v.list.remove(v)
+	return v
+}
+
+// orRead is d, or read if d is 0, as net/http reads its timeouts: a
+// ReadHeaderTimeout or IdleTimeout of 0 is the ReadTimeout.
+func orRead(d, read time.Duration) time.Duration {
+	if d != 0 {
+		return d
+	}
+	return read
+}
+
+// dueAt is when a connection that became quiet or idle at since (Unix
+// nanoseconds) is closed, after d (0: never).
+func dueAt(since int64, d time.Duration) int64 {
+	if d <= 0 {
+		return math.MaxInt64
+	}
+	return since + int64(d)
+}
+
+// state follows net/http's ConnState hook for one of the cap's
+// connections (c, or a connection wrapping it; others are ignored): a
+// request being read or served takes it out of the lists, idle puts it
+// at the end of the idle list.
+func (c *connCap) state(nc net.Conn, s http.ConnState) {
+	cc := cappedOf(nc)
+	if s == http.StateNew || cc == nil || cc.cap != c {
+		return // a new connection is quiet from its accept
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cc.list != nil {
+		cc.list.remove(cc)
+	}
+	if s == http.StateIdle && !cc.closed.Load() {
+		c.idle.push(cc, time.Now().UnixNano())
+	}
+}
+
+// cappedOf returns the *cappedConn that c is or wraps, through NetConn
+// (tls.Conn, watchConn, h1's guard), nil if none.
+func cappedOf(c net.Conn) *cappedConn {
+	for {
+		switch x := c.(type) {
+		case *cappedConn:
+			return x
+		case interface{ NetConn() net.Conn }:
+			c = x.NetConn()
+		default:
+			return nil
+		}
 	}
 }
 
@@ -88,7 +202,7 @@ func (c *connCap) refusal(m int64) {
 		return
 	}
 	if now, last := time.Now().UnixNano(), c.lastLog.Load(); now-last >= int64(time.Second) && c.lastLog.CompareAndSwap(last, now) {
-		c.log.Warn("client connections open at MEMCGATE_MAX_CLIENT_CONNS, the most allowed: closed a new connection unserved (net/http cannot answer it)",
+		c.log.Warn("client connections open at MEMCGATE_MAX_CLIENT_CONNS, the most allowed, none quiet or idle to close for room: closed a new connection unserved (net/http cannot answer it)",
 			"max_client_conns", m, "refused_so_far", n)
 	}
 }
@@ -99,12 +213,53 @@ type cappedConn struct {
 	net.Conn
 	cap    *connCap
 	closed atomic.Bool
+
+	// Guarded by cap.mu: the list it is in (nil: none), its neighbours
+	// there, and when it went in, in Unix nanoseconds.
+	list       *connList
+	prev, next *cappedConn
+	since      int64
 }
 
 // Close closes the connection; the first call frees its place.
 func (c *cappedConn) Close() error {
 	if !c.closed.Swap(true) {
+		c.cap.mu.Lock()
+		if c.list != nil {
+			c.list.remove(c)
+		}
+		c.cap.mu.Unlock()
 		c.cap.open.Add(-1)
 	}
 	return c.Conn.Close()
+}
+
+// connList is a list of connections in the order they were pushed, each
+// in one list at most; its users hold the cap's mutex.
+type connList struct{ head, tail *cappedConn }
+
+// push appends c, which is in no list, as of since.
+func (l *connList) push(c *cappedConn, since int64) {
+	c.list, c.since, c.prev, c.next = l, since, l.tail, nil
+	if l.tail != nil {
+		l.tail.next = c
+	} else {
+		l.head = c
+	}
+	l.tail = c
+}
+
+// remove takes c, which is in l, out of it.
+func (l *connList) remove(c *cappedConn) {
+	if c.prev != nil {
+		c.prev.next = c.next
+	} else {
+		l.head = c.next
+	}
+	if c.next != nil {
+		c.next.prev = c.prev
+	} else {
+		l.tail = c.prev
+	}
+	c.list, c.prev, c.next = nil, nil, nil
 }

@@ -38,6 +38,9 @@ type connTracker struct {
 // order from its own goroutine; only New and Closed touch the map's
 // structure, so requests on kept-alive connections take no lock.
 func (t *connTracker) hook(c net.Conn, s http.ConnState) {
+	if t.stdCap != nil {
+		t.stdCap.state(c, s)
+	}
 	switch s {
 	case http.StateNew:
 		v := new(atomic.Int32)
@@ -124,7 +127,7 @@ func (t *connTracker) Collect(ch chan<- prometheus.Metric) {
 	waitingForRoom := 0
 	closed := t.data.counts()
 	if t.stdCap != nil {
-		refused = t.stdCap.refused.Load()
+		reclaimed, refused = t.stdCap.reclaimed.Load(), t.stdCap.refused.Load()
 	}
 	if t.fast != nil {
 		s := t.fast()

@@ -333,8 +333,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 			// net/http serves every connection: cap them under TLS (a
 			// reload may set a cap where there was none).
 			if conns.stdCap == nil {
-				conns.stdCap = &connCap{log: log}
-				conns.stdCap.max.Store(int64(maxConns))
+				conns.stdCap = newConnCap(maxConns, orRead(cfg.ReadHeaderTimeout, cfg.ReadTimeout), orRead(cfg.IdleTimeout, cfg.ReadTimeout), log)
 			}
 			*ln = watchListener(conns.stdCap.listener(*ln))
 		}

@@ -65,7 +65,8 @@ import (
 // It assumes handlers do not use http.ResponseController.EnableFullDuplex
 // (see guardConn for why).
 //
-// The returned conn keeps c's deadlines, addresses and Close, and its
+// The returned conn keeps c's deadlines, addresses and Close, gives c back
+// from NetConn (as tls.Conn does), and keeps its
 // CloseWrite, CloseRead and ReadFrom when c has them. Read must not be
 // called concurrently with itself, which net/http never does. Reads
 // allocate nothing and cost one pass over the bytes read, mostly a skip
@@ -262,6 +263,9 @@ func (g *guardConn) ReadError() error {
 	}
 	return nil
 }
+
+// NetConn returns the wrapped connection, as tls.Conn.NetConn does.
+func (g *guardConn) NetConn() net.Conn { return g.Conn }
 
 // RefusalCounted reports whether the guard refused a head and counted it
 // (guardCounted): net/http's 400 that follows is then counted already.
