@@ -25,6 +25,11 @@ type requestError struct {
 
 func (e *requestError) Error() string { return e.msg }
 
+// errHTTP2 answers HTTP/2 with prior knowledge (the preface, PRI *
+// HTTP/2.0, which net/http passes on as a request): the gateway speaks
+// HTTP/1.x only (docs/decisions/0038).
+var errHTTP2 = &requestError{status: http.StatusHTTPVersionNotSupported, msg: "HTTP/2 is not served: send HTTP/1.1 (over TLS, ALPN offers http/1.1 alone)"}
+
 func badRequest(msg string) error { return &requestError{status: http.StatusBadRequest, msg: msg} }
 
 // overloadError is a request refused because the gateway is at one of its

@@ -183,6 +183,12 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 	// URL.Path either way.
 	r.NotFound(h.guard.authorize(http.HandlerFunc(h.serveKey)).ServeHTTP)
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor == 2 {
+			// HTTP/2 with prior knowledge: net/http passes its preface on
+			// as a request, PRI * HTTP/2.0.
+			writeError(w, errHTTP2)
+			return
+		}
 		writeError(w, &requestError{status: http.StatusMethodNotAllowed, msg: "method " + r.Method + " is not allowed on /; use GET /?key=… or POST / (batch)", allow: "GET, POST"})
 	})
 	return &Handler{mux: r, h: h}

@@ -39,7 +39,7 @@ var closedReasonNames = [closedReasons]string{"bad_request", "header_timeout", "
 // how the connection's last read ended (readError): a timeout, or none
 // (net/http answered what it read). A client that went away in the
 // middle of a head (EOF, a reset) is its own doing and not counted.
-// It counts HTTP/1 connections only: HTTP/2's own timeouts are timers.
+// Every connection is HTTP/1: the servers speak nothing else (http1Only).
 type closeWatch struct {
 	log   *slog.Logger // for bad requests, a line a second at most; nil: none
 	name  string       // the listener label: data or admin
@@ -211,8 +211,9 @@ func (l watchedListener) Accept() (net.Conn, error) {
 	return &watchConn{Conn: c}, nil
 }
 
-// watchConn keeps the error of its last read. It is atomic: HTTP/2's
-// reader may still return from a read while the ConnState hook asks.
+// watchConn keeps the error of its last read. It is atomic: net/http's
+// background read (while a handler runs) may still return from a read
+// while the ConnState hook asks.
 // A read without an error stores nil, which allocates nothing.
 type watchConn struct {
 	net.Conn

@@ -77,7 +77,7 @@ memcgate_http_connections{state="reading"} 1
 # HELP memcgate_http_connections_accepted_total Client connections accepted on the data listener.
 # TYPE memcgate_http_connections_accepted_total counter
 memcgate_http_connections_accepted_total 4
-# HELP memcgate_http_connections_closed_total Client connections the server closed before any handler saw a request on them, so in no access log line or request metric, by listener and reason: bad_request (a request answered 400, 431, 501 or 417 by the server itself: a head it cannot read or over MEMCGATE_MAX_HEADER_BYTES, framing a proxy in front may read differently), header_timeout (a request head, or a new connection's first bytes, not all there within MEMCGATE_READ_HEADER_TIMEOUT), idle_timeout (no request within MEMCGATE_IDLE_TIMEOUT of the last). HTTP/1 only.
+# HELP memcgate_http_connections_closed_total Client connections the server closed before any handler saw a request on them, so in no access log line or request metric, by listener and reason: bad_request (a request answered 400, 431, 501 or 417 by the server itself: a head it cannot read or over MEMCGATE_MAX_HEADER_BYTES, framing a proxy in front may read differently), header_timeout (a request head, or a new connection's first bytes, not all there within MEMCGATE_READ_HEADER_TIMEOUT), idle_timeout (no request within MEMCGATE_IDLE_TIMEOUT of the last).
 # TYPE memcgate_http_connections_closed_total counter
 memcgate_http_connections_closed_total{listener="admin",reason="bad_request"} 0
 memcgate_http_connections_closed_total{listener="admin",reason="header_timeout"} 0

@@ -416,6 +416,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 		IdleTimeout:       cfg.IdleTimeout,
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
 		ErrorLog:          newServerLog(log, "data", handshakes, &conns.stdAcceptErrs),
+		Protocols:         http1Only(),
 	}
 	std.ConnState = conns.hook
 	conns.data.serve(std) // net/http's own refusals and timeouts, fast path or not
@@ -450,6 +451,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 		IdleTimeout:       cfg.IdleTimeout,
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
 		ErrorLog:          newServerLog(log, "admin", handshakes, nil),
+		Protocols:         http1Only(),
 	}
 	conns.admin.serve(admin)
 
@@ -583,7 +585,7 @@ type httpServer interface {
 }
 
 // dataServer puts the h1 fast path in front of std unless it is turned off
-// or the listener speaks TLS (h1 has no TLS and no HTTP/2; std keeps both).
+// or the listener speaks TLS (h1 has no TLS; std has).
 // It also returns the fast path, nil without it.
 func dataServer(cfg config.Config, sec *security, std *http.Server, h *gateway.Handler, buffered *budget.Budget, bodies *bufpool.Pool, maxConns int) (httpServer, *h1.Server) {
 	if !cfg.FastPath || sec.dataTLS != nil {
@@ -606,6 +608,19 @@ func dataServer(cfg config.Config, sec *security, std *http.Server, h *gateway.H
 		MaxConns:          maxConns,
 	}
 	return fast, fast
+}
+
+// http1Only is what the servers speak: HTTP/1.x alone, never HTTP/2,
+// neither negotiated over TLS nor unencrypted. Every bound here is per
+// connection (the connection cap, what a connection served by net/http
+// holds in the memory model, the hand-overs to net/http), and HTTP/2
+// multiplies a connection by its streams, 250 in net/http, each a
+// handler goroutine holding what a request holds
+// (docs/decisions/0038).
+func http1Only() *http.Protocols {
+	p := new(http.Protocols)
+	p.SetHTTP1(true)
+	return p
 }
 
 // takeTurns makes a request served by Go's net/http (a connection the

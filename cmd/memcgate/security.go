@@ -90,7 +90,10 @@ func serverTLS(certFile, keyFile, name string) (*tls.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s%s: %w", config.Prefix, name, err)
 	}
-	return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}, nil
+	// ALPN offers HTTP/1.1 alone: a client offering h2 and http/1.1 is
+	// told which it gets, one offering h2 alone fails its handshake
+	// (docs/decisions/0038).
+	return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}}, nil
 }
 
 // wrapData puts TLS on a data listener (TCP or the Unix socket) if the

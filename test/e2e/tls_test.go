@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"net/http"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -124,4 +126,90 @@ func waitMetric(t *testing.T, g *gateway, series string, want float64) {
 		}
 	}
 	t.Fatalf("%s = %s, want %v", series, got, want)
+}
+
+// TestHTTP1Only: the gateway speaks HTTP/1.x alone (decisions/0038).
+// Over TLS, ALPN offers http/1.1 alone (the admin listener's TLS is
+// made alike): a client offering h2 too gets http/1.1 (Go's client then
+// speaks HTTP/1.1), one offering h2 alone fails its handshake. HTTP/2
+// with prior knowledge, over TLS or not, on the fast path or not, is
+// answered 505 with why, and its connection closed.
+func TestHTTP1Only(t *testing.T) {
+	mc := memcachedtest.Start(t)
+	_, certFile, keyFile := writeCert(t)
+	for _, tc := range []struct {
+		name string
+		tls  bool
+		env  map[string]string
+	}{
+		{name: "tls", tls: true, env: map[string]string{"MEMCGATE_TLS_CERT_FILE": certFile, "MEMCGATE_TLS_KEY_FILE": keyFile}},
+		{name: "fast_path", env: map[string]string{}},
+		{name: "net_http", env: map[string]string{"MEMCGATE_FAST_PATH": "false"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := map[string]string{"MEMCGATE_SERVERS": mc.Addr}
+			for k, v := range tc.env {
+				env[k] = v
+			}
+			scheme := "http"
+			if tc.tls {
+				scheme = "https"
+			}
+			g := startGatewayScheme(t, scheme, env)
+			if tc.tls {
+				c, err := tls.Dial("tcp", g.DataAddr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2", "http/1.1"}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if p := c.ConnectionState().NegotiatedProtocol; p != "http/1.1" {
+					t.Errorf("ALPN gave %q to a client offering h2 and http/1.1, want http/1.1", p)
+				}
+				c.Close()
+				c, err = tls.Dial("tcp", g.DataAddr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}})
+				if err == nil {
+					t.Errorf("a client offering h2 alone got through its handshake (ALPN %q)", c.ConnectionState().NegotiatedProtocol)
+					c.Close()
+				}
+				client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+					TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, ForceAttemptHTTP2: true}}
+				resp, err := client.Get(g.URL + "/absent")
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.ProtoMajor != 1 || resp.StatusCode != http.StatusNotFound {
+					t.Errorf("GET /absent from Go's client ready for HTTP/2 = %s %d, want HTTP/1.1 404", resp.Proto, resp.StatusCode)
+				}
+			}
+
+			// HTTP/2 with prior knowledge: the preface and an empty
+			// SETTINGS frame.
+			c, err := net.Dial("tcp", g.DataAddr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if tc.tls {
+				tc := tls.Client(c, &tls.Config{InsecureSkipVerify: true})
+				if err := tc.Handshake(); err != nil {
+					t.Fatal(err)
+				}
+				c = tc
+			}
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			io.WriteString(c, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("HTTP/2 prior knowledge: %v", err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusHTTPVersionNotSupported || !strings.Contains(string(body), "HTTP/2 is not served") {
+				t.Errorf("HTTP/2 prior knowledge = %d %q, want 505 saying HTTP/2 is not served", resp.StatusCode, body)
+			}
+			if _, err := io.Copy(io.Discard, br); err != nil {
+				t.Errorf("the connection was not closed after the 505: %v", err)
+			}
+		})
+	}
 }
