@@ -33,14 +33,6 @@ import (
 //     (ICMP port unreachable, here or on a set's write) take it down.
 //     SetQuiet sends datagrams only while the node and its port are up.
 
-// prober is what health checking needs from a node's probe client.
-// *memcache.Client implements it.
-type prober interface {
-	Ping() error
-	FlushAll() error
-	Close() error
-}
-
 // healthPolicy is the cluster-wide part of health checking, shared by all
 // nodes. It holds atomics: it must not be copied.
 type healthPolicy struct {
@@ -217,7 +209,8 @@ func (n *node) admit() bool {
 
 // Run checks every node actively until ctx is done: a round at once, then
 // one every Health.Interval. Rounds never overlap: each waits for all its
-// probes. Run returns nil when ctx is done.
+// probes. Run returns nil when ctx is done, without waiting for the
+// probes in flight: they end with ctx.
 func (c *Cluster) Run(ctx context.Context) error {
 	t := time.NewTicker(c.opts.Health.Interval)
 	defer t.Stop()
@@ -237,39 +230,68 @@ func (c *Cluster) Run(ctx context.Context) error {
 	}
 }
 
-// checkAll runs one probe round: every node in parallel, synchronously,
-// and closes the removed nodes that have nothing left in flight.
+// checkAll runs one probe round, synchronously, and closes the removed
+// nodes that have nothing left in flight. Every node's TCP probe comes
+// before the UDP probes, so that ports that do not answer delay no
+// node's health; at most maxProbes run at once, on as many goroutines.
+// A probe ends within Health.Timeout, so a round of hanging nodes takes
+// a Health.Timeout per maxProbes of them (plus the re-admissions, whose
+// flushes and deletes are bounded by their own timeouts). The round
+// ends as soon as ctx does: the probes in flight are cut short, and
+// those not started are not.
 func (c *Cluster) checkAll(ctx context.Context) {
 	c.closeRetired()
-	var wg sync.WaitGroup
-	for _, n := range c.topo.Load().nodes {
-		wg.Go(func() {
-			defer func() {
-				if r := recover(); r != nil {
-					c.log.Error("probe panicked", "node", n.name, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
-				}
-			}()
-			c.checkNode(ctx, n)
-		})
+	nodes := c.topo.Load().nodes
+	type check struct {
+		n   *node
+		udp bool
+	}
+	checks := make([]check, 0, len(nodes))
+	for _, n := range nodes {
+		checks = append(checks, check{n, false})
+	}
+	for _, n := range nodes {
 		if n.udp != nil {
-			wg.Go(func() {
-				defer func() {
-					if r := recover(); r != nil {
-						c.log.Error("UDP probe panicked", "node", n.name, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
-					}
-				}()
-				c.checkUDP(ctx, n)
-			})
+			checks = append(checks, check{n, true})
 		}
 	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(len(checks), maxProbes) {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				i := int(next.Add(1) - 1)
+				if i >= len(checks) {
+					return
+				}
+				c.runCheck(ctx, checks[i].n, checks[i].udp)
+			}
+		})
+	}
 	wg.Wait()
+}
+
+// runCheck checks one node, or its UDP port, logging a panic instead of
+// ending the round's goroutine with the process (a panic of the probe
+// itself is a failed probe: probeOnce).
+func (c *Cluster) runCheck(ctx context.Context, n *node, udp bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			c.log.Error("health check panicked", "node", n.name, "udp", udp, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+		}
+	}()
+	if udp {
+		c.checkUDP(ctx, n)
+	} else {
+		c.checkNode(ctx, n)
+	}
 }
 
 // checkUDP probes a node's UDP port and applies the result (see udpPort).
 // Changes are logged: up at Info, down at Warn.
 func (c *Cluster) checkUDP(ctx context.Context, n *node) {
 	u := n.udp
-	err := u.check(c.opts.Health.Timeout)
+	err := u.check(ctx, c.opts.Health.Timeout)
 	if ctx.Err() != nil || n.retired.Load() {
 		return // shutting down, or removed meanwhile: a probe says nothing
 	}
@@ -292,14 +314,15 @@ func (c *Cluster) checkUDP(ctx context.Context, n *node) {
 	}
 }
 
+// checkNode probes a node and applies the result: an ejection after
+// Health.Fall failures, a re-admission after Health.Rise passes.
 func (c *Cluster) checkNode(ctx context.Context, n *node) {
-	err := n.probe.Ping()
+	err := c.probeOnce(ctx, n, false)
 	if ctx.Err() != nil || n.retired.Load() {
 		return // shutting down, or removed meanwhile: a probe says nothing
 	}
 	if err != nil {
 		n.m.probeFail.Inc()
-		err = classify(n.name, "probe", err)
 	} else {
 		n.m.probeOK.Inc()
 	}
@@ -320,9 +343,12 @@ func (c *Cluster) checkNode(ctx context.Context, n *node) {
 func (c *Cluster) readmit(ctx context.Context, n *node) {
 	if owed := n.flushOwed.Load(); owed || c.health.readmitFlush.Load() {
 		// Start it empty: the keys written elsewhere are moot.
-		if ferr := n.probe.FlushAll(); ferr != nil {
-			n.log.Warn("flush before re-admission failed; staying down", "err", ferr.Error())
+		if ferr := c.probeOnce(ctx, n, true); ferr != nil {
 			n.resetPasses()
+			if ctx.Err() != nil {
+				return // shutting down: the flush says nothing
+			}
+			n.log.Warn("flush before re-admission failed; staying down", "err", ferr.Error())
 			return
 		}
 		if owed {
@@ -336,9 +362,12 @@ func (c *Cluster) readmit(ctx context.Context, n *node) {
 	}
 	deleted, err := c.invalidateStale(ctx, n, n.stale.take())
 	if err != nil {
+		n.resetPasses()
+		if ctx.Err() != nil {
+			return // shutting down: the keys left stay recorded
+		}
 		n.log.Warn("deleting keys written to other nodes while it was down failed; staying down",
 			"deleted", deleted, "left", n.stale.len(), "err", err.Error())
-		n.resetPasses()
 		return
 	}
 	if !n.admit() {

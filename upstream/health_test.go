@@ -22,14 +22,14 @@ type fakeProber struct {
 	flushes atomic.Int32
 }
 
-func (f *fakeProber) Ping() error {
+func (f *fakeProber) Ping(context.Context) error {
 	if f.ok.Load() {
 		return nil
 	}
 	return &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
 }
-func (f *fakeProber) FlushAll() error { f.flushes.Add(1); return nil }
-func (f *fakeProber) Close() error    { return nil }
+func (f *fakeProber) FlushAll(context.Context) error { f.flushes.Add(1); return nil }
+func (f *fakeProber) Close() error                   { return nil }
 
 // fakeCluster builds a cluster of n nodes at unused addresses whose probes
 // are fakes, all answering ok.

@@ -137,11 +137,7 @@ func newNode(name string, o *Options, pol *healthPolicy, share *requestShare, m 
 		mc.DialContext = n.dial
 		n.client = pooled{mc}
 	}
-	probe := memcache.NewFromSelector(selector{addr(name)})
-	probe.Timeout = o.Health.Timeout
-	probe.MaxIdleConns = 1
-	probe.DialContext = dialer
-	n.probe = probe
+	n.probe = &probeClient{addr: name, timeout: o.Health.Timeout, dial: dialer}
 	n.up.Store(true)
 	n.since = time.Now()
 	n.reason = "configured"

@@ -137,7 +137,7 @@ var errUDPReply = errors.New("upstream: UDP probe: unexpected reply")
 // check sends one version request from the probe socket and waits up to
 // timeout for memcached's answer to it; answers to earlier probes that
 // came late are skipped.
-func (u *udpPort) check(timeout time.Duration) error {
+func (u *udpPort) check(ctx context.Context, timeout time.Duration) error {
 	u.pmu.Lock()
 	c := u.probe
 	if c == nil {
@@ -149,6 +149,10 @@ func (u *udpPort) check(timeout time.Duration) error {
 		u.probe = c
 	}
 	u.pmu.Unlock()
+	// A context that ends wakes the read at once (a deadline error,
+	// which keeps the socket).
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
 	err := u.ask(c, timeout)
 	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 		// A refusal or a closed socket: start afresh next time.

@@ -5,13 +5,15 @@
 // node, places keys on a consistent-hash ring, checks node health actively
 // and passively, and fails over to the next node on the ring.
 //
-// Goroutines: Run (health checks) is the caller's. Besides it, each
-// pipelined connection has a reader goroutine (package mcpipe) from its
-// first use to its failure or Close; a multi-get runs one goroutine per
-// node batch for its duration; a DoAsync read that fails on a transport
-// error is retried on a goroutine of its own; and SetServers probes each
-// node it adds on a goroutine of its own, which ends with the probe's
-// socket timeouts at most. No gomemcache type or error leaves the
+// Goroutines: Run (health checks) is the caller's; each probe round
+// runs at most maxProbes (64) goroutines, which end with the round.
+// Besides, each pipelined connection has a reader goroutine (package
+// mcpipe) from its first use to its failure or Close; a multi-get runs
+// one goroutine per node batch for its duration; a DoAsync read that
+// fails on a transport error is retried on a goroutine of its own; and
+// SetServers probes the nodes it adds on goroutines of their own, at
+// most maxProbes at once, each ending within one probe timeout or when
+// SetServers's context ends. No gomemcache type or error leaves the
 // package.
 package upstream
 
@@ -125,7 +127,9 @@ type Options struct {
 	// (MEMCGATE_BATCH_GETS).
 	BatchGets bool
 	// Dialer opens data and probe connections; if nil, a net.Dialer with
-	// Timeout. TLS to memcached plugs in here.
+	// Timeout. TLS to memcached plugs in here. It must return when ctx
+	// ends (a TLS handshake included): a probe's deadline and a
+	// shutdown reach the dial only through ctx.
 	Dialer func(ctx context.Context, network, address string) (net.Conn, error)
 	// Copies is how many nodes at the head of each key's chain hold its
 	// copies: the copies a caller keeping replicas asks Replicas for
@@ -364,7 +368,7 @@ type Change struct {
 // closed by Run once idle. With a consistent distribution only the keys
 // of the nodes added or removed move.
 //
-// The nodes added are probed first (probeAdded): at most maxAddProbes at
+// The nodes added are probed first (probeAdded): at most maxProbes at
 // once, and for at most one Health.Timeout however many they are, or
 // until ctx is done. One that answered takes traffic; one that did not
 // starts down and waits for Rise probes like any down node. A node added
@@ -458,13 +462,6 @@ func (c *Cluster) SetServers(ctx context.Context, servers []Server, dist hashrin
 	return ch, nil
 }
 
-// maxAddProbes bounds the probes SetServers runs at once, each a
-// goroutine and a connection (MEMCGATE_MAX_NODES lets a reload add 256
-// nodes). A node that answers frees its place within a round trip: only
-// this many nodes that hang keep the others from being probed before
-// the wait ends, and those then start down.
-const maxAddProbes = 64
-
 // addedProbe is the probe of one node SetServers adds (or, for a node
 // added again under Health.ReadmitFlush, its flush) and its outcome.
 type addedProbe struct {
@@ -474,11 +471,14 @@ type addedProbe struct {
 	err      error // nil if the node answered in time; else why not
 }
 
-// probeAdded probes or flushes the nodes of probes, at most maxAddProbes
+// probeAdded probes or flushes the nodes of probes, at most maxProbes
 // at once, and waits for them for at most one Health.Timeout in all, or
-// until ctx is done. A probe still running then goes on on its own
-// goroutine, for at most its socket timeouts, and its answer is dropped:
-// its node starts down, and the health checker admits it.
+// until ctx is done. A node that answers frees its place within a round
+// trip: only maxProbes nodes that hang keep the others from being probed
+// before the wait ends, and those then start down. A probe still running
+// then goes on on its own goroutine, for at most one Health.Timeout or
+// until ctx is done, and its answer is dropped: its node starts down,
+// and the health checker admits it.
 func (c *Cluster) probeAdded(ctx context.Context, probes []addedProbe) {
 	if len(probes) == 0 {
 		return
@@ -491,7 +491,7 @@ func (c *Cluster) probeAdded(ctx context.Context, probes []addedProbe) {
 		err error
 	}
 	answers := make(chan answer, len(probes)) // buffered: a late probe never blocks
-	slots := make(chan struct{}, maxAddProbes)
+	slots := make(chan struct{}, maxProbes)
 	record := func(a answer) {
 		probes[a.i].answered, probes[a.i].err = true, a.err
 	}
@@ -511,7 +511,7 @@ func (c *Cluster) probeAdded(ctx context.Context, probes []addedProbe) {
 			}
 			go func() {
 				defer func() { <-slots }()
-				answers <- answer{i, c.probeOnce(n, flush)}
+				answers <- answer{i, c.probeOnce(ctx, n, flush)}
 			}()
 		case a := <-answers:
 			record(a)
@@ -542,8 +542,9 @@ drain: // answers in before the wait ended
 }
 
 // probeOnce pings n, or flushes it if flush, and returns the classified
-// error; a panic is one.
-func (c *Cluster) probeOnce(n *node, flush bool) (err error) {
+// error; a panic is one. It returns within Health.Timeout, or when ctx
+// ends.
+func (c *Cluster) probeOnce(ctx context.Context, n *node, flush bool) (err error) {
 	what := "probe"
 	if flush {
 		what = "flush"
@@ -555,9 +556,9 @@ func (c *Cluster) probeOnce(n *node, flush bool) (err error) {
 		}
 	}()
 	if flush {
-		err = n.probe.FlushAll()
+		err = n.probe.FlushAll(ctx)
 	} else {
-		err = n.probe.Ping()
+		err = n.probe.Ping(ctx)
 	}
 	return classify(n.name, what, err)
 }
