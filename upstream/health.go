@@ -437,7 +437,7 @@ func (n *node) startDown(cause error) bool {
 	n.since, n.reason = time.Now(), "added, first probe failed: "+cause.Error()
 	n.mu.Unlock()
 	n.m.up.Set(0)
-	n.log.Warn("node added but down", "err", cause.Error())
+	n.log.Debug("node added but down", "err", cause.Error()) // SetServers logs one line for all
 	return true
 }
 

@@ -388,6 +388,7 @@ func (c *Cluster) SetServers(ctx context.Context, servers []Server, dist hashrin
 	}
 	var ch Change
 	probes := make([]addedProbe, len(added))
+	var again []string // added again, not flushed
 	c.mu.Lock()
 	for i, n := range added {
 		ch.Added = append(ch.Added, n.name)
@@ -403,25 +404,33 @@ func (c *Cluster) SetServers(ctx context.Context, servers []Server, dist hashrin
 			delete(c.removed, n.name)
 			probes[i].flush = c.health.readmitFlush.Load()
 			if !probes[i].flush {
-				n.log.Warn("added again after a reload removed it: keys written on other nodes meanwhile may read stale from it until written again (MEMCGATE_READMIT_FLUSH=true flushes such a node)")
+				again = append(again, n.name)
 			}
 		}
 	}
 	c.mu.Unlock()
+	if len(again) > 0 {
+		c.log.Warn(fmt.Sprintf("%d nodes added again after a reload removed them: keys written on other nodes meanwhile may read stale from them until written again (MEMCGATE_READMIT_FLUSH=true flushes such a node)", len(again)),
+			nodesAttrs(again)...)
+	}
 	c.probeAdded(ctx, probes)
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	down := 0
+	var down, flushed []string
+	var downErr error // the first node's that starts down
 	for _, p := range probes {
 		switch {
 		case p.err != nil:
 			if p.n.startDown(p.err) {
-				down++
+				down = append(down, p.n.name)
+				if downErr == nil {
+					downErr = p.err
+				}
 			}
 		case p.flush:
 			p.n.flushOwed.Store(false)
-			p.n.log.Info("added again and flushed: it held values from before its removal")
+			flushed = append(flushed, p.n.name)
 		}
 	}
 	stays := map[*node]bool{}
@@ -447,12 +456,22 @@ func (c *Cluster) SetServers(ctx context.Context, servers []Server, dist hashrin
 	// Counted down once they are in the ring that Ready and panic mode
 	// count them against: counted before, nodes added that do not answer
 	// would take nodes up from the old ring's count.
-	c.health.down.Add(int32(down))
+	c.health.down.Add(int32(len(down)))
 	for _, name := range ch.Removed {
 		c.m.forget(name)
 	}
 	if len(ch.Added)+len(ch.Removed) > 0 || ch.Reweighted {
 		c.log.Info("servers changed", "added", ch.Added, "removed", ch.Removed, "reweighted", ch.Reweighted, "nodes", len(t.nodes))
+	}
+	if len(flushed) > 0 {
+		c.log.Info(fmt.Sprintf("%d nodes added again and flushed: they held values from before their removal", len(flushed)), nodesAttrs(flushed)...)
+	}
+	if len(down) > 0 {
+		// One line for them all: a reload into a network partition adds
+		// many at once. Each node's own error is on the status page
+		// (NodeStatus.Reason) and in a debug line.
+		c.log.Warn(fmt.Sprintf("%d of %d nodes added start down: their first probe failed or did not answer in time; each takes traffic once MEMCGATE_HEALTH_RISE probes pass", len(down), len(ch.Added)),
+			append(nodesAttrs(down), "err", downErr.Error())...)
 	}
 	if len(ch.KeysBack) > 0 {
 		c.log.Warn("keys go back to nodes that held them under an earlier server list (a node added and removed again, a weight change undone, replicas lowered and raised again, a SERVERS_DNS answer that flaps): "+
@@ -460,6 +479,20 @@ func (c *Cluster) SetServers(ctx context.Context, servers []Server, dist hashrin
 			"nodes", ch.KeysBack)
 	}
 	return ch, nil
+}
+
+// maxLoggedNodes is how many nodes a log line about many of them
+// names; the status page and the reload history list every one.
+const maxLoggedNodes = 5
+
+// nodesAttrs are the log attributes naming nodes: "nodes", the first
+// maxLoggedNodes of names, and "more", how many others there are, if
+// any.
+func nodesAttrs(names []string) []any {
+	if len(names) <= maxLoggedNodes {
+		return []any{"nodes", names}
+	}
+	return []any{"nodes", names[:maxLoggedNodes], "more", len(names) - maxLoggedNodes}
 }
 
 // addedProbe is the probe of one node SetServers adds (or, for a node
