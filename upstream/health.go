@@ -221,6 +221,11 @@ func (c *Cluster) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+			if ctx.Err() != nil {
+				// A tick that came during the last round can be chosen
+				// over ctx.Done: no round starts after ctx ended.
+				return nil
+			}
 			c.checkAll(ctx)
 			// A round that waited for timeouts must not be followed at once
 			// by the tick that queued meanwhile: Rise passes in a row should
