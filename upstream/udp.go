@@ -135,8 +135,8 @@ func refused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
 var errUDPReply = errors.New("upstream: UDP probe: unexpected reply")
 
 // check sends one version request from the probe socket and waits up to
-// timeout for memcached's answer to it; answers to earlier probes that
-// came late are skipped.
+// timeout, or until ctx ends, for memcached's answer to it; answers to
+// earlier probes that came late are skipped.
 func (u *udpPort) check(ctx context.Context, timeout time.Duration) error {
 	u.pmu.Lock()
 	c := u.probe
@@ -149,13 +149,18 @@ func (u *udpPort) check(ctx context.Context, timeout time.Duration) error {
 		u.probe = c
 	}
 	u.pmu.Unlock()
-	// A context that ends wakes the read at once (a deadline error,
-	// which keeps the socket).
-	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-	err := u.ask(c, timeout)
-	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
-		// A refusal or a closed socket: start afresh next time.
+	err := c.SetDeadline(time.Now().Add(timeout))
+	cut := false
+	if err == nil {
+		// A context that ends wakes the read at once; set after the
+		// probe's own deadline, so that it is never overwritten.
+		stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
+		err = u.ask(c)
+		cut = !stop()
+	}
+	if cut || err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		// Cut short, a refusal or a closed socket: start afresh next
+		// time. A timeout keeps the socket: a late answer is skipped.
 		u.pmu.Lock()
 		if u.probe == c {
 			u.probe = nil
@@ -166,12 +171,11 @@ func (u *udpPort) check(ctx context.Context, timeout time.Duration) error {
 	return err
 }
 
-func (u *udpPort) ask(c *net.UDPConn, timeout time.Duration) error {
+// ask sends a version request on c and reads until its answer, within
+// c's deadline.
+func (u *udpPort) ask(c *net.UDPConn) error {
 	id, req := u.header(make([]byte, 0, 8+len("version\r\n")))
 	req = append(req, "version\r\n"...)
-	if err := c.SetDeadline(time.Now().Add(timeout)); err != nil {
-		return err
-	}
 	if _, err := c.Write(req); err != nil {
 		return err
 	}
