@@ -197,7 +197,8 @@ func TestRunStopsWithContext(t *testing.T) {
 	go func() { c.Run(ctx); close(done) }()
 	waitFor(t, 30*time.Second, "the blackholed node's probe in flight", func() bool { return px.Stats().Accepted > 0 })
 	var b [64]byte
-	if _, _, err := udp.ReadFrom(b[:]); err != nil {
+	udp.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if _, _, err := udp.ReadFrom(b[:]); err != nil { // the UDP probe in flight
 		t.Fatal(err)
 	}
 	start := time.Now()
