@@ -783,7 +783,7 @@ func (h *handler) parseOp(b batchOp) parsedOp {
 			return fail("encoding " + strconv.Quote(b.Encoding) + " is not \"\" or \"base64\"")
 		}
 		if int64(len(o.Item.Value)) > h.opts.MaxValueBytes {
-			p.invalid = &requestError{status: http.StatusRequestEntityTooLarge, msg: "value is " + strconv.Itoa(len(o.Item.Value)) + " bytes; at most " + strconv.FormatInt(h.opts.MaxValueBytes, 10) + " are accepted"}
+			p.invalid = &requestError{kind: kindTooLarge, msg: "value is " + strconv.Itoa(len(o.Item.Value)) + " bytes; at most " + strconv.FormatInt(h.opts.MaxValueBytes, 10) + " are accepted"}
 			return p
 		}
 	}

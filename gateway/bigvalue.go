@@ -109,7 +109,7 @@ func (h *handler) renewWrite(w http.ResponseWriter) {
 
 // bigTooLarge answers a body over BigValueMaxBytes.
 func bigTooLarge(n string, limit int64) error {
-	return &requestError{status: http.StatusRequestEntityTooLarge, msg: "request body is " + n + " bytes; at most " + strconv.FormatInt(limit, 10) + " are accepted (MEMCGATE_BIG_VALUE_MAX_BYTES)"}
+	return &requestError{kind: kindTooLarge, msg: "request body is " + n + " bytes; at most " + strconv.FormatInt(limit, 10) + " are accepted (MEMCGATE_BIG_VALUE_MAX_BYTES)"}
 }
 
 // chunkCtx is the context of r's memcached work on chunks: the request's

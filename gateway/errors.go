@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
 
 	"github.com/memcgate/memcgate/gateway/chunk"
 	"github.com/memcgate/memcgate/upstream"
@@ -15,22 +16,100 @@ import (
 // (The HttpMemcModule endpoints answer as the module does, with their own
 // mapping in package memc.)
 
+// requestKind is what was wrong with a request, found before anything
+// was sent to memcached. The check that finds it says which kind and
+// why (requestError); kindStatus alone turns the kind into a status. A
+// requestKind is an error, as syscall.Errno is, so that
+// errors.Is(err, kindTooLarge) finds the kind in err's chain.
+type requestKind uint8
+
+// The kinds of requestError.
+const (
+	kindInvalid     requestKind = iota + 1 // the request is malformed or makes no sense
+	kindTooLarge                           // a body or value over its limit
+	kindBodyTooSlow                        // the body did not arrive within the read timeout
+	kindMethod                             // the method is not one the path serves
+	kindMisdirected                        // the Host is not a name of this gateway
+	kindNoToken                            // no bearer token, or one the gateway does not know
+	kindNoScope                            // the token lacks the scope the request needs
+	kindReadOnly                           // a write in read-only mode
+	kindOtherSite                          // a write a browser sent from another site's page
+	kindRange                              // a range that starts past the value's end
+	kindHTTPVersion                        // a protocol version the gateway does not speak (HTTP/2)
+	kindEnd                                // not a kind: every kind is below it
+)
+
+func (k requestKind) Error() string {
+	switch k {
+	case kindInvalid:
+		return "gateway: invalid request"
+	case kindTooLarge:
+		return "gateway: too large"
+	case kindBodyTooSlow:
+		return "gateway: request body too slow"
+	case kindMethod:
+		return "gateway: method not allowed"
+	case kindMisdirected:
+		return "gateway: misdirected request"
+	case kindNoToken:
+		return "gateway: missing or unknown bearer token"
+	case kindNoScope:
+		return "gateway: token lacks the scope"
+	case kindReadOnly:
+		return "gateway: read-only mode"
+	case kindOtherSite:
+		return "gateway: write from another site"
+	case kindRange:
+		return "gateway: range not satisfiable"
+	case kindHTTPVersion:
+		return "gateway: HTTP version not served"
+	}
+	return "gateway: request error of unknown kind " + strconv.Itoa(int(k))
+}
+
+// kindStatus is the status of a request refused for kind k.
+func kindStatus(k requestKind) int {
+	switch k {
+	case kindInvalid:
+		return http.StatusBadRequest
+	case kindTooLarge:
+		return http.StatusRequestEntityTooLarge
+	case kindBodyTooSlow:
+		return http.StatusRequestTimeout
+	case kindMethod:
+		return http.StatusMethodNotAllowed
+	case kindMisdirected:
+		return http.StatusMisdirectedRequest
+	case kindNoToken:
+		return http.StatusUnauthorized
+	case kindNoScope, kindReadOnly, kindOtherSite:
+		return http.StatusForbidden
+	case kindRange:
+		return http.StatusRequestedRangeNotSatisfiable
+	case kindHTTPVersion:
+		return http.StatusHTTPVersionNotSupported
+	}
+	return http.StatusInternalServerError
+}
+
 // requestError is a problem with the request itself, found before anything
-// was sent to memcached. Its message is the response body.
+// was sent to memcached: its kind, and a message that is the response
+// body. It wraps its kind.
 type requestError struct {
-	status int
-	msg    string
-	allow  string // the Allow header of a 405
+	kind  requestKind
+	msg   string
+	allow string // kindMethod: the methods the path serves, the Allow header
 }
 
 func (e *requestError) Error() string { return e.msg }
+func (e *requestError) Unwrap() error { return e.kind }
 
 // errHTTP2 answers HTTP/2 with prior knowledge (the preface, PRI *
 // HTTP/2.0, which net/http passes on as a request): the gateway speaks
 // HTTP/1.x only (docs/decisions/0038).
-var errHTTP2 = &requestError{status: http.StatusHTTPVersionNotSupported, msg: "HTTP/2 is not served: send HTTP/1.1 (over TLS, ALPN offers http/1.1 alone)"}
+var errHTTP2 = &requestError{kind: kindHTTPVersion, msg: "HTTP/2 is not served: send HTTP/1.1 (over TLS, ALPN offers http/1.1 alone)"}
 
-func badRequest(msg string) error { return &requestError{status: http.StatusBadRequest, msg: msg} }
+func badRequest(msg string) error { return &requestError{kind: kindInvalid, msg: msg} }
 
 // overloadError is a request refused because the gateway is at one of its
 // limits: 503 with Retry-After.
@@ -106,7 +185,7 @@ func errorStatus(err error) (status int, msg string, retry bool) {
 	case errors.As(err, &ve):
 		return http.StatusBadGateway, ve.Error(), false
 	case errors.As(err, &re):
-		return re.status, re.msg, false
+		return kindStatus(re.kind), re.msg, false
 	case errors.Is(err, upstream.ErrNotFound):
 		return http.StatusNotFound, "not found", false
 	case errors.Is(err, chunk.ErrMissing):
@@ -163,12 +242,19 @@ func unreachable(err error) bool {
 // own format: its status, message, and whether to send Retry-After.
 func Status(err error) (status int, msg string, retryAfter bool) { return errorStatus(err) }
 
-// writeError answers a failed request with a short text/plain body.
+// writeError answers a failed request with a short text/plain body, and
+// the header its kind calls for: Allow on a 405, the bearer challenge on
+// a 401.
 func writeError(w http.ResponseWriter, err error) {
 	status, msg, retry := errorStatus(err)
 	var re *requestError
-	if errors.As(err, &re) && re.allow != "" {
-		w.Header().Set("Allow", re.allow)
+	if errors.As(err, &re) {
+		switch re.kind {
+		case kindMethod:
+			w.Header().Set("Allow", re.allow)
+		case kindNoToken:
+			w.Header().Set("WWW-Authenticate", `Bearer realm="memcgate"`)
+		}
 	}
 	writeStatus(w, status, msg, retry)
 }

@@ -162,7 +162,7 @@ func (c *HostCheck) refuse(w http.ResponseWriter, r *http.Request, listener stri
 		host = host[:maxHostShown] + "…"
 	}
 	c.refused.WithLabelValues(listener).Inc()
-	writeError(w, &requestError{status: http.StatusMisdirectedRequest, msg: "Host " + strconv.Quote(host) +
+	writeError(w, &requestError{kind: kindMisdirected, msg: "Host " + strconv.Quote(host) +
 		" is not a name of this gateway: use its IP address or localhost, or list the name in MEMCGATE_ALLOWED_HOSTS (refused so that a web page that makes its own name resolve here, DNS rebinding, cannot use the gateway)"})
 	now := time.Now()
 	c.mu.Lock()

@@ -332,7 +332,7 @@ func (v *valueRoom) holdRead(res op.Result) bool {
 func (l *limits) readBody(r *http.Request, limit int64) ([]byte, error) {
 	rc := reqCtx(r)
 	tooLarge := func(n string) error {
-		return &requestError{status: http.StatusRequestEntityTooLarge, msg: "request body is " + n + " bytes; at most " + strconv.FormatInt(limit, 10) + " are accepted"}
+		return &requestError{kind: kindTooLarge, msg: "request body is " + n + " bytes; at most " + strconv.FormatInt(limit, 10) + " are accepted"}
 	}
 	cl := r.ContentLength
 	if cl > limit {
@@ -486,7 +486,7 @@ func bodyError(err error, n int, cl int64) error {
 	case errors.Is(err, budget.ErrExhausted):
 		return errBudget // the server's read ahead (h1) was refused
 	case errors.As(err, &ne) && ne.Timeout():
-		return &requestError{status: http.StatusRequestTimeout, msg: "request body did not arrive within MEMCGATE_READ_TIMEOUT"}
+		return &requestError{kind: kindBodyTooSlow, msg: "request body did not arrive within MEMCGATE_READ_TIMEOUT"}
 	case cl >= 0:
 		return badRequest("request body ended after " + strconv.Itoa(n) + " of " + strconv.FormatInt(cl, 10) + " bytes")
 	}

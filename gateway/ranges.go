@@ -102,5 +102,5 @@ func contentRange(off, end, size int64) string {
 
 // errRange answers a range that starts past the value's end.
 func errRange(size int64) error {
-	return &requestError{status: http.StatusRequestedRangeNotSatisfiable, msg: "range not satisfiable: the value is " + strconv.FormatInt(size, 10) + " bytes"}
+	return &requestError{kind: kindRange, msg: "range not satisfiable: the value is " + strconv.FormatInt(size, 10) + " bytes"}
 }

@@ -71,7 +71,7 @@ func (h keyParser) parseKeyRequest(r *http.Request) (keyRequest, error) {
 	case http.MethodPost:
 		return kr, h.parsePost(q, o)
 	default:
-		return kr, &requestError{status: http.StatusMethodNotAllowed, msg: "method " + r.Method + " is not allowed; use " + allowed, allow: allowed}
+		return kr, &requestError{kind: kindMethod, msg: "method " + r.Method + " is not allowed; use " + allowed, allow: allowed}
 	}
 	return kr, nil
 }

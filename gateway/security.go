@@ -66,23 +66,24 @@ func (t Tokens) Scopes(r *http.Request) (Scope, bool) {
 	return found, ok == 1
 }
 
-// require answers 401 without a valid token and 403 without the scope.
+// require answers a request without a valid token or without the scope
+// need (writeError), and reports whether it may go on.
 func (t Tokens) require(w http.ResponseWriter, r *http.Request, need Scope) bool {
 	return refuse(w, t.check(r, need))
 }
 
-// check returns why the request may not go on: 401 without a valid token,
-// 403 without the scope; nil if it may.
+// check returns why the request may not go on: no valid token
+// (kindNoToken) or not the scope (kindNoScope); nil if it may.
 func (t Tokens) check(r *http.Request, need Scope) *requestError {
 	if !t.Enabled() {
 		return nil
 	}
 	have, ok := t.Scopes(r)
 	if !ok {
-		return &requestError{status: http.StatusUnauthorized, msg: "missing or unknown bearer token"}
+		return &requestError{kind: kindNoToken, msg: "missing or unknown bearer token"}
 	}
 	if have&need == 0 {
-		return &requestError{status: http.StatusForbidden, msg: "token lacks the " + need.String() + " scope"}
+		return &requestError{kind: kindNoScope, msg: "token lacks the " + need.String() + " scope"}
 	}
 	return nil
 }
@@ -92,9 +93,6 @@ func (t Tokens) check(r *http.Request, need Scope) *requestError {
 func refuse(w http.ResponseWriter, e *requestError) bool {
 	if e == nil {
 		return true
-	}
-	if e.status == http.StatusUnauthorized {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="memcgate"`)
 	}
 	writeError(w, e)
 	return false
@@ -178,7 +176,7 @@ func (g guard) access(r *http.Request) *requestError {
 	rules := g.a.rules()
 	need := scopeFor(r)
 	if rules.readOnly && need == ScopeWrite && r.Method != http.MethodOptions {
-		return &requestError{status: http.StatusForbidden, msg: "read-only mode: writes are disabled (MEMCGATE_READ_ONLY)"}
+		return &requestError{kind: kindReadOnly, msg: "read-only mode: writes are disabled (MEMCGATE_READ_ONLY)"}
 	}
 	if need != ScopeRead && !rules.tokens.Enabled() && FromOtherSite(r) {
 		return errOtherSite
@@ -188,7 +186,7 @@ func (g guard) access(r *http.Request) *requestError {
 
 // errOtherSite refuses a write that FromOtherSite says a browser sent from
 // another site's page.
-var errOtherSite = &requestError{status: http.StatusForbidden, msg: "a browser sent this write from a page of another site (Sec-Fetch-Site, Origin): refused, so that web pages cannot change the cache; writes from pages need a bearer token (MEMCGATE_AUTH_TOKENS)"}
+var errOtherSite = &requestError{kind: kindOtherSite, msg: "a browser sent this write from a page of another site (Sec-Fetch-Site, Origin): refused, so that web pages cannot change the cache; writes from pages need a bearer token (MEMCGATE_AUTH_TOKENS)"}
 
 // FromOtherSite reports whether a browser says r comes from a page of
 // another origin: Sec-Fetch-Site is cross-site or same-site or, from a
