@@ -120,7 +120,7 @@ func memcacheBool(body []byte) []byte {
 func inflateUnsized(data []byte, maxSize int, hold Hold) ([]byte, error) {
 	r, err := zlib.NewReader(bytes.NewReader(data))
 	if err != nil {
-		return nil, fmt.Errorf("%w: zlib: %v", ErrCorrupt, err)
+		return nil, fmt.Errorf("%w: zlib: %w", ErrCorrupt, err)
 	}
 	defer r.Close()
 	var buf []byte
@@ -147,7 +147,7 @@ func inflateUnsized(data []byte, maxSize int, hold Hold) ([]byte, error) {
 			break
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%w: zlib: %v", ErrCorrupt, err)
+			return nil, fmt.Errorf("%w: zlib: %w", ErrCorrupt, err)
 		}
 	}
 	if len(buf) > maxSize {

@@ -283,13 +283,13 @@ func decompress(flags uint32, payload []byte, maxSize int, hold Hold) ([]byte, e
 func inflate(data []byte, want int, exact bool) ([]byte, error) {
 	r, err := zlib.NewReader(bytes.NewReader(data))
 	if err != nil {
-		return nil, fmt.Errorf("%w: zlib: %v", ErrCorrupt, err)
+		return nil, fmt.Errorf("%w: zlib: %w", ErrCorrupt, err)
 	}
 	defer r.Close()
 	if exact {
 		buf := make([]byte, want)
 		if n, err := io.ReadFull(r, buf); err != nil {
-			return nil, fmt.Errorf("%w: zlib data decodes to %d bytes, stored length is %d (%v)", ErrCorrupt, n, want, err)
+			return nil, fmt.Errorf("%w: zlib data decodes to %d bytes, stored length is %d (%w)", ErrCorrupt, n, want, err)
 		}
 		// One byte past want tells "too long" from "exactly want", and
 		// reading to the end checks the stream's checksum.
@@ -298,7 +298,7 @@ func inflate(data []byte, want int, exact bool) ([]byte, error) {
 		case err == nil:
 			return nil, fmt.Errorf("%w: zlib data decodes to more than %d bytes, the stored length", ErrCorrupt, want)
 		case err != io.EOF:
-			return nil, fmt.Errorf("%w: zlib: %v", ErrCorrupt, err)
+			return nil, fmt.Errorf("%w: zlib: %w", ErrCorrupt, err)
 		}
 		return buf, nil
 	}
@@ -307,7 +307,7 @@ func inflate(data []byte, want int, exact bool) ([]byte, error) {
 	buf.Grow(min(want, 8*len(data)+512))
 	// One byte past want tells "too long" from "exactly want".
 	if _, err := io.Copy(&buf, io.LimitReader(r, int64(want)+1)); err != nil {
-		return nil, fmt.Errorf("%w: zlib: %v", ErrCorrupt, err)
+		return nil, fmt.Errorf("%w: zlib: %w", ErrCorrupt, err)
 	}
 	if buf.Len() != want {
 		return nil, fmt.Errorf("%w: zlib data decodes to %s bytes, stored length is %d", ErrCorrupt, lenDesc(buf.Len(), want), want)

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"strings"
 	"testing"
@@ -396,5 +397,53 @@ func TestDecodedLen(t *testing.T) {
 				t.Errorf("Decode = %v, %d bytes; DecodedLen said %v, %d", v.Type, len(v.Body), typ, n)
 			}
 		})
+	}
+}
+
+// TestZlibErrorsWrapTheCause: a zlib stream that does not inflate is
+// ErrCorrupt, and zlib's own error stays in the chain, in the exact
+// (DecodeHeld) and growing (Decode) reads of php-memcached values and in
+// pecl/memcache's (DecodeMemcache).
+func TestZlibErrorsWrapTheCause(t *testing.T) {
+	body := []byte(strings.Repeat("abcdefghij", 300))
+	zd := zlibData(body)
+	badSum := append(zd[:len(zd)-1:len(zd)-1], zd[len(zd)-1]^1)
+	garbage := []byte("this is not compressed data at all, not at all")
+	zl := uint32(flagCompressed | flagZlib)
+	held := func(flags uint32, p []byte, max int) (Value, error) {
+		return DecodeHeld(flags, p, max, func(int) error { return nil })
+	}
+	decoders := []struct {
+		name    string
+		decode  func(flags uint32, p []byte, max int) (Value, error)
+		flags   uint32
+		payload func(zlib []byte) []byte
+	}{
+		{"Decode", Decode, zl, func(z []byte) []byte { return prefixed(len(body), z) }},
+		{"DecodeHeld", held, zl, func(z []byte) []byte { return prefixed(len(body), z) }},
+		{"DecodeMemcache", DecodeMemcache, 0x2, func(z []byte) []byte { return z }},
+	}
+	streams := []struct {
+		name  string
+		zlib  []byte
+		cause error
+	}{
+		{"garbage", garbage, zlib.ErrHeader},
+		{"bad checksum", badSum, zlib.ErrChecksum},
+		{"truncated", zd[:len(zd)-6], io.ErrUnexpectedEOF},
+	}
+	for _, d := range decoders {
+		for _, s := range streams {
+			t.Run(d.name+"/"+s.name, func(t *testing.T) {
+				_, err := d.decode(d.flags, d.payload(s.zlib), 0)
+				if !errors.Is(err, ErrCorrupt) || !errors.Is(err, s.cause) {
+					t.Errorf("%s(%s) = %v; want ErrCorrupt wrapping %v", d.name, s.name, err, s.cause)
+				}
+			})
+		}
+	}
+	// A whole stream shorter than its stored length, read exactly.
+	if _, err := held(zl, prefixed(len(body)+10, zd), 0); !errors.Is(err, ErrCorrupt) || !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Errorf("DecodeHeld(stored length past the stream) = %v; want ErrCorrupt wrapping %v", err, io.ErrUnexpectedEOF)
 	}
 }
