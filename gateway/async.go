@@ -16,6 +16,7 @@ import (
 
 	"github.com/memcgate/memcgate/gateway/budget"
 	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/loggate"
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
@@ -68,7 +69,7 @@ type asyncQueue struct {
 
 	log     *slog.Logger  // failures, a line a second at most; nil: none
 	fails   atomic.Uint64 // writes failed, for the log line
-	failLog atomic.Int64  // when a failure was last logged, in Unix nanoseconds
+	failLog loggate.Gate  // failures logged
 }
 
 // asyncFailReasons label memcgate_async_writes_failed_total.
@@ -535,7 +536,7 @@ func (q *asyncQueue) logFailure(v op.Verb, reason string, err error) {
 	if q.log == nil {
 		return
 	}
-	if now, last := time.Now().UnixNano(), q.failLog.Load(); now-last >= int64(time.Second) && q.failLog.CompareAndSwap(last, now) {
+	if _, ok := q.failLog.Pass(); ok {
 		q.log.Warn("an asynchronous write accepted with 202 was not applied", "verb", v.String(), "reason", reason, "err", err.Error(), "failed_so_far", n)
 	}
 }

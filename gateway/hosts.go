@@ -7,11 +7,11 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/memcgate/memcgate/upstream/loggate"
 )
 
 // AllowedHosts are the host names a listener answers to besides the ones
@@ -112,10 +112,7 @@ type HostCheck struct {
 	allowed atomic.Pointer[AllowedHosts]
 	refused *prometheus.CounterVec
 	log     *slog.Logger
-
-	mu       sync.Mutex // guards last, unlogged
-	last     time.Time  // when a refusal was last logged
-	unlogged int        // refusals since then, not logged
+	logGate loggate.Gate // refusals logged, a line a second at most
 }
 
 // NewHostCheck returns a HostCheck with allowed, logging to log and
@@ -164,16 +161,10 @@ func (c *HostCheck) refuse(w http.ResponseWriter, r *http.Request, listener stri
 	c.refused.WithLabelValues(listener).Inc()
 	writeError(w, &requestError{kind: kindMisdirected, msg: "Host " + strconv.Quote(host) +
 		" is not a name of this gateway: use its IP address or localhost, or list the name in MEMCGATE_ALLOWED_HOSTS (refused so that a web page that makes its own name resolve here, DNS rebinding, cannot use the gateway)"})
-	now := time.Now()
-	c.mu.Lock()
-	if !c.last.IsZero() && now.Sub(c.last) < time.Second {
-		c.unlogged++
-		c.mu.Unlock()
+	unlogged, ok := c.logGate.Pass()
+	if !ok {
 		return
 	}
-	unlogged := c.unlogged
-	c.last, c.unlogged = now, 0
-	c.mu.Unlock()
 	c.log.LogAttrs(context.Background(), slog.LevelWarn, "request refused: Host not allowed: neither an IP address, localhost nor a name of MEMCGATE_ALLOWED_HOSTS",
-		slog.String("listener", listener), slog.String("host", host), slog.String("remote", r.RemoteAddr), slog.Int("unlogged_before", unlogged))
+		slog.String("listener", listener), slog.String("host", host), slog.String("remote", r.RemoteAddr), slog.Uint64("unlogged_before", unlogged))
 }

@@ -9,7 +9,8 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
-	"time"
+
+	"github.com/memcgate/memcgate/upstream/loggate"
 )
 
 // Why a server closed a client connection before any handler saw a
@@ -46,7 +47,7 @@ type closeWatch struct {
 	conns sync.Map     // net.Conn → *watchedConn, each connection open
 	count [closedReasons]atomic.Uint64
 
-	badLog atomic.Int64 // when a bad request was last logged, in Unix nanoseconds
+	badLog loggate.Gate // bad requests logged
 }
 
 // watchedConn is what a closeWatch knows of one connection. Its fields
@@ -151,7 +152,7 @@ func (w *closeWatch) badRequest() {
 	if w.log == nil {
 		return
 	}
-	if now, last := time.Now().UnixNano(), w.badLog.Load(); now-last >= int64(time.Second) && w.badLog.CompareAndSwap(last, now) {
+	if _, ok := w.badLog.Pass(); ok {
 		w.log.Warn("net/http answered a request itself (400, 431, 501 or 417) and closed its connection before any handler",
 			"listener", w.name, "so_far", n)
 	}

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/memcgate/memcgate/upstream/loggate"
 )
 
 // Of the open-file limit, what MAX_CLIENT_CONNS=0 keeps from clients for
@@ -64,7 +66,7 @@ type connCap struct {
 	refused   atomic.Uint64
 	reclaimed atomic.Uint64
 	log       *slog.Logger // refusals, a line a second at most; nil: none
-	lastLog   atomic.Int64 // when a refusal was last logged, in Unix nanoseconds
+	logGate   loggate.Gate // refusals logged
 
 	// headerTimeout and idleTimeout are when the server closes a quiet
 	// and an idle connection (0: never).
@@ -201,7 +203,7 @@ func (c *connCap) refusal(m int64) {
 	if c.log == nil {
 		return
 	}
-	if now, last := time.Now().UnixNano(), c.lastLog.Load(); now-last >= int64(time.Second) && c.lastLog.CompareAndSwap(last, now) {
+	if _, ok := c.logGate.Pass(); ok {
 		c.log.Warn("client connections open at MEMCGATE_MAX_CLIENT_CONNS, the most allowed, none quiet or idle to close for room: closed a new connection unserved (net/http cannot answer it)",
 			"max_client_conns", m, "refused_so_far", n)
 	}

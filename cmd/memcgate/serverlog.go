@@ -5,11 +5,11 @@ import (
 	"log"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/memcgate/memcgate/upstream/loggate"
 )
 
 // handshakeError starts the line net/http logs for each connection to a
@@ -29,10 +29,7 @@ type serverLog struct {
 	listener   string             // the listener label: data or admin
 	handshakes prometheus.Counter // failed handshakes
 	accepts    *atomic.Uint64     // accept errors net/http retried; nil: not counted
-
-	mu       sync.Mutex // guards last, unlogged
-	last     time.Time  // when a failed handshake was last logged
-	unlogged int        // failed handshakes since then, not logged
+	logGate    loggate.Gate       // failed handshakes logged
 }
 
 // newServerLog returns an ErrorLog for the server of listener, which
@@ -71,16 +68,10 @@ func (s *serverLog) Write(p []byte) (int, error) {
 		return len(p), nil
 	}
 	s.handshakes.Inc()
-	now := time.Now()
-	s.mu.Lock()
-	if !s.last.IsZero() && now.Sub(s.last) < time.Second {
-		s.unlogged++
-		s.mu.Unlock()
+	unlogged, ok := s.logGate.Pass()
+	if !ok {
 		return len(p), nil
 	}
-	unlogged := s.unlogged
-	s.last, s.unlogged = now, 0
-	s.mu.Unlock()
-	s.log.LogAttrs(context.Background(), slog.LevelWarn, msg, slog.String("listener", s.listener), slog.Int("unlogged_before", unlogged))
+	s.log.LogAttrs(context.Background(), slog.LevelWarn, msg, slog.String("listener", s.listener), slog.Uint64("unlogged_before", unlogged))
 	return len(p), nil
 }

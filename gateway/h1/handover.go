@@ -61,8 +61,7 @@ func (s *Server) handedLimit() int64 {
 func (c *conn) refuseHandover() readResult {
 	s := c.srv
 	s.handedRefused.Add(1)
-	if now := time.Now().UnixNano(); now-s.handedLog.Load() >= int64(time.Second) { // a line a second at most
-		s.handedLog.Store(now)
+	if _, ok := s.handedLog.Pass(); ok {
 		s.logf("h1: %d connections served by net/http, the most allowed: refused one with 503 (%d refused so far)", s.handedLimit(), s.handedRefused.Load())
 	}
 	if d := s.WriteTimeout; d > 0 {

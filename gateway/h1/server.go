@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/memcgate/memcgate/upstream/loggate"
 )
 
 // Server serves HTTP/1.x connections with Handler, taking the fast path
@@ -128,14 +130,14 @@ type Server struct {
 	open          atomic.Int64              // connections accepted and not closed yet, handed over ones included
 	reclaimed     atomic.Uint64             // idle connections closed to make room under MaxConns
 	refused       atomic.Uint64             // connections answered 503 and closed over MaxConns
-	refusedLog    atomic.Int64              // when a refusal was last logged, in Unix nanoseconds
+	refusedLog    loggate.Gate              // refusals logged
 	badRequests   atomic.Uint64             // requests answered 400 and closed before a handler (badRequest)
-	badLog        atomic.Int64              // when one was last logged, in Unix nanoseconds
+	badLog        loggate.Gate              // such requests logged
 	hdrTimeouts   atomic.Uint64             // connections closed at the header timeout (timedOut)
 	idleTimeouts  atomic.Uint64             // connections closed at the idle timeout (timedOut)
 	handed        atomic.Int64              // connections handed to Fallback and not closed yet
 	handedRefused atomic.Uint64             // requests answered 503 over handedLimit
-	handedLog     atomic.Int64              // when such a refusal was last logged, in Unix nanoseconds
+	handedLog     loggate.Gate              // such refusals logged
 	maxConns      atomic.Int64              // SetMaxConns': 0 unset (MaxConns applies), -1 no cap
 	budgetWait    atomic.Int64              // SetBudgetWait's in nanoseconds, plus 1: 0 unset (BudgetWait applies)
 
@@ -312,7 +314,7 @@ func (s *Server) room(rw net.Conn, sk *sock) bool {
 	n := s.refused.Add(1)
 	s.refuse(rw, sk)
 	// One line a second at most: an attacker must not flood the log.
-	if now, last := time.Now().UnixNano(), s.refusedLog.Load(); now-last >= int64(time.Second) && s.refusedLog.CompareAndSwap(last, now) {
+	if _, ok := s.refusedLog.Pass(); ok {
 		s.logf("h1: %d client connections open, the most allowed, none idle or silent: refused a connection with 503 (%d refused so far)", limit, n)
 	}
 	return false
@@ -328,7 +330,7 @@ func (s *Server) room(rw net.Conn, sk *sock) bool {
 // most, with the count, so that a flood of them cannot flood the log.
 func (s *Server) badRequest(err error) {
 	n := s.badRequests.Add(1)
-	if now, last := time.Now().UnixNano(), s.badLog.Load(); now-last >= int64(time.Second) && s.badLog.CompareAndSwap(last, now) {
+	if _, ok := s.badLog.Pass(); ok {
 		s.logf("h1: answered a request 400 and closed its connection before any handler: %v (%d such requests so far)", err, n)
 	}
 }

@@ -1,0 +1,90 @@
+package loggate
+
+import (
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// TestPass: the first event passes, then one a second at most; the one
+// that passes says how many were held back before it; a clock stepped
+// back by a second or more lets the next event through.
+func TestPass(t *testing.T) {
+	base := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC).UnixNano()
+	steps := []struct {
+		at   time.Duration // since base
+		ok   bool
+		held uint64
+	}{
+		{0, true, 0},                                     // the first
+		{time.Nanosecond, false, 0},                      // held
+		{999 * time.Millisecond, false, 0},               // held
+		{time.Second, true, 2},                           // a second after the last that passed
+		{time.Second, false, 0},                          // the same instant
+		{1500 * time.Millisecond, false, 0},              // held
+		{3 * time.Second, true, 2},                       // after a quiet spell, the two before it
+		{3*time.Second + time.Second - 1, false, 0},      // a nanosecond short
+		{4 * time.Second, true, 1},                       // exactly a second
+		{4*time.Second - 500*time.Millisecond, false, 0}, // the clock back by less than a second: held
+		{3*time.Second - time.Nanosecond, true, 1},       // back by more than a second: passes
+		{3 * time.Second, false, 0},                      // and counts from there
+		{4*time.Second - time.Nanosecond, true, 1},
+	}
+	var g Gate
+	for i, st := range steps {
+		held, ok := g.pass(base + int64(st.at))
+		if ok != st.ok || held != st.held {
+			t.Errorf("step %d (at %v): pass = %d, %v; want %d, %v", i, st.at, held, ok, st.held, st.ok)
+		}
+	}
+}
+
+// TestPassConcurrent: of events at one instant from many goroutines,
+// one passes; the next to pass counts all the others.
+func TestPassConcurrent(t *testing.T) {
+	const n = 64
+	base := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC).UnixNano()
+	var g Gate
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	passed := 0
+	for range n {
+		wg.Go(func() {
+			if held, ok := g.pass(base); ok {
+				mu.Lock()
+				passed++
+				mu.Unlock()
+				if held != 0 {
+					t.Errorf("the first to pass held %d before it, want 0", held)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if passed != 1 {
+		t.Fatalf("%d of %d events at one instant passed, want 1", passed, n)
+	}
+	if held, ok := g.pass(base + int64(Every)); !ok || held != n-1 {
+		t.Errorf("a second later: pass = %d, %v; want %d, true", held, ok, n-1)
+	}
+}
+
+// TestPassNow: Pass reads the clock (synctest's, which moves only when
+// every goroutine of the test waits): the first event passes, one right
+// after it is held, one a second later passes.
+func TestPassNow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var g Gate
+		if _, ok := g.Pass(); !ok {
+			t.Fatal("the first event was held")
+		}
+		if _, ok := g.Pass(); ok {
+			t.Fatal("an event right after the first passed")
+		}
+		time.Sleep(Every)
+		if held, ok := g.Pass(); !ok || held != 1 {
+			t.Fatalf("a second later: Pass = %d, %v; want 1, true", held, ok)
+		}
+	})
+}
