@@ -48,7 +48,7 @@ func (v *view) getHedged(ctx context.Context, o op.Op, reps []upstream.Replica) 
 			if !errors.Is(res.Err, context.Canceled) && !errors.Is(res.Err, upstream.ErrNoFit) {
 				v.lat.observe(reps[rank].Node(), time.Since(start))
 			}
-			results <- outcome{rank, res}
+			results <- outcome{rank: rank, res: res}
 		}()
 	}
 	t := time.NewTimer(time.Duration(v.delay.Load()))

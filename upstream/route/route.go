@@ -42,6 +42,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/loggate"
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
@@ -290,6 +291,8 @@ type pool struct {
 	timeout time.Duration           // the cluster's socket timeout, for writes that outlive their request
 	fail    upstream.FailoverPolicy // the cluster's, which Reconfigure cannot change
 	bg      *bound                  // the router's background budget
+	log     *slog.Logger            // the router's; nil: none
+	failLog loggate.Gate            // replica write failures logged (replicaFailed)
 	order   writeOrder              // keeps each key's writes in order on its replicas (order.go)
 	lat     latencies
 	hedge   hedgeBudget
@@ -318,7 +321,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 		if err != nil {
 			return nil, fmt.Errorf("pool %q: %w", po.Name, err)
 		}
-		p := &pool{name: po.Name, c: c, timeout: co.WithDefaults().Timeout, fail: co.WithDefaults().Failover, bg: r.bg}
+		p := &pool{name: po.Name, c: c, timeout: co.WithDefaults().Timeout, fail: co.WithDefaults().Failover, bg: r.bg, log: log}
 		p.hedge.init(opts.HedgeMaxPercent)
 		p.delay.Store(int64(opts.HedgeMaxDelay))
 		r.m.hedgeDelay.WithLabelValues(p.name).Set(opts.HedgeMaxDelay.Seconds())

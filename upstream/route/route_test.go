@@ -2,6 +2,7 @@ package route
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -41,8 +42,14 @@ func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, ni
 // newRouter builds a router and runs it until the test ends.
 func newRouter(t *testing.T, o Options) (*Router, *prometheus.Registry) {
 	t.Helper()
+	return newLoggingRouter(t, o, discard())
+}
+
+// newLoggingRouter is newRouter with the router logging to log.
+func newLoggingRouter(t *testing.T, o Options, log *slog.Logger) (*Router, *prometheus.Registry) {
+	t.Helper()
 	reg := prometheus.NewRegistry()
-	r, err := New(o, discard(), reg)
+	r, err := New(o, log, reg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -1086,4 +1093,68 @@ func inFlightOn(t *testing.T, r *Router, addr string) int {
 	}
 	t.Fatalf("no node %s in %v", addr, r.Nodes())
 	return 0
+}
+
+// logLines is an io.Writer for a logger that passes on each line (slog
+// writes one a call) to the test, and drops those the test has no room
+// for rather than hold up the logger.
+type logLines chan string
+
+func (l logLines) Write(p []byte) (int, error) {
+	select {
+	case l <- string(p):
+	default:
+	}
+	return len(p), nil
+}
+
+// TestReplicaWriteFailureLogged: a replica write that fails is logged at
+// warn with its pool, policy, verb and node, the metric's result (failed
+// before the answer, background_failed after it) and the count of lines
+// held back, as well as counted.
+func TestReplicaWriteFailureLogged(t *testing.T) {
+	for _, tc := range []struct {
+		policy WritePolicy
+		result string
+	}{{WriteAll, "failed"}, {WriteMajority, "background_failed"}} {
+		t.Run(string(tc.policy), func(t *testing.T) {
+			mcs := memcachedtest.StartN(t, 3)
+			co := clusterOptions(mcs)
+			co.Health.PassiveFails = 0 // the paused node stays up: its writes time out
+			co.Health.Interval = time.Hour
+			lines := make(logLines, 256)
+			r, _ := newLoggingRouter(t, Options{Pools: []PoolOptions{{Cluster: co, Replicas: 3, Write: tc.policy}}}, slog.New(slog.NewJSONHandler(lines, nil)))
+			mcs[2].Pause()
+			defer mcs[2].Resume()
+			_ = set(t.Context(), r, "k", "v")
+			timeout := time.After(10 * time.Second)
+			for {
+				var line string
+				select {
+				case line = <-lines:
+				case <-timeout:
+					t.Fatal("no line logged for the paused replica's failed write within 10s")
+				}
+				var rec struct {
+					Level, Msg, Pool, Policy, Verb, Node, Result, Err string
+					Unlogged                                          *uint64 `json:"unlogged_before"`
+				}
+				if err := json.Unmarshal([]byte(line), &rec); err != nil {
+					t.Fatalf("log line %q: %v", line, err)
+				}
+				if !strings.HasPrefix(rec.Msg, "a replica write failed") {
+					continue
+				}
+				if rec.Level != "WARN" || rec.Pool != "main" || rec.Policy != string(tc.policy) || rec.Verb != "set" ||
+					rec.Node != mcs[2].Addr || rec.Result != tc.result || rec.Err == "" || rec.Unlogged == nil || *rec.Unlogged != 0 {
+					t.Errorf("logged %s, want WARN pool main, policy %s, verb set, node %s, result %s, an err and unlogged_before 0",
+						line, tc.policy, mcs[2].Addr, tc.result)
+				}
+				break
+			}
+			if got := testutil.ToFloat64(r.m.writes.WithLabelValues("main", string(tc.policy), tc.result)); got != 1 {
+				t.Errorf("memcgate_pool_replica_writes_total{result=%q} = %v, want 1", tc.result, got)
+			}
+		})
+	}
 }

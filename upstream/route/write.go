@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -138,6 +139,7 @@ const maxSpares = 2
 type outcome struct {
 	rank int // of the replica in the fan-out's targets (a spare keeps the rank of the replica it replaces)
 	res  op.Result
+	node string // where the copy went last: the replica, or the spare it moved to
 }
 
 // fanout sends o to every target at once and answers once need of them
@@ -174,7 +176,10 @@ func (v *view) fanout(ctx context.Context, o op.Op, set *upstream.ReplicaSet, ta
 	wctx, cancel := detach(ctx, v.timeout)
 	results := make(chan outcome, len(targets))
 	for i, r := range targets {
-		go func() { results <- outcome{i, v.writeOne(wctx, o, cs, i, r)} }()
+		go func() {
+			res, node := v.writeOne(wctx, o, cs, i, r)
+			results <- outcome{rank: i, res: res, node: node}
+		}()
 	}
 	answered, got := 0, 0
 	best, failed := outcome{rank: -1}, outcome{rank: -1} // the lowest-ranked answer and failure
@@ -182,7 +187,7 @@ func (v *view) fanout(ctx context.Context, o op.Op, set *upstream.ReplicaSet, ta
 		out := <-results
 		got++
 		if failure(out.res.Err) {
-			v.pm.writeFailed.Inc()
+			v.replicaFailed(o.Verb, out, false)
 			if failed.rank < 0 || out.rank < failed.rank {
 				failed = out
 			}
@@ -203,7 +208,7 @@ func (v *view) fanout(ctx context.Context, o op.Op, set *upstream.ReplicaSet, ta
 			defer v.bgRelease(held)
 			for range left {
 				if out := <-results; failure(out.res.Err) {
-					v.pm.bgFailed.Inc()
+					v.replicaFailed(o.Verb, out, true)
 				} else {
 					v.pm.bgAnswered.Inc()
 				}
@@ -229,6 +234,28 @@ func (v *view) fanout(ctx context.Context, o op.Op, set *upstream.ReplicaSet, ta
 		o.Verb, answered, len(targets), v.name, v.write, need, err)}
 }
 
+// replicaFailed counts the copy of a write of verb that did not reach
+// out.node, found before the write was answered or after (background),
+// and logs it at warn: a line a second at most per pool, with the count
+// held back before it, as a node that goes down fails every copy sent to
+// it. That replica misses the value, or keeps an older one, until the
+// key is written again.
+func (v *view) replicaFailed(verb op.Verb, out outcome, background bool) {
+	c, result := v.pm.writeFailed, "failed"
+	if background {
+		c, result = v.pm.bgFailed, "background_failed"
+	}
+	c.Inc()
+	if v.log == nil {
+		return
+	}
+	if unlogged, ok := v.failLog.Pass(); ok {
+		v.log.LogAttrs(context.Background(), slog.LevelWarn, "a replica write failed: the replica misses the value, or keeps an older one, until the key is written again",
+			slog.String("pool", v.name), slog.String("policy", string(v.write)), slog.String("verb", verb.String()), slog.String("node", out.node),
+			slog.String("result", result), slog.String("err", out.res.Err.Error()), slog.Uint64("unlogged_before", unlogged))
+	}
+}
+
 // answersBefore reports whether replica answer a is the one to give
 // rather than b: the lower rank, but with MissFallback a success before
 // a not-found, since a read would pass the replica that lacks the key.
@@ -243,12 +270,13 @@ func (v *view) answersBefore(a, b outcome) bool {
 }
 
 // writeOne runs o on r, the fan-out's i-th target, moving on to spares
-// when a node cannot have applied it or went out of service for it. On
-// each node it goes to, the copy is first ordered behind the key's
-// earlier copies there, and gives its place up once that node is done
-// with it: answered, failed, or left for a spare (then nothing reached
-// the node, or it is out of service, and flushed before it is back).
-func (v *view) writeOne(ctx context.Context, o op.Op, cs *writeCopies, i int, r upstream.Replica) op.Result {
+// when a node cannot have applied it or went out of service for it, and
+// returns the result and the node that gave it. On each node it goes to,
+// the copy is first ordered behind the key's earlier copies there, and
+// gives its place up once that node is done with it: answered, failed,
+// or left for a spare (then nothing reached the node, or it is out of
+// service, and flushed before it is back).
+func (v *view) writeOne(ctx context.Context, o op.Op, cs *writeCopies, i int, r upstream.Replica) (op.Result, string) {
 	defer cs.finish(ctx)
 	place := i
 	for moves := 0; ; moves++ {
@@ -259,11 +287,11 @@ func (v *view) writeOne(ctx context.Context, o op.Op, cs *writeCopies, i int, r 
 		res := v.c.DoOn(ctx, o, r)
 		cs.leave(place, r)
 		if moves == maxSpares || !replaceable(res.Err, r) || ctx.Err() != nil {
-			return res
+			return res, r.Node()
 		}
 		s, p, ok := cs.spare()
 		if !ok {
-			return res
+			return res, r.Node()
 		}
 		v.pm.substituted.Inc()
 		r, place = s, p
@@ -389,7 +417,7 @@ func (v *view) cas(ctx context.Context, o op.Op) op.Result {
 	}
 	res := v.c.DoOn(ctx, o, set.Replicas[0])
 	if failure(res.Err) {
-		v.pm.writeFailed.Inc()
+		v.replicaFailed(o.Verb, outcome{res: res, node: set.Replicas[0].Node()}, false)
 	} else {
 		v.pm.writeAnswered.Inc()
 	}
