@@ -127,10 +127,15 @@ func TestMetricNames(t *testing.T) {
 		}
 	}
 
-	// The first node has a UDP port, so that its UDP gauge is exported.
+	// The first node has a UDP port, so that its UDP gauge is exported;
+	// the default pool fills from a warm pool, so that the warm-up
+	// series are (they exist only with one).
 	mcs := []*memcachedtest.Server{memcachedtest.StartUDP(t), memcachedtest.Start(t)}
+	warm := memcachedtest.Start(t)
 	g := gatewaytest.New(t, binary, map[string]string{
 		"MEMCGATE_SERVERS":         memcachedtest.Addrs(mcs),
+		"MEMCGATE_POOLS":           "warm servers=" + warm.Addr,
+		"MEMCGATE_WARM_POOL":       "warm",
 		"MEMCGATE_UDP_PORTS":       mcs[0].Addr + "=" + itoa(mcs[0].UDPPort),
 		"MEMCGATE_HEALTH_INTERVAL": "100ms",
 		"MEMCGATE_DRAIN_DELAY":     "0s",
