@@ -2,8 +2,10 @@ package route
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"strings"
 	"testing"
@@ -414,5 +416,72 @@ func TestShadowRefusedGAT(t *testing.T) {
 		if got := counter(t, reg, "memcgate_shadow_total", "op", "gat", "result", "match"); got != float64(i+1) {
 			t.Errorf("%s: %v of %d mirrored gats match, want all", tt.name, got, i+1)
 		}
+	}
+}
+
+// TestWarmUpFailuresLogged: a warm-up copy the cold pool refuses (a
+// value over its item size) and a delete the warm pool cannot take (it
+// is stopped) after a write are counted and logged at warn, with their
+// pools and the count of lines held back.
+func TestWarmUpFailuresLogged(t *testing.T) {
+	tests := []struct {
+		name   string
+		metric string // its result="failed" counts the failure
+		msg    string // the log line starts with it
+		fail   func(t *testing.T, r *Router, warm *memcachedtest.Server)
+	}{
+		{"copy", "memcgate_warmup_writebacks_total", "a warm-up copy into the pool failed",
+			func(t *testing.T, r *Router, warm *memcachedtest.Server) {
+				big := strings.Repeat("v", 4<<10) // over the cold pool's item size
+				directSet(t, warm.Addr, "big", big, 0)
+				if v, err := get(t.Context(), r, "big"); err != nil || v != big {
+					t.Fatalf("get big: %d bytes, %v; want the warm pool's %d", len(v), err, len(big))
+				}
+			}},
+		{"invalidation", "memcgate_warmup_invalidations_total", "a delete in the warm pool after a write failed",
+			func(t *testing.T, r *Router, warm *memcachedtest.Server) {
+				warm.Pause()
+				t.Cleanup(warm.Resume)
+				if err := set(t.Context(), r, "k", "v"); err != nil {
+					t.Fatalf("set with the warm pool stopped: %v; want the cold pool's answer", err)
+				}
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cold, warm := memcachedtest.StartN(t, 1, "-I", "2k", "-o", "slab_chunk_max=1024"), memcachedtest.StartN(t, 1)
+			lines := make(logLines, 256)
+			r, reg := newLoggingRouter(t, Options{Pools: []PoolOptions{
+				{Cluster: clusterOptions(cold), Warm: "old"},
+				{Name: "old", Cluster: clusterOptions(warm)},
+			}, WarmDefaultTTL: 30 * time.Second}, slog.New(slog.NewJSONHandler(lines, nil)))
+			tt.fail(t, r, warm[0])
+			timeout := time.After(10 * time.Second)
+			for {
+				var line string
+				select {
+				case line = <-lines:
+				case <-timeout:
+					t.Fatalf("no line %q within 10s", tt.msg)
+				}
+				var rec struct {
+					Level, Msg, Pool, Warm, Err string
+					Unlogged                    *uint64 `json:"unlogged_before"`
+				}
+				if err := json.Unmarshal([]byte(line), &rec); err != nil {
+					t.Fatalf("log line %q: %v", line, err)
+				}
+				if !strings.HasPrefix(rec.Msg, tt.msg) {
+					continue
+				}
+				if rec.Level != "WARN" || rec.Pool != DefaultPool || rec.Warm != "old" || rec.Err == "" || rec.Unlogged == nil || *rec.Unlogged != 0 {
+					t.Errorf("logged %s, want WARN pool %s, warm old, an err and unlogged_before 0", line, DefaultPool)
+				}
+				break
+			}
+			if got := counter(t, reg, tt.metric, "result", "failed"); got != 1 {
+				t.Errorf("%s{result=failed} = %v, want 1", tt.metric, got)
+			}
+		})
 	}
 }

@@ -293,6 +293,8 @@ type pool struct {
 	bg      *bound                  // the router's background budget
 	log     *slog.Logger            // the router's; nil: none
 	failLog loggate.Gate            // replica write failures logged (replicaFailed)
+	copyLog loggate.Gate            // warm-up copies into the pool that failed, logged (copyFailed)
+	invLog  loggate.Gate            // deletes in its warm pool that failed, logged (invalidate)
 	order   writeOrder              // keeps each key's writes in order on its replicas (order.go)
 	lat     latencies
 	hedge   hedgeBudget

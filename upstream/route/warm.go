@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -140,7 +141,7 @@ func (v *view) writeBack(o op.Op, it op.Item) {
 		case errors.Is(err, upstream.ErrExists):
 			m.wbExists.Inc()
 		default:
-			m.wbFailed.Inc()
+			v.copyFailed(err)
 		}
 	}()
 }
@@ -212,9 +213,10 @@ func (v *view) fill(ctx context.Context, o op.Op) bool {
 	case errors.Is(err, upstream.ErrExists):
 		m.wbExists.Inc()
 		return true
+	default:
+		v.copyFailed(err)
+		return false
 	}
-	m.wbFailed.Inc()
-	return false
 }
 
 // invalidate deletes o's key from the warm pool.
@@ -227,6 +229,23 @@ func (v *view) invalidate(ctx context.Context, o op.Op) {
 		m.invAbsent.Inc()
 	default:
 		m.invFailed.Inc()
+		if unlogged, ok := v.invLog.Pass(); ok && v.log != nil {
+			v.log.LogAttrs(ctx, slog.LevelWarn, "a delete in the warm pool after a write failed: the warm pool may still hold an older value, which a miss of the pool would serve and copy back",
+				slog.String("pool", v.name), slog.String("warm", v.pol.warm.name), slog.String("verb", o.Verb.String()),
+				slog.String("err", err.Error()), slog.Uint64("unlogged_before", unlogged))
+		}
+	}
+}
+
+// copyFailed counts a copy from the warm pool that the pool did not
+// take (err), and logs it at warn, a line a second at most per pool with
+// the count held back before it: the key stays cold, read from the warm
+// pool at each miss, until a later copy lands.
+func (v *view) copyFailed(err error) {
+	v.pol.wm.wbFailed.Inc()
+	if unlogged, ok := v.copyLog.Pass(); ok && v.log != nil {
+		v.log.LogAttrs(context.Background(), slog.LevelWarn, "a warm-up copy into the pool failed: the key stays cold, read from the warm pool until a later copy lands",
+			slog.String("pool", v.name), slog.String("warm", v.pol.warm.name), slog.String("err", err.Error()), slog.Uint64("unlogged_before", unlogged))
 	}
 }
 
