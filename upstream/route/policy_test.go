@@ -2,7 +2,6 @@ package route
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -456,28 +455,13 @@ func TestWarmUpFailuresLogged(t *testing.T) {
 				{Name: "old", Cluster: clusterOptions(warm)},
 			}, WarmDefaultTTL: 30 * time.Second}, slog.New(slog.NewJSONHandler(lines, nil)))
 			tt.fail(t, r, warm[0])
-			timeout := time.After(10 * time.Second)
-			for {
-				var line string
-				select {
-				case line = <-lines:
-				case <-timeout:
-					t.Fatalf("no line %q within 10s", tt.msg)
-				}
-				var rec struct {
-					Level, Msg, Pool, Warm, Err string
-					Unlogged                    *uint64 `json:"unlogged_before"`
-				}
-				if err := json.Unmarshal([]byte(line), &rec); err != nil {
-					t.Fatalf("log line %q: %v", line, err)
-				}
-				if !strings.HasPrefix(rec.Msg, tt.msg) {
-					continue
-				}
-				if rec.Level != "WARN" || rec.Pool != DefaultPool || rec.Warm != "old" || rec.Err == "" || rec.Unlogged == nil || *rec.Unlogged != 0 {
-					t.Errorf("logged %s, want WARN pool %s, warm old, an err and unlogged_before 0", line, DefaultPool)
-				}
-				break
+			var rec struct {
+				Level, Pool, Warm, Err string
+				Unlogged               *uint64 `json:"unlogged_before"`
+			}
+			line := lines.await(t, tt.msg, &rec)
+			if rec.Level != "WARN" || rec.Pool != DefaultPool || rec.Warm != "old" || rec.Err == "" || rec.Unlogged == nil || *rec.Unlogged != 0 {
+				t.Errorf("logged %s, want WARN pool %s, warm old, an err and unlogged_before 0", line, DefaultPool)
 			}
 			if got := counter(t, reg, tt.metric, "result", "failed"); got != 1 {
 				t.Errorf("%s{result=failed} = %v, want 1", tt.metric, got)

@@ -1108,6 +1108,31 @@ func (l logLines) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// await waits up to 10s for a JSON line whose msg starts with prefix,
+// decodes it into rec and returns it.
+func (l logLines) await(t *testing.T, prefix string, rec any) string {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		var line string
+		select {
+		case line = <-l:
+		case <-timeout:
+			t.Fatalf("no line %q logged within 10s", prefix)
+		}
+		var m struct{ Msg string }
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if strings.HasPrefix(m.Msg, prefix) {
+			if err := json.Unmarshal([]byte(line), rec); err != nil {
+				t.Fatalf("log line %q: %v", line, err)
+			}
+			return line
+		}
+	}
+}
+
 // TestReplicaWriteFailureLogged: a replica write that fails is logged at
 // warn with its pool, policy, verb and node, the metric's result (failed
 // before the answer, background_failed after it) and the count of lines
@@ -1127,30 +1152,15 @@ func TestReplicaWriteFailureLogged(t *testing.T) {
 			mcs[2].Pause()
 			defer mcs[2].Resume()
 			_ = set(t.Context(), r, "k", "v")
-			timeout := time.After(10 * time.Second)
-			for {
-				var line string
-				select {
-				case line = <-lines:
-				case <-timeout:
-					t.Fatal("no line logged for the paused replica's failed write within 10s")
-				}
-				var rec struct {
-					Level, Msg, Pool, Policy, Verb, Node, Result, Err string
-					Unlogged                                          *uint64 `json:"unlogged_before"`
-				}
-				if err := json.Unmarshal([]byte(line), &rec); err != nil {
-					t.Fatalf("log line %q: %v", line, err)
-				}
-				if !strings.HasPrefix(rec.Msg, "a replica write failed") {
-					continue
-				}
-				if rec.Level != "WARN" || rec.Pool != "main" || rec.Policy != string(tc.policy) || rec.Verb != "set" ||
-					rec.Node != mcs[2].Addr || rec.Result != tc.result || rec.Err == "" || rec.Unlogged == nil || *rec.Unlogged != 0 {
-					t.Errorf("logged %s, want WARN pool main, policy %s, verb set, node %s, result %s, an err and unlogged_before 0",
-						line, tc.policy, mcs[2].Addr, tc.result)
-				}
-				break
+			var rec struct {
+				Level, Pool, Policy, Verb, Node, Result, Err string
+				Unlogged                                     *uint64 `json:"unlogged_before"`
+			}
+			line := lines.await(t, "a replica write failed", &rec)
+			if rec.Level != "WARN" || rec.Pool != "main" || rec.Policy != string(tc.policy) || rec.Verb != "set" ||
+				rec.Node != mcs[2].Addr || rec.Result != tc.result || rec.Err == "" || rec.Unlogged == nil || *rec.Unlogged != 0 {
+				t.Errorf("logged %s, want WARN pool main, policy %s, verb set, node %s, result %s, an err and unlogged_before 0",
+					line, tc.policy, mcs[2].Addr, tc.result)
 			}
 			if got := testutil.ToFloat64(r.m.writes.WithLabelValues("main", string(tc.policy), tc.result)); got != 1 {
 				t.Errorf("memcgate_pool_replica_writes_total{result=%q} = %v, want 1", tc.result, got)
