@@ -1,11 +1,11 @@
-// Package loggate keeps a log line that any client, or one failure
-// repeated, can set off to a line a second at most: a Gate lets one
-// event a second through and counts the ones it holds back, so that the
-// line that passes can say how many went unlogged. It sits below every
-// package that logs such lines (gateway, gateway/h1, upstream/route,
-// cmd/memcgate), imports only the standard library, and costs an atomic
-// load and an atomic add for an event held back: no lock on the path of
-// a flood.
+// Package loggate keeps a log line that any client, or one node going
+// down, can set off at any rate to a line a second at most: a Gate lets
+// one event a second through and counts the ones it holds back, so that
+// the line that passes can say how many went unlogged. An event held
+// back costs an atomic load and an atomic add, no lock. It imports only
+// the standard library and lives under upstream/ so that every package
+// that logs such lines, upstream/route the lowest, imports it downward
+// (docs/decisions/0040-one-log-gate-below-every-layer.md).
 package loggate
 
 import (
