@@ -4,6 +4,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -131,14 +132,14 @@ func TestCPUTurns(t *testing.T) {
 // decoded as before.
 func TestAsyncBatchRefusedBeforeDecoding(t *testing.T) {
 	c := newTurnsStore(t)
-	badEnd := func(n int) string { // n sets, then data after the JSON value
+	badEnd := func(keys []string) string { // sets of keys, then data after the JSON value
 		var b strings.Builder
 		b.WriteString(`{"ops":[`)
-		for i := range n {
+		for i, k := range keys {
 			if i > 0 {
 				b.WriteString(",")
 			}
-			b.WriteString(`{"op":"set","key":"k` + strings.Repeat("x", i) + `","value":"\u00e9 {[\"]}"}`)
+			b.WriteString(`{"op":"set","key":"` + k + `","value":"\u00e9 {[\"]}"}`)
 		}
 		b.WriteString(`]} x`)
 		return b.String()
@@ -146,25 +147,29 @@ func TestAsyncBatchRefusedBeforeDecoding(t *testing.T) {
 	tests := []struct {
 		name     string
 		queued   int // single async PUTs queued first, of a queue of 3
-		body     string
+		batch    int // sets in the batch
 		want     int
 		rejected float64 // memcgate_async_writes_rejected_total{reason="queue_full"}
 	}{
-		{"full queue", 3, badEnd(1), 503, 1},
-		{"room for 1, batch of 2", 2, badEnd(2), 503, 2},
-		{"room for 1, batch of 1", 2, badEnd(1), 400, 0},
-		{"empty queue, batch of 3", 0, badEnd(3), 400, 0},
+		{"full queue", 3, 1, 503, 1},
+		{"room for 1, batch of 2", 2, 2, 503, 2},
+		{"room for 1, batch of 1", 2, 1, 400, 0},
+		{"empty queue, batch of 3", 0, 3, 400, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
 			h := NewHandler(c, slog.New(slog.NewTextHandler(io.Discard, nil)), reg, Options{AsyncQueue: 3}) // not running: writes wait
-			for i := range tt.queued {
-				if w := do(h, "PUT", "/q"+strings.Repeat("q", i), "v", "Prefer", "respond-async"); w.Code != 202 {
+			// Keys of workers of their own: a worker's share of so small
+			// a queue is one write, and two keys of one worker would get
+			// 503 key_share before the check this test is about.
+			keys := keysOfDistinctWorkers(t, h.h.async, tt.queued+tt.batch)
+			for _, k := range keys[:tt.queued] {
+				if w := do(h, "PUT", "/"+k, "v", "Prefer", "respond-async"); w.Code != 202 {
 					t.Fatalf("queueing = %d %s", w.Code, w.Body)
 				}
 			}
-			w := do(h, "POST", "/", tt.body, "Prefer", "respond-async")
+			w := do(h, "POST", "/", badEnd(keys[tt.queued:]), "Prefer", "respond-async")
 			if w.Code != tt.want {
 				t.Errorf("= %d %s, want %d", w.Code, w.Body, tt.want)
 			}
@@ -173,6 +178,25 @@ func TestAsyncBatchRefusedBeforeDecoding(t *testing.T) {
 			}
 		})
 	}
+}
+
+// keysOfDistinctWorkers returns n keys whose asynchronous writes wait for
+// n different workers of q.
+func keysOfDistinctWorkers(t *testing.T, q *asyncQueue, n int) []string {
+	t.Helper()
+	var keys []string
+	taken := map[int]bool{}
+	for i := 0; len(keys) < n && i < 10000; i++ {
+		k := "k" + strconv.Itoa(i)
+		if _, sh, _ := q.place(k); !taken[sh] {
+			taken[sh] = true
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) < n {
+		t.Fatalf("found %d keys of distinct workers, want %d", len(keys), n)
+	}
+	return keys
 }
 
 // TestOpsIn: opsIn counts the operations decodeBatch would find, whatever
