@@ -187,7 +187,7 @@ func parseMetaTTL(line []byte) (int32, uint64, error) {
 			cas, err = strconv.ParseUint(string(f[1:]), 10, 64)
 		}
 		if err != nil {
-			return 0, 0, fmt.Errorf("%w: meta reply %q: %v", ErrServer, line, err)
+			return 0, 0, fmt.Errorf("%w: meta reply %q: %w", ErrServer, line, err)
 		}
 	}
 	if !haveTTL {
