@@ -35,6 +35,7 @@ type poolSample struct {
 	hedges, hedgesWon float64 // memcgate_pool_hedges_total sent and won
 	fallbacks         float64 // memcgate_pool_read_fallbacks_total, every reason
 	replicaFailures   float64 // memcgate_pool_replica_writes_total failed and background_failed
+	warmFailures      float64 // memcgate_warmup_writebacks_total and _invalidations_total failed
 }
 
 // nodeSample is one memcached node's series, summed over operations.
@@ -133,6 +134,10 @@ func takeSnapshot(mfs []*dto.MetricFamily, at time.Time) snapshot {
 			case "memcgate_pool_replica_writes_total":
 				if r := label(m, "result"); r == "failed" || r == "background_failed" {
 					pool(m).replicaFailures += m.GetCounter().GetValue()
+				}
+			case "memcgate_warmup_writebacks_total", "memcgate_warmup_invalidations_total":
+				if label(m, "result") == "failed" {
+					pool(m).warmFailures += m.GetCounter().GetValue()
 				}
 			case "memcgate_http_requests_total":
 				h.byClass[codeClass(label(m, "code"))] += m.GetCounter().GetValue()
@@ -339,6 +344,7 @@ type poolRates struct {
 	HedgesPerSec, HedgesWonPerSec float64
 	FallbacksPerSec               float64 // reads that moved on to the next replica
 	ReplicaFailuresPerSec         float64 // replica writes that failed
+	WarmFailuresPerSec            float64 // warm-up copies into the pool, and deletes in its warm pool, that failed
 }
 
 func poolRatesOf(prev, cur *poolSample, dt time.Duration) poolRates {
@@ -347,6 +353,7 @@ func poolRatesOf(prev, cur *poolSample, dt time.Duration) poolRates {
 		HedgesWonPerSec:       perSecond(prev.hedgesWon, cur.hedgesWon, dt),
 		FallbacksPerSec:       perSecond(prev.fallbacks, cur.fallbacks, dt),
 		ReplicaFailuresPerSec: perSecond(prev.replicaFailures, cur.replicaFailures, dt),
+		WarmFailuresPerSec:    perSecond(prev.warmFailures, cur.warmFailures, dt),
 	}
 }
 

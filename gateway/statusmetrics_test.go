@@ -362,3 +362,51 @@ func TestSnapshotRing(t *testing.T) {
 		t.Errorf("base(1500 ms) found a snapshot, but 0 ms was pushed out and 1000 ms is too recent")
 	}
 }
+
+// TestPoolRatesFromSnapshots computes a pool's rates between two readings
+// of a registry holding the route package's series under their real
+// names and labels, failures summed over results and warm pools.
+func TestPoolRatesFromSnapshots(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	replica := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "memcgate_pool_replica_writes_total"}, []string{"pool", "policy", "result"})
+	fallbacks := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "memcgate_pool_read_fallbacks_total"}, []string{"pool", "policy", "reason"})
+	hedges := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "memcgate_pool_hedges_total"}, []string{"pool", "result"})
+	writeBacks := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "memcgate_warmup_writebacks_total"}, []string{"pool", "warm", "result"})
+	invalidations := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "memcgate_warmup_invalidations_total"}, []string{"pool", "warm", "result"})
+	reg.MustRegister(replica, fallbacks, hedges, writeBacks, invalidations)
+	snap := func(at time.Time) snapshot {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatalf("Gather: %v", err)
+		}
+		return takeSnapshot(mfs, at)
+	}
+	start := time.Unix(1000, 0)
+	replica.WithLabelValues("cold", "all", "failed").Add(100) // before the window
+	prev := snap(start)
+
+	replica.WithLabelValues("cold", "all", "ok").Add(500)
+	replica.WithLabelValues("cold", "all", "failed").Add(10)
+	replica.WithLabelValues("cold", "all", "background_failed").Add(10)
+	fallbacks.WithLabelValues("cold", "all", "miss").Add(30)
+	fallbacks.WithLabelValues("cold", "all", "error").Add(10)
+	hedges.WithLabelValues("cold", "sent").Add(40)
+	hedges.WithLabelValues("cold", "won").Add(20)
+	writeBacks.WithLabelValues("cold", "warm", "stored").Add(400)
+	writeBacks.WithLabelValues("cold", "warm", "failed").Add(6)
+	writeBacks.WithLabelValues("cold", "warm", "dropped").Add(50) // a later miss copies the key: not a failure
+	writeBacks.WithLabelValues("cold", "warm2", "failed").Add(2)
+	invalidations.WithLabelValues("cold", "warm", "deleted").Add(70)
+	invalidations.WithLabelValues("cold", "warm", "failed").Add(12)
+	writeBacks.WithLabelValues("other", "warm", "failed").Add(1000) // another pool's
+	cur := snap(start.Add(10 * time.Second))
+
+	got := poolRatesOf(prev.pool("cold"), cur.pool("cold"), 10*time.Second)
+	want := poolRates{HedgesPerSec: 4, HedgesWonPerSec: 2, FallbacksPerSec: 4, ReplicaFailuresPerSec: 2, WarmFailuresPerSec: 2}
+	if got != want {
+		t.Errorf("poolRatesOf = %+v, want %+v", got, want)
+	}
+	if got := poolRatesOf(prev.pool("none"), cur.pool("none"), 10*time.Second); got != (poolRates{}) {
+		t.Errorf("a pool without series: %+v, want zero rates", got)
+	}
+}
