@@ -99,9 +99,10 @@ func TestReadAheadStopsAtBodyEnd(t *testing.T) {
 
 // TestBodyBuffersGoBack: the connection gives back the buffer of a body
 // it read ahead once nothing can read it (read out, dropped unread, or a
-// body that timed out before its handler saw it), never one a handler
-// took, and never twice; after a body cut short, which its handler saw,
-// it leaves the buffer to the garbage collector. The budget the connection held is given back every time.
+// body cut short at the read timeout, once its handler answered), never
+// one a handler took, and never twice; after a body its client cut
+// short, which its handler saw, it leaves the buffer to the garbage
+// collector. The budget the connection held is given back every time.
 func TestBodyBuffersGoBack(t *testing.T) {
 	const size = 50_000
 	body := strings.Repeat("b", size)
@@ -118,7 +119,7 @@ func TestBodyBuffersGoBack(t *testing.T) {
 		{name: "left unread", read: 0},
 		{name: "partly read", read: 10},
 		{name: "taken", take: true},
-		{name: "timed out mid-body", timeout: true},
+		{name: "timed out mid-body", read: -1, timeout: true},
 		{name: "cut short", read: -1, cut: true, wantLent: 1},
 	}
 	for _, tt := range tests {
@@ -154,6 +155,11 @@ func TestBodyBuffersGoBack(t *testing.T) {
 			switch {
 			case tt.timeout:
 				sendParked(t, s, c, head, body[:1000], "")
+				r, err := readWireResponse(br, "PUT")
+				if want := "read 1000 " + errBodyTimeout.Error(); err != nil || r.body != want {
+					t.Errorf("PUT answered %q, %v; want %q", r.body, err, want)
+				}
+				c.(*net.TCPConn).CloseWrite() // ends the linger
 				waitClosed(t, br)
 			case tt.cut:
 				sendParked(t, s, c, head, body[:1000], body[1000:2000])

@@ -521,7 +521,15 @@ func (c *conn) serveRequest(req *http.Request) bool {
 	if w.reusable() {
 		return true
 	}
-	if w.tooBig || w.body != nil && w.body.early {
+	if rb := w.body; w.tooBig || rb != nil && (rb.early || isTimeout(rb.err)) {
+		// The client may still send: drop it while the answer goes out
+		// (a body read ahead cut short at the read timeout was answered
+		// 408, and its client may be sending still). What was read
+		// ahead goes back first, so that a lingering connection holds
+		// none of the budget.
+		if rb != nil && (rb.ahead != nil || rb.err != nil) {
+			rb.done()
+		}
 		c.phase = phaseLinger // loop lingers, then closes
 		return false
 	}

@@ -38,7 +38,7 @@ import (
 // connection until its first bytes come, and one with part of a head or
 // of a body until the rest comes. Those are parked with a deadline (the
 // header or read timeout) in a heap of their own, and closed when it
-// passes.
+// passes; a body's request is answered first (parkBody).
 //
 // Ownership of a connection: while its state is stateParked (idle) or
 // stateReading (mid-request) it belongs to the poller. wake (the event)
@@ -701,10 +701,12 @@ func (p *poller) parkReading(c *conn, from int32, deadline time.Time) int {
 	return p.parkUntil(c, from, deadline, time.Time{})
 }
 
-// parkBody is parkReading for a body read ahead (from stateActive) that
-// holds the budget for all of itself: if stall comes before deadline, a
-// worker resumes it then, whether or not bytes came, to give back what
-// it holds beyond what it sent (conn.shrinkAhead).
+// parkBody is parkReading for a body read ahead (from stateActive), but
+// that a worker resumes it at deadline instead of closing it, so that
+// its handler answers the request (readAhead). If the body holds the
+// budget for all of itself and stall comes before deadline, a worker
+// resumes it then too, whether or not bytes came, to give back what it
+// holds beyond what it sent (conn.shrinkAhead).
 func (p *poller) parkBody(c *conn, deadline, stall time.Time) int {
 	return p.parkUntil(c, stateActive, deadline, stall)
 }
@@ -867,7 +869,9 @@ func (p *poller) evictableLocked() *conn {
 }
 
 // expire closes the connections parked for the idle timeout or longer,
-// and sets the deadline for the next.
+// and those parked mid-request past their deadline but for a body read
+// ahead, which it queues for a worker to answer; and sets the deadline
+// for the next.
 func (p *poller) expire(now time.Time) {
 	var expired []*conn
 	p.mu.Lock()
@@ -899,6 +903,15 @@ func (p *poller) expire(now time.Time) {
 			// Its body stopped: a worker gives back what it holds
 			// beyond what came, and parks it again till its deadline.
 			c.pf.stall = false
+			if c.state.CompareAndSwap(stateReading, c.pf.resumeIn) {
+				start += p.queueLocked(c)
+			}
+			continue
+		}
+		if c.phase == phaseBody {
+			// Its body did not come within the read timeout: a worker
+			// hands its request to the handler, which answers it
+			// (readAhead), as it does a body that fails another way.
 			if c.state.CompareAndSwap(stateReading, c.pf.resumeIn) {
 				start += p.queueLocked(c)
 			}

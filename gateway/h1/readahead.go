@@ -2,8 +2,10 @@ package h1
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"time"
 )
 
@@ -15,6 +17,12 @@ func (c *conn) readsAhead(req *http.Request) bool {
 	return s.BodyLimit != nil && c.canPark() && req.ContentLength > int64(c.in.Buffered()) &&
 		req.ContentLength <= s.BodyLimit(req)
 }
+
+// errBodyTimeout cuts short a body read ahead that is not whole by the
+// read timeout. It wraps os.ErrDeadlineExceeded, a net.Error whose
+// Timeout is true, so that a handler tells it as it tells a read from
+// the connection that reached its deadline (the gateway answers 408).
+var errBodyTimeout = fmt.Errorf("h1: request body not whole within the read timeout: %w", os.ErrDeadlineExceeded)
 
 // aheadTurn is how much of a body a worker reads ahead before it lets the
 // connections queued behind it go first.
@@ -56,8 +64,9 @@ const bypassLine = 64 << 10
 // readAhead reads c.ahead's body into c.abuf as it arrives, with the
 // connection parked (up to the read timeout) while none is there, and
 // returns the request once the body is whole. The bytes are held against
-// Server.Budget; if it refuses them, or the client stops early, the
-// handler gets the request with a body that fails with that error.
+// Server.Budget; if it refuses them, the client stops early, or the body
+// is not whole by the read timeout (errBodyTimeout), the handler gets
+// the request with a body that fails with that error, and answers it.
 func (c *conn) readAhead() (*http.Request, readResult) {
 	s := c.srv
 	req := c.ahead
@@ -124,7 +133,11 @@ func (c *conn) readAhead() (*http.Request, readResult) {
 		case !blocked:
 			continue
 		}
-		if at := c.stallAt(); !at.IsZero() && !time.Now().Before(at) {
+		now := time.Now()
+		if dl := c.deadline(s.ReadTimeout); !dl.IsZero() && !now.Before(dl) {
+			return c.endAhead(b, errBodyTimeout) // parkBody's deadline, or passed before it
+		}
+		if at := c.stallAt(); !at.IsZero() && !now.Before(at) {
 			c.shrinkAhead()
 		}
 		if c.readDL {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -490,5 +491,73 @@ func TestReadAheadHoldsWholeBody(t *testing.T) {
 				t.Errorf("budget holds %d bytes after the request", bg.Used())
 			}
 		})
+	}
+}
+
+// timeoutAnswer answers 408 with the error of a body read that reached
+// its deadline, as the gateway does, and 503 with any other.
+func timeoutAnswer() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		switch {
+		case isTimeout(err):
+			w.WriteHeader(http.StatusRequestTimeout)
+			fmt.Fprintf(w, "read %d: timeout", len(b))
+		case err != nil:
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintf(w, "read %d: %v", len(b), err)
+		default:
+			fmt.Fprintf(w, "read %d", len(b))
+		}
+	})
+}
+
+// TestReadAheadTimeoutAnswered: a body read ahead that stops short of
+// its Content-Length waits in the poller, holding no worker, until the
+// read timeout; a worker then hands its request to the handler with a
+// body that fails with a timeout (net.Error), so that the handler
+// answers it (the gateway: 408), with Connection: close. The connection
+// then lingers, holding none of the budget, and is not counted as a
+// header timeout: its request reached a handler.
+func TestReadAheadTimeoutAnswered(t *testing.T) {
+	bg := budget.New(1 << 20)
+	const linger = 300 * time.Millisecond
+	s, addr := startH1(t, timeoutAnswer(), func(s *Server) {
+		s.pollWorkers = 1
+		s.Budget = bg
+		s.BodyLimit = func(*http.Request) int64 { return 1 << 20 }
+		s.ReadTimeout = 300 * time.Millisecond
+		s.lingerIdle = linger
+	})
+	c, br := dial(t, addr)
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	io.WriteString(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\n0123456789")
+	r, err := readWireResponse(br, "PUT")
+	if err != nil || r.status != "HTTP/1.1 408 Request Timeout" || r.body != "read 10: timeout" {
+		t.Fatalf("a body stopped short: %v, %v; want the handler's 408", r, err)
+	}
+	if !slices.Contains(r.headers, "Connection: close") {
+		t.Errorf("408 headers %q, want Connection: close", r.headers)
+	}
+	// Lingering: parked, holding no budget and no worker.
+	if !eventually(func() bool {
+		return inPoller(s, func(p *poller) bool {
+			return len(p.reading) == 1 && p.reading[0].phase == phaseLinger
+		})
+	}) {
+		t.Fatal("the answered connection does not linger in the poller")
+	}
+	if u := bg.Used(); u != 0 {
+		t.Errorf("the lingering connection holds %d bytes of the budget", u)
+	}
+	c2, br2 := dial(t, addr) // the one worker is free
+	io.WriteString(c2, "PUT /y HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc")
+	if r, err := readWireResponse(br2, "PUT"); err != nil || r.body != "read 3" {
+		t.Fatalf("other client: %v, %v", r, err)
+	}
+	io.WriteString(c, strings.Repeat("x", 90)) // too late: dropped
+	waitClosed(t, br)
+	if st := s.ConnStats(); st.HeaderTimeouts != 0 {
+		t.Errorf("HeaderTimeouts %d, want 0: the request was answered", st.HeaderTimeouts)
 	}
 }

@@ -70,8 +70,12 @@ type Server struct {
 	// that has not all arrived with its head is read whole before the
 	// handler runs, as it arrives, with the connection waiting in the
 	// poller and not on a worker, up to ReadTimeout; the handler then
-	// reads it from memory. Nil, or a larger body: the handler reads it
-	// from the connection, as net/http's does.
+	// reads it from memory. One not whole by ReadTimeout reaches the
+	// handler too, its body failing with a timeout (a net.Error), as a
+	// read from the connection past its deadline fails: the handler
+	// answers it, and the connection closes after, lingering. Nil, or a
+	// larger body: the handler reads it from the connection, as
+	// net/http's does.
 	BodyLimit func(r *http.Request) int64
 
 	// Budget, if not nil, holds the bytes of bodies read ahead of their
@@ -337,9 +341,9 @@ func (s *Server) badRequest(err error) {
 
 // timedOut counts a connection the Server closes because its client sent
 // nothing in time: idle, between requests; or at phase, in the middle of
-// a head or of a body read ahead before any handler saw its request, or
-// new and silent. A connection lingering after an answer (phaseLinger)
-// was counted when it was answered.
+// a head, or new and silent. A connection lingering after an answer
+// (phaseLinger) was counted when it was answered, and a body read ahead
+// is answered by its handler, not closed (readAhead).
 func (s *Server) timedOut(phase uint8, idle bool) {
 	switch {
 	case phase == phaseLinger:

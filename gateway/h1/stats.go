@@ -38,11 +38,12 @@ type ConnStats struct {
 	// fast path or by GuardConn on connections handed to Fallback. What
 	// Fallback's net/http refuses itself is not counted.
 	BadRequests uint64
-	// HeaderTimeouts counts connections closed because a request (its
-	// head, or a body read ahead before any handler saw it) or a new
-	// connection's first bytes did not come within the header or read
+	// HeaderTimeouts counts connections closed because a request head or
+	// a new connection's first bytes did not come within the header
 	// timeout, and IdleTimeouts those closed between requests at the idle
-	// timeout. Connections handed to Fallback are net/http's to time out.
+	// timeout. A body not whole within the read timeout is not counted:
+	// its request goes to the handler, which answers it. Connections
+	// handed to Fallback are net/http's to time out.
 	HeaderTimeouts, IdleTimeouts uint64
 }
 
