@@ -561,3 +561,49 @@ func TestReadAheadTimeoutAnswered(t *testing.T) {
 		t.Errorf("HeaderTimeouts %d, want 0: the request was answered", st.HeaderTimeouts)
 	}
 }
+
+// TestReadAheadTimeoutTrickle: a body that keeps coming a few bytes at a
+// time, never stopping for long, is cut short at the read timeout all
+// the same (it counts the whole request, not the gaps between bytes) and
+// answered by its handler; what the client sends after is dropped while
+// the connection lingers, until the client closes.
+func TestReadAheadTimeoutTrickle(t *testing.T) {
+	bg := budget.New(1 << 20)
+	_, addr := startH1(t, timeoutAnswer(), func(s *Server) {
+		s.Budget = bg
+		s.BodyLimit = func(*http.Request) int64 { return 1 << 20 }
+		s.ReadTimeout = 300 * time.Millisecond
+	})
+	c, br := dial(t, addr)
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	io.WriteString(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: 100000\r\n\r\n")
+	stop := make(chan struct{})
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			if _, err := io.WriteString(c, "0123456789"); err != nil {
+				return
+			}
+		}
+	}()
+	r, err := readWireResponse(br, "PUT")
+	close(stop)
+	<-sent
+	if err != nil || r.status != "HTTP/1.1 408 Request Timeout" || !strings.HasSuffix(r.body, ": timeout") {
+		t.Fatalf("a trickling body: %v, %v; want the handler's 408", r, err)
+	}
+	if !slices.Contains(r.headers, "Connection: close") {
+		t.Errorf("408 headers %q, want Connection: close", r.headers)
+	}
+	c.(*net.TCPConn).CloseWrite()
+	waitClosed(t, br)
+	if !eventually(func() bool { return bg.Used() == 0 }) {
+		t.Errorf("budget holds %d bytes after the request", bg.Used())
+	}
+}
