@@ -3,6 +3,7 @@ package h1
 import (
 	"bytes"
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"runtime"
@@ -521,12 +522,14 @@ func (c *conn) serveRequest(req *http.Request) bool {
 	if w.reusable() {
 		return true
 	}
-	if rb := w.body; w.tooBig || rb != nil && (rb.early || isTimeout(rb.err)) {
+	if rb := w.body; w.tooBig || rb != nil && (rb.early || rb.err != nil && rb.err != io.ErrUnexpectedEOF) {
 		// The client may still send: drop it while the answer goes out
-		// (a body read ahead cut short at the read timeout was answered
-		// 408, and its client may be sending still). What was read
-		// ahead goes back first, so that a lingering connection holds
-		// none of the budget.
+		// (a body read ahead cut short at the read timeout or by the
+		// budget was answered 408 or 503, and its client may be sending
+		// still: closing with its bytes unread would reset the answer
+		// away; one that ended its side sends nothing more). What was
+		// read ahead goes back first, so that a lingering connection
+		// holds none of the budget.
 		if rb != nil && (rb.ahead != nil || rb.err != nil) {
 			rb.done()
 		}

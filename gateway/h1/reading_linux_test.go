@@ -2,6 +2,7 @@ package h1
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -163,6 +164,42 @@ func TestReadAheadBudget(t *testing.T) {
 	if !eventually(func() bool { return bg.Used() == 0 }) {
 		t.Errorf("budget holds %d bytes after the requests", bg.Used())
 	}
+}
+
+// TestReadAheadBudgetRefusalLingers: a body the budget refuses with
+// less than maxDiscard of it still to come, its client still sending, is
+// answered 503 and its connection lingers, dropping what comes, holding
+// no budget, instead of closing with bytes unread: that resets the
+// connection, and a client still sending (curl, PHP) reports the failed
+// upload, not the answer (RFC 9112 §9.6).
+func TestReadAheadBudgetRefusalLingers(t *testing.T) {
+	const size = 200 << 10 // refused at 64 KiB: less than maxDiscard to come
+	bg := budget.New(64 << 10)
+	s, addr := startH1(t, echoLen(), func(s *Server) {
+		s.Budget = bg
+		s.BodyLimit = func(*http.Request) int64 { return 1 << 20 }
+		s.lingerIdle = 5 * time.Second
+	})
+	c, br := dial(t, addr)
+	fmt.Fprintf(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size)
+	if _, err := c.Write(bytes.Repeat([]byte("b"), size-1)); err != nil { // all but one byte: the client is not done
+		t.Fatal(err)
+	}
+	r, err := readWireResponse(br, "PUT")
+	if err != nil || r.status != "HTTP/1.1 503 Service Unavailable" || !strings.Contains(r.body, budget.ErrExhausted.Error()) {
+		t.Fatalf("over budget: %v, %v", r, err)
+	}
+	if !eventually(func() bool {
+		return inPoller(s, func(p *poller) bool { return len(p.reading) == 1 && p.reading[0].phase == phaseLinger })
+	}) {
+		t.Fatal("the refused connection does not linger in the poller")
+	}
+	if u := bg.Used(); u != 0 {
+		t.Errorf("the lingering connection holds %d bytes of the budget", u)
+	}
+	c.Write([]byte("b"))
+	c.(*net.TCPConn).CloseWrite() // ends the linger
+	waitClosed(t, br)
 }
 
 // TestReadAheadBudgetClosedBody: as TestReadAheadBudget, with a handler
