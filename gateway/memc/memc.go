@@ -5,8 +5,9 @@
 // in docs/migrating-from-nginx-memc.md; test/memc runs the same requests
 // against the real module and memcgate side by side.
 //
-// Its outcomes map to the module's statuses and bodies here (memcFailure),
-// not through the REST API's mapping. It runs as a gateway.Route, under
+// Its refusals (a kind each check names) and its commands' outcomes map
+// to the module's statuses and bodies in one place, memcFailure in
+// errors.go, not through the REST API's mapping. It runs as a gateway.Route, under
 // the gateway's request IDs, metrics, access log and limits.
 package memc
 
@@ -265,7 +266,7 @@ func (m *memc) servePath(w http.ResponseWriter, r *http.Request) {
 	rawPath, q := splitTarget(r.RequestURI)
 	path, quoted, err := nginxPath(rawPath)
 	if err != nil {
-		m.page(w, r, http.StatusBadRequest, "the request path is not valid (bad %-escape, %00 or .. above the root)")
+		m.fail(w, r, memcNone, refuse(kindPath, "the request path is not valid (bad %-escape, %00 or .. above the root)"))
 		return
 	}
 	if m.o.Path != "" && path == m.o.Path {
@@ -274,7 +275,7 @@ func (m *memc) servePath(w http.ResponseWriter, r *http.Request) {
 	}
 	key, ok := regexCapture(path, m.o.KeyPath)
 	if !ok {
-		m.page(w, r, http.StatusNotFound, "no key in the path; use "+m.o.KeyPath+"{key}")
+		m.fail(w, r, memcNone, refuse(kindNoLocation, "no key in the path; use "+m.o.KeyPath+"{key}"))
 		return
 	}
 	if quoted {
@@ -287,113 +288,99 @@ func (m *memc) servePath(w http.ResponseWriter, r *http.Request) {
 	m.serve(w, r, v)
 }
 
-// serve runs one request through the module's checks, in the module's
-// order (the first failing check sets the status), then the command.
+// serve runs one request through the module's checks, then the command.
 func (m *memc) serve(w http.ResponseWriter, r *http.Request, v memcVars) {
+	cmd, key, value, err := m.check(r, v)
+	if err != nil {
+		m.fail(w, r, cmd, err)
+		return
+	}
+	m.run(w, r, cmd, v, key, value)
+}
+
+// check runs the module's checks in the module's order (the first that
+// fails decides the answer) and returns the command, the escaped key and
+// the value to send, or a refusal naming what was wrong, with the command
+// if it was known by then.
+func (m *memc) check(r *http.Request, v memcVars) (cmd memcCmd, key string, value []byte, err error) {
 	// nginx refuses a declared body over client_max_body_size before any
 	// location code runs, whatever the command.
 	if r.ContentLength > m.o.MaxBodyBytes {
-		m.page(w, r, http.StatusRequestEntityTooLarge, "request body is "+strconv.FormatInt(r.ContentLength, 10)+" bytes; at most "+strconv.FormatInt(m.o.MaxBodyBytes, 10)+" are accepted")
-		return
+		return memcNone, "", nil, refuse(kindTooLarge, "request body is "+strconv.FormatInt(r.ContentLength, 10)+" bytes; at most "+strconv.FormatInt(m.o.MaxBodyBytes, 10)+" are accepted")
 	}
 	tokens, readOnly := m.o.Access.Tokens(), m.o.Access.ReadOnly()
 	var have gateway.Scope
 	if tokens.Enabled() {
 		var ok bool
 		if have, ok = tokens.Scopes(r); !ok {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="memcgate"`)
-			m.page(w, r, http.StatusUnauthorized, "missing or unknown bearer token")
-			return
+			return memcNone, "", nil, refuse(kindNoToken, "missing or unknown bearer token")
 		}
 	}
 	// 1. The command: $memc_cmd, or the method's default.
-	cmd := memcDefaultCmd(r.Method)
+	cmd = memcDefaultCmd(r.Method)
 	if v.cmd != "" {
 		cmd = parseMemcCmd(v.cmd)
 	}
 	if cmd == memcNone {
 		if v.cmd != "" {
-			m.page(w, r, http.StatusBadRequest, "unknown command "+strconv.Quote(v.cmd))
-		} else {
-			m.page(w, r, http.StatusBadRequest, "method "+r.Method+" has no default command; use ?cmd=")
+			return cmd, "", nil, refuse(kindCommand, "unknown command "+strconv.Quote(v.cmd))
 		}
-		return
+		return cmd, "", nil, refuse(kindCommand, "method "+r.Method+" has no default command; use ?cmd=")
 	}
 	// 2. memc_cmds_allowed, then memcgate's own authorization.
 	if !m.allowed[cmd] {
-		m.page(w, r, http.StatusForbidden, "command "+cmd.String()+" is not allowed here")
-		return
+		return cmd, "", nil, refuse(kindNotAllowed, "command "+cmd.String()+" is not allowed here")
 	}
 	if tokens.Enabled() && have&cmd.scope() == 0 {
-		m.page(w, r, http.StatusForbidden, "token lacks the "+cmd.scope().String()+" scope for "+cmd.String())
-		return
+		return cmd, "", nil, refuse(kindNoScope, "token lacks the "+cmd.scope().String()+" scope for "+cmd.String())
 	}
 	if !tokens.Enabled() && cmd.scope() != gateway.ScopeRead && gateway.FromOtherSite(r) {
 		// Not the module's: without it any web page could flush the
 		// cluster with an <img> (docs/security.md, "Browsers").
-		m.page(w, r, http.StatusForbidden, "a browser sent "+cmd.String()+" from a page of another site (Sec-Fetch-Site, Origin): refused, so that web pages cannot change the cache; commands from pages need a bearer token (MEMCGATE_AUTH_TOKENS)")
-		return
+		return cmd, "", nil, refuse(kindOtherSite, "a browser sent "+cmd.String()+" from a page of another site (Sec-Fetch-Site, Origin): refused, so that web pages cannot change the cache; commands from pages need a bearer token (MEMCGATE_AUTH_TOKENS)")
 	}
 	if readOnly && cmd.writes() {
-		m.page(w, r, http.StatusForbidden, "read-only mode: "+cmd.String()+" is disabled (MEMCGATE_READ_ONLY)")
-		return
+		return cmd, "", nil, refuse(kindReadOnly, "read-only mode: "+cmd.String()+" is disabled (MEMCGATE_READ_ONLY)")
 	}
 	// 3-5. Digit-only checks; the range is memcached's business.
 	if (cmd.storage() || cmd == memcDelete || cmd == memcFlushAll) && v.exptime != "" && !digits(v.exptime, 10) {
-		m.page(w, r, http.StatusBadRequest, "exptime must be 1 to 10 digits")
-		return
+		return cmd, "", nil, refuse(kindArgument, "exptime must be 1 to 10 digits")
 	}
 	if cmd.storage() && v.flags != "" && !digits(v.flags, 10) {
-		m.page(w, r, http.StatusBadRequest, "flags must be 1 to 10 digits")
-		return
+		return cmd, "", nil, refuse(kindArgument, "flags must be 1 to 10 digits")
 	}
 	if cmd.arith() && !digits(v.value, 19) {
-		m.page(w, r, http.StatusBadRequest, cmd.String()+" needs a delta of 1 to 19 digits in the value")
-		return
+		return cmd, "", nil, refuse(kindArgument, cmd.String()+" needs a delta of 1 to 19 digits in the value")
 	}
 	// 6. The body, read (and capped) whatever the command, as nginx does.
 	body, hasBody, err := m.readBody(r)
 	if err != nil {
-		status, msg, retry := gateway.Status(err)
-		if retry {
-			w.Header().Set("Retry-After", "1")
-		}
-		m.page(w, r, status, msg)
-		return
+		return cmd, "", nil, &refusal{kind: kindBody, err: err}
 	}
 	// 7. Building the memcached request.
 	if cmd.keyed() && v.key == "" {
-		m.page(w, r, http.StatusInternalServerError, "no key")
-		return
+		return cmd, "", nil, refuse(kindNoKey, "no key")
 	}
-	value := []byte(v.value)
+	value = []byte(v.value)
 	if cmd.storage() && !v.valueSet {
 		if !hasBody {
-			m.page(w, r, http.StatusInternalServerError, "no value: send a request body (Content-Length: 0 for an empty value)")
-			return
+			return cmd, "", nil, refuse(kindNoValue, "no value: send a request body (Content-Length: 0 for an empty value)")
 		}
 		value = body
 	}
-	key := memcEscape(v.key)
+	key = memcEscape(v.key)
 	if cmd == memcDelete && v.exptime != "" && v.exptime != "0" {
-		// What memcached 1.6 answers to "delete <key> <n>" for any n but
-		// "0"; upstream.Store has no delete with a time, so it is answered
-		// here without sending.
-		m.raw(w, r, http.StatusBadGateway, "CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n")
-		return
+		// upstream.Store has no delete with a time, so memcached's answer
+		// to one is given here without sending.
+		return cmd, "", nil, refuse(kindDeleteTime, "delete takes no time but 0")
 	}
 	if cmd.keyed() && len(key) > m.o.MaxKeyLen {
 		// memcached refuses such a key, and the module sends it anyway:
 		// memcached then runs a storage command's data block as a command
 		// of its own. memcgate gives the same answer and never sends it.
-		if cmd == memcGet {
-			m.page(w, r, http.StatusBadGateway, "key is "+strconv.Itoa(len(key))+" bytes after escaping; memcached allows "+strconv.Itoa(m.o.MaxKeyLen))
-		} else {
-			m.raw(w, r, http.StatusBadGateway, "CLIENT_ERROR bad command line format\r\n")
-		}
-		return
+		return cmd, "", nil, refuse(kindKeyTooLong, "key is "+strconv.Itoa(len(key))+" bytes after escaping; memcached allows "+strconv.Itoa(m.o.MaxKeyLen))
 	}
-	m.run(w, r, cmd, v, key, value)
+	return cmd, key, value, nil
 }
 
 // verbs are the operations of the keyed commands.
