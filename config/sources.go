@@ -18,21 +18,59 @@ import (
 const MaxFileBytes = 1 << 20
 
 // ReadFile reads a file the configuration names; one larger than
-// MaxFileBytes is refused.
+// MaxFileBytes is refused, and so is anything but a regular file (a
+// symbolic link is followed): opening a named pipe waits for a writer,
+// which would hold the start, or the reload and every one after it, with
+// nothing said, and a device or a directory holds no configuration.
 func ReadFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := openRegular(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
 	b, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
+		return nil, err // *PathError: names the file
 	}
 	if len(b) > MaxFileBytes {
 		return nil, fmt.Errorf("%s is larger than %d bytes", path, MaxFileBytes)
 	}
 	return b, nil
+}
+
+// openRegular opens path for reading if it is a regular file. The open
+// does not wait (openNoWait): the file is checked once open, so that it
+// cannot be swapped for a pipe between a check and the open.
+func openRegular(path string) (*os.File, error) {
+	f, err := openNoWait(path)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("%s is not a regular file (%s)", path, fileKind(fi.Mode()))
+	}
+	return f, nil
+}
+
+// fileKind names the kind of file m is, for an error.
+func fileKind(m os.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&os.ModeNamedPipe != 0:
+		return "a named pipe"
+	case m&os.ModeSocket != 0:
+		return "a socket"
+	case m&os.ModeDevice != 0:
+		return "a device"
+	}
+	return "mode " + m.String()
 }
 
 // maxErrors is how many errors a list of entries reports; the others are

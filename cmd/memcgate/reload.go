@@ -102,7 +102,7 @@ type reloader struct {
 	started config.Config  // what the settings a reload cannot change stay at
 	cur     config.Config  // what runs now
 	tokens  []config.Token // cur's tokens, AUTH_TOKENS_FILE's included: that file's content is not in cur
-	sums    map[string]sum // watched files' contents at the last reload
+	sums    map[string]sum // watched files' contents at the last reload; Run's goroutine, which writes it, reads it without mu
 	history []Reload
 	// The last refusal repeated by DNS polls: when it was last logged,
 	// and how many refusals since then were not.
@@ -353,9 +353,7 @@ func (r *reloader) fileSums(cfg config.Config) map[string]sum {
 // filesChanged reports whether a watched file's content changed since the
 // last reload.
 func (r *reloader) filesChanged() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	now := r.fileSums(r.cur)
+	now := r.fileSums(r.Current())
 	if len(now) != len(r.sums) {
 		return true
 	}
@@ -371,18 +369,14 @@ func (r *reloader) filesChanged() bool {
 // 100ms apart (a file written in place, not renamed, can be read half
 // written), up to a second; it reports false if ctx ends first.
 func (r *reloader) settled(ctx context.Context) bool {
-	r.mu.Lock()
-	prev := r.fileSums(r.cur)
-	r.mu.Unlock()
+	prev := r.fileSums(r.Current())
 	for range 10 {
 		select {
 		case <-ctx.Done():
 			return false
 		case <-time.After(100 * time.Millisecond):
 		}
-		r.mu.Lock()
-		now := r.fileSums(r.cur)
-		r.mu.Unlock()
+		now := r.fileSums(r.Current())
 		if maps.Equal(now, prev) {
 			return true
 		}
@@ -414,6 +408,9 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 	if err == nil {
 		err = r.apply(ctx, next, &rl)
 	}
+	// Read without mu, as every file is: the status page and
+	// /debug/config do not wait for a slow file system.
+	sums := r.fileSums(r.cur) // the files the configuration now names
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	repeat := false
@@ -444,7 +441,7 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 		r.lastOK.Set(1)
 	}
 	r.reloads.WithLabelValues(rl.Result).Inc()
-	r.sums = r.fileSums(r.cur) // the files the configuration now names
+	r.sums = sums
 	for f := range r.sums {
 		if s, ok := before[f]; ok {
 			r.sums[f] = s
