@@ -15,6 +15,10 @@ import (
 	"github.com/memcgate/memcgate/upstream/mcpipe"
 )
 
+// ErrNoNodeUp: SetServers refused a server list that would leave no
+// node up while a running one is up; the running nodes stay.
+var ErrNoNodeUp = errors.New("upstream: the new server list refused")
+
 // Protocol outcomes. They are answers from a healthy memcached: none of them
 // counts against a node's health and none of them is retried elsewhere.
 var (

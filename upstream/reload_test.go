@@ -484,3 +484,85 @@ func TestSetServersReaddedHangingNodeOwesFlush(t *testing.T) {
 		t.Errorf("node added again that hangs: up %v, flush owed %v; want down, owed (%s)", n.available(), n.flushOwed.Load(), n.status().Reason)
 	}
 }
+
+// TestSetServersRefusesNoNodeUp: a server list none of whose nodes
+// answers, while a running node is up, is refused with ErrNoNodeUp and
+// changes nothing: the running nodes stay, the nodes it added leave no
+// metric series, and a removed node it named stays remembered as
+// removed. A list with one node up, or any list while no node is up, is
+// applied.
+func TestSetServersRefusesNoNodeUp(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 3)
+	dead := []Server{{Host: "127.0.0.1", Port: memcachedtest.DeadPort(t), Weight: 1}, {Host: "127.0.0.1", Port: memcachedtest.DeadPort(t), Weight: 1}}
+	c, reg := newTestCluster(t, mcs[:2], nil)
+	names := func() []string {
+		var out []string
+		for _, n := range c.Nodes() {
+			out = append(out, n.Node)
+		}
+		return out
+	}
+	series := func(node string) int {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "node" && l.GetValue() == node {
+						n++
+					}
+				}
+			}
+		}
+		return n
+	}
+	// mcs[1] removed: remembered, so that its return is known as one.
+	if _, err := c.SetServers(t.Context(), serversOf(mcs[0]), hashring.Ketama); err != nil {
+		t.Fatal(err)
+	}
+	mcs[1].Kill()
+	before := names()
+	for _, list := range [][]Server{dead, append(serversOf(mcs[1]), dead...)} {
+		ch, err := c.SetServers(t.Context(), list, hashring.Ketama)
+		if !errors.Is(err, ErrNoNodeUp) || !strings.Contains(err.Error(), "none of the") {
+			t.Fatalf("SetServers(%v) = %+v, %v; want ErrNoNodeUp naming the probes", list, ch, err)
+		}
+		if got := names(); !slices.Equal(got, before) {
+			t.Errorf("nodes after the refusal = %v, want %v", got, before)
+		}
+		for _, s := range list {
+			if n := series(net.JoinHostPort(s.Host, strconv.Itoa(s.Port))); n != 0 {
+				t.Errorf("%d metric series of %s, a node of the refused list", n, net.JoinHostPort(s.Host, strconv.Itoa(s.Port)))
+			}
+		}
+		if err := c.Set(t.Context(), Item{Key: "k", Value: []byte("v")}); err != nil {
+			t.Errorf("set after the refusal: %v", err)
+		}
+	}
+	c.mu.Lock()
+	_, remembered := c.removed[mcs[1].Addr]
+	c.mu.Unlock()
+	if !remembered {
+		t.Errorf("%s, removed earlier, is no longer remembered as removed after a refused list named it", mcs[1].Addr)
+	}
+
+	// One node that answers beside the dead ones: applied.
+	if _, err := c.SetServers(t.Context(), append(serversOf(mcs[2]), dead...), hashring.Ketama); err != nil {
+		t.Fatalf("a list with a node that answers: %v", err)
+	}
+	// No node up now: a list of dead nodes is nothing worse.
+	mcs[2].Kill()
+	ctx, cancel := context.WithCancel(t.Context())
+	runDone := make(chan struct{})
+	go func() { c.Run(ctx); close(runDone) }()
+	defer func() { cancel(); <-runDone }()
+	for !c.Probed() || c.Ready() {
+		time.Sleep(10 * time.Millisecond) // the health checker's probes mark mcs[2] down
+	}
+	if _, err := c.SetServers(t.Context(), dead[:1], hashring.Ketama); err != nil {
+		t.Errorf("a list of dead nodes while no node is up: %v", err)
+	}
+}

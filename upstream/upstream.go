@@ -26,6 +26,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -378,6 +379,12 @@ type Change struct {
 // before its re-admission), else it is probed and logged. Neither the
 // probes nor the wait for them hold a lock that operations, Ready, Nodes
 // or Run take.
+//
+// A server list none of whose nodes would be up (those added did not
+// answer, those that stay are down) while a running node is up is
+// refused with ErrNoNodeUp, and changes nothing: such a list (every line
+// mistyped, a DNS answer naming targets that do not resolve) would turn
+// every request of the cluster into an error.
 func (c *Cluster) SetServers(ctx context.Context, servers []Server, dist hashring.Distribution) (Change, error) {
 	c.setMu.Lock()
 	defer c.setMu.Unlock()
@@ -388,12 +395,14 @@ func (c *Cluster) SetServers(ctx context.Context, servers []Server, dist hashrin
 	}
 	var ch Change
 	probes := make([]addedProbe, len(added))
-	var again []string // added again, not flushed
+	var again []string             // added again, not flushed
+	readded := map[string]uint64{} // their entries in c.removed, put back if the list is refused
 	c.mu.Lock()
 	for i, n := range added {
 		ch.Added = append(ch.Added, n.name)
 		probes[i].n = n
-		if _, ok := c.removed[n.name]; ok {
+		if at, ok := c.removed[n.name]; ok {
+			readded[n.name] = at
 			// Its keys were written on other nodes while it was out of
 			// the ring, and no write was remembered for it (its node was
 			// gone, not down). With ReadmitFlush it starts empty, or down
@@ -409,14 +418,27 @@ func (c *Cluster) SetServers(ctx context.Context, servers []Server, dist hashrin
 		}
 	}
 	c.mu.Unlock()
-	if len(again) > 0 {
-		c.log.Warn(fmt.Sprintf("%d nodes added again after a reload removed them: keys written on other nodes meanwhile may read stale from them until written again (MEMCGATE_READMIT_FLUSH=true flushes such a node)", len(again)),
-			nodesAttrs(again)...)
-	}
 	c.probeAdded(ctx, probes)
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err := noneUp(old, t, probes); err != nil {
+		// The nodes added go as removed ones do, with their metric
+		// series; the others never left the ring.
+		for _, p := range probes {
+			p.n.retire()
+			c.retired = append(c.retired, p.n)
+			c.m.forget(p.n.name)
+		}
+		for name, at := range readded {
+			c.removed[name] = at
+		}
+		return Change{}, err
+	}
+	if len(again) > 0 {
+		c.log.Warn(fmt.Sprintf("%d nodes added again after a reload removed them: keys written on other nodes meanwhile may read stale from them until written again (MEMCGATE_READMIT_FLUSH=true flushes such a node)", len(again)),
+			nodesAttrs(again)...)
+	}
 	var down, flushed []string
 	var downErr error // the first node's that starts down
 	for _, p := range probes {
@@ -479,6 +501,56 @@ func (c *Cluster) SetServers(ctx context.Context, servers []Server, dist hashrin
 			"nodes", ch.KeysBack)
 	}
 	return ch, nil
+}
+
+// noneUp returns ErrNoNodeUp, with why, if no node of t would be up
+// (the nodes added whose probes failed, the nodes that stay down) while
+// a node of old is up; else nil.
+func noneUp(old, t *topology, probes []addedProbe) error {
+	var firstErr error
+	for _, p := range probes {
+		if p.err == nil {
+			return nil
+		}
+		if firstErr == nil {
+			firstErr = p.err
+		}
+	}
+	added := make(map[*node]bool, len(probes))
+	for _, p := range probes {
+		added[p.n] = true
+	}
+	for _, n := range t.nodes {
+		if !added[n] && n.available() {
+			return nil
+		}
+	}
+	running := 0
+	for _, n := range old.nodes {
+		if n.available() {
+			running++
+		}
+	}
+	if running == 0 {
+		return nil // nothing up to keep: the list may bring the cluster back
+	}
+	var why []string
+	if len(probes) > 0 {
+		why = append(why, fmt.Sprintf("none of the %s it adds answered its probe (the first: %v)", nodeCount(len(probes)), firstErr))
+	}
+	if stay := len(t.nodes) - len(probes); stay > 0 {
+		why = append(why, fmt.Sprintf("the %s it keeps %s down", nodeCount(stay), map[bool]string{true: "is", false: "are"}[stay == 1]))
+	}
+	return fmt.Errorf("%w: no node of it would be up (%s) while %d of the %s running %s up: the running nodes stay",
+		ErrNoNodeUp, strings.Join(why, "; "), running, nodeCount(len(old.nodes)), map[bool]string{true: "is", false: "are"}[running == 1])
+}
+
+// nodeCount is "1 node" or "n nodes".
+func nodeCount(n int) string {
+	if n == 1 {
+		return "1 node"
+	}
+	return fmt.Sprintf("%d nodes", n)
 }
 
 // maxLoggedNodes is how many nodes a log line about many of them

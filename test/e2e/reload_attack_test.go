@@ -4,11 +4,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/memcgate/memcgate/test/dnstest"
 	"github.com/memcgate/memcgate/test/gatewaytest"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
@@ -89,4 +92,85 @@ func TestServersFileBecomesAPipe(t *testing.T) {
 	if _, ok := g.Wait(30 * time.Second); !ok {
 		t.Fatalf("SIGTERM did not stop the gateway:\n%s", gatewaytest.Tail(g.Logs(), 2000))
 	}
+}
+
+// TestReloadRefusesNoNodeUp: a server list none of whose nodes answers
+// (every line mistyped, a DNS answer naming nodes that do not answer)
+// is refused, from SERVERS_FILE and SERVERS_DNS alike: the running
+// nodes stay and keep serving. It was applied: every request got 503
+// and /readyz 503, the reload counted as ok. A list that keeps one
+// running node, or adds one that answers, is applied as before.
+func TestReloadRefusesNoNodeUp(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 3)
+	dead := []int{memcachedtest.DeadPort(t), memcachedtest.DeadPort(t)}
+	deadAddrs := []string{"127.0.0.1:" + strconv.Itoa(dead[0]), "127.0.0.1:" + strconv.Itoa(dead[1])}
+	const why = "no node of it would be up (none of the 2 nodes it adds answered its probe"
+
+	// check sees the refusal of a list of dead nodes through g, whose
+	// nodes are running, and the list that follows applied.
+	check := func(t *testing.T, g *gateway, running []string, refuse, apply func(), applied []string) {
+		t.Helper()
+		errs := metric(t, g, "memcgate_config_reloads_total", `{result="error"}`)
+		oks := metric(t, g, "memcgate_config_reloads_total", `{result="ok"}`)
+		refuse()
+		waitCounted(t, g, "error", errs)
+		waitLog(t, g, why)
+		if v := metric(t, g, "memcgate_config_last_reload_successful", ""); v != 0 {
+			t.Errorf("memcgate_config_last_reload_successful = %v after the refusal, want 0", v)
+		}
+		if got := slices.Sorted(slices.Values(nodeNames(t, g))); !slices.Equal(got, running) {
+			t.Errorf("nodes after the refusal = %v, want %v", got, running)
+		}
+		if s := g.do("PUT", "/nonodeup", []byte("v")).status; s != http.StatusCreated {
+			t.Errorf("PUT after the refusal = %d, want 201", s)
+		}
+		resp, err := http.Get(g.Admin + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("/readyz after the refusal = %d, want 200", resp.StatusCode)
+		}
+		apply()
+		waitCounted(t, g, "ok", oks)
+		waitNodes(t, g, applied)
+	}
+
+	t.Run("SERVERS_FILE", func(t *testing.T) {
+		file := filepath.Join(t.TempDir(), "servers")
+		writeAtomic(t, file, memcachedtest.Addrs(mcs[:2]))
+		// Reloads on SIGHUP only: one per step.
+		g := startGateway(t, map[string]string{"MEMCGATE_SERVERS_FILE": file, "MEMCGATE_WATCH_INTERVAL": "0s"})
+		running := []string{mcs[0].Addr, mcs[1].Addr}
+		waitNodes(t, g, running)
+		// One running node kept beside the dead ones: applied.
+		kept := append([]string{mcs[0].Addr}, deadAddrs...)
+		check(t, g, running,
+			func() { writeAtomic(t, file, strings.Join(deadAddrs, "\n")); g.Signal(syscall.SIGHUP) },
+			func() { writeAtomic(t, file, strings.Join(kept, "\n")); g.Signal(syscall.SIGHUP) },
+			slices.Sorted(slices.Values(kept)))
+	})
+
+	t.Run("SERVERS_DNS", func(t *testing.T) {
+		dns := dnstest.Start(t)
+		dns.SetLocalhost(mcs[0].Port)
+		g := startGateway(t, map[string]string{
+			"MEMCGATE_SERVERS_DNS":  "_memcache._tcp.memcached.test",
+			"MEMCGATE_DNS_SERVER":   dns.Addr(),
+			"MEMCGATE_DNS_INTERVAL": "100ms",
+		})
+		running := []string{"localhost:" + strconv.Itoa(mcs[0].Port)}
+		waitNodes(t, g, running)
+		// A node that answers beside the dead ones: applied.
+		ports := []int{dead[0], dead[1], mcs[2].Port}
+		var applied []string
+		for _, p := range ports {
+			applied = append(applied, "localhost:"+strconv.Itoa(p))
+		}
+		check(t, g, running,
+			func() { dns.SetLocalhost(dead...) },
+			func() { dns.SetLocalhost(ports...) },
+			applied)
+	})
 }
