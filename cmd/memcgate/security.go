@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"fmt"
 	"net"
-	"os"
 	"time"
 
 	"github.com/memcgate/memcgate/config"
@@ -38,7 +37,7 @@ func newSecurity(cfg config.Config) (*security, error) {
 	if cfg.UpstreamTLS {
 		tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: cfg.UpstreamTLSName, InsecureSkipVerify: cfg.UpstreamTLSNoCheck}
 		if cfg.UpstreamTLSCAFile != "" {
-			pem, err := os.ReadFile(cfg.UpstreamTLSCAFile)
+			pem, err := config.ReadFile(cfg.UpstreamTLSCAFile)
 			if err != nil {
 				return nil, fmt.Errorf("%sUPSTREAM_TLS_CA_FILE: %w", config.Prefix, err)
 			}
@@ -48,7 +47,7 @@ func newSecurity(cfg config.Config) (*security, error) {
 			}
 		}
 		if cfg.UpstreamTLSCert != "" {
-			cert, err := tls.LoadX509KeyPair(cfg.UpstreamTLSCert, cfg.UpstreamTLSKey)
+			cert, err := loadKeyPair(cfg.UpstreamTLSCert, cfg.UpstreamTLSKey)
 			if err != nil {
 				return nil, fmt.Errorf("%sUPSTREAM_TLS_CERT_FILE: %w", config.Prefix, err)
 			}
@@ -86,7 +85,7 @@ func serverTLS(certFile, keyFile, name string) (*tls.Config, error) {
 	if certFile == "" {
 		return nil, nil
 	}
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	cert, err := loadKeyPair(certFile, keyFile)
 	if err != nil {
 		return nil, fmt.Errorf("%s%s: %w", config.Prefix, name, err)
 	}
@@ -94,6 +93,21 @@ func serverTLS(certFile, keyFile, name string) (*tls.Config, error) {
 	// told which it gets, one offering h2 alone fails its handshake
 	// (docs/decisions/0038).
 	return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}}, nil
+}
+
+// loadKeyPair is tls.LoadX509KeyPair with the files read as the
+// configuration's are (config.ReadFile): a reload loads them again to
+// check them, and a named pipe put in their place would hold it.
+func loadKeyPair(certFile, keyFile string) (tls.Certificate, error) {
+	cert, err := config.ReadFile(certFile)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	key, err := config.ReadFile(keyFile)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.X509KeyPair(cert, key)
 }
 
 // wrapData puts TLS on a data listener (TCP or the Unix socket) if the

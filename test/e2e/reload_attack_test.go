@@ -174,3 +174,37 @@ func TestReloadRefusesNoNodeUp(t *testing.T) {
 			applied)
 	})
 }
+
+// TestTLSKeyFileBecomesAPipe: a reload loads the TLS files again to check
+// them; a key file replaced by a named pipe is refused, as a file of the
+// configuration is, instead of holding the reload, the status page and
+// the shutdown for good.
+func TestTLSKeyFileBecomesAPipe(t *testing.T) {
+	mc := memcachedtest.Start(t)
+	_, certFile, keyFile := writeCert(t)
+	g := startGatewayScheme(t, "https", map[string]string{
+		"MEMCGATE_SERVERS": mc.Addr, "MEMCGATE_WATCH_INTERVAL": "0s",
+		"MEMCGATE_TLS_CERT_FILE": certFile, "MEMCGATE_TLS_KEY_FILE": keyFile,
+	})
+	pipe := filepath.Join(t.TempDir(), "pipe")
+	if err := syscall.Mkfifo(pipe, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(pipe, keyFile); err != nil {
+		t.Fatal(err)
+	}
+	errs := metric(t, g, "memcgate_config_reloads_total", `{result="error"}`)
+	g.Signal(syscall.SIGHUP)
+	waitCounted(t, g, "error", errs)
+	waitLog(t, g, "is not a regular file (a named pipe)")
+	client := &http.Client{Timeout: 5 * time.Second}
+	resp, err := client.Get(g.Admin + "/status")
+	if err != nil {
+		t.Fatalf("GET /status after the refusal: %v", err)
+	}
+	resp.Body.Close()
+	g.Signal(syscall.SIGTERM)
+	if _, ok := g.Wait(30 * time.Second); !ok {
+		t.Fatalf("SIGTERM did not stop the gateway:\n%s", gatewaytest.Tail(g.Logs(), 2000))
+	}
+}
