@@ -110,6 +110,7 @@ func TestReloadRefusesNoNodeUp(t *testing.T) {
 	// nodes are running, and the list that follows applied.
 	check := func(t *testing.T, g *gateway, running []string, refuse, apply func(), applied []string) {
 		t.Helper()
+		running = slices.Sorted(slices.Values(running))
 		errs := metric(t, g, "memcgate_config_reloads_total", `{result="error"}`)
 		oks := metric(t, g, "memcgate_config_reloads_total", `{result="ok"}`)
 		refuse()
