@@ -58,10 +58,16 @@ type Reload struct {
 	Servers *upstream.Change `json:"servers,omitempty"` // the default pool's nodes
 	// Pools lists what changed in each pool, the default one included.
 	Pools []route.Change `json:"pools,omitempty"`
-	// Repeated counts the DNS polls after this refusal that were refused
-	// with the same error, the last at Last: folded into this one.
+	// Repeated counts the polls after this refusal (DNS, or the watch
+	// poll trying a server list whose nodes did not answer again) that
+	// were refused with the same error, the last at Last: folded into
+	// this one.
 	Repeated int       `json:"repeated,omitempty"`
 	Last     time.Time `json:"last,omitzero"`
+	// noNodeUp is set when a server list was refused because none of its
+	// nodes answered: such refusals repeat each other whatever the
+	// probes' errors (a timeout names the probe's local port).
+	noNodeUp bool
 }
 
 // maxReloads is how many reloads the history keeps.
@@ -103,6 +109,11 @@ type reloader struct {
 	cur     config.Config  // what runs now
 	tokens  []config.Token // cur's tokens, AUTH_TOKENS_FILE's included: that file's content is not in cur
 	sums    map[string]sum // watched files' contents at the last reload; Run's goroutine, which writes it, reads it without mu
+	// retry is set while the last reload, from a file or SIGHUP, was
+	// refused because no node of a server list answered: the watch poll
+	// tries it again until its nodes answer or it changes. Run's
+	// goroutine alone reads and writes it.
+	retry   bool
 	history []Reload
 	// The last refusal repeated by DNS polls: when it was last logged,
 	// and how many refusals since then were not.
@@ -322,7 +333,7 @@ func (r *reloader) Run(ctx context.Context, hup <-chan os.Signal) {
 		case <-hup:
 			r.reload(ctx, "sighup")
 		case <-watch.C:
-			if r.filesChanged() && r.settled(ctx) {
+			if r.retry || r.filesChanged() && r.settled(ctx) {
 				r.reload(ctx, "file")
 			}
 		case <-dns.C:
@@ -392,6 +403,8 @@ func (r *reloader) settled(ctx context.Context) bool {
 func (r *reloader) reload(ctx context.Context, trigger string) {
 	r.run.Lock()
 	defer r.run.Unlock()
+	// A poll: its refusal, the same as the last one's, is folded.
+	polled := trigger == "dns" || trigger == "file" && r.retry
 	// The files as they are before they are read: one written while this
 	// reload runs then differs from these sums, and the next poll
 	// reloads again, instead of the edit being taken as already applied.
@@ -415,8 +428,8 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 	defer r.mu.Unlock()
 	repeat := false
 	if err != nil {
-		rl.Result, rl.Error = "error", err.Error()
-		repeat = r.repeated(ctx, rl)
+		rl.Result, rl.Error, rl.noNodeUp = "error", err.Error(), errors.Is(err, upstream.ErrNoNodeUp)
+		repeat = polled && r.repeated(ctx, rl)
 		if !repeat {
 			r.log.Error("configuration reload refused: the running configuration stays", "trigger", trigger, "err", err.Error())
 			r.repeatLogged, r.repeatUnlogged = rl.Time, 0
@@ -441,6 +454,12 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 		r.lastOK.Set(1)
 	}
 	r.reloads.WithLabelValues(rl.Result).Inc()
+	// A server list refused because none of its nodes answered may be
+	// right a moment early (nodes started with it): a DNS poll tries it
+	// again, and so does the watch poll for a file or SIGHUP.
+	if trigger != "dns" {
+		r.retry = errors.Is(err, upstream.ErrNoNodeUp) && r.cur.Watch > 0
+	}
 	r.sums = sums
 	for f := range r.sums {
 		if s, ok := before[f]; ok {
@@ -456,18 +475,19 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 	}
 }
 
-// repeated reports whether rl, a refusal, is a DNS poll's that repeats
-// the last reload's refusal. It is then counted in that reload's history
+// repeated reports whether rl, a refusal of a poll (DNS, or the watch
+// poll trying a refused server list again), repeats the last reload's
+// refusal. It is then counted in that reload's history
 // entry instead of one of its own, and logged only repeatLogEvery after
 // the last line about it, with the number of refusals not logged. Any
 // other refusal (SIGHUP, a changed file, a DNS answer refused for another
 // reason) is a new one.
 func (r *reloader) repeated(ctx context.Context, rl Reload) bool {
-	if rl.Trigger != "dns" || len(r.history) == 0 {
+	if len(r.history) == 0 {
 		return false
 	}
 	last := &r.history[len(r.history)-1]
-	if last.Result != "error" || last.Error != rl.Error {
+	if last.Result != "error" || last.Error != rl.Error && !(last.noNodeUp && rl.noNodeUp) {
 		return false
 	}
 	last.Repeated++
@@ -698,7 +718,7 @@ func (r *reloader) statusRows() []gateway.Reload {
 			row.Message = h.Trigger + ": " + row.Message
 		}
 		if h.Repeated > 0 {
-			row.Message += fmt.Sprintf(" (refused the same on %d more DNS polls, the last at %s UTC)", h.Repeated, h.Last.UTC().Format(time.TimeOnly))
+			row.Message += fmt.Sprintf(" (refused the same on %d more polls, the last at %s UTC)", h.Repeated, h.Last.UTC().Format(time.TimeOnly))
 		}
 		rows = append(rows, row)
 	}

@@ -170,7 +170,7 @@ func TestRepeatedRefusalsFolded(t *testing.T) {
 	if len(h) != 1 || h[0].Repeated != 4 || h[0].Error != refusal {
 		t.Fatalf("history = %+v, want one refusal repeated 4 times", h)
 	}
-	if rows := r.statusRows(); len(rows) != 1 || !strings.Contains(rows[0].Message, "refused the same on 4 more DNS polls") {
+	if rows := r.statusRows(); len(rows) != 1 || !strings.Contains(rows[0].Message, "refused the same on 4 more polls") {
 		t.Errorf("status rows = %+v, want one that counts the repeats", rows)
 	}
 

@@ -209,3 +209,37 @@ func TestTLSKeyFileBecomesAPipe(t *testing.T) {
 		t.Fatalf("SIGTERM did not stop the gateway:\n%s", gatewaytest.Tail(g.Logs(), 2000))
 	}
 }
+
+// TestRefusedServersFileRetried: a SERVERS_FILE refused because none of
+// its nodes answered is tried again by the watch poll, without a log
+// line or a history row per poll, and applied once its nodes answer (a
+// list written a moment before its memcached started). Before, the file
+// counted as seen: the list stayed refused until it changed again or
+// SIGHUP.
+func TestRefusedServersFileRetried(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 2)
+	file := filepath.Join(t.TempDir(), "servers")
+	writeAtomic(t, file, mcs[0].Addr)
+	g := startGateway(t, map[string]string{
+		"MEMCGATE_SERVERS_FILE": file, "MEMCGATE_WATCH_INTERVAL": "50ms",
+		"MEMCGATE_HEALTH_TIMEOUT": "100ms",
+	})
+	waitNodes(t, g, []string{mcs[0].Addr})
+	mcs[1].Pause() // accepts connections, answers nothing
+	errs := metric(t, g, "memcgate_config_reloads_total", `{result="error"}`)
+	writeAtomic(t, file, mcs[1].Addr)
+	errs = waitCounted(t, g, "error", errs)
+	waitCounted(t, g, "error", errs) // tried again
+	waitLog(t, g, "no node of it would be up")
+	if n := strings.Count(g.Logs(), "no node of it would be up"); n != 1 {
+		t.Errorf("%d log lines of the refusal tried again, want 1:\n%s", n, gatewaytest.Tail(g.Logs(), 2000))
+	}
+	if got := nodeNames(t, g); len(got) != 1 || got[0] != mcs[0].Addr {
+		t.Errorf("nodes while the file's node does not answer = %v, want %s", got, mcs[0].Addr)
+	}
+	mcs[1].Resume()
+	waitNodes(t, g, []string{mcs[1].Addr})
+	if v := metric(t, g, "memcgate_config_last_reload_successful", ""); v != 1 {
+		t.Errorf("memcgate_config_last_reload_successful = %v once the file was applied, want 1", v)
+	}
+}
