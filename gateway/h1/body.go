@@ -18,7 +18,7 @@ type body struct {
 	c      *conn // reads from c.in, and releases its buffer at the body's end
 	n      int64 // bytes not yet read
 	ahead  []byte
-	err    error // what cut the read ahead short, after the bytes in ahead
+	err    error // what cut the body short: after the bytes in ahead, or what a read from the connection failed with
 	sawEOF bool
 	closed bool
 	early  bool // closed before its end: the connection cannot be reused
@@ -57,9 +57,16 @@ func (b *body) Read(p []byte) (int, error) {
 		b.done()
 		return n, io.EOF
 	}
-	if err == io.EOF { // net/http then reports io.EOF, and keeps the connection
+	switch {
+	case err == io.EOF: // net/http then reports io.EOF, and keeps the connection
 		b.sawEOF = true
 		err = io.ErrUnexpectedEOF
+	case err != nil:
+		// The read timeout, or the socket failed: the body's place in
+		// the stream is lost, and a client that may still be sending
+		// gets its answer before the connection closes (serveRequest
+		// lingers).
+		b.err = err
 	}
 	return n, err
 }

@@ -306,7 +306,12 @@ func (c *conn) readNext(first, resumed bool) (*http.Request, readResult) {
 		return c.readAhead()
 	}
 	if req.ContentLength > int64(c.in.Buffered()) {
-		c.setReadTimeout(s.ReadTimeout) // zero clears the header deadline, as net/http
+		// The handler reads the rest from the connection: its reads
+		// share the read timeout counted from the request's start, as a
+		// body read ahead does and as net/http's do, so that the whole
+		// request takes no longer than ReadTimeout however long its head
+		// took. Zero clears the header deadline, as net/http does.
+		c.setDeadline(c.deadline(s.ReadTimeout))
 	}
 	return req, readOK
 }
@@ -524,10 +529,11 @@ func (c *conn) serveRequest(req *http.Request) bool {
 	}
 	if rb := w.body; w.tooBig || rb != nil && (rb.early || rb.err != nil && rb.err != io.ErrUnexpectedEOF) {
 		// The client may still send: drop it while the answer goes out
-		// (a body read ahead cut short at the read timeout or by the
-		// budget was answered 408 or 503, and its client may be sending
-		// still: closing with its bytes unread would reset the answer
-		// away; one that ended its side sends nothing more). What was
+		// (a body cut short at the read timeout, read ahead or by its
+		// handler, or by the budget was answered 408 or 503, and its
+		// client may be sending still: closing with its bytes unread
+		// would reset the answer away; one that ended its side sends
+		// nothing more). What was
 		// read ahead goes back first, so that a lingering connection
 		// holds none of the budget.
 		if rb != nil && (rb.ahead != nil || rb.err != nil) {
@@ -604,6 +610,13 @@ func (c *conn) linger() (wasParked bool) {
 		c.close()
 		return false
 	}
+	if c.readDL {
+		// A body cut short at the read timeout left its deadline
+		// behind, passed: a read would fail at once, and the
+		// connection would close with the client's bytes unread. The
+		// poller keeps the linger's own deadline while parked.
+		c.setReadTimeout(0)
+	}
 	if c.lingerAt.IsZero() {
 		if cw, ok := c.rwc.(interface{ CloseWrite() error }); ok {
 			cw.CloseWrite()
@@ -632,9 +645,6 @@ func (c *conn) linger() (wasParked bool) {
 			}
 			c.close() // the client closed (or reset), or the socket failed
 			return false
-		}
-		if c.readDL {
-			c.setReadTimeout(0)
 		}
 		switch c.srv.poller.parkReading(c, stateActive, lingerUntil(c.lingerAt, c.srv.lingering())) {
 		case parked:
