@@ -30,7 +30,7 @@ func (c *conn) handover() readResult {
 	delete(s.conns, c)
 	s.mu.Unlock()
 	c.handed = true // uncounted when Fallback closes it
-	rc := &replayConn{Conn: c.rwc, buf: buf, open: &s.open, handed: &s.handed}
+	rc := &replayConn{Conn: c.rwc, buf: buf, open: &s.open, handed: &s.handed, readBy: c.deadline(s.ReadTimeout)}
 	// Fallback reads the rest of the connection through GuardConn, which
 	// makes net/http refuse what the fast path refuses (errBothLengths).
 	if !c.ho.give(guardCounted(rc, s.badRequest)) {
@@ -128,6 +128,32 @@ type replayConn struct {
 	handed *atomic.Int64 // Server.handed
 	closed atomic.Bool
 	err    error // the last read's error, for ReadError
+
+	mu sync.Mutex
+	// readBy is the read deadline of the request the connection was
+	// handed over in, counted from its start (conn.deadline); zero:
+	// none, or no longer. net/http counts its ReadTimeout from when it
+	// begins to read the request, after the fast path read its head:
+	// SetReadDeadline does not let its deadlines past readBy, so that
+	// the read timeout counts the whole request there too, until
+	// net/http clears the deadline, which it does once the request's
+	// body is read (its background read) or between requests.
+	readBy time.Time
+}
+
+// SetReadDeadline sets the read deadline t, but no later than readBy
+// while that holds; a zero t clears the deadline and ends readBy.
+func (r *replayConn) SetReadDeadline(t time.Time) error {
+	r.mu.Lock()
+	by := r.readBy
+	if t.IsZero() {
+		r.readBy = time.Time{}
+	}
+	r.mu.Unlock()
+	if !by.IsZero() && !t.IsZero() && t.After(by) {
+		t = by
+	}
+	return r.Conn.SetReadDeadline(t)
 }
 
 // Close closes the connection; the first call also uncounts it.

@@ -81,30 +81,43 @@ func connCreated(t *testing.T, s *Server) time.Time {
 // left for its body, and the handler's first read of it fails with a
 // timeout, as net/http's does. Counted from the head's end, a client
 // could take the header timeout and the read timeout in all, and a
-// handler streaming its body would be held that long.
+// handler streaming its body would be held that long. A chunked body,
+// whose connection is handed over to Fallback after the fast path read
+// its head, is counted from the same start, though net/http counts its
+// own ReadTimeout from when it begins to read.
 func TestStreamedBodyReadTimeoutFromRequestStart(t *testing.T) {
 	const rt = 200 * time.Millisecond
+	framings := []struct {
+		name       string
+		head, body string
+	}{
+		{"Content-Length", "Content-Length: 10\r\n\r\n", "0123456789"},
+		{"chunked, handed over", "Transfer-Encoding: chunked\r\n\r\n", "a\r\n0123456789\r\n0\r\n\r\n"},
+	}
 	for _, l := range streamListeners {
-		t.Run(l.name, func(t *testing.T) {
-			started, proceed := make(chan struct{}), make(chan struct{})
-			s, addr := startH1On(t, l.listen(t), streamTimeoutHandler(true, started, proceed), func(s *Server) {
-				s.ReadHeaderTimeout, s.ReadTimeout = 10*time.Second, rt
+		for _, f := range framings {
+			t.Run(l.name+"/"+f.name, func(t *testing.T) {
+				started, proceed := make(chan struct{}), make(chan struct{})
+				s, addr := startH1On(t, l.listen(t), streamTimeoutHandler(true, started, proceed), func(s *Server) {
+					s.ReadHeaderTimeout, s.ReadTimeout = 10*time.Second, rt
+					s.Fallback.ReadHeaderTimeout, s.Fallback.ReadTimeout = 10*time.Second, rt
+				})
+				c, br := dial(t, addr)
+				io.WriteString(c, "PUT /x HTTP/1.1\r\nHost: a\r\n")
+				end := connCreated(t, s).Add(rt)
+				for now := time.Now(); !now.After(end); now = time.Now() {
+					time.Sleep(end.Sub(now) + time.Millisecond) // the head is not done by the read timeout
+				}
+				io.WriteString(c, f.head)
+				<-started // the head is read: the body is the handler's to read
+				io.WriteString(c, f.body)
+				close(proceed)
+				r, err := readWireResponse(br, "PUT")
+				if err != nil || !strings.Contains(r.status, "408") || r.body != "read 0: timeout" {
+					t.Fatalf("PUT whose head took the read timeout: %q %q, %v; want a 408 before any of its body is read", r.status, r.body, err)
+				}
 			})
-			c, br := dial(t, addr)
-			io.WriteString(c, "PUT /x HTTP/1.1\r\nHost: a\r\n")
-			end := connCreated(t, s).Add(rt)
-			for now := time.Now(); !now.After(end); now = time.Now() {
-				time.Sleep(end.Sub(now) + time.Millisecond) // the head is not done by the read timeout
-			}
-			io.WriteString(c, "Content-Length: 10\r\n\r\n")
-			<-started // the head is read: the body is the handler's to read
-			io.WriteString(c, "0123456789")
-			close(proceed)
-			r, err := readWireResponse(br, "PUT")
-			if err != nil || !strings.Contains(r.status, "408") || r.body != "read 0: timeout" {
-				t.Fatalf("PUT whose head took the read timeout: %q %q, %v; want a 408 before any of its body is read", r.status, r.body, err)
-			}
-		})
+		}
 	}
 }
 
@@ -172,4 +185,34 @@ func hasHeader(r wireResponse, h string) bool {
 		}
 	}
 	return false
+}
+
+// TestHandedOverKeepsAliveAfterReadTimeout: the read deadline of the
+// request a connection was handed over in bounds that request only: once
+// it is served, the connection waits for its next one as long as
+// Fallback's idle timeout allows, well past the first one's read
+// timeout.
+func TestHandedOverKeepsAliveAfterReadTimeout(t *testing.T) {
+	const rt = 200 * time.Millisecond
+	for _, l := range streamListeners {
+		t.Run(l.name, func(t *testing.T) {
+			_, addr := startH1On(t, l.listen(t), streamTimeoutHandler(true, nil, nil), func(s *Server) {
+				s.ReadTimeout, s.IdleTimeout = rt, 10*time.Second
+				s.Fallback.ReadTimeout, s.Fallback.IdleTimeout = rt, 10*time.Second
+			})
+			c, br := dial(t, addr)
+			io.WriteString(c, "PUT /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\na\r\n0123456789\r\n0\r\n\r\n")
+			if r, err := readWireResponse(br, "PUT"); err != nil || r.body != "read 10" {
+				t.Fatalf("chunked PUT: %q %q, %v; want it read", r.status, r.body, err)
+			}
+			end := time.Now().Add(rt) // the first request began before its answer came
+			for now := time.Now(); !now.After(end); now = time.Now() {
+				time.Sleep(end.Sub(now) + time.Millisecond) // idle past the first request's read timeout
+			}
+			io.WriteString(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc")
+			if r, err := readWireResponse(br, "PUT"); err != nil || r.body != "read 3" {
+				t.Fatalf("second PUT after idling: %q %q, %v; want it read", r.status, r.body, err)
+			}
+		})
+	}
 }
