@@ -26,7 +26,8 @@ import (
 //     not a reset;
 //   - a client whose head took the whole read timeout (within a longer
 //     header timeout) gets 408 even though its body then comes at once:
-//     the head's time counts.
+//     the head's time counts, with a Content-Length and with a chunked
+//     body (which the fast path hands over to net/http).
 //
 // The test waits on answers; the only waits on the clock are the slow
 // client's own.
@@ -107,32 +108,42 @@ func TestBigPutReadTimeout(t *testing.T) {
 				}
 			})
 
-			t.Run("slow head", func(t *testing.T) {
-				const size = 2 << 20
-				c, br := dialRaw(t, g.DataAddr)
-				c.SetDeadline(time.Now().Add(30 * time.Second))
-				start := time.Now()
-				fmt.Fprintf(c, "PUT /slowhead-%s HTTP/1.1\r\nHost: %s\r\n", tc.name, g.DataAddr)
-				// The head ends well after the read timeout, counted from
-				// when the connection was opened.
-				time.Sleep(time.Until(start.Add(5 * readTimeout / 2)))
-				go func() {
-					fmt.Fprintf(c, "Content-Length: %d\r\n\r\n", size)
-					c.Write(bytes.Repeat([]byte("s"), size)) // fails once the gateway closes
-				}()
-				resp, err := http.ReadResponse(br, nil)
-				if err != nil {
-					t.Fatalf("a head that took the read timeout: %v; want a 408", err)
-				}
-				body, _ := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(string(body), "MEMCGATE_READ_TIMEOUT") {
-					t.Errorf("a head that took the read timeout, its body then sent at once: %d %q; want 408", resp.StatusCode, body)
-				}
-				if r := g.do("GET", "/slowhead-"+tc.name, nil); r.status != http.StatusNotFound {
-					t.Errorf("GET after the 408 = %d, want 404: nothing stored", r.status)
-				}
-			})
+			// Both framings: a chunked body's connection the fast path
+			// hands over to net/http once it has read the head.
+			for _, chunked := range []bool{false, true} {
+				t.Run(fmt.Sprintf("slow head/chunked=%v", chunked), func(t *testing.T) {
+					const size = 2 << 20
+					key := fmt.Sprintf("/slowhead-%s-%v", tc.name, chunked)
+					c, br := dialRaw(t, g.DataAddr)
+					c.SetDeadline(time.Now().Add(30 * time.Second))
+					start := time.Now()
+					fmt.Fprintf(c, "PUT %s HTTP/1.1\r\nHost: %s\r\n", key, g.DataAddr)
+					// The head ends well after the read timeout, counted from
+					// when the connection was opened.
+					time.Sleep(time.Until(start.Add(5 * readTimeout / 2)))
+					go func() { // fails once the gateway closes
+						body := bytes.Repeat([]byte("s"), size)
+						if chunked {
+							fmt.Fprintf(c, "Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", size, body)
+							return
+						}
+						fmt.Fprintf(c, "Content-Length: %d\r\n\r\n", size)
+						c.Write(body)
+					}()
+					resp, err := http.ReadResponse(br, nil)
+					if err != nil {
+						t.Fatalf("a head that took the read timeout: %v; want a 408", err)
+					}
+					body, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(string(body), "MEMCGATE_READ_TIMEOUT") {
+						t.Errorf("a head that took the read timeout, its body then sent at once: %d %q; want 408", resp.StatusCode, body)
+					}
+					if r := g.do("GET", key, nil); r.status != http.StatusNotFound {
+						t.Errorf("GET after the 408 = %d, want 404: nothing stored", r.status)
+					}
+				})
+			}
 		})
 	}
 }
