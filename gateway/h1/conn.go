@@ -533,9 +533,8 @@ func (c *conn) serveRequest(req *http.Request) bool {
 		// handler, or by the budget was answered 408 or 503, and its
 		// client may be sending still: closing with its bytes unread
 		// would reset the answer away; one that ended its side sends
-		// nothing more). What was
-		// read ahead goes back first, so that a lingering connection
-		// holds none of the budget.
+		// nothing more). What was read ahead goes back first, so that
+		// a lingering connection holds none of the budget.
 		if rb != nil && (rb.ahead != nil || rb.err != nil) {
 			rb.done()
 		}
