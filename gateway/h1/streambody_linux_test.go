@@ -97,10 +97,17 @@ func TestStreamedBodyReadTimeoutFromRequestStart(t *testing.T) {
 	for _, l := range streamListeners {
 		for _, f := range framings {
 			t.Run(l.name+"/"+f.name, func(t *testing.T) {
-				started, proceed := make(chan struct{}), make(chan struct{})
+				started, proceed := make(chan struct{}, 1), make(chan struct{})
 				s, addr := startH1On(t, l.listen(t), streamTimeoutHandler(true, started, proceed), func(s *Server) {
 					s.ReadHeaderTimeout, s.ReadTimeout = 10*time.Second, rt
 					s.Fallback.ReadHeaderTimeout, s.Fallback.ReadTimeout = 10*time.Second, rt
+				})
+				t.Cleanup(func() { // before the server's, so that a failed test's handler ends
+					select {
+					case <-proceed:
+					default:
+						close(proceed)
+					}
 				})
 				c, br := dial(t, addr)
 				io.WriteString(c, "PUT /x HTTP/1.1\r\nHost: a\r\n")
