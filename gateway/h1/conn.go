@@ -301,6 +301,13 @@ func (c *conn) readNext(first, resumed bool) (*http.Request, readResult) {
 		return req, readOK
 	}
 	if c.readsAhead(req) {
+		if c.readDL {
+			// readAhead counts its own deadline, from the request's
+			// start; one left from before (a body an earlier handler
+			// streamed, a header deadline) may have passed, and would
+			// fail its reads from the socket at once.
+			c.setReadTimeout(0)
+		}
 		c.ahead, c.phase = req, phaseBody
 		c.aheldAt, c.aheadShrunk = time.Time{}, false
 		return c.readAhead()

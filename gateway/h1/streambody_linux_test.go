@@ -223,3 +223,45 @@ func TestHandedOverKeepsAliveAfterReadTimeout(t *testing.T) {
 		})
 	}
 }
+
+// TestReadAheadAfterStreamedBody: a body read ahead (BodyLimit) behind
+// one its handler streamed, pipelined so that its head is in the read
+// buffer when the first answer is out, is read in its own read timeout:
+// the deadline the streamed body left, passed while its handler worked
+// on, does not cut it short.
+func TestReadAheadAfterStreamedBody(t *testing.T) {
+	const rt = 200 * time.Millisecond
+	started := make(chan struct{}, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > 1000 {
+			start := time.Now()
+			started <- struct{}{}
+			b, err := io.ReadAll(r.Body)
+			if err != nil {
+				w.WriteHeader(http.StatusRequestTimeout)
+				return
+			}
+			for time.Since(start) <= rt { // the handler works past the body's deadline
+				time.Sleep(rt - time.Since(start) + time.Millisecond)
+			}
+			fmt.Fprintf(w, "read %d", len(b))
+			return
+		}
+		echoLen().ServeHTTP(w, r)
+	})
+	_, addr := startH1(t, h, func(s *Server) {
+		s.ReadTimeout = rt
+		s.BodyLimit = func(*http.Request) int64 { return 1000 }
+	})
+	c, br := dial(t, addr)
+	io.WriteString(c, "PUT /streamed HTTP/1.1\r\nHost: a\r\nContent-Length: 2000\r\n\r\n"+strings.Repeat("s", 10))
+	<-started // the head is read, the body not all there: the handler reads it from the connection
+	io.WriteString(c, strings.Repeat("s", 1990)+"PUT /ahead HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\n"+strings.Repeat("a", 10))
+	if r, err := readWireResponse(br, "PUT"); err != nil || r.body != "read 2000" {
+		t.Fatalf("streamed PUT: %q %q, %v; want it read", r.status, r.body, err)
+	}
+	io.WriteString(c, strings.Repeat("a", 90))
+	if r, err := readWireResponse(br, "PUT"); err != nil || r.body != "read 100" {
+		t.Fatalf("PUT read ahead after it: %q %q, %v; want it read", r.status, r.body, err)
+	}
+}
