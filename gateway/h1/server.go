@@ -28,8 +28,11 @@ type Server struct {
 	// ReadHeaderTimeout, ReadTimeout, WriteTimeout and IdleTimeout mean
 	// what they mean in http.Server, including the fall back from
 	// ReadHeaderTimeout and IdleTimeout to ReadTimeout when zero. Zero or
-	// negative means no timeout. Fallback applies its own timeouts anew to
-	// the connections it is given.
+	// negative means no timeout. ReadTimeout counts the whole request
+	// from its start, head and body, however the body is read. Fallback
+	// applies its own timeouts to the connections it is given, but not
+	// past ReadTimeout for the request a connection is handed over in,
+	// counted from that request's start.
 	ReadHeaderTimeout time.Duration
 	ReadTimeout       time.Duration
 	WriteTimeout      time.Duration
