@@ -111,15 +111,15 @@ func TestDetachSlowClient(t *testing.T) {
 	_, addr := startH1(t, h, nil)
 	c, br := dial(t, addr)
 	io.WriteString(c, "GET /later/big HTTP/1.1\r\nHost: a\r\n\r\n")
+	// The client reads nothing until finish has returned: a finish that
+	// waited for it would never return. (The server has no write timeout
+	// to end such a wait.)
 	select {
 	case d := <-finished:
-		if d > 100*time.Millisecond {
-			t.Errorf("finish took %v with a client not reading, want it not to wait", d)
-		}
-	case <-time.After(2 * time.Second):
+		t.Logf("finish took %v with a client not reading", d)
+	case <-time.After(10 * time.Second):
 		t.Fatal("finish blocked on a client that does not read")
 	}
-	time.Sleep(50 * time.Millisecond)
 	r, err := readWireResponse(br, "GET")
 	if err != nil || r.status != "HTTP/1.1 200 OK" || r.body != string(big) {
 		t.Fatalf("large detached response: %s, %d bytes, %v; want 200 with %d bytes", r.status, len(r.body), err, len(big))
@@ -179,9 +179,10 @@ func TestDetachBlock(t *testing.T) {
 // TestDetachShutdown: Shutdown waits for a detached response, which is
 // sent with Connection: close.
 func TestDetachShutdown(t *testing.T) {
-	release := make(chan struct{})
+	release, detached := make(chan struct{}), make(chan struct{})
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		finish := w.(detacher).Detach()
+		close(detached)
 		go func() {
 			<-release
 			io.WriteString(w, "late")
@@ -191,9 +192,11 @@ func TestDetachShutdown(t *testing.T) {
 	s, addr := startH1(t, h, nil)
 	c, br := dial(t, addr)
 	io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-	time.Sleep(20 * time.Millisecond)
+	<-detached
 	done := make(chan error, 1)
 	go func() { done <- s.Shutdown(t.Context()) }()
+	// Shutdown returning is what must not happen: the wait gives it the
+	// chance to.
 	select {
 	case err := <-done:
 		t.Fatalf("Shutdown returned %v with a detached response pending", err)
