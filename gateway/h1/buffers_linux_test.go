@@ -210,10 +210,12 @@ func TestBodyBuffersGoBack(t *testing.T) {
 // every byte.
 func TestSpillBuffersGoBack(t *testing.T) {
 	big := bytes.Repeat([]byte("0123456789abcdef"), 3<<20/16) // twice: more than socket buffers hold
+	finished := make(chan struct{})
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		finish := w.(detacher).Detach()
 		if finish == nil {
 			t.Error("Detach declined")
+			close(finished)
 			return
 		}
 		go func() {
@@ -221,13 +223,14 @@ func TestSpillBuffersGoBack(t *testing.T) {
 			w.Write(big) // spilled, mostly
 			w.Write(big) // the spill grows
 			finish()
+			close(finished)
 		}()
 	})
 	l := bufpooltest.New()
 	_, addr := startLending(t, h, l, budget.New(64<<20), 0)
 	c, br := dial(t, addr)
 	io.WriteString(c, "GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
-	time.Sleep(50 * time.Millisecond) // the socket fills, the rest spills
+	<-finished // all written while the client read nothing: the socket filled, the rest spilled
 	r, err := readWireResponse(br, "GET")
 	if want := string(big) + string(big); err != nil || r.status != "HTTP/1.1 200 OK" || r.body != want {
 		t.Fatalf("spilled response: %s, %d bytes, %v; want 200 with %d bytes", r.status, len(r.body), err, len(want))
