@@ -140,14 +140,19 @@ func TestReadAhead(t *testing.T) {
 // Content-Length alone reserves nothing.
 func TestReadAheadBudget(t *testing.T) {
 	bg := budget.New(64 << 10)
-	_, addr := startH1(t, echoLen(), func(s *Server) {
+	s, addr := startH1(t, echoLen(), func(s *Server) {
 		s.Budget = bg
 		s.BodyLimit = func(*http.Request) int64 { return 1 << 20 }
 	})
-	// Declared but not sent: nothing is held for it.
+	// Declared but not sent: nothing is held for it once its head is
+	// read and the connection waits for the body.
 	c0, _ := dial(t, addr)
 	io.WriteString(c0, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: 1000000\r\n\r\n")
-	time.Sleep(50 * time.Millisecond)
+	if !eventually(func() bool {
+		return inPoller(s, func(p *poller) bool { return len(p.reading) == 1 && p.reading[0].phase == phaseBody })
+	}) {
+		t.Fatal("the connection does not wait for its body in the poller")
+	}
 	if u := bg.Used(); u > aheadChunk {
 		t.Errorf("a declared body without bytes holds %d bytes of budget", u)
 	}
@@ -388,6 +393,7 @@ func TestLingerTakesTurns(t *testing.T) {
 	fmt.Fprintf(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", int64(1)<<40)
 	stop := make(chan struct{})
 	defer close(stop)
+	var sent atomic.Int64
 	go func() {
 		chunk := make([]byte, 256<<10)
 		for {
@@ -396,7 +402,9 @@ func TestLingerTakesTurns(t *testing.T) {
 				return
 			default:
 			}
-			if _, err := c.Write(chunk); err != nil {
+			n, err := c.Write(chunk)
+			sent.Add(int64(n))
+			if err != nil {
 				return
 			}
 		}
@@ -404,12 +412,23 @@ func TestLingerTakesTurns(t *testing.T) {
 	if r, err := readWireResponse(br, "PUT"); err != nil || r.status != "HTTP/1.1 503 Service Unavailable" {
 		t.Fatalf("PUT: %v, %v", r, err)
 	}
-	time.Sleep(50 * time.Millisecond) // lingering, with bytes coming all the time
+	// The lingering connection is read: the client sends more than the
+	// sockets' buffers hold (a few MiB on loopback).
+	const beyondBuffers = 32 << 20
+	readOn := func(what string) {
+		t.Helper()
+		from := sent.Load()
+		if !eventually(func() bool { return sent.Load()-from > beyondBuffers }) {
+			t.Fatalf("%s: %d bytes sent, want more than %d: the lingering connection is not read", what, sent.Load()-from, beyondBuffers)
+		}
+	}
+	readOn("after the answer")
 	c2, br2 := dial(t, addr)
-	c2.SetDeadline(time.Now().Add(2 * time.Second))
+	c2.SetDeadline(time.Now().Add(10 * time.Second))
 	if r := roundTrip(t, c2, br2, "/"); r.body != "served" {
 		t.Fatalf("other client while one lingers: %v", r)
 	}
+	readOn("after the other client was served")
 }
 
 // TestLingerParks: a connection closed with an unread body waits for the
@@ -487,7 +506,7 @@ func TestReadAheadHoldsWholeBody(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			bg := budget.New(tt.budget)
-			_, addr := startH1(t, echoLen(), func(s *Server) {
+			s, addr := startH1(t, echoLen(), func(s *Server) {
 				s.Budget = bg
 				s.BodyLimit = func(*http.Request) int64 { return 1 << 20 }
 			})
@@ -504,7 +523,11 @@ func TestReadAheadHoldsWholeBody(t *testing.T) {
 				if tt.want == "doubling" {
 					most = int64(2 * tt.first) // what doubling buffers hold
 				}
-				time.Sleep(50 * time.Millisecond)
+				if !eventually(func() bool {
+					return inPoller(s, func(p *poller) bool { return len(p.reading) == 1 && p.reading[0].phase == phaseBody })
+				}) {
+					t.Fatal("the connection does not wait for the rest of its body in the poller")
+				}
 				if u := bg.Used(); u > most {
 					t.Fatalf("budget holds %d bytes after %d of %d came, want at most %d", u, tt.first, tt.cl, most)
 				}
