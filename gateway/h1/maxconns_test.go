@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -133,6 +134,7 @@ func TestShutdownEndsRefusals(t *testing.T) {
 	}
 	stop := make(chan struct{})
 	defer close(stop)
+	var sent atomic.Int32
 	go func() { // keeps the refusal lingering
 		for {
 			select {
@@ -142,10 +144,23 @@ func TestShutdownEndsRefusals(t *testing.T) {
 				if _, err := c.Write([]byte("x")); err != nil {
 					return
 				}
+				sent.Add(1)
 			}
 		}
 	}()
-	time.Sleep(200 * time.Millisecond)
+	// Lingering on bytes that keep coming: answered, and more sent since.
+	if !eventually(func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for r := range s.refusals {
+			if r.answered.Load() {
+				return sent.Load() >= 3
+			}
+		}
+		return false
+	}) {
+		t.Fatalf("the refusal does not linger (%d bytes sent)", sent.Load())
+	}
 	release()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -181,6 +196,11 @@ func TestShutdownAnswersRefusals(t *testing.T) {
 		defer cancel()
 		done <- s.Shutdown(ctx)
 	}()
+	if !eventually(s.inShutdown.Load) {
+		t.Fatal("Shutdown did not begin")
+	}
+	// Shutdown closing the refused connection unanswered is what must not
+	// happen: the wait gives its loop the chance to.
 	time.Sleep(50 * time.Millisecond)
 	io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
 	if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != http.StatusServiceUnavailable {
