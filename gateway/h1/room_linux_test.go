@@ -108,6 +108,8 @@ func TestBodiesWaitForRoom(t *testing.T) {
 		t.Fatal("the kernel did not take a 100 KiB body while the gateway waits")
 	}
 	c4.(*net.TCPConn).CloseWrite()
+	// Leaving the line on the half-close is what must not happen: the
+	// wait gives it the chance to.
 	time.Sleep(20 * time.Millisecond)
 	if n := roomCount(s); n != 3 {
 		t.Fatalf("%d bodies in the room line after a client half-closed, want it still in line", n)
