@@ -192,12 +192,10 @@ func TestPanicMode(t *testing.T) {
 	if c.panicking(c.topo.Load()) {
 		t.Error("panicking() = true with no node up")
 	}
-	start := time.Now()
+	// ErrNoNodes comes from picking the node, before any is contacted: a
+	// Get that tried one would fail with that node's error instead.
 	if _, err := c.Get(t.Context(), key); !errors.Is(err, ErrNoNodes) {
 		t.Errorf("Get with all nodes down = %v, want ErrNoNodes", err)
-	}
-	if d := time.Since(start); d > 5*time.Millisecond {
-		t.Errorf("Get with all nodes down took %v", d)
 	}
 }
 
