@@ -163,15 +163,13 @@ func TestRoomForLargeValues(t *testing.T) {
 				}
 			})
 			waitFor(t, "the second value to wait", func() bool { _, w := roomState(c); return w == 1 })
-			start := time.Now()
+			// ErrNoRoom is the proof it did not wait: a DoAsync that waited
+			// for room would be queued once s1's bytes were written.
 			err := c.DoAsync(context.Background(), op.Op{Verb: op.Set, Item: op.Item{Value: big}}, "a1", func(*memcache.Item, uint64, error) {
 				t.Error("a refused DoAsync called back")
 			})
 			if !errors.Is(err, ErrNoRoom) {
 				t.Errorf("large DoAsync while a value waits = %v, want ErrNoRoom", err)
-			}
-			if took := time.Since(start); took > 50*time.Millisecond {
-				t.Errorf("large DoAsync took %v: it waited", took)
 			}
 			// Sent while s1 is being written, they queue at once, ahead of
 			// s2, which waits for s1's bytes to be written. (Their replies
