@@ -720,11 +720,19 @@ func TestBatchesShareParallelism(t *testing.T) {
 			codes <- do(h, "POST", "/", "["+strings.Join(ops, ",")+"]", "Content-Type", "application/json")
 		}()
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for s.cur.Load() < batchParallel && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
+	for deadline := time.Now().Add(10 * time.Second); s.cur.Load() < batchParallel; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d operations of %d batches at once after 10 s, want batchParallel (%d)", s.cur.Load(), batches, batchParallel)
+		}
 	}
-	time.Sleep(50 * time.Millisecond) // room for any more to start
+	// One more batch, its request ending after 200 ms: its one operation
+	// must find no room, where starting would raise the peak past
+	// batchParallel before the request ends.
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	late := httptest.NewRequestWithContext(ctx, "POST", "/", strings.NewReader(`[{"op":"delete","key":"late"}]`))
+	late.Header.Set("Content-Type", "application/json")
+	h.ServeHTTP(httptest.NewRecorder(), late)
 	if peak := s.peak.Load(); peak != batchParallel {
 		t.Errorf("%d operations of %d batches at once, want batchParallel (%d)", peak, batches, batchParallel)
 	}
