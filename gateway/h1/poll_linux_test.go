@@ -406,7 +406,13 @@ func TestIdleWorkers(t *testing.T) {
 	p.mu.Lock()
 	p.workerTTL = 50 * time.Millisecond
 	p.mu.Unlock()
-	time.Sleep(100 * time.Millisecond)
+	if !eventually(func() bool {
+		return inPoller(s, func(p *poller) bool {
+			return len(p.idlers) > 0 && time.Since(p.idlers[len(p.idlers)-1].since) >= p.workerTTL
+		})
+	}) {
+		t.Fatal("the workers did not wait for workerTTL")
+	}
 	if r := roundTrip(t, cls[0].c, cls[0].br, "/"); r.body != "ok" {
 		t.Fatalf("request after the TTL answered %v", r)
 	}
