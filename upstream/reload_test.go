@@ -566,3 +566,89 @@ func TestSetServersRefusesNoNodeUp(t *testing.T) {
 		t.Errorf("a list of dead nodes while no node is up: %v", err)
 	}
 }
+
+// TestPrepareChangesNothingUntilCommit: a prepared server list, its
+// added nodes probed, changes nothing that requests, Nodes or the next
+// reload see until Commit: discarded, the running list stays, the nodes
+// it added leave no metric series, a node it added back is still known
+// as removed, and its flush policy and copies are not taken. Committed,
+// it runs with them.
+func TestPrepareChangesNothingUntilCommit(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 3)
+	c, reg := newTestCluster(t, mcs[:2], nil)
+	names := func() []string {
+		var out []string
+		for _, n := range c.Nodes() {
+			out = append(out, n.Node)
+		}
+		return out
+	}
+	series := func(node string) int {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "node" && l.GetValue() == node {
+						n++
+					}
+				}
+			}
+		}
+		return n
+	}
+	if _, err := c.SetServers(t.Context(), serversOf(mcs[0]), hashring.Ketama); err != nil {
+		t.Fatal(err)
+	}
+	running := names()
+	next := NextServers{Servers: serversOf(mcs...), Distribution: hashring.Ketama, ReadmitFlush: true, Copies: 2}
+
+	p, err := c.Prepare(t.Context(), next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := names(); !slices.Equal(got, running) {
+		t.Errorf("nodes while prepared = %v, want %v", got, running)
+	}
+	p.Discard()
+	if got := names(); !slices.Equal(got, running) {
+		t.Errorf("nodes after Discard = %v, want %v", got, running)
+	}
+	for _, m := range mcs[1:] {
+		if n := series(m.Addr); n != 0 {
+			t.Errorf("%d metric series of %s, added by the discarded list", n, m.Addr)
+		}
+	}
+	c.mu.Lock()
+	_, remembered := c.removed[mcs[1].Addr]
+	copies := c.nextCopies
+	c.mu.Unlock()
+	if !remembered || copies != 1 || c.health.readmitFlush.Load() {
+		t.Errorf("after Discard: %s remembered as removed %v, copies %d, readmit flush %v; want true, 1, false",
+			mcs[1].Addr, remembered, copies, c.health.readmitFlush.Load())
+	}
+
+	p, err = c.Prepare(t.Context(), next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := p.Commit()
+	p.Discard() // does nothing after Commit
+	if got, want := names(), []string{mcs[0].Addr, mcs[1].Addr, mcs[2].Addr}; !slices.Equal(got, want) || len(ch.Added) != 2 {
+		t.Errorf("after Commit: nodes %v, added %v; want %v, 2 added", got, ch.Added, want)
+	}
+	c.mu.Lock()
+	_, remembered = c.removed[mcs[1].Addr]
+	copies = c.copies
+	c.mu.Unlock()
+	if remembered || copies != 2 || !c.health.readmitFlush.Load() {
+		t.Errorf("after Commit: %s remembered as removed %v, copies %d, readmit flush %v; want false, 2, true",
+			mcs[1].Addr, remembered, copies, c.health.readmitFlush.Load())
+	}
+	if err := c.Set(t.Context(), Item{Key: "k", Value: []byte("v")}); err != nil {
+		t.Errorf("set after Commit: %v", err)
+	}
+}

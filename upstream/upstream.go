@@ -11,9 +11,9 @@
 // mcpipe) from its first use to its failure or Close; a multi-get runs
 // one goroutine per node batch for its duration; a DoAsync read that
 // fails on a transport error is retried on a goroutine of its own; and
-// SetServers probes the nodes it adds on goroutines of their own, at
-// most maxProbes at once, each ending within one probe timeout or when
-// SetServers's context ends. No gomemcache type or error leaves the
+// Prepare (SetServers) probes the nodes it adds on goroutines of their
+// own, at most maxProbes at once, each ending within one probe timeout
+// or when Prepare's context ends. No gomemcache type or error leaves the
 // package.
 package upstream
 
@@ -218,8 +218,9 @@ type Cluster struct {
 	probedOnce sync.Once
 	asyncOps   sync.Pool // of *asyncOp, DoAsync's
 
-	// setMu serializes SetServers, and is held while it waits for the
-	// probes of the nodes it adds; nothing else takes it.
+	// setMu serializes server changes: Prepare takes it, and Commit or
+	// Discard releases it, so it is held while the probes of the nodes
+	// added are waited for; nothing else takes it.
 	setMu sync.Mutex
 
 	mu      sync.Mutex // guards the fields below; never held across I/O
@@ -367,42 +368,88 @@ type Change struct {
 // stopping a request: nodes that stay keep their connections and health;
 // removed nodes take no new operations, finish what they have, and are
 // closed by Run once idle. With a consistent distribution only the keys
-// of the nodes added or removed move.
-//
-// The nodes added are probed first (probeAdded): at most maxProbes at
-// once, and for at most one Health.Timeout however many they are, or
-// until ctx is done. One that answered takes traffic; one that did not
-// starts down and waits for Rise probes like any down node. A node added
-// again after SetServers removed it may hold values overwritten on other
-// nodes meanwhile: with Health.ReadmitFlush it is flushed instead of
-// probed (if the flush does not answer it starts down and is flushed
-// before its re-admission), else it is probed and logged. Neither the
-// probes nor the wait for them hold a lock that operations, Ready, Nodes
-// or Run take.
-//
-// A server list none of whose nodes would be up (those added did not
-// answer, those that stay are down) while a running node is up is
-// refused with ErrNoNodeUp, and changes nothing: such a list (every line
-// mistyped, a DNS answer naming targets that do not resolve) would turn
-// every request of the cluster into an error.
+// of the nodes added or removed move. It is Prepare, with the cluster's
+// flush-before-re-admission policy and copies, then Commit: see Prepare
+// for the probes of the nodes added and the lists refused.
 func (c *Cluster) SetServers(ctx context.Context, servers []Server, dist hashring.Distribution) (Change, error) {
-	c.setMu.Lock()
-	defer c.setMu.Unlock()
-	old := c.topo.Load()
-	t, added, err := c.newTopology(servers, dist, old)
+	c.mu.Lock()
+	copies := c.nextCopies
+	c.mu.Unlock()
+	p, err := c.Prepare(ctx, NextServers{Servers: servers, Distribution: dist, ReadmitFlush: c.health.readmitFlush.Load(), Copies: copies})
 	if err != nil {
 		return Change{}, err
 	}
-	var ch Change
-	probes := make([]addedProbe, len(added))
-	var again []string             // added again, not flushed
-	readded := map[string]uint64{} // their entries in c.removed, put back if the list is refused
+	return p.Commit(), nil
+}
+
+// NextServers is a server list Prepare readies, with the settings that
+// take effect with it.
+type NextServers struct {
+	Servers      []Server
+	Distribution hashring.Distribution
+	// ReadmitFlush is Health.ReadmitFlush from the list on: it says
+	// whether a node added again is flushed before it joins.
+	ReadmitFlush bool
+	// Copies is Options.Copies from the list on (KeysBack compares the
+	// copies of the running list with these); < 1 means 1.
+	Copies int
+}
+
+// Prepared is a server list that Prepare built, probed and checked, to
+// be swapped in by Commit or dropped by Discard. Until then it holds the
+// cluster's server change: another Prepare or SetServers waits. One of
+// Commit and Discard must be called; Discard after Commit does nothing.
+type Prepared struct {
+	c      *Cluster
+	next   NextServers
+	old, t *topology
+	probes []addedProbe
+	// readded names the nodes added that SetServers had removed; again
+	// those of them that are not flushed.
+	readded []string
+	again   []string
+	done    bool
+}
+
+// Prepare readies next to take the cluster's nodes' place, and changes
+// nothing that operations, Ready, Nodes or the health checks see: it
+// builds the ring and the nodes added, probes them, and runs every
+// check that can refuse the list, so that Commit, which swaps it in,
+// cannot fail. Several clusters prepared first and committed only if
+// every one was prepared change all together or not at all (package
+// route's pools).
+//
+// The nodes added are probed (probeAdded): at most maxProbes at once,
+// and for at most one Health.Timeout however many they are, or until
+// ctx is done. One that answered takes traffic once committed; one that
+// did not starts down and waits for Rise probes like any down node. A
+// node added again after SetServers removed it may hold values
+// overwritten on other nodes meanwhile: with next.ReadmitFlush it is
+// flushed instead of probed (if the flush does not answer it starts
+// down and is flushed before its re-admission), else it is probed and
+// logged at Commit. Neither the probes nor the wait for them hold a lock
+// that operations, Ready, Nodes or Run take.
+//
+// A server list none of whose nodes would be up (those added did not
+// answer, those that stay are down) while a running node is up is
+// refused with ErrNoNodeUp: such a list (every line mistyped, a DNS
+// answer naming targets that do not resolve) would turn every request of
+// the cluster into an error. A list refused, or whose ring cannot be
+// built, changes nothing; the nodes added for its probes are dropped as
+// Discard drops them.
+func (c *Cluster) Prepare(ctx context.Context, next NextServers) (*Prepared, error) {
+	c.setMu.Lock()
+	old := c.topo.Load()
+	t, added, err := c.newTopology(next.Servers, next.Distribution, old)
+	if err != nil {
+		c.setMu.Unlock()
+		return nil, err
+	}
+	p := &Prepared{c: c, next: next, old: old, t: t, probes: make([]addedProbe, len(added))}
 	c.mu.Lock()
 	for i, n := range added {
-		ch.Added = append(ch.Added, n.name)
-		probes[i].n = n
-		if at, ok := c.removed[n.name]; ok {
-			readded[n.name] = at
+		p.probes[i].n = n
+		if _, ok := c.removed[n.name]; ok {
 			// Its keys were written on other nodes while it was out of
 			// the ring, and no write was remembered for it (its node was
 			// gone, not down). With ReadmitFlush it starts empty, or down
@@ -410,49 +457,80 @@ func (c *Cluster) SetServers(ctx context.Context, servers []Server, dist hashrin
 			// keeps its warm cache, as other clients of the same
 			// memcached may still be writing it, and the log says what
 			// may read stale.
-			delete(c.removed, n.name)
-			probes[i].flush = c.health.readmitFlush.Load()
-			if !probes[i].flush {
-				again = append(again, n.name)
+			p.readded = append(p.readded, n.name)
+			p.probes[i].flush = next.ReadmitFlush
+			if !next.ReadmitFlush {
+				p.again = append(p.again, n.name)
 			}
 		}
 	}
 	c.mu.Unlock()
-	c.probeAdded(ctx, probes)
+	c.probeAdded(ctx, p.probes)
+	if err := noneUp(old, t, p.probes); err != nil {
+		p.Discard()
+		return nil, err
+	}
+	return p, nil
+}
 
+// Discard drops a prepared list: the nodes it added go as removed ones
+// do, with their metric series, and the running list stays. It releases
+// the cluster's server change.
+func (p *Prepared) Discard() {
+	if p.done {
+		return
+	}
+	p.done = true
+	c := p.c
+	defer c.setMu.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := noneUp(old, t, probes); err != nil {
-		// The nodes added go as removed ones do, with their metric
-		// series; the others never left the ring.
-		for _, p := range probes {
-			p.n.retire()
-			c.retired = append(c.retired, p.n)
-			c.m.forget(p.n.name)
-		}
-		for name, at := range readded {
-			c.removed[name] = at
-		}
-		return Change{}, err
+	for _, pr := range p.probes {
+		pr.n.retire()
+		c.retired = append(c.retired, pr.n)
+		c.m.forget(pr.n.name)
 	}
-	if len(again) > 0 {
-		c.log.Warn(fmt.Sprintf("%d nodes added again after a reload removed them: keys written on other nodes meanwhile may read stale from them until written again (MEMCGATE_READMIT_FLUSH=true flushes such a node)", len(again)),
-			nodesAttrs(again)...)
+}
+
+// Commit swaps the prepared list in, with its flush-before-re-admission
+// policy and copies, retires the nodes it removes, logs what changed and
+// returns it. It cannot fail. It releases the cluster's server change.
+func (p *Prepared) Commit() Change {
+	if p.done {
+		panic("upstream: a prepared server list committed after Commit or Discard")
+	}
+	p.done = true
+	c, old, t := p.c, p.old, p.t
+	defer c.setMu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.health.readmitFlush.Store(p.next.ReadmitFlush)
+	c.nextCopies = max(p.next.Copies, 1)
+	for _, name := range p.readded {
+		delete(c.removed, name)
+	}
+	var ch Change
+	for _, pr := range p.probes {
+		ch.Added = append(ch.Added, pr.n.name)
+	}
+	if len(p.again) > 0 {
+		c.log.Warn(fmt.Sprintf("%d nodes added again after a reload removed them: keys written on other nodes meanwhile may read stale from them until written again (MEMCGATE_READMIT_FLUSH=true flushes such a node)", len(p.again)),
+			nodesAttrs(p.again)...)
 	}
 	var down, flushed []string
 	var downErr error // the first node's that starts down
-	for _, p := range probes {
+	for _, pr := range p.probes {
 		switch {
-		case p.err != nil:
-			if p.n.startDown(p.err) {
-				down = append(down, p.n.name)
+		case pr.err != nil:
+			if pr.n.startDown(pr.err) {
+				down = append(down, pr.n.name)
 				if downErr == nil {
-					downErr = p.err
+					downErr = pr.err
 				}
 			}
-		case p.flush:
-			p.n.flushOwed.Store(false)
-			flushed = append(flushed, p.n.name)
+		case pr.flush:
+			pr.n.flushOwed.Store(false)
+			flushed = append(flushed, pr.n.name)
 		}
 	}
 	stays := map[*node]bool{}
@@ -500,7 +578,7 @@ func (c *Cluster) SetServers(ctx context.Context, servers []Server, dist hashrin
 			"those nodes may hold older values of them than were written meanwhile on the nodes that had them, so such keys may read stale, and keys deleted meanwhile come back, until written again or expired",
 			"nodes", ch.KeysBack)
 	}
-	return ch, nil
+	return ch
 }
 
 // noneUp returns ErrNoNodeUp, with why, if no node of t would be up

@@ -166,19 +166,21 @@ type Change struct {
 }
 
 // Reconfigure applies opts to the running pools without stopping a
-// request: each pool's nodes and distribution (upstream.Cluster.SetServers),
-// prefixes, replicas and policies. The pools must be the same ones, by
-// name, with the same default pool, and each keeps its failover policy: a
-// pool added or removed needs a restart (its health checks and metric
-// series start with the process), and a cluster's failover policy is fixed
-// when it is built. The pools' other cluster options and the router's
-// options are not changed. Nothing changes if it fails, unless a pool's
-// SetServers fails (it fails only for a ring that cannot be built, which
-// validation catches first): the pools before it keep their new nodes,
-// and it its new flush-before-re-admission policy. ctx cuts short the
-// wait for the probes of the nodes added, which then start down
-// (upstream.Cluster.SetServers); that wait holds no lock that operations
-// or Ready take.
+// request: each pool's nodes and distribution, prefixes, replicas and
+// policies. The pools must be the same ones, by name, with the same
+// default pool, and each keeps its failover policy: a pool added or
+// removed needs a restart (its health checks and metric series start
+// with the process), and a cluster's failover policy is fixed when it is
+// built. The pools' other cluster options and the router's options are
+// not changed.
+//
+// It changes every pool or none: each pool's new server list is
+// prepared first (upstream.Cluster.Prepare: its ring built, the nodes it
+// adds probed, every refusal checked), all pools at once, and committed
+// only if every pool's was; else every prepared list is discarded, and
+// the error names each pool refused. ctx cuts short the wait for the
+// probes of the nodes added, which then start down; that wait holds no
+// lock that operations or Ready take.
 func (r *Router) Reconfigure(ctx context.Context, opts Options) ([]Change, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -194,32 +196,26 @@ func (r *Router) Reconfigure(ctx context.Context, opts Options) ([]Change, error
 		return nil, fmt.Errorf("route: the pools would change from %s to %s: adding or removing a pool, or changing the default one, needs a restart",
 			strings.Join(have, ", "), strings.Join(want, ", "))
 	}
-	for _, po := range opts.Pools {
+	pools := make([]*pool, len(opts.Pools)) // the pool of each of opts.Pools
+	for i, po := range opts.Pools {
 		if _, err := hashring.New(distributionOf(po.Cluster), membersOf(po.Cluster.Servers)); err != nil {
 			return nil, fmt.Errorf("pool %q: %w", po.Name, err)
 		}
-		p := r.pools[slices.IndexFunc(r.pools, func(p *pool) bool { return p.name == po.Name })]
-		if f := po.Cluster.WithDefaults().Failover; f != p.fail {
-			return nil, fmt.Errorf("pool %q: its failover policy would change from %s to %s, which needs a restart", po.Name, p.fail, f)
+		pools[i] = r.pools[slices.IndexFunc(r.pools, func(p *pool) bool { return p.name == po.Name })]
+		if f := po.Cluster.WithDefaults().Failover; f != pools[i].fail {
+			return nil, fmt.Errorf("pool %q: its failover policy would change from %s to %s, which needs a restart", po.Name, pools[i].fail, f)
 		}
+	}
+	prepared, err := prepare(ctx, pools, opts.Pools)
+	if err != nil {
+		return nil, err
 	}
 	old := r.t.Load()
 	var changes []Change
-	var errs []error
-	for _, po := range opts.Pools {
-		i := slices.IndexFunc(r.pools, func(p *pool) bool { return p.name == po.Name })
-		p := r.pools[i]
+	for i, po := range opts.Pools {
+		p := pools[i]
 		ch := Change{Pool: po.Name}
-		// Before the nodes: a node added back is flushed by the policy
-		// of the pool it joins, replicated from now on included.
-		p.c.SetReadmitFlush(po.Cluster.Health.ReadmitFlush)
-		p.c.SetCopies(po.Replicas)
-		sc, err := p.c.SetServers(ctx, po.Cluster.Servers, distributionOf(po.Cluster))
-		if err != nil {
-			errs = append(errs, fmt.Errorf("pool %q: %w", po.Name, err))
-			continue
-		}
-		if len(sc.Added)+len(sc.Removed) > 0 || sc.Reweighted || len(sc.KeysBack) > 0 {
+		if sc := prepared[i].Commit(); len(sc.Added)+len(sc.Removed) > 0 || sc.Reweighted || len(sc.KeysBack) > 0 {
 			ch.Servers = &sc
 		}
 		ov := old.views[slices.IndexFunc(old.views, func(v *view) bool { return v.pool == p })]
@@ -243,9 +239,6 @@ func (r *Router) Reconfigure(ctx context.Context, opts Options) ([]Change, error
 			changes = append(changes, ch)
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		return changes, err
-	}
 	ordered := make([]PoolOptions, 0, len(opts.Pools))
 	for _, name := range have { // the pools keep their configured order
 		ordered = append(ordered, opts.Pools[slices.IndexFunc(opts.Pools, func(p PoolOptions) bool { return p.Name == name })])
@@ -253,6 +246,48 @@ func (r *Router) Reconfigure(ctx context.Context, opts Options) ([]Change, error
 	r.t.Store(r.newTable(ordered))
 	r.shareSlots() // the pools' node counts may have changed
 	return changes, nil
+}
+
+// prepare readies the server list of opts[i] for pools[i], every pool
+// at once, so that the reload waits for one round of probes however
+// many pools add nodes. If any pool's is refused, it discards every one
+// prepared and returns the refusals, each naming its pool. A pool's
+// flush-before-re-admission policy (a replicated pool flushes the nodes
+// it adds back) and copies go with its list.
+func prepare(ctx context.Context, pools []*pool, opts []PoolOptions) ([]*upstream.Prepared, error) {
+	next := func(po PoolOptions) upstream.NextServers {
+		return upstream.NextServers{Servers: po.Cluster.Servers, Distribution: distributionOf(po.Cluster),
+			ReadmitFlush: po.Cluster.Health.ReadmitFlush, Copies: po.Replicas}
+	}
+	if len(pools) == 1 {
+		p, err := pools[0].c.Prepare(ctx, next(opts[0]))
+		if err != nil {
+			return nil, fmt.Errorf("pool %q: %w", opts[0].Name, err)
+		}
+		return []*upstream.Prepared{p}, nil
+	}
+	prepared := make([]*upstream.Prepared, len(pools))
+	errs := make([]error, len(pools))
+	var wg sync.WaitGroup
+	for i, p := range pools {
+		wg.Go(func() {
+			prepared[i], errs[i] = p.c.Prepare(ctx, next(opts[i]))
+			if errs[i] != nil {
+				errs[i] = fmt.Errorf("pool %q: %w", opts[i].Name, errs[i])
+			}
+		})
+	}
+	wg.Wait()
+	err := errors.Join(errs...)
+	if err == nil {
+		return prepared, nil
+	}
+	for _, p := range prepared {
+		if p != nil {
+			p.Discard()
+		}
+	}
+	return nil, fmt.Errorf("%w (no pool changed: a reload changes every pool or none)", err)
 }
 
 func sameSet(a, b []string) bool {
