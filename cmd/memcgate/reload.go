@@ -58,10 +58,11 @@ type Reload struct {
 	Servers *upstream.Change `json:"servers,omitempty"` // the default pool's nodes
 	// Pools lists what changed in each pool, the default one included.
 	Pools []route.Change `json:"pools,omitempty"`
-	// Repeated counts the polls after this refusal (DNS, or the watch
-	// poll trying a server list whose nodes did not answer again) that
-	// were refused with the same error, the last at Last: folded into
-	// this one.
+	// Repeated counts the reloads after this one folded into it, the
+	// last at Last: for a refusal, the polls (DNS, or the watch poll
+	// trying a server list whose nodes did not answer again) refused
+	// with the same error; for a reload that changed nothing, the
+	// reloads by the same trigger that changed nothing either.
 	Repeated int       `json:"repeated,omitempty"`
 	Last     time.Time `json:"last,omitzero"`
 	// noNodeUp is set when a server list was refused because none of its
@@ -73,10 +74,12 @@ type Reload struct {
 // maxReloads is how many reloads the history keeps.
 const maxReloads = 20
 
-// repeatLogEvery is how often a refusal that DNS polls keep repeating is
-// logged again: a DNS answer the gateway refuses (one over MAX_NODES, a
-// name that stopped resolving) comes back every DNS_INTERVAL, and a line
-// each would crowd the log's room for warnings and errors (logReserve).
+// repeatLogEvery is how often a refusal that DNS polls keep repeating,
+// or a reload that changes nothing again, is logged again: a DNS answer
+// the gateway refuses (one over MAX_NODES, a name that stopped
+// resolving) comes back every DNS_INTERVAL, SIGHUPs may come in storms,
+// and a line each would crowd the log's room for warnings and errors
+// (logReserve).
 const repeatLogEvery = time.Minute
 
 // reloader reads and applies configuration changes while the gateway runs.
@@ -440,16 +443,20 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 		// reload like any other. One that changes nothing is one too
 		// when the reload before it was refused: it ends the refusal.
 		refused := len(r.history) > 0 && r.history[len(r.history)-1].Result == "error"
-		if trigger == "dns" && rl.Servers == nil && len(rl.Pools) == 0 && len(rl.Changed) == 0 && !refused {
+		if trigger == "dns" && rl.unchanged() && !refused {
 			return
 		}
-		level := slog.LevelInfo
-		if len(rl.Restart) > 0 {
-			level = slog.LevelWarn // some of the file is not in force
-		}
-		r.log.Log(ctx, level, "configuration reloaded", "trigger", trigger, "changed", rl.Changed, "needs_restart", rl.Restart)
-		for _, w := range r.cur.Warnings() {
-			r.log.Warn("configuration warning", "warning", w)
+		repeat = r.unchangedAgain(ctx, rl)
+		if !repeat {
+			level := slog.LevelInfo
+			if len(rl.Restart) > 0 {
+				level = slog.LevelWarn // some of the file is not in force
+			}
+			r.log.Log(ctx, level, "configuration reloaded", "trigger", trigger, "changed", rl.Changed, "needs_restart", rl.Restart)
+			for _, w := range r.cur.Warnings() {
+				r.log.Warn("configuration warning", "warning", w)
+			}
+			r.repeatLogged, r.repeatUnlogged = rl.Time, 0
 		}
 		r.lastOK.Set(1)
 	}
@@ -495,6 +502,43 @@ func (r *reloader) repeated(ctx context.Context, rl Reload) bool {
 	r.repeatUnlogged++
 	if rl.Time.Sub(r.repeatLogged) >= repeatLogEvery {
 		r.log.Log(ctx, slog.LevelError, "configuration reload refused: the running configuration stays", "trigger", rl.Trigger, "err", rl.Error,
+			"unlogged_before", r.repeatUnlogged-1)
+		r.repeatLogged, r.repeatUnlogged = rl.Time, 0
+	}
+	return true
+}
+
+// unchanged reports whether rl, a reload applied, changed nothing:
+// no live setting, no pool's nodes or policy.
+func (rl *Reload) unchanged() bool {
+	return rl.Servers == nil && len(rl.Pools) == 0 && len(rl.Changed) == 0
+}
+
+// unchangedAgain reports whether rl, a reload applied, changed nothing,
+// as the last reload did, by the same trigger and naming the same
+// settings that need a restart: a storm of SIGHUPs would otherwise fill
+// the history with such rows and push out the ones that changed
+// something. It is then counted in that reload's history entry instead
+// of one of its own, and logged only repeatLogEvery after the last line
+// about it, with the number of reloads not logged. A reload that changes
+// something always gets its own entry and line.
+func (r *reloader) unchangedAgain(ctx context.Context, rl Reload) bool {
+	if len(r.history) == 0 || !rl.unchanged() {
+		return false
+	}
+	last := &r.history[len(r.history)-1]
+	if last.Result != "ok" || !last.unchanged() || last.Trigger != rl.Trigger || !slices.Equal(last.Restart, rl.Restart) {
+		return false
+	}
+	last.Repeated++
+	last.Last = rl.Time
+	r.repeatUnlogged++
+	if rl.Time.Sub(r.repeatLogged) >= repeatLogEvery {
+		level := slog.LevelInfo
+		if len(rl.Restart) > 0 {
+			level = slog.LevelWarn
+		}
+		r.log.Log(ctx, level, "configuration reloaded", "trigger", rl.Trigger, "changed", rl.Changed, "needs_restart", rl.Restart,
 			"unlogged_before", r.repeatUnlogged-1)
 		r.repeatLogged, r.repeatUnlogged = rl.Time, 0
 	}
@@ -717,7 +761,10 @@ func (r *reloader) statusRows() []gateway.Reload {
 		} else {
 			row.Message = h.Trigger + ": " + row.Message
 		}
-		if h.Repeated > 0 {
+		switch {
+		case h.Repeated > 0 && h.Result == "ok":
+			row.Message += fmt.Sprintf(" (changed nothing on %d more reloads, the last at %s UTC)", h.Repeated, h.Last.UTC().Format(time.TimeOnly))
+		case h.Repeated > 0:
 			row.Message += fmt.Sprintf(" (refused the same on %d more polls, the last at %s UTC)", h.Repeated, h.Last.UTC().Format(time.TimeOnly))
 		}
 		rows = append(rows, row)
