@@ -273,3 +273,44 @@ func TestStatusRowsKeysBack(t *testing.T) {
 		t.Errorf("status rows = %+v, want one whose changes hold %q", rows, want)
 	}
 }
+
+// TestUnchangedAgain: a reload that changes nothing is folded into the
+// row before it only if that one changed nothing either, by the same
+// trigger, with the same settings needing a restart; a reload that
+// changes something, or follows a refusal or a change, has a row of its
+// own.
+func TestUnchangedAgain(t *testing.T) {
+	noop := Reload{Trigger: "sighup", Result: "ok"}
+	tests := []struct {
+		name       string
+		last, next Reload
+		fold       bool
+	}{
+		{"nothing after nothing", noop, noop, true},
+		{"nothing after nothing, both needing the same restart",
+			Reload{Trigger: "sighup", Result: "ok", Restart: []string{"MEMCGATE_LISTEN_ADDR"}},
+			Reload{Trigger: "sighup", Result: "ok", Restart: []string{"MEMCGATE_LISTEN_ADDR"}}, true},
+		{"nothing after a change", Reload{Trigger: "sighup", Result: "ok", Changed: []string{"MEMCGATE_LOG_LEVEL"}}, noop, false},
+		{"nothing after pools changed", Reload{Trigger: "sighup", Result: "ok", Pools: []route.Change{{Pool: "b", Policy: []string{"replicas"}}}}, noop, false},
+		{"nothing after a refusal", Reload{Trigger: "sighup", Result: "error", Error: "bad"}, noop, false},
+		{"nothing after nothing by another trigger", Reload{Trigger: "file", Result: "ok"}, noop, false},
+		{"nothing needing another restart", noop, Reload{Trigger: "sighup", Result: "ok", Restart: []string{"MEMCGATE_LISTEN_ADDR"}}, false},
+		{"a change after nothing", noop, Reload{Trigger: "sighup", Result: "ok", Changed: []string{"MEMCGATE_LOG_LEVEL"}}, false},
+		{"nodes changed after nothing", noop, Reload{Trigger: "sighup", Result: "ok", Servers: &upstream.Change{Added: []string{"a:1"}}}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var logs bytes.Buffer
+			r := &reloader{log: slog.New(slog.NewJSONHandler(&logs, nil)), history: []Reload{tt.last}}
+			if got := r.unchangedAgain(t.Context(), tt.next); got != tt.fold {
+				t.Fatalf("unchangedAgain = %v, want %v", got, tt.fold)
+			}
+			if tt.fold && r.history[0].Repeated != 1 {
+				t.Errorf("the row folded into counts %d repeats, want 1", r.history[0].Repeated)
+			}
+			if !tt.fold && r.history[0].Repeated != 0 {
+				t.Errorf("a row not folded into counts %d repeats, want 0", r.history[0].Repeated)
+			}
+		})
+	}
+}
