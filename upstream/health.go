@@ -39,8 +39,8 @@ type healthPolicy struct {
 	HealthOptions
 	down       atomic.Int32 // nodes currently down
 	maxPassive atomic.Int32 // most nodes passive ejection may take down at once
-	// readmitFlush is HealthOptions.ReadmitFlush, which
-	// Cluster.SetReadmitFlush changes.
+	// readmitFlush is HealthOptions.ReadmitFlush, which a committed
+	// server list (NextServers.ReadmitFlush) changes.
 	readmitFlush atomic.Bool
 	ejected      func(node, reason string)
 	refused      func(node string)
@@ -408,11 +408,6 @@ func (n *node) resetPasses() {
 	n.passes = 0
 	n.mu.Unlock()
 }
-
-// SetReadmitFlush turns Health.ReadmitFlush on or off for the
-// re-admissions from now on (a pool that starts or stops keeping
-// replicas, package route).
-func (c *Cluster) SetReadmitFlush(on bool) { c.health.readmitFlush.Store(on) }
 
 // up is the number of t's nodes taking traffic.
 func (c *Cluster) up(t *topology) int { return len(t.nodes) - int(c.health.down.Load()) }

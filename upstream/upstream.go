@@ -135,7 +135,7 @@ type Options struct {
 	// Copies is how many nodes at the head of each key's chain hold its
 	// copies: the copies a caller keeping replicas asks Replicas for
 	// (package route); if zero, 1. SetServers's Change.KeysBack looks at
-	// those nodes; SetCopies changes it.
+	// those nodes; a committed server list (NextServers.Copies) changes it.
 	Copies int
 
 	// staleKeyBytes bounds each node's set of keys written elsewhere
@@ -238,7 +238,7 @@ type Cluster struct {
 	// held under one of them may hold older values of them (keysBack).
 	past []pastRing
 	// copies is Options.Copies of the current server list, nextCopies
-	// that of the next one (SetCopies).
+	// that of the list a Commit takes in (NextServers.Copies).
 	copies, nextCopies int
 }
 
@@ -810,14 +810,6 @@ func (c *Cluster) rememberRing(t *topology) {
 	if len(c.past) > maxPastRings {
 		c.past = slices.Delete(c.past, 0, len(c.past)-maxPastRings)
 	}
-}
-
-// SetCopies changes Options.Copies for the server lists from the next
-// SetServers on (package route, for a pool whose replicas change).
-func (c *Cluster) SetCopies(n int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.nextCopies = max(n, 1)
 }
 
 // reweighted reports whether the ring of b places the nodes a and b share
