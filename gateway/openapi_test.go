@@ -26,6 +26,19 @@ type recipe struct {
 	opts                 Options
 	preset               map[string]string
 	storeErr             error
+	late                 bool // the body stops, and its next read times out (the read deadline passed)
+}
+
+// lateBody is a body whose first bytes come and whose next read fails
+// as a connection's read past its deadline does.
+type lateBody struct{ sent bool }
+
+func (b *lateBody) Read(p []byte) (int, error) {
+	if !b.sent {
+		b.sent = true
+		return copy(p, "[{"), nil
+	}
+	return 0, os.ErrDeadlineExceeded
 }
 
 var tokenOpts = Options{Tokens: NewTokens(map[string]Scope{"reader-0123456789": ScopeRead, "admin-01234567890": ScopeAdmin})}
@@ -64,6 +77,7 @@ var recipes = map[string]recipe{
 	"PUT /{key} 401": {method: "PUT", target: "/k", body: "v", opts: tokenOpts},
 	"PUT /{key} 403": {method: "PUT", target: "/k", body: "v", opts: Options{ReadOnly: true}},
 	"PUT /{key} 412": {method: "PUT", target: "/k", body: "v", hdr: []string{"If-Match", "*"}},
+	"PUT /{key} 408": {method: "PUT", target: "/k", late: true},
 	"PUT /{key} 413": {method: "PUT", target: "/k", body: strings.Repeat("x", 65)},
 	"PUT /{key} 421": {method: "PUT", target: "/k", body: "v", opts: hostOpts},
 	"PUT /{key} 502": {method: "PUT", target: "/k", body: "v", storeErr: upstream.ErrServer},
@@ -89,6 +103,7 @@ var recipes = map[string]recipe{
 	"POST /{key} 403": {method: "POST", target: "/k?op=incr", opts: tokenOpts, hdr: []string{"Authorization", readerAuth}},
 	"POST /{key} 404": {method: "POST", target: "/k?op=prepend", body: "x"},
 	"POST /{key} 409": {method: "POST", target: "/k?op=incr", storeErr: upstream.ErrNotNumeric},
+	"POST /{key} 408": {method: "POST", target: "/k?op=append", preset: map[string]string{"k": "v"}, late: true},
 	"POST /{key} 413": {method: "POST", target: "/k?op=append", body: strings.Repeat("x", 65)},
 	"POST /{key} 421": {method: "POST", target: "/k?op=incr", preset: map[string]string{"k": "40"}, opts: hostOpts},
 	"POST /{key} 502": {method: "POST", target: "/k?op=incr", storeErr: upstream.ErrServer},
@@ -107,6 +122,7 @@ var recipes = map[string]recipe{
 	"POST / 400": {method: "POST", target: "/", body: `{"ops":`},
 	"POST / 401": {method: "POST", target: "/", body: `[]`, opts: tokenOpts},
 	"POST / 403": {method: "POST", target: "/", body: `[{"op":"get","key":"a"}]`, opts: Options{ReadOnly: true}},
+	"POST / 408": {method: "POST", target: "/", late: true},
 	"POST / 413": {method: "POST", target: "/", body: `[{"op":"get","key":"` + strings.Repeat("a", 200) + `"}]`, opts: Options{BatchMaxBytes: 100}},
 	"POST / 421": {method: "POST", target: "/", body: `[{"op":"set","key":"a","value":"1"}]`, opts: hostOpts},
 	"POST / 503": {method: "POST", target: "/", body: `[{"op":"set","key":"a","value":"1"},{"op":"set","key":"b","value":"1"}]`, hdr: []string{"Prefer", "respond-async"}, opts: Options{AsyncQueue: 1}},
@@ -181,7 +197,13 @@ func TestOpenAPI(t *testing.T) {
 		if rc.body != "" {
 			body = strings.NewReader(rc.body)
 		}
+		if rc.late {
+			body = &lateBody{}
+		}
 		req := httptest.NewRequest(rc.method, rc.target, body)
+		if rc.late {
+			req.ContentLength = 10
+		}
 		for i := 0; i+1 < len(rc.hdr); i += 2 {
 			req.Header.Set(rc.hdr[i], rc.hdr[i+1])
 		}
