@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/memcgate/memcgate/test/faultproxy"
@@ -495,30 +496,8 @@ func TestSetServersRefusesNoNodeUp(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 3)
 	dead := []Server{{Host: "127.0.0.1", Port: memcachedtest.DeadPort(t), Weight: 1}, {Host: "127.0.0.1", Port: memcachedtest.DeadPort(t), Weight: 1}}
 	c, reg := newTestCluster(t, mcs[:2], nil)
-	names := func() []string {
-		var out []string
-		for _, n := range c.Nodes() {
-			out = append(out, n.Node)
-		}
-		return out
-	}
-	series := func(node string) int {
-		mfs, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for _, mf := range mfs {
-			for _, m := range mf.GetMetric() {
-				for _, l := range m.GetLabel() {
-					if l.GetName() == "node" && l.GetValue() == node {
-						n++
-					}
-				}
-			}
-		}
-		return n
-	}
+	names := func() []string { return nodeNames(c) }
+	series := func(node string) int { return nodeSeries(t, reg, node) }
 	// mcs[1] removed: remembered, so that its return is known as one.
 	if _, err := c.SetServers(t.Context(), serversOf(mcs[0]), hashring.Ketama); err != nil {
 		t.Fatal(err)
@@ -576,30 +555,8 @@ func TestSetServersRefusesNoNodeUp(t *testing.T) {
 func TestPrepareChangesNothingUntilCommit(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 3)
 	c, reg := newTestCluster(t, mcs[:2], nil)
-	names := func() []string {
-		var out []string
-		for _, n := range c.Nodes() {
-			out = append(out, n.Node)
-		}
-		return out
-	}
-	series := func(node string) int {
-		mfs, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for _, mf := range mfs {
-			for _, m := range mf.GetMetric() {
-				for _, l := range m.GetLabel() {
-					if l.GetName() == "node" && l.GetValue() == node {
-						n++
-					}
-				}
-			}
-		}
-		return n
-	}
+	names := func() []string { return nodeNames(c) }
+	series := func(node string) int { return nodeSeries(t, reg, node) }
 	if _, err := c.SetServers(t.Context(), serversOf(mcs[0]), hashring.Ketama); err != nil {
 		t.Fatal(err)
 	}
@@ -651,4 +608,33 @@ func TestPrepareChangesNothingUntilCommit(t *testing.T) {
 	if err := c.Set(t.Context(), Item{Key: "k", Value: []byte("v")}); err != nil {
 		t.Errorf("set after Commit: %v", err)
 	}
+}
+
+// nodeNames lists c's nodes in its order.
+func nodeNames(c *Cluster) []string {
+	var out []string
+	for _, n := range c.Nodes() {
+		out = append(out, n.Node)
+	}
+	return out
+}
+
+// nodeSeries counts the metric series of reg labelled with node.
+func nodeSeries(t *testing.T, reg *prometheus.Registry, node string) int {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "node" && l.GetValue() == node {
+					n++
+				}
+			}
+		}
+	}
+	return n
 }
