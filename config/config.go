@@ -676,20 +676,22 @@ type Token struct {
 
 // ParseTokens reads scopes:token entries separated by commas or newlines;
 // scopes are read, write and admin joined by '+'. Blank lines and lines
-// starting with '#' are skipped.
+// starting with '#' are skipped. An error names the entry by its number
+// (blank lines and comments not counted) and never quotes it: an entry
+// written the wrong way round (token:read) or with a typo has a secret
+// where the scopes should be, and errors reach logs and the status page.
 func ParseTokens(s string) ([]Token, error) {
 	var out []Token
+	n := 0
 	for entry := range strings.FieldsFuncSeq(s, func(r rune) bool { return r == ',' || r == '\n' || r == '\r' }) {
 		entry = strings.TrimSpace(entry)
 		if entry == "" || strings.HasPrefix(entry, "#") {
 			continue
 		}
+		n++
 		scopes, secret, ok := strings.Cut(entry, ":")
 		if !ok || secret == "" {
-			return nil, errors.New("an entry is not scopes:token (e.g. read+write:s3cr3t-at-least-16)")
-		}
-		if len(secret) < 16 {
-			return nil, fmt.Errorf("the %s token has %d characters; use at least 16", scopes, len(secret))
+			return nil, fmt.Errorf("entry %d is not scopes:token (e.g. read+write:s3cr3t-at-least-16); it is not shown, as it may hold a token", n)
 		}
 		t := Token{Secret: secret}
 		for name := range strings.SplitSeq(scopes, "+") {
@@ -701,8 +703,12 @@ func ParseTokens(s string) ([]Token, error) {
 			case "admin":
 				t.Admin = true
 			default:
-				return nil, fmt.Errorf("unknown scope %q (use read, write, admin)", short(name))
+				return nil, fmt.Errorf("entry %d: what comes before its first ':' is not scopes read, write, admin joined by + (scopes:token, not token:scopes); it is not shown, as it may be a token", n)
 			}
+		}
+		if len(secret) < 16 {
+			// The scopes are known words by now: naming them is safe.
+			return nil, fmt.Errorf("entry %d: the %s token has %d characters; use at least 16", n, strings.TrimSpace(scopes), len(secret))
 		}
 		out = append(out, t)
 	}

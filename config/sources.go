@@ -94,6 +94,26 @@ func short(s string) string {
 	return s[:most] + "…"
 }
 
+// badLine describes a configuration file line that is not NAME=value
+// without quoting it, but for the name of a variable it begins with: any
+// other text may be a secret (a token on a line of its own, as when a
+// value was continued on the next line).
+func badLine(line string) string {
+	const hidden = "(not shown, as it may hold a secret)"
+	i := strings.IndexFunc(line, func(r rune) bool {
+		return !(r == '_' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9')
+	})
+	if i < 0 {
+		i = len(line)
+	}
+	for _, v := range vars(reflect.TypeFor[Config](), Prefix) {
+		if v.Name == line[:i] {
+			return "a line that begins " + v.Name + " " + hidden
+		}
+	}
+	return "a line " + hidden
+}
+
 // ReadEnvFile reads a file of variables, NAME=value one per line, as
 // systemd's EnvironmentFile does: blank lines and lines starting with #
 // are skipped, a value may be quoted with ' or ".
@@ -111,7 +131,7 @@ func ReadEnvFile(path string) (map[string]string, error) {
 		name, value, ok := strings.Cut(line, "=")
 		name = strings.TrimSpace(strings.TrimPrefix(name, "export "))
 		if !ok || name == "" {
-			return nil, fmt.Errorf("%sCONFIG_FILE %s, line %d: want NAME=value, got %q", Prefix, path, i+1, short(line))
+			return nil, fmt.Errorf("%sCONFIG_FILE %s, line %d: want NAME=value, got %s", Prefix, path, i+1, badLine(line))
 		}
 		value = strings.TrimSpace(value)
 		if len(value) >= 2 && (value[0] == '"' || value[0] == '\'') && value[len(value)-1] == value[0] {

@@ -1,0 +1,109 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// secretTok is the token the tests below write where it does not belong;
+// no error may quote it, or any 8 bytes of it.
+const secretTok = "Zq7s3cretTok3n0042xyW" // word bytes only: a line of its own is one word
+
+// assertNoSecret fails if msg holds secretTok or any 8 bytes of it.
+func assertNoSecret(t *testing.T, what, msg string) {
+	t.Helper()
+	for i := 0; i+8 <= len(secretTok); i++ {
+		if strings.Contains(msg, secretTok[i:i+8]) {
+			t.Errorf("%s: the error quotes the token (%q): %s", what, secretTok[i:i+8], msg)
+			return
+		}
+	}
+}
+
+// TestTokenErrorsQuoteNoToken: a token entry written wrong is refused with
+// an error that names the entry and never quotes it. An entry the wrong
+// way round (token:read), a typo in the scopes or a separator that is not
+// ':' put the token where the scopes are, and the error went to the log
+// and, on a reload, to the status page: "the php-workers-token-0002 token
+// has 4 characters".
+func TestTokenErrorsQuoteNoToken(t *testing.T) {
+	tests := []struct {
+		name, tokens string
+		want         string // in the error
+	}{
+		{"token:scopes", secretTok + ":read", "entry 1: what comes before its first ':' is not scopes"},
+		{"token:scopes, long enough", secretTok + ":read+write+admin-and-more", "entry 1: what comes before"},
+		{"second entry reversed", "read:another-token-0123456789," + secretTok + ":write", "entry 2:"},
+		{"comments and blanks not counted", "# c\n\nread:another-token-0123456789\n\n" + secretTok + ":admin\n", "entry 2:"},
+		{"scope typo", "raed:" + secretTok, "entry 1: what comes before"},
+		{"space for ':'", "read " + secretTok, "entry 1 is not scopes:token"},
+		{"'=' for ':'", "read=" + secretTok, "entry 1 is not scopes:token"},
+		{"token alone", secretTok, "entry 1 is not scopes:token"},
+		{"scopes after a token with a colon", secretTok + ":x:read", "entry 1: what comes before"},
+		{"short token names its scopes", "read+write:short", "entry 1: the read+write token has 5 characters"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParseTokens(tt.tokens)
+			if err == nil {
+				t.Fatalf("ParseTokens(%q): no error", tt.tokens)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("ParseTokens(%q) = %q, want it to contain %q", tt.tokens, err, tt.want)
+			}
+			assertNoSecret(t, "ParseTokens", err.Error())
+
+			// The same through the file and through Load, as a start
+			// and a reload report it.
+			file := filepath.Join(t.TempDir(), "tokens")
+			if err := os.WriteFile(file, []byte(tt.tokens), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := (Config{AuthTokensFile: file}.Tokens()); err == nil {
+				t.Errorf("AUTH_TOKENS_FILE: no error")
+			} else {
+				assertNoSecret(t, "AUTH_TOKENS_FILE", err.Error())
+			}
+			if _, err := Load(map[string]string{"MEMCGATE_AUTH_TOKENS": tt.tokens}); err == nil {
+				t.Errorf("Load: no error")
+			} else {
+				assertNoSecret(t, "Load", err.Error())
+			}
+		})
+	}
+}
+
+// TestConfigFileErrorsQuoteNoSecret: a CONFIG_FILE line that is not
+// NAME=value is refused by its number, quoting at most the variable it
+// begins with: the rest of such a line is often a value, and a value
+// continued on a line of its own is often a token.
+func TestConfigFileErrorsQuoteNoSecret(t *testing.T) {
+	tests := []struct {
+		name, file string
+		want       string
+	}{
+		{"value continued on the next line", "MEMCGATE_AUTH_TOKENS=\"read:another-token-0123456789,\n" + secretTok + "\"\n", "line 2: want NAME=value, got a line (not shown"},
+		{"scopes:token continued", "MEMCGATE_AUTH_TOKENS=\"read:another-token-0123456789,\nread:" + secretTok + "\"\n", "line 2: want NAME=value, got a line (not shown"},
+		{"':' for '='", "MEMCGATE_AUTH_TOKENS: read:" + secretTok + "\n", "line 1: want NAME=value, got a line that begins MEMCGATE_AUTH_TOKENS (not shown"},
+		{"space for '='", "# tokens\nMEMCGATE_AUTH_TOKENS read:" + secretTok + "\n", "line 2: want NAME=value, got a line that begins MEMCGATE_AUTH_TOKENS (not shown"},
+		{"token on a line of its own, word bytes only", "MEMCGATE_SERVERS=a:1\n" + secretTok + "\n", "line 2: want NAME=value, got a line (not shown"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			file := filepath.Join(t.TempDir(), "env")
+			if err := os.WriteFile(file, []byte(tt.file), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err := ReadEnvFile(file)
+			if err == nil {
+				t.Fatalf("no error for %q", tt.file)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %q, want it to contain %q", err, tt.want)
+			}
+			assertNoSecret(t, "CONFIG_FILE", err.Error())
+		})
+	}
+}
