@@ -80,7 +80,7 @@ func (h *handler) multiGet(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, k := range keys {
 		if err := checkKey(k, h.opts.MaxKeyLen); err != nil {
-			writeError(w, badRequest(strconv.Quote(k)+": "+err.Error()))
+			writeError(w, badRequest(quoted(k)+": "+err.Error()))
 			return
 		}
 	}
@@ -614,7 +614,7 @@ func decodeWrapper(dec *json.Decoder, maxOps int) ([]batchOp, error) {
 			return nil, notJSON(err)
 		}
 		if name, _ := tok.(string); !strings.EqualFold(name, "ops") {
-			return nil, notJSON(errors.New("json: unknown field " + strconv.Quote(name)))
+			return nil, notJSON(errors.New("json: unknown field " + quoted(name)))
 		}
 		if seen {
 			return nil, badRequest("batch has more than one \"ops\" member")
@@ -758,7 +758,7 @@ func (h *handler) parseOp(b batchOp) parsedOp {
 	o := &p.op
 	fail := func(msg string) parsedOp { p.invalid = badRequest(msg); return p }
 	if !batched(v) {
-		return fail("unknown op " + strconv.Quote(b.Op) + "; use " + verbNames())
+		return fail("unknown op " + quoted(b.Op) + "; use " + verbNames())
 	}
 	if err := checkKey(b.Key, h.opts.MaxKeyLen); err != nil {
 		p.invalid = err
@@ -780,7 +780,7 @@ func (h *handler) parseOp(b batchOp) parsedOp {
 			}
 			o.Item.Value = val
 		default:
-			return fail("encoding " + strconv.Quote(b.Encoding) + " is not \"\" or \"base64\"")
+			return fail("encoding " + quoted(b.Encoding) + " is not \"\" or \"base64\"")
 		}
 		if int64(len(o.Item.Value)) > h.opts.MaxValueBytes {
 			p.invalid = &requestError{kind: kindTooLarge, msg: "value is " + strconv.Itoa(len(o.Item.Value)) + " bytes; at most " + strconv.FormatInt(h.opts.MaxValueBytes, 10) + " are accepted"}
@@ -862,7 +862,7 @@ func parseCAS(raw json.RawMessage) (uint64, error) {
 	}
 	v, err := strconv.ParseUint(s, 10, 64)
 	if err != nil {
-		return 0, badRequest("cas " + strconv.Quote(s) + " is not a cas value a get returned")
+		return 0, badRequest("cas " + quoted(s) + " is not a cas value a get returned")
 	}
 	return v, nil
 }

@@ -282,6 +282,25 @@ func writeStatus(w http.ResponseWriter, status int, msg string, retry bool) {
 	_, _ = w.Write([]byte(msg + "\n"))
 }
 
+// maxShown bounds a client's string that an answer or a log line quotes
+// (a method, a Host, a query value, a batch's op name): the request head
+// bounds such a string only by MAX_HEADER_BYTES, and a batch's body by
+// BATCH_MAX_BYTES, and echoed whole it would make every answer and log
+// line as large.
+const maxShown = 100
+
+// Shorten returns s cut to 100 bytes, "…" marking the cut, for quoting a
+// string a client chose (a method, a command) in an answer or a log line.
+func Shorten(s string) string {
+	if len(s) <= maxShown {
+		return s
+	}
+	return s[:maxShown] + "…"
+}
+
+// quoted is s shortened and quoted as a Go string, escapes and all.
+func quoted(s string) string { return strconv.Quote(Shorten(s)) }
+
 // text answers status with a plain-text body.
 func text(w http.ResponseWriter, status int, body string) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")

@@ -189,7 +189,7 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 			writeError(w, errHTTP2)
 			return
 		}
-		writeError(w, &requestError{kind: kindMethod, msg: "method " + r.Method + " is not allowed on /; use GET /?key=… or POST / (batch)", allow: "GET, POST"})
+		writeError(w, &requestError{kind: kindMethod, msg: "method " + Shorten(r.Method) + " is not allowed on /; use GET /?key=… or POST / (batch)", allow: "GET, POST"})
 	})
 	return &Handler{mux: r, h: h}
 }

@@ -148,16 +148,10 @@ func (c *HostCheck) misdirected(r *http.Request, always bool) bool {
 	return (always || a.Configured()) && !a.Allows(r.Host)
 }
 
-// maxHostShown bounds the Host quoted in an answer or a log line.
-const maxHostShown = 100
-
 // refuse answers r 421, counts it for listener and logs it, a line a
 // second at most.
 func (c *HostCheck) refuse(w http.ResponseWriter, r *http.Request, listener string) {
-	host := r.Host
-	if len(host) > maxHostShown {
-		host = host[:maxHostShown] + "…"
-	}
+	host := Shorten(r.Host)
 	c.refused.WithLabelValues(listener).Inc()
 	writeError(w, &requestError{kind: kindMisdirected, msg: "Host " + strconv.Quote(host) +
 		" is not a name of this gateway: use its IP address or localhost, or list the name in MEMCGATE_ALLOWED_HOSTS (refused so that a web page that makes its own name resolve here, DNS rebinding, cannot use the gateway)"})

@@ -90,7 +90,7 @@ func parseExptime(raw, name string, def int32) (int32, error) {
 	}
 	v, err := strconv.ParseInt(s, 10, 32)
 	if err != nil {
-		return 0, badRequest(name + " " + strconv.Quote(s) + " is not a whole number of seconds from -2147483648 to 2147483647")
+		return 0, badRequest(name + " " + quoted(s) + " is not a whole number of seconds from -2147483648 to 2147483647")
 	}
 	return int32(v), nil
 }
@@ -103,7 +103,7 @@ func parseFlags(raw string) (uint32, error) {
 	}
 	v, err := strconv.ParseUint(s, 10, 32)
 	if err != nil {
-		return 0, badRequest("flags " + strconv.Quote(s) + " is not a number from 0 to 4294967295")
+		return 0, badRequest("flags " + quoted(s) + " is not a number from 0 to 4294967295")
 	}
 	return uint32(v), nil
 }
@@ -116,7 +116,7 @@ func parseDelta(raw string) (uint64, error) {
 	}
 	v, err := strconv.ParseUint(s, 10, 64)
 	if err != nil {
-		return 0, badRequest("delta " + strconv.Quote(s) + " is not a number from 0 to 18446744073709551615")
+		return 0, badRequest("delta " + quoted(s) + " is not a number from 0 to 18446744073709551615")
 	}
 	return v, nil
 }

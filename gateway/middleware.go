@@ -246,7 +246,7 @@ func (o *observer) record(r *http.Request, sw *statusWriter, start time.Time) {
 		return
 	}
 	var buf [7]slog.Attr
-	attrs := accessAttrs(buf[:0], id, r.Method, sw.status, sw.bytes, d, r.RemoteAddr)
+	attrs := accessAttrs(buf[:0], id, Shorten(r.Method), sw.status, sw.bytes, d, r.RemoteAddr)
 	if withPath {
 		attrs = append(attrs, slog.String("path", r.URL.Path))
 	}
@@ -254,7 +254,8 @@ func (o *observer) record(r *http.Request, sw *statusWriter, start time.Time) {
 }
 
 // maxPooledLine is the largest line buffer kept for the next line: lines
-// are about 250 bytes, but a method is bounded only by the request line.
+// are about 250 bytes, up to about 500 with a client's long request ID
+// and method (each bounded: requestID, Shorten).
 const maxPooledLine = 1 << 10
 
 // writeAccessJSON writes the access log line of r, ended at t, to
@@ -264,7 +265,7 @@ func (o *observer) writeAccessJSON(t time.Time, id string, r *http.Request, sw *
 	if bp == nil {
 		bp = new([]byte)
 	}
-	b, ok := appendAccessJSON((*bp)[:0], t, id, r.Method, sw.status, sw.bytes, d, r.RemoteAddr)
+	b, ok := appendAccessJSON((*bp)[:0], t, id, Shorten(r.Method), sw.status, sw.bytes, d, r.RemoteAddr)
 	if ok {
 		_, _ = o.accessJSON.Write(b)
 	}

@@ -71,7 +71,7 @@ func (h keyParser) parseKeyRequest(r *http.Request) (keyRequest, error) {
 	case http.MethodPost:
 		return kr, h.parsePost(q, o)
 	default:
-		return kr, &requestError{kind: kindMethod, msg: "method " + r.Method + " is not allowed; use " + allowed, allow: allowed}
+		return kr, &requestError{kind: kindMethod, msg: "method " + Shorten(r.Method) + " is not allowed; use " + allowed, allow: allowed}
 	}
 	return kr, nil
 }
@@ -120,7 +120,7 @@ func (h keyParser) parsePost(q string, o *op.Op) (err error) {
 		if name == "" {
 			return badRequest("POST needs ?op=" + strings.ReplaceAll(postVerbs, ", ", ", ?op="))
 		}
-		return badRequest("unknown op " + strconv.Quote(name) + "; use " + postVerbs)
+		return badRequest("unknown op " + quoted(name) + "; use " + postVerbs)
 	}
 	return err
 }

@@ -323,9 +323,9 @@ func (m *memc) check(r *http.Request, v memcVars) (cmd memcCmd, key string, valu
 	}
 	if cmd == memcNone {
 		if v.cmd != "" {
-			return cmd, "", nil, refuse(kindCommand, "unknown command "+strconv.Quote(v.cmd))
+			return cmd, "", nil, refuse(kindCommand, "unknown command "+strconv.Quote(gateway.Shorten(v.cmd)))
 		}
-		return cmd, "", nil, refuse(kindCommand, "method "+r.Method+" has no default command; use ?cmd=")
+		return cmd, "", nil, refuse(kindCommand, "method "+gateway.Shorten(r.Method)+" has no default command; use ?cmd=")
 	}
 	// 2. memc_cmds_allowed, then memcgate's own authorization.
 	if !m.allowed[cmd] {
