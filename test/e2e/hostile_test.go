@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -79,6 +80,7 @@ func TestHostileStrings(t *testing.T) {
 	}{
 		{"request ID with a quote and a forged field", "GET /k HTTP/1.1\r\nHost: x\r\nX-Request-Id: a\"},{\"level\":\"ERROR\",\"msg\":\"forged\r\n\r\n", 404},
 		{"request ID with U+2028 and U+2029", "GET /k HTTP/1.1\r\nHost: x\r\nX-Request-Id: a\u2028b\u2029c\r\n\r\n", 404},
+		{"request ID with a tab and forged fields", "GET /k HTTP/1.1\r\nHost: x\r\nX-Request-Id: a\tlevel=ERROR\tmsg=forged\r\n\r\n", 404},
 		{"request ID of invalid UTF-8", "GET /k HTTP/1.1\r\nHost: x\r\nX-Request-Id: \xff\xfe\xc3\r\n\r\n", 404},
 		{"request ID with a backslash and markup", "GET /k HTTP/1.1\r\nHost: x\r\nX-Request-Id: \\u0022<script>\r\n\r\n", 404},
 		{"key with escapes, quotes and invalid UTF-8", "GET /%E2%80%A8%22%5C%FF%3Cimg%3E HTTP/1.1\r\nHost: x\r\n\r\n", 404},
@@ -97,11 +99,12 @@ func TestHostileStrings(t *testing.T) {
 		{"long batch op", batch(strings.Repeat("B", 100000)), 200},
 		{"batch op with markup and U+2028", batch("<script>\u2028"), 200},
 	}
-	for _, level := range []string{"info", "debug"} {
-		t.Run(level, func(t *testing.T) {
+	for _, logs := range []struct{ level, format string }{{"info", "json"}, {"debug", "json"}, {"debug", "text"}} {
+		t.Run(logs.level+"/"+logs.format, func(t *testing.T) {
 			g := startGateway(t, map[string]string{
-				"MEMCGATE_SERVERS":   memcachedtest.Addrs(mcs),
-				"MEMCGATE_LOG_LEVEL": level,
+				"MEMCGATE_SERVERS":    memcachedtest.Addrs(mcs),
+				"MEMCGATE_LOG_LEVEL":  logs.level,
+				"MEMCGATE_LOG_FORMAT": logs.format,
 			})
 			for i, tt := range tests {
 				id := "hs-" + strconv.Itoa(i)
@@ -136,12 +139,15 @@ func TestHostileStrings(t *testing.T) {
 			}
 			// A last request whose line, once logged, says the others are.
 			rawRequest(t, g.DataAddr, "GET /last HTTP/1.1\r\nHost: x\r\nX-Request-Id: hs-last\r\n\r\n")
-			logs := waitLogged(t, g, `"request_id":"hs-last"`)
+			last := `"request_id":"hs-last"`
+			if logs.format == "text" {
+				last = "request_id=hs-last"
+			}
 			requests := 0
-			for line := range strings.Lines(logs) {
-				var rec map[string]any
-				if err := json.Unmarshal([]byte(line), &rec); err != nil || !strings.HasSuffix(line, "\n") || strings.Count(line, "\n") != 1 {
-					t.Errorf("log line is not one JSON object (%v): %.300q", err, line)
+			for line := range strings.Lines(waitLogged(t, g, last)) {
+				rec, err := parseLogLine(logs.format, line)
+				if err != nil || !strings.HasSuffix(line, "\n") || strings.Count(line, "\n") != 1 {
+					t.Errorf("log line is not one %s record (%v): %.300q", logs.format, err, line)
 					continue
 				}
 				if len(line) > 2000 {
@@ -162,6 +168,46 @@ func TestHostileStrings(t *testing.T) {
 			}
 		})
 	}
+}
+
+// parseLogLine reads one log line of format json or text (slog's
+// key=value, a value with spaces or escapes quoted as a Go string).
+func parseLogLine(format, line string) (map[string]any, error) {
+	rec := map[string]any{}
+	if format == "json" {
+		err := json.Unmarshal([]byte(line), &rec)
+		return rec, err
+	}
+	rest := strings.TrimSuffix(line, "\n")
+	for rest != "" {
+		k, v, ok := strings.Cut(rest, "=")
+		if !ok || k == "" || strings.ContainsAny(k, " \"") {
+			return nil, fmt.Errorf("no key=value at %.40q", rest)
+		}
+		if strings.HasPrefix(v, `"`) {
+			q, err := strconv.QuotedPrefix(v)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", k, err)
+			}
+			rec[k], _ = strconv.Unquote(q)
+			v = v[len(q):]
+		} else {
+			// A bare value ends at any white space, as a reader splitting
+			// fields would end it: a tab a value let through would start
+			// a field of its own, level=ERROR say, which the caller sees.
+			end := strings.IndexAny(v, " \t")
+			if end < 0 {
+				end = len(v)
+			}
+			rec[k] = v[:end]
+			v = v[end:]
+		}
+		if v != "" && v[0] != ' ' && v[0] != '\t' {
+			return nil, fmt.Errorf("%s: no space after its value", k)
+		}
+		rest = strings.TrimLeft(v, " \t")
+	}
+	return rec, nil
 }
 
 // TestMetricsBoundedAgainstClientStrings: what a client chooses (methods,
