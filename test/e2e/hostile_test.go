@@ -263,35 +263,59 @@ func TestMetricsBoundedAgainstClientStrings(t *testing.T) {
 	}
 }
 
-// TestReloadErrorQuotesNoToken: a tokens file written the wrong way round
+// TestSecretsNotShown: a tokens file written the wrong way round
 // (token:scopes) is refused at the reload, and neither the log nor the
-// status page, which shows the reload's error, quotes the token.
-func TestReloadErrorQuotesNoToken(t *testing.T) {
+// status page, which shows the reload's error, quotes the token; with
+// tokens set in the environment and in the file, /debug/config, /status
+// and /debug/nodes show none of them, and /debug/owners answers a key of
+// markup as JSON that has none.
+func TestSecretsNotShown(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 1)
 	tokFile := filepath.Join(t.TempDir(), "tokens")
-	const admin, leaked = "admin-token-0123456789", "Zq7s3cretTok3n0042xyW"
-	writeAtomic(t, tokFile, "admin:"+admin+"\n")
+	const admin, envTok, leaked = "admin-token-0123456789", "env-read-token-0123456789", "Zq7s3cretTok3n0042xyW"
+	writeAtomic(t, tokFile, "# admin\nadmin:"+admin+"\n")
 	g := startGateway(t, map[string]string{
 		"MEMCGATE_SERVERS":          memcachedtest.Addrs(mcs),
+		"MEMCGATE_AUTH_TOKENS":      "read:" + envTok + ", read+write :" + envTok + "-w",
 		"MEMCGATE_AUTH_TOKENS_FILE": tokFile,
 		"MEMCGATE_WATCH_INTERVAL":   "100ms",
 	})
+	get := func(path string) (string, http.Header) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", g.Admin+path, nil)
+		req.Header.Set("Authorization", "Bearer "+admin)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s = %d: %s", path, resp.StatusCode, body)
+		}
+		return string(body), resp.Header
+	}
+	config, _ := get("/debug/config")
+	if !strings.Contains(config, `"read:REDACTED,read+write :REDACTED"`) {
+		t.Errorf("/debug/config does not show MEMCGATE_AUTH_TOKENS redacted with its scopes:\n%s", config)
+	}
+	owners, hdr := get("/debug/owners?key=%3Cscript%3Ealert(1)%3C/script%3E")
+	if ct := hdr.Get("Content-Type"); ct != "application/json" || strings.Contains(owners, "<script") || !strings.Contains(owners, `\u003cscript\u003e`) {
+		t.Errorf("/debug/owners of a key of markup: Content-Type %q, body %s; want JSON with the markup escaped", ct, owners)
+	}
+
 	writeAtomic(t, tokFile, "admin:"+admin+"\n"+leaked+":read\n")
 	logs := waitLogged(t, g, "configuration reload refused")
-	req, _ := http.NewRequest("GET", g.Admin+"/status", nil)
-	req.Header.Set("Authorization", "Bearer "+admin)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	page, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if !strings.Contains(logs, "entry 2") || !strings.Contains(string(page), "entry 2") {
+	page, _ := get("/status")
+	nodes, _ := get("/debug/nodes")
+	if !strings.Contains(logs, "entry 2") || !strings.Contains(page, "entry 2") {
 		t.Errorf("the log or the status page does not name the entry refused")
 	}
-	for what, text := range map[string]string{"log": logs, "status page": string(page)} {
-		if strings.Contains(text, leaked[:8]) {
-			t.Errorf("the %s quotes the token", what)
+	for what, text := range map[string]string{"log": logs, "/status": page, "/debug/config": config, "/debug/nodes": nodes} {
+		for _, tok := range []string{admin, envTok, leaked} {
+			if strings.Contains(text, tok[:12]) {
+				t.Errorf("%s shows the token %s…", what, tok[:12])
+			}
 		}
 	}
 }
