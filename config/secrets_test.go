@@ -25,9 +25,8 @@ func assertNoSecret(t *testing.T, what, msg string) {
 // TestTokenErrorsQuoteNoToken: a token entry written wrong is refused with
 // an error that names the entry and never quotes it. An entry the wrong
 // way round (token:read), a typo in the scopes or a separator that is not
-// ':' put the token where the scopes are, and the error went to the log
-// and, on a reload, to the status page: "the php-workers-token-0002 token
-// has 4 characters".
+// ':' put the token where the scopes are, and the error goes to the log
+// and, on a reload, to the status page.
 func TestTokenErrorsQuoteNoToken(t *testing.T) {
 	tests := []struct {
 		name, tokens string

@@ -60,12 +60,11 @@ func waitLogged(t *testing.T, g *gateway, want string) string {
 
 // TestHostileStrings: strings a client chooses reach the gateway's answers
 // and its log as data, and bounded. Each case is sent as raw bytes to the
-// built binary, at the info level (the access log's own JSON writer) and
-// at debug (slog, with the path): every log line must stay one JSON
-// object, whatever the bytes (quotes, newlines, U+2028, escapes, invalid
-// UTF-8), and no line, answer or quoted string may grow with what the
-// client sent: a 10,000-byte method was logged whole on every request and
-// echoed whole in the 405, an op name of 100 KB in a batch's answer.
+// built binary, at the info level (the access log's own JSON writer), at
+// debug (slog, with the path) and in the text format: every log line must
+// stay one record, whatever the bytes (quotes, newlines, tabs, U+2028,
+// escapes, invalid UTF-8), and no line, answer or quoted string may grow
+// with what the client sent (a 10,000-byte method, a 100 KB batch op name).
 func TestHostileStrings(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 1)
 	long := strings.Repeat("A", 10000)
