@@ -42,6 +42,9 @@ func TestTokenErrorsQuoteNoToken(t *testing.T) {
 		{"token alone", secretTok, "entry 1 is not scopes:token"},
 		{"scopes after a token with a colon", secretTok + ":x:read", "entry 1: what comes before"},
 		{"short token names its scopes", "read+write:short", "entry 1: the read+write token has 5 characters"},
+		{"';' between two entries", "read:" + secretTok + ";write:" + secretTok, `entry 1: the read token has ';' at byte 22`},
+		{"space between two entries", "read:" + secretTok + " write:" + secretTok, `entry 1: the read token has ' ' at byte 22`},
+		{"'=' inside", "admin:" + secretTok[:10] + "=" + secretTok[10:], `entry 1: the admin token has '=' at byte 11`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -71,6 +74,20 @@ func TestTokenErrorsQuoteNoToken(t *testing.T) {
 				assertNoSecret(t, "Load", err.Error())
 			}
 		})
+	}
+}
+
+// TestTokenCharacters: a token is RFC 6750's b64token; every byte it may
+// hold is accepted, '=' only at its end.
+func TestTokenCharacters(t *testing.T) {
+	for _, tok := range []string{
+		"abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ", "0123456789-._~+/0123",
+		"base64-token-with/slash+plus==", "aaaaaaaaaaaaaaaa=",
+	} {
+		got, err := ParseTokens("read:" + tok)
+		if err != nil || len(got) != 1 || got[0].Secret != tok {
+			t.Errorf("ParseTokens(read:%s) = %v, %v; want the token", tok, got, err)
+		}
 	}
 }
 
