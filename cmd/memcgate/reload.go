@@ -30,7 +30,8 @@ import (
 
 // Live reload. The configuration is read again on SIGHUP, when one of the
 // files it names changes (CONFIG_FILE, SERVERS_FILE, AUTH_TOKENS_FILE), and
-// the nodes also when SERVERS_DNS resolves to others. A configuration is
+// the nodes also when SERVERS_DNS resolves to others. A file is taken
+// once it reads the same twice (readSettled). A configuration is
 // validated whole first: a bad one changes nothing and says why. Of a good
 // one, the settings in liveVars take effect at once, without dropping a
 // request (new nodes and ring swapped in, nodes that stay keep their
@@ -108,10 +109,15 @@ type reloader struct {
 	// never across its DNS lookup or the probes of the nodes it adds:
 	// the status page and /debug/config read them meanwhile.
 	mu      sync.Mutex
-	started config.Config  // what the settings a reload cannot change stay at
-	cur     config.Config  // what runs now
-	tokens  []config.Token // cur's tokens, AUTH_TOKENS_FILE's included: that file's content is not in cur
-	sums    map[string]sum // watched files' contents at the last reload; Run's goroutine, which writes it, reads it without mu
+	started config.Config        // what the settings a reload cannot change stay at
+	cur     config.Config        // what runs now
+	tokens  []config.Token       // cur's tokens, AUTH_TOKENS_FILE's included: that file's content is not in cur
+	sums    map[string]fileState // watched files' contents at the last reload; Run's goroutine, which writes it, reads it without mu
+	// inForce is the watched files' contents the configuration in
+	// force was read from; a reload alone reads and writes it.
+	inForce map[string]fileState
+	// settle waits for a file being written to settle: sleepSettle.
+	settle func(context.Context) bool
 	// retry is set while the last reload, from a file or SIGHUP, was
 	// refused because no node of a server list answered: the watch poll
 	// tries it again until its nodes answer or it changes. Run's
@@ -124,7 +130,13 @@ type reloader struct {
 	repeatUnlogged int
 }
 
-type sum [sha256.Size]byte
+// fileState is what a reload knows of a file it reads: its content's
+// hash, and whether the content ends in the middle of a line.
+type fileState struct {
+	sum     [sha256.Size]byte
+	midLine bool
+	id      [2]uint64 // fileID: the same while the file is written in place
+}
 
 // loadConfig reads the configuration from environ and CONFIG_FILE, with the
 // nodes from their source (SERVERS, SERVERS_FILE or SERVERS_DNS).
@@ -285,6 +297,7 @@ func newReloader(cfg config.Config, environ map[string]string, log *slog.Logger,
 	r.lastOK.Set(1)
 	reg.MustRegister(r.reloads, r.lastOK)
 	r.sums = r.fileSums(cfg)
+	r.inForce, r.settle = r.sums, sleepSettle
 	r.tokens, _ = cfg.Tokens() // checked at start
 	return r
 }
@@ -336,7 +349,7 @@ func (r *reloader) Run(ctx context.Context, hup <-chan os.Signal) {
 		case <-hup:
 			r.reload(ctx, "sighup")
 		case <-watch.C:
-			if r.retry || r.filesChanged() && r.settled(ctx) {
+			if r.retry || r.filesChanged() {
 				r.reload(ctx, "file")
 			}
 		case <-dns.C:
@@ -348,18 +361,36 @@ func (r *reloader) Run(ctx context.Context, hup <-chan os.Signal) {
 	}
 }
 
-// fileSums hashes the files cfg names that a reload reads.
-func (r *reloader) fileSums(cfg config.Config) map[string]sum {
-	out := map[string]sum{}
+// watchedFiles are the files cfg names that a reload reads.
+func (r *reloader) watchedFiles(cfg config.Config) []string {
+	var out []string
 	for _, f := range []string{r.environ[config.Prefix+"CONFIG_FILE"], cfg.ServersFile, cfg.PoolsFile, cfg.AuthTokensFile} {
-		if f == "" {
-			continue
+		if f != "" {
+			out = append(out, f)
 		}
+	}
+	return out
+}
+
+// fileSums reads the files cfg names that a reload reads.
+func (r *reloader) fileSums(cfg config.Config) map[string]fileState {
+	return readStates(r.watchedFiles(cfg))
+}
+
+// readStates reads files: each one's content hashed, whether it ends
+// in the middle of a line, and its fileID (taken before the read: a
+// file replaced between the two differs at the next read). A file that
+// cannot be read is one state per error.
+func readStates(files []string) map[string]fileState {
+	out := make(map[string]fileState, len(files))
+	for _, f := range files {
+		id := fileID(f)
 		b, err := config.ReadFile(f)
 		if err != nil {
-			b = []byte("unreadable: " + err.Error())
+			out[f] = fileState{sum: sha256.Sum256([]byte("unreadable: " + err.Error()))}
+			continue
 		}
-		out[f] = sha256.Sum256(b)
+		out[f] = fileState{sum: sha256.Sum256(b), midLine: len(b) > 0 && b[len(b)-1] != '\n', id: id}
 	}
 	return out
 }
@@ -367,36 +398,112 @@ func (r *reloader) fileSums(cfg config.Config) map[string]sum {
 // filesChanged reports whether a watched file's content changed since the
 // last reload.
 func (r *reloader) filesChanged() bool {
-	now := r.fileSums(r.Current())
-	if len(now) != len(r.sums) {
-		return true
-	}
-	for f, s := range now {
-		if s != r.sums[f] {
-			return true
-		}
-	}
-	return false
+	return !sameContent(r.fileSums(r.Current()), r.sums)
 }
 
-// settled waits until the watched files read the same twice in a row,
-// 100ms apart (a file written in place, not renamed, can be read half
-// written), up to a second; it reports false if ctx ends first.
-func (r *reloader) settled(ctx context.Context) bool {
-	prev := r.fileSums(r.Current())
-	for range 10 {
-		select {
-		case <-ctx.Done():
-			return false
-		case <-time.After(100 * time.Millisecond):
-		}
-		now := r.fileSums(r.Current())
-		if maps.Equal(now, prev) {
-			return true
-		}
-		prev = now
+// sameContent reports whether a and b hold the same files with the same
+// contents: a file renamed over with the same content is the same.
+func sameContent(a, b map[string]fileState) bool {
+	return maps.EqualFunc(a, b, func(x, y fileState) bool { return x.sum == y.sum })
+}
+
+// settleTime is how long a file the reload reads must keep its content
+// before it is applied, and settleRounds how many times a reload waits
+// for it at most: a file written in place (an editor's save, cat >
+// file, lines appended by a script) can be read half written, and a
+// list cut short is a valid list that moves keys (docs/decisions/0047).
+const (
+	settleTime   = 500 * time.Millisecond
+	settleRounds = 10
+)
+
+// sleepSettle waits settleTime; it reports false if ctx ends first.
+func sleepSettle(ctx context.Context) bool {
+	t := time.NewTimer(settleTime)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
-	return true
+}
+
+// readSettled reads the configuration, CONFIG_FILE's variables in
+// environ, once every file it reads has stopped changing: a file whose
+// content is not the one in force is read again settleTime later, until
+// two reads agree (and the configuration is read between them, so that
+// what is applied is what was read twice); one that keeps changing for
+// settleRounds is refused. A file that ends in the middle of a line
+// where its content in force ended with a newline is refused as cut. It
+// returns the files' states as read, for the poll's comparison.
+func (r *reloader) readSettled(ctx context.Context) (map[string]string, config.Config, map[string]fileState, error) {
+	files := r.fileSums(r.cur)
+	changed := !sameContent(files, r.inForce)
+	for round := 0; ; round++ {
+		if changed {
+			if round == settleRounds {
+				return nil, config.Config{}, files, fmt.Errorf("%s changed on every read for %s: it is being written; the running configuration stays (write the new file beside it and rename it in place)",
+					strings.Join(r.changedFiles(files), ", "), settleTime*settleRounds)
+			}
+			if !r.settle(ctx) {
+				return nil, config.Config{}, files, ctx.Err()
+			}
+			now := readStates(slices.Sorted(maps.Keys(files)))
+			if !maps.Equal(now, files) {
+				files = now
+				continue
+			}
+		}
+		if err := r.cutShort(files); err != nil {
+			return nil, config.Config{}, files, err
+		}
+		environ, err := withConfigFile(r.environ)
+		var next config.Config
+		if err == nil {
+			next, err = loadEnviron(ctx, environ)
+		}
+		read := next
+		if err != nil {
+			read = r.cur // next may be partly read: the files settled are the running ones'
+		}
+		after := r.fileSums(read)
+		if maps.Equal(after, files) {
+			return environ, next, files, err
+		}
+		// A file changed while it was read, or the configuration read
+		// names other files: they settle first.
+		files, changed = after, true
+	}
+}
+
+// changedFiles names the files of files whose content is not the one in
+// force.
+func (r *reloader) changedFiles(files map[string]fileState) []string {
+	var out []string
+	for _, f := range slices.Sorted(maps.Keys(files)) {
+		if in, ok := r.inForce[f]; !ok || in.sum != files[f].sum {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// cutShort refuses a file written in place (the file in force, not one
+// renamed over it) that changed and ends in the middle of a line where
+// its content in force ended with a newline: the cut of a write in
+// progress, caught however long the writer stalls (10.0.0.3:11211 read
+// as 10.0.0.3:112 is a valid node, a token cut short a valid token). A
+// file that had no newline at its end is not refused, nor is one
+// renamed in place: editors and templates write such files whole.
+func (r *reloader) cutShort(files map[string]fileState) error {
+	for _, f := range slices.Sorted(maps.Keys(files)) {
+		in, ok := r.inForce[f]
+		if st := files[f]; ok && st.sum != in.sum && st.id == in.id && st.midLine && !in.midLine {
+			return fmt.Errorf("%s ends in the middle of a line (no newline after its last line, where the file in force had one): it is being written or was cut; the running configuration stays (end the file with a newline)", f)
+		}
+	}
+	return nil
 }
 
 // reload reads the configuration again and applies it, or keeps the one
@@ -408,15 +515,10 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 	defer r.run.Unlock()
 	// A poll: its refusal, the same as the last one's, is folded.
 	polled := trigger == "dns" || trigger == "file" && r.retry
-	// The files as they are before they are read: one written while this
-	// reload runs then differs from these sums, and the next poll
-	// reloads again, instead of the edit being taken as already applied.
-	before := r.fileSums(r.cur)
-	var next config.Config
-	environ, err := withConfigFile(r.environ)
-	if err == nil {
-		next, err = loadEnviron(ctx, environ)
-	}
+	// The files as read, once settled: one written after they were read
+	// then differs from these states, and the next poll reloads again,
+	// instead of the edit being taken as already applied.
+	environ, next, files, err := r.readSettled(ctx)
 	if err == nil {
 		err = r.keepsNodes(environ, next)
 	}
@@ -424,9 +526,17 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 	if err == nil {
 		err = r.apply(ctx, next, &rl)
 	}
-	// Read without mu, as every file is: the status page and
-	// /debug/config do not wait for a slow file system.
-	sums := r.fileSums(r.cur) // the files the configuration now names
+	// The files the configuration now names, as read. Read without mu,
+	// as every file is: the status page and /debug/config do not wait
+	// for a slow file system.
+	sums := map[string]fileState{}
+	for _, f := range r.watchedFiles(r.cur) {
+		st, ok := files[f]
+		if !ok {
+			st = readStates([]string{f})[f]
+		}
+		sums[f] = st
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	repeat := false
@@ -468,10 +578,8 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 		r.retry = errors.Is(err, upstream.ErrNoNodeUp) && r.cur.Watch > 0
 	}
 	r.sums = sums
-	for f := range r.sums {
-		if s, ok := before[f]; ok {
-			r.sums[f] = s
-		}
+	if err == nil {
+		r.inForce = sums
 	}
 	if repeat {
 		return

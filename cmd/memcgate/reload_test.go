@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"log/slog"
 	"maps"
 	"os"
@@ -310,6 +312,103 @@ func TestUnchangedAgain(t *testing.T) {
 			}
 			if !tt.fold && r.history[0].Repeated != 0 {
 				t.Errorf("a row not folded into counts %d repeats, want 0", r.history[0].Repeated)
+			}
+		})
+	}
+}
+
+// TestReadSettled: a reload reads the files of its configuration once
+// they have stopped changing, and what it applies is what it read twice:
+// a file caught half written (here CONFIG_FILE, cut at a line, as lines
+// appended one by one leave it) is read again until two reads agree; a
+// file that keeps changing is refused; a file written in place cut in
+// the middle of a line is refused however long it stays so, unless the
+// file in force had no newline at its end either or it was renamed in
+// place. Files whose content is in force are read without a wait.
+func TestReadSettled(t *testing.T) {
+	const full = "MEMCGATE_SERVERS=127.0.0.1:11211\nMEMCGATE_READ_ONLY=true\nMEMCGATE_MAX_REQUESTS=100\n"
+	const half = "MEMCGATE_SERVERS=127.0.0.1:11211\nMEMCGATE_READ_ONLY=true\n"
+	rename := func(t *testing.T, path, body string) {
+		t.Helper()
+		if err := os.WriteFile(path+".tmp", []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(path+".tmp", path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inPlace := func(t *testing.T, path, body string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tests := []struct {
+		name    string
+		initial string
+		write   func(t *testing.T, path string)
+		// during writes the file at each wait (its argument counts them
+		// from 1); nil leaves it
+		during  func(t *testing.T, path string, wait int)
+		waits   int    // settle waits
+		want    int    // MAX_REQUESTS read
+		wantErr string // or what the refusal says
+	}{
+		{name: "unchanged", initial: full, write: func(*testing.T, string) {}, waits: 0, want: 100},
+		{name: "renamed over with the same content", initial: full, write: func(t *testing.T, p string) { rename(t, p, full) }, waits: 0, want: 100},
+		{name: "changed whole", initial: half, write: func(t *testing.T, p string) { rename(t, p, full) }, waits: 1, want: 100},
+		{name: "read half written, finished during the wait", initial: "MEMCGATE_SERVERS=127.0.0.1:11211\n",
+			write: func(t *testing.T, p string) { inPlace(t, p, half) },
+			during: func(t *testing.T, p string, wait int) {
+				if wait == 1 {
+					inPlace(t, p, full)
+				}
+			},
+			waits: 2, want: 100},
+		{name: "changing at every read", initial: full, write: func(t *testing.T, p string) { inPlace(t, p, half) },
+			during: func(t *testing.T, p string, wait int) { inPlace(t, p, half+fmt.Sprintf("# %d\n", wait)) },
+			waits:  settleRounds, wantErr: "changed on every read for 5s: it is being written"},
+		{name: "cut in the middle of a line", initial: half, write: func(t *testing.T, p string) { inPlace(t, p, full[:len(full)-2]) },
+			waits: 1, wantErr: "ends in the middle of a line"},
+		{name: "cut, the file in force had no newline at its end", initial: strings.TrimSuffix(half, "\n"),
+			write: func(t *testing.T, p string) { inPlace(t, p, full[:len(full)-2]) }, waits: 1, want: 10},
+		{name: "no newline at its end, renamed in place", initial: half,
+			write: func(t *testing.T, p string) { rename(t, p, strings.TrimSuffix(full, "\n")) }, waits: 1, want: 100},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			file := filepath.Join(t.TempDir(), "memcgate.env")
+			inPlace(t, file, tt.initial)
+			environ := map[string]string{"MEMCGATE_CONFIG_FILE": file}
+			cfg, err := loadConfig(t.Context(), environ)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := newReloader(cfg, environ, slog.New(slog.DiscardHandler), new(slog.LevelVar), prometheus.NewRegistry())
+			waits := 0
+			r.settle = func(context.Context) bool {
+				waits++
+				if tt.during != nil {
+					tt.during(t, file, waits)
+				}
+				return true
+			}
+			tt.write(t, file)
+			_, next, _, err := r.readSettled(t.Context())
+			if waits != tt.waits {
+				t.Errorf("%d settle waits, want %d", waits, tt.waits)
+			}
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("readSettled = %v, want an error saying %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if next.MaxRequests != tt.want || !next.ReadOnly {
+				t.Errorf("read MAX_REQUESTS=%d READ_ONLY=%v, want %d and true", next.MaxRequests, next.ReadOnly, tt.want)
 			}
 		})
 	}
