@@ -31,7 +31,8 @@ import (
 // Live reload. The configuration is read again on SIGHUP, when one of the
 // files it names changes (CONFIG_FILE, SERVERS_FILE, AUTH_TOKENS_FILE), and
 // the nodes also when SERVERS_DNS resolves to others. A file is taken
-// once it reads the same twice (readSettled). A configuration is
+// once it reads the same twice (readSettled), a node gone from DNS once
+// it is missing from dnsMissLimit answers (holdMissing). A configuration is
 // validated whole first: a bad one changes nothing and says why. Of a good
 // one, the settings in liveVars take effect at once, without dropping a
 // request (new nodes and ring swapped in, nodes that stay keep their
@@ -100,6 +101,8 @@ type reloader struct {
 	nofile    uint64             // the open-file limit MAX_CLIENT_CONNS=0 derives the cap from
 	reloads   *prometheus.CounterVec
 	lastOK    prometheus.Gauge
+	dnsMissed prometheus.Counter // running nodes missing from SERVERS_DNS answers
+	dnsHeld   prometheus.Gauge   // of them, the nodes kept
 
 	// run serializes reloads. Only a reload writes the fields below, so
 	// it reads them without mu.
@@ -118,6 +121,10 @@ type reloader struct {
 	inForce map[string]fileState
 	// settle waits for a file being written to settle: sleepSettle.
 	settle func(context.Context) bool
+	// missing counts, for each running node missing from the last
+	// SERVERS_DNS answer, the answers in a row it was missing from; a
+	// reload alone reads and writes it.
+	missing map[string]int
 	// retry is set while the last reload, from a file or SIGHUP, was
 	// refused because no node of a server list answered: the watch poll
 	// tries it again until its nodes answer or it changes. Run's
@@ -295,7 +302,15 @@ func newReloader(cfg config.Config, environ map[string]string, log *slog.Logger,
 		Help: "1 if the last configuration reload was applied (or none was tried), 0 if it was refused.",
 	})
 	r.lastOK.Set(1)
-	reg.MustRegister(r.reloads, r.lastOK)
+	r.dnsMissed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "memcgate_dns_missing_nodes_total",
+		Help: "Running nodes missing from a MEMCGATE_SERVERS_DNS answer, once per answer: an answer that flaps counts at every poll.",
+	})
+	r.dnsHeld = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "memcgate_dns_held_nodes",
+		Help: "Nodes kept though missing from the last MEMCGATE_SERVERS_DNS answer: a node is removed once missing from 3 answers in a row.",
+	})
+	reg.MustRegister(r.reloads, r.lastOK, r.dnsMissed, r.dnsHeld)
 	r.sums = r.fileSums(cfg)
 	r.inForce, r.settle = r.sums, sleepSettle
 	r.tokens, _ = cfg.Tokens() // checked at start
@@ -520,6 +535,7 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 	// instead of the edit being taken as already applied.
 	environ, next, files, err := r.readSettled(ctx)
 	if err == nil {
+		r.holdMissing(&next)
 		err = r.keepsNodes(environ, next)
 	}
 	rl := Reload{Time: time.Now(), Trigger: trigger, Result: "ok"}
@@ -651,6 +667,54 @@ func (r *reloader) unchangedAgain(ctx context.Context, rl Reload) bool {
 		r.repeatLogged, r.repeatUnlogged = rl.Time, 0
 	}
 	return true
+}
+
+// dnsMissLimit is how many SERVERS_DNS answers in a row a running node
+// must be missing from to be removed: round-robin DNS that cuts its
+// answers, or a registry that drops a record from every other answer,
+// would otherwise move the node's keys away and back at every poll
+// (docs/decisions/0047). A node new in an answer is added at once.
+const dnsMissLimit = 3
+
+// holdMissing adds to next's nodes, a SERVERS_DNS answer, the running
+// nodes it misses that have not been missing from dnsMissLimit answers
+// in a row, and counts them. It holds none if the name asked is not the
+// running one's, if the answer keeps no running node (it replaces them,
+// and a list of nodes that do not answer is refused as 0042 says, not
+// kept up by the nodes held), or if with them the nodes would be more
+// than MAX_NODES allows: the answer is then taken as it is.
+func (r *reloader) holdMissing(next *config.Config) {
+	missing := map[string]int{}
+	var held []config.Server
+	if next.ServersDNS != "" && next.ServersDNS == r.cur.ServersDNS {
+		in := map[string]bool{}
+		for _, s := range next.Servers {
+			in[s.Addr()] = true
+		}
+		keeps := slices.ContainsFunc(r.cur.Servers, func(s config.Server) bool { return in[s.Addr()] })
+		for _, s := range r.cur.Servers {
+			if in[s.Addr()] {
+				continue
+			}
+			r.dnsMissed.Inc()
+			if n := r.missing[s.Addr()] + 1; keeps && n < dnsMissLimit {
+				missing[s.Addr()] = n
+				held = append(held, s)
+			}
+		}
+	}
+	r.missing = missing
+	if len(held) > 0 {
+		with := *next
+		with.Servers = append(slices.Clone(next.Servers), held...)
+		sort.Slice(with.Servers, func(i, j int) bool { return with.Servers[i].Addr() < with.Servers[j].Addr() })
+		if with.ValidateResolvedServers() != nil {
+			held, r.missing = nil, nil
+		} else {
+			next.Servers = with.Servers
+		}
+	}
+	r.dnsHeld.Set(float64(len(held)))
 }
 
 // keepsNodes refuses a configuration read from environ that names no

@@ -413,3 +413,67 @@ func TestReadSettled(t *testing.T) {
 		})
 	}
 }
+
+// TestHoldMissing: a running node missing from a SERVERS_DNS answer is
+// kept until dnsMissLimit answers in a row miss it, a node new in an
+// answer is taken at once; an answer that keeps no running node, one of
+// another name, or one the nodes kept would take over MAX_NODES, is
+// taken as it is.
+func TestHoldMissing(t *testing.T) {
+	const name = "_memcache._tcp.memcached.test"
+	nodes := func(list string) []config.Server {
+		s, err := config.ParseServers(list)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	tests := []struct {
+		name     string
+		running  string
+		dnsName  string
+		maxNodes int
+		answers  []string // in a row
+		want     []string // the nodes each answer gives
+		held     float64  // memcgate_dns_held_nodes after the last
+	}{
+		{name: "a node missing from every other answer stays", running: "a:1,b:1,c:1",
+			answers: []string{"a:1,b:1", "a:1,b:1,c:1", "a:1,b:1", "a:1,b:1,c:1", "a:1,b:1"},
+			want:    []string{"a:1,b:1,c:1", "a:1,b:1,c:1", "a:1,b:1,c:1", "a:1,b:1,c:1", "a:1,b:1,c:1"}, held: 1},
+		{name: "a node gone is removed at the third answer without it", running: "a:1,b:1,c:1",
+			answers: []string{"a:1,b:1", "a:1,b:1", "a:1,b:1"},
+			want:    []string{"a:1,b:1,c:1", "a:1,b:1,c:1", "a:1,b:1"}},
+		{name: "a new node at once", running: "a:1,b:1",
+			answers: []string{"a:1,b:1,c:1"}, want: []string{"a:1,b:1,c:1"}},
+		{name: "an answer that keeps no running node", running: "a:1,b:1",
+			answers: []string{"c:1,d:1"}, want: []string{"c:1,d:1"}},
+		{name: "another name", running: "a:1,b:1", dnsName: "_other._tcp.memcached.test",
+			answers: []string{"a:1"}, want: []string{"a:1"}},
+		{name: "over MAX_NODES with the nodes kept", running: "a:1,b:1", maxNodes: 2,
+			answers: []string{"a:1,c:1"}, want: []string{"a:1,c:1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := config.Config{ServersDNS: name, Servers: nodes(tt.running), MaxNodes: 256}
+			if tt.maxNodes > 0 {
+				cfg.MaxNodes = tt.maxNodes
+			}
+			r := newReloader(cfg, map[string]string{}, slog.New(slog.DiscardHandler), new(slog.LevelVar), prometheus.NewRegistry())
+			for i, a := range tt.answers {
+				next := cfg
+				next.Servers = nodes(a)
+				if tt.dnsName != "" {
+					next.ServersDNS = tt.dnsName
+				}
+				r.holdMissing(&next)
+				if got := serverList(next.Servers); got != tt.want[i] {
+					t.Fatalf("answer %d (%s): nodes %s, want %s", i+1, a, got, tt.want[i])
+				}
+				r.cur.Servers = next.Servers // as the reload applies them
+			}
+			if v := testutil.ToFloat64(r.dnsHeld); v != tt.held {
+				t.Errorf("memcgate_dns_held_nodes = %v, want %v", v, tt.held)
+			}
+		})
+	}
+}

@@ -1,6 +1,6 @@
 // Package dnstest answers DNS questions on a loopback UDP port for tests
 // of MEMCGATE_SERVERS_DNS: SRV and A records that the test sets and
-// changes while the gateway polls them. Every other question gets an
+// changes while the gateway polls them, or SRV answers that take turns. Every other question gets an
 // empty answer.
 package dnstest
 
@@ -24,9 +24,10 @@ type SRV struct {
 type Server struct {
 	conn net.PacketConn
 
-	mu  sync.Mutex // guards srv and a
-	srv []dnsmessage.SRVResource
-	a   []dnsmessage.AResource
+	mu    sync.Mutex // guards the fields below
+	srv   [][]dnsmessage.SRVResource
+	a     []dnsmessage.AResource
+	turns map[string]int // SRV questions asked, by name
 }
 
 // Start listens on a free loopback port and answers until the test ends.
@@ -48,13 +49,43 @@ func (s *Server) Addr() string { return s.conn.LocalAddr().String() }
 
 // SetSRV makes recs the answer to every SRV question.
 func (s *Server) SetSRV(recs ...SRV) {
-	out := make([]dnsmessage.SRVResource, len(recs))
-	for i, r := range recs {
-		out[i] = dnsmessage.SRVResource{Target: dnsmessage.MustNewName(r.Target), Port: uint16(r.Port), Weight: 1}
+	s.alternate([][]SRV{recs})
+}
+
+// alternate makes the answers to SRV questions take turns among sets.
+func (s *Server) alternate(sets [][]SRV) {
+	out := make([][]dnsmessage.SRVResource, len(sets))
+	for i, recs := range sets {
+		for _, r := range recs {
+			out[i] = append(out[i], dnsmessage.SRVResource{Target: dnsmessage.MustNewName(r.Target), Port: uint16(r.Port), Weight: 1})
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.srv = out
+}
+
+// AlternateLocalhost makes the answers to SRV questions take turns among
+// sets of ports, each as SetLocalhost's: a name's first question gets
+// the first set, its next one the second, and so on round; as
+// round-robin DNS that cuts its answers, or a registry that drops a
+// record from every other answer, do.
+func (s *Server) AlternateLocalhost(sets ...[]int) {
+	recs := make([][]SRV, len(sets))
+	for i, ports := range sets {
+		for _, p := range ports {
+			recs[i] = append(recs[i], SRV{Target: "localhost.", Port: p})
+		}
+	}
+	s.alternate(recs)
+}
+
+// SRVQuestions returns how many SRV questions for name (with its final
+// ".") were answered.
+func (s *Server) SRVQuestions(name string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.turns[name]
 }
 
 // SetLocalhost makes SRV records naming localhost. on ports the answer
@@ -112,8 +143,15 @@ func (s *Server) answer(msg []byte) ([]byte, bool) {
 	s.mu.Lock()
 	switch q.Type {
 	case dnsmessage.TypeSRV:
-		for _, r := range s.srv {
-			_ = b.SRVResource(rh, r)
+		if s.turns == nil {
+			s.turns = map[string]int{}
+		}
+		turn := s.turns[q.Name.String()]
+		s.turns[q.Name.String()]++
+		if len(s.srv) > 0 {
+			for _, r := range s.srv[turn%len(s.srv)] {
+				_ = b.SRVResource(rh, r)
+			}
 		}
 	case dnsmessage.TypeA:
 		for _, r := range s.a {

@@ -3,10 +3,14 @@ package e2e
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
+	"github.com/memcgate/memcgate/test/dnstest"
+	"github.com/memcgate/memcgate/test/gatewaytest"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
 
@@ -91,5 +95,72 @@ func TestReloadRefusesCutFile(t *testing.T) {
 				t.Errorf("%d reloads logged as applied, want 1", n)
 			}
 		})
+	}
+}
+
+// TestServersDNSFlapDamped: a SERVERS_DNS answer that drops a node from
+// every other answer (round-robin DNS that cuts its answers, a registry
+// that flaps) does not change the ring: the node stays, every answer
+// that misses it is counted in memcgate_dns_missing_nodes_total. Each
+// answer removed the node or added it back, and the node's keys moved
+// away and back at every poll. A node missing from 3 answers in a row
+// is removed.
+func TestServersDNSFlapDamped(t *testing.T) {
+	const srvName = "_memcache._tcp.memcached.test"
+	mcs := memcachedtest.StartN(t, 3)
+	ports := []int{mcs[0].Port, mcs[1].Port, mcs[2].Port}
+	name := func(p int) string { return "localhost:" + strconv.Itoa(p) }
+	dns := dnstest.Start(t)
+	dns.SetLocalhost(ports...)
+	g := startGateway(t, map[string]string{
+		"MEMCGATE_SERVERS_DNS":  srvName,
+		"MEMCGATE_DNS_SERVER":   dns.Addr(),
+		"MEMCGATE_DNS_INTERVAL": "20ms",
+	})
+	all := []string{name(ports[0]), name(ports[1]), name(ports[2])}
+	waitNodes(t, g, all)
+	asked := func() int { return dns.SRVQuestions(srvName + ".") }
+	// waitAsked waits until the gateway asked n more questions than
+	// from: it asks each after the reload of the answer before it, so
+	// the first n have been applied or refused.
+	waitAsked := func(from, n int) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); asked() < from+n; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the gateway asked %d questions in 10s, want %d:\n%s", asked()-from, n, gatewaytest.Tail(g.Logs(), 2000))
+			}
+		}
+	}
+
+	oks := metric(t, g, "memcgate_config_reloads_total", `{result="ok"}`)
+	dns.AlternateLocalhost(ports[:2], ports)
+	q := asked()
+	const answers = 20
+	waitAsked(q, answers+1)
+	moves := metric(t, g, "memcgate_config_reloads_total", `{result="ok"}`) - oks
+	missed := metric(t, g, "memcgate_dns_missing_nodes_total", "")
+	t.Logf("%d answers, every other one without %s: %v reloads changed the nodes, %v answers counted as missing it", answers, name(ports[2]), moves, missed)
+	if moves != 0 {
+		t.Errorf("a DNS answer flapping changed the nodes %v times in %d answers, want none", moves, answers)
+	}
+	if missed < answers/2-1 {
+		t.Errorf("memcgate_dns_missing_nodes_total = %v after %d answers, every other one missing a node, want at least %d", missed, answers, answers/2-1)
+	}
+	if got := nodeNames(t, g); len(got) != 3 {
+		t.Errorf("nodes while DNS flapped = %v, want all three", got)
+	}
+
+	// Every node in the answers again, then one gone for good: it is
+	// removed at the third answer without it, not before.
+	dns.SetLocalhost(ports...)
+	waitAsked(asked(), 2)
+	dns.SetLocalhost(ports[:2]...)
+	q = asked()
+	waitNodes(t, g, all[:2])
+	if n := asked() - q; n < 3 {
+		t.Errorf("a node gone from DNS was removed after %d answers without it, want 3", n)
+	}
+	if v := metric(t, g, "memcgate_dns_held_nodes", ""); v != 0 {
+		t.Errorf("memcgate_dns_held_nodes = %v after the node was removed, want 0", v)
 	}
 }
