@@ -91,6 +91,7 @@ func TestReloadRefusesCutFile(t *testing.T) {
 			if v := metric(t, g, "memcgate_config_reloads_total", `{result="ok"}`); v != oks+1 {
 				t.Errorf("memcgate_config_reloads_total{result=\"ok\"} = %v after the file was finished, want %v: applied once", v, oks+1)
 			}
+			waitLog(t, g, `"configuration reloaded"`) // through a pipe, after the metric
 			if n := strings.Count(g.Logs(), `"configuration reloaded"`); n != 1 {
 				t.Errorf("%d reloads logged as applied, want 1", n)
 			}
