@@ -444,25 +444,34 @@ func sleepSettle(ctx context.Context) bool {
 	}
 }
 
-// readSettled reads the configuration, CONFIG_FILE's variables in
-// environ, once every file it reads has stopped changing: a file whose
+// settled is a configuration read by readSettled.
+type settled struct {
+	environ map[string]string // with CONFIG_FILE's variables
+	next    config.Config
+	tokens  []config.Token       // next's, AUTH_TOKENS_FILE's included
+	files   map[string]fileState // as read
+}
+
+// readSettled reads the configuration and its tokens once every file it
+// reads has stopped changing: a file whose
 // content is not the one in force is read again settleTime later, until
 // two reads agree (and the configuration is read between them, so that
 // what is applied is what was read twice); one that keeps changing for
 // settleRounds is refused. A file that ends in the middle of a line
-// where its content in force ended with a newline is refused as cut. It
-// returns the files' states as read, for the poll's comparison.
-func (r *reloader) readSettled(ctx context.Context) (map[string]string, config.Config, map[string]fileState, error) {
+// where its content in force ended with a newline is refused as cut. The
+// files' states as read are returned with an error too, for the poll's
+// comparison.
+func (r *reloader) readSettled(ctx context.Context) (settled, error) {
 	files := r.fileSums(r.cur)
 	changed := !sameContent(files, r.inForce)
 	for round := 0; ; round++ {
 		if changed {
 			if round == settleRounds {
-				return nil, config.Config{}, files, fmt.Errorf("%s changed on every read for %s: it is being written; the running configuration stays (write the new file beside it and rename it in place)",
+				return settled{files: files}, fmt.Errorf("%s changed on every read for %s: it is being written; the running configuration stays (write the new file beside it and rename it in place)",
 					strings.Join(r.changedFiles(files), ", "), settleTime*settleRounds)
 			}
 			if !r.settle(ctx) {
-				return nil, config.Config{}, files, ctx.Err()
+				return settled{files: files}, ctx.Err()
 			}
 			now := readStates(slices.Sorted(maps.Keys(files)))
 			if !maps.Equal(now, files) {
@@ -471,12 +480,16 @@ func (r *reloader) readSettled(ctx context.Context) (map[string]string, config.C
 			}
 		}
 		if err := r.cutShort(files); err != nil {
-			return nil, config.Config{}, files, err
+			return settled{files: files}, err
 		}
 		environ, err := withConfigFile(r.environ)
 		var next config.Config
 		if err == nil {
 			next, err = loadEnviron(ctx, environ)
+		}
+		var tokens []config.Token
+		if err == nil {
+			tokens, err = next.Tokens() // read once: the tokens applied are the ones checked
 		}
 		read := next
 		if err != nil {
@@ -484,7 +497,7 @@ func (r *reloader) readSettled(ctx context.Context) (map[string]string, config.C
 		}
 		after := r.fileSums(read)
 		if maps.Equal(after, files) {
-			return environ, next, files, err
+			return settled{environ: environ, next: next, tokens: tokens, files: files}, err
 		}
 		// A file changed while it was read, or the configuration read
 		// names other files: they settle first.
@@ -533,14 +546,15 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 	// The files as read, once settled: one written after they were read
 	// then differs from these states, and the next poll reloads again,
 	// instead of the edit being taken as already applied.
-	environ, next, files, err := r.readSettled(ctx)
+	read, err := r.readSettled(ctx)
+	next, files := read.next, read.files
 	if err == nil {
 		r.holdMissing(&next)
-		err = r.keepsNodes(environ, next)
+		err = r.keepsNodes(read.environ, next)
 	}
 	rl := Reload{Time: time.Now(), Trigger: trigger, Result: "ok"}
 	if err == nil {
-		err = r.apply(ctx, next, &rl)
+		err = r.apply(ctx, next, read.tokens, &rl)
 	}
 	// The files the configuration now names, as read. Read without mu,
 	// as every file is: the status page and /debug/config do not wait
@@ -745,11 +759,12 @@ func serverList(servers []config.Server) string {
 	return strings.Join(s, ",")
 }
 
-// apply makes next's live settings take effect, and records in rl what
+// apply makes next's live settings take effect, tokens (next's, as
+// readSettled read them) the tokens, and records in rl what
 // changed and what needs a restart. It changes nothing if it fails. ctx
 // cuts short the wait for the probes of the nodes added (they then
 // start down).
-func (r *reloader) apply(ctx context.Context, next config.Config, rl *Reload) error {
+func (r *reloader) apply(ctx context.Context, next config.Config, tokens []config.Token, rl *Reload) error {
 	live := func(name string) bool { return slices.Contains(liveVars, strings.TrimPrefix(name, config.Prefix)) }
 	for _, v := range config.Diff(r.started, next) {
 		if !live(v) {
@@ -766,12 +781,8 @@ func (r *reloader) apply(ctx context.Context, next config.Config, rl *Reload) er
 	if _, err := newSecurity(withTLSOf(next, r.started)); err != nil {
 		return err
 	}
-	// The tokens applied are the ones checked: read once, as a token
-	// file may change between two reads.
-	tokens, err := next.Tokens()
-	if err != nil {
-		return err
-	}
+	// The tokens applied are the ones checked, read with the files
+	// (readSettled): a token file may change between two reads.
 	if len(tokens) == 0 && len(r.tokens) > 0 {
 		// An emptied token file, or one read while it was written, would
 		// otherwise open both listeners to every client.

@@ -394,7 +394,8 @@ func TestReadSettled(t *testing.T) {
 				return true
 			}
 			tt.write(t, file)
-			_, next, _, err := r.readSettled(t.Context())
+			read, err := r.readSettled(t.Context())
+			next := read.next
 			if waits != tt.waits {
 				t.Errorf("%d settle waits, want %d", waits, tt.waits)
 			}
