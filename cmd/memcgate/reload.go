@@ -453,14 +453,12 @@ type settled struct {
 }
 
 // readSettled reads the configuration and its tokens once every file it
-// reads has stopped changing: a file whose
-// content is not the one in force is read again settleTime later, until
-// two reads agree (and the configuration is read between them, so that
-// what is applied is what was read twice); one that keeps changing for
-// settleRounds is refused. A file that ends in the middle of a line
-// where its content in force ended with a newline is refused as cut. The
-// files' states as read are returned with an error too, for the poll's
-// comparison.
+// reads has stopped changing: a file whose content is not the one in
+// force is read again settleTime later, until two reads agree (and the
+// configuration is read between them, so that what is applied is what
+// was read twice); one that keeps changing for settleRounds is refused,
+// and so is a line cut in place (cutShort). The files' states as read
+// are returned with an error too, for the poll's comparison.
 func (r *reloader) readSettled(ctx context.Context) (settled, error) {
 	files := r.fileSums(r.cur)
 	changed := !sameContent(files, r.inForce)
@@ -506,13 +504,16 @@ func (r *reloader) readSettled(ctx context.Context) (settled, error) {
 }
 
 // changedFiles names the files of files whose content is not the one in
-// force.
+// force, or all of them if none is.
 func (r *reloader) changedFiles(files map[string]fileState) []string {
 	var out []string
 	for _, f := range slices.Sorted(maps.Keys(files)) {
 		if in, ok := r.inForce[f]; !ok || in.sum != files[f].sum {
 			out = append(out, f)
 		}
+	}
+	if len(out) == 0 {
+		return slices.Sorted(maps.Keys(files))
 	}
 	return out
 }
