@@ -31,6 +31,13 @@ func (c *conn) handover() readResult {
 	s.mu.Unlock()
 	c.handed = true // uncounted when Fallback closes it
 	rc := &replayConn{Conn: c.rwc, buf: buf, open: &s.open, handed: &s.handed, readBy: c.deadline(s.ReadTimeout)}
+	if rc.inHead = !rc.head.find(buf); rc.inHead {
+		// Handed over in the middle of its head: the rest of it has
+		// what is left of the header timeout, from now on too, and not
+		// Fallback's afresh.
+		rc.headBy = c.deadline(orRead(s.ReadHeaderTimeout, s.ReadTimeout))
+		rc.SetReadDeadline(time.Time{})
+	}
 	// Fallback reads the rest of the connection through GuardConn, which
 	// makes net/http refuse what the fast path refuses (errBothLengths).
 	if !c.ho.give(guardCounted(rc, s.badRequest)) {
@@ -129,6 +136,12 @@ type replayConn struct {
 	closed atomic.Bool
 	err    error // the last read's error, for ReadError
 
+	// inHead: the connection was handed over before the head of its
+	// request was whole, and Read has not returned the head's end yet;
+	// head follows the bytes read to find it. Read's.
+	inHead bool
+	head   headEnd
+
 	mu sync.Mutex
 	// readBy is the read deadline of the request the connection was
 	// handed over in, counted from its start (conn.deadline); zero:
@@ -139,14 +152,29 @@ type replayConn struct {
 	// net/http clears the deadline, which it does once the request's
 	// body is read (its background read) or between requests.
 	readBy time.Time
+	// headBy is the header deadline of that request, counted from its
+	// start, while its head is not all read (inHead); zero: none, or no
+	// longer. net/http arms its ReadHeaderTimeout from when it begins to
+	// read: SetReadDeadline lets no deadline past headBy, not even none,
+	// so that a head the fast path hands over half read (a folded line)
+	// is not given the header timeout twice.
+	headBy time.Time
 }
 
-// SetReadDeadline sets the read deadline t, but no later than readBy
-// while that holds; a zero t clears the deadline and ends readBy.
+// SetReadDeadline sets the read deadline t, but no later than headBy
+// while the head is not read, and then no later than readBy while that
+// holds; a zero t after the head clears the deadline and ends readBy.
 func (r *replayConn) SetReadDeadline(t time.Time) error {
 	r.mu.Lock()
 	by := r.readBy
-	if t.IsZero() {
+	if hb := r.headBy; !hb.IsZero() {
+		if by.IsZero() || hb.Before(by) {
+			by = hb
+		}
+		if t.IsZero() {
+			t = by
+		}
+	} else if t.IsZero() {
 		r.readBy = time.Time{}
 	}
 	r.mu.Unlock()
@@ -154,6 +182,37 @@ func (r *replayConn) SetReadDeadline(t time.Time) error {
 		t = by
 	}
 	return r.Conn.SetReadDeadline(t)
+}
+
+// headRead ends headBy: Read has returned the end of the head.
+func (r *replayConn) headRead() {
+	r.inHead = false
+	r.mu.Lock()
+	r.headBy = time.Time{}
+	r.mu.Unlock()
+}
+
+// headEnd finds the end of a request head in the bytes that follow its
+// start, as net/http's reader does: the first empty line, ended by LF or
+// CRLF. Its value is where the bytes so far stop: 0 inside a line, 1 at
+// the start of one, 2 after a CR there.
+type headEnd uint8
+
+// find follows b and reports whether it holds the head's end.
+func (h *headEnd) find(b []byte) bool {
+	for _, ch := range b {
+		switch {
+		case ch == '\n' && *h != 0:
+			return true
+		case ch == '\n':
+			*h = 1
+		case ch == '\r' && *h == 1:
+			*h = 2
+		default:
+			*h = 0
+		}
+	}
+	return false
 }
 
 // Close closes the connection; the first call also uncounts it.
@@ -169,6 +228,9 @@ func (r *replayConn) Read(p []byte) (int, error) {
 	if len(r.buf) == 0 {
 		n, err := r.Conn.Read(p)
 		r.err = err
+		if r.inHead && r.head.find(p[:n]) {
+			r.headRead()
+		}
 		return n, err
 	}
 	n := copy(p, r.buf)

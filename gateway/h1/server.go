@@ -32,7 +32,8 @@ type Server struct {
 	// from its start, head and body, however the body is read. Fallback
 	// applies its own timeouts to the connections it is given, but not
 	// past ReadTimeout for the request a connection is handed over in,
-	// counted from that request's start.
+	// counted from that request's start, nor, while that request's head
+	// is not all read, past its ReadHeaderTimeout counted alike.
 	ReadHeaderTimeout time.Duration
 	ReadTimeout       time.Duration
 	WriteTimeout      time.Duration
