@@ -48,7 +48,10 @@ func (h *handler) putBig(w http.ResponseWriter, r *http.Request, kr *keyRequest)
 	}
 	src := &bodyChunks{l: h.lim, rc: rc, body: r.Body, size: h.chunks.ChunkSize(), limit: limit, cl: r.ContentLength}
 	if r.ContentLength < 0 {
-		first, err := src.Next()
+		// The first chunk and the byte after it are read without a
+		// slot: a client that sends a chunk's worth and stops must not
+		// hold one while it waits (security.md, rule 3).
+		first, err := src.read()
 		more := false
 		if err == nil {
 			more, err = src.more()
@@ -65,7 +68,11 @@ func (h *handler) putBig(w http.ResponseWriter, r *http.Request, kr *keyRequest)
 			writeError(w, err)
 			return nil, true
 		}
-		src.replay = true
+		if !h.lim.takeSlot(rc) {
+			writeError(w, errBusy)
+			return nil, true
+		}
+		src.replay = true // the first chunk goes out with the slot taken
 	} else if !h.lim.takeSlot(rc) {
 		writeError(w, errBusy)
 		return nil, true
@@ -127,7 +134,9 @@ func chunkCtx(r *http.Request) context.Context {
 // buffer that grows with the bytes that came, held against the budget,
 // up to the chunk size: however large the value, a PUT holds one chunk.
 // The request holds its in-flight slot only while a chunk is on its way
-// to memcached, not while the body arrives (security.md, rule 3).
+// to memcached, not while the body arrives (security.md, rule 3): Next
+// takes it once a chunk is read, and gives it back before it reads the
+// next; read and more take none.
 type bodyChunks struct {
 	l       *limits
 	rc      *requestCtx
@@ -154,6 +163,18 @@ func (b *bodyChunks) Next() ([]byte, error) {
 		return nil, io.EOF
 	}
 	b.l.dropSlot(b.rc)
+	buf, err := b.read()
+	if err != nil && err != io.EOF {
+		return nil, err
+	}
+	if !b.l.takeSlot(b.rc) {
+		return nil, errBusy
+	}
+	return buf, err
+}
+
+// read reads the body's next chunk, as Next, without taking a slot.
+func (b *bodyChunks) read() ([]byte, error) {
 	b.buf = b.buf[:0]
 	if b.carried {
 		b.buf, b.carried = append(b.buf, b.carry[0]), false // buf has a chunk's capacity by now
@@ -181,9 +202,6 @@ func (b *bodyChunks) Next() ([]byte, error) {
 			return nil, bodyError(io.ErrUnexpectedEOF, int(b.n), b.cl)
 		}
 		b.eof = b.n == b.cl
-	}
-	if !b.l.takeSlot(b.rc) {
-		return nil, errBusy
 	}
 	if b.eof {
 		return b.buf, io.EOF
