@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -50,7 +51,7 @@ var benchContexts = []string{"newcontext", "copied"}
 // requestFor is base as a server hands it to h for one request.
 func requestFor(h *Handler, base *http.Request, how string) *http.Request {
 	if how == "newcontext" {
-		return base.WithContext(h.NewContext(context.Background()))
+		return base.WithContext(h.NewContext(context.Background(), time.Now()))
 	}
 	return base.WithContext(context.Background())
 }

@@ -94,11 +94,10 @@ func (hh *handler) serveDetached(w http.ResponseWriter, r *http.Request, maker *
 		return false
 	}
 	// The request is ours from here.
-	start := time.Now()
 	hh.obs.inFlight.Inc()
 	ctx, r := takeContext(r, maker, hh.lim.requestTimeout())
 	ctx.lim, ctx.slot = hh.lim, true // given back by f.end
-	f := hh.newDetachedReq(w, r, ctx, start)
+	f := hh.newDetachedReq(w, r, ctx, ctx.start)
 	f.kr, f.d = kr, d
 	// Until f is handed to the Store's callback, or to done (which ends
 	// it itself), a panic here is answered and f ended as the observer

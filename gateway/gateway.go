@@ -75,9 +75,16 @@ func (h *Handler) BodyLimit(r *http.Request) int64 {
 // that builds its requests itself (h1.Server's NewContext): ServeHTTP then
 // finds it in the request and serves the request as it is, where it would
 // otherwise attach its context with WithContext, a copy of the request.
-// Its RequestTimeout counts from now. A context serves one request.
-func (h *Handler) NewContext(parent context.Context) context.Context {
-	ctx := newRequestCtx(parent, time.Now().Add(h.h.lim.requestTimeout()))
+// head is when the request's head was read: the request's duration (the
+// access log's duration_ms, memcgate_http_request_duration_seconds)
+// counts from it, so that a body the server read before ServeHTTP is in
+// it, as a body ServeHTTP reads is; its RequestTimeout counts from it
+// too, and again from the end of its body. A context serves one request.
+func (h *Handler) NewContext(parent context.Context, head time.Time) context.Context {
+	if head.IsZero() {
+		head = time.Now()
+	}
+	ctx := newRequestCtx(parent, head, h.h.lim.requestTimeout())
 	ctx.maker = h
 	return ctx
 }

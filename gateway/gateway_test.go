@@ -302,7 +302,7 @@ func FuzzArguments(f *testing.F) {
 
 func TestRequestCtx(t *testing.T) {
 	t.Run("no timer until asked", func(t *testing.T) {
-		c := newRequestCtx(context.Background(), time.Now().Add(time.Hour))
+		c := newRequestCtx(context.Background(), time.Now(), time.Hour)
 		defer c.stop()
 		if err := c.Err(); err != nil {
 			t.Fatalf("Err before the deadline = %v, want nil", err)
@@ -315,7 +315,7 @@ func TestRequestCtx(t *testing.T) {
 		}
 	})
 	t.Run("deadline passes", func(t *testing.T) {
-		c := newRequestCtx(context.Background(), time.Now().Add(20*time.Millisecond))
+		c := newRequestCtx(context.Background(), time.Now(), 20*time.Millisecond)
 		defer c.stop()
 		select {
 		case <-c.Done():
@@ -327,7 +327,7 @@ func TestRequestCtx(t *testing.T) {
 		}
 	})
 	t.Run("Err after the deadline closes Done", func(t *testing.T) {
-		c := newRequestCtx(context.Background(), time.Now().Add(-time.Millisecond))
+		c := newRequestCtx(context.Background(), time.Now(), -time.Millisecond)
 		defer c.stop()
 		if err := c.Err(); !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("Err = %v, want DeadlineExceeded", err)
@@ -340,7 +340,7 @@ func TestRequestCtx(t *testing.T) {
 	})
 	t.Run("parent cancelled", func(t *testing.T) {
 		parent, cancel := context.WithCancel(context.Background())
-		c := newRequestCtx(parent, time.Now().Add(time.Hour))
+		c := newRequestCtx(parent, time.Now(), time.Hour)
 		defer c.stop()
 		child, childCancel := context.WithCancel(c) // goes through AfterFunc
 		defer childCancel()
@@ -357,7 +357,7 @@ func TestRequestCtx(t *testing.T) {
 	t.Run("earlier parent deadline wins", func(t *testing.T) {
 		parent, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		c := newRequestCtx(parent, time.Now().Add(time.Hour))
+		c := newRequestCtx(parent, time.Now(), time.Hour)
 		if d, _ := c.Deadline(); time.Until(d) > 2*time.Minute {
 			t.Fatalf("Deadline = %v, want the parent's, a minute from now", d)
 		}
@@ -370,15 +370,15 @@ func TestNewContext(t *testing.T) {
 	h := newTestHandler(t, s).(*Handler)
 	other := newTestHandler(t, s).(*Handler)
 	base := httptest.NewRequest("GET", "/k", nil)
-	used := h.NewContext(context.Background()).(*requestCtx)
+	used := h.NewContext(context.Background(), time.Now()).(*requestCtx)
 	h.ServeHTTP(httptest.NewRecorder(), base.WithContext(used))
 	tests := []struct {
 		name  string
 		ctx   context.Context
 		taken bool // ServeHTTP serves the request with ctx, not a copy of its own
 	}{
-		{"its own, new", h.NewContext(context.Background()), true},
-		{"another handler's", other.NewContext(context.Background()), false},
+		{"its own, new", h.NewContext(context.Background(), time.Now()), true},
+		{"another handler's", other.NewContext(context.Background(), time.Now()), false},
 		{"its own, served before", used, false},
 		{"any other", context.Background(), false},
 	}

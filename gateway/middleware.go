@@ -188,7 +188,7 @@ func (o *observer) id(r *http.Request, sw *statusWriter) string {
 
 func (o *observer) middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		start := time.Now()
+		start := requestStart(r)
 		o.inFlight.Inc()
 		sw := &statusWriter{ResponseWriter: w}
 		defer func() {
@@ -226,8 +226,8 @@ func (o *observer) recovered(sw *statusWriter, r *http.Request, p any) {
 	sw.status = http.StatusInternalServerError
 }
 
-// record ends a request that started at start (and was counted in
-// flight): its count, duration and access log line.
+// record ends a request whose head was read at start (and which was
+// counted in flight): its count, duration and access log line.
 func (o *observer) record(r *http.Request, sw *statusWriter, start time.Time) {
 	if sw.status == 0 {
 		sw.status = http.StatusOK

@@ -17,17 +17,18 @@ import (
 // for Err once the deadline has passed. It then behaves exactly like
 // that child.
 type requestCtx struct {
-	context.Context           // the request's own context
-	deadline        time.Time // now + RequestTimeout
+	context.Context               // the request's own context
+	start           time.Time     // when the request's head was read: its duration counts from here
+	timeout         time.Duration // its deadline, from start: RequestTimeout, or as restart moved it
 	once            sync.Once
 	armed           atomic.Bool // timed is set
 	timed           context.Context
 	cancel          context.CancelFunc
 	route           *chi.Context // the value of chi.RouteCtxKey while set
 	maker           *Handler     // who made it (Handler.NewContext): it may serve one request as it is
-	used            bool         // a request was served with it
 
-	lim *limits // the limits of the handler serving the request (ReadBody, GetValue)
+	lim  *limits // the limits of the handler serving the request (ReadBody, GetValue)
+	used bool    // a request was served with it (beside slot: the struct fits 160 bytes, an allocation size class)
 
 	// What the request holds until it ends (handler.end).
 	slot    bool         // one of the limiter's in-flight slots
@@ -56,13 +57,18 @@ func (c *requestCtx) Value(key any) any {
 	return c.Context.Value(key)
 }
 
-func newRequestCtx(parent context.Context, deadline time.Time) *requestCtx {
-	return &requestCtx{Context: parent, deadline: deadline}
+// newRequestCtx returns the context of a request whose head was read at
+// start, with its deadline timeout after that.
+func newRequestCtx(parent context.Context, start time.Time, timeout time.Duration) *requestCtx {
+	return &requestCtx{Context: parent, start: start, timeout: timeout}
 }
+
+// deadline is when the request's memcached work must be done.
+func (c *requestCtx) deadline() time.Time { return c.start.Add(c.timeout) }
 
 func (c *requestCtx) arm() context.Context {
 	c.once.Do(func() {
-		c.timed, c.cancel = context.WithDeadline(c.Context, c.deadline)
+		c.timed, c.cancel = context.WithDeadline(c.Context, c.deadline())
 		c.armed.Store(true)
 	})
 	return c.timed
@@ -70,10 +76,11 @@ func (c *requestCtx) arm() context.Context {
 
 // Deadline is the earlier of the parent's deadline and this one.
 func (c *requestCtx) Deadline() (time.Time, bool) {
-	if d, ok := c.Context.Deadline(); ok && d.Before(c.deadline) {
+	dl := c.deadline()
+	if d, ok := c.Context.Deadline(); ok && d.Before(dl) {
 		return d, true
 	}
-	return c.deadline, true
+	return dl, true
 }
 
 // Done arms the deadline.
@@ -86,7 +93,7 @@ func (c *requestCtx) Err() error {
 	if c.armed.Load() {
 		return c.timed.Err()
 	}
-	if c.Context.Err() != nil || !time.Now().Before(c.deadline) {
+	if c.Context.Err() != nil || !time.Now().Before(c.deadline()) {
 		return c.arm().Err()
 	}
 	return nil
@@ -101,7 +108,7 @@ func (c *requestCtx) AfterFunc(f func()) (stop func() bool) { return context.Aft
 // waits on it.
 func (c *requestCtx) restart(d time.Duration) {
 	if !c.armed.Load() {
-		c.deadline = time.Now().Add(d)
+		c.timeout = time.Since(c.start) + d
 	}
 }
 
@@ -114,7 +121,8 @@ func (c *requestCtx) stop() {
 
 // takeContext returns the request's context for maker: the one maker made
 // (NewContext) if it is r's context itself, or a new one of timeout,
-// attached to a copy of r.
+// attached to a copy of r, whose head counts as read now (a server that
+// does not make the context calls its handler once the head is read).
 func takeContext(r *http.Request, maker *Handler, timeout time.Duration) (*requestCtx, *http.Request) {
 	ctx, ok := r.Context().(*requestCtx) // identity, not a capability: only ours, unwrapped, is served as it is
 	if !ok || ctx.maker != maker || ctx.used {
@@ -124,11 +132,20 @@ func takeContext(r *http.Request, maker *Handler, timeout time.Duration) (*reque
 			// armed it: hang ours on what it wraps.
 			parent = ctx.Context
 		}
-		ctx = newRequestCtx(parent, time.Now().Add(timeout))
+		ctx = newRequestCtx(parent, time.Now(), timeout)
 		r = r.WithContext(ctx)
 	}
 	ctx.used = true
 	return ctx, r
+}
+
+// requestStart is when r's head was read (requestCtx.start), or now for
+// a request without a requestCtx.
+func requestStart(r *http.Request) time.Time {
+	if rc := reqCtx(r); rc != nil {
+		return rc.start
+	}
+	return time.Now()
 }
 
 // reqCtx is r's requestCtx, found through any context derived from it:

@@ -385,7 +385,7 @@ func (c *conn) newRequest(head []byte, lines int) (*http.Request, error) {
 	}
 	ctx := c.ctx
 	if nc := c.srv.NewContext; nc != nil {
-		ctx = nc(ctx)
+		ctx = nc(ctx, time.Now())
 	}
 	return r.WithContext(ctx), nil
 }

@@ -65,8 +65,12 @@ type Server struct {
 	// Close cancels; it must return a context derived from parent. A
 	// handler that would attach a context of its own with WithContext
 	// (a copy of the whole request, about 250 bytes, per request) can
-	// have it made here and find it in the request instead.
-	NewContext func(parent context.Context) context.Context
+	// have it made here and find it in the request instead. head is when
+	// the request's head was read: a body read ahead (BodyLimit) comes
+	// after it and before the handler runs, so a handler that times
+	// requests from their head, as net/http starts its handlers, counts
+	// from head rather than from when it starts.
+	NewContext func(parent context.Context, head time.Time) context.Context
 
 	// BodyLimit, if not nil, says how much of a request's body its
 	// handler reads (it is called once the head is read, for requests
