@@ -64,7 +64,7 @@ type Config struct {
 	DetachedResponses bool          `env:"DETACHED_RESPONSES" envDefault:"true" help:"with FAST_PATH and PIPELINE_CONNS > 0: GET, HEAD and plain PUT of /{key} are answered by memcached's reply as it is read, with no goroutine waiting per request; false: every request waits for memcached on its own goroutine"`
 	MaxHeaderBytes    int           `env:"MAX_HEADER_BYTES" envDefault:"16384" help:"largest request header block"`
 	SendBufferBytes   int           `env:"SEND_BUFFER_BYTES" envDefault:"0" help:"SO_SNDBUF of client connections on LISTEN_ADDR (Linux; nginx's listen sndbuf=): caps the kernel memory a client that does not read can fill with its answers, at about twice this (0: the kernel's autotuning, up to net.ipv4.tcp_wmem's maximum, 4 MiB by default)"`
-	ReadHeaderTimeout time.Duration `env:"READ_HEADER_TIMEOUT" envDefault:"5s" help:"time allowed to send request headers (slowloris guard)"`
+	ReadHeaderTimeout time.Duration `env:"READ_HEADER_TIMEOUT" envDefault:"5s" help:"time allowed to send request headers (slowloris guard); at most READ_TIMEOUT, which counts the head too"`
 	ReadTimeout       time.Duration `env:"READ_TIMEOUT" envDefault:"30s" help:"time allowed to read a whole request including its body"`
 	WriteTimeout      time.Duration `env:"WRITE_TIMEOUT" envDefault:"30s" help:"time allowed to write a response"`
 	IdleTimeout       time.Duration `env:"IDLE_TIMEOUT" envDefault:"120s" help:"how long an idle client keepalive connection is kept"`
@@ -299,6 +299,12 @@ func parseFileMode(s string) (os.FileMode, error) {
 	}
 	return os.FileMode(m), nil
 }
+
+// HeadTimeout is the time a request's head may take: ReadHeaderTimeout,
+// but no more than ReadTimeout, which counts the whole request, head
+// included. Both servers (the fast path and net/http, which would give a
+// head the longer ReadHeaderTimeout) and the connection cap take it.
+func (c Config) HeadTimeout() time.Duration { return min(c.ReadHeaderTimeout, c.ReadTimeout) }
 
 // SocketMode is ListenSocketMode as a file mode; zero if it does not
 // parse (Load refuses that).

@@ -274,3 +274,22 @@ func TestParseAllowedHosts(t *testing.T) {
 		t.Errorf("Load with ALLOWED_HOSTS=cache:8080 = %v, want an error naming the variable", err)
 	}
 }
+
+// TestHeadTimeout: a head gets READ_HEADER_TIMEOUT, never more than
+// READ_TIMEOUT, which counts the whole request: net/http alone would give
+// it the longer header timeout.
+func TestHeadTimeout(t *testing.T) {
+	tests := []struct {
+		header, read, want time.Duration
+	}{
+		{5 * time.Second, 30 * time.Second, 5 * time.Second},
+		{10 * time.Second, time.Second, time.Second},
+		{time.Second, time.Second, time.Second},
+	}
+	for _, tt := range tests {
+		c := Config{ReadHeaderTimeout: tt.header, ReadTimeout: tt.read}
+		if got := c.HeadTimeout(); got != tt.want {
+			t.Errorf("HeadTimeout(header %s, read %s) = %s, want %s", tt.header, tt.read, got, tt.want)
+		}
+	}
+}

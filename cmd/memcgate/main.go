@@ -333,7 +333,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 			// net/http serves every connection: cap them under TLS (a
 			// reload may set a cap where there was none).
 			if conns.stdCap == nil {
-				conns.stdCap = newConnCap(maxConns, orRead(cfg.ReadHeaderTimeout, cfg.ReadTimeout), orRead(cfg.IdleTimeout, cfg.ReadTimeout), log)
+				conns.stdCap = newConnCap(maxConns, cfg.HeadTimeout(), orRead(cfg.IdleTimeout, cfg.ReadTimeout), log)
 			}
 			*ln = watchListener(conns.stdCap.listener(*ln))
 		}
@@ -410,7 +410,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	router.CountRequests(handler.RequestsInFlight) // a node past its fair part of MAX_REQUESTS holds no more than are free
 	std := &http.Server{
 		Handler:           takeTurns(handler),
-		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		ReadHeaderTimeout: cfg.HeadTimeout(),
 		ReadTimeout:       cfg.ReadTimeout,
 		WriteTimeout:      cfg.WriteTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
