@@ -1033,7 +1033,7 @@ func (g *bigRig) serveH1Write(writeTimeout time.Duration) string {
 		g.t.Fatal(err)
 	}
 	std := &http.Server{Handler: g.h}
-	srv := &h1.Server{Handler: g.h, Fallback: std, Budget: g.budget, BodyLimit: g.h.BodyLimit, NewContext: g.h.NewContext, WriteTimeout: writeTimeout}
+	srv := &h1.Server{Handler: g.h, Detached: g.h.ServeDetached, Fallback: std, Budget: g.budget, BodyLimit: g.h.BodyLimit, NewContext: g.h.NewContext, WriteTimeout: writeTimeout}
 	go srv.Serve(ln)
 	g.t.Cleanup(func() { srv.Close() })
 	return ln.Addr().String()

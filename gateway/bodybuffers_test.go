@@ -82,7 +82,7 @@ func startLending(t *testing.T, s *lendingStore, bg *budget.Budget) string {
 	}
 	h := NewHandler(s, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry(), opts)
 	quiet := log.New(io.Discard, "", 0)
-	srv := &h1.Server{Handler: h, Fallback: &http.Server{Handler: h, ErrorLog: quiet}, ErrorLog: quiet, NewContext: h.NewContext,
+	srv := &h1.Server{Handler: h, Detached: h.ServeDetached, Fallback: &http.Server{Handler: h, ErrorLog: quiet}, ErrorLog: quiet, NewContext: h.NewContext,
 		BodyLimit: h.BodyLimit, Budget: bg, Buffers: s.l}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

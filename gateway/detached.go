@@ -30,14 +30,15 @@ import (
 // connections), the request waits for Get or Set in place, with failover,
 // as routed.
 
-// detacher is the ResponseWriter of a server that lets a handler finish
-// the response later, from any goroutine (h1's Detach): finish must then
-// be called once, after the response's last use; nil if it cannot.
-// Block makes a detached response's writes wait for the client, for a
-// response written on a goroutine of its own that is larger than a
-// socket takes at once (a value streamed in chunks), which would
-// otherwise be copied into memory whole.
-type detacher interface {
+// Detacher is what ServeDetached needs of a server's response: Detach
+// lets the handler finish it later, from any goroutine, and returns the
+// function that does so, to be called once after the response's last
+// use (nil if it cannot be detached). Block makes a detached response's
+// writes wait for the client, for a response written on a goroutine of
+// its own that is larger than a socket takes at once (a value streamed
+// in chunks), which would otherwise be copied into memory whole. h1's
+// responses are Detachers (h1.Server's Detached).
+type Detacher = interface {
 	Detach() (finish func())
 	Block()
 }
@@ -51,7 +52,7 @@ type detachedReq struct {
 	ctx    *requestCtx
 	kr     keyRequest
 	start  time.Time
-	d      detacher
+	d      Detacher
 	finish func() // the detached response's, or nil if answered in place
 	// The callback given to the Store, made once per detachedReq (pooled).
 	doneFn func(op.Result)
@@ -63,11 +64,11 @@ type detachedReq struct {
 // PHP value's, whatever its size: decompressing may take milliseconds.
 const largeValue = 16 << 10
 
-// serveDetached serves r with a detached response, and reports whether it
-// did; if not, nothing was done and the routed path serves it.
-func (hh *handler) serveDetached(w http.ResponseWriter, r *http.Request, maker *Handler) bool {
-	d, ok := w.(detacher)
-	if !ok || hh.detachStore == nil {
+// serveDetached serves r with a detached response, w's Detacher d, and
+// reports whether it did; if not, nothing was done and the routed path
+// serves it.
+func (hh *handler) serveDetached(w http.ResponseWriter, r *http.Request, d Detacher, maker *Handler) bool {
+	if hh.detachStore == nil {
 		return false
 	}
 	put := r.Method == http.MethodPut

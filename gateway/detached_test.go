@@ -30,7 +30,7 @@ func startGatewayH1(t *testing.T, s Store, opts Options) (*h1.Server, *Handler, 
 	log1 := slog.New(slog.NewTextHandler(io.Discard, nil))
 	h := NewHandler(s, log1, prometheus.NewRegistry(), opts)
 	quiet := log.New(io.Discard, "", 0)
-	srv := &h1.Server{Handler: h, Fallback: &http.Server{Handler: h, ErrorLog: quiet}, ErrorLog: quiet, NewContext: h.NewContext}
+	srv := &h1.Server{Handler: h, Detached: h.ServeDetached, Fallback: &http.Server{Handler: h, ErrorLog: quiet}, ErrorLog: quiet, NewContext: h.NewContext}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -50,7 +50,7 @@ func TestDurationCountsTheBody(t *testing.T) {
 	}{
 		{"fast path, body read ahead", func(t *testing.T, h *Handler, headRead chan<- struct{}) string {
 			quiet := log.New(io.Discard, "", 0)
-			srv := &h1.Server{Handler: h, Fallback: &http.Server{Handler: h, ErrorLog: quiet}, ErrorLog: quiet, NewContext: h.NewContext,
+			srv := &h1.Server{Handler: h, Detached: h.ServeDetached, Fallback: &http.Server{Handler: h, ErrorLog: quiet}, ErrorLog: quiet, NewContext: h.NewContext,
 				BodyLimit: func(r *http.Request) int64 { // called once the head is read, before the body
 					headRead <- struct{}{}
 					return h.BodyLimit(r)

@@ -26,13 +26,19 @@ type Handler struct {
 	routes sync.Pool // *chi.Context, one per request in flight
 }
 
+// ServeDetached serves a plain GET, HEAD or PUT of one key with a
+// detached response, d being w's: the memcached reply writes it, and the
+// server's worker goes on to other connections meanwhile (0003). It
+// reports whether it took the request; if not, nothing was done and
+// ServeHTTP serves it. h1.Server offers it every request (Detached).
+func (h *Handler) ServeDetached(w http.ResponseWriter, r *http.Request, d Detacher) bool {
+	return h.h.serveDetached(w, r, d, h)
+}
+
 // ServeHTTP bounds the request's memcached work by RequestTimeout and
 // routes it. Its context also carries chi's routing context, which chi
 // would otherwise add with a second copy of the request.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if h.h.serveDetached(w, r, h) {
-		return
-	}
 	rc, _ := h.routes.Get().(*chi.Context)
 	if rc == nil {
 		rc = chi.NewRouteContext()

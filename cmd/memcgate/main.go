@@ -593,6 +593,7 @@ func dataServer(cfg config.Config, sec *security, std *http.Server, h *gateway.H
 	}
 	fast := &h1.Server{
 		Handler:           h, // it takes turns itself, when a client pipelines
+		Detached:          h.ServeDetached,
 		BodyLimit:         h.BodyLimit,
 		Budget:            buffered,
 		BudgetWait:        cfg.RequestTimeout, // a body waits for room as a request waits for memcached

@@ -598,6 +598,9 @@ func (c *conn) runHandler(w *response, req *http.Request) (ok bool) {
 			c.srv.logf("h1: panic serving %s: %v\n%s", c.remote, v, buf)
 		}
 	}()
+	if d := c.srv.Detached; d != nil && d(w, req, w) {
+		return true
+	}
 	c.srv.Handler.ServeHTTP(w, req)
 	return true
 }

@@ -25,6 +25,16 @@ type Server struct {
 	// Handler serves every request, on the fast path. It must not be nil.
 	Handler http.Handler
 
+	// Detached, if not nil, is offered each fast-path request before
+	// Handler, with the request's response as d (see Detach and Block):
+	// it either serves the request, detaching the response if it
+	// finishes it later, and reports true, or touches nothing and
+	// reports false, and Handler serves it.
+	Detached func(w http.ResponseWriter, r *http.Request, d interface {
+		Detach() (finish func())
+		Block()
+	}) bool
+
 	// ReadHeaderTimeout, ReadTimeout, WriteTimeout and IdleTimeout mean
 	// what they mean in http.Server, including the fall back from
 	// ReadHeaderTimeout and IdleTimeout to ReadTimeout when zero. Zero or
