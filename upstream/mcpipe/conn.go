@@ -1199,12 +1199,29 @@ func parseProbeLine(line []byte) (key []byte, size int, err error) {
 }
 
 // readValue reads a value's size bytes and its CRLF off the stream into
-// a buffer that lend lends (nil: a new one).
+// a buffer that lend lends (nil: a new one). A lender has held size
+// bytes already (op.Room.Reserve). A new buffer is not allocated from
+// the size alone, which is only what the server claims: past
+// trustedValue it doubles as the bytes come, and takes the whole size
+// once an eighth of it has come, so that a server that stops sending
+// holds at most eight times what it sent (as a client's body does), and
+// "VALUE k 0 2147483647" followed by silence costs what came, not 2 GiB.
 func readValue(br *bufio.Reader, size int, lend func(int) []byte) ([]byte, error) {
 	if lend == nil {
-		v := make([]byte, size+2) // one read for the value and its CRLF
-		if _, err := io.ReadFull(br, v); err != nil {
-			return nil, err
+		n := size + 2 // one read for the value and its CRLF
+		v := make([]byte, min(n, trustedValue))
+		for got := 0; ; {
+			if _, err := io.ReadFull(br, v[got:]); err != nil {
+				return nil, err
+			}
+			if got = len(v); got == n {
+				break
+			}
+			grow := got
+			if 8*got >= n {
+				grow = n - got
+			}
+			v = append(v, make([]byte, min(grow, n-got))...)
 		}
 		if !bytes.HasSuffix(v, crlf) {
 			return nil, errNoCRLF
@@ -1217,6 +1234,10 @@ func readValue(br *bufio.Reader, size int, lend func(int) []byte) ([]byte, error
 	}
 	return v, readCRLF(br)
 }
+
+// trustedValue is the most of a value's claimed size that readValue
+// allocates before any of it has come.
+const trustedValue = 64 << 10
 
 // errNoCRLF is a value not followed by CRLF.
 var errNoCRLF = fmt.Errorf("%w: a value not followed by CRLF", errProtocol)

@@ -1,0 +1,96 @@
+package mcpipe
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// hostileNode listens on a loopback port and, on each connection it
+// accepts, reads the first request line, sends reply and closes the
+// connection: a server that lies, then hangs up, so that the client's
+// read ends at once with what came (no timeout to wait for).
+func hostileNode(t *testing.T, reply []byte) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
+					return
+				}
+				c.Write(reply)
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// TestLyingValueLength: a value's length is only what the server says.
+// One that claims far more than it sends costs about what it sent (at
+// most eight times, as a client's body), not what it claims: a single
+// "VALUE k 0 268435456" line allocated 256 MiB before a byte of the
+// value came. The read fails as the connection does, with what came.
+func TestLyingValueLength(t *testing.T) {
+	const claim = 256 << 20
+	tests := []struct {
+		name     string
+		reply    []byte
+		maxAlloc uint64
+	}{
+		{"claim, then nothing", []byte("VALUE k 0 268435456\r\n"), 1 << 20},
+		{"claim, then 1 MiB", append([]byte("VALUE k 0 268435456\r\n"), bytes.Repeat([]byte("v"), 1<<20)...), 16 << 20},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newClient(hostileNode(t, tt.reply), 1, nil)
+			defer c.Close()
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			it, err := c.Get("k")
+			runtime.ReadMemStats(&after)
+			if it != nil || !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
+				t.Errorf("get: %v, %v; want the connection's end", it, err)
+			}
+			if n := after.TotalAlloc - before.TotalAlloc; n > tt.maxAlloc {
+				t.Errorf("the read allocated %d MiB for a claim of %d MiB; want at most %d MiB", n>>20, claim>>20, tt.maxAlloc>>20)
+			}
+		})
+	}
+}
+
+// TestLongValueRead: a value past trustedValue, read in the pieces
+// readValue grows by, comes out whole and exact, at every size around
+// the points where it grows; and one whose CRLF is not there fails.
+func TestLongValueRead(t *testing.T) {
+	for _, size := range []int{trustedValue - 2, trustedValue - 1, trustedValue, 2*trustedValue - 2, 8*trustedValue - 2, 8*trustedValue - 1, 8 * trustedValue, 3<<20 + 7} {
+		value := make([]byte, size)
+		for i := range value {
+			value[i] = byte(i*7 + i>>8)
+		}
+		stream := "VALUE k 0 " + strconv.Itoa(size) + "\r\n" + string(value) + "\r\n"
+		got, err := readValue(bufio.NewReader(strings.NewReader(stream[strings.IndexByte(stream, '\n')+1:])), size, nil)
+		if err != nil || !bytes.Equal(got, value) {
+			t.Errorf("%d bytes: %d bytes back, %v", size, len(got), err)
+		}
+		cut := stream[strings.IndexByte(stream, '\n')+1:len(stream)-2] + "xx"
+		if _, err := readValue(bufio.NewReader(strings.NewReader(cut)), size, nil); !errors.Is(err, errNoCRLF) {
+			t.Errorf("%d bytes without their CRLF: %v, want errNoCRLF", size, err)
+		}
+	}
+}
