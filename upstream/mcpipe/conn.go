@@ -31,6 +31,7 @@ type call struct {
 	limit int               // a multi-key Get's cap on value bytes kept; 0: none
 	all   bool              // room is asked for every value, not only those of op.LentValue bytes or more (a multi-key Get's)
 	key   string            // a single-key Get's key: such Gets may share one command
+	asked []string          // a multi-key Get's keys (Client.sendGets), in the order sent: the only keys its reply may answer
 	probe []string          // a size probe's keys (Client.probe): the reply is readProbe's
 	room  op.Room           // op.Op.Room of a read; nil: none
 	peer  []*call           // on the first call of a shared gets line: every call on it
@@ -704,6 +705,7 @@ var errProtocol = errors.New("mcpipe: malformed reply from memcached")
 func (c *conn) readLoop() {
 	br := bufio.NewReaderSize(&progressReader{c: c}, 16<<10)
 	var keys []string   // the keys of the reply's shared gets line, reused
+	var asked []string  // the keys of a reply of its own, reused
 	var rooms []op.Room // their calls' rooms, or the call's own; reused
 	var holds []held    // what the reply being read holds; reused
 	release := func() {
@@ -734,12 +736,18 @@ func (c *conn) readLoop() {
 		// queued: fail may answer and free them while the reply is read.
 		k, verb, probe := c.queue[0].kind, c.queue[0].verb, c.queue[0].probe
 		lim := replyLimit{bytes: c.queue[0].limit, all: c.queue[0].all}
-		keys, rooms = keys[:0], rooms[:0]
+		keys, rooms, asked = keys[:0], rooms[:0], asked[:0]
 		for _, p := range c.queue[0].peer {
 			keys, rooms = append(keys, p.key), append(rooms, p.room)
 		}
 		if len(c.queue[0].peer) == 0 {
 			rooms = append(rooms, c.queue[0].room)
+			switch {
+			case c.queue[0].asked != nil:
+				asked = append(asked, c.queue[0].asked...)
+			case k == op.Items:
+				asked = append(asked, c.queue[0].skey) // a GAT's
+			}
 		}
 		c.mu.Unlock()
 		var r reply
@@ -747,9 +755,10 @@ func (c *conn) readLoop() {
 		if probe != nil {
 			r, err = readProbe(br, probe)
 		} else {
-			r, err = readReply(br, k, verb, keys, lim, rooms, &holds, c.hints)
+			r, err = readReply(br, k, verb, keys, asked, lim, rooms, &holds, c.hints)
 		}
 		clear(rooms) // let the callers go
+		clear(asked)
 		if err != nil {
 			release()
 			c.fail(c.behind(err))
@@ -997,10 +1006,18 @@ type replyLimit struct {
 // out, whatever the outcome. None of a reply's values reaches its caller
 // before the whole reply is read: without the reservations a shared line
 // of a hundred 1 MB values would keep 100 MB that no budget saw.
-// A value for a key the line did not ask for is dropped. The size of a
+// asked are the keys of a reply of its own (a GAT's, a multi-key Get's),
+// in the order sent (nil: any key, for tests of the rest). memcached
+// answers the keys asked in order, misses left out: a value for a key
+// that was not asked, or out of that order (one asked once and answered
+// twice), is a broken stream (errProtocol), whose connection fails, so
+// that no caller is handed a value that is not its key's. The size of a
 // value asked of a room goes to hints (nil: nowhere).
-func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, lim replyLimit, rooms []op.Room, holds *[]held, hints *sizeHints) (r reply, err error) {
+func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys, asked []string, lim replyLimit, rooms []op.Room, holds *[]held, hints *sizeHints) (r reply, err error) {
 	keys := keyCursor{keys: lineKeys}
+	if len(lineKeys) == 0 {
+		keys = keyCursor{keys: asked, own: true}
+	}
 	kept := 0
 	for {
 		line, err := readLine(br)
@@ -1038,7 +1055,10 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, lim
 			if err != nil {
 				return r, err
 			}
-			if i >= 0 && lim.bytes > 0 && kept+size > lim.bytes {
+			if i < 0 {
+				return r, fmt.Errorf("%w: %q answers a key %s did not ask for, or out of order", errProtocol, line, verb)
+			}
+			if lim.bytes > 0 && kept+size > lim.bytes {
 				// Before the Room is asked: a value it reserved and
 				// the limit then dropped would be held for good.
 				if err := skipValue(br, size); err != nil {
@@ -1048,7 +1068,7 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, lim
 				continue
 			}
 			var rm op.Room
-			if i >= 0 && i < len(rooms) && rooms[i] != nil {
+			if i < len(rooms) && rooms[i] != nil {
 				if hints != nil {
 					hints.saw(it.Key, size)
 				}
@@ -1056,15 +1076,13 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys []string, lim
 					rm = rooms[i]
 				}
 			}
-			if i < 0 || rm != nil && !rm.Reserve(size) {
+			if rm != nil && !rm.Reserve(size) {
 				if err := skipValue(br, size); err != nil {
 					return r, err
 				}
-				if i >= 0 {
-					r.nofit = append(r.nofit, i)
-					if len(lineKeys) == 0 {
-						r.refused = append(r.refused, it.Key)
-					}
+				r.nofit = append(r.nofit, i)
+				if len(lineKeys) == 0 {
+					r.refused = append(r.refused, it.Key)
 				}
 				continue
 			}
@@ -1379,18 +1397,19 @@ func metaHit(line []byte) bool {
 // an mg with "HD" (Client.Do).
 var ErrNoMeta = errors.New("memcache: server does not know meta commands (mg)")
 
-// keyCursor finds the keys of a reply to a shared gets line among the
-// line's keys, so that an item's Key is the string its caller passed
-// rather than a copy. memcached answers the keys of a line in order,
-// leaving out the misses, so the search goes on from the last key found.
+// keyCursor finds the keys of a reply among the keys asked, so that an
+// item's Key is the string its caller passed rather than a copy.
+// memcached answers the keys of a command in order, leaving out the
+// misses, so the search goes on from the last key found.
 type keyCursor struct {
 	keys []string
 	next int
+	own  bool // keys are a reply of its own's (readReply's asked): a key found is at index 0, its one call's
 }
 
-// key returns the line's key equal to b and its index, or else a copy of
-// b and 0 for a reply to a request of its own (no line keys), -1 for a
-// key the line did not ask for.
+// key returns the key asked equal to b and its index on the shared line
+// (0 for a reply of its own), or else a copy of b and -1: a key not asked,
+// or out of order. With no keys it returns a copy of b and 0.
 func (kc *keyCursor) key(b []byte) (string, int) {
 	if len(kc.keys) == 0 {
 		return string(b), 0
@@ -1398,6 +1417,9 @@ func (kc *keyCursor) key(b []byte) (string, int) {
 	for i := kc.next; i < len(kc.keys); i++ {
 		if kc.keys[i] == string(b) {
 			kc.next = i + 1
+			if kc.own {
+				return kc.keys[i], 0
+			}
 			return kc.keys[i], i
 		}
 	}

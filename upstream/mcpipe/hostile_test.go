@@ -3,6 +3,7 @@ package mcpipe
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -10,6 +11,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
 // hostileNode listens on a loopback port and, on each connection it
@@ -92,5 +97,67 @@ func TestLongValueRead(t *testing.T) {
 		if _, err := readValue(bufio.NewReader(strings.NewReader(cut)), size, nil); !errors.Is(err, errNoCRLF) {
 			t.Errorf("%d bytes without their CRLF: %v, want errNoCRLF", size, err)
 		}
+	}
+}
+
+// TestReplyKeyNotAsked: memcached answers the keys asked, in order, and
+// no others. A reply that answers a key not asked, out of order, or one
+// key twice is a broken stream: the read fails (502 at the gateway), and
+// no caller is handed a value under its key that the server sent for
+// another. A GAT was answered with another key's value, and a shared
+// line's callers with a miss.
+func TestReplyKeyNotAsked(t *testing.T) {
+	value := func(key, v string) string { return "VALUE " + key + " 0 " + strconv.Itoa(len(v)) + "\r\n" + v + "\r\n" }
+	ctx := context.Background()
+	tests := []struct {
+		name  string
+		reply string
+		read  func(c *Client) (any, error)
+	}{
+		{"gat answered with another key", value("other", "secret") + "END\r\n", func(c *Client) (any, error) {
+			it, _, err := c.Do(ctx, op.Op{Verb: op.GAT, Item: op.Item{Expiration: 10}}, "mine")
+			return it, err
+		}},
+		{"get answered with another key", value("other", "secret") + "END\r\n", func(c *Client) (any, error) {
+			return c.Get("mine")
+		}},
+		{"multi-get answered with a key not asked", value("a", "1") + value("z", "secret") + "END\r\n", func(c *Client) (any, error) {
+			m, _, _, err := c.GetMultiLimit(ctx, []string{"a", "b"}, 0, nil, false)
+			return m, err
+		}},
+		{"multi-get answered out of order", value("b", "2") + value("a", "1") + "END\r\n", func(c *Client) (any, error) {
+			m, _, _, err := c.GetMultiLimit(ctx, []string{"a", "b"}, 0, nil, false)
+			return m, err
+		}},
+		{"multi-get answered twice for one key", value("a", "1") + value("a", "secret") + "END\r\n", func(c *Client) (any, error) {
+			m, _, _, err := c.GetMultiLimit(ctx, []string{"a", "b"}, 0, nil, false)
+			return m, err
+		}},
+		{"multi-get with a room", value("z", "secret") + "END\r\n", func(c *Client) (any, error) {
+			m, _, _, err := c.GetMultiLimit(ctx, []string{"a"}, 0, &testRoom{}, false)
+			return m, err
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			addr, _ := scriptedServer(t, tt.reply)
+			c := newClient(addr, 1, nil)
+			defer c.Close()
+			got, err := tt.read(c)
+			if !errors.Is(err, errProtocol) {
+				t.Errorf("read: %v, %v; want errProtocol", got, err)
+			}
+			if it, ok := got.(*memcache.Item); ok && it != nil {
+				t.Errorf("read handed out %q = %q", it.Key, it.Value)
+			}
+		})
+	}
+	// memcached's own answers, misses left out, still read.
+	addr, _ := scriptedServer(t, value("a", "1")+value("c", "3")+"END\r\n")
+	c := newClient(addr, 1, nil)
+	defer c.Close()
+	m, _, _, err := c.GetMultiLimit(ctx, []string{"a", "b", "c"}, 0, nil, false)
+	if err != nil || len(m) != 2 || string(m["a"].Value) != "1" || string(m["c"].Value) != "3" {
+		t.Errorf("multi-get with a miss: %v, %v", m, err)
 	}
 }

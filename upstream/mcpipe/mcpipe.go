@@ -559,7 +559,7 @@ func (c *Client) sendGets(ctx context.Context, l *lane, keys []string, limit int
 		return nil, err
 	}
 	cl := c.newCall()
-	cl.kind, cl.verb, cl.limit = op.Items, "gets", limit
+	cl.kind, cl.verb, cl.limit, cl.asked = op.Items, "gets", limit, keys
 	cl.room, cl.all = room, room != nil
 	cl.by, _ = ctx.Deadline()
 	cl.encode = func(b []byte) []byte {

@@ -479,7 +479,7 @@ func TestReadReplyLimit(t *testing.T) {
 	}
 	for _, tt := range tests {
 		br := bufio.NewReader(strings.NewReader(stream))
-		r, err := readReply(br, op.Items, "gets", nil, replyLimit{bytes: tt.limit}, nil, nil, nil)
+		r, err := readReply(br, op.Items, "gets", nil, nil, replyLimit{bytes: tt.limit}, nil, nil, nil)
 		if err != nil || r.err != nil {
 			t.Fatalf("limit %d: %v, %v", tt.limit, err, r.err)
 		}
@@ -490,7 +490,7 @@ func TestReadReplyLimit(t *testing.T) {
 		if !slices.Equal(kept, tt.wantKept) || !slices.Equal(r.dropped, tt.wantDropped) {
 			t.Errorf("limit %d: kept %v, dropped %v; want %v, %v", tt.limit, kept, r.dropped, tt.wantKept, tt.wantDropped)
 		}
-		if next, err := readReply(br, op.Stored, "set", nil, replyLimit{}, nil, nil, nil); err != nil || next.err != nil {
+		if next, err := readReply(br, op.Stored, "set", nil, nil, replyLimit{}, nil, nil, nil); err != nil || next.err != nil {
 			t.Errorf("limit %d: the next reply: %v, %v", tt.limit, err, next.err)
 		}
 	}
@@ -583,7 +583,7 @@ func TestReadReplyRooms(t *testing.T) {
 				}
 			}
 			var holds []held
-			r, err := readReply(br, op.Items, "gets", tt.lineKeys, replyLimit{}, rooms, &holds, nil)
+			r, err := readReply(br, op.Items, "gets", tt.lineKeys, nil, replyLimit{}, rooms, &holds, nil)
 			if err != nil || r.err != nil {
 				t.Fatalf("readReply: %v, %v", err, r.err)
 			}
@@ -594,7 +594,7 @@ func TestReadReplyRooms(t *testing.T) {
 			if !slices.Equal(kept, tt.wantKept) || !slices.Equal(r.nofit, tt.wantNoFit) {
 				t.Errorf("kept %v, refused %v; want %v, %v", kept, r.nofit, tt.wantKept, tt.wantNoFit)
 			}
-			if next, err := readReply(br, op.Stored, "set", nil, replyLimit{}, nil, nil, nil); err != nil || next.err != nil {
+			if next, err := readReply(br, op.Stored, "set", nil, nil, replyLimit{}, nil, nil, nil); err != nil || next.err != nil {
 				t.Errorf("the next reply: %v, %v", err, next.err)
 			}
 			// What the kept values hold is the reply's to release.
@@ -1501,7 +1501,7 @@ func TestReadReplyLimitReleases(t *testing.T) {
 	rm := &testRoom{}
 	br := bufio.NewReader(strings.NewReader(value("a") + value("b") + "END\r\n"))
 	var holds []held
-	r, err := readReply(br, op.Items, "gets", nil, replyLimit{bytes: len(big)}, []op.Room{rm}, &holds, nil)
+	r, err := readReply(br, op.Items, "gets", nil, nil, replyLimit{bytes: len(big)}, []op.Room{rm}, &holds, nil)
 	if err != nil || r.err != nil {
 		t.Fatalf("readReply: %v, %v", err, r.err)
 	}
