@@ -1,0 +1,235 @@
+package e2e
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/memcgate/memcgate/test/memcachedtest"
+)
+
+// fakeNode listens on a loopback port and serves each connection with
+// serve, which gets the connection and a reader of what it sends.
+func fakeNode(t *testing.T, serve func(c net.Conn, br *bufio.Reader)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				serve(c, bufio.NewReader(c))
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// TestNodeAnswersAnotherKey runs the binary against a node that passes
+// its health checks but answers every read with another key's value: a
+// GET, with or without touch, gets 502 (or 503 once the node is
+// ejected), never the other key's bytes. A GET with touch (memcached's
+// gat) was answered 200 with them.
+func TestNodeAnswersAnotherKey(t *testing.T) {
+	node := fakeNode(t, func(c net.Conn, br *bufio.Reader) {
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				return
+			}
+			var reply string
+			switch f := strings.Fields(line); {
+			case len(f) == 0:
+				reply = "ERROR\r\n"
+			case f[0] == "version":
+				reply = "VERSION 1.6.21\r\n"
+			case f[0] == "gets", f[0] == "gats", f[0] == "get", f[0] == "gat":
+				reply = "VALUE other 0 6 1\r\nsecret\r\nEND\r\n"
+			case f[0] == "mg":
+				reply = "EN\r\n"
+			default:
+				reply = "ERROR\r\n"
+			}
+			if _, err := c.Write([]byte(reply)); err != nil {
+				return
+			}
+		}
+	})
+	g := startGateway(t, map[string]string{"MEMCGATE_SERVERS": node})
+	for _, path := range []string{"/mine?touch=60", "/mine"} {
+		r := g.do("GET", path, nil)
+		if r.status != http.StatusBadGateway && r.status != http.StatusServiceUnavailable || strings.Contains(r.body, "secret") {
+			t.Errorf("GET %s = %d %q, want 502 (or 503 once the node is down), never the other key's value", path, r.status, r.body)
+		}
+	}
+}
+
+// TestNotMemcached runs the binary with a real memcached and, beside it,
+// a node that is some other service: an HTTP server, an SSH server (its
+// banner comes first), Redis, a TLS server, or a stream of bytes that
+// never ends. Its health check fails, so its keys go to memcached
+// (MEMCGATE_FAILOVER) or get an error status, never anything it sent;
+// the real node's keys are read and written as before; and the gateway
+// says the node is down once, not once per request.
+func TestNotMemcached(t *testing.T) {
+	httpSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "VALUE k 0 5\r\nhello\r\nEND\r\n")
+	}))
+	t.Cleanup(httpSrv.Close)
+	tlsSrv := httptest.NewTLSServer(http.NotFoundHandler())
+	t.Cleanup(tlsSrv.Close)
+	impostors := []struct {
+		name string
+		addr string
+	}{
+		{"http", strings.TrimPrefix(httpSrv.URL, "http://")},
+		{"tls", strings.TrimPrefix(tlsSrv.URL, "https://")},
+		{"ssh", fakeNode(t, func(c net.Conn, br *bufio.Reader) {
+			c.Write([]byte("SSH-2.0-OpenSSH_9.6\r\n"))
+			br.ReadString('\n')
+			c.Write([]byte("Invalid SSH identification string.\r\n"))
+		})},
+		{"redis", fakeNode(t, func(c net.Conn, br *bufio.Reader) {
+			for {
+				line, err := br.ReadString('\n')
+				if err != nil {
+					return
+				}
+				cmd, _, _ := strings.Cut(strings.TrimSpace(line), " ")
+				fmt.Fprintf(c, "-ERR unknown command '%s', with args beginning with: \r\n", cmd)
+			}
+		})},
+		{"endless", fakeNode(t, func(c net.Conn, br *bufio.Reader) {
+			junk := []byte(strings.Repeat("VALUE x 0 1\r\n", 4096))
+			for {
+				if _, err := c.Write(junk); err != nil {
+					return
+				}
+			}
+		})},
+	}
+	// The same services behind a memcached that answers the health
+	// checks: its data connections get the other service.
+	for _, im := range []struct {
+		name  string
+		serve func(c net.Conn, br *bufio.Reader)
+	}{
+		{"http behind probes", func(c net.Conn, br *bufio.Reader) {
+			c.Write([]byte("HTTP/1.1 400 Bad Request\r\nContent-Length: 11\r\nConnection: close\r\n\r\nBad Request"))
+		}},
+		{"redis behind probes", func(c net.Conn, br *bufio.Reader) {
+			for {
+				c.Write([]byte("-ERR unknown command\r\n"))
+				if _, err := br.ReadString('\n'); err != nil {
+					return
+				}
+			}
+		}},
+		{"endless behind probes", func(c net.Conn, br *bufio.Reader) {
+			junk := []byte(strings.Repeat("VALUE x 0 1\r\n", 4096))
+			for {
+				if _, err := c.Write(junk); err != nil {
+					return
+				}
+			}
+		}},
+		{"endless line behind probes", func(c net.Conn, br *bufio.Reader) {
+			junk := []byte(strings.Repeat("SERVER_ERROR ", 4096))
+			for {
+				if _, err := c.Write(junk); err != nil {
+					return
+				}
+			}
+		}},
+	} {
+		impostors = append(impostors, struct {
+			name string
+			addr string
+		}{im.name, fakeNode(t, func(c net.Conn, br *bufio.Reader) {
+			line, err := br.Peek(7)
+			if err != nil || string(line) != "version" {
+				im.serve(c, br)
+				return
+			}
+			for {
+				if _, err := br.ReadString('\n'); err != nil {
+					return
+				}
+				c.Write([]byte("VERSION 1.6.21\r\n"))
+			}
+		})})
+	}
+	mc := memcachedtest.Start(t)
+	for _, im := range impostors {
+		t.Run(im.name, func(t *testing.T) {
+			g := startGateway(t, map[string]string{
+				"MEMCGATE_SERVERS":    mc.Addr + "," + im.addr,
+				"MEMCGATE_ACCESS_LOG": "false",
+			})
+			// Keys of each node, by the gateway's own placement.
+			keysOf := map[string][]string{}
+			for i := 0; len(keysOf[mc.Addr]) < 8 || len(keysOf[im.addr]) < 8; i++ {
+				key := fmt.Sprint(strings.ReplaceAll(im.name, " ", "-"), i)
+				resp, err := http.Get(g.Admin + "/debug/owners?key=" + key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var place struct {
+					Chain []struct {
+						Node string `json:"node"`
+					} `json:"chain"`
+				}
+				err = json.NewDecoder(resp.Body).Decode(&place)
+				resp.Body.Close()
+				if err != nil || len(place.Chain) == 0 {
+					t.Fatalf("/debug/owners?key=%s: %+v, %v", key, place, err)
+				}
+				owner := place.Chain[0].Node
+				keysOf[owner] = append(keysOf[owner], key)
+			}
+			for round := 0; round < 3; round++ {
+				for _, key := range keysOf[im.addr][:8] {
+					put := g.do("PUT", "/"+key, []byte("v"))
+					get := g.do("GET", "/"+key, nil)
+					for _, r := range []response{put, get} {
+						if strings.Contains(r.body, "VALUE") || strings.Contains(r.body, "SSH") || strings.Contains(r.body, "ERR") || strings.Contains(r.body, "hello") {
+							t.Errorf("/%s on the %s node = %d %q: bytes it sent", key, im.name, r.status, r.body)
+						}
+					}
+					if get.status == http.StatusOK && get.body != "v" || put.status == http.StatusCreated && get.status != http.StatusOK {
+						t.Errorf("/%s on the %s node: PUT %d, then GET %d %q", key, im.name, put.status, get.status, get.body)
+					}
+				}
+				for _, key := range keysOf[mc.Addr][:8] {
+					if r := g.do("PUT", "/"+key, []byte("v"+key)); r.status != http.StatusCreated {
+						t.Errorf("PUT /%s on memcached = %d %q", key, r.status, r.body)
+					}
+					if r := g.do("GET", "/"+key, nil); r.status != http.StatusOK || r.body != "v"+key {
+						t.Errorf("GET /%s on memcached = %d %q", key, r.status, r.body)
+					}
+				}
+			}
+			g.Signal(syscall.SIGTERM) // the log is written behind the requests: whole once the process exits
+			if _, ok := g.Wait(30 * time.Second); !ok {
+				t.Fatal("memcgate did not exit on SIGTERM")
+			}
+			if n := strings.Count(g.Logs(), `"node down"`); n > 1 {
+				t.Errorf("%d node down lines for one node that stayed down, want at most one:\n%s", n, g.Logs())
+			}
+		})
+	}
+}
