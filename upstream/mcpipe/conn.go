@@ -976,6 +976,20 @@ var (
 	lineMN          = []byte("MN\r\n")
 )
 
+// maxShown is the most of a server's line that an error quotes: a line
+// may be up to the reader's 16 KiB of anything, and the error goes to log
+// lines and the status page (a node's reason for being down).
+const maxShown = 128
+
+// shown is b, a server's line or part of one, quoted for an error, cut
+// to maxShown bytes and its length said if longer.
+func shown(b []byte) string {
+	if len(b) <= maxShown {
+		return strconv.Quote(string(b))
+	}
+	return strconv.Quote(string(b[:maxShown])) + "... (" + strconv.Itoa(len(b)) + " bytes)"
+}
+
 // isErrorLine reports the protocol's generic error replies, which end a
 // reply of any kind.
 func isErrorLine(line []byte) bool {
@@ -1039,7 +1053,7 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys, asked []stri
 				// A server that knows no ms reads its data block as a
 				// command of its own, whose reply is still to come:
 				// the connection is out of step.
-				return r, fmt.Errorf("%w: %q to %s", errProtocol, line, verb)
+				return r, fmt.Errorf("%w: %s to %s", errProtocol, shown(line), verb)
 			}
 			r.num, r.err = lineResult(k, verb, line)
 			return r, nil
@@ -1056,7 +1070,7 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys, asked []stri
 				return r, err
 			}
 			if i < 0 {
-				return r, fmt.Errorf("%w: %q answers a key %s did not ask for, or out of order", errProtocol, line, verb)
+				return r, fmt.Errorf("%w: %s answers a key %s did not ask for, or out of order", errProtocol, shown(line), verb)
 			}
 			if lim.bytes > 0 && kept+size > lim.bytes {
 				// Before the Room is asked: a value it reserved and
@@ -1102,10 +1116,10 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys, asked []stri
 			}
 			r.items = append(r.items, it)
 		case isErrorLine(line):
-			r.err = fmt.Errorf("memcache: unexpected line in get response: %q", line)
+			r.err = fmt.Errorf("memcache: unexpected line in get response: %s", shown(line))
 			return r, nil
 		default:
-			return r, fmt.Errorf("%w: %q in a get reply", errProtocol, line)
+			return r, fmt.Errorf("%w: %s in a get reply", errProtocol, shown(line))
 		}
 	}
 }
@@ -1121,7 +1135,7 @@ func readLine(br *bufio.Reader) ([]byte, error) {
 		return nil, err
 	}
 	if len(line) < 2 || line[len(line)-2] != '\r' {
-		return nil, fmt.Errorf("%w: %q", errProtocol, line)
+		return nil, fmt.Errorf("%w: %s", errProtocol, shown(line))
 	}
 	return line, nil
 }
@@ -1170,7 +1184,7 @@ func readProbe(br *bufio.Reader, keys []string) (r reply, err error) {
 				return r, nil
 			}
 		case isErrorLine(line):
-			r.err = fmt.Errorf("%w: %q", errProbeRefused, line)
+			r.err = fmt.Errorf("%w: %s", errProbeRefused, shown(line))
 		case bytes.Equal(line, lineEN): // a miss that q did not leave out
 		case metaHit(line):
 			key, size, err := parseProbeLine(line)
@@ -1182,11 +1196,11 @@ func readProbe(br *bufio.Reader, keys []string) (r reply, err error) {
 			}
 			_, i := kc.key(key)
 			if i < 0 {
-				return r, fmt.Errorf("%w: %q answers a key the size probe did not ask for, or out of order", errProtocol, line)
+				return r, fmt.Errorf("%w: %s answers a key the size probe did not ask for, or out of order", errProtocol, shown(line))
 			}
 			r.sizes[i] = size
 		default:
-			return r, fmt.Errorf("%w: %q in reply to a size probe", errProtocol, line)
+			return r, fmt.Errorf("%w: %s in reply to a size probe", errProtocol, shown(line))
 		}
 	}
 }
@@ -1200,18 +1214,18 @@ func parseProbeLine(line []byte) (key []byte, size int, err error) {
 		case 's':
 			n, perr := strconv.ParseUint(string(tok[1:]), 10, 31)
 			if perr != nil {
-				return nil, 0, fmt.Errorf("%w: bad size in %q", errProtocol, line)
+				return nil, 0, fmt.Errorf("%w: bad size in %s", errProtocol, shown(line))
 			}
 			size, seen = int(n), seen|1
 		case 'k':
 			if len(tok) == 1 {
-				return nil, 0, fmt.Errorf("%w: empty key in %q", errProtocol, line)
+				return nil, 0, fmt.Errorf("%w: empty key in %s", errProtocol, shown(line))
 			}
 			key, seen = tok[1:], seen|2
 		}
 	}
 	if seen != 3 {
-		return nil, 0, fmt.Errorf("%w: %q without its size and key", errProtocol, line)
+		return nil, 0, fmt.Errorf("%w: %s without its size and key", errProtocol, shown(line))
 	}
 	return key, size, nil
 }
@@ -1296,7 +1310,7 @@ func lineResult(k op.Reply, verb string, line []byte) (uint64, error) {
 		case bytes.Equal(line, lineNF):
 			return 0, memcache.ErrCacheMiss
 		}
-		return 0, fmt.Errorf("memcache: unexpected response line from %q: %q", verb, string(line))
+		return 0, fmt.Errorf("memcache: unexpected response line from %q: %s", verb, shown(line))
 	case op.Stored:
 		switch {
 		case bytes.Equal(line, lineStored):
@@ -1308,7 +1322,7 @@ func lineResult(k op.Reply, verb string, line []byte) (uint64, error) {
 		case bytes.Equal(line, lineNotFound):
 			return 0, memcache.ErrCacheMiss
 		}
-		return 0, fmt.Errorf("memcache: unexpected response line from %q: %q", verb, string(line))
+		return 0, fmt.Errorf("memcache: unexpected response line from %q: %s", verb, shown(line))
 	case op.Deleted:
 		switch {
 		case bytes.Equal(line, lineDeleted), bytes.Equal(line, lineOK):
@@ -1316,7 +1330,7 @@ func lineResult(k op.Reply, verb string, line []byte) (uint64, error) {
 		case bytes.Equal(line, lineNotFound):
 			return 0, memcache.ErrCacheMiss
 		}
-		return 0, fmt.Errorf("memcache: unexpected response line: %q", string(line))
+		return 0, fmt.Errorf("memcache: unexpected response line: %s", shown(line))
 	case op.Touched:
 		switch {
 		case bytes.Equal(line, lineTouched):
@@ -1324,17 +1338,18 @@ func lineResult(k op.Reply, verb string, line []byte) (uint64, error) {
 		case bytes.Equal(line, lineNotFound):
 			return 0, memcache.ErrCacheMiss
 		}
-		return 0, fmt.Errorf("memcache: unexpected response line from touch: %q", string(line))
+		return 0, fmt.Errorf("memcache: unexpected response line from touch: %s", shown(line))
 	default: // op.Number
 		switch {
 		case bytes.Equal(line, lineNotFound):
 			return 0, memcache.ErrCacheMiss
 		case bytes.HasPrefix(line, prefixClientErr):
-			return 0, errors.New("memcache: client error: " + string(line[len(prefixClientErr):len(line)-2]))
+			msg := line[len(prefixClientErr) : len(line)-2]
+			return 0, errors.New("memcache: client error: " + string(msg[:min(len(msg), maxShown)]))
 		}
 		v, err := strconv.ParseUint(string(line[:len(line)-2]), 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("memcache: unexpected response line: %q", string(line))
+			return 0, fmt.Errorf("memcache: unexpected response line: %s", shown(line))
 		}
 		return v, nil
 	}
@@ -1349,9 +1364,9 @@ func metaResult(line []byte) (*memcache.Item, uint64, error) {
 	case bytes.Equal(line, lineEN):
 		return nil, 0, memcache.ErrCacheMiss
 	case bytes.Equal(line, lineError), bytes.HasPrefix(line, prefixClientErr):
-		return nil, 0, fmt.Errorf("%w: %q", ErrNoMeta, line)
+		return nil, 0, fmt.Errorf("%w: %s", ErrNoMeta, shown(line))
 	case !metaHit(line):
-		return nil, 0, fmt.Errorf("memcache: unexpected response line from mg: %q", line)
+		return nil, 0, fmt.Errorf("memcache: unexpected response line from mg: %s", shown(line))
 	}
 	it := new(memcache.Item)
 	var size uint64
@@ -1371,12 +1386,12 @@ func metaResult(line []byte) (*memcache.Item, uint64, error) {
 			continue
 		}
 		if err != nil {
-			return nil, 0, fmt.Errorf("%w: bad %q in %q", ErrNoMeta, tok, line)
+			return nil, 0, fmt.Errorf("%w: bad %s in %s", ErrNoMeta, shown(tok), shown(line))
 		}
 		seen++
 	}
 	if seen != 3 {
-		return nil, 0, fmt.Errorf("%w: %q has no size, flags and CAS", ErrNoMeta, line)
+		return nil, 0, fmt.Errorf("%w: %s has no size, flags and CAS", ErrNoMeta, shown(line))
 	}
 	return it, size, nil
 }
@@ -1431,7 +1446,7 @@ func (kc *keyCursor) key(b []byte) (string, int) {
 func parseValueLine(line []byte, keys *keyCursor) (it *memcache.Item, index, size int, err error) {
 	rest := line[len(prefixValue) : len(line)-2]
 	if len(rest) == 0 || rest[len(rest)-1] == ' ' {
-		return nil, 0, 0, fmt.Errorf("%w: %q", errProtocol, line)
+		return nil, 0, 0, fmt.Errorf("%w: %s", errProtocol, shown(line))
 	}
 	var f [4][]byte
 	n := 0
@@ -1444,7 +1459,7 @@ func parseValueLine(line []byte, keys *keyCursor) (it *memcache.Item, index, siz
 		rest = rest[min(i+1, len(rest)):]
 	}
 	if len(rest) > 0 || n < 3 || len(f[0]) == 0 {
-		return nil, 0, 0, fmt.Errorf("%w: %q", errProtocol, line)
+		return nil, 0, 0, fmt.Errorf("%w: %s", errProtocol, shown(line))
 	}
 	flags, err1 := strconv.ParseUint(string(f[1]), 10, 32)
 	n64, err2 := strconv.ParseUint(string(f[2]), 10, 31)
@@ -1454,7 +1469,7 @@ func parseValueLine(line []byte, keys *keyCursor) (it *memcache.Item, index, siz
 		cas, err3 = strconv.ParseUint(string(f[3]), 10, 64)
 	}
 	if err1 != nil || err2 != nil || err3 != nil {
-		return nil, 0, 0, fmt.Errorf("%w: %q", errProtocol, line)
+		return nil, 0, 0, fmt.Errorf("%w: %s", errProtocol, shown(line))
 	}
 	key, index := keys.key(f[0])
 	return &memcache.Item{Key: key, Flags: uint32(flags), CasID: cas}, index, int(n64), nil

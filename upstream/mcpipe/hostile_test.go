@@ -161,3 +161,47 @@ func TestReplyKeyNotAsked(t *testing.T) {
 		t.Errorf("multi-get with a miss: %v, %v", m, err)
 	}
 }
+
+// TestLongLinesCutInErrors: a line may be as long as the reader's buffer
+// (16 KiB) of anything, and the error that quotes it goes to log lines
+// and the status page: what any error quotes of it is cut to maxShown
+// bytes, its length said. Whole lines of 16 KiB were quoted, 64 KiB once
+// escaped.
+func TestLongLinesCutInErrors(t *testing.T) {
+	long := strings.Repeat("\x01", 16000)
+	tests := []struct {
+		kind op.Reply
+		verb string
+		line string
+	}{
+		{op.Stored, "set", "SERVER_ERROR " + long},
+		{op.Stored, "set", long},
+		{op.Items, "gets", "SERVER_ERROR " + long},
+		{op.Items, "gets", long},
+		{op.Items, "gets", "VALUE k 0 " + long},
+		{op.Number, "incr", "CLIENT_ERROR " + long},
+		{op.Number, "incr", long},
+		{op.Deleted, "delete", long},
+		{op.Touched, "touch", long},
+		{op.Meta, "mg", "HD " + long},
+		{op.Meta, "mg", "CLIENT_ERROR " + long},
+		{op.MetaStored, "ms", long},
+	}
+	for _, tt := range tests {
+		br := bufio.NewReaderSize(strings.NewReader(tt.line+"\r\n"), 16<<10)
+		r, err := readReply(br, tt.kind, tt.verb, nil, nil, replyLimit{}, nil, nil, nil)
+		if err == nil {
+			err = r.err
+		}
+		if err == nil {
+			t.Errorf("%s answered %.20q...: no error", tt.verb, tt.line)
+			continue
+		}
+		if n := len(err.Error()); n > 4*maxShown+200 {
+			t.Errorf("%s answered %.20q...: an error of %d bytes: %.300s", tt.verb, tt.line, n, err)
+		}
+	}
+	if _, err := readProbe(bufio.NewReaderSize(strings.NewReader("HD "+long+"\r\nMN\r\n"), 16<<10), []string{"k"}); err != nil && len(err.Error()) > 4*maxShown+200 {
+		t.Errorf("a probe's reply: an error of %d bytes", len(err.Error()))
+	}
+}
