@@ -1047,6 +1047,9 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys, asked []stri
 				r.items = append(r.items, it)
 				r.hd = bytes.HasPrefix(line, prefixHD)
 			}
+			if r.err != nil && !errors.Is(r.err, memcache.ErrCacheMiss) && !metaHit(line) && !isErrorLine(line) {
+				return r, fmt.Errorf("%w: %s to %s", errProtocol, shown(line), verb)
+			}
 			return r, nil
 		case op.MetaStored:
 			if bytes.Equal(line, lineError) {
@@ -1056,10 +1059,10 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys, asked []stri
 				return r, fmt.Errorf("%w: %s to %s", errProtocol, shown(line), verb)
 			}
 			r.num, r.err = lineResult(k, verb, line)
-			return r, nil
+			return r, outOfStep(k, verb, line, r.err)
 		default:
 			r.num, r.err = lineResult(k, verb, line)
-			return r, nil
+			return r, outOfStep(k, verb, line, r.err)
 		}
 		switch {
 		case bytes.Equal(line, lineEnd):
@@ -1122,6 +1125,30 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys, asked []stri
 			return r, fmt.Errorf("%w: %s in a get reply", errProtocol, shown(line))
 		}
 	}
+}
+
+// outOfStep is errProtocol if line, the reply to a one-line request of
+// kind k whose result is err, says the connection is out of step: a line
+// that is neither an answer the command can get nor an error line (the
+// reply of another command, or no reply at all), or a CLIENT_ERROR to a
+// storage command. The client sends only well-formed commands and data
+// blocks of the length they declare, so memcached refusing one means the
+// bytes changed on the way; and memcached, when it cannot tell a storage
+// command's length, reads its data block as a command of its own, whose
+// reply ("ERROR") the next request would take for its own, and each
+// request after it the reply of the one before: an incr the number of
+// another key's counter. Else nil: the reply was the request's, even
+// when it is a refusal.
+func outOfStep(k op.Reply, verb string, line []byte, err error) error {
+	switch {
+	case err == nil, errors.Is(err, memcache.ErrNotStored), errors.Is(err, memcache.ErrCASConflict), errors.Is(err, memcache.ErrCacheMiss):
+		return nil
+	case !isErrorLine(line):
+		return fmt.Errorf("%w: %s to %s", errProtocol, shown(line), verb)
+	case (k == op.Stored || k == op.MetaStored) && bytes.HasPrefix(line, prefixClientErr):
+		return fmt.Errorf("%w: %s to %s, which was sent whole: its data block may have been read as a command", errProtocol, shown(line), verb)
+	}
+	return nil
 }
 
 // readLine reads one reply line, CRLF included; the slice is valid until

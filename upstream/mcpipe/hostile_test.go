@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/bradfitz/gomemcache/memcache"
@@ -203,5 +204,102 @@ func TestLongLinesCutInErrors(t *testing.T) {
 	}
 	if _, err := readProbe(bufio.NewReaderSize(strings.NewReader("HD "+long+"\r\nMN\r\n"), 16<<10), []string{"k"}); err != nil && len(err.Error()) > 4*maxShown+200 {
 		t.Errorf("a probe's reply: an error of %d bytes", len(err.Error()))
+	}
+}
+
+// TestOutOfStepBreaks: a reply to a one-line request that is no answer
+// to it, or a CLIENT_ERROR to a storage command (sent whole: memcached
+// refusing it means the bytes changed on the way, and it may read the
+// data block as a command and answer that too), breaks the connection.
+// Taken as the request's own error, it left the connection one reply
+// behind: here memcached answers a set it could not frame with
+// "CLIENT_ERROR bad data chunk" and then "ERROR" for its data, and of
+// the two incrs pipelined behind it, the second took the first's reply,
+// the number of another key's counter.
+func TestOutOfStepBreaks(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	read := make(chan string, 3) // the commands the node has read
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		for range 3 {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				return
+			}
+			if strings.HasPrefix(line, "set ") {
+				br.ReadString('\n') // the data block
+			}
+			read <- strings.Fields(line)[0] + " " + strings.Fields(line)[1]
+		}
+		// Every request is in flight: answer them, and the data block.
+		c.Write([]byte("CLIENT_ERROR bad data chunk\r\nERROR\r\n42\r\n7\r\n"))
+		io.Copy(io.Discard, c)
+	}()
+	c := newClient(ln.Addr().String(), 1, nil)
+	defer c.Close()
+	var setErr, errB, errC error
+	var b, n uint64
+	var wg sync.WaitGroup
+	wg.Go(func() { setErr = c.Set(&memcache.Item{Key: "a", Value: []byte("v")}) })
+	if got := <-read; got != "set a" {
+		t.Fatalf("the node read %q first", got)
+	}
+	wg.Go(func() { b, errB = c.Increment("b", 1) })
+	<-read
+	wg.Go(func() { n, errC = c.Increment("c", 1) })
+	wg.Wait()
+	if !errors.Is(setErr, errProtocol) {
+		t.Errorf("set answered CLIENT_ERROR bad data chunk: %v, want errProtocol", setErr)
+	}
+	if n == 42 || b == 7 || errB == nil || errC == nil {
+		t.Errorf("incr b, incr c behind it: %d, %v; %d, %v; want both failed with the connection, never the other's number", b, errB, n, errC)
+	}
+	for _, tt := range []struct {
+		kind op.Reply
+		verb string
+		line string
+	}{
+		{op.Stored, "set", "VALUE k 0 1"},
+		{op.Stored, "set", "42"},
+		{op.Deleted, "delete", "STORED"},
+		{op.Touched, "touch", "DELETED"},
+		{op.Number, "incr", "STORED"},
+		{op.Meta, "mg", "STORED"},
+		{op.MetaStored, "ms", "CLIENT_ERROR bad data chunk"},
+	} {
+		if _, err := readReply(bufio.NewReader(strings.NewReader(tt.line+"\r\n")), tt.kind, tt.verb, nil, nil, replyLimit{}, nil, nil, nil); !errors.Is(err, errProtocol) {
+			t.Errorf("%s answered %q: %v, want errProtocol", tt.verb, tt.line, err)
+		}
+	}
+	// memcached's own answers and refusals keep the connection.
+	for _, tt := range []struct {
+		kind op.Reply
+		verb string
+		line string
+	}{
+		{op.Stored, "set", "NOT_STORED"},
+		{op.Stored, "set", "SERVER_ERROR object too large for cache"},
+		{op.Stored, "set", "SERVER_ERROR out of memory storing object"},
+		{op.Number, "incr", "CLIENT_ERROR cannot increment or decrement non-numeric value"},
+		{op.Number, "incr", "NOT_FOUND"},
+		{op.Deleted, "delete", "NOT_FOUND"},
+		{op.Touched, "touch", "ERROR"},
+		{op.Meta, "mg", "EN"},
+		{op.Meta, "mg", "CLIENT_ERROR bad command line format"},
+		{op.Meta, "mg", "HD s1"},
+		{op.MetaStored, "ms", "NS"},
+	} {
+		if _, err := readReply(bufio.NewReader(strings.NewReader(tt.line+"\r\n")), tt.kind, tt.verb, nil, nil, replyLimit{}, nil, nil, nil); err != nil {
+			t.Errorf("%s answered %q: %v, want the connection kept", tt.verb, tt.line, err)
+		}
 	}
 }
