@@ -235,6 +235,9 @@ func TestAllDownThenUp(t *testing.T) {
 	if c.Ready() {
 		t.Error("Ready() with every node down")
 	}
+	// Immediate: a Get that tried a node's socket after all would fail
+	// with that node's error (the dial refused), not ErrNoNodes, and one
+	// waiting for a slot (no deadline) would never return.
 	var worst time.Duration
 	for range 100 {
 		start := time.Now()
@@ -244,11 +247,6 @@ func TestAllDownThenUp(t *testing.T) {
 		worst = max(worst, time.Since(start))
 	}
 	t.Logf("all nodes down: Get answers ErrNoNodes in at most %v (100 calls)", worst)
-	// Immediate: no wait on a node's socket (Timeout, 500 ms) or for a
-	// slot; the bound leaves room for a loaded machine under -race.
-	if worst > 100*time.Millisecond {
-		t.Errorf("Get with all nodes down took up to %v, want immediate", worst)
-	}
 	for _, m := range mcs {
 		m.Restart()
 	}

@@ -288,17 +288,18 @@ func TestPassiveEjectionAndProbeReadmission(t *testing.T) {
 	if !c.topo.Load().nodes[0].available() {
 		t.Error("node 0 still down after two passed probes")
 	}
-	// All nodes down: ErrNoNodes at once.
+	// All nodes down: ErrNoNodes at once. Both processes are stopped
+	// too, so a Get that touched a socket after all would end in a
+	// timeout, not ErrNoNodes, and one waiting for a slot (no deadline)
+	// would never return.
 	c.topo.Load().nodes[0].eject("test", errors.New("x"), false)
 	c.topo.Load().nodes[1].eject("test", errors.New("x"), false)
-	start := time.Now()
+	for _, m := range mcs {
+		m.Pause()
+		defer m.Resume()
+	}
 	if _, err := c.Get(ctx, key); !errors.Is(err, ErrNoNodes) {
 		t.Errorf("Get with all nodes down = %v, want ErrNoNodes", err)
-	}
-	// Immediate: no wait on a socket (Timeout, 300 ms here); the bound
-	// leaves room for a loaded machine under -race.
-	if d := time.Since(start); d > 100*time.Millisecond {
-		t.Errorf("Get with all nodes down took %v, want immediate", d)
 	}
 	if c.Ready() {
 		t.Error("Ready() = true with all nodes down")
