@@ -687,7 +687,9 @@ func TestTimeouts(t *testing.T) {
 			start := time.Now()
 			tt.send(c, br)
 			waitClosed(t, br)
-			if d := time.Since(start); d < timeout*3/4 || d > 4*timeout {
+			// Generous above (a loaded machine is late): the timers it
+			// must not follow are a minute, or none.
+			if d := time.Since(start); d < timeout*3/4 || d > 10*timeout {
 				t.Errorf("connection closed after %v, want about %v", d, timeout)
 			}
 		})
