@@ -8,9 +8,12 @@
 # writes its input to testdata/fuzz/ and fails the run either way.
 set -euo pipefail
 t=${1:-20000x}
-for pkg in $(go list ./...); do
-  for fn in $(go test -list '^Fuzz' "$pkg" | grep '^Fuzz' || true); do
+# One listing for the whole module (its packages built side by side): each
+# package's target names, then its "ok" line.
+targets=$(go test -list '^Fuzz' ./... | awk '/^Fuzz/ { fns = fns " " $1; next } /^ok/ { if (fns != "") print $2 fns; fns = "" }')
+while read -r pkg fns; do
+  for fn in $fns; do
     echo "fuzz $pkg $fn ($t)"
     go test -run '^$' -fuzz "^${fn}\$" -fuzztime "$t" -timeout 5m "$pkg"
   done
-done
+done <<<"$targets"
