@@ -26,6 +26,7 @@ import (
 // admin listener; a served request and a client closing its connection are not
 // counted. None of them reach the access log or the request metrics.
 func TestConnectionsClosedCounted(t *testing.T) {
+	t.Parallel() // its own gateway and memcached
 	mc := memcachedtest.Start(t)
 	_, certFile, keyFile := writeCert(t)
 	for _, tc := range []struct {

@@ -17,6 +17,7 @@ import (
 // naming the version, the VCS revision and the Go version, and the
 // running binary exports the same as memcgate_build_info.
 func TestVersion(t *testing.T) {
+	t.Parallel() // its own gateway and memcached
 	var line string
 	for _, arg := range []string{"-version", "version"} {
 		out, err := exec.Command(binary, arg).CombinedOutput()

@@ -75,6 +75,7 @@ func retryPHPMisses(t *testing.T, what string, n int, missed []string, redo func
 // 100th value is 30 KB of text, which both sides compress (pecl/memcache's
 // compress_threshold is 20000 bytes).
 func TestPeclMemcacheInterop(t *testing.T) {
+	t.Parallel() // its own gateway and memcached
 	php := gatewaytest.PHP(t, "memcache")
 	mcs := memcachedtest.StartN(t, 3)
 	weights := []int{1, 2, 1}

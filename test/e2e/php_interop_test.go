@@ -67,6 +67,7 @@ func interopKeys(r *rand.Rand, n int) (keys []string, values map[string][]byte) 
 // must find each other's keys and read each other's bytes, for both of
 // php-memcached's placements and with a key prefix.
 func TestPHPInterop(t *testing.T) {
+	t.Parallel() // its own gateway and memcached
 	php := gatewaytest.PHP(t, "memcached")
 	mcs := memcachedtest.StartN(t, 3)
 	weights := []int{1, 2, 1}

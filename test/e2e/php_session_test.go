@@ -49,6 +49,7 @@ func sessionData(r *rand.Rand, n int, tag string) map[string][][2]any {
 // raw by the gateway configured like the handler, and a session the
 // gateway writes is what session_start() reads.
 func TestPHPSessions(t *testing.T) {
+	t.Parallel() // its own gateway and memcached
 	php := gatewaytest.PHP(t, "memcached", "memcache", "session")
 	mcs := memcachedtest.StartN(t, 3)
 	weights := []int{1, 2, 1}

@@ -38,6 +38,7 @@ func TestPHPExample(t *testing.T) {
 // checks the socket file's life: the mode asked for, removed at stop,
 // and a stale one, left by a killed process, replaced at the next start.
 func TestPHPExampleUnixSocket(t *testing.T) {
+	t.Parallel() // its own gateway and memcached
 	php := gatewaytest.PHP(t, "curl")
 	mcs := memcachedtest.StartN(t, 1)
 	sock := filepath.Join(t.TempDir(), "memcgate.sock")

@@ -32,6 +32,7 @@ import (
 // The test waits on answers; the only waits on the clock are the slow
 // client's own.
 func TestBigPutReadTimeout(t *testing.T) {
+	t.Parallel() // its own gateway and memcached
 	const readTimeout = time.Second
 	mc := memcachedtest.Start(t)
 	for _, tc := range []struct {

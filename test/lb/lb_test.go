@@ -66,7 +66,10 @@ func TestBalancers(t *testing.T) {
 		name  string
 		start func(*testing.T, [2]upstream) *balancer
 	}{{"nginx", startNginx}, {"haproxy", startHAProxy}} {
-		t.Run(lb.name, func(t *testing.T) { scenario(t, lb.start) })
+		t.Run(lb.name, func(t *testing.T) {
+			t.Parallel() // its own gateways, memcached and balancer
+			scenario(t, lb.start)
+		})
 	}
 }
 

@@ -135,6 +135,7 @@ func TestNginxInterop(t *testing.T) {
 		r := mustNew(t, Nginx, ms)
 		for _, suffix := range []string{"", "-down"} {
 			t.Run(c.name+suffix, func(t *testing.T) {
+				t.Parallel()
 				mismatches := 0
 				for _, k := range keys {
 					want := r.Owner(k)

@@ -126,6 +126,7 @@ func TestPeclInterop(t *testing.T) {
 					name += "/member 1 failed"
 				}
 				t.Run(name, func(t *testing.T) {
+					t.Parallel()
 					servers := make([][]any, len(c.ms))
 					for i, m := range c.ms {
 						servers[i] = []any{m.Host, m.Port, m.Weight, i != down}
@@ -371,10 +372,12 @@ func TestPeclSessionInterop(t *testing.T) {
 			)
 			seed := uint64(100*ci + 10*si)
 			t.Run(c.name+"/"+string(d), func(t *testing.T) {
+				t.Parallel()
 				checkSessions(t, php, c.srv, sessionIDs(10000, seed), "", append(slices.Clip(opts), "-d", "memcache.session_redundancy=1"),
 					func(id string) []int { return []int{r.Owner(id)} })
 			})
 			t.Run(c.name+"/"+string(d)+"/redundancy 2", func(t *testing.T) {
+				t.Parallel()
 				// Ids whose 20 failover candidates all name one member,
 				// too rare to be among 1,000 random ones in most runs:
 				// their second copy is on a later candidate's member.
@@ -426,11 +429,13 @@ func TestPHPSessionInterop(t *testing.T) {
 		}
 		r := mustNew(t, Consistent, c.ms)
 		t.Run(c.name+"/session handler", func(t *testing.T) {
+			t.Parallel()
 			checkSessions(t, php, c.srv, sessionIDs(10000, uint64(1000+ci)), "memc.sess.key.",
 				[]string{"-d", "session.save_handler=memcached", "-d", "session.save_path=" + strings.Join(path, ",")},
 				func(id string) []int { return []int{r.Owner(id)} })
 		})
 		t.Run(c.name+"/DISTRIBUTION_CONSISTENT", func(t *testing.T) {
+			t.Parallel()
 			keys := interopKeys(10000, uint64(2000+ci))
 			servers := make([][]any, len(c.ms))
 			for i, m := range c.ms {
