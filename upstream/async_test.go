@@ -131,8 +131,9 @@ func TestAsyncGetFailsOver(t *testing.T) {
 	if !errors.Is(err, ErrNotFound) {
 		t.Errorf("GetAsync with its owner paused = %v, want a miss from the next node", err)
 	}
-	if d := time.Since(start); d < 250*time.Millisecond || d > time.Second {
-		t.Errorf("failover took %v, want about the 300ms timeout", d)
+	// The counts below say it was the timeout; a loaded machine is late.
+	if d := time.Since(start); d < testTimeout*3/4 {
+		t.Errorf("failover took %v, want the %v timeout", d, testTimeout)
 	}
 	if got := testutil.ToFloat64(c.topo.Load().nodes[0].m.failovers); got != 1 {
 		t.Errorf("failovers counted on node 0 = %v, want 1", got)

@@ -102,6 +102,9 @@ func newBenchCluster(b *testing.B, mcs []*memcachedtest.Server) (*Cluster, *prom
 	return newTestClusterTB(b, mcs, nil)
 }
 
+// testTimeout is newTestCluster's Timeout.
+const testTimeout = time.Second
+
 func newTestCluster(t *testing.T, mcs []*memcachedtest.Server, mod func(*Options)) (*Cluster, *prometheus.Registry) {
 	return newTestClusterTB(t, mcs, mod)
 }
@@ -112,7 +115,10 @@ func newTestClusterTB(t testing.TB, mcs []*memcachedtest.Server, mod func(*Optio
 	for _, m := range mcs {
 		servers = append(servers, Server{Host: "127.0.0.1", Port: m.Port, Weight: 1})
 	}
-	o := Options{Servers: servers, Timeout: 300 * time.Millisecond, MaxConns: 8, MaxIdleConns: 8, MaxInFlight: 8, PipelineConns: *pipelineConns, BatchGets: true,
+	// An operation timeout a loaded machine under -race does not reach by
+	// accident; a test of a timeout sets its own. (A probe's stays short:
+	// most tests wait one out, a second each at half of testTimeout.)
+	o := Options{Servers: servers, Timeout: testTimeout, MaxConns: 8, MaxIdleConns: 8, MaxInFlight: 8, PipelineConns: *pipelineConns, BatchGets: true,
 		Health: HealthOptions{Interval: 50 * time.Millisecond, Timeout: 100 * time.Millisecond, Fall: 2, Rise: 2, PassiveFails: 2}}
 	if mod != nil {
 		mod(&o)
@@ -430,7 +436,7 @@ func TestClusterCommandsTakeTurns(t *testing.T) {
 	c, _ := newTestCluster(t, mcs, func(o *Options) {
 		o.MaxInFlight, o.MaxConns = 256, 256
 		// 256 stats in four lanes: on a loaded machine a reply may take
-		// longer than the 300 ms of newTestCluster, and what is counted
+		// longer than newTestCluster's testTimeout, and what is counted
 		// here is connections, not timeouts.
 		o.Timeout = 10 * time.Second
 		d := &net.Dialer{}
