@@ -53,9 +53,11 @@ test: deps-test fmt-check vet
 	# the abuse suite alone: its canary measures the gateway's latency, which
 	# other packages' tests running beside it on the same cores would decide
 	CI=$${CI:-} MEMCGATE_TEST_REQUIRE_MEMCACHED=1 $(GO) test -race -count=1 -timeout 5m ./test/abuse
-	# upstream again on gomemcache's pool (MEMCGATE_PIPELINE_CONNS=0)
-	CI=$${CI:-} MEMCGATE_TEST_REQUIRE_MEMCACHED=1 $(GO) test -race -count=1 ./upstream -args -pipeline-conns=0
-	$(MAKE) --no-print-directory fuzz
+	# upstream again on gomemcache's pool (MEMCGATE_PIPELINE_CONNS=0), beside
+	# the fuzz targets: its tests mostly wait, the fuzzers compute
+	CI=$${CI:-} MEMCGATE_TEST_REQUIRE_MEMCACHED=1 $(GO) test -race -count=1 ./upstream -args -pipeline-conns=0 & up=$$!; \
+	fuzz=0; $(MAKE) --no-print-directory fuzz || fuzz=$$?; \
+	wait $$up && exit $$fuzz
 
 # Seed 000 reproduced: 101 keys through a 100 ms-per-direction delay relay,
 # serial vs batch vs async vs UDP; prints the table.
