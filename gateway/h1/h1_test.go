@@ -683,8 +683,8 @@ func TestTimeouts(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			_, addr := startH1(t, testHandler(), tt.configure)
+			start := time.Now() // before the dial: the server's clock may start at the accept
 			c, br := dial(t, addr)
-			start := time.Now()
 			tt.send(c, br)
 			waitClosed(t, br)
 			// Generous above (a loaded machine is late): the timers it

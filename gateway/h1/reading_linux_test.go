@@ -274,13 +274,13 @@ func TestBothLengthsRefused(t *testing.T) {
 func TestNewConnHeaderTimeout(t *testing.T) {
 	const timeout = 200 * time.Millisecond
 	_, addr := startH1(t, testHandler(), func(s *Server) { s.ReadHeaderTimeout = timeout })
+	start := time.Now() // before the dial: the server's clock starts at the accept
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(5 * time.Second))
-	start := time.Now()
 	if _, err := bufio.NewReader(c).ReadByte(); err == nil {
 		t.Fatal("read a byte, want the connection closed")
 	}
