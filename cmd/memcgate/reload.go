@@ -62,8 +62,8 @@ type Reload struct {
 	Pools []route.Change `json:"pools,omitempty"`
 	// Repeated counts the reloads after this one folded into it, the
 	// last at Last: for a refusal, the polls (DNS, or the watch poll
-	// trying a server list whose nodes did not answer again) refused
-	// with the same error; for a reload that changed nothing, the
+	// trying a server list whose nodes did not answer again or finding
+	// a file still being written) refused with the same error; for a reload that changed nothing, the
 	// reloads by the same trigger that changed nothing either.
 	Repeated int       `json:"repeated,omitempty"`
 	Last     time.Time `json:"last,omitzero"`
@@ -432,6 +432,10 @@ const (
 	settleRounds = 10
 )
 
+// errStillWritten refuses a reload whose files changed on every read
+// for settleRounds waits (readSettled).
+var errStillWritten = errors.New("it is being written")
+
 // sleepSettle waits settleTime; it reports false if ctx ends first.
 func sleepSettle(ctx context.Context) bool {
 	t := time.NewTimer(settleTime)
@@ -465,8 +469,8 @@ func (r *reloader) readSettled(ctx context.Context) (settled, error) {
 	for round := 0; ; round++ {
 		if changed {
 			if round == settleRounds {
-				return settled{files: files}, fmt.Errorf("%s changed on every read for %s: it is being written; the running configuration stays (write the new file beside it and rename it in place)",
-					strings.Join(r.changedFiles(files), ", "), settleTime*settleRounds)
+				return settled{files: files}, fmt.Errorf("%s changed on every read for %s: %w; the running configuration stays (write the new file beside it and rename it in place)",
+					strings.Join(r.changedFiles(files), ", "), settleTime*settleRounds, errStillWritten)
 			}
 			if !r.settle(ctx) {
 				return settled{files: files}, ctx.Err()
@@ -542,8 +546,6 @@ func (r *reloader) cutShort(files map[string]fileState) error {
 func (r *reloader) reload(ctx context.Context, trigger string) {
 	r.run.Lock()
 	defer r.run.Unlock()
-	// A poll: its refusal, the same as the last one's, is folded.
-	polled := trigger == "dns" || trigger == "file" && r.retry
 	// The files as read, once settled: one written after they were read
 	// then differs from these states, and the next poll reloads again,
 	// instead of the edit being taken as already applied.
@@ -557,6 +559,11 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 	if err == nil {
 		err = r.apply(ctx, next, read.tokens, &rl)
 	}
+	// A poll: its refusal, the same as the last one's, is folded. So is
+	// the watch poll's refusal of a file still being written: a writer
+	// that never stops would otherwise have a line and a row every
+	// settleRounds waits.
+	polled := trigger == "dns" || trigger == "file" && (r.retry || errors.Is(err, errStillWritten))
 	// The files the configuration now names, as read. Read without mu,
 	// as every file is: the status page and /debug/config do not wait
 	// for a slow file system.
@@ -622,8 +629,8 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 }
 
 // repeated reports whether rl, a refusal of a poll (DNS, or the watch
-// poll trying a refused server list again), repeats the last reload's
-// refusal. It is then counted in that reload's history
+// poll trying a refused server list again or finding a file still
+// being written), repeats the last reload's refusal. It is then counted in that reload's history
 // entry instead of one of its own, and logged only repeatLogEvery after
 // the last line about it, with the number of refusals not logged. Any
 // other refusal (SIGHUP, a changed file, a DNS answer refused for another

@@ -478,3 +478,53 @@ func TestHoldMissing(t *testing.T) {
 		})
 	}
 }
+
+// TestStillWrittenFolded: a file that a writer keeps changing is
+// refused by every watch poll that finds it changed; the refusals are
+// counted each time but logged and listed once, as a DNS poll's are,
+// so that a writer that never stops does not fill the log and the
+// status page's rows. A SIGHUP's refusal is logged and listed whatever
+// came before.
+func TestStillWrittenFolded(t *testing.T) {
+	const servers = "MEMCGATE_SERVERS=127.0.0.1:11211\n"
+	file := filepath.Join(t.TempDir(), "memcgate.env")
+	write := func(n int) {
+		t.Helper()
+		if err := os.WriteFile(file, []byte(servers+fmt.Sprintf("MEMCGATE_MAX_REQUESTS=%d\n", 100+n)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(0)
+	environ := map[string]string{"MEMCGATE_CONFIG_FILE": file}
+	cfg, err := loadConfig(t.Context(), environ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	r := newReloader(cfg, environ, slog.New(slog.NewJSONHandler(&logs, nil)), new(slog.LevelVar), prometheus.NewRegistry())
+	writes := 0
+	r.settle = func(context.Context) bool { // the writer changes the file at every wait
+		writes++
+		write(writes)
+		return true
+	}
+	write(-1)
+	logged := func() int { return strings.Count(logs.String(), "it is being written") }
+
+	for range 3 {
+		r.reload(t.Context(), "file")
+	}
+	if n := testutil.ToFloat64(r.reloads.WithLabelValues("error")); n != 3 {
+		t.Errorf("%v refused reloads counted, want 3", n)
+	}
+	if n := logged(); n != 1 {
+		t.Errorf("3 watch polls refusing a file still written logged %d lines, want 1:\n%s", n, logs.String())
+	}
+	if h := r.History(); len(h) != 1 || h[0].Repeated != 2 {
+		t.Errorf("history = %+v, want one refusal repeated twice", h)
+	}
+	r.reload(t.Context(), "sighup")
+	if n := logged(); n != 2 {
+		t.Errorf("a SIGHUP's refusal after the polls': %d lines, want 2", n)
+	}
+}
