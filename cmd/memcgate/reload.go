@@ -559,6 +559,11 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 	if err == nil {
 		err = r.apply(ctx, next, read.tokens, &rl)
 	}
+	if err != nil && ctx.Err() != nil {
+		// The gateway is stopping (a settle wait or a lookup cut short):
+		// nothing was refused, and nothing changed.
+		return
+	}
 	// A poll: its refusal, the same as the last one's, is folded. So is
 	// the watch poll's refusal of a file still being written: a writer
 	// that never stops would otherwise have a line and a row every

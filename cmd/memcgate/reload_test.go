@@ -528,3 +528,42 @@ func TestStillWrittenFolded(t *testing.T) {
 		t.Errorf("a SIGHUP's refusal after the polls': %d lines, want 2", n)
 	}
 }
+
+// TestReloadStoppedRecordsNothing: a reload cut short because the
+// gateway is stopping (here in its wait for a file being written to
+// settle) is no refusal: nothing is logged, counted or listed, and
+// memcgate_config_last_reload_successful stays 1.
+func TestReloadStoppedRecordsNothing(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "memcgate.env")
+	if err := os.WriteFile(file, []byte("MEMCGATE_SERVERS=127.0.0.1:11211\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	environ := map[string]string{"MEMCGATE_CONFIG_FILE": file}
+	cfg, err := loadConfig(t.Context(), environ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	r := newReloader(cfg, environ, slog.New(slog.NewJSONHandler(&logs, nil)), new(slog.LevelVar), prometheus.NewRegistry())
+	ctx, stop := context.WithCancel(t.Context())
+	r.settle = func(context.Context) bool { // SIGTERM during the wait
+		stop()
+		return false
+	}
+	if err := os.WriteFile(file, []byte("MEMCGATE_SERVERS=127.0.0.1:11211\nMEMCGATE_READ_ONLY=true\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r.reload(ctx, "sighup")
+	if logs.Len() != 0 {
+		t.Errorf("a reload cut short by the gateway stopping logged:\n%s", logs.String())
+	}
+	if n := testutil.ToFloat64(r.reloads.WithLabelValues("error")); n != 0 {
+		t.Errorf("%v refused reloads counted, want 0", n)
+	}
+	if v := testutil.ToFloat64(r.lastOK); v != 1 {
+		t.Errorf("memcgate_config_last_reload_successful = %v, want 1", v)
+	}
+	if h := r.History(); len(h) != 0 {
+		t.Errorf("history = %+v, want none", h)
+	}
+}
