@@ -8,33 +8,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/memcgate/memcgate/gateway/h1"
+	"github.com/memcgate/memcgate/test/gatewaytest"
 )
-
-// lockedBuffer is a strings.Builder safe for the access log's writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestDurationCountsTheBody: a request's duration, in the access log
 // (duration_ms) and memcgate_http_request_duration_seconds, counts from
@@ -67,7 +48,7 @@ func TestDurationCountsTheBody(t *testing.T) {
 	}
 	for _, p := range paths {
 		t.Run(p.name, func(t *testing.T) {
-			var access lockedBuffer
+			var access gatewaytest.SyncBuffer
 			reg := prometheus.NewRegistry()
 			h := NewHandler(newFake(), slog.New(slog.NewTextHandler(io.Discard, nil)), reg, Options{AccessLog: true, AccessLogJSON: &access})
 			headRead := make(chan struct{}, 1)
