@@ -495,13 +495,7 @@ func TestStillWrittenFolded(t *testing.T) {
 		}
 	}
 	write(0)
-	environ := map[string]string{"MEMCGATE_CONFIG_FILE": file}
-	cfg, err := loadConfig(t.Context(), environ)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logs bytes.Buffer
-	r := newReloader(cfg, environ, slog.New(slog.NewJSONHandler(&logs, nil)), new(slog.LevelVar), prometheus.NewRegistry())
+	r, logs := configFileReloader(t, file)
 	writes := 0
 	r.settle = func(context.Context) bool { // the writer changes the file at every wait
 		writes++
@@ -538,13 +532,7 @@ func TestReloadStoppedRecordsNothing(t *testing.T) {
 	if err := os.WriteFile(file, []byte("MEMCGATE_SERVERS=127.0.0.1:11211\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	environ := map[string]string{"MEMCGATE_CONFIG_FILE": file}
-	cfg, err := loadConfig(t.Context(), environ)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logs bytes.Buffer
-	r := newReloader(cfg, environ, slog.New(slog.NewJSONHandler(&logs, nil)), new(slog.LevelVar), prometheus.NewRegistry())
+	r, logs := configFileReloader(t, file)
 	ctx, stop := context.WithCancel(t.Context())
 	r.settle = func(context.Context) bool { // SIGTERM during the wait
 		stop()
@@ -566,4 +554,17 @@ func TestReloadStoppedRecordsNothing(t *testing.T) {
 	if h := r.History(); len(h) != 0 {
 		t.Errorf("history = %+v, want none", h)
 	}
+}
+
+// configFileReloader is a reloader started from the CONFIG_FILE file,
+// and the buffer it logs into.
+func configFileReloader(t *testing.T, file string) (*reloader, *bytes.Buffer) {
+	t.Helper()
+	environ := map[string]string{"MEMCGATE_CONFIG_FILE": file}
+	cfg, err := loadConfig(t.Context(), environ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := new(bytes.Buffer)
+	return newReloader(cfg, environ, slog.New(slog.NewJSONHandler(logs, nil)), new(slog.LevelVar), prometheus.NewRegistry()), logs
 }
