@@ -80,9 +80,7 @@ func TestDurationCountsTheBody(t *testing.T) {
 				Status     int     `json:"status"`
 				DurationMS float64 `json:"duration_ms"`
 			}
-			if !eventuallyTrue(func() bool { return access.String() != "" }) {
-				t.Fatal("no access log line")
-			}
+			waitFor(t, "the access log line", func() bool { return access.String() != "" })
 			if err := json.Unmarshal([]byte(access.String()), &line); err != nil {
 				t.Fatalf("access log %q: %v", access.String(), err)
 			}
@@ -107,16 +105,6 @@ func serveOn(t *testing.T, serve func(net.Listener) error, stop func()) string {
 	go serve(ln)
 	t.Cleanup(stop)
 	return ln.Addr().String()
-}
-
-// eventuallyTrue polls cond for up to 10 seconds.
-func eventuallyTrue(cond func() bool) bool {
-	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
-		if cond() {
-			return true
-		}
-	}
-	return cond()
 }
 
 // durationSum is the sum of memcgate_http_request_duration_seconds for
