@@ -40,9 +40,9 @@ func appendTo(t *testing.T, path, body string) {
 // TestReloadRefusesCutFile: a SERVERS_FILE written in place and read
 // while the write was under way, its last line cut (a node's port cut
 // short to another, valid port), is refused by SIGHUP and by the watch
-// poll alike, however long it stays cut: the running nodes stay. It
-// was applied, with a node that is not one of the list's. The rest of
-// the line written, the list is applied, once.
+// poll alike, however long it stays cut: the running nodes stay, where
+// the cut list would put a node that is not one of the list's on the
+// ring. The rest of the line written, the list is applied, once.
 func TestReloadRefusesCutFile(t *testing.T) {
 	for _, trigger := range []string{"sighup", "watch"} {
 		t.Run(trigger, func(t *testing.T) {
@@ -102,10 +102,10 @@ func TestReloadRefusesCutFile(t *testing.T) {
 // TestServersDNSFlapDamped: a SERVERS_DNS answer that drops a node from
 // every other answer (round-robin DNS that cuts its answers, a registry
 // that flaps) does not change the ring: the node stays, every answer
-// that misses it is counted in memcgate_dns_missing_nodes_total. Each
-// answer removed the node or added it back, and the node's keys moved
-// away and back at every poll. A node missing from 3 answers in a row
-// is removed.
+// that misses it is counted in memcgate_dns_missing_nodes_total, where
+// each answer taken as it came would remove the node or add it back,
+// moving its keys away and back at every poll. A node missing from 3
+// answers in a row is removed.
 func TestServersDNSFlapDamped(t *testing.T) {
 	const srvName = "_memcache._tcp.memcached.test"
 	mcs := memcachedtest.StartN(t, 3)
