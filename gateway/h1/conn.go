@@ -165,7 +165,7 @@ func (c *conn) setReadTimeout(d time.Duration) {
 // the connection closes.
 func (c *conn) serve() {
 	if c.in.Buffered() == 0 {
-		c.setReadTimeout(orRead(c.srv.ReadHeaderTimeout, c.srv.ReadTimeout))
+		c.setReadTimeout(c.srv.headTimeout())
 	}
 	if !c.loop(true) {
 		c.finish()
@@ -329,7 +329,7 @@ func (c *conn) readNext(first, resumed bool) (*http.Request, readResult) {
 // bytes than it needs, in a read.
 func (c *conn) startRequest(first, resumed bool) readResult {
 	s := c.srv
-	hdrTimeout := orRead(s.ReadHeaderTimeout, s.ReadTimeout)
+	hdrTimeout := s.headTimeout()
 	idle := c.in.Buffered() == 0
 	peek := 4 // as net/http, which closes silently on less between requests
 	if first {

@@ -35,7 +35,7 @@ func (c *conn) handover() readResult {
 		// Handed over in the middle of its head: the rest of it has
 		// what is left of the header timeout, from now on too, and not
 		// Fallback's afresh.
-		rc.headBy = c.deadline(orRead(s.ReadHeaderTimeout, s.ReadTimeout))
+		rc.headBy = c.deadline(s.headTimeout())
 		rc.SetReadDeadline(time.Time{})
 	}
 	// Fallback reads the rest of the connection through GuardConn, which

@@ -50,7 +50,7 @@ func (c *conn) readHead(first bool) (req *http.Request, n int, res readResult) {
 			return nil, 0, c.handover() // Fallback answers 431, as it would
 		}
 		c.phase = phaseHead
-		if c.waitMore(c.deadline(orRead(s.ReadHeaderTimeout, s.ReadTimeout))) {
+		if c.waitMore(c.deadline(s.headTimeout())) {
 			return nil, 0, readParked
 		}
 		if err := c.in.readErr(); err != nil {

@@ -303,7 +303,7 @@ func (s *Server) admit(c *conn) bool {
 		return false
 	}
 	if c.in.tryFill() {
-		hdr := orRead(s.ReadHeaderTimeout, s.ReadTimeout)
+		hdr := s.headTimeout()
 		var deadline time.Time
 		if hdr > 0 {
 			deadline = c.created.Add(hdr)
@@ -621,6 +621,11 @@ func maxHeader(n int) int {
 	return http.DefaultMaxHeaderBytes
 }
 
+// headTimeout is the time a request's head may take, counted from its
+// start: ReadHeaderTimeout, or ReadTimeout without one.
+func (s *Server) headTimeout() time.Duration { return orRead(s.ReadHeaderTimeout, s.ReadTimeout) }
+
+// orRead is d, or read when d is zero.
 func orRead(d, read time.Duration) time.Duration {
 	if d != 0 {
 		return d
