@@ -35,7 +35,9 @@ func (b *slotWatch) Read(p []byte) (int, error) {
 // for the client, wherever its client stops: after the head, after
 // exactly a chunk's worth (where the byte after it tells a value that
 // fits one item from a larger one: a client that sends its last chunk
-// but not the end of the body waits there too), or in its second chunk. A slot is taken only while a chunk goes to
+// but not the end of the body waits there too), in its second chunk,
+// in a chunk's size line, between a chunk's data and its CRLF, or
+// after the last chunk without the final CRLF. A slot is taken only while a chunk goes to
 // memcached, so that a client cannot hold the slots by sending a chunk
 // and stopping (security.md, rule 3).
 func TestBigPutWaitsWithoutSlot(t *testing.T) {
@@ -48,6 +50,12 @@ func TestBigPutWaitsWithoutSlot(t *testing.T) {
 		{"after its head", "", 0},
 		{"after a chunk's worth", chunk(rigChunk), rigChunk},
 		{"in its second chunk", chunk(rigChunk + 10), rigChunk + 10},
+		{"in a chunk's size line", "3", 0},
+		{"after a chunk's data, before its CRLF", "a\r\n" + strings.Repeat("v", 10), 10},
+		{"after a second chunk's data, before its CRLF", chunk(rigChunk) + "a\r\n" + strings.Repeat("v", 10), rigChunk + 10},
+		// net/http's read that returns the data waits for the trailer.
+		{"after the last chunk, before the final CRLF", chunk(10) + "0\r\n", 0},
+		{"after the last chunk of a large value, before the final CRLF", chunk(rigChunk+10) + "0\r\n", 0},
 	}
 	g := newBigRig(t, nil)
 	for _, tt := range tests {
