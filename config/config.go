@@ -108,7 +108,7 @@ type Config struct {
 	ShadowBackgroundBytes int64         `env:"SHADOW_BACKGROUND_BYTES" envDefault:"16777216" help:"value bytes held by operations mirrored to shadow pools, over all pools; one that does not fit is dropped and counted"`
 	ShadowBackgroundOps   int           `env:"SHADOW_BACKGROUND_OPS" envDefault:"1024" help:"operations mirrored to shadow pools and running, at most; beyond it one is dropped and counted"`
 
-	AuthTokens     string `env:"AUTH_TOKENS" secret:"tokens" help:"bearer tokens, scopes:token separated by commas, scopes read, write, admin joined by + (e.g. read:abc…,read+write:def…); a token is 16 or more of letters, digits and -._~+/ (= at its end); empty = no authentication"`
+	AuthTokens     string `env:"AUTH_TOKENS" secret:"tokens" help:"bearer tokens, scopes:token separated by commas, scopes read, write, admin joined by + (e.g. read:abc…,read+write:def…); a token is 16 or more printable ASCII bytes without spaces or semicolons; empty = no authentication"`
 	AuthTokensFile string `env:"AUTH_TOKENS_FILE" help:"file with more scopes:token entries, one per line (# comments); keeps secrets out of the environment"`
 	ReadOnly       bool   `env:"READ_ONLY" envDefault:"false" help:"refuse every write with 403"`
 	AllowedHosts   string `env:"ALLOWED_HOSTS" help:"host names clients reach the gateway by, besides IP addresses and localhost, separated by commas (no port; .example.com: that domain and every name under it; *: any); a request with another Host gets 421, against DNS rebinding. Empty: the admin listener checks while it listens on loopback only, the data listeners never"`
@@ -716,27 +716,25 @@ func ParseTokens(s string) ([]Token, error) {
 			// The scopes are known words by now: naming them is safe.
 			return nil, fmt.Errorf("entry %d: the %s token has %d characters; use at least 16", n, strings.TrimSpace(scopes), len(secret))
 		}
-		if i := notToken68(secret); i >= 0 {
+		if i := tokenByte(secret); i >= 0 {
 			// One byte says little of a token; it says which separator
-			// was meant (';' or a space between two entries).
-			return nil, fmt.Errorf("entry %d: the %s token has %q at byte %d; a bearer token is letters, digits and -._~+/ with = only at its end (RFC 6750), and entries are separated by ',' or new lines", n, strings.TrimSpace(scopes), secret[i], i+1)
+			// was meant.
+			return nil, fmt.Errorf("entry %d: the %s token has %q at byte %d; a token is printable ASCII without spaces or ';', and entries are separated by ',' or new lines", n, strings.TrimSpace(scopes), secret[i:i+1], i+1)
 		}
 		out = append(out, t)
 	}
 	return out, nil
 }
 
-// notToken68 returns the index of the first byte of secret that a bearer
-// token cannot hold (RFC 6750's b64token: letters, digits, -._~+/ and
-// trailing '='), or -1. Such a byte is most often a separator that was
-// meant between two entries, which made them one token no client sends.
-func notToken68(secret string) int {
-	end := len(strings.TrimRight(secret, "="))
-	for i := range end {
-		switch c := secret[i]; {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		case c == '-', c == '.', c == '_', c == '~', c == '+', c == '/':
-		default:
+// tokenByte returns the index of the first byte of secret that a token
+// may not hold, or -1: a space, a tab or ';', which are most often a
+// separator meant between two entries (that made them one token no
+// client sends), and a byte that is not printable ASCII, which a header
+// does not carry as written. Any other byte is taken: a token a password
+// generator made with !, @ or : works as it is.
+func tokenByte(secret string) int {
+	for i := range len(secret) {
+		if c := secret[i]; c <= ' ' || c >= 0x7f || c == ';' {
 			return i
 		}
 	}
