@@ -344,10 +344,13 @@ func (c *Cluster) checkNode(ctx context.Context, n *node) {
 // while it was away: flushed if Health.ReadmitFlush is on, else its keys
 // written elsewhere deleted (see stale.go for the order of the two
 // passes). If that fails the node stays down and the count of passes
-// starts again: the next Rise passes retry.
+// starts again: the next Rise passes retry. Once admitted, the copies
+// those keys left on the nodes that took them are deleted there
+// (clearCopies), so a second outage cannot bring them back.
 func (c *Cluster) readmit(ctx context.Context, n *node) {
 	if owed := n.flushOwed.Load(); owed || c.health.readmitFlush.Load() {
-		// Start it empty: the keys written elsewhere are moot.
+		// Start it empty: the keys written elsewhere need no delete on
+		// it, only their copies on the nodes that took them (clearCopies).
 		if ferr := c.probeOnce(ctx, n, true); ferr != nil {
 			n.resetPasses()
 			if ctx.Err() != nil {
@@ -360,12 +363,21 @@ func (c *Cluster) readmit(ctx context.Context, n *node) {
 			n.flushOwed.Store(false)
 			n.log.Info("flushed before re-admission: a flush_all was sent while it was down")
 		}
-		n.stale.drop()
-		n.admit()
-		n.stale.drop()
+		keys := n.stale.take()
+		n.stale.admitted()
+		if !n.admit() {
+			n.stale.drop()
+			return
+		}
+		keys = append(keys, n.stale.take()...)
+		n.stale.admitted()
+		if cleared := c.clearCopies(ctx, n, keys); cleared > 0 {
+			n.log.Info(fmt.Sprintf("re-admitted flushed; deleted %d copies written to other nodes while it was down", cleared), "copies_deleted", cleared)
+		}
 		return
 	}
-	deleted, err := c.invalidateStale(ctx, n, n.stale.take())
+	keys := n.stale.take()
+	deleted, err := c.invalidateStale(ctx, n, keys)
 	if err != nil {
 		n.resetPasses()
 		if ctx.Err() != nil {
@@ -382,10 +394,12 @@ func (c *Cluster) readmit(ctx context.Context, n *node) {
 	// or during the deletes: their keys are deleted once more, now that
 	// the node serves. A failure here leaves them recorded for the next
 	// re-admission.
-	late, err := c.invalidateStale(ctx, n, n.stale.take())
+	lateKeys := n.stale.take()
+	late, err := c.invalidateStale(ctx, n, lateKeys)
 	deleted += late
 	untracked := n.stale.admitted()
-	attrs := []any{"deleted", deleted}
+	cleared := c.clearCopies(ctx, n, append(keys, lateKeys...))
+	attrs := []any{"deleted", deleted, "copies_deleted", cleared}
 	if untracked > 0 {
 		attrs = append(attrs, "untracked", untracked)
 	}

@@ -253,3 +253,99 @@ func (c *Cluster) invalidateStale(ctx context.Context, n *node, keys []string) (
 	}
 	return int(deleted.Load()), fail
 }
+
+// Copies left behind. The writes that went elsewhere on n's account left
+// their values on the node that took them, the next live node of the
+// key's chain, with expiry capped at FailoverTTL. Once n serves again,
+// that copy is no longer read, and the key's new writes go to n; but a
+// second outage of n within FailoverTTL, or a read that fails over from
+// n after a transport error (a connection broken by n's restart), would
+// read it again: a value older than ones acknowledged since. So after
+// n's admission the keys recorded on n are deleted on the first live
+// node after n in their chain that is not one of their live replicas
+// (the copies kept, Options.Copies). A write of the key that lands there
+// after n's admission (n down again) may be deleted too: a miss, never a
+// stale value. A node that took a copy and is down when n returns keeps
+// it; its own re-admission cleans only its keys, so that copy can be
+// read again if n and every node before it fail within FailoverTTL.
+
+// clearCopies deletes keys (recorded on n, now admitted) on the node
+// after n in each key's chain that holds its copy written elsewhere (see
+// above), staleDeleteWorkers at a time. It is best effort: a failure
+// leaves that copy to age out within FailoverTTL. It returns how many
+// copies it deleted or found missing.
+func (c *Cluster) clearCopies(ctx context.Context, n *node, keys []string) int {
+	if len(keys) == 0 {
+		return 0
+	}
+	c.mu.Lock()
+	copies := c.copies
+	c.mu.Unlock()
+	t := c.topo.Load()
+	type target struct {
+		key string
+		on  *node
+	}
+	var targets []target
+	for _, k := range keys {
+		if m := spareAfter(t, n, c.hashOf(k), copies); m != nil {
+			targets = append(targets, target{k, m})
+		}
+	}
+	var (
+		next    atomic.Int64
+		deleted atomic.Int64
+		wg      sync.WaitGroup
+	)
+	for range min(len(targets), staleDeleteWorkers) {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				i := int(next.Add(1) - 1)
+				if i >= len(targets) {
+					return
+				}
+				tg := targets[i]
+				err := tg.on.doAs(ctx, verbOp(op.Delete), false, queued, func(mc dataClient, _ bool) error { // the health check's: no request slot
+					_, _, err := mc.Do(ctx, op.Op{Verb: op.Delete}, tg.key)
+					return err
+				})
+				if err == nil || errors.Is(err, ErrNotFound) {
+					deleted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return int(deleted.Load())
+}
+
+// spareAfter returns the first live node after n in the chain of hash
+// key hk under t that is not one of the key's copies live replicas (the
+// first copies live nodes of the chain), nil if there is none or n is
+// not in the chain.
+func spareAfter(t *topology, n *node, hk string, copies int) *node {
+	seen, live := false, 0
+	for i := range t.ring.Owners(hk) {
+		m := t.nodes[i]
+		if m == n {
+			seen = true
+		}
+		if !m.available() {
+			continue
+		}
+		live++
+		if seen && m != n && live > copies {
+			return m
+		}
+	}
+	return nil
+}
+
+// hashOf returns the hash key of a key as sent to memcached (the inverse
+// of keys for the store half).
+func (c *Cluster) hashOf(store string) string {
+	if c.opts.KeyPrefix == "" || c.opts.HashWithPrefix {
+		return store
+	}
+	return strings.TrimPrefix(store, c.opts.KeyPrefix)
+}

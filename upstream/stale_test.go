@@ -335,3 +335,51 @@ func TestStaleKeysCopyTheirKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestSecondOutageReadsNoCopyLeftBehind: the writes of an owner's keys
+// during its outage leave their values on its successor. Once the owner
+// is back and its keys are written again, a second outage (or a read that
+// fails over from the owner) must not find the first outage's values
+// there: the successor's copies are deleted at the re-admission, with or
+// without the flush.
+func TestSecondOutageReadsNoCopyLeftBehind(t *testing.T) {
+	for _, flush := range []bool{false, true} {
+		t.Run(fmt.Sprintf("readmit flush %v", flush), func(t *testing.T) {
+			mcs := memcachedtest.StartN(t, 3)
+			c, _ := newTestCluster(t, mcs, func(o *Options) {
+				o.KeyPrefix = "app:"
+				o.Health.ReadmitFlush = flush
+			})
+			ctx := t.Context()
+			set := func(k, v string) {
+				t.Helper()
+				if err := c.Set(ctx, Item{Key: k, Value: []byte(v)}); err != nil {
+					t.Fatalf("Set(%q, %q) = %v", k, v, err)
+				}
+			}
+			keys := keysOwnedBy(t, c, 0, 10)
+			for _, k := range keys {
+				set(k, "v1")
+			}
+			owner := c.topo.Load().nodes[0]
+			owner.eject("probe", errors.New("first outage"), false)
+			for _, k := range keys {
+				set(k, "v2") // on the successor
+			}
+			readmitNow(t, c, 0)
+			for _, k := range keys[:5] {
+				set(k, "v3") // on the owner again
+			}
+			owner.eject("probe", errors.New("second outage"), false)
+			for i, k := range keys {
+				got := read(t, c, k)
+				if i < 5 && got != "<miss>" {
+					t.Errorf("Get(%q) in the second outage = %q, want a miss (v3 was acknowledged; the successor's v2 is older)", k, got)
+				}
+				if i >= 5 && got != "<miss>" && got != "v2" {
+					t.Errorf("Get(%q) in the second outage = %q, want v2 or a miss", k, got)
+				}
+			}
+		})
+	}
+}
