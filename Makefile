@@ -11,7 +11,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS  := -s -w -X main.version=$(VERSION) -X main.revision=$(REVISION)
 IMAGE    ?= memcgate
 
-.PHONY: all build image run test vet fmt-check fuzz bench bench-php seed pools clean deps-run deps-test
+.PHONY: all build image run test vet fmt-check fuzz bench bench-php seed pools chaos clean deps-run deps-test
 
 all: build
 
@@ -69,6 +69,12 @@ seed: deps-run
 # same tests at 2 s); prints the tables of docs/benchmarks.md.
 pools: deps-test
 	MEMCGATE_TEST_POOLS_PHASE=$${MEMCGATE_TEST_POOLS_PHASE:-20s} $(GO) test -count=1 -timeout 30m -run '^(TestReplicaDeathUnderLoad|TestHedgedReads)$$' -v ./test/pools | grep -E '\||one of|GETs|written|slowed|PASS|FAIL|ok'
+
+# The chaos run: stale reads and keys kept while nodes are killed, paused,
+# restarted and reloaded away, per configuration; prints the table of
+# docs/benchmarks.md. Timing-dependent, so not in make test.
+chaos: deps-test
+	MEMCGATE_TEST_CHAOS=1 $(GO) test -count=1 -timeout 30m -run '^TestChaos$$' -v ./test/chaos | grep -E '\||stale reads|PASS|FAIL|ok'
 
 # memcgate against nginx + HttpMemcModule on one memcached, on loopback
 # (test/bench/bench.sh, results in docs/benchmarks.md); about 9 minutes,

@@ -73,11 +73,15 @@ type run struct {
 	client *http.Client
 	keys   [writers][keysPerWriter]keyState
 
-	mu       sync.Mutex
-	status   map[string]int // "PUT 201", "GET 404", "CAS 412", "GET err" …
-	stale    int
-	staleEx  []string
-	phase    atomic.Value // string: the nemesis's current event, for stale examples
+	mu      sync.Mutex
+	status  map[string]int // "PUT 201", "GET 404", "CAS 412", "GET err" …
+	stale   int
+	staleEx []string
+	phase   atomic.Value // string: the nemesis's current event, for stale examples
+	// hold stops the writers (each write holds it for reading) from
+	// just before a fault to the sweep after it, so that the sweep
+	// measures the values acknowledged before the fault, not rewrites.
+	hold     sync.RWMutex
 	stopping atomic.Bool
 }
 
@@ -150,7 +154,12 @@ func (r *run) write(ctx context.Context, w int, cas bool, rng *rand.Rand) {
 				kind, etag = "CAS", tag
 			}
 		}
+		r.hold.RLock()
 		st, err := r.put(ctx, key, ver, etag)
+		if err == nil && st == http.StatusCreated {
+			r.keys[w][i].acked.Store(ver)
+		}
+		r.hold.RUnlock()
 		if err != nil {
 			if ctx.Err() == nil {
 				r.note(kind + " err")
@@ -158,9 +167,6 @@ func (r *run) write(ctx context.Context, w int, cas bool, rng *rand.Rand) {
 			continue
 		}
 		r.note(kind + " " + strconv.Itoa(st))
-		if st == http.StatusCreated {
-			r.keys[w][i].acked.Store(ver)
-		}
 	}
 }
 
@@ -354,27 +360,41 @@ func chaos(t *testing.T, c config, sd uint64) result {
 			}
 			name := fmt.Sprintf("%s %v", ev, names)
 			event(name, func() {
+				start := time.Now()
+				step := func(what string) { t.Logf("  %s at %v", what, time.Since(start).Round(time.Millisecond)) }
+				defer step("readmitted")
 				switch ev[:len(ev)-1] {
 				case "kill":
+					r.hold.Lock()
 					for _, v := range victims {
 						servers[v].Kill()
 					}
+					step("killed")
 					for _, v := range victims {
 						waitUp(t, g, servers[v].Addr, false)
 					}
+					step("ejected")
 					measure(ev)
+					r.hold.Unlock()
+					step("swept")
 					time.Sleep(time.Second)
 					for _, v := range victims {
 						servers[v].Restart()
 					}
+					step("restarted")
 				case "pause":
+					r.hold.Lock()
 					for _, v := range victims {
 						servers[v].Pause()
 					}
+					step("paused")
 					for _, v := range victims {
 						waitUp(t, g, servers[v].Addr, false)
 					}
+					step("ejected")
 					measure(ev)
+					r.hold.Unlock()
+					step("swept")
 					time.Sleep(time.Second)
 					for _, v := range victims {
 						servers[v].Resume()
@@ -396,6 +416,13 @@ func chaos(t *testing.T, c config, sd uint64) result {
 	time.Sleep(500 * time.Millisecond)
 	cancel()
 	wg.Wait()
+	logs := g.Logs()
+	for _, line := range []string{"staying down", "re-admitted", "node up", "ejected"} {
+		t.Logf("log lines with %q: %d", line, strings.Count(logs, line))
+	}
+	if i := strings.Index(logs, "staying down"); i >= 0 {
+		t.Logf("first: %s", logs[max(0, strings.LastIndexByte(logs[:i], '\n')):min(len(logs), i+300)])
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return result{cfg: c, stale: r.stale, ex: r.staleEx, status: r.status, events: events}
