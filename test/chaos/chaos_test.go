@@ -294,7 +294,10 @@ func chaos(t *testing.T, c config, sd uint64) result {
 		"MEMCGATE_DRAIN_DELAY": "0s", "MEMCGATE_LOG_FORMAT": "text", "MEMCGATE_ACCESS_LOG": "false",
 		"MEMCGATE_TIMEOUT": gwTimeout, "MEMCGATE_HEALTH_TIMEOUT": healthTimeout,
 		"MEMCGATE_HEALTH_INTERVAL": healthEvery,
-		"MEMCGATE_READMIT_FLUSH":   strconv.FormatBool(c.flush),
+		// The nemesis hits the same nodes again within the flap window:
+		// a short hold-down keeps each configuration under a minute.
+		"MEMCGATE_FLAP_BACKOFF": "300ms", "MEMCGATE_FLAP_BACKOFF_MAX": "1s",
+		"MEMCGATE_READMIT_FLUSH": strconv.FormatBool(c.flush),
 	}
 	serversFile := ""
 	if c.reload {
