@@ -122,7 +122,7 @@ func TestAsyncSlowNodeKeepsToItsLane(t *testing.T) {
 
 	// The healthy nodes' writes, while the slow node's pile up: every one
 	// accepted, and readable soon after.
-	const prompt = time.Second // the slow node's backlog would take 60 × 200 ms / 3 workers = 4 s
+	const prompt = 2 * time.Second // half the slow node's backlog, 60 × 200 ms / 3 workers = 4 s
 	for round := range 3 {
 		for node := range 2 {
 			for _, key := range keysOf(node, 20, fmt.Sprint("fast", round, "-")) {

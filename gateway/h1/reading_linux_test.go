@@ -46,7 +46,7 @@ func TestSilentConnsHoldNoWorker(t *testing.T) {
 		if r := roundTrip(t, c, br, "/small"); r.body != "hello world" {
 			t.Fatalf("got %v", r)
 		}
-		if d := time.Since(start); d > time.Second {
+		if d := time.Since(start); d > 3*time.Second { // behind them, it would wait for their minute
 			t.Errorf("a new connection's request took %v behind %d silent ones", d, n)
 		}
 	}

@@ -176,7 +176,7 @@ func TestLargeReadsOwnLane(t *testing.T) {
 	if err := get("small"); err != nil {
 		t.Fatal(err)
 	}
-	if d := time.Since(start); d > time.Second {
+	if d := time.Since(start); d > 2*time.Second { // half the large ones' 4 s
 		t.Errorf("the small read took %v behind %d large ones", d, queued)
 	}
 	c.Close()
