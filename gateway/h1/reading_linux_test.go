@@ -284,7 +284,7 @@ func TestNewConnHeaderTimeout(t *testing.T) {
 	if _, err := bufio.NewReader(c).ReadByte(); err == nil {
 		t.Fatal("read a byte, want the connection closed")
 	}
-	if d := time.Since(start); d < timeout*3/4 || d > 10*timeout { // generous above: a loaded machine is late
+	if d := time.Since(start); d < timeout*3/4 || d > 20*timeout { // generous above (a loaded machine is late), below the 5 s deadline
 		t.Errorf("closed after %v, want about %v", d, timeout)
 	}
 }
