@@ -527,12 +527,18 @@ func TestParkedPeerClose(t *testing.T) {
 // the first connection's deadline, then the second connection's request
 // comes, then its deadline passes, then the poller goes on.
 func TestLatePollerServesWhatCameInTime(t *testing.T) {
-	const idle, gap = time.Second, 500 * time.Millisecond
+	// The second connection must be parked within idle - gap of the
+	// first, and each sleep below overrun by less than gap/4: two
+	// seconds, and half a second, for a loaded machine.
+	const idle, gap = 4 * time.Second, 2 * time.Second
 	s, addr := startH1(t, testHandler(), func(s *Server) { s.IdleTimeout = idle })
 	first, firstBR := dial(t, addr)
+	second, secondBR := dial(t, addr)
+	for _, c := range []net.Conn{first, second} {
+		c.SetDeadline(time.Now().Add(idle + gap + 10*time.Second))
+	}
 	roundTrip(t, first, firstBR, "/small")
 	time.Sleep(gap)
-	second, secondBR := dial(t, addr)
 	roundTrip(t, second, secondBR, "/small")
 
 	var firstAt, secondAt time.Time

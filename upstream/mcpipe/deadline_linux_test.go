@@ -91,7 +91,10 @@ func largeSendBuffer(t *testing.T, addr string) func(context.Context) (net.Conn,
 // not answer fails one timeout after it, not two: what the kernel held
 // after that write no longer counts as progress (drained).
 func TestStaleOutq(t *testing.T) {
-	const timeout = 200 * time.Millisecond
+	// A second: the slow reads below stay well within it, and a loaded
+	// machine's pauses rarely reach the quarter of it that earns the
+	// reader a second wait (overdue), which would look like two.
+	const timeout = time.Second
 	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
 		return rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 16<<10) })
 	}}
