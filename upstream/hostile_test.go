@@ -5,11 +5,14 @@ import (
 	"errors"
 	"net"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/memcgate/memcgate/test/memcachedtest"
 )
 
 // TestStatsFromALiar: a node's answer to a raw command (/memc?cmd=stats)
@@ -27,31 +30,18 @@ func TestStatsFromALiar(t *testing.T) {
 		{"an endless line", strings.Repeat("STAT ", 8192)},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { ln.Close() })
-			go func() {
+			addr := memcachedtest.StartRaw(t, func(c net.Conn, br *bufio.Reader) {
+				if _, err := br.ReadString('\n'); err != nil {
+					return
+				}
 				for {
-					c, err := ln.Accept()
-					if err != nil {
+					if _, err := c.Write([]byte(tt.stream)); err != nil {
 						return
 					}
-					go func() {
-						defer c.Close()
-						if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
-							return
-						}
-						for {
-							if _, err := c.Write([]byte(tt.stream)); err != nil {
-								return
-							}
-						}
-					}()
 				}
-			}()
-			port := ln.Addr().(*net.TCPAddr).Port
+			})
+			_, p, _ := net.SplitHostPort(addr)
+			port, _ := strconv.Atoi(p)
 			c, err := New(Options{Servers: []Server{{Host: "127.0.0.1", Port: port}}, Timeout: 5 * time.Second, Health: HealthOptions{Interval: time.Hour, Timeout: time.Hour}},
 				testLogger(), prometheus.NewRegistry())
 			if err != nil {

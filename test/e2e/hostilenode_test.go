@@ -15,37 +15,13 @@ import (
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
 
-// fakeNode listens on a loopback port and serves each connection with
-// serve, which gets the connection and a reader of what it sends.
-func fakeNode(t *testing.T, serve func(c net.Conn, br *bufio.Reader)) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				serve(c, bufio.NewReader(c))
-			}()
-		}
-	}()
-	return ln.Addr().String()
-}
-
 // TestNodeAnswersAnotherKey runs the binary against a node that passes
 // its health checks but answers every read with another key's value: a
 // GET, with or without touch, gets 502 (or 503 once the node is
 // ejected), never the other key's bytes. A GET with touch (memcached's
 // gat) was answered 200 with them.
 func TestNodeAnswersAnotherKey(t *testing.T) {
-	node := fakeNode(t, func(c net.Conn, br *bufio.Reader) {
+	node := memcachedtest.StartRaw(t, func(c net.Conn, br *bufio.Reader) {
 		for {
 			line, err := br.ReadString('\n')
 			if err != nil {
@@ -98,12 +74,12 @@ func TestNotMemcached(t *testing.T) {
 	}{
 		{"http", strings.TrimPrefix(httpSrv.URL, "http://")},
 		{"tls", strings.TrimPrefix(tlsSrv.URL, "https://")},
-		{"ssh", fakeNode(t, func(c net.Conn, br *bufio.Reader) {
+		{"ssh", memcachedtest.StartRaw(t, func(c net.Conn, br *bufio.Reader) {
 			c.Write([]byte("SSH-2.0-OpenSSH_9.6\r\n"))
 			br.ReadString('\n')
 			c.Write([]byte("Invalid SSH identification string.\r\n"))
 		})},
-		{"redis", fakeNode(t, func(c net.Conn, br *bufio.Reader) {
+		{"redis", memcachedtest.StartRaw(t, func(c net.Conn, br *bufio.Reader) {
 			for {
 				line, err := br.ReadString('\n')
 				if err != nil {
@@ -113,7 +89,7 @@ func TestNotMemcached(t *testing.T) {
 				fmt.Fprintf(c, "-ERR unknown command '%s', with args beginning with: \r\n", cmd)
 			}
 		})},
-		{"endless", fakeNode(t, func(c net.Conn, br *bufio.Reader) {
+		{"endless", memcachedtest.StartRaw(t, func(c net.Conn, br *bufio.Reader) {
 			junk := []byte(strings.Repeat("VALUE x 0 1\r\n", 4096))
 			for {
 				if _, err := c.Write(junk); err != nil {
@@ -159,7 +135,7 @@ func TestNotMemcached(t *testing.T) {
 		impostors = append(impostors, struct {
 			name string
 			addr string
-		}{im.name, fakeNode(t, func(c net.Conn, br *bufio.Reader) {
+		}{im.name, memcachedtest.StartRaw(t, func(c net.Conn, br *bufio.Reader) {
 			line, err := br.Peek(7)
 			if err != nil || string(line) != "version" {
 				im.serve(c, br)

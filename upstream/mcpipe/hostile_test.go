@@ -15,6 +15,7 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
+	"github.com/memcgate/memcgate/test/memcachedtest"
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
@@ -24,27 +25,11 @@ import (
 // read ends at once with what came (no timeout to wait for).
 func hostileNode(t *testing.T, reply []byte) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
-					return
-				}
-				c.Write(reply)
-			}()
+	return memcachedtest.StartRaw(t, func(c net.Conn, br *bufio.Reader) {
+		if _, err := br.ReadString('\n'); err == nil {
+			c.Write(reply)
 		}
-	}()
-	return ln.Addr().String()
+	})
 }
 
 // TestLyingValueLength: a value's length is only what the server says.
