@@ -367,12 +367,17 @@ func chaos(t *testing.T, c config, sd uint64) result {
 				step := func(what string) { t.Logf("  %s at %v", what, time.Since(start).Round(time.Millisecond)) }
 				defer step("readmitted")
 				switch ev[:len(ev)-1] {
-				case "kill":
+				case "kill", "pause":
+					// A killed node comes back empty, a paused one as it was.
+					stop, back, stopped := (*memcachedtest.Server).Kill, (*memcachedtest.Server).Restart, "killed"
+					if ev[:len(ev)-1] == "pause" {
+						stop, back, stopped = (*memcachedtest.Server).Pause, (*memcachedtest.Server).Resume, "paused"
+					}
 					r.hold.Lock()
 					for _, v := range victims {
-						servers[v].Kill()
+						stop(servers[v])
 					}
-					step("killed")
+					step(stopped)
 					for _, v := range victims {
 						waitUp(t, g, servers[v].Addr, false)
 					}
@@ -382,26 +387,9 @@ func chaos(t *testing.T, c config, sd uint64) result {
 					step("swept")
 					time.Sleep(time.Second)
 					for _, v := range victims {
-						servers[v].Restart()
+						back(servers[v])
 					}
-					step("restarted")
-				case "pause":
-					r.hold.Lock()
-					for _, v := range victims {
-						servers[v].Pause()
-					}
-					step("paused")
-					for _, v := range victims {
-						waitUp(t, g, servers[v].Addr, false)
-					}
-					step("ejected")
-					measure(ev)
-					r.hold.Unlock()
-					step("swept")
-					time.Sleep(time.Second)
-					for _, v := range victims {
-						servers[v].Resume()
-					}
+					step("back")
 				case "restart":
 					for _, v := range victims {
 						servers[v].Kill()
