@@ -94,7 +94,7 @@ func classify(node, op string, err error) error {
 		return ErrNotFound
 	case errors.Is(err, memcache.ErrMalformedKey):
 		return ErrBadKey
-	case errors.Is(err, mcpipe.ErrNoFit):
+	case errors.Is(err, mcpipe.ErrNoFit), errors.Is(err, errClaimNoFit):
 		return ErrNoFit
 	case errors.Is(err, mcpipe.ErrNoMeta):
 		return ErrNoMeta

@@ -134,7 +134,19 @@ func newNode(name string, o *Options, pol *healthPolicy, share *requestShare, m 
 		mc := memcache.NewFromSelector(selector{addr(name)})
 		mc.Timeout = o.Timeout
 		mc.MaxIdleConns = max(o.MaxIdleConns, 1)
-		mc.DialContext = n.dial
+		// gomemcache allocates the length a VALUE line claims before
+		// the value comes: claimConn bounds the claim first.
+		unheld := int64(o.UnheldClaim)
+		if unheld <= 0 {
+			unheld = defaultUnheldClaim
+		}
+		mc.DialContext = func(ctx context.Context, network, address string) (net.Conn, error) {
+			c, err := n.dial(ctx, network, address)
+			if err != nil {
+				return nil, err
+			}
+			return &claimConn{Conn: c, claims: o.Claims, unheld: unheld}, nil
+		}
 		n.client = pooled{mc}
 	}
 	n.probe = &probeClient{addr: name, timeout: o.Health.Timeout, dial: dialer}

@@ -107,6 +107,19 @@ type Options struct {
 	// one operation per connection; MaxInFlight then caps operations in
 	// flight.
 	PipelineConns int
+	// Claims, with PipelineConns 0, holds each value's length as its
+	// VALUE line claims it, past UnheldClaim, from before gomemcache
+	// allocates it to the end of its reply: a value it refuses fails the
+	// read with ErrNoFit. nil: a claim is bounded only by memcached's
+	// largest item (1 GiB); a claim past that fails the read as the
+	// node's (a NodeError) either way. Pipelined connections grow their
+	// buffers with the bytes that come, or hold op.Op.Room, instead.
+	Claims Claims
+	// UnheldClaim, with PipelineConns 0, is the longest value read
+	// without holding it in Claims, as gomemcache reads it; if zero,
+	// 64 KiB. The gateway's is its MAX_VALUE_BYTES: the largest value it
+	// writes as one item, and so its chunks, which it holds itself.
+	UnheldClaim int
 	// MaxInFlight caps operations in flight per node when pipelining; if
 	// zero, 4096. (Without pipelining MaxConns is the cap.)
 	MaxInFlight int

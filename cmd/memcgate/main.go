@@ -215,10 +215,13 @@ func upstreamOptions(cfg config.Config) upstream.Options {
 // (SERVERS and the upstream settings, REPLICAS and the policies), then
 // each pool of POOLS with the same upstream settings but its own nodes,
 // and whatever it leaves out taken from the default pool's variables. The
-// only place that knows both.
-func routeOptions(cfg config.Config, dialer func(ctx context.Context, network, address string) (net.Conn, error)) route.Options {
+// only place that knows both. dialer and claims (the byte budget, which
+// holds what gomemcache's pool allocates for values past
+// MAX_VALUE_BYTES) are the running process's: a reload passes nil, as
+// its pools keep their own.
+func routeOptions(cfg config.Config, dialer func(ctx context.Context, network, address string) (net.Conn, error), claims upstream.Claims) route.Options {
 	uo := upstreamOptions(cfg)
-	uo.Dialer = dialer
+	uo.Dialer, uo.Claims, uo.UnheldClaim = dialer, claims, int(cfg.MaxValueBytes)
 	o := route.Options{
 		HedgeMinDelay:   cfg.HedgeMinDelay,
 		HedgeMaxDelay:   cfg.HedgeMaxDelay,
@@ -366,7 +369,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	handshakes := newHandshakeErrors(reg)
 	allowed, _ := config.ParseAllowedHosts(cfg.AllowedHosts) // validated by config.Load
 	hosts := gateway.NewHostCheck(gateway.NewAllowedHosts(allowed), log, reg)
-	router, err := route.New(routeOptions(cfg, sec.dialer), log, reg)
+	router, err := route.New(routeOptions(cfg, sec.dialer, buffered), log, reg)
 	if err != nil {
 		ls.close()
 		return err

@@ -821,7 +821,7 @@ func (r *reloader) apply(ctx context.Context, next config.Config, tokens []confi
 		return fmt.Errorf("%sLOG_LEVEL: %w", config.Prefix, err)
 	}
 	if routingChanged(r.cur, next) {
-		changes, err := r.router.Reconfigure(ctx, routeOptions(withPoolsOf(next, r.started), nil))
+		changes, err := r.router.Reconfigure(ctx, routeOptions(withPoolsOf(next, r.started), nil, nil))
 		if err != nil {
 			return err
 		}

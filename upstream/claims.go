@@ -1,0 +1,194 @@
+package upstream
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+)
+
+// Claims holds the bytes gomemcache's pool (Options.PipelineConns 0) is
+// about to allocate for values: gomemcache allocates the length a VALUE
+// line claims, whole, before a byte of the value comes. The gateway's
+// byte budget (*budget.Budget) is one. Acquire either holds n bytes or
+// refuses them at once, holding nothing; Release gives back what it held.
+type Claims interface {
+	Acquire(n int64) error
+	Release(n int64)
+}
+
+const (
+	// maxItem is the largest value memcached can hold: its -I is at most
+	// 1 GiB. A VALUE line that claims more is not memcached's.
+	maxItem = 1 << 30
+	// defaultUnheldClaim is Options.UnheldClaim when zero: mcpipe reads
+	// up to 64 KiB before a value's bytes come (0045).
+	defaultUnheldClaim = 64 << 10
+)
+
+var (
+	// errClaimPastItem: a VALUE line claimed more than any memcached item
+	// holds. It is the node's failure, as mcpipe's malformed replies are:
+	// classify makes it a NodeError (502).
+	errClaimPastItem = errors.New("upstream: malformed reply: a VALUE line claims more bytes than memcached's largest item (1 GiB)")
+	// errClaimNoFit: Options.Claims refused a value's claimed length;
+	// classify makes it ErrNoFit (503), as mcpipe's Room refusals.
+	errClaimNoFit = errors.New("upstream: a value's claimed length does not fit the byte budget")
+)
+
+// claimState is where in the reply stream the next byte of a claimConn is.
+type claimState uint8
+
+const (
+	lineStart   claimState = iota // first byte of a line: "VALUE " is matched from here
+	valuePrefix                   // within "VALUE ", matched so far
+	valueFields                   // past "VALUE ": key, flags, size, cas
+	otherLine                     // a line that is not a VALUE line, up to its '\n'
+	dataBlock                     // a value's bytes and their CRLF
+)
+
+// claimConn is a connection of gomemcache's pool that reads its replies'
+// framing as gomemcache is handed them: each VALUE line's claimed length
+// is checked before gomemcache sees the line end (and so before it
+// allocates the length): past maxItem the read fails with
+// errClaimPastItem, and a claim past unheld is held in claims, or the
+// read fails with errClaimNoFit. What is held is given back when the
+// reply ends (its first line that is not a VALUE line: END, or an error),
+// when the next request is written, or when the connection closes.
+// gomemcache closes a connection whose read failed.
+//
+// It scans only the bytes of lines; a value's bytes are counted, not
+// read, and no read allocates. gomemcache uses a connection from one
+// goroutine at a time and closes it from that goroutine or once idle,
+// so its fields need no lock.
+type claimConn struct {
+	net.Conn
+	claims Claims // nil: only maxItem bounds a claim
+	unheld int64  // the largest claim not held in claims
+
+	state claimState
+	pos   int    // valuePrefix: bytes of "VALUE " matched; valueFields: spaces seen
+	size  uint64 // the size field's digits so far
+	sized bool   // the size field has a digit
+	bad   bool   // the size field has a byte that is no digit: gomemcache fails the line
+	skip  int64  // dataBlock: bytes still to come
+	held  int64  // bytes held in claims for the reply being read
+	err   error  // the failed read's, returned from then on
+}
+
+var valueLine = []byte("VALUE ")
+
+func (c *claimConn) Read(p []byte) (int, error) {
+	if c.err != nil {
+		return 0, c.err
+	}
+	n, err := c.Conn.Read(p)
+	if ferr := c.scan(p[:n]); ferr != nil {
+		c.err = ferr
+		c.release()
+		return 0, ferr
+	}
+	return n, err
+}
+
+// scan follows the reply framing through b, the bytes about to be handed
+// to gomemcache, and fails on a VALUE line whose claim is past maxItem or
+// refused by claims.
+func (c *claimConn) scan(b []byte) error {
+	for len(b) > 0 {
+		switch c.state {
+		case dataBlock:
+			k := min(int64(len(b)), c.skip)
+			b, c.skip = b[k:], c.skip-k
+			if c.skip == 0 {
+				c.state = lineStart
+			}
+			continue
+		case otherLine:
+			i := bytes.IndexByte(b, '\n')
+			if i < 0 {
+				return nil
+			}
+			b = b[i+1:]
+			c.state = lineStart
+			c.release() // a line that is not a VALUE line ends the reply
+			continue
+		case lineStart:
+			c.state, c.pos, c.size, c.sized, c.bad = valuePrefix, 0, 0, false, false
+		}
+		ch := b[0]
+		b = b[1:]
+		switch c.state {
+		case valuePrefix:
+			switch {
+			case ch == valueLine[c.pos]:
+				if c.pos++; c.pos == len(valueLine) {
+					c.state, c.pos = valueFields, 0
+				}
+			case ch == '\n':
+				c.state = lineStart
+				c.release()
+			default:
+				c.state = otherLine
+			}
+		case valueFields:
+			switch {
+			case ch == '\n':
+				c.state = lineStart
+				if err := c.claim(); err != nil {
+					return err
+				}
+			case ch == ' ':
+				c.pos++
+			case c.pos != 2 || ch == '\r':
+				// the key, the flags, the cas, or the line's end:
+				// gomemcache checks them
+			case c.bad:
+			case ch >= '0' && ch <= '9':
+				c.sized = true
+				if c.size = c.size*10 + uint64(ch-'0'); c.size > maxItem {
+					return errClaimPastItem // a lie whatever follows
+				}
+			default:
+				c.bad = true
+			}
+		}
+	}
+	return nil
+}
+
+// claim ends a VALUE line: the value's bytes and CRLF follow, and a claim
+// past unheld is held in claims.
+func (c *claimConn) claim() error {
+	if c.bad || !c.sized {
+		return nil // gomemcache refuses the line and fails the reply
+	}
+	n := int64(c.size)
+	c.state, c.skip = dataBlock, n+2
+	if n <= c.unheld || c.claims == nil {
+		return nil
+	}
+	if err := c.claims.Acquire(n); err != nil {
+		return fmt.Errorf("%w: %d bytes: %w", errClaimNoFit, n, err)
+	}
+	c.held += n
+	return nil
+}
+
+// release gives back what the reply being read holds.
+func (c *claimConn) release() {
+	if c.held > 0 {
+		c.claims.Release(c.held)
+		c.held = 0
+	}
+}
+
+func (c *claimConn) Write(p []byte) (int, error) {
+	c.release() // a request is written once the reply before it was read
+	return c.Conn.Write(p)
+}
+
+func (c *claimConn) Close() error {
+	c.release()
+	return c.Conn.Close()
+}
