@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -11,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
@@ -207,5 +210,99 @@ func TestNotMemcached(t *testing.T) {
 				t.Errorf("%d node down lines for one node that stayed down, want at most one:\n%s", n, g.Logs())
 			}
 		})
+	}
+}
+
+// TestLyingLengthWithoutPipelining runs the binary on gomemcache's pool
+// (MEMCGATE_PIPELINE_CONNS=0) against a node that passes its health
+// checks but answers a read with a VALUE line claiming 600 MB or 2 GB,
+// and then nothing. gomemcache allocates the length claimed before a
+// byte of it comes: one GET cost the whole claim. A claim the byte
+// budget cannot hold is 503, one past memcached's largest item (1 GiB)
+// the node's 502, both at the VALUE line with next to nothing allocated.
+func TestLyingLengthWithoutPipelining(t *testing.T) {
+	node := memcachedtest.StartRaw(t, func(c net.Conn, br *bufio.Reader) {
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				return
+			}
+			reply := "ERROR\r\n"
+			switch f := strings.Fields(line); {
+			case len(f) > 0 && f[0] == "version":
+				reply = "VERSION 1.6.21\r\n"
+			case len(f) > 1 && strings.HasPrefix(f[0], "get"):
+				claim, _ := strings.CutPrefix(f[1], "claim")
+				reply = "VALUE " + f[1] + " 0 " + claim + "\r\n"
+			}
+			if _, err := c.Write([]byte(reply)); err != nil {
+				return
+			}
+		}
+	})
+	g := startGateway(t, map[string]string{
+		"MEMCGATE_SERVERS":            node,
+		"MEMCGATE_PIPELINE_CONNS":     "0",
+		"MEMCGATE_MAX_BUFFERED_BYTES": "67108864",
+		"MEMCGATE_TIMEOUT":            "5s",
+		"MEMCGATE_REQUEST_TIMEOUT":    "10s",
+		"MEMCGATE_ACCESS_LOG":         "false",
+	})
+	before := metricValue(t, g, "go_memstats_alloc_bytes_total")
+	for _, tt := range []struct {
+		claim string
+		want  int
+	}{
+		{"600000000", http.StatusServiceUnavailable},
+		{"2000000000", http.StatusBadGateway},
+	} {
+		if r := g.do("GET", "/claim"+tt.claim, nil); r.status != tt.want {
+			t.Errorf("GET of a value claimed %s bytes long = %d %q, want %d", tt.claim, r.status, r.body, tt.want)
+		}
+	}
+	if n := metricValue(t, g, "go_memstats_alloc_bytes_total") - before; n > 64<<20 {
+		t.Errorf("the gateway allocated %.0f MiB for two GETs", n/(1<<20))
+	}
+}
+
+// TestLargeValuesWithoutPipelining: on gomemcache's pool
+// (MEMCGATE_PIPELINE_CONNS=0) a value longer than MAX_VALUE_BYTES (an
+// item another client wrote) is held in the byte budget at its claimed
+// length while it is read and given back after: a 1 MB value read twenty
+// times through a 4 MiB budget comes whole every time, and a 5 MB one,
+// which the budget can never hold, is 503 before it is read. A value up
+// to MAX_VALUE_BYTES is read as before.
+func TestLargeValuesWithoutPipelining(t *testing.T) {
+	mc := memcachedtest.Start(t, "-I", "8m")
+	g := startGateway(t, map[string]string{
+		"MEMCGATE_SERVERS":            mc.Addr,
+		"MEMCGATE_PIPELINE_CONNS":     "0",
+		"MEMCGATE_MAX_VALUE_BYTES":    "65536",
+		"MEMCGATE_MAX_BUFFERED_BYTES": "4194304",
+		"MEMCGATE_ACCESS_LOG":         "false",
+	})
+	direct := memcachedClient(t, mc.Addr)
+	values := map[string][]byte{
+		"small": bytes.Repeat([]byte("s"), 65536),
+		"big":   bytes.Repeat([]byte("0123456789abcdef"), 1_000_000/16),
+		"huge":  bytes.Repeat([]byte("h"), 5_000_000),
+	}
+	for k, v := range values {
+		if err := direct.Set(&memcache.Item{Key: k, Value: v}); err != nil {
+			t.Fatalf("set %s: %v", k, err)
+		}
+	}
+	for i := range 20 {
+		for _, k := range []string{"small", "big"} {
+			if r := g.do("GET", "/"+k, nil); r.status != http.StatusOK || r.body != string(values[k]) {
+				t.Fatalf("GET /%s, %d = %d, %d bytes; want 200 and %d", k, i, r.status, len(r.body), len(values[k]))
+			}
+		}
+	}
+	if r := g.do("GET", "/huge", nil); r.status != http.StatusServiceUnavailable {
+		t.Errorf("GET /huge = %d %q, want 503", r.status, r.body)
+	}
+	if r := g.do("GET", "/big", nil); r.status != http.StatusOK {
+		t.Errorf("GET /big after /huge = %d %q, want 200", r.status, r.body)
 	}
 }
