@@ -62,19 +62,19 @@ test: deps-test fmt-check vet
 # Seed 000 reproduced: 101 keys through a 100 ms-per-direction delay relay,
 # serial vs batch vs async vs UDP; prints the table.
 seed: deps-run
-	MEMCGATE_TEST_SEED_DELAY=$${MEMCGATE_TEST_SEED_DELAY:-100ms} $(GO) test -count=1 -run '^TestSeedLatency$$' -v ./test/e2e | grep -E '\||delay|PASS|FAIL|ok'
+	MEMCGATE_TEST_SEED_DELAY=$${MEMCGATE_TEST_SEED_DELAY:-100ms} bash test/scripts/filtered.sh '\||delay|PASS|FAIL|ok' $(GO) test -count=1 -run '^TestSeedLatency$$' -v ./test/e2e
 
 # Issue #19's figures: a replicated pool losing a node under load, and
 # hedged reads against a slowed node, 20 s per phase (make test runs the
 # same tests at 2 s); prints the tables of docs/benchmarks.md.
 pools: deps-test
-	MEMCGATE_TEST_POOLS_PHASE=$${MEMCGATE_TEST_POOLS_PHASE:-20s} $(GO) test -count=1 -timeout 30m -run '^(TestReplicaDeathUnderLoad|TestHedgedReads)$$' -v ./test/pools | grep -E '\||one of|GETs|written|slowed|PASS|FAIL|ok'
+	MEMCGATE_TEST_POOLS_PHASE=$${MEMCGATE_TEST_POOLS_PHASE:-20s} bash test/scripts/filtered.sh '\||one of|GETs|written|slowed|PASS|FAIL|ok' $(GO) test -count=1 -timeout 30m -run '^(TestReplicaDeathUnderLoad|TestHedgedReads)$$' -v ./test/pools
 
 # The chaos run: stale reads and keys kept while nodes are killed, paused,
 # restarted and reloaded away, per configuration; prints the table of
 # docs/benchmarks.md. Timing-dependent, so not in make test.
 chaos: deps-test
-	MEMCGATE_TEST_CHAOS=1 $(GO) test -count=1 -timeout 30m -run '^TestChaos$$' -v ./test/chaos | grep -E '\||stale reads|PASS|FAIL|ok'
+	MEMCGATE_TEST_CHAOS=1 bash test/scripts/filtered.sh '\||stale reads|PASS|FAIL|ok' $(GO) test -count=1 -timeout 30m -run '^TestChaos$$' -v ./test/chaos
 
 # memcgate against nginx + HttpMemcModule on one memcached, on loopback
 # (test/bench/bench.sh, results in docs/benchmarks.md); about 9 minutes,
