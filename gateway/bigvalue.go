@@ -46,7 +46,7 @@ func (h *handler) putBig(w http.ResponseWriter, r *http.Request, kr *keyRequest)
 		writeError(w, err)
 		return nil, true
 	}
-	src := &bodyChunks{l: h.lim, rc: rc, body: r.Body, size: h.chunks.ChunkSize(), limit: limit, cl: r.ContentLength}
+	src := &bodyChunks{l: h.lim, rc: rc, ctx: r.Context(), body: r.Body, size: h.chunks.ChunkSize(), limit: limit, cl: r.ContentLength}
 	if r.ContentLength < 0 {
 		// The first chunk and the byte after it are read without a
 		// slot: a client that sends a chunk's worth and stops must not
@@ -140,6 +140,7 @@ func chunkCtx(r *http.Request) context.Context {
 type bodyChunks struct {
 	l       *limits
 	rc      *requestCtx
+	ctx     context.Context // the request's, for Options.ReadError
 	body    io.Reader
 	size    int   // the chunk size
 	limit   int64 // the most bytes accepted
@@ -194,7 +195,7 @@ func (b *bodyChunks) read() ([]byte, error) {
 		case err == io.EOF:
 			b.eof = true
 		case err != nil:
-			return nil, bodyError(err, int(b.n), b.cl)
+			return nil, bodyError(b.l.late(b.ctx, err), int(b.n), b.cl)
 		}
 	}
 	if b.cl >= 0 {
@@ -241,7 +242,7 @@ func (b *bodyChunks) more() (bool, error) {
 		b.eof = true
 		return false, nil
 	}
-	return false, bodyError(err, int(b.n), b.cl)
+	return false, bodyError(b.l.late(b.ctx, err), int(b.n), b.cl)
 }
 
 // writeChunked answers a read of a value stored in chunks, it being the

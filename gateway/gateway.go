@@ -131,7 +131,7 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 		keyParser: keyParser{maxKeyLen: opts.MaxKeyLen, defaultTTL: int32(opts.DefaultTTL / time.Second)},
 		opts:      opts,
 		codec:     &codec{kind: opts.Codec, php: opts.PHP, pecl: opts.PeclMemcache, maxDecoded: int(opts.MaxValueBytes) * 64, turns: turns},
-		lim:       &limits{budget: opts.Budget, takeBody: opts.TakeBody, bufs: opts.Buffers},
+		lim:       &limits{budget: opts.Budget, takeBody: opts.TakeBody, readError: opts.ReadError, bufs: opts.Buffers},
 		guard:     guard{a: opts.Access},
 		log:       log,
 		batchOps:  make(chan struct{}, batchParallel),

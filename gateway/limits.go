@@ -2,7 +2,9 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -38,9 +40,10 @@ type limits struct {
 	lim    limiter
 	budget *budget.Budget // nil: no bound
 	// takeBody is Options.TakeBody: the body a server read ahead, or nil.
-	takeBody func(r *http.Request) []byte
-	bufs     Buffers      // Options.Buffers, or nil
-	timeout  atomic.Int64 // RequestTimeout in nanoseconds: the memcached work's, from when the body is read
+	takeBody  func(r *http.Request) []byte
+	readError func(ctx context.Context) error // Options.ReadError, or nil
+	bufs      Buffers                         // Options.Buffers, or nil
+	timeout   atomic.Int64                    // RequestTimeout in nanoseconds: the memcached work's, from when the body is read
 }
 
 // requestTimeout is RequestTimeout now.
@@ -402,7 +405,7 @@ func (l *limits) readBody(r *http.Request, limit int64) ([]byte, error) {
 		}
 		if err != nil {
 			l.putBody(buf)
-			return nil, bodyError(err, len(buf), cl)
+			return nil, bodyError(l.late(r.Context(), err), len(buf), cl)
 		}
 	}
 	switch {
@@ -476,6 +479,21 @@ func (l *limits) bodyRead(rc *requestCtx) error {
 		rc.restart(l.requestTimeout())
 	}
 	return nil
+}
+
+// late is err, the failure of a read of the body of the request whose
+// context is ctx, wrapping the timeout its connection's last read failed
+// with, if it did (Options.ReadError), so that bodyError answers it as a
+// body late at the read timeout: err itself may have dropped it.
+func (l *limits) late(ctx context.Context, err error) error {
+	var ne net.Error
+	if l.readError == nil || errors.As(err, &ne) && ne.Timeout() {
+		return err
+	}
+	if rerr := l.readError(ctx); errors.As(rerr, &ne) && ne.Timeout() {
+		return fmt.Errorf("%w (%w)", err, rerr)
+	}
+	return err
 }
 
 // bodyError is why reading a body failed after n of cl bytes (cl < 0:

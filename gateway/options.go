@@ -209,6 +209,16 @@ type Options struct {
 	// nil: the body is then kept as it is, without a copy, and held
 	// against Budget once. Nil: bodies are read from the request.
 	TakeBody func(r *http.Request) []byte
+	// ReadError, if not nil, reports how the last read of the connection
+	// of the request whose context is ctx ended: nil if it had no error,
+	// or if the server does not know. A body read that fails with an error
+	// other than a timeout is answered 408, as a body late at the read
+	// timeout, when ReadError says that read timed out: Go's net/http
+	// fails a chunked body whose trailer section its read deadline cut
+	// with an error that drops the timeout ("http: unexpected EOF reading
+	// trailer"). It is called on the goroutine whose body read failed,
+	// after it failed. Nil: a body read's error is taken as it is.
+	ReadError func(ctx context.Context) error
 	// Buffers, if not nil, lends the buffers request bodies are read
 	// into and takes them back once their operation is done; give the
 	// server that reads bodies ahead (h1.Server.Buffers) the same one.

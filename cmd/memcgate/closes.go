@@ -54,6 +54,7 @@ type closeWatch struct {
 // are written from the connection's own goroutine only (ConnState's
 // hook, the handler), in the order of its requests.
 type watchedConn struct {
+	conn    net.Conn // the connection, for readErrorOf
 	state   http.ConnState
 	pending atomic.Bool // a request began that no handler has seen yet
 }
@@ -80,9 +81,25 @@ func (w *closeWatch) serve(srv *http.Server) {
 
 // connContext is http.Server.ConnContext: one record per connection.
 func (w *closeWatch) connContext(ctx context.Context, c net.Conn) context.Context {
-	wc := new(watchedConn)
+	wc := &watchedConn{conn: c}
 	w.conns.Store(c, wc)
 	return context.WithValue(ctx, watchKey{}, wc)
+}
+
+// readErrorOf is gateway.Options.ReadError for the requests of w's
+// server: how the last read of the connection of the request whose
+// context is ctx ended (readError), nil for a request it did not serve
+// (the fast path's own). A chunked body's trailer section cut by the read
+// deadline fails in net/http with an error that drops the timeout; this
+// tells the gateway it was one. It must not run concurrently with a read
+// of the connection: the gateway asks on the goroutine whose body read
+// just failed, and net/http has no read of its own under way then (its
+// background read starts only once the body is read to its end).
+func (w *closeWatch) readErrorOf(ctx context.Context) error {
+	if wc, ok := ctx.Value(watchKey{}).(*watchedConn); ok {
+		return readError(wc.conn)
+	}
+	return nil
 }
 
 // handler notes that a request reached h.

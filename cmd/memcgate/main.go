@@ -400,6 +400,9 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	}
 	gopts.Owners = router         // each node's asynchronous writes in a lane of their own
 	gopts.TakeBody = h1.TakeAhead // bodies the fast path read ahead, kept without a copy
+	// How a request's connection read last ended, for a chunked body whose
+	// trailer section net/http's read deadline cut: a 408, not a 400.
+	gopts.ReadError = conns.data.readErrorOf
 	// Body buffers, lent by the fast path and given back by the handler;
 	// as many bytes of them as the budget kept for reuse at most.
 	bodies := bufpool.New(int(mem.budget))
