@@ -1,6 +1,7 @@
 package config
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -101,8 +102,9 @@ func TestConfigFileErrorsQuoteNoSecret(t *testing.T) {
 		name, file string
 		want       string
 	}{
-		{"value continued on the next line", "MEMCGATE_AUTH_TOKENS=\"read:another-token-0123456789,\n" + secretTok + "\"\n", "line 2: want NAME=value, got a line (not shown"},
-		{"scopes:token continued", "MEMCGATE_AUTH_TOKENS=\"read:another-token-0123456789,\nread:" + secretTok + "\"\n", "line 2: want NAME=value, got a line (not shown"},
+		{"value continued on the next line", "MEMCGATE_AUTH_TOKENS=\"read:another-token-0123456789,\n" + secretTok + "\"\n", "line 1: MEMCGATE_AUTH_TOKENS begins with a quote that does not end the line"},
+		{"scopes:token continued", "MEMCGATE_AUTH_TOKENS=\"read:another-token-0123456789,\nread:" + secretTok + "\"\n", "line 1: MEMCGATE_AUTH_TOKENS begins with a quote that does not end the line"},
+		{"value continued, unquoted", "MEMCGATE_AUTH_TOKENS=read:another-token-0123456789,\n" + secretTok + "\n", "line 2: want NAME=value, got a line (not shown"},
 		{"':' for '='", "MEMCGATE_AUTH_TOKENS: read:" + secretTok + "\n", "line 1: want NAME=value, got a line that begins MEMCGATE_AUTH_TOKENS (not shown"},
 		{"space for '='", "# tokens\nMEMCGATE_AUTH_TOKENS read:" + secretTok + "\n", "line 2: want NAME=value, got a line that begins MEMCGATE_AUTH_TOKENS (not shown"},
 		{"token on a line of its own, word bytes only", "MEMCGATE_SERVERS=a:1\n" + secretTok + "\n", "line 2: want NAME=value, got a line (not shown"},
@@ -122,5 +124,91 @@ func TestConfigFileErrorsQuoteNoSecret(t *testing.T) {
 			}
 			assertNoSecret(t, "CONFIG_FILE", err.Error())
 		})
+	}
+}
+
+// TestConfigFileContinuedValues: a value written over several lines of a
+// CONFIG_FILE, or with a comment after it, is refused, by line number and
+// without quoting a value, wherever the lines would otherwise be read as
+// something else: a continued line holding a '=' (a token's base64
+// padding) would be taken for a variable of another program and dropped,
+// the file loading without that token.
+func TestConfigFileContinuedValues(t *testing.T) {
+	const first = "MEMCGATE_AUTH_TOKENS=read:another-token-0123456789,"
+	tests := []struct {
+		name, file string
+		want       string
+	}{
+		{"continued line with '='", first + "\nwrite:" + secretTok + "==\n", "line 2: want NAME=value, got a line (not shown"},
+		{"continued line indented, with '='", first + "\n    write:" + secretTok + "=\n", "line 2: want NAME=value, got a line (not shown"},
+		{"continued pool", "MEMCGATE_POOLS=a servers=10.0.0.1:11211 prefixes=a:;\nb servers=10.0.0.2:11211 prefixes=b:\n", "line 2: want NAME=value, got a line (not shown"},
+		{"backslash", first + "\\\nwrite:" + secretTok + "\n", "line 1: MEMCGATE_AUTH_TOKENS ends with '\\'"},
+		{"backslash, continued line with '='", first + "\\\nwrite:" + secretTok + "==\n", "line 1: MEMCGATE_AUTH_TOKENS ends with '\\'"},
+		{"backslash, CRLF", first + "\\\r\nwrite:" + secretTok + "\r\n", "line 1: MEMCGATE_AUTH_TOKENS ends with '\\'"},
+		{"backslash, servers", "MEMCGATE_SERVERS=10.0.0.1:11211,\\\n10.0.0.2:11211\n", "line 1: MEMCGATE_SERVERS ends with '\\'"},
+		{"single quotes over lines, with '='", "MEMCGATE_AUTH_TOKENS='read:another-token-0123456789,\nwrite:" + secretTok + "='\n", "line 1: MEMCGATE_AUTH_TOKENS begins with a quote that does not end the line"},
+		{"text after the closing quote", "MEMCGATE_AUTH_TOKENS=\"read:" + secretTok + "\" # ci\n", "line 1: MEMCGATE_AUTH_TOKENS begins with a quote that does not end the line"},
+		{"comment after a token", "# tokens\nMEMCGATE_AUTH_TOKENS=read:" + secretTok + " # ci\n", "line 2: MEMCGATE_AUTH_TOKENS has a '#' after a space"},
+		{"comment after a server name", "MEMCGATE_UPSTREAM_TLS_SERVER_NAME=mc.example.com\t# the CA's name\n", "line 1: MEMCGATE_UPSTREAM_TLS_SERVER_NAME has a '#' after a space"},
+		{"comment after a socket path", "MEMCGATE_LISTEN_SOCKET=/run/memcgate/memcgate.sock # for PHP\n", "line 1: MEMCGATE_LISTEN_SOCKET has a '#' after a space"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			file := filepath.Join(t.TempDir(), "env")
+			if err := os.WriteFile(file, []byte(tt.file), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			got, err := ReadEnvFile(file)
+			if err == nil {
+				t.Fatalf("%q read as %q, want an error", tt.file, got)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %q, want it to contain %q", err, tt.want)
+			}
+			assertNoSecret(t, "CONFIG_FILE", err.Error())
+		})
+	}
+}
+
+// TestConfigFileValues: what a CONFIG_FILE line gives, as systemd's
+// EnvironmentFile reads it: a '#' that does not follow a space is part of
+// the value, a quoted value keeps what is inside the quotes, and a line of
+// another program's variable is read whatever its value, and not checked.
+func TestConfigFileValues(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "env")
+	text := strings.Join([]string{
+		"# a comment",
+		"  # an indented comment",
+		"MEMCGATE_AUTH_TOKENS=read:pa!ss@wo:rd#gen$%^&*()=x,write:" + secretTok + "==",
+		`MEMCGATE_MEMC_CONTENT_TYPE="text/plain # not a comment"`,
+		"MEMCGATE_KEY_PREFIX='app:'",
+		"export MEMCGATE_SERVERS = 10.0.0.1:11211,10.0.0.2:11211",
+		"MEMCGATE_POOLS=a servers=10.0.0.3:11211 prefixes=a:;b servers=10.0.0.4:11211 prefixes=b:",
+		`OTHER_PROGRAM=a value \`,
+		"http_proxy=http://proxy:3128 # another program's",
+		"",
+	}, "\r\n")
+	if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadEnvFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"MEMCGATE_AUTH_TOKENS":       "read:pa!ss@wo:rd#gen$%^&*()=x,write:" + secretTok + "==",
+		"MEMCGATE_MEMC_CONTENT_TYPE": "text/plain # not a comment",
+		"MEMCGATE_KEY_PREFIX":        "app:",
+		"MEMCGATE_SERVERS":           "10.0.0.1:11211,10.0.0.2:11211",
+		"MEMCGATE_POOLS":             "a servers=10.0.0.3:11211 prefixes=a:;b servers=10.0.0.4:11211 prefixes=b:",
+		"OTHER_PROGRAM":              `a value \`,
+		"http_proxy":                 "http://proxy:3128 # another program's",
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("read %q\nwant %q", got, want)
+	}
+	toks, err := ParseTokens(got["MEMCGATE_AUTH_TOKENS"])
+	if err != nil || len(toks) != 2 {
+		t.Errorf("the file's tokens: %d, %v; want both", len(toks), err)
 	}
 }

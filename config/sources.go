@@ -116,7 +116,24 @@ func badLine(line string) string {
 
 // ReadEnvFile reads a file of variables, NAME=value one per line, as
 // systemd's EnvironmentFile does: blank lines and lines starting with #
-// are skipped, a value may be quoted with ' or ".
+// are skipped, a value may be quoted with ' or " (a backslash in a value
+// is kept as written, where systemd reads shell escapes). It refuses a
+// line that is most likely part of a value written over several lines,
+// and a value it would take otherwise than it was most likely meant,
+// naming the line by its number and quoting no value (one may hold a
+// token), nor a name unless it is a MEMCGATE_ one:
+//   - a line whose name is not one (letters, digits and '_', not starting
+//     with a digit), such as the rest of a value continued on a line of
+//     its own, which taken for a variable of another program would be
+//     dropped unsaid where it holds a '=' (a token's base64 padding);
+//   - a MEMCGATE_ value that ends in '\' (systemd joins the next line to
+//     it, docker's --env-file does not, and neither does this reader);
+//   - a MEMCGATE_ value that begins with a quote that does not end it
+//     (systemd reads a quoted value on over the lines that follow);
+//   - an unquoted MEMCGATE_ value with a '#' after a space or a tab:
+//     systemd and docker keep such a comment as part of the value, where
+//     it would be taken into a socket path, a content type or a server
+//     name unsaid.
 func ReadEnvFile(path string) (map[string]string, error) {
 	b, err := ReadFile(path)
 	if err != nil {
@@ -130,16 +147,49 @@ func ReadEnvFile(path string) (map[string]string, error) {
 		}
 		name, value, ok := strings.Cut(line, "=")
 		name = strings.TrimSpace(strings.TrimPrefix(name, "export "))
-		if !ok || name == "" {
+		if !ok || !envName(name) {
 			return nil, fmt.Errorf("%sCONFIG_FILE %s, line %d: want NAME=value, got %s", Prefix, path, i+1, badLine(line))
 		}
 		value = strings.TrimSpace(value)
+		if why := unreadValue(value); why != "" && strings.HasPrefix(name, Prefix) {
+			return nil, fmt.Errorf("%sCONFIG_FILE %s, line %d: %s %s", Prefix, path, i+1, name, why)
+		}
 		if len(value) >= 2 && (value[0] == '"' || value[0] == '\'') && value[len(value)-1] == value[0] {
 			value = value[1 : len(value)-1]
 		}
 		out[name] = value
 	}
 	return out, nil
+}
+
+// envName reports whether name is a variable's name as systemd takes one:
+// letters, digits and '_', not starting with a digit.
+func envName(name string) bool {
+	for i := range len(name) {
+		c := name[i]
+		if !(c == '_' || 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || i > 0 && '0' <= c && c <= '9') {
+			return false
+		}
+	}
+	return name != ""
+}
+
+// unreadValue says why value, as a CONFIG_FILE line has it after its
+// '=', is not read as written (see ReadEnvFile), without quoting it; ""
+// if it is.
+func unreadValue(value string) string {
+	const oneLine = "; write the value on one line (a list's entries separated by ',', pools by ';')"
+	switch {
+	case strings.HasSuffix(value, "\\"):
+		return "ends with '\\': a value continued on the next line is not read as one (systemd's EnvironmentFile joins the lines, docker's --env-file does not)" + oneLine
+	case value != "" && (value[0] == '"' || value[0] == '\''):
+		if len(value) < 2 || value[len(value)-1] != value[0] {
+			return "begins with a quote that does not end the line: a quoted value over several lines, or text after the closing quote, is not read" + oneLine
+		}
+	case strings.Contains(value, " #") || strings.Contains(value, "\t#"):
+		return "has a '#' after a space: a comment after a value is part of the value, as systemd's EnvironmentFile and docker's --env-file read it; put the comment on a line of its own, or quote the value if the '#' belongs to it"
+	}
+	return ""
 }
 
 // Overlay returns base with the variables of over set on top.
