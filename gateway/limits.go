@@ -145,6 +145,9 @@ func (v *valueRoom) hold(n int) error {
 // Fits reports whether Reserve(n) would hold n bytes now (op.Room).
 func (l *limits) Fits(n int) bool { return l.budget.Fits(int64(n)) }
 
+// Holds is what Reserve(n) holds: n bytes (op.Room).
+func (l *limits) Holds(n int) int { return n }
+
 // Release gives back what Reserve held (op.Room).
 func (l *limits) Release(n int) { l.budget.Release(int64(n)) }
 
@@ -230,6 +233,9 @@ func (v *valueRoom) Reserve(n int) bool {
 
 // Fits reports whether Reserve(n) would hold n bytes now (op.Room).
 func (v *valueRoom) Fits(n int) bool { return v.l.budget.Fits(int64(n) * v.per) }
+
+// Holds is what Reserve(n) holds: n bytes per byte held (op.Room).
+func (v *valueRoom) Holds(n int) int { return n * int(v.per) }
 
 // answered is what v holds for the values' places in a JSON answer.
 func (v *valueRoom) answered() int {

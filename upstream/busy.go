@@ -50,6 +50,7 @@ type requestShare struct {
 	nodes  atomic.Int64                 // in the topology
 	others atomic.Int64                 // nodes of other clusters drawing on the same slots (SetRequestSlots)
 	down   *atomic.Int32                // healthPolicy.down: nodes down now
+	bytes  atomic.Pointer[ByteBudget]   // the caller's byte budget (ShareBytes), of which each node's reads hold a share (readshare.go); nil: none
 }
 
 // set recomputes the share for slots over nodes and others: all of them

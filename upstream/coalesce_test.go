@@ -102,6 +102,7 @@ type refusingRoom struct{ asked atomic.Int64 }
 
 func (r *refusingRoom) Reserve(int) bool  { r.asked.Add(1); return false }
 func (r *refusingRoom) Fits(int) bool     { return false }
+func (r *refusingRoom) Holds(n int) int   { return n }
 func (r *refusingRoom) Release(int)       {}
 func (r *refusingRoom) Lend(n int) []byte { return make([]byte, 0, n) }
 

@@ -65,6 +65,7 @@ type metrics struct {
 	batched       *prometheus.CounterVec
 	invalidated   *prometheus.CounterVec
 	untracked     *prometheus.CounterVec
+	shareRefused  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -110,19 +111,23 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "memcgate_upstream_readmit_untracked_keys_total",
 			Help: "Keys written to other nodes while the node was away that it could not remember (its set was full): they may read stale after its re-admission unless MEMCGATE_READMIT_FLUSH is on.",
 		}, []string{"node"}),
+		shareRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "memcgate_upstream_buffered_share_refusals_total",
+			Help: "Values refused unread (503, as when MEMCGATE_MAX_BUFFERED_BYTES is full) because the node's reads already held their share of MEMCGATE_MAX_BUFFERED_BYTES while its values were read.",
+		}, []string{"node"}),
 		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "memcgate_upstream_probes_total",
 			Help: "Active health probes (memcached version), by node and result (ok, fail).",
 		}, []string{"node", "result"}),
 	}
-	reg.MustRegister(m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.failovers, m.batched, m.invalidated, m.untracked)
+	reg.MustRegister(m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.failovers, m.batched, m.invalidated, m.untracked, m.shareRefused)
 	return m
 }
 
 // forget deletes every series of a node that left the cluster.
 func (m *metrics) forget(name string) {
 	l := prometheus.Labels{"node": name}
-	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.failovers, m.batched, m.invalidated, m.untracked} {
+	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.failovers, m.batched, m.invalidated, m.untracked, m.shareRefused} {
 		v.DeletePartialMatch(l)
 	}
 }
@@ -141,6 +146,9 @@ type nodeMetrics struct {
 	// (stale.go): deleted before re-admission, and not remembered.
 	staleInvalidated prometheus.Counter
 	staleUntracked   prometheus.Counter
+	// shareRefused counts values refused past the node's share of the
+	// byte budget (readshare.go).
+	shareRefused prometheus.Counter
 }
 
 // forNode resolves a node's collectors. Every counter of the node, for
@@ -158,6 +166,7 @@ func (m *metrics) forNode(name string, udp bool) *nodeMetrics {
 
 		staleInvalidated: m.invalidated.WithLabelValues(name),
 		staleUntracked:   m.untracked.WithLabelValues(name),
+		shareRefused:     m.shareRefused.WithLabelValues(name),
 	}
 	if udp {
 		nm.udpUp = m.udpUp.WithLabelValues(name)
@@ -185,6 +194,7 @@ type poolCollector struct {
 	desc  *prometheus.Desc
 	inFl  *prometheus.Desc
 	maxFl *prometheus.Desc
+	held  *prometheus.Desc
 }
 
 func newPoolCollector(nodes func() []*node) *poolCollector {
@@ -196,6 +206,8 @@ func newPoolCollector(nodes func() []*node) *poolCollector {
 			"Operations in flight on each node (bounded by MEMCGATE_MAX_IN_FLIGHT_PER_NODE; by MEMCGATE_MAX_CONNS_PER_NODE with MEMCGATE_PIPELINE_CONNS=0).", []string{"node"}, nil),
 		maxFl: prometheus.NewDesc("memcgate_upstream_max_in_flight",
 			"The cap on memcgate_upstream_in_flight (MEMCGATE_MAX_IN_FLIGHT_PER_NODE, or MEMCGATE_MAX_CONNS_PER_NODE with MEMCGATE_PIPELINE_CONNS=0), for saturation ratios.", []string{"node"}, nil),
+		held: prometheus.NewDesc("memcgate_upstream_buffered_bytes",
+			"Bytes of MEMCGATE_MAX_BUFFERED_BYTES that the node's reads hold while their values are read, from each value's VALUE line to the end of its reply (bounded by the node's share while another node is up).", []string{"node"}, nil),
 	}
 }
 
@@ -203,6 +215,7 @@ func (p *poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- p.desc
 	ch <- p.inFl
 	ch <- p.maxFl
+	ch <- p.held
 }
 
 func (p *poolCollector) Collect(ch chan<- prometheus.Metric) {
@@ -213,5 +226,6 @@ func (p *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(p.desc, prometheus.GaugeValue, float64(idle), n.name, "idle")
 		ch <- prometheus.MustNewConstMetric(p.inFl, prometheus.GaugeValue, float64(inUse), n.name)
 		ch <- prometheus.MustNewConstMetric(p.maxFl, prometheus.GaugeValue, float64(cap(n.sem)), n.name)
+		ch <- prometheus.MustNewConstMetric(p.held, prometheus.GaugeValue, float64(n.reads.held.Load()), n.name)
 	}
 }

@@ -38,6 +38,7 @@ type node struct {
 	waiting atomic.Int64  // operations waiting for a token (busy.go)
 	queued  atomic.Int64  // tokens held by queued operations, which do not count against the share (busy.go)
 	share   *requestShare // the cluster's: the most operations sem and waiting may hold together
+	reads   readHold      // what its reads hold of the caller's byte budget (readshare.go)
 	cmds    chan struct{} // a token per raw command on a connection of its own (command)
 	conns   atomic.Int64  // open data connections (dialled and not yet closed)
 	m       *nodeMetrics
@@ -96,6 +97,7 @@ func newNode(name string, o *Options, pol *healthPolicy, share *requestShare, m 
 
 		batchGets: o.BatchGets,
 	}
+	n.reads.share, n.reads.refused = share, m.shareRefused
 	n.stale.limit = o.staleKeyBytes
 	if n.stale.limit <= 0 {
 		n.stale.limit = defaultStaleKeyBytes
@@ -128,6 +130,7 @@ func newNode(name string, o *Options, pol *healthPolicy, share *requestShare, m 
 				return c, err
 			},
 			Closed: func() { n.conns.Add(-1) },
+			Share:  &n.reads,
 		})
 		n.client = n.pipe
 	} else {

@@ -767,6 +767,7 @@ type countRoom struct {
 
 func (r *countRoom) Reserve(n int) bool { r.mu.Lock(); r.reserved += n; r.mu.Unlock(); return true }
 func (r *countRoom) Fits(int) bool      { return true }
+func (r *countRoom) Holds(n int) int    { return n }
 func (r *countRoom) Release(n int)      { r.mu.Lock(); r.released += n; r.mu.Unlock() }
 func (r *countRoom) Lend(n int) []byte  { return make([]byte, n) }
 

@@ -414,6 +414,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	gopts.Hosts = hosts
 	handler := gateway.NewHandler(router, log, reg, gopts)
 	router.CountRequests(handler.RequestsInFlight) // a node past its fair part of MAX_REQUESTS holds no more than are free
+	router.ShareBytes(buffered)                    // a node's reads hold at most their share of MAX_BUFFERED_BYTES
 	std := &http.Server{
 		Handler:           takeTurns(handler),
 		ReadHeaderTimeout: cfg.HeadTimeout(),

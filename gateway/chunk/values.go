@@ -333,6 +333,7 @@ type peek struct{}
 
 func (peek) Reserve(int) bool { return false }
 func (peek) Fits(int) bool    { return false }
+func (peek) Holds(int) int    { return 0 } // Reserve holds nothing
 func (peek) Release(int)      {}
 func (peek) Lend(n int) []byte {
 	return make([]byte, 0, n) // never called: Reserve takes nothing

@@ -109,11 +109,14 @@ const bigValue = 16 << 10
 // longer than a writer takes to queue the next value.
 const maxQueuedValues = 1 << 20
 
-// held is what a reply's read holds of a caller's budget: n bytes by
-// room.Reserve, for room.Release once the reply is handed out.
+// held is what a reply's read holds of a caller's budget: n bytes of
+// value by room.Reserve, for room.Release once the reply is handed out,
+// and cost bytes of the server's Share (room.Holds(n); 0: none), for its
+// Give then.
 type held struct {
 	room op.Room
 	n    int
+	cost int
 }
 
 // waiter is a large value waiting for room on a connection.
@@ -151,6 +154,7 @@ type conn struct {
 	sio     *sockIO    // reads and writes nc if it is a socket; nil: nc's own methods
 	closed  func()     // Options.Closed, called once nc is closed; nil: none
 	hints   *sizeHints // the Client's: what reads found (readReply)
+	share   Share      // the Client's Options.Share; nil: none
 	timeout time.Duration
 
 	mu          sync.Mutex
@@ -711,6 +715,9 @@ func (c *conn) readLoop() {
 	release := func() {
 		for _, h := range holds {
 			h.room.Release(h.n)
+			if h.cost > 0 {
+				c.share.Give(h.cost)
+			}
 		}
 		clear(holds)
 		holds = holds[:0]
@@ -735,7 +742,7 @@ func (c *conn) readLoop() {
 		// The keys of a shared line, copied while the calls are surely
 		// queued: fail may answer and free them while the reply is read.
 		k, verb, probe := c.queue[0].kind, c.queue[0].verb, c.queue[0].probe
-		lim := replyLimit{bytes: c.queue[0].limit, all: c.queue[0].all}
+		lim := replyLimit{bytes: c.queue[0].limit, all: c.queue[0].all, share: c.share}
 		keys, rooms, asked = keys[:0], rooms[:0], asked[:0]
 		for _, p := range c.queue[0].peer {
 			keys, rooms = append(keys, p.key), append(rooms, p.room)
@@ -998,11 +1005,13 @@ func isErrorLine(line []byte) bool {
 }
 
 // replyLimit is what a get reply may keep: at most bytes of values (0:
-// no limit), and whether its rooms are asked for every value (all) or
-// only for those of op.LentValue bytes or more.
+// no limit), whether its rooms are asked for every value (all) or only
+// for those of op.LentValue bytes or more, and within what share of the
+// rooms' budgets the server's replies may hold (nil: no share).
 type replyLimit struct {
 	bytes int
 	all   bool
+	share Share
 }
 
 // readReply reads one whole reply to a request of kind k. Memcached's
@@ -1013,11 +1022,12 @@ type replyLimit struct {
 // of the values it drops are in r.dropped. rooms are the op.Op.Room of
 // the line's keys, index for index (of the reply's one call when
 // lineKeys is empty; nil: none): a value of op.LentValue bytes or more
-// (any value, with lim.all) that its room does not Reserve is dropped
-// too, its index in r.nofit (and its key in r.refused on a reply of its
-// own), and one it reserves is read into a buffer it lends, the reservation
-// added to holds for the caller to release once the reply is handed
-// out, whatever the outcome. None of a reply's values reaches its caller
+// (any value, with lim.all) that its room does not Reserve, or that
+// lim.share does not Take (reserve), is dropped too, its index in
+// r.nofit (and its key in r.refused on a reply of its own), and one it
+// reserves is read into a buffer it lends, the reservation (and what the
+// share took) added to holds for the caller to release once the reply is
+// handed out, whatever the outcome. None of a reply's values reaches its caller
 // before the whole reply is read: without the reservations a shared line
 // of a hundred 1 MB values would keep 100 MB that no budget saw.
 // asked are the keys of a reply of its own (a GAT's, a multi-key Get's),
@@ -1093,7 +1103,11 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys, asked []stri
 					rm = rooms[i]
 				}
 			}
-			if rm != nil && !rm.Reserve(size) {
+			cost := 0
+			if rm != nil && lim.share != nil {
+				cost = rm.Holds(size)
+			}
+			if rm != nil && !reserve(rm, lim.share, size, cost) {
 				if err := skipValue(br, size); err != nil {
 					return r, err
 				}
@@ -1106,7 +1120,7 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys, asked []stri
 			kept += size
 			var lend func(int) []byte
 			if rm != nil {
-				*holds = append(*holds, held{rm, size})
+				*holds = append(*holds, held{rm, size, cost})
 				if size >= op.LentValue {
 					lend = rm.Lend
 				}
@@ -1125,6 +1139,24 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys, asked []stri
 			return r, fmt.Errorf("%w: %s in a get reply", errProtocol, shown(line))
 		}
 	}
+}
+
+// reserve holds a value of size bytes in rm (op.Room.Reserve), once its
+// server's share (nil: none) has taken the cost bytes that holds of the
+// budget: a value past the share is refused as one the Room refused, the
+// Room not asked (none of its budget taken, no refusal of its counted).
+func reserve(rm op.Room, sh Share, size, cost int) bool {
+	if sh == nil {
+		return rm.Reserve(size)
+	}
+	if !sh.Take(cost) {
+		return false
+	}
+	if !rm.Reserve(size) {
+		sh.Give(cost)
+		return false
+	}
+	return true
 }
 
 // outOfStep is errProtocol if line, the reply to a one-line request of

@@ -44,6 +44,9 @@ type Options struct {
 	// returned, after the client closed it: a count of open connections
 	// needs no wrapper around them.
 	Closed func()
+	// Share, if not nil, is the server's share of its callers' byte
+	// budgets: what its replies hold of them while they are read.
+	Share Share
 	// Conns is the number of connections requests are spread over; if
 	// zero, 1.
 	Conns int
@@ -78,6 +81,7 @@ type Client struct {
 	large   lane // reads of values that were large when last read
 	calls   sync.Pool
 	hints   *sizeHints
+	share   Share       // Options.Share; nil: none
 	noMeta  atomic.Bool // the server answered a size probe with ERROR: no meta commands, so GetMultiLimit probes no more
 	// metaSets: the server answered an mg (op.Head) with "HD", as
 	// memcached 1.6.10 and later do, whose ms takes the data length as a
@@ -111,9 +115,29 @@ func New(o Options) *Client {
 		o.Timeout = DefaultTimeout
 	}
 	return &Client{
-		dial: o.Dial, closed: o.Closed, timeout: o.Timeout, hints: newSizeHints(),
+		dial: o.Dial, closed: o.Closed, timeout: o.Timeout, hints: newSizeHints(), share: o.Share,
 		small: lane{slots: make([]slot, o.Conns)}, large: lane{slots: make([]slot, o.Conns)},
 	}
+}
+
+// Share bounds what one server's replies hold of their callers' byte
+// budgets while they are read. A value is held (op.Room.Reserve) from
+// its VALUE line, before its bytes come: a server that claims a value
+// and sends it slowly, or not at all, holds the claimed size until its
+// reply ends or the connection fails, and with many callers reading its
+// keys it could hold a budget every server's callers draw on. Take is
+// asked before every such hold; a value it refuses is read off and
+// dropped as one its Room refused (ErrNoFit). Give gives back what Take
+// counted once the reply has been read and handed out, or has failed.
+// Both run on a connection's reader goroutine, once per value held
+// (op.LentValue bytes or more; any value of a multi-key Get with a
+// Room): never for the small values of single reads.
+type Share interface {
+	// Take counts n more bytes as held by the server's replies, or
+	// reports that they hold their share already, counting nothing.
+	Take(n int) bool
+	// Give gives back n bytes Take counted.
+	Give(n int)
 }
 
 // ErrClosed is what requests on a connection get after Close closed it.
@@ -178,7 +202,7 @@ func (c *Client) conn(l *lane) (*conn, error) {
 	// mg to answer HD again, which the next checked append's read does.
 	c.metaSets.Store(false)
 	cn := newConn(nc, c.timeout)
-	cn.closed, cn.hints = c.closed, c.hints
+	cn.closed, cn.hints, cn.share = c.closed, c.hints, c.share
 	go cn.readLoop()
 	s.c.Store(cn)
 	return cn, nil

@@ -533,6 +533,8 @@ func (r *testRoom) Fits(n int) bool {
 
 func (r *testRoom) Release(n int) { r.held.Add(-int64(n)) }
 
+func (r *testRoom) Holds(n int) int { return n }
+
 func (r *testRoom) Lend(n int) []byte {
 	if r.lend != nil {
 		return r.lend(n)

@@ -208,6 +208,11 @@ type Room interface {
 	// read off the connection and dropped, never kept, and the read's
 	// Result.Err says so (upstream.ErrNoFit).
 	Reserve(n int) bool
+	// Holds is how many bytes of the caller's budget Reserve(n) holds:
+	// n, or more where the caller holds a value for more than itself
+	// (its place in an answer that copies it). A node's share of the
+	// budget counts its reads at that (mcpipe.Share).
+	Holds(n int) int
 	// Fits reports whether Reserve(n) would hold n bytes now. A read
 	// whose key's value was n bytes when last read, and that does not
 	// fit, is refused unsent (upstream.ErrNoFit): memcached is not made

@@ -540,6 +540,14 @@ func (r *Router) CountRequests(f func() int64) {
 	}
 }
 
+// ShareBytes gives every pool the caller's byte budget, of which each
+// node's reads hold at most a share (upstream.Cluster.ShareBytes).
+func (r *Router) ShareBytes(b upstream.ByteBudget) {
+	for _, p := range r.pools {
+		p.c.ShareBytes(b)
+	}
+}
+
 // shareSlots gives every pool the slots and the number of nodes of the
 // other pools: the pools draw on the same slots, so a pool of one node
 // takes at most half of them, as a node of a larger pool does. r.mu is

@@ -1,0 +1,126 @@
+package mcpipe
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/upstream/op"
+)
+
+// testShare is a Share of limit bytes that counts what it holds, the
+// most it held at once and its refusals.
+type testShare struct {
+	limit   int64
+	held    atomic.Int64
+	most    atomic.Int64
+	refused atomic.Int64
+}
+
+func (s *testShare) Take(n int) bool {
+	h := s.held.Add(int64(n))
+	if h > s.limit {
+		s.held.Add(-int64(n))
+		s.refused.Add(1)
+		return false
+	}
+	for m := s.most.Load(); h > m && !s.most.CompareAndSwap(m, h); m = s.most.Load() {
+	}
+	return true
+}
+
+func (s *testShare) Give(n int) { s.held.Add(-int64(n)) }
+
+// doubleRoom is a testRoom that holds two bytes of its budget per byte
+// of value, as the gateway's room for a JSON answer does.
+type doubleRoom struct{ testRoom }
+
+func (r *doubleRoom) Reserve(n int) bool { return r.testRoom.Reserve(2 * n) }
+func (r *doubleRoom) Release(n int)      { r.testRoom.Release(2 * n) }
+func (r *doubleRoom) Holds(n int) int    { return 2 * n }
+
+// TestShareBoundsWhatRepliesHold: a value whose server's Share will not
+// take what its Room would hold for it is refused as one the Room
+// refused (ErrNoFit, the key in the multi-key get's nofit), without
+// asking the Room; a value it takes counts at the Room's cost (twice
+// its size for a room that holds it twice) until the reply is handed
+// out, and nothing stays counted afterwards. Small values of single
+// reads never reach the Share.
+func TestShareBoundsWhatRepliesHold(t *testing.T) {
+	srv := memcachedtest.Start(t)
+	const size = 40 << 10
+	share := &testShare{limit: 5 * size / 2} // room for two values, or one held twice
+	c := New(Options{Conns: 1, Timeout: 5 * time.Second, Share: share, Dial: func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", srv.Addr)
+	}})
+	t.Cleanup(func() { c.Close() })
+	ctx := t.Context()
+	for _, k := range []string{"a", "b", "c"} {
+		if err := set(ctx, c, k, bytes.Repeat([]byte(k), size)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := set(ctx, c, "small", []byte("s")); err != nil {
+		t.Fatal(err)
+	}
+	settled := func(t *testing.T) {
+		t.Helper()
+		waitFor(t, "the reply's holds to be given back", func() bool { return share.held.Load() == 0 })
+	}
+
+	t.Run("single reads", func(t *testing.T) {
+		room := &testRoom{}
+		for _, k := range []string{"a", "small"} {
+			if it, _, err := c.Do(ctx, op.Op{Verb: op.Get, Room: room}, k); err != nil || it == nil {
+				t.Fatalf("get %s: %v", k, err)
+			}
+		}
+		settled(t)
+		if got := share.most.Load(); got != size {
+			t.Errorf("the share held at most %d bytes, want %d (the large value only)", got, size)
+		}
+		share.held.Add(2 * size) // another reply holds most of the share
+		asked := room.asked.Load()
+		_, _, err := c.Do(ctx, op.Op{Verb: op.Get, Room: room}, "b")
+		share.held.Add(-2 * size)
+		if !errors.Is(err, ErrNoFit) || room.asked.Load() != asked {
+			t.Errorf("get past the share = %v with the room asked %d more times, want ErrNoFit and the room not asked", err, room.asked.Load()-asked)
+		}
+		if it, _, err := c.Do(ctx, op.Op{Verb: op.Get, Room: room}, "b"); err != nil || it == nil {
+			t.Errorf("get within the share again: %v", err)
+		}
+		settled(t)
+		if room.held.Load() != 0 {
+			t.Errorf("the room holds %d bytes after the replies", room.held.Load())
+		}
+	})
+
+	t.Run("a multi-key get at its room's cost", func(t *testing.T) {
+		room := &doubleRoom{}
+		refused := share.refused.Load()
+		items, _, nofit, err := c.GetMultiLimit(ctx, []string{"a", "b", "c"}, 0, room, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(items) != 1 || items["a"] == nil || strings.Join(nofit, ",") != "b,c" {
+			t.Errorf("kept %d values (a: %v), refused %v; want a kept, b and c refused", len(items), items["a"] != nil, nofit)
+		}
+		if share.refused.Load()-refused != 2 {
+			t.Errorf("the share refused %d values, want 2", share.refused.Load()-refused)
+		}
+		settled(t)
+		if got := share.most.Load(); got != 2*size {
+			t.Errorf("the share held at most %d bytes, want %d: the value kept, at its room's cost", got, 2*size)
+		}
+		if room.held.Load() != 0 {
+			t.Errorf("the room holds %d bytes after the reply", room.held.Load())
+		}
+	})
+}
