@@ -19,13 +19,10 @@ import (
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
 
-// claimed is the size of the values the lying node claims and never
-// sends; budgetBytes the gateway's MEMCGATE_MAX_BUFFERED_BYTES in these
-// tests: two claims fill it but for 194,304 bytes.
-const (
-	claimed     = 2_000_000
-	budgetBytes = 4 << 20
-)
+// budgetBytes is the gateway's MEMCGATE_MAX_BUFFERED_BYTES in these
+// tests: two claims of 2,000,000 bytes, or four of 1,000,000, fill it
+// but for 194,304 bytes.
+const budgetBytes = 4 << 20
 
 // stallingNode starts a node that passes its health checks (version) and
 // answers the first get on each data connection with the VALUE line of
@@ -33,7 +30,7 @@ const (
 // nothing more: the gateway holds the claimed size of its byte budget
 // from that line until its timeout. valueLines counts the VALUE lines
 // sent, one per connection.
-func stallingNode(t *testing.T) (addr string, valueLines *atomic.Int64) {
+func stallingNode(t *testing.T, claimed int) (addr string, valueLines *atomic.Int64) {
 	valueLines = new(atomic.Int64)
 	addr = memcachedtest.StartRaw(t, func(c net.Conn, br *bufio.Reader) {
 		for {
@@ -89,11 +86,11 @@ func stallGets(t *testing.T, g *gateway, keys []string, valueLines *atomic.Int64
 	}
 }
 
-// heldByReads waits until the gateway has taken in every VALUE line the
-// stalling node sent (n of them): each either holds claimed bytes of the
-// budget or was refused by the node's share. It returns the bytes held
-// and the share's refusals.
-func heldByReads(t *testing.T, g *gateway, n int) (held, refused float64) {
+// heldByReads waits until the gateway has taken in the n VALUE lines the
+// stalling nodes sent, each claiming claimed bytes: each either holds
+// them of the budget or was refused by its node's share. It returns the
+// bytes held and the shares' refusals.
+func heldByReads(t *testing.T, g *gateway, claimed, n int) (held, refused float64) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -108,7 +105,7 @@ func heldByReads(t *testing.T, g *gateway, n int) (held, refused float64) {
 		if f := fams["memcgate_upstream_buffered_share_refusals_total"]; f != nil {
 			refused = f.Sum
 		}
-		if held+claimed*refused >= float64(n*claimed) {
+		if held+float64(claimed)*refused >= float64(n*claimed) {
 			return held, refused
 		}
 		if time.Now().After(deadline) {
@@ -119,73 +116,113 @@ func heldByReads(t *testing.T, g *gateway, n int) (held, refused float64) {
 }
 
 // TestStalledNodeHoldsItsShareOfTheBudget runs the binary with a real
-// memcached beside a node that claims a 2 MB value on each of its data
-// connections and sends none of it. Many clients read its keys, so that
-// every connection to it is stuck on such a value. Its reads may hold
-// only their share of MEMCGATE_MAX_BUFFERED_BYTES: half of it here (its
-// fair part), and the values past that are refused (503) and counted,
-// so a client's PUT and GET of a 300 KB value on the healthy node are
-// answered 201 and 200. Without the share, the node's two claims held
-// all of the 4 MiB budget but 194,304 bytes, and the healthy GET got
-// 503 (the PUT's body waited for room).
+// memcached beside one or two nodes that claim a large value on each of
+// their data connections and send none of it. Clients read their keys
+// until every connection to them is stuck on such a value. A node's reads
+// may hold only their share of MEMCGATE_MAX_BUFFERED_BYTES (their fair
+// part, the budget over the nodes, and past it only while the budget
+// keeps as much free as the node would hold), and the values past that
+// are refused (503) and counted, so a client's PUT and GET of a 300 KB
+// value on the healthy node are answered 201 and 200. Without the share,
+// the stalled claims held all of the 4 MiB budget but 194,304 bytes, and
+// the healthy GET got 503 (the PUT's body waited for room); with a fixed
+// half of the budget for each node, two stalling nodes held it between
+// them all the same.
 func TestStalledNodeHoldsItsShareOfTheBudget(t *testing.T) {
-	mc := memcachedtest.Start(t)
-	bad, valueLines := stallingNode(t)
-	g := startGateway(t, map[string]string{
-		"MEMCGATE_SERVERS":            mc.Addr + "," + bad,
-		"MEMCGATE_MAX_BUFFERED_BYTES": fmt.Sprint(budgetBytes),
-		"MEMCGATE_PIPELINE_CONNS":     "2",
-		"MEMCGATE_TIMEOUT":            "60s", // the stalled values stay held for the whole test
-		"MEMCGATE_REQUEST_TIMEOUT":    "120s",
-		"MEMCGATE_HEALTH_TIMEOUT":     "5s",
-		"MEMCGATE_ACCESS_LOG":         "false",
-	})
-	var badKeys, goodKeys []string
-	for i := 0; len(badKeys) < 8 || len(goodKeys) < 2; i++ {
-		k := fmt.Sprint("nb", i)
-		if g.owner(k) == bad {
-			badKeys = append(badKeys, k)
-		} else {
-			goodKeys = append(goodKeys, k)
-		}
+	tests := []struct {
+		name     string
+		stalling int
+		claimed  int // by each VALUE line
+		lines    int // VALUE lines each stalling node sends (connections stuck)
+		maxHeld  int // of the budget by the stalling nodes' reads
+	}{
+		// 2,000,000 is within the fair part of two nodes; a second
+		// claim is refused.
+		{"one node", 1, 2_000_000, 2, budgetBytes / 2},
+		// Of three nodes: the first node's second claim comes while the
+		// budget keeps as much free as it would hold; the second node's
+		// does not.
+		{"two nodes", 2, 1_000_000, 2, 3_000_000},
+		// One claim of most of the budget: past the fair part, and it
+		// would leave less free than it holds.
+		{"one claim of most of the budget", 1, 4_000_000, 1, 0},
 	}
-	value := bytes.Repeat([]byte("h"), 300_000)
-	if err := memcache.New(mc.Addr).Set(&memcache.Item{Key: goodKeys[0], Value: value}); err != nil {
-		t.Fatal(err)
-	}
-	stallGets(t, g, badKeys, valueLines, 2)
-	held, refused := heldByReads(t, g, 2)
-	t.Logf("the stalled node's reads hold %.0f bytes of %d; %.0f values refused past its share", held, budgetBytes, refused)
-	if held > budgetBytes/2 {
-		t.Errorf("the stalled node's reads hold %.0f bytes, more than half of the %d-byte budget", held, budgetBytes)
-	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			mc := memcachedtest.Start(t)
+			servers := []string{mc.Addr}
+			var lines []*atomic.Int64
+			for range tt.stalling {
+				addr, valueLines := stallingNode(t, tt.claimed)
+				servers, lines = append(servers, addr), append(lines, valueLines)
+			}
+			g := startGateway(t, map[string]string{
+				"MEMCGATE_SERVERS":            strings.Join(servers, ","),
+				"MEMCGATE_MAX_BUFFERED_BYTES": fmt.Sprint(budgetBytes),
+				"MEMCGATE_PIPELINE_CONNS":     "2",
+				"MEMCGATE_TIMEOUT":            "60s", // the stalled values stay held for the whole test
+				"MEMCGATE_REQUEST_TIMEOUT":    "120s",
+				"MEMCGATE_HEALTH_TIMEOUT":     "5s",
+				"MEMCGATE_ACCESS_LOG":         "false",
+			})
+			keysOf := map[string][]string{}
+			for i := 0; ; i++ {
+				k := fmt.Sprint("nb", i)
+				o := g.owner(k)
+				keysOf[o] = append(keysOf[o], k)
+				enough := len(keysOf[mc.Addr]) >= 2
+				for _, s := range servers[1:] {
+					enough = enough && len(keysOf[s]) >= 8
+				}
+				if enough {
+					break
+				}
+			}
+			goodKeys := keysOf[mc.Addr]
+			value := bytes.Repeat([]byte("h"), 300_000)
+			if err := memcache.New(mc.Addr).Set(&memcache.Item{Key: goodKeys[0], Value: value}); err != nil {
+				t.Fatal(err)
+			}
+			// One stalling node after the other, each until tt.lines of
+			// its connections are stuck.
+			for i, s := range servers[1:] {
+				stallGets(t, g, keysOf[s], lines[i], int64(tt.lines))
+				heldByReads(t, g, tt.claimed, tt.lines*(i+1))
+			}
+			held, refused := heldByReads(t, g, tt.claimed, tt.lines*tt.stalling)
+			t.Logf("the stalled nodes' reads hold %.0f bytes of %d; %.0f values refused past their share", held, budgetBytes, refused)
+			if held > float64(tt.maxHeld) {
+				t.Errorf("the stalled nodes' reads hold %.0f bytes of the %d-byte budget, want at most %d", held, budgetBytes, tt.maxHeld)
+			}
 
-	if r := g.do("GET", "/"+goodKeys[0], nil); r.status != http.StatusOK || r.body != string(value) {
-		t.Errorf("GET of a 300 KB value on the healthy node = %d %.100q, want 200 and its value", r.status, r.body)
-	}
-	put, err := http.NewRequestWithContext(t.Context(), http.MethodPut, g.URL+"/"+goodKeys[1], bytes.NewReader(value))
-	if err != nil {
-		t.Fatal(err)
-	}
-	client := &http.Client{Timeout: 30 * time.Second} // a body waits up to REQUEST_TIMEOUT for room
-	resp, err := client.Do(put)
-	if err != nil {
-		t.Fatalf("PUT of 300 KB on the healthy node: %v", err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated {
-		t.Errorf("PUT of 300 KB on the healthy node = %d, want 201", resp.StatusCode)
-	}
-	if r := g.do("GET", "/"+goodKeys[1], nil); r.status != http.StatusOK || r.body != string(value) {
-		t.Errorf("GET of the value just PUT on the healthy node = %d %.100q, want 200 and its value", r.status, r.body)
-	}
-	// The refusals say nothing against the node: it is still up.
-	fams, err := g.Families(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if f := fams["memcgate_upstream_node_up"]; f == nil || f.Sum != 2 {
-		t.Errorf("memcgate_upstream_node_up sums to %v, want both nodes up", f)
+			if r := g.do("GET", "/"+goodKeys[0], nil); r.status != http.StatusOK || r.body != string(value) {
+				t.Errorf("GET of a 300 KB value on the healthy node = %d %.100q, want 200 and its value", r.status, r.body)
+			}
+			put, err := http.NewRequestWithContext(t.Context(), http.MethodPut, g.URL+"/"+goodKeys[1], bytes.NewReader(value))
+			if err != nil {
+				t.Fatal(err)
+			}
+			client := &http.Client{Timeout: 30 * time.Second} // a body waits up to REQUEST_TIMEOUT for room
+			resp, err := client.Do(put)
+			if err != nil {
+				t.Fatalf("PUT of 300 KB on the healthy node: %v", err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusCreated {
+				t.Errorf("PUT of 300 KB on the healthy node = %d, want 201", resp.StatusCode)
+			}
+			if r := g.do("GET", "/"+goodKeys[1], nil); r.status != http.StatusOK || r.body != string(value) {
+				t.Errorf("GET of the value just PUT on the healthy node = %d %.100q, want 200 and its value", r.status, r.body)
+			}
+			// The refusals say nothing against the nodes: all still up.
+			fams, err := g.Families(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f := fams["memcgate_upstream_node_up"]; f == nil || f.Sum != float64(len(servers)) {
+				t.Errorf("memcgate_upstream_node_up sums to %v, want all %d nodes up", f, len(servers))
+			}
+		})
 	}
 }
 
@@ -196,7 +233,8 @@ func TestStalledNodeHoldsItsShareOfTheBudget(t *testing.T) {
 func TestLoneNodeTakesTheWholeBudget(t *testing.T) {
 	for _, other := range []string{"none", "down"} {
 		t.Run(other, func(t *testing.T) {
-			bad, valueLines := stallingNode(t)
+			const claimed = 2_000_000
+			bad, valueLines := stallingNode(t, claimed)
 			servers := bad
 			if other == "down" {
 				servers += fmt.Sprintf(",127.0.0.1:%d", memcachedtest.DeadPort(t))
@@ -230,7 +268,7 @@ func TestLoneNodeTakesTheWholeBudget(t *testing.T) {
 				}
 			}
 			stallGets(t, g, keys, valueLines, 2)
-			held, refused := heldByReads(t, g, 2)
+			held, refused := heldByReads(t, g, claimed, 2)
 			if refused != 0 || held < 2*claimed {
 				t.Errorf("the lone node's reads hold %.0f bytes with %.0f values refused by its share, want both claims (%d bytes) held", held, refused, 2*claimed)
 			}
