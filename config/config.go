@@ -611,6 +611,15 @@ func (c Config) Warnings() []string {
 		out = append(out, fmt.Sprintf("%sUDP_PORTS is set but %s: asynchronous sets go over TCP to every copy instead, "+
 			"since nobody answers a datagram; no set is sent as a datagram", Prefix, why))
 	}
+	if c.MaxBufferedBytes > 0 && c.MaxBufferedBytes < 2*c.MaxValueBytes {
+		// A node's reads hold at most their share of the budget while
+		// another node is up (upstream/readshare.go): one value at most
+		// half of it.
+		out = append(out, fmt.Sprintf("%sMAX_BUFFERED_BYTES (%d) is less than two values of %sMAX_VALUE_BYTES (%d): "+
+			"while more than one node is up, a node's reads hold at most their share of the budget, and a GET of a value "+
+			"over %d bytes (half of it) is refused with 503. Raise MAX_BUFFERED_BYTES to at least %d",
+			Prefix, c.MaxBufferedBytes, Prefix, c.MaxValueBytes, c.MaxBufferedBytes/2, 2*c.MaxValueBytes))
+	}
 	return out
 }
 

@@ -153,6 +153,8 @@ func TestWarnings(t *testing.T) {
 		{map[string]string{"MEMCGATE_TIMEOUT": "5s", "MEMCGATE_MAX_ATTEMPTS": "1"}, ""}, // no retry to starve
 		{map[string]string{"MEMCGATE_SERVERS": "a:11211", "MEMCGATE_UDP_PORTS": "a:11211=11213"}, ""},
 		{map[string]string{"MEMCGATE_SERVERS": "a:11211,b:11211", "MEMCGATE_UDP_PORTS": "a:11211=11213", "MEMCGATE_REPLICAS": "2"}, "MEMCGATE_UDP_PORTS is set but MEMCGATE_REPLICAS is 2"},
+		{map[string]string{"MEMCGATE_MAX_BUFFERED_BYTES": "2096000"}, ""}, // two values of 1,048,000
+		{map[string]string{"MEMCGATE_MAX_BUFFERED_BYTES": "1500000"}, "MEMCGATE_MAX_BUFFERED_BYTES (1500000) is less than two values of MEMCGATE_MAX_VALUE_BYTES (1048000)"},
 	}
 	for _, tt := range tests {
 		c, err := Load(tt.env)
