@@ -18,14 +18,16 @@ import (
 // up, the holds of a node's reads, counted from before each value is
 // read until its reply has been read, are bounded as its request slots
 // are (busy.go): its fair part of the budget (the budget over every
-// node), and past it only while the budget has more free than the node
-// would hold with the value. A value past that is refused as one the
-// budget refused (ErrNoFit: dropped unread, 503, not the node's failure,
-// the key stays where it is). While no other node is up, a node's reads
-// may take the whole budget.
+// node), and past it only while the budget, with the value held too,
+// keeps as much free as the node would hold (overBytes). A value past
+// that is refused as one the budget refused (ErrNoFit: read off and
+// dropped, 503, not the node's failure, the key stays where it is).
+// While no other node is up, a node's reads may take the whole budget.
+// decisions/0050 says why here and why this rule.
 
 // ByteBudget is the caller's byte budget as the nodes' shares read it:
-// the gateway's budget.Budget. Both are read on every value held.
+// the gateway's budget.Budget. Limit is read on every value a Room is
+// asked about, Room only past a node's fair part.
 type ByteBudget interface {
 	// Limit is the budget in bytes; <= 0 means none.
 	Limit() int64
