@@ -63,8 +63,9 @@ const (
 // so its fields need no lock.
 type claimConn struct {
 	net.Conn
-	claims Claims // nil: only maxItem bounds a claim
-	unheld int64  // the largest claim not held in claims
+	claims Claims    // nil: only maxItem bounds a claim
+	share  *readHold // the node's share of claims (readshare.go), taken before them; nil: none
+	unheld int64     // the largest claim not held in claims
 
 	state claimState
 	pos   int    // valuePrefix: bytes of "VALUE " matched; valueFields: spaces seen
@@ -168,7 +169,13 @@ func (c *claimConn) claim() error {
 	if n <= c.unheld || c.claims == nil {
 		return nil
 	}
+	if c.share != nil && !c.share.Take(int(n)) { // n is at most maxItem
+		return fmt.Errorf("%w: %d bytes: the node's reads hold their share of it", errClaimNoFit, n)
+	}
 	if err := c.claims.Acquire(n); err != nil {
+		if c.share != nil {
+			c.share.Give(int(n))
+		}
 		return fmt.Errorf("%w: %d bytes: %w", errClaimNoFit, n, err)
 	}
 	c.held += n
@@ -179,6 +186,9 @@ func (c *claimConn) claim() error {
 func (c *claimConn) release() {
 	if c.held > 0 {
 		c.claims.Release(c.held)
+		if c.share != nil {
+			c.share.Give(int(c.held))
+		}
 		c.held = 0
 	}
 }

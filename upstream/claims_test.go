@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/memcgate/memcgate/gateway/budget"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 	"github.com/memcgate/memcgate/upstream/op"
@@ -219,4 +221,56 @@ func (p *peakClaims) Acquire(n int64) error {
 	err := p.Budget.Acquire(n)
 	p.peak = max(p.peak, p.Used())
 	return err
+}
+
+// TestClaimPastTheNodesShare: with another node up, gomemcache's pool
+// holds a claim only within the node's share of the budget, as the
+// pipelined client does (readshare.go): a liar's claim of 40 MB, past
+// the fair part of two nodes and more than would stay free, is ErrNoFit
+// at its VALUE line, counted as the share's refusal, nothing held. It
+// was held whole, until the read timed out.
+func TestClaimPastTheNodesShare(t *testing.T) {
+	liar := memcachedtest.StartRaw(t, func(c net.Conn, br *bufio.Reader) {
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				return
+			}
+			if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[0], "get") {
+				c.Write([]byte("VALUE " + f[1] + " 0 40000000\r\n")) // and nothing more
+				continue
+			}
+			reply := "ERROR\r\n"
+			if strings.TrimSpace(line) == "version" {
+				reply = "VERSION 1.6.21\r\n" // its probes pass
+			}
+			if _, err := c.Write([]byte(reply)); err != nil {
+				return
+			}
+		}
+	})
+	_, p, _ := net.SplitHostPort(liar)
+	port, _ := strconv.Atoi(p)
+	claims := budget.New(64 << 20)
+	c, _ := newTestCluster(t, []*memcachedtest.Server{{Port: port}, memcachedtest.Start(t)}, func(o *Options) {
+		o.PipelineConns, o.Timeout, o.Claims, o.UnheldClaim = 0, 5*time.Second, claims, 1<<20
+	})
+	c.ShareBytes(claims)
+	key := ""
+	for i := 0; key == ""; i++ {
+		if k := "k" + strconv.Itoa(i); func() bool { o, _ := c.Owner(k); return o == 0 }() {
+			key = k
+		}
+	}
+	res := c.Do(t.Context(), op.Op{Verb: op.Get, Item: op.Item{Key: key}})
+	if !errors.Is(res.Err, ErrNoFit) {
+		t.Errorf("get of the liar's key = %v, want ErrNoFit", res.Err)
+	}
+	n := c.topo.Load().nodes[0]
+	if got := testutil.ToFloat64(c.m.shareRefused.WithLabelValues(n.name)); got != 1 {
+		t.Errorf("the share refused %v claims, want 1", got)
+	}
+	if used, held := claims.Used(), n.reads.held.Load(); used != 0 || held != 0 {
+		t.Errorf("%d bytes held in the budget and %d in the node's share, want none", used, held)
+	}
 }

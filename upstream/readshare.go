@@ -75,7 +75,8 @@ func (s *requestShare) overBytes(after, n int64) bool {
 }
 
 // readHold counts what one node's reads hold of the caller's byte budget
-// while they are read: mcpipe.Share for the node's pipelined connections.
+// while they are read: mcpipe.Share for the node's pipelined connections,
+// and the share of the claims its gomemcache pool holds (claimConn).
 // It holds atomics: it must not be copied.
 type readHold struct {
 	held    atomic.Int64
