@@ -76,7 +76,7 @@ func newConnTracker(limit int) *connTracker {
 		acceptedDesc: prometheus.NewDesc("memcgate_http_connections_accepted_total",
 			"Client connections accepted on the data listener.", nil, nil),
 		handedRefusedDesc: prometheus.NewDesc("memcgate_http_handovers_refused_total",
-			"Requests the fast path hands to Go's net/http (chunked or Expect bodies, heads over 4 KiB) answered 503 instead, because a thirty-second of the connection cap were net/http's already.", nil, nil),
+			"Requests the fast path hands to Go's net/http (chunked bodies, heads over 4 KiB) answered 503 instead, because a thirty-second of the connection cap were net/http's already.", nil, nil),
 		badDesc: prometheus.NewDesc("memcgate_http_bad_requests_total",
 			"Requests answered 400 and their connections closed before any handler, so in no access log line or request metric: heads the fast path cannot read, and framing a proxy in front may read differently (Content-Length with Transfer-Encoding, Transfer-Encoding on HTTP/1.0 or not ending in chunked, a folded header line). The fast path's share of memcgate_http_connections_closed_total{listener=\"data\",reason=\"bad_request\"}.", nil, nil),
 		closedDesc: prometheus.NewDesc("memcgate_http_connections_closed_total",

@@ -94,7 +94,7 @@ memcgate_http_connections_reclaimed_total 0
 # HELP memcgate_http_connections_refused_total New client connections closed at the MEMCGATE_MAX_CLIENT_CONNS cap with no idle or silent one to make room (answered 503 on the fast path).
 # TYPE memcgate_http_connections_refused_total counter
 memcgate_http_connections_refused_total 0
-# HELP memcgate_http_handovers_refused_total Requests the fast path hands to Go's net/http (chunked or Expect bodies, heads over 4 KiB) answered 503 instead, because a thirty-second of the connection cap were net/http's already.
+# HELP memcgate_http_handovers_refused_total Requests the fast path hands to Go's net/http (chunked bodies, heads over 4 KiB) answered 503 instead, because a thirty-second of the connection cap were net/http's already.
 # TYPE memcgate_http_handovers_refused_total counter
 memcgate_http_handovers_refused_total 0
 `

@@ -24,6 +24,14 @@ type body struct {
 	early  bool // closed before its end: the connection cannot be reused
 
 	closing bool // the request closes the connection (Request.Close)
+
+	// The request said "Expect: 100-continue": its client may wait for
+	// a 100 Continue before it sends the body (continue100), which is
+	// owed until the body's first read. A body not read to its end
+	// closes the connection after the response, as on net/http: what
+	// follows may be the body or the next request.
+	expect bool
+	owe100 bool
 }
 
 // Read implements io.Reader.
@@ -49,6 +57,14 @@ func (b *body) Read(p []byte) (int, error) {
 		b.sawEOF = true
 		return 0, b.err
 	default:
+		if b.owe100 {
+			// The first read from the connection; a body read ahead
+			// got its 100 Continue there, or none if that failed.
+			b.owe100 = false
+			if !b.c.w.wroteHeader {
+				b.c.continue100() // a failed write is c.werr: the connection closes after the response
+			}
+		}
 		n, err = b.c.in.Read(p)
 	}
 	b.n -= int64(n)
@@ -120,6 +136,11 @@ func (b *body) Close() error {
 	switch {
 	case b.sawEOF:
 	case b.closing: // net/http: "no point in reading to EOF"
+	case b.expect:
+		// Its client may hold the rest back until a 100 Continue it
+		// will not get: reading it would wait for the read timeout.
+		// The connection closes after the response (commit), lingering.
+		b.early = true
 	case b.n > maxDiscard:
 		b.early = true
 	default:

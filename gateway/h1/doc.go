@@ -9,7 +9,9 @@
 // no buffer between requests, and on Linux no goroutine either: it waits
 // in an epoll set of the Server's own and a worker serves it when its
 // next request comes, connections in the order their requests arrived
-// (see poller). h1 does no TLS, HTTP/2, Hijack or 100-continue itself.
+// (see poller). h1 does no TLS, HTTP/2 or Hijack itself; it answers
+// "Expect: 100-continue" on HTTP/1.1 itself (conn.continue100), any other
+// expectation is Fallback's.
 //
 // What a handler sees on the fast path differs from net/http in these
 // ways, all else (request fields, status lines, headers and their order,
@@ -31,6 +33,13 @@
 //     client closes, sends nothing for 5s, or 30s have passed, as nginx
 //     lingers (a refusal over MaxConns, 500ms of silence); net/http
 //     half-closes and sleeps 500ms.
+//   - A body read ahead (Server.BodyLimit) of an "Expect: 100-continue"
+//     request gets its 100 Continue once the budget has room for its
+//     first bytes, before the handler runs; net/http sends it at the
+//     handler's first read. Such a body the handler leaves unread is not
+//     read to drop it (its client may be holding it back for the 100
+//     Continue): the connection closes after the response, lingering,
+//     where net/http reads and drops up to 256 KiB of it first.
 //   - A request that arrives while Shutdown runs is answered, with
 //     "Connection: close", if it got in before its connection was closed
 //     as idle; net/http may drop such a request unanswered.

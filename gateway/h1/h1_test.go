@@ -452,6 +452,14 @@ func conformanceCases() []conformanceCase {
 		{name: "chunked request body", raw: "PUT /read HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", status: "HTTP/1.1 200 OK"},
 		{name: "Expect 100-continue", raw: "PUT /read HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\nabc",
 			methods: []string{"PUT", "PUT"}, status: "HTTP/1.1 100 Continue"},
+		{name: "Expect 100-continue pipelined", raw: "PUT /read HTTP/1.1\r\nHost: a\r\nExpect: 100-Continue\r\nContent-Length: 3\r\n\r\nabc" +
+			"GET /small HTTP/1.1\r\nHost: a\r\n\r\n", methods: []string{"PUT", "PUT", "GET"}, status: "HTTP/1.1 100 Continue"},
+		{name: "Expect 100-continue body ignored", raw: "PUT /ignore HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\nabc" +
+			"GET /small HTTP/1.1\r\nHost: a\r\n\r\n", methods: []string{"PUT", "GET"}},
+		{name: "Expect 100-continue body closed", raw: "PUT /closebody HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\nabc" +
+			"GET /small HTTP/1.1\r\nHost: a\r\n\r\n", methods: []string{"PUT", "GET"}},
+		{name: "Expect 100-continue with CL 0", raw: "PUT /read HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 0\r\n\r\n" +
+			"GET /small HTTP/1.1\r\nHost: a\r\n\r\n", methods: []string{"PUT", "GET"}},
 		{name: "bad Expect", raw: "PUT /read HTTP/1.1\r\nHost: a\r\nExpect: nonsense\r\nContent-Length: 3\r\n\r\nabc"},
 		{name: "two Content-Lengths", raw: "PUT /read HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc"},
 		{name: "bad Content-Length", raw: "PUT /read HTTP/1.1\r\nHost: a\r\nContent-Length: +3\r\n\r\nabc"},
@@ -529,7 +537,9 @@ func TestFastPath(t *testing.T) {
 		{"lower-case keys", "GET / HTTP/1.1\r\nhost: a\r\ncontent-length: 0\r\n\r\n", "true"},
 		{"percent-encoding", "GET /a%2Fb HTTP/1.1\r\nHost: a\r\n\r\n", "true"},
 		{"chunked", "PUT / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", "false"},
-		{"Expect", "PUT / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 0\r\n\r\n", "false"},
+		{"Expect", "PUT / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 0\r\n\r\n", "true"},
+		{"two Expects", "PUT / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nExpect: 100-continue\r\nContent-Length: 0\r\n\r\n", "false"},
+		{"Expect on HTTP/1.0", "PUT / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 0\r\n\r\n", "false"},
 		{"absolute form", "GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", "false"},
 		{"Connection list", "GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, x\r\n\r\n", "false"},
 		{"big head", "GET / HTTP/1.1\r\nHost: a\r\nX: " + strings.Repeat("x", 5000) + "\r\n\r\n", "false"},

@@ -88,7 +88,7 @@ func (c *conn) refuseHandover() readResult {
 var handedRefusal = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: " +
 	strconv.Itoa(len(handedRefusalBody)) + "\r\n\r\n" + handedRefusalBody
 
-const handedRefusalBody = "too many connections with chunked or Expect requests or long heads; retry shortly\n"
+const handedRefusalBody = "too many connections with chunked requests or long heads; retry shortly\n"
 
 // handoff is the net.Listener Fallback.Serve accepts handed-over
 // connections from.

@@ -299,8 +299,8 @@ func (c *conn) newRequest(head []byte, lines int) (*http.Request, error) {
 	}
 	h := make(http.Header, lines)
 	var strs []string // one-value slices for h, as textproto does
-	var host, clen, connection string
-	var hosts, clens, conns int
+	var host, clen, connection, expect string
+	var hosts, clens, conns, expects int
 	handOver := false
 	for p := eol + 2; ; {
 		e := strings.Index(s[p:], "\r\n")
@@ -322,7 +322,10 @@ func (c *conn) newRequest(head []byte, lines int) (*http.Request, error) {
 		case "Connection":
 			conns++
 			connection = v
-		case "Transfer-Encoding", "Expect", "Upgrade":
+		case "Expect":
+			expects++
+			expect = v
+		case "Transfer-Encoding", "Upgrade":
 			// Fallback's, unless Content-Length comes too (see below).
 			handOver = true
 		}
@@ -347,6 +350,12 @@ func (c *conn) newRequest(head []byte, lines int) (*http.Request, error) {
 		}
 	}
 	if handOver || hosts > 1 || is11 && hosts == 0 || !allIn(host, "-._:[]") || clens > 1 || conns > 1 {
+		return nil, nil
+	}
+	// "Expect: 100-continue" on HTTP/1.1 is the fast path's (see
+	// continue100); any other expectation (417), several, or one on
+	// HTTP/1.0 (ignored) is Fallback's.
+	if expects > 0 && (expects > 1 || !is11 || !asciiEqualFold(expect, "100-continue")) {
 		return nil, nil
 	}
 	isClose, isKeepAlive := asciiEqualFold(connection, "close"), asciiEqualFold(connection, "keep-alive")
@@ -381,7 +390,7 @@ func (c *conn) newRequest(head []byte, lines int) (*http.Request, error) {
 		r.ProtoMinor = 1
 	}
 	if cl > 0 {
-		r.Body = &body{c: c, n: cl, closing: r.Close}
+		r.Body = &body{c: c, n: cl, closing: r.Close, expect: expects > 0, owe100: expects > 0}
 	}
 	ctx := c.ctx
 	if nc := c.srv.NewContext; nc != nil {

@@ -105,7 +105,7 @@ func stressConn(network, addr string, kind int, rnd *rand.Rand) {
 		if rnd.IntN(2) == 0 {
 			reset()
 		}
-	case 6: // Expect: 100-continue: handed over
+	case 6: // Expect: 100-continue: on the fast path, its body sent or never
 		io.WriteString(c, "PUT / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
 		if rnd.IntN(2) == 0 {
 			io.WriteString(c, "hello")

@@ -121,6 +121,14 @@ func (c *conn) readAhead() (*http.Request, readResult) {
 			c.in.Discard(k)
 			continue
 		}
+		if b.owe100 {
+			// The budget has room for the body's first bytes: its
+			// client may be waiting for this before it sends them.
+			b.owe100 = false
+			if err := c.continue100(); err != nil {
+				return c.endAhead(b, err)
+			}
+		}
 		c.in.release()
 		n, blocked, err := c.in.readNoWait(room)
 		c.abuf = c.abuf[:len(c.abuf)+n]
@@ -323,4 +331,28 @@ func (c *conn) dropAhead(recycle bool) {
 		c.putBuffer(c.abuf)
 	}
 	c.abuf = nil
+}
+
+// continue100 writes "100 Continue", which a request that said "Expect:
+// 100-continue" gets before its body is first read, as on net/http (RFC
+// 9110 §10.1.1): its client may wait for it, a second or for good,
+// before it sends the body. A body read ahead gets it once the budget
+// has room for its first bytes, before its handler runs; one the handler
+// reads, at its first read, unless the response has begun. A request
+// whose body is not read gets none, and its connection closes after the
+// response (response.commit). It waits for the client as a response
+// does, up to the WriteTimeout; a write that fails is the connection's
+// write error, which closes it after the response.
+func (c *conn) continue100() error {
+	if c.werr != nil {
+		return c.werr
+	}
+	if d := c.srv.WriteTimeout; d > 0 {
+		c.setWriteTimeout(time.Now().Add(d))
+	}
+	c.armWrite()
+	if _, err := io.WriteString(c.rwc, "HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
+		c.werr = err
+	}
+	return c.werr
 }

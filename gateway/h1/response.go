@@ -51,7 +51,7 @@ type response struct {
 	chunked     bool
 	pend        int  // body bytes at the end of c.wbuf in net/http's buffer (writeBody)
 	closeAfter  bool // close the connection after this response
-	tooBig      bool // the unread request body was too big to drop
+	tooBig      bool // the unread request body is not dropped (too big, or expecting 100 Continue): the connection lingers
 	fullDuplex  bool
 
 	// The header as WriteHeader saw it (its keys are in c.kvs).
@@ -332,6 +332,13 @@ func (w *response) commit(b []byte, s string) {
 	}
 	if w.connHdr == "close" || !keepAlives {
 		w.closeAfter = true
+	}
+	// A body whose client expected 100 Continue and that was not read
+	// to its end closes the connection, as on net/http: its client may
+	// be holding it back, or sending it after all. The connection
+	// lingers (tooBig) so that the answer is read, not reset.
+	if rb := w.body; rb != nil && rb.expect && !rb.sawEOF && !w.closeAfter {
+		w.tooBig, w.closeAfter = true, true
 	}
 	// Drop a small unread request body now, so that a client that sends
 	// its whole request before reading cannot deadlock with us.

@@ -40,7 +40,7 @@ func TestConnStats(t *testing.T) {
 		t.Fatal(err)
 	}
 	dial().Write([]byte("GET /block HTTP/1.1\r\nHost: a\r\n\r\n"))
-	dial().Write([]byte("GET / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n")) // Fallback's
+	dial().Write([]byte("PUT / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n")) // Fallback's
 
 	want := ConnStats{Reading: 1, Idle: 1, Active: 1, Accepted: 4}
 	var got ConnStats
@@ -69,9 +69,9 @@ func TestBadRequestsCounted(t *testing.T) {
 		{"served", "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", 0},
 		{"fast path", both, 1},
 		{"HTTP/1.0 with Transfer-Encoding", "PUT /x HTTP/1.0\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 2},
-		// Expect sends the first request to Fallback, and the guard
-		// refuses the second on the connection handed over.
-		{"handed over", "PUT /e HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\nx" + both, 3},
+		// A chunked body sends the first request to Fallback, and the
+		// guard refuses the second on the connection handed over.
+		{"handed over", "PUT /e HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nx\r\n0\r\n\r\n" + both, 3},
 	} {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"testing"
 	"time"
 
@@ -74,4 +75,46 @@ func dialRaw(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
 	t.Cleanup(func() { c.Close() })
 	c.SetDeadline(time.Now().Add(10 * time.Second))
 	return c, bufio.NewReader(c)
+}
+
+// TestExpectHeadsTakeNoHandover: clients that send the head of an
+// "Expect: 100-continue" PUT (as curl -T and PHP's CURLOPT_PUT do for
+// every upload) and never its body, more of them than net/http's share
+// of the connection cap (a thirty-second of it, at least 64), do not
+// make the gateway refuse another client's such PUT: the fast path
+// answers 100 Continue itself, and the waiting heads hold no net/http
+// goroutine. Handed to net/http, 64 such heads made every upload get
+// 503 for the read timeout.
+func TestExpectHeadsTakeNoHandover(t *testing.T) {
+	mc := memcachedtest.Start(t)
+	g := startGateway(t, map[string]string{"MEMCGATE_SERVERS": mc.Addr, "MEMCGATE_MAX_CLIENT_CONNS": "200"})
+	const held = 72
+	for i := range held {
+		c, _ := dialRaw(t, g.DataAddr)
+		if _, err := io.WriteString(c, "PUT /held/"+strconv.Itoa(i)+" HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 1000\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, br := dialRaw(t, g.DataAddr)
+	// A client that waits for 100 Continue before it sends the body;
+	// the heads above were sent before it, on connections of their own.
+	io.WriteString(c, "PUT /exp/k HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusContinue {
+		t.Fatalf("beside %d held Expect heads: %v %v, want 100 Continue", held, resp, err)
+	}
+	io.WriteString(c, "hello")
+	if resp, err = http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusCreated {
+		t.Fatalf("PUT: %v %v, want 201", resp, err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	io.WriteString(c, "GET /exp/k HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err = http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || string(body) != "hello" {
+		t.Fatalf("GET after the PUT: %d %q", resp.StatusCode, body)
+	}
 }
