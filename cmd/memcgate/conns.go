@@ -67,7 +67,7 @@ func newConnTracker(limit int) *connTracker {
 		maxDesc: prometheus.NewDesc("memcgate_http_connections_max",
 			"The cap on client connections open at once over the data listeners (MEMCGATE_MAX_CLIENT_CONNS; 0: none).", nil, nil),
 		reclaimedDesc: prometheus.NewDesc("memcgate_http_connections_reclaimed_total",
-			"Client connections closed to make room for a new one at the MEMCGATE_MAX_CLIENT_CONNS cap: idle ones, or ones that sent no complete request head (nor finished a TLS handshake) yet.", nil, nil),
+			"Client connections closed to make room for a new one at the MEMCGATE_MAX_CLIENT_CONNS cap (idle ones, or ones that sent no complete request head nor finished a TLS handshake yet), or for a request the fast path hands to net/http at its share of the cap (idle ones net/http serves).", nil, nil),
 		refusedDesc: prometheus.NewDesc("memcgate_http_connections_refused_total",
 			"New client connections closed at the MEMCGATE_MAX_CLIENT_CONNS cap with no idle or silent one to make room (answered 503 on the fast path).", nil, nil),
 		connsDesc: prometheus.NewDesc("memcgate_http_connections",

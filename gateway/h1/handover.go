@@ -3,6 +3,7 @@ package h1
 import (
 	"io"
 	"net"
+	"net/http"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -11,14 +12,21 @@ import (
 
 // handover gives the connection, with every byte read but not consumed,
 // to Fallback, and returns readEnded; or, when as many connections as
-// handedLimit allows are Fallback's already, answers 503 and closes it
-// (refuseHandover), and returns readParked if it lingers in the poller.
+// handedLimit allows are Fallback's already, closes the one of them idle
+// the longest to make room, and with none idle answers 503 and closes
+// this one (refuseHandover), and returns readParked if it lingers in
+// the poller.
 func (c *conn) handover() readResult {
 	s := c.srv
 	n := s.handed.Add(1)
 	if limit := s.handedLimit(); limit > 0 && n > limit {
-		s.handed.Add(-1)
-		return c.refuseHandover()
+		if v := s.handedIdle.oldest(); v != nil {
+			v.Close() // its place is this one's: handed stays at limit
+			s.reclaimed.Add(1)
+		} else {
+			s.handed.Add(-1)
+			return c.refuseHandover()
+		}
 	}
 	if c.pf.registered {
 		s.poller.forget(c) // before Fallback reads it
@@ -30,7 +38,7 @@ func (c *conn) handover() readResult {
 	delete(s.conns, c)
 	s.mu.Unlock()
 	c.handed = true // uncounted when Fallback closes it
-	rc := &replayConn{Conn: c.rwc, buf: buf, open: &s.open, handed: &s.handed, readBy: c.deadline(s.ReadTimeout)}
+	rc := &replayConn{Conn: c.rwc, buf: buf, open: &s.open, handed: &s.handed, idle: &s.handedIdle, readBy: c.deadline(s.ReadTimeout)}
 	if rc.inHead = !rc.head.find(buf); rc.inHead {
 		// Handed over in the middle of its head: the rest of it has
 		// what is left of the header timeout, from now on too, and not
@@ -52,7 +60,11 @@ func (c *conn) handover() readResult {
 // 40-65 KB against the fast path's 4 KiB for one parked, and MaxConns
 // never closes it to make room: without this limit, 16,500 connections
 // dribbling chunked uploads take 526 MB and every connection slot, and
-// other clients get 503.
+// other clients get 503. At the limit, the one idle the longest
+// (between requests, as Fallback's ConnState says) is closed for a new
+// one: otherwise connections that each sent one request with a long head
+// and stayed, as keep-alive clients do, would hold the limit for
+// IdleTimeout and have every chunked upload and long head refused.
 func (s *Server) handedLimit() int64 {
 	n := s.connLimit()
 	if n <= 0 {
@@ -133,8 +145,14 @@ type replayConn struct {
 	buf    []byte
 	open   *atomic.Int64 // Server.open
 	handed *atomic.Int64 // Server.handed
+	idle   *handedIdle   // Server.handedIdle; nil: none
 	closed atomic.Bool
 	err    error // the last read's error, for ReadError
+
+	// Guarded by idle.mu: whether it is in idle's list, its neighbours
+	// there, in the order they became idle.
+	inIdle     bool
+	prev, next *replayConn
 
 	// inHead: the connection was handed over before the head of its
 	// request was whole, and Read has not returned the head's end yet;
@@ -218,10 +236,87 @@ func (h *headEnd) find(b []byte) bool {
 // Close closes the connection; the first call also uncounts it.
 func (r *replayConn) Close() error {
 	if !r.closed.Swap(true) {
+		if r.idle != nil {
+			r.idle.set(r, false)
+		}
 		r.open.Add(-1)
 		r.handed.Add(-1)
 	}
 	return r.Conn.Close()
+}
+
+// handedIdle lists the connections handed to Fallback that are idle
+// between requests, in the order they became so, for handover to close
+// the first to make room at handedLimit.
+type handedIdle struct {
+	mu         sync.Mutex
+	head, tail *replayConn
+}
+
+// state follows Fallback's ConnState hook: a connection handed over (c,
+// or one wrapping it: GuardConn's) is in the list while it is idle.
+func (l *handedIdle) state(c net.Conn, st http.ConnState) {
+	for {
+		switch x := c.(type) {
+		case *replayConn:
+			if x.idle == l {
+				l.set(x, st == http.StateIdle)
+			}
+			return
+		case interface{ NetConn() net.Conn }:
+			c = x.NetConn()
+		default:
+			return
+		}
+	}
+}
+
+// set puts r at the end of the list, unless it is closed, or takes it
+// out. Close marks r closed before it takes r out, so that a closed
+// connection never stays in the list, whichever comes first.
+func (l *handedIdle) set(r *replayConn, idle bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.remove(r)
+	if idle && !r.closed.Load() {
+		r.inIdle, r.prev = true, l.tail
+		if l.tail != nil {
+			l.tail.next = r
+		} else {
+			l.head = r
+		}
+		l.tail = r
+	}
+}
+
+// remove takes r out of the list if it is in it; l.mu is held.
+func (l *handedIdle) remove(r *replayConn) {
+	if !r.inIdle {
+		return
+	}
+	if r.prev != nil {
+		r.prev.next = r.next
+	} else {
+		l.head = r.next
+	}
+	if r.next != nil {
+		r.next.prev = r.prev
+	} else {
+		l.tail = r.prev
+	}
+	r.inIdle, r.prev, r.next = false, nil, nil
+}
+
+// oldest takes the connection idle the longest out of the list and
+// returns it, for one caller alone; nil if there is none.
+func (l *handedIdle) oldest() *replayConn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.head
+	if r != nil {
+		l.remove(r)
+	}
+	return r
 }
 
 func (r *replayConn) Read(p []byte) (int, error) {

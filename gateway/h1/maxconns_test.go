@@ -309,3 +309,71 @@ func TestHandedLimit(t *testing.T) {
 		t.Fatalf("a chunked PUT once a handed connection closed: %v %v, want 200", resp, err)
 	}
 }
+
+// TestHandedIdleMakeRoom: connections handed over that are idle between
+// requests (each sent one GET with a head over 4 KiB and stayed, as a
+// keep-alive client does) do not hold handedLimit: at the limit, the one
+// idle the longest is closed for the next request Fallback must serve,
+// which is served, not refused; one idle connection closed per handover.
+// (A connection still open waits out a 10 ms read; the server writes
+// nothing to an idle one, and closed the two before it answered.)
+func TestHandedIdleMakeRoom(t *testing.T) {
+	s, addr := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, "ok")
+	}), func(s *Server) { s.MaxConns = 100 }) // handedLimit: 64
+	limit := int(s.handedLimit())
+	longGet := "GET /k HTTP/1.1\r\nHost: a\r\nX-Pad: " + strings.Repeat("p", 5000) + "\r\n\r\n"
+	held := make([]net.Conn, limit)
+	for i := range held {
+		held[i] = dialOver(t, addr)
+		io.WriteString(held[i], longGet)
+		resp, err := http.ReadResponse(bufio.NewReader(held[i]), nil)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("long GET %d: %v %v", i, resp, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+	}
+	if h := s.handed.Load(); h != int64(limit) {
+		t.Fatalf("%d connections handed over, want %d", h, limit)
+	}
+	// Fallback marks a connection idle after its answer is written.
+	if !eventually(func() bool {
+		s.handedIdle.mu.Lock()
+		defer s.handedIdle.mu.Unlock()
+		n := 0
+		for r := s.handedIdle.head; r != nil; r = r.next {
+			n++
+		}
+		return n == limit
+	}) {
+		t.Fatal("the handed connections are not all idle")
+	}
+	for i, req := range []string{
+		"PUT /k HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n",
+		longGet,
+	} {
+		c := dialOver(t, addr)
+		io.WriteString(c, req)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("request %d for Fallback with %d idle handed connections: %v %v, want 200", i, limit, resp, err)
+		}
+	}
+	// One idle connection was closed for each: the first to become idle
+	// (which may not be the first served: net/http marks a connection
+	// idle after its answer is written).
+	closed := 0
+	for _, c := range held {
+		c.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+		if _, err := c.Read(make([]byte, 1)); err == io.EOF {
+			closed++
+		}
+	}
+	if closed != 2 {
+		t.Errorf("%d idle handed connections closed, want 2", closed)
+	}
+	if st := s.ConnStats(); st.HandoversRefused != 0 || st.Reclaimed != 2 || s.handed.Load() != int64(limit) {
+		t.Errorf("HandoversRefused %d, Reclaimed %d, handed %d; want 0, 2, %d", st.HandoversRefused, st.Reclaimed, s.handed.Load(), limit)
+	}
+}

@@ -63,7 +63,9 @@ type Server struct {
 	// the first request it does not take on; it usually has the same
 	// Handler and timeouts. It must not be nil. Serve runs Fallback.Serve
 	// on an internal listener, Shutdown and Close shut it down too, and
-	// SetKeepAlivesEnabled is passed on to it.
+	// SetKeepAlivesEnabled is passed on to it. The first Serve sets
+	// Fallback.ConnState to a hook of its own that calls the one it had
+	// first, if any, so that it knows which handed connections are idle.
 	Fallback *http.Server
 
 	// ErrorLog receives handler panics, superfluous WriteHeader calls and
@@ -150,7 +152,7 @@ type Server struct {
 	date          atomic.Pointer[dateStamp] // the Date header of the current second, for every connection
 	acceptErrs    atomic.Uint64             // accept failures Serve waited out
 	open          atomic.Int64              // connections accepted and not closed yet, handed over ones included
-	reclaimed     atomic.Uint64             // idle connections closed to make room under MaxConns
+	reclaimed     atomic.Uint64             // idle connections closed to make room under MaxConns or handedLimit
 	refused       atomic.Uint64             // connections answered 503 and closed over MaxConns
 	refusedLog    loggate.Gate              // refusals logged
 	badRequests   atomic.Uint64             // requests answered 400 and closed before a handler (badRequest)
@@ -158,6 +160,8 @@ type Server struct {
 	hdrTimeouts   atomic.Uint64             // connections closed at the header timeout (timedOut)
 	idleTimeouts  atomic.Uint64             // connections closed at the idle timeout (timedOut)
 	handed        atomic.Int64              // connections handed to Fallback and not closed yet
+	handedIdle    handedIdle                // those of them idle between requests
+	hookFallback  sync.Once                 // sets Fallback.ConnState to follow handedIdle
 	handedRefused atomic.Uint64             // requests answered 503 over handedLimit
 	handedLog     loggate.Gate              // such refusals logged
 	maxConns      atomic.Int64              // SetMaxConns': 0 unset (MaxConns applies), -1 no cap
@@ -246,6 +250,15 @@ func (s *Server) Serve(ln net.Listener) error {
 	defer s.trackListener(&ln, false)
 	defer ln.Close()
 
+	s.hookFallback.Do(func() {
+		prev := s.Fallback.ConnState
+		s.Fallback.ConnState = func(c net.Conn, st http.ConnState) {
+			if prev != nil {
+				prev(c, st)
+			}
+			s.handedIdle.state(c, st)
+		}
+	})
 	ho := &handoff{ch: make(chan net.Conn), done: make(chan struct{}), addr: ln.Addr()}
 	fbDone := make(chan struct{})
 	go func() {

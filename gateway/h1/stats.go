@@ -23,8 +23,9 @@ type ConnStats struct {
 	// too many open connections for the process's open-file limit.
 	AcceptErrors uint64
 	// Reclaimed counts idle or silent connections closed to make room for
-	// new ones under MaxConns, and Refused the new ones answered 503 and
-	// closed because there was none.
+	// new ones under MaxConns, and idle ones Fallback served closed to
+	// make room for a handover at its limit; Refused the new ones
+	// answered 503 and closed because there was none.
 	Reclaimed, Refused uint64
 	// HandoversRefused counts requests answered 503, their connections
 	// closed, instead of handed to Fallback, because as many connections

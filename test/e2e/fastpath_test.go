@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -116,5 +117,49 @@ func TestExpectHeadsTakeNoHandover(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK || string(body) != "hello" {
 		t.Fatalf("GET after the PUT: %d %q", resp.StatusCode, body)
+	}
+}
+
+// TestIdleLongHeadsTakeNoHandover: keep-alive clients that each sent one
+// request with a head over 4 KiB (which the fast path hands to net/http)
+// and stayed idle, more of them than net/http's share of the connection
+// cap (a thirty-second of it, at least 64), do not make the gateway
+// refuse another client's chunked PUT: the one idle the longest is closed
+// to make room. Before, they held the share for MEMCGATE_IDLE_TIMEOUT
+// (120 s), and every chunked upload and long head got 503.
+func TestIdleLongHeadsTakeNoHandover(t *testing.T) {
+	mc := memcachedtest.Start(t)
+	g := startGateway(t, map[string]string{"MEMCGATE_SERVERS": mc.Addr, "MEMCGATE_MAX_CLIENT_CONNS": "200"})
+	longGet := "GET /lh/k HTTP/1.1\r\nHost: x\r\nX-Pad: " + strings.Repeat("p", 5000) + "\r\n\r\n"
+	// ask sends req on a new connection and reads its answer, again on a
+	// new one after a 503 with Retry-After: net/http marks a connection
+	// idle just after its answer is written, which the client may read
+	// before.
+	ask := func(req string) (*http.Response, *bufio.Reader) {
+		t.Helper()
+		for try := 0; ; try++ {
+			c, br := dialRaw(t, g.DataAddr)
+			io.WriteString(c, req)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || try == 50 {
+				return resp, br
+			}
+			c.Close()
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	const idle = 72
+	for i := range idle {
+		if resp, _ := ask(longGet); resp.StatusCode != http.StatusNotFound {
+			t.Fatalf("long GET %d: %s, want 404", i, resp.Status)
+		}
+	}
+	resp, _ := ask("PUT /lh/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("chunked PUT beside %d idle connections handed to net/http: %s, want 201", idle, resp.Status)
 	}
 }
