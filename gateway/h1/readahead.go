@@ -18,6 +18,60 @@ func (c *conn) readsAhead(req *http.Request) bool {
 		req.ContentLength <= s.BodyLimit(req)
 }
 
+// awaitBody keeps a body read ahead from taking a buffer, and its part
+// of the budget, until a first buffer's worth of it has come: aheadChunk,
+// or the whole of a smaller body, read with the head or waiting in the
+// socket. Until then the connection waits in the poller, what came with
+// the head stashed in a slice of its own size and the rest left in the
+// socket, so that a client that declares a body and sends nothing, or a
+// few bytes, holds none of the budget: 4,096 such heads, holding 16 KiB
+// each for the read timeout, took the whole 64 MiB default budget, and
+// every other client's large body or value got 503. A body whose client
+// expects 100 Continue gets it first, if the budget has room for its
+// first buffer (else it comes when room does, in readAhead). goOn
+// reports that readAhead goes on (the bytes came, the client's side ended
+// or failed, the read timeout passed, the budget has no room for the 100
+// Continue, or the poller is closing: readAhead reads what came and
+// meets the rest as before); else readAhead returns req and res: the
+// connection is parked, or the 100 Continue could not be written.
+func (c *conn) awaitBody(b *body, cl int) (req *http.Request, res readResult, goOn bool) {
+	s := c.srv
+	first := min(cl, aheadChunk)
+	for {
+		c.in.unstash()
+		if b.owe100 {
+			if s.Budget != nil && s.Budget.Room() < int64(c.bufCap(first)) {
+				return nil, readOK, true
+			}
+			b.owe100 = false
+			if err := c.continue100(); err != nil {
+				req, res = c.endAhead(b, err)
+				return req, res, false
+			}
+		}
+		c.in.tryFill() // what the socket holds, as far as the read buffer goes; an EOF shows here
+		if c.in.Buffered()+c.queued() >= first || c.in.err != nil {
+			return nil, readOK, true // readAhead reads it, and meets the error with what came
+		}
+		if dl := c.deadline(s.ReadTimeout); !dl.IsZero() && !time.Now().Before(dl) {
+			return nil, readOK, true // readAhead reads what came, and ends the body there
+		}
+		c.in.stash()
+		if c.readDL {
+			c.setReadTimeout(0) // the poller keeps the deadline while parked
+		}
+		switch s.poller.parkBody(c, c.deadline(s.ReadTimeout), time.Time{}) {
+		case parked:
+			return nil, readParked, false
+		case notParked:
+			c.in.unstash()
+			c.setDeadline(c.deadline(s.ReadTimeout))
+			return nil, readOK, true // the poller is closing: readAhead waits in reads
+		}
+		// Readable: bytes came since the last look.
+	}
+}
+
 // errBodyTimeout cuts short a body read ahead that is not whole by the
 // read timeout. It wraps os.ErrDeadlineExceeded, a net.Error whose
 // Timeout is true, so that a handler tells it as it tells a read from
@@ -82,6 +136,11 @@ func (c *conn) readAhead() (*http.Request, readResult) {
 			// Others' turn: a large body arriving fast must not keep
 			// the worker from connections queued behind it.
 			return nil, readParked
+		}
+		if cap(c.abuf) == 0 {
+			if req, res, goOn := c.awaitBody(b, cl); !goOn {
+				return req, res
+			}
 		}
 		if len(c.abuf) == cap(c.abuf) {
 			// Twice the buffer, or all the client has sent if more:

@@ -667,3 +667,44 @@ func TestReadAheadTimeoutTrickle(t *testing.T) {
 		t.Errorf("budget holds %d bytes after the request", bg.Used())
 	}
 }
+
+// TestDeclaredBodiesHoldNoBudget: bodies read ahead hold none of the
+// budget, and no buffer, before a first buffer's worth of them has come
+// (aheadChunk, or a smaller body whole): heads that declare a body and
+// send nothing, a few bytes, or expect 100 Continue and send nothing
+// after it wait in the poller holding nothing, and another client's body
+// is read and served. Each held 16 KiB of the budget for the read
+// timeout: 4,096 of them took the default 64 MiB.
+func TestDeclaredBodiesHoldNoBudget(t *testing.T) {
+	bg := budget.New(64 << 10)
+	s, addr := startH1(t, echoLen(), func(s *Server) {
+		s.Budget = bg
+		s.BodyLimit = func(*http.Request) int64 { return 1 << 20 }
+	})
+	const each = 6 // 18 × 16 KiB would be 288 KiB
+	for i := range 3 * each {
+		c, br := dial(t, addr)
+		switch i % 3 {
+		case 0:
+			fmt.Fprintf(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: 100000\r\n\r\n")
+		case 1:
+			fmt.Fprintf(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: 100000\r\n\r\n%s", strings.Repeat("b", 1000))
+		case 2:
+			fmt.Fprintf(c, "PUT /x HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 100000\r\n\r\n")
+			read100(t, br)
+		}
+	}
+	if !eventually(func() bool { return readingCount(s) == 3*each }) {
+		t.Errorf("%d connections wait for their bodies in the poller, want %d", readingCount(s), 3*each)
+	}
+	if u := bg.Used(); u != 0 {
+		t.Errorf("bodies that have not come hold %d bytes of the budget", u)
+	}
+	c, br := dial(t, addr)
+	fmt.Fprintf(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: 40000\r\n\r\n")
+	go io.WriteString(c, strings.Repeat("b", 40000))
+	r, err := readWireResponse(br, "PUT")
+	if err != nil || r.body != "read 40000" {
+		t.Fatalf("a body beside %d declared ones: %v, %v", 3*each, r, err)
+	}
+}

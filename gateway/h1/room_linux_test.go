@@ -180,8 +180,9 @@ func TestRoomWaitEnds(t *testing.T) {
 }
 
 // TestHeadAloneWaitsForRoom: a body whose head comes before any of its
-// bytes, while the budget is full, waits in the room line too (for its
-// first chunk), and is served once there is room.
+// bytes, while the budget is full, waits for them in the poller holding
+// nothing (awaitBody), then in the room line for its first chunk once
+// they come, and is served once there is room.
 func TestHeadAloneWaitsForRoom(t *testing.T) {
 	bg := budget.New(300 << 10)
 	s, addr, release := holdingServer(t, bg, 5*time.Second)
@@ -192,11 +193,14 @@ func TestHeadAloneWaitsForRoom(t *testing.T) {
 	a1 := answerOf(c1, br1)
 	c2, br2 := dial(t, addr)
 	fmt.Fprintf(c2, "PUT /second HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", 100<<10)
-	if !eventually(func() bool { return roomCount(s) == 1 }) {
-		t.Fatalf("%d bodies in the room line, want the one whose head came alone", roomCount(s))
+	if !eventually(func() bool { return readingCount(s) == 1 }) || roomCount(s) != 0 {
+		t.Fatalf("%d bodies wait for their bytes, %d in the room line; want the one whose head came alone waiting for its bytes", readingCount(s), roomCount(s))
 	}
 	a2 := answerOf(c2, br2)
 	c2.Write([]byte(strings.Repeat("r", 100<<10)))
+	if !eventually(func() bool { return roomCount(s) == 1 }) {
+		t.Fatalf("%d bodies in the room line, want the one whose bytes came", roomCount(s))
+	}
 	close(release)
 	for i, a := range []answer{<-a1, <-a2} {
 		if want := fmt.Sprintf("read %d", []int{300 << 10, 100 << 10}[i]); a.err != nil || a.r.body != want {
