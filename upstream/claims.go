@@ -31,6 +31,9 @@ var (
 	// holds. It is the node's failure, as mcpipe's malformed replies are:
 	// classify makes it a NodeError (502).
 	errClaimPastItem = errors.New("upstream: malformed reply: a VALUE line claims more bytes than memcached's largest item (1 GiB)")
+	// errUnasked: the node sent bytes past the end of a reply, before
+	// the next request. The node's failure, as errClaimPastItem.
+	errUnasked = errors.New("upstream: malformed reply: bytes came that no request asked for")
 	// errClaimNoFit: Options.Claims refused a value's claimed length;
 	// classify makes it ErrNoFit (503), as mcpipe's Room refusals.
 	errClaimNoFit = errors.New("upstream: a value's claimed length does not fit the byte budget")
@@ -53,8 +56,9 @@ const (
 // allocates the length): past maxItem the read fails with
 // errClaimPastItem, and a claim past unheld is held in claims, or the
 // read fails with errClaimNoFit. What is held is given back when the
-// reply ends (its first line that is not a VALUE line: END, or an error),
-// when the next request is written, or when the connection closes.
+// reply ends (its first line that is not a VALUE line: END, or an error)
+// or when the connection closes; a request written while a reply is not
+// yet read to its end fails (Write).
 // gomemcache closes a connection whose read failed.
 //
 // It scans only the bytes of lines; a value's bytes are counted, not
@@ -193,8 +197,22 @@ func (c *claimConn) release() {
 	}
 }
 
+// Write writes a request, once the reply before it was read: the
+// stream is then at a line's start with nothing held. Else the node sent
+// bytes no request asked for, which gomemcache keeps in its reader when
+// it takes a reply for a cache error (a NOT_FOUND) and puts the
+// connection back in its pool, and reads as the next request's reply: a
+// VALUE line among them, its claim held and given back here, would be
+// allocated unheld. The write fails with errUnasked instead, and
+// gomemcache closes the connection.
 func (c *claimConn) Write(p []byte) (int, error) {
-	c.release() // a request is written once the reply before it was read
+	if c.err == nil && (c.state != lineStart || c.held > 0) {
+		c.err = errUnasked
+		c.release()
+	}
+	if c.err != nil {
+		return 0, c.err
+	}
 	return c.Conn.Write(p)
 }
 

@@ -274,3 +274,57 @@ func TestClaimPastTheNodesShare(t *testing.T) {
 		t.Errorf("%d bytes held in the budget and %d in the node's share, want none", used, held)
 	}
 }
+
+// TestClaimUnaskedBytes: gomemcache puts a connection back in its pool
+// after a reply it takes as a cache error (a delete's NOT_FOUND) with
+// whatever came after it still in its reader: the next request's reply
+// is read from there. A node that sends a VALUE line after the NOT_FOUND
+// had its claim held while the connection sat idle, and given back when
+// the next request was written, before gomemcache read the line and
+// allocated its claim unheld (40 MB here, of a budget that then showed
+// none held). The next request on such a connection fails as the node's,
+// without allocating the claim, and nothing stays held.
+func TestClaimUnaskedBytes(t *testing.T) {
+	const claim = 40_000_000
+	addr := memcachedtest.StartRaw(t, func(c net.Conn, br *bufio.Reader) {
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				return
+			}
+			reply := "ERROR\r\n"
+			switch f := strings.Fields(line); {
+			case len(f) > 0 && f[0] == "delete":
+				reply = "NOT_FOUND\r\nVALUE x 0 " + strconv.Itoa(claim) + "\r\n" // one write, one read
+			case len(f) > 0 && strings.HasPrefix(f[0], "get"):
+				br.ReadByte() // stalls until the client closes
+				return
+			}
+			if _, err := c.Write([]byte(reply)); err != nil {
+				return
+			}
+		}
+	})
+	claims := budget.New(64 << 20)
+	c := claimCluster(t, addr, func(o *Options) {
+		o.Claims, o.MaxConns, o.MaxIdleConns = claims, 1, 1
+		o.Timeout = time.Second // a stalled get's
+	})
+	if res := c.Do(t.Context(), op.Op{Verb: op.Delete, Item: op.Item{Key: "k"}}); !errors.Is(res.Err, ErrNotFound) {
+		t.Fatalf("delete = %v, want ErrNotFound", res.Err)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	res := c.Do(t.Context(), op.Op{Verb: op.Get, Item: op.Item{Key: "k"}})
+	runtime.ReadMemStats(&after)
+	var ne *NodeError
+	if !errors.As(res.Err, &ne) || ne.Timeout() {
+		t.Errorf("get after the unasked VALUE line = %v, want the node's failure, no timeout", res.Err)
+	}
+	if n := after.TotalAlloc - before.TotalAlloc; n > 16<<20 {
+		t.Errorf("the get allocated %d MiB for an unasked claim of %d MB", n>>20, claim/1_000_000)
+	}
+	if n := claims.Used(); n != 0 {
+		t.Errorf("%d bytes still held, want none", n)
+	}
+}
