@@ -212,3 +212,37 @@ func TestConfigFileValues(t *testing.T) {
 		t.Errorf("the file's tokens: %d, %v; want both", len(toks), err)
 	}
 }
+
+// TestConfigFileOtherWriters: files as systemd, docker and editors write
+// them load: systemd's ';' comment lines are skipped, a UTF-8 byte order
+// mark before the first line (an editor on Windows; docker's --env-file
+// drops it) is not part of the first name, and "export" may be followed
+// by a tab. A line whose name is not one (another program's dotted
+// name, which docker passes on and systemd ignores) is refused, and the
+// refusal says what is wrong with it, without quoting it.
+func TestConfigFileOtherWriters(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "env")
+	text := "\ufeffMEMCGATE_SERVERS=10.0.0.1:11211\n; a systemd comment\n; MEMCGATE_KEY_PREFIX=old: (a value put aside)\nexport\tMEMCGATE_KEY_PREFIX=app:\n"
+	if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadEnvFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"MEMCGATE_SERVERS": "10.0.0.1:11211", "MEMCGATE_KEY_PREFIX": "app:"}
+	if !maps.Equal(got, want) {
+		t.Errorf("read %q\nwant %q", got, want)
+	}
+
+	if err := os.WriteFile(file, []byte("MEMCGATE_SERVERS=10.0.0.1:11211\nspring.profiles.active="+secretTok+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = ReadEnvFile(file)
+	if err == nil || !strings.Contains(err.Error(), "line 2: want NAME=value, got a line (not shown, as it may hold a secret) whose text before its first '=' is not a name") {
+		t.Errorf("a dotted name: %v, want it refused for its name", err)
+	}
+	if err != nil {
+		assertNoSecret(t, "CONFIG_FILE", err.Error())
+	}
+}

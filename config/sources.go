@@ -116,7 +116,7 @@ func badLine(line string) string {
 
 // ReadEnvFile reads a file of variables, NAME=value one per line, as
 // systemd's EnvironmentFile does: blank lines and lines starting with #
-// are skipped, a value may be quoted with ' or " (a backslash in a value
+// or ; are skipped, a byte order mark before the first is dropped, a value may be quoted with ' or " (a backslash in a value
 // is kept as written, where systemd reads shell escapes). It refuses a
 // line that is most likely part of a value written over several lines,
 // and a value it would take otherwise than it was most likely meant,
@@ -140,15 +140,27 @@ func ReadEnvFile(path string) (map[string]string, error) {
 		return nil, fmt.Errorf("%sCONFIG_FILE: %w", Prefix, err)
 	}
 	out := map[string]string{}
-	for i, line := range strings.Split(string(b), "\n") {
+	// A byte order mark is no part of the first name (docker's
+	// --env-file drops it too).
+	text := strings.TrimPrefix(string(b), "\ufeff")
+	for i, line := range strings.Split(text, "\n") {
 		line = strings.TrimSpace(line)
-		if line == "" || line[0] == '#' {
+		if line == "" || line[0] == '#' || line[0] == ';' {
 			continue
 		}
 		name, value, ok := strings.Cut(line, "=")
-		name = strings.TrimSpace(strings.TrimPrefix(name, "export "))
-		if !ok || !envName(name) {
+		if rest, found := strings.CutPrefix(name, "export"); found && rest != "" && (rest[0] == ' ' || rest[0] == '\t') {
+			name = rest
+		}
+		name = strings.TrimSpace(name)
+		if !ok {
 			return nil, fmt.Errorf("%sCONFIG_FILE %s, line %d: want NAME=value, got %s", Prefix, path, i+1, badLine(line))
+		}
+		if !envName(name) {
+			return nil, fmt.Errorf("%sCONFIG_FILE %s, line %d: want NAME=value, got %s whose text before its first '=' "+
+				"is not a name (letters, digits and '_', not starting with a digit): the rest of a value continued from "+
+				"the line before, or another program's variable whose name systemd ignores; write a value on one line, "+
+				"and keep such variables out of this file", Prefix, path, i+1, badLine(line))
 		}
 		value = strings.TrimSpace(value)
 		if why := unreadValue(value); why != "" && strings.HasPrefix(name, Prefix) {
