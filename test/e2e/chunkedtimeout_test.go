@@ -1,9 +1,15 @@
 package e2e
 
 import (
+	"bufio"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -17,7 +23,7 @@ import (
 // trailer section, is answered 408 once MEMCGATE_READ_TIMEOUT has passed,
 // as every body that does not arrive whole in time is, on the fast path
 // (which hands a chunked body over to net/http) and on Go's net/http
-// (FAST_PATH=false), for a body read whole and for one over
+// (FAST_PATH=false, TLS), on TCP and on the Unix socket, for a body read whole and for one over
 // MAX_VALUE_BYTES, stored in chunks as it comes; nothing is stored. The
 // clients wait on the answers, never on a sleep.
 func TestChunkedBodyTimeout(t *testing.T) {
@@ -47,12 +53,38 @@ func TestChunkedBodyTimeout(t *testing.T) {
 			{"final CR after trailer", chunk + "0\r\nX-Sum: 1\r\n\r"},
 		}
 	}
+	caFile, certFile, keyFile := writeCert(t)
+	pemBytes, err := os.ReadFile(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pemBytes)
+	tcp := func(t *testing.T, g *gateway, _ string) net.Conn {
+		c, _ := dialRaw(t, g.DataAddr)
+		return c
+	}
 	for _, path := range []struct {
 		name string
 		env  map[string]string
+		dial func(t *testing.T, g *gateway, sock string) net.Conn // a connection to the listener under test
 	}{
-		{name: "fast_path", env: map[string]string{}},
-		{name: "net_http", env: map[string]string{"MEMCGATE_FAST_PATH": "false"}},
+		{name: "fast_path", env: map[string]string{}, dial: tcp},
+		{name: "net_http", env: map[string]string{"MEMCGATE_FAST_PATH": "false"}, dial: tcp},
+		// TLS: net/http over a tls.Conn, the read deadline's timeout
+		// under it.
+		{name: "tls", env: map[string]string{"MEMCGATE_TLS_CERT_FILE": certFile, "MEMCGATE_TLS_KEY_FILE": keyFile},
+			dial: func(t *testing.T, g *gateway, _ string) net.Conn {
+				c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", g.DataAddr, &tls.Config{RootCAs: roots, ServerName: "127.0.0.1"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { c.Close() })
+				return c
+			}},
+		// The Unix socket, served by the fast path and by net/http.
+		{name: "unix_socket", env: map[string]string{}, dial: unixDial},
+		{name: "unix_socket_net_http", env: map[string]string{"MEMCGATE_FAST_PATH": "false"}, dial: unixDial},
 	} {
 		for _, value := range []struct {
 			name string
@@ -76,7 +108,14 @@ func TestChunkedBodyTimeout(t *testing.T) {
 				for k, v := range path.env {
 					env[k] = v
 				}
-				g := startGateway(t, env)
+				sock := filepath.Join(t.TempDir(), "memcgate.sock")
+				env["MEMCGATE_LISTEN_SOCKET"] = sock
+				scheme := "http"
+				if env["MEMCGATE_TLS_CERT_FILE"] != "" {
+					scheme = "https"
+				}
+				g := startGatewayScheme(t, scheme, env)
+				client := httpsClient(t, caFile)
 				// Every stop at once, each on its own connection: they all
 				// time out together.
 				stops := stops(value.data)
@@ -85,7 +124,8 @@ func TestChunkedBodyTimeout(t *testing.T) {
 				for i, s := range stops {
 					wg.Go(func() {
 						key := fmt.Sprintf("/chunked-stop-%s-%s-%d", path.name, value.name, i)
-						c, br := dialRaw(t, g.DataAddr)
+						c := path.dial(t, g, sock)
+						br := bufio.NewReader(c)
 						c.SetDeadline(time.Now().Add(30 * time.Second))
 						fmt.Fprintf(c, "PUT %s HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n\r\n%s", key, g.DataAddr, s.sent)
 						resp, err := http.ReadResponse(br, nil)
@@ -99,8 +139,10 @@ func TestChunkedBodyTimeout(t *testing.T) {
 						if resp.StatusCode == http.StatusRequestTimeout && !resp.Close {
 							got[i] += " (without Connection: close)"
 						}
-						if r := g.do("GET", key, nil); r.status != http.StatusNotFound {
-							got[i] += fmt.Sprintf("; GET after it = %d, want 404", r.status)
+						if r, err := client.Get(g.URL + key); err != nil || r.StatusCode != http.StatusNotFound {
+							got[i] += fmt.Sprintf("; GET after it = %v %v, want 404", r, err)
+						} else {
+							r.Body.Close()
 						}
 					})
 				}
@@ -114,4 +156,14 @@ func TestChunkedBodyTimeout(t *testing.T) {
 			})
 		}
 	}
+}
+
+// unixDial is a connection to the gateway's Unix socket sock.
+func unixDial(t *testing.T, _ *gateway, sock string) net.Conn {
+	c, err := net.DialTimeout("unix", sock, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
