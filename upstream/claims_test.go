@@ -286,27 +286,18 @@ func TestClaimPastTheNodesShare(t *testing.T) {
 // without allocating the claim, and nothing stays held.
 func TestClaimUnaskedBytes(t *testing.T) {
 	const claim = 40_000_000
-	addr := memcachedtest.StartRaw(t, func(c net.Conn, br *bufio.Reader) {
-		for {
-			line, err := br.ReadString('\n')
-			if err != nil {
-				return
-			}
-			reply := "ERROR\r\n"
-			switch f := strings.Fields(line); {
-			case len(f) > 0 && f[0] == "delete":
-				reply = "NOT_FOUND\r\nVALUE x 0 " + strconv.Itoa(claim) + "\r\n" // one write, one read
-			case len(f) > 0 && strings.HasPrefix(f[0], "get"):
-				br.ReadByte() // stalls until the client closes
-				return
-			}
-			if _, err := c.Write([]byte(reply)); err != nil {
-				return
-			}
+	node := memcachedtest.StartScripted(t, func(line string, br *bufio.Reader) (string, bool) {
+		switch f := strings.Fields(line); {
+		case len(f) > 0 && f[0] == "delete":
+			return "NOT_FOUND\r\nVALUE x 0 " + strconv.Itoa(claim) + "\r\n", true // one write, one read
+		case len(f) > 0 && strings.HasPrefix(f[0], "get"):
+			br.ReadByte() // stalls until the client closes
+			return "", false
 		}
+		return "ERROR\r\n", true
 	})
 	claims := budget.New(64 << 20)
-	c := claimCluster(t, addr, func(o *Options) {
+	c := claimCluster(t, node.Addr, func(o *Options) {
 		o.Claims, o.MaxConns, o.MaxIdleConns = claims, 1, 1
 		o.Timeout = time.Second // a stalled get's
 	})
