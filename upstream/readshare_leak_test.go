@@ -11,6 +11,7 @@ import (
 
 	"github.com/memcgate/memcgate/gateway/budget"
 	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/upstream/hashring"
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
@@ -183,6 +184,72 @@ func TestReadHoldGivenBack(t *testing.T) {
 					settled(t, tt.name+", then a get")
 				})
 			}
+		})
+	}
+}
+
+// TestReadHoldAcrossReload: a node a reload removes while its read holds
+// a stalled value gives it back when that read ends (the budget holds
+// nothing then), the nodes left take the budget over fewer nodes, and the
+// node added again starts with nothing held and reads large values.
+func TestReadHoldAcrossReload(t *testing.T) {
+	const size = 200_000
+	for _, pipe := range []int{1, 0} {
+		t.Run("pipeline_conns="+strconv.Itoa(pipe), func(t *testing.T) {
+			stalled := make(chan struct{}, 16)
+			addr := breakingNode(t, size, stalled)
+			_, p, _ := net.SplitHostPort(addr)
+			port, _ := strconv.Atoi(p)
+			mcs := []*memcachedtest.Server{{Port: port}, memcachedtest.Start(t), memcachedtest.Start(t)}
+			b := budget.New(3 * size * 3)
+			c, _ := newTestCluster(t, mcs, func(o *Options) {
+				o.PipelineConns, o.Claims, o.UnheldClaim = pipe, b, 1024
+				o.Timeout = 300 * time.Millisecond
+				o.Health.PassiveFails = 0
+			})
+			c.ShareBytes(b)
+			servers := c.opts.Servers
+			old := c.topo.Load().nodes[0]
+			key := ""
+			for i := 0; key == ""; i++ {
+				if k := "stall-" + strconv.Itoa(i); func() bool { o, _ := c.Owner(k); return o == 0 }() {
+					key = k
+				}
+			}
+			done := make(chan op.Result, 1)
+			go func() { done <- c.Do(t.Context(), op.Op{Verb: op.Get, Item: op.Item{Key: key}, Room: budgetRoom{b}}) }()
+			<-stalled
+			waitFor(t, 10*time.Second, "the stalled read to hold its value in its node's share", func() bool { return old.reads.held.Load() > 0 })
+			if _, err := c.SetServers(t.Context(), servers[1:], hashring.Ketama); err != nil {
+				t.Fatal(err)
+			}
+			if got := c.share.nodes.Load(); got != 2 {
+				t.Errorf("the share counts %d nodes after the reload, want 2", got)
+			}
+			<-done
+			waitFor(t, 10*time.Second, "the removed node's read to give back what it held", func() bool {
+				return old.reads.held.Load() == 0 && b.Used() == 0
+			})
+			if _, err := c.SetServers(t.Context(), servers, hashring.Ketama); err != nil {
+				t.Fatal(err)
+			}
+			n := c.topo.Load().nodes[0]
+			if n == old || n.reads.held.Load() != 0 {
+				t.Fatalf("the node added again: a new node %v, holding %d", n != old, n.reads.held.Load())
+			}
+			waitFor(t, 10*time.Second, "the node added again to be up", func() bool { return n.up.Load() })
+			ok := ""
+			for i := 0; ok == ""; i++ {
+				if k := "ok-" + strconv.Itoa(i); func() bool { o, _ := c.Owner(k); return o == 0 }() {
+					ok = k
+				}
+			}
+			if res := c.Do(t.Context(), op.Op{Verb: op.Get, Item: op.Item{Key: ok}, Room: budgetRoom{b}}); res.Err != nil {
+				t.Errorf("a large get from the node added again: %v", res.Err)
+			}
+			waitFor(t, 10*time.Second, "the read to give back what it held", func() bool {
+				return n.reads.held.Load() == 0 && b.Used() == 0
+			})
 		})
 	}
 }
