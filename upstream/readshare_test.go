@@ -38,6 +38,8 @@ func TestOverBytes(t *testing.T) {
 		{"past the fair part, less than half what is free", 4, 0, 0, fixedBudget{100, 20}, 20, 10, false},
 		{"past the fair part, more than half what is free", 4, 0, 0, fixedBudget{100, 50}, 20, 20, true},
 		{"a node holding no more than is free after it", 4, 0, 0, fixedBudget{100, 40}, 30, 10, false},
+		{"the budget lowered below what is held: the fair part still", 2, 0, 0, fixedBudget{40, 80}, 10, 10, false},
+		{"the budget lowered below what is held: nothing past the fair part", 2, 0, 0, fixedBudget{40, 80}, 20, 10, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
