@@ -611,16 +611,32 @@ func (c Config) Warnings() []string {
 		out = append(out, fmt.Sprintf("%sUDP_PORTS is set but %s: asynchronous sets go over TCP to every copy instead, "+
 			"since nobody answers a datagram; no set is sent as a datagram", Prefix, why))
 	}
-	if c.MaxBufferedBytes > 0 && c.MaxBufferedBytes < 2*c.MaxValueBytes {
-		// A node's reads hold at most their share of the budget while
-		// another node is up (upstream/readshare.go): one value at most
-		// half of it.
-		out = append(out, fmt.Sprintf("%sMAX_BUFFERED_BYTES (%d) is less than two values of %sMAX_VALUE_BYTES (%d): "+
-			"while more than one node is up, a node's reads hold at most their share of the budget, and a GET of a value "+
-			"over %d bytes (half of it) is refused with 503. Raise MAX_BUFFERED_BYTES to at least %d",
-			Prefix, c.MaxBufferedBytes, Prefix, c.MaxValueBytes, c.MaxBufferedBytes/2, 2*c.MaxValueBytes))
+	if c.MaxBufferedBytes > 0 {
+		if w := BudgetWarning(c.MaxBufferedBytes, c.MaxValueBytes, false); w != "" {
+			out = append(out, w)
+		}
 	}
 	return out
+}
+
+// BudgetWarning is the configuration warning for a byte budget of budget
+// bytes that holds less than two values of maxValue bytes, "" for one
+// that holds two: a node's reads hold at most their share of the budget
+// while another node is up (upstream/readshare.go), one value at most
+// half of it. derived says the budget is not MAX_BUFFERED_BYTES, which
+// is unset, but what the memory limit gave it.
+func BudgetWarning(budget, maxValue int64, derived bool) string {
+	if budget >= 2*maxValue {
+		return ""
+	}
+	what := fmt.Sprintf("%sMAX_BUFFERED_BYTES (%d)", Prefix, budget)
+	if derived {
+		what = fmt.Sprintf("%sMAX_BUFFERED_BYTES is unset, and the budget it gives (a quarter of the memory limit, at least one value: %d)", Prefix, budget)
+	}
+	return fmt.Sprintf("%s is less than two values of %sMAX_VALUE_BYTES (%d): "+
+		"while more than one node is up, a node's reads hold at most their share of the budget, and a GET of a value "+
+		"over %d bytes (half of it) is refused with 503. Raise MAX_BUFFERED_BYTES to at least %d",
+		what, Prefix, maxValue, budget/2, 2*maxValue)
 }
 
 // Distributions lists the values DISTRIBUTION accepts, the names of

@@ -348,6 +348,9 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 		}
 	}
 	mem := planMemory(cfg, cgroupMemoryLimit())
+	if w := config.BudgetWarning(mem.budget, cfg.MaxValueBytes, true); !mem.explicit && w != "" {
+		log.Warn("configuration warning", "warning", w) // cfg.Warnings has the budget set
+	}
 	derived := mem.budget // MAX_BUFFERED_BYTES when unset, for reloads
 	if mem.explicit {
 		noBudget := cfg

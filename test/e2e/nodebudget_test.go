@@ -16,6 +16,7 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
+	"github.com/memcgate/memcgate/test/gatewaytest"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
 
@@ -273,5 +274,34 @@ func TestLoneNodeTakesTheWholeBudget(t *testing.T) {
 				t.Errorf("the lone node's reads hold %.0f bytes with %.0f values refused by its share, want both claims (%d bytes) held", held, refused, 2*claimed)
 			}
 		})
+	}
+}
+
+// TestDerivedBudgetBelowTwoValues: with MAX_BUFFERED_BYTES unset, the
+// budget is a quarter of the memory limit (GOMEMLIMIT here), at least one
+// value: 16 MiB of 64 MiB, for values up to 10 MB. Below two values a
+// node's share refuses a healthy node's larger values while another node
+// is up (a GET of 9 MB, nothing else held, is 503), as with a budget set
+// that low, and the same configuration warning is logged at start.
+func TestDerivedBudgetBelowTwoValues(t *testing.T) {
+	t.Parallel()
+	mcs := []*memcachedtest.Server{memcachedtest.Start(t, "-I", "16m"), memcachedtest.Start(t, "-I", "16m")}
+	g := startGateway(t, map[string]string{
+		"MEMCGATE_SERVERS":         memcachedtest.Addrs(mcs),
+		"MEMCGATE_MAX_VALUE_BYTES": "10000000",
+		"GOMEMLIMIT":               "64MiB",
+	})
+	value := bytes.Repeat([]byte("v"), 9_000_000)
+	if r := g.do("PUT", "/nine-mb", value); r.status != http.StatusCreated {
+		t.Fatalf("PUT of 9 MB = %d %s", r.status, r.body)
+	}
+	if r := g.do("GET", "/nine-mb", nil); r.status != http.StatusServiceUnavailable {
+		t.Errorf("GET of 9 MB past the node's share of a 16 MiB budget = %d, want 503", r.status)
+	}
+	// The log is written in batches (every 200ms at most).
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(g.Logs(), "less than two values of MEMCGATE_MAX_VALUE_BYTES"); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no configuration warning about the derived budget at start:\n%s", gatewaytest.Tail(g.Logs(), 2000))
+		}
 	}
 }
