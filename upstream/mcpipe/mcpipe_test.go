@@ -1155,7 +1155,7 @@ func smallSendBuffer(addr string, wrap bool) func(context.Context) (net.Conn, er
 // socket's Write is seen to progress only per writeSlice (256 KiB, about
 // 130 ms here), hence its longer timeout.
 func TestSlowSteadyValue(t *testing.T) {
-	srv := memcachedtest.Start(t, "-I", "2m")
+	srv := memcachedtest.Start(t, "-I", "4m")
 	for _, tc := range []struct {
 		name    string
 		wrap    bool
@@ -1166,10 +1166,12 @@ func TestSlowSteadyValue(t *testing.T) {
 		// 1 MiB at 2 MiB/s: about 500 ms, in pieces of 16 KiB each 8 ms.
 		{"socket", false, 2 << 20, 1 << 20, 100 * time.Millisecond},
 		// A wrapped connection shows progress only per written slice
-		// (256 KiB, about 250 ms here): a timeout of four slices leaves
-		// room for a relay slowed by -race on a loaded machine, and the
-		// value takes longer than one and a half of them.
-		{"wrapped", true, 1 << 20, 7 << 18, time.Second},
+		// (256 KiB, about 250 ms here): a timeout of eight slices leaves
+		// room for a relay slowed by -race on a loaded machine (four
+		// were passed at a load of 15: one slice took over a second),
+		// and the value, 3.25 MiB, takes longer than one and a half of
+		// them.
+		{"wrapped", true, 1 << 20, 13 << 18, 2 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			addr := slowRelay(t, srv.Addr, tc.rate)
