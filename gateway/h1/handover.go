@@ -12,21 +12,25 @@ import (
 
 // handover gives the connection, with every byte read but not consumed,
 // to Fallback, and returns readEnded; or, when as many connections as
-// handedLimit allows are Fallback's already, closes the one of them idle
-// the longest to make room, and with none idle answers 503 and closes
-// this one (refuseHandover), and returns readParked if it lingers in
-// the poller.
+// handedLimit allows are Fallback's already, closes one of them to make
+// room (the one idle the longest; with none idle, the one working the
+// slowest below minHandedRate: handedConns.slowest), and with none of
+// either answers 503 and closes this one (refuseHandover), and returns
+// readParked if it lingers in the poller.
 func (c *conn) handover() readResult {
 	s := c.srv
 	n := s.handed.Add(1)
 	if limit := s.handedLimit(); limit > 0 && n > limit {
-		if v := s.handedIdle.oldest(); v != nil {
-			v.Close() // its place is this one's: handed stays at limit
-			s.reclaimed.Add(1)
-		} else {
+		v := s.handedConns.oldestIdle()
+		if v == nil {
+			v = s.handedConns.slowest(time.Now())
+		}
+		if v == nil {
 			s.handed.Add(-1)
 			return c.refuseHandover()
 		}
+		v.Close() // its place is this one's: handed stays at limit
+		s.reclaimed.Add(1)
 	}
 	if c.pf.registered {
 		s.poller.forget(c) // before Fallback reads it
@@ -38,7 +42,8 @@ func (c *conn) handover() readResult {
 	delete(s.conns, c)
 	s.mu.Unlock()
 	c.handed = true // uncounted when Fallback closes it
-	rc := &replayConn{Conn: c.rwc, buf: buf, open: &s.open, handed: &s.handed, idle: &s.handedIdle, readBy: c.deadline(s.ReadTimeout)}
+	rc := &replayConn{Conn: c.rwc, buf: buf, open: &s.open, handed: &s.handed, list: &s.handedConns, readBy: c.deadline(s.ReadTimeout)}
+	s.handedConns.set(rc, false, time.Now()) // working, before Fallback's hook can mark it idle
 	if rc.inHead = !rc.head.find(buf); rc.inHead {
 		// Handed over in the middle of its head: the rest of it has
 		// what is left of the header timeout, from now on too, and not
@@ -64,7 +69,11 @@ func (c *conn) handover() readResult {
 // (between requests, as Fallback's ConnState says) is closed for a new
 // one: otherwise connections that each sent one request with a long head
 // and stayed, as keep-alive clients do, would hold the limit for
-// IdleTimeout and have every chunked upload and long head refused.
+// IdleTimeout and have every chunked upload and long head refused. With
+// none idle, the one moving the fewest bytes a second, below
+// minHandedRate, is closed: otherwise connections dribbling chunked
+// bodies, or not reading their answers, would hold it for ReadTimeout or
+// WriteTimeout, renewably.
 func (s *Server) handedLimit() int64 {
 	n := s.connLimit()
 	if n <= 0 {
@@ -145,14 +154,21 @@ type replayConn struct {
 	buf    []byte
 	open   *atomic.Int64 // Server.open
 	handed *atomic.Int64 // Server.handed
-	idle   *handedIdle   // Server.handedIdle; nil: none
+	list   *handedConns  // Server.handedConns; nil: none
 	closed atomic.Bool
 	err    error // the last read's error, for ReadError
 
-	// Guarded by idle.mu: whether it is in idle's list, its neighbours
-	// there, in the order they became idle.
-	inIdle     bool
+	// moved counts the bytes read from and written to the connection
+	// since since (the bytes handed over with it are not counted: the
+	// fast path read them): list.slowest's measure of how fast it works.
+	moved atomic.Int64
+
+	// Guarded by list.mu: the list of list's it is in (nil: none), its
+	// neighbours there, and when its current request began (or it was
+	// handed over).
+	in         *connList
 	prev, next *replayConn
+	since      time.Time
 
 	// inHead: the connection was handed over before the head of its
 	// request was whole, and Read has not returned the head's end yet;
@@ -236,8 +252,8 @@ func (h *headEnd) find(b []byte) bool {
 // Close closes the connection; the first call also uncounts it.
 func (r *replayConn) Close() error {
 	if !r.closed.Swap(true) {
-		if r.idle != nil {
-			r.idle.set(r, false)
+		if r.list != nil {
+			r.list.drop(r)
 		}
 		r.open.Add(-1)
 		r.handed.Add(-1)
@@ -245,53 +261,47 @@ func (r *replayConn) Close() error {
 	return r.Conn.Close()
 }
 
-// handedIdle lists the connections handed to Fallback that are idle
-// between requests, in the order they became so, for handover to close
-// the first to make room at handedLimit.
-type handedIdle struct {
-	mu         sync.Mutex
-	head, tail *replayConn
+// minHandedRate is the rate, in bytes a second read and written over a
+// request so far, below which a handed connection that is working (not
+// idle between requests) may be closed to make room at handedLimit when
+// none is idle: 1 KiB/s, a twentieth of the slowest mobile link, which
+// a client sending or reading as fast as its link allows stays above.
+// minRateAfter is how long a request must have lasted for its rate to
+// count: a request that just began has moved nothing yet.
+const (
+	minHandedRate = 1024
+	minRateAfter  = time.Second
+)
+
+// handedConns lists the connections handed to Fallback: those idle
+// between requests in the order they became so, and those working (a
+// request being read or served), for handover to close one to make room
+// at handedLimit: the first idle one, or else the slowest working one.
+type handedConns struct {
+	mu      sync.Mutex
+	idle    connList
+	working connList
 }
 
-// state follows Fallback's ConnState hook: a connection handed over (c,
-// or one wrapping it: GuardConn's) is in the list while it is idle.
-func (l *handedIdle) state(c net.Conn, st http.ConnState) {
-	for {
-		switch x := c.(type) {
-		case *replayConn:
-			if x.idle == l {
-				l.set(x, st == http.StateIdle)
-			}
-			return
-		case interface{ NetConn() net.Conn }:
-			c = x.NetConn()
-		default:
-			return
-		}
+// connList is a list of handed connections, linked through their prev
+// and next; handedConns.mu guards it.
+type connList struct{ head, tail *replayConn }
+
+// push puts r, in no list, at the end of l.
+func (l *connList) push(r *replayConn) {
+	r.in, r.prev, r.next = l, l.tail, nil
+	if l.tail != nil {
+		l.tail.next = r
+	} else {
+		l.head = r
 	}
+	l.tail = r
 }
 
-// set puts r at the end of the list, unless it is closed, or takes it
-// out. Close marks r closed before it takes r out, so that a closed
-// connection never stays in the list, whichever comes first.
-func (l *handedIdle) set(r *replayConn, idle bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.remove(r)
-	if idle && !r.closed.Load() {
-		r.inIdle, r.prev = true, l.tail
-		if l.tail != nil {
-			l.tail.next = r
-		} else {
-			l.head = r
-		}
-		l.tail = r
-	}
-}
-
-// remove takes r out of the list if it is in it; l.mu is held.
-func (l *handedIdle) remove(r *replayConn) {
-	if !r.inIdle {
+// unlink takes r out of the list it is in, if any.
+func unlink(r *replayConn) {
+	l := r.in
+	if l == nil {
 		return
 	}
 	if r.prev != nil {
@@ -304,24 +314,115 @@ func (l *handedIdle) remove(r *replayConn) {
 	} else {
 		l.tail = r.prev
 	}
-	r.inIdle, r.prev, r.next = false, nil, nil
+	r.in, r.prev, r.next = nil, nil, nil
 }
 
-// oldest takes the connection idle the longest out of the list and
-// returns it, for one caller alone; nil if there is none.
-func (l *handedIdle) oldest() *replayConn {
+// state follows Fallback's ConnState hook: a connection handed over (c,
+// or one wrapping it: GuardConn's) is in the idle list while it is idle,
+// and in the working one otherwise until it closes; its rate is measured
+// afresh from each request's start (StateActive: net/http has read the
+// head).
+func (l *handedConns) state(c net.Conn, st http.ConnState) {
+	for {
+		switch x := c.(type) {
+		case *replayConn:
+			if x.list != l {
+				return
+			}
+			switch st {
+			case http.StateClosed:
+				l.drop(x)
+			case http.StateActive:
+				l.set(x, false, time.Now())
+			default:
+				l.set(x, st == http.StateIdle, time.Time{})
+			}
+			return
+		case interface{ NetConn() net.Conn }:
+			c = x.NetConn()
+		default:
+			return
+		}
+	}
+}
+
+// set puts r at the end of the idle list or, if it is not there yet, of
+// the working one, unless it is closed; a non-zero start begins its
+// request there, counting its rate from then. Close marks r closed
+// before it takes r out, so that a closed connection never stays in a
+// list, whichever comes first.
+func (l *handedConns) set(r *replayConn, idle bool, start time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	r := l.head
+	if r.closed.Load() {
+		unlink(r)
+		return
+	}
+	if !start.IsZero() {
+		r.since = start
+		r.moved.Store(0)
+	}
+	switch {
+	case idle:
+		unlink(r)
+		l.idle.push(r)
+	case r.in != &l.working:
+		unlink(r)
+		l.working.push(r)
+	}
+}
+
+// drop takes r out of its list.
+func (l *handedConns) drop(r *replayConn) {
+	l.mu.Lock()
+	unlink(r)
+	l.mu.Unlock()
+}
+
+// oldestIdle takes the connection idle the longest out of the list and
+// returns it, for one caller alone; nil if there is none.
+func (l *handedConns) oldestIdle() *replayConn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.idle.head
 	if r != nil {
-		l.remove(r)
+		unlink(r)
 	}
 	return r
+}
+
+// slowest takes out of the list and returns, for one caller alone, the
+// working connection that has moved the fewest bytes a second over its
+// request so far, if that is below minHandedRate and the request has
+// lasted minRateAfter; nil if there is none. A connection that sends or
+// reads as fast as its client can is never the one: a fast upload, or a
+// slow but steady one, has a rate above the minimum; a connection whose
+// client dribbles its body, or does not read its answer (its writes
+// stall once the socket's buffers are full), falls below it.
+func (l *handedConns) slowest(now time.Time) *replayConn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var pick *replayConn
+	var pickRate float64
+	for r := l.working.head; r != nil; r = r.next {
+		d := now.Sub(r.since)
+		if d < minRateAfter {
+			continue
+		}
+		if rate := float64(r.moved.Load()) / d.Seconds(); rate < minHandedRate && (pick == nil || rate < pickRate) {
+			pick, pickRate = r, rate
+		}
+	}
+	if pick != nil {
+		unlink(pick)
+	}
+	return pick
 }
 
 func (r *replayConn) Read(p []byte) (int, error) {
 	if len(r.buf) == 0 {
 		n, err := r.Conn.Read(p)
+		r.moved.Add(int64(n))
 		r.err = err
 		if r.inHead && r.head.find(p[:n]) {
 			r.headRead()
@@ -337,6 +438,13 @@ func (r *replayConn) Read(p []byte) (int, error) {
 		r.buf = nil
 	}
 	return n, nil
+}
+
+// Write writes p, counting what it wrote in moved.
+func (r *replayConn) Write(p []byte) (int, error) {
+	n, err := r.Conn.Write(p)
+	r.moved.Add(int64(n))
+	return n, err
 }
 
 // ReadError returns the error of the last read, nil if it had none: a

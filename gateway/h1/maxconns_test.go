@@ -248,7 +248,9 @@ func dialOver(t *testing.T, addr string) net.Conn {
 }
 
 // TestHandedLimit hands over as many connections as handedLimit allows,
-// each a chunked PUT whose body never comes (net/http waits for it):
+// each a chunked PUT whose body's first 64 KiB come and the rest never
+// does (net/http waits for it; working above minHandedRate for a minute,
+// none of them may be closed for room):
 // the next request that needs Fallback is answered 503 with Retry-After
 // and closed, a request the fast path serves is not, and once a handed
 // connection closes, the next one is handed over and served again.
@@ -266,7 +268,7 @@ func TestHandedLimit(t *testing.T) {
 	held := make([]net.Conn, limit)
 	for i := range held {
 		held[i] = dial()
-		if _, err := io.WriteString(held[i], chunkedHead+"1\r\na\r\n"); err != nil {
+		if _, err := io.WriteString(held[i], chunkedHead+"10000\r\n"+strings.Repeat("a", 1<<16)+"\r\n"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -339,10 +341,10 @@ func TestHandedIdleMakeRoom(t *testing.T) {
 	}
 	// Fallback marks a connection idle after its answer is written.
 	if !eventually(func() bool {
-		s.handedIdle.mu.Lock()
-		defer s.handedIdle.mu.Unlock()
+		s.handedConns.mu.Lock()
+		defer s.handedConns.mu.Unlock()
 		n := 0
-		for r := s.handedIdle.head; r != nil; r = r.next {
+		for r := s.handedConns.idle.head; r != nil; r = r.next {
 			n++
 		}
 		return n == limit
@@ -375,5 +377,115 @@ func TestHandedIdleMakeRoom(t *testing.T) {
 	}
 	if st := s.ConnStats(); st.HandoversRefused != 0 || st.Reclaimed != 2 || s.handed.Load() != int64(limit) {
 		t.Errorf("HandoversRefused %d, Reclaimed %d, handed %d; want 0, 2, %d", st.HandoversRefused, st.Reclaimed, s.handed.Load(), limit)
+	}
+}
+
+// TestHandedSlowMakeRoom: connections handed over that are working but
+// dribbling (each sent the head of a chunked PUT and one byte of its
+// body, then nothing) do not hold handedLimit: at the limit, with none
+// idle, the one that has moved the fewest bytes a second, below
+// minHandedRate, is closed for the next request Fallback must serve,
+// which is served, not refused. A fast upload held open beside them is
+// not the one closed, and completes.
+func TestHandedSlowMakeRoom(t *testing.T) {
+	s, addr := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, "ok")
+	}), func(s *Server) { s.MaxConns = 100 }) // handedLimit: 64
+	limit := int(s.handedLimit())
+	chunkedHead := "PUT /k HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+	const fastSize = 256 << 10
+	fast := dialOver(t, addr)
+	io.WriteString(fast, chunkedHead+strconv.FormatInt(fastSize, 16)+"\r\n"+strings.Repeat("f", fastSize)+"\r\n")
+	dribblers := make([]net.Conn, limit-1)
+	for i := range dribblers {
+		dribblers[i] = dialOver(t, addr)
+		io.WriteString(dribblers[i], chunkedHead+"1\r\na\r\n")
+	}
+	// All handed over and working; the fast upload's body read (but for
+	// what the fast path read with its head).
+	if !eventually(func() bool {
+		s.handedConns.mu.Lock()
+		defer s.handedConns.mu.Unlock()
+		n, fastRead := 0, false
+		for r := s.handedConns.working.head; r != nil; r = r.next {
+			n++
+			fastRead = fastRead || r.moved.Load() >= fastSize-16<<10
+		}
+		return n == limit && fastRead
+	}) {
+		t.Fatalf("the %d chunked uploads are not all working in net/http, the fast one's body read", limit)
+	}
+	time.Sleep(minRateAfter + 100*time.Millisecond) // the dribblers' rate counts, far below the minimum
+	next := dialOver(t, addr)
+	io.WriteString(next, chunkedHead+"2\r\nab\r\n0\r\n\r\n")
+	if resp, err := http.ReadResponse(bufio.NewReader(next), nil); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("a chunked PUT with %d dribbled uploads handed over: %v %v, want 200", limit-1, resp, err)
+	}
+	io.WriteString(fast, "0\r\n\r\n")
+	if resp, err := http.ReadResponse(bufio.NewReader(fast), nil); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("the fast upload beside the dribbled ones: %v %v, want 200", resp, err)
+	}
+	closed := 0
+	for _, c := range dribblers {
+		c.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+		if _, err := c.Read(make([]byte, 1)); err == io.EOF {
+			closed++
+		}
+	}
+	if closed != 1 {
+		t.Errorf("%d dribbled uploads closed, want 1", closed)
+	}
+	if st := s.ConnStats(); st.HandoversRefused != 0 || st.Reclaimed != 1 {
+		t.Errorf("HandoversRefused %d, Reclaimed %d; want 0, 1", st.HandoversRefused, st.Reclaimed)
+	}
+}
+
+// TestHandedSlowest: which working handed connection slowest picks to
+// close for room: the one with the fewest bytes a second over its
+// request so far, below minHandedRate, among those whose request has
+// lasted minRateAfter; none if none is.
+func TestHandedSlowest(t *testing.T) {
+	now := time.Now()
+	type conn struct {
+		name  string
+		moved int64
+		age   time.Duration
+	}
+	fast := conn{"fast upload", 10 << 20, 10 * time.Second}
+	steady := conn{"steady 10 KB/s", 100_000, 10 * time.Second}
+	young := conn{"just begun, nothing moved", 0, minRateAfter / 2}
+	dribbler := conn{"dribbler", 20, 10 * time.Second}
+	stalled := conn{"stalled reader", 40 << 10, 60 * time.Second}
+	tests := []struct {
+		name  string
+		conns []conn
+		want  string // "": none
+	}{
+		{"none", nil, ""},
+		{"fast, steady and young", []conn{fast, steady, young}, ""},
+		{"a dribbler among them", []conn{fast, dribbler, steady, young}, "dribbler"},
+		{"the slower of two below the minimum", []conn{stalled, dribbler, fast}, "dribbler"},
+		{"a stalled reader", []conn{steady, stalled}, "stalled reader"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var l handedConns
+			var open, handed atomic.Int64
+			names := map[*replayConn]string{}
+			for _, c := range tt.conns {
+				r := &replayConn{list: &l, open: &open, handed: &handed}
+				l.set(r, false, now.Add(-c.age))
+				r.moved.Store(c.moved)
+				names[r] = c.name
+			}
+			got := l.slowest(now)
+			if names[got] != tt.want {
+				t.Fatalf("slowest: %q, want %q", names[got], tt.want)
+			}
+			if got != nil && got.in != nil {
+				t.Error("the connection picked is still listed")
+			}
+		})
 	}
 }

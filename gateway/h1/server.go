@@ -152,7 +152,7 @@ type Server struct {
 	date          atomic.Pointer[dateStamp] // the Date header of the current second, for every connection
 	acceptErrs    atomic.Uint64             // accept failures Serve waited out
 	open          atomic.Int64              // connections accepted and not closed yet, handed over ones included
-	reclaimed     atomic.Uint64             // idle connections closed to make room under MaxConns or handedLimit
+	reclaimed     atomic.Uint64             // idle (or, for handedLimit, slow) connections closed to make room under MaxConns or handedLimit
 	refused       atomic.Uint64             // connections answered 503 and closed over MaxConns
 	refusedLog    loggate.Gate              // refusals logged
 	badRequests   atomic.Uint64             // requests answered 400 and closed before a handler (badRequest)
@@ -160,8 +160,8 @@ type Server struct {
 	hdrTimeouts   atomic.Uint64             // connections closed at the header timeout (timedOut)
 	idleTimeouts  atomic.Uint64             // connections closed at the idle timeout (timedOut)
 	handed        atomic.Int64              // connections handed to Fallback and not closed yet
-	handedIdle    handedIdle                // those of them idle between requests
-	hookFallback  sync.Once                 // sets Fallback.ConnState to follow handedIdle
+	handedConns   handedConns               // those of them, idle between requests or working
+	hookFallback  sync.Once                 // sets Fallback.ConnState to follow handedConns
 	handedRefused atomic.Uint64             // requests answered 503 over handedLimit
 	handedLog     loggate.Gate              // such refusals logged
 	maxConns      atomic.Int64              // SetMaxConns': 0 unset (MaxConns applies), -1 no cap
@@ -256,7 +256,7 @@ func (s *Server) Serve(ln net.Listener) error {
 			if prev != nil {
 				prev(c, st)
 			}
-			s.handedIdle.state(c, st)
+			s.handedConns.state(c, st)
 		}
 	})
 	ho := &handoff{ch: make(chan net.Conn), done: make(chan struct{}), addr: ln.Addr()}

@@ -163,3 +163,78 @@ func TestIdleLongHeadsTakeNoHandover(t *testing.T) {
 		t.Fatalf("chunked PUT beside %d idle connections handed to net/http: %s, want 201", idle, resp.Status)
 	}
 }
+
+// TestDribblingUploadsTakeNoHandover: clients dribbling chunked uploads
+// (a head, one byte of body, then nothing: net/http serves them, reading
+// the body) on as many connections as net/http's share of the connection
+// cap allows (a thirty-second of it, at least 64) do not make the gateway
+// refuse another client's chunked PUT once they have moved less than
+// 1 KiB/s for over a second: the slowest is closed to make room. A fast
+// upload held open beside them is not the one closed, and completes.
+// Before, the dribblers held the share for MEMCGATE_READ_TIMEOUT (30 s),
+// renewable, and every chunked upload and long head got 503.
+func TestDribblingUploadsTakeNoHandover(t *testing.T) {
+	mc := memcachedtest.Start(t)
+	g := startGateway(t, map[string]string{"MEMCGATE_SERVERS": mc.Addr, "MEMCGATE_MAX_CLIENT_CONNS": "200"})
+	const share = 64 // handed over at MEMCGATE_MAX_CLIENT_CONNS=200
+	chunkedHead := func(key string) string {
+		return "PUT /dr/" + key + " HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+	}
+	fast, fastBr := dialRaw(t, g.DataAddr)
+	fastBody := strings.Repeat("f", 256<<10)
+	if _, err := io.WriteString(fast, chunkedHead("fast")+strconv.FormatInt(int64(len(fastBody)), 16)+"\r\n"+fastBody+"\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	dribblers := make([]net.Conn, share-1)
+	for i := range dribblers {
+		dribblers[i], _ = dialRaw(t, g.DataAddr)
+		if _, err := io.WriteString(dribblers[i], chunkedHead("d"+strconv.Itoa(i))+"1\r\na\r\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Every connection of the share is net/http's once a chunked PUT
+	// sent now is refused; that is all that happens until the dribblers
+	// have been below 1 KiB/s for a second, or a read timeout ends them.
+	put := func() *http.Response {
+		t.Helper()
+		c, br := dialRaw(t, g.DataAddr)
+		io.WriteString(c, chunkedHead("new")+"5\r\nhello\r\n0\r\n\r\n")
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		return resp
+	}
+	for try := 0; ; try++ {
+		resp := put()
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			break
+		}
+		if try == 100 {
+			t.Fatalf("with %d chunked uploads open: %s, want 503 until they are slow", share, resp.Status)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if resp := put(); resp.StatusCode != http.StatusCreated {
+		t.Fatalf("chunked PUT beside %d dribbled uploads: %s, want 201", share-1, resp.Status)
+	}
+	if _, err := io.WriteString(fast, "0\r\n\r\n"); err != nil {
+		t.Fatalf("finishing the fast upload: %v", err)
+	}
+	resp, err := http.ReadResponse(fastBr, nil)
+	if err != nil || resp.StatusCode != http.StatusCreated {
+		t.Fatalf("the fast upload beside the dribblers: %v %v, want 201", resp, err)
+	}
+	closed := 0
+	for _, c := range dribblers {
+		c.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+		if _, err := c.Read(make([]byte, 1)); err == io.EOF {
+			closed++
+		}
+	}
+	if closed != 1 {
+		t.Errorf("%d dribbled uploads closed, want 1 (one for the PUT served)", closed)
+	}
+}
