@@ -159,16 +159,20 @@ type replayConn struct {
 	err    error // the last read's error, for ReadError
 
 	// moved counts the bytes read from and written to the connection
-	// since since (the bytes handed over with it are not counted: the
-	// fast path read them): list.slowest's measure of how fast it works.
+	// since its current request began (or it was handed over; the bytes
+	// handed over with it are not counted: the fast path read them):
+	// list.slowest's measure of how fast it works.
 	moved atomic.Int64
 
 	// Guarded by list.mu: the list of list's it is in (nil: none), its
-	// neighbours there, and when its current request began (or it was
-	// handed over).
-	in         *connList
-	prev, next *replayConn
-	since      time.Time
+	// neighbours there, and two marks of moved and when it was so, from
+	// and mark, for list.slowest to measure its rate since from: the
+	// request's start until slowest has looked at it rateWindow after
+	// it, then the mark it set at least rateWindow before.
+	in             *connList
+	prev, next     *replayConn
+	fromAt, markAt time.Time
+	fromMv, markMv int64
 
 	// inHead: the connection was handed over before the head of its
 	// request was whole, and Read has not returned the head's end yet;
@@ -261,16 +265,21 @@ func (r *replayConn) Close() error {
 	return r.Conn.Close()
 }
 
-// minHandedRate is the rate, in bytes a second read and written over a
-// request so far, below which a handed connection that is working (not
-// idle between requests) may be closed to make room at handedLimit when
-// none is idle: 1 KiB/s, a twentieth of the slowest mobile link, which
-// a client sending or reading as fast as its link allows stays above.
-// minRateAfter is how long a request must have lasted for its rate to
-// count: a request that just began has moved nothing yet.
+// minHandedRate is the rate, in bytes a second read and written, below
+// which a handed connection that is working (not idle between requests)
+// may be closed to make room at handedLimit when none is idle: 1 KiB/s,
+// a tenth of a slow mobile link, which a client sending or reading as
+// fast as its link allows stays above. The rate counts over the request
+// so far, or once the share has been full for a while the last
+// rateWindow to twice that (handedConns.slowest), so that a burst early
+// in a request (an answer the socket's buffers took at once, for a
+// client that then reads nothing) does not hold the place for the rest
+// of it. minRateAfter is how long a request must have lasted for its
+// rate to count: a request that just began has moved nothing yet.
 const (
 	minHandedRate = 1024
 	minRateAfter  = time.Second
+	rateWindow    = 5 * time.Second
 )
 
 // handedConns lists the connections handed to Fallback: those idle
@@ -359,7 +368,7 @@ func (l *handedConns) set(r *replayConn, idle bool, start time.Time) {
 		return
 	}
 	if !start.IsZero() {
-		r.since = start
+		r.fromAt, r.markAt, r.fromMv, r.markMv = start, start, 0, 0
 		r.moved.Store(0)
 	}
 	switch {
@@ -392,24 +401,33 @@ func (l *handedConns) oldestIdle() *replayConn {
 }
 
 // slowest takes out of the list and returns, for one caller alone, the
-// working connection that has moved the fewest bytes a second over its
-// request so far, if that is below minHandedRate and the request has
-// lasted minRateAfter; nil if there is none. A connection that sends or
-// reads as fast as its client can is never the one: a fast upload, or a
-// slow but steady one, has a rate above the minimum; a connection whose
-// client dribbles its body, or does not read its answer (its writes
-// stall once the socket's buffers are full), falls below it.
+// working connection that has moved the fewest bytes a second, if that
+// is below minHandedRate over at least minRateAfter; nil if there is
+// none. The rate counts from the request's start, or from a mark slowest
+// set on an earlier call rateWindow or more before: each call moves the
+// marks of a connection whose last is rateWindow old, so that while the
+// share stays full a rate spans the last rateWindow to twice that, and
+// no timer is needed. A connection that sends or reads as fast as its
+// client can is never the one: a fast upload, or a slow but steady one,
+// has a rate above the minimum; a connection whose client dribbles its
+// body, or does not read its answer (its writes stall once the socket's
+// buffers are full), falls below it.
 func (l *handedConns) slowest(now time.Time) *replayConn {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var pick *replayConn
 	var pickRate float64
 	for r := l.working.head; r != nil; r = r.next {
-		d := now.Sub(r.since)
+		moved := r.moved.Load()
+		if now.Sub(r.markAt) >= rateWindow {
+			r.fromAt, r.fromMv = r.markAt, r.markMv
+			r.markAt, r.markMv = now, moved
+		}
+		d := now.Sub(r.fromAt)
 		if d < minRateAfter {
 			continue
 		}
-		if rate := float64(r.moved.Load()) / d.Seconds(); rate < minHandedRate && (pick == nil || rate < pickRate) {
+		if rate := float64(moved-r.fromMv) / d.Seconds(); rate < minHandedRate && (pick == nil || rate < pickRate) {
 			pick, pickRate = r, rate
 		}
 	}

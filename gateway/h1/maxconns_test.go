@@ -489,3 +489,32 @@ func TestHandedSlowest(t *testing.T) {
 		})
 	}
 }
+
+// TestHandedSlowestWindow: a connection that moved a burst early in its
+// request (an answer the socket's buffers took, for a client that then
+// reads nothing) keeps its place only until slowest has looked at it
+// rateWindow apart with nothing moved between; one that keeps moving at
+// a steady 10 KB/s keeps it.
+func TestHandedSlowestWindow(t *testing.T) {
+	var l handedConns
+	var open, handed atomic.Int64
+	start := time.Now()
+	stalled := &replayConn{list: &l, open: &open, handed: &handed}
+	steady := &replayConn{list: &l, open: &open, handed: &handed}
+	l.set(stalled, false, start)
+	l.set(steady, false, start)
+	now := start.Add(10 * time.Second)
+	stalled.moved.Store(256 << 10) // at once, then nothing
+	steady.moved.Store(100_000)
+	if got := l.slowest(now); got != nil {
+		t.Fatalf("slowest over the request so far: %p (stalled %p, steady %p), want none", got, stalled, steady)
+	}
+	if got := l.slowest(now.Add(rateWindow / 2)); got != nil {
+		t.Fatalf("slowest within rateWindow of the last look: %p, want none", got)
+	}
+	now = now.Add(rateWindow + time.Second)
+	steady.moved.Add(10_000 * int64((rateWindow + time.Second).Seconds()))
+	if got := l.slowest(now); got != stalled {
+		t.Fatalf("slowest rateWindow after the last look: %p, want the stalled one %p (steady %p)", got, stalled, steady)
+	}
+}
