@@ -88,13 +88,13 @@ memcgate_http_connections_closed_total{listener="data",reason="idle_timeout"} 0
 # HELP memcgate_http_connections_max The cap on client connections open at once over the data listeners (MEMCGATE_MAX_CLIENT_CONNS; 0: none).
 # TYPE memcgate_http_connections_max gauge
 memcgate_http_connections_max 0
-# HELP memcgate_http_connections_reclaimed_total Client connections closed to make room for a new one at the MEMCGATE_MAX_CLIENT_CONNS cap (idle ones, or ones that sent no complete request head nor finished a TLS handshake yet), or for a request the fast path hands to net/http at its share of the cap (idle ones net/http serves).
+# HELP memcgate_http_connections_reclaimed_total Client connections closed to make room for a new one at the MEMCGATE_MAX_CLIENT_CONNS cap (idle ones, or ones that sent no complete request head nor finished a TLS handshake yet), or for a request the fast path hands to net/http at its share of the cap (idle ones net/http serves, or with none idle the slowest below 1 KiB/s).
 # TYPE memcgate_http_connections_reclaimed_total counter
 memcgate_http_connections_reclaimed_total 0
 # HELP memcgate_http_connections_refused_total New client connections closed at the MEMCGATE_MAX_CLIENT_CONNS cap with no idle or silent one to make room (answered 503 on the fast path).
 # TYPE memcgate_http_connections_refused_total counter
 memcgate_http_connections_refused_total 0
-# HELP memcgate_http_handovers_refused_total Requests the fast path hands to Go's net/http (chunked bodies, heads over 4 KiB) answered 503 instead, because a thirty-second of the connection cap were net/http's already.
+# HELP memcgate_http_handovers_refused_total Requests the fast path hands to Go's net/http (chunked bodies, heads over 4 KiB) answered 503 instead, because a thirty-second of the connection cap were net/http's already, none idle or below 1 KiB/s.
 # TYPE memcgate_http_handovers_refused_total counter
 memcgate_http_handovers_refused_total 0
 `
