@@ -322,7 +322,9 @@ func batchFanOut(n int) func(*testing.T, *rig, func()) result {
 // a chunked PUT with a 15 KB header and one chunk of its body, then
 // nothing: each request needs Go's net/http, which would hold a
 // goroutine, buffers and the parsed head for it (about 65 KB) and never
-// close it to make room.
+// close it to make room. The gateway hands a thirty-second of the cap
+// over at most, and past that closes the slowest of them, once under
+// 1 KiB/s for a second, for each new one, or answers 503.
 func chunkedUploads(n int) func(*testing.T, *rig, func()) result {
 	pad := strings.Repeat("p", 15000)
 	return holdConns(n, sendHead(func(i int) string {
