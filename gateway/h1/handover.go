@@ -458,12 +458,26 @@ func (r *replayConn) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// Write writes p, counting what it wrote in moved.
+// Write writes p, counting what it wrote in moved, writeChunk at a time.
 func (r *replayConn) Write(p []byte) (int, error) {
-	n, err := r.Conn.Write(p)
-	r.moved.Add(int64(n))
-	return n, err
+	n := 0
+	for n < len(p) {
+		m, err := r.Conn.Write(p[n:min(len(p), n+writeChunk)])
+		n += m
+		r.moved.Add(int64(m))
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }
+
+// writeChunk is the most replayConn.Write gives the socket at once: a
+// write returns only when the socket has taken all of it, and net/http
+// writes a large answer in one, so that moved follows an answer going
+// to a slow reader as it goes (16 KiB: every 1.6 s at 10 KB/s), not only
+// when the whole of it has gone.
+const writeChunk = 16 << 10
 
 // ReadError returns the error of the last read, nil if it had none: a
 // timeout when net/http closed the connection at one, which its

@@ -518,3 +518,25 @@ func TestHandedSlowestWindow(t *testing.T) {
 		t.Fatalf("slowest rateWindow after the last look: %p, want the stalled one %p (steady %p)", got, stalled, steady)
 	}
 }
+
+// TestHandedMovedCountsWrites: what net/http writes to a handed
+// connection counts in its rate as the socket takes it, not when
+// net/http's one write of the whole answer returns: a long-head GET
+// whose 4 MiB answer the client does not read has moved what the socket
+// took, not nothing until the write timeout (nor the head the fast path
+// read before the handover).
+func TestHandedMovedCountsWrites(t *testing.T) {
+	s, addr := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write(make([]byte, 4<<20))
+	}), nil)
+	c := dialOver(t, addr)
+	io.WriteString(c, "GET /k HTTP/1.1\r\nHost: a\r\nX-Pad: "+strings.Repeat("p", 5000)+"\r\n\r\n")
+	if !eventually(func() bool {
+		s.handedConns.mu.Lock()
+		defer s.handedConns.mu.Unlock()
+		r := s.handedConns.working.head
+		return r != nil && r.moved.Load() >= 64<<10
+	}) {
+		t.Fatal("a handed connection writing an answer of 4 MiB has not moved 64 KiB")
+	}
+}
