@@ -169,8 +169,9 @@ func TestIdleLongHeadsTakeNoHandover(t *testing.T) {
 // the body) on as many connections as net/http's share of the connection
 // cap allows (a thirty-second of it, at least 64) do not make the gateway
 // refuse another client's chunked PUT once they have moved less than
-// 1 KiB/s for over a second: the slowest is closed to make room. A fast
-// upload held open beside them is not the one closed, and completes.
+// 1 KiB/s for over a second: the slowest is closed to make room (one,
+// counted in memcgate_http_connections_reclaimed_total). A fast upload
+// held open beside them is not the one closed, and completes.
 // Before, the dribblers held the share for MEMCGATE_READ_TIMEOUT (30 s),
 // renewable, and every chunked upload and long head got 503.
 func TestDribblingUploadsTakeNoHandover(t *testing.T) {
@@ -192,33 +193,22 @@ func TestDribblingUploadsTakeNoHandover(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Every connection of the share is net/http's once a chunked PUT
-	// sent now is refused; that is all that happens until the dribblers
-	// have been below 1 KiB/s for a second, or a read timeout ends them.
-	put := func() *http.Response {
-		t.Helper()
-		c, br := dialRaw(t, g.DataAddr)
-		io.WriteString(c, chunkedHead("new")+"5\r\nhello\r\n0\r\n\r\n")
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		return resp
-	}
-	for try := 0; ; try++ {
-		resp := put()
-		if resp.StatusCode == http.StatusServiceUnavailable {
-			break
-		}
-		if try == 100 {
-			t.Fatalf("with %d chunked uploads open: %s, want 503 until they are slow", share, resp.Status)
+	// Every connection of the share is net/http's, each reading its
+	// body (active), before the dribblers have been below 1 KiB/s for
+	// a second; until then no handover is over the share, and nothing
+	// is closed for room.
+	deadline := time.Now().Add(10 * time.Second)
+	for metricValue(t, g, `memcgate_http_connections{state="active"}`) < share {
+		if time.Now().After(deadline) {
+			t.Fatalf("%v connections active, want the %d uploads", metricValue(t, g, `memcgate_http_connections{state="active"}`), share)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	time.Sleep(1500 * time.Millisecond)
-	if resp := put(); resp.StatusCode != http.StatusCreated {
-		t.Fatalf("chunked PUT beside %d dribbled uploads: %s, want 201", share-1, resp.Status)
+	c, br := dialRaw(t, g.DataAddr)
+	io.WriteString(c, chunkedHead("new")+"5\r\nhello\r\n0\r\n\r\n")
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusCreated {
+		t.Fatalf("chunked PUT beside %d dribbled uploads: %v %v, want 201", share-1, resp, err)
 	}
 	if _, err := io.WriteString(fast, "0\r\n\r\n"); err != nil {
 		t.Fatalf("finishing the fast upload: %v", err)
@@ -236,5 +226,8 @@ func TestDribblingUploadsTakeNoHandover(t *testing.T) {
 	}
 	if closed != 1 {
 		t.Errorf("%d dribbled uploads closed, want 1 (one for the PUT served)", closed)
+	}
+	if n := metricValue(t, g, "memcgate_http_connections_reclaimed_total"); n != 1 {
+		t.Errorf("memcgate_http_connections_reclaimed_total %v, want 1", n)
 	}
 }
