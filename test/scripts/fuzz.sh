@@ -8,12 +8,27 @@
 # writes its input to testdata/fuzz/ and fails the run either way.
 set -euo pipefail
 t=${1:-20000x}
-# One listing for the whole module (its packages built side by side): each
-# package's target names, then its "ok" line.
-targets=$(go test -list '^Fuzz' ./... | awk '/^Fuzz/ { fns = fns " " $1; next } /^ok/ { if (fns != "") print $2 fns; fns = "" }')
-while read -r pkg fns; do
-  for fn in $fns; do
-    echo "fuzz $pkg $fn ($t)"
-    go test -run '^$' -fuzz "^${fn}\$" -fuzztime "$t" -timeout 5m "$pkg"
+cache=$(go env GOCACHE)/fuzz # where go test -fuzz keeps what it found interesting
+bins=$(mktemp -d)
+trap 'rm -rf "$bins"' EXIT
+# The targets are read from each package's test files (those its build
+# constraints select), which compiles nothing: "go test -list" would build
+# and link every test binary of the module first.
+go list -f '{{.ImportPath}} {{.Dir}} {{join .TestGoFiles " "}} {{join .XTestGoFiles " "}}' ./... |
+  while read -r pkg dir files; do
+    [ -n "$files" ] || continue
+    # shellcheck disable=SC2086 # file names from go list have no spaces
+    fns=$(cd "$dir" && sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)([A-Za-z0-9_]* \*testing\.F).*/\1/p' $files)
+    [ -n "$fns" ] || continue
+    # One instrumented test binary per package, run once per target as
+    # go test -fuzz would run it: in the package's directory (its
+    # testdata/fuzz corpus), with the go command's cache of interesting
+    # inputs. go test -fuzz would build and link it again for each target.
+    bin=$bins/$(echo "$pkg" | tr / _).test
+    go test -c -fuzz=. -o "$bin" "$pkg"
+    for fn in $fns; do
+      echo "fuzz $pkg $fn ($t)"
+      (cd "$dir" && "$bin" -test.run='^$' -test.fuzz="^${fn}\$" -test.fuzztime="$t" \
+        -test.timeout=5m -test.paniconexit0 -test.fuzzcachedir="$cache/$pkg")
+    done
   done
-done <<<"$targets"
