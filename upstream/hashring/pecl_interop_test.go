@@ -300,6 +300,21 @@ func checkSessions(t *testing.T, php string, servers []*memcachedtest.Server, id
 // session before it calls the placement wrong.
 const sessionRetries = 3
 
+// peclSessionCount is how many random session ids TestPeclSessionInterop
+// writes per server set and distribution. pecl/memcache's session handler
+// hashes with the Memcache class's pool, so its points, buckets, weights
+// and "key-N" candidates are compared with findServer on 10,000 keys per
+// distribution (TestPeclInterop, a failed member making findServer walk
+// the candidates), where a lookup costs next to nothing. What the
+// sessions add is which candidates the handler asks for, in which order,
+// and which servers its save_path names: a mistake there misplaces a
+// whole member's share of the ids, hundreds of 2,000, not a rare few.
+// A session costs a PHP session start and a round trip to each server it
+// is written to: 10,000 made these the package's slowest tests.
+// (TestPHPSessionInterop keeps 10,000: php-memcached's weighted ring is
+// compared with no cheaper lookup.)
+const peclSessionCount = 2000
+
 // deleteSessions deletes keys from every server.
 func deleteSessions(t *testing.T, servers []*memcachedtest.Server, keys []string) {
 	t.Helper()
@@ -346,7 +361,7 @@ func sessionConfigs(servers []*memcachedtest.Server) []struct {
 func TestPeclSessionInterop(t *testing.T) {
 	php := gatewaytest.PHP(t, "memcache", "session")
 	if testing.Short() {
-		t.Skip("starts memcached and writes 10,000s of PHP sessions")
+		t.Skip("starts memcached and writes 1,000s of PHP sessions")
 	}
 	servers := memcachedtest.StartN(t, 5)
 	sessionModes := map[Distribution]Distribution{
@@ -373,7 +388,7 @@ func TestPeclSessionInterop(t *testing.T) {
 			seed := uint64(100*ci + 10*si)
 			t.Run(c.name+"/"+string(d), func(t *testing.T) {
 				t.Parallel()
-				checkSessions(t, php, c.srv, sessionIDs(10000, seed), "", append(slices.Clip(opts), "-d", "memcache.session_redundancy=1"),
+				checkSessions(t, php, c.srv, sessionIDs(peclSessionCount, seed), "", append(slices.Clip(opts), "-d", "memcache.session_redundancy=1"),
 					func(id string) []int { return []int{r.Owner(id)} })
 			})
 			t.Run(c.name+"/"+string(d)+"/redundancy 2", func(t *testing.T) {
