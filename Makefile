@@ -49,7 +49,7 @@ fuzz:
 	@bash test/scripts/fuzz.sh $(FUZZTIME)
 
 test: deps-test fmt-check vet
-	CI=$${CI:-} MEMCGATE_TEST_REQUIRE_MEMCACHED=1 $(GO) test -race -count=1 -timeout 15m $$($(GO) list $(PKGS) | grep -v '/test/abuse$$')
+	CI=$${CI:-} MEMCGATE_TEST_REQUIRE_MEMCACHED=1 $(GO) test -race -count=1 -timeout 15m $$(bash test/scripts/testpkgs.sh $(PKGS))
 	# the abuse suite alone: its canary measures the gateway's latency, which
 	# other packages' tests running beside it on the same cores would decide
 	CI=$${CI:-} MEMCGATE_TEST_REQUIRE_MEMCACHED=1 $(GO) test -race -count=1 -timeout 5m ./test/abuse
