@@ -48,8 +48,13 @@ vet:
 fuzz:
 	@bash test/scripts/fuzz.sh $(FUZZTIME)
 
+# Test binaries make test runs at once. Most of them wait (on timeouts, on
+# the memcached and gateway processes they start) more than they compute:
+# go test's default, one per core, leaves the 2 cores of CI half idle.
+TESTP ?= 4
+
 test: deps-test fmt-check vet
-	CI=$${CI:-} MEMCGATE_TEST_REQUIRE_MEMCACHED=1 $(GO) test -race -count=1 -timeout 15m $$(bash test/scripts/testpkgs.sh $(PKGS))
+	CI=$${CI:-} MEMCGATE_TEST_REQUIRE_MEMCACHED=1 $(GO) test -race -count=1 -p $(TESTP) -timeout 15m $$(bash test/scripts/testpkgs.sh $(PKGS))
 	# the abuse suite alone: its canary measures the gateway's latency, which
 	# other packages' tests running beside it on the same cores would decide
 	CI=$${CI:-} MEMCGATE_TEST_REQUIRE_MEMCACHED=1 $(GO) test -race -count=1 -timeout 5m ./test/abuse
