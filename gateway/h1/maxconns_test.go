@@ -365,14 +365,7 @@ func TestHandedIdleMakeRoom(t *testing.T) {
 	// One idle connection was closed for each: the first to become idle
 	// (which may not be the first served: net/http marks a connection
 	// idle after its answer is written).
-	closed := 0
-	for _, c := range held {
-		c.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
-		if _, err := c.Read(make([]byte, 1)); err == io.EOF {
-			closed++
-		}
-	}
-	if closed != 2 {
+	if closed := closedOf(held); closed != 2 {
 		t.Errorf("%d idle handed connections closed, want 2", closed)
 	}
 	if st := s.ConnStats(); st.HandoversRefused != 0 || st.Reclaimed != 2 || s.handed.Load() != int64(limit) {
@@ -426,14 +419,7 @@ func TestHandedSlowMakeRoom(t *testing.T) {
 	if resp, err := http.ReadResponse(bufio.NewReader(fast), nil); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("the fast upload beside the dribbled ones: %v %v, want 200", resp, err)
 	}
-	closed := 0
-	for _, c := range dribblers {
-		c.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
-		if _, err := c.Read(make([]byte, 1)); err == io.EOF {
-			closed++
-		}
-	}
-	if closed != 1 {
+	if closed := closedOf(dribblers); closed != 1 {
 		t.Errorf("%d dribbled uploads closed, want 1", closed)
 	}
 	if st := s.ConnStats(); st.HandoversRefused != 0 || st.Reclaimed != 1 {
@@ -539,4 +525,17 @@ func TestHandedMovedCountsWrites(t *testing.T) {
 	}) {
 		t.Fatal("a handed connection writing an answer of 4 MiB has not moved 64 KiB")
 	}
+}
+
+// closedOf is how many of conns the server has closed: their read ends
+// at once with EOF (a connection still open has nothing to read).
+func closedOf(conns []net.Conn) int {
+	closed := 0
+	for _, c := range conns {
+		c.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+		if _, err := c.Read(make([]byte, 1)); err == io.EOF {
+			closed++
+		}
+	}
+	return closed
 }
