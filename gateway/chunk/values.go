@@ -457,13 +457,13 @@ type Source interface {
 // memcached. A previous chunked value's chunks are retired once the new
 // index is in.
 func (v *Values) Put(ctx context.Context, p Put, src Source) (err error) {
-	oldIndex, err := v.current(ctx, p)
+	cur, err := v.current(ctx, p)
 	if err != nil {
 		v.m.writeFailed.Inc()
 		return err
 	}
 	x := Index{Version: rand.Uint64(), ChunkSize: v.opts.ChunkSize, Flags: p.Flags}
-	for oldIndex != nil && x.Version == oldIndex.Version {
+	for cur.index != nil && x.Version == cur.index.Version {
 		x.Version = rand.Uint64()
 	}
 	base := keyBase(p.Key, x.Version)
@@ -513,7 +513,22 @@ func (v *Values) Put(ctx context.Context, p Put, src Source) (err error) {
 		return fmt.Errorf("chunk: before writing the index of %q: %w", p.Key, err)
 	}
 	idx := op.Op{Verb: p.Verb, Item: op.Item{Key: p.Key, Value: x.Encode(), Flags: IndexFlags, Expiration: p.Expiration, CAS: p.CAS}, Admitted: true}
-	if res := v.do(ctx, idx); res.Err != nil {
+	for try := 1; ; try++ {
+		if p.Verb == op.Set {
+			idx.Verb, idx.Item.CAS = cur.replacing(try)
+		}
+		res := v.do(ctx, idx)
+		if res.Err == nil {
+			break
+		}
+		if p.Verb == op.Set && idx.Verb != op.Set && replaced(res.Err) {
+			// Another write of the key came between: its item, not the
+			// one read, is what this index replaces.
+			if cur, err = v.current(ctx, p); err != nil {
+				return err
+			}
+			continue
+		}
 		if mayBeStored(res.Err) {
 			// The index may be in and name the chunks: they are left
 			// to expire with it, not deleted under it.
@@ -522,10 +537,47 @@ func (v *Values) Put(ctx context.Context, p Put, src Source) (err error) {
 		return res.Err
 	}
 	v.m.writeStored.Inc()
-	if oldIndex != nil {
-		v.retire(ctx, p.Key, *oldIndex)
+	if cur.index != nil && cur.index.Version != x.Version {
+		v.retire(ctx, p.Key, *cur.index)
 	}
 	return nil
+}
+
+// maxIndexTries is how many times Put writes the index of a plain Set
+// checked against the item it read (cas, or add where there was none)
+// before it writes it unchecked: each refusal means another write of the
+// key landed in between, and the Set must win all the same.
+const maxIndexTries = 8
+
+// item is what current read of a key's item before a Put.
+type item struct {
+	found bool
+	cas   uint64 // the item's CAS value, if found (0: none was given)
+	index *Index // the item, if it is an index
+}
+
+// replacing is how the index of a plain Set goes in on its try'th try
+// (from 1) over it: checked against it, so that the index it replaces,
+// whose chunks the Put retires, is the one read (cas; add if there was
+// none), or, after maxIndexTries refusals or without a CAS value to
+// check, unchecked (set).
+func (it item) replacing(try int) (op.Verb, uint64) {
+	switch {
+	case try > maxIndexTries:
+		return op.Set, 0
+	case !it.found:
+		return op.Add, 0
+	case it.cas != 0:
+		return op.CAS, it.cas
+	}
+	return op.Set, 0
+}
+
+// replaced reports whether err, the answer to an index written checked
+// (replacing), says the key's item is no longer the one read: changed
+// (cas), gone (cas) or written (add).
+func replaced(err error) bool {
+	return errors.Is(err, upstream.ErrCASConflict) || errors.Is(err, upstream.ErrNotFound) || errors.Is(err, upstream.ErrExists)
 }
 
 // refresh sets the expiration of the n chunks under base, written since
@@ -563,28 +615,28 @@ func mayBeStored(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
-// current reads p.Key's item before a Put: what its index replaces, and
-// whether p's condition already fails (then nothing is written); nil
-// unless it is an index.
-func (v *Values) current(ctx context.Context, p Put) (oldIndex *Index, err error) {
+// current reads p.Key's item before a Put: whether p's condition
+// already fails (then nothing is written), and what its index replaces.
+func (v *Values) current(ctx context.Context, p Put) (item, error) {
 	res := v.do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: p.Key}})
 	found := res.Err == nil
 	switch {
 	case errors.Is(res.Err, upstream.ErrNotFound):
 	case res.Err != nil:
-		return nil, res.Err
+		return item{}, res.Err
 	case p.Verb == op.Add:
-		return nil, upstream.ErrExists
+		return item{}, upstream.ErrExists
 	case p.Verb == op.CAS && res.Item.CAS != p.CAS:
-		return nil, upstream.ErrCASConflict
+		return item{}, upstream.ErrCASConflict
 	}
 	if !found && (p.Verb == op.Replace || p.Verb == op.CAS) {
-		return nil, upstream.ErrNotFound
+		return item{}, upstream.ErrNotFound
 	}
+	it := item{found: found, cas: res.Item.CAS}
 	if x, ok, err := Parse(res.Item); found && ok && err == nil {
-		oldIndex = &x
+		it.index = &x
 	}
-	return oldIndex, nil
+	return it, nil
 }
 
 // cleanup deletes the n chunks under base of a value whose index was not

@@ -442,7 +442,7 @@ func TestChunksAdmitted(t *testing.T) {
 }
 
 // lostReplyStore applies every operation, but answers a write of an index
-// (a set of an item with IndexFlags) with err, as memcached does when its
+// (a write of an item with IndexFlags: set, cas or add) with err, as memcached does when its
 // reply is lost: a timeout, or the connection broken after the request
 // went out.
 type lostReplyStore struct {
@@ -452,7 +452,7 @@ type lostReplyStore struct {
 
 func (s *lostReplyStore) Do(ctx context.Context, o op.Op) op.Result {
 	res := s.Store.Do(ctx, o)
-	if o.Verb == op.Set && o.Item.Flags == IndexFlags {
+	if o.Verb.Writes() && o.Item.Flags == IndexFlags {
 		return op.Result{Err: s.err}
 	}
 	return res
