@@ -455,7 +455,9 @@ type Source interface {
 // ErrNotFound or ErrCASConflict for a condition that failed, before any
 // chunk is written if it fails then already), or a failure to reach
 // memcached. A previous chunked value's chunks are retired once the new
-// index is in.
+// index is in: for a Set, those of the index it replaced, whatever was
+// written in between (the index goes in checked against the item read,
+// which is read again on a refusal: item.replacing).
 func (v *Values) Put(ctx context.Context, p Put, src Source) (err error) {
 	cur, err := v.current(ctx, p)
 	if err != nil {
