@@ -357,3 +357,39 @@ func TestPutIndexTries(t *testing.T) {
 		})
 	}
 }
+
+// TestPutReadsNoReplacedValue: a big PUT over a key holding a plain
+// value of up to MAX_VALUE_BYTES asks memcached only for the item's head
+// (its flags, size and CAS) to tell it is no index, not for the value:
+// it was read whole, outside the byte budget, once for every such PUT.
+// memcached's bytes_written (what it sent) grows by the replies' lines,
+// not by the megabyte, and the index still replaces the value checked
+// against its CAS.
+func TestPutReadsNoReplacedValue(t *testing.T) {
+	v, s, addr := realValues(t, nil)
+	ctx := t.Context()
+	plain := bytes.Repeat([]byte("p"), 1000000)
+	if res := s.Do(ctx, op.Op{Verb: op.Set, Item: op.Item{Key: "k", Value: plain}}); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	sent := func() int {
+		st, err := memcachedtest.Stats(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, _ := strconv.Atoi(st["bytes_written"])
+		return n
+	}
+	before := sent()
+	b := bigValue(3, 7)
+	if err := put(ctx, v, "k", b); err != nil {
+		t.Fatal(err)
+	}
+	if d := sent() - before; d > 16<<10 {
+		t.Errorf("memcached sent %d bytes for a big PUT over a 1 MB plain value: the value was read", d)
+	}
+	got := v.peekIndex(ctx, op.Op{Item: op.Item{Key: "k"}})
+	if got.Err != nil || !IsIndex(got.Item.Flags, got.Item.Value) {
+		t.Fatalf("after the PUT the key holds %v (flags %d): want an index", got.Err, got.Item.Flags)
+	}
+}

@@ -620,7 +620,17 @@ func mayBeStored(err error) bool {
 // current reads p.Key's item before a Put: whether p's condition
 // already fails (then nothing is written), and what its index replaces.
 func (v *Values) current(ctx context.Context, p Put) (item, error) {
-	res := v.do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: p.Key}})
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(v.timeout.Load()))
+	defer cancel()
+	// Only as far as it takes to tell an index (its CAS comes with the
+	// head): the value a big PUT replaces, up to MAX_VALUE_BYTES, was read
+	// whole outside the byte budget, once for every PUT.
+	res := v.peekIndex(ctx, op.Op{Item: op.Item{Key: p.Key}})
+	if errors.Is(res.Err, upstream.ErrNoFit) {
+		// A node without meta commands sends a large value whole or not
+		// at all: read it, as such a node can only be read.
+		res = v.store.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: p.Key}})
+	}
 	found := res.Err == nil
 	switch {
 	case errors.Is(res.Err, upstream.ErrNotFound):

@@ -50,6 +50,16 @@ func (s *gateStore) Do(ctx context.Context, o op.Op) op.Result {
 			return op.Result{Err: upstream.ErrNotFound}
 		}
 		return op.Result{Item: it}
+	case op.Head:
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		it, ok := s.items[o.Item.Key]
+		if !ok {
+			return op.Result{Err: upstream.ErrNotFound}
+		}
+		n := len(it.Value)
+		it.Value = nil
+		return op.Result{Item: it, N: uint64(n)}
 	case op.Delete:
 		s.mu.Lock()
 		defer s.mu.Unlock()
