@@ -76,18 +76,7 @@ func handedConn(addr string, kind int, rnd *rand.Rand) {
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(4 * time.Second))
 	br := bufio.NewReader(c)
-	send := func(req string) bool {
-		if _, err := io.WriteString(c, req); err != nil {
-			return false
-		}
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			return false
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return !resp.Close
-	}
+	send := exchanger(c, br)
 	reset := func() { c.(*net.TCPConn).SetLinger(0) }
 	pause := func(max int) { time.Sleep(time.Duration(rnd.IntN(max)) * time.Millisecond) }
 	switch kind {

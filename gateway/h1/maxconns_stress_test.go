@@ -58,18 +58,7 @@ func stressConn(network, addr string, kind int, rnd *rand.Rand) {
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(3 * time.Second))
 	br := bufio.NewReader(c)
-	get := func(head string) bool {
-		if _, err := io.WriteString(c, head); err != nil {
-			return false
-		}
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			return false
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return !resp.Close
-	}
+	get := exchanger(c, br)
 	reset := func() {
 		if tc, ok := c.(*net.TCPConn); ok {
 			tc.SetLinger(0) // Close sends RST
@@ -251,5 +240,24 @@ func TestMaxConnsAccountingClose(t *testing.T) {
 			wg.Wait()
 			waitOpen(t, s, 0)
 		})
+	}
+}
+
+// exchanger returns a function that sends a request on c and reads its
+// answer from br (c's reader) to its end, reporting whether the
+// connection stays open for another: false once a write or read failed
+// or the answer said Connection: close.
+func exchanger(c net.Conn, br *bufio.Reader) func(req string) bool {
+	return func(req string) bool {
+		if _, err := io.WriteString(c, req); err != nil {
+			return false
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			return false
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return !resp.Close
 	}
 }
