@@ -255,11 +255,7 @@ func dialOver(t *testing.T, addr string) net.Conn {
 // and closed, a request the fast path serves is not, and once a handed
 // connection closes, the next one is handed over and served again.
 func TestHandedLimit(t *testing.T) {
-	s, addr := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		io.WriteString(w, "ok")
-	}), func(s *Server) { s.MaxConns = 100 }) // handedLimit: 64
-	limit := int(s.handedLimit())
+	s, addr, limit := startHanded(t)
 	if limit != 64 {
 		t.Fatalf("handedLimit() = %d with MaxConns 100, want 64", limit)
 	}
@@ -320,11 +316,7 @@ func TestHandedLimit(t *testing.T) {
 // (A connection still open waits out a 10 ms read; the server writes
 // nothing to an idle one, and closed the two before it answered.)
 func TestHandedIdleMakeRoom(t *testing.T) {
-	s, addr := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		io.WriteString(w, "ok")
-	}), func(s *Server) { s.MaxConns = 100 }) // handedLimit: 64
-	limit := int(s.handedLimit())
+	s, addr, limit := startHanded(t)
 	longGet := "GET /k HTTP/1.1\r\nHost: a\r\nX-Pad: " + strings.Repeat("p", 5000) + "\r\n\r\n"
 	held := make([]net.Conn, limit)
 	for i := range held {
@@ -381,11 +373,7 @@ func TestHandedIdleMakeRoom(t *testing.T) {
 // which is served, not refused. A fast upload held open beside them is
 // not the one closed, and completes.
 func TestHandedSlowMakeRoom(t *testing.T) {
-	s, addr := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		io.WriteString(w, "ok")
-	}), func(s *Server) { s.MaxConns = 100 }) // handedLimit: 64
-	limit := int(s.handedLimit())
+	s, addr, limit := startHanded(t)
 	chunkedHead := "PUT /k HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
 	const fastSize = 256 << 10
 	fast := dialOver(t, addr)
@@ -538,4 +526,16 @@ func closedOf(conns []net.Conn) int {
 		}
 	}
 	return closed
+}
+
+// startHanded starts a Server of MaxConns 100 (a handedLimit of 64) whose
+// handler reads the body and answers "ok", and returns it, its address
+// and its handedLimit.
+func startHanded(t *testing.T) (*Server, string, int) {
+	t.Helper()
+	s, addr := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, "ok")
+	}), func(s *Server) { s.MaxConns = 100 })
+	return s, addr, int(s.handedLimit())
 }
