@@ -113,7 +113,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"node"}),
 		shareRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "memcgate_upstream_buffered_share_refusals_total",
-			Help: "Values refused unread (503, as when MEMCGATE_MAX_BUFFERED_BYTES is full) because the node's reads already held their share of MEMCGATE_MAX_BUFFERED_BYTES while its values were read.",
+			Help: "Values refused unread (503, as when MEMCGATE_MAX_BUFFERED_BYTES is full) because the node's reads already held their share of MEMCGATE_MAX_BUFFERED_BYTES while its values were read, or because four times MEMCGATE_MAX_BUFFERED_BYTES of its large values were already on their way (asked for, not yet read).",
 		}, []string{"node"}),
 		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "memcgate_upstream_probes_total",

@@ -101,3 +101,29 @@ func (r *readHold) Take(n int) bool {
 
 // Give gives back n bytes Take counted.
 func (r *readHold) Give(n int) { r.held.Add(-int64(n)) }
+
+// Ahead reports whether the node may have n bytes of large values on
+// their way at once (mcpipe's reads sent on a size hint and not yet
+// answered): aheadBudgets times the budget, whatever the other nodes
+// have; or, past that, counts a refusal. decisions/0058 says why.
+func (r *readHold) Ahead(n int64) bool {
+	bp := r.share.bytes.Load()
+	if bp == nil {
+		return true
+	}
+	if limit := (*bp).Limit(); limit > 0 && n > aheadBudgets*limit {
+		r.refused.Inc()
+		return false
+	}
+	return true
+}
+
+// aheadBudgets is how many times the byte budget a node may have on its
+// way as large values. Bytes on their way are not held yet: a fast
+// reader's value is held only while its response is written, so the
+// node may have more on its way than the budget could hold at once, and
+// 64 clients reading 1 MB values as fast as they can are refused no
+// more than without a bound; but it is bounded, so that requests for
+// large values whose clients never read the answers cannot queue
+// thousands of them on the node.
+const aheadBudgets = 4

@@ -82,8 +82,14 @@ func TestReadHold(t *testing.T) {
 		t.Errorf("after Give: held %d, and a Take refused", n.reads.held.Load())
 	}
 	n.reads.Give(1)
+	before := refusals()
+	at, past := n.reads.Ahead(aheadBudgets*100), n.reads.Ahead(aheadBudgets*100+1)
+	if !at || past || refusals() != before+1 {
+		t.Errorf("Ahead of %d times the budget: %v, one byte more: %v, %v refusals counted; want true, false, 1",
+			aheadBudgets, at, past, refusals()-before)
+	}
 	c.ShareBytes(nil)
-	if !n.reads.Take(1 << 30) {
-		t.Error("Take refused without a budget")
+	if !n.reads.Take(1<<30) || !n.reads.Ahead(1<<40) {
+		t.Error("Take or Ahead refused without a budget")
 	}
 }

@@ -34,6 +34,7 @@ type call struct {
 	asked []string          // a multi-key Get's keys (Client.sendGets), in the order sent: the only keys its reply may answer
 	probe []string          // a size probe's keys (Client.probe): the reply is readProbe's
 	room  op.Room           // op.Op.Room of a read; nil: none
+	ahead int               // a large read's size last seen, counted in its Client's ahead until released (Client.admit)
 	peer  []*call           // on the first call of a shared gets line: every call on it
 	self  [1]*call          // members' answer for a call on its own, without allocating
 	one   [1]*memcache.Item // reply.items of a call on a shared line, without allocating

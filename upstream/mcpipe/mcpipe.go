@@ -81,8 +81,9 @@ type Client struct {
 	large   lane // reads of values that were large when last read
 	calls   sync.Pool
 	hints   *sizeHints
-	share   Share       // Options.Share; nil: none
-	noMeta  atomic.Bool // the server answered a size probe with ERROR: no meta commands, so GetMultiLimit probes no more
+	share   Share        // Options.Share; nil: none
+	ahead   atomic.Int64 // the sizes last seen of the large reads sent and not yet answered (admit)
+	noMeta  atomic.Bool  // the server answered a size probe with ERROR: no meta commands, so GetMultiLimit probes no more
 	// metaSets: the server answered an mg (op.Head) with "HD", as
 	// memcached 1.6.10 and later do, whose ms takes the data length as a
 	// token (op.AppendCAS). Before, an ms is refused unsent: memcached
@@ -138,6 +139,10 @@ type Share interface {
 	Take(n int) bool
 	// Give gives back n bytes Take counted.
 	Give(n int)
+	// Ahead reports whether the server may have n bytes of large values
+	// on their way at once (asked for and not yet read), counting a
+	// refusal if not.
+	Ahead(n int64) bool
 }
 
 // ErrClosed is what requests on a connection get after Close closed it.
@@ -257,6 +262,7 @@ func (c *Client) Do(ctx context.Context, o op.Op, key string) (*memcache.Item, u
 	}
 	cn, err := c.conn(l)
 	if err != nil {
+		c.ahead.Add(-int64(hint))
 		return nil, 0, err
 	}
 	if o.Verb.Reply() == op.MetaStored && !c.metaSets.Load() {
@@ -266,6 +272,7 @@ func (c *Client) Do(ctx context.Context, o op.Op, key string) (*memcache.Item, u
 	}
 	cl := c.newCall()
 	c.prepare(cl, &o, key)
+	cl.ahead = hint
 	cl.by, _ = ctx.Deadline()
 	if n := cl.big(); n > 0 {
 		if err := cn.reserve(ctx, n); err != nil {
@@ -307,12 +314,30 @@ func (c *Client) route(o *op.Op, key string) (*lane, int) {
 }
 
 // admit reports whether a Get of key routed to the large lane, its value
-// n bytes when last read, may be sent: whether its Room could take n
-// bytes now, or else whether it is the one read per hintRetry sent
-// anyway to correct a hint that may be stale. n of 0 is any other
-// operation, always sent.
+// n bytes when last read, may be sent, and if so counts n in c.ahead
+// until its call is released. It may be sent when the server's large
+// values on their way, with this one, stay within what the Share lets
+// it have ahead (Share.Ahead; any one value alone may be), and then if
+// the Room could take n bytes now, or else if it is the one read per
+// hintRetry sent anyway to correct a hint that may be stale. n of 0 is
+// any other operation, always sent and not counted.
+//
+// Reads on their way are not memory, but they are the server's queue:
+// without a bound in bytes, clients that ask for large values and never
+// read the answers (a reset after each request) keep thousands queued
+// on the node, each holding one of its in-flight slots, and every other
+// request for the node waits for a slot behind gigabytes of replies.
 func (c *Client) admit(o *op.Op, key string, n int) bool {
-	return n == 0 || o.Room.Fits(n) || c.hints.retry(key)
+	if n == 0 {
+		return true
+	}
+	after := c.ahead.Add(int64(n))
+	within := after == int64(n) || c.share == nil || c.share.Ahead(after)
+	if within && (o.Room.Fits(n) || c.hints.retry(key)) {
+		return true
+	}
+	c.ahead.Add(-int64(n))
+	return false
 }
 
 // prepare makes cl the call of o.
@@ -372,10 +397,12 @@ func (c *Client) DoAsync(ctx context.Context, o op.Op, key string, done func(*me
 	}
 	cn, err := c.openConn(l)
 	if err != nil {
+		c.ahead.Add(-int64(hint))
 		return err
 	}
 	cl := c.newCall()
 	c.prepare(cl, &o, key)
+	cl.ahead = hint
 	cl.by, _ = ctx.Deadline()
 	if n := cl.big(); n > 0 {
 		if !cn.tryReserve(n) {
@@ -396,6 +423,9 @@ func (c *Client) DoAsync(ctx context.Context, o op.Op, key string, done func(*me
 
 // release returns a call whose results the caller has read.
 func (c *Client) release(cl *call) {
+	if cl.ahead != 0 {
+		c.ahead.Add(-int64(cl.ahead))
+	}
 	// A pooled call keeps its peer array only if it is small, and never
 	// the calls in it: stale pointers there would keep those calls (and
 	// their own arrays) alive, so a burst's shared lines would stay in

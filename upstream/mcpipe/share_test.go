@@ -10,14 +10,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bradfitz/gomemcache/memcache"
+
 	"github.com/memcgate/memcgate/test/memcachedtest"
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
 // testShare is a Share of limit bytes that counts what it holds, the
-// most it held at once and its refusals.
+// most it held at once and its refusals, and lets its server have ahead
+// bytes of large values on their way (0: any).
 type testShare struct {
 	limit   int64
+	ahead   int64
 	held    atomic.Int64
 	most    atomic.Int64
 	refused atomic.Int64
@@ -36,6 +40,14 @@ func (s *testShare) Take(n int) bool {
 }
 
 func (s *testShare) Give(n int) { s.held.Add(-int64(n)) }
+
+func (s *testShare) Ahead(n int64) bool {
+	if s.ahead > 0 && n > s.ahead {
+		s.refused.Add(1)
+		return false
+	}
+	return true
+}
 
 // doubleRoom is a testRoom that holds two bytes of its budget per byte
 // of value, as the gateway's room for a JSON answer does.
@@ -123,4 +135,94 @@ func TestShareBoundsWhatRepliesHold(t *testing.T) {
 			t.Errorf("the room holds %d bytes after the reply", room.held.Load())
 		}
 	})
+}
+
+// TestLargeReadsAheadBounded: a read sent on its key's hint counts the
+// size last seen until its reply is read; one that would have more of
+// them on their way than the Share lets the server have ahead is refused
+// unsent (ErrNoFit), by Do and DoAsync alike, and counted as the
+// Share's refusal; one with nothing else ahead always goes, and reads of
+// keys with no hint never count. Once the replies come nothing stays
+// counted, and the refused read goes.
+func TestLargeReadsAheadBounded(t *testing.T) {
+	srv := memcachedtest.Start(t)
+	const size = 64 << 10
+	tests := []struct {
+		about   string
+		ahead   int64    // the Share's bound
+		sent    []string // read in turn while memcached is stopped: each goes
+		refused string   // read next: refused unsent
+	}{
+		{"two on their way, not three", 2*size + size/2, []string{"a", "b", "small"}, "c"},
+		{"one alone past the bound", size / 2, []string{"a", "small"}, "b"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.about, func(t *testing.T) {
+			share := &testShare{limit: 1 << 30, ahead: tt.ahead}
+			c := New(Options{Conns: 1, Timeout: 10 * time.Second, Share: share, Dial: func(ctx context.Context) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, "tcp", srv.Addr)
+			}})
+			t.Cleanup(func() { c.Close() })
+			ctx := t.Context()
+			room := &testRoom{}
+			for _, k := range []string{"a", "b", "c", "small"} {
+				v := bytes.Repeat([]byte(k), size)
+				if k == "small" {
+					v = []byte("s")
+				}
+				if err := set(ctx, c, k, v); err != nil {
+					t.Fatal(err)
+				}
+				// The first read learns the size, the second goes on the
+				// large lane, dialling it: DoAsync never dials.
+				for range 2 {
+					if _, _, err := c.Do(ctx, op.Op{Verb: op.Get, Room: room}, k); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			async := func(k string) chan error {
+				done := make(chan error, 1)
+				if err := c.DoAsync(ctx, op.Op{Verb: op.Get, Room: room}, k, func(_ *memcache.Item, _ uint64, err error) { done <- err }); err != nil {
+					done <- err
+				}
+				return done
+			}
+			srv.Pause()
+			var replies []chan error
+			for _, k := range tt.sent {
+				replies = append(replies, async(k))
+			}
+			select {
+			case err := <-async(tt.refused):
+				if !errors.Is(err, ErrNoFit) {
+					t.Errorf("DoAsync %s past the bound: %v, want ErrNoFit", tt.refused, err)
+				}
+			default:
+				t.Errorf("DoAsync %s past the bound was sent", tt.refused)
+			}
+			if _, _, err := c.Do(ctx, op.Op{Verb: op.Get, Room: room}, tt.refused); !errors.Is(err, ErrNoFit) {
+				t.Errorf("Do %s past the bound: %v, want ErrNoFit", tt.refused, err)
+			}
+			if n := share.refused.Load(); n != 2 {
+				t.Errorf("the share counted %d refusals, want 2", n)
+			}
+			if got, want := c.ahead.Load(), int64(size*(len(tt.sent)-1)); got != want {
+				t.Errorf("%d bytes counted ahead, want %d (the large reads sent)", got, want)
+			}
+			srv.Resume()
+			for i, done := range replies {
+				if err := <-done; err != nil {
+					t.Errorf("read of %s: %v", tt.sent[i], err)
+				}
+			}
+			if n := c.ahead.Load(); n != 0 {
+				t.Errorf("%d bytes counted ahead after every reply", n)
+			}
+			if _, _, err := c.Do(ctx, op.Op{Verb: op.Get, Room: room}, tt.refused); err != nil {
+				t.Errorf("%s with nothing ahead: %v", tt.refused, err)
+			}
+		})
+	}
 }
