@@ -118,6 +118,7 @@ func TestAbuse(t *testing.T) {
 	chunked := fitFDs(t, pick(12000, 6000))
 	multiReaders := pick(600, 200)
 	memcReaders := pick(1000, 600)
+	resetters := 4
 
 	attacks := []attack{
 		{name: "1 silent connections", size: thousands(silent) + " conns sending nothing", run: silentConns(silent)},
@@ -141,6 +142,8 @@ func TestAbuse(t *testing.T) {
 			prepare: storeBig, run: slowMemcReaders(memcReaders, 2)},
 		{name: "13 compressed bombs", size: fmt.Sprintf("a batch of %d gets of values that inflate %s → %s (VALUE_CODEC=php)", bombs, size(int64(len(bombPayload()))), size(bombSize)),
 			env: map[string]string{"MEMCGATE_VALUE_CODEC": "php"}, prepare: storeBombs, run: batchBombs(bombs)},
+		{name: "14 GETs reset before their answers", size: fmt.Sprintf("%d conns at a time × a GET of one of ten 1 MB keys, reset at once", resetters),
+			prepare: storeManyBigRead, run: resetGets(resetters)},
 	}
 	var rows []row
 	start := time.Now()

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -491,4 +492,62 @@ func floodConn(addr string, id int, tail []byte, stop <-chan struct{}, statuses 
 		}
 	}
 	return accepted, sent
+}
+
+// storeManyBigRead is storeManyBig, each value then read once through
+// the gateway, as values are read before anyone attacks them: the
+// gateway knows them for large (sizeHints) from the first answer on.
+func storeManyBigRead(t *testing.T, r *rig) {
+	t.Helper()
+	storeManyBig(t, r)
+	for i := range manyBig {
+		resp, err := http.Get(r.url + "/" + bigKey + strconv.Itoa(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, _ := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || n != bigSize {
+			t.Fatalf("GET /%s%d = %d with %d bytes, want 200 with %d", bigKey, i, resp.StatusCode, n, bigSize)
+		}
+	}
+}
+
+// resetGets is attack 14: n connections at a time, each sending a GET of
+// one of the manyBig 1 MB keys and resetting at once (SO_LINGER 0), for
+// as long as the attack is held. A 40-byte request makes memcached send
+// a megabyte that nobody reads; without a bound in bytes on the large
+// reads queued for a node, thousands wait there, holding its in-flight
+// slots, and the canary's request for the node waits behind them.
+func resetGets(n int) func(*testing.T, *rig, func()) result {
+	return func(t *testing.T, r *rig, hold func()) result {
+		var sent atomic.Int64
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				for j := i; ; j += n {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					c, err := net.DialTimeout("tcp", r.gw.DataAddr, 10*time.Second)
+					if err != nil {
+						time.Sleep(time.Millisecond)
+						continue
+					}
+					if _, err := io.WriteString(c, "GET /"+bigKey+strconv.Itoa(j%manyBig)+" HTTP/1.1\r\nHost: x\r\n\r\n"); err == nil {
+						sent.Add(1)
+					}
+					_ = c.(*net.TCPConn).SetLinger(0)
+					c.Close()
+				}
+			})
+		}
+		hold()
+		close(stop)
+		wg.Wait()
+		return result{got: thousands(int(sent.Load())) + " GETs sent and reset"}
+	}
 }
