@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/memcgate/memcgate/cmd/memcgate/internal/liveconfig"
 	"github.com/memcgate/memcgate/config"
 	"github.com/memcgate/memcgate/gateway"
 	"github.com/memcgate/memcgate/gateway/budget"
@@ -70,7 +71,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 			return fmt.Errorf("unknown argument %q (memcgate takes its configuration from MEMCGATE_* variables; see -help)", args[0])
 		}
 	}
-	cfg, err := loadConfig(ctx, environ)
+	cfg, err := liveconfig.Load(ctx, environ)
 	if err != nil {
 		return fmt.Errorf("invalid configuration:\n%w", err)
 	}
@@ -436,16 +437,16 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 		conns.fast = conns.fastH1.ConnStats
 	}
 	reg.MustRegister(conns)
-	rl := newReloader(cfg, environ, log, lg.level, reg)
-	rl.router, rl.handler, rl.access, rl.budget, rl.budgetDef, rl.bodies = router, handler, access, buffered, derived, bodies
-	rl.conns, rl.nofile, rl.fast, rl.hosts = conns, nofile, conns.fastH1, hosts
+	live := &liveParts{log: log, level: lg.level, router: router, handler: handler, access: access, budget: buffered, budgetDef: derived,
+		bodies: bodies, conns: conns, fast: conns.fastH1, hosts: hosts, nofile: nofile}
+	rl := liveconfig.New(cfg, liveconfig.Options{Environ: environ, Log: log, Registerer: reg, Check: checkTLS, Apply: live.apply})
 	admin := &http.Server{
 		Handler: gateway.NewAdminHandler(reg, gateway.Admin{
 			Ready:   func() bool { return !draining.Load() && router.Ready() },
 			Nodes:   func() any { return router.Nodes() },
 			Owners:  func(key string) any { return router.Placement(key) },
 			Status:  func() gateway.StatusInfo { return statusInfo(router, rl.Current()) },
-			Reloads: rl.statusRows,
+			Reloads: rl.StatusRows,
 			Config:  func() any { return newDebugConfig(build, rl.Current(), buffered) },
 			Started: started,
 			Build:   gateway.BuildInfo{Version: build.Version, Revision: build.Revision, GoVersion: build.GoVersion, Platform: build.Platform},

@@ -1,6 +1,6 @@
 //go:build !unix
 
-package main
+package liveconfig
 
 // fileID is zero where files have no inode to tell a file written in
 // place from one replaced: every file then counts as written in place.

@@ -1,4 +1,4 @@
-package main
+package liveconfig
 
 import (
 	"bytes"
@@ -34,13 +34,13 @@ func TestConfigFileNamesNoOther(t *testing.T) {
 	if err := os.WriteFile(file, []byte("MEMCGATE_CONFIG_FILE="+file+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := loadConfig(t.Context(), environ); err != nil {
+	if _, err := Load(t.Context(), environ); err != nil {
 		t.Errorf("a CONFIG_FILE that names itself: %v", err)
 	}
 	if err := os.WriteFile(file, []byte("MEMCGATE_CONFIG_FILE="+other+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := loadConfig(t.Context(), environ)
+	cfg, err := Load(t.Context(), environ)
 	if err == nil || !strings.Contains(err.Error(), "CONFIG_FILE") {
 		t.Errorf("a CONFIG_FILE that names another: err = %v, want it refused (CONFIG_FILE in force: %s, READ_ONLY %v)", err, cfg.ConfigFile, cfg.ReadOnly)
 	}
@@ -54,14 +54,14 @@ func TestServersFileDuplicate(t *testing.T) {
 	if err := os.WriteFile(file, []byte("127.0.0.1:11211\n127.0.0.1:11211\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, err := loadConfig(t.Context(), map[string]string{"MEMCGATE_SERVERS_FILE": file, "MEMCGATE_REPLICAS": "2"})
+	_, err := Load(t.Context(), map[string]string{"MEMCGATE_SERVERS_FILE": file, "MEMCGATE_REPLICAS": "2"})
 	if err == nil || !strings.Contains(err.Error(), "twice") {
 		t.Errorf("a SERVERS_FILE with a node twice: err = %v, want it refused", err)
 	}
 }
 
 // TestServersDNSAnswers: what a DNS answer makes of the nodes, through
-// loadConfig as at start and on every poll: each node once, sorted; an
+// Load as at start and on every poll: each node once, sorted; an
 // SRV target of "." is no node; a record that would reach this host
 // (port 0, an unspecified address), no node at all, or more nodes than
 // MAX_NODES refuse the answer, naming why.
@@ -108,17 +108,17 @@ func TestServersDNSAnswers(t *testing.T) {
 			dns := dnstest.Start(t)
 			dns.SetSRV(tt.srv...)
 			dns.SetA(tt.a...)
-			cfg, err := loadConfig(t.Context(), map[string]string{
+			cfg, err := Load(t.Context(), map[string]string{
 				"MEMCGATE_SERVERS_DNS": tt.dnsName, "MEMCGATE_DNS_SERVER": dns.Addr(), "MEMCGATE_MAX_NODES": "3",
 			})
 			if tt.wantErr {
 				if err == nil || !strings.HasPrefix(err.Error(), tt.want) {
-					t.Fatalf("loadConfig = %v, want an error starting %q", err, tt.want)
+					t.Fatalf("Load = %v, want an error starting %q", err, tt.want)
 				}
 				// A failed lookup names the server asked, not the one
 				// of /etc/resolv.conf.
 				if strings.HasSuffix(tt.want, ": lookup") && !strings.Contains(err.Error(), " on "+dns.Addr()+": ") {
-					t.Errorf("loadConfig = %v, want the error to name the DNS server asked, %s", err, dns.Addr())
+					t.Errorf("Load = %v, want the error to name the DNS server asked, %s", err, dns.Addr())
 				}
 				return
 			}
@@ -145,13 +145,13 @@ func TestRepeatedRefusalsFolded(t *testing.T) {
 	dns := dnstest.Start(t)
 	dns.SetLocalhost(11211)
 	environ := map[string]string{"MEMCGATE_SERVERS_DNS": "_memcache._tcp.memcached.test", "MEMCGATE_DNS_SERVER": dns.Addr(), "MEMCGATE_MAX_NODES": "1"}
-	cfg, err := loadConfig(t.Context(), environ)
+	cfg, err := Load(t.Context(), environ)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var logs bytes.Buffer
 	reg := prometheus.NewRegistry()
-	r := newReloader(cfg, environ, slog.New(slog.NewJSONHandler(&logs, nil)), new(slog.LevelVar), reg)
+	r := New(cfg, Options{Environ: environ, Log: slog.New(slog.NewJSONHandler(&logs, nil)), Registerer: reg})
 	dns.SetLocalhost(11211, 11212)
 	const refusal = "MEMCGATE_SERVERS_DNS: 2 nodes, more than MEMCGATE_MAX_NODES=1"
 	logged := func() int { return strings.Count(logs.String(), refusal) }
@@ -172,7 +172,7 @@ func TestRepeatedRefusalsFolded(t *testing.T) {
 	if len(h) != 1 || h[0].Repeated != 4 || h[0].Error != refusal {
 		t.Fatalf("history = %+v, want one refusal repeated 4 times", h)
 	}
-	if rows := r.statusRows(); len(rows) != 1 || !strings.Contains(rows[0].Message, "refused the same on 4 more polls") {
+	if rows := r.StatusRows(); len(rows) != 1 || !strings.Contains(rows[0].Message, "refused the same on 4 more polls") {
 		t.Errorf("status rows = %+v, want one that counts the repeats", rows)
 	}
 
@@ -205,7 +205,7 @@ func TestCheckInForce(t *testing.T) {
 	}
 	load := func(environ map[string]string) config.Config {
 		t.Helper()
-		cfg, err := loadConfig(t.Context(), environ)
+		cfg, err := Load(t.Context(), environ)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -265,11 +265,11 @@ func TestCheckInForce(t *testing.T) {
 // keys back to nodes that owned them before names those nodes and their
 // pool, as the reload's warning does.
 func TestStatusRowsKeysBack(t *testing.T) {
-	r := &reloader{history: []Reload{{Trigger: "sighup", Result: "ok", Pools: []route.Change{
+	r := &Reloader{history: []Reload{{Trigger: "sighup", Result: "ok", Pools: []route.Change{
 		{Pool: "main", Servers: &upstream.Change{Removed: []string{"10.0.0.4:11211"}, KeysBack: []string{"10.0.0.1:11211", "10.0.0.2:11211"}}},
 		{Pool: "sess", Policy: []string{"replicas"}},
 	}}}}
-	rows := r.statusRows()
+	rows := r.StatusRows()
 	want := "keys back on 10.0.0.1:11211, 10.0.0.2:11211 (pool main): may read stale until written again"
 	if len(rows) != 1 || !slices.Contains(rows[0].Changed, want) {
 		t.Errorf("status rows = %+v, want one whose changes hold %q", rows, want)
@@ -303,7 +303,7 @@ func TestUnchangedAgain(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var logs bytes.Buffer
-			r := &reloader{log: slog.New(slog.NewJSONHandler(&logs, nil)), history: []Reload{tt.last}}
+			r := &Reloader{log: slog.New(slog.NewJSONHandler(&logs, nil)), history: []Reload{tt.last}}
 			if got := r.unchangedAgain(t.Context(), tt.next); got != tt.fold {
 				t.Fatalf("unchangedAgain = %v, want %v", got, tt.fold)
 			}
@@ -380,11 +380,11 @@ func TestReadSettled(t *testing.T) {
 			file := filepath.Join(t.TempDir(), "memcgate.env")
 			inPlace(t, file, tt.initial)
 			environ := map[string]string{"MEMCGATE_CONFIG_FILE": file}
-			cfg, err := loadConfig(t.Context(), environ)
+			cfg, err := Load(t.Context(), environ)
 			if err != nil {
 				t.Fatal(err)
 			}
-			r := newReloader(cfg, environ, slog.New(slog.DiscardHandler), new(slog.LevelVar), prometheus.NewRegistry())
+			r := New(cfg, Options{Environ: environ, Log: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()})
 			waits := 0
 			r.settle = func(context.Context) bool {
 				waits++
@@ -465,7 +465,7 @@ func TestHoldMissing(t *testing.T) {
 			if tt.maxNodes > 0 {
 				cfg.MaxNodes = tt.maxNodes
 			}
-			r := newReloader(cfg, map[string]string{}, slog.New(slog.DiscardHandler), new(slog.LevelVar), prometheus.NewRegistry())
+			r := New(cfg, Options{Environ: map[string]string{}, Log: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()})
 			for i, a := range tt.answers {
 				next := cfg
 				next.Servers = nodes(a)
@@ -564,13 +564,13 @@ func TestReloadStoppedRecordsNothing(t *testing.T) {
 
 // configFileReloader is a reloader started from the CONFIG_FILE file,
 // and the buffer it logs into.
-func configFileReloader(t *testing.T, file string) (*reloader, *bytes.Buffer) {
+func configFileReloader(t *testing.T, file string) (*Reloader, *bytes.Buffer) {
 	t.Helper()
 	environ := map[string]string{"MEMCGATE_CONFIG_FILE": file}
-	cfg, err := loadConfig(t.Context(), environ)
+	cfg, err := Load(t.Context(), environ)
 	if err != nil {
 		t.Fatal(err)
 	}
 	logs := new(bytes.Buffer)
-	return newReloader(cfg, environ, slog.New(slog.NewJSONHandler(logs, nil)), new(slog.LevelVar), prometheus.NewRegistry()), logs
+	return New(cfg, Options{Environ: environ, Log: slog.New(slog.NewJSONHandler(logs, nil)), Registerer: prometheus.NewRegistry()}), logs
 }

@@ -1,4 +1,11 @@
-package main
+// Package liveconfig reads memcgate's configuration (the environment,
+// CONFIG_FILE's variables over it, the nodes from SERVERS, SERVERS_FILE
+// or SERVERS_DNS) and keeps it live while the gateway runs: it reloads on
+// SIGHUP, when a file it names changes and when SERVERS_DNS answers
+// others, decides which settings a reload may change, refuses a bad one
+// whole, and keeps the history of reloads for the status page. What a
+// reload changes in the running gateway is its caller's: Options.Apply.
+package liveconfig
 
 import (
 	"context"
@@ -21,9 +28,6 @@ import (
 
 	"github.com/memcgate/memcgate/config"
 	"github.com/memcgate/memcgate/gateway"
-	"github.com/memcgate/memcgate/gateway/budget"
-	"github.com/memcgate/memcgate/gateway/bufpool"
-	"github.com/memcgate/memcgate/gateway/h1"
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/route"
 )
@@ -84,21 +88,51 @@ const maxReloads = 20
 // (logReserve).
 const repeatLogEvery = time.Minute
 
-// reloader reads and applies configuration changes while the gateway runs.
-type reloader struct {
+// Options are what a Reloader needs of the process.
+type Options struct {
+	// Environ is the process's environment, which every reload reads
+	// again with CONFIG_FILE's variables over it.
+	Environ map[string]string
+	// Log takes the reloads' lines; required.
+	Log *slog.Logger
+	// Registerer takes the reloads' metrics; required.
+	Registerer prometheus.Registerer
+	// Check refuses a configuration for what the process alone can tell:
+	// the TLS files the running listeners loaded must load still, as a
+	// restart would need them. It is given the configuration read with
+	// the running TLS settings, which a reload does not change; nil: no
+	// check.
+	Check func(config.Config) error
+	// Apply makes an Update take effect in the running gateway and
+	// returns what changed in each pool (nil if Update.Routes is nil). If
+	// it fails, it must have changed nothing: the reload is refused and
+	// the running configuration stays. ctx cuts short the wait for the
+	// probes of the nodes added. Required.
+	Apply func(ctx context.Context, u Update) ([]route.Change, error)
+}
+
+// Update is what a reload that passed every check applies.
+type Update struct {
+	// Config is the configuration read: its live settings take effect.
+	Config config.Config
+	// Tokens are Config's tokens, AUTH_TOKENS_FILE's included, as they
+	// were checked: the file may have changed since.
+	Tokens []config.Token
+	// Routes is the configuration to build the pools again from (the
+	// live settings of Config beside the running values of the others);
+	// nil if the pools, their nodes and policies do not change.
+	Routes *config.Config
+	// Changed are the live variables the reload changes, with the prefix.
+	Changed []string
+}
+
+// Reloader reads and applies configuration changes while the gateway
+// runs. Its methods are safe for concurrent use.
+type Reloader struct {
 	environ   map[string]string // the process's environment
 	log       *slog.Logger
-	level     *slog.LevelVar
-	router    *route.Router
-	handler   *gateway.Handler
-	access    *gateway.Access
-	budget    *budget.Budget
-	budgetDef int64              // MAX_BUFFERED_BYTES when unset (derived at start)
-	bodies    *bufpool.Pool      // keeps as many bytes of body buffers as the budget
-	conns     *connTracker       // sets the cap on client connections
-	fast      *h1.Server         // the fast path, nil without it: its bodies wait for room up to REQUEST_TIMEOUT
-	hosts     *gateway.HostCheck // ALLOWED_HOSTS of both listeners
-	nofile    uint64             // the open-file limit MAX_CLIENT_CONNS=0 derives the cap from
+	check     func(config.Config) error
+	applyTo   func(context.Context, Update) ([]route.Change, error)
 	reloads   *prometheus.CounterVec
 	lastOK    prometheus.Gauge
 	dnsMissed prometheus.Counter // running nodes missing from SERVERS_DNS answers
@@ -145,9 +179,10 @@ type fileState struct {
 	id      [2]uint64 // fileID: the same while the file is written in place
 }
 
-// loadConfig reads the configuration from environ and CONFIG_FILE, with the
-// nodes from their source (SERVERS, SERVERS_FILE or SERVERS_DNS).
-func loadConfig(ctx context.Context, environ map[string]string) (config.Config, error) {
+// Load reads the configuration from environ and CONFIG_FILE, with the
+// nodes from their source (SERVERS, SERVERS_FILE or SERVERS_DNS). Its
+// errors say which variable or file is wrong.
+func Load(ctx context.Context, environ map[string]string) (config.Config, error) {
 	environ, err := withConfigFile(environ)
 	if err != nil {
 		return config.Config{}, err
@@ -287,10 +322,11 @@ func lookupError(cfg config.Config, host string, err error) error {
 	return fmt.Errorf("%sSERVERS_DNS %s: %w", config.Prefix, host, err)
 }
 
-// newReloader starts from cfg, what the gateway was built with. Its
-// metrics are registered on reg.
-func newReloader(cfg config.Config, environ map[string]string, log *slog.Logger, level *slog.LevelVar, reg prometheus.Registerer) *reloader {
-	r := &reloader{environ: environ, log: log, level: level, started: cfg, cur: cfg}
+// New returns a Reloader that starts from cfg, what the gateway was built
+// with (Load's). Its metrics are registered on o.Registerer; it reads
+// nothing until Run.
+func New(cfg config.Config, o Options) *Reloader {
+	r := &Reloader{environ: o.Environ, log: o.Log, check: o.Check, applyTo: o.Apply, started: cfg, cur: cfg}
 	r.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "memcgate_config_reloads_total",
 		Help: "Configuration reloads (SIGHUP, a changed file, a DNS change), by result: ok, error (nothing changed).",
@@ -310,7 +346,7 @@ func newReloader(cfg config.Config, environ map[string]string, log *slog.Logger,
 		Name: "memcgate_dns_held_nodes",
 		Help: "Nodes kept though missing from the last MEMCGATE_SERVERS_DNS answer: a node is removed once missing from 3 answers in a row.",
 	})
-	reg.MustRegister(r.reloads, r.lastOK, r.dnsMissed, r.dnsHeld)
+	o.Registerer.MustRegister(r.reloads, r.lastOK, r.dnsMissed, r.dnsHeld)
 	r.sums = r.fileSums(cfg)
 	r.inForce, r.settle = r.sums, sleepSettle
 	r.tokens, _ = cfg.Tokens() // checked at start
@@ -321,14 +357,14 @@ func newReloader(cfg config.Config, environ map[string]string, log *slog.Logger,
 // with, with the live settings of the last reload applied. It does not
 // wait for a reload in progress: that one's settings are returned once
 // they are applied.
-func (r *reloader) Current() config.Config {
+func (r *Reloader) Current() config.Config {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.cur
 }
 
 // History returns the reloads so far, the last first.
-func (r *reloader) History() []Reload {
+func (r *Reloader) History() []Reload {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := slices.Clone(r.history)
@@ -339,7 +375,7 @@ func (r *reloader) History() []Reload {
 // Run reloads on every signal from hup, and polls the watched files
 // (every WATCH_INTERVAL) and SERVERS_DNS (every DNS_INTERVAL), until ctx
 // is done.
-func (r *reloader) Run(ctx context.Context, hup <-chan os.Signal) {
+func (r *Reloader) Run(ctx context.Context, hup <-chan os.Signal) {
 	watch, dns := time.NewTimer(0), time.NewTimer(0)
 	defer watch.Stop()
 	defer dns.Stop()
@@ -377,7 +413,7 @@ func (r *reloader) Run(ctx context.Context, hup <-chan os.Signal) {
 }
 
 // watchedFiles are the files cfg names that a reload reads.
-func (r *reloader) watchedFiles(cfg config.Config) []string {
+func (r *Reloader) watchedFiles(cfg config.Config) []string {
 	var out []string
 	for _, f := range []string{r.environ[config.Prefix+"CONFIG_FILE"], cfg.ServersFile, cfg.PoolsFile, cfg.AuthTokensFile} {
 		if f != "" {
@@ -388,7 +424,7 @@ func (r *reloader) watchedFiles(cfg config.Config) []string {
 }
 
 // fileSums reads the files cfg names that a reload reads.
-func (r *reloader) fileSums(cfg config.Config) map[string]fileState {
+func (r *Reloader) fileSums(cfg config.Config) map[string]fileState {
 	return readStates(r.watchedFiles(cfg))
 }
 
@@ -412,7 +448,7 @@ func readStates(files []string) map[string]fileState {
 
 // filesChanged reports whether a watched file's content changed since the
 // last reload.
-func (r *reloader) filesChanged() bool {
+func (r *Reloader) filesChanged() bool {
 	return !sameContent(r.fileSums(r.Current()), r.sums)
 }
 
@@ -463,7 +499,7 @@ type settled struct {
 // was read twice); one that keeps changing for settleRounds is refused,
 // and so is a line cut in place (cutShort). The files' states as read
 // are returned with an error too, for the poll's comparison.
-func (r *reloader) readSettled(ctx context.Context) (settled, error) {
+func (r *Reloader) readSettled(ctx context.Context) (settled, error) {
 	files := r.fileSums(r.cur)
 	changed := !sameContent(files, r.inForce)
 	for round := 0; ; round++ {
@@ -509,7 +545,7 @@ func (r *reloader) readSettled(ctx context.Context) (settled, error) {
 
 // changedFiles names the files of files whose content is not the one in
 // force, or all of them if none is.
-func (r *reloader) changedFiles(files map[string]fileState) []string {
+func (r *Reloader) changedFiles(files map[string]fileState) []string {
 	var out []string
 	for _, f := range slices.Sorted(maps.Keys(files)) {
 		if in, ok := r.inForce[f]; !ok || in.sum != files[f].sum {
@@ -529,7 +565,7 @@ func (r *reloader) changedFiles(files map[string]fileState) []string {
 // as 10.0.0.3:112 is a valid node, a token cut short a valid token). A
 // file that had no newline at its end is not refused, nor is one
 // renamed in place: editors and templates write such files whole.
-func (r *reloader) cutShort(files map[string]fileState) error {
+func (r *Reloader) cutShort(files map[string]fileState) error {
 	for _, f := range slices.Sorted(maps.Keys(files)) {
 		in, ok := r.inForce[f]
 		if st := files[f]; ok && st.sum != in.sum && st.id == in.id && st.midLine && !in.midLine {
@@ -543,7 +579,7 @@ func (r *reloader) cutShort(files map[string]fileState) error {
 // running and says why not. A DNS poll that finds nothing new is not a
 // reload, unless the one before was refused: it is neither logged nor
 // counted.
-func (r *reloader) reload(ctx context.Context, trigger string) {
+func (r *Reloader) reload(ctx context.Context, trigger string) {
 	r.run.Lock()
 	defer r.run.Unlock()
 	// The files as read, once settled: one written after they were read
@@ -640,7 +676,7 @@ func (r *reloader) reload(ctx context.Context, trigger string) {
 // the last line about it, with the number of refusals not logged. Any
 // other refusal (SIGHUP, a changed file, a DNS answer refused for another
 // reason) is a new one.
-func (r *reloader) repeated(ctx context.Context, rl Reload) bool {
+func (r *Reloader) repeated(ctx context.Context, rl Reload) bool {
 	if len(r.history) == 0 {
 		return false
 	}
@@ -673,7 +709,7 @@ func (rl *Reload) unchanged() bool {
 // of one of its own, and logged only repeatLogEvery after the last line
 // about it, with the number of reloads not logged. A reload that changes
 // something always gets its own entry and line.
-func (r *reloader) unchangedAgain(ctx context.Context, rl Reload) bool {
+func (r *Reloader) unchangedAgain(ctx context.Context, rl Reload) bool {
 	if len(r.history) == 0 || !rl.unchanged() {
 		return false
 	}
@@ -710,7 +746,7 @@ const dnsMissLimit = 3
 // and a list of nodes that do not answer is refused as 0042 says, not
 // kept up by the nodes held), or if with them the nodes would be more
 // than MAX_NODES allows: the answer is then taken as it is.
-func (r *reloader) holdMissing(next *config.Config) {
+func (r *Reloader) holdMissing(next *config.Config) {
 	missing := map[string]int{}
 	var held []config.Server
 	if next.ServersDNS != "" && next.ServersDNS == r.cur.ServersDNS {
@@ -750,7 +786,7 @@ func (r *reloader) holdMissing(next *config.Config) {
 // running are others than SERVERS' default: the default, a memcached on
 // this host, would take the place of every node. A start takes the
 // default; a reload does not.
-func (r *reloader) keepsNodes(environ map[string]string, next config.Config) error {
+func (r *Reloader) keepsNodes(environ map[string]string, next config.Config) error {
 	for _, v := range []string{"SERVERS", "SERVERS_FILE", "SERVERS_DNS"} {
 		if environ[config.Prefix+v] != "" {
 			return nil
@@ -777,7 +813,7 @@ func serverList(servers []config.Server) string {
 // changed and what needs a restart. It changes nothing if it fails. ctx
 // cuts short the wait for the probes of the nodes added (they then
 // start down).
-func (r *reloader) apply(ctx context.Context, next config.Config, tokens []config.Token, rl *Reload) error {
+func (r *Reloader) apply(ctx context.Context, next config.Config, tokens []config.Token, rl *Reload) error {
 	live := func(name string) bool { return slices.Contains(liveVars, strings.TrimPrefix(name, config.Prefix)) }
 	for _, v := range config.Diff(r.started, next) {
 		if !live(v) {
@@ -791,8 +827,10 @@ func (r *reloader) apply(ctx context.Context, next config.Config, tokens []confi
 	}
 	// The TLS files the running listeners loaded must load still: a
 	// restart would need them. Their content is not applied.
-	if _, err := newSecurity(withTLSOf(next, r.started)); err != nil {
-		return err
+	if r.check != nil {
+		if err := r.check(withTLSOf(next, r.started)); err != nil {
+			return err
+		}
 	}
 	// The tokens applied are the ones checked, read with the files
 	// (readSettled): a token file may change between two reads.
@@ -812,47 +850,19 @@ func (r *reloader) apply(ctx context.Context, next config.Config, tokens []confi
 	if !slices.Equal(tokens, r.tokens) && !slices.Contains(rl.Changed, config.Prefix+"AUTH_TOKENS") && !slices.Contains(rl.Changed, config.Prefix+"AUTH_TOKENS_FILE") {
 		rl.Changed = append(rl.Changed, config.Prefix+"AUTH_TOKENS_FILE") // only the file's content changed
 	}
-	allowed, err := config.ParseAllowedHosts(next.AllowedHosts)
-	if err != nil {
-		return fmt.Errorf("%sALLOWED_HOSTS: %w", config.Prefix, err)
-	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(next.LogLevel)); err != nil {
-		return fmt.Errorf("%sLOG_LEVEL: %w", config.Prefix, err)
-	}
+	u := Update{Config: next, Tokens: tokens, Changed: rl.Changed}
 	if routingChanged(r.cur, next) {
-		changes, err := r.router.Reconfigure(ctx, routeOptions(withPoolsOf(next, r.started), nil, nil))
-		if err != nil {
-			return err
-		}
-		rl.Pools = changes
-		for _, ch := range changes {
-			if ch.Pool == route.DefaultPool {
-				rl.Servers = ch.Servers
-			}
-		}
+		routes := withPoolsOf(next, r.started)
+		u.Routes = &routes
 	}
-	r.access.Set(gatewayTokens(tokens), next.ReadOnly)
-	if r.hosts != nil {
-		r.hosts.Set(gateway.NewAllowedHosts(allowed))
+	changes, err := r.applyTo(ctx, u)
+	if err != nil {
+		return err
 	}
-	r.level.Set(level)
-	r.handler.SetLimits(next.MaxRequests, next.RequestTimeout, next.AccessLog)
-	if r.fast != nil {
-		r.fast.SetBudgetWait(next.RequestTimeout)
-	}
-	r.router.SetRequestSlots(next.MaxRequests)
-	limit := r.budgetDef
-	if next.MaxBufferedBytes > 0 {
-		limit = next.MaxBufferedBytes
-	}
-	r.budget.SetLimit(limit)
-	r.bodies.SetMax(int(limit))
-	if r.conns != nil {
-		connMax := clientConnCap(next.MaxClientConns, r.nofile)
-		r.conns.setMax(connMax)
-		if slices.Contains(rl.Changed, config.Prefix+"MAX_CLIENT_CONNS") {
-			warnConnCap(r.log, connMax, r.nofile) // as at start
+	rl.Pools = changes
+	for _, ch := range changes {
+		if ch.Pool == route.DefaultPool {
+			rl.Servers = ch.Servers
 		}
 	}
 	r.mu.Lock()
@@ -918,7 +928,7 @@ func liveNames() []string {
 }
 
 // withTLSOf is cfg with the TLS settings of started, which a reload does
-// not change: security is built again only to check them.
+// not change: Options.Check loads them again only to check them.
 func withTLSOf(cfg, started config.Config) config.Config {
 	cfg.TLSCertFile, cfg.TLSKeyFile = started.TLSCertFile, started.TLSKeyFile
 	cfg.AdminTLSCertFile, cfg.AdminTLSKeyFile = started.AdminTLSCertFile, started.AdminTLSKeyFile
@@ -927,8 +937,9 @@ func withTLSOf(cfg, started config.Config) config.Config {
 	return cfg
 }
 
-// statusRows is the reload history as the status page shows it.
-func (r *reloader) statusRows() []gateway.Reload {
+// StatusRows is the reload history as the status page shows it, the
+// last reload first.
+func (r *Reloader) StatusRows() []gateway.Reload {
 	hist := r.History()
 	rows := make([]gateway.Reload, 0, len(hist))
 	for _, h := range hist {
