@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/memcgate/memcgate/gateway/budget"
+	"github.com/memcgate/memcgate/gateway/connlist"
 )
 
 // handedStressHandler reads the body, then answers / at once, /panic by
@@ -171,13 +172,13 @@ func checkHandedLists(s *Server) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	listed := 0
-	for _, cl := range []*connList{&l.idle, &l.working} {
+	for _, cl := range []*connlist.List[replayConn]{&l.idle, &l.working} {
 		var prev *replayConn
-		for r := cl.head; r != nil; r = r.next {
-			if r.in != cl {
+		for r := cl.Front(); r != nil; r = r.links.Next() {
+			if r.links.In() != cl {
 				return fmt.Errorf("a connection in one list marked as in another")
 			}
-			if r.prev != prev {
+			if r.links.Prev() != prev {
 				return fmt.Errorf("a connection's prev is not the one before it")
 			}
 			if r.list != l {
@@ -188,7 +189,7 @@ func checkHandedLists(s *Server) error {
 			}
 			prev = r
 		}
-		if cl.tail != prev {
+		if cl.Back() != prev {
 			return fmt.Errorf("a list's tail is not its last connection")
 		}
 	}
@@ -203,10 +204,10 @@ func handedListed(s *Server) (idle, working int) {
 	l := &s.handedConns
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for r := l.idle.head; r != nil; r = r.next {
+	for r := l.idle.Front(); r != nil; r = r.links.Next() {
 		idle++
 	}
-	for r := l.working.head; r != nil; r = r.next {
+	for r := l.working.Front(); r != nil; r = r.links.Next() {
 		working++
 	}
 	return idle, working

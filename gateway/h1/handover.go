@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/memcgate/memcgate/gateway/connlist"
 )
 
 // handover gives the connection, with every byte read but not consumed,
@@ -164,13 +166,12 @@ type replayConn struct {
 	// list.slowest's measure of how fast it works.
 	moved atomic.Int64
 
-	// Guarded by list.mu: the list of list's it is in (nil: none), its
-	// neighbours there, and two marks of moved and when it was so, from
-	// and mark, for list.slowest to measure its rate since from: the
-	// request's start until slowest has looked at it rateWindow after
-	// it, then the mark it set at least rateWindow before.
-	in             *connList
-	prev, next     *replayConn
+	// Guarded by list.mu: its place in list's idle or working list, and
+	// two marks of moved and when it was so, from and mark, for
+	// list.slowest to measure its rate since from: the request's start
+	// until slowest has looked at it rateWindow after it, then the mark
+	// it set at least rateWindow before.
+	links          connlist.Links[replayConn]
 	fromAt, markAt time.Time
 	fromMv, markMv int64
 
@@ -287,43 +288,9 @@ const (
 // request being read or served), for handover to close one to make room
 // at handedLimit: the first idle one, or else the slowest working one.
 type handedConns struct {
-	mu      sync.Mutex
-	idle    connList
-	working connList
-}
-
-// connList is a list of handed connections, linked through their prev
-// and next; handedConns.mu guards it.
-type connList struct{ head, tail *replayConn }
-
-// push puts r, in no list, at the end of l.
-func (l *connList) push(r *replayConn) {
-	r.in, r.prev, r.next = l, l.tail, nil
-	if l.tail != nil {
-		l.tail.next = r
-	} else {
-		l.head = r
-	}
-	l.tail = r
-}
-
-// unlink takes r out of the list it is in, if any.
-func unlink(r *replayConn) {
-	l := r.in
-	if l == nil {
-		return
-	}
-	if r.prev != nil {
-		r.prev.next = r.next
-	} else {
-		l.head = r.next
-	}
-	if r.next != nil {
-		r.next.prev = r.prev
-	} else {
-		l.tail = r.prev
-	}
-	r.in, r.prev, r.next = nil, nil, nil
+	mu      sync.Mutex // guards idle, working and their connections' links
+	idle    connlist.List[replayConn]
+	working connlist.List[replayConn]
 }
 
 // state follows Fallback's ConnState hook: a connection handed over (c,
@@ -364,7 +331,7 @@ func (l *handedConns) set(r *replayConn, idle bool, start time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if r.closed.Load() {
-		unlink(r)
+		r.links.Remove()
 		return
 	}
 	if !start.IsZero() {
@@ -373,18 +340,18 @@ func (l *handedConns) set(r *replayConn, idle bool, start time.Time) {
 	}
 	switch {
 	case idle:
-		unlink(r)
-		l.idle.push(r)
-	case r.in != &l.working:
-		unlink(r)
-		l.working.push(r)
+		r.links.Remove()
+		l.idle.Push(r, &r.links)
+	case r.links.In() != &l.working:
+		r.links.Remove()
+		l.working.Push(r, &r.links)
 	}
 }
 
 // drop takes r out of its list.
 func (l *handedConns) drop(r *replayConn) {
 	l.mu.Lock()
-	unlink(r)
+	r.links.Remove()
 	l.mu.Unlock()
 }
 
@@ -393,9 +360,9 @@ func (l *handedConns) drop(r *replayConn) {
 func (l *handedConns) oldestIdle() *replayConn {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	r := l.idle.head
+	r := l.idle.Front()
 	if r != nil {
-		unlink(r)
+		r.links.Remove()
 	}
 	return r
 }
@@ -417,7 +384,7 @@ func (l *handedConns) slowest(now time.Time) *replayConn {
 	defer l.mu.Unlock()
 	var pick *replayConn
 	var pickRate float64
-	for r := l.working.head; r != nil; r = r.next {
+	for r := l.working.Front(); r != nil; r = r.links.Next() {
 		moved := r.moved.Load()
 		if now.Sub(r.markAt) >= rateWindow {
 			r.fromAt, r.fromMv = r.markAt, r.markMv
@@ -432,7 +399,7 @@ func (l *handedConns) slowest(now time.Time) *replayConn {
 		}
 	}
 	if pick != nil {
-		unlink(pick)
+		pick.links.Remove()
 	}
 	return pick
 }

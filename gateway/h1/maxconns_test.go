@@ -336,7 +336,7 @@ func TestHandedIdleMakeRoom(t *testing.T) {
 		s.handedConns.mu.Lock()
 		defer s.handedConns.mu.Unlock()
 		n := 0
-		for r := s.handedConns.idle.head; r != nil; r = r.next {
+		for r := s.handedConns.idle.Front(); r != nil; r = r.links.Next() {
 			n++
 		}
 		return n == limit
@@ -389,7 +389,7 @@ func TestHandedSlowMakeRoom(t *testing.T) {
 		s.handedConns.mu.Lock()
 		defer s.handedConns.mu.Unlock()
 		n, fastRead := 0, false
-		for r := s.handedConns.working.head; r != nil; r = r.next {
+		for r := s.handedConns.working.Front(); r != nil; r = r.links.Next() {
 			n++
 			fastRead = fastRead || r.moved.Load() >= fastSize-16<<10
 		}
@@ -457,7 +457,7 @@ func TestHandedSlowest(t *testing.T) {
 			if names[got] != tt.want {
 				t.Fatalf("slowest: %q, want %q", names[got], tt.want)
 			}
-			if got != nil && got.in != nil {
+			if got != nil && got.links.In() != nil {
 				t.Error("the connection picked is still listed")
 			}
 		})
@@ -508,7 +508,7 @@ func TestHandedMovedCountsWrites(t *testing.T) {
 	if !eventually(func() bool {
 		s.handedConns.mu.Lock()
 		defer s.handedConns.mu.Unlock()
-		r := s.handedConns.working.head
+		r := s.handedConns.working.Front()
 		return r != nil && r.moved.Load() >= 64<<10
 	}) {
 		t.Fatal("a handed connection writing an answer of 4 MiB has not moved 64 KiB")
