@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/memcgate/memcgate/gateway/connlist"
 	"github.com/memcgate/memcgate/upstream/loggate"
 )
 
@@ -75,7 +76,7 @@ type connCap struct {
 	mu sync.Mutex
 	// quiet and idle hold the connections of each kind, in the order in
 	// which they became so: the first of each is due to be closed first.
-	quiet, idle connList
+	quiet, idle connlist.List[cappedConn]
 }
 
 // newConnCap returns a cap of max connections (0: none) over the
@@ -120,7 +121,7 @@ func (l *capListener) Accept() (net.Conn, error) {
 		}
 		cc := &cappedConn{Conn: c, cap: l.cap}
 		l.cap.mu.Lock()
-		l.cap.quiet.push(cc, time.Now().UnixNano())
+		l.cap.push(&l.cap.quiet, cc)
 		l.cap.mu.Unlock()
 		return cc, nil
 	}
@@ -131,7 +132,7 @@ func (l *capListener) Accept() (net.Conn, error) {
 func (c *connCap) due() *cappedConn {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	q, i := c.quiet.head, c.idle.head
+	q, i := c.quiet.Front(), c.idle.Front()
 	if q == nil && i == nil {
 		return nil
 	}
@@ -139,7 +140,7 @@ func (c *connCap) due() *cappedConn {
 	if q == nil || i != nil && dueAt(i.since, c.idleTimeout) < dueAt(q.since, c.headerTimeout) {
 		v = i
 	}
-	v.list.remove(v)
+	v.links.Remove()
 	return v
 }
 
@@ -172,11 +173,9 @@ func (c *connCap) state(nc net.Conn, s http.ConnState) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if cc.list != nil {
-		cc.list.remove(cc)
-	}
+	cc.links.Remove()
 	if s == http.StateIdle && !cc.closed.Load() {
-		c.idle.push(cc, time.Now().UnixNano())
+		c.push(&c.idle, cc)
 	}
 }
 
@@ -216,52 +215,26 @@ type cappedConn struct {
 	cap    *connCap
 	closed atomic.Bool
 
-	// Guarded by cap.mu: the list it is in (nil: none), its neighbours
-	// there, and when it went in, in Unix nanoseconds.
-	list       *connList
-	prev, next *cappedConn
-	since      int64
+	// Guarded by cap.mu: its place in the quiet or idle list, and when
+	// it went in, in Unix nanoseconds.
+	links connlist.Links[cappedConn]
+	since int64
 }
 
 // Close closes the connection; the first call frees its place.
 func (c *cappedConn) Close() error {
 	if !c.closed.Swap(true) {
 		c.cap.mu.Lock()
-		if c.list != nil {
-			c.list.remove(c)
-		}
+		c.links.Remove()
 		c.cap.mu.Unlock()
 		c.cap.open.Add(-1)
 	}
 	return c.Conn.Close()
 }
 
-// connList is a list of connections in the order they were pushed, each
-// in one list at most; its users hold the cap's mutex.
-type connList struct{ head, tail *cappedConn }
-
-// push appends c, which is in no list, as of since.
-func (l *connList) push(c *cappedConn, since int64) {
-	c.list, c.since, c.prev, c.next = l, since, l.tail, nil
-	if l.tail != nil {
-		l.tail.next = c
-	} else {
-		l.head = c
-	}
-	l.tail = c
-}
-
-// remove takes c, which is in l, out of it.
-func (l *connList) remove(c *cappedConn) {
-	if c.prev != nil {
-		c.prev.next = c.next
-	} else {
-		l.head = c.next
-	}
-	if c.next != nil {
-		c.next.prev = c.prev
-	} else {
-		l.tail = c.prev
-	}
-	c.list, c.prev, c.next = nil, nil, nil
+// push appends cc, which is in no list, to l, one of c's lists, as of
+// now; the caller holds c.mu.
+func (c *connCap) push(l *connlist.List[cappedConn], cc *cappedConn) {
+	cc.since = time.Now().UnixNano()
+	l.Push(cc, &cc.links)
 }
