@@ -316,20 +316,87 @@ func gatewayOptions(cfg config.Config) gateway.Options {
 // requests in flight finish within ShutdownTimeout), stops health checks
 // and closes the pools.
 func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls listeners, lg logging) error {
-	log := lg.log
-	started := time.Now()
-	sec, err := newSecurity(cfg)
-	if err != nil {
-		ls.close()
+	p := &process{cfg: cfg, environ: environ, ls: ls, lg: lg, log: lg.log, started: time.Now()}
+	if err := p.listen(); err != nil {
+		p.ls.close()
 		return err
 	}
-	adminLoopback := loopbackOnly(ls.admin.Addr())
-	ls.admin = sec.wrapAdmin(watchListener(ls.admin))
-	nofile := openFileLimit()
-	maxConns := clientConnCap(cfg.MaxClientConns, nofile)
-	conns := newConnTracker(maxConns)
+	p.memory()
+	p.metrics()
+	if err := p.upstream(); err != nil {
+		p.ls.close()
+		return err
+	}
+	defer p.router.Close()
+	p.gateway()
+	p.reloads()
+	p.admin()
+	return p.run(ctx)
+}
+
+// process holds what serve wires, each part made by one step of it, in
+// the order serve calls them.
+type process struct {
+	cfg     config.Config
+	environ map[string]string
+	log     *slog.Logger
+	lg      logging
+	started time.Time
+
+	// listen
+	ls            listeners
+	sec           *security
+	adminLoopback bool   // the admin listener is reached from this host only
+	nofile        uint64 // the open-file limit
+	maxConns      int    // the cap on client connections; 0: none
+	conns         *connTracker
+
+	// memory
+	mem      memoryPlan
+	derived  int64 // MAX_BUFFERED_BYTES when unset, for reloads
+	buffered *budget.Budget
+
+	// metrics
+	build      buildInfo
+	reg        *prometheus.Registry
+	handshakes *prometheus.CounterVec
+
+	// upstream
+	router *route.Router
+
+	// gateway
+	hosts   *gateway.HostCheck
+	access  *gateway.Access
+	bodies  *bufpool.Pool
+	handler *gateway.Handler
+	data    httpServer
+
+	// reloads
+	reloader *liveconfig.Reloader
+
+	// admin
+	adminServer *http.Server
+	draining    atomic.Bool // set once the drain begins: /readyz fails
+}
+
+// listen loads the tokens and TLS files, and puts on the listeners what
+// their connections go through: TLS, the watch of the connections
+// net/http closes, the cap on client connections where net/http serves
+// them all, the guard that refuses what the fast path refuses.
+func (p *process) listen() error {
+	cfg, log := p.cfg, p.log
+	sec, err := newSecurity(cfg)
+	if err != nil {
+		return err
+	}
+	p.sec = sec
+	p.adminLoopback = loopbackOnly(p.ls.admin.Addr())
+	p.ls.admin = sec.wrapAdmin(watchListener(p.ls.admin))
+	p.nofile = openFileLimit()
+	p.maxConns = clientConnCap(cfg.MaxClientConns, p.nofile)
+	conns := newConnTracker(p.maxConns)
 	conns.data, conns.admin = newCloseWatch("data", log), newCloseWatch("admin", log)
-	for _, ln := range []*net.Listener{&ls.data, &ls.socket} {
+	for _, ln := range []*net.Listener{&p.ls.data, &p.ls.socket} {
 		if *ln == nil {
 			continue
 		}
@@ -337,7 +404,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 			// net/http serves every connection: cap them under TLS (a
 			// reload may set a cap where there was none).
 			if conns.stdCap == nil {
-				conns.stdCap = newConnCap(maxConns, cfg.HeadTimeout(), orRead(cfg.IdleTimeout, cfg.ReadTimeout), log)
+				conns.stdCap = newConnCap(p.maxConns, cfg.HeadTimeout(), orRead(cfg.IdleTimeout, cfg.ReadTimeout), log)
 			}
 			*ln = watchListener(conns.stdCap.listener(*ln))
 		}
@@ -348,9 +415,17 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 			*ln = h1.GuardListener(*ln)
 		}
 	}
+	p.conns = conns
+	return nil
+}
+
+// memory plans the process's memory: the byte budget and the runtime's
+// memory limit.
+func (p *process) memory() {
+	cfg := p.cfg
 	mem := planMemory(cfg, cgroupMemoryLimit())
 	if w := config.BudgetWarning(mem.budget, cfg.MaxValueBytes, true); !mem.explicit && w != "" {
-		log.Warn("configuration warning", "warning", w) // cfg.Warnings has the budget set
+		p.log.Warn("configuration warning", "warning", w) // cfg.Warnings has the budget set
 	}
 	derived := mem.budget // MAX_BUFFERED_BYTES when unset, for reloads
 	if mem.explicit {
@@ -361,28 +436,44 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	if mem.runtime > 0 {
 		debug.SetMemoryLimit(mem.runtime)
 	}
-	buffered := budget.New(mem.budget)
-	build := currentBuild()
+	p.mem, p.derived = mem, derived
+	p.buffered = budget.New(mem.budget)
+}
+
+// metrics makes the registry every part registers on, with the
+// process's own metrics: the runtime's, the build's, the log's.
+func (p *process) metrics() {
+	p.build = currentBuild()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	registerBuildInfo(reg, build)
+	registerBuildInfo(reg, p.build)
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "memcgate_log_lines_dropped_total",
 		Help: "Log lines dropped because the log's destination (stderr) took them slower than they came; requests never wait for it.",
-	}, func() float64 { return float64(lg.dropped()) }))
-	handshakes := newHandshakeErrors(reg)
-	allowed, _ := config.ParseAllowedHosts(cfg.AllowedHosts) // validated by config.Load
-	hosts := gateway.NewHostCheck(gateway.NewAllowedHosts(allowed), log, reg)
-	router, err := route.New(routeOptions(cfg, sec.dialer, buffered), log, reg)
+	}, func() float64 { return float64(p.lg.dropped()) }))
+	p.handshakes = newHandshakeErrors(reg)
+	p.reg = reg
+}
+
+// upstream builds the pools of memcached nodes.
+func (p *process) upstream() error {
+	router, err := route.New(routeOptions(p.cfg, p.sec.dialer, p.buffered), p.log, p.reg)
 	if err != nil {
-		ls.close()
 		return err
 	}
-	defer router.Close()
+	p.router = router
+	return nil
+}
 
-	var draining atomic.Bool
+// gateway builds the handler over the pools and the data server that
+// serves it: net/http's, with the fast path in front of it unless TLS or
+// FAST_PATH=false.
+func (p *process) gateway() {
+	cfg, log, reg, router, conns, buffered := p.cfg, p.log, p.reg, p.router, p.conns, p.buffered
+	allowed, _ := config.ParseAllowedHosts(cfg.AllowedHosts) // validated by config.Load
+	p.hosts = gateway.NewHostCheck(gateway.NewAllowedHosts(allowed), log, reg)
 	gopts := gatewayOptions(cfg)
-	access := gateway.NewAccess(sec.tokens, cfg.ReadOnly)
+	p.access = gateway.NewAccess(p.sec.tokens, cfg.ReadOnly)
 	// Values in chunks, shared by the REST API and the HttpMemc
 	// endpoints, so that deleting a key through either removes its chunks;
 	// chunks go through the router, so they follow their key's route.
@@ -395,7 +486,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	// asynchronous writes of their key accepted before them.
 	gopts.WriteOrder = gateway.NewWriteOrder()
 	memcStore = gopts.WriteOrder.Ordered(memcStore)
-	gopts.AccessLogger, gopts.AccessLogJSON, gopts.Routes, gopts.Access, gopts.Budget = lg.access, lg.accessJSON, memcRoutes(cfg, memcStore, router, access), access, buffered
+	gopts.AccessLogger, gopts.AccessLogJSON, gopts.Routes, gopts.Access, gopts.Budget = p.lg.access, p.lg.accessJSON, memcRoutes(cfg, memcStore, router, p.access), p.access, buffered
 	if cfg.DetachedResponses && cfg.PipelineConns > 0 { // only pipelined connections answer without waiting
 		gopts.Async = router
 	}
@@ -409,13 +500,13 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	gopts.ReadError = conns.data.readErrorOf
 	// Body buffers, lent by the fast path and given back by the handler;
 	// as many bytes of them as the budget kept for reuse at most.
-	bodies := bufpool.New(int(mem.budget))
+	bodies := bufpool.New(int(p.mem.budget))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "memcgate_body_buffers_kept_bytes",
 		Help: "Bytes of request body buffers over 16 KiB kept for reuse: at most MEMCGATE_MAX_BUFFERED_BYTES, each for 1s at most unused.",
 	}, func() float64 { return float64(bodies.Kept()) }))
 	gopts.Buffers = bodies
-	gopts.Hosts = hosts
+	gopts.Hosts = p.hosts
 	handler := gateway.NewHandler(router, log, reg, gopts)
 	router.CountRequests(handler.RequestsInFlight) // a node past its fair part of MAX_REQUESTS holds no more than are free
 	router.ShareBytes(buffered)                    // a node's reads hold at most their share of MAX_BUFFERED_BYTES
@@ -426,46 +517,64 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 		WriteTimeout:      cfg.WriteTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
-		ErrorLog:          newServerLog(log, "data", handshakes, &conns.stdAcceptErrs),
+		ErrorLog:          newServerLog(log, "data", p.handshakes, &conns.stdAcceptErrs),
 		Protocols:         http1Only(),
 	}
 	std.ConnState = conns.hook
 	conns.data.serve(std) // net/http's own refusals and timeouts, fast path or not
-	var data httpServer
-	data, conns.fastH1 = dataServer(cfg, sec, std, handler, buffered, bodies, maxConns)
+	p.data, conns.fastH1 = dataServer(cfg, p.sec, std, handler, buffered, bodies, p.maxConns)
 	if conns.fastH1 != nil {
 		conns.fast = conns.fastH1.ConnStats
 	}
 	reg.MustRegister(conns)
-	live := &liveParts{log: log, level: lg.level, router: router, handler: handler, access: access, budget: buffered, budgetDef: derived,
-		bodies: bodies, conns: conns, fast: conns.fastH1, hosts: hosts, nofile: nofile}
-	rl := liveconfig.New(cfg, liveconfig.Options{Environ: environ, Log: log, Registerer: reg, Check: checkTLS, Apply: live.apply})
-	admin := &http.Server{
-		Handler: gateway.NewAdminHandler(reg, gateway.Admin{
-			Ready:   func() bool { return !draining.Load() && router.Ready() },
+	p.bodies, p.handler = bodies, handler
+}
+
+// reloads makes the reloader, which changes the live settings of the
+// parts built so far.
+func (p *process) reloads() {
+	live := &liveParts{log: p.log, level: p.lg.level, router: p.router, handler: p.handler, access: p.access, budget: p.buffered, budgetDef: p.derived,
+		bodies: p.bodies, conns: p.conns, fast: p.conns.fastH1, hosts: p.hosts, nofile: p.nofile}
+	p.reloader = liveconfig.New(p.cfg, liveconfig.Options{Environ: p.environ, Log: p.log, Registerer: p.reg, Check: checkTLS, Apply: live.apply})
+}
+
+// admin builds the admin server: probes, metrics, the status page, the
+// configuration in force.
+func (p *process) admin() {
+	cfg, router, rl, build, buffered := p.cfg, p.router, p.reloader, p.build, p.buffered
+	p.adminServer = &http.Server{
+		Handler: gateway.NewAdminHandler(p.reg, gateway.Admin{
+			Ready:   func() bool { return !p.draining.Load() && router.Ready() },
 			Nodes:   func() any { return router.Nodes() },
 			Owners:  func(key string) any { return router.Placement(key) },
 			Status:  func() gateway.StatusInfo { return statusInfo(router, rl.Current()) },
 			Reloads: rl.StatusRows,
 			Config:  func() any { return newDebugConfig(build, rl.Current(), buffered) },
-			Started: started,
+			Started: p.started,
 			Build:   gateway.BuildInfo{Version: build.Version, Revision: build.Revision, GoVersion: build.GoVersion, Platform: build.Platform},
-			Access:  access, // the data listener's: a reload changes the tokens of both
+			Access:  p.access, // the data listener's: a reload changes the tokens of both
 			// Bound to loopback only, it answers the names that reach
 			// loopback and no other (docs/security.md, "Browsers").
-			Hosts:        hosts,
-			LoopbackOnly: adminLoopback,
+			Hosts:        p.hosts,
+			LoopbackOnly: p.adminLoopback,
 		}),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      60 * time.Second, // pprof profiles take 30s by default
 		IdleTimeout:       cfg.IdleTimeout,
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
-		ErrorLog:          newServerLog(log, "admin", handshakes, nil),
+		ErrorLog:          newServerLog(p.log, "admin", p.handshakes, nil),
 		Protocols:         http1Only(),
 	}
-	conns.admin.serve(admin)
+	p.conns.admin.serve(p.adminServer)
+}
 
+// run starts every long-lived goroutine (health checks, asynchronous
+// writes, both servers, reloads, the processor fit) and serves until ctx
+// is done or a server fails; then it drains and stops them in order, as
+// serve says.
+func (p *process) run(ctx context.Context) error {
+	cfg, log, ls, router, handler, data, admin, mem := p.cfg, p.log, p.ls, p.router, p.handler, p.data, p.adminServer, p.mem
 	healthCtx, stopHealth := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopHealth()
 	asyncCtx, stopAsync := context.WithCancel(context.WithoutCancel(ctx))
@@ -484,25 +593,25 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 	defer signal.Stop(hup)
 	reloadCtx, stopReload := context.WithCancel(ctx)
 	defer stopReload()
-	wg.Go(func() { rl.Run(reloadCtx, hup) })
-	fitting := cfg.FitProcs && !goMaxProcsSet(environ)
+	wg.Go(func() { p.reloader.Run(reloadCtx, hup) })
+	fitting := cfg.FitProcs && !goMaxProcsSet(p.environ)
 	if fitting {
 		fitter := procs.New(procs.Options{})
 		wg.Go(func() { fitter.Run(reloadCtx) })
 	}
-	log.Info("memcgate started", "version", build.Version, "revision", build.Revision,
+	log.Info("memcgate started", "version", p.build.Version, "revision", p.build.Revision,
 		"listen", ls.data.Addr().String(), "listen_socket", cfg.ListenSocket, "admin", ls.admin.Addr().String(),
 		"servers", len(cfg.Servers), "distribution", cfg.Distribution, "pools", router.Pools(), "replicas", cfg.Replicas,
 		"max_buffered_bytes", mem.budget, "memory_limit", mem.limit, "memory_limit_from", mem.source,
-		"max_client_conns", maxConns, "open_file_limit", nofile, "procs", runtime.GOMAXPROCS(0), "fit_procs", fitting)
-	warnConnCap(log, maxConns, nofile)
+		"max_client_conns", p.maxConns, "open_file_limit", p.nofile, "procs", runtime.GOMAXPROCS(0), "fit_procs", fitting)
+	warnConnCap(log, p.maxConns, p.nofile)
 
 	var first error
 	select {
 	case <-ctx.Done():
 	case first = <-errc: // a server failed on its own
 	}
-	draining.Store(true)
+	p.draining.Store(true)
 	// Answers carry Connection: close from now on, so load balancers and
 	// clients move their keepalive connections elsewhere during the drain
 	// instead of racing the final close.
