@@ -1,0 +1,469 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/memcgate/memcgate/cmd/memcgate/internal/liveconfig"
+	"github.com/memcgate/memcgate/config"
+	"github.com/memcgate/memcgate/gateway"
+	"github.com/memcgate/memcgate/gateway/budget"
+	"github.com/memcgate/memcgate/gateway/bufpool"
+	"github.com/memcgate/memcgate/gateway/chunk"
+	"github.com/memcgate/memcgate/gateway/h1"
+	"github.com/memcgate/memcgate/gateway/memc"
+	"github.com/memcgate/memcgate/gateway/procs"
+	"github.com/memcgate/memcgate/upstream/route"
+)
+
+// serve wires the cluster and both servers, and owns every long-lived
+// goroutine. When ctx is done it marks the gateway not ready, waits
+// DrainDelay so load balancers notice, shuts both servers down (letting
+// requests in flight finish within ShutdownTimeout), stops health checks
+// and closes the pools.
+func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls listeners, lg logging) error {
+	p := &process{cfg: cfg, environ: environ, ls: ls, lg: lg, log: lg.log, started: time.Now()}
+	if err := p.listen(); err != nil {
+		p.ls.close()
+		return err
+	}
+	p.memory()
+	p.metrics()
+	if err := p.upstream(); err != nil {
+		p.ls.close()
+		return err
+	}
+	defer p.router.Close()
+	p.gateway()
+	p.reloads()
+	p.admin()
+	return p.run(ctx)
+}
+
+// process holds what serve wires, each part made by one step of it, in
+// the order serve calls them.
+type process struct {
+	cfg     config.Config
+	environ map[string]string
+	log     *slog.Logger
+	lg      logging
+	started time.Time
+
+	// listen
+	ls            listeners
+	sec           *security
+	adminLoopback bool   // the admin listener is reached from this host only
+	nofile        uint64 // the open-file limit
+	maxConns      int    // the cap on client connections; 0: none
+	conns         *connTracker
+
+	// memory
+	mem      memoryPlan
+	derived  int64 // MAX_BUFFERED_BYTES when unset, for reloads
+	buffered *budget.Budget
+
+	// metrics
+	build      buildInfo
+	reg        *prometheus.Registry
+	handshakes *prometheus.CounterVec
+
+	// upstream
+	router *route.Router
+
+	// gateway
+	hosts   *gateway.HostCheck
+	access  *gateway.Access
+	bodies  *bufpool.Pool
+	handler *gateway.Handler
+	data    httpServer
+
+	// reloads
+	reloader *liveconfig.Reloader
+
+	// admin
+	adminServer *http.Server
+	draining    atomic.Bool // set once the drain begins: /readyz fails
+}
+
+// listen loads the tokens and TLS files, and puts on the listeners what
+// their connections go through: TLS, the watch of the connections
+// net/http closes, the cap on client connections where net/http serves
+// them all, the guard that refuses what the fast path refuses.
+func (p *process) listen() error {
+	cfg, log := p.cfg, p.log
+	sec, err := newSecurity(cfg)
+	if err != nil {
+		return err
+	}
+	p.sec = sec
+	p.adminLoopback = loopbackOnly(p.ls.admin.Addr())
+	p.ls.admin = sec.wrapAdmin(watchListener(p.ls.admin))
+	p.nofile = openFileLimit()
+	p.maxConns = clientConnCap(cfg.MaxClientConns, p.nofile)
+	conns := newConnTracker(p.maxConns)
+	conns.data, conns.admin = newCloseWatch("data", log), newCloseWatch("admin", log)
+	for _, ln := range []*net.Listener{&p.ls.data, &p.ls.socket} {
+		if *ln == nil {
+			continue
+		}
+		if !cfg.FastPath || sec.dataTLS != nil {
+			// net/http serves every connection: cap them under TLS (a
+			// reload may set a cap where there was none).
+			if conns.stdCap == nil {
+				conns.stdCap = newConnCap(p.maxConns, cfg.HeadTimeout(), orRead(cfg.IdleTimeout, cfg.ReadTimeout), log)
+			}
+			*ln = watchListener(conns.stdCap.listener(*ln))
+		}
+		*ln = sec.wrapData(*ln)
+		if !cfg.FastPath && sec.dataTLS == nil {
+			// Go's net/http serves every connection: let it refuse what
+			// the fast path refuses (Content-Length with Transfer-Encoding).
+			*ln = h1.GuardListener(*ln)
+		}
+	}
+	p.conns = conns
+	return nil
+}
+
+// memory plans the process's memory: the byte budget and the runtime's
+// memory limit.
+func (p *process) memory() {
+	cfg := p.cfg
+	mem := planMemory(cfg, cgroupMemoryLimit())
+	if w := config.BudgetWarning(mem.budget, cfg.MaxValueBytes, true); !mem.explicit && w != "" {
+		p.log.Warn("configuration warning", "warning", w) // cfg.Warnings has the budget set
+	}
+	derived := mem.budget // MAX_BUFFERED_BYTES when unset, for reloads
+	if mem.explicit {
+		noBudget := cfg
+		noBudget.MaxBufferedBytes = 0
+		derived = planMemory(noBudget, cgroupMemoryLimit()).budget
+	}
+	if mem.runtime > 0 {
+		debug.SetMemoryLimit(mem.runtime)
+	}
+	p.mem, p.derived = mem, derived
+	p.buffered = budget.New(mem.budget)
+}
+
+// metrics makes the registry every part registers on, with the
+// process's own metrics: the runtime's, the build's, the log's.
+func (p *process) metrics() {
+	p.build = currentBuild()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerBuildInfo(reg, p.build)
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "memcgate_log_lines_dropped_total",
+		Help: "Log lines dropped because the log's destination (stderr) took them slower than they came; requests never wait for it.",
+	}, func() float64 { return float64(p.lg.dropped()) }))
+	p.handshakes = newHandshakeErrors(reg)
+	p.reg = reg
+}
+
+// upstream builds the pools of memcached nodes.
+func (p *process) upstream() error {
+	router, err := route.New(routeOptions(p.cfg, p.sec.dialer, p.buffered), p.log, p.reg)
+	if err != nil {
+		return err
+	}
+	p.router = router
+	return nil
+}
+
+// gateway builds the handler over the pools and the data server that
+// serves it: net/http's, with the fast path in front of it unless TLS or
+// FAST_PATH=false.
+func (p *process) gateway() {
+	cfg, log, reg, router, conns, buffered := p.cfg, p.log, p.reg, p.router, p.conns, p.buffered
+	allowed, _ := config.ParseAllowedHosts(cfg.AllowedHosts) // validated by config.Load
+	p.hosts = gateway.NewHostCheck(gateway.NewAllowedHosts(allowed), log, reg)
+	gopts := gatewayOptions(cfg)
+	p.access = gateway.NewAccess(p.sec.tokens, cfg.ReadOnly)
+	// Values in chunks, shared by the REST API and the HttpMemc
+	// endpoints, so that deleting a key through either removes its chunks;
+	// chunks go through the router, so they follow their key's route.
+	gopts.Chunks = chunk.New(router, chunk.Options{ChunkSize: int(cfg.MaxValueBytes), Grace: gopts.BigValueGrace, Timeout: cfg.RequestTimeout}, reg)
+	var memcStore memc.Store = router
+	if cfg.BigValueMaxBytes > 0 {
+		memcStore = gopts.Chunks
+	}
+	// The HttpMemc endpoints' writes wait, as the REST API's do, for the
+	// asynchronous writes of their key accepted before them.
+	gopts.WriteOrder = gateway.NewWriteOrder()
+	memcStore = gopts.WriteOrder.Ordered(memcStore)
+	gopts.AccessLogger, gopts.AccessLogJSON, gopts.Routes, gopts.Access, gopts.Budget = p.lg.access, p.lg.accessJSON, memcRoutes(cfg, memcStore, router, p.access), p.access, buffered
+	if cfg.DetachedResponses && cfg.PipelineConns > 0 { // only pipelined connections answer without waiting
+		gopts.Async = router
+	}
+	if cfg.UDPPorts != "" {
+		gopts.Quiet = router
+	}
+	gopts.Owners = router         // each node's asynchronous writes in a lane of their own
+	gopts.TakeBody = h1.TakeAhead // bodies the fast path read ahead, kept without a copy
+	// How a request's connection read last ended, for a chunked body whose
+	// trailer section net/http's read deadline cut: a 408, not a 400.
+	gopts.ReadError = conns.data.readErrorOf
+	// Body buffers, lent by the fast path and given back by the handler;
+	// as many bytes of them as the budget kept for reuse at most.
+	bodies := bufpool.New(int(p.mem.budget))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "memcgate_body_buffers_kept_bytes",
+		Help: "Bytes of request body buffers over 16 KiB kept for reuse: at most MEMCGATE_MAX_BUFFERED_BYTES, each for 1s at most unused.",
+	}, func() float64 { return float64(bodies.Kept()) }))
+	gopts.Buffers = bodies
+	gopts.Hosts = p.hosts
+	handler := gateway.NewHandler(router, log, reg, gopts)
+	router.CountRequests(handler.RequestsInFlight) // a node past its fair part of MAX_REQUESTS holds no more than are free
+	router.ShareBytes(buffered)                    // a node's reads hold at most their share of MAX_BUFFERED_BYTES
+	std := &http.Server{
+		Handler:           takeTurns(handler),
+		ReadHeaderTimeout: cfg.HeadTimeout(),
+		ReadTimeout:       cfg.ReadTimeout,
+		WriteTimeout:      cfg.WriteTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    cfg.MaxHeaderBytes,
+		ErrorLog:          newServerLog(log, "data", p.handshakes, &conns.stdAcceptErrs),
+		Protocols:         http1Only(),
+	}
+	std.ConnState = conns.hook
+	conns.data.serve(std) // net/http's own refusals and timeouts, fast path or not
+	p.data, conns.fastH1 = dataServer(cfg, p.sec, std, handler, buffered, bodies, p.maxConns)
+	if conns.fastH1 != nil {
+		conns.fast = conns.fastH1.ConnStats
+	}
+	reg.MustRegister(conns)
+	p.bodies, p.handler = bodies, handler
+}
+
+// reloads makes the reloader, which changes the live settings of the
+// parts built so far.
+func (p *process) reloads() {
+	live := &liveParts{log: p.log, level: p.lg.level, router: p.router, handler: p.handler, access: p.access, budget: p.buffered, budgetDef: p.derived,
+		bodies: p.bodies, conns: p.conns, fast: p.conns.fastH1, hosts: p.hosts, nofile: p.nofile}
+	p.reloader = liveconfig.New(p.cfg, liveconfig.Options{Environ: p.environ, Log: p.log, Registerer: p.reg, Check: checkTLS, Apply: live.apply})
+}
+
+// admin builds the admin server: probes, metrics, the status page, the
+// configuration in force.
+func (p *process) admin() {
+	cfg, router, rl, build, buffered := p.cfg, p.router, p.reloader, p.build, p.buffered
+	p.adminServer = &http.Server{
+		Handler: gateway.NewAdminHandler(p.reg, gateway.Admin{
+			Ready:   func() bool { return !p.draining.Load() && router.Ready() },
+			Nodes:   func() any { return router.Nodes() },
+			Owners:  func(key string) any { return router.Placement(key) },
+			Status:  func() gateway.StatusInfo { return statusInfo(router, rl.Current()) },
+			Reloads: rl.StatusRows,
+			Config:  func() any { return newDebugConfig(build, rl.Current(), buffered) },
+			Started: p.started,
+			Build:   gateway.BuildInfo{Version: build.Version, Revision: build.Revision, GoVersion: build.GoVersion, Platform: build.Platform},
+			Access:  p.access, // the data listener's: a reload changes the tokens of both
+			// Bound to loopback only, it answers the names that reach
+			// loopback and no other (docs/security.md, "Browsers").
+			Hosts:        p.hosts,
+			LoopbackOnly: p.adminLoopback,
+		}),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      60 * time.Second, // pprof profiles take 30s by default
+		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    cfg.MaxHeaderBytes,
+		ErrorLog:          newServerLog(p.log, "admin", p.handshakes, nil),
+		Protocols:         http1Only(),
+	}
+	p.conns.admin.serve(p.adminServer)
+}
+
+// run starts every long-lived goroutine (health checks, asynchronous
+// writes, both servers, reloads, the processor fit) and serves until ctx
+// is done or a server fails; then it drains and stops them in order, as
+// serve says.
+func (p *process) run(ctx context.Context) error {
+	cfg, log, ls, router, handler, data, admin, mem := p.cfg, p.log, p.ls, p.router, p.handler, p.data, p.adminServer, p.mem
+	healthCtx, stopHealth := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopHealth()
+	asyncCtx, stopAsync := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopAsync()
+	var wg sync.WaitGroup
+	errc := make(chan error, 5)
+	wg.Go(func() { errc <- router.Run(healthCtx) })
+	asyncDone := make(chan struct{})
+	wg.Go(func() { defer close(asyncDone); errc <- handler.Run(asyncCtx) })
+	for _, ln := range ls.dataListeners() {
+		wg.Go(func() { errc <- ignoreClosed(data.Serve(ln)) })
+	}
+	wg.Go(func() { errc <- ignoreClosed(admin.Serve(ls.admin)) })
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	reloadCtx, stopReload := context.WithCancel(ctx)
+	defer stopReload()
+	wg.Go(func() { p.reloader.Run(reloadCtx, hup) })
+	fitting := cfg.FitProcs && !goMaxProcsSet(p.environ)
+	if fitting {
+		fitter := procs.New(procs.Options{})
+		wg.Go(func() { fitter.Run(reloadCtx) })
+	}
+	log.Info("memcgate started", "version", p.build.Version, "revision", p.build.Revision,
+		"listen", ls.data.Addr().String(), "listen_socket", cfg.ListenSocket, "admin", ls.admin.Addr().String(),
+		"servers", len(cfg.Servers), "distribution", cfg.Distribution, "pools", router.Pools(), "replicas", cfg.Replicas,
+		"max_buffered_bytes", mem.budget, "memory_limit", mem.limit, "memory_limit_from", mem.source,
+		"max_client_conns", p.maxConns, "open_file_limit", p.nofile, "procs", runtime.GOMAXPROCS(0), "fit_procs", fitting)
+	warnConnCap(log, p.maxConns, p.nofile)
+
+	var first error
+	select {
+	case <-ctx.Done():
+	case first = <-errc: // a server failed on its own
+	}
+	p.draining.Store(true)
+	// Answers carry Connection: close from now on, so load balancers and
+	// clients move their keepalive connections elsewhere during the drain
+	// instead of racing the final close.
+	data.SetKeepAlivesEnabled(false)
+	if first == nil && cfg.DrainDelay > 0 {
+		log.Info("draining", "delay", cfg.DrainDelay.String())
+		time.Sleep(cfg.DrainDelay)
+	}
+	shutCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	if err := data.Shutdown(shutCtx); err != nil {
+		log.Warn("data server shutdown", "err", err.Error())
+		data.Close()
+	}
+	// No request can queue an asynchronous write any more: apply what is
+	// queued, with health checks still running so failover stays right.
+	stopAsync()
+	<-asyncDone
+	if err := admin.Shutdown(shutCtx); err != nil {
+		admin.Close()
+	}
+	stopHealth()
+	stopReload()
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		if first == nil {
+			first = err
+		}
+	}
+	log.Info("memcgate stopped")
+	return first
+}
+
+// listeners are what serve serves: the data API on TCP and, if
+// configured, on a Unix socket (else nil), and the admin listener.
+type listeners struct {
+	data, socket, admin net.Listener
+}
+
+// dataListeners are the listeners of the data API.
+func (ls listeners) dataListeners() []net.Listener {
+	if ls.socket == nil {
+		return []net.Listener{ls.data}
+	}
+	return []net.Listener{ls.data, ls.socket}
+}
+
+func (ls listeners) close() {
+	for _, ln := range []net.Listener{ls.data, ls.socket, ls.admin} {
+		if ln != nil {
+			ln.Close()
+		}
+	}
+}
+
+// loopbackOnly reports whether a listener at addr is reached from this
+// host only: a TCP address on a loopback IP (not the unspecified one).
+func loopbackOnly(addr net.Addr) bool {
+	a, ok := addr.(*net.TCPAddr)
+	return ok && a.IP.IsLoopback()
+}
+
+// httpServer is what serve needs of the data server: *http.Server, or
+// *h1.Server in front of one.
+type httpServer interface {
+	Serve(net.Listener) error
+	Shutdown(context.Context) error
+	Close() error
+	SetKeepAlivesEnabled(bool)
+}
+
+// dataServer puts the h1 fast path in front of std unless it is turned off
+// or the listener speaks TLS (h1 has no TLS; std has).
+// It also returns the fast path, nil without it.
+func dataServer(cfg config.Config, sec *security, std *http.Server, h *gateway.Handler, buffered *budget.Budget, bodies *bufpool.Pool, maxConns int) (httpServer, *h1.Server) {
+	if !cfg.FastPath || sec.dataTLS != nil {
+		return std, nil
+	}
+	fast := &h1.Server{
+		Handler:           h, // it takes turns itself, when a client pipelines
+		Detached:          h.ServeDetached,
+		BodyLimit:         h.BodyLimit,
+		Budget:            buffered,
+		BudgetWait:        cfg.RequestTimeout, // a body waits for room as a request waits for memcached
+		Buffers:           bodies,
+		ReadHeaderTimeout: std.ReadHeaderTimeout,
+		ReadTimeout:       std.ReadTimeout,
+		WriteTimeout:      std.WriteTimeout,
+		IdleTimeout:       std.IdleTimeout,
+		MaxHeaderBytes:    std.MaxHeaderBytes,
+		Fallback:          std,
+		ErrorLog:          std.ErrorLog,
+		NewContext:        h.NewContext,
+		MaxConns:          maxConns,
+	}
+	return fast, fast
+}
+
+// http1Only is what the servers speak: HTTP/1.x alone, never HTTP/2,
+// neither negotiated over TLS nor unencrypted. Every bound here is per
+// connection (the connection cap, what a connection served by net/http
+// holds in the memory model, the hand-overs to net/http), and HTTP/2
+// multiplies a connection by its streams, 250 in net/http, each a
+// handler goroutine holding what a request holds
+// (docs/decisions/0038).
+func http1Only() *http.Protocols {
+	p := new(http.Protocols)
+	p.SetHTTP1(true)
+	return p
+}
+
+// takeTurns makes a request served by Go's net/http (a connection the
+// fast path handed over, TLS, FAST_PATH=false) let the other goroutines
+// run before it starts, as the fast path does before each request a
+// client pipelined (docs/security.md, rule 1). net/http serves a
+// connection's pipelined requests back to back, and Go preempts a
+// goroutine only after 10 ms: without the yield, connections pipelining
+// requests that net/http must parse (a 16 KB head, a Connection header
+// listing tokens) each hold a processor for their turn, and a GET on
+// another connection waits seconds, or gets a 504 (docs/benchmarks.md,
+// Abuse: attack 9).
+func takeTurns(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runtime.Gosched()
+		h.ServeHTTP(w, r)
+	})
+}
+
+func ignoreClosed(err error) error {
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
