@@ -19,6 +19,7 @@ import (
 	"github.com/caarlos0/env/v11"
 
 	"github.com/memcgate/memcgate/cmd/memcgate/internal/liveconfig"
+	"github.com/memcgate/memcgate/cmd/memcgate/internal/logbuf"
 	"github.com/memcgate/memcgate/config"
 )
 
@@ -57,7 +58,11 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	if err != nil {
 		return fmt.Errorf("invalid configuration:\n%w", err)
 	}
-	logs := newLogBuffer(stderr, logBacklog)
+	logs := logbuf.New(stderr, logbuf.Backlog, func(w io.Writer, lines int) {
+		// At error level, which every LOG_LEVEL shows: lines are missing.
+		l := newLogger(cfg, w, nil)
+		l.Error("log lines dropped: the log's destination took them slower than they came", "lines", lines)
+	})
 	lg := logging{level: new(slog.LevelVar), dropped: logs.Dropped}
 	_ = lg.level.UnmarshalText([]byte(cfg.LogLevel)) // validated by config.Load
 	lg.log = newLogger(cfg, logs, lg.level)
@@ -68,11 +73,6 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		lg.accessJSON = logs.Access()
 	}
 	log := lg.log
-	logs.notice = func(w io.Writer, lines int) {
-		// At error level, which every LOG_LEVEL shows: lines are missing.
-		l := newLogger(cfg, w, nil)
-		l.Error("log lines dropped: the log's destination took them slower than they came", "lines", lines)
-	}
 	logCtx, stopLogs := context.WithCancel(context.WithoutCancel(ctx))
 	flushed := make(chan struct{})
 	go func() { logs.Run(logCtx); close(flushed) }()
@@ -80,7 +80,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		stopLogs()
 		select {
 		case <-flushed:
-		case <-time.After(logStopWait):
+		case <-time.After(logbuf.StopWait):
 		}
 	}()
 	for _, w := range cfg.Warnings() {
@@ -113,7 +113,7 @@ func goMaxProcsSet(environ map[string]string) bool {
 
 // logging is where serve logs: the log and its level, which a reload
 // may change, and the access log's loggers over the log's access backlog
-// (logBuffer.Access).
+// (logbuf.Buffer.Access).
 type logging struct {
 	log        *slog.Logger
 	level      *slog.LevelVar

@@ -21,7 +21,7 @@ const handshakeError = "http: TLS handshake error from "
 // makes one of those per connection, at the rate it likes (a port scan, a
 // load balancer's TCP check, plain HTTP to the HTTPS port: connecting and
 // closing is enough), and a warning each would fill the room the log
-// keeps for warnings and errors (logReserve). They are counted, and
+// keeps for warnings and errors (logbuf's reserve). They are counted, and
 // logged a line a second at most, saying how many failed since the last
 // line without one (nginx logs them at info).
 type serverLog struct {

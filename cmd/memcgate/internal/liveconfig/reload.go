@@ -85,7 +85,7 @@ const maxReloads = 20
 // the gateway refuses (one over MAX_NODES, a name that stopped
 // resolving) comes back every DNS_INTERVAL, SIGHUPs may come in storms,
 // and a line each would crowd the log's room for warnings and errors
-// (logReserve).
+// (logbuf's reserve).
 const repeatLogEvery = time.Minute
 
 // Options are what a Reloader needs of the process.

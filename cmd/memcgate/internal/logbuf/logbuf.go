@@ -1,4 +1,8 @@
-package main
+// Package logbuf is the log's buffer: it takes log lines without ever
+// making their writer wait and writes them to the log's destination
+// from a goroutine of its own, dropping and counting what does not fit
+// its bound. It does not format lines; slog handlers write into it.
+package logbuf
 
 import (
 	"bytes"
@@ -9,7 +13,7 @@ import (
 	"time"
 )
 
-// logBuffer collects log lines in memory and writes them to the log's
+// Buffer collects log lines in memory and writes them to the log's
 // destination from Run's goroutine alone, so that no request ever waits
 // on that destination. A pipe whose reader falls behind (a container
 // runtime, `| logger`, a test harness) or a slow disk would otherwise
@@ -28,7 +32,7 @@ import (
 // a line saying how many were dropped before it, where they are
 // missing. A crash can lose what is waiting, at most flushEvery of lines
 // at a steady rate.
-type logBuffer struct {
+type Buffer struct {
 	mu      sync.Mutex // guards buf, lost, kicked
 	buf     []byte     // lines waiting for Run
 	lost    int        // lines dropped since Run last took buf
@@ -55,20 +59,22 @@ const (
 	flushEvery = 200 * time.Millisecond
 	// flushAt is how much waits before Run is woken to write it at once.
 	flushAt = 64 << 10
-	// logBacklog bounds the access lines waiting while the destination
+	// Backlog bounds the access lines waiting while the destination
 	// is slow: about 20,000 of them, a fifth of a second at 100,000
 	// requests a second. With the reserve and the block being written,
-	// the log holds at most twice logBacklog + logReserve (8.5 MiB).
-	logBacklog = 4 << 20
+	// the log holds at most twice Backlog + logReserve (8.5 MiB).
+	Backlog = 4 << 20
 	// logReserve is room kept for lines other than access lines: about
 	// a thousand warnings and errors.
 	logReserve = 256 << 10
 )
 
-// newLogBuffer returns a logBuffer writing to w, whose access lines may
-// fill backlog bytes; Run writes them.
-func newLogBuffer(w io.Writer, backlog int) *logBuffer {
-	b := &logBuffer{w: w, backlog: backlog, every: flushEvery, kick: make(chan struct{}, 1)}
+// New returns a Buffer writing to w, whose access lines may fill backlog
+// bytes; Run writes them. notice, if not nil, writes to its w the line
+// saying that lines were dropped, and how many, in a block Run writes
+// next (at most once a block, past the bound: it is never dropped).
+func New(w io.Writer, backlog int, notice func(w io.Writer, lines int)) *Buffer {
+	b := &Buffer{w: w, backlog: backlog, every: flushEvery, kick: make(chan struct{}, 1), notice: notice}
 	b.access = accessLines{b}
 	return b
 }
@@ -77,13 +83,13 @@ func newLogBuffer(w io.Writer, backlog int) *logBuffer {
 // and its reserve; slog handlers call it once per record. It never
 // fails: a dropped line is counted, not an error for the caller to
 // handle.
-func (b *logBuffer) Write(p []byte) (int, error) {
+func (b *Buffer) Write(p []byte) (int, error) {
 	b.add(p, b.backlog+logReserve)
 	return len(p), nil
 }
 
-// accessLines is the logBuffer's writer for access log lines.
-type accessLines struct{ b *logBuffer }
+// accessLines is the Buffer's writer for access log lines.
+type accessLines struct{ b *Buffer }
 
 // Write adds one access log line, or drops it if backlog bytes wait.
 func (a accessLines) Write(p []byte) (int, error) {
@@ -93,9 +99,9 @@ func (a accessLines) Write(p []byte) (int, error) {
 
 // Access returns the writer for access log lines, which leave the
 // reserve to the others.
-func (b *logBuffer) Access() io.Writer { return b.access }
+func (b *Buffer) Access() io.Writer { return b.access }
 
-func (b *logBuffer) add(p []byte, limit int) {
+func (b *Buffer) add(p []byte, limit int) {
 	b.mu.Lock()
 	if len(b.buf)+len(p) > limit {
 		b.lost++
@@ -126,11 +132,11 @@ func (b *logBuffer) add(p []byte, limit int) {
 
 // Dropped returns the number of lines dropped: not taken because the
 // destination was slower than the lines came, or refused by it.
-func (b *logBuffer) Dropped() uint64 { return b.dropped.Load() }
+func (b *Buffer) Dropped() uint64 { return b.dropped.Load() }
 
 // flush writes out what waits, ended by the notice of lines dropped
 // before it. Only Run's goroutine calls it.
-func (b *logBuffer) flush() {
+func (b *Buffer) flush() {
 	b.mu.Lock()
 	out := b.buf
 	b.buf, b.spare = b.spare[:0], nil
@@ -157,7 +163,7 @@ func (b *logBuffer) flush() {
 
 // Run writes what waits every flushEvery, or at once when flushAt bytes
 // have piled up, until ctx is done; then it writes the rest.
-func (b *logBuffer) Run(ctx context.Context) {
+func (b *Buffer) Run(ctx context.Context) {
 	t := time.NewTicker(b.every)
 	defer t.Stop()
 	for {
@@ -172,7 +178,8 @@ func (b *logBuffer) Run(ctx context.Context) {
 	}
 }
 
-// logStopWait bounds how long run waits at exit for the last lines: a
-// destination that takes nothing must not keep the process from exiting
-// on SIGTERM (within systemd's TimeoutStopSec, Kubernetes' grace period).
-const logStopWait = 5 * time.Second
+// StopWait bounds how long a process should wait at exit for Run to
+// write the last lines: a destination that takes nothing must not keep
+// the process from exiting on SIGTERM (within systemd's
+// TimeoutStopSec, Kubernetes' grace period).
+const StopWait = 5 * time.Second

@@ -1,4 +1,4 @@
-package main
+package logbuf
 
 import (
 	"bytes"
@@ -43,7 +43,7 @@ func (g *gate) String() string {
 	return g.got.String()
 }
 
-// TestLogBufferNeverBlocks writes lines to a logBuffer whose destination
+// TestLogBufferNeverBlocks writes lines to a Buffer whose destination
 // blocks: every Write returns at once, access lines past the backlog are
 // dropped and counted while other lines still have their reserve, and
 // when the destination takes lines again the rest come out in order,
@@ -52,7 +52,7 @@ func (g *gate) String() string {
 func TestLogBufferNeverBlocks(t *testing.T) {
 	g := &gate{open: make(chan struct{}), entered: make(chan struct{}, 1)}
 	const backlog = 1000
-	b := newLogBuffer(g, backlog)
+	b := New(g, backlog, nil)
 	b.every = time.Hour
 	var notices []int
 	var nmu sync.Mutex
@@ -129,7 +129,7 @@ func (failingDest) Write([]byte) (int, error) { return 0, errors.New("no space l
 func TestLogBufferCountsEveryLoss(t *testing.T) {
 	t.Run("slow", func(t *testing.T) {
 		d := &slowDest{delay: 20 * time.Millisecond}
-		b := newLogBuffer(d, 64<<10)
+		b := New(d, 64<<10, nil)
 		b.every = 10 * time.Millisecond
 		b.notice = func(w io.Writer, n int) { fmt.Fprintf(w, "dropped %d\n", n) }
 		ctx, cancel := context.WithCancel(t.Context())
@@ -159,7 +159,7 @@ func TestLogBufferCountsEveryLoss(t *testing.T) {
 		}
 	})
 	t.Run("failing", func(t *testing.T) {
-		b := newLogBuffer(failingDest{}, logBacklog)
+		b := New(failingDest{}, Backlog, nil)
 		for range 100 {
 			b.Write([]byte("a line\n"))
 		}
@@ -174,7 +174,7 @@ func TestLogBufferCountsEveryLoss(t *testing.T) {
 // flushAt bytes or the tick, everything, in order, by the end.
 func TestLogBufferBlocks(t *testing.T) {
 	var out gatewaytest.SyncBuffer
-	b := newLogBuffer(&out, logBacklog)
+	b := New(&out, Backlog, nil)
 	b.every = time.Hour // what is written before the end, the kick wrote
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
