@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/memcgate/memcgate/cmd/memcgate/internal/conncap"
 	"github.com/memcgate/memcgate/gateway/h1"
 )
 
@@ -18,7 +19,7 @@ import (
 type connTracker struct {
 	fast   func() h1.ConnStats
 	max    atomic.Int64 // the cap on client connections; 0: none
-	stdCap *connCap     // the cap of the listeners net/http serves alone; nil on the fast path
+	stdCap *conncap.Cap // the cap of the listeners net/http serves alone; nil on the fast path
 	fastH1 *h1.Server   // the fast path, nil without it
 	states sync.Map     // net.Conn → *atomic.Int32, the http.ConnState of each connection net/http serves
 	count  [http.StateClosed + 1]atomic.Int64
@@ -39,7 +40,7 @@ type connTracker struct {
 // structure, so requests on kept-alive connections take no lock.
 func (t *connTracker) hook(c net.Conn, s http.ConnState) {
 	if t.stdCap != nil {
-		t.stdCap.state(c, s)
+		t.stdCap.State(c, s)
 	}
 	switch s {
 	case http.StateNew:
@@ -99,7 +100,7 @@ func (t *connTracker) setMax(limit int) {
 		t.fastH1.SetMaxConns(limit)
 	}
 	if t.stdCap != nil {
-		t.stdCap.max.Store(int64(limit))
+		t.stdCap.SetMax(limit)
 	}
 }
 
@@ -127,7 +128,7 @@ func (t *connTracker) Collect(ch chan<- prometheus.Metric) {
 	waitingForRoom := 0
 	closed := t.data.counts()
 	if t.stdCap != nil {
-		reclaimed, refused = t.stdCap.reclaimed.Load(), t.stdCap.refused.Load()
+		reclaimed, refused = t.stdCap.Reclaimed(), t.stdCap.Refused()
 	}
 	if t.fast != nil {
 		s := t.fast()

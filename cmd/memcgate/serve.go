@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/memcgate/memcgate/cmd/memcgate/internal/conncap"
 	"github.com/memcgate/memcgate/cmd/memcgate/internal/liveconfig"
 	"github.com/memcgate/memcgate/config"
 	"github.com/memcgate/memcgate/gateway"
@@ -124,9 +125,9 @@ func (p *process) listen() error {
 			// net/http serves every connection: cap them under TLS (a
 			// reload may set a cap where there was none).
 			if conns.stdCap == nil {
-				conns.stdCap = newConnCap(p.maxConns, cfg.HeadTimeout(), orRead(cfg.IdleTimeout, cfg.ReadTimeout), log)
+				conns.stdCap = conncap.New(p.maxConns, cfg.HeadTimeout(), orRead(cfg.IdleTimeout, cfg.ReadTimeout), log)
 			}
-			*ln = watchListener(conns.stdCap.listener(*ln))
+			*ln = watchListener(conns.stdCap.Listener(*ln))
 		}
 		*ln = sec.wrapData(*ln)
 		if !cfg.FastPath && sec.dataTLS == nil {
