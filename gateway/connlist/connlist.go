@@ -22,19 +22,13 @@ func (a *Links[T]) In() *List[T] { return a.in }
 // Next returns the element after this one in its list, nil at its end
 // or if it is in none.
 func (a *Links[T]) Next() *T {
-	if a.next == nil {
-		return nil
-	}
-	return a.next.elem
+	return elemOf(a.next)
 }
 
 // Prev returns the element before this one in its list, nil at its head
 // or if it is in none.
 func (a *Links[T]) Prev() *T {
-	if a.prev == nil {
-		return nil
-	}
-	return a.prev.elem
+	return elemOf(a.prev)
 }
 
 // Remove takes the element out of the list it is in; in none, it does
@@ -76,17 +70,19 @@ func (l *List[T]) Push(e *T, a *Links[T]) {
 // Front returns the element at the head of l, the first pushed of those
 // in it; nil if l is empty.
 func (l *List[T]) Front() *T {
-	if l.head == nil {
-		return nil
-	}
-	return l.head.elem
+	return elemOf(l.head)
 }
 
 // Back returns the element at the end of l, the last pushed of those in
 // it; nil if l is empty.
 func (l *List[T]) Back() *T {
-	if l.tail == nil {
+	return elemOf(l.tail)
+}
+
+// elemOf returns the element whose Links are a, nil for nil.
+func elemOf[T any](a *Links[T]) *T {
+	if a == nil {
 		return nil
 	}
-	return l.tail.elem
+	return a.elem
 }
