@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/memcgate/memcgate/cmd/memcgate/internal/closewatch"
 	"github.com/memcgate/memcgate/cmd/memcgate/internal/conncap"
 	"github.com/memcgate/memcgate/gateway/h1"
 )
@@ -30,7 +31,7 @@ type connTracker struct {
 	// data and admin count the connections net/http closed before a
 	// handler saw their request, on each listener; the fast path's own
 	// are in fast's ConnStats.
-	data, admin *closeWatch
+	data, admin *closewatch.Watch
 
 	connsDesc, acceptedDesc, acceptErrorsDesc, maxDesc, reclaimedDesc, refusedDesc, handedRefusedDesc, badDesc, roomDesc, closedDesc *prometheus.Desc
 }
@@ -126,7 +127,7 @@ func (t *connTracker) Collect(ch chan<- prometheus.Metric) {
 	var reclaimed, refused, handedRefused, bad uint64
 	acceptErrors := t.stdAcceptErrs.Load()
 	waitingForRoom := 0
-	closed := t.data.counts()
+	closed := t.data.Counts()
 	if t.stdCap != nil {
 		reclaimed, refused = t.stdCap.Reclaimed(), t.stdCap.Refused()
 	}
@@ -137,9 +138,9 @@ func (t *connTracker) Collect(ch chan<- prometheus.Metric) {
 		acceptErrors += s.AcceptErrors
 		reclaimed, refused, handedRefused, bad = s.Reclaimed, s.Refused, s.HandoversRefused, s.BadRequests
 		waitingForRoom = s.WaitingForRoom
-		closed[closedBadRequest] += s.BadRequests
-		closed[closedHeaderTimeout] += s.HeaderTimeouts
-		closed[closedIdleTimeout] += s.IdleTimeouts
+		closed[closewatch.BadRequest] += s.BadRequests
+		closed[closewatch.HeaderTimeout] += s.HeaderTimeouts
+		closed[closewatch.IdleTimeout] += s.IdleTimeouts
 	}
 	ch <- prometheus.MustNewConstMetric(t.connsDesc, prometheus.GaugeValue, float64(reading), "reading")
 	ch <- prometheus.MustNewConstMetric(t.connsDesc, prometheus.GaugeValue, float64(idle), "idle")
@@ -152,9 +153,9 @@ func (t *connTracker) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(t.handedRefusedDesc, prometheus.CounterValue, float64(handedRefused))
 	ch <- prometheus.MustNewConstMetric(t.badDesc, prometheus.CounterValue, float64(bad))
 	ch <- prometheus.MustNewConstMetric(t.roomDesc, prometheus.GaugeValue, float64(waitingForRoom))
-	for listener, n := range map[string][closedReasons]uint64{"data": closed, "admin": t.admin.counts()} {
+	for listener, n := range map[string][closewatch.Reasons]uint64{"data": closed, "admin": t.admin.Counts()} {
 		for i, c := range n {
-			ch <- prometheus.MustNewConstMetric(t.closedDesc, prometheus.CounterValue, float64(c), listener, closedReasonNames[i])
+			ch <- prometheus.MustNewConstMetric(t.closedDesc, prometheus.CounterValue, float64(c), listener, closewatch.Reason(i).String())
 		}
 	}
 }

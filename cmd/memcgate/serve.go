@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/memcgate/memcgate/cmd/memcgate/internal/closewatch"
 	"github.com/memcgate/memcgate/cmd/memcgate/internal/conncap"
 	"github.com/memcgate/memcgate/cmd/memcgate/internal/liveconfig"
 	"github.com/memcgate/memcgate/config"
@@ -112,11 +113,11 @@ func (p *process) listen() error {
 	}
 	p.sec = sec
 	p.adminLoopback = loopbackOnly(p.ls.admin.Addr())
-	p.ls.admin = sec.wrapAdmin(watchListener(p.ls.admin))
+	p.ls.admin = sec.wrapAdmin(closewatch.Listener(p.ls.admin))
 	p.nofile = openFileLimit()
 	p.maxConns = clientConnCap(cfg.MaxClientConns, p.nofile)
 	conns := newConnTracker(p.maxConns)
-	conns.data, conns.admin = newCloseWatch("data", log), newCloseWatch("admin", log)
+	conns.data, conns.admin = closewatch.New("data", log), closewatch.New("admin", log)
 	for _, ln := range []*net.Listener{&p.ls.data, &p.ls.socket} {
 		if *ln == nil {
 			continue
@@ -127,7 +128,7 @@ func (p *process) listen() error {
 			if conns.stdCap == nil {
 				conns.stdCap = conncap.New(p.maxConns, cfg.HeadTimeout(), orRead(cfg.IdleTimeout, cfg.ReadTimeout), log)
 			}
-			*ln = watchListener(conns.stdCap.Listener(*ln))
+			*ln = closewatch.Listener(conns.stdCap.Listener(*ln))
 		}
 		*ln = sec.wrapData(*ln)
 		if !cfg.FastPath && sec.dataTLS == nil {
@@ -218,7 +219,7 @@ func (p *process) gateway() {
 	gopts.TakeBody = h1.TakeAhead // bodies the fast path read ahead, kept without a copy
 	// How a request's connection read last ended, for a chunked body whose
 	// trailer section net/http's read deadline cut: a 408, not a 400.
-	gopts.ReadError = conns.data.readErrorOf
+	gopts.ReadError = conns.data.ReadErrorOf
 	// Body buffers, lent by the fast path and given back by the handler;
 	// as many bytes of them as the budget kept for reuse at most.
 	bodies := bufpool.New(int(p.mem.budget))
@@ -242,7 +243,7 @@ func (p *process) gateway() {
 		Protocols:         http1Only(),
 	}
 	std.ConnState = conns.hook
-	conns.data.serve(std) // net/http's own refusals and timeouts, fast path or not
+	conns.data.Serve(std) // net/http's own refusals and timeouts, fast path or not
 	p.data, conns.fastH1 = dataServer(cfg, p.sec, std, handler, buffered, bodies, p.maxConns)
 	if conns.fastH1 != nil {
 		conns.fast = conns.fastH1.ConnStats
@@ -287,7 +288,7 @@ func (p *process) admin() {
 		ErrorLog:          newServerLog(p.log, "admin", p.handshakes, nil),
 		Protocols:         http1Only(),
 	}
-	p.conns.admin.serve(p.adminServer)
+	p.conns.admin.Serve(p.adminServer)
 }
 
 // run starts every long-lived goroutine (health checks, asynchronous

@@ -158,7 +158,7 @@ func (c *Cap) State(nc net.Conn, s http.ConnState) {
 }
 
 // cappedOf returns the *cappedConn that c is or wraps, through NetConn
-// (tls.Conn, watchConn, h1's guard), nil if none.
+// (tls.Conn, closewatch's, h1's guard), nil if none.
 func cappedOf(c net.Conn) *cappedConn {
 	for {
 		switch x := c.(type) {

@@ -1,4 +1,10 @@
-package main
+// Package closewatch counts the client connections Go's net/http closes
+// without a handler seeing their request (a request it answers itself,
+// the header and idle timeouts), which no access log line or request
+// metric shows, and keeps how each connection's last read ended, for
+// the gateway to tell a read deadline from a bad body. It counts; the
+// metric is its user's.
+package closewatch
 
 import (
 	"context"
@@ -13,19 +19,34 @@ import (
 	"github.com/memcgate/memcgate/upstream/loggate"
 )
 
-// Why a server closed a client connection before any handler saw a
-// request on it: the reason label of memcgate_http_connections_closed_total.
+// Reason is why a server closed a client connection before any handler
+// saw a request on it: the reason label of
+// memcgate_http_connections_closed_total.
+type Reason int
+
+// The reasons, and how many there are (Reasons).
 const (
-	closedBadRequest    = iota // answered 400 (431, 501, 505, 417) and closed
-	closedHeaderTimeout        // a request head, or a new connection's first bytes, not there in time
-	closedIdleTimeout          // nothing between requests for the idle timeout
-	closedReasons
+	BadRequest    Reason = iota // answered 400 (431, 501, 505, 417) and closed
+	HeaderTimeout               // a request head, or a new connection's first bytes, not there in time
+	IdleTimeout                 // nothing between requests for the idle timeout
+	Reasons
 )
 
-// closedReasonNames are the reason labels, by closed… constant.
-var closedReasonNames = [closedReasons]string{"bad_request", "header_timeout", "idle_timeout"}
+// String returns the reason's label: bad_request, header_timeout,
+// idle_timeout.
+func (r Reason) String() string {
+	switch r {
+	case BadRequest:
+		return "bad_request"
+	case HeaderTimeout:
+		return "header_timeout"
+	case IdleTimeout:
+		return "idle_timeout"
+	}
+	return "unknown"
+}
 
-// closeWatch counts the client connections that Go's net/http closes on
+// Watch counts the client connections that Go's net/http closes on
 // one listener without a handler seeing their request: a request it
 // answers itself (400 for a head it cannot parse, 431 for one over
 // MaxHeaderBytes, 501 for a transfer coding it does not know, 417 for an
@@ -40,17 +61,17 @@ var closedReasonNames = [closedReasons]string{"bad_request", "header_timeout", "
 // how the connection's last read ended (readError): a timeout, or none
 // (net/http answered what it read). A client that went away in the
 // middle of a head (EOF, a reset) is its own doing and not counted.
-// Every connection is HTTP/1: the servers speak nothing else (http1Only).
-type closeWatch struct {
+// Every connection is HTTP/1: the servers speak nothing else (cmd/memcgate http1Only).
+type Watch struct {
 	log   *slog.Logger // for bad requests, a line a second at most; nil: none
 	name  string       // the listener label: data or admin
 	conns sync.Map     // net.Conn → *watchedConn, each connection open
-	count [closedReasons]atomic.Uint64
+	count [Reasons]atomic.Uint64
 
 	badLog loggate.Gate // bad requests logged
 }
 
-// watchedConn is what a closeWatch knows of one connection. Its fields
+// watchedConn is what a Watch knows of one connection. Its fields
 // are written from the connection's own goroutine only (ConnState's
 // hook, the handler), in the order of its requests.
 type watchedConn struct {
@@ -62,14 +83,17 @@ type watchedConn struct {
 // watchKey is the request context key of a connection's *watchedConn.
 type watchKey struct{}
 
-// newCloseWatch returns a closeWatch for the listener name, logging to lg.
-func newCloseWatch(name string, lg *slog.Logger) *closeWatch {
-	return &closeWatch{name: name, log: lg}
+// New returns a Watch for the listener name (the label its log lines
+// carry), logging a line a second at most to lg (nil: none).
+func New(name string, lg *slog.Logger) *Watch {
+	return &Watch{name: name, log: lg}
 }
 
-// serve sets srv's ConnContext, ConnState (calling its former hook
-// first, if any) and Handler so that w watches its connections.
-func (w *closeWatch) serve(srv *http.Server) {
+// Serve sets srv's ConnContext, ConnState (calling its former hook
+// first, if any) and Handler so that w watches its connections. The
+// listeners srv serves must be Listener's for the timeouts to be told
+// apart.
+func (w *Watch) Serve(srv *http.Server) {
 	srv.ConnContext = w.connContext
 	if prev := srv.ConnState; prev != nil {
 		srv.ConnState = func(c net.Conn, s http.ConnState) { prev(c, s); w.hook(c, s) }
@@ -80,13 +104,13 @@ func (w *closeWatch) serve(srv *http.Server) {
 }
 
 // connContext is http.Server.ConnContext: one record per connection.
-func (w *closeWatch) connContext(ctx context.Context, c net.Conn) context.Context {
+func (w *Watch) connContext(ctx context.Context, c net.Conn) context.Context {
 	wc := &watchedConn{conn: c}
 	w.conns.Store(c, wc)
 	return context.WithValue(ctx, watchKey{}, wc)
 }
 
-// readErrorOf is gateway.Options.ReadError for the requests of w's
+// ReadErrorOf is gateway.Options.ReadError for the requests of w's
 // server: how the last read of the connection of the request whose
 // context is ctx ended (readError), nil for a request it did not serve
 // (the fast path's own). A chunked body's trailer section cut by the read
@@ -95,7 +119,7 @@ func (w *closeWatch) connContext(ctx context.Context, c net.Conn) context.Contex
 // of the connection: the gateway asks on the goroutine whose body read
 // just failed, and net/http has no read of its own under way then (its
 // background read starts only once the body is read to its end).
-func (w *closeWatch) readErrorOf(ctx context.Context) error {
+func (w *Watch) ReadErrorOf(ctx context.Context) error {
 	if wc, ok := ctx.Value(watchKey{}).(*watchedConn); ok {
 		return readError(wc.conn)
 	}
@@ -103,7 +127,7 @@ func (w *closeWatch) readErrorOf(ctx context.Context) error {
 }
 
 // handler notes that a request reached h.
-func (w *closeWatch) handler(h http.Handler) http.Handler {
+func (w *Watch) handler(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		if wc, ok := r.Context().Value(watchKey{}).(*watchedConn); ok {
 			wc.pending.Store(false)
@@ -113,7 +137,7 @@ func (w *closeWatch) handler(h http.Handler) http.Handler {
 }
 
 // hook is http.Server.ConnState.
-func (w *closeWatch) hook(c net.Conn, s http.ConnState) {
+func (w *Watch) hook(c net.Conn, s http.ConnState) {
 	v, ok := w.conns.Load(c)
 	if !ok {
 		return
@@ -137,23 +161,23 @@ func (w *closeWatch) hook(c net.Conn, s http.ConnState) {
 
 // closed counts c, closed in wc's state, if net/http closed it without a
 // handler seeing the request it was reading.
-func (w *closeWatch) closed(c net.Conn, wc *watchedConn) {
+func (w *Watch) closed(c net.Conn, wc *watchedConn) {
 	err := readError(c)
 	timeout := isTimeout(err)
 	switch wc.state {
 	case http.StateNew: // not a byte came
 		if timeout {
-			w.count[closedHeaderTimeout].Add(1)
+			w.count[HeaderTimeout].Add(1)
 		}
 	case http.StateIdle:
 		if timeout {
-			w.count[closedIdleTimeout].Add(1)
+			w.count[IdleTimeout].Add(1)
 		}
 	case http.StateActive:
 		switch {
 		case !wc.pending.Load():
 		case timeout:
-			w.count[closedHeaderTimeout].Add(1)
+			w.count[HeaderTimeout].Add(1)
 		case err != nil: // the client went away
 		case refusalCounted(c): // the fast path's guard counted it
 		default:
@@ -164,8 +188,8 @@ func (w *closeWatch) closed(c net.Conn, wc *watchedConn) {
 
 // badRequest counts a request net/http answered itself, and logs it a
 // line a second at most, with the count: any client can send them.
-func (w *closeWatch) badRequest() {
-	n := w.count[closedBadRequest].Add(1)
+func (w *Watch) badRequest() {
+	n := w.count[BadRequest].Add(1)
 	if w.log == nil {
 		return
 	}
@@ -175,8 +199,9 @@ func (w *closeWatch) badRequest() {
 	}
 }
 
-// counts returns the connections counted so far, by reason.
-func (w *closeWatch) counts() (n [closedReasons]uint64) {
+// Counts returns the connections counted so far, by reason; none for a
+// nil Watch.
+func (w *Watch) Counts() (n [Reasons]uint64) {
 	if w == nil {
 		return n
 	}
@@ -214,10 +239,11 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// watchListener returns ln with each connection it accepts keeping how
-// its last read ended, for readError. Under TLS it must be beneath
-// tls.NewListener, whose connections net/http must see as they are.
-func watchListener(ln net.Listener) net.Listener { return watchedListener{ln} }
+// Listener returns ln with each connection it accepts keeping how its
+// last read ended, for ReadErrorOf and the counts. Under TLS it must be
+// beneath tls.NewListener, whose connections net/http must see as they
+// are.
+func Listener(ln net.Listener) net.Listener { return watchedListener{ln} }
 
 type watchedListener struct{ net.Listener }
 
