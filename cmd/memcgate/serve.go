@@ -65,7 +65,7 @@ type process struct {
 	lg      logging
 	started time.Time
 
-	// listen
+	// Made by listen, which wraps ls in place.
 	ls            listeners
 	sec           *security
 	adminLoopback bool   // the admin listener is reached from this host only
@@ -73,30 +73,30 @@ type process struct {
 	maxConns      int    // the cap on client connections; 0: none
 	conns         *connTracker
 
-	// memory
+	// Made by memory.
 	mem      memoryPlan
 	derived  int64 // MAX_BUFFERED_BYTES when unset, for reloads
 	buffered *budget.Budget
 
-	// metrics
+	// Made by metrics.
 	build      buildInfo
 	reg        *prometheus.Registry
 	handshakes *prometheus.CounterVec
 
-	// upstream
+	// Made by upstream.
 	router *route.Router
 
-	// gateway
+	// Made by gateway.
 	hosts   *gateway.HostCheck
 	access  *gateway.Access
 	bodies  *bufpool.Pool
 	handler *gateway.Handler
 	data    httpServer
 
-	// reloads
+	// Made by reloads.
 	reloader *liveconfig.Reloader
 
-	// admin
+	// Made by admin.
 	adminServer *http.Server
 	draining    atomic.Bool // set once the drain begins: /readyz fails
 }
