@@ -1,20 +1,34 @@
 package deploy
 
 import (
+	"encoding/json"
+	"maps"
+	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/memcgate/memcgate/test/gatewaytest"
+	"github.com/memcgate/memcgate/test/memcachedtest"
 )
 
 // envFile reads KEY=VALUE lines as systemd's EnvironmentFile= does
 // (comments and blank lines skipped, optional quotes removed).
 func envFile(t *testing.T, rel string) map[string]string {
 	t.Helper()
+	return envText(t, rel, read(t, rel))
+}
+
+// envText is envFile for text, the contents of rel.
+func envText(t *testing.T, rel, text string) map[string]string {
+	t.Helper()
 	env := map[string]string{}
-	for i, line := range strings.Split(read(t, rel), "\n") {
+	for i, line := range strings.Split(text, "\n") {
 		line = strings.TrimSpace(line)
 		if line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, ";") {
 			continue
@@ -48,8 +62,9 @@ func unitFile(text string) map[string]map[string][]string {
 	return out
 }
 
+const unitRel, envRel = "deploy/systemd/memcgate.service", "deploy/systemd/memcgate.env"
+
 func TestSystemd(t *testing.T) {
-	const unitRel, envRel = "deploy/systemd/memcgate.service", "deploy/systemd/memcgate.env"
 	unit := read(t, unitRel)
 	svc := unitFile(unit)["Service"]
 	if svc == nil {
@@ -58,7 +73,7 @@ func TestSystemd(t *testing.T) {
 	cfg := loadConfig(t, envRel, envFile(t, envRel))
 
 	want := map[string]string{
-		"EnvironmentFile":         "/etc/memcgate/memcgate.env",
+		"ExecReload":              "/bin/kill -HUP $MAINPID",
 		"Restart":                 "on-failure",
 		"DynamicUser":             "yes",
 		"NoNewPrivileges":         "yes",
@@ -121,4 +136,89 @@ func TestSystemd(t *testing.T) {
 			t.Log(strings.TrimSpace(out[i:]))
 		}
 	})
+}
+
+// serversLineRE is the MEMCGATE_SERVERS line of memcgate.env.
+var serversLineRE = regexp.MustCompile(`(?m)^MEMCGATE_SERVERS=.*$`)
+
+// TestSystemdReload runs the gateway as memcgate.service does (the unit's
+// Environment= and EnvironmentFile= lines, the shipped memcgate.env with
+// a test memcached for its nodes), then edits memcgate.env as an operator
+// would and sends the unit's reload signal: the edit must take. With the
+// file given to systemd alone (EnvironmentFile=, read once, at start), a
+// reload applied nothing and logged "configuration reloaded", and
+// "systemctl reload memcgate" was refused (no ExecReload=).
+func TestSystemdReload(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 2)
+	svc := unitFile(read(t, unitRel))["Service"]
+	const installed = "/etc/memcgate/memcgate.env"
+	path := filepath.Join(t.TempDir(), "memcgate.env")
+	shipped := read(t, envRel)
+	write := func(servers string) {
+		t.Helper()
+		// Renamed into place, as editors and config management write.
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, []byte(serversLineRE.ReplaceAllString(shipped, "MEMCGATE_SERVERS="+servers)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(mcs[0].Addr)
+
+	// The watch is off so that the reload is the signal's alone.
+	env := map[string]string{"MEMCGATE_WATCH_INTERVAL": "0"}
+	for _, f := range svc["EnvironmentFile"] {
+		if f != installed {
+			t.Fatalf("EnvironmentFile=%s: the test knows only %s", f, installed)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		maps.Copy(env, envText(t, f, string(b)))
+	}
+	for _, e := range svc["Environment"] {
+		k, v, _ := strings.Cut(strings.Trim(e, `"`), "=")
+		env[k] = strings.ReplaceAll(v, installed, path)
+	}
+	g := gatewaytest.New(t, binary, env)
+	g.Start(t)
+	if got := nodeNames(t, g); !slices.Equal(got, []string{mcs[0].Addr}) {
+		t.Fatalf("nodes at start = %v, want memcgate.env's %s", got, mcs[0].Addr)
+	}
+
+	if r := svc["ExecReload"]; len(r) == 0 || r[len(r)-1] != "/bin/kill -HUP $MAINPID" {
+		t.Errorf("ExecReload=%v, want /bin/kill -HUP $MAINPID: without it systemctl reload memcgate is refused", r)
+	}
+	write(memcachedtest.Addrs(mcs))
+	g.Signal(syscall.SIGHUP)
+	want := []string{mcs[0].Addr, mcs[1].Addr}
+	deadline := time.Now().Add(30 * time.Second)
+	for got := nodeNames(t, g); !slices.Equal(got, want); got = nodeNames(t, g) {
+		if time.Now().After(deadline) {
+			t.Fatalf("nodes 30 s after memcgate.env listed %v and SIGHUP = %v: the edit was not applied", want, got)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// nodeNames returns the nodes /debug/nodes lists, in order.
+func nodeNames(t *testing.T, g *gatewaytest.Gateway) []string {
+	t.Helper()
+	resp, err := http.Get("http://" + g.AdminAddr + "/debug/nodes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var nodes []struct{ Node string }
+	if err := json.NewDecoder(resp.Body).Decode(&nodes); err != nil {
+		t.Fatalf("/debug/nodes: %v", err)
+	}
+	names := make([]string, len(nodes))
+	for i, n := range nodes {
+		names[i] = n.Node
+	}
+	return names
 }
