@@ -12,9 +12,10 @@ import (
 
 // Admin is what the admin endpoints show. Every func field may be nil.
 type Admin struct {
-	// Ready reports whether this gateway should get traffic: upstream
-	// healthy enough and not draining. /readyz answers 503 while false.
-	Ready func() bool
+	// Unready says why this gateway should not get traffic (upstream not
+	// healthy enough, draining), or returns "" when it should. /readyz
+	// answers 503 with the reason while it is not "".
+	Unready func() string
 	// Nodes returns the state of every memcached node, for /debug/nodes.
 	Nodes func() any
 	// Owners returns where a key lives (owner, failover chain, the node
@@ -67,7 +68,7 @@ type Admin struct {
 // goroutine.
 func NewAdminHandler(g prometheus.Gatherer, a Admin) http.Handler {
 	mux := http.NewServeMux()
-	status := newStatusPage(g, statusSource{build: a.Build, started: a.Started, ready: a.Ready, status: a.Status, reloads: a.Reloads})
+	status := newStatusPage(g, statusSource{build: a.Build, started: a.Started, unready: a.Unready, status: a.Status, reloads: a.Reloads})
 	mux.Handle("GET /status", status)
 	mux.Handle("GET /{$}", status)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
@@ -75,9 +76,11 @@ func NewAdminHandler(g prometheus.Gatherer, a Admin) http.Handler {
 		text(w, http.StatusOK, "ok\n")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		if a.Ready != nil && !a.Ready() {
-			text(w, http.StatusServiceUnavailable, "not ready\n")
-			return
+		if a.Unready != nil {
+			if why := a.Unready(); why != "" {
+				text(w, http.StatusServiceUnavailable, "not ready: "+why+"\n")
+				return
+			}
 		}
 		text(w, http.StatusOK, "ready\n")
 	})

@@ -115,7 +115,7 @@ type statusPage struct {
 type statusSource struct {
 	build   BuildInfo
 	started time.Time
-	ready   func() bool
+	unready func() string
 	status  func() StatusInfo
 	reloads func() []Reload
 }
@@ -203,9 +203,9 @@ func (p *statusPage) view(refresh int) *statusView {
 	for _, s := range []int{0, 2, 5, 10, 30} {
 		v.Refreshes = append(v.Refreshes, refreshChoice{Seconds: s, Current: s == refresh})
 	}
-	if p.src.ready != nil {
+	if p.src.unready != nil {
 		v.Ready = "not ready"
-		if p.src.ready() {
+		if p.src.unready() == "" {
 			v.Ready = "ready"
 		}
 	}

@@ -44,8 +44,8 @@ func TestStatusPage(t *testing.T) {
 	refused.Add(90)
 	rig.reg.MustRegister(connsMax, refused)
 	h := NewAdminHandler(rig.reg, Admin{
-		Ready:  func() bool { return false },
-		Status: testStatus,
+		Unready: func() string { return "no memcached node is up (0 of 1)" },
+		Status:  testStatus,
 	})
 	tests := []struct {
 		name        string

@@ -273,4 +273,25 @@ func TestReadyMinUpPercent(t *testing.T) {
 	if c.Ready() {
 		t.Error("Ready() = true with 2 of 4 up and 75% needed")
 	}
+	if got, want := c.Unready(), "2 of 4 memcached nodes up, 3 needed (75%)"; got != want {
+		t.Errorf("Unready() = %q, want %q", got, want)
+	}
+}
+
+// TestUnready: what /readyz says when the cluster cannot serve.
+func TestUnready(t *testing.T) {
+	c, _ := fakeCluster(t, 2, nil)
+	if got, want := c.Unready(), "the first round of health checks has not finished"; got != want {
+		t.Errorf("Unready() before the first round = %q, want %q", got, want)
+	}
+	c.probedOnce.Do(func() { close(c.probed) })
+	if got := c.Unready(); got != "" {
+		t.Errorf("Unready() with 2 of 2 up = %q, want \"\"", got)
+	}
+	for _, n := range c.topo.Load().nodes {
+		n.eject("probe", errors.New("down"), false)
+	}
+	if got, want := c.Unready(), "no memcached node is up (0 of 2)"; got != want {
+		t.Errorf("Unready() with every node down = %q, want %q", got, want)
+	}
 }

@@ -1046,12 +1046,16 @@ func (c *Cluster) Len() int { return len(c.topo.Load().nodes) }
 
 // Ready reports whether the cluster can serve: the first probe round has
 // finished and at least ReadyMinUpPercent of the nodes (and at least one)
-// are up. The nodes up are counted on one ring, not taken from the
-// count of nodes down, which a SetServers swapping rings changes apart
-// from the ring.
-func (c *Cluster) Ready() bool {
+// are up (Unready says which is missing).
+func (c *Cluster) Ready() bool { return c.Unready() == "" }
+
+// Unready says why the cluster cannot serve, for an operator reading
+// /readyz, or returns "" when it can (Ready). The nodes up are counted on
+// one ring, not taken from the count of nodes down, which a SetServers
+// swapping rings changes apart from the ring.
+func (c *Cluster) Unready() string {
 	if !c.Probed() {
-		return false
+		return "the first round of health checks has not finished"
 	}
 	t := c.topo.Load()
 	need := max(1, (len(t.nodes)*c.opts.Health.ReadyMinUpPercent+99)/100)
@@ -1061,7 +1065,13 @@ func (c *Cluster) Ready() bool {
 			up++
 		}
 	}
-	return up >= need
+	if up >= need {
+		return ""
+	}
+	if c.opts.Health.ReadyMinUpPercent == 0 {
+		return fmt.Sprintf("no memcached node is up (0 of %d)", len(t.nodes))
+	}
+	return fmt.Sprintf("%d of %d memcached nodes up, %d needed (%d%%)", up, len(t.nodes), need, c.opts.Health.ReadyMinUpPercent)
 }
 
 // Probed reports whether the first probe round has finished.

@@ -266,7 +266,12 @@ func (p *process) admin() {
 	cfg, router, rl, build, buffered := p.cfg, p.router, p.reloader, p.build, p.buffered
 	p.adminServer = &http.Server{
 		Handler: gateway.NewAdminHandler(p.reg, gateway.Admin{
-			Ready:   func() bool { return !p.draining.Load() && router.Ready() },
+			Unready: func() string {
+				if p.draining.Load() {
+					return "draining: the gateway is shutting down"
+				}
+				return router.Unready()
+			},
 			Nodes:   func() any { return router.Nodes() },
 			Owners:  func(key string) any { return router.Placement(key) },
 			Status:  func() gateway.StatusInfo { return statusInfo(router, rl.Current()) },

@@ -409,8 +409,13 @@ func TestShutdownDrains(t *testing.T) {
 	sawNotReady := false
 	for time.Now().Before(deadline) && !sawNotReady {
 		if resp, err := http.Get(g.Admin + "/readyz"); err == nil {
-			sawNotReady = resp.StatusCode == 503
+			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
+			if sawNotReady = resp.StatusCode == 503; sawNotReady {
+				if want := "not ready: draining: the gateway is shutting down\n"; string(body) != want {
+					t.Errorf("/readyz while draining says %q, want %q", body, want)
+				}
+			}
 		}
 	}
 	if !sawNotReady {
@@ -471,13 +476,16 @@ func TestAllNodesDown(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// /readyz says why, for the operator who asks after the load
+	// balancer took the gateway out.
 	resp, err := http.Get(g.Admin + "/readyz")
 	if err != nil {
 		t.Fatal(err)
 	}
+	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 503 {
-		t.Errorf("/readyz with every node down = %d, want 503", resp.StatusCode)
+	if want := "not ready: no memcached node is up (0 of 1)\n"; resp.StatusCode != 503 || string(body) != want {
+		t.Errorf("/readyz with every node down = %d %q, want 503 %q", resp.StatusCode, body, want)
 	}
 	mcs[0].Restart()
 	deadline = time.Now().Add(10 * time.Second)

@@ -498,13 +498,28 @@ func (r *Router) Run(ctx context.Context) error {
 // probe round. A pool other than the default one that is down fails its
 // own keys (503) but does not take the gateway out of its load balancer,
 // where every gateway would be out alike.
-func (r *Router) Ready() bool {
+func (r *Router) Ready() bool { return r.Unready() == "" }
+
+// Unready says why the gateway cannot serve (Ready is false), naming the
+// pool when there are several, or returns "" when it can.
+func (r *Router) Unready() string {
 	for i, p := range r.pools {
-		if i == 0 && !p.c.Ready() || !p.c.Probed() {
-			return false
+		why := ""
+		switch {
+		case i == 0:
+			why = p.c.Unready()
+		case !p.c.Probed():
+			why = "the first round of health checks has not finished"
 		}
+		if why == "" {
+			continue
+		}
+		if len(r.pools) > 1 {
+			return "pool " + p.name + ": " + why
+		}
+		return why
 	}
-	return true
+	return ""
 }
 
 // Close waits for the work that runs past its answers (replica writes

@@ -1171,3 +1171,30 @@ func TestReplicaWriteFailureLogged(t *testing.T) {
 		})
 	}
 }
+
+// TestUnreadyNamesPool: with several pools, what /readyz says names the
+// pool; a pool other than the default one that is down leaves the
+// gateway ready (its own keys fail).
+func TestUnreadyNamesPool(t *testing.T) {
+	main := memcachedtest.StartN(t, 1)
+	sess := memcachedtest.StartN(t, 1)
+	r, _ := newRouter(t, Options{Pools: []PoolOptions{
+		{Cluster: clusterOptions(main)},
+		{Name: "sessions", Prefixes: []string{"session:"}, Cluster: clusterOptions(sess)},
+	}})
+	if got := r.Unready(); got != "" {
+		t.Fatalf("Unready() with every node up = %q, want \"\"", got)
+	}
+	sess[0].Kill()
+	waitUntil(t, 5*time.Second, "sessions node down", func() bool {
+		return !r.pools[1].c.Nodes()[0].Up
+	})
+	if got := r.Unready(); got != "" {
+		t.Errorf("Unready() with the sessions pool down = %q, want \"\" (ready)", got)
+	}
+	main[0].Kill()
+	waitUntil(t, 5*time.Second, "not ready", func() bool { return !r.Ready() })
+	if got, want := r.Unready(), "pool "+DefaultPool+": no memcached node is up (0 of 1)"; got != want {
+		t.Errorf("Unready() with the default pool down = %q, want %q", got, want)
+	}
+}
