@@ -99,6 +99,16 @@ func TestRequests(t *testing.T) {
 		{name: "post no op", method: "POST", target: "/k", wantStatus: 400, wantBody: "POST needs ?op=", wantCalls: 0},
 		{name: "post bad op", method: "POST", target: "/k?op=explode", wantStatus: 400, wantBody: `unknown op "explode"`, wantCalls: 0},
 		{name: "patch", method: "PATCH", target: "/k", wantStatus: 405, wantHdr: map[string]string{"Allow": allowed}, wantCalls: 0},
+		// Another method's parameter is refused, not ignored: ignored,
+		// a PUT ?op=append replaced the value it meant to add to.
+		{name: "put op", method: "PUT", target: "/k?op=append", body: "x", preset: map[string]string{"k": "v"}, wantStatus: 400, wantBody: "PUT does not take ?op=; POST /{key}?op= does", wantCalls: 0},
+		{name: "get op", method: "GET", target: "/k?op=incr", wantStatus: 400, wantBody: "GET does not take ?op=", wantCalls: 0},
+		{name: "delete op", method: "DELETE", target: "/k?exptime=5&op=touch", wantStatus: 400, wantBody: "DELETE does not take ?op=", wantCalls: 0},
+		{name: "put delta", method: "PUT", target: "/k?delta=5", body: "1", wantStatus: 400, wantBody: "PUT does not take ?delta=; POST /{key}?op=incr", wantCalls: 0},
+		{name: "put touch", method: "PUT", target: "/k?touch=60", body: "x", wantStatus: 400, wantBody: "PUT does not take ?touch=; GET does", wantCalls: 0},
+		{name: "post touch", method: "POST", target: "/k?op=append&touch=60", body: "x", wantStatus: 400, wantBody: "POST does not take ?touch=", wantCalls: 0},
+		{name: "get other params ignored", method: "GET", target: "/k?exptime=5&_=1700000000", preset: map[string]string{"k": "v"}, wantStatus: 200, wantBody: "v", wantCalls: 1},
+		{name: "post incr delta", method: "POST", target: "/n?op=incr&delta=5", preset: map[string]string{"n": "1"}, wantStatus: 200, wantBody: "6", wantCalls: 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -44,6 +44,9 @@ func (h keyParser) parseKeyRequest(r *http.Request) (keyRequest, error) {
 	o := &kr.op
 	o.Item.Key = key
 	q := r.URL.RawQuery
+	if err := otherMethodsParam(r.Method, q); err != nil {
+		return kr, err
+	}
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
 		o.Verb = op.Get
@@ -74,6 +77,28 @@ func (h keyParser) parseKeyRequest(r *http.Request) (keyRequest, error) {
 		return kr, &requestError{kind: kindMethod, msg: "method " + Shorten(r.Method) + " is not allowed; use " + allowed, allow: allowed}
 	}
 	return kr, nil
+}
+
+// otherMethodsParam refuses a parameter that names another method's
+// operation: ?op= and ?delta= (POST), ?touch= (GET and HEAD). Ignored,
+// they would turn the request into another one with nothing said:
+// PUT /k?op=append replaces the value it meant to add to, PUT /k?touch=60
+// stores it with the default expiry. Other parameters a method does not
+// read (exptime on a GET, a cache-buster) are ignored as before.
+func otherMethodsParam(method, q string) error {
+	if q == "" {
+		return nil
+	}
+	post, read := method == http.MethodPost, method == http.MethodGet || method == http.MethodHead
+	switch {
+	case !post && hasQuery(q, "op"):
+		return badRequest(method + " does not take ?op=; POST /{key}?op= does (" + postVerbs + ")")
+	case !post && hasQuery(q, "delta"):
+		return badRequest(method + " does not take ?delta=; POST /{key}?op=incr or ?op=decr does")
+	case !read && hasQuery(q, "touch"):
+		return badRequest(method + " does not take ?touch=; GET does (get-and-touch); a write's expiry is ?exptime=, or POST /{key}?op=touch&exptime=")
+	}
+	return nil
 }
 
 // parseItem reads a write's ?exptime= and ?flags= into it.
