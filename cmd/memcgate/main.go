@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -181,6 +182,12 @@ func healthcheck(ctx context.Context, environ map[string]string, args []string) 
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
+		// The body says why (/readyz: "not ready: no memcached node is
+		// up (0 of 3)"); docker inspect shows it in the health log.
+		why, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		if s := strings.TrimSpace(string(why)); s != "" {
+			return fmt.Errorf("healthcheck: %s answered %s: %s", path, resp.Status, strings.ToValidUTF8(s, "?"))
+		}
 		return fmt.Errorf("healthcheck: %s answered %s", path, resp.Status)
 	}
 	return nil

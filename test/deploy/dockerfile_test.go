@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/memcgate/memcgate/test/memcachedtest"
 )
 
 // instruction is one Dockerfile instruction, continuation lines joined.
@@ -195,14 +197,31 @@ func TestDockerfile(t *testing.T) {
 
 // TestHealthcheckSubcommand runs the command the image's HEALTHCHECK runs,
 // against a gateway whose admin listener is on :port like the image's
-// MEMCGATE_ADMIN_ADDR=:9090: 200 exits 0, no listener exits non-zero.
+// MEMCGATE_ADMIN_ADDR=:9090: 200 exits 0; 503 exits non-zero saying why
+// (docker inspect shows it); no listener exits non-zero.
 func TestHealthcheckSubcommand(t *testing.T) {
-	g := startGateway(t, nil)
+	mc := memcachedtest.Start(t)
+	g := startGateway(t, []*memcachedtest.Server{mc})
 	env := []string{"MEMCGATE_ADMIN_ADDR=:" + itoa(g.AdminPort)}
 	cmd := exec.Command(binary, "healthcheck", "/readyz")
 	cmd.Env = env
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("memcgate healthcheck /readyz against a ready gateway: %v\n%s", err, out)
+	}
+	mc.Kill()
+	const want = "healthcheck: /readyz answered 503 Service Unavailable: not ready: no memcached node is up (0 of 1)\n"
+	var out []byte
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		cmd = exec.Command(binary, "healthcheck", "/readyz")
+		cmd.Env = env
+		var err error
+		if out, err = cmd.CombinedOutput(); err != nil && strings.HasSuffix(string(out), want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("memcgate healthcheck /readyz with its memcached killed: %q, want a failure ending %q", out, want)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	g.Kill()
 	cmd = exec.Command(binary, "healthcheck", "/readyz")
