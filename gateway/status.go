@@ -204,9 +204,9 @@ func (p *statusPage) view(refresh int) *statusView {
 		v.Refreshes = append(v.Refreshes, refreshChoice{Seconds: s, Current: s == refresh})
 	}
 	if p.src.unready != nil {
-		v.Ready = "not ready"
-		if p.src.unready() == "" {
-			v.Ready = "ready"
+		v.Ready, v.ReadyWhy = "ready", p.src.unready()
+		if v.ReadyWhy != "" {
+			v.Ready = "not ready"
 		}
 	}
 	if p.src.status != nil {
@@ -266,6 +266,7 @@ type statusView struct {
 	Window      time.Duration // what the rates are computed over
 	FromStart   bool          // Window runs from the process start: the first view
 	Ready       string        // "ready", "not ready", or "" if unknown
+	ReadyWhy    string        // why not ready, as /readyz says it
 	GatherError string
 
 	HaveNodes              bool

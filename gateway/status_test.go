@@ -59,7 +59,7 @@ func TestStatusPage(t *testing.T) {
 			name: "page", method: "GET", target: "/status", want: 200,
 			contains: []string{
 				`<meta http-equiv="refresh" content="5">`,
-				`NOT READY`, `ketama ring`, `failover rehash`,
+				`NOT READY</span> <span class="why" id="ready-why">no memcached node is up (0 of 1)</span>`, `ketama ring`, `failover rehash`,
 				`rates since start (first view)`,
 				`no reloads`,
 				`together 100.0 %`,
