@@ -151,6 +151,12 @@ func TestConfigFileContinuedValues(t *testing.T) {
 		{"comment after a token", "# tokens\nMEMCGATE_AUTH_TOKENS=read:" + secretTok + " # ci\n", "line 2: MEMCGATE_AUTH_TOKENS has a '#' after a space"},
 		{"comment after a server name", "MEMCGATE_UPSTREAM_TLS_SERVER_NAME=mc.example.com\t# the CA's name\n", "line 1: MEMCGATE_UPSTREAM_TLS_SERVER_NAME has a '#' after a space"},
 		{"comment after a socket path", "MEMCGATE_LISTEN_SOCKET=/run/memcgate/memcgate.sock # for PHP\n", "line 1: MEMCGATE_LISTEN_SOCKET has a '#' after a space"},
+		// The Go runtime reads its variables from the environment
+		// alone: in the file they were ignored unsaid.
+		{"GOMEMLIMIT", "MEMCGATE_SERVERS=10.0.0.1:11211\nGOMEMLIMIT=900MiB\n", "line 2: GOMEMLIMIT is the Go runtime's, which reads it from the process environment"},
+		{"export GOMAXPROCS", "export GOMAXPROCS=1\n", "line 1: GOMAXPROCS is the Go runtime's"},
+		{"GOGC", "GOGC=off\n", "line 1: GOGC is the Go runtime's"},
+		{"GODEBUG", "GODEBUG=madvdontneed=1\n", "line 1: GODEBUG is the Go runtime's"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

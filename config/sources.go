@@ -133,7 +133,12 @@ func badLine(line string) string {
 //   - an unquoted MEMCGATE_ value with a '#' after a space or a tab:
 //     systemd and docker keep such a comment as part of the value, where
 //     it would be taken into a socket path, a content type or a server
-//     name unsaid.
+//     name unsaid;
+//   - a variable of the Go runtime (GOMEMLIMIT, GOMAXPROCS, GOGC,
+//     GODEBUG, GOTRACEBACK), which the runtime reads from the process
+//     environment at start and never from this file: it would be
+//     ignored unsaid, where a file given to systemd's EnvironmentFile
+//     (as the shipped unit did) applied it.
 func ReadEnvFile(path string) (map[string]string, error) {
 	b, err := ReadFile(path)
 	if err != nil {
@@ -162,6 +167,11 @@ func ReadEnvFile(path string) (map[string]string, error) {
 				"the line before, or another program's variable whose name systemd ignores; write a value on one line, "+
 				"and keep such variables out of this file", Prefix, path, i+1, badLine(line))
 		}
+		if slices.Contains(goRuntimeVars, name) {
+			return nil, fmt.Errorf("%sCONFIG_FILE %s, line %d: %s is the Go runtime's, which reads it from the process "+
+				"environment when memcgate starts, never from this file, so it would be ignored: set it in the environment "+
+				"(systemd: an Environment= line of the unit; Kubernetes: the container's env)", Prefix, path, i+1, name)
+		}
 		value = strings.TrimSpace(value)
 		if why := unreadValue(value); why != "" && strings.HasPrefix(name, Prefix) {
 			return nil, fmt.Errorf("%sCONFIG_FILE %s, line %d: %s %s", Prefix, path, i+1, name, why)
@@ -173,6 +183,10 @@ func ReadEnvFile(path string) (map[string]string, error) {
 	}
 	return out, nil
 }
+
+// goRuntimeVars are the variables the Go runtime reads from the process
+// environment (ReadEnvFile refuses them).
+var goRuntimeVars = []string{"GOMEMLIMIT", "GOMAXPROCS", "GOGC", "GODEBUG", "GOTRACEBACK"}
 
 // envName reports whether name is a variable's name as systemd takes one:
 // letters, digits and '_', not starting with a digit.
