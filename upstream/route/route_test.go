@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"slices"
 	"strconv"
@@ -829,8 +830,18 @@ func TestOnePoolIsItsCluster(t *testing.T) {
 	}
 	o := op.Op{Verb: op.Get, Item: op.Item{Key: "k"}}
 	c := r.pools[0].c
-	viaCluster := testing.AllocsPerRun(200, func() { c.Do(ctx, o) })
-	viaRouter := testing.AllocsPerRun(200, func() { r.Do(ctx, o) })
+	// The fewest of three runs: a collection during one empties the
+	// pools the operation draws on, and its allocations are not the
+	// router's.
+	allocs := func(f func()) float64 {
+		n := math.Inf(1)
+		for range 3 {
+			n = min(n, testing.AllocsPerRun(200, f))
+		}
+		return n
+	}
+	viaCluster := allocs(func() { c.Do(ctx, o) })
+	viaRouter := allocs(func() { r.Do(ctx, o) })
 	if viaRouter > viaCluster {
 		t.Errorf("Do allocates %v through the router, %v through the cluster", viaRouter, viaCluster)
 	}
