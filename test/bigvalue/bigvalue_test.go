@@ -55,7 +55,12 @@ type rig struct {
 
 func newRig(t *testing.T, env ...string) *rig {
 	t.Helper()
-	mc := memcachedtest.Start(t, "-m", "2048")
+	return newRigOn(t, memcachedtest.Start(t, "-m", "2048"), env...)
+}
+
+// newRigOn is newRig in front of mc.
+func newRigOn(t *testing.T, mc *memcachedtest.Server, env ...string) *rig {
+	t.Helper()
 	vars := map[string]string{"MEMCGATE_SERVERS": mc.Addr, "MEMCGATE_BIG_VALUE_MAX_BYTES": strconv.Itoa(64 << 20), "MEMCGATE_ACCESS_LOG": "false"}
 	for i := 0; i+1 < len(env); i += 2 {
 		vars[env[i]] = env[i+1]
