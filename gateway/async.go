@@ -488,7 +488,9 @@ func (sh *shard) lastOfKey(jobs []job) []bool {
 
 // apply runs one write of sh with its own deadline: the request that
 // queued it is long gone, so its context is not used. quiet allows a set
-// to go through the quiet setter (UDP), if there is one.
+// to go through the quiet setter (UDP), if there is one, unless its key
+// may hold an index: a datagram says nothing of what it replaced, and
+// the chunks would be left behind (executor.mayHoldIndex).
 func (q *asyncQueue) apply(sh *shard, j job, quiet bool) {
 	o, ln := j.Op, &q.lanes[j.lane]
 	size := int64(len(o.Item.Value))
@@ -507,7 +509,7 @@ func (q *asyncQueue) apply(sh *shard, j job, quiet bool) {
 	o.Queued = true // it holds no request slot: past a slow node's share it waits its turn
 	var err error
 	udp := false
-	if quiet && o.Verb == op.Set && q.quiet != nil {
+	if quiet && o.Verb == op.Set && q.quiet != nil && !q.ex.mayHoldIndex(o.Item.Key) {
 		if err = q.ex.codec.prepare(ctx, &o.Item); err == nil {
 			udp, err = q.quiet.SetQuiet(ctx, o.Item)
 		}

@@ -256,6 +256,9 @@ func (b *bodyChunks) more() (bool, error) {
 // by another version's.
 func (h *handler) writeChunked(w http.ResponseWriter, r *http.Request, kr *keyRequest, it op.Item) {
 	key := kr.op.Item.Key
+	if h.ex.chunks != nil {
+		h.ex.chunks.Saw(key) // a small write of it retires these chunks
+	}
 	ctx := chunkCtx(r)
 	held := 0
 	for retried := false; ; retried = true {

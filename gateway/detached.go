@@ -88,8 +88,10 @@ func (hh *handler) serveDetached(w http.ResponseWriter, r *http.Request, d Detac
 	if err != nil || kr.async || kr.op.Verb != op.Get && kr.op.Verb != op.Set {
 		return false
 	}
-	if put && hh.ex.order.pending(kr.op.Item.Key) {
-		return false // the routed path waits for them (WriteOrder); this one would not
+	if put && (hh.ex.order.pending(kr.op.Item.Key) || hh.ex.mayHoldIndex(kr.op.Item.Key)) {
+		// The routed path waits for them (WriteOrder), and retires the
+		// chunks of an index it replaces; this one would do neither.
+		return false
 	}
 	if !hh.lim.lim.acquire() {
 		return false

@@ -16,6 +16,8 @@ type executor struct {
 	// written in chunks, the chunk.Values that delete, touch and refuse
 	// appends to their chunks too.
 	ops chunk.Store
+	// chunks is ops when large values are written in chunks, else nil.
+	chunks *chunk.Values
 	// order keeps each synchronous write behind the asynchronous writes
 	// of its key accepted before it; nil orders nothing.
 	order *WriteOrder
@@ -44,4 +46,12 @@ func (e *executor) run(ctx context.Context, o op.Op) op.Result {
 		}
 	}
 	return e.ops.Do(ctx, o)
+}
+
+// mayHoldIndex reports whether key's item may be an index that a small
+// write of it must retire (chunk.Values.MayHoldIndex): such a write goes
+// through run, not straight to the Store. Always false when values are
+// not written in chunks.
+func (e *executor) mayHoldIndex(key string) bool {
+	return e.chunks != nil && e.chunks.MayHoldIndex(key)
 }

@@ -149,7 +149,7 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 	reg.MustRegister(order.waited)
 	h.ex = &executor{store: s, codec: h.codec, ops: s, order: order}
 	if opts.BigValueMaxBytes > 0 {
-		h.ex.ops = h.chunks
+		h.ex.ops, h.ex.chunks = h.chunks, h.chunks
 	}
 	h.async = newAsyncQueue(h.ex, order, opts.Quiet, opts.Owners, h.lim.budget, max(opts.MaxValueBytes, 1<<20), opts.AsyncWorkers, opts.AsyncQueue, opts.AsyncQueueBytes, opts.RequestTimeout, log, reg)
 	h.obs = newObserver(log, opts.AccessLogger, reg, opts.AccessLog, opts.AccessLogJSON)

@@ -393,3 +393,89 @@ func TestPutReadsNoReplacedValue(t *testing.T) {
 		t.Fatalf("after the PUT the key holds %v (flags %d): want an index", got.Err, got.Item.Flags)
 	}
 }
+
+// TestSmallWritesRetireWhatTheyReplace: a small value written over a
+// value in chunks (Set, Replace, or CAS with the index's CAS), by these
+// Values or by Values that only read the index, retires the chunks of the
+// index it replaced: memcached's set says nothing of what it replaced,
+// and with the default expiration the chunks stayed until evicted. A CAS
+// that does not name the index's CAS changes nothing. A small write of a
+// key never seen holding an index costs no read (memcached's cmd_get and
+// cmd_touch do not move).
+func TestSmallWritesRetireWhatTheyReplace(t *testing.T) {
+	tests := []struct {
+		name    string
+		verb    op.Verb
+		badCAS  bool // a CAS other than the index's
+		reader  bool // written by Values that only read the index
+		retired bool
+	}{
+		{name: "set", verb: op.Set, retired: true},
+		{name: "replace", verb: op.Replace, retired: true},
+		{name: "cas", verb: op.CAS, retired: true},
+		{name: "cas of another item", verb: op.CAS, badCAS: true},
+		{name: "set by a reader", verb: op.Set, reader: true, retired: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v, s, addr := realValues(t, nil)
+			ctx := t.Context()
+			const key = "big"
+			if err := put(ctx, v, key, bigValue(3, 0)); err != nil {
+				t.Fatal(err)
+			}
+			if tt.reader {
+				v = New(s, Options{ChunkSize: raceChunk, Grace: time.Hour, Timeout: 5 * time.Second}, prometheus.NewRegistry())
+				if v.MayHoldIndex(key) {
+					t.Fatal("Values that never saw the key take it for an index")
+				}
+				v.Saw(key)
+			}
+			cur := s.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: key}})
+			o := op.Op{Verb: tt.verb, Item: op.Item{Key: key, Value: []byte("small")}}
+			if tt.verb == op.CAS {
+				o.Item.CAS = cur.Item.CAS
+				if tt.badCAS {
+					o.Item.CAS++
+				}
+			}
+			res := v.Do(ctx, o)
+			if tt.badCAS {
+				if !errors.Is(res.Err, upstream.ErrCASConflict) {
+					t.Fatalf("CAS with another item's CAS = %v, want a conflict", res.Err)
+				}
+			} else if res.Err != nil {
+				t.Fatalf("%v over a value in chunks: %v", tt.verb, res.Err)
+			}
+			exps, err := chunkExpirations(addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(exps) != 4 {
+				t.Fatalf("memcached holds %d chunks, want the value's 4", len(exps))
+			}
+			for k, exp := range exps {
+				if retired := exp != -1; retired != tt.retired {
+					t.Errorf("chunk %q expires at %d: retired %v, want %v", k, exp, retired, tt.retired)
+				}
+			}
+			if v.MayHoldIndex(key) != !tt.retired {
+				t.Errorf("MayHoldIndex after the write = %v, want %v", !tt.retired, tt.retired)
+			}
+			gets := func() string {
+				st, err := memcachedtest.Stats(addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return st["cmd_get"]
+			}
+			before := gets()
+			if res := v.Do(ctx, op.Op{Verb: op.Set, Item: op.Item{Key: "other", Value: []byte("small")}}); res.Err != nil {
+				t.Fatal(res.Err)
+			}
+			if after := gets(); after != before {
+				t.Errorf("a small set of a key never seen holding an index read memcached: cmd_get %s, then %s", before, after)
+			}
+		})
+	}
+}

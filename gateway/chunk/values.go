@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"math/rand/v2"
 	"strconv"
@@ -63,6 +64,7 @@ type Values struct {
 	writes  chan struct{} // a token per chunk on its way to memcached (MaxWrites)
 	reads   chan struct{} // a token per chunk being fetched (MaxReads)
 	adding  keyTurns      // appends and prepends of a key, one at a time (addTo)
+	known   known         // keys last seen holding an index (overIndex)
 	m       metrics
 }
 
@@ -79,6 +81,7 @@ func New(s Store, opts Options, reg prometheus.Registerer) *Values {
 		opts.MaxReads = 4
 	}
 	v := &Values{store: s, opts: opts, writes: make(chan struct{}, opts.MaxWrites), reads: make(chan struct{}, opts.MaxReads), m: newMetrics(reg)}
+	v.known.seed = maphash.MakeSeed()
 	v.SetTimeout(opts.Timeout)
 	return v
 }
@@ -140,9 +143,11 @@ func (v *Values) inTurn(ctx context.Context, turns chan struct{}, what string, o
 // and are sent only to the item they found not to be one (addTo), or
 // fail with ErrChanging. Each of these reads the item first (Touch as a
 // GAT), since only the item says whether it is an index; such a read
-// keeps no value that could not be one (peek). Reads return an index as
-// they find it: the caller streams it (Reader) or refuses it
-// (ErrChunked).
+// keeps no value that could not be one (peek). Set, Replace and CAS of a
+// key these Values last saw holding an index retire the chunks of the
+// index they replace (overIndex); of any other key they go as they are.
+// Reads return an index as they find it: the caller streams it (Reader)
+// or refuses it (ErrChunked).
 func (v *Values) Do(ctx context.Context, o op.Op) op.Result {
 	switch o.Verb {
 	case op.Delete:
@@ -176,6 +181,7 @@ func (v *Values) Do(ctx context.Context, o op.Op) op.Result {
 	case op.GAT:
 		res := v.store.Do(ctx, o)
 		if x, ok, err := Parse(res.Item); res.Err == nil && ok && err == nil {
+			v.known.add(o.Item.Key)
 			exp, now := o.Item.Expiration, time.Now().Unix()
 			if past(exp, now) { // the index expired at once: readers under way, this one too, keep theirs
 				exp = v.grace()
@@ -187,8 +193,64 @@ func (v *Values) Do(ctx context.Context, o op.Op) op.Result {
 		return res
 	case op.Append, op.Prepend:
 		return v.addTo(ctx, o)
+	case op.Set, op.Replace, op.CAS:
+		if v.known.has(o.Item.Key) {
+			return v.overIndex(ctx, o)
+		}
 	}
 	return v.store.Do(ctx, o)
+}
+
+// MayHoldIndex reports whether key's item was an index when these Values
+// last wrote or read it: a small write of it must go through Do, which
+// retires the chunks it replaces, rather than straight to the Store (or
+// as a UDP datagram, which says nothing of what it replaced).
+func (v *Values) MayHoldIndex(key string) bool { return v.known.has(key) }
+
+// Saw records that key's item, just read, is an index.
+func (v *Values) Saw(key string) { v.known.add(key) }
+
+// overIndex runs o, a Set, Replace or CAS of a key last seen holding an
+// index, and retires the chunks of the index it replaces: memcached's
+// set says nothing of what it replaced, and with the default expiration
+// (never) those chunks would stay until evicted. It reads the item's
+// head first (peekIndex: the index itself only if the head is an
+// index's), then writes o checked against it, as Put writes an index
+// (0054): a Set or Replace goes as a CAS with the CAS read, and a refusal
+// (another write landed between) reads the item again; after
+// maxIndexTries refusals, or with no CAS to check, o goes unchecked and
+// retires the index read last. A client's CAS is its own check: it
+// replaces the index read only if it names that index's CAS. An item
+// that is not an index, or none, is forgotten and o sent as it is.
+func (v *Values) overIndex(ctx context.Context, o op.Op) op.Result {
+	for try := 1; ; try++ {
+		got := v.peekIndex(ctx, o)
+		x, ok, perr := Parse(got.Item)
+		switch {
+		case errors.Is(got.Err, upstream.ErrNotFound), errors.Is(got.Err, upstream.ErrNoFit):
+			// None, or (a node without meta commands) too large to be one.
+			v.known.forget(o.Item.Key)
+			return v.store.Do(ctx, o)
+		case got.Err != nil:
+			return op.Result{Err: got.Err}
+		case !ok || perr != nil:
+			v.known.forget(o.Item.Key)
+			return v.store.Do(ctx, o)
+		}
+		w := o
+		if o.Verb != op.CAS && try <= maxIndexTries && got.Item.CAS != 0 {
+			w.Verb, w.Item.CAS = op.CAS, got.Item.CAS
+		}
+		res := v.store.Do(ctx, w)
+		if w.Verb != o.Verb && replaced(res.Err) {
+			continue
+		}
+		if res.Err == nil && (o.Verb != op.CAS || o.Item.CAS == got.Item.CAS) {
+			v.known.forget(o.Item.Key)
+			v.retire(ctx, hashKey(o), x)
+		}
+		return res
+	}
 }
 
 // addTo runs o, an Append or Prepend, unless its item is an index
@@ -353,7 +415,11 @@ func (v *Values) peekIndex(ctx context.Context, o op.Op) op.Result {
 		return res
 	}
 	h.Verb = op.Get
-	return v.store.Do(ctx, h)
+	res = v.store.Do(ctx, h)
+	if res.Err == nil && IsIndex(res.Item.Flags, res.Item.Value) {
+		v.known.add(o.Item.Key)
+	}
+	return res
 }
 
 // hashKey is the key o's value is placed by, and so its chunks.
@@ -371,6 +437,9 @@ func (v *Values) delete(ctx context.Context, o op.Op) op.Result {
 		return got
 	}
 	res := v.store.Do(ctx, o)
+	if res.Err == nil {
+		v.known.forget(o.Item.Key)
+	}
 	if x, ok, err := Parse(got.Item); res.Err == nil && ok && err == nil {
 		v.retire(ctx, hashKey(o), x)
 	}
@@ -392,6 +461,9 @@ func (v *Values) expireNow(ctx context.Context, o op.Op) op.Result {
 		return op.Result{Err: got.Err}
 	}
 	res := v.store.Do(ctx, o)
+	if res.Err == nil {
+		v.known.forget(o.Item.Key)
+	}
 	if x, ok, err := Parse(got.Item); res.Err == nil && ok && err == nil {
 		v.retire(ctx, hashKey(o), x)
 	}
@@ -539,6 +611,7 @@ func (v *Values) Put(ctx context.Context, p Put, src Source) (err error) {
 		return res.Err
 	}
 	v.m.writeStored.Inc()
+	v.known.add(p.Key)
 	if cur.index != nil && cur.index.Version != x.Version {
 		v.retire(ctx, p.Key, *cur.index)
 	}
@@ -675,6 +748,7 @@ func (v *Values) Drop(ctx context.Context, key string, it op.Item) {
 	if res := v.do(ctx, op.Op{Verb: op.CAS, Item: it}); res.Err != nil {
 		return
 	}
+	v.known.forget(key)
 	if x, ok, err := Parse(it); ok && err == nil {
 		v.retire(ctx, key, x)
 	}
