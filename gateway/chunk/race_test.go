@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/memcgate/memcgate/gateway/storetest"
 	"github.com/memcgate/memcgate/test/memcachedtest"
@@ -250,21 +251,22 @@ func metadump(addr string) (exps map[string]int64, busy bool, err error) {
 }
 
 // interloper is a Store in memory that, before each of the first n
-// writes of an index, writes the key itself (as another gateway would):
-// a value in chunks of its own version (one chunk), or, if deletes, a
-// delete of the key every other time. It records the verbs of the index
-// writes it is sent.
+// writes of an index (of a small value, if small), writes the key itself
+// (as another gateway would): a value in chunks of its own version (one
+// chunk), or, if deletes, a delete of the key every other time. It
+// records the verbs of the writes it watches.
 type interloper struct {
 	*storetest.Store
 	n       int
 	deletes bool
+	small   bool // the writes watched are those of small values, not of indexes
 	writes  int
 	verbs   []op.Verb
 	last    uint64 // the version of the last index it wrote
 }
 
 func (s *interloper) Do(ctx context.Context, o op.Op) op.Result {
-	if o.Verb.Writes() && o.Item.Flags == IndexFlags && !Reserved(o.Item.Key) {
+	if o.Verb.Writes() && (o.Item.Flags == IndexFlags) != s.small && !Reserved(o.Item.Key) {
 		s.verbs = append(s.verbs, o.Verb)
 		if s.writes < s.n {
 			s.writes++
@@ -287,7 +289,8 @@ func (s *interloper) Do(ctx context.Context, o op.Op) op.Result {
 // against it, and the chunks retired are those of the index it replaced.
 // After maxIndexTries refusals the index is written unchecked, as the
 // client's unconditional PUT asks. Conditional Puts are checked once, by
-// the verb asked for.
+// the verb asked for. The refusals tried again, and the unchecked
+// writes, are counted.
 func TestPutIndexTries(t *testing.T) {
 	const key = "k"
 	tries := func(n int, last op.Verb) []op.Verb {
@@ -340,6 +343,19 @@ func TestPutIndexTries(t *testing.T) {
 			}
 			if !slices.Equal(s.verbs, tt.want) {
 				t.Errorf("index written with %v, want %v", s.verbs, tt.want)
+			}
+			wantRetries, wantUnchecked := 0, 0
+			if tt.wantErr == nil {
+				wantRetries = len(tt.want) - 1
+				if len(tt.want) > maxIndexTries {
+					wantUnchecked = 1
+				}
+			}
+			if got := testutil.ToFloat64(v.m.indexRetries); got != float64(wantRetries) {
+				t.Errorf("memcgate_chunked_index_retries_total = %v, want %d", got, wantRetries)
+			}
+			if got := testutil.ToFloat64(v.m.indexUnchecked); got != float64(wantUnchecked) {
+				t.Errorf("memcgate_chunked_index_unchecked_total = %v, want %d", got, wantUnchecked)
 			}
 			if err != nil {
 				return
@@ -475,6 +491,56 @@ func TestSmallWritesRetireWhatTheyReplace(t *testing.T) {
 			}
 			if after := gets(); after != before {
 				t.Errorf("a small set of a key never seen holding an index read memcached: cmd_get %s, then %s", before, after)
+			}
+		})
+	}
+}
+
+// TestSmallWriteTries: a small Set over a key seen holding an index goes
+// as a CAS against the index read; each time another write of the key
+// came between, the item is read again and the write checked against
+// it, and the chunks retired are those of the index it replaced. After
+// maxIndexTries refusals it goes unchecked. Both are counted.
+func TestSmallWriteTries(t *testing.T) {
+	const key = "k"
+	for _, tt := range []struct {
+		interlopers int
+		last        op.Verb
+	}{{1, op.CAS}, {maxIndexTries, op.Set}} {
+		t.Run(strconv.Itoa(tt.interlopers), func(t *testing.T) {
+			s := &interloper{Store: storetest.New(), small: true}
+			v := New(s, Options{ChunkSize: raceChunk, Timeout: time.Second}, prometheus.NewRegistry())
+			ctx := t.Context()
+			if err := put(ctx, v, key, bigValue(1, 0)); err != nil {
+				t.Fatal(err)
+			}
+			s.n = tt.interlopers
+			if res := v.Do(ctx, op.Op{Verb: op.Set, Item: op.Item{Key: key, Value: []byte("small")}}); res.Err != nil {
+				t.Fatal(res.Err)
+			}
+			want := make([]op.Verb, tt.interlopers+1)
+			for i := range want {
+				want[i] = op.CAS
+			}
+			want[tt.interlopers] = tt.last
+			if !slices.Equal(s.verbs, want) {
+				t.Errorf("written with %v, want %v", s.verbs, want)
+			}
+			if got := string(s.Items[key].Value); got != "small" {
+				t.Errorf("the key holds %q, want the small value", got)
+			}
+			if got := s.Items[Key(key, s.last, 0)].Expiration; got != v.grace() {
+				t.Errorf("chunk of the index replaced expires at %d, want %d (retired)", got, v.grace())
+			}
+			wantUnchecked := 0.0
+			if tt.last == op.Set {
+				wantUnchecked = 1
+			}
+			if got := testutil.ToFloat64(v.m.indexRetries); got != float64(tt.interlopers) {
+				t.Errorf("memcgate_chunked_index_retries_total = %v, want %d", got, tt.interlopers)
+			}
+			if got := testutil.ToFloat64(v.m.indexUnchecked); got != wantUnchecked {
+				t.Errorf("memcgate_chunked_index_unchecked_total = %v, want %v", got, wantUnchecked)
 			}
 		})
 	}

@@ -243,9 +243,13 @@ func (v *Values) overIndex(ctx context.Context, o op.Op) op.Result {
 		}
 		res := v.store.Do(ctx, w)
 		if w.Verb != o.Verb && replaced(res.Err) {
+			v.m.indexRetries.Inc()
 			continue
 		}
 		if res.Err == nil && (o.Verb != op.CAS || o.Item.CAS == got.Item.CAS) {
+			if w.Verb == o.Verb && o.Verb != op.CAS && got.Item.CAS != 0 {
+				v.m.indexUnchecked.Inc() // after maxIndexTries refusals
+			}
 			v.known.forget(o.Item.Key)
 			v.retire(ctx, hashKey(o), x)
 		}
@@ -587,7 +591,8 @@ func (v *Values) Put(ctx context.Context, p Put, src Source) (err error) {
 		return fmt.Errorf("chunk: before writing the index of %q: %w", p.Key, err)
 	}
 	idx := op.Op{Verb: p.Verb, Item: op.Item{Key: p.Key, Value: x.Encode(), Flags: IndexFlags, Expiration: p.Expiration, CAS: p.CAS}, Admitted: true}
-	for try := 1; ; try++ {
+	try := 1
+	for ; ; try++ {
 		if p.Verb == op.Set {
 			idx.Verb, idx.Item.CAS = cur.replacing(try)
 		}
@@ -598,6 +603,7 @@ func (v *Values) Put(ctx context.Context, p Put, src Source) (err error) {
 		if p.Verb == op.Set && idx.Verb != op.Set && replaced(res.Err) {
 			// Another write of the key came between: its item, not the
 			// one read, is what this index replaces.
+			v.m.indexRetries.Inc()
 			if cur, err = v.current(ctx, p); err != nil {
 				return err
 			}
@@ -612,6 +618,9 @@ func (v *Values) Put(ctx context.Context, p Put, src Source) (err error) {
 	}
 	v.m.writeStored.Inc()
 	v.known.add(p.Key)
+	if p.Verb == op.Set && try > maxIndexTries {
+		v.m.indexUnchecked.Inc()
+	}
 	if cur.index != nil && cur.index.Version != x.Version {
 		v.retire(ctx, p.Key, *cur.index)
 	}
@@ -761,6 +770,7 @@ type metrics struct {
 	chunksWritten, chunksRead, chunksMissing prometheus.Counter
 	retired, cleaned                         prometheus.Counter
 	bytesWritten, bytesRead                  prometheus.Counter
+	indexRetries, indexUnchecked             prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) metrics {
@@ -780,8 +790,17 @@ func newMetrics(reg prometheus.Registerer) metrics {
 		Name: "memcgate_chunked_bytes_total",
 		Help: "Bytes of values stored in chunks, by direction: written (to memcached), read (from memcached).",
 	}, []string{"direction"})
-	reg.MustRegister(writes, reads, chunks, bytes)
+	retries := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "memcgate_chunked_index_retries_total",
+		Help: "Writes checked against the index they replace (the index of an unconditional PUT in chunks, or a small value written over a value in chunks) that memcached refused because another write of the key landed since it was read: the item was read again and the write tried again.",
+	})
+	unchecked := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "memcgate_chunked_index_unchecked_total",
+		Help: "Writes checked against the index they replace (as in memcgate_chunked_index_retries_total) written with a plain set after 8 refusals in a row (more writers of one key at once than that): the chunks of an index replaced in between are left to their expiration and memcached's LRU.",
+	})
+	reg.MustRegister(writes, reads, chunks, bytes, retries, unchecked)
 	return metrics{
+		indexRetries: retries, indexUnchecked: unchecked,
 		writeStored: writes.WithLabelValues("stored"), writeFailed: writes.WithLabelValues("failed"),
 		readComplete: reads.WithLabelValues("complete"), readMissing: reads.WithLabelValues("missing"), readAborted: reads.WithLabelValues("aborted"),
 		chunksWritten: chunks.WithLabelValues("written"), chunksRead: chunks.WithLabelValues("read"), chunksMissing: chunks.WithLabelValues("missing"),
