@@ -247,8 +247,8 @@ func (v *Values) overIndex(ctx context.Context, o op.Op) op.Result {
 			continue
 		}
 		if res.Err == nil && (o.Verb != op.CAS || o.Item.CAS == got.Item.CAS) {
-			if w.Verb == o.Verb && o.Verb != op.CAS && got.Item.CAS != 0 {
-				v.m.indexUnchecked.Inc() // after maxIndexTries refusals
+			if o.Verb != op.CAS && try > maxIndexTries {
+				v.m.indexUnchecked.Inc()
 			}
 			v.known.forget(o.Item.Key)
 			v.retire(ctx, hashKey(o), x)
