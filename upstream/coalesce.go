@@ -49,12 +49,12 @@ type getResult struct {
 // against its own caller's Room. lent reports whether the value is in a
 // buffer o.Lend lent (op.Result.Lent).
 func (n *node) get(ctx context.Context, key string, o op.Op) (it *memcache.Item, lent bool, err error) {
-	o = op.Op{Verb: op.Get, Room: o.Room}
+	o = op.Op{Verb: op.Get, Room: o.Room, Bulk: o.Bulk}
 	if n.take() {
 		it, err = n.getHolding(key, o)
 		return it, n.lent(&o, it), err
 	}
-	if !n.batchGets || (o.Room != nil && n.pipe != nil) {
+	if !n.batchGets || ((o.Room != nil || o.Bulk) && n.pipe != nil) {
 		err := n.do(ctx, verbOp(op.Get), false, func(mc dataClient, _ bool) (err error) {
 			it, _, err = mc.Do(ctx, o, key)
 			return err

@@ -323,7 +323,7 @@ func (n *node) run(ctx context.Context, o op.Op, sk string, failover bool, cap f
 	if failover && o.Verb.TakesTTL() {
 		o.Item.Expiration = cap(o.Item.Expiration)
 	}
-	err := n.doAs(ctx, verbOp(o.Verb), failover, admissionOf(o), func(mc dataClient, _ bool) error {
+	err := n.doBulk(ctx, verbOp(o.Verb), failover, admissionOf(o), o.Bulk, func(mc dataClient, _ bool) error {
 		do := mc.Do
 		if o.Verb.Reply() == op.Meta {
 			do = n.headOn(mc)
@@ -394,6 +394,19 @@ func (n *node) do(ctx context.Context, o metricOp, failover bool, f opFunc) erro
 // may be refused past the node's share; admitted and queued ones wait
 // for a slot.
 func (n *node) doAs(ctx context.Context, o metricOp, failover bool, a admission, f opFunc) error {
+	return n.doBulk(ctx, o, failover, a, false, f)
+}
+
+// doBulk is doAs for an operation that may be a chunk's write or read
+// (op.Op.Bulk): a timeout of one (but a dial's) is counted and timed, not
+// held against the node's health. Chunks go on connections of their own,
+// and their write shows progress only as far as the kernel's socket: a
+// slow link, or a proxy that buffers what it relays, shared by more
+// connections, left a 1 MB chunk unanswered past the timeout while
+// memcached answered every small request on its connections at once
+// (docs/benchmarks.md, "Small requests beside values in chunks"). A
+// memcached that stalls fails those small requests too, and its probes.
+func (n *node) doBulk(ctx context.Context, o metricOp, failover bool, a admission, bulk bool, f opFunc) error {
 	start := time.Now()
 	release := n.release
 	var err error
@@ -412,8 +425,20 @@ func (n *node) doAs(ctx context.Context, o metricOp, failover bool, a admission,
 	}
 	defer release() // may send parked Gets first: not part of this operation's time; deferred, so a panic in f gives the slot back
 	err = classify(n.name, o.String(), f(n.client, failover))
+	if bulk && bulkStall(err) {
+		n.m.duration[o].Observe(time.Since(start).Seconds())
+		n.m.ops[o][resultOf(err)].Inc()
+		return err
+	}
 	n.count(o, start, err)
 	return err
+}
+
+// bulkStall reports whether err, a chunk's operation's, is a timeout on
+// a connection that was made.
+func bulkStall(err error) bool {
+	var ne *NodeError
+	return errors.As(err, &ne) && ne.timeout && !ne.dial
 }
 
 // count counts and times one operation's classified result and feeds it to

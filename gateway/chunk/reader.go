@@ -127,7 +127,7 @@ func (r *Reader) fetch(i int) ([]byte, error) {
 	}
 	// Admitted: the index's read was, on the same node; a chunk refused
 	// at the node's share would cut the answer short after its headers.
-	res := r.v.read(r.ctx, op.Op{Verb: op.Get, Item: op.Item{Key: r.base + strconv.Itoa(i)}, HashKey: r.key, Admitted: true})
+	res := r.v.read(r.ctx, op.Op{Verb: op.Get, Item: op.Item{Key: r.base + strconv.Itoa(i)}, HashKey: r.key, Admitted: true, Bulk: true})
 	switch {
 	case errors.Is(res.Err, upstream.ErrNotFound):
 		r.v.m.chunksMissing.Inc()

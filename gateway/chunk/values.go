@@ -563,7 +563,7 @@ func (v *Values) Put(ctx context.Context, p Put, src Source) (err error) {
 			case len(b) > x.ChunkSize || x.Size%int64(x.ChunkSize) != 0:
 				return fmt.Errorf("chunk: %q: chunk %d of %d bytes after %d bytes in chunks of %d", p.Key, written, len(b), x.Size, x.ChunkSize)
 			}
-			c := op.Op{Verb: op.Set, Item: op.Item{Key: base + strconv.Itoa(written), Value: b, Flags: checksum(b), Expiration: exp}, HashKey: p.Key, Admitted: true} // as current's read was
+			c := op.Op{Verb: op.Set, Item: op.Item{Key: base + strconv.Itoa(written), Value: b, Flags: checksum(b), Expiration: exp}, HashKey: p.Key, Admitted: true, Bulk: true} // admitted as current's read was
 			if res := v.write(ctx, c); res.Err != nil {
 				return fmt.Errorf("chunk: writing chunk %d of %q: %w", written, p.Key, res.Err)
 			}

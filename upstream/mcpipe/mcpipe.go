@@ -293,13 +293,15 @@ func (c *Client) Do(ctx context.Context, o op.Op, key string) (*memcache.Item, u
 	return it, n, err
 }
 
-// route returns the lane o goes on: the large one for a read with a Room
-// whose key's value was large when last read (sizeHints), and the small
-// one for the rest; and, for a Get on the large lane, the size last seen
+// route returns the lane o goes on: the large one for a chunk of a value
+// in chunks (op.Op.Bulk) and for a read with a Room whose key's value was
+// large when last read (sizeHints), and the small one for the rest; and, for a Get on the large lane, the size last seen
 // (0 for any other operation: a GAT touches the item, so it is always
 // sent). An operation that changes key's value drops its hint.
 func (c *Client) route(o *op.Op, key string) (*lane, int) {
 	switch {
+	case o.Bulk:
+		return &c.large, 0
 	case o.Room != nil && o.Verb.Reply() == op.Items:
 		if n := c.hints.size(key); n > 0 {
 			if o.Verb != op.Get {

@@ -193,6 +193,11 @@ type Op struct {
 	// rather than be refused, so that a write reaches all its replicas or
 	// none, and a value in chunks is read or written whole.
 	Admitted bool
+	// Bulk marks the write or the read of a chunk of a value stored in
+	// chunks: a pipelined pool sends it on the node's connections for
+	// large reads, apart from its other operations, so that a small
+	// request never waits behind megabytes of chunks on its connection.
+	Bulk bool
 }
 
 // Room is a caller's say over the values its reads bring into memory.
