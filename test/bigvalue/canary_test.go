@@ -26,7 +26,8 @@ import (
 // while a canary on a connection of its own PUTs and GETs 5 bytes every
 // 10 ms. With BIGVALUE_STOP_MS memcached is stopped (SIGSTOP) for that
 // many milliseconds of every second; with BIGVALUE_LINK_MBPS it is
-// reached through a link of that many MiB/s each way (slowLink). It logs the canary's p50, p99 and max, every answer
+// reached through a link of that many MiB/s each way (slowLink); with
+// BIGVALUE_PIPELINE_CONNS the gateway has that many connections per node. It logs the canary's p50, p99 and max, every answer
 // that was not 2xx, and the node's ejections and memcached timeouts.
 func TestBigValueCanary(t *testing.T) {
 	if os.Getenv("BIGVALUE_BENCH") != "1" {
@@ -47,6 +48,9 @@ func TestBigValueCanary(t *testing.T) {
 	if rate > 0 {
 		addr = slowLink(t, mc.Addr, rate<<20)
 		env = append(env, "MEMCGATE_SERVERS", addr)
+	}
+	if pc := os.Getenv("BIGVALUE_PIPELINE_CONNS"); pc != "" {
+		env = append(env, "MEMCGATE_PIPELINE_CONNS", pc)
 	}
 	r := newRigOn(t, mc, env...)
 	v := randomValue(valueSize, 3)
