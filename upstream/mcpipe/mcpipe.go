@@ -67,9 +67,9 @@ type Options struct {
 
 // Client sends requests to one memcached server over Options.Conns
 // pipelined connections, and reads of values known to be large (see
-// sizeHints) over as many more, dialled when first needed: a small
-// request never waits behind megabytes of replies, however many large
-// reads are queued. (Multi-key gets go on the small lane unless their
+// sizeHints) and the chunks of values in chunks (op.Op.Bulk) over as many
+// more, dialled when first needed: a small request never waits behind
+// megabytes of replies or chunks, however many are queued. (Multi-key gets go on the small lane unless their
 // values are held through a Room: GetMultiLimit.) It is safe for
 // concurrent use. Its methods block until the reply arrives or the
 // connection fails, but for DoAsync, which completes through a callback.
