@@ -281,7 +281,8 @@ func (v *Values) overIndex(ctx context.Context, o op.Op) op.Result {
 //
 // o goes unchecked, with the race it leaves, where the check cannot be
 // made: a node that does not speak memcached 1.6.10's meta set or
-// gomemcache's pool (upstream.ErrNoMeta), a node without mg whose value
+// gomemcache's pool (upstream.ErrNoMeta twice in a row: a connection
+// dialled since the check refuses it once, until the next mg), a node without mg whose value
 // was read as too large to be an index (upstream.ErrNoFit: no CAS), and
 // bytes of more than a chunk, which may not fit an item (an ms whose
 // bytes memcached cannot allocate deletes the item; an append leaves it).
@@ -302,7 +303,8 @@ func (v *Values) addTo(ctx context.Context, o op.Op) op.Result {
 		return op.Result{Err: fmt.Errorf("chunk: %s waited for the appends of the key before it: %w", o.Verb, ErrChanging)}
 	}
 	defer v.adding.give(o.Item.Key)
-	for try := 0; try == 0 || time.Now().Before(until); try++ {
+	recheck := false // the checked append was refused unsent once: check again
+	for try := 0; try == 0 || recheck || time.Now().Before(until); try++ {
 		if err := ctx.Err(); err != nil {
 			return op.Result{Err: fmt.Errorf("chunk: %s refused %d times: %w", o.Verb, try, err)}
 		}
@@ -318,11 +320,19 @@ func (v *Values) addTo(ctx context.Context, o op.Op) op.Result {
 		checked.Item.CAS = got.Item.CAS
 		res := v.store.Do(ctx, checked)
 		switch {
+		case errors.Is(res.Err, upstream.ErrNoMeta) && !recheck:
+			// A connection dialled since the check (a chunk's, a large
+			// read's) makes the node's client forget that the server
+			// speaks meta sets until its next mg: the check again
+			// teaches it, unless the server cannot.
+			recheck = true
+			continue
 		case errors.Is(res.Err, upstream.ErrNoMeta):
 			return v.store.Do(ctx, o)
 		case !errors.Is(res.Err, upstream.ErrCASConflict):
 			return res
 		}
+		recheck = false
 	}
 	return op.Result{Err: ErrChanging}
 }

@@ -324,8 +324,8 @@ func (s *faultStore) Do(ctx context.Context, o op.Op) op.Result {
 // against the CAS read, again after each change for as long as
 // Options.Timeout allows (more than three times: appenders of one key
 // refuse each other), then fails with ErrChanging; it goes unchecked
-// where no check can be sent, and not at all when its item could not be
-// read.
+// where no check can be sent (refused unsent twice, after a second
+// check), and not at all when its item could not be read.
 func TestAddTo(t *testing.T) {
 	nodeDown := &upstream.NodeError{Node: "n", Op: "mg", Err: io.EOF}
 	tests := []struct {
@@ -351,7 +351,13 @@ func TestAddTo(t *testing.T) {
 		},
 		{
 			name: "no meta set", verb: op.Append, value: "+", fail: map[op.Verb]error{op.AppendCAS: upstream.ErrNoMeta},
-			verbs: []op.Verb{op.Head, op.AppendCAS, op.Append}, want: "abc+",
+			verbs: []op.Verb{op.Head, op.AppendCAS, op.Head, op.AppendCAS, op.Append}, want: "abc+",
+		},
+		{
+			// A connection dialled between the check and the append
+			// (a chunk's) had the client forget the server's meta sets.
+			name: "meta set refused once", verb: op.Append, value: "+", fail: map[op.Verb]error{op.AppendCAS: upstream.ErrNoMeta}, times: 1,
+			verbs: []op.Verb{op.Head, op.AppendCAS, op.Head, op.AppendCAS}, want: "abc+",
 		},
 		{
 			name: "read as too large to be an index", verb: op.Prepend, value: "+", fail: map[op.Verb]error{op.Head: upstream.ErrNoFit},
