@@ -257,7 +257,7 @@ func (c *Client) Do(ctx context.Context, o op.Op, key string) (*memcache.Item, u
 		return nil, 0, memcache.ErrMalformedKey
 	}
 	l, hint := c.route(&o, key)
-	if !c.admit(&o, key, hint) {
+	if !c.admit(o.Room, key, hint) {
 		return nil, 0, ErrNoFit
 	}
 	cn, err := c.conn(l)
@@ -315,27 +315,42 @@ func (c *Client) route(o *op.Op, key string) (*lane, int) {
 	return &c.small, 0
 }
 
-// admit reports whether a Get of key routed to the large lane, its value
-// n bytes when last read, may be sent, and if so counts n in c.ahead
-// until its call is released. It may be sent when the server's large
-// values on their way, with this one, stay within what the Share lets
-// it have ahead (Share.Ahead; any one value alone may be), and then if
-// the Room could take n bytes now, or else if it is the one read per
-// hintRetry sent anyway to correct a hint that may be stale. n of 0 is
-// any other operation, always sent and not counted.
+// admit reports whether a read of key routed to the large lane (a Get,
+// or a key of a multi-key get with a room), its value n bytes when last
+// read, may be sent, and if so counts n in c.ahead until its call is
+// released. It may be sent when the server's large values on their way,
+// with this one, stay within what the Share lets it have ahead
+// (Share.Ahead; any one value alone may be), and then if room could
+// take n bytes now, or else if it is the one read per hintRetry sent
+// anyway to correct a hint that may be stale. n of 0 is any other
+// operation, always sent and not counted.
 //
 // Reads on their way are not memory, but they are the server's queue:
 // without a bound in bytes, clients that ask for large values and never
 // read the answers (a reset after each request) keep thousands queued
 // on the node, each holding one of its in-flight slots, and every other
 // request for the node waits for a slot behind gigabytes of replies.
-func (c *Client) admit(o *op.Op, key string, n int) bool {
+func (c *Client) admit(room op.Room, key string, n int) bool {
 	if n == 0 {
 		return true
 	}
+	if !c.takeAhead(n) {
+		return false
+	}
+	if room.Fits(n) || c.hints.retry(key) {
+		return true
+	}
+	c.ahead.Add(-int64(n))
+	return false
+}
+
+// takeAhead counts n bytes of a large value in c.ahead if the server's
+// large values on their way, with these, stay within what the Share lets
+// it have ahead (any one value alone may be), and reports whether it
+// did.
+func (c *Client) takeAhead(n int) bool {
 	after := c.ahead.Add(int64(n))
-	within := after == int64(n) || c.share == nil || c.share.Ahead(after)
-	if within && (o.Room.Fits(n) || c.hints.retry(key)) {
+	if after == int64(n) || c.share == nil || c.share.Ahead(after) {
 		return true
 	}
 	c.ahead.Add(-int64(n))
@@ -391,7 +406,7 @@ func (c *Client) DoAsync(ctx context.Context, o op.Op, key string, done func(*me
 		return ErrNoMeta
 	}
 	l, hint := c.route(&o, key)
-	if !c.admit(&o, key, hint) {
+	if !c.admit(o.Room, key, hint) {
 		// Answered, as the reply would have been: calling Do instead
 		// would ask the Room again, and count a second refusal.
 		done(nil, 0, ErrNoFit)
@@ -487,7 +502,9 @@ func (c *Client) GetMulti(keys []string) (map[string]*memcache.Item, error) {
 // command goes on the large lane, since its reply may be megabytes long
 // (a small request must not wait behind it), and a key whose value was
 // large when last read is refused unsent (in nofit) while the room could
-// not take that size, as Do's reads are (Client.admit). ctx's deadline
+// not take that size, or while the server has as much of such values on
+// their way as its Share lets it have, as Do's reads are (Client.admit):
+// those it sends count in that until the reply is read. ctx's deadline
 // bounds it as Do's does.
 //
 // With probe and a limit, memcached is first asked the size of every
@@ -506,28 +523,37 @@ func (c *Client) GetMultiLimit(ctx context.Context, keys []string, limit int, ro
 			return nil, nil, nil, memcache.ErrMalformedKey
 		}
 	}
-	l, send := &c.small, keys
+	probing := probe && limit > 0 && !c.noMeta.Load()
+	l, send, ahead := &c.small, keys, 0
 	if room != nil {
 		l, send = &c.large, make([]string, 0, len(keys))
 		for _, k := range keys {
-			if n := c.hints.size(k); n == 0 || room.Fits(n) || c.hints.retry(k) {
-				send = append(send, k)
-			} else {
-				nofit = append(nofit, k)
+			n := c.hints.size(k)
+			if probing {
+				// Counted ahead at the size the probe finds (fitting).
+				if n == 0 || room.Fits(n) || c.hints.retry(k) {
+					send = append(send, k)
+					continue
+				}
+			} else if c.admit(room, k, n) {
+				send, ahead = append(send, k), ahead+n
+				continue
 			}
+			nofit = append(nofit, k)
 		}
 	}
-	if probe && limit > 0 && len(send) > 0 && !c.noMeta.Load() {
+	if probing && len(send) > 0 {
 		var refused []string
-		if send, dropped, refused, err = c.fitting(ctx, send, limit, room); err != nil {
+		if send, dropped, refused, ahead, err = c.fitting(ctx, send, limit, room); err != nil {
 			return nil, nil, nil, err
 		}
 		nofit = append(nofit, refused...)
 	}
 	if len(send) == 0 {
+		c.ahead.Add(-int64(ahead))
 		return map[string]*memcache.Item{}, dropped, nofit, nil
 	}
-	cl, err := c.sendGets(ctx, l, send, limit, room)
+	cl, err := c.sendGets(ctx, l, send, limit, room, ahead)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -548,20 +574,23 @@ func (c *Client) GetMultiLimit(ctx context.Context, keys []string, limit int, ro
 // limit as readReply would keep them (a value that passes what is kept
 // so far is skipped, a smaller one after it may still fit), and that room
 // (nil: none) could take now. over are the present keys past the limit,
-// nofit those room could not take. A server without meta commands is
-// remembered (noMeta), and a probe it refused for some keys
-// (errProbeRefused) taught nothing: both return every key, read as
-// without a probe. A failed connection is an error.
-func (c *Client) fitting(ctx context.Context, keys []string, limit int, room op.Room) (send, over, nofit []string, err error) {
+// nofit those room could not take, or, with a room, the large ones
+// (op.LentValue or more) the server may not have on their way
+// (takeAhead): those sent are counted in c.ahead, ahead bytes, for the
+// caller to give back. A server without meta commands is remembered
+// (noMeta), and a probe it refused for some keys (errProbeRefused)
+// taught nothing: both return every key, read as without a probe, and
+// count nothing. A failed connection is an error.
+func (c *Client) fitting(ctx context.Context, keys []string, limit int, room op.Room) (send, over, nofit []string, ahead int, err error) {
 	sizes, err := c.probe(ctx, keys)
 	switch {
 	case errors.Is(err, ErrNoMeta):
 		c.noMeta.Store(true)
-		return keys, nil, nil, nil
+		return keys, nil, nil, 0, nil
 	case errors.Is(err, errProbeRefused):
-		return keys, nil, nil, nil
+		return keys, nil, nil, 0, nil
 	case err != nil:
-		return nil, nil, nil, err
+		return nil, nil, nil, 0, err
 	}
 	send = make([]string, 0, len(keys))
 	kept := 0
@@ -570,14 +599,18 @@ func (c *Client) fitting(ctx context.Context, keys []string, limit int, room op.
 		case n < 0: // a miss: nothing to read
 		case kept+n > limit:
 			over = append(over, k)
-		case room != nil && n > 0 && !room.Fits(n):
+		case room != nil && n > 0 && !room.Fits(n),
+			room != nil && n >= op.LentValue && !c.takeAhead(n):
 			nofit = append(nofit, k)
 		default:
 			kept += n
 			send = append(send, k)
+			if room != nil && n >= op.LentValue {
+				ahead += n
+			}
 		}
 	}
-	return send, over, nofit, nil
+	return send, over, nofit, ahead, nil
 }
 
 // probe sends "mg <key> s k q" for each key and then "mn", as one call
@@ -609,13 +642,14 @@ func (c *Client) probe(ctx context.Context, keys []string) ([]int, error) {
 
 // sendGets sends one gets command for keys on a connection of lane l, as
 // GetMultiLimit's call.
-func (c *Client) sendGets(ctx context.Context, l *lane, keys []string, limit int, room op.Room) (*call, error) {
+func (c *Client) sendGets(ctx context.Context, l *lane, keys []string, limit int, room op.Room, ahead int) (*call, error) {
 	cn, err := c.conn(l)
 	if err != nil {
+		c.ahead.Add(-int64(ahead))
 		return nil, err
 	}
 	cl := c.newCall()
-	cl.kind, cl.verb, cl.limit, cl.asked = op.Items, "gets", limit, keys
+	cl.kind, cl.verb, cl.limit, cl.asked, cl.ahead = op.Items, "gets", limit, keys, ahead
 	cl.room, cl.all = room, room != nil
 	cl.by, _ = ctx.Deadline()
 	cl.encode = func(b []byte) []byte {

@@ -226,3 +226,116 @@ func TestLargeReadsAheadBounded(t *testing.T) {
 		})
 	}
 }
+
+// TestMultiGetsAheadBounded: a multi-key get with a room counts the
+// sizes last seen of its keys' large values on their way until its reply
+// is read, as single reads do; a key that would have more of them on
+// their way than the Share lets the server have ahead is refused unsent
+// (in nofit). Probed, it counts the sizes the probe found, hint or no
+// hint. Without it, clients that send multi-gets of large values and
+// reset at once queued thousands of them on the node.
+func TestMultiGetsAheadBounded(t *testing.T) {
+	srv := memcachedtest.Start(t)
+	const size = 64 << 10
+	share := &testShare{limit: 1 << 30, ahead: 2*size + size/2}
+	c := New(Options{Conns: 1, Timeout: 10 * time.Second, Share: share, Dial: func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", srv.Addr)
+	}})
+	t.Cleanup(func() { c.Close() })
+	ctx := t.Context()
+	room := &testRoom{}
+	for _, k := range []string{"a", "b", "c", "unread", "small"} {
+		v := bytes.Repeat([]byte(k), size)
+		if k == "small" {
+			v = []byte("s")
+		}
+		if err := set(ctx, c, k, v); err != nil {
+			t.Fatal(err)
+		}
+		if k == "unread" {
+			continue // no hint
+		}
+		for range 2 { // learn the size, then dial the large lane
+			if _, _, err := c.Do(ctx, op.Op{Verb: op.Get, Room: room}, k); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	type got struct {
+		items map[string]*memcache.Item
+		nofit []string
+		err   error
+	}
+	multi := func(keys []string, limit int, probe bool) chan got {
+		done := make(chan got, 1)
+		go func() {
+			items, _, nofit, err := c.GetMultiLimit(ctx, keys, limit, room, probe)
+			done <- got{items, nofit, err}
+		}()
+		return done
+	}
+	check := func(t *testing.T, g got, kept, nofit string) {
+		t.Helper()
+		var names []string
+		for _, k := range []string{"a", "b", "c", "unread", "small"} {
+			if g.items[k] != nil {
+				names = append(names, k)
+			}
+		}
+		if g.err != nil || strings.Join(names, ",") != kept || strings.Join(g.nofit, ",") != nofit {
+			t.Errorf("kept %v, refused %v, %v; want %s kept, %q refused", names, g.nofit, g.err, kept, nofit)
+		}
+	}
+
+	t.Run("counted while on its way", func(t *testing.T) {
+		srv.Pause()
+		done := multi([]string{"a", "b", "small"}, 0, false)
+		waitFor(t, "the multi-get's values to be counted ahead", func() bool { return c.ahead.Load() == 2*size })
+		refused := make(chan error, 1)
+		if err := c.DoAsync(ctx, op.Op{Verb: op.Get, Room: room}, "c", func(_ *memcache.Item, _ uint64, err error) { refused <- err }); err != nil {
+			refused <- err
+		}
+		if err := <-refused; !errors.Is(err, ErrNoFit) {
+			t.Errorf("get of c behind the multi-get: %v, want ErrNoFit", err)
+		}
+		srv.Resume()
+		check(t, <-done, "a,b,small", "")
+		if n := c.ahead.Load(); n != 0 {
+			t.Errorf("%d bytes counted ahead after the reply", n)
+		}
+	})
+
+	t.Run("refused past reads on their way", func(t *testing.T) {
+		srv.Pause()
+		var replies []chan error
+		for _, k := range []string{"a", "b"} {
+			done := make(chan error, 1)
+			if err := c.DoAsync(ctx, op.Op{Verb: op.Get, Room: room}, k, func(_ *memcache.Item, _ uint64, err error) { done <- err }); err != nil {
+				done <- err
+			}
+			replies = append(replies, done)
+		}
+		done := multi([]string{"c", "small"}, 0, false)
+		srv.Resume()
+		check(t, <-done, "small", "c")
+		for _, r := range replies {
+			if err := <-r; err != nil {
+				t.Error(err)
+			}
+		}
+		if n := c.ahead.Load(); n != 0 {
+			t.Errorf("%d bytes counted ahead after the replies", n)
+		}
+	})
+
+	t.Run("probed, at the sizes found", func(t *testing.T) {
+		c.ahead.Add(2 * size) // reads on their way, as above
+		check(t, <-multi([]string{"unread", "small"}, 1<<30, true), "small", "unread")
+		c.ahead.Add(-2 * size)
+		check(t, <-multi([]string{"unread", "small"}, 1<<30, true), "unread,small", "")
+		if n := c.ahead.Load(); n != 0 {
+			t.Errorf("%d bytes counted ahead after the replies", n)
+		}
+	})
+}
