@@ -257,7 +257,7 @@ func (c *Client) Do(ctx context.Context, o op.Op, key string) (*memcache.Item, u
 		return nil, 0, memcache.ErrMalformedKey
 	}
 	l, hint := c.route(&o, key)
-	if !c.admit(o.Room, key, hint) {
+	if !c.admitOp(&o, key, hint) {
 		return nil, 0, ErrNoFit
 	}
 	cn, err := c.conn(l)
@@ -295,24 +295,34 @@ func (c *Client) Do(ctx context.Context, o op.Op, key string) (*memcache.Item, u
 
 // route returns the lane o goes on: the large one for a chunk of a value
 // in chunks (op.Op.Bulk) and for a read with a Room whose key's value was
-// large when last read (sizeHints), and the small one for the rest; and, for a Get on the large lane, the size last seen
-// (0 for any other operation: a GAT touches the item, so it is always
-// sent). An operation that changes key's value drops its hint.
+// large when last read (sizeHints), and the small one for the rest; and,
+// for a Get or GAT on the large lane, the size last seen (0 for any other
+// operation). An operation that changes key's value drops its hint.
 func (c *Client) route(o *op.Op, key string) (*lane, int) {
 	switch {
 	case o.Bulk:
 		return &c.large, 0
 	case o.Room != nil && o.Verb.Reply() == op.Items:
-		if n := c.hints.size(key); n > 0 {
-			if o.Verb != op.Get {
-				return &c.large, 0
-			}
+		if n := c.hints.size(key); n > 0 { // a Get or GAT
 			return &c.large, n
 		}
 	case o.Verb.Writes():
 		c.hints.forget(key)
 	}
 	return &c.small, 0
+}
+
+// admitOp is admit for o, a Get or GAT routed to the large lane with a
+// value of n bytes when last read, or any other operation (n of 0). A
+// GAT is not refused for its Room, since it touches the item whether or
+// not its value is kept; only for what the server has on its way
+// (takeAhead), and then the item is not touched either: the request
+// failed, and its client may send it again.
+func (c *Client) admitOp(o *op.Op, key string, n int) bool {
+	if n > 0 && o.Verb == op.GAT {
+		return c.takeAhead(n)
+	}
+	return c.admit(o.Room, key, n)
 }
 
 // admit reports whether a read of key routed to the large lane (a Get,
@@ -406,7 +416,7 @@ func (c *Client) DoAsync(ctx context.Context, o op.Op, key string, done func(*me
 		return ErrNoMeta
 	}
 	l, hint := c.route(&o, key)
-	if !c.admit(o.Room, key, hint) {
+	if !c.admitOp(&o, key, hint) {
 		// Answered, as the reply would have been: calling Do instead
 		// would ask the Room again, and count a second refusal.
 		done(nil, 0, ErrNoFit)

@@ -316,9 +316,13 @@ func TestMultiGetsAheadBounded(t *testing.T) {
 			}
 			replies = append(replies, done)
 		}
-		done := multi([]string{"c", "small"}, 0, false)
+		// Decided before memcached answers a and b: refused unsent, so
+		// it returns at once; sent, it would wait for the deadline.
+		short, cancel := context.WithTimeout(ctx, 2*time.Second)
+		items, _, nofit, err := c.GetMultiLimit(short, []string{"c"}, 0, room, false)
+		cancel()
 		srv.Resume()
-		check(t, <-done, "small", "c")
+		check(t, got{items, nofit, err}, "", "c")
 		for _, r := range replies {
 			if err := <-r; err != nil {
 				t.Error(err)
@@ -338,4 +342,74 @@ func TestMultiGetsAheadBounded(t *testing.T) {
 			t.Errorf("%d bytes counted ahead after the replies", n)
 		}
 	})
+}
+
+// TestGATsAheadBounded: a GAT of a key known large counts its size on
+// its way as a Get does, and past the Share's bound it is refused unsent
+// (ErrNoFit), by Do and DoAsync alike, the item not touched either.
+// Without it, GETs with ?touch= of large values whose clients reset at
+// once queued on the node unbounded.
+func TestGATsAheadBounded(t *testing.T) {
+	srv := memcachedtest.Start(t)
+	const size = 64 << 10
+	share := &testShare{limit: 1 << 30, ahead: 2*size + size/2}
+	c := New(Options{Conns: 1, Timeout: 10 * time.Second, Share: share, Dial: func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", srv.Addr)
+	}})
+	t.Cleanup(func() { c.Close() })
+	ctx := t.Context()
+	room := &testRoom{}
+	gat := op.Op{Verb: op.GAT, Room: room, Item: op.Item{Expiration: 3600}}
+	for _, k := range []string{"a", "b", "c"} {
+		if err := set(ctx, c, k, bytes.Repeat([]byte(k), size)); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 { // learn the size, then dial the large lane
+			if _, _, err := c.Do(ctx, gat, k); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	srv.Pause()
+	var replies []chan error
+	for _, k := range []string{"a", "b"} {
+		done := make(chan error, 1)
+		if err := c.DoAsync(ctx, gat, k, func(_ *memcache.Item, _ uint64, err error) { done <- err }); err != nil {
+			t.Fatalf("DoAsync gat %s: %v", k, err)
+		}
+		replies = append(replies, done)
+	}
+	if got := c.ahead.Load(); got != 2*size {
+		t.Errorf("%d bytes counted ahead, want %d (the two GATs on their way)", got, 2*size)
+	}
+	expire := gat
+	expire.Item.Expiration = -1 // sent, it would expire c
+	refused := make(chan error, 1)
+	if err := c.DoAsync(ctx, expire, "c", func(_ *memcache.Item, _ uint64, err error) { refused <- err }); err != nil {
+		refused <- err
+	}
+	select {
+	case err := <-refused:
+		if !errors.Is(err, ErrNoFit) {
+			t.Errorf("DoAsync gat c past the bound: %v, want ErrNoFit", err)
+		}
+	default:
+		t.Error("DoAsync gat c past the bound was sent")
+	}
+	if it, _, err := c.Do(ctx, expire, "c"); it != nil || !errors.Is(err, ErrNoFit) {
+		t.Errorf("Do gat c past the bound: value read %v, %v; want ErrNoFit", it != nil, err)
+	}
+	srv.Resume()
+	for _, r := range replies {
+		if err := <-r; err != nil {
+			t.Error(err)
+		}
+	}
+	if n := c.ahead.Load(); n != 0 {
+		t.Errorf("%d bytes counted ahead after the replies", n)
+	}
+	if it, _, err := c.Do(ctx, op.Op{Verb: op.Get}, "c"); err != nil || it == nil {
+		t.Errorf("get of c after the refused GATs: %v, want its value (not touched)", err)
+	}
 }
