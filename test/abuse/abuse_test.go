@@ -84,7 +84,7 @@ func fitFDs(t *testing.T, n int) int {
 	return n
 }
 
-// TestAbuse runs the attacks of issue #16, and five that share a node's
+// TestAbuse runs the attacks of issue #16, and others that share a node's
 // connections, the gateway's goroutines or memcached's work unfairly, or
 // take its memory through Go's net/http, each against a fresh gateway
 // with default settings, and reports a row per attack.
@@ -144,6 +144,10 @@ func TestAbuse(t *testing.T) {
 			env: map[string]string{"MEMCGATE_VALUE_CODEC": "php"}, prepare: storeBombs, run: batchBombs(bombs)},
 		{name: "14 GETs reset before their answers", size: fmt.Sprintf("%d conns at a time × a GET of one of ten 1 MB keys, reset at once", resetters),
 			prepare: storeManyBigRead, run: resetGets(resetters)},
+		{name: "15 multi-gets reset before their answers", size: fmt.Sprintf("%d conns at a time × a multi-get of ten 1 MB keys, reset at once", resetters),
+			prepare: storeManyBigRead, run: resetMultiGets(resetters)},
+		{name: "16 GETs with touch reset before their answers", size: fmt.Sprintf("%d conns at a time × a GET ?touch=60 of one of ten 1 MB keys, reset at once", resetters),
+			prepare: storeManyBigRead, run: resetTouches(resetters)},
 	}
 	var rows []row
 	start := time.Now()

@@ -520,6 +520,34 @@ func storeManyBigRead(t *testing.T, r *rig) {
 // reads queued for a node, thousands wait there, holding its in-flight
 // slots, and the canary's request for the node waits behind them.
 func resetGets(n int) func(*testing.T, *rig, func()) result {
+	return resetting(n, "GETs", func(j int) string {
+		return "GET /" + bigKey + strconv.Itoa(j%manyBig) + " HTTP/1.1\r\nHost: x\r\n\r\n"
+	})
+}
+
+// resetTouches is attack 16: attack 14 with ?touch=60, a GAT, which
+// touches the item whether or not its value is kept.
+func resetTouches(n int) func(*testing.T, *rig, func()) result {
+	return resetting(n, "GETs with touch", func(j int) string {
+		return "GET /" + bigKey + strconv.Itoa(j%manyBig) + "?touch=60 HTTP/1.1\r\nHost: x\r\n\r\n"
+	})
+}
+
+// resetMultiGets is attack 15: attack 14 with a multi-get of all manyBig
+// keys, a 200-byte request for 10 MB.
+func resetMultiGets(n int) func(*testing.T, *rig, func()) result {
+	q := make([]string, manyBig)
+	for i := range q {
+		q[i] = "key=" + bigKey + strconv.Itoa(i)
+	}
+	req := "GET /?" + strings.Join(q, "&") + " HTTP/1.1\r\nHost: x\r\n\r\n"
+	return resetting(n, "multi-gets", func(int) string { return req })
+}
+
+// resetting runs n connections at a time, each sending request(j) for
+// its j-th request and resetting at once (SO_LINGER 0), for as long as
+// the attack is held.
+func resetting(n int, what string, request func(j int) string) func(*testing.T, *rig, func()) result {
 	return func(t *testing.T, r *rig, hold func()) result {
 		var sent atomic.Int64
 		stop := make(chan struct{})
@@ -537,7 +565,7 @@ func resetGets(n int) func(*testing.T, *rig, func()) result {
 						time.Sleep(time.Millisecond)
 						continue
 					}
-					if _, err := io.WriteString(c, "GET /"+bigKey+strconv.Itoa(j%manyBig)+" HTTP/1.1\r\nHost: x\r\n\r\n"); err == nil {
+					if _, err := io.WriteString(c, request(j)); err == nil {
 						sent.Add(1)
 					}
 					_ = c.(*net.TCPConn).SetLinger(0)
@@ -548,6 +576,6 @@ func resetGets(n int) func(*testing.T, *rig, func()) result {
 		hold()
 		close(stop)
 		wg.Wait()
-		return result{got: thousands(int(sent.Load())) + " GETs sent and reset"}
+		return result{got: thousands(int(sent.Load())) + " " + what + " sent and reset"}
 	}
 }
