@@ -257,7 +257,7 @@ func (c *Client) Do(ctx context.Context, o op.Op, key string) (*memcache.Item, u
 		return nil, 0, memcache.ErrMalformedKey
 	}
 	l, hint := c.route(&o, key)
-	if !c.admitOp(&o, key, hint) {
+	if !c.admit(o.Room, key, hint, o.Verb == op.GAT) {
 		return nil, 0, ErrNoFit
 	}
 	cn, err := c.conn(l)
@@ -312,27 +312,17 @@ func (c *Client) route(o *op.Op, key string) (*lane, int) {
 	return &c.small, 0
 }
 
-// admitOp is admit for o, a Get or GAT routed to the large lane with a
-// value of n bytes when last read, or any other operation (n of 0). A
-// GAT is not refused for its Room, since it touches the item whether or
-// not its value is kept; only for what the server has on its way
-// (takeAhead), and then the item is not touched either: the request
-// failed, and its client may send it again.
-func (c *Client) admitOp(o *op.Op, key string, n int) bool {
-	if n > 0 && o.Verb == op.GAT {
-		return c.takeAhead(n)
-	}
-	return c.admit(o.Room, key, n)
-}
-
-// admit reports whether a read of key routed to the large lane (a Get,
-// or a key of a multi-key get with a room), its value n bytes when last
-// read, may be sent, and if so counts n in c.ahead until its call is
+// admit reports whether a read of key routed to the large lane (a Get or
+// GAT, or a key of a multi-key get with a room), its value n bytes when
+// last read, may be sent, and if so counts n in c.ahead until its call is
 // released. It may be sent when the server's large values on their way,
 // with this one, stay within what the Share lets it have ahead
-// (Share.Ahead; any one value alone may be), and then if room could
-// take n bytes now, or else if it is the one read per hintRetry sent
-// anyway to correct a hint that may be stale. n of 0 is any other
+// (Share.Ahead; any one value alone may be), and then, but for a GAT, if
+// room could take n bytes now, or else if it is the one read per
+// hintRetry sent anyway to correct a hint that may be stale. A GAT is not
+// refused for room, since it touches the item whether or not its value is
+// kept; refused for what is on its way, it does not touch it either: the
+// request failed, and its client may send it again. n of 0 is any other
 // operation, always sent and not counted.
 //
 // Reads on their way are not memory, but they are the server's queue:
@@ -340,14 +330,14 @@ func (c *Client) admitOp(o *op.Op, key string, n int) bool {
 // read the answers (a reset after each request) keep thousands queued
 // on the node, each holding one of its in-flight slots, and every other
 // request for the node waits for a slot behind gigabytes of replies.
-func (c *Client) admit(room op.Room, key string, n int) bool {
+func (c *Client) admit(room op.Room, key string, n int, gat bool) bool {
 	if n == 0 {
 		return true
 	}
 	if !c.takeAhead(n) {
 		return false
 	}
-	if room.Fits(n) || c.hints.retry(key) {
+	if gat || room.Fits(n) || c.hints.retry(key) {
 		return true
 	}
 	c.ahead.Add(-int64(n))
@@ -416,7 +406,7 @@ func (c *Client) DoAsync(ctx context.Context, o op.Op, key string, done func(*me
 		return ErrNoMeta
 	}
 	l, hint := c.route(&o, key)
-	if !c.admitOp(&o, key, hint) {
+	if !c.admit(o.Room, key, hint, o.Verb == op.GAT) {
 		// Answered, as the reply would have been: calling Do instead
 		// would ask the Room again, and count a second refusal.
 		done(nil, 0, ErrNoFit)
@@ -545,7 +535,7 @@ func (c *Client) GetMultiLimit(ctx context.Context, keys []string, limit int, ro
 					send = append(send, k)
 					continue
 				}
-			} else if c.admit(room, k, n) {
+			} else if c.admit(room, k, n, false) {
 				send, ahead = append(send, k), ahead+n
 				continue
 			}
@@ -651,7 +641,9 @@ func (c *Client) probe(ctx context.Context, keys []string) ([]int, error) {
 }
 
 // sendGets sends one gets command for keys on a connection of lane l, as
-// GetMultiLimit's call.
+// GetMultiLimit's call, which gives back the ahead bytes its keys counted
+// in c.ahead when it is released; if it is not sent, sendGets gives them
+// back.
 func (c *Client) sendGets(ctx context.Context, l *lane, keys []string, limit int, room op.Room, ahead int) (*call, error) {
 	cn, err := c.conn(l)
 	if err != nil {
