@@ -159,29 +159,12 @@ func TestLargeReadsAheadBounded(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.about, func(t *testing.T) {
 			share := &testShare{limit: 1 << 30, ahead: tt.ahead}
-			c := New(Options{Conns: 1, Timeout: 10 * time.Second, Share: share, Dial: func(ctx context.Context) (net.Conn, error) {
-				var d net.Dialer
-				return d.DialContext(ctx, "tcp", srv.Addr)
-			}})
-			t.Cleanup(func() { c.Close() })
-			ctx := t.Context()
 			room := &testRoom{}
-			for _, k := range []string{"a", "b", "c", "small"} {
-				v := bytes.Repeat([]byte(k), size)
-				if k == "small" {
-					v = []byte("s")
-				}
-				if err := set(ctx, c, k, v); err != nil {
-					t.Fatal(err)
-				}
-				// The first read learns the size, the second goes on the
-				// large lane, dialling it: DoAsync never dials.
-				for range 2 {
-					if _, _, err := c.Do(ctx, op.Op{Verb: op.Get, Room: room}, k); err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
+			c := aheadClient(t, srv, share, op.Op{Verb: op.Get, Room: room}, []stored{
+				{"a", bytes.Repeat([]byte("a"), size), true}, {"b", bytes.Repeat([]byte("b"), size), true},
+				{"c", bytes.Repeat([]byte("c"), size), true}, {"small", []byte("s"), true},
+			})
+			ctx := t.Context()
 			async := func(k string) chan error {
 				done := make(chan error, 1)
 				if err := c.DoAsync(ctx, op.Op{Verb: op.Get, Room: room}, k, func(_ *memcache.Item, _ uint64, err error) { done <- err }); err != nil {
@@ -238,30 +221,14 @@ func TestMultiGetsAheadBounded(t *testing.T) {
 	srv := memcachedtest.Start(t)
 	const size = 64 << 10
 	share := &testShare{limit: 1 << 30, ahead: 2*size + size/2}
-	c := New(Options{Conns: 1, Timeout: 10 * time.Second, Share: share, Dial: func(ctx context.Context) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "tcp", srv.Addr)
-	}})
-	t.Cleanup(func() { c.Close() })
-	ctx := t.Context()
 	room := &testRoom{}
-	for _, k := range []string{"a", "b", "c", "unread", "small"} {
-		v := bytes.Repeat([]byte(k), size)
-		if k == "small" {
-			v = []byte("s")
-		}
-		if err := set(ctx, c, k, v); err != nil {
-			t.Fatal(err)
-		}
-		if k == "unread" {
-			continue // no hint
-		}
-		for range 2 { // learn the size, then dial the large lane
-			if _, _, err := c.Do(ctx, op.Op{Verb: op.Get, Room: room}, k); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	big := func(k string) []byte { return bytes.Repeat([]byte(k), size) }
+	c := aheadClient(t, srv, share, op.Op{Verb: op.Get, Room: room}, []stored{
+		{"a", big("a"), true}, {"b", big("b"), true}, {"c", big("c"), true},
+		{"unread", big("unread"), false}, // no hint
+		{"small", []byte("s"), true},
+	})
+	ctx := t.Context()
 	type got struct {
 		items map[string]*memcache.Item
 		nofit []string
@@ -353,24 +320,13 @@ func TestGATsAheadBounded(t *testing.T) {
 	srv := memcachedtest.Start(t)
 	const size = 64 << 10
 	share := &testShare{limit: 1 << 30, ahead: 2*size + size/2}
-	c := New(Options{Conns: 1, Timeout: 10 * time.Second, Share: share, Dial: func(ctx context.Context) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "tcp", srv.Addr)
-	}})
-	t.Cleanup(func() { c.Close() })
-	ctx := t.Context()
 	room := &testRoom{}
 	gat := op.Op{Verb: op.GAT, Room: room, Item: op.Item{Expiration: 3600}}
-	for _, k := range []string{"a", "b", "c"} {
-		if err := set(ctx, c, k, bytes.Repeat([]byte(k), size)); err != nil {
-			t.Fatal(err)
-		}
-		for range 2 { // learn the size, then dial the large lane
-			if _, _, err := c.Do(ctx, gat, k); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	c := aheadClient(t, srv, share, gat, []stored{
+		{"a", bytes.Repeat([]byte("a"), size), true}, {"b", bytes.Repeat([]byte("b"), size), true},
+		{"c", bytes.Repeat([]byte("c"), size), true},
+	})
+	ctx := t.Context()
 	srv.Pause()
 	var replies []chan error
 	for _, k := range []string{"a", "b"} {
@@ -412,4 +368,39 @@ func TestGATsAheadBounded(t *testing.T) {
 	if it, _, err := c.Do(ctx, op.Op{Verb: op.Get}, "c"); err != nil || it == nil {
 		t.Errorf("get of c after the refused GATs: %v, want its value (not touched)", err)
 	}
+}
+
+// stored is a value aheadClient stores, and whether it reads it.
+type stored struct {
+	key   string
+	value []byte
+	learn bool // read twice with the learning op
+}
+
+// aheadClient returns a Client of srv with one connection a lane and
+// share for its Share, each value of items stored through it and, if
+// learn, read twice with read: the first read learns a large value's
+// size, the second goes on the large lane and dials it (DoAsync never
+// dials).
+func aheadClient(t *testing.T, srv *memcachedtest.Server, share Share, read op.Op, items []stored) *Client {
+	t.Helper()
+	c := New(Options{Conns: 1, Timeout: 10 * time.Second, Share: share, Dial: func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", srv.Addr)
+	}})
+	t.Cleanup(func() { c.Close() })
+	for _, it := range items {
+		if err := set(t.Context(), c, it.key, it.value); err != nil {
+			t.Fatal(err)
+		}
+		if !it.learn {
+			continue
+		}
+		for range 2 {
+			if _, _, err := c.Do(t.Context(), read, it.key); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return c
 }
