@@ -2,9 +2,12 @@ package upstream
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"syscall"
 )
 
 // Claims holds the bytes gomemcache's pool (Options.PipelineConns 0) is
@@ -37,6 +40,14 @@ var (
 	// errClaimNoFit: Options.Claims refused a value's claimed length;
 	// classify makes it ErrNoFit (503), as mcpipe's Room refusals.
 	errClaimNoFit = errors.New("upstream: a value's claimed length does not fit the byte budget")
+	// errReadLate: gomemcache's deadline for an operation passed while
+	// the node's bytes for it waited in the socket unread: the gateway
+	// was late to read them (a goroutine that waited for the processor
+	// or for the collector while it allocated a value), and the node was
+	// not. A timeout for the caller, but not the node's failure: it wraps
+	// context.DeadlineExceeded, which passive health ignores (observe),
+	// as mcpipe.ErrBehind does.
+	errReadLate = fmt.Errorf("upstream: the deadline passed while the node's reply waited unread in the socket: %w", context.DeadlineExceeded)
 )
 
 // claimState is where in the reply stream the next byte of a claimConn is.
@@ -93,7 +104,36 @@ func (c *claimConn) Read(p []byte) (int, error) {
 		c.release()
 		return 0, ferr
 	}
+	if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) && c.unread() > 0 {
+		// Go fails a read past its deadline before it looks at the
+		// socket: bytes there came in time, and it is the gateway
+		// that did not read them in time.
+		err = fmt.Errorf("%w (%w)", errReadLate, err)
+	}
 	return n, err
+}
+
+// unread returns how many bytes the connection's socket holds that
+// nobody has read, 0 if it cannot tell (a connection that is no socket
+// of this process, as TLS's, whose records hide what is unread).
+func (c *claimConn) unread() int {
+	var nc net.Conn = c.Conn
+	if cc, ok := nc.(*countedConn); ok {
+		nc = cc.Conn
+	}
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return 0
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	n := 0
+	if rc.Control(func(fd uintptr) { n = unreadFD(fd) }) != nil {
+		return 0
+	}
+	return n
 }
 
 // scan follows the reply framing through b, the bytes about to be handed

@@ -98,11 +98,13 @@ func classify(node, op string, err error) error {
 		return ErrNoFit
 	case errors.Is(err, mcpipe.ErrNoMeta):
 		return ErrNoMeta
-	case errors.Is(err, mcpipe.ErrBehind):
+	case errors.Is(err, mcpipe.ErrBehind), errors.Is(err, errReadLate):
 		// The oldest caller's deadline passed while memcached was still
 		// sending (a queue of large values ahead): a timeout for the
 		// callers, but no sign of a stall, so not the node's failure
 		// (it wraps context.DeadlineExceeded, which observe ignores).
+		// errReadLate is gomemcache's pool's: the node's reply waited
+		// in the socket while the gateway was late to read it.
 		return &NodeError{Node: node, Op: op, Err: err, timeout: true}
 	case errors.Is(err, mcpipe.ErrNoRoom):
 		// The wait for room on a connection ended with the caller's

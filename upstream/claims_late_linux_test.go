@@ -1,0 +1,127 @@
+//go:build linux && (amd64 || arm64 || 386 || arm || riscv64 || s390x || loong64)
+
+package upstream
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/upstream/op"
+)
+
+// lateConn is a connection of gomemcache's pool whose reads start only
+// once its operation's deadline has passed, after the node has handled
+// the request: a gateway too busy to read in time (under a flood of
+// large values its goroutines waited for the processor and for the
+// collector while they allocated the values), whatever the node did.
+type lateConn struct {
+	*net.TCPConn // so that claimConn sees the socket (syscall.Conn)
+	handled      <-chan struct{}
+	answered     bool // the node sends a reply: wait for its bytes in the socket
+
+	mu       sync.Mutex
+	deadline time.Time
+}
+
+func (c *lateConn) SetDeadline(t time.Time) error {
+	c.mu.Lock()
+	c.deadline = t
+	c.mu.Unlock()
+	return c.TCPConn.SetDeadline(t)
+}
+
+func (c *lateConn) Read(p []byte) (int, error) {
+	<-c.handled
+	for c.answered && c.unread() == 0 {
+		time.Sleep(time.Millisecond) // the reply's bytes on their way into the socket
+	}
+	c.mu.Lock()
+	d := c.deadline
+	c.mu.Unlock()
+	time.Sleep(time.Until(d))
+	return c.TCPConn.Read(p)
+}
+
+// unread is ioctl(FIONREAD) on the socket, apart from claimConn's.
+func (c *lateConn) unread() int {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var q int32
+	rc.Control(func(fd uintptr) {
+		syscall.RawSyscall(syscall.SYS_IOCTL, fd, 0x541B, uintptr(unsafe.Pointer(&q)))
+	})
+	return int(q)
+}
+
+// TestALateReadEjectsNoNode: on gomemcache's pool (PipelineConns 0) an
+// operation's deadline that passes while the node's reply waits unread
+// in the socket is a timeout for the caller, but not the node's: it is
+// not counted towards its ejection (PassiveFails). A client that asked
+// for large values and reset, in a loop, kept the gateway so busy that
+// its reads came late and got healthy nodes ejected, and their keys
+// moved. A node that sends nothing in time is still ejected.
+func TestALateReadEjectsNoNode(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		answer bool // the node answers the get
+		wantUp bool
+	}{
+		{"the reply waits unread", true, true},
+		{"no reply comes", false, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			handled := make(chan struct{})
+			var once sync.Once
+			addr := memcachedtest.StartRaw(t, func(c net.Conn, br *bufio.Reader) {
+				for {
+					line, err := br.ReadString('\n')
+					if err != nil {
+						return
+					}
+					reply := "ERROR\r\n"
+					if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[0], "get") {
+						reply = ""
+						if tt.answer {
+							reply = "VALUE " + f[1] + " 0 10000\r\n" + strings.Repeat("v", 10000) + "\r\nEND\r\n"
+						}
+					}
+					if _, err := c.Write([]byte(reply)); err != nil {
+						return
+					}
+					once.Do(func() { close(handled) })
+				}
+			})
+			c := claimCluster(t, addr, func(o *Options) {
+				o.Timeout = 100 * time.Millisecond
+				o.Health.PassiveFails = 1
+				o.Dialer = func(ctx context.Context, network, address string) (net.Conn, error) {
+					var d net.Dialer
+					nc, err := d.DialContext(ctx, network, address)
+					if err != nil {
+						return nil, err
+					}
+					return &lateConn{TCPConn: nc.(*net.TCPConn), handled: handled, answered: tt.answer}, nil
+				}
+			})
+			res := c.Do(t.Context(), op.Op{Verb: op.Get, Item: op.Item{Key: "k"}})
+			var ne *NodeError
+			if !errors.As(res.Err, &ne) || !ne.Timeout() {
+				t.Fatalf("get = %v, want a timeout", res.Err)
+			}
+			if up := c.topo.Load().nodes[0].available(); up != tt.wantUp {
+				t.Errorf("the node is up: %v, want %v (%v)", up, tt.wantUp, res.Err)
+			}
+		})
+	}
+}
