@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"syscall"
+	"time"
 )
 
 // Claims holds the bytes gomemcache's pool (Options.PipelineConns 0) is
@@ -41,10 +42,9 @@ var (
 	// classify makes it ErrNoFit (503), as mcpipe's Room refusals.
 	errClaimNoFit = errors.New("upstream: a value's claimed length does not fit the byte budget")
 	// errReadLate: gomemcache's deadline for an operation passed while
-	// the node's bytes for it waited in the socket unread: the gateway
-	// was late to read them (a goroutine that waited for the processor
-	// or for the collector while it allocated a value), and the node was
-	// not. A timeout for the caller, but not the node's failure: it wraps
+	// the node's bytes for it waited in the socket unread, and the
+	// deadline could not be renewed: the gateway was late to read them,
+	// not the node. A timeout for the caller, but not the node's failure: it wraps
 	// context.DeadlineExceeded, which passive health ignores (observe),
 	// as mcpipe.ErrBehind does.
 	errReadLate = fmt.Errorf("upstream: the deadline passed while the node's reply waited unread in the socket: %w", context.DeadlineExceeded)
@@ -70,7 +70,9 @@ const (
 // reply ends (its first line that is not a VALUE line: END, or an error)
 // or when the connection closes; a request written while a reply is not
 // yet read to its end fails (Write).
-// gomemcache closes a connection whose read failed.
+// gomemcache closes a connection whose read failed. A read its deadline
+// failed while the reply's bytes wait in the socket reads them instead,
+// with one more timeout: the gateway was late, not the node.
 //
 // It scans only the bytes of lines; a value's bytes are counted, not
 // read, and no read allocates. gomemcache uses a connection from one
@@ -81,6 +83,9 @@ type claimConn struct {
 	claims Claims    // nil: only maxItem bounds a claim
 	share  *readHold // the node's share of claims (readshare.go), taken before them; nil: none
 	unheld int64     // the largest claim not held in claims
+	// timeout is gomemcache's (Options.Timeout): a read late past its
+	// deadline with the reply in the socket gets it once more (Read).
+	timeout time.Duration
 
 	state claimState
 	pos   int    // valuePrefix: bytes of "VALUE " matched; valueFields: spaces seen
@@ -99,16 +104,22 @@ func (c *claimConn) Read(p []byte) (int, error) {
 		return 0, c.err
 	}
 	n, err := c.Conn.Read(p)
+	if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) && c.unread() > 0 {
+		// Go fails a read past its deadline before it looks at the
+		// socket: the bytes there came in time, and it is the gateway
+		// that was late to read them. They are read, with one more
+		// timeout from now: each time that is given, a byte or more
+		// is read, so a reply ends within its length of them.
+		if c.timeout <= 0 || c.Conn.SetDeadline(time.Now().Add(c.timeout)) != nil {
+			err = fmt.Errorf("%w (%w)", errReadLate, err)
+		} else {
+			n, err = c.Conn.Read(p)
+		}
+	}
 	if ferr := c.scan(p[:n]); ferr != nil {
 		c.err = ferr
 		c.release()
 		return 0, ferr
-	}
-	if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) && c.unread() > 0 {
-		// Go fails a read past its deadline before it looks at the
-		// socket: bytes there came in time, and it is the gateway
-		// that did not read them in time.
-		err = fmt.Errorf("%w (%w)", errReadLate, err)
 	}
 	return n, err
 }

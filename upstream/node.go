@@ -148,7 +148,7 @@ func newNode(name string, o *Options, pol *healthPolicy, share *requestShare, m 
 			if err != nil {
 				return nil, err
 			}
-			return &claimConn{Conn: c, claims: o.Claims, share: &n.reads, unheld: unheld}, nil
+			return &claimConn{Conn: c, claims: o.Claims, share: &n.reads, unheld: unheld, timeout: mc.Timeout}, nil
 		}
 		n.client = pooled{mc}
 	}
