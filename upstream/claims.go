@@ -125,10 +125,13 @@ func (c *claimConn) Read(p []byte) (int, error) {
 }
 
 // unread returns how many bytes the connection's socket holds that
-// nobody has read, 0 if it cannot tell (a connection that is no socket
-// of this process, as TLS's, whose records hide what is unread).
-func (c *claimConn) unread() int {
-	var nc net.Conn = c.Conn
+// nobody has read (unreadBytes).
+func (c *claimConn) unread() int { return unreadBytes(c.Conn) }
+
+// unreadBytes returns how many bytes nc's socket holds that nobody has
+// read, 0 if it cannot tell (a connection that is no socket of this
+// process, as TLS's, whose records hide what is unread).
+func unreadBytes(nc net.Conn) int {
 	if cc, ok := nc.(*countedConn); ok {
 		nc = cc.Conn
 	}

@@ -78,15 +78,19 @@ func (c *lateConn) unread() int {
 // towards the node's ejection (PassiveFails). A client that asked for
 // large values and reset, in a loop, kept the gateway so busy that its
 // reads came late, and got healthy nodes ejected and their keys moved.
-// A node that sends nothing in time is still ejected.
+// A node that sends nothing in time is still ejected. So with a health
+// probe: an answer that waits unread passes it.
 func TestALateReadEjectsNoNode(t *testing.T) {
 	for _, tt := range []struct {
 		name   string
-		answer bool // the node answers the get
+		probe  bool // a health probe (version) instead of a get
+		answer bool // the node answers
 		wantUp bool
 	}{
-		{"the reply waits unread", true, true},
-		{"no reply comes", false, false},
+		{"the reply waits unread", false, true, true},
+		{"no reply comes", false, false, false},
+		{"a probe's answer waits unread", true, true, true},
+		{"no probe answer comes", true, false, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			handled := make(chan struct{})
@@ -98,10 +102,16 @@ func TestALateReadEjectsNoNode(t *testing.T) {
 						return
 					}
 					reply := "ERROR\r\n"
-					if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[0], "get") {
+					switch f := strings.Fields(line); {
+					case len(f) > 1 && strings.HasPrefix(f[0], "get"):
 						reply = ""
 						if tt.answer {
 							reply = "VALUE " + f[1] + " 0 10000\r\n" + strings.Repeat("v", 10000) + "\r\nEND\r\n"
+						}
+					case len(f) == 1 && f[0] == "version":
+						reply = ""
+						if tt.answer {
+							reply = "VERSION 1.6.21\r\n"
 						}
 					}
 					if _, err := c.Write([]byte(reply)); err != nil {
@@ -112,6 +122,7 @@ func TestALateReadEjectsNoNode(t *testing.T) {
 			})
 			c := claimCluster(t, addr, func(o *Options) {
 				o.Timeout = 100 * time.Millisecond
+				o.Health.Timeout = 100 * time.Millisecond
 				o.Health.PassiveFails = 1
 				o.Dialer = func(ctx context.Context, network, address string) (net.Conn, error) {
 					var d net.Dialer
@@ -122,6 +133,14 @@ func TestALateReadEjectsNoNode(t *testing.T) {
 					return &lateConn{TCPConn: nc.(*net.TCPConn), handled: handled, answered: tt.answer}, nil
 				}
 			})
+			n := c.topo.Load().nodes[0]
+			if tt.probe {
+				err := n.probe.Ping(t.Context())
+				if (err == nil) != tt.answer {
+					t.Errorf("probe = %v, want it to pass: %v", err, tt.answer)
+				}
+				return
+			}
 			res := c.Do(t.Context(), op.Op{Verb: op.Get, Item: op.Item{Key: "k"}})
 			var ne *NodeError
 			switch {
@@ -130,7 +149,7 @@ func TestALateReadEjectsNoNode(t *testing.T) {
 			case !tt.answer && (!errors.As(res.Err, &ne) || !ne.Timeout()):
 				t.Errorf("get = %v, want a timeout", res.Err)
 			}
-			if up := c.topo.Load().nodes[0].available(); up != tt.wantUp {
+			if up := n.available(); up != tt.wantUp {
 				t.Errorf("the node is up: %v, want %v (%v)", up, tt.wantUp, res.Err)
 			}
 		})

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"time"
 )
@@ -93,10 +94,15 @@ func (p *probeClient) roundTrip(ctx context.Context, cmd string, ok func(line []
 		c.Close()
 		return err
 	}
-	// A context that ends wakes the reads and writes at once; its
-	// deadline is the socket's already.
-	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
-	line, buffered, err := exchange(c, cmd)
+	// A context that ends otherwise than by its deadline (shutdown)
+	// wakes the reads and writes at once; its deadline is the socket's
+	// already, and is left to probeConn.
+	stop := context.AfterFunc(ctx, func() {
+		if !errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
+			c.SetDeadline(time.Unix(1, 0))
+		}
+	})
+	line, buffered, err := exchange(&probeConn{Conn: c, ctx: ctx, timeout: p.timeout}, cmd)
 	if !stop() || err != nil || buffered {
 		// Cut short, failed, or more than one line came: the connection
 		// is in no known state.
@@ -135,6 +141,33 @@ func exchange(c net.Conn, cmd string) (line []byte, buffered bool, err error) {
 		return nil, false, err
 	}
 	return line, br.Buffered() > 0, nil
+}
+
+// probeConn is a probe's connection whose read, failed by the probe's
+// deadline while the answer waits in the socket unread, reads it with
+// one more timeout: the answer came in time, and the gateway was late
+// to read it (busy, starved of the processor), not the node. A probe cut
+// short (its context ended otherwise than by its deadline) is not read on.
+type probeConn struct {
+	net.Conn
+	ctx     context.Context
+	timeout time.Duration
+}
+
+func (c *probeConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) && !c.cut() &&
+		unreadBytes(c.Conn) > 0 && c.Conn.SetDeadline(time.Now().Add(c.timeout)) == nil {
+		n, err = c.Conn.Read(p)
+	}
+	return n, err
+}
+
+// cut reports whether the probe's context ended otherwise than by its
+// deadline.
+func (c *probeConn) cut() bool {
+	cause := context.Cause(c.ctx)
+	return cause != nil && !errors.Is(cause, context.DeadlineExceeded)
 }
 
 // keep makes c the idle connection, or closes it if there is one
