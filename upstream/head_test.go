@@ -82,8 +82,50 @@ func TestHeadWithoutMeta(t *testing.T) {
 			t.Fatalf("head = %+v size %d, %v; want flags 5, CAS 77, size 3, no value", res.Item, res.N, res.Err)
 		}
 	}
-	if n := mgs.Load(); n > 1 || *pipelineConns == 0 && n != 0 {
-		t.Errorf("%d mg commands, want at most one (none with gomemcache's pool)", n)
+	if n := mgs.Load(); n > 1 {
+		t.Errorf("%d mg commands, want at most one", n)
+	}
+}
+
+// TestHeadOnThePool: with gomemcache's pool (PipelineConns 0) a head
+// asks mg for the size, flags and CAS on a connection of its own, as the
+// pipelined client does, and memcached sends no value: a get of the
+// whole value made 4 clients looping HEADs of 1 MB values reset at once
+// draw 18 GB from memcached in 15 s. Its connections are kept for the
+// next heads.
+func TestHeadOnThePool(t *testing.T) {
+	var mgs, gets atomic.Int64
+	srv := memcachedtest.StartScripted(t, func(line string, _ *bufio.Reader) (string, bool) {
+		switch f := strings.Fields(line); f[0] {
+		case "mg":
+			mgs.Add(1)
+			if f[1] == "absent" {
+				return "EN\r\n", true
+			}
+			return "HD s1000000 f5 c77\r\n", true
+		case "get", "gets":
+			gets.Add(1)
+			return memcachedtest.Value(f[1], strings.Repeat("v", 1000000), 5, 77) + "END\r\n", true
+		case "version":
+			return "VERSION 1.6.21\r\n", true
+		}
+		return "ERROR\r\n", true
+	})
+	c := claimCluster(t, srv.Addr, nil)
+	for range 3 {
+		res := c.Do(t.Context(), op.Op{Verb: op.Head, Item: op.Item{Key: "k"}})
+		if res.Err != nil || res.N != 1000000 || res.Item.Flags != 5 || res.Item.CAS != 77 || res.Item.Value != nil {
+			t.Fatalf("head = %+v size %d, %v; want flags 5, CAS 77, size 1000000, no value", res.Item, res.N, res.Err)
+		}
+	}
+	if res := c.Do(t.Context(), op.Op{Verb: op.Head, Item: op.Item{Key: "absent"}}); !errors.Is(res.Err, ErrNotFound) {
+		t.Errorf("head of a missing key = %v, want ErrNotFound", res.Err)
+	}
+	if n, g := mgs.Load(), gets.Load(); n != 4 || g != 0 {
+		t.Errorf("%d mg and %d gets sent, want 4 mg and no get", n, g)
+	}
+	if n := c.topo.Load().nodes[0].conns.Load(); n != 1 {
+		t.Errorf("%d connections open, want 1: the heads' one, kept", n)
 	}
 }
 

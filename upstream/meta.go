@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/bradfitz/gomemcache/memcache"
+
 	"github.com/memcgate/memcgate/upstream/mcpipe"
 	"github.com/memcgate/memcgate/upstream/op"
 )
@@ -154,6 +156,46 @@ func (n *node) metaTTL(ctx context.Context, sk string) (int32, uint64, error) {
 		return 0, 0, fmt.Errorf("%s: %w", n.name, err)
 	}
 	return ttl, cas, nil
+}
+
+// metaHead runs o, an op.Head or op.HeadTouch, as mcpipe does, on a
+// connection of the node's heads, for gomemcache's pool, which has no
+// meta commands: "mg <key> s f c" costs memcached one line, where a get
+// made it send the whole value. The caller holds one of the node's
+// slots, which bounds the connections (at most Options.MaxConns; up to
+// MaxIdleConns kept). An error line is mcpipe.ErrNoMeta (headOn reads
+// the value instead); socket errors are the node's, as gomemcache's are.
+func (n *node) metaHead(ctx context.Context, o op.Op, sk string) (*memcache.Item, uint64, error) {
+	mc := n.heads.get()
+	if mc == nil {
+		dctx, cancel := context.WithTimeout(ctx, n.timeout)
+		conn, err := n.dial(dctx, "tcp", n.name)
+		cancel()
+		if err != nil {
+			return nil, 0, err
+		}
+		mc = &idleConn{Conn: conn, br: bufio.NewReaderSize(&onTimeConn{Conn: conn, ctx: context.Background(), timeout: n.timeout}, 256)}
+	}
+	_ = mc.SetDeadline(time.Now().Add(n.timeout))
+	if _, err := mc.Write(op.EncodeHead(make([]byte, 0, 64+len(sk)), &o, sk)); err != nil {
+		mc.Close()
+		return nil, 0, err
+	}
+	line, err := mc.br.ReadSlice('\n')
+	if err != nil {
+		mc.Close()
+		if errors.Is(err, bufio.ErrBufferFull) {
+			return nil, 0, fmt.Errorf("memcache: unexpected response line from mg: longer than %d bytes", mc.br.Size())
+		}
+		return nil, 0, err
+	}
+	it, size, err := mcpipe.ParseHead(line)
+	if err != nil && !errors.Is(err, memcache.ErrCacheMiss) {
+		mc.Close() // after an error line the connection's state is not worth trusting
+	} else {
+		n.heads.put(mc)
+	}
+	return it, size, err
 }
 
 // parseMetaTTL reads the reply to "mg <key> t c": "HD t<ttl> c<cas>"

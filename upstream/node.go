@@ -33,6 +33,7 @@ type node struct {
 	probe   prober        // its own one-connection client; never the data pool
 	udp     *udpPort      // nil unless the node has a UDP port
 	meta    idleConns     // idle connections of Cluster.TTL's lookups
+	heads   idleConns     // with gomemcache's pool: idle connections of HEADs' mg (metaHead)
 	cmdIdle idleConns     // idle connections of raw commands (command), at most nodeCommands
 	sem     chan struct{} // a token per operation in flight
 	waiting atomic.Int64  // operations waiting for a token (busy.go)
@@ -151,6 +152,7 @@ func newNode(name string, o *Options, pol *healthPolicy, share *requestShare, m 
 			return &claimConn{Conn: c, claims: o.Claims, share: &n.reads, unheld: unheld, timeout: mc.Timeout}, nil
 		}
 		n.client = pooled{mc}
+		n.heads.keep = mc.MaxIdleConns
 	}
 	n.probe = &probeClient{addr: name, timeout: o.Health.Timeout, dial: dialer}
 	n.up.Store(true)
@@ -288,6 +290,7 @@ func (n *node) setUDP(s Server) {
 func (n *node) close() error {
 	err := errors.Join(n.client.Close(), n.probe.Close())
 	n.meta.close()
+	n.heads.close()
 	n.cmdIdle.close()
 	if n.udp != nil {
 		n.udp.close()
@@ -345,7 +348,11 @@ func (n *node) run(ctx context.Context, o op.Op, sk string, failover bool, cap f
 func (n *node) headOn(mc dataClient) func(context.Context, op.Op, string) (*memcache.Item, uint64, error) {
 	return func(ctx context.Context, o op.Op, sk string) (*memcache.Item, uint64, error) {
 		if !n.noMeta.Load() {
-			it, size, err := mc.Do(ctx, o, sk)
+			do := mc.Do
+			if n.pipe == nil {
+				do = n.metaHead // gomemcache's pool has no meta commands
+			}
+			it, size, err := do(ctx, o, sk)
 			if !errors.Is(err, mcpipe.ErrNoMeta) {
 				return it, size, err
 			}

@@ -96,13 +96,13 @@ func (p *probeClient) roundTrip(ctx context.Context, cmd string, ok func(line []
 	}
 	// A context that ends otherwise than by its deadline (shutdown)
 	// wakes the reads and writes at once; its deadline is the socket's
-	// already, and is left to probeConn.
+	// already, and is left to onTimeConn.
 	stop := context.AfterFunc(ctx, func() {
 		if !errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
 			c.SetDeadline(time.Unix(1, 0))
 		}
 	})
-	line, buffered, err := exchange(&probeConn{Conn: c, ctx: ctx, timeout: p.timeout}, cmd)
+	line, buffered, err := exchange(&onTimeConn{Conn: c, ctx: ctx, timeout: p.timeout}, cmd)
 	if !stop() || err != nil || buffered {
 		// Cut short, failed, or more than one line came: the connection
 		// is in no known state.
@@ -143,18 +143,19 @@ func exchange(c net.Conn, cmd string) (line []byte, buffered bool, err error) {
 	return line, br.Buffered() > 0, nil
 }
 
-// probeConn is a probe's connection whose read, failed by the probe's
-// deadline while the answer waits in the socket unread, reads it with
-// one more timeout: the answer came in time, and the gateway was late
-// to read it (busy, starved of the processor), not the node. A probe cut
-// short (its context ended otherwise than by its deadline) is not read on.
-type probeConn struct {
+// onTimeConn is a connection whose read, failed by its deadline while
+// the answer waits in the socket unread, reads it with one more timeout:
+// the answer came in time, and the gateway was late to read it (busy,
+// starved of the processor), not the node (0061). A probe's or a HEAD's
+// on gomemcache's pool (metaHead). One cut short (ctx ended otherwise
+// than by its deadline) is not read on.
+type onTimeConn struct {
 	net.Conn
 	ctx     context.Context
 	timeout time.Duration
 }
 
-func (c *probeConn) Read(p []byte) (int, error) {
+func (c *onTimeConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) && !c.cut() &&
 		unreadBytes(c.Conn) > 0 && c.Conn.SetDeadline(time.Now().Add(c.timeout)) == nil {
@@ -165,7 +166,7 @@ func (c *probeConn) Read(p []byte) (int, error) {
 
 // cut reports whether the probe's context ended otherwise than by its
 // deadline.
-func (c *probeConn) cut() bool {
+func (c *onTimeConn) cut() bool {
 	cause := context.Cause(c.ctx)
 	return cause != nil && !errors.Is(cause, context.DeadlineExceeded)
 }

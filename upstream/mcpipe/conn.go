@@ -1415,6 +1415,11 @@ func lineResult(k op.Reply, verb string, line []byte) (uint64, error) {
 	}
 }
 
+// ParseHead reads the reply line to "mg <key> s f c" (op.Head, and
+// op.HeadTouch's "… T<exptime>"), as metaResult: for callers that send
+// it on connections of their own (gomemcache's pool has no meta commands).
+func ParseHead(line []byte) (*memcache.Item, uint64, error) { return metaResult(line) }
+
 // metaResult reads the reply to "mg <key> s f c" (op.Head): "HD" with
 // the flags in any order, or "EN" for a miss, as an item holding the
 // flags and CAS and the value's size. ERROR is a server that knows no meta
