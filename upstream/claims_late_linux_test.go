@@ -9,6 +9,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -79,7 +80,8 @@ func (c *lateConn) unread() int {
 // large values and reset, in a loop, kept the gateway so busy that its
 // reads came late, and got healthy nodes ejected and their keys moved.
 // A node that sends nothing in time is still ejected. So with a health
-// probe: an answer that waits unread passes it.
+// probe: an answer that waits unread passes it, and its connection is
+// kept for the next probe.
 func TestALateReadEjectsNoNode(t *testing.T) {
 	for _, tt := range []struct {
 		name   string
@@ -94,6 +96,7 @@ func TestALateReadEjectsNoNode(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			handled := make(chan struct{})
+			var dials atomic.Int64
 			var once sync.Once
 			addr := memcachedtest.StartRaw(t, func(c net.Conn, br *bufio.Reader) {
 				for {
@@ -125,6 +128,7 @@ func TestALateReadEjectsNoNode(t *testing.T) {
 				o.Health.Timeout = 100 * time.Millisecond
 				o.Health.PassiveFails = 1
 				o.Dialer = func(ctx context.Context, network, address string) (net.Conn, error) {
+					dials.Add(1)
 					var d net.Dialer
 					nc, err := d.DialContext(ctx, network, address)
 					if err != nil {
@@ -138,6 +142,11 @@ func TestALateReadEjectsNoNode(t *testing.T) {
 				err := n.probe.Ping(t.Context())
 				if (err == nil) != tt.answer {
 					t.Errorf("probe = %v, want it to pass: %v", err, tt.answer)
+				}
+				if tt.answer { // its connection kept: dialling again when late may time out
+					if err := n.probe.Ping(t.Context()); err != nil || dials.Load() != 1 {
+						t.Errorf("next probe = %v after %d dials, want it to pass on the one connection", err, dials.Load())
+					}
 				}
 				return
 			}

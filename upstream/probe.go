@@ -103,9 +103,11 @@ func (p *probeClient) roundTrip(ctx context.Context, cmd string, ok func(line []
 		}
 	})
 	line, buffered, err := exchange(&onTimeConn{Conn: c, ctx: ctx, timeout: p.timeout}, cmd)
-	if !stop() || err != nil || buffered {
+	if !stop() && cutShortBy(ctx) || err != nil || buffered {
 		// Cut short, failed, or more than one line came: the connection
-		// is in no known state.
+		// is in no known state. One whose answer was read past the
+		// deadline is kept: a probe that dials again when the gateway
+		// is late may time out dialling a node that is up.
 		c.Close()
 	} else {
 		p.keep(c)
@@ -119,11 +121,18 @@ func (p *probeClient) roundTrip(ctx context.Context, cmd string, ok func(line []
 	return nil
 }
 
+// cutShortBy reports whether ctx, a probe's, ended otherwise than by
+// its own deadline.
+func cutShortBy(ctx context.Context) bool {
+	cause := context.Cause(ctx)
+	return cause != nil && !errors.Is(cause, context.DeadlineExceeded)
+}
+
 // cutShort is err, a probe's, marked errProbeCut if the probe's context
 // ended otherwise than by its own deadline: the error says nothing
 // about the node.
 func cutShort(ctx context.Context, err error) error {
-	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.DeadlineExceeded) {
+	if cutShortBy(ctx) {
 		return fmt.Errorf("%w: %w", errProbeCut, err)
 	}
 	return err
@@ -157,18 +166,11 @@ type onTimeConn struct {
 
 func (c *onTimeConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) && !c.cut() &&
+	if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) && !cutShortBy(c.ctx) &&
 		unreadBytes(c.Conn) > 0 && c.Conn.SetDeadline(time.Now().Add(c.timeout)) == nil {
 		n, err = c.Conn.Read(p)
 	}
 	return n, err
-}
-
-// cut reports whether the probe's context ended otherwise than by its
-// deadline.
-func (c *onTimeConn) cut() bool {
-	cause := context.Cause(c.ctx)
-	return cause != nil && !errors.Is(cause, context.DeadlineExceeded)
 }
 
 // keep makes c the idle connection, or closes it if there is one
