@@ -63,7 +63,8 @@ type parsedOp struct {
 }
 
 // multiGet serves GET /?key=a&key=b: every key's result in one JSON
-// answer, read with one multi-key get per node.
+// answer, read with one multi-key get per node, unless its client has
+// gone (Client).
 func (h *handler) multiGet(w http.ResponseWriter, r *http.Request) {
 	q, err := url.ParseQuery(r.URL.RawQuery)
 	keys := q["key"]
@@ -83,6 +84,10 @@ func (h *handler) multiGet(w http.ResponseWriter, r *http.Request) {
 			writeError(w, badRequest(quoted(k)+": "+err.Error()))
 			return
 		}
+	}
+	if clientGone(r) {
+		writeError(w, errClientGone)
+		return
 	}
 	if err := h.holdOps(r, len(keys)); err != nil {
 		writeError(w, err)
@@ -512,11 +517,17 @@ func (h *handler) readUnsent(ctx context.Context, o op.Op, res *batchResult) {
 // A malformed body, too many operations or too many bytes fail the whole
 // batch; a bad operation only fails itself. A body of turnBytes or more is
 // decoded with a turn (cpuTurns). An async batch (Prefer: respond-async)
-// the queue has no room for is refused before it is decoded.
+// the queue has no room for is refused before it is decoded; one whose
+// client has gone (Client), before it is decoded too.
 func (h *handler) readBatch(r *http.Request, async bool) ([]parsedOp, error) {
 	body, err := h.lim.readBody(r, h.opts.BatchMaxBytes)
 	if err != nil {
 		return nil, err
+	}
+	if !async && clientGone(r) {
+		// Neither decoded nor sent. A queued batch is applied whoever
+		// waits for its 202.
+		return nil, errClientGone
 	}
 	if async && h.async.tight(h.opts.BatchMaxOps) {
 		// Counting the operations costs a fraction of decoding them: a

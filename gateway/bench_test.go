@@ -51,7 +51,7 @@ var benchContexts = []string{"newcontext", "copied"}
 // requestFor is base as a server hands it to h for one request.
 func requestFor(h *Handler, base *http.Request, how string) *http.Request {
 	if how == "newcontext" {
-		return base.WithContext(h.NewContext(context.Background(), time.Now()))
+		return base.WithContext(h.NewContext(context.Background(), time.Now(), nil))
 	}
 	return base.WithContext(context.Background())
 }

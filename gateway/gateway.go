@@ -85,13 +85,16 @@ func (h *Handler) BodyLimit(r *http.Request) int64 {
 // access log's duration_ms, memcgate_http_request_duration_seconds)
 // counts from it, so that a body the server read before ServeHTTP is in
 // it, as a body ServeHTTP reads is; its RequestTimeout counts from it
-// too, and again from the end of its body. A context serves one request.
-func (h *Handler) NewContext(parent context.Context, head time.Time) context.Context {
+// too, and again from the end of its body. client, if not nil, is the
+// request's connection: a request whose memcached work is large asks it
+// whether the client is still there before that work starts (Client). A
+// context serves one request.
+func (h *Handler) NewContext(parent context.Context, head time.Time, client Client) context.Context {
 	if head.IsZero() {
 		head = time.Now()
 	}
 	ctx := newRequestCtx(parent, head, h.h.lim.requestTimeout())
-	ctx.maker = h
+	ctx.maker, ctx.client = h, client
 	return ctx
 }
 

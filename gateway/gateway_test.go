@@ -380,15 +380,15 @@ func TestNewContext(t *testing.T) {
 	h := newTestHandler(t, s).(*Handler)
 	other := newTestHandler(t, s).(*Handler)
 	base := httptest.NewRequest("GET", "/k", nil)
-	used := h.NewContext(context.Background(), time.Now()).(*requestCtx)
+	used := h.NewContext(context.Background(), time.Now(), nil).(*requestCtx)
 	h.ServeHTTP(httptest.NewRecorder(), base.WithContext(used))
 	tests := []struct {
 		name  string
 		ctx   context.Context
 		taken bool // ServeHTTP serves the request with ctx, not a copy of its own
 	}{
-		{"its own, new", h.NewContext(context.Background(), time.Now()), true},
-		{"another handler's", other.NewContext(context.Background(), time.Now()), false},
+		{"its own, new", h.NewContext(context.Background(), time.Now(), nil), true},
+		{"another handler's", other.NewContext(context.Background(), time.Now(), nil), false},
 		{"its own, served before", used, false},
 		{"any other", context.Background(), false},
 	}

@@ -214,9 +214,9 @@ func (l *limits) valueRoom(rc *requestCtx, json bool) *valueRoom {
 		v.closed = true
 		return v
 	}
-	rc.roomsMu.Lock()
+	rc.mu.Lock()
 	rc.rooms = append(rc.rooms, v)
-	rc.roomsMu.Unlock()
+	rc.mu.Unlock()
 	return v
 }
 
@@ -263,10 +263,10 @@ func (v *valueRoom) close() {
 
 // end gives back what rc's request held, and stops its timer.
 func (l *limits) end(rc *requestCtx) {
-	rc.roomsMu.Lock()
+	rc.mu.Lock()
 	rooms := rc.rooms
 	rc.rooms = nil
-	rc.roomsMu.Unlock()
+	rc.mu.Unlock()
 	for _, v := range rooms {
 		v.close()
 	}

@@ -20,21 +20,21 @@ type requestCtx struct {
 	context.Context               // the request's own context
 	start           time.Time     // when the request's head was read: its duration counts from here
 	timeout         time.Duration // its deadline, from start: RequestTimeout, or as restart moved it
-	once            sync.Once
-	armed           atomic.Bool // timed is set
+	mu              sync.Mutex    // guards arming the deadline, and rooms (one lock for both, and the bools beside armed: the struct fits 160 bytes, an allocation size class)
+	armed           atomic.Bool   // timed is set
+	used            bool          // a request was served with it
+	slot            bool          // one of the limiter's in-flight slots, held until the request ends (handler.end)
 	timed           context.Context
 	cancel          context.CancelFunc
 	route           *chi.Context // the value of chi.RouteCtxKey while set
 	maker           *Handler     // who made it (Handler.NewContext): it may serve one request as it is
 
-	lim  *limits // the limits of the handler serving the request (ReadBody, GetValue)
-	used bool    // a request was served with it (beside slot: the struct fits 160 bytes, an allocation size class)
+	lim    *limits // the limits of the handler serving the request (ReadBody, GetValue)
+	client Client  // the request's connection, from a server that offers it (NewContext); nil otherwise
 
 	// What the request holds until it ends (handler.end).
-	slot    bool         // one of the limiter's in-flight slots
-	held    int64        // bytes of the budget
-	rooms   []*valueRoom // what its reads hold (valueRoom): given back by end
-	roomsMu sync.Mutex   // guards rooms: a route's handler may read on several goroutines (GetValue)
+	held  int64        // bytes of the budget
+	rooms []*valueRoom // what its reads hold (valueRoom), guarded by mu: a route's handler may read on several goroutines (GetValue)
 }
 
 // reqCtxKey is the key under which a requestCtx answers for itself, so
@@ -67,10 +67,14 @@ func newRequestCtx(parent context.Context, start time.Time, timeout time.Duratio
 func (c *requestCtx) deadline() time.Time { return c.start.Add(c.timeout) }
 
 func (c *requestCtx) arm() context.Context {
-	c.once.Do(func() {
-		c.timed, c.cancel = context.WithDeadline(c.Context, c.deadline())
-		c.armed.Store(true)
-	})
+	if !c.armed.Load() {
+		c.mu.Lock()
+		if !c.armed.Load() {
+			c.timed, c.cancel = context.WithDeadline(c.Context, c.deadline())
+			c.armed.Store(true)
+		}
+		c.mu.Unlock()
+	}
 	return c.timed
 }
 

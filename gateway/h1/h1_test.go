@@ -948,7 +948,7 @@ func TestNewContext(t *testing.T) {
 		}
 	})
 	s, addr := startH1(t, h, func(s *Server) {
-		s.NewContext = func(parent context.Context, _ time.Time) context.Context {
+		s.NewContext = func(parent context.Context, _ time.Time, _ interface{ Gone() bool }) context.Context {
 			made++ // requests on one connection run one at a time
 			return context.WithValue(parent, ctxMark{}, made)
 		}

@@ -394,7 +394,7 @@ func (c *conn) newRequest(head []byte, lines int) (*http.Request, error) {
 	}
 	ctx := c.ctx
 	if nc := c.srv.NewContext; nc != nil {
-		ctx = nc(ctx, time.Now())
+		ctx = nc(ctx, time.Now(), c)
 	}
 	return r.WithContext(ctx), nil
 }

@@ -81,8 +81,14 @@ type Server struct {
 	// the request's head was read: a body read ahead (BodyLimit) comes
 	// after it and before the handler runs, so a handler that times
 	// requests from their head, as net/http starts its handlers, counts
-	// from head rather than from when it starts.
-	NewContext func(parent context.Context, head time.Time) context.Context
+	// from head rather than from when it starts. client is the request's
+	// connection: its Gone reports, without waiting (one non-blocking
+	// peek at the socket on Linux; elsewhere always false), whether the
+	// client has closed or reset it, which the fast path notices nowhere
+	// else (its request contexts are not cancelled when a client goes),
+	// so that a handler can leave undone work whose answer nobody would
+	// read. It is valid while the request runs.
+	NewContext func(parent context.Context, head time.Time, client interface{ Gone() bool }) context.Context
 
 	// BodyLimit, if not nil, says how much of a request's body its
 	// handler reads (it is called once the head is read, for requests
