@@ -20,7 +20,8 @@
 //   - The request context is cancelled only by Server.Close: not when the
 //     client goes away (net/http notices that with a background read) nor
 //     when the handler returns. Handlers bound their work with their own
-//     deadlines.
+//     deadlines, and may ask whether the client is still there, without
+//     waiting, through the client NewContext is given (Gone).
 //   - The context carries http.LocalAddrContextKey but not
 //     http.ServerContextKey.
 //   - The ResponseWriter is an http.Flusher and supports
