@@ -550,6 +550,15 @@ func resetMultiGets(n int) func(*testing.T, *rig, func()) result {
 func resetting(n int, what string, request func(j int) string) func(*testing.T, *rig, func()) result {
 	return func(t *testing.T, r *rig, hold func()) result {
 		var sent atomic.Int64
+		written := func() int64 {
+			st, err := r.mc.Stats()
+			if err != nil {
+				t.Fatalf("memcached stats: %v", err)
+			}
+			n, _ := strconv.ParseInt(st["bytes_written"], 10, 64)
+			return n
+		}
+		before, began := written(), time.Now()
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
 		for i := range n {
@@ -576,6 +585,9 @@ func resetting(n int, what string, request func(j int) string) func(*testing.T, 
 		hold()
 		close(stop)
 		wg.Wait()
-		return result{got: thousands(int(sent.Load())) + " " + what + " sent and reset"}
+		// What memcached sent for answers nobody read.
+		out, took := written()-before, time.Since(began)
+		return result{got: thousands(int(sent.Load())) + " " + what + " sent and reset",
+			notes: []string{fmt.Sprintf("memcached sent %s in %s", size(out), dur(took))}}
 	}
 }
