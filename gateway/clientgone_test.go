@@ -2,10 +2,13 @@ package gateway
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,5 +107,51 @@ func TestClientGoneSendsNothing(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestClientGoneNetHTTP: served without a Client (net/http), a multi-get
+// or batch whose request context is cancelled already, as net/http
+// cancels it when the client goes, sends nothing to memcached, writes
+// nothing, and is counted as 499.
+func TestClientGoneNetHTTP(t *testing.T) {
+	g := newBigRig(t, nil)
+	g.mustPut("/cgn-0", []byte("value"))
+	const body = `[{"op":"get","key":"cgn-0"},{"op":"set","key":"cgn-1","value":"x"}]`
+	tests := []struct {
+		name, method, target, body string
+	}{
+		{"multi-get", "GET", "/?key=cgn-0&key=cgn-1", ""},
+		{"multi-get with touch", "GET", "/?key=cgn-0&touch=60", ""},
+		{"batch", "POST", "/", body},
+	}
+	sent := func() int {
+		return memcachedtest.SumStat(t, "cmd_get", g.mcs...) + memcachedtest.SumStat(t, "cmd_touch", g.mcs...) + memcachedtest.SumStat(t, "cmd_set", g.mcs...)
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before, closed := sent(), countOf(t, g.reg, tt.method, "499")
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			r := httptest.NewRequestWithContext(ctx, tt.method, tt.target, strings.NewReader(tt.body))
+			w := httptest.NewRecorder()
+			aborted := func() (p any) {
+				defer func() { p = recover() }()
+				g.h.ServeHTTP(w, r)
+				return nil
+			}()
+			if aborted != http.ErrAbortHandler {
+				t.Errorf("handler ended with %v, want http.ErrAbortHandler (the connection closed, nothing sent)", aborted)
+			}
+			if w.Body.Len() != 0 || w.Flushed || len(w.Header()) != 0 {
+				t.Errorf("answered %q (header %v) to a client gone, want nothing written", w.Body, w.Header())
+			}
+			if n := sent() - before; n != 0 {
+				t.Errorf("memcached served %d commands for a client gone, want 0", n)
+			}
+			if n := countOf(t, g.reg, tt.method, "499") - closed; n != 1 {
+				t.Errorf("memcgate_http_requests_total{code=\"499\"} rose by %v, want 1", n)
+			}
+		})
 	}
 }
