@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 )
 
@@ -21,11 +20,6 @@ import (
 // Client (net/http) cancels a request's context when its client goes:
 // that is asked instead.
 type Client = interface{ Gone() bool }
-
-// errClientGone is a request whose client closed or reset its connection
-// before its work was sent to memcached: nothing was sent, nothing is
-// written, and it is logged and counted as 499, as a cancelled request is.
-var errClientGone = fmt.Errorf("client closed its connection before the request was sent to memcached: %w", context.Canceled)
 
 // clientGone reports whether r's client has gone (Client), for a request
 // about to send large work to memcached.

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 
@@ -137,6 +138,11 @@ type statusRecorder interface{ recordStatus(status int) }
 // statusClientClosed is logged and counted (never sent) when the client went
 // away before the answer was ready, as nginx does.
 const statusClientClosed = 499
+
+// errClientGone is a request whose client closed or reset its connection
+// before its work was sent to memcached: nothing was sent, nothing is
+// written, and it is logged and counted as 499, as a cancelled request is.
+var errClientGone = fmt.Errorf("client closed its connection before the request was sent to memcached: %w", context.Canceled)
 
 // outcome is the status and body of verb v's result err, and whether to
 // send Retry-After: the verb's success status, 412 for the conditional
