@@ -968,9 +968,10 @@ func (p *poller) close(wait bool) {
 
 // peerGone reports whether the idle connection c has nothing left to read
 // and its peer has closed or reset it, peeking so that a request that
-// came with the close stays for a worker to read.
+// came with the close stays for a worker to read. Gone asks the same of
+// a connection whose request runs.
 func (c *conn) peerGone() bool {
-	gone := true
+	gone := true // Control fails only on a closed socket
 	c.in.rc.Control(func(fd uintptr) {
 		for {
 			n, errno := peek(fd)
