@@ -30,10 +30,10 @@ func (r budgetRoom) Lend(n int) []byte  { return make([]byte, n) }
 // then closes the connection, "noend" all of it and closes before END,
 // "stall" half of it and then nothing until the connection closes
 // (stalled, when not nil, hears that it did). Values are size bytes.
-// Its probes pass.
-func breakingNode(t *testing.T, size int, stalled chan<- struct{}) string {
+// Its probes pass. It is returned as a Server of the cluster's list.
+func breakingNode(t *testing.T, size int, stalled chan<- struct{}) *memcachedtest.Server {
 	value := strings.Repeat("v", size)
-	return memcachedtest.StartRaw(t, func(c net.Conn, br *bufio.Reader) {
+	addr := memcachedtest.StartRaw(t, func(c net.Conn, br *bufio.Reader) {
 		w := bufio.NewWriter(c)
 		for {
 			line, err := br.ReadString('\n')
@@ -77,6 +77,9 @@ func breakingNode(t *testing.T, size int, stalled chan<- struct{}) string {
 			}
 		}
 	})
+	_, p, _ := net.SplitHostPort(addr)
+	port, _ := strconv.Atoi(p)
+	return &memcachedtest.Server{Port: port}
 }
 
 // TestReadHoldGivenBack: whatever way a node's reply to a read of large
@@ -93,11 +96,8 @@ func TestReadHoldGivenBack(t *testing.T) {
 	for _, pipe := range []int{1, 0} {
 		t.Run("pipeline_conns="+strconv.Itoa(pipe), func(t *testing.T) {
 			stalled := make(chan struct{}, 16)
-			addr := breakingNode(t, size, stalled)
-			_, p, _ := net.SplitHostPort(addr)
-			port, _ := strconv.Atoi(p)
 			b := budget.New(2 * size * 3) // a fair part of two nodes is three values
-			c, _ := newTestCluster(t, []*memcachedtest.Server{{Port: port}, memcachedtest.Start(t)}, func(o *Options) {
+			c, _ := newTestCluster(t, []*memcachedtest.Server{breakingNode(t, size, stalled), memcachedtest.Start(t)}, func(o *Options) {
 				o.PipelineConns, o.Claims, o.UnheldClaim = pipe, b, 1024
 				o.Timeout = 300 * time.Millisecond // a stalled value's read fails at it
 				o.Health.PassiveFails = 0          // the breaking node stays in, its keys on it
@@ -197,10 +197,7 @@ func TestReadHoldAcrossReload(t *testing.T) {
 	for _, pipe := range []int{1, 0} {
 		t.Run("pipeline_conns="+strconv.Itoa(pipe), func(t *testing.T) {
 			stalled := make(chan struct{}, 16)
-			addr := breakingNode(t, size, stalled)
-			_, p, _ := net.SplitHostPort(addr)
-			port, _ := strconv.Atoi(p)
-			mcs := []*memcachedtest.Server{{Port: port}, memcachedtest.Start(t), memcachedtest.Start(t)}
+			mcs := []*memcachedtest.Server{breakingNode(t, size, stalled), memcachedtest.Start(t), memcachedtest.Start(t)}
 			b := budget.New(3 * size * 3)
 			c, _ := newTestCluster(t, mcs, func(o *Options) {
 				o.PipelineConns, o.Claims, o.UnheldClaim = pipe, b, 1024
