@@ -40,6 +40,8 @@
 #                            the put-* big points at the last big client count
 #                            (0 skips them)
 #   BENCH_KEEP=1             keep the scratch directory (logs, raw results)
+#   BENCH_PORTS=45000-45999  pick the servers' loopback ports in this range
+#                            (default: free ports in 20000-31999)
 #   BENCH_RAW=DIR            copy the raw results (runs.txt, ab.txt, section.md) there
 # Raw results stay in the scratch directory: runs.txt (one line per wrk
 # run), ab.txt, and the logs of every server.

@@ -67,12 +67,21 @@ cleanup() {
 trap cleanup EXIT
 trap 'log interrupted; exit 130' INT TERM
 
-# Free loopback ports outside the ephemeral range, never the same twice.
+# Free loopback ports outside the ephemeral range, never the same twice;
+# BENCH_PORTS=LOW-HIGH picks them in that range instead (a machine whose
+# users share out port ranges).
 used_ports=" "
+port_low=20000 port_span=12000
+if [ -n "${BENCH_PORTS:-}" ]; then
+  [[ $BENCH_PORTS =~ ^([0-9]+)-([0-9]+)$ ]] && [ "${BASH_REMATCH[1]}" -ge 1024 ] &&
+    [ "${BASH_REMATCH[2]}" -le 65535 ] && [ "${BASH_REMATCH[2]}" -ge $((BASH_REMATCH[1] + 15)) ] ||
+    die "BENCH_PORTS=$BENCH_PORTS: want LOW-HIGH, 1024 ≤ LOW, LOW + 15 ≤ HIGH ≤ 65535"
+  port_low=${BASH_REMATCH[1]} port_span=$((BASH_REMATCH[2] - BASH_REMATCH[1] + 1))
+fi
 free_port() {
   local p
   for _ in $(seq 200); do
-    p=$((20000 + RANDOM % 12000))
+    p=$((port_low + RANDOM % port_span))
     [[ $used_ports == *" $p "* ]] && continue
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && ! grep -qi ":$(printf '%04X' "$p") " /proc/net/tcp; then
       used_ports+="$p "

@@ -4,7 +4,10 @@
 # its Unix socket) and through nginx + HttpMemcModule with a new curl
 # connection per page, from a constant-body nginx location (the floor of an
 # HTTP hop), and directly with php-memcached, connecting per page as the
-# seed did (the reference, 100 %) and with a persistent connection. ab
+# seed did (the reference, 100 %) and with a persistent connection. The
+# -stream variants make the same HTTP calls with PHP's own stream socket
+# (memcgate_get() of test/php/memcgate_get.php) instead of curl, the -fgc
+# ones with file_get_contents(); every HTTP server gets each client. ab
 # without keep-alive loads the pages; everything shares the machine's
 # CPUs, as on a PHP host, so req/s measures CPU per page. docs/benchmarks.md
 # explains the method and holds the last run.
@@ -14,7 +17,11 @@
 #   BENCH_PHP_CONCURRENCY="64 128 256 512 1024 2048"
 #   BENCH_PHP_N=10000         requests per measured run (at least 4 × clients)
 #   BENCH_PHP_REPS=3          repeats per point, the variants interleaved
-#   BENCH_PHP_VARIANTS="native native-persistent memcgate memcgate-unix nginx-memc nginx-const"
+#   BENCH_PHP_VARIANTS="native native-persistent memcgate memcgate-unix nginx-memc nginx-const
+#                       memcgate-stream memcgate-unix-stream nginx-memc-stream nginx-const-stream"
+#                             (also: memcgate-fgc nginx-memc-fgc nginx-const-fgc, and
+#                             memcgate-close memcgate-unix-close nginx-memc-close: curl
+#                             sending "Connection: close")
 #   BENCH_PHP_CHILDREN=16     php-fpm static children
 #   BENCH_PHP_GATEWAY_PROCS=  nginx worker_processes and memcgate GOMAXPROCS
 #                             (default: unset, so memcgate's default and nginx's auto)
@@ -23,6 +30,8 @@
 #   BENCH_DOC=docs/benchmarks.md  where the results go (default: none for BENCH_QUICK
 #                             or when any BENCH_PHP_ setting above is given)
 #   BENCH_KEEP=1              keep the scratch directory (logs, raw results)
+#   BENCH_PORTS=45000-45999   pick the servers' loopback ports in this range
+#                             (default: free ports in 20000-31999)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -38,7 +47,7 @@ fi
 concs=${BENCH_PHP_CONCURRENCY:-$d_conc}
 nreq=${BENCH_PHP_N:-$d_n}
 reps=${BENCH_PHP_REPS:-$d_reps}
-variants=${BENCH_PHP_VARIANTS:-native native-persistent memcgate memcgate-unix nginx-memc nginx-const}
+variants=${BENCH_PHP_VARIANTS:-native native-persistent memcgate memcgate-unix nginx-memc nginx-const memcgate-stream memcgate-unix-stream nginx-memc-stream nginx-const-stream}
 children=${BENCH_PHP_CHILDREN:-16}
 gw_procs=${BENCH_PHP_GATEWAY_PROCS:-}
 use_perf=${BENCH_PHP_PERF:-1}
@@ -78,9 +87,9 @@ gate_build="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 gate_build+=" (binary sha256 $(sha256sum "$work/memcgate" | cut -c1-12))"
 unix_ok=0
 "$work/memcgate" -help 2>/dev/null | grep -q LISTEN_SOCKET && unix_ok=1
-if [ $unix_ok = 0 ] && [[ " $variants " == *" memcgate-unix "* ]]; then
+if [ $unix_ok = 0 ] && [[ " $variants " == *" memcgate-unix"* ]]; then
   log "this memcgate has no MEMCGATE_LISTEN_SOCKET: no memcgate-unix runs"
-  variants=$(tr ' ' '\n' <<<"$variants" | grep -vx memcgate-unix | paste -sd' ' -)
+  variants=$(tr ' ' '\n' <<<"$variants" | grep -v '^memcgate-unix' | paste -sd' ' -)
 fi
 
 # ---------------------------------------------------------------- memcached
@@ -135,7 +144,7 @@ pids+=("$gate_pid")
 wait_port "$gate_port" "$gate_pid" memcgate
 
 # ---------------------------------------------------------------- php-fpm and the front nginx
-cp "$here/php/curl.php" "$here/php/native.php" "$work/pages/"
+cp "$here/php/curl.php" "$here/php/native.php" "$here/php/stream.php" "$here/php/fgc.php" test/php/memcgate_get.php "$work/pages/"
 sed -e "s|@PREFIX@|$work|g" -e "s|@CHILDREN@|$children|g" "$here/php/php-fpm.conf.in" |
   awk -v u="$fpm_user" '/^@USER@$/ { print u; next } { print }' >"$work/php-fpm.conf"
 "$fpm" -y "$work/php-fpm.conf" -F >"$work/fpm.stdout" 2>&1 & # the packaged php.ini and extensions
@@ -143,9 +152,9 @@ fpm_pid=$!
 pids+=("$fpm_pid")
 for _ in $(seq 100); do [ -S "$work/fpm.sock" ] && break; kill -0 "$fpm_pid" 2>/dev/null || die "php-fpm exited (see $work/fpm.log)"; sleep 0.05; done
 
-declare -A vurl vunix vscript vpersist vpids
+declare -A vurl vunix vaddr vpath vclose vscript vpersist vpids
 for v in $variants; do
-  vscript[$v]=curl.php vurl[$v]= vunix[$v]= vpersist[$v]=0
+  vscript[$v]=curl.php vurl[$v]= vunix[$v]= vaddr[$v]= vpath[$v]= vclose[$v]=0 vpersist[$v]=0
   case $v in
   native) vscript[$v]=native.php vpids[$v]= ;;
   native-persistent) vscript[$v]=native.php vpersist[$v]=1 vpids[$v]= ;;
@@ -153,6 +162,16 @@ for v in $variants; do
   memcgate-unix) vurl[$v]="http://localhost/" vunix[$v]=$gate_sock vpids[$v]=$gate_pid ;;
   nginx-memc) vurl[$v]="http://127.0.0.1:$nginx_port/key/" vpids[$v]="$nginx_pid,$nginx_workers" ;;
   nginx-const) vurl[$v]="http://127.0.0.1:$nginx_port/const/" vpids[$v]="$nginx_pid,$nginx_workers" ;;
+  memcgate-close) vurl[$v]="http://127.0.0.1:$gate_port/" vclose[$v]=1 vpids[$v]=$gate_pid ;;
+  memcgate-unix-close) vurl[$v]="http://localhost/" vunix[$v]=$gate_sock vclose[$v]=1 vpids[$v]=$gate_pid ;;
+  nginx-memc-close) vurl[$v]="http://127.0.0.1:$nginx_port/key/" vclose[$v]=1 vpids[$v]="$nginx_pid,$nginx_workers" ;;
+  memcgate-stream) vscript[$v]=stream.php vaddr[$v]="tcp://127.0.0.1:$gate_port" vpids[$v]=$gate_pid ;;
+  memcgate-unix-stream) vscript[$v]=stream.php vaddr[$v]="unix://$gate_sock" vpids[$v]=$gate_pid ;;
+  nginx-memc-stream) vscript[$v]=stream.php vaddr[$v]="tcp://127.0.0.1:$nginx_port" vpath[$v]=key/ vpids[$v]="$nginx_pid,$nginx_workers" ;;
+  nginx-const-stream) vscript[$v]=stream.php vaddr[$v]="tcp://127.0.0.1:$nginx_port" vpath[$v]=const/ vpids[$v]="$nginx_pid,$nginx_workers" ;;
+  memcgate-fgc) vscript[$v]=fgc.php vurl[$v]="http://127.0.0.1:$gate_port/" vpids[$v]=$gate_pid ;;
+  nginx-memc-fgc) vscript[$v]=fgc.php vurl[$v]="http://127.0.0.1:$nginx_port/key/" vpids[$v]="$nginx_pid,$nginx_workers" ;;
+  nginx-const-fgc) vscript[$v]=fgc.php vurl[$v]="http://127.0.0.1:$nginx_port/const/" vpids[$v]="$nginx_pid,$nginx_workers" ;;
   *) die "unknown variant $v" ;;
   esac
 done
@@ -164,6 +183,9 @@ for v in $variants; do
             fastcgi_param REQUEST_METHOD \$request_method;
             fastcgi_param BENCH_URL \"${vurl[$v]}\";
             fastcgi_param BENCH_UNIX \"${vunix[$v]}\";
+            fastcgi_param BENCH_ADDR \"${vaddr[$v]}\";
+            fastcgi_param BENCH_PATH \"${vpath[$v]}\";
+            fastcgi_param BENCH_CLOSE ${vclose[$v]};
             fastcgi_param BENCH_MEMCACHED 127.0.0.1:$memc_port;
             fastcgi_param BENCH_PERSISTENT ${vpersist[$v]};
             fastcgi_param BENCH_KEYS $nkeys;
@@ -180,6 +202,18 @@ nginx -p "$work/front" -e "$work/front/error.log" -c "$work/front/nginx.conf" >"
 front_pid=$!
 pids+=("$front_pid")
 wait_port "$front_port" "$front_pid" "nginx (front)"
+# The page's own processes, for their CPU per page: php-fpm's master and
+# its static children (pm.max_requests = 0: they live through the runs),
+# the front nginx's master and workers.
+fpm_pids="$fpm_pid,$(pgrep -P "$fpm_pid" | paste -sd, -)"
+front_pids=
+for _ in $(seq 50); do
+  front_pids=$(pgrep -P "$front_pid" | paste -sd, -)
+  [ -n "$front_pids" ] && break
+  sleep 0.05
+done
+[ -n "$front_pids" ] || die "no front nginx workers"
+front_pids="$front_pid,$front_pids"
 
 # ---------------------------------------------------------------- sanity
 for v in $variants; do
@@ -208,11 +242,11 @@ for c in $concs; do
       i=$((i + 1))
       ab_page "$v" "$c" "$((c > 500 ? c * 2 : 1000))" /dev/null
       gp=${vpids[$v]:-$memc_pid}
-      a=$(counters "$gp") m0=$(counters "$memc_pid")
+      a=$(counters "$gp") m0=$(counters "$memc_pid") p0=$(counters "$fpm_pids") f0=$(counters "$front_pids")
       t0=$EPOCHREALTIME
       ab_page "$v" "$c" "$n" "$work/ab.out"
       t1=$EPOCHREALTIME
-      b=$(counters "$gp") m1=$(counters "$memc_pid")
+      b=$(counters "$gp") m1=$(counters "$memc_pid") p1=$(counters "$fpm_pids") f1=$(counters "$front_pids")
       rec=$(awk -v v="$v" -v c="$c" -v rep="$rep" '
         /^Complete requests:/ { complete = $3 }
         /^Failed requests:/ { failed = $3 }
@@ -229,13 +263,14 @@ for c in $concs; do
         gw_cpu=$(($(field cpu_us "$b") - $(field cpu_us "$a"))) gw_cs=$(($(field cs "$b") - $(field cs "$a")))
       fi
       rec+=" gw_cpu_us=$gw_cpu gw_cs=$gw_cs memc_cpu_us=$(($(field cpu_us "$m1") - $(field cpu_us "$m0")))"
+      rec+=" php_cpu_us=$(($(field cpu_us "$p1") - $(field cpu_us "$p0"))) front_cpu_us=$(($(field cpu_us "$f1") - $(field cpu_us "$f0")))"
       rec+=" busy_us=$(($(field busy_us "$b") - $(field busy_us "$a"))) wall_us=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%d", (b - a) * 1e6 }')"
       echo "$rec" >>"$runs"
       awk -v i="$i" -v n="$total" -v line="$rec" 'BEGIN {
         m = split(line, f, " "); for (j = 1; j <= m; j++) { split(f[j], kv, "="); v[kv[1]] = kv[2] }
-        printf "[%d/%d] c=%-4d %-18s rep %d: %6.0f req/s  p99 %5d ms  failed %d non2xx %d  gateway %6.1f us/page %5.2f cs/page  machine %6.1f us/page\n",
+        printf "[%d/%d] c=%-4d %-20s rep %d: %6.0f req/s  p99 %5d ms  failed %d non2xx %d  gateway %6.1f us/page %5.2f cs/page  php-fpm %6.1f  machine %6.1f us/page\n",
           i, n, v["conc"], v["variant"], v["rep"], v["rps"], v["p99_ms"], v["failed"], v["non2xx"],
-          v["gw_cpu_us"] / v["requests"], v["gw_cs"] / v["requests"], v["busy_us"] / v["requests"] }' >&2
+          v["gw_cpu_us"] / v["requests"], v["gw_cs"] / v["requests"], v["php_cpu_us"] / v["requests"], v["busy_us"] / v["requests"] }' >&2
     done
   done
 done

@@ -11,7 +11,10 @@ import (
 )
 
 // phpVariants names php.sh's variants in the tables, in their order;
-// native (php-memcached connecting per page) is the reference.
+// native (php-memcached connecting per page) is the reference. The plain
+// HTTP variants call with curl ("curl close": curl sending "Connection:
+// close"), "stream" with PHP's stream socket (memcgate_get),
+// "file_get_contents" with PHP's http:// wrapper.
 var phpVariants = []struct{ name, title string }{
 	{"native", "native"},
 	{"native-persistent", "native persistent"},
@@ -19,6 +22,16 @@ var phpVariants = []struct{ name, title string }{
 	{"memcgate-unix", "memcgate Unix socket"},
 	{"nginx-memc", "nginx + memc"},
 	{"nginx-const", "nginx constant"},
+	{"memcgate-close", "memcgate TCP curl close"},
+	{"memcgate-unix-close", "memcgate Unix socket curl close"},
+	{"nginx-memc-close", "nginx + memc curl close"},
+	{"memcgate-stream", "memcgate TCP stream"},
+	{"memcgate-unix-stream", "memcgate Unix socket stream"},
+	{"nginx-memc-stream", "nginx + memc stream"},
+	{"nginx-const-stream", "nginx constant stream"},
+	{"memcgate-fgc", "memcgate TCP file_get_contents"},
+	{"nginx-memc-fgc", "nginx + memc file_get_contents"},
+	{"nginx-const-fgc", "nginx constant file_get_contents"},
 }
 
 // phpReport prints the Markdown tables of php.sh's runs (-runs) and of
@@ -97,8 +110,8 @@ func phpReport(args []string, w io.Writer) error {
 
 	fmt.Fprintln(w, "#### Per variant")
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| clients | variant | pages/s | min–max | p50 ms | p99 ms | failed | non-2xx | gateway CPU µs/page | gateway context switches/page | memcached CPU µs/page | machine CPU µs/page |")
-	fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| clients | variant | pages/s | min–max | p50 ms | p99 ms | failed | non-2xx | gateway CPU µs/page | gateway context switches/page | memcached CPU µs/page | php-fpm CPU µs/page | front nginx CPU µs/page | machine CPU µs/page |")
+	fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, c := range concs {
 		for _, v := range vs {
 			p := at(v.name, c)
@@ -114,41 +127,90 @@ func phpReport(args []string, w io.Writer) error {
 			if !strings.HasPrefix(v.name, "native") {
 				gw, gcs = fmtNum(p.median(perReq("gw_cpu_us")), 1), fmtNum(p.median(perReq("gw_cs")), 2)
 			}
-			fmt.Fprintf(w, "| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c, v.title,
+			fmt.Fprintf(w, "| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c, v.title,
 				fmtInt(median(r)), mm, fmtNum(p.median(field("p50_ms")), 0), fmtNum(p.median(field("p99_ms")), 0),
 				fmtInt(p.sum("failed")), fmtInt(p.sum("non2xx")), gw, gcs,
-				fmtNum(p.median(perReq("memc_cpu_us")), 1), fmtNum(p.median(perReq("busy_us")), 1))
+				fmtNum(p.median(perReq("memc_cpu_us")), 1), fmtNum(p.median(perReq("php_cpu_us")), 1),
+				fmtNum(p.median(perReq("front_cpu_us")), 1), fmtNum(p.median(perReq("busy_us")), 1))
 		}
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Failed and non-2xx are totals over the runs (a page answers 502 on a miss, an error or a value of another length). Gateway CPU is memcgate's process, or nginx + memc's master and workers, from /proc (10 ms ticks); its context switches are summed over its threads; machine CPU is every CPU's non-idle time over the run (/proc/stat: user, nice, system, irq, softirq), other engineers' processes included, per page.")
+	fmt.Fprintln(w, "Failed and non-2xx are totals over the runs (a page answers 502 on a miss, an error or a value of another length). Gateway CPU is memcgate's process, or nginx + memc's master and workers, from /proc (10 ms ticks); its context switches are summed over its threads; php-fpm CPU is its master and children (the pages, their HTTP or memcached client included), front nginx CPU the nginx that serves the pages to ab; machine CPU is every CPU's non-idle time over the run (/proc/stat: user, nice, system, irq, softirq), other engineers' processes included, per page.")
 	fmt.Fprintln(w)
 
-	if present["memcgate"] && present["nginx-memc"] {
-		fmt.Fprintln(w, "#### memcgate against nginx + memc (medians)")
+	// Each HTTP client's variants: the suffix of their names and the
+	// client's name in the tables.
+	clients := []struct{ suffix, title string }{{"", "curl"}, {"-close", "curl close"}, {"-stream", "stream"}, {"-fgc", "file_get_contents"}}
+	var cmp []struct{ suffix, title string }
+	for _, cl := range clients {
+		if present["memcgate"+cl.suffix] && present["nginx-memc"+cl.suffix] {
+			cmp = append(cmp, cl)
+		}
+	}
+	if len(cmp) > 0 {
+		fmt.Fprintln(w, "#### memcgate against nginx + memc, the same PHP client calling each (medians)")
 		fmt.Fprintln(w)
-		fmt.Fprintln(w, "| clients | pages/s TCP | pages/s Unix socket | gateway CPU/page TCP | gateway CPU/page Unix socket |")
-		fmt.Fprintln(w, "|---:|---:|---:|---:|---:|")
+		fmt.Fprintln(w, "| clients | PHP client | pages/s TCP | pages/s Unix socket | gateway CPU/page TCP | gateway CPU/page Unix socket |")
+		fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|")
 		for _, c := range concs {
-			n := at("nginx-memc", c)
-			if n == nil {
-				continue
-			}
-			cells := []string{}
-			for _, m := range []string{"memcgate", "memcgate-unix"} {
-				cells = append(cells, ratio(rps(m, c), rps("nginx-memc", c)))
-			}
-			for _, m := range []string{"memcgate", "memcgate-unix"} {
-				if g := at(m, c); g != nil {
-					cells = append(cells, ratio(g.median(perReq("gw_cpu_us")), n.median(perReq("gw_cpu_us"))))
-				} else {
-					cells = append(cells, "–")
+			for _, cl := range cmp {
+				ng := "nginx-memc" + cl.suffix
+				n := at(ng, c)
+				if n == nil {
+					continue
 				}
+				tcp, unix := "memcgate"+cl.suffix, "memcgate-unix"+cl.suffix
+				cells := []string{}
+				for _, m := range []string{tcp, unix} {
+					cells = append(cells, ratio(rps(m, c), rps(ng, c)))
+				}
+				for _, m := range []string{tcp, unix} {
+					if g := at(m, c); g != nil {
+						cells = append(cells, ratio(g.median(perReq("gw_cpu_us")), n.median(perReq("gw_cpu_us"))))
+					} else {
+						cells = append(cells, "–")
+					}
+				}
+				fmt.Fprintf(w, "| %d | %s | %s |\n", c, cl.title, strings.Join(cells, " | "))
 			}
-			fmt.Fprintf(w, "| %d | %s |\n", c, strings.Join(cells, " | "))
 		}
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "pages/s above 1× and CPU/page below 1× favour memcgate.")
+		fmt.Fprintln(w)
+	}
+
+	// The same server called by each PHP client, against curl.
+	type pair struct{ server, title, other, client string }
+	var pairs []pair
+	for _, base := range []struct{ name, title string }{
+		{"memcgate", "memcgate TCP"}, {"memcgate-unix", "memcgate Unix socket"},
+		{"nginx-memc", "nginx + memc"}, {"nginx-const", "nginx constant"},
+	} {
+		for _, cl := range clients[1:] {
+			if present[base.name] && present[base.name+cl.suffix] {
+				pairs = append(pairs, pair{base.name, base.title, base.name + cl.suffix, cl.title})
+			}
+		}
+	}
+	if len(pairs) > 0 {
+		fmt.Fprintln(w, "#### Each PHP client against curl, the same server (medians)")
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "| clients | server | PHP client | pages/s | machine CPU/page | php-fpm CPU/page | gateway CPU/page |")
+		fmt.Fprintln(w, "|---:|---|---|---:|---:|---:|---:|")
+		for _, c := range concs {
+			for _, pr := range pairs {
+				a, b := at(pr.other, c), at(pr.server, c)
+				if a == nil || b == nil {
+					continue
+				}
+				med := func(p *point, k string) float64 { return p.median(perReq(k)) }
+				fmt.Fprintf(w, "| %d | %s | %s | %s | %s | %s | %s |\n", c, pr.title, pr.client,
+					ratio(rps(pr.other, c), rps(pr.server, c)), ratio(med(a, "busy_us"), med(b, "busy_us")),
+					ratio(med(a, "php_cpu_us"), med(b, "php_cpu_us")), ratio(med(a, "gw_cpu_us"), med(b, "gw_cpu_us")))
+			}
+		}
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "Ratios to the curl variant of the same server: pages/s above 1× and CPU/page below 1× favour the other client.")
 		fmt.Fprintln(w)
 	}
 
