@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -217,5 +218,26 @@ func TestPHPStreamClientAnswers(t *testing.T) {
 				t.Errorf("got %+v, want the value %q", res, c.want)
 			}
 		})
+	}
+}
+
+// TestPHPStreamClientDocumented: docs/php.md prints memcgate_get for users
+// to copy; it must be the function the tests above run, comment and all.
+func TestPHPStreamClientDocumented(t *testing.T) {
+	src, err := os.ReadFile("../php/memcgate_get.php")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := os.ReadFile("../../docs/php.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := bytes.Index(src, []byte("/**"))
+	if i < 0 {
+		t.Fatal("memcgate_get.php has no /** comment before the function")
+	}
+	fn := bytes.TrimRight(src[i:], "\n")
+	if !bytes.Contains(doc, append(append([]byte("```php\n"), fn...), "\n```\n"...)) {
+		t.Error("docs/php.md does not print test/php/memcgate_get.php's function (from its /** comment to the end) as a php code block, unchanged")
 	}
 }
