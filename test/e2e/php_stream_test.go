@@ -31,11 +31,18 @@ type streamResult struct {
 // for each key, against addr (tcp://… or unix://…).
 func streamGet(t *testing.T, php, addr string, timeout float64, keys ...string) []streamResult {
 	t.Helper()
+	return streamGetToken(t, php, addr, timeout, nil, keys...)
+}
+
+// streamGetToken is streamGet passing memcgate_get a token, or none if
+// token is nil.
+func streamGetToken(t *testing.T, php, addr string, timeout float64, token *string, keys ...string) []streamResult {
+	t.Helper()
 	enc := make([]string, len(keys))
 	for i, k := range keys {
 		enc[i] = base64.StdEncoding.EncodeToString([]byte(k))
 	}
-	in, _ := json.Marshal(map[string]any{"addr": addr, "timeout": timeout, "keys": enc})
+	in, _ := json.Marshal(map[string]any{"addr": addr, "timeout": timeout, "keys": enc, "token": token})
 	cmd := exec.Command(php, "../php/stream_get.php")
 	cmd.Stdin = bytes.NewReader(in)
 	var stderr bytes.Buffer
@@ -147,6 +154,38 @@ func TestPHPStreamClient(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestPHPStreamClientToken: memcgate_get's token opens a gateway with
+// MEMCGATE_AUTH_TOKENS; without one the 401 is an exception, and a token
+// that would break the request's head is refused before anything is sent.
+func TestPHPStreamClientToken(t *testing.T) {
+	t.Parallel()
+	php := gatewaytest.PHP(t)
+	mcs := []*memcachedtest.Server{memcachedtest.Start(t)}
+	g := startGateway(t, map[string]string{
+		"MEMCGATE_SERVERS":     memcachedtest.Addrs(mcs),
+		"MEMCGATE_AUTH_TOKENS": "read:php-pages-token-0001",
+	})
+	addr := "tcp://" + g.DataAddr
+	good, bad := "php-pages-token-0001", "php-pages-token-0001\r\nX-Injected: 1"
+	for _, c := range []struct {
+		name  string
+		token *string
+		want  string // "" for a miss
+	}{
+		{"no token", nil, "status 401"},
+		{"token", &good, ""},
+		{"token breaking the head", &bad, "printable ASCII with no space"},
+	} {
+		r := streamGetToken(t, php, addr, 5, c.token, "missing")[0]
+		if c.want == "" && (!r.Miss || r.Error != "") {
+			t.Errorf("%s: %+v, want a miss", c.name, r)
+		}
+		if c.want != "" && !strings.Contains(r.Error, c.want) {
+			t.Errorf("%s: %+v, want an exception with %q", c.name, r, c.want)
+		}
+	}
 }
 
 // TestPHPStreamClientAnswers gives memcgate_get answers no correct gateway

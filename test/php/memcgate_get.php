@@ -10,7 +10,8 @@
  * $addr is 'tcp://127.0.0.1:8080' or, over memcgate's Unix socket
  * (MEMCGATE_LISTEN_SOCKET), 'unix:///run/memcgate/memcgate.sock'.
  * $timeout (seconds) bounds the connect and each wait for the answer's
- * next bytes, not the whole call.
+ * next bytes, not the whole call. $token, when memcgate has
+ * MEMCGATE_AUTH_TOKENS, is sent as "Authorization: Bearer <token>".
  *
  * Returns the value, byte for byte, or null when the key is missing (404).
  * Throws RuntimeException on anything else: no connection, a timeout,
@@ -21,15 +22,19 @@
  * It speaks HTTP/1.1 with "Connection: close", so the gateway closes the
  * connection after the answer; no keep-alive, no redirects, no TLS.
  */
-function memcgate_get(string $key, string $addr = 'tcp://127.0.0.1:8080', float $timeout = 1.0): ?string
+function memcgate_get(string $key, string $addr = 'tcp://127.0.0.1:8080', float $timeout = 1.0, ?string $token = null): ?string
 {
+    if ($token !== null && !preg_match('~^[\x21-\x7e]+$~', $token)) {
+        throw new InvalidArgumentException('memcgate token: printable ASCII with no space, as memcgate requires');
+    }
     $s = @stream_socket_client($addr, $errno, $errstr, $timeout);
     if ($s === false) {
         throw new RuntimeException("memcgate $addr: cannot connect: $errstr ($errno)");
     }
     try {
         stream_set_timeout($s, (int) $timeout, (int) (fmod($timeout, 1.0) * 1e6));
-        $req = 'GET /' . rawurlencode($key) . " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+        $auth = $token === null ? '' : "Authorization: Bearer $token\r\n";
+        $req = 'GET /' . rawurlencode($key) . " HTTP/1.1\r\nHost: localhost\r\n{$auth}Connection: close\r\n\r\n";
         if (@fwrite($s, $req) !== strlen($req)) {
             throw new RuntimeException("memcgate $addr: the request could not be sent");
         }
