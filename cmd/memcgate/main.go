@@ -87,19 +87,9 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	for _, w := range cfg.Warnings() {
 		log.Warn("configuration warning", "warning", w)
 	}
-	var ls listeners
-	if ls.data, err = listenTCP(ctx, cfg.ListenAddr, cfg.SendBufferBytes); err != nil {
-		return fmt.Errorf("%sLISTEN_ADDR: %w", config.Prefix, err)
-	}
-	if ls.admin, err = listenTCP(ctx, cfg.AdminAddr, 0); err != nil {
-		ls.close()
-		return fmt.Errorf("%sADMIN_ADDR: %w", config.Prefix, err)
-	}
-	if cfg.ListenSocket != "" {
-		if ls.socket, err = listenUnix(ctx, cfg.ListenSocket, cfg.SocketMode()); err != nil {
-			ls.close()
-			return fmt.Errorf("%sLISTEN_SOCKET: %w", config.Prefix, err)
-		}
+	ls, err := openListeners(ctx, cfg, environ)
+	if err != nil {
+		return err
 	}
 	return serve(ctx, cfg, environ, ls, lg)
 }

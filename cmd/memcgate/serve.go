@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -34,7 +35,8 @@ import (
 
 // serve wires the cluster and both servers, and owns every long-lived
 // goroutine. When ctx is done it marks the gateway not ready, waits
-// DrainDelay so load balancers notice, shuts both servers down (letting
+// DrainDelay so load balancers notice (not when systemd holds the data
+// listeners, which stay open), shuts both servers down (letting
 // requests in flight finish within ShutdownTimeout), stops health checks
 // and closes the pools.
 func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls listeners, lg logging) error {
@@ -328,6 +330,7 @@ func (p *process) run(ctx context.Context) error {
 	}
 	log.Info("memcgate started", "version", p.build.Version, "revision", p.build.Revision,
 		"listen", ls.data.Addr().String(), "listen_socket", cfg.ListenSocket, "admin", ls.admin.Addr().String(),
+		"inherited", ls.inherited,
 		"servers", len(cfg.Servers), "distribution", cfg.Distribution, "pools", router.Pools(), "replicas", cfg.Replicas,
 		"max_buffered_bytes", mem.budget, "memory_limit", mem.limit, "memory_limit_from", mem.source,
 		"max_client_conns", p.maxConns, "open_file_limit", p.nofile, "procs", runtime.GOMAXPROCS(0), "fit_procs", fitting)
@@ -343,7 +346,15 @@ func (p *process) run(ctx context.Context) error {
 	// clients move their keepalive connections elsewhere during the drain
 	// instead of racing the final close.
 	data.SetKeepAlivesEnabled(false)
-	if first == nil && cfg.DrainDelay > 0 {
+	switch {
+	case first != nil || cfg.DrainDelay <= 0:
+	case ls.dataInherited():
+		// The listening sockets stay open in systemd, which queues new
+		// connections until the next process accepts them: a balancer
+		// that keeps sending loses nothing, so there is no one to wait
+		// for (docs/decisions/0063).
+		log.Info("draining without the delay: systemd keeps the listening sockets", "delay_skipped", cfg.DrainDelay.String())
+	default:
 		log.Info("draining", "delay", cfg.DrainDelay.String())
 		time.Sleep(cfg.DrainDelay)
 	}
@@ -377,6 +388,16 @@ func (p *process) run(ctx context.Context) error {
 // configured, on a Unix socket (else nil), and the admin listener.
 type listeners struct {
 	data, socket, admin net.Listener
+	// inherited names those systemd passed (fdData, fdSocket, fdAdmin):
+	// its copy keeps them listening after this process closes them.
+	inherited []string
+}
+
+// dataInherited reports whether every data listener is a socket systemd
+// passed: once this process stops accepting, new connections wait in
+// their queue for the next process, and none is refused.
+func (ls listeners) dataInherited() bool {
+	return slices.Contains(ls.inherited, fdData) && (ls.socket == nil || slices.Contains(ls.inherited, fdSocket))
 }
 
 // dataListeners are the listeners of the data API.
