@@ -34,7 +34,7 @@ func (s *Server) newConn(rw net.Conn, sk *sock, ho *handoff) *conn {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.inShutdown.Load() {
+	if s.stopped {
 		return nil
 	}
 	c.lctx = connCtx{Context: s.ctx, c: rw}

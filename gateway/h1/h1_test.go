@@ -756,6 +756,66 @@ func TestShutdown(t *testing.T) {
 	}
 }
 
+// heldListener returns each connection it accepts only once the test
+// lets it (release), and says when it was closed: what Serve does with a
+// connection it accepted as Shutdown closed the listener.
+type heldListener struct {
+	net.Listener
+	accepted, release, closed chan struct{}
+	closeOnce                 sync.Once
+}
+
+func (l *heldListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.accepted <- struct{}{}
+	<-l.release
+	return c, nil
+}
+
+func (l *heldListener) Close() error {
+	l.closeOnce.Do(func() { close(l.closed) })
+	return l.Listener.Close()
+}
+
+// TestShutdownServesAccepted checks that a connection Serve accepted
+// just as Shutdown closed its listener is served, not closed unread: a
+// listening socket that systemd also holds would have queued it for the
+// next gateway, and its client got a reset for a request nothing
+// refused (test/deploy TestSystemdSocketRestart found it).
+func TestShutdownServesAccepted(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := &heldListener{Listener: inner, accepted: make(chan struct{}), release: make(chan struct{}), closed: make(chan struct{})}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	s := &Server{Handler: h, Fallback: &http.Server{Handler: h}, ErrorLog: quietLog()}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- s.Serve(ln) }()
+	t.Cleanup(func() { s.Close() })
+
+	c, br := dial(t, inner.Addr().String())
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	<-ln.accepted // Serve holds the connection, not yet its own
+	shutdownErr := make(chan error, 1)
+	go func() { shutdownErr <- s.Shutdown(t.Context()) }()
+	<-ln.closed
+	close(ln.release)
+	r, err := readWireResponse(br, "GET")
+	if err != nil || r.body != "ok" {
+		t.Errorf("response to the connection accepted during Shutdown = %v, %v; want ok", r, err)
+	}
+	if err := <-shutdownErr; err != nil {
+		t.Errorf("Shutdown() = %v, want nil", err)
+	}
+	if err := <-serveErr; !errors.Is(err, http.ErrServerClosed) {
+		t.Errorf("Serve() = %v, want %v", err, http.ErrServerClosed)
+	}
+}
+
 func TestShutdownTimeout(t *testing.T) {
 	entered, release := make(chan struct{}), make(chan struct{})
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -173,9 +173,17 @@ type Server struct {
 	maxConns      atomic.Int64              // SetMaxConns': 0 unset (MaxConns applies), -1 no cap
 	budgetWait    atomic.Int64              // SetBudgetWait's in nanoseconds, plus 1: 0 unset (BudgetWait applies)
 
-	mu        sync.Mutex // guards listeners, conns, refusals, accepted, ctx, cancel and poller
+	mu        sync.Mutex // guards listeners, conns, stopped, refusals, accepted, ctx, cancel and poller
 	listeners map[*net.Listener]struct{}
 	conns     map[*conn]struct{}
+	// stopped is set by Close, and by Shutdown once no connection is
+	// left and every Serve has returned: a connection accepted after
+	// that is closed unserved. One that Serve accepted as Shutdown
+	// closed the listeners is served: the listening socket may be
+	// shared with another process (systemd's), which would have kept
+	// the connection queued for the next server, and its client would
+	// get a reset for a request nothing refused.
+	stopped bool
 	refusals  map[*refused]struct{} // connections refuseLinger is answering
 	accepted  uint64                // connections served on the fast path, ever
 	ctx       context.Context       // parent of request contexts; Close cancels it
@@ -556,7 +564,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	defer timer.Stop()
 	for {
 		idle := s.closeIdle()
-		if s.closeRefusals(false) && idle {
+		if s.closeRefusals(false) && idle && s.stopIfEmpty() {
 			break
 		}
 		select {
@@ -578,6 +586,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 func (s *Server) Close() error {
 	s.inShutdown.Store(true)
 	s.mu.Lock()
+	s.stopped = true
 	err := s.closeListenersLocked()
 	if s.cancel != nil {
 		s.cancel()
@@ -598,6 +607,18 @@ func (s *Server) Close() error {
 		}
 	}
 	return err
+}
+
+// stopIfEmpty sets stopped if no connection is left and no Serve
+// accepts any more (one may hold a connection it accepted and has not
+// added yet), and reports whether it did.
+func (s *Server) stopIfEmpty() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.conns) == 0 && len(s.listeners) == 0 {
+		s.stopped = true
+	}
+	return s.stopped
 }
 
 // closePoller closes the poller, once no connection is left to park;
