@@ -118,6 +118,11 @@ type Gateway struct {
 	logs string    // the file the process writes its output to
 	out  io.Writer // where the process writes instead, if not nil (SetOutput)
 
+	// files are passed to the process as systemd passes sockets, named
+	// by names (Activate); fixed before the first Start.
+	files []*os.File
+	names []string
+
 	mu      sync.Mutex // guards cmd, done, started, attempts
 	cmd     *exec.Cmd
 	done    chan error // receives the exit of cmd, once
@@ -193,6 +198,20 @@ func (g *Gateway) StartAlive(t testing.TB) {
 	}
 }
 
+// Activate makes the processes started from now on inherit files as
+// systemd's socket activation passes sockets (sd_listen_fds(3)):
+// descriptors 3 on, LISTEN_FDS of them, named in LISTEN_FDNAMES by names,
+// and LISTEN_PID, which must be the process's own pid and so cannot be
+// set before it exists: /bin/sh sets it to its $$ and execs the binary,
+// which keeps that pid. The files stay the caller's to close, after the
+// test. A start that cannot bind a port is not retried on fresh ports:
+// the caller bound the files to these addresses.
+func (g *Gateway) Activate(names []string, files []*os.File) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.names, g.files = names, files
+}
+
 // portTakenError is the exit of a process that could not bind one of its
 // ports because another process had it.
 type portTakenError struct {
@@ -214,7 +233,7 @@ func (g *Gateway) start(t testing.TB, probe string) error {
 		if err == nil {
 			g.started = true
 		}
-		restart := g.started
+		restart := g.started || g.files != nil
 		g.mu.Unlock()
 		var taken *portTakenError
 		if err == nil || !errors.As(err, &taken) || restart || n == maxStarts {
@@ -241,6 +260,12 @@ func (g *Gateway) startOnce(probe string) error {
 	}
 	g.mu.Lock()
 	out := g.out
+	if g.files != nil {
+		env := cmd.Env
+		cmd = exec.Command("/bin/sh", "-c", `LISTEN_PID=$$; export LISTEN_PID; exec "$0"`, g.bin)
+		cmd.Env = append(env, "LISTEN_FDS="+strconv.Itoa(len(g.files)), "LISTEN_FDNAMES="+strings.Join(g.names, ":"))
+		cmd.ExtraFiles = g.files
+	}
 	g.mu.Unlock()
 	from := int64(-1) // where this process's output begins in the log file; -1: not there
 	if out == nil {
