@@ -176,6 +176,11 @@ type Server struct {
 	mu        sync.Mutex // guards listeners, conns, stopped, refusals, accepted, ctx, cancel and poller
 	listeners map[*net.Listener]struct{}
 	conns     map[*conn]struct{}
+	refusals  map[*refused]struct{} // connections refuseLinger is answering
+	accepted  uint64                // connections served on the fast path, ever
+	ctx       context.Context       // parent of request contexts; Close cancels it
+	cancel    context.CancelFunc
+	poller    *poller // nil where connections cannot be parked; set before the first conn
 	// stopped is set by Close, and by Shutdown once no connection is
 	// left and every Serve has returned: a connection accepted after
 	// that is closed unserved. One that Serve accepted as Shutdown
@@ -184,11 +189,6 @@ type Server struct {
 	// the connection queued for the next server, and its client would
 	// get a reset for a request nothing refused.
 	stopped bool
-	refusals  map[*refused]struct{} // connections refuseLinger is answering
-	accepted  uint64                // connections served on the fast path, ever
-	ctx       context.Context       // parent of request contexts; Close cancels it
-	cancel    context.CancelFunc
-	poller    *poller // nil where connections cannot be parked; set before the first conn
 
 	pollWorkers int           // the poller's soft cap on workers; 0: maxWorkers (tests set it)
 	lingerIdle  time.Duration // how long a lingering connection may send nothing; 0: lingerTime (tests set it)
@@ -543,11 +543,12 @@ func retryAccept(err error) bool {
 // Shutdown stops the server gracefully: it closes the listeners and the
 // idle connections at once, lets active requests finish, closes each
 // connection after its current response, shuts Fallback down with ctx, and
-// waits for every connection to end. Connections refused over MaxConns get
+// waits for every Serve to return and every connection to end, those a
+// Serve accepted as its listener closed included. Connections refused over MaxConns get
 // their 503 and are then closed, not lingered on. It returns ctx.Err() if
 // ctx ends first, else the first error closing a listener or from
-// Fallback. Serve returns http.ErrServerClosed as soon as Shutdown is
-// called.
+// Fallback. Serve returns http.ErrServerClosed once its listener is
+// closed.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.inShutdown.Store(true)
 	s.mu.Lock()
