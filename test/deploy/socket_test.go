@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -266,6 +267,111 @@ func getValue(c *http.Client, url, want string) error {
 	}
 	if resp.StatusCode != http.StatusOK || string(body) != want {
 		return fmt.Errorf("%s %q", resp.Status, strconv.Quote(string(body)))
+	}
+	return nil
+}
+
+// TestSystemdSocketActivate runs the gateway under systemd's own
+// implementation of the protocol (systemd-socket-activate, which binds the
+// sockets, names them, sets LISTEN_PID to the pid it execs the gateway
+// in) with the shipped socket units' names: the gateway must take all
+// three and serve on them, and leave the Unix socket file in place when
+// it stops.
+func TestSystemdSocketActivate(t *testing.T) {
+	sa := gatewaytest.Optional(t, "systemd-socket-activate")
+	mc := memcachedtest.Start(t)
+	ports, err := memcachedtest.FreePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, admin := "127.0.0.1:"+strconv.Itoa(ports[0]), "127.0.0.1:"+strconv.Itoa(ports[1])
+	sock := filepath.Join(t.TempDir(), "memcgate.sock")
+	addrs := map[string]string{"data": data, "admin": admin, "socket": sock}
+	args := []string{}
+	var names []string
+	for _, u := range socketUnits {
+		args = append(args, "-l", addrs[u.name])
+		names = append(names, u.name)
+	}
+	args = append(args, "--fdname="+strings.Join(names, ":"))
+	for k, v := range map[string]string{
+		"MEMCGATE_SERVERS": mc.Addr, "MEMCGATE_LISTEN_ADDR": data, "MEMCGATE_ADMIN_ADDR": admin,
+		"MEMCGATE_LISTEN_SOCKET": sock, "MEMCGATE_LISTEN_SOCKET_MODE": "0644", // what the tool makes it
+	} {
+		args = append(args, "-E", k+"="+v)
+	}
+	var out gatewaytest.SyncBuffer
+	cmd := exec.Command(sa, append(args, binary)...)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	defer func() {
+		cmd.Process.Kill()
+		<-done
+		if t.Failed() {
+			t.Logf("systemd-socket-activate and memcgate:\n%s", gatewaytest.Tail(out.String(), 3000))
+		}
+	}()
+	// The tool says each socket it holds ("Listening on ADDR as FD."),
+	// then execs the gateway on the first connection to fd 3; this
+	// request waits in the socket's queue until the gateway accepts it.
+	last := fmt.Sprintf("as %d.", 2+len(socketUnits))
+	for deadline := time.Now().Add(time.Minute); !strings.Contains(out.String(), last); time.Sleep(10 * time.Millisecond) {
+		select {
+		case err := <-done:
+			done <- err
+			t.Fatalf("systemd-socket-activate exited: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("systemd-socket-activate did not listen within a minute")
+		}
+	}
+	tcp := &http.Client{Timeout: time.Minute}
+	if err := getStatus(tcp, "http://"+data+"/missing", http.StatusNotFound); err != nil {
+		t.Fatalf("data listener: %v", err)
+	}
+	if err := getStatus(tcp, "http://"+admin+"/healthz", http.StatusOK); err != nil {
+		t.Fatalf("admin listener: %v", err)
+	}
+	unix := &http.Client{Timeout: time.Minute, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}}}
+	if err := getStatus(unix, "http://localhost/missing", http.StatusNotFound); err != nil {
+		t.Fatalf("Unix socket: %v", err)
+	}
+	cmd.Process.Signal(syscall.SIGTERM) // the gateway's pid: the tool exec'd it
+	select {
+	case err := <-done:
+		done <- err // for the deferred wait
+		if err != nil {
+			t.Errorf("exit after SIGTERM: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("no exit within a minute of SIGTERM")
+	}
+	// The log is written out by the exit.
+	if logs := out.String(); !strings.Contains(logs, `"inherited":["data","admin","socket"]`) {
+		t.Errorf("the start did not log the three sockets inherited")
+	}
+	if fi, err := os.Stat(sock); err != nil || fi.Mode().Type() != os.ModeSocket {
+		t.Errorf("the Unix socket file after the stop: %v, %v; want it left to systemd", fi, err)
+	}
+}
+
+// getStatus GETs url and checks the answer's status.
+func getStatus(c *http.Client, url string, want int) error {
+	resp, err := c.Get(url)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != want {
+		return fmt.Errorf("%s: %s, want %d", url, resp.Status, want)
 	}
 	return nil
 }
