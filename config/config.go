@@ -42,7 +42,7 @@ type Config struct {
 	ListenAddr string `env:"LISTEN_ADDR" envDefault:":8080" help:"data listener (GET/PUT/DELETE/POST /{key})"`
 	AdminAddr  string `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9090" help:"admin listener (/status /metrics /healthz /readyz /debug/nodes /debug/owners /debug/config /debug/pprof/); loopback only unless you change it"`
 	// ListenSocket is a second data listener, on a Unix socket.
-	ListenSocket     string `env:"LISTEN_SOCKET" help:"absolute path of a Unix socket that serves the data API too, for clients on this host (curl --unix-socket, CURLOPT_UNIX_SOCKET_PATH, nginx unix: upstreams); a stale socket file there is replaced at start, and the file is removed at stop; empty: none"`
+	ListenSocket     string `env:"LISTEN_SOCKET" help:"absolute path of a Unix socket that serves the data API too, for clients on this host (curl --unix-socket, CURLOPT_UNIX_SOCKET_PATH, nginx unix: upstreams); a stale socket file there is replaced at start, and the file is removed at stop (a socket systemd passes is taken instead, and left); empty: none"`
 	ListenSocketMode string `env:"LISTEN_SOCKET_MODE" envDefault:"0660" help:"permissions of LISTEN_SOCKET, in octal: connecting needs write permission, so 0660 lets memcgate's user and group in, 0666 every local user (as 127.0.0.1 does)"`
 
 	Timeout           time.Duration `env:"TIMEOUT" envDefault:"500ms" help:"how long memcached may stall: a dial, a write that moves no byte, a reply that does not come after its request's last progress (a value that keeps moving takes as long as it needs)"`
@@ -59,7 +59,7 @@ type Config struct {
 	KeyPrefix         string        `env:"KEY_PREFIX" help:"namespace prepended to every key stored in memcached (placement hashes the unprefixed key, like php-memcached OPT_PREFIX_KEY)"`
 	HashWithPrefix    bool          `env:"HASH_WITH_PREFIX" envDefault:"false" help:"hash the prefixed key instead (libmemcached HASH_WITH_PREFIX_KEY)"`
 	ShutdownTimeout   time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"15s" help:"how long in-flight requests may take to finish after the drain delay"`
-	DrainDelay        time.Duration `env:"DRAIN_DELAY" envDefault:"5s" help:"after SIGTERM, /readyz answers 503 for this long before the listener closes, so load balancers stop sending"`
+	DrainDelay        time.Duration `env:"DRAIN_DELAY" envDefault:"5s" help:"after SIGTERM, /readyz answers 503 for this long before the listener closes, so load balancers stop sending; skipped when systemd holds the data listeners, which do not close"`
 	FastPath          bool          `env:"FAST_PATH" envDefault:"true" help:"serve simple HTTP/1.x requests on memcgate's own connection loop (gateway/h1) and hand anything else, and every TLS listener, to Go's net/http; false: net/http for everything"`
 	DetachedResponses bool          `env:"DETACHED_RESPONSES" envDefault:"true" help:"with FAST_PATH and PIPELINE_CONNS > 0: GET, HEAD and plain PUT of /{key} are answered by memcached's reply as it is read, with no goroutine waiting per request; false: every request waits for memcached on its own goroutine"`
 	MaxHeaderBytes    int           `env:"MAX_HEADER_BYTES" envDefault:"16384" help:"largest request header block"`
