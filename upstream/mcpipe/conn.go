@@ -154,7 +154,7 @@ type conn struct {
 	nc      net.Conn
 	sio     *sockIO    // reads and writes nc if it is a socket; nil: nc's own methods
 	closed  func()     // Options.Closed, called once nc is closed; nil: none
-	hints   *sizeHints // the Client's: what reads found (readReply)
+	hints   *SizeHints // the Client's: what reads found (readReply)
 	share   Share      // the Client's Options.Share; nil: none
 	timeout time.Duration
 
@@ -697,7 +697,7 @@ func (c *conn) forgetMissed(calls []*call) {
 			if key == "" {
 				key = p.skey // a GAT's
 			}
-			c.hints.forget(key)
+			c.hints.Forget(key)
 		}
 	}
 }
@@ -1038,7 +1038,7 @@ type replyLimit struct {
 // twice), is a broken stream (errProtocol), whose connection fails, so
 // that no caller is handed a value that is not its key's. The size of a
 // value asked of a room goes to hints (nil: nowhere).
-func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys, asked []string, lim replyLimit, rooms []op.Room, holds *[]held, hints *sizeHints) (r reply, err error) {
+func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys, asked []string, lim replyLimit, rooms []op.Room, holds *[]held, hints *SizeHints) (r reply, err error) {
 	keys := keyCursor{keys: lineKeys}
 	if len(lineKeys) == 0 {
 		keys = keyCursor{keys: asked, own: true}
@@ -1098,7 +1098,7 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys, asked []stri
 			var rm op.Room
 			if i < len(rooms) && rooms[i] != nil {
 				if hints != nil {
-					hints.saw(it.Key, size)
+					hints.Saw(it.Key, size)
 				}
 				if size >= op.LentValue || lim.all && size > 0 {
 					rm = rooms[i]

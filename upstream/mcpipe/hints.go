@@ -8,10 +8,12 @@ import (
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
-// sizeHints remembers which keys last had a large value, and about how
+// SizeHints remembers which keys last had a large value, and about how
 // large, as seen by reads that asked a Room: such reads go on the large
 // lane, and a read the Room could not take now is refused before it is
-// sent (Client.admit). Decision 0017 says why.
+// sent (Client.admit). Decision 0017 says why. Package upstream keeps one
+// for each node of gomemcache's pool too, which has no lanes: there a
+// key known large is never parked in a batch of Gets (decisions/0062).
 //
 // It is a fixed table of hintSlots words, one per key hash, each
 // overwritten by the last key that hashed to it: lossy, allocation-free
@@ -23,8 +25,8 @@ import (
 // corrected while the Room stays full, at the cost of one value read and
 // dropped per interval when it was right.
 //
-// A sizeHints must not be copied.
-type sizeHints struct {
+// A SizeHints must not be copied.
+type SizeHints struct {
 	seed  maphash.Seed
 	used  atomic.Bool // a hint was ever noted: until then, keys are not even hashed
 	slots [hintSlots]atomic.Uint64
@@ -32,7 +34,7 @@ type sizeHints struct {
 	every time.Duration           // hintRetry; tests shorten it
 }
 
-// hintSlots is the number of keys sizeHints can remember at once: 64 KiB
+// hintSlots is the number of keys SizeHints can remember at once: 64 KiB
 // per node with tried.
 const hintSlots = 4096
 
@@ -47,22 +49,23 @@ const (
 // hintRetry is how often a read refused on its key's hint is sent anyway.
 const hintRetry = time.Second
 
-func newSizeHints() *sizeHints {
-	return &sizeHints{seed: maphash.MakeSeed(), every: hintRetry}
+// NewSizeHints returns an empty table.
+func NewSizeHints() *SizeHints {
+	return &SizeHints{seed: maphash.MakeSeed(), every: hintRetry}
 }
 
 // slot returns the index of key's word and the tag a hint for key has
 // there.
-func (h *sizeHints) slot(key string) (int, uint64) {
+func (h *SizeHints) slot(key string) (int, uint64) {
 	sum := maphash.String(h.seed, key)
 	return int(sum % hintSlots), sum&^hintSizeMask | 1<<hintSizeBits // never zero
 }
 
-// saw records what a read of key that asked a Room found: a value of size
+// Saw records what a read of key that asked a Room found: a value of size
 // bytes.
-func (h *sizeHints) saw(key string, size int) {
+func (h *SizeHints) Saw(key string, size int) {
 	if size < op.LentValue {
-		h.forget(key)
+		h.Forget(key)
 		return
 	}
 	i, tag := h.slot(key)
@@ -73,9 +76,9 @@ func (h *sizeHints) saw(key string, size int) {
 	}
 }
 
-// forget drops key's hint, if it has one: its value is small, gone or
+// Forget drops key's hint, if it has one: its value is small, gone or
 // about to change.
-func (h *sizeHints) forget(key string) {
+func (h *SizeHints) Forget(key string) {
 	if !h.used.Load() {
 		return
 	}
@@ -85,8 +88,8 @@ func (h *sizeHints) forget(key string) {
 	}
 }
 
-// size is the size last seen of key's value if it was large, else 0.
-func (h *sizeHints) size(key string) int {
+// Size is the size last seen of key's value if it was large, else 0.
+func (h *SizeHints) Size(key string) int {
 	if !h.used.Load() {
 		return 0
 	}
@@ -97,10 +100,10 @@ func (h *sizeHints) size(key string) int {
 	return 0
 }
 
-// retry reports whether a read of key, refused on its hint, is to be sent
+// Retry reports whether a read of key, refused on its hint, is to be sent
 // anyway: true at most once per hintRetry for key's slot, and not within
 // hintRetry of the hint being learnt.
-func (h *sizeHints) retry(key string) bool {
+func (h *SizeHints) Retry(key string) bool {
 	i, _ := h.slot(key)
 	now := time.Now().UnixNano()
 	last := h.tried[i].Load()

@@ -20,8 +20,8 @@ import (
 // key, in whole KiB, and nothing for a key whose last value was small or
 // that another key took the slot of; a key never forgets another's hint.
 func TestSizeHints(t *testing.T) {
-	h := newSizeHints()
-	if n := h.size("k"); n != 0 {
+	h := NewSizeHints()
+	if n := h.Size("k"); n != 0 {
 		t.Fatalf("empty table: size %d", n)
 	}
 	// Two keys on one slot.
@@ -38,19 +38,19 @@ func TestSizeHints(t *testing.T) {
 		want  int
 		about string
 	}{
-		{func() { h.saw(a, op.LentValue-1) }, a, 0, "small value"},
-		{func() { h.saw(a, 1<<20+1023) }, a, 1 << 20, "large value, KiB rounded down"},
+		{func() { h.Saw(a, op.LentValue-1) }, a, 0, "small value"},
+		{func() { h.Saw(a, 1<<20+1023) }, a, 1 << 20, "large value, KiB rounded down"},
 		{func() {}, b, 0, "another key on the slot"},
-		{func() { h.forget(b) }, a, 1 << 20, "forgetting another key on the slot"},
-		{func() { h.saw(b, 64<<10) }, a, 0, "another key took the slot"},
+		{func() { h.Forget(b) }, a, 1 << 20, "forgetting another key on the slot"},
+		{func() { h.Saw(b, 64<<10) }, a, 0, "another key took the slot"},
 		{func() {}, b, 64 << 10, "the key that took it"},
-		{func() { h.saw(b, 100) }, b, 0, "a small value since"},
-		{func() { h.saw(a, math.MaxInt32) }, a, hintSizeMask << 10, "past the size bits"},
-		{func() { h.forget(a) }, a, 0, "forgotten"},
+		{func() { h.Saw(b, 100) }, b, 0, "a small value since"},
+		{func() { h.Saw(a, math.MaxInt32) }, a, hintSizeMask << 10, "past the size bits"},
+		{func() { h.Forget(a) }, a, 0, "forgotten"},
 	}
 	for _, tt := range tests {
 		tt.do()
-		if n := h.size(tt.key); n != tt.want {
+		if n := h.Size(tt.key); n != tt.want {
 			t.Errorf("%s: size(%q) = %d, want %d", tt.about, tt.key, n, tt.want)
 		}
 	}

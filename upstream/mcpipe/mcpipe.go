@@ -67,7 +67,7 @@ type Options struct {
 
 // Client sends requests to one memcached server over Options.Conns
 // pipelined connections, and reads of values known to be large (see
-// sizeHints) and the chunks of values in chunks (op.Op.Bulk) over as many
+// SizeHints) and the chunks of values in chunks (op.Op.Bulk) over as many
 // more, dialled when first needed: a small request never waits behind
 // megabytes of replies or chunks, however many are queued. (Multi-key gets go on the small lane unless their
 // values are held through a Room: GetMultiLimit.) It is safe for
@@ -80,7 +80,7 @@ type Client struct {
 	small   lane // every request but large reads
 	large   lane // reads of values that were large when last read
 	calls   sync.Pool
-	hints   *sizeHints
+	hints   *SizeHints
 	share   Share        // Options.Share; nil: none
 	ahead   atomic.Int64 // the sizes last seen of the large reads sent and not yet answered (admit)
 	noMeta  atomic.Bool  // the server answered a size probe with ERROR: no meta commands, so GetMultiLimit probes no more
@@ -116,7 +116,7 @@ func New(o Options) *Client {
 		o.Timeout = DefaultTimeout
 	}
 	return &Client{
-		dial: o.Dial, closed: o.Closed, timeout: o.Timeout, hints: newSizeHints(), share: o.Share,
+		dial: o.Dial, closed: o.Closed, timeout: o.Timeout, hints: NewSizeHints(), share: o.Share,
 		small: lane{slots: make([]slot, o.Conns)}, large: lane{slots: make([]slot, o.Conns)},
 	}
 }
@@ -295,7 +295,7 @@ func (c *Client) Do(ctx context.Context, o op.Op, key string) (*memcache.Item, u
 
 // route returns the lane o goes on: the large one for a chunk of a value
 // in chunks (op.Op.Bulk) and for a read with a Room whose key's value was
-// large when last read (sizeHints), and the small one for the rest; and,
+// large when last read (SizeHints), and the small one for the rest; and,
 // for a Get or GAT on the large lane, the size last seen (0 for any other
 // operation). An operation that changes key's value drops its hint.
 func (c *Client) route(o *op.Op, key string) (*lane, int) {
@@ -303,11 +303,11 @@ func (c *Client) route(o *op.Op, key string) (*lane, int) {
 	case o.Bulk:
 		return &c.large, 0
 	case o.Room != nil && o.Verb.Reply() == op.Items:
-		if n := c.hints.size(key); n > 0 { // a Get or GAT
+		if n := c.hints.Size(key); n > 0 { // a Get or GAT
 			return &c.large, n
 		}
 	case o.Verb.Writes():
-		c.hints.forget(key)
+		c.hints.Forget(key)
 	}
 	return &c.small, 0
 }
@@ -337,7 +337,7 @@ func (c *Client) admit(room op.Room, key string, n int, gat bool) bool {
 	if !c.takeAhead(n) {
 		return false
 	}
-	if gat || room.Fits(n) || c.hints.retry(key) {
+	if gat || room.Fits(n) || c.hints.Retry(key) {
 		return true
 	}
 	c.ahead.Add(-int64(n))
@@ -528,10 +528,10 @@ func (c *Client) GetMultiLimit(ctx context.Context, keys []string, limit int, ro
 	if room != nil {
 		l, send = &c.large, make([]string, 0, len(keys))
 		for _, k := range keys {
-			n := c.hints.size(k)
+			n := c.hints.Size(k)
 			if probing {
 				// Counted ahead at the size the probe finds (fitting).
-				if n == 0 || room.Fits(n) || c.hints.retry(k) {
+				if n == 0 || room.Fits(n) || c.hints.Retry(k) {
 					send = append(send, k)
 					continue
 				}

@@ -1570,7 +1570,7 @@ func TestGetMultiLimitRoom(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c.hints.forget("big") // each case reads it afresh
+			c.hints.Forget("big") // each case reads it afresh
 			rm := &testRoom{limit: tt.limit}
 			items, dropped, nofit, err := c.GetMultiLimit(t.Context(), keys, 0, rm, false)
 			if err != nil || len(dropped) > 0 {
