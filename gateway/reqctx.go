@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
 // requestCtx is context.WithDeadline without a timer per request: most
@@ -44,7 +46,7 @@ type reqCtxKey struct{}
 
 // Value answers chi.RouteCtxKey itself, so that chi finds its routing
 // context without wrapping the request in another one, and reqCtxKey
-// with c.
+// with c, and op.ClientKey with its Client, if any.
 func (c *requestCtx) Value(key any) any {
 	switch key {
 	case reqCtxKey{}:
@@ -53,6 +55,11 @@ func (c *requestCtx) Value(key any) any {
 		if c.route != nil {
 			return c.route
 		}
+	case op.ClientKey{}:
+		if c.client != nil {
+			return c.client // a pool asks it before a large read it sends late
+		}
+		return nil
 	}
 	return c.Context.Value(key)
 }

@@ -65,8 +65,11 @@ const (
 // framing as gomemcache is handed them: each VALUE line's claimed length
 // is checked before gomemcache sees the line end (and so before it
 // allocates the length): past maxItem the read fails with
-// errClaimPastItem, and a claim past unheld is held in claims, or the
-// read fails with errClaimNoFit. What is held is given back when the
+// errClaimPastItem, and a claim that would take the reply's values read
+// unheld past unheld bytes is held in claims, or the read fails with
+// errClaimNoFit: a reply of one value is read unheld up to unheld bytes,
+// and one of many (a multi-key get, the batch of parked Gets) reads no
+// more than that unheld in all, whatever its number of keys. What is held is given back when the
 // reply ends (its first line that is not a VALUE line: END, or an error)
 // or when the connection closes; a request written while a reply is not
 // yet read to its end fails (Write).
@@ -82,7 +85,8 @@ type claimConn struct {
 	net.Conn
 	claims Claims    // nil: only maxItem bounds a claim
 	share  *readHold // the node's share of claims (readshare.go), taken before them; nil: none
-	unheld int64     // the largest claim not held in claims
+	unheld int64     // the most bytes of a reply's values not held in claims
+	loose  int64     // bytes of the reply being read claimed and not held
 	// timeout is gomemcache's (Options.Timeout): a read late past its
 	// deadline with the reply in the socket gets it once more (Read).
 	timeout time.Duration
@@ -217,14 +221,19 @@ func (c *claimConn) scan(b []byte) error {
 }
 
 // claim ends a VALUE line: the value's bytes and CRLF follow, and a claim
-// past unheld is held in claims.
+// that would take the reply's unheld values past unheld is held in
+// claims.
 func (c *claimConn) claim() error {
 	if c.bad || !c.sized {
 		return nil // gomemcache refuses the line and fails the reply
 	}
 	n := int64(c.size)
 	c.state, c.skip = dataBlock, n+2
-	if n <= c.unheld || c.claims == nil {
+	if c.claims == nil {
+		return nil
+	}
+	if c.loose+n <= c.unheld {
+		c.loose += n
 		return nil
 	}
 	if c.share != nil && !c.share.Take(int(n)) { // n is at most maxItem
@@ -240,8 +249,9 @@ func (c *claimConn) claim() error {
 	return nil
 }
 
-// release gives back what the reply being read holds.
+// release gives back what the reply being read holds, at its end.
 func (c *claimConn) release() {
+	c.loose = 0
 	if c.held > 0 {
 		c.claims.Release(c.held)
 		if c.share != nil {

@@ -46,10 +46,30 @@ type getResult struct {
 // to maxKeysPerGet values of a megabyte each, for clients who chose the
 // keys), so it waits for a slot instead; on its connection it shares a
 // gets line with the Gets around it all the same, each value held
-// against its own caller's Room. lent reports whether the value is in a
-// buffer o.Lend lent (op.Result.Lent).
+// against its own caller's Room. On gomemcache's pool a Get with a Room
+// of a key known large is never parked either (getLarge), and a batch's
+// reply reads at most Options.UnheldClaim of values outside the budget
+// (claimConn; past that the budget holds them, and a refused batch's
+// keys are read again each on its own: alone). lent reports whether the
+// value is in a buffer o.Lend lent (op.Result.Lent).
 func (n *node) get(ctx context.Context, key string, o op.Op) (it *memcache.Item, lent bool, err error) {
 	o = op.Op{Verb: op.Get, Room: o.Room, Bulk: o.Bulk}
+	large := false // a key known large on gomemcache's pool (poolhints.go)
+	if n.hints != nil && o.Room != nil {
+		if size := n.hints.Size(key); size > 0 {
+			if !n.admitLarge(o.Room, key, size) {
+				n.m.ops[verbOp(op.Get)][resultOf(ErrNoFit)].Inc()
+				return nil, false, ErrNoFit
+			}
+			large = true
+			defer n.ahead.Add(-int64(size))
+		}
+		defer func() { n.learn(key, it, err) }()
+	}
+	if large {
+		it, err = n.getLarge(ctx, key, o)
+		return it, false, err
+	}
 	if n.take() {
 		it, err = n.getHolding(key, o)
 		return it, n.lent(&o, it), err
@@ -72,7 +92,7 @@ func (n *node) get(ctx context.Context, key string, o op.Op) (it *memcache.Item,
 	n.pmu.Unlock()
 	select {
 	case r := <-w.done:
-		return r.it, false, r.err
+		return n.alone(ctx, key, o, r)
 	case n.sem <- struct{}{}:
 		// A slot is ours. If no holder has taken our key yet, send it
 		// with the other parked keys; either way our result then comes.
@@ -86,8 +106,7 @@ func (n *node) get(ctx context.Context, key string, o op.Op) (it *memcache.Item,
 			n.runBatch(batch)
 		}
 		n.release()
-		r := <-w.done
-		return r.it, false, r.err
+		return n.alone(ctx, key, o, <-w.done)
 	case <-ctx.Done():
 		n.pmu.Lock()
 		if !w.taken {
@@ -104,8 +123,35 @@ func (n *node) get(ctx context.Context, key string, o op.Op) (it *memcache.Item,
 		}
 		n.pmu.Unlock()
 		r := <-w.done // in a batch already: its socket timeout bounds the wait
+		if r.err == errBatchNoFit {
+			err := ctxError(n.name, "get", ctx.Err())
+			n.m.ops[verbOp(op.Get)][resultOf(err)].Inc()
+			return nil, false, err
+		}
 		return r.it, false, r.err
 	}
+}
+
+// errBatchNoFit is a parked Get's result when its batch's reply held
+// more than its unheld bytes (Options.UnheldClaim) and the byte budget
+// refused the rest (claimConn): its key is read again on its own.
+var errBatchNoFit = errors.New("upstream: the batch's values did not fit the byte budget")
+
+// alone returns r, a parked Get's result, or, if its batch was refused
+// for the byte budget (errBatchNoFit), reads key again on its own, as an
+// unparked Get does: a reply of one value reads up to
+// Options.UnheldClaim unheld, so that a small value is not refused for
+// the large ones it was batched with.
+func (n *node) alone(ctx context.Context, key string, o op.Op, r getResult) (*memcache.Item, bool, error) {
+	if r.err != errBatchNoFit {
+		return r.it, false, r.err
+	}
+	var it *memcache.Item
+	err := n.do(ctx, verbOp(op.Get), false, func(mc dataClient, _ bool) (err error) {
+		it, _, err = mc.Do(ctx, o, key)
+		return err
+	})
+	return it, n.lent(&o, it), err
 }
 
 // takeLocked removes a batch from the pending list and marks its waiters
@@ -201,7 +247,12 @@ func (n *node) runBatch(batch []*getWaiter) {
 	n.m.ops[opGetMulti][resultOf(err)].Inc()
 	n.m.batched.Add(float64(len(batch)))
 	n.observe(err)
+	alone := len(keys) > 1 && errors.Is(err, ErrNoFit)
 	for _, w := range batch {
+		if alone {
+			w.done <- getResult{err: errBatchNoFit} // counted when read alone
+			continue
+		}
 		r := getResult{err: err}
 		if err == nil {
 			if r.it = items[w.key]; r.it == nil {

@@ -49,6 +49,12 @@ type node struct {
 	noMeta    atomic.Bool // it answered mg with ERROR: op.Head reads the value (headOn)
 	batchGets bool        // park Gets and send them as multi-key gets when slots are busy
 	pendingGets
+	// hints, on gomemcache's pool (nil on a pipelined node), are the
+	// sizes its Gets with a Room last found, for keys whose values were
+	// large; ahead counts the hinted sizes of such Gets admitted and not
+	// yet read (poolGets.go).
+	hints *mcpipe.SizeHints
+	ahead atomic.Int64
 
 	stale staleKeys // keys written to other nodes on this node's account (stale.go)
 	// flushOwed: a flush_all (FlushAll) found the node down; it is
@@ -152,6 +158,7 @@ func newNode(name string, o *Options, pol *healthPolicy, share *requestShare, m 
 			return &claimConn{Conn: c, claims: o.Claims, share: &n.reads, unheld: unheld, timeout: mc.Timeout}, nil
 		}
 		n.client = pooled{mc}
+		n.hints = mcpipe.NewSizeHints()
 		n.heads.keep = mc.MaxIdleConns
 	}
 	n.probe = &probeClient{addr: name, timeout: o.Health.Timeout, dial: dialer}
@@ -316,6 +323,9 @@ type opFunc func(mc dataClient, failover bool) error
 // sends is then capped (cap).
 func (n *node) run(ctx context.Context, o op.Op, sk string, failover bool, cap func(int32) int32) (op.Result, error) {
 	var res op.Result
+	if n.hints != nil && o.Verb.Writes() {
+		n.hints.Forget(sk) // its value changes: its next Get may be parked
+	}
 	if o.Verb == op.Get && !o.Queued && !o.Admitted { // those wait their turn past the share: not parked
 		it, lent, err := n.get(ctx, sk, o)
 		if err == nil {

@@ -108,16 +108,16 @@ type Options struct {
 	// flight.
 	PipelineConns int
 	// Claims, with PipelineConns 0, holds each value's length as its
-	// VALUE line claims it, past UnheldClaim, from before gomemcache
-	// allocates it to the end of its reply: a value it refuses fails the
-	// read with ErrNoFit. nil: a claim is bounded only by memcached's
+	// VALUE line claims it, once the reply's values would pass
+	// UnheldClaim, from before gomemcache allocates it to the end of its
+	// reply: a value it refuses fails the read with ErrNoFit. nil: a claim is bounded only by memcached's
 	// largest item (1 GiB); a claim past that fails the read as the
 	// node's (a NodeError) either way. Pipelined connections grow their
 	// buffers with the bytes that come, or hold op.Op.Room, instead.
 	Claims Claims
-	// UnheldClaim, with PipelineConns 0, is the longest value read
-	// without holding it in Claims, as gomemcache reads it; if zero,
-	// 64 KiB. The gateway's is its MAX_VALUE_BYTES: the largest value it
+	// UnheldClaim, with PipelineConns 0, is the most bytes of values a
+	// reply (one value, or the many of a multi-key get) reads without
+	// holding them in Claims, as gomemcache reads them; if zero, 64 KiB. The gateway's is its MAX_VALUE_BYTES: the largest value it
 	// writes as one item, and so its chunks, which it holds itself.
 	UnheldClaim int
 	// MaxInFlight caps operations in flight per node when pipelining; if

@@ -200,6 +200,18 @@ type Op struct {
 	Bulk bool
 }
 
+// ClientKey is the key under which an operation's context may answer
+// with the Client that asked for it (a value of that type, or nil). A
+// pool that can send a large read late (gomemcache's, for a Get of a key
+// known large that waited for a connection) asks it just before sending.
+type ClientKey struct{}
+
+// Client is the client an operation is for: Gone reports, without
+// waiting, whether it has closed or reset its connection, so that an
+// answer nobody would read is not asked of memcached. The gateway's
+// connections on its fast path are Clients (gateway.Client).
+type Client interface{ Gone() bool }
+
 // Room is a caller's say over the values its reads bring into memory.
 // Pipelined pools use it, on the connection's reader goroutine, for a
 // value read on its own or on a gets line shared with other callers (a Get

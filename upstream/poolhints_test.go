@@ -1,0 +1,198 @@
+package upstream
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/upstream/op"
+)
+
+// testClient is an op.Client that says what it is told, and counts how
+// often it was asked.
+type testClient struct {
+	gone  bool
+	asked atomic.Int32
+}
+
+func (c *testClient) Gone() bool { c.asked.Add(1); return c.gone }
+
+// clientCtx answers op.ClientKey with its client, as the gateway's
+// request contexts do.
+type clientCtx struct {
+	context.Context
+	c op.Client
+}
+
+func (x clientCtx) Value(k any) any {
+	if k == (op.ClientKey{}) {
+		return x.c
+	}
+	return x.Context.Value(k)
+}
+
+// getHits is memcached's count of gets that found their key.
+func getHits(t *testing.T, mc *memcachedtest.Server) int {
+	t.Helper()
+	st, err := mc.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _ := strconv.Atoi(st["get_hits"])
+	return n
+}
+
+// TestPoolLargeGetAsksItsClient busies the only connection of a node of
+// gomemcache's pool and sends a Get with a Room of a key whose value was
+// large when last read: it must wait for the connection, never park in a
+// batch (read whole, outside the byte budget), and once it has the
+// connection be sent only if its client is still there. A client that
+// asked and reset at once is gone by then: memcached is not asked.
+func TestPoolLargeGetAsksItsClient(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		gone bool
+	}{
+		{"client gone", true},
+		{"client there", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			mcs := memcachedtest.StartN(t, 1)
+			c, _ := newTestCluster(t, mcs, func(o *Options) {
+				o.PipelineConns, o.MaxConns, o.MaxIdleConns = 0, 1, 1
+			})
+			ctx := t.Context()
+			value := bytes.Repeat([]byte("v"), 64<<10)
+			if err := c.Set(ctx, Item{Key: "big", Value: value}); err != nil {
+				t.Fatal(err)
+			}
+			get := func(ctx context.Context) op.Result {
+				return c.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: "big"}, Room: &countRoom{}})
+			}
+			if res := get(ctx); res.Err != nil { // learns its size
+				t.Fatal(res.Err)
+			}
+			n := c.topo.Load().nodes[0]
+			n.sem <- struct{}{} // the only connection is busy
+			cl := &testClient{gone: tt.gone}
+			done := make(chan op.Result, 1)
+			go func() { done <- get(clientCtx{ctx, cl}) }()
+			waitFor(t, 10*time.Second, "the Get waiting for the busy connection", func() bool { return n.waiting.Load() == 1 })
+			if parked := parkedGets(n); parked != 0 {
+				t.Errorf("a Get of a key known large parked for a batch")
+			}
+			hits := getHits(t, mcs[0])
+			<-n.sem
+			res := <-done
+			sent := getHits(t, mcs[0]) - hits
+			if tt.gone {
+				if !errors.Is(res.Err, context.Canceled) || sent != 0 {
+					t.Errorf("Get for a client gone = %v, %d gets sent; want context.Canceled, none sent", res.Err, sent)
+				}
+			} else if res.Err != nil || !bytes.Equal(res.Item.Value, value) || sent != 1 {
+				t.Errorf("Get for a client there = %d bytes, %v, %d gets sent; want the value, one sent", len(res.Item.Value), res.Err, sent)
+			}
+			if got := cl.asked.Load(); got != 1 {
+				t.Errorf("client asked %d times, want once, before the Get was sent", got)
+			}
+		})
+	}
+}
+
+// batchClaims is an Options.Claims that records the most it held at once,
+// or refuses every claim.
+type batchClaims struct {
+	refuse bool
+
+	mu                sync.Mutex
+	held, peak, asked int64
+}
+
+func (p *batchClaims) Acquire(n int64) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.asked++
+	if p.refuse {
+		return errors.New("full")
+	}
+	p.held += n
+	p.peak = max(p.peak, p.held)
+	return nil
+}
+
+func (p *batchClaims) Release(n int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.held -= n
+}
+
+// TestPoolBatchHoldsPastUnheld parks three Gets of values the gateway
+// has never seen, each under Options.UnheldClaim, on a node of
+// gomemcache's pool whose only connection is busy: their batch, one
+// multi-key get, reads no more than UnheldClaim of values outside
+// Options.Claims (a batch of up to 100 keys read every value whole
+// unheld: 100 MB for values of 1 MB). The values past it are held while
+// read; when Claims refuses them, each key is read again on its own and
+// every Get still gets its value.
+func TestPoolBatchHoldsPastUnheld(t *testing.T) {
+	const size, unheld = 60 << 10, 100 << 10
+	for _, tt := range []struct {
+		name   string
+		refuse bool
+	}{
+		{"claims held", false},
+		{"claims refused: read alone", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			mcs := memcachedtest.StartN(t, 1)
+			claims := &batchClaims{refuse: tt.refuse}
+			c, _ := newTestCluster(t, mcs, func(o *Options) {
+				o.PipelineConns, o.MaxConns, o.MaxIdleConns = 0, 1, 1
+				o.Claims, o.UnheldClaim = claims, unheld
+			})
+			ctx := t.Context()
+			for i := range 3 {
+				if err := c.Set(ctx, Item{Key: fmt.Sprint("k", i), Value: bytes.Repeat([]byte{byte('a' + i)}, size)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			n := c.topo.Load().nodes[0]
+			n.sem <- struct{}{} // the only connection is busy
+			errs := make(chan error, 3)
+			for i := range 3 {
+				go func() {
+					it, err := c.Get(ctx, fmt.Sprint("k", i))
+					if err == nil && !bytes.Equal(it.Value, bytes.Repeat([]byte{byte('a' + i)}, size)) {
+						err = fmt.Errorf("%d bytes, not k%d's value", len(it.Value), i)
+					}
+					errs <- err
+				}()
+			}
+			waitFor(t, 10*time.Second, "3 Gets parked", func() bool { return parkedGets(n) == 3 })
+			<-n.sem // a parked Get takes it and sends the three keys as one batch
+			for range 3 {
+				if err := <-errs; err != nil {
+					t.Errorf("parked Get: %v", err)
+				}
+			}
+			claims.mu.Lock()
+			defer claims.mu.Unlock()
+			switch {
+			case !tt.refuse && claims.peak != 2*size:
+				t.Errorf("the batch held %d bytes at most while read, want %d: all but the first %d of its values", claims.peak, 2*size, unheld)
+			case tt.refuse && claims.asked == 0:
+				t.Error("the batch's values past its unheld bytes were never claimed")
+			}
+			if claims.held != 0 {
+				t.Errorf("%d bytes still held, want none", claims.held)
+			}
+		})
+	}
+}
