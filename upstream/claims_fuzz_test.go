@@ -21,7 +21,8 @@ import (
 // bytes, any flags, lengths around the unheld claim, a CAS or none,
 // values of any bytes, VALUE lines among them), and the one-line
 // replies of the other commands. Each reply is one string; held is what
-// each holds at most (the sum of its values past unheld).
+// each holds at most (the sum of its values past the first that fit in
+// unheld bytes together).
 func honestReplies(r *rand.Rand, unheld int) (replies []string, held []int64) {
 	keyByte := func() byte { return byte(33 + r.IntN(94)) } // printable, no space
 	lines := []string{"STORED\r\n", "NOT_STORED\r\n", "EXISTS\r\n", "NOT_FOUND\r\n", "DELETED\r\n", "TOUCHED\r\n",
@@ -34,6 +35,7 @@ func honestReplies(r *rand.Rand, unheld int) (replies []string, held []int64) {
 		}
 		var b strings.Builder
 		var h int64
+		loose := 0
 		for range r.IntN(5) {
 			key := make([]byte, 1+r.IntN(250))
 			for i := range key {
@@ -62,7 +64,9 @@ func honestReplies(r *rand.Rand, unheld int) (replies []string, held []int64) {
 			}
 			b.Write(value)
 			b.WriteString("\r\n")
-			if size > unheld {
+			if loose+size <= unheld { // read unheld, up to unheld bytes of the reply's values in all
+				loose += size
+			} else {
 				h += int64(size)
 			}
 		}
@@ -75,8 +79,8 @@ func honestReplies(r *rand.Rand, unheld int) (replies []string, held []int64) {
 // FuzzClaimScanHonest feeds claimConn.scan streams of honest replies
 // (honestReplies, from seed) cut at read boundaries drawn from cuts: no
 // read of an honest stream fails, each reply holds exactly its values
-// past the unheld claim at its most, and once each reply is read nothing
-// is held.
+// that would take its values read unheld past the unheld claim, at its
+// most, and once each reply is read nothing is held.
 func FuzzClaimScanHonest(f *testing.F) {
 	f.Add(uint64(1), []byte{0})
 	f.Add(uint64(2), []byte{3, 255, 17})
