@@ -21,8 +21,8 @@ import (
 // bytes, any flags, lengths around the unheld claim, a CAS or none,
 // values of any bytes, VALUE lines among them), and the one-line
 // replies of the other commands. Each reply is one string; held is what
-// each holds at most (the sum of its values past the first that fit in
-// unheld bytes together).
+// each holds at most (the sum of its values that would take those read
+// unheld, in its order, past unheld bytes).
 func honestReplies(r *rand.Rand, unheld int) (replies []string, held []int64) {
 	keyByte := func() byte { return byte(33 + r.IntN(94)) } // printable, no space
 	lines := []string{"STORED\r\n", "NOT_STORED\r\n", "EXISTS\r\n", "NOT_FOUND\r\n", "DELETED\r\n", "TOUCHED\r\n",
