@@ -144,6 +144,8 @@ func TestAbuse(t *testing.T) {
 			env: map[string]string{"MEMCGATE_VALUE_CODEC": "php"}, prepare: storeBombs, run: batchBombs(bombs)},
 		{name: "14 GETs reset before their answers", size: fmt.Sprintf("%d conns at a time × a GET of one of ten 1 MB keys, reset at once", resetters),
 			prepare: storeManyBigRead, run: resetGets(resetters)},
+		{name: "14b GETs reset before their answers, PIPELINE_CONNS=0", size: fmt.Sprintf("%d conns at a time × a GET of one of ten 1 MB keys, reset at once; gomemcache's pool", resetters),
+			env: map[string]string{"MEMCGATE_PIPELINE_CONNS": "0"}, prepare: storeManyBigRead, run: resetGets(resetters)},
 		{name: "15 multi-gets reset before their answers", size: fmt.Sprintf("%d conns at a time × a multi-get of ten 1 MB keys, reset at once", resetters),
 			prepare: storeManyBigRead, run: resetMultiGets(resetters)},
 		{name: "16 GETs with touch reset before their answers", size: fmt.Sprintf("%d conns at a time × a GET ?touch=60 of one of ten 1 MB keys, reset at once", resetters),
