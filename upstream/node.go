@@ -52,7 +52,7 @@ type node struct {
 	// hints, on gomemcache's pool (nil on a pipelined node), are the
 	// sizes its Gets with a Room last found, for keys whose values were
 	// large; ahead counts the hinted sizes of such Gets admitted and not
-	// yet read (poolGets.go).
+	// yet read (poolhints.go).
 	hints *mcpipe.SizeHints
 	ahead atomic.Int64
 
