@@ -54,22 +54,14 @@ type getResult struct {
 // value is in a buffer o.Lend lent (op.Result.Lent).
 func (n *node) get(ctx context.Context, key string, o op.Op) (it *memcache.Item, lent bool, err error) {
 	o = op.Op{Verb: op.Get, Room: o.Room, Bulk: o.Bulk}
-	large := false // a key known large on gomemcache's pool (poolhints.go)
 	if n.hints != nil && o.Room != nil {
-		if size := n.hints.Size(key); size > 0 {
-			if !n.admitLarge(o.Room, key, size) {
-				n.m.ops[verbOp(op.Get)][resultOf(ErrNoFit)].Inc()
-				return nil, false, ErrNoFit
-			}
-			large = true
-			defer n.ahead.Add(-int64(size))
-		}
-		defer func() { n.learn(key, it, err) }()
+		return n.getHinted(ctx, key, o)
 	}
-	if large {
-		it, err = n.getLarge(ctx, key, o)
-		return it, false, err
-	}
+	return n.getBatching(ctx, key, o)
+}
+
+// getBatching is get for a Get that may be parked.
+func (n *node) getBatching(ctx context.Context, key string, o op.Op) (it *memcache.Item, lent bool, err error) {
 	if n.take() {
 		it, err = n.getHolding(key, o)
 		return it, n.lent(&o, it), err
@@ -92,7 +84,10 @@ func (n *node) get(ctx context.Context, key string, o op.Op) (it *memcache.Item,
 	n.pmu.Unlock()
 	select {
 	case r := <-w.done:
-		return n.alone(ctx, key, o, r)
+		if r.err == errBatchNoFit {
+			return n.alone(ctx, key, o)
+		}
+		return r.it, false, r.err
 	case n.sem <- struct{}{}:
 		// A slot is ours. If no holder has taken our key yet, send it
 		// with the other parked keys; either way our result then comes.
@@ -106,7 +101,11 @@ func (n *node) get(ctx context.Context, key string, o op.Op) (it *memcache.Item,
 			n.runBatch(batch)
 		}
 		n.release()
-		return n.alone(ctx, key, o, <-w.done)
+		r := <-w.done
+		if r.err == errBatchNoFit {
+			return n.alone(ctx, key, o)
+		}
+		return r.it, false, r.err
 	case <-ctx.Done():
 		n.pmu.Lock()
 		if !w.taken {
@@ -137,15 +136,11 @@ func (n *node) get(ctx context.Context, key string, o op.Op) (it *memcache.Item,
 // refused the rest (claimConn): its key is read again on its own.
 var errBatchNoFit = errors.New("upstream: the batch's values did not fit the byte budget")
 
-// alone returns r, a parked Get's result, or, if its batch was refused
-// for the byte budget (errBatchNoFit), reads key again on its own, as an
-// unparked Get does: a reply of one value reads up to
-// Options.UnheldClaim unheld, so that a small value is not refused for
-// the large ones it was batched with.
-func (n *node) alone(ctx context.Context, key string, o op.Op, r getResult) (*memcache.Item, bool, error) {
-	if r.err != errBatchNoFit {
-		return r.it, false, r.err
-	}
+// alone reads key again on its own for a parked Get whose batch was
+// refused for the byte budget (errBatchNoFit), as an unparked Get does:
+// a reply of one value reads up to Options.UnheldClaim unheld, so that
+// a small value is not refused for the large ones it was batched with.
+func (n *node) alone(ctx context.Context, key string, o op.Op) (*memcache.Item, bool, error) {
 	var it *memcache.Item
 	err := n.do(ctx, verbOp(op.Get), false, func(mc dataClient, _ bool) (err error) {
 		it, _, err = mc.Do(ctx, o, key)

@@ -29,6 +29,26 @@ import (
 // client that asked and reset at once is gone by then, and memcached is
 // not asked for a value nobody would read (decisions/0060, 0062).
 
+// getHinted is get for a Get with a Room on gomemcache's pool: one of a
+// key known large goes alone (getLarge), counted ahead from before it
+// waits until it ends, or is refused unsent (admitLarge); others may be
+// parked (getBatching). Either way what it found is learnt.
+func (n *node) getHinted(ctx context.Context, key string, o op.Op) (it *memcache.Item, lent bool, err error) {
+	size := n.hints.Size(key)
+	switch {
+	case size == 0:
+		it, lent, err = n.getBatching(ctx, key, o)
+	case !n.admitLarge(o.Room, key, size):
+		n.m.ops[verbOp(op.Get)][resultOf(ErrNoFit)].Inc()
+		return nil, false, ErrNoFit
+	default:
+		defer n.ahead.Add(-int64(size)) // deferred: a panic gives it back too, as its slot
+		it, err = n.getLarge(ctx, key, o)
+	}
+	n.learn(key, it, err)
+	return it, lent, err
+}
+
 // admitLarge reports whether a Get with room of key, whose value was size
 // bytes when last read, may be sent, and if so counts size in n.ahead;
 // the caller gives it back once the Get ends. It may when the node's
