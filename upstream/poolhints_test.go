@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/memcgate/memcgate/gateway/budget"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 	"github.com/memcgate/memcgate/upstream/op"
 )
@@ -103,6 +106,75 @@ func TestPoolLargeGetAsksItsClient(t *testing.T) {
 				t.Errorf("client asked %d times, want once, before the Get was sent", got)
 			}
 		})
+	}
+}
+
+// TestPoolLargeGetsAheadBounded busies the only connection of a node of
+// gomemcache's pool and sends Gets with a Room of a key whose value was
+// large when last read: they wait for the connection, counted in the
+// node's bytes ahead, and one that would take those past four times the
+// byte budget is refused at once, unsent (ErrNoFit), as on the
+// pipelined pool (decisions/0058). Parked, they were all batched.
+func TestPoolLargeGetsAheadBounded(t *testing.T) {
+	const size = 100 << 10 // with a budget of 64 KiB, two fit in the 256 KiB ahead, not three
+	mcs := memcachedtest.StartN(t, 1)
+	c, _ := newTestCluster(t, mcs, func(o *Options) {
+		o.PipelineConns, o.MaxConns, o.MaxIdleConns = 0, 1, 1
+	})
+	c.ShareBytes(budget.New(64 << 10))
+	ctx := t.Context()
+	value := bytes.Repeat([]byte("v"), size)
+	if err := c.Set(ctx, Item{Key: "big", Value: value}); err != nil {
+		t.Fatal(err)
+	}
+	get := func() op.Result {
+		return c.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: "big"}, Room: &countRoom{}})
+	}
+	if res := get(); res.Err != nil { // learns its size
+		t.Fatal(res.Err)
+	}
+	n := c.topo.Load().nodes[0]
+	n.sem <- struct{}{} // the only connection is busy
+	done := make(chan op.Result, 2)
+	for i := range 2 {
+		go func() { done <- get() }()
+		waitFor(t, 10*time.Second, fmt.Sprintf("Get %d waiting for the busy connection", i+1), func() bool { return n.waiting.Load() == int64(i+1) })
+	}
+	hits := getHits(t, mcs[0])
+	third := make(chan op.Result, 1)
+	go func() { third <- get() }()
+	var res op.Result
+	waitFor(t, 10*time.Second, "the third Get answered or waiting", func() bool {
+		select {
+		case res = <-third:
+			return true
+		default:
+			return n.waiting.Load() == 3
+		}
+	})
+	switch {
+	case n.waiting.Load() == 3:
+		t.Error("third Get, past the node's bytes ahead, waits for the connection; want ErrNoFit at once")
+		<-n.sem
+		res = <-third
+		n.sem <- struct{}{}
+	case !errors.Is(res.Err, ErrNoFit):
+		t.Errorf("third Get, past the node's bytes ahead = %v, want ErrNoFit at once", res.Err)
+	}
+	if got := testutil.ToFloat64(n.m.shareRefused); got != 1 {
+		t.Errorf("%v refusals counted, want 1", got)
+	}
+	<-n.sem
+	for range 2 {
+		if res := <-done; res.Err != nil || len(res.Item.Value) != size {
+			t.Errorf("Get within the bound = %d bytes, %v; want the value", len(res.Item.Value), res.Err)
+		}
+	}
+	if sent := getHits(t, mcs[0]) - hits; sent != 2 {
+		t.Errorf("%d gets sent, want 2", sent)
+	}
+	if ahead := n.ahead.Load(); ahead != 0 {
+		t.Errorf("%d bytes still counted ahead, want none", ahead)
 	}
 }
 
