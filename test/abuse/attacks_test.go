@@ -513,9 +513,9 @@ func storeManyBigRead(t *testing.T, r *rig) {
 	}
 }
 
-// resetGets is attack 14: n connections at a time, each sending a GET of
-// one of the manyBig 1 MB keys and resetting at once (SO_LINGER 0), for
-// as long as the attack is held. A 40-byte request makes memcached send
+// resetGets is attack 14 (and 14b, on gomemcache's pool): n connections
+// at a time, each sending a GET of one of the manyBig 1 MB keys and
+// resetting at once (SO_LINGER 0), for as long as the attack is held. A 40-byte request makes memcached send
 // a megabyte that nobody reads; without a bound in bytes on the large
 // reads queued for a node, thousands wait there, holding its in-flight
 // slots, and the canary's request for the node waits behind them.
