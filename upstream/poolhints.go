@@ -27,7 +27,10 @@ import (
 // (decisions/0058). And once it has its connection, just before it is
 // sent, it asks whether its client is still there (op.ClientKey): a
 // client that asked and reset at once is gone by then, and memcached is
-// not asked for a value nobody would read (decisions/0060, 0062).
+// not asked for a value nobody would read (decisions/0060, 0062). Gets
+// of keys with no hint are parked as before, but a batch's reply reads
+// at most UnheldClaim of values unheld in all, the rest held in the
+// budget (claimConn), its keys read again alone if refused (alone).
 
 // getHinted is get for a Get with a Room on gomemcache's pool: one of a
 // key known large goes alone (getLarge), counted ahead from before it
