@@ -115,7 +115,7 @@ func (hh *handler) serveDetached(w http.ResponseWriter, r *http.Request, d Detac
 		}
 	}()
 	o := &f.kr.op
-	hh.lim.ownRead(o)
+	hh.lim.ownRead(o, r)
 	if put {
 		if o.Item.Value, err = hh.lim.readBody(r, hh.opts.MaxValueBytes); err == nil {
 			// DoAsync encodes the value before it returns, and Do

@@ -94,7 +94,7 @@ func (h *handler) writeHead(w http.ResponseWriter, r *http.Request, kr *keyReque
 		g := *kr
 		g.op.Verb = op.Get
 		o := g.op
-		h.lim.ownRead(&o)
+		h.lim.ownRead(&o, r)
 		res := h.ex.exec(r.Context(), o)
 		defer h.lim.putValue(&res)
 		if res.Err == nil && !chunk.IsIndex(res.Item.Flags, res.Item.Value) {

@@ -122,10 +122,15 @@ func (l *limits) dropSlot(rc *requestCtx) {
 // unread when the budget cannot take it instead of read only to be
 // refused by hold, and read into a buffer of l.bufs that putValue gives
 // back. For a request that holds nothing else yet, and that answers with
-// the value and nothing else keeps it.
-func (l *limits) ownRead(o *op.Op) {
+// the value and nothing else keeps it. r's client, if its server offers
+// one (Client), goes with o: a pool that would send a large read late
+// asks it first.
+func (l *limits) ownRead(o *op.Op, r *http.Request) {
 	if o.Verb.Reply() == op.Items || o.Verb == op.Head { // a head reads the value from a server without meta commands
 		o.Room = l
+		if rc := reqCtx(r); rc != nil && rc.client != nil {
+			o.Client = rc.client
+		}
 	}
 }
 

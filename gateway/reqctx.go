@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
-
-	"github.com/memcgate/memcgate/upstream/op"
 )
 
 // requestCtx is context.WithDeadline without a timer per request: most
@@ -46,7 +44,7 @@ type reqCtxKey struct{}
 
 // Value answers chi.RouteCtxKey itself, so that chi finds its routing
 // context without wrapping the request in another one, and reqCtxKey
-// with c, and op.ClientKey with its Client, if any.
+// with c.
 func (c *requestCtx) Value(key any) any {
 	switch key {
 	case reqCtxKey{}:
@@ -55,11 +53,6 @@ func (c *requestCtx) Value(key any) any {
 		if c.route != nil {
 			return c.route
 		}
-	case op.ClientKey{}:
-		if c.client != nil {
-			return c.client // a pool asks it before a large read it sends late
-		}
-		return nil
 	}
 	return c.Context.Value(key)
 }

@@ -25,7 +25,7 @@ func (h *handler) serveKey(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	o := kr.op
-	h.lim.ownRead(&o)
+	h.lim.ownRead(&o, r)
 	switch {
 	case h.takesBig(r, o.Verb):
 		small, done := h.putBig(w, r, &kr)

@@ -53,7 +53,7 @@ type getResult struct {
 // keys are read again each on its own: alone). lent reports whether the
 // value is in a buffer o.Lend lent (op.Result.Lent).
 func (n *node) get(ctx context.Context, key string, o op.Op) (it *memcache.Item, lent bool, err error) {
-	o = op.Op{Verb: op.Get, Room: o.Room, Bulk: o.Bulk}
+	o = op.Op{Verb: op.Get, Room: o.Room, Bulk: o.Bulk, Client: o.Client}
 	if n.hints != nil && o.Room != nil {
 		return n.getHinted(ctx, key, o)
 	}

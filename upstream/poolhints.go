@@ -25,7 +25,7 @@ import (
 // readHold.Ahead), or while its Room could not take the value now, it
 // is refused unsent (ErrNoFit), as on the pipelined pool
 // (decisions/0058). And once it has its connection, just before it is
-// sent, it asks whether its client is still there (op.ClientKey): a
+// sent, it asks whether its client is still there (op.Op.Client): a
 // client that asked and reset at once is gone by then, and memcached is
 // not asked for a value nobody would read (decisions/0060, 0062). Gets
 // of keys with no hint are parked as before, but a batch's reply reads
@@ -98,7 +98,7 @@ func (n *node) getLarge(ctx context.Context, key string, o op.Op) (*memcache.Ite
 			return nil, err
 		}
 	}
-	if err := n.gone(ctx); err != nil {
+	if err := n.gone(ctx, o.Client); err != nil {
 		n.release() // nothing sent: not the node's success or failure
 		n.m.ops[verbOp(op.Get)][resultOf(err)].Inc()
 		return nil, err
@@ -106,11 +106,11 @@ func (n *node) getLarge(ctx context.Context, key string, o op.Op) (*memcache.Ite
 	return n.getHolding(key, o)
 }
 
-// gone returns errGone if ctx's client (op.ClientKey) has left, or
-// ctx's error if it has one (a server that offers no Client cancels
-// the request's context when its client goes), else nil.
-func (n *node) gone(ctx context.Context) error {
-	if c, ok := ctx.Value(op.ClientKey{}).(op.Client); ok && c.Gone() {
+// gone returns errGone if client (the Get's op.Op.Client, if any) has
+// left, or ctx's error if it has one (a server that offers no Client
+// cancels the request's context when its client goes), else nil.
+func (n *node) gone(ctx context.Context, client op.Client) error {
+	if client != nil && client.Gone() {
 		return errGone
 	}
 	if err := ctx.Err(); err != nil {

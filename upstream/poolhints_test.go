@@ -27,20 +27,6 @@ type testClient struct {
 
 func (c *testClient) Gone() bool { c.asked.Add(1); return c.gone }
 
-// clientCtx answers op.ClientKey with its client, as the gateway's
-// request contexts do.
-type clientCtx struct {
-	context.Context
-	c op.Client
-}
-
-func (x clientCtx) Value(k any) any {
-	if k == (op.ClientKey{}) {
-		return x.c
-	}
-	return x.Context.Value(k)
-}
-
 // getHits is memcached's count of gets that found their key.
 func getHits(t *testing.T, mc *memcachedtest.Server) int {
 	t.Helper()
@@ -76,17 +62,17 @@ func TestPoolLargeGetAsksItsClient(t *testing.T) {
 			if err := c.Set(ctx, Item{Key: "big", Value: value}); err != nil {
 				t.Fatal(err)
 			}
-			get := func(ctx context.Context) op.Result {
-				return c.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: "big"}, Room: &countRoom{}})
+			get := func(cl op.Client) op.Result {
+				return c.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: "big"}, Room: &countRoom{}, Client: cl})
 			}
-			if res := get(ctx); res.Err != nil { // learns its size
+			if res := get(nil); res.Err != nil { // learns its size
 				t.Fatal(res.Err)
 			}
 			n := c.topo.Load().nodes[0]
 			n.sem <- struct{}{} // the only connection is busy
 			cl := &testClient{gone: tt.gone}
 			done := make(chan op.Result, 1)
-			go func() { done <- get(clientCtx{ctx, cl}) }()
+			go func() { done <- get(cl) }()
 			waitFor(t, 10*time.Second, "the Get waiting for the busy connection", func() bool { return n.waiting.Load() == 1 })
 			if parked := parkedGets(n); parked != 0 {
 				t.Errorf("a Get of a key known large parked for a batch")

@@ -198,13 +198,12 @@ type Op struct {
 	// large reads, apart from its other operations, so that a small
 	// request never waits behind megabytes of chunks on its connection.
 	Bulk bool
+	// Client is the client the operation is for, or nil. A pool that
+	// may send a large read late (gomemcache's, for a Get of a key
+	// known large that waited for a connection) asks it just before
+	// sending, and sends nothing for a client gone.
+	Client Client
 }
-
-// ClientKey is the key under which an operation's context may answer
-// with the Client that asked for it (a value of that type, or nil). A
-// pool that can send a large read late (gomemcache's, for a Get of a key
-// known large that waited for a connection) asks it just before sending.
-type ClientKey struct{}
 
 // Client is the client an operation is for: Gone reports, without
 // waiting, whether it has closed or reset its connection, so that an
