@@ -152,7 +152,13 @@ func (n *node) eject(reason string, cause error, passive bool) {
 
 	n.m.up.Set(0)
 	n.h.ejected(n.name, reason)
-	n.log.Warn("node down", "reason", reason, "err", cause.Error(), "flaps", flaps, "readmit_hold", hold.String())
+	attrs := []any{"reason", reason, "err", cause.Error(), "flaps", flaps, "readmit_hold", hold.String()}
+	if n.unseen.Load() {
+		// Not seen in service since the start: writes sent elsewhere on
+		// its account before then are unknown here (checkUnseen).
+		attrs = append(attrs, "history_unknown", true)
+	}
+	n.log.Warn("node down", attrs...)
 	_ = n.client.Close()
 }
 
@@ -178,7 +184,11 @@ func (n *node) probeResult(err error) probeAction {
 		return probeNone
 	}
 	n.fails = 0
-	if n.up.Load() || time.Now().Before(n.holdUntil) {
+	if n.up.Load() {
+		n.unseen.Store(false) // in service and answering: from here on this process sees its outages
+		return probeNone
+	}
+	if time.Now().Before(n.holdUntil) {
 		return probeNone
 	}
 	n.passes++
@@ -346,7 +356,10 @@ func (c *Cluster) checkNode(ctx context.Context, n *node) {
 // passes). If that fails the node stays down and the count of passes
 // starts again: the next Rise passes retry. Once admitted, the copies
 // those keys left on the nodes that took them are deleted there
-// (clearCopies), so a second outage cannot bring them back.
+// (clearCopies), so a second outage cannot bring them back. A node
+// away since before this process started, whose earlier keys written
+// elsewhere are unknown, is counted and warned about unless it is
+// flushed or empty (stale.go, "Unknown history").
 func (c *Cluster) readmit(ctx context.Context, n *node) {
 	if owed := n.flushOwed.Load(); owed || c.health.readmitFlush.Load() {
 		// Start it empty: the keys written elsewhere need no delete on
@@ -369,6 +382,7 @@ func (c *Cluster) readmit(ctx context.Context, n *node) {
 			n.stale.drop()
 			return
 		}
+		n.unseen.Store(false) // flushed: whatever it went through, it holds nothing older
 		keys = append(keys, n.stale.take()...)
 		n.stale.admitted()
 		if cleared := c.clearCopies(ctx, n, keys); cleared > 0 {
@@ -387,9 +401,11 @@ func (c *Cluster) readmit(ctx context.Context, n *node) {
 			"deleted", deleted, "left", n.stale.len(), "err", err.Error())
 		return
 	}
+	holds, unseenAttrs := c.unseenHolds(ctx, n)
 	if !n.admit() {
 		return
 	}
+	n.admittedUnseen(holds, unseenAttrs)
 	// Writes that found the node down before the admission took effect,
 	// or during the deletes: their keys are deleted once more, now that
 	// the node serves. A failure here leaves them recorded for the next

@@ -65,6 +65,7 @@ type metrics struct {
 	batched       *prometheus.CounterVec
 	invalidated   *prometheus.CounterVec
 	untracked     *prometheus.CounterVec
+	unknown       *prometheus.CounterVec
 	shareRefused  *prometheus.CounterVec
 }
 
@@ -111,6 +112,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "memcgate_upstream_readmit_untracked_keys_total",
 			Help: "Keys written to other nodes while the node was away that it could not remember (its set was full): they may read stale after its re-admission unless MEMCGATE_READMIT_FLUSH is on.",
 		}, []string{"node"}),
+		unknown: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "memcgate_upstream_readmit_unknown_history_total",
+			Help: "Re-admissions of a node that was away since before this process started and held items: keys written to other nodes on its account before the start were not recorded here, so it may serve values older than theirs until they are written again or expire (MEMCGATE_READMIT_FLUSH avoids it).",
+		}, []string{"node"}),
 		shareRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "memcgate_upstream_buffered_share_refusals_total",
 			Help: "Values refused unread (503, as when MEMCGATE_MAX_BUFFERED_BYTES is full) because the node's reads already held their share of MEMCGATE_MAX_BUFFERED_BYTES while its values were read, or because four times MEMCGATE_MAX_BUFFERED_BYTES of its large values were already on their way (asked for, not yet read).",
@@ -120,14 +125,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Active health probes (memcached version), by node and result (ok, fail).",
 		}, []string{"node", "result"}),
 	}
-	reg.MustRegister(m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.failovers, m.batched, m.invalidated, m.untracked, m.shareRefused)
+	reg.MustRegister(m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.failovers, m.batched, m.invalidated, m.untracked, m.unknown, m.shareRefused)
 	return m
 }
 
 // forget deletes every series of a node that left the cluster.
 func (m *metrics) forget(name string) {
 	l := prometheus.Labels{"node": name}
-	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.failovers, m.batched, m.invalidated, m.untracked, m.shareRefused} {
+	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.failovers, m.batched, m.invalidated, m.untracked, m.unknown, m.shareRefused} {
 		v.DeletePartialMatch(l)
 	}
 }
@@ -146,6 +151,10 @@ type nodeMetrics struct {
 	// (stale.go): deleted before re-admission, and not remembered.
 	staleInvalidated prometheus.Counter
 	staleUntracked   prometheus.Counter
+	// unknownHistory counts re-admissions that may serve stale values
+	// because the node was away since before the process started
+	// (Cluster.checkUnseen).
+	unknownHistory prometheus.Counter
 	// shareRefused counts values refused past the node's share of the
 	// byte budget (readshare.go).
 	shareRefused prometheus.Counter
@@ -166,6 +175,7 @@ func (m *metrics) forNode(name string, udp bool) *nodeMetrics {
 
 		staleInvalidated: m.invalidated.WithLabelValues(name),
 		staleUntracked:   m.untracked.WithLabelValues(name),
+		unknownHistory:   m.unknown.WithLabelValues(name),
 		shareRefused:     m.shareRefused.WithLabelValues(name),
 	}
 	if udp {

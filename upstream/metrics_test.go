@@ -26,6 +26,7 @@ func TestCountersFromZero(t *testing.T) {
 		{"memcgate_upstream_batched_gets_total", c.m.batched, [][]string{{}}},
 		{"memcgate_upstream_readmit_invalidated_keys_total", c.m.invalidated, [][]string{{}}},
 		{"memcgate_upstream_readmit_untracked_keys_total", c.m.untracked, [][]string{{}}},
+		{"memcgate_upstream_readmit_unknown_history_total", c.m.unknown, [][]string{{}}},
 		{"memcgate_upstream_buffered_share_refusals_total", c.m.shareRefused, [][]string{{}}},
 	}
 	for _, tt := range tests {

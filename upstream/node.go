@@ -60,6 +60,13 @@ type node struct {
 	// flushOwed: a flush_all (FlushAll) found the node down; it is
 	// flushed before its re-admission, as with Health.ReadmitFlush.
 	flushOwed atomic.Bool
+	// unseen: the node was in the list when the cluster was built and
+	// has not been seen in service since (no probe passed while it was
+	// up, no re-admission). Its history before the process started is
+	// unknown: an outage that began then had its writes sent elsewhere
+	// by a process whose records are gone, so its re-admission cannot
+	// delete them (readmit, checkUnseen).
+	unseen atomic.Bool
 
 	up          atomic.Bool
 	retired     atomic.Bool  // SetServers removed it: it drains and takes no health decisions
@@ -520,6 +527,12 @@ type NodeStatus struct {
 	// last re-admission because the set was full: they may read stale
 	// after it (unless MEMCGATE_READMIT_FLUSH is on).
 	Untracked int `json:"keys_written_elsewhere_untracked,omitempty"`
+	// HistoryUnknown says the node has not been seen in service since
+	// this process started: keys written to other nodes on its account
+	// before the start were not recorded here. Unless it returns flushed
+	// or empty, its re-admission is counted
+	// (memcgate_upstream_readmit_unknown_history_total) and logged.
+	HistoryUnknown bool `json:"history_unknown,omitempty"`
 }
 
 func (n *node) status() NodeStatus {
@@ -536,7 +549,7 @@ func (n *node) status() NodeStatus {
 		Node: n.name, Up: n.up.Load(), Since: n.since, Reason: n.reason,
 		ProbeFails: n.fails, ProbePasses: n.passes, Timeouts: int(n.passiveRuns.Load()),
 		Flaps: n.flaps, InFlight: len(n.sem), Connections: n.conns.Load(), UDP: udp,
-		WrittenElsewhere: elsewhere, Untracked: untracked,
+		WrittenElsewhere: elsewhere, Untracked: untracked, HistoryUnknown: n.unseen.Load(),
 	}
 	if !st.Up && time.Now().Before(n.holdUntil) {
 		st.HoldUntil = n.holdUntil

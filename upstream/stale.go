@@ -349,3 +349,64 @@ func (c *Cluster) hashOf(store string) string {
 	}
 	return strings.TrimPrefix(store, c.opts.KeyPrefix)
 }
+
+// Unknown history. A node that was away when this process started, and
+// has not been seen in service since (node.unseen), may have had writes
+// of its keys sent to other nodes by the process before this one (a
+// restart, a crash, a new pod during the outage), whose record of them
+// went with it: its re-admission cannot delete them, and the node
+// serves their older values until they are written again or expire.
+// Nothing here can tell which keys, or whether any: the re-admission
+// says so, once per node, with a warning that names the remedy and
+// memcgate_upstream_readmit_unknown_history_total, which the alert
+// MemcgateStaleReadsPossible watches. Not when the node holds no item
+// (memcached's curr_items is 0: it was restarted, or is new), which
+// serves nothing stale, so that a gateway started with its memcached
+// does not warn on every cold start; nor when it is flushed before its
+// admission (ReadmitFlush, a replicated pool). Decision 0064 says why
+// it is not flushed instead.
+
+// unseenHolds is readmit's look, before the admission, at a node whose
+// history is unknown (see above): it reports whether n is unseen and may
+// hold items (curr_items above 0, or stats unanswered), with what it
+// found as log attributes.
+func (c *Cluster) unseenHolds(ctx context.Context, n *node) (holds bool, attrs []any) {
+	if !n.unseen.Load() {
+		return false, nil
+	}
+	reply, err := n.command(ctx, "stats\r\n", true, true) // the health check's: no request slot
+	if err != nil {
+		return true, []any{"stats_err", err.Error()}
+	}
+	items, ok := statValue(reply, "curr_items")
+	if !ok {
+		return true, []any{"stats_err", "no curr_items in the stats reply"}
+	}
+	return items != "0", []any{"curr_items", items}
+}
+
+// admittedUnseen closes n's unknown history at its admission: if holds
+// (unseenHolds), it counts and warns that n may serve stale values. The
+// count comes before /debug/nodes stops showing history_unknown.
+func (n *node) admittedUnseen(holds bool, attrs []any) {
+	if !n.unseen.Load() {
+		return
+	}
+	defer n.unseen.Store(false)
+	if !holds {
+		return
+	}
+	n.m.unknownHistory.Inc()
+	n.log.Warn("re-admitted a node away since before this process started: keys written to other nodes on its account before then were not recorded here, so it may serve values older than those written to other nodes until they are written again or expire (MEMCGATE_READMIT_FLUSH=true flushes a returning node instead; flush_all on the node clears it now)", attrs...)
+}
+
+// statValue returns the value of the line "STAT name value" of a stats
+// reply.
+func statValue(reply []byte, name string) (string, bool) {
+	for line := range strings.SplitSeq(string(reply), "\r\n") {
+		if rest, ok := strings.CutPrefix(line, "STAT "+name+" "); ok {
+			return rest, true
+		}
+	}
+	return "", false
+}

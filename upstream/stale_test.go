@@ -11,6 +11,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/bradfitz/gomemcache/memcache"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -379,6 +380,62 @@ func TestSecondOutageReadsNoCopyLeftBehind(t *testing.T) {
 				if i >= 5 && got != "<miss>" && got != "v2" {
 					t.Errorf("Get(%q) in the second outage = %q, want v2 or a miss", k, got)
 				}
+			}
+		})
+	}
+}
+
+// TestReadmitUnknownHistory: a node away since before the cluster was
+// built (a gateway restarted during its outage) returns with keys
+// written elsewhere that no one here recorded; its re-admission is
+// counted, unless it holds nothing or this cluster saw it in service
+// before its outage. /debug/nodes shows history_unknown while it is
+// away.
+func TestReadmitUnknownHistory(t *testing.T) {
+	tests := []struct {
+		name      string
+		items     bool // the node holds an item when it returns
+		seenFirst bool // the node answers the cluster's first probes, then goes away
+		want      float64
+	}{
+		{name: "away since before the start, holding items", items: true, want: 1},
+		{name: "away since before the start, empty", want: 0},
+		{name: "outage seen whole", items: true, seenFirst: true, want: 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			mcs := memcachedtest.StartN(t, 2)
+			if tt.items {
+				// Written by the gateway before this one, as it were.
+				if err := memcache.New(mcs[0].Addr).Set(&memcache.Item{Key: "before", Value: []byte("v1")}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !tt.seenFirst {
+				mcs[0].Pause()
+			}
+			c, _ := newTestCluster(t, mcs, faultOptions)
+			n := c.topo.Load().nodes[0]
+			if tt.seenFirst {
+				c.checkAll(t.Context())
+				mcs[0].Pause()
+			}
+			for range c.opts.Health.Fall {
+				c.checkAll(t.Context())
+			}
+			if n.available() {
+				t.Fatal("the paused node is still up")
+			}
+			if got := n.status().HistoryUnknown; got != !tt.seenFirst {
+				t.Errorf("history_unknown while away = %v, want %v", got, !tt.seenFirst)
+			}
+			mcs[0].Resume()
+			readmitNow(t, c, 0)
+			if got := testutil.ToFloat64(c.m.unknown.WithLabelValues(n.name)); got != tt.want {
+				t.Errorf("readmit_unknown_history_total = %v, want %v", got, tt.want)
+			}
+			if n.status().HistoryUnknown {
+				t.Error("history_unknown still set after the re-admission")
 			}
 		})
 	}

@@ -313,6 +313,11 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Cluster, e
 	if err != nil {
 		return nil, err
 	}
+	// What the nodes went through before this process started is not
+	// known until each is seen in service (node.unseen).
+	for _, n := range t.nodes {
+		n.unseen.Store(true)
+	}
 	c.setTopology(t)
 	reg.MustRegister(newPoolCollector(func() []*node { return c.topo.Load().nodes }))
 	return c, nil
