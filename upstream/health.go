@@ -155,7 +155,7 @@ func (n *node) eject(reason string, cause error, passive bool) {
 	attrs := []any{"reason", reason, "err", cause.Error(), "flaps", flaps, "readmit_hold", hold.String()}
 	if n.unseen.Load() {
 		// Not seen in service since the start: writes sent elsewhere on
-		// its account before then are unknown here (checkUnseen).
+		// its account before then are unknown here (stale.go, "Unknown history").
 		attrs = append(attrs, "history_unknown", true)
 	}
 	n.log.Warn("node down", attrs...)

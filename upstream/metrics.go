@@ -153,7 +153,7 @@ type nodeMetrics struct {
 	staleUntracked   prometheus.Counter
 	// unknownHistory counts re-admissions that may serve stale values
 	// because the node was away since before the process started
-	// (Cluster.checkUnseen).
+	// (node.admittedUnseen).
 	unknownHistory prometheus.Counter
 	// shareRefused counts values refused past the node's share of the
 	// byte budget (readshare.go).

@@ -65,7 +65,7 @@ type node struct {
 	// up, no re-admission). Its history before the process started is
 	// unknown: an outage that began then had its writes sent elsewhere
 	// by a process whose records are gone, so its re-admission cannot
-	// delete them (readmit, checkUnseen).
+	// delete them (readmit, Cluster.unseenHolds).
 	unseen atomic.Bool
 
 	up          atomic.Bool
