@@ -94,11 +94,26 @@ func inheritedTCP(ctx context.Context, ln net.Listener, name, addr string, sndbu
 	if err != nil {
 		return err
 	}
+	var v6only bool
 	var serr error
-	if err := rc.Control(func(fd uintptr) { serr = setListenerOptions(int(fd), sndbuf) }); err != nil {
+	if err := rc.Control(func(fd uintptr) {
+		if v6only, serr = ipv6Only(int(fd)); serr == nil {
+			serr = setListenerOptions(int(fd), sndbuf)
+		}
+	}); err != nil {
 		return err
 	}
-	return serr
+	if serr != nil {
+		return serr
+	}
+	// An unspecified host is every interface of both families, as Go
+	// binds it (one socket, IPv4 mapped into IPv6); a socket systemd
+	// bound for IPv6 alone would refuse every IPv4 client, 127.0.0.1's
+	// included.
+	if v6only && got.IP.To4() == nil && got.IP.IsUnspecified() {
+		return fmt.Errorf("%q, but the socket unit's %q socket listens on %s for IPv6 only (BindIPv6Only=ipv6-only, or net.ipv6.bindv6only=1) and would refuse IPv4 clients: set BindIPv6Only=both in the socket unit", addr, name, got)
+	}
+	return nil
 }
 
 // sameTCPAddr reports whether a socket bound at got is one listening on

@@ -43,6 +43,23 @@ func setListenerOptions(fd, sndbuf int) error {
 	return nil
 }
 
+// ipv6Only reports whether the socket fd is an IPv6 socket that takes no
+// IPv4 connections (IPV6_V6ONLY); false for any other socket.
+func ipv6Only(fd int) (bool, error) {
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		return false, fmt.Errorf("getsockname: %w", err)
+	}
+	if _, ok := sa.(*syscall.SockaddrInet6); !ok {
+		return false, nil
+	}
+	v, err := syscall.GetsockoptInt(fd, syscall.IPPROTO_IPV6, syscall.IPV6_V6ONLY)
+	if err != nil {
+		return false, fmt.Errorf("getsockopt IPV6_V6ONLY: %w", err)
+	}
+	return v != 0, nil
+}
+
 // sockopt is one integer socket option.
 type sockopt struct {
 	name       string
