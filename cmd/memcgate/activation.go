@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 
 	"github.com/memcgate/memcgate/cmd/memcgate/internal/sdlisten"
@@ -79,9 +80,27 @@ func openListeners(ctx context.Context, cfg config.Config, environ map[string]st
 	return ls, nil
 }
 
-// inheritedTCP checks that ln, passed as name, is a TCP socket at addr,
-// and sets on it what listenTCP sets on the sockets it opens.
+// inheritedTCP checks that ln, passed as name, is a TCP socket at addr
+// (checkTCP), and sets on it what listenTCP sets on the sockets it
+// opens.
 func inheritedTCP(ctx context.Context, ln net.Listener, name, addr string, sndbuf int) error {
+	if err := checkTCP(ctx, ln, name, addr); err != nil {
+		return err
+	}
+	rc, err := ln.(*net.TCPListener).SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = setListenerOptions(int(fd), sndbuf) }); err != nil {
+		return err
+	}
+	return serr
+}
+
+// checkTCP checks that ln, passed as name, is a TCP socket listening on
+// addr for every family addr takes.
+func checkTCP(ctx context.Context, ln net.Listener, name, addr string) error {
 	tl, ok := ln.(*net.TCPListener)
 	if !ok {
 		return fmt.Errorf("%q, but the socket unit passes %q as a %s socket at %s: make it ListenStream=%s", addr, name, ln.Addr().Network(), ln.Addr(), addr)
@@ -90,30 +109,59 @@ func inheritedTCP(ctx context.Context, ln net.Listener, name, addr string, sndbu
 	if !sameTCPAddr(ctx, addr, got) {
 		return fmt.Errorf("%q, but the socket unit's %q socket listens on %s: make them the same address", addr, name, got)
 	}
+	if got.IP.To4() != nil || !got.IP.IsUnspecified() {
+		return nil
+	}
+	// An unspecified host is every interface of both families, as Go
+	// binds it (one socket, IPv4 mapped into IPv6); a socket systemd
+	// bound for IPv6 alone would refuse every IPv4 client, 127.0.0.1's
+	// included.
 	rc, err := tl.SyscallConn()
 	if err != nil {
 		return err
 	}
 	var v6only bool
 	var serr error
-	if err := rc.Control(func(fd uintptr) {
-		if v6only, serr = ipv6Only(int(fd)); serr == nil {
-			serr = setListenerOptions(int(fd), sndbuf)
-		}
-	}); err != nil {
+	if err := rc.Control(func(fd uintptr) { v6only, serr = ipv6Only(int(fd)) }); err != nil {
 		return err
 	}
 	if serr != nil {
 		return serr
 	}
-	// An unspecified host is every interface of both families, as Go
-	// binds it (one socket, IPv4 mapped into IPv6); a socket systemd
-	// bound for IPv6 alone would refuse every IPv4 client, 127.0.0.1's
-	// included.
-	if v6only && got.IP.To4() == nil && got.IP.IsUnspecified() {
+	if v6only {
 		return fmt.Errorf("%q, but the socket unit's %q socket listens on %s for IPv6 only (BindIPv6Only=ipv6-only, or net.ipv6.bindv6only=1) and would refuse IPv4 clients: set BindIPv6Only=both in the socket unit", addr, name, got)
 	}
 	return nil
+}
+
+// restartWarnings returns, for a configuration next that a reload read,
+// what a restart would stop at: a listener systemd passed whose address
+// next changes to one the socket no longer matches (the socket unit,
+// not the process, says where the next process listens). ls are the
+// listeners p started with, cfg their configuration.
+func (p *process) restartWarnings(ctx context.Context, next config.Config) []string {
+	return inheritedWarnings(ctx, p.ls, p.cfg, next)
+}
+
+// inheritedWarnings is restartWarnings for listeners ls opened with cfg.
+func inheritedWarnings(ctx context.Context, ls listeners, cfg, next config.Config) []string {
+	var out []string
+	warn := func(name string, err error) {
+		if err != nil {
+			out = append(out, fmt.Sprintf("%s%s: %v; a restart would stop there: change the socket unit first (docs/operations.md, restarts and upgrades on one host)", config.Prefix, name, err))
+		}
+	}
+	inherited := func(name string) bool { return slices.Contains(ls.inherited, name) }
+	if inherited(fdData) && next.ListenAddr != cfg.ListenAddr {
+		warn("LISTEN_ADDR", checkTCP(ctx, ls.data, fdData, next.ListenAddr))
+	}
+	if inherited(fdAdmin) && next.AdminAddr != cfg.AdminAddr {
+		warn("ADMIN_ADDR", checkTCP(ctx, ls.admin, fdAdmin, next.AdminAddr))
+	}
+	if inherited(fdSocket) && (next.ListenSocket != cfg.ListenSocket || next.SocketMode() != cfg.SocketMode()) {
+		warn("LISTEN_SOCKET", inheritedUnix(ls.socket, next.ListenSocket, next.SocketMode()))
+	}
+	return out
 }
 
 // sameTCPAddr reports whether a socket bound at got is one listening on

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/memcgate/memcgate/config"
 )
 
 // TestSameTCPAddr checks which configured addresses a socket that
@@ -89,6 +91,66 @@ func TestInheritedMismatch(t *testing.T) {
 			}
 			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 				t.Fatalf("error %v, want one with %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+// TestInheritedWarnings checks what a reload is told a restart would
+// stop at: a listener systemd passed that the configuration read moves
+// elsewhere, and nothing for one it leaves, moves to a name of the same
+// address, or that the gateway bound itself.
+func TestInheritedWarnings(t *testing.T) {
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcp.Close()
+	admin, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	path := filepath.Join(t.TempDir(), "s.sock")
+	unix, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close()
+	if err := os.Chmod(path, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(tcp.Addr().(*net.TCPAddr).Port)
+	cfg := config.Config{ListenAddr: tcp.Addr().String(), AdminAddr: admin.Addr().String(), ListenSocket: path, ListenSocketMode: "0666"}
+	all := listeners{data: tcp, admin: admin, socket: unix, inherited: []string{fdData, fdAdmin, fdSocket}}
+	bound := listeners{data: tcp, admin: admin, socket: unix}
+	tests := []struct {
+		name string
+		ls   listeners
+		edit func(*config.Config)
+		want []string // one part of each warning, in order
+	}{
+		{"nothing moved", all, func(*config.Config) {}, nil},
+		{"data moved", all, func(c *config.Config) { c.ListenAddr = "127.0.0.1:1" }, []string{`MEMCGATE_LISTEN_ADDR: "127.0.0.1:1", but the socket unit's "data" socket listens on ` + tcp.Addr().String()}},
+		{"data named by its host", all, func(c *config.Config) { c.ListenAddr = "localhost:" + port }, nil},
+		{"admin moved", all, func(c *config.Config) { c.AdminAddr = "127.0.0.1:1" }, []string{`MEMCGATE_ADMIN_ADDR: "127.0.0.1:1"`}},
+		{"socket moved", all, func(c *config.Config) { c.ListenSocket = path + ".new" }, []string{"MEMCGATE_LISTEN_SOCKET: " + strconv.Quote(path+".new")}},
+		{"socket mode changed", all, func(c *config.Config) { c.ListenSocketMode = "0660" }, []string{"MEMCGATE_LISTEN_SOCKET: " + path + " has mode 0666, but MEMCGATE_LISTEN_SOCKET_MODE is 0660"}},
+		{"every one moved", all, func(c *config.Config) { c.ListenAddr, c.AdminAddr, c.ListenSocket = "127.0.0.1:1", "127.0.0.1:2", "" },
+			[]string{"MEMCGATE_LISTEN_ADDR: ", "MEMCGATE_ADMIN_ADDR: ", "MEMCGATE_LISTEN_SOCKET: empty"}},
+		{"bound by the gateway", bound, func(c *config.Config) { c.ListenAddr, c.AdminAddr, c.ListenSocket = "127.0.0.1:1", "127.0.0.1:2", "" }, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			next := cfg
+			tt.edit(&next)
+			got := inheritedWarnings(t.Context(), tt.ls, cfg, next)
+			ok := len(got) == len(tt.want)
+			for i := 0; ok && i < len(got); i++ {
+				ok = strings.HasPrefix(got[i], tt.want[i]) && strings.Contains(got[i], "a restart would stop there")
+			}
+			if !ok {
+				t.Errorf("inheritedWarnings = %q, want one warning starting with each of %q", got, tt.want)
 			}
 		})
 	}

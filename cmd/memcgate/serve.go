@@ -259,7 +259,7 @@ func (p *process) gateway() {
 func (p *process) reloads() {
 	live := &liveParts{log: p.log, level: p.lg.level, router: p.router, handler: p.handler, access: p.access, budget: p.buffered, budgetDef: p.derived,
 		bodies: p.bodies, conns: p.conns, fast: p.conns.fastH1, hosts: p.hosts, nofile: p.nofile}
-	p.reloader = liveconfig.New(p.cfg, liveconfig.Options{Environ: p.environ, Log: p.log, Registerer: p.reg, Check: checkTLS, Apply: live.apply})
+	p.reloader = liveconfig.New(p.cfg, liveconfig.Options{Environ: p.environ, Log: p.log, Registerer: p.reg, Check: checkTLS, Warn: p.restartWarnings, Apply: live.apply})
 }
 
 // admin builds the admin server: probes, metrics, the status page, the

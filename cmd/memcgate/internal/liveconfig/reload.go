@@ -69,6 +69,9 @@ type Reload struct {
 	// reloads by the same trigger that changed nothing either.
 	Repeated int       `json:"repeated,omitempty"`
 	Last     time.Time `json:"last,omitzero"`
+	// warnings are Options.Warn's for the configuration read, logged
+	// with the reload.
+	warnings []string
 	// noNodeUp is set when a server list was refused because none of its
 	// nodes answered: such refusals repeat each other whatever the
 	// probes' errors (a timeout names the probe's local port).
@@ -101,6 +104,11 @@ type Options struct {
 	// the running TLS settings, which a reload does not change; nil: no
 	// check.
 	Check func(config.Config) error
+	// Warn returns what the process alone can tell a restart with a
+	// configuration read would stop at, though the reload takes it:
+	// listeners systemd passed that its addresses no longer match. Each
+	// is logged as a configuration warning with the reload; nil: none.
+	Warn func(context.Context, config.Config) []string
 	// Apply makes an Update take effect in the running gateway and
 	// returns what changed in each pool (nil if Update.Routes is nil). If
 	// it fails, it must have changed nothing: the reload is refused and
@@ -130,6 +138,7 @@ type Reloader struct {
 	environ   map[string]string // the process's environment
 	log       *slog.Logger
 	check     func(config.Config) error
+	warn      func(context.Context, config.Config) []string
 	applyTo   func(context.Context, Update) ([]route.Change, error)
 	reloads   *prometheus.CounterVec
 	lastOK    prometheus.Gauge
@@ -181,7 +190,7 @@ type fileState struct {
 // with (Load's). Its metrics are registered on o.Registerer; it reads
 // nothing until Run.
 func New(cfg config.Config, o Options) *Reloader {
-	r := &Reloader{environ: o.Environ, log: o.Log, check: o.Check, applyTo: o.Apply, started: cfg, cur: cfg}
+	r := &Reloader{environ: o.Environ, log: o.Log, check: o.Check, warn: o.Warn, applyTo: o.Apply, started: cfg, cur: cfg}
 	r.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "memcgate_config_reloads_total",
 		Help: "Configuration reloads (SIGHUP, a changed file, a DNS change), by result: ok, error (nothing changed).",
@@ -497,7 +506,7 @@ func (r *Reloader) reload(ctx context.Context, trigger string) {
 				level = slog.LevelWarn // some of the file is not in force
 			}
 			r.log.Log(ctx, level, "configuration reloaded", "trigger", trigger, "changed", rl.Changed, "needs_restart", rl.Restart)
-			for _, w := range r.cur.Warnings() {
+			for _, w := range append(r.cur.Warnings(), rl.warnings...) {
 				r.log.Warn("configuration warning", "warning", w)
 			}
 			r.repeatLogged, r.repeatUnlogged = rl.Time, 0
@@ -686,6 +695,9 @@ func (r *Reloader) apply(ctx context.Context, next config.Config, tokens []confi
 		if err := r.check(withTLSOf(next, r.started)); err != nil {
 			return err
 		}
+	}
+	if r.warn != nil && len(rl.Restart) > 0 {
+		rl.warnings = r.warn(ctx, next)
 	}
 	// The tokens applied are the ones checked, read with the files
 	// (readSettled): a token file may change between two reads.

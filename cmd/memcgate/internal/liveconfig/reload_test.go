@@ -459,3 +459,66 @@ func configFileReloader(t *testing.T, file string) (*Reloader, *bytes.Buffer) {
 	logs := new(bytes.Buffer)
 	return New(cfg, Options{Environ: environ, Log: slog.New(slog.NewJSONHandler(logs, nil)), Registerer: prometheus.NewRegistry()}), logs
 }
+
+// TestReloadWarns: a reload that reads a setting needing a restart asks
+// Options.Warn what a restart with the configuration read would stop at,
+// and logs each answer as a configuration warning; one that changes
+// only live settings does not ask.
+func TestReloadWarns(t *testing.T) {
+	const servers = "MEMCGATE_SERVERS=127.0.0.1:11211\n"
+	file := filepath.Join(t.TempDir(), "memcgate.env")
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(file, []byte(servers+s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("MEMCGATE_LISTEN_ADDR=:8080\n")
+	environ := map[string]string{"MEMCGATE_CONFIG_FILE": file}
+	cfg, err := Load(t.Context(), environ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	var asked []string // the LISTEN_ADDR of each configuration Warn was given
+	r := New(cfg, Options{
+		Environ: environ, Log: slog.New(slog.NewJSONHandler(&logs, nil)), Registerer: prometheus.NewRegistry(),
+		Warn: func(_ context.Context, next config.Config) []string {
+			asked = append(asked, next.ListenAddr)
+			return []string{"the socket is elsewhere: " + next.ListenAddr}
+		},
+		Apply: func(context.Context, Update) ([]route.Change, error) { return nil, nil },
+	})
+	r.settle = func(context.Context) bool { return true }
+
+	tests := []struct {
+		name      string
+		file      string
+		wantAsked []string
+		wantLog   string // "" for no warning
+	}{
+		{"live settings only", "MEMCGATE_LISTEN_ADDR=:8080\nMEMCGATE_MAX_REQUESTS=7\n", nil, ""},
+		{"a listener moved", "MEMCGATE_LISTEN_ADDR=:8081\n", []string{":8081"}, "the socket is elsewhere: :8081"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			asked = nil
+			logs.Reset()
+			write(tt.file)
+			r.reload(t.Context(), "sighup")
+			if h := r.History(); len(h) == 0 || h[0].Result != "ok" {
+				t.Fatalf("history = %+v, want the reload applied:\n%s", h, logs.String())
+			}
+			if !slices.Equal(asked, tt.wantAsked) {
+				t.Errorf("Warn asked about LISTEN_ADDR %q, want %q", asked, tt.wantAsked)
+			}
+			warned := strings.Contains(logs.String(), `"msg":"configuration warning"`)
+			if tt.wantLog == "" && warned {
+				t.Errorf("a reload of live settings logged a warning:\n%s", logs.String())
+			}
+			if tt.wantLog != "" && (!warned || !strings.Contains(logs.String(), tt.wantLog)) {
+				t.Errorf("log has no configuration warning %q:\n%s", tt.wantLog, logs.String())
+			}
+		})
+	}
+}
