@@ -1085,3 +1085,37 @@ func TestDateHeader(t *testing.T) {
 		}
 	}
 }
+
+// TestShutdownTimeoutServeHeld checks that Shutdown's wait for its Serve
+// loops is bounded by its ctx: a Serve that holds a connection it
+// accepted (here until the test lets it go) keeps Shutdown waiting only
+// until ctx ends. Close then stops the Serve: the connection it hands
+// over after that is closed unserved, and Serve returns.
+func TestShutdownTimeoutServeHeld(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := &heldListener{Listener: inner, accepted: make(chan struct{}), release: make(chan struct{}), closed: make(chan struct{})}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	s := &Server{Handler: h, Fallback: &http.Server{Handler: h}, ErrorLog: quietLog()}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- s.Serve(ln) }()
+
+	c, br := dial(t, inner.Addr().String())
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	<-ln.accepted // Serve holds the connection until release
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	if err := s.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Shutdown() with a Serve held = %v, want %v", err, context.DeadlineExceeded)
+	}
+	s.Close() // its error is the listener Shutdown closed already
+	close(ln.release)
+	if err := <-serveErr; !errors.Is(err, http.ErrServerClosed) {
+		t.Errorf("Serve() = %v, want %v", err, http.ErrServerClosed)
+	}
+	if r, err := readWireResponse(br, "GET"); err != nil || r.status != "" {
+		t.Errorf("the connection handed over after Close was answered %v, %v; want it closed unserved", r, err)
+	}
+}
