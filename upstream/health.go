@@ -154,7 +154,7 @@ func (n *node) eject(reason string, cause error, passive bool) {
 	n.h.ejected(n.name, reason)
 	attrs := []any{"reason", reason, "err", cause.Error(), "flaps", flaps, "readmit_hold", hold.String()}
 	if n.unseen.Load() {
-		// Not seen in service since the start: writes sent elsewhere on
+		// Not seen in service since it joined: writes sent elsewhere on
 		// its account before then are unknown here (stale.go, "Unknown history").
 		attrs = append(attrs, "history_unknown", true)
 	}
@@ -357,9 +357,10 @@ func (c *Cluster) checkNode(ctx context.Context, n *node) {
 // starts again: the next Rise passes retry. Once admitted, the copies
 // those keys left on the nodes that took them are deleted there
 // (clearCopies), so a second outage cannot bring them back. A node
-// away since before this process started, whose earlier keys written
-// elsewhere are unknown, is counted and warned about unless it is
-// flushed or empty (stale.go, "Unknown history").
+// away since before this process started, or since a server change
+// added it, whose earlier keys written elsewhere are unknown, is counted
+// and warned about unless it is flushed or empty (stale.go, "Unknown
+// history").
 func (c *Cluster) readmit(ctx context.Context, n *node) {
 	if owed := n.flushOwed.Load(); owed || c.health.readmitFlush.Load() {
 		// Start it empty: the keys written elsewhere need no delete on

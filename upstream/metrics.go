@@ -114,7 +114,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"node"}),
 		unknown: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "memcgate_upstream_readmit_unknown_history_total",
-			Help: "Re-admissions of a node that was away since before this process started and held items: keys written to other nodes on its account before the start were not recorded here, so it may serve values older than theirs until they are written again or expire (MEMCGATE_READMIT_FLUSH avoids it).",
+			Help: "Admissions of a node holding items whose past this process did not see: away since before it started, or added by a reload or SERVERS_DNS answer. Keys written to other nodes on its account before then were not recorded here, so it may serve values older than theirs until they are written again or expire (MEMCGATE_READMIT_FLUSH avoids it).",
 		}, []string{"node"}),
 		shareRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "memcgate_upstream_buffered_share_refusals_total",
@@ -151,9 +151,10 @@ type nodeMetrics struct {
 	// (stale.go): deleted before re-admission, and not remembered.
 	staleInvalidated prometheus.Counter
 	staleUntracked   prometheus.Counter
-	// unknownHistory counts re-admissions that may serve stale values
-	// because the node was away since before the process started
-	// (node.admittedUnseen).
+	// unknownHistory counts admissions that may serve stale values
+	// because the node's past was not seen here: away since before the
+	// process started, or added by a server change (stale.go, "Unknown
+	// history").
 	unknownHistory prometheus.Counter
 	// shareRefused counts values refused past the node's share of the
 	// byte budget (readshare.go).

@@ -60,12 +60,13 @@ type node struct {
 	// flushOwed: a flush_all (FlushAll) found the node down; it is
 	// flushed before its re-admission, as with Health.ReadmitFlush.
 	flushOwed atomic.Bool
-	// unseen: the node was in the list when the cluster was built and
-	// has not been seen in service since (no probe passed while it was
-	// up, no re-admission). Its history before the process started is
-	// unknown: an outage that began then had its writes sent elsewhere
-	// by a process whose records are gone, so its re-admission cannot
-	// delete them (readmit, Cluster.unseenHolds).
+	// unseen: the node has not been seen in service since it joined the
+	// list, when the cluster was built or by a server change (no probe
+	// passed while it was up, no admission). Its history before then is
+	// unknown: an outage that began under a process before this one, or
+	// writes of its keys to other nodes while it was out of the list,
+	// left no record here, so its admission cannot delete them
+	// (readmit, Prepared.Commit, Cluster.unseenHolds).
 	unseen atomic.Bool
 
 	up          atomic.Bool
@@ -528,9 +529,10 @@ type NodeStatus struct {
 	// after it (unless MEMCGATE_READMIT_FLUSH is on).
 	Untracked int `json:"keys_written_elsewhere_untracked,omitempty"`
 	// HistoryUnknown says the node has not been seen in service since
-	// this process started: keys written to other nodes on its account
-	// before the start were not recorded here. Unless it returns flushed
-	// or empty, its re-admission is counted
+	// it joined the list (this process's start, or a server change that
+	// added it and found it down): keys written to other nodes on its
+	// account before then were not recorded here. Unless it returns
+	// flushed or empty, its re-admission is counted
 	// (memcgate_upstream_readmit_unknown_history_total) and logged.
 	HistoryUnknown bool `json:"history_unknown,omitempty"`
 }

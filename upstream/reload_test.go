@@ -1,9 +1,11 @@
 package upstream
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"slices"
 	"strconv"
@@ -235,29 +237,6 @@ func testReaddedNode(t *testing.T, flush bool) {
 	}
 }
 
-// TestRemovedNamesBounded: the names of removed nodes kept for their
-// re-addition stay at maxRemoved however many nodes come and go, the
-// oldest forgotten first.
-func TestRemovedNamesBounded(t *testing.T) {
-	var c Cluster
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for i := range maxRemoved + 10 {
-		c.rememberRemoved(fmt.Sprint("10.0.0.", i, ":11211"))
-	}
-	if len(c.removed) != maxRemoved {
-		t.Fatalf("%d names kept, want %d", len(c.removed), maxRemoved)
-	}
-	for i := range 10 {
-		if _, ok := c.removed[fmt.Sprint("10.0.0.", i, ":11211")]; ok {
-			t.Errorf("name %d of the first 10 still kept", i)
-		}
-	}
-	if _, ok := c.removed[fmt.Sprint("10.0.0.", maxRemoved+9, ":11211")]; !ok {
-		t.Error("the last name removed was forgotten")
-	}
-}
-
 // TestSetServersKeysBack: a server list that gives nodes that stay keys
 // they owned under an earlier one names them (Change.KeysBack, logged at
 // warn): none of those keys' writes meanwhile reached them, so they serve
@@ -288,7 +267,7 @@ func TestSetServersKeysBack(t *testing.T) {
 		{"a node added", four, false},
 		{"the added node removed", three, true},
 		{"a node from the start removed", three[:2], false},
-		{"the removed node added again", three, false}, // stale on it, warned as added again
+		{"the removed node added again", three, false}, // stale on it, warned as a node added holding items
 		{"a node weighted up", heavy, false},
 		{"the weight change undone", three, true},
 	}
@@ -314,7 +293,7 @@ func TestSetServersKeysBack(t *testing.T) {
 				continue // a miss (a node new to the key) or the value written
 			}
 			stale++
-			// A node added again is not among them: it is flushed first
+			// A node added is not among them: it is flushed first
 			// (Health.ReadmitFlush) or warned about on its own.
 			if owner := c.Placement(k).Chain[0].Node; !slices.Contains(ch.KeysBack, owner) && !slices.Contains(ch.Added, owner) {
 				t.Errorf("%s: %s reads %q, written %q, on %s, which the change does not name (%v)", st.name, k, it.Value, want, owner, ch.KeysBack)
@@ -488,17 +467,16 @@ func TestSetServersReaddedHangingNodeOwesFlush(t *testing.T) {
 
 // TestSetServersRefusesNoNodeUp: a server list none of whose nodes
 // answers, while a running node is up, is refused with ErrNoNodeUp and
-// changes nothing: the running nodes stay, the nodes it added leave no
-// metric series, and a removed node it named stays remembered as
-// removed. A list with one node up, or any list while no node is up, is
-// applied.
+// changes nothing: the running nodes stay, and the nodes it added leave
+// no metric series. A list with one node up, or any list while no node
+// is up, is applied.
 func TestSetServersRefusesNoNodeUp(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 3)
 	dead := []Server{{Host: "127.0.0.1", Port: memcachedtest.DeadPort(t), Weight: 1}, {Host: "127.0.0.1", Port: memcachedtest.DeadPort(t), Weight: 1}}
 	c, reg := newTestCluster(t, mcs[:2], nil)
 	names := func() []string { return nodeNames(c) }
 	series := func(node string) int { return nodeSeries(t, reg, node) }
-	// mcs[1] removed: remembered, so that its return is known as one.
+	// mcs[1] removed.
 	if _, err := c.SetServers(t.Context(), serversOf(mcs[0]), hashring.Ketama); err != nil {
 		t.Fatal(err)
 	}
@@ -520,12 +498,6 @@ func TestSetServersRefusesNoNodeUp(t *testing.T) {
 		if err := c.Set(t.Context(), Item{Key: "k", Value: []byte("v")}); err != nil {
 			t.Errorf("set after the refusal: %v", err)
 		}
-	}
-	c.mu.Lock()
-	_, remembered := c.removed[mcs[1].Addr]
-	c.mu.Unlock()
-	if !remembered {
-		t.Errorf("%s, removed earlier, is no longer remembered as removed after a refused list named it", mcs[1].Addr)
 	}
 
 	// One node that answers beside the dead ones: applied.
@@ -549,9 +521,8 @@ func TestSetServersRefusesNoNodeUp(t *testing.T) {
 // TestPrepareChangesNothingUntilCommit: a prepared server list, its
 // added nodes probed, changes nothing that requests, Nodes or the next
 // reload see until Commit: discarded, the running list stays, the nodes
-// it added leave no metric series, a node it added back is still known
-// as removed, and its flush policy and copies are not taken. Committed,
-// it runs with them.
+// it added leave no metric series, and its flush policy and copies are
+// not taken. Committed, it runs with them.
 func TestPrepareChangesNothingUntilCommit(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 3)
 	c, reg := newTestCluster(t, mcs[:2], nil)
@@ -580,12 +551,10 @@ func TestPrepareChangesNothingUntilCommit(t *testing.T) {
 		}
 	}
 	c.mu.Lock()
-	_, remembered := c.removed[mcs[1].Addr]
 	copies := c.nextCopies
 	c.mu.Unlock()
-	if !remembered || copies != 1 || c.health.readmitFlush.Load() {
-		t.Errorf("after Discard: %s remembered as removed %v, copies %d, readmit flush %v; want true, 1, false",
-			mcs[1].Addr, remembered, copies, c.health.readmitFlush.Load())
+	if copies != 1 || c.health.readmitFlush.Load() {
+		t.Errorf("after Discard: copies %d, readmit flush %v; want 1, false", copies, c.health.readmitFlush.Load())
 	}
 
 	p, err = c.Prepare(t.Context(), next)
@@ -598,12 +567,10 @@ func TestPrepareChangesNothingUntilCommit(t *testing.T) {
 		t.Errorf("after Commit: nodes %v, added %v; want %v, 2 added", got, ch.Added, want)
 	}
 	c.mu.Lock()
-	_, remembered = c.removed[mcs[1].Addr]
 	copies = c.copies
 	c.mu.Unlock()
-	if remembered || copies != 2 || !c.health.readmitFlush.Load() {
-		t.Errorf("after Commit: %s remembered as removed %v, copies %d, readmit flush %v; want false, 2, true",
-			mcs[1].Addr, remembered, copies, c.health.readmitFlush.Load())
+	if copies != 2 || !c.health.readmitFlush.Load() {
+		t.Errorf("after Commit: copies %d, readmit flush %v; want 2, true", copies, c.health.readmitFlush.Load())
 	}
 	if err := c.Set(t.Context(), Item{Key: "k", Value: []byte("v")}); err != nil {
 		t.Errorf("set after Commit: %v", err)
@@ -637,4 +604,121 @@ func nodeSeries(t *testing.T, reg *prometheus.Registry, node string) int {
 		}
 	}
 	return n
+}
+
+// TestSetServersAddedNodeHoldingItems: a node a server change adds may
+// hold values its keys were given on other nodes before it joined (one
+// removed and added back, while its keys were written on the others; a
+// memcached new to the list that holds items). Without ReadmitFlush
+// each that holds items is counted in
+// memcgate_upstream_readmit_unknown_history_total and warned about with
+// the remedy before it serves, whether its first probe passed or it
+// started down and was re-admitted later; a node added empty is not.
+// With ReadmitFlush every node added is flushed before it serves, and
+// none is counted.
+func TestSetServersAddedNodeHoldingItems(t *testing.T) {
+	for _, flush := range []bool{false, true} {
+		t.Run(fmt.Sprintf("readmit-flush=%v", flush), func(t *testing.T) { testAddedNodeHoldingItems(t, flush) })
+	}
+}
+
+func testAddedNodeHoldingItems(t *testing.T, flush bool) {
+	// 0 stays; 1 is removed and added back; 2 is new and holds an item;
+	// 3 is new and empty; 4 is new, holds an item, and is paused while
+	// it is added, so that it starts down.
+	mcs := memcachedtest.StartN(t, 5)
+	const stays, back, holding, empty, paused = 0, 1, 2, 3, 4
+	c, _ := newTestCluster(t, mcs[:2], func(o *Options) {
+		o.Health.ReadmitFlush = flush
+		// Nothing here stalls but the paused node, whose probe the
+		// reload waits out once: timeouts a loaded machine does not hit.
+		o.Timeout, o.Health.Timeout = 5*time.Second, 2*time.Second
+	})
+	var logs bytes.Buffer
+	c.log = slog.New(slog.NewTextHandler(&logs, nil)) // the nodes added log through it
+	ctx := t.Context()
+	var keys []string
+	for i := range 100 {
+		keys = append(keys, fmt.Sprint("k", i))
+	}
+	set := func(v string) {
+		t.Helper()
+		for _, k := range keys {
+			if err := c.Set(ctx, Item{Key: k, Value: []byte(v)}); err != nil {
+				t.Fatalf("set %s: %v", v, err)
+			}
+		}
+	}
+	set("old")
+	if _, err := c.SetServers(ctx, serversOf(mcs[stays]), hashring.Ketama); err != nil {
+		t.Fatal(err)
+	}
+	set("new")
+	// Items of other clients, or of an earlier server list.
+	for _, i := range []int{holding, paused} {
+		if err := memcache.New(mcs[i].Addr).Set(&memcache.Item{Key: "theirs", Value: []byte("kept")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mcs[paused].Pause()
+	ch, err := c.SetServers(ctx, serversOf(mcs...), hashring.Ketama)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ch.Added) != 4 {
+		t.Fatalf("change = %+v, want 4 nodes added", ch)
+	}
+	nodes := c.topo.Load().nodes
+	counted := func(i int) float64 { return testutil.ToFloat64(c.m.unknown.WithLabelValues(nodes[i].name)) }
+	want := map[int]float64{stays: 0, back: 1, holding: 1, empty: 0, paused: 0}
+	if flush {
+		want = map[int]float64{}
+	}
+	for i := range nodes[:paused] {
+		if got := counted(i); got != want[i] {
+			t.Errorf("node %d (%s): readmit_unknown_history_total %v, want %v", i, nodes[i].name, got, want[i])
+		}
+		if i != stays && nodes[i].status().HistoryUnknown { // stays: in the list at the start, and no probe round ran
+			t.Errorf("node %d (%s) shows history_unknown in service", i, nodes[i].name)
+		}
+	}
+	if st := nodes[paused].status(); st.Up || !st.HistoryUnknown {
+		t.Fatalf("the node added paused: up %v, history_unknown %v; want down, unknown (%s)", st.Up, st.HistoryUnknown, st.Reason)
+	}
+	stale := 0
+	for _, k := range keys {
+		if read(t, c, k) == "old" {
+			stale++
+		}
+	}
+	if flush && stale > 0 {
+		t.Errorf("%d of %d keys read a value from before the node's removal", stale, len(keys))
+	}
+	t.Logf("%d of %d keys read stale", stale, len(keys))
+
+	mcs[paused].Resume()
+	readmitNow(t, c, paused)
+	if flush {
+		want[paused] = 0
+	} else {
+		want[paused] = 1
+	}
+	if got := counted(paused); got != want[paused] {
+		t.Errorf("the node added paused, re-admitted: readmit_unknown_history_total %v, want %v", got, want[paused])
+	}
+	if nodes[paused].status().HistoryUnknown {
+		t.Error("the node added paused shows history_unknown after its re-admission")
+	}
+	for _, i := range []int{holding, paused} {
+		_, err := memcache.New(mcs[i].Addr).Get("theirs")
+		if kept := err == nil; kept == flush {
+			t.Errorf("node %d's item kept %v (%v) with readmit flush %v", i, kept, err, flush)
+		}
+	}
+	out := logs.String()
+	warned := strings.Contains(out, "2 of 4 nodes added hold items") && strings.Contains(out, "MEMCGATE_READMIT_FLUSH=true flushes a node added") &&
+		strings.Contains(out, "re-admitted a node away since before this process started or since a server change added it")
+	if warned == flush {
+		t.Errorf("warned %v with readmit flush %v; log:\n%s", warned, flush, out)
+	}
 }

@@ -355,21 +355,28 @@ func (c *Cluster) hashOf(store string) string {
 // of its keys sent to other nodes by the process before this one (a
 // restart, a crash, a new pod during the outage), whose record of them
 // went with it: its re-admission cannot delete them, and the node
-// serves their older values until they are written again or expire.
-// Nothing here can tell which keys, or whether any: the re-admission
-// says so, once per node, with a warning that names the remedy and
+// serves their older values until they are written again or expire. So
+// may a node a server change adds (a reload, a SERVERS_DNS answer): its
+// keys were written on other nodes while it was out of the list, which
+// no write recorded for it (it was gone, not down), or under an earlier
+// server list, of this process or one before it. Nothing here can tell
+// which keys, or whether any: the node's admission says so, once, with
+// a warning that names the remedy and
 // memcgate_upstream_readmit_unknown_history_total, which the alert
 // MemcgateStaleReadsPossible watches. Not when the node holds no item
 // (memcached's curr_items is 0: it was restarted, or is new), which
-// serves nothing stale, so that a gateway started with its memcached
-// does not warn on every cold start; nor when it is flushed before its
-// admission (ReadmitFlush, a replicated pool). Decision 0064 says why
-// it is not flushed instead.
+// serves nothing stale, so that a gateway started with its memcached,
+// or a fresh memcached added, does not warn; nor when it is flushed
+// before its admission (ReadmitFlush, a replicated pool). A node added
+// is asked at its probe before it joins (Prepare, counted at Commit),
+// or, if that probe did not pass, at its re-admission (readmit).
+// Decisions 0064 and 0065 say why it is not flushed instead.
 
-// unseenHolds is readmit's look, before the admission, at a node whose
-// history is unknown (see above): it reports whether n is unseen and may
-// hold items (curr_items above 0, or stats unanswered), with what it
-// found as log attributes.
+// unseenHolds is the look, before the admission (readmit, or the probe
+// of a node a server change adds), at a node whose history is unknown
+// (see above): it reports whether n is unseen and may hold items
+// (curr_items above 0, or stats unanswered), with what it found as log
+// attributes.
 func (c *Cluster) unseenHolds(ctx context.Context, n *node) (holds bool, attrs []any) {
 	if !n.unseen.Load() {
 		return false, nil
@@ -397,7 +404,7 @@ func (n *node) admittedUnseen(holds bool, attrs []any) {
 		return
 	}
 	n.m.unknownHistory.Inc()
-	n.log.Warn("re-admitted a node away since before this process started: keys written to other nodes on its account before then were not recorded here, so it may serve values older than those written to other nodes until they are written again or expire (MEMCGATE_READMIT_FLUSH=true flushes a returning node instead; flush_all on the node clears it now)", attrs...)
+	n.log.Warn("re-admitted a node away since before this process started or since a server change added it: keys written to other nodes on its account before then were not recorded here, so it may serve values older than those written to other nodes until they are written again or expire (MEMCGATE_READMIT_FLUSH=true flushes a returning node instead; flush_all on the node clears it now)", attrs...)
 }
 
 // statValue returns the value of the line "STAT name value" of a stats

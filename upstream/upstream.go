@@ -238,14 +238,6 @@ type Cluster struct {
 
 	mu      sync.Mutex // guards the fields below; never held across I/O
 	retired []*node    // nodes SetServers removed, closed by Run once idle
-	// removed names the nodes SetServers removed and has not added
-	// again, each with the count of removals when it left: one added
-	// again still holds what it had before, values that may have been
-	// written on other nodes meanwhile. At most maxRemoved names are
-	// kept (nodes that come and go under SERVERS_DNS), the oldest going
-	// first.
-	removed  map[string]uint64
-	removals uint64
 	// past are the server lists before the current one, oldest first,
 	// at most maxPastRings: a node that stays and gets keys back that it
 	// held under one of them may hold older values of them (keysBack).
@@ -254,9 +246,6 @@ type Cluster struct {
 	// that of the list a Commit takes in (NextServers.Copies).
 	copies, nextCopies int
 }
-
-// maxRemoved bounds Cluster.removed: 1024 names of a few dozen bytes.
-const maxRemoved = 1024
 
 // pastRing is a server list the cluster ran before: its ring, its
 // nodes' names in ring order, and how many nodes of a key's chain held
@@ -313,11 +302,6 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Cluster, e
 	if err != nil {
 		return nil, err
 	}
-	// What the nodes went through before this process started is not
-	// known until each is seen in service (node.unseen).
-	for _, n := range t.nodes {
-		n.unseen.Store(true)
-	}
 	c.setTopology(t)
 	reg.MustRegister(newPoolCollector(func() []*node { return c.topo.Load().nodes }))
 	return c, nil
@@ -352,6 +336,9 @@ func (c *Cluster) newTopology(servers []Server, dist hashring.Distribution, old 
 		if n == nil {
 			n = newNode(name, &c.opts, c.health, &c.share, c.m.forNode(name, s.UDPPort > 0), c.log)
 			n.setUDP(s) // a node that stays keeps its UDP port: it is in use
+			// What it went through before it joined is not known until
+			// it is seen in service (node.unseen).
+			n.unseen.Store(true)
 			added = append(added, n)
 		}
 		t.nodes = append(t.nodes, n)
@@ -406,7 +393,7 @@ type NextServers struct {
 	Servers      []Server
 	Distribution hashring.Distribution
 	// ReadmitFlush is Health.ReadmitFlush from the list on: it says
-	// whether a node added again is flushed before it joins.
+	// whether the nodes it adds are flushed before they join.
 	ReadmitFlush bool
 	// Copies is Options.Copies from the list on (KeysBack compares the
 	// copies of the running list with these); < 1 means 1.
@@ -422,11 +409,7 @@ type Prepared struct {
 	next   NextServers
 	old, t *topology
 	probes []addedProbe
-	// readded names the nodes added that SetServers had removed; again
-	// those of them that are not flushed.
-	readded []string
-	again   []string
-	done    bool
+	done   bool
 }
 
 // Prepare readies next to take the cluster's nodes' place, and changes
@@ -441,12 +424,14 @@ type Prepared struct {
 // and for at most one Health.Timeout however many they are, or until
 // ctx is done. One that answered takes traffic once committed; one that
 // did not starts down and waits for Rise probes like any down node. A
-// node added again after SetServers removed it may hold values
-// overwritten on other nodes meanwhile: with next.ReadmitFlush it is
-// flushed instead of probed (if the flush does not answer it starts
-// down and is flushed before its re-admission), else it is probed and
-// logged at Commit. Neither the probes nor the wait for them hold a lock
-// that operations, Ready, Nodes or Run take.
+// node added may hold values its keys were given on other nodes before
+// it joined (it was in an earlier server list, of this process or of
+// one before it): with next.ReadmitFlush it is flushed instead of
+// probed (if the flush does not answer it starts down and is flushed
+// before its re-admission); without, its probe asks it stats too, and
+// one that holds items is counted and logged at Commit (stale.go,
+// "Unknown history"). Neither the probes nor the wait for them hold a
+// lock that operations, Ready, Nodes or Run take.
 //
 // A server list none of whose nodes would be up (those added did not
 // answer, those that stay are down) while a running node is up is
@@ -464,25 +449,16 @@ func (c *Cluster) Prepare(ctx context.Context, next NextServers) (*Prepared, err
 		return nil, err
 	}
 	p := &Prepared{c: c, next: next, old: old, t: t, probes: make([]addedProbe, len(added))}
-	c.mu.Lock()
 	for i, n := range added {
-		p.probes[i].n = n
-		if _, ok := c.removed[n.name]; ok {
-			// Its keys were written on other nodes while it was out of
-			// the ring, and no write was remembered for it (its node was
-			// gone, not down). With ReadmitFlush it starts empty, or down
-			// until the flush is done at its re-admission; without, it
-			// keeps its warm cache, as other clients of the same
-			// memcached may still be writing it, and the log says what
-			// may read stale.
-			p.readded = append(p.readded, n.name)
-			p.probes[i].flush = next.ReadmitFlush
-			if !next.ReadmitFlush {
-				p.again = append(p.again, n.name)
-			}
-		}
+		// Its keys may have been written on other nodes while it was out
+		// of the ring, and no write was remembered for it (it was not in
+		// this process's list, or not down but gone). With ReadmitFlush
+		// it starts empty, or down until the flush is done at its
+		// re-admission; without, it keeps its warm cache, as other
+		// clients of the same memcached may still be writing it, and is
+		// reported if it holds items.
+		p.probes[i] = addedProbe{n: n, flush: next.ReadmitFlush}
 	}
-	c.mu.Unlock()
 	c.probeAdded(ctx, p.probes)
 	if err := noneUp(old, t, p.probes); err != nil {
 		p.Discard()
@@ -524,22 +500,17 @@ func (p *Prepared) Commit() Change {
 	defer c.mu.Unlock()
 	c.health.readmitFlush.Store(p.next.ReadmitFlush)
 	c.nextCopies = max(p.next.Copies, 1)
-	for _, name := range p.readded {
-		delete(c.removed, name)
-	}
 	var ch Change
 	for _, pr := range p.probes {
 		ch.Added = append(ch.Added, pr.n.name)
 	}
-	if len(p.again) > 0 {
-		c.log.Warn(fmt.Sprintf("%d nodes added again after a reload removed them: keys written on other nodes meanwhile may read stale from them until written again (MEMCGATE_READMIT_FLUSH=true flushes such a node)", len(p.again)),
-			nodesAttrs(p.again)...)
-	}
-	var down, flushed []string
-	var downErr error // the first node's that starts down
+	var down, flushed, holding []string
+	var downErr error    // the first node's that starts down
+	var holdsAttrs []any // what the first node holding items said
 	for _, pr := range p.probes {
 		switch {
 		case pr.err != nil:
+			// Still unseen: its re-admission asks what it holds.
 			if pr.n.startDown(pr.err) {
 				down = append(down, pr.n.name)
 				if downErr == nil {
@@ -548,7 +519,18 @@ func (p *Prepared) Commit() Change {
 			}
 		case pr.flush:
 			pr.n.flushOwed.Store(false)
+			pr.n.unseen.Store(false)
 			flushed = append(flushed, pr.n.name)
+		default:
+			// Counted before the node is in the list /debug/nodes shows.
+			if pr.holds {
+				pr.n.m.unknownHistory.Inc()
+				holding = append(holding, pr.n.name)
+				if holdsAttrs == nil {
+					holdsAttrs = pr.holdsAttrs
+				}
+			}
+			pr.n.unseen.Store(false)
 		}
 	}
 	stays := map[*node]bool{}
@@ -558,7 +540,6 @@ func (p *Prepared) Commit() Change {
 	for _, n := range old.nodes {
 		if !stays[n] {
 			ch.Removed = append(ch.Removed, n.name)
-			c.rememberRemoved(n.name)
 			n.retire()
 			n.stale.drop() // it will not be re-admitted
 			c.retired = append(c.retired, n)
@@ -582,7 +563,12 @@ func (p *Prepared) Commit() Change {
 		c.log.Info("servers changed", "added", ch.Added, "removed", ch.Removed, "reweighted", ch.Reweighted, "nodes", len(t.nodes))
 	}
 	if len(flushed) > 0 {
-		c.log.Info(fmt.Sprintf("%d nodes added again and flushed: they held values from before their removal", len(flushed)), nodesAttrs(flushed)...)
+		c.log.Info(fmt.Sprintf("%d nodes added and flushed (MEMCGATE_READMIT_FLUSH): they may have held values from before they joined", len(flushed)), nodesAttrs(flushed)...)
+	}
+	if len(holding) > 0 {
+		// One line for them all, as for the nodes that start down.
+		c.log.Warn(fmt.Sprintf("%d of %d nodes added hold items: keys written to other nodes before they joined (while a reload or DNS answer had removed them, or under an earlier server list) were not recorded here, so they may serve values older than those until written again or expired (MEMCGATE_READMIT_FLUSH=true flushes a node added; flush_all on the node clears it now)", len(holding), len(ch.Added)),
+			append(nodesAttrs(holding), holdsAttrs...)...)
 	}
 	if len(down) > 0 {
 		// One line for them all: a reload into a network partition adds
@@ -663,23 +649,29 @@ func nodesAttrs(names []string) []any {
 	return []any{"nodes", names[:maxLoggedNodes], "more", len(names) - maxLoggedNodes}
 }
 
-// addedProbe is the probe of one node SetServers adds (or, for a node
-// added again under Health.ReadmitFlush, its flush) and its outcome.
+// addedProbe is the probe of one node SetServers adds (or, under
+// Health.ReadmitFlush, its flush) and its outcome.
 type addedProbe struct {
 	n        *node
 	flush    bool
 	answered bool  // the probe ended before the wait did
 	err      error // nil if the node answered in time; else why not
+	// holds and holdsAttrs are what unseenHolds found on a node probed,
+	// not flushed, that answered.
+	holds      bool
+	holdsAttrs []any
 }
 
 // probeAdded probes or flushes the nodes of probes, at most maxProbes
 // at once, and waits for them for at most one Health.Timeout in all, or
-// until ctx is done. A node that answers frees its place within a round
-// trip: only maxProbes nodes that hang keep the others from being probed
-// before the wait ends, and those then start down. A probe still running
-// then goes on on its own goroutine, for at most one Health.Timeout or
-// until ctx is done, and its answer is dropped: its node starts down,
-// and the health checker admits it.
+// until ctx is done. A probe that passes asks its node stats too, for
+// what it holds (unseenHolds), within another Health.Timeout. A node
+// that answers frees its place within a round trip: only maxProbes
+// nodes that hang keep the others from being probed before the wait
+// ends, and those then start down. A probe still running then goes on
+// on its own goroutine, for at most two Health.Timeouts or until ctx is
+// done, and its answer is dropped: its node starts down, and the health
+// checker admits it, asking it stats then (readmit).
 func (c *Cluster) probeAdded(ctx context.Context, probes []addedProbe) {
 	if len(probes) == 0 {
 		return
@@ -688,13 +680,16 @@ func (c *Cluster) probeAdded(ctx context.Context, probes []addedProbe) {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	type answer struct {
-		i   int
-		err error
+		i          int
+		err        error
+		holds      bool
+		holdsAttrs []any
 	}
 	answers := make(chan answer, len(probes)) // buffered: a late probe never blocks
 	slots := make(chan struct{}, maxProbes)
 	record := func(a answer) {
-		probes[a.i].answered, probes[a.i].err = true, a.err
+		p := &probes[a.i]
+		p.answered, p.err, p.holds, p.holdsAttrs = true, a.err, a.holds, a.holdsAttrs
 	}
 	started, answered := 0, 0
 	var cut error // why the wait ended before every node answered
@@ -712,7 +707,13 @@ func (c *Cluster) probeAdded(ctx context.Context, probes []addedProbe) {
 			}
 			go func() {
 				defer func() { <-slots }()
-				answers <- answer{i, c.probeOnce(ctx, n, flush)}
+				a := answer{i: i, err: c.probeOnce(ctx, n, flush)}
+				if a.err == nil && !flush {
+					sctx, cancel := context.WithTimeout(ctx, c.opts.Health.Timeout)
+					a.holds, a.holdsAttrs = c.unseenHolds(sctx, n)
+					cancel()
+				}
+				answers <- a
 			}()
 		case a := <-answers:
 			record(a)
@@ -1127,24 +1128,4 @@ func (c *Cluster) Placement(key string) Placement {
 		p.Chain = append(p.Chain, ChainNode{Node: t.nodes[i].name, Up: t.nodes[i].available()})
 	}
 	return p
-}
-
-// rememberRemoved records that SetServers removed the node named name,
-// forgetting the oldest name past maxRemoved. Its caller holds c.mu.
-func (c *Cluster) rememberRemoved(name string) {
-	if c.removed == nil {
-		c.removed = map[string]uint64{}
-	}
-	c.removals++
-	c.removed[name] = c.removals
-	if len(c.removed) <= maxRemoved {
-		return
-	}
-	oldest, at := "", c.removals
-	for k, n := range c.removed {
-		if n < at {
-			oldest, at = k, n
-		}
-	}
-	delete(c.removed, oldest)
 }
