@@ -723,32 +723,48 @@ func TestReconfigure(t *testing.T) {
 	}
 }
 
-// TestReconfigureReplicasFlushReadded: a reload that makes a pool keep
-// replicas and adds a node it had removed flushes that node before it
-// takes traffic, as a replicated pool flushes every node it re-admits
-// (docs/pools.md). The flush is the replicated pool's even when the same
-// reload starts the replication: the node was added back unflushed, its
-// values from before its removal served as replicas.
-func TestReconfigureReplicasFlushReadded(t *testing.T) {
-	mcs := memcachedtest.StartN(t, 2)
-	o := Options{Pools: []PoolOptions{{Cluster: clusterOptions(mcs)}}}
-	r, _ := newRouter(t, o)
-	direct := memcache.New(mcs[1].Addr)
-	if err := direct.Set(&memcache.Item{Key: "before-removal", Value: []byte("old")}); err != nil {
-		t.Fatal(err)
-	}
-	one := o
-	one.Pools = []PoolOptions{{Cluster: clusterOptions(mcs[:1])}}
-	if _, err := r.Reconfigure(t.Context(), one); err != nil {
-		t.Fatal(err)
-	}
-	two := o
-	two.Pools = []PoolOptions{{Cluster: clusterOptions(mcs), Replicas: 2}}
-	if _, err := r.Reconfigure(t.Context(), two); err != nil {
-		t.Fatal(err)
-	}
-	if it, err := direct.Get("before-removal"); err == nil {
-		t.Errorf("the node added back with replicas on holds %q from before its removal, want it flushed", it.Value)
+// TestReconfigureReplicasFlushAdded: a reload that makes a pool keep
+// replicas and adds a node flushes that node before it takes traffic,
+// as a replicated pool flushes every node it re-admits (docs/pools.md):
+// a node it had removed, and a node new to the list that holds items
+// (an earlier server list's, other clients'), whose keys may have newer
+// values on other nodes. The flush is the replicated pool's even when
+// the same reload starts the replication: the node was added back
+// unflushed, its values from before its removal served as replicas.
+func TestReconfigureReplicasFlushAdded(t *testing.T) {
+	for _, removedFirst := range []bool{true, false} {
+		name := "new to the list"
+		if removedFirst {
+			name = "removed and added back"
+		}
+		t.Run(name, func(t *testing.T) {
+			mcs := memcachedtest.StartN(t, 2)
+			start := mcs[:1]
+			if removedFirst {
+				start = mcs
+			}
+			o := Options{Pools: []PoolOptions{{Cluster: clusterOptions(start)}}}
+			r, _ := newRouter(t, o)
+			direct := memcache.New(mcs[1].Addr)
+			if err := direct.Set(&memcache.Item{Key: "before", Value: []byte("old")}); err != nil {
+				t.Fatal(err)
+			}
+			if removedFirst {
+				one := o
+				one.Pools = []PoolOptions{{Cluster: clusterOptions(mcs[:1])}}
+				if _, err := r.Reconfigure(t.Context(), one); err != nil {
+					t.Fatal(err)
+				}
+			}
+			two := o
+			two.Pools = []PoolOptions{{Cluster: clusterOptions(mcs), Replicas: 2}}
+			if _, err := r.Reconfigure(t.Context(), two); err != nil {
+				t.Fatal(err)
+			}
+			if it, err := direct.Get("before"); err == nil {
+				t.Errorf("the node added with replicas on holds %q from before it joined, want it flushed", it.Value)
+			}
+		})
 	}
 }
 
