@@ -76,7 +76,7 @@ type Config struct {
 	PassiveFails      int           `env:"PASSIVE_FAILS" envDefault:"3" help:"consecutive data-path timeouts that eject a node (refused/reset connections eject at once; 0 turns passive ejection off)"`
 	Failover          string        `env:"FAILOVER" envDefault:"rehash" help:"what happens to a down node's keys: rehash (next live node on the ring; no other key moves) or fail (fast 503, the ring stays)"`
 	FailoverTTL       time.Duration `env:"FAILOVER_TTL" envDefault:"60s" help:"expiry cap for writes that land on a node other than the key's owner, so stale copies age out once the owner is back (0 = no cap)"`
-	ReadmitFlush      bool          `env:"READMIT_FLUSH" envDefault:"false" help:"flush_all a node before re-admitting it, so it cannot serve values older than its failover successors got"`
+	ReadmitFlush      bool          `env:"READMIT_FLUSH" envDefault:"false" help:"flush_all a node before re-admitting it, and a node a reload adds before it joins, so it cannot serve values older than its keys got on other nodes meanwhile"`
 	MaxEjectedPercent int           `env:"MAX_EJECTED_PERCENT" envDefault:"50" help:"most nodes (percent, at least one) that passive ejection may hold down at once; probes, and connections refused when dialling, are not capped"`
 	PanicPercent      int           `env:"PANIC_PERCENT" envDefault:"0" help:"while fewer than this percent of nodes are up (but some), route as if all were up (Envoy's panic threshold); 0 = off"`
 	ReadyMinUpPercent int           `env:"READY_MIN_UP_PERCENT" envDefault:"0" help:"/readyz needs at least this percent of nodes up (and always at least one)"`

@@ -69,8 +69,9 @@ type HealthOptions struct {
 	FlapWindow        time.Duration // an ejection this soon after a re-admission is a flap; if zero, 60s
 	FlapBackoff       time.Duration // hold-down after the first flap, doubling per flap; if zero, 5s
 	FlapBackoffMax    time.Duration // cap of the hold-down; if zero, 2m
-	// ReadmitFlush sends flush_all to a node before re-admitting it, so it
-	// cannot serve values older than what its failover successors got.
+	// ReadmitFlush sends flush_all to a node before re-admitting it, and
+	// to a node a server change adds before it joins, so it cannot serve
+	// values older than what its keys got on other nodes meanwhile.
 	ReadmitFlush bool
 }
 
