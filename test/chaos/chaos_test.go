@@ -256,6 +256,11 @@ type result struct {
 	ex     []string
 	status map[string]int
 	events []string // event: share of keys reading back right after it
+	// reported is what the gateway said may read stale:
+	// memcgate_upstream_readmit_unknown_history_total and
+	// memcgate_upstream_readmit_untracked_keys_total, summed over the
+	// nodes (MemcgateStaleReadsPossible watches them).
+	reported string
 }
 
 func TestChaos(t *testing.T) {
@@ -276,15 +281,15 @@ func TestChaos(t *testing.T) {
 			}
 		})
 	}
-	t.Log("| configuration | stale reads | keys reading back after each event | statuses |")
-	t.Log("|---|---|---|---|")
+	t.Log("| configuration | stale reads | reported (unknown history, untracked keys) | keys reading back after each event | statuses |")
+	t.Log("|---|---|---|---|---|")
 	for _, r := range results {
 		var st []string
 		for k, v := range r.status {
 			st = append(st, fmt.Sprintf("%s:%d", k, v))
 		}
 		sort.Strings(st)
-		t.Logf("| %s | %d | %s | %s |", r.cfg.name, r.stale, strings.Join(r.events, ", "), strings.Join(st, " "))
+		t.Logf("| %s | %d | %s | %s | %s |", r.cfg.name, r.stale, r.reported, strings.Join(r.events, ", "), strings.Join(st, " "))
 	}
 }
 
@@ -407,8 +412,20 @@ func chaos(t *testing.T, c config, sd uint64) result {
 	time.Sleep(500 * time.Millisecond)
 	cancel()
 	wg.Wait()
+	var reported string
+	if fams, err := g.Families(t.Context()); err != nil {
+		reported = "scrape: " + err.Error()
+	} else {
+		var sums [2]float64
+		for i, name := range []string{"memcgate_upstream_readmit_unknown_history_total", "memcgate_upstream_readmit_untracked_keys_total"} {
+			if f := fams[name]; f != nil {
+				sums[i] = f.Sum
+			}
+		}
+		reported = fmt.Sprintf("%.0f, %.0f", sums[0], sums[1])
+	}
 	logs := g.Logs()
-	for _, line := range []string{"staying down", "re-admitted", "node up", "ejected"} {
+	for _, line := range []string{"staying down", "re-admitted", "node up", "ejected", "nodes added hold items"} {
 		t.Logf("log lines with %q: %d", line, strings.Count(logs, line))
 	}
 	if i := strings.Index(logs, "staying down"); i >= 0 {
@@ -416,7 +433,7 @@ func chaos(t *testing.T, c config, sd uint64) result {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return result{cfg: c, stale: r.stale, ex: r.staleEx, status: r.status, events: events}
+	return result{cfg: c, stale: r.stale, ex: r.staleEx, status: r.status, events: events, reported: reported}
 }
 
 // pick returns k distinct node indexes of n.
