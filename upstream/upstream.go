@@ -564,7 +564,7 @@ func (p *Prepared) Commit() Change {
 		c.log.Info("servers changed", "added", ch.Added, "removed", ch.Removed, "reweighted", ch.Reweighted, "nodes", len(t.nodes))
 	}
 	if len(flushed) > 0 {
-		c.log.Info(fmt.Sprintf("%d nodes added and flushed (MEMCGATE_READMIT_FLUSH): they may have held values from before they joined", len(flushed)), nodesAttrs(flushed)...)
+		c.log.Info(fmt.Sprintf("%d nodes added and flushed (MEMCGATE_READMIT_FLUSH, or a replicated pool): they may have held values from before they joined", len(flushed)), nodesAttrs(flushed)...)
 	}
 	if len(holding) > 0 {
 		// One line for them all, as for the nodes that start down.
