@@ -44,24 +44,31 @@ func TestSameTCPAddr(t *testing.T) {
 	}
 }
 
-// TestInheritedMismatch checks that a socket passed for a listener the
-// configuration puts elsewhere, or has not, stops the start with both
-// named, and that one where the configuration says is taken.
-func TestInheritedMismatch(t *testing.T) {
+// testSockets returns a TCP listener on loopback and a Unix one at path,
+// mode 0666, as a socket unit would pass them; both close when t ends.
+func testSockets(t *testing.T) (tcp, unix net.Listener, path string) {
+	t.Helper()
 	tcp, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tcp.Close()
-	path := filepath.Join(t.TempDir(), "s.sock")
-	unix, err := net.Listen("unix", path)
-	if err != nil {
+	t.Cleanup(func() { tcp.Close() })
+	path = filepath.Join(t.TempDir(), "s.sock")
+	if unix, err = net.Listen("unix", path); err != nil {
 		t.Fatal(err)
 	}
-	defer unix.Close()
+	t.Cleanup(func() { unix.Close() })
 	if err := os.Chmod(path, 0o666); err != nil {
 		t.Fatal(err)
 	}
+	return tcp, unix, path
+}
+
+// TestInheritedMismatch checks that a socket passed for a listener the
+// configuration puts elsewhere, or has not, stops the start with both
+// named, and that one where the configuration says is taken.
+func TestInheritedMismatch(t *testing.T) {
+	tcp, unix, path := testSockets(t)
 	port := tcp.Addr().(*net.TCPAddr).Port
 	tests := []struct {
 		name    string
@@ -101,25 +108,12 @@ func TestInheritedMismatch(t *testing.T) {
 // elsewhere, and nothing for one it leaves, moves to a name of the same
 // address, or that the gateway bound itself.
 func TestInheritedWarnings(t *testing.T) {
-	tcp, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tcp.Close()
+	tcp, unix, path := testSockets(t)
 	admin, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer admin.Close()
-	path := filepath.Join(t.TempDir(), "s.sock")
-	unix, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close()
-	if err := os.Chmod(path, 0o666); err != nil {
-		t.Fatal(err)
-	}
 	port := strconv.Itoa(tcp.Addr().(*net.TCPAddr).Port)
 	cfg := config.Config{ListenAddr: tcp.Addr().String(), AdminAddr: admin.Addr().String(), ListenSocket: path, ListenSocketMode: "0666"}
 	all := listeners{data: tcp, admin: admin, socket: unix, inherited: []string{fdData, fdAdmin, fdSocket}}
