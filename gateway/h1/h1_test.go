@@ -780,12 +780,10 @@ func (l *heldListener) Close() error {
 	return l.Listener.Close()
 }
 
-// TestShutdownServesAccepted checks that a connection Serve accepted
-// just as Shutdown closed its listener is served, not closed unread: a
-// listening socket that systemd also holds would have queued it for the
-// next gateway, and its client got a reset for a request nothing
-// refused (test/deploy TestSystemdSocketRestart found it).
-func TestShutdownServesAccepted(t *testing.T) {
+// serveHeld starts a Server answering "ok" on a heldListener of its own,
+// and returns it, the listener and what its Serve returns.
+func serveHeld(t *testing.T) (*Server, *heldListener, chan error) {
+	t.Helper()
 	inner, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -795,6 +793,17 @@ func TestShutdownServesAccepted(t *testing.T) {
 	s := &Server{Handler: h, Fallback: &http.Server{Handler: h}, ErrorLog: quietLog()}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- s.Serve(ln) }()
+	return s, ln, serveErr
+}
+
+// TestShutdownServesAccepted checks that a connection Serve accepted
+// just as Shutdown closed its listener is served, not closed unread: a
+// listening socket that systemd also holds would have queued it for the
+// next gateway, and its client got a reset for a request nothing
+// refused (test/deploy TestSystemdSocketRestart found it).
+func TestShutdownServesAccepted(t *testing.T) {
+	s, ln, serveErr := serveHeld(t)
+	inner := ln.Listener
 	t.Cleanup(func() { s.Close() })
 
 	c, br := dial(t, inner.Addr().String())
@@ -1092,15 +1101,8 @@ func TestDateHeader(t *testing.T) {
 // until ctx ends. Close then stops the Serve: the connection it hands
 // over after that is closed unserved, and Serve returns.
 func TestShutdownTimeoutServeHeld(t *testing.T) {
-	inner, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln := &heldListener{Listener: inner, accepted: make(chan struct{}), release: make(chan struct{}), closed: make(chan struct{})}
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
-	s := &Server{Handler: h, Fallback: &http.Server{Handler: h}, ErrorLog: quietLog()}
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- s.Serve(ln) }()
+	s, ln, serveErr := serveHeld(t)
+	inner := ln.Listener
 
 	c, br := dial(t, inner.Addr().String())
 	io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
