@@ -307,7 +307,17 @@ func streamHandler() http.Handler {
 					read = append(read, b...)
 					fmt.Fprintf(&steps, "%c n=%d err=%s\n", op, len(b), echoErr(err))
 				case 'c':
-					fmt.Fprintf(&steps, "c err=%s\n", echoErr(r.Body.Close()))
+					err := r.Body.Close()
+					if strings.Contains(strings.ToLower(r.Header.Get("Expect")), "100-continue") {
+						// h1 reads nothing more of a body whose client
+						// may hold it back for a 100 Continue (body.Close:
+						// the connection closes instead); net/http reads
+						// the rest and reports how it ended, an early EOF
+						// included. Only the error differs.
+						fmt.Fprintf(&steps, "c (Expect: error not compared)\n")
+						break
+					}
+					fmt.Fprintf(&steps, "c err=%s\n", echoErr(err))
 				case 'x':
 					duplex = true
 					fmt.Fprintf(&steps, "x err=%s\n", echoErr(http.NewResponseController(w).EnableFullDuplex()))
