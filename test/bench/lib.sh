@@ -99,6 +99,15 @@ wait_port() { # port pid name
   done
   die "$3 is not listening on 127.0.0.1:$1"
 }
+child_pids() { # pid name: the pid's children, comma-separated, once it has any
+  local kids=
+  for _ in $(seq 50); do
+    kids=$(pgrep -P "$1" | paste -sd, -)
+    [ -n "$kids" ] && { echo "$kids"; return 0; }
+    sleep 0.05
+  done
+  die "no $2"
+}
 
 # Load generators run in the background and are waited for: a Ctrl-C then
 # interrupts `wait` at once and the trap stops everything (run in the

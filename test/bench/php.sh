@@ -122,13 +122,7 @@ nginx -p "$work/memc" -e "$work/memc/error.log" -c "$work/memc/nginx.conf" >"$wo
 nginx_pid=$!
 pids+=("$nginx_pid")
 wait_port "$nginx_port" "$nginx_pid" "nginx (memc)"
-nginx_workers=
-for _ in $(seq 50); do
-  nginx_workers=$(pgrep -P "$nginx_pid" | paste -sd, -)
-  [ -n "$nginx_workers" ] && break
-  sleep 0.05
-done
-[ -n "$nginx_workers" ] || die "no nginx workers"
+nginx_workers=$(child_pids "$nginx_pid" "nginx workers")
 
 gate_port=$(free_port) admin_port=$(free_port)
 gate_sock=$work/memcgate.sock
@@ -206,14 +200,7 @@ wait_port "$front_port" "$front_pid" "nginx (front)"
 # its static children (pm.max_requests = 0: they live through the runs),
 # the front nginx's master and workers.
 fpm_pids="$fpm_pid,$(pgrep -P "$fpm_pid" | paste -sd, -)"
-front_pids=
-for _ in $(seq 50); do
-  front_pids=$(pgrep -P "$front_pid" | paste -sd, -)
-  [ -n "$front_pids" ] && break
-  sleep 0.05
-done
-[ -n "$front_pids" ] || die "no front nginx workers"
-front_pids="$front_pid,$front_pids"
+front_pids="$front_pid,$(child_pids "$front_pid" "front nginx workers")"
 
 # ---------------------------------------------------------------- sanity
 for v in $variants; do
