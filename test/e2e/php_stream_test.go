@@ -22,9 +22,10 @@ import (
 // streamResult is one answer of test/php/stream_get.php: a value, a miss
 // or memcgate_get's exception message.
 type streamResult struct {
-	Value *string `json:"value"` // base64
-	Miss  bool    `json:"miss"`
-	Error string  `json:"error"`
+	Value     *string `json:"value"` // base64
+	Miss      bool    `json:"miss"`
+	Error     string  `json:"error"`
+	Abandoned bool    `json:"abandoned"` // persistent_get.php's "abandon": the call was cut off
 }
 
 // streamGet runs memcgate_get (test/php/memcgate_get.php) in the real php

@@ -50,7 +50,7 @@ func Optional(t testing.TB, name string) string {
 
 // builtinExts are PHP extensions php-cli has built in: they add no
 // Debian package to Missing's advice.
-var builtinExts = []string{"Core", "ctype", "date", "filter", "hash", "json", "pcre", "random", "Reflection", "session", "SPL", "standard", "tokenizer"}
+var builtinExts = []string{"Core", "ctype", "date", "filter", "hash", "json", "pcntl", "pcre", "random", "Reflection", "session", "SPL", "standard", "tokenizer"}
 
 // PHP returns the path of php if it loads every extension in exts (as
 // `php -m` lists them), or ends t through Missing, naming php-cli and the

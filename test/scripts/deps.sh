@@ -2,8 +2,8 @@
 # deps.sh PROFILE: installs, with apt-get, the Debian packages a make target
 # needs when they are missing. PROFILE is "run" (memcached) or "test"
 # (memcached, php-cli with the curl, memcached and memcache extensions,
-# nginx with the memc module and haproxy for the interop and load-balancer
-# tests, prometheus for promtool, which checks the shipped alert rules, and
+# php-fpm for the kept-connection test, nginx with the memc module and
+# haproxy for the interop and load-balancer tests, prometheus for promtool, which checks the shipped alert rules, and
 # chromium, the headless browser test/status loads the status page in).
 # It fails, never skips, when something cannot be installed.
 set -euo pipefail
@@ -17,6 +17,7 @@ if [ "$profile" = test ]; then
   php -m 2>/dev/null | grep -qx memcache || need+=(php-memcache)
   command -v nginx >/dev/null 2>&1 || need+=(nginx)
   [ -e /usr/lib/nginx/modules/ngx_http_memc_module.so ] || need+=(libnginx-mod-http-memc)
+  compgen -G "/usr/sbin/php-fpm*" >/dev/null || need+=(php-fpm)
   command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
   command -v promtool >/dev/null 2>&1 || need+=(prometheus)
   command -v chromium >/dev/null 2>&1 || need+=(chromium)
@@ -32,6 +33,6 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-# Debian may start the packaged memcached and nginx services; our tests and
+# Debian may start the packaged memcached, nginx and php-fpm services; our tests and
 # make run use their own ports and processes, so they are left as they are.
 for cmd in memcached; do command -v "$cmd" >/dev/null || { echo "deps: $cmd still missing" >&2; exit 1; }; done

@@ -1,0 +1,44 @@
+<?php
+// persistent_get.php: drives memcgate_get_persistent() (memcgate_get.php)
+// for the e2e tests (TestPHPPersistentClient), one call a line, all in one
+// process, so that the calls share the kept connection as a php-fpm
+// worker's pages do.
+// Input (stdin): one JSON object a line: {"op": "get" or "abandon",
+//   "key": "base64 key", "addr": "tcp://127.0.0.1:8080" or "unix:///path",
+//   "timeout": seconds, "token": optional}.
+// Output (stdout): one JSON line per input line: {"value": "base64 value"},
+//   {"miss": true} or {"error": "the exception's message"}; for "abandon",
+//   {"abandoned": true}.
+// "abandon" ends the call as a page's fatal error or exit would, in the
+// middle, without its finally block: SIGUSR1 (which the test sends while
+// the call waits for its answer) makes the process exit, and a shutdown
+// function, as PHP runs after exit, goes on with the next lines: the next
+// "page" of this process.
+require __DIR__ . '/memcgate_get.php';
+
+function serve(): void
+{
+    while (($line = fgets(STDIN)) !== false) {
+        $in = json_decode($line, true);
+        if ($in['op'] === 'abandon') {
+            pcntl_async_signals(true);
+            pcntl_signal(SIGUSR1, function () {
+                exit(0);
+            });
+            register_shutdown_function(function () {
+                pcntl_signal(SIGUSR1, SIG_DFL);
+                echo json_encode(['abandoned' => true]), "\n";
+                serve();
+            });
+        }
+        try {
+            $v = memcgate_get_persistent(base64_decode($in['key']), $in['addr'], (float) $in['timeout'], $in['token'] ?? null);
+            $out = $v === null ? ['miss' => true] : ['value' => base64_encode($v)];
+        } catch (RuntimeException | InvalidArgumentException $e) {
+            $out = ['error' => $e->getMessage()];
+        }
+        echo json_encode($out), "\n";
+    }
+}
+
+serve();
