@@ -6,8 +6,10 @@
 # HTTP hop), and directly with php-memcached, connecting per page as the
 # seed did (the reference, 100 %) and with a persistent connection. The
 # -stream variants make the same HTTP calls with PHP's own stream socket
-# (memcgate_get() of test/php/memcgate_get.php) instead of curl, the -fgc
-# ones with file_get_contents(); every HTTP server gets each client. ab
+# (memcgate_get() of test/php/memcgate_get.php) instead of curl, a new
+# connection per page; the -stream-persist ones with
+# memcgate_get_persistent(), on a connection each php-fpm worker keeps; the
+# -fgc ones with file_get_contents(); every HTTP server gets each client. ab
 # without keep-alive loads the pages; everything shares the machine's
 # CPUs, as on a PHP host, so req/s measures CPU per page. docs/benchmarks.md
 # explains the method and holds the last run.
@@ -18,7 +20,8 @@
 #   BENCH_PHP_N=10000         requests per measured run (at least 4 × clients)
 #   BENCH_PHP_REPS=3          repeats per point, the variants interleaved
 #   BENCH_PHP_VARIANTS="native native-persistent memcgate memcgate-unix nginx-memc nginx-const
-#                       memcgate-stream memcgate-unix-stream nginx-memc-stream nginx-const-stream"
+#                       memcgate-stream memcgate-unix-stream nginx-memc-stream nginx-const-stream
+#                       memcgate-stream-persist memcgate-unix-stream-persist nginx-memc-stream-persist"
 #                             (also: memcgate-fgc nginx-memc-fgc nginx-const-fgc, and
 #                             memcgate-close memcgate-unix-close nginx-memc-close: curl
 #                             sending "Connection: close")
@@ -47,7 +50,7 @@ fi
 concs=${BENCH_PHP_CONCURRENCY:-$d_conc}
 nreq=${BENCH_PHP_N:-$d_n}
 reps=${BENCH_PHP_REPS:-$d_reps}
-variants=${BENCH_PHP_VARIANTS:-native native-persistent memcgate memcgate-unix nginx-memc nginx-const memcgate-stream memcgate-unix-stream nginx-memc-stream nginx-const-stream}
+variants=${BENCH_PHP_VARIANTS:-native native-persistent memcgate memcgate-unix nginx-memc nginx-const memcgate-stream memcgate-unix-stream nginx-memc-stream nginx-const-stream memcgate-stream-persist memcgate-unix-stream-persist nginx-memc-stream-persist}
 children=${BENCH_PHP_CHILDREN:-16}
 gw_procs=${BENCH_PHP_GATEWAY_PROCS:-}
 use_perf=${BENCH_PHP_PERF:-1}
@@ -163,6 +166,9 @@ for v in $variants; do
   memcgate-unix-stream) vscript[$v]=stream.php vaddr[$v]="unix://$gate_sock" vpids[$v]=$gate_pid ;;
   nginx-memc-stream) vscript[$v]=stream.php vaddr[$v]="tcp://127.0.0.1:$nginx_port" vpath[$v]=key/ vpids[$v]="$nginx_pid,$nginx_workers" ;;
   nginx-const-stream) vscript[$v]=stream.php vaddr[$v]="tcp://127.0.0.1:$nginx_port" vpath[$v]=const/ vpids[$v]="$nginx_pid,$nginx_workers" ;;
+  memcgate-stream-persist) vscript[$v]=stream.php vaddr[$v]="tcp://127.0.0.1:$gate_port" vpersist[$v]=1 vpids[$v]=$gate_pid ;;
+  memcgate-unix-stream-persist) vscript[$v]=stream.php vaddr[$v]="unix://$gate_sock" vpersist[$v]=1 vpids[$v]=$gate_pid ;;
+  nginx-memc-stream-persist) vscript[$v]=stream.php vaddr[$v]="tcp://127.0.0.1:$nginx_port" vpath[$v]=key/ vpersist[$v]=1 vpids[$v]="$nginx_pid,$nginx_workers" ;;
   memcgate-fgc) vscript[$v]=fgc.php vurl[$v]="http://127.0.0.1:$gate_port/" vpids[$v]=$gate_pid ;;
   nginx-memc-fgc) vscript[$v]=fgc.php vurl[$v]="http://127.0.0.1:$nginx_port/key/" vpids[$v]="$nginx_pid,$nginx_workers" ;;
   nginx-const-fgc) vscript[$v]=fgc.php vurl[$v]="http://127.0.0.1:$nginx_port/const/" vpids[$v]="$nginx_pid,$nginx_workers" ;;

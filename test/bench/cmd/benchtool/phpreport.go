@@ -13,8 +13,9 @@ import (
 // phpVariants names php.sh's variants in the tables, in their order;
 // native (php-memcached connecting per page) is the reference. The plain
 // HTTP variants call with curl ("curl close": curl sending "Connection:
-// close"), "stream" with PHP's stream socket (memcgate_get),
-// "file_get_contents" with PHP's http:// wrapper.
+// close"), "stream" with PHP's stream socket (memcgate_get), "stream
+// persistent" with the connection a php-fpm worker keeps
+// (memcgate_get_persistent), "file_get_contents" with PHP's http:// wrapper.
 var phpVariants = []struct{ name, title string }{
 	{"native", "native"},
 	{"native-persistent", "native persistent"},
@@ -29,6 +30,9 @@ var phpVariants = []struct{ name, title string }{
 	{"memcgate-unix-stream", "memcgate Unix socket stream"},
 	{"nginx-memc-stream", "nginx + memc stream"},
 	{"nginx-const-stream", "nginx constant stream"},
+	{"memcgate-stream-persist", "memcgate TCP stream persistent"},
+	{"memcgate-unix-stream-persist", "memcgate Unix socket stream persistent"},
+	{"nginx-memc-stream-persist", "nginx + memc stream persistent"},
 	{"memcgate-fgc", "memcgate TCP file_get_contents"},
 	{"nginx-memc-fgc", "nginx + memc file_get_contents"},
 	{"nginx-const-fgc", "nginx constant file_get_contents"},
@@ -140,7 +144,8 @@ func phpReport(args []string, w io.Writer) error {
 
 	// Each HTTP client's variants: the suffix of their names and the
 	// client's name in the tables.
-	clients := []struct{ suffix, title string }{{"", "curl"}, {"-close", "curl close"}, {"-stream", "stream"}, {"-fgc", "file_get_contents"}}
+	clients := []struct{ suffix, title string }{{"", "curl"}, {"-close", "curl close"}, {"-stream", "stream"},
+		{"-stream-persist", "stream persistent"}, {"-fgc", "file_get_contents"}}
 	var cmp []struct{ suffix, title string }
 	for _, cl := range clients {
 		if present["memcgate"+cl.suffix] && present["nginx-memc"+cl.suffix] {
