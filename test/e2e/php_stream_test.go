@@ -148,6 +148,7 @@ func TestPHPStreamClient(t *testing.T) {
 		// completes the connection and nothing answers.
 		g.Signal(syscall.SIGSTOP)
 		defer g.Signal(syscall.SIGCONT)
+		memcachedtest.WaitStopped(t, "memcgate", g.Pid())
 		for _, addr := range []string{"tcp://" + g.DataAddr, "unix://" + sock} {
 			res := streamGet(t, php, addr, 0.3, "bin")
 			if !strings.Contains(res[0].Error, "connection timed out before the answer's head") {
@@ -278,6 +279,6 @@ func TestPHPStreamClientDocumented(t *testing.T) {
 	}
 	fn := bytes.TrimRight(src[i:], "\n")
 	if !bytes.Contains(doc, append(append([]byte("```php\n"), fn...), "\n```\n"...)) {
-		t.Error("docs/php.md does not print test/php/memcgate_get.php's function (from its /** comment to the end) as a php code block, unchanged")
+		t.Error("docs/php.md does not print test/php/memcgate_get.php's functions (from the first /** comment to the end) as a php code block, unchanged")
 	}
 }

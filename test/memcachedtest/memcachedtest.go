@@ -296,10 +296,18 @@ func (s *Server) Pause() {
 	if pid == 0 {
 		return
 	}
+	WaitStopped(s.t, "memcached", pid)
+}
+
+// WaitStopped waits until every thread of the process pid, sent SIGSTOP,
+// has stopped (the kernel stops them one by one after kill returns), or
+// fails t after 5s; what names the process in the failure.
+func WaitStopped(t testing.TB, what string, pid int) {
+	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for !allStopped(pid) {
 		if time.Now().After(deadline) {
-			s.t.Fatalf("memcached (pid %d) not stopped 5s after SIGSTOP", pid)
+			t.Fatalf("%s (pid %d) not stopped 5s after SIGSTOP", what, pid)
 		}
 		time.Sleep(time.Millisecond)
 	}
