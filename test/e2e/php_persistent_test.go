@@ -117,7 +117,8 @@ func accepted(t *testing.T, g *gateway) float64 {
 // TestPHPPersistentClient runs memcgate_get_persistent, the kept-connection
 // client docs/php.md gives PHP users, in the real php against a real
 // gateway, over TCP and its Unix socket: calls of one process share one
-// connection through hits of awkward values, a miss and a refused key;
+// connection through hits of awkward values, a miss and a refused key,
+// and a refusal with Connection: close makes the next call connect again;
 // a gateway stopped with SIGSTOP is a timeout whose connection is not used
 // again; a gateway restarted, and one whose idle timeout closed the kept
 // connection, are connected to again.
@@ -166,11 +167,23 @@ func TestPHPPersistentClient(t *testing.T) {
 			if n := accepted(t, g) - before; n != 1 {
 				t.Errorf("%v connections accepted for 7 calls of one process, want 1", n)
 			}
+			// A head over MEMCGATE_MAX_HEADER_BYTES is refused before any
+			// handler, 431 with Connection: close and no Content-Length:
+			// the next call is on a new connection.
+			if r := p.call("get", strings.Repeat("k", 100000), addr, 5); !strings.Contains(r.Error, "status 431: 431 Request Header Fields Too Large") {
+				t.Errorf("key of 100 KB: %+v, want an exception with the gateway's 431", r)
+			}
+			p.get("seed", addr, values["seed"])
+			p.get("seed", addr, values["seed"])
+			if n := accepted(t, g) - before; n != 2 {
+				t.Errorf("%v connections accepted for 10 calls, one answered with Connection: close, want 2", n)
+			}
 
 			// Stopped, the gateway answers nothing: a timeout. Once it goes
 			// on it writes the answer for "big" into a socket the client
 			// closed; the next call, for another key, is on a new one.
 			g.Signal(syscall.SIGSTOP)
+			memcachedtest.WaitStopped(t, "memcgate", g.Pid())
 			r := p.call("get", "big", addr, 0.3)
 			g.Signal(syscall.SIGCONT)
 			if !strings.Contains(r.Error, "connection timed out before the answer's head") {
@@ -423,6 +436,8 @@ func TestPHPPersistentClientAnswers(t *testing.T) {
 		// connection is not used again.
 		{"an answer no one asked for", [][]step{{ok("a")}, {ok("b")}},
 			[]call{{want: "a"}, {push: ok("X").answer, want: "b"}}, []int{1, 1}},
+		{"a refusal running to the close", [][]step{{{answer: "HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\n\r\ntoo large", close: true}}, {ok("b")}},
+			[]call{{want: "status 431: too large", err: true}, {want: "b"}}, []int{1, 1}},
 		{"chunked", [][]step{{step{answer: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n"}}, {ok("b")}},
 			[]call{{want: "no Content-Length", err: true}, {want: "b"}}, []int{1, 1}},
 		// The first call ends while its answer's body is owed and none of

@@ -170,7 +170,10 @@ function memcgate_get_persistent(string $key, string $addr = 'tcp://127.0.0.1:80
             $head = substr($buf, 0, $end + 2); // each header line ends in \r\n
             $at = stripos($head, "\r\ncontent-length:");
             if ($at === false || stripos($head, "\r\ntransfer-encoding:") !== false) {
-                throw new RuntimeException("memcgate $addr: the answer has no Content-Length");
+                // A refusal before any handler (431: a head too large) may
+                // run to the close; its status says more than its framing.
+                $why = $status === 200 ? 'the answer has no Content-Length' : "status $status: " . substr($buf, $end + 4, 200);
+                throw new RuntimeException("memcgate $addr: $why");
             }
             $at += 17;
             $len = trim(substr($head, $at, strpos($head, "\r\n", $at) - $at));
