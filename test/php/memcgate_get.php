@@ -127,8 +127,9 @@ function memcgate_get_persistent(string $key, string $addr = 'tcp://127.0.0.1:80
         $r = [$s];
         $w = $e = null;
         if ($mark !== 8192 && ($mark !== 8191 || stream_get_meta_data($s)['unread_bytes'] > 0 || @stream_select($r, $w, $e, 0) !== 0)) {
-            // Kept, but not between two answers (bytes or the close of an
-            // answer this call did not ask for): never read it.
+            // Kept, but not between two answers: a page ended in the middle
+            // of a call, or bytes (or the close) wait that no request of
+            // this call asked for. Never read from it: connect again.
             @stream_socket_shutdown($s, STREAM_SHUT_RDWR);
             fclose($s);
             $s = @stream_socket_client($addr, $errno, $errstr, $timeout, STREAM_CLIENT_CONNECT | STREAM_CLIENT_PERSISTENT);
