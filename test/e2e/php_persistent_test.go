@@ -273,9 +273,11 @@ type scriptedServer struct {
 
 	mu    sync.Mutex
 	reqs  [][]string // the requests each connection read, in accept order
-	accum []net.Conn // the connections, in accept order
+	accum []net.Conn // the connections, in accept order, closed at the end
 }
 
+// startScripted serves conns on a loopback port until the test ends;
+// signal is what a step with signal calls.
 func startScripted(t *testing.T, conns [][]step, signal func()) *scriptedServer {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -284,15 +286,13 @@ func startScripted(t *testing.T, conns [][]step, signal func()) *scriptedServer 
 	}
 	s := &scriptedServer{ln: ln, conns: conns, signal: signal}
 	var open sync.WaitGroup
-	var mu sync.Mutex
-	var all []net.Conn
 	t.Cleanup(func() {
 		ln.Close()
-		mu.Lock()
-		for _, c := range all {
+		s.mu.Lock()
+		for _, c := range s.accum {
 			c.Close()
 		}
-		mu.Unlock()
+		s.mu.Unlock()
 		open.Wait()
 	})
 	open.Add(1)
@@ -303,9 +303,6 @@ func startScripted(t *testing.T, conns [][]step, signal func()) *scriptedServer 
 			if err != nil {
 				return
 			}
-			mu.Lock()
-			all = append(all, c)
-			mu.Unlock()
 			s.mu.Lock()
 			s.reqs = append(s.reqs, nil)
 			s.accum = append(s.accum, c)
