@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # bench.sh: memcgate against nginx + HttpMemcModule (memc-nginx-module),
-# both in front of the same memcached, on loopback. What `make bench` runs
+# both in front of the same memcached, on loopback; for GET also two
+# floors: nginx answering a constant body (nginx-const) and memcgate's own
+# HTTP server answering one (h1-const, test/bench/cmd/h1const). What `make bench` runs
 # (after `make build`). docs/benchmarks.md explains the method and holds
 # the last full run.
 #
@@ -128,8 +130,9 @@ ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 [ "$(ulimit -n)" -ge 8192 ] || die "ulimit -n is $(ulimit -n); need at least 8192 for 2048 clients"
 
 # ---------------------------------------------------------------- build helper
-log "building the bench helper"
+log "building the bench helpers"
 go build -o "$work/benchtool" ./test/bench/cmd/benchtool
+go build -o "$work/h1const" ./test/bench/cmd/h1const
 bt=$work/benchtool
 
 # Our own copy: others may rebuild bin/memcgate while the benchmark runs.
@@ -217,6 +220,20 @@ targets=(memcgate nginx)
 floor=nginx-const
 url[$floor]="http://127.0.0.1:$nginx_port/const/"
 tpids[$floor]=${tpids[nginx]} rpids[$floor]=${rpids[nginx]}
+# The floor of Go and memcgate's own HTTP server: gateway/h1 set up as
+# memcgate sets it up (listener, accept path, timeouts, connection cap),
+# pinned as memcgate is, answering a constant body as long as a value
+# with no memcached and no routing. GET only, in the get workload.
+hfloor=h1-const
+head -c $vallen "$work/value.txt" >"$work/const.txt"
+hfloor_port=$(free_port)
+taskset -c "$server_cpus" env GOMAXPROCS="$server_n" "$work/h1const" -listen "127.0.0.1:$hfloor_port" \
+  -body "$work/const.txt" >"$work/h1const.log" 2>&1 &
+hfloor_pid=$!
+pids+=("$hfloor_pid")
+wait_port "$hfloor_port" "$hfloor_pid" h1const
+url[$hfloor]="http://127.0.0.1:$hfloor_port/"
+tpids[$hfloor]=$hfloor_pid rpids[$hfloor]=$hfloor_pid
 # The floor of a big-value PUT: benchtool's proxy, the least a gateway that
 # copies a value does (a memcached connection per client connection, the
 # body read whole into a reused buffer and written at once, no bounds, no
@@ -239,6 +256,9 @@ for t in "${targets[@]}"; do
   [ "$code" = 200 ] && [ "$(wc -c <"$work/check.$t")" = $vallen ] || die "$t: GET of a preloaded key: $code"
 done
 cmp -s "$work/check.memcgate" "$work/check.nginx" || die "memcgate and nginx return different values for one key"
+for t in "$floor" "$hfloor"; do
+  curl -s "${url[$t]}$key0" | cmp -s - "$work/const.txt" || die "$t: GET does not answer the constant body"
+done
 for t in "${targets[@]}"; do
   code=$(curl -s -o /dev/null -w '%{http_code}' -X PUT -H 'Expect:' --data-binary "@$work/value.txt" "${url[$t]}$key0")
   [ "$code" = 201 ] || die "$t: PUT answered $code, want 201"
@@ -258,7 +278,7 @@ for sz in $big_sizes; do
     curl -s "${url[memcgate]}$bkey" | cmp -s - "$work/value-$sz.txt" || die "$pfloor: GET after its PUT of a $sz value differs"
   fi
 done
-log "memcached 127.0.0.1:$memc_port (cpu $memc_cpus), nginx 127.0.0.1:$nginx_port (pid $nginx_pid, workers $nginx_workers, cpu $server_cpus), memcgate 127.0.0.1:$gate_port (pid $gate_pid, cpu $server_cpus), load on cpu $load_cpus"
+log "memcached 127.0.0.1:$memc_port (cpu $memc_cpus), nginx 127.0.0.1:$nginx_port (pid $nginx_pid, workers $nginx_workers, cpu $server_cpus), memcgate 127.0.0.1:$gate_port (pid $gate_pid, cpu $server_cpus), h1const 127.0.0.1:$hfloor_port (pid $hfloor_pid), load on cpu $load_cpus"
 base_conns=$("$bt" sample -memc "127.0.0.1:$memc_port" -target "$memc_pid" -memcached "$memc_pid" </dev/null & sp=$!; sleep 0.3; kill -TERM $sp; wait $sp)
 base_conns=$(sed -n 's/.*conn_max=\([0-9]*\).*/\1/p' <<<"$base_conns")
 
@@ -318,6 +338,7 @@ measure() {
   alive memcached "$memc_pid"
   alive nginx "$nginx_pid" "${wlist[@]}"
   alive memcgate "$gate_pid"
+  alive h1const "$hfloor_pid"
   # Access logs grow by up to a GB a minute: keep only the current run's.
   [ "$access_log" = 1 ] && truncate -s 0 "$work/memcgate.log" "$work/nginx/access.log"
   [ "$warmup" -gt 0 ] && run_bg /dev/null wrk_base "$t" "$wl" "$c" "$warmup"
@@ -365,7 +386,7 @@ plan=$(for wl in $workloads; do for c in $concs; do echo "$wl $c"; done; done
 total=0 i=0
 while read -r wl c; do
   total=$((total + reps * 2))
-  [ "$wl" = get ] && total=$((total + reps))
+  [ "$wl" = get ] && total=$((total + reps * 2))
   [[ $wl == put-* ]] && total=$((total + reps))
 done <<<"$plan"
 wait_quiet || true
@@ -374,7 +395,7 @@ eta=$(((warmup + duration + 1) * total))
 log "$total wrk runs of ${duration}s (+${warmup}s warm-up), about $((eta / 60)) min$([ "$ab_n" -gt 0 ] && echo ', then ab')"
 while read -r wl c <&3; do
   wl_targets=("${targets[@]}")
-  [ "$wl" = get ] && wl_targets+=("$floor")
+  [ "$wl" = get ] && wl_targets+=("$floor" "$hfloor")
   [[ $wl == put-* ]] && wl_targets+=("$pfloor")
   out=$runs
   [[ $wl == *-* ]] && out=$runs_big
@@ -471,7 +492,7 @@ if [ "$use_perf" = 1 ]; then
     while read -r wl c <&3; do
       [ -n "$wl" ] || continue
       p_targets=("${targets[@]}")
-      [ "$wl" = get ] && p_targets+=("$floor")
+      [ "$wl" = get ] && p_targets+=("$floor" "$hfloor")
       for t in "${p_targets[@]}"; do
         [ "$warmup" -gt 0 ] && run_bg /dev/null wrk_base "$t" "$wl" "$c" "$warmup"
         perf stat -x, -e raw_syscalls:sys_enter,context-switches -p "${tpids[$t]}" -o "$work/perf.stat" &
@@ -492,7 +513,7 @@ if [ "$use_perf" = 1 ]; then
     done 3<<<"$pplan"
     {
       echo
-      echo "Counted over each target's processes (memcgate's, or nginx's master and workers) while wrk ran, a little more than the run; memcached's own calls are not counted. The memcached round trips of a gateway are in its counts."
+      echo "Counted over each target's processes (memcgate's, h1const's, or nginx's master and workers) while wrk ran, a little more than the run; memcached's own calls are not counted. The memcached round trips of a gateway are in its counts."
     } >>"$perf_md"
   fi
 fi

@@ -14,12 +14,16 @@ import (
 )
 
 // The targets, in the order the tables list them; ratios are memcgate
-// over nginx, and over floor: nginx answering a constant body without
-// memcached, the cost of an HTTP hop with nothing behind it (GET only).
+// over nginx, over floor: nginx answering a constant body without
+// memcached, the cost of an HTTP hop with nothing behind it, and over
+// h1Floor: memcgate's own HTTP server (gateway/h1, test/bench/cmd/h1const)
+// answering a constant body, what Go and that server cost without the
+// gateway's work (both GET only).
 const (
-	gate  = "memcgate"
-	nginx = "nginx"
-	floor = "nginx-const"
+	gate    = "memcgate"
+	nginx   = "nginx"
+	floor   = "nginx-const"
+	h1Floor = "h1-const"
 	// copyFloor is benchtool's proxy: the floor of a big-value PUT
 	// through a gateway that copies the value (proxy.go).
 	copyFloor = "copy-proxy"
@@ -241,7 +245,7 @@ func wrkTables(recs []record, w io.Writer, wrkLimit float64) {
 	var flagged []string
 	maxSpread := map[string]float64{}
 	for _, c := range cells {
-		for _, t := range []string{gate, nginx, floor} {
+		for _, t := range []string{gate, nginx, floor, h1Floor} {
 			p := points[pointKey{c.workload, c.conc, t}]
 			if p == nil {
 				continue
@@ -274,25 +278,28 @@ func wrkTables(recs []record, w io.Writer, wrkLimit float64) {
 
 	fmt.Fprintln(w, "#### Ratios memcgate / nginx (medians)")
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| workload | clients | req/s | p99 | server CPU/req | server+memcached CPU/req | server CPU/req over the floor's |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| workload | clients | req/s | p99 | server CPU/req | server+memcached CPU/req | server CPU/req over the floor's | server CPU/req memcgate over h1-const |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
 	for _, c := range cells {
 		g, n := points[pointKey{c.workload, c.conc, gate}], points[pointKey{c.workload, c.conc, nginx}]
 		if g == nil || n == nil {
 			continue
 		}
-		overFloor := "–"
+		overFloor, overH1 := "–", "–"
 		if f := points[pointKey{c.workload, c.conc, floor}]; f != nil {
 			overFloor = ratio(g.median(perReq("target_cpu_us")), f.median(perReq("target_cpu_us")))
 		}
-		fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %s |\n", c.workload, c.conc,
+		if f := points[pointKey{c.workload, c.conc, h1Floor}]; f != nil {
+			overH1 = ratio(g.median(perReq("target_cpu_us")), f.median(perReq("target_cpu_us")))
+		}
+		fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %s | %s |\n", c.workload, c.conc,
 			ratio(g.median(field("rps")), n.median(field("rps"))),
 			ratio(g.median(field("p99_us")), n.median(field("p99_us"))),
 			ratio(g.median(perReq("target_cpu_us")), n.median(perReq("target_cpu_us"))),
-			ratio(g.median(both), n.median(both)), overFloor)
+			ratio(g.median(both), n.median(both)), overFloor, overH1)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "req/s above 1× favours memcgate; p99 and CPU/req below 1× favour memcgate. The floor is nginx answering a constant body of a value's length without memcached (get only).")
+	fmt.Fprintln(w, "req/s above 1× favours memcgate; p99 and CPU/req below 1× favour memcgate. The floor is nginx answering a constant body of a value's length without memcached (get only); h1-const is memcgate's own HTTP server (gateway/h1, set up as memcgate sets it up, pinned the same) answering such a body, with no memcached and no routing (get only): memcgate over h1-const is the cost of the gateway's own work, h1-const over the floor that of Go and the server.")
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "Noise between repeats: the widest req/s spread (max−min over median) of any point was %s%% for memcgate and %s%% for nginx.\n",
 		fmtNum(maxSpread[gate], 1), fmtNum(maxSpread[nginx], 1))
