@@ -46,6 +46,7 @@ func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls
 		return err
 	}
 	p.memory()
+	defer p.gcFloor.stop()
 	p.metrics()
 	if err := p.upstream(); err != nil {
 		p.ls.close()
@@ -79,6 +80,7 @@ type process struct {
 	mem      memoryPlan
 	derived  int64 // MAX_BUFFERED_BYTES when unset, for reloads
 	buffered *budget.Budget
+	gcFloor  *gcFloor // nil when GOGC is set: the operator's choice stands
 
 	// Made by metrics.
 	build      buildInfo
@@ -143,8 +145,8 @@ func (p *process) listen() error {
 	return nil
 }
 
-// memory plans the process's memory: the byte budget and the runtime's
-// memory limit.
+// memory plans the process's memory: the byte budget, the runtime's
+// memory limit, and the heap goal's floor unless GOGC is set.
 func (p *process) memory() {
 	cfg := p.cfg
 	mem := planMemory(cfg, cgroupMemoryLimit())
@@ -162,6 +164,9 @@ func (p *process) memory() {
 	}
 	p.mem, p.derived = mem, derived
 	p.buffered = budget.New(mem.budget)
+	if _, set := p.environ["GOGC"]; !set {
+		p.gcFloor = startGCFloor(heapFloor)
+	}
 }
 
 // metrics makes the registry every part registers on, with the
