@@ -8,6 +8,8 @@ import (
 // listenerKeepAlive: on Linux accepted sockets inherit the listener's options.
 const listenerKeepAlive = true
 
+const tcpDeferAccept = syscall.TCP_DEFER_ACCEPT
+
 // setListenerOptions is cmd/memcgate's (listen_linux.go there): keep-alive
 // probes, TCP_DEFER_ACCEPT of 1 s, and SO_SNDBUF if sndbuf > 0.
 func setListenerOptions(fd, sndbuf int) error {
@@ -16,7 +18,7 @@ func setListenerOptions(fd, sndbuf int) error {
 		{syscall.IPPROTO_TCP, syscall.TCP_KEEPIDLE, int(keepAliveIdle.Seconds())},
 		{syscall.IPPROTO_TCP, syscall.TCP_KEEPINTVL, int(keepAliveInterval.Seconds())},
 		{syscall.IPPROTO_TCP, syscall.TCP_KEEPCNT, keepAliveCount},
-		{syscall.IPPROTO_TCP, syscall.TCP_DEFER_ACCEPT, 1},
+		{syscall.IPPROTO_TCP, tcpDeferAccept, 1},
 	}
 	if sndbuf > 0 {
 		opts = append(opts, [3]int{syscall.SOL_SOCKET, syscall.SO_SNDBUF, sndbuf})

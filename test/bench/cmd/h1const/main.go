@@ -50,14 +50,12 @@ func run(addr, bodyFile, admin string) error {
 	if err != nil {
 		return err
 	}
-	// memcgate's defaults: a placeholder server, which nothing dials,
-	// satisfies the one required variable.
-	cfg, err := config.Load(map[string]string{config.Prefix + "SERVERS": "127.0.0.1:11211"})
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	cfg, err := defaults()
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
 	ln, err := listenTCP(ctx, addr, cfg.SendBufferBytes)
 	if err != nil {
 		return err
@@ -68,10 +66,25 @@ func run(addr, bodyFile, admin string) error {
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		aln, err := net.Listen("tcp", admin)
 		if err != nil {
+			ln.Close()
 			return err
 		}
 		go http.Serve(aln, mux)
 	}
+	return serve(ctx, ln, cfg, body)
+}
+
+// defaults is memcgate's configuration with nothing set: a placeholder
+// server, which nothing dials, satisfies the one required variable.
+func defaults() (config.Config, error) {
+	return config.Load(map[string]string{config.Prefix + "SERVERS": "127.0.0.1:11211"})
+}
+
+// serve answers every request on ln with body until ctx is done, with
+// gateway/h1 and its net/http fallback set up as cmd/memcgate sets them
+// up for a data listener without TLS (dataServer there), timeouts,
+// header limit and connection cap from cfg.
+func serve(ctx context.Context, ln net.Listener, cfg config.Config, body []byte) error {
 	h := constant(body)
 	std := &http.Server{
 		Handler:           h,
@@ -99,7 +112,9 @@ func run(addr, bodyFile, admin string) error {
 	case err := <-done:
 		return err
 	case <-ctx.Done():
-		return srv.Close()
+		srv.Close()
+		<-done
+		return nil
 	}
 }
 
