@@ -11,6 +11,7 @@ import (
 
 	"github.com/memcgate/memcgate/cmd/memcgate/internal/sdlisten"
 	"github.com/memcgate/memcgate/config"
+	"github.com/memcgate/memcgate/gateway/listen"
 )
 
 // The names a socket unit gives the sockets it passes
@@ -56,7 +57,7 @@ func openListeners(ctx context.Context, cfg config.Config, environ map[string]st
 	if ls.data = take(fdData); ls.data != nil {
 		err = inheritedTCP(ctx, ls.data, fdData, cfg.ListenAddr, cfg.SendBufferBytes)
 	} else {
-		ls.data, err = listenTCP(ctx, cfg.ListenAddr, cfg.SendBufferBytes)
+		ls.data, err = listen.TCP(ctx, cfg.ListenAddr, cfg.SendBufferBytes)
 	}
 	if err != nil {
 		return fail(fmt.Errorf("%sLISTEN_ADDR: %w", config.Prefix, err))
@@ -64,7 +65,7 @@ func openListeners(ctx context.Context, cfg config.Config, environ map[string]st
 	if ls.admin = take(fdAdmin); ls.admin != nil {
 		err = inheritedTCP(ctx, ls.admin, fdAdmin, cfg.AdminAddr, 0)
 	} else {
-		ls.admin, err = listenTCP(ctx, cfg.AdminAddr, 0)
+		ls.admin, err = listen.TCP(ctx, cfg.AdminAddr, 0)
 	}
 	if err != nil {
 		return fail(fmt.Errorf("%sADMIN_ADDR: %w", config.Prefix, err))
@@ -81,7 +82,7 @@ func openListeners(ctx context.Context, cfg config.Config, environ map[string]st
 }
 
 // inheritedTCP checks that ln, passed as name, is a TCP socket at addr
-// (checkTCP), and sets on it what listenTCP sets on the sockets it
+// (checkTCP), and sets on it what listen.TCP sets on the sockets it
 // opens.
 func inheritedTCP(ctx context.Context, ln net.Listener, name, addr string, sndbuf int) error {
 	if err := checkTCP(ctx, ln, name, addr); err != nil {
@@ -92,7 +93,7 @@ func inheritedTCP(ctx context.Context, ln net.Listener, name, addr string, sndbu
 		return err
 	}
 	var serr error
-	if err := rc.Control(func(fd uintptr) { serr = setListenerOptions(int(fd), sndbuf) }); err != nil {
+	if err := rc.Control(func(fd uintptr) { serr = listen.SetOptions(int(fd), sndbuf) }); err != nil {
 		return err
 	}
 	return serr
@@ -122,7 +123,7 @@ func checkTCP(ctx context.Context, ln net.Listener, name, addr string) error {
 	}
 	var v6only bool
 	var serr error
-	if err := rc.Control(func(fd uintptr) { v6only, serr = ipv6Only(int(fd)) }); err != nil {
+	if err := rc.Control(func(fd uintptr) { v6only, serr = listen.IPv6Only(int(fd)) }); err != nil {
 		return err
 	}
 	if serr != nil {

@@ -11,37 +11,6 @@ import (
 	"time"
 )
 
-// TCP keep-alive of accepted connections: Go's defaults (probes after
-// 15 s idle, every 15 s, 9 of them), so that a client that vanished
-// without a FIN is found out as before.
-const (
-	keepAliveIdle     = 15 * time.Second
-	keepAliveInterval = 15 * time.Second
-	keepAliveCount    = 9
-)
-
-// listenTCP opens a TCP listener whose keep-alive options are set once,
-// on the listening socket, and inherited by every connection it accepts
-// (where the system does that): Go would otherwise set them on each
-// accepted connection, four system calls per connection. So is the send
-// buffer, if sndbuf > 0 (SO_SNDBUF; Linux only).
-func listenTCP(ctx context.Context, addr string, sndbuf int) (net.Listener, error) {
-	lc := net.ListenConfig{
-		KeepAlive: -1, // set on the listener instead, where the system allows
-		Control: func(_, _ string, rc syscall.RawConn) error {
-			var serr error
-			if err := rc.Control(func(fd uintptr) { serr = setListenerOptions(int(fd), sndbuf) }); err != nil {
-				return err
-			}
-			return serr
-		},
-	}
-	if !listenerKeepAlive {
-		lc.KeepAliveConfig = net.KeepAliveConfig{Enable: true, Idle: keepAliveIdle, Interval: keepAliveInterval, Count: keepAliveCount}
-	}
-	return lc.Listen(ctx, "tcp", addr)
-}
-
 // listenUnix opens a Unix socket at path with permissions mode for the
 // data API. A socket file that a process which ended left there is
 // replaced; a socket some process still listens on, or a file that is

@@ -12,6 +12,7 @@ import (
 	"github.com/memcgate/memcgate/gateway/budget"
 	"github.com/memcgate/memcgate/gateway/bufpool"
 	"github.com/memcgate/memcgate/gateway/h1"
+	"github.com/memcgate/memcgate/gateway/listen"
 	"github.com/memcgate/memcgate/upstream/route"
 )
 
@@ -71,7 +72,7 @@ func (p *liveParts) apply(ctx context.Context, u liveconfig.Update) ([]route.Cha
 	}
 	p.budget.SetLimit(limit)
 	p.bodies.SetMax(int(limit))
-	connMax := clientConnCap(next.MaxClientConns, p.nofile)
+	connMax := listen.ConnCap(next.MaxClientConns, p.nofile)
 	p.conns.setMax(connMax)
 	if slices.Contains(u.Changed, config.Prefix+"MAX_CLIENT_CONNS") {
 		warnConnCap(p.log, connMax, p.nofile) // as at start

@@ -16,9 +16,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-
 	"github.com/memcgate/memcgate/cmd/memcgate/internal/closewatch"
 	"github.com/memcgate/memcgate/cmd/memcgate/internal/conncap"
 	"github.com/memcgate/memcgate/cmd/memcgate/internal/liveconfig"
@@ -28,9 +25,12 @@ import (
 	"github.com/memcgate/memcgate/gateway/bufpool"
 	"github.com/memcgate/memcgate/gateway/chunk"
 	"github.com/memcgate/memcgate/gateway/h1"
+	"github.com/memcgate/memcgate/gateway/listen"
 	"github.com/memcgate/memcgate/gateway/memc"
 	"github.com/memcgate/memcgate/gateway/procs"
 	"github.com/memcgate/memcgate/upstream/route"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 // serve wires the cluster and both servers, and owns every long-lived
@@ -118,8 +118,8 @@ func (p *process) listen() error {
 	p.sec = sec
 	p.adminLoopback = loopbackOnly(p.ls.admin.Addr())
 	p.ls.admin = sec.wrapAdmin(closewatch.Listener(p.ls.admin))
-	p.nofile = openFileLimit()
-	p.maxConns = clientConnCap(cfg.MaxClientConns, p.nofile)
+	p.nofile = listen.OpenFileLimit()
+	p.maxConns = listen.ConnCap(cfg.MaxClientConns, p.nofile)
 	conns := newConnTracker(p.maxConns)
 	conns.data, conns.admin = closewatch.New("data", log), closewatch.New("admin", log)
 	for _, ln := range []*net.Listener{&p.ls.data, &p.ls.socket} {

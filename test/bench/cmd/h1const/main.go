@@ -29,6 +29,7 @@ import (
 
 	"github.com/memcgate/memcgate/config"
 	"github.com/memcgate/memcgate/gateway/h1"
+	"github.com/memcgate/memcgate/gateway/listen"
 )
 
 func main() {
@@ -56,7 +57,7 @@ func run(addr, bodyFile, admin string) error {
 	if err != nil {
 		return err
 	}
-	ln, err := listenTCP(ctx, addr, cfg.SendBufferBytes)
+	ln, err := listen.TCP(ctx, addr, cfg.SendBufferBytes)
 	if err != nil {
 		return err
 	}
@@ -104,7 +105,7 @@ func serve(ctx context.Context, ln net.Listener, cfg config.Config, body []byte)
 		MaxHeaderBytes:    std.MaxHeaderBytes,
 		Fallback:          std,
 		ErrorLog:          std.ErrorLog,
-		MaxConns:          connCap(cfg.MaxClientConns),
+		MaxConns:          listen.ConnCap(cfg.MaxClientConns, listen.OpenFileLimit()),
 	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()

@@ -1,14 +1,14 @@
-package main
+package listen
 
 import (
 	"fmt"
 	"syscall"
 )
 
-// listenerKeepAlive reports that the keep-alive options set on a
+// inheritsKeepAlive reports that the keep-alive options set on a
 // listening socket carry over to the connections it accepts, as they do
 // on Linux (the accepted socket is a copy of the listener's).
-const listenerKeepAlive = true
+const inheritsKeepAlive = true
 
 // deferAccept is TCP_DEFER_ACCEPT on the listening socket, in seconds:
 // the kernel hands over a connection once its first bytes have come, so
@@ -21,15 +21,17 @@ const listenerKeepAlive = true
 // Measured in docs/benchmarks.md ("The cost of a new connection").
 const deferAccept = 1
 
-// setListenerOptions sets, on the listening socket fd, what its accepted
+// SetOptions sets, on the listening socket fd, what its accepted
 // connections inherit (keep-alive probes, and the send buffer if sndbuf
-// > 0) and when they are accepted (deferAccept).
-func setListenerOptions(fd, sndbuf int) error {
+// > 0) and when they are accepted (TCP_DEFER_ACCEPT). TCP sets them on
+// the sockets it opens; a socket passed by a service manager needs them
+// set too.
+func SetOptions(fd, sndbuf int) error {
 	opts := []sockopt{
 		{"SO_KEEPALIVE", syscall.SOL_SOCKET, syscall.SO_KEEPALIVE, 1},
-		{"TCP_KEEPIDLE", syscall.IPPROTO_TCP, syscall.TCP_KEEPIDLE, int(keepAliveIdle.Seconds())},
-		{"TCP_KEEPINTVL", syscall.IPPROTO_TCP, syscall.TCP_KEEPINTVL, int(keepAliveInterval.Seconds())},
-		{"TCP_KEEPCNT", syscall.IPPROTO_TCP, syscall.TCP_KEEPCNT, keepAliveCount},
+		{"TCP_KEEPIDLE", syscall.IPPROTO_TCP, syscall.TCP_KEEPIDLE, int(KeepAliveIdle.Seconds())},
+		{"TCP_KEEPINTVL", syscall.IPPROTO_TCP, syscall.TCP_KEEPINTVL, int(KeepAliveInterval.Seconds())},
+		{"TCP_KEEPCNT", syscall.IPPROTO_TCP, syscall.TCP_KEEPCNT, KeepAliveCount},
 		{"TCP_DEFER_ACCEPT", syscall.IPPROTO_TCP, syscall.TCP_DEFER_ACCEPT, deferAccept},
 	}
 	if sndbuf > 0 {
@@ -43,9 +45,9 @@ func setListenerOptions(fd, sndbuf int) error {
 	return nil
 }
 
-// ipv6Only reports whether the socket fd is an IPv6 socket that takes no
+// IPv6Only reports whether the socket fd is an IPv6 socket that takes no
 // IPv4 connections (IPV6_V6ONLY); false for any other socket.
-func ipv6Only(fd int) (bool, error) {
+func IPv6Only(fd int) (bool, error) {
 	sa, err := syscall.Getsockname(fd)
 	if err != nil {
 		return false, fmt.Errorf("getsockname: %w", err)
@@ -67,10 +69,10 @@ type sockopt struct {
 	v          int
 }
 
-// openFileLimit is the process's open-file limit (RLIMIT_NOFILE, whose
+// OpenFileLimit is the process's open-file limit (RLIMIT_NOFILE, whose
 // soft value Go's runtime raises to the hard one at start), or 0 if it
 // is unlimited or unknown.
-func openFileLimit() uint64 {
+func OpenFileLimit() uint64 {
 	var rl syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Cur == ^uint64(0) {
 		return 0

@@ -1,4 +1,4 @@
-package main
+package listen
 
 import (
 	"net"
@@ -7,13 +7,13 @@ import (
 	"time"
 )
 
-// TestListenerKeepAlive checks that a connection accepted from listenTCP
+// TestListenerKeepAlive checks that a connection accepted from TCP
 // has the keep-alive probes Go would have set on it, set on the listener
 // once instead, and the send buffer asked for (which Linux doubles for
 // its bookkeeping).
 func TestListenerKeepAlive(t *testing.T) {
 	const sndbuf = 64 << 10
-	ln, err := listenTCP(t.Context(), "127.0.0.1:0", sndbuf)
+	ln, err := TCP(t.Context(), "127.0.0.1:0", sndbuf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,9 +41,9 @@ func TestListenerKeepAlive(t *testing.T) {
 		want       int
 	}{
 		{"SO_KEEPALIVE", syscall.SOL_SOCKET, syscall.SO_KEEPALIVE, 1},
-		{"TCP_KEEPIDLE", syscall.IPPROTO_TCP, syscall.TCP_KEEPIDLE, int(keepAliveIdle.Seconds())},
-		{"TCP_KEEPINTVL", syscall.IPPROTO_TCP, syscall.TCP_KEEPINTVL, int(keepAliveInterval.Seconds())},
-		{"TCP_KEEPCNT", syscall.IPPROTO_TCP, syscall.TCP_KEEPCNT, keepAliveCount},
+		{"TCP_KEEPIDLE", syscall.IPPROTO_TCP, syscall.TCP_KEEPIDLE, int(KeepAliveIdle.Seconds())},
+		{"TCP_KEEPINTVL", syscall.IPPROTO_TCP, syscall.TCP_KEEPINTVL, int(KeepAliveInterval.Seconds())},
+		{"TCP_KEEPCNT", syscall.IPPROTO_TCP, syscall.TCP_KEEPCNT, KeepAliveCount},
 		{"TCP_NODELAY", syscall.IPPROTO_TCP, syscall.TCP_NODELAY, 1},
 		{"SO_SNDBUF", syscall.SOL_SOCKET, syscall.SO_SNDBUF, 2 * sndbuf},
 	}
@@ -64,7 +64,7 @@ func TestListenerKeepAlive(t *testing.T) {
 	}
 }
 
-// TestListenerDeferAccept checks when listenTCP hands over connections:
+// TestListenerDeferAccept checks when TCP hands over connections:
 // one that has sent bytes with them ready to read, and one that stays
 // silent too, after the kernel's SYN-ACK resend, so that the header
 // timeout still ends it.
@@ -78,7 +78,7 @@ func TestListenerDeferAccept(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ln, err := listenTCP(t.Context(), "127.0.0.1:0", 0)
+			ln, err := TCP(t.Context(), "127.0.0.1:0", 0)
 			if err != nil {
 				t.Fatal(err)
 			}
