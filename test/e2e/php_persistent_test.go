@@ -387,7 +387,7 @@ func TestPHPPersistentClientAnswers(t *testing.T) {
 	t.Parallel()
 	php := gatewaytest.PHP(t, "pcntl")
 	type call struct {
-		op      string  // "get" (the default) or "abandon"
+		op      string  // "get" (the default), "foreign" or "abandon"
 		push    string  // written first, unasked, on the last connection the server accepted
 		timeout float64 // seconds; 0: 5
 		want    string  // the value, or with err a part of the exception's message
@@ -433,6 +433,18 @@ func TestPHPPersistentClientAnswers(t *testing.T) {
 		// connection is not used again.
 		{"an answer no one asked for", [][]step{{ok("a")}, {ok("b")}},
 			[]call{{want: "a"}, {push: ok("X").answer, want: "b"}}, []int{1, 1}},
+		// Other code that opened the same persistent socket left its
+		// answer unread: not taken for this call's.
+		{"an answer to other code on the same socket", [][]step{{ok("WRONG")}, {ok("b")}},
+			[]call{{op: "foreign", want: "b"}}, []int{1, 1}},
+		// An interim answer is followed by the final one, late here: the
+		// next call must not read it as its own.
+		{"an interim answer with a Content-Length", [][]step{{{answer: "HTTP/1.1 100 Continue\r\nContent-Length: 0\r\n\r\n"}, ok("WRONG")}, {ok("b")}},
+			[]call{{want: "status 100", err: true}, {want: "b"}}, []int{1, 1}},
+		// Two lengths: which one frames the body is anyone's guess
+		// (RFC 9112 §6.3), so the connection is not used again.
+		{"two Content-Lengths", [][]step{{{answer: "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 3\r\n\r\na"}, {answer: "bc" + ok("WRONG").answer}}, {ok("b")}},
+			[]call{{want: "two Content-Lengths", err: true}, {want: "b"}}, []int{1, 1}},
 		{"a refusal running to the close", [][]step{{{answer: "HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\n\r\ntoo large", close: true}}, {ok("b")}},
 			[]call{{want: "status 431: too large", err: true}, {want: "b"}}, []int{1, 1}},
 		{"chunked", [][]step{{step{answer: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n"}}, {ok("b")}},
@@ -485,7 +497,7 @@ func TestPHPPersistentClientAnswers(t *testing.T) {
 				t.Errorf("requests per connection %v, want %v", got, c.reqs)
 			}
 			s.mu.Lock()
-			if req := s.reqs[0][0]; req != wantReq {
+			if req := s.reqs[len(s.reqs)-1][0]; req != wantReq {
 				t.Errorf("request %q, want %q", req, wantReq)
 			}
 			s.mu.Unlock()

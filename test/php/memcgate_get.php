@@ -103,7 +103,9 @@ function memcgate_get(string $key, string $addr = 'tcp://127.0.0.1:8080', float 
  * socket is closed, and the next call connects again, after an answer
  * with "Connection: close" and after anything that leaves it not exactly
  * between two answers: an error, a timeout, an answer cut short or longer
- * than its Content-Length, or a page that ended in the middle of a call
+ * than its Content-Length, one with two Content-Lengths, an interim (1xx)
+ * answer, bytes waiting before the request is sent (another answer, or
+ * the close), or a page that ended in the middle of a call
  * (a fatal error, exit, a time limit), which the next call tells by the
  * mark the socket keeps (its chunk size: 8190 while an answer is owed,
  * 8191 between answers). A kept socket the gateway closed meanwhile (its
@@ -126,10 +128,11 @@ function memcgate_get_persistent(string $key, string $addr = 'tcp://127.0.0.1:80
         $mark = stream_set_chunk_size($s, 8190); // an answer is owed from here on
         $r = [$s];
         $w = $e = null;
-        if ($mark !== 8192 && ($mark !== 8191 || stream_get_meta_data($s)['unread_bytes'] > 0 || @stream_select($r, $w, $e, 0) !== 0)) {
+        if (($mark !== 8191 && $mark !== 8192) || stream_get_meta_data($s)['unread_bytes'] > 0 || @stream_select($r, $w, $e, 0) !== 0) {
             // Kept, but not between two answers: a page ended in the middle
             // of a call, or bytes (or the close) wait that no request of
-            // this call asked for. Never read from it: connect again.
+            // this call asked for (other code's, on a socket it opened with
+            // the same address). Never read from it: connect again.
             @stream_socket_shutdown($s, STREAM_SHUT_RDWR);
             fclose($s);
             $s = @stream_socket_client($addr, $errno, $errstr, $timeout, STREAM_CLIENT_CONNECT | STREAM_CLIENT_PERSISTENT);
@@ -170,13 +173,17 @@ function memcgate_get_persistent(string $key, string $addr = 'tcp://127.0.0.1:80
             $status = (int) $m[2];
             $head = substr($buf, 0, $end + 2); // each header line ends in \r\n
             $at = stripos($head, "\r\ncontent-length:");
-            if ($at === false || stripos($head, "\r\ntransfer-encoding:") !== false) {
+            if ($at === false || $status < 200 || stripos($head, "\r\ntransfer-encoding:") !== false) {
                 // A refusal before any handler (431: a head too large) may
                 // run to the close; its status says more than its framing.
+                // An interim answer (1xx) has another after it, never read.
                 $why = $status === 200 ? 'the answer has no Content-Length' : "status $status: " . substr($buf, $end + 4, 200);
                 throw new RuntimeException("memcgate $addr: $why");
             }
             $at += 17;
+            if (stripos($head, "\r\ncontent-length:", $at) !== false) {
+                throw new RuntimeException("memcgate $addr: the answer has two Content-Lengths");
+            }
             $len = trim(substr($head, $at, strpos($head, "\r\n", $at) - $at));
             if (!ctype_digit($len)) {
                 throw new RuntimeException("memcgate $addr: bad Content-Length '$len'");

@@ -3,12 +3,15 @@
 // for the e2e tests (TestPHPPersistentClient), one call a line, all in one
 // process, so that the calls share the kept connection as a php-fpm
 // worker's pages do.
-// Input (stdin): one JSON object a line: {"op": "get" or "abandon",
+// Input (stdin): one JSON object a line: {"op": "get", "foreign" or "abandon",
 //   "key": "base64 key", "addr": "tcp://127.0.0.1:8080" or "unix:///path",
 //   "timeout": seconds, "token": optional}.
 // Output (stdout): one JSON line per input line: {"value": "base64 value"},
 //   {"miss": true} or {"error": "the exception's message"}; for "abandon",
 //   {"abandoned": true}.
+// "foreign" is a get after other code of the same process opened the
+// same persistent socket (the same address string), sent a request on it
+// and read nothing of its answer, which has come.
 // "abandon" ends the call as a page's fatal error or exit would, in the
 // middle, without its finally block: SIGUSR1 (which the test sends while
 // the call waits for its answer) makes the process exit, and a shutdown
@@ -30,6 +33,13 @@ function serve(): void
                 echo json_encode(['abandoned' => true]), "\n";
                 serve();
             });
+        }
+        if ($in['op'] === 'foreign') {
+            $f = stream_socket_client($in['addr'], $errno, $errstr, 5.0, STREAM_CLIENT_CONNECT | STREAM_CLIENT_PERSISTENT);
+            fwrite($f, "GET /foreign HTTP/1.1\r\nHost: localhost\r\n\r\n");
+            $r = [$f];
+            $w = $e = null;
+            stream_select($r, $w, $e, 5);
         }
         try {
             $v = memcgate_get_persistent(base64_decode($in['key']), $in['addr'], (float) $in['timeout'], $in['token'] ?? null);
