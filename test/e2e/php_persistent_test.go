@@ -387,7 +387,7 @@ func TestPHPPersistentClientAnswers(t *testing.T) {
 	t.Parallel()
 	php := gatewaytest.PHP(t, "pcntl")
 	type call struct {
-		op      string  // "get" (the default), "foreign" or "abandon"
+		op      string  // "get" (the default), "foreign", "fatal" or "abandon"
 		push    string  // written first, unasked, on the last connection the server accepted
 		timeout float64 // seconds; 0: 5
 		want    string  // the value, or with err a part of the exception's message
@@ -453,6 +453,9 @@ func TestPHPPersistentClientAnswers(t *testing.T) {
 		// it waits in the socket: only the mark tells the next call.
 		{"abandoned after the head", [][]step{{{answer: "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n", signal: true}}, {ok("b")}},
 			[]call{{op: "abandon", timeout: 0.5}, {want: "b"}}, []int{1, 1}},
+		// A real fatal error (the memory limit) while the body is read.
+		{"a fatal error in the body", [][]step{{{answer: "HTTP/1.1 200 OK\r\nContent-Length: 67108864\r\n\r\n" + strings.Repeat("x", 8<<20)}}, {ok("b")}},
+			[]call{{op: "fatal"}, {want: "b"}}, []int{1, 1}},
 		{"abandoned in the body", [][]step{{{answer: "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", signal: true}}, {ok("b")}},
 			[]call{{op: "abandon", timeout: 0.5}, {want: "b"}}, []int{1, 1}},
 	}
@@ -477,7 +480,7 @@ func TestPHPPersistentClientAnswers(t *testing.T) {
 				r := p.call(op, "a b/ü", addr, timeout)
 				v, hit := r.value(t)
 				switch {
-				case op == "abandon":
+				case op == "abandon" || op == "fatal":
 					if !r.Abandoned {
 						t.Errorf("call %d: %+v, want it abandoned", i, r)
 					}
