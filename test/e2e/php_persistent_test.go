@@ -73,11 +73,17 @@ func startPHPSession(t *testing.T, php string) *phpSession {
 	return p
 }
 
-// call makes one call (op "get" or "abandon") of key at addr and returns
-// its answer.
+// call makes one call (an op of persistent_get.php) of key at addr and
+// returns its answer.
 func (p *phpSession) call(op, key, addr string, timeout float64) streamResult {
 	p.t.Helper()
-	in, _ := json.Marshal(map[string]any{"op": op, "key": base64.StdEncoding.EncodeToString([]byte(key)), "addr": addr, "timeout": timeout})
+	return p.callToken(op, key, addr, timeout, nil)
+}
+
+// callToken is call passing the function a token, or none if token is nil.
+func (p *phpSession) callToken(op, key, addr string, timeout float64, token *string) streamResult {
+	p.t.Helper()
+	in, _ := json.Marshal(map[string]any{"op": op, "key": base64.StdEncoding.EncodeToString([]byte(key)), "addr": addr, "timeout": timeout, "token": token})
 	if _, err := p.in.Write(append(in, '\n')); err != nil {
 		p.t.Fatalf("php persistent_get.php: %v\n%s", err, p.stderr.String())
 	}
@@ -214,6 +220,41 @@ func TestPHPPersistentClient(t *testing.T) {
 			t.Errorf("restarted gateway: %v connections accepted for 2 calls, want 1", n)
 		}
 	})
+}
+
+// TestPHPPersistentClientToken: the token goes with each request on the
+// kept connection, and one that would add a byte to the request past its
+// head (a token read from a file, with its newline) is refused before
+// anything is sent, so it cannot fail the next page's call.
+func TestPHPPersistentClientToken(t *testing.T) {
+	t.Parallel()
+	php := gatewaytest.PHP(t)
+	mcs := []*memcachedtest.Server{memcachedtest.Start(t)}
+	g := startGateway(t, map[string]string{
+		"MEMCGATE_SERVERS":     memcachedtest.Addrs(mcs),
+		"MEMCGATE_AUTH_TOKENS": "read:php-pages-token-0001",
+	})
+	addr := "tcp://" + g.DataAddr
+	p := startPHPSession(t, php)
+	good, nl := "php-pages-token-0001", "php-pages-token-0001\n"
+	for i, c := range []struct {
+		token *string
+		want  string // "" for a miss
+	}{
+		{nil, "status 401"},
+		{&good, ""},
+		{&nl, "printable ASCII with no space"},
+		{&good, ""},
+		{&good, ""},
+	} {
+		r := p.callToken("get", "missing", addr, 5, c.token)
+		if c.want == "" && (!r.Miss || r.Error != "") {
+			t.Errorf("call %d: %+v, want a miss", i, r)
+		}
+		if c.want != "" && !strings.Contains(r.Error, c.want) {
+			t.Errorf("call %d: %+v, want an exception with %q", i, r, c.want)
+		}
+	}
 }
 
 // TestPHPPersistentClientIdle: a kept connection the gateway closed at

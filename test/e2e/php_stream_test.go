@@ -170,7 +170,7 @@ func TestPHPStreamClientToken(t *testing.T) {
 		"MEMCGATE_AUTH_TOKENS": "read:php-pages-token-0001",
 	})
 	addr := "tcp://" + g.DataAddr
-	good, bad := "php-pages-token-0001", "php-pages-token-0001\r\nX-Injected: 1"
+	good, bad, nl := "php-pages-token-0001", "php-pages-token-0001\r\nX-Injected: 1", "php-pages-token-0001\n"
 	for _, c := range []struct {
 		name  string
 		token *string
@@ -179,6 +179,7 @@ func TestPHPStreamClientToken(t *testing.T) {
 		{"no token", nil, "status 401"},
 		{"token", &good, ""},
 		{"token breaking the head", &bad, "printable ASCII with no space"},
+		{"token with a newline at its end", &nl, "printable ASCII with no space"},
 	} {
 		r := streamGetToken(t, php, addr, 5, c.token, "missing")[0]
 		if c.want == "" && (!r.Miss || r.Error != "") {

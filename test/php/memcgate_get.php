@@ -27,7 +27,7 @@
  */
 function memcgate_get(string $key, string $addr = 'tcp://127.0.0.1:8080', float $timeout = 1.0, ?string $token = null): ?string
 {
-    if ($token !== null && !preg_match('~^[\x21-\x7e]+$~', $token)) {
+    if ($token !== null && !preg_match('~^[\x21-\x7e]+\z~', $token)) {
         throw new InvalidArgumentException('memcgate token: printable ASCII with no space, as memcgate requires');
     }
     $s = @stream_socket_client($addr, $errno, $errstr, $timeout);
@@ -115,7 +115,7 @@ function memcgate_get(string $key, string $addr = 'tcp://127.0.0.1:8080', float 
  */
 function memcgate_get_persistent(string $key, string $addr = 'tcp://127.0.0.1:8080', float $timeout = 1.0, ?string $token = null): ?string
 {
-    if ($token !== null && !preg_match('~^[\x21-\x7e]+$~', $token)) {
+    if ($token !== null && !preg_match('~^[\x21-\x7e]+\z~', $token)) {
         throw new InvalidArgumentException('memcgate token: printable ASCII with no space, as memcgate requires');
     }
     $auth = $token === null ? '' : "Authorization: Bearer $token\r\n";
