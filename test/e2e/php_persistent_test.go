@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -220,6 +221,48 @@ func TestPHPPersistentClient(t *testing.T) {
 			t.Errorf("restarted gateway: %v connections accepted for 2 calls, want 1", n)
 		}
 	})
+}
+
+// TestPHPPersistentClientDrain: a gateway draining after SIGTERM answers
+// each request with "Connection: close" (and closes the connections idle
+// then); a worker's calls meanwhile get their values, not an exception,
+// each on a new connection.
+func TestPHPPersistentClientDrain(t *testing.T) {
+	t.Parallel()
+	php := gatewaytest.PHP(t)
+	mcs := []*memcachedtest.Server{memcachedtest.Start(t)}
+	g := startGateway(t, map[string]string{
+		"MEMCGATE_SERVERS":     memcachedtest.Addrs(mcs),
+		"MEMCGATE_DRAIN_DELAY": "10m", // the test ends first and kills it
+	})
+	if r := g.do("PUT", "/k", []byte("v"), "Connection", "close"); r.status != 201 {
+		t.Fatalf("PUT: %d %s", r.status, r.body)
+	}
+	addr := "tcp://" + g.DataAddr
+	p := startPHPSession(t, php)
+	p.get("k", addr, "v")
+	g.Signal(syscall.SIGTERM)
+	// Keep-alives are off once an answer says "Connection: close".
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if resp, err := http.Get(g.URL + "/k"); err == nil {
+			resp.Body.Close()
+			if resp.Close {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no answer with Connection: close within 30s of SIGTERM")
+		}
+	}
+	// The kept connection was closed, or its answer closes it now.
+	p.get("k", addr, "v")
+	first := accepted(t, g)
+	for range 2 {
+		p.get("k", addr, "v")
+	}
+	if n := accepted(t, g) - first; n != 2 {
+		t.Errorf("%v connections accepted for 2 calls while draining, want 2 (each answer closes its own)", n)
+	}
 }
 
 // TestPHPPersistentClientToken: the token goes with each request on the
