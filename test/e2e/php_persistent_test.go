@@ -529,6 +529,13 @@ func TestPHPPersistentClientAnswers(t *testing.T) {
 		// (RFC 9112 §6.3), so the connection is not used again.
 		{"two Content-Lengths", [][]step{{{answer: "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 3\r\n\r\na"}, {answer: "bc" + ok("WRONG").answer}}, {ok("b")}},
 			[]call{{want: "two Content-Lengths", err: true}, {want: "b"}}, []int{1, 1}},
+		// Framings no memcgate answer has, each read safely or refused.
+		{"a header ending in Content-Length", [][]step{{head("200 OK", "a", "X-Content-Length: 99\r\n"), ok("b")}},
+			[]call{{want: "a"}, {want: "b"}}, []int{2}},
+		{"a signed Content-Length", [][]step{{{answer: "HTTP/1.1 200 OK\r\nContent-Length: +1\r\n\r\na"}}, {ok("b")}},
+			[]call{{want: "bad Content-Length '+1'", err: true}, {want: "b"}}, []int{1, 1}},
+		{"a 204 with no body", [][]step{{{answer: "HTTP/1.1 204 No Content\r\n\r\n"}}, {ok("b")}},
+			[]call{{want: "status 204", err: true}, {want: "b"}}, []int{1, 1}},
 		{"a refusal running to the close", [][]step{{{answer: "HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\n\r\ntoo large", close: true}}, {ok("b")}},
 			[]call{{want: "status 431: too large", err: true}, {want: "b"}}, []int{1, 1}},
 		{"chunked", [][]step{{step{answer: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n"}}, {ok("b")}},
