@@ -496,22 +496,37 @@ func TestHandedSlowestWindow(t *testing.T) {
 // TestHandedMovedCountsWrites: what net/http writes to a handed
 // connection counts in its rate as the socket takes it, not when
 // net/http's one write of the whole answer returns: a long-head GET
-// whose 4 MiB answer the client does not read has moved what the socket
-// took, not nothing until the write timeout (nor the head the fast path
-// read before the handover).
+// whose answer the client reads 256 KiB of, and no more, has moved what
+// the socket took, not nothing until the write timeout (nor the head the
+// fast path read before the handover). The client reads what the test
+// counts on rather than leaving it to the kernel's buffers, and the
+// answer, 64 MiB, is more than they take (a send buffer grows to
+// tcp_wmem's maximum, 4 MiB, a receive buffer read from to tcp_rmem's,
+// 32 MiB): one of 4 MiB sometimes went whole into the server's send
+// buffer, and the connection, its answer written, was idle, not working.
 func TestHandedMovedCountsWrites(t *testing.T) {
 	s, addr := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Write(make([]byte, 4<<20))
+		w.Write(make([]byte, 64<<20))
 	}), nil)
 	c := dialOver(t, addr)
 	io.WriteString(c, "GET /k HTTP/1.1\r\nHost: a\r\nX-Pad: "+strings.Repeat("p", 5000)+"\r\n\r\n")
+	const read = 256 << 10
+	if _, err := io.ReadFull(c, make([]byte, read)); err != nil {
+		t.Fatalf("reading %d bytes of the answer: %v", read, err)
+	}
+	// The writes that carried what the client read have returned, but
+	// for the last, of writeChunk at most.
+	const want = read - writeChunk
+	var moved int64 = -1
 	if !eventually(func() bool {
 		s.handedConns.mu.Lock()
 		defer s.handedConns.mu.Unlock()
-		r := s.handedConns.working.Front()
-		return r != nil && r.moved.Load() >= 64<<10
+		if r := s.handedConns.working.Front(); r != nil {
+			moved = r.moved.Load()
+		}
+		return moved >= want
 	}) {
-		t.Fatal("a handed connection writing an answer of 4 MiB has not moved 64 KiB")
+		t.Fatalf("a handed connection writing an answer of 64 MiB, %d bytes of it read: moved %d (-1: not working), want %d at least", read, moved, want)
 	}
 }
 
