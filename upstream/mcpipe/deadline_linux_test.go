@@ -79,62 +79,6 @@ func TestAbsorbedValue(t *testing.T) {
 	}
 }
 
-// absorbingMC is a memcached for one set of a value of size bytes, on a
-// socket with a small receive buffer, so that the client's kernel holds
-// most of the value. It reads the value only when told: read(n) returns
-// once it has read n more bytes of it; read(-1) once it has read the
-// rest and answered STORED.
-func absorbingMC(t *testing.T, size int) (addr string, read func(n int)) {
-	t.Helper()
-	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
-		return rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 16<<10) })
-	}}
-	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	asks, dones := make(chan int), make(chan error)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		br := bufio.NewReaderSize(c, 1024)
-		left := int64(size) + 2 // the value and its CRLF
-		line := false
-		for {
-			var n int
-			select {
-			case n = <-asks:
-			case <-t.Context().Done():
-				return
-			}
-			if !line {
-				_, err = br.ReadString('\n') // the set's line
-				line = true
-			}
-			if err == nil && n >= 0 {
-				_, err = io.CopyN(io.Discard, br, int64(n))
-				left -= int64(n)
-			} else if err == nil {
-				if _, err = io.CopyN(io.Discard, br, left); err == nil {
-					_, err = c.Write([]byte("STORED\r\n"))
-				}
-			}
-			dones <- err
-		}
-	}()
-	return ln.Addr().String(), func(n int) {
-		t.Helper()
-		asks <- n
-		if err := <-dones; err != nil {
-			t.Fatalf("memcached reading the set: %v", err)
-		}
-	}
-}
-
 // heldAfterWrite waits until the one connection of c has written a set
 // whose value the kernel still holds in part (outq), and returns it. It
 // fails t if the set ends first (setErr): the test would prove nothing.

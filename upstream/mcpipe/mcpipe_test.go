@@ -975,11 +975,6 @@ func relay(t *testing.T, addr string, rate int, replies bool) string {
 type relaySpec struct {
 	rate    int  // bytes per second passed, about, in pieces of 16 KiB
 	replies bool // throttle memcached's replies, not the client's bytes
-	// If stopAfter > 0, the relay stops passing that direction once it
-	// has passed stopAfter bytes, keeping the connection open (memcached
-	// hung in the middle of a value), and sends the time on stopped.
-	stopAfter int
-	stopped   chan<- time.Time
 }
 
 // startRelay relays a client to addr as r says. It returns the address
@@ -1032,25 +1027,12 @@ func startRelay(t *testing.T, addr string, r relaySpec) string {
 			go func() {
 				const piece = 16 << 10
 				b := make([]byte, piece)
-				passed := 0
 				for {
-					if r.stopAfter > 0 && passed >= r.stopAfter {
-						select {
-						case r.stopped <- time.Now():
-						default: // told already, of another connection
-						}
-						return // the cleanup closes both sides
-					}
-					want := piece
-					if r.stopAfter > 0 {
-						want = min(want, r.stopAfter-passed)
-					}
-					n, err := from.Read(b[:want])
+					n, err := from.Read(b)
 					if n > 0 {
 						if _, werr := to.Write(b[:n]); werr != nil {
 							return
 						}
-						passed += n
 						time.Sleep(time.Duration(n) * time.Second / time.Duration(r.rate))
 					}
 					if err != nil {
@@ -1285,26 +1267,54 @@ func TestBehindSpentDeadline(t *testing.T) {
 }
 
 // TestStoppedMidValue: a memcached that stops reading in the middle of a
-// value, after reading for longer than the timeout, fails the set with a
-// timeout a timeout or so after it stopped: progress moves the
-// deadlines, and a stall still ends them. The set's caller allows far
-// longer: a stall that did not end them would reach the caller's
-// deadline (ErrBehind), which a loaded machine's delays do not, rather
-// than fail a bound on how late the failure may come.
+// value fails the set with a timeout once it stopped: progress moves the
+// deadlines, and a stall still ends them. memcached, whose receive
+// buffer is small as the client's send buffer is, reads when the test
+// tells it, not at a relay's pace: a relay, in the test's process, was
+// starved on a loaded machine for longer than the timeout, a stall of its
+// own making. The set's caller allows far longer than the timeout: a
+// stall that did not end the deadlines would reach the caller's deadline
+// (ErrBehind), which a loaded machine's delays do not, rather than fail
+// a bound on how late the failure may come.
 func TestStoppedMidValue(t *testing.T) {
-	srv := memcachedtest.Start(t, "-I", "2m")
-	// 512 KiB at 1 MiB/s: about 500 ms of progress, in pieces of 16 ms
-	// (a relay starved for longer than the timeout would stall it before
-	// it stops), then none.
-	const timeout = 300 * time.Millisecond
-	stopped := make(chan time.Time, 1)
-	addr := startRelay(t, srv.Addr, relaySpec{rate: 1 << 20, stopAfter: 512 << 10, stopped: stopped})
+	const timeout = 2 * time.Second
+	addr, read := absorbingMC(t, 1<<20)
 	c := New(Options{Conns: 1, Timeout: timeout, Dial: smallSendBuffer(addr, false)})
 	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_, _, err := c.Do(ctx, op.Op{Verb: op.Set, Item: op.Item{Value: bytes.Repeat([]byte("v"), 1<<20)}}, "k")
-	failed := time.Now()
+	setErr := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _, err := c.Do(ctx, op.Op{Verb: op.Set, Item: op.Item{Value: bytes.Repeat([]byte("v"), 1<<20)}}, "k")
+		setErr <- err
+	}()
+	var cn *conn
+	for ; cn == nil; cn = c.small.slots[0].c.Load() {
+		time.Sleep(time.Millisecond)
+	}
+	var owed time.Time
+	for owed.IsZero() { // the set's write has begun
+		cn.mu.Lock()
+		owed = cn.readBy
+		cn.mu.Unlock()
+		time.Sleep(time.Millisecond)
+	}
+	// Progress counts an eighth of the timeout after the deadline was set
+	// (moved): memcached reads once that has passed.
+	time.Sleep(timeout/8 + 10*time.Millisecond)
+	read(256 << 10)
+	for moved := false; !moved; time.Sleep(time.Millisecond) {
+		select {
+		case err := <-setErr:
+			t.Fatalf("the set ended (%v) while memcached read it", err)
+		default:
+		}
+		cn.mu.Lock()
+		moved = cn.readBy.After(owed)
+		cn.mu.Unlock()
+	}
+	// memcached reads no more.
+	err := <-setErr
 	var ne net.Error
 	if !errors.As(err, &ne) || !ne.Timeout() {
 		t.Fatalf("set to a memcached that stopped reading mid-value: %v, want a timeout", err)
@@ -1312,11 +1322,61 @@ func TestStoppedMidValue(t *testing.T) {
 	if errors.Is(err, ErrBehind) {
 		t.Errorf("set to a memcached that stopped reading mid-value: %v, want a stall, not ErrBehind: the deadlines moved with nothing moving", err)
 	}
-	select {
-	case at := <-stopped:
-		t.Logf("the set failed %v after memcached stopped reading: %v", failed.Sub(at), err)
-	default:
-		t.Errorf("the set failed (%v) before the relay stopped passing its value", err)
+}
+
+// absorbingMC is a memcached for one set of a value of size bytes, on a
+// socket with a small receive buffer, so that the client's kernel holds
+// most of the value. It reads the value only when told: read(n) returns
+// once it has read n more bytes of it; read(-1) once it has read the
+// rest and answered STORED.
+func absorbingMC(t *testing.T, size int) (addr string, read func(n int)) {
+	t.Helper()
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 16<<10) })
+	}}
+	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	asks, dones := make(chan int), make(chan error)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReaderSize(c, 1024)
+		left := int64(size) + 2 // the value and its CRLF
+		line := false
+		for {
+			var n int
+			select {
+			case n = <-asks:
+			case <-t.Context().Done():
+				return
+			}
+			if !line {
+				_, err = br.ReadString('\n') // the set's line
+				line = true
+			}
+			if err == nil && n >= 0 {
+				_, err = io.CopyN(io.Discard, br, int64(n))
+				left -= int64(n)
+			} else if err == nil {
+				if _, err = io.CopyN(io.Discard, br, left); err == nil {
+					_, err = c.Write([]byte("STORED\r\n"))
+				}
+			}
+			dones <- err
+		}
+	}()
+	return ln.Addr().String(), func(n int) {
+		t.Helper()
+		asks <- n
+		if err := <-dones; err != nil {
+			t.Fatalf("memcached reading the set: %v", err)
+		}
 	}
 }
 
