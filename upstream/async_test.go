@@ -124,12 +124,16 @@ func TestAsyncGetFailsOver(t *testing.T) {
 	mcs[0].Pause()
 	defer mcs[0].Resume()
 	start := time.Now()
-	_, err, ok := getAsync(c, ctx, key)
+	it, err, ok := getAsync(c, ctx, key)
 	if !ok {
 		t.Fatal("GetAsync declined with the owner marked up")
 	}
 	if !errors.Is(err, ErrNotFound) {
-		t.Errorf("GetAsync with its owner paused = %v, want a miss from the next node", err)
+		// Seen once in a thousand runs under CPU load: a hit, at once.
+		// Which memcached served it says where to look.
+		mcs[0].Resume()
+		t.Errorf("GetAsync with its owner paused = %+v, %v; want a miss from the next node (get hits: owner %d, next %d)",
+			it, err, memcachedtest.SumStat(t, "get_hits", mcs[0]), memcachedtest.SumStat(t, "get_hits", mcs[1]))
 	}
 	// The counts below say it was the timeout; a loaded machine is late.
 	if d := time.Since(start); d < testTimeout*3/4 {
