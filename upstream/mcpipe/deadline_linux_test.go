@@ -30,9 +30,11 @@ import (
 // (a stall of its own making), and the reader woke late enough for a
 // second wait (overdue), which a clock cannot tell apart.
 func TestAbsorbedValue(t *testing.T) {
-	for _, stops := range []bool{false, true} {
-		name := map[bool]string{false: "slow", true: "stopped"}[stops]
-		t.Run(name, func(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		stops bool // memcached stops reading after the first 64 KiB
+	}{{"slow", false}, {"stopped", true}} {
+		t.Run(tt.name, func(t *testing.T) {
 			const size = 1 << 20
 			addr, read := absorbingMC(t, size)
 			// Long: no deadline passes but those the test passes.
@@ -56,7 +58,7 @@ func TestAbsorbedValue(t *testing.T) {
 			if !passDeadline(t, cn) {
 				t.Fatalf("a deadline passed after memcached read 64 KiB of the value absorbed: the set failed (%v), want the deadline moved", <-setErr)
 			}
-			if !stops {
+			if !tt.stops {
 				read(-1)
 				if err := <-setErr; err != nil {
 					t.Fatalf("set of 1 MiB absorbed by the send buffer, read by memcached past a deadline: %v", err)
