@@ -1339,7 +1339,7 @@ func absorbingMC(t *testing.T, size int) (addr string, read func(n int)) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	asks, dones := make(chan int), make(chan error)
+	asks, dones := make(chan int), make(chan error, 1)
 	go func() {
 		c, err := ln.Accept()
 		if err != nil {
