@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -122,16 +123,16 @@ func notModified(etags string, cas uint64) bool {
 // writeFound answers a read of it, presented as v, whose body is size
 // bytes: v.body, or none for a HEAD answered from an op.Head.
 func (h *handler) writeFound(w http.ResponseWriter, r *http.Request, etags string, it op.Item, v decoded, size int) {
-	// One backing array for the header values, and one string for the
-	// three numbers in them: two allocations, not seven.
-	hv := make([]string, 4)
-	var nb [64]byte
-	b := appendETag(nb[:0], it.CAS)
+	// The header values and the digits of the three numbers in them
+	// live in the request's context (answerScratch): the answer's
+	// headers allocate nothing.
+	hv, b := answerScratch(r)
+	b = appendETag(b, it.CAS)
 	e := len(b)
 	b = strconv.AppendUint(b, uint64(it.Flags), 10)
 	f := len(b)
 	b = strconv.AppendInt(b, int64(size), 10)
-	nums := string(b)
+	nums := unsafe.String(unsafe.SliceData(b), len(b)) // b is never written again (answerScratch)
 	hv[0], hv[1], hv[2] = nums[:e], nums[e:f], nums[f:]
 	hd := w.Header()
 	hd["Etag"], hd["X-Memcached-Flags"] = hv[0:1:1], hv[1:2:2]
@@ -164,6 +165,22 @@ func (h *handler) writeFound(w http.ResponseWriter, r *http.Request, etags strin
 	if r.Method != http.MethodHead {
 		_, _ = w.Write(body)
 	}
+}
+
+// answerScratch returns the memory of writeFound's header values: four
+// value slices and the bytes of the numbers in them, those of r's
+// context the first time, newly allocated otherwise. The header map keeps
+// them until the response is written, which may be after the handler
+// returns (net/http writes a small response's head then, h1 too), so
+// they are never reused for another answer: a context serves one request
+// and gives its scratch once.
+func answerScratch(r *http.Request) (hv []string, b []byte) {
+	if rc := reqCtx(r); rc != nil && !rc.answer.taken {
+		a := &rc.answer
+		a.taken = true
+		return a.hv[:], a.nb[:0]
+	}
+	return make([]string, 4), make([]byte, 0, 64)
 }
 
 // detachedValueMax is the largest PUT body served with a detached
