@@ -375,11 +375,13 @@ func (c *conn) startRequest(first, resumed bool) readResult {
 	// yet complete in the buffer, or a body not yet buffered. A request
 	// that arrived whole (the usual case) costs no read deadline but
 	// the idle one.
-	c.headAt = time.Now()
 	if first {
 		c.headAt = c.created
-	} else if idle && !c.headBuffered() {
-		c.setReadTimeout(hdrTimeout)
+	} else {
+		c.headAt = time.Now()
+		if idle && !c.headBuffered() {
+			c.setReadTimeout(hdrTimeout)
+		}
 	}
 	c.crlfSkipped = 0
 	if c.lastPOST { // net/http's tolerance of old clients' CRLF after a POST body
