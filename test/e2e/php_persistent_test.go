@@ -132,13 +132,11 @@ func accepted(t *testing.T, g *gateway) float64 {
 func TestPHPPersistentClient(t *testing.T) {
 	t.Parallel()
 	php := gatewaytest.PHP(t)
-	mcs := []*memcachedtest.Server{memcachedtest.Start(t, "-I", "2m")}
 	sock := filepath.Join(t.TempDir(), "memcgate.sock")
-	g := startGateway(t, map[string]string{
-		"MEMCGATE_SERVERS":         memcachedtest.Addrs(mcs),
+	g := startOneNodeGateway(t, map[string]string{
 		"MEMCGATE_LISTEN_SOCKET":   sock,
 		"MEMCGATE_MAX_VALUE_BYTES": strconv.Itoa(1<<20 + 1000),
-	})
+	}, "-I", "2m")
 	big := make([]byte, 1<<20)
 	for i := range big {
 		big[i] = byte(i * 7)
@@ -230,9 +228,7 @@ func TestPHPPersistentClient(t *testing.T) {
 func TestPHPPersistentClientDrain(t *testing.T) {
 	t.Parallel()
 	php := gatewaytest.PHP(t)
-	mcs := []*memcachedtest.Server{memcachedtest.Start(t)}
-	g := startGateway(t, map[string]string{
-		"MEMCGATE_SERVERS":     memcachedtest.Addrs(mcs),
+	g := startOneNodeGateway(t, map[string]string{
 		"MEMCGATE_DRAIN_DELAY": "10m", // the test ends first and kills it
 	})
 	if r := g.do("PUT", "/k", []byte("v"), "Connection", "close"); r.status != 201 {
@@ -272,9 +268,7 @@ func TestPHPPersistentClientDrain(t *testing.T) {
 func TestPHPPersistentClientToken(t *testing.T) {
 	t.Parallel()
 	php := gatewaytest.PHP(t)
-	mcs := []*memcachedtest.Server{memcachedtest.Start(t)}
-	g := startGateway(t, map[string]string{
-		"MEMCGATE_SERVERS":     memcachedtest.Addrs(mcs),
+	g := startOneNodeGateway(t, map[string]string{
 		"MEMCGATE_AUTH_TOKENS": "read:php-pages-token-0001",
 	})
 	addr := "tcp://" + g.DataAddr
@@ -305,9 +299,7 @@ func TestPHPPersistentClientToken(t *testing.T) {
 func TestPHPPersistentClientIdle(t *testing.T) {
 	t.Parallel()
 	php := gatewaytest.PHP(t)
-	mcs := []*memcachedtest.Server{memcachedtest.Start(t)}
-	g := startGateway(t, map[string]string{
-		"MEMCGATE_SERVERS":      memcachedtest.Addrs(mcs),
+	g := startOneNodeGateway(t, map[string]string{
 		"MEMCGATE_IDLE_TIMEOUT": "200ms",
 	})
 	// Connection: close: the one connection the gateway keeps idle is php's.
@@ -673,11 +665,9 @@ func fcgiGet(t *testing.T, sock string, params map[string]string) (string, strin
 func TestPHPPersistentFPM(t *testing.T) {
 	t.Parallel()
 	fpm := phpFPM(t)
-	mcs := []*memcachedtest.Server{memcachedtest.Start(t)}
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "memcgate.sock")
-	g := startGateway(t, map[string]string{
-		"MEMCGATE_SERVERS":       memcachedtest.Addrs(mcs),
+	g := startOneNodeGateway(t, map[string]string{
 		"MEMCGATE_LISTEN_SOCKET": sock,
 	})
 	for _, k := range []string{"a", "b"} {

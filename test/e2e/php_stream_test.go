@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -80,13 +81,11 @@ func (r streamResult) value(t *testing.T) (string, bool) {
 func TestPHPStreamClient(t *testing.T) {
 	t.Parallel() // its own gateway and memcached
 	php := gatewaytest.PHP(t)
-	mcs := []*memcachedtest.Server{memcachedtest.Start(t, "-I", "2m")}
 	sock := filepath.Join(t.TempDir(), "memcgate.sock")
-	g := startGateway(t, map[string]string{
-		"MEMCGATE_SERVERS":         memcachedtest.Addrs(mcs),
+	g := startOneNodeGateway(t, map[string]string{
 		"MEMCGATE_LISTEN_SOCKET":   sock,
 		"MEMCGATE_MAX_VALUE_BYTES": strconv.Itoa(1<<20 + 1000),
-	})
+	}, "-I", "2m")
 
 	big := make([]byte, 1<<20) // 1 MiB, every byte value, CRLFs and NULs included
 	for i := range big {
@@ -164,9 +163,7 @@ func TestPHPStreamClient(t *testing.T) {
 func TestPHPStreamClientToken(t *testing.T) {
 	t.Parallel()
 	php := gatewaytest.PHP(t)
-	mcs := []*memcachedtest.Server{memcachedtest.Start(t)}
-	g := startGateway(t, map[string]string{
-		"MEMCGATE_SERVERS":     memcachedtest.Addrs(mcs),
+	g := startOneNodeGateway(t, map[string]string{
 		"MEMCGATE_AUTH_TOKENS": "read:php-pages-token-0001",
 	})
 	addr := "tcp://" + g.DataAddr
@@ -282,4 +279,14 @@ func TestPHPStreamClientDocumented(t *testing.T) {
 	if !bytes.Contains(doc, append(append([]byte("```php\n"), fn...), "\n```\n"...)) {
 		t.Error("docs/php.md does not print test/php/memcgate_get.php's functions (from the first /** comment to the end) as a php code block, unchanged")
 	}
+}
+
+// startOneNodeGateway starts a memcached with args and a gateway in front
+// of it alone, with env besides MEMCGATE_SERVERS.
+func startOneNodeGateway(t *testing.T, env map[string]string, args ...string) *gateway {
+	t.Helper()
+	mc := memcachedtest.Start(t, args...)
+	all := map[string]string{"MEMCGATE_SERVERS": mc.Addr}
+	maps.Copy(all, env)
+	return startGateway(t, all)
 }
