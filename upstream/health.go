@@ -75,6 +75,24 @@ func (p *healthPolicy) backoff(flaps int) time.Duration {
 // available reports whether the node takes traffic.
 func (n *node) available() bool { return n.up.Load() }
 
+// readyUp reports whether the node counts as up for readiness: it takes
+// traffic and, if no probe has found it in service since it joined, its
+// last probe did not fail. A node stays available until Health.Fall
+// probes fail in a row; without this, a gateway none of whose nodes
+// answers would call itself ready from its first round until the last
+// of those probes.
+func (n *node) readyUp() bool {
+	if !n.available() {
+		return false
+	}
+	if !n.unseen.Load() {
+		return true
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.fails == 0
+}
+
 // observe is passive health checking of one data-path result.
 func (n *node) observe(err error) {
 	if err == nil {

@@ -295,3 +295,47 @@ func TestUnready(t *testing.T) {
 		t.Errorf("Unready() with every node down = %q, want %q", got, want)
 	}
 }
+
+// TestUnreadyUntilANodeAnswers: a node stays up until Health.Fall probes
+// fail in a row, but a gateway whose nodes have not answered one probe
+// since its start is not ready: /readyz answered 200 from the first round
+// until the Fall-th with every node unreachable.
+func TestUnreadyUntilANodeAnswers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, probes := fakeCluster(t, 2, nil)
+		for _, p := range probes {
+			p.ok.Store(false)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		go c.Run(ctx)
+		synctest.Wait()
+		if !c.Probed() {
+			t.Fatal("Probed() = false after the first round")
+		}
+		if n := c.topo.Load().nodes[0]; !n.available() {
+			t.Fatal("a node is down after one failed probe; want Fall=2 (the case under test)")
+		}
+		if got, want := c.Unready(), "no memcached node is up (0 of 2)"; got != want {
+			t.Errorf("Unready() after a first round no node answered = %q, want %q", got, want)
+		}
+
+		probes[1].ok.Store(true)
+		waitUntil(t, 3*time.Second, c.Ready)
+		if got := c.Unready(); got != "" {
+			t.Errorf("Unready() with one node answering = %q, want \"\"", got)
+		}
+
+		// A node seen in service keeps counting until it is down: one
+		// failed probe does not take readiness away.
+		probes[1].ok.Store(false)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if n := c.topo.Load().nodes[1]; n.status().ProbeFails != 1 {
+			t.Fatalf("probe fails = %d, want 1", n.status().ProbeFails)
+		}
+		if got := c.Unready(); got != "" {
+			t.Errorf("Unready() after one failed probe of a node seen in service = %q, want \"\"", got)
+		}
+	})
+}

@@ -1053,7 +1053,8 @@ func (c *Cluster) Len() int { return len(c.topo.Load().nodes) }
 
 // Ready reports whether the cluster can serve: the first probe round has
 // finished and at least ReadyMinUpPercent of the nodes (and at least one)
-// are up (Unready says which is missing).
+// are up, a node no probe has found in service counting only while its
+// last probe passed (Unready says which is missing).
 func (c *Cluster) Ready() bool { return c.Unready() == "" }
 
 // Unready says why the cluster cannot serve, for an operator reading
@@ -1068,7 +1069,7 @@ func (c *Cluster) Unready() string {
 	need := max(1, (len(t.nodes)*c.opts.Health.ReadyMinUpPercent+99)/100)
 	up := 0
 	for _, n := range t.nodes {
-		if n.available() {
+		if n.readyUp() {
 			up++
 		}
 	}
