@@ -252,3 +252,31 @@ func TestConfigFileOtherWriters(t *testing.T) {
 		assertNoSecret(t, "CONFIG_FILE", err.Error())
 	}
 }
+
+// TestConfigFileNamesEveryBadLine: a CONFIG_FILE with several refused
+// lines names them all in one error, as the checks of the variables do,
+// rather than the first alone, one fix and restart at a time.
+func TestConfigFileNamesEveryBadLine(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "env")
+	text := "MEMCGATE_SERVERS=10.0.0.1:11211 # the old cluster\nGOMEMLIMIT=1GiB\nMEMCGATE_KEY_PREFIX=app:\n" + secretTok + "\n"
+	if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := ReadEnvFile(file)
+	if err == nil {
+		t.Fatalf("%q read, want an error", text)
+	}
+	for _, want := range []string{
+		"line 1: MEMCGATE_SERVERS has a '#' after a space",
+		"line 2: GOMEMLIMIT is the Go runtime's",
+		"line 4: want NAME=value, got a line (not shown",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q, want it to contain %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "line 3") {
+		t.Errorf("error %q names line 3, which is good", err)
+	}
+	assertNoSecret(t, "CONFIG_FILE", err.Error())
+}

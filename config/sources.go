@@ -120,8 +120,8 @@ func badLine(line string) string {
 // is kept as written, where systemd reads shell escapes). It refuses a
 // line that is most likely part of a value written over several lines,
 // and a value it would take otherwise than it was most likely meant,
-// naming the line by its number and quoting no value (one may hold a
-// token), nor a name unless it is a MEMCGATE_ one:
+// naming every such line (up to maxErrors) by its number and quoting no
+// value (one may hold a token), nor a name unless it is a MEMCGATE_ one:
 //   - a line whose name is not one (letters, digits and '_', not starting
 //     with a digit), such as the rest of a value continued on a line of
 //     its own, which taken for a variable of another program would be
@@ -145,6 +145,7 @@ func ReadEnvFile(path string) (map[string]string, error) {
 		return nil, fmt.Errorf("%sCONFIG_FILE: %w", Prefix, err)
 	}
 	out := map[string]string{}
+	var errs []error // every line refused, so that one run names them all
 	// A byte order mark is no part of the first name (docker's
 	// --env-file drops it too).
 	text := strings.TrimPrefix(string(b), "\ufeff")
@@ -159,27 +160,34 @@ func ReadEnvFile(path string) (map[string]string, error) {
 		}
 		name = strings.TrimSpace(name)
 		if !ok {
-			return nil, fmt.Errorf("%sCONFIG_FILE %s, line %d: want NAME=value, got %s", Prefix, path, i+1, badLine(line))
+			errs = append(errs, fmt.Errorf("%sCONFIG_FILE %s, line %d: want NAME=value, got %s", Prefix, path, i+1, badLine(line)))
+			continue
 		}
 		if !envName(name) {
-			return nil, fmt.Errorf("%sCONFIG_FILE %s, line %d: want NAME=value, got %s whose text before its first '=' "+
+			errs = append(errs, fmt.Errorf("%sCONFIG_FILE %s, line %d: want NAME=value, got %s whose text before its first '=' "+
 				"is not a name (letters, digits and '_', not starting with a digit): the rest of a value continued from "+
 				"the line before, or another program's variable whose name systemd ignores; write a value on one line, "+
-				"and keep such variables out of this file", Prefix, path, i+1, badLine(line))
+				"and keep such variables out of this file", Prefix, path, i+1, badLine(line)))
+			continue
 		}
 		if slices.Contains(goRuntimeVars, name) {
-			return nil, fmt.Errorf("%sCONFIG_FILE %s, line %d: %s is the Go runtime's, which reads it from the process "+
+			errs = append(errs, fmt.Errorf("%sCONFIG_FILE %s, line %d: %s is the Go runtime's, which reads it from the process "+
 				"environment when memcgate starts, never from this file, so it would be ignored: set it in the environment "+
-				"(systemd: an Environment= line of the unit; Kubernetes: the container's env)", Prefix, path, i+1, name)
+				"(systemd: an Environment= line of the unit; Kubernetes: the container's env)", Prefix, path, i+1, name))
+			continue
 		}
 		value = strings.TrimSpace(value)
 		if why := unreadValue(value); why != "" && strings.HasPrefix(name, Prefix) {
-			return nil, fmt.Errorf("%sCONFIG_FILE %s, line %d: %s %s", Prefix, path, i+1, name, why)
+			errs = append(errs, fmt.Errorf("%sCONFIG_FILE %s, line %d: %s %s", Prefix, path, i+1, name, why))
+			continue
 		}
 		if len(value) >= 2 && (value[0] == '"' || value[0] == '\'') && value[len(value)-1] == value[0] {
 			value = value[1 : len(value)-1]
 		}
 		out[name] = value
+	}
+	if err := joinFew(errs); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
