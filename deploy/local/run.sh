@@ -10,6 +10,12 @@
 # The examples it prints use the addresses it was given.
 set -euo pipefail
 bin=${1:-bin/memcgate}
+# The MEMCGATE_ variables this shell passes on (one exported while trying
+# a deployment, say): the gateway takes them over this script's choices,
+# and the banner names them, so that examples answering otherwise than
+# shown (a 503 from other servers, a 401 from tokens) have their cause
+# on the screen. The listeners' are left out: the banner shows them.
+read -r -a given <<<"$(compgen -e | grep '^MEMCGATE_' | grep -vx -e MEMCGATE_LISTEN_ADDR -e MEMCGATE_ADMIN_ADDR | tr '\n' ' ' || true)"
 read -r -a ports <<<"${MEMCACHED_PORTS:-21211 21212 21213}"
 [ ${#ports[@]} -gt 0 ] || { echo "MEMCACHED_PORTS is empty: name at least one port" >&2; exit 2; }
 # The listeners the gateway will use: its defaults unless the environment
@@ -103,6 +109,14 @@ done
 cat <<TXT
 memcached: ${ports[*]} on 127.0.0.1
 memcgate:  data http://$data   admin http://$adm
+TXT
+if [ ${#given[@]} -gt 0 ]; then
+  echo "           with ${given[*]} from the environment"
+  if [[ " ${given[*]} " == *" MEMCGATE_SERVERS "* ]]; then
+    echo "           (MEMCGATE_SERVERS=$MEMCGATE_SERVERS: not the memcached above)"
+  fi
+fi
+cat <<TXT
 
 Try, from another shell:
   curl -i -X PUT --data-binary 'hello' '$data/greeting?exptime=300'

@@ -26,9 +26,9 @@ type localRun struct {
 }
 
 // startLocal runs deploy/local/run.sh with the memcached ports and the
-// listener addresses given, the gateway binary under test, and stderr
-// merged into what lines reads.
-func startLocal(t *testing.T, ports []int, listen, admin string) *localRun {
+// listener addresses given, env (NAME=value) besides, the gateway binary
+// under test, and stderr merged into what lines reads.
+func startLocal(t *testing.T, ports []int, listen, admin string, env ...string) *localRun {
 	t.Helper()
 	memcachedtest.Binary(t)
 	ps := make([]string, len(ports))
@@ -41,6 +41,7 @@ func startLocal(t *testing.T, ports []int, listen, admin string) *localRun {
 		"MEMCGATE_LISTEN_ADDR="+listen,
 		"MEMCGATE_ADMIN_ADDR="+admin,
 	)
+	cmd.Env = append(cmd.Env, env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
@@ -173,5 +174,42 @@ func TestLocalRun(t *testing.T) {
 			c.Close()
 			t.Errorf("port %d still accepts connections after Ctrl-C", port)
 		}
+	}
+}
+
+// TestLocalRunNamesInheritedSettings: MEMCGATE_ variables the shell
+// passes on (one exported while trying a deployment) are the gateway's
+// over run.sh's own, and its banner names them, MEMCGATE_SERVERS with
+// its value: the banner said the gateway served the memcached it started
+// while every printed example answered 503 from the servers of the
+// environment.
+func TestLocalRunNamesInheritedSettings(t *testing.T) {
+	p := freeAddrs(t, 5)
+	listen, admin := fmt.Sprintf("127.0.0.1:%d", p[3]), fmt.Sprintf("127.0.0.1:%d", p[4])
+	r := startLocal(t, p[:3], listen, admin, "MEMCGATE_SERVERS=127.0.0.1:1", "MEMCGATE_TIMEOUT=300ms")
+	lines := r.lines()
+	out := until(t, lines, "Ctrl-C stops")
+	named := ""
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasSuffix(l, " from the environment") {
+			named = l
+		}
+	}
+	for _, want := range []string{" MEMCGATE_SERVERS ", " MEMCGATE_TIMEOUT "} {
+		if !strings.Contains(named, want) {
+			t.Errorf("run.sh's line of settings from the environment is %q, want it to name%s:\n%s", named, want, out)
+		}
+	}
+	if want := "(MEMCGATE_SERVERS=127.0.0.1:1: not the memcached above)"; !strings.Contains(out, want) {
+		t.Errorf("run.sh printed no %q:\n%s", want, out)
+	}
+	if strings.Contains(out, "MEMCGATE_LISTEN_ADDR") || strings.Contains(out, "MEMCGATE_ADMIN_ADDR") {
+		t.Errorf("run.sh names the listeners' variables, which its own line shows:\n%s", out)
+	}
+	if err := syscall.Kill(-r.cmd.Process.Pid, syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	until(t, lines, "stopped memcached")
+	for range lines {
 	}
 }
