@@ -546,8 +546,11 @@ func (c Config) Problems() []error {
 		{"UPSTREAM_TLS_CERT_FILE", "UPSTREAM_TLS_KEY_FILE", c.UpstreamTLSCert, c.UpstreamTLSKey},
 	}
 	for _, p := range pairs {
-		if (p.certVal == "") != (p.keyVal == "") {
-			bad(p.cert, "and %s%s must be set together", Prefix, p.key)
+		switch {
+		case p.certVal != "" && p.keyVal == "":
+			bad(p.key, "is not set while %s%s is: a certificate needs its key; set both or neither", Prefix, p.cert)
+		case p.certVal == "" && p.keyVal != "":
+			bad(p.cert, "is not set while %s%s is: a key needs its certificate; set both or neither", Prefix, p.key)
 		}
 	}
 	switch c.ValueCodec {

@@ -55,6 +55,17 @@ func TestLoad(t *testing.T) {
 			wantErr: []string{"MEMCGATE_SERVERS", `port "0"`},
 		},
 		{
+			// Named by the variable missing, and what to do: the message was
+			// "MEMCGATE_TLS_CERT_FILE: and MEMCGATE_TLS_KEY_FILE must be set
+			// together", the variable set named as if it were wrong.
+			name: "a certificate without its key, and a key without its certificate",
+			env:  map[string]string{"MEMCGATE_TLS_CERT_FILE": "/etc/memcgate/cert.pem", "MEMCGATE_ADMIN_TLS_KEY_FILE": "/etc/memcgate/key.pem"},
+			wantErr: []string{
+				"MEMCGATE_TLS_KEY_FILE: is not set while MEMCGATE_TLS_CERT_FILE is: a certificate needs its key; set both or neither",
+				"MEMCGATE_ADMIN_TLS_CERT_FILE: is not set while MEMCGATE_ADMIN_TLS_KEY_FILE is: a key needs its certificate; set both or neither",
+			},
+		},
+		{
 			name:    "duplicate server",
 			env:     map[string]string{"MEMCGATE_SERVERS": "a:1,a:1"},
 			wantErr: []string{"a:1 is listed twice"},
