@@ -180,6 +180,20 @@ func ParseServer(s string) (Server, error) {
 	if s == "" {
 		return Server{}, errors.New("empty server")
 	}
+	outside := s // what is not inside an IPv6 address's brackets
+	if strings.HasPrefix(s, "[") {
+		_, outside, _ = strings.Cut(s, "]")
+	}
+	if strings.ContainsAny(outside, " \t") {
+		// Most often two servers separated by a space, which would
+		// otherwise be reported as a port of "11211 10.0.0.2".
+		return Server{}, fmt.Errorf("%q: has a space: one host:port[:weight] per entry, entries separated by commas", short(s))
+	}
+	if !strings.HasPrefix(s, "[") && strings.Count(s, ":") > 2 {
+		// host:port:weight has two colons at most; an IPv6 address
+		// written bare would be reported as an empty host or a bad port.
+		return Server{}, fmt.Errorf("%q: an IPv6 address goes in brackets, as in [::1]:11211", short(s))
+	}
 	var host, rest string
 	bracketed := strings.HasPrefix(s, "[")
 	if bracketed {

@@ -66,6 +66,11 @@ func TestLoad(t *testing.T) {
 			},
 		},
 		{
+			name:    "servers separated by spaces",
+			env:     map[string]string{"MEMCGATE_SERVERS": "10.0.0.1:11211 10.0.0.2:11211"},
+			wantErr: []string{`MEMCGATE_SERVERS: "10.0.0.1:11211 10.0.0.2:11211": has a space: one host:port[:weight] per entry, entries separated by commas`},
+		},
+		{
 			name:    "duplicate server",
 			env:     map[string]string{"MEMCGATE_SERVERS": "a:1,a:1"},
 			wantErr: []string{"a:1 is listed twice"},
@@ -203,7 +208,13 @@ func TestParseServerHost(t *testing.T) {
 		{in: "[fe80::1%a b]:1", wantErr: "not an IPv6 address"},
 		{in: "[10.0.0.1]:1", wantErr: "not an IPv6 address"},
 		{in: "[mc1]:1", wantErr: "not an IPv6 address"},
-		{in: "mc 1:1", wantErr: "not allowed in a host name"},
+		{in: "mc 1:1", wantErr: `"mc 1:1": has a space`},
+		{in: "10.0.0.1:11211 10.0.0.2:11211", wantErr: "has a space: one host:port[:weight] per entry, entries separated by commas"},
+		{in: "10.0.0.1:11211\t10.0.0.2:11211", wantErr: "has a space"},
+		{in: "::1:11211", wantErr: "an IPv6 address goes in brackets, as in [::1]:11211"},
+		{in: "2001:db8::1:11211:2", wantErr: "an IPv6 address goes in brackets"},
+		{in: ":11211", wantErr: "empty host"},
+		{in: "[::1]:11211 [::2]:11211", wantErr: "has a space"},
 		{in: "mc]:1", wantErr: "not allowed in a host name"},
 		{in: "m/c:1", wantErr: "not allowed in a host name"},
 	}
