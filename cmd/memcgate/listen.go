@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"path/filepath"
 	"syscall"
 	"time"
 )
@@ -25,6 +26,11 @@ func listenUnix(ctx context.Context, path string, mode os.FileMode) (net.Listene
 	}
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "unix", path)
+	if errors.Is(err, fs.ErrNotExist) {
+		// bind's ENOENT names the socket, which is not meant to exist
+		// yet: what is missing is its directory.
+		return nil, fmt.Errorf("%w: the directory %s does not exist (memcgate creates the socket, not its directory)", err, filepath.Dir(path))
+	}
 	if err != nil {
 		return nil, err
 	}

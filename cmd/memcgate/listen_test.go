@@ -81,3 +81,18 @@ func TestListenUnix(t *testing.T) {
 		})
 	}
 }
+
+// TestListenUnixNoDirectory: a socket path whose directory is missing is
+// refused naming the directory; bind's own error named only the socket,
+// which is not meant to exist before the start.
+func TestListenUnixNoDirectory(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "run", "memcgate")
+	ln, err := listenUnix(t.Context(), filepath.Join(dir, "memcgate.sock"), 0o600)
+	if err == nil {
+		ln.Close()
+		t.Fatal("listenUnix in a missing directory = nil error")
+	}
+	if want := "the directory " + dir + " does not exist"; !strings.Contains(err.Error(), want) {
+		t.Errorf("listenUnix in a missing directory = %v, want %q", err, want)
+	}
+}
