@@ -44,7 +44,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	if len(args) > 0 {
 		switch args[0] {
 		case "-h", "-help", "--help", "help":
-			fmt.Fprint(stdout, config.Usage())
+			fmt.Fprint(stdout, config.Usage(), arguments)
 			return nil
 		case "-version", "--version", "version":
 			fmt.Fprintln(stdout, currentBuild())
@@ -123,9 +123,18 @@ func newLogger(cfg config.Config, w io.Writer, level slog.Leveler) *slog.Logger 
 	return slog.New(slog.NewJSONHandler(w, opts))
 }
 
+// arguments ends -help: what the command takes besides the environment.
+const arguments = `
+Arguments (with none, memcgate serves):
+  -help, -version
+      this text; the build: version, revision, Go version and platform
+  healthcheck [PATH]
+      asks the admin listener (MEMCGATE_ADMIN_ADDR, from the environment or MEMCGATE_CONFIG_FILE) for PATH, /healthz by default, and exits 1 unless it answers 200, printing why: a container's health check without curl (the image asks /readyz)
+`
+
 // healthcheck is the container health check: it asks the admin listener's
-// /readyz (or the path given) and fails unless it answers 200, so images
-// need no curl.
+// /healthz, or the path given (the image's HEALTHCHECK gives /readyz),
+// and fails unless it answers 200, so images need no curl.
 func healthcheck(ctx context.Context, environ map[string]string, args []string) error {
 	path := "/healthz"
 	if len(args) > 0 {

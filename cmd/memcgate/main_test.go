@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -114,5 +116,20 @@ func TestHealthcheckAddress(t *testing.T) {
 				t.Fatalf("healthcheck = %v, want an error with %q", err, tt.wantErr)
 			}
 		})
+	}
+}
+
+// TestHelpNamesArguments: -help lists the arguments besides the variables:
+// healthcheck, which configuration.md and the image use, was found
+// nowhere in the command's own output, nor its default path.
+func TestHelpNamesArguments(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(t.Context(), []string{"-help"}, nil, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"MEMCGATE_SERVERS (default", "-help, -version", "healthcheck [PATH]", "for PATH, /healthz by default"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("-help prints no %q:\n%s", want, out.String())
+		}
 	}
 }
