@@ -55,9 +55,8 @@ func TestLoad(t *testing.T) {
 			wantErr: []string{"MEMCGATE_SERVERS", `port "0"`},
 		},
 		{
-			// Named by the variable missing, and what to do: the message was
-			// "MEMCGATE_TLS_CERT_FILE: and MEMCGATE_TLS_KEY_FILE must be set
-			// together", the variable set named as if it were wrong.
+			// Named by the variable missing, with what to do, not by the
+			// one set as if it were the wrong one.
 			name: "a certificate without its key, and a key without its certificate",
 			env:  map[string]string{"MEMCGATE_TLS_CERT_FILE": "/etc/memcgate/cert.pem", "MEMCGATE_ADMIN_TLS_KEY_FILE": "/etc/memcgate/key.pem"},
 			wantErr: []string{

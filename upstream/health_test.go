@@ -298,8 +298,8 @@ func TestUnready(t *testing.T) {
 
 // TestUnreadyUntilANodeAnswers: a node stays up until Health.Fall probes
 // fail in a row, but a gateway whose nodes have not answered one probe
-// since its start is not ready: /readyz answered 200 from the first round
-// until the Fall-th with every node unreachable.
+// since its start is not ready; otherwise /readyz would answer 200 from
+// the first round to the Fall-th with every node unreachable.
 func TestUnreadyUntilANodeAnswers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c, probes := fakeCluster(t, 2, nil)

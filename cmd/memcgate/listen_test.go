@@ -83,7 +83,7 @@ func TestListenUnix(t *testing.T) {
 }
 
 // TestListenUnixNoDirectory: a socket path whose directory is missing is
-// refused naming the directory; bind's own error named only the socket,
+// refused naming the directory; bind's own error names only the socket,
 // which is not meant to exist before the start.
 func TestListenUnixNoDirectory(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "run", "memcgate")

@@ -120,8 +120,8 @@ func TestHealthcheckAddress(t *testing.T) {
 }
 
 // TestHelpNamesArguments: -help lists the arguments besides the variables:
-// healthcheck, which configuration.md and the image use, was found
-// nowhere in the command's own output, nor its default path.
+// healthcheck, which configuration.md and the image use, and its default
+// path are in the command's own output.
 func TestHelpNamesArguments(t *testing.T) {
 	var out bytes.Buffer
 	if err := run(t.Context(), []string{"-help"}, nil, &out, io.Discard); err != nil {

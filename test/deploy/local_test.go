@@ -180,9 +180,9 @@ func TestLocalRun(t *testing.T) {
 // TestLocalRunNamesInheritedSettings: MEMCGATE_ variables the shell
 // passes on (one exported while trying a deployment) are the gateway's
 // over run.sh's own, and its banner names them, MEMCGATE_SERVERS with
-// its value: the banner said the gateway served the memcached it started
-// while every printed example answered 503 from the servers of the
-// environment.
+// its value: without that, the banner says the gateway serves the
+// memcached it started while every printed example answers 503 from the
+// servers of the environment.
 func TestLocalRunNamesInheritedSettings(t *testing.T) {
 	p := freeAddrs(t, 5)
 	listen, admin := fmt.Sprintf("127.0.0.1:%d", p[3]), fmt.Sprintf("127.0.0.1:%d", p[4])

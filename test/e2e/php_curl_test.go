@@ -27,11 +27,11 @@ type curlRequest struct {
 // TestPHPCurlFunctions runs docs/php.md's mc_get and mc_set
 // (test/php/mc_curl.php) with php-curl against a real gateway, through a
 // relay that records each request, on one handle as the page uses it:
-// between them the fire-and-forget PUT the same section shows. mc_get
-// sent the method, body and headers the handle's last request left:
-// after mc_set, a GET carrying the value just written (the whole value
-// uploaded again with every read); after the asynchronous PUT, a GET
-// with "Prefer: respond-async".
+// between them the fire-and-forget PUT the same section shows. Each call
+// must set what the handle's last request left: a GET after mc_set would
+// carry the value just written (the whole value uploaded again with
+// every read), and one after the asynchronous PUT would say
+// "Prefer: respond-async".
 func TestPHPCurlFunctions(t *testing.T) {
 	php := gatewaytest.PHP(t, "curl")
 	mcs := memcachedtest.StartN(t, 1)
