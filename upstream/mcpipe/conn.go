@@ -172,7 +172,7 @@ type conn struct {
 	readBy      time.Time // the read deadline; zero: none
 	capped      bool      // progress would move readBy but for the oldest caller's deadline (extendLocked)
 	graced      bool      // the reply being read got a late reader's grace (overdue)
-	outq        int       // bytes of a large value the kernel held unacknowledged when last looked at (drained)
+	outq        int       // bytes the kernel held unacknowledged when last looked at, after a write of a large value or while a write waits for room (drained)
 	outqReplies int       // replies still to come for the calls of the write outq was sampled after
 	err         error     // set once the connection failed; final
 
@@ -182,10 +182,16 @@ type conn struct {
 
 	// The writer's: the pieces of one write, reused; when the write
 	// deadline was last set; whether the write waited for room in the
-	// socket since its bytes last counted as progress (writeWaits).
+	// socket since its bytes last counted as progress (writeWaits);
+	// whether it got a late writer's grace (writeOverdue); whether its
+	// deadline is its oldest caller's rather than the timeout's.
 	iov      net.Buffers
 	wArmedAt time.Time
 	wWaited  bool
+	wGraced  bool
+	wCapped  bool
+
+	lateWrites int // write deadlines passed and moved on (writeOverdue), under mu
 }
 
 // segment is a large value that is written after wbuf[:at] (and before
@@ -198,7 +204,7 @@ type segment struct {
 func newConn(nc net.Conn, timeout time.Duration) *conn {
 	c := &conn{nc: nc, sio: newSockIO(nc), timeout: timeout}
 	if c.sio != nil {
-		c.sio.wwait = c.writeWaits
+		c.sio.wwait, c.sio.wlate = c.writeWaits, c.writeOverdue
 	}
 	return c
 }
@@ -435,8 +441,13 @@ const writeSlice = 256 << 10
 // connection's Write waits inside, so it writes slices of at most
 // writeSlice bytes: a slice that took more than an eighth of the timeout
 // counts as progress once it is written.
+//
+// A socket's write deadline that passes while the write waits is not
+// memcached's stall if bytes left the kernel's send queue since the
+// write last looked, or if the writer came to it late (writeOverdue):
+// the write goes on.
 func (c *conn) writeAll(buf []byte, segs []segment) error {
-	c.wWaited = false
+	c.wWaited, c.wGraced = false, false
 	c.armWrite(time.Now())
 	// The pieces in order: buf cut where each value goes, in c.iov,
 	// whose array the next write reuses.
@@ -459,6 +470,9 @@ func (c *conn) writeAll(buf []byte, segs []segment) error {
 	clear(pieces) // keep no value alive
 	c.iov = pieces[:0]
 	if err != nil {
+		if c.wCapped && errors.Is(err, os.ErrDeadlineExceeded) {
+			err = fmt.Errorf("%w (%w)", ErrBehind, err)
+		}
 		return err
 	}
 	if c.sio == nil {
@@ -555,14 +569,88 @@ func (c *conn) wrote() {
 }
 
 // writeWaits is sockIO's wwait: the write must wait for room in the
-// socket, and moved says whether bytes moved since it last waited (or
-// since writev began). Bytes moved are progress; none moved is a stall,
-// which leaves the deadlines where they are.
-func (c *conn) writeWaits(moved bool) {
+// socket, moved says whether bytes moved since it last waited (or since
+// writev began), and held how many bytes the kernel holds unacknowledged
+// (-1: not known). Bytes moved are progress; none moved is a stall,
+// which leaves the deadlines where they are. held is the reader's last
+// look too (drained): a reply owed while the write waits is owed from
+// the last bytes that left the kernel's send queue, since the writer,
+// which the kernel wakes only once a third of the buffer is free, does
+// not see memcached read less than that.
+func (c *conn) writeWaits(moved bool, held int) {
 	c.wWaited = true // what the wait lets through is progress too (wrote)
 	if moved {
 		c.moved(time.Now())
 	}
+	if held >= 0 {
+		c.mu.Lock()
+		if c.err == nil {
+			c.outq, c.outqReplies = held, len(c.queue)-c.unsent
+		}
+		c.mu.Unlock()
+	}
+}
+
+// writeOverdue is sockIO's wlate: the write deadline passed while the
+// write waited for room in the socket. It reports whether the write goes
+// on, its deadline moved to the timeout from now, because the deadline
+// is not memcached's stall:
+//
+//   - bytes left the kernel's send queue since the write last looked
+//     (drained; held is what the queue holds now): memcached is reading,
+//     and the deadline moves as for any progress, each time bytes moved,
+//     the reply owed with it (extendLocked). The kernel wakes a writer
+//     only once a third of its send buffer (up to tcp_wmem's maximum,
+//     4 MiB) is free: a memcached reading less than that per timeout
+//     made no progress the writer saw.
+//   - the writer came to it late, by a quarter of the timeout or more, as
+//     the reader's overdue measures: the gateway, not memcached, was not
+//     running (a process stopped or starved of CPU, a container
+//     throttled), and memcached had less time than it was given. Once
+//     per write.
+//
+// Neither moves the deadline past the oldest unanswered caller's own; a
+// write that fails there fails with ErrBehind, as a reply does
+// (extendLocked). Without it a gateway paused longer than the timeout
+// while a large value waited for room failed the write on waking, and
+// every call on the connection with it, though memcached had read all
+// the kernel held meanwhile.
+func (c *conn) writeOverdue(drained bool, held int) bool {
+	now := time.Now()
+	late := !c.wGraced && now.Sub(c.wArmedAt) >= c.timeout+c.timeout/4
+	if !drained && !late {
+		return false // a stall
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return false
+	}
+	dl, capped := now.Add(c.timeout), false
+	if len(c.queue) > 0 {
+		if by := c.queue[0].by; !by.IsZero() && by.Before(dl) {
+			dl, capped = by, true
+		}
+	}
+	c.wCapped = capped
+	if !dl.After(now) {
+		return false
+	}
+	if !drained {
+		c.wGraced = true
+	}
+	c.lateWrites++
+	c.wArmedAt = now
+	_ = c.nc.SetWriteDeadline(dl)
+	if drained {
+		if held >= 0 {
+			c.outq, c.outqReplies = held, len(c.queue)-c.unsent
+		}
+		if len(c.queue) > c.unsent {
+			c.extendLocked(now)
+		}
+	}
+	return true
 }
 
 // moved counts bytes that a write moved at now as memcached's progress:
@@ -579,7 +667,7 @@ func (c *conn) moved(now time.Time) {
 
 // armWrite owes the write's next bytes within the timeout from now.
 func (c *conn) armWrite(now time.Time) {
-	c.wArmedAt = now
+	c.wArmedAt, c.wCapped = now, false
 	_ = c.nc.SetWriteDeadline(now.Add(c.timeout))
 }
 

@@ -1,6 +1,7 @@
 package mcpipe
 
 import (
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -39,17 +40,27 @@ type sockIO struct {
 	werr  syscall.Errno
 	iov   [64]syscall.Iovec
 	wfn   func(fd uintptr) bool
+	wq    int // bytes the kernel held unacknowledged when the write last looked (waited, or saw its deadline pass); -1: not known
+	wqNow int // wqfn's
+	wqfn  func(fd uintptr)
 
 	q   int // unsent's
 	qfn func(fd uintptr)
 
 	// wwait, if not nil, is called by writev each time the socket has no
 	// room and the write must wait for it, with whether bytes moved
-	// since the last call (or since writev began). It runs before the
-	// wait, so a write deadline it sets bounds that wait: conn moves its
-	// deadlines on progress there, and a write that never waits costs
-	// nothing more.
-	wwait func(moved bool)
+	// since the last call (or since writev began) and how many bytes the
+	// kernel holds unacknowledged (unsent; -1: not known). It runs
+	// before the wait, so a write deadline it sets bounds that wait:
+	// conn moves its deadlines on progress there, and a write that never
+	// waits costs nothing more.
+	wwait func(moved bool, held int)
+
+	// wlate, if not nil, is called by writev when its write deadline has
+	// passed, with whether bytes left the kernel's send queue since the
+	// write last looked (drained) and how many it holds now (-1: not
+	// known); it reports whether the write goes on, the deadline moved.
+	wlate func(drained bool, held int) bool
 }
 
 // rawMax is the most a read or write made with RawSyscall may move; a
@@ -79,6 +90,7 @@ func newSockIO(nc net.Conn) *sockIO {
 	}
 	s := &sockIO{nc: nc, rc: rc}
 	s.rfn, s.wfn, s.qfn = s.readFD, s.writeFD, s.unsentFD
+	s.wqfn = func(fd uintptr) { s.wqNow = outq(fd) }
 	s.nfn = func(fd uintptr) { s.ragain = !s.readFD(fd) }
 	return s
 }
@@ -158,18 +170,28 @@ func (s *sockIO) unsent() int {
 	return s.q
 }
 
-func (s *sockIO) unsentFD(fd uintptr) {
+func (s *sockIO) unsentFD(fd uintptr) { s.q = outq(fd) }
+
+// outq is how many bytes written to socket fd the peer has not yet
+// acknowledged (TIOCOUTQ), or -1 if the kernel does not say.
+func outq(fd uintptr) int {
 	var q int32
-	if _, _, errno := syscall.RawSyscall(syscall.SYS_IOCTL, fd, syscall.TIOCOUTQ, uintptr(unsafe.Pointer(&q))); errno == 0 {
-		s.q = int(q)
+	if _, _, errno := syscall.RawSyscall(syscall.SYS_IOCTL, fd, syscall.TIOCOUTQ, uintptr(unsafe.Pointer(&q))); errno != 0 {
+		return -1
 	}
+	return int(q)
 }
 
 // writev writes all of *v, consuming it, waiting for the socket to take
-// it; it returns how much it wrote.
+// it; it returns how much it wrote. A write deadline that passes while
+// the write waits is put to wlate, which may move it: the write then
+// goes on.
 func (s *sockIO) writev(v *net.Buffers) (int64, error) {
-	s.wv, s.wn, s.wmark, s.werr = v, 0, 0, 0
+	s.wv, s.wn, s.wmark, s.werr, s.wq = v, 0, 0, 0, -1
 	err := s.rc.Write(s.wfn)
+	for err != nil && s.wlate != nil && errors.Is(err, os.ErrDeadlineExceeded) && s.wlate(s.drained()) {
+		err = s.rc.Write(s.wfn)
+	}
 	n, errno := s.wn, s.werr
 	s.wv = nil
 	switch {
@@ -210,7 +232,8 @@ func (s *sockIO) writeFD(fd uintptr) bool {
 			continue
 		case syscall.EAGAIN:
 			if s.wwait != nil {
-				s.wwait(s.wn > s.wmark)
+				s.wq = outq(fd)
+				s.wwait(s.wn > s.wmark, s.wq)
 				s.wmark = s.wn
 			}
 			return false
@@ -223,6 +246,19 @@ func (s *sockIO) writeFD(fd uintptr) bool {
 		consume(v, int64(n))
 	}
 	return true
+}
+
+// drained reports whether bytes left the kernel's send queue since the
+// write last looked (s.wq), and how many it holds now; this look is the
+// next one's reference. The write's own: its callers hold no mutex.
+func (s *sockIO) drained() (bool, int) {
+	s.wqNow = -1
+	s.rc.Control(s.wqfn)
+	q, was := s.wqNow, s.wq
+	if q >= 0 {
+		s.wq = q
+	}
+	return q >= 0 && q < was, q
 }
 
 // consume drops the first n bytes of *v, setting the buffers it empties

@@ -7,7 +7,8 @@ import "net"
 // sockIO is, on Linux, a socket read and written with raw system calls;
 // elsewhere connections are read and written through net.Conn.
 type sockIO struct {
-	wwait func(moved bool) // never called
+	wwait func(moved bool, held int)        // never called
+	wlate func(drained bool, held int) bool // never called
 }
 
 func newSockIO(net.Conn) *sockIO { return nil }
