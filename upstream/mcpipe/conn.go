@@ -192,6 +192,7 @@ type conn struct {
 	wCapped  bool
 
 	lateWrites int // write deadlines passed and moved on (writeOverdue), under mu
+	waits      int // times a write waited for room, its look at the kernel's count published (writeWaits), under mu
 }
 
 // segment is a large value that is written after wbuf[:at] (and before
@@ -582,13 +583,12 @@ func (c *conn) writeWaits(moved bool, held int) {
 	if moved {
 		c.moved(time.Now())
 	}
-	if held >= 0 {
-		c.mu.Lock()
-		if c.err == nil {
-			c.outq, c.outqReplies = held, len(c.queue)-c.unsent
-		}
-		c.mu.Unlock()
+	c.mu.Lock()
+	if held >= 0 && c.err == nil {
+		c.outq, c.outqReplies = held, len(c.queue)-c.unsent
 	}
+	c.waits++
+	c.mu.Unlock()
 }
 
 // writeOverdue is sockIO's wlate: the write deadline passed while the

@@ -36,7 +36,7 @@ func TestWriteDeadlineWhileDraining(t *testing.T) {
 		stops bool // memcached stops reading after the first 128 KiB
 	}{{"slow", false}, {"stopped", true}} {
 		t.Run(tt.name, func(t *testing.T) {
-			const size = 8 << 20 // twice the send buffer
+			const size = 16 << 20 // more than the send buffer takes
 			addr, read := absorbingMC(t, size)
 			c := New(Options{Conns: 1, Timeout: 10 * time.Second, Dial: largeSendBuffer(t, addr)})
 			defer c.Close()
@@ -49,9 +49,7 @@ func TestWriteDeadlineWhileDraining(t *testing.T) {
 
 			// The write's deadline passes after memcached read 64 KiB.
 			readSome(t, cn, read)
-			late := lateWrites(cn)
-			cn.nc.SetWriteDeadline(time.Now())
-			if !writeMovedOn(t, cn, late) {
+			if !passWriteDeadline(t, cn) {
 				t.Fatalf("the write deadline passed after memcached read 64 KiB of a value waiting for room: the set failed (%v), want the deadline moved", <-setErr)
 			}
 			// The reply's deadline passes after memcached read 64 KiB more.
@@ -62,18 +60,13 @@ func TestWriteDeadlineWhileDraining(t *testing.T) {
 			if !tt.stops {
 				read(-1)
 				if err := <-setErr; err != nil {
-					t.Fatalf("set of 8 MiB read by memcached 64 KiB at a time past its deadlines: %v", err)
+					t.Fatalf("set of 16 MiB read by memcached 64 KiB at a time past its deadlines: %v", err)
 				}
 				return
 			}
 			// memcached reads no more. What its receive window still took
 			// moves once more at most; then a deadline finds nothing moved.
-			for i := 0; ; i++ {
-				late := lateWrites(cn)
-				cn.nc.SetWriteDeadline(time.Now())
-				if !writeMovedOn(t, cn, late) {
-					break
-				}
+			for i := 0; passWriteDeadline(t, cn); i++ {
 				if i == 3 {
 					t.Fatalf("%d write deadlines passed after memcached stopped reading, each moved on", i+1)
 				}
@@ -88,8 +81,8 @@ func TestWriteDeadlineWhileDraining(t *testing.T) {
 }
 
 // waitingWrite waits until the one connection of c has calls calls
-// queued and its writer waits for room in the socket, the kernel holding
-// bytes of it (outq, which writeWaits sets), and returns it. It fails t
+// queued and its writer waits for room in the socket (writeWaits), and
+// returns it. It fails t
 // if the set ends first (setErr): the test would prove nothing.
 func waitingWrite(t *testing.T, c *Client, setErr <-chan error, calls int) *conn {
 	t.Helper()
@@ -99,7 +92,7 @@ func waitingWrite(t *testing.T, c *Client, setErr <-chan error, calls int) *conn
 	}
 	for {
 		cn.mu.Lock()
-		waits := cn.writing && cn.outq > 0 && len(cn.queue) == calls
+		waits := cn.writing && cn.waits > 0 && len(cn.queue) == calls
 		cn.mu.Unlock()
 		if waits {
 			return cn
@@ -113,13 +106,14 @@ func waitingWrite(t *testing.T, c *Client, setErr <-chan error, calls int) *conn
 }
 
 // readSome makes memcached read 64 KiB and waits until the client's
-// kernel holds fewer bytes than cn last looked at (outq).
+// kernel holds fewer bytes than before. cn's writer waits for room: the
+// kernel's count only falls from its last look (and the reader's) then.
 func readSome(t *testing.T, cn *conn, read func(int)) {
 	t.Helper()
-	read(64 << 10)
 	cn.mu.Lock()
-	held := cn.outq
+	held := cn.sio.unsent()
 	cn.mu.Unlock()
+	read(64 << 10)
 	waitState(t, "what memcached read to leave the client's send buffer", func() bool {
 		cn.mu.Lock()
 		defer cn.mu.Unlock()
@@ -133,16 +127,22 @@ func lateWrites(cn *conn) int {
 	return cn.lateWrites
 }
 
-// writeMovedOn waits for the writer's decision on a write deadline just
-// passed: true if it moved the deadline on (lateWrites went past was),
-// false if the connection failed.
-func writeMovedOn(t *testing.T, cn *conn, was int) bool {
+// passWriteDeadline makes the write deadline of cn's writer, which waits
+// for room, pass now, as its timeout would, and waits for the writer's
+// decision: true if it moved the deadline on (writeOverdue) and waits for
+// room again, its look at the kernel's count published, false if it
+// failed the connection.
+func passWriteDeadline(t *testing.T, cn *conn) bool {
 	t.Helper()
+	cn.mu.Lock()
+	late, waits := cn.lateWrites, cn.waits
+	cn.mu.Unlock()
+	_ = cn.nc.SetWriteDeadline(time.Now())
 	var moved bool
 	waitState(t, "the writer to act on a passed deadline", func() bool {
 		cn.mu.Lock()
 		defer cn.mu.Unlock()
-		moved = cn.lateWrites > was
+		moved = cn.lateWrites > late && cn.waits > waits
 		return moved || cn.err != nil
 	})
 	return moved
