@@ -20,8 +20,8 @@ import (
 
 // TestWriteDeadlineWhileDraining: a value larger than the kernel's send
 // buffer waits for room in it, and the kernel wakes the writer only once
-// a third of the buffer (4 MiB here) is free, so a memcached reading
-// less than that per timeout moves bytes the writer never sees. A write
+// a third of the buffer (SO_SNDBUF 4 MiB here) is free, so a memcached
+// reading less than that per timeout moves bytes the writer never sees. A write
 // deadline that passes after bytes left the send queue since the write
 // last looked moves on (writeOverdue), and so does the deadline of the
 // reply owed meanwhile (drained, which the waiting writer's looks feed):
