@@ -105,6 +105,7 @@ type conn struct {
 	detached    bool         // the running handler detached its response
 	pending     atomic.Int32 // parties (handler return, finish) still to end the request
 	nonBlocking bool         // flush writes without waiting, spilling the rest
+	waitRefused bool         // once the budget refuses a spill, flush waits instead (WaitIfRefused)
 	spill       []byte       // what the socket did not take, for writeSpill
 	reuse       bool         // the detached response left the connection reusable
 	finishFn    func()       // c.finishDetached, made once

@@ -43,7 +43,7 @@ func (w *response) Detach() (finish func()) {
 		c.finishFn = c.finishDetached
 	}
 	c.detached = true
-	c.nonBlocking = true
+	c.nonBlocking, c.waitRefused = true, false
 	c.pending.Store(2)
 	return c.finishFn
 }
@@ -57,6 +57,19 @@ func (w *response) Detach() (finish func()) {
 func (w *response) Block() {
 	if c := w.c; c.nonBlocking && !w.wroteHeader && len(c.spill) == 0 {
 		c.nonBlocking = false
+	}
+}
+
+// WaitIfRefused makes the writes of a detached response wait for the
+// client, as an ordinary response's do (up to the WriteTimeout), from
+// the moment Server.Budget refuses to hold what the socket does not take
+// at once, where the response would otherwise be cut short and the
+// connection closed: for a response written on a goroutine of its own,
+// which may wait. Until then its writes do not wait, as without it. Call
+// it after Detach; it does nothing otherwise.
+func (w *response) WaitIfRefused() {
+	if c := w.c; c.nonBlocking {
+		c.waitRefused = true
 	}
 }
 
@@ -79,22 +92,27 @@ func (c *conn) writeSpill() {
 			c.werr = err
 		}
 	}
+	c.dropSpill()
+	c.endDetached()
+}
+
+// dropSpill lets go of the spill, written or failed, and of its budget.
+func (c *conn) dropSpill() {
 	if bs := c.srv.Buffers; bs != nil {
-		bs.Put(c.spill) // written or failed: nothing reads it now
+		bs.Put(c.spill) // nothing reads it now
 	}
 	c.spill = nil // it held a copy of a large or unread response: let it go
 	if c.spilled > 0 {
 		c.srv.Budget.Release(c.spilled)
 		c.spilled = 0
 	}
-	c.endDetached()
 }
 
 // endDetached ends finish's part of a detached request: the rest of what
 // serveRequest does after the handler returned.
 func (c *conn) endDetached() {
 	w := &c.w
-	c.nonBlocking = false
+	c.nonBlocking, c.waitRefused = false, false
 	c.reuse = w.reusable()
 	w.forget()
 	c.releaseOut()
@@ -170,6 +188,10 @@ func (c *conn) flushNonBlocking(bufs [][]byte) {
 	}
 	if bg := c.srv.Budget; bg != nil {
 		if err := bg.Acquire(int64(n)); err != nil {
+			if c.waitRefused {
+				c.writeWaiting(bufs)
+				return
+			}
 			c.werr = err // the response is cut short: the connection closes
 			return
 		}
@@ -188,6 +210,34 @@ func (c *conn) flushNonBlocking(bufs [][]byte) {
 	}
 	for _, b := range bufs {
 		c.spill = append(c.spill, b...)
+	}
+}
+
+// writeWaiting writes the spill and then bufs, waiting for the client
+// as an ordinary response does, and makes the response's later writes
+// wait too: for a response that may wait (WaitIfRefused) whose rest the
+// budget refused to hold.
+func (c *conn) writeWaiting(bufs [][]byte) {
+	c.nonBlocking = false
+	c.armWrite()
+	if len(c.spill) > 0 {
+		if _, err := c.rwc.Write(c.spill); err != nil {
+			c.werr = err
+		}
+		c.dropSpill()
+	}
+	if c.werr != nil {
+		return
+	}
+	c.iov = append(c.iov[:0], bufs...)
+	var err error
+	if c.sk != nil {
+		_, err = c.sk.writeBuffers(&c.iov)
+	} else {
+		_, err = c.iov.WriteTo(c.rwc)
+	}
+	if err != nil {
+		c.werr = err
 	}
 }
 

@@ -176,6 +176,60 @@ func TestDetachBlock(t *testing.T) {
 	}
 }
 
+// TestDetachWaitIfRefused: a detached response written on a goroutine
+// of its own copies what a client that does not read leaves unsent while
+// the budget holds it; past that, with WaitIfRefused, it waits for the
+// client and arrives whole, the budget given back and the connection
+// serving on; without, it is cut short after its head and the
+// connection closed.
+func TestDetachWaitIfRefused(t *testing.T) {
+	big := bytes.Repeat([]byte("0123456789abcdef"), 8<<20/16) // far more than socket buffers and the budget hold
+	for _, wait := range []bool{true, false} {
+		t.Run("wait="+strconv.FormatBool(wait), func(t *testing.T) {
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path != "/big" {
+					io.WriteString(w, "inline "+r.URL.Path)
+					return
+				}
+				finish := w.(detacher).Detach()
+				go func() {
+					if wait {
+						w.(interface{ WaitIfRefused() }).WaitIfRefused()
+					}
+					w.Header().Set("Content-Length", strconv.Itoa(len(big)))
+					for b := big; len(b) > 0; b = b[64<<10:] {
+						w.Write(b[:64<<10])
+					}
+					finish()
+				}()
+			})
+			bg := budget.New(1 << 20)
+			_, addr := startH1(t, h, func(s *Server) { s.Budget = bg })
+			c := slowreader.Dial(t, addr, 32<<10)
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			br := bufio.NewReader(c)
+			io.WriteString(c, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+			time.Sleep(200 * time.Millisecond) // the client reads nothing meanwhile
+			r, err := readWireResponse(br, "GET")
+			if !wait {
+				if err == nil && r.body == string(big) {
+					t.Fatalf("response written whole past the budget without WaitIfRefused")
+				}
+				return
+			}
+			if err != nil || r.status != "HTTP/1.1 200 OK" || r.body != string(big) {
+				t.Fatalf("detached response past the budget: %s, %d bytes, %v; want 200 with %d bytes", r.status, len(r.body), err, len(big))
+			}
+			if r := roundTrip(t, c, br, "/next"); r.body != "inline /next" {
+				t.Errorf("next request after the response = %v", r)
+			}
+			if used := bg.Used(); used != 0 {
+				t.Errorf("budget holds %d bytes after the response, want none", used)
+			}
+		})
+	}
+}
+
 // TestDetachShutdown: Shutdown waits for a detached response, which is
 // sent with Connection: close.
 func TestDetachShutdown(t *testing.T) {

@@ -26,13 +26,15 @@ type Server struct {
 	Handler http.Handler
 
 	// Detached, if not nil, is offered each fast-path request before
-	// Handler, with the request's response as d (see Detach and Block):
+	// Handler, with the request's response as d (see Detach, Block and
+	// WaitIfRefused):
 	// it either serves the request, detaching the response if it
 	// finishes it later, and reports true, or touches nothing and
 	// reports false, and Handler serves it.
 	Detached func(w http.ResponseWriter, r *http.Request, d interface {
 		Detach() (finish func())
 		Block()
+		WaitIfRefused()
 	}) bool
 
 	// ReadHeaderTimeout, ReadTimeout, WriteTimeout and IdleTimeout mean
@@ -107,8 +109,9 @@ type Server struct {
 	// Budget, if not nil, holds the bytes of bodies read ahead of their
 	// handler and of responses a slow client has not taken yet. A body
 	// it refuses fails the handler's read with its error (the connection
-	// closes after the response); a response whose rest it refuses is
-	// cut short and the connection closed.
+	// closes after the response); a detached response whose rest it
+	// refuses is cut short and the connection closed, unless it may wait
+	// (WaitIfRefused).
 	Budget Budget
 
 	// BudgetWait is how long a body read ahead that Budget cannot hold
