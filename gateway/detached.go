@@ -36,11 +36,15 @@ import (
 // use (nil if it cannot be detached). Block makes a detached response's
 // writes wait for the client, for a response written on a goroutine of
 // its own that is larger than a socket takes at once (a value streamed
-// in chunks), which would otherwise be copied into memory whole. h1's
+// in chunks), which would otherwise be copied into memory whole.
+// WaitIfRefused makes them wait for the client only once the byte budget
+// refuses to hold such a copy, for a response written on a goroutine of
+// its own, which would otherwise be cut short after its head. h1's
 // responses are Detachers (h1.Server's Detached).
 type Detacher = interface {
 	Detach() (finish func())
 	Block()
+	WaitIfRefused()
 }
 
 // detachedReq is one request served by serveDetached, from its checks to
@@ -160,9 +164,20 @@ func (h *handler) newDetachedReq(w http.ResponseWriter, r *http.Request, ctx *re
 func (f *detachedReq) done(res op.Result) {
 	if f.finish != nil && res.Err == nil && f.kr.op.Verb == op.Get &&
 		(len(res.Item.Value) >= largeValue || f.h.opts.Codec.compressed(res.Item.Flags) || res.Item.Flags == chunk.IndexFlags) {
-		go f.respond(res)
+		go f.respondAway(res)
 		return
 	}
+	f.respond(res)
+}
+
+// respondAway is respond on a goroutine of its own, which may wait for
+// the client: what the socket does not take at once is copied into
+// memory held in the byte budget, and once the budget refuses the copy,
+// written waiting for the client (WaitIfRefused), not cut short after
+// its 200 head with the connection closed. A client holding the budget
+// with bodies it sends slowly so cut other clients' large values short.
+func (f *detachedReq) respondAway(res op.Result) {
+	f.d.WaitIfRefused()
 	f.respond(res)
 }
 
