@@ -2,6 +2,7 @@ package hashring
 
 import (
 	"fmt"
+	"hash/crc32"
 	"io"
 	"net"
 	"net/http"
@@ -21,8 +22,13 @@ import (
 // `hash $http_x_key consistent`: a real nginx proxies each key to one of
 // several local backends that answer with their address. A second upstream
 // marks member 1 `down`, which checks that nginx's failover walk is the one
-// Owners yields. make test installs nginx; a missing nginx skips the test,
-// or fails it under CI or MEMCGATE_TEST_REQUIRE_MEMCACHED (gatewaytest.Tool).
+// Owners yields. A third, `hash $http_x_key` without consistent, is
+// compared with PeclStandardCRC32, which docs/migrating-from-nginx-memc.md
+// names for it: the same owner for every key except those whose
+// (crc32 >> 16) & 0x7fff is 0, which nginx leaves in bucket 0 and
+// pecl/memcache moves to bucket 1. make test installs nginx; a missing
+// nginx skips the test, or fails it under CI or
+// MEMCGATE_TEST_REQUIRE_MEMCACHED (gatewaytest.Tool).
 func TestNginxInterop(t *testing.T) {
 	nginx := gatewaytest.Tool(t, "nginx", "nginx")
 	if testing.Short() {
@@ -65,6 +71,12 @@ func TestNginxInterop(t *testing.T) {
 			conf.WriteString("  }\n")
 		}
 	}
+	plain := configs[1].weights
+	conf.WriteString("  upstream plain {\n    hash $http_x_key;\n")
+	for i, w := range plain {
+		fmt.Fprintf(&conf, "    server %s:%d weight=%d;\n", backends[i].Host, backends[i].Port, w)
+	}
+	conf.WriteString("  }\n")
 	front := freePort(t, "127.0.0.1")
 	fmt.Fprintf(&conf, "  server {\n    listen 127.0.0.1:%d;\n", front)
 	for _, c := range configs {
@@ -72,7 +84,7 @@ func TestNginxInterop(t *testing.T) {
 			fmt.Fprintf(&conf, "    location = /%s%s { proxy_pass http://%s%s; proxy_next_upstream off; }\n", c.name, suffix, c.name, suffix)
 		}
 	}
-	conf.WriteString("  }\n")
+	conf.WriteString("    location = /plain { proxy_pass http://plain; proxy_next_upstream off; }\n  }\n")
 	for _, b := range backends {
 		fmt.Fprintf(&conf, "  server { listen %s:%d; location / { return 200 \"$server_addr:$server_port\"; } }\n", b.Host, b.Port)
 	}
@@ -161,6 +173,35 @@ func TestNginxInterop(t *testing.T) {
 			})
 		}
 	}
+	t.Run("plain", func(t *testing.T) {
+		t.Parallel()
+		ms := slices.Clone(backends[:len(plain)])
+		for i, w := range plain {
+			ms[i].Weight = w
+		}
+		r := mustNew(t, PeclStandardCRC32, ms)
+		// k25's (crc32 >> 16) & 0x7fff is 0: the one kind of key whose
+		// owner differs, named in the migration guide.
+		zeroes := 0
+		for _, k := range append(slices.Clone(keys), "k25") {
+			want := r.Owner(k)
+			if (crc32.ChecksumIEEE([]byte(k))>>16)&0x7fff == 0 {
+				zeroes++
+				want = 0 // bucket 0: the first member, whatever the weights
+			}
+			got, err := ask("plain", k)
+			if err != nil {
+				t.Fatalf("nginx, key %q: %v", k, err)
+			}
+			if w := ms[want].Host + ":" + strconv.Itoa(ms[want].Port); got != w {
+				t.Errorf("key %q: want nginx to choose %s, it chose %s", k, w, got)
+			}
+		}
+		if zeroes == 0 {
+			t.Error("no key with a zero hash was compared")
+		}
+		t.Logf("weights %v: %d keys compared with nginx's hash without consistent, %d of them with a zero hash", plain, len(keys)+1, zeroes)
+	})
 }
 
 // freePort returns a TCP port that was free on host a moment ago.
