@@ -52,7 +52,16 @@ func needNginx(t *testing.T) string {
 // returns the address nginx listens on; nginx is stopped when t ends.
 func startNginx(t *testing.T, bin string, mcPort, deadPort int) string {
 	t.Helper()
-	tmpl, err := os.ReadFile("testdata/httpmemc-nginx.conf")
+	return runNginx(t, bin, "testdata/httpmemc-nginx.conf",
+		"@MEMC_PORT@", strconv.Itoa(mcPort), "@DEAD_PORT@", strconv.Itoa(deadPort))
+}
+
+// runNginx renders the configuration in file, replacing @PREFIX@,
+// @HTTP_PORT@ and the placeholder/value pairs in vars, and starts nginx.
+// It returns the address nginx listens on; nginx is stopped when t ends.
+func runNginx(t *testing.T, bin, file string, vars ...string) string {
+	t.Helper()
+	tmpl, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,12 +87,10 @@ func startNginx(t *testing.T, bin string, mcPort, deadPort int) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conf := strings.NewReplacer(
+	conf := strings.NewReplacer(append([]string{
 		"@PREFIX@", prefix,
 		"@HTTP_PORT@", strconv.Itoa(port),
-		"@MEMC_PORT@", strconv.Itoa(mcPort),
-		"@DEAD_PORT@", strconv.Itoa(deadPort),
-	).Replace(string(tmpl))
+	}, vars...)...).Replace(string(tmpl))
 	if strings.Contains(conf, "@") {
 		t.Fatalf("unfilled placeholder in the rendered configuration:\n%s", conf)
 	}
