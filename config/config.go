@@ -69,7 +69,7 @@ type Config struct {
 	WriteTimeout      time.Duration `env:"WRITE_TIMEOUT" envDefault:"30s" help:"time allowed to write a response"`
 	IdleTimeout       time.Duration `env:"IDLE_TIMEOUT" envDefault:"120s" help:"how long an idle client keepalive connection is kept"`
 
-	HealthInterval    time.Duration `env:"HEALTH_INTERVAL" envDefault:"1s" help:"active probe (memcached version) interval per node"`
+	HealthInterval    time.Duration `env:"HEALTH_INTERVAL" envDefault:"1s" help:"active probe (memcached version) interval per node; rounds start at the clock's multiples of it, so gateways whose clocks agree probe together"`
 	HealthTimeout     time.Duration `env:"HEALTH_TIMEOUT" envDefault:"300ms" help:"timeout of one probe"`
 	Fall              int           `env:"HEALTH_FALL" envDefault:"2" help:"consecutive failed probes that mark a node down"`
 	Rise              int           `env:"HEALTH_RISE" envDefault:"2" help:"consecutive passed probes that bring a node back"`
@@ -81,8 +81,8 @@ type Config struct {
 	PanicPercent      int           `env:"PANIC_PERCENT" envDefault:"0" help:"while fewer than this percent of nodes are up (but some), route as if all were up (Envoy's panic threshold); 0 = off"`
 	ReadyMinUpPercent int           `env:"READY_MIN_UP_PERCENT" envDefault:"0" help:"/readyz needs at least this percent of nodes up (and always at least one)"`
 	FlapWindow        time.Duration `env:"FLAP_WINDOW" envDefault:"60s" help:"an ejection this soon after a re-admission counts as a flap"`
-	FlapBackoff       time.Duration `env:"FLAP_BACKOFF" envDefault:"5s" help:"after a flap, probe passes count only after this hold-down, doubled per further flap"`
-	FlapBackoffMax    time.Duration `env:"FLAP_BACKOFF_MAX" envDefault:"2m" help:"cap of the flap hold-down (plus up to 50% jitter)"`
+	FlapBackoff       time.Duration `env:"FLAP_BACKOFF" envDefault:"5s" help:"after a flap, probe passes count only this hold-down after the ejection and after the last failed probe, doubled per further flap"`
+	FlapBackoffMax    time.Duration `env:"FLAP_BACKOFF_MAX" envDefault:"2m" help:"cap of the flap hold-down (plus up to 50% jitter, the same for a node in every gateway)"`
 
 	Replicas        int           `env:"REPLICAS" envDefault:"1" help:"copies of each key, on distinct nodes of the default pool (SERVERS); 1 = no replication (docs/pools.md)"`
 	WritePolicy     string        `env:"WRITE_POLICY" envDefault:"all" help:"with REPLICAS > 1, when a write is answered: all (every replica answered), majority (more than half of REPLICAS) or first (the first answer; the others finish in the background)"`

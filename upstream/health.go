@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -24,7 +23,11 @@ import (
 //     they confirm a node is gone.
 //   - Flapping: an ejection that follows a re-admission within FlapWindow is
 //     a flap; after k flaps in a row, probe passes only start to count after
-//     FlapBackoff·2^(k-1) (capped at FlapBackoffMax) plus up to 50% jitter.
+//     FlapBackoff·2^(k-1) (capped at FlapBackoffMax) plus up to 50% jitter,
+//     the node's own: the same for every gateway (backoff).
+//   - Rounds start on the wall clock's multiples of Interval (Run), so that
+//     gateways whose clocks agree probe a node at the same moments and
+//     re-admit it together.
 //   - Panic: while fewer than PanicPercent of the nodes are up (but at least
 //     one), routing ignores health, as Envoy does.
 //   - UDP: a node with a UDP port also gets a `version` request over UDP
@@ -59,8 +62,15 @@ func (p *healthPolicy) reservePassive() bool {
 	}
 }
 
-// backoff is how long re-admission waits after the flaps-th flap in a row.
-func (p *healthPolicy) backoff(flaps int) time.Duration {
+// backoff is how long re-admission of the node named name waits after
+// the flaps-th flap in a row. Its jitter, up to half the hold, spreads
+// the nodes' re-admissions apart but is the same for a node in every
+// gateway (a hash of its name and the count, not a random draw): gateways
+// behind one balancer that saw the same flaps hold the node as long and
+// re-admit it together, where a draw of their own set them up to half a
+// hold apart, each reading the node while another still wrote its keys
+// elsewhere.
+func (p *healthPolicy) backoff(name string, flaps int) time.Duration {
 	if flaps <= 0 || p.FlapBackoff <= 0 {
 		return 0
 	}
@@ -69,7 +79,27 @@ func (p *healthPolicy) backoff(flaps int) time.Duration {
 		d *= 2
 	}
 	d = min(d, p.FlapBackoffMax)
-	return d + rand.N(d/2+1)
+	return d + time.Duration(spread(name, flaps)%uint64(d/2+1))
+}
+
+// spread is a hash of name and k (64-bit FNV-1a, then k mixed in) that
+// every process computes alike.
+func spread(name string, k int) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(name); i++ {
+		h ^= uint64(name[i])
+		h *= 1099511628211
+	}
+	h ^= uint64(k)
+	h *= 0x9e3779b97f4a7c15
+	return h ^ h>>29
+}
+
+// nextRound is when the probe round after now starts: the wall clock's
+// next multiple of interval (counted from Go's zero time, midnight UTC,
+// so that every process agrees), strictly after now.
+func nextRound(now time.Time, interval time.Duration) time.Time {
+	return now.Round(0).Truncate(interval).Add(interval)
 }
 
 // available reports whether the node takes traffic.
@@ -162,8 +192,8 @@ func (n *node) eject(reason string, cause error, passive bool) {
 	} else {
 		n.flaps = 0
 	}
-	hold := n.h.backoff(n.flaps)
-	n.holdUntil = now.Add(hold)
+	hold := n.h.backoff(n.name, n.flaps)
+	n.hold, n.holdUntil = hold, now.Add(hold)
 	n.since, n.reason = now, reason+": "+cause.Error()
 	flaps := n.flaps
 	n.mu.Unlock()
@@ -188,16 +218,25 @@ const (
 	probeReadmit
 )
 
-// probeResult applies one probe's result to the counters and says what to
-// do; the caller acts without holding the lock.
-func (n *node) probeResult(err error) probeAction {
+// probeResult applies the result of a probe of the round that started at
+// at to the counters and says what to do; the caller acts without
+// holding the lock. A flap's hold-down counts from the round of the last
+// failed probe, not from the ejection: every gateway probes at the same
+// rounds (Run) and sees the same failures, where each ejects at a moment
+// of its own (a passive ejection, by its own traffic), so they end the
+// hold-down, and re-admit, together.
+func (n *node) probeResult(err error, at time.Time) probeAction {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err != nil {
 		n.passes = 0
 		n.fails++
-		if n.up.Load() && n.fails >= n.h.Fall {
-			return probeEject
+		if n.up.Load() {
+			if n.fails >= n.h.Fall {
+				return probeEject
+			}
+		} else if n.hold > 0 {
+			n.holdUntil = at.Add(n.hold)
 		}
 		return probeNone
 	}
@@ -206,7 +245,7 @@ func (n *node) probeResult(err error) probeAction {
 		n.unseen.Store(false) // in service and answering: from here on this process sees its outages
 		return probeNone
 	}
-	if time.Now().Before(n.holdUntil) {
+	if at.Before(n.holdUntil) {
 		return probeNone
 	}
 	n.passes++
@@ -236,34 +275,45 @@ func (n *node) admit() bool {
 }
 
 // Run checks every node actively until ctx is done: a round at once, then
-// one every Health.Interval. Rounds never overlap: each waits for all its
-// probes. Run returns nil when ctx is done, without waiting for the
-// probes in flight: they end with ctx.
+// one at each multiple of Health.Interval on the wall clock (nextRound).
+// Gateways whose clocks agree (NTP keeps them within milliseconds) so
+// probe a node at the same moments, see it fail and pass at the same
+// rounds, and re-admit it together: each deletes the keys it wrote
+// elsewhere as it re-admits, and until the last has, a read through one
+// that has may find the node's older value of a key another still writes
+// to the next node. Rounds started an interval after each gateway's own
+// start re-admitted up to an interval apart. Rounds never overlap: each
+// waits for all its probes, and one that runs past a multiple skips it.
+// Run returns nil when ctx is done, without waiting for the probes in
+// flight: they end with ctx.
 func (c *Cluster) Run(ctx context.Context) error {
-	t := time.NewTicker(c.opts.Health.Interval)
-	defer t.Stop()
 	c.checkAll(ctx)
 	c.probedOnce.Do(func() { close(c.probed) })
+	at := nextRound(time.Now(), c.opts.Health.Interval)
+	t := time.NewTimer(time.Until(at))
+	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 			if ctx.Err() != nil {
-				// A tick that came during the last round can be chosen
-				// over ctx.Done: no round starts after ctx ended.
+				// A round due while ctx ended can be chosen over
+				// ctx.Done: no round starts after ctx ended.
 				return nil
 			}
-			c.checkAll(ctx)
-			// A round that waited for timeouts must not be followed at once
-			// by the tick that queued meanwhile: Rise passes in a row should
-			// span Rise intervals.
-			t.Reset(c.opts.Health.Interval)
+			c.checkRound(ctx, at)
+			at = nextRound(time.Now(), c.opts.Health.Interval)
+			t.Reset(time.Until(at))
 		}
 	}
 }
 
-// checkAll runs one probe round, synchronously, and closes the removed
+// checkAll runs one probe round now (checkRound).
+func (c *Cluster) checkAll(ctx context.Context) { c.checkRound(ctx, time.Now()) }
+
+// checkRound runs the probe round that starts at at (a multiple of the
+// interval, or now), synchronously, and closes the removed
 // nodes that have nothing left in flight. Every node's TCP probe comes
 // before the UDP probes, so that ports that do not answer delay no
 // node's health; at most maxProbes run at once, on as many goroutines.
@@ -272,7 +322,7 @@ func (c *Cluster) Run(ctx context.Context) error {
 // flushes and deletes are bounded by their own timeouts). The round
 // ends as soon as ctx does: the probes in flight are cut short, and
 // those not started are not.
-func (c *Cluster) checkAll(ctx context.Context) {
+func (c *Cluster) checkRound(ctx context.Context, at time.Time) {
 	c.closeRetired()
 	nodes := c.topo.Load().nodes
 	type check struct {
@@ -297,7 +347,7 @@ func (c *Cluster) checkAll(ctx context.Context) {
 				if i >= len(checks) {
 					return
 				}
-				c.runCheck(ctx, checks[i].n, checks[i].udp)
+				c.runCheck(ctx, checks[i].n, checks[i].udp, at)
 			}
 		})
 	}
@@ -307,7 +357,7 @@ func (c *Cluster) checkAll(ctx context.Context) {
 // runCheck checks one node, or its UDP port, logging a panic instead of
 // ending the round's goroutine with the process (a panic of the probe
 // itself is a failed probe: probeOnce).
-func (c *Cluster) runCheck(ctx context.Context, n *node, udp bool) {
+func (c *Cluster) runCheck(ctx context.Context, n *node, udp bool, at time.Time) {
 	defer func() {
 		if r := recover(); r != nil {
 			c.log.Error("health check panicked", "node", n.name, "udp", udp, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
@@ -316,7 +366,7 @@ func (c *Cluster) runCheck(ctx context.Context, n *node, udp bool) {
 	if udp {
 		c.checkUDP(ctx, n)
 	} else {
-		c.checkNode(ctx, n)
+		c.checkNode(ctx, n, at)
 	}
 }
 
@@ -349,7 +399,7 @@ func (c *Cluster) checkUDP(ctx context.Context, n *node) {
 
 // checkNode probes a node and applies the result: an ejection after
 // Health.Fall failures, a re-admission after Health.Rise passes.
-func (c *Cluster) checkNode(ctx context.Context, n *node) {
+func (c *Cluster) checkNode(ctx context.Context, n *node, at time.Time) {
 	err := c.probeOnce(ctx, n, false)
 	if ctx.Err() != nil || n.retired.Load() {
 		return // shutting down, or removed meanwhile: a probe says nothing
@@ -359,7 +409,7 @@ func (c *Cluster) checkNode(ctx context.Context, n *node) {
 	} else {
 		n.m.probeOK.Inc()
 	}
-	switch n.probeResult(err) {
+	switch n.probeResult(err, at) {
 	case probeEject:
 		n.eject("probe", err, false)
 	case probeReadmit:

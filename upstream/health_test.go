@@ -339,3 +339,127 @@ func TestUnreadyUntilANodeAnswers(t *testing.T) {
 		}
 	})
 }
+
+// TestGatewaysReadmitTogether: two gateways (clusters) started 370 ms
+// apart, probing the same node, re-admit it at the same moment after a
+// first outage and after flaps, one of them ejected by one gateway's
+// traffic before the probes failed: their rounds fall on the clock's
+// multiples of the interval, the hold-down's jitter is the node's own,
+// and it counts from the last failed probe's round. With rounds counted
+// from each start they re-admitted 370 or 630 ms apart, after a flap up
+// to half a hold-down (5 s here) apart, and by ejections a second apart
+// a second apart: reads through the first that found the node's older
+// values of keys the other still wrote elsewhere.
+func TestGatewaysReadmitTogether(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		var nodes [2]*node
+		var probes [2]*fakeProber
+		for i := range nodes {
+			if i > 0 {
+				time.Sleep(370 * time.Millisecond)
+			}
+			c, p := fakeCluster(t, 1, nil)
+			nodes[i], probes[i] = c.topo.Load().nodes[0], p[0]
+			go c.Run(ctx)
+		}
+		synctest.Wait()
+		set := func(ok bool) {
+			for _, p := range probes {
+				p.ok.Store(ok)
+			}
+		}
+		// when returns the moments each node's availability becomes up,
+		// polled every 10 ms of the bubble's clock.
+		when := func(up bool) [2]time.Time {
+			t.Helper()
+			var at [2]time.Time
+			for deadline := time.Now().Add(5 * time.Minute); at[0].IsZero() || at[1].IsZero(); {
+				if time.Now().After(deadline) {
+					t.Fatalf("nodes not %v within 5 minutes: %v", up, at)
+				}
+				for i, n := range nodes {
+					if at[i].IsZero() && n.available() == up {
+						at[i] = time.Now()
+					}
+				}
+				time.Sleep(10 * time.Millisecond)
+				synctest.Wait()
+			}
+			return at
+		}
+		for _, phase := range []string{"an outage", "a flap", "a flap one gateway's traffic saw first"} {
+			time.Sleep(500 * time.Millisecond)
+			if phase == "a flap one gateway's traffic saw first" {
+				// Ejected by its own requests' timeouts, 700 ms before
+				// the probes fail: the hold-down counts from the last
+				// failed probe in both, not from each ejection.
+				nodes[0].eject("timeouts", errors.New("i/o timeout"), false)
+				time.Sleep(700 * time.Millisecond)
+			}
+			set(false)
+			down := when(false)
+			time.Sleep(2 * time.Second)
+			time.Sleep(500 * time.Millisecond)
+			set(true)
+			up := when(true)
+			if d := up[1].Sub(up[0]).Abs(); d > 10*time.Millisecond {
+				t.Errorf("after %s the gateways re-admitted the node %v apart (down at %v and %v, up at %v and %v), want together",
+					phase, d, down[0].Format("15:04:05.000"), down[1].Format("15:04:05.000"), up[0].Format("15:04:05.000"), up[1].Format("15:04:05.000"))
+			}
+		}
+		if f := nodes[1].status().Flaps; f != 2 {
+			t.Errorf("flaps = %d, want 2: the second and third outages are to be flaps", f)
+		}
+	})
+}
+
+// TestBackoffIsTheNodes: a flap's hold-down is the same for a node in
+// every gateway, within FlapBackoff·2^(k-1) plus half of it, and spread
+// over the nodes.
+func TestBackoffIsTheNodes(t *testing.T) {
+	newPolicy := func() *healthPolicy {
+		return &healthPolicy{HealthOptions: HealthOptions{FlapBackoff: 5 * time.Second, FlapBackoffMax: 2 * time.Minute}}
+	}
+	a, b := newPolicy(), newPolicy()
+	seen := map[time.Duration]bool{}
+	for i := range 32 {
+		name := fmt.Sprintf("10.0.0.%d:11211", i)
+		for flaps, base := range []time.Duration{0, 5 * time.Second, 10 * time.Second, 20 * time.Second} {
+			got := a.backoff(name, flaps)
+			if other := b.backoff(name, flaps); other != got {
+				t.Errorf("backoff(%s, %d) = %v in one gateway, %v in another", name, flaps, got, other)
+			}
+			if got < base || got > base+base/2 {
+				t.Errorf("backoff(%s, %d) = %v, want %v..%v", name, flaps, got, base, base+base/2)
+			}
+			if flaps == 1 {
+				seen[got] = true
+			}
+		}
+	}
+	if len(seen) < 24 {
+		t.Errorf("32 nodes' first hold-downs take %d values, want them spread", len(seen))
+	}
+}
+
+func TestNextRound(t *testing.T) {
+	day := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		now      time.Time
+		interval time.Duration
+		want     time.Time
+	}{
+		{day, time.Second, day.Add(time.Second)},
+		{day.Add(370 * time.Millisecond), time.Second, day.Add(time.Second)},
+		{day.Add(999 * time.Millisecond), time.Second, day.Add(time.Second)},
+		{day.Add(1500 * time.Millisecond), 2 * time.Second, day.Add(2 * time.Second)},
+		{day.Add(10 * time.Millisecond), 300 * time.Millisecond, day.Add(300 * time.Millisecond)},
+		{day.In(time.FixedZone("UTC+5:30", 5*3600+1800)).Add(time.Second / 2), time.Second, day.Add(time.Second)},
+	} {
+		if got := nextRound(tc.now, tc.interval); !got.Equal(tc.want) {
+			t.Errorf("nextRound(%v, %v) = %v, want %v", tc.now, tc.interval, got, tc.want)
+		}
+	}
+}

@@ -73,14 +73,15 @@ type node struct {
 	retired     atomic.Bool  // SetServers removed it: it drains and takes no health decisions
 	passiveRuns atomic.Int32 // consecutive data-path timeouts
 
-	mu           sync.Mutex // guards the fields below; never held across I/O
-	fails        int        // consecutive failed probes
-	passes       int        // consecutive passed probes (counted only after holdUntil)
-	since        time.Time  // last state change
-	reason       string     // why the node is in its state
-	flaps        int        // ejections that followed a re-admission within FlapWindow
-	readmittedAt time.Time  // last re-admission; zero if never ejected
-	holdUntil    time.Time  // no re-admission before this (flap back-off)
+	mu           sync.Mutex    // guards the fields below; never held across I/O
+	fails        int           // consecutive failed probes
+	passes       int           // consecutive passed probes (counted only after holdUntil)
+	since        time.Time     // last state change
+	reason       string        // why the node is in its state
+	flaps        int           // ejections that followed a re-admission within FlapWindow
+	readmittedAt time.Time     // last re-admission; zero if never ejected
+	hold         time.Duration // the flap back-off of the node's last ejection; 0: none
+	holdUntil    time.Time     // no re-admission before this (flap back-off): hold from the ejection, then from the round of each failed probe (probeResult)
 }
 
 // addr is the net.Addr gomemcache dials. String returns the configured
