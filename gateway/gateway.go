@@ -134,7 +134,7 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 		keyParser: keyParser{maxKeyLen: opts.MaxKeyLen, defaultTTL: int32(opts.DefaultTTL / time.Second)},
 		opts:      opts,
 		codec:     &codec{kind: opts.Codec, php: opts.PHP, pecl: opts.PeclMemcache, maxDecoded: int(opts.MaxValueBytes) * 64, turns: turns},
-		lim:       &limits{budget: opts.Budget, takeBody: opts.TakeBody, readError: opts.ReadError, bufs: opts.Buffers},
+		lim:       &limits{budget: opts.Budget, takeBody: opts.TakeBody, readError: opts.ReadError, bufs: opts.Buffers, log: log},
 		guard:     guard{a: opts.Access},
 		log:       log,
 		batchOps:  make(chan struct{}, batchParallel),
@@ -161,7 +161,10 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 		Name: "memcgate_http_detached_responses_total",
 		Help: "Requests answered by memcached's reply as it was read, with no goroutine waiting (MEMCGATE_DETACHED_RESPONSES).",
 	})
-	reg.MustRegister(h.detached)
+	reg.MustRegister(h.detached, prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "memcgate_http_requests_refused_total",
+		Help: "Requests answered 503 because every one of the MEMCGATE_MAX_REQUESTS slots was taken (a slow node's share of them refuses as memcgate_upstream_ops_total{result=\"busy\"}).",
+	}, func() float64 { return float64(h.lim.refused.Load()) }))
 	if b := opts.Budget; b != nil {
 		reg.MustRegister(
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/memcgate/memcgate/gateway/budget"
 	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/loggate"
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
@@ -44,6 +46,13 @@ type limits struct {
 	readError func(ctx context.Context) error // Options.ReadError, or nil
 	bufs      Buffers                         // Options.Buffers, or nil
 	timeout   atomic.Int64                    // RequestTimeout in nanoseconds: the memcached work's, from when the body is read
+	// refused counts the requests answered 503 because every slot was
+	// taken (memcgate_http_requests_refused_total); refusedLog lets a
+	// warning about them through a second at most, as any client can
+	// set off one per request.
+	refused    atomic.Uint64
+	refusedLog loggate.Gate
+	log        *slog.Logger
 }
 
 // requestTimeout is RequestTimeout now.
@@ -102,10 +111,23 @@ func (l *limits) takeSlot(rc *requestCtx) bool {
 		return true
 	}
 	if !l.lim.acquire() {
+		l.refuse()
 		return false
 	}
 	rc.slot = true
 	return true
+}
+
+// refuse counts a request refused at the cap, and says so in the log a
+// line a second at most, with the refusals that line stands for.
+func (l *limits) refuse() {
+	l.refused.Add(1)
+	unlogged, ok := l.refusedLog.Pass()
+	if !ok || l.log == nil {
+		return
+	}
+	l.log.LogAttrs(context.Background(), slog.LevelWarn, "request refused with 503: every request slot is taken (MEMCGATE_MAX_REQUESTS)",
+		slog.Int64("max_requests", l.lim.max.Load()), slog.Uint64("unlogged_before", unlogged))
 }
 
 // dropSlot gives back rc's slot, if it holds one, while it waits for

@@ -1,12 +1,15 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -96,10 +99,16 @@ type blockingStore struct {
 	release chan struct{}
 }
 
+// TestMaxRequests: a request past MaxRequests gets 503 with Retry-After,
+// is counted in memcgate_http_requests_refused_total (so that the cap
+// is told from the other 503s and alerted on) and logged, a line a
+// second at most whatever the rate of refusals.
 func TestMaxRequests(t *testing.T) {
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
 	bs := &blockingStore{fakeStore: newFake(), entered: make(chan struct{}, 2), release: make(chan struct{})}
-	h := NewHandler(blockingGet{bs}, log, prometheus.NewRegistry(), Options{MaxRequests: 2})
+	reg := prometheus.NewRegistry()
+	h := NewHandler(blockingGet{bs}, log, reg, Options{MaxRequests: 2})
 	var wg sync.WaitGroup
 	for range 2 {
 		wg.Go(func() { do(h, "GET", "/k", "") })
@@ -109,6 +118,17 @@ func TestMaxRequests(t *testing.T) {
 	w := do(h, "GET", "/k", "")
 	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" {
 		t.Errorf("third request with MaxRequests=2 = %d (Retry-After %q), want 503 with Retry-After", w.Code, w.Header().Get("Retry-After"))
+	}
+	start := time.Now()
+	for range 50 {
+		do(h, "GET", "/k", "")
+	}
+	most := 1 + int(time.Since(start)/time.Second)
+	if got := counterValue(t, reg, "memcgate_http_requests_refused_total"); got != 51 {
+		t.Errorf("memcgate_http_requests_refused_total = %v after 51 refusals, want 51", got)
+	}
+	if n := strings.Count(logs.String(), "MEMCGATE_MAX_REQUESTS"); n < 1 || n > most {
+		t.Errorf("51 refusals in %v logged %d lines, want 1 to %d:\n%s", time.Since(start), n, most, logs.String())
 	}
 	close(bs.release)
 	wg.Wait()
@@ -126,4 +146,20 @@ func (b blockingGet) Do(ctx context.Context, o op.Op) op.Result {
 	default:
 	}
 	return b.fakeStore.Do(ctx, o)
+}
+
+// counterValue returns the counter name in reg, unlabelled.
+func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("%s: not registered", name)
+	return 0
 }
