@@ -219,6 +219,30 @@ func TestPanicLineSharesTheRequestID(t *testing.T) {
 	}
 }
 
+// TestPanicsCountedAndLogGated: any client that finds a request that
+// panics can repeat it at will, so its error line (with a stack of some
+// kilobytes) is written a second at most, with the panics it stands
+// for, and every panic is counted in memcgate_http_panics_total for the
+// alert that a 5xx ratio below 1 % would not raise.
+func TestPanicsCountedAndLogGated(t *testing.T) {
+	var logs bytes.Buffer
+	reg := prometheus.NewRegistry()
+	h := NewHandler(panicStore{newFake()}, slog.New(slog.NewJSONHandler(&logs, nil)), reg, Options{})
+	start := time.Now()
+	for range 50 {
+		if w := do(h, "GET", "/k", ""); w.Code != 500 {
+			t.Fatalf("GET with a panicking store = %d, want 500", w.Code)
+		}
+	}
+	most := 1 + int(time.Since(start)/time.Second)
+	if n := strings.Count(logs.String(), `"msg":"handler panicked"`); n < 1 || n > most {
+		t.Errorf("50 panics in %v logged %d lines, want 1 to %d", time.Since(start), n, most)
+	}
+	if got := counterValue(t, reg, "memcgate_http_panics_total"); got != 50 {
+		t.Errorf("memcgate_http_panics_total = %v after 50 panics, want 50", got)
+	}
+}
+
 type panicStore struct{ *fakeStore }
 
 func (panicStore) Do(context.Context, op.Op) op.Result { panic("boom") }

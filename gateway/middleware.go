@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/memcgate/memcgate/upstream/loggate"
 )
 
 // statusWriter records the status and size of a response.
@@ -83,6 +85,11 @@ type observer struct {
 	inFlight   prometheus.Gauge
 	idPrefix   string
 	seq        atomic.Uint64
+	// panics counts the handlers' panics (memcgate_http_panics_total);
+	// panicLog lets their error line, stack and all, through a second at
+	// most: a client that finds a request that panics repeats it at will.
+	panics   atomic.Uint64
+	panicLog loggate.Gate
 
 	// The children of requests and duration, looked up once: a
 	// WithLabelValues per request hashes the labels and takes a lock.
@@ -132,7 +139,10 @@ func newObserver(log, access *slog.Logger, reg prometheus.Registerer, accessLog 
 			o.counts[method(m)][code].Store(&c)
 		}
 	}
-	reg.MustRegister(o.requests, o.duration, o.inFlight)
+	reg.MustRegister(o.requests, o.duration, o.inFlight, prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "memcgate_http_panics_total",
+		Help: "Requests whose handler panicked (answered 500 if nothing was sent yet): a bug. The log has the first stack of each second.",
+	}, func() float64 { return float64(o.panics.Load()) }))
 	return o
 }
 
@@ -216,10 +226,14 @@ func (o *observer) middleware(next http.Handler) http.Handler {
 	})
 }
 
-// recovered logs a handler's panic p and answers 500 if nothing was
-// written yet.
+// recovered counts a handler's panic p, logs it (a line a second at
+// most, with the panics not logged before it) and answers 500 if nothing
+// was written yet.
 func (o *observer) recovered(sw *statusWriter, r *http.Request, p any) {
-	o.log.Error("handler panicked", "request_id", o.id(r, sw), "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+	o.panics.Add(1)
+	if unlogged, ok := o.panicLog.Pass(); ok {
+		o.log.Error("handler panicked", "request_id", o.id(r, sw), "panic", fmt.Sprint(p), "stack", string(debug.Stack()), "unlogged_before", unlogged)
+	}
 	if sw.status == 0 {
 		writeError(sw, fmt.Errorf("panic: %v", p))
 	}
