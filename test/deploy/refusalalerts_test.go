@@ -9,15 +9,15 @@ import (
 	"github.com/memcgate/memcgate/test/gatewaytest"
 )
 
-// TestRequestsRefusedAndRestartAlerts runs two alerts through promtool's
-// rule unit tests. MemcgateRequestsRefused fires on a handful of requests
-// refused at MEMCGATE_MAX_REQUESTS, far below the 1 % that
-// MemcgateHTTP5xxRatioHigh needs, and stops once they stop.
-// MemcgateMemcachedRestarted fires when a node's uptime goes back, the
-// restart quicker than a scrape included (the node never seen down), and
-// not for a node that only started, whose uptime grows from its first
-// sample.
-func TestRequestsRefusedAndRestartAlerts(t *testing.T) {
+// TestRefusalPanicRestartAlerts runs three alerts through promtool's
+// rule unit tests. MemcgateRequestsRefused fires on a handful of
+// requests refused at MEMCGATE_MAX_REQUESTS, far below the 1 % that
+// MemcgateHTTP5xxRatioHigh needs, and stops once they stop; so does
+// MemcgateHandlerPanics on one panic. MemcgateMemcachedRestarted fires
+// when a node's uptime goes back, the restart quicker than a scrape
+// included (the node never seen down), and not for a node that only
+// started, whose uptime grows from its first sample.
+func TestRefusalPanicRestartAlerts(t *testing.T) {
 	promtool := gatewaytest.Tool(t, "promtool", "prometheus")
 	abs, err := filepath.Abs(filepath.Join(root, alertsRel))
 	if err != nil {
@@ -53,6 +53,26 @@ tests:
         exp_alerts: []
       - eval_time: 30m
         alertname: MemcgateRequestsRefused
+        exp_alerts: []
+  # One panic at 10m, none before or after.
+  - interval: 1m
+    input_series:
+      - series: 'memcgate_http_panics_total{instance="gw1:9090"}'
+        values: '0x10 1x40'
+    alert_rule_test:
+      - eval_time: 9m
+        alertname: MemcgateHandlerPanics
+        exp_alerts: []
+      - eval_time: 12m
+        alertname: MemcgateHandlerPanics
+        exp_alerts:
+          - exp_labels: {severity: warning, instance: "gw1:9090"}
+            exp_annotations:
+              runbook_url: "https://github.com/memcgate/memcgate/blob/main/docs/runbook.md#memcgatehandlerpanics"
+              summary: "memcgate gw1:9090: 1 requests panicked"
+              description: "A bug in the gateway: the requests got 500. The log's \"handler panicked\" line has the panic and its stack (a line a second at most); file it with memcgate -version."
+      - eval_time: 40m
+        alertname: MemcgateHandlerPanics
         exp_alerts: []
   # mc1 restarted between two scrapes (uptime 600 -> 20); mc2 started at
   # 10m and only grows.
