@@ -95,7 +95,9 @@ func (h *handler) multiGet(w http.ResponseWriter, r *http.Request) {
 	}
 	room := h.newAnswerRoom()
 	vr := h.lim.valueRoom(reqCtx(r), true)
-	if _, ok := q["touch"]; ok {
+	// Gat is told by the raw name, as scopeFor tells the scope it needs:
+	// a name that only decodes to "touch" (%74ouch) is not one.
+	if hasQuery(r.URL.RawQuery, "touch") {
 		exp, err := parseExptime(r.URL.RawQuery, "touch", 0)
 		if err != nil {
 			writeError(w, err)

@@ -112,7 +112,9 @@ func (s Scope) String() string {
 
 // scopeFor is the scope a data-plane request needs: read to read, write
 // for everything else, a read that also sets the item's expiration
-// (?touch=) included.
+// (?touch=) included. Query names are compared raw, undecoded, as every
+// handler of the data listener reads them: a name that decodes to
+// "touch" (%74ouch) is no gat here, and must be none in the handler.
 func scopeFor(r *http.Request) Scope {
 	if (r.Method == http.MethodGet || r.Method == http.MethodHead) && !hasQuery(r.URL.RawQuery, "touch") {
 		return ScopeRead
