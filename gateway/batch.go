@@ -337,12 +337,34 @@ func (h *handler) batch(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	if e := h.readScope(r, ops); e != nil {
+		writeError(w, e)
+		return
+	}
 	if async {
 		h.batchAsync(w, ops)
 		return
 	}
 	vr := h.lim.valueRoom(reqCtx(r), true)
 	h.writeResults(w, r, h.run(r, ops, h.newAnswerRoom(), vr), vr)
+}
+
+// readScope refuses a batch that reads a value (get, gat) for a token
+// without the read scope. POST / needs the write scope (its body is read
+// only for a token that has it); a token with write alone must not read
+// through a batch the values a GET refuses it.
+func (h *handler) readScope(r *http.Request, ops []parsedOp) *requestError {
+	for i, o := range ops {
+		if o.invalid != nil || o.op.Verb.Reply() != op.Items {
+			continue
+		}
+		e := h.guard.a.rules().tokens.check(r, ScopeRead)
+		if e != nil {
+			e.msg += ": operation " + strconv.Itoa(i) + " (" + o.op.Verb.String() + ") reads a value"
+		}
+		return e
+	}
+	return nil
 }
 
 // run runs a batch's operations and returns their results. Operations on

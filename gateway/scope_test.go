@@ -120,3 +120,47 @@ func TestEncodedTouchIsNotAGat(t *testing.T) {
 		})
 	}
 }
+
+// TestWriteScopeAloneReadsNothing: a token with the write scope alone
+// (an ingest worker's) writes, and reads no value by any route: not by
+// GET, and not by the routes that need write and answer values too, get-
+// and-touch (GET /k?touch=, GET /?key=k&touch=) and a batch's get or gat,
+// which answered every value to it. A token with both scopes does all.
+func TestWriteScopeAloneReadsNothing(t *testing.T) {
+	g := newScopeRig(t)
+	const writer, both = "writer-only-token-0123", "read-write-token-01234"
+	h := g.handler(Options{Tokens: NewTokens(map[string]Scope{writer: ScopeWrite, both: ScopeRead | ScopeWrite})})
+	w1 := []string{"Authorization", "Bearer " + writer}
+	rw := []string{"Authorization", "Bearer " + both}
+	tests := []struct {
+		name, method, target, body string
+		hdr                        []string
+		want                       int
+		touched                    bool // k's expiration changed
+	}{
+		{name: "write-only GET", method: "GET", target: "/k", hdr: w1, want: 403},
+		{name: "write-only get-and-touch", method: "GET", target: "/k?touch=0", hdr: w1, want: 403},
+		{name: "write-only multi-get and touch", method: "GET", target: "/?key=k&touch=0", hdr: w1, want: 403},
+		{name: "write-only batch get", method: "POST", target: "/", body: `[{"op":"get","key":"k"}]`, hdr: w1, want: 403},
+		{name: "write-only batch set then gat", method: "POST", target: "/", body: `[{"op":"set","key":"j","value":"x"},{"op":"gat","key":"k","exptime":0}]`, hdr: w1, want: 403},
+		{name: "write-only batch of writes", method: "POST", target: "/", body: `[{"op":"touch","key":"k","exptime":0}]`, hdr: w1, want: 200, touched: true},
+		{name: "write-only PUT", method: "PUT", target: "/j", body: "x", hdr: w1, want: 201},
+		{name: "read+write get-and-touch", method: "GET", target: "/k?touch=0", hdr: rw, want: 200, touched: true},
+		{name: "read+write batch get", method: "POST", target: "/", body: `[{"op":"get","key":"k"}]`, hdr: rw, want: 200},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g.set("k", "secret")
+			w := do(h, tt.method, tt.target, tt.body, tt.hdr...)
+			if w.Code != tt.want {
+				t.Errorf("%s %s = %d %q, want %d", tt.method, tt.target, w.Code, w.Body, tt.want)
+			}
+			if w.Code == 403 && strings.Contains(w.Body.String(), "secret") {
+				t.Errorf("%s %s refused with the value in its answer: %q", tt.method, tt.target, w.Body)
+			}
+			if touched := g.ttl("k") < 990; touched != tt.touched {
+				t.Errorf("after %s %s, k expires in %d s; touched = %v, want %v", tt.method, tt.target, g.ttl("k"), touched, tt.touched)
+			}
+		})
+	}
+}

@@ -73,7 +73,7 @@ func (t Tokens) require(w http.ResponseWriter, r *http.Request, need Scope) bool
 }
 
 // check returns why the request may not go on: no valid token
-// (kindNoToken) or not the scope (kindNoScope); nil if it may.
+// (kindNoToken) or not every scope of need (kindNoScope); nil if it may.
 func (t Tokens) check(r *http.Request, need Scope) *requestError {
 	if !t.Enabled() {
 		return nil
@@ -82,8 +82,8 @@ func (t Tokens) check(r *http.Request, need Scope) *requestError {
 	if !ok {
 		return &requestError{kind: kindNoToken, msg: "missing or unknown bearer token"}
 	}
-	if have&need == 0 {
-		return &requestError{kind: kindNoScope, msg: "token lacks the " + need.String() + " scope"}
+	if missing := need &^ have; missing != 0 {
+		return &requestError{kind: kindNoScope, msg: "token lacks the " + missing.String() + " scope"}
 	}
 	return nil
 }
@@ -98,28 +98,37 @@ func refuse(w http.ResponseWriter, e *requestError) bool {
 	return false
 }
 
+// String names the scopes of s as MEMCGATE_AUTH_TOKENS writes them:
+// "read", "read+write".
 func (s Scope) String() string {
-	switch s {
-	case ScopeRead:
-		return "read"
-	case ScopeWrite:
-		return "write"
-	case ScopeAdmin:
-		return "admin"
+	var names []string
+	for _, n := range []struct {
+		s    Scope
+		name string
+	}{{ScopeRead, "read"}, {ScopeWrite, "write"}, {ScopeAdmin, "admin"}} {
+		if s&n.s != 0 {
+			names = append(names, n.name)
+		}
 	}
-	return "unknown"
+	if len(names) == 0 || s&^(ScopeRead|ScopeWrite|ScopeAdmin) != 0 {
+		return "unknown"
+	}
+	return strings.Join(names, "+")
 }
 
-// scopeFor is the scope a data-plane request needs: read to read, write
-// for everything else, a read that also sets the item's expiration
-// (?touch=) included. Query names are compared raw, undecoded, as every
+// scopeFor is the scopes a data-plane request needs, all of them: read to
+// read, write for everything else, and both for a read that also sets the
+// item's expiration (?touch=), which answers the value as a GET does. Query names are compared raw, undecoded, as every
 // handler of the data listener reads them: a name that decodes to
 // "touch" (%74ouch) is no gat here, and must be none in the handler.
 func scopeFor(r *http.Request) Scope {
-	if (r.Method == http.MethodGet || r.Method == http.MethodHead) && !hasQuery(r.URL.RawQuery, "touch") {
-		return ScopeRead
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		return ScopeWrite
 	}
-	return ScopeWrite
+	if hasQuery(r.URL.RawQuery, "touch") {
+		return ScopeRead | ScopeWrite
+	}
+	return ScopeRead
 }
 
 // Access is who may do what: the bearer tokens and read-only mode, which
@@ -177,7 +186,7 @@ func (g guard) authorize(next http.Handler) http.Handler {
 func (g guard) access(r *http.Request) *requestError {
 	rules := g.a.rules()
 	need := scopeFor(r)
-	if rules.readOnly && need == ScopeWrite && r.Method != http.MethodOptions {
+	if rules.readOnly && need&ScopeWrite != 0 && r.Method != http.MethodOptions {
 		return &requestError{kind: kindReadOnly, msg: "read-only mode: writes are disabled (MEMCGATE_READ_ONLY)"}
 	}
 	if need != ScopeRead && !rules.tokens.Enabled() && FromOtherSite(r) {
