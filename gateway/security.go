@@ -27,7 +27,8 @@ const (
 // content nor its length leaks through timing. The zero value (no tokens)
 // lets every request through.
 type Tokens struct {
-	entries []tokenEntry
+	entries  []tokenEntry
+	required bool // a token is needed even with no entries (RequireToken)
 }
 
 type tokenEntry struct {
@@ -44,8 +45,18 @@ func NewTokens(secrets map[string]Scope) Tokens {
 	return t
 }
 
-// Enabled reports whether any token is configured.
-func (t Tokens) Enabled() bool { return len(t.entries) > 0 }
+// RequireToken returns t enforced even without a token: every request
+// that needs a scope is refused (401) until tokens replace it. It is the
+// Tokens of a token file named that holds none yet (a secret not yet
+// written): running open instead would let every client do everything.
+func (t Tokens) RequireToken() Tokens {
+	t.required = true
+	return t
+}
+
+// Enabled reports whether requests need a token: any is configured, or
+// one is required (RequireToken).
+func (t Tokens) Enabled() bool { return len(t.entries) > 0 || t.required }
 
 // Scopes returns the scopes of the request's bearer token and whether a
 // known token was presented.

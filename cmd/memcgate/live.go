@@ -58,7 +58,7 @@ func (p *liveParts) apply(ctx context.Context, u liveconfig.Update) ([]route.Cha
 			return nil, err
 		}
 	}
-	p.access.Set(gatewayTokens(u.Tokens), next.ReadOnly)
+	p.access.Set(gatewayTokens(u.Tokens, next.AuthTokensFile), next.ReadOnly)
 	p.hosts.Set(gateway.NewAllowedHosts(allowed))
 	p.level.Set(level)
 	p.handler.SetLimits(next.MaxRequests, next.RequestTimeout, next.AccessLog)

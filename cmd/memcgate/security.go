@@ -16,6 +16,7 @@ import (
 // once at start so that a bad file fails the start, not a request.
 type security struct {
 	tokens   gateway.Tokens
+	noToken  bool        // a token file is named and gives no token: every request that needs a scope gets 401
 	dataTLS  *tls.Config // nil: plain HTTP
 	adminTLS *tls.Config
 	dialer   func(ctx context.Context, network, address string) (net.Conn, error) // nil: plain TCP
@@ -27,7 +28,8 @@ func newSecurity(cfg config.Config) (*security, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.tokens = gatewayTokens(toks)
+	s.tokens = gatewayTokens(toks, cfg.AuthTokensFile)
+	s.noToken = len(toks) == 0 && cfg.AuthTokensFile != ""
 	if s.dataTLS, err = serverTLS(cfg.TLSCertFile, cfg.TLSKeyFile, "TLS_CERT_FILE"); err != nil {
 		return nil, err
 	}
@@ -62,8 +64,12 @@ func newSecurity(cfg config.Config) (*security, error) {
 }
 
 // gatewayTokens maps the configured tokens onto the gateway's: each
-// secret with the scopes of all its entries.
-func gatewayTokens(toks []config.Token) gateway.Tokens {
+// secret with the scopes of all its entries. With a token file named
+// (file), a token is required even while none is configured: a file
+// empty at start (a secret not yet written, one emptied by mistake and
+// read by a restart) guards the listeners until a reload brings tokens,
+// where it opened them to every client.
+func gatewayTokens(toks []config.Token, file string) gateway.Tokens {
 	secrets := make(map[string]gateway.Scope, len(toks))
 	for _, t := range toks {
 		var sc gateway.Scope
@@ -77,6 +83,9 @@ func gatewayTokens(toks []config.Token) gateway.Tokens {
 			sc |= gateway.ScopeAdmin
 		}
 		secrets[t.Secret] |= sc
+	}
+	if file != "" {
+		return gateway.NewTokens(secrets).RequireToken()
 	}
 	return gateway.NewTokens(secrets)
 }

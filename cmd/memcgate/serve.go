@@ -116,6 +116,9 @@ func (p *process) listen() error {
 		return err
 	}
 	p.sec = sec
+	if sec.noToken {
+		log.Warn(config.Prefix + "AUTH_TOKENS_FILE gives no token: every request that needs a scope is refused (401) until a reload brings one; to run without tokens, set neither " + config.Prefix + "AUTH_TOKENS nor " + config.Prefix + "AUTH_TOKENS_FILE")
+	}
 	p.adminLoopback = loopbackOnly(p.ls.admin.Addr())
 	p.ls.admin = sec.wrapAdmin(closewatch.Listener(p.ls.admin))
 	p.nofile = listen.OpenFileLimit()

@@ -201,3 +201,78 @@ func handshakeFailures(t *testing.T, g *gateway) map[string]float64 {
 	}
 	return out
 }
+
+// TestTokenFileEmptyAtStart: a gateway started with a
+// MEMCGATE_AUTH_TOKENS_FILE that gives no token (a secret not yet
+// written, or a file emptied by mistake, which a reload refuses but a
+// restart read) ran with no tokens: every client could write, delete,
+// flush_all and read the admin listener. It now refuses every request
+// that needs a scope, on both listeners, until a reload brings a token,
+// and says so at start; probes still reach /healthz and /readyz.
+func TestTokenFileEmptyAtStart(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 1)
+	tokFile := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(tokFile, []byte("# written by the secrets agent\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g := startGateway(t, map[string]string{
+		"MEMCGATE_SERVERS":          memcachedtest.Addrs(mcs),
+		"MEMCGATE_AUTH_TOKENS_FILE": tokFile,
+		"MEMCGATE_WATCH_INTERVAL":   "100ms",
+	})
+	admin := func(path, token string) int {
+		t.Helper()
+		req, _ := http.NewRequest("GET", g.Admin+path, nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, c := range []struct {
+		method, path, body string
+	}{
+		{"PUT", "/k", "v"},
+		{"GET", "/k", ""},
+		{"DELETE", "/k", ""},
+		{"POST", "/", `[{"op":"set","key":"k","value":"v"}]`},
+		{"GET", "/memc?cmd=flush_all", ""},
+		{"GET", "/memc?cmd=version", ""},
+	} {
+		var body []byte
+		if c.body != "" {
+			body = []byte(c.body)
+		}
+		if r := g.do(c.method, c.path, body); r.status != http.StatusUnauthorized {
+			t.Errorf("%s %s with no token in the file = %d %q, want 401", c.method, c.path, r.status, r.body)
+		}
+	}
+	for _, path := range []string{"/debug/config", "/metrics", "/debug/pprof/cmdline"} {
+		if s := admin(path, ""); s != http.StatusUnauthorized {
+			t.Errorf("admin %s with no token in the file = %d, want 401", path, s)
+		}
+	}
+	for _, path := range []string{"/healthz", "/readyz"} {
+		if s := admin(path, ""); s != http.StatusOK {
+			t.Errorf("admin %s = %d, want 200 (probes have no secrets)", path, s)
+		}
+	}
+	const token = "writer-token-0123456789"
+	writeAtomic(t, tokFile, "read+write:"+token+"\n")
+	auth := []string{"Authorization", "Bearer " + token}
+	for deadline := time.Now().Add(5 * time.Second); g.do("PUT", "/k", []byte("v"), auth...).status != http.StatusCreated; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the token written after the start was not taken within 5s:\n%s", gatewaytest.Tail(g.Logs(), 2000))
+		}
+	}
+	if r := g.do("GET", "/k", nil); r.status != http.StatusUnauthorized {
+		t.Errorf("GET without a token once the file has one = %d, want 401", r.status)
+	}
+	if !strings.Contains(g.Logs(), "AUTH_TOKENS_FILE gives no token") {
+		t.Errorf("no warning at start that the token file gives no token:\n%s", gatewaytest.Tail(g.Logs(), 2000))
+	}
+}

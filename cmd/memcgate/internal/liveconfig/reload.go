@@ -704,7 +704,7 @@ func (r *Reloader) apply(ctx context.Context, next config.Config, tokens []confi
 	if len(tokens) == 0 && len(r.tokens) > 0 {
 		// An emptied token file, or one read while it was written, would
 		// otherwise open both listeners to every client.
-		return fmt.Errorf("%sAUTH_TOKENS and %sAUTH_TOKENS_FILE give no token: a reload does not turn authentication off; give a token, or restart to run without any",
+		return fmt.Errorf("%sAUTH_TOKENS and %sAUTH_TOKENS_FILE give no token: a reload does not turn authentication off; give a token (a start with neither variable set runs without any)",
 			config.Prefix, config.Prefix)
 	}
 	// What runs after the reload: next's live settings beside the running
