@@ -129,9 +129,10 @@ func (s Scope) String() string {
 
 // scopeFor is the scopes a data-plane request needs, all of them: read to
 // read, write for everything else, and both for a read that also sets the
-// item's expiration (?touch=), which answers the value as a GET does. Query names are compared raw, undecoded, as every
-// handler of the data listener reads them: a name that decodes to
-// "touch" (%74ouch) is no gat here, and must be none in the handler.
+// item's expiration (?touch=), which answers the value as a GET does.
+// Query names are compared raw, undecoded, as every handler of the data
+// listener reads them: a name that decodes to "touch" (%74ouch) is no gat
+// here, and must be none in the handler.
 func scopeFor(r *http.Request) Scope {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		return ScopeWrite
