@@ -828,6 +828,12 @@ func (c Config) Tokens() ([]Token, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%sAUTH_TOKENS: %w", Prefix, err)
 	}
+	if len(toks) == 0 && c.AuthTokens != "" {
+		// Set, but to separators, blanks or comments alone: most likely a
+		// list templated from nothing. Taken as no tokens, it would run
+		// the gateway open where its operator meant to close it.
+		return nil, fmt.Errorf("%sAUTH_TOKENS is set but holds no token (only separators, blanks or comments); leave it empty for no authentication, or give scopes:token entries", Prefix)
+	}
 	if c.AuthTokensFile == "" {
 		return toks, nil
 	}

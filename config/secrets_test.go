@@ -280,3 +280,28 @@ func TestConfigFileNamesEveryBadLine(t *testing.T) {
 	}
 	assertNoSecret(t, "CONFIG_FILE", err.Error())
 }
+
+// TestTokensSetToNothing: AUTH_TOKENS set to separators, blanks or
+// comments alone is refused, not taken as no authentication, which the
+// empty string alone means.
+func TestTokensSetToNothing(t *testing.T) {
+	for _, tc := range []struct {
+		tokens string
+		ok     bool
+	}{
+		{"", true},
+		{",", false},
+		{" ", false},
+		{",,\n", false},
+		{"# read:none-yet", false},
+		{"read:" + secretTok + ",", true},
+	} {
+		_, err := Load(map[string]string{"MEMCGATE_AUTH_TOKENS": tc.tokens})
+		if got := err == nil; got != tc.ok {
+			t.Errorf("Load with AUTH_TOKENS=%q: %v, want ok=%v", tc.tokens, err, tc.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "MEMCGATE_AUTH_TOKENS is set but holds no token") {
+			t.Errorf("Load with AUTH_TOKENS=%q: %v, want it to say it holds no token", tc.tokens, err)
+		}
+	}
+}
