@@ -95,11 +95,20 @@ func spread(name string, k int) uint64 {
 	return h ^ h>>29
 }
 
-// nextRound is when the probe round after now starts: the wall clock's
-// next multiple of interval (counted from Go's zero time, midnight UTC,
-// so that every process agrees), strictly after now.
-func nextRound(now time.Time, interval time.Duration) time.Time {
-	return now.Round(0).Truncate(interval).Add(interval)
+// nextRound is when the probe round after the one that started at last
+// starts: the wall clock's next multiple of interval (counted from Go's
+// zero time, midnight UTC, so that every process agrees), strictly after
+// now, and never last again. A timer runs on the monotonic clock: one
+// that fired as the wall clock stepped back by less than an interval
+// leaves now just before last, whose round would otherwise run twice,
+// its passes counted twice. After a step back by more, the next multiple
+// after now is the one: the rounds do not wait for the clock to return.
+func nextRound(now, last time.Time, interval time.Duration) time.Time {
+	next := now.Round(0).Truncate(interval).Add(interval)
+	if next.Equal(last) {
+		next = next.Add(interval)
+	}
+	return next
 }
 
 // available reports whether the node takes traffic.
@@ -289,7 +298,7 @@ func (n *node) admit() bool {
 func (c *Cluster) Run(ctx context.Context) error {
 	c.checkAll(ctx)
 	c.probedOnce.Do(func() { close(c.probed) })
-	at := nextRound(time.Now(), c.opts.Health.Interval)
+	at := nextRound(time.Now(), time.Time{}, c.opts.Health.Interval)
 	t := time.NewTimer(time.Until(at))
 	defer t.Stop()
 	for {
@@ -303,7 +312,7 @@ func (c *Cluster) Run(ctx context.Context) error {
 				return nil
 			}
 			c.checkRound(ctx, at)
-			at = nextRound(time.Now(), c.opts.Health.Interval)
+			at = nextRound(time.Now(), at, c.opts.Health.Interval)
 			t.Reset(time.Until(at))
 		}
 	}

@@ -444,22 +444,36 @@ func TestBackoffIsTheNodes(t *testing.T) {
 	}
 }
 
+// TestNextRound: the round after now is the clock's next multiple of
+// the interval, never the round just run again (a timer that fired as
+// the wall clock stepped back a little leaves now just before it), and
+// after a step back by hours not hours away.
 func TestNextRound(t *testing.T) {
 	day := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
-	for _, tc := range []struct {
+	tests := []struct {
+		name     string
 		now      time.Time
+		last     time.Time
 		interval time.Duration
 		want     time.Time
 	}{
-		{day, time.Second, day.Add(time.Second)},
-		{day.Add(370 * time.Millisecond), time.Second, day.Add(time.Second)},
-		{day.Add(999 * time.Millisecond), time.Second, day.Add(time.Second)},
-		{day.Add(1500 * time.Millisecond), 2 * time.Second, day.Add(2 * time.Second)},
-		{day.Add(10 * time.Millisecond), 300 * time.Millisecond, day.Add(300 * time.Millisecond)},
-		{day.In(time.FixedZone("UTC+5:30", 5*3600+1800)).Add(time.Second / 2), time.Second, day.Add(time.Second)},
-	} {
-		if got := nextRound(tc.now, tc.interval); !got.Equal(tc.want) {
-			t.Errorf("nextRound(%v, %v) = %v, want %v", tc.now, tc.interval, got, tc.want)
-		}
+		{"at a multiple", day, time.Time{}, time.Second, day.Add(time.Second)},
+		{"within an interval", day.Add(370 * time.Millisecond), time.Time{}, time.Second, day.Add(time.Second)},
+		{"just before a multiple", day.Add(999 * time.Millisecond), time.Time{}, time.Second, day.Add(time.Second)},
+		{"2s", day.Add(1500 * time.Millisecond), time.Time{}, 2 * time.Second, day.Add(2 * time.Second)},
+		{"300ms", day.Add(10 * time.Millisecond), time.Time{}, 300 * time.Millisecond, day.Add(300 * time.Millisecond)},
+		{"another zone", day.In(time.FixedZone("UTC+5:30", 5*3600+1800)).Add(time.Second / 2), time.Time{}, time.Second, day.Add(time.Second)},
+		{"after the round at a multiple", day.Add(20 * time.Millisecond), day, time.Second, day.Add(time.Second)},
+		{"a round that ran past two multiples", day.Add(2300 * time.Millisecond), day, time.Second, day.Add(3 * time.Second)},
+		{"wall clock a little behind the round just run", day.Add(-time.Millisecond), day, time.Second, day.Add(time.Second)},
+		{"wall clock stepped back hours", day.Add(-3*time.Hour + 200*time.Millisecond), day, time.Second, day.Add(-3*time.Hour + time.Second)},
+		{"wall clock stepped forward hours", day.Add(3*time.Hour + 200*time.Millisecond), day, time.Second, day.Add(3*time.Hour + time.Second)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := nextRound(tt.now, tt.last, tt.interval); !got.Equal(tt.want) {
+				t.Errorf("nextRound(%v, %v, %v) = %v, want %v", tt.now, tt.last, tt.interval, got, tt.want)
+			}
+		})
 	}
 }
