@@ -171,10 +171,18 @@ func (n *node) observeFailure(err error) {
 	}
 }
 
-// eject takes the node out of service. It logs and counts only when the
-// state changes. Idle data connections are closed: they lead to a process
-// that is dead or hung.
+// eject takes the node out of service, its flap hold-down counted from
+// now. It logs and counts only when the state changes. Idle data
+// connections are closed: they lead to a process that is dead or hung.
 func (n *node) eject(reason string, cause error, passive bool) {
+	n.ejectHeld(reason, cause, passive, time.Time{})
+}
+
+// ejectHeld is eject with the flap hold-down counted from from (zero:
+// now): a probe's ejection counts it from its round's start, as every
+// failed probe of a down node does (probeResult), not from when its
+// answer came, a timeout later for a probe that timed out.
+func (n *node) ejectHeld(reason string, cause error, passive bool, from time.Time) {
 	if !n.up.Load() || n.retired.Load() {
 		return
 	}
@@ -202,7 +210,10 @@ func (n *node) eject(reason string, cause error, passive bool) {
 		n.flaps = 0
 	}
 	hold := n.h.backoff(n.name, n.flaps)
-	n.hold, n.holdUntil = hold, now.Add(hold)
+	if from.IsZero() {
+		from = now
+	}
+	n.hold, n.holdUntil = hold, from.Add(hold)
 	n.since, n.reason = now, reason+": "+cause.Error()
 	flaps := n.flaps
 	n.mu.Unlock()
@@ -420,7 +431,7 @@ func (c *Cluster) checkNode(ctx context.Context, n *node, at time.Time) {
 	}
 	switch n.probeResult(err, at) {
 	case probeEject:
-		n.eject("probe", err, false)
+		n.ejectHeld("probe", err, false, at)
 	case probeReadmit:
 		c.readmit(ctx, n)
 	}

@@ -20,12 +20,14 @@ import (
 type fakeProber struct {
 	ok      atomic.Bool
 	flushes atomic.Int32
+	failIn  time.Duration // how long a failing Ping takes, as one that times out does
 }
 
 func (f *fakeProber) Ping(context.Context) error {
 	if f.ok.Load() {
 		return nil
 	}
+	time.Sleep(f.failIn)
 	return &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
 }
 func (f *fakeProber) FlushAll(context.Context) error { f.flushes.Add(1); return nil }
@@ -476,4 +478,39 @@ func TestNextRound(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestEjectingProbeHoldsFromItsRound: a flap's hold-down counts from the
+// start of the round whose probe ejected the node, as from any failed
+// probe's, not from the moment its answer came: a probe that times out
+// answers a timeout after the round began, and a gateway that ejected by
+// that probe would otherwise re-admit a round after one that ejected by
+// its traffic and saw the same probe fail.
+func TestEjectingProbeHoldsFromItsRound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, probes := fakeCluster(t, 1, func(o *Options) { o.Health.Fall = 1 })
+		n, p := c.topo.Load().nodes[0], probes[0]
+		p.failIn = 400 * time.Millisecond
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		go c.Run(ctx)
+		synctest.Wait()
+		p.ok.Store(false) // an outage: ejected, no hold
+		waitUntil(t, time.Minute, func() bool { return !n.available() })
+		p.ok.Store(true)
+		waitUntil(t, time.Minute, n.available)
+		p.ok.Store(false) // a flap: ejected, held
+		waitUntil(t, time.Minute, func() bool { return !n.available() })
+
+		n.mu.Lock()
+		hold, from := n.hold, n.holdUntil.Add(-n.hold)
+		n.mu.Unlock()
+		if hold == 0 {
+			t.Fatal("no hold-down after a flap")
+		}
+		if !from.Equal(from.Truncate(c.opts.Health.Interval)) {
+			t.Errorf("hold-down after the ejecting probe counts from %v, want its round's start %v",
+				from.Format("15:04:05.000"), from.Truncate(c.opts.Health.Interval).Format("15:04:05.000"))
+		}
+	})
 }

@@ -81,7 +81,7 @@ type node struct {
 	flaps        int           // ejections that followed a re-admission within FlapWindow
 	readmittedAt time.Time     // last re-admission; zero if never ejected
 	hold         time.Duration // the flap back-off of the node's last ejection; 0: none
-	holdUntil    time.Time     // no re-admission before this (flap back-off): hold from the ejection, then from the round of each failed probe (probeResult)
+	holdUntil    time.Time     // no re-admission before this (flap back-off): hold from the ejection (a probe's: from its round), then from the round of each failed probe (probeResult)
 }
 
 // addr is the net.Addr gomemcache dials. String returns the configured
