@@ -301,9 +301,8 @@ func (n *node) admit() bool {
 // rounds, and re-admit it together: each deletes the keys it wrote
 // elsewhere as it re-admits, and until the last has, a read through one
 // that has may find the node's older value of a key another still writes
-// to the next node. Rounds started an interval after each gateway's own
-// start re-admitted up to an interval apart. Rounds never overlap: each
-// waits for all its probes, and one that runs past a multiple skips it.
+// to the next node (decision 0070). Rounds never overlap: each waits
+// for all its probes, and one that runs past a multiple skips it.
 // Run returns nil when ctx is done, without waiting for the probes in
 // flight: they end with ctx.
 func (c *Cluster) Run(ctx context.Context) error {
