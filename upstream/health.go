@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"io"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -85,12 +87,9 @@ func (p *healthPolicy) backoff(name string, flaps int) time.Duration {
 // spread is a hash of name and k (64-bit FNV-1a, then k mixed in) that
 // every process computes alike.
 func spread(name string, k int) uint64 {
-	h := uint64(14695981039346656037)
-	for i := 0; i < len(name); i++ {
-		h ^= uint64(name[i])
-		h *= 1099511628211
-	}
-	h ^= uint64(k)
+	f := fnv.New64a()
+	io.WriteString(f, name)
+	h := f.Sum64() ^ uint64(k)
 	h *= 0x9e3779b97f4a7c15
 	return h ^ h>>29
 }
