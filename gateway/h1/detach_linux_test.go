@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -203,13 +204,17 @@ func TestDetachWaitIfRefused(t *testing.T) {
 					finish()
 				}()
 			})
-			bg := budget.New(1 << 20)
+			bg := &refusingBudget{Budget: budget.New(1 << 20), refused: make(chan struct{})}
 			_, addr := startH1(t, h, func(s *Server) { s.Budget = bg })
 			c := slowreader.Dial(t, addr, 32<<10)
 			c.SetDeadline(time.Now().Add(5 * time.Second))
 			br := bufio.NewReader(c)
 			io.WriteString(c, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
-			time.Sleep(200 * time.Millisecond) // the client reads nothing meanwhile
+			select { // the client reads nothing until the budget refuses the spill
+			case <-bg.refused:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the budget refused no spill within 5s: the test proves nothing")
+			}
 			r, err := readWireResponse(br, "GET")
 			if !wait {
 				if err == nil && r.body == string(big) {
@@ -228,6 +233,22 @@ func TestDetachWaitIfRefused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// refusingBudget is a budget that closes refused when it first refuses
+// to hold bytes.
+type refusingBudget struct {
+	*budget.Budget
+	once    sync.Once
+	refused chan struct{}
+}
+
+func (b *refusingBudget) Acquire(n int64) error {
+	err := b.Budget.Acquire(n)
+	if err != nil {
+		b.once.Do(func() { close(b.refused) })
+	}
+	return err
 }
 
 // TestDetachShutdown: Shutdown waits for a detached response, which is
