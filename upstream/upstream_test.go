@@ -265,6 +265,14 @@ func TestPassiveEjectionAndProbeReadmission(t *testing.T) {
 	ctx := t.Context()
 	c.checkAll(ctx)
 	c.probedOnce.Do(func() { close(c.probed) })
+	// A node no probe has found answering counts for readiness only
+	// while its last probe passed (readyUp), and a probe's short timeout
+	// can pass on a loaded machine: probe until both have answered one.
+	for deadline := time.Now().Add(10 * time.Second); !c.topo.Load().nodes[0].readyUp() || !c.topo.Load().nodes[1].readyUp(); c.checkAll(ctx) {
+		if time.Now().After(deadline) {
+			t.Fatal("both memcached nodes running, and not both answered a probe within 10s")
+		}
+	}
 	if !c.Ready() {
 		t.Fatal("Ready() = false with both nodes up")
 	}
