@@ -264,6 +264,13 @@ func (n *node) probeResult(err error, at time.Time) probeAction {
 		n.unseen.Store(false) // in service and answering: from here on this process sees its outages
 		return probeNone
 	}
+	if n.holdUntil.Sub(at) > n.hold+n.h.Interval {
+		// More of the hold-down is left than it lasts: the wall clock,
+		// on which rounds and hold-downs count, stepped back since it
+		// was set. It counts from this round instead of holding the
+		// node out of service for as long as the clock stepped.
+		n.holdUntil = at.Add(n.hold)
+	}
 	if at.Before(n.holdUntil) {
 		return probeNone
 	}

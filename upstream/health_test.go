@@ -514,3 +514,42 @@ func TestEjectingProbeHoldsFromItsRound(t *testing.T) {
 		}
 	})
 }
+
+// TestHoldAcrossAWallClockStep: a flap's hold-down counts on the wall
+// clock, as the rounds do (decision 0070), so a step of the wall clock
+// moves it: a step back by hours, after the hold was set, holds the node
+// out of service no longer than a hold from the round that sees the
+// step, not for the hours stepped. A step forward ends it at once;
+// HEALTH_RISE passes still count.
+func TestHoldAcrossAWallClockStep(t *testing.T) {
+	t0 := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name string
+		step time.Duration // of the wall clock after the failed probe at t0
+		want int           // the round, counted in seconds after the step, that re-admits
+	}{
+		{"no step", 0, 11},                      // passes count from t0+10s: rounds 10 and 11
+		{"stepped back 3h", -3 * time.Hour, 12}, // held from round 1: passes at 11 and 12
+		{"stepped forward 3h", 3 * time.Hour, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, _ := fakeCluster(t, 1, nil)
+			n := c.topo.Load().nodes[0]
+			n.up.Store(false) // down, a flap's hold-down of 10s
+			n.mu.Lock()
+			n.hold = 10 * time.Second
+			n.mu.Unlock()
+			n.probeResult(errors.New("refused"), t0)
+			got := 0
+			for k := 1; k <= 120 && got == 0; k++ {
+				if n.probeResult(nil, t0.Add(tt.step+time.Duration(k)*time.Second)) == probeReadmit {
+					got = k
+				}
+			}
+			if got != tt.want {
+				t.Errorf("re-admitted at round %d after the step (0: not within 120), want %d", got, tt.want)
+			}
+		})
+	}
+}
