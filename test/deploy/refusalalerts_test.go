@@ -1,13 +1,6 @@
 package deploy
 
-import (
-	"fmt"
-	"os"
-	"path/filepath"
-	"testing"
-
-	"github.com/memcgate/memcgate/test/gatewaytest"
-)
+import "testing"
 
 // TestRefusalPanicRestartAlerts runs three alerts through promtool's
 // rule unit tests. MemcgateRequestsRefused fires on a handful of
@@ -18,15 +11,7 @@ import (
 // included (the node never seen down), and not for a node that only
 // started, whose uptime grows from its first sample.
 func TestRefusalPanicRestartAlerts(t *testing.T) {
-	promtool := gatewaytest.Tool(t, "promtool", "prometheus")
-	abs, err := filepath.Abs(filepath.Join(root, alertsRel))
-	if err != nil {
-		t.Fatal(err)
-	}
-	const tests = `rule_files:
-  - ` + "%q" + `
-evaluation_interval: 1m
-tests:
+	testAlertRules(t, `tests:
   # 5 refusals among 100,000 requests a minute: no 5xx ratio alert, this one.
   - interval: 1m
     input_series:
@@ -97,12 +82,5 @@ tests:
       - eval_time: 30m
         alertname: MemcgateMemcachedRestarted
         exp_alerts: []
-`
-	path := filepath.Join(t.TempDir(), "refusal-alerts-test.yaml")
-	if err := os.WriteFile(path, []byte(fmt.Sprintf(tests, abs)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := run(t, "", promtool, "test", "rules", path); err != nil {
-		t.Errorf("promtool test rules: %v\n%s", err, out)
-	}
+`)
 }

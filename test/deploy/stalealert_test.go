@@ -18,15 +18,7 @@ import (
 // holding items to a gateway running for long (0065: the node's series
 // starts at 1 too); and it stops firing 15 minutes on.
 func TestStaleReadsAlert(t *testing.T) {
-	promtool := gatewaytest.Tool(t, "promtool", "prometheus")
-	abs, err := filepath.Abs(filepath.Join(root, alertsRel))
-	if err != nil {
-		t.Fatal(err)
-	}
-	const tests = `rule_files:
-  - ` + "%q" + `
-evaluation_interval: 1m
-tests:
+	testAlertRules(t, `tests:
   # The set of keys written elsewhere filled during an outage.
   - interval: 1m
     input_series:
@@ -92,9 +84,21 @@ tests:
       - eval_time: 90m
         alertname: MemcgateStaleReadsPossible
         exp_alerts: []
-`
-	path := filepath.Join(t.TempDir(), "stale-alert-test.yaml")
-	if err := os.WriteFile(path, []byte(fmt.Sprintf(tests, abs)), 0o644); err != nil {
+`)
+}
+
+// testAlertRules runs promtool's rule unit tests, tests (a `tests:`
+// section of its test file), against the shipped alert rules.
+func testAlertRules(t *testing.T, tests string) {
+	t.Helper()
+	promtool := gatewaytest.Tool(t, "promtool", "prometheus")
+	abs, err := filepath.Abs(filepath.Join(root, alertsRel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := fmt.Sprintf("rule_files:\n  - %q\nevaluation_interval: 1m\n%s", abs, tests)
+	path := filepath.Join(t.TempDir(), "alert-rules-test.yaml")
+	if err := os.WriteFile(path, []byte(file), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := run(t, "", promtool, "test", "rules", path); err != nil {
