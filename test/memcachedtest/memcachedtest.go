@@ -199,6 +199,22 @@ func (s *Server) start() error {
 // server that answers on a port found free may be another test's, which
 // took the port first. The error says why not, when it is not.
 func Listens(pid, port int) (bool, error) {
+	return owns(pid, port, "0A", "listens") // 0A: LISTEN
+}
+
+// Connects reports whether process pid has the connected socket bound to
+// 127.0.0.1:port: whether a connection accepted from that address is
+// this process's own, not another test's client (of any package running
+// meanwhile) reaching for a server of its own, gone, whose port a
+// listener of this process took since.
+func Connects(pid, port int) (bool, error) {
+	return owns(pid, port, "01", "is connected") // 01: ESTABLISHED
+}
+
+// owns reports whether process pid has the socket bound to
+// 127.0.0.1:port in TCP state state (hex, as /proc/net/tcp shows it);
+// what names it in an error.
+func owns(pid, port int, state, what string) (bool, error) {
 	tcp, err := os.ReadFile("/proc/net/tcp")
 	if err != nil {
 		return false, err
@@ -206,12 +222,12 @@ func Listens(pid, port int) (bool, error) {
 	local := fmt.Sprintf("0100007F:%04X", port)
 	inode := ""
 	for _, line := range strings.Split(string(tcp), "\n") {
-		if f := strings.Fields(line); len(f) > 9 && f[1] == local && f[3] == "0A" { // 0A: LISTEN
+		if f := strings.Fields(line); len(f) > 9 && f[1] == local && f[3] == state {
 			inode = f[9]
 		}
 	}
 	if inode == "" {
-		return false, fmt.Errorf("nothing listens on 127.0.0.1:%d", port)
+		return false, fmt.Errorf("nothing %s on 127.0.0.1:%d", what, port)
 	}
 	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 	if err != nil {
@@ -222,7 +238,7 @@ func Listens(pid, port int) (bool, error) {
 			return true, nil
 		}
 	}
-	return false, fmt.Errorf("the listening socket (inode %s) is another process's", inode)
+	return false, fmt.Errorf("the socket that %s on 127.0.0.1:%d (inode %s) is another process's", what, port, inode)
 }
 
 // DeadPort returns a loopback TCP port that refuses connections for the
