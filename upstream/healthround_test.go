@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -25,16 +26,18 @@ import (
 type holders struct {
 	servers  []Server
 	accepted chan int // the index of the listener of each connection accepted
+	ended    chan int // the index of each listener whose connection its client closed before the test let it go
 
-	mu      sync.Mutex // guards the fields below
-	held    map[int][]net.Conn
-	open    int // connections accepted and not let go
-	maxOpen int
+	mu       sync.Mutex // guards the fields below
+	held     map[int][]net.Conn
+	released map[net.Conn]bool
+	open     int // connections accepted and not let go
+	maxOpen  int
 }
 
 func startHolders(t *testing.T, n int) *holders {
 	t.Helper()
-	h := &holders{accepted: make(chan int, 4*n), held: map[int][]net.Conn{}}
+	h := &holders{accepted: make(chan int, 4*n), ended: make(chan int, 4*n), held: map[int][]net.Conn{}, released: map[net.Conn]bool{}}
 	var wg sync.WaitGroup
 	var lns []net.Listener
 	for i := range n {
@@ -64,6 +67,17 @@ func startHolders(t *testing.T, n int) *holders {
 				h.maxOpen = max(h.maxOpen, h.open)
 				h.mu.Unlock()
 				h.accepted <- i
+				go func() {
+					// The probe's command, then nothing until one side closes.
+					_, _ = io.Copy(io.Discard, c)
+					h.mu.Lock()
+					defer h.mu.Unlock()
+					if !h.released[c] {
+						h.released[c] = true
+						h.open--
+						h.ended <- i
+					}
+				}()
 			}
 		})
 	}
@@ -100,7 +114,12 @@ func (h *holders) release(i int) {
 	h.mu.Lock()
 	cs := h.held[i]
 	delete(h.held, i)
-	h.open -= len(cs)
+	for _, c := range cs {
+		if !h.released[c] {
+			h.released[c] = true
+			h.open--
+		}
+	}
 	h.mu.Unlock()
 	for _, c := range cs {
 		c.Close()
@@ -140,7 +159,27 @@ func TestProbeRoundBounded(t *testing.T) {
 	}
 	if len(others) > 0 {
 		slices.Sort(others)
-		t.Fatalf("while the first %d probes hang, nodes %v were probed too, want nodes 0..%d alone", maxProbes, others, maxProbes-1)
+		// A probe that ended on its own (its connection closed by the
+		// client: a failure of the machine's, seen twice in CI under
+		// load) lets the next node's start, as it should: then the
+		// bound is what can be checked, not which nodes.
+		var ended []int
+		for len(h.ended) > 0 {
+			ended = append(ended, <-h.ended)
+		}
+		if len(ended) < len(others) {
+			t.Fatalf("while the first %d probes hang, nodes %v were probed too, want nodes 0..%d alone (probes ended on their own: nodes %v)", maxProbes, others, maxProbes-1, ended)
+		}
+		t.Logf("probes of nodes %v ended on their own, and nodes %v were probed in their place", ended, others)
+		h.mu.Lock()
+		most := h.maxOpen
+		h.mu.Unlock()
+		if most > maxProbes {
+			t.Errorf("at most %d probes were open at once, want %d", most, maxProbes)
+		}
+		cancel()
+		<-done
+		return
 	}
 	// Each probe that ends lets exactly the next node's start.
 	for i := maxProbes; i < nodes; i++ {
