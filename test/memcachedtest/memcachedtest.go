@@ -199,46 +199,55 @@ func (s *Server) start() error {
 // server that answers on a port found free may be another test's, which
 // took the port first. The error says why not, when it is not.
 func Listens(pid, port int) (bool, error) {
-	return owns(pid, port, "0A", "listens") // 0A: LISTEN
+	what := fmt.Sprintf("listens on 127.0.0.1:%d", port)
+	ok, err := owns(pid, fmt.Sprintf("0100007F:%04X", port), "", "0A", what) // 0A: LISTEN
+	if !ok && err == nil {
+		err = fmt.Errorf("the socket that %s is another process's", what)
+	}
+	return ok, err
 }
 
-// Connects reports whether process pid has the connected socket bound to
-// 127.0.0.1:port: whether a connection accepted from that address is
-// this process's own, not another test's client (of any package running
-// meanwhile) reaching for a server of its own, gone, whose port a
-// listener of this process took since.
-func Connects(pid, port int) (bool, error) {
-	return owns(pid, port, "01", "is connected") // 01: ESTABLISHED
+// Connects reports whether process pid has the socket connected from
+// 127.0.0.1:port to 127.0.0.1:to: whether a connection a listener on
+// port to accepted from port is this process's own, not another test's
+// client (of any package running meanwhile) reaching for a server of its
+// own, gone, whose port the listener took since. The remote port counts
+// too: sockets connected to different addresses may share a local port.
+// It is false with a nil error only when the socket is another
+// process's; an error says it cannot tell (no /proc, the socket gone).
+func Connects(pid, port, to int) (bool, error) {
+	return owns(pid, fmt.Sprintf("0100007F:%04X", port), fmt.Sprintf("0100007F:%04X", to), "01", fmt.Sprintf("is connected from 127.0.0.1:%d to 127.0.0.1:%d", port, to)) // 01: ESTABLISHED
 }
 
-// owns reports whether process pid has the socket bound to
-// 127.0.0.1:port in TCP state state (hex, as /proc/net/tcp shows it);
-// what names it in an error.
-func owns(pid, port int, state, what string) (bool, error) {
+// owns reports whether process pid has a socket in /proc/net/tcp with
+// the local address local, the remote address remote (any if empty) and
+// TCP state state (hex, as the file shows them): false with a nil error
+// if such sockets are all another process's; an error (what names the
+// socket) if it cannot tell.
+func owns(pid int, local, remote, state, what string) (bool, error) {
 	tcp, err := os.ReadFile("/proc/net/tcp")
 	if err != nil {
 		return false, err
 	}
-	local := fmt.Sprintf("0100007F:%04X", port)
-	inode := ""
+	inodes := map[string]bool{}
 	for _, line := range strings.Split(string(tcp), "\n") {
-		if f := strings.Fields(line); len(f) > 9 && f[1] == local && f[3] == state {
-			inode = f[9]
+		if f := strings.Fields(line); len(f) > 9 && f[1] == local && (remote == "" || f[2] == remote) && f[3] == state {
+			inodes["socket:["+f[9]+"]"] = true
 		}
 	}
-	if inode == "" {
-		return false, fmt.Errorf("nothing %s on 127.0.0.1:%d", what, port)
+	if len(inodes) == 0 {
+		return false, fmt.Errorf("nothing %s", what)
 	}
 	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 	if err != nil {
 		return false, err
 	}
 	for _, fd := range fds {
-		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && l == "socket:["+inode+"]" {
+		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && inodes[l] {
 			return true, nil
 		}
 	}
-	return false, fmt.Errorf("the socket that %s on 127.0.0.1:%d (inode %s) is another process's", what, port, inode)
+	return false, nil
 }
 
 // DeadPort returns a loopback TCP port that refuses connections for the
