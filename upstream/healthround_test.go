@@ -135,7 +135,11 @@ func (h *holders) release(i int) {
 func TestProbeRoundBounded(t *testing.T) {
 	const nodes = maxProbes + 36
 	h := startHolders(t, nodes)
-	c, err := New(Options{Servers: h.servers, Health: HealthOptions{Interval: time.Hour, Timeout: time.Hour}},
+	// Timeout too: a probe's dial is bounded by it as well as by the
+	// probe's, and a loaded machine (the fuzzers beside a race build)
+	// starved a dial past the default (mcpipe.DefaultTimeout), which ended a probe that was to
+	// hang and let a 65th node's start.
+	c, err := New(Options{Servers: h.servers, Timeout: time.Hour, Health: HealthOptions{Interval: time.Hour, Timeout: time.Hour}},
 		testLogger(), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
