@@ -55,6 +55,9 @@ type Admin struct {
 // NewAdminHandler returns the admin-plane handler: /metrics from g,
 // /healthz (the process is alive), /readyz, /debug/nodes, /debug/owners,
 // /debug/config, /debug/pprof/, and the status page at /status and /.
+// Every request a browser sends from another site's page (FromOtherSite)
+// is refused with 403, tokens or not, after the Host check (a.Hosts) and
+// before the token check (a.Access).
 //
 // The status page is one self-contained HTML page for people: each node's
 // state and share of the keys with its traffic, and the gateway's own.
@@ -126,12 +129,26 @@ func NewAdminHandler(g prometheus.Gatherer, a Admin) http.Handler {
 			a.Hosts.refuse(w, r, "admin")
 			return
 		}
+		if FromOtherSite(r) {
+			writeError(w, errAdminOtherSite)
+			return
+		}
 		if r.URL.Path != "/healthz" && r.URL.Path != "/readyz" && !access.Tokens().require(w, r, ScopeAdmin) {
 			return
 		}
 		mux.ServeHTTP(w, r)
 	})
 }
+
+// errAdminOtherSite refuses every request to the admin listener that
+// FromOtherSite says a browser sent from another site's page. Such a page
+// cannot read the answer, but it can make the gateway profile or trace
+// itself for as long as it asks (/debug/pprof/profile?seconds=60), as
+// often as it likes, with no token where there are none. Nothing here is
+// for other sites' pages: probes, scrapers and curl send neither header,
+// and a person opens the status page from the address bar or a bookmark
+// (Sec-Fetch-Site: none) or by its own links (same-origin).
+var errAdminOtherSite = &requestError{kind: kindOtherSite, msg: "a browser sent this request from a page of another site (Sec-Fetch-Site, Origin): the admin listener serves no other site's page, so that none can start profiles or traces; open its address directly (typed or bookmarked), or use curl"}
 
 // writeJSON answers 200 with v as indented JSON.
 func writeJSON(w http.ResponseWriter, v any) {

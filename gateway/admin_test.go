@@ -1,8 +1,13 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -34,6 +39,73 @@ func TestAdminDebugConfig(t *testing.T) {
 				if got[k] != v {
 					t.Errorf("%s = %q, want %q", k, got[k], v)
 				}
+			}
+		})
+	}
+}
+
+// TestAdminCrossSite: the admin listener refuses every request a browser
+// sends from a page of another site, as the data listener refuses such a
+// page's writes (FromOtherSite, TestCrossSiteWrites), so that no web page
+// its users open can make the gateway profile or trace itself for a
+// minute, again and again; tokens or not. Programs (curl, Prometheus,
+// kubelet probes) send neither Sec-Fetch-Site nor Origin, and a person
+// opening its address, or following the status page's own links, is not
+// another site.
+func TestAdminCrossSite(t *testing.T) {
+	const token = "admin-token-0123456789"
+	open := NewAdminHandler(prometheus.NewRegistry(), Admin{})
+	guarded := NewAdminHandler(prometheus.NewRegistry(), Admin{Access: NewAccess(NewTokens(map[string]Scope{token: ScopeAdmin}), false)})
+
+	crossSite := []string{"Sec-Fetch-Site", "cross-site"}
+	sameSite := []string{"Sec-Fetch-Site", "same-site"}
+	oldBrowser := []string{"Origin", "https://evil.example"} // no Sec-Fetch-Site
+	tests := []struct {
+		name   string
+		h      http.Handler
+		target string
+		hdr    []string
+		want   int
+	}{
+		{name: "cross-site CPU profile", h: open, target: "/debug/pprof/profile?seconds=60", hdr: crossSite, want: 403},
+		{name: "cross-site trace", h: open, target: "/debug/pprof/trace?seconds=60", hdr: crossSite, want: 403},
+		{name: "same-site CPU profile", h: open, target: "/debug/pprof/profile?seconds=60", hdr: sameSite, want: 403},
+		{name: "old browser's cross-origin trace", h: open, target: "/debug/pprof/trace?seconds=60", hdr: oldBrowser, want: 403},
+		{name: "a sandboxed page's Origin: null", h: open, target: "/debug/pprof/profile?seconds=60", hdr: []string{"Origin", "null"}, want: 403},
+		{name: "cross-site and another Origin", h: open, target: "/debug/pprof/profile?seconds=60", hdr: append([]string{"Origin", "https://evil.example"}, crossSite...), want: 403},
+		{name: "cross-site metrics", h: open, target: "/metrics", hdr: crossSite, want: 403},
+		{name: "cross-site healthz", h: open, target: "/healthz", hdr: crossSite, want: 403},
+		{name: "cross-site status page", h: open, target: "/status", hdr: crossSite, want: 403},
+		{name: "cross-site, with tokens and without one", h: guarded, target: "/debug/pprof/profile?seconds=60", hdr: crossSite, want: 403},
+		{name: "cross-site, with tokens and with one", h: guarded, target: "/debug/pprof/profile?seconds=60", hdr: append([]string{"Authorization", "Bearer " + token}, crossSite...), want: 403},
+		{name: "curl: metrics", h: open, target: "/metrics", want: 200},
+		{name: "curl: healthz", h: open, target: "/healthz", want: 200},
+		{name: "curl: readyz", h: open, target: "/readyz", want: 200},
+		{name: "curl: status page", h: open, target: "/status", want: 200},
+		{name: "curl: pprof index", h: open, target: "/debug/pprof/", want: 200},
+		{name: "curl: pprof cmdline", h: open, target: "/debug/pprof/cmdline", want: 200},
+		{name: "curl, with tokens: healthz", h: guarded, target: "/healthz", want: 200},
+		{name: "curl, with tokens: metrics with the token", h: guarded, target: "/metrics", hdr: []string{"Authorization", "Bearer " + token}, want: 200},
+		{name: "typed in the address bar", h: open, target: "/status", hdr: []string{"Sec-Fetch-Site", "none"}, want: 200},
+		{name: "the status page's own link", h: open, target: "/status?refresh=2", hdr: []string{"Sec-Fetch-Site", "same-origin"}, want: 200},
+		{name: "Origin of the admin listener itself", h: open, target: "/metrics", hdr: []string{"Origin", "http://example.com"}, want: 200},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// Bounds a profile the handler would run if it did not refuse.
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+			defer cancel()
+			r := httptest.NewRequestWithContext(ctx, "GET", tt.target, nil) // Host: example.com
+			for i := 0; i+1 < len(tt.hdr); i += 2 {
+				r.Header.Set(tt.hdr[i], tt.hdr[i+1])
+			}
+			w := httptest.NewRecorder()
+			tt.h.ServeHTTP(w, r)
+			if w.Code != tt.want {
+				t.Fatalf("GET %s with %q = %d %q, want %d", tt.target, tt.hdr, w.Code, w.Body, tt.want)
+			}
+			if tt.want == 403 && !strings.Contains(w.Body.String(), "page of another site") {
+				t.Errorf("GET %s with %q answered %q, want the reason (a page of another site)", tt.target, tt.hdr, w.Body)
 			}
 		})
 	}

@@ -34,7 +34,7 @@ const (
 	kindNoToken                            // no bearer token, or one the gateway does not know
 	kindNoScope                            // the token lacks the scope the request needs
 	kindReadOnly                           // a write in read-only mode
-	kindOtherSite                          // a write a browser sent from another site's page
+	kindOtherSite                          // a request a browser sent from another site's page: a write to the data listener, any to the admin listener
 	kindRange                              // a range that starts past the value's end
 	kindHTTPVersion                        // a protocol version the gateway does not speak (HTTP/2)
 	kindEnd                                // not a kind: every kind is below it
@@ -59,7 +59,7 @@ func (k requestKind) Error() string {
 	case kindReadOnly:
 		return "gateway: read-only mode"
 	case kindOtherSite:
-		return "gateway: write from another site"
+		return "gateway: request from another site's page"
 	case kindRange:
 		return "gateway: range not satisfiable"
 	case kindHTTPVersion:
