@@ -31,9 +31,9 @@ const Prefix = "MEMCGATE_"
 type Config struct {
 	Servers      []Server      `env:"SERVERS" envDefault:"127.0.0.1:11211" help:"memcached nodes, host:port[:weight] separated by commas; the ring hashes these names as written"`
 	ServersFile  string        `env:"SERVERS_FILE" help:"file with the memcached nodes, host:port[:weight] one per line or separated by commas (# comments); re-read when it changes (a Kubernetes ConfigMap volume works); instead of SERVERS"`
-	ServersDNS   string        `env:"SERVERS_DNS" help:"discover the nodes in DNS instead of SERVERS: _service._proto.name for SRV records (the ring hashes the targets' names: a headless Service's stable pod names), or name:port for A/AAAA records (the ring hashes the addresses); re-resolved every DNS_INTERVAL"`
+	ServersDNS   string        `env:"SERVERS_DNS" help:"discover the nodes in DNS instead of SERVERS, from one name (not a list: its records give every node): _service._proto.name for SRV records (the ring hashes the targets' names: a headless Service's stable pod names), or name:port for A/AAAA records (the ring hashes the addresses); re-resolved every DNS_INTERVAL"`
 	DNSInterval  time.Duration `env:"DNS_INTERVAL" envDefault:"10s" help:"how often SERVERS_DNS is resolved again"`
-	DNSServer    string        `env:"DNS_SERVER" help:"host:port of the DNS server SERVERS_DNS asks (default: the system's resolver)"`
+	DNSServer    string        `env:"DNS_SERVER" help:"host:port of the DNS server SERVERS_DNS asks, one (not a list; default: the system's resolver)"`
 	MaxNodes     int           `env:"MAX_NODES" envDefault:"256" help:"most memcached nodes over the default pool and every pool (a node in two pools counts twice), each with its own connections, health probes and about 400 metric series: a configuration with more is refused, at start (the gateway does not start) and on reload (the running nodes stay), a SERVERS_DNS answer included"`
 	ConfigFile   string        `env:"CONFIG_FILE" help:"file of MEMCGATE_ variables, NAME=value one per line (# comments; systemd EnvironmentFile style), read over the environment at start and again on SIGHUP or when it changes"`
 	Watch        time.Duration `env:"WATCH_INTERVAL" envDefault:"2s" help:"how often CONFIG_FILE, SERVERS_FILE and AUTH_TOKENS_FILE are checked for changes (0: only on SIGHUP)"`
@@ -95,7 +95,7 @@ type Config struct {
 	// writes that run after their write was answered.
 	ReplicaBackgroundBytes int64  `env:"REPLICA_BACKGROUND_BYTES" envDefault:"16777216" help:"value bytes of replica writes running after their write was answered (WRITE_POLICY first or majority), over all pools; a write that finds it full waits for every replica"`
 	ReplicaBackgroundOps   int    `env:"REPLICA_BACKGROUND_OPS" envDefault:"1024" help:"writes whose replicas run after their answer, at most; beyond it a write waits for every replica"`
-	Pools                  Pools  `env:"POOLS" help:"pools besides the default one, one per line or ';': NAME servers=HOST:PORT[:W],… prefixes=P1,… [replicas= write= read= miss_fallback= distribution= failover= warm= shadow= shadow_percent=] (docs/pools.md, docs/routes.md); keys starting with a pool's prefix go there, the others to SERVERS"`
+	Pools                  Pools  `env:"POOLS" help:"pools besides the default one, one per line or ';': NAME servers=HOST:PORT[:W],… prefixes=P1,… [replicas= write= read= miss_fallback= distribution= failover= warm= shadow= shadow_percent=], settings separated by spaces and a setting's entries by commas without spaces (docs/pools.md, docs/routes.md); keys starting with a pool's prefix go there, the others to SERVERS"`
 	PoolsFile              string `env:"POOLS_FILE" help:"file with the pools instead of POOLS, in the same form (# comments); re-read when it changes"`
 	// The warm-up and shadow policies (docs/pools.md): the default pool's
 	// own, and the settings all pools share.
@@ -184,10 +184,10 @@ func ParseServer(s string) (Server, error) {
 	if strings.HasPrefix(s, "[") {
 		_, outside, _ = strings.Cut(s, "]")
 	}
-	if strings.ContainsAny(outside, " \t") {
+	if sep := separatorIn(outside, " \t;"); sep != "" {
 		// Most often two servers separated by a space, which would
 		// otherwise be reported as a port of "11211 10.0.0.2".
-		return Server{}, fmt.Errorf("%q: has a space: one host:port[:weight] per entry, entries separated by commas", short(s))
+		return Server{}, fmt.Errorf("%q: has %s: one host:port[:weight] per entry, entries separated by commas", short(s), sep)
 	}
 	if !strings.HasPrefix(s, "[") && strings.Count(s, ":") > 2 {
 		// host:port:weight has two colons at most; an IPv6 address
@@ -703,7 +703,9 @@ func (c Config) UDPPortMap() (map[string]int, error) {
 		}
 		server, port, ok := strings.Cut(entry, "=")
 		p, err := strconv.Atoi(port)
-		switch {
+		switch sepErr := listEntry(entry, "server=port"); {
+		case sepErr != nil:
+			return nil, fmt.Errorf("%sUDP_PORTS: %w", Prefix, sepErr)
 		case !ok:
 			return nil, fmt.Errorf("%sUDP_PORTS: %q is not server=port", Prefix, entry)
 		case err != nil || p < 1 || p > 65535:
@@ -794,6 +796,9 @@ func ParseAllowedHosts(s string) ([]string, error) {
 		entry = strings.TrimSpace(entry)
 		if entry == "" {
 			continue
+		}
+		if err := listEntry(entry, "host name"); err != nil {
+			return nil, err
 		}
 		if entry == "*" {
 			out = append(out, entry)

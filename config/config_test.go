@@ -280,7 +280,7 @@ func TestParseAllowedHosts(t *testing.T) {
 		{"*.example.com", nil, "write .example.com"},
 		{"..example.com", nil, "is not a host name"},
 		{".", nil, "is not a host name"},
-		{"a b", nil, "not allowed in a host name"},
+		{"a b", nil, "has a space: one host name per entry, entries separated by commas"},
 	}
 	for _, tt := range tests {
 		got, err := ParseAllowedHosts(tt.in)

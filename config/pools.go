@@ -90,6 +90,15 @@ func parsePool(fields []string) (Pool, error) {
 	if i := badPoolNameByte(p.Name); i >= 0 {
 		return p, fmt.Errorf("pool %q: a name has letters, digits, '-' and '_' only", p.Name)
 	}
+	// A setting that ends in a comma, followed by a word that is no
+	// setting: a space after a comma in a list (servers=a:1, b:1), or
+	// pools separated by commas. Reported as that, not as an empty prefix
+	// and a word that is not key=value.
+	for i := 1; i+1 < len(fields); i++ {
+		if strings.Contains(fields[i], "=") && strings.HasSuffix(fields[i], ",") && !strings.Contains(fields[i+1], "=") {
+			return p, fmt.Errorf("pool %s: %q is followed by a space: a setting's list has its entries separated by commas alone (servers=HOST:PORT,HOST:PORT), spaces separate settings, and ';' or new lines separate pools", p.Name, short(fields[i]))
+		}
+	}
 	var errs []error
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("pool %s: %s", p.Name, fmt.Sprintf(format, args...)))

@@ -85,6 +85,42 @@ func joinFew(errs []error) error {
 	return errors.Join(errs...)
 }
 
+// separatorIn names the first byte of s among seps that separates list
+// entries ("a space" for a space or a tab, "a ','", "a ';'"), or returns
+// "" when s has none.
+func separatorIn(s, seps string) string {
+	i := strings.IndexAny(s, seps)
+	switch {
+	case i < 0:
+		return ""
+	case s[i] == ' ' || s[i] == '\t':
+		return "a space"
+	}
+	return fmt.Sprintf("a '%c'", s[i])
+}
+
+// listEntry refuses an entry of a list whose entries are separated by
+// commas when it holds a space, a tab or a ';': no entry of such a list
+// holds one, and most often it separates two entries written where a
+// comma was meant, which the entry's own parse would report as something
+// else (a port of "11211 10.0.0.2"). form is one entry's form.
+func listEntry(entry, form string) error {
+	if sep := separatorIn(entry, " \t;"); sep != "" {
+		return fmt.Errorf("%q: has %s: one %s per entry, entries separated by commas", short(entry), sep, form)
+	}
+	return nil
+}
+
+// oneValue refuses a value that takes one entry when it holds a space, a
+// tab, a ',' or a ';': a list where one value is expected. form is the
+// value's form.
+func oneValue(v, form string) error {
+	if sep := separatorIn(v, " \t,;"); sep != "" {
+		return fmt.Errorf("%q: has %s: one %s, not a list", short(v), sep, form)
+	}
+	return nil
+}
+
 // short is s cut to a length an error message can quote.
 func short(s string) string {
 	const most = 80
@@ -280,9 +316,16 @@ func ReadServersFile(path string) ([]Server, error) {
 }
 
 // SplitDNS reads SERVERS_DNS: an SRV name (_service._proto.name), or a
-// name and port for A/AAAA records.
+// name and port for A/AAAA records. It is one name: the SRV records, or
+// the addresses, give every node.
 func SplitDNS(v string) (srv bool, host string, port int, err error) {
+	if err := oneValue(v, "_service._proto.name or name:port (the name's records give every node)"); err != nil {
+		return false, "", 0, err
+	}
 	if strings.HasPrefix(v, "_") {
+		if i := badNameByte(v); i >= 0 {
+			return false, "", 0, fmt.Errorf("%q: character %q is not allowed in an SRV name", short(v), v[i])
+		}
 		return true, v, 0, nil
 	}
 	s, err := ParseServer(v)
@@ -293,6 +336,21 @@ func SplitDNS(v string) (srv bool, host string, port int, err error) {
 		return false, "", 0, fmt.Errorf("%q: name:port takes no weight", v)
 	}
 	return false, s.Host, s.Port, nil
+}
+
+// checkDNSServer accepts DNS_SERVER: one host:port, without a weight.
+func checkDNSServer(v string) error {
+	if err := oneValue(v, "host:port (the resolver asks one server)"); err != nil {
+		return err
+	}
+	s, err := ParseServer(v)
+	if err != nil {
+		return fmt.Errorf("want host:port: %w", err)
+	}
+	if s.Weight != 1 {
+		return fmt.Errorf("%q: want host:port, without a weight", short(v))
+	}
+	return nil
 }
 
 // Diff lists the variables whose values differ between a and b, in
@@ -333,8 +391,8 @@ func (c Config) validateSources(serversSet bool) []error {
 		errs = append(errs, fmt.Errorf("%s are set together: the nodes come from one of them", strings.Join(given, " and ")))
 	}
 	if c.DNSServer != "" {
-		if _, err := ParseServer(c.DNSServer); err != nil {
-			bad("DNS_SERVER", "want host:port: %v", err)
+		if err := checkDNSServer(c.DNSServer); err != nil {
+			bad("DNS_SERVER", "%v", err)
 		}
 	}
 	if c.DNSInterval <= 0 {
