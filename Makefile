@@ -57,14 +57,24 @@ fuzz:
 # other work loads the machine too.
 TESTP ?= 3
 
+# make test runs without the MEMCGATE_ variables of the caller's
+# environment: tests pass theirs on to what they start (deploy/local/run.sh
+# takes every MEMCGATE_ variable over its own choices, memcgate healthcheck
+# reads ADMIN_ADDR, ADMIN_TLS_CERT_FILE and CONFIG_FILE, the PHP example
+# MEMCGATE_URL and MEMCGATE_UNIX_SOCKET), so that one exported while
+# trying a deployment would fail them, and a MEMCGATE_TEST_ switch left
+# from make chaos or make pools would change what runs. Variables given on
+# make's command line are kept.
+TESTENV := env $(foreach v,$(filter MEMCGATE_%,$(.VARIABLES)),$(if $(filter environment%,$(origin $(v))),-u $(v))) CI=$${CI:-} MEMCGATE_TEST_REQUIRE_MEMCACHED=1
+
 test: deps-test fmt-check vet
-	CI=$${CI:-} MEMCGATE_TEST_REQUIRE_MEMCACHED=1 $(GO) test -race -count=1 -p $(TESTP) -timeout 15m $$(bash test/scripts/testpkgs.sh $(PKGS))
+	$(TESTENV) $(GO) test -race -count=1 -p $(TESTP) -timeout 15m $$(bash test/scripts/testpkgs.sh $(PKGS))
 	# the abuse suite alone: its canary measures the gateway's latency, which
 	# other packages' tests running beside it on the same cores would decide
-	CI=$${CI:-} MEMCGATE_TEST_REQUIRE_MEMCACHED=1 $(GO) test -race -count=1 -timeout 5m ./test/abuse
+	$(TESTENV) $(GO) test -race -count=1 -timeout 5m ./test/abuse
 	# upstream again on gomemcache's pool (MEMCGATE_PIPELINE_CONNS=0), beside
 	# the fuzz targets: its tests mostly wait, the fuzzers compute
-	CI=$${CI:-} MEMCGATE_TEST_REQUIRE_MEMCACHED=1 $(GO) test -race -count=1 ./upstream -args -pipeline-conns=0 & up=$$!; \
+	$(TESTENV) $(GO) test -race -count=1 ./upstream -args -pipeline-conns=0 & up=$$!; \
 	fuzz=0; $(MAKE) --no-print-directory fuzz || fuzz=$$?; \
 	wait $$up && exit $$fuzz
 
