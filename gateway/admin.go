@@ -57,7 +57,8 @@ type Admin struct {
 // /debug/config, /debug/pprof/, and the status page at /status and /.
 // Every request a browser sends from another site's page (FromOtherSite)
 // is refused with 403, tokens or not, after the Host check (a.Hosts) and
-// before the token check (a.Access).
+// before the token check (a.Access), except a link to the status page
+// followed from another site (statusLink).
 //
 // The status page is one self-contained HTML page for people: each node's
 // state and share of the keys with its traffic, and the gateway's own.
@@ -129,7 +130,7 @@ func NewAdminHandler(g prometheus.Gatherer, a Admin) http.Handler {
 			a.Hosts.refuse(w, r, "admin")
 			return
 		}
-		if FromOtherSite(r) {
+		if FromOtherSite(r) && !statusLink(r) {
 			writeError(w, errAdminOtherSite)
 			return
 		}
@@ -149,6 +150,17 @@ func NewAdminHandler(g prometheus.Gatherer, a Admin) http.Handler {
 // and a person opens the status page from the address bar or a bookmark
 // (Sec-Fetch-Site: none) or by its own links (same-origin).
 var errAdminOtherSite = &requestError{kind: kindOtherSite, msg: "a browser sent this request from a page of another site (Sec-Fetch-Site, Origin): the admin listener serves no other site's page, so that none can start profiles or traces; open its address directly (typed or bookmarked), or use curl"}
+
+// statusLink reports whether r is a browser opening the status page in a
+// tab or window of its own (Sec-Fetch-Mode navigate, Sec-Fetch-Dest
+// document), as a link on a dashboard does: a page cannot read what it
+// opens that way, nor make the request anything but a GET of the page,
+// which costs the gateway one render. Images, scripts, frames and
+// fetches of it from another site stay refused.
+func statusLink(r *http.Request) bool {
+	return r.Method == http.MethodGet && (r.URL.Path == "/status" || r.URL.Path == "/") &&
+		r.Header.Get("Sec-Fetch-Mode") == "navigate" && r.Header.Get("Sec-Fetch-Dest") == "document"
+}
 
 // writeJSON answers 200 with v as indented JSON.
 func writeJSON(w http.ResponseWriter, v any) {
