@@ -66,6 +66,7 @@ type metrics struct {
 	invalidated   *prometheus.CounterVec
 	untracked     *prometheus.CounterVec
 	unknown       *prometheus.CounterVec
+	restarts      *prometheus.CounterVec
 	shareRefused  *prometheus.CounterVec
 }
 
@@ -116,6 +117,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "memcgate_upstream_readmit_unknown_history_total",
 			Help: "Admissions of a node holding items whose past this process did not see: away since before it started, or added by a reload or SERVERS_DNS answer. Keys written to other nodes on its account before then were not recorded here, so it may serve values older than theirs until they are written again or expire (MEMCGATE_READMIT_FLUSH avoids it).",
 		}, []string{"node"}),
+		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "memcgate_upstream_restarts_total",
+			Help: "Restarts of a node's memcached seen by the health probes: another process (another pid, or another start: time less uptime) answered a new probe connection than the one before, whether or not the node went down. Its cache starts empty (unless memcached restarted warm), so its keys miss until written again.",
+		}, []string{"node"}),
 		shareRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "memcgate_upstream_buffered_share_refusals_total",
 			Help: "Values refused unread (503, as when MEMCGATE_MAX_BUFFERED_BYTES is full) because the node's reads already held their share of MEMCGATE_MAX_BUFFERED_BYTES while its values were read, or because four times MEMCGATE_MAX_BUFFERED_BYTES of its large values were already on their way (asked for, not yet read).",
@@ -125,14 +130,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Active health probes (memcached version), by node and result (ok, fail).",
 		}, []string{"node", "result"}),
 	}
-	reg.MustRegister(m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.failovers, m.batched, m.invalidated, m.untracked, m.unknown, m.shareRefused)
+	reg.MustRegister(m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.failovers, m.batched, m.invalidated, m.untracked, m.unknown, m.restarts, m.shareRefused)
 	return m
 }
 
 // forget deletes every series of a node that left the cluster.
 func (m *metrics) forget(name string) {
 	l := prometheus.Labels{"node": name}
-	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.failovers, m.batched, m.invalidated, m.untracked, m.unknown, m.shareRefused} {
+	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.failovers, m.batched, m.invalidated, m.untracked, m.unknown, m.restarts, m.shareRefused} {
 		v.DeletePartialMatch(l)
 	}
 }
@@ -156,6 +161,9 @@ type nodeMetrics struct {
 	// process started, or added by a server change (stale.go, "Unknown
 	// history").
 	unknownHistory prometheus.Counter
+	// restarts counts the node's memcached seen replaced by another
+	// process (restart.go).
+	restarts prometheus.Counter
 	// shareRefused counts values refused past the node's share of the
 	// byte budget (readshare.go).
 	shareRefused prometheus.Counter
@@ -177,6 +185,7 @@ func (m *metrics) forNode(name string, udp bool) *nodeMetrics {
 		staleInvalidated: m.invalidated.WithLabelValues(name),
 		staleUntracked:   m.untracked.WithLabelValues(name),
 		unknownHistory:   m.unknown.WithLabelValues(name),
+		restarts:         m.restarts.WithLabelValues(name),
 		shareRefused:     m.shareRefused.WithLabelValues(name),
 	}
 	if udp {

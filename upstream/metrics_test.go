@@ -9,7 +9,8 @@ import (
 
 // TestCountersFromZero: every per-node counter exists, at 0, for every
 // node and label value before anything happened, so that an increase()
-// alert sees the first ejection, refused ejection or failed probe. (A
+// alert sees the first ejection, refused ejection, failed probe or
+// restart. (A
 // series born with the value 1 has no earlier sample to increase from.)
 func TestCountersFromZero(t *testing.T) {
 	const nodes = 3
@@ -27,6 +28,7 @@ func TestCountersFromZero(t *testing.T) {
 		{"memcgate_upstream_readmit_invalidated_keys_total", c.m.invalidated, [][]string{{}}},
 		{"memcgate_upstream_readmit_untracked_keys_total", c.m.untracked, [][]string{{}}},
 		{"memcgate_upstream_readmit_unknown_history_total", c.m.unknown, [][]string{{}}},
+		{"memcgate_upstream_restarts_total", c.m.restarts, [][]string{{}}},
 		{"memcgate_upstream_buffered_share_refusals_total", c.m.shareRefused, [][]string{{}}},
 	}
 	for _, tt := range tests {

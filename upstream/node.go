@@ -82,6 +82,8 @@ type node struct {
 	readmittedAt time.Time     // last re-admission; zero if never ejected
 	hold         time.Duration // the flap back-off of the node's last ejection; 0: none
 	holdUntil    time.Time     // no re-admission before this (flap back-off): hold from the ejection (a probe's: from its round), then from the round of each failed probe (probeResult)
+	inst         instance      // the memcached process last seen at its address by a probe's stats (restart.go); zero if none yet
+	restarted    time.Time     // inst's start, if a probe saw it replace the process before it; zero if none
 }
 
 // addr is the net.Addr gomemcache dials. String returns the configured
@@ -170,7 +172,7 @@ func newNode(name string, o *Options, pol *healthPolicy, share *requestShare, m 
 		n.hints = mcpipe.NewSizeHints()
 		n.heads.keep = mc.MaxIdleConns
 	}
-	n.probe = &probeClient{addr: name, timeout: o.Health.Timeout, dial: dialer}
+	n.probe = &probeClient{addr: name, timeout: o.Health.Timeout, dial: dialer, seen: n.sawInstance}
 	n.up.Store(true)
 	n.since = time.Now()
 	n.reason = "configured"
@@ -536,6 +538,12 @@ type NodeStatus struct {
 	// flushed or empty, its re-admission is counted
 	// (memcgate_upstream_readmit_unknown_history_total) and logged.
 	HistoryUnknown bool `json:"history_unknown,omitempty"`
+	// Restarted is when the node's memcached last restarted (the new
+	// process's start, as its stats say: time less uptime), if a probe
+	// of this process saw another process answer at its address than
+	// the one before; zero if none did
+	// (memcgate_upstream_restarts_total).
+	Restarted time.Time `json:"restarted,omitzero"`
 }
 
 func (n *node) status() NodeStatus {
@@ -553,6 +561,7 @@ func (n *node) status() NodeStatus {
 		ProbeFails: n.fails, ProbePasses: n.passes, Timeouts: int(n.passiveRuns.Load()),
 		Flaps: n.flaps, InFlight: len(n.sem), Connections: n.conns.Load(), UDP: udp,
 		WrittenElsewhere: elsewhere, Untracked: untracked, HistoryUnknown: n.unseen.Load(),
+		Restarted: n.restarted,
 	}
 	if !st.Up && time.Now().Before(n.holdUntil) {
 		st.HoldUntil = n.holdUntil

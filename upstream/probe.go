@@ -6,9 +6,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -32,11 +34,18 @@ type prober interface {
 // connection, so a probe never waits behind data. It keeps at most one
 // idle connection between probes. A probe's dial and round trip share
 // one deadline, timeout after it starts, and end when its context does
-// (shutdown), the socket's deadline moved to the past.
+// (shutdown), the socket's deadline moved to the past. A kept
+// connection that memcached closed (a restart, its idle timeout) is
+// dialled again within that deadline, so that a node that is back
+// passes. On each new connection the probe asks stats too, in the same
+// write, for the process that answers there (restart.go).
 type probeClient struct {
 	addr    string
 	timeout time.Duration
 	dial    func(ctx context.Context, network, address string) (net.Conn, error)
+	// seen, if not nil, is given what the stats of each new connection
+	// say about the memcached process (restart.go); nil asks no stats.
+	seen func(instance)
 
 	mu   sync.Mutex // guards idle; never held across I/O
 	idle net.Conn   // the connection kept from the last probe; nil if none
@@ -75,24 +84,42 @@ func (p *probeClient) Close() error {
 // roundTrip sends cmd on the idle connection or a new one and reads
 // one line, which ok judges. The errors are those of the socket
 // (*net.OpError, os.ErrDeadlineExceeded, io.EOF) or an unexpected line
-// worded as gomemcache words it, which classify tells apart.
+// worded as gomemcache words it, which classify tells apart. A kept
+// connection memcached had closed before cmd was answered is dialled
+// again once, within the same deadline: a memcached restarted since the
+// last probe answers on a new connection, and counts as the node it is,
+// up, rather than as one failed probe.
 func (p *probeClient) roundTrip(ctx context.Context, cmd string, ok func(line []byte) bool) error {
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
-	deadline, _ := ctx.Deadline()
 	p.mu.Lock()
 	c := p.idle
 	p.idle = nil
 	p.mu.Unlock()
-	if c == nil {
-		var err error
-		if c, err = p.dial(ctx, "tcp", p.addr); err != nil {
-			return cutShort(ctx, err)
+	if c != nil {
+		line, err := p.send(ctx, c, cmd, false)
+		if !closedByPeer(ctx, line, err) {
+			return judge(ctx, cmd, line, err, ok)
 		}
 	}
+	c, err := p.dial(ctx, "tcp", p.addr)
+	if err != nil {
+		return cutShort(ctx, err)
+	}
+	line, err := p.send(ctx, c, cmd, p.seen != nil)
+	return judge(ctx, cmd, line, err, ok)
+}
+
+// send sends cmd on c, a connection of the probe's, with stats after it
+// if stats (a new connection), and reads cmd's line; it keeps c as the
+// idle connection if its state is known, and closes it otherwise. What
+// stats says goes to p.seen; a stats reply that does not come, or does
+// not parse, fails nothing: the probe is cmd's.
+func (p *probeClient) send(ctx context.Context, c net.Conn, cmd string, stats bool) ([]byte, error) {
+	deadline, _ := ctx.Deadline()
 	if err := c.SetDeadline(deadline); err != nil {
 		c.Close()
-		return err
+		return nil, err
 	}
 	// A context that ends otherwise than by its deadline (shutdown)
 	// wakes the reads and writes at once; its deadline is the socket's
@@ -102,16 +129,25 @@ func (p *probeClient) roundTrip(ctx context.Context, cmd string, ok func(line []
 			c.SetDeadline(time.Unix(1, 0))
 		}
 	})
-	line, buffered, err := exchange(&onTimeConn{Conn: c, ctx: ctx, timeout: p.timeout}, cmd)
-	if !stop() && cutShortBy(ctx) || err != nil || buffered {
-		// Cut short, failed, or more than one line came: the connection
-		// is in no known state. One whose answer was read past the
-		// deadline is kept: a probe that dials again when the gateway
-		// is late may time out dialling a node that is up.
+	x := exchange(&onTimeConn{Conn: c, ctx: ctx, timeout: p.timeout}, cmd, stats)
+	if !stop() && cutShortBy(ctx) || x.err != nil || x.buffered || stats && !x.statsRead {
+		// Cut short, failed, or more than one answer came: the
+		// connection is in no known state. One whose answer was read
+		// past the deadline is kept: a probe that dials again when the
+		// gateway is late may time out dialling a node that is up.
 		c.Close()
 	} else {
 		p.keep(c)
 	}
+	if x.instance.known() && x.err == nil {
+		p.seen(x.instance)
+	}
+	return x.line, x.err
+}
+
+// judge is the outcome of a probe whose command's line is line, read
+// with err.
+func judge(ctx context.Context, cmd string, line []byte, err error, ok func(line []byte) bool) error {
 	switch {
 	case err != nil:
 		return cutShort(ctx, err)
@@ -119,6 +155,15 @@ func (p *probeClient) roundTrip(ctx context.Context, cmd string, ok func(line []
 		return fmt.Errorf("memcache: unexpected response line from %s: %q", cmd, line)
 	}
 	return nil
+}
+
+// closedByPeer reports whether a command on a kept connection failed
+// with err because memcached had closed it before anything came back
+// (end of file, reset, broken pipe), not for a timeout or a cut: the
+// connection, not the node, is gone.
+func closedByPeer(ctx context.Context, line []byte, err error) bool {
+	return err != nil && len(line) == 0 && ctx.Err() == nil &&
+		(errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE))
 }
 
 // cutShortBy reports whether ctx, a probe's, ended otherwise than by
@@ -138,18 +183,40 @@ func cutShort(ctx context.Context, err error) error {
 	return err
 }
 
-// exchange writes cmd and reads one line of at most probeLineMax bytes.
-// buffered reports whether more bytes came after it.
-func exchange(c net.Conn, cmd string) (line []byte, buffered bool, err error) {
-	if _, err := c.Write([]byte(cmd + "\r\n")); err != nil {
-		return nil, false, err
+// exchanged is what exchange read.
+type exchanged struct {
+	line      []byte   // cmd's answer line; a copy when stats followed
+	err       error    // of the write, or of reading line
+	instance  instance // what the stats reply said; zero if none was read or it said nothing
+	statsRead bool     // the stats reply was read to its end (END or an error line)
+	buffered  bool     // more bytes came after the last answer read
+}
+
+// statsLinesMax bounds the lines of a probe's stats reply: memcached
+// 1.6 sends about 90.
+const statsLinesMax = 512
+
+// exchange writes cmd, and stats after it in the same write if stats,
+// and reads cmd's line of at most probeLineMax bytes, then the stats
+// reply, its lines as long at most.
+func exchange(c net.Conn, cmd string, stats bool) (x exchanged) {
+	req := cmd + "\r\n"
+	if stats {
+		req += "stats\r\n"
+	}
+	if _, x.err = c.Write([]byte(req)); x.err != nil {
+		return x
 	}
 	br := bufio.NewReaderSize(c, probeLineMax)
-	line, err = br.ReadSlice('\n')
-	if err != nil {
-		return nil, false, err
+	if x.line, x.err = br.ReadSlice('\n'); x.err != nil {
+		return x // what came of the line, if anything: closedByPeer tells
 	}
-	return line, br.Buffered() > 0, nil
+	if stats {
+		x.line = bytes.Clone(x.line) // the stats lines read next overwrite br's buffer
+		x.instance, x.statsRead = readStats(br)
+	}
+	x.buffered = br.Buffered() > 0
+	return x
 }
 
 // onTimeConn is a connection whose read, failed by its deadline while
