@@ -57,6 +57,10 @@ type NodeInfo struct {
 	Connections int64     // open data connections now
 	Flaps       int       // ejections in a row that followed a re-admission quickly
 	HoldUntil   time.Time // no re-admission before this; zero if none
+	// Restarted is when its memcached last restarted, if the gateway saw
+	// another process answer at its address (its start, as its stats
+	// say); zero if none.
+	Restarted time.Time
 }
 
 // Reload is one attempt to apply a new configuration, for the status

@@ -22,7 +22,8 @@ func testStatus() StatusInfo {
 		Distribution: "ketama",
 		Failover:     "rehash",
 		Nodes: []NodeInfo{
-			{Name: "10.0.0.1:11211", Up: true, Since: since, Reason: "configured", Share: 0.4, InFlight: 2, Connections: 3},
+			{Name: "10.0.0.1:11211", Up: true, Since: since, Reason: "configured", Share: 0.4, InFlight: 2, Connections: 3,
+				Restarted: time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)},
 			{Name: `<script>alert("x")</script>:11211`, Up: false, Since: since, Reason: `probe: <b>boom</b> & "gone"`, Share: 0.35, Flaps: 2, HoldUntil: time.Now().Add(time.Minute)},
 			{Name: "cache-c:11211", Up: true, Share: 0.25},
 		},
@@ -65,7 +66,7 @@ func TestStatusPage(t *testing.T) {
 				`together 100.0 %`,
 				`&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;:11211</td>`,
 				`probe: &lt;b&gt;boom&lt;/b&gt; &amp; &#34;gone&#34;`,
-				`hold until`, `2 flaps`,
+				`hold until`, `2 flaps`, `restarted 2026-03-04 05:06:07</span>`,
 				`<div class="value">27</div>`, `4 active · 20 idle · 3 reading · of 768 · <span class="bad-text">`,
 			},
 			notContains: []string{`<script`, `<b>boom`},

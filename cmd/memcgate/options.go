@@ -197,6 +197,7 @@ func statusInfo(r *route.Router, cfg config.Config) gateway.StatusInfo {
 			st.Nodes = append(st.Nodes, gateway.NodeInfo{
 				Pool: n.Pool, Name: n.Node, Up: n.Up, Since: n.Since, Reason: n.Reason, Share: p.Shares[n.Node],
 				InFlight: n.InFlight, Connections: n.Connections, Flaps: n.Flaps, HoldUntil: n.HoldUntil,
+				Restarted: n.Restarted,
 			})
 		}
 		st.Pools = append(st.Pools, pi)
