@@ -477,6 +477,9 @@ func (p *poller) take(w *idleWorker) (c *conn, fresh bool) {
 		w.since = time.Now()
 		p.retireLocked(w.since)
 		p.idlers = append(p.idlers, w)
+		// Wake by the oldest's end, should no other worker go idle
+		// before: with no traffic, nothing else would end them.
+		p.armLocked(p.idlers[0].since.Add(p.workerTTL))
 		p.mu.Unlock()
 		<-w.wake
 		p.mu.Lock()
@@ -936,6 +939,11 @@ func (p *poller) expire(now time.Time) {
 	if len(p.room) > 0 {
 		if tick := now.Add(roomTick); next.IsZero() || tick.Before(next) {
 			next = tick
+		}
+	}
+	if len(p.idlers) > 0 {
+		if end := p.idlers[0].since.Add(p.workerTTL); next.IsZero() || end.Before(next) {
+			next = end
 		}
 	}
 	p.armed = next

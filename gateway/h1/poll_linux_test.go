@@ -436,6 +436,40 @@ func TestIdleWorkers(t *testing.T) {
 	}
 }
 
+// TestIdleWorkersEndWithoutTraffic: the workers a burst started end once
+// they have waited for workerTTL even when no request comes after it and
+// no connection is left to park, so that an idle server goes back to the
+// goroutines it started with.
+func TestIdleWorkersEndWithoutTraffic(t *testing.T) {
+	const n = 8
+	mux, entered, release := blockingMux()
+	s, addr := startH1(t, mux, nil)
+	c0, br0 := dial(t, addr)
+	roundTrip(t, c0, br0, "/")
+	roundTrip(t, c0, br0, "/") // the poller serves it: it exists
+	inPoller(s, func(p *poller) bool { p.workerTTL = 100 * time.Millisecond; return true })
+	c0.Close()
+
+	var cls []net.Conn
+	for range n {
+		c, br := dial(t, addr)
+		roundTrip(t, c, br, "/") // parked, then served by a worker
+		io.WriteString(c, "GET /block HTTP/1.1\r\nHost: a\r\n\r\n")
+		cls = append(cls, c)
+	}
+	if !eventually(func() bool { return entered.Load() == n }) {
+		t.Fatalf("%d of %d blocking requests reached the handler", entered.Load(), n)
+	}
+	close(release)
+	for _, c := range cls {
+		c.Close()
+	}
+	if !eventually(func() bool { return inPoller(s, func(p *poller) bool { return p.live == 0 && p.oldest == nil }) }) {
+		live, idlers := inPoller(s, func(p *poller) int { return p.live }), inPoller(s, func(p *poller) int { return len(p.idlers) })
+		t.Errorf("with no connection left, %d workers (%d idle) well past workerTTL, want 0", live, idlers)
+	}
+}
+
 // TestNewConnsOnWorkers: new connections are served by the poller's
 // workers, not by a goroutine each, and still all get served when more
 // arrive at once than there are workers, all of them blocked.
