@@ -423,8 +423,11 @@ func (c *Cluster) checkUDP(ctx context.Context, n *node) {
 }
 
 // checkNode probes a node and applies the result: an ejection after
-// Health.Fall failures, a re-admission after Health.Rise passes.
+// Health.Fall failures, a re-admission after Health.Rise passes. It
+// first closes the node's side connections kept unused too long
+// (closeKeptIdle).
 func (c *Cluster) checkNode(ctx context.Context, n *node, at time.Time) {
+	n.closeKeptIdle(at)
 	err := c.probeOnce(ctx, n, false)
 	if ctx.Err() != nil || n.retired.Load() {
 		return // shutting down, or removed meanwhile: a probe says nothing

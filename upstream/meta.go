@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -51,6 +52,17 @@ func (c *Cluster) TTL(ctx context.Context, o op.Op) (ttl int32, cas uint64, err 
 // metaIdle is the number of idle meta connections a node keeps.
 const metaIdle = 2
 
+// defaultKeptIdle is how long a node keeps an idle connection of its
+// meta lookups, raw commands or HEADs unused: past it, the node's next
+// health round closes it (closeKeptIdle). A connection kept for good
+// would be held for the node's life by a one-off command, such as the
+// stats at the admission of a node a reload adds, and one whose memcached
+// restarted would stay open in CLOSE_WAIT, counted in
+// memcgate_upstream_connections, until a command came to find it dead.
+// A minute spares the connections of commands that come more often
+// (a /memc?cmd=stats every 10 s of monitoring).
+const defaultKeptIdle = time.Minute
+
 // idleConns are a node's idle connections for one kind of request that
 // runs outside its data client (meta lookups, raw commands), each in step:
 // its last reply read whole, nothing more buffered. The zero value keeps
@@ -65,7 +77,8 @@ type idleConns struct {
 // idleConn is a connection with the reader its replies are read through.
 type idleConn struct {
 	net.Conn
-	br *bufio.Reader
+	br    *bufio.Reader
+	since time.Time // when it was last kept (put)
 }
 
 // get takes an idle connection, or nil if there is none.
@@ -90,11 +103,28 @@ func (m *idleConns) put(mc *idleConn) {
 	}
 	m.mu.Lock()
 	if !m.closed && len(m.idle) < keep && mc.br.Buffered() == 0 {
+		mc.since = time.Now()
 		m.idle = append(m.idle, mc)
 		mc = nil
 	}
 	m.mu.Unlock()
 	if mc != nil {
+		mc.Close()
+	}
+}
+
+// closeKeptBefore closes the idle connections kept since before t. get
+// takes the newest, so those are the first ones.
+func (m *idleConns) closeKeptBefore(t time.Time) {
+	m.mu.Lock()
+	k := 0
+	for k < len(m.idle) && m.idle[k].since.Before(t) {
+		k++
+	}
+	old := slices.Clone(m.idle[:k])
+	m.idle = slices.Delete(m.idle, 0, k)
+	m.mu.Unlock()
+	for _, mc := range old {
 		mc.Close()
 	}
 }

@@ -46,8 +46,9 @@ type node struct {
 	log     *slog.Logger
 	h       *healthPolicy
 
-	noMeta    atomic.Bool // it answered mg with ERROR: op.Head reads the value (headOn)
-	batchGets bool        // park Gets and send them as multi-key gets when slots are busy
+	noMeta    atomic.Bool   // it answered mg with ERROR: op.Head reads the value (headOn)
+	batchGets bool          // park Gets and send them as multi-key gets when slots are busy
+	keptIdle  time.Duration // how long meta, heads and cmdIdle keep a connection unused (closeKeptIdle)
 	pendingGets
 	// hints, on gomemcache's pool (nil on a pipelined node), are the
 	// sizes its Gets with a Room last found, for keys whose values were
@@ -116,6 +117,10 @@ func newNode(name string, o *Options, pol *healthPolicy, share *requestShare, m 
 		batchGets: o.BatchGets,
 	}
 	n.reads.share, n.reads.refused = share, m.shareRefused
+	n.keptIdle = o.keptIdle
+	if n.keptIdle <= 0 {
+		n.keptIdle = defaultKeptIdle
+	}
 	n.stale.limit = o.staleKeyBytes
 	if n.stale.limit <= 0 {
 		n.stale.limit = defaultStaleKeyBytes
@@ -302,6 +307,15 @@ func (n *node) setUDP(s Server) {
 	if s.UDPPort > 0 {
 		n.udp = newUDPPort(net.JoinHostPort(s.Host, strconv.Itoa(s.UDPPort)), n.m.udpUp)
 	}
+}
+
+// closeKeptIdle closes the connections of meta lookups, HEADs and raw
+// commands that have been kept unused for keptIdle at now.
+func (n *node) closeKeptIdle(now time.Time) {
+	before := now.Add(-n.keptIdle)
+	n.meta.closeKeptBefore(before)
+	n.heads.closeKeptBefore(before)
+	n.cmdIdle.closeKeptBefore(before)
 }
 
 // close closes the node's connections.

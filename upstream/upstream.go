@@ -156,6 +156,10 @@ type Options struct {
 	// (stale.go); if zero, defaultStaleKeyBytes. Unexported, and not
 	// filled in by WithDefaults: tests set it small to overflow the set.
 	staleKeyBytes int
+	// keptIdle is how long a connection kept for raw commands or meta
+	// lookups may stay unused (keptIdleFor); if zero, defaultKeptIdle.
+	// Unexported: tests set it short.
+	keptIdle time.Duration
 }
 
 // WithDefaults returns o with every zero field that has a default set to
