@@ -151,7 +151,7 @@ func newAsyncQueue(ex *executor, order *WriteOrder, quiet QuietSetter, owners Ow
 	for i := range q.lanes {
 		q.lanes[i].inFlight.max = inFlight
 	}
-	q.applied = prometheus.NewCounter(prometheus.CounterOpts{Name: "memcgate_async_writes_applied_total", Help: "Asynchronous writes memcached applied."})
+	q.applied = prometheus.NewCounter(prometheus.CounterOpts{Name: "memcgate_async_writes_applied_total", Help: "Asynchronous writes memcached applied (a delete of a key it did not hold among them)."})
 	q.unconfirmed = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "memcgate_async_writes_unconfirmed_total",
 		Help: "Asynchronous sets sent as UDP datagrams (MEMCGATE_UDP_PORTS): memcached does not confirm them, so the gateway cannot tell applied from lost.",
@@ -520,7 +520,9 @@ func (q *asyncQueue) apply(sh *shard, j job, quiet bool) {
 	case udp:
 		q.unconfirmed.Inc()
 		return
-	case err == nil:
+	case err == nil, o.Verb == op.Delete && errors.Is(err, upstream.ErrNotFound):
+		// A delete of a key memcached does not hold leaves it absent,
+		// as asked: an invalidation of a key already gone or evicted.
 		q.applied.Inc()
 		return
 	}

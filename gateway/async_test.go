@@ -351,3 +351,23 @@ func TestAsyncTimeoutFollowsSetLimits(t *testing.T) {
 		t.Errorf("asynchronous writes' deadline after SetLimits(0) = %v, want 3s kept", got)
 	}
 }
+
+// TestAsyncDeleteOfAbsentKeyApplied: an asynchronous DELETE of a key
+// memcached does not hold leaves the key absent, as asked: it counts as
+// applied, not as a failure, which the log warned about and
+// MemcgateAsyncWritesFailing alerted on for every invalidation of a key
+// already gone. A write memcached refuses (an add of a key it holds)
+// still counts as refused.
+func TestAsyncDeleteOfAbsentKeyApplied(t *testing.T) {
+	mc := memcachedtest.Start(t)
+	g := newUDPRig(t, mc, 0)
+	g.async(t, "DELETE", "/never-written", "")
+	g.async(t, "POST", "/", `{"ops":[{"op":"delete","key":"gone"},{"op":"set","key":"held","value":"v"},{"op":"add","key":"held","value":"w"}]}`)
+	g.drain()
+	if got := g.counter(t, "memcgate_async_writes_failed_total"); got != 1 {
+		t.Errorf("failed = %v, want 1 (the add of a key memcached holds): deletes of absent keys leave them absent", got)
+	}
+	if got := g.counter(t, "memcgate_async_writes_applied_total"); got != 3 {
+		t.Errorf("applied = %v, want 3", got)
+	}
+}
