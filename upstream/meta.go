@@ -52,6 +52,13 @@ func (c *Cluster) TTL(ctx context.Context, o op.Op) (ttl int32, cas uint64, err 
 // metaIdle is the number of idle meta connections a node keeps.
 const metaIdle = 2
 
+// metaConns is the most connections a node's TTL lookups hold at once;
+// more lookups wait for one of them. Each lookup dialled its own when
+// none was idle: a warm-up copying many keys at once (up to
+// MEMCGATE_WARM_BACKGROUND_OPS) opened as many connections to the node,
+// past memcached's -c, and closed all but metaIdle.
+const metaConns = metaIdle
+
 // defaultKeptIdle is how long a node keeps an idle connection of its
 // meta lookups, raw commands or HEADs unused: past it, the node's next
 // health round closes it (closeKeptIdle). A connection kept for good
@@ -143,6 +150,12 @@ func (m *idleConns) close() {
 // metaTTL asks the node for sk's TTL and CAS within its in-flight cap and
 // socket timeout.
 func (n *node) metaTTL(ctx context.Context, sk string) (int32, uint64, error) {
+	select {
+	case n.metas <- struct{}{}:
+		defer func() { <-n.metas }()
+	case <-ctx.Done():
+		return 0, 0, ctxError(n.name, "mg", ctx.Err())
+	}
 	if !n.take() {
 		if err := n.wait(ctx, "mg"); err != nil {
 			return 0, 0, err

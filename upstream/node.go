@@ -33,6 +33,7 @@ type node struct {
 	probe   prober        // its own one-connection client; never the data pool
 	udp     *udpPort      // nil unless the node has a UDP port
 	meta    idleConns     // idle connections of Cluster.TTL's lookups
+	metas   chan struct{} // a token per TTL lookup under way, at most metaConns
 	heads   idleConns     // with gomemcache's pool: idle connections of HEADs' mg (metaHead)
 	cmdIdle idleConns     // idle connections of raw commands (command), at most nodeCommands
 	sem     chan struct{} // a token per operation in flight
@@ -108,6 +109,7 @@ func newNode(name string, o *Options, pol *healthPolicy, share *requestShare, m 
 		share: share,
 		sem:   make(chan struct{}, o.inFlightCap()),
 		cmds:  make(chan struct{}, nodeCommands),
+		metas: make(chan struct{}, metaConns),
 
 		cmdIdle: idleConns{keep: nodeCommands},
 		m:       m,
