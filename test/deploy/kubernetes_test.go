@@ -363,9 +363,11 @@ func TestKubernetes(t *testing.T) {
 			t.Fatalf("memcached args %v have no -c", args)
 		}
 		maxConns, _ := strconv.Atoi(args[i+1])
-		perGateway := cfg.PipelineConns + 1 // data connections + the health probe's
+		// Ordinary and large reads' data connections, the probe's, raw
+		// commands' and TTL lookups' (docs/operations.md).
+		perGateway := 2*cfg.PipelineConns + 7
 		if cfg.PipelineConns == 0 {
-			perGateway = cfg.MaxConns + 1
+			perGateway = 2*cfg.MaxConns + 7 // HEADs have a pool of their own
 		}
 		if need := hpa.MaxReplicas * perGateway; maxConns < need {
 			t.Errorf("memcached -c %d < HPA maxReplicas x %d connections per gateway = %d", maxConns, perGateway, need)
