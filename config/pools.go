@@ -117,8 +117,10 @@ func parsePool(fields []string) (Pool, error) {
 		switch key {
 		case "servers":
 			servers, err := ParseServers(val)
-			if err != nil {
-				bad("servers: %v", err)
+			// A line per server refused, each naming the pool:
+			// ParseServers joins its errors a line each.
+			for _, e := range unjoin(err) {
+				bad("servers: %v", e)
 			}
 			p.Servers = servers
 		case "prefixes":
@@ -182,6 +184,18 @@ func parsePool(fields []string) (Pool, error) {
 		bad("servers= is required")
 	}
 	return p, joinFew(errs)
+}
+
+// unjoin is the errors err joins (errors.Join), err alone if it joins
+// none, or none if err is nil.
+func unjoin(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	if err == nil {
+		return nil
+	}
+	return []error{err}
 }
 
 // String writes the pool as POOLS takes it.
