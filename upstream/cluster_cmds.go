@@ -166,9 +166,9 @@ func (n *node) command(ctx context.Context, cmd string, multiline, queued bool) 
 
 // roundTrip writes cmd on conn and reads its reply, by deadline: one
 // line, or, if multiline, lines up to "END\r\n" or an error line
-// (errLine: the reply's last line is one). It returns what it read of the
-// reply, with the error that stopped it (an ErrServer for a reply it
-// refuses).
+// (errLine: the reply is then that line alone, the lines before it
+// dropped). It returns what it read of the reply, with the error that
+// stopped it (an ErrServer for a reply it refuses).
 func roundTrip(conn *idleConn, cmd string, multiline bool, deadline time.Time) (reply []byte, errLine bool, err error) {
 	_ = conn.SetDeadline(deadline)
 	if _, err := io.WriteString(conn, cmd); err != nil {
@@ -183,8 +183,15 @@ func roundTrip(conn *idleConn, cmd string, multiline bool, deadline time.Time) (
 			}
 			return reply, false, err
 		}
-		if errLine = isErrorLine(line); !multiline || errLine || bytes.Equal(line, []byte("END\r\n")) {
-			return reply, errLine, nil
+		if isErrorLine(line) {
+			// The reply is that error, whatever came before it:
+			// callers look for an error line at a reply's start
+			// (a stats reply of STAT lines, then SERVER_ERROR, was
+			// relayed by memc as 200 with the error inside).
+			return reply[len(reply)-len(line):], true, nil
+		}
+		if !multiline || bytes.Equal(line, []byte("END\r\n")) {
+			return reply, false, nil
 		}
 		if len(reply) > 1<<20 {
 			return reply, false, fmt.Errorf("%w: reply over 1 MiB", ErrServer)
