@@ -1523,27 +1523,32 @@ func metaResult(line []byte) (*memcache.Item, uint64, error) {
 	}
 	it := new(memcache.Item)
 	var size uint64
-	seen := 0
+	seen := 0 // a bit per flag asked for: each comes once
 	for tok := range bytes.FieldsSeq(line[2 : len(line)-2]) {
 		var err error
+		var bit int
 		switch tok[0] {
 		case 's':
 			size, err = strconv.ParseUint(string(tok[1:]), 10, 31)
+			bit = 1
 		case 'f':
 			var f uint64
 			f, err = strconv.ParseUint(string(tok[1:]), 10, 32)
-			it.Flags = uint32(f)
+			it.Flags, bit = uint32(f), 2
 		case 'c':
 			it.CasID, err = strconv.ParseUint(string(tok[1:]), 10, 64)
+			bit = 4
 		default:
 			continue
 		}
-		if err != nil {
+		if err != nil || seen&bit != 0 {
+			// A flag given twice: counted as two of the three, it
+			// stood for one not sent (its value 0).
 			return nil, 0, fmt.Errorf("%w: bad %s in %s", ErrNoMeta, shown(tok), shown(line))
 		}
-		seen++
+		seen |= bit
 	}
-	if seen != 3 {
+	if seen != 7 {
 		return nil, 0, fmt.Errorf("%w: %s has no size, flags and CAS", ErrNoMeta, shown(line))
 	}
 	return it, size, nil
