@@ -143,21 +143,23 @@ func checkErrorLines(t *testing.T, name, msg, pattern string) {
 // Load makes of its variables as /debug/config shows them.
 func roundTrip(t *testing.T, c Config) {
 	t.Helper()
-	e := c.Effective()
+	shown := c.Effective().Values
+	environ := make(map[string]string, len(shown))
 	for _, v := range vars(reflect.TypeFor[Config](), Prefix) {
+		environ[v.Name] = shown[v.Name]
 		if v.secret != "" {
 			// Shown redacted: taken from c as it is.
-			e.Values[v.Name] = formatValue(reflect.ValueOf(c).FieldByIndex(v.index))
+			environ[v.Name] = formatValue(reflect.ValueOf(c).FieldByIndex(v.index))
 		}
 	}
-	back, err := Load(e.Values)
+	back, err := Load(environ)
 	if err != nil {
-		t.Fatalf("the configuration as /debug/config shows it does not load: %v\n%q", err, e.Values)
+		t.Fatalf("the configuration as /debug/config shows it does not load: %v\n%q", err, environ)
 	}
-	if got := back.Effective(); !reflect.DeepEqual(got.Values, c.Effective().Values) {
-		for k, v := range c.Effective().Values {
-			if got.Values[k] != v {
-				t.Errorf("%s: shown %q, reads back as %q", k, v, got.Values[k])
+	if got := back.Effective().Values; !reflect.DeepEqual(got, shown) {
+		for k, v := range shown {
+			if got[k] != v {
+				t.Errorf("%s: shown %q, reads back as %q", k, v, got[k])
 			}
 		}
 	}

@@ -85,10 +85,10 @@ func ParsePools(text string) (Pools, error) {
 func parsePool(fields []string) (Pool, error) {
 	p := Pool{Name: fields[0]}
 	if strings.Contains(p.Name, "=") {
-		return p, fmt.Errorf("pool %q: a pool starts with its name, then key=value settings", p.Name)
+		return p, fmt.Errorf("pool %q: a pool starts with its name, then key=value settings", short(p.Name))
 	}
 	if i := badPoolNameByte(p.Name); i >= 0 {
-		return p, fmt.Errorf("pool %q: a name has letters, digits, '-' and '_' only", p.Name)
+		return p, fmt.Errorf("pool %q: a name has letters, digits, '-' and '_' only", short(p.Name))
 	}
 	// A setting that ends in a comma, followed by a word that is no
 	// setting: a space after a comma in a list (servers=a:1, b:1), or
@@ -101,7 +101,7 @@ func parsePool(fields []string) (Pool, error) {
 	}
 	var errs []error
 	bad := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("pool %s: %s", p.Name, fmt.Sprintf(format, args...)))
+		errs = append(errs, fmt.Errorf("pool %s: %s", short(p.Name), fmt.Sprintf(format, args...)))
 	}
 	seen := map[string]bool{}
 	for _, f := range fields[1:] {
@@ -111,7 +111,7 @@ func parsePool(fields []string) (Pool, error) {
 			continue
 		}
 		if seen[key] {
-			bad("%s is given twice", key)
+			bad("%s is given twice", short(key))
 		}
 		seen[key] = true
 		switch key {
@@ -130,40 +130,40 @@ func parsePool(fields []string) (Pool, error) {
 					continue
 				}
 				if i := badKeyByte(pre); i >= 0 {
-					bad("prefixes: %q has byte 0x%02x, which no memcached key holds", pre, pre[i])
+					bad("prefixes: %q has byte 0x%02x, which no memcached key holds", short(pre), pre[i])
 					continue
 				}
 				p.Prefixes = append(p.Prefixes, pre)
 			}
 		case "distribution":
 			if !slices.Contains(Distributions(), val) {
-				bad("distribution %q is not one of %s", val, strings.Join(Distributions(), ", "))
+				bad("distribution %q is not one of %s", short(val), strings.Join(Distributions(), ", "))
 			}
 			p.Distribution = val
 		case "replicas":
 			n, err := strconv.Atoi(val)
 			if err != nil || n < 1 {
-				bad("replicas %q is not a whole number from 1", val)
+				bad("replicas %q is not a whole number from 1", short(val))
 			}
 			p.Replicas = n
 		case "write":
 			if !slices.Contains(writePolicies, val) {
-				bad("write %q is not %s", val, strings.Join(writePolicies, ", "))
+				bad("write %q is not %s", short(val), strings.Join(writePolicies, ", "))
 			}
 			p.Write = val
 		case "read":
 			if !slices.Contains(readPolicies, val) {
-				bad("read %q is not %s", val, strings.Join(readPolicies, " or "))
+				bad("read %q is not %s", short(val), strings.Join(readPolicies, " or "))
 			}
 			p.Read = val
 		case "miss_fallback":
 			if val != "true" && val != "false" {
-				bad("miss_fallback %q is not true or false", val)
+				bad("miss_fallback %q is not true or false", short(val))
 			}
 			p.MissFallback = val
 		case "failover":
 			if val != "rehash" && val != "fail" {
-				bad("failover %q is not rehash or fail", val)
+				bad("failover %q is not rehash or fail", short(val))
 			}
 			p.Failover = val
 		case "warm":
@@ -173,7 +173,7 @@ func parsePool(fields []string) (Pool, error) {
 		case "shadow_percent":
 			pct, err := strconv.ParseFloat(val, 64)
 			if err != nil || !validPercent(pct) {
-				bad("shadow_percent %q is not a percentage above 0, at most 100", val)
+				bad("shadow_percent %q is not a percentage above 0, at most 100", short(val))
 			}
 			p.ShadowPercent = pct
 		default:
