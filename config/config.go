@@ -242,12 +242,12 @@ func checkHost(host string, bracketed bool) error {
 	if bracketed {
 		a, err := netip.ParseAddr(host)
 		if err != nil || !a.Is6() || badNameByte(a.Zone()) >= 0 {
-			return fmt.Errorf("[%s] is not an IPv6 address", host)
+			return fmt.Errorf("[%s] is not an IPv6 address", short(host))
 		}
 		return nil
 	}
 	if i := badNameByte(host); i >= 0 {
-		return fmt.Errorf("host %q: character %q is not allowed in a host name", host, host[i])
+		return fmt.Errorf("host %q: character %q is not allowed in a host name", short(host), host[i])
 	}
 	return nil
 }
