@@ -27,21 +27,21 @@ func (c Config) poolPolicyProblems(pools Pools) []string {
 			switch {
 			case ref.name == "":
 			case ref.name == p.Name:
-				msgs = append(msgs, fmt.Sprintf("pool %s: %s=%s names the pool itself", p.Name, ref.what, ref.name))
+				msgs = append(msgs, fmt.Sprintf("pool %s: %s=%s names the pool itself", short(p.Name), ref.what, short(ref.name)))
 			case !slices.Contains(names, ref.name):
-				msgs = append(msgs, fmt.Sprintf("pool %s: %s=%s is not a pool (%s)", p.Name, ref.what, ref.name, joinNames(names)))
+				msgs = append(msgs, fmt.Sprintf("pool %s: %s=%s is not a pool (%s)", short(p.Name), ref.what, short(ref.name), short(joinNames(names))))
 			}
 		}
 		if p.Warm != "" && p.Warm == p.Shadow {
-			msgs = append(msgs, fmt.Sprintf("pool %s: %s cannot be both its warm and its shadow pool", p.Name, p.Warm))
+			msgs = append(msgs, fmt.Sprintf("pool %s: %s cannot be both its warm and its shadow pool", short(p.Name), short(p.Warm)))
 		}
 		if p.ShadowPercent != 0 && p.Shadow == "" {
-			msgs = append(msgs, fmt.Sprintf("pool %s: shadow_percent without shadow=", p.Name))
+			msgs = append(msgs, fmt.Sprintf("pool %s: shadow_percent without shadow=", short(p.Name)))
 		}
 	}
 	for _, p := range pools {
 		if len(p.Prefixes) == 0 && !sources[p.Name] {
-			msgs = append(msgs, fmt.Sprintf("pool %s: prefixes= is required: the keys the pool takes (a pool named by warm= or shadow=, or by WARM_POOL or SHADOW_POOL, may have none)", p.Name))
+			msgs = append(msgs, fmt.Sprintf("pool %s: prefixes= is required: the keys the pool takes (a pool named by warm= or shadow=, or by WARM_POOL or SHADOW_POOL, may have none)", short(p.Name)))
 		}
 	}
 	return msgs

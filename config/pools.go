@@ -240,7 +240,8 @@ func (ps Pools) String() string {
 
 // validatePools checks what one pool alone cannot: names and prefixes
 // unique, replicas against the nodes. name is the variable the pools came
-// from (POOLS or POOLS_FILE).
+// from (POOLS or POOLS_FILE). Its errors quote names, prefixes and
+// servers cut short, as ParsePools' do.
 func (c Config) validatePools(name string, pools Pools) []error {
 	var msgs []string // one error for the variable, naming every problem (Load keeps one per variable)
 	bad := func(format string, args ...any) { msgs = append(msgs, fmt.Sprintf(format, args...)) }
@@ -249,22 +250,22 @@ func (c Config) validatePools(name string, pools Pools) []error {
 	for _, p := range pools {
 		if names[p.Name] {
 			if p.Name == DefaultPoolName {
-				bad("pool %s: %q is the default pool's name (SERVERS)", p.Name, DefaultPoolName)
+				bad("pool %s: %q is the default pool's name (SERVERS)", short(p.Name), DefaultPoolName)
 			} else {
-				bad("pool %s is defined twice", p.Name)
+				bad("pool %s is defined twice", short(p.Name))
 			}
 		}
 		names[p.Name] = true
 		for _, pre := range p.Prefixes {
 			if other, ok := prefixes[pre]; ok {
-				bad("prefix %q goes to pools %s and %s", pre, other, p.Name)
+				bad("prefix %q goes to pools %s and %s", short(pre), short(other), short(p.Name))
 			}
 			prefixes[pre] = p.Name
 		}
 		own := map[string]bool{}
 		for _, s := range p.Servers {
 			if own[s.Addr()] {
-				bad("pool %s lists %s twice", p.Name, s.Addr())
+				bad("pool %s lists %s twice", short(p.Name), short(s.Addr()))
 			}
 			own[s.Addr()] = true
 		}
@@ -273,7 +274,7 @@ func (c Config) validatePools(name string, pools Pools) []error {
 			replicas = c.Replicas
 		}
 		if replicas > len(p.Servers) && len(p.Servers) > 0 {
-			bad("pool %s: %d replicas need at least %d servers, it has %d", p.Name, replicas, replicas, len(p.Servers))
+			bad("pool %s: %d replicas need at least %d servers, it has %d", short(p.Name), replicas, replicas, len(p.Servers))
 		}
 	}
 	msgs = append(msgs, c.poolPolicyProblems(pools)...)

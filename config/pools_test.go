@@ -73,6 +73,7 @@ func TestLoadPools(t *testing.T) {
 		name    string
 		env     map[string]string
 		wantErr []string
+		most    int // if not 0, the longest the error may be
 	}{
 		{name: "replicated default pool and a pool", env: map[string]string{
 			"MEMCGATE_SERVERS": "a:1,b:1,c:1", "MEMCGATE_REPLICAS": "2", "MEMCGATE_WRITE_POLICY": "first", "MEMCGATE_READ_POLICY": "hedged",
@@ -103,6 +104,9 @@ func TestLoadPools(t *testing.T) {
 			wantErr: []string{"MEMCGATE_POOLS: pool x: servers:"}},
 		{name: "an empty pool", env: map[string]string{"MEMCGATE_POOLS": "empty prefixes=e:; blank servers= prefixes=b:"},
 			wantErr: []string{"MEMCGATE_POOLS", "pool empty: servers= is required", `pool blank: "servers=" is not key=value`}},
+		{name: "long names quoted cut short", env: map[string]string{
+			"MEMCGATE_POOLS": "p" + strings.Repeat("n", 3000) + " servers=b:1 prefixes=a: warm=w" + strings.Repeat("w", 3000) + "; p" + strings.Repeat("n", 3000) + " servers=c:1 prefixes=c:",
+		}, wantErr: []string{"pool p" + strings.Repeat("n", 79) + "… is defined twice", "warm=w" + strings.Repeat("w", 79) + "… is not a pool"}, most: 1000},
 		{name: "replicas above a pool's nodes, from REPLICAS", env: map[string]string{
 			"MEMCGATE_SERVERS": "a:1,b:1", "MEMCGATE_REPLICAS": "2", "MEMCGATE_POOLS": "one servers=c:1 prefixes=o:",
 		}, wantErr: []string{"MEMCGATE_POOLS: pool one: 2 replicas need at least 2 servers, it has 1"}},
@@ -122,6 +126,9 @@ func TestLoadPools(t *testing.T) {
 				if !strings.Contains(err.Error(), w) {
 					t.Errorf("error %q does not mention %q", err, w)
 				}
+			}
+			if tc.most > 0 && len(err.Error()) > tc.most {
+				t.Errorf("error of %d bytes, want at most %d: %.300q…", len(err.Error()), tc.most, err)
 			}
 		})
 	}
