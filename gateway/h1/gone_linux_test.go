@@ -16,7 +16,6 @@ func TestGone(t *testing.T) {
 	type clientKey struct{}
 	type running struct {
 		client  interface{ Gone() bool }
-		answer  chan bool // what Gone said, for the test to compare
 		proceed chan struct{}
 	}
 	runs := make(chan *running)

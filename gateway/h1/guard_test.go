@@ -99,7 +99,7 @@ func guardResponses(out []byte) (ends []int, closes []bool) {
 // the chunked requests before, the stretch of the stream net/http peeks
 // into for a "\r\n\r\n" before it reads a trailer section that does not
 // start with CRLF.
-func guardOracle(in []byte) (k int, why error, peeks []guardPeek) {
+func guardOracle(in []byte) (k int, peeks []guardPeek, why error) {
 	r := bytes.NewReader(in)
 	br := bufio.NewReader(r)
 	pos := func() int { return len(in) - r.Len() - br.Buffered() }
@@ -114,18 +114,18 @@ func guardOracle(in []byte) (k int, why error, peeks []guardPeek) {
 			br.Discard(n)
 		}
 		if _, why, ok := guardHeadRefused(in[pos():]); ok {
-			return k, why, peeks
+			return k, peeks, why
 		}
 		req, err := http.ReadRequest(br)
 		if err != nil || req.Close {
-			return -1, nil, peeks
+			return -1, peeks, nil
 		}
 		if e := req.Header.Get("Expect"); e != "" && !strings.EqualFold(e, "100-continue") {
-			return -1, nil, peeks
+			return -1, peeks, nil
 		}
 		bodyStart := pos()
 		if _, err := io.Copy(io.Discard, req.Body); err != nil {
-			return -1, nil, peeks
+			return -1, peeks, nil
 		}
 		if len(req.TransferEncoding) > 0 {
 			cr := bytes.NewReader(in[bodyStart:])
@@ -205,7 +205,7 @@ var guardNameTE = regexp.MustCompile(`(?mi)^transfer-encoding:`)
 func guardCheck(t *testing.T, in, plain, guarded []byte) {
 	t.Helper()
 	plain, guarded = guardNormalize(plain), guardNormalize(guarded)
-	k, why, peeks := guardOracle(in)
+	k, peeks, why := guardOracle(in)
 	ends, closes := guardResponses(plain)
 	// Whether net/http without the guard reached request i.
 	reached := func(i int) bool {
@@ -612,7 +612,7 @@ func TestGuard(t *testing.T) {
 					t.Errorf("guarded answer %q: the trailer's body read did not fail", guarded)
 				}
 			case tt.refused >= 0:
-				if _, why, _ := guardOracle(in); !bytes.HasSuffix(guarded, []byte(framingAnswer(why))) {
+				if _, _, why := guardOracle(in); !bytes.HasSuffix(guarded, []byte(framingAnswer(why))) {
 					t.Errorf("guarded answer %q does not end in a 400", guarded)
 				}
 			}

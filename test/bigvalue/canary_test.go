@@ -44,10 +44,8 @@ func TestBigValueCanary(t *testing.T) {
 	rate := envInt("BIGVALUE_LINK_MBPS", 0)
 	var env []string
 	mc := memcachedtest.Start(t, "-m", "2048")
-	addr := mc.Addr
 	if rate > 0 {
-		addr = slowLink(t, mc.Addr, rate<<20)
-		env = append(env, "MEMCGATE_SERVERS", addr)
+		env = append(env, "MEMCGATE_SERVERS", slowLink(t, mc.Addr, rate<<20))
 	}
 	if pc := os.Getenv("BIGVALUE_PIPELINE_CONNS"); pc != "" {
 		env = append(env, "MEMCGATE_PIPELINE_CONNS", pc)

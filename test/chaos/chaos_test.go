@@ -81,8 +81,7 @@ type run struct {
 	// hold stops the writers (each write holds it for reading) from
 	// just before a fault to the sweep after it, so that the sweep
 	// measures the values acknowledged before the fault, not rewrites.
-	hold     sync.RWMutex
-	stopping atomic.Bool
+	hold sync.RWMutex
 }
 
 func keyName(w, i int) string { return fmt.Sprintf("chaos:w%d:k%03d", w, i) }

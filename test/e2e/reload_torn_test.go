@@ -75,7 +75,7 @@ func TestReloadRefusesCutFile(t *testing.T) {
 			}
 			if trigger == "sighup" { // a SIGHUP again does not take it either
 				reload()
-				errs = waitCounted(t, g, "error", errs)
+				waitCounted(t, g, "error", errs)
 				if got := nodeNames(t, g); len(got) != 2 {
 					t.Errorf("nodes after a second SIGHUP on the cut file = %v, want the two running", got)
 				}
