@@ -144,9 +144,9 @@ func TestValidateResolvedServers(t *testing.T) {
 		{name: "enough", cfg: Config{Replicas: 2, ServersFile: "/s", Servers: two}},
 		{name: "no replication, no nodes yet", cfg: Config{Replicas: 1, ServersDNS: "_mc._tcp.x"}},
 		{name: "file too short", cfg: Config{Replicas: 3, ServersFile: "/s", Servers: two},
-			wantErr: "MEMCGATE_REPLICAS: 3 copies need at least 3 servers, SERVERS_FILE has 2"},
+			wantErr: "MEMCGATE_REPLICAS: 3 copies need at least 3 servers, SERVERS_FILE /s has 2"},
 		{name: "dns too short", cfg: Config{Replicas: 2, ServersDNS: "_mc._tcp.x", Servers: two[:1]},
-			wantErr: "MEMCGATE_REPLICAS: 2 copies need at least 2 servers, SERVERS_DNS has 1"},
+			wantErr: "MEMCGATE_REPLICAS: 2 copies need at least 2 servers, SERVERS_DNS _mc._tcp.x has 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.cfg.ValidateResolvedServers()

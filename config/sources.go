@@ -428,13 +428,15 @@ func Copy(dst *Config, src Config, names ...string) {
 }
 
 // serversSource is the variable the default pool's nodes come from:
-// SERVERS, SERVERS_FILE or SERVERS_DNS.
+// SERVERS, or SERVERS_FILE or SERVERS_DNS with the file or the name
+// read, as the errors of reading them say: an answer a DNS server
+// changes between two polls is refused naming what was asked.
 func (c Config) serversSource() string {
 	switch {
 	case c.ServersFile != "":
-		return "SERVERS_FILE"
+		return "SERVERS_FILE " + c.ServersFile
 	case c.ServersDNS != "":
-		return "SERVERS_DNS"
+		return "SERVERS_DNS " + c.ServersDNS
 	}
 	return "SERVERS"
 }

@@ -123,21 +123,21 @@ func TestMaxNodes(t *testing.T) {
 			"MEMCGATE_MAX_NODES: must be at least 1, got -1"},
 		{"SERVERS_FILE over", func() error {
 			return with(3, "file", servers("n", 4)).ValidateResolvedServers()
-		}, "MEMCGATE_SERVERS_FILE: 4 nodes, more than MEMCGATE_MAX_NODES=3"},
+		}, "MEMCGATE_SERVERS_FILE /s: 4 nodes, more than MEMCGATE_MAX_NODES=3"},
 		{"SERVERS_DNS at the bound", func() error {
 			return with(3, "dns", servers("n", 3)).ValidateResolvedServers()
 		}, ""},
 		{"SERVERS_DNS over", func() error {
 			return with(3, "dns", servers("n", 4)).ValidateResolvedServers()
-		}, "MEMCGATE_SERVERS_DNS: 4 nodes, more than MEMCGATE_MAX_NODES=3"},
+		}, "MEMCGATE_SERVERS_DNS _mc._tcp.x: 4 nodes, more than MEMCGATE_MAX_NODES=3"},
 		{"SERVERS_DNS over with POOLS", func() error {
 			c := with(3, "dns", servers("n", 2))
 			c.Pools = pools(2)
 			return c.ValidateResolvedServers()
-		}, "MEMCGATE_SERVERS_DNS: 2 nodes and 2 in MEMCGATE_POOLS make 4, more than MEMCGATE_MAX_NODES=3"},
+		}, "MEMCGATE_SERVERS_DNS _mc._tcp.x: 2 nodes and 2 in MEMCGATE_POOLS make 4, more than MEMCGATE_MAX_NODES=3"},
 		{"POOLS_FILE over with SERVERS_DNS", func() error {
 			return with(3, "dns", servers("n", 2)).ValidatePoolsFile(pools(1, 1))
-		}, "MEMCGATE_SERVERS_DNS: 2 nodes and 2 in MEMCGATE_POOLS_FILE make 4, more than MEMCGATE_MAX_NODES=3"},
+		}, "MEMCGATE_SERVERS_DNS _mc._tcp.x: 2 nodes and 2 in MEMCGATE_POOLS_FILE make 4, more than MEMCGATE_MAX_NODES=3"},
 		{"POOLS_FILE at the bound", func() error {
 			return with(4, "", servers("n", 2)).ValidatePoolsFile(pools(1, 1))
 		}, ""},

@@ -341,7 +341,7 @@ func TestServersDNSOverMaxNodes(t *testing.T) {
 		"MEMCGATE_DNS_INTERVAL": "100ms",
 		"MEMCGATE_MAX_NODES":    "2",
 	}
-	const refusal = "MEMCGATE_SERVERS_DNS: 3 nodes, more than MEMCGATE_MAX_NODES=2"
+	const refusal = "MEMCGATE_SERVERS_DNS _memcache._tcp.memcached.test: 3 nodes, more than MEMCGATE_MAX_NODES=2"
 	dns.SetLocalhost(mcs[0].Port, mcs[1].Port, mcs[2].Port)
 	cmd := exec.Command(binary)
 	for k, v := range env {

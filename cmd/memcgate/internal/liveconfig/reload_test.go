@@ -38,7 +38,7 @@ func TestRepeatedRefusalsFolded(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	r := New(cfg, Options{Environ: environ, Log: slog.New(slog.NewJSONHandler(&logs, nil)), Registerer: reg})
 	dns.SetLocalhost(11211, 11212)
-	const refusal = "MEMCGATE_SERVERS_DNS: 2 nodes, more than MEMCGATE_MAX_NODES=1"
+	const refusal = "MEMCGATE_SERVERS_DNS _memcache._tcp.memcached.test: 2 nodes, more than MEMCGATE_MAX_NODES=1"
 	logged := func() int { return strings.Count(logs.String(), refusal) }
 
 	for range 5 {
