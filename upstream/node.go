@@ -86,6 +86,11 @@ type node struct {
 	holdUntil    time.Time     // no re-admission before this (flap back-off): hold from the ejection (a probe's: from its round), then from the round of each failed probe (probeResult)
 	inst         instance      // the memcached process last seen at its address by a probe's stats (restart.go); zero if none yet
 	restarted    time.Time     // inst's start, if a probe saw it replace the process before it; zero if none
+	// restartLogged is when a restart line was last logged, and
+	// restartUnlogged the restarts seen since then that were not
+	// (restartLogEvery).
+	restartLogged   time.Time
+	restartUnlogged int
 }
 
 // addr is the net.Addr gomemcache dials. String returns the configured

@@ -32,6 +32,12 @@ import (
 // under the same pid (a container's pid 1) is not told apart.
 const restartSkew = 2
 
+// restartLogEvery is the least time between two restart lines of a
+// node: each new probe connection can see a restart, so a node whose
+// every connection reaches another process would log one at every
+// probe (sawInstance).
+const restartLogEvery = time.Minute
+
 // instance is what a stats reply says of the memcached process that
 // sent it.
 type instance struct {
@@ -117,21 +123,33 @@ func readStats(br *bufio.Reader) (instance, bool) {
 
 // sawInstance compares in, read on a new probe connection, with the last
 // process seen at n's address, and takes its place. Another process is a
-// restart: counted, logged once, and its start shown in /debug/nodes
+// restart: counted, logged, and its start shown in /debug/nodes
 // (NodeStatus.Restarted). The first process seen is no restart: this
 // process cannot tell what ran there before it looked. A restart can be
-// seen once per new probe connection at most, so the line needs no log
-// gate.
+// seen once per new probe connection at most, but an address where
+// another process answers every new connection (a node that closes each
+// one after its answer, a balancer over several memcacheds) restarts at
+// every probe: a node's line comes at most once per restartLogEvery, and
+// says how many restarts went unlogged before it (restarts_unlogged);
+// every one is counted.
 func (n *node) sawInstance(in instance) {
 	if n.retired.Load() {
 		return
 	}
+	now := time.Now()
 	n.mu.Lock()
 	last := n.inst
 	n.inst = in
 	restarted := last.known() && last.replacedBy(in)
+	logged, unlogged := false, 0
 	if restarted {
 		n.restarted = in.startTime()
+		if d := now.Sub(n.restartLogged); n.restartLogged.IsZero() || d >= restartLogEvery || d < 0 {
+			logged, unlogged = true, n.restartUnlogged
+			n.restartLogged, n.restartUnlogged = now, 0
+		} else {
+			n.restartUnlogged++
+		}
 	}
 	up := n.up.Load()
 	n.mu.Unlock()
@@ -139,11 +157,17 @@ func (n *node) sawInstance(in instance) {
 		return
 	}
 	n.m.restarts.Inc()
+	if !logged {
+		return
+	}
 	attrs := []any{"pid", in.pid, "pid_before", last.pid,
 		"started", in.startTime().Format(time.RFC3339), "started_before", last.startTime().Format(time.RFC3339),
 		"uptime", in.uptime, "uptime_before", last.uptime} // uptime_before: the one before's, when last seen
 	if in.items != "" {
 		attrs = append(attrs, "curr_items", in.items)
+	}
+	if unlogged > 0 {
+		attrs = append(attrs, "restarts_unlogged", unlogged)
 	}
 	msg := "memcached restarted: another process answers at the node's address, and what the one before held is gone (unless memcached restarted warm, -e): its keys miss until written again"
 	if !up {

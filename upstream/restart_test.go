@@ -218,6 +218,41 @@ func TestRestartSkew(t *testing.T) {
 	}
 }
 
+// TestRestartLinesGated: an address where another process answers each
+// new probe connection (a node that closes every connection after its
+// answer, behind a balancer over several memcacheds, or hostile) would
+// log a restart at every probe, HEALTH_INTERVAL after HEALTH_INTERVAL,
+// on every such node. Each restart is counted, but a node's restart line
+// comes at most once per restartLogEvery, the next one saying how many
+// restarts went unlogged before it.
+func TestRestartLinesGated(t *testing.T) {
+	var conns atomic.Int64
+	srv := memcachedtest.StartScripted(t, scriptedStats(&conns,
+		func(i int) int64 { return 42 + int64(i) }, func(int) int64 { return 1_790_000_000 }))
+	c, _ := newTestCluster(t, []*memcachedtest.Server{{Addr: srv.Addr, Port: srv.Port}}, restartOptions)
+	n := c.topo.Load().nodes[0]
+	var logs syncBuffer
+	logTo(n, &logs)
+	const rounds = 20 // the first connection's process is no restart: 19
+	for range rounds {
+		c.checkAll(t.Context())
+	}
+	if got := testutil.ToFloat64(n.m.restarts); got != rounds-1 {
+		t.Fatalf("memcgate_upstream_restarts_total = %v, want %d: every restart counted", got, rounds-1)
+	}
+	if lines := linesOf(logs.String(), "memcached restarted"); len(lines) != 1 || strings.Contains(lines[0], "restarts_unlogged") {
+		t.Fatalf("%d restarts in a row logged %d lines, want 1, the first, with nothing unlogged before it:\n%s", rounds-1, len(lines), logs.String())
+	}
+	n.mu.Lock()
+	n.restartLogged = n.restartLogged.Add(-restartLogEvery)
+	n.mu.Unlock()
+	c.checkAll(t.Context())
+	lines := linesOf(logs.String(), "memcached restarted")
+	if len(lines) != 2 || !strings.Contains(lines[1], fmt.Sprintf("restarts_unlogged=%d", rounds-2)) {
+		t.Fatalf("a restart restartLogEvery after the last line: %d lines, want 2, the second counting %d unlogged:\n%s", len(lines), rounds-2, logs.String())
+	}
+}
+
 // scriptedStats is the script of a server whose connection i answers
 // stats with pid(i) and a start of start(i) (uptime 100), and closes at
 // its second version, so that each connection answers one probe and the
