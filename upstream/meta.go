@@ -148,13 +148,27 @@ func (m *idleConns) close() {
 }
 
 // metaTTL asks the node for sk's TTL and CAS within its in-flight cap and
-// socket timeout.
+// socket timeout. It waits for one of the node's metaConns connections
+// at most the timeout too: a lookup is optional, and one that queued
+// behind others on a node that does not answer would spend its caller's
+// whole deadline in line (a request's copy from the warm pool) where the
+// caller's default TTL serves; it is not sent to another node, which
+// does not hold the key. A ctx that ends wakes the lookup at once,
+// and its connection is given back (closed: its state is unknown).
 func (n *node) metaTTL(ctx context.Context, sk string) (int32, uint64, error) {
+	wait := time.NewTimer(n.timeout)
 	select {
 	case n.metas <- struct{}{}:
+		wait.Stop()
 		defer func() { <-n.metas }()
 	case <-ctx.Done():
+		wait.Stop()
 		return 0, 0, ctxError(n.name, "mg", ctx.Err())
+	case <-wait.C:
+		// Not a *NodeError: the wait is the gateway's own, and the
+		// lookup goes to no other node (where the key is not): its
+		// caller takes its default.
+		return 0, 0, fmt.Errorf("%s: mg: no connection for TTL lookups free within %s: %w", n.name, n.timeout, context.DeadlineExceeded)
 	}
 	if !n.take() {
 		if err := n.wait(ctx, "mg"); err != nil {
@@ -177,11 +191,23 @@ func (n *node) metaTTL(ctx context.Context, sk string) (int32, uint64, error) {
 		deadline = d
 	}
 	_ = mc.SetDeadline(deadline)
+	cut := context.AfterFunc(ctx, func() { _ = mc.SetDeadline(time.Unix(1, 0)) })
 	if _, err := mc.Write([]byte("mg " + sk + " t c\r\n")); err != nil {
+		cut()
 		mc.Close()
 		return 0, 0, classify(n.name, "mg", err)
 	}
 	line, err := mc.br.ReadSlice('\n')
+	if !cut() {
+		// ctx ended: the connection's deadline was moved, or is about
+		// to be, so it is not kept. A caller that gave up is told so,
+		// not that the node timed out.
+		mc.Close()
+		if err == nil || errors.Is(ctx.Err(), context.Canceled) {
+			return 0, 0, fmt.Errorf("%s: mg: %w", n.name, ctx.Err())
+		}
+		return 0, 0, classify(n.name, "mg", err)
+	}
 	if err != nil {
 		mc.Close()
 		if errors.Is(err, bufio.ErrBufferFull) {

@@ -1,10 +1,12 @@
 package upstream
 
 import (
+	"context"
 	"errors"
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/memcgate/memcgate/test/memcachedtest"
 	"github.com/memcgate/memcgate/upstream/op"
@@ -122,5 +124,53 @@ func TestTTLLookupsShareFewConnections(t *testing.T) {
 	// The stats calls' own connections count too: one each.
 	if opened := a - b - 1; opened > metaConns {
 		t.Errorf("%d lookups at once opened %d connections, want at most %d", lookups, opened, metaConns)
+	}
+}
+
+// TestTTLLookupWaitBounded: a TTL lookup is optional (its caller, a
+// warm-up's copy, has a default TTL), so one waits for one of the node's
+// metaConns connections at most Timeout, as long as a lookup of its own
+// would take to answer: behind lookups stalled on a node that does not
+// answer (paused), one with a request's 2 s left came back only at its
+// deadline, the whole request spent in line. A lookup whose caller gave
+// up (a client gone) gives its connection back at once, not at the
+// socket's timeout.
+func TestTTLLookupWaitBounded(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 1)
+	c, _ := newTestCluster(t, mcs, faultOptions) // Timeout 500 ms
+	k := op.Op{Item: Item{Key: "k"}}
+	if err := c.Set(t.Context(), Item{Key: "k", Value: []byte("v"), Expiration: 100}); err != nil {
+		t.Fatal(err)
+	}
+	mcs[0].Pause()
+	defer mcs[0].Resume()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for range 20 { // a warm-up's copies, each with its own 2 s
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			_, _, _ = c.TTL(ctx, k)
+		})
+	}
+	time.Sleep(50 * time.Millisecond) // the copies take the connections and queue
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, _, err := c.TTL(ctx, k)
+	if took, most := time.Since(start), 2*c.opts.Timeout; err == nil || took > most {
+		t.Errorf("a lookup behind 20 on a node that does not answer: %v after %v, want an error within %v (2 x Timeout)", err, took, most)
+	}
+	wg.Wait()
+
+	gone, leave := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _, _, _ = c.TTL(gone, k) }()
+	time.Sleep(100 * time.Millisecond) // it waits for the node's answer
+	start = time.Now()
+	leave()
+	<-done
+	if took := time.Since(start); took > c.opts.Timeout/2 {
+		t.Errorf("a lookup whose caller gave up came back %v later, want at once (well within Timeout %v)", took, c.opts.Timeout)
 	}
 }
