@@ -51,6 +51,9 @@ func TestAdminDebugConfig(t *testing.T) {
 // minute, again and again; tokens or not. Programs (curl, Prometheus,
 // kubelet probes) send neither Sec-Fetch-Site nor Origin, and a person
 // opening its address, or following the status page's own links, is not
+// another site. Another site's link opens the status page and nothing
+// else: not a path that cleans to another one, nor with another method;
+// header values are compared as browsers send them, so a variant is
 // another site.
 func TestAdminCrossSite(t *testing.T) {
 	const token = "admin-token-0123456789"
@@ -63,6 +66,7 @@ func TestAdminCrossSite(t *testing.T) {
 	tests := []struct {
 		name   string
 		h      http.Handler
+		method string // "" is GET
 		target string
 		hdr    []string
 		want   int
@@ -80,6 +84,16 @@ func TestAdminCrossSite(t *testing.T) {
 		{name: "another site's link to /", h: open, target: "/", hdr: append([]string{"Sec-Fetch-Mode", "navigate", "Sec-Fetch-Dest", "document"}, crossSite...), want: 200},
 		{name: "another site's frame of the status page", h: open, target: "/status", hdr: append([]string{"Sec-Fetch-Mode", "navigate", "Sec-Fetch-Dest", "iframe"}, crossSite...), want: 403},
 		{name: "another site's link to a profile", h: open, target: "/debug/pprof/profile?seconds=60", hdr: append([]string{"Sec-Fetch-Mode", "navigate", "Sec-Fetch-Dest", "document"}, crossSite...), want: 403},
+		{name: "another site's link past the status page", h: open, target: "/status/../debug/pprof/profile?seconds=60", hdr: append([]string{"Sec-Fetch-Mode", "navigate", "Sec-Fetch-Dest", "document"}, crossSite...), want: 403},
+		{name: "another site's link to //status", h: open, target: "//status", hdr: append([]string{"Sec-Fetch-Mode", "navigate", "Sec-Fetch-Dest", "document"}, crossSite...), want: 403},
+		{name: "another site's link to /status/", h: open, target: "/status/", hdr: append([]string{"Sec-Fetch-Mode", "navigate", "Sec-Fetch-Dest", "document"}, crossSite...), want: 403},
+		{name: "another site's link to the status page with a query", h: open, target: "/status?refresh=1&x", hdr: append([]string{"Sec-Fetch-Mode", "navigate", "Sec-Fetch-Dest", "document"}, crossSite...), want: 200},
+		{name: "another site's link to the status page, the word escaped", h: open, target: "/%73tatus", hdr: append([]string{"Sec-Fetch-Mode", "navigate", "Sec-Fetch-Dest", "document"}, crossSite...), want: 200},
+		{name: "another site's form posted to the status page", h: open, method: "POST", target: "/status", hdr: append([]string{"Sec-Fetch-Mode", "navigate", "Sec-Fetch-Dest", "document"}, crossSite...), want: 403},
+		{name: "another site's HEAD of the status page", h: open, method: "HEAD", target: "/status", hdr: append([]string{"Sec-Fetch-Mode", "navigate", "Sec-Fetch-Dest", "document"}, crossSite...), want: 403},
+		{name: "cross-site, its value's case changed", h: open, target: "/debug/pprof/profile?seconds=60", hdr: []string{"Sec-Fetch-Site", "Cross-Site"}, want: 403},
+		{name: "an old browser's Origin of this host on another port", h: open, target: "/metrics", hdr: []string{"Origin", "http://example.com:8080"}, want: 403},
+		{name: "an old browser's Origin of this host in capitals", h: open, target: "/metrics", hdr: []string{"Origin", "http://EXAMPLE.com"}, want: 403},
 		{name: "cross-site, with tokens and without one", h: guarded, target: "/debug/pprof/profile?seconds=60", hdr: crossSite, want: 403},
 		{name: "cross-site, with tokens and with one", h: guarded, target: "/debug/pprof/profile?seconds=60", hdr: append([]string{"Authorization", "Bearer " + token}, crossSite...), want: 403},
 		{name: "curl: metrics", h: open, target: "/metrics", want: 200},
@@ -99,17 +113,21 @@ func TestAdminCrossSite(t *testing.T) {
 			// Bounds a profile the handler would run if it did not refuse.
 			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
 			defer cancel()
-			r := httptest.NewRequestWithContext(ctx, "GET", tt.target, nil) // Host: example.com
+			method := tt.method
+			if method == "" {
+				method = "GET"
+			}
+			r := httptest.NewRequestWithContext(ctx, method, tt.target, nil) // Host: example.com
 			for i := 0; i+1 < len(tt.hdr); i += 2 {
 				r.Header.Set(tt.hdr[i], tt.hdr[i+1])
 			}
 			w := httptest.NewRecorder()
 			tt.h.ServeHTTP(w, r)
 			if w.Code != tt.want {
-				t.Fatalf("GET %s with %q = %d %q, want %d", tt.target, tt.hdr, w.Code, w.Body, tt.want)
+				t.Fatalf("%s %s with %q = %d %q, want %d", method, tt.target, tt.hdr, w.Code, w.Body, tt.want)
 			}
 			if tt.want == 403 && !strings.Contains(w.Body.String(), "page of another site") {
-				t.Errorf("GET %s with %q answered %q, want the reason (a page of another site)", tt.target, tt.hdr, w.Body)
+				t.Errorf("%s %s with %q answered %q, want the reason (a page of another site)", method, tt.target, tt.hdr, w.Body)
 			}
 		})
 	}
