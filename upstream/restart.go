@@ -65,9 +65,15 @@ func (i instance) replacedBy(j instance) bool {
 // startTime is i's start as a time, UTC.
 func (i instance) startTime() time.Time { return time.Unix(i.started, 0).UTC() }
 
+// statsTimeMax is the last second of the year 9999, in Unix seconds: a
+// stats time past it is not a clock's, and a start past it cannot be
+// shown (/debug/nodes encodes it as JSON, which ends at that year).
+const statsTimeMax = 253402300799
+
 // readStats reads a stats reply from br, to its END, at most
 // statsLinesMax lines of at most br's size each. It returns what the
-// reply says of the process (zero unless it names it: known), and
+// reply says of the process (zero unless it names it, each of pid, time
+// and uptime given and time within statsTimeMax: known), and
 // whether the reply was read to its end (END, or the single error line
 // of a server that has no stats), which leaves the connection in a
 // known state.
@@ -75,7 +81,7 @@ func readStats(br *bufio.Reader) (instance, bool) {
 	var (
 		in          instance
 		now, uptime int64
-		have        int // of pid, time and uptime
+		have        uint8 // of pid, time and uptime, a bit each
 	)
 	for range statsLinesMax {
 		line, err := br.ReadSlice('\n')
@@ -86,7 +92,7 @@ func readStats(br *bufio.Reader) (instance, bool) {
 			return instance{}, true
 		}
 		if string(line) == "END\r\n" {
-			if have < 3 || now <= uptime {
+			if have != 0b111 || now <= uptime || now > statsTimeMax {
 				return instance{}, true
 			}
 			in.started, in.uptime = now-uptime, uptime
@@ -97,14 +103,17 @@ func readStats(br *bufio.Reader) (instance, bool) {
 			continue
 		}
 		name, value, _ := bytes.Cut(bytes.TrimRight(rest, "\r\n"), []byte(" "))
-		var dst *int64
+		var (
+			dst *int64
+			bit uint8
+		)
 		switch string(name) {
 		case "pid":
-			dst = &in.pid
+			dst, bit = &in.pid, 0b001
 		case "time":
-			dst = &now
+			dst, bit = &now, 0b010
 		case "uptime":
-			dst = &uptime
+			dst, bit = &uptime, 0b100
 		case "curr_items":
 			in.items = string(value)
 			continue
@@ -116,7 +125,7 @@ func readStats(br *bufio.Reader) (instance, bool) {
 			continue
 		}
 		*dst = v
-		have++
+		have |= bit
 	}
 	return instance{}, false
 }

@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -253,6 +254,28 @@ func TestRestartLinesGated(t *testing.T) {
 	}
 }
 
+// TestRestartStartOutOfRange: a node whose stats put its start past the
+// year 9999 (time near 2^63, from a broken or hostile server) names no
+// process: taken as a restart, its start made /debug/nodes, which
+// encodes every node's restarted as JSON, fail for every node.
+func TestRestartStartOutOfRange(t *testing.T) {
+	var conns atomic.Int64
+	srv := memcachedtest.StartScripted(t, scriptedStats(&conns,
+		func(i int) int64 { return 42 + int64(i) },
+		func(i int) int64 { return map[bool]int64{true: 1_790_000_000, false: 1 << 62}[i == 0] }))
+	c, _ := newTestCluster(t, []*memcachedtest.Server{{Addr: srv.Addr, Port: srv.Port}}, restartOptions)
+	n := c.topo.Load().nodes[0]
+	for range 3 {
+		c.checkAll(t.Context())
+	}
+	if got := testutil.ToFloat64(n.m.restarts); got != 0 {
+		t.Errorf("memcgate_upstream_restarts_total = %v, want 0: a start past year 9999 names no process", got)
+	}
+	if _, err := json.Marshal(c.Nodes()); err != nil {
+		t.Errorf("/debug/nodes: %v", err)
+	}
+}
+
 // scriptedStats is the script of a server whose connection i answers
 // stats with pid(i) and a start of start(i) (uptime 100), and closes at
 // its second version, so that each connection answers one probe and the
@@ -333,6 +356,13 @@ func TestReadStats(t *testing.T) {
 		{"no stats command", "ERROR\r\n", instance{}, true},
 		{"cut short", "STAT pid 7\r\nSTAT uptime 100\r\n", instance{}, false},
 		{"a line too long", "STAT pid 7\r\nSTAT x " + strings.Repeat("y", probeLineMax) + "\r\nEND\r\n", instance{}, false},
+		{"pid twice, no uptime", "STAT pid 7\r\nSTAT pid 8\r\nSTAT time 1790000100\r\nEND\r\n", instance{}, true},
+		{"time past year 9999", "STAT pid 7\r\nSTAT uptime 100\r\nSTAT time 9223372036854775807\r\nEND\r\n", instance{}, true},
+		{"time at the end of year 9999", "STAT pid 7\r\nSTAT uptime 100\r\nSTAT time 253402300799\r\nEND\r\n",
+			instance{pid: 7, started: 253402300699, uptime: 100}, true},
+		{"uptime past time", "STAT pid 7\r\nSTAT uptime 1790000101\r\nSTAT time 1790000100\r\nEND\r\n", instance{}, true},
+		{"negative uptime", "STAT pid 7\r\nSTAT uptime -5\r\nSTAT time 1790000100\r\nEND\r\n", instance{}, true},
+		{"pid past int64", "STAT pid 9223372036854775808\r\nSTAT uptime 100\r\nSTAT time 1790000100\r\nEND\r\n", instance{}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
