@@ -193,10 +193,11 @@ func realAnswer(tb testing.TB, name string, qt dnsmessage.Type, h dnsmessage.Hea
 	}
 }
 
-// dnsSeeds are answers as DNS servers send them (kube-dns for a headless
-// Service's SRV records, with the pods' addresses beside them; A records
-// of round-robin DNS; NXDOMAIN), a truncated one asked again over TCP,
-// one of thousands of records, and some that no server should send.
+// dnsSeeds are answers built as DNS servers lay them out (kube-dns for
+// a headless Service's SRV records, with the pods' addresses beside
+// them; A records of round-robin DNS; NXDOMAIN; records of TTL 0), a
+// truncated one asked again over TCP, one of thousands of records, and
+// some that no server should send.
 func dnsSeeds(tb testing.TB) []struct {
 	srv bool
 	a   rawAnswer
@@ -237,6 +238,10 @@ func dnsSeeds(tb testing.TB) []struct {
 		{true, realAnswer(tb, fuzzSRVName, dnsmessage.TypeSRV, aa, srvRecs(2, 0))},
 		{true, realAnswer(tb, fuzzSRVName, dnsmessage.TypeSRV, aa, cname)},
 		{false, realAnswer(tb, fuzzAName, dnsmessage.TypeA, aa, aRecs(3))},
+		{false, realAnswer(tb, fuzzAName, dnsmessage.TypeA, aa, func(b *dnsmessage.Builder, rh dnsmessage.ResourceHeader) {
+			rh.TTL = 0
+			aRecs(2)(b, rh)
+		})},
 		{false, realAnswer(tb, fuzzAName, dnsmessage.TypeA, aa, aRecs(4000))},
 		{false, realAnswer(tb, fuzzAName, dnsmessage.TypeA, dnsmessage.Header{RCode: dnsmessage.RCodeNameError, RecursionAvailable: true}, func(*dnsmessage.Builder, dnsmessage.ResourceHeader) {})},
 		{false, realAnswer(tb, fuzzAName, dnsmessage.TypeA, aa, cname)},
@@ -260,7 +265,7 @@ func dnsSeeds(tb testing.TB) []struct {
 // are at most MAX_NODES, each once, each a node SERVERS would accept as
 // written; an answer refused names the name looked up; and a running
 // gateway's poll that gets it keeps the nodes it ran, unless the answer
-// gave valid ones. Seeds are answers as DNS servers send them.
+// gave valid ones. Seeds are answers laid out as DNS servers send them.
 func FuzzServersDNS(f *testing.F) {
 	for _, s := range dnsSeeds(f) {
 		f.Add(s.srv, s.a.flags, s.a.an, s.a.ns, s.a.ar, s.a.body)
