@@ -5,11 +5,11 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -23,6 +23,7 @@ import (
 // holders are listeners that accept connections and hold them, saying
 // which listener accepted each, until the test lets one go: nodes that
 // hang, whose probes end only when the test closes their connection.
+// Only the connections dialled by dial count (the cluster's Dialer).
 type holders struct {
 	servers  []Server
 	accepted chan int // the index of the listener of each connection accepted
@@ -33,11 +34,43 @@ type holders struct {
 	released map[net.Conn]bool
 	open     int // connections accepted and not let go
 	maxOpen  int
+	dialled  map[int]bool // local ports of the connections dial made, until a listener accepts them
+}
+
+// dial is the cluster's Dialer: it binds each socket to a loopback port
+// of its own before connecting, and records that port, so that a
+// listener knows the connection is one of the cluster's by the time it
+// accepts it. Another process's client (another package's test,
+// reaching for a server of its own, gone, whose port a listener took
+// since) is none. Asking /proc instead (memcachedtest.Connects) reads
+// all of /proc/net/tcp per connection, tens of thousands of lines on a
+// machine full of sockets in TIME_WAIT: seconds each under -race on a
+// loaded machine, times the 64 probes accepted at once.
+func (h *holders) dial(ctx context.Context, network, address string) (net.Conn, error) {
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		var err error
+		if cerr := rc.Control(func(fd uintptr) {
+			if err = syscall.Bind(int(fd), &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+				return
+			}
+			var sa syscall.Sockaddr
+			if sa, err = syscall.Getsockname(int(fd)); err != nil {
+				return
+			}
+			h.mu.Lock()
+			h.dialled[sa.(*syscall.SockaddrInet4).Port] = true
+			h.mu.Unlock()
+		}); cerr != nil {
+			return cerr
+		}
+		return err
+	}}
+	return d.DialContext(ctx, network, address)
 }
 
 func startHolders(t *testing.T, n int) *holders {
 	t.Helper()
-	h := &holders{accepted: make(chan int, 4*n), ended: make(chan int, 4*n), held: map[int][]net.Conn{}, released: map[net.Conn]bool{}}
+	h := &holders{accepted: make(chan int, 4*n), ended: make(chan int, 4*n), held: map[int][]net.Conn{}, released: map[net.Conn]bool{}, dialled: map[int]bool{}}
 	var wg sync.WaitGroup
 	var lns []net.Listener
 	for i := range n {
@@ -53,16 +86,18 @@ func startHolders(t *testing.T, n int) *holders {
 				if err != nil {
 					return
 				}
-				// Only this process's probes count: another package's
+				// Only the cluster's probes count: another package's
 				// client dialling its own server, gone, whose port this
 				// listener took since, is not one (a node "probed" while
-				// the round's probes all hung, in CI). Where /proc
-				// cannot tell, every connection counts.
-				if ours, err := memcachedtest.Connects(os.Getpid(), c.RemoteAddr().(*net.TCPAddr).Port, c.LocalAddr().(*net.TCPAddr).Port); !ours && err == nil {
+				// the round's probes all hung, in CI).
+				h.mu.Lock()
+				port := c.RemoteAddr().(*net.TCPAddr).Port
+				if !h.dialled[port] {
+					h.mu.Unlock()
 					c.Close()
 					continue
 				}
-				h.mu.Lock()
+				delete(h.dialled, port) // a later connection from this port is another's
 				h.held[i] = append(h.held[i], c)
 				h.open++
 				h.maxOpen = max(h.maxOpen, h.open)
@@ -139,7 +174,7 @@ func TestProbeRoundBounded(t *testing.T) {
 	// probe's, and a loaded machine (the fuzzers beside a race build)
 	// starved a dial past the default (mcpipe.DefaultTimeout), which ended a probe that was to
 	// hang and let a 65th node's start.
-	c, err := New(Options{Servers: h.servers, Timeout: time.Hour, Health: HealthOptions{Interval: time.Hour, Timeout: time.Hour}},
+	c, err := New(Options{Servers: h.servers, Timeout: time.Hour, Dialer: h.dial, Health: HealthOptions{Interval: time.Hour, Timeout: time.Hour}},
 		testLogger(), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
