@@ -473,7 +473,14 @@ func TestSetServersReaddedHangingNodeOwesFlush(t *testing.T) {
 func TestSetServersRefusesNoNodeUp(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 3)
 	dead := []Server{{Host: "127.0.0.1", Port: memcachedtest.DeadPort(t), Weight: 1}, {Host: "127.0.0.1", Port: memcachedtest.DeadPort(t), Weight: 1}}
-	c, reg := newTestCluster(t, mcs[:2], nil)
+	c, reg := newTestCluster(t, mcs[:2], func(o *Options) {
+		// The dead nodes refuse at once and the live ones answer, so
+		// nothing here waits a probe out; a probe timeout short enough
+		// for a loaded machine to reach (a late goroutine's dial and
+		// stats on one CPU shared with busy loops) refused the list with
+		// a node that answers.
+		o.Timeout, o.Health.Timeout = 5*time.Second, 5*time.Second
+	})
 	names := func() []string { return nodeNames(c) }
 	series := func(node string) int { return nodeSeries(t, reg, node) }
 	// mcs[1] removed.
