@@ -322,6 +322,41 @@ func blackholes(t *testing.T, n int) ([]Server, []*faultproxy.TCP) {
 	return servers, pxs
 }
 
+// TestSetServersProbedNodeUpWhateverItsStats: a node added whose probe
+// answers within the wait takes traffic, even if the stats of what it
+// holds, asked after the probe, have not come when the wait ends: it
+// answered. On a loaded machine the stats took the wait's rest (probe
+// 238 ms, stats 114 ms more, wait 300 ms), and the node started down,
+// "no answer within 300ms"; a list with no other node was refused.
+// What it holds unknown, it is counted as holding items.
+func TestSetServersProbedNodeUpWhateverItsStats(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 2)
+	_, pxs := blackholes(t, 1)
+	var dials atomic.Int32
+	c, _ := newTestCluster(t, mcs[:1], func(o *Options) {
+		o.Timeout, o.Health.Timeout = 5*time.Second, time.Second
+		// The probe reaches mcs[1]; any later connection to it (the
+		// stats of what it holds) hangs.
+		o.Dialer = func(ctx context.Context, network, address string) (net.Conn, error) {
+			if address == mcs[1].Addr && dials.Add(1) > 1 {
+				address = pxs[0].Addr()
+			}
+			var d net.Dialer
+			return d.DialContext(ctx, network, address)
+		}
+	})
+	if _, err := c.SetServers(t.Context(), serversOf(mcs[1]), hashring.Ketama); err != nil {
+		t.Fatalf("a list whose node answers its probe: %v", err)
+	}
+	st := c.Nodes()[0]
+	if !st.Up {
+		t.Errorf("%s, whose probe answered: down (%s), want up", st.Node, st.Reason)
+	}
+	if got := testutil.ToFloat64(c.m.unknown.WithLabelValues(st.Node)); got != 1 {
+		t.Errorf("readmit_unknown_history_total = %v, want 1 (what it holds is unknown)", got)
+	}
+}
+
 // serversOf is mcs as a server list.
 func serversOf(mcs ...*memcachedtest.Server) []Server {
 	var out []Server

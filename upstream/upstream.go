@@ -670,13 +670,16 @@ type addedProbe struct {
 // probeAdded probes or flushes the nodes of probes, at most maxProbes
 // at once, and waits for them for at most one Health.Timeout in all, or
 // until ctx is done. A probe that passes asks its node stats too, for
-// what it holds (unseenHolds), within another Health.Timeout. A node
-// that answers frees its place within a round trip: only maxProbes
-// nodes that hang keep the others from being probed before the wait
-// ends, and those then start down. A probe still running then goes on
-// on its own goroutine, for at most two Health.Timeouts or until ctx is
-// done, and its answer is dropped: its node starts down, and the health
-// checker admits it, asking it stats then (readmit).
+// what it holds (unseenHolds), within another Health.Timeout; the node
+// answered when its probe did, and if the wait ends before its stats,
+// what it holds is unknown and counts as items held, as a stats that
+// fails does. A node that answers frees its place within a round trip:
+// only maxProbes nodes that hang keep the others from being probed
+// before the wait ends, and those then start down. A probe still
+// running then goes on on its own goroutine, for at most two
+// Health.Timeouts or until ctx is done, and its answer is dropped: its
+// node starts down, and the health checker admits it, asking it stats
+// then (readmit).
 func (c *Cluster) probeAdded(ctx context.Context, probes []addedProbe) {
 	if len(probes) == 0 {
 		return
@@ -687,18 +690,28 @@ func (c *Cluster) probeAdded(ctx context.Context, probes []addedProbe) {
 	type answer struct {
 		i          int
 		err        error
+		stats      bool // the stats of a node that answered: holds and holdsAttrs
 		holds      bool
 		holdsAttrs []any
 	}
-	answers := make(chan answer, len(probes)) // buffered: a late probe never blocks
+	answers := make(chan answer, 2*len(probes)) // buffered: a late probe never blocks
 	slots := make(chan struct{}, maxProbes)
 	record := func(a answer) {
 		p := &probes[a.i]
-		p.answered, p.err, p.holds, p.holdsAttrs = true, a.err, a.holds, a.holdsAttrs
+		if a.stats {
+			p.holds, p.holdsAttrs = a.holds, a.holdsAttrs
+			return
+		}
+		p.answered, p.err = true, a.err
+		if a.err == nil && !p.flush && p.n.unseen.Load() {
+			// Until its stats say otherwise.
+			p.holds, p.holdsAttrs = true, []any{"stats_err", "no stats within the wait for the nodes added"}
+		}
 	}
-	started, answered := 0, 0
+	// stats counts the nodes that answered whose stats are awaited.
+	started, answered, stats := 0, 0, 0
 	var cut error // why the wait ended before every node answered
-	for answered < len(probes) && cut == nil {
+	for (answered < len(probes) || stats > 0) && cut == nil {
 		var slot chan struct{} // nil, which blocks, once every probe started
 		if started < len(probes) {
 			slot = slots
@@ -713,16 +726,25 @@ func (c *Cluster) probeAdded(ctx context.Context, probes []addedProbe) {
 			go func() {
 				defer func() { <-slots }()
 				a := answer{i: i, err: c.probeOnce(ctx, n, flush)}
+				answers <- a
 				if a.err == nil && !flush {
 					sctx, cancel := context.WithTimeout(ctx, c.opts.Health.Timeout)
-					a.holds, a.holdsAttrs = c.unseenHolds(sctx, n)
+					holds, attrs := c.unseenHolds(sctx, n)
 					cancel()
+					answers <- answer{i: i, stats: true, holds: holds, holdsAttrs: attrs}
 				}
-				answers <- a
 			}()
 		case a := <-answers:
 			record(a)
-			answered++
+			switch {
+			case a.stats:
+				stats--
+			case a.err == nil && !probes[a.i].flush:
+				answered++
+				stats++
+			default:
+				answered++
+			}
 		case <-timer.C:
 			cut = fmt.Errorf("no answer within %s (the probe timeout) while the servers changed", wait)
 		case <-ctx.Done():
