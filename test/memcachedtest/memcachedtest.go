@@ -7,10 +7,13 @@ package memcachedtest
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -173,13 +176,17 @@ func (s *Server) start() error {
 		}
 		c, err := net.DialTimeout("tcp", s.Addr, 100*time.Millisecond)
 		if err == nil {
-			c.Close()
 			// Whoever answers must be this process: a port found free
 			// may have been taken by another test's memcached (another
 			// package's, run in parallel), and ours then fails to bind
 			// while the other answers for it, and is flushed, killed
 			// and restarted by its own test.
-			if owns, err := Listens(cmd.Process.Pid, s.Port); err != nil || !owns {
+			owns, err := answersAs(c, cmd.Process.Pid, slices.Contains(s.args, "-Z"))
+			c.Close()
+			if err == nil && !owns {
+				err = errors.New("another memcached answers there")
+			}
+			if err != nil || !owns {
 				_ = cmd.Process.Kill()
 				return fmt.Errorf("port %d is not our memcached's (pid %d): %v", s.Port, cmd.Process.Pid, err)
 			}
@@ -192,6 +199,35 @@ func (s *Server) start() error {
 	}
 	_ = cmd.Process.Kill()
 	return fmt.Errorf("memcached on port %d did not accept connections within 5s", s.Port)
+}
+
+// answersAs reports whether the memcached that c reached is process pid,
+// by the pid its stats give: a plain question on the connection already
+// open, where Listens reads all of /proc/net/tcp (seconds under -race on
+// a machine whose fuzzers left thousands of sockets in TIME_WAIT). A
+// memcached speaking TLS (tls) is asked through /proc instead.
+func answersAs(c net.Conn, pid int, tls bool) (bool, error) {
+	if tls {
+		return Listens(pid, c.RemoteAddr().(*net.TCPAddr).Port)
+	}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, "stats\r\n"); err != nil {
+		return false, err
+	}
+	sc := bufio.NewScanner(c)
+	for sc.Scan() {
+		line := strings.TrimSuffix(sc.Text(), "\r")
+		if v, ok := strings.CutPrefix(line, "STAT pid "); ok {
+			return v == strconv.Itoa(pid), nil
+		}
+		if line == "END" || strings.HasSuffix(line, "ERROR") {
+			break
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return false, err
+	}
+	return false, errors.New("its stats give no pid")
 }
 
 // Listens reports whether process pid has the socket listening on
