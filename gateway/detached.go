@@ -39,12 +39,19 @@ import (
 // in chunks), which would otherwise be copied into memory whole.
 // WaitIfRefused makes them wait for the client only once the byte budget
 // refuses to hold such a copy, for a response written on a goroutine of
-// its own, which would otherwise be cut short after its head. h1's
-// responses are Detachers (h1.Server's Detached).
+// its own, which would otherwise be cut short after its head.
+// ReleaseRequest tells the server that the request's objects (the
+// *http.Request, its URL and Header) are not used after the request ends,
+// so that it may reuse them: serveDetached calls it for every request it
+// takes, since nothing it starts keeps them (detachedReq.end drops its
+// request before it calls finish; the Store's operations and the
+// chunks' readers hold the request's context and strings, never the
+// request). h1's responses are Detachers (h1.Server's Detached).
 type Detacher = interface {
 	Detach() (finish func())
 	Block()
 	WaitIfRefused()
+	ReleaseRequest()
 }
 
 // detachedReq is one request served by serveDetached, from its checks to
@@ -100,7 +107,9 @@ func (hh *handler) serveDetached(w http.ResponseWriter, r *http.Request, d Detac
 	if !hh.lim.lim.acquire() {
 		return false
 	}
-	// The request is ours from here.
+	// The request is ours from here, and its objects the server's again
+	// once it ends (Detacher).
+	d.ReleaseRequest()
 	hh.obs.inFlight.Inc()
 	ctx, r := takeContext(r, maker, hh.lim.requestTimeout())
 	ctx.lim, ctx.slot = hh.lim, true // given back by f.end
@@ -200,7 +209,9 @@ func (f *detachedReq) recover() {
 	}
 }
 
-// end records the request, lets its response go and recycles f.
+// end records the request, lets its response go and recycles f. Nothing
+// of the request is used after finish: the server may reuse its objects
+// from then on (Detacher's ReleaseRequest).
 func (f *detachedReq) end() {
 	h := f.h
 	h.obs.record(f.r, &f.sw, f.start)

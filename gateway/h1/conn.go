@@ -100,6 +100,13 @@ type conn struct {
 	spilled     int64         // bytes of Server.Budget held for spill
 	lingerAt    time.Time     // phaseLinger: when it began
 
+	// The objects of the request being served (newRequest), until it
+	// ends (endRequest). rqBack is set by the handler (ReleaseRequest)
+	// and read once the request has ended, after the handler's return
+	// and, for a detached response, its finish.
+	rq     *reqObjs
+	rqBack bool
+
 	// A detached response (detach.go). detached is the connection's
 	// goroutine's; the others are finish's until the request ends.
 	detached    bool         // the running handler detached its response
@@ -256,6 +263,7 @@ func (c *conn) loop(first bool) (parked bool) {
 			if c.pending.Add(-1) != 0 {
 				return true // finish ends the request and moves the connection on
 			}
+			c.endRequest()
 			// finish is done already: go on here, as after an ordinary
 			// response, rather than queue the connection for a worker.
 			if !c.reuse || c.state.Load() == stateClosed {
@@ -525,6 +533,7 @@ func (c *conn) serveRequest(req *http.Request) bool {
 	defer func() {
 		w.forget()
 		c.releaseOut()
+		c.endRequest()
 	}()
 	if !ok {
 		if w.committed { // as net/http, send what was already on its way
@@ -553,6 +562,25 @@ func (c *conn) serveRequest(req *http.Request) bool {
 	}
 	c.close()
 	return false
+}
+
+// endRequest ends the request being served, once its handler has
+// returned and, for a detached response, finish has run: the request's
+// objects go back to the server's pool if the handler gave them back
+// (ReleaseRequest), or else stay with whoever holds them. A request whose
+// connection closed before its handler ran (a body read ahead that never
+// came whole) never ends: its objects are the collector's.
+func (c *conn) endRequest() {
+	o := c.rq
+	if o == nil {
+		return
+	}
+	c.rq = nil
+	if c.rqBack {
+		c.rqBack = false
+		o.reset()
+		c.srv.requests.Put(o)
+	}
 }
 
 // outbuf keeps what a response needs in memory, its head and body

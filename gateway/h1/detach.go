@@ -48,6 +48,17 @@ func (w *response) Detach() (finish func()) {
 	return c.finishFn
 }
 
+// ReleaseRequest gives the request back to the server when it ends: the
+// handler promises that neither it nor anything it started uses the
+// *http.Request, its URL or its Header (maps and slices) after ServeHTTP
+// has returned and, for a detached response, after finish was called.
+// The server then reuses them for a later request, on any connection.
+// The request's strings (its path, its header values) and its context
+// are never reused: they may be kept. Without it the request stays with
+// whoever holds it, as net/http's does. Call it from the handler, before
+// the request ends.
+func (w *response) ReleaseRequest() { w.c.rqBack = true }
+
 // Block makes the writes of a detached response wait for the client from
 // now on, as an ordinary response's do (up to the WriteTimeout), rather
 // than copy what the socket does not take at once: for a response that
@@ -127,6 +138,7 @@ func (c *conn) detachDone() {
 	if c.pending.Add(-1) != 0 {
 		return
 	}
+	c.endRequest()
 	s := c.srv
 	if !c.reuse || !s.keepAlives() || c.state.Load() == stateClosed {
 		c.close()

@@ -287,17 +287,38 @@ func allIn[T string | []byte](s T, extra string) bool {
 // newRequest builds the request of a head that passed headScan, as
 // net/http would, or returns nil if the request is not for the fast path,
 // or errBothLengths or errTEOnHTTP10 for a request the fast path refuses.
-// Every string of the request shares one copy of the head.
+// Every string of the request shares one copy of the head. The request,
+// its URL and its header map are objects a handler gave back
+// (ReleaseRequest) when there are any: the connection holds them until
+// the request ends (endRequest).
 func (c *conn) newRequest(head []byte, lines int) (*http.Request, error) {
+	o, _ := c.srv.requests.Get().(*reqObjs)
+	if o == nil {
+		o = new(reqObjs)
+	}
+	r, err := c.buildRequest(o, head, lines)
+	if r == nil {
+		o.reset() // nobody saw them
+		c.srv.requests.Put(o)
+		return nil, err
+	}
+	c.rq, c.rqBack = o, false
+	return r, nil
+}
+
+// buildRequest is newRequest's parse, into o.
+func (c *conn) buildRequest(o *reqObjs, head []byte, lines int) (*http.Request, error) {
 	s := string(head)
 	eol := strings.Index(s, "\r\n")
 	method, rest, _ := strings.Cut(s[:eol], " ")
 	target, proto, _ := strings.Cut(rest, " ")
-	u, err := url.ParseRequestURI(target)
-	if err != nil {
+	if !parseTarget(target, &o.url) {
 		return nil, nil
 	}
-	h := make(http.Header, lines)
+	if o.hdr == nil {
+		o.hdr = make(http.Header, lines)
+	}
+	h := o.hdr
 	var strs []string // one-value slices for h, as textproto does
 	var host, clen, connection, expect string
 	var hosts, clens, conns, expects int
@@ -333,7 +354,10 @@ func (c *conn) newRequest(head []byte, lines int) (*http.Request, error) {
 			h[k] = append(vv, v)
 		} else {
 			if strs == nil {
-				strs = make([]string, lines)
+				if len(o.vals) < lines {
+					o.vals = make([]string, lines)
+				}
+				strs = o.vals
 			}
 			vv, strs = strs[:1:1], strs[1:]
 			vv[0] = v
@@ -373,9 +397,9 @@ func (c *conn) newRequest(head []byte, lines int) (*http.Request, error) {
 			h["Cache-Control"] = []string{"no-cache"}
 		}
 	}
-	r := &http.Request{
+	r := http.Request{
 		Method:        method,
-		URL:           u,
+		URL:           &o.url,
 		Proto:         proto,
 		ProtoMajor:    1,
 		Header:        h,
@@ -396,7 +420,58 @@ func (c *conn) newRequest(head []byte, lines int) (*http.Request, error) {
 	if nc := c.srv.NewContext; nc != nil {
 		ctx = nc(ctx, time.Now(), c)
 	}
-	return r.WithContext(ctx), nil
+	// WithContext's copy stays on the stack (it is inlined): the
+	// request's context is set without a request of its own.
+	o.req = *r.WithContext(ctx)
+	return &o.req, nil
+}
+
+// parseTarget parses target, a request line's origin-form target, into u
+// as url.ParseRequestURI would, and reports whether it could. A target
+// whose path has only bytes that are the same escaped and unescaped is
+// parsed here, without allocating; any other goes to url.ParseRequestURI.
+func parseTarget(target string, u *url.URL) bool {
+	p, q, hasQ := strings.Cut(target, "?")
+	if !strings.HasPrefix(p, "/") || !allIn(p, "-._~$&+,/:;=@") {
+		nu, err := url.ParseRequestURI(target)
+		if err != nil {
+			return false
+		}
+		*u = *nu
+		return true
+	}
+	*u = url.URL{Path: p, RawQuery: q}
+	if hasQ && q == "" && strings.Count(target, "?") == 1 {
+		u.ForceQuery = true
+	}
+	return true
+}
+
+// reqObjs is what a fast-path request is made of besides the strings of
+// its head: the request, its URL, its header map and the one-value slices
+// of the header's values. A handler that keeps none of them past the
+// request's end gives them back (ReleaseRequest) for a later request, on
+// any connection; else the connection lets go of them when the request
+// ends, and whoever still holds them keeps them.
+type reqObjs struct {
+	req  http.Request
+	url  url.URL
+	hdr  http.Header // nil if it grew past maxReusedHeader keys
+	vals []string    // the backing of the header's value slices
+}
+
+// reset empties o for the pool: nothing in it keeps the request's head,
+// its context or its body alive.
+func (o *reqObjs) reset() {
+	o.req, o.url = http.Request{}, url.URL{}
+	if len(o.hdr) > maxReusedHeader {
+		o.hdr = nil
+	}
+	clear(o.hdr)
+	if len(o.vals) > 2*maxReusedHeader {
+		o.vals = nil
+	}
+	clear(o.vals)
 }
 
 // canonicalKey returns k in canonical form, without allocating when it

@@ -26,8 +26,8 @@ type Server struct {
 	Handler http.Handler
 
 	// Detached, if not nil, is offered each fast-path request before
-	// Handler, with the request's response as d (see Detach, Block and
-	// WaitIfRefused):
+	// Handler, with the request's response as d (see Detach, Block,
+	// WaitIfRefused and ReleaseRequest):
 	// it either serves the request, detaching the response if it
 	// finishes it later, and reports true, or touches nothing and
 	// reports false, and Handler serves it.
@@ -35,6 +35,7 @@ type Server struct {
 		Detach() (finish func())
 		Block()
 		WaitIfRefused()
+		ReleaseRequest()
 	}) bool
 
 	// ReadHeaderTimeout, ReadTimeout, WriteTimeout and IdleTimeout mean
@@ -156,6 +157,7 @@ type Server struct {
 
 	readers       sync.Pool // of *[readBufSize]byte, for conn.in
 	writers       sync.Pool // of *outbuf, for conn.hbuf and conn.wbuf
+	requests      sync.Pool // of *reqObjs given back by their handlers (ReleaseRequest)
 	inShutdown    atomic.Bool
 	noKeepAlives  atomic.Bool
 	date          atomic.Pointer[dateStamp] // the Date header of the current second, for every connection
