@@ -165,6 +165,7 @@ type conn struct {
 	sspare      []segment // the other segment list, swapped with segs per write
 	orphans     []*call   // calls of a connection that failed during a write: the writer completes them
 	queue       []*call   // sent or about to be sent, in order; replies complete queue[0]
+	qfront      []*call   // the array queue starts at when it empties (enqueue); its slots before queue are nil
 	writing     bool      // a goroutine is writing wbuf
 	open        *call     // the first call of the gets line at the end of wbuf, still open for keys
 	unsent      int       // calls at the end of queue not yet handed to a write
@@ -240,7 +241,7 @@ func (c *conn) send(cl *call) error {
 		c.wbuf = append(append(c.wbuf, "gets "...), cl.key...)
 		cl.peer = append(cl.peer[:0], cl)
 		c.open = cl
-		c.queue = append(c.queue, cl)
+		c.enqueue(cl)
 	case cl.encode == nil:
 		c.closeLineLocked()
 		if n := cl.big(); n > 0 {
@@ -252,12 +253,12 @@ func (c *conn) send(cl *call) error {
 			c.wbuf = op.Encode(c.wbuf, &cl.o, cl.skey)
 		}
 		cl.o = op.Op{} // encoded, or in segs
-		c.queue = append(c.queue, cl)
+		c.enqueue(cl)
 	default:
 		c.closeLineLocked()
 		c.wbuf = cl.encode(c.wbuf)
 		cl.encode = nil
-		c.queue = append(c.queue, cl)
+		c.enqueue(cl)
 	}
 	c.unsent += len(c.queue) - queued
 	if c.writing {
@@ -283,6 +284,26 @@ func (c *conn) send(cl *call) error {
 	c.writeTurn()
 	return nil
 }
+
+// enqueue appends cl to the queue. A queue that every reply empties, as
+// one request at a time leaves it, starts again at the front of the array
+// it used (qfront) rather than in a new one each time: the reader lets
+// go of each slot it answers, so the array holds nothing once the queue
+// is empty. c.mu must be held.
+func (c *conn) enqueue(cl *call) {
+	if len(c.queue) == 0 {
+		c.queue = c.qfront[:0]
+	}
+	n := cap(c.queue)
+	c.queue = append(c.queue, cl)
+	if cap(c.queue) != n { // a new array, with the queue at its front
+		c.qfront = c.queue[:0]
+	}
+}
+
+// maxQueueKept is the largest queue array kept for the queue to start
+// again in once it empties: a burst's longer one goes.
+const maxQueueKept = 256
 
 // writeTurn writes what is queued, and what is queued meanwhile, until
 // nothing is left: the turn of the goroutine that set c.writing. A write
@@ -740,7 +761,7 @@ func (c *conn) fail(err error) {
 	}
 	c.err = err
 	q := c.queue
-	c.queue = nil
+	c.queue, c.qfront = nil, nil
 	c.wbuf = nil
 	c.segs = nil
 	c.open = nil
@@ -877,7 +898,10 @@ func (c *conn) readLoop() {
 		c.queue[0] = nil
 		c.queue = c.queue[1:]
 		if len(c.queue) == 0 {
-			c.queue = c.queue[:0:0] // let the backing array go; append reallocates small
+			c.queue = nil // enqueue starts at qfront again
+			if cap(c.qfront) > maxQueueKept {
+				c.qfront = nil
+			}
 		}
 		if c.outqReplies > 0 {
 			if c.outqReplies--; c.outqReplies == 0 {

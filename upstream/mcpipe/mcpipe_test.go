@@ -1679,3 +1679,42 @@ func TestGetMultiLimitRoom(t *testing.T) {
 		t.Errorf("memcached was asked for %d keys, want 1 (small; big refused unsent)", n)
 	}
 }
+
+// TestQueueStartsAgainInPlace (issue #20): a connection whose queue every
+// reply empties, as one request at a time leaves it, queues the next
+// request at the front of the array it used, not in a new one per
+// request, and that array holds no answered call.
+func TestQueueStartsAgainInPlace(t *testing.T) {
+	m := memcachedtest.Start(t)
+	c := newClient(m.Addr, 1, nil)
+	t.Cleanup(func() { c.Close() })
+	if err := c.Set(&memcache.Item{Key: "k", Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	cn := c.small.slots[0].c.Load()
+	front := func() **call {
+		cn.mu.Lock()
+		defer cn.mu.Unlock()
+		if cap(cn.qfront) == 0 {
+			return nil
+		}
+		for _, cl := range cn.qfront[:cap(cn.qfront)] {
+			if cl != nil {
+				t.Errorf("the queue's array holds a call with nothing queued")
+			}
+		}
+		return unsafe.SliceData(cn.qfront)
+	}
+	first := front()
+	if first == nil {
+		t.Fatal("no queue array kept after a request")
+	}
+	for i := range 10 {
+		if _, err := c.Get("k"); err != nil {
+			t.Fatal(err)
+		}
+		if got := front(); got != first {
+			t.Fatalf("request %d queued in a new array", i+2)
+		}
+	}
+}
