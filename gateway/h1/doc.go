@@ -41,6 +41,10 @@
 //     read to drop it (its client may be holding it back for the 100
 //     Continue): the connection closes after the response, lingering,
 //     where net/http reads and drops up to 256 KiB of it first.
+//   - A handler may give its request back (ReleaseRequest): its
+//     *http.Request, URL and Header are then reused for a later request
+//     once it has ended. net/http never reuses a request; a handler that
+//     does not call ReleaseRequest keeps its request as there.
 //   - A request that arrives while Shutdown runs is answered, with
 //     "Connection: close", if it got in before its connection was closed
 //     as idle; net/http may drop such a request unanswered.
