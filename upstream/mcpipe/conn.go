@@ -818,10 +818,11 @@ var errProtocol = errors.New("mcpipe: malformed reply from memcached")
 // readLoop reads replies until the connection fails.
 func (c *conn) readLoop() {
 	br := bufio.NewReaderSize(&progressReader{c: c}, 16<<10)
-	var keys []string   // the keys of the reply's shared gets line, reused
-	var asked []string  // the keys of a reply of its own, reused
-	var rooms []op.Room // their calls' rooms, or the call's own; reused
-	var holds []held    // what the reply being read holds; reused
+	var keys []string          // the keys of the reply's shared gets line, reused
+	var asked []string         // the keys of a reply of its own, reused
+	var rooms []op.Room        // their calls' rooms, or the call's own; reused
+	var holds []held           // what the reply being read holds; reused
+	var lined []*memcache.Item // a shared line's items, handed out by share; reused
 	release := func() {
 		for _, h := range holds {
 			h.room.Release(h.n)
@@ -872,7 +873,7 @@ func (c *conn) readLoop() {
 		if probe != nil {
 			r, err = readProbe(br, probe)
 		} else {
-			r, err = readReply(br, k, verb, keys, asked, lim, rooms, &holds, c.hints)
+			r, err = readReply(br, k, verb, keys, asked, lim, rooms, &holds, c.hints, lined[:0])
 		}
 		clear(rooms) // let the callers go
 		clear(asked)
@@ -891,6 +892,12 @@ func (c *conn) readLoop() {
 		members := cl.members()
 		if len(cl.peer) > 0 {
 			share(members, r)
+			// Each call holds its item in its own one: the line's
+			// array is free again.
+			clear(r.items)
+			if cap(r.items) <= maxSharedKeys {
+				lined = r.items[:0]
+			}
 		} else {
 			cl.reply = r
 		}
@@ -1149,8 +1156,10 @@ type replyLimit struct {
 // that was not asked, or out of that order (one asked once and answered
 // twice), is a broken stream (errProtocol), whose connection fails, so
 // that no caller is handed a value that is not its key's. The size of a
-// value asked of a room goes to hints (nil: nowhere).
-func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys, asked []string, lim replyLimit, rooms []op.Room, holds *[]held, hints *SizeHints) (r reply, err error) {
+// value asked of a room goes to hints (nil: nowhere). A shared line's
+// items are put in lined if it has room for them (the reader's array,
+// free once share handed them out), else in an array of their own.
+func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys, asked []string, lim replyLimit, rooms []op.Room, holds *[]held, hints *SizeHints, lined []*memcache.Item) (r reply, err error) {
 	keys := keyCursor{keys: lineKeys}
 	if len(lineKeys) == 0 {
 		keys = keyCursor{keys: asked, own: true}
@@ -1242,7 +1251,11 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys, asked []stri
 				return r, err
 			}
 			if r.items == nil && len(keys.keys) > 0 {
-				r.items = make([]*memcache.Item, 0, len(keys.keys))
+				if !keys.own && cap(lined) >= len(keys.keys) {
+					r.items = lined[:0]
+				} else {
+					r.items = make([]*memcache.Item, 0, len(keys.keys))
+				}
 			}
 			r.items = append(r.items, it)
 		case isErrorLine(line):

@@ -268,7 +268,7 @@ func fuzzSharedLine(reply []byte, budget int) fuzzResult {
 	room := &testRoom{limit: int64(max(budget, 1))}
 	rooms := []op.Room{room, room, room}
 	var holds []held
-	r, err := readReply(bufio.NewReaderSize(bytes.NewReader(reply), 16<<10), op.Items, "gets", keys, nil, replyLimit{}, rooms, &holds, nil)
+	r, err := readReply(bufio.NewReaderSize(bytes.NewReader(reply), 16<<10), op.Items, "gets", keys, nil, replyLimit{}, rooms, &holds, nil, nil)
 	for _, h := range holds {
 		h.room.Release(h.n)
 	}

@@ -175,7 +175,7 @@ func TestLongLinesCutInErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		br := bufio.NewReaderSize(strings.NewReader(tt.line+"\r\n"), 16<<10)
-		r, err := readReply(br, tt.kind, tt.verb, nil, nil, replyLimit{}, nil, nil, nil)
+		r, err := readReply(br, tt.kind, tt.verb, nil, nil, replyLimit{}, nil, nil, nil, nil)
 		if err == nil {
 			err = r.err
 		}
@@ -275,7 +275,7 @@ func TestOutOfStepBreaks(t *testing.T) {
 		{op.Meta, "mg", "HD s1", false},
 		{op.MetaStored, "ms", "NS", false},
 	} {
-		_, err := readReply(bufio.NewReader(strings.NewReader(tt.line+"\r\n")), tt.kind, tt.verb, nil, nil, replyLimit{}, nil, nil, nil)
+		_, err := readReply(bufio.NewReader(strings.NewReader(tt.line+"\r\n")), tt.kind, tt.verb, nil, nil, replyLimit{}, nil, nil, nil, nil)
 		switch {
 		case tt.breaks && !errors.Is(err, errProtocol):
 			t.Errorf("%s answered %q: %v, want errProtocol", tt.verb, tt.line, err)

@@ -489,7 +489,7 @@ func TestReadReplyLimit(t *testing.T) {
 	}
 	for _, tt := range tests {
 		br := bufio.NewReader(strings.NewReader(stream))
-		r, err := readReply(br, op.Items, "gets", nil, nil, replyLimit{bytes: tt.limit}, nil, nil, nil)
+		r, err := readReply(br, op.Items, "gets", nil, nil, replyLimit{bytes: tt.limit}, nil, nil, nil, nil)
 		if err != nil || r.err != nil {
 			t.Fatalf("limit %d: %v, %v", tt.limit, err, r.err)
 		}
@@ -500,7 +500,7 @@ func TestReadReplyLimit(t *testing.T) {
 		if !slices.Equal(kept, tt.wantKept) || !slices.Equal(r.dropped, tt.wantDropped) {
 			t.Errorf("limit %d: kept %v, dropped %v; want %v, %v", tt.limit, kept, r.dropped, tt.wantKept, tt.wantDropped)
 		}
-		if next, err := readReply(br, op.Stored, "set", nil, nil, replyLimit{}, nil, nil, nil); err != nil || next.err != nil {
+		if next, err := readReply(br, op.Stored, "set", nil, nil, replyLimit{}, nil, nil, nil, nil); err != nil || next.err != nil {
 			t.Errorf("limit %d: the next reply: %v, %v", tt.limit, err, next.err)
 		}
 	}
@@ -595,7 +595,7 @@ func TestReadReplyRooms(t *testing.T) {
 				}
 			}
 			var holds []held
-			r, err := readReply(br, op.Items, "gets", tt.lineKeys, nil, replyLimit{}, rooms, &holds, nil)
+			r, err := readReply(br, op.Items, "gets", tt.lineKeys, nil, replyLimit{}, rooms, &holds, nil, nil)
 			if err != nil || r.err != nil {
 				t.Fatalf("readReply: %v, %v", err, r.err)
 			}
@@ -606,7 +606,7 @@ func TestReadReplyRooms(t *testing.T) {
 			if !slices.Equal(kept, tt.wantKept) || !slices.Equal(r.nofit, tt.wantNoFit) {
 				t.Errorf("kept %v, refused %v; want %v, %v", kept, r.nofit, tt.wantKept, tt.wantNoFit)
 			}
-			if next, err := readReply(br, op.Stored, "set", nil, nil, replyLimit{}, nil, nil, nil); err != nil || next.err != nil {
+			if next, err := readReply(br, op.Stored, "set", nil, nil, replyLimit{}, nil, nil, nil, nil); err != nil || next.err != nil {
 				t.Errorf("the next reply: %v, %v", err, next.err)
 			}
 			// What the kept values hold is the reply's to release.
@@ -1580,7 +1580,7 @@ func TestReadReplyLimitReleases(t *testing.T) {
 	rm := &testRoom{}
 	br := bufio.NewReader(strings.NewReader(value("a") + value("b") + "END\r\n"))
 	var holds []held
-	r, err := readReply(br, op.Items, "gets", nil, nil, replyLimit{bytes: len(big)}, []op.Room{rm}, &holds, nil)
+	r, err := readReply(br, op.Items, "gets", nil, nil, replyLimit{bytes: len(big)}, []op.Room{rm}, &holds, nil, nil)
 	if err != nil || r.err != nil {
 		t.Fatalf("readReply: %v, %v", err, r.err)
 	}
@@ -1716,5 +1716,44 @@ func TestQueueStartsAgainInPlace(t *testing.T) {
 		if got := front(); got != first {
 			t.Fatalf("request %d queued in a new array", i+2)
 		}
+	}
+}
+
+// TestReplyItemsInLinedArray (issue #20): a shared line's items go in
+// the reader's array when it has room for them, which share empties
+// again, and a reply of its own's, which its call keeps, never do.
+func TestReplyItemsInLinedArray(t *testing.T) {
+	value := "VALUE a 0 1 1\r\nx\r\nVALUE b 0 1 2\r\ny\r\nEND\r\n"
+	tests := []struct {
+		name          string
+		lineKeys      []string
+		asked         []string
+		lined         int
+		wantInLined   bool
+		wantItemsKeys []string
+	}{
+		{"shared line, room", []string{"a", "b"}, nil, 4, true, []string{"a", "b"}},
+		{"shared line, too small", []string{"a", "b"}, nil, 1, false, []string{"a", "b"}},
+		{"reply of its own", nil, []string{"a", "b"}, 4, false, []string{"a", "b"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			lined := make([]*memcache.Item, 0, tt.lined)
+			br := bufio.NewReader(strings.NewReader(value))
+			r, err := readReply(br, op.Items, "gets", tt.lineKeys, tt.asked, replyLimit{}, nil, nil, nil, lined)
+			if err != nil || r.err != nil {
+				t.Fatalf("readReply: %v, %v", err, r.err)
+			}
+			var keys []string
+			for _, it := range r.items {
+				keys = append(keys, it.Key)
+			}
+			if !slices.Equal(keys, tt.wantItemsKeys) {
+				t.Errorf("items %v, want %v", keys, tt.wantItemsKeys)
+			}
+			if in := unsafe.SliceData(r.items) == unsafe.SliceData(lined); in != tt.wantInLined {
+				t.Errorf("items in the reader's array: %v, want %v", in, tt.wantInLined)
+			}
+		})
 	}
 }
