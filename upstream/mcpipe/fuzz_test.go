@@ -340,6 +340,12 @@ func refReply(m int, reply []byte, lim, budget int) ref {
 	case fuzzProbe:
 		return rd.probe(fuzzKeys)
 	}
+	return rd.oneLine(m)
+}
+
+// oneLine reads the one-line reply to the request of mode m (fuzzSet,
+// fuzzIncr, fuzzTouch, fuzzDelete or fuzzHead).
+func (rd *refReader) oneLine(m int) ref {
 	line, st := rd.line()
 	if st != refOK {
 		return ref{outcome: st}
@@ -468,8 +474,20 @@ func (rd *refReader) value(n int) ([]byte, int) {
 // value but empty ones with roomAll, else those of op.LentValue bytes or
 // more) are refused once it would hold more.
 func (rd *refReader) items(asked []string, limit int, hasRoom, roomAll bool, budget int) ref {
+	rooms := slices.Repeat([]int{-1}, len(asked))
+	if hasRoom {
+		clear(rooms) // all the same Room: budget holds for all of them
+	}
+	return rd.itemsIn(asked, limit, roomAll, rooms, []int{budget})
+}
+
+// itemsIn is items with a Room per key asked: rooms[i] is the index in
+// budgets of the Room asked[i]'s value is asked of, -1 for none. Each
+// Room holds what it took until the reply ends.
+func (rd *refReader) itemsIn(asked []string, limit int, roomAll bool, rooms, budgets []int) ref {
 	var r ref
-	next, kept, held := 0, 0, 0
+	next, kept := 0, 0
+	held := make([]int, len(budgets))
 	for {
 		line, st := rd.line()
 		if st != refOK {
@@ -508,14 +526,16 @@ func (rd *refReader) items(asked []string, limit int, hasRoom, roomAll bool, bud
 		if st != refOK {
 			return ref{outcome: st}
 		}
+		rm := rooms[next-1]
+		asks := rm >= 0 && (n >= op.LentValue || roomAll && n > 0)
 		switch {
 		case limit > 0 && kept+n > limit:
 			r.dropped = append(r.dropped, f[0])
-		case hasRoom && (n >= op.LentValue || roomAll && n > 0) && held+n > budget:
+		case asks && held[rm]+n > budgets[rm]:
 			r.nofit = append(r.nofit, f[0])
 		default:
-			if hasRoom && (n >= op.LentValue || roomAll && n > 0) {
-				held += n
+			if asks {
+				held[rm] += n
 			}
 			kept += n
 			r.items = append(r.items, &memcache.Item{Key: f[0], Value: v, Flags: uint32(flags), CasID: cas})
