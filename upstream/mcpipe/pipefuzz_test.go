@@ -34,15 +34,15 @@ const (
 	pGAT              // Do GAT with a Room: a reply of its own
 	pMulti            // GetMultiLimit of three keys, a byte limit, no probe
 	pProbe            // GetMultiLimit with probe: a size probe, then a gets of the keys that fit
-	pSet              // Do Set of a small value
+	pSet              // Do Set of a small value; opt&4 Replace, opt&8 Append, both Prepend
 	pSetBig           // Do Set of a value written from the caller's buffer (bigValue bytes and more)
 	pAdd              // Do Add
 	pCAS              // Do CAS
 	pDelete           // Do Delete
-	pIncr             // Do Incr
+	pIncr             // Do Incr; opt&4 Decr
 	pTouch            // Do Touch
-	pHead             // Do Head (mg)
-	pAppendCAS        // Do AppendCAS (ms), sent once a Head was answered HD
+	pHead             // Do Head (mg); opt&4 HeadTouch
+	pAppendCAS        // Do AppendCAS (ms), sent once a Head was answered HD; opt&4 PrependCAS
 	pAsyncGet         // DoAsync Get
 	pAsyncSet         // DoAsync Set
 	pKinds
@@ -114,6 +114,7 @@ func FuzzPipelined(f *testing.F) {
 type pipeCall struct {
 	i     int
 	kind  int
+	opt   byte // the high four bits of its mix byte
 	key   string
 	keys  []string  // a multi-key read's
 	room  *testRoom // pGetRoom's and pGAT's: a budget of 1 byte (opt&1) or 64 KiB
@@ -129,7 +130,7 @@ func pipeCalls(mix []byte) (mode int, timing bool, calls []*pipeCall) {
 	mode, timing = int(mix[0]&3)%launchModes, mix[0]&pipeTiming != 0
 	for i, b := range mix[1:min(len(mix), maxPipeCalls+1)] {
 		opt := b >> 4
-		pc := &pipeCall{i: i, kind: int(b & 15), key: "k" + strconv.Itoa(i), short: timing && opt&2 != 0}
+		pc := &pipeCall{i: i, kind: int(b & 15), opt: opt, key: "k" + strconv.Itoa(i), short: timing && opt&2 != 0}
 		switch pc.kind {
 		case pGetRoom, pGAT:
 			pc.room = &testRoom{limit: 64 << 10}
@@ -215,13 +216,19 @@ func (pc *pipeCall) run(c *Client) {
 			r.err = cbErr
 		}
 	case pHead:
-		it, r.num, r.err = c.Do(ctx, op.Op{Verb: op.Head}, pc.key)
+		o := op.Op{Verb: op.Head}
+		if pc.opt&4 != 0 {
+			o = op.Op{Verb: op.HeadTouch, Item: op.Item{Expiration: 10}}
+		}
+		it, r.num, r.err = c.Do(ctx, o, pc.key)
 		if it != nil {
 			r.items = []*memcache.Item{it}
 		}
 	default:
 		o := op.Op{Verb: op.Set, Item: op.Item{Value: []byte("v" + pc.key), Flags: 7, CAS: 1}}
 		switch pc.kind {
+		case pSet:
+			o.Verb = [4]op.Verb{op.Set, op.Replace, op.Append, op.Prepend}[pc.opt>>2]
 		case pSetBig:
 			o.Item.Value = pipeBigValue
 		case pAdd:
@@ -232,10 +239,16 @@ func (pc *pipeCall) run(c *Client) {
 			o = op.Op{Verb: op.Delete}
 		case pIncr:
 			o = op.Op{Verb: op.Incr, Delta: 1}
+			if pc.opt&4 != 0 {
+				o.Verb = op.Decr
+			}
 		case pTouch:
 			o = op.Op{Verb: op.Touch, Item: op.Item{Expiration: 10}}
 		case pAppendCAS:
 			o = op.Op{Verb: op.AppendCAS, Item: op.Item{Value: []byte("+"), CAS: 1}}
+			if pc.opt&4 != 0 {
+				o.Verb = op.PrependCAS
+			}
 		}
 		_, r.num, r.err = c.Do(ctx, o, pc.key)
 	}
@@ -306,7 +319,7 @@ func parseRequests(br *bufio.Reader, each func(pipeCmd)) {
 			cmd.keys = f[1:]
 		case f[0] == "gats" && len(f) > 2:
 			cmd.keys = f[2:]
-		case (f[0] == "set" || f[0] == "add" || f[0] == "cas") && len(f) > 4:
+		case slices.Contains([]string{"set", "add", "replace", "append", "prepend", "cas"}, f[0]) && len(f) > 4:
 			cmd.keys = f[1:2]
 			data, _ = strconv.Atoi(f[4])
 		case f[0] == "ms" && len(f) > 2:
@@ -323,6 +336,11 @@ func parseRequests(br *bufio.Reader, each func(pipeCmd)) {
 		}
 		if data >= 0 {
 			if _, err := br.Discard(data + 2); err != nil {
+				// The data block cut short: the request counts from
+				// its first byte, as the client owes it its reply from
+				// the start of the write (memcached may refuse a value
+				// before it reads it).
+				each(cmd)
 				return
 			}
 		}
@@ -412,13 +430,15 @@ type pipePiece struct {
 	yield bool // after a runtime.Gosched
 	pause bool // after a hundred yields: the client reads what came, and waits for more
 	stall bool // with pipeTiming: after 8 ms, past the client's timeout
+	shut  bool // after the client closed its connection (Client.Close), its calls on it abandoned
 }
 
 // pipePieces cuts stream by cuts' (length, gate) pairs: a length byte
 // below 192 is that many bytes plus one, another (b-191)*512; a gate
 // byte's low 3 bits are the requests to have been read first (7: every
-// call sent or returned), 8 yields, 16 pauses, 32 stalls. The rest of
-// the stream is one more piece, gated on every call.
+// call sent or returned), 8 yields, 16 pauses, 32 stalls, 64 closes
+// the client's connection first. The rest of the stream is one more
+// piece, gated on every call.
 func pipePieces(stream, cuts []byte) []pipePiece {
 	var ps []pipePiece
 	for len(stream) > 0 {
@@ -430,7 +450,7 @@ func pipePieces(stream, cuts []byte) []pipePiece {
 			if a >= 192 {
 				n = int(a-191) * 512
 			}
-			p = pipePiece{b: stream[:min(n, len(stream))], gate: int(g & 7), yield: g&8 != 0, pause: g&16 != 0, stall: g&32 != 0}
+			p = pipePiece{b: stream[:min(n, len(stream))], gate: int(g & 7), yield: g&8 != 0, pause: g&16 != 0, stall: g&32 != 0, shut: g&64 != 0}
 			if p.gate == 7 {
 				p.gate = gateAll
 			}
@@ -445,11 +465,14 @@ func pipePieces(stream, cuts []byte) []pipePiece {
 
 // write writes the pieces, then hangs up once every call was sent or
 // returned.
-func (n *pipeNode) write(nc net.Conn, ps []pipePiece, timing bool) {
+func (n *pipeNode) write(nc net.Conn, ps []pipePiece, timing bool, shut func()) {
 	defer nc.Close()
 	stalls := 0
 	for _, p := range ps {
 		n.wait(p.gate)
+		if p.shut {
+			shut()
+		}
 		switch {
 		case p.stall && timing && stalls < 2:
 			stalls++
@@ -510,7 +533,9 @@ func fuzzPipelined(mix, stream, cuts []byte) (string, []*pipeCall) {
 	var dials, closes atomic.Int32
 	var nodes sync.WaitGroup
 	var client sentConn
-	c := New(Options{
+	var c *Client
+	shut := func() { c.Close() }
+	c = New(Options{
 		Timeout: timeout,
 		Closed:  func() { closes.Add(1) },
 		Dial: func(context.Context) (net.Conn, error) {
@@ -520,7 +545,7 @@ func fuzzPipelined(mix, stream, cuts []byte) (string, []*pipeCall) {
 			cc, nc := net.Pipe()
 			nodes.Add(2)
 			go func() { defer nodes.Done(); node.read(nc) }()
-			go func() { defer nodes.Done(); node.write(nc, ps, timing) }()
+			go func() { defer nodes.Done(); node.write(nc, ps, timing, shut) }()
 			client.Conn = cc
 			return &client, nil
 		},
@@ -581,25 +606,32 @@ func fuzzPipelined(mix, stream, cuts []byte) (string, []*pipeCall) {
 	if n, most := allocated()-before, uint64(8*len(stream)+budgets+2<<20); n > most {
 		fmt.Fprintf(&b, "%d bytes allocated for a stream of %d bytes, budgets %d; want at most %d\n", n, len(stream), budgets, most)
 	}
-	for i, deadline := 0, time.Now().Add(2*time.Second); runtime.NumGoroutine() > goroutines; i++ {
-		if i < 1000 {
-			runtime.Gosched() // they are ending: far cheaper than a sleep
-			continue
+	// The connection's reader may still be failing it (the failure
+	// shows before Options.Closed is called), and the fuzzing engine's
+	// own goroutines come and go: the connection closed first, then the
+	// goroutines.
+	settled := func(done func() bool) bool {
+		for i, deadline := 0, time.Now().Add(2*time.Second); !done(); i++ {
+			if i < 1000 {
+				runtime.Gosched() // they are ending: far cheaper than a sleep
+				continue
+			}
+			if time.Now().After(deadline) {
+				return false
+			}
+			time.Sleep(100 * time.Microsecond)
 		}
-		time.Sleep(100 * time.Microsecond)
-		if time.Now().After(deadline) {
-			fmt.Fprintf(&b, "%d goroutines left behind\n", runtime.NumGoroutine()-goroutines)
-			break
-		}
+		return true
 	}
-	// After the goroutines: the reader closes a connection it fails
-	// (Options.Closed) after the failure shows.
-	if d, cl := dials.Load(), closes.Load(); min(d, 1) != cl {
-		fmt.Fprintf(&b, "%d connections dialled, %d closed\n", min(d, 1), cl)
+	if !settled(func() bool { return closes.Load() == min(dials.Load(), 1) }) {
+		fmt.Fprintf(&b, "%d connections dialled, %d closed\n", min(dials.Load(), 1), closes.Load())
+	}
+	if !settled(func() bool { return runtime.NumGoroutine() <= goroutines }) {
+		fmt.Fprintf(&b, "%d goroutines left behind\n", runtime.NumGoroutine()-goroutines)
 	}
 	strict := !timing && mode != launchSerial
 	for _, p := range ps {
-		strict = strict && p.gate == gateAll
+		strict = strict && p.gate == gateAll && !p.shut
 	}
 	for _, pc := range calls {
 		strict = strict && pc.kind != pProbe
@@ -728,7 +760,10 @@ func refCmd(rd *refReader, cmd pipeCmd, calls []*pipeCall) ref {
 	case cmd.verb == "ms":
 		return rd.metaStored()
 	}
-	m := map[string]int{"set": fuzzSet, "add": fuzzSet, "cas": fuzzSet, "incr": fuzzIncr, "touch": fuzzTouch, "delete": fuzzDelete, "mg": fuzzHead}[cmd.verb]
+	m := map[string]int{
+		"set": fuzzSet, "add": fuzzSet, "replace": fuzzSet, "append": fuzzSet, "prepend": fuzzSet, "cas": fuzzSet,
+		"incr": fuzzIncr, "decr": fuzzIncr, "touch": fuzzTouch, "delete": fuzzDelete, "mg": fuzzHead,
+	}[cmd.verb]
 	return rd.oneLine(m)
 }
 
@@ -835,7 +870,7 @@ func pipeCheck(stream []byte, cmds []pipeCmd, calls []*pipeCall, timing, strict 
 				if failedAt < 0 || w.pos < failedAt {
 					failedAt = w.pos
 				}
-				if strict || !timing && !errors.Is(got.err, io.ErrClosedPipe) && !strings.Contains(got.err.Error(), "a reply nobody asked for") {
+				if strict || !timing && !errors.Is(got.err, io.ErrClosedPipe) && !errors.Is(got.err, ErrClosed) && !strings.Contains(got.err.Error(), "a reply nobody asked for") {
 					fmt.Fprintf(&b, "call %d (kind %d): failed before the stream broke: %s", i, pc.kind, msg)
 				}
 			}
@@ -961,17 +996,14 @@ func TestPipelinedCapture(t *testing.T) {
 		}
 		c.Close()
 		stream := bytes.Join(rec.reads, nil)
-		variants := []struct {
-			mode byte
-			cuts []byte
-		}{{launchSerial, rec.cuts()}, {launchOrdered, nil}, {launchBurst, nil}}
-		if pc.serially {
-			variants = variants[:1]
-		}
-		for _, v := range variants {
-			mix[0] = v.mode
-			body := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n[]byte(%q)\n[]byte(%q)\n", mix, stream, v.cuts)
-			name := filepath.Join(dir, fmt.Sprintf("memcached-%s-%d", pc.name, v.mode))
+		for _, mode := range pc.modes {
+			var cuts []byte
+			if mode == launchSerial {
+				cuts = rec.cuts()
+			}
+			mix[0] = mode
+			body := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n[]byte(%q)\n[]byte(%q)\n", mix, stream, cuts)
+			name := filepath.Join(dir, fmt.Sprintf("memcached-%s-%d", pc.name, mode))
 			if err := os.WriteFile(name, []byte(body), 0o644); err != nil {
 				t.Fatal(err)
 			}
@@ -982,18 +1014,18 @@ func TestPipelinedCapture(t *testing.T) {
 
 // pipeCaptures are the mixes TestPipelinedCapture records, by name.
 // Large values make slow inputs (the fuzzer minimizes what it finds
-// from them too): only the mixes with one are replayed in order and in
-// a burst besides.
+// from them too): the mixes with one are replayed only as captured, or
+// only in a burst, where Gets share lines.
 var pipeCaptures = []struct {
-	name     string
-	mix      []byte
-	serially bool // replayed only as captured
+	name  string
+	mix   []byte
+	modes []byte // the launch modes it is replayed in: launchSerial with the cuts captured, the others written whole
 }{
-	{"meta", []byte{pHead, pAppendCAS, pGet, pGAT, pIncr, pDelete}, true},
-	{"reads", []byte{pGetRoom | 1<<4, pMulti | 2<<6, pProbe, pGet, pGAT | 1<<4, pHead}, true},
-	{"writes", []byte{pSet, pSetBig, pAdd, pCAS, pTouch, pIncr}, false},
-	{"async", []byte{pGet, pAsyncGet, pAsyncSet, pProbe | 2<<6, pMulti, pDelete}, false},
-	{"gets", []byte{pGet, pGetRoom | 1<<4, pGet, pAsyncGet, pGet, pGet}, false},
+	{"meta", []byte{pHead, pAppendCAS, pGet, pGAT, pIncr, pDelete}, []byte{launchSerial}},
+	{"reads", []byte{pGetRoom | 1<<4, pMulti | 2<<6, pProbe, pGet, pGAT | 1<<4, pHead}, []byte{launchSerial}},
+	{"writes", []byte{pSet, pSetBig, pAdd, pCAS, pTouch, pIncr}, []byte{launchSerial, launchOrdered, launchBurst}},
+	{"async", []byte{pGet, pAsyncGet, pAsyncSet, pProbe | 2<<6, pMulti, pDelete}, []byte{launchSerial, launchOrdered, launchBurst}},
+	{"gets", []byte{pGet, pGetRoom | 1<<4, pGet, pAsyncGet, pGet, pGet}, []byte{launchBurst}},
 }
 
 // pipeItems are the items a captured call's keys hold before the mix
@@ -1030,7 +1062,7 @@ func TestPipelinedMixes(t *testing.T) {
 			"replies split one byte a time, with yields",
 			[]byte{launchOrdered, pSet, pIncr, pGet, pDelete},
 			"STORED\r\n42\r\nVALUE k2 0 1 9\r\nx\r\nEND\r\nDELETED\r\n",
-			[]byte{0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8},
+			[]byte{0, 15, 0, 15, 0, 15, 0, 15, 0, 15, 0, 15, 0, 15, 0, 15, 0, 15, 0, 15, 0, 15, 0, 15, 0, 15, 0, 15, 0, 15}, // each after every request, and a yield
 			[]string{"ok", "num:42", "value:x", "ok"},
 		},
 		{
@@ -1102,6 +1134,20 @@ func TestPipelinedMixes(t *testing.T) {
 			"VALUE k0 0 16400\r\n" + strings.Repeat("L", 16400) + "\r\nEND\r\nVALUE k1 0 1\r\ny\r\nEND\r\n",
 			nil,
 			[]string{"err:" + ErrNoFit.Error(), "value:y"},
+		},
+		{
+			"the client closes its connection while the next reply is owed",
+			[]byte{launchSerial, pGet, pIncr, pGet},
+			"VALUE k0 0 1\r\nx\r\nEND\r\n42\r\n",
+			[]byte{21, 1, 3, 2 | 64},
+			[]string{"value:x", "err:" + ErrClosed.Error(), "err:dialled again"},
+		},
+		{
+			"append, decr and mg with T read their own replies",
+			[]byte{launchOrdered, pSet | 8<<4, pIncr | 4<<4, pHead | 4<<4, pAppendCAS | 4<<4},
+			"NOT_STORED\r\n0\r\nEN\r\n",
+			nil,
+			[]string{"err:item not stored", "ok", "err:cache miss", "err:does not know meta"},
 		},
 	}
 	for _, tt := range tests {
