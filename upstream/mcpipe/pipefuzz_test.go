@@ -1143,6 +1143,16 @@ func TestPipelinedMixes(t *testing.T) {
 			[]string{"value:x", "err:" + ErrClosed.Error(), "err:dialled again"},
 		},
 		{
+			// Past 256 KiB the reply's progress moves its deadline, capped
+			// at the caller's: the call fails with ErrBehind, or with the
+			// timeout the stall ends in.
+			"a caller's deadline passes while its long reply arrives, then a stall",
+			[]byte{launchOrdered | pipeTiming, pGet | 2<<4, pGet, pIncr},
+			"VALUE k0 0 300000\r\n" + strings.Repeat("x", 300000) + "\r\nEND\r\nVALUE k1 0 1\r\ny\r\nEND\r\n5\r\n",
+			[]byte{255, 7, 255, 7, 255, 7, 255, 7, 255, 7, 255, 7, 255, 7, 255, 7, 255, 7 | 32},
+			[]string{"err", "err", "err"},
+		},
+		{
 			"append, decr and mg with T read their own replies",
 			[]byte{launchOrdered, pSet | 8<<4, pIncr | 4<<4, pHead | 4<<4, pAppendCAS | 4<<4},
 			"NOT_STORED\r\n0\r\nEN\r\n",
