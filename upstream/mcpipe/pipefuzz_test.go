@@ -593,9 +593,6 @@ func fuzzPipelined(mix, stream, cuts []byte) (string, []*pipeCall) {
 		if pc.took > most {
 			fmt.Fprintf(&b, "call %d (kind %d) took %v\n", pc.i, pc.kind, pc.took)
 		}
-		if pc.room != nil && pc.room.held.Load() != 0 {
-			fmt.Fprintf(&b, "call %d (kind %d): its Room holds %d bytes after it returned\n", pc.i, pc.kind, pc.room.held.Load())
-		}
 	}
 	budgets := 0
 	for _, pc := range calls {
@@ -628,6 +625,16 @@ func fuzzPipelined(mix, stream, cuts []byte) (string, []*pipeCall) {
 	}
 	if !settled(func() bool { return runtime.NumGoroutine() <= goroutines }) {
 		fmt.Fprintf(&b, "%d goroutines left behind\n", runtime.NumGoroutine()-goroutines)
+	}
+	// A call that the connection's failure answers (a close, a write
+	// error) returns while the reader may still be reading a value into
+	// its Room; the reader gives the Room back once its read fails, as
+	// the failure closed the connection (op.Room.Release): after the
+	// goroutines, nothing is held.
+	for _, pc := range calls {
+		if pc.room != nil && !settled(func() bool { return pc.room.held.Load() == 0 }) {
+			fmt.Fprintf(&b, "call %d (kind %d): its Room holds %d bytes once the connection's goroutines ended\n", pc.i, pc.kind, pc.room.held.Load())
+		}
 	}
 	strict := !timing && mode != launchSerial
 	for _, p := range ps {
@@ -897,12 +904,29 @@ type pipeSeed struct {
 	mix, stream, cuts []byte
 }
 
-// pipeSeeds are the seeds of FuzzPipelined added in code; the replies
-// captured from a real memcached are in testdata/fuzz/FuzzPipelined.
+// pipeSeeds are the seeds of FuzzPipelined added in code: what the
+// replies captured from a real memcached (testdata/fuzz/FuzzPipelined)
+// do not have, a stall past the timeout with calls of short deadlines
+// waiting, and the client closing its connection between two replies.
 func pipeSeeds() []pipeSeed {
 	return []pipeSeed{
 		{[]byte{launchBurst, pGet, pGet, pGet}, []byte("VALUE k0 0 1 1\r\na\r\nVALUE k2 0 1 2\r\nc\r\nEND\r\n"), nil},
 		{[]byte{launchOrdered, pSet, pIncr, pDelete}, []byte("STORED\r\n2\r\nDELETED\r\n"), []byte{3, 0, 1, 1, 0, 7}},
+		{
+			[]byte{launchOrdered | pipeTiming, pGet | 2<<4, pIncr, pGetRoom, pDelete | 2<<4},
+			[]byte("VALUE k0 0 1 1\r\nx\r\nEND\r\n42\r\nEND\r\nDELETED\r\n"),
+			[]byte{23, 7, 3, 7, 2, 7 | 32}, // a stall after the incr's reply
+		},
+		{
+			[]byte{launchBurst | pipeTiming, pGet, pGet | 2<<4, pGet, pSet},
+			[]byte("VALUE k0 0 1\r\na\r\nVALUE k2 0 1\r\nc\r\nEND\r\nSTORED\r\n"),
+			[]byte{38, 7, 7, 7 | 32}, // a stall after the shared line's reply (if the Gets shared one)
+		},
+		{
+			[]byte{launchSerial, pGet, pMulti | 1<<6, pIncr, pAsyncSet},
+			[]byte("VALUE k0 0 1\r\nx\r\nEND\r\nVALUE k1a 0 2\r\nab\r\nVALUE k1c 0 9\r\n123456789\r\nEND\r\n3\r\nSTORED\r\n"),
+			[]byte{21, 1, 49, 2 | 8, 2, 3 | 64}, // closed before the incr's reply
+		},
 	}
 }
 
@@ -1056,7 +1080,7 @@ func TestPipelinedMixes(t *testing.T) {
 		mix    []byte
 		stream string
 		cuts   []byte
-		want   []string // per call: "value:<v>", "miss", "num:<n>", "ok", "err" or "err:<part of the error>"
+		want   []string // per call: "value:<v>", "miss", "num:<n>", "ok", "err", "err:<part of the error>", or "any" (what pipeCheck accepts)
 	}{
 		{
 			"replies split one byte a time, with yields",
@@ -1145,12 +1169,26 @@ func TestPipelinedMixes(t *testing.T) {
 		{
 			// Past 256 KiB the reply's progress moves its deadline, capped
 			// at the caller's: the call fails with ErrBehind, or with the
-			// timeout the stall ends in.
+			// timeout the stall ends in, and the calls behind it too. (A
+			// reader starved of the CPU through the whole stall may find
+			// the next piece there with its deadline passed, and
+			// net.Pipe's Read takes either: then all succeed. The
+			// outcomes are checked by pipeCheck alone.)
 			"a caller's deadline passes while its long reply arrives, then a stall",
 			[]byte{launchOrdered | pipeTiming, pGet | 2<<4, pGet, pIncr},
 			"VALUE k0 0 300000\r\n" + strings.Repeat("x", 300000) + "\r\nEND\r\nVALUE k1 0 1\r\ny\r\nEND\r\n5\r\n",
 			[]byte{255, 7, 255, 7, 255, 7, 255, 7, 255, 7, 255, 7, 255, 7, 255, 7, 255, 7 | 32},
-			[]string{"err", "err", "err"},
+			[]string{"any", "any", "any"},
+		},
+		{
+			// The call returns on the close; its Room is given back by
+			// the reader once its read fails (checked by fuzzPipelined
+			// after the connection's goroutines ended).
+			"the client closes its connection while a value is read into a Room",
+			[]byte{launchSerial, pGetRoom, pIncr},
+			"VALUE k0 0 20000\r\n" + strings.Repeat("L", 10000),
+			[]byte{191 + 16, 1, 255, 1 | 64}, // 8 KiB, then the close
+			[]string{"err:" + ErrClosed.Error(), "err"},
 		},
 		{
 			"append, decr and mg with T read their own replies",
@@ -1186,6 +1224,9 @@ func pipeOutcome(pc *pipeCall) string {
 	case len(r.items) > 0 && pc.kind == pHead:
 		return "num:" + strconv.FormatUint(r.num, 10)
 	case len(r.items) > 0:
+		if v := r.items[0].Value; len(v) > 40 {
+			return fmt.Sprintf("value:%s... (%d bytes)", v[:40], len(v))
+		}
 		return "value:" + string(r.items[0].Value)
 	case r.num != 0:
 		return "num:" + strconv.FormatUint(r.num, 10)
@@ -1198,6 +1239,9 @@ func pipeOutcome(pc *pipeCall) string {
 // pipeMatches reports whether got is want: equal, or for "err:…" an
 // error containing it ("err": any error).
 func pipeMatches(got, want string) bool {
+	if want == "any" {
+		return true
+	}
 	if part, ok := strings.CutPrefix(want, "err"); ok && strings.HasPrefix(got, "err:") {
 		return strings.Contains(got, strings.TrimPrefix(part, ":"))
 	}
