@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -999,8 +1000,9 @@ func TestPipelinedCapture(t *testing.T) {
 		_, _, calls := pipeCalls(mix)
 		setup := memcache.New(srv.Addr)
 		for _, cl := range calls {
-			for k, v := range pipeItems(cl) {
-				if err := setup.Set(&memcache.Item{Key: k, Value: v, Flags: uint32(cl.i)}); err != nil {
+			items := pipeItems(cl)
+			for _, k := range slices.Sorted(maps.Keys(items)) { // in order: the CAS values follow it
+				if err := setup.Set(&memcache.Item{Key: k, Value: items[k], Flags: uint32(cl.i)}); err != nil {
 					t.Fatal(err)
 				}
 			}
