@@ -68,6 +68,44 @@ const maxPieces = 64
 // calls may have short deadlines: outcomes then depend on time.
 const pipeTiming = 4
 
+// pipeLarge is a large value's bytes in a stream: a value lent by a
+// Room (op.LentValue or more). An input's stream holds pipeLargeMark
+// for each, so that inputs with large values stay small: the fuzzer
+// minimizes the inputs it finds new byte by byte, for up to a minute
+// each, and one grown from a 33 kB seed made make test's short run of
+// 20000 executions last 17 s and more.
+var pipeLarge = bytes.Repeat([]byte("L"), op.LentValue+100)
+
+// pipeLargeMark stands for pipeLarge in an input's stream: a byte no
+// reply of the mixes holds.
+const pipeLargeMark = 0x7f
+
+// maxPipeLarge is the most marks an input's stream expands.
+const maxPipeLarge = 4
+
+// pipeExpand is stream with its first maxPipeLarge marks replaced by
+// pipeLarge.
+func pipeExpand(stream []byte) []byte {
+	n := min(bytes.Count(stream, []byte{pipeLargeMark}), maxPipeLarge)
+	if n == 0 {
+		return stream
+	}
+	out := make([]byte, 0, len(stream)+n*len(pipeLarge))
+	for i, b := range stream {
+		if b == pipeLargeMark && n > 0 {
+			out, n = append(out, pipeLarge...), n-1
+			continue
+		}
+		out = append(out, stream[i])
+	}
+	return out
+}
+
+// pipeCompact is pipeExpand's inverse, for a captured stream.
+func pipeCompact(stream []byte) []byte {
+	return bytes.ReplaceAll(stream, pipeLarge, []byte{pipeLargeMark})
+}
+
 // pipeBigValue is what pSetBig stores: a value written from the
 // caller's buffer.
 var pipeBigValue = []byte(strings.Repeat("B", bigValue+1))
@@ -518,6 +556,7 @@ func (c *sentConn) Write(p []byte) (int, error) {
 // wrong ("" if nothing).
 func fuzzPipelined(mix, stream, cuts []byte) (string, []*pipeCall) {
 	mode, timing, calls := pipeCalls(mix)
+	stream = pipeExpand(stream)
 	watchdog := time.AfterFunc(10*time.Second, func() {
 		debug.SetTraceback("all")
 		panic(fmt.Sprintf("mix %q, stream %s, cuts %q: no end after 10s", mix, shown(stream), cuts))
@@ -990,11 +1029,16 @@ func TestPipelinedCapture(t *testing.T) {
 	if os.Getenv("MEMCGATE_TEST_CAPTURE_SEEDS") == "" {
 		t.Skip("MEMCGATE_TEST_CAPTURE_SEEDS is not set")
 	}
-	dir := filepath.Join("testdata", "fuzz", "FuzzPipelined")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
+	for _, dir := range []string{pipeCorpus, pipeReplays} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for _, pc := range pipeCaptures {
+		dir := pipeCorpus
+		if pc.replay {
+			dir = pipeReplays
+		}
 		srv := memcachedtest.Start(t)
 		mix := append([]byte{launchSerial}, pc.mix...)
 		_, _, calls := pipeCalls(mix)
@@ -1021,7 +1065,7 @@ func TestPipelinedCapture(t *testing.T) {
 			cl.run(c)
 		}
 		c.Close()
-		stream := bytes.Join(rec.reads, nil)
+		stream := pipeCompact(bytes.Join(rec.reads, nil))
 		for _, mode := range pc.modes {
 			var cuts []byte
 			if mode == launchSerial {
@@ -1039,19 +1083,77 @@ func TestPipelinedCapture(t *testing.T) {
 }
 
 // pipeCaptures are the mixes TestPipelinedCapture records, by name.
-// Large values make slow inputs (the fuzzer minimizes what it finds
-// from them too): the mixes with one are replayed only as captured, or
-// only in a burst, where Gets share lines.
+// The mixes replayed as captured are TestPipelinedReplays', which
+// checks that every call gets memcached's answer (replay); the others
+// are FuzzPipelined's seeds.
 var pipeCaptures = []struct {
-	name  string
-	mix   []byte
-	modes []byte // the launch modes it is replayed in: launchSerial with the cuts captured, the others written whole
+	name   string
+	mix    []byte
+	modes  []byte // the launch modes it is replayed in: launchSerial with the cuts captured, the others written whole
+	replay bool   // in pipeReplays, not in the corpus
 }{
-	{"meta", []byte{pHead, pAppendCAS, pGet, pGAT, pIncr, pDelete}, []byte{launchSerial}},
-	{"reads", []byte{pGetRoom | 1<<4, pMulti | 2<<6, pProbe, pGet, pGAT | 1<<4, pHead}, []byte{launchSerial}},
-	{"writes", []byte{pSet, pSetBig, pAdd, pCAS, pTouch, pIncr}, []byte{launchSerial, launchOrdered, launchBurst}},
-	{"async", []byte{pGet, pAsyncGet, pAsyncSet, pProbe | 2<<6, pMulti, pDelete}, []byte{launchSerial, launchOrdered, launchBurst}},
-	{"gets", []byte{pGet, pGetRoom | 1<<4, pGet, pAsyncGet, pGet, pGet}, []byte{launchBurst}},
+	{"meta", []byte{pHead, pAppendCAS, pGet, pGAT, pIncr, pDelete}, []byte{launchSerial}, true},
+	{"reads", []byte{pGetRoom | 1<<4, pMulti | 2<<6, pProbe, pGet, pGAT | 1<<4, pHead}, []byte{launchSerial}, true},
+	{"writes", []byte{pSet, pSetBig, pAdd, pCAS, pTouch, pIncr}, []byte{launchSerial, launchOrdered, launchBurst}, false},
+	{"async", []byte{pGet, pAsyncGet, pAsyncSet, pProbe | 2<<6, pMulti, pDelete}, []byte{launchSerial, launchOrdered, launchBurst}, false},
+	{"gets", []byte{pGet, pGetRoom | 1<<4, pGet, pAsyncGet, pGet, pGet}, []byte{launchBurst}, false},
+}
+
+// Where TestPipelinedCapture writes: FuzzPipelined's corpus, and the
+// captures TestPipelinedReplays replays.
+const (
+	pipeCorpus  = "testdata/fuzz/FuzzPipelined"
+	pipeReplays = "testdata/pipelined"
+)
+
+// TestPipelinedReplays replays the captures of pipeReplays as captured
+// (launchSerial, each piece of memcached's replies written as it was
+// read): every call gets memcached's own answer, as the reference
+// reads it, and none fails on the connection.
+func TestPipelinedReplays(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join(pipeReplays, "*"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no captures in %s: %v", pipeReplays, err)
+	}
+	for _, name := range files {
+		t.Run(filepath.Base(name), func(t *testing.T) {
+			in := readPipeInput(t, name)
+			msg, calls := fuzzPipelined(in[0], in[1], in[2])
+			if msg != "" {
+				t.Error(msg)
+			}
+			for _, pc := range calls {
+				switch err := pc.got.err; {
+				case err == nil, errors.Is(err, memcache.ErrNotStored), errors.Is(err, memcache.ErrCASConflict), errors.Is(err, memcache.ErrCacheMiss):
+				default:
+					t.Errorf("call %d (kind %d): %v", pc.i, pc.kind, err)
+				}
+			}
+		})
+	}
+}
+
+// readPipeInput reads a FuzzPipelined input file: mix, stream, cuts.
+func readPipeInput(t *testing.T, name string) [3][]byte {
+	b, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(b), "\n")
+	var in [3][]byte
+	if len(lines) < 4 || lines[0] != "go test fuzz v1" {
+		t.Fatalf("%s: not a fuzz input file", name)
+	}
+	for i := range in {
+		q, ok := strings.CutPrefix(lines[i+1], "[]byte(")
+		q, ok2 := strings.CutSuffix(q, ")")
+		s, err := strconv.Unquote(q)
+		if !ok || !ok2 || err != nil {
+			t.Fatalf("%s: line %d: %q", name, i+2, lines[i+1])
+		}
+		in[i] = []byte(s)
+	}
+	return in
 }
 
 // pipeItems are the items a captured call's keys hold before the mix
@@ -1062,7 +1164,7 @@ func pipeItems(pc *pipeCall) map[string][]byte {
 	case pMulti, pProbe:
 		return map[string][]byte{pc.keys[0]: []byte("va"), pc.keys[2]: []byte(strings.Repeat("c", 40))}
 	case pGetRoom, pGAT:
-		return map[string][]byte{pc.key: []byte(strings.Repeat("L", op.LentValue+100))}
+		return map[string][]byte{pc.key: pipeLarge}
 	case pIncr:
 		return map[string][]byte{pc.key: []byte("41")}
 	case pAdd:
