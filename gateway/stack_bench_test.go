@@ -28,10 +28,23 @@ import (
 // returns the server's address and the cluster.
 func startStack(tb testing.TB, mod func(*Options)) (string, *upstream.Cluster) {
 	tb.Helper()
-	m := memcachedtest.Start(tb)
+	return startStackOn(tb, []*memcachedtest.Server{memcachedtest.Start(tb)}, nil, mod)
+}
+
+// startStackOn is startStack over the memcached servers nodes, with the
+// cluster's Options changed by upMod (if not nil).
+func startStackOn(tb testing.TB, nodes []*memcachedtest.Server, upMod func(*upstream.Options), mod func(*Options)) (string, *upstream.Cluster) {
+	tb.Helper()
 	reg := prometheus.NewRegistry()
 	lg := slog.New(slog.NewTextHandler(io.Discard, nil))
-	c, err := upstream.New(upstream.Options{Servers: []upstream.Server{{Host: "127.0.0.1", Port: m.Port}}, PipelineConns: 2, BatchGets: true, Timeout: time.Second}, lg, reg)
+	uo := upstream.Options{PipelineConns: 2, BatchGets: true, Timeout: time.Second}
+	for _, m := range nodes {
+		uo.Servers = append(uo.Servers, upstream.Server{Host: "127.0.0.1", Port: m.Port})
+	}
+	if upMod != nil {
+		upMod(&uo)
+	}
+	c, err := upstream.New(uo, lg, reg)
 	if err != nil {
 		tb.Fatal(err)
 	}
