@@ -1,0 +1,162 @@
+package mcpipe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/upstream/op"
+)
+
+// TestItemsNotReadAfterReuse (issue #20): the reader keeps a shared gets
+// line's item array for the next line, and the queue's array for the
+// next calls. Callers on shared lines (single-key Gets, synchronous and
+// asynchronous), replies of their own (multi-key Gets, GATs) and misses
+// run at once on few connections, steadily and while memcached is
+// paused past the timeout (connections failing mid-reply); every item a
+// caller gets must be its key's, when it gets it and after everyone's
+// later reads. Under -race a caller's read of an array the reader
+// reused is also a race with the reader's write.
+func TestItemsNotReadAfterReuse(t *testing.T) {
+	for _, paused := range []bool{false, true} {
+		t.Run(fmt.Sprintf("paused=%v", paused), func(t *testing.T) {
+			m := memcachedtest.Start(t)
+			c := newClient(m.Addr, 2, nil)
+			t.Cleanup(func() { c.Close() })
+			value := func(k string) string { return "v-" + k + "-" + strings.Repeat(k, len(k)%5+1) }
+			const keys = 200
+			for i := range keys {
+				k := fmt.Sprintf("k%d", i)
+				if err := c.Set(&memcache.Item{Key: k, Value: []byte(value(k)), Flags: uint32(i)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			stop := make(chan struct{})
+			var pauses sync.WaitGroup
+			if paused {
+				pauses.Go(func() {
+					for {
+						select {
+						case <-stop:
+							return
+						case <-time.After(200 * time.Millisecond):
+						}
+						m.Pause()
+						time.Sleep(700 * time.Millisecond)
+						m.Resume()
+					}
+				})
+			}
+			// check reports what is wrong with it as the item of key k ("" if
+			// nothing is).
+			check := func(k string, it *memcache.Item) string {
+				if it == nil || it.Key != k || string(it.Value) != value(k) {
+					return fmt.Sprintf("key %s: item %+v", k, it)
+				}
+				return ""
+			}
+			var mu sync.Mutex
+			var kept []*memcache.Item // checked again once every worker is done
+			var wg sync.WaitGroup
+			for w := range 32 {
+				wg.Go(func() {
+					rng := rand.New(rand.NewPCG(uint64(w), 3))
+					var mine []*memcache.Item
+					defer func() {
+						mu.Lock()
+						kept = append(kept, mine...)
+						mu.Unlock()
+					}()
+					deadline := time.Now().Add(2 * time.Second)
+					for time.Now().Before(deadline) {
+						n := rng.IntN(keys + 20)
+						k, exists := fmt.Sprintf("k%d", n), n < keys // some misses
+						var errs []string
+						switch rng.IntN(9) {
+						case 6: // a reply of its own
+							ks := []string{k, fmt.Sprintf("k%d", rng.IntN(keys)), fmt.Sprintf("k%d", rng.IntN(keys))}
+							items, err := c.GetMulti(ks)
+							if err != nil {
+								continue
+							}
+							for key, it := range items {
+								if e := check(key, it); e != "" {
+									errs = append(errs, "GetMulti: "+e)
+								}
+								mine = append(mine, it)
+							}
+							if _, ok := items[k]; ok != exists {
+								errs = append(errs, fmt.Sprintf("GetMulti: %s found %v", k, ok))
+							}
+						case 7: // a GAT: a reply of its own
+							it, _, err := c.Do(context.Background(), op.Op{Verb: op.GAT, Item: op.Item{Key: k}}, k)
+							switch {
+							case err == nil:
+								if e := check(k, it); e != "" {
+									errs = append(errs, "GAT: "+e)
+								}
+								mine = append(mine, it)
+							case errors.Is(err, memcache.ErrCacheMiss) && exists:
+								errs = append(errs, "GAT: a miss of "+k)
+							}
+						case 8: // on a shared line, called back by the reader
+							done := make(chan string, 1)
+							err := c.DoAsync(context.Background(), op.Op{Verb: op.Get, Item: op.Item{Key: k}}, k, func(it *memcache.Item, _ uint64, err error) {
+								switch {
+								case err == nil:
+									done <- check(k, it)
+									mu.Lock()
+									kept = append(kept, it)
+									mu.Unlock()
+								case errors.Is(err, memcache.ErrCacheMiss) && exists:
+									done <- "a miss of " + k
+								default:
+									done <- ""
+								}
+							})
+							if err == nil {
+								if e := <-done; e != "" {
+									errs = append(errs, "DoAsync: "+e)
+								}
+							}
+						default: // on a shared line
+							it, err := c.Get(k)
+							switch {
+							case err == nil:
+								if e := check(k, it); e != "" {
+									errs = append(errs, "Get: "+e)
+								}
+								mine = append(mine, it)
+							case errors.Is(err, memcache.ErrCacheMiss) && exists:
+								errs = append(errs, "Get: a miss of "+k)
+							}
+						}
+						for _, e := range errs {
+							t.Error(e)
+						}
+						if len(errs) > 0 {
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			close(stop)
+			pauses.Wait()
+			for _, it := range kept {
+				if e := check(it.Key, it); e != "" {
+					t.Fatalf("an item changed after its caller had it: %s", e)
+				}
+			}
+			t.Logf("%d items checked again", len(kept))
+		})
+	}
+}
