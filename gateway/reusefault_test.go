@@ -16,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memcgate/memcgate/gateway/budget"
+	"github.com/memcgate/memcgate/gateway/bufpool"
+	"github.com/memcgate/memcgate/gateway/h1"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 	"github.com/memcgate/memcgate/upstream"
 )
@@ -58,6 +61,9 @@ func TestReleasedRequestsUnderFaults(t *testing.T) {
 			}, func(o *Options) {
 				o.AccessLog, o.AccessLogger = true, slog.New(recs)
 				o.BigValueMaxBytes = 3 << 20
+				// As cmd/memcgate: bodies read ahead are taken whole, in
+				// buffers h1 and the handler share, held in one budget.
+				o.TakeBody, o.Budget, o.Buffers = h1.TakeAhead, budget.New(64<<20), bufpool.New(64<<20)
 				if tt.fault == "pause" {
 					o.RequestTimeout = 250 * time.Millisecond
 				}

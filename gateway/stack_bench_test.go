@@ -65,6 +65,14 @@ func startStackOn(tb testing.TB, nodes []*memcachedtest.Server, upMod func(*upst
 		ReadHeaderTimeout: std.ReadHeaderTimeout, ReadTimeout: std.ReadTimeout, WriteTimeout: std.WriteTimeout, IdleTimeout: std.IdleTimeout,
 		Fallback: std, ErrorLog: quiet,
 	}
+	// The handler's byte budget and body buffers are the server's too,
+	// as cmd/memcgate shares them.
+	if opts.Budget != nil {
+		srv.Budget = opts.Budget
+	}
+	if bs, ok := opts.Buffers.(h1.Buffers); ok && bs != nil {
+		srv.Buffers = bs
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
