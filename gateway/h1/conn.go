@@ -629,8 +629,13 @@ func (c *conn) runHandler(w *response, req *http.Request) (ok bool) {
 			c.srv.logf("h1: panic serving %s: %v\n%s", c.remote, v, buf)
 		}
 	}()
-	if d := c.srv.Detached; d != nil && d(w, req, w) {
-		return true
+	if d := c.srv.Detached; d != nil {
+		if d(w, req, w) {
+			return true
+		}
+		// It reported false, so it must have touched nothing; a give-back
+		// it made anyway must not reach a Handler that may keep the request.
+		c.rqBack = false
 	}
 	c.srv.Handler.ServeHTTP(w, req)
 	return true

@@ -19,9 +19,10 @@ import (
 // follow.
 func TestRequestReuse(t *testing.T) {
 	tests := []struct {
-		name    string
-		release bool
-	}{{"released", true}, {"kept", false}}
+		name     string
+		release  bool
+		declined bool // Detached gives it back but declines it, against its contract
+	}{{"released", true, false}, {"kept", false, false}, {"kept after a Detached declined it", false, true}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var mu sync.Mutex
@@ -39,7 +40,19 @@ func TestRequestReuse(t *testing.T) {
 				}
 				mu.Unlock()
 				w.Write([]byte(r.URL.Path + " " + r.Header.Get("X-N")))
-			}), nil)
+			}), func(s *Server) {
+				if tt.declined {
+					s.Detached = func(_ http.ResponseWriter, _ *http.Request, d interface {
+						Detach() (finish func())
+						Block()
+						WaitIfRefused()
+						ReleaseRequest()
+					}) bool {
+						d.ReleaseRequest()
+						return false
+					}
+				}
+			})
 			c, br := dial(t, addr)
 			const n = 40
 			for i := range n {
