@@ -77,31 +77,13 @@ func TestReleasedRequestsUnderFaults(t *testing.T) {
 					faults.Go(func() { resetClient(t, addr, w, i, stop) })
 				}
 			case "pause":
-				faults.Go(func() {
-					for {
-						select {
-						case <-stop:
-							return
-						case <-time.After(150 * time.Millisecond):
-						}
-						nodes[0].Pause()
-						time.Sleep(400 * time.Millisecond)
-						nodes[0].Resume()
-					}
-				})
+				faults.Go(func() { every150ms(stop, nodes[0].Pause, 400*time.Millisecond, nodes[0].Resume) })
 			case "kill":
 				faults.Go(func() {
-					for {
-						select {
-						case <-stop:
-							return
-						case <-time.After(150 * time.Millisecond):
-						}
-						nodes[0].Kill()
-						time.Sleep(200 * time.Millisecond)
+					every150ms(stop, nodes[0].Kill, 200*time.Millisecond, func() {
 						nodes[0].Restart()
 						w.setRaw(t, nodes[0])
-					}
+					})
 				})
 			}
 			// Resets are other clients': these ones' answers are all due.
@@ -203,6 +185,21 @@ func newReuseWorld(t *testing.T, addr string, nodes []*memcachedtest.Server, chu
 	slices.Sort(w.static)
 	w.static = append(w.static, "miss0", "miss1")
 	return w
+}
+
+// every150ms takes a node down and, after hold, up again, 150 ms after
+// each time it came back, until stop is closed.
+func every150ms(stop <-chan struct{}, down func(), hold time.Duration, up func()) {
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(150 * time.Millisecond):
+		}
+		down()
+		time.Sleep(hold)
+		up()
+	}
 }
 
 // setRaw stores the raw values on m, as the raw codec would.
