@@ -144,6 +144,22 @@ func allocated() uint64 {
 }
 
 // fuzzResult is what a FuzzReply request came to.
+// single sets r from a single-key read's item and error, as a multi-key
+// read says them: a miss is no item, a value the Room refused a key in
+// nofit.
+func (r *fuzzResult) single(it *memcache.Item, err error, key string) {
+	r.err = err
+	if it != nil {
+		r.items = []*memcache.Item{it}
+	}
+	switch {
+	case errors.Is(err, memcache.ErrCacheMiss):
+		r.err = nil
+	case errors.Is(err, ErrNoFit):
+		r.err, r.nofit = nil, []string{key}
+	}
+}
+
 type fuzzResult struct {
 	items   []*memcache.Item // in reply order for a shared line; by key for a multi-key read
 	dropped []string
@@ -199,19 +215,8 @@ func fuzzCall(t *testing.T, m int, reply []byte, lim, budget int) fuzzResult {
 		if m == fuzzGAT {
 			o = op.Op{Verb: op.GAT, Item: op.Item{Expiration: 10}, Room: &testRoom{limit: int64(max(budget, 1))}}
 		}
-		var it *memcache.Item
-		it, _, r.err = c.Do(ctx, o, "k")
-		if it != nil {
-			r.items = []*memcache.Item{it}
-		}
-		// As a multi-key read says them: a miss is no item, a value
-		// the Room refused a key in nofit.
-		switch {
-		case errors.Is(r.err, memcache.ErrCacheMiss):
-			r.err = nil
-		case errors.Is(r.err, ErrNoFit):
-			r.err, r.nofit = nil, []string{"k"}
-		}
+		it, _, err := c.Do(ctx, o, "k")
+		r.single(it, err, "k")
 	case fuzzMulti, fuzzMultiRm:
 		var items map[string]*memcache.Item
 		if m == fuzzMulti {

@@ -223,16 +223,7 @@ func (pc *pipeCall) run(c *Client) {
 		} else {
 			it, _, r.err = c.Do(ctx, o, pc.key)
 		}
-		if it != nil {
-			r.items = []*memcache.Item{it}
-		}
-		// As a multi-key read says them (fuzzCall).
-		switch {
-		case errors.Is(r.err, memcache.ErrCacheMiss):
-			r.err = nil
-		case errors.Is(r.err, ErrNoFit):
-			r.err, r.nofit = nil, []string{pc.key}
-		}
+		r.single(it, r.err, pc.key)
 	case pMulti, pProbe:
 		var items map[string]*memcache.Item
 		items, r.dropped, r.nofit, r.err = c.GetMultiLimit(ctx, pc.keys, pc.limit, nil, pc.kind == pProbe)
