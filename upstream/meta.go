@@ -268,7 +268,11 @@ func (n *node) metaHead(ctx context.Context, o op.Op, sk string) (*memcache.Item
 }
 
 // parseMetaTTL reads the reply to "mg <key> t c": "HD t<ttl> c<cas>"
-// (t-1: no expiry) or "EN" (a miss).
+// (t-1: no expiry) or "EN" (a miss). A flag given twice is ErrServer,
+// as mcpipe's metaResult refuses one: memcached returns each flag asked
+// once (it refuses a request that repeats one, "CLIENT_ERROR duplicate
+// flag"), so a reply with two TTLs is no answer to the lookup, and
+// neither of them is taken.
 func parseMetaTTL(line []byte) (int32, uint64, error) {
 	line = bytes.TrimRight(line, "\r\n")
 	fields := bytes.Fields(line)
@@ -284,7 +288,7 @@ func parseMetaTTL(line []byte) (int32, uint64, error) {
 	}
 	var ttl int64
 	var cas uint64
-	var haveTTL bool
+	var haveTTL, haveCAS bool
 	for _, f := range fields[1:] {
 		if len(f) < 2 {
 			continue
@@ -292,10 +296,17 @@ func parseMetaTTL(line []byte) (int32, uint64, error) {
 		var err error
 		switch f[0] {
 		case 't':
+			if haveTTL {
+				return 0, 0, fmt.Errorf("%w: meta reply %q has the flag t twice", ErrServer, line)
+			}
 			ttl, err = strconv.ParseInt(string(f[1:]), 10, 32)
 			haveTTL = true
 		case 'c':
+			if haveCAS {
+				return 0, 0, fmt.Errorf("%w: meta reply %q has the flag c twice", ErrServer, line)
+			}
 			cas, err = strconv.ParseUint(string(f[1:]), 10, 64)
+			haveCAS = true
 		}
 		if err != nil {
 			return 0, 0, fmt.Errorf("%w: meta reply %q: %w", ErrServer, line, err)

@@ -30,6 +30,9 @@ func TestParseMetaTTL(t *testing.T) {
 		{"no ttl", "HD c1\r\n", 0, 0, ErrServer},
 		{"garbage", "VALUE x 0 1\r\n", 0, 0, ErrServer},
 		{"bad number", "HD tx c1\r\n", 0, 0, ErrServer},
+		// memcached returns each flag asked once: two are no answer.
+		{"ttl twice", "HD t100 t5 c7\r\n", 0, 0, ErrServer},
+		{"cas twice", "HD t100 c7 c8\r\n", 0, 0, ErrServer},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1392,9 +1392,15 @@ func readProbe(br *bufio.Reader, keys []string) (r reply, err error) {
 
 // parseProbeLine parses "HD s<size> k<key>\r\n", its flags in any order
 // and others passed over, into the key (a slice of line) and the size.
+// s or k given twice is an error, as in metaResult: memcached returns
+// each flag asked once, and a line with two sizes or two keys says
+// neither.
 func parseProbeLine(line []byte) (key []byte, size int, err error) {
 	seen := 0
 	for tok := range bytes.FieldsSeq(line[2 : len(line)-2]) {
+		if (tok[0] == 's' && seen&1 != 0) || (tok[0] == 'k' && seen&2 != 0) {
+			return nil, 0, fmt.Errorf("%w: flag %c twice in %s", errProtocol, tok[0], shown(line))
+		}
 		switch tok[0] {
 		case 's':
 			n, perr := strconv.ParseUint(string(tok[1:]), 10, 31)

@@ -579,6 +579,9 @@ func (rd *refReader) probe(keys []string) ref {
 		case s == "HD" || s == "OK" || strings.HasPrefix(s, "HD ") || strings.HasPrefix(s, "OK "):
 			key, size, ok := "", -1, 0
 			for _, tok := range strings.Fields(s[2:]) {
+				if tok[0] == 's' && ok&1 != 0 || tok[0] == 'k' && ok&2 != 0 {
+					ok = -100 // a flag twice
+				}
 				switch tok[0] {
 				case 's':
 					n, err := strconv.ParseUint(tok[1:], 10, 31)

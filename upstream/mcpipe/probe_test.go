@@ -47,6 +47,10 @@ func TestReadProbe(t *testing.T) {
 		{name: "without its key", reply: "HD s1\r\nMN\r\n", err: errProbeRefused},
 		{name: "bare", reply: "HD\r\nOK\r\nMN\r\n", err: errProbeRefused},
 		{name: "a bad size", reply: "HD s-1 ka\r\nMN\r\n", err: errProbeRefused},
+		// memcached returns each flag asked once: a line with two sizes
+		// or two keys says neither, and the keys are read without a probe.
+		{name: "size twice", reply: "HD s1 s9 ka\r\nMN\r\n", err: errProbeRefused},
+		{name: "key twice", reply: "HD s1 ka kbb\r\nMN\r\n", err: errProbeRefused},
 		{name: "a key not asked for", reply: "HD s1 kz\r\nMN\r\n", err: errBad},
 		{name: "out of order", reply: "HD s1 kc\r\nHD s1 ka\r\nMN\r\n", err: errBad},
 		{name: "a value", reply: "VALUE a 0 1\r\nx\r\nMN\r\n", err: errBad},
