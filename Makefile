@@ -51,8 +51,12 @@ lint:
 	$(GO) run $(STATICCHECK) $(PKGS)
 
 # Short, fixed-time runs of every fuzz target (a regression net, not a hunt).
+# make test runs the same command, not a sub-make: make -n runs every
+# line that names $(MAKE), and make -n test would have run the tests
+# written on that line instead of printing them.
+FUZZ = bash test/scripts/fuzz.sh $(FUZZTIME)
 fuzz:
-	@bash test/scripts/fuzz.sh $(FUZZTIME)
+	@$(FUZZ)
 
 # Test binaries make test runs at once. Most of them wait (on timeouts, on
 # the memcached and gateway processes they start) more than they compute:
@@ -81,7 +85,7 @@ test: deps-test fmt-check vet
 	# upstream again on gomemcache's pool (MEMCGATE_PIPELINE_CONNS=0), beside
 	# the fuzz targets: its tests mostly wait, the fuzzers compute
 	$(TESTENV) $(GO) test -race -count=1 ./upstream -args -pipeline-conns=0 & up=$$!; \
-	fuzz=0; $(MAKE) --no-print-directory fuzz || fuzz=$$?; \
+	fuzz=0; $(FUZZ) || fuzz=$$?; \
 	wait $$up && exit $$fuzz
 
 # Seed 000 reproduced: 101 keys through a 100 ms-per-direction delay relay,
