@@ -77,7 +77,7 @@ func TestRefusalPanicRestartAlerts(t *testing.T) {
           - exp_labels: {severity: warning, instance: "mc1:9150"}
             exp_annotations:
               runbook_url: "https://github.com/memcgate/memcgate/blob/main/docs/runbook.md#memcgatememcachedrestarted"
-              summary: "memcached mc1:9150 restarted: its cache is empty"
+              summary: "memcached mc1:9150 restarted, and no gateway counted it: its cache is empty"
               description: "Its keys miss until written again, and what stands behind the cache takes those reads. Crash, OOM kill, a rollout or a reboot: see the runbook."
       - eval_time: 30m
         alertname: MemcgateMemcachedRestarted
