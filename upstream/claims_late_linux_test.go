@@ -16,6 +16,7 @@ import (
 	"unsafe"
 
 	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/upstream/hashring"
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
@@ -162,5 +163,75 @@ func TestALateReadEjectsNoNode(t *testing.T) {
 				t.Errorf("the node is up: %v, want %v (%v)", up, tt.wantUp, res.Err)
 			}
 		})
+	}
+}
+
+// starvedConn is a connection whose first read starts lag after its
+// deadline, once the answer waits in the socket: a goroutine starved of
+// the processor, whose answer came in time (0061).
+type starvedConn struct {
+	*net.TCPConn // so that onTimeConn sees the socket (syscall.Conn)
+	lag          time.Duration
+
+	mu       sync.Mutex
+	deadline time.Time
+	late     bool // the first read was late
+}
+
+func (c *starvedConn) SetDeadline(t time.Time) error {
+	c.mu.Lock()
+	c.deadline = t
+	c.mu.Unlock()
+	return c.TCPConn.SetDeadline(t)
+}
+
+func (c *starvedConn) Read(p []byte) (int, error) {
+	c.mu.Lock()
+	late, d := c.late, c.deadline
+	c.late = true
+	c.mu.Unlock()
+	if !late {
+		lc := lateConn{TCPConn: c.TCPConn}
+		for lc.unread() == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(time.Until(d.Add(c.lag)))
+	}
+	return c.TCPConn.Read(p)
+}
+
+// TestSetServersLateProbeStartsUp: a node a reload adds whose probe
+// passes takes traffic, its answer read late included: an answer in the
+// socket at the probe's deadline passes the probe (0061), and
+// SetServers waits as long for it. It waited one Health.Timeout: the
+// probe passed after the wait ended, and the node started down, taking
+// traffic Rise probes later.
+func TestSetServersLateProbeStartsUp(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 2)
+	const timeout = 200 * time.Millisecond
+	var dials atomic.Int32
+	c, _ := newTestCluster(t, mcs[:1], func(o *Options) {
+		o.Health.Timeout = timeout
+		o.Health.Interval = time.Hour // no round admits the node meanwhile
+		o.Dialer = func(ctx context.Context, network, address string) (net.Conn, error) {
+			var d net.Dialer
+			nc, err := d.DialContext(ctx, network, address)
+			if err != nil || address != mcs[1].Addr || dials.Add(1) > 1 {
+				return nc, err
+			}
+			// The probe's connection: read half a timeout late.
+			return &starvedConn{TCPConn: nc.(*net.TCPConn), lag: timeout / 2}, nil
+		}
+	})
+	start := time.Now()
+	if _, err := c.SetServers(t.Context(), serversOf(mcs...), hashring.Ketama); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	t.Logf("SetServers took %v (probe timeout %v, the probe read %v past its deadline)", took, timeout, timeout/2)
+	for _, st := range c.Nodes() {
+		if !st.Up {
+			t.Errorf("%s: down (%s) after SetServers (%v), want up: its probe passed", st.Node, st.Reason, took)
+		}
 	}
 }

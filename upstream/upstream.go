@@ -12,8 +12,9 @@
 // one goroutine per node batch for its duration; a DoAsync read that
 // fails on a transport error is retried on a goroutine of its own; and
 // Prepare (SetServers) probes the nodes it adds on goroutines of their
-// own, at most maxProbes at once, each ending within one probe timeout
-// or when Prepare's context ends. No gomemcache type or error leaves the
+// own, at most maxProbes at once, each ending within one probe timeout,
+// one more when its answer waited unread in its socket (0061), or when
+// Prepare's context ends. No gomemcache type or error leaves the
 // package.
 package upstream
 
@@ -426,9 +427,12 @@ type Prepared struct {
 // route's pools).
 //
 // The nodes added are probed (probeAdded): at most maxProbes at once,
-// and for at most one Health.Timeout however many they are, or until
-// ctx is done. One that answered takes traffic once committed; one that
-// did not starts down and waits for Rise probes like any down node. A
+// started within one Health.Timeout however many they are, each awaited
+// until it ends (at most two Health.Timeouts: its own, and one more when
+// its answer waited unread in the socket), or until ctx is done. One
+// whose probe passed takes traffic once committed; one whose probe
+// failed, or did not start in time, starts down and waits for Rise
+// probes like any down node. A
 // node added may hold values its keys were given on other nodes before
 // it joined (it was in an earlier server list, of this process or of
 // one before it): with next.ReadmitFlush it is flushed instead of
@@ -668,18 +672,22 @@ type addedProbe struct {
 }
 
 // probeAdded probes or flushes the nodes of probes, at most maxProbes
-// at once, and waits for them for at most one Health.Timeout in all, or
-// until ctx is done. A probe that passes asks its node stats too, for
-// what it holds (unseenHolds), within another Health.Timeout; the node
-// answered when its probe did, and if the wait ends before its stats,
-// what it holds is unknown and counts as items held, as a stats that
-// fails does. A node that answers frees its place within a round trip:
-// only maxProbes nodes that hang keep the others from being probed
-// before the wait ends, and those then start down. A probe still
-// running then goes on on its own goroutine, for at most two
-// Health.Timeouts or until ctx is done, and its answer is dropped: its
-// node starts down, and the health checker admits it, asking it stats
-// then (readmit).
+// at once, and waits for them for one Health.Timeout in all, or until
+// ctx is done. A probe that passes asks its node stats too, for what it
+// holds (unseenHolds), within another Health.Timeout; the node answered
+// when its probe did, and if the wait ends before its stats, what it
+// holds is unknown and counts as items held, as a stats that fails
+// does. A node that answers frees its place within a round trip: only
+// maxProbes nodes that hang keep the others from being probed before
+// the wait ends, and those then start down. A probe still running when
+// the wait ends is awaited on until two Health.Timeouts from its start:
+// past its deadline it reads on only an answer that came in time
+// (onTimeConn, 0061), so a probe that passes, read late, starts its
+// node up, and one that fails at its deadline ends the wait then. A
+// probe still running after that goes on on its own goroutine until its
+// reads end or ctx is done, and its answer is dropped: its node starts
+// down, and the health checker admits it, asking it stats then
+// (readmit).
 func (c *Cluster) probeAdded(ctx context.Context, probes []addedProbe) {
 	if len(probes) == 0 {
 		return
@@ -710,7 +718,8 @@ func (c *Cluster) probeAdded(ctx context.Context, probes []addedProbe) {
 	}
 	// stats counts the nodes that answered whose stats are awaited.
 	started, answered, stats := 0, 0, 0
-	var cut error // why the wait ended before every node answered
+	var lastStart time.Time // of the probe started last
+	var cut error           // why the wait ended before every node answered
 	for (answered < len(probes) || stats > 0) && cut == nil {
 		var slot chan struct{} // nil, which blocks, once every probe started
 		if started < len(probes) {
@@ -720,6 +729,7 @@ func (c *Cluster) probeAdded(ctx context.Context, probes []addedProbe) {
 		case slot <- struct{}{}:
 			i, n, flush := started, probes[started].n, probes[started].flush
 			started++
+			lastStart = time.Now()
 			if flush {
 				n.flushOwed.Store(true) // until the flush is known to be done
 			}
@@ -749,6 +759,31 @@ func (c *Cluster) probeAdded(ctx context.Context, probes []addedProbe) {
 			cut = fmt.Errorf("no answer within %s (the probe timeout) while the servers changed", wait)
 		case <-ctx.Done():
 			cut = fmt.Errorf("the server change was cut short: %w", context.Cause(ctx))
+		}
+	}
+	// A probe running past the wait is past its own deadline, or close
+	// to it: it passes if its answer waited unread in the socket, read
+	// with one more timeout (onTimeConn, 0061), and the node it passed
+	// must start up. So each probe started is waited for two timeouts
+	// from its start; one that fails at its deadline ends the wait then.
+	// No probe starts any more, and the stats of a node that answers now
+	// are not waited for (its holds are unknown).
+	if cut != nil && ctx.Err() == nil && answered < started {
+		timer.Reset(time.Until(lastStart.Add(2 * wait)))
+	grace:
+		for answered < started {
+			select {
+			case a := <-answers:
+				record(a)
+				if !a.stats {
+					answered++
+				}
+			case <-timer.C:
+				break grace
+			case <-ctx.Done():
+				cut = fmt.Errorf("the server change was cut short: %w", context.Cause(ctx))
+				break grace
+			}
 		}
 	}
 drain: // answers in before the wait ended
