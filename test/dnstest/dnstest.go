@@ -1,7 +1,7 @@
 // Package dnstest answers DNS questions on a loopback UDP port for tests
 // of MEMCGATE_SERVERS_DNS: SRV and A records that the test sets and
 // changes while the gateway polls them, or SRV answers that take turns. Every other question gets an
-// empty answer.
+// empty answer; a server that hangs answers none.
 package dnstest
 
 import (
@@ -28,6 +28,8 @@ type Server struct {
 	srv   [][]dnsmessage.SRVResource
 	a     []dnsmessage.AResource
 	turns map[string]int // SRV questions asked, by name
+	hang  bool           // questions get no answer
+	asked int            // questions received, answered or not
 }
 
 // Start listens on a free loopback port and answers until the test ends.
@@ -110,12 +112,34 @@ func (s *Server) SetA(addrs ...string) {
 	s.a = out
 }
 
+// Hang makes the server read questions and answer none (on), as a DNS
+// server that stalls, or answer them again (off).
+func (s *Server) Hang(on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hang = on
+}
+
+// Asked returns how many questions came, answered or not.
+func (s *Server) Asked() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.asked
+}
+
 func (s *Server) serve() {
 	buf := make([]byte, 1500)
 	for {
 		n, addr, err := s.conn.ReadFrom(buf)
 		if err != nil {
 			return
+		}
+		s.mu.Lock()
+		s.asked++
+		hang := s.hang
+		s.mu.Unlock()
+		if hang {
+			continue
 		}
 		if out, ok := s.answer(buf[:n]); ok {
 			_, _ = s.conn.WriteTo(out, addr)

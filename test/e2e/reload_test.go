@@ -754,3 +754,53 @@ func TestReloadConnCapWarned(t *testing.T) {
 		}
 	}
 }
+
+// TestSlowDNSHoldsOnlyTheReload: a SERVERS_DNS lookup that gets no
+// answer (up to its 5 s timeout) holds the reload that asked, and
+// nothing else: requests, the admin endpoints that show the
+// configuration and its reloads, and a SIGTERM, which cuts the lookup
+// short and stops the gateway at once.
+func TestSlowDNSHoldsOnlyTheReload(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 1)
+	dns := dnstest.Start(t)
+	dns.SetLocalhost(mcs[0].Port)
+	g := startGateway(t, map[string]string{
+		"MEMCGATE_SERVERS_DNS":  "_memcache._tcp.memcached.test",
+		"MEMCGATE_DNS_SERVER":   dns.Addr(),
+		"MEMCGATE_DNS_INTERVAL": "1h", // SIGHUP alone asks
+	})
+	if r := g.do("PUT", "/k", []byte("v")); r.status != 201 {
+		t.Fatalf("PUT /k = %d %s", r.status, r.body)
+	}
+	dns.Hang(true)
+	asked := dns.Asked()
+	g.Signal(syscall.SIGHUP)
+	for deadline := time.Now().Add(5 * time.Second); dns.Asked() == asked; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("SIGHUP asked the DNS server nothing")
+		}
+	}
+	const quick = time.Second // the lookup waits 5 s
+	for _, url := range []string{g.URL + "/k", g.Admin + "/debug/config", g.Admin + "/status", g.Admin + "/readyz", g.Admin + "/debug/nodes"} {
+		start := time.Now()
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatalf("GET %s during the lookup: %v", url, err)
+		}
+		resp.Body.Close()
+		if took := time.Since(start); resp.StatusCode != 200 || took > quick {
+			t.Errorf("GET %s during the lookup: %d after %v, want 200 within %v", url, resp.StatusCode, took, quick)
+		}
+	}
+	// The race detector's runtime sleeps a second at exit
+	// (GORACE atexit_sleep_ms).
+	const stopped = quick + time.Second
+	start := time.Now()
+	g.Signal(syscall.SIGTERM)
+	err, exited := g.Wait(10 * time.Second)
+	took := time.Since(start)
+	t.Logf("SIGTERM during the lookup: exited after %v", took)
+	if !exited || err != nil || took > stopped {
+		t.Errorf("SIGTERM during the lookup: exited %v (%v) after %v, want status 0 within %v", exited, err, took, stopped)
+	}
+}

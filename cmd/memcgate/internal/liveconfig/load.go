@@ -99,12 +99,9 @@ func lookupServers(ctx context.Context, cfg config.Config) ([]config.Server, err
 	if err != nil {
 		return nil, err
 	}
-	r := net.DefaultResolver
+	r := &net.Resolver{Dial: dialCut(&net.Dialer{}, "")}
 	if cfg.DNSServer != "" {
-		d := net.Dialer{Timeout: 2 * time.Second}
-		r = &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return d.DialContext(ctx, network, cfg.DNSServer)
-		}}
+		r = &net.Resolver{PreferGo: true, Dial: dialCut(&net.Dialer{Timeout: 2 * time.Second}, cfg.DNSServer)}
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -141,6 +138,26 @@ func lookupServers(ctx context.Context, cfg config.Config) ([]config.Server, err
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Addr() < out[j].Addr() })
 	return slices.CompactFunc(out, func(a, b config.Server) bool { return a.Addr() == b.Addr() }), nil
+}
+
+// dialCut is a resolver's Dial: it dials with d (server, if not empty,
+// instead of the server the resolver asks) and closes the connection
+// when the lookup's context ends. Go's resolver sets the context's
+// deadline on its connection but does not watch the context, so a
+// lookup whose server does not answer ran on to its timeout (5 s) after
+// its context was cancelled: a SIGTERM during a reload waited for it.
+func dialCut(d *net.Dialer, server string) func(ctx context.Context, network, address string) (net.Conn, error) {
+	return func(ctx context.Context, network, address string) (net.Conn, error) {
+		if server != "" {
+			address = server
+		}
+		c, err := d.DialContext(ctx, network, address)
+		if err != nil {
+			return nil, err
+		}
+		context.AfterFunc(ctx, func() { c.Close() })
+		return c, nil
+	}
 }
 
 // lookupError is err, the failed lookup of SERVERS_DNS's host, naming

@@ -1,10 +1,12 @@
 package liveconfig
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/memcgate/memcgate/test/dnstest"
 )
@@ -119,6 +121,27 @@ func TestServersDNSAnswers(t *testing.T) {
 			}
 			if strings.Join(got, ",") != tt.want {
 				t.Errorf("nodes = %s, want %s", strings.Join(got, ","), tt.want)
+			}
+		})
+	}
+}
+
+// TestServersDNSLookupCutByContext: a SERVERS_DNS lookup whose server
+// does not answer ends when its context does (a SIGTERM during a
+// reload), not at its 5 s timeout: Go's resolver sets the context's
+// deadline on its connection but does not watch the context, and a
+// gateway asked to stop during such a lookup stopped 5 s later.
+func TestServersDNSLookupCutByContext(t *testing.T) {
+	for _, name := range []string{"_memcache._tcp.memcached.test", "memcached.test:11211"} {
+		t.Run(name, func(t *testing.T) {
+			dns := dnstest.Start(t)
+			dns.Hang(true)
+			ctx, cancel := context.WithCancel(t.Context())
+			time.AfterFunc(100*time.Millisecond, cancel)
+			start := time.Now()
+			_, err := Load(ctx, map[string]string{"MEMCGATE_SERVERS_DNS": name, "MEMCGATE_DNS_SERVER": dns.Addr()})
+			if took := time.Since(start); err == nil || took > time.Second {
+				t.Errorf("Load cancelled after 100ms = %v after %v, want an error within 1s", err, took)
 			}
 		})
 	}
