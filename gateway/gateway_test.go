@@ -96,7 +96,7 @@ func TestRequests(t *testing.T) {
 		{name: "touch", method: "POST", target: "/k?op=touch&exptime=5", preset: map[string]string{"k": "v"}, wantStatus: 204, wantCalls: 1},
 		{name: "touch missing", method: "POST", target: "/k?op=touch&exptime=5", wantStatus: 404, wantCalls: 1},
 		{name: "touch without exptime", method: "POST", target: "/k?op=touch", wantStatus: 400, wantCalls: 0},
-		{name: "post no op", method: "POST", target: "/k", wantStatus: 400, wantBody: "POST needs ?op=", wantCalls: 0},
+		{name: "post no op", method: "POST", target: "/k", wantStatus: 400, wantBody: "POST needs ?op=append, ?op=prepend, ?op=incr, ?op=decr or ?op=touch\n", wantCalls: 0},
 		{name: "post bad op", method: "POST", target: "/k?op=explode", wantStatus: 400, wantBody: `unknown op "explode"`, wantCalls: 0},
 		{name: "patch", method: "PATCH", target: "/k", wantStatus: 405, wantHdr: map[string]string{"Allow": allowed}, wantCalls: 0},
 		// Another method's parameter is refused, not ignored: ignored,

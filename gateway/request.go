@@ -143,7 +143,7 @@ func (h keyParser) parsePost(q string, o *op.Op) (err error) {
 		o.Item.Expiration, err = parseExptime(q, "exptime", 0)
 	default:
 		if name == "" {
-			return badRequest("POST needs ?op=" + strings.ReplaceAll(postVerbs, ", ", ", ?op="))
+			return badRequest("POST needs ?op=" + strings.NewReplacer(", ", ", ?op=", " or ", " or ?op=").Replace(postVerbs))
 		}
 		return badRequest("unknown op " + quoted(name) + "; use " + postVerbs)
 	}
