@@ -97,6 +97,10 @@ func NewAdminHandler(g prometheus.Gatherer, a Admin) http.Handler {
 	})
 	mux.HandleFunc("GET /debug/owners", func(w http.ResponseWriter, r *http.Request) {
 		key := r.URL.Query().Get("key")
+		if key == "" {
+			text(w, http.StatusBadRequest, "empty key: use /debug/owners?key=K\n")
+			return
+		}
 		if err := checkKey(key, MaxKeyLen); err != nil {
 			text(w, http.StatusBadRequest, err.Error()+"\n")
 			return

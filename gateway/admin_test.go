@@ -132,3 +132,32 @@ func TestAdminCrossSite(t *testing.T) {
 		})
 	}
 }
+
+// TestEmptyKeySaysWhereTheKeyGoes: a request that names no key is told
+// where its route takes one. "use /{key}" is the single-key routes'
+// answer; on /debug/owners, in a batch operation or a multi-get it sent
+// the user to another route.
+func TestEmptyKeySaysWhereTheKeyGoes(t *testing.T) {
+	admin := NewAdminHandler(prometheus.NewRegistry(), Admin{Owners: func(key string) any { return key }})
+	data := newTestHandler(t, newFake())
+	tests := []struct {
+		name         string
+		h            http.Handler
+		method, path string
+		body         string
+		want         string // in the answer
+	}{
+		{"owners without key", admin, "GET", "/debug/owners", "", "empty key: use /debug/owners?key=K\n"},
+		{"owners with an empty key", admin, "GET", "/debug/owners?key=", "", "empty key: use /debug/owners?key=K\n"},
+		{"batch operation without key", data, "POST", "/", `{"ops":[{"op":"get"}]}`, `empty key: every operation names its \"key\"`},
+		{"multi-get with an empty key", data, "GET", "/?key=a&key=", "", `"": empty key` + "\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := do(tt.h, tt.method, tt.path, tt.body)
+			if got := w.Body.String(); !strings.Contains(got, tt.want) || strings.Contains(got, "/{key}") {
+				t.Errorf("%s %s = %d %q, want %q in it and no /{key}", tt.method, tt.path, w.Code, got, tt.want)
+			}
+		})
+	}
+}

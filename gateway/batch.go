@@ -795,6 +795,9 @@ func (h *handler) parseOp(b batchOp) parsedOp {
 	if !batched(v) {
 		return fail("unknown op " + quoted(b.Op) + "; use " + verbNames())
 	}
+	if b.Key == "" {
+		return fail(`empty key: every operation names its "key"`)
+	}
 	if err := checkKey(b.Key, h.opts.MaxKeyLen); err != nil {
 		p.invalid = err
 		return p

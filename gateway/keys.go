@@ -18,17 +18,21 @@ const MaxKeyLen = 250
 // the memcached text protocol cannot carry in a key.
 func keyFromPath(r *http.Request, maxLen int) (string, error) {
 	key := strings.TrimPrefix(r.URL.Path, "/")
+	if key == "" {
+		return key, badRequest("empty key: use /{key}")
+	}
 	return key, checkKey(key, maxLen)
 }
 
 // checkKey enforces memcached's key rules so that nothing memcached could
-// misread is ever sent: not empty, at most maxLen bytes, and no space,
-// control byte or DEL. Bytes >= 0x80 (UTF-8) are fine. Keys that start
+// misread is ever sent: not empty (a caller whose route takes the key in
+// a place of its own says where, first), at most maxLen bytes, and no
+// space, control byte or DEL. Bytes >= 0x80 (UTF-8) are fine. Keys that start
 // with chunk.KeyPrefix are the gateway's own (the chunks of large
 // values): a client can neither read nor overwrite them.
 func checkKey(key string, maxLen int) error {
 	if key == "" {
-		return badRequest("empty key: use /{key}")
+		return badRequest("empty key")
 	}
 	if len(key) > maxLen {
 		if maxLen < MaxKeyLen {
