@@ -4,9 +4,11 @@
 # against them, and prints curl examples once it accepts connections.
 # Ctrl-C stops everything it started.
 #
-# Other ports, when those are taken or several people share a machine:
-#   MEMCACHED_PORTS='42211 42212 42213' MEMCGATE_LISTEN_ADDR=127.0.0.1:42080 \
-#     MEMCGATE_ADMIN_ADDR=127.0.0.1:42090 make run
+# Other ports, when those are taken or several people share a machine
+# (below 32768: a port of the kernel's ephemeral range, 32768-60999, may
+# be held by any outgoing connection at the moment it is wanted):
+#   MEMCACHED_PORTS='22211 22212 22213' MEMCGATE_LISTEN_ADDR=127.0.0.1:28080 \
+#     MEMCGATE_ADMIN_ADDR=127.0.0.1:29090 make run
 # The examples it prints use the addresses it was given.
 set -euo pipefail
 bin=${1:-bin/memcgate}
