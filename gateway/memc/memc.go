@@ -350,7 +350,12 @@ func (m *memc) check(r *http.Request, v memcVars) (cmd memcCmd, key string, valu
 		return cmd, "", nil, refuse(kindArgument, "flags must be 1 to 10 digits")
 	}
 	if cmd.arith() && !digits(v.value, 19) {
-		return cmd, "", nil, refuse(kindArgument, cmd.String()+" needs a delta of 1 to 19 digits in the value")
+		if !v.valueSet {
+			// The path style, like its reference location, sets no
+			// $memc_value: no request to it has a delta.
+			return cmd, "", nil, refuse(kindArgument, cmd.String()+" takes its delta from ?val= on the query endpoint (MEMCGATE_MEMC_PATH); this endpoint has none, as the module's location ~ ^/key/(.+)$")
+		}
+		return cmd, "", nil, refuse(kindArgument, cmd.String()+" needs ?val= with a delta of 1 to 19 digits")
 	}
 	// 6. The body, read (and capped) whatever the command, as nginx does.
 	body, hasBody, err := m.readBody(r)

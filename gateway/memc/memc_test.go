@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"html"
 	"io"
 	"log/slog"
 	"net/http"
@@ -308,6 +309,7 @@ func TestMemcRequests(t *testing.T) {
 		wantStatus int
 		wantBody   string // exact, unless wantPage
 		wantPage   bool   // an nginx-style text/html page
+		wantReason string // in the page's footer, with wantPage
 		wantHdr    map[string]string
 		wantCalls  int // store calls; -1 any
 	}{
@@ -325,7 +327,11 @@ func TestMemcRequests(t *testing.T) {
 		{name: "bad exptime beats missing key", target: "/memc?cmd=set&val=1&exptime=x", wantStatus: 400, wantPage: true},
 		{name: "exptime unchecked for get", preset: map[string]string{"k": "v"}, target: "/memc?key=k&exptime=x", wantStatus: 200, wantBody: "v", wantCalls: 1},
 		{name: "bad flags", target: "/memc?cmd=set&key=k&val=1&flags=-1", wantStatus: 400, wantPage: true},
-		{name: "bad delta", target: "/memc?cmd=incr&key=k&val=1x", wantStatus: 400, wantPage: true},
+		{name: "bad delta", target: "/memc?cmd=incr&key=k&val=1x", wantStatus: 400, wantPage: true, wantReason: "incr needs ?val= with a delta of 1 to 19 digits"},
+		// The path style has no delta source (the reference location sets
+		// no $memc_value): the refusal says where a delta can go, not to
+		// send one the endpoint cannot take.
+		{name: "path: incr has no delta", method: "POST", target: "/key/k?cmd=incr", body: "5", wantStatus: 400, wantPage: true, wantReason: "incr takes its delta from ?val= on the query endpoint"},
 		{name: "missing key", target: "/memc?cmd=set&val=1", wantStatus: 500, wantPage: true, wantHdr: map[string]string{"Connection": "close"}},
 		{name: "declared body too large beats unknown command", mo: Options{MaxBodyBytes: 4}, target: "/memc?cmd=nope", body: "12345", wantStatus: 413, wantPage: true},
 		{name: "body at the limit", mo: Options{MaxBodyBytes: 4}, method: "PUT", target: "/key/k", body: "1234", wantStatus: 201, wantBody: "STORED\r\n", wantCalls: 1},
@@ -390,6 +396,9 @@ func TestMemcRequests(t *testing.T) {
 			case tt.wantPage:
 				if ct != "text/html" || !strings.Contains(w.Body.String(), "<title>"+strconv.Itoa(tt.wantStatus)) {
 					t.Errorf("%s %s: Content-Type %q body %q, want an nginx-style page", method, tt.target, ct, w.Body.String())
+				}
+				if !strings.Contains(w.Body.String(), html.EscapeString(tt.wantReason)) {
+					t.Errorf("%s %s: page %q, want the reason %q", method, tt.target, w.Body.String(), tt.wantReason)
 				}
 			case tt.wantBody != "" && w.Body.String() != tt.wantBody:
 				t.Errorf("%s %s: body %q, want %q", method, tt.target, w.Body.String(), tt.wantBody)
