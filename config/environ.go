@@ -106,6 +106,8 @@ func checkEnviron(environ map[string]string) []error {
 			msg := name + " is not a memcgate variable"
 			if near := closest(name, vs); near != "" {
 				msg += "; did you mean " + near + "?"
+			} else if guessed := wordGuesses(name, vs); len(guessed) > 0 {
+				msg += "; did you mean " + strings.Join(guessed, " or ") + "?"
 			} else {
 				msg += " (memcgate -help lists them)"
 			}
@@ -138,6 +140,45 @@ func closest(name string, vs []fieldVar) string {
 		return best
 	}
 	return ""
+}
+
+// wordGuesses returns, in order, the variables (at most two) that name
+// is one word short of, its words in the same order with one more:
+// MEMCGATE_TOKENS for MEMCGATE_AUTH_TOKENS, MEMCGATE_LISTEN for
+// MEMCGATE_LISTEN_ADDR and MEMCGATE_LISTEN_SOCKET. A final PORT is read
+// as ADDR, since every listener is set by its address: MEMCGATE_PORT
+// gives MEMCGATE_ADMIN_ADDR and MEMCGATE_LISTEN_ADDR, and
+// MEMCGATE_LISTEN_PORT, with as many words, MEMCGATE_LISTEN_ADDR. These
+// are names guessed from other servers' settings, too far from any
+// variable by spelling for closest. A word that more variables share
+// (MAX, READ) guesses nothing.
+func wordGuesses(name string, vs []fieldVar) []string {
+	typed := strings.Split(strings.TrimPrefix(name, Prefix), "_")
+	if typed[len(typed)-1] == "PORT" {
+		typed[len(typed)-1] = "ADDR"
+	}
+	var out []string
+	for _, v := range vs {
+		words := strings.Split(strings.TrimPrefix(v.Name, Prefix), "_")
+		if slices.Equal(words, typed) || len(words) == len(typed)+1 && oneWordMore(typed, words) {
+			out = append(out, v.Name)
+		}
+	}
+	if len(out) > 2 {
+		return nil
+	}
+	slices.Sort(out)
+	return out
+}
+
+// oneWordMore reports whether long is short with one word inserted.
+func oneWordMore(short, long []string) bool {
+	for i := range long {
+		if slices.Equal(short, slices.Concat(long[:i], long[i+1:])) {
+			return true
+		}
+	}
+	return false
 }
 
 // fieldSnake is the variable name (without Prefix) that v's Go field

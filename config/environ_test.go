@@ -22,6 +22,13 @@ func TestEnvironErrors(t *testing.T) {
 		{"nested prefix", map[string]string{"MEMCGATE_MEMC_CMD_ALLOWED": "get"}, []string{"did you mean MEMCGATE_MEMC_CMDS_ALLOWED?"}},
 		{"the Go field's name", map[string]string{"MEMCGATE_MAX_IDLE_CONNS": "8"}, []string{"did you mean MEMCGATE_KEEPALIVE?"}},
 		{"nothing close", map[string]string{"MEMCGATE_COLOUR": "blue"}, []string{"MEMCGATE_COLOUR is not a memcgate variable (memcgate -help lists them)"}},
+		// Names guessed from other servers' settings: a word left out, or
+		// PORT where the variable is an address.
+		{"a word left out", map[string]string{"MEMCGATE_TOKENS": "read:0123456789abcdef"}, []string{"MEMCGATE_TOKENS is not a memcgate variable; did you mean MEMCGATE_AUTH_TOKENS?"}},
+		{"a word left out, two variables", map[string]string{"MEMCGATE_LISTEN": ":8080"}, []string{"did you mean MEMCGATE_LISTEN_ADDR or MEMCGATE_LISTEN_SOCKET?"}},
+		{"a port for an address", map[string]string{"MEMCGATE_LISTEN_PORT": "8080"}, []string{"did you mean MEMCGATE_LISTEN_ADDR?"}},
+		{"a port alone", map[string]string{"MEMCGATE_PORT": "8080"}, []string{"did you mean MEMCGATE_ADMIN_ADDR or MEMCGATE_LISTEN_ADDR?"}},
+		{"a word shared by many is no guess", map[string]string{"MEMCGATE_MAX": "1"}, []string{"MEMCGATE_MAX is not a memcgate variable (memcgate -help lists them)"}},
 		{"unknown and empty", map[string]string{"MEMCGATE_SERVRES": ""}, []string{"MEMCGATE_SERVRES is not a memcgate variable"}},
 		{"test suite switches", map[string]string{"MEMCGATE_TEST_REQUIRE_MEMCACHED": "1"}, nil},
 		{"kubernetes service links", map[string]string{"MEMCGATE_PORT": "tcp://10.0.0.1:80", "MEMCGATE_SERVICE_HOST": "10.0.0.1",
@@ -30,7 +37,7 @@ func TestEnvironErrors(t *testing.T) {
 			"MEMCGATE_ADMIN_SERVICE_HOST": "10.0.0.2", "MEMCGATE_ADMIN_PORT_9090_TCP_ADDR": "10.0.0.2"}, nil},
 		{"ipv6 service links", map[string]string{"MEMCGATE_PORT": "tcp://[fd00::1]:80", "MEMCGATE_SERVICE_HOST": "fd00::1"}, nil},
 		{"a service link's name with a setting's value", map[string]string{"MEMCGATE_ADMIN_PORT": "9091"},
-			[]string{"MEMCGATE_ADMIN_PORT is not a memcgate variable"}},
+			[]string{"MEMCGATE_ADMIN_PORT is not a memcgate variable; did you mean MEMCGATE_ADMIN_ADDR?"}},
 		{"a service host that is no address", map[string]string{"MEMCGATE_LISTEN_SERVICE_HOST": "localhost"},
 			[]string{"MEMCGATE_LISTEN_SERVICE_HOST is not a memcgate variable"}},
 		{"a service port out of range", map[string]string{"MEMCGATE_SERVICE_PORT": "99999"},

@@ -104,7 +104,7 @@ func TestConfigurationReferenceMatchesHelp(t *testing.T) {
 	// MEMCGATE_TEST_ prefix, Kubernetes' service links), which config.Load
 	// must then really ignore, and misspelt names in its examples of the
 	// error, which config.Load must really refuse.
-	misspelt := map[string]bool{"MEMCGATE_SERVRES": true}
+	misspelt := map[string]bool{"MEMCGATE_SERVRES": true, "MEMCGATE_TOKENS": true, "MEMCGATE_LISTEN": true}
 	for _, name := range regexp.MustCompile(`MEMCGATE_[A-Z0-9_]*[A-Z0-9]_?`).FindAllString(string(b), -1) {
 		if _, ok := defaults[name]; ok {
 			continue
