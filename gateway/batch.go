@@ -614,6 +614,9 @@ func decodeBatch(body []byte, maxOps int) ([]batchOp, error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	tok, err := dec.Token()
+	if err == io.EOF {
+		return nil, badRequest(`batch body is empty: POST / takes {"ops":[…]}; one key's operation is POST /{key}?op=…`)
+	}
 	if err != nil {
 		return nil, notJSON(err)
 	}

@@ -403,7 +403,10 @@ func TestDecodeBatch(t *testing.T) {
 		{"unknown op field", `[{"op":"get","key":"a","bogus":1}]`, 10, nil, `json: unknown field "bogus"`},
 		{"unknown wrapper field", `{"ops":[` + get("a") + `],"x":1}`, 10, nil, `json: unknown field "x"`},
 		{"wrong field type", `[{"op":1,"key":"a"}]`, 10, nil, "cannot unmarshal number into Go struct field batchOp.op of type string"},
-		{"empty body", ``, 10, nil, "batch is not valid JSON"},
+		// An empty POST / is most often a POST /{key}?op= whose key was
+		// left out: "not valid JSON: EOF" said neither.
+		{"empty body", ``, 10, nil, `batch body is empty: POST / takes {"ops":[…]}; one key's operation is POST /{key}?op=…`},
+		{"blank body", " \r\n", 10, nil, "batch body is empty"},
 		{"not JSON", `not json`, 10, nil, "batch is not valid JSON"},
 		{"cut short", `[` + get("a"), 10, nil, "unexpected EOF"},
 		{"cut short in the wrapper", `{"ops":[` + get("a") + `]`, 10, nil, "unexpected EOF"},
