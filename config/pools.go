@@ -24,8 +24,10 @@ import (
 // shadow are the pool's own. docs/pools.md has the reference.
 type Pools []Pool
 
-// Pool is one pool of POOLS. An empty setting, or zero Replicas, is the
-// default pool's.
+// Pool is one pool of POOLS: its name, then a field per setting of the
+// line (servers=, prefixes=, distribution=, replicas=, write=, read=,
+// miss_fallback=, failover=, warm=, shadow=, shadow_percent=). An empty
+// setting, or zero Replicas, is the default pool's.
 type Pool struct {
 	Name         string
 	Servers      []Server
