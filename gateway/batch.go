@@ -544,7 +544,7 @@ func (h *handler) readUnsent(ctx context.Context, o op.Op, res *batchResult) {
 // the queue has no room for is refused before it is decoded; one whose
 // client has gone (Client), before it is decoded too.
 func (h *handler) readBatch(r *http.Request, async bool) ([]parsedOp, error) {
-	body, err := h.lim.readBody(r, h.opts.BatchMaxBytes)
+	body, err := h.lim.readBody(r, h.opts.BatchMaxBytes, "MEMCGATE_BATCH_MAX_BYTES")
 	if err != nil {
 		return nil, err
 	}
@@ -824,7 +824,7 @@ func (h *handler) parseOp(b batchOp) parsedOp {
 			return fail("encoding " + quoted(b.Encoding) + " is not \"\" or \"base64\"")
 		}
 		if int64(len(o.Item.Value)) > h.opts.MaxValueBytes {
-			p.invalid = &requestError{kind: kindTooLarge, msg: "value is " + strconv.Itoa(len(o.Item.Value)) + " bytes; at most " + strconv.FormatInt(h.opts.MaxValueBytes, 10) + " are accepted"}
+			p.invalid = &requestError{kind: kindTooLarge, msg: "value is " + strconv.Itoa(len(o.Item.Value)) + " bytes; at most " + strconv.FormatInt(h.opts.MaxValueBytes, 10) + " are accepted (MEMCGATE_MAX_VALUE_BYTES)"}
 			return p
 		}
 	}

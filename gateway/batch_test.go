@@ -142,8 +142,15 @@ func TestBatch(t *testing.T) {
 func TestBatchTooLarge(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	h := NewHandler(newFake(), log, prometheus.NewRegistry(), Options{BatchMaxBytes: 100})
-	if w := do(h, "POST", "/", `{"ops":[{"op":"set","key":"a","value":"`+strings.Repeat("x", 200)+`"}]}`); w.Code != 413 {
-		t.Errorf("batch over BatchMaxBytes = %d, want 413", w.Code)
+	if w := do(h, "POST", "/", `{"ops":[{"op":"set","key":"a","value":"`+strings.Repeat("x", 200)+`"}]}`); w.Code != 413 || !strings.HasSuffix(w.Body.String(), "are accepted (MEMCGATE_BATCH_MAX_BYTES)\n") {
+		t.Errorf("batch over BatchMaxBytes = %d %q, want 413 naming the variable", w.Code, w.Body.String())
+	}
+	// A value of the batch over MaxValueBytes fails its operation alone,
+	// and says which limit.
+	h = NewHandler(newFake(), log, prometheus.NewRegistry(), Options{MaxValueBytes: 10})
+	w := do(h, "POST", "/", `{"ops":[{"op":"set","key":"a","value":"`+strings.Repeat("x", 11)+`"}]}`)
+	if res := decodeResults(t, w.Body.String()); len(res) != 1 || res[0].Status != 413 || res[0].Error != "value is 11 bytes; at most 10 are accepted (MEMCGATE_MAX_VALUE_BYTES)" {
+		t.Errorf("batch value over MaxValueBytes = %d %q, want its operation 413 naming the variable", w.Code, w.Body.String())
 	}
 }
 

@@ -130,7 +130,7 @@ func (hh *handler) serveDetached(w http.ResponseWriter, r *http.Request, d Detac
 	o := &f.kr.op
 	hh.lim.ownRead(o, r)
 	if put {
-		if o.Item.Value, err = hh.lim.readBody(r, hh.opts.MaxValueBytes); err == nil {
+		if o.Item.Value, err = hh.lim.readBody(r, hh.opts.MaxValueBytes, "MEMCGATE_MAX_VALUE_BYTES"); err == nil {
 			// DoAsync encodes the value before it returns, and Do
 			// keeps no Value once it returns.
 			defer hh.lim.putBody(o.Item.Value)

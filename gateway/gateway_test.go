@@ -75,7 +75,7 @@ func TestRequests(t *testing.T) {
 		{name: "put exptime overflow", method: "PUT", target: "/k?exptime=2147483648", body: "v", wantStatus: 400, wantCalls: 0},
 		{name: "put bad flags", method: "PUT", target: "/k?flags=-1", body: "v", wantStatus: 400, wantBody: `flags "-1"`, wantCalls: 0},
 		{name: "put flags overflow", method: "PUT", target: "/k?flags=4294967296", body: "v", wantStatus: 400, wantCalls: 0},
-		{name: "put too large", method: "PUT", target: "/k", body: strings.Repeat("x", 65), wantStatus: 413, wantBody: "request body is 65 bytes; at most 64", wantCalls: 0},
+		{name: "put too large", method: "PUT", target: "/k", body: strings.Repeat("x", 65), wantStatus: 413, wantBody: "request body is 65 bytes; at most 64 are accepted (MEMCGATE_MAX_VALUE_BYTES)\n", wantCalls: 0},
 		{name: "put at limit", method: "PUT", target: "/k", body: strings.Repeat("x", 64), wantStatus: 201, wantCalls: 1},
 		{name: "add new", method: "PUT", target: "/k", body: "v", hdr: []string{"If-None-Match", "*"}, wantStatus: 201, wantCalls: 1},
 		{name: "add exists", method: "PUT", target: "/k", body: "v", hdr: []string{"If-None-Match", "*"}, preset: map[string]string{"k": "v"}, wantStatus: 412, wantBody: "key exists", wantCalls: 1},

@@ -314,13 +314,14 @@ var errBudget = &overloadError{"the gateway holds as many bytes for clients as i
 // ReadBody reads r's body, for a handler of Options.Routes, as the REST
 // API reads its own (readBody): whole, at most limit bytes, held against
 // the byte budget, and then takes the request's in-flight slot. Status
-// maps its errors.
-func ReadBody(r *http.Request, limit int64) ([]byte, error) {
+// maps its errors. name is the variable that sets limit, which the 413
+// names so that whoever reads it knows what to raise.
+func ReadBody(r *http.Request, limit int64, name string) ([]byte, error) {
 	rc := reqCtx(r)
 	if rc == nil || rc.lim == nil {
 		return nil, errors.New("gateway: ReadBody outside a gateway request")
 	}
-	return rc.lim.readBody(r, limit)
+	return rc.lim.readBody(r, limit, name)
 }
 
 // GetValue runs o, a read (op.Get, op.GAT, or op.Head, whose value is
@@ -354,8 +355,9 @@ func (v *valueRoom) holdRead(res op.Result) bool {
 	return res.Lent || n < smallHold || v.Reserve(n)
 }
 
-// readBody reads r's body whole, at most limit bytes: 413 beyond, before
-// reading when Content-Length says so. The buffer grows with the bytes
+// readBody reads r's body whole, at most limit bytes: 413 beyond, naming
+// the variable name that sets limit, before reading when Content-Length
+// says so. The buffer grows with the bytes
 // that arrive, never from the declared length alone, and beyond
 // smallHold is held against the budget (503 when refused); once
 // firstBodyBuf bytes and an eighth of it have come, the rest of the
@@ -365,10 +367,10 @@ func (v *valueRoom) holdRead(res op.Result) bool {
 // The buffer comes from l.bufs: a caller that knows when nothing reads
 // the body any more gives it back with putBody; others leave it to the
 // garbage collector.
-func (l *limits) readBody(r *http.Request, limit int64) ([]byte, error) {
+func (l *limits) readBody(r *http.Request, limit int64, name string) ([]byte, error) {
 	rc := reqCtx(r)
 	tooLarge := func(n string) error {
-		return &requestError{kind: kindTooLarge, msg: "request body is " + n + " bytes; at most " + strconv.FormatInt(limit, 10) + " are accepted"}
+		return &requestError{kind: kindTooLarge, msg: "request body is " + n + " bytes; at most " + strconv.FormatInt(limit, 10) + " are accepted (" + name + ")"}
 	}
 	cl := r.ContentLength
 	if cl > limit {

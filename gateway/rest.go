@@ -37,7 +37,7 @@ func (h *handler) serveKey(w http.ResponseWriter, r *http.Request) {
 		}
 		o.Item.Value = small
 	case o.Verb.TakesValue():
-		if o.Item.Value, err = h.lim.readBody(r, h.opts.MaxValueBytes); err != nil {
+		if o.Item.Value, err = h.lim.readBody(r, h.opts.MaxValueBytes, "MEMCGATE_MAX_VALUE_BYTES"); err != nil {
 			writeError(w, err)
 			return
 		}

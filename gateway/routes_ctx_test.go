@@ -42,7 +42,7 @@ func TestRouteWrappingContextKeepsLimits(t *testing.T) {
 				MaxBody: 1 << 20,
 				Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 					r = r.WithContext(context.WithValue(r.Context(), ctxMark{}, true))
-					b, err := ReadBody(r, 1<<20)
+					b, err := ReadBody(r, 1<<20, "MEMCGATE_TEST_LIMIT")
 					if err != nil {
 						status, msg, _ := Status(err)
 						http.Error(w, msg, status)

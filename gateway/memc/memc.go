@@ -306,7 +306,7 @@ func (m *memc) check(r *http.Request, v memcVars) (cmd memcCmd, key string, valu
 	// nginx refuses a declared body over client_max_body_size before any
 	// location code runs, whatever the command.
 	if r.ContentLength > m.o.MaxBodyBytes {
-		return memcNone, "", nil, refuse(kindTooLarge, "request body is "+strconv.FormatInt(r.ContentLength, 10)+" bytes; at most "+strconv.FormatInt(m.o.MaxBodyBytes, 10)+" are accepted")
+		return memcNone, "", nil, refuse(kindTooLarge, "request body is "+strconv.FormatInt(r.ContentLength, 10)+" bytes; at most "+strconv.FormatInt(m.o.MaxBodyBytes, 10)+" are accepted (MEMCGATE_MEMC_MAX_BODY_BYTES)")
 	}
 	tokens, readOnly := m.o.Access.Tokens(), m.o.Access.ReadOnly()
 	var have gateway.Scope
@@ -559,7 +559,7 @@ func (m *memc) readBody(r *http.Request) (body []byte, present bool, err error) 
 	if !present || r.Body == nil {
 		return nil, present, nil
 	}
-	body, err = gateway.ReadBody(r, m.o.MaxBodyBytes)
+	body, err = gateway.ReadBody(r, m.o.MaxBodyBytes, "MEMCGATE_MEMC_MAX_BODY_BYTES")
 	return body, true, err
 }
 

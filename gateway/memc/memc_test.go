@@ -333,7 +333,7 @@ func TestMemcRequests(t *testing.T) {
 		// send one the endpoint cannot take.
 		{name: "path: incr has no delta", method: "POST", target: "/key/k?cmd=incr", body: "5", wantStatus: 400, wantPage: true, wantReason: "incr takes its delta from ?val= on the query endpoint"},
 		{name: "missing key", target: "/memc?cmd=set&val=1", wantStatus: 500, wantPage: true, wantHdr: map[string]string{"Connection": "close"}},
-		{name: "declared body too large beats unknown command", mo: Options{MaxBodyBytes: 4}, target: "/memc?cmd=nope", body: "12345", wantStatus: 413, wantPage: true},
+		{name: "declared body too large beats unknown command", mo: Options{MaxBodyBytes: 4}, target: "/memc?cmd=nope", body: "12345", wantStatus: 413, wantPage: true, wantReason: "request body is 5 bytes; at most 4 are accepted (MEMCGATE_MEMC_MAX_BODY_BYTES)"},
 		{name: "body at the limit", mo: Options{MaxBodyBytes: 4}, method: "PUT", target: "/key/k", body: "1234", wantStatus: 201, wantBody: "STORED\r\n", wantCalls: 1},
 		{name: "path: no body is 500", method: "PUT", target: "/key/k", wantStatus: 500, wantPage: true},
 		{name: "path: Content-Length 0 stores empty", method: "PUT", target: "/key/k", hdr: []string{"Content-Length", "0"}, wantStatus: 201, wantCalls: 1},
@@ -483,6 +483,9 @@ func TestMemcChunkedTooLarge(t *testing.T) {
 		h.ServeHTTP(w, req)
 		if w.Code != tt.want {
 			t.Errorf("chunked PUT %s = %d, want %d", tt.target, w.Code, tt.want)
+		}
+		if tt.want == 413 && !strings.Contains(w.Body.String(), "are accepted (MEMCGATE_MEMC_MAX_BODY_BYTES)") {
+			t.Errorf("chunked PUT %s: page %q, want the limit named", tt.target, w.Body.String())
 		}
 	}
 	if f.Calls != 0 {
