@@ -13,7 +13,7 @@ type Memc struct {
 	KeyPath             string `env:"KEY_PATH" help:"path-style prefix like the reference location ~ ^/key/(.+)$ (key from the path, value from the body, command from the method or ?cmd=), e.g. /key/; must start and end with /; empty = off"`
 	CmdsAllowed         string `env:"CMDS_ALLOWED" help:"commands the compatible endpoints serve, separated by commas or spaces, like memc_cmds_allowed (others get 403); empty = all: get set add replace append prepend delete incr decr flush_all stats version"`
 	FlagsToLastModified bool   `env:"FLAGS_TO_LAST_MODIFIED" envDefault:"false" help:"send a get hit's flags as Last-Modified (Unix seconds), like memc_flags_to_last_modified on"`
-	FlagsHeader         string `env:"FLAGS_HEADER" help:"header that echoes $memc_flags on 2xx answers, like add_header X-Memc-Flags $memc_flags; (set it to X-Memc-Flags for that); empty = none"`
+	FlagsHeader         string `env:"FLAGS_HEADER" help:"header that echoes $memc_flags on 2xx answers, like add_header X-Memc-Flags $memc_flags (set it to X-Memc-Flags for that); empty = none"`
 	ContentType         string `env:"CONTENT_TYPE" envDefault:"text/plain" help:"Content-Type of the bodies the module writes itself (values, STORED, numbers, error lines), nginx's default_type"`
 	MaxBodyBytes        int64  `env:"MAX_BODY_BYTES" envDefault:"1048576" help:"largest request body on the compatible endpoints, like client_max_body_size 1m (413 beyond, whatever the command)"`
 }
