@@ -137,7 +137,12 @@ Arguments (with none, memcgate serves):
 // and fails unless it answers 200, so images need no curl.
 func healthcheck(ctx context.Context, environ map[string]string, args []string) error {
 	path := "/healthz"
-	if len(args) > 0 {
+	switch {
+	case len(args) > 1:
+		return fmt.Errorf("healthcheck takes one PATH, got %d arguments", len(args))
+	case len(args) == 1 && !strings.HasPrefix(args[0], "/"):
+		return fmt.Errorf("healthcheck: %q is not a path: write /%s", args[0], args[0])
+	case len(args) == 1:
 		path = args[0]
 	}
 	if f := environ[config.Prefix+"CONFIG_FILE"]; f != "" {

@@ -105,6 +105,10 @@ func TestHealthcheckAddress(t *testing.T) {
 		{"another path", map[string]string{"MEMCGATE_ADMIN_ADDR": addr}, []string{"/readyz"}, ""},
 		{"not 200", map[string]string{"MEMCGATE_ADMIN_ADDR": addr}, []string{"/nothing"}, "answered 404"},
 		{"missing CONFIG_FILE", map[string]string{"MEMCGATE_CONFIG_FILE": file + ".gone"}, nil, "no such file"},
+		// A mistyped command line is refused saying how to write it, not
+		// with a URL parser's error or by checking one path of two.
+		{"a path without its slash", map[string]string{"MEMCGATE_ADMIN_ADDR": addr}, []string{"readyz"}, `healthcheck: "readyz" is not a path: write /readyz`},
+		{"two paths", map[string]string{"MEMCGATE_ADMIN_ADDR": addr}, []string{"/readyz", "/healthz"}, "healthcheck takes one PATH, got 2 arguments"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
