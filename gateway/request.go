@@ -35,6 +35,8 @@ const allowed = "GET, HEAD, PUT, DELETE, POST"
 //	            cas with If-Match: "<cas>"
 //	DELETE      delete
 //	POST        ?op=append, prepend, incr, decr (?delta=) or touch (?exptime=)
+//
+// DELETE and POST take no If-Match or If-None-Match (unconditional).
 func (h keyParser) parseKeyRequest(r *http.Request) (keyRequest, error) {
 	var kr keyRequest
 	key, err := keyFromPath(r, h.maxKeyLen)
@@ -69,9 +71,15 @@ func (h keyParser) parseKeyRequest(r *http.Request) (keyRequest, error) {
 		}
 		kr.async = o.Verb == op.Set && preferAsync(r)
 	case http.MethodDelete:
+		if err := unconditional(r); err != nil {
+			return kr, err
+		}
 		o.Verb = op.Delete
 		kr.async = preferAsync(r)
 	case http.MethodPost:
+		if err := unconditional(r); err != nil {
+			return kr, err
+		}
 		return kr, h.parsePost(q, o)
 	default:
 		return kr, &requestError{kind: kindMethod, msg: "method " + Shorten(r.Method) + " is not allowed; use " + allowed, allow: allowed}
@@ -101,6 +109,20 @@ func otherMethodsParam(method, q string) error {
 	return nil
 }
 
+// unconditional refuses If-Match and If-None-Match on a DELETE or POST:
+// the gateway sends delete, append, prepend, incr, decr and touch with no
+// CAS, so the condition cannot be kept, and ignored it would delete or
+// change an item that changed since the client's ETag (a batch refuses
+// a cas on these verbs alike).
+func unconditional(r *http.Request) error {
+	for _, name := range [...]string{"If-Match", "If-None-Match"} {
+		if r.Header.Get(name) != "" {
+			return badRequest(r.Method + " takes no " + name + ": it is applied unconditionally; only a PUT is conditional (If-None-Match: * add, If-Match: * replace, If-Match: \"<etag>\" cas)")
+		}
+	}
+	return nil
+}
+
 // parseItem reads a write's ?exptime= and ?flags= into it.
 func (h keyParser) parseItem(q string, it *op.Item) (err error) {
 	if it.Expiration, err = parseExptime(q, "exptime", h.defaultTTL); err != nil {
@@ -122,6 +144,8 @@ func putVerb(ifMatch, ifNone string) (op.Verb, uint64, error) {
 	case ifMatch != "" && ifNone == "":
 		cas, err := parseETag(ifMatch)
 		return op.CAS, cas, err
+	case ifMatch == "":
+		return 0, 0, badRequest("If-None-Match on a PUT takes * alone (add: stored only if the key is missing); a compare-and-swap is If-Match: \"<etag>\"")
 	}
 	return 0, 0, badRequest("use If-None-Match: * (add), If-Match: * (replace) or If-Match: \"<etag>\" (cas), not both")
 }
