@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"reflect"
 	"regexp"
@@ -237,7 +238,7 @@ func describe(err error, environ map[string]string) []error {
 		var pe env.ParseError
 		if errors.As(e, &pe) {
 			name := varName(pe.Name)
-			out = append(out, fmt.Errorf("%s: %w", name, plainParseError(environ[name], pe)))
+			out = append(out, fmt.Errorf("%s: %w", name, plainParseError(name, environ[name], pe)))
 			continue
 		}
 		out = append(out, e)
@@ -245,10 +246,26 @@ func describe(err error, environ map[string]string) []error {
 	return out
 }
 
+// binaryBytes reads a size written with a binary unit, 64MiB or 64Mi
+// (KiB to TiB), as bytes.
+func binaryBytes(s string) (int64, bool) {
+	digits := strings.TrimRight(s, "KMGTiB")
+	unit := strings.TrimSuffix(s[len(digits):], "B")
+	shift, ok := map[string]uint{"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40}[unit]
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(digits, 10, 64)
+	if err != nil || n < 0 || n > math.MaxInt64>>shift {
+		return 0, false
+	}
+	return n << shift, true
+}
+
 // plainParseError says why value does not parse as pe's type, without the
 // strconv and time package's wording. Errors of the package's own parsers
 // (servers) are already plain and kept.
-func plainParseError(value string, pe env.ParseError) error {
+func plainParseError(name, value string, pe env.ParseError) error {
 	t := pe.Type
 	if t.Kind() == reflect.Slice {
 		t = t.Elem()
@@ -264,6 +281,14 @@ func plainParseError(value string, pe env.ParseError) error {
 	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Uint64:
 		if errors.Is(pe.Err, strconv.ErrRange) {
 			return fmt.Errorf("%q is out of range", value)
+		}
+		if strings.HasSuffix(name, "_BYTES") {
+			// Sizes are written elsewhere with units (64MiB, Kubernetes'
+			// 64Mi, GOMEMLIMIT): say what to write instead.
+			if n, ok := binaryBytes(value); ok {
+				return fmt.Errorf("%q is not a whole number of bytes: a unit is not read; write %d", value, n)
+			}
+			return fmt.Errorf("%q is not a whole number of bytes (a unit such as MiB is not read)", value)
 		}
 		return fmt.Errorf("%q is not a whole number", value)
 	case t.Kind() == reflect.Float32 || t.Kind() == reflect.Float64:

@@ -100,10 +100,13 @@ func TestPlainParseErrors(t *testing.T) {
 		{map[string]string{"MEMCGATE_TIMEOUT": "soon"}, `MEMCGATE_TIMEOUT: "soon" is not a duration such as 500ms, 2s, 1m30s or 1h`},
 		{map[string]string{"MEMCGATE_TIMEOUT": "5"}, `MEMCGATE_TIMEOUT: "5" has no unit; write e.g. 5s or 5ms`},
 		{map[string]string{"MEMCGATE_KEEPALIVE": "many"}, `MEMCGATE_KEEPALIVE: "many" is not a whole number`},
-		{map[string]string{"MEMCGATE_MAX_VALUE_BYTES": "1.5"}, `MEMCGATE_MAX_VALUE_BYTES: "1.5" is not a whole number`},
+		{map[string]string{"MEMCGATE_MAX_VALUE_BYTES": "1.5"}, `MEMCGATE_MAX_VALUE_BYTES: "1.5" is not a whole number of bytes (a unit such as MiB is not read)`},
+		// A size with a binary unit gets its number of bytes written out.
+		{map[string]string{"MEMCGATE_MAX_BUFFERED_BYTES": "64MiB"}, `MEMCGATE_MAX_BUFFERED_BYTES: "64MiB" is not a whole number of bytes: a unit is not read; write 67108864`},
+		{map[string]string{"MEMCGATE_BIG_VALUE_MAX_BYTES": "1Gi"}, `MEMCGATE_BIG_VALUE_MAX_BYTES: "1Gi" is not a whole number of bytes: a unit is not read; write 1073741824`},
 		{map[string]string{"MEMCGATE_KEEPALIVE": "99999999999999999999"}, `MEMCGATE_KEEPALIVE: "99999999999999999999" is out of range`},
 		{map[string]string{"MEMCGATE_PHP_COMPRESSION_FACTOR": "x"}, `MEMCGATE_PHP_COMPRESSION_FACTOR: "x" is not a number`},
-		{map[string]string{"MEMCGATE_MEMC_MAX_BODY_BYTES": "1m"}, `MEMCGATE_MEMC_MAX_BODY_BYTES: "1m" is not a whole number`},
+		{map[string]string{"MEMCGATE_MEMC_MAX_BODY_BYTES": "1m"}, `MEMCGATE_MEMC_MAX_BODY_BYTES: "1m" is not a whole number of bytes (a unit such as MiB is not read)`},
 		{map[string]string{"MEMCGATE_SERVERS": "nope"}, `MEMCGATE_SERVERS: "nope": want host:port[:weight]`},
 	}
 	for _, tt := range tests {
