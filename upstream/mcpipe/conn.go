@@ -18,6 +18,7 @@ import (
 	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/memcgate/memcgate/upstream/op"
+	"github.com/memcgate/memcgate/upstream/panicguard"
 )
 
 // call is one request waiting for its reply. Whoever completes it (the
@@ -64,6 +65,9 @@ func (cl *call) complete() {
 	c, done := cl.client, cl.onDone
 	it, n, err := cl.result()
 	c.release(cl)
+	// A panic in the callback ends it alone: the reply was read whole,
+	// so the stream is where it was, and the calls after it still run.
+	defer c.callbackPanics.Recover()
 	done(it, n, err)
 }
 
@@ -152,10 +156,11 @@ type reply struct {
 // no caller gets its buffer back while the kernel may still read it.
 type conn struct {
 	nc      net.Conn
-	sio     *sockIO    // reads and writes nc if it is a socket; nil: nc's own methods
-	closed  func()     // Options.Closed, called once nc is closed; nil: none
-	hints   *SizeHints // the Client's: what reads found (readReply)
-	share   Share      // the Client's Options.Share; nil: none
+	sio     *sockIO          // reads and writes nc if it is a socket; nil: nc's own methods
+	closed  func()           // Options.Closed, called once nc is closed; nil: none
+	hints   *SizeHints       // the Client's: what reads found (readReply)
+	share   Share            // the Client's Options.Share; nil: none
+	panics  *panicguard.Site // stops a panic of readLoop; nil: none
 	timeout time.Duration
 
 	mu          sync.Mutex
@@ -815,6 +820,10 @@ func (c *conn) forgetMissed(calls []*call) {
 // position in the reply stream is lost.
 var errProtocol = errors.New("mcpipe: malformed reply from memcached")
 
+// errReaderPanicked fails the calls of a connection whose reply reader
+// panicked (a bug): where the reply stream stands is not known.
+var errReaderPanicked = errors.New("mcpipe: the reply reader panicked (a bug): the connection's place in the reply stream is unknown")
+
 // readLoop reads replies until the connection fails.
 func (c *conn) readLoop() {
 	br := bufio.NewReaderSize(&progressReader{c: c}, 16<<10)
@@ -833,6 +842,13 @@ func (c *conn) readLoop() {
 		clear(holds)
 		holds = holds[:0]
 	}
+	// A panic here leaves the connection's place in the reply stream
+	// unknown: once stopped, the reply's holds go back and then the
+	// connection fails, which answers every call on it. (Both do nothing
+	// after an end of the loop without one.)
+	defer c.fail(errReaderPanicked)
+	defer release()
+	defer c.panics.Recover()
 	for {
 		// Wait for the first byte of the next reply. With no written
 		// request unanswered there is no deadline: an idle connection
@@ -1271,18 +1287,19 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys, asked []stri
 // server's share (nil: none) has taken the cost bytes that holds of the
 // budget: a value past the share is refused as one the Room refused, the
 // Room not asked (none of its budget taken, no refusal of its counted).
-func reserve(rm op.Room, sh Share, size, cost int) bool {
+func reserve(rm op.Room, sh Share, size, cost int) (ok bool) {
 	if sh == nil {
 		return rm.Reserve(size)
 	}
 	if !sh.Take(cost) {
 		return false
 	}
-	if !rm.Reserve(size) {
-		sh.Give(cost)
-		return false
-	}
-	return true
+	defer func() { // also when Reserve panics: the share is not the reply's hold yet
+		if !ok {
+			sh.Give(cost)
+		}
+	}()
+	return rm.Reserve(size)
 }
 
 // outOfStep is errProtocol if line, the reply to a one-line request of

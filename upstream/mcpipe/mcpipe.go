@@ -27,6 +27,7 @@ import (
 	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/memcgate/memcgate/upstream/op"
+	"github.com/memcgate/memcgate/upstream/panicguard"
 )
 
 // DefaultTimeout is Options.Timeout when zero: gomemcache's default.
@@ -63,6 +64,13 @@ type Options struct {
 	// still on their way: a value the buffer takes whole is owed its
 	// reply from the end of its write. If zero, DefaultTimeout.
 	Timeout time.Duration
+	// Panics, if not nil, stops a panic on a connection's reply reader
+	// (where="mcpipe_reader": the connection fails, since its place in
+	// the reply stream is unknown, and so do its calls) and in a
+	// DoAsync callback (where="mcpipe_callback": the other callbacks
+	// run and the connection goes on, its stream where it was). If nil,
+	// such a panic ends the process.
+	Panics *panicguard.Guard
 }
 
 // Client sends requests to one memcached server over Options.Conns
@@ -91,6 +99,9 @@ type Client struct {
 	// and one without meta commands reads its data block as a command;
 	// either would put the connection out of step. Cleared by each dial.
 	metaSets atomic.Bool
+	// Where panics on its reader goroutines and in callbacks are
+	// stopped (Options.Panics); nil: nowhere.
+	readerPanics, callbackPanics *panicguard.Site
 }
 
 // lane is connections that requests are spread over round robin.
@@ -118,6 +129,7 @@ func New(o Options) *Client {
 	return &Client{
 		dial: o.Dial, closed: o.Closed, timeout: o.Timeout, hints: NewSizeHints(), share: o.Share,
 		small: lane{slots: make([]slot, o.Conns)}, large: lane{slots: make([]slot, o.Conns)},
+		readerPanics: o.Panics.Site("mcpipe_reader"), callbackPanics: o.Panics.Site("mcpipe_callback"),
 	}
 }
 
@@ -207,7 +219,7 @@ func (c *Client) conn(l *lane) (*conn, error) {
 	// mg to answer HD again, which the next checked append's read does.
 	c.metaSets.Store(false)
 	cn := newConn(nc, c.timeout)
-	cn.closed, cn.hints, cn.share = c.closed, c.hints, c.share
+	cn.closed, cn.hints, cn.share, cn.panics = c.closed, c.hints, c.share, c.readerPanics
 	go cn.readLoop()
 	s.c.Store(cn)
 	return cn, nil

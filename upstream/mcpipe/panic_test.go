@@ -1,0 +1,134 @@
+package mcpipe
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/upstream/op"
+	"github.com/memcgate/memcgate/upstream/panicguard"
+)
+
+// panicRoom is a testRoom whose Reserve panics on its nth call, as a
+// bug in a caller's budget would, on the connection's reply reader.
+type panicRoom struct {
+	testRoom
+	nth   int64
+	calls atomic.Int64
+}
+
+func (r *panicRoom) Reserve(n int) bool {
+	if r.calls.Add(1) == r.nth {
+		panic("planted: Reserve")
+	}
+	return r.testRoom.Reserve(n)
+}
+
+// TestPanicsStopped: a panic in a DoAsync callback ends that callback
+// alone: the connection goes on (not closed) and the next call on it is
+// answered. A panic on the reply reader (a Room's Reserve, in the middle
+// of a multi-key reply) fails the connection, whose place in the stream
+// is unknown: its call gets an error rather than waiting for ever, what
+// the reply held of the Room and of the server's Share goes back, and
+// the next call dials again and is answered. Each panic is counted under
+// its where. Without Options.Panics either panic ends the test binary.
+func TestPanicsStopped(t *testing.T) {
+	srv := memcachedtest.Start(t)
+	const size = 10 << 10 // of a two-byte pattern: values of op.LentValue bytes and more, held through the Room
+	tests := []struct {
+		name   string
+		where  string
+		closes int64 // connections closed by the panic
+		run    func(t *testing.T, c *Client, share *testShare)
+	}{
+		{"callback", "mcpipe_callback", 0, func(t *testing.T, c *Client, _ *testShare) {
+			ran := make(chan struct{})
+			err := c.DoAsync(t.Context(), op.Op{Verb: op.Get}, "k0", func(*memcache.Item, uint64, error) {
+				close(ran)
+				panic("planted: callback")
+			})
+			if err != nil {
+				t.Fatalf("DoAsync = %v", err)
+			}
+			<-ran
+		}},
+		{"reader", "mcpipe_reader", 1, func(t *testing.T, c *Client, share *testShare) {
+			room := &panicRoom{nth: 2}
+			_, _, _, err := c.GetMultiLimit(t.Context(), []string{"k0", "k1", "k2"}, 0, room, false)
+			if err == nil {
+				t.Fatal("GetMultiLimit whose reader panicked = nil error, want the connection's failure")
+			}
+			if h := room.held.Load(); h != 0 {
+				t.Errorf("Room holds %d bytes after the failed reply, want 0", h)
+			}
+			if h := share.held.Load(); h != 0 {
+				t.Errorf("Share holds %d bytes after the failed reply, want 0", h)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			g := panicguard.New(slog.New(slog.NewTextHandler(io.Discard, nil)), reg)
+			share := &testShare{limit: 1 << 30}
+			var closed atomic.Int64
+			c := New(Options{Conns: 1, Timeout: 5 * time.Second, Share: share, Panics: g, Closed: func() { closed.Add(1) },
+				Dial: func(ctx context.Context) (net.Conn, error) {
+					var d net.Dialer
+					return d.DialContext(ctx, "tcp", srv.Addr)
+				}})
+			t.Cleanup(func() { c.Close() })
+			for _, k := range []string{"k0", "k1", "k2"} {
+				if err := set(t.Context(), c, k, bytes.Repeat([]byte(k), size)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tt.run(t, c, share)
+			deadline := time.Now().Add(3 * time.Second)
+			for panicsTotal(t, reg, tt.where) != 1 && time.Now().Before(deadline) {
+				time.Sleep(5 * time.Millisecond)
+			}
+			if n := panicsTotal(t, reg, tt.where); n != 1 {
+				t.Errorf("memcgate_panics_total{where=%q} = %v, want 1", tt.where, n)
+			}
+			if n := closed.Load(); n != tt.closes {
+				t.Errorf("%d connections closed by the panic, want %d", n, tt.closes)
+			}
+			it, _, err := c.Do(t.Context(), op.Op{Verb: op.Get}, "k1")
+			if err != nil || !bytes.Equal(it.Value, bytes.Repeat([]byte("k1"), size)) {
+				t.Errorf("Get after the panic = %v, want the value", err)
+			}
+		})
+	}
+}
+
+// panicsTotal is memcgate_panics_total{where} on reg.
+func panicsTotal(t *testing.T, reg *prometheus.Registry, where string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "memcgate_panics_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "where" && l.GetValue() == where {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
