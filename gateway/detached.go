@@ -214,7 +214,7 @@ func (f *detachedReq) recover() {
 // from then on (Detacher's ReleaseRequest).
 func (f *detachedReq) end() {
 	h := f.h
-	h.obs.record(f.r, &f.sw, f.start)
+	f.record()
 	h.lim.end(f.ctx)
 	finish := f.finish
 	f.sw, f.r, f.ctx, f.finish, f.kr, f.d = statusWriter{}, nil, nil, nil, keyRequest{}, nil
@@ -222,4 +222,15 @@ func (f *detachedReq) end() {
 	if finish != nil {
 		finish()
 	}
+}
+
+// record counts the request and writes its access log line. It runs on
+// memcached's reply reader or on a goroutine of its own, neither a
+// handler's: a panic there (a bug, or the access log's writer) is
+// stopped and counted (memcgate_panics_total{where="detached_end"}),
+// and end goes on to give back the request's slot and finish its
+// response, which was written whole before.
+func (f *detachedReq) record() {
+	defer f.h.endPanics.Recover()
+	f.h.obs.record(f.r, &f.sw, f.start)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/memcgate/memcgate/gateway/chunk"
+	"github.com/memcgate/memcgate/upstream/panicguard"
 )
 
 // Handler is the data-plane HTTP handler. Run must run for writes sent with
@@ -157,6 +158,10 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 	h.async = newAsyncQueue(h.ex, order, opts.Quiet, opts.Owners, h.lim.budget, max(opts.MaxValueBytes, 1<<20), opts.AsyncWorkers, opts.AsyncQueue, opts.AsyncQueueBytes, opts.RequestTimeout, log, reg)
 	h.obs = newObserver(log, opts.AccessLogger, reg, opts.AccessLog, opts.AccessLogJSON)
 	h.detachStore = opts.Async
+	if opts.Panics == nil {
+		opts.Panics = panicguard.New(log, reg)
+	}
+	h.endPanics = opts.Panics.Site("detached_end")
 	h.detached = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "memcgate_http_detached_responses_total",
 		Help: "Requests answered by memcached's reply as it was read, with no goroutine waiting (MEMCGATE_DETACHED_RESPONSES).",

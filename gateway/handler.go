@@ -11,6 +11,7 @@ import (
 
 	"github.com/memcgate/memcgate/gateway/chunk"
 	"github.com/memcgate/memcgate/upstream/op"
+	"github.com/memcgate/memcgate/upstream/panicguard"
 )
 
 // handler holds what the data endpoints share.
@@ -37,7 +38,8 @@ type handler struct {
 	// are off.
 	detachStore AsyncStore
 	detached    prometheus.Counter
-	detachedq   sync.Pool // of *detachedReq
+	detachedq   sync.Pool        // of *detachedReq
+	endPanics   *panicguard.Site // where a detached request's end stops a panic
 }
 
 // writeItem answers a read with its item: 200 with the value, its flags

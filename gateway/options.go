@@ -10,6 +10,7 @@ import (
 	"github.com/memcgate/memcgate/gateway/budget"
 	"github.com/memcgate/memcgate/gateway/chunk"
 	"github.com/memcgate/memcgate/upstream/op"
+	"github.com/memcgate/memcgate/upstream/panicguard"
 )
 
 // Store is what the gateway needs from the memcached side.
@@ -139,6 +140,13 @@ type Options struct {
 	// does not serialize its writes: w must be safe for concurrent use
 	// and write each call's bytes whole (cmd/memcgate's log buffer does).
 	AccessLogJSON io.Writer
+	// Panics stops and counts the panics of a request's code on
+	// goroutines that are not its handler's (memcached's reply reader,
+	// a large value's writer), which would otherwise end the process.
+	// If nil, the handler makes one, registered on its registry; give
+	// it the Store's (cmd/memcgate does) when both register on one
+	// registry, where memcgate_panics_total can be registered once.
+	Panics *panicguard.Guard
 	// Routes are endpoints served beside the REST API, in order.
 	Routes []Route
 	// Tokens, if any are set, are required as bearer tokens: read scope
