@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
@@ -104,9 +105,19 @@ func (a *asyncOp) complete(mi *memcache.Item, num uint64, err error) {
 // a goroutine of its own, and hands done the outcome. A method rather
 // than a closure in complete: a closure would capture complete's
 // variables, which then escape to the heap on every call, failed or not.
+//
+// A panic on the way (a bug) is stopped: done still gets an answer,
+// errRetryPanicked (500), which ends its request.
 func (c *Cluster) retryAsync(ctx context.Context, o op.Op, n *node, err error, done func(op.Result)) {
-	done(c.doAfter(ctx, o, n, err))
+	defer c.retryPanics.Recover()
+	res := op.Result{Err: errRetryPanicked}
+	defer func() { done(res) }()
+	res = c.doAfter(ctx, o, n, err)
 }
+
+// errRetryPanicked is the answer of an asynchronous read whose retry on
+// the next nodes panicked (a bug).
+var errRetryPanicked = errors.New("upstream: the retry of a read panicked")
 
 // asyncNode returns the key's owner, holding a slot of its in-flight cap,
 // if the owner is up, is served by pipelined connections and has a slot

@@ -161,6 +161,7 @@ func newNode(name string, o *Options, pol *healthPolicy, share *requestShare, m 
 			},
 			Closed: func() { n.conns.Add(-1) },
 			Share:  &n.reads,
+			Panics: o.Panics,
 		})
 		n.client = n.pipe
 	} else {

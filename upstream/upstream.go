@@ -38,6 +38,7 @@ import (
 	"github.com/memcgate/memcgate/upstream/hashring"
 	"github.com/memcgate/memcgate/upstream/mcpipe"
 	"github.com/memcgate/memcgate/upstream/op"
+	"github.com/memcgate/memcgate/upstream/panicguard"
 )
 
 // Server is one memcached node as configured.
@@ -147,6 +148,11 @@ type Options struct {
 	// ends (a TLS handshake included): a probe's deadline and a
 	// shutdown reach the dial only through ctx.
 	Dialer func(ctx context.Context, network, address string) (net.Conn, error)
+	// Panics, if not nil, stops the panics of a request's code on the
+	// cluster's goroutines: the pipelined connections' reply readers and
+	// callbacks (mcpipe.Options.Panics) and the retries of asynchronous
+	// reads. If nil, such a panic ends the process.
+	Panics *panicguard.Guard
 	// Copies is how many nodes at the head of each key's chain hold its
 	// copies: the copies a caller keeping replicas asks Replicas for
 	// (package route); if zero, 1. SetServers's Change.KeysBack looks at
@@ -236,6 +242,9 @@ type Cluster struct {
 	probed     chan struct{} // closed after the first probe round
 	probedOnce sync.Once
 	asyncOps   sync.Pool // of *asyncOp, DoAsync's
+	// retryPanics stops a panic of an asynchronous read's retry
+	// (Options.Panics); nil: none.
+	retryPanics *panicguard.Site
 
 	// setMu serializes server changes: Prepare takes it, and Commit or
 	// Discard releases it, so it is held while the probes of the nodes
@@ -294,7 +303,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Cluster, e
 	if opts.Name != "" {
 		log = log.With("pool", opts.Name)
 	}
-	c := &Cluster{opts: opts, m: m, log: log, probed: make(chan struct{}), copies: max(opts.Copies, 1)}
+	c := &Cluster{opts: opts, m: m, log: log, probed: make(chan struct{}), copies: max(opts.Copies, 1), retryPanics: opts.Panics.Site("upstream_retry")}
 	c.nextCopies = c.copies
 	c.health = &healthPolicy{
 		HealthOptions: opts.Health,
