@@ -28,6 +28,7 @@ import (
 	"github.com/memcgate/memcgate/gateway/listen"
 	"github.com/memcgate/memcgate/gateway/memc"
 	"github.com/memcgate/memcgate/gateway/procs"
+	"github.com/memcgate/memcgate/upstream/panicguard"
 	"github.com/memcgate/memcgate/upstream/route"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -86,6 +87,7 @@ type process struct {
 	build      buildInfo
 	reg        *prometheus.Registry
 	handshakes *prometheus.CounterVec
+	panics     *panicguard.Guard // every part's, registered once
 
 	// Made by upstream.
 	router *route.Router
@@ -184,12 +186,17 @@ func (p *process) metrics() {
 		Help: "Log lines dropped because the log's destination (stderr) took them slower than they came; requests never wait for it.",
 	}, func() float64 { return float64(p.lg.dropped()) }))
 	p.handshakes = newHandshakeErrors(reg)
+	p.panics = panicguard.New(p.log, reg)
 	p.reg = reg
 }
 
 // upstream builds the pools of memcached nodes.
 func (p *process) upstream() error {
-	router, err := route.New(routeOptions(p.cfg, p.sec.dialer, p.buffered), p.log, p.reg)
+	ro := routeOptions(p.cfg, p.sec.dialer, p.buffered)
+	for i := range ro.Pools {
+		ro.Pools[i].Cluster.Panics = p.panics
+	}
+	router, err := route.New(ro, p.log, p.reg)
 	if err != nil {
 		return err
 	}
@@ -239,6 +246,7 @@ func (p *process) gateway() {
 	}, func() float64 { return float64(bodies.Kept()) }))
 	gopts.Buffers = bodies
 	gopts.Hosts = p.hosts
+	gopts.Panics = p.panics
 	handler := gateway.NewHandler(router, log, reg, gopts)
 	router.CountRequests(handler.RequestsInFlight) // a node past its fair part of MAX_REQUESTS holds no more than are free
 	router.ShareBytes(buffered)                    // a node's reads hold at most their share of MAX_BUFFERED_BYTES

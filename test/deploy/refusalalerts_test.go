@@ -39,10 +39,17 @@ func TestRefusalPanicRestartAlerts(t *testing.T) {
       - eval_time: 30m
         alertname: MemcgateRequestsRefused
         exp_alerts: []
-  # One panic at 10m, none before or after.
+  # One panic at 10m, none before or after: gw1's in a handler, gw2's
+  # stopped on another goroutine.
   - interval: 1m
     input_series:
       - series: 'memcgate_http_panics_total{instance="gw1:9090"}'
+        values: '0x10 1x40'
+      - series: 'memcgate_panics_total{instance="gw1:9090",where="detached_end"}'
+        values: '0x50'
+      - series: 'memcgate_http_panics_total{instance="gw2:9090"}'
+        values: '0x50'
+      - series: 'memcgate_panics_total{instance="gw2:9090",where="detached_end"}'
         values: '0x10 1x40'
     alert_rule_test:
       - eval_time: 9m
@@ -55,7 +62,12 @@ func TestRefusalPanicRestartAlerts(t *testing.T) {
             exp_annotations:
               runbook_url: "https://github.com/memcgate/memcgate/blob/main/docs/runbook.md#memcgatehandlerpanics"
               summary: "memcgate gw1:9090: 1 requests panicked"
-              description: "A bug in the gateway: the requests got 500. The log's \"handler panicked\" line has the panic and its stack (a line a second at most); file it with memcgate -version."
+              description: "A bug in the gateway: the requests got 500. The log's \"handler panicked\" or \"panic stopped\" line has the panic and its stack (a line a second at most); file it with memcgate -version."
+          - exp_labels: {severity: warning, instance: "gw2:9090"}
+            exp_annotations:
+              runbook_url: "https://github.com/memcgate/memcgate/blob/main/docs/runbook.md#memcgatehandlerpanics"
+              summary: "memcgate gw2:9090: 1 requests panicked"
+              description: "A bug in the gateway: the requests got 500. The log's \"handler panicked\" or \"panic stopped\" line has the panic and its stack (a line a second at most); file it with memcgate -version."
       - eval_time: 40m
         alertname: MemcgateHandlerPanics
         exp_alerts: []
