@@ -11,6 +11,7 @@
 package panicguard
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
@@ -19,6 +20,11 @@ import (
 
 	"github.com/memcgate/memcgate/upstream/loggate"
 )
+
+// ErrPanicked is the error of an operation whose goroutine panicked and
+// was stopped (a bug): whether it reached memcached is not known. The
+// gateway answers it 500.
+var ErrPanicked = errors.New("panicguard: the operation's goroutine panicked (a bug)")
 
 // Guard counts and logs the panics its Sites stop. It is safe for
 // concurrent use.
@@ -65,10 +71,26 @@ func (s *Site) Recover() {
 	if s == nil {
 		return
 	}
-	p := recover()
-	if p == nil {
+	if p := recover(); p != nil {
+		s.stopped(p)
+	}
+}
+
+// RecoverNoting is Recover that also sets *panicked when it stops a
+// panic, for the deferred calls that run after it to answer for the work
+// cut short (`defer s.RecoverNoting(&panicked)`, deferred last).
+func (s *Site) RecoverNoting(panicked *bool) {
+	if s == nil {
 		return
 	}
+	if p := recover(); p != nil {
+		*panicked = true
+		s.stopped(p)
+	}
+}
+
+// stopped counts and logs p, a panic stopped.
+func (s *Site) stopped(p any) {
 	s.n.Inc()
 	if held, ok := s.g.gate.Pass(); ok {
 		s.g.log.Error("panic stopped", "where", s.where, "panic", fmt.Sprint(p), "stack", string(debug.Stack()), "unlogged_before", held)

@@ -2,6 +2,7 @@ package panicguard
 
 import (
 	"bytes"
+	"io"
 	"log/slog"
 	"strings"
 	"testing"
@@ -67,4 +68,38 @@ func TestNilSite(t *testing.T) {
 		defer s.Recover()
 		panic("through")
 	}()
+}
+
+// TestRecoverNoting: RecoverNoting stops a panic as Recover does and
+// says so to the deferred calls that run after it; on a normal return it
+// says nothing.
+func TestRecoverNoting(t *testing.T) {
+	g := New(slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+	s := g.Site("noting")
+	tests := []struct {
+		name  string
+		panic bool
+	}{
+		{"panics", true},
+		{"returns", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var seen bool
+			func() {
+				panicked := false
+				defer func() { seen = panicked }()
+				defer s.RecoverNoting(&panicked)
+				if tt.panic {
+					panic("planted")
+				}
+			}()
+			if seen != tt.panic {
+				t.Errorf("panicked = %v after the deferred stop, want %v", seen, tt.panic)
+			}
+		})
+	}
+	if n := testutil.ToFloat64(g.panics.WithLabelValues("noting")); n != 1 {
+		t.Errorf(`memcgate_panics_total{where="noting"} = %v, want 1`, n)
+	}
 }
