@@ -2,12 +2,12 @@ package upstream
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/memcgate/memcgate/upstream/op"
+	"github.com/memcgate/memcgate/upstream/panicguard"
 )
 
 // Asynchronous operations. A caller that must not keep a goroutine
@@ -107,17 +107,13 @@ func (a *asyncOp) complete(mi *memcache.Item, num uint64, err error) {
 // variables, which then escape to the heap on every call, failed or not.
 //
 // A panic on the way (a bug) is stopped: done still gets an answer,
-// errRetryPanicked (500), which ends its request.
+// panicguard.ErrPanicked (500), which ends its request.
 func (c *Cluster) retryAsync(ctx context.Context, o op.Op, n *node, err error, done func(op.Result)) {
 	defer c.retryPanics.Recover()
-	res := op.Result{Err: errRetryPanicked}
+	res := op.Result{Err: panicguard.ErrPanicked}
 	defer func() { done(res) }()
 	res = c.doAfter(ctx, o, n, err)
 }
-
-// errRetryPanicked is the answer of an asynchronous read whose retry on
-// the next nodes panicked (a bug).
-var errRetryPanicked = errors.New("upstream: the retry of a read panicked")
 
 // asyncNode returns the key's owner, holding a slot of its in-flight cap,
 // if the owner is up, is served by pipelined connections and has a slot

@@ -9,6 +9,7 @@ import (
 	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/memcgate/memcgate/upstream/op"
+	"github.com/memcgate/memcgate/upstream/panicguard"
 )
 
 // maxKeysPerGet bounds one multi-key get command line (250-byte keys make
@@ -212,6 +213,21 @@ func (c *Cluster) getMulti(ctx context.Context, keys []string, limit int, vroom 
 				var dropped, nofit []string
 				r := room()
 				defer done(r)
+				// A batch whose read panicked fails its keys: absent
+				// from both maps, they would read as misses.
+				panicked := false
+				defer func() {
+					if panicked {
+						mu.Lock()
+						for _, sk := range b.store {
+							if _, ok := found[b.client[sk]]; !ok {
+								failed[b.client[sk]] = panicguard.ErrPanicked
+							}
+						}
+						mu.Unlock()
+					}
+				}()
+				defer c.multiPanics.RecoverNoting(&panicked)
 				err := b.node.do(ctx, opGetMulti, b.failover, func(mc dataClient, _ bool) (err error) {
 					items, dropped, nofit, err = mc.GetMultiLimit(ctx, b.store, r, vroom, probe)
 					return err

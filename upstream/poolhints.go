@@ -59,17 +59,17 @@ func (n *node) getHinted(ctx context.Context, key string, o op.Op) (it *memcache
 // alone may), and then if room could take size bytes now, or else if it
 // is the one read per hint interval sent anyway to correct a hint that
 // may be stale (mcpipe.SizeHints.Retry).
-func (n *node) admitLarge(room op.Room, key string, size int) bool {
+func (n *node) admitLarge(room op.Room, key string, size int) (ok bool) {
 	after := n.ahead.Add(int64(size))
+	defer func() { // also when Fits panics: nothing else gives it back then
+		if !ok {
+			n.ahead.Add(-int64(size))
+		}
+	}()
 	if after != int64(size) && !n.reads.Ahead(after) {
-		n.ahead.Add(-int64(size))
 		return false
 	}
-	if room.Fits(size) || n.hints.Retry(key) {
-		return true
-	}
-	n.ahead.Add(-int64(size))
-	return false
+	return room.Fits(size) || n.hints.Retry(key)
 }
 
 // learn notes what a Get with a Room of key found on gomemcache's pool:

@@ -245,6 +245,9 @@ type Cluster struct {
 	// retryPanics stops a panic of an asynchronous read's retry
 	// (Options.Panics); nil: none.
 	retryPanics *panicguard.Site
+	// multiPanics stops a panic of a multi-key read's batch
+	// (Options.Panics); nil: none.
+	multiPanics *panicguard.Site
 
 	// setMu serializes server changes: Prepare takes it, and Commit or
 	// Discard releases it, so it is held while the probes of the nodes
@@ -303,7 +306,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Cluster, e
 	if opts.Name != "" {
 		log = log.With("pool", opts.Name)
 	}
-	c := &Cluster{opts: opts, m: m, log: log, probed: make(chan struct{}), copies: max(opts.Copies, 1), retryPanics: opts.Panics.Site("upstream_retry")}
+	c := &Cluster{opts: opts, m: m, log: log, probed: make(chan struct{}), copies: max(opts.Copies, 1), retryPanics: opts.Panics.Site("upstream_retry"), multiPanics: opts.Panics.Site("upstream_multi_get")}
 	c.nextCopies = c.copies
 	c.health = &healthPolicy{
 		HealthOptions: opts.Health,

@@ -1,0 +1,148 @@
+package upstream
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/upstream/op"
+	"github.com/memcgate/memcgate/upstream/panicguard"
+)
+
+// boomRoom is a countRoom whose Reserve panics for a value of boomSize
+// bytes, as a bug in a caller's budget would.
+type boomRoom struct{ countRoom }
+
+const boomSize = 777
+
+func (r *boomRoom) Reserve(n int) bool {
+	if n == boomSize {
+		panic("planted: Reserve")
+	}
+	return r.countRoom.Reserve(n)
+}
+
+// TestPanicInMultiGetBatch: a multi-key read whose batch for one node
+// panics (the Room's Reserve, on the batch's goroutine when the node is
+// read through gomemcache) answers that batch's keys with
+// panicguard.ErrPanicked, not as misses, and the other node's keys as
+// read; what the Room held is given back; the panic is counted in
+// memcgate_panics_total{where="upstream_multi_get"}; the next read of
+// every key is answered. Without the stop, the panic ended the process.
+func TestPanicInMultiGetBatch(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 2)
+	reg := prometheus.NewRegistry()
+	c, _ := newTestCluster(t, mcs, func(o *Options) {
+		o.PipelineConns = 0 // the values are read on the batch's goroutine
+		o.Panics = panicguard.New(testLogger(), reg)
+	})
+	ctx := t.Context()
+	var keys []string
+	for i := range 16 {
+		keys = append(keys, fmt.Sprintf("k%d", i))
+	}
+	value := func(k string) []byte {
+		if k == keys[0] {
+			return []byte(strings.Repeat("b", boomSize))
+		}
+		return []byte("v-" + k)
+	}
+	owner := map[string]int{}
+	for _, k := range keys {
+		if res := c.Do(ctx, op.Op{Verb: op.Set, Item: op.Item{Key: k, Value: value(k)}}); res.Err != nil {
+			t.Fatal(res.Err)
+		}
+		owner[k], _ = c.Owner(k)
+	}
+	room := &boomRoom{}
+	found, failed := c.GetMulti(ctx, keys, 0, room)
+	others := 0
+	for _, k := range keys {
+		switch {
+		case owner[k] == owner[keys[0]]:
+			if !errors.Is(failed[k], panicguard.ErrPanicked) {
+				t.Errorf("%s, on the node whose batch panicked: found %v, failed %v; want panicguard.ErrPanicked", k, found[k].Value != nil, failed[k])
+			}
+		default:
+			others++
+			if string(found[k].Value) != string(value(k)) || failed[k] != nil {
+				t.Errorf("%s, on the other node: found %q, failed %v; want its value", k, found[k].Value, failed[k])
+			}
+		}
+	}
+	if others == 0 {
+		t.Fatal("every key on one node: the test checks nothing")
+	}
+	if room.reserved != room.released {
+		t.Errorf("Room: %d bytes reserved, %d released", room.reserved, room.released)
+	}
+	if n := panicsTotal(t, reg, "upstream_multi_get"); n != 1 {
+		t.Errorf(`memcgate_panics_total{where="upstream_multi_get"} = %v, want 1`, n)
+	}
+	found, failed = c.GetMulti(ctx, keys, 0, nil)
+	if len(found) != len(keys) || len(failed) != 0 {
+		t.Errorf("GetMulti after the panic: %d found, %v failed; want all %d", len(found), failed, len(keys))
+	}
+}
+
+// panicsTotal is memcgate_panics_total{where} on reg.
+func panicsTotal(t *testing.T, reg *prometheus.Registry, where string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "memcgate_panics_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "where" && l.GetValue() == where {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// fitsPanics is a countRoom whose Fits panics, as a bug in a caller's
+// budget would.
+type fitsPanics struct{ countRoom }
+
+func (r *fitsPanics) Fits(int) bool { panic("planted: Fits") }
+
+// TestPanicAdmittingLargeRead: a Get with a Room of a key whose value was
+// large when last read, through gomemcache's pool, asks the Room whether
+// it fits; a panic there gives back what the read counted ahead on its
+// node (it went on counting for ever, and the node's large reads were
+// refused once it reached the node's share).
+func TestPanicAdmittingLargeRead(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 1)
+	c, _ := newTestCluster(t, mcs, func(o *Options) { o.PipelineConns = 0 })
+	ctx := t.Context()
+	value := []byte(strings.Repeat("v", 2*op.LentValue))
+	if res := c.Do(ctx, op.Op{Verb: op.Set, Item: op.Item{Key: "k", Value: value}}); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	if res := c.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: "k"}, Room: &countRoom{}}); res.Err != nil {
+		t.Fatal(res.Err) // the node learns the value's size
+	}
+	func() {
+		defer func() {
+			if p := recover(); p == nil {
+				t.Fatal("Get with a Room whose Fits panics did not ask it")
+			}
+		}()
+		c.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: "k"}, Room: &fitsPanics{}})
+	}()
+	n := c.topo.Load().nodes[0]
+	if a := n.ahead.Load(); a != 0 {
+		t.Errorf("node counts %d bytes of large reads ahead after the panic, want 0", a)
+	}
+}
