@@ -7,6 +7,7 @@ import (
 
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/op"
+	"github.com/memcgate/memcgate/upstream/panicguard"
 )
 
 // GetMulti reads many keys, each once, with one upstream GetMulti per
@@ -45,7 +46,18 @@ func (r *Router) GetMulti(ctx context.Context, keys []string, limit int, room op
 	}
 	var wg sync.WaitGroup
 	for i, v := range order {
-		wg.Go(func() { parts[i].found, parts[i].failed = v.getMulti(ctx, groups[v], share, room) })
+		wg.Go(func() {
+			// A pool's read that panicked fails its keys: absent from
+			// both maps, they would read as misses.
+			panicked := false
+			defer func() {
+				if panicked {
+					parts[i].found, parts[i].failed = nil, failAll(groups[v], panicguard.ErrPanicked)
+				}
+			}()
+			defer v.readPanics.RecoverNoting(&panicked)
+			parts[i].found, parts[i].failed = v.getMulti(ctx, groups[v], share, room)
+		})
 	}
 	wg.Wait()
 	found := make(map[string]op.Item, len(keys))
@@ -188,4 +200,13 @@ func (v *view) getMultiOwn(ctx context.Context, keys []string, limit int, room o
 		left = next
 	}
 	return found, failed
+}
+
+// failAll maps each of keys to err.
+func failAll(keys []string, err error) map[string]error {
+	m := make(map[string]error, len(keys))
+	for _, k := range keys {
+		m[k] = err
+	}
+	return m
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/op"
+	"github.com/memcgate/memcgate/upstream/panicguard"
 )
 
 // Replicated reads. A read asks the key's replicas in read order (its
@@ -41,6 +42,11 @@ func (v *view) getHedged(ctx context.Context, o op.Op, reps []upstream.Replica) 
 	results := make(chan outcome, len(reps)) // never blocks a request that lost
 	ask := func(rank int) {
 		go func() {
+			// A read that panicked is a failed one: the next replica
+			// may answer.
+			out := outcome{rank: rank, res: op.Result{Err: panicguard.ErrPanicked}}
+			defer func() { results <- out }()
+			defer v.readPanics.Recover()
 			start := time.Now()
 			res := v.c.DoOn(ctx, o, reps[rank])
 			// Neither a cancelled request nor one refused for the
@@ -48,7 +54,7 @@ func (v *view) getHedged(ctx context.Context, o op.Op, reps []upstream.Replica) 
 			if !errors.Is(res.Err, context.Canceled) && !errors.Is(res.Err, upstream.ErrNoFit) {
 				v.lat.observe(reps[rank].Node(), time.Since(start))
 			}
-			results <- outcome{rank: rank, res: res}
+			out.res = res
 		}()
 	}
 	t := time.NewTimer(time.Duration(v.delay.Load()))

@@ -44,6 +44,7 @@ import (
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/loggate"
 	"github.com/memcgate/memcgate/upstream/op"
+	"github.com/memcgate/memcgate/upstream/panicguard"
 )
 
 // WritePolicy says when a write to a replicated pool is answered.
@@ -299,6 +300,12 @@ type pool struct {
 	lat     latencies
 	hedge   hedgeBudget
 	delay   atomic.Int64 // hedge delay now, in nanoseconds
+
+	// Where panics of the pool's goroutines are stopped (the cluster's
+	// Options.Panics; nil: nowhere): the copies of a replicated write,
+	// the reads of a hedged or multi-pool read, and the work done in the
+	// background (warm-up copies, invalidations, shadow reads).
+	writePanics, readPanics, bgPanics *panicguard.Site
 }
 
 // New builds the pools' clusters and the router. It opens no connection
@@ -323,7 +330,8 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Router, er
 		if err != nil {
 			return nil, fmt.Errorf("pool %q: %w", po.Name, err)
 		}
-		p := &pool{name: po.Name, c: c, timeout: co.WithDefaults().Timeout, fail: co.WithDefaults().Failover, bg: r.bg, log: log}
+		p := &pool{name: po.Name, c: c, timeout: co.WithDefaults().Timeout, fail: co.WithDefaults().Failover, bg: r.bg, log: log,
+			writePanics: co.Panics.Site("route_write"), readPanics: co.Panics.Site("route_read"), bgPanics: co.Panics.Site("route_background")}
 		p.hedge.init(opts.HedgeMaxPercent)
 		p.delay.Store(int64(opts.HedgeMaxDelay))
 		r.m.hedgeDelay.WithLabelValues(p.name).Set(opts.HedgeMaxDelay.Seconds())

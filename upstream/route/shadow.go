@@ -74,11 +74,12 @@ func (v *view) shadowDo(o op.Op, res op.Result) {
 	so.Item.Value = bytes.Clone(o.Item.Value)
 	so = ownKeys(so)
 	res.Item.Value, res.Item.Key = bytes.Clone(res.Item.Value), strings.Clone(res.Item.Key)
-	s, sm, ov := v.pol.shadow, v.pol.sm, o.Verb
+	s, sm, ov, panics := v.pol.shadow, v.pol.sm, o.Verb, v.bgPanics
 	go func() {
 		defer bg.release(size)
 		bctx, cancel := background(2 * s.timeout)
 		defer cancel()
+		defer panics.Recover()
 		sres := s.own(bctx, so)
 		sm.count(verb, compare(ov, res, sres))
 	}()
@@ -170,11 +171,12 @@ func (v *view) shadowGetMulti(keys []string, found map[string]op.Item, failed ma
 		v.pol.sm.dropped.Add(float64(len(sample)))
 		return
 	}
-	s, sm := v.pol.shadow, v.pol.sm
+	s, sm, panics := v.pol.shadow, v.pol.sm, v.bgPanics
 	go func() {
 		defer bg.release(held)
 		bctx, cancel := background(2 * s.timeout)
 		defer cancel()
+		defer panics.Recover()
 		ks := make([]string, len(sample))
 		for i, w := range sample {
 			ks[i] = w.key

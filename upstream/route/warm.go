@@ -56,7 +56,10 @@ func (v *view) warmDo(ctx context.Context, o op.Op) op.Result {
 		return res
 	case o.Verb.Writes():
 		var wg sync.WaitGroup
-		wg.Go(func() { v.invalidate(ctx, o) })
+		wg.Go(func() {
+			defer v.bgPanics.Recover()
+			v.invalidate(ctx, o)
+		})
 		res := v.own(ctx, o)
 		wg.Wait()
 		return res
@@ -127,6 +130,7 @@ func (v *view) writeBack(o op.Op, it op.Item) {
 		defer bg.release(size)
 		bctx, cancel := background(2 * (v.pol.warm.timeout + v.timeout))
 		defer cancel()
+		defer v.bgPanics.Recover()
 		exp, ok := o.Item.Expiration, true
 		if o.Verb != op.GAT {
 			exp, ok = v.warmTTL(bctx, &o, it.CAS)

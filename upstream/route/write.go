@@ -12,6 +12,7 @@ import (
 
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/op"
+	"github.com/memcgate/memcgate/upstream/panicguard"
 )
 
 // Replicated operations. Every verb's rule, in one place (docs/pools.md
@@ -119,7 +120,8 @@ func failure(err error) bool {
 	var ne *upstream.NodeError
 	var be *upstream.BusyError
 	return err != nil && (errors.As(err, &ne) || errors.As(err, &be) || errors.Is(err, upstream.ErrNoNodes) ||
-		errors.Is(err, upstream.ErrServer) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
+		errors.Is(err, upstream.ErrServer) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, panicguard.ErrPanicked))
 }
 
 // replaceable reports whether a replica's failed write may go to a spare
@@ -177,8 +179,12 @@ func (v *view) fanout(ctx context.Context, o op.Op, set *upstream.ReplicaSet, ta
 	results := make(chan outcome, len(targets))
 	for i, r := range targets {
 		go func() {
-			res, node := v.writeOne(wctx, o, cs, i, r)
-			results <- outcome{rank: i, res: res, node: node}
+			// A copy that panicked is a failed one: it is counted, and
+			// the write is answered.
+			out := outcome{rank: i, res: op.Result{Err: panicguard.ErrPanicked}}
+			defer func() { results <- out }()
+			defer v.writePanics.Recover()
+			out.res, out.node = v.writeOne(wctx, o, cs, i, r)
 		}()
 	}
 	answered, got := 0, 0
@@ -206,6 +212,7 @@ func (v *view) fanout(ctx context.Context, o op.Op, set *upstream.ReplicaSet, ta
 		go func() {
 			defer cancel()
 			defer v.bgRelease(held)
+			defer v.writePanics.Recover()
 			for range left {
 				if out := <-results; failure(out.res.Err) {
 					v.replicaFailed(o.Verb, out, true)
