@@ -35,10 +35,10 @@ func (r *boomRoom) Reserve(n int) bool {
 // every key is answered. Without the stop, the panic ended the process.
 func TestPanicInMultiGetBatch(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 2)
-	reg := prometheus.NewRegistry()
+	g := panicguard.New(testLogger(), prometheus.NewRegistry())
 	c, _ := newTestCluster(t, mcs, func(o *Options) {
 		o.PipelineConns = 0 // the values are read on the batch's goroutine
-		o.Panics = panicguard.New(testLogger(), reg)
+		o.Panics = g
 	})
 	ctx := t.Context()
 	var keys []string
@@ -80,35 +80,13 @@ func TestPanicInMultiGetBatch(t *testing.T) {
 	if room.reserved != room.released {
 		t.Errorf("Room: %d bytes reserved, %d released", room.reserved, room.released)
 	}
-	if n := panicsTotal(t, reg, "upstream_multi_get"); n != 1 {
+	if n := g.Stopped("upstream_multi_get"); n != 1 {
 		t.Errorf(`memcgate_panics_total{where="upstream_multi_get"} = %v, want 1`, n)
 	}
 	found, failed = c.GetMulti(ctx, keys, 0, nil)
 	if len(found) != len(keys) || len(failed) != 0 {
 		t.Errorf("GetMulti after the panic: %d found, %v failed; want all %d", len(found), failed, len(keys))
 	}
-}
-
-// panicsTotal is memcgate_panics_total{where} on reg.
-func panicsTotal(t *testing.T, reg *prometheus.Registry, where string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "memcgate_panics_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "where" && l.GetValue() == where {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
 }
 
 // fitsPanics is a countRoom whose Fits panics, as a bug in a caller's

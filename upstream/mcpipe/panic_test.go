@@ -77,8 +77,7 @@ func TestPanicsStopped(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			reg := prometheus.NewRegistry()
-			g := panicguard.New(slog.New(slog.NewTextHandler(io.Discard, nil)), reg)
+			g := panicguard.New(slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
 			share := &testShare{limit: 1 << 30}
 			var closed atomic.Int64
 			c := New(Options{Conns: 1, Timeout: 5 * time.Second, Share: share, Panics: g, Closed: func() { closed.Add(1) },
@@ -94,10 +93,10 @@ func TestPanicsStopped(t *testing.T) {
 			}
 			tt.run(t, c, share)
 			deadline := time.Now().Add(3 * time.Second)
-			for panicsTotal(t, reg, tt.where) != 1 && time.Now().Before(deadline) {
+			for g.Stopped(tt.where) != 1 && time.Now().Before(deadline) {
 				time.Sleep(5 * time.Millisecond)
 			}
-			if n := panicsTotal(t, reg, tt.where); n != 1 {
+			if n := g.Stopped(tt.where); n != 1 {
 				t.Errorf("memcgate_panics_total{where=%q} = %v, want 1", tt.where, n)
 			}
 			if n := closed.Load(); n != tt.closes {
@@ -109,26 +108,4 @@ func TestPanicsStopped(t *testing.T) {
 			}
 		})
 	}
-}
-
-// panicsTotal is memcgate_panics_total{where} on reg.
-func panicsTotal(t *testing.T, reg *prometheus.Registry, where string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "memcgate_panics_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "where" && l.GetValue() == where {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
 }

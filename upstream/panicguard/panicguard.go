@@ -17,6 +17,7 @@ import (
 	"runtime/debug"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/memcgate/memcgate/upstream/loggate"
 )
@@ -52,6 +53,16 @@ func (g *Guard) Site(where string) *Site {
 		return nil
 	}
 	return &Site{g: g, where: where, n: g.panics.WithLabelValues(where)}
+}
+
+// Stopped is how many panics the Sites named where stopped: its series
+// of memcgate_panics_total.
+func (g *Guard) Stopped(where string) float64 {
+	var m dto.Metric
+	if err := g.panics.WithLabelValues(where).Write(&m); err != nil {
+		return 0
+	}
+	return m.GetCounter().GetValue()
 }
 
 // Site is one place where panics are stopped.

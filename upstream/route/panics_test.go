@@ -35,10 +35,10 @@ func (r *armedRoom) Fits(int) bool {
 // ended the process.
 func TestPanicInHedgedRead(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 2)
-	reg := prometheus.NewRegistry()
+	g := panicguard.New(discard(), prometheus.NewRegistry())
 	co := clusterOptions(mcs)
 	co.PipelineConns = 0 // a Get with a Room asks Fits on the request's goroutine
-	co.Panics = panicguard.New(discard(), reg)
+	co.Panics = g
 	r, _ := newRouter(t, Options{Pools: []PoolOptions{{Cluster: co, Replicas: 2, Read: ReadHedged}}})
 	ctx := t.Context()
 	value := strings.Repeat("v", 2*op.LentValue)
@@ -57,29 +57,7 @@ func TestPanicInHedgedRead(t *testing.T) {
 	if room.armed.Load() {
 		t.Fatal("Fits was not asked: the test checks nothing")
 	}
-	if n := panicsTotal(t, reg, "route_read"); n != 1 {
+	if n := g.Stopped("route_read"); n != 1 {
 		t.Errorf(`memcgate_panics_total{where="route_read"} = %v, want 1`, n)
 	}
-}
-
-// panicsTotal is memcgate_panics_total{where} on reg.
-func panicsTotal(t *testing.T, reg *prometheus.Registry, where string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "memcgate_panics_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "where" && l.GetValue() == where {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
 }
