@@ -18,6 +18,7 @@ import (
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/loggate"
 	"github.com/memcgate/memcgate/upstream/op"
+	"github.com/memcgate/memcgate/upstream/panicguard"
 )
 
 // asyncQueue applies writes accepted with Prefer: respond-async. It is
@@ -66,6 +67,7 @@ type asyncQueue struct {
 	applied     prometheus.Counter
 	unconfirmed prometheus.Counter            // sets sent as UDP datagrams: neither applied nor failed as far as anyone knows
 	failed      map[string]prometheus.Counter // by reason (asyncFailReasons)
+	panics      *panicguard.Site              // where a write's application stops a panic; nil: nowhere
 
 	log     *slog.Logger  // failures, a line a second at most; nil: none
 	fails   atomic.Uint64 // writes failed, for the log line
@@ -504,6 +506,16 @@ func (q *asyncQueue) apply(sh *shard, j job, quiet bool) {
 		q.queued.Add(-1)
 		q.order.applied(o.Item.Key, j.seq) // applied, failed, or sent unconfirmed (UDP)
 	}()
+	// A write whose application panicked failed: its worker goes on
+	// with the next ones.
+	panicked := false
+	defer func() {
+		if panicked {
+			q.failed["error"].Inc()
+			q.logFailure(o.Verb, "error", panicguard.ErrPanicked)
+		}
+	}()
+	defer q.panics.RecoverNoting(&panicked)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(q.timeout.Load()))
 	defer cancel()
 	o.Queued = true // it holds no request slot: past a slow node's share it waits its turn

@@ -18,6 +18,7 @@ import (
 	"github.com/memcgate/memcgate/gateway/chunk"
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/op"
+	"github.com/memcgate/memcgate/upstream/panicguard"
 )
 
 // batchOp is one operation of a POST / batch.
@@ -325,6 +326,13 @@ func answerStatus(results []batchResult) (status int, retry bool) {
 
 func (res *batchResult) setError(err error) { res.setOutcome(0, err) }
 
+// setPanicked records that verb v's operation panicked (a bug) on the
+// goroutine that ran it: whatever it had set goes, and it answers 500.
+func (res *batchResult) setPanicked(v op.Verb) {
+	*res = batchResult{Key: res.Key}
+	res.setOutcome(v, panicguard.ErrPanicked)
+}
+
 // batch serves POST /: a JSON list of operations, answered with one result
 // per operation in the same order. Operations on the same key run in the
 // order given; different keys run in parallel, each node's reads as one
@@ -404,7 +412,18 @@ func (h *handler) run(r *http.Request, ops []parsedOp, room *answerRoom, vr *val
 	ctx := r.Context()
 	var wg sync.WaitGroup
 	if len(getKeys) > 0 {
-		wg.Go(func() { h.getAll(r, getKeys, room, vr, func(j int) *batchResult { return &results[getIdx[j]] }) })
+		wg.Go(func() {
+			panicked := false
+			defer func() {
+				if panicked {
+					for _, i := range getIdx {
+						results[i].setPanicked(op.Get)
+					}
+				}
+			}()
+			defer h.batchPanics.RecoverNoting(&panicked)
+			h.getAll(r, getKeys, room, vr, func(j int) *batchResult { return &results[getIdx[j]] })
+		})
 	}
 	// A key's operations run on a goroutine of their own once a token of
 	// h.batchOps is free: all batches together work on batchParallel keys
@@ -437,8 +456,19 @@ func (h *handler) run(r *http.Request, ops []parsedOp, room *answerRoom, vr *val
 					<-room.reads
 				}
 			}()
-			for _, i := range perKey[k] {
+			idx, ran := perKey[k], 0
+			panicked := false
+			defer func() {
+				if panicked { // the operation that panicked, and those after it
+					for _, i := range idx[ran:] {
+						results[i].setPanicked(ops[i].op.Verb)
+					}
+				}
+			}()
+			defer h.batchPanics.RecoverNoting(&panicked)
+			for _, i := range idx {
 				h.runOp(ctx, ops[i].op, &results[i], room, vr)
+				ran++
 			}
 		})
 	}

@@ -127,6 +127,9 @@ func (h *Handler) Run(ctx context.Context) error { return h.h.async.Run(ctx) }
 // It starts no goroutine; see Run.
 func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Options) *Handler {
 	opts.withDefaults()
+	if opts.Panics == nil {
+		opts.Panics = panicguard.New(log, reg)
+	}
 	if opts.Access == nil {
 		opts.Access = NewAccess(opts.Tokens, opts.ReadOnly)
 	}
@@ -144,7 +147,7 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 	h.lim.lim.max.Store(int64(opts.MaxRequests))
 	h.lim.timeout.Store(int64(opts.RequestTimeout))
 	if h.chunks = opts.Chunks; h.chunks == nil {
-		h.chunks = chunk.New(s, chunk.Options{ChunkSize: int(opts.MaxValueBytes), Grace: opts.BigValueGrace, Timeout: opts.RequestTimeout}, reg)
+		h.chunks = chunk.New(s, chunk.Options{ChunkSize: int(opts.MaxValueBytes), Grace: opts.BigValueGrace, Timeout: opts.RequestTimeout, Panics: opts.Panics}, reg)
 	}
 	order := opts.WriteOrder
 	if order == nil {
@@ -158,10 +161,9 @@ func NewHandler(s Store, log *slog.Logger, reg prometheus.Registerer, opts Optio
 	h.async = newAsyncQueue(h.ex, order, opts.Quiet, opts.Owners, h.lim.budget, max(opts.MaxValueBytes, 1<<20), opts.AsyncWorkers, opts.AsyncQueue, opts.AsyncQueueBytes, opts.RequestTimeout, log, reg)
 	h.obs = newObserver(log, opts.AccessLogger, reg, opts.AccessLog, opts.AccessLogJSON)
 	h.detachStore = opts.Async
-	if opts.Panics == nil {
-		opts.Panics = panicguard.New(log, reg)
-	}
 	h.endPanics = opts.Panics.Site("detached_end")
+	h.async.panics = opts.Panics.Site("async_write")
+	h.batchPanics = opts.Panics.Site("batch")
 	h.detached = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "memcgate_http_detached_responses_total",
 		Help: "Requests answered by memcached's reply as it was read, with no goroutine waiting (MEMCGATE_DETACHED_RESPONSES).",

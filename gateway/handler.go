@@ -40,6 +40,7 @@ type handler struct {
 	detached    prometheus.Counter
 	detachedq   sync.Pool        // of *detachedReq
 	endPanics   *panicguard.Site // where a detached request's end stops a panic
+	batchPanics *panicguard.Site // where a multi-get's or batch's goroutines stop a panic
 }
 
 // writeItem answers a read with its item: 200 with the value, its flags

@@ -2,19 +2,25 @@ package gateway
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/memcgate/memcgate/gateway/budget"
+	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/op"
 	"github.com/memcgate/memcgate/upstream/panicguard"
 )
 
@@ -55,14 +61,14 @@ func TestPanicEndingDetachedRequest(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			reg := prometheus.NewRegistry()
+			g := panicguard.New(slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
 			logw := &panickyWriter{}
 			b := budget.New(64 << 20)
 			addr, _ := startStack(t, func(o *Options) {
 				o.MaxRequests = 1 // a slot not given back refuses every request after it
 				o.AccessLog, o.AccessLogJSON = true, logw
 				o.Budget = b
-				o.Panics = panicguard.New(slog.New(slog.NewTextHandler(io.Discard, nil)), reg)
+				o.Panics = g
 			})
 			value := strings.Repeat("v", tt.size)
 			a, other := dialKeepAlive(t, addr), dialKeepAlive(t, addr)
@@ -81,7 +87,7 @@ func TestPanicEndingDetachedRequest(t *testing.T) {
 			if n := logw.panics.Load(); n != 1 {
 				t.Fatalf("the access log panicked %d times, want 1", n)
 			}
-			if n := panicsTotal(t, reg, "detached_end"); n != 1 {
+			if n := g.Stopped("detached_end"); n != 1 {
 				t.Errorf(`memcgate_panics_total{where="detached_end"} = %v, want 1`, n)
 			}
 			if u := b.Used(); u != 0 {
@@ -136,24 +142,125 @@ func (k *keepAlive) do(t *testing.T, method, path, body string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// panicsTotal is memcgate_panics_total{where} on reg.
-func panicsTotal(t *testing.T, reg *prometheus.Registry, where string) float64 {
+// panicOnce is a Store that panics on the first write of key, and on
+// the first multi-key read of getKey, as a bug on the way to memcached
+// would, and runs every other operation on its Store.
+type panicOnce struct {
+	Store
+	key, getKey     string
+	fired, getFired atomic.Bool
+}
+
+func (p *panicOnce) Do(ctx context.Context, o op.Op) op.Result {
+	if o.Verb.Writes() && o.Item.Key == p.key && p.fired.CompareAndSwap(false, true) {
+		panic("planted: Do")
+	}
+	return p.Store.Do(ctx, o)
+}
+
+func (p *panicOnce) GetMulti(ctx context.Context, keys []string, limit int, room op.Room) (map[string]op.Item, map[string]error) {
+	if slices.Contains(keys, p.getKey) && p.getFired.CompareAndSwap(false, true) {
+		panic("planted: GetMulti")
+	}
+	return p.Store.GetMulti(ctx, keys, limit, room)
+}
+
+// realStore is a cluster over a real memcached, with its registry.
+func realStore(t *testing.T) (*upstream.Cluster, *prometheus.Registry) {
 	t.Helper()
-	mfs, err := reg.Gather()
+	mc := memcachedtest.Start(t)
+	reg := prometheus.NewRegistry()
+	c, err := upstream.New(upstream.Options{Servers: []upstream.Server{{Host: "127.0.0.1", Port: mc.Port}}}, slog.New(slog.NewTextHandler(io.Discard, nil)), reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() != "memcgate_panics_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "where" && l.GetValue() == where {
-					return m.GetCounter().GetValue()
+	t.Cleanup(func() { c.Close() })
+	return c, reg
+}
+
+// TestPanicInBatch: a batch's operations run on goroutines of their own,
+// the reads of keys it does not write together as one multi-key read and
+// each other key's operations in order; a panic there answers that
+// goroutine's operations not yet done 500, the others as they went, and
+// gives back the goroutine's turn (batchOps); it is counted in
+// memcgate_panics_total{where="batch"}. Without the stop, the panic
+// ended the process.
+func TestPanicInBatch(t *testing.T) {
+	c, reg := realStore(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	g := panicguard.New(log, reg)
+	h := NewHandler(&panicOnce{Store: c, key: "k", getKey: "m"}, log, reg, Options{Panics: g})
+	tests := []struct {
+		name string
+		body string
+		want []int
+	}{
+		{"per key", `{"ops":[{"op":"set","key":"a","value":"1"},{"op":"set","key":"k","value":"1"},{"op":"get","key":"k"}]}`, []int{201, 500, 500}},
+		{"multi-key read", `{"ops":[{"op":"get","key":"a"},{"op":"get","key":"m"},{"op":"set","key":"b","value":"2"}]}`, []int{500, 500, 201}},
+		{"after both", `{"ops":[{"op":"set","key":"k","value":"2"},{"op":"get","key":"k"},{"op":"get","key":"a"},{"op":"get","key":"m"}]}`, []int{201, 200, 200, 404}},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := do(h, "POST", "/", tt.body)
+			if w.Code != http.StatusOK {
+				t.Fatalf("batch = %d %q, want 200", w.Code, w.Body.String())
+			}
+			res := decodeResults(t, w.Body.String())
+			if len(res) != len(tt.want) {
+				t.Fatalf("batch gave %d results, want %d", len(res), len(tt.want))
+			}
+			for j, r := range res {
+				if r.Status != tt.want[j] {
+					t.Errorf("op %d (%s) status = %d %q, want %d", j, r.Key, r.Status, r.Error, tt.want[j])
 				}
 			}
+			if n := g.Stopped("batch"); n != float64(min(i+1, 2)) {
+				t.Errorf(`memcgate_panics_total{where="batch"} = %v, want %d`, n, min(i+1, 2))
+			}
+			if n := len(h.h.batchOps); n != 0 {
+				t.Errorf("%d batch turns held after the batch, want 0", n)
+			}
+		})
+	}
+}
+
+// TestPanicApplyingAsyncWrite: an asynchronous write whose application
+// panics on its worker counts as failed (reason error) and in
+// memcgate_panics_total{where="async_write"}, gives back its place in
+// the queue and its bytes of the budget, and its worker applies the
+// writes after it. Without the stop, the panic ended the process.
+func TestPanicApplyingAsyncWrite(t *testing.T) {
+	c, reg := realStore(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	g := panicguard.New(log, reg)
+	b := budget.New(64 << 20)
+	h := NewHandler(&panicOnce{Store: c, key: "k"}, log, reg, Options{AsyncWorkers: 1, Budget: b, Panics: g})
+	ctx, stop := context.WithCancel(context.Background())
+	ran := make(chan error)
+	go func() { ran <- h.Run(ctx) }()
+	t.Cleanup(func() { stop(); <-ran })
+	for _, v := range []string{"first", "second"} {
+		if w := asyncDo(h, "PUT", "/k", v); w.Code != http.StatusAccepted {
+			t.Fatalf("PUT /k with Prefer: respond-async = %d, want 202", w.Code)
 		}
 	}
-	return 0
+	deadline := time.Now().Add(5 * time.Second)
+	for h.h.async.queued.Load() != 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := h.h.async.queued.Load(); n != 0 {
+		t.Fatalf("%d writes still queued: the worker died", n)
+	}
+	if res := c.Do(t.Context(), op.Op{Verb: op.Get, Item: op.Item{Key: "k"}}); res.Err != nil || string(res.Item.Value) != "second" {
+		t.Errorf("k after the writes = %q, %v; want the second write's value", res.Item.Value, res.Err)
+	}
+	if n := testutil.ToFloat64(h.h.async.failed["error"]); n != 1 {
+		t.Errorf(`memcgate_async_writes_failed_total{reason="error"} = %v, want 1`, n)
+	}
+	if n := g.Stopped("async_write"); n != 1 {
+		t.Errorf(`memcgate_panics_total{where="async_write"} = %v, want 1`, n)
+	}
+	if u, q := b.Used(), h.h.async.bytes.Load(); u != 0 || q != 0 {
+		t.Errorf("after the writes: budget holds %d bytes, the queue %d; want 0", u, q)
+	}
 }

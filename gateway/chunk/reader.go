@@ -10,6 +10,7 @@ import (
 
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/op"
+	"github.com/memcgate/memcgate/upstream/panicguard"
 )
 
 // errLate is a read that would fetch a chunk more than Grace after its
@@ -106,6 +107,18 @@ func (r *Reader) prefetch(from int) {
 	r.ahead, r.stop, r.done = make(chan fetched), make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(r.done)
+		// A fetch that panicked fails the read, as a failed fetch does:
+		// Next would otherwise wait for a chunk that never comes.
+		panicked := false
+		defer func() {
+			if panicked {
+				select {
+				case r.ahead <- fetched{nil, fmt.Errorf("chunk: reading %q: %w", r.key, panicguard.ErrPanicked)}:
+				case <-r.stop:
+				}
+			}
+		}()
+		defer r.v.panics.RecoverNoting(&panicked)
 		for i := from; i <= r.last; i++ {
 			b, err := r.fetch(i)
 			select {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/op"
+	"github.com/memcgate/memcgate/upstream/panicguard"
 )
 
 // Store runs one memcached operation (the gateway's Store, whose Do
@@ -53,6 +54,10 @@ type Options struct {
 	// them to pass the socket timeout and get the node ejected. A Reader
 	// waits for its turn within Timeout. If zero, 4.
 	MaxReads int
+	// Panics, if not nil, stops a panic of a Reader's prefetcher, which
+	// fetches chunks on a goroutine of its own (where="chunk_read"): the
+	// read fails. If nil, such a panic ends the process.
+	Panics *panicguard.Guard
 }
 
 // Values reads and writes values in chunks through a Store. It is safe
@@ -66,6 +71,7 @@ type Values struct {
 	adding  keyTurns      // appends and prepends of a key, one at a time (addTo)
 	known   known         // keys last seen holding an index (overIndex)
 	m       metrics
+	panics  *panicguard.Site // Options.Panics's; nil: none
 }
 
 // New returns Values that work through s, with its metrics registered on
@@ -82,6 +88,7 @@ func New(s Store, opts Options, reg prometheus.Registerer) *Values {
 	}
 	v := &Values{store: s, opts: opts, writes: make(chan struct{}, opts.MaxWrites), reads: make(chan struct{}, opts.MaxReads), m: newMetrics(reg)}
 	v.known.seed = maphash.MakeSeed()
+	v.panics = opts.Panics.Site("chunk_read")
 	v.SetTimeout(opts.Timeout)
 	return v
 }
