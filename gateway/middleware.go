@@ -202,13 +202,21 @@ func (o *observer) middleware(next http.Handler) http.Handler {
 		o.inFlight.Inc()
 		sw := &statusWriter{ResponseWriter: w}
 		defer func() {
+			started := false
 			if p := recover(); p != nil {
 				if p == http.ErrAbortHandler {
 					panic(p)
 				}
+				started = sw.status != 0
 				o.recovered(sw, r, p)
 			}
 			o.record(r, sw, start)
+			if started {
+				// The answer had begun: finishing it would pass a part
+				// off as the whole (a chunked body would get its last
+				// chunk). Aborting closes the connection mid-answer.
+				panic(http.ErrAbortHandler)
+			}
 			if sw.status == statusClientClosed {
 				// Nothing may be sent: a server that finishes a silent
 				// handler with its implicit 200 would tell a client that
@@ -228,7 +236,7 @@ func (o *observer) middleware(next http.Handler) http.Handler {
 
 // recovered counts a handler's panic p, logs it (a line a second at
 // most, with the panics not logged before it) and answers 500 if nothing
-// was written yet.
+// was written yet; the middleware cuts an answer already begun.
 func (o *observer) recovered(sw *statusWriter, r *http.Request, p any) {
 	o.panics.Add(1)
 	if unlogged, ok := o.panicLog.Pass(); ok {

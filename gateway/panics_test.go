@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	stdlog "log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -18,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/memcgate/memcgate/gateway/budget"
+	"github.com/memcgate/memcgate/gateway/h1"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 	"github.com/memcgate/memcgate/upstream"
 	"github.com/memcgate/memcgate/upstream/op"
@@ -262,5 +264,71 @@ func TestPanicApplyingAsyncWrite(t *testing.T) {
 	}
 	if u, q := b.Used(), h.h.async.bytes.Load(); u != 0 || q != 0 {
 		t.Errorf("after the writes: budget holds %d bytes, the queue %d; want 0", u, q)
+	}
+}
+
+// TestPanicAfterAnswerBegan: a handler that panics once its answer has
+// begun cannot be answered 500; finishing the answer instead would pass
+// its part off as the whole (a chunked body would get its last chunk, and
+// the client would read a short value as complete). The connection is cut
+// mid-answer, by h1 and by net/http alike, and the panic is counted.
+func TestPanicAfterAnswerBegan(t *testing.T) {
+	quiet := stdlog.New(io.Discard, "", 0)
+	serve := map[string]func(h http.Handler, ln net.Listener) func(){
+		"h1": func(h http.Handler, ln net.Listener) func() {
+			srv := &h1.Server{Handler: h, Fallback: &http.Server{Handler: h, ErrorLog: quiet}, ErrorLog: quiet}
+			go srv.Serve(ln)
+			return func() { srv.Close() }
+		},
+		"net/http": func(h http.Handler, ln net.Listener) func() {
+			srv := &http.Server{Handler: h, ErrorLog: quiet}
+			go srv.Serve(ln)
+			return func() { srv.Close() }
+		},
+	}
+	for name, start := range serve {
+		t.Run(name, func(t *testing.T) {
+			logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+			o := newObserver(logger, logger, prometheus.NewRegistry(), false, nil)
+			h := o.middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/whole" {
+					io.WriteString(w, "whole")
+					return
+				}
+				w.WriteHeader(http.StatusOK)
+				io.WriteString(w, "part of a value")
+				if err := http.NewResponseController(w).Flush(); err != nil {
+					t.Errorf("flush: %v", err)
+				}
+				panic("boom")
+			}))
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer start(h, ln)()
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			io.WriteString(c, "GET /part HTTP/1.1\r\nHost: x\r\n\r\nGET /whole HTTP/1.1\r\nHost: x\r\n\r\n")
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("reading the head: %v", err)
+			}
+			body, err := io.ReadAll(resp.Body)
+			if err == nil {
+				t.Fatalf("the answer begun before the panic was finished: %d %q read whole, want the connection cut", resp.StatusCode, body)
+			}
+			if next, err := http.ReadResponse(br, nil); err == nil {
+				t.Errorf("the connection served the next request (%d) after a cut answer", next.StatusCode)
+			}
+			if got := o.panics.Load(); got != 1 {
+				t.Errorf("panics counted = %d, want 1", got)
+			}
+		})
 	}
 }
