@@ -228,8 +228,15 @@ func (c *conn) failed() bool {
 // possibly before send returns (a failed write fails every queued call).
 func (c *conn) send(cl *call) error {
 	c.mu.Lock()
+	locked := true
+	defer func() {
+		if locked { // only a panic leaves here holding c.mu
+			c.encodePanicked()
+		}
+	}()
 	if c.err != nil {
 		err := c.err
+		locked = false
 		c.mu.Unlock()
 		return err
 	}
@@ -266,6 +273,7 @@ func (c *conn) send(cl *call) error {
 		c.enqueue(cl)
 	}
 	c.unsent += len(c.queue) - queued
+	locked = false
 	if c.writing {
 		c.mu.Unlock()
 		return nil
@@ -288,6 +296,19 @@ func (c *conn) send(cl *call) error {
 	}
 	c.writeTurn()
 	return nil
+}
+
+// errEncodePanicked fails a connection whose request panicked while it
+// was encoded.
+var errEncodePanicked = errors.New("mcpipe: a request panicked while it was encoded (a bug): the connection's unsent bytes may hold part of a command")
+
+// encodePanicked lets go of c.mu, which send held when a request's
+// encoding panicked, and fails the connection: its unsent bytes may end
+// in part of a command, and with c.mu held for ever every caller and the
+// reader would wait on it for ever. The panic goes on to send's caller.
+func (c *conn) encodePanicked() {
+	c.mu.Unlock()
+	c.fail(errEncodePanicked)
 }
 
 // enqueue appends cl to the queue. A queue that every reply empties, as

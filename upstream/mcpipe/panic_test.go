@@ -109,3 +109,64 @@ func TestPanicsStopped(t *testing.T) {
 		})
 	}
 }
+
+// TestEncodePanicFailsConnection: a request whose encoding panics (a bug)
+// while send holds the connection's lock lets go of it and fails the
+// connection: the panic reaches send's caller, the part of a command it
+// left unsent never reaches memcached, and the next call dials again and
+// is answered. With the lock kept, every later call on the connection,
+// and its reply reader, would wait for ever.
+func TestEncodePanicFailsConnection(t *testing.T) {
+	srv := memcachedtest.Start(t)
+	var closed atomic.Int64
+	c := New(Options{Conns: 1, Timeout: 5 * time.Second, Closed: func() { closed.Add(1) },
+		Dial: func(ctx context.Context) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", srv.Addr)
+		}})
+	stuck := false // Close would wait on the lock for ever
+	t.Cleanup(func() {
+		if !stuck {
+			c.Close()
+		}
+	})
+	if err := set(t.Context(), c, "k", []byte("before")); err != nil {
+		t.Fatal(err)
+	}
+	cn, err := c.conn(&c.small)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := c.newCall()
+	cl.kind, cl.verb = op.Stored, "set"
+	cl.encode = func(b []byte) []byte {
+		b = append(b, "set k 0 0 5\r\nafte"...) // a command cut short
+		panic("planted: encode")
+	}
+	func() {
+		defer func() {
+			if p := recover(); p != "planted: encode" {
+				t.Errorf("send recovered %v, want the planted panic to reach its caller", p)
+			}
+		}()
+		cn.send(cl)
+	}()
+	failed := make(chan bool, 1)
+	go func() { failed <- cn.failed() }()
+	select {
+	case f := <-failed:
+		if !f {
+			t.Error("the connection whose request panicked while encoded did not fail")
+		}
+	case <-time.After(3 * time.Second):
+		stuck = true
+		t.Fatal("the connection's lock is still held 3 s after the panic")
+	}
+	it, _, err := c.Do(t.Context(), op.Op{Verb: op.Get}, "k")
+	if err != nil || string(it.Value) != "before" {
+		t.Errorf("Get after the panic = %v, %v; want the value set before it", it, err)
+	}
+	if n := closed.Load(); n != 1 {
+		t.Errorf("%d connections closed, want 1", n)
+	}
+}
