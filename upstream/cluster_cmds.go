@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/memcgate/memcgate/upstream/panicguard"
 )
 
 // NodeReply is one node's answer to a cluster-wide command.
@@ -67,7 +69,11 @@ func (c *Cluster) everyNodeOf(ctx context.Context, nodes []*node, cmd string, mu
 			out[i].Err = fmt.Errorf("%w: %s is down", ErrNoNodes, n.name)
 			continue
 		}
-		wg.Go(func() { out[i].Reply, out[i].Err = n.command(ctx, cmd, multiline, queued) })
+		wg.Go(func() {
+			out[i].Err = panicguard.ErrPanicked // what a stopped panic leaves
+			defer c.cmdPanics.Recover()
+			out[i].Reply, out[i].Err = n.command(ctx, cmd, multiline, queued)
+		})
 	}
 	wg.Wait()
 	return out

@@ -1,9 +1,12 @@
 package upstream
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -122,5 +125,45 @@ func TestPanicAdmittingLargeRead(t *testing.T) {
 	n := c.topo.Load().nodes[0]
 	if a := n.ahead.Load(); a != 0 {
 		t.Errorf("node counts %d bytes of large reads ahead after the panic, want 0", a)
+	}
+}
+
+// TestPanicInNodeCommand: a raw command sent to every node (stats, as
+// /memc?cmd=stats asks) whose goroutine for one node panics (here its
+// dial, as a bug in a dialer would) answers that node with
+// panicguard.ErrPanicked and the other as read, and counts the panic in
+// memcgate_panics_total{where="upstream_command"}; the next stats reach
+// both. Without the stop, the panic ended the process.
+func TestPanicInNodeCommand(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 2)
+	g := panicguard.New(testLogger(), prometheus.NewRegistry())
+	var armed atomic.Bool
+	c, _ := newTestCluster(t, mcs, func(o *Options) {
+		o.Panics = g
+		o.Dialer = func(ctx context.Context, network, address string) (net.Conn, error) {
+			if address == mcs[0].Addr && armed.CompareAndSwap(true, false) {
+				panic("planted: dial")
+			}
+			var d net.Dialer
+			return d.DialContext(ctx, network, address)
+		}
+	})
+	armed.Store(true)
+	replies := c.Stats(t.Context())
+	for _, r := range replies {
+		switch {
+		case r.Node == mcs[0].Addr && !errors.Is(r.Err, panicguard.ErrPanicked):
+			t.Errorf("stats of %s, whose dial panicked: %v, want panicguard.ErrPanicked", r.Node, r.Err)
+		case r.Node != mcs[0].Addr && (r.Err != nil || !strings.HasSuffix(string(r.Reply), "END\r\n")):
+			t.Errorf("stats of %s: %q, %v; want its stats", r.Node, r.Reply, r.Err)
+		}
+	}
+	if n := g.Stopped("upstream_command"); n != 1 {
+		t.Errorf(`memcgate_panics_total{where="upstream_command"} = %v, want 1`, n)
+	}
+	for _, r := range c.Stats(t.Context()) {
+		if r.Err != nil {
+			t.Errorf("stats of %s after the panic: %v", r.Node, r.Err)
+		}
 	}
 }

@@ -248,6 +248,9 @@ type Cluster struct {
 	// multiPanics stops a panic of a multi-key read's batch
 	// (Options.Panics); nil: none.
 	multiPanics *panicguard.Site
+	// cmdPanics stops a panic in a raw command sent to every node
+	// (everyNodeOf: /memc?cmd=stats reaches it).
+	cmdPanics *panicguard.Site
 
 	// setMu serializes server changes: Prepare takes it, and Commit or
 	// Discard releases it, so it is held while the probes of the nodes
@@ -306,7 +309,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Cluster, e
 	if opts.Name != "" {
 		log = log.With("pool", opts.Name)
 	}
-	c := &Cluster{opts: opts, m: m, log: log, probed: make(chan struct{}), copies: max(opts.Copies, 1), retryPanics: opts.Panics.Site("upstream_retry"), multiPanics: opts.Panics.Site("upstream_multi_get")}
+	c := &Cluster{opts: opts, m: m, log: log, probed: make(chan struct{}), copies: max(opts.Copies, 1), retryPanics: opts.Panics.Site("upstream_retry"), multiPanics: opts.Panics.Site("upstream_multi_get"), cmdPanics: opts.Panics.Site("upstream_command")}
 	c.nextCopies = c.copies
 	c.health = &healthPolicy{
 		HealthOptions: opts.Health,
