@@ -12,9 +12,13 @@ need=()
 command -v memcached >/dev/null 2>&1 || need+=(memcached)
 if [ "$profile" = test ]; then
   command -v php >/dev/null 2>&1 || need+=(php-cli)
-  php -m 2>/dev/null | grep -qx curl || need+=(php-curl)
-  php -m 2>/dev/null | grep -qx memcached || need+=(php-memcached)
-  php -m 2>/dev/null | grep -qx memcache || need+=(php-memcache)
+  # php -m read whole, then searched: piped into grep -q, which exits at
+  # its match, php gets SIGPIPE writing the modules after it, and pipefail
+  # would take a module present for one missing (and run apt-get).
+  mods=$(php -m 2>/dev/null || true)
+  grep -qx curl <<<"$mods" || need+=(php-curl)
+  grep -qx memcached <<<"$mods" || need+=(php-memcached)
+  grep -qx memcache <<<"$mods" || need+=(php-memcache)
   command -v nginx >/dev/null 2>&1 || need+=(nginx)
   [ -e /usr/lib/nginx/modules/ngx_http_memc_module.so ] || need+=(libnginx-mod-http-memc)
   compgen -G "/usr/sbin/php-fpm*" >/dev/null || need+=(php-fpm)
