@@ -77,6 +77,17 @@ TESTP ?= 3
 # make's command line are kept.
 TESTENV := env $(foreach v,$(filter MEMCGATE_%,$(.VARIABLES)),$(if $(filter environment%,$(origin $(v))),-u $(v))) CI=$${CI:-} MEMCGATE_TEST_REQUIRE_MEMCACHED=1
 
+# make test's builds (vet's, the tests', the gateway binaries they build,
+# the fuzz targets') take -trimpath: without it the go command's cache
+# keys hold the checkout's directory, and a clone in a new directory, as
+# a clean-clone CI run makes, compiles every package of the module again
+# (for the race detector, for vet's three platforms, for the fuzz
+# targets) although the same source was built before; with it, what was
+# built from the same source in any directory is reused. File names in
+# what a failure prints are the module's (github.com/memcgate/memcgate/...)
+# instead of the checkout's.
+test vet fuzz: export GOFLAGS := -trimpath $(filter-out -trimpath,$(GOFLAGS))
+
 test: deps-test fmt-check vet
 	$(TESTENV) $(GO) test -race -count=1 -p $(TESTP) -timeout 15m $$(bash test/scripts/testpkgs.sh $(PKGS))
 	# the abuse suite alone: its canary measures the gateway's latency, which
