@@ -20,6 +20,8 @@ type body struct {
 	ahead  []byte
 	err    error // what cut the body short: after the bytes in ahead, or what a read from the connection failed with
 	sawEOF bool
+	cut    bool // its end came early: the client's EOF, or a read ahead cut short
+	gotEOF bool // a Read returned io.EOF, which a body cut short returns after its error
 	closed bool
 	early  bool // closed before its end: the connection cannot be reused
 
@@ -40,6 +42,7 @@ func (b *body) Read(p []byte) (int, error) {
 	case b.closed:
 		return 0, http.ErrBodyReadAfterClose
 	case b.sawEOF:
+		b.gotEOF = true
 		return 0, io.EOF
 	case len(p) == 0:
 		return 0, nil
@@ -54,7 +57,7 @@ func (b *body) Read(p []byte) (int, error) {
 		n = copy(p, b.ahead)
 		b.ahead = b.ahead[n:]
 	case b.err != nil:
-		b.sawEOF = true
+		b.sawEOF, b.cut = true, true
 		return 0, b.err
 	default:
 		if b.owe100 {
@@ -69,13 +72,13 @@ func (b *body) Read(p []byte) (int, error) {
 	}
 	b.n -= int64(n)
 	if b.n == 0 {
-		b.sawEOF = true
+		b.sawEOF, b.gotEOF = true, true
 		b.done()
 		return n, io.EOF
 	}
 	switch {
 	case err == io.EOF: // net/http then reports io.EOF, and keeps the connection
-		b.sawEOF = true
+		b.sawEOF, b.cut = true, true
 		err = io.ErrUnexpectedEOF
 	case err != nil:
 		// The read timeout, or the socket failed: the body's place in

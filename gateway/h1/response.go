@@ -335,9 +335,11 @@ func (w *response) commit(b []byte, s string) {
 	}
 	// A body whose client expected 100 Continue and that was not read
 	// to its end closes the connection, as on net/http: its client may
-	// be holding it back, or sending it after all. The connection
+	// be holding it back, or sending it after all. So does one cut
+	// short that no Read has reported at its end with io.EOF (net/http's
+	// expectContinueReader counts only that as the end). The connection
 	// lingers (tooBig) so that the answer is read, not reset.
-	if rb := w.body; rb != nil && rb.expect && !rb.sawEOF && !w.closeAfter {
+	if rb := w.body; rb != nil && rb.expect && (!rb.sawEOF || rb.cut && !rb.gotEOF) && !w.closeAfter {
 		w.tooBig, w.closeAfter = true, true
 	}
 	// Drop a small unread request body now, so that a client that sends
