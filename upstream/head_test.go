@@ -188,3 +188,59 @@ func TestAppendCAS(t *testing.T) {
 		})
 	}
 }
+
+// TestDeleteCAS: delete_cas, sent with the key prefix, deletes the item
+// only while its CAS is the one read (or, with none, any item there),
+// on both pools: gomemcache's (make test runs this package with it too)
+// sends the md on a connection of its own, as it does a head's mg. Its
+// outcomes are counted under its own op label.
+func TestDeleteCAS(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 2)
+	c, _ := newTestCluster(t, mcs, func(o *Options) { o.KeyPrefix = "app:" })
+	ctx := t.Context()
+	tests := []struct {
+		name    string
+		key     string // set to "abc" unless "absent"
+		cas     func(read uint64) uint64
+		err     error
+		deleted bool
+	}{
+		{name: "unchanged", key: "u", cas: func(r uint64) uint64 { return r }, deleted: true},
+		{name: "changed since", key: "c", cas: func(r uint64) uint64 { return r + 1000 }, err: ErrCASConflict},
+		{name: "absent", key: "absent", cas: func(uint64) uint64 { return 1 }, err: ErrNotFound},
+		{name: "any item", key: "any", cas: func(uint64) uint64 { return 0 }, deleted: true},
+		{name: "any item, absent", key: "absent", cas: func(uint64) uint64 { return 0 }, err: ErrNotFound},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var read uint64
+			if tt.key != "absent" {
+				if err := c.Set(ctx, Item{Key: tt.key, Value: []byte("abc")}); err != nil {
+					t.Fatal(err)
+				}
+				it, err := c.Get(ctx, tt.key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				read = it.CAS
+			}
+			res := c.Do(ctx, op.Op{Verb: op.DeleteCAS, Item: op.Item{Key: tt.key, CAS: tt.cas(read)}})
+			if !errors.Is(res.Err, tt.err) || tt.err == nil && res.Err != nil {
+				t.Errorf("delete_cas = %v, want %v", res.Err, tt.err)
+			}
+			_, err := c.Get(ctx, tt.key)
+			if gone := errors.Is(err, ErrNotFound); gone != (tt.deleted || tt.key == "absent") {
+				t.Errorf("get after = %v; want deleted %v", err, tt.deleted)
+			}
+		})
+	}
+	var counted float64
+	for _, n := range c.topo.Load().nodes {
+		for _, r := range n.m.ops[verbOp(op.DeleteCAS)] {
+			counted += testutil.ToFloat64(r)
+		}
+	}
+	if counted != float64(len(tests)) {
+		t.Errorf("delete_cas operations counted = %v, want %d", counted, len(tests))
+	}
+}

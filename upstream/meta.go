@@ -23,7 +23,8 @@ import (
 // proxy in front of it does not pass meta commands on. An op.AppendCAS
 // or op.PrependCAS gets it, unsent, from a node that has not shown it
 // speaks memcached 1.6.10's (an op.Head answered by mg), and always from
-// gomemcache's pool (PipelineConns 0), which has no meta commands.
+// gomemcache's pool (PipelineConns 0), which has no meta commands. An
+// op.DeleteCAS gets it from a node that answers md with an error line.
 var ErrNoMeta = errors.New("upstream: memcached does not answer meta commands")
 
 // TTL returns the remaining lifetime of the item o names (its Item.Key,
@@ -230,41 +231,63 @@ func (n *node) metaTTL(ctx context.Context, sk string) (int32, uint64, error) {
 // metaHead runs o, an op.Head or op.HeadTouch, as mcpipe does, on a
 // connection of the node's heads, for gomemcache's pool, which has no
 // meta commands: "mg <key> s f c" costs memcached one line, where a get
-// made it send the whole value. The caller holds one of the node's
-// slots, which bounds the connections (at most Options.MaxConns; up to
-// MaxIdleConns kept). An error line is mcpipe.ErrNoMeta (headOn reads
-// the value instead); socket errors are the node's, as gomemcache's are.
-func (n *node) metaHead(ctx context.Context, o op.Op, sk string) (*memcache.Item, uint64, error) {
+// made it send the whole value. An error line is mcpipe.ErrNoMeta (headOn
+// reads the value instead); socket errors are the node's, as gomemcache's
+// are.
+func (n *node) metaHead(ctx context.Context, o op.Op, sk string) (it *memcache.Item, size uint64, err error) {
+	err = n.metaLine(ctx, o, sk, func(line []byte) error {
+		it, size, err = mcpipe.ParseHead(line)
+		return err
+	})
+	return it, size, err
+}
+
+// metaDelete runs o, an op.DeleteCAS, as mcpipe does (md), on a
+// connection of the node's heads, for gomemcache's pool, which has no
+// meta commands and whose delete takes no CAS. Its errors are those of
+// mcpipe.ParseMetaDeleted, or the socket's.
+func (n *node) metaDelete(ctx context.Context, o op.Op, sk string) (*memcache.Item, uint64, error) {
+	return nil, 0, n.metaLine(ctx, o, sk, mcpipe.ParseMetaDeleted)
+}
+
+// metaLine sends o, a meta command answered in one line, on a connection
+// of the node's heads, and reads the line with read. The caller holds one
+// of the node's slots, which bounds the connections (at most
+// Options.MaxConns; up to MaxIdleConns kept). A connection is kept for
+// the next command only after one of memcached's answers (a hit, a miss,
+// a CAS that differs): after an error line its state is not worth
+// trusting.
+func (n *node) metaLine(ctx context.Context, o op.Op, sk string, read func(line []byte) error) error {
 	mc := n.heads.get()
 	if mc == nil {
 		dctx, cancel := context.WithTimeout(ctx, n.timeout)
 		conn, err := n.dial(dctx, "tcp", n.name)
 		cancel()
 		if err != nil {
-			return nil, 0, err
+			return err
 		}
 		mc = &idleConn{Conn: conn, br: bufio.NewReaderSize(&onTimeConn{Conn: conn, ctx: context.Background(), timeout: n.timeout}, 256)}
 	}
 	_ = mc.SetDeadline(time.Now().Add(n.timeout))
 	if _, err := mc.Write(op.EncodeHead(make([]byte, 0, 64+len(sk)), &o, sk)); err != nil {
 		mc.Close()
-		return nil, 0, err
+		return err
 	}
 	line, err := mc.br.ReadSlice('\n')
 	if err != nil {
 		mc.Close()
 		if errors.Is(err, bufio.ErrBufferFull) {
-			return nil, 0, fmt.Errorf("memcache: unexpected response line from mg: longer than %d bytes", mc.br.Size())
+			return fmt.Errorf("memcache: unexpected response line from %s: longer than %d bytes", o.Verb.Command(), mc.br.Size())
 		}
-		return nil, 0, err
+		return err
 	}
-	it, size, err := mcpipe.ParseHead(line)
-	if err != nil && !errors.Is(err, memcache.ErrCacheMiss) {
-		mc.Close() // after an error line the connection's state is not worth trusting
-	} else {
+	err = read(line)
+	if err == nil || errors.Is(err, memcache.ErrCacheMiss) || errors.Is(err, memcache.ErrCASConflict) {
 		n.heads.put(mc)
+	} else {
+		mc.Close()
 	}
-	return it, size, err
+	return err
 }
 
 // parseMetaTTL reads the reply to "mg <key> t c": "HD t<ttl> c<cas>"

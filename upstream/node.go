@@ -34,7 +34,7 @@ type node struct {
 	udp     *udpPort      // nil unless the node has a UDP port
 	meta    idleConns     // idle connections of Cluster.TTL's lookups
 	metas   chan struct{} // a token per TTL lookup under way, at most metaConns
-	heads   idleConns     // with gomemcache's pool: idle connections of HEADs' mg (metaHead)
+	heads   idleConns     // with gomemcache's pool: idle connections of HEADs' mg and conditional DELETEs' md (metaLine)
 	cmdIdle idleConns     // idle connections of raw commands (command), at most nodeCommands
 	sem     chan struct{} // a token per operation in flight
 	waiting atomic.Int64  // operations waiting for a token (busy.go)
@@ -258,7 +258,7 @@ func (p pooled) Do(_ context.Context, o op.Op, key string) (*memcache.Item, uint
 		err = p.Append(it)
 	case op.Prepend:
 		err = p.Prepend(it)
-	case op.AppendCAS, op.PrependCAS: // an ms: gomemcache has no meta commands
+	case op.AppendCAS, op.PrependCAS, op.DeleteCAS: // an ms, an md: gomemcache has no meta commands (node.metaDelete sends md)
 		err = mcpipe.ErrNoMeta
 	case op.Incr:
 		n, err := p.Increment(key, o.Delta)
@@ -371,8 +371,11 @@ func (n *node) run(ctx context.Context, o op.Op, sk string, failover bool, cap f
 	}
 	err := n.doBulk(ctx, verbOp(o.Verb), failover, admissionOf(o), o.Bulk, func(mc dataClient, _ bool) error {
 		do := mc.Do
-		if o.Verb.Reply() == op.Meta {
+		switch {
+		case o.Verb.Reply() == op.Meta:
 			do = n.headOn(mc)
+		case o.Verb == op.DeleteCAS && n.pipe == nil:
+			do = n.metaDelete // gomemcache's pool has no meta commands
 		}
 		it, num, err := do(ctx, o, sk)
 		if err == nil && it != nil {

@@ -1540,6 +1540,21 @@ func lineResult(k op.Reply, verb string, line []byte) (uint64, error) {
 			return 0, memcache.ErrCacheMiss
 		}
 		return 0, fmt.Errorf("memcache: unexpected response line from %q: %s", verb, shown(line))
+	case op.MetaDeleted:
+		switch {
+		case bytes.Equal(line, lineHD), bytes.HasPrefix(line, prefixHD), bytes.Equal(line, lineOK): // OK: memcached 1.6.0 to 1.6.9
+			return 0, nil
+		case bytes.Equal(line, lineEX):
+			return 0, memcache.ErrCASConflict
+		case bytes.Equal(line, lineNF):
+			return 0, memcache.ErrCacheMiss
+		case bytes.Equal(line, lineError), bytes.HasPrefix(line, prefixClientErr):
+			// A server without meta commands, or a proxy that passes
+			// none on: md has no data block, so the connection is in
+			// step.
+			return 0, fmt.Errorf("%w: %s to %q", ErrNoMeta, shown(line), verb)
+		}
+		return 0, fmt.Errorf("memcache: unexpected response line from %q: %s", verb, shown(line))
 	case op.Stored:
 		switch {
 		case bytes.Equal(line, lineStored):
@@ -1582,6 +1597,15 @@ func lineResult(k op.Reply, verb string, line []byte) (uint64, error) {
 		}
 		return v, nil
 	}
+}
+
+// ParseMetaDeleted reads the reply line to an op.DeleteCAS (md) as Do
+// does: nil when deleted, memcache.ErrCASConflict, memcache.ErrCacheMiss,
+// or ErrNoMeta for an error line. For callers that send it on connections
+// of their own (gomemcache's pool has no meta commands).
+func ParseMetaDeleted(line []byte) error {
+	_, err := lineResult(op.MetaDeleted, "md", line)
+	return err
 }
 
 // ParseHead reads the reply line to "mg <key> s f c" (op.Head, and
@@ -1648,7 +1672,8 @@ func metaHit(line []byte) bool {
 // in front of it does not pass meta commands on. The connection stays in
 // step; a plain get answers instead. It is also what an op.AppendCAS or
 // op.PrependCAS gets, unsent, from a Client whose server has not answered
-// an mg with "HD" (Client.Do).
+// an mg with "HD" (Client.Do), and what an op.DeleteCAS gets when its md
+// is answered with an error line.
 var ErrNoMeta = errors.New("memcache: server does not know meta commands (mg)")
 
 // keyCursor finds the keys of a reply among the keys asked, so that an

@@ -250,6 +250,10 @@ func (c *Client) openConn(l *lane) (*conn, error) {
 // op.AppendCAS and op.PrependCAS answer as their plain verbs do, a CAS
 // that does not match with memcache.ErrCASConflict; they are sent only
 // once an op.Head was answered "HD", and get ErrNoMeta unsent before.
+// op.DeleteCAS (md, one line with no data block, which every memcached
+// 1.6 reads alike) is sent at once: a CAS that does not match is
+// memcache.ErrCASConflict, a miss memcache.ErrCacheMiss, and an error
+// line, from a server without meta commands, ErrNoMeta.
 //
 // A value of 16 KiB or more is written from o.Item.Value itself, which
 // must not change until Do returns. (When memcached refuses a value

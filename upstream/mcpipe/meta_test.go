@@ -318,3 +318,109 @@ func TestAppendCASAfterRestart(t *testing.T) {
 		t.Errorf("%d connections, want 2", n)
 	}
 }
+
+// TestMetaDeletedResult: a meta delete's reply lines, as gomemcache's
+// errors for a delete: memcached 1.6.0 to 1.6.9 answer OK where later
+// ones answer HD, and an error line is a server without meta commands.
+func TestMetaDeletedResult(t *testing.T) {
+	tests := []struct {
+		line string
+		err  error // nil: deleted; errBad: any other error
+	}{
+		{line: "HD\r\n"},
+		{line: "HD k6b\r\n"}, // flags are passed over
+		{line: "OK\r\n"},     // memcached before 1.6.10
+		{line: "EX\r\n", err: memcache.ErrCASConflict},
+		{line: "NF\r\n", err: memcache.ErrCacheMiss},
+		{line: "ERROR\r\n", err: ErrNoMeta},
+		{line: "CLIENT_ERROR bad command line format\r\n", err: ErrNoMeta},
+		{line: "DELETED\r\n", err: errBad},
+		{line: "NS\r\n", err: errBad},
+		{line: "SERVER_ERROR out of memory\r\n", err: errBad},
+	}
+	for _, tt := range tests {
+		err := ParseMetaDeleted([]byte(tt.line))
+		switch {
+		case tt.err == errBad:
+			if err == nil || errors.Is(err, ErrNoMeta) || errors.Is(err, memcache.ErrCASConflict) || errors.Is(err, memcache.ErrCacheMiss) {
+				t.Errorf("%q: %v, want an unexpected-reply error", tt.line, err)
+			}
+		case !errors.Is(err, tt.err):
+			t.Errorf("%q: %v, want %v", tt.line, err, tt.err)
+		}
+	}
+}
+
+// TestDeleteCAS: op.DeleteCAS against a real memcached deletes only the
+// item whose CAS it names (or, with none, any item there), and is sent
+// on a new connection at once, with no mg asked first.
+func TestDeleteCAS(t *testing.T) {
+	srv := memcachedtest.Start(t)
+	ctx := context.Background()
+	tests := []struct {
+		name    string
+		preset  bool
+		cas     func(read uint64) uint64 // the CAS sent, from the item's
+		err     error
+		deleted bool
+	}{
+		{name: "cas matches", preset: true, cas: same, deleted: true},
+		{name: "cas differs", preset: true, cas: func(read uint64) uint64 { return read + 1000 }, err: memcache.ErrCASConflict},
+		{name: "gone", cas: func(uint64) uint64 { return 1 }, err: memcache.ErrCacheMiss},
+		{name: "any item", preset: true, cas: func(uint64) uint64 { return 0 }, deleted: true},
+		{name: "any item, gone", cas: func(uint64) uint64 { return 0 }, err: memcache.ErrCacheMiss},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newClient(srv.Addr, 1, nil)
+			defer c.Close()
+			key := strings.ReplaceAll(tt.name, " ", "_")
+			var read uint64
+			if tt.preset {
+				if err := c.Set(&memcache.Item{Key: key, Value: []byte("v")}); err != nil {
+					t.Fatal(err)
+				}
+				it, err := c.Get(key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				c.Close()
+				c = newClient(srv.Addr, 1, nil) // a fresh connection: no mg learnt
+				read = it.CasID
+			}
+			_, _, err := c.Do(ctx, op.Op{Verb: op.DeleteCAS, Item: op.Item{CAS: tt.cas(read)}}, key)
+			if !errors.Is(err, tt.err) || tt.err == nil && err != nil {
+				t.Fatalf("delete_cas = %v, want %v", err, tt.err)
+			}
+			_, err = c.Get(key)
+			if gone := errors.Is(err, memcache.ErrCacheMiss); gone != (tt.deleted || !tt.preset) {
+				t.Errorf("get after: %v; want deleted %v", err, tt.deleted)
+			}
+		})
+	}
+}
+
+// TestDeleteCASWithoutMeta: a server that answers md with ERROR, as one
+// before memcached 1.6 does, gives ErrNoMeta and keeps the connection.
+func TestDeleteCASWithoutMeta(t *testing.T) {
+	srv := memcachedtest.StartScripted(t, func(line string, br *bufio.Reader) (string, bool) {
+		if strings.HasPrefix(line, "set ") {
+			_, err := br.ReadString('\n') // the data block
+			return "STORED\r\n", err == nil
+		}
+		return "ERROR\r\n", true
+	})
+	c := newClient(srv.Addr, 1, nil)
+	defer c.Close()
+	for range 3 {
+		if _, _, err := c.Do(context.Background(), op.Op{Verb: op.DeleteCAS, Item: op.Item{CAS: 5}}, "k"); !errors.Is(err, ErrNoMeta) {
+			t.Fatalf("delete_cas: %v, want ErrNoMeta", err)
+		}
+		if err := c.Set(&memcache.Item{Key: "k", Value: []byte("v")}); err != nil {
+			t.Fatalf("set after the ERROR: %v", err)
+		}
+	}
+	if n := srv.Conns.Load(); n != 1 {
+		t.Errorf("%d connections, want 1: the ERROR closed one", n)
+	}
+}

@@ -39,6 +39,7 @@ const (
 	HeadTouch                  // Head, and a new expiration (mg … T; memcached 1.6+)
 	AppendCAS                  // Append if the item is unchanged since Item.CAS was read (ms … MA C; memcached 1.6.10+)
 	PrependCAS                 // Prepend if the item is unchanged since Item.CAS was read (ms … MP C; memcached 1.6.10+)
+	DeleteCAS                  // Delete if the item is unchanged since Item.CAS was read, or, with Item.CAS 0, if it exists (md … C; memcached 1.6+)
 	numVerbs
 
 	// MaxVerb is the highest verb, for tables indexed by verb.
@@ -50,13 +51,14 @@ type Reply uint8
 
 // The kinds of reply.
 const (
-	Items      Reply = iota // VALUE blocks, then END
-	Stored                  // STORED | NOT_STORED | EXISTS | NOT_FOUND
-	Deleted                 // DELETED | NOT_FOUND
-	Touched                 // TOUCHED | NOT_FOUND
-	Number                  // a decimal number | NOT_FOUND
-	Meta                    // HD with the flags asked for | EN (a meta get's)
-	MetaStored              // HD | NS | EX | NF (a meta set's)
+	Items       Reply = iota // VALUE blocks, then END
+	Stored                   // STORED | NOT_STORED | EXISTS | NOT_FOUND
+	Deleted                  // DELETED | NOT_FOUND
+	Touched                  // TOUCHED | NOT_FOUND
+	Number                   // a decimal number | NOT_FOUND
+	Meta                     // HD with the flags asked for | EN (a meta get's)
+	MetaStored               // HD | NS | EX | NF (a meta set's)
+	MetaDeleted              // HD (OK before memcached 1.6.10) | EX | NF (a meta delete's)
 )
 
 // spec is one verb's row.
@@ -96,6 +98,9 @@ var specs = [numVerbs]spec{
 	// memcached 1.6.10 and later compare the CAS in those modes too.
 	AppendCAS:  {name: "append_cas", command: "ms", reply: MetaStored, write: true, value: true, unchecked: Append},
 	PrependCAS: {name: "prepend_cas", command: "ms", reply: MetaStored, write: true, value: true, unchecked: Prepend},
+	// The one compare-and-delete memcached has: md takes a CAS to
+	// compare (C<cas>) where delete takes none.
+	DeleteCAS: {name: "delete_cas", command: "md", reply: MetaDeleted, write: true, unchecked: Delete},
 }
 
 // Verbs lists every verb, in table order.
@@ -149,8 +154,8 @@ func (v Verb) TakesTTL() bool { return v.spec().ttl }
 func (v Verb) TakesDelta() bool { return v.spec().delta }
 
 // Unchecked is the verb without its CAS check (Set for CAS, Append for
-// AppendCAS, Prepend for PrependCAS), or v itself for a verb that has
-// none.
+// AppendCAS, Prepend for PrependCAS, Delete for DeleteCAS), or v itself
+// for a verb that has none.
 func (v Verb) Unchecked() Verb {
 	if u := v.spec().unchecked; u != 0 {
 		return u
@@ -323,6 +328,9 @@ func EncodeHead(b []byte, o *Op, key string) []byte {
 	case v == HeadTouch: // and T<exptime>: a new expiration
 		b = append(b, " s f c T"...)
 		b = strconv.AppendInt(b, int64(o.Item.Expiration), 10)
+	case v == DeleteCAS && o.Item.CAS != 0: // md <key> C<cas>; with no CAS, md <key>: deleted if it exists
+		b = append(b, " C"...)
+		b = strconv.AppendUint(b, o.Item.CAS, 10)
 	}
 	return append(b, "\r\n"...)
 }

@@ -25,6 +25,9 @@ func TestEncode(t *testing.T) {
 		// Flags and expiration are the item's, as for append: not sent.
 		{Op{Verb: AppendCAS, Item: it}, "ms k 5 MA C99\r\nhello\r\n"},
 		{Op{Verb: PrependCAS, Item: Item{Value: []byte{}, CAS: 18446744073709551615}}, "ms k 0 MP C18446744073709551615\r\n\r\n"},
+		{Op{Verb: DeleteCAS, Item: it}, "md k C99\r\n"},
+		// No CAS: deleted only if the item exists (If-Match: *).
+		{Op{Verb: DeleteCAS}, "md k\r\n"},
 	}
 	for _, tt := range tests {
 		if got := string(Encode([]byte(">"), &tt.o, "k")); got != ">"+tt.want {
@@ -65,7 +68,7 @@ func TestVerbs(t *testing.T) {
 // which sends the same value; the rest are their own.
 func TestUnchecked(t *testing.T) {
 	tests := []struct{ v, want Verb }{
-		{CAS, Set}, {AppendCAS, Append}, {PrependCAS, Prepend},
+		{CAS, Set}, {AppendCAS, Append}, {PrependCAS, Prepend}, {DeleteCAS, Delete},
 		{Append, Append}, {Set, Set}, {Get, Get}, {Head, Head},
 	}
 	for _, tt := range tests {
