@@ -162,6 +162,8 @@ func TestWarmUpWritesInvalidateTheWarmPool(t *testing.T) {
 		{"delete", op.Op{Verb: op.Delete, Item: op.Item{Key: "k-delete"}}, ""},
 		{"append fills first", op.Op{Verb: op.Append, Item: op.Item{Key: "k-append", Value: []byte("+c")}}, "old+c"},
 		{"incr fills first", op.Op{Verb: op.Incr, Item: op.Item{Key: "k-incr"}, Delta: 1}, ""},
+		// If-Match: *: the key exists, if only in the warm pool.
+		{"delete_cas fills first", op.Op{Verb: op.DeleteCAS, Item: op.Item{Key: "k-delete-cas"}}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

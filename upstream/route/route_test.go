@@ -402,6 +402,66 @@ func TestAppendCASReplicated(t *testing.T) {
 	}
 }
 
+// TestDeleteCASReplicated: delete_cas is checked on the first replica,
+// whose CAS a read of the key answers, and deletes every copy once that
+// check passed; a check that fails there deletes none. With no CAS it
+// deletes every copy of a key the first replica holds.
+func TestDeleteCASReplicated(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 3)
+	r, _ := newRouter(t, Options{Pools: []PoolOptions{{Cluster: clusterOptions(mcs), Replicas: 3}}})
+	ctx := t.Context()
+	// Each node counts CAS values apart from the others: the same CAS
+	// sent to every copy would delete on one only.
+	for i, m := range mcs {
+		mc := memcache.New(m.Addr)
+		for j := range 3 * i {
+			if err := mc.Set(&memcache.Item{Key: fmt.Sprint("other", j), Value: []byte("x")}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		mc.Close()
+	}
+	tests := []struct {
+		name    string
+		absent  bool
+		cas     func(read uint64) uint64
+		err     error
+		deleted bool
+	}{
+		{name: "unchanged", cas: func(c uint64) uint64 { return c }, deleted: true},
+		{name: "changed since", cas: func(c uint64) uint64 { return c + 1000 }, err: upstream.ErrCASConflict},
+		{name: "any", cas: func(uint64) uint64 { return 0 }, deleted: true},
+		{name: "gone", absent: true, cas: func(uint64) uint64 { return 1 }, err: upstream.ErrNotFound},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			key := strings.ReplaceAll(tt.name, " ", "_")
+			var read uint64
+			if !tt.absent {
+				if err := set(ctx, r, key, "v"); err != nil {
+					t.Fatal(err)
+				}
+				res := r.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: key}})
+				if res.Err != nil {
+					t.Fatal(res.Err)
+				}
+				read = res.Item.CAS
+			}
+			res := r.Do(ctx, op.Op{Verb: op.DeleteCAS, Item: op.Item{Key: key, CAS: tt.cas(read)}})
+			if !errors.Is(res.Err, tt.err) || tt.err == nil && res.Err != nil {
+				t.Errorf("delete_cas = %v, want %v", res.Err, tt.err)
+			}
+			want := 3
+			if tt.deleted || tt.absent {
+				want = 0
+			}
+			if got := copies(t, mcs, key, "v"); len(got) != want {
+				t.Errorf("after delete_cas, copies on %v, want %d", got, want)
+			}
+		})
+	}
+}
+
 // TestWriteAnswerFollowsReads: when the key's first replica lost it (as
 // a node flushed on its return has), a write that needs the key answers
 // what a read would see: with MissFallback the next replica's success,

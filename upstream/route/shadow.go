@@ -16,8 +16,8 @@ import (
 // is mirrored, writes too, so that the shadow pool holds what the primary
 // holds and its reads can be compared at all; a cas is mirrored as a set
 // of the stored value (a CAS value is one node's), an append_cas or
-// prepend_cas as an append or prepend of its bytes, and only once the
-// primary stored it. An operation whose primary answer is a failure is
+// prepend_cas as an append or prepend of its bytes, a delete_cas as a
+// delete, and only once the primary stored (or deleted) it. An operation whose primary answer is a failure is
 // not mirrored: there is nothing to compare it with.
 //
 // Results: match (the same outcome and, for reads, the same value and

@@ -33,8 +33,9 @@ import (
 //     TTL, a delete) cannot bring an overwritten or deleted value back.
 //     set, add and delete run in both pools at once; the verbs that need
 //     the item (replace, append, prepend, incr, decr, touch, cas,
-//     append_cas, prepend_cas) first fill a cold miss from the warm pool,
-//     synchronously, and try once more, then delete it from the warm pool.
+//     append_cas, prepend_cas, delete_cas) first fill a cold miss from
+//     the warm pool, synchronously, and try once more, then delete it
+//     from the warm pool.
 //
 // What it does not promise: a get that read the warm pool just before a
 // delete can write the old value back after it (the write-back is an add,
@@ -71,7 +72,7 @@ func (v *view) warmDo(ctx context.Context, o op.Op) op.Result {
 // key still only in the warm pool must be filled first.
 func needsItem(v op.Verb) bool {
 	switch v {
-	case op.Replace, op.Append, op.Prepend, op.Incr, op.Decr, op.Touch, op.HeadTouch, op.CAS, op.AppendCAS, op.PrependCAS:
+	case op.Replace, op.Append, op.Prepend, op.Incr, op.Decr, op.Touch, op.HeadTouch, op.CAS, op.AppendCAS, op.PrependCAS, op.DeleteCAS:
 		return true
 	}
 	return false

@@ -31,10 +31,10 @@ import (
 //     replicas that got the same ones agree whatever their order; a
 //     replica without the counter (it was away) stays without it, as
 //     memcached's incr never creates one.
-//   - cas, append_cas, prepend_cas: a CAS value is one node's, so they
-//     go to the first replica only; once stored there, the others get
-//     the same write without the check (set, append, prepend) under the
-//     write policy. A CAS value read from another replica (after a
+//   - cas, append_cas, prepend_cas, delete_cas: a CAS value is one
+//     node's, so they go to the first replica only; once stored (or
+//     deleted) there, the others get the same write without the check
+//     (set, append, prepend, delete) under the write policy. A CAS value read from another replica (after a
 //     fallback or a hedge) conflicts there, and the client reads again.
 //   - gat: read like get, then touch on the other replicas in the
 //     background.
@@ -61,7 +61,7 @@ func (v *view) do(ctx context.Context, o op.Op) op.Result {
 		return res
 	case o.Verb == op.GAT:
 		return v.gat(ctx, o)
-	case o.Verb.Unchecked() != o.Verb: // cas, append_cas, prepend_cas
+	case o.Verb.Unchecked() != o.Verb: // cas, append_cas, prepend_cas, delete_cas
 		return v.cas(ctx, o)
 	case o.Verb.Writes():
 		set := v.c.Replicas(&o, v.replicas)
@@ -405,10 +405,10 @@ func (cs *writeCopies) finish(ctx context.Context) {
 }
 
 // cas stores o, a write checked against a CAS value (cas, append_cas,
-// prepend_cas), on the key's first replica, which issued the CAS value
-// the caller holds, and then sends it unchecked (a set of the stored
-// value, an append or prepend of its bytes) to the other replicas under
-// the write policy (the first replica counts toward it).
+// prepend_cas, delete_cas), on the key's first replica, which issued the
+// CAS value the caller holds, and then sends it unchecked (a set of the
+// stored value, an append or prepend of its bytes, a delete) to the other
+// replicas under the write policy (the first replica counts toward it).
 func (v *view) cas(ctx context.Context, o op.Op) op.Result {
 	set := v.c.Replicas(&o, v.replicas)
 	need, err := v.need(len(set.Replicas))
