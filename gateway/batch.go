@@ -886,26 +886,36 @@ func (h *handler) parseOp(b batchOp) parsedOp {
 		}
 		o.Delta = *b.Delta
 	}
-	if v == op.CAS {
+	switch {
+	case v == op.CAS, v == op.Delete && len(b.CAS) > 0:
+		// A delete with a cas deletes only the item that cas names
+		// (delete_cas, md C<cas>), as DELETE /{key} with If-Match.
 		cas, err := parseCAS(b.CAS)
+		if err == nil && cas == 0 && v == op.Delete {
+			err = badRequest("cas 0 is not a cas value a get returned")
+		}
 		if err != nil {
 			p.invalid = err
 			return p
 		}
 		o.Item.CAS = cas
-	} else if len(b.CAS) > 0 {
-		return fail(b.Op + " takes no cas (use op cas)")
+		if v == op.Delete {
+			o.Verb = op.DeleteCAS
+		}
+	case len(b.CAS) > 0:
+		return fail(b.Op + " takes no cas (a cas is taken by op cas, and by op delete)")
 	}
 	return p
 }
 
 // batched reports whether a batch takes verb v: every verb but the meta
 // commands: head and head_touch, which answer a size (HEAD /{key}'s, and
-// values in chunks'), a field a batch's answer does not have, and
-// append_cas and prepend_cas, which values in chunks send for an append
-// or prepend (chunk.Values).
+// values in chunks'), a field a batch's answer does not have, append_cas
+// and prepend_cas, which values in chunks send for an append or prepend
+// (chunk.Values), and delete_cas, which a batch names as a delete with a
+// cas.
 func batched(v op.Verb) bool {
-	return v.Valid() && v.Reply() != op.Meta && v.Reply() != op.MetaStored
+	return v.Valid() && v.Reply() != op.Meta && v.Reply() != op.MetaStored && v.Reply() != op.MetaDeleted
 }
 
 // verbNames lists the verbs a batch takes.

@@ -93,14 +93,19 @@ func TestBatch(t *testing.T) {
 		{"op":"head","key":"a"},
 		{"op":"head_touch","key":"a"},
 		{"op":"append_cas","key":"a","value":"x"},
-		{"op":"prepend_cas","key":"a","value":"x"}
+		{"op":"prepend_cas","key":"a","value":"x"},
+		{"op":"delete_cas","key":"a","cas":"1"},
+		{"op":"delete","key":"a","cas":"999"},
+		{"op":"delete","key":"b","cas":"0"},
+		{"op":"incr","key":"a","cas":"1"},
+		{"op":"delete","key":"nope","cas":"\"5\""}
 	]}`
 	w := do(h, "POST", "/", body)
 	if w.Code != 200 {
 		t.Fatalf("batch = %d %q, want 200", w.Code, w.Body.String())
 	}
 	res := decodeResults(t, w.Body.String())
-	want := []int{201, 200, 200, 200, 412, 412, 204, 201, 400, 400, 400, 400, 412, 404, 400, 400, 400, 400}
+	want := []int{201, 200, 200, 200, 412, 412, 204, 201, 400, 400, 400, 400, 412, 404, 400, 400, 400, 400, 400, 412, 400, 400, 412}
 	if len(res) != len(want) {
 		t.Fatalf("batch gave %d results, want %d", len(res), len(want))
 	}
@@ -109,12 +114,15 @@ func TestBatch(t *testing.T) {
 			t.Errorf("op %d (%s) status = %d %q, want %d", i, r.Key, r.Status, r.Error, want[i])
 		}
 	}
-	for i, name := range map[int]string{14: "head", 15: "head_touch", 16: "append_cas", 17: "prepend_cas"} {
+	for i, name := range map[int]string{14: "head", 15: "head_touch", 16: "append_cas", 17: "prepend_cas", 18: "delete_cas"} {
 		e := res[i].Error
 		_, named, _ := strings.Cut(e, "; use ")
 		if !strings.Contains(e, `unknown op "`+name+`"`) || strings.Contains(named, "head") || strings.Contains(named, "_cas") {
 			t.Errorf("batch %s = %q, want an unknown op, no meta verb among those named", name, e)
 		}
+	}
+	if e := res[21].Error; !strings.Contains(e, "incr takes no cas") {
+		t.Errorf("batch incr with a cas = %q, want it refused", e)
 	}
 	if *res[1].Value != "6" { // 1 + 5
 		t.Errorf("incr result value = %q, want 6", *res[1].Value)

@@ -152,7 +152,7 @@ func outcome(v op.Verb, err error) (status int, msg string, retry bool) {
 		switch v.Reply() {
 		case op.Items, op.Number, op.Meta:
 			return http.StatusOK, "", false
-		case op.Touched, op.Deleted:
+		case op.Touched, op.Deleted, op.MetaDeleted:
 			return http.StatusNoContent, "", false
 		}
 		return http.StatusCreated, "", false
@@ -164,6 +164,11 @@ func outcome(v op.Verb, err error) (status int, msg string, retry bool) {
 		return http.StatusPreconditionFailed, "key does not exist (replace, If-Match: *)", false
 	case v == op.CAS && (errors.Is(err, upstream.ErrCASConflict) || errors.Is(err, upstream.ErrNotFound)):
 		return http.StatusPreconditionFailed, "item changed or is gone since its ETag was read (cas, If-Match)", false
+	case v == op.DeleteCAS && (errors.Is(err, upstream.ErrCASConflict) || errors.Is(err, upstream.ErrNotFound)):
+		// RFC 9110 §13.1.1: a failed If-Match is 412, a gone item too.
+		return http.StatusPreconditionFailed, "item changed since its ETag (or cas) was read, or is gone (delete with If-Match or a cas)", false
+	case v == op.DeleteCAS && errors.Is(err, upstream.ErrNoMeta):
+		return http.StatusNotImplemented, "memcached answered the meta delete (md) with an error: a conditional delete (If-Match, or a batch delete with cas) needs memcached 1.6 or later, and a proxy in front of it that passes meta commands on", false
 	case (v == op.Append || v == op.Prepend) && errors.Is(err, upstream.ErrNotFound):
 		// memcached answers NOT_STORED both for a missing item and for
 		// one the addition would make larger than an item: say both.

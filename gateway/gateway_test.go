@@ -86,13 +86,25 @@ func TestRequests(t *testing.T) {
 		{name: "cas malformed", method: "PUT", target: "/k", body: "v", hdr: []string{"If-Match", `W/"x"`}, wantStatus: 400, wantCalls: 0},
 		{name: "both conditions", method: "PUT", target: "/k", body: "v", hdr: []string{"If-Match", "*", "If-None-Match", "*"}, wantStatus: 400, wantBody: "use If-None-Match: * (add), If-Match: * (replace) or If-Match: \"<etag>\" (cas), not both", wantCalls: 0},
 		{name: "put if-none-match etag", method: "PUT", target: "/k", body: "v", hdr: []string{"If-None-Match", `"1"`}, wantStatus: 400, wantBody: "If-None-Match on a PUT takes * alone (add: stored only if the key is missing)", wantCalls: 0},
-		// A write memcached cannot make conditional refuses a condition:
-		// ignored, a stale ETag would delete or change an item that
-		// changed since, as a batch refuses a cas on these verbs.
-		{name: "delete if-match", method: "DELETE", target: "/k", hdr: []string{"If-Match", `"9"`}, preset: map[string]string{"k": "v"}, wantStatus: 400, wantBody: "DELETE takes no If-Match", wantCalls: 0},
+		// A DELETE with If-Match is a compare-and-delete (md C<cas>):
+		// 412 when the item changed or is gone (RFC 9110 §13.1.1), and
+		// If-Match: * deletes only an item that exists.
+		{name: "delete if-match", method: "DELETE", target: "/k", hdr: []string{"If-Match", `"1"`}, preset: map[string]string{"k": "v"}, wantStatus: 204, wantCalls: 1},
+		{name: "delete if-match changed", method: "DELETE", target: "/k", hdr: []string{"If-Match", `"9"`}, preset: map[string]string{"k": "v"}, wantStatus: 412, wantBody: "item changed since its ETag (or cas) was read, or is gone", wantCalls: 1},
+		{name: "delete if-match gone", method: "DELETE", target: "/k", hdr: []string{"If-Match", `"1"`}, wantStatus: 412, wantBody: "item changed since its ETag (or cas) was read, or is gone", wantCalls: 1},
+		{name: "delete if-match any", method: "DELETE", target: "/k", hdr: []string{"If-Match", "*"}, preset: map[string]string{"k": "v"}, wantStatus: 204, wantCalls: 1},
+		{name: "delete if-match any gone", method: "DELETE", target: "/k", hdr: []string{"If-Match", "*"}, wantStatus: 412, wantCalls: 1},
+		{name: "delete if-match malformed", method: "DELETE", target: "/k", hdr: []string{"If-Match", `W/"1"`}, preset: map[string]string{"k": "v"}, wantStatus: 400, wantBody: "If-Match takes * or one ETag", wantCalls: 0},
+		{name: "delete if-match zero", method: "DELETE", target: "/k", hdr: []string{"If-Match", `"0"`}, preset: map[string]string{"k": "v"}, wantStatus: 400, wantBody: `If-Match "0" is not an ETag this gateway issued`, wantCalls: 0},
+		// Prefer: respond-async is ignored (RFC 7240 lets it be): the
+		// client needs memcached's answer to know whether it deleted.
+		{name: "async delete if-match", method: "DELETE", target: "/k", hdr: []string{"If-Match", `"9"`, "Prefer", "respond-async"}, preset: map[string]string{"k": "v"}, wantStatus: 412, wantCalls: 1},
 		{name: "delete if-none-match", method: "DELETE", target: "/k", hdr: []string{"If-None-Match", "*"}, preset: map[string]string{"k": "v"}, wantStatus: 400, wantBody: "DELETE takes no If-None-Match", wantCalls: 0},
+		{name: "delete both conditions", method: "DELETE", target: "/k", hdr: []string{"If-Match", `"1"`, "If-None-Match", `"2"`}, preset: map[string]string{"k": "v"}, wantStatus: 400, wantBody: "DELETE takes no If-None-Match", wantCalls: 0},
+		// A POST memcached cannot make conditional refuses a condition:
+		// ignored, a stale ETag would change an item that changed
+		// since, as a batch refuses a cas on these verbs.
 		{name: "post if-match", method: "POST", target: "/k?op=append", body: "w", hdr: []string{"If-Match", `"9"`}, preset: map[string]string{"k": "v"}, wantStatus: 400, wantBody: "POST takes no If-Match", wantCalls: 0},
-		{name: "async delete if-match", method: "DELETE", target: "/k", hdr: []string{"If-Match", `"9"`, "Prefer", "respond-async"}, preset: map[string]string{"k": "v"}, wantStatus: 400, wantBody: "DELETE takes no If-Match", wantCalls: 0},
 		{name: "delete", method: "DELETE", target: "/k", preset: map[string]string{"k": "v"}, wantStatus: 204, wantCalls: 1},
 		{name: "delete missing", method: "DELETE", target: "/k", wantStatus: 404, wantCalls: 1},
 		{name: "append", method: "POST", target: "/k?op=append", body: "w", preset: map[string]string{"k": "v"}, wantStatus: 201, wantCalls: 1},

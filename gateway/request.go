@@ -33,10 +33,12 @@ const allowed = "GET, HEAD, PUT, DELETE, POST"
 //	HEAD        head (the size, flags and CAS, not the value); gat with ?touch=
 //	PUT         set; add with If-None-Match: *, replace with If-Match: *,
 //	            cas with If-Match: "<cas>"
-//	DELETE      delete
+//	DELETE      delete; delete_cas with If-Match: "<cas>" (md C<cas>), or
+//	            with If-Match: * (md: deleted only if the item exists)
 //	POST        ?op=append, prepend, incr, decr (?delta=) or touch (?exptime=)
 //
-// DELETE and POST take no If-Match or If-None-Match (unconditional).
+// A DELETE takes no If-None-Match, and a POST neither header
+// (unconditional).
 func (h keyParser) parseKeyRequest(r *http.Request) (keyRequest, error) {
 	var kr keyRequest
 	key, err := keyFromPath(r, h.maxKeyLen)
@@ -71,11 +73,10 @@ func (h keyParser) parseKeyRequest(r *http.Request) (keyRequest, error) {
 		}
 		kr.async = o.Verb == op.Set && preferAsync(r)
 	case http.MethodDelete:
-		if err := unconditional(r); err != nil {
+		if o.Verb, o.Item.CAS, err = deleteVerb(r.Header.Get("If-Match"), r.Header.Get("If-None-Match")); err != nil {
 			return kr, err
 		}
-		o.Verb = op.Delete
-		kr.async = preferAsync(r)
+		kr.async = o.Verb == op.Delete && preferAsync(r)
 	case http.MethodPost:
 		if err := unconditional(r); err != nil {
 			return kr, err
@@ -109,18 +110,42 @@ func otherMethodsParam(method, q string) error {
 	return nil
 }
 
-// unconditional refuses If-Match and If-None-Match on a DELETE or POST:
-// the gateway sends delete, append, prepend, incr, decr and touch with no
-// CAS, so the condition cannot be kept, and ignored it would delete or
-// change an item that changed since the client's ETag (a batch refuses
-// a cas on these verbs alike).
+// unconditional refuses If-Match and If-None-Match on a POST: the
+// gateway sends append, prepend, incr, decr and touch with no CAS, so the
+// condition cannot be kept, and ignored it would change an item that
+// changed since the client's ETag (a batch refuses a cas on these verbs
+// alike).
 func unconditional(r *http.Request) error {
 	for _, name := range [...]string{"If-Match", "If-None-Match"} {
 		if r.Header.Get(name) != "" {
-			return badRequest(r.Method + " takes no " + name + ": it is applied unconditionally; only a PUT is conditional (If-None-Match: * add, If-Match: * replace, If-Match: \"<etag>\" cas)")
+			return badRequest(r.Method + " takes no " + name + ": it is applied unconditionally; a PUT (If-None-Match: * add, If-Match: * replace, If-Match: \"<etag>\" cas) and a DELETE (If-Match) are conditional")
 		}
 	}
 	return nil
+}
+
+// deleteVerb is the verb of a DELETE by its condition, and the CAS it
+// names: delete with none; with If-Match, delete_cas, of the ETag's CAS,
+// or of none for * (deleted only if the item exists). If-None-Match is
+// refused: * would delete only an item that is not there, and an ETag
+// list (delete unless the item is one of these) is a check memcached
+// cannot make in one command, so a stale read would race the delete.
+func deleteVerb(ifMatch, ifNone string) (op.Verb, uint64, error) {
+	switch {
+	case ifNone != "":
+		return 0, 0, badRequest("DELETE takes no If-None-Match; If-Match: \"<etag>\" deletes only the item the ETag names, If-Match: * only an item that exists")
+	case ifMatch == "":
+		return op.Delete, 0, nil
+	case ifMatch == "*":
+		return op.DeleteCAS, 0, nil
+	}
+	cas, err := parseETag(ifMatch)
+	if err == nil && cas == 0 {
+		// CAS 0 is no item's (memcached counts from 1), and
+		// delete_cas reads it as * does.
+		err = badRequest("If-Match " + strings.TrimSpace(ifMatch) + " is not an ETag this gateway issued")
+	}
+	return op.DeleteCAS, cas, err
 }
 
 // parseItem reads a write's ?exptime= and ?flags= into it.

@@ -144,11 +144,11 @@ func (v *Values) inTurn(ctx context.Context, turns chan struct{}, what string, o
 
 // Do runs o as Store.Do does, but for the verbs that must see a value's
 // chunks: Delete removes the index and retires its chunks (they expire
-// Grace later), Touch and GAT set the chunks' expiration too (Grace
-// after the index's; a Touch to a time past retires them, as Delete
-// does), and Append and Prepend refuse a chunked value with ErrChunked
-// and are sent only to the item they found not to be one (addTo), or
-// fail with ErrChanging. Each of these reads the item first (Touch as a
+// Grace later), and DeleteCAS too once memcached deleted it (delete),
+// Touch and GAT set the chunks' expiration too (Grace after the index's;
+// a Touch to a time past retires them, as Delete does), and Append and
+// Prepend refuse a chunked value with ErrChunked and are sent only to
+// the item they found not to be one (addTo), or fail with ErrChanging. Each of these reads the item first (Touch as a
 // GAT), since only the item says whether it is an index; such a read
 // keeps no value that could not be one (peek). Set, Replace and CAS of a
 // key these Values last saw holding an index retire the chunks of the
@@ -157,7 +157,7 @@ func (v *Values) inTurn(ctx context.Context, turns chan struct{}, what string, o
 // or refuses it (ErrChunked).
 func (v *Values) Do(ctx context.Context, o op.Op) op.Result {
 	switch o.Verb {
-	case op.Delete:
+	case op.Delete, op.DeleteCAS:
 		return v.delete(ctx, o)
 	case op.Touch:
 		if past(o.Item.Expiration, time.Now().Unix()) {
@@ -452,6 +452,11 @@ func hashKey(o op.Op) string {
 }
 
 // delete removes o's item and, if it is an index, retires its chunks.
+// A delete_cas retires them only when memcached deleted the item (its
+// CAS matched), and, when it names a CAS, only if the item read is the
+// one it deleted (the same CAS): an index written in between, or read on
+// another replica, keeps its chunks until they expire, rather than lose
+// them under a reader of it.
 func (v *Values) delete(ctx context.Context, o op.Op) op.Result {
 	got := v.peekIndex(ctx, o)
 	if errors.Is(got.Err, upstream.ErrNotFound) {
@@ -461,7 +466,8 @@ func (v *Values) delete(ctx context.Context, o op.Op) op.Result {
 	if res.Err == nil {
 		v.known.forget(o.Item.Key)
 	}
-	if x, ok, err := Parse(got.Item); res.Err == nil && ok && err == nil {
+	same := o.Verb != op.DeleteCAS || o.Item.CAS == 0 || got.Item.CAS == o.Item.CAS
+	if x, ok, err := Parse(got.Item); res.Err == nil && same && ok && err == nil {
 		v.retire(ctx, hashKey(o), x)
 	}
 	return res

@@ -127,9 +127,12 @@ func (s *Store) Do(_ context.Context, o op.Op) op.Result {
 		}
 		old.Expiration = o.Item.Expiration
 		s.Items[key] = old
-	case op.Delete:
-		if !found {
+	case op.Delete, op.DeleteCAS:
+		switch {
+		case !found:
 			return op.Result{Err: upstream.ErrNotFound}
+		case o.Verb == op.DeleteCAS && o.Item.CAS != 0 && old.CAS != o.Item.CAS:
+			return op.Result{Err: upstream.ErrCASConflict}
 		}
 		delete(s.Items, key)
 	default:
