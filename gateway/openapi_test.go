@@ -90,6 +90,8 @@ var recipes = map[string]recipe{
 	"DELETE /{key} 401": {method: "DELETE", target: "/k", opts: tokenOpts},
 	"DELETE /{key} 403": {method: "DELETE", target: "/k", opts: Options{ReadOnly: true}},
 	"DELETE /{key} 404": {method: "DELETE", target: "/k"},
+	"DELETE /{key} 412": {method: "DELETE", target: "/k", preset: map[string]string{"k": "v"}, hdr: []string{"If-Match", `"9"`}},
+	"DELETE /{key} 501": {method: "DELETE", target: "/k", hdr: []string{"If-Match", `"9"`}, storeErr: upstream.ErrNoMeta},
 	"DELETE /{key} 421": {method: "DELETE", target: "/k", preset: map[string]string{"k": "v"}, opts: hostOpts},
 	"DELETE /{key} 502": {method: "DELETE", target: "/k", storeErr: upstream.ErrServer},
 	"DELETE /{key} 503": {method: "DELETE", target: "/k", storeErr: upstream.ErrNoNodes},
