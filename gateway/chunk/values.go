@@ -457,11 +457,13 @@ func hashKey(o op.Op) string {
 // one it deleted (the same CAS): an index written in between, or read on
 // another replica, keeps its chunks until they expire, rather than lose
 // them under a reader of it.
+// The delete is sent even when the read found no item: that miss may be
+// the key's successor's, read while its owner is down, and only a write
+// that passes over the owner has it record the key, to be deleted on the
+// owner before its re-admission (upstream/stale.go); otherwise the owner
+// would serve the deleted value again once back.
 func (v *Values) delete(ctx context.Context, o op.Op) op.Result {
 	got := v.peekIndex(ctx, o)
-	if errors.Is(got.Err, upstream.ErrNotFound) {
-		return got
-	}
 	res := v.store.Do(ctx, o)
 	if res.Err == nil {
 		v.known.forget(o.Item.Key)
@@ -484,9 +486,7 @@ func past(exp int32, now int64) bool {
 // reads the item as it touches it would find nothing to read.
 func (v *Values) expireNow(ctx context.Context, o op.Op) op.Result {
 	got := v.peekIndex(ctx, o)
-	if errors.Is(got.Err, upstream.ErrNotFound) {
-		return op.Result{Err: got.Err}
-	}
+	// Sent on a miss too, as delete's delete is.
 	res := v.store.Do(ctx, o)
 	if res.Err == nil {
 		v.known.forget(o.Item.Key)
