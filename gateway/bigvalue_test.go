@@ -119,7 +119,7 @@ func (g *bigRig) do(method, path string, body io.Reader, hdr ...string) answer {
 		g.t.Fatal(err)
 	}
 	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
+		req.Header.Add(hdr[i], hdr[i+1]) // a name twice is two field lines
 	}
 	resp, err := g.client.Do(req)
 	if err != nil {

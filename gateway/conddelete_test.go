@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"io"
 	"strconv"
 	"strings"
 	"testing"
@@ -131,5 +132,40 @@ func TestConditionalDeleteBatch(t *testing.T) {
 	}
 	if _, err := g.item("b"); err != nil {
 		t.Errorf("b after a stale delete: %v, want it kept", err)
+	}
+}
+
+// TestConditionalFieldLines: against real memcached, a DELETE or PUT
+// whose If-Match comes empty or on several lines keeps the item whole
+// (400): read from its first line alone, an empty line or a * before the
+// ETag made it an unconditional delete or overwrite.
+func TestConditionalFieldLines(t *testing.T) {
+	g := newBigRig(t, nil)
+	for _, tt := range []struct {
+		method string
+		lines  func(etag string) []string
+	}{
+		{"DELETE", func(string) []string { return []string{""} }},
+		{"DELETE", func(etag string) []string { return []string{"", `"1` + etag[1:]} }},
+		{"DELETE", func(etag string) []string { return []string{"*", `"1` + etag[1:]} }},
+		{"PUT", func(string) []string { return []string{""} }},
+		{"PUT", func(etag string) []string { return []string{"", `"1` + etag[1:]} }},
+	} {
+		g.mustPut("/k", []byte("kept"))
+		etag := g.do("GET", "/k", nil).hdr.Get("ETag")
+		var hdr []string
+		for _, l := range tt.lines(etag) {
+			hdr = append(hdr, "If-Match", l)
+		}
+		var body io.Reader
+		if tt.method == "PUT" {
+			body = strings.NewReader("lost")
+		}
+		if a := g.do(tt.method, "/k", body, hdr...); a.status != 400 {
+			t.Errorf("%s, If-Match lines %q = %d %q, want 400", tt.method, tt.lines(etag), a.status, a.body)
+		}
+		if a := g.do("GET", "/k", nil); a.status != 200 || string(a.body) != "kept" {
+			t.Errorf("after %s, If-Match lines %q: GET = %d %q, want the item kept", tt.method, tt.lines(etag), a.status, a.body)
+		}
 	}
 }

@@ -38,7 +38,7 @@ func do(h http.Handler, method, target, body string, hdr ...string) *httptest.Re
 	}
 	req := httptest.NewRequest(method, target, r)
 	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
+		req.Header.Add(hdr[i], hdr[i+1]) // a name twice is two field lines
 	}
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, req)
@@ -104,6 +104,20 @@ func TestRequests(t *testing.T) {
 		// A POST memcached cannot make conditional refuses a condition:
 		// ignored, a stale ETag would change an item that changed
 		// since, as a batch refuses a cas on these verbs.
+		// A condition is read over all its field lines, and one sent
+		// empty is refused: read from the first line alone, an empty or
+		// unconditional first line hid the condition after it and the
+		// write ran unconditionally.
+		{name: "delete if-match empty", method: "DELETE", target: "/k", hdr: []string{"If-Match", ""}, preset: map[string]string{"k": "v"}, wantStatus: 400, wantBody: "If-Match has no value", wantCalls: 0},
+		{name: "delete if-match empty line first", method: "DELETE", target: "/k", hdr: []string{"If-Match", "", "If-Match", `"9"`}, preset: map[string]string{"k": "v"}, wantStatus: 400, wantCalls: 0},
+		{name: "delete if-match any line first", method: "DELETE", target: "/k", hdr: []string{"If-Match", "*", "If-Match", `"9"`}, preset: map[string]string{"k": "v"}, wantStatus: 400, wantCalls: 0},
+		{name: "delete if-match two lines", method: "DELETE", target: "/k", hdr: []string{"If-Match", `"1"`, "If-Match", `"9"`}, preset: map[string]string{"k": "v"}, wantStatus: 400, wantCalls: 0},
+		{name: "delete if-none-match empty", method: "DELETE", target: "/k", hdr: []string{"If-None-Match", ""}, preset: map[string]string{"k": "v"}, wantStatus: 400, wantBody: "If-None-Match has no value", wantCalls: 0},
+		{name: "put if-match empty", method: "PUT", target: "/k", body: "w", hdr: []string{"If-Match", ""}, preset: map[string]string{"k": "v"}, wantStatus: 400, wantBody: "If-Match has no value", wantCalls: 0},
+		{name: "put if-match empty line first", method: "PUT", target: "/k", body: "w", hdr: []string{"If-Match", "", "If-Match", `"9"`}, preset: map[string]string{"k": "v"}, wantStatus: 400, wantCalls: 0},
+		{name: "put if-none-match empty line first", method: "PUT", target: "/k", body: "w", hdr: []string{"If-None-Match", "", "If-None-Match", "*"}, preset: map[string]string{"k": "v"}, wantStatus: 400, wantCalls: 0},
+		{name: "post if-match empty", method: "POST", target: "/k?op=append", body: "w", hdr: []string{"If-Match", ""}, preset: map[string]string{"k": "v"}, wantStatus: 400, wantBody: "POST takes no If-Match", wantCalls: 0},
+		{name: "post if-match empty line first", method: "POST", target: "/k?op=append", body: "w", hdr: []string{"If-Match", "", "If-Match", `"9"`}, preset: map[string]string{"k": "v"}, wantStatus: 400, wantBody: "POST takes no If-Match", wantCalls: 0},
 		{name: "post if-match", method: "POST", target: "/k?op=append", body: "w", hdr: []string{"If-Match", `"9"`}, preset: map[string]string{"k": "v"}, wantStatus: 400, wantBody: "POST takes no If-Match", wantCalls: 0},
 		{name: "delete", method: "DELETE", target: "/k", preset: map[string]string{"k": "v"}, wantStatus: 204, wantCalls: 1},
 		{name: "delete missing", method: "DELETE", target: "/k", wantStatus: 404, wantCalls: 1},

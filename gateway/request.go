@@ -68,12 +68,20 @@ func (h keyParser) parseKeyRequest(r *http.Request) (keyRequest, error) {
 		if err := h.parseItem(q, &o.Item); err != nil {
 			return kr, err
 		}
-		if o.Verb, o.Item.CAS, err = putVerb(r.Header.Get("If-Match"), r.Header.Get("If-None-Match")); err != nil {
+		ifMatch, ifNone, err := conditions(r.Header)
+		if err != nil {
+			return kr, err
+		}
+		if o.Verb, o.Item.CAS, err = putVerb(ifMatch, ifNone); err != nil {
 			return kr, err
 		}
 		kr.async = o.Verb == op.Set && preferAsync(r)
 	case http.MethodDelete:
-		if o.Verb, o.Item.CAS, err = deleteVerb(r.Header.Get("If-Match"), r.Header.Get("If-None-Match")); err != nil {
+		ifMatch, ifNone, err := conditions(r.Header)
+		if err != nil {
+			return kr, err
+		}
+		if o.Verb, o.Item.CAS, err = deleteVerb(ifMatch, ifNone); err != nil {
 			return kr, err
 		}
 		kr.async = o.Verb == op.Delete && preferAsync(r)
@@ -117,11 +125,43 @@ func otherMethodsParam(method, q string) error {
 // alike).
 func unconditional(r *http.Request) error {
 	for _, name := range [...]string{"If-Match", "If-None-Match"} {
-		if r.Header.Get(name) != "" {
+		if len(r.Header.Values(name)) > 0 { // an empty line too: it was sent
 			return badRequest(r.Method + " takes no " + name + ": it is applied unconditionally; a PUT (If-None-Match: * add, If-Match: * replace, If-Match: \"<etag>\" cas) and a DELETE (If-Match) are conditional")
 		}
 	}
 	return nil
+}
+
+// conditions reads a PUT's or DELETE's If-Match and If-None-Match over
+// all their field lines: several lines of one field are one list, their
+// values joined by commas (RFC 9110 §5.3), which putVerb and deleteVerb
+// refuse as they refuse a list on one line. Read from the first line
+// alone, a condition on a later line was dropped, and an empty first
+// line hid the rest: the write ran unconditionally, deleting or
+// overwriting a version the client meant to keep. A field sent with no
+// value is refused for the same reason (RFC 9110 reads an empty If-Match
+// as a list that matches nothing), rather than read as no condition.
+func conditions(h http.Header) (ifMatch, ifNone string, err error) {
+	if ifMatch, err = condition(h, "If-Match"); err == nil {
+		ifNone, err = condition(h, "If-None-Match")
+	}
+	return ifMatch, ifNone, err
+}
+
+// condition is the value of h's field name over all its lines (see
+// conditions): "" when it is not sent, an error when sent empty.
+func condition(h http.Header, name string) (string, error) {
+	lines := h.Values(name)
+	switch len(lines) {
+	case 0:
+		return "", nil
+	case 1:
+		if v := strings.TrimSpace(lines[0]); v != "" {
+			return v, nil
+		}
+		return "", badRequest(name + " has no value: send * or one ETag as GET returned it, like \"12345\", or leave the header out")
+	}
+	return strings.Join(lines, ", "), nil
 }
 
 // deleteVerb is the verb of a DELETE by its condition, and the CAS it
