@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -467,4 +468,37 @@ func TestNewContext(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzConditions: whatever If-Match lines a DELETE or PUT sends, it is
+// either refused or conditional: a header sent never leaves an
+// unconditional delete or set, and the CAS a verb carries is the number
+// its ETag names.
+func FuzzConditions(f *testing.F) {
+	for _, s := range []string{"", "*", `"1"`, "\x00\"1\"", "*\x00\"9\"", `"18446744073709551616"`, `W/"1"`, `"1", "2"`, `"0"`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		h := http.Header{"If-Match": strings.Split(raw, "\x00")} // NUL: a line break between field lines
+		for _, method := range []string{"DELETE", "PUT"} {
+			r := httptest.NewRequest(method, "/k", nil)
+			r.Header = h
+			kr, err := keyParser{maxKeyLen: MaxKeyLen}.parseKeyRequest(r)
+			if err != nil {
+				continue
+			}
+			switch v := kr.op.Verb; {
+			case v == op.Delete || v == op.Set:
+				t.Fatalf("%s with If-Match lines %q ran as %v, unconditionally", method, h["If-Match"], v)
+			case v == op.DeleteCAS || v == op.CAS:
+				lines := h["If-Match"]
+				one := strings.TrimSpace(lines[0])
+				n, err := strconv.ParseUint(strings.Trim(one, `"`), 10, 64)
+				named := err == nil && len(one) > 2 && one[0] == '"' && one[len(one)-1] == '"' && n == kr.op.Item.CAS
+				if len(lines) != 1 || !named && !(v == op.DeleteCAS && one == "*" && kr.op.Item.CAS == 0) {
+					t.Fatalf("%s with If-Match lines %q ran as %v of CAS %d", method, lines, v, kr.op.Item.CAS)
+				}
+			}
+		}
+	})
 }
