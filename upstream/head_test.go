@@ -244,3 +244,41 @@ func TestDeleteCAS(t *testing.T) {
 		t.Errorf("delete_cas operations counted = %v, want %d", counted, len(tests))
 	}
 }
+
+// TestDeleteCASWithoutMetaOnThePool: with gomemcache's pool, a node that
+// answers md with ERROR (memcached before 1.6) refuses each delete_cas
+// with ErrNoMeta, deletes nothing, and keeps the connection the md went
+// on: md has no data block, so the connection is in step. Closed after
+// the ERROR, every conditional DELETE a client sent cost memcached a new
+// connection (100 DELETEs, 100 connections), and the gateway a socket
+// in TIME_WAIT.
+func TestDeleteCASWithoutMetaOnThePool(t *testing.T) {
+	var mds, deletes atomic.Int64
+	srv := memcachedtest.StartScripted(t, func(line string, _ *bufio.Reader) (string, bool) {
+		switch f := strings.Fields(line); f[0] {
+		case "md":
+			mds.Add(1)
+		case "delete":
+			deletes.Add(1)
+			return "DELETED\r\n", true
+		case "version":
+			return "VERSION 1.5.22\r\n", true
+		}
+		return "ERROR\r\n", true
+	})
+	c := claimCluster(t, srv.Addr, nil)
+	before := srv.Conns.Load()
+	const n = 20
+	for range n {
+		res := c.Do(t.Context(), op.Op{Verb: op.DeleteCAS, Item: op.Item{Key: "k", CAS: 5}})
+		if !errors.Is(res.Err, ErrNoMeta) {
+			t.Fatalf("delete_cas = %v, want ErrNoMeta", res.Err)
+		}
+	}
+	if m, d := mds.Load(), deletes.Load(); m != n || d != 0 {
+		t.Errorf("%d md and %d delete sent, want %d md and no delete", m, d, n)
+	}
+	if opened := srv.Conns.Load() - before; opened > 1 {
+		t.Errorf("%d connections opened for %d refused md, want one, kept", opened, n)
+	}
+}

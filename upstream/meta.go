@@ -254,9 +254,12 @@ func (n *node) metaDelete(ctx context.Context, o op.Op, sk string) (*memcache.It
 // of the node's heads, and reads the line with read. The caller holds one
 // of the node's slots, which bounds the connections (at most
 // Options.MaxConns; up to MaxIdleConns kept). A connection is kept for
-// the next command only after one of memcached's answers (a hit, a miss,
-// a CAS that differs): after an error line its state is not worth
-// trusting.
+// the next command after one of memcached's answers (a hit, a miss, a
+// CAS that differs) and after a bare ERROR, a memcached before 1.6 that
+// does not know the command: a meta command sent here has no data block,
+// so the connection is in step; closed, each conditional DELETE to such
+// a node would dial it anew. After any other error line its state is
+// not worth trusting.
 func (n *node) metaLine(ctx context.Context, o op.Op, sk string, read func(line []byte) error) error {
 	mc := n.heads.get()
 	if mc == nil {
@@ -282,7 +285,7 @@ func (n *node) metaLine(ctx context.Context, o op.Op, sk string, read func(line 
 		return err
 	}
 	err = read(line)
-	if err == nil || errors.Is(err, memcache.ErrCacheMiss) || errors.Is(err, memcache.ErrCASConflict) {
+	if err == nil || errors.Is(err, memcache.ErrCacheMiss) || errors.Is(err, memcache.ErrCASConflict) || string(line) == "ERROR\r\n" {
 		n.heads.put(mc)
 	} else {
 		mc.Close()
