@@ -284,6 +284,8 @@ func FuzzBatch(f *testing.F) {
 	f.Add(`{"ops":[{"op":"set","key":"a","value":"1"},{"op":"get","key":"a"}]}`)
 	f.Add(`[{"op":"cas","key":"a","value":"AA==","encoding":"base64","cas":"\"12\""}]`)
 	f.Add(`[{"op":"incr","key":"a","delta":18446744073709551615}]`)
+	f.Add(`[{"op":"set","key":"a","value":"1"},{"op":"delete","key":"a","cas":"1"},{"op":"delete_cas","key":"a","cas":18446744073709551615}]`)
+	f.Add(`[{"op":"delete","key":"a","cas":"\"1\" N0"},{"op":"delete","key":"a","cas":null}]`)
 	f.Fuzz(func(t *testing.T, body string) {
 		h := newTestHandler(t, newFake())
 		w := do(h, "POST", "/", body)
