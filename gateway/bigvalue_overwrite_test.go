@@ -48,16 +48,23 @@ func TestBigValueSmallWritesRetire(t *testing.T) {
 	}
 	// The fast path answers small PUTs detached once the node's
 	// connections are open: the case below would take it but for the
-	// key's index.
-	if code := send(t, "PUT", h1URL+"/plain", "small"); code != http.StatusCreated {
-		t.Fatalf("PUT through h1 = %d", code)
+	// key's index. A PUT may still be served in place now and then (on a
+	// loaded machine, 1 run in 30 to 60 under -race saw the second one
+	// not detached), so a few are sent: one detached shows the path is
+	// there to be covered.
+	detachedOne := false
+	for range 10 {
+		detached := g.counterPlain("memcgate_http_detached_responses_total")
+		if code := send(t, "PUT", h1URL+"/plain", "small"); code != http.StatusCreated {
+			t.Fatalf("PUT through h1 = %d", code)
+		}
+		if g.counterPlain("memcgate_http_detached_responses_total") > detached {
+			detachedOne = true
+			break
+		}
 	}
-	detached := g.counterPlain("memcgate_http_detached_responses_total")
-	if code := send(t, "PUT", h1URL+"/plain", "small"); code != http.StatusCreated {
-		t.Fatalf("PUT through h1 = %d", code)
-	}
-	if g.counterPlain("memcgate_http_detached_responses_total") == detached {
-		t.Fatal("a small PUT through h1 was not detached: the test would not cover that path")
+	if !detachedOne {
+		t.Fatal("no small PUT through h1 of 10 was detached: the test would not cover that path")
 	}
 	other := func() string {
 		opts := Options{MaxValueBytes: rigChunk, BigValueMaxBytes: 1 << 20, BigValueGrace: rigGrace, Budget: budget.New(64 << 20)}
