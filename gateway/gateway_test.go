@@ -65,6 +65,11 @@ func TestRequests(t *testing.T) {
 		{name: "get miss", method: "GET", target: "/nope", wantStatus: 404, wantBody: "not found", wantCalls: 1},
 		{name: "head hit", method: "HEAD", target: "/k", preset: map[string]string{"k": "value"}, wantStatus: 200, wantHdr: map[string]string{"Content-Length": "5"}, wantCalls: 1},
 		{name: "get 304", method: "GET", target: "/k", hdr: []string{"If-None-Match", `"1"`}, preset: map[string]string{"k": "v"}, wantStatus: 304, wantCalls: 1},
+		// Two If-None-Match lines are one list (RFC 9110 §5.3): the ETag
+		// on the second names the item as surely as on the first.
+		{name: "get 304 on a second line", method: "GET", target: "/k", hdr: []string{"If-None-Match", `"9"`, "If-None-Match", `"1"`}, preset: map[string]string{"k": "v"}, wantStatus: 304, wantCalls: 1},
+		{name: "head 304 on a second line", method: "HEAD", target: "/k", hdr: []string{"If-None-Match", "", "If-None-Match", `W/"1"`}, preset: map[string]string{"k": "v"}, wantStatus: 304, wantCalls: 1},
+		{name: "get 200 on lines naming others", method: "GET", target: "/k", hdr: []string{"If-None-Match", `"9"`, "If-None-Match", `"2", "3"`}, preset: map[string]string{"k": "v"}, wantStatus: 200, wantBody: "v", wantCalls: 1},
 		{name: "empty key", method: "GET", target: "/", wantStatus: 400, wantBody: "empty key", wantCalls: 0},
 		{name: "key 251 bytes", method: "GET", target: "/" + strings.Repeat("k", 251), wantStatus: 400, wantBody: "key is 251 bytes", wantCalls: 0},
 		{name: "key 250 bytes", method: "GET", target: "/" + strings.Repeat("k", 250), wantStatus: 404, wantCalls: 1},
@@ -473,13 +478,16 @@ func TestNewContext(t *testing.T) {
 // FuzzConditions: whatever If-Match lines a DELETE or PUT sends, it is
 // either refused or conditional: a header sent never leaves an
 // unconditional delete or set, and the CAS a verb carries is the number
-// its ETag names.
+// its ETag names. The same lines as If-None-Match on a GET or HEAD make
+// it conditional on every line: it is 304 for an item whose ETag one of
+// them names (or *), as if the lines were one, whichever line that is.
 func FuzzConditions(f *testing.F) {
-	for _, s := range []string{"", "*", `"1"`, "\x00\"1\"", "*\x00\"9\"", `"18446744073709551616"`, `W/"1"`, `"1", "2"`, `"0"`} {
+	for _, s := range []string{"", "*", `"1"`, "\x00\"1\"", "*\x00\"9\"", `"18446744073709551616"`, `W/"1"`, `"1", "2"`, `"0"`, "\"1\"\x00\"7\"", "\x00W/\"7\""} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, raw string) {
 		h := http.Header{"If-Match": strings.Split(raw, "\x00")} // NUL: a line break between field lines
+		ifNoneMatch(t, strings.Split(raw, "\x00"))
 		for _, method := range []string{"DELETE", "PUT"} {
 			r := httptest.NewRequest(method, "/k", nil)
 			r.Header = h
@@ -501,4 +509,28 @@ func FuzzConditions(f *testing.F) {
 			}
 		}
 	})
+}
+
+// ifNoneMatch checks what a GET and a HEAD with If-None-Match lines make
+// of an item whose ETag is "7" (FuzzConditions).
+func ifNoneMatch(t *testing.T, lines []string) {
+	const etag = `"7"`
+	want := false
+	for _, l := range lines {
+		for part := range strings.SplitSeq(l, ",") {
+			part = strings.TrimPrefix(strings.TrimSpace(part), "W/")
+			want = want || part == "*" || part == etag
+		}
+	}
+	for _, method := range []string{"GET", "HEAD"} {
+		r := httptest.NewRequest(method, "/k", nil)
+		r.Header = http.Header{"If-None-Match": lines}
+		kr, err := keyParser{maxKeyLen: MaxKeyLen}.parseKeyRequest(r)
+		if err != nil {
+			t.Fatalf("%s with If-None-Match lines %q: %v", method, lines, err)
+		}
+		if got := notModified(kr.etags, 7); got != want {
+			t.Fatalf("%s with If-None-Match lines %q: not modified for ETag %s: %v, want %v", method, lines, etag, got, want)
+		}
+	}
 }

@@ -13,7 +13,7 @@ import (
 type keyRequest struct {
 	op    op.Op
 	async bool   // Prefer: respond-async on a plain PUT or a DELETE
-	etags string // a read's If-None-Match: 304 when it names the item's ETag
+	etags string // a read's If-None-Match, all its lines (fieldList): 304 when it names the item's ETag
 }
 
 // keyParser reads requests for /{key} (parseKeyRequest).
@@ -63,7 +63,7 @@ func (h keyParser) parseKeyRequest(r *http.Request) (keyRequest, error) {
 				return kr, err
 			}
 		}
-		kr.etags = r.Header.Get("If-None-Match")
+		kr.etags = fieldList(r.Header["If-None-Match"])
 	case http.MethodPut:
 		if err := h.parseItem(q, &o.Item); err != nil {
 			return kr, err
@@ -274,6 +274,22 @@ func parseETag(s string) (uint64, error) {
 		return 0, badRequest("If-Match " + s + " is not an ETag this gateway issued")
 	}
 	return v, nil
+}
+
+// fieldList is the value of a list field over all its lines, lines:
+// several lines of one field are one list, their values joined by commas
+// (RFC 9110 §5.3). A read's If-None-Match taken from its first line
+// alone answered 200 to a client whose ETag came on a later line, where
+// 304 was due. One line, the common case, is returned as it is, with
+// nothing allocated.
+func fieldList(lines []string) string {
+	switch len(lines) {
+	case 0:
+		return ""
+	case 1:
+		return lines[0]
+	}
+	return strings.Join(lines, ", ")
 }
 
 // etagListHas reports whether an If-None-Match list names etag (weak
