@@ -79,7 +79,7 @@ func TestNodeShare(t *testing.T) {
 			// holds every operation admitted.
 			mu.Lock()
 			if busy != tt.wantBusy || answered != 0 {
-				t.Errorf("with the node stopped: busy %d, answered %d; want %d and 0", busy, answered, tt.wantBusy)
+				t.Errorf("with the node stopped: busy %d, answered %d; want %d and 0%s", busy, answered, tt.wantBusy, mcs[0].ResumedNote())
 			}
 			mu.Unlock()
 			mcs[0].Resume()

@@ -32,8 +32,11 @@ type Server struct {
 	bin  string
 	args []string
 
-	mu  sync.Mutex // guards cmd
-	cmd *exec.Cmd
+	mu      sync.Mutex // guards cmd, paused, resumed and watched
+	cmd     *exec.Cmd
+	paused  int  // the pid Pause stopped and no Resume or Kill has resumed; 0: none
+	resumed bool // a process Pause stopped ran again before this package resumed it (checkPaused)
+	watched bool // Pause registered the report of resumed with t
 }
 
 // Binary returns the path of memcached, or skips t (fails it when
@@ -325,6 +328,7 @@ func (s *Server) signal(sig syscall.Signal) {
 
 // Kill sends SIGKILL and waits until the port refuses connections.
 func (s *Server) Kill() {
+	s.unpause()
 	s.signal(syscall.SIGCONT) // a stopped process dies only once resumed on some kernels
 	s.signal(syscall.SIGKILL)
 	s.mu.Lock()
@@ -346,6 +350,15 @@ func (s *Server) Kill() {
 // kernel stops a process's threads one by one, after kill returns, and
 // on a busy machine a worker thread answered a request sent after it
 // (seen in CI).
+//
+// A stopped memcached can run again with no Resume: any process may send
+// it SIGCONT, and another test run's stale "kill -CONT" of a pid since
+// reused did (a test that held a node stopped failed 2 runs in 1,895).
+// So Resume and Kill first check that it is still stopped, as does the
+// end of the test, and a test that failed is told, after its failure,
+// when it was not: "memcached ... was resumed by someone else". Tests
+// that assert while it is paused say so in their own failure message
+// with ResumedByOthers.
 func (s *Server) Pause() {
 	s.signal(syscall.SIGSTOP)
 	s.mu.Lock()
@@ -353,11 +366,70 @@ func (s *Server) Pause() {
 	if s.cmd != nil && s.cmd.Process != nil {
 		pid = s.cmd.Process.Pid
 	}
+	watch := !s.watched && pid != 0
+	s.watched = s.watched || watch
 	s.mu.Unlock()
 	if pid == 0 {
 		return
 	}
+	if watch {
+		s.t.Cleanup(s.reportResumed)
+	}
 	WaitStopped(s.t, "memcached", pid)
+	s.mu.Lock()
+	s.paused = pid
+	s.mu.Unlock()
+}
+
+// ResumedByOthers reports whether memcached, stopped by Pause, ran again
+// before Resume or Kill resumed it: a SIGCONT this test did not send. A
+// test whose assertion fails while memcached is paused adds it to its
+// failure message, which then says whether the failure is the test's or
+// the resumption's.
+func (s *Server) ResumedByOthers() bool {
+	s.checkPaused()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.resumed
+}
+
+// ResumedNote is "" unless ResumedByOthers, and then a sentence for a
+// failure message that says so, with a leading "; ".
+func (s *Server) ResumedNote() string {
+	if !s.ResumedByOthers() {
+		return ""
+	}
+	return "; memcached (" + s.Addr + ") was resumed by someone else while the test held it stopped (a SIGCONT the test did not send): the failure may be that"
+}
+
+// checkPaused records, in resumed, that the process Pause stopped is
+// running again while no Resume or Kill has resumed it.
+func (s *Server) checkPaused() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.paused != 0 && anyRunning(s.paused) {
+		s.resumed = true
+	}
+}
+
+// unpause is checkPaused before this package resumes the process itself.
+func (s *Server) unpause() {
+	s.checkPaused()
+	s.mu.Lock()
+	s.paused = 0
+	s.mu.Unlock()
+}
+
+// reportResumed tells a test that failed whether memcached was resumed
+// by someone else while it was paused (see Pause).
+func (s *Server) reportResumed() {
+	s.checkPaused()
+	s.mu.Lock()
+	resumed := s.resumed
+	s.mu.Unlock()
+	if resumed && s.t.Failed() {
+		s.t.Log(strings.TrimPrefix(s.ResumedNote(), "; "))
+	}
 }
 
 // WaitStopped waits until every thread of the process pid, sent SIGSTOP,
@@ -377,6 +449,20 @@ func WaitStopped(t testing.TB, what string, pid int) {
 // allStopped reports whether every thread of pid is in the stopped state
 // (T in /proc/<pid>/task/<tid>/stat), or whether the process is gone.
 func allStopped(pid int) bool {
+	return everyThread(pid, func(state byte) bool { return state == 'T' })
+}
+
+// anyRunning reports whether a thread of pid is neither stopped nor
+// dead (a zombie's threads are not running either): it was resumed.
+// A process gone, or no /proc, is not running.
+func anyRunning(pid int) bool {
+	return !everyThread(pid, func(state byte) bool { return strings.IndexByte("TtZX", state) >= 0 })
+}
+
+// everyThread reports whether the state of every thread of pid (its
+// letter in /proc/<pid>/task/<tid>/stat) satisfies ok; true when the
+// process is gone or there is no /proc.
+func everyThread(pid int, ok func(state byte) bool) bool {
 	dir := "/proc/" + strconv.Itoa(pid) + "/task"
 	tasks, err := os.ReadDir(dir)
 	if err != nil {
@@ -390,7 +476,7 @@ func allStopped(pid int) bool {
 		// The state follows the command name in parentheses, which may
 		// itself hold spaces and parentheses.
 		i := strings.LastIndexByte(string(b), ')')
-		if i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
+		if i < 0 || i+2 >= len(b) || !ok(b[i+2]) {
 			return false
 		}
 	}
@@ -398,7 +484,10 @@ func allStopped(pid int) bool {
 }
 
 // Resume continues a paused process (SIGCONT).
-func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+func (s *Server) Resume() {
+	s.unpause()
+	s.signal(syscall.SIGCONT)
+}
 
 // Restart starts a killed server again on the same port (empty cache).
 func (s *Server) Restart() {
