@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -142,8 +143,9 @@ func (p *process) listen() error {
 		*ln = sec.wrapData(*ln)
 		if !cfg.FastPath && sec.dataTLS == nil {
 			// Go's net/http serves every connection: let it refuse what
-			// the fast path refuses (Content-Length with Transfer-Encoding).
-			*ln = h1.GuardListener(*ln)
+			// the fast path refuses (Content-Length with Transfer-Encoding),
+			// and name the limit a head too large is over.
+			*ln = h1.Guard{HeadTooLarge: headTooLarge(cfg.MaxHeaderBytes)}.Listener(*ln)
 		}
 	}
 	p.conns = conns
@@ -467,12 +469,23 @@ func dataServer(cfg config.Config, sec *security, std *http.Server, h *gateway.H
 		WriteTimeout:      std.WriteTimeout,
 		IdleTimeout:       std.IdleTimeout,
 		MaxHeaderBytes:    std.MaxHeaderBytes,
+		HeadTooLarge:      headTooLarge(cfg.MaxHeaderBytes),
 		Fallback:          std,
 		ErrorLog:          std.ErrorLog,
 		NewContext:        h.NewContext,
 		MaxConns:          maxConns,
 	}
 	return fast, fast
+}
+
+// headTooLarge is the body of the 431 that answers a request head over
+// net/http's limit on the data listener (h1.Guard.HeadTooLarge): it names
+// the variable to raise, as a 413 does, where net/http's own answer
+// names nothing. net/http reads maxHeader bytes and 4096 more before it
+// refuses; a request line that long is refused so too.
+func headTooLarge(maxHeader int) string {
+	return "request head too large: its request line and header fields are over " + strconv.Itoa(maxHeader+4096) +
+		" bytes (" + config.Prefix + "MAX_HEADER_BYTES=" + strconv.Itoa(maxHeader) + ", and 4096 bytes more are read before refusing); send a shorter target or fewer header fields, or raise " + config.Prefix + "MAX_HEADER_BYTES"
 }
 
 // http1Only is what the servers speak: HTTP/1.x alone, never HTTP/2,

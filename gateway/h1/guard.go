@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strconv"
 	"sync/atomic"
 )
 
@@ -71,35 +72,74 @@ import (
 // called concurrently with itself, which net/http never does. Reads
 // allocate nothing and cost one pass over the bytes read, mostly a skip
 // over request bodies. GuardConn of a conn it returned returns that conn.
-func GuardConn(c net.Conn) net.Conn {
-	if g, ok := c.(*guardConn); ok {
-		return g
-	}
-	return &guardConn{Conn: c}
-}
-
-// guardCounted is GuardConn calling refused with the reason for a head it
-// refuses (errBothLengths, errObsFold, errTEOnHTTP10).
-func guardCounted(c net.Conn, refused func(error)) net.Conn {
-	return &guardConn{Conn: c, counted: refused}
-}
+func GuardConn(c net.Conn) net.Conn { return Guard{}.Conn(c) }
 
 // GuardListener returns ln with every connection it accepts wrapped by
 // GuardConn, for an http.Server that serves plain TCP; see GuardConn for
 // where it must not be used (in particular not under tls.NewListener's
 // connections). Accept errors are returned unchanged.
-func GuardListener(ln net.Listener) net.Listener {
-	return guardListener{ln}
+func GuardListener(ln net.Listener) net.Listener { return Guard{}.Listener(ln) }
+
+// Guard is GuardConn and GuardListener with what they say in place of
+// net/http's answers. The zero Guard is GuardConn's.
+type Guard struct {
+	// HeadTooLarge, if not empty, is the body of the 431 that answers a
+	// request head over net/http's limit (MaxHeaderBytes plus 4096
+	// bytes), a request line that long included, in place of net/http's
+	// "431 Request Header Fields Too Large", which names no limit: a
+	// line that says which limit and what sets it, say. A newline is
+	// added. The status line and headers stay net/http's, with a
+	// Content-Length, and the connection is closed as net/http closes it.
+	HeadTooLarge string
 }
 
-type guardListener struct{ net.Listener }
+// Conn is GuardConn with g's answers.
+func (g Guard) Conn(c net.Conn) net.Conn {
+	return g.conn(c, headTooLargeAnswer(g.HeadTooLarge), nil)
+}
+
+// Listener is GuardListener with g's answers.
+func (g Guard) Listener(ln net.Listener) net.Listener {
+	return guardListener{ln, headTooLargeAnswer(g.HeadTooLarge)}
+}
+
+// conn wraps c, unless it is wrapped already, answering tooLarge (see
+// headTooLargeAnswer) to a head over net/http's limit and calling
+// refused, if not nil, with the reason for a head it refuses
+// (errBothLengths, errObsFold, errTEOnHTTP10, errTENotChunked).
+func (Guard) conn(c net.Conn, tooLarge string, refused func(error)) net.Conn {
+	if g, ok := c.(*guardConn); ok {
+		return g
+	}
+	return &guardConn{Conn: c, tooLarge: tooLarge, counted: refused}
+}
+
+type guardListener struct {
+	net.Listener
+	tooLarge string // headTooLargeAnswer's
+}
 
 func (l guardListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
 	}
-	return GuardConn(c), nil
+	return Guard{}.conn(c, l.tooLarge, nil), nil
+}
+
+// headTooLarge is net/http's answer to a request head over its limit,
+// written whole in one Write, as it writes it.
+const headTooLarge = "HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n431 Request Header Fields Too Large"
+
+// headTooLargeAnswer is the answer in place of headTooLarge with body
+// msg (Guard.HeadTooLarge), or "" for net/http's own when msg is empty.
+func headTooLargeAnswer(msg string) string {
+	if msg == "" {
+		return ""
+	}
+	msg += "\n"
+	return "HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: " +
+		strconv.Itoa(len(msg)) + "\r\n\r\n" + msg
 }
 
 // errSmuggle fails the reads after a refused head. net/http answers a
@@ -203,11 +243,12 @@ const filler = 0
 // the connection closed either way, with another body.
 type guardConn struct {
 	net.Conn
-	t       framing
-	refused uint8                  // 0, or 1: a head's last byte was withheld, 2: reads fail
-	counted func(error)            // if not nil, called once for the head refused
-	why     string                 // framingAnswer's answer to the head refused
-	answer  atomic.Pointer[string] // &why once the filler is read: Write runs on other goroutines than Read
+	t        framing
+	refused  uint8                  // 0, or 1: a head's last byte was withheld, 2: reads fail
+	counted  func(error)            // if not nil, called once for the head refused
+	tooLarge string                 // headTooLargeAnswer's answer in place of net/http's 431; "": net/http's
+	why      string                 // framingAnswer's answer to the head refused
+	answer   atomic.Pointer[string] // &why once the filler is read: Write runs on other goroutines than Read
 }
 
 func (g *guardConn) Read(p []byte) (int, error) {
@@ -244,15 +285,23 @@ func (g *guardConn) Read(p []byte) (int, error) {
 }
 
 // Write writes p to the wrapped connection, or, once a head is refused,
-// framingAnswer's answer in place of net/http's plain 400 (see guardConn).
+// framingAnswer's answer in place of net/http's plain 400 (see
+// guardConn), or Guard.HeadTooLarge's in place of net/http's 431. Both
+// are answers net/http writes whole in one Write, and only to a request
+// it failed to read: a handler's response has a Date header.
 func (g *guardConn) Write(p []byte) (int, error) {
-	if a := g.answer.Load(); a != nil && string(p) == badRequest {
-		if _, err := io.WriteString(g.Conn, *a); err != nil {
-			return 0, err
-		}
-		return len(p), nil
+	a := g.answer.Load()
+	switch {
+	case a != nil && string(p) == badRequest:
+	case g.tooLarge != "" && string(p) == headTooLarge:
+		a = &g.tooLarge
+	default:
+		return g.Conn.Write(p)
 	}
-	return g.Conn.Write(p)
+	if _, err := io.WriteString(g.Conn, *a); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 // ReadError is the wrapped connection's ReadError, if it has one (see
@@ -268,7 +317,7 @@ func (g *guardConn) ReadError() error {
 func (g *guardConn) NetConn() net.Conn { return g.Conn }
 
 // RefusalCounted reports whether the guard refused a head and counted it
-// (guardCounted): net/http's 400 that follows is then counted already.
+// (Guard.conn with refused): net/http's 400 that follows is then counted already.
 func (g *guardConn) RefusalCounted() bool { return g.refused != 0 && g.counted != nil }
 
 // CloseWrite half-closes the connection if the wrapped one can, as

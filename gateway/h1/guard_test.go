@@ -941,3 +941,62 @@ func ExampleGuardListener() {
 	fmt.Println(resp.Status, resp.Close)
 	// Output: 400 Bad Request true
 }
+
+// TestGuardHeadTooLarge: a head over net/http's limit (MaxHeaderBytes
+// plus 4096 bytes), in its header fields or in its request line, is
+// answered 431 with Guard.HeadTooLarge's body, on net/http behind such a
+// Guard and on the fast path, which hands it to Fallback
+// (Server.HeadTooLarge); without one, net/http's own 431, which names no
+// limit. A head within the limit is served.
+func TestGuardHeadTooLarge(t *testing.T) {
+	const msg = "head over X_MAX_HEADER_BYTES"
+	const limit = testMaxHeader + 4096
+	const plain = "431 Request Header Fields Too Large"
+	h := testHandler()
+	_, fast := startH1(t, h, func(s *Server) { s.HeadTooLarge = msg })
+	_, fastPlain := startH1(t, h, nil)
+	ln := listen(t, "tcp")
+	std := &http.Server{Handler: h, MaxHeaderBytes: testMaxHeader, ErrorLog: quietLog()}
+	go std.Serve(Guard{HeadTooLarge: msg}.Listener(ln))
+	t.Cleanup(func() { std.Close() })
+	guarded := ln.Addr().String()
+	stdPlain := startNetHTTP(t, listen(t, "tcp"), h)
+	field := func(n int) string { // a head of n bytes
+		const start, end = "GET /echo HTTP/1.1\r\nHost: a\r\nX-Big: ", "\r\n\r\n"
+		return start + strings.Repeat("b", n-len(start)-len(end)) + end
+	}
+	heads := []struct {
+		name, raw string
+		over      bool
+	}{
+		{"header fields within the limit", field(limit), false},
+		{"header fields over the limit", field(limit + 1), true},
+		{"request line over the limit", "GET /" + strings.Repeat("a", limit) + " HTTP/1.1\r\nHost: a\r\n\r\n", true},
+	}
+	servers := []struct {
+		name, addr, body string // body: of the 431
+	}{
+		{"fast path", fast, msg + "\n"},
+		{"net/http", guarded, msg + "\n"},
+		{"fast path, no HeadTooLarge", fastPlain, plain},
+		{"net/http, zero Guard", stdPlain, plain},
+	}
+	for _, hd := range heads {
+		for _, s := range servers {
+			t.Run(hd.name+"/"+s.name, func(t *testing.T) {
+				t.Parallel() // net/http waits 500ms after a 431
+				resps, _ := exchange(t, s.addr, hd.raw, []string{"GET"}, false)
+				if len(resps) == 0 {
+					t.Fatal("no answer")
+				}
+				r := resps[0]
+				switch {
+				case !hd.over && r.status != "HTTP/1.1 200 OK":
+					t.Errorf("%s, want 200", r)
+				case hd.over && (r.status != "HTTP/1.1 431 Request Header Fields Too Large" || r.body != s.body):
+					t.Errorf("%s\nwant 431 with body %q", r, s.body)
+				}
+			})
+		}
+	}
+}

@@ -54,8 +54,9 @@ func (c *conn) handover() readResult {
 		rc.SetReadDeadline(time.Time{})
 	}
 	// Fallback reads the rest of the connection through GuardConn, which
-	// makes net/http refuse what the fast path refuses (errBothLengths).
-	if !c.ho.give(guardCounted(rc, s.badRequest)) {
+	// makes net/http refuse what the fast path refuses (errBothLengths),
+	// and says what HeadTooLarge says to a head too large.
+	if !c.ho.give(Guard{}.conn(rc, c.ho.tooLarge, s.badRequest)) {
 		rc.Close()
 	}
 	return readEnded
@@ -116,10 +117,11 @@ const handedRefusalBody = "too many connections with chunked requests or long he
 // handoff is the net.Listener Fallback.Serve accepts handed-over
 // connections from.
 type handoff struct {
-	ch   chan net.Conn
-	done chan struct{}
-	once sync.Once
-	addr net.Addr
+	ch       chan net.Conn
+	done     chan struct{}
+	once     sync.Once
+	addr     net.Addr
+	tooLarge string // headTooLargeAnswer of Server.HeadTooLarge
 }
 
 func (h *handoff) Accept() (net.Conn, error) {

@@ -62,6 +62,13 @@ type Server struct {
 	// as a short one does.
 	MaxHeaderBytes int
 
+	// HeadTooLarge, if not empty, is the body of the 431 that answers a
+	// head over that limit, in place of net/http's "431 Request Header
+	// Fields Too Large" (Guard.HeadTooLarge): a line naming the limit
+	// and what sets it. Such a head is Fallback's to answer: it reads
+	// the connection through a Guard with this HeadTooLarge.
+	HeadTooLarge string
+
 	// Fallback serves the connections the fast path does not take, from
 	// the first request it does not take on; it usually has the same
 	// Handler and timeouts. It must not be nil. Serve runs Fallback.Serve
@@ -278,7 +285,7 @@ func (s *Server) Serve(ln net.Listener) error {
 			s.handedConns.state(c, st)
 		}
 	})
-	ho := &handoff{ch: make(chan net.Conn), done: make(chan struct{}), addr: ln.Addr()}
+	ho := &handoff{ch: make(chan net.Conn), done: make(chan struct{}), addr: ln.Addr(), tooLarge: headTooLargeAnswer(s.HeadTooLarge)}
 	fbDone := make(chan struct{})
 	go func() {
 		defer close(fbDone)
