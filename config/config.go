@@ -134,7 +134,7 @@ type Config struct {
 	BatchMaxResponseBytes int64  `env:"BATCH_MAX_RESPONSE_BYTES" envDefault:"16777216" help:"values one multi-get or batch answer may carry; keys whose values do not fit answer 507 (read them on their own)"`
 	AsyncQueue            int    `env:"ASYNC_QUEUE" envDefault:"10000" help:"writes accepted with Prefer: respond-async and not yet applied; when full, 503; the keys of one worker may take an eighth of it (half with fewer than 16 workers)"`
 	AsyncQueueBytes       int64  `env:"ASYNC_QUEUE_BYTES" envDefault:"16777216" help:"value bytes of writes accepted with Prefer: respond-async and not yet applied; when full, 503"`
-	AsyncWorkers          int    `env:"ASYNC_WORKERS" envDefault:"512" help:"goroutines applying asynchronous writes, each one write at a time (writes to one key stay in order), shared out among the nodes so that a node slow to answer holds only its own"`
+	AsyncWorkers          int    `env:"ASYNC_WORKERS" envDefault:"512" help:"goroutines applying asynchronous writes, each one write at a time (writes to one key stay in order), shared out among the nodes so that a node slow to answer holds only its own; the most that run: each ends 10s after its last write"`
 	UDPPorts              string `env:"UDP_PORTS" help:"memcached UDP ports for fire-and-forget async sets, server=port separated by commas, server as in SERVERS (e.g. 10.0.0.1:11211=11213); off when empty"`
 
 	// Memc configures the HttpMemcModule-compatible endpoints (config/memc.go).

@@ -45,6 +45,16 @@ import (
 // (lane.inFlight) so that large ones cannot fill the node's connections
 // ahead of other clients' requests. Run drains it before returning: an
 // accepted write is applied (or counted as failed), never forgotten.
+//
+// A shard's worker is a goroutine only while the shard has writes, and
+// workerIdle after: push starts it (startWorker) when the shard has none,
+// under the shard's lock it takes anyway, and it ends once it has waited
+// workerIdle with nothing to apply. A worker for every shard waiting
+// from the start would hold 512 stacks (the default) with no write
+// coming (docs/benchmarks.md, "Asynchronous write workers started on
+// demand").
+// Run owns them all: pushes start them only while it runs, and it waits
+// for them before it returns.
 type asyncQueue struct {
 	ex        *executor   // runs each write as the synchronous path would (run: it waits for nothing)
 	order     *WriteOrder // counts each write from enqueue until it is applied or failed
@@ -61,7 +71,10 @@ type asyncQueue struct {
 	closed    atomic.Bool  // set once Run is draining: no more jobs
 	seed      maphash.Seed
 	shards    []*shard
-	lanes     []lane // by node index (Owners.Owner), as many as shards: a node has one shard at least
+	workers   sync.WaitGroup // the shards' workers, which Run waits for (startWorker)
+	stop      chan struct{}  // closed by Run once ctx is done: workers apply what they hold and end
+	idle      time.Duration  // how long a worker waits with nothing to apply before it ends: workerIdle
+	lanes     []lane         // by node index (Owners.Owner), as many as shards: a node has one shard at least
 	rejectFor map[string]prometheus.Counter
 
 	applied     prometheus.Counter
@@ -89,9 +102,11 @@ type job struct {
 
 // shard is one worker's queue.
 type shard struct {
-	mu   sync.Mutex // guards jobs
-	jobs []job
-	wake chan struct{} // capacity 1: "jobs is not empty"
+	mu      sync.Mutex // guards jobs, working and open
+	jobs    []job
+	working bool          // its worker runs (startWorker)
+	open    bool          // Run runs: push may start its worker
+	wake    chan struct{} // capacity 1: "jobs is not empty", for a worker that runs
 
 	held // jobs reserved or waiting, as asyncQueue.queued counts them
 
@@ -136,6 +151,10 @@ func shareOf(capacity int64, parts int) int64 {
 	return (capacity + 7) / 8
 }
 
+// workerIdle is how long a shard's worker waits with nothing to apply
+// before it ends (the h1 poller's idle workers wait as long).
+const workerIdle = 10 * time.Second
+
 // newAsyncQueue returns a queue whose writes ex (or quiet, for sets) runs
 // on workers goroutines, shared out among the nodes owners names (one
 // lane without), holding their values against bg, with at most inFlight
@@ -144,7 +163,7 @@ func shareOf(capacity int64, parts int) int64 {
 func newAsyncQueue(ex *executor, order *WriteOrder, quiet QuietSetter, owners Owners, bg *budget.Budget, inFlight int64, workers, capacity int, maxBytes int64, timeout time.Duration, log *slog.Logger, reg prometheus.Registerer) *asyncQueue {
 	workers = max(workers, 1)
 	q := &asyncQueue{ex: ex, order: order, quiet: quiet, owners: owners, budget: bg, capacity: int64(capacity), maxBytes: maxBytes, seed: maphash.MakeSeed(), log: log,
-		share: shareOf(int64(capacity), workers), shareB: shareOf(maxBytes, workers)}
+		share: shareOf(int64(capacity), workers), shareB: shareOf(maxBytes, workers), stop: make(chan struct{}), idle: workerIdle}
 	q.timeout.Store(int64(timeout))
 	for range workers {
 		q.shards = append(q.shards, &shard{wake: make(chan struct{}, 1)})
@@ -346,8 +365,7 @@ func (q *asyncQueue) push(ops []op.Op, pl []placement, seqs []uint64) {
 			sh := q.shards[pl[i].shard]
 			sh.mu.Lock()
 			sh.jobs = append(sh.jobs, job{o, pl[i].lane, seqs[i]})
-			sh.mu.Unlock()
-			sh.wakeUp()
+			q.wakeLocked(sh)
 		}
 		return
 	}
@@ -364,9 +382,34 @@ func (q *asyncQueue) push(ops []op.Op, pl []placement, seqs []uint64) {
 				pl[j].shard = -1
 			}
 		}
-		sh.mu.Unlock()
+		q.wakeLocked(sh)
+	}
+}
+
+// wakeLocked, called with sh.mu held and jobs pushed, unlocks it and
+// tells sh's worker there are jobs: it wakes the worker that runs, or
+// starts one while Run runs (before, the jobs wait for Run).
+func (q *asyncQueue) wakeLocked(sh *shard) {
+	start := sh.open && !sh.working
+	if start {
+		q.startWorker(sh)
+	}
+	sh.mu.Unlock()
+	if !start {
 		sh.wakeUp()
 	}
+}
+
+// startWorker starts sh's worker; sh.mu is held, sh.open set and no
+// worker runs. Run, which closes the shards before it waits for the
+// workers, sees every worker started this way.
+func (q *asyncQueue) startWorker(sh *shard) {
+	sh.working = true
+	q.workers.Add(1)
+	go func() {
+		defer q.workers.Done()
+		q.work(sh)
+	}()
 }
 
 // wakeUp tells the shard's worker that jobs is not empty.
@@ -400,17 +443,27 @@ func (h *held) unreserve(size int64) {
 
 // Run applies queued writes until ctx is done, then stops accepting and
 // applies what is left before it returns. The caller stops the HTTP
-// server first, so nothing enqueues after Run has drained.
+// server first, so nothing enqueues after Run has drained. It is called
+// once. While it runs, each shard's worker runs while the shard has
+// writes (see asyncQueue).
 func (q *asyncQueue) Run(ctx context.Context) error {
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
 	for _, sh := range q.shards {
-		wg.Go(func() { q.work(stop, sh) })
+		sh.mu.Lock()
+		sh.open = true
+		if len(sh.jobs) > 0 { // pushed before Run
+			q.startWorker(sh)
+		}
+		sh.mu.Unlock()
 	}
 	<-ctx.Done()
 	q.closed.Store(true)
-	close(stop)
-	wg.Wait()
+	for _, sh := range q.shards {
+		sh.mu.Lock()
+		sh.open = false // no worker starts after this: Wait sees them all
+		sh.mu.Unlock()
+	}
+	close(q.stop)
+	q.workers.Wait()
 	for _, sh := range q.shards { // whatever raced with closing
 		q.applyAll(sh, sh.take())
 	}
@@ -425,16 +478,26 @@ func (sh *shard) take() []job {
 	return jobs
 }
 
-func (q *asyncQueue) work(stop <-chan struct{}, sh *shard) {
+// work is sh's worker: it applies sh's jobs as they come, and ends once
+// Run stops it, or once it has waited q.idle with no job (then a push
+// starts another).
+func (q *asyncQueue) work(sh *shard) {
+	idle := time.NewTimer(q.idle)
+	defer idle.Stop()
 	for {
 		jobs := sh.take()
 		q.applyAll(sh, jobs)
 		if len(jobs) > 0 {
 			continue
 		}
+		idle.Reset(q.idle)
 		select {
 		case <-sh.wake:
-		case <-stop:
+		case <-idle.C:
+			if sh.retire() {
+				return
+			}
+		case <-q.stop:
 			if jobs := sh.take(); len(jobs) > 0 {
 				q.applyAll(sh, jobs)
 				continue
@@ -442,6 +505,18 @@ func (q *asyncQueue) work(stop <-chan struct{}, sh *shard) {
 			return
 		}
 	}
+}
+
+// retire ends sh's worker, unless a job came meanwhile: it reports
+// whether the worker is to return.
+func (sh *shard) retire() bool {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if len(sh.jobs) > 0 {
+		return false
+	}
+	sh.working = false
+	return true
 }
 
 // applyAll applies jobs, a slice sh.take returned, in order. A write

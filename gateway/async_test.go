@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -369,5 +370,75 @@ func TestAsyncDeleteOfAbsentKeyApplied(t *testing.T) {
 	}
 	if got := g.counter(t, "memcgate_async_writes_applied_total"); got != 3 {
 		t.Errorf("applied = %v, want 3", got)
+	}
+}
+
+// TestAsyncWorkersOnDemand: the queue's workers are goroutines only while
+// their shards have writes: none run once Run starts, an asynchronous
+// write starts its shard's, which applies it and ends after waiting its
+// idle time with nothing more, and a later write starts one again.
+// A worker for every shard started by Run would wait, 512 of them by
+// default, with no write coming.
+func TestAsyncWorkersOnDemand(t *testing.T) {
+	const workers = 64
+	mc := memcachedtest.Start(t)
+	reg := prometheus.NewRegistry()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	c, err := upstream.New(upstream.Options{Servers: []upstream.Server{{Host: "127.0.0.1", Port: mc.Port}}}, log, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	h := NewHandler(c, log, reg, Options{AsyncWorkers: workers})
+	q := h.h.async
+	q.idle = 200 * time.Millisecond
+	working := func() (n int) {
+		for _, sh := range q.shards {
+			sh.mu.Lock()
+			if sh.working {
+				n++
+			}
+			sh.mu.Unlock()
+		}
+		return n
+	}
+	before := runtime.NumGoroutine()
+	ctx, cancel := context.WithCancel(t.Context())
+	ran := make(chan error, 1)
+	go func() { ran <- h.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-ran; err != nil {
+			t.Errorf("Run() = %v", err)
+		}
+	}()
+	for open := 0; open < workers; { // until Run has opened every shard
+		open = 0
+		for _, sh := range q.shards {
+			sh.mu.Lock()
+			if sh.open {
+				open++
+			}
+			sh.mu.Unlock()
+		}
+		runtime.Gosched()
+	}
+	if n, g := working(), runtime.NumGoroutine()-before; n != 0 || g >= workers {
+		t.Fatalf("once Run runs, with no write: %d workers, %d more goroutines; want none, and fewer than %d", n, g, workers)
+	}
+	for i, v := range []string{"first", "second"} {
+		if w := asyncDo(h, "PUT", "/od", v); w.Code != http.StatusAccepted {
+			t.Fatalf("async PUT %q = %d %q, want 202", v, w.Code, w.Body)
+		}
+		if n := working(); n != 1 {
+			t.Errorf("after async write %d: %d workers, want 1", i+1, n)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for working() != 0 || do(h, "GET", "/od", "").Body.String() != v {
+			if time.Now().After(deadline) {
+				t.Fatalf("after async write %d: %d workers and GET %q 10s later; want none and %q", i+1, working(), do(h, "GET", "/od", "").Body, v)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
 }

@@ -176,8 +176,9 @@ type Options struct {
 	// write at a time; if zero, 512. A write waits for its node's
 	// answer. With Owners they are shared out among the nodes, each
 	// node's writes applied by its own (at least one each), so that a
-	// node answering slowly holds only its own workers. An idle worker
-	// costs a few KiB.
+	// node answering slowly holds only its own workers. They are the
+	// most that run: a worker runs while its share of the writes has any,
+	// and ends 10s after its last.
 	AsyncWorkers int
 	// Codec is how values are stored; if empty, CodecRaw.
 	Codec ValueCodec
