@@ -1,0 +1,341 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/memcgate/memcgate/gateway/budget"
+	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/route"
+)
+
+// replRig is a handler over a router of two replicated pools of real
+// memcached, each of two nodes and replicas=2: the default pool reads its
+// first replica and falls back to the second after a timeout, the pool of
+// keys starting "h/" hedges its reads. Values past rigChunk go in chunks.
+type replRig struct {
+	*bigRig
+	router *route.Router
+	byAddr map[string]*memcachedtest.Server
+}
+
+// replTimeout is the rig's memcached timeout: a read of a paused first
+// replica falls back to the second after it.
+const replTimeout = 300 * time.Millisecond
+
+func newReplRig(t *testing.T) *replRig {
+	t.Helper()
+	mcs := memcachedtest.StartN(t, 4)
+	servers := func(ms []*memcachedtest.Server) []upstream.Server {
+		var out []upstream.Server
+		for _, m := range ms {
+			out = append(out, upstream.Server{Host: "127.0.0.1", Port: m.Port})
+		}
+		return out
+	}
+	reg := prometheus.NewRegistry()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	r, err := route.New(route.Options{
+		Pools: []route.PoolOptions{
+			{Name: "main", Replicas: 2, Cluster: upstream.Options{Servers: servers(mcs[:2]), PipelineConns: 2, Timeout: replTimeout}},
+			{Name: "hedged", Prefixes: []string{"h/"}, Replicas: 2, Read: route.ReadHedged,
+				Cluster: upstream.Options{Servers: servers(mcs[2:]), PipelineConns: 2, Timeout: replTimeout}},
+		},
+		HedgeMinDelay: 5 * time.Millisecond, HedgeMaxDelay: 5 * time.Millisecond,
+	}, log, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	g := &bigRig{t: t, mcs: mcs, reg: reg, budget: budget.New(64 << 20)}
+	g.h = NewHandler(r, log, reg, Options{MaxValueBytes: rigChunk, BigValueMaxBytes: 1 << 20, BigValueGrace: rigGrace, Budget: g.budget})
+	ctx, stop := context.WithCancel(context.Background())
+	ran := make(chan error)
+	go func() { ran <- g.h.Run(ctx) }()
+	t.Cleanup(func() { stop(); <-ran })
+	srv := httptest.NewServer(g.h)
+	t.Cleanup(srv.Close)
+	g.url, g.client = srv.URL, srv.Client()
+	rr := &replRig{bigRig: g, router: r, byAddr: map[string]*memcachedtest.Server{}}
+	for _, m := range mcs {
+		rr.byAddr[m.Addr] = m
+	}
+	return rr
+}
+
+// replicas are key's first and second replica, in read order.
+func (g *replRig) replicas(key string) (first, second *memcachedtest.Server) {
+	g.t.Helper()
+	nodes := g.router.Placement(key).ReplicaNodes
+	if len(nodes) != 2 {
+		g.t.Fatalf("%q has replicas %v, want 2", key, nodes)
+	}
+	return g.byAddr[nodes[0]], g.byAddr[nodes[1]]
+}
+
+// mcCmd sends one request to memcached at addr and returns its answer's
+// lines, up to the line that ends it.
+func mcCmd(t *testing.T, addr, req string) []string {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, req); err != nil {
+		t.Fatal(err)
+	}
+	rd := bufio.NewReader(c)
+	var lines []string
+	for {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			t.Fatalf("%s: %q: %v (read %q)", addr, req, err, lines)
+		}
+		line = strings.TrimRight(line, "\r\n")
+		lines = append(lines, line)
+		if head, ok := strings.CutPrefix(line, "VALUE "); ok {
+			f := strings.Fields(head)
+			n, _ := strconv.Atoi(f[2])
+			b := make([]byte, n+2)
+			if _, err := io.ReadFull(rd, b); err != nil {
+				t.Fatal(err)
+			}
+			lines = append(lines, string(b[:n]))
+			continue
+		}
+		return lines
+	}
+}
+
+// mcGets is key's value and CAS on the memcached at addr; ok false if it
+// has none.
+func mcGets(t *testing.T, addr, key string) (val string, cas uint64, ok bool) {
+	t.Helper()
+	lines := mcCmd(t, addr, "gets "+key+"\r\n")
+	if len(lines) < 3 {
+		return "", 0, false
+	}
+	f := strings.Fields(lines[0])
+	cas, _ = strconv.ParseUint(f[4], 10, 64)
+	return lines[1], cas, true
+}
+
+// mcCounter sets a key of its own on the memcached at addr and returns
+// its CAS: the last CAS value that node gave out.
+func mcCounter(t *testing.T, addr string) uint64 {
+	t.Helper()
+	if l := mcCmd(t, addr, "set replcas-bump 0 0 1\r\nx\r\n"); l[0] != "STORED" {
+		t.Fatalf("%s: set: %q", addr, l)
+	}
+	_, cas, _ := mcGets(t, addr, "replcas-bump")
+	return cas
+}
+
+// bumpTo writes the memcached at addr until the last CAS it gave out is
+// cas.
+func bumpTo(t *testing.T, addr string, cas uint64) {
+	t.Helper()
+	for {
+		switch c := mcCounter(t, addr); {
+		case c == cas:
+			return
+		case c > cas:
+			t.Fatalf("%s: counter at %d, past %d", addr, c, cas)
+		}
+	}
+}
+
+// readVia reads key through the gateway while its first replica is
+// paused, so that its second answers (after the first times out, or as a
+// hedge), and returns the CAS as the read gave it out: the ETag of a GET
+// or HEAD, the cas of a multi-get.
+func (g *replRig) readVia(key, how string) (cas, body string) {
+	g.t.Helper()
+	first, _ := g.replicas(key)
+	first.Pause()
+	defer first.Resume()
+	switch how {
+	case "GET", "HEAD":
+		a := g.do(how, "/"+key, nil)
+		if a.status != 200 || a.hdr.Get("ETag") == "" {
+			g.t.Fatalf("%s %s with its first replica paused = %d %q", how, key, a.status, a.body)
+		}
+		return a.hdr.Get("ETag"), string(a.body)
+	}
+	a := g.do("GET", "/?key="+key, nil)
+	var res struct {
+		Results []struct {
+			Status int    `json:"status"`
+			Value  string `json:"value"`
+			CAS    string `json:"cas"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(a.body, &res); err != nil || len(res.Results) != 1 || res.Results[0].Status != 200 {
+		g.t.Fatalf("multi-get %s with its first replica paused = %d %s (%v)", key, a.status, a.body, err)
+	}
+	return res.Results[0].CAS, res.Results[0].Value
+}
+
+// condWrite sends a conditional write of key naming cas (as readVia gave
+// it) and returns its status.
+func (g *replRig) condWrite(key, how, cas string, v []byte) int {
+	g.t.Helper()
+	etag := cas
+	if !strings.HasPrefix(etag, `"`) {
+		etag = `"` + etag + `"`
+	}
+	switch how {
+	case "PUT":
+		return g.put("/"+key, v, "If-Match", etag).status
+	case "DELETE":
+		return g.do("DELETE", "/"+key, nil, "If-Match", etag).status
+	}
+	o := map[string]any{"op": "cas", "key": key, "cas": cas, "value": string(v)}
+	if how == "batch delete" {
+		o = map[string]any{"op": "delete", "key": key, "cas": cas}
+	}
+	body, _ := json.Marshal(map[string]any{"ops": []any{o}})
+	a := g.do("POST", "/", bytes.NewReader(body))
+	var res struct {
+		Results []struct {
+			Status int `json:"status"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(a.body, &res); err != nil || len(res.Results) != 1 {
+		g.t.Fatalf("batch %s = %d %s (%v)", body, a.status, a.body, err)
+	}
+	return res.Results[0].Status
+}
+
+// casWrites are the ways a CAS read goes back in: how it is read, and the
+// conditional write that names it.
+var casWrites = []struct {
+	name       string
+	read, cond string
+	size       int
+}{
+	{name: "GET then PUT", read: "GET", cond: "PUT", size: 10},
+	{name: "HEAD then DELETE", read: "HEAD", cond: "DELETE", size: 10},
+	{name: "multi-get then batch cas", read: "multi", cond: "batch cas", size: 10},
+	{name: "GET then batch delete", read: "GET", cond: "batch delete", size: 10},
+	{name: "chunked GET then DELETE", read: "GET", cond: "DELETE", size: 4 * rigChunk},
+	{name: "chunked HEAD then PUT", read: "HEAD", cond: "PUT", size: 4 * rigChunk},
+}
+
+// TestReplicaCASNamesANewerVersion: on a replicated pool (the default
+// pool, read first, and a named pool that hedges) whose replicas' CAS
+// counters differ, a CAS read from the second replica (the first paused)
+// is the very CAS the first replica gives a later write of the key. A
+// conditional write with it must not act on that version, which its
+// client never read: 412, and the newer value stays on both replicas.
+func TestReplicaCASNamesANewerVersion(t *testing.T) {
+	g := newReplRig(t)
+	for _, pool := range []string{"", "h/"} {
+		for _, tt := range casWrites {
+			t.Run(tt.name+"/pool="+pool, func(t *testing.T) {
+				g.t = t
+				key := pool + "newer-" + strings.ReplaceAll(tt.name, " ", "-")
+				first, second := g.replicas(key)
+				// The second replica's count runs well ahead of the
+				// first's: writes that reached only it.
+				bumpTo(t, second.Addr, mcCounter(t, first.Addr)+50)
+				before := mcCounter(t, first.Addr)
+				g.mustPut("/"+key, value(tt.size, "v1"))
+				_, casV1, _ := mcGets(t, first.Addr, key)
+				perWrite := casV1 - before // CAS values a PUT of this size takes on a node
+				got, _ := g.readVia(key, tt.read)
+				c, err := strconv.ParseUint(strings.Trim(strings.SplitN(got, "@", 2)[0], `"`), 10, 64)
+				if err != nil {
+					t.Fatalf("CAS %q read: %v", got, err)
+				}
+				// Another client's write of v2 is given, on the first
+				// replica, the CAS the read gave out.
+				bumpTo(t, first.Addr, c-perWrite)
+				v2 := value(tt.size, "v2")
+				g.mustPut("/"+key, v2)
+				if _, now, _ := mcGets(t, first.Addr, key); now != c {
+					t.Fatalf("scenario: v2 has CAS %d on the first replica, want %d (the CAS read from the second)", now, c)
+				}
+				if st := g.condWrite(key, tt.cond, got, value(tt.size, "v3")); st != 412 {
+					t.Errorf("%s naming %s (read from the second replica) = %d, want 412: it acted on v2, which the client never read", tt.cond, got, st)
+				}
+				if a := g.do("GET", "/"+key, nil); a.status != 200 || !bytes.Equal(a.body, v2) {
+					t.Errorf("GET after = %d, %d bytes, want v2", a.status, len(a.body))
+				}
+				if tt.size <= rigChunk {
+					for _, m := range []*memcachedtest.Server{first, second} {
+						if v, _, ok := mcGets(t, m.Addr, key); !ok || v != string(v2) {
+							t.Errorf("%s holds %q (%v), want v2", m.Addr, v, ok)
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestReplicaCASFromTheSecond: a CAS read from the second replica (the
+// first paused, then back) makes a conditional write that succeeds, and
+// every replica gets its value (or loses the item).
+func TestReplicaCASFromTheSecond(t *testing.T) {
+	g := newReplRig(t)
+	for _, pool := range []string{"", "h/"} {
+		for _, tt := range casWrites {
+			t.Run(tt.name+"/pool="+pool, func(t *testing.T) {
+				g.t = t
+				key := pool + "second-" + strings.ReplaceAll(tt.name, " ", "-")
+				first, second := g.replicas(key)
+				// The replicas' counters differ: a CAS checked on the
+				// wrong one fails.
+				bumpTo(t, second.Addr, mcCounter(t, first.Addr)+50)
+				g.mustPut("/"+key, value(tt.size, "v1"))
+				got, body := g.readVia(key, tt.read)
+				if tt.read != "HEAD" && body != string(value(tt.size, "v1")) {
+					t.Fatalf("read %q, want v1", body)
+				}
+				v3 := value(tt.size, "v3")
+				want, deleted := 201, strings.Contains(tt.cond, "DELETE") || strings.Contains(tt.cond, "delete")
+				if deleted {
+					want = 204
+				}
+				if st := g.condWrite(key, tt.cond, got, v3); st != want {
+					t.Fatalf("%s naming %s (read from the second replica) = %d, want %d", tt.cond, got, st, want)
+				}
+				a := g.do("GET", "/"+key, nil)
+				switch {
+				case deleted && a.status != 404:
+					t.Errorf("GET after = %d, want 404", a.status)
+				case !deleted && (a.status != 200 || !bytes.Equal(a.body, v3)):
+					t.Errorf("GET after = %d, %d bytes, want v3", a.status, len(a.body))
+				}
+				if tt.size > rigChunk {
+					return
+				}
+				for _, m := range []*memcachedtest.Server{first, second} {
+					v, _, ok := mcGets(t, m.Addr, key)
+					switch {
+					case deleted && ok:
+						t.Errorf("%s still holds %q", m.Addr, v)
+					case !deleted && v != string(v3):
+						t.Errorf("%s holds %q (%v), want v3", m.Addr, v, ok)
+					}
+				}
+			})
+		}
+	}
+}
