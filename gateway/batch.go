@@ -29,7 +29,7 @@ type batchOp struct {
 	Encoding string          `json:"encoding,omitempty"` // "" (UTF-8 text) or "base64"
 	Exptime  *int64          `json:"exptime,omitempty"`
 	Flags    *uint64         `json:"flags,omitempty"`
-	CAS      json.RawMessage `json:"cas,omitempty"` // "123", 123 or the ETag "\"123\""
+	CAS      json.RawMessage `json:"cas,omitempty"` // "123", 123 or the ETag "\"123\""; "123@0a1b2c3d" from a replicated pool
 	Delta    *uint64         `json:"delta,omitempty"`
 }
 
@@ -281,7 +281,7 @@ func (h *handler) setItem(ctx context.Context, res *batchResult, it op.Item, roo
 	}
 	flags := it.Flags
 	res.Status, res.Flags, res.PHPType = http.StatusOK, &flags, v.phpType
-	res.CAS = strconv.FormatUint(it.CAS, 10)
+	res.CAS = string(appendCAS(make([]byte, 0, 29), it.CAS, it.CASNode))
 }
 
 // setValue makes b the result's value, base64 in the answer if it is not
@@ -890,15 +890,14 @@ func (h *handler) parseOp(b batchOp) parsedOp {
 	case v == op.CAS, v == op.Delete && len(b.CAS) > 0:
 		// A delete with a cas deletes only the item that cas names
 		// (delete_cas, md C<cas>), as DELETE /{key} with If-Match.
-		cas, err := parseCAS(b.CAS)
-		if err == nil && cas == 0 && v == op.Delete {
+		err := parseCAS(b.CAS, &o.Item)
+		if err == nil && o.Item.CAS == 0 && v == op.Delete {
 			err = badRequest("cas 0 is not a cas value a get returned")
 		}
 		if err != nil {
 			p.invalid = err
 			return p
 		}
-		o.Item.CAS = cas
 		if v == op.Delete {
 			o.Verb = op.DeleteCAS
 		}
@@ -929,10 +928,12 @@ func verbNames() string {
 	return strings.Join(names, ", ")
 }
 
-// parseCAS accepts 123, "123" or the ETag form "\"123\"".
-func parseCAS(raw json.RawMessage) (uint64, error) {
+// parseCAS reads a batch operation's cas into it: 123, "123" or the
+// ETag form "\"123\"", and from a replicated pool "123@0a1b2c3d" or
+// "\"123@0a1b2c3d\"" (the replica that gave the value out, appendCAS).
+func parseCAS(raw json.RawMessage, it *op.Item) error {
 	if len(raw) == 0 {
-		return 0, badRequest("cas needs the cas value a get returned")
+		return badRequest("cas needs the cas value a get returned")
 	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err != nil {
@@ -941,11 +942,16 @@ func parseCAS(raw json.RawMessage) (uint64, error) {
 	if len(s) >= 2 && s[0] == '"' && s[len(s)-1] == '"' {
 		s = s[1 : len(s)-1]
 	}
-	v, err := strconv.ParseUint(s, 10, 64)
-	if err != nil {
-		return 0, badRequest("cas " + quoted(s) + " is not a cas value a get returned")
+	cas, node, why := parseCASValue(s)
+	if why != "" {
+		msg := "cas " + quoted(s) + " is not a cas value a get returned"
+		if strings.Contains(s, "@") {
+			msg += ": " + why
+		}
+		return badRequest(msg)
 	}
-	return v, nil
+	it.CAS, it.CASNode = cas, node
+	return nil
 }
 
 // writeResults answers a multi-get or batch with its results, the

@@ -286,13 +286,33 @@ func FuzzBatch(f *testing.F) {
 	f.Add(`[{"op":"incr","key":"a","delta":18446744073709551615}]`)
 	f.Add(`[{"op":"set","key":"a","value":"1"},{"op":"delete","key":"a","cas":"1"},{"op":"delete_cas","key":"a","cas":18446744073709551615}]`)
 	f.Add(`[{"op":"delete","key":"a","cas":"\"1\" N0"},{"op":"delete","key":"a","cas":null}]`)
+	f.Add(`[{"op":"cas","key":"a","value":"1","cas":"12@0a1b2c3d"},{"op":"delete","key":"a","cas":"\"1@0a1b2c3d\""}]`)
+	f.Add(`[{"op":"delete","key":"a","cas":"1@00000000"},{"op":"cas","key":"a","value":"1","cas":"1@0a1b2c3d N0"}]`)
 	f.Fuzz(func(t *testing.T, body string) {
-		h := newTestHandler(t, newFake())
+		h := newTestHandler(t, &lineStore{fakeStore: newFake(), t: t})
 		w := do(h, "POST", "/", body)
 		if w.Code != 200 && w.Code != 400 && w.Code != 413 {
 			t.Fatalf("batch %q = %d, want 200, 400 or 413", body, w.Code)
 		}
 	})
+}
+
+// lineStore is a fake that fails its test when an operation would send
+// memcached (its key aside) more than one line, or a CAS value that is
+// not digits alone.
+type lineStore struct {
+	*fakeStore
+	t *testing.T
+}
+
+func (s *lineStore) Do(ctx context.Context, o op.Op) op.Result {
+	if o.Verb.Valid() {
+		line := string(op.EncodeHead(nil, &o, "k"))
+		if strings.Count(line, "\r\n") != 1 || strings.ContainsAny(line, "@\"") {
+			s.t.Errorf("%v sends %q", o.Verb, line)
+		}
+	}
+	return s.fakeStore.Do(ctx, o)
 }
 
 // keyErrStore is a fake whose keys listed in errs fail with their error;

@@ -86,7 +86,7 @@ func (h *handler) putBig(w http.ResponseWriter, r *http.Request, kr *keyRequest)
 		writeError(w, err)
 		return nil, true
 	}
-	put := chunk.Put{Verb: o.Verb, Key: o.Item.Key, Flags: flags, Expiration: o.Item.Expiration, CAS: o.Item.CAS}
+	put := chunk.Put{Verb: o.Verb, Key: o.Item.Key, Flags: flags, Expiration: o.Item.Expiration, CAS: o.Item.CAS, CASNode: o.Item.CASNode}
 	err = h.chunks.Put(chunkCtx(r), put, src)
 	h.renewWrite(w)
 	if err != nil {
@@ -274,7 +274,7 @@ func (h *handler) writeChunked(w http.ResponseWriter, r *http.Request, kr *keyRe
 			writeError(w, err)
 			return
 		}
-		etag := formatETag(it.CAS)
+		etag := formatETag(it.CAS, it.CASNode)
 		hd := w.Header()
 		hd["Etag"], hd["X-Memcached-Flags"] = []string{etag}, []string{strconv.FormatUint(uint64(x.Flags), 10)}
 		if kr.etags != "" && etagListHas(kr.etags, etag) {
@@ -326,7 +326,7 @@ func (h *handler) writeChunked(w http.ResponseWriter, r *http.Request, kr *keyRe
 				switch {
 				case now.Err != nil:
 					err = now.Err
-				case now.Item.CAS == it.CAS:
+				case now.Item.CAS == it.CAS && now.Item.CASNode == it.CASNode: // the same index
 				case chunk.IsIndex(now.Item.Flags, now.Item.Value):
 					it = now.Item
 					continue

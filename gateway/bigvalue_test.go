@@ -289,7 +289,7 @@ func TestBigValueRoundTrip(t *testing.T) {
 			if a.status != 200 || a.err != nil || !bytes.Equal(a.body, v) {
 				t.Fatalf("GET = %d, %d bytes (%v), want 200 and the %d bytes written", a.status, len(a.body), a.err, len(v))
 			}
-			want := map[string]string{"Content-Length": strconv.Itoa(tt.size), "X-Memcached-Flags": "7", "Etag": formatETag(it.CAS), "Content-Type": "application/octet-stream"}
+			want := map[string]string{"Content-Length": strconv.Itoa(tt.size), "X-Memcached-Flags": "7", "Etag": formatETag(it.CAS, it.CASNode), "Content-Type": "application/octet-stream"}
 			if isIndex {
 				want["Accept-Ranges"] = "bytes"
 			}

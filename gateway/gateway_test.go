@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -478,11 +479,14 @@ func TestNewContext(t *testing.T) {
 // FuzzConditions: whatever If-Match lines a DELETE or PUT sends, it is
 // either refused or conditional: a header sent never leaves an
 // unconditional delete or set, and the CAS a verb carries is the number
-// its ETag names. The same lines as If-None-Match on a GET or HEAD make
-// it conditional on every line: it is 304 for an item whose ETag one of
-// them names (or *), as if the lines were one, whichever line that is.
+// its ETag names, with the replica a replicated pool's ETag names; what
+// memcached is sent for it is the CAS value's digits, on one line. The
+// same lines as If-None-Match on a GET or HEAD make it conditional on
+// every line: it is 304 for an item whose ETag one of them names (or *),
+// as if the lines were one, whichever line that is.
 func FuzzConditions(f *testing.F) {
-	for _, s := range []string{"", "*", `"1"`, "\x00\"1\"", "*\x00\"9\"", `"18446744073709551616"`, `W/"1"`, `"1", "2"`, `"0"`, "\"1\"\x00\"7\"", "\x00W/\"7\""} {
+	for _, s := range []string{"", "*", `"1"`, "\x00\"1\"", "*\x00\"9\"", `"18446744073709551616"`, `W/"1"`, `"1", "2"`, `"0"`, "\"1\"\x00\"7\"", "\x00W/\"7\"",
+		`"1@0a1b2c3d"`, `"0@0a1b2c3d"`, `"1@00000000"`, `"1@0A1B2C3D"`, `"1@"`, `"@0a1b2c3d"`, `"1@0a1b2c3d@1"`, "\"1@0a1b\r\nc3d\""} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, raw string) {
@@ -501,10 +505,21 @@ func FuzzConditions(f *testing.F) {
 			case v == op.DeleteCAS || v == op.CAS:
 				lines := h["If-Match"]
 				one := strings.TrimSpace(lines[0])
-				n, err := strconv.ParseUint(strings.Trim(one, `"`), 10, 64)
-				named := err == nil && len(one) > 2 && one[0] == '"' && one[len(one)-1] == '"' && n == kr.op.Item.CAS
-				if len(lines) != 1 || !named && !(v == op.DeleteCAS && one == "*" && kr.op.Item.CAS == 0) {
-					t.Fatalf("%s with If-Match lines %q ran as %v of CAS %d", method, lines, v, kr.op.Item.CAS)
+				// "<cas>", or "<cas>@<node>" naming the replica that
+				// gave it out: 8 lowercase hex digits, never all 0.
+				digits, tag, replica := strings.Cut(strings.Trim(one, `"`), "@")
+				n, err := strconv.ParseUint(digits, 10, 64)
+				it := kr.op.Item
+				named := err == nil && len(one) > 2 && one[0] == '"' && one[len(one)-1] == '"' && n == it.CAS &&
+					(!replica && it.CASNode == 0 || replica && it.CASNode != 0 && tag == fmt.Sprintf("%08x", it.CASNode))
+				if len(lines) != 1 || !named && !(v == op.DeleteCAS && one == "*" && it.CAS == 0 && it.CASNode == 0) {
+					t.Fatalf("%s with If-Match lines %q ran as %v of CAS %d node %#x", method, lines, v, it.CAS, it.CASNode)
+				}
+				// What memcached is sent: the CAS value's digits, one line.
+				line := string(op.EncodeHead(nil, &kr.op, "k"))
+				if want := "C" + strconv.FormatUint(it.CAS, 10) + "\r\n"; v == op.DeleteCAS && it.CAS != 0 && !strings.HasSuffix(line, " "+want) ||
+					strings.Count(line, "\r\n") != 1 || strings.ContainsAny(line, "@\"") {
+					t.Fatalf("%s with If-Match lines %q sends %q", method, lines, line)
 				}
 			}
 		}
@@ -529,7 +544,7 @@ func ifNoneMatch(t *testing.T, lines []string) {
 		if err != nil {
 			t.Fatalf("%s with If-None-Match lines %q: %v", method, lines, err)
 		}
-		if got := notModified(kr.etags, 7); got != want {
+		if got := notModified(kr.etags, op.Item{CAS: 7}); got != want {
 			t.Fatalf("%s with If-None-Match lines %q: not modified for ETag %s: %v, want %v", method, lines, etag, got, want)
 		}
 	}

@@ -51,7 +51,7 @@ func (h *handler) writeItem(w http.ResponseWriter, r *http.Request, etags string
 	// The ETag is the item's CAS: a 304 needs neither the value's bytes
 	// nor its decompression, which for a compressed value of a PHP codec
 	// costs milliseconds for a megabyte of zeros stored in 4 KB.
-	if notModified(etags, it.CAS) {
+	if notModified(etags, it) {
 		h.writeFound(w, r, etags, it, decoded{}, 0)
 		return
 	}
@@ -88,7 +88,7 @@ func (h *handler) writeItem(w http.ResponseWriter, r *http.Request, etags string
 // as GET presents them.
 func (h *handler) writeHead(w http.ResponseWriter, r *http.Request, kr *keyRequest, res op.Result) {
 	it := res.Item
-	if it.Flags != chunk.IndexFlags && notModified(kr.etags, it.CAS) {
+	if it.Flags != chunk.IndexFlags && notModified(kr.etags, it) {
 		// An index's 304 carries the value's flags, from the index.
 		h.writeFound(w, r, kr.etags, it, decoded{}, 0)
 		return
@@ -114,13 +114,13 @@ func (h *handler) writeHead(w http.ResponseWriter, r *http.Request, kr *keyReque
 }
 
 // notModified reports whether an If-None-Match list, etags, names the
-// ETag of an item with CAS cas.
-func notModified(etags string, cas uint64) bool {
+// ETag of it.
+func notModified(etags string, it op.Item) bool {
 	if etags == "" {
 		return false
 	}
-	var b [22]byte
-	return etagListHas(etags, string(appendETag(b[:0], cas)))
+	var b [32]byte
+	return etagListHas(etags, string(appendETag(b[:0], it.CAS, it.CASNode)))
 }
 
 // writeFound answers a read of it, presented as v, whose body is size
@@ -130,7 +130,7 @@ func (h *handler) writeFound(w http.ResponseWriter, r *http.Request, etags strin
 	// live in the request's context (answerScratch): the answer's
 	// headers allocate nothing.
 	hv, b := answerScratch(r)
-	b = appendETag(b, it.CAS)
+	b = appendETag(b, it.CAS, it.CASNode)
 	e := len(b)
 	b = strconv.AppendUint(b, uint64(it.Flags), 10)
 	f := len(b)

@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http/httptest"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,6 +21,7 @@ import (
 	"github.com/memcgate/memcgate/gateway/budget"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/op"
 	"github.com/memcgate/memcgate/upstream/route"
 )
 
@@ -29,6 +32,7 @@ import (
 type replRig struct {
 	*bigRig
 	router *route.Router
+	opts   route.Options
 	byAddr map[string]*memcachedtest.Server
 }
 
@@ -48,14 +52,15 @@ func newReplRig(t *testing.T) *replRig {
 	}
 	reg := prometheus.NewRegistry()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	r, err := route.New(route.Options{
+	opts := route.Options{
 		Pools: []route.PoolOptions{
 			{Name: "main", Replicas: 2, Cluster: upstream.Options{Servers: servers(mcs[:2]), PipelineConns: 2, Timeout: replTimeout}},
 			{Name: "hedged", Prefixes: []string{"h/"}, Replicas: 2, Read: route.ReadHedged,
 				Cluster: upstream.Options{Servers: servers(mcs[2:]), PipelineConns: 2, Timeout: replTimeout}},
 		},
 		HedgeMinDelay: 5 * time.Millisecond, HedgeMaxDelay: 5 * time.Millisecond,
-	}, log, reg)
+	}
+	r, err := route.New(opts, log, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +74,7 @@ func newReplRig(t *testing.T) *replRig {
 	srv := httptest.NewServer(g.h)
 	t.Cleanup(srv.Close)
 	g.url, g.client = srv.URL, srv.Client()
-	rr := &replRig{bigRig: g, router: r, byAddr: map[string]*memcachedtest.Server{}}
+	rr := &replRig{bigRig: g, router: r, opts: opts, byAddr: map[string]*memcachedtest.Server{}}
 	for _, m := range mcs {
 		rr.byAddr[m.Addr] = m
 	}
@@ -337,5 +342,194 @@ func TestReplicaCASFromTheSecond(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestReplicaCASForms: the ETag and cas forms of replicated and one-copy
+// pools. A replicated pool's ETag names the replica that gave its CAS out
+// ("<cas>@<8 hex digits>"); a read's If-None-Match and If-Range compare
+// it whole; a plain "<cas>" names no replica there and fails a condition
+// (412, nothing written), as one naming a replica fails on a pool of one
+// copy, whose ETags stay "<cas>".
+func TestReplicaCASForms(t *testing.T) {
+	g := newReplRig(t)
+	for _, pool := range []string{"", "h/"} {
+		key := pool + "forms"
+		g.mustPut("/"+key, []byte("v1"))
+		a := g.do("GET", "/"+key, nil)
+		etag := a.hdr.Get("ETag")
+		if !replicaETag.MatchString(etag) {
+			t.Fatalf("GET %s: ETag %q, want \"<cas>@<8 hex digits>\"", key, etag)
+		}
+		if h := g.do("HEAD", "/"+key, nil); h.hdr.Get("ETag") != etag {
+			t.Errorf("HEAD %s: ETag %q, GET's %q", key, h.hdr.Get("ETag"), etag)
+		}
+		if a := g.do("GET", "/"+key, nil, "If-None-Match", etag); a.status != 304 {
+			t.Errorf("GET %s, If-None-Match its ETag = %d, want 304", key, a.status)
+		}
+		plain, _, _ := strings.Cut(etag, "@")
+		plain += `"`
+		if a := g.do("GET", "/"+key, nil, "If-None-Match", plain); a.status != 200 {
+			t.Errorf("GET %s, If-None-Match %s = %d, want 200", key, plain, a.status)
+		}
+		if a := g.do("GET", "/"+key, nil, "Range", "bytes=1-", "If-Range", etag); a.status != 206 {
+			t.Errorf("GET %s, If-Range its ETag = %d, want 206", key, a.status)
+		}
+		if a := g.do("GET", "/"+key, nil, "Range", "bytes=1-", "If-Range", plain); a.status != 200 {
+			t.Errorf("GET %s, If-Range %s = %d, want 200", key, plain, a.status)
+		}
+		for _, cond := range []string{"PUT", "DELETE", "batch cas", "batch delete"} {
+			if st := g.condWrite(key, cond, plain, []byte("v2")); st != 412 {
+				t.Errorf("%s %s naming %s (no replica) = %d, want 412", cond, key, plain, st)
+			}
+		}
+		if a := g.do("GET", "/"+key, nil); string(a.body) != "v1" {
+			t.Errorf("GET %s after = %d %q, want v1", key, a.status, a.body)
+		}
+		m := g.do("GET", "/?key="+key, nil)
+		if !strings.Contains(string(m.body), `"cas":"`+strings.Trim(etag, `"`)+`"`) {
+			t.Errorf("multi-get %s = %s, want the cas %s", key, m.body, strings.Trim(etag, `"`))
+		}
+		if st := g.condWrite(key, "PUT", etag, []byte("v2")); st != 201 {
+			t.Errorf("PUT %s, If-Match %s = %d, want 201", key, etag, st)
+		}
+	}
+
+	one := newBigRig(t, nil)
+	one.mustPut("/k", []byte("v1"))
+	etag := one.do("GET", "/k", nil).hdr.Get("ETag")
+	if !oneCopyETag.MatchString(etag) {
+		t.Fatalf("one copy: ETag %q, want \"<cas>\"", etag)
+	}
+	named := strings.TrimSuffix(etag, `"`) + `@0a1b2c3d"`
+	for _, tt := range []struct{ method, hdr string }{{"PUT", named}, {"DELETE", named}} {
+		if a := one.do(tt.method, "/k", strings.NewReader("v2"), "If-Match", tt.hdr); a.status != 412 {
+			t.Errorf("one copy: %s If-Match %s = %d %q, want 412", tt.method, tt.hdr, a.status, a.body)
+		}
+	}
+	if a := one.do("GET", "/k", nil); string(a.body) != "v1" {
+		t.Errorf("one copy: GET after = %d %q, want v1", a.status, a.body)
+	}
+}
+
+var (
+	replicaETag = regexp.MustCompile(`^"[0-9]+@[0-9a-f]{8}"$`)
+	oneCopyETag = regexp.MustCompile(`^"[0-9]+"$`)
+)
+
+// TestReplicaCASNodeGone: a CAS value read from a replica that a reload
+// took out of the pool names no replica of the key: its conditional write
+// answers 412 and writes nothing, though the item is unchanged.
+func TestReplicaCASNodeGone(t *testing.T) {
+	g := newReplRig(t)
+	key := "gone"
+	first, second := g.replicas(key)
+	bumpTo(t, second.Addr, mcCounter(t, first.Addr)+50)
+	g.mustPut("/"+key, []byte("v1"))
+	etag, _ := g.readVia(key, "GET")
+	c, _ := strconv.ParseUint(strings.Trim(strings.SplitN(etag, "@", 2)[0], `"`), 10, 64)
+	// The second replica leaves the pool, a new node comes in its place.
+	fresh := memcachedtest.Start(t)
+	g.byAddr[fresh.Addr] = fresh
+	opts := g.opts
+	opts.Pools = slices.Clone(opts.Pools)
+	var servers []upstream.Server
+	for _, s := range opts.Pools[0].Cluster.Servers {
+		if net.JoinHostPort(s.Host, strconv.Itoa(s.Port)) != second.Addr {
+			servers = append(servers, s)
+		}
+	}
+	opts.Pools[0].Cluster.Servers = append(servers, upstream.Server{Host: "127.0.0.1", Port: fresh.Port})
+	if _, err := g.router.Reconfigure(t.Context(), opts); err != nil {
+		t.Fatal(err)
+	}
+	// Both replicas hold v1 again, the first under the very CAS read
+	// from the node gone.
+	now, _ := g.replicas(key)
+	bumpTo(t, now.Addr, c-1)
+	g.mustPut("/"+key, []byte("v1"))
+	if _, got, _ := mcGets(t, now.Addr, key); got != c {
+		t.Fatalf("scenario: v1 has CAS %d on the first replica, want %d", got, c)
+	}
+	for _, cond := range []string{"PUT", "DELETE", "batch cas", "batch delete"} {
+		if st := g.condWrite(key, cond, etag, []byte("v2")); st != 412 {
+			t.Errorf("%s naming %s, read from %s, gone = %d, want 412", cond, etag, second.Addr, st)
+		}
+	}
+	if a := g.do("GET", "/"+key, nil); string(a.body) != "v1" {
+		t.Errorf("GET after = %d %q, want v1", a.status, a.body)
+	}
+}
+
+// TestETagForms: the CAS forms a client sends back, as If-Match and as a
+// batch's cas: each read as the value and node it names, or refused with
+// 400 saying why; nothing but the CAS's digits reaches memcached's line.
+func TestETagForms(t *testing.T) {
+	const tag = "0a1b2c3d"
+	tests := []struct {
+		in   string
+		cas  uint64
+		node uint32
+		why  string // in the 400's message; "" if accepted
+	}{
+		{in: "12", cas: 12},
+		{in: "0001", cas: 1},
+		{in: "18446744073709551615", cas: 1<<64 - 1},
+		{in: "12@" + tag, cas: 12, node: 0x0a1b2c3d},
+		{in: "12@ffffffff", cas: 12, node: 0xffffffff},
+		{in: "12@00000001", cas: 12, node: 1},
+		{in: "18446744073709551616", why: "is not"},
+		{in: "18446744073709551616@" + tag, why: "not a decimal number"},
+		{in: "@" + tag, why: "not a decimal number"},
+		{in: "12@", why: "8 lowercase hex digits"},
+		{in: "12@0A1B2C3D", why: "8 lowercase hex digits"},
+		{in: "12@0a1b2c3", why: "8 lowercase hex digits"},
+		{in: "12@0a1b2c3d0", why: "8 lowercase hex digits"},
+		{in: "12@0a1b2c3d@0a1b2c3d", why: "8 lowercase hex digits"},
+		{in: "12@+a1b2c3d", why: "8 lowercase hex digits"},
+		{in: "12@ 0a1b2c3", why: "8 lowercase hex digits"},
+		{in: "12@00000000", why: "no replica"},
+		{in: "12 @" + tag, why: "not a decimal number"},
+		{in: "+12@" + tag, why: "not a decimal number"},
+		{in: "12\r\nflush_all@" + tag, why: "not a decimal number"},
+	}
+	for _, tt := range tests {
+		var it op.Item
+		err := parseETag(`"`+tt.in+`"`, &it)
+		var bit op.Item
+		raw, _ := json.Marshal(tt.in)
+		berr := parseCAS(raw, &bit)
+		switch {
+		case tt.why == "" && (err != nil || berr != nil):
+			t.Errorf("%q: %v, batch %v; want CAS %d node %#x", tt.in, err, berr, tt.cas, tt.node)
+		case tt.why == "":
+			if it.CAS != tt.cas || it.CASNode != tt.node || bit.CAS != tt.cas || bit.CASNode != tt.node {
+				t.Errorf("%q: CAS %d node %#x, batch %d %#x; want %d %#x", tt.in, it.CAS, it.CASNode, bit.CAS, bit.CASNode, tt.cas, tt.node)
+			}
+			line := string(op.EncodeHead(nil, &op.Op{Verb: op.DeleteCAS, Item: it}, "k"))
+			if want := "md k C" + strconv.FormatUint(tt.cas, 10) + "\r\n"; line != want {
+				t.Errorf("%q: sent %q, want %q", tt.in, line, want)
+			}
+		case err == nil || berr == nil:
+			t.Errorf("%q: accepted (%v, batch %v), want 400 saying %q", tt.in, err, berr, tt.why)
+		default:
+			_, msg, _ := errorStatus(err)
+			_, bmsg, _ := errorStatus(berr)
+			if st, _, _ := errorStatus(err); st != 400 || !strings.Contains(msg, tt.why) || !strings.Contains(bmsg, tt.why) {
+				t.Errorf("%q: %d %q, batch %q; want 400 saying %q", tt.in, st, msg, bmsg, tt.why)
+			}
+		}
+	}
+	// What a read gives out reads back as what it names.
+	for _, node := range []uint32{0, 1, 0x0a1b2c3d, 0xffffffff} {
+		for _, cas := range []uint64{1, 12345, 1<<64 - 1} {
+			var it op.Item
+			if err := parseETag(formatETag(cas, node), &it); err != nil || it.CAS != cas || it.CASNode != node {
+				t.Errorf("%s: CAS %d node %#x (%v), want %d %#x", formatETag(cas, node), it.CAS, it.CASNode, err, cas, node)
+			}
+		}
+	}
+	if got := formatETag(12345, 0); got != `"12345"` {
+		t.Errorf("one copy's ETag %s, want \"12345\"", got)
 	}
 }

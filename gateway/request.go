@@ -72,7 +72,7 @@ func (h keyParser) parseKeyRequest(r *http.Request) (keyRequest, error) {
 		if err != nil {
 			return kr, err
 		}
-		if o.Verb, o.Item.CAS, err = putVerb(ifMatch, ifNone); err != nil {
+		if o.Verb, err = putVerb(ifMatch, ifNone, &o.Item); err != nil {
 			return kr, err
 		}
 		kr.async = o.Verb == op.Set && preferAsync(r)
@@ -81,7 +81,7 @@ func (h keyParser) parseKeyRequest(r *http.Request) (keyRequest, error) {
 		if err != nil {
 			return kr, err
 		}
-		if o.Verb, o.Item.CAS, err = deleteVerb(ifMatch, ifNone); err != nil {
+		if o.Verb, err = deleteVerb(ifMatch, ifNone, &o.Item); err != nil {
 			return kr, err
 		}
 		kr.async = o.Verb == op.Delete && preferAsync(r)
@@ -164,28 +164,29 @@ func condition(h http.Header, name string) (string, error) {
 	return strings.Join(lines, ", "), nil
 }
 
-// deleteVerb is the verb of a DELETE by its condition, and the CAS it
-// names: delete with none; with If-Match, delete_cas, of the ETag's CAS,
-// or of none for * (deleted only if the item exists). If-None-Match is
+// deleteVerb is the verb of a DELETE by its condition, with the CAS it
+// names put in it: delete with none; with If-Match, delete_cas, of the
+// ETag's CAS (and the replica that gave it out), or of none for *
+// (deleted only if the item exists). If-None-Match is
 // refused: * would delete only an item that is not there, and an ETag
 // list (delete unless the item is one of these) is a check memcached
 // cannot make in one command, so a stale read would race the delete.
-func deleteVerb(ifMatch, ifNone string) (op.Verb, uint64, error) {
+func deleteVerb(ifMatch, ifNone string, it *op.Item) (op.Verb, error) {
 	switch {
 	case ifNone != "":
-		return 0, 0, badRequest("DELETE takes no If-None-Match; If-Match: \"<etag>\" deletes only the item the ETag names, If-Match: * only an item that exists")
+		return 0, badRequest("DELETE takes no If-None-Match; If-Match: \"<etag>\" deletes only the item the ETag names, If-Match: * only an item that exists")
 	case ifMatch == "":
-		return op.Delete, 0, nil
+		return op.Delete, nil
 	case ifMatch == "*":
-		return op.DeleteCAS, 0, nil
+		return op.DeleteCAS, nil
 	}
-	cas, err := parseETag(ifMatch)
-	if err == nil && cas == 0 {
+	err := parseETag(ifMatch, it)
+	if err == nil && it.CAS == 0 {
 		// CAS 0 is no item's (memcached counts from 1), and
 		// delete_cas reads it as * does.
 		err = badRequest("If-Match " + strings.TrimSpace(ifMatch) + " is not an ETag this gateway issued")
 	}
-	return op.DeleteCAS, cas, err
+	return op.DeleteCAS, err
 }
 
 // parseItem reads a write's ?exptime= and ?flags= into it.
@@ -197,22 +198,22 @@ func (h keyParser) parseItem(q string, it *op.Item) (err error) {
 	return err
 }
 
-// putVerb is the verb of a PUT by its conditions, and the CAS of a cas.
-func putVerb(ifMatch, ifNone string) (op.Verb, uint64, error) {
+// putVerb is the verb of a PUT by its conditions, with the CAS of a cas
+// (and the replica that gave it out) put in it.
+func putVerb(ifMatch, ifNone string, it *op.Item) (op.Verb, error) {
 	switch {
 	case ifMatch == "" && ifNone == "":
-		return op.Set, 0, nil
+		return op.Set, nil
 	case ifMatch == "" && ifNone == "*":
-		return op.Add, 0, nil
+		return op.Add, nil
 	case ifMatch == "*" && ifNone == "":
-		return op.Replace, 0, nil
+		return op.Replace, nil
 	case ifMatch != "" && ifNone == "":
-		cas, err := parseETag(ifMatch)
-		return op.CAS, cas, err
+		return op.CAS, parseETag(ifMatch, it)
 	case ifMatch == "":
-		return 0, 0, badRequest("If-None-Match on a PUT takes * alone (add: stored only if the key is missing); a compare-and-swap is If-Match: \"<etag>\"")
+		return 0, badRequest("If-None-Match on a PUT takes * alone (add: stored only if the key is missing); a compare-and-swap is If-Match: \"<etag>\"")
 	}
-	return 0, 0, badRequest("use If-None-Match: * (add), If-Match: * (replace) or If-Match: \"<etag>\" (cas), not both")
+	return 0, badRequest("use If-None-Match: * (add), If-Match: * (replace) or If-Match: \"<etag>\" (cas), not both")
 }
 
 // postVerbs are the verbs POST /{key}?op= names.
@@ -253,27 +254,90 @@ func preferAsync(r *http.Request) bool {
 	return false
 }
 
-func formatETag(cas uint64) string {
-	var b [22]byte
-	return string(appendETag(b[:0], cas))
+// formatETag is the strong ETag of an item with CAS cas, given out by
+// node (appendETag).
+func formatETag(cas uint64, node uint32) string {
+	var b [32]byte
+	return string(appendETag(b[:0], cas, node))
 }
 
-// appendETag appends the strong ETag of an item with CAS cas to b.
-func appendETag(b []byte, cas uint64) []byte {
-	return append(strconv.AppendUint(append(b, '"'), cas, 10), '"')
+// appendETag appends the strong ETag of an item with CAS cas to b: "<cas>"
+// from a pool of one copy (node 0), "<cas>@<node>" from a replicated
+// pool, where node is the tag of the replica that gave the CAS value out
+// (op.Item.CASNode) in 8 lowercase hex digits: each replica counts CAS
+// values of its own, and a write checked against the ETag is checked on
+// that replica.
+func appendETag(b []byte, cas uint64, node uint32) []byte {
+	return append(appendCAS(append(b, '"'), cas, node), '"')
 }
 
-// parseETag reads the CAS out of a strong ETag as formatETag writes it.
-func parseETag(s string) (uint64, error) {
+// appendCAS appends a CAS value as a batch answer gives it out (an ETag
+// without its quotes) to b.
+func appendCAS(b []byte, cas uint64, node uint32) []byte {
+	b = strconv.AppendUint(b, cas, 10)
+	if node == 0 {
+		return b
+	}
+	const hex = "0123456789abcdef"
+	b = append(b, '@')
+	for shift := 28; shift >= 0; shift -= 4 {
+		b = append(b, hex[node>>shift&0xf])
+	}
+	return b
+}
+
+// casNodeDigits is the length of an ETag's node part, after its '@'.
+const casNodeDigits = 8
+
+// parseCASValue reads a CAS value as appendCAS writes it: decimal digits,
+// then, from a replicated pool, '@' and the node's 8 lowercase hex
+// digits (never all 0). why says what is wrong with s, "" if nothing is.
+func parseCASValue(s string) (cas uint64, node uint32, why string) {
+	digits, tag, named := strings.Cut(s, "@")
+	cas, err := strconv.ParseUint(digits, 10, 64)
+	if err != nil {
+		return 0, 0, "its CAS value is not a decimal number below 2^64"
+	}
+	if !named {
+		return cas, 0, ""
+	}
+	if len(tag) != casNodeDigits {
+		return 0, 0, "after @ come the 8 lowercase hex digits of the replica that gave the CAS value out"
+	}
+	for i := 0; i < len(tag); i++ {
+		c := tag[i]
+		switch {
+		case c >= '0' && c <= '9':
+			node = node<<4 | uint32(c-'0')
+		case c >= 'a' && c <= 'f':
+			node = node<<4 | uint32(c-'a'+10)
+		default:
+			return 0, 0, "after @ come the 8 lowercase hex digits of the replica that gave the CAS value out"
+		}
+	}
+	if node == 0 {
+		return 0, 0, "no replica is named 00000000"
+	}
+	return cas, node, ""
+}
+
+// parseETag reads the CAS value and the node that gave it out out of a
+// strong ETag as formatETag writes it, into it.
+func parseETag(s string, it *op.Item) error {
 	s = strings.TrimSpace(s)
 	if len(s) < 3 || s[0] != '"' || s[len(s)-1] != '"' {
-		return 0, badRequest("If-Match takes * or one ETag as GET returned it, like \"12345\"")
+		return badRequest("If-Match takes * or one ETag as GET returned it, like \"12345\" (\"12345@0a1b2c3d\" from a replicated pool)")
 	}
-	v, err := strconv.ParseUint(s[1:len(s)-1], 10, 64)
-	if err != nil {
-		return 0, badRequest("If-Match " + s + " is not an ETag this gateway issued")
+	cas, node, why := parseCASValue(s[1 : len(s)-1])
+	if why != "" {
+		msg := "If-Match " + s + " is not an ETag this gateway issued"
+		if strings.Contains(s, "@") {
+			msg += ": " + why
+		}
+		return badRequest(msg)
 	}
-	return v, nil
+	it.CAS, it.CASNode = cas, node
+	return nil
 }
 
 // fieldList is the value of a list field over all its lines, lines:

@@ -31,6 +31,11 @@ var (
 	ErrExists = errors.New("upstream: key exists")
 	// ErrCASConflict: the item changed since the CAS value was read.
 	ErrCASConflict = errors.New("upstream: cas conflict")
+	// ErrCASNode: a write checked against a CAS value (op.Verb.Checked)
+	// that names a node (op.Item.CASNode) holding no copy of the key
+	// now, or names one at all in a pool of one copy: the version read
+	// is not where a check could find it. It wraps ErrCASConflict.
+	ErrCASNode = fmt.Errorf("upstream: the CAS value names a node that holds no copy of the key now: %w", ErrCASConflict)
 	// ErrNotNumeric: incr/decr on a value that is not a decimal number.
 	ErrNotNumeric = errors.New("upstream: value is not a number")
 	// ErrBadKey: a key memcached cannot carry (empty, over 250 bytes, spaces

@@ -85,7 +85,7 @@ func (c *Cluster) Owner(key string) (i, n int) {
 // (they fail with ErrOverLimit too).
 func (c *Cluster) GetMulti(ctx context.Context, keys []string, limit int, room op.Room) (map[string]op.Item, map[string]error) {
 	pick := func(t *topology, hashKey string) (*node, bool, error) { return c.pick(t, hashKey, "") }
-	return c.getMulti(ctx, keys, limit, room, pick, true)
+	return c.getMulti(ctx, keys, limit, room, pick, true, false)
 }
 
 // GetMultiReplica is GetMulti reading each key from its replica of the
@@ -98,7 +98,7 @@ func (c *Cluster) GetMultiReplica(ctx context.Context, keys []string, limit int,
 	pick := func(t *topology, hashKey string) (*node, bool, error) {
 		return c.pickReplica(t, hashKey, rank, max(copies, 1))
 	}
-	return c.getMulti(ctx, keys, limit, room, pick, false)
+	return c.getMulti(ctx, keys, limit, room, pick, false, true)
 }
 
 // pickReplica returns the replica of rank rank of a key's set of copies
@@ -129,8 +129,10 @@ func (c *Cluster) pickReplica(t *topology, hashKey string, rank, copies int) (n 
 }
 
 // getMulti implements GetMulti and GetMultiReplica: pick places each key;
-// retry reads the keys of a node that failed one by one through Do.
-func (c *Cluster) getMulti(ctx context.Context, keys []string, limit int, vroom op.Room, pick func(*topology, string) (*node, bool, error), retry bool) (map[string]op.Item, map[string]error) {
+// retry reads the keys of a node that failed one by one through Do;
+// tagged names in each item found the node that gave out its CAS
+// (op.Item.CASNode).
+func (c *Cluster) getMulti(ctx context.Context, keys []string, limit int, vroom op.Room, pick func(*topology, string) (*node, bool, error), retry, tagged bool) (map[string]op.Item, map[string]error) {
 	found := make(map[string]op.Item, len(keys))
 	failed := map[string]error{}
 	var mu sync.Mutex // guards found, failed and kept
@@ -270,7 +272,11 @@ func (c *Cluster) getMulti(ctx context.Context, keys []string, limit int, vroom 
 				for _, sk := range b.store {
 					if it, ok := items[sk]; ok {
 						k := b.client[sk]
-						keep(k, itemOf(k, it))
+						item := itemOf(k, it)
+						if tagged {
+							item.CASNode = b.node.tag
+						}
+						keep(k, item)
 					}
 				}
 				mu.Lock()

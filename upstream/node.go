@@ -26,6 +26,7 @@ import (
 // node holds atomics and a mutex: it must not be copied.
 type node struct {
 	name    string                                                               // host:port as configured; what the ring hashes and what metrics show
+	tag     uint32                                                               // NodeTag(name): how a CAS value names the node that gave it out
 	client  dataClient                                                           // gomemcache's pool, or mcpipe's pipelined connections
 	pipe    *mcpipe.Client                                                       // client, if it is mcpipe's: it also starts operations without waiting (DoAsync)
 	dial    func(ctx context.Context, network, address string) (net.Conn, error) // counted data connections
@@ -111,6 +112,7 @@ func (s selector) Each(f func(net.Addr) error) error   { return f(s.a) }
 func newNode(name string, o *Options, pol *healthPolicy, share *requestShare, m *nodeMetrics, log *slog.Logger) *node {
 	n := &node{
 		name:  name,
+		tag:   NodeTag(name),
 		share: share,
 		sem:   make(chan struct{}, o.inFlightCap()),
 		cmds:  make(chan struct{}, nodeCommands),

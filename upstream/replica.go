@@ -28,6 +28,28 @@ type Replica struct {
 // Node is the replica's node, host:port as configured.
 func (r Replica) Node() string { return r.n.name }
 
+// Tag is the node's tag (NodeTag), with which a read's op.Item.CASNode
+// names the replica that gave out its CAS.
+func (r Replica) Tag() uint32 { return r.n.tag }
+
+// NodeTag is the tag of the node named name (host:port as configured):
+// FNV-1a of the name, 32 bits, never 0. A read of a replicated pool
+// names with it, in op.Item.CASNode, the node whose CAS value it read,
+// since another node's CAS values count apart; a name, unlike a place in
+// the key's chain, names the same node across health changes and
+// reloads, and a node removed is named by no replica.
+func NodeTag(name string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(name); i++ {
+		h ^= uint32(name[i])
+		h *= 16777619
+	}
+	if h == 0 {
+		return 1
+	}
+	return h
+}
+
 // Home reports whether the node is one of the key's home nodes.
 func (r Replica) Home() bool { return r.home }
 

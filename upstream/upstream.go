@@ -985,6 +985,12 @@ func (c *Cluster) keys(key string) (store, hash string) {
 // Value with other Gets of the same key batched with it: treat it as
 // read-only.
 func (c *Cluster) Do(ctx context.Context, o op.Op) op.Result {
+	if o.Item.CASNode != 0 && o.Verb.Checked() {
+		// A CAS value of a replicated pool's node: no node of a pool
+		// of one copy gave it out (a pool reloaded to one copy, or a
+		// client's guess), and another node's CAS values count apart.
+		return op.Result{Err: ErrCASNode}
+	}
 	return c.doAfter(ctx, o, nil, nil)
 }
 

@@ -246,14 +246,14 @@ func (v *Values) overIndex(ctx context.Context, o op.Op) op.Result {
 		}
 		w := o
 		if o.Verb != op.CAS && try <= maxIndexTries && got.Item.CAS != 0 {
-			w.Verb, w.Item.CAS = op.CAS, got.Item.CAS
+			w.Verb, w.Item.CAS, w.Item.CASNode = op.CAS, got.Item.CAS, got.Item.CASNode
 		}
 		res := v.store.Do(ctx, w)
 		if w.Verb != o.Verb && replaced(res.Err) {
 			v.m.indexRetries.Inc()
 			continue
 		}
-		if res.Err == nil && (o.Verb != op.CAS || o.Item.CAS == got.Item.CAS) {
+		if res.Err == nil && (o.Verb != op.CAS || sameCAS(o.Item, got.Item)) {
 			if o.Verb != op.CAS && try > maxIndexTries {
 				v.m.indexUnchecked.Inc()
 			}
@@ -324,7 +324,7 @@ func (v *Values) addTo(ctx context.Context, o op.Op) op.Result {
 		case IsIndex(got.Item.Flags, got.Item.Value):
 			return op.Result{Err: ErrChunked}
 		}
-		checked.Item.CAS = got.Item.CAS
+		checked.Item.CAS, checked.Item.CASNode = got.Item.CAS, got.Item.CASNode
 		res := v.store.Do(ctx, checked)
 		switch {
 		case errors.Is(res.Err, upstream.ErrNoMeta) && !recheck:
@@ -468,12 +468,17 @@ func (v *Values) delete(ctx context.Context, o op.Op) op.Result {
 	if res.Err == nil {
 		v.known.forget(o.Item.Key)
 	}
-	same := o.Verb != op.DeleteCAS || o.Item.CAS == 0 || got.Item.CAS == o.Item.CAS
+	same := o.Verb != op.DeleteCAS || o.Item.CAS == 0 || sameCAS(got.Item, o.Item)
 	if x, ok, err := Parse(got.Item); res.Err == nil && same && ok && err == nil {
 		v.retire(ctx, hashKey(o), x)
 	}
 	return res
 }
+
+// sameCAS reports whether a and b name one CAS value of one node: each
+// node of a replicated pool counts CAS values of its own
+// (op.Item.CASNode), and equal numbers from two nodes name two versions.
+func sameCAS(a, b op.Item) bool { return a.CAS == b.CAS && a.CASNode == b.CASNode }
 
 // past reports whether exp, memcached's expiration, is a time already
 // past at now (Unix time): negative, or a Unix time not after now.
@@ -534,6 +539,7 @@ type Put struct {
 	Flags      uint32 // the value's flags (Index.Flags)
 	Expiration int32  // the index's; its chunks expire Grace later
 	CAS        uint64 // for CAS
+	CASNode    uint32 // for CAS: the node that gave CAS out (op.Item.CASNode)
 }
 
 // Source yields a value one chunk at a time: each Next returns the next
@@ -613,11 +619,11 @@ func (v *Values) Put(ctx context.Context, p Put, src Source) (err error) {
 		// the chunks can go (below, an error of ctx may come after).
 		return fmt.Errorf("chunk: before writing the index of %q: %w", p.Key, err)
 	}
-	idx := op.Op{Verb: p.Verb, Item: op.Item{Key: p.Key, Value: x.Encode(), Flags: IndexFlags, Expiration: p.Expiration, CAS: p.CAS}, Admitted: true}
+	idx := op.Op{Verb: p.Verb, Item: op.Item{Key: p.Key, Value: x.Encode(), Flags: IndexFlags, Expiration: p.Expiration, CAS: p.CAS, CASNode: p.CASNode}, Admitted: true}
 	try := 1
 	for ; ; try++ {
 		if p.Verb == op.Set {
-			idx.Verb, idx.Item.CAS = cur.replacing(try)
+			idx.Verb, idx.Item.CAS, idx.Item.CASNode = cur.replacing(try)
 		}
 		res := v.do(ctx, idx)
 		if res.Err == nil {
@@ -660,6 +666,7 @@ const maxIndexTries = 8
 type item struct {
 	found bool
 	cas   uint64 // the item's CAS value, if found (0: none was given)
+	node  uint32 // the node that gave cas out (op.Item.CASNode)
 	index *Index // the item, if it is an index
 }
 
@@ -668,16 +675,16 @@ type item struct {
 // whose chunks the Put retires, is the one read (cas; add if there was
 // none), or, after maxIndexTries refusals or without a CAS value to
 // check, unchecked (set).
-func (it item) replacing(try int) (op.Verb, uint64) {
+func (it item) replacing(try int) (op.Verb, uint64, uint32) {
 	switch {
 	case try > maxIndexTries:
-		return op.Set, 0
+		return op.Set, 0, 0
 	case !it.found:
-		return op.Add, 0
+		return op.Add, 0, 0
 	case it.cas != 0:
-		return op.CAS, it.cas
+		return op.CAS, it.cas, it.node
 	}
-	return op.Set, 0
+	return op.Set, 0, 0
 }
 
 // replaced reports whether err, the answer to an index written checked
@@ -743,13 +750,15 @@ func (v *Values) current(ctx context.Context, p Put) (item, error) {
 		return item{}, res.Err
 	case p.Verb == op.Add:
 		return item{}, upstream.ErrExists
-	case p.Verb == op.CAS && res.Item.CAS != p.CAS:
+	case p.Verb == op.CAS && res.Item.CASNode == p.CASNode && res.Item.CAS != p.CAS:
+		// A CAS value another replica gave out is checked there, by
+		// the index's write.
 		return item{}, upstream.ErrCASConflict
 	}
 	if !found && (p.Verb == op.Replace || p.Verb == op.CAS) {
 		return item{}, upstream.ErrNotFound
 	}
-	it := item{found: found, cas: res.Item.CAS}
+	it := item{found: found, cas: res.Item.CAS, node: res.Item.CASNode}
 	if x, ok, err := Parse(res.Item); found && ok && err == nil {
 		it.index = &x
 	}

@@ -16,6 +16,14 @@ type Item struct {
 	Flags      uint32
 	Expiration int32  // seconds; 0 = never; memcached's 30-day rule applies
 	CAS        uint64 // filled by reads; required by CAS
+	// CASNode names the node that gave out CAS, in a pool that keeps
+	// copies of each key on several nodes, each of which counts CAS
+	// values of its own: filled by reads there with the node's tag
+	// (upstream.Replica.Tag), and a write checked against CAS (CAS,
+	// AppendCAS, PrependCAS, DeleteCAS) is checked on that node alone.
+	// 0 in a pool of one copy, where a checked write naming a node fails
+	// its check.
+	CASNode uint32
 }
 
 // Verb is one memcached operation on one key.
@@ -152,6 +160,10 @@ func (v Verb) TakesTTL() bool { return v.spec().ttl }
 
 // TakesDelta reports whether the verb sends a delta.
 func (v Verb) TakesDelta() bool { return v.spec().delta }
+
+// Checked reports whether the verb is checked against Item.CAS (CAS,
+// AppendCAS, PrependCAS, DeleteCAS).
+func (v Verb) Checked() bool { return v.spec().unchecked != 0 }
 
 // Unchecked is the verb without its CAS check (Set for CAS, Append for
 // AppendCAS, Prepend for PrependCAS, Delete for DeleteCAS), or v itself

@@ -20,7 +20,10 @@ import (
 // replica answered one, else the last failure.
 
 // get reads o (get, head or gat) from the set's replicas and returns the result
-// and the rank of the replica that gave it (-1 if none did).
+// and the rank of the replica that gave it (-1 if none did). An item found
+// names that replica as the node that gave out its CAS (op.Item.CASNode):
+// each replica counts CAS values of its own, and a write checked against
+// this one is checked there (cas).
 func (v *view) get(ctx context.Context, o op.Op, set *upstream.ReplicaSet) (op.Result, int) {
 	reps := set.Replicas
 	if len(reps) == 0 {
@@ -73,6 +76,7 @@ func (v *view) getHedged(ctx context.Context, o op.Op, reps []upstream.Replica) 
 				if hedged && out.rank == 1 {
 					v.pm.hedgesWon.Inc()
 				}
+				out.res.Item.CASNode = reps[out.rank].Tag()
 				return out.res, out.rank
 			case errors.Is(err, upstream.ErrNotFound):
 				if !v.miss {
@@ -124,6 +128,7 @@ func (v *view) getSequential(ctx context.Context, o op.Op, reps []upstream.Repli
 		res := v.c.DoOn(ctx, o, r)
 		switch err := res.Err; {
 		case err == nil:
+			res.Item.CASNode = r.Tag()
 			return res, i
 		case errors.Is(err, upstream.ErrNotFound):
 			if !v.miss {

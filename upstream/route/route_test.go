@@ -297,8 +297,8 @@ func nodeUp(r *Router, addr string) bool {
 	return false
 }
 
-// TestCASAndIncr: cas is checked on the first replica and copied to the
-// others; a CAS value from another replica conflicts. incr and decr keep
+// TestCASAndIncr: cas is checked on the replica whose CAS value it names
+// and copied to the others; one that names no replica conflicts. incr and decr keep
 // the replicas equal and answer the first replica's value.
 func TestCASAndIncr(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 3)
@@ -311,7 +311,14 @@ func TestCASAndIncr(t *testing.T) {
 	if res.Err != nil {
 		t.Fatal(res.Err)
 	}
+	if res.Item.CASNode != upstream.NodeTag(r.Placement("c").ReplicaNodes[0]) {
+		t.Errorf("get: CAS value of node %#x, want the first replica's", res.Item.CASNode)
+	}
 	cas := op.Op{Verb: op.CAS, Item: op.Item{Key: "c", Value: []byte("2"), CAS: res.Item.CAS}}
+	if err := r.Do(ctx, cas).Err; !errors.Is(err, upstream.ErrCASNode) {
+		t.Fatalf("cas naming no replica: %v, want ErrCASNode", err)
+	}
+	cas.Item.CASNode = res.Item.CASNode
 	if err := r.Do(ctx, cas).Err; err != nil {
 		t.Fatalf("cas with the first replica's value: %v", err)
 	}
@@ -382,6 +389,7 @@ func TestAppendCASReplicated(t *testing.T) {
 		{name: "changed since", verb: op.AppendCAS, stale: true, err: upstream.ErrCASConflict, want: "+abc+"},
 	}
 	var cas uint64
+	var node uint32
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			if !tt.stale {
@@ -389,9 +397,9 @@ func TestAppendCASReplicated(t *testing.T) {
 				if head.Err != nil {
 					t.Fatal(head.Err)
 				}
-				cas = head.Item.CAS
+				cas, node = head.Item.CAS, head.Item.CASNode
 			}
-			res := r.Do(ctx, op.Op{Verb: tt.verb, Item: op.Item{Key: "a", Value: []byte("+"), CAS: cas}})
+			res := r.Do(ctx, op.Op{Verb: tt.verb, Item: op.Item{Key: "a", Value: []byte("+"), CAS: cas, CASNode: node}})
 			if !errors.Is(res.Err, tt.err) || tt.err == nil && res.Err != nil {
 				t.Errorf("%v = %v, want %v", tt.verb, res.Err, tt.err)
 			}
@@ -437,6 +445,7 @@ func TestDeleteCASReplicated(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			key := strings.ReplaceAll(tt.name, " ", "_")
 			var read uint64
+			node := upstream.NodeTag(r.Placement(key).ReplicaNodes[0])
 			if !tt.absent {
 				if err := set(ctx, r, key, "v"); err != nil {
 					t.Fatal(err)
@@ -445,9 +454,9 @@ func TestDeleteCASReplicated(t *testing.T) {
 				if res.Err != nil {
 					t.Fatal(res.Err)
 				}
-				read = res.Item.CAS
+				read, node = res.Item.CAS, res.Item.CASNode
 			}
-			res := r.Do(ctx, op.Op{Verb: op.DeleteCAS, Item: op.Item{Key: key, CAS: tt.cas(read)}})
+			res := r.Do(ctx, op.Op{Verb: op.DeleteCAS, Item: op.Item{Key: key, CAS: tt.cas(read), CASNode: node}})
 			if !errors.Is(res.Err, tt.err) || tt.err == nil && res.Err != nil {
 				t.Errorf("delete_cas = %v, want %v", res.Err, tt.err)
 			}
@@ -661,6 +670,10 @@ func TestBadKeysInEveryPool(t *testing.T) {
 		for _, o := range verbs {
 			t.Run(k.name+"/"+o.Verb.String(), func(t *testing.T) {
 				o.Item.Key = k.key
+				if o.Verb == op.CAS && r.Placement(k.key).Replicas > 1 {
+					// A replicated pool's CAS value names its replica.
+					o.Item.CASNode = upstream.NodeTag(r.Placement(k.key).ReplicaNodes[0])
+				}
 				if err := r.Do(t.Context(), o).Err; !errors.Is(err, upstream.ErrBadKey) {
 					t.Errorf("Do(%s %q) = %v, want ErrBadKey", o.Verb, k.key, err)
 				}

@@ -32,10 +32,11 @@ import (
 //     replica without the counter (it was away) stays without it, as
 //     memcached's incr never creates one.
 //   - cas, append_cas, prepend_cas, delete_cas: a CAS value is one
-//     node's, so they go to the first replica only; once stored (or
-//     deleted) there, the others get the same write without the check
-//     (set, append, prepend, delete) under the write policy. A CAS value read from another replica (after a
-//     fallback or a hedge) conflicts there, and the client reads again.
+//     node's, and a read names the replica that gave it out
+//     (op.Item.CASNode), so they go to that replica only; once stored
+//     (or deleted) there, the others get the same write without the
+//     check (set, append, prepend, delete) under the write policy. A CAS
+//     value that names no replica up now fails the check.
 //   - gat: read like get, then touch on the other replicas in the
 //     background.
 //
@@ -405,39 +406,70 @@ func (cs *writeCopies) finish(ctx context.Context) {
 }
 
 // cas stores o, a write checked against a CAS value (cas, append_cas,
-// prepend_cas, delete_cas), on the key's first replica, which issued the
-// CAS value the caller holds, and then sends it unchecked (a set of the
-// stored value, an append or prepend of its bytes, a delete) to the other
-// replicas under the write policy (the first replica counts toward it).
+// prepend_cas, delete_cas), on the replica that gave the CAS value out
+// (op.Item.CASNode), and then sends it unchecked (a set of the stored
+// value, an append or prepend of its bytes, a delete) to the other
+// replicas under the write policy (the replica checked counts toward
+// it). Each node counts CAS values of its own, so a value is checked only
+// where it was read: one naming no replica of the key up now (removed,
+// down, a spare since, or none named) fails the check
+// (upstream.ErrCASNode), as the version read cannot be found. A
+// delete_cas with no CAS (If-Match: *) checks the first replica.
 func (v *view) cas(ctx context.Context, o op.Op) op.Result {
 	set := v.c.Replicas(&o, v.replicas)
 	need, err := v.need(len(set.Replicas))
 	if err != nil {
 		return op.Result{Err: err}
 	}
+	k := 0
+	if o.Item.CAS != 0 {
+		if k = checkedOn(set.Replicas, o.Item.CASNode); k < 0 {
+			return op.Result{Err: upstream.ErrCASNode}
+		}
+	}
 	if err := admit(o, set.Replicas); err != nil {
 		return op.Result{Err: err}
 	}
 	o.Admitted = true
-	if prev, _ := v.order.enter(o.Item.Key, set.Replicas[:1], nil, false); prev != nil {
+	checked := set.Replicas[k]
+	if prev, _ := v.order.enter(o.Item.Key, set.Replicas[k:k+1], nil, false); prev != nil {
 		await(ctx, prev[0]) // the check is against the caller's earlier write, whose copy may still be on its way
 	}
-	res := v.c.DoOn(ctx, o, set.Replicas[0])
+	res := v.c.DoOn(ctx, o, checked)
 	if failure(res.Err) {
-		v.replicaFailed(o.Verb, outcome{res: res, node: set.Replicas[0].Node()}, false)
+		v.replicaFailed(o.Verb, outcome{res: res, node: checked.Node()}, false)
 	} else {
 		v.pm.writeAnswered.Inc()
 	}
 	if res.Err != nil {
 		return res
 	}
+	others := make([]upstream.Replica, 0, len(set.Replicas)-1)
+	others = append(append(others, set.Replicas[:k]...), set.Replicas[k+1:]...)
 	s := o
-	s.Verb, s.Item.CAS = o.Verb.Unchecked(), 0
-	if rest := v.fanout(ctx, s, &set, set.Replicas[1:], need-1); rest.Err != nil {
-		return op.Result{Err: fmt.Errorf("%s stored on %s, the first replica, but not copied as the policy needs: %w",
-			o.Verb, set.Replicas[0].Node(), rest.Err)}
+	s.Verb, s.Item.CAS, s.Item.CASNode = o.Verb.Unchecked(), 0, 0
+	if rest := v.fanout(ctx, s, &set, others, need-1); rest.Err != nil {
+		return op.Result{Err: fmt.Errorf("%s stored on %s, the replica checked, but not copied as the policy needs: %w",
+			o.Verb, checked.Node(), rest.Err)}
 	}
 	return res
+}
+
+// checkedOn is the index of the replica tagged node (upstream.NodeTag)
+// among reps, or -1 if none is, or if two are (tags of 32 bits may
+// collide, and a check on the wrong node is the error it exists to
+// prevent).
+func checkedOn(reps []upstream.Replica, node uint32) int {
+	k := -1
+	for i, r := range reps {
+		if node != 0 && r.Tag() == node {
+			if k >= 0 {
+				return -1
+			}
+			k = i
+		}
+	}
+	return k
 }
 
 // gat reads o's key as get does, touching the replica that answers, and
