@@ -368,8 +368,8 @@ func TestCASAndIncr(t *testing.T) {
 }
 
 // TestAppendCASReplicated: append_cas and prepend_cas are checked on the
-// first replica, whose CAS a head reads, and their bytes added to every
-// copy; a check that fails there adds them nowhere.
+// replica whose CAS a head reads (the first, here), and their bytes added
+// to every copy; a check that fails there adds them nowhere.
 func TestAppendCASReplicated(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 3)
 	r, _ := newRouter(t, Options{Pools: []PoolOptions{{Cluster: clusterOptions(mcs), Replicas: 3}}})
@@ -410,9 +410,9 @@ func TestAppendCASReplicated(t *testing.T) {
 	}
 }
 
-// TestDeleteCASReplicated: delete_cas is checked on the first replica,
-// whose CAS a read of the key answers, and deletes every copy once that
-// check passed; a check that fails there deletes none. With no CAS it
+// TestDeleteCASReplicated: delete_cas is checked on the replica whose CAS
+// a read of the key answers (the first, here), and deletes every copy once
+// that check passed; a check that fails there deletes none. With no CAS it
 // deletes every copy of a key the first replica holds.
 func TestDeleteCASReplicated(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 3)
