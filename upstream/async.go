@@ -35,7 +35,7 @@ import (
 // connection is not retried elsewhere, as Do does not retry it: the node
 // may have applied it.
 func (c *Cluster) DoAsync(ctx context.Context, o op.Op, done func(op.Result)) bool {
-	if !o.Verb.Valid() || o.Item.CASNode != 0 { // Do refuses a CASNode
+	if !o.Verb.Valid() || o.Item.CASNode != 0 && o.Verb.Checked() { // Do refuses it (ErrCASNode)
 		return false
 	}
 	sk, hk := c.keysOf(&o)

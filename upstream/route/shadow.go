@@ -61,7 +61,7 @@ func (v *view) shadowDo(o op.Op, res op.Result) {
 		if res.Err != nil {
 			return
 		}
-		so.Verb, so.Item.CAS = u, 0
+		so.Verb, so.Item.CAS, so.Item.CASNode = u, 0, 0
 	}
 	size := int64(len(o.Item.Value) + len(res.Item.Value))
 	bg := v.pol.px.shadBG
