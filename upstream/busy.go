@@ -221,10 +221,16 @@ func (n *node) takeQueued(ctx context.Context, name string) error {
 
 // waitSlot waits within ctx for a slot, whatever the share: the callers
 // above decide how the wait is counted. name names the operation in the
-// error.
+// error. A slot that frees as ctx ends is given back: select picks either
+// ready case at random, and an operation sent past its caller's deadline
+// would hold the caller for up to one more timeout.
 func (n *node) waitSlot(ctx context.Context, name string) error {
 	select {
 	case n.sem <- struct{}{}:
+		if err := ctx.Err(); err != nil {
+			n.release()
+			return ctxError(n.name, name, err)
+		}
 		return nil
 	case <-ctx.Done():
 		return ctxError(n.name, name, ctx.Err())

@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"context"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -253,4 +254,23 @@ func slowFirstCluster(t *testing.T, mcs []*memcachedtest.Server, slots int) *Clu
 	})
 	runCluster(t, c)
 	return c
+}
+
+// TestWaitSlotAfterDeadline: a slot that frees as the caller's deadline
+// passes is not taken: select picks either ready case at random, and an
+// operation that won the slot past its deadline ran for one more
+// Timeout (a GET answered 504 at REQUEST_TIMEOUT + TIMEOUT with the node
+// stopped and one slot).
+func TestWaitSlotAfterDeadline(t *testing.T) {
+	n := &node{name: "n", sem: make(chan struct{}, 1)}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	for range 200 {
+		if err := n.waitSlot(ctx, "get"); err == nil {
+			t.Fatal("waitSlot took a free slot for a caller whose context had ended")
+		}
+		if len(n.sem) != 0 {
+			t.Fatalf("%d slots held after a refusal, want 0", len(n.sem))
+		}
+	}
 }
