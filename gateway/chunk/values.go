@@ -428,9 +428,12 @@ func (peek) Lend(n int) []byte {
 // index's. A value that is not one is never sent: a flood of 70-byte
 // deletes or appends of a 1 MB value costs memcached a line each. The
 // result's Err is the read's (upstream.ErrNotFound: no item); its Item
-// has a Value only for an item that may be an index.
+// has a Value only for an item that may be an index. Both reads are
+// op.Op.Peek: a key only a warm-up pool holds is read from there but not
+// copied into the cold pool, where the delete or write that follows
+// would race the copy.
 func (v *Values) peekIndex(ctx context.Context, o op.Op) op.Result {
-	h := op.Op{Verb: op.Head, Item: op.Item{Key: o.Item.Key}, HashKey: o.HashKey, Room: peek{}, Queued: o.Queued}
+	h := op.Op{Verb: op.Head, Item: op.Item{Key: o.Item.Key}, HashKey: o.HashKey, Room: peek{}, Queued: o.Queued, Peek: true}
 	res := v.store.Do(ctx, h)
 	if res.Err != nil || res.Item.Flags != IndexFlags || res.N != uint64(indexLen) {
 		return res

@@ -215,6 +215,13 @@ type Op struct {
 	// large reads, apart from its other operations, so that a small
 	// request never waits behind megabytes of chunks on its connection.
 	Bulk bool
+	// Peek marks a read made only to decide how to write the key (whether
+	// its item is the index of a value in chunks, before a delete or a
+	// write over it): a pool with a warm-up source answers it from there
+	// as any read, but does not copy what it finds into the cold pool,
+	// where the write that follows would race the copy (a delete the
+	// copy lands after would bring the value back).
+	Peek bool
 	// Client is the client the operation is for, or nil. A pool that
 	// may send a large read late (gomemcache's, for a Get of a key
 	// known large that waited for a connection) asks it just before

@@ -150,6 +150,27 @@ func TestWarmUpHead(t *testing.T) {
 	}
 }
 
+// TestWarmUpPeek: a get marked Peek (the look at an item before a write
+// of its key decides how to write it) of a key only in the warm pool
+// answers from there but is not written back: the write that follows
+// (a delete) would race the copy, which could land after it.
+func TestWarmUpPeek(t *testing.T) {
+	r, reg, cold, warm := warmRouter(t)
+	ctx := t.Context()
+	directSet(t, warm.Addr, "only-warm", "from-warm", 100)
+	res := r.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: "only-warm"}, Peek: true})
+	if res.Err != nil || string(res.Item.Value) != "from-warm" {
+		t.Fatalf("peek = %q, %v; want the warm pool's value", res.Item.Value, res.Err)
+	}
+	if got := counter(t, reg, "memcgate_warmup_reads_total", "result", "warm_hit"); got != 1 {
+		t.Errorf("warm_hit = %v, want 1", got)
+	}
+	r.px.warmBG.wait()
+	if v, ok := direct(t, cold.Addr, "only-warm"); ok {
+		t.Errorf("the cold pool holds %q after a peek: written back", v)
+	}
+}
+
 func TestWarmUpWritesInvalidateTheWarmPool(t *testing.T) {
 	r, _, cold, warm := warmRouter(t)
 	ctx := t.Context()

@@ -27,6 +27,8 @@ import (
 //     costs hits, never errors.
 //   - head: as get, with a head of the warm pool, whose hit has no value
 //     to write back: a HEAD fills nothing, and reads no value to answer.
+//     A get marked op.Op.Peek (a read before a write of the key) is not
+//     written back either: the write it precedes would race the copy.
 //   - every write: the cold pool answers, and the key is deleted from the
 //     warm pool before the answer, so the warm pool never holds a value
 //     older than the cold one: a later cold miss (an eviction, a shorter
@@ -102,7 +104,7 @@ func (v *view) warmGet(ctx context.Context, o op.Op) op.Result {
 	switch {
 	case wres.Err == nil:
 		m.warmHit.Inc()
-		if wv == op.Get {
+		if wv == op.Get && !o.Peek {
 			v.writeBack(o, wres.Item)
 		}
 		return op.Result{Item: wres.Item, N: wres.N}

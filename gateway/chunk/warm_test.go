@@ -1,0 +1,109 @@
+package chunk
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/memcgate/memcgate/test/memcachedtest"
+	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/op"
+	"github.com/memcgate/memcgate/upstream/route"
+)
+
+// oneNode is the cluster options of a pool of mc alone.
+func oneNode(mc *memcachedtest.Server) upstream.Options {
+	return upstream.Options{Servers: []upstream.Server{{Host: "127.0.0.1", Port: mc.Port, Weight: 1}}, PipelineConns: 2, Timeout: 2 * time.Second,
+		Health: upstream.HealthOptions{Interval: 50 * time.Millisecond, Timeout: time.Second, Fall: 2, Rise: 2}}
+}
+
+// warmRouter is a router whose default pool (cold) fills its misses from
+// pool "old" (warm), run until the test ends.
+func warmRouter(t *testing.T, cold, warm *memcachedtest.Server) *route.Router {
+	t.Helper()
+	r, err := route.New(route.Options{Pools: []route.PoolOptions{
+		{Cluster: oneNode(cold), Warm: "old"},
+		{Name: "old", Cluster: oneNode(warm)},
+	}, WarmDefaultTTL: time.Minute}, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; r.Close() })
+	for deadline := time.Now().Add(5 * time.Second); !r.Ready(); {
+		if time.Now().After(deadline) {
+			t.Fatal("router not ready in 5s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return r
+}
+
+// TestDeleteBringsNothingBackFromAWarmPool: a DELETE of a value in
+// chunks that only the warm pool holds (a cold pool filling itself from
+// an old one) leaves the key missing. Before, the delete's own look at
+// the item (is it an index?) was a warm hit that the router copied into
+// the cold pool in the background, and the copy, an add, landed after
+// the delete in about 6 of 10 tries: the whole value was served again
+// (its chunks were still in the warm pool) for the rest of its TTL.
+func TestDeleteBringsNothingBackFromAWarmPool(t *testing.T) {
+	cold, warm := memcachedtest.Start(t), memcachedtest.Start(t)
+	ctx := t.Context()
+	old, err := upstream.New(oneNode(warm), slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { old.Close() })
+	coldOnly, err := upstream.New(oneNode(cold), slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { coldOnly.Close() })
+	before := New(old, Options{ChunkSize: raceChunk, Grace: time.Hour, Timeout: 5 * time.Second}, prometheus.NewRegistry())
+	const keys = 10
+	for i := range keys {
+		if err := put(ctx, before, "blob"+strconv.Itoa(i), bigValue(2, byte(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := warmRouter(t, cold, warm)
+	v := New(r, Options{ChunkSize: raceChunk, Grace: time.Hour, Timeout: 5 * time.Second}, prometheus.NewRegistry())
+	for i := range keys {
+		key := "blob" + strconv.Itoa(i)
+		if res := v.Do(ctx, op.Op{Verb: op.Delete, Item: op.Item{Key: key}}); res.Err != nil && !errors.Is(res.Err, upstream.ErrNotFound) {
+			t.Fatalf("Delete(%s): %v", key, res.Err)
+		}
+	}
+	// A warm hit read after the deletes is copied in the background as
+	// a copy started by them would have been: once it is in the cold
+	// pool, theirs would be too.
+	if err := old.Do(ctx, op.Op{Verb: op.Set, Item: op.Item{Key: "probe", Value: []byte("p")}}).Err; err != nil {
+		t.Fatal(err)
+	}
+	if res := r.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: "probe"}}); res.Err != nil {
+		t.Fatalf("Get(probe) = %v, want the warm pool's", res.Err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); coldOnly.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: "probe"}}).Err != nil; {
+		if time.Now().After(deadline) {
+			t.Fatal("probe not copied into the cold pool in 5s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for i := range keys {
+		key := "blob" + strconv.Itoa(i)
+		if res := coldOnly.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: key}}); !errors.Is(res.Err, upstream.ErrNotFound) {
+			t.Errorf("cold pool's %s after its delete: %d bytes, %v; want a miss", key, len(res.Item.Value), res.Err)
+		}
+		if res := r.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: key}}); !errors.Is(res.Err, upstream.ErrNotFound) {
+			t.Errorf("Get(%s) after its delete: %d bytes, %v; want a miss", key, len(res.Item.Value), res.Err)
+		}
+	}
+}
