@@ -203,6 +203,8 @@ func errorStatus(err error) (status int, msg string, retry bool) {
 		return http.StatusNotFound, "not found (a chunk of the value was gone)", false
 	case errors.Is(err, chunk.ErrChunked):
 		return http.StatusInsufficientStorage, "the value is stored in chunks; read it on its own with GET /{key}", false
+	case errors.Is(err, chunk.ErrMoved):
+		return http.StatusServiceUnavailable, "the servers or routes changed (a reload) while the value was written in chunks: it is not stored, or not readable; PUT it again", true
 	case errors.Is(err, chunk.ErrChanging):
 		return http.StatusConflict, "the value kept changing between the check that it is not stored in chunks and the append (other writes of the key); nothing was appended", false
 	case errors.Is(err, upstream.ErrExists):

@@ -218,7 +218,7 @@ func (p *process) gateway() {
 	// Values in chunks, shared by the REST API and the HttpMemc
 	// endpoints, so that deleting a key through either removes its chunks;
 	// chunks go through the router, so they follow their key's route.
-	gopts.Chunks = chunk.New(router, chunk.Options{ChunkSize: int(cfg.MaxValueBytes), Grace: gopts.BigValueGrace, Timeout: cfg.RequestTimeout, Panics: p.panics}, reg)
+	gopts.Chunks = chunk.New(router, chunk.Options{ChunkSize: int(cfg.MaxValueBytes), Grace: gopts.BigValueGrace, Timeout: cfg.RequestTimeout, Layout: router.Layout, Panics: p.panics}, reg)
 	var memcStore memc.Store = router
 	if cfg.BigValueMaxBytes > 0 {
 		memcStore = gopts.Chunks

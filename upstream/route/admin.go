@@ -211,6 +211,7 @@ func (r *Router) Reconfigure(ctx context.Context, opts Options) ([]Change, error
 		return nil, err
 	}
 	old := r.t.Load()
+	r.layout.Add(1) // before any change applies (Layout)
 	var changes []Change
 	for i, po := range opts.Pools {
 		p := pools[i]

@@ -255,7 +255,17 @@ type Router struct {
 
 	mu    sync.Mutex // serializes Reconfigure and SetRequestSlots
 	slots int        // the pools' RequestSlots; guarded by mu
+
+	layout atomic.Uint64 // Reconfigures committed (Layout)
 }
+
+// Layout counts the reloads (Reconfigure) committed so far, each counted
+// before any of its changes applies: keys may be placed elsewhere once
+// it has changed. A caller that spreads one value over several
+// operations (the chunks of a large value and their index) reads it
+// before the first and after the last: if it is the same, they were all
+// placed by one configuration.
+func (r *Router) Layout() uint64 { return r.layout.Load() }
 
 // table is one routing configuration: which pool each key goes to and
 // each pool's policy. It never changes: Reconfigure swaps in another.

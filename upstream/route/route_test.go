@@ -763,6 +763,7 @@ func TestReconfigure(t *testing.T) {
 	b := memcachedtest.StartN(t, 3)
 	o := Options{Pools: []PoolOptions{{Cluster: clusterOptions(a)}, {Name: "b", Prefixes: []string{"b:"}, Cluster: clusterOptions(b)}}}
 	r, _ := newRouter(t, o)
+	layout := r.Layout()
 	o2 := o
 	o2.Pools = []PoolOptions{o.Pools[0], o.Pools[1]}
 	o2.Pools[1].Prefixes = []string{"x:"}
@@ -771,6 +772,10 @@ func TestReconfigure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if got := r.Layout(); got == layout {
+		t.Errorf("Layout() = %d after a reload that moved a prefix, want it changed", got)
+	}
+	layout = r.Layout()
 	if len(ch) != 1 || ch[0].Pool != "b" || strings.Join(ch[0].Policy, ",") != "prefixes,replicas" {
 		t.Errorf("changes = %+v", ch)
 	}
@@ -793,6 +798,9 @@ func TestReconfigure(t *testing.T) {
 	}
 	if p := r.Placement("x:1"); p.Pool != "b" || p.Replicas != 2 {
 		t.Errorf("after the refused reloads x:1 goes to %s with %d replicas, want b with 2", p.Pool, p.Replicas)
+	}
+	if got := r.Layout(); got != layout {
+		t.Errorf("Layout() = %d after refused reloads, want %d: nothing moved", got, layout)
 	}
 }
 
