@@ -41,7 +41,7 @@ func (c *Cluster) pick(t *topology, hashKey, writeKey string) (n *node, failover
 		if ignoreHealth || t.nodes[i].available() {
 			return t.nodes[i], i != owner, nil
 		}
-		if c.opts.Failover != FailFast && writeKey != "" && !t.nodes[i].skipForWrite(writeKey) {
+		if c.opts.Failover != FailFast && writeKey != "" && !t.nodes[i].skipForWrite(writeKey, c.placedBy(writeKey, hashKey)) {
 			return t.nodes[i], i != owner, nil // re-admitted since
 		}
 		if c.opts.Failover == FailFast {

@@ -134,7 +134,7 @@ func (c *Cluster) Replicas(o *op.Op, copies int) ReplicaSet {
 		}
 		// A write records its key on each node down that would have
 		// been a replica (stale.go); one re-admitted since is taken.
-		if !ignoreHealth && !n.available() && (!write || len(s.Replicas) >= copies || n.skipForWrite(sk)) {
+		if !ignoreHealth && !n.available() && (!write || len(s.Replicas) >= copies || n.skipForWrite(sk, c.placedBy(sk, hk))) {
 			continue
 		}
 		r := Replica{n: n, home: home}

@@ -58,35 +58,43 @@ const staleKeyOverhead = 48
 // within the 64 connections gomemcache's pool may open by default.
 const staleDeleteWorkers = 32
 
+// staleKey is a key written elsewhere: as sent to memcached, and the
+// key the ring placed it by when that is not the cluster's own for it
+// (Cluster.hashOf): an operation with an op.Op.HashKey, such as a chunk
+// of a large value, placed by its value's key. Empty: hashOf(store).
+type staleKey struct {
+	store, hash string
+}
+
 // staleKeys is one node's set of keys written elsewhere. It holds a
 // mutex: it must not be copied.
 type staleKeys struct {
-	mu        sync.Mutex          // guards the fields below; never held across I/O
-	keys      map[string]struct{} // nil while empty
-	bytes     int                 // charged for keys: their lengths plus staleKeyOverhead each
-	limit     int                 // most bytes the set may hold
-	untracked int                 // keys not recorded since the last re-admission: the set was full
-	warned    bool                // the overflow of this outage was logged
+	mu        sync.Mutex        // guards the fields below; never held across I/O
+	keys      map[string]string // store key to its staleKey.hash; nil while empty
+	bytes     int               // charged for keys: their lengths (and their hash keys') plus staleKeyOverhead each
+	limit     int               // most bytes the set may hold
+	untracked int               // keys not recorded since the last re-admission: the set was full
+	warned    bool              // the overflow of this outage was logged
 }
 
-// add records key and reports whether it did: false if the set is full.
-func (s *staleKeys) add(key string) bool {
+// add records k and reports whether it did: false if the set is full.
+func (s *staleKeys) add(k staleKey) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.keys[key]; ok {
+	if _, ok := s.keys[k.store]; ok {
 		return true
 	}
-	cost := len(key) + staleKeyOverhead
+	cost := len(k.store) + len(k.hash) + staleKeyOverhead
 	if s.bytes+cost > s.limit {
 		return false
 	}
 	if s.keys == nil {
-		s.keys = map[string]struct{}{}
+		s.keys = map[string]string{}
 	}
-	// A copy: key may be part of a longer string (a request's target,
+	// Copies: a key may be part of a longer string (a request's target,
 	// kilobytes with its query), which the set would otherwise keep
 	// whole while charging only the key.
-	s.keys[strings.Clone(key)] = struct{}{}
+	s.keys[strings.Clone(k.store)] = strings.Clone(k.hash)
 	s.bytes += cost
 	return true
 }
@@ -110,12 +118,12 @@ func (s *staleKeys) len() int {
 }
 
 // take empties the set and returns its keys.
-func (s *staleKeys) take() []string {
+func (s *staleKeys) take() []staleKey {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	keys := make([]string, 0, len(s.keys))
-	for k := range s.keys {
-		keys = append(keys, k)
+	keys := make([]staleKey, 0, len(s.keys))
+	for k, h := range s.keys {
+		keys = append(keys, staleKey{k, h})
 	}
 	s.keys, s.bytes = nil, 0
 	return keys
@@ -123,7 +131,7 @@ func (s *staleKeys) take() []string {
 
 // putBack records again keys that take returned and whose deletion did
 // not happen, within the bound; it returns how many did not fit.
-func (s *staleKeys) putBack(keys []string) (lost int) {
+func (s *staleKeys) putBack(keys []staleKey) (lost int) {
 	for _, k := range keys {
 		if !s.add(k) {
 			lost++
@@ -148,14 +156,15 @@ func (s *staleKeys) drop() {
 	s.admitted()
 }
 
-// recordStale notes that a write of key (as sent to memcached) goes to
-// another node on n's account. If the set is full it counts the key as
+// recordStale notes that a write of store (the key as sent to
+// memcached, placed by hash: see staleKey) goes to another node on n's
+// account. If the set is full it counts the key as
 // untracked, and logs the first such key of the outage; not while
 // ReadmitFlush is on, which empties the node anyway. (The key is still
 // recorded then, within the bound, so that turning ReadmitFlush off
 // during an outage leaves the keys written before to be deleted.)
-func (n *node) recordStale(key string) {
-	if n.stale.add(key) {
+func (n *node) recordStale(store, hash string) {
+	if n.stale.add(staleKey{store, hash}) {
 		return
 	}
 	n.staleLost(1)
@@ -174,14 +183,14 @@ func (n *node) staleLost(lost int) {
 	}
 }
 
-// skipForWrite is called for a write of key (as sent) that found n down:
-// it records the key on n, then reports whether n is still down, so that
+// skipForWrite is called for a write of store (as sent; placed by hash,
+// see staleKey) that found n down: it records the key on n, then reports whether n is still down, so that
 // the write goes elsewhere; false means n was re-admitted meanwhile and
 // the write goes to n. Recording before looking again orders the record
 // before any admission the write did not see (see the comment at the top
 // of this file).
-func (n *node) skipForWrite(key string) bool {
-	n.recordStale(key)
+func (n *node) skipForWrite(store, hash string) bool {
+	n.recordStale(store, hash)
 	return !n.available()
 }
 
@@ -192,7 +201,7 @@ func (n *node) skipForWrite(key string) bool {
 // ending) it stops, records again the keys not deleted, and returns the
 // failure: n must not be admitted yet. It returns how many keys it
 // deleted or found missing.
-func (c *Cluster) invalidateStale(ctx context.Context, n *node, keys []string) (int, error) {
+func (c *Cluster) invalidateStale(ctx context.Context, n *node, keys []staleKey) (int, error) {
 	if len(keys) == 0 {
 		return 0, nil
 	}
@@ -214,7 +223,7 @@ func (c *Cluster) invalidateStale(ctx context.Context, n *node, keys []string) (
 					return
 				}
 				err := n.doAs(ctx, verbOp(op.Delete), false, queued, func(mc dataClient, _ bool) error { // the health check's: no request slot
-					_, _, err := mc.Do(ctx, op.Op{Verb: op.Delete}, keys[i])
+					_, _, err := mc.Do(ctx, op.Op{Verb: op.Delete}, keys[i].store)
 					return err
 				})
 				var ne *NodeError
@@ -242,7 +251,7 @@ func (c *Cluster) invalidateStale(ctx context.Context, n *node, keys []string) (
 	if fail == nil {
 		return int(deleted.Load()), nil
 	}
-	var rest []string
+	var rest []staleKey
 	for i, k := range keys {
 		if !done[i] {
 			rest = append(rest, k)
@@ -274,7 +283,7 @@ func (c *Cluster) invalidateStale(ctx context.Context, n *node, keys []string) (
 // above), staleDeleteWorkers at a time. It is best effort: a failure
 // leaves that copy to age out within FailoverTTL. It returns how many
 // copies it deleted or found missing.
-func (c *Cluster) clearCopies(ctx context.Context, n *node, keys []string) int {
+func (c *Cluster) clearCopies(ctx context.Context, n *node, keys []staleKey) int {
 	if len(keys) == 0 {
 		return 0
 	}
@@ -288,8 +297,15 @@ func (c *Cluster) clearCopies(ctx context.Context, n *node, keys []string) int {
 	}
 	var targets []target
 	for _, k := range keys {
-		if m := spareAfter(t, n, c.hashOf(k), copies); m != nil {
-			targets = append(targets, target{k, m})
+		// The chain of the key the write was placed by: a chunk's own
+		// name places it elsewhere, and its spare there may be a live
+		// replica of the value, whose chunk the delete would take.
+		hk := k.hash
+		if hk == "" {
+			hk = c.hashOf(k.store)
+		}
+		if m := spareAfter(t, n, hk, copies); m != nil {
+			targets = append(targets, target{k.store, m})
 		}
 	}
 	var (
@@ -348,6 +364,16 @@ func (c *Cluster) hashOf(store string) string {
 		return store
 	}
 	return strings.TrimPrefix(store, c.opts.KeyPrefix)
+}
+
+// placedBy is the staleKey.hash of a write of store placed by hash:
+// empty when hash is store's own (hashOf), so that most keys are
+// recorded, and charged, once.
+func (c *Cluster) placedBy(store, hash string) string {
+	if hash == c.hashOf(store) {
+		return ""
+	}
+	return hash
 }
 
 // Unknown history. A node that was away when this process started, and

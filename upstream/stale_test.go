@@ -333,7 +333,7 @@ func TestStaleKeysOverflowAndFlush(t *testing.T) {
 func TestStaleKeysCopyTheirKeys(t *testing.T) {
 	target := "k1?" + strings.Repeat("q", 16<<10)
 	s := &staleKeys{limit: 1 << 20}
-	if !s.add(target[:2]) {
+	if !s.add(staleKey{store: target[:2]}) {
 		t.Fatal("add refused a key into an empty set")
 	}
 	for k := range s.keys {

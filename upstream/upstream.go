@@ -1059,7 +1059,7 @@ func (c *Cluster) routeAfter(ctx context.Context, hashKey, writeKey string, trie
 			if failFast {
 				return fmt.Errorf("%w: %s, the key's node, is down (failover policy %q)", ErrNoNodes, n.name, FailFast)
 			}
-			if !write || n.skipForWrite(writeKey) {
+			if !write || n.skipForWrite(writeKey, c.placedBy(writeKey, hashKey)) {
 				continue
 			}
 			// Re-admitted since: the write goes to n after all.
@@ -1084,7 +1084,7 @@ func (c *Cluster) routeAfter(ctx context.Context, hashKey, writeKey string, trie
 		if write {
 			// n never got the write, which goes on to the next node: n
 			// may hold an older value of the key.
-			n.recordStale(writeKey)
+			n.recordStale(writeKey, c.placedBy(writeKey, hashKey))
 		}
 	}
 	if last != nil {

@@ -288,6 +288,47 @@ func TestNoStaleAfterReturn(t *testing.T) {
 	}
 }
 
+// TestReturnKeepsCopiesPlacedByAnotherKey: writes placed by another key
+// (op.Op.HashKey: the chunks of a large value, placed by its key) during
+// a replica's outage keep their copy on the replica that stayed up once
+// the node returns. Before, the re-admission's delete of the copies
+// written elsewhere looked for their spare in the chain of each write's
+// own key, not the key it was placed by: a third of the chunks of an
+// 8 MB value were deleted from the one replica that held them all, and
+// its GETs were cut short after 7 of 8 chunks.
+func TestReturnKeepsCopiesPlacedByAnotherKey(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 3)
+	r, _ := newRouter(t, Options{Pools: []PoolOptions{{Cluster: clusterOptions(mcs), Replicas: 2, MissFallback: true}}})
+	ctx := t.Context()
+	chain := r.Placement("big").Chain
+	victim := slices.IndexFunc(mcs, func(m *memcachedtest.Server) bool { return m.Addr == chain[0].Node })
+	kept, spare := chain[1].Node, chain[2].Node
+	mcs[victim].Pause()
+	waitUntil(t, 5*time.Second, "paused node ejected", func() bool { return !nodeUp(r, mcs[victim].Addr) })
+	parts := make([]string, 40)
+	for i := range parts {
+		parts[i] = fmt.Sprint("part.", i)
+		if err := r.Do(ctx, op.Op{Verb: op.Set, Item: op.Item{Key: parts[i], Value: []byte("v")}, HashKey: "big"}).Err; err != nil {
+			t.Fatalf("write during the outage: %v", err)
+		}
+	}
+	mcs[victim].Resume()
+	waitUntil(t, 5*time.Second, "node re-admitted", func() bool { return nodeUp(r, mcs[victim].Addr) })
+	waitUntil(t, 5*time.Second, "the spare's copies deleted", func() bool {
+		for _, p := range parts {
+			if _, ok := direct(t, spare, p); ok {
+				return false
+			}
+		}
+		return true
+	})
+	for _, p := range parts {
+		if _, ok := direct(t, kept, p); !ok {
+			t.Errorf("%s is gone from %s, the replica that stayed up", p, kept)
+		}
+	}
+}
+
 func nodeUp(r *Router, addr string) bool {
 	for _, n := range r.Nodes() {
 		if n.Node == addr {
