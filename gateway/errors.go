@@ -204,7 +204,7 @@ func errorStatus(err error) (status int, msg string, retry bool) {
 	case errors.Is(err, chunk.ErrChunked):
 		return http.StatusInsufficientStorage, "the value is stored in chunks; read it on its own with GET /{key}", false
 	case errors.Is(err, chunk.ErrMoved):
-		return http.StatusServiceUnavailable, "the servers or routes changed (a reload) while the value was written in chunks: it is not stored, or not readable; PUT it again", true
+		return http.StatusServiceUnavailable, "the key's memcached nodes changed (a reload, or a node ejected or back) while the value was written in chunks: it is not stored, or not readable; PUT it again", true
 	case errors.Is(err, chunk.ErrChanging):
 		return http.StatusConflict, "the value kept changing between the check that it is not stored in chunks and the append (other writes of the key); nothing was appended", false
 	case errors.Is(err, upstream.ErrExists):

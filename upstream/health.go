@@ -42,8 +42,9 @@ import (
 // nodes. It holds atomics: it must not be copied.
 type healthPolicy struct {
 	HealthOptions
-	down       atomic.Int32 // nodes currently down
-	maxPassive atomic.Int32 // most nodes passive ejection may take down at once
+	down       atomic.Int32  // nodes currently down
+	moves      atomic.Uint64 // the nodes' changes of state, each counted before it takes effect (Cluster.Moves)
+	maxPassive atomic.Int32  // most nodes passive ejection may take down at once
 	// readmitFlush is HealthOptions.ReadmitFlush, which a committed
 	// server list (NextServers.ReadmitFlush) changes.
 	readmitFlush atomic.Bool
@@ -190,6 +191,7 @@ func (n *node) ejectHeld(reason string, cause error, passive bool, from time.Tim
 		return
 	}
 	n.mu.Lock()
+	n.h.moves.Add(1) // before the change, seen by whoever sees it (Cluster.Moves)
 	if !n.up.CompareAndSwap(true, false) {
 		n.mu.Unlock()
 		if passive {
@@ -285,6 +287,7 @@ func (n *node) probeResult(err error, at time.Time) probeAction {
 // node removed meanwhile, or up already, is left as it is).
 func (n *node) admit() bool {
 	n.mu.Lock()
+	n.h.moves.Add(1) // before the change, seen by whoever sees it (Cluster.Moves)
 	if n.retired.Load() || !n.up.CompareAndSwap(false, true) {
 		n.mu.Unlock()
 		return false
@@ -535,6 +538,15 @@ func (n *node) resetPasses() {
 	n.passes = 0
 	n.mu.Unlock()
 }
+
+// Moves counts the changes of the nodes' health: each ejection and
+// re-admission, counted before it takes effect (a few more: tries that
+// found the change made already). Keys may be placed elsewhere once it
+// has changed. A caller that spreads one value over several operations
+// placed by one key (the chunks of a large value and their index) reads
+// it before the first and after the last: if it is the same, they were
+// all placed on the same nodes.
+func (c *Cluster) Moves() uint64 { return c.health.moves.Load() }
 
 // up is the number of t's nodes taking traffic.
 func (c *Cluster) up(t *topology) int { return len(t.nodes) - int(c.health.down.Load()) }

@@ -85,11 +85,12 @@ var (
 	// ErrCorrupt is an item that starts as an index does but is not
 	// one (an append or prepend reached it through another client).
 	ErrCorrupt = errors.New("chunk: the index is corrupt")
-	// ErrMoved is a Put during which the servers or routes changed
-	// (Options.Layout): its chunks and its index may be on different
-	// nodes, so the value is not stored, or (when the change came while
-	// the index was on its way) may be stored unreadable.
-	ErrMoved = errors.New("chunk: the servers or routes changed while the value was written")
+	// ErrMoved is a Put during which its key's placement changed
+	// (Options.Layout: a reload, or a node ejected or re-admitted): its
+	// chunks and its index may be on different nodes, so the value is
+	// not stored, or (when the change came while the index was on its
+	// way) may be stored unreadable.
+	ErrMoved = errors.New("chunk: the key's nodes changed while the value was written")
 )
 
 // Index describes a value stored in chunks.

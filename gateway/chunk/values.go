@@ -54,13 +54,15 @@ type Options struct {
 	// them to pass the socket timeout and get the node ejected. A Reader
 	// waits for its turn within Timeout. If zero, 4.
 	MaxReads int
-	// Layout, if not nil, counts the changes of where keys are placed
-	// (route.Router.Layout: reloads of the servers or routes). A Put
-	// whose count changed between its first look at the key and its
-	// index stores no value (ErrMoved): its chunks may have gone where
-	// its index does not, and reads would find them missing. If nil,
-	// placement never changes.
-	Layout func() uint64
+	// Layout, if not nil, says where a key is placed, as a number that
+	// changes when its placement may have (route.Router.Layout: reloads
+	// of the servers or routes, and in a pool of one copy its nodes'
+	// ejections and re-admissions). A Put whose key's number changed
+	// between its first look at the key and its index stores no value
+	// (ErrMoved): its chunks may have gone where its index does not,
+	// and reads would find them missing. If nil, placement never
+	// changes.
+	Layout func(key string) uint64
 	// Panics, if not nil, stops a panic of a Reader's prefetcher, which
 	// fetches chunks on a goroutine of its own (where="chunk_read"): the
 	// read fails. If nil, such a panic ends the process.
@@ -574,7 +576,7 @@ type Source interface {
 // written in between (the index goes in checked against the item read,
 // which is read again on a refusal: item.replacing).
 func (v *Values) Put(ctx context.Context, p Put, src Source) (err error) {
-	layout := v.layout()
+	layout := v.layout(p.Key)
 	cur, err := v.current(ctx, p)
 	if err != nil {
 		v.m.writeFailed.Inc()
@@ -630,11 +632,11 @@ func (v *Values) Put(ctx context.Context, p Put, src Source) (err error) {
 		// the chunks can go (below, an error of ctx may come after).
 		return fmt.Errorf("chunk: before writing the index of %q: %w", p.Key, err)
 	}
-	if v.layout() != layout {
-		// Some chunks may be where the key was placed before a reload,
-		// and the index would go where it is placed now: a value no
-		// read could find whole. Nothing is stored; the chunks go
-		// (those under the old placement expire).
+	if v.layout(p.Key) != layout {
+		// Some chunks may be where the key was placed before a reload
+		// or a node's ejection, and the index would go where it is
+		// placed now: a value no read could find whole. Nothing is
+		// stored; the chunks go (those placed before expire).
 		return fmt.Errorf("chunk: before writing the index of %q: %w", p.Key, ErrMoved)
 	}
 	idx := op.Op{Verb: p.Verb, Item: op.Item{Key: p.Key, Value: x.Encode(), Flags: IndexFlags, Expiration: p.Expiration, CAS: p.CAS, CASNode: p.CASNode}, Admitted: true}
@@ -663,9 +665,9 @@ func (v *Values) Put(ctx context.Context, p Put, src Source) (err error) {
 		}
 		return res.Err
 	}
-	if v.layout() != layout {
-		// A reload came while the index was on its way: it may be in,
-		// under either placement, and name chunks under the other. The
+	if v.layout(p.Key) != layout {
+		// The placement changed while the index was on its way: it may
+		// be in, under either placement, and name chunks under the other. The
 		// chunks are left to expire with it, and the client told that
 		// the value may not be stored.
 		written = 0
@@ -682,12 +684,12 @@ func (v *Values) Put(ctx context.Context, p Put, src Source) (err error) {
 	return nil
 }
 
-// layout is Options.Layout's count now (0 without one).
-func (v *Values) layout() uint64 {
+// layout is Options.Layout's number for key now (0 without one).
+func (v *Values) layout(key string) uint64 {
 	if v.opts.Layout == nil {
 		return 0
 	}
-	return v.opts.Layout()
+	return v.opts.Layout(key)
 }
 
 // maxIndexTries is how many times Put writes the index of a plain Set

@@ -151,7 +151,7 @@ func TestPutAcrossAReload(t *testing.T) {
 			ctx := t.Context()
 			_, c, _ := realValues(t, nil)
 			s := &layoutStore{Store: c, at: tt.at}
-			v := New(s, Options{ChunkSize: raceChunk, Grace: time.Hour, Timeout: 5 * time.Second, Layout: s.layout.Load}, prometheus.NewRegistry())
+			v := New(s, Options{ChunkSize: raceChunk, Grace: time.Hour, Timeout: 5 * time.Second, Layout: func(string) uint64 { return s.layout.Load() }}, prometheus.NewRegistry())
 			err := put(ctx, v, "k", bigValue(2, 1))
 			if !errors.Is(err, ErrMoved) {
 				t.Fatalf("Put across a reload = %v, want ErrMoved", err)

@@ -245,7 +245,8 @@ func (r *Router) Reconfigure(ctx context.Context, opts Options) ([]Change, error
 		ordered = append(ordered, opts.Pools[slices.IndexFunc(opts.Pools, func(p PoolOptions) bool { return p.Name == name })])
 	}
 	r.t.Store(r.newTable(ordered))
-	r.shareSlots() // the pools' node counts may have changed
+	r.layout.Add(1) // after the last change (Layout)
+	r.shareSlots()  // the pools' node counts may have changed
 	return changes, nil
 }
 

@@ -256,16 +256,33 @@ type Router struct {
 	mu    sync.Mutex // serializes Reconfigure and SetRequestSlots
 	slots int        // the pools' RequestSlots; guarded by mu
 
-	layout atomic.Uint64 // Reconfigures committed (Layout)
+	layout atomic.Uint64 // counts twice each Reconfigure committed: before any change, and after the last (Layout)
 }
 
-// Layout counts the reloads (Reconfigure) committed so far, each counted
-// before any of its changes applies: keys may be placed elsewhere once
-// it has changed. A caller that spreads one value over several
-// operations (the chunks of a large value and their index) reads it
-// before the first and after the last: if it is the same, they were all
-// placed by one configuration.
-func (r *Router) Layout() uint64 { return r.layout.Load() }
+// Layout says where key is placed, as a number that changes when its
+// placement may have: at each reload (Reconfigure) committed, counted
+// before any change applies and again after the last, and, when key's
+// pool keeps one copy, at each change of its nodes' health
+// (upstream.Cluster.Moves: a write then goes to the next node, and a
+// node's return takes its keys back). A caller that spreads one value
+// over several operations placed by key (the chunks of a large value
+// and their index) reads it before the first and after the last: if it
+// is the same, they were all placed alike. A replicated pool's health
+// is not counted: a copy moved to the next node leaves the value whole
+// on the replicas that stayed.
+func (r *Router) Layout(key string) uint64 {
+	reloads := r.layout.Load()
+	t := r.t.Load()
+	v := t.def
+	if !t.direct {
+		v, _ = t.pick(key)
+	}
+	var moves uint64
+	if v.replicas == 1 {
+		moves = v.c.Moves()
+	}
+	return reloads<<32 + moves&(1<<32-1)
+}
 
 // table is one routing configuration: which pool each key goes to and
 // each pool's policy. It never changes: Reconfigure swaps in another.

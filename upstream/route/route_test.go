@@ -329,6 +329,33 @@ func TestReturnKeepsCopiesPlacedByAnotherKey(t *testing.T) {
 	}
 }
 
+// TestLayoutFollowsHealth: in a pool of one copy, a node's ejection
+// and its re-admission change Layout of its keys (a write of the key
+// goes to another node then, and a value in chunks written across it is
+// split between two nodes: before, an 8 MB PUT whose node was killed 1 s
+// in answered 201 and its GET 404); in a replicated pool they do not
+// (the replicas that stayed hold every chunk).
+func TestLayoutFollowsHealth(t *testing.T) {
+	for _, replicas := range []int{1, 2} {
+		t.Run(fmt.Sprint("replicas ", replicas), func(t *testing.T) {
+			mcs := memcachedtest.StartN(t, 3)
+			r, _ := newRouter(t, Options{Pools: []PoolOptions{{Cluster: clusterOptions(mcs), Replicas: replicas, MissFallback: true}}})
+			chain := r.Placement("big").Chain
+			victim := mcs[slices.IndexFunc(mcs, func(m *memcachedtest.Server) bool { return m.Addr == chain[0].Node })]
+			before := r.Layout("big")
+			victim.Pause()
+			waitUntil(t, 5*time.Second, "paused node ejected", func() bool { return !nodeUp(r, victim.Addr) })
+			ejected := r.Layout("big")
+			victim.Resume()
+			waitUntil(t, 5*time.Second, "node re-admitted", func() bool { return nodeUp(r, victim.Addr) })
+			back := r.Layout("big")
+			if moved := ejected != before && back != ejected; moved != (replicas == 1) {
+				t.Errorf("Layout(big) = %d, %d ejected, %d back; want changed at each: %v", before, ejected, back, replicas == 1)
+			}
+		})
+	}
+}
+
 func nodeUp(r *Router, addr string) bool {
 	for _, n := range r.Nodes() {
 		if n.Node == addr {
@@ -804,7 +831,7 @@ func TestReconfigure(t *testing.T) {
 	b := memcachedtest.StartN(t, 3)
 	o := Options{Pools: []PoolOptions{{Cluster: clusterOptions(a)}, {Name: "b", Prefixes: []string{"b:"}, Cluster: clusterOptions(b)}}}
 	r, _ := newRouter(t, o)
-	layout := r.Layout()
+	layout := r.Layout("x:1")
 	o2 := o
 	o2.Pools = []PoolOptions{o.Pools[0], o.Pools[1]}
 	o2.Pools[1].Prefixes = []string{"x:"}
@@ -813,10 +840,10 @@ func TestReconfigure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := r.Layout(); got == layout {
+	if got := r.Layout("x:1"); got == layout {
 		t.Errorf("Layout() = %d after a reload that moved a prefix, want it changed", got)
 	}
-	layout = r.Layout()
+	layout = r.Layout("x:1")
 	if len(ch) != 1 || ch[0].Pool != "b" || strings.Join(ch[0].Policy, ",") != "prefixes,replicas" {
 		t.Errorf("changes = %+v", ch)
 	}
@@ -840,7 +867,7 @@ func TestReconfigure(t *testing.T) {
 	if p := r.Placement("x:1"); p.Pool != "b" || p.Replicas != 2 {
 		t.Errorf("after the refused reloads x:1 goes to %s with %d replicas, want b with 2", p.Pool, p.Replicas)
 	}
-	if got := r.Layout(); got != layout {
+	if got := r.Layout("x:1"); got != layout {
 		t.Errorf("Layout() = %d after refused reloads, want %d: nothing moved", got, layout)
 	}
 }
