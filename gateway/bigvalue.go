@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -326,7 +327,9 @@ func (h *handler) writeChunked(w http.ResponseWriter, r *http.Request, kr *keyRe
 				switch {
 				case now.Err != nil:
 					err = now.Err
-				case now.Item.CAS == it.CAS && now.Item.CASNode == it.CASNode: // the same index
+				case now.Item.CAS == it.CAS && now.Item.CASNode == it.CASNode && bytes.Equal(now.Item.Value, it.Value):
+					// The same index (a CAS alone may be another
+					// node's, after a reload or a failover).
 				case chunk.IsIndex(now.Item.Flags, now.Item.Value):
 					it = now.Item
 					continue

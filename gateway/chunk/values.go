@@ -1,6 +1,7 @@
 package chunk
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -815,12 +816,24 @@ func (v *Values) cleanup(ctx context.Context, key, base string, n int) {
 	}
 }
 
-// Drop deletes it, key's index, if it is still the item read (its CAS):
-// the value is lost (ErrMissing), and the next reader gets a miss at
-// once. It writes the index back with a CAS and an expiration in the
-// past, memcached's conditional delete; its chunks are retired.
+// Drop deletes it, key's index, if it is still the item read (the same
+// index, and its CAS): the value is lost (ErrMissing), and the next
+// reader gets a miss at once. It writes the index back with a CAS and an
+// expiration in the past, memcached's conditional delete; its chunks are
+// retired. The item there now is read first (peekIndex) and must be the
+// same index, byte for byte (its version is drawn at random): a CAS value
+// is one node's count, and once the key is placed on another node (a
+// reload, a failover), where its chunks are missing, a newer item there
+// can have the very CAS read on the first; the CAS alone would delete
+// that value.
 func (v *Values) Drop(ctx context.Context, key string, it op.Item) {
 	ctx = context.WithoutCancel(ctx)
+	pctx, cancel := context.WithTimeout(ctx, time.Duration(v.timeout.Load()))
+	now := v.peekIndex(pctx, op.Op{Item: op.Item{Key: key}})
+	cancel()
+	if now.Err != nil || !bytes.Equal(now.Item.Value, it.Value) {
+		return
+	}
 	it.Key, it.Expiration = key, -1
 	if res := v.do(ctx, op.Op{Verb: op.CAS, Item: it}); res.Err != nil {
 		return

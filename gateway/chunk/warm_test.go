@@ -166,3 +166,69 @@ func TestPutAcrossAReload(t *testing.T) {
 		})
 	}
 }
+
+// switchStore is a Store that sends every operation to one of two
+// clusters, as a reload that moves a key to another pool does.
+type switchStore struct {
+	a, b  Store
+	moved atomic.Bool // b serves
+}
+
+func (s *switchStore) Do(ctx context.Context, o op.Op) op.Result {
+	if s.moved.Load() {
+		return s.b.Do(ctx, o)
+	}
+	return s.a.Do(ctx, o)
+}
+
+// TestDropNamesTheIndexNotItsCAS: a reader that finds a chunk missing
+// drops the index it read, and only that index. Once the key is placed on
+// another node (a reload, a failover), where the chunks are missing, the
+// item there may have the very CAS the index had on the first node (each
+// node counts its own): before, the drop, a CAS, replaced that newer
+// value with an expired index. Seen end to end: a 30 MB value read
+// slowly, a reload moving its prefix to another pool, a PUT of the key
+// there (201) whose CAS was the index's; the reader's drop deleted it,
+// and the next GET was 404.
+func TestDropNamesTheIndexNotItsCAS(t *testing.T) {
+	ctx := t.Context()
+	_, first, _ := realValues(t, nil)
+	_, second, addr := realValues(t, nil)
+	s := &switchStore{a: first, b: second}
+	v := New(s, Options{ChunkSize: raceChunk, Grace: time.Hour, Timeout: 5 * time.Second}, prometheus.NewRegistry())
+	if err := put(ctx, v, "k", bigValue(2, 1)); err != nil {
+		t.Fatal(err)
+	}
+	index := first.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: "k"}})
+	if index.Err != nil {
+		t.Fatal(index.Err)
+	}
+	// The second node's next CAS is the index's: fill its count.
+	for {
+		res := second.Do(ctx, op.Op{Verb: op.Set, Item: op.Item{Key: "filler", Value: []byte("x")}})
+		if res.Err != nil {
+			t.Fatal(res.Err)
+		}
+		got := second.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: "filler"}})
+		if got.Item.CAS >= index.Item.CAS-1 {
+			break
+		}
+	}
+	s.moved.Store(true)
+	if err := second.Do(ctx, op.Op{Verb: op.Set, Item: op.Item{Key: "k", Value: []byte("newer")}}).Err; err != nil {
+		t.Fatal(err)
+	}
+	newer := second.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: "k"}})
+	if newer.Item.CAS != index.Item.CAS {
+		t.Fatalf("the newer item's CAS on %s is %d, want the index's %d", addr, newer.Item.CAS, index.Item.CAS)
+	}
+	v.Drop(ctx, "k", index.Item)
+	if got := second.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: "k"}}); got.Err != nil || string(got.Item.Value) != "newer" {
+		t.Errorf("the newer value after the old index's drop: %q, %v; want it kept", got.Item.Value, got.Err)
+	}
+	s.moved.Store(false)
+	v.Drop(ctx, "k", index.Item)
+	if got := first.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: "k"}}); !errors.Is(got.Err, upstream.ErrNotFound) {
+		t.Errorf("the index after its own drop: %v, want a miss", got.Err)
+	}
+}
