@@ -205,7 +205,7 @@ func (v *Values) Do(ctx context.Context, o op.Op) op.Result {
 			} else {
 				exp = expiration(exp, v.grace(), now)
 			}
-			v.touchChunks(ctx, hashKey(o), x, exp, nil)
+			v.touchChunks(ctx, hashKey(o), x, exp, false, nil)
 		}
 		return res
 	case op.Append, op.Prepend:
@@ -518,21 +518,22 @@ func (v *Values) expireNow(ctx context.Context, o op.Op) op.Result {
 // retire lets the chunks of x, an index just replaced or deleted, expire
 // Grace from now: readers that read x before may still be streaming it.
 func (v *Values) retire(ctx context.Context, key string, x Index) {
-	v.touchChunks(ctx, key, x, v.grace(), v.m.retired)
+	v.touchChunks(ctx, key, x, v.grace(), true, v.m.retired)
 }
 
 // touchChunks sets the expiration of x's chunks, counting them in
-// counted if not nil. It stops at the first chunk that is gone and at
+// counted if not nil; retire marks touches that let them go (Grace after
+// their index was replaced or deleted: op.Op.Retire). It stops at the first chunk that is gone and at
 // the first failure to reach memcached: the chunks after it keep the
 // expiration they had (or LRU takes them). A value with a chunk gone is
 // lost anyway, and an index that names chunks never written (corrupt,
 // or written to memcached by hand with a count of up to MaxChunks) then
 // costs one operation, not one per chunk it claims.
-func (v *Values) touchChunks(ctx context.Context, key string, x Index, exp int32, counted prometheus.Counter) {
+func (v *Values) touchChunks(ctx context.Context, key string, x Index, exp int32, retire bool, counted prometheus.Counter) {
 	ctx = context.WithoutCancel(ctx) // also when the client has gone
 	base := keyBase(key, x.Version)
 	for i := range x.Count() {
-		res := v.do(ctx, op.Op{Verb: op.Touch, Item: op.Item{Key: base + strconv.Itoa(i), Expiration: exp}, HashKey: key, Admitted: true}) // as the index's operation was
+		res := v.do(ctx, op.Op{Verb: op.Touch, Item: op.Item{Key: base + strconv.Itoa(i), Expiration: exp}, HashKey: key, Admitted: true, Retire: retire}) // as the index's operation was
 		if res.Err != nil {
 			return
 		}

@@ -222,6 +222,13 @@ type Op struct {
 	// where the write that follows would race the copy (a delete the
 	// copy lands after would bring the value back).
 	Peek bool
+	// Retire marks a Touch that lets an item go (the chunks of a value
+	// just replaced or deleted, set to expire after a grace period): a
+	// pool with a warm-up source does not copy the item from there
+	// first, as for a touch that keeps an item, but touches it where it
+	// is, in either pool; copying a value's chunks into the cold pool
+	// only to let them expire would cost the whole value.
+	Retire bool
 	// Client is the client the operation is for, or nil. A pool that
 	// may send a large read late (gomemcache's, for a Get of a key
 	// known large that waited for a connection) asks it just before

@@ -171,6 +171,47 @@ func TestWarmUpPeek(t *testing.T) {
 	}
 }
 
+// TestWarmUpRetire: a touch marked Retire (a value's chunks let go after
+// their index was replaced or deleted) touches the key where it is, in
+// either pool, and copies nothing into the cold pool. Before, each chunk
+// only the warm pool held was copied into the cold pool first, as for a
+// touch that keeps an item: a DELETE of a 30 MB value read from the warm
+// pool copied all 30 MB (29 chunks) into the cold pool to let it expire,
+// in 129 ms on loopback (7 ms after).
+func TestWarmUpRetire(t *testing.T) {
+	r, reg, cold, warm := warmRouter(t)
+	ctx := t.Context()
+	directSet(t, warm.Addr, "only-warm", "w", 3600)
+	directSet(t, cold.Addr, "only-cold", "c", 3600)
+	tests := []struct {
+		key     string
+		wantErr error
+	}{
+		{"only-warm", nil},
+		{"only-cold", nil},
+		{"nowhere", upstream.ErrNotFound},
+	}
+	for _, tt := range tests {
+		t.Run(tt.key, func(t *testing.T) {
+			res := r.Do(ctx, op.Op{Verb: op.Touch, Item: op.Item{Key: tt.key, Expiration: 60}, Retire: true})
+			if !errors.Is(res.Err, tt.wantErr) {
+				t.Fatalf("retiring touch of %s = %v, want %v", tt.key, res.Err, tt.wantErr)
+			}
+		})
+	}
+	if v, ok := direct(t, cold.Addr, "only-warm"); ok {
+		t.Errorf("the cold pool holds %q after a retiring touch: copied", v)
+	}
+	if got := counter(t, reg, "memcgate_warmup_writebacks_total", "result", "stored"); got != 0 {
+		t.Errorf("write-backs stored = %v, want 0", got)
+	}
+	for _, tc := range []struct{ pool, key string }{{"old", "only-warm"}, {DefaultPool, "only-cold"}} {
+		if ttl := directTTL(t, r, tc.pool, tc.key); ttl < 55 || ttl > 60 {
+			t.Errorf("TTL of %s in %s after a retiring touch to 60 s = %d", tc.key, tc.pool, ttl)
+		}
+	}
+}
+
 func TestWarmUpWritesInvalidateTheWarmPool(t *testing.T) {
 	r, _, cold, warm := warmRouter(t)
 	ctx := t.Context()

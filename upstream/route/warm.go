@@ -29,6 +29,10 @@ import (
 //     to write back: a HEAD fills nothing, and reads no value to answer.
 //     A get marked op.Op.Peek (a read before a write of the key) is not
 //     written back either: the write it precedes would race the copy.
+//   - a touch marked op.Op.Retire (the chunks of a value replaced or
+//     deleted, let go after a grace period) touches the key in both
+//     pools at once and copies nothing: a copy of each chunk only to
+//     let it expire would cost the whole value.
 //   - every write: the cold pool answers, and the key is deleted from the
 //     warm pool before the answer, so the warm pool never holds a value
 //     older than the cold one: a later cold miss (an eviction, a shorter
@@ -50,6 +54,21 @@ func (v *view) warmDo(ctx context.Context, o op.Op) op.Result {
 	switch {
 	case o.Verb == op.Get || o.Verb == op.GAT || o.Verb == op.Head:
 		return v.warmGet(ctx, o)
+	case o.Verb == op.Touch && o.Retire:
+		// Touched where it is, copied nowhere (op.Op.Retire); answered
+		// found if either pool had it.
+		var wg sync.WaitGroup
+		var wres op.Result
+		wg.Go(func() {
+			defer v.bgPanics.Recover()
+			wres = v.pol.warm.own(ctx, o)
+		})
+		res := v.own(ctx, o)
+		wg.Wait()
+		if errors.Is(res.Err, upstream.ErrNotFound) && wres.Err == nil {
+			return wres
+		}
+		return res
 	case needsItem(o.Verb):
 		res := v.own(ctx, o)
 		if errors.Is(res.Err, upstream.ErrNotFound) && v.fill(ctx, o) {
