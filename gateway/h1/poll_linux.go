@@ -662,9 +662,10 @@ func (p *poller) unroomLocked(c *conn) {
 }
 
 // admitRoomLocked queues for a worker the bodies at the front of the room
-// line that the budget has room for now, in order, and returns the
-// number of workers to start. One that needs more than half the limit
-// (lowered since it came in) will never have room: it ends its wait.
+// line that the budget has room for now, in order, holding that room for
+// each, and returns the number of workers to start. One that needs more
+// than half the limit (lowered since it came in) will never have room:
+// it ends its wait.
 func (p *poller) admitRoomLocked() int {
 	if len(p.room) == 0 {
 		return 0
@@ -689,6 +690,15 @@ func (p *poller) admitRoomLocked() int {
 		} else {
 			room -= need
 			c.roomTurn = true
+			// Its room is held for it from here (c.aheld, which growAhead
+			// counts and dropAhead gives back): until its worker runs,
+			// a body that came after it, seeing the line empty, or any
+			// other taker would otherwise take what freed up, and send it
+			// back to the front of the line for another wait and another
+			// worker's turn (docs/decisions/0076).
+			if bg.Room() >= need && bg.Acquire(need) == nil {
+				c.aheld += need
+			}
 		}
 		start += p.queueLocked(c)
 	}

@@ -249,3 +249,49 @@ func TestStoppedBodyGivesBack(t *testing.T) {
 		t.Errorf("the budget holds %d bytes after the request", bg.Used())
 	}
 }
+
+// TestAdmittedBodyKeepsItsRoom: a body let out of the room line has the
+// room it was let out for held for it before its worker runs, so that
+// another taker of the budget in between (a body that came after it and
+// found the line empty, a value, a response) does not send it back to
+// the line: it is read and served, and the budget holds nothing after.
+func TestAdmittedBodyKeepsItsRoom(t *testing.T) {
+	const limit, size = 400 << 10, 200 << 10
+	bg := budget.New(limit)
+	s, addr, _ := holdingServer(t, bg, 300*time.Millisecond)
+	if err := bg.Acquire(limit - 100<<10); err != nil { // another taker: no room for the body yet
+		t.Fatal(err)
+	}
+	c, br := put(t, addr, "/body", size)
+	if !eventually(func() bool { return roomCount(s) == 1 }) {
+		t.Fatalf("%d bodies in the room line, want 1", roomCount(s))
+	}
+	a := answerOf(c, br)
+	var held int64
+	inPoller(s, func(p *poller) int {
+		// The taker gives its bytes back and the line lets the body
+		// out; before the body's worker can run, another taker takes
+		// every byte the budget has room for.
+		bg.Release(limit - 100<<10)
+		n := p.admitRoomLocked()
+		held = bg.Used()
+		if room := bg.Room(); room > 0 {
+			if err := bg.Acquire(room); err != nil {
+				t.Error(err)
+			}
+		}
+		p.spawnCappedLocked(n)
+		return 0
+	})
+	if held != size {
+		t.Errorf("the budget held %d bytes for the body let out of the line, want %d", held, size)
+	}
+	got := <-a
+	if got.err != nil || got.r.body != fmt.Sprintf("read %d", size) {
+		t.Errorf("the body let out of the line: %v, %v; want it read whole", got.r, got.err)
+	}
+	bg.Release(limit - size)
+	if !eventually(func() bool { return bg.Used() == 0 && roomCount(s) == 0 }) {
+		t.Errorf("budget holds %d bytes, %d bodies in the line afterwards", bg.Used(), roomCount(s))
+	}
+}
