@@ -262,11 +262,12 @@ func formatETag(cas uint64, node uint32) string {
 }
 
 // appendETag appends the strong ETag of an item with CAS cas to b: "<cas>"
-// from a pool of one copy (node 0), "<cas>@<node>" from a replicated
-// pool, where node is the tag of the replica that gave the CAS value out
-// (op.Item.CASNode) in 8 lowercase hex digits: each replica counts CAS
+// from the key's owner in a pool of one copy (node 0), "<cas>@<node>"
+// from a replicated pool or from the node a pool of one copy failed the
+// key over to, where node is the tag of the node that gave the CAS value
+// out (op.Item.CASNode) in 8 lowercase hex digits: each node counts CAS
 // values of its own, and a write checked against the ETag is checked on
-// that replica.
+// that node.
 func appendETag(b []byte, cas uint64, node uint32) []byte {
 	return append(appendCAS(append(b, '"'), cas, node), '"')
 }
@@ -290,8 +291,8 @@ func appendCAS(b []byte, cas uint64, node uint32) []byte {
 const casNodeDigits = 8
 
 // parseCASValue reads a CAS value as appendCAS writes it: decimal digits,
-// then, from a replicated pool, '@' and the node's 8 lowercase hex
-// digits (never all 0). why says what is wrong with s, "" if nothing is.
+// then, from a replicated pool or a failover, '@' and the node's 8
+// lowercase hex digits (never all 0). why says what is wrong with s, "" if nothing is.
 func parseCASValue(s string) (cas uint64, node uint32, why string) {
 	digits, tag, named := strings.Cut(s, "@")
 	cas, err := strconv.ParseUint(digits, 10, 64)
@@ -302,7 +303,7 @@ func parseCASValue(s string) (cas uint64, node uint32, why string) {
 		return cas, 0, ""
 	}
 	if len(tag) != casNodeDigits {
-		return 0, 0, "after @ come the 8 lowercase hex digits of the replica that gave the CAS value out"
+		return 0, 0, "after @ come the 8 lowercase hex digits of the node that gave the CAS value out"
 	}
 	for i := 0; i < len(tag); i++ {
 		c := tag[i]
@@ -312,7 +313,7 @@ func parseCASValue(s string) (cas uint64, node uint32, why string) {
 		case c >= 'a' && c <= 'f':
 			node = node<<4 | uint32(c-'a'+10)
 		default:
-			return 0, 0, "after @ come the 8 lowercase hex digits of the replica that gave the CAS value out"
+			return 0, 0, "after @ come the 8 lowercase hex digits of the node that gave the CAS value out"
 		}
 	}
 	if node == 0 {
@@ -326,7 +327,7 @@ func parseCASValue(s string) (cas uint64, node uint32, why string) {
 func parseETag(s string, it *op.Item) error {
 	s = strings.TrimSpace(s)
 	if len(s) < 3 || s[0] != '"' || s[len(s)-1] != '"' {
-		return badRequest("If-Match takes * or one ETag as GET returned it, like \"12345\" (\"12345@0a1b2c3d\" from a replicated pool)")
+		return badRequest("If-Match takes * or one ETag as GET returned it, like \"12345\" (\"12345@0a1b2c3d\" from a replicated pool or a failover)")
 	}
 	cas, node, why := parseCASValue(s[1 : len(s)-1])
 	if why != "" {

@@ -35,7 +35,10 @@ import (
 // connection is not retried elsewhere, as Do does not retry it: the node
 // may have applied it.
 func (c *Cluster) DoAsync(ctx context.Context, o op.Op, done func(op.Result)) bool {
-	if !o.Verb.Valid() || o.Item.CASNode != 0 && o.Verb.Checked() { // Do refuses it (ErrCASNode)
+	if !o.Verb.Valid() || o.Item.CASNode != 0 && o.Verb.Checked() {
+		// A CAS value that names a node is checked on that node alone
+		// (casHere), which Do finds; the owner, where this one goes,
+		// gave out those that name none.
 		return false
 	}
 	sk, hk := c.keysOf(&o)

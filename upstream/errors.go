@@ -33,8 +33,10 @@ var (
 	ErrCASConflict = errors.New("upstream: cas conflict")
 	// ErrCASNode: a write checked against a CAS value (op.Verb.Checked)
 	// that names a node (op.Item.CASNode) holding no copy of the key
-	// now, or names one at all in a pool of one copy: the version read
-	// is not where a check could find it. It wraps ErrCASConflict.
+	// now, or, in a pool of one copy, whose node (the key's owner for a
+	// value that names none) is not the one serving the key now: the
+	// version read is not where a check could find it. It wraps
+	// ErrCASConflict.
 	ErrCASNode = fmt.Errorf("upstream: the CAS value names a node that holds no copy of the key now: %w", ErrCASConflict)
 	// ErrNotNumeric: incr/decr on a value that is not a decimal number.
 	ErrNotNumeric = errors.New("upstream: value is not a number")

@@ -131,7 +131,8 @@ func (c *Cluster) pickReplica(t *topology, hashKey string, rank, copies int) (n 
 // getMulti implements GetMulti and GetMultiReplica: pick places each key;
 // retry reads the keys of a node that failed one by one through Do;
 // tagged names in each item found the node that gave out its CAS
-// (op.Item.CASNode).
+// (op.Item.CASNode). Without tagged, an item found on a node other than
+// its key's owner names that node all the same, as Do's do.
 func (c *Cluster) getMulti(ctx context.Context, keys []string, limit int, vroom op.Room, pick func(*topology, string) (*node, bool, error), retry, tagged bool) (map[string]op.Item, map[string]error) {
 	found := make(map[string]op.Item, len(keys))
 	failed := map[string]error{}
@@ -273,8 +274,8 @@ func (c *Cluster) getMulti(ctx context.Context, keys []string, limit int, vroom 
 					if it, ok := items[sk]; ok {
 						k := b.client[sk]
 						item := itemOf(k, it)
-						if tagged {
-							item.CASNode = b.node.tag
+						if tagged || b.failover {
+							item.CASNode = b.node.tag // as Do names it
 						}
 						keep(k, item)
 					}

@@ -980,18 +980,37 @@ func (c *Cluster) keys(key string) (store, hash string) {
 // Do runs one operation on its key's owner or, if the owner is down and
 // the policy is Rehash, on the next live node of the key's ring order
 // (route). The result's error is nil, one of the protocol outcomes
-// (ErrNotFound, ErrExists, ErrCASConflict, ErrNotNumeric, ErrTooLarge,
-// ErrBadKey), ErrNoNodes, or a *NodeError. A read's item may share its
-// Value with other Gets of the same key batched with it: treat it as
-// read-only.
+// (ErrNotFound, ErrExists, ErrCASConflict, ErrCASNode, ErrNotNumeric,
+// ErrTooLarge, ErrBadKey), ErrNoNodes, or a *NodeError. A read's item may
+// share its Value with other Gets of the same key batched with it: treat
+// it as read-only.
+//
+// Each node counts CAS values of its own, and a key moves between nodes
+// as its owner is ejected and re-admitted. So an item a node other than
+// the owner answered names that node (op.Item.CASNode), one the owner
+// answered names none, and a write checked against a CAS value (casHere)
+// runs only on the node its CAS value came from: the owner for a value
+// that names none.
 func (c *Cluster) Do(ctx context.Context, o op.Op) op.Result {
-	if o.Item.CASNode != 0 && o.Verb.Checked() {
-		// A CAS value of a replicated pool's node: no node of a pool
-		// of one copy gave it out (a pool reloaded to one copy, or a
-		// client's guess), and another node's CAS values count apart.
-		return op.Result{Err: ErrCASNode}
-	}
 	return c.doAfter(ctx, o, nil, nil)
+}
+
+// casHere reports whether o, if it is checked against a CAS value
+// (op.Verb.Checked, with a value: If-Match: * has none), may be checked
+// on n, failover telling whether n is not the key's owner: the CAS
+// value's node, when it names one (op.Item.CASNode), else the owner. Any
+// other node counts CAS values apart, and the same number there can be
+// another version of the key: the write fails its check (ErrCASNode)
+// rather than risk replacing or deleting a version its client never
+// read.
+func casHere(o *op.Op, n *node, failover bool) bool {
+	if o.Item.CAS == 0 && o.Item.CASNode == 0 || !o.Verb.Checked() {
+		return true
+	}
+	if o.Item.CASNode == 0 {
+		return !failover
+	}
+	return o.Item.CASNode == n.tag
 }
 
 // doAfter is Do after a first attempt, on node tried, failed with a node
@@ -1007,7 +1026,13 @@ func (c *Cluster) doAfter(ctx context.Context, o op.Op, tried *node, prev error)
 	}
 	var res op.Result
 	err := c.routeAfter(ctx, hk, writeKey, tried, prev, func(n *node, failover bool) (err error) {
+		if !casHere(&o, n, failover) {
+			return ErrCASNode
+		}
 		res, err = n.run(ctx, o, sk, failover, c.capTTL)
+		if err == nil && failover && res.Item.CAS != 0 {
+			res.Item.CASNode = n.tag // the owner's answers name no node: "<cas>", as ever
+		}
 		return err
 	})
 	res.Err = err

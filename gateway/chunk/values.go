@@ -489,8 +489,9 @@ func (v *Values) delete(ctx context.Context, o op.Op) op.Result {
 }
 
 // sameCAS reports whether a and b name one CAS value of one node: each
-// node of a replicated pool counts CAS values of its own
-// (op.Item.CASNode), and equal numbers from two nodes name two versions.
+// node counts CAS values of its own (op.Item.CASNode: a replica, or the
+// node a pool of one copy failed the key over to), and equal numbers from
+// two nodes name two versions.
 func sameCAS(a, b op.Item) bool { return a.CAS == b.CAS && a.CASNode == b.CASNode }
 
 // past reports whether exp, memcached's expiration, is a time already

@@ -16,13 +16,14 @@ type Item struct {
 	Flags      uint32
 	Expiration int32  // seconds; 0 = never; memcached's 30-day rule applies
 	CAS        uint64 // filled by reads; required by CAS
-	// CASNode names the node that gave out CAS, in a pool that keeps
-	// copies of each key on several nodes, each of which counts CAS
-	// values of its own: filled by reads there with the node's tag
-	// (upstream.Replica.Tag), and a write checked against CAS (CAS,
-	// AppendCAS, PrependCAS, DeleteCAS) is checked on that node alone.
-	// 0 in a pool of one copy, where a checked write naming a node fails
-	// its check.
+	// CASNode names the node that gave out CAS, as each node counts CAS
+	// values of its own: filled by reads with the node's tag
+	// (upstream.Replica.Tag) in a pool that keeps copies of each key on
+	// several nodes, and in a pool of one copy when a node other than
+	// the key's owner answered (a failover); 0 when the owner of a key
+	// in a pool of one copy answered. A write checked against CAS (CAS,
+	// AppendCAS, PrependCAS, DeleteCAS) is checked on that node alone,
+	// and with 0 in a pool of one copy on the owner alone.
 	CASNode uint32
 }
 
