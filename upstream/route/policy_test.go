@@ -534,3 +534,63 @@ func TestWarmUpFailuresLogged(t *testing.T) {
 		})
 	}
 }
+
+// TestWarmUpCASNamesTheWarmNode: an item a warm pool answered carries a
+// CAS value the warm pool's node gave out, and the cold pool's node counts
+// its own. A cas with it must fail in the cold pool even when the cold
+// node gives a later version of the key that very number: the client
+// never read that version. Read by a get and by a multi-get, both pools
+// of one copy.
+func TestWarmUpCASNamesTheWarmNode(t *testing.T) {
+	for _, how := range []string{"get", "multi-get"} {
+		t.Run(how, func(t *testing.T) {
+			r, _, cold, warm := warmRouter(t)
+			ctx := t.Context()
+			for range 20 { // the warm node's count runs ahead of the cold one's
+				directSet(t, warm.Addr, "other", "x", 0)
+			}
+			directSet(t, warm.Addr, "k", "v1", 0)
+			var read op.Item
+			if how == "get" {
+				res := r.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: "k"}})
+				if res.Err != nil {
+					t.Fatal(res.Err)
+				}
+				read = res.Item
+			} else {
+				found, failed := r.GetMulti(ctx, []string{"k"}, 0, nil)
+				if len(failed) != 0 || len(found) != 1 {
+					t.Fatalf("GetMulti = %v, %v", found, failed)
+				}
+				read = found["k"]
+			}
+			waitUntil(t, 10*time.Second, "write-back", func() bool { _, ok := direct(t, cold.Addr, "k"); return ok })
+			// Another client's writes of the key, until the cold node
+			// gives one the CAS value read from the warm pool.
+			mc := memcache.New(cold.Addr)
+			defer mc.Close()
+			for {
+				it, err := mc.Get("k")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if it.CasID >= read.CAS {
+					if it.CasID != read.CAS {
+						t.Fatalf("scenario: cold CAS %d past %d", it.CasID, read.CAS)
+					}
+					break
+				}
+				if err := set(ctx, r, "k", "v2"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			res := r.Do(ctx, op.Op{Verb: op.CAS, Item: op.Item{Key: "k", Value: []byte("v3"), CAS: read.CAS, CASNode: read.CASNode}})
+			if !errors.Is(res.Err, upstream.ErrCASConflict) {
+				t.Errorf("cas with the CAS value read from the warm pool = %v, want a conflict: it replaced v2, which the client never read", res.Err)
+			}
+			if v, _ := direct(t, cold.Addr, "k"); v != "v2" {
+				t.Errorf("cold pool holds %q, want v2", v)
+			}
+		})
+	}
+}

@@ -43,11 +43,17 @@ import (
 //     the warm pool, synchronously, and try once more, then delete it
 //     from the warm pool.
 //
+// A warm hit names the warm node that gave out its CAS value
+// (op.Item.CASNode, warmNode), also where the warm pool keeps one copy: a
+// cold node counts CAS values of its own, and the same number there can
+// be another version of the key. So a cas (append_cas, prepend_cas,
+// delete_cas) with a CAS value read from the warm pool fails its check in
+// the cold pool (upstream.ErrCASNode), and the client reads again.
+//
 // What it does not promise: a get that read the warm pool just before a
 // delete can write the old value back after it (the write-back is an add,
-// so only when the cold pool has no value); a cas with a CAS value read
-// from the warm pool conflicts in the cold pool, and the client reads
-// again; add answers by the cold pool alone.
+// so only when the cold pool has no value); add answers by the cold pool
+// alone.
 
 // warmDo runs o on a view with a warm pool.
 func (v *view) warmDo(ctx context.Context, o op.Op) op.Result {
@@ -126,6 +132,7 @@ func (v *view) warmGet(ctx context.Context, o op.Op) op.Result {
 		if wv == op.Get && !o.Peek {
 			v.writeBack(o, wres.Item)
 		}
+		v.warmNode(&o, &wres.Item)
 		return op.Result{Item: wres.Item, N: wres.N}
 	case errors.Is(wres.Err, upstream.ErrNotFound):
 		m.miss.Inc()
@@ -133,6 +140,27 @@ func (v *view) warmGet(ctx context.Context, o op.Op) op.Result {
 		m.warmError.Inc()
 	}
 	return res
+}
+
+// warmNode names in it, an item the warm pool answered for o, the warm
+// node that gave out its CAS value (op.Item.CASNode), unless the warm
+// pool (a replicated one) named it already: a cold node counts CAS values
+// of its own, so a write checked against this one must fail in the cold
+// pool, where a plain number would be checked against another counter. A
+// warm pool of one copy names its node by the node that serves the key
+// now (the one that just answered, unless its health changed since), or,
+// with none up, by the warm pool's name: either way no cold node, unless
+// a cold replica is that very node.
+func (v *view) warmNode(o *op.Op, it *op.Item) {
+	if it.CASNode != 0 || it.CAS == 0 {
+		return
+	}
+	w := v.pol.warm
+	if set := w.c.Replicas(o, 1); len(set.Replicas) > 0 {
+		it.CASNode = set.Replicas[0].Tag()
+		return
+	}
+	it.CASNode = upstream.NodeTag(w.name)
 }
 
 // writeBack adds it, read from the warm pool for o, to the cold pool in
@@ -317,8 +345,10 @@ func (v *view) warmGetMulti(ctx context.Context, keys []string, limit int, room 
 	for _, k := range missing {
 		if it, ok := wf[k]; ok {
 			m.warmHit.Inc()
+			o := op.Op{Verb: op.Get, Item: op.Item{Key: k}}
+			v.writeBack(o, it)
+			v.warmNode(&o, &it)
 			found[k] = it
-			v.writeBack(op.Op{Verb: op.Get, Item: op.Item{Key: k}}, it)
 			continue
 		}
 		switch err, ok := we[k]; {
