@@ -36,7 +36,9 @@ import (
 //     (op.Item.CASNode), so they go to that replica only; once stored
 //     (or deleted) there, the others get the same write without the
 //     check (set, append, prepend, delete) under the write policy. A CAS
-//     value that names no replica up now fails the check.
+//     value that names no replica up now fails the check. One that the
+//     replica checked does not answer (it may apply it later) drops the
+//     key from the others, which no copy reaches (dropCopies).
 //   - gat: read like get, then touch on the other replicas in the
 //     background.
 //
@@ -414,7 +416,9 @@ func (cs *writeCopies) finish(ctx context.Context) {
 // where it was read: one naming no replica of the key up now (removed,
 // down, a spare since, or none named) fails the check
 // (upstream.ErrCASNode), as the version read cannot be found. A
-// delete_cas with no CAS (If-Match: *) checks the first replica.
+// delete_cas with no CAS (If-Match: *) checks the first replica. A check
+// left unanswered (unsettled) answers its failure and drops the key from
+// the other replicas (dropCopies).
 func (v *view) cas(ctx context.Context, o op.Op) op.Result {
 	set := v.c.Replicas(&o, v.replicas)
 	need, err := v.need(len(set.Replicas))
@@ -436,16 +440,19 @@ func (v *view) cas(ctx context.Context, o op.Op) op.Result {
 		await(ctx, prev[0]) // the check is against the caller's earlier write, whose copy may still be on its way
 	}
 	res := v.c.DoOn(ctx, o, checked)
+	others := make([]upstream.Replica, 0, len(set.Replicas)-1)
+	others = append(append(others, set.Replicas[:k]...), set.Replicas[k+1:]...)
 	if failure(res.Err) {
 		v.replicaFailed(o.Verb, outcome{res: res, node: checked.Node()}, false)
+		if unsettled(res.Err) {
+			v.dropCopies(o, &set, others)
+		}
 	} else {
 		v.pm.writeAnswered.Inc()
 	}
 	if res.Err != nil {
 		return res
 	}
-	others := make([]upstream.Replica, 0, len(set.Replicas)-1)
-	others = append(append(others, set.Replicas[:k]...), set.Replicas[k+1:]...)
 	s := o
 	s.Verb, s.Item.CAS, s.Item.CASNode = o.Verb.Unchecked(), 0, 0
 	if rest := v.fanout(ctx, s, &set, others, need-1); rest.Err != nil {
@@ -453,6 +460,38 @@ func (v *view) cas(ctx context.Context, o op.Op) op.Result {
 			o.Verb, checked.Node(), rest.Err)}
 	}
 	return res
+}
+
+// unsettled reports whether err, a checked write's failure on the
+// replica checked, leaves the write's outcome there unknown: it was sent
+// (or may have been) and not answered, so the node may apply it later.
+// A connection never made, a refusal before sending (busy, no node) and
+// memcached's own error answer leave it settled: not applied.
+func unsettled(err error) bool {
+	var ne *upstream.NodeError
+	if errors.As(err, &ne) {
+		return !ne.Dial()
+	}
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || errors.Is(err, panicguard.ErrPanicked)
+}
+
+// dropCopies deletes o's key from others, the replicas of set other than
+// the one o, a checked write, went to and got no answer from (unsettled).
+// That replica may apply o once it answers again, and o's copies never
+// go to the others: they would go on serving the version o replaced or
+// deleted, beside it, until the key is written again. A miss is an answer
+// a cache may always give; an older value beside a newer one is not. The
+// deletes run in the background, each behind the key's earlier copies on
+// its node, and they count toward nothing: o is answered with its own
+// failure.
+func (v *view) dropCopies(o op.Op, set *upstream.ReplicaSet, others []upstream.Replica) {
+	if len(others) == 0 {
+		return
+	}
+	d := op.Op{Verb: op.Delete, Item: op.Item{Key: o.Item.Key}, HashKey: o.HashKey, Admitted: true}
+	ctx, cancel := background(4 * v.timeout)
+	defer cancel() // the copies run under a deadline of their own (fanout, detach)
+	v.fanout(ctx, d, set, others, 0)
 }
 
 // checkedOn is the index of the replica tagged node (upstream.NodeTag)
