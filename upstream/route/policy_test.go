@@ -333,6 +333,10 @@ func TestShadowSampleIsStable(t *testing.T) {
 }
 
 func TestPolicyValidation(t *testing.T) {
+	collide := []upstream.Server{{Host: "127.3.120.184", Port: 11211}, {Host: "127.3.156.24", Port: 11211}}
+	if a, b := upstream.NodeTag("127.3.120.184:11211"), upstream.NodeTag("127.3.156.24:11211"); a != b || a != 0xee3207b6 {
+		t.Fatalf("tags %08x and %08x, want both ee3207b6", a, b)
+	}
 	servers := clusterOptions(nil)
 	servers.Servers = []upstream.Server{{Host: "127.0.0.1", Port: 1}}
 	pool := func(name string, mod func(*PoolOptions)) PoolOptions {
@@ -354,6 +358,19 @@ func TestPolicyValidation(t *testing.T) {
 		{"both", []PoolOptions{pool("main", func(p *PoolOptions) { p.Warm, p.Shadow = "old", "old" }), pool("old", nil)}, "both its warm and its shadow"},
 		{"percent", []PoolOptions{pool("main", func(p *PoolOptions) { p.Shadow, p.ShadowPercent = "old", 150 }), pool("old", nil)}, "shadow percent 150"},
 		{"percent alone", []PoolOptions{pool("main", func(p *PoolOptions) { p.ShadowPercent = 5 })}, "without a shadow pool"},
+		// 127.3.120.184:11211 and 127.3.156.24:11211 share the CAS tag
+		// ee3207b6 (upstream.NodeTag): a CAS value read from either
+		// would name both.
+		{"replicas share a CAS tag", []PoolOptions{pool("main", func(p *PoolOptions) {
+			p.Replicas, p.Cluster.Servers = 2, []upstream.Server{collide[0], collide[1]}
+		})}, "share the CAS tag ee3207b6"},
+		{"one copy, tags unused", []PoolOptions{pool("main", func(p *PoolOptions) { p.Cluster.Servers = []upstream.Server{collide[0], collide[1]} })}, ""},
+		{"warm node shares a replica's tag", []PoolOptions{pool("main", func(p *PoolOptions) {
+			p.Replicas, p.Warm, p.Cluster.Servers = 2, "old", []upstream.Server{collide[0], {Host: "127.0.0.1", Port: 1}}
+		}), pool("old", func(p *PoolOptions) { p.Cluster.Servers = []upstream.Server{collide[1]} })}, "share the CAS tag ee3207b6"},
+		{"warm pool shares a node", []PoolOptions{pool("main", func(p *PoolOptions) {
+			p.Replicas, p.Warm, p.Cluster.Servers = 2, "old", []upstream.Server{collide[0], {Host: "127.0.0.1", Port: 1}}
+		}), pool("old", func(p *PoolOptions) { p.Cluster.Servers = []upstream.Server{collide[0]} })}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -33,7 +33,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -237,7 +239,46 @@ func (o *Options) validate() error {
 		}
 	}
 	errs = append(errs, o.validatePolicies()...)
+	errs = append(errs, o.tagClashes()...)
 	return errors.Join(errs...)
+}
+
+// tagClashes refuses two nodes whose CAS tags (upstream.NodeTag, 32
+// bits of their host:port) are equal where a check would have to tell
+// them apart: two nodes of a replicated pool, or a node of its warm-up
+// pool and one of its own (a warm hit names the warm node, 0078). The
+// check refuses such a tag at run time (upstream.ErrCASNode), which
+// would leave every conditional write of the keys on both nodes a 412
+// with nothing to say why; a name spelled otherwise (an IP for a DNS
+// name) has another tag.
+func (o *Options) tagClashes() []error {
+	byName := map[string]*PoolOptions{}
+	for i := range o.Pools {
+		byName[o.Pools[i].Name] = &o.Pools[i]
+	}
+	var errs []error
+	for _, p := range o.Pools {
+		if p.Replicas < 2 {
+			continue
+		}
+		tags := map[uint32]string{}
+		add := func(servers []upstream.Server) {
+			for _, s := range servers {
+				name := net.JoinHostPort(s.Host, strconv.Itoa(s.Port))
+				t := upstream.NodeTag(name)
+				if other, ok := tags[t]; ok && other != name {
+					errs = append(errs, fmt.Errorf("route: pool %q: nodes %s and %s share the CAS tag %08x (FNV-1a of host:port), and a replicated pool's ETag could not tell them apart: spell one otherwise (an IP for a DNS name, or the reverse)",
+						p.Name, other, name, t))
+				}
+				tags[t] = name
+			}
+		}
+		add(p.Cluster.Servers)
+		if w := byName[p.Warm]; p.Warm != "" && w != nil {
+			add(w.Cluster.Servers)
+		}
+	}
+	return errs
 }
 
 // Router routes operations to pools by key prefix and applies each pool's
