@@ -467,6 +467,11 @@ func TestReplicaCASNodeGone(t *testing.T) {
 			t.Errorf("%s naming %s, read from %s, gone = %d, want 412", cond, etag, second.Addr, st)
 		}
 	}
+	// The 412 says why: not a change of the item, which a read would
+	// show, but a replica that is no longer one.
+	if a := g.put("/"+key, []byte("v2"), "If-Match", etag); a.status != 412 || !strings.Contains(string(a.body), "replica") {
+		t.Errorf("PUT naming %s, gone = %d %q, want a 412 that names the replica", etag, a.status, a.body)
+	}
 	if a := g.do("GET", "/"+key, nil); string(a.body) != "v1" {
 		t.Errorf("GET after = %d %q, want v1", a.status, a.body)
 	}
