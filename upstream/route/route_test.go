@@ -1380,58 +1380,62 @@ func TestUnreadyNamesPool(t *testing.T) {
 // copies never go to the other replicas. Those must not go on serving
 // the version it replaced or deleted: the gateway cannot tell whether
 // the check passed, so it drops the key from them (a miss, which a cache
-// may always answer), under every write policy.
+// may always answer), under every write policy, over mcpipe's pipelined
+// connections and gomemcache's pool (PipelineConns 0).
 func TestCASCheckUnanswered(t *testing.T) {
 	for _, pol := range []WritePolicy{WriteAll, WriteMajority, WriteFirst} {
 		for _, verb := range []op.Verb{op.CAS, op.DeleteCAS} {
-			t.Run(string(pol)+"/"+verb.String(), func(t *testing.T) {
-				mcs := memcachedtest.StartN(t, 2)
-				co := clusterOptions(mcs)
-				// Nothing ejects the paused node: it is back, and
-				// takes the write, before any health check could tell.
-				co.Health.Interval, co.Health.PassiveFails = time.Hour, 1000
-				r, _ := newRouter(t, Options{Pools: []PoolOptions{{Cluster: co, Replicas: 2, Write: pol}}})
-				ctx := t.Context()
-				if err := set(ctx, r, "k", "v1"); err != nil {
-					t.Fatal(err)
-				}
-				waitUntil(t, 5*time.Second, "v1 on both", func() bool { return len(copies(t, mcs, "k", "v1")) == 2 })
-				res := r.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: "k"}})
-				if res.Err != nil {
-					t.Fatal(res.Err)
-				}
-				byAddr := map[string]*memcachedtest.Server{mcs[0].Addr: mcs[0], mcs[1].Addr: mcs[1]}
-				nodes := r.Placement("k").ReplicaNodes
-				checked, other := byAddr[nodes[0]], byAddr[nodes[1]]
-				checked.Pause()
-				o := op.Op{Verb: verb, Item: op.Item{Key: "k", Value: []byte("v3"), CAS: res.Item.CAS, CASNode: res.Item.CASNode}}
-				err := r.Do(ctx, o).Err
-				checked.Resume()
-				if err == nil {
-					t.Fatalf("%v on a paused replica answered", verb)
-				}
-				waitUntil(t, 5*time.Second, "the other replica without v1", func() bool {
-					v, ok := direct(t, other.Addr, "k")
-					return !ok || v != "v1"
+			for _, conns := range []int{2, 0} {
+				t.Run(fmt.Sprintf("%s/%v/conns=%d", pol, verb, conns), func(t *testing.T) {
+					mcs := memcachedtest.StartN(t, 2)
+					co := clusterOptions(mcs)
+					co.PipelineConns = conns
+					// Nothing ejects the paused node: it is back, and
+					// takes the write, before any health check could tell.
+					co.Health.Interval, co.Health.PassiveFails = time.Hour, 1000
+					r, _ := newRouter(t, Options{Pools: []PoolOptions{{Cluster: co, Replicas: 2, Write: pol}}})
+					ctx := t.Context()
+					if err := set(ctx, r, "k", "v1"); err != nil {
+						t.Fatal(err)
+					}
+					waitUntil(t, 5*time.Second, "v1 on both", func() bool { return len(copies(t, mcs, "k", "v1")) == 2 })
+					res := r.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: "k"}})
+					if res.Err != nil {
+						t.Fatal(res.Err)
+					}
+					byAddr := map[string]*memcachedtest.Server{mcs[0].Addr: mcs[0], mcs[1].Addr: mcs[1]}
+					nodes := r.Placement("k").ReplicaNodes
+					checked, other := byAddr[nodes[0]], byAddr[nodes[1]]
+					checked.Pause()
+					o := op.Op{Verb: verb, Item: op.Item{Key: "k", Value: []byte("v3"), CAS: res.Item.CAS, CASNode: res.Item.CASNode}}
+					err := r.Do(ctx, o).Err
+					checked.Resume()
+					if err == nil {
+						t.Fatalf("%v on a paused replica answered", verb)
+					}
+					waitUntil(t, 5*time.Second, "the other replica without v1", func() bool {
+						v, ok := direct(t, other.Addr, "k")
+						return !ok || v != "v1"
+					})
+					// The paused replica takes the write once resumed (what
+					// makes v1 beside it wrong); memcached reads what was
+					// sent before the connection closed.
+					want, held := "v3", true
+					if verb == op.DeleteCAS {
+						want, held = "", false
+					}
+					for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+						v, ok := direct(t, checked.Addr, "k")
+						if ok == held && v == want {
+							break
+						}
+						if time.Now().After(deadline) {
+							t.Logf("scenario: the paused replica holds %q (%v), not what %v wrote: it did not apply it", v, ok, verb)
+							break
+						}
+					}
 				})
-				// The paused replica takes the write once resumed (what
-				// makes v1 beside it wrong); memcached reads what was
-				// sent before the connection closed.
-				want, held := "v3", true
-				if verb == op.DeleteCAS {
-					want, held = "", false
-				}
-				for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-					v, ok := direct(t, checked.Addr, "k")
-					if ok == held && v == want {
-						break
-					}
-					if time.Now().After(deadline) {
-						t.Logf("scenario: the paused replica holds %q (%v), not what %v wrote: it did not apply it", v, ok, verb)
-						break
-					}
-				}
-			})
+			}
 		}
 	}
 }
