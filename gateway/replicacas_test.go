@@ -549,3 +549,62 @@ func TestETagForms(t *testing.T) {
 		t.Errorf("one copy's ETag %s, want \"12345\"", got)
 	}
 }
+
+// TestWarmHitETag: a value a warm-up pool answers, in front of a cold pool
+// of one copy, carries an ETag naming the warm node ("<cas>@<node>"),
+// whose conditional writes answer 412 in the cold pool, saying the ETag
+// names no replica; a read from the cold pool itself answers "<cas>".
+func TestWarmHitETag(t *testing.T) {
+	cold, warm := memcachedtest.Start(t), memcachedtest.Start(t)
+	one := func(m *memcachedtest.Server) upstream.Options {
+		return upstream.Options{Servers: []upstream.Server{{Host: "127.0.0.1", Port: m.Port}}, PipelineConns: 2, Timeout: replTimeout}
+	}
+	reg := prometheus.NewRegistry()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	r, err := route.New(route.Options{Pools: []route.PoolOptions{
+		{Name: "main", Warm: "old", Cluster: one(cold)},
+		{Name: "old", Cluster: one(warm)},
+	}, WarmDefaultTTL: time.Minute}, log, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	g := &bigRig{t: t, reg: reg, budget: budget.New(64 << 20)}
+	g.h = NewHandler(r, log, reg, Options{MaxValueBytes: rigChunk, BigValueMaxBytes: 1 << 20, BigValueGrace: rigGrace, Budget: g.budget})
+	srv := httptest.NewServer(g.h)
+	t.Cleanup(srv.Close)
+	g.url, g.client = srv.URL, srv.Client()
+	for range 20 { // the warm node's count runs ahead of the cold one's
+		mcCounter(t, warm.Addr)
+	}
+	if l := mcCmd(t, warm.Addr, "set w 0 0 2\r\nv1\r\n"); l[0] != "STORED" {
+		t.Fatalf("set on the warm node: %q", l)
+	}
+	var warmTag string
+	for _, method := range []string{"HEAD", "GET"} { // a HEAD copies nothing into the cold pool, a GET does
+		a := g.do(method, "/w", nil)
+		etag := a.hdr.Get("ETag")
+		if a.status != 200 || !replicaETag.MatchString(etag) || warmTag != "" && etag != warmTag {
+			t.Fatalf("%s of a warm hit = %d, ETag %q, want \"<cas>@<8 hex digits>\" (HEAD's %q)", method, a.status, etag, warmTag)
+		}
+		warmTag = etag
+	}
+	waitFor(t, "the GET's copy into the cold pool", func() bool {
+		_, _, ok := mcGets(t, cold.Addr, "w")
+		return ok
+	})
+	if p := g.put("/w", []byte("v2"), "If-Match", warmTag); p.status != 412 || !strings.Contains(string(p.body), "replica") {
+		t.Errorf("PUT If-Match %s (a warm hit's) = %d %q, want a 412 naming the replica", warmTag, p.status, p.body)
+	}
+	// The GET copied the value into the cold pool: read from there, its
+	// ETag is the cold node's own, and a cas with it stores.
+	var etag string
+	if a := g.do("GET", "/w", nil); !oneCopyETag.MatchString(a.hdr.Get("ETag")) {
+		t.Fatalf("GET of a cold hit: ETag %q, want \"<cas>\"", a.hdr.Get("ETag"))
+	} else {
+		etag = a.hdr.Get("ETag")
+	}
+	if p := g.put("/w", []byte("v3"), "If-Match", etag); p.status != 201 {
+		t.Errorf("PUT If-Match %s (a cold hit's) = %d %q, want 201", etag, p.status, p.body)
+	}
+}
