@@ -481,9 +481,10 @@ func unsettled(err error) bool {
 // go to the others: they would go on serving the version o replaced or
 // deleted, beside it, until the key is written again. A miss is an answer
 // a cache may always give; an older value beside a newer one is not. The
-// deletes run in the background, each behind the key's earlier copies on
-// its node, and they count toward nothing: o is answered with its own
-// failure.
+// deletes run in the background if its budget takes them (else o's
+// answer waits for them, as fanout does), each behind the key's earlier
+// copies on its node, and they count toward nothing: o is answered with
+// its own failure.
 func (v *view) dropCopies(o op.Op, set *upstream.ReplicaSet, others []upstream.Replica) {
 	if len(others) == 0 {
 		return
