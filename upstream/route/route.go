@@ -245,8 +245,10 @@ func (o *Options) validate() error {
 
 // tagClashes refuses two nodes whose CAS tags (upstream.NodeTag, 32
 // bits of their host:port) are equal where a check would have to tell
-// them apart: two nodes of a replicated pool, or a node of its warm-up
-// pool and one of its own (a warm hit names the warm node, 0078). The
+// them apart: two nodes of a pool (a replica's read names its node, 0074,
+// and so does a read a pool of one copy fails over to, 0079), or a node
+// of its warm-up pool and one of its own (a warm hit names the warm
+// node, 0078). The
 // check refuses such a tag at run time (upstream.ErrCASNode), which
 // would leave every conditional write of the keys on both nodes a 412
 // with nothing to say why; a name spelled otherwise (an IP for a DNS
@@ -258,16 +260,13 @@ func (o *Options) tagClashes() []error {
 	}
 	var errs []error
 	for _, p := range o.Pools {
-		if p.Replicas < 2 {
-			continue
-		}
 		tags := map[uint32]string{}
 		add := func(servers []upstream.Server) {
 			for _, s := range servers {
 				name := net.JoinHostPort(s.Host, strconv.Itoa(s.Port))
 				t := upstream.NodeTag(name)
 				if other, ok := tags[t]; ok && other != name {
-					errs = append(errs, fmt.Errorf("route: pool %q: nodes %s and %s share the CAS tag %08x (FNV-1a of host:port), and a replicated pool's ETag could not tell them apart: spell one otherwise (an IP for a DNS name, or the reverse)",
+					errs = append(errs, fmt.Errorf("route: pool %q: nodes %s and %s share the CAS tag %08x (FNV-1a of host:port), and an ETag could not tell them apart: spell one otherwise (an IP for a DNS name, or the reverse)",
 						p.Name, other, name, t))
 				}
 				tags[t] = name
