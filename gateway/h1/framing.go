@@ -75,6 +75,11 @@ type framing struct {
 	hexWS  bool   // whitespace after or before digits
 	semi   bool   // a chunk extension began
 	endOK  bool   // the first byte after chunk data was CR
+
+	// Where the stream is: bytes scanned, and where the request being
+	// read began (headLen).
+	pos    uint64
+	headAt uint64
 }
 
 // framing states.
@@ -115,6 +120,8 @@ const maxChunkLine = 4096
 // of the last byte of a head the guard refuses (endHead), after which
 // it must not be called again, or -1.
 func (f *framing) scan(b []byte) int {
+	base := f.pos
+	f.pos += uint64(len(b))
 	for i := 0; i < len(b); i++ {
 		c := b[i]
 		switch f.st {
@@ -124,6 +131,7 @@ func (f *framing) scan(b []byte) int {
 				continue
 			}
 			f.startRequest()
+			f.headAt = base + uint64(i)
 			f.requestLine(c)
 		case fReqLine:
 			if f.spaces == 1 {
@@ -212,7 +220,21 @@ func (f *framing) scan(b []byte) int {
 // startRequest resets the per-request state at the first byte of a
 // request line.
 func (f *framing) startRequest() {
-	*f = framing{st: fReqLine}
+	*f = framing{st: fReqLine, pos: f.pos}
+}
+
+// headLen is how many bytes of a request head scan has followed, its
+// last byte not among them, or 0 out of a head (in a body, a trailer
+// section, before a request line, or with the framing off).
+func (f *framing) headLen() uint64 {
+	if f.off || f.trailer {
+		return 0
+	}
+	switch f.st {
+	case fReqLine, fLineStart, fLineCR, fName, fValue:
+		return f.pos - f.headAt
+	}
+	return 0
 }
 
 // requestLine follows a byte of the request line, which net/http reads

@@ -90,6 +90,8 @@ type Guard struct {
 	// line that says which limit and what sets it, say. A newline is
 	// added. The status line and headers stay net/http's, with a
 	// Content-Length, and the connection is closed as net/http closes it.
+	// Only net/http's answer to a head is replaced: bytes equal to it
+	// that a handler writes pass as written (see headTooLarge).
 	HeadTooLarge string
 }
 
@@ -129,7 +131,21 @@ func (l guardListener) Accept() (net.Conn, error) {
 
 // headTooLarge is net/http's answer to a request head over its limit,
 // written whole in one Write, as it writes it.
+//
+// A response can end in the same bytes: net/http's buffered writer
+// sends a response's last bytes, up to 4 KiB, in a Write of their own,
+// and a value a client stored makes them what it likes. So the guard
+// replaces them only while net/http reads a head of more than readAhead
+// bytes that has not ended: such a head's request is not served yet, and
+// every request before it has been answered, since net/http reads no
+// further ahead while it serves one. A head over net/http's limit
+// (MaxHeaderBytes plus 4096 bytes, MaxHeaderBytes at least 1) is longer.
 const headTooLarge = "HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n431 Request Header Fields Too Large"
+
+// readAhead is the most net/http reads past the request it serves: the
+// 4096 bytes of its bufio.Reader (a body read fills it, and a chunked
+// body's trailer peeks into it) and the byte of its background read.
+const readAhead = 4096 + 1
 
 // headTooLargeAnswer is the answer in place of headTooLarge with body
 // msg (Guard.HeadTooLarge), or "" for net/http's own when msg is empty.
@@ -247,6 +263,7 @@ type guardConn struct {
 	refused  uint8                  // 0, or 1: a head's last byte was withheld, 2: reads fail
 	counted  func(error)            // if not nil, called once for the head refused
 	tooLarge string                 // headTooLargeAnswer's answer in place of net/http's 431; "": net/http's
+	long     atomic.Bool            // net/http is reading a head longer than it reads ahead (readAhead): what it writes answers that head
 	why      string                 // framingAnswer's answer to the head refused
 	answer   atomic.Pointer[string] // &why once the filler is read: Write runs on other goroutines than Read
 }
@@ -266,7 +283,15 @@ func (g *guardConn) Read(p []byte) (int, error) {
 	}
 	n, err := g.Conn.Read(p)
 	if n > 0 && !g.t.off {
-		if i := g.t.scan(p[:n]); i >= 0 {
+		i := g.t.scan(p[:n])
+		read := g.t.headLen() // of a head not over
+		if i >= 0 {
+			// A refused head is never over: net/http reads it up to its
+			// withheld last byte.
+			read -= min(read, uint64(n-i))
+		}
+		g.long.Store(read > readAhead)
+		if i >= 0 {
 			g.why = framingAnswer(g.t.why)
 			if g.counted != nil {
 				g.counted(g.t.why)
@@ -293,7 +318,7 @@ func (g *guardConn) Write(p []byte) (int, error) {
 	a := g.answer.Load()
 	switch {
 	case a != nil && string(p) == badRequest:
-	case g.tooLarge != "" && string(p) == headTooLarge:
+	case g.tooLarge != "" && g.long.Load() && string(p) == headTooLarge:
 		a = &g.tooLarge
 	default:
 		return g.Conn.Write(p)

@@ -1000,3 +1000,55 @@ func TestGuardHeadTooLarge(t *testing.T) {
 		}
 	}
 }
+
+// TestGuardResponseLikeItsOwn431: a response whose last bytes are
+// net/http's 431 answer passes unchanged, on net/http behind a Guard with
+// HeadTooLarge and on the fast path once it has handed the connection
+// over. net/http's buffered writer sends a response's last bytes in a
+// Write of their own, so a handler that serves a client's bytes (a
+// stored value) can be made to write exactly net/http's 431; replacing
+// it put a longer answer in the response's place: a body that is not
+// the one sent, and bytes past its Content-Length that the client reads
+// as one more answer.
+func TestGuardResponseLikeItsOwn431(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		pad, _ := strconv.Atoi(r.URL.Query().Get("pad"))
+		body := strings.Repeat("p", pad) + headTooLarge
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		io.WriteString(w, body)
+	})
+	const msg = "head over X_MAX_HEADER_BYTES"
+	_, fast := startH1(t, h, func(s *Server) { s.HeadTooLarge = msg })
+	ln := listen(t, "tcp")
+	std := &http.Server{Handler: h, MaxHeaderBytes: testMaxHeader, ErrorLog: quietLog()}
+	go std.Serve(Guard{HeadTooLarge: msg}.Listener(ln))
+	t.Cleanup(func() { std.Close() })
+	for _, s := range []struct{ name, addr string }{{"net/http", ln.Addr().String()}, {"fast path, handed over", fast}} {
+		t.Run(s.name, func(t *testing.T) {
+			c := dialFor(t, s.addr, 10*time.Second)
+			defer c.Close()
+			br := bufio.NewReader(c)
+			// A head longer than the fast path takes hands the
+			// connection over to net/http.
+			long := "GET /?pad=0 HTTP/1.1\r\nHost: a\r\nX-Long: " + strings.Repeat("l", readBufSize) + "\r\n\r\n"
+			for pad := -1; pad <= 4096; pad++ {
+				req := fmt.Sprintf("GET /?pad=%d HTTP/1.1\r\nHost: a\r\n\r\n", max(pad, 0))
+				if pad < 0 {
+					req = long
+				}
+				if _, err := io.WriteString(c, req); err != nil {
+					t.Fatal(err)
+				}
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					t.Fatalf("pad %d: %v", pad, err)
+				}
+				body, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if want := strings.Repeat("p", max(pad, 0)) + headTooLarge; err != nil || resp.StatusCode != http.StatusOK || string(body) != want {
+					t.Fatalf("pad %d: %d, %d bytes ending %q, %v; want 200 with the %d bytes written", pad, resp.StatusCode, len(body), body[max(0, len(body)-40):], err, len(want))
+				}
+			}
+		})
+	}
+}
