@@ -223,12 +223,14 @@ func (n *node) takeQueued(ctx context.Context, name string) error {
 // above decide how the wait is counted. name names the operation in the
 // error. A slot that frees as ctx ends is given back: select picks either
 // ready case at random, and an operation sent past its caller's deadline
-// would hold the caller for up to one more timeout.
+// would hold the caller for up to one more timeout. It is given back
+// bare, not through release, which would send the parked Gets first on
+// this caller's goroutine, as late; they wait on the slot themselves.
 func (n *node) waitSlot(ctx context.Context, name string) error {
 	select {
 	case n.sem <- struct{}{}:
 		if err := ctx.Err(); err != nil {
-			n.release()
+			<-n.sem
 			return ctxError(n.name, name, err)
 		}
 		return nil

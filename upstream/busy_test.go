@@ -274,3 +274,45 @@ func TestWaitSlotAfterDeadline(t *testing.T) {
 		}
 	}
 }
+
+// TestWaitSlotAfterDeadlineSendsNothing: a slot given back by a caller
+// whose context ended sends nothing on it, parked Gets included: the
+// parked Gets take the slot themselves (see coalesce.go). Given back
+// through release, it sent a batch of them first, on the caller's
+// goroutine, which then waited for a stopped memcached's Timeout past
+// its own deadline.
+func TestWaitSlotAfterDeadlineSendsNothing(t *testing.T) {
+	mc := memcachedtest.Start(t)
+	c, _ := newTestCluster(t, []*memcachedtest.Server{mc}, func(o *Options) {
+		o.Timeout, o.Health.Timeout = 2*time.Second, time.Minute
+		o.RequestSlots = 1
+		o.BatchGets = true
+	})
+	runCluster(t, c)
+	n := c.topo.Load().nodes[0]
+	if !n.batchGets {
+		t.Fatal("get batching off")
+	}
+	mc.Pause()
+	defer mc.Resume()
+	w := &getWaiter{key: "parked", done: make(chan getResult, 1)}
+	n.pmu.Lock()
+	n.pending = append(n.pending, w)
+	n.pmu.Unlock()
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	for range 40 { // select takes the free slot half the time
+		start := time.Now()
+		if err := n.waitSlot(ctx, "set"); err == nil {
+			t.Fatal("waitSlot took a slot for a caller whose context had ended")
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Fatalf("waitSlot returned %v after a caller's deadline, want at once", d)
+		}
+	}
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	if len(n.pending) != 1 || w.taken {
+		t.Fatalf("the parked Get was taken (%d pending): nothing else holds a slot to send it", len(n.pending))
+	}
+}
