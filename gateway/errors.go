@@ -184,7 +184,20 @@ func outcome(v op.Verb, err error) (status int, msg string, retry bool) {
 }
 
 // errorStatus maps an error to its status and body, whatever the verb.
+// A replicated write that failed says it may be partly applied
+// (upstream.ErrPartlyApplied): the replicas are not one transaction, and
+// a failure that names only the node that failed reads as if nothing
+// was written.
 func errorStatus(err error) (status int, msg string, retry bool) {
+	status, msg, retry = errorStatusOf(err)
+	if errors.Is(err, upstream.ErrPartlyApplied) {
+		msg += "; the write may be partly applied, on some replicas of the key and not others (docs/pools.md, What an error means): read the key, or repeat a set, before relying on it"
+	}
+	return status, msg, retry
+}
+
+// errorStatusOf is errorStatus but for a write partly applied.
+func errorStatusOf(err error) (status int, msg string, retry bool) {
 	var re *requestError
 	var oe *overloadError
 	var ne *upstream.NodeError

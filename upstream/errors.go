@@ -55,6 +55,12 @@ var (
 	ErrNoFit = errors.New("upstream: value does not fit the byte budget")
 )
 
+// ErrPartlyApplied is wrapped in the error of a replicated write that
+// did not reach as many replicas as its write policy needs: it may have
+// been applied on some of them, or is (docs/pools.md, "What an error
+// means"). The failure of a replica it did not reach is wrapped too.
+var ErrPartlyApplied = errors.New("upstream: the write may have been applied on some replicas")
+
 // ErrNoNodes means no node could take the operation: every candidate is
 // down, or the failover policy refuses to move the key.
 var ErrNoNodes = errors.New("upstream: no live nodes")

@@ -119,8 +119,24 @@ func (e *refusal) Unwrap() []error {
 // raw memcached line as a 502 text body (what the module forwards for
 // every command but get), or an nginx page (raw == "") with reason in its
 // footer. fail adds the headers: Retry-After with every 503, the bearer
-// challenge with kindNoToken.
+// challenge with kindNoToken. A replicated write that failed says it
+// may be partly applied (upstream.ErrPartlyApplied): the replicas are
+// not one transaction, and a failure that names only the node that
+// failed (no node reached, no answer in time) reads as if nothing was
+// written.
 func memcFailure(cmd memcCmd, err error) (status int, raw, reason string) {
+	status, raw, reason = failureOf(cmd, err)
+	if raw == "" && errors.Is(err, upstream.ErrPartlyApplied) {
+		reason += "; " + partlyApplied
+	}
+	return status, raw, reason
+}
+
+// partlyApplied is what a failed replicated write adds to its reason.
+const partlyApplied = "the write may be partly applied, on some replicas of the key and not others (docs/pools.md, What an error means): read the key, or repeat a set, before relying on it"
+
+// failureOf is memcFailure but for a write partly applied.
+func failureOf(cmd memcCmd, err error) (status int, raw, reason string) {
 	var rf *refusal
 	if errors.As(err, &rf) {
 		switch rf.kind {

@@ -649,3 +649,25 @@ func TestMemcFailureWaitedForAsync(t *testing.T) {
 		t.Errorf("memcFailure = %d %q %q, want a 504 page naming the asynchronous writes", status, raw, reason)
 	}
 }
+
+// TestMemcFailurePartlyApplied: a replicated write that failed says it
+// may be partly applied, whatever its replicas' failure was; a memcached
+// error line is forwarded as it is, as the module forwards it.
+func TestMemcFailurePartlyApplied(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		err    error
+		status int
+	}{
+		{"no node", upstream.ErrNoNodes, http.StatusBadGateway},
+		{"deadline", context.DeadlineExceeded, http.StatusGatewayTimeout},
+	} {
+		status, raw, reason := memcFailure(memcIncr, fmt.Errorf("incr reached 1 of 2 replicas: %w: %w", upstream.ErrPartlyApplied, tt.err))
+		if status != tt.status || raw != "" || !strings.Contains(reason, "partly applied") {
+			t.Errorf("%s: memcFailure = %d %q %q, want %d saying the write may be partly applied", tt.name, status, raw, reason, tt.status)
+		}
+	}
+	if _, raw, _ := memcFailure(memcIncr, fmt.Errorf("%w: %w", upstream.ErrPartlyApplied, upstream.ErrNotNumeric)); raw == "" {
+		t.Error("a memcached error line of a replicated write is not forwarded")
+	}
+}

@@ -240,8 +240,8 @@ func (v *view) fanout(ctx context.Context, o op.Op, set *upstream.ReplicaSet, ta
 	if err == nil {
 		err = upstream.ErrNoNodes
 	}
-	return op.Result{Err: fmt.Errorf("%s reached %d of %d replicas in pool %q, the %s policy needs %d: %w",
-		o.Verb, answered, len(targets), v.name, v.write, need, err)}
+	return op.Result{Err: fmt.Errorf("%s reached %d of %d replicas in pool %q, the %s policy needs %d: %w: %w",
+		o.Verb, answered, len(targets), v.name, v.write, need, upstream.ErrPartlyApplied, err)}
 }
 
 // replicaFailed counts the copy of a write of verb that did not reach
@@ -456,8 +456,8 @@ func (v *view) cas(ctx context.Context, o op.Op) op.Result {
 	s := o
 	s.Verb, s.Item.CAS, s.Item.CASNode = o.Verb.Unchecked(), 0, 0
 	if rest := v.fanout(ctx, s, &set, others, need-1); rest.Err != nil {
-		return op.Result{Err: fmt.Errorf("%s stored on %s, the replica checked, but not copied as the policy needs: %w",
-			o.Verb, checked.Node(), rest.Err)}
+		return op.Result{Err: fmt.Errorf("%s stored on %s, the replica checked, but not copied as the policy needs: %w: %w",
+			o.Verb, checked.Node(), upstream.ErrPartlyApplied, rest.Err)}
 	}
 	return res
 }
