@@ -295,3 +295,51 @@ func TestAdmittedBodyKeepsItsRoom(t *testing.T) {
 		t.Errorf("budget holds %d bytes, %d bodies in the line afterwards", bg.Used(), roomCount(s))
 	}
 }
+
+// TestAdmittedBodyGoneGivesBack: a body let out of the room line, its
+// room held for it (admitRoomLocked), whose client goes away before its
+// worker runs, or sent less than its Content-Length and then closed,
+// gives that room back: the budget holds nothing once the connection is
+// done. An attack on the room held from the line; it held
+// (docs/benchmarks.md).
+func TestAdmittedBodyGoneGivesBack(t *testing.T) {
+	const limit, size = 400 << 10, 200 << 10
+	for _, tc := range []struct {
+		name string
+		sent int // of the body's size bytes, before the client goes
+	}{
+		{"reset before its worker runs", size},
+		{"Content-Length that lied, closed", size / 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bg := budget.New(limit)
+			s, addr, _ := holdingServer(t, bg, 2*time.Second)
+			if err := bg.Acquire(limit - 100<<10); err != nil {
+				t.Fatal(err)
+			}
+			c, _ := dial(t, addr)
+			fmt.Fprintf(c, "PUT /body HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size)
+			go c.Write([]byte(strings.Repeat("r", tc.sent)))
+			if !eventually(func() bool { return roomCount(s) == 1 }) {
+				t.Fatalf("%d bodies in the room line, want 1", roomCount(s))
+			}
+			var held int64
+			inPoller(s, func(p *poller) int {
+				bg.Release(limit - 100<<10)
+				n := p.admitRoomLocked()
+				held = bg.Used()
+				// The client goes before the body's worker runs.
+				c.(*net.TCPConn).SetLinger(0)
+				c.Close()
+				p.spawnCappedLocked(n)
+				return 0
+			})
+			if held == 0 {
+				t.Fatal("no room held for the body let out of the line")
+			}
+			if !eventually(func() bool { return bg.Used() == 0 && roomCount(s) == 0 }) {
+				t.Errorf("the budget holds %d bytes, %d bodies in the line, after the client went", bg.Used(), roomCount(s))
+			}
+		})
+	}
+}
