@@ -246,17 +246,22 @@ const filler = 0
 // # The answer
 //
 // net/http answers the failed head with its plain 400 ("400 Bad Request",
-// see badRequest), which says nothing of why. Once net/http has read the
-// filler, Write replaces that answer, written whole in one Write as
-// net/http does, with framingAnswer's, which says why: net/http writes it
-// only for a request it failed to read, and every response before it has
-// been written by then. Not before the filler: net/http, which fails a
-// bad request line without reading further, may be answering an earlier
-// head that the framing went past. A bad request line, in the refused
-// head or in one before it, that net/http reads after its background read
-// took the filler gets framingAnswer's answer too, and a refused head
-// whose request line net/http fails before the filler net/http's: 400 and
-// the connection closed either way, with another body.
+// see badRequest), which says nothing of why. Once a read after the
+// filler has failed, Write replaces that answer, written whole in one
+// Write as net/http does, with framingAnswer's, which says why: only
+// net/http reading the refused head reads past the filler (its
+// background read, which may take the filler while a handler runs,
+// reads one byte), and then it writes nothing but its answer to that
+// head. Not before: a handler's response may end in the very bytes of
+// net/http's 400 (a value a client stored), sent in a Write of their own
+// by net/http's buffered writer; and net/http, which fails a bad request
+// line without reading further, may be answering an earlier head that
+// the framing went past. A refused head whose request line net/http
+// fails before that read, or a bad request line in a head before it,
+// gets net/http's 400: 400 and the connection closed either way, with
+// another body. (In the trailer case above the failed read is the
+// chunked request's body read; its response, were it exactly net/http's
+// 400, would be replaced.)
 type guardConn struct {
 	net.Conn
 	t        framing
@@ -265,7 +270,7 @@ type guardConn struct {
 	tooLarge string                 // headTooLargeAnswer's answer in place of net/http's 431; "": net/http's
 	long     atomic.Bool            // net/http is reading a head longer than it reads ahead (readAhead): what it writes answers that head
 	why      string                 // framingAnswer's answer to the head refused
-	answer   atomic.Pointer[string] // &why once the filler is read: Write runs on other goroutines than Read
+	answer   atomic.Pointer[string] // &why once a read after the filler failed: Write runs on other goroutines than Read
 }
 
 func (g *guardConn) Read(p []byte) (int, error) {
@@ -276,9 +281,9 @@ func (g *guardConn) Read(p []byte) (int, error) {
 		}
 		p[0] = filler
 		g.refused = 2
-		g.answer.Store(&g.why)
 		return 1, nil
 	case 2:
+		g.answer.Store(&g.why)
 		return 0, errSmuggle
 	}
 	n, err := g.Conn.Read(p)
@@ -299,7 +304,6 @@ func (g *guardConn) Read(p []byte) (int, error) {
 			if i == 0 {
 				p[0] = filler
 				g.refused = 2
-				g.answer.Store(&g.why)
 				return 1, nil
 			}
 			g.refused = 1

@@ -1052,3 +1052,45 @@ func TestGuardResponseLikeItsOwn431(t *testing.T) {
 		})
 	}
 }
+
+// TestGuardResponseLikeItsOwn400: a response whose last bytes are
+// net/http's plain 400, served while a refused head pipelined behind its
+// request waits, passes unchanged, and the refused head then gets the
+// guard's 400. net/http's background read takes the filler while the
+// handler runs; the guard's answer replaced every 400 from then on.
+func TestGuardResponseLikeItsOwn400(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		pad, _ := strconv.Atoi(r.URL.Query().Get("pad"))
+		body := strings.Repeat("p", pad) + badRequest
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		time.Sleep(time.Millisecond) // the background read takes the filler
+		io.WriteString(w, body)
+	})
+	addr := startNetHTTP(t, listen(t, "tcp"), h)
+	const refused = "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
+	for pad := 3900; pad <= 4096; pad++ {
+		c := dialFor(t, addr, 10*time.Second)
+		br := bufio.NewReader(c)
+		io.WriteString(c, fmt.Sprintf("GET /?pad=%d HTTP/1.1\r\nHost: a\r\n\r\n", pad)+refused)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("pad %d: %v", pad, err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if want := strings.Repeat("p", pad) + badRequest; err != nil || string(body) != want {
+			c.Close()
+			t.Fatalf("pad %d: %d, %d bytes ending %q, %v; want the %d bytes written", pad, resp.StatusCode, len(body), body[max(0, len(body)-40):], err, len(want))
+		}
+		resp, err = http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("pad %d, the refused head: %v", pad, err)
+		}
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		c.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "Content-Length and Transfer-Encoding") {
+			t.Fatalf("pad %d, the refused head: %d %q, want the guard's 400", pad, resp.StatusCode, body)
+		}
+	}
+}
