@@ -139,7 +139,7 @@ func (l guardListener) Accept() (net.Conn, error) {
 // bytes that has not ended: such a head's request is not served yet, and
 // every request before it has been answered, since net/http reads no
 // further ahead while it serves one. A head over net/http's limit
-// (MaxHeaderBytes plus 4096 bytes, MaxHeaderBytes at least 1) is longer.
+// (MaxHeaderBytes plus 4096 bytes) is longer, for a MaxHeaderBytes of 2 or more.
 const headTooLarge = "HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n431 Request Header Fields Too Large"
 
 // readAhead is the most net/http reads past the request it serves: the
