@@ -165,7 +165,7 @@ func outcome(v op.Verb, err error) (status int, msg string, retry bool) {
 	case errors.Is(err, upstream.ErrCASNode):
 		// Not a change of the item, which a read would show: the node
 		// the CAS value names is not where the check can be made.
-		return http.StatusPreconditionFailed, "the ETag (or cas) names a replica that holds no copy of the key now (removed, down, or no longer among its replicas), a warm-up pool's node, or no replica where the pool keeps several (or one where it keeps one); read the key again for an ETag to send", false
+		return http.StatusPreconditionFailed, "the ETag (or cas) names a node that does not hold the key for this gateway: one removed or ejected, no longer among the key's replicas or not the node serving it, a warm-up pool's node, or none (a plain ETag on a replicated pool); read the key again for an ETag to send", false
 	case v == op.CAS && (errors.Is(err, upstream.ErrCASConflict) || errors.Is(err, upstream.ErrNotFound)):
 		return http.StatusPreconditionFailed, "item changed or is gone since its ETag was read (cas, If-Match)", false
 	case v == op.DeleteCAS && (errors.Is(err, upstream.ErrCASConflict) || errors.Is(err, upstream.ErrNotFound)):

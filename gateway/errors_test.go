@@ -5,7 +5,11 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
+
+	"github.com/memcgate/memcgate/upstream"
+	"github.com/memcgate/memcgate/upstream/op"
 )
 
 // TestRequestKindStatus pins the status and headers of every kind of
@@ -84,5 +88,25 @@ func TestRequestKindStatus(t *testing.T) {
 	}
 	if got := kindStatus(kindEnd); got != http.StatusInternalServerError {
 		t.Errorf("kindStatus(kindEnd) = %d, want %d: only kinds have a status", got, http.StatusInternalServerError)
+	}
+}
+
+// TestCASNodeOutcome: a conditional write whose CAS names a node that
+// does not hold the key is a 412 that says so in words true of every
+// pool: a pool of one copy after a failover, a replicated pool, a warm-up
+// hit; not a change of the item, and not a message about replicas alone.
+func TestCASNodeOutcome(t *testing.T) {
+	const want = "the ETag (or cas) names a node that does not hold the key for this gateway"
+	for _, v := range []op.Verb{op.CAS, op.DeleteCAS, op.AppendCAS, op.PrependCAS} {
+		t.Run(v.String(), func(t *testing.T) {
+			err := fmt.Errorf("node 127.0.0.1:11211: %w", upstream.ErrCASNode)
+			status, msg, retry := outcome(v, err)
+			if status != http.StatusPreconditionFailed || retry {
+				t.Errorf("outcome = %d (retry %v), want 412, no retry", status, retry)
+			}
+			if !strings.HasPrefix(msg, want) || !strings.Contains(msg, "read the key again") {
+				t.Errorf("412 body = %q, want it to start %q and say to read the key again", msg, want)
+			}
+		})
 	}
 }
