@@ -29,7 +29,7 @@ type batchOp struct {
 	Encoding string          `json:"encoding,omitempty"` // "" (UTF-8 text) or "base64"
 	Exptime  *int64          `json:"exptime,omitempty"`
 	Flags    *uint64         `json:"flags,omitempty"`
-	CAS      json.RawMessage `json:"cas,omitempty"` // "123", 123 or the ETag "\"123\""; "123@0a1b2c3d" from a replicated pool or a failover
+	CAS      json.RawMessage `json:"cas,omitempty"` // "123", 123 or the ETag "\"123\""; "123@0a1b2c3d" where a get named its node
 	Delta    *uint64         `json:"delta,omitempty"`
 }
 
@@ -929,9 +929,9 @@ func verbNames() string {
 }
 
 // parseCAS reads a batch operation's cas into it: 123, "123" or the
-// ETag form "\"123\"", and from a replicated pool or a failover
-// "123@0a1b2c3d" or "\"123@0a1b2c3d\"" (the node that gave the value out,
-// appendCAS).
+// ETag form "\"123\"", and where a get named its node (a replica, a
+// failover, a warm-up hit) "123@0a1b2c3d" or "\"123@0a1b2c3d\"" (the
+// node that gave the value out, appendCAS).
 func parseCAS(raw json.RawMessage, it *op.Item) error {
 	if len(raw) == 0 {
 		return badRequest("cas needs the cas value a get returned")

@@ -504,7 +504,7 @@ func TestETagForms(t *testing.T) {
 		{in: "12@0a1b2c3d@0a1b2c3d", why: "8 lowercase hex digits"},
 		{in: "12@+a1b2c3d", why: "8 lowercase hex digits"},
 		{in: "12@ 0a1b2c3", why: "8 lowercase hex digits"},
-		{in: "12@00000000", why: "no replica"},
+		{in: "12@00000000", why: "no node is named 00000000"},
 		{in: "12 @" + tag, why: "not a decimal number"},
 		{in: "+12@" + tag, why: "not a decimal number"},
 		{in: "12\r\nflush_all@" + tag, why: "not a decimal number"},

@@ -291,8 +291,9 @@ func appendCAS(b []byte, cas uint64, node uint32) []byte {
 const casNodeDigits = 8
 
 // parseCASValue reads a CAS value as appendCAS writes it: decimal digits,
-// then, from a replicated pool or a failover, '@' and the node's 8
-// lowercase hex digits (never all 0). why says what is wrong with s, "" if nothing is.
+// then, where a read names its node (a replica, a failover, a warm-up
+// hit), '@' and the node's 8 lowercase hex digits (never all 0). why
+// says what is wrong with s, "" if nothing is.
 func parseCASValue(s string) (cas uint64, node uint32, why string) {
 	digits, tag, named := strings.Cut(s, "@")
 	cas, err := strconv.ParseUint(digits, 10, 64)
@@ -317,7 +318,7 @@ func parseCASValue(s string) (cas uint64, node uint32, why string) {
 		}
 	}
 	if node == 0 {
-		return 0, 0, "no replica is named 00000000"
+		return 0, 0, "no node is named 00000000"
 	}
 	return cas, node, ""
 }
@@ -327,7 +328,7 @@ func parseCASValue(s string) (cas uint64, node uint32, why string) {
 func parseETag(s string, it *op.Item) error {
 	s = strings.TrimSpace(s)
 	if len(s) < 3 || s[0] != '"' || s[len(s)-1] != '"' {
-		return badRequest("If-Match takes * or one ETag as GET returned it, like \"12345\" (\"12345@0a1b2c3d\" from a replicated pool or a failover)")
+		return badRequest("If-Match takes * or one ETag as GET returned it, like \"12345\" (\"12345@0a1b2c3d\" where it names a node)")
 	}
 	cas, node, why := parseCASValue(s[1 : len(s)-1])
 	if why != "" {
