@@ -469,8 +469,8 @@ func TestReplicaCASNodeGone(t *testing.T) {
 	}
 	// The 412 says why: not a change of the item, which a read would
 	// show, but a replica that is no longer one.
-	if a := g.put("/"+key, []byte("v2"), "If-Match", etag); a.status != 412 || !strings.Contains(string(a.body), "replica") {
-		t.Errorf("PUT naming %s, gone = %d %q, want a 412 that names the replica", etag, a.status, a.body)
+	if a := g.put("/"+key, []byte("v2"), "If-Match", etag); a.status != 412 || !strings.Contains(string(a.body), "names a node that does not hold the key") {
+		t.Errorf("PUT naming %s, gone = %d %q, want a 412 that says the node does not hold the key", etag, a.status, a.body)
 	}
 	if a := g.do("GET", "/"+key, nil); string(a.body) != "v1" {
 		t.Errorf("GET after = %d %q, want v1", a.status, a.body)
@@ -593,8 +593,8 @@ func TestWarmHitETag(t *testing.T) {
 		_, _, ok := mcGets(t, cold.Addr, "w")
 		return ok
 	})
-	if p := g.put("/w", []byte("v2"), "If-Match", warmTag); p.status != 412 || !strings.Contains(string(p.body), "replica") {
-		t.Errorf("PUT If-Match %s (a warm hit's) = %d %q, want a 412 naming the replica", warmTag, p.status, p.body)
+	if p := g.put("/w", []byte("v2"), "If-Match", warmTag); p.status != 412 || !strings.Contains(string(p.body), "names a node that does not hold the key") {
+		t.Errorf("PUT If-Match %s (a warm hit's) = %d %q, want a 412 saying the node does not hold the key", warmTag, p.status, p.body)
 	}
 	// The GET copied the value into the cold pool: read from there, its
 	// ETag is the cold node's own, and a cas with it stores.
