@@ -537,6 +537,7 @@ func failureOf(err error) result {
 type NodeStatus struct {
 	Pool        string    `json:"pool,omitempty"`              // Options.Name
 	Node        string    `json:"node"`                        // host:port as configured
+	CASTag      string    `json:"cas_tag"`                     // NodeTag(Node) in 8 hex digits: the "@<node>" of the ETags it gives out
 	Up          bool      `json:"up"`                          // takes traffic
 	Since       time.Time `json:"since"`                       // last change of Up
 	Reason      string    `json:"reason"`                      // why it is in its state
@@ -584,7 +585,7 @@ func (n *node) status() NodeStatus {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	st := NodeStatus{
-		Node: n.name, Up: n.up.Load(), Since: n.since, Reason: n.reason,
+		Node: n.name, CASTag: fmt.Sprintf("%08x", n.tag), Up: n.up.Load(), Since: n.since, Reason: n.reason,
 		ProbeFails: n.fails, ProbePasses: n.passes, Timeouts: int(n.passiveRuns.Load()),
 		Flaps: n.flaps, InFlight: len(n.sem), Connections: n.conns.Load(), UDP: udp,
 		WrittenElsewhere: elsewhere, Untracked: untracked, HistoryUnknown: n.unseen.Load(),
