@@ -1413,6 +1413,11 @@ func TestCASCheckUnanswered(t *testing.T) {
 					if err == nil {
 						t.Fatalf("%v on a paused replica answered", verb)
 					}
+					// The replica checked may apply it later, and the
+					// other copies are gone: the error says so.
+					if !errors.Is(err, upstream.ErrPartlyApplied) {
+						t.Errorf("%v unanswered on the replica checked: %v, want it to wrap ErrPartlyApplied", verb, err)
+					}
 					waitUntil(t, 5*time.Second, "the other replica without v1", func() bool {
 						v, ok := direct(t, other.Addr, "k")
 						return !ok || v != "v1"

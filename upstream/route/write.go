@@ -417,8 +417,9 @@ func (cs *writeCopies) finish(ctx context.Context) {
 // down, a spare since, or none named) fails the check
 // (upstream.ErrCASNode), as the version read cannot be found. A
 // delete_cas with no CAS (If-Match: *) checks the first replica. A check
-// left unanswered (unsettled) answers its failure and drops the key from
-// the other replicas (dropCopies).
+// left unanswered (unsettled) drops the key from the other replicas
+// (dropCopies) and answers its failure as partly applied: the replica
+// checked may apply it yet.
 func (v *view) cas(ctx context.Context, o op.Op) op.Result {
 	set := v.c.Replicas(&o, v.replicas)
 	need, err := v.need(len(set.Replicas))
@@ -446,6 +447,8 @@ func (v *view) cas(ctx context.Context, o op.Op) op.Result {
 		v.replicaFailed(o.Verb, outcome{res: res, node: checked.Node()}, false)
 		if unsettled(res.Err) {
 			v.dropCopies(o, &set, others)
+			return op.Result{Err: fmt.Errorf("%s sent to %s, the replica checked, and not answered: it may apply it yet, and the key's other copies are deleted: %w: %w",
+				o.Verb, checked.Node(), upstream.ErrPartlyApplied, res.Err)}
 		}
 	} else {
 		v.pm.writeAnswered.Inc()
