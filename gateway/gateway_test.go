@@ -70,6 +70,14 @@ func TestRequests(t *testing.T) {
 		// on the second names the item as surely as on the first.
 		{name: "get 304 on a second line", method: "GET", target: "/k", hdr: []string{"If-None-Match", `"9"`, "If-None-Match", `"1"`}, preset: map[string]string{"k": "v"}, wantStatus: 304, wantCalls: 1},
 		{name: "head 304 on a second line", method: "HEAD", target: "/k", hdr: []string{"If-None-Match", "", "If-None-Match", `W/"1"`}, preset: map[string]string{"k": "v"}, wantStatus: 304, wantCalls: 1},
+		// A member is an entity-tag, a quoted string that may hold
+		// commas (RFC 9110 §8.8.3), not what lies between two commas:
+		// none of these lists names "1", though a piece cut at a comma
+		// is "1".
+		{name: "get 200 on a comma inside quotes", method: "GET", target: "/k", hdr: []string{"If-None-Match", `"a, "1"`}, preset: map[string]string{"k": "v"}, wantStatus: 200, wantBody: "v", wantCalls: 1},
+		{name: "get 200 on a weak tag holding a comma", method: "GET", target: "/k", hdr: []string{"If-None-Match", `W/"x, "1"`}, preset: map[string]string{"k": "v"}, wantStatus: 200, wantBody: "v", wantCalls: 1},
+		{name: "get 200 on an unbalanced quote", method: "GET", target: "/k", hdr: []string{"If-None-Match", `9", "1"`}, preset: map[string]string{"k": "v"}, wantStatus: 200, wantBody: "v", wantCalls: 1},
+		{name: "get 304 on empty members", method: "GET", target: "/k", hdr: []string{"If-None-Match", ` , "9",, W/"1" ,`}, preset: map[string]string{"k": "v"}, wantStatus: 304, wantCalls: 1},
 		{name: "get 200 on lines naming others", method: "GET", target: "/k", hdr: []string{"If-None-Match", `"9"`, "If-None-Match", `"2", "3"`}, preset: map[string]string{"k": "v"}, wantStatus: 200, wantBody: "v", wantCalls: 1},
 		{name: "empty key", method: "GET", target: "/", wantStatus: 400, wantBody: "empty key", wantCalls: 0},
 		{name: "key 251 bytes", method: "GET", target: "/" + strings.Repeat("k", 251), wantStatus: 400, wantBody: "key is 251 bytes", wantCalls: 0},
@@ -486,7 +494,7 @@ func TestNewContext(t *testing.T) {
 // as if the lines were one, whichever line that is.
 func FuzzConditions(f *testing.F) {
 	for _, s := range []string{"", "*", `"1"`, "\x00\"1\"", "*\x00\"9\"", `"18446744073709551616"`, `W/"1"`, `"1", "2"`, `"0"`, "\"1\"\x00\"7\"", "\x00W/\"7\"",
-		`"1@0a1b2c3d"`, `"0@0a1b2c3d"`, `"1@00000000"`, `"1@0A1B2C3D"`, `"1@"`, `"@0a1b2c3d"`, `"1@0a1b2c3d@1"`, "\"1@0a1b\r\nc3d\""} {
+		`"1@0a1b2c3d"`, `"0@0a1b2c3d"`, `"x, "7"`, `"7", "x`, `"a,"7"`, `W/"7,"`, "\"7\", ,\t", `"7",`, `"1@00000000"`, `"1@0A1B2C3D"`, `"1@"`, `"@0a1b2c3d"`, `"1@0a1b2c3d@1"`, "\"1@0a1b\r\nc3d\""} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, raw string) {
@@ -515,6 +523,12 @@ func FuzzConditions(f *testing.F) {
 				if len(lines) != 1 || !named && !(v == op.DeleteCAS && one == "*" && it.CAS == 0 && it.CASNode == 0) {
 					t.Fatalf("%s with If-Match lines %q ran as %v of CAS %d node %#x", method, lines, v, it.CAS, it.CASNode)
 				}
+				// The lines are one list of one member, * or a strong
+				// ETag (its number is checked above).
+				members, ok := refETagList(lines)
+				if !ok || len(members) != 1 || members[0] != "*" && members[0][0] != '"' {
+					t.Fatalf("%s with If-Match lines %q (members %q, parsed %v) ran as %v of CAS %d node %#x", method, lines, members, ok, v, it.CAS, it.CASNode)
+				}
 				// What memcached is sent: the CAS value's digits, one line.
 				line := string(op.EncodeHead(nil, &kr.op, "k"))
 				if want := "C" + strconv.FormatUint(it.CAS, 10) + "\r\n"; v == op.DeleteCAS && it.CAS != 0 && !strings.HasSuffix(line, " "+want) ||
@@ -530,12 +544,10 @@ func FuzzConditions(f *testing.F) {
 // of an item whose ETag is "7" (FuzzConditions).
 func ifNoneMatch(t *testing.T, lines []string) {
 	const etag = `"7"`
+	members, ok := refETagList(lines)
 	want := false
-	for _, l := range lines {
-		for part := range strings.SplitSeq(l, ",") {
-			part = strings.TrimPrefix(strings.TrimSpace(part), "W/")
-			want = want || part == "*" || part == etag
-		}
+	for _, m := range members {
+		want = want || ok && (m == "*" || strings.TrimPrefix(m, "W/") == etag)
 	}
 	for _, method := range []string{"GET", "HEAD"} {
 		r := httptest.NewRequest(method, "/k", nil)
@@ -547,5 +559,65 @@ func ifNoneMatch(t *testing.T, lines []string) {
 		if got := notModified(kr.etags, op.Item{CAS: 7}); got != want {
 			t.Fatalf("%s with If-None-Match lines %q: not modified for ETag %s: %v, want %v", method, lines, etag, got, want)
 		}
+	}
+}
+
+// refETagList is FuzzConditions' reading of If-Match or If-None-Match
+// lines, made another way than etagListHas: the lines joined by commas
+// (RFC 9110 §5.3), cut at the commas outside quotes, each piece, OWS
+// trimmed, empty (an empty member), * or [W/] DQUOTE *etagc DQUOTE
+// (RFC 9110 §8.8.3). members are the non-empty pieces as sent; ok is
+// false when one of them is neither * nor an entity-tag.
+func refETagList(lines []string) (members []string, ok bool) {
+	list := strings.Join(lines, ", ")
+	var pieces []string
+	quoted, from := false, 0
+	for i, c := range []byte(list) {
+		switch {
+		case c == '"':
+			quoted = !quoted
+		case c == ',' && !quoted:
+			pieces = append(pieces, list[from:i])
+			from = i + 1
+		}
+	}
+	pieces = append(pieces, list[from:])
+	ok = true
+	for _, p := range pieces {
+		p = strings.Trim(p, " \t")
+		if p == "" {
+			continue
+		}
+		members = append(members, p)
+		if p == "*" {
+			continue
+		}
+		q := strings.TrimPrefix(p, "W/")
+		inner := strings.TrimSuffix(strings.TrimPrefix(q, `"`), `"`)
+		if len(q) < 2 || q[0] != '"' || q[len(q)-1] != '"' || strings.ContainsFunc(inner, func(r rune) bool {
+			return r == '"' || r >= 0 && r < 0x21 || r == 0x7f
+		}) {
+			ok = false
+		}
+	}
+	return members, ok
+}
+
+// TestNotModifiedAllocs: reading a one-line If-None-Match list member by
+// member allocates nothing.
+func TestNotModifiedAllocs(t *testing.T) {
+	r := httptest.NewRequest("GET", "/k", nil)
+	r.Header.Set("If-None-Match", `"a,b", W/"9", , "7@0a1b2c3d", "7"`)
+	kr, err := keyParser{maxKeyLen: MaxKeyLen}.parseKeyRequest(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	it := op.Item{CAS: 7}
+	if n := testing.AllocsPerRun(100, func() {
+		if !notModified(kr.etags, it) {
+			t.Fatal("not modified: false, want true")
+		}
+	}); n != 0 {
+		t.Errorf("notModified: %v allocations, want 0", n)
 	}
 }

@@ -156,7 +156,7 @@ func condition(h http.Header, name string) (string, error) {
 	case 0:
 		return "", nil
 	case 1:
-		if v := strings.TrimSpace(lines[0]); v != "" {
+		if v := strings.Trim(lines[0], " \t"); v != "" {
 			return v, nil
 		}
 		return "", badRequest(name + " has no value: send * or one ETag as GET returned it, like \"12345\", or leave the header out")
@@ -184,7 +184,7 @@ func deleteVerb(ifMatch, ifNone string, it *op.Item) (op.Verb, error) {
 	if err == nil && it.CAS == 0 {
 		// CAS 0 is no item's (memcached counts from 1), and
 		// delete_cas reads it as * does.
-		err = badRequest("If-Match " + strings.TrimSpace(ifMatch) + " is not an ETag this gateway issued")
+		err = badRequest("If-Match " + strings.Trim(ifMatch, " \t") + " is not an ETag this gateway issued")
 	}
 	return op.DeleteCAS, err
 }
@@ -324,9 +324,14 @@ func parseCASValue(s string) (cas uint64, node uint32, why string) {
 }
 
 // parseETag reads the CAS value and the node that gave it out out of a
-// strong ETag as formatETag writes it, into it.
+// strong ETag as formatETag writes it, into it. s is an If-Match list:
+// it must be that one ETag, OWS around it (SP and HTAB, RFC 9110 §5.6.3).
+// Unlike If-None-Match's (etagListHas), it needs no reading member by
+// member: between its quotes come only the CAS value's digits, '@' and
+// hex digits (parseCASValue), so a list, or a quoted string holding a
+// comma or a quote, is refused whole.
 func parseETag(s string, it *op.Item) error {
-	s = strings.TrimSpace(s)
+	s = strings.Trim(s, " \t")
 	if len(s) < 3 || s[0] != '"' || s[len(s)-1] != '"' {
 		return badRequest("If-Match takes * or one ETag as GET returned it, like \"12345\" (\"12345@0a1b2c3d\" where it names a node)")
 	}
@@ -359,13 +364,63 @@ func fieldList(lines []string) string {
 }
 
 // etagListHas reports whether an If-None-Match list names etag (weak
-// comparison, as RFC 9110 §13.1.2 asks for If-None-Match).
+// comparison, as RFC 9110 §13.1.2 asks for If-None-Match). A member is
+// * or an entity-tag, [W/] and a quoted string that may hold commas
+// (RFC 9110 §8.8.3), so the list is read member by member, not split on
+// commas: split, the pieces of "a,"7"" or of an unclosed quote could
+// equal etag though no member does, and a 304 would keep a client on a
+// version it never held. A list that does not parse names nothing: a
+// 200 is always a right answer to a read, a 304 only to one whose
+// client sent the ETag.
 func etagListHas(list, etag string) bool {
-	for part := range strings.SplitSeq(list, ",") {
-		part = strings.TrimPrefix(strings.TrimSpace(part), "W/")
-		if part == "*" || part == etag {
-			return true
+	found := false
+	for i := 0; ; {
+		for i < len(list) && (list[i] == ' ' || list[i] == '\t' || list[i] == ',') {
+			i++ // OWS, and the empty members a list may hold (RFC 9110 §5.6.1)
 		}
+		if i == len(list) {
+			return found
+		}
+		var tag string
+		if tag, i = nextETag(list, i); i < 0 {
+			return false
+		}
+		found = found || tag == "*" || strings.TrimPrefix(tag, "W/") == etag
 	}
-	return false
+}
+
+// nextETag reads the list member starting at list[i], * or an
+// entity-tag, and the OWS after it: tag is the member as sent, next is
+// where the next member's comma or the list's end is, -1 when the
+// member does not parse or no comma follows it.
+func nextETag(list string, i int) (tag string, next int) {
+	start := i
+	switch {
+	case list[i] == '*':
+		i++
+	default:
+		if strings.HasPrefix(list[i:], "W/") {
+			i += 2
+		}
+		if i == len(list) || list[i] != '"' {
+			return "", -1
+		}
+		for i++; i < len(list) && list[i] != '"'; i++ {
+			if c := list[i]; c < 0x21 || c == 0x7f {
+				return "", -1 // etagc: no space, no control byte
+			}
+		}
+		if i == len(list) {
+			return "", -1 // the quote is never closed
+		}
+		i++
+	}
+	tag = list[start:i]
+	for i < len(list) && (list[i] == ' ' || list[i] == '\t') {
+		i++
+	}
+	if i < len(list) && list[i] != ',' {
+		return "", -1
+	}
+	return tag, i
 }
