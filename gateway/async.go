@@ -69,6 +69,7 @@ type asyncQueue struct {
 	share     int64        // the most jobs one shard may have reserved or waiting
 	shareB    int64        // the most value bytes one shard may have reserved or waiting (past one job)
 	closed    atomic.Bool  // set once Run is draining: no more jobs
+	entering  atomic.Int64 // enqueues that may have found closed unset and not pushed yet: Run waits for none before it drains
 	seed      maphash.Seed
 	shards    []*shard
 	workers   sync.WaitGroup // the shards' workers, which Run waits for (startWorker)
@@ -215,6 +216,15 @@ var (
 // budget refuses the values, a key's node is down, or the queue is
 // shutting down.
 func (q *asyncQueue) enqueue(ops []op.Op) error {
+	// Counted before closed is read, and until its jobs are pushed: Run
+	// sets closed before it reads the count, so either this enqueue sees
+	// closed or Run sees it counted and waits for its push (both are
+	// sequentially consistent atomics). Without it, a handler still
+	// running when the data server was closed at the shutdown timeout
+	// could pass the check, push after Run's last pass and answer 202
+	// for a write nobody applies.
+	q.entering.Add(1)
+	defer q.entering.Add(-1)
 	n, size := int64(len(ops)), int64(0)
 	for _, o := range ops {
 		size += int64(len(o.Item.Value))
@@ -442,10 +452,11 @@ func (h *held) unreserve(size int64) {
 }
 
 // Run applies queued writes until ctx is done, then stops accepting and
-// applies what is left before it returns. The caller stops the HTTP
-// server first, so nothing enqueues after Run has drained. It is called
-// once. While it runs, each shard's worker runs while the shard has
-// writes (see asyncQueue).
+// applies what is left before it returns: each write enqueue accepted,
+// including one of a request still running when its server was closed
+// at the shutdown timeout (it waits for enqueues under way: entering).
+// It is called once. While it runs, each shard's worker runs while the
+// shard has writes (see asyncQueue).
 func (q *asyncQueue) Run(ctx context.Context) error {
 	for _, sh := range q.shards {
 		sh.mu.Lock()
@@ -457,6 +468,11 @@ func (q *asyncQueue) Run(ctx context.Context) error {
 	}
 	<-ctx.Done()
 	q.closed.Store(true)
+	// An enqueue past its closed check pushes soon: nothing between the
+	// check and the push waits for more than a lock.
+	for q.entering.Load() > 0 {
+		time.Sleep(time.Millisecond)
+	}
 	for _, sh := range q.shards {
 		sh.mu.Lock()
 		sh.open = false // no worker starts after this: Wait sees them all

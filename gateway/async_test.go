@@ -523,3 +523,59 @@ func TestAsyncWorkersRetireUnderPushes(t *testing.T) {
 		t.Errorf("applied %v, want %d", applied, writers*writes)
 	}
 }
+
+// TestAsyncAcceptedWhileRunDrains: a write whose enqueue passed the
+// shutdown check before Run began to drain, and pushes only after (a
+// handler still running when the data server was closed at the shutdown
+// timeout), is applied before Run returns: its 202 is kept. The enqueue
+// is held between the check and the push by the lock of its key's
+// WriteOrder shard, which it takes in between.
+func TestAsyncAcceptedWhileRunDrains(t *testing.T) {
+	mc := memcachedtest.Start(t)
+	reg := prometheus.NewRegistry()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	c, err := upstream.New(upstream.Options{Servers: []upstream.Server{{Host: "127.0.0.1", Port: mc.Port}}}, log, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	h := NewHandler(c, log, reg, Options{AsyncWorkers: 4})
+	q := h.h.async
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	ran := make(chan error, 1)
+	go func() { ran <- h.Run(ctx) }()
+
+	_, osh := q.order.where("late")
+	osh.mu.Lock()
+	answered := make(chan *httptest.ResponseRecorder, 1)
+	go func() { answered <- asyncDo(h, "PUT", "/late", "kept") }()
+	for q.queued.Load() == 0 { // past the shutdown check, at the lock
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	returned := false
+	select {
+	case err := <-ran: // it drained without the write
+		returned = true
+		if err != nil {
+			t.Errorf("Run() = %v", err)
+		}
+	case <-time.After(200 * time.Millisecond):
+	}
+	osh.mu.Unlock()
+	if w := <-answered; w.Code != http.StatusAccepted {
+		t.Fatalf("async PUT = %d %q, want 202", w.Code, w.Body)
+	}
+	if !returned {
+		if err := <-ran; err != nil {
+			t.Errorf("Run() = %v", err)
+		}
+	}
+	if got := counterValue(t, reg, "memcgate_async_writes_applied_total"); got != 1 {
+		t.Errorf("once Run returned: applied = %v, want 1 (the write answered 202)", got)
+	}
+	if w := do(h, "GET", "/late", ""); w.Code != http.StatusOK || w.Body.String() != "kept" {
+		t.Errorf("GET /late = %d %q, want 200 \"kept\"", w.Code, w.Body)
+	}
+}

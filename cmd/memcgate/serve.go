@@ -382,8 +382,10 @@ func (p *process) run(ctx context.Context) error {
 		log.Warn("data server shutdown", "err", err.Error())
 		data.Close()
 	}
-	// No request can queue an asynchronous write any more: apply what is
-	// queued, with health checks still running so failover stays right.
+	// Apply the asynchronous writes queued, with health checks still
+	// running so failover stays right. A request still running after
+	// Close (the timeout passed) may be queueing one: Run applies it too,
+	// and refuses later ones with 503.
 	stopAsync()
 	<-asyncDone
 	if err := admin.Shutdown(shutCtx); err != nil {
