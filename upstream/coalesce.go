@@ -89,6 +89,16 @@ func (n *node) getBatching(ctx context.Context, key string, o op.Op) (it *memcac
 		}
 		return r.it, false, r.err
 	case n.sem <- struct{}{}:
+		if ctx.Err() != nil {
+			// Won as ctx ended (select picks either ready case at
+			// random, and a goroutine woken with the slot may run
+			// late): given back bare, as waitSlot does. Sent, the batch
+			// would hold this caller one more timeout past its deadline
+			// against a stalled node; the other parked Gets wait on the
+			// slot themselves.
+			<-n.sem
+			return n.unpark(ctx, w)
+		}
 		// A slot is ours. If no holder has taken our key yet, send it
 		// with the other parked keys; either way our result then comes.
 		n.pmu.Lock()
@@ -107,28 +117,35 @@ func (n *node) getBatching(ctx context.Context, key string, o op.Op) (it *memcac
 		}
 		return r.it, false, r.err
 	case <-ctx.Done():
-		n.pmu.Lock()
-		if !w.taken {
-			for i, p := range n.pending {
-				if p == w {
-					n.pending = append(n.pending[:i], n.pending[i+1:]...)
-					break
-				}
+		return n.unpark(ctx, w)
+	}
+}
+
+// unpark ends the wait of w, a parked Get whose ctx ended: it leaves the
+// pending list with ctx's error, or, in a batch already, waits for the
+// batch's result (its socket timeout bounds the wait).
+func (n *node) unpark(ctx context.Context, w *getWaiter) (*memcache.Item, bool, error) {
+	n.pmu.Lock()
+	if !w.taken {
+		for i, p := range n.pending {
+			if p == w {
+				n.pending = append(n.pending[:i], n.pending[i+1:]...)
+				break
 			}
-			n.pmu.Unlock()
-			err := ctxError(n.name, "get", ctx.Err())
-			n.m.ops[verbOp(op.Get)][resultOf(err)].Inc()
-			return nil, false, err
 		}
 		n.pmu.Unlock()
-		r := <-w.done // in a batch already: its socket timeout bounds the wait
-		if r.err == errBatchNoFit {
-			err := ctxError(n.name, "get", ctx.Err())
-			n.m.ops[verbOp(op.Get)][resultOf(err)].Inc()
-			return nil, false, err
-		}
-		return r.it, false, r.err
+		err := ctxError(n.name, "get", ctx.Err())
+		n.m.ops[verbOp(op.Get)][resultOf(err)].Inc()
+		return nil, false, err
 	}
+	n.pmu.Unlock()
+	r := <-w.done
+	if r.err == errBatchNoFit {
+		err := ctxError(n.name, "get", ctx.Err())
+		n.m.ops[verbOp(op.Get)][resultOf(err)].Inc()
+		return nil, false, err
+	}
+	return r.it, false, r.err
 }
 
 // errBatchNoFit is a parked Get's result when its batch's reply held

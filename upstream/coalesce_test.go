@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -150,4 +151,47 @@ func parkedGets(n *node) int {
 	n.pmu.Lock()
 	defer n.pmu.Unlock()
 	return len(n.pending)
+}
+
+// TestParkedGetSlotAfterDeadlineSendsNothing: a parked Get woken with a
+// slot that ran only once its context had ended gives the slot back and
+// sends nothing, as waitSlot does (TestWaitSlotAfterDeadlineSendsNothing).
+// Sending its batch, it waited for a stopped memcached's Timeout past its
+// own deadline. One P makes the order certain: the slot frees (the
+// parked send completes), the context ends, then the Get runs.
+func TestParkedGetSlotAfterDeadlineSendsNothing(t *testing.T) {
+	mc := memcachedtest.Start(t)
+	c, _ := newTestCluster(t, []*memcachedtest.Server{mc}, func(o *Options) {
+		o.MaxConns, o.MaxInFlight = 1, 1
+		o.Timeout = 2 * time.Second
+		o.BatchGets = true
+	})
+	n := c.topo.Load().nodes[0]
+	mc.Pause()
+	defer mc.Resume()
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	n.sem <- struct{}{} // the only slot is busy
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Get(ctx, "k")
+		errc <- err
+	}()
+	for parkedGets(n) == 0 {
+		time.Sleep(time.Millisecond) // it runs until it waits in its select
+	}
+	<-n.sem // the slot frees: the parked Get is woken holding it
+	cancel()
+	start := time.Now()
+	err := <-errc
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("Get woken with a slot after its context ended returned %v later (%v), want at once", d, err)
+	}
+	if err == nil {
+		t.Error("Get woken with a slot after its context ended = nil error, want its context's")
+	}
+	if len(n.sem) != 0 || parkedGets(n) != 0 {
+		t.Errorf("after: %d slots held, %d Gets parked; want none", len(n.sem), parkedGets(n))
+	}
 }
