@@ -139,10 +139,12 @@ func (c *Cluster) getMulti(ctx context.Context, keys []string, limit int, vroom 
 	var mu sync.Mutex // guards found, failed and kept
 	kept := 0         // bytes of values kept so far, against limit
 	type batch struct {
-		node     *node
-		failover bool
-		store    []string          // keys as sent
-		client   map[string]string // store key → client key
+		node   *node
+		store  []string          // keys as sent
+		client map[string]string // store key → client key
+		// moved holds the store keys read here for an ejected owner:
+		// per key, as keys the node owns share its batches.
+		moved map[string]bool
 	}
 	t := c.topo.Load()
 	batches := map[*node][]*batch{}
@@ -160,12 +162,18 @@ func (c *Cluster) getMulti(ctx context.Context, keys []string, limit int, vroom 
 		}
 		bs := batches[n]
 		if len(bs) == 0 || len(bs[len(bs)-1].store) == maxKeysPerGet {
-			bs = append(bs, &batch{node: n, failover: fo, client: map[string]string{}})
+			bs = append(bs, &batch{node: n, client: map[string]string{}})
 			batches[n] = bs
 		}
 		b := bs[len(bs)-1]
 		b.store = append(b.store, sk)
 		b.client[sk] = k
+		if fo {
+			if b.moved == nil {
+				b.moved = map[string]bool{}
+			}
+			b.moved[sk] = true
+		}
 	}
 	// With many keys, learn the values' sizes before reading them, so
 	// that memcached sends only those that fit each batch's share of the
@@ -231,7 +239,7 @@ func (c *Cluster) getMulti(ctx context.Context, keys []string, limit int, vroom 
 					}
 				}()
 				defer c.multiPanics.RecoverNoting(&panicked)
-				err := b.node.do(ctx, opGetMulti, b.failover, func(mc dataClient, _ bool) (err error) {
+				err := b.node.do(ctx, opGetMulti, len(b.moved) > 0, func(mc dataClient, _ bool) (err error) {
 					items, dropped, nofit, err = mc.GetMultiLimit(ctx, b.store, r, vroom, probe)
 					return err
 				})
@@ -274,7 +282,7 @@ func (c *Cluster) getMulti(ctx context.Context, keys []string, limit int, vroom 
 					if it, ok := items[sk]; ok {
 						k := b.client[sk]
 						item := itemOf(k, it)
-						if tagged || b.failover {
+						if tagged || b.moved[sk] {
 							item.CASNode = b.node.tag // as Do names it
 						}
 						keep(k, item)
