@@ -458,7 +458,12 @@ func (v *view) cas(ctx context.Context, o op.Op) op.Result {
 	}
 	s := o
 	s.Verb, s.Item.CAS, s.Item.CASNode = o.Verb.Unchecked(), 0, 0
-	if rest := v.fanout(ctx, s, &set, others, need-1); rest.Err != nil {
+	// A copy's answer is memcached's and not the write's: a replica
+	// without the key (evicted, or flushed on its return) answers an
+	// unchecked delete, append or prepend with a miss, and the write,
+	// done where it was checked, stands. Only copies that did not reach
+	// the replicas the policy needs fail it.
+	if rest := v.fanout(ctx, s, &set, others, need-1); failure(rest.Err) {
 		return op.Result{Err: fmt.Errorf("%s stored on %s, the replica checked, but not copied as the policy needs: %w: %w",
 			o.Verb, checked.Node(), upstream.ErrPartlyApplied, rest.Err)}
 	}
