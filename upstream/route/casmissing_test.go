@@ -13,10 +13,11 @@ import (
 
 // TestCheckedWriteWithACopyMissing: a write checked on the replica its
 // CAS names, whose other replica lacks the key (evicted, or flushed on
-// its return), is answered by the check: the delete done there succeeds,
-// although the unchecked copy finds no item on the other replica. A 412
-// would tell the client nothing was deleted when the version it read is
-// gone.
+// its return), is answered by the check: the delete, append or prepend
+// done there succeeds, although the unchecked copy finds no item on the
+// other replica. A miss (412 for a conditional delete) would tell the
+// client nothing was written when the version it read is gone or
+// changed.
 func TestCheckedWriteWithACopyMissing(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 3)
 	r, _ := newRouter(t, Options{Pools: []PoolOptions{{Cluster: clusterOptions(mcs), Replicas: 2}}})
@@ -26,6 +27,8 @@ func TestCheckedWriteWithACopyMissing(t *testing.T) {
 		want string // on the replica checked; "" for none
 	}{
 		{op.DeleteCAS, ""},
+		{op.AppendCAS, "v+"},
+		{op.PrependCAS, "+v"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.verb.String(), func(t *testing.T) {
@@ -33,7 +36,7 @@ func TestCheckedWriteWithACopyMissing(t *testing.T) {
 			if err := set(ctx, r, key, "v"); err != nil {
 				t.Fatal(err)
 			}
-			res := r.Do(ctx, op.Op{Verb: op.Get, Item: op.Item{Key: key}})
+			res := r.Do(ctx, op.Op{Verb: op.Head, Item: op.Item{Key: key}})
 			if res.Err != nil {
 				t.Fatal(res.Err)
 			}
