@@ -234,6 +234,8 @@ func errorStatusOf(err error) (status int, msg string, retry bool) {
 		return http.StatusBadRequest, "key is not valid for memcached", false
 	case errors.Is(err, upstream.ErrTooLarge):
 		return http.StatusRequestEntityTooLarge, "memcached refused the value as too large for an item", false
+	case errors.Is(err, upstream.ErrNoMemory):
+		return http.StatusServiceUnavailable, "memcached had no memory to store the item (SERVER_ERROR out of memory storing object), though it fits: try again", true
 	case errors.Is(err, upstream.ErrNoFit):
 		return http.StatusServiceUnavailable, errBudget.msg, true
 	case errors.Is(err, upstream.ErrOverLimit):

@@ -201,6 +201,7 @@ func TestErrorStatus(t *testing.T) {
 		{"not numeric", upstream.ErrNotNumeric, 409, false},
 		{"bad key", upstream.ErrBadKey, 400, false},
 		{"too large", upstream.ErrTooLarge, 413, false},
+		{"out of memory", upstream.ErrNoMemory, 503, true},
 		{"no nodes", upstream.ErrNoNodes, 503, true},
 		{"no fit", upstream.ErrNoFit, 503, true},
 		{"node busy", &upstream.BusyError{Node: "n", Share: 5000}, 503, true},

@@ -45,6 +45,11 @@ var (
 	ErrBadKey = errors.New("upstream: malformed key")
 	// ErrTooLarge: memcached refused the value as too large for an item.
 	ErrTooLarge = errors.New("upstream: value too large for memcached")
+	// ErrNoMemory: memcached had no memory for an item that fits
+	// ("SERVER_ERROR out of memory storing object": nothing it could
+	// evict in the item's slab class, or evictions off). A later try may
+	// find room; the value is not too large.
+	ErrNoMemory = errors.New("upstream: memcached out of memory storing the item")
 	// ErrServer: memcached answered with an error line we did not expect.
 	ErrServer = errors.New("upstream: memcached error reply")
 	// ErrOverLimit: a key of GetMulti whose value did not fit the byte
@@ -129,8 +134,10 @@ func classify(node, op string, err error) error {
 	switch {
 	case strings.Contains(msg, "non-numeric value"):
 		return ErrNotNumeric
-	case strings.Contains(msg, "object too large"), strings.Contains(msg, "out of memory storing object"):
+	case strings.Contains(msg, "object too large"):
 		return fmt.Errorf("%w: %s %s", ErrTooLarge, op, node)
+	case strings.Contains(msg, "out of memory storing object"):
+		return fmt.Errorf("%w: %s %s", ErrNoMemory, op, node)
 	case strings.HasPrefix(msg, "memcache: unexpected response line"),
 		strings.HasPrefix(msg, "memcache: client error"):
 		return fmt.Errorf("%w: %s %s: %s", ErrServer, op, node, strings.TrimPrefix(msg, "memcache: "))

@@ -52,6 +52,7 @@ func TestClassify(t *testing.T) {
 		{name: "bad key", op: "get", in: memcache.ErrMalformedKey, want: ErrBadKey},
 		{name: "non-numeric", op: "incr", in: errors.New("memcache: client error: cannot increment or decrement non-numeric value"), want: ErrNotNumeric},
 		{name: "too large", op: "set", in: errors.New(`memcache: unexpected response line from "set": "SERVER_ERROR object too large for cache\r\n"`), want: ErrTooLarge},
+		{name: "out of memory", op: "set", in: errors.New(`memcache: unexpected response line from "set": "SERVER_ERROR out of memory storing object\r\n"`), want: ErrNoMemory},
 		{name: "other server error", op: "set", in: errors.New(`memcache: unexpected response line from "set": "SERVER_ERROR out of memory\r\n"`), want: ErrServer},
 		{name: "connect timeout", op: "get", in: &memcache.ConnectTimeoutError{Addr: addr("n:1")}, wantNode: true, wantDial: true, wantTimeout: true},
 		{name: "refused", op: "set", in: refused, wantNode: true, wantDial: true, wantHard: true},
@@ -802,5 +803,26 @@ func TestGetMultiRetryHoldsValues(t *testing.T) {
 	}
 	if room.reserved < kept || room.released != room.reserved {
 		t.Errorf("kept %d bytes; the Room was asked for %d and given back %d; want all kept asked for, and given back", kept, room.reserved, room.released)
+	}
+}
+
+// TestOutOfMemoryIsNotTooLarge: a memcached with no memory for an item
+// that fits (-M: no evictions, full) answers "SERVER_ERROR out of memory
+// storing object"; that is ErrNoMemory, which a client may retry, not
+// ErrTooLarge, which says the value can never be stored. Neither is held
+// against the node.
+func TestOutOfMemoryIsNotTooLarge(t *testing.T) {
+	mc := memcachedtest.Start(t, "-M", "-m", "2")
+	c, _ := newTestCluster(t, []*memcachedtest.Server{mc}, nil)
+	v := make([]byte, 500_000)
+	var err error
+	for i := 0; i < 20 && err == nil; i++ {
+		err = c.Set(t.Context(), Item{Key: fmt.Sprint("k", i), Value: v})
+	}
+	if !errors.Is(err, ErrNoMemory) || errors.Is(err, ErrTooLarge) {
+		t.Fatalf("sets into a full memcached -M: %v, want ErrNoMemory and not ErrTooLarge", err)
+	}
+	if n := c.topo.Load().nodes[0]; !n.available() || n.passiveRuns.Load() != 0 {
+		t.Errorf("node up %v, passive timeouts %d: a full memcached is not a failing one", n.available(), n.passiveRuns.Load())
 	}
 }

@@ -216,6 +216,8 @@ func failureOf(cmd memcCmd, err error) (status int, raw, reason string) {
 		return http.StatusBadGateway, "CLIENT_ERROR cannot increment or decrement non-numeric value\r\n", ""
 	case errors.Is(err, upstream.ErrTooLarge):
 		return http.StatusBadGateway, "SERVER_ERROR object too large for cache\r\n", ""
+	case errors.Is(err, upstream.ErrNoMemory):
+		return http.StatusBadGateway, "SERVER_ERROR out of memory storing object\r\n", ""
 	case errors.Is(err, upstream.ErrBadKey):
 		return http.StatusBadGateway, "CLIENT_ERROR bad command line format\r\n", ""
 	case errors.Is(err, upstream.ErrServer):

@@ -350,6 +350,7 @@ func TestMemcRequests(t *testing.T) {
 		{name: "incr", preset: map[string]string{"n": "41"}, target: "/memc?cmd=incr&key=n&val=1", wantStatus: 201, wantBody: "42\r\n", wantCalls: 1},
 		{name: "incr not numeric", preset: map[string]string{"n": "x"}, target: "/memc?cmd=incr&key=n&val=1", wantStatus: 502, wantBody: "CLIENT_ERROR cannot increment or decrement non-numeric value\r\n", wantCalls: 1},
 		{name: "too large", err: fmt.Errorf("%w: set n:1", upstream.ErrTooLarge), target: "/memc?cmd=set&key=k&val=v", wantStatus: 502, wantBody: "SERVER_ERROR object too large for cache\r\n", wantCalls: 1},
+		{name: "out of memory", err: fmt.Errorf("%w: set n:1", upstream.ErrNoMemory), target: "/memc?cmd=set&key=k&val=v", wantStatus: 502, wantBody: "SERVER_ERROR out of memory storing object\r\n", wantCalls: 1},
 		{name: "other server error", err: fmt.Errorf("%w: set n:1: x", upstream.ErrServer), target: "/memc?cmd=set&key=k&val=v", wantStatus: 502, wantBody: "SERVER_ERROR memcached answered with an error\r\n", wantCalls: 1},
 		{name: "server error on get is a page", err: fmt.Errorf("%w: get n:1: x", upstream.ErrServer), target: "/memc?key=k", wantStatus: 502, wantPage: true, wantCalls: 1},
 		{name: "no nodes is 502, not 503", err: upstream.ErrNoNodes, target: "/memc?key=k", wantStatus: 502, wantPage: true, wantCalls: 1},

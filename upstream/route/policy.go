@@ -230,6 +230,8 @@ func outcomeClass(err error) int {
 		return 5
 	case errors.Is(err, upstream.ErrTooLarge):
 		return 6
+	case errors.Is(err, upstream.ErrNoMemory):
+		return 7
 	}
 	return -1
 }

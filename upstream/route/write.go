@@ -118,12 +118,13 @@ func (v *view) need(up int) (int, error) {
 }
 
 // failure reports whether err means a replica was not reached (as
-// opposed to one of memcached's answers).
+// opposed to one of memcached's answers), or could not store what the
+// others may have (ErrNoMemory: its own memory, not the value).
 func failure(err error) bool {
 	var ne *upstream.NodeError
 	var be *upstream.BusyError
 	return err != nil && (errors.As(err, &ne) || errors.As(err, &be) || errors.Is(err, upstream.ErrNoNodes) ||
-		errors.Is(err, upstream.ErrServer) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, upstream.ErrServer) || errors.Is(err, upstream.ErrNoMemory) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
 		errors.Is(err, panicguard.ErrPanicked))
 }
 
