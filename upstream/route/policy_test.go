@@ -363,16 +363,16 @@ func TestPolicyValidation(t *testing.T) {
 		// would name both.
 		{"replicas share a CAS tag", []PoolOptions{pool("main", func(p *PoolOptions) {
 			p.Replicas, p.Cluster.Servers = 2, []upstream.Server{collide[0], collide[1]}
-		})}, "share the CAS tag ee3207b6"},
+		})}, `node 127.3.120.184:11211 of pool "main" and node 127.3.156.24:11211 of pool "main" share the CAS tag ee3207b6`},
 		// A failover read of a pool of one copy names the node that
 		// answered it (0079), so its nodes must be told apart too.
 		{"one copy, a failover's tag", []PoolOptions{pool("main", func(p *PoolOptions) { p.Cluster.Servers = []upstream.Server{collide[0], collide[1]} })}, "share the CAS tag ee3207b6"},
 		{"one copy, warm node shares a node's tag", []PoolOptions{pool("main", func(p *PoolOptions) {
 			p.Warm, p.Cluster.Servers = "old", []upstream.Server{collide[0], {Host: "127.0.0.1", Port: 1}}
-		}), pool("old", func(p *PoolOptions) { p.Cluster.Servers = []upstream.Server{collide[1]} })}, "share the CAS tag ee3207b6"},
+		}), pool("old", func(p *PoolOptions) { p.Cluster.Servers = []upstream.Server{collide[1]} })}, `node 127.3.120.184:11211 of pool "main" and node 127.3.156.24:11211 of pool "old" (the warm-up pool of "main") share the CAS tag ee3207b6`},
 		{"warm node shares a replica's tag", []PoolOptions{pool("main", func(p *PoolOptions) {
 			p.Replicas, p.Warm, p.Cluster.Servers = 2, "old", []upstream.Server{collide[0], {Host: "127.0.0.1", Port: 1}}
-		}), pool("old", func(p *PoolOptions) { p.Cluster.Servers = []upstream.Server{collide[1]} })}, "share the CAS tag ee3207b6"},
+		}), pool("old", func(p *PoolOptions) { p.Cluster.Servers = []upstream.Server{collide[1]} })}, `node 127.3.120.184:11211 of pool "main" and node 127.3.156.24:11211 of pool "old" (the warm-up pool of "main") share the CAS tag ee3207b6`},
 		{"warm pool shares a node", []PoolOptions{pool("main", func(p *PoolOptions) {
 			p.Replicas, p.Warm, p.Cluster.Servers = 2, "old", []upstream.Server{collide[0], {Host: "127.0.0.1", Port: 1}}
 		}), pool("old", func(p *PoolOptions) { p.Cluster.Servers = []upstream.Server{collide[0]} })}, ""},

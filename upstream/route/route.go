@@ -258,23 +258,26 @@ func (o *Options) tagClashes() []error {
 	for i := range o.Pools {
 		byName[o.Pools[i].Name] = &o.Pools[i]
 	}
+	type node struct{ name, of string } // of: the pool the node is listed in, as the message names it
 	var errs []error
 	for _, p := range o.Pools {
-		tags := map[uint32]string{}
-		add := func(servers []upstream.Server) {
+		tags := map[uint32]node{}
+		add := func(servers []upstream.Server, of string) {
 			for _, s := range servers {
 				name := net.JoinHostPort(s.Host, strconv.Itoa(s.Port))
 				t := upstream.NodeTag(name)
-				if other, ok := tags[t]; ok && other != name {
-					errs = append(errs, fmt.Errorf("route: pool %q: nodes %s and %s share the CAS tag %08x (FNV-1a of host:port), and an ETag could not tell them apart: spell one otherwise (an IP for a DNS name, or the reverse)",
-						p.Name, other, name, t))
+				if other, ok := tags[t]; ok && other.name != name {
+					errs = append(errs, fmt.Errorf("route: pool %q: node %s of %s and node %s of %s share the CAS tag %08x (FNV-1a of host:port), and an ETag could not tell them apart: spell one otherwise (an IP for a DNS name, or the reverse)",
+						p.Name, other.name, other.of, name, of, t))
 				}
-				tags[t] = name
+				tags[t] = node{name, of}
 			}
 		}
-		add(p.Cluster.Servers)
+		add(p.Cluster.Servers, fmt.Sprintf("pool %q", p.Name))
 		if w := byName[p.Warm]; p.Warm != "" && w != nil {
-			add(w.Cluster.Servers)
+			// Named as the pool whose servers= lists it, so that the
+			// operator knows which entry to spell otherwise.
+			add(w.Cluster.Servers, fmt.Sprintf("pool %q (the warm-up pool of %q)", w.Name, p.Name))
 		}
 	}
 	return errs
