@@ -13,6 +13,8 @@ package budget
 import (
 	"errors"
 	"math"
+	"slices"
+	"sync"
 	"sync/atomic"
 )
 
@@ -27,6 +29,9 @@ type Budget struct {
 	limit   atomic.Int64
 	used    atomic.Int64
 	refused atomic.Uint64
+
+	freed   atomic.Pointer[[]*func()] // OnFree's functions; nil: none
+	freedMu sync.Mutex                // serializes changes to freed
 }
 
 // New returns a budget of limit bytes; limit <= 0 means no limit (bytes
@@ -39,7 +44,57 @@ func New(limit int64) *Budget {
 
 // SetLimit changes the limit for the acquisitions that follow; bytes held
 // beyond a lowered limit are released as usual.
-func (b *Budget) SetLimit(limit int64) { b.limit.Store(limit) }
+func (b *Budget) SetLimit(limit int64) {
+	b.limit.Store(limit)
+	b.notify()
+}
+
+// OnFree has f called after every change that may give room: a Release,
+// an Acquire refused (its bytes, counted for a moment, taken back) and a
+// SetLimit, each after the change is seen by Room. So a waiter that
+// reads Room after it says it waits misses no room: what was given back
+// before that read is in it, and what is given back after calls f. f runs
+// on the goroutine that gave the bytes back, often with its locks held:
+// it must be quick, never block and never call into the Budget's users.
+// The function returned stops the calls; a call under way may still end
+// after it returns. A nil Budget calls nothing.
+func (b *Budget) OnFree(f func()) (stop func()) {
+	if b == nil {
+		return func() {}
+	}
+	fp := &f
+	b.freedMu.Lock()
+	var fs []*func()
+	if old := b.freed.Load(); old != nil {
+		fs = slices.Clone(*old)
+	}
+	fs = append(fs, fp)
+	b.freed.Store(&fs)
+	b.freedMu.Unlock()
+	return func() {
+		b.freedMu.Lock()
+		defer b.freedMu.Unlock()
+		old := b.freed.Load()
+		if old == nil {
+			return
+		}
+		fs := slices.DeleteFunc(slices.Clone(*old), func(g *func()) bool { return g == fp })
+		if len(fs) == 0 {
+			b.freed.Store(nil)
+		} else {
+			b.freed.Store(&fs)
+		}
+	}
+}
+
+// notify calls OnFree's functions.
+func (b *Budget) notify() {
+	if fs := b.freed.Load(); fs != nil {
+		for _, f := range *fs {
+			(*f)()
+		}
+	}
+}
 
 // Acquire counts n more bytes as held, or returns ErrExhausted, counting
 // nothing, if that would pass the limit. Every successful Acquire is
@@ -51,6 +106,7 @@ func (b *Budget) Acquire(n int64) error {
 	if used, limit := b.used.Add(n), b.limit.Load(); limit > 0 && used > limit {
 		b.used.Add(-n)
 		b.refused.Add(1)
+		b.notify() // a Room read meanwhile saw n less
 		return ErrExhausted
 	}
 	return nil
@@ -82,6 +138,7 @@ func (b *Budget) Force(n int64) {
 func (b *Budget) Release(n int64) {
 	if b != nil && n > 0 {
 		b.used.Add(-n)
+		b.notify()
 	}
 }
 

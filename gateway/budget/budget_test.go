@@ -72,3 +72,43 @@ func TestBudgetConcurrent(t *testing.T) {
 		t.Errorf("Used() = %d after every release", u)
 	}
 }
+
+// TestOnFree: every change that may give room calls the functions
+// OnFree was given, after Room shows it (a Release, an Acquire refused,
+// a SetLimit), and nothing else does; stop ends the calls of its
+// function alone.
+func TestOnFree(t *testing.T) {
+	b := New(100)
+	var calls, others int
+	var roomSeen int64
+	stop := b.OnFree(func() { calls++; roomSeen = b.Room() })
+	stopOther := b.OnFree(func() { others++ })
+	defer stopOther()
+	steps := []struct {
+		name  string
+		do    func()
+		calls int
+		room  int64 // Room as the call saw it
+	}{
+		{"acquire", func() { b.Acquire(60) }, 0, 0},
+		{"force", func() { b.Force(10) }, 0, 0},
+		{"refused", func() { b.Acquire(50) }, 1, 30},
+		{"release", func() { b.Release(20) }, 2, 50},
+		{"set limit", func() { b.SetLimit(200) }, 3, 150},
+		{"release nothing", func() { b.Release(0) }, 3, 150},
+	}
+	for _, s := range steps {
+		s.do()
+		if calls != s.calls || calls > 0 && roomSeen != s.room {
+			t.Fatalf("after %s: %d calls, room seen %d; want %d, %d", s.name, calls, roomSeen, s.calls, s.room)
+		}
+	}
+	stop()
+	b.Release(50)
+	if calls != 3 || others != 4 {
+		t.Errorf("after stop: %d calls of the stopped function, %d of the other; want 3 and 4", calls, others)
+	}
+	var nilBudget *Budget
+	nilBudget.OnFree(func() { t.Error("a nil Budget called its function") })()
+	nilBudget.Release(1)
+}

@@ -85,6 +85,17 @@ type poller struct {
 	roomSeq  uint64       // the last conn.roomSeq given
 	roomLen  atomic.Int32 // len(room), for readers without mu
 
+	// The room bell: a budget that says when it gives room back
+	// (roomNotifier) rings it while bodies wait in the room line, and
+	// run then admits those there is room for (ringRoom). It is an
+	// eventfd in the epoll set. Without it, run looks every roomTick.
+	bell    *os.File        // nil: no eventfd
+	bellRC  syscall.RawConn // of bell: no call on its descriptor once closed
+	bellFD  int32
+	rung    atomic.Bool // the bell rang and run has not read it yet
+	belled  bool        // the budget rings the bell (watchRoom): no roomTick; set before run
+	unwatch func()      // stops the budget's calls; nil: none
+
 	events [128]syscall.EpollEvent // run's
 	drain  func(fd uintptr) bool   // p.drainFD, made once
 	hupped []*conn                 // run's: idle connections whose peer closed or reset (endHupped)
@@ -152,8 +163,9 @@ const (
 )
 
 // roomTick is how often the poller looks for room for the first body of
-// the room line while it is not empty. Room comes back from wherever
-// the budget is released; looking is a load and a compare.
+// the room line while it is not empty, when the budget cannot say when
+// it gives room back (roomNotifier); one that can rings the room bell
+// instead (docs/decisions/0082). Looking is a load and a compare.
 const roomTick = time.Millisecond
 
 // epollET is EPOLLET, which package syscall spells as a negative int on
@@ -195,9 +207,67 @@ func newPoller(idle time.Duration, workers int) (*poller, error) {
 	}
 	p := &poller{epfd: epfd, file: f, rc: rc, idle: idle, max: workers, workerTTL: workerTTL, conns: make(map[int32]*conn)}
 	p.drain = p.drainFD
+	p.newBell()
 	p.stall = time.AfterFunc(time.Hour, p.checkStall)
 	p.stall.Stop()
 	return p, nil
+}
+
+// newBell makes the room bell, an eventfd in the epoll set, level
+// triggered: it stays readable until run reads it. If the system refuses
+// one, the poller looks for room on roomTick.
+func (p *poller) newBell() {
+	fd, _, errno := syscall.RawSyscall(syscall.SYS_EVENTFD2, 0, syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if errno != 0 {
+		return
+	}
+	ev := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(fd)}
+	if syscall.EpollCtl(p.epfd, syscall.EPOLL_CTL_ADD, int(fd), &ev) != nil {
+		syscall.Close(int(fd))
+		return
+	}
+	bell := os.NewFile(fd, "h1-room-bell")
+	rc, err := bell.SyscallConn()
+	if err != nil {
+		bell.Close()
+		return
+	}
+	p.bell, p.bellRC, p.bellFD = bell, rc, int32(fd)
+}
+
+// watchRoom has bg ring the room bell when it gives room back, if it
+// can say so (roomNotifier) and the bell was made; it is called before
+// run starts.
+func (p *poller) watchRoom(bg Budget) {
+	n, ok := bg.(roomNotifier)
+	if !ok || p.bell == nil {
+		return
+	}
+	p.unwatch, p.belled = n.OnFree(p.ringRoom), true
+}
+
+// ringRoom, called by the budget after it gave room back, rings the
+// room bell if bodies wait in the room line and it has not rung since
+// run last read it. It takes no lock: the budget calls it with its
+// callers' locks held, the poller's among them (admitRoomLocked's
+// Acquire). No wake-up is lost: run clears rung before it reads the
+// budget's room (readBell), so room given back after that read rings
+// again; and waitRoom looks at the room after the body is in the line
+// (roomLen), so room given back before that is seen there.
+func (p *poller) ringRoom() {
+	if p.roomLen.Load() == 0 || p.rung.Load() || !p.rung.CompareAndSwap(false, true) {
+		return
+	}
+	one := [8]byte{1} // eventfd adds a host-order uint64: 1 on little-endian machines, 1<<56 on big-endian ones; either is not 0
+	p.bellRC.Control(func(fd uintptr) { syscall.Write(int(fd), one[:]) })
+}
+
+// readBell reads the room bell, which then stops being readable, and
+// lets it ring again; the caller then admits from the room line.
+func (p *poller) readBell() {
+	var b [8]byte
+	p.bellRC.Control(func(fd uintptr) { syscall.Read(int(fd), b[:]) })
+	p.rung.Store(false)
 }
 
 // run queues the parked connections whose requests arrive and closes the
@@ -267,6 +337,11 @@ func (p *poller) drainFD(fd uintptr) bool {
 		uncovered := 0
 		p.mu.Lock()
 		for _, ev := range p.events[:n] {
+			if p.bell != nil && ev.Fd == p.bellFD {
+				p.readBell()
+				uncovered += p.admitRoomLocked()
+				continue
+			}
 			uncovered += p.wakeLocked(ev.Fd, ev.Events)
 		}
 		spawn := p.spawnCappedLocked(uncovered)
@@ -640,7 +715,16 @@ func (p *poller) waitRoom(c *conn, bg Budget, need int64, deadline time.Time, fr
 	}
 	p.roomHeld += c.aheld
 	p.roomLen.Store(int32(len(p.room)))
-	p.armLocked(time.Now().Add(roomTick))
+	if !p.belled {
+		p.armLocked(time.Now().Add(roomTick))
+		return parked
+	}
+	p.armLocked(deadline) // BudgetWait's end
+	if p.room[0].pf.roomNeed <= bg.Room() {
+		// Room came back before the line had c to ring for: after
+		// roomLen is stored, any that comes rings.
+		p.ringRoom()
+	}
 	return parked
 }
 
@@ -782,7 +866,13 @@ func (p *poller) forget(c *conn) {
 	}
 	p.unparkLocked(c)
 	p.unheapLocked(c)
+	first := pf.room && len(p.room) > 1 && p.room[0] == c
 	p.unroomLocked(c)
+	if first && p.belled {
+		// The body behind it may fit where it did not, with no room
+		// given back to ring for it.
+		p.ringRoom()
+	}
 	if p.conns[pf.fd] == c {
 		delete(p.conns, pf.fd)
 	}
@@ -946,7 +1036,7 @@ func (p *poller) expire(now time.Time) {
 			next = d
 		}
 	}
-	if len(p.room) > 0 {
+	if len(p.room) > 0 && !p.belled {
 		if tick := now.Add(roomTick); next.IsZero() || tick.Before(next) {
 			next = tick
 		}
@@ -977,7 +1067,13 @@ func (p *poller) close(wait bool) {
 	p.mu.Unlock()
 	p.closeOnce.Do(func() {
 		p.stall.Stop()
+		if p.unwatch != nil {
+			p.unwatch()
+		}
 		p.file.Close()
+		if p.bell != nil {
+			p.bell.Close() // a ring under way fails its Control
+		}
 	})
 	if wait {
 		p.workers.Wait()

@@ -36,5 +36,6 @@ func (p *poller) close(bool)                               {}
 func (p *poller) requeue(*conn) bool                       { return false }
 func (p *poller) evict() *conn                             { return nil }
 func (p *poller) roomWaiting() bool                        { return false }
+func (p *poller) watchRoom(Budget)                         {}
 
 func (p *poller) waitRoom(*conn, Budget, int64, time.Time, bool) int { return notParked }

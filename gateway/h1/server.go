@@ -249,6 +249,15 @@ type Budget interface {
 	Limit() int64
 }
 
+// roomNotifier is a Budget that says when it gives room back
+// (budget.Budget.OnFree): a body waiting for room is then let in as soon
+// as there is, rather than at the poller's next look.
+type roomNotifier interface {
+	// OnFree has f called after each change that may give room, and
+	// returns a function that stops the calls.
+	OnFree(f func()) (stop func())
+}
+
 // errConfig is returned by Serve for a Server that cannot run.
 var errConfig = errors.New("h1: Server needs a Handler and a Fallback")
 
@@ -706,6 +715,7 @@ func (s *Server) trackListener(ln *net.Listener, add bool) bool {
 			s.logf("%v; idle connections keep their goroutines", err)
 		} else if p != nil {
 			s.poller = p
+			p.watchRoom(s.Budget)
 			go p.run() // until Close or Shutdown closes the poller
 		}
 	}
