@@ -828,6 +828,9 @@ func (v *Values) cleanup(ctx context.Context, key, base string, n int) {
 // reload, a failover), where its chunks are missing, a newer item there
 // can have the very CAS read on the first; the CAS alone would delete
 // that value.
+// On a replicated pool the other replicas are let go of the index only
+// where each still holds it, checked there (op.Op.CopiesIfSame): a
+// newer version a write put on one of them after the read stays.
 func (v *Values) Drop(ctx context.Context, key string, it op.Item) {
 	ctx = context.WithoutCancel(ctx)
 	pctx, cancel := context.WithTimeout(ctx, time.Duration(v.timeout.Load()))
@@ -837,7 +840,7 @@ func (v *Values) Drop(ctx context.Context, key string, it op.Item) {
 		return
 	}
 	it.Key, it.Expiration = key, -1
-	if res := v.do(ctx, op.Op{Verb: op.CAS, Item: it}); res.Err != nil {
+	if res := v.do(ctx, op.Op{Verb: op.CAS, Item: it, CopiesIfSame: true}); res.Err != nil {
 		return
 	}
 	v.known.forget(key)

@@ -230,6 +230,14 @@ type Op struct {
 	// is, in either pool; copying a value's chunks into the cold pool
 	// only to let them expire would cost the whole value.
 	Retire bool
+	// CopiesIfSame marks a CAS that writes back the item it read, with
+	// an expiration in the past (chunk.Values.Drop: the index of a value
+	// whose chunks are gone). A replicated pool checks it on the replica
+	// Item.CASNode names, as any CAS, and writes it on each other replica
+	// only where the copy there is still that item (the same flags and
+	// value bytes), checked against the CAS read there, instead of
+	// unchecked: a newer version written there since the read stays.
+	CopiesIfSame bool
 	// Client is the client the operation is for, or nil. A pool that
 	// may send a large read late (gomemcache's, for a Get of a key
 	// known large that waited for a connection) asks it just before

@@ -447,7 +447,11 @@ func (v *view) cas(ctx context.Context, o op.Op) op.Result {
 	if failure(res.Err) {
 		v.replicaFailed(o.Verb, outcome{res: res, node: checked.Node()}, false)
 		if unsettled(res.Err) {
-			v.dropCopies(o, &set, others)
+			if o.CopiesIfSame {
+				v.copiesIfSame(ctx, o, others)
+			} else {
+				v.dropCopies(o, &set, others)
+			}
 			return op.Result{Err: fmt.Errorf("%s sent to %s, the replica checked, and not answered: it may apply it yet, and the key's other copies are deleted: %w: %w",
 				o.Verb, checked.Node(), upstream.ErrPartlyApplied, res.Err)}
 		}
@@ -455,6 +459,10 @@ func (v *view) cas(ctx context.Context, o op.Op) op.Result {
 		v.pm.writeAnswered.Inc()
 	}
 	if res.Err != nil {
+		return res
+	}
+	if o.CopiesIfSame {
+		v.copiesIfSame(ctx, o, others)
 		return res
 	}
 	s := o
@@ -502,6 +510,32 @@ func (v *view) dropCopies(o op.Op, set *upstream.ReplicaSet, others []upstream.R
 	ctx, cancel := background(4 * v.timeout)
 	defer cancel() // the copies run under a deadline of their own (fanout, detach)
 	v.fanout(ctx, d, set, others, 0)
+}
+
+// copiesIfSame writes o, a CAS marked op.Op.CopiesIfSame whose check on
+// its replica passed (or went unanswered), on each of others where the
+// copy there is still the item o read: the same flags and value bytes,
+// read there (a head first, so that a large value of another version
+// is not read), and written checked against the CAS read there. A copy
+// that is another version, gone, or not read in time is left as it is:
+// o writes back an item to let it go, and a newer version a write put
+// on one replica after o's item was read must not go with it. The
+// copies count toward nothing: o is answered with its replica's result.
+func (v *view) copiesIfSame(ctx context.Context, o op.Op, others []upstream.Replica) {
+	for _, r := range others {
+		read := op.Op{Verb: op.Head, Item: op.Item{Key: o.Item.Key}, HashKey: o.HashKey, Admitted: true}
+		got := v.c.DoOn(ctx, read, r)
+		if got.Err != nil || got.Item.Flags != o.Item.Flags || got.N != uint64(len(o.Item.Value)) {
+			continue
+		}
+		read.Verb = op.Get
+		if got = v.c.DoOn(ctx, read, r); got.Err != nil || got.Item.Flags != o.Item.Flags || !bytes.Equal(got.Item.Value, o.Item.Value) {
+			continue
+		}
+		w := o
+		w.Item.CAS, w.Item.CASNode, w.Admitted, w.CopiesIfSame = got.Item.CAS, r.Tag(), true, false
+		v.c.DoOn(ctx, w, r)
+	}
 }
 
 // checkedOn is the index of the replica tagged node (upstream.NodeTag)
