@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -128,6 +129,76 @@ func BenchmarkRoomAdmission(b *testing.B) {
 			b.ReportMetric(float64(sum.Nanoseconds())/float64(len(took)), "ns/admission")
 			b.ReportMetric(float64(took[len(took)/2].Microseconds()), "p50-µs")
 			b.ReportMetric(float64(took[len(took)*99/100].Microseconds()), "p99-µs")
+		})
+	}
+}
+
+// roomAfterLook is a budget that gives back another taker's bytes just
+// after a Room once armed: room that comes back just after a body found
+// none, or just after the poller looked for room for the room line.
+type roomAfterLook struct {
+	*budget.Budget
+	armed atomic.Bool
+	held  int64
+}
+
+func (b *roomAfterLook) Room() int64 {
+	r := b.Budget.Room()
+	if b.armed.CompareAndSwap(true, false) {
+		b.Budget.Release(b.held)
+	}
+	return r
+}
+
+// TestRoomBackJustAfterALook: room given back just after a body found
+// none and before it joined the room line (no body waited: nothing
+// rang), or just after the poller looked for room for it, lets it in at
+// once, not at BudgetWait's end: no wake-up is lost.
+func TestRoomBackJustAfterALook(t *testing.T) {
+	const limit, size, held = 40 << 10, 16 << 10, 30 << 10
+	for _, tt := range []struct {
+		name   string
+		inLine bool // armed once the body waits in the line, with a Release too small for it
+	}{{"before the line", false}, {"after the poller looked", true}} {
+		t.Run(tt.name, func(t *testing.T) {
+			bg := &roomAfterLook{Budget: budget.New(limit), held: held}
+			s, addr := startH1(t, echoLen(), func(s *Server) {
+				s.Budget, s.BudgetWait = bg, 3*time.Second
+				s.BodyLimit = func(*http.Request) int64 { return 1 << 20 }
+			})
+			if err := bg.Acquire(held + 2<<10); err != nil { // another taker: 8 KiB left
+				t.Fatal(err)
+			}
+			bg.armed.Store(!tt.inLine)
+			c, br := dial(t, addr)
+			fmt.Fprintf(c, "PUT /body HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size)
+			time.Sleep(20 * time.Millisecond) // the head alone: the body is read ahead
+			start := time.Now()
+			c.Write([]byte(strings.Repeat("r", size)))
+			a := answerOf(c, br)
+			if tt.inLine {
+				if !eventually(func() bool { return roomCount(s) == 1 }) {
+					t.Fatalf("%d bodies in the room line, want 1", roomCount(s))
+				}
+				start = time.Now()
+				bg.armed.Store(true)
+				bg.Release(2 << 10) // rings; the poller's look finds 10 KiB, then the rest comes back
+			}
+			got := <-a
+			if got.err != nil || got.r.body != fmt.Sprintf("read %d", size) {
+				t.Fatalf("the body: %v, %v; want it read whole", got.r, got.err)
+			}
+			if took := got.at.Sub(start); took > time.Second {
+				t.Errorf("the body was answered after %v: it waited for room that had come back", took)
+			}
+			if tt.inLine {
+				bg.Release(0)
+			} else {
+				bg.Release(2 << 10)
+			}
+			if !eventually(func() bool { return bg.Used() == 0 && roomCount(s) == 0 }) {
+				t.Errorf("budget holds %d bytes, %d bodies in the line afterwards", bg.Used(), roomCount(s))
+			}
 		})
 	}
 }
