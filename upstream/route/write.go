@@ -447,13 +447,19 @@ func (v *view) cas(ctx context.Context, o op.Op) op.Result {
 	if failure(res.Err) {
 		v.replicaFailed(o.Verb, outcome{res: res, node: checked.Node()}, false)
 		if unsettled(res.Err) {
+			done := "the key's other copies are deleted"
 			if o.CopiesIfSame {
-				v.copiesIfSame(ctx, o, others)
+				// Under a deadline of its own, as dropCopies': the
+				// caller's may be what ran out.
+				bctx, cancel := background(4 * v.timeout)
+				v.copiesIfSame(bctx, o, others)
+				cancel()
+				done = "the other replicas got it where the item read is there still"
 			} else {
 				v.dropCopies(o, &set, others)
 			}
-			return op.Result{Err: fmt.Errorf("%s sent to %s, the replica checked, and not answered: it may apply it yet, and the key's other copies are deleted: %w: %w",
-				o.Verb, checked.Node(), upstream.ErrPartlyApplied, res.Err)}
+			return op.Result{Err: fmt.Errorf("%s sent to %s, the replica checked, and not answered: it may apply it yet, and %s: %w: %w",
+				o.Verb, checked.Node(), done, upstream.ErrPartlyApplied, res.Err)}
 		}
 	} else {
 		v.pm.writeAnswered.Inc()
