@@ -42,7 +42,7 @@ import (
 // requests in flight finish within ShutdownTimeout), stops health checks
 // and closes the pools.
 func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls listeners, lg logging) error {
-	p := &process{cfg: cfg, environ: environ, ls: ls, lg: lg, log: lg.log, started: time.Now()}
+	p := &process{cfg: cfg, environ: environ, ls: ls, lg: lg, log: lg.log, started: time.Now(), unixSocket: ls.socket}
 	if err := p.listen(); err != nil {
 		p.ls.close()
 		return err
@@ -72,6 +72,7 @@ type process struct {
 
 	// Made by listen, which wraps ls in place.
 	ls            listeners
+	unixSocket    net.Listener // ls.socket as opened, unwrapped; nil without LISTEN_SOCKET
 	sec           *security
 	adminLoopback bool   // the admin listener is reached from this host only
 	nofile        uint64 // the open-file limit
@@ -89,6 +90,7 @@ type process struct {
 	reg        *prometheus.Registry
 	handshakes *prometheus.CounterVec
 	panics     *panicguard.Guard // every part's, registered once
+	sockWatch  *socketWatch      // runs only with LISTEN_SOCKET
 
 	// Made by upstream.
 	router *route.Router
@@ -189,6 +191,7 @@ func (p *process) metrics() {
 	}, func() float64 { return float64(p.lg.dropped()) }))
 	p.handshakes = newHandshakeErrors(reg)
 	p.panics = panicguard.New(p.log, reg)
+	p.sockWatch = newSocketWatch(p.cfg.ListenSocket, p.unixSocket, p.log, reg)
 	p.reg = reg
 }
 
@@ -341,6 +344,9 @@ func (p *process) run(ctx context.Context) error {
 	reloadCtx, stopReload := context.WithCancel(ctx)
 	defer stopReload()
 	wg.Go(func() { p.reloader.Run(reloadCtx, hup) })
+	if p.unixSocket != nil {
+		wg.Go(func() { p.sockWatch.Run(reloadCtx) })
+	}
 	fitting := cfg.FitProcs && !goMaxProcsSet(p.environ)
 	if fitting {
 		fitter := procs.New(procs.Options{})

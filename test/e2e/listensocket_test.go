@@ -1,0 +1,105 @@
+package e2e
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/memcgate/memcgate/test/memcachedtest"
+)
+
+// TestListenSocketGone removes, or replaces, the file of
+// MEMCGATE_LISTEN_SOCKET under a running gateway. The listener goes on
+// accepting on a socket no client can reach: the gateway must say so
+// (memcgate_http_listen_socket_missing, an error line naming the path),
+// and at its stop leave alone a socket another process put at that path.
+func TestListenSocketGone(t *testing.T) {
+	tests := []struct {
+		name    string
+		replace bool // another process listens at the path afterwards
+		found   string
+	}{
+		{name: "removed", found: `"found":"nothing"`},
+		{name: "replaced by another socket", replace: true, found: `"found":"another socket"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			mc := memcachedtest.Start(t)
+			sock := filepath.Join(t.TempDir(), "m.sock")
+			g := startGateway(t, map[string]string{"MEMCGATE_SERVERS": mc.Addr, "MEMCGATE_LISTEN_SOCKET": sock})
+			if v := socketMissing(t, g); v != 0 {
+				t.Fatalf("memcgate_http_listen_socket_missing = %v before the file is touched, want 0", v)
+			}
+			if err := os.Remove(sock); err != nil {
+				t.Fatal(err)
+			}
+			var other net.Listener
+			if tt.replace {
+				ln, err := net.Listen("unix", sock)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ln.(*net.UnixListener).SetUnlinkOnClose(false)
+				t.Cleanup(func() { ln.Close() })
+				other = ln
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for socketMissing(t, g) != 1 {
+				if time.Now().After(deadline) {
+					t.Fatalf("memcgate_http_listen_socket_missing not 1 within 5s of the socket file's removal")
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			logs := g.Logs()
+			i := strings.Index(logs, "listen socket file gone")
+			for ; i < 0; i = strings.Index(logs, "listen socket file gone") { // the log is written every 200 ms
+				if time.Now().After(deadline) {
+					t.Fatalf("no log line says the listen socket file is gone")
+				}
+				time.Sleep(50 * time.Millisecond)
+				logs = g.Logs()
+			}
+			line, _, _ := strings.Cut(logs[strings.LastIndexByte(logs[:i], '\n')+1:], "\n")
+			if !strings.Contains(line, sock) || !strings.Contains(line, tt.found) || !strings.Contains(line, `"level":"ERROR"`) {
+				t.Errorf("log line %q: want level ERROR, the path %s and %s", line, sock, tt.found)
+			}
+			// The TCP listener serves on.
+			if r := g.do("PUT", "/k", []byte("v")); r.status != 201 {
+				t.Errorf("PUT over TCP = %d, want 201", r.status)
+			}
+			g.Signal(syscall.SIGTERM)
+			if _, ok := g.Wait(10 * time.Second); !ok {
+				t.Fatal("memcgate did not stop within 10s of SIGTERM")
+			}
+			if other == nil {
+				return
+			}
+			if _, err := os.Lstat(sock); err != nil {
+				t.Fatalf("the other process's socket at %s after the gateway stopped: %v, want it left there", sock, err)
+			}
+			c, err := net.DialTimeout("unix", sock, time.Second)
+			if err != nil {
+				t.Fatalf("dial the other process's socket: %v", err)
+			}
+			c.Close()
+		})
+	}
+}
+
+// socketMissing returns the gateway's memcgate_http_listen_socket_missing.
+func socketMissing(t *testing.T, g *gateway) float64 {
+	t.Helper()
+	fams, err := g.Families(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := fams["memcgate_http_listen_socket_missing"]
+	if f == nil {
+		t.Fatal("memcgate_http_listen_socket_missing not exported")
+	}
+	return f.Sum
+}
