@@ -59,9 +59,13 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	if err != nil {
 		return fmt.Errorf("invalid configuration:\n%w", err)
 	}
-	logs := logbuf.New(stderr, logbuf.Backlog, func(w io.Writer, lines int) {
+	logs := logbuf.New(stderr, logbuf.Backlog, func(w io.Writer, lines int, err error) {
 		// At error level, which every LOG_LEVEL shows: lines are missing.
 		l := newLogger(cfg, w, nil)
+		if err != nil {
+			l.Error("log lines dropped: the log's destination refused them, or took them slower than they came", "lines", lines, "err", err.Error())
+			return
+		}
 		l.Error("log lines dropped: the log's destination took them slower than they came", "lines", lines)
 	})
 	lg := logging{level: new(slog.LevelVar), dropped: logs.Dropped}

@@ -187,7 +187,7 @@ func (p *process) metrics() {
 	registerBuildInfo(reg, p.build)
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "memcgate_log_lines_dropped_total",
-		Help: "Log lines dropped because the log's destination (stderr) took them slower than they came; requests never wait for it.",
+		Help: "Log lines dropped because the log's destination (stderr) took them slower than they came, or refused them (a full disk); requests never wait for it.",
 	}, func() float64 { return float64(p.lg.dropped()) }))
 	p.handshakes = newHandshakeErrors(reg)
 	p.panics = panicguard.New(p.log, reg)

@@ -47,10 +47,16 @@ type Buffer struct {
 	// notice, if not nil, is called by Run with the number of lines
 	// dropped since it last took a block, to write a line saying so to w;
 	// Run appends that line to the block, past the bound, so that it is
-	// never dropped itself.
-	notice func(w io.Writer, lines int)
+	// never dropped itself. err is the destination's last error if it
+	// refused some of them (a full disk), else nil.
+	notice func(w io.Writer, lines int, err error)
 	note   bytes.Buffer // notice's line; Run's alone
-	access accessLines
+	// refused counts the lines the destination refused since a notice
+	// last reached it, and refusedErr is its last error: the next notice
+	// reports them. Run's alone.
+	refused    int
+	refusedErr error
+	access     accessLines
 }
 
 const (
@@ -72,8 +78,9 @@ const (
 // New returns a Buffer writing to w, whose access lines may fill backlog
 // bytes; Run writes them. notice, if not nil, writes to its w the line
 // saying that lines were dropped, and how many, in a block Run writes
-// next (at most once a block, past the bound: it is never dropped).
-func New(w io.Writer, backlog int, notice func(w io.Writer, lines int)) *Buffer {
+// next (at most once a block, past the bound: it is never dropped), with
+// the error w gave for those it refused (nil if none).
+func New(w io.Writer, backlog int, notice func(w io.Writer, lines int, err error)) *Buffer {
 	b := &Buffer{w: w, backlog: backlog, every: flushEvery, kick: make(chan struct{}, 1), notice: notice}
 	b.access = accessLines{b}
 	return b
@@ -143,16 +150,29 @@ func (b *Buffer) flush() {
 	lost := b.lost
 	b.lost, b.kicked = 0, false
 	b.mu.Unlock()
-	if lost > 0 && b.notice != nil {
+	lines := len(out) // the lines', the notice after them
+	if b.notice == nil {
+		b.refused, b.refusedErr = 0, nil // counted in Dropped, and no line to tell
+	}
+	if lost += b.refused; lost > 0 && b.notice != nil {
 		b.note.Reset()
-		b.notice(&b.note, lost)
+		b.notice(&b.note, lost, b.refusedErr)
 		out = append(out, b.note.Bytes()...)
+		b.refused, b.refusedErr = 0, nil
 	}
 	if len(out) > 0 {
-		// The destination's error has nowhere to go but the metric: the
-		// lines it did not take are counted as dropped.
+		// The destination's error can only be told once it takes lines
+		// again: the lines it did not take are counted as dropped, and
+		// the next notice says how many and why. A notice it did not
+		// take whole is told again, with them.
 		if n, err := b.w.Write(out); err != nil {
-			b.dropped.Add(uint64(bytes.Count(out[n:], []byte{'\n'})))
+			k := bytes.Count(out[min(n, lines):lines], []byte{'\n'})
+			b.dropped.Add(uint64(k))
+			if n < len(out) && len(out) > lines {
+				b.refused += lost
+			}
+			b.refused += k
+			b.refusedErr = err
 		}
 	}
 	if cap(out) > flushAt*4 && len(out) < flushAt {

@@ -56,7 +56,7 @@ func TestLogBufferNeverBlocks(t *testing.T) {
 	b.every = time.Hour
 	var notices []int
 	var nmu sync.Mutex
-	b.notice = func(w io.Writer, n int) {
+	b.notice = func(w io.Writer, n int, _ error) {
 		nmu.Lock()
 		notices = append(notices, n)
 		nmu.Unlock()
@@ -131,7 +131,7 @@ func TestLogBufferCountsEveryLoss(t *testing.T) {
 		d := &slowDest{delay: 20 * time.Millisecond}
 		b := New(d, 64<<10, nil)
 		b.every = 10 * time.Millisecond
-		b.notice = func(w io.Writer, n int) { fmt.Fprintf(w, "dropped %d\n", n) }
+		b.notice = func(w io.Writer, n int, _ error) { fmt.Fprintf(w, "dropped %d\n", n) }
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan struct{})
 		go func() { b.Run(ctx); close(done) }()
@@ -205,5 +205,63 @@ func TestLogBufferBlocks(t *testing.T) {
 	<-done
 	if got := out.String(); got != want.String() || b.Dropped() != 0 {
 		t.Fatalf("wrote %d bytes, dropped %d; want %d bytes in order, none dropped", len(got), b.Dropped(), want.Len())
+	}
+}
+
+// fullDisk refuses its first writes, as a full disk does until room is
+// made, and takes the ones after them.
+type fullDisk struct {
+	refuse int // writes still to refuse
+	out    bytes.Buffer
+}
+
+func (d *fullDisk) Write(p []byte) (int, error) {
+	if d.refuse > 0 {
+		d.refuse--
+		return 0, errors.New("write /var/log/memcgate.log: no space left on device")
+	}
+	return d.out.Write(p)
+}
+
+// TestLogBufferTellsRefusedLines has a destination refuse blocks, then
+// take them again: the first block it takes ends with a notice of every
+// line it refused, the one before a notice it refused included, naming
+// its error, and Dropped counts those lines alone.
+func TestLogBufferTellsRefusedLines(t *testing.T) {
+	tests := []struct {
+		name    string
+		refuse  int // blocks refused, each of 3 lines
+		want    int // lines the notice reports
+		dropped uint64
+	}{
+		{name: "one block refused", refuse: 1, want: 3, dropped: 3},
+		{name: "its notice refused too", refuse: 2, want: 6, dropped: 6},
+		{name: "nothing refused", refuse: 0, want: 0, dropped: 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := &fullDisk{refuse: tt.refuse}
+			b := New(d, Backlog, func(w io.Writer, n int, err error) {
+				fmt.Fprintf(w, "dropped %d: %v\n", n, err)
+			})
+			for range tt.refuse {
+				for range 3 {
+					b.Write([]byte("a line\n"))
+				}
+				b.flush()
+			}
+			b.Write([]byte("taken\n"))
+			b.flush()
+			want := "taken\n"
+			if tt.want > 0 {
+				want += fmt.Sprintf("dropped %d: write /var/log/memcgate.log: no space left on device\n", tt.want)
+			}
+			if got := d.out.String(); got != want {
+				t.Errorf("written %q, want %q", got, want)
+			}
+			if got := b.Dropped(); got != tt.dropped {
+				t.Errorf("Dropped() = %d, want %d", got, tt.dropped)
+			}
+		})
 	}
 }
