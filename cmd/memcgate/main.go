@@ -91,6 +91,12 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	for _, w := range cfg.Warnings() {
 		log.Warn("configuration warning", "warning", w)
 	}
+	if cfg.FitProcs && goMaxProcsSet(environ) {
+		// The runtime read GOMAXPROCS before memcgate ran: the operator's
+		// number stands, and FIT_PROCS, set to change it, does nothing.
+		log.Warn("configuration warning", "warning", fmt.Sprintf("%sFIT_PROCS=true is ignored: GOMAXPROCS=%s sets the processors; unset GOMAXPROCS to fit them to the load, or FIT_PROCS to keep this number",
+			config.Prefix, environ["GOMAXPROCS"]))
+	}
 	ls, err := openListeners(ctx, cfg, environ)
 	if err != nil {
 		return err

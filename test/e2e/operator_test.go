@@ -144,3 +144,38 @@ func TestConfigMistakes(t *testing.T) {
 		}
 	}
 }
+
+// TestFitProcsIgnoredIsWarned: MEMCGATE_FIT_PROCS=true does nothing while
+// GOMAXPROCS is set (the runtime's number stands), and the start says
+// so in a configuration warning naming both, rather than leaving the
+// operator to find fit_procs false on the start line.
+func TestFitProcsIgnoredIsWarned(t *testing.T) {
+	tests := []struct {
+		name string
+		env  map[string]string
+		warn bool
+	}{
+		{name: "with GOMAXPROCS", env: map[string]string{"MEMCGATE_FIT_PROCS": "true", "GOMAXPROCS": "2"}, warn: true},
+		{name: "without GOMAXPROCS", env: map[string]string{"MEMCGATE_FIT_PROCS": "true"}},
+		{name: "FIT_PROCS unset", env: map[string]string{"GOMAXPROCS": "2"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			mc := memcachedtest.Start(t)
+			env := map[string]string{"MEMCGATE_SERVERS": mc.Addr}
+			for k, v := range tt.env {
+				env[k] = v
+			}
+			g := startGateway(t, env)
+			const want = `MEMCGATE_FIT_PROCS=true is ignored: GOMAXPROCS=2 sets the processors`
+			deadline := time.Now().Add(5 * time.Second) // the log is written every 200 ms
+			for !strings.Contains(g.Logs(), `"msg":"memcgate started"`) && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			logs := g.Logs()
+			if got := strings.Contains(logs, want); got != tt.warn {
+				t.Errorf("log has %q: %v, want %v", want, got, tt.warn)
+			}
+		})
+	}
+}
