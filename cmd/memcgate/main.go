@@ -51,6 +51,8 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 			return nil
 		case "healthcheck":
 			return healthcheck(ctx, environ, args[1:])
+		case "check":
+			return check(ctx, environ, args[1:], stdout)
 		default:
 			return fmt.Errorf("unknown argument %q (memcgate takes its configuration from MEMCGATE_* variables; see -help)", args[0])
 		}
@@ -140,6 +142,8 @@ Arguments (with none, memcgate serves):
       this text; the build: version, revision, Go version and platform
   healthcheck [PATH]
       asks the admin listener (MEMCGATE_ADMIN_ADDR, from the environment or MEMCGATE_CONFIG_FILE) for PATH, /healthz by default, and exits 1 unless it answers 200, printing why: a container's health check without curl (the image asks /readyz)
+  check
+      reads the configuration as a start does (the environment, MEMCGATE_CONFIG_FILE, the nodes, the token and TLS files) and exits 1 on what a start would refuse, printing every problem; opens no port: run it before a reload signal (the systemd unit's ExecReload=)
 `
 
 // healthcheck is the container health check: it asks the admin listener's

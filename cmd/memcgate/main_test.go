@@ -137,3 +137,40 @@ func TestHelpNamesArguments(t *testing.T) {
 		}
 	}
 }
+
+// TestCheck: memcgate check passes what a start takes, printing
+// "configuration ok", and refuses what a start refuses with the same
+// lines, listening on nothing.
+func TestCheck(t *testing.T) {
+	tests := []struct {
+		name    string
+		environ map[string]string
+		args    []string
+		wantOut string
+		wantErr string
+	}{
+		{name: "good", environ: map[string]string{"MEMCGATE_SERVERS": "127.0.0.1:11211"}, wantOut: "configuration ok\n"},
+		{name: "warning", environ: map[string]string{"MEMCGATE_REQUEST_TIMEOUT": "100ms"}, wantOut: "warning: MEMCGATE_REQUEST_TIMEOUT (100ms) is shorter than"},
+		{name: "misspelt", environ: map[string]string{"MEMCGATE_TIMOUT": "1s"}, wantErr: "invalid configuration:\nMEMCGATE_TIMOUT is not a memcgate variable; did you mean MEMCGATE_TIMEOUT?"},
+		{name: "missing file", environ: map[string]string{"MEMCGATE_POOLS_FILE": "/nonexistent/pools"}, wantErr: "MEMCGATE_POOLS_FILE"},
+		{name: "an argument", args: []string{"/etc/memcgate/memcgate.env"}, wantErr: "check takes no argument"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out bytes.Buffer
+			err := run(t.Context(), append([]string{"check"}, tt.args...), tt.environ, &out, io.Discard)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("check = %v, want an error with %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("check = %v, want nil", err)
+			}
+			if !strings.Contains(out.String(), tt.wantOut) {
+				t.Errorf("check printed %q, want %q in it", out.String(), tt.wantOut)
+			}
+		})
+	}
+}

@@ -2,14 +2,16 @@ package deploy
 
 import (
 	"encoding/json"
+	"fmt"
 	"maps"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -144,21 +146,28 @@ var serversLineRE = regexp.MustCompile(`(?m)^MEMCGATE_SERVERS=.*$`)
 // TestSystemdReload runs the gateway as memcgate.service does (the unit's
 // Environment= and EnvironmentFile= lines, the shipped memcgate.env with
 // a test memcached for its nodes), then edits memcgate.env as an operator
-// would and sends the unit's reload signal: the edit must take. With the
-// file given to systemd alone (EnvironmentFile=, read once, at start), a
-// reload applied nothing and logged "configuration reloaded", and
-// "systemctl reload memcgate" was refused (no ExecReload=).
+// would and runs the unit's ExecReload= lines as systemd does: the edit
+// must take. With the file given to systemd alone (EnvironmentFile=, read
+// once, at start), a reload applied nothing and logged "configuration
+// reloaded", and "systemctl reload memcgate" was refused (no
+// ExecReload=). A bad edit must fail the reload command, naming the
+// mistake, and leave the running nodes: with the signal alone,
+// "systemctl reload" succeeded whatever the gateway refused.
 func TestSystemdReload(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 2)
 	svc := unitFile(read(t, unitRel))["Service"]
 	const installed = "/etc/memcgate/memcgate.env"
 	path := filepath.Join(t.TempDir(), "memcgate.env")
 	shipped := read(t, envRel)
-	write := func(servers string) {
+	write := func(servers string, extra ...string) {
 		t.Helper()
 		// Renamed into place, as editors and config management write.
 		tmp := path + ".tmp"
-		if err := os.WriteFile(tmp, []byte(serversLineRE.ReplaceAllString(shipped, "MEMCGATE_SERVERS="+servers)), 0o644); err != nil {
+		text := serversLineRE.ReplaceAllString(shipped, "MEMCGATE_SERVERS="+servers)
+		for _, l := range extra {
+			text += l + "\n"
+		}
+		if err := os.WriteFile(tmp, []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.Rename(tmp, path); err != nil {
@@ -189,11 +198,46 @@ func TestSystemdReload(t *testing.T) {
 		t.Fatalf("nodes at start = %v, want memcgate.env's %s", got, mcs[0].Addr)
 	}
 
-	if r := svc["ExecReload"]; len(r) == 0 || r[len(r)-1] != "/bin/kill -HUP $MAINPID" {
-		t.Errorf("ExecReload=%v, want /bin/kill -HUP $MAINPID: without it systemctl reload memcgate is refused", r)
+	wantReload := []string{"/usr/local/bin/memcgate check", "/bin/kill -HUP $MAINPID"}
+	if r := svc["ExecReload"]; !slices.Equal(r, wantReload) {
+		t.Fatalf("ExecReload=%q, want %q: without the signal systemctl reload memcgate is refused, without the check it succeeds on an edit the gateway refuses", r, wantReload)
 	}
+	// reload runs the ExecReload= lines in order, in the unit's
+	// environment, and stops at the first that fails, as systemd does.
+	reload := func() (string, error) {
+		t.Helper()
+		var out strings.Builder
+		for _, line := range svc["ExecReload"] {
+			line = strings.ReplaceAll(line, "/usr/local/bin/memcgate", binary)
+			line = strings.ReplaceAll(line, "$MAINPID", strconv.Itoa(g.Pid()))
+			f := strings.Fields(line)
+			cmd := exec.Command(f[0], f[1:]...)
+			for k, v := range env {
+				cmd.Env = append(cmd.Env, k+"="+v)
+			}
+			b, err := cmd.CombinedOutput()
+			out.Write(b)
+			if err != nil {
+				return out.String(), fmt.Errorf("%s: %w", line, err)
+			}
+		}
+		return out.String(), nil
+	}
+
+	write(memcachedtest.Addrs(mcs), "MEMCGATE_TIMOUT=1s")
+	out, err := reload()
+	if err == nil || !strings.Contains(out, "MEMCGATE_TIMOUT is not a memcgate variable; did you mean MEMCGATE_TIMEOUT?") {
+		t.Errorf("reload of a memcgate.env with MEMCGATE_TIMOUT: %v, output %q; want it to fail naming the variable", err, out)
+	}
+	time.Sleep(500 * time.Millisecond) // a signal sent all the same would have been taken by now
+	if got := nodeNames(t, g); !slices.Equal(got, []string{mcs[0].Addr}) {
+		t.Fatalf("nodes after a refused reload = %v, want %s still", got, mcs[0].Addr)
+	}
+
 	write(memcachedtest.Addrs(mcs))
-	g.Signal(syscall.SIGHUP)
+	if out, err := reload(); err != nil || !strings.Contains(out, "configuration ok") {
+		t.Fatalf("reload of a good memcgate.env: %v, output %q", err, out)
+	}
 	want := []string{mcs[0].Addr, mcs[1].Addr}
 	deadline := time.Now().Add(30 * time.Second)
 	for got := nodeNames(t, g); !slices.Equal(got, want); got = nodeNames(t, g) {

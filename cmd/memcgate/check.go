@@ -1,0 +1,37 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/memcgate/memcgate/cmd/memcgate/internal/liveconfig"
+	"github.com/memcgate/memcgate/config"
+)
+
+// check reads the configuration as a start reads it (the environment,
+// MEMCGATE_CONFIG_FILE over it, the nodes from their source, the token
+// and TLS files) and returns the problems a start would stop at; it
+// opens no listener and sends nothing to memcached. Run before the
+// reload signal (the systemd unit's ExecReload=), it makes
+// "systemctl reload" fail, printing why, on an edit the running gateway
+// would refuse, where the signal alone succeeds whatever the gateway
+// does with it (docs/decisions/0081). What it passes is printed to out,
+// with the configuration's warnings.
+func check(ctx context.Context, environ map[string]string, args []string, out io.Writer) error {
+	if len(args) > 0 {
+		return fmt.Errorf("check takes no argument, got %q (it reads the configuration from the environment and %sCONFIG_FILE)", args[0], config.Prefix)
+	}
+	cfg, err := liveconfig.Load(ctx, environ)
+	if err != nil {
+		return fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	if err := checkTLS(cfg); err != nil {
+		return fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	for _, w := range cfg.Warnings() {
+		fmt.Fprintln(out, "warning:", w)
+	}
+	fmt.Fprintln(out, "configuration ok")
+	return nil
+}
