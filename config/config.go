@@ -567,6 +567,23 @@ func (c Config) Problems() []error {
 			bad(p.cert, "is not set while %s%s is: a key needs its certificate; set both or neither", Prefix, p.key)
 		}
 	}
+	if !c.UpstreamTLS {
+		// Each is read only to speak TLS to memcached: set without it,
+		// it looks like encrypted traffic to memcached and is plain text.
+		for _, u := range []struct {
+			name string
+			set  bool
+		}{
+			{"UPSTREAM_TLS_CA_FILE", c.UpstreamTLSCAFile != ""}, {"UPSTREAM_TLS_SERVER_NAME", c.UpstreamTLSName != ""},
+			{"UPSTREAM_TLS_CERT_FILE", c.UpstreamTLSCert != ""}, {"UPSTREAM_TLS_KEY_FILE", c.UpstreamTLSKey != ""},
+			{"UPSTREAM_TLS_INSECURE_SKIP_VERIFY", c.UpstreamTLSNoCheck},
+		} {
+			if u.set {
+				bad(u.name, "is set while %sUPSTREAM_TLS is false: memcached is spoken to in plain text and this setting is not used; set %sUPSTREAM_TLS=true, or unset %s%s",
+					Prefix, Prefix, Prefix, u.name)
+			}
+		}
+	}
 	switch c.ValueCodec {
 	case "raw", "php", "pecl-memcache":
 	default:

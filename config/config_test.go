@@ -148,6 +148,37 @@ func TestLoad(t *testing.T) {
 			wantErr: []string{"MEMCGATE_DISTRIBUTION", `"pecl-consistent-md5" is not one of ketama, modula, consistent, nginx, pecl-standard-crc32`},
 		},
 		{
+			// Read only for TLS to memcached: set without it, the traffic
+			// looks encrypted and is not.
+			name: "upstream TLS settings without UPSTREAM_TLS",
+			env: map[string]string{"MEMCGATE_UPSTREAM_TLS_CA_FILE": "/etc/memcgate/ca.pem", "MEMCGATE_UPSTREAM_TLS_SERVER_NAME": "memcached",
+				"MEMCGATE_UPSTREAM_TLS_INSECURE_SKIP_VERIFY": "true", "MEMCGATE_UPSTREAM_TLS_CERT_FILE": "c.pem", "MEMCGATE_UPSTREAM_TLS_KEY_FILE": "k.pem"},
+			wantErr: []string{
+				"MEMCGATE_UPSTREAM_TLS_CA_FILE: is set while MEMCGATE_UPSTREAM_TLS is false: memcached is spoken to in plain text",
+				"MEMCGATE_UPSTREAM_TLS_SERVER_NAME: is set while MEMCGATE_UPSTREAM_TLS is false",
+				"MEMCGATE_UPSTREAM_TLS_INSECURE_SKIP_VERIFY: is set while MEMCGATE_UPSTREAM_TLS is false",
+				"MEMCGATE_UPSTREAM_TLS_CERT_FILE: is set while MEMCGATE_UPSTREAM_TLS is false",
+				"MEMCGATE_UPSTREAM_TLS_KEY_FILE: is set while MEMCGATE_UPSTREAM_TLS is false",
+			},
+		},
+		{
+			name: "upstream TLS settings with UPSTREAM_TLS",
+			env:  map[string]string{"MEMCGATE_UPSTREAM_TLS": "true", "MEMCGATE_UPSTREAM_TLS_SERVER_NAME": "memcached", "MEMCGATE_UPSTREAM_TLS_INSECURE_SKIP_VERIFY": "false"},
+			check: func(c Config) error {
+				if !c.UpstreamTLS || c.UpstreamTLSName != "memcached" {
+					return fmt.Errorf("UpstreamTLS, UpstreamTLSName = %v, %q, want true, memcached", c.UpstreamTLS, c.UpstreamTLSName)
+				}
+				return nil
+			},
+		},
+		{
+			// SERVERS' names are resolved by the system's resolver at
+			// each dial: a DNS_SERVER beside them is asked by nobody.
+			name:    "DNS_SERVER without SERVERS_DNS",
+			env:     map[string]string{"MEMCGATE_SERVERS": "memcached-0.memcached:11211", "MEMCGATE_DNS_SERVER": "10.0.0.2:53"},
+			wantErr: []string{"MEMCGATE_DNS_SERVER: is set while MEMCGATE_SERVERS_DNS is not: it is the DNS server SERVERS_DNS asks, and nothing else asks it"},
+		},
+		{
 			name: "bad pecl/memcache settings",
 			env: map[string]string{"MEMCGATE_VALUE_CODEC": "memcache", "MEMCGATE_PECL_COMPRESS_THRESHOLD": "-1",
 				"MEMCGATE_PECL_COMPRESS_MIN_SAVINGS": "1.5"},

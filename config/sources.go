@@ -393,6 +393,12 @@ func (c Config) validateSources(serversSet bool) []error {
 	if c.DNSServer != "" {
 		if err := checkDNSServer(c.DNSServer); err != nil {
 			bad("DNS_SERVER", "%v", err)
+		} else if c.ServersDNS == "" {
+			// It is SERVERS_DNS' resolver alone: names in SERVERS,
+			// SERVERS_FILE and the pools are resolved by the system's at
+			// each dial, whatever it says.
+			bad("DNS_SERVER", "is set while %sSERVERS_DNS is not: it is the DNS server SERVERS_DNS asks, and nothing else asks it "+
+				"(names in SERVERS, SERVERS_FILE and the pools are resolved by the system's resolver); unset it, or set %sSERVERS_DNS", Prefix, Prefix)
 		}
 	}
 	if c.DNSInterval <= 0 {
