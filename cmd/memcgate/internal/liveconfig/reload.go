@@ -142,6 +142,7 @@ type Reloader struct {
 	applyTo   func(context.Context, Update) ([]route.Change, error)
 	reloads   *prometheus.CounterVec
 	lastOK    prometheus.Gauge
+	pending   prometheus.Gauge   // settings read that need a restart to take effect
 	dnsMissed prometheus.Counter // running nodes missing from SERVERS_DNS answers
 	dnsHeld   prometheus.Gauge   // of them, the nodes kept
 
@@ -202,6 +203,10 @@ func New(cfg config.Config, o Options) *Reloader {
 		Help: "1 if the last configuration reload was applied (or none was tried), 0 if it was refused.",
 	})
 	r.lastOK.Set(1)
+	r.pending = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "memcgate_config_restart_pending_settings",
+		Help: "Settings the last applied configuration reload read with a value other than the running one, which only a restart applies (the reload's needs_restart); 0 at start.",
+	})
 	r.dnsMissed = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "memcgate_dns_missing_nodes_total",
 		Help: "Running nodes missing from a MEMCGATE_SERVERS_DNS answer, once per answer: an answer that flaps counts at every poll.",
@@ -210,7 +215,7 @@ func New(cfg config.Config, o Options) *Reloader {
 		Name: "memcgate_dns_held_nodes",
 		Help: "Nodes kept though missing from the last MEMCGATE_SERVERS_DNS answer: a node is removed once missing from 3 answers in a row.",
 	})
-	o.Registerer.MustRegister(r.reloads, r.lastOK, r.dnsMissed, r.dnsHeld)
+	o.Registerer.MustRegister(r.reloads, r.lastOK, r.pending, r.dnsMissed, r.dnsHeld)
 	r.sums = r.fileSums(cfg)
 	r.inForce, r.settle = r.sums, sleepSettle
 	r.tokens, _ = cfg.Tokens() // checked at start
@@ -512,6 +517,9 @@ func (r *Reloader) reload(ctx context.Context, trigger string) {
 			r.repeatLogged, r.repeatUnlogged = rl.Time, 0
 		}
 		r.lastOK.Set(1)
+		// Logged once, at this reload; the gauge keeps saying it until a
+		// restart or a reload that reads the running values again.
+		r.pending.Set(float64(len(rl.Restart)))
 	}
 	r.reloads.WithLabelValues(rl.Result).Inc()
 	// A server list refused because none of its nodes answered may be

@@ -522,3 +522,45 @@ func TestReloadWarns(t *testing.T) {
 		})
 	}
 }
+
+// TestRestartPendingGauge: a reload that reads a setting only a restart
+// applies logs it once, and memcgate_config_restart_pending_settings
+// keeps saying so (the file and the process disagree) until a reload
+// reads the running value again; a refused reload leaves it as it was.
+func TestRestartPendingGauge(t *testing.T) {
+	const servers = "MEMCGATE_SERVERS=127.0.0.1:11211\n"
+	file := filepath.Join(t.TempDir(), "memcgate.env")
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(file, []byte(servers+s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("")
+	r, logs := configFileReloader(t, file)
+	r.applyTo = func(context.Context, Update) ([]route.Change, error) { return nil, nil }
+	r.settle = func(context.Context) bool { return true }
+	tests := []struct {
+		name string
+		file string // "": no reload
+		want float64
+	}{
+		{"at start", "", 0},
+		{"a timeout changed", "MEMCGATE_TIMEOUT=1s\n", 1},
+		{"and a listener", "MEMCGATE_TIMEOUT=1s\nMEMCGATE_LISTEN_ADDR=:8081\n", 2},
+		{"refused", "MEMCGATE_TIMOUT=1s\n", 2},
+		{"a live setting only", "MEMCGATE_TIMEOUT=1s\nMEMCGATE_LISTEN_ADDR=:8081\nMEMCGATE_MAX_REQUESTS=7\n", 2},
+		{"back to the running values", "MEMCGATE_MAX_REQUESTS=7\n", 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.file != "" {
+				write(tt.file)
+				r.reload(t.Context(), "sighup")
+			}
+			if v := testutil.ToFloat64(r.pending); v != tt.want {
+				t.Errorf("memcgate_config_restart_pending_settings = %v, want %v\n%s", v, tt.want, logs.String())
+			}
+		})
+	}
+}
