@@ -142,6 +142,7 @@ type Reloader struct {
 	applyTo   func(context.Context, Update) ([]route.Change, error)
 	reloads   *prometheus.CounterVec
 	lastOK    prometheus.Gauge
+	lastOKAt  prometheus.Gauge   // when the configuration in force was applied
 	pending   prometheus.Gauge   // settings read that need a restart to take effect
 	dnsMissed prometheus.Counter // running nodes missing from SERVERS_DNS answers
 	dnsHeld   prometheus.Gauge   // of them, the nodes kept
@@ -203,6 +204,11 @@ func New(cfg config.Config, o Options) *Reloader {
 		Help: "1 if the last configuration reload was applied (or none was tried), 0 if it was refused.",
 	})
 	r.lastOK.Set(1)
+	r.lastOKAt = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "memcgate_config_last_reload_success_timestamp_seconds",
+		Help: "When the last configuration reload was applied, or the gateway started if none was, in seconds since the Unix epoch: a refused reload leaves it.",
+	})
+	r.lastOKAt.SetToCurrentTime()
 	r.pending = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "memcgate_config_restart_pending_settings",
 		Help: "Settings the last applied configuration reload read with a value other than the running one, which only a restart applies (the reload's needs_restart); 0 at start.",
@@ -215,7 +221,7 @@ func New(cfg config.Config, o Options) *Reloader {
 		Name: "memcgate_dns_held_nodes",
 		Help: "Nodes kept though missing from the last MEMCGATE_SERVERS_DNS answer: a node is removed once missing from 3 answers in a row.",
 	})
-	o.Registerer.MustRegister(r.reloads, r.lastOK, r.pending, r.dnsMissed, r.dnsHeld)
+	o.Registerer.MustRegister(r.reloads, r.lastOK, r.lastOKAt, r.pending, r.dnsMissed, r.dnsHeld)
 	r.sums = r.fileSums(cfg)
 	r.inForce, r.settle = r.sums, sleepSettle
 	r.tokens, _ = cfg.Tokens() // checked at start
@@ -517,6 +523,7 @@ func (r *Reloader) reload(ctx context.Context, trigger string) {
 			r.repeatLogged, r.repeatUnlogged = rl.Time, 0
 		}
 		r.lastOK.Set(1)
+		r.lastOKAt.Set(float64(rl.Time.UnixNano()) / 1e9)
 		// Logged once, at this reload; the gauge keeps saying it until a
 		// restart or a reload that reads the running values again.
 		r.pending.Set(float64(len(rl.Restart)))

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -561,6 +562,58 @@ func TestRestartPendingGauge(t *testing.T) {
 			if v := testutil.ToFloat64(r.pending); v != tt.want {
 				t.Errorf("memcgate_config_restart_pending_settings = %v, want %v\n%s", v, tt.want, logs.String())
 			}
+		})
+	}
+}
+
+// TestLastSuccessTimestamp: memcgate_config_last_reload_success_timestamp_seconds
+// is the start until a reload is applied, then that reload's time; a
+// refused reload leaves it, so that "applied how long ago" is one query.
+func TestLastSuccessTimestamp(t *testing.T) {
+	const servers = "MEMCGATE_SERVERS=127.0.0.1:11211\n"
+	file := filepath.Join(t.TempDir(), "memcgate.env")
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(file, []byte(servers+s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("")
+	before := float64(time.Now().Add(-time.Second).Unix())
+	r, _ := configFileReloader(t, file)
+	r.applyTo = func(context.Context, Update) ([]route.Change, error) { return nil, nil }
+	r.settle = func(context.Context) bool { return true }
+	at := func() float64 { return testutil.ToFloat64(r.lastOKAt) }
+	start := at()
+	if start < before || start > float64(time.Now().Unix()+1) {
+		t.Fatalf("at start: %v, want the start's time (about %v)", start, before+1)
+	}
+	tests := []struct {
+		name    string
+		file    string
+		applied bool
+	}{
+		{"refused", "MEMCGATE_TIMOUT=1s\n", false},
+		{"applied", "MEMCGATE_MAX_REQUESTS=7\n", true},
+		{"refused again", "MEMCGATE_MAX_REQUESTS=x\n", false},
+	}
+	last := start
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			write(tt.file)
+			r.reload(t.Context(), "sighup")
+			h := r.History()
+			if got := h[0].Result == "ok"; got != tt.applied {
+				t.Fatalf("reload applied = %v, want %v: %+v", got, tt.applied, h[0])
+			}
+			want := last
+			if tt.applied {
+				want = float64(h[0].Time.UnixNano()) / 1e9
+			}
+			if v := at(); v != want {
+				t.Errorf("memcgate_config_last_reload_success_timestamp_seconds = %v, want %v", v, want)
+			}
+			last = want
 		})
 	}
 }
