@@ -19,7 +19,7 @@ import (
 func helpVars(t *testing.T) (names []string, defaults map[string]string) {
 	t.Helper()
 	var out bytes.Buffer
-	if err := run(context.Background(), []string{"-help"}, nil, &out, io.Discard); err != nil {
+	if err := run(context.Background(), []string{"-help"}, nil, &out, io.Discard, nil); err != nil {
 		t.Fatalf("memcgate -help: %v", err)
 	}
 	line := regexp.MustCompile(`^  (MEMCGATE_[A-Z0-9_]+) \(default (.*)\)$`)

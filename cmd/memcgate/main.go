@@ -30,17 +30,24 @@ func main() {
 	// SIGPIPE ignored, a write to the broken pipe fails with EPIPE, and
 	// the log counts its lines as dropped, as nginx and memcached do.
 	signal.Ignore(syscall.SIGPIPE)
+	// SIGHUP is taken from here on, not once the gateway serves: its
+	// default action ends the process, and "systemctl reload" may send it
+	// as soon as the process runs (Type=exec), while the start still
+	// waits for a DNS answer, say. One sent meanwhile waits in hup and
+	// is a reload once the gateway runs.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], env.ToMap(os.Environ()), os.Stdout, os.Stderr); err != nil {
+	if err := run(ctx, os.Args[1:], env.ToMap(os.Environ()), os.Stdout, os.Stderr, hup); err != nil {
 		fmt.Fprintln(os.Stderr, "memcgate:", err)
 		os.Exit(1)
 	}
 }
 
 // run parses arguments and configuration, opens the listeners and serves
-// until ctx is done.
-func run(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
+// until ctx is done, reloading on every signal from hup (nil: never).
+func run(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer, hup <-chan os.Signal) error {
 	if len(args) > 0 {
 		switch args[0] {
 		case "-h", "-help", "--help", "help":
@@ -103,7 +110,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	if err != nil {
 		return err
 	}
-	return serve(ctx, cfg, environ, ls, lg)
+	return serve(ctx, cfg, environ, ls, lg, hup)
 }
 
 // goMaxProcsSet reports whether environ's GOMAXPROCS sets the runtime's

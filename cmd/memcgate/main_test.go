@@ -128,7 +128,7 @@ func TestHealthcheckAddress(t *testing.T) {
 // path are in the command's own output.
 func TestHelpNamesArguments(t *testing.T) {
 	var out bytes.Buffer
-	if err := run(t.Context(), []string{"-help"}, nil, &out, io.Discard); err != nil {
+	if err := run(t.Context(), []string{"-help"}, nil, &out, io.Discard, nil); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"MEMCGATE_SERVERS (default", "-help, -version", "healthcheck [PATH]", "for PATH, /healthz by default"} {
@@ -158,7 +158,7 @@ func TestCheck(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var out bytes.Buffer
-			err := run(t.Context(), append([]string{"check"}, tt.args...), tt.environ, &out, io.Discard)
+			err := run(t.Context(), append([]string{"check"}, tt.args...), tt.environ, &out, io.Discard, nil)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("check = %v, want an error with %q", err, tt.wantErr)

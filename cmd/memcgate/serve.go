@@ -7,14 +7,12 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"runtime"
 	"runtime/debug"
 	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/memcgate/memcgate/cmd/memcgate/internal/closewatch"
@@ -40,9 +38,9 @@ import (
 // DrainDelay so load balancers notice (not when systemd holds the data
 // listeners, which stay open), shuts both servers down (letting
 // requests in flight finish within ShutdownTimeout), stops health checks
-// and closes the pools.
-func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls listeners, lg logging) error {
-	p := &process{cfg: cfg, environ: environ, ls: ls, lg: lg, log: lg.log, started: time.Now(), unixSocket: ls.socket}
+// and closes the pools. Every signal from hup is a reload (nil: none).
+func serve(ctx context.Context, cfg config.Config, environ map[string]string, ls listeners, lg logging, hup <-chan os.Signal) error {
+	p := &process{cfg: cfg, environ: environ, ls: ls, lg: lg, log: lg.log, started: time.Now(), unixSocket: ls.socket, hup: hup}
 	if err := p.listen(); err != nil {
 		p.ls.close()
 		return err
@@ -69,6 +67,7 @@ type process struct {
 	log     *slog.Logger
 	lg      logging
 	started time.Time
+	hup     <-chan os.Signal // SIGHUP, taken since the process began: each is a reload
 
 	// Made by listen, which wraps ls in place.
 	ls            listeners
@@ -338,12 +337,9 @@ func (p *process) run(ctx context.Context) error {
 		wg.Go(func() { errc <- ignoreClosed(data.Serve(ln)) })
 	}
 	wg.Go(func() { errc <- ignoreClosed(admin.Serve(ls.admin)) })
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	reloadCtx, stopReload := context.WithCancel(ctx)
 	defer stopReload()
-	wg.Go(func() { p.reloader.Run(reloadCtx, hup) })
+	wg.Go(func() { p.reloader.Run(reloadCtx, p.hup) })
 	if p.unixSocket != nil {
 		wg.Go(func() { p.sockWatch.Run(reloadCtx) })
 	}

@@ -46,7 +46,7 @@ func TestReadBuildInfo(t *testing.T) {
 func TestVersionCommand(t *testing.T) {
 	for _, arg := range []string{"-version", "--version", "version"} {
 		var out bytes.Buffer
-		if err := run(t.Context(), []string{arg}, nil, &out, &out); err != nil {
+		if err := run(t.Context(), []string{arg}, nil, &out, &out, nil); err != nil {
 			t.Fatalf("memcgate %s: %v", arg, err)
 		}
 		if got, want := out.String(), currentBuild().String()+"\n"; got != want || !strings.HasPrefix(got, "memcgate ") {

@@ -5,6 +5,7 @@
 package dnstest
 
 import (
+	"bytes"
 	"net"
 	"net/netip"
 	"sync"
@@ -29,7 +30,15 @@ type Server struct {
 	a     []dnsmessage.AResource
 	turns map[string]int // SRV questions asked, by name
 	hang  bool           // questions get no answer
+	hold  bool           // questions are answered when Hold(false) is called
+	held  []question     // the questions received while hold was on
 	asked int            // questions received, answered or not
+}
+
+// question is one question held, and who asked it.
+type question struct {
+	msg  []byte
+	from net.Addr
 }
 
 // Start listens on a free loopback port and answers until the test ends.
@@ -120,6 +129,24 @@ func (s *Server) Hang(on bool) {
 	s.hang = on
 }
 
+// Hold makes the server keep the questions that come (on) and answer
+// them when it is turned off, as a slow DNS server does: the asker is
+// known to wait in its lookup meanwhile (Asked).
+func (s *Server) Hold(on bool) {
+	s.mu.Lock()
+	s.hold = on
+	var held []question
+	if !on {
+		held, s.held = s.held, nil
+	}
+	s.mu.Unlock()
+	for _, q := range held {
+		if out, ok := s.answer(q.msg); ok {
+			_, _ = s.conn.WriteTo(out, q.from)
+		}
+	}
+}
+
 // Asked returns how many questions came, answered or not.
 func (s *Server) Asked() int {
 	s.mu.Lock()
@@ -136,9 +163,12 @@ func (s *Server) serve() {
 		}
 		s.mu.Lock()
 		s.asked++
-		hang := s.hang
+		hang, hold := s.hang, s.hold
+		if hold && !hang {
+			s.held = append(s.held, question{msg: bytes.Clone(buf[:n]), from: addr})
+		}
 		s.mu.Unlock()
-		if hang {
+		if hang || hold {
 			continue
 		}
 		if out, ok := s.answer(buf[:n]); ok {
