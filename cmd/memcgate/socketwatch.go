@@ -22,14 +22,15 @@ const socketCheckEvery = time.Second
 // /tmp, another program's start that clears its path) or replaced by
 // another file. The listener still accepts, but no client can reach it
 // any more: connect(2) on the path fails with ENOENT, or reaches
-// whatever is there now. Nothing else in the process can tell, so
+// whatever took the path. Nothing else in the process can tell, so
 // without this the Unix socket stops serving while every metric, log
 // line and /readyz says all is well.
 //
-// It reports, it does not make the file again: the directory may be
-// another service's now, and a socket systemd passed is systemd's to
+// It reports, it does not make the file again: the path may have become
+// another service's, and a socket systemd passed is systemd's to
 // make. Once it finds the file gone, the listener's close no longer
 // unlinks the path, which may by then hold another process's socket.
+// It holds an atomic: it must not be copied.
 type socketWatch struct {
 	path string
 	want os.FileInfo       // the file at path when the gateway started; nil if it could not be read
@@ -39,7 +40,7 @@ type socketWatch struct {
 }
 
 // newSocketWatch returns the watch of the socket file at path, which ln
-// listens on. It reads the file now, as the one to keep finding; it
+// listens on. It reads the file at once, as the one to keep finding; it
 // starts nothing (Run). Its gauge is registered on reg, and stays 0 if
 // ln is nil (no LISTEN_SOCKET: Run is not to be called then).
 func newSocketWatch(path string, ln net.Listener, log *slog.Logger, reg prometheus.Registerer) *socketWatch {
@@ -89,7 +90,7 @@ func (w *socketWatch) check() {
 		return
 	}
 	if w.ul != nil {
-		// Whatever is at the path now is not ours to remove at stop.
+		// Whatever took the path is not ours to remove at stop.
 		w.ul.SetUnlinkOnClose(false)
 	}
 	found := "another file"
