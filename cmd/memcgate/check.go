@@ -26,11 +26,15 @@ func check(ctx context.Context, environ map[string]string, args []string, out io
 	if err != nil {
 		return fmt.Errorf("invalid configuration:\n%w", err)
 	}
-	if err := checkTLS(cfg); err != nil {
+	sec, err := newSecurity(cfg)
+	if err != nil {
 		return fmt.Errorf("invalid configuration:\n%w", err)
 	}
 	for _, w := range cfg.Warnings() {
 		fmt.Fprintln(out, "warning:", w)
+	}
+	if sec.noToken {
+		fmt.Fprintf(out, "warning: %sAUTH_TOKENS_FILE gives no token: every request that needs a scope would be refused (401)\n", config.Prefix)
 	}
 	fmt.Fprintln(out, "configuration ok")
 	return nil

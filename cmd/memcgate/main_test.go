@@ -154,6 +154,8 @@ func TestCheck(t *testing.T) {
 		{name: "misspelt", environ: map[string]string{"MEMCGATE_TIMOUT": "1s"}, wantErr: "invalid configuration:\nMEMCGATE_TIMOUT is not a memcgate variable; did you mean MEMCGATE_TIMEOUT?"},
 		{name: "missing file", environ: map[string]string{"MEMCGATE_POOLS_FILE": "/nonexistent/pools"}, wantErr: "MEMCGATE_POOLS_FILE"},
 		{name: "an argument", args: []string{"/etc/memcgate/memcgate.env"}, wantErr: "check takes no argument"},
+		{name: "a token file with no token", environ: map[string]string{"MEMCGATE_AUTH_TOKENS_FILE": emptyFile(t)},
+			wantOut: "warning: MEMCGATE_AUTH_TOKENS_FILE gives no token: every request that needs a scope would be refused (401)\nconfiguration ok\n"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -173,4 +175,14 @@ func TestCheck(t *testing.T) {
 			}
 		})
 	}
+}
+
+// emptyFile returns the path of an empty file that lasts as long as t.
+func emptyFile(t *testing.T) string {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "empty")
+	if err := os.WriteFile(f, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
