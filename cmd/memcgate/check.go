@@ -30,7 +30,7 @@ func check(ctx context.Context, environ map[string]string, args []string, out io
 	if err != nil {
 		return fmt.Errorf("invalid configuration:\n%w", err)
 	}
-	for _, w := range cfg.Warnings() {
+	for _, w := range append(cfg.Warnings(), processWarnings(cfg, environ)...) {
 		fmt.Fprintln(out, "warning:", w)
 	}
 	if sec.noToken {

@@ -100,17 +100,28 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	for _, w := range cfg.Warnings() {
 		log.Warn("configuration warning", "warning", w)
 	}
-	if cfg.FitProcs && goMaxProcsSet(environ) {
-		// The runtime read GOMAXPROCS before memcgate ran: the operator's
-		// number stands, and FIT_PROCS, set to change it, does nothing.
-		log.Warn("configuration warning", "warning", fmt.Sprintf("%sFIT_PROCS=true is ignored: GOMAXPROCS=%s sets the processors; unset GOMAXPROCS to fit them to the load, or FIT_PROCS to keep this number",
-			config.Prefix, environ["GOMAXPROCS"]))
+	for _, w := range processWarnings(cfg, environ) {
+		log.Warn("configuration warning", "warning", w)
 	}
 	ls, err := openListeners(ctx, cfg, environ)
 	if err != nil {
 		return err
 	}
 	return serve(ctx, cfg, environ, ls, lg, hup)
+}
+
+// processWarnings are the configuration warnings only the process's
+// environment tells, beside cfg.Warnings: settings the Go runtime's
+// variables make do nothing.
+func processWarnings(cfg config.Config, environ map[string]string) []string {
+	var out []string
+	if cfg.FitProcs && goMaxProcsSet(environ) {
+		// The runtime read GOMAXPROCS before memcgate ran: the operator's
+		// number stands, and FIT_PROCS, set to change it, does nothing.
+		out = append(out, fmt.Sprintf("%sFIT_PROCS=true is ignored: GOMAXPROCS=%s sets the processors; unset GOMAXPROCS to fit them to the load, or FIT_PROCS to keep this number",
+			config.Prefix, environ["GOMAXPROCS"]))
+	}
+	return out
 }
 
 // goMaxProcsSet reports whether environ's GOMAXPROCS sets the runtime's

@@ -154,6 +154,8 @@ func TestCheck(t *testing.T) {
 		{name: "misspelt", environ: map[string]string{"MEMCGATE_TIMOUT": "1s"}, wantErr: "invalid configuration:\nMEMCGATE_TIMOUT is not a memcgate variable; did you mean MEMCGATE_TIMEOUT?"},
 		{name: "missing file", environ: map[string]string{"MEMCGATE_POOLS_FILE": "/nonexistent/pools"}, wantErr: "MEMCGATE_POOLS_FILE"},
 		{name: "an argument", args: []string{"/etc/memcgate/memcgate.env"}, wantErr: "check takes no argument"},
+		{name: "FIT_PROCS beside GOMAXPROCS", environ: map[string]string{"MEMCGATE_FIT_PROCS": "true", "GOMAXPROCS": "4"},
+			wantOut: "warning: MEMCGATE_FIT_PROCS=true is ignored: GOMAXPROCS=4 sets the processors"},
 		{name: "a token file with no token", environ: map[string]string{"MEMCGATE_AUTH_TOKENS_FILE": emptyFile(t)},
 			wantOut: "warning: MEMCGATE_AUTH_TOKENS_FILE gives no token: every request that needs a scope would be refused (401)\nconfiguration ok\n"},
 	}
