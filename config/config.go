@@ -645,6 +645,15 @@ func (c Config) Warnings() []string {
 		out = append(out, fmt.Sprintf("%sUDP_PORTS is set but %s: asynchronous sets go over TCP to every copy instead, "+
 			"since nobody answers a datagram; no set is sent as a datagram", Prefix, why))
 	}
+	if c.HealthInterval > 0 && c.HealthTimeout >= c.HealthInterval {
+		// A round waits for its slowest probe and skips the multiples of
+		// the interval it runs past (upstream's Cluster.Run).
+		every := (c.HealthTimeout/c.HealthInterval + 1) * c.HealthInterval
+		out = append(out, fmt.Sprintf("%sHEALTH_TIMEOUT (%s) is not shorter than %sHEALTH_INTERVAL (%s): a probe round waits for its slowest probe, "+
+			"so while a node does not answer each round runs past the next one's start, which is skipped, and every node is probed every %s, not %s: "+
+			"a node that fails then takes %sHEALTH_FALL of those rounds to go down. Lower HEALTH_TIMEOUT below HEALTH_INTERVAL",
+			Prefix, c.HealthTimeout, Prefix, c.HealthInterval, every, c.HealthInterval, Prefix))
+	}
 	if c.MaxBufferedBytes > 0 {
 		if w := BudgetWarning(c.MaxBufferedBytes, c.MaxValueBytes, false); w != "" {
 			out = append(out, w)

@@ -165,6 +165,9 @@ func TestWarnings(t *testing.T) {
 		{map[string]string{"MEMCGATE_SERVERS": "a:11211,b:11211", "MEMCGATE_UDP_PORTS": "a:11211=11213", "MEMCGATE_REPLICAS": "2"}, "MEMCGATE_UDP_PORTS is set but MEMCGATE_REPLICAS is 2"},
 		{map[string]string{"MEMCGATE_MAX_BUFFERED_BYTES": "2096000"}, ""}, // two values of 1,048,000
 		{map[string]string{"MEMCGATE_MAX_BUFFERED_BYTES": "1500000"}, "MEMCGATE_MAX_BUFFERED_BYTES (1500000) is less than two values of MEMCGATE_MAX_VALUE_BYTES (1048000)"},
+		{map[string]string{"MEMCGATE_HEALTH_INTERVAL": "200ms", "MEMCGATE_HEALTH_TIMEOUT": "199ms"}, ""},
+		{map[string]string{"MEMCGATE_HEALTH_INTERVAL": "200ms", "MEMCGATE_HEALTH_TIMEOUT": "500ms"}, "MEMCGATE_HEALTH_TIMEOUT (500ms) is not shorter than MEMCGATE_HEALTH_INTERVAL (200ms): a probe round waits for its slowest probe, so while a node does not answer each round runs past the next one's start, which is skipped, and every node is probed every 600ms, not 200ms"},
+		{map[string]string{"MEMCGATE_HEALTH_TIMEOUT": "1s"}, "every node is probed every 2s, not 1s"},
 	}
 	for _, tt := range tests {
 		c, err := Load(tt.env)

@@ -58,6 +58,7 @@ func TestDebugConfig(t *testing.T) {
 		"MEMCGATE_SERVERS":         memcachedtest.Addrs(mcs),
 		"MEMCGATE_AUTH_TOKENS":     "read:" + readTok + ",admin:" + adminTok,
 		"MEMCGATE_REQUEST_TIMEOUT": "900ms", // under 2 × 500ms: a warning
+		"MEMCGATE_HEALTH_INTERVAL": "1s",    // above HEALTH_TIMEOUT: no warning of its own
 	})
 	get := func(tok string) *http.Response {
 		req, err := http.NewRequestWithContext(t.Context(), "GET", g.Admin+"/debug/config", nil)
