@@ -360,6 +360,11 @@ func (p *process) run(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 	case first = <-errc: // a server failed on its own
+		if first != nil {
+			// In the log, where its readers look, and not only on stderr
+			// at the exit, after the shutdown's lines.
+			log.Error("the gateway stops: a server failed", "err", first.Error())
+		}
 	}
 	p.draining.Store(true)
 	// Answers carry Connection: close from now on, so load balancers and
