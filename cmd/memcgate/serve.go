@@ -340,8 +340,15 @@ func (p *process) run(ctx context.Context) error {
 	reloadCtx, stopReload := context.WithCancel(ctx)
 	defer stopReload()
 	wg.Go(func() { p.reloader.Run(reloadCtx, p.hup) })
+	// The socket watch stops before the shutdown, whose close of the
+	// listener removes the socket file: that is no file gone.
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	watchDone := make(chan struct{})
 	if p.unixSocket != nil {
-		wg.Go(func() { p.sockWatch.Run(reloadCtx) })
+		wg.Go(func() { defer close(watchDone); p.sockWatch.Run(watchCtx) })
+	} else {
+		close(watchDone)
 	}
 	fitting := cfg.FitProcs && !goMaxProcsSet(p.environ)
 	if fitting {
@@ -367,6 +374,8 @@ func (p *process) run(ctx context.Context) error {
 		}
 	}
 	p.draining.Store(true)
+	stopWatch()
+	<-watchDone
 	// Answers carry Connection: close from now on, so load balancers and
 	// clients move their keepalive connections elsewhere during the drain
 	// instead of racing the final close.

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memcgate/memcgate/test/gatewaytest"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 )
 
@@ -102,4 +104,101 @@ func socketMissing(t *testing.T, g *gateway) float64 {
 		t.Fatal("memcgate_http_listen_socket_missing not exported")
 	}
 	return f.Sum
+}
+
+// TestListenSocketRemovedAtStop: the gateway's own stop removes the
+// socket file while requests still finish: that is not the file gone,
+// and no error says it is, whether the stop is a SIGTERM or a server
+// that failed (no signal then ends the watch). A request held by a
+// paused memcached keeps the shutdown going for seconds, past several
+// of the watch's looks.
+func TestListenSocketRemovedAtStop(t *testing.T) {
+	tests := []struct {
+		name string
+		fail bool // the data listener fails instead of a SIGTERM
+	}{
+		{name: "SIGTERM"},
+		{name: "a server failed", fail: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			mc := memcachedtest.Start(t)
+			sock := filepath.Join(t.TempDir(), "m.sock")
+			gw := gatewaytest.New(t, binary, map[string]string{"MEMCGATE_SERVERS": mc.Addr, "MEMCGATE_LISTEN_SOCKET": sock,
+				"MEMCGATE_TIMEOUT": "3s", "MEMCGATE_REQUEST_TIMEOUT": "3s", "MEMCGATE_DRAIN_DELAY": "0s"})
+			var data *os.File
+			if tt.fail {
+				// The data and admin listeners passed as systemd passes
+				// them, so that the test can shut the data one down.
+				var files []*os.File
+				for _, addr := range []string{gw.DataAddr, gw.AdminAddr} {
+					ln, err := net.Listen("tcp", addr)
+					if err != nil {
+						t.Fatal(err)
+					}
+					f, err := ln.(*net.TCPListener).File()
+					ln.Close()
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { f.Close() })
+					files = append(files, f)
+				}
+				gw.Activate([]string{"data", "admin"}, files)
+				data = files[0]
+			}
+			gw.Start(t)
+			g := &gateway{Gateway: gw, t: t, URL: "http://" + gw.DataAddr, Admin: "http://" + gw.AdminAddr}
+			if r := g.do("PUT", "/k", []byte("v")); r.status != 201 {
+				t.Fatalf("PUT = %d, want 201", r.status)
+			}
+			mc.Pause()
+			t.Cleanup(mc.Resume)
+			held := make(chan struct{})
+			go func() {
+				defer close(held)
+				resp, err := http.Get(g.URL + "/k") // waits for the paused memcached
+				if err == nil {
+					resp.Body.Close()
+				}
+			}()
+			deadline := time.Now().Add(5 * time.Second)
+			for inFlight(t, g) == 0 {
+				if time.Now().After(deadline) {
+					t.Fatal("the GET was not in flight within 5s")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if tt.fail {
+				if err := syscall.Shutdown(int(data.Fd()), syscall.SHUT_RDWR); err != nil {
+					t.Fatalf("shutdown of the data socket: %v", err)
+				}
+			} else {
+				g.Signal(syscall.SIGTERM)
+			}
+			if _, ok := g.Wait(15 * time.Second); !ok {
+				t.Fatal("memcgate did not stop within 15s")
+			}
+			<-held
+			if _, err := os.Lstat(sock); err == nil {
+				t.Errorf("the socket file %s is still there after the stop", sock)
+			}
+			if logs := g.Logs(); strings.Contains(logs, "listen socket file gone") {
+				t.Errorf("the gateway's own stop was logged as the socket file gone:\n%s", gatewaytest.Tail(logs, 2000))
+			}
+		})
+	}
+}
+
+// inFlight returns the gateway's memcgate_http_in_flight_requests.
+func inFlight(t *testing.T, g *gateway) float64 {
+	t.Helper()
+	fams, err := g.Families(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := fams["memcgate_http_in_flight_requests"]; f != nil {
+		return f.Sum
+	}
+	return 0
 }
