@@ -3,7 +3,9 @@ package main
 import (
 	"math"
 	"os"
+	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -48,19 +50,93 @@ func planMemory(cfg config.Config, cgroupLimit int64) memoryPlan {
 	return p
 }
 
-// cgroupMemoryLimit is the memory limit of this process's cgroup (v2's
-// memory.max, else v1's memory.limit_in_bytes), or 0 if there is none.
+// cgroupMemoryLimit is the memory limit of this process's cgroup, or 0
+// if there is none: the lowest of its own and its ancestors' limits (v2's
+// memory.max, v1's memory.limit_in_bytes), so that a limit set on the
+// cgroup a service manager made (systemd's MemoryMax=, a pod's slice) is
+// found as well as a container's that is the root of its mount.
 func cgroupMemoryLimit() int64 {
-	for _, f := range []string{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"} {
-		b, err := os.ReadFile(f)
-		if err != nil {
+	self, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return 0
+	}
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return 0
+	}
+	return cgroupLimit(string(self), string(mounts), os.ReadFile)
+}
+
+// cgroupLimit is cgroupMemoryLimit read from the text of
+// /proc/self/cgroup and /proc/self/mountinfo, with read for the limits'
+// files. Where both hierarchies hold the process (a hybrid system) the
+// lower limit counts.
+func cgroupLimit(self, mountinfo string, read func(string) ([]byte, error)) int64 {
+	var lowest int64
+	for _, line := range strings.Split(mountinfo, "\n") {
+		// id parent major:minor root mountpoint options [optional...] - fstype source super
+		pre, post, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 5 || len(g) < 3 {
 			continue
 		}
-		v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		if err != nil || v <= 0 || v >= 1<<60 { // "max", or v1's "unlimited"
-			return 0
+		var path, file string
+		switch {
+		case g[0] == "cgroup2":
+			path, file = cgroupPath(self, func(ctrls string) bool { return ctrls == "" }), "memory.max"
+		case g[0] == "cgroup" && slices.Contains(strings.Split(g[2], ","), "memory"):
+			path, file = cgroupPath(self, func(ctrls string) bool {
+				return slices.Contains(strings.Split(ctrls, ","), "memory")
+			}), "memory.limit_in_bytes"
+		default:
+			continue
 		}
-		return v
+		if path == "" {
+			continue
+		}
+		root, mount := f[3], f[4]
+		rel := path
+		if root != "/" {
+			rel = "" // the mount shows the process's cgroup or one above it
+			if strings.HasPrefix(path, root+"/") {
+				rel = path[len(root):]
+			}
+		}
+		for dir := filepath.Join(mount, rel); ; dir = filepath.Dir(dir) {
+			if v := cgroupLimitIn(read, filepath.Join(dir, file)); v > 0 && (lowest == 0 || v < lowest) {
+				lowest = v
+			}
+			if dir == mount || !strings.HasPrefix(dir, mount+"/") {
+				break
+			}
+		}
 	}
-	return 0
+	return lowest
+}
+
+// cgroupPath is the path of the process's cgroup in the hierarchy whose
+// controllers field in /proc/self/cgroup (hierarchy-ID:controllers:path)
+// match says, or "".
+func cgroupPath(self string, match func(ctrls string) bool) string {
+	for _, line := range strings.Split(self, "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) == 3 && match(parts[1]) && strings.HasPrefix(parts[2], "/") {
+			return parts[2]
+		}
+	}
+	return ""
+}
+
+// cgroupLimitIn is the limit in file, or 0 if it cannot be read or says
+// none ("max", or v1's page-rounded largest number).
+func cgroupLimitIn(read func(string) ([]byte, error), file string) int64 {
+	b, err := read(file)
+	if err != nil {
+		return 0
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil || v <= 0 || v >= 1<<60 {
+		return 0
+	}
+	return v
 }
