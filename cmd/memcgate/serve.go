@@ -73,7 +73,8 @@ type process struct {
 	ls            listeners
 	unixSocket    net.Listener // ls.socket as opened, unwrapped; nil without LISTEN_SOCKET
 	sec           *security
-	adminLoopback bool   // the admin listener is reached from this host only
+	adminLoopback bool // the admin listener is reached from this host only
+	adminCap      *conncap.Cap
 	nofile        uint64 // the open-file limit
 	maxConns      int    // the cap on client connections; 0: none
 	conns         *connTracker
@@ -124,7 +125,8 @@ func (p *process) listen() error {
 		log.Warn(config.Prefix + "AUTH_TOKENS_FILE gives no token: every request that needs a scope is refused (401) until a reload brings one; to run without tokens, set neither " + config.Prefix + "AUTH_TOKENS nor " + config.Prefix + "AUTH_TOKENS_FILE")
 	}
 	p.adminLoopback = loopbackOnly(p.ls.admin.Addr())
-	p.ls.admin = sec.wrapAdmin(closewatch.Listener(p.ls.admin))
+	p.adminCap = conncap.New(adminMaxConns, adminHeaderTimeout, orRead(cfg.IdleTimeout, adminReadTimeout), "the admin listener's cap", log)
+	p.ls.admin = sec.wrapAdmin(closewatch.Listener(p.adminCap.Listener(p.ls.admin)))
 	p.nofile = listen.OpenFileLimit()
 	p.maxConns = listen.ConnCap(cfg.MaxClientConns, p.nofile)
 	conns := newConnTracker(p.maxConns)
@@ -137,7 +139,7 @@ func (p *process) listen() error {
 			// net/http serves every connection: cap them under TLS (a
 			// reload may set a cap where there was none).
 			if conns.stdCap == nil {
-				conns.stdCap = conncap.New(p.maxConns, cfg.HeadTimeout(), orRead(cfg.IdleTimeout, cfg.ReadTimeout), log)
+				conns.stdCap = conncap.New(p.maxConns, cfg.HeadTimeout(), orRead(cfg.IdleTimeout, cfg.ReadTimeout), config.Prefix+"MAX_CLIENT_CONNS", log)
 			}
 			*ln = closewatch.Listener(conns.stdCap.Listener(*ln))
 		}
@@ -284,6 +286,23 @@ func (p *process) reloads() {
 
 // admin builds the admin server: probes, metrics, the status page, the
 // configuration in force.
+// adminMaxConns caps the admin listener's connections, as
+// MAX_CLIENT_CONNS caps the data listener's: it answers /healthz and
+// /readyz to anyone who reaches it, token or not (probes must), so
+// without a cap one client opening connections and keeping them alive
+// took descriptors without end, those of the reserve memcached's
+// connections need too. Probes, a scraper and a few people need far
+// fewer; a new connection over the cap closes the one idle or silent
+// the longest (conncap), so that probes are still answered.
+const adminMaxConns = 64
+
+// The admin listener's timeouts: a head within adminHeaderTimeout, a
+// whole request within adminReadTimeout.
+const (
+	adminHeaderTimeout = 5 * time.Second
+	adminReadTimeout   = 30 * time.Second
+)
+
 func (p *process) admin() {
 	cfg, router, rl, build, buffered := p.cfg, p.router, p.reloader, p.build, p.buffered
 	p.adminServer = &http.Server{
@@ -307,9 +326,10 @@ func (p *process) admin() {
 			Hosts:        p.hosts,
 			LoopbackOnly: p.adminLoopback,
 		}),
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       30 * time.Second,
+		ReadHeaderTimeout: adminHeaderTimeout,
+		ReadTimeout:       adminReadTimeout,
 		WriteTimeout:      60 * time.Second, // pprof profiles take 30s by default
+		ConnState:         p.adminCap.State,
 		IdleTimeout:       cfg.IdleTimeout,
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
 		ErrorLog:          newServerLog(p.log, "admin", p.handshakes, nil),

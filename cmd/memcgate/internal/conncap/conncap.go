@@ -42,6 +42,7 @@ type Cap struct {
 	reclaimed atomic.Uint64
 	log       *slog.Logger // refusals, a line a second at most; nil: none
 	logGate   loggate.Gate // refusals logged
+	limit     string       // what the refusal's log line names as the cap
 
 	// headerTimeout and idleTimeout are when the server closes a quiet
 	// and an idle connection (0: never).
@@ -56,9 +57,11 @@ type Cap struct {
 // New returns a cap of max connections (0: none) over the
 // listeners of a server that closes a connection which has sent no
 // request after headerTimeout, and an idle one after idleTimeout (0:
-// never), as net/http's ReadHeaderTimeout and IdleTimeout do.
-func New(max int, headerTimeout, idleTimeout time.Duration, log *slog.Logger) *Cap {
-	c := &Cap{log: log, headerTimeout: headerTimeout, idleTimeout: idleTimeout}
+// never), as net/http's ReadHeaderTimeout and IdleTimeout do. limit is
+// what the log line of a refusal names as the cap (the setting, or what
+// fixes it).
+func New(max int, headerTimeout, idleTimeout time.Duration, limit string, log *slog.Logger) *Cap {
+	c := &Cap{log: log, limit: limit, headerTimeout: headerTimeout, idleTimeout: idleTimeout}
 	c.max.Store(int64(max))
 	return c
 }
@@ -181,8 +184,8 @@ func (c *Cap) refusal(m int64) {
 		return
 	}
 	if _, ok := c.logGate.Pass(); ok {
-		c.log.Warn("client connections open at MEMCGATE_MAX_CLIENT_CONNS, the most allowed, none quiet or idle to close for room: closed a new connection unserved (net/http cannot answer it)",
-			"max_client_conns", m, "refused_so_far", n)
+		c.log.Warn("client connections open at "+c.limit+", the most allowed, none quiet or idle to close for room: closed a new connection unserved (net/http cannot answer it)",
+			"max_conns", m, "refused_so_far", n)
 	}
 }
 

@@ -26,7 +26,7 @@ func TestConnCap(t *testing.T) {
 	var states connStates
 	// A quiet connection is due a minute after its accept, an idle one
 	// an hour after its last answer: quiet ones go first here.
-	c := New(0, time.Minute, time.Hour, slog.New(slog.NewTextHandler(&logged, nil)))
+	c := New(0, time.Minute, time.Hour, "MEMCGATE_MAX_CLIENT_CONNS", slog.New(slog.NewTextHandler(&logged, nil)))
 	c.SetMax(2)
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/block" {
@@ -125,7 +125,7 @@ func TestConnCap(t *testing.T) {
 	if n := c.Refused(); n < 1 {
 		t.Fatalf("refused = %d, want at least 1", n)
 	}
-	if l := logged.String(); !strings.Contains(l, "level=WARN") || !strings.Contains(l, "refused_so_far=1") {
+	if l := logged.String(); !strings.Contains(l, "level=WARN") || !strings.Contains(l, "refused_so_far=1") || !strings.Contains(l, "at MEMCGATE_MAX_CLIENT_CONNS,") {
 		t.Errorf("the refusal was not logged as a warning with its count: %q", l)
 	}
 	unblock()
