@@ -77,7 +77,7 @@ func (h *handler) multiGet(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badRequest("empty key: use /{key}, or GET /?key=a&key=b for several"))
 		return
 	case len(keys) > h.opts.BatchMaxOps:
-		writeError(w, badRequest("multi-get of "+strconv.Itoa(len(keys))+" keys; at most "+strconv.Itoa(h.opts.BatchMaxOps)))
+		writeError(w, badRequest("multi-get of "+strconv.Itoa(len(keys))+" keys; at most "+strconv.Itoa(h.opts.BatchMaxOps)+" (MEMCGATE_BATCH_MAX_OPS)"))
 		return
 	}
 	for _, k := range keys {
@@ -715,7 +715,7 @@ func decodeOps(dec *json.Decoder, maxOps int) ([]batchOp, error) {
 	var ops []batchOp
 	for i := 0; dec.More(); i++ {
 		if i == maxOps {
-			return nil, badRequest("batch has more than " + strconv.Itoa(maxOps) + " operations; at most " + strconv.Itoa(maxOps))
+			return nil, badRequest("batch has more than " + strconv.Itoa(maxOps) + " operations; at most " + strconv.Itoa(maxOps) + " (MEMCGATE_BATCH_MAX_OPS)")
 		}
 		ops = append(ops, batchOp{})
 		// Decoding into a pointer tells null apart: it sets p to nil.

@@ -573,7 +573,7 @@ func TestBatchMaxOps(t *testing.T) {
 					t.Errorf("batch stored %d items, want %d", len(s.Items), maxOps)
 				}
 			case 400:
-				if want := "batch has more than 1000 operations; at most 1000"; !strings.Contains(w.Body.String(), want) {
+				if want := "batch has more than 1000 operations; at most 1000 (MEMCGATE_BATCH_MAX_OPS)"; !strings.Contains(w.Body.String(), want) {
 					t.Errorf("batch = 400 %q, want %q", w.Body.String(), want)
 				}
 				if len(s.Items) != 0 {
@@ -581,6 +581,38 @@ func TestBatchMaxOps(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestMultiGetMaxKeys: a multi-get of BatchMaxOps keys runs; one more is
+// refused whole, unsent, with a 400 that names the setting to raise.
+func TestMultiGetMaxKeys(t *testing.T) {
+	const maxOps = 1000 // Options default
+	query := func(n int) string {
+		var b strings.Builder
+		for i := range n {
+			if i > 0 {
+				b.WriteByte('&')
+			}
+			b.WriteString("key=k" + strconv.Itoa(i))
+		}
+		return b.String()
+	}
+	for _, tt := range []struct {
+		keys int
+		want int
+	}{{maxOps, 200}, {maxOps + 1, 400}} {
+		s := newFake()
+		h := NewHandler(s, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry(), Options{})
+		w := do(h, "GET", "/?"+query(tt.keys), "")
+		if w.Code != tt.want {
+			t.Fatalf("multi-get of %d keys = %d %.100q, want %d", tt.keys, w.Code, w.Body.String(), tt.want)
+		}
+		if w.Code == 400 {
+			if want := "multi-get of 1001 keys; at most 1000 (MEMCGATE_BATCH_MAX_OPS)"; !strings.Contains(w.Body.String(), want) {
+				t.Errorf("multi-get = 400 %q, want %q", w.Body.String(), want)
+			}
+		}
 	}
 }
 
