@@ -508,6 +508,7 @@ func dataServer(cfg config.Config, sec *security, std *http.Server, h *gateway.H
 		IdleTimeout:       std.IdleTimeout,
 		MaxHeaderBytes:    std.MaxHeaderBytes,
 		HeadTooLarge:      headTooLarge(cfg.MaxHeaderBytes),
+		TooManyConns:      tooManyConns,
 		Fallback:          std,
 		ErrorLog:          std.ErrorLog,
 		NewContext:        h.NewContext,
@@ -525,6 +526,11 @@ func headTooLarge(maxHeader int) string {
 	return "request head too large: its request line and header fields are over " + strconv.Itoa(maxHeader+4096) +
 		" bytes (" + config.Prefix + "MAX_HEADER_BYTES=" + strconv.Itoa(maxHeader) + ", and 4096 bytes more are read before refusing); send a shorter target or fewer header fields, or raise " + config.Prefix + "MAX_HEADER_BYTES"
 }
+
+// tooManyConns is the body of the 503 that answers a connection over
+// MAX_CLIENT_CONNS on the fast path (h1.Server.TooManyConns), naming the
+// cap as every other limit's answer names its setting.
+const tooManyConns = "too many client connections: " + config.Prefix + "MAX_CLIENT_CONNS are open, none idle or quiet to close for room; retry shortly"
 
 // http1Only is what the servers speak: HTTP/1.x alone, never HTTP/2,
 // neither negotiated over TLS nor unencrypted. Every bound here is per

@@ -261,3 +261,40 @@ func TestEvictable(t *testing.T) {
 		})
 	}
 }
+
+// TestMaxConnsAnswer: the 503 over MaxConns says what TooManyConns says,
+// so that a client refused can tell its operator which setting to raise.
+func TestMaxConnsAnswer(t *testing.T) {
+	const body = "too many client connections (MEMCGATE_MAX_CLIENT_CONNS); retry shortly"
+	_, addr := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+	}), func(s *Server) {
+		s.MaxConns, s.TooManyConns = 1, body
+		s.ReadHeaderTimeout, s.IdleTimeout = 10*time.Second, time.Minute
+	})
+	held, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	// A body on its way: never closed for room.
+	if _, err := io.WriteString(held, "PUT / HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("over the cap: %v", err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusServiceUnavailable || string(got) != body+"\n" {
+		t.Errorf("over the cap: %s %q, want 503 %q", resp.Status, got, body+"\n")
+	}
+}

@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -68,6 +70,12 @@ type Server struct {
 	// and what sets it. Such a head is Fallback's to answer: it reads
 	// the connection through a Guard with this HeadTooLarge.
 	HeadTooLarge string
+
+	// TooManyConns, if not empty, is the body of the 503 that answers a
+	// connection over MaxConns, in place of "too many client
+	// connections; retry shortly": a line naming the cap and what sets
+	// it.
+	TooManyConns string
 
 	// Fallback serves the connections the fast path does not take, from
 	// the first request it does not take on; it usually has the same
@@ -180,6 +188,8 @@ type Server struct {
 	handed        atomic.Int64              // connections handed to Fallback and not closed yet
 	handedConns   handedConns               // those of them, idle between requests or working
 	hookFallback  sync.Once                 // sets Fallback.ConnState to follow handedConns
+	refusalOnce   sync.Once                 // sets refusal
+	refusal       string                    // the answer to a connection over MaxConns (refusalAnswer of TooManyConns)
 	handedRefused atomic.Uint64             // requests answered 503 over handedLimit
 	handedLog     loggate.Gate              // such refusals logged
 	maxConns      atomic.Int64              // SetMaxConns': 0 unset (MaxConns applies), -1 no cap
@@ -285,6 +295,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	defer s.trackListener(&ln, false)
 	defer ln.Close()
 
+	s.refusalOnce.Do(func() { s.refusal = refusalAnswer(s.TooManyConns) })
 	s.hookFallback.Do(func() {
 		prev := s.Fallback.ConnState
 		s.Fallback.ConnState = func(c net.Conn, st http.ConnState) {
@@ -475,7 +486,7 @@ const maxRefusing = 64
 // Shutdown waits for those being answered and then closes them as they
 // linger; Close closes them at once.
 func (s *Server) refuse(rw net.Conn, sk *sock) {
-	r := &refused{rw: rw}
+	r := &refused{rw: rw, answer: s.refusal}
 	s.mu.Lock()
 	lingers := !s.inShutdown.Load() && len(s.refusals) < int(max(1, min(maxRefusing, s.connLimit()/16)))
 	if lingers {
@@ -486,7 +497,7 @@ func (s *Server) refuse(rw net.Conn, sk *sock) {
 	}
 	s.mu.Unlock()
 	if !lingers {
-		refuseNow(rw, sk)
+		refuseNow(rw, sk, s.refusal)
 		return
 	}
 	go func() {
@@ -500,6 +511,7 @@ func (s *Server) refuse(rw net.Conn, sk *sock) {
 // refused is a connection refuseLinger is answering.
 type refused struct {
 	rw       net.Conn
+	answer   string      // Server.refusal
 	answered atomic.Bool // the refusal is written: it lingers
 }
 
@@ -538,15 +550,23 @@ func refuseLinger(r *refused) {
 		return // the client left: no one to answer
 	}
 	rw.SetWriteDeadline(time.Now().Add(refusalLinger))
-	if _, err := io.WriteString(rw, refusal); err != nil {
+	if _, err := io.WriteString(rw, r.answer); err != nil {
 		return
 	}
 	r.answered.Store(true)
 	lingerClose(rw, refusalLinger)
 }
 
-// refusal answers a connection over MaxConns.
-const refusal = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: 43\r\n\r\ntoo many client connections; retry shortly\n"
+// refusalAnswer is the answer to a connection over MaxConns, with body
+// (Server.TooManyConns), or a line of its own when body is empty.
+func refusalAnswer(body string) string {
+	if body == "" {
+		body = "too many client connections; retry shortly"
+	}
+	body = strings.TrimSuffix(body, "\n") + "\n"
+	return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: " +
+		strconv.Itoa(len(body)) + "\r\n\r\n" + body
+}
 
 // retryAccept reports whether Serve should wait and accept again after
 // err rather than stop: a timeout, or a lack of descriptors or memory

@@ -447,18 +447,18 @@ func (s *sock) opError(op string, err error) error {
 	return oe
 }
 
-// refuseNow answers rw, a connection over Server.MaxConns, with refusal
+// refuseNow answers rw, a connection over Server.MaxConns, with answer
 // and closes it, with system calls that never wait. What the client has
 // sent is read first (4 KiB at most), so that the close ends the
 // connection with a FIN: with unread bytes it would reset it, and a
 // client may then lose the answer before reading it. A connection not
 // accepted as a sock is only closed.
-func refuseNow(rw net.Conn, sk *sock) {
+func refuseNow(rw net.Conn, sk *sock, answer string) {
 	if sk != nil {
 		sk.raw.Control(func(fd uintptr) {
 			var buf [readBufSize]byte
 			sysRead(fd, buf[:])
-			syscall.Write(int(fd), []byte(refusal))
+			syscall.Write(int(fd), []byte(answer))
 		})
 	}
 	rw.Close()

@@ -18,4 +18,4 @@ func newAccepter(ln net.Listener) accepter { return goAccepter{ln} }
 
 // refuseNow closes rw, a connection over Server.MaxConns: outside Linux
 // the Server has no socket it could answer without waiting.
-func refuseNow(rw net.Conn, _ *sock) { rw.Close() }
+func refuseNow(rw net.Conn, _ *sock, _ string) { rw.Close() }

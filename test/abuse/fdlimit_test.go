@@ -197,7 +197,7 @@ func TestClientConnCap(t *testing.T) {
 			c.SetReadDeadline(time.Now().Add(time.Second))
 			b, _ := io.ReadAll(c)
 			if s := string(b); strings.HasPrefix(s, "HTTP/1.1 503 ") && strings.Contains(s, "Retry-After: 1") &&
-				strings.HasSuffix(s, "too many client connections; retry shortly\n") {
+				strings.HasSuffix(s, "MEMCGATE_MAX_CLIENT_CONNS are open, none idle or quiet to close for room; retry shortly\n") {
 				refused.Add(1)
 			}
 		})
