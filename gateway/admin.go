@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/pprof"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -73,9 +74,11 @@ type Admin struct {
 func NewAdminHandler(g prometheus.Gatherer, a Admin) http.Handler {
 	mux := http.NewServeMux()
 	status := newStatusPage(g, statusSource{build: a.Build, started: a.Started, unready: a.Unready, status: a.Status, reloads: a.Reloads})
-	mux.Handle("GET /status", status)
-	mux.Handle("GET /{$}", status)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	work := make(chan struct{}, adminWorkers)
+	page := atOnce(work, status)
+	mux.Handle("GET /status", page)
+	mux.Handle("GET /{$}", page)
+	mux.Handle("GET /metrics", atOnce(work, promhttp.HandlerFor(g, promhttp.HandlerOpts{})))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		text(w, http.StatusOK, "ok\n")
 	})
@@ -88,14 +91,16 @@ func NewAdminHandler(g prometheus.Gatherer, a Admin) http.Handler {
 		}
 		text(w, http.StatusOK, "ready\n")
 	})
-	mux.HandleFunc("GET /debug/nodes", func(w http.ResponseWriter, r *http.Request) {
+	debug := http.NewServeMux()
+	mux.Handle("GET /debug/", atOnce(work, debug))
+	debug.HandleFunc("GET /debug/nodes", func(w http.ResponseWriter, r *http.Request) {
 		if a.Nodes == nil {
 			text(w, http.StatusNotFound, "no node information\n")
 			return
 		}
 		writeJSON(w, a.Nodes())
 	})
-	mux.HandleFunc("GET /debug/owners", func(w http.ResponseWriter, r *http.Request) {
+	debug.HandleFunc("GET /debug/owners", func(w http.ResponseWriter, r *http.Request) {
 		key := r.URL.Query().Get("key")
 		if key == "" {
 			text(w, http.StatusBadRequest, "empty key: use /debug/owners?key=K\n")
@@ -111,18 +116,18 @@ func NewAdminHandler(g prometheus.Gatherer, a Admin) http.Handler {
 		}
 		writeJSON(w, a.Owners(key))
 	})
-	mux.HandleFunc("GET /debug/config", func(w http.ResponseWriter, r *http.Request) {
+	debug.HandleFunc("GET /debug/config", func(w http.ResponseWriter, r *http.Request) {
 		if a.Config == nil {
 			text(w, http.StatusNotFound, "no configuration information\n")
 			return
 		}
 		writeJSON(w, a.Config())
 	})
-	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
-	mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	debug.HandleFunc("GET /debug/pprof/", pprof.Index)
+	debug.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+	debug.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	debug.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	debug.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	access := a.Access
 	if access == nil {
 		access = new(Access)
@@ -142,6 +147,32 @@ func NewAdminHandler(g prometheus.Gatherer, a Admin) http.Handler {
 			return
 		}
 		mux.ServeHTTP(w, r)
+	})
+}
+
+// adminWorkers is how many requests the admin endpoints other than
+// /healthz and /readyz serve at once. Each of /metrics and the status
+// page gathers the whole registry (411 series per node: with 256 nodes
+// a scrape allocates tens of MB), /debug/nodes the state of every node,
+// and pprof a profile or a collection: without a bound, a client at the
+// admin listener's connection cap (64) ran 64 of them at once. Probes,
+// a scraper and a person need a few.
+const adminWorkers = 4
+
+// errAdminBusy answers an admin request past adminWorkers.
+var errAdminBusy = &overloadError{"the admin listener serves " + strconv.Itoa(adminWorkers) + " requests other than /healthz and /readyz at once (metrics, status page, /debug); retry shortly"}
+
+// atOnce serves h while fewer than cap(work) requests it guards are
+// under way, and answers 503 with Retry-After at once otherwise.
+func atOnce(work chan struct{}, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case work <- struct{}{}:
+			defer func() { <-work }()
+			h.ServeHTTP(w, r)
+		default:
+			writeError(w, errAdminBusy)
+		}
 	})
 }
 

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -159,5 +160,58 @@ func TestEmptyKeySaysWhereTheKeyGoes(t *testing.T) {
 				t.Errorf("%s %s = %d %q, want %q in it and no /{key}", tt.method, tt.path, w.Code, got, tt.want)
 			}
 		})
+	}
+}
+
+// TestAdminWorkAtOnce: the admin endpoints that gather the registry or
+// the nodes' state (/metrics, the status page, /debug/*) serve at most
+// adminWorkers requests at once, each costing what the registry's size
+// costs; past that they answer 503 with Retry-After at once. /healthz
+// and /readyz are never refused so: probes must pass.
+func TestAdminWorkAtOnce(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan struct{}, 100)
+	h := NewAdminHandler(prometheus.NewRegistry(), Admin{Nodes: func() any {
+		entered <- struct{}{}
+		<-release
+		return "nodes"
+	}})
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer close(release)
+	for range adminWorkers {
+		wg.Go(func() {
+			if w := do(h, "GET", "/debug/nodes", ""); w.Code != 200 {
+				t.Errorf("/debug/nodes within the bound = %d %q, want 200", w.Code, w.Body.String())
+			}
+		})
+	}
+	for range adminWorkers {
+		<-entered
+	}
+	// soon is do, or nil if h has not answered within a second.
+	soon := func(path string) *httptest.ResponseRecorder {
+		ch := make(chan *httptest.ResponseRecorder, 1)
+		wg.Go(func() { ch <- do(h, "GET", path, "") })
+		select {
+		case w := <-ch:
+			return w
+		case <-time.After(time.Second):
+			return nil
+		}
+	}
+	for _, path := range []string{"/metrics", "/status", "/debug/nodes", "/debug/config", "/debug/owners?key=k", "/debug/pprof/"} {
+		w := soon(path)
+		switch {
+		case w == nil:
+			t.Errorf("%s with %d admin requests under way: no answer within 1s, want 503 at once", path, adminWorkers)
+		case w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "1" || !strings.Contains(w.Body.String(), "admin listener serves 4 requests"):
+			t.Errorf("%s with %d admin requests under way = %d %q, want 503 with Retry-After naming the bound", path, adminWorkers, w.Code, w.Body.String())
+		}
+	}
+	for _, path := range []string{"/healthz", "/readyz"} {
+		if w := soon(path); w == nil || w.Code != 200 {
+			t.Errorf("%s with %d admin requests under way = %v, want 200", path, adminWorkers, w)
+		}
 	}
 }

@@ -410,27 +410,46 @@ func (g *Gateway) Metrics(ctx context.Context) (string, error) {
 	return Scrape(ctx, "http://"+g.AdminAddr+"/metrics")
 }
 
-// Scrape GETs url and returns the body of a 200 answer.
+// Scrape GETs url and returns the body of a 200 answer. A 503 with
+// Retry-After (the admin listener serves a few such requests at once) is
+// asked again, until ctx or 20 seconds end.
 func Scrape(ctx context.Context, url string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second) // a race-built gateway on a loaded machine gathers slowly
 	defer cancel()
+	for {
+		b, retry, err := scrapeOnce(ctx, url)
+		if !retry {
+			return b, err
+		}
+		select {
+		case <-ctx.Done():
+			return b, err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// scrapeOnce is one GET of Scrape; retry says it was answered 503 with
+// Retry-After.
+func scrapeOnce(ctx context.Context, url string) (_ string, retry bool, _ error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("%s: %s", url, resp.Status)
+		busy := resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != ""
+		return "", busy, fmt.Errorf("%s: %s", url, resp.Status)
 	}
-	return string(b), nil
+	return string(b), false, nil
 }
 
 // Family is one metric family of a Prometheus text exposition.
