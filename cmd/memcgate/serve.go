@@ -509,6 +509,7 @@ func dataServer(cfg config.Config, sec *security, std *http.Server, h *gateway.H
 		MaxHeaderBytes:    std.MaxHeaderBytes,
 		HeadTooLarge:      headTooLarge(cfg.MaxHeaderBytes),
 		TooManyConns:      tooManyConns,
+		TooManyHanded:     tooManyHanded,
 		Fallback:          std,
 		ErrorLog:          std.ErrorLog,
 		NewContext:        h.NewContext,
@@ -531,6 +532,11 @@ func headTooLarge(maxHeader int) string {
 // MAX_CLIENT_CONNS on the fast path (h1.Server.TooManyConns), naming the
 // cap as every other limit's answer names its setting.
 const tooManyConns = "too many client connections: " + config.Prefix + "MAX_CLIENT_CONNS are open, none idle or quiet to close for room; retry shortly"
+
+// tooManyHanded is the body of the 503 that answers a request the fast
+// path would hand to net/http while net/http serves its share of
+// MAX_CLIENT_CONNS (h1.Server.TooManyHanded).
+const tooManyHanded = "too many connections with chunked requests or request heads over 4 KiB: a 32nd of " + config.Prefix + "MAX_CLIENT_CONNS (at least 64) are served so, none idle or slower than 1 KiB/s; retry shortly"
 
 // http1Only is what the servers speak: HTTP/1.x alone, never HTTP/2,
 // neither negotiated over TLS nor unencrypted. Every bound here is per

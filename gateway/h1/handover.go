@@ -4,7 +4,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -99,7 +98,8 @@ func (c *conn) refuseHandover() readResult {
 		c.setWriteTimeout(time.Now().Add(d))
 	}
 	c.armWrite()
-	io.WriteString(c.rwc, handedRefusal)
+	s.makeRefusals()
+	io.WriteString(c.rwc, s.handedRefusal)
 	c.in.Discard(c.in.Buffered())
 	c.phase = phaseLinger
 	if c.linger() {
@@ -107,12 +107,6 @@ func (c *conn) refuseHandover() readResult {
 	}
 	return readEnded
 }
-
-// handedRefusal answers a request over handedLimit.
-var handedRefusal = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: " +
-	strconv.Itoa(len(handedRefusalBody)) + "\r\n\r\n" + handedRefusalBody
-
-const handedRefusalBody = "too many connections with chunked requests or long heads; retry shortly\n"
 
 // handoff is the net.Listener Fallback.Serve accepts handed-over
 // connections from.

@@ -282,8 +282,8 @@ func TestHandedLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "1" || !resp.Close || !strings.Contains(string(body), "retry") {
-		t.Fatalf("a request for Fallback over the limit: %s %v %q, want 503 with Retry-After, closed", resp.Status, resp.Header, body)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "1" || !resp.Close || string(body) != handedBody+"\n" {
+		t.Fatalf("a request for Fallback over the limit: %s %v %q, want 503 with Retry-After saying TooManyHanded, closed", resp.Status, resp.Header, body)
 	}
 	if st := s.ConnStats(); st.HandoversRefused != 1 {
 		t.Errorf("HandoversRefused = %d, want 1", st.HandoversRefused)
@@ -546,11 +546,14 @@ func closedOf(conns []net.Conn) int {
 // startHanded starts a Server of MaxConns 100 (a handedLimit of 64) whose
 // handler reads the body and answers "ok", and returns it, its address
 // and its handedLimit.
+// handedBody is the body of startHanded's 503 over its handed limit.
+const handedBody = "too many connections with chunked requests or long heads (MEMCGATE_MAX_CLIENT_CONNS); retry shortly"
+
 func startHanded(t *testing.T) (*Server, string, int) {
 	t.Helper()
 	s, addr := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		io.WriteString(w, "ok")
-	}), func(s *Server) { s.MaxConns = 100 })
+	}), func(s *Server) { s.MaxConns, s.TooManyHanded = 100, handedBody })
 	return s, addr, int(s.handedLimit())
 }

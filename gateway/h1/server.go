@@ -77,6 +77,12 @@ type Server struct {
 	// it.
 	TooManyConns string
 
+	// TooManyHanded, if not empty, is the body of the 503 that answers a
+	// request Fallback would serve while Fallback has its share of
+	// MaxConns, in place of "too many connections with chunked requests
+	// or long heads; retry shortly".
+	TooManyHanded string
+
 	// Fallback serves the connections the fast path does not take, from
 	// the first request it does not take on; it usually has the same
 	// Handler and timeouts. It must not be nil. Serve runs Fallback.Serve
@@ -188,8 +194,9 @@ type Server struct {
 	handed        atomic.Int64              // connections handed to Fallback and not closed yet
 	handedConns   handedConns               // those of them, idle between requests or working
 	hookFallback  sync.Once                 // sets Fallback.ConnState to follow handedConns
-	refusalOnce   sync.Once                 // sets refusal
+	refusalOnce   sync.Once                 // sets refusal and handedRefusal
 	refusal       string                    // the answer to a connection over MaxConns (refusalAnswer of TooManyConns)
+	handedRefusal string                    // the answer to a request over handedLimit (refusalAnswer of TooManyHanded)
 	handedRefused atomic.Uint64             // requests answered 503 over handedLimit
 	handedLog     loggate.Gate              // such refusals logged
 	maxConns      atomic.Int64              // SetMaxConns': 0 unset (MaxConns applies), -1 no cap
@@ -295,7 +302,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	defer s.trackListener(&ln, false)
 	defer ln.Close()
 
-	s.refusalOnce.Do(func() { s.refusal = refusalAnswer(s.TooManyConns) })
+	s.makeRefusals()
 	s.hookFallback.Do(func() {
 		prev := s.Fallback.ConnState
 		s.Fallback.ConnState = func(c net.Conn, st http.ConnState) {
@@ -486,6 +493,7 @@ const maxRefusing = 64
 // Shutdown waits for those being answered and then closes them as they
 // linger; Close closes them at once.
 func (s *Server) refuse(rw net.Conn, sk *sock) {
+	s.makeRefusals()
 	r := &refused{rw: rw, answer: s.refusal}
 	s.mu.Lock()
 	lingers := !s.inShutdown.Load() && len(s.refusals) < int(max(1, min(maxRefusing, s.connLimit()/16)))
@@ -557,11 +565,21 @@ func refuseLinger(r *refused) {
 	lingerClose(rw, refusalLinger)
 }
 
-// refusalAnswer is the answer to a connection over MaxConns, with body
-// (Server.TooManyConns), or a line of its own when body is empty.
-func refusalAnswer(body string) string {
+// makeRefusals makes the answers of refuse and refuseHandover from
+// TooManyConns and TooManyHanded, once.
+func (s *Server) makeRefusals() {
+	s.refusalOnce.Do(func() {
+		s.refusal = refusalAnswer(s.TooManyConns, "too many client connections; retry shortly")
+		s.handedRefusal = refusalAnswer(s.TooManyHanded, "too many connections with chunked requests or long heads; retry shortly")
+	})
+}
+
+// refusalAnswer is a 503 with Retry-After that closes its connection,
+// with body (Server.TooManyConns, TooManyHanded), or def when body is
+// empty.
+func refusalAnswer(body, def string) string {
 	if body == "" {
-		body = "too many client connections; retry shortly"
+		body = def
 	}
 	body = strings.TrimSuffix(body, "\n") + "\n"
 	return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: " +
