@@ -69,6 +69,9 @@ type Admin struct {
 // at least a second, or since the start on the first view. ?refresh=N
 // reloads it every N seconds (default 5, 0 never).
 //
+// Every endpoint but /healthz and /readyz serves adminWorkers requests at
+// once, and answers 503 with Retry-After past that.
+//
 // The handler uses its own mux, never http.DefaultServeMux, and starts no
 // goroutine.
 func NewAdminHandler(g prometheus.Gatherer, a Admin) http.Handler {

@@ -73,10 +73,10 @@ type process struct {
 	ls            listeners
 	unixSocket    net.Listener // ls.socket as opened, unwrapped; nil without LISTEN_SOCKET
 	sec           *security
-	adminLoopback bool // the admin listener is reached from this host only
-	adminCap      *conncap.Cap
-	nofile        uint64 // the open-file limit
-	maxConns      int    // the cap on client connections; 0: none
+	adminLoopback bool         // the admin listener is reached from this host only
+	adminCap      *conncap.Cap // the admin listener's cap (adminMaxConns)
+	nofile        uint64       // the open-file limit
+	maxConns      int          // the cap on client connections; 0: none
 	conns         *connTracker
 
 	// Made by memory.
@@ -284,8 +284,6 @@ func (p *process) reloads() {
 	p.reloader = liveconfig.New(p.cfg, liveconfig.Options{Environ: p.environ, Log: p.log, Registerer: p.reg, Check: checkTLS, Warn: p.restartWarnings, Apply: live.apply})
 }
 
-// admin builds the admin server: probes, metrics, the status page, the
-// configuration in force.
 // adminMaxConns caps the admin listener's connections, as
 // MAX_CLIENT_CONNS caps the data listener's: it answers /healthz and
 // /readyz to anyone who reaches it, token or not (probes must), so
@@ -303,6 +301,8 @@ const (
 	adminReadTimeout   = 30 * time.Second
 )
 
+// admin builds the admin server: probes, metrics, the status page, the
+// configuration in force.
 func (p *process) admin() {
 	cfg, router, rl, build, buffered := p.cfg, p.router, p.reloader, p.build, p.buffered
 	p.adminServer = &http.Server{
