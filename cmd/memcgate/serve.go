@@ -190,6 +190,13 @@ func (p *process) metrics() {
 		Name: "memcgate_log_lines_dropped_total",
 		Help: "Log lines dropped because the log's destination (stderr) took them slower than they came, or refused them (a full disk); requests never wait for it.",
 	}, func() float64 { return float64(p.lg.dropped()) }))
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "memcgate_admin_connections_reclaimed_total",
+		Help: "Admin listener connections closed to make room for a new one at its cap of 64 (idle ones, or ones that sent no complete request head yet).",
+	}, func() float64 { return float64(p.adminCap.Reclaimed()) }), prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "memcgate_admin_connections_refused_total",
+		Help: "New admin listener connections closed unserved at its cap of 64, with none idle or quiet to close for room.",
+	}, func() float64 { return float64(p.adminCap.Refused()) }))
 	p.handshakes = newHandshakeErrors(reg)
 	p.panics = panicguard.New(p.log, reg)
 	p.sockWatch = newSocketWatch(p.cfg.ListenSocket, p.unixSocket, p.log, reg)

@@ -27,7 +27,8 @@ const adminConnsCap = 64
 // TCP_DEFER_ACCEPT), holds at most the cap: the one idle the longest, or
 // quiet the longest, is closed to make room, so the process's descriptors (whose
 // reserve memcached's connections need) and memory stay bounded, and a
-// probe on a new connection is still answered 200.
+// probe on a new connection is still answered 200. The connections
+// closed for room are counted.
 func TestAdminConnCap(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 1)
 	g := startGateway(t, map[string]string{"MEMCGATE_SERVERS": memcachedtest.Addrs(mcs)})
@@ -75,6 +76,9 @@ func TestAdminConnCap(t *testing.T) {
 	}
 	if after := openFiles(t, g.Pid()); after-before > adminConnsCap+8 {
 		t.Errorf("the gateway holds %d descriptors more than before %d admin connections, want at most %d", after-before, n, adminConnsCap+8)
+	}
+	if got := metricValue(t, g, "memcgate_admin_connections_reclaimed_total"); got < n-adminConnsCap {
+		t.Errorf("memcgate_admin_connections_reclaimed_total = %v, want at least %d", got, n-adminConnsCap)
 	}
 	t.Logf("%d of %d admin connections left open", open, n)
 }
