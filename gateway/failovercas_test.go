@@ -122,43 +122,48 @@ func deletes(cond string) bool { return strings.Contains(strings.ToLower(cond), 
 // 412, and the later version stay.
 func TestFailoverCASOwnersCASOnTheNext(t *testing.T) {
 	for _, pc := range []int{2, 0} {
-		f := newFailRig(t, pc)
-		for _, tt := range casWrites {
-			t.Run(fmt.Sprintf("%s/pipeline=%d", tt.name, pc), func(t *testing.T) {
-				f.t = t
-				key := "owner-" + strings.ReplaceAll(tt.name, " ", "-")
-				owner, next := f.chain(key)
-				// The owner's count runs ahead of the next node's.
-				ahead(t, owner.Addr, next.Addr)
-				before := mcCounter(t, owner.Addr)
-				f.mustPut("/"+key, value(tt.size, "v1"))
-				_, casV1, _ := mcGets(t, owner.Addr, key)
-				perWrite := casV1 - before
-				got := f.read(key, tt.read)
-				if strings.Contains(got, "@") {
-					t.Fatalf("CAS %q read from the owner names a node: a pool of one copy answers \"<cas>\"", got)
-				}
-				c := casOf(t, got)
-				owner.Pause()
-				defer f.waitServing("", "") // the next case starts with every node up
-				defer owner.Resume()
-				f.waitServing(key, next.Addr)
-				// Another client's write of v2, served by the next node,
-				// is given there the CAS read from the owner.
-				bumpTo(t, next.Addr, c-perWrite)
-				v2 := value(tt.size, "v2")
-				f.mustPut("/"+key, v2)
-				if _, now, _ := mcGets(t, next.Addr, key); now != c {
-					t.Fatalf("scenario: v2 has CAS %d on the next node, want %d (the CAS read from the owner)", now, c)
-				}
-				if st := f.condWrite(key, tt.cond, got, value(tt.size, "v3")); st != 412 {
-					t.Errorf("%s naming %s (read from the owner, ejected since) = %d, want 412: it acted on v2, which the client never read", tt.cond, got, st)
-				}
-				if a := f.do("GET", "/"+key, nil); a.status != 200 || string(a.body) != string(v2) {
-					t.Errorf("GET after = %d, %d bytes, want v2", a.status, len(a.body))
-				}
-			})
-		}
+		// Each kind of connection on a rig of its own, beside the other:
+		// the cases mostly wait for the owner's ejection and return.
+		t.Run(fmt.Sprintf("pipeline=%d", pc), func(t *testing.T) {
+			t.Parallel()
+			f := newFailRig(t, pc)
+			for _, tt := range casWrites {
+				t.Run(tt.name, func(t *testing.T) {
+					f.t = t
+					key := "owner-" + strings.ReplaceAll(tt.name, " ", "-")
+					owner, next := f.chain(key)
+					// The owner's count runs ahead of the next node's.
+					ahead(t, owner.Addr, next.Addr)
+					before := mcCounter(t, owner.Addr)
+					f.mustPut("/"+key, value(tt.size, "v1"))
+					_, casV1, _ := mcGets(t, owner.Addr, key)
+					perWrite := casV1 - before
+					got := f.read(key, tt.read)
+					if strings.Contains(got, "@") {
+						t.Fatalf("CAS %q read from the owner names a node: a pool of one copy answers \"<cas>\"", got)
+					}
+					c := casOf(t, got)
+					owner.Pause()
+					defer f.waitServing("", "") // the next case starts with every node up
+					defer owner.Resume()
+					f.waitServing(key, next.Addr)
+					// Another client's write of v2, served by the next node,
+					// is given there the CAS read from the owner.
+					bumpTo(t, next.Addr, c-perWrite)
+					v2 := value(tt.size, "v2")
+					f.mustPut("/"+key, v2)
+					if _, now, _ := mcGets(t, next.Addr, key); now != c {
+						t.Fatalf("scenario: v2 has CAS %d on the next node, want %d (the CAS read from the owner)", now, c)
+					}
+					if st := f.condWrite(key, tt.cond, got, value(tt.size, "v3")); st != 412 {
+						t.Errorf("%s naming %s (read from the owner, ejected since) = %d, want 412: it acted on v2, which the client never read", tt.cond, got, st)
+					}
+					if a := f.do("GET", "/"+key, nil); a.status != 200 || string(a.body) != string(v2) {
+						t.Errorf("GET after = %d, %d bytes, want v2", a.status, len(a.body))
+					}
+				})
+			}
+		})
 	}
 }
 
@@ -168,56 +173,61 @@ func TestFailoverCASOwnersCASOnTheNext(t *testing.T) {
 // the owner is back, where the same number names another version.
 func TestFailoverCASNextsCASOnTheOwner(t *testing.T) {
 	for _, pc := range []int{2, 0} {
-		f := newFailRig(t, pc)
-		for _, tt := range casWrites {
-			t.Run(fmt.Sprintf("%s/pipeline=%d", tt.name, pc), func(t *testing.T) {
-				f.t = t
-				key := "next-" + strings.ReplaceAll(tt.name, " ", "-")
-				owner, next := f.chain(key)
-				ahead(t, next.Addr, owner.Addr)
-				before := mcCounter(t, owner.Addr)
-				f.mustPut("/"+key, value(tt.size, "v0"))
-				_, casV0, _ := mcGets(t, owner.Addr, key)
-				perWrite := casV0 - before
+		// Each kind of connection on a rig of its own, beside the other:
+		// the cases mostly wait for the owner's ejection and return.
+		t.Run(fmt.Sprintf("pipeline=%d", pc), func(t *testing.T) {
+			t.Parallel()
+			f := newFailRig(t, pc)
+			for _, tt := range casWrites {
+				t.Run(tt.name, func(t *testing.T) {
+					f.t = t
+					key := "next-" + strings.ReplaceAll(tt.name, " ", "-")
+					owner, next := f.chain(key)
+					ahead(t, next.Addr, owner.Addr)
+					before := mcCounter(t, owner.Addr)
+					f.mustPut("/"+key, value(tt.size, "v0"))
+					_, casV0, _ := mcGets(t, owner.Addr, key)
+					perWrite := casV0 - before
 
-				owner.Pause()
-				f.waitServing(key, next.Addr)
-				f.mustPut("/"+key, value(tt.size, "v1"))
-				got := f.read(key, tt.read)
-				if want := "@" + nodeTagOf(next.Addr); !strings.Contains(got, want) {
-					t.Errorf("CAS %q read from %s, the key failed over to, does not name it (%s)", got, next.Addr, want)
-				}
-				// While the next node serves the key, the CAS is its:
-				// the conditional write succeeds.
-				want := 201
-				if deletes(tt.cond) {
-					want = 204
-				}
-				if st := f.condWrite(key, tt.cond, got, value(tt.size, "v2")); st != want {
-					t.Errorf("%s naming %s while %s serves the key = %d, want %d", tt.cond, got, next.Addr, st, want)
-				}
-				f.mustPut("/"+key, value(tt.size, "v1"))
-				got = f.read(key, tt.read)
+					owner.Pause()
+					f.waitServing(key, next.Addr)
+					f.mustPut("/"+key, value(tt.size, "v1"))
+					got := f.read(key, tt.read)
+					if want := "@" + nodeTagOf(next.Addr); !strings.Contains(got, want) {
+						t.Errorf("CAS %q read from %s, the key failed over to, does not name it (%s)", got, next.Addr, want)
+					}
+					// While the next node serves the key, the CAS is its:
+					// the conditional write succeeds.
+					want := 201
+					if deletes(tt.cond) {
+						want = 204
+					}
+					if st := f.condWrite(key, tt.cond, got, value(tt.size, "v2")); st != want {
+						t.Errorf("%s naming %s while %s serves the key = %d, want %d", tt.cond, got, next.Addr, st, want)
+					}
+					f.mustPut("/"+key, value(tt.size, "v1"))
+					got = f.read(key, tt.read)
 
-				owner.Resume()
-				f.waitServing(key, owner.Addr)
-				// The owner, back, gives another client's write the CAS
-				// read from the next node.
-				c := casOf(t, got)
-				bumpTo(t, owner.Addr, c-perWrite)
-				v3 := value(tt.size, "v3")
-				f.mustPut("/"+key, v3)
-				if _, now, _ := mcGets(t, owner.Addr, key); now != c {
-					t.Fatalf("scenario: v3 has CAS %d on the owner, want %d (the CAS read from the next node)", now, c)
-				}
-				if st := f.condWrite(key, tt.cond, got, value(tt.size, "v4")); st != 412 {
-					t.Errorf("%s naming %s (read from %s, the owner back since) = %d, want 412: it acted on v3, which the client never read", tt.cond, got, next.Addr, st)
-				}
-				if a := f.do("GET", "/"+key, nil); a.status != 200 || string(a.body) != string(v3) {
-					t.Errorf("GET after = %d, %d bytes, want v3", a.status, len(a.body))
-				}
-			})
-		}
+					owner.Resume()
+					f.waitServing(key, owner.Addr)
+					// The owner, back, gives another client's write the CAS
+					// read from the next node.
+					c := casOf(t, got)
+					bumpTo(t, owner.Addr, c-perWrite)
+					v3 := value(tt.size, "v3")
+					f.mustPut("/"+key, v3)
+					if _, now, _ := mcGets(t, owner.Addr, key); now != c {
+						t.Fatalf("scenario: v3 has CAS %d on the owner, want %d (the CAS read from the next node)", now, c)
+					}
+					if st := f.condWrite(key, tt.cond, got, value(tt.size, "v4")); st != 412 {
+						t.Errorf("%s naming %s (read from %s, the owner back since) = %d, want 412: it acted on v3, which the client never read", tt.cond, got, next.Addr, st)
+					}
+					if a := f.do("GET", "/"+key, nil); a.status != 200 || string(a.body) != string(v3) {
+						t.Errorf("GET after = %d, %d bytes, want v3", a.status, len(a.body))
+					}
+				})
+			}
+		})
 	}
 }
 

@@ -257,49 +257,54 @@ var casWrites = []struct {
 // client never read: 412, and the newer value stays on both replicas.
 func TestReplicaCASNamesANewerVersion(t *testing.T) {
 	for _, conns := range replConns {
-		g := newReplRig(t, conns)
-		for _, pool := range []string{"", "h/"} {
-			for _, tt := range casWrites {
-				t.Run(tt.name+"/pool="+pool+"/conns="+strconv.Itoa(conns), func(t *testing.T) {
-					g.t = t
-					key := pool + "newer-" + strings.ReplaceAll(tt.name, " ", "-") + "-" + strconv.Itoa(conns)
-					first, second := g.replicas(key)
-					// The second replica's count runs well ahead of the
-					// first's: writes that reached only it.
-					bumpTo(t, second.Addr, mcCounter(t, first.Addr)+50)
-					before := mcCounter(t, first.Addr)
-					g.mustPut("/"+key, value(tt.size, "v1"))
-					_, casV1, _ := mcGets(t, first.Addr, key)
-					perWrite := casV1 - before // CAS values a PUT of this size takes on a node
-					got, _ := g.readVia(key, tt.read)
-					c, err := strconv.ParseUint(strings.Trim(strings.SplitN(got, "@", 2)[0], `"`), 10, 64)
-					if err != nil {
-						t.Fatalf("CAS %q read: %v", got, err)
-					}
-					// Another client's write of v2 is given, on the first
-					// replica, the CAS the read gave out.
-					bumpTo(t, first.Addr, c-perWrite)
-					v2 := value(tt.size, "v2")
-					g.mustPut("/"+key, v2)
-					if _, now, _ := mcGets(t, first.Addr, key); now != c {
-						t.Fatalf("scenario: v2 has CAS %d on the first replica, want %d (the CAS read from the second)", now, c)
-					}
-					if st := g.condWrite(key, tt.cond, got, value(tt.size, "v3")); st != 412 {
-						t.Errorf("%s naming %s (read from the second replica) = %d, want 412: it acted on v2, which the client never read", tt.cond, got, st)
-					}
-					if a := g.do("GET", "/"+key, nil); a.status != 200 || !bytes.Equal(a.body, v2) {
-						t.Errorf("GET after = %d, %d bytes, want v2", a.status, len(a.body))
-					}
-					if tt.size <= rigChunk {
-						for _, m := range []*memcachedtest.Server{first, second} {
-							if v, _, ok := mcGets(t, m.Addr, key); !ok || v != string(v2) {
-								t.Errorf("%s holds %q (%v), want v2", m.Addr, v, ok)
+		// Each kind of connection on a rig of its own, beside the other:
+		// the reads from the second replica mostly wait out replTimeout.
+		t.Run("conns="+strconv.Itoa(conns), func(t *testing.T) {
+			t.Parallel()
+			g := newReplRig(t, conns)
+			for _, pool := range []string{"", "h/"} {
+				for _, tt := range casWrites {
+					t.Run(tt.name+"/pool="+pool, func(t *testing.T) {
+						g.t = t
+						key := pool + "newer-" + strings.ReplaceAll(tt.name, " ", "-") + "-" + strconv.Itoa(conns)
+						first, second := g.replicas(key)
+						// The second replica's count runs well ahead of the
+						// first's: writes that reached only it.
+						bumpTo(t, second.Addr, mcCounter(t, first.Addr)+50)
+						before := mcCounter(t, first.Addr)
+						g.mustPut("/"+key, value(tt.size, "v1"))
+						_, casV1, _ := mcGets(t, first.Addr, key)
+						perWrite := casV1 - before // CAS values a PUT of this size takes on a node
+						got, _ := g.readVia(key, tt.read)
+						c, err := strconv.ParseUint(strings.Trim(strings.SplitN(got, "@", 2)[0], `"`), 10, 64)
+						if err != nil {
+							t.Fatalf("CAS %q read: %v", got, err)
+						}
+						// Another client's write of v2 is given, on the first
+						// replica, the CAS the read gave out.
+						bumpTo(t, first.Addr, c-perWrite)
+						v2 := value(tt.size, "v2")
+						g.mustPut("/"+key, v2)
+						if _, now, _ := mcGets(t, first.Addr, key); now != c {
+							t.Fatalf("scenario: v2 has CAS %d on the first replica, want %d (the CAS read from the second)", now, c)
+						}
+						if st := g.condWrite(key, tt.cond, got, value(tt.size, "v3")); st != 412 {
+							t.Errorf("%s naming %s (read from the second replica) = %d, want 412: it acted on v2, which the client never read", tt.cond, got, st)
+						}
+						if a := g.do("GET", "/"+key, nil); a.status != 200 || !bytes.Equal(a.body, v2) {
+							t.Errorf("GET after = %d, %d bytes, want v2", a.status, len(a.body))
+						}
+						if tt.size <= rigChunk {
+							for _, m := range []*memcachedtest.Server{first, second} {
+								if v, _, ok := mcGets(t, m.Addr, key); !ok || v != string(v2) {
+									t.Errorf("%s holds %q (%v), want v2", m.Addr, v, ok)
+								}
 							}
 						}
-					}
-				})
+					})
+				}
 			}
-		}
+		})
 	}
 }
 
@@ -308,51 +313,56 @@ func TestReplicaCASNamesANewerVersion(t *testing.T) {
 // every replica gets its value (or loses the item).
 func TestReplicaCASFromTheSecond(t *testing.T) {
 	for _, conns := range replConns {
-		g := newReplRig(t, conns)
-		for _, pool := range []string{"", "h/"} {
-			for _, tt := range casWrites {
-				t.Run(tt.name+"/pool="+pool+"/conns="+strconv.Itoa(conns), func(t *testing.T) {
-					g.t = t
-					key := pool + "second-" + strings.ReplaceAll(tt.name, " ", "-") + "-" + strconv.Itoa(conns)
-					first, second := g.replicas(key)
-					// The replicas' counters differ: a CAS checked on the
-					// wrong one fails.
-					bumpTo(t, second.Addr, mcCounter(t, first.Addr)+50)
-					g.mustPut("/"+key, value(tt.size, "v1"))
-					got, body := g.readVia(key, tt.read)
-					if tt.read != "HEAD" && body != string(value(tt.size, "v1")) {
-						t.Fatalf("read %q, want v1", body)
-					}
-					v3 := value(tt.size, "v3")
-					want, deleted := 201, strings.Contains(tt.cond, "DELETE") || strings.Contains(tt.cond, "delete")
-					if deleted {
-						want = 204
-					}
-					if st := g.condWrite(key, tt.cond, got, v3); st != want {
-						t.Fatalf("%s naming %s (read from the second replica) = %d, want %d", tt.cond, got, st, want)
-					}
-					a := g.do("GET", "/"+key, nil)
-					switch {
-					case deleted && a.status != 404:
-						t.Errorf("GET after = %d, want 404", a.status)
-					case !deleted && (a.status != 200 || !bytes.Equal(a.body, v3)):
-						t.Errorf("GET after = %d, %d bytes, want v3", a.status, len(a.body))
-					}
-					if tt.size > rigChunk {
-						return
-					}
-					for _, m := range []*memcachedtest.Server{first, second} {
-						v, _, ok := mcGets(t, m.Addr, key)
-						switch {
-						case deleted && ok:
-							t.Errorf("%s still holds %q", m.Addr, v)
-						case !deleted && v != string(v3):
-							t.Errorf("%s holds %q (%v), want v3", m.Addr, v, ok)
+		// Each kind of connection on a rig of its own, beside the other:
+		// the reads from the second replica mostly wait out replTimeout.
+		t.Run("conns="+strconv.Itoa(conns), func(t *testing.T) {
+			t.Parallel()
+			g := newReplRig(t, conns)
+			for _, pool := range []string{"", "h/"} {
+				for _, tt := range casWrites {
+					t.Run(tt.name+"/pool="+pool, func(t *testing.T) {
+						g.t = t
+						key := pool + "second-" + strings.ReplaceAll(tt.name, " ", "-") + "-" + strconv.Itoa(conns)
+						first, second := g.replicas(key)
+						// The replicas' counters differ: a CAS checked on the
+						// wrong one fails.
+						bumpTo(t, second.Addr, mcCounter(t, first.Addr)+50)
+						g.mustPut("/"+key, value(tt.size, "v1"))
+						got, body := g.readVia(key, tt.read)
+						if tt.read != "HEAD" && body != string(value(tt.size, "v1")) {
+							t.Fatalf("read %q, want v1", body)
 						}
-					}
-				})
+						v3 := value(tt.size, "v3")
+						want, deleted := 201, strings.Contains(tt.cond, "DELETE") || strings.Contains(tt.cond, "delete")
+						if deleted {
+							want = 204
+						}
+						if st := g.condWrite(key, tt.cond, got, v3); st != want {
+							t.Fatalf("%s naming %s (read from the second replica) = %d, want %d", tt.cond, got, st, want)
+						}
+						a := g.do("GET", "/"+key, nil)
+						switch {
+						case deleted && a.status != 404:
+							t.Errorf("GET after = %d, want 404", a.status)
+						case !deleted && (a.status != 200 || !bytes.Equal(a.body, v3)):
+							t.Errorf("GET after = %d, %d bytes, want v3", a.status, len(a.body))
+						}
+						if tt.size > rigChunk {
+							return
+						}
+						for _, m := range []*memcachedtest.Server{first, second} {
+							v, _, ok := mcGets(t, m.Addr, key)
+							switch {
+							case deleted && ok:
+								t.Errorf("%s still holds %q", m.Addr, v)
+							case !deleted && v != string(v3):
+								t.Errorf("%s holds %q (%v), want v3", m.Addr, v, ok)
+							}
+						}
+					})
+				}
 			}
-		}
+		})
 	}
 }
 
