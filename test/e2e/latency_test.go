@@ -25,6 +25,7 @@ import (
 // 25ms per direction to keep make test short; `make seed` runs it at the
 // seed's 100ms (MEMCGATE_TEST_SEED_DELAY) and prints the table.
 func TestSeedLatency(t *testing.T) {
+	t.Parallel() // its own gateway, memcached and relays; it mostly waits on the relays' delay
 	delay := 25 * time.Millisecond
 	if v := os.Getenv("MEMCGATE_TEST_SEED_DELAY"); v != "" {
 		d, err := time.ParseDuration(v)

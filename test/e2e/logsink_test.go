@@ -118,6 +118,7 @@ func TestLogDestinationStalled(t *testing.T) {
 // pipe nobody reads, with lines waiting: it must exit soon after SIGTERM,
 // not wait for the pipe forever.
 func TestLogDestinationStalledShutdown(t *testing.T) {
+	t.Parallel() // its own gateway and memcached; it mostly waits for the exit
 	g, _ := stalledLogGateway(t)
 	c, br := dialRaw(t, g.DataAddr)
 	const n = 2000 // about 400 KB of access log lines, more than the pipe takes

@@ -49,6 +49,7 @@ func waitLog(t *testing.T, g *gateway, want string) {
 // hung, no reload ran again (a good file back, SIGHUP) and SIGTERM never
 // ended the process; the log said nothing.
 func TestServersFileBecomesAPipe(t *testing.T) {
+	t.Parallel() // its own gateway and memcached; it mostly waits for reloads
 	mcs := memcachedtest.StartN(t, 3)
 	dir := t.TempDir()
 	file := filepath.Join(dir, "servers")
@@ -138,7 +139,10 @@ func TestReloadRefusesNoNodeUp(t *testing.T) {
 		waitNodes(t, g, applied)
 	}
 
+	// Each case has its own gateway beside the other, on the shared
+	// memcached; they mostly wait for reloads.
 	t.Run("SERVERS_FILE", func(t *testing.T) {
+		t.Parallel()
 		file := filepath.Join(t.TempDir(), "servers")
 		writeAtomic(t, file, memcachedtest.Addrs(mcs[:2]))
 		// Reloads on SIGHUP only: one per step.
@@ -154,6 +158,7 @@ func TestReloadRefusesNoNodeUp(t *testing.T) {
 	})
 
 	t.Run("SERVERS_DNS", func(t *testing.T) {
+		t.Parallel()
 		dns := dnstest.Start(t)
 		dns.SetLocalhost(mcs[0].Port)
 		g := startGateway(t, map[string]string{

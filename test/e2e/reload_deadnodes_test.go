@@ -58,6 +58,7 @@ func allProbed(t *testing.T, pxs []*faultproxy.TCP) {
 // probes. /status and /debug/config waited for the whole reload, one
 // probe timeout per node, and so did the shutdown.
 func TestReloadOfHangingNodesBlocksNothing(t *testing.T) {
+	t.Parallel() // its own gateway, memcached and relays; it mostly waits on the hanging nodes
 	mcs := memcachedtest.StartN(t, 1)
 	dead, pxs := hangingNodes(t, 32)
 	file := filepath.Join(t.TempDir(), "servers")
@@ -123,6 +124,7 @@ func TestReloadOfHangingNodesBlocksNothing(t *testing.T) {
 // node that answers stays up (it answered 503 as soon as one probe had
 // failed: each counted a node down against the ring before the reload).
 func TestReloadOfHangingNodesTakesOneTimeout(t *testing.T) {
+	t.Parallel() // its own gateway, memcached and relays; it mostly waits on the hanging nodes
 	mcs := memcachedtest.StartN(t, 2)
 	dead, pxs := hangingNodes(t, 32)
 	const timeout = 500 * time.Millisecond

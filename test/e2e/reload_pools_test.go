@@ -168,6 +168,7 @@ func reloadRows(t *testing.T, g *gateway) []string {
 // rows of the reloads that changed something out of the history's 20. A
 // reload that changes something after them gets its own row.
 func TestUnchangedReloadsFolded(t *testing.T) {
+	t.Parallel() // its own gateway and memcached; it mostly waits for reloads
 	mcs := memcachedtest.StartN(t, 2)
 	file := filepath.Join(t.TempDir(), "servers")
 	writeAtomic(t, file, mcs[0].Addr)

@@ -46,6 +46,7 @@ func appendTo(t *testing.T, path, body string) {
 func TestReloadRefusesCutFile(t *testing.T) {
 	for _, trigger := range []string{"sighup", "watch"} {
 		t.Run(trigger, func(t *testing.T) {
+			t.Parallel() // its own gateway and memcached; it mostly waits for reloads
 			mcs := memcachedtest.StartN(t, 3)
 			file := filepath.Join(t.TempDir(), "servers")
 			two := mcs[0].Addr + "\n" + mcs[1].Addr + "\n"

@@ -41,6 +41,7 @@ func TestRestartDuringOutage(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // its own gateway and memcached; it mostly waits for the node's ejection and return
 			mcs := memcachedtest.StartN(t, 3)
 			x := mcs[0]
 			env := map[string]string{
