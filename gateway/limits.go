@@ -346,6 +346,23 @@ func GetValue(r *http.Request, s Doer, o op.Op) op.Result {
 	return res
 }
 
+// HoldAnswer holds n bytes against the byte budget until r's request
+// ends, for an answer a handler of Options.Routes builds from bytes it
+// read otherwise than by GetValue (the HttpMemc endpoints' stats, every
+// node's reply), as hold holds the REST API's; sizes below smallHold
+// are not counted. It fails with upstream.ErrNoFit, which Status maps to
+// 503, when the budget cannot take them: the caller drops them unsent.
+func HoldAnswer(r *http.Request, n int) error {
+	rc := reqCtx(r)
+	if rc == nil || rc.lim == nil {
+		return errors.New("gateway: HoldAnswer outside a gateway request")
+	}
+	if rc.lim.hold(rc, n) != nil {
+		return upstream.ErrNoFit
+	}
+	return nil
+}
+
 // holdRead holds the value of res, a read through v, if its Room did not
 // (a small value, or a store that reads without one), and reports whether
 // the budget took it. Values under smallHold are not counted, as hold

@@ -12,6 +12,7 @@
 package memc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"html"
@@ -504,6 +505,20 @@ func (m *memc) cluster(w http.ResponseWriter, r *http.Request, cmd memcCmd, v me
 	default:
 		replies = m.o.Cluster.Version(ctx)
 	}
+	if cmd == memcStats {
+		// Every node's reply (up to 1 MiB each, of which memcached sends
+		// some 3 KB) and the answer they are copied into stay until it
+		// is written: held against the byte budget, as GET's values are,
+		// or dropped unsent (503) when it has no room for them.
+		n := 0
+		for _, nr := range replies {
+			n += len(nr.Reply)
+		}
+		if err := gateway.HoldAnswer(r, 2*n); err != nil {
+			m.fail(w, r, cmd, err)
+			return
+		}
+	}
 	var body []byte
 	answered := 0
 	var failed error
@@ -521,7 +536,7 @@ func (m *memc) cluster(w http.ResponseWriter, r *http.Request, cmd memcCmd, v me
 		answered++
 		switch cmd {
 		case memcStats:
-			body = append(body, strings.TrimSuffix(string(nr.Reply), "END\r\n")...)
+			body = append(body, bytes.TrimSuffix(nr.Reply, []byte("END\r\n"))...)
 		case memcVersion:
 			if body == nil {
 				body = nr.Reply
