@@ -46,7 +46,7 @@ type Config struct {
 	ListenSocketMode string `env:"LISTEN_SOCKET_MODE" envDefault:"0660" help:"permissions of LISTEN_SOCKET, in octal: connecting needs write permission, so 0660 lets memcgate's user and group in, 0666 every local user (as 127.0.0.1 does)"`
 
 	Timeout           time.Duration `env:"TIMEOUT" envDefault:"500ms" help:"how long memcached may stall: a dial, a write that moves no byte, a reply that does not come after its request's last progress (a value that keeps moving takes as long as it needs)"`
-	MaxIdleConns      int           `env:"KEEPALIVE" envDefault:"64" help:"idle keepalive connections kept per node"`
+	MaxIdleConns      int           `env:"KEEPALIVE" envDefault:"64" help:"with PIPELINE_CONNS=0: idle keepalive connections kept per node"`
 	MaxConns          int           `env:"MAX_CONNS_PER_NODE" envDefault:"64" help:"with PIPELINE_CONNS=0: cap on data connections, and so on in-flight operations, per node; requests beyond it wait"`
 	MaxInFlight       int           `env:"MAX_IN_FLIGHT_PER_NODE" envDefault:"4096" help:"with pipelining: cap on operations in flight per node; requests beyond it wait for a slot on their own goroutine (waiting GETs go out together as multi-key gets)"`
 	PipelineConns     int           `env:"PIPELINE_CONNS" envDefault:"2" help:"pipelined connections per node: operations share them and leave in combined writes, and as many again carry reads of values known to be large and the chunks of values in chunks (0: one operation per connection, gomemcache's pool of up to MAX_CONNS_PER_NODE)"`
@@ -382,10 +382,47 @@ func Load(environ map[string]string) (Config, error) {
 			errs = append(errs, e)
 		}
 	}
+	// Which settings the mode leaves unread, once PIPELINE_CONNS is known.
+	if !mentionsAny(errors.New(Prefix+"PIPELINE_CONNS:"), errs) {
+		for _, e := range c.unusedByMode() {
+			if !mentionsAny(e, errs) {
+				errs = append(errs, e)
+			}
+		}
+	}
 	if len(errs) > 0 {
 		return c, errors.Join(errs...)
 	}
 	return c, nil
+}
+
+// unusedByMode returns an error for each connection setting not at its
+// default that the data connections' mode does not read: KEEPALIVE and
+// MAX_CONNS_PER_NODE size gomemcache's pool, used only with
+// PIPELINE_CONNS=0, and MAX_IN_FLIGHT_PER_NODE caps pipelined
+// connections only. Set so, such a setting looks like a cap on
+// memcached's connections or operations, and caps nothing. At its
+// default it passes, so that every value /debug/config shows loads.
+func (c Config) unusedByMode() []error {
+	defaults, _ := parse(map[string]string{})
+	var errs []error
+	other := "set " + Prefix + "PIPELINE_CONNS=0 for one operation per connection"
+	if c.PipelineConns == 0 {
+		other = "set " + Prefix + "PIPELINE_CONNS above 0 to pipeline"
+	}
+	unused := func(name string, v, def int, why string) {
+		if v != def {
+			errs = append(errs, fmt.Errorf("%s%s: is %d while %sPIPELINE_CONNS is %d: %s; unset %s%s, or %s",
+				Prefix, name, v, Prefix, c.PipelineConns, why, Prefix, name, other))
+		}
+	}
+	if c.PipelineConns > 0 {
+		unused("KEEPALIVE", c.MaxIdleConns, defaults.MaxIdleConns, "it sizes the idle connections of gomemcache's pool, used only with PIPELINE_CONNS=0, and the pipelined connections ignore it")
+		unused("MAX_CONNS_PER_NODE", c.MaxConns, defaults.MaxConns, "it caps the connections of gomemcache's pool, used only with PIPELINE_CONNS=0; with pipelining each node has PIPELINE_CONNS connections (and as many for large reads) and MAX_IN_FLIGHT_PER_NODE caps its operations")
+	} else {
+		unused("MAX_IN_FLIGHT_PER_NODE", c.MaxInFlight, defaults.MaxInFlight, "it caps the operations of pipelined connections; with PIPELINE_CONNS=0 each operation has a connection of its own and MAX_CONNS_PER_NODE caps them")
+	}
+	return errs
 }
 
 // parse reads environ into a Config with the defaults applied, without

@@ -31,6 +31,7 @@ func TestLoad(t *testing.T) {
 		name    string
 		env     map[string]string
 		wantErr []string // each must appear in the error
+		wantNot []string // none may appear in it
 		check   func(Config) error
 	}{
 		{
@@ -48,6 +49,38 @@ func TestLoad(t *testing.T) {
 			name:    "every bad variable at once",
 			env:     map[string]string{"MEMCGATE_SERVERS": "nope", "MEMCGATE_TIMEOUT": "soon", "MEMCGATE_MAX_CONNS_PER_NODE": "0", "MEMCGATE_DISTRIBUTION": "random"},
 			wantErr: []string{"MEMCGATE_SERVERS", "MEMCGATE_TIMEOUT", "MEMCGATE_MAX_CONNS_PER_NODE", "MEMCGATE_DISTRIBUTION"},
+		},
+		{
+			// Each is read in one mode of the data connections only:
+			// set in the other, it would look like a cap it is not.
+			name: "pipelining with gomemcache's pool's settings",
+			env:  map[string]string{"MEMCGATE_KEEPALIVE": "32", "MEMCGATE_MAX_CONNS_PER_NODE": "8"},
+			wantErr: []string{
+				"MEMCGATE_KEEPALIVE: is 32 while MEMCGATE_PIPELINE_CONNS is 2: it sizes the idle connections of gomemcache's pool, used only with PIPELINE_CONNS=0",
+				"MEMCGATE_MAX_CONNS_PER_NODE: is 8 while MEMCGATE_PIPELINE_CONNS is 2: it caps the connections of gomemcache's pool",
+				"unset MEMCGATE_MAX_CONNS_PER_NODE, or set MEMCGATE_PIPELINE_CONNS=0",
+			},
+		},
+		{
+			name:    "gomemcache's pool with pipelining's setting",
+			env:     map[string]string{"MEMCGATE_PIPELINE_CONNS": "0", "MEMCGATE_MAX_IN_FLIGHT_PER_NODE": "100"},
+			wantErr: []string{"MEMCGATE_MAX_IN_FLIGHT_PER_NODE: is 100 while MEMCGATE_PIPELINE_CONNS is 0: it caps the operations of pipelined connections", "or set MEMCGATE_PIPELINE_CONNS above 0"},
+		},
+		{
+			name:    "a bad PIPELINE_CONNS named alone",
+			env:     map[string]string{"MEMCGATE_PIPELINE_CONNS": "many", "MEMCGATE_MAX_IN_FLIGHT_PER_NODE": "100"},
+			wantErr: []string{"MEMCGATE_PIPELINE_CONNS"},
+			wantNot: []string{"MEMCGATE_MAX_IN_FLIGHT_PER_NODE"},
+		},
+		{
+			name: "each mode with its own settings",
+			env:  map[string]string{"MEMCGATE_PIPELINE_CONNS": "0", "MEMCGATE_KEEPALIVE": "8", "MEMCGATE_MAX_CONNS_PER_NODE": "16"},
+			check: func(c Config) error {
+				if c.MaxIdleConns != 8 || c.MaxConns != 16 {
+					return fmt.Errorf("KEEPALIVE, MAX_CONNS_PER_NODE = %d, %d; want 8, 16", c.MaxIdleConns, c.MaxConns)
+				}
+				return nil
+			},
 		},
 		{
 			name:    "bad port and weight",
@@ -205,6 +238,11 @@ func TestLoad(t *testing.T) {
 					t.Errorf("Load(%v) = %q, want it to mention %q", tt.env, err, w)
 				}
 			}
+			for _, w := range tt.wantNot {
+				if strings.Contains(err.Error(), w) {
+					t.Errorf("Load(%v) = %q, want it not to mention %q", tt.env, err, w)
+				}
+			}
 			if strings.Contains(err.Error(), "parse error on field") {
 				t.Errorf("Load(%v) = %q, want variable names, not Go field names", tt.env, err)
 			}
@@ -281,6 +319,7 @@ func FuzzParseServer(f *testing.F) {
 func ExampleLoad() {
 	c, err := Load(map[string]string{
 		"MEMCGATE_SERVERS":            "mc-0.mc:11211,mc-1.mc:11211,mc-2.mc:11211:2",
+		"MEMCGATE_PIPELINE_CONNS":     "0",
 		"MEMCGATE_MAX_CONNS_PER_NODE": "32",
 	})
 	if err != nil {

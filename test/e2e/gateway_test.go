@@ -270,11 +270,16 @@ func memcachedClient(t *testing.T, addr string) *memcache.Client {
 	return c
 }
 
+// TestConcurrentClientsAndConnectionCap: 64 clients at once through
+// gomemcache's pool (PIPELINE_CONNS=0, the mode MAX_CONNS_PER_NODE caps)
+// are all answered, and no node sees more than MAX_CONNS_PER_NODE data
+// connections and the probe's.
 func TestConcurrentClientsAndConnectionCap(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 3)
 	const maxConns = 4
 	g := startGateway(t, map[string]string{
 		"MEMCGATE_SERVERS":            memcachedtest.Addrs(mcs),
+		"MEMCGATE_PIPELINE_CONNS":     "0",
 		"MEMCGATE_MAX_CONNS_PER_NODE": strconv.Itoa(maxConns),
 		"MEMCGATE_KEEPALIVE":          strconv.Itoa(maxConns),
 		"MEMCGATE_ACCESS_LOG":         "false",
