@@ -51,6 +51,10 @@ type Admin struct {
 	// only, so that only this host's clients and the web pages its
 	// browsers open reach it, by IP, localhost or a rebound name.
 	LoopbackOnly bool
+	// Busy, if not nil, is called for each request answered 503 because
+	// adminWorkers requests other than /healthz and /readyz were under
+	// way, so that the refusals are counted.
+	Busy func()
 }
 
 // NewAdminHandler returns the admin-plane handler: /metrics from g,
@@ -78,10 +82,11 @@ func NewAdminHandler(g prometheus.Gatherer, a Admin) http.Handler {
 	mux := http.NewServeMux()
 	status := newStatusPage(g, statusSource{build: a.Build, started: a.Started, unready: a.Unready, status: a.Status, reloads: a.Reloads})
 	work := make(chan struct{}, adminWorkers)
-	page := atOnce(work, status)
+	guard := func(h http.Handler) http.Handler { return atOnce(work, a.Busy, h) }
+	page := guard(status)
 	mux.Handle("GET /status", page)
 	mux.Handle("GET /{$}", page)
-	mux.Handle("GET /metrics", atOnce(work, promhttp.HandlerFor(g, promhttp.HandlerOpts{})))
+	mux.Handle("GET /metrics", guard(promhttp.HandlerFor(g, promhttp.HandlerOpts{})))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		text(w, http.StatusOK, "ok\n")
 	})
@@ -95,7 +100,7 @@ func NewAdminHandler(g prometheus.Gatherer, a Admin) http.Handler {
 		text(w, http.StatusOK, "ready\n")
 	})
 	debug := http.NewServeMux()
-	mux.Handle("GET /debug/", atOnce(work, debug))
+	mux.Handle("GET /debug/", guard(debug))
 	debug.HandleFunc("GET /debug/nodes", func(w http.ResponseWriter, r *http.Request) {
 		if a.Nodes == nil {
 			text(w, http.StatusNotFound, "no node information\n")
@@ -166,14 +171,18 @@ const adminWorkers = 4
 var errAdminBusy = &overloadError{"the admin listener serves " + strconv.Itoa(adminWorkers) + " requests other than /healthz and /readyz at once (metrics, status page, /debug); retry shortly"}
 
 // atOnce serves h while fewer than cap(work) requests it guards are
-// under way, and answers 503 with Retry-After at once otherwise.
-func atOnce(work chan struct{}, h http.Handler) http.Handler {
+// under way, and answers 503 with Retry-After at once otherwise, calling
+// busy, if not nil, for each such answer.
+func atOnce(work chan struct{}, busy func(), h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
 		case work <- struct{}{}:
 			defer func() { <-work }()
 			h.ServeHTTP(w, r)
 		default:
+			if busy != nil {
+				busy()
+			}
 			writeError(w, errAdminBusy)
 		}
 	})

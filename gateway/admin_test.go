@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -171,11 +172,12 @@ func TestEmptyKeySaysWhereTheKeyGoes(t *testing.T) {
 func TestAdminWorkAtOnce(t *testing.T) {
 	release := make(chan struct{})
 	entered := make(chan struct{}, 100)
+	var busy atomic.Int64
 	h := NewAdminHandler(prometheus.NewRegistry(), Admin{Nodes: func() any {
 		entered <- struct{}{}
 		<-release
 		return "nodes"
-	}})
+	}, Busy: func() { busy.Add(1) }})
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer close(release)
@@ -213,5 +215,8 @@ func TestAdminWorkAtOnce(t *testing.T) {
 		if w := soon(path); w == nil || w.Code != 200 {
 			t.Errorf("%s with %d admin requests under way = %v, want 200", path, adminWorkers, w)
 		}
+	}
+	if got := busy.Load(); got != 6 {
+		t.Errorf("Busy called %d times, want 6: once per 503", got)
 	}
 }

@@ -73,10 +73,11 @@ type process struct {
 	ls            listeners
 	unixSocket    net.Listener // ls.socket as opened, unwrapped; nil without LISTEN_SOCKET
 	sec           *security
-	adminLoopback bool         // the admin listener is reached from this host only
-	adminCap      *conncap.Cap // the admin listener's cap (adminMaxConns)
-	nofile        uint64       // the open-file limit
-	maxConns      int          // the cap on client connections; 0: none
+	adminLoopback bool               // the admin listener is reached from this host only
+	adminCap      *conncap.Cap       // the admin listener's cap (adminMaxConns)
+	adminBusy     prometheus.Counter // admin requests refused past adminWorkers (memcgate_admin_requests_refused_total)
+	nofile        uint64             // the open-file limit
+	maxConns      int                // the cap on client connections; 0: none
 	conns         *connTracker
 
 	// Made by memory.
@@ -197,6 +198,11 @@ func (p *process) metrics() {
 		Name: "memcgate_admin_connections_refused_total",
 		Help: "New admin listener connections closed unserved at its cap of 64, with none idle or quiet to close for room.",
 	}, func() float64 { return float64(p.adminCap.Refused()) }))
+	p.adminBusy = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "memcgate_admin_requests_refused_total",
+		Help: "Admin listener requests other than /healthz and /readyz (metrics, status page, /debug) answered 503 because 4 such requests were under way.",
+	})
+	reg.MustRegister(p.adminBusy)
 	p.handshakes = newHandshakeErrors(reg)
 	p.panics = panicguard.New(p.log, reg)
 	p.sockWatch = newSocketWatch(p.cfg.ListenSocket, p.unixSocket, p.log, reg)
@@ -328,6 +334,7 @@ func (p *process) admin() {
 			Started: p.started,
 			Build:   gateway.BuildInfo{Version: build.Version, Revision: build.Revision, GoVersion: build.GoVersion, Platform: build.Platform},
 			Access:  p.access, // the data listener's: a reload changes the tokens of both
+			Busy:    p.adminBusy.Inc,
 			// Bound to loopback only, it answers the names that reach
 			// loopback and no other (docs/security.md, "Browsers").
 			Hosts:        p.hosts,
