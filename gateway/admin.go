@@ -143,6 +143,17 @@ func NewAdminHandler(g prometheus.Gatherer, a Admin) http.Handler {
 	// Tokens a reload sets where there were none guard the endpoints from
 	// then on: the check runs even while there are none.
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength != 0 || len(r.TransferEncoding) > 0 {
+			// No endpoint reads a body, and net/http reads up to 256 KiB
+			// of one left unread after the handler, until the read
+			// timeout: bodies sent a byte at a time kept the listener's
+			// every connection serving, and probes out. Not read at all,
+			// the body ends the connection.
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+			w.Header().Set("Connection", "close")
+			writeError(w, errAdminBody)
+			return
+		}
 		if a.Hosts.misdirected(r, a.LoopbackOnly) {
 			a.Hosts.refuse(w, r, "admin")
 			return
@@ -187,6 +198,9 @@ func atOnce(work chan struct{}, busy func(), h http.Handler) http.Handler {
 		}
 	})
 }
+
+// errAdminBody refuses every admin request with a body (NewAdminHandler).
+var errAdminBody = &requestError{kind: kindTooLarge, msg: "the admin listener takes no request body: its endpoints are read with GET and no body"}
 
 // errAdminOtherSite refuses every request to the admin listener that
 // FromOtherSite says a browser sent from another site's page. Such a page

@@ -220,3 +220,33 @@ func TestAdminWorkAtOnce(t *testing.T) {
 		t.Errorf("Busy called %d times, want 6: once per 503", got)
 	}
 }
+
+// TestAdminRefusesBodies: no admin endpoint reads a body, so a request
+// with one, /healthz's included, is answered 413 and its connection
+// closed, the body unread: net/http would otherwise read it after the
+// handler until the read timeout, the connection serving all that while
+// (test/e2e's TestAdminProbesPastHeldRequests). Without one, it is
+// served.
+func TestAdminRefusesBodies(t *testing.T) {
+	h := NewAdminHandler(prometheus.NewRegistry(), Admin{})
+	tests := []struct {
+		name, method, path, body string
+		want                     int
+	}{
+		{"a probe", "GET", "/healthz", "", 200},
+		{"a probe with a body", "GET", "/healthz", "x", 413},
+		{"a readiness probe with a body", "GET", "/readyz", "x", 413},
+		{"a POST of metrics", "POST", "/metrics", "x", 413},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := do(h, tt.method, tt.path, tt.body)
+			if w.Code != tt.want {
+				t.Fatalf("%s %s with body %q = %d %q, want %d", tt.method, tt.path, tt.body, w.Code, w.Body.String(), tt.want)
+			}
+			if tt.want == 413 && (w.Header().Get("Connection") != "close" || !strings.Contains(w.Body.String(), "takes no request body")) {
+				t.Errorf("413 with Connection %q and body %q, want close and the reason", w.Header().Get("Connection"), w.Body.String())
+			}
+		})
+	}
+}

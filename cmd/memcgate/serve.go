@@ -193,7 +193,7 @@ func (p *process) metrics() {
 	}, func() float64 { return float64(p.lg.dropped()) }))
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "memcgate_admin_connections_reclaimed_total",
-		Help: "Admin listener connections closed to make room for a new one at its cap of 64 (idle ones, or ones that sent no complete request head yet).",
+		Help: "Admin listener connections closed to make room for a new one at its cap of 64 (ones that sent no complete request head yet; it keeps none idle, serving one request per connection).",
 	}, func() float64 { return float64(p.adminCap.Reclaimed()) }), prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "memcgate_admin_connections_refused_total",
 		Help: "New admin listener connections closed unserved at its cap of 64, with none idle or quiet to close for room.",
@@ -349,6 +349,12 @@ func (p *process) admin() {
 		ErrorLog:          newServerLog(p.log, "admin", p.handshakes, nil),
 		Protocols:         http1Only(),
 	}
+	// One request per connection: answers a client pipelines and leaves
+	// unread held its connection serving until the write timeout, one
+	// after the other, and the listener's every connection with a few
+	// hundred KB of requests each, keeping probes out. A probe or a
+	// scrape costs a connection's setup more.
+	p.adminServer.SetKeepAlivesEnabled(false)
 	p.conns.admin.Serve(p.adminServer)
 }
 
