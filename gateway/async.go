@@ -649,11 +649,21 @@ func (q *asyncQueue) logFailure(v op.Verb, reason string, err error) {
 }
 
 // asyncFailReason names why a queued write failed, for the failed
-// counter.
+// counter: node_down (no node could take it), busy (its node held its
+// share of the request slots), timeout (no answer in time), connection
+// (the connection failed), refused (memcached answered and did not apply
+// it), error (anything else). The REST status of the failure decides,
+// but for the answers memcached gave that the REST API maps to a 5xx:
+// the node is up and answered, so they are refusals.
 func asyncFailReason(v op.Verb, err error) string {
 	var be *upstream.BusyError
-	if errors.As(err, &be) {
+	switch {
+	case errors.As(err, &be):
 		return "busy" // a 503 too, but the node is up: it is slow
+	case errors.Is(err, upstream.ErrNoMemory), errors.Is(err, upstream.ErrServer):
+		// A 503 (no memory for the item) and a 502 (an error line):
+		// neither says the node is down or its connection failed.
+		return "refused"
 	}
 	switch status, _, _ := outcome(v, err); {
 	case status == http.StatusServiceUnavailable:
