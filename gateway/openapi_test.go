@@ -68,7 +68,14 @@ var recipes = map[string]recipe{
 	"GET /{key} 504": {method: "GET", target: "/k", storeErr: errTimeout},
 
 	"HEAD /{key} 200": {method: "HEAD", target: "/k", preset: map[string]string{"k": "v"}},
+	"HEAD /{key} 304": {method: "HEAD", target: "/k", preset: map[string]string{"k": "v"}, hdr: []string{"If-None-Match", `"1"`}},
+	"HEAD /{key} 400": {method: "HEAD", target: "/a%20b"},
+	"HEAD /{key} 401": {method: "HEAD", target: "/k", opts: tokenOpts},
+	"HEAD /{key} 403": {method: "HEAD", target: "/k", opts: tokenOpts, hdr: []string{"Authorization", adminAuth}},
 	"HEAD /{key} 404": {method: "HEAD", target: "/k"},
+	"HEAD /{key} 502": {method: "HEAD", target: "/k", storeErr: &upstream.NodeError{Node: "n", Op: "mg", Err: io.EOF}},
+	"HEAD /{key} 503": {method: "HEAD", target: "/k", storeErr: upstream.ErrNoNodes},
+	"HEAD /{key} 504": {method: "HEAD", target: "/k", storeErr: errTimeout},
 	"HEAD /{key} 421": {method: "HEAD", target: "/k", preset: map[string]string{"k": "v"}, opts: hostOpts},
 
 	"PUT /{key} 201": {method: "PUT", target: "/k?exptime=5&flags=1", body: "v"},

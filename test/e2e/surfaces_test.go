@@ -188,6 +188,7 @@ func surfaceOutcomes() []surfaceOutcome {
 		}},
 		{name: "key with a space", rig: "plain", key: "a b", cells: []surfaceCell{
 			{surface: "rest", method: "GET", path: "/a%20b", status: 400, names: "key"},
+			{surface: "rest", method: "HEAD", path: "/a%20b", status: 400},
 			{surface: "rest", method: "PUT", path: "/a%20b", body: "v", status: 400, names: "key"},
 			{surface: "multiget", method: "GET", path: "/?key=a%20b", status: 400, names: "cannot contain spaces"},
 			{surface: "batch", method: "POST", path: "/", body: `[{"op":"set","key":"a b","value":"v"}]`, status: 200, result: 400, names: "key"},
@@ -222,6 +223,7 @@ func surfaceOutcomes() []surfaceOutcome {
 		}},
 		{name: "node timeout", rig: "timeout", cells: []surfaceCell{
 			{surface: "rest", method: "GET", path: "/{k}", status: 504, names: "did not answer in time"},
+			{surface: "rest", method: "HEAD", path: "/{k}", status: 504},
 			{surface: "rest", method: "PUT", path: "/{k}", body: "v", status: 504, names: "did not answer in time"},
 			{surface: "multiget", method: "GET", path: "/?key={k}", status: 503, result: 504, names: "did not answer in time"},
 			{surface: "batch", method: "POST", path: "/", body: `[{"op":"set","key":"{k}","value":"v"}]`, status: 503, result: 504, names: "did not answer in time"},
@@ -231,6 +233,7 @@ func surfaceOutcomes() []surfaceOutcome {
 		}},
 		{name: "node refused", rig: "refused", cells: []surfaceCell{
 			{surface: "rest", method: "GET", path: "/{k}", status: 502, retry: true, names: "connection failed"},
+			{surface: "rest", method: "HEAD", path: "/{k}", status: 502, retry: true},
 			{surface: "rest", method: "PUT", path: "/{k}", body: "v", status: 502, retry: true, names: "connection failed"},
 			{surface: "multiget", method: "GET", path: "/?key={k}", status: 503, retry: true, result: 502, names: "connection failed"},
 			{surface: "batch", method: "POST", path: "/", body: `[{"op":"set","key":"{k}","value":"v"}]`, status: 503, retry: true, result: 502, names: "connection failed"},
@@ -239,6 +242,7 @@ func surfaceOutcomes() []surfaceOutcome {
 		}},
 		{name: "all nodes down", rig: "down", cells: []surfaceCell{
 			{surface: "rest", method: "GET", path: "/{k}", status: 503, retry: true, names: "no memcached node"},
+			{surface: "rest", method: "HEAD", path: "/{k}", status: 503, retry: true},
 			{surface: "rest", method: "PUT", path: "/{k}", body: "v", status: 503, retry: true, names: "no memcached node"},
 			{surface: "multiget", method: "GET", path: "/?key={k}", status: 503, retry: true, result: 503, names: "no memcached node"},
 			{surface: "batch", method: "POST", path: "/", body: `[{"op":"set","key":"{k}","value":"v"}]`, status: 503, retry: true, result: 503, names: "no memcached node"},
