@@ -177,6 +177,11 @@ func outcome(v op.Verb, err error) (status int, msg string, retry bool) {
 		// memcached answers NOT_STORED both for a missing item and for
 		// one the addition would make larger than an item: say both.
 		return http.StatusNotFound, "not found, or the value would pass memcached's item size (memcached answers both alike)", false
+	case v == op.Set && errors.Is(err, upstream.ErrTooLarge):
+		// memcached unlinks the item a set too large for it would have
+		// replaced, so that no stale value outlives the failed set; the
+		// other writes leave it.
+		return http.StatusRequestEntityTooLarge, "memcached refused the value as too large for an item, and deleted the value the key held (as it does when a set fails so): the key is now missing", false
 	case (v == op.Append || v == op.Prepend) && errors.Is(err, chunk.ErrChunked):
 		return http.StatusConflict, "the value is stored in chunks, which append and prepend cannot change; PUT the whole value", false
 	}

@@ -137,11 +137,11 @@ func surfaceOutcomes() []surfaceOutcome {
 		{name: "too large for an item", rig: "plain", setup: setOld, cells: []surfaceCell{
 			// memcached deletes the item a set too large for it
 			// replaces (httpmemc.md §3): the old value is gone.
-			{surface: "rest", method: "PUT", path: "/{k}", body: bigValue, status: 413, names: "too large for an item", after: absent},
+			{surface: "rest", method: "PUT", path: "/{k}", body: bigValue, status: 413, names: "the key is now missing", after: absent},
 			// memcached checks the size first; an add leaves the item.
 			{surface: "rest", method: "PUT", path: "/{k}", body: bigValue, hdr: []string{"If-None-Match", "*"}, status: 413, names: "too large for an item", after: "old"},
 			{surface: "rest", method: "POST", path: "/{k}?op=append", body: bigValue, status: 413, names: "too large for an item", after: "old"},
-			{surface: "batch", method: "POST", path: "/", body: `[{"op":"set","key":"{k}","value":"` + bigValue + `"}]`, status: 200, result: 413, names: "too large for an item", after: absent},
+			{surface: "batch", method: "POST", path: "/", body: `[{"op":"set","key":"{k}","value":"` + bigValue + `"}]`, status: 200, result: 413, names: "the key is now missing", after: absent},
 			{surface: "async", method: "PUT", path: "/{k}", body: bigValue, hdr: []string{"Prefer", "respond-async"}, status: 202, async: "refused", after: absent},
 			{surface: "udp", method: "PUT", path: "/{k}", body: bigValue, hdr: []string{"Prefer", "respond-async"}, status: 202, async: "refused", after: absent},
 			// The query style takes the value from ?val= (absent: empty),
