@@ -46,18 +46,23 @@ type surfaceCell struct {
 	names  string // a substring of the body (of the first result's error for batch and multiget): what was wrong
 	result int    // batch and multiget: the first result's status
 	retry  bool   // Retry-After expected (HTTP answers of 503, 502 with it)
-	async  string // async and udp: memcgate_async_writes_failed_total's reason, or "applied"
+	async  string // async and udp: memcgate_async_writes_failed_total's reason, or "applied" or "unconfirmed"
+	// upstream is the result memcgate_upstream_ops_total counts for the
+	// request (ok, miss, rejected, error, timeout), or none for a request
+	// that sends nothing to memcached; "" takes the outcome's.
+	upstream string
 
 	after string // what memcached holds under the key afterwards: "" unchecked, absent, or the value
 }
 
 // surfaceOutcome is one outcome of memcached and the cells that meet it.
 type surfaceOutcome struct {
-	name  string
-	rig   string                                 // which gateway: plain, oom, timeout, refused, down, replicated
-	setup func(t *testing.T, key string, r *rig) // before each cell, nil: nothing
-	key   string                                 // the key, when fixed (invalid keys); else one per cell
-	cells []surfaceCell
+	name     string
+	rig      string                                 // which gateway: plain, oom, timeout, refused, down, replicated
+	setup    func(t *testing.T, key string, r *rig) // before each cell, nil: nothing
+	key      string                                 // the key, when fixed (invalid keys); else one per cell
+	upstream string                                 // the cells' surfaceCell.upstream, unless they say
+	cells    []surfaceCell
 }
 
 // rig is a gateway and its memcached nodes.
@@ -97,7 +102,7 @@ func surfaceOutcomes() []surfaceOutcome {
 	wrapped := "1" + strings.Repeat(" ", 19)
 	half := strings.Repeat("h", tooBig/2)
 	return []surfaceOutcome{
-		{name: "miss", rig: "plain", cells: []surfaceCell{
+		{name: "miss", upstream: "miss", rig: "plain", cells: []surfaceCell{
 			{surface: "rest", method: "GET", path: "/{k}", status: 404, names: "not found", after: absent},
 			{surface: "rest", method: "HEAD", path: "/{k}", status: 404},
 			{surface: "rest", method: "DELETE", path: "/{k}", status: 404, names: "not found"},
@@ -107,8 +112,9 @@ func surfaceOutcomes() []surfaceOutcome {
 			{surface: "rest", method: "POST", path: "/{k}?op=incr", status: 404, names: "not found", after: absent},
 			{surface: "rest", method: "POST", path: "/{k}?op=append", body: "x", status: 404, names: "not found", after: absent},
 			{surface: "rest", method: "POST", path: "/{k}?op=touch&exptime=10", status: 404, names: "not found"},
-			{surface: "multiget", method: "GET", path: "/?key={k}", status: 200, result: 404, names: "not found"},
-			{surface: "batch", method: "POST", path: "/", body: `[{"op":"get","key":"{k}"}]`, status: 200, result: 404, names: "not found"},
+			// A multi-key get is one command, ok whatever its keys found.
+			{surface: "multiget", method: "GET", path: "/?key={k}", status: 200, result: 404, names: "not found", upstream: "ok"},
+			{surface: "batch", method: "POST", path: "/", body: `[{"op":"get","key":"{k}"}]`, status: 200, result: 404, names: "not found", upstream: "ok"},
 			{surface: "batch", method: "POST", path: "/", body: `[{"op":"gat","key":"{k}","exptime":10}]`, status: 200, result: 404, names: "not found"},
 			{surface: "batch", method: "POST", path: "/", body: `[{"op":"touch","key":"{k}","exptime":10}]`, status: 200, result: 404, names: "not found"},
 			{surface: "batch", method: "POST", path: "/", body: `[{"op":"delete","key":"{k}"}]`, status: 200, result: 404, names: "not found"},
@@ -123,7 +129,7 @@ func surfaceOutcomes() []surfaceOutcome {
 			{surface: "memc", method: "GET", path: "/memc?cmd=append&key={k}&val=v", status: 200, names: "NOT_STORED\r\n", after: absent},
 			{surface: "memc-path", method: "GET", path: "/key/{k}", status: 404, names: "404 Not Found"},
 		}},
-		{name: "exists", rig: "plain", setup: setOld, cells: []surfaceCell{
+		{name: "exists", upstream: "rejected", rig: "plain", setup: setOld, cells: []surfaceCell{
 			{surface: "rest", method: "PUT", path: "/{k}", body: "new", hdr: []string{"If-None-Match", "*"}, status: 412, names: "key exists", after: "old"},
 			{surface: "batch", method: "POST", path: "/", body: `[{"op":"add","key":"{k}","value":"new"}]`, status: 200, result: 412, names: "key exists", after: "old"},
 			// Conditional PUTs ignore the preference.
@@ -131,7 +137,7 @@ func surfaceOutcomes() []surfaceOutcome {
 			{surface: "memc", method: "GET", path: "/memc?cmd=add&key={k}&val=new", status: 200, names: "NOT_STORED\r\n", after: "old"},
 			{surface: "memc-path", method: "POST", path: "/key/{k}", body: "new", status: 200, names: "NOT_STORED\r\n", after: "old"},
 		}},
-		{name: "cas mismatch", rig: "plain", setup: setOld, cells: []surfaceCell{
+		{name: "cas mismatch", upstream: "rejected", rig: "plain", setup: setOld, cells: []surfaceCell{
 			{surface: "rest", method: "PUT", path: "/{k}", body: "new", hdr: []string{"If-Match", `"999999999"`}, status: 412, names: "item changed", after: "old"},
 			{surface: "rest", method: "DELETE", path: "/{k}", hdr: []string{"If-Match", `"999999999"`}, status: 412, names: "item changed", after: "old"},
 			{surface: "batch", method: "POST", path: "/", body: `[{"op":"cas","key":"{k}","value":"new","cas":"999999999"}]`, status: 200, result: 412, names: "item changed", after: "old"},
@@ -139,9 +145,9 @@ func surfaceOutcomes() []surfaceOutcome {
 			{surface: "async", method: "PUT", path: "/{k}", body: "new", hdr: []string{"Prefer", "respond-async", "If-Match", `"999999999"`}, status: 412, names: "item changed", after: "old"},
 			{surface: "async", method: "DELETE", path: "/{k}", hdr: []string{"Prefer", "respond-async", "If-Match", `"999999999"`}, status: 412, names: "item changed", after: "old"},
 			// The module has no cas: an unknown command.
-			{surface: "memc", method: "GET", path: "/memc?cmd=cas&key={k}&val=new", status: 400, names: "400 Bad Request", after: "old"},
+			{surface: "memc", method: "GET", path: "/memc?cmd=cas&key={k}&val=new", status: 400, names: "400 Bad Request", after: "old", upstream: "none"},
 		}},
-		{name: "too large for an item", rig: "plain", setup: setOld, cells: []surfaceCell{
+		{name: "too large for an item", upstream: "rejected", rig: "plain", setup: setOld, cells: []surfaceCell{
 			// memcached deletes the item a set too large for it
 			// replaces (httpmemc.md §3): the old value is gone.
 			{surface: "rest", method: "PUT", path: "/{k}", body: bigValue, status: 413, names: "the key is now missing", after: absent},
@@ -157,43 +163,43 @@ func surfaceOutcomes() []surfaceOutcome {
 			{surface: "memc-path", method: "PUT", path: "/key/{k}", body: bigValue, status: 502, names: "SERVER_ERROR object too large for cache\r\n", after: absent},
 			{surface: "memc-path", method: "PUT", path: "/key/{k}?cmd=append", body: bigValue, status: 502, names: "SERVER_ERROR object too large for cache\r\n", after: "old"},
 		}},
-		{name: "append past the item size", rig: "plain", setup: func(t *testing.T, key string, r *rig) { r.set(t, key, half) }, cells: []surfaceCell{
+		{name: "append past the item size", upstream: "miss", rig: "plain", setup: func(t *testing.T, key string, r *rig) { r.set(t, key, half) }, cells: []surfaceCell{
 			// memcached answers NOT_STORED, as to a missing item.
 			{surface: "rest", method: "POST", path: "/{k}?op=append", body: half, status: 404, names: "item size", after: half},
 			{surface: "batch", method: "POST", path: "/", body: `[{"op":"append","key":"{k}","value":"` + half + `"}]`, status: 200, result: 404, names: "item size", after: half},
 			{surface: "memc-path", method: "PUT", path: "/key/{k}?cmd=append", body: half, status: 200, names: "NOT_STORED\r\n", after: half},
 		}},
-		{name: "out of memory", rig: "oom", cells: []surfaceCell{
+		{name: "out of memory", upstream: "rejected", rig: "oom", cells: []surfaceCell{
 			{surface: "rest", method: "PUT", path: "/{k}", body: "{big}", status: 503, retry: true, names: "no memory", after: absent},
 			{surface: "batch", method: "POST", path: "/", body: `[{"op":"set","key":"{k}","value":"{big}"}]`, status: 200, result: 503, names: "no memory", after: absent},
 			{surface: "async", method: "PUT", path: "/{k}", body: "{big}", hdr: []string{"Prefer", "respond-async"}, status: 202, async: "refused", after: absent},
 			// A datagram is not answered: a set memcached refused would not
 			// be told either (http-api.md, UDP sets); this one is counted
 			// neither applied nor failed.
-			{surface: "udp", method: "PUT", path: "/{k}", body: "small", hdr: []string{"Prefer", "respond-async"}, status: 202, async: "unconfirmed"},
+			{surface: "udp", method: "PUT", path: "/{k}", body: "small", hdr: []string{"Prefer", "respond-async"}, status: 202, async: "unconfirmed", upstream: "ok"},
 			{surface: "memc-path", method: "PUT", path: "/key/{k}", body: "{big}", status: 502, names: "SERVER_ERROR out of memory storing object\r\n", after: absent},
 		}},
-		{name: "incr of a non-number", rig: "plain", setup: setNaN, cells: []surfaceCell{
+		{name: "incr of a non-number", upstream: "rejected", rig: "plain", setup: setNaN, cells: []surfaceCell{
 			{surface: "rest", method: "POST", path: "/{k}?op=incr", status: 409, names: "not a decimal number", after: "abc"},
 			{surface: "rest", method: "POST", path: "/{k}?op=decr", status: 409, names: "not a decimal number", after: "abc"},
 			{surface: "batch", method: "POST", path: "/", body: `[{"op":"incr","key":"{k}","delta":1}]`, status: 200, result: 409, names: "not a decimal number", after: "abc"},
 			{surface: "memc", method: "GET", path: "/memc?cmd=incr&key={k}&val=1", status: 502, names: "CLIENT_ERROR cannot increment or decrement non-numeric value\r\n", after: "abc"},
 		}},
-		{name: "incr past 2^64-1", rig: "plain", setup: func(t *testing.T, key string, r *rig) { r.set(t, key, "18446744073709551615") }, cells: []surfaceCell{
+		{name: "incr past 2^64-1", upstream: "ok", rig: "plain", setup: func(t *testing.T, key string, r *rig) { r.set(t, key, "18446744073709551615") }, cells: []surfaceCell{
 			// It wraps, and memcached pads the shorter number with
 			// spaces in place.
 			{surface: "rest", method: "POST", path: "/{k}?op=incr&delta=2", status: 200, names: "1", after: wrapped},
 			{surface: "batch", method: "POST", path: "/", body: `[{"op":"incr","key":"{k}","delta":2}]`, status: 200, result: 200, after: wrapped},
 			{surface: "memc", method: "GET", path: "/memc?cmd=incr&key={k}&val=2", status: 201, names: "1\r\n", after: wrapped},
 			// A delta past 2^64-1 is refused before memcached.
-			{surface: "rest", method: "POST", path: "/{k}?op=incr&delta=18446744073709551616", status: 400, names: "delta", after: "18446744073709551615"},
+			{surface: "rest", method: "POST", path: "/{k}?op=incr&delta=18446744073709551616", status: 400, names: "delta", after: "18446744073709551615", upstream: "none"},
 		}},
-		{name: "decr below 0", rig: "plain", setup: func(t *testing.T, key string, r *rig) { r.set(t, key, "5") }, cells: []surfaceCell{
+		{name: "decr below 0", upstream: "ok", rig: "plain", setup: func(t *testing.T, key string, r *rig) { r.set(t, key, "5") }, cells: []surfaceCell{
 			{surface: "rest", method: "POST", path: "/{k}?op=decr&delta=10", status: 200, names: "0", after: "0"},
 			{surface: "batch", method: "POST", path: "/", body: `[{"op":"decr","key":"{k}","delta":10}]`, status: 200, result: 200, after: "0"},
 			{surface: "memc", method: "GET", path: "/memc?cmd=decr&key={k}&val=10", status: 201, names: "0\r\n", after: "0"},
 		}},
-		{name: "key with a space", rig: "plain", key: "a b", cells: []surfaceCell{
+		{name: "key with a space", upstream: "none", rig: "plain", key: "a b", cells: []surfaceCell{
 			{surface: "rest", method: "GET", path: "/a%20b", status: 400, names: "key"},
 			{surface: "rest", method: "HEAD", path: "/a%20b", status: 400},
 			{surface: "rest", method: "PUT", path: "/a%20b", body: "v", status: 400, names: "key"},
@@ -204,14 +210,14 @@ func surfaceOutcomes() []surfaceOutcome {
 			{surface: "udp", method: "DELETE", path: "/a%20b", hdr: []string{"Prefer", "respond-async"}, status: 400, names: "key"},
 			// The module escapes a space in the key (%20): never invalid.
 		}},
-		{name: "key with a control byte", rig: "plain", key: "a\x01b", cells: []surfaceCell{
+		{name: "key with a control byte", upstream: "none", rig: "plain", key: "a\x01b", cells: []surfaceCell{
 			{surface: "rest", method: "GET", path: "/a%01b", status: 400, names: "key"},
 			{surface: "rest", method: "PUT", path: "/a%01b", body: "v", status: 400, names: "key"},
 			{surface: "multiget", method: "GET", path: "/?key=a%01b", status: 400, names: "control bytes"},
 			{surface: "batch", method: "POST", path: "/", body: `[{"op":"set","key":"a\u0001b","value":"v"}]`, status: 200, result: 400, names: "key"},
 			{surface: "async", method: "PUT", path: "/a%01b", body: "v", hdr: []string{"Prefer", "respond-async"}, status: 400, names: "key"},
 		}},
-		{name: "key of 251 bytes", rig: "plain", key: key251, cells: []surfaceCell{
+		{name: "key of 251 bytes", upstream: "none", rig: "plain", key: key251, cells: []surfaceCell{
 			{surface: "rest", method: "GET", path: "/" + key251, status: 400, names: "key"},
 			{surface: "rest", method: "PUT", path: "/" + key251, body: "v", status: 400, names: "key"},
 			{surface: "multiget", method: "GET", path: "/?key=" + key251, status: 400, names: "251 bytes"},
@@ -223,13 +229,13 @@ func surfaceOutcomes() []surfaceOutcome {
 			{surface: "memc", method: "GET", path: "/memc?cmd=get&key=" + key251, status: 502, names: "502 Bad Gateway"},
 			{surface: "memc-path", method: "PUT", path: "/key/" + key251, body: "v", status: 502, names: "CLIENT_ERROR bad command line format\r\n"},
 		}},
-		{name: "empty key", rig: "plain", key: "-", cells: []surfaceCell{
+		{name: "empty key", upstream: "none", rig: "plain", key: "-", cells: []surfaceCell{
 			{surface: "multiget", method: "GET", path: "/?key=", status: 400, names: "empty key"},
 			{surface: "batch", method: "POST", path: "/", body: `[{"op":"set","key":"","value":"v"}]`, status: 200, result: 400, names: "key"},
 			{surface: "memc", method: "GET", path: "/memc?cmd=get&key=", status: 500, names: "500 Internal Server Error"},
 			{surface: "memc", method: "GET", path: "/memc?cmd=set&key=&val=v", status: 500, names: "500 Internal Server Error"},
 		}},
-		{name: "node timeout", rig: "timeout", cells: []surfaceCell{
+		{name: "node timeout", upstream: "timeout", rig: "timeout", cells: []surfaceCell{
 			{surface: "rest", method: "GET", path: "/{k}", status: 504, names: "did not answer in time"},
 			{surface: "rest", method: "HEAD", path: "/{k}", status: 504},
 			{surface: "rest", method: "PUT", path: "/{k}", body: "v", status: 504, names: "did not answer in time"},
@@ -239,7 +245,7 @@ func surfaceOutcomes() []surfaceOutcome {
 			{surface: "memc", method: "GET", path: "/memc?cmd=get&key={k}", status: 504, names: "504 Gateway Time-out"},
 			{surface: "memc", method: "GET", path: "/memc?cmd=set&key={k}&val=v", status: 504, names: "504 Gateway Time-out"},
 		}},
-		{name: "node refused", rig: "refused", cells: []surfaceCell{
+		{name: "node refused", upstream: "error", rig: "refused", cells: []surfaceCell{
 			{surface: "rest", method: "GET", path: "/{k}", status: 502, retry: true, names: "connection failed"},
 			{surface: "rest", method: "HEAD", path: "/{k}", status: 502, retry: true},
 			{surface: "rest", method: "PUT", path: "/{k}", body: "v", status: 502, retry: true, names: "connection failed"},
@@ -248,7 +254,7 @@ func surfaceOutcomes() []surfaceOutcome {
 			{surface: "memc", method: "GET", path: "/memc?cmd=get&key={k}", status: 502, names: "502 Bad Gateway"},
 			{surface: "memc", method: "GET", path: "/memc?cmd=set&key={k}&val=v", status: 502, names: "502 Bad Gateway"},
 		}},
-		{name: "all nodes down", rig: "down", cells: []surfaceCell{
+		{name: "all nodes down", upstream: "none", rig: "down", cells: []surfaceCell{
 			{surface: "rest", method: "GET", path: "/{k}", status: 503, retry: true, names: "no memcached node"},
 			{surface: "rest", method: "HEAD", path: "/{k}", status: 503, retry: true},
 			{surface: "rest", method: "PUT", path: "/{k}", body: "v", status: 503, retry: true, names: "no memcached node"},
@@ -258,7 +264,7 @@ func surfaceOutcomes() []surfaceOutcome {
 			{surface: "memc", method: "GET", path: "/memc?cmd=get&key={k}", status: 502, names: "502 Bad Gateway"},
 			{surface: "memc", method: "GET", path: "/memc?cmd=set&key={k}&val=v", status: 502, names: "502 Bad Gateway"},
 		}},
-		{name: "replicated write partly applied", rig: "replicated", cells: []surfaceCell{
+		{name: "replicated write partly applied", upstream: "timeout", rig: "replicated", cells: []surfaceCell{
 			{surface: "rest", method: "PUT", path: "/{k}", body: "v", status: 504, names: "partly applied", after: "v"},
 			{surface: "rest", method: "DELETE", path: "/{k}", status: 504, names: "partly applied"},
 			{surface: "batch", method: "POST", path: "/", body: `[{"op":"set","key":"{k}","value":"v"}]`, status: 503, result: 504, names: "partly applied", after: "v"},
@@ -299,7 +305,7 @@ func TestSurfacesAgree(t *testing.T) {
 							if o.rig == "refused" {
 								r.mcs[0].Kill()
 							}
-							runCell(t, r, c, key, fast)
+							runCell(t, r, c, key, o.upstream, fast)
 						})
 					}
 				})
@@ -381,7 +387,7 @@ func startRig(t *testing.T, name, fast string) *rig {
 }
 
 // runCell sends c's request for key and checks every part of its answer.
-func runCell(t *testing.T, r *rig, c surfaceCell, key, fast string) {
+func runCell(t *testing.T, r *rig, c surfaceCell, key, upstream, fast string) {
 	t.Helper()
 	expand := func(s string) string {
 		s = strings.ReplaceAll(s, "{k}", key)
@@ -390,6 +396,9 @@ func runCell(t *testing.T, r *rig, c surfaceCell, key, fast string) {
 	path, body := expand(c.path), expand(c.body)
 	reqID := fmt.Sprintf("surf-%s-%d", fast, time.Now().UnixNano())
 	before := r.metrics(t)
+	if c.upstream == "" {
+		c.upstream = upstream
+	}
 	req, err := http.NewRequest(c.method, r.g.URL+path, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -455,6 +464,17 @@ func runCell(t *testing.T, r *rig, c surfaceCell, key, fast string) {
 	}
 	// memcgate_http_requests_total and the access log count the status sent.
 	after := r.metrics(t)
+	switch ops := "memcgate_upstream_ops_total"; c.upstream {
+	case "":
+	case "none":
+		if n := sample(after, ops, "") - sample(before, ops, ""); n != 0 {
+			t.Errorf("%s: %s rose by %v, want nothing sent to memcached", what, ops, n)
+		}
+	default:
+		if n := sample(after, ops, `result="`+c.upstream+`"`) - sample(before, ops, `result="`+c.upstream+`"`); n < 1 {
+			t.Errorf("%s: %s{result=%q} did not rise", what, ops, c.upstream)
+		}
+	}
 	codeLabels := fmt.Sprintf(`code="%d",method="%s"`, resp.StatusCode, c.method)
 	if n := sample(after, "memcgate_http_requests_total", codeLabels) - sample(before, "memcgate_http_requests_total", codeLabels); n != 1 {
 		t.Errorf("%s: memcgate_http_requests_total{%s} rose by %v, want 1", what, codeLabels, n)
