@@ -652,18 +652,21 @@ func (q *asyncQueue) logFailure(v op.Verb, reason string, err error) {
 // counter: node_down (no node could take it), busy (its node held its
 // share of the request slots), timeout (no answer in time), connection
 // (the connection failed), refused (memcached answered and did not apply
-// it), error (anything else). The REST status of the failure decides,
-// but for the answers memcached gave that the REST API maps to a 5xx:
-// the node is up and answered, so they are refusals.
+// it), error (anything else: an error line among them). The REST status
+// of the failure decides, but for the answers memcached gave that the
+// REST API maps to a 5xx: neither no memory for the item (503) nor an
+// error line (502) says the node is down or its connection failed. They
+// are counted as memcgate_upstream_ops_total counts them, rejected and
+// error.
 func asyncFailReason(v op.Verb, err error) string {
 	var be *upstream.BusyError
 	switch {
 	case errors.As(err, &be):
 		return "busy" // a 503 too, but the node is up: it is slow
-	case errors.Is(err, upstream.ErrNoMemory), errors.Is(err, upstream.ErrServer):
-		// A 503 (no memory for the item) and a 502 (an error line):
-		// neither says the node is down or its connection failed.
+	case errors.Is(err, upstream.ErrNoMemory):
 		return "refused"
+	case errors.Is(err, upstream.ErrServer):
+		return "error"
 	}
 	switch status, _, _ := outcome(v, err); {
 	case status == http.StatusServiceUnavailable:

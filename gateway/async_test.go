@@ -312,7 +312,7 @@ func TestAsyncFailReason(t *testing.T) {
 		{"connection", op.Set, &upstream.NodeError{Node: "n:1", Op: "set", Err: io.EOF}, "connection"},
 		{"refused", op.Set, upstream.ErrTooLarge, "refused"},
 		{"out of memory", op.Set, fmt.Errorf("%w: set n:1", upstream.ErrNoMemory), "refused"},
-		{"an error line", op.Set, fmt.Errorf("%w: set n:1: SERVER_ERROR busy", upstream.ErrServer), "refused"},
+		{"an error line", op.Set, fmt.Errorf("%w: set n:1: SERVER_ERROR busy", upstream.ErrServer), "error"},
 	}
 	for _, tt := range tests {
 		if got := asyncFailReason(tt.v, tt.err); got != tt.want {
