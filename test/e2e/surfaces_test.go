@@ -48,8 +48,10 @@ type surfaceCell struct {
 	retry  bool   // Retry-After expected (HTTP answers of 503, 502 with it)
 	async  string // async and udp: memcgate_async_writes_failed_total's reason, or "applied" or "unconfirmed"
 	// upstream is the result memcgate_upstream_ops_total counts for the
-	// request (ok, miss, rejected, error, timeout), or none for a request
-	// that sends nothing to memcached; "" takes the outcome's.
+	// request (ok, miss, rejected, error, timeout), none for a request
+	// that sends nothing to memcached, or uncounted for the raw commands
+	// /memc sends to every node, which it does not count; "" takes the
+	// outcome's.
 	upstream string
 
 	after string // what memcached holds under the key afterwards: "" unchecked, absent, or the value
@@ -171,6 +173,9 @@ func surfaceOutcomes() []surfaceOutcome {
 		}},
 		{name: "out of memory", upstream: "rejected", rig: "oom", cells: []surfaceCell{
 			{surface: "rest", method: "PUT", path: "/{k}", body: "{big}", status: 503, retry: true, names: "no memory", after: absent},
+			{surface: "rest", method: "PUT", path: "/{k}", body: "{big}", hdr: []string{"If-None-Match", "*"}, status: 503, retry: true, names: "no memory", after: absent},
+			{surface: "batch", method: "POST", path: "/", body: `[{"op":"add","key":"{k}","value":"{big}"}]`, status: 200, result: 503, names: "no memory", after: absent},
+			{surface: "memc-path", method: "POST", path: "/key/{k}", body: "{big}", status: 502, names: "SERVER_ERROR out of memory storing object\r\n", after: absent},
 			{surface: "batch", method: "POST", path: "/", body: `[{"op":"set","key":"{k}","value":"{big}"}]`, status: 200, result: 503, names: "no memory", after: absent},
 			{surface: "async", method: "PUT", path: "/{k}", body: "{big}", hdr: []string{"Prefer", "respond-async"}, status: 202, async: "refused", after: absent},
 			// A datagram is not answered: a set memcached refused would not
@@ -239,6 +244,14 @@ func surfaceOutcomes() []surfaceOutcome {
 			{surface: "rest", method: "GET", path: "/{k}", status: 504, names: "did not answer in time"},
 			{surface: "rest", method: "HEAD", path: "/{k}", status: 504},
 			{surface: "rest", method: "PUT", path: "/{k}", body: "v", status: 504, names: "did not answer in time"},
+			{surface: "rest", method: "DELETE", path: "/{k}", status: 504, names: "did not answer in time"},
+			{surface: "rest", method: "DELETE", path: "/{k}", hdr: []string{"If-Match", `"999999999"`}, status: 504, names: "did not answer in time"},
+			{surface: "rest", method: "POST", path: "/{k}?op=incr", status: 504, names: "did not answer in time"},
+			{surface: "async", method: "DELETE", path: "/{k}", hdr: []string{"Prefer", "respond-async"}, status: 202, async: "timeout"},
+			{surface: "memc-path", method: "GET", path: "/key/{k}", status: 504, names: "504 Gateway Time-out"},
+			{surface: "memc", method: "GET", path: "/memc?cmd=version", status: 504, names: "504 Gateway Time-out", upstream: "uncounted"},
+			{surface: "memc", method: "GET", path: "/memc?cmd=stats", status: 504, names: "504 Gateway Time-out", upstream: "uncounted"},
+			{surface: "memc", method: "GET", path: "/memc?cmd=flush_all", status: 504, names: "504 Gateway Time-out", upstream: "uncounted"},
 			{surface: "multiget", method: "GET", path: "/?key={k}", status: 503, result: 504, names: "did not answer in time"},
 			{surface: "batch", method: "POST", path: "/", body: `[{"op":"set","key":"{k}","value":"v"}]`, status: 503, result: 504, names: "did not answer in time"},
 			{surface: "async", method: "PUT", path: "/{k}", body: "v", hdr: []string{"Prefer", "respond-async"}, status: 202, async: "timeout"},
@@ -258,6 +271,14 @@ func surfaceOutcomes() []surfaceOutcome {
 			{surface: "rest", method: "GET", path: "/{k}", status: 503, retry: true, names: "no memcached node"},
 			{surface: "rest", method: "HEAD", path: "/{k}", status: 503, retry: true},
 			{surface: "rest", method: "PUT", path: "/{k}", body: "v", status: 503, retry: true, names: "no memcached node"},
+			{surface: "rest", method: "DELETE", path: "/{k}", status: 503, retry: true, names: "no memcached node"},
+			{surface: "rest", method: "POST", path: "/{k}?op=incr", status: 503, retry: true, names: "no memcached node"},
+			{surface: "async", method: "DELETE", path: "/{k}", hdr: []string{"Prefer", "respond-async"}, status: 503, retry: true, names: "node"},
+			{surface: "async", method: "POST", path: "/", body: `[{"op":"set","key":"{k}","value":"v"}]`, hdr: []string{"Prefer", "respond-async"}, status: 503, retry: true, names: "node"},
+			{surface: "memc-path", method: "GET", path: "/key/{k}", status: 502, names: "502 Bad Gateway"},
+			{surface: "memc", method: "GET", path: "/memc?cmd=version", status: 502, names: "502 Bad Gateway"},
+			{surface: "memc", method: "GET", path: "/memc?cmd=stats", status: 502, names: "502 Bad Gateway"},
+			{surface: "memc", method: "GET", path: "/memc?cmd=flush_all", status: 502, names: "502 Bad Gateway"},
 			{surface: "multiget", method: "GET", path: "/?key={k}", status: 503, retry: true, result: 503, names: "no memcached node"},
 			{surface: "batch", method: "POST", path: "/", body: `[{"op":"set","key":"{k}","value":"v"}]`, status: 503, retry: true, result: 503, names: "no memcached node"},
 			{surface: "async", method: "PUT", path: "/{k}", body: "v", hdr: []string{"Prefer", "respond-async"}, status: 503, retry: true, names: "node"},
@@ -267,6 +288,10 @@ func surfaceOutcomes() []surfaceOutcome {
 		{name: "replicated write partly applied", upstream: "timeout", rig: "replicated", cells: []surfaceCell{
 			{surface: "rest", method: "PUT", path: "/{k}", body: "v", status: 504, names: "partly applied", after: "v"},
 			{surface: "rest", method: "DELETE", path: "/{k}", status: 504, names: "partly applied"},
+			{surface: "rest", method: "POST", path: "/{k}?op=append", body: "x", status: 504, names: "partly applied"},
+			{surface: "batch", method: "POST", path: "/", body: `[{"op":"delete","key":"{k}"}]`, status: 503, result: 504, names: "partly applied"},
+			{surface: "memc", method: "GET", path: "/memc?cmd=delete&key={k}", status: 504, names: "partly applied"},
+			{surface: "memc-path", method: "PUT", path: "/key/{k}", body: "v", status: 504, names: "partly applied", after: "v"},
 			{surface: "batch", method: "POST", path: "/", body: `[{"op":"set","key":"{k}","value":"v"}]`, status: 503, result: 504, names: "partly applied", after: "v"},
 			{surface: "async", method: "PUT", path: "/{k}", body: "v", hdr: []string{"Prefer", "respond-async"}, status: 202, async: "timeout", after: "v"},
 			{surface: "memc", method: "GET", path: "/memc?cmd=set&key={k}&val=v", status: 504, names: "partly applied", after: "v"},
@@ -466,9 +491,9 @@ func runCell(t *testing.T, r *rig, c surfaceCell, key, upstream, fast string) {
 	after := r.metrics(t)
 	switch ops := "memcgate_upstream_ops_total"; c.upstream {
 	case "":
-	case "none":
+	case "none", "uncounted":
 		if n := sample(after, ops, "") - sample(before, ops, ""); n != 0 {
-			t.Errorf("%s: %s rose by %v, want nothing sent to memcached", what, ops, n)
+			t.Errorf("%s: %s rose by %v, want it %s", what, ops, n, map[string]string{"none": "unchanged: nothing sent to memcached", "uncounted": "unchanged: a raw command is not counted"}[c.upstream])
 		}
 	default:
 		if n := sample(after, ops, `result="`+c.upstream+`"`) - sample(before, ops, `result="`+c.upstream+`"`); n < 1 {
