@@ -46,7 +46,8 @@ type surfaceCell struct {
 	names  string // a substring of the body (of the first result's error for batch and multiget): what was wrong
 	result int    // batch and multiget: the first result's status
 	retry  bool   // Retry-After expected (HTTP answers of 503, 502 with it)
-	async  string // async and udp: memcgate_async_writes_failed_total's reason, or "applied" or "unconfirmed"
+	allow  string // the Allow header of a 405
+	async  string // async and udp: memcgate_async_writes_failed_total's reason, "applied", "unconfirmed", or "rejected <reason>" (a 503)
 	// upstream is the result memcgate_upstream_ops_total counts for the
 	// request (ok, miss, rejected, error, timeout), none for a request
 	// that sends nothing to memcached, or uncounted for the raw commands
@@ -218,6 +219,8 @@ func surfaceOutcomes() []surfaceOutcome {
 		{name: "key with a control byte", upstream: "none", rig: "plain", key: "a\x01b", cells: []surfaceCell{
 			{surface: "rest", method: "GET", path: "/a%01b", status: 400, names: "key"},
 			{surface: "rest", method: "PUT", path: "/a%01b", body: "v", status: 400, names: "key"},
+			{surface: "rest", method: "PUT", path: "/a%7Fb", body: "v", status: 400, names: "key"},
+			{surface: "batch", method: "POST", path: "/", body: `[{"op":"set","key":"a\u007fb","value":"v"}]`, status: 200, result: 400, names: "key"},
 			{surface: "multiget", method: "GET", path: "/?key=a%01b", status: 400, names: "control bytes"},
 			{surface: "batch", method: "POST", path: "/", body: `[{"op":"set","key":"a\u0001b","value":"v"}]`, status: 200, result: 400, names: "key"},
 			{surface: "async", method: "PUT", path: "/a%01b", body: "v", hdr: []string{"Prefer", "respond-async"}, status: 400, names: "key"},
@@ -235,6 +238,10 @@ func surfaceOutcomes() []surfaceOutcome {
 			{surface: "memc-path", method: "PUT", path: "/key/" + key251, body: "v", status: 502, names: "CLIENT_ERROR bad command line format\r\n"},
 		}},
 		{name: "empty key", upstream: "none", rig: "plain", key: "-", cells: []surfaceCell{
+			// "/" is the multi-get's and the batch's: no key there.
+			{surface: "rest", method: "PUT", path: "/", body: "v", status: 405, allow: "GET, POST", names: "not allowed on /"},
+			{surface: "rest", method: "DELETE", path: "/", status: 405, allow: "GET, POST", names: "not allowed on /"},
+			{surface: "rest", method: "HEAD", path: "/", status: 405, allow: "GET, POST"},
 			{surface: "multiget", method: "GET", path: "/?key=", status: 400, names: "empty key"},
 			{surface: "batch", method: "POST", path: "/", body: `[{"op":"set","key":"","value":"v"}]`, status: 200, result: 400, names: "key"},
 			{surface: "memc", method: "GET", path: "/memc?cmd=get&key=", status: 500, names: "500 Internal Server Error"},
@@ -273,15 +280,15 @@ func surfaceOutcomes() []surfaceOutcome {
 			{surface: "rest", method: "PUT", path: "/{k}", body: "v", status: 503, retry: true, names: "no memcached node"},
 			{surface: "rest", method: "DELETE", path: "/{k}", status: 503, retry: true, names: "no memcached node"},
 			{surface: "rest", method: "POST", path: "/{k}?op=incr", status: 503, retry: true, names: "no memcached node"},
-			{surface: "async", method: "DELETE", path: "/{k}", hdr: []string{"Prefer", "respond-async"}, status: 503, retry: true, names: "node"},
-			{surface: "async", method: "POST", path: "/", body: `[{"op":"set","key":"{k}","value":"v"}]`, hdr: []string{"Prefer", "respond-async"}, status: 503, retry: true, names: "node"},
+			{surface: "async", method: "DELETE", path: "/{k}", hdr: []string{"Prefer", "respond-async"}, status: 503, retry: true, names: "node", async: "rejected node_down"},
+			{surface: "async", method: "POST", path: "/", body: `[{"op":"set","key":"{k}","value":"v"}]`, hdr: []string{"Prefer", "respond-async"}, status: 503, retry: true, names: "node", async: "rejected node_down"},
 			{surface: "memc-path", method: "GET", path: "/key/{k}", status: 502, names: "502 Bad Gateway"},
 			{surface: "memc", method: "GET", path: "/memc?cmd=version", status: 502, names: "502 Bad Gateway"},
 			{surface: "memc", method: "GET", path: "/memc?cmd=stats", status: 502, names: "502 Bad Gateway"},
 			{surface: "memc", method: "GET", path: "/memc?cmd=flush_all", status: 502, names: "502 Bad Gateway"},
 			{surface: "multiget", method: "GET", path: "/?key={k}", status: 503, retry: true, result: 503, names: "no memcached node"},
 			{surface: "batch", method: "POST", path: "/", body: `[{"op":"set","key":"{k}","value":"v"}]`, status: 503, retry: true, result: 503, names: "no memcached node"},
-			{surface: "async", method: "PUT", path: "/{k}", body: "v", hdr: []string{"Prefer", "respond-async"}, status: 503, retry: true, names: "node"},
+			{surface: "async", method: "PUT", path: "/{k}", body: "v", hdr: []string{"Prefer", "respond-async"}, status: 503, retry: true, names: "node", async: "rejected node_down"},
 			{surface: "memc", method: "GET", path: "/memc?cmd=get&key={k}", status: 502, names: "502 Bad Gateway"},
 			{surface: "memc", method: "GET", path: "/memc?cmd=set&key={k}&val=v", status: 502, names: "502 Bad Gateway"},
 		}},
@@ -442,7 +449,7 @@ func runCell(t *testing.T, r *rig, c surfaceCell, key, upstream, fast string) {
 	got, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	what := fmt.Sprintf("%s %s (%s)", c.method, shorten(path), c.surface)
-	if route := openAPIRoute(c); route != "" && !openAPIStatuses(t)[c.method+" "+route+" "+strconv.Itoa(resp.StatusCode)] {
+	if route, spec := openAPIRoute(c), openAPIStatuses(t); route != "" && spec[c.method+" "+route] && !spec[c.method+" "+route+" "+strconv.Itoa(resp.StatusCode)] {
 		t.Errorf("%s %s = %d: docs/openapi.json does not document %d for %s %s", c.method, shorten(path), resp.StatusCode, resp.StatusCode, c.method, route)
 	}
 	if resp.StatusCode != c.status {
@@ -450,6 +457,9 @@ func runCell(t *testing.T, r *rig, c surfaceCell, key, upstream, fast string) {
 	}
 	if c.retry != (resp.Header.Get("Retry-After") != "") {
 		t.Errorf("%s: Retry-After %q, want it %v", what, resp.Header.Get("Retry-After"), c.retry)
+	}
+	if a := resp.Header.Get("Allow"); a != c.allow {
+		t.Errorf("%s: Allow %q, want %q", what, a, c.allow)
 	}
 	text := string(got)
 	if c.result != 0 {
@@ -470,8 +480,11 @@ func runCell(t *testing.T, r *rig, c surfaceCell, key, upstream, fast string) {
 	if c.names != "" && !strings.Contains(text, c.names) {
 		t.Errorf("%s: body %q, want it to name %q", what, shorten(text), c.names)
 	}
-	if c.async != "" && resp.StatusCode == http.StatusAccepted {
+	if c.async != "" {
 		name, labels := "memcgate_async_writes_failed_total", `reason="`+c.async+`"`
+		if reason, ok := strings.CutPrefix(c.async, "rejected "); ok {
+			name, labels = "memcgate_async_writes_rejected_total", `reason="`+reason+`"`
+		}
 		switch c.async {
 		case "applied":
 			name, labels = "memcgate_async_writes_applied_total", ""
@@ -527,7 +540,7 @@ func openAPIRoute(c surfaceCell) string {
 }
 
 // openAPIStatuses is the set of "METHOD path status" docs/openapi.json
-// documents.
+// documents, and of "METHOD path" it describes.
 func openAPIStatuses(t *testing.T) map[string]bool {
 	t.Helper()
 	b, err := os.ReadFile("../../docs/openapi.json")
@@ -549,6 +562,7 @@ func openAPIStatuses(t *testing.T) map[string]bool {
 			if json.Unmarshal(raw, &op) != nil {
 				continue // "parameters"
 			}
+			out[strings.ToUpper(method)+" "+path] = true
 			for status := range op.Responses {
 				out[strings.ToUpper(method)+" "+path+" "+status] = true
 			}
