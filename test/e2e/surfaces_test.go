@@ -309,8 +309,10 @@ func surfaceOutcomes() []surfaceOutcome {
 // TestSurfacesAgree runs surfaceOutcomes on both HTTP server paths (the
 // h1 fast path and net/http): see the top of the file.
 func TestSurfacesAgree(t *testing.T) {
+	t.Parallel()
 	for _, fast := range []string{"true", "false"} {
 		t.Run("FAST_PATH="+fast, func(t *testing.T) {
+			t.Parallel() // each server path has rigs of its own
 			rigs := map[string]*rig{}
 			for _, o := range surfaceOutcomes() {
 				if rigs[o.rig] == nil && o.rig != "refused" {
