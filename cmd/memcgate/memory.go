@@ -94,15 +94,24 @@ func cgroupLimit(self, mountinfo string, read func(string) ([]byte, error)) int6
 		if path == "" {
 			continue
 		}
-		root, mount := f[3], f[4]
-		rel := path
-		if root != "/" {
-			rel = "" // the mount shows the process's cgroup or one above it
-			if strings.HasPrefix(path, root+"/") {
-				rel = path[len(root):]
-			}
+		root, mount := unescapeMountinfo(f[3]), filepath.Clean(unescapeMountinfo(f[4]))
+		var rel string
+		switch {
+		case root == "/":
+			rel = path
+		case path == root || strings.HasPrefix(path, root+"/"):
+			rel = path[len(root):] // the mount's root is the process's cgroup or one above it
+		default:
+			// Another cgroup's (a sibling's, one below the process's, or
+			// one outside its cgroup namespace, shown with ".."): its
+			// limit does not bound this process.
+			continue
 		}
-		for dir := filepath.Join(mount, rel); ; dir = filepath.Dir(dir) {
+		start := filepath.Join(mount, rel)
+		if start != mount && !strings.HasPrefix(start, mount+"/") {
+			continue // a cgroup outside the namespace's root ("/../x"): not under the mount
+		}
+		for dir := start; ; dir = filepath.Dir(dir) {
 			if v := cgroupLimitIn(read, filepath.Join(dir, file)); v > 0 && (lowest == 0 || v < lowest) {
 				lowest = v
 			}
@@ -113,6 +122,28 @@ func cgroupLimit(self, mountinfo string, read func(string) ([]byte, error)) int6
 	}
 	return lowest
 }
+
+// unescapeMountinfo undoes /proc/self/mountinfo's escapes of a path
+// field: a space, tab, newline or backslash is written as a backslash
+// and three octal digits.
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) && isOctal(s[i+1]) && isOctal(s[i+2]) && isOctal(s[i+3]) {
+			b.WriteByte((s[i+1]-'0')<<6 | (s[i+2]-'0')<<3 | (s[i+3] - '0'))
+			i += 3
+			continue
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// isOctal reports whether c is an octal digit.
+func isOctal(c byte) bool { return c >= '0' && c <= '7' }
 
 // cgroupPath is the path of the process's cgroup in the hierarchy whose
 // controllers field in /proc/self/cgroup (hierarchy-ID:controllers:path)

@@ -52,6 +52,30 @@ func TestCgroupLimit(t *testing.T) {
 			map[string]string{"/sys/fs/cgroup/memory/memory.limit_in_bytes": "67108864\n"}, 67108864},
 		{"hybrid: the memory controller in v1", "0::/svc\n4:memory:/svc\n", v2Mount + v1Mount,
 			map[string]string{"/sys/fs/cgroup/memory/svc/memory.limit_in_bytes": "268435456\n"}, 268435456},
+		// A mount whose root is not the process's cgroup or one above it
+		// (a sibling's, or one below: /proc/self/mountinfo shows it with
+		// ".." from the reader's cgroup namespace) holds another cgroup's
+		// limit, which does not bound this process.
+		{"v2, a second mount of a sibling cgroup", "0::/\n",
+			v2Mount + "41 30 0:26 /../other /mnt/other rw - cgroup2 cgroup2 rw\n",
+			map[string]string{"/sys/fs/cgroup/memory.max": "1073741824\n", "/mnt/other/memory.max": "67108864\n"}, 1073741824},
+		{"v2, a second mount of a cgroup below the process's", "0::/svc\n",
+			v2Mount + "41 30 0:26 /svc/child /mnt/child rw - cgroup2 cgroup2 rw\n",
+			map[string]string{"/sys/fs/cgroup/svc/memory.max": "1073741824\n", "/mnt/child/memory.max": "67108864\n"}, 1073741824},
+		{"v1, a mount of another container's cgroup", "4:memory:/docker/abc\n",
+			"35 31 0:32 /docker/xyz /sys/fs/cgroup/memory ro - cgroup cgroup rw,memory\n",
+			map[string]string{"/sys/fs/cgroup/memory/memory.limit_in_bytes": "67108864\n"}, 0},
+		// A process outside its cgroup namespace's root: its cgroup is not
+		// under the mount, and nothing outside the mount is read.
+		{"v2, a cgroup above the namespace's root", "0::/../sib\n", v2Mount,
+			map[string]string{"/sys/fs/sib/memory.max": "67108864\n", "/sys/fs/cgroup/memory.max": "1073741824\n"}, 0},
+		// mountinfo escapes a space, tab, newline and backslash as octal.
+		{"v2, a mount point with a space", "0::/svc\n",
+			"30 23 0:26 / /run/my\\040cgroup rw - cgroup2 cgroup2 rw\n",
+			map[string]string{"/run/my cgroup/svc/memory.max": "268435456\n"}, 268435456},
+		{"v1, a cgroup path with ':' and a space", "4:memory:/a:b c\n",
+			"35 31 0:32 /a:b\\040c /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n",
+			map[string]string{"/sys/fs/cgroup/memory/memory.limit_in_bytes": "134217728\n"}, 134217728},
 		{"no cgroup mounted", "0::/\n", "22 1 0:21 / /proc rw - proc proc rw\n", nil, 0},
 		{"a limit file that does not parse", "0::/\n", v2Mount,
 			map[string]string{"/sys/fs/cgroup/memory.max": "lots\n"}, 0},
