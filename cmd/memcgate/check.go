@@ -4,9 +4,13 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 
 	"github.com/memcgate/memcgate/cmd/memcgate/internal/liveconfig"
 	"github.com/memcgate/memcgate/config"
+	"github.com/memcgate/memcgate/gateway/budget"
+	"github.com/memcgate/memcgate/upstream/route"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // check reads the configuration as a start reads it (the environment,
@@ -30,6 +34,9 @@ func check(ctx context.Context, environ map[string]string, args []string, out io
 	if err != nil {
 		return fmt.Errorf("invalid configuration:\n%w", err)
 	}
+	if err := checkRoutes(cfg, sec); err != nil {
+		return fmt.Errorf("invalid configuration:\n%w", err)
+	}
 	for _, w := range append(cfg.Warnings(), processWarnings(cfg, environ)...) {
 		fmt.Fprintln(out, "warning:", w)
 	}
@@ -38,4 +45,16 @@ func check(ctx context.Context, environ map[string]string, args []string, out io
 	}
 	fmt.Fprintln(out, "configuration ok")
 	return nil
+}
+
+// checkRoutes builds the pools' router as a start does (process.upstream)
+// and lets it go, for what it refuses beyond the configuration's own
+// checks: two nodes whose CAS tags clash, a pool's policies. route.New
+// opens no connection and starts no goroutine.
+func checkRoutes(cfg config.Config, sec *security) error {
+	r, err := route.New(routeOptions(cfg, sec.dialer, budget.New(0)), slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		return err
+	}
+	return r.Close()
 }

@@ -156,6 +156,10 @@ func TestCheck(t *testing.T) {
 		{name: "an argument", args: []string{"/etc/memcgate/memcgate.env"}, wantErr: "check takes no argument"},
 		{name: "FIT_PROCS beside GOMAXPROCS", environ: map[string]string{"MEMCGATE_FIT_PROCS": "true", "GOMAXPROCS": "4"},
 			wantOut: "warning: MEMCGATE_FIT_PROCS=true is ignored: GOMAXPROCS=4 sets the processors"},
+		// Refused by the router the start builds, past the configuration's
+		// own checks: two nodes whose CAS tags (FNV-1a of host:port) clash.
+		{name: "a CAS tag clash", environ: map[string]string{"MEMCGATE_SERVERS": "127.3.120.184:11211,127.3.156.24:11211"},
+			wantErr: "share the CAS tag ee3207b6"},
 		{name: "a token file with no token", environ: map[string]string{"MEMCGATE_AUTH_TOKENS_FILE": emptyFile(t)},
 			wantOut: "warning: MEMCGATE_AUTH_TOKENS_FILE gives no token: every request that needs a scope would be refused (401)\nconfiguration ok\n"},
 	}
