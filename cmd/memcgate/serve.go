@@ -432,6 +432,10 @@ func (p *process) run(ctx context.Context) error {
 		log.Info("draining", "delay", cfg.DrainDelay.String())
 		time.Sleep(cfg.DrainDelay)
 	}
+	// The watch stopped as the drain began: the path may have been given
+	// to another socket since (the next gateway, started while this one
+	// drains), which the listener's close must not remove.
+	p.sockWatch.keepOthers()
 	shutCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()
 	if err := data.Shutdown(shutCtx); err != nil {

@@ -28,8 +28,9 @@ const socketCheckEvery = time.Second
 //
 // It reports, it does not make the file again: the path may have become
 // another service's, and a socket systemd passed is systemd's to
-// make. Once it finds the file gone, the listener's close no longer
-// unlinks the path, which may by then hold another process's socket.
+// make. Once it finds the file gone, or finds it so at the stop
+// (keepOthers), the listener's close no longer unlinks the path, which
+// may by then hold another process's socket.
 // It holds an atomic: it must not be copied.
 type socketWatch struct {
 	path string
@@ -104,4 +105,17 @@ func (w *socketWatch) check() {
 	}
 	w.log.Error("listen socket file gone: no client can connect over it until the gateway restarts (MEMCGATE_LISTEN_SOCKET; with the socket unit, restart memcgate-unix.socket too); the TCP listener serves on",
 		"path", w.path, "found", found)
+}
+
+// keepOthers, called once Run has returned and before the listener is
+// closed, leaves the file at path alone at the close unless it is still
+// the listener's socket. It logs nothing: the gateway is stopping, and
+// what the path holds now is another process's to serve.
+func (w *socketWatch) keepOthers() {
+	if w.ul == nil {
+		return
+	}
+	if fi, err := os.Lstat(w.path); err != nil || w.want == nil || !os.SameFile(w.want, fi) {
+		w.ul.SetUnlinkOnClose(false)
+	}
 }

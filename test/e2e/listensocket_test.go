@@ -202,3 +202,38 @@ func inFlight(t *testing.T, g *gateway) float64 {
 	}
 	return 0
 }
+
+// TestListenSocketReplacedDuringTheDrain: the socket file of
+// MEMCGATE_LISTEN_SOCKET removed and another process's socket put at its
+// path during the drain after SIGTERM (a script that starts the next
+// gateway while the old one drains) is left there at the stop: the
+// listener's close must not unlink what the path holds by then.
+func TestListenSocketReplacedDuringTheDrain(t *testing.T) {
+	t.Parallel()
+	mc := memcachedtest.Start(t)
+	sock := filepath.Join(t.TempDir(), "m.sock")
+	g := startGateway(t, map[string]string{"MEMCGATE_SERVERS": mc.Addr, "MEMCGATE_LISTEN_SOCKET": sock, "MEMCGATE_DRAIN_DELAY": "2s"})
+	g.Signal(syscall.SIGTERM)
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(g.Logs(), `"msg":"draining"`); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no drain began within 5s of SIGTERM:\n%s", gatewaytest.Tail(g.Logs(), 2000))
+		}
+	}
+	if err := os.Remove(sock); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	t.Cleanup(func() { ln.Close() })
+	if _, ok := g.Wait(10 * time.Second); !ok {
+		t.Fatal("memcgate did not stop within 10s of SIGTERM")
+	}
+	c, err := net.DialTimeout("unix", sock, time.Second)
+	if err != nil {
+		t.Fatalf("the other process's socket at %s after the gateway stopped: %v, want it left there", sock, err)
+	}
+	c.Close()
+}
