@@ -101,6 +101,12 @@ func cgroupLimit(self, mountinfo string, read func(string) ([]byte, error)) int6
 			rel = path
 		case path == root || strings.HasPrefix(path, root+"/"):
 			rel = path[len(root):] // the mount's root is the process's cgroup or one above it
+		case onlyUp(root) && !strings.HasPrefix(path, "/.."):
+			// Above the process's cgroup namespace's root ("/../..": a
+			// mount made outside the namespace): an ancestor, whose
+			// path down to the process's cgroup is not told. Its own
+			// limit bounds the process.
+			rel = ""
 		default:
 			// Another cgroup's (a sibling's, one below the process's, or
 			// one outside its cgroup namespace, shown with ".."): its
@@ -121,6 +127,18 @@ func cgroupLimit(self, mountinfo string, read func(string) ([]byte, error)) int6
 		}
 	}
 	return lowest
+}
+
+// onlyUp reports whether path, as /proc/self/mountinfo shows a cgroup
+// mount's root, is made of ".." alone: a cgroup above the reader's
+// cgroup namespace's root.
+func onlyUp(path string) bool {
+	for _, e := range strings.Split(strings.TrimPrefix(path, "/"), "/") {
+		if e != ".." {
+			return false
+		}
+	}
+	return path != "/"
 }
 
 // unescapeMountinfo undoes /proc/self/mountinfo's escapes of a path

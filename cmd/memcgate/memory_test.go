@@ -65,6 +65,13 @@ func TestCgroupLimit(t *testing.T) {
 		{"v1, a mount of another container's cgroup", "4:memory:/docker/abc\n",
 			"35 31 0:32 /docker/xyz /sys/fs/cgroup/memory ro - cgroup cgroup rw,memory\n",
 			map[string]string{"/sys/fs/cgroup/memory/memory.limit_in_bytes": "67108864\n"}, 0},
+		// A mount made outside the process's cgroup namespace, whose root
+		// is above the namespace's (unshare -C, the host's cgroup file
+		// system mounted into a container with a namespace of its own):
+		// its top is an ancestor, the path from it down is not told.
+		{"v2, a mount from above the namespace's root", "0::/\n",
+			"30 23 0:26 /../.. /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n",
+			map[string]string{"/sys/fs/cgroup/memory.max": "1073741824\n"}, 1073741824},
 		// A process outside its cgroup namespace's root: its cgroup is not
 		// under the mount, and nothing outside the mount is read.
 		{"v2, a cgroup above the namespace's root", "0::/../sib\n", v2Mount,
