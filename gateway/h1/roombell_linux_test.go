@@ -72,6 +72,40 @@ func TestRoomBell(t *testing.T) {
 	}
 }
 
+// TestRoomBellOnARaisedLimit: a body waiting in the room line is let in
+// when a reload raises the budget's limit (SetLimit), with nothing given
+// back: the bell rings for the limit too, or the body would wait out its
+// BudgetWait and be refused.
+func TestRoomBellOnARaisedLimit(t *testing.T) {
+	const limit, size, other = 400 << 10, 150 << 10, 300 << 10
+	bg := budget.New(limit)
+	s, addr := startH1(t, echoLen(), func(s *Server) {
+		s.Budget, s.BudgetWait = bg, 5*time.Second
+		s.BodyLimit = func(*http.Request) int64 { return 1 << 20 }
+	})
+	if err := bg.Acquire(other); err != nil { // held on: only the limit can make room
+		t.Fatal(err)
+	}
+	defer bg.Release(other)
+	c, br := put(t, addr, "/body", size)
+	if !eventually(func() bool { return roomCount(s) == 1 }) {
+		t.Fatalf("%d bodies in the room line, want 1", roomCount(s))
+	}
+	a := answerOf(c, br)
+	time.Sleep(20 * time.Millisecond)
+	raised := time.Now()
+	bg.SetLimit(2 << 20)
+	select {
+	case got := <-a:
+		if got.err != nil || got.r.body != fmt.Sprintf("read %d", size) {
+			t.Errorf("the body let in: %v, %v; want it read whole", got.r, got.err)
+		}
+		t.Logf("answered %v after the limit was raised", got.at.Sub(raised))
+	case <-time.After(3 * time.Second):
+		t.Fatalf("the body was not let in within 3 s of the limit raised (%d bodies in the line)", roomCount(s))
+	}
+}
+
 // BenchmarkRoomAdmission measures how long a body waiting in the room
 // line takes from the Release that makes room for it to its handler's
 // start: rung by the budget (bell), or found on the poller's next look
