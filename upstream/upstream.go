@@ -1060,7 +1060,13 @@ func (c *Cluster) keysOf(o *op.Op) (store, hash string) {
 // the owner. tried is a node a first attempt already failed on, with
 // prev; nil if there was none. writeKey is a write's key as sent to
 // memcached, empty for a read: each node a write passes over (down, or
-// its connection could not be made) records it (stale.go).
+// its connection could not be made) records it (stale.go). A read that
+// misses on a node after a node ahead of it failed with a timeout (of a
+// reply, or of a dial) returns that failure, not ErrNotFound: the node
+// that timed out is still there and may hold the key, which the next
+// node never got (decisions/0085). A node that is not there (refused,
+// reset: hardFailure), or passed over as down, holds nothing to answer
+// for: the next node's miss stands.
 func (c *Cluster) routeAfter(ctx context.Context, hashKey, writeKey string, tried *node, prev error, call func(n *node, failover bool) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -1100,6 +1106,13 @@ func (c *Cluster) routeAfter(ctx context.Context, hashKey, writeKey string, trie
 		}
 		dial, ok := nodeFailure(err)
 		if !ok {
+			if last != nil && !write && !hardFailure(last) && errors.Is(err, ErrNotFound) {
+				// A node ahead of n in the key's ring order failed the
+				// read but may still hold the key (it timed out, or its
+				// connection could not be had in time): n's miss says
+				// nothing of the key, and that failure is the answer.
+				return last
+			}
 			return err
 		}
 		last = err
