@@ -5,6 +5,7 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -26,7 +27,20 @@ var binary string
 
 // The binary is built with the race detector, so end-to-end runs also
 // catch data races in the shipped code.
-func TestMain(m *testing.M) { gatewaytest.Main(m, true, &binary) }
+//
+// The package's parallel tests run 4 at a time unless -parallel says
+// otherwise, where go test's default is one per core: they mostly wait on
+// the processes they start (timeouts, ejections, drains, PHP), and they
+// run after the serial tests, which keep the machine to themselves.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	parallelSet := false
+	flag.Visit(func(f *flag.Flag) { parallelSet = parallelSet || f.Name == "test.parallel" })
+	if !parallelSet {
+		flag.Set("test.parallel", "4")
+	}
+	gatewaytest.Main(m, true, &binary)
+}
 
 // gateway is one running memcgate process with request helpers.
 type gateway struct {
