@@ -16,6 +16,7 @@ import (
 
 	"github.com/memcgate/memcgate/gateway"
 	"github.com/memcgate/memcgate/gateway/budget"
+	"github.com/memcgate/memcgate/test/memcachedtest"
 	"github.com/memcgate/memcgate/upstream"
 )
 
@@ -25,40 +26,30 @@ import (
 // the port and the reply's size.
 func hostileStats(t *testing.T) (port, size int) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
 	var reply strings.Builder
 	for i := 0; reply.Len() < 1_000_000; i++ {
 		reply.WriteString("STAT padding_" + strconv.Itoa(i) + " " + strings.Repeat("x", 64) + "\r\n")
 	}
 	reply.WriteString("END\r\n")
-	go func() {
+	addr := memcachedtest.StartRaw(t, func(c net.Conn, br *bufio.Reader) {
 		for {
-			c, err := ln.Accept()
+			line, err := br.ReadString('\n')
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					line, err := br.ReadString('\n')
-					if err != nil {
-						return
-					}
-					if line == "stats\r\n" {
-						_, _ = io.WriteString(c, reply.String())
-					} else {
-						_, _ = io.WriteString(c, "ERROR\r\n")
-					}
-				}
-			}()
+			if line == "stats\r\n" {
+				_, _ = io.WriteString(c, reply.String())
+			} else {
+				_, _ = io.WriteString(c, "ERROR\r\n")
+			}
 		}
-	}()
-	return ln.Addr().(*net.TCPAddr).Port, reply.Len()
+	})
+	_, p, _ := net.SplitHostPort(addr)
+	port, err := strconv.Atoi(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return port, reply.Len()
 }
 
 // stalledWriter is a ResponseWriter whose first Write of the body
