@@ -24,21 +24,7 @@ import (
 func TestListenerFailsAfterStart(t *testing.T) {
 	mc := memcachedtest.Start(t)
 	g := gatewaytest.New(t, binary, map[string]string{"MEMCGATE_SERVERS": mc.Addr, "MEMCGATE_DRAIN_DELAY": "0s"})
-	var files []*os.File
-	for _, addr := range []string{g.DataAddr, g.AdminAddr} {
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f, err := ln.(*net.TCPListener).File()
-		ln.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { f.Close() })
-		files = append(files, f)
-	}
-	g.Activate([]string{"data", "admin"}, files)
+	files := activateTCP(t, g)
 	g.Start(t)
 
 	if err := syscall.Shutdown(int(files[0].Fd()), syscall.SHUT_RDWR); err != nil {
@@ -61,4 +47,29 @@ func TestListenerFailsAfterStart(t *testing.T) {
 	if !strings.Contains(line, `"level":"ERROR"`) || !strings.Contains(line, "accept") {
 		t.Errorf("log line %q: want level ERROR and the accept's error", line)
 	}
+}
+
+// activateTCP binds g's data and admin addresses and passes the two
+// listeners to g as systemd passes sockets (named data and admin), so
+// that a test holds their descriptors and can shut one down under the
+// running gateway. It returns the descriptors, data first; call it
+// before g's first Start.
+func activateTCP(t *testing.T, g *gatewaytest.Gateway) []*os.File {
+	t.Helper()
+	var files []*os.File
+	for _, addr := range []string{g.DataAddr, g.AdminAddr} {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := ln.(*net.TCPListener).File()
+		ln.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		files = append(files, f)
+	}
+	g.Activate([]string{"data", "admin"}, files)
+	return files
 }

@@ -130,22 +130,7 @@ func TestListenSocketRemovedAtStop(t *testing.T) {
 			if tt.fail {
 				// The data and admin listeners passed as systemd passes
 				// them, so that the test can shut the data one down.
-				var files []*os.File
-				for _, addr := range []string{gw.DataAddr, gw.AdminAddr} {
-					ln, err := net.Listen("tcp", addr)
-					if err != nil {
-						t.Fatal(err)
-					}
-					f, err := ln.(*net.TCPListener).File()
-					ln.Close()
-					if err != nil {
-						t.Fatal(err)
-					}
-					t.Cleanup(func() { f.Close() })
-					files = append(files, f)
-				}
-				gw.Activate([]string{"data", "admin"}, files)
-				data = files[0]
+				data = activateTCP(t, gw)[0]
 			}
 			gw.Start(t)
 			g := &gateway{Gateway: gw, t: t, URL: "http://" + gw.DataAddr, Admin: "http://" + gw.AdminAddr}
