@@ -85,7 +85,8 @@ func (c *Cluster) putAsyncOp(a *asyncOp) {
 	c.asyncOps.Put(a)
 }
 
-// complete ends a DoAsync: mcpipe's callback.
+// complete ends a DoAsync: mcpipe's callback. mi is mcpipe's until
+// complete returns: itemOf copies it.
 func (a *asyncOp) complete(mi *memcache.Item, num uint64, err error) {
 	c, ctx, n, start, o, done := a.c, a.ctx, a.n, a.start, a.o, a.done
 	c.putAsyncOp(a)

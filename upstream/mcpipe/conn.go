@@ -38,7 +38,8 @@ type call struct {
 	ahead int               // a large read's size last seen, counted in its Client's ahead until released (Client.admit)
 	peer  []*call           // on the first call of a shared gets line: every call on it
 	self  [1]*call          // members' answer for a call on its own, without allocating
-	one   [1]*memcache.Item // reply.items of a call on a shared line, without allocating
+	one   [1]*memcache.Item // reply.items of a call on a shared line, without allocating: &item
+	item  memcache.Item     // the item of a call on a shared line, copied out of the reader's (share)
 	reply
 	done chan struct{}
 	by   time.Time // the caller's deadline, if it has one: progress keeps it waiting no longer (extendLocked)
@@ -64,14 +65,19 @@ func (cl *call) complete() {
 	}
 	c, done := cl.client, cl.onDone
 	it, n, err := cl.result()
-	c.release(cl)
+	// Back to the pool once the callback has returned: it may be given
+	// the call's own item (cl.item), which it copies what it keeps
+	// from. Its value is no longer on its way, as before the callback.
+	c.dropAhead(cl)
+	defer c.release(cl)
 	// A panic in the callback ends it alone: the reply was read whole,
 	// so the stream is where it was, and the calls after it still run.
 	defer c.callbackPanics.Recover()
 	done(it, n, err)
 }
 
-// result is what the call's reply comes to, as Do returns it.
+// result is what the call's reply comes to, as Do returns it. Its item
+// may be the call's own (cl.item), which its release clears.
 func (cl *call) result() (*memcache.Item, uint64, error) {
 	switch {
 	case cl.err != nil:
@@ -848,11 +854,11 @@ var errReaderPanicked = errors.New("mcpipe: the reply reader panicked (a bug): t
 // readLoop reads replies until the connection fails.
 func (c *conn) readLoop() {
 	br := bufio.NewReaderSize(&progressReader{c: c}, 16<<10)
-	var keys []string          // the keys of the reply's shared gets line, reused
-	var asked []string         // the keys of a reply of its own, reused
-	var rooms []op.Room        // their calls' rooms, or the call's own; reused
-	var holds []held           // what the reply being read holds; reused
-	var lined []*memcache.Item // a shared line's items, handed out by share; reused
+	var keys []string    // the keys of the reply's shared gets line, reused
+	var asked []string   // the keys of a reply of its own, reused
+	var rooms []op.Room  // their calls' rooms, or the call's own; reused
+	var holds []held     // what the reply being read holds; reused
+	var lined linedItems // a shared line's items, handed out by share; reused
 	release := func() {
 		for _, h := range holds {
 			h.room.Release(h.n)
@@ -910,7 +916,7 @@ func (c *conn) readLoop() {
 		if probe != nil {
 			r, err = readProbe(br, probe)
 		} else {
-			r, err = readReply(br, k, verb, keys, asked, lim, rooms, &holds, c.hints, lined[:0])
+			r, err = readReply(br, k, verb, keys, asked, lim, rooms, &holds, c.hints, &lined)
 		}
 		clear(rooms) // let the callers go
 		clear(asked)
@@ -929,12 +935,9 @@ func (c *conn) readLoop() {
 		members := cl.members()
 		if len(cl.peer) > 0 {
 			share(members, r)
-			// Each call holds its item in its own one: the line's
-			// array is free again.
-			clear(r.items)
-			if cap(r.items) <= maxSharedKeys {
-				lined = r.items[:0]
-			}
+			// Each call holds a copy of its item in its own: the
+			// line's arrays are free again.
+			lined.keep(r.items)
 		} else {
 			cl.reply = r
 		}
@@ -1094,6 +1097,29 @@ func signal(calls []*call) {
 	calls[0].complete()
 }
 
+// linedItems is where a reader puts a shared gets line's items (readReply),
+// reused from line to line: share copies each into its call (call.item)
+// before the next line is read.
+type linedItems struct {
+	items []*memcache.Item // the line's items, each pointing into vals
+	vals  []memcache.Item
+}
+
+// keep makes items, a shared line's items that share has copied out, the
+// arrays of the next line, if they are not too large, with nothing of
+// this line's left in them (no value kept from the collector).
+func (l *linedItems) keep(items []*memcache.Item) {
+	clear(l.vals[:min(len(items), len(l.vals))])
+	clear(items)
+	if cap(items) > maxSharedKeys {
+		return
+	}
+	l.items = items[:0]
+	if len(l.vals) < cap(items) {
+		l.vals = make([]memcache.Item, cap(items))
+	}
+}
+
 // share hands each call on a shared gets line its own part of the reply:
 // the item memcached sent for its place on the line, or none (a miss).
 // memcached answers a key named twice twice, so no two calls share an
@@ -1110,7 +1136,8 @@ func share(calls []*call, r reply) {
 		case slices.Contains(r.nofit, j):
 			p.reply.err = ErrNoFit
 		case next < len(r.items) && r.items[next].Key == p.key:
-			p.one[0] = r.items[next]
+			p.item = *r.items[next]
+			p.one[0] = &p.item
 			p.reply.items = p.one[:]
 			next++
 		}
@@ -1194,14 +1221,15 @@ type replyLimit struct {
 // twice), is a broken stream (errProtocol), whose connection fails, so
 // that no caller is handed a value that is not its key's. The size of a
 // value asked of a room goes to hints (nil: nowhere). A shared line's
-// items are put in lined if it has room for them (the reader's array,
-// free once share handed them out), else in an array of their own.
-func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys, asked []string, lim replyLimit, rooms []op.Room, holds *[]held, hints *SizeHints, lined []*memcache.Item) (r reply, err error) {
+// items are put in lined if it has room for them (the reader's arrays,
+// free once share copied them out), else each in memory of its own.
+func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys, asked []string, lim replyLimit, rooms []op.Room, holds *[]held, hints *SizeHints, lined *linedItems) (r reply, err error) {
 	keys := keyCursor{keys: lineKeys}
 	if len(lineKeys) == 0 {
 		keys = keyCursor{keys: asked, own: true}
 	}
 	kept := 0
+	var vals []memcache.Item // where the items are, if in lined
 	for {
 		line, err := readLine(br)
 		if err != nil {
@@ -1288,13 +1316,22 @@ func readReply(br *bufio.Reader, k op.Reply, verb string, lineKeys, asked []stri
 				return r, err
 			}
 			if r.items == nil && len(keys.keys) > 0 {
-				if !keys.own && cap(lined) >= len(keys.keys) {
-					r.items = lined[:0]
+				if !keys.own && lined != nil && cap(lined.items) >= len(keys.keys) && len(lined.vals) >= len(keys.keys) {
+					r.items, vals = lined.items[:0], lined.vals[:len(keys.keys)]
 				} else {
 					r.items = make([]*memcache.Item, 0, len(keys.keys))
 				}
 			}
-			r.items = append(r.items, it)
+			// A line's keys are answered once each, in order
+			// (keyCursor): its items are at most its keys.
+			var p *memcache.Item
+			if vals != nil {
+				p = &vals[len(r.items)]
+			} else {
+				p = new(memcache.Item)
+			}
+			*p = it
+			r.items = append(r.items, p)
 		case isErrorLine(line):
 			r.err = fmt.Errorf("memcache: unexpected line in get response: %s", shown(line))
 			return r, nil
@@ -1707,10 +1744,10 @@ func (kc *keyCursor) key(b []byte) (string, int) {
 
 // parseValueLine parses "VALUE <key> <flags> <bytes> [<cas>]\r\n", taking
 // the key and its index from keys.
-func parseValueLine(line []byte, keys *keyCursor) (it *memcache.Item, index, size int, err error) {
+func parseValueLine(line []byte, keys *keyCursor) (it memcache.Item, index, size int, err error) {
 	rest := line[len(prefixValue) : len(line)-2]
 	if len(rest) == 0 || rest[len(rest)-1] == ' ' {
-		return nil, 0, 0, fmt.Errorf("%w: %s", errProtocol, shown(line))
+		return it, 0, 0, fmt.Errorf("%w: %s", errProtocol, shown(line))
 	}
 	var f [4][]byte
 	n := 0
@@ -1723,7 +1760,7 @@ func parseValueLine(line []byte, keys *keyCursor) (it *memcache.Item, index, siz
 		rest = rest[min(i+1, len(rest)):]
 	}
 	if len(rest) > 0 || n < 3 || len(f[0]) == 0 {
-		return nil, 0, 0, fmt.Errorf("%w: %s", errProtocol, shown(line))
+		return it, 0, 0, fmt.Errorf("%w: %s", errProtocol, shown(line))
 	}
 	flags, err1 := strconv.ParseUint(string(f[1]), 10, 32)
 	n64, err2 := strconv.ParseUint(string(f[2]), 10, 31)
@@ -1733,8 +1770,8 @@ func parseValueLine(line []byte, keys *keyCursor) (it *memcache.Item, index, siz
 		cas, err3 = strconv.ParseUint(string(f[3]), 10, 64)
 	}
 	if err1 != nil || err2 != nil || err3 != nil {
-		return nil, 0, 0, fmt.Errorf("%w: %s", errProtocol, shown(line))
+		return it, 0, 0, fmt.Errorf("%w: %s", errProtocol, shown(line))
 	}
 	key, index := keys.key(f[0])
-	return &memcache.Item{Key: key, Flags: uint32(flags), CasID: cas}, index, int(n64), nil
+	return memcache.Item{Key: key, Flags: uint32(flags), CasID: cas}, index, int(n64), nil
 }

@@ -110,6 +110,7 @@ func TestItemsNotReadAfterReuse(t *testing.T) {
 						case 8: // on a shared line, called back by the reader
 							done := make(chan string, 1)
 							err := c.DoAsync(context.Background(), op.Op{Verb: op.Get, Item: op.Item{Key: k}}, k, func(it *memcache.Item, _ uint64, err error) {
+								it = copied(it) // valid only until the callback returns
 								switch {
 								case err == nil:
 									done <- check(k, it)
@@ -158,5 +159,48 @@ func TestItemsNotReadAfterReuse(t *testing.T) {
 			}
 			t.Logf("%d items checked again", len(kept))
 		})
+	}
+}
+
+// TestSharedLineItemNotAllocated (issue #20): a Get on a shared gets line
+// allocates its value's buffer and nothing else: its item is read into
+// the reader's array and copied into the call (share), whose callback
+// gets the call's own. (Do copies it out of the call before the call goes
+// back to the pool: one allocation more.)
+func TestSharedLineItemNotAllocated(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	srv := memcachedtest.Start(t)
+	c := newClient(srv.Addr, 1, nil)
+	defer c.Close()
+	key, value := strings.Repeat("k", 96), strings.Repeat("v", 400)
+	if err := c.Set(&memcache.Item{Key: key, Value: []byte(value)}); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	done := func(it *memcache.Item, _ uint64, err error) {
+		if err == nil && (it.Key != key || string(it.Value) != value) {
+			err = fmt.Errorf("item %q of %d bytes", it.Key, len(it.Value))
+		}
+		got <- err
+	}
+	get := func() {
+		if err := c.DoAsync(context.Background(), op.Op{Verb: op.Get}, key, done); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-got; err != nil {
+			t.Fatal(err)
+		}
+	}
+	get()
+	// The fewest of three runs: a collection during one empties the
+	// pools the call draws on.
+	n := 1e9
+	for range 3 {
+		n = min(n, testing.AllocsPerRun(200, get))
+	}
+	if n > 1 {
+		t.Errorf("DoAsync Get: %v allocations, want 1 (the value's buffer)", n)
 	}
 }

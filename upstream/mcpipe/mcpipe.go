@@ -325,6 +325,11 @@ func (c *Client) Do(ctx context.Context, o op.Op, key string) (*memcache.Item, u
 		c.metaSets.Store(true)
 	}
 	it, n, err := cl.result()
+	if it == &cl.item {
+		// The call's own, cleared when it goes back to the pool.
+		own := *it
+		it = &own
+	}
 	c.release(cl)
 	return it, n, err
 }
@@ -424,7 +429,9 @@ func (c *Client) newCall() *call {
 // caller's before DoAsync returns; never with a lock of the Client held.
 // Callbacks of one connection may run concurrently and out of request
 // order when it fails. o is encoded before DoAsync returns; it is not
-// kept.
+// kept. The item done gets is valid until done returns, as the bytes
+// given to an io.Writer's Write are: done copies what it keeps of it (its
+// Value is the caller's to keep).
 //
 // DoAsync never waits: a value that would wait for room on its
 // connection (see Do) is refused with ErrNoRoom, and the caller may use
@@ -476,9 +483,7 @@ func (c *Client) DoAsync(ctx context.Context, o op.Op, key string, done func(*me
 
 // release returns a call whose results the caller has read.
 func (c *Client) release(cl *call) {
-	if cl.ahead != 0 {
-		c.ahead.Add(-int64(cl.ahead))
-	}
+	c.dropAhead(cl)
 	// A pooled call keeps its peer array only if it is small, and never
 	// the calls in it: stale pointers there would keep those calls (and
 	// their own arrays) alive, so a burst's shared lines would stay in
@@ -492,6 +497,15 @@ func (c *Client) release(cl *call) {
 	}
 	*cl = call{done: cl.done, peer: peer}
 	c.calls.Put(cl)
+}
+
+// dropAhead gives back what cl counts in c.ahead, once: when its reply
+// has been read, even if the call itself goes back to the pool later.
+func (c *Client) dropAhead(cl *call) {
+	if cl.ahead != 0 {
+		c.ahead.Add(-int64(cl.ahead))
+		cl.ahead = 0
+	}
 }
 
 // maxPooledPeers is the largest peer array a pooled call keeps: shared

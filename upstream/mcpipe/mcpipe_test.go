@@ -930,9 +930,20 @@ func TestReplyToAnOpenLine(t *testing.T) {
 	}
 }
 
-// getAsync and setAsync are DoAsync for one Get or Set.
+// getAsync and setAsync are DoAsync for one Get or Set. getAsync's done
+// gets a copy of the item, which it may keep.
 func getAsync(c *Client, key string, done func(*memcache.Item, error)) error {
-	return c.DoAsync(context.Background(), op.Op{Verb: op.Get}, key, func(it *memcache.Item, _ uint64, err error) { done(it, err) })
+	return c.DoAsync(context.Background(), op.Op{Verb: op.Get}, key, func(it *memcache.Item, _ uint64, err error) { done(copied(it), err) })
+}
+
+// copied is a copy of it (nil: nil), for a DoAsync callback that keeps the
+// item it gets past its return.
+func copied(it *memcache.Item) *memcache.Item {
+	if it == nil {
+		return nil
+	}
+	c := *it
+	return &c
 }
 
 func setAsync(c *Client, it *memcache.Item, done func(error)) error {
@@ -1738,9 +1749,9 @@ func TestReplyItemsInLinedArray(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			lined := make([]*memcache.Item, 0, tt.lined)
+			lined := linedItems{items: make([]*memcache.Item, 0, tt.lined), vals: make([]memcache.Item, tt.lined)}
 			br := bufio.NewReader(strings.NewReader(value))
-			r, err := readReply(br, op.Items, "gets", tt.lineKeys, tt.asked, replyLimit{}, nil, nil, nil, lined)
+			r, err := readReply(br, op.Items, "gets", tt.lineKeys, tt.asked, replyLimit{}, nil, nil, nil, &lined)
 			if err != nil || r.err != nil {
 				t.Fatalf("readReply: %v, %v", err, r.err)
 			}
@@ -1751,8 +1762,13 @@ func TestReplyItemsInLinedArray(t *testing.T) {
 			if !slices.Equal(keys, tt.wantItemsKeys) {
 				t.Errorf("items %v, want %v", keys, tt.wantItemsKeys)
 			}
-			if in := unsafe.SliceData(r.items) == unsafe.SliceData(lined); in != tt.wantInLined {
+			if in := unsafe.SliceData(r.items) == unsafe.SliceData(lined.items); in != tt.wantInLined {
 				t.Errorf("items in the reader's array: %v, want %v", in, tt.wantInLined)
+			}
+			for i, it := range r.items {
+				if in := it == &lined.vals[min(i, len(lined.vals)-1)]; in != tt.wantInLined {
+					t.Errorf("item %d in the reader's array of items: %v, want %v", i, in, tt.wantInLined)
+				}
 			}
 		})
 	}

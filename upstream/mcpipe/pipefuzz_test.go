@@ -214,7 +214,7 @@ func (pc *pipeCall) run(c *Client) {
 			done := make(chan struct{})
 			var cbErr error
 			if r.err = c.DoAsync(ctx, o, pc.key, func(i *memcache.Item, _ uint64, err error) {
-				it, cbErr = i, err
+				it, cbErr = copied(i), err
 				close(done)
 			}); r.err == nil {
 				<-done

@@ -1,0 +1,5 @@
+//go:build !race
+
+package mcpipe
+
+const raceEnabled = false
