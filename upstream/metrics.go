@@ -61,6 +61,7 @@ type metrics struct {
 	ejects        *prometheus.CounterVec
 	ejectsRefused *prometheus.CounterVec
 	probes        *prometheus.CounterVec
+	probesLate    *prometheus.CounterVec
 	failovers     *prometheus.CounterVec
 	batched       *prometheus.CounterVec
 	invalidated   *prometheus.CounterVec
@@ -129,15 +130,19 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "memcgate_upstream_probes_total",
 			Help: "Active health probes (memcached version), by node and result (ok, fail).",
 		}, []string{"node", "result"}),
+		probesLate: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "memcgate_upstream_probes_late_total",
+			Help: "Health probes (and flushes before a re-admission) sent once more because the first try timed out at a deadline the gateway came to a quarter of MEMCGATE_HEALTH_TIMEOUT or more late: the gateway, not memcached, was not running (stopped, starved of CPU, throttled). The probe's result (memcgate_upstream_probes_total) is the second try's.",
+		}, []string{"node"}),
 	}
-	reg.MustRegister(m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.failovers, m.batched, m.invalidated, m.untracked, m.unknown, m.restarts, m.shareRefused)
+	reg.MustRegister(m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.probesLate, m.failovers, m.batched, m.invalidated, m.untracked, m.unknown, m.restarts, m.shareRefused)
 	return m
 }
 
 // forget deletes every series of a node that left the cluster.
 func (m *metrics) forget(name string) {
 	l := prometheus.Labels{"node": name}
-	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.failovers, m.batched, m.invalidated, m.untracked, m.unknown, m.restarts, m.shareRefused} {
+	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.probesLate, m.failovers, m.batched, m.invalidated, m.untracked, m.unknown, m.restarts, m.shareRefused} {
 		v.DeletePartialMatch(l)
 	}
 }
@@ -152,6 +157,7 @@ type nodeMetrics struct {
 	batched   prometheus.Counter
 	probeOK   prometheus.Counter
 	probeFail prometheus.Counter
+	probeLate prometheus.Counter // probes sent once more for a deadline seen late (probeClient.late)
 	// staleInvalidated and staleUntracked count keys written elsewhere
 	// (stale.go): deleted before re-admission, and not remembered.
 	staleInvalidated prometheus.Counter
@@ -181,6 +187,7 @@ func (m *metrics) forNode(name string, udp bool) *nodeMetrics {
 		batched:   m.batched.WithLabelValues(name),
 		probeOK:   m.probes.WithLabelValues(name, "ok"),
 		probeFail: m.probes.WithLabelValues(name, "fail"),
+		probeLate: m.probesLate.WithLabelValues(name),
 
 		staleInvalidated: m.invalidated.WithLabelValues(name),
 		staleUntracked:   m.untracked.WithLabelValues(name),

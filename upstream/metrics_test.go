@@ -23,6 +23,7 @@ func TestCountersFromZero(t *testing.T) {
 		{"memcgate_upstream_ejections_total", c.m.ejects, [][]string{{"probe"}, {"refused"}, {"timeouts"}}},
 		{"memcgate_upstream_ejections_refused_total", c.m.ejectsRefused, [][]string{{}}},
 		{"memcgate_upstream_probes_total", c.m.probes, [][]string{{"ok"}, {"fail"}}},
+		{"memcgate_upstream_probes_late_total", c.m.probesLate, [][]string{{}}},
 		{"memcgate_upstream_failovers_total", c.m.failovers, [][]string{{}}},
 		{"memcgate_upstream_batched_gets_total", c.m.batched, [][]string{{}}},
 		{"memcgate_upstream_readmit_invalidated_keys_total", c.m.invalidated, [][]string{{}}},

@@ -187,7 +187,7 @@ func newNode(name string, o *Options, pol *healthPolicy, share *requestShare, m 
 		n.hints = mcpipe.NewSizeHints()
 		n.heads.keep = mc.MaxIdleConns
 	}
-	n.probe = &probeClient{addr: name, timeout: o.Health.Timeout, dial: dialer, seen: n.sawInstance}
+	n.probe = &probeClient{addr: name, timeout: o.Health.Timeout, dial: dialer, seen: n.sawInstance, late: m.probeLate.Inc}
 	n.up.Store(true)
 	n.since = time.Now()
 	n.reason = "configured"

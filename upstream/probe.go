@@ -38,7 +38,9 @@ type prober interface {
 // connection that memcached closed (a restart, its idle timeout) is
 // dialled again within that deadline, so that a node that is back
 // passes. On each new connection the probe asks stats too, in the same
-// write, for the process that answers there (restart.go).
+// write, for the process that answers there (restart.go). A probe that
+// timed out at a deadline the gateway came to late is sent once more
+// (roundTrip).
 type probeClient struct {
 	addr    string
 	timeout time.Duration
@@ -46,6 +48,9 @@ type probeClient struct {
 	// seen, if not nil, is given what the stats of each new connection
 	// say about the memcached process (restart.go); nil asks no stats.
 	seen func(instance)
+	// late, if not nil, is called for each probe sent once more because
+	// its first try timed out at a deadline the gateway came to late.
+	late func()
 
 	mu   sync.Mutex // guards idle; never held across I/O
 	idle net.Conn   // the connection kept from the last probe; nil if none
@@ -81,15 +86,37 @@ func (p *probeClient) Close() error {
 	return c.Close()
 }
 
-// roundTrip sends cmd on the idle connection or a new one and reads
-// one line, which ok judges. The errors are those of the socket
+// roundTrip sends cmd and reads one line, which ok judges (try), and
+// tries once more, with a timeout of its own, if the first try timed out
+// at a deadline the gateway came to a quarter of the timeout or more
+// after it passed: the gateway, not memcached, was not running (a
+// process stopped or starved of CPU, a container throttled), and
+// memcached had less time to answer than it was given, as the data
+// path's reader forgives such a deadline (mcpipe's overdue, decisions
+// 0069 and 0087). A second try that times out late too is the probe's
+// failure: a gateway starved for good still fails a memcached that
+// stopped with it. The errors are those of the socket
 // (*net.OpError, os.ErrDeadlineExceeded, io.EOF) or an unexpected line
-// worded as gomemcache words it, which classify tells apart. A kept
-// connection memcached had closed before cmd was answered is dialled
-// again once, within the same deadline: a memcached restarted since the
-// last probe answers on a new connection, and counts as the node it is,
-// up, rather than as one failed probe.
+// worded as gomemcache words it, which classify tells apart.
 func (p *probeClient) roundTrip(ctx context.Context, cmd string, ok func(line []byte) bool) error {
+	late, err := p.try(ctx, cmd, ok)
+	if late {
+		if p.late != nil {
+			p.late()
+		}
+		_, err = p.try(ctx, cmd, ok)
+	}
+	return err
+}
+
+// try sends cmd on the idle connection or a new one and reads one line,
+// which ok judges, within one timeout. It reports whether it failed by
+// that timeout at a deadline seen a quarter of the timeout or more after
+// it passed. A kept connection memcached had closed before cmd was
+// answered is dialled again once, within the same deadline: a memcached
+// restarted since the last probe answers on a new connection, and
+// counts as the node it is, up, rather than as one failed probe.
+func (p *probeClient) try(ctx context.Context, cmd string, ok func(line []byte) bool) (late bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
 	p.mu.Lock()
@@ -97,29 +124,48 @@ func (p *probeClient) roundTrip(ctx context.Context, cmd string, ok func(line []
 	p.idle = nil
 	p.mu.Unlock()
 	if c != nil {
-		line, err := p.send(ctx, c, cmd, false)
+		line, seen, err := p.send(ctx, c, cmd, false)
 		if !closedByPeer(ctx, line, err) {
-			return judge(ctx, cmd, line, err, ok)
+			return p.lateAt(ctx, seen), judge(ctx, cmd, line, err, ok)
 		}
 	}
-	c, err := p.dial(ctx, "tcp", p.addr)
+	c, err = p.dial(ctx, "tcp", p.addr)
 	if err != nil {
-		return cutShort(ctx, err)
+		var seen time.Time
+		if timedOut(err) {
+			seen = time.Now()
+		}
+		return p.lateAt(ctx, seen), cutShort(ctx, err)
 	}
-	line, err := p.send(ctx, c, cmd, p.seen != nil)
-	return judge(ctx, cmd, line, err, ok)
+	line, seen, err := p.send(ctx, c, cmd, p.seen != nil)
+	return p.lateAt(ctx, seen), judge(ctx, cmd, line, err, ok)
+}
+
+// lateAt reports whether seen, when a probe whose context is ctx saw its
+// deadline pass (zero: it did not), is a quarter of the timeout or more
+// after that deadline. A probe cut short is never late: it says nothing.
+func (p *probeClient) lateAt(ctx context.Context, seen time.Time) bool {
+	deadline, ok := ctx.Deadline()
+	return ok && !seen.IsZero() && !cutShortBy(ctx) && seen.Sub(deadline) >= p.timeout/4
+}
+
+// timedOut reports whether err, a dial's, is its deadline's.
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
 }
 
 // send sends cmd on c, a connection of the probe's, with stats after it
 // if stats (a new connection), and reads cmd's line; it keeps c as the
 // idle connection if its state is known, and closes it otherwise. What
 // stats says goes to p.seen; a stats reply that does not come, or does
-// not parse, fails nothing: the probe is cmd's.
-func (p *probeClient) send(ctx context.Context, c net.Conn, cmd string, stats bool) ([]byte, error) {
+// not parse, fails nothing: the probe is cmd's. seen is when a read or
+// the write first failed by the deadline; zero if none did.
+func (p *probeClient) send(ctx context.Context, c net.Conn, cmd string, stats bool) (line []byte, seen time.Time, err error) {
 	deadline, _ := ctx.Deadline()
 	if err := c.SetDeadline(deadline); err != nil {
 		c.Close()
-		return nil, err
+		return nil, time.Time{}, err
 	}
 	// A context that ends otherwise than by its deadline (shutdown)
 	// wakes the reads and writes at once; its deadline is the socket's
@@ -129,7 +175,8 @@ func (p *probeClient) send(ctx context.Context, c net.Conn, cmd string, stats bo
 			c.SetDeadline(time.Unix(1, 0))
 		}
 	})
-	x := exchange(&onTimeConn{Conn: c, ctx: ctx, timeout: p.timeout}, cmd, stats)
+	oc := &onTimeConn{Conn: c, ctx: ctx, timeout: p.timeout}
+	x := exchange(oc, cmd, stats)
 	if !stop() && cutShortBy(ctx) || x.err != nil || x.buffered || stats && !x.statsRead {
 		// Cut short, failed, or more than one answer came: the
 		// connection is in no known state. One whose answer was read
@@ -142,7 +189,7 @@ func (p *probeClient) send(ctx context.Context, c net.Conn, cmd string, stats bo
 	if x.instance.known() && x.err == nil {
 		p.seen(x.instance)
 	}
-	return x.line, x.err
+	return x.line, oc.seen, x.err
 }
 
 // judge is the outcome of a probe whose command's line is line, read
@@ -229,15 +276,33 @@ type onTimeConn struct {
 	net.Conn
 	ctx     context.Context
 	timeout time.Duration
+	seen    time.Time // when a read or write first failed by the deadline; zero: none did
 }
 
 func (c *onTimeConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) && !cutShortBy(c.ctx) &&
-		unreadBytes(c.Conn) > 0 && c.Conn.SetDeadline(time.Now().Add(c.timeout)) == nil {
-		n, err = c.Conn.Read(p)
+	if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
+		c.saw()
+		if !cutShortBy(c.ctx) && unreadBytes(c.Conn) > 0 && c.Conn.SetDeadline(time.Now().Add(c.timeout)) == nil {
+			n, err = c.Conn.Read(p)
+		}
 	}
 	return n, err
+}
+
+func (c *onTimeConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		c.saw()
+	}
+	return n, err
+}
+
+// saw records when the deadline was first seen passed.
+func (c *onTimeConn) saw() {
+	if c.seen.IsZero() {
+		c.seen = time.Now()
+	}
 }
 
 // keep makes c the idle connection, or closes it if there is one
