@@ -34,7 +34,7 @@ func (c *Cluster) FlushAll(ctx context.Context, delay int32) []NodeReply {
 		cmd = "flush_all " + strconv.Itoa(int(delay)) + "\r\n"
 	}
 	nodes := c.topo.Load().nodes
-	out := c.everyNodeOf(ctx, nodes, cmd, false, true) // it must reach them: it waits its turn past a busy node's share
+	out := c.everyNodeOf(ctx, nodes, opFlushAll, cmd, false, true) // it must reach them: it waits its turn past a busy node's share
 	for i, r := range out {
 		if r.Err != nil {
 			nodes[i].flushOwed.Store(true)
@@ -46,21 +46,23 @@ func (c *Cluster) FlushAll(ctx context.Context, delay int32) []NodeReply {
 
 // Stats sends stats to every node that is up and returns the raw replies.
 func (c *Cluster) Stats(ctx context.Context) []NodeReply {
-	return c.everyNode(ctx, "stats\r\n", true)
+	return c.everyNode(ctx, opStats, "stats\r\n", true)
 }
 
 // Version asks every node that is up for its version.
 func (c *Cluster) Version(ctx context.Context) []NodeReply {
-	return c.everyNode(ctx, "version\r\n", false)
+	return c.everyNode(ctx, opVersion, "version\r\n", false)
 }
 
-func (c *Cluster) everyNode(ctx context.Context, cmd string, multiline bool) []NodeReply {
-	return c.everyNodeOf(ctx, c.topo.Load().nodes, cmd, multiline, false)
+func (c *Cluster) everyNode(ctx context.Context, o metricOp, cmd string, multiline bool) []NodeReply {
+	return c.everyNodeOf(ctx, c.topo.Load().nodes, o, cmd, multiline, false)
 }
 
 // everyNodeOf is everyNode over nodes, whose replies it returns in
-// order; queued as for command.
-func (c *Cluster) everyNodeOf(ctx context.Context, nodes []*node, cmd string, multiline, queued bool) []NodeReply {
+// order; queued as for command. Each node's command is counted and timed
+// as o (countCommand); a node passed over as down is not: nothing went
+// to it.
+func (c *Cluster) everyNodeOf(ctx context.Context, nodes []*node, o metricOp, cmd string, multiline, queued bool) []NodeReply {
 	out := make([]NodeReply, len(nodes))
 	var wg sync.WaitGroup
 	for i, n := range nodes {
@@ -72,11 +74,28 @@ func (c *Cluster) everyNodeOf(ctx context.Context, nodes []*node, cmd string, mu
 		wg.Go(func() {
 			out[i].Err = panicguard.ErrPanicked // what a stopped panic leaves
 			defer c.cmdPanics.Recover()
+			start := time.Now()
 			out[i].Reply, out[i].Err = n.command(ctx, cmd, multiline, queued)
+			n.countCommand(o, start, out[i].Reply, out[i].Err)
 		})
 	}
 	wg.Wait()
 	return out
+}
+
+// countCommand counts and times a raw command's result in the node's
+// operation metrics, as count does an operation's: an error line
+// memcached answered is rejected. It is not fed to passive health, as
+// no raw command is: a raw command's connection has none of the data
+// path's allowances for a deadline the gateway came to late (0069), and
+// the probes and the data path already see what its timeout would say.
+func (n *node) countCommand(o metricOp, start time.Time, reply []byte, err error) {
+	n.m.duration[o].Observe(time.Since(start).Seconds())
+	res := resultOf(err)
+	if err == nil && isErrorLine(reply) {
+		res = resRejected
+	}
+	n.m.ops[o][res].Inc()
 }
 
 // nodeCommands is how many raw commands (command) run on one node at

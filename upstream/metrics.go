@@ -13,6 +13,9 @@ type metricOp uint8
 const (
 	opGetMulti metricOp = metricOp(op.MaxVerb) + 1 + iota // a multi-key get
 	opSetUDP                                              // a set sent as a UDP datagram
+	opStats                                               // stats sent to every node (Cluster.Stats: /memc)
+	opVersion                                             // version sent to every node (Cluster.Version)
+	opFlushAll                                            // flush_all sent to every node (Cluster.FlushAll)
 	numOps
 )
 
@@ -25,6 +28,12 @@ func (o metricOp) String() string {
 		return "get_multi"
 	case opSetUDP:
 		return "set_udp"
+	case opStats:
+		return "stats"
+	case opVersion:
+		return "version"
+	case opFlushAll:
+		return "flush_all"
 	}
 	return op.Verb(o).String()
 }
