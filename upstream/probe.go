@@ -126,19 +126,15 @@ func (p *probeClient) try(ctx context.Context, cmd string, ok func(line []byte) 
 	if c != nil {
 		line, seen, err := p.send(ctx, c, cmd, false)
 		if !closedByPeer(ctx, line, err) {
-			return p.lateAt(ctx, seen), judge(ctx, cmd, line, err, ok)
+			return err != nil && timedOut(err) && p.lateAt(ctx, seen), judge(ctx, cmd, line, err, ok)
 		}
 	}
 	c, err = p.dial(ctx, "tcp", p.addr)
 	if err != nil {
-		var seen time.Time
-		if timedOut(err) {
-			seen = time.Now()
-		}
-		return p.lateAt(ctx, seen), cutShort(ctx, err)
+		return timedOut(err) && p.lateAt(ctx, time.Now()), cutShort(ctx, err)
 	}
 	line, seen, err := p.send(ctx, c, cmd, p.seen != nil)
-	return p.lateAt(ctx, seen), judge(ctx, cmd, line, err, ok)
+	return err != nil && timedOut(err) && p.lateAt(ctx, seen), judge(ctx, cmd, line, err, ok)
 }
 
 // lateAt reports whether seen, when a probe whose context is ctx saw its
@@ -149,7 +145,7 @@ func (p *probeClient) lateAt(ctx context.Context, seen time.Time) bool {
 	return ok && !seen.IsZero() && !cutShortBy(ctx) && seen.Sub(deadline) >= p.timeout/4
 }
 
-// timedOut reports whether err, a dial's, is its deadline's.
+// timedOut reports whether err, a dial's or a socket's, is a deadline's.
 func timedOut(err error) bool {
 	var ne net.Error
 	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
