@@ -75,7 +75,9 @@ const (
 // yet read to its end fails (Write).
 // gomemcache closes a connection whose read failed. A read its deadline
 // failed while the reply's bytes wait in the socket reads them instead,
-// with one more timeout: the gateway was late, not the node.
+// with one more timeout: the gateway was late, not the node. A read or
+// write that came to the deadline a quarter of the timeout or more late
+// gets one more timeout too, once per deadline (lateGrace).
 //
 // It scans only the bytes of lines; a value's bytes are counted, not
 // read, and no read allocates. gomemcache uses a connection from one
@@ -90,6 +92,11 @@ type claimConn struct {
 	// timeout is gomemcache's (Options.Timeout): a read late past its
 	// deadline with the reply in the socket gets it once more (Read).
 	timeout time.Duration
+	// by is the deadline gomemcache last set (SetDeadline), and graced
+	// whether a read or write gave it one more timeout for coming to it
+	// late (lateGrace).
+	by     time.Time
+	graced bool
 
 	state claimState
 	pos   int    // valuePrefix: bytes of "VALUE " matched; valueFields: spaces seen
@@ -108,7 +115,9 @@ func (c *claimConn) Read(p []byte) (int, error) {
 		return 0, c.err
 	}
 	n, err := c.Conn.Read(p)
-	if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) && c.unread() > 0 {
+	switch {
+	case n != 0 || !errors.Is(err, os.ErrDeadlineExceeded):
+	case c.unread() > 0:
 		// Go fails a read past its deadline before it looks at the
 		// socket: the bytes there came in time, and it is the gateway
 		// that was late to read them. They are read, with one more
@@ -119,6 +128,8 @@ func (c *claimConn) Read(p []byte) (int, error) {
 		} else {
 			n, err = c.Conn.Read(p)
 		}
+	case c.lateGrace():
+		n, err = c.Conn.Read(p)
 	}
 	if ferr := c.scan(p[:n]); ferr != nil {
 		c.err = ferr
@@ -277,7 +288,52 @@ func (c *claimConn) Write(p []byte) (int, error) {
 	if c.err != nil {
 		return 0, c.err
 	}
-	return c.Conn.Write(p)
+	n, err := c.Conn.Write(p)
+	if errors.Is(err, os.ErrDeadlineExceeded) && c.lateGrace() {
+		m, merr := c.Conn.Write(p[n:])
+		n, err = n+m, merr
+	}
+	return n, err
+}
+
+// SetDeadline is gomemcache's deadline for an operation, from its start.
+func (c *claimConn) SetDeadline(t time.Time) error {
+	c.by, c.graced = t, false
+	return c.Conn.SetDeadline(t)
+}
+
+// lateGrace is called when a read or write failed by the deadline with
+// nothing waiting to be read. If it came to the deadline a quarter of
+// the timeout or more after it passed, the first time for this
+// deadline, the gateway, not memcached, was not running (a process
+// stopped or starved of CPU, a container throttled), and memcached had
+// less time than it was given: the deadline moves to one timeout from
+// now and lateGrace reports true, as mcpipe's reader and writer forgive
+// such a deadline (0069) and probes are sent again (0087). Without it a
+// pooled operation the gateway came to late failed with a timeout, held
+// against the node (PASSIVE_FAILS).
+func (c *claimConn) lateGrace() bool {
+	if c.graced || c.timeout <= 0 || c.by.IsZero() || time.Since(c.by) < c.timeout/4 {
+		return false
+	}
+	c.graced = true
+	return c.Conn.SetDeadline(time.Now().Add(c.timeout)) == nil
+}
+
+// redialLate dials with dial under ctx, and once more under a timeout of
+// its own if the dial timed out at ctx's deadline seen a quarter of
+// timeout or more after it passed: the gateway was not running, as
+// mcpipe's dialTimely forgives for pipelined connections (0085). For
+// gomemcache's pool, whose dial gives ctx a deadline and nothing else.
+func redialLate(ctx context.Context, timeout time.Duration, dial func(context.Context) (net.Conn, error)) (net.Conn, error) {
+	c, err := dial(ctx)
+	d, ok := ctx.Deadline()
+	if err == nil || !ok || !timedOut(err) || time.Since(d) < timeout/4 || cutShortBy(ctx) {
+		return c, err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	return dial(ctx)
 }
 
 func (c *claimConn) Close() error {

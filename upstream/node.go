@@ -177,7 +177,7 @@ func newNode(name string, o *Options, pol *healthPolicy, share *requestShare, m 
 			unheld = defaultUnheldClaim
 		}
 		mc.DialContext = func(ctx context.Context, network, address string) (net.Conn, error) {
-			c, err := n.dial(ctx, network, address)
+			c, err := redialLate(ctx, mc.Timeout, func(ctx context.Context) (net.Conn, error) { return n.dial(ctx, network, address) })
 			if err != nil {
 				return nil, err
 			}
