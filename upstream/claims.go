@@ -123,9 +123,11 @@ func (c *claimConn) Read(p []byte) (int, error) {
 		// that was late to read them. They are read, with one more
 		// timeout from now: each time that is given, a byte or more
 		// is read, so a reply ends within its length of them.
-		if c.timeout <= 0 || c.Conn.SetDeadline(time.Now().Add(c.timeout)) != nil {
+		// lateGrace counts lateness from this deadline on.
+		if dl := time.Now().Add(c.timeout); c.timeout <= 0 || c.Conn.SetDeadline(dl) != nil {
 			err = fmt.Errorf("%w (%w)", errReadLate, err)
 		} else {
+			c.by = dl
 			n, err = c.Conn.Read(p)
 		}
 	case c.lateGrace():
