@@ -1055,18 +1055,23 @@ func (c *Cluster) keysOf(o *op.Op) (store, hash string) {
 // the policy is Rehash, on the next live node of the key's ring order.
 // After a transport failure it tries the next live node, at most
 // MaxAttempts nodes in all: reads after any transport failure, writes
-// only when the connection was never made, because otherwise the first
-// node may have applied the write. call learns whether its node is not
-// the owner. tried is a node a first attempt already failed on, with
-// prev; nil if there was none. writeKey is a write's key as sent to
-// memcached, empty for a read: each node a write passes over (down, or
-// its connection could not be made) records it (stale.go). A read that
-// misses on a node after a node ahead of it failed with a timeout (of a
-// reply, or of a dial) returns that failure, not ErrNotFound: the node
-// that timed out is still there and may hold the key, which the next
-// node never got (decisions/0085). A node that is not there (refused,
-// reset: hardFailure), or passed over as down, holds nothing to answer
-// for: the next node's miss stands.
+// only when the node is not there (movesWrite): its connection could
+// not be made because nothing answers there (hardFailure), or the
+// failure took it out of service. A write whose node timed out, or
+// whose connection broke once made, answers that failure: the node may
+// have applied it and, still in service, is where the key's reads go,
+// so a copy stored on the next node would be answered as stored and
+// never read while that node serves its older value (decisions/0086).
+// call learns whether its node is not the owner. tried is a node a
+// first attempt already failed on, with prev; nil if there was none.
+// writeKey is a write's key as sent to memcached, empty for a read:
+// each node a write passes over (down, or moved on from) records it
+// (stale.go). A read that misses on a node after a node ahead of it
+// failed with a timeout (of a reply, or of a dial) returns that
+// failure, not ErrNotFound: the node that timed out is still there and
+// may hold the key, which the next node never got (decisions/0085). A
+// node that is not there (refused, reset: hardFailure), or passed over
+// as down, holds nothing to answer for: the next node's miss stands.
 func (c *Cluster) routeAfter(ctx context.Context, hashKey, writeKey string, tried *node, prev error, call func(n *node, failover bool) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -1116,7 +1121,7 @@ func (c *Cluster) routeAfter(ctx context.Context, hashKey, writeKey string, trie
 			return err
 		}
 		last = err
-		if failFast || attempts >= c.opts.MaxAttempts || (write && !dial) || ctx.Err() != nil {
+		if failFast || attempts >= c.opts.MaxAttempts || (write && !movesWrite(n, err, dial)) || ctx.Err() != nil {
 			return last
 		}
 		if write {
@@ -1129,6 +1134,21 @@ func (c *Cluster) routeAfter(ctx context.Context, hashKey, writeKey string, trie
 		return last
 	}
 	return ErrNoNodes
+}
+
+// movesWrite reports whether a write that failed on n with err, a
+// *NodeError (dial: before a connection existed), may go on to the next
+// node of its key's chain: nothing reached n, and n is not where the
+// key's reads go any more, so the value stored elsewhere is the one
+// read. That is a connection refused or reset while being made
+// (hardFailure: the node is not there, and such a failure ejects it),
+// or any failure to connect that took n out of service (a timeout past
+// PASSIVE_FAILS). Either way n records the key (stale.go) and forgets
+// it before it serves again. A connection that timed out while n stays
+// in service leaves n serving the key's older value: the write fails
+// with the timeout instead (decisions/0086).
+func movesWrite(n *node, err error, dial bool) bool {
+	return dial && (hardFailure(err) || !n.available())
 }
 
 // nodeFailure reports whether err is a *NodeError, and whether it

@@ -565,3 +565,24 @@ func CurrConnections(addr string) (int, error) {
 	}
 	return n - 1, nil
 }
+
+// FillBacklog connects to the server, stopped by Pause, until a
+// connection is no longer accepted within 100 ms: its listen backlog is
+// full (start it with a small one, "-b", "1"), and every dial from then
+// on times out, as dials to a hung memcached whose backlog filled do,
+// until it runs again. The connections are closed when the test ends.
+func (s *Server) FillBacklog() {
+	s.t.Helper()
+	for range 64 {
+		nc, err := net.DialTimeout("tcp", s.Addr, 100*time.Millisecond)
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				return
+			}
+			s.t.Fatalf("filling the backlog of memcached %s: %v", s.Addr, err)
+		}
+		s.t.Cleanup(func() { nc.Close() })
+	}
+	s.t.Fatalf("memcached %s accepted 64 connections while stopped: its backlog does not fill (start it with -b 1)", s.Addr)
+}
