@@ -376,6 +376,13 @@ func TestAnswerStatus(t *testing.T) {
 		{"batch, one write applied", "POST", "/", `[{"op":"set","key":"a","value":"1"},{"op":"set","key":"c","value":"1"}]`,
 			map[string]error{"a": noNode}, 200, false, []int{503, 201}},
 		{"batch, memcached refused every write", "POST", "/", `[{"op":"add","key":"b","value":"1"}]`, nil, 200, false, []int{412}},
+		// A replicated write that a replica answered reached memcached,
+		// though too few replicas for its policy: its own result is the
+		// single-key answer's, the batch's is 200.
+		{"batch, every write partly applied", "POST", "/", `[{"op":"set","key":"a","value":"1"}]`,
+			map[string]error{"a": &upstream.PartlyAppliedError{Msg: "set reached 1 of 2 replicas", Answered: 1, Sent: 2, Failed: []string{"mc1:11211"}, Err: refused}}, 200, false, []int{502}},
+		{"batch, every write reached no replica", "POST", "/", `[{"op":"set","key":"a","value":"1"}]`,
+			map[string]error{"a": &upstream.PartlyAppliedError{Msg: "set reached 0 of 2 replicas", Sent: 2, Failed: []string{"mc1:11211", "mc2:11211"}, Err: refused}}, 503, true, []int{502}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -265,11 +265,18 @@ func errorStatusOf(err error) (status int, msg string, retry bool) {
 // an item: no node could take it, the connection failed, no answer came
 // in time, or the gateway was at one of its limits. An answer memcached
 // gave (a miss, an error reply, a value that cannot be decoded) and a
-// problem of the request itself are not.
+// problem of the request itself are not; nor is a replicated write that
+// some replicas answered though too few for its policy
+// (upstream.PartlyAppliedError): it reached memcached there, whatever
+// failed on the others.
 func unreachable(err error) bool {
 	var ne *upstream.NodeError
 	var oe *overloadError
 	var be *upstream.BusyError
+	var pe *upstream.PartlyAppliedError
+	if errors.As(err, &pe) && pe.Answered > 0 {
+		return false
+	}
 	return errors.Is(err, upstream.ErrNoNodes) || errors.As(err, &ne) || errors.As(err, &oe) || errors.As(err, &be) ||
 		errors.Is(err, upstream.ErrNoFit) || errors.Is(err, context.DeadlineExceeded)
 }

@@ -66,6 +66,28 @@ var (
 // means"). The failure of a replica it did not reach is wrapped too.
 var ErrPartlyApplied = errors.New("upstream: the write may have been applied on some replicas")
 
+// PartlyAppliedError is the error of a replicated write that did not
+// reach as many replicas as its write policy needs (package route). It
+// wraps ErrPartlyApplied and the failure of a replica it did not reach,
+// and says how many replicas answered: a write no replica answered
+// reached no memcached, while one that some replicas answered (stored,
+// or refused: memcached replied) was applied there, whatever its error
+// says of the others.
+type PartlyAppliedError struct {
+	Msg      string   // what the write did, for Error: "set reached 1 of 2 replicas in pool …"
+	Answered int      // replicas that answered the write before it was answered
+	Sent     int      // replicas (or spares standing in for them) the write went to
+	Failed   []string // the nodes whose copy failed before the write was answered, host:port
+	Err      error    // the failure of the first of them in the key's read order
+}
+
+func (e *PartlyAppliedError) Error() string {
+	return e.Msg + ": " + ErrPartlyApplied.Error() + ": " + e.Err.Error()
+}
+
+// Unwrap returns ErrPartlyApplied and the replica's failure.
+func (e *PartlyAppliedError) Unwrap() []error { return []error{ErrPartlyApplied, e.Err} }
+
 // ErrNoNodes means no node could take the operation: every candidate is
 // down, or the failover policy refuses to move the key.
 var ErrNoNodes = errors.New("upstream: no live nodes")

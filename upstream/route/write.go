@@ -199,11 +199,13 @@ func (v *view) fanout(ctx context.Context, o op.Op, set *upstream.ReplicaSet, ta
 	}
 	answered, got := 0, 0
 	best, failed := outcome{rank: -1}, outcome{rank: -1} // the lowest-ranked answer and failure
+	var failedOn []string
 	for got < len(targets) && answered < need {
 		out := <-results
 		got++
 		if failure(out.res.Err) {
 			v.replicaFailed(o.Verb, out, false)
+			failedOn = append(failedOn, out.node)
 			if failed.rank < 0 || out.rank < failed.rank {
 				failed = out
 			}
@@ -247,8 +249,10 @@ func (v *view) fanout(ctx context.Context, o op.Op, set *upstream.ReplicaSet, ta
 	if err == nil {
 		err = upstream.ErrNoNodes
 	}
-	return op.Result{Err: fmt.Errorf("%s reached %d of %d replicas in pool %q, the %s policy needs %d: %w: %w",
-		o.Verb, answered, len(targets), v.name, v.write, need, upstream.ErrPartlyApplied, err)}
+	return op.Result{Err: &upstream.PartlyAppliedError{
+		Msg:      fmt.Sprintf("%s reached %d of %d replicas in pool %q, the %s policy needs %d", o.Verb, answered, len(targets), v.name, v.write, need),
+		Answered: answered, Sent: len(targets), Failed: failedOn, Err: err,
+	}}
 }
 
 // replicaFailed counts the copy of a write of verb that did not reach
@@ -464,8 +468,10 @@ func (v *view) cas(ctx context.Context, o op.Op) op.Result {
 			} else {
 				v.dropCopies(o, &set, others)
 			}
-			return op.Result{Err: fmt.Errorf("%s sent to %s, the replica checked, and not answered: it may apply it yet, and %s: %w: %w",
-				o.Verb, checked.Node(), done, upstream.ErrPartlyApplied, res.Err)}
+			return op.Result{Err: &upstream.PartlyAppliedError{
+				Msg:  fmt.Sprintf("%s sent to %s, the replica checked, and not answered: it may apply it yet, and %s", o.Verb, checked.Node(), done),
+				Sent: 1, Failed: []string{checked.Node()}, Err: res.Err,
+			}}
 		}
 	} else {
 		v.pm.writeAnswered.Inc()
@@ -485,8 +491,15 @@ func (v *view) cas(ctx context.Context, o op.Op) op.Result {
 	// done where it was checked, stands. Only copies that did not reach
 	// the replicas the policy needs fail it.
 	if rest := v.fanout(ctx, s, &set, others, need-1); failure(rest.Err) {
-		return op.Result{Err: fmt.Errorf("%s stored on %s, the replica checked, but not copied as the policy needs: %w: %w",
-			o.Verb, checked.Node(), upstream.ErrPartlyApplied, rest.Err)}
+		pe := &upstream.PartlyAppliedError{
+			Msg:      fmt.Sprintf("%s stored on %s, the replica checked, but not copied as the policy needs", o.Verb, checked.Node()),
+			Answered: 1, Sent: 1, Err: rest.Err,
+		}
+		var copied *upstream.PartlyAppliedError
+		if errors.As(rest.Err, &copied) {
+			pe.Answered, pe.Sent, pe.Failed = 1+copied.Answered, 1+copied.Sent, copied.Failed
+		}
+		return op.Result{Err: pe}
 	}
 	return res
 }
