@@ -185,7 +185,18 @@ func outcome(v op.Verb, err error) (status int, msg string, retry bool) {
 	case (v == op.Append || v == op.Prepend) && errors.Is(err, chunk.ErrChunked):
 		return http.StatusConflict, "the value is stored in chunks, which append and prepend cannot change; PUT the whole value", false
 	}
-	return errorStatus(err)
+	status, msg, retry = errorStatus(err)
+	var ne *upstream.NodeError
+	if v.Writes() && status == http.StatusGatewayTimeout && errors.As(err, &ne) && !errors.Is(err, upstream.ErrPartlyApplied) {
+		// The key's node timed out and stays its node: the write was not
+		// moved elsewhere (decisions/0086). Say what it left there.
+		if ne.Dial() {
+			msg += "; the write was not sent (no connection in time): the key's node keeps what it held"
+		} else {
+			msg += "; the write may or may not have been applied there: read the key, or repeat the write, before relying on it"
+		}
+	}
+	return status, msg, retry
 }
 
 // errorStatus maps an error to its status and body, whatever the verb.

@@ -59,9 +59,10 @@ type surfaceCell struct {
 // surfaceOutcome is one outcome of memcached and the cells that meet it.
 type surfaceOutcome struct {
 	name     string
-	rig      string                                 // which gateway: plain, oom, timeout, refused, down, replicated
+	rig      string                                 // which gateway: plain, oom, timeout, refused, down, replicated, owner timeout
 	setup    func(t *testing.T, key string, r *rig) // before each cell, nil: nothing
 	key      string                                 // the key, when fixed (invalid keys); else one per cell
+	owned    bool                                   // the key is one the rig's first node owns
 	upstream string                                 // the cells' surfaceCell.upstream, unless they say
 	cells    []surfaceCell
 }
@@ -249,6 +250,8 @@ func surfaceOutcomes() []surfaceOutcome {
 			{surface: "rest", method: "GET", path: "/{k}", status: 504, names: "did not answer in time"},
 			{surface: "rest", method: "HEAD", path: "/{k}", status: 504},
 			{surface: "rest", method: "PUT", path: "/{k}", body: "v", status: 504, names: "did not answer in time"},
+			// Sent, and not answered: the body says so.
+			{surface: "rest", method: "PUT", path: "/{k}", body: "v", status: 504, names: "may or may not have been applied"},
 			{surface: "rest", method: "DELETE", path: "/{k}", status: 504, names: "did not answer in time"},
 			{surface: "rest", method: "DELETE", path: "/{k}", hdr: []string{"If-Match", `"999999999"`}, status: 504, names: "did not answer in time"},
 			{surface: "rest", method: "POST", path: "/{k}?op=incr", status: 504, names: "did not answer in time"},
@@ -303,6 +306,20 @@ func surfaceOutcomes() []surfaceOutcome {
 			{surface: "async", method: "PUT", path: "/{k}", body: "v", hdr: []string{"Prefer", "respond-async"}, status: 202, async: "timeout", after: "v"},
 			{surface: "memc", method: "GET", path: "/memc?cmd=set&key={k}&val=v", status: 504, names: "partly applied", after: "v"},
 		}},
+		// The key's owner, in service, cannot be connected to in time
+		// (stopped, its backlog full): a write answers that timeout and
+		// is not stored on the next node, where no read would find it
+		// while the owner serves its older value (decisions/0086).
+		// after is what the next node holds.
+		{name: "owner timeout", upstream: "timeout", rig: "owner timeout", owned: true, cells: []surfaceCell{
+			{surface: "rest", method: "PUT", path: "/{k}", body: "v", status: 504, names: "the write was not sent", after: absent},
+			{surface: "rest", method: "PUT", path: "/{k}", body: "v", hdr: []string{"If-None-Match", "*"}, status: 504, names: "the write was not sent", after: absent},
+			{surface: "rest", method: "DELETE", path: "/{k}", status: 504, names: "the write was not sent"},
+			{surface: "rest", method: "POST", path: "/{k}?op=incr", status: 504, names: "the write was not sent"},
+			{surface: "batch", method: "POST", path: "/", body: `[{"op":"set","key":"{k}","value":"v"}]`, status: 503, result: 504, names: "the write was not sent", after: absent},
+			{surface: "async", method: "PUT", path: "/{k}", body: "v", hdr: []string{"Prefer", "respond-async"}, status: 202, async: "timeout", after: absent},
+			{surface: "memc", method: "GET", path: "/memc?cmd=set&key={k}&val=v", status: 504, names: "504 Gateway Time-out", after: absent},
+		}},
 	}
 }
 
@@ -332,6 +349,9 @@ func TestSurfacesAgree(t *testing.T) {
 							key := o.key
 							if key == "" {
 								key = fmt.Sprintf("s%s-%d-%s", strings.ReplaceAll(o.name, " ", "_"), i, fast)
+							}
+							for j := 0; o.owned && r.g.owner(key) != r.mcs[0].Addr; j++ {
+								key = fmt.Sprintf("s%s-%d-%s-%d", strings.ReplaceAll(o.name, " ", "_"), i, fast, j)
 							}
 							if o.setup != nil {
 								o.setup(t, key, r)
@@ -376,6 +396,14 @@ func startRig(t *testing.T, name, fast string) *rig {
 		env["MEMCGATE_REQUEST_TIMEOUT"] = "1s"
 	case "down":
 		r.mcs = []*memcachedtest.Server{memcachedtest.Start(t)}
+	case "owner timeout":
+		// A backlog of one: stopped, it takes two connections, and every
+		// dial after them times out.
+		r.mcs = memcachedtest.StartN(t, 2, "-b", "1")
+		env["MEMCGATE_PASSIVE_FAILS"] = "0"
+		env["MEMCGATE_HEALTH_INTERVAL"] = "10m"
+		env["MEMCGATE_TIMEOUT"] = "200ms"
+		env["MEMCGATE_REQUEST_TIMEOUT"] = "1s"
 	case "replicated":
 		r.mcs = memcachedtest.StartN(t, 2)
 		env["MEMCGATE_REPLICAS"] = "2"
@@ -416,6 +444,12 @@ func startRig(t *testing.T, name, fast string) *rig {
 		r.g.do("PUT", "/warm", []byte("v"))
 		r.mcs[1].Pause()
 		t.Cleanup(r.mcs[1].Resume)
+	case "owner timeout":
+		// No data connection to the owner was made: each write dials.
+		r.mcs[0].Pause()
+		t.Cleanup(r.mcs[0].Resume)
+		r.mcs[0].FillBacklog()
+		r.mc = memcachedClient(t, r.mcs[1].Addr) // what the next node holds
 	}
 	return r
 }
