@@ -2,9 +2,12 @@ package phpvalue
 
 import (
 	"bytes"
+	"compress/flate"
 	"compress/zlib"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"runtime"
 	"strings"
@@ -124,26 +127,69 @@ func TestDecodeMemcacheErrors(t *testing.T) {
 	}
 }
 
-// TestDecodeMemcacheBomb: a zlib stream of a few KB that inflates to
-// 100 MB stops at the limit, without inflating (or allocating) the rest.
+// TestDecodeMemcacheBomb: a zlib stream of about 100 KB that inflates
+// to 100 MB stops at the limit, without inflating (or allocating) the
+// rest.
 func TestDecodeMemcacheBomb(t *testing.T) {
-	var buf bytes.Buffer
-	w, _ := zlib.NewWriterLevel(&buf, zlib.BestCompression)
-	zeros := make([]byte, 1<<20)
-	for range 100 {
-		w.Write(zeros)
-	}
-	w.Close()
+	bomb := zeroBomb(t, 100)
 	const limit = 1 << 20
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	_, err := DecodeMemcache(0x2, buf.Bytes(), limit)
+	_, err := DecodeMemcache(0x2, bomb, limit)
 	runtime.ReadMemStats(&after)
 	if !errors.Is(err, ErrTooLarge) {
-		t.Fatalf("DecodeMemcache(%d-byte bomb, limit %d) error = %v, want ErrTooLarge", buf.Len(), limit, err)
+		t.Fatalf("DecodeMemcache(%d-byte bomb, limit %d) error = %v, want ErrTooLarge", len(bomb), limit, err)
 	}
 	if grown := after.TotalAlloc - before.TotalAlloc; grown > 8*limit {
 		t.Errorf("DecodeMemcache of the bomb allocated %d bytes, want at most a few times the %d limit", grown, limit)
+	}
+}
+
+// zeroBomb returns a zlib stream that inflates to mib MiB of zeros,
+// built without compressing them all: one MiB
+// deflated by a fresh compressor, so that it starts with a literal and
+// refers back only within itself, and ended by a sync flush, which
+// leaves it on a byte boundary and not final, repeated mib times; then
+// an empty final block and the Adler-32 of the zeros (its sum A stays 1,
+// B counts the bytes). Compressing 100 MiB under the race detector took
+// 30 s, most of the package's time.
+func zeroBomb(t *testing.T, mib int) []byte {
+	t.Helper()
+	var chunk bytes.Buffer
+	fw, err := flate.NewWriter(&chunk, flate.BestCompression)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fw.Write(make([]byte, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	if err := fw.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	out := bytes.NewBuffer([]byte{0x78, 0xda}) // zlib's header for deflate, best compression
+	for range mib {
+		out.Write(chunk.Bytes())
+	}
+	end, err := flate.NewWriter(out, flate.BestCompression)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := end.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return binary.BigEndian.AppendUint32(out.Bytes(), uint32(mib<<20)%65521<<16|1)
+}
+
+// TestZeroBomb checks TestDecodeMemcacheBomb's stream: zlib reads it
+// whole, checksum included, as mib MiB of zeros.
+func TestZeroBomb(t *testing.T) {
+	r, err := zlib.NewReader(bytes.NewReader(zeroBomb(t, 3)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(r)
+	if err != nil || len(got) != 3<<20 || bytes.ContainsFunc(got, func(r rune) bool { return r != 0 }) {
+		t.Fatalf("the bomb of 3 MiB inflates to %d bytes (all zeros: %v), %v", len(got), !bytes.ContainsFunc(got, func(r rune) bool { return r != 0 }), err)
 	}
 }
 
