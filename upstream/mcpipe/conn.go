@@ -1109,6 +1109,12 @@ type linedItems struct {
 // arrays of the next line, if they are not too large, with nothing of
 // this line's left in them (no value kept from the collector).
 func (l *linedItems) keep(items []*memcache.Item) {
+	if items == nil {
+		// No value on the line (misses alone, or an error line):
+		// readReply took nothing of l, whose arrays are still clear
+		// and stay the next line's.
+		return
+	}
 	clear(l.vals[:min(len(items), len(l.vals))])
 	clear(items)
 	if cap(items) > maxSharedKeys {

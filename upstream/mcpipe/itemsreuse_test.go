@@ -204,3 +204,57 @@ func TestSharedLineItemNotAllocated(t *testing.T) {
 		t.Errorf("DoAsync Get: %v allocations, want 1 (the value's buffer)", n)
 	}
 }
+
+// TestSharedLineItemNotAllocatedAfterMiss: a line that memcached
+// answered with misses alone leaves the reader's arrays for the next
+// line as a line of hits does, so a Get after a miss allocates its
+// value's buffer only, as one after a hit does.
+func TestSharedLineItemNotAllocatedAfterMiss(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	srv := memcachedtest.Start(t)
+	c := newClient(srv.Addr, 1, nil)
+	defer c.Close()
+	key, value := strings.Repeat("k", 96), strings.Repeat("v", 400)
+	if err := c.Set(&memcache.Item{Key: key, Value: []byte(value)}); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	hit := func(it *memcache.Item, _ uint64, err error) {
+		if err == nil && (it.Key != key || string(it.Value) != value) {
+			err = fmt.Errorf("item %q of %d bytes", it.Key, len(it.Value))
+		}
+		got <- err
+	}
+	miss := func(it *memcache.Item, _ uint64, err error) {
+		if !errors.Is(err, memcache.ErrCacheMiss) {
+			err = fmt.Errorf("a missing key's Get: %v, want a miss", err)
+		} else {
+			err = nil
+		}
+		got <- err
+	}
+	get := func(key string, done func(*memcache.Item, uint64, error)) {
+		if err := c.DoAsync(context.Background(), op.Op{Verb: op.Get}, key, done); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-got; err != nil {
+			t.Fatal(err)
+		}
+	}
+	missThenHit := func() {
+		get("missing", miss)
+		get(key, hit)
+	}
+	missThenHit()
+	// The fewest of three runs: a collection during one empties the
+	// pools the call draws on.
+	n := 1e9
+	for range 3 {
+		n = min(n, testing.AllocsPerRun(200, missThenHit))
+	}
+	if n > 1 {
+		t.Errorf("DoAsync Get after a miss: %v allocations, want 1 (the value's buffer)", n)
+	}
+}
