@@ -345,8 +345,9 @@ func (c *Cluster) checkAll(ctx context.Context) { c.checkRound(ctx, time.Now()) 
 // nodes that have nothing left in flight. Every node's TCP probe comes
 // before the UDP probes, so that ports that do not answer delay no
 // node's health; at most maxProbes run at once, on as many goroutines.
-// A probe ends within Health.Timeout, so a round of hanging nodes takes
-// a Health.Timeout per maxProbes of them (plus the re-admissions, whose
+// A probe ends within Health.Timeout (two when it is sent again for a
+// deadline the gateway came to late: probeClient.roundTrip), so a round
+// of hanging nodes takes that per maxProbes of them (plus the re-admissions, whose
 // flushes and deletes are bounded by their own timeouts). The round
 // ends as soon as ctx does: the probes in flight are cut short, and
 // those not started are not.

@@ -17,9 +17,10 @@ import (
 // maxProbes bounds the probes run at once, each a goroutine and a
 // connection: by a health-check round (checkAll), and by SetServers for
 // the nodes it adds (probeAdded). MEMCGATE_MAX_NODES allows 256 nodes,
-// each with a UDP port too. A probe ends within one Health.Timeout, so
-// a node waits behind those that hang at most one Health.Timeout per
-// maxProbes of them.
+// each with a UDP port too. A probe of a node that hangs ends within one
+// Health.Timeout (two when the gateway came to its deadline late and it
+// is sent again: roundTrip), so a node waits behind those that hang at
+// most that per maxProbes of them.
 const maxProbes = 64
 
 // prober is what health checking needs from a node's probe client.

@@ -443,10 +443,12 @@ type Prepared struct {
 //
 // The nodes added are probed (probeAdded): at most maxProbes at once,
 // started within one Health.Timeout however many they are, each awaited
-// until it ends (at most two Health.Timeouts: its own, and one more when
-// its answer waited unread in the socket), or until ctx is done. One
-// whose probe passed takes traffic once committed; one whose probe
-// failed, or did not start in time, starts down and waits for Rise
+// until it ends but at most two Health.Timeouts from its start (its own,
+// and one more when its answer waited unread in the socket), or until
+// ctx is done. One whose probe passed takes traffic once committed; one
+// whose probe failed, did not start in time, or ended past that wait (a
+// probe sent again for a deadline the gateway came to late, roundTrip,
+// may), starts down and waits for Rise
 // probes like any down node. A
 // node added may hold values its keys were given on other nodes before
 // it joined (it was in an earlier server list, of this process or of
@@ -821,8 +823,8 @@ drain: // answers in before the wait ended
 }
 
 // probeOnce pings n, or flushes it if flush, and returns the classified
-// error; a panic is one. It returns within Health.Timeout, or when ctx
-// ends.
+// error; a panic is one. It returns within Health.Timeout (two when the
+// probe is sent again: probeClient.roundTrip), or when ctx ends.
 func (c *Cluster) probeOnce(ctx context.Context, n *node, flush bool) (err error) {
 	what := "probe"
 	if flush {
