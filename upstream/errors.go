@@ -117,12 +117,6 @@ func (e *NodeError) Timeout() bool { return e.timeout }
 // so that the node cannot have applied the operation.
 func (e *NodeError) Dial() bool { return e.dial }
 
-// Gone reports whether the failure says the node is not there at all:
-// its connection refused, reset or closed (hardFailure), which takes it
-// out of service at once, rather than a timeout, after which it may
-// still answer and still serves its keys.
-func (e *NodeError) Gone() bool { return hardFailure(e) }
-
 // classify translates a gomemcache result into this package's errors. It is
 // the only place that knows gomemcache's error values and texts.
 func classify(node, op string, err error) error {

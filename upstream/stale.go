@@ -10,9 +10,9 @@ import (
 	"github.com/memcgate/memcgate/upstream/op"
 )
 
-// Keys written elsewhere. While a node is down (or refused a write's
-// connection, or went out of service for it: movesWrite), writes of its
-// keys land on the next live node of their ring order. The node itself keeps what it held before: re-admitted, it
+// Keys written elsewhere. While a node is down (or went out of service
+// for a write's connection: movesWrite), writes of its keys land on the
+// next live node of their ring order. The node itself keeps what it held before: re-admitted, it
 // would serve those older values (a deleted key would come back) until
 // each key is written again. So each node remembers, in a bounded set,
 // the keys (as memcached sees them, prefixed) whose writes went to

@@ -1058,8 +1058,8 @@ func (c *Cluster) keysOf(o *op.Op) (store, hash string) {
 // After a transport failure it tries the next live node, at most
 // MaxAttempts nodes in all: reads after any transport failure, writes
 // only when the node is not there (movesWrite): its connection could
-// not be made because nothing answers there (hardFailure), or the
-// failure took it out of service. A write whose node timed out, or
+// not be made, and the failure took it out of service (a refused
+// connection ejects it at once). A write whose node timed out, or
 // whose connection broke once made, answers that failure: the node may
 // have applied it and, still in service, is where the key's reads go,
 // so a copy stored on the next node would be answered as stored and
@@ -1123,7 +1123,7 @@ func (c *Cluster) routeAfter(ctx context.Context, hashKey, writeKey string, trie
 			return err
 		}
 		last = err
-		if failFast || attempts >= c.opts.MaxAttempts || (write && !movesWrite(n, err, dial)) || ctx.Err() != nil {
+		if failFast || attempts >= c.opts.MaxAttempts || (write && !movesWrite(n, dial)) || ctx.Err() != nil {
 			return last
 		}
 		if write {
@@ -1138,19 +1138,20 @@ func (c *Cluster) routeAfter(ctx context.Context, hashKey, writeKey string, trie
 	return ErrNoNodes
 }
 
-// movesWrite reports whether a write that failed on n with err, a
-// *NodeError (dial: before a connection existed), may go on to the next
-// node of its key's chain: nothing reached n, and n is not where the
-// key's reads go any more, so the value stored elsewhere is the one
-// read. That is a connection refused or reset while being made
-// (hardFailure: the node is not there, and such a failure ejects it),
-// or any failure to connect that took n out of service (a timeout past
-// PASSIVE_FAILS). Either way n records the key (stale.go) and forgets
-// it before it serves again. A connection that timed out while n stays
-// in service leaves n serving the key's older value: the write fails
-// with the timeout instead (decisions/0086).
-func movesWrite(n *node, err error, dial bool) bool {
-	return dial && (hardFailure(err) || !n.available())
+// movesWrite reports whether a write that failed on n before a
+// connection existed (dial) may go on to the next node of its key's
+// chain: nothing reached n, and the failure took n out of service (a
+// connection refused, which ejects it at once, or a timeout past
+// PASSIVE_FAILS), so the key's reads no longer go to n and the value
+// stored elsewhere is the one read. n records the key (stale.go) and
+// forgets it before it serves again. A failure that leaves n in service
+// leaves n serving the key's older value, and no re-admission comes to
+// forget the key there: the write fails instead (decisions/0086). That
+// is a timeout, and also a refused or reset connection that ejected
+// nothing: passive ejection off (PASSIVE_FAILS 0), or a reset held back
+// by MAX_EJECTED_PERCENT.
+func movesWrite(n *node, dial bool) bool {
+	return dial && !n.available()
 }
 
 // nodeFailure reports whether err is a *NodeError, and whether it

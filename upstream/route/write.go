@@ -44,12 +44,12 @@ import (
 //
 // A replica "answers" when memcached replies, whatever the reply (stored,
 // not stored, not found…); it fails when it cannot be reached or does not
-// reply in time. A replica whose write fails without reaching it because
-// nothing is there (its connection refused or reset while being made),
-// or whose failure takes it out of service, is replaced by the next live
+// reply in time. A replica whose failure takes it out of service (a
+// connection refused ejects it at once) is replaced by the next live
 // node of the key's chain (a spare, whose copy gets FAILOVER_TTL): the
-// key keeps its copies through a node's death. One that timed out and
-// stays in service is not: its reads still come to it.
+// key keeps its copies through a node's death. One that stays in service
+// (it timed out, or passive ejection did not take it out) is not: its
+// reads still come to it.
 //
 // A copy is sent to a node, its replica or a spare, only once the copies
 // of the key's earlier writes still running there have been answered
@@ -131,17 +131,19 @@ func failure(err error) bool {
 }
 
 // replaceable reports whether a replica's failed write may go to a spare
-// instead: nothing reached the node and it is not there (its connection
-// refused or reset: upstream.NodeError.Gone), or the failure took it out
-// of service (then re-admission clears the key there). A replica that
-// timed out, its reply's or its dial's, and stays up may hold the write
-// or not, and its reads still come to it: it is not replaced, and the
-// write counts as failed there, as a copy on a spare would be answered
-// and never read while the replica serves the older value
+// instead: the failure took it out of service (a connection refused
+// ejects it at once), so its reads no longer come to it, and
+// re-admission clears the key there. A replica that stays up, whether
+// it timed out (its reply's or its dial's, and may hold the write or
+// not) or refused or reset a connection without being ejected (passive
+// ejection off, or held back by MAX_EJECTED_PERCENT), is where its reads
+// still go: it is not replaced, and the write counts as failed there,
+// as a copy on a spare would be answered and never read while the
+// replica serves the older value, with no re-admission to clear it
 // (decisions/0086).
 func replaceable(err error, r upstream.Replica) bool {
 	var ne *upstream.NodeError
-	return errors.As(err, &ne) && (ne.Dial() && ne.Gone() || !r.Up())
+	return errors.As(err, &ne) && !r.Up()
 }
 
 // maxSpares bounds the spares one replica's write moves on to.
