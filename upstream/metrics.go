@@ -141,7 +141,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"node", "result"}),
 		probesLate: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "memcgate_upstream_probes_late_total",
-			Help: "Health probes (and flushes before a re-admission) sent once more because the first try timed out at a deadline the gateway came to a quarter of MEMCGATE_HEALTH_TIMEOUT or more late: the gateway, not memcached, was not running (stopped, starved of CPU, throttled). The probe's result (memcgate_upstream_probes_total) is the second try's.",
+			Help: "Health probes (and flushes before a re-admission) tried once more because the first try timed out at a deadline the gateway came to a quarter of MEMCGATE_HEALTH_TIMEOUT or more late: the gateway, not memcached, was not running (stopped, starved of CPU, throttled). A probe is sent again; a flush reads on for the answer to the flush_all it sent, never sent twice at once. The probe's result (memcgate_upstream_probes_total) is the second try's.",
 		}, []string{"node"}),
 	}
 	reg.MustRegister(m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.probesLate, m.failovers, m.batched, m.invalidated, m.untracked, m.unknown, m.restarts, m.shareRefused)

@@ -41,7 +41,8 @@ type prober interface {
 // passes. On each new connection the probe asks stats too, in the same
 // write, for the process that answers there (restart.go). A probe that
 // timed out at a deadline the gateway came to late is sent once more
-// (roundTrip).
+// (roundTrip). A flush_all is never sent while one written before is
+// unanswered (FlushAll).
 type probeClient struct {
 	addr    string
 	timeout time.Duration
@@ -53,8 +54,17 @@ type probeClient struct {
 	// its first try timed out at a deadline the gateway came to late.
 	late func()
 
-	mu   sync.Mutex // guards idle; never held across I/O
+	mu   sync.Mutex // guards idle and unanswered; never held across I/O
 	idle net.Conn   // the connection kept from the last probe; nil if none
+	// unanswered is the connection a flush_all was written on whose
+	// answer did not come: memcached may still run it, later than any
+	// flush sent after it. nil if none.
+	unanswered net.Conn
+
+	// flushing serializes the flushes (a reload's left running and a
+	// round's): none is written while another may be left unanswered.
+	// Held across I/O, at most two timeouts per flush.
+	flushing sync.Mutex
 }
 
 // probeLineMax bounds an answer's line: memcached's VERSION and OK are
@@ -66,25 +76,43 @@ var errProbeCut = errors.New("probe cut short")
 
 // Ping sends memcached's version command and waits for its answer.
 func (p *probeClient) Ping(ctx context.Context) error {
-	return p.roundTrip(ctx, "version", func(line []byte) bool { return bytes.HasPrefix(line, []byte("VERSION ")) })
+	return p.roundTrip(ctx, "version", false, func(line []byte) bool { return bytes.HasPrefix(line, []byte("VERSION ")) })
 }
 
-// FlushAll sends flush_all and waits for memcached's OK.
+// FlushAll sends flush_all and waits for memcached's OK. A flush_all
+// is not idempotent in time: run after writes, it empties them. So one
+// written whose answer did not come (memcached stopped, or the gateway
+// late to its deadline) is not sent again on another connection, where
+// memcached could answer the second before it runs the first, and run
+// the first after the node serves again. Its connection is kept
+// (unanswered), and each flush first reads on it (settle): its answer
+// (whatever the line), or memcached closing it, says that it ran or
+// never will, and a new flush_all goes out; no answer fails the flush,
+// and the node it was for stays down. A flush whose first try the
+// gateway came to late reads on the same connection for its second
+// (roundTrip), and sends a new flush_all only once the first answered
+// (decision 0090).
 func (p *probeClient) FlushAll(ctx context.Context) error {
-	return p.roundTrip(ctx, "flush_all", func(line []byte) bool { return string(line) == "OK\r\n" })
+	p.flushing.Lock()
+	defer p.flushing.Unlock()
+	return p.roundTrip(ctx, "flush_all", true, func(line []byte) bool { return string(line) == "OK\r\n" })
 }
 
-// Close closes the idle connection; a probe in flight closes its own
-// when it ends. The client may be used again.
+// Close closes the idle connection, and the one of a flush_all left
+// unanswered; a probe in flight closes its own when it ends. The client
+// may be used again.
 func (p *probeClient) Close() error {
 	p.mu.Lock()
-	c := p.idle
-	p.idle = nil
+	c, u := p.idle, p.unanswered
+	p.idle, p.unanswered = nil, nil
 	p.mu.Unlock()
-	if c == nil {
-		return nil
+	var err error
+	for _, c := range []net.Conn{c, u} {
+		if c != nil {
+			err = errors.Join(err, c.Close())
+		}
 	}
-	return c.Close()
+	return err
 }
 
 // roundTrip sends cmd and reads one line, which ok judges (try), and
@@ -98,14 +126,17 @@ func (p *probeClient) Close() error {
 // failure: a gateway starved for good still fails a memcached that
 // stopped with it. The errors are those of the socket
 // (*net.OpError, os.ErrDeadlineExceeded, io.EOF) or an unexpected line
-// worded as gomemcache words it, which classify tells apart.
-func (p *probeClient) roundTrip(ctx context.Context, cmd string, ok func(line []byte) bool) error {
-	late, err := p.try(ctx, cmd, ok)
+// worded as gomemcache words it, which classify tells apart. With
+// once (flush_all), a command written and not answered is never sent
+// again until its answer came (FlushAll): the second try reads on for
+// it first.
+func (p *probeClient) roundTrip(ctx context.Context, cmd string, once bool, ok func(line []byte) bool) error {
+	late, err := p.try(ctx, cmd, once, ok)
 	if late {
 		if p.late != nil {
 			p.late()
 		}
-		_, err = p.try(ctx, cmd, ok)
+		_, err = p.try(ctx, cmd, once, ok)
 	}
 	return err
 }
@@ -116,16 +147,23 @@ func (p *probeClient) roundTrip(ctx context.Context, cmd string, ok func(line []
 // it passed. A kept connection memcached had closed before cmd was
 // answered is dialled again once, within the same deadline: a memcached
 // restarted since the last probe answers on a new connection, and
-// counts as the node it is, up, rather than as one failed probe.
-func (p *probeClient) try(ctx context.Context, cmd string, ok func(line []byte) bool) (late bool, err error) {
+// counts as the node it is, up, rather than as one failed probe. With
+// once, the answer to the command left unanswered before is read first
+// (settle), and cmd is not sent if it does not come.
+func (p *probeClient) try(ctx context.Context, cmd string, once bool, ok func(line []byte) bool) (late bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
+	if once {
+		if late, err := p.settle(ctx); err != nil {
+			return late, err
+		}
+	}
 	p.mu.Lock()
 	c := p.idle
 	p.idle = nil
 	p.mu.Unlock()
 	if c != nil {
-		line, seen, err := p.send(ctx, c, cmd, false)
+		line, seen, err := p.send(ctx, c, cmd, false, once)
 		if !closedByPeer(ctx, line, err) {
 			return err != nil && timedOut(err) && p.lateAt(ctx, seen), judge(ctx, cmd, line, err, ok)
 		}
@@ -134,7 +172,7 @@ func (p *probeClient) try(ctx context.Context, cmd string, ok func(line []byte) 
 	if err != nil {
 		return timedOut(err) && p.lateAt(ctx, time.Now()), cutShort(ctx, err)
 	}
-	line, seen, err := p.send(ctx, c, cmd, p.seen != nil)
+	line, seen, err := p.send(ctx, c, cmd, p.seen != nil, once)
 	return err != nil && timedOut(err) && p.lateAt(ctx, seen), judge(ctx, cmd, line, err, ok)
 }
 
@@ -157,8 +195,10 @@ func timedOut(err error) bool {
 // idle connection if its state is known, and closes it otherwise. What
 // stats says goes to p.seen; a stats reply that does not come, or does
 // not parse, fails nothing: the probe is cmd's. seen is when a read or
-// the write first failed by the deadline; zero if none did.
-func (p *probeClient) send(ctx context.Context, c net.Conn, cmd string, stats bool) (line []byte, seen time.Time, err error) {
+// the write first failed by the deadline; zero if none did. With once,
+// a connection cmd was written on whose answer has not begun by the
+// deadline (or a cut) is kept as p.unanswered instead of closed.
+func (p *probeClient) send(ctx context.Context, c net.Conn, cmd string, stats, once bool) (line []byte, seen time.Time, err error) {
 	deadline, _ := ctx.Deadline()
 	if err := c.SetDeadline(deadline); err != nil {
 		c.Close()
@@ -174,19 +214,73 @@ func (p *probeClient) send(ctx context.Context, c net.Conn, cmd string, stats bo
 	})
 	oc := &onTimeConn{Conn: c, ctx: ctx, timeout: p.timeout}
 	x := exchange(oc, cmd, stats)
-	if !stop() && cutShortBy(ctx) || x.err != nil || x.buffered || stats && !x.statsRead {
+	stopped := stop()
+	switch {
+	case once && x.written && len(x.line) == 0 && errors.Is(x.err, os.ErrDeadlineExceeded):
+		p.holdUnanswered(c)
+	case !stopped && cutShortBy(ctx) || x.err != nil || x.buffered || stats && !x.statsRead:
 		// Cut short, failed, or more than one answer came: the
 		// connection is in no known state. One whose answer was read
 		// past the deadline is kept: a probe that dials again when the
 		// gateway is late may time out dialling a node that is up.
 		c.Close()
-	} else {
+	default:
 		p.keep(c)
 	}
 	if x.instance.known() && x.err == nil {
 		p.seen(x.instance)
 	}
 	return x.line, oc.seen, x.err
+}
+
+// settle reads, within ctx's deadline, the answer to the flush_all left
+// unanswered (p.unanswered), if any, and reports whether a new one may
+// be sent: err is nil once a line came (the command ran, whatever it
+// said), or memcached closed the connection or it broke (what was
+// unread there is never run). If nothing came by the deadline, or ctx
+// was cut short, the connection is kept for the next flush, and late
+// says whether the deadline was seen a quarter of the timeout or more
+// after it passed (roundTrip's second try reads on). An answer in the
+// socket at the deadline is read (onTimeConn).
+func (p *probeClient) settle(ctx context.Context) (late bool, err error) {
+	p.mu.Lock()
+	c := p.unanswered
+	p.unanswered = nil
+	p.mu.Unlock()
+	if c == nil {
+		return false, nil
+	}
+	deadline, _ := ctx.Deadline()
+	if err := c.SetDeadline(deadline); err != nil {
+		c.Close()
+		return false, nil // closed under it: nothing more comes on it
+	}
+	stop := context.AfterFunc(ctx, func() {
+		if !errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
+			c.SetDeadline(time.Unix(1, 0))
+		}
+	})
+	oc := &onTimeConn{Conn: c, ctx: ctx, timeout: p.timeout}
+	line, rerr := bufio.NewReaderSize(oc, probeLineMax).ReadSlice('\n')
+	stop()
+	if len(line) == 0 && errors.Is(rerr, os.ErrDeadlineExceeded) {
+		p.holdUnanswered(c)
+		return p.lateAt(ctx, oc.seen), cutShort(ctx, fmt.Errorf("a flush_all sent before is unanswered, and is not sent again until memcached answers it: %w", rerr))
+	}
+	c.Close()
+	return false, nil
+}
+
+// holdUnanswered keeps c, a connection a flush_all was written on and
+// not answered, for settle. flushing is held: there is no other.
+func (p *probeClient) holdUnanswered(c net.Conn) {
+	p.mu.Lock()
+	old := p.unanswered
+	p.unanswered = c
+	p.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
 }
 
 // judge is the outcome of a probe whose command's line is line, read
@@ -234,6 +328,7 @@ type exchanged struct {
 	instance  instance // what the stats reply said; zero if none was read or it said nothing
 	statsRead bool     // the stats reply was read to its end (END or an error line)
 	buffered  bool     // more bytes came after the last answer read
+	written   bool     // cmd's line was written whole: memcached may run it (a part of it it never runs)
 }
 
 // statsLinesMax bounds the lines of a probe's stats reply: memcached
@@ -248,7 +343,9 @@ func exchange(c net.Conn, cmd string, stats bool) (x exchanged) {
 	if stats {
 		req += "stats\r\n"
 	}
-	if _, x.err = c.Write([]byte(req)); x.err != nil {
+	n, err := c.Write([]byte(req))
+	x.written, x.err = n >= len(cmd)+2, err
+	if err != nil {
 		return x
 	}
 	br := bufio.NewReaderSize(c, probeLineMax)
