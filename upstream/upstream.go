@@ -445,11 +445,11 @@ type Prepared struct {
 // started within one Health.Timeout however many they are, each awaited
 // until it ends but at most two Health.Timeouts from its start (its own,
 // and one more when its answer waited unread in the socket), or until
-// ctx is done. One whose probe passed takes traffic once committed; one
-// whose probe failed, did not start in time, or ended past that wait (a
-// probe sent again for a deadline the gateway came to late, roundTrip,
-// may), starts down and waits for Rise
-// probes like any down node. A
+// ctx is done; a wait the gateway came to its end late goes on once, two
+// more from then, for a probe sent again on waking (roundTrip). One
+// whose probe passed takes traffic once committed; one whose probe
+// failed, did not start in time, or ended past that wait, starts down
+// and waits for Rise probes like any down node. A
 // node added may hold values its keys were given on other nodes before
 // it joined (it was in an earlier server list, of this process or of
 // one before it): with next.ReadmitFlush it is flushed instead of
@@ -700,7 +700,10 @@ type addedProbe struct {
 // the wait ends is awaited on until two Health.Timeouts from its start:
 // past its deadline it reads on only an answer that came in time
 // (onTimeConn, 0061), so a probe that passes, read late, starts its
-// node up, and one that fails at its deadline ends the wait then. A
+// node up, and one that fails at its deadline ends the wait then. If
+// the wait's end came a quarter of a timeout or more late (the gateway
+// was not running), it goes on once, two timeouts from then: a probe
+// the gateway came to late is sent once more (roundTrip, 0087). A
 // probe still running after that goes on on its own goroutine until its
 // reads end or ctx is done, and its answer is dropped: its node starts
 // down, and the health checker admits it, asking it stats then
@@ -785,8 +788,16 @@ func (c *Cluster) probeAdded(ctx context.Context, probes []addedProbe) {
 	// from its start; one that fails at its deadline ends the wait then.
 	// No probe starts any more, and the stats of a node that answers now
 	// are not waited for (its holds are unknown).
+	//
+	// A wait that ends a quarter of a timeout or more after it was due
+	// is a gateway that was not running (stopped, starved, throttled):
+	// a probe it made late is sent once more on waking (roundTrip), and
+	// has had less time than it was given. Such a wait goes on once, two
+	// timeouts from then, as the probe's own late deadline does (0090).
 	if cut != nil && ctx.Err() == nil && answered < started {
-		timer.Reset(time.Until(lastStart.Add(2 * wait)))
+		due := lastStart.Add(2 * wait)
+		timer.Reset(time.Until(due))
+		extended := false
 	grace:
 		for answered < started {
 			select {
@@ -796,7 +807,11 @@ func (c *Cluster) probeAdded(ctx context.Context, probes []addedProbe) {
 					answered++
 				}
 			case <-timer.C:
-				break grace
+				if extended || time.Since(due) < wait/4 {
+					break grace
+				}
+				extended, due = true, time.Now().Add(2*wait)
+				timer.Reset(time.Until(due))
 			case <-ctx.Done():
 				cut = fmt.Errorf("the server change was cut short: %w", context.Cause(ctx))
 				break grace
