@@ -42,8 +42,8 @@ func nodeStates(t *testing.T, g *gateway) []nodeState {
 // frozen whole would be; the gateway is let go first, memcached 30 ms
 // later. The probe, its deadline come to late, is sent once more and
 // passes (0087), and the reload, its own wait come to late too, waits
-// for it once more (0090): the node starts up. Before, the reload's
-// wait had ended on waking and the node started down ("no answer
+// for it once more (0090): the node starts up. Without that, the
+// reload's wait ends on waking and the node starts down ("no answer
 // within 300ms"), taking traffic HEALTH_RISE probe rounds later.
 func TestReloadPausedWithAnAddedNodeStartsItUp(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 2)
