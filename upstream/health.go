@@ -31,7 +31,9 @@ import (
 //     gateways whose clocks agree probe a node at the same moments and
 //     re-admit it together.
 //   - Panic: while fewer than PanicPercent of the nodes are up (but at least
-//     one), routing ignores health, as Envoy does.
+//     one), routing ignores health, as Envoy does, but for the keys a down
+//     node recorded as written elsewhere (node.passedOver): they go where
+//     those writes went.
 //   - UDP: a node with a UDP port also gets a `version` request over UDP
 //     each round, from a probe socket of its own. The port starts down;
 //     one answer brings it up, Fall failures in a row or one refusal

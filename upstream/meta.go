@@ -42,7 +42,7 @@ func (c *Cluster) TTL(ctx context.Context, o op.Op) (ttl int32, cas uint64, err 
 	if !mcpipe.LegalKey(sk) {
 		return 0, 0, ErrBadKey
 	}
-	err = c.routeAfter(ctx, hk, "", nil, nil, func(n *node, _ bool) error {
+	err = c.routeAfter(ctx, hk, sk, "", nil, nil, func(n *node, _ bool) error {
 		var e error
 		ttl, cas, e = n.metaTTL(ctx, sk)
 		return e

@@ -28,20 +28,20 @@ const maxKeysPerGet = 100
 const probeKeys = 32
 
 // pick returns the node of t that serves a key now under the failover
-// policy, and whether it is not the key's owner. writeKey is a write's
-// key as sent to memcached, empty for a read: each node down that a
-// write passes over records it (stale.go).
-func (c *Cluster) pick(t *topology, hashKey, writeKey string) (n *node, failover bool, err error) {
+// policy, and whether it is not the key's owner. storeKey is the key as
+// sent to memcached (node.passedOver); for a write (write), each node
+// down that it passes over records it (stale.go).
+func (c *Cluster) pick(t *topology, hashKey, storeKey string, write bool) (n *node, failover bool, err error) {
 	ignoreHealth := c.panicking(t)
 	owner := -1
 	for i := range t.ring.Owners(hashKey) {
 		if owner < 0 {
 			owner = i
 		}
-		if ignoreHealth || t.nodes[i].available() {
+		if !t.nodes[i].passedOver(ignoreHealth, storeKey) {
 			return t.nodes[i], i != owner, nil
 		}
-		if c.opts.Failover != FailFast && writeKey != "" && !t.nodes[i].skipForWrite(writeKey, c.placedBy(writeKey, hashKey)) {
+		if c.opts.Failover != FailFast && write && !t.nodes[i].skipForWrite(storeKey, c.placedBy(storeKey, hashKey)) {
 			return t.nodes[i], i != owner, nil // re-admitted since
 		}
 		if c.opts.Failover == FailFast {
@@ -54,8 +54,8 @@ func (c *Cluster) pick(t *topology, hashKey, writeKey string) (n *node, failover
 // Up reports whether an operation on key could be served now: its node,
 // or under the failover policy one it fails over to, is up.
 func (c *Cluster) Up(key string) bool {
-	_, hk := c.keys(key)
-	_, _, err := c.pick(c.topo.Load(), hk, "")
+	sk, hk := c.keys(key)
+	_, _, err := c.pick(c.topo.Load(), hk, sk, false)
 	return err == nil
 }
 
@@ -84,7 +84,9 @@ func (c *Cluster) Owner(key string) (i, n int) {
 // values are asked first and the keys past the limit are not read at all
 // (they fail with ErrOverLimit too).
 func (c *Cluster) GetMulti(ctx context.Context, keys []string, limit int, room op.Room) (map[string]op.Item, map[string]error) {
-	pick := func(t *topology, hashKey string) (*node, bool, error) { return c.pick(t, hashKey, "") }
+	pick := func(t *topology, hashKey, storeKey string) (*node, bool, error) {
+		return c.pick(t, hashKey, storeKey, false)
+	}
 	return c.getMulti(ctx, keys, limit, room, pick, true, false)
 }
 
@@ -95,16 +97,17 @@ func (c *Cluster) GetMulti(ctx context.Context, keys []string, limit int, room o
 // fail with its error, and are not retried elsewhere: the caller's next
 // rank is their retry.
 func (c *Cluster) GetMultiReplica(ctx context.Context, keys []string, limit int, room op.Room, rank, copies int) (map[string]op.Item, map[string]error) {
-	pick := func(t *topology, hashKey string) (*node, bool, error) {
-		return c.pickReplica(t, hashKey, rank, max(copies, 1))
+	pick := func(t *topology, hashKey, storeKey string) (*node, bool, error) {
+		return c.pickReplica(t, hashKey, storeKey, rank, max(copies, 1))
 	}
 	return c.getMulti(ctx, keys, limit, room, pick, false, true)
 }
 
 // pickReplica returns the replica of rank rank of a key's set of copies
 // replicas, chosen as Replicas chooses them, and whether it is not one of
-// the key's home nodes.
-func (c *Cluster) pickReplica(t *topology, hashKey string, rank, copies int) (n *node, failover bool, err error) {
+// the key's home nodes. storeKey is the key as sent to memcached
+// (node.passedOver).
+func (c *Cluster) pickReplica(t *topology, hashKey, storeKey string, rank, copies int) (n *node, failover bool, err error) {
 	ignoreHealth := c.panicking(t)
 	failFast := c.opts.Failover == FailFast
 	pos, live := 0, 0
@@ -114,7 +117,7 @@ func (c *Cluster) pickReplica(t *topology, hashKey string, rank, copies int) (n 
 		if failFast && !home {
 			break
 		}
-		if !ignoreHealth && !t.nodes[i].available() {
+		if t.nodes[i].passedOver(ignoreHealth, storeKey) {
 			continue
 		}
 		if live == rank {
@@ -133,7 +136,7 @@ func (c *Cluster) pickReplica(t *topology, hashKey string, rank, copies int) (n 
 // tagged names in each item found the node that gave out its CAS
 // (op.Item.CASNode). Without tagged, an item found on a node other than
 // its key's owner names that node all the same, as Do's do.
-func (c *Cluster) getMulti(ctx context.Context, keys []string, limit int, vroom op.Room, pick func(*topology, string) (*node, bool, error), retry, tagged bool) (map[string]op.Item, map[string]error) {
+func (c *Cluster) getMulti(ctx context.Context, keys []string, limit int, vroom op.Room, pick func(t *topology, hashKey, storeKey string) (*node, bool, error), retry, tagged bool) (map[string]op.Item, map[string]error) {
 	found := make(map[string]op.Item, len(keys))
 	failed := map[string]error{}
 	var mu sync.Mutex // guards found, failed and kept
@@ -155,7 +158,7 @@ func (c *Cluster) getMulti(ctx context.Context, keys []string, limit int, vroom 
 		}
 		seen[k] = true
 		sk, hk := c.keys(k)
-		n, fo, err := pick(t, hk)
+		n, fo, err := pick(t, hk, sk)
 		if err != nil {
 			failed[k] = err
 			continue

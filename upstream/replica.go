@@ -109,7 +109,8 @@ func (s *ReplicaSet) Spare() (Replica, bool) {
 // copies nodes of the key's chain (its ring order, which starts with the
 // node Do would use) that are up. Under the FailFast policy only the
 // key's home nodes that are up are replicas and there are no spares: the
-// ring stays as it is. In panic mode health is ignored, as Do ignores it.
+// ring stays as it is. In panic mode health is ignored, as Do ignores it
+// (but for the keys a down node recorded: node.passedOver).
 // With copies <= 1 it is the node Do would try first. For a write,
 // each node down that would have been a replica remembers the key, to
 // delete it before its re-admission.
@@ -134,7 +135,7 @@ func (c *Cluster) Replicas(o *op.Op, copies int) ReplicaSet {
 		}
 		// A write records its key on each node down that would have
 		// been a replica (stale.go); one re-admitted since is taken.
-		if !ignoreHealth && !n.available() && (!write || len(s.Replicas) >= copies || n.skipForWrite(sk, c.placedBy(sk, hk))) {
+		if n.passedOver(ignoreHealth, sk) && (!write || len(s.Replicas) >= copies || n.skipForWrite(sk, c.placedBy(sk, hk))) {
 			continue
 		}
 		r := Replica{n: n, home: home}

@@ -110,6 +110,14 @@ func (s *staleKeys) lost(n int) (first bool) {
 	return first
 }
 
+// has reports whether store is recorded.
+func (s *staleKeys) has(store string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.keys[store]
+	return ok
+}
+
 // len is the number of keys recorded.
 func (s *staleKeys) len() int {
 	s.mu.Lock()
@@ -192,6 +200,21 @@ func (n *node) staleLost(lost int) {
 func (n *node) skipForWrite(store, hash string) bool {
 	n.recordStale(store, hash)
 	return !n.available()
+}
+
+// passedOver reports whether routing passes over n for the key store
+// (as sent to memcached): n is down and health is followed, or, in
+// panic mode (ignoreHealth), a write of store went to another node on
+// n's account while n was down (its set records it). That write's value
+// is where it went, and n may hold the value it replaced until its
+// re-admission deletes the key there: in panic mode the key's reads and
+// writes go on where it went, as outside it (decision 0090). A key the
+// set had no room for is not known, and goes to n.
+func (n *node) passedOver(ignoreHealth bool, store string) bool {
+	if n.available() {
+		return false
+	}
+	return !ignoreHealth || n.stale.has(store)
 }
 
 // invalidateStale deletes on n the keys written elsewhere while it was

@@ -275,7 +275,7 @@ func (c *Cluster) SetQuiet(ctx context.Context, it op.Item) (udp bool, err error
 	sk, hk := c.keys(it.Key)
 	// pick records the key on the nodes down it passes over, as Do does
 	// for a set sent over TCP.
-	n, failover, err := c.pick(c.topo.Load(), hk, sk)
+	n, failover, err := c.pick(c.topo.Load(), hk, sk, true)
 	if err != nil {
 		return false, err
 	}

@@ -1042,7 +1042,7 @@ func (c *Cluster) doAfter(ctx context.Context, o op.Op, tried *node, prev error)
 		writeKey = sk
 	}
 	var res op.Result
-	err := c.routeAfter(ctx, hk, writeKey, tried, prev, func(n *node, failover bool) (err error) {
+	err := c.routeAfter(ctx, hk, sk, writeKey, tried, prev, func(n *node, failover bool) (err error) {
 		if !casHere(&o, n, failover) {
 			return ErrCASNode
 		}
@@ -1081,6 +1081,8 @@ func (c *Cluster) keysOf(o *op.Op) (store, hash string) {
 // never read while that node serves its older value (decisions/0086).
 // call learns whether its node is not the owner. tried is a node a
 // first attempt already failed on, with prev; nil if there was none.
+// storeKey is the key as sent to memcached: in panic mode a down node
+// that recorded it is passed over all the same (node.passedOver).
 // writeKey is a write's key as sent to memcached, empty for a read:
 // each node a write passes over (down, or moved on from) records it
 // (stale.go). A read that misses on a node after a node ahead of it
@@ -1089,7 +1091,7 @@ func (c *Cluster) keysOf(o *op.Op) (store, hash string) {
 // may hold the key, which the next node never got (decisions/0085). A
 // node that is not there (refused, reset: hardFailure), or passed over
 // as down, holds nothing to answer for: the next node's miss stands.
-func (c *Cluster) routeAfter(ctx context.Context, hashKey, writeKey string, tried *node, prev error, call func(n *node, failover bool) error) error {
+func (c *Cluster) routeAfter(ctx context.Context, hashKey, storeKey, writeKey string, tried *node, prev error, call func(n *node, failover bool) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -1108,7 +1110,7 @@ func (c *Cluster) routeAfter(ctx context.Context, hashKey, writeKey string, trie
 			attempts, last = attempts+1, prev
 			continue
 		}
-		if !ignoreHealth && !n.available() {
+		if n.passedOver(ignoreHealth, storeKey) {
 			if failFast {
 				return fmt.Errorf("%w: %s, the key's node, is down (failover policy %q)", ErrNoNodes, n.name, FailFast)
 			}
@@ -1281,7 +1283,7 @@ func (c *Cluster) Placement(key string) Placement {
 	sk, hk := c.keys(key)
 	p := Placement{Key: key, StoreKey: sk}
 	t := c.topo.Load()
-	if n, _, err := c.pick(t, hk, ""); err == nil {
+	if n, _, err := c.pick(t, hk, sk, false); err == nil {
 		p.Serving = n.name
 	}
 	for i := range t.ring.Owners(hk) {
