@@ -241,7 +241,11 @@ func (p *probeClient) send(ctx context.Context, c net.Conn, cmd string, stats, o
 // was cut short, the connection is kept for the next flush, and late
 // says whether the deadline was seen a quarter of the timeout or more
 // after it passed (roundTrip's second try reads on). An answer in the
-// socket at the deadline is read (onTimeConn).
+// socket at the deadline is read (onTimeConn). It first writes version
+// on the connection, which memcached answers only after the flush_all:
+// a host restarted meanwhile, its memcached gone without closing the
+// connection, answers it with a reset, which settles the connection,
+// where a read alone would wait on it for good.
 func (p *probeClient) settle(ctx context.Context) (late bool, err error) {
 	p.mu.Lock()
 	c := p.unanswered
@@ -261,7 +265,11 @@ func (p *probeClient) settle(ctx context.Context) (late bool, err error) {
 		}
 	})
 	oc := &onTimeConn{Conn: c, ctx: ctx, timeout: p.timeout}
-	line, rerr := bufio.NewReaderSize(oc, probeLineMax).ReadSlice('\n')
+	var line []byte
+	_, rerr := oc.Write([]byte("version\r\n"))
+	if rerr == nil {
+		line, rerr = bufio.NewReaderSize(oc, probeLineMax).ReadSlice('\n')
+	}
 	stop()
 	if len(line) == 0 && errors.Is(rerr, os.ErrDeadlineExceeded) {
 		p.holdUnanswered(c)
