@@ -113,10 +113,13 @@ func TestItemsNotReadAfterReuse(t *testing.T) {
 								it = copied(it) // valid only until the callback returns
 								switch {
 								case err == nil:
-									done <- check(k, it)
+									// kept before done: the worker's end, and
+									// the check of kept after every worker's,
+									// come after this append
 									mu.Lock()
 									kept = append(kept, it)
 									mu.Unlock()
+									done <- check(k, it)
 								case errors.Is(err, memcache.ErrCacheMiss) && exists:
 									done <- "a miss of " + k
 								default:
