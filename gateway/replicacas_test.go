@@ -98,40 +98,63 @@ func (g *replRig) replicas(key string) (first, second *memcachedtest.Server) {
 	return g.byAddr[nodes[0]], g.byAddr[nodes[1]]
 }
 
-// mcCmd sends one request to memcached at addr and returns its answer's
-// lines, up to the line that ends it.
-func mcCmd(t *testing.T, addr, req string) []string {
+// mcConn is one connection to memcached, for requests sent one after
+// another.
+type mcConn struct {
+	t    *testing.T
+	addr string
+	c    net.Conn
+	rd   *bufio.Reader
+}
+
+// dialMC connects to the memcached at addr; the caller closes it.
+func dialMC(t *testing.T, addr string) *mcConn {
 	t.Helper()
 	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := io.WriteString(c, req); err != nil {
-		t.Fatal(err)
+	return &mcConn{t: t, addr: addr, c: c, rd: bufio.NewReader(c)}
+}
+
+// cmd sends req, which holds n requests, in one write and returns their
+// answers' lines, each answer up to the line that ends it.
+func (m *mcConn) cmd(req string, n int) []string {
+	m.t.Helper()
+	_ = m.c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(m.c, req); err != nil {
+		m.t.Fatal(err)
 	}
-	rd := bufio.NewReader(c)
 	var lines []string
-	for {
-		line, err := rd.ReadString('\n')
+	for n > 0 {
+		line, err := m.rd.ReadString('\n')
 		if err != nil {
-			t.Fatalf("%s: %q: %v (read %q)", addr, req, err, lines)
+			m.t.Fatalf("%s: %q: %v (read %q)", m.addr, req, err, lines)
 		}
 		line = strings.TrimRight(line, "\r\n")
 		lines = append(lines, line)
 		if head, ok := strings.CutPrefix(line, "VALUE "); ok {
 			f := strings.Fields(head)
-			n, _ := strconv.Atoi(f[2])
-			b := make([]byte, n+2)
-			if _, err := io.ReadFull(rd, b); err != nil {
-				t.Fatal(err)
+			size, _ := strconv.Atoi(f[2])
+			b := make([]byte, size+2)
+			if _, err := io.ReadFull(m.rd, b); err != nil {
+				m.t.Fatal(err)
 			}
-			lines = append(lines, string(b[:n]))
+			lines = append(lines, string(b[:size]))
 			continue
 		}
-		return lines
+		n--
 	}
+	return lines
+}
+
+// mcCmd sends one request to memcached at addr, on a connection of its
+// own, and returns its answer's lines, up to the line that ends it.
+func mcCmd(t *testing.T, addr, req string) []string {
+	t.Helper()
+	m := dialMC(t, addr)
+	defer m.c.Close()
+	return m.cmd(req, 1)
 }
 
 // mcGets is key's value and CAS on the memcached at addr; ok false if it
@@ -147,26 +170,48 @@ func mcGets(t *testing.T, addr, key string) (val string, cas uint64, ok bool) {
 	return lines[1], cas, true
 }
 
+// bump sets a key of its own n times (n > 0) on m's memcached, the sets
+// and a gets after them in one write, and returns the last CAS value
+// that node gave out: its counter, which each set moves on by one.
+func (m *mcConn) bump(n uint64) uint64 {
+	m.t.Helper()
+	const set = "set replcas-bump 0 0 1\r\nx\r\n"
+	lines := m.cmd(strings.Repeat(set, int(n))+"gets replcas-bump\r\n", int(n)+1)
+	for i, l := range lines[:n] {
+		if l != "STORED" {
+			m.t.Fatalf("%s: set %d of %d: %q", m.addr, i+1, n, l)
+		}
+	}
+	f := strings.Fields(lines[n])
+	if len(f) != 5 || f[0] != "VALUE" {
+		m.t.Fatalf("%s: gets after %d sets: %q", m.addr, n, lines[n:])
+	}
+	cas, err := strconv.ParseUint(f[4], 10, 64)
+	if err != nil {
+		m.t.Fatalf("%s: gets after %d sets: %q: %v", m.addr, n, lines[n], err)
+	}
+	return cas
+}
+
 // mcCounter sets a key of its own on the memcached at addr and returns
 // its CAS: the last CAS value that node gave out.
 func mcCounter(t *testing.T, addr string) uint64 {
 	t.Helper()
-	if l := mcCmd(t, addr, "set replcas-bump 0 0 1\r\nx\r\n"); l[0] != "STORED" {
-		t.Fatalf("%s: set: %q", addr, l)
-	}
-	_, cas, _ := mcGets(t, addr, "replcas-bump")
-	return cas
+	m := dialMC(t, addr)
+	defer m.c.Close()
+	return m.bump(1)
 }
 
 // bumpTo writes the memcached at addr until the last CAS it gave out is
-// cas.
+// cas: on one connection, each round as many sets as the counter is
+// short, sent together (one round, unless another client wrote there
+// meanwhile).
 func bumpTo(t *testing.T, addr string, cas uint64) {
 	t.Helper()
-	for {
-		switch c := mcCounter(t, addr); {
-		case c == cas:
-			return
-		case c > cas:
+	m := dialMC(t, addr)
+	defer m.c.Close()
+	for c := m.bump(1); c != cas; c = m.bump(cas - c) {
+		if c > cas {
 			t.Fatalf("%s: counter at %d, past %d", addr, c, cas)
 		}
 	}
