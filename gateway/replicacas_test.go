@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -31,12 +32,14 @@ import (
 // keys starting "h/" hedges its reads. Values past rigChunk go in chunks.
 // Its nodes' connections are mcpipe's pipelined ones, or, with
 // pipelineConns 0, gomemcache's pool (MEMCGATE_PIPELINE_CONNS=0), whose
-// cas, gets and delete_cas take other paths to memcached.
+// cas, gets and delete_cas take other paths to memcached. The gateway's
+// log is kept (log), for a failed case to show (explain).
 type replRig struct {
 	*bigRig
 	router *route.Router
 	opts   route.Options
 	byAddr map[string]*memcachedtest.Server
+	log    *rigLog
 }
 
 // replTimeout is the rig's memcached timeout: a read of a paused first
@@ -54,7 +57,8 @@ func newReplRig(t *testing.T, pipelineConns int) *replRig {
 		return out
 	}
 	reg := prometheus.NewRegistry()
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	logs := &rigLog{}
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	opts := route.Options{
 		Pools: []route.PoolOptions{
 			{Name: "main", Replicas: 2, Cluster: upstream.Options{Servers: servers(mcs[:2]), PipelineConns: pipelineConns, Timeout: replTimeout}},
@@ -69,7 +73,7 @@ func newReplRig(t *testing.T, pipelineConns int) *replRig {
 	}
 	t.Cleanup(func() { r.Close() })
 	g := &bigRig{t: t, mcs: mcs, reg: reg, budget: budget.New(64 << 20)}
-	g.h = NewHandler(r, log, reg, Options{MaxValueBytes: rigChunk, BigValueMaxBytes: 1 << 20, BigValueGrace: rigGrace, Budget: g.budget})
+	g.h = NewHandler(r, log, reg, Options{MaxValueBytes: rigChunk, BigValueMaxBytes: 1 << 20, BigValueGrace: rigGrace, Budget: g.budget, AccessLog: true})
 	ctx, stop := context.WithCancel(context.Background())
 	ran := make(chan error)
 	go func() { ran <- g.h.Run(ctx) }()
@@ -77,11 +81,70 @@ func newReplRig(t *testing.T, pipelineConns int) *replRig {
 	srv := httptest.NewServer(g.h)
 	t.Cleanup(srv.Close)
 	g.url, g.client = srv.URL, srv.Client()
-	rr := &replRig{bigRig: g, router: r, opts: opts, byAddr: map[string]*memcachedtest.Server{}}
+	rr := &replRig{bigRig: g, router: r, opts: opts, byAddr: map[string]*memcachedtest.Server{}, log: logs}
 	for _, m := range mcs {
 		rr.byAddr[m.Addr] = m
 	}
 	return rr
+}
+
+// rigLog is the gateway's log in a rig, kept whole. It is safe for
+// concurrent use.
+type rigLog struct {
+	mu  sync.Mutex // guards buf
+	buf bytes.Buffer
+}
+
+func (l *rigLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+// mark is where the log is now, for since.
+func (l *rigLog) mark() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Len()
+}
+
+// since is what was logged after mark.
+func (l *rigLog) since(mark int) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return string(l.buf.Bytes()[mark:])
+}
+
+// explain makes t, a case run on the rig, the rig's test, and has it say,
+// if it fails, what the gateway logged while it ran and what key's
+// replicas counted: which of them timed out, was written, deleted or
+// ejected, as memcached and the gateway saw it.
+func (g *replRig) explain(t *testing.T, key string) {
+	g.t = t
+	mark := g.log.mark()
+	first, second := g.replicas(key)
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		for _, r := range []struct {
+			name string
+			m    *memcachedtest.Server
+		}{{"first", first}, {"second", second}} {
+			st, err := memcachedtest.Stats(r.m.Addr)
+			var counts []string
+			for _, name := range []string{"curr_items", "cmd_get", "get_hits", "get_misses", "cmd_set", "cas_hits", "cas_badval", "cas_misses", "delete_hits", "delete_misses"} {
+				counts = append(counts, name+"="+st[name])
+			}
+			t.Logf("%s replica %s (tag %s): %s %v", r.name, r.m.Addr, nodeTagOf(r.m.Addr), strings.Join(counts, " "), err)
+			for _, n := range g.router.Nodes() {
+				if n.Node == r.m.Addr {
+					t.Logf("%s replica in the gateway: up %v since %s (%s), keys written elsewhere %d", r.name, n.Up, n.Since.Format(time.StampMilli), n.Reason, n.WrittenElsewhere)
+				}
+			}
+		}
+		t.Logf("the gateway's log while the case ran:\n%s", g.log.since(mark))
+	})
 }
 
 // replConns are the rig's connections the tests run over: mcpipe's
@@ -310,8 +373,8 @@ func TestReplicaCASNamesANewerVersion(t *testing.T) {
 			for _, pool := range []string{"", "h/"} {
 				for _, tt := range casWrites {
 					t.Run(tt.name+"/pool="+pool, func(t *testing.T) {
-						g.t = t
 						key := pool + "newer-" + strings.ReplaceAll(tt.name, " ", "-") + "-" + strconv.Itoa(conns)
+						g.explain(t, key)
 						first, second := g.replicas(key)
 						// The second replica's count runs well ahead of the
 						// first's: writes that reached only it.
@@ -366,8 +429,8 @@ func TestReplicaCASFromTheSecond(t *testing.T) {
 			for _, pool := range []string{"", "h/"} {
 				for _, tt := range casWrites {
 					t.Run(tt.name+"/pool="+pool, func(t *testing.T) {
-						g.t = t
 						key := pool + "second-" + strings.ReplaceAll(tt.name, " ", "-") + "-" + strconv.Itoa(conns)
+						g.explain(t, key)
 						first, second := g.replicas(key)
 						// The replicas' counters differ: a CAS checked on the
 						// wrong one fails.
@@ -419,6 +482,7 @@ func TestReplicaCASFromTheSecond(t *testing.T) {
 // copy, whose ETags stay "<cas>".
 func TestReplicaCASForms(t *testing.T) {
 	g := newReplRig(t, 2)
+	g.explain(t, "forms")
 	for _, pool := range []string{"", "h/"} {
 		key := pool + "forms"
 		g.mustPut("/"+key, []byte("v1"))
