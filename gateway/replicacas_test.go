@@ -43,8 +43,25 @@ type replRig struct {
 }
 
 // replTimeout is the rig's memcached timeout: a read of a paused first
-// replica falls back to the second after it.
-const replTimeout = 300 * time.Millisecond
+// replica falls back to the second after it. It tells a node a test holds
+// paused for as long as its read takes from one slow on a loaded machine,
+// which every other answer of the rig may be: under -race at load average
+// 10, answers of nodes that ran came past 300 ms, and reads, PUTs and
+// conditional writes answered 504 (docs/benchmarks.md, "The replicated
+// CAS tests under load"). Each read of a paused first replica waits it
+// out, unless it was hedged.
+const replTimeout = time.Second
+
+// replGrace is the rig's BigValueGrace, which bounds a read of a value in
+// chunks (its last chunk read within it of its index): room for the
+// index and a chunk each read from a paused first replica the gateway
+// came to late, then from the second.
+const replGrace = 10 * replTimeout
+
+// replRequestTimeout is the rig's RequestTimeout: room for a read of a
+// paused first replica that the gateway came to late (one more timeout
+// there, decisions/0061 and 0087), then of the second as late.
+const replRequestTimeout = 5 * replTimeout
 
 func newReplRig(t *testing.T, pipelineConns int) *replRig {
 	t.Helper()
@@ -73,7 +90,7 @@ func newReplRig(t *testing.T, pipelineConns int) *replRig {
 	}
 	t.Cleanup(func() { r.Close() })
 	g := &bigRig{t: t, mcs: mcs, reg: reg, budget: budget.New(64 << 20)}
-	g.h = NewHandler(r, log, reg, Options{MaxValueBytes: rigChunk, BigValueMaxBytes: 1 << 20, BigValueGrace: rigGrace, Budget: g.budget, AccessLog: true})
+	g.h = NewHandler(r, log, reg, Options{MaxValueBytes: rigChunk, BigValueMaxBytes: 1 << 20, BigValueGrace: replGrace, Budget: g.budget, AccessLog: true, RequestTimeout: replRequestTimeout})
 	ctx, stop := context.WithCancel(context.Background())
 	ran := make(chan error)
 	go func() { ran <- g.h.Run(ctx) }()
