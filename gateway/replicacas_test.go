@@ -82,7 +82,10 @@ func newReplRig(t *testing.T, pipelineConns int) *replRig {
 			{Name: "hedged", Prefixes: []string{"h/"}, Replicas: 2, Read: route.ReadHedged,
 				Cluster: upstream.Options{Servers: servers(mcs[2:]), PipelineConns: pipelineConns, Timeout: replTimeout}},
 		},
-		HedgeMinDelay: 5 * time.Millisecond, HedgeMaxDelay: 5 * time.Millisecond,
+		// Every read of the hedged pool may hedge: its reads of a paused
+		// first replica are the hedge's, the default pool's fall back
+		// after the timeout.
+		HedgeMinDelay: 5 * time.Millisecond, HedgeMaxDelay: 5 * time.Millisecond, HedgeMaxPercent: 100,
 	}
 	r, err := route.New(opts, log, reg)
 	if err != nil {
@@ -132,10 +135,20 @@ func (l *rigLog) since(mark int) string {
 	return string(l.buf.Bytes()[mark:])
 }
 
+// forTest is the rig for t, a test run beside others on it.
+func (g *replRig) forTest(t *testing.T) *replRig {
+	b := *g.bigRig
+	b.t = t
+	r := *g
+	r.bigRig = &b
+	return &r
+}
+
 // explain makes t, a case run on the rig, the rig's test, and has it say,
-// if it fails, what the gateway logged while it ran and what key's
-// replicas counted: which of them timed out, was written, deleted or
-// ejected, as memcached and the gateway saw it.
+// if it fails, what the gateway logged while it ran (with the lines of
+// cases run beside it) and what key's replicas counted: which of them
+// timed out, was written, deleted or ejected, as memcached and the
+// gateway saw it.
 func (g *replRig) explain(t *testing.T, key string) {
 	g.t = t
 	mark := g.log.mark()
@@ -163,6 +176,10 @@ func (g *replRig) explain(t *testing.T, key string) {
 		t.Logf("the gateway's log while the case ran:\n%s", g.log.since(mark))
 	})
 }
+
+// replPoolNames name the rig's pools, by the prefix of their keys, in
+// the tests' names.
+var replPoolNames = map[string]string{"": "default", "h/": "hedged"}
 
 // replConns are the rig's connections the tests run over: mcpipe's
 // pipelined ones and gomemcache's pool.
@@ -386,48 +403,55 @@ func TestReplicaCASNamesANewerVersion(t *testing.T) {
 		// the reads from the second replica mostly wait out replTimeout.
 		t.Run("conns="+strconv.Itoa(conns), func(t *testing.T) {
 			t.Parallel()
-			g := newReplRig(t, conns)
+			rig := newReplRig(t, conns)
 			for _, pool := range []string{"", "h/"} {
-				for _, tt := range casWrites {
-					t.Run(tt.name+"/pool="+pool, func(t *testing.T) {
-						key := pool + "newer-" + strings.ReplaceAll(tt.name, " ", "-") + "-" + strconv.Itoa(conns)
-						g.explain(t, key)
-						first, second := g.replicas(key)
-						// The second replica's count runs well ahead of the
-						// first's: writes that reached only it.
-						bumpTo(t, second.Addr, mcCounter(t, first.Addr)+50)
-						before := mcCounter(t, first.Addr)
-						g.mustPut("/"+key, value(tt.size, "v1"))
-						_, casV1, _ := mcGets(t, first.Addr, key)
-						perWrite := casV1 - before // CAS values a PUT of this size takes on a node
-						got, _ := g.readVia(key, tt.read)
-						c, err := strconv.ParseUint(strings.Trim(strings.SplitN(got, "@", 2)[0], `"`), 10, 64)
-						if err != nil {
-							t.Fatalf("CAS %q read: %v", got, err)
-						}
-						// Another client's write of v2 is given, on the first
-						// replica, the CAS the read gave out.
-						bumpTo(t, first.Addr, c-perWrite)
-						v2 := value(tt.size, "v2")
-						g.mustPut("/"+key, v2)
-						if _, now, _ := mcGets(t, first.Addr, key); now != c {
-							t.Fatalf("scenario: v2 has CAS %d on the first replica, want %d (the CAS read from the second)", now, c)
-						}
-						if st := g.condWrite(key, tt.cond, got, value(tt.size, "v3")); st != 412 {
-							t.Errorf("%s naming %s (read from the second replica) = %d, want 412: it acted on v2, which the client never read", tt.cond, got, st)
-						}
-						if a := g.do("GET", "/"+key, nil); a.status != 200 || !bytes.Equal(a.body, v2) {
-							t.Errorf("GET after = %d, %d bytes, want v2", a.status, len(a.body))
-						}
-						if tt.size <= rigChunk {
-							for _, m := range []*memcachedtest.Server{first, second} {
-								if v, _, ok := mcGets(t, m.Addr, key); !ok || v != string(v2) {
-									t.Errorf("%s holds %q (%v), want v2", m.Addr, v, ok)
+				// Each pool beside the other: their nodes are apart, and
+				// the default pool's reads wait out replTimeout, the
+				// hedged pool's but its multi-get's do not.
+				t.Run(replPoolNames[pool], func(t *testing.T) {
+					t.Parallel()
+					g := rig.forTest(t)
+					for _, tt := range casWrites {
+						t.Run(tt.name, func(t *testing.T) {
+							key := pool + "newer-" + strings.ReplaceAll(tt.name, " ", "-") + "-" + strconv.Itoa(conns)
+							g.explain(t, key)
+							first, second := g.replicas(key)
+							// The second replica's count runs well ahead of the
+							// first's: writes that reached only it.
+							bumpTo(t, second.Addr, mcCounter(t, first.Addr)+50)
+							before := mcCounter(t, first.Addr)
+							g.mustPut("/"+key, value(tt.size, "v1"))
+							_, casV1, _ := mcGets(t, first.Addr, key)
+							perWrite := casV1 - before // CAS values a PUT of this size takes on a node
+							got, _ := g.readVia(key, tt.read)
+							c, err := strconv.ParseUint(strings.Trim(strings.SplitN(got, "@", 2)[0], `"`), 10, 64)
+							if err != nil {
+								t.Fatalf("CAS %q read: %v", got, err)
+							}
+							// Another client's write of v2 is given, on the first
+							// replica, the CAS the read gave out.
+							bumpTo(t, first.Addr, c-perWrite)
+							v2 := value(tt.size, "v2")
+							g.mustPut("/"+key, v2)
+							if _, now, _ := mcGets(t, first.Addr, key); now != c {
+								t.Fatalf("scenario: v2 has CAS %d on the first replica, want %d (the CAS read from the second)", now, c)
+							}
+							if st := g.condWrite(key, tt.cond, got, value(tt.size, "v3")); st != 412 {
+								t.Errorf("%s naming %s (read from the second replica) = %d, want 412: it acted on v2, which the client never read", tt.cond, got, st)
+							}
+							if a := g.do("GET", "/"+key, nil); a.status != 200 || !bytes.Equal(a.body, v2) {
+								t.Errorf("GET after = %d, %d bytes, want v2", a.status, len(a.body))
+							}
+							if tt.size <= rigChunk {
+								for _, m := range []*memcachedtest.Server{first, second} {
+									if v, _, ok := mcGets(t, m.Addr, key); !ok || v != string(v2) {
+										t.Errorf("%s holds %q (%v), want v2", m.Addr, v, ok)
+									}
 								}
 							}
-						}
-					})
-				}
+						})
+					}
+				})
 			}
 		})
 	}
@@ -442,50 +466,57 @@ func TestReplicaCASFromTheSecond(t *testing.T) {
 		// the reads from the second replica mostly wait out replTimeout.
 		t.Run("conns="+strconv.Itoa(conns), func(t *testing.T) {
 			t.Parallel()
-			g := newReplRig(t, conns)
+			rig := newReplRig(t, conns)
 			for _, pool := range []string{"", "h/"} {
-				for _, tt := range casWrites {
-					t.Run(tt.name+"/pool="+pool, func(t *testing.T) {
-						key := pool + "second-" + strings.ReplaceAll(tt.name, " ", "-") + "-" + strconv.Itoa(conns)
-						g.explain(t, key)
-						first, second := g.replicas(key)
-						// The replicas' counters differ: a CAS checked on the
-						// wrong one fails.
-						bumpTo(t, second.Addr, mcCounter(t, first.Addr)+50)
-						g.mustPut("/"+key, value(tt.size, "v1"))
-						got, body := g.readVia(key, tt.read)
-						if tt.read != "HEAD" && body != string(value(tt.size, "v1")) {
-							t.Fatalf("read %q, want v1", body)
-						}
-						v3 := value(tt.size, "v3")
-						want, deleted := 201, strings.Contains(tt.cond, "DELETE") || strings.Contains(tt.cond, "delete")
-						if deleted {
-							want = 204
-						}
-						if st := g.condWrite(key, tt.cond, got, v3); st != want {
-							t.Fatalf("%s naming %s (read from the second replica) = %d, want %d", tt.cond, got, st, want)
-						}
-						a := g.do("GET", "/"+key, nil)
-						switch {
-						case deleted && a.status != 404:
-							t.Errorf("GET after = %d, want 404", a.status)
-						case !deleted && (a.status != 200 || !bytes.Equal(a.body, v3)):
-							t.Errorf("GET after = %d, %d bytes, want v3", a.status, len(a.body))
-						}
-						if tt.size > rigChunk {
-							return
-						}
-						for _, m := range []*memcachedtest.Server{first, second} {
-							v, _, ok := mcGets(t, m.Addr, key)
-							switch {
-							case deleted && ok:
-								t.Errorf("%s still holds %q", m.Addr, v)
-							case !deleted && v != string(v3):
-								t.Errorf("%s holds %q (%v), want v3", m.Addr, v, ok)
+				// Each pool beside the other: their nodes are apart, and
+				// the default pool's reads wait out replTimeout, the
+				// hedged pool's but its multi-get's do not.
+				t.Run(replPoolNames[pool], func(t *testing.T) {
+					t.Parallel()
+					g := rig.forTest(t)
+					for _, tt := range casWrites {
+						t.Run(tt.name, func(t *testing.T) {
+							key := pool + "second-" + strings.ReplaceAll(tt.name, " ", "-") + "-" + strconv.Itoa(conns)
+							g.explain(t, key)
+							first, second := g.replicas(key)
+							// The replicas' counters differ: a CAS checked on the
+							// wrong one fails.
+							bumpTo(t, second.Addr, mcCounter(t, first.Addr)+50)
+							g.mustPut("/"+key, value(tt.size, "v1"))
+							got, body := g.readVia(key, tt.read)
+							if tt.read != "HEAD" && body != string(value(tt.size, "v1")) {
+								t.Fatalf("read %q, want v1", body)
 							}
-						}
-					})
-				}
+							v3 := value(tt.size, "v3")
+							want, deleted := 201, strings.Contains(tt.cond, "DELETE") || strings.Contains(tt.cond, "delete")
+							if deleted {
+								want = 204
+							}
+							if st := g.condWrite(key, tt.cond, got, v3); st != want {
+								t.Fatalf("%s naming %s (read from the second replica) = %d, want %d", tt.cond, got, st, want)
+							}
+							a := g.do("GET", "/"+key, nil)
+							switch {
+							case deleted && a.status != 404:
+								t.Errorf("GET after = %d, want 404", a.status)
+							case !deleted && (a.status != 200 || !bytes.Equal(a.body, v3)):
+								t.Errorf("GET after = %d, %d bytes, want v3", a.status, len(a.body))
+							}
+							if tt.size > rigChunk {
+								return
+							}
+							for _, m := range []*memcachedtest.Server{first, second} {
+								v, _, ok := mcGets(t, m.Addr, key)
+								switch {
+								case deleted && ok:
+									t.Errorf("%s still holds %q", m.Addr, v)
+								case !deleted && v != string(v3):
+									t.Errorf("%s holds %q (%v), want v3", m.Addr, v, ok)
+								}
+							}
+						})
+					}
+				})
 			}
 		})
 	}
