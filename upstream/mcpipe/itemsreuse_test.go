@@ -171,39 +171,7 @@ func TestItemsNotReadAfterReuse(t *testing.T) {
 // gets the call's own. (Do copies it out of the call before the call goes
 // back to the pool: one allocation more.)
 func TestSharedLineItemNotAllocated(t *testing.T) {
-	if raceEnabled {
-		t.Skip("the race detector allocates")
-	}
-	srv := memcachedtest.Start(t)
-	c := newClient(srv.Addr, 1, nil)
-	defer c.Close()
-	key, value := strings.Repeat("k", 96), strings.Repeat("v", 400)
-	if err := c.Set(&memcache.Item{Key: key, Value: []byte(value)}); err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan error, 1)
-	done := func(it *memcache.Item, _ uint64, err error) {
-		if err == nil && (it.Key != key || string(it.Value) != value) {
-			err = fmt.Errorf("item %q of %d bytes", it.Key, len(it.Value))
-		}
-		got <- err
-	}
-	get := func() {
-		if err := c.DoAsync(context.Background(), op.Op{Verb: op.Get}, key, done); err != nil {
-			t.Fatal(err)
-		}
-		if err := <-got; err != nil {
-			t.Fatal(err)
-		}
-	}
-	get()
-	// The fewest of three runs: a collection during one empties the
-	// pools the call draws on.
-	n := 1e9
-	for range 3 {
-		n = min(n, testing.AllocsPerRun(200, get))
-	}
-	if n > 1 {
+	if n := sharedLineAllocs(t, false); n > 1 {
 		t.Errorf("DoAsync Get: %v allocations, want 1 (the value's buffer)", n)
 	}
 }
@@ -213,6 +181,18 @@ func TestSharedLineItemNotAllocated(t *testing.T) {
 // line as a line of hits does, so a Get after a miss allocates its
 // value's buffer only, as one after a hit does.
 func TestSharedLineItemNotAllocatedAfterMiss(t *testing.T) {
+	if n := sharedLineAllocs(t, true); n > 1 {
+		t.Errorf("DoAsync Get after a miss: %v allocations, want 1 (the value's buffer)", n)
+	}
+}
+
+// sharedLineAllocs returns the fewest allocations, over three runs (a
+// collection during one empties the pools the call draws on), of a
+// DoAsync Get of a stored 400-byte value on a shared line, after a Get
+// of a missing key if afterMiss. It skips the test under the race
+// detector, which allocates.
+func sharedLineAllocs(t *testing.T, afterMiss bool) float64 {
+	t.Helper()
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
@@ -230,7 +210,7 @@ func TestSharedLineItemNotAllocatedAfterMiss(t *testing.T) {
 		}
 		got <- err
 	}
-	miss := func(it *memcache.Item, _ uint64, err error) {
+	miss := func(_ *memcache.Item, _ uint64, err error) {
 		if !errors.Is(err, memcache.ErrCacheMiss) {
 			err = fmt.Errorf("a missing key's Get: %v, want a miss", err)
 		} else {
@@ -246,18 +226,16 @@ func TestSharedLineItemNotAllocatedAfterMiss(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	missThenHit := func() {
-		get("missing", miss)
+	run := func() {
+		if afterMiss {
+			get("missing", miss)
+		}
 		get(key, hit)
 	}
-	missThenHit()
-	// The fewest of three runs: a collection during one empties the
-	// pools the call draws on.
+	run()
 	n := 1e9
 	for range 3 {
-		n = min(n, testing.AllocsPerRun(200, missThenHit))
+		n = min(n, testing.AllocsPerRun(200, run))
 	}
-	if n > 1 {
-		t.Errorf("DoAsync Get after a miss: %v allocations, want 1 (the value's buffer)", n)
-	}
+	return n
 }

@@ -47,19 +47,7 @@ func TestRefusedReplicaInServiceIsNotReplaced(t *testing.T) {
 	ctx := t.Context()
 	const key = "k"
 	p := r.Placement(key)
-	var a, spare *memcachedtest.Server
-	for _, m := range mcs {
-		switch m.Addr {
-		case p.ReplicaNodes[0]:
-			a = m
-		case p.ReplicaNodes[1]:
-		default:
-			spare = m
-		}
-	}
-	for _, addr := range p.ReplicaNodes {
-		directSet(t, addr, key, "old", 0) // no data connection of the router's to a yet
-	}
+	a, spare := replicaAndSpare(t, mcs, p, key)
 	refusing.Store(a.Addr)
 	err = set(ctx, r, key, "new")
 	refusing.Store("")

@@ -29,19 +29,7 @@ func TestTimedOutReplicaIsNotReplaced(t *testing.T) {
 	ctx := t.Context()
 	const key = "k"
 	p := r.Placement(key)
-	var a, spare *memcachedtest.Server
-	for _, m := range mcs {
-		switch m.Addr {
-		case p.ReplicaNodes[0]:
-			a = m
-		case p.ReplicaNodes[1]:
-		default:
-			spare = m
-		}
-	}
-	for _, addr := range p.ReplicaNodes {
-		directSet(t, addr, key, "old", 0) // no data connection of the router's to a yet
-	}
+	a, spare := replicaAndSpare(t, mcs, p, key)
 	a.Pause()
 	a.FillBacklog()
 	err := set(ctx, r, key, "new")
@@ -67,4 +55,25 @@ func TestTimedOutReplicaIsNotReplaced(t *testing.T) {
 	if err == nil && got == "old" {
 		t.Errorf("set answered, and a read once the replica runs again returns the value it replaced (%q, %v)", got, gerr)
 	}
+}
+
+// replicaAndSpare returns the server of the first of key's two replicas
+// in p and the one of mcs that holds no copy (the spare), after storing
+// "old" for key on both replicas directly, so that the router has no
+// data connection to the first yet.
+func replicaAndSpare(t *testing.T, mcs []*memcachedtest.Server, p Placement, key string) (first, spare *memcachedtest.Server) {
+	t.Helper()
+	for _, m := range mcs {
+		switch m.Addr {
+		case p.ReplicaNodes[0]:
+			first = m
+		case p.ReplicaNodes[1]:
+		default:
+			spare = m
+		}
+	}
+	for _, addr := range p.ReplicaNodes {
+		directSet(t, addr, key, "old", 0)
+	}
+	return first, spare
 }
