@@ -34,7 +34,7 @@ COPY --from=build /out/memcgate /memcgate
 # The admin listener must be reachable from outside the container for
 # Kubernetes probes and Prometheus, not on loopback as by default; the
 # image's own HEALTHCHECK uses it too. Keep port 9090 off public networks
-# (see README, "Security"). The data listener is the default, :8080.
+# (docs/security.md). The data listener is the default, :8080.
 ENV MEMCGATE_ADMIN_ADDR=:9090
 EXPOSE 8080 9090
 # Numeric, so that Kubernetes runAsNonRoot can verify it.
