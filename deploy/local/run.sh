@@ -125,7 +125,7 @@ Try, from another shell:
   curl -i $data/greeting
   curl -I $data/greeting
   curl -i -X PUT --data-binary @/etc/os-release $data/a/b && curl -s $data/a/b | cmp - /etc/os-release && echo identical
-  curl -i -X PUT -H 'If-None-Match: *' --data-binary 'first' $data/once    # add: 412 the second time
+  curl -i -X PUT -H 'If-None-Match: *' --data-binary 'first' $data/once    # 201; add: 412 the second time
   curl -i -X PUT --data-binary 10 $data/counter && curl -i -X POST '$data/counter?op=incr&delta=5'
   curl -i -X POST --data-binary '!' '$data/greeting?op=append'
   curl -i -X DELETE $data/greeting
