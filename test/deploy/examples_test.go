@@ -177,7 +177,12 @@ func TestDocExamples(t *testing.T) {
 	p := freeAddrs(t, 5)
 	listen, admin := fmt.Sprintf("127.0.0.1:%d", p[3]), fmt.Sprintf("127.0.0.1:%d", p[4])
 	r := startLocal(t, p[:3], listen, admin, "MEMCGATE_BIG_VALUE_MAX_BYTES=67108864")
-	banner := until(t, r.lines(), "Ctrl-C stops")
+	lines := r.lines()
+	banner := until(t, lines, "Ctrl-C stops")
+	go func() {
+		for range lines { // the access log, read so that it never fills the pipe
+		}
+	}()
 	dir := t.TempDir()
 
 	// make run's banner: the lines between "Try" and "Ctrl-C", with the
