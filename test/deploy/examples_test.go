@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/memcgate/memcgate/test/gatewaytest"
 )
 
 // example is one shell command of a page, with what its comment says it
@@ -174,6 +176,7 @@ func flushAll(t *testing.T, ports []int) {
 // or its output. So an example that needs a step its page does not give,
 // or answers otherwise than its page says, fails here.
 func TestDocExamples(t *testing.T) {
+	gatewaytest.Tool(t, "curl", "curl")
 	p := freeAddrs(t, 5)
 	listen, admin := fmt.Sprintf("127.0.0.1:%d", p[3]), fmt.Sprintf("127.0.0.1:%d", p[4])
 	r := startLocal(t, p[:3], listen, admin, "MEMCGATE_BIG_VALUE_MAX_BYTES=67108864")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # deps.sh PROFILE: installs, with apt-get, the Debian packages a make target
-# needs when they are missing. PROFILE is "run" (memcached) or "test"
-# (memcached, php-cli with the curl, memcached and memcache extensions,
+# needs when they are missing. PROFILE is "run" (memcached, and curl, which
+# the examples make run prints use) or "test" (memcached, curl, which
+# test/deploy runs those examples with, php-cli with the curl, memcached and memcache extensions,
 # php-fpm for the kept-connection test, nginx with the memc module and
 # haproxy for the interop and load-balancer tests, prometheus for promtool, which checks the shipped alert rules, and
 # chromium, the headless browser test/status loads the status page in).
@@ -10,6 +11,7 @@ set -euo pipefail
 profile=${1:-test}
 need=()
 command -v memcached >/dev/null 2>&1 || need+=(memcached)
+command -v curl >/dev/null 2>&1 || need+=(curl)
 if [ "$profile" = test ]; then
   command -v php >/dev/null 2>&1 || need+=(php-cli)
   # php -m read whole, then searched: piped into grep -q, which exits at
@@ -39,4 +41,4 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 # Debian may start the packaged memcached, nginx and php-fpm services; our tests and
 # make run use their own ports and processes, so they are left as they are.
-for cmd in memcached; do command -v "$cmd" >/dev/null || { echo "deps: $cmd still missing" >&2; exit 1; }; done
+for cmd in memcached curl; do command -v "$cmd" >/dev/null || { echo "deps: $cmd still missing" >&2; exit 1; }; done
