@@ -3,7 +3,6 @@ package deploy
 import (
 	"context"
 	"fmt"
-	"net"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -25,6 +24,10 @@ type example struct {
 	// from -i or -w '%{http_code}'), or the command's last line of output,
 	// "…" standing for anything and a "cas" value for any other.
 	want string
+	// run, when not nil, makes this a make run line: the variables it
+	// sets (NAME=value before make run), for a new run the commands
+	// after it use.
+	run []string
 }
 
 var (
@@ -36,12 +39,16 @@ var (
 	casRE        = regexp.MustCompile(`"cas":"[^"]*"`)
 	// assignRE is a command that sets a shell variable.
 	assignRE = regexp.MustCompile(`^[a-z_]+=\$\(`)
+	// envRE is a variable set before a command: NAME=value or NAME='value'.
+	envRE = regexp.MustCompile(`^([A-Z][A-Z0-9_]*)=('[^']*'|\S*)\s*`)
 )
 
 // shExamples returns the commands of the ```sh blocks of page, in order.
 // A command whose single quotes are left open goes on to the next line.
-// Lines that start make or name bin/memcgate, and comment lines, are not
-// commands; a comment line right under a command is what it prints. A
+// A make run line, with the variables set before it, is a new run for
+// the commands after it; other make lines, lines that name bin/memcgate
+// and comment lines are not commands. A comment line right under a
+// command is what it prints. A
 // variable a command of a block sets (etag=$(curl …)) is set again for
 // each command after it in the block, as each runs in a shell of its own.
 func shExamples(t *testing.T, page string) []example {
@@ -87,6 +94,11 @@ func shExamples(t *testing.T, page string) []example {
 			e.want, _, _ = strings.Cut(joined[m[2]:m[3]], ";")
 			joined = joined[:m[0]]
 		}
+		if run, ok := makeRun(joined); ok {
+			e.run = run
+			out = append(out, e)
+			continue
+		}
 		if f := strings.Fields(joined); f[0] == "make" || strings.Contains(joined, "bin/memcgate") {
 			continue
 		}
@@ -98,6 +110,22 @@ func shExamples(t *testing.T, page string) []example {
 		lastEnd = i
 	}
 	return out
+}
+
+// makeRun returns the variables cmd sets before make run, and whether it
+// is a make run line.
+func makeRun(cmd string) ([]string, bool) {
+	rest := strings.TrimSpace(strings.ReplaceAll(cmd, "\\\n", " "))
+	run := []string{}
+	for {
+		m := envRE.FindStringSubmatch(rest)
+		if m == nil {
+			break
+		}
+		run = append(run, m[1]+"="+strings.Trim(m[2], "'"))
+		rest = rest[len(m[0]):]
+	}
+	return run, rest == "make run"
 }
 
 // check runs e against the gateway at data and admin, what the page
@@ -142,56 +170,46 @@ func (e example) check(t *testing.T, data, admin, dir string) {
 	}
 }
 
-// flushAll empties the memcached at ports, so that each page's examples
-// start on an empty cache, as on a new make run.
-func flushAll(t *testing.T, ports []int) {
-	t.Helper()
-	for _, p := range ports {
-		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", p), 5*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		buf := make([]byte, 64)
-		_, err = c.Write([]byte("flush_all\r\n"))
-		if err == nil {
-			var n int
-			n, err = c.Read(buf)
-			if err == nil && string(buf[:n]) != "OK\r\n" {
-				err = fmt.Errorf("answered %q", buf[:n])
-			}
-		}
-		c.Close()
-		if err != nil {
-			t.Fatalf("flush_all on port %d: %v", p, err)
-		}
-	}
+// docRun is a run of make run's script, for a page's examples.
+type docRun struct {
+	data, admin string
+	banner      string
 }
 
-// TestDocExamples runs what a new user runs after make run, as the pages
-// give it: the examples make run prints, the README's and every sh block
-// of docs/http-api.md, each page from an empty cache and in its order,
-// on make run's script (with values in chunks on, which one example
-// needs). Each must succeed, and print what its comment says: a status,
-// or its output. So an example that needs a step its page does not give,
-// or answers otherwise than its page says, fails here.
-func TestDocExamples(t *testing.T) {
-	gatewaytest.Tool(t, "curl", "curl")
+// startDocRun runs make run's script on ports of its own with env
+// (NAME=value), for the examples of where, and waits for its banner.
+func startDocRun(t *testing.T, where string, env ...string) docRun {
+	t.Helper()
+	t.Logf("%s: make run with %v", where, env)
 	p := freeAddrs(t, 5)
-	listen, admin := fmt.Sprintf("127.0.0.1:%d", p[3]), fmt.Sprintf("127.0.0.1:%d", p[4])
-	r := startLocal(t, p[:3], listen, admin, "MEMCGATE_BIG_VALUE_MAX_BYTES=67108864")
-	lines := r.lines()
-	banner := until(t, lines, "Ctrl-C stops")
+	r := docRun{data: fmt.Sprintf("127.0.0.1:%d", p[3]), admin: fmt.Sprintf("127.0.0.1:%d", p[4])}
+	lr := startLocal(t, p[:3], r.data, r.admin, env...)
+	lines := lr.lines()
+	r.banner = until(t, lines, "Ctrl-C stops")
 	go func() {
 		for range lines { // the access log, read so that it never fills the pipe
 		}
 	}()
+	return r
+}
+
+// TestDocExamples runs what a new user runs after make run, as the pages
+// give it: the examples make run prints, the README's and every sh block
+// of docs/http-api.md and docs/security.md, each page in its order on a
+// new run of make run's script, and on another from each make run line
+// it has, with the variables that line sets. Each command must succeed,
+// and print what its comment says: a status, or its output. So an example
+// that needs a step its page does not give, or answers otherwise than its
+// page says, fails here.
+func TestDocExamples(t *testing.T) {
+	gatewaytest.Tool(t, "curl", "curl")
 	dir := t.TempDir()
+	first := startDocRun(t, "make run's banner")
 
 	// make run's banner: the lines between "Try" and "Ctrl-C", with the
 	// addresses it was given.
 	var printed []example
-	_, tries, _ := strings.Cut(banner, "Try, from another shell:\n")
+	_, tries, _ := strings.Cut(first.banner, "Try, from another shell:\n")
 	for i, line := range strings.Split(tries, "\n") {
 		if !strings.HasPrefix(line, "  curl ") {
 			continue
@@ -204,23 +222,33 @@ func TestDocExamples(t *testing.T) {
 		printed = append(printed, e)
 	}
 	if len(printed) < 5 {
-		t.Fatalf("make run printed %d curl examples; its banner:\n%s", len(printed), banner)
+		t.Fatalf("make run printed %d curl examples; its banner:\n%s", len(printed), first.banner)
+	}
+	for _, e := range printed {
+		e.check(t, first.data, first.admin, dir)
 	}
 
-	for _, page := range []struct {
-		name     string
-		examples []example
-	}{
-		{"make run", printed},
-		{"README.md", shExamples(t, "README.md")},
-		{filepath.Join("docs", "http-api.md"), shExamples(t, filepath.Join("docs", "http-api.md"))},
-	} {
-		if len(page.examples) == 0 {
-			t.Errorf("%s: no examples found", page.name)
+	for _, page := range []string{"README.md", filepath.Join("docs", "http-api.md"), filepath.Join("docs", "security.md")} {
+		examples := shExamples(t, page)
+		if len(examples) == 0 {
+			t.Errorf("%s: no examples found", page)
 		}
-		flushAll(t, p[:3])
-		for _, e := range page.examples {
-			e.check(t, listen, admin, dir)
+		var r *docRun
+		for _, e := range examples {
+			if e.run != nil {
+				env := make([]string, len(e.run))
+				for i, v := range e.run {
+					env[i] = strings.ReplaceAll(v, "/tmp/", dir+"/")
+				}
+				next := startDocRun(t, e.where, env...)
+				r = &next
+				continue
+			}
+			if r == nil {
+				next := startDocRun(t, page)
+				r = &next
+			}
+			e.check(t, r.data, r.admin, dir)
 		}
 	}
 }
