@@ -3,9 +3,10 @@
 // deploy/haproxy, deploy/monitoring) against the binary: every file parses,
 // every MEMCGATE_ variable exists and every configuration they set loads,
 // grace periods cover the drain, probes hit the admin port, and every metric
-// the dashboard and alerts use is one the binary exports; and the
-// Makefile's test and run targets, dry-run and run over recording stand-ins
-// for go, gofmt and bash. None of it needs
+// the dashboard and alerts use is one the binary exports; the metrics the
+// README and docs/ name, and the examples they give, against the binary
+// and make run's script; and the Makefile's test and run targets, dry-run
+// and run over recording stand-ins for go, gofmt and bash. None of it needs
 // Docker or Kubernetes. kubectl and systemd-analyze are used when
 // installed; haproxy and promtool are installed by make test, so a missing
 // one skips only where tests may skip (gatewaytest.Tool).
