@@ -3,6 +3,7 @@ package deploy
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -190,6 +191,21 @@ func startDocRun(t *testing.T, where string, env ...string) docRun {
 		for range lines { // the access log, read so that it never fills the pipe
 		}
 	}()
+	// A user types the first example a moment after the banner, when the
+	// first round of health checks, which runs beside the listeners'
+	// start, has ended: the README's /readyz answers ready then.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		resp, err := http.Get("http://" + r.admin + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: make run's gateway not ready within 10s (%v)", where, err)
+		}
+	}
 	return r
 }
 
