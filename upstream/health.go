@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -385,13 +384,13 @@ func (c *Cluster) checkRound(ctx context.Context, at time.Time) {
 	wg.Wait()
 }
 
-// runCheck checks one node, or its UDP port, logging a panic instead of
-// ending the round's goroutine with the process (a panic of the probe
-// itself is a failed probe: probeOnce).
+// runCheck checks one node, or its UDP port, counting and logging a
+// panic (probePanics) instead of ending the round's goroutine with the
+// process (a panic of the probe itself is a failed probe: probeOnce).
 func (c *Cluster) runCheck(ctx context.Context, n *node, udp bool, at time.Time) {
 	defer func() {
 		if r := recover(); r != nil {
-			c.log.Error("health check panicked", "node", n.name, "udp", udp, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			c.probePanics.Stopped(c.log, r, "node", n.name, "udp", udp)
 		}
 	}()
 	if udp {

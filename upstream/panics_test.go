@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -166,4 +168,49 @@ func TestPanicInNodeCommand(t *testing.T) {
 			t.Errorf("stats of %s after the panic: %v", r.Node, r.Err)
 		}
 	}
+}
+
+// TestPanicInHealthCheck: a probe that panics (here its dial, on the
+// new connection a restarted memcached makes it open) is a failed probe,
+// counted in memcgate_panics_total{where="health_check"} and logged a
+// line a second at most, as every other panic stopped off a handler's
+// goroutine; the node goes down, and comes back once its probes stop
+// panicking. Before, each panic was an error line with its stack, one
+// per node per round for as long as it lasted, and counted nowhere an
+// alert watches.
+func TestPanicInHealthCheck(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 2)
+	var logs syncBuffer
+	g := panicguard.New(slog.New(slog.NewTextHandler(&logs, nil)), prometheus.NewRegistry())
+	var boom atomic.Bool
+	d := &net.Dialer{}
+	c, _ := newTestCluster(t, mcs, func(o *Options) {
+		o.Panics = g
+		o.Dialer = func(ctx context.Context, network, address string) (net.Conn, error) {
+			if boom.Load() {
+				panic("planted: dial")
+			}
+			return d.DialContext(ctx, network, address)
+		}
+	})
+	runCluster(t, c)
+	start := time.Now()
+	boom.Store(true)
+	mcs[0].Kill() // its probe's kept connection is closed: the next probe dials
+	mcs[0].Restart()
+	const panics = 10
+	waitFor(t, 5*time.Second, "probes that panicked counted", func() bool { return g.Stopped("health_check") >= panics })
+	elapsed := time.Since(start)
+	if up := c.Nodes()[0].Up; up {
+		t.Errorf("node 0 up after %d probes that panicked, want down", panics)
+	}
+	lines := strings.Count(logs.String(), "planted: dial")
+	if max := 1 + int(elapsed/time.Second); lines < 1 || lines > max {
+		t.Errorf("%d panics in %v logged %d lines, want 1 to %d (a line a second at most):\n%s", panics, elapsed, lines, max, logs.String())
+	}
+	if !strings.Contains(logs.String(), "where=health_check node="+mcs[0].Addr) {
+		t.Errorf("the panic's line does not say where it was stopped and for which node:\n%s", logs.String())
+	}
+	boom.Store(false)
+	waitFor(t, 5*time.Second, "node 0 back once its probes pass", func() bool { return c.Nodes()[0].Up })
 }

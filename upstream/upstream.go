@@ -24,7 +24,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -251,6 +250,11 @@ type Cluster struct {
 	// cmdPanics stops a panic in a raw command sent to every node
 	// (everyNodeOf: /memc?cmd=stats reaches it).
 	cmdPanics *panicguard.Site
+	// probePanics counts a panic of a health check or probe
+	// (Options.Panics), logged a line a second at most: a bug, or a
+	// node's answer that sets one off, repeats it at every probe of
+	// every round. Nil: each is logged.
+	probePanics *panicguard.Site
 
 	// setMu serializes server changes: Prepare takes it, and Commit or
 	// Discard releases it, so it is held while the probes of the nodes
@@ -309,7 +313,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Cluster, e
 	if opts.Name != "" {
 		log = log.With("pool", opts.Name)
 	}
-	c := &Cluster{opts: opts, m: m, log: log, probed: make(chan struct{}), copies: max(opts.Copies, 1), retryPanics: opts.Panics.Site("upstream_retry"), multiPanics: opts.Panics.Site("upstream_multi_get"), cmdPanics: opts.Panics.Site("upstream_command")}
+	c := &Cluster{opts: opts, m: m, log: log, probed: make(chan struct{}), copies: max(opts.Copies, 1), retryPanics: opts.Panics.Site("upstream_retry"), multiPanics: opts.Panics.Site("upstream_multi_get"), cmdPanics: opts.Panics.Site("upstream_command"), probePanics: opts.Panics.Site("health_check")}
 	c.nextCopies = c.copies
 	c.health = &healthPolicy{
 		HealthOptions: opts.Health,
@@ -847,7 +851,7 @@ func (c *Cluster) probeOnce(ctx context.Context, n *node, flush bool) (err error
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			c.log.Error(what+" panicked", "node", n.name, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			c.probePanics.Stopped(c.log, r, "node", n.name, "op", what)
 			err = fmt.Errorf("%s %s panicked: %v", what, n.name, r)
 		}
 	}()

@@ -3,7 +3,9 @@
 // (memcached's reply reader, a write copy, a retry): net/http and h1
 // recover their handlers' panics, but a panic anywhere else ends the
 // process, and every client of the gateway loses its connections for one
-// request. A Site counts such a panic in memcgate_panics_total{where},
+// request. The health checks, which recover their own panics as failed
+// probes, count and log them through a Site too (Site.Stopped). A Site
+// counts such a panic in memcgate_panics_total{where},
 // logs it with its stack (a line a second at most: a client that found a
 // request that panics repeats it at will), and lets the goroutine's other
 // deferred calls give back what it held. It lives under upstream/, as
@@ -100,10 +102,21 @@ func (s *Site) RecoverNoting(panicked *bool) {
 	}
 }
 
-// stopped counts and logs p, a panic stopped.
-func (s *Site) stopped(p any) {
+// Stopped counts and logs p, a panic its caller recovered itself (to
+// turn it into an error of its own), with attrs (slog's key-value
+// pairs) on its line. A nil Site logs it to log, every time.
+func (s *Site) Stopped(log *slog.Logger, p any, attrs ...any) {
+	if s == nil {
+		log.Error("panic stopped", append(attrs, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))...)
+		return
+	}
+	s.stopped(p, attrs...)
+}
+
+// stopped counts and logs p, a panic stopped, with attrs on its line.
+func (s *Site) stopped(p any, attrs ...any) {
 	s.n.Inc()
 	if held, ok := s.g.gate.Pass(); ok {
-		s.g.log.Error("panic stopped", "where", s.where, "panic", fmt.Sprint(p), "stack", string(debug.Stack()), "unlogged_before", held)
+		s.g.log.Error("panic stopped", append([]any{"where", s.where}, append(attrs, "panic", fmt.Sprint(p), "stack", string(debug.Stack()), "unlogged_before", held)...)...)
 	}
 }
