@@ -36,7 +36,7 @@ type Config struct {
 	DNSServer    string        `env:"DNS_SERVER" help:"host:port of the DNS server SERVERS_DNS asks, one (not a list; default: the system's resolver)"`
 	MaxNodes     int           `env:"MAX_NODES" envDefault:"256" help:"most memcached nodes over the default pool and every pool (a node in two pools counts twice), each with its own connections, health probes and about 400 metric series: a configuration with more is refused, at start (the gateway does not start) and on reload (the running nodes stay), a SERVERS_DNS answer included"`
 	ConfigFile   string        `env:"CONFIG_FILE" help:"file of MEMCGATE_ variables, NAME=value one per line (# comments; systemd EnvironmentFile style), read over the environment at start and again on SIGHUP or when it changes"`
-	Watch        time.Duration `env:"WATCH_INTERVAL" envDefault:"2s" help:"how often CONFIG_FILE, SERVERS_FILE and AUTH_TOKENS_FILE are checked for changes (0: only on SIGHUP)"`
+	Watch        time.Duration `env:"WATCH_INTERVAL" envDefault:"2s" help:"how often CONFIG_FILE, SERVERS_FILE, POOLS_FILE, AUTH_TOKENS_FILE and the TLS files in force are checked for changes (0: only on SIGHUP)"`
 	Distribution string        `env:"DISTRIBUTION" envDefault:"ketama" help:"key placement: ketama (libmemcached/php-memcached OPT_LIBKETAMA_COMPATIBLE), modula (php-memcached default), consistent (php-memcached's session handler, DISTRIBUTION_CONSISTENT), nginx (nginx hash $key consistent), pecl-STRATEGY-HASH (pecl/memcache's Memcache class with memcache.hash_strategy standard|consistent and memcache.hash_function crc32|fnv, e.g. pecl-consistent-crc32, its default) or pecl-session-STRATEGY-HASH (pecl/memcache's session handler)"`
 
 	ListenAddr string `env:"LISTEN_ADDR" envDefault:":8080" help:"data listener (GET/PUT/DELETE/POST /{key})"`
@@ -118,7 +118,7 @@ type Config struct {
 	// from the memory limit (cmd/memcgate).
 	MaxBufferedBytes int64 `env:"MAX_BUFFERED_BYTES" envDefault:"0" help:"bytes the gateway may hold for clients at once (bodies and values from 4 KiB): request bodies as they arrive, values until their response is written, multi-get and batch answers, the async queue, responses waiting for a slow reader (503 with Retry-After beyond); 0 = a quarter of GOMEMLIMIT or of the container's memory limit, else 64 MiB"`
 
-	TLSCertFile        string `env:"TLS_CERT_FILE" help:"PEM certificate (chain) for HTTPS on the data listener; with TLS_KEY_FILE"`
+	TLSCertFile        string `env:"TLS_CERT_FILE" help:"PEM certificate (chain) for HTTPS on the data listener; with TLS_KEY_FILE; a reload loads both again (a certificate renewed in place is served from then on), a new path needs a restart"`
 	TLSKeyFile         string `env:"TLS_KEY_FILE" help:"PEM private key for the data listener"`
 	AdminTLSCertFile   string `env:"ADMIN_TLS_CERT_FILE" help:"PEM certificate for HTTPS on the admin listener; with ADMIN_TLS_KEY_FILE"`
 	AdminTLSKeyFile    string `env:"ADMIN_TLS_KEY_FILE" help:"PEM private key for the admin listener"`

@@ -32,6 +32,8 @@ type liveParts struct {
 	fast      *h1.Server         // the fast path, nil without it: its bodies wait for room up to REQUEST_TIMEOUT
 	hosts     *gateway.HostCheck // ALLOWED_HOSTS of both listeners
 	nofile    uint64             // the open-file limit MAX_CLIENT_CONNS=0 derives the cap from
+	sec       *security          // the TLS files in force, loaded again at each reload
+	started   config.Config      // the configuration at start: which TLS files those are
 }
 
 // checkTLS refuses a configuration whose TLS files do not load.
@@ -52,9 +54,19 @@ func (p *liveParts) apply(ctx context.Context, u liveconfig.Update) ([]route.Cha
 	if err := level.UnmarshalText([]byte(next.LogLevel)); err != nil {
 		return nil, fmt.Errorf("%sLOG_LEVEL: %w", config.Prefix, err)
 	}
+	// The TLS files as they are now, the same files: a certificate renewed
+	// in place is served from this reload on (docs/decisions/0094). Put
+	// in force before the pools change, so that the nodes a reload adds
+	// are probed with the CA bundle and client certificate of the files
+	// read with their list; put back if the pools' change is refused.
+	undoTLS, err := p.sec.reloadTLS(p.started)
+	if err != nil {
+		return nil, err
+	}
 	var changes []route.Change
 	if u.Routes != nil {
 		if changes, err = p.router.Reconfigure(ctx, routeOptions(*u.Routes, nil, nil)); err != nil {
+			undoTLS()
 			return nil, err
 		}
 	}

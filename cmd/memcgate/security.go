@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/memcgate/memcgate/config"
@@ -13,13 +14,35 @@ import (
 )
 
 // security is what the configuration says about tokens and TLS, loaded
-// once at start so that a bad file fails the start, not a request.
+// once at start so that a bad file fails the start, not a request. The
+// TLS listeners and the dialer to memcached read their certificates and
+// CA bundle from certs, which a reload loads again from the same files
+// (reloadTLS): a certificate renewed in place is in force from the
+// reload on (docs/decisions/0094).
 type security struct {
 	tokens   gateway.Tokens
 	noToken  bool        // a token file is named and gives no token: every request that needs a scope gets 401
-	dataTLS  *tls.Config // nil: plain HTTP
-	adminTLS *tls.Config
-	dialer   func(ctx context.Context, network, address string) (net.Conn, error) // nil: plain TCP
+	dataTLS  *tls.Config // nil: plain HTTP; its certificate is certs.data's
+	adminTLS *tls.Config // nil: plain HTTP; its certificate is certs.admin's
+	// dialer dials memcached; nil: plain TCP. Its TLS settings are
+	// certs.upstream's.
+	dialer func(ctx context.Context, network, address string) (net.Conn, error)
+	certs  *tlsInForce
+}
+
+// tlsInForce is the TLS material in force: each listener's certificate
+// and the settings of a TLS connection to memcached, nil where TLS is
+// off. A reload swaps them; a connection keeps what it was made with.
+type tlsInForce struct {
+	data, admin atomic.Pointer[tls.Certificate]
+	upstream    atomic.Pointer[tls.Config]
+}
+
+// tlsFiles is the TLS material cfg's files hold (loadTLS), nil where
+// TLS is off.
+type tlsFiles struct {
+	data, admin *tls.Certificate
+	upstream    *tls.Config
 }
 
 func newSecurity(cfg config.Config) (*security, error) {
@@ -30,37 +53,87 @@ func newSecurity(cfg config.Config) (*security, error) {
 	}
 	s.tokens = gatewayTokens(toks, cfg.AuthTokensFile)
 	s.noToken = len(toks) == 0 && cfg.AuthTokensFile != ""
-	if s.dataTLS, err = serverTLS(cfg.TLSCertFile, cfg.TLSKeyFile, "TLS_CERT_FILE"); err != nil {
+	files, err := loadTLS(cfg)
+	if err != nil {
 		return nil, err
 	}
-	if s.adminTLS, err = serverTLS(cfg.AdminTLSCertFile, cfg.AdminTLSKeyFile, "ADMIN_TLS_CERT_FILE"); err != nil {
-		return nil, err
+	s.certs = new(tlsInForce)
+	s.certs.set(files)
+	if files.data != nil {
+		s.dataTLS = serverTLS(&s.certs.data)
 	}
-	if cfg.UpstreamTLS {
-		tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: cfg.UpstreamTLSName, InsecureSkipVerify: cfg.UpstreamTLSNoCheck}
-		if cfg.UpstreamTLSCAFile != "" {
-			pem, err := config.ReadFile(cfg.UpstreamTLSCAFile)
-			if err != nil {
-				return nil, fmt.Errorf("%sUPSTREAM_TLS_CA_FILE: %w", config.Prefix, err)
-			}
-			tc.RootCAs = x509.NewCertPool()
-			if !tc.RootCAs.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("%sUPSTREAM_TLS_CA_FILE: no PEM certificate in %s", config.Prefix, cfg.UpstreamTLSCAFile)
-			}
-		}
-		if cfg.UpstreamTLSCert != "" {
-			cert, err := loadKeyPair(cfg.UpstreamTLSCert, cfg.UpstreamTLSKey)
-			if err != nil {
-				return nil, fmt.Errorf("%sUPSTREAM_TLS_CERT_FILE: %w", config.Prefix, err)
-			}
-			tc.Certificates = []tls.Certificate{cert}
-		}
+	if files.admin != nil {
+		s.adminTLS = serverTLS(&s.certs.admin)
+	}
+	if files.upstream != nil {
 		// The name is resolved on every dial (see upstream), and the TLS
 		// handshake is part of the dial, so it counts against TIMEOUT.
-		d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}, Config: tc}
-		s.dialer = d.DialContext
+		nd := &net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}
+		certs := s.certs
+		s.dialer = func(ctx context.Context, network, address string) (net.Conn, error) {
+			d := &tls.Dialer{NetDialer: nd, Config: certs.upstream.Load()}
+			return d.DialContext(ctx, network, address)
+		}
 	}
 	return &s, nil
+}
+
+// loadTLS reads the TLS files cfg names: the listeners' certificates and
+// keys, and memcached's CA bundle and client certificate.
+func loadTLS(cfg config.Config) (tlsFiles, error) {
+	var f tlsFiles
+	var err error
+	if f.data, err = serverCert(cfg.TLSCertFile, cfg.TLSKeyFile, "TLS_CERT_FILE"); err != nil {
+		return tlsFiles{}, err
+	}
+	if f.admin, err = serverCert(cfg.AdminTLSCertFile, cfg.AdminTLSKeyFile, "ADMIN_TLS_CERT_FILE"); err != nil {
+		return tlsFiles{}, err
+	}
+	if !cfg.UpstreamTLS {
+		return f, nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: cfg.UpstreamTLSName, InsecureSkipVerify: cfg.UpstreamTLSNoCheck}
+	if cfg.UpstreamTLSCAFile != "" {
+		pem, err := config.ReadFile(cfg.UpstreamTLSCAFile)
+		if err != nil {
+			return tlsFiles{}, fmt.Errorf("%sUPSTREAM_TLS_CA_FILE: %w", config.Prefix, err)
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return tlsFiles{}, fmt.Errorf("%sUPSTREAM_TLS_CA_FILE: no PEM certificate in %s", config.Prefix, cfg.UpstreamTLSCAFile)
+		}
+	}
+	if cfg.UpstreamTLSCert != "" {
+		cert, err := loadKeyPair(cfg.UpstreamTLSCert, cfg.UpstreamTLSKey)
+		if err != nil {
+			return tlsFiles{}, fmt.Errorf("%sUPSTREAM_TLS_CERT_FILE: %w", config.Prefix, err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	f.upstream = tc
+	return f, nil
+}
+
+// set puts f in force.
+func (t *tlsInForce) set(f tlsFiles) {
+	t.data.Store(f.data)
+	t.admin.Store(f.admin)
+	t.upstream.Store(f.upstream)
+}
+
+// reloadTLS loads cfg's TLS files again, cfg being the configuration
+// the listeners and the dialer were made with (a reload does not change
+// which files they are, nor turn TLS on or off), and puts them in force.
+// It returns what puts back the ones it replaced, for a reload refused
+// after it. If it fails, nothing changes.
+func (s *security) reloadTLS(cfg config.Config) (undo func(), err error) {
+	files, err := loadTLS(cfg)
+	if err != nil {
+		return nil, err
+	}
+	old := tlsFiles{data: s.certs.data.Load(), admin: s.certs.admin.Load(), upstream: s.certs.upstream.Load()}
+	s.certs.set(files)
+	return func() { s.certs.set(old) }, nil
 }
 
 // gatewayTokens maps the configured tokens onto the gateway's: each
@@ -90,7 +163,9 @@ func gatewayTokens(toks []config.Token, file string) gateway.Tokens {
 	return gateway.NewTokens(secrets)
 }
 
-func serverTLS(certFile, keyFile, name string) (*tls.Config, error) {
+// serverCert loads a listener's certificate and key; nil if certFile
+// is empty (no TLS).
+func serverCert(certFile, keyFile, name string) (*tls.Certificate, error) {
 	if certFile == "" {
 		return nil, nil
 	}
@@ -98,10 +173,16 @@ func serverTLS(certFile, keyFile, name string) (*tls.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s%s: %w", config.Prefix, name, err)
 	}
-	// ALPN offers HTTP/1.1 alone: a client offering h2 and http/1.1 is
-	// told which it gets, one offering h2 alone fails its handshake
-	// (docs/decisions/0038).
-	return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}}, nil
+	return &cert, nil
+}
+
+// serverTLS is a TLS listener's configuration, whose certificate is the
+// one in force at each handshake. ALPN offers HTTP/1.1 alone: a client
+// offering h2 and http/1.1 is told which it gets, one offering h2 alone
+// fails its handshake (docs/decisions/0038).
+func serverTLS(cert *atomic.Pointer[tls.Certificate]) *tls.Config {
+	return &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"},
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert.Load(), nil }}
 }
 
 // loadKeyPair is tls.LoadX509KeyPair with the files read as the

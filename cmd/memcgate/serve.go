@@ -293,7 +293,8 @@ func (p *process) gateway() {
 // parts built so far.
 func (p *process) reloads() {
 	live := &liveParts{log: p.log, level: p.lg.level, router: p.router, handler: p.handler, access: p.access, budget: p.buffered, budgetDef: p.derived,
-		bodies: p.bodies, conns: p.conns, fast: p.conns.fastH1, hosts: p.hosts, nofile: p.nofile}
+		bodies: p.bodies, conns: p.conns, fast: p.conns.fastH1, hosts: p.hosts, nofile: p.nofile,
+		sec: p.sec, started: p.cfg}
 	p.reloader = liveconfig.New(p.cfg, liveconfig.Options{Environ: p.environ, Log: p.log, Registerer: p.reg, Check: checkTLS, Warn: p.restartWarnings, Apply: live.apply})
 }
 

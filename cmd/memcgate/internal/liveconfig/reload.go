@@ -31,7 +31,8 @@ import (
 )
 
 // Live reload. The configuration is read again on SIGHUP, when one of the
-// files it names changes (CONFIG_FILE, SERVERS_FILE, AUTH_TOKENS_FILE), and
+// files it names changes (CONFIG_FILE, SERVERS_FILE, POOLS_FILE,
+// AUTH_TOKENS_FILE, the TLS files in force), and
 // the nodes also when SERVERS_DNS resolves to others. A file is taken
 // once it reads the same twice (readSettled), a node gone from DNS once
 // it is missing from dnsMissLimit answers (holdMissing). A configuration is
@@ -99,18 +100,20 @@ type Options struct {
 	// Registerer takes the reloads' metrics; required.
 	Registerer prometheus.Registerer
 	// Check refuses a configuration for what the process alone can tell:
-	// the TLS files the running listeners loaded must load still, as a
-	// restart would need them. It is given the configuration read with
-	// the running TLS settings, which a reload does not change; nil: no
-	// check.
+	// the TLS files the running listeners loaded must load still, as
+	// Apply puts their content in force and a restart would need them.
+	// It is given the configuration read with the running TLS settings,
+	// whose paths a reload does not change; nil: no check.
 	Check func(config.Config) error
 	// Warn returns what the process alone can tell a restart with a
 	// configuration read would stop at, though the reload takes it:
 	// listeners systemd passed that its addresses no longer match. Each
 	// is logged as a configuration warning with the reload; nil: none.
 	Warn func(context.Context, config.Config) []string
-	// Apply makes an Update take effect in the running gateway and
-	// returns what changed in each pool (nil if Update.Routes is nil). If
+	// Apply makes an Update take effect in the running gateway, the
+	// content of the TLS files in force included (their paths need a
+	// restart), and returns what changed in each pool (nil if
+	// Update.Routes is nil). If
 	// it fails, it must have changed nothing: the reload is refused and
 	// the running configuration stays. ctx cuts short the wait for the
 	// probes of the nodes added. Required.
@@ -287,12 +290,53 @@ func (r *Reloader) Run(ctx context.Context, hup <-chan os.Signal) {
 	}
 }
 
-// watchedFiles are the files cfg names that a reload reads.
+// watchedFiles are the files cfg names that a reload reads, and the TLS
+// files in force, which a reload loads again (tlsFiles).
 func (r *Reloader) watchedFiles(cfg config.Config) []string {
 	var out []string
 	for _, f := range []string{r.environ[config.Prefix+"CONFIG_FILE"], cfg.ServersFile, cfg.PoolsFile, cfg.AuthTokensFile} {
 		if f != "" {
 			out = append(out, f)
+		}
+	}
+	for _, tf := range tlsFiles(r.started) {
+		if !slices.Contains(out, tf.path) {
+			out = append(out, tf.path)
+		}
+	}
+	return out
+}
+
+// tlsFile is a TLS file a reload loads again: its variable and path.
+type tlsFile struct{ name, path string }
+
+// tlsFiles are the TLS files of cfg, the configuration at start: a
+// reload loads the same files again and puts what they hold in force
+// (Options.Apply; docs/decisions/0094), while a new path takes a
+// restart.
+func tlsFiles(cfg config.Config) []tlsFile {
+	all := []tlsFile{{"TLS_CERT_FILE", cfg.TLSCertFile}, {"TLS_KEY_FILE", cfg.TLSKeyFile},
+		{"ADMIN_TLS_CERT_FILE", cfg.AdminTLSCertFile}, {"ADMIN_TLS_KEY_FILE", cfg.AdminTLSKeyFile}}
+	if cfg.UpstreamTLS {
+		all = append(all, tlsFile{"UPSTREAM_TLS_CA_FILE", cfg.UpstreamTLSCAFile},
+			tlsFile{"UPSTREAM_TLS_CERT_FILE", cfg.UpstreamTLSCert}, tlsFile{"UPSTREAM_TLS_KEY_FILE", cfg.UpstreamTLSKey})
+	}
+	var out []tlsFile
+	for _, f := range all {
+		if f.path != "" {
+			out = append(out, tlsFile{config.Prefix + f.name, f.path})
+		}
+	}
+	return out
+}
+
+// tlsChanged names the variables of the TLS files whose content in
+// files, as a reload read them, is not the one in force.
+func (r *Reloader) tlsChanged(files map[string]fileState) []string {
+	var out []string
+	for _, f := range tlsFiles(r.started) {
+		if in, ok := r.inForce[f.path]; !ok || in.sum != files[f.path].sum {
+			out = append(out, f.name)
 		}
 	}
 	return out
@@ -468,7 +512,7 @@ func (r *Reloader) reload(ctx context.Context, trigger string) {
 	}
 	rl := Reload{Time: time.Now(), Trigger: trigger, Result: "ok"}
 	if err == nil {
-		err = r.apply(ctx, next, read.tokens, &rl)
+		err = r.apply(ctx, next, read.tokens, r.tlsChanged(files), &rl)
 	}
 	if err != nil && ctx.Err() != nil {
 		// The gateway is stopping (a settle wait or a lookup cut short):
@@ -689,10 +733,11 @@ func serverList(servers []config.Server) string {
 
 // apply makes next's live settings take effect, tokens (next's, as
 // readSettled read them) the tokens, and records in rl what
-// changed and what needs a restart. It changes nothing if it fails. ctx
-// cuts short the wait for the probes of the nodes added (they then
-// start down).
-func (r *Reloader) apply(ctx context.Context, next config.Config, tokens []config.Token, rl *Reload) error {
+// changed and what needs a restart; tlsChanged names the TLS files
+// whose content changed, which Options.Apply loads again. It changes
+// nothing if it fails. ctx cuts short the wait for the probes of the
+// nodes added (they then start down).
+func (r *Reloader) apply(ctx context.Context, next config.Config, tokens []config.Token, tlsChanged []string, rl *Reload) error {
 	live := func(name string) bool { return slices.Contains(liveVars, strings.TrimPrefix(name, config.Prefix)) }
 	for _, v := range config.Diff(r.started, next) {
 		if !live(v) {
@@ -704,8 +749,9 @@ func (r *Reloader) apply(ctx context.Context, next config.Config, tokens []confi
 			rl.Changed = append(rl.Changed, v)
 		}
 	}
-	// The TLS files the running listeners loaded must load still: a
-	// restart would need them. Their content is not applied.
+	// The TLS files the running listeners loaded must load still: the
+	// reload puts their content in force (Options.Apply), and a restart
+	// would need them.
 	if r.check != nil {
 		if err := r.check(withTLSOf(next, r.started)); err != nil {
 			return err
@@ -732,6 +778,7 @@ func (r *Reloader) apply(ctx context.Context, next config.Config, tokens []confi
 	if !slices.Equal(tokens, r.tokens) && !slices.Contains(rl.Changed, config.Prefix+"AUTH_TOKENS") && !slices.Contains(rl.Changed, config.Prefix+"AUTH_TOKENS_FILE") {
 		rl.Changed = append(rl.Changed, config.Prefix+"AUTH_TOKENS_FILE") // only the file's content changed
 	}
+	rl.Changed = append(rl.Changed, tlsChanged...) // the content of a TLS file in force changed: a certificate renewed
 	u := Update{Config: next, Tokens: tokens, Changed: rl.Changed}
 	if routingChanged(r.cur, next) {
 		routes := withPoolsOf(next, r.started)
