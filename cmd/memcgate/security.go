@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/memcgate/memcgate/config"
 	"github.com/memcgate/memcgate/gateway"
 )
@@ -36,6 +38,30 @@ type security struct {
 type tlsInForce struct {
 	data, admin atomic.Pointer[tls.Certificate]
 	upstream    atomic.Pointer[tls.Config]
+}
+
+// expiryDesc is memcgate_tls_certificate_expiry_timestamp_seconds.
+var expiryDesc = prometheus.NewDesc("memcgate_tls_certificate_expiry_timestamp_seconds",
+	"When the certificate in force expires (its NotAfter), in seconds since the Unix epoch, by listener: data, admin, or upstream for MEMCGATE_UPSTREAM_TLS_CERT_FILE; one series per certificate configured. A reload puts a renewed one in force.",
+	[]string{"listener"}, nil)
+
+// Describe implements prometheus.Collector.
+func (t *tlsInForce) Describe(ch chan<- *prometheus.Desc) { ch <- expiryDesc }
+
+// Collect implements prometheus.Collector: the expiry of each
+// certificate in force, so that one a renewal did not replace is seen
+// before clients' handshakes fail on it.
+func (t *tlsInForce) Collect(ch chan<- prometheus.Metric) {
+	expiry := func(listener string, c *tls.Certificate) {
+		if c != nil && c.Leaf != nil {
+			ch <- prometheus.MustNewConstMetric(expiryDesc, prometheus.GaugeValue, float64(c.Leaf.NotAfter.Unix()), listener)
+		}
+	}
+	expiry("data", t.data.Load())
+	expiry("admin", t.admin.Load())
+	if up := t.upstream.Load(); up != nil && len(up.Certificates) > 0 {
+		expiry("upstream", &up.Certificates[0])
+	}
 }
 
 // tlsFiles is the TLS material cfg's files hold (loadTLS), nil where

@@ -204,6 +204,7 @@ func (p *process) metrics() {
 	})
 	reg.MustRegister(p.adminBusy)
 	p.handshakes = newHandshakeErrors(reg)
+	reg.MustRegister(p.sec.certs) // the expiry of each certificate in force
 	p.panics = panicguard.New(p.log, reg)
 	p.sockWatch = newSocketWatch(p.cfg.ListenSocket, p.unixSocket, p.log, reg)
 	p.reg = reg
