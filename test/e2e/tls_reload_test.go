@@ -42,9 +42,11 @@ func replaceFile(t *testing.T, from, path string) {
 // place (the same paths, as certbot or cert-manager renew them) are
 // served from the next reload on, by SIGHUP or by the watch poll, which
 // watches the TLS files too, and the reload names them under changed.
-// Before, a reload loaded them only to check them, named nothing and
-// went on serving the old certificate: a gateway renewed and reloaded
-// served it until it expired, every client's handshake failing then.
+// The watch case renews as a Kubernetes Secret volume does: both files
+// in a new directory, a symbolic link swapped to it. Before, a reload
+// loaded them only to check them, named nothing and went on serving the
+// old certificate: a gateway renewed and reloaded served it until it
+// expired, every client's handshake failing then.
 func TestRenewedCertificateServed(t *testing.T) {
 	mc := memcachedtest.Start(t)
 	for _, tc := range []struct {
@@ -56,17 +58,35 @@ func TestRenewedCertificateServed(t *testing.T) {
 		{name: "watch", watch: "50ms"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, certFile, keyFile := writeCert(t)
+			// dir/live links to the directory of the files in force.
+			dir := t.TempDir()
+			live := filepath.Join(dir, "live")
+			renew := func(version string) {
+				t.Helper()
+				_, cert, key := writeCert(t)
+				v := filepath.Join(dir, version)
+				if err := os.Mkdir(v, 0o700); err != nil {
+					t.Fatal(err)
+				}
+				replaceFile(t, cert, filepath.Join(v, "cert.pem"))
+				replaceFile(t, key, filepath.Join(v, "key.pem"))
+				if err := os.Symlink(version, live+".new"); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Rename(live+".new", live); err != nil {
+					t.Fatal(err)
+				}
+			}
+			renew("v1")
+			certFile, keyFile := filepath.Join(live, "cert.pem"), filepath.Join(live, "key.pem")
 			g := startGatewayScheme(t, "https", map[string]string{
 				"MEMCGATE_SERVERS": mc.Addr, "MEMCGATE_WATCH_INTERVAL": tc.watch,
 				"MEMCGATE_TLS_CERT_FILE": certFile, "MEMCGATE_TLS_KEY_FILE": keyFile,
 			})
 			old := servedCert(t, g.DataAddr)
-			_, newCert, newKey := writeCert(t)
-			block, _ := pem.Decode([]byte(readFile(t, newCert)))
 			oks := metric(t, g, "memcgate_config_reloads_total", `{result="ok"}`)
-			replaceFile(t, newKey, keyFile)
-			replaceFile(t, newCert, certFile)
+			renew("v2")
+			block, _ := pem.Decode([]byte(readFile(t, certFile)))
 			if tc.hup {
 				g.Signal(syscall.SIGHUP)
 			}
