@@ -38,15 +38,17 @@ type security struct {
 type tlsInForce struct {
 	data, admin atomic.Pointer[tls.Certificate]
 	upstream    atomic.Pointer[tls.Config]
+	expiry      *prometheus.Desc // memcgate_tls_certificate_expiry_timestamp_seconds
 }
 
-// expiryDesc is memcgate_tls_certificate_expiry_timestamp_seconds.
-var expiryDesc = prometheus.NewDesc("memcgate_tls_certificate_expiry_timestamp_seconds",
-	"When the certificate in force expires (its NotAfter), in seconds since the Unix epoch, by listener: data, admin, or upstream for MEMCGATE_UPSTREAM_TLS_CERT_FILE; one series per certificate configured. A reload puts a renewed one in force.",
-	[]string{"listener"}, nil)
+func newTLSInForce() *tlsInForce {
+	return &tlsInForce{expiry: prometheus.NewDesc("memcgate_tls_certificate_expiry_timestamp_seconds",
+		"When the certificate in force expires (its NotAfter), in seconds since the Unix epoch, by listener: data, admin, or upstream for MEMCGATE_UPSTREAM_TLS_CERT_FILE; one series per certificate configured. A reload puts a renewed one in force.",
+		[]string{"listener"}, nil)}
+}
 
 // Describe implements prometheus.Collector.
-func (t *tlsInForce) Describe(ch chan<- *prometheus.Desc) { ch <- expiryDesc }
+func (t *tlsInForce) Describe(ch chan<- *prometheus.Desc) { ch <- t.expiry }
 
 // Collect implements prometheus.Collector: the expiry of each
 // certificate in force, so that one a renewal did not replace is seen
@@ -54,7 +56,7 @@ func (t *tlsInForce) Describe(ch chan<- *prometheus.Desc) { ch <- expiryDesc }
 func (t *tlsInForce) Collect(ch chan<- prometheus.Metric) {
 	expiry := func(listener string, c *tls.Certificate) {
 		if c != nil && c.Leaf != nil {
-			ch <- prometheus.MustNewConstMetric(expiryDesc, prometheus.GaugeValue, float64(c.Leaf.NotAfter.Unix()), listener)
+			ch <- prometheus.MustNewConstMetric(t.expiry, prometheus.GaugeValue, float64(c.Leaf.NotAfter.Unix()), listener)
 		}
 	}
 	expiry("data", t.data.Load())
@@ -83,7 +85,7 @@ func newSecurity(cfg config.Config) (*security, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.certs = new(tlsInForce)
+	s.certs = newTLSInForce()
 	s.certs.set(files)
 	if files.data != nil {
 		s.dataTLS = serverTLS(&s.certs.data)
