@@ -492,15 +492,24 @@ func (c *Cluster) readmit(ctx context.Context, n *node) {
 		}
 		return
 	}
-	keys := n.stale.take()
+	// Taken, the keys are still passed over in panic mode until the node
+	// serves, or its deletes failed and recorded them again.
+	keys := n.stale.takeDeleting()
+	defer n.stale.endDeleting()
 	deleted, err := c.invalidateStale(ctx, n, keys)
 	if err != nil {
 		n.resetPasses()
+		left := n.stale.len()
+		// Those deleted too: the node stays down, and in panic mode a key
+		// it no longer records is written on it, and read on the next
+		// node once panic ends, which holds the older copy. The next
+		// re-admission deletes them once more.
+		n.stale.putBack(keys)
 		if ctx.Err() != nil {
-			return // shutting down: the keys left stay recorded
+			return // shutting down: the keys stay recorded
 		}
 		n.log.Warn("deleting keys written to other nodes while it was down failed; staying down",
-			"deleted", deleted, "left", n.stale.len(), "err", err.Error())
+			"deleted", deleted, "left", left, "err", err.Error())
 		return
 	}
 	holds, unseenAttrs := c.unseenHolds(ctx, n)

@@ -1,10 +1,17 @@
 package upstream
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"testing"
+	"time"
 
+	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/memcgate/memcgate/test/faultproxy"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 	"github.com/memcgate/memcgate/upstream/op"
 )
@@ -81,5 +88,169 @@ func TestPanicModeReadsWhereTheWriteWent(t *testing.T) {
 	}
 	if got := get(key); got != "v3" {
 		t.Errorf("after panic mode, its node still down, get of the key written in panic mode = %q, want v3", got)
+	}
+}
+
+// TestPanicModeReadsWhereTheWriteWentWhileItsNodeIsReadmitted: the
+// deletes before a node's re-admission take its keys written elsewhere
+// off its set at their start; until the node serves, a key taken is
+// still read, in panic mode, where its write went. Without the change
+// the set was empty for as long as the deletes ran (here one round trip
+// of 400 ms to a node behind a slow link; a round trip per 32 keys of a
+// long outage's thousands), and a read in panic mode went to the down
+// node: the value the write replaced, or, once deleted there, a miss,
+// where the next node held the value written.
+func TestPanicModeReadsWhereTheWriteWentWhileItsNodeIsReadmitted(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 4)
+	px := faultproxy.NewTCP(mcs[0].Addr)
+	if err := px.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { px.Close() })
+	_, portStr, _ := net.SplitHostPort(px.Addr())
+	port, _ := strconv.Atoi(portStr)
+	c, _ := newTestCluster(t, mcs, func(o *Options) {
+		o.Health.PanicPercent = 50
+		o.Servers[0].Port = port
+		o.Timeout = 2 * time.Second // the slow link's round trip, with room under -race
+	})
+	ctx := t.Context()
+	owner := c.topo.Load().nodes[0]
+	key := keyOwnedBy(t, c, 0)
+	chain := c.Placement(key).Chain
+	byName := map[string]*node{}
+	for _, n := range c.topo.Load().nodes {
+		byName[n.name] = n
+	}
+	set := func(v string) {
+		t.Helper()
+		if r := c.Do(ctx, op.Op{Verb: op.Set, Item: op.Item{Key: key, Value: []byte(v)}}); r.Err != nil {
+			t.Fatalf("set %s=%s: %v", key, v, r.Err)
+		}
+	}
+	get := func() string {
+		t.Helper()
+		it, err := c.Get(ctx, key)
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		return string(it.Value)
+	}
+	set("v1")
+	owner.eject("probe", errors.New("down"), false) // memcached runs on, holding v1
+	set("v2")                                       // to the next node, recorded on the owner
+	for _, ch := range chain[2:] {
+		byName[ch.Node].eject("probe", errors.New("down"), false)
+	}
+	if !c.panicking(c.topo.Load()) {
+		t.Fatal("not panicking with 1 of 4 nodes up and PanicPercent 50")
+	}
+	px.SetLatency(200 * time.Millisecond)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.readmit(ctx, owner)
+	}()
+	waitFor(t, 5*time.Second, "the deletes before the re-admission to start", func() bool { return owner.stale.len() == 0 })
+	if owner.available() {
+		t.Fatal("the owner serves already: the test's link is not slow enough to see its deletes")
+	}
+	if got := get(); got != "v2" {
+		t.Errorf("in panic mode, while the owner's deletes run, get of a key written elsewhere while it was down = %q, want v2", got)
+	}
+	<-done
+	if !owner.available() {
+		t.Fatalf("the owner was not re-admitted: %s", owner.status().Reason)
+	}
+	if got := get(); got == "v1" {
+		t.Errorf("after the re-admission, get = %q, the value the write replaced", got)
+	}
+}
+
+// TestPanicModeAfterFailedDeletesWritesWhereTheWriteWent: deletes before
+// a re-admission that fail leave the node down with every key they took
+// recorded again, those deleted too. Without that, a key deleted on the
+// node was no longer recorded: in panic mode its next write went to the
+// down node, and once panic ended (the node still down) its reads went
+// to the next node, which held the copy that write had replaced.
+func TestPanicModeAfterFailedDeletesWritesWhereTheWriteWent(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 4)
+	px := faultproxy.NewTCP(mcs[0].Addr)
+	if err := px.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { px.Close() })
+	_, portStr, _ := net.SplitHostPort(px.Addr())
+	port, _ := strconv.Atoi(portStr)
+	c, _ := newTestCluster(t, mcs, func(o *Options) {
+		o.Health.PanicPercent = 50
+		o.Servers[0].Port = port
+		o.Timeout = 2 * time.Second // the slow link's round trip, with room under -race
+	})
+	ctx := t.Context()
+	owner := c.topo.Load().nodes[0]
+	key := keyOwnedBy(t, c, 0)
+	chain := c.Placement(key).Chain
+	byName := map[string]*node{}
+	for _, n := range c.topo.Load().nodes {
+		byName[n.name] = n
+	}
+	set := func(v string) {
+		t.Helper()
+		if r := c.Do(ctx, op.Op{Verb: op.Set, Item: op.Item{Key: key, Value: []byte(v)}}); r.Err != nil {
+			t.Fatalf("set %s=%s: %v", key, v, r.Err)
+		}
+	}
+	direct := memcache.New(mcs[0].Addr) // past the slow link
+	// The deletes go 32 at a time, a round trip each (200 ms): the
+	// key's is seen done on its node, and the rest are cut short, unless
+	// the key was the very last of 161 (then again).
+	for attempt := 1; ; attempt++ {
+		set("v1")
+		owner.eject("probe", errors.New("down"), false)
+		set("v2") // to the next node, recorded on the owner
+		for i := range 160 {
+			owner.recordStale(fmt.Sprint("filler-", i), "")
+		}
+		for _, ch := range chain[2:] {
+			byName[ch.Node].eject("probe", errors.New("down"), false)
+		}
+		if !c.panicking(c.topo.Load()) {
+			t.Fatal("not panicking with 1 of 4 nodes up and PanicPercent 50")
+		}
+		px.SetLatency(100 * time.Millisecond)
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			c.readmit(rctx, owner)
+		}()
+		waitFor(t, 10*time.Second, "the key's delete on its node", func() bool {
+			_, err := direct.Get(key)
+			return errors.Is(err, memcache.ErrCacheMiss)
+		})
+		cancel() // the deletes fail with the rest undone
+		<-done
+		px.SetLatency(0)
+		if !owner.available() {
+			break
+		}
+		if attempt == 3 {
+			t.Fatal("the owner was re-admitted 3 times: its deletes were done before the test could fail them")
+		}
+		for _, ch := range chain[2:] {
+			byName[ch.Node].admit()
+		}
+	}
+	set("v3") // in panic mode
+	for _, ch := range chain[2:] {
+		byName[ch.Node].admit()
+	}
+	if c.panicking(c.topo.Load()) {
+		t.Fatal("still panicking with 3 of 4 nodes up")
+	}
+	it, err := c.Get(ctx, key)
+	if err != nil || string(it.Value) != "v3" {
+		t.Errorf("after panic mode, its node down after failed deletes, get of the key written in panic mode = %v, %v; want v3", it, err)
 	}
 }

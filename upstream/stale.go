@@ -75,6 +75,9 @@ type staleKeys struct {
 	limit     int               // most bytes the set may hold
 	untracked int               // keys not recorded since the last re-admission: the set was full
 	warned    bool              // the overflow of this outage was logged
+	// deleting are the keys takeDeleting took for the deletes before a
+	// re-admission, still found by has until endDeleting; nil: none.
+	deleting map[string]string
 }
 
 // add records k and reports whether it did: false if the set is full.
@@ -110,11 +113,15 @@ func (s *staleKeys) lost(n int) (first bool) {
 	return first
 }
 
-// has reports whether store is recorded.
+// has reports whether store is recorded, or taken for a delete that
+// has not ended (takeDeleting).
 func (s *staleKeys) has(store string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, ok := s.keys[store]
+	if !ok {
+		_, ok = s.deleting[store]
+	}
 	return ok
 }
 
@@ -129,6 +136,32 @@ func (s *staleKeys) len() int {
 func (s *staleKeys) take() []staleKey {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.takeLocked()
+}
+
+// takeDeleting is take for the deletes before a re-admission: has still
+// finds the keys taken until endDeleting, called once the node serves
+// or its deletes failed. Until then the node is down, and in panic mode
+// a key taken is read and written where its write went, as while it was
+// recorded (node.passedOver), not on the node, which would answer it
+// with the value that write replaced until its delete runs there, and
+// with a miss after it (decision 0093).
+func (s *staleKeys) takeDeleting() []staleKey {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.deleting = s.keys
+	return s.takeLocked()
+}
+
+// endDeleting forgets the keys takeDeleting took.
+func (s *staleKeys) endDeleting() {
+	s.mu.Lock()
+	s.deleting = nil
+	s.mu.Unlock()
+}
+
+// takeLocked is take with s.mu held.
+func (s *staleKeys) takeLocked() []staleKey {
 	keys := make([]staleKey, 0, len(s.keys))
 	for k, h := range s.keys {
 		keys = append(keys, staleKey{k, h})
@@ -161,6 +194,7 @@ func (s *staleKeys) admitted() (untracked int) {
 // drop forgets everything: the node was flushed, or removed.
 func (s *staleKeys) drop() {
 	s.take()
+	s.endDeleting()
 	s.admitted()
 }
 
@@ -205,11 +239,13 @@ func (n *node) skipForWrite(store, hash string) bool {
 // passedOver reports whether routing passes over n for the key store
 // (as sent to memcached): n is down and health is followed, or, in
 // panic mode (ignoreHealth), a write of store went to another node on
-// n's account while n was down (its set records it). That write's value
-// is where it went, and n may hold the value it replaced until its
-// re-admission deletes the key there: in panic mode the key's reads and
-// writes go on where it went, as outside it (decision 0090). A key the
-// set had no room for is not known, and goes to n.
+// n's account while n was down (its set records it, or the deletes
+// before its re-admission took it and n does not serve yet:
+// takeDeleting). That write's value is where it went, and n may hold
+// the value it replaced until its re-admission deletes the key there:
+// in panic mode the key's reads and writes go on where it went, as
+// outside it (decisions 0090, 0093). A key the set had no room for is
+// not known, and goes to n.
 func (n *node) passedOver(ignoreHealth bool, store string) bool {
 	if n.available() {
 		return false
