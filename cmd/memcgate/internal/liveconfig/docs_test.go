@@ -16,7 +16,9 @@ import (
 // colon) the same set as liveVars, so that a variable made live, or no
 // longer live, cannot leave the page promising otherwise. CONFIG_FILE is
 // in liveVars (a reload reads it again) but the page says it comes from
-// the environment only.
+// the environment only. The bullet on "the content of the TLS files"
+// names the files a reload loads again (tlsFiles), whose paths need a
+// restart: it is checked against those instead.
 func TestReloadReferenceMatchesLiveVars(t *testing.T) {
 	const ref = "../../../../docs/configuration.md"
 	b, err := os.ReadFile(ref)
@@ -40,13 +42,17 @@ func TestReloadReferenceMatchesLiveVars(t *testing.T) {
 		known[strings.TrimPrefix(v.Name, config.Prefix)] = true
 	}
 	name := regexp.MustCompile("`(?:" + config.Prefix + ")?([A-Z][A-Z0-9_]*)`")
-	var documented []string
+	var documented, files []string
 	for _, bullet := range strings.Split(text, "\n- ")[1:] {
 		lead, _, _ := strings.Cut(bullet, ":")
+		into := &documented
+		if strings.HasPrefix(lead, "the content of the TLS files") {
+			into = &files
+		}
 		n := 0
 		for _, m := range name.FindAllStringSubmatch(lead, -1) {
 			if known[m[1]] {
-				documented = append(documented, m[1])
+				*into = append(*into, m[1])
 				n++
 			}
 		}
@@ -70,5 +76,17 @@ func TestReloadReferenceMatchesLiveVars(t *testing.T) {
 		if i > 0 && documented[i-1] == v {
 			t.Errorf("%s: the list of what a reload applies names %s%s twice", ref, config.Prefix, v)
 		}
+	}
+
+	all := config.Config{TLSCertFile: "c", TLSKeyFile: "k", AdminTLSCertFile: "c", AdminTLSKeyFile: "k",
+		UpstreamTLS: true, UpstreamTLSCAFile: "ca", UpstreamTLSCert: "c", UpstreamTLSKey: "k"}
+	var reloaded []string
+	for _, f := range tlsFiles(all) {
+		reloaded = append(reloaded, strings.TrimPrefix(f.name, config.Prefix))
+	}
+	slices.Sort(reloaded)
+	slices.Sort(files)
+	if !slices.Equal(files, reloaded) {
+		t.Errorf("%s: the TLS files a reload loads again are %v; the list names %v", ref, reloaded, files)
 	}
 }
