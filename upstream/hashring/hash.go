@@ -1,7 +1,6 @@
 package hashring
 
 import (
-	"cmp"
 	"crypto/md5"
 	"encoding/binary"
 	"fmt"
@@ -125,16 +124,21 @@ func ketamaDigestPoints(s []byte) [ketamaPointsPerHash]uint32 {
 	return p
 }
 
-type ringPoint struct {
-	value  uint32
-	member int32
+// ringPoint is a point of a continuum: its value in the high 32 bits,
+// its member's index in the low ones, so that sorting the numbers sorts
+// by (value, member index), libmemcached's continuum_item_cmp and the
+// order we use for nginx too (see nginxPoints). A sort of integers does
+// without a comparison function: the rings are built at each reload of
+// a pool, and the fuzz targets build thousands.
+type ringPoint uint64
+
+func point(value uint32, member int) ringPoint {
+	return ringPoint(value)<<32 | ringPoint(uint32(member))
 }
 
-// byValueThenMember is libmemcached's continuum_item_cmp, and the order we
-// use for nginx too (see nginxPoints).
-func byValueThenMember(a, b ringPoint) int {
-	return cmp.Or(cmp.Compare(a.value, b.value), cmp.Compare(a.member, b.member))
-}
+func (p ringPoint) value() uint32 { return uint32(p >> 32) }
+
+func (p ringPoint) member() int32 { return int32(uint32(p)) }
 
 // ketamaPoints builds libmemcached's weighted ketama continuum, sorted by
 // (value, member index), as parallel slices.
@@ -150,11 +154,11 @@ func ketamaPoints(members []Member) ([]uint32, []int32) {
 		for g := range groups {
 			buf = ketamaPointString(buf[:0], m, g)
 			for _, v := range ketamaDigestPoints(buf) {
-				pts = append(pts, ringPoint{v, int32(i)})
+				pts = append(pts, point(v, i))
 			}
 		}
 	}
-	slices.SortFunc(pts, byValueThenMember)
+	slices.Sort(pts)
 	return split(pts)
 }
 
@@ -168,10 +172,10 @@ func consistentRing(members []Member) ([]uint32, []int32) {
 	for i, m := range members {
 		for j := range consistentPoints {
 			buf = ketamaPointString(buf[:0], m, j)
-			pts = append(pts, ringPoint{oneAtATime(string(buf)), int32(i)})
+			pts = append(pts, point(oneAtATime(string(buf)), i))
 		}
 	}
-	slices.SortFunc(pts, byValueThenMember)
+	slices.Sort(pts)
 	return split(pts)
 }
 
@@ -239,12 +243,12 @@ func nginxPoints(members []Member) ([]uint32, []int32, error) {
 		clear(prev[:])
 		for range m.weight() * nginxPointsPerWeight {
 			h := crc32.Update(base, tab, prev[:])
-			pts = append(pts, ringPoint{h, int32(i)})
+			pts = append(pts, point(h, i))
 			binary.LittleEndian.PutUint32(prev[:], h)
 		}
 	}
-	slices.SortFunc(pts, byValueThenMember)
-	pts = slices.CompactFunc(pts, func(a, b ringPoint) bool { return a.value == b.value })
+	slices.Sort(pts)
+	pts = slices.CompactFunc(pts, func(a, b ringPoint) bool { return a.value() == b.value() })
 	v, o := split(pts)
 	return v, o, nil
 }
@@ -253,7 +257,7 @@ func split(pts []ringPoint) ([]uint32, []int32) {
 	values := make([]uint32, len(pts))
 	owners := make([]int32, len(pts))
 	for i, p := range pts {
-		values[i], owners[i] = p.value, p.member
+		values[i], owners[i] = p.value(), p.member()
 	}
 	return values, owners
 }

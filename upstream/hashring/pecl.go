@@ -270,10 +270,10 @@ func peclConsistentBuckets(members []Member, h peclHash) ([]int32, int, error) {
 	for i, m := range members {
 		base := newPeclState(h).add(m.Host).add(":").addInt(int(uint16(m.Port))).add("-")
 		for j := range int(m.weight() * peclPointsPerWeight) {
-			pts = append(pts, ringPoint{base.addInt(j).sum(), int32(i)})
+			pts = append(pts, point(base.addInt(j).sum(), i))
 		}
 	}
-	slices.SortFunc(pts, byValueThenMember)
+	slices.Sort(pts)
 	values, owners := split(pts)
 	const step = uint32(0xffffffff / peclBuckets)
 	buckets := make([]int32, peclBuckets)
