@@ -58,6 +58,16 @@ FUZZ = bash test/scripts/fuzz.sh $(FUZZTIME)
 fuzz:
 	@$(FUZZ)
 
+# The packages whose fuzz targets make test runs beside the tests, at
+# nice 19: those whose targets open no socket and assert no duration, so
+# that the seconds a target can wait for a core while the tests take
+# both fail none of them (the fuzzing engine's own bound, 10 s for one
+# execution, is far above theirs, of milliseconds). The other packages'
+# targets measure calls against deadlines of 1 to 3 s (upstream/mcpipe,
+# upstream) or serve sockets with timeouts (gateway/h1, liveconfig's
+# DNS): they run after test/abuse, at the usual priority.
+FUZZ_BESIDE := ./config ./gateway ./gateway/chunk ./gateway/memc ./gateway/phpvalue ./upstream/hashring
+
 # Test binaries make test runs at once. Most of them wait (on timeouts, on
 # the memcached and gateway processes they start) more than they compute:
 # go test's default, one per core, leaves the 2 cores of CI half idle. 3,
@@ -89,15 +99,26 @@ TESTENV := env $(foreach v,$(filter MEMCGATE_%,$(.VARIABLES)),$(if $(filter envi
 test vet fuzz: export GOFLAGS := -trimpath $(filter-out -trimpath,$(GOFLAGS))
 
 test: deps-test fmt-check vet
-	$(TESTENV) $(GO) test -race -count=1 -p $(TESTP) -timeout 15m $$(bash test/scripts/testpkgs.sh $(PKGS))
-	# the abuse suite alone: its canary measures the gateway's latency, which
-	# other packages' tests running beside it on the same cores would decide
-	$(TESTENV) $(GO) test -race -count=1 -timeout 5m ./test/abuse
-	# upstream again on gomemcache's pool (MEMCGATE_PIPELINE_CONNS=0), beside
-	# the fuzz targets: its tests mostly wait, the fuzzers compute
-	$(TESTENV) $(GO) test -race -count=1 ./upstream -args -pipeline-conns=0 & up=$$!; \
-	fuzz=0; $(FUZZ) || fuzz=$$?; \
-	wait $$up && exit $$fuzz
+	# Every package's tests but test/abuse's, -p $(TESTP) at a time; go
+	# test's own vet is off, as make vet ran every analyzer on the same
+	# packages. Then the abuse suite with no other test beside it: its
+	# canary measures the gateway's latency, which other packages' tests
+	# running on the same cores would decide. Then upstream again on
+	# gomemcache's pool (MEMCGATE_PIPELINE_CONNS=0) beside the fuzz
+	# targets of the other packages: its tests mostly wait, the fuzzers
+	# compute. The fuzz targets of FUZZ_BESIDE run from the start at nice
+	# 19, on the CPU the tests leave (they wait more than they compute),
+	# their output kept until they end. Every part runs; the first that
+	# failed gives the status.
+	log=$$(mktemp); trap 'rm -f "$$log"' EXIT; \
+	FUZZ_TARGET_TIMEOUT=30m nice -n 19 $(FUZZ) $(FUZZ_BESIDE) > "$$log" 2>&1 & beside=$$!; \
+	tests=0; $(TESTENV) $(GO) test -race -count=1 -vet=off -p $(TESTP) -timeout 15m $$(bash test/scripts/testpkgs.sh $(PKGS)) || tests=$$?; \
+	abuse=0; $(TESTENV) $(GO) test -race -count=1 -vet=off -timeout 5m ./test/abuse || abuse=$$?; \
+	$(TESTENV) $(GO) test -race -count=1 -vet=off ./upstream -args -pipeline-conns=0 & up=$$!; \
+	nice=0; wait $$beside || nice=$$?; cat "$$log"; \
+	fuzz=0; $(FUZZ) --not $(FUZZ_BESIDE) || fuzz=$$?; \
+	upstream=0; wait $$up || upstream=$$?; \
+	for rc in $$tests $$abuse $$nice $$fuzz $$upstream; do [ $$rc = 0 ] || exit $$rc; done
 
 # Seed 000 reproduced: 101 keys through a 100 ms-per-direction delay relay,
 # serial vs batch vs async vs UDP; prints the table.

@@ -78,17 +78,21 @@ func TestMakeDryRun(t *testing.T) {
 		ok   bool
 	}{
 		{"every part passes", nil, true},
+		{"the package tests fail", map[string]int{"-timeout 15m": 1}, false},
 		{"the fuzz run fails", map[string]int{"fuzz.sh": 1}, false},
+		{"the fuzz run beside the tests fails", map[string]int{"fuzz.sh 20000x ./": 1}, false},
+		{"the fuzz run after the abuse suite fails", map[string]int{"fuzz.sh 20000x --not": 1}, false},
+		{"the abuse suite fails", map[string]int{"./test/abuse": 1}, false},
 		{"upstream on gomemcache's pool fails", map[string]int{"pipeline-conns=0": 1}, false},
 	} {
 		t.Run("make test: "+tt.name, func(t *testing.T) {
 			env, calls := fakeTools(t, tt.fail)
-			out, err := makeIn(t, env, "test")
+			out, err := makeIn(t, env, "test", "FUZZTIME=20000x") // the budget the keys name
 			if (err == nil) != tt.ok {
 				t.Fatalf("make test: %v, want it to pass: %v\n%s", err, tt.ok, out)
 			}
 			ran := recorded(t, calls)
-			for _, part := range []string{"test/scripts/fuzz.sh", "./upstream -args -pipeline-conns=0", "./test/abuse"} {
+			for _, part := range []string{"-timeout 15m", "test/scripts/fuzz.sh 20000x ./", "test/scripts/fuzz.sh 20000x --not ./", "./upstream -args -pipeline-conns=0", "./test/abuse"} {
 				if !strings.Contains(ran, part) {
 					t.Errorf("make test did not run %q; it ran:\n%s", part, ran)
 				}
