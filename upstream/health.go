@@ -16,6 +16,9 @@ import (
 //   - Active: every Interval each node gets a `version` probe on its own
 //     one-connection client. Fall failures in a row take it down; Rise
 //     passes in a row bring it back (hysteresis). Only probes re-admit.
+//     A probe that gets only the late answer to the one before it in
+//     time is slow: no failure for a node in service, no pass for one
+//     out of it (probeResult).
 //   - Passive: on the data path a refused or reset connection ejects the
 //     node at once; PassiveFails timeouts in a row eject it; any answer
 //     from memcached resets the count. Passive ejections are capped at
@@ -247,9 +250,19 @@ const (
 // rounds (Run) and sees the same failures, where each ejects at a moment
 // of its own (a passive ejection, by its own traffic), so they end the
 // hold-down, and re-admit, together.
+//
+// A slow probe (errProbeSlow: memcached answered the probe before it,
+// late, and not this one in time) is no failure of a node in service:
+// it ends a run of failures, as an answer does, and the node stays. On a
+// node out of service it is a failure: one too slow to answer its own
+// probe in time is not re-admitted (decision 0095).
 func (n *node) probeResult(err error, at time.Time) probeAction {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if err != nil && n.up.Load() && errors.Is(err, errProbeSlow) {
+		n.fails = 0
+		return probeNone
+	}
 	if err != nil {
 		n.passes = 0
 		n.fails++
@@ -439,6 +452,9 @@ func (c *Cluster) checkNode(ctx context.Context, n *node, at time.Time) {
 	}
 	if err != nil {
 		n.m.probeFail.Inc()
+		if errors.Is(err, errProbeSlow) {
+			n.m.probeSlow.Inc()
+		}
 	} else {
 		n.m.probeOK.Inc()
 	}

@@ -71,6 +71,7 @@ type metrics struct {
 	ejectsRefused *prometheus.CounterVec
 	probes        *prometheus.CounterVec
 	probesLate    *prometheus.CounterVec
+	probesSlow    *prometheus.CounterVec
 	failovers     *prometheus.CounterVec
 	batched       *prometheus.CounterVec
 	invalidated   *prometheus.CounterVec
@@ -143,15 +144,19 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "memcgate_upstream_probes_late_total",
 			Help: "Health probes (and flushes before a re-admission) tried once more because the first try timed out at a deadline the gateway came to a quarter of MEMCGATE_HEALTH_TIMEOUT or more late: the gateway, not memcached, was not running (stopped, starved of CPU, throttled). A probe is sent again; a flush reads on for the answer to the flush_all it sent, never sent twice at once. The probe's result (memcgate_upstream_probes_total) is the second try's.",
 		}, []string{"node"}),
+		probesSlow: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "memcgate_upstream_probes_slow_total",
+			Help: "Failed health probes (counted in memcgate_upstream_probes_total as fail) whose own answer did not come within MEMCGATE_HEALTH_TIMEOUT but the late answer to the probe before them did: memcached answers, slower than the timeout. A node in service stays in it (they do not count toward MEMCGATE_HEALTH_FALL); one out of service is not re-admitted by them.",
+		}, []string{"node"}),
 	}
-	reg.MustRegister(m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.probesLate, m.failovers, m.batched, m.invalidated, m.untracked, m.unknown, m.restarts, m.shareRefused)
+	reg.MustRegister(m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.probesLate, m.probesSlow, m.failovers, m.batched, m.invalidated, m.untracked, m.unknown, m.restarts, m.shareRefused)
 	return m
 }
 
 // forget deletes every series of a node that left the cluster.
 func (m *metrics) forget(name string) {
 	l := prometheus.Labels{"node": name}
-	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.probesLate, m.failovers, m.batched, m.invalidated, m.untracked, m.unknown, m.restarts, m.shareRefused} {
+	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{m.ops, m.duration, m.up, m.udpUp, m.ejects, m.ejectsRefused, m.probes, m.probesLate, m.probesSlow, m.failovers, m.batched, m.invalidated, m.untracked, m.unknown, m.restarts, m.shareRefused} {
 		v.DeletePartialMatch(l)
 	}
 }
@@ -167,6 +172,7 @@ type nodeMetrics struct {
 	probeOK   prometheus.Counter
 	probeFail prometheus.Counter
 	probeLate prometheus.Counter // probes sent once more for a deadline seen late (probeClient.late)
+	probeSlow prometheus.Counter // probes that got only the late answer to the one before in time (errProbeSlow)
 	// staleInvalidated and staleUntracked count keys written elsewhere
 	// (stale.go): deleted before re-admission, and not remembered.
 	staleInvalidated prometheus.Counter
@@ -197,6 +203,7 @@ func (m *metrics) forNode(name string, udp bool) *nodeMetrics {
 		probeOK:   m.probes.WithLabelValues(name, "ok"),
 		probeFail: m.probes.WithLabelValues(name, "fail"),
 		probeLate: m.probesLate.WithLabelValues(name),
+		probeSlow: m.probesSlow.WithLabelValues(name),
 
 		staleInvalidated: m.invalidated.WithLabelValues(name),
 		staleUntracked:   m.untracked.WithLabelValues(name),

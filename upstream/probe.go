@@ -42,7 +42,9 @@ type prober interface {
 // write, for the process that answers there (restart.go). A probe that
 // timed out at a deadline the gateway came to late is sent once more
 // (roundTrip). A flush_all is never sent while one written before is
-// unanswered (FlushAll).
+// unanswered (FlushAll). A version whose answer has not begun by its
+// deadline leaves its connection owing that answer (pending), and the
+// next probe reads it there before its own (Ping).
 type probeClient struct {
 	addr    string
 	timeout time.Duration
@@ -54,8 +56,13 @@ type probeClient struct {
 	// its first try timed out at a deadline the gateway came to late.
 	late func()
 
-	mu   sync.Mutex // guards idle and unanswered; never held across I/O
+	mu   sync.Mutex // guards idle, pending, pendingStats and unanswered; never held across I/O
 	idle net.Conn   // the connection kept from the last probe; nil if none
+	// pending is the connection a version was written on whose answer
+	// had not begun by its probe's deadline: it owes that one answer,
+	// and a stats reply after it if pendingStats. nil if none.
+	pending      net.Conn
+	pendingStats bool
 	// unanswered is the connection a flush_all was written on whose
 	// answer did not come: memcached may still run it, later than any
 	// flush sent after it. nil if none.
@@ -74,7 +81,22 @@ const probeLineMax = 256
 // errProbeCut says a probe's context ended before its answer came.
 var errProbeCut = errors.New("probe cut short")
 
-// Ping sends memcached's version command and waits for its answer.
+// errProbeSlow says a probe's own answer did not come by its deadline,
+// but the late answer to the probe before it did: memcached answers,
+// later than the timeout (a loaded event loop), and is not gone. It
+// wraps the timeout. Health does not count it toward Fall on a node in
+// service, nor toward Rise on one out of it (probeResult).
+var errProbeSlow = errors.New("probe slow: memcached answered the probe before it late, and not this one in time")
+
+// Ping sends memcached's version command and waits for its answer. A
+// version whose answer has not begun by the deadline leaves its
+// connection kept, owing that one answer (pending), not closed; the next
+// Ping writes its own version there and reads both answers within its
+// own deadline: its own in time passes; only the earlier one in time is
+// errProbeSlow, and the connection owes this one's answer instead;
+// neither fails, and the connection is closed (never more than one
+// answer owed), so that a hung memcached fails as many probes in a row
+// as it did with a new connection each (decision 0095).
 func (p *probeClient) Ping(ctx context.Context) error {
 	return p.roundTrip(ctx, "version", false, func(line []byte) bool { return bytes.HasPrefix(line, []byte("VERSION ")) })
 }
@@ -103,11 +125,11 @@ func (p *probeClient) FlushAll(ctx context.Context) error {
 // may be used again.
 func (p *probeClient) Close() error {
 	p.mu.Lock()
-	c, u := p.idle, p.unanswered
-	p.idle, p.unanswered = nil, nil
+	c, u, w := p.idle, p.unanswered, p.pending
+	p.idle, p.unanswered, p.pending = nil, nil, nil
 	p.mu.Unlock()
 	var err error
-	for _, c := range []net.Conn{c, u} {
+	for _, c := range []net.Conn{c, u, w} {
 		if c != nil {
 			err = errors.Join(err, c.Close())
 		}
@@ -159,11 +181,16 @@ func (p *probeClient) try(ctx context.Context, cmd string, once bool, ok func(li
 		}
 	}
 	p.mu.Lock()
-	c := p.idle
-	p.idle = nil
+	c, owed := p.idle, answerOwed{}
+	if !once && p.pending != nil {
+		c, owed = p.pending, answerOwed{yes: true, stats: p.pendingStats}
+		p.pending = nil
+	} else {
+		p.idle = nil
+	}
 	p.mu.Unlock()
 	if c != nil {
-		line, seen, err := p.send(ctx, c, cmd, false, once)
+		line, seen, err := p.send(ctx, c, cmd, false, once, owed, ok)
 		if !closedByPeer(ctx, line, err) {
 			return err != nil && timedOut(err) && p.lateAt(ctx, seen), judge(ctx, cmd, line, err, ok)
 		}
@@ -172,9 +199,14 @@ func (p *probeClient) try(ctx context.Context, cmd string, once bool, ok func(li
 	if err != nil {
 		return timedOut(err) && p.lateAt(ctx, time.Now()), cutShort(ctx, err)
 	}
-	line, seen, err := p.send(ctx, c, cmd, p.seen != nil, once)
+	line, seen, err := p.send(ctx, c, cmd, p.seen != nil, once, answerOwed{}, ok)
 	return err != nil && timedOut(err) && p.lateAt(ctx, seen), judge(ctx, cmd, line, err, ok)
 }
+
+// answerOwed is what a probe connection owes before the answer to the
+// command written next: the answer to a version written before, if yes,
+// and a stats reply after it if stats (it was a new connection).
+type answerOwed struct{ yes, stats bool }
 
 // lateAt reports whether seen, when a probe whose context is ctx saw its
 // deadline pass (zero: it did not), is a quarter of the timeout or more
@@ -198,7 +230,11 @@ func timedOut(err error) bool {
 // the write first failed by the deadline; zero if none did. With once,
 // a connection cmd was written on whose answer has not begun by the
 // deadline (or a cut) is kept as p.unanswered instead of closed.
-func (p *probeClient) send(ctx context.Context, c net.Conn, cmd string, stats, once bool) (line []byte, seen time.Time, err error) {
+// Without once, c owes the answers owed says, read first and judged by
+// ok; a connection cmd was written on whose answer has not begun by the
+// deadline is kept as p.pending if it owed none, or if the one it owed
+// came (then err wraps errProbeSlow), and closed otherwise.
+func (p *probeClient) send(ctx context.Context, c net.Conn, cmd string, stats, once bool, owed answerOwed, ok func(line []byte) bool) (line []byte, seen time.Time, err error) {
 	deadline, _ := ctx.Deadline()
 	if err := c.SetDeadline(deadline); err != nil {
 		c.Close()
@@ -213,11 +249,18 @@ func (p *probeClient) send(ctx context.Context, c net.Conn, cmd string, stats, o
 		}
 	})
 	oc := &onTimeConn{Conn: c, ctx: ctx, timeout: p.timeout}
-	x := exchange(oc, cmd, stats)
+	x := exchange(oc, cmd, stats, owed, ok)
 	stopped := stop()
+	unanswered := x.written && len(x.line) == 0 && errors.Is(x.err, os.ErrDeadlineExceeded)
 	switch {
-	case once && x.written && len(x.line) == 0 && errors.Is(x.err, os.ErrDeadlineExceeded):
+	case once && unanswered:
 		p.holdUnanswered(c)
+	case !once && unanswered && !cutShortBy(ctx) && (!owed.yes || x.owedRead):
+		// Memcached may yet answer: the next probe reads it here.
+		p.holdPending(c, stats)
+		if owed.yes {
+			x.err = fmt.Errorf("%w: %w", errProbeSlow, x.err)
+		}
 	case !stopped && cutShortBy(ctx) || x.err != nil || x.buffered || stats && !x.statsRead:
 		// Cut short, failed, or more than one answer came: the
 		// connection is in no known state. One whose answer was read
@@ -279,6 +322,20 @@ func (p *probeClient) settle(ctx context.Context) (late bool, err error) {
 	return false, nil
 }
 
+// holdPending keeps c, a connection a version was written on whose
+// answer (and a stats reply after it, if stats) has not begun, for the
+// next Ping; one kept already (two probes of one node at once) is
+// closed.
+func (p *probeClient) holdPending(c net.Conn, stats bool) {
+	p.mu.Lock()
+	old := p.pending
+	p.pending, p.pendingStats = c, stats
+	p.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+}
+
 // holdUnanswered keeps c, a connection a flush_all was written on and
 // not answered, for settle. flushing is held: there is no other.
 func (p *probeClient) holdUnanswered(c net.Conn) {
@@ -337,6 +394,7 @@ type exchanged struct {
 	statsRead bool     // the stats reply was read to its end (END or an error line)
 	buffered  bool     // more bytes came after the last answer read
 	written   bool     // cmd's line was written whole: memcached may run it (a part of it it never runs)
+	owedRead  bool     // the answers the connection owed were read (none owed: false)
 }
 
 // statsLinesMax bounds the lines of a probe's stats reply: memcached
@@ -344,9 +402,11 @@ type exchanged struct {
 const statsLinesMax = 512
 
 // exchange writes cmd, and stats after it in the same write if stats,
-// and reads cmd's line of at most probeLineMax bytes, then the stats
-// reply, its lines as long at most.
-func exchange(c net.Conn, cmd string, stats bool) (x exchanged) {
+// and reads what the connection owed (owed), then cmd's line of at most
+// probeLineMax bytes, then the stats reply, its lines as long at most.
+// An owed answer that ok does not take is x.err: the connection is out
+// of step.
+func exchange(c net.Conn, cmd string, stats bool, owed answerOwed, ok func(line []byte) bool) (x exchanged) {
 	req := cmd + "\r\n"
 	if stats {
 		req += "stats\r\n"
@@ -357,6 +417,21 @@ func exchange(c net.Conn, cmd string, stats bool) (x exchanged) {
 		return x
 	}
 	br := bufio.NewReaderSize(c, probeLineMax)
+	if owed.yes {
+		line, err := br.ReadSlice('\n')
+		switch {
+		case err != nil:
+			x.err = err
+			return x
+		case !ok(line):
+			x.line, x.err = bytes.Clone(line), fmt.Errorf("answer owed by a probe connection: %q", line)
+			return x
+		}
+		if owed.stats {
+			x.instance, _ = readStats(br)
+		}
+		x.owedRead = true
+	}
 	if x.line, x.err = br.ReadSlice('\n'); x.err != nil {
 		return x // what came of the line, if anything: closedByPeer tells
 	}
