@@ -143,3 +143,29 @@ func TestSlowNodeNotReadmitted(t *testing.T) {
 		t.Fatalf("a node that answers in time again was not re-admitted after 3 rounds: %s", n.status().Reason)
 	}
 }
+
+// TestSlowThenHungNodeFalls: a node whose probes were slow and whose
+// memcached then stops answering is down within Fall rounds of the first
+// that got no answer at all: the round after it hangs may still read the
+// answer owed from before (slow), the next gets neither and closes the
+// connection, and the one after fails on a new connection.
+func TestSlowThenHungNodeFalls(t *testing.T) {
+	c, n, px := slowCluster(t)
+	px.SetLatency(slowRelay)
+	slowRounds(t, c, 3, func(i int) {
+		if !n.available() {
+			t.Fatalf("after round %d of late answers, the node is down: %s", i, n.status().Reason)
+		}
+	})
+	px.Blackhole(true)
+	down := 0
+	slowRounds(t, c, 4, func(i int) {
+		if down == 0 && !n.available() {
+			down = i
+		}
+	})
+	t.Logf("down after round %d of the hang", down)
+	if down == 0 || down > 3 {
+		t.Fatalf("a node slow and then hung was down after round %d of the hang (0: not within 4), want within 3 (Fall 2, and one round that may read the answer owed)", down)
+	}
+}
