@@ -261,18 +261,29 @@ func TestAllDownThenUp(t *testing.T) {
 	}
 }
 
-// TestFaultProxy drives failures signals cannot: a blackhole (packets
-// vanish, connections stay open), a reset, and latency below the timeout,
-// which must not eject anything.
-func TestFaultProxy(t *testing.T) {
-	mcs := memcachedtest.StartN(t, 2)
-	px := faultproxy.NewTCP(mcs[0].Addr)
+// relayTo starts a fault-injecting relay to addr, closed when the test
+// ends, and returns it with its port, for a node's Server.Port.
+func relayTo(t *testing.T, addr string) (*faultproxy.TCP, int) {
+	t.Helper()
+	px := faultproxy.NewTCP(addr)
 	if err := px.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { px.Close() })
 	_, portStr, _ := net.SplitHostPort(px.Addr())
-	port, _ := strconv.Atoi(portStr)
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return px, port
+}
+
+// TestFaultProxy drives failures signals cannot: a blackhole (packets
+// vanish, connections stay open), a reset, and latency below the timeout,
+// which must not eject anything.
+func TestFaultProxy(t *testing.T) {
+	mcs := memcachedtest.StartN(t, 2)
+	px, port := relayTo(t, mcs[0].Addr)
 	c, _ := newTestCluster(t, mcs, func(o *Options) {
 		faultOptions(o)
 		o.Servers[0].Port = port

@@ -4,14 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
 
-	"github.com/memcgate/memcgate/test/faultproxy"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 	"github.com/memcgate/memcgate/upstream/op"
 )
@@ -102,13 +99,7 @@ func TestPanicModeReadsWhereTheWriteWent(t *testing.T) {
 // where the next node held the value written.
 func TestPanicModeReadsWhereTheWriteWentWhileItsNodeIsReadmitted(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 4)
-	px := faultproxy.NewTCP(mcs[0].Addr)
-	if err := px.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { px.Close() })
-	_, portStr, _ := net.SplitHostPort(px.Addr())
-	port, _ := strconv.Atoi(portStr)
+	px, port := relayTo(t, mcs[0].Addr)
 	c, _ := newTestCluster(t, mcs, func(o *Options) {
 		o.Health.PanicPercent = 50
 		o.Servers[0].Port = port
@@ -175,13 +166,7 @@ func TestPanicModeReadsWhereTheWriteWentWhileItsNodeIsReadmitted(t *testing.T) {
 // to the next node, which held the copy that write had replaced.
 func TestPanicModeAfterFailedDeletesWritesWhereTheWriteWent(t *testing.T) {
 	mcs := memcachedtest.StartN(t, 4)
-	px := faultproxy.NewTCP(mcs[0].Addr)
-	if err := px.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { px.Close() })
-	_, portStr, _ := net.SplitHostPort(px.Addr())
-	port, _ := strconv.Atoi(portStr)
+	px, port := relayTo(t, mcs[0].Addr)
 	c, _ := newTestCluster(t, mcs, func(o *Options) {
 		o.Health.PanicPercent = 50
 		o.Servers[0].Port = port

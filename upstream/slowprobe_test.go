@@ -2,8 +2,6 @@ package upstream
 
 import (
 	"errors"
-	"net"
-	"strconv"
 	"testing"
 	"time"
 
@@ -28,13 +26,7 @@ const (
 func slowCluster(t *testing.T) (*Cluster, *node, *faultproxy.TCP) {
 	t.Helper()
 	mcs := memcachedtest.StartN(t, 1)
-	px := faultproxy.NewTCP(mcs[0].Addr)
-	if err := px.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { px.Close() })
-	_, portStr, _ := net.SplitHostPort(px.Addr())
-	port, _ := strconv.Atoi(portStr)
+	px, port := relayTo(t, mcs[0].Addr)
 	c, _ := newTestCluster(t, mcs, func(o *Options) {
 		o.Servers[0].Port = port
 		o.Health.Timeout = slowTimeout
@@ -90,13 +82,7 @@ func TestHungNodeFallsAsFast(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mcs := memcachedtest.StartN(t, 1)
-			px := faultproxy.NewTCP(mcs[0].Addr)
-			if err := px.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { px.Close() })
-			_, portStr, _ := net.SplitHostPort(px.Addr())
-			port, _ := strconv.Atoi(portStr)
+			px, port := relayTo(t, mcs[0].Addr)
 			c, _ := newTestCluster(t, mcs, func(o *Options) {
 				o.Servers[0].Port = port
 				o.Health.Timeout = slowTimeout
