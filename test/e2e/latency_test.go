@@ -85,11 +85,18 @@ func TestSeedLatency(t *testing.T) {
 		ops = append(ops, map[string]any{"op": "set", "key": key("batch", i), "value": value("batch", i)})
 	}
 	body, _ := json.Marshal(map[string]any{"ops": ops})
-	start = time.Now()
-	r := g.do("POST", "/", body)
-	batch := time.Since(start)
-	if r.status != 200 || strings.Count(r.body, `"status":201`) != n {
-		t.Fatalf("batch of %d sets = %d, %d stored: %.200s", n, r.status, strings.Count(r.body, `"status":201`), r.body)
+	// The best of three, as the round trip and the multi-gets are timed:
+	// one sample can wait for a busy CPU (5.4 round trips seen in CI,
+	// with the fuzz targets running beside the tests). The same sets
+	// again store the same values.
+	batch := time.Duration(1<<63 - 1)
+	for range 3 {
+		start = time.Now()
+		r := g.do("POST", "/", body)
+		batch = min(batch, time.Since(start))
+		if r.status != 200 || strings.Count(r.body, `"status":201`) != n {
+			t.Fatalf("batch of %d sets = %d, %d stored: %.200s", n, r.status, strings.Count(r.body, `"status":201`), r.body)
+		}
 	}
 
 	// 3. Async PUTs over TCP (the UDP port is for this node, so use a
@@ -159,7 +166,7 @@ func TestSeedLatency(t *testing.T) {
 	t.Logf("delay %v each way, measured round trip %v, pipelined connections (the default)", delay, rtt.Round(time.Millisecond))
 	t.Logf("| %-36s | %12s | %8s | %9s |", "101 keys", "time", "rounds", "read back")
 	t.Logf("| %-36s | %12v | %8.1f | %5d/%d |", "serial PUT", serial.Round(time.Millisecond), rounds(serial), counts["serial"], n)
-	t.Logf("| %-36s | %12v | %8.1f | %5d/%d |", "one batch (POST /)", batch.Round(time.Millisecond), rounds(batch), counts["batch"], n)
+	t.Logf("| %-36s | %12v | %8.1f | %5d/%d |", "one batch (POST /, best of 3)", batch.Round(time.Millisecond), rounds(batch), counts["batch"], n)
 	t.Logf("| %-36s | %12v | %8.1f | %5d/%d |", "async PUT, 202 answers", asyncAccepted.Round(time.Millisecond), rounds(asyncAccepted), counts["async"], n)
 	t.Logf("| %-36s | %12v | %8.1f |           |", "async PUT, all applied", asyncApplied.Round(time.Millisecond), rounds(asyncApplied))
 	t.Logf("| %-36s | %12v | %8.1f | %5d/%d |", "UDP async set, 202 answers", udpAccepted.Round(time.Millisecond), rounds(udpAccepted), counts["udp"], n)
