@@ -9,6 +9,7 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
+	"github.com/memcgate/memcgate/test/faultproxy"
 	"github.com/memcgate/memcgate/test/memcachedtest"
 	"github.com/memcgate/memcgate/upstream/op"
 )
@@ -98,27 +99,8 @@ func TestPanicModeReadsWhereTheWriteWent(t *testing.T) {
 // node: the value the write replaced, or, once deleted there, a miss,
 // where the next node held the value written.
 func TestPanicModeReadsWhereTheWriteWentWhileItsNodeIsReadmitted(t *testing.T) {
-	mcs := memcachedtest.StartN(t, 4)
-	px, port := relayTo(t, mcs[0].Addr)
-	c, _ := newTestCluster(t, mcs, func(o *Options) {
-		o.Health.PanicPercent = 50
-		o.Servers[0].Port = port
-		o.Timeout = 2 * time.Second // the slow link's round trip, with room under -race
-	})
-	ctx := t.Context()
-	owner := c.topo.Load().nodes[0]
-	key := keyOwnedBy(t, c, 0)
-	chain := c.Placement(key).Chain
-	byName := map[string]*node{}
-	for _, n := range c.topo.Load().nodes {
-		byName[n.name] = n
-	}
-	set := func(v string) {
-		t.Helper()
-		if r := c.Do(ctx, op.Op{Verb: op.Set, Item: op.Item{Key: key, Value: []byte(v)}}); r.Err != nil {
-			t.Fatalf("set %s=%s: %v", key, v, r.Err)
-		}
-	}
+	r := newSlowOwnerRig(t)
+	px, c, ctx, owner, key, chain, byName, set := r.px, r.c, t.Context(), r.owner, r.key, r.chain, r.byName, r.set
 	get := func() string {
 		t.Helper()
 		it, err := c.Get(ctx, key)
@@ -165,27 +147,8 @@ func TestPanicModeReadsWhereTheWriteWentWhileItsNodeIsReadmitted(t *testing.T) {
 // down node, and once panic ended (the node still down) its reads went
 // to the next node, which held the copy that write had replaced.
 func TestPanicModeAfterFailedDeletesWritesWhereTheWriteWent(t *testing.T) {
-	mcs := memcachedtest.StartN(t, 4)
-	px, port := relayTo(t, mcs[0].Addr)
-	c, _ := newTestCluster(t, mcs, func(o *Options) {
-		o.Health.PanicPercent = 50
-		o.Servers[0].Port = port
-		o.Timeout = 2 * time.Second // the slow link's round trip, with room under -race
-	})
-	ctx := t.Context()
-	owner := c.topo.Load().nodes[0]
-	key := keyOwnedBy(t, c, 0)
-	chain := c.Placement(key).Chain
-	byName := map[string]*node{}
-	for _, n := range c.topo.Load().nodes {
-		byName[n.name] = n
-	}
-	set := func(v string) {
-		t.Helper()
-		if r := c.Do(ctx, op.Op{Verb: op.Set, Item: op.Item{Key: key, Value: []byte(v)}}); r.Err != nil {
-			t.Fatalf("set %s=%s: %v", key, v, r.Err)
-		}
-	}
+	r := newSlowOwnerRig(t)
+	mcs, px, c, ctx, owner, key, chain, byName, set := r.mcs, r.px, r.c, t.Context(), r.owner, r.key, r.chain, r.byName, r.set
 	direct := memcache.New(mcs[0].Addr) // past the slow link
 	// The deletes go 32 at a time, a round trip each (200 ms): the
 	// key's is seen done on its node, and the rest are cut short, unless
@@ -238,4 +201,41 @@ func TestPanicModeAfterFailedDeletesWritesWhereTheWriteWent(t *testing.T) {
 	if err != nil || string(it.Value) != "v3" {
 		t.Errorf("after panic mode, its node down after failed deletes, get of the key written in panic mode = %v, %v; want v3", it, err)
 	}
+}
+
+// slowOwnerRig is a panic-mode cluster (PANIC_PERCENT 50) of four
+// memcached, the first behind a relay a test can slow, and a key that
+// node owns.
+type slowOwnerRig struct {
+	mcs    []*memcachedtest.Server
+	px     *faultproxy.TCP
+	c      *Cluster
+	owner  *node
+	key    string
+	chain  []ChainNode
+	byName map[string]*node
+	set    func(v string) // stores v under key, failing the test if it fails
+}
+
+func newSlowOwnerRig(t *testing.T) *slowOwnerRig {
+	t.Helper()
+	mcs := memcachedtest.StartN(t, 4)
+	px, port := relayTo(t, mcs[0].Addr)
+	c, _ := newTestCluster(t, mcs, func(o *Options) {
+		o.Health.PanicPercent = 50
+		o.Servers[0].Port = port
+		o.Timeout = 2 * time.Second // the slow link's round trip, with room under -race
+	})
+	r := &slowOwnerRig{mcs: mcs, px: px, c: c, owner: c.topo.Load().nodes[0], key: keyOwnedBy(t, c, 0), byName: map[string]*node{}}
+	r.chain = c.Placement(r.key).Chain
+	for _, n := range c.topo.Load().nodes {
+		r.byName[n.name] = n
+	}
+	r.set = func(v string) {
+		t.Helper()
+		if res := c.Do(t.Context(), op.Op{Verb: op.Set, Item: op.Item{Key: r.key, Value: []byte(v)}}); res.Err != nil {
+			t.Fatalf("set %s=%s: %v", r.key, v, res.Err)
+		}
+	}
+	return r
 }
